@@ -1,0 +1,59 @@
+"""Defaults and fixed numbers, each with its unit and the reason for it.
+
+Every number the transport and the queue share lives here, so that the Lua scripts, the
+Python face of the queue and the docs agree.
+"""
+
+#: Prefix of every Redis key and pub/sub channel the project writes (one ACL rule ``~pq:*``).
+KEY_PREFIX = "pq"
+
+#: Priorities are integers in this closed range (AMQP allows 0..255).
+MIN_PRIORITY = 0
+MAX_PRIORITY = 255
+
+#: A sorted-set score is ``rank * SEQ_SPAN + seq``: the rank (0 is served first) in the high
+#: bits, the queue's insertion sequence in the low 44 bits. 255 * 2**44 + 2**44 < 2**53, so a
+#: double holds every score exactly. 2**44 inserts is ~17.6 trillion per queue.
+SEQ_BITS = 44
+SEQ_SPAN = 1 << SEQ_BITS
+
+#: ``priority_order``: "higher_first" is AMQP/RabbitMQ (255 first), "lower_first" is the
+#: meaning of kombu's Redis transport (0 first).
+HIGHER_FIRST = "higher_first"
+LOWER_FIRST = "lower_first"
+PRIORITY_ORDERS = (HIGHER_FIRST, LOWER_FIRST)
+
+#: Patent techniques: "T" (time-efficient: the entry carries its score, remove-by-id deletes
+#: from both tables at once) and "S" (space-efficient: it does not; the priority-index member
+#: is removed lazily when it surfaces, or by a bounded clean-up sweep).
+TECHNIQUE_T = "T"
+TECHNIQUE_S = "S"
+TECHNIQUES = (TECHNIQUE_T, TECHNIQUE_S)
+
+#: Seconds a delivered message stays leased without a renewal.
+LEASE_SECONDS = 60.0
+
+#: Deliveries without an ack before a message goes to ``<queue>.dead``.
+MAX_DELIVERIES = 10
+
+#: Seconds between sweeps of expired leases. A guard key (SET NX PX) makes one consumer per
+#: interval do the sweep, so recovery takes at most lease_seconds + this.
+SWEEP_INTERVAL = 1.0
+
+#: Expired leases returned per sweep call (bounds the script's run time; the sweep repeats).
+SWEEP_BATCH = 500
+
+#: Stale priority-index members (technique S) a pop may discard before it returns, so one pop
+#: never runs long; the rest are discarded by later pops or the clean-up sweep.
+POP_STALE_BUDGET = 1000
+
+#: Entries per script call for bulk inserts and purges (keeps each script short, as Redis runs
+#: one script at a time).
+BULK_CHUNK = 1000
+
+#: Seconds a consumer blocks on its wake lists before it re-arms (server-side BLPOP timeout).
+#: Delivery is woken by the insert, not by this timeout.
+BLOCK_SECONDS = 5.0
+
+#: Largest number of messages one pop script call leases (prefetch window batch).
+MAX_POP_BATCH = 100

@@ -1,0 +1,61 @@
+"""One small, flat exception tree; script error codes are mapped here and nowhere else."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Negative integers returned by the Lua scripts (each script's header lists its own)."""
+
+    NOT_FOUND = -1  # no entry with that id
+    NOT_LEASED = -2  # the entry is not leased (acked, returned, or never delivered)
+    TOKEN_MISMATCH = -3  # the lease was taken over by another delivery
+    NOT_WAITING = -4  # the entry is leased, so it cannot be removed or re-prioritised
+    QUEUE_FULL = -5  # max_length reached
+
+
+class PQError(Exception):
+    """Base class of every error celery-pq raises."""
+
+
+class QueueFull(PQError):
+    """Publishing to a queue that holds ``max_length`` waiting entries."""
+
+    def __init__(self, queue: str, size: int, limit: int):
+        self.queue = queue
+        self.size = size
+        self.limit = limit
+        super().__init__(f"queue {queue!r} is full: {size} waiting entries, max_length={limit}")
+
+
+class LeaseLost(PQError):
+    """An ack, requeue or renewal presented a lease that is no longer held."""
+
+    def __init__(self, queue: str, entry_id: str, code: ErrorCode):
+        self.queue = queue
+        self.entry_id = entry_id
+        self.code = code
+        why = {
+            ErrorCode.NOT_LEASED: "is not leased any more (its lease ran out and it was returned)",
+            ErrorCode.TOKEN_MISMATCH: "is leased to another delivery now",
+        }.get(code, code.name)
+        super().__init__(f"entry {entry_id!r} of queue {queue!r} {why}")
+
+
+class EntryNotFound(PQError):
+    def __init__(self, queue: str, entry_id: str):
+        self.queue = queue
+        self.entry_id = entry_id
+        super().__init__(f"queue {queue!r} has no entry {entry_id!r}")
+
+
+class NotWaiting(PQError):
+    def __init__(self, queue: str, entry_id: str):
+        self.queue = queue
+        self.entry_id = entry_id
+        super().__init__(f"entry {entry_id!r} of queue {queue!r} is leased, not waiting")
+
+
+class ConfigError(PQError, ValueError):
+    """A transport option or queue setting that cannot work."""

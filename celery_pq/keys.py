@@ -1,0 +1,86 @@
+"""The only place Redis key names are built.
+
+Every key of one queue shares one Redis Cluster hash tag, ``{<base queue name>}``, so every
+script touches one slot. The dead-letter queue ``<name>.dead`` lives under the tag of
+``<name>``, so moving an entry to it stays inside one script and one slot.
+
+Layout for queue ``orders`` with the default prefix ``pq``::
+
+    pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
+    pq:{orders}:pi    zset    entry id, score = rank * 2**44 + seq     priority-indexed table
+    pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
+    pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags"
+    pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
+    pq:{orders}:sq    string  insertion sequence (INCR)
+    pq:{orders}:dp    hash    task id -> entry ids of duplicate inserts of that id
+    pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
+    pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
+    pq:queues         set     names of declared queues
+    pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .constants import KEY_PREFIX
+
+DEAD_SUFFIX = ".dead"
+BINDING_SEP = "\x06\x16"
+
+#: Suffixes of one queue's keys, in the order QueueKeys lists them.
+SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd")
+
+
+def _tag(name: str) -> str:
+    # A "{" or "}" inside the tag would end it early (Redis Cluster hashes the first {...});
+    # escape them so every queue name gets its own whole tag.
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def split_dead(name: str) -> tuple[str, bool]:
+    """``"orders.dead"`` -> ``("orders", True)``; ``"orders"`` -> ``("orders", False)``."""
+    if name.endswith(DEAD_SUFFIX) and len(name) > len(DEAD_SUFFIX):
+        return name[: -len(DEAD_SUFFIX)], True
+    return name, False
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    name: str
+    ii: str
+    pi: str
+    lz: str
+    lt: str
+    wk: str
+    sq: str
+    dp: str
+    gd: str
+
+    def all(self) -> list[str]:
+        return [getattr(self, s) for s in SUFFIXES]
+
+
+def queue_keys(name: str, prefix: str = KEY_PREFIX) -> QueueKeys:
+    base, dead = split_dead(name)
+    stem = f"{prefix}:{{{_tag(base)}}}:" + ("dead:" if dead else "")
+    return QueueKeys(name, *(stem + s for s in SUFFIXES))
+
+
+def dead_queue_name(name: str) -> str:
+    base, dead = split_dead(name)
+    if dead:
+        raise ValueError(f"{name!r} is a dead-letter queue; it has no dead-letter queue of its own")
+    return base + DEAD_SUFFIX
+
+
+def queues_key(prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}:queues"
+
+
+def binding_key(exchange: str, prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}:bind:{exchange}"
+
+
+def fanout_channel(exchange: str, db: int = 0, prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}:fanout:{db}:{exchange}"

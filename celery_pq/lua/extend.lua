@@ -1,0 +1,27 @@
+-- extend: renew leases (the consumer is alive), each checked against its token.
+--
+-- KEYS[1] lz  zset    lease deadlines
+-- KEYS[2] lt  hash    leases
+-- ARGV[1] lease_ms    new lease length from now, milliseconds
+-- ARGV[2..] pairs: entry id, lease token
+-- Returns: one code per pair: 1 renewed, or an error code.
+-- ERR -2 NOT_LEASED
+-- ERR -3 TOKEN_MISMATCH
+--!include common.lua
+
+local lz, lt = KEYS[1], KEYS[2]
+local deadline = fmt(now_ms() + tonumber(ARGV[1]))
+local out = {}
+for i = 2, #ARGV, 2 do
+  local eid, token = ARGV[i], ARGV[i + 1]
+  local info = redis.call('HGET', lt, eid)
+  if not info then
+    out[#out + 1] = -2
+  elseif split_lease(info) ~= token then
+    out[#out + 1] = -3
+  else
+    redis.call('ZADD', lz, 'XX', deadline, eid)
+    out[#out + 1] = 1
+  end
+end
+return out

@@ -1,0 +1,71 @@
+-- pop: RETRIEVE HIGHEST PRIORITY and lease it (BQF GetNextWaiting: Waiting -> InProcess).
+-- Takes up to ARGV[4] entries in priority order, FIFO within a priority. A priority-index
+-- member whose entry is gone from the identifier-indexed table (removed by id under
+-- technique S) is discarded here: the patent's lazy deletion. The lease is recorded in this
+-- same script, so a popped entry never exists only in a consumer's memory.
+--
+-- KEYS[1] ii  hash    identifier-indexed table
+-- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[3] lz  zset    lease deadlines (ms)
+-- KEYS[4] lt  hash    leases
+-- KEYS[5] wk  list    wake tokens
+-- ARGV[1] lease_ms     lease length, milliseconds
+-- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
+-- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
+-- ARGV[4] count        entries wanted (>= 1)
+-- ARGV[5] stale_budget stale members to discard at most before returning
+-- Returns: {stale_discarded, eid1, token1, deliveries1, score1, value1, eid2, ...}
+--!include common.lua
+
+local ii, pi, lz, lt, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lease_ms = tonumber(ARGV[1])
+local consumer, token_base = ARGV[2], ARGV[3]
+local want = tonumber(ARGV[4])
+local stale_budget = tonumber(ARGV[5])
+
+local out = { 0 }
+local got, stale = 0, 0
+local deadline = nil
+local lease_args, deadline_args = {}, {}
+while got < want do
+  local asked = want - got
+  local popped = redis.call('ZPOPMIN', pi, asked)
+  for i = 1, #popped, 2 do
+    local eid, score = popped[i], popped[i + 1]
+    local v = redis.call('HGET', ii, eid)
+    if v then
+      if not deadline then
+        deadline = fmt(now_ms() + lease_ms)
+      end
+      local e = split_entry(v)
+      got = got + 1
+      local d = e.d + 1
+      local token = token_base .. '.' .. got
+      lease_args[#lease_args + 1] = eid
+      lease_args[#lease_args + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. e.x
+      deadline_args[#deadline_args + 1] = deadline
+      deadline_args[#deadline_args + 1] = eid
+      out[#out + 1] = eid
+      out[#out + 1] = token
+      out[#out + 1] = d
+      out[#out + 1] = score
+      out[#out + 1] = v
+    else
+      stale = stale + 1
+    end
+  end
+  if #popped < 2 * asked or stale >= stale_budget then
+    break
+  end
+end
+out[1] = stale
+if got > 0 then
+  redis.call('HSET', lt, unpack(lease_args))
+  redis.call('ZADD', lz, unpack(deadline_args))
+end
+if redis.call('ZCARD', pi) > 0 then
+  wake(wk)
+else
+  redis.call('DEL', wk)
+end
+return out

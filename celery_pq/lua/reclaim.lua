@@ -1,0 +1,80 @@
+-- reclaim: return expired leases to Waiting (BQF recovery: InProcess -> Waiting), or to the
+-- dead-letter queue once max_deliveries is used up. Throttled by a guard key so that one
+-- consumer per interval sweeps, not all of them.
+--
+-- KEYS[1]  ii   hash    identifier-indexed table
+-- KEYS[2]  pi   zset    priority-indexed table
+-- KEYS[3]  lz   zset    lease deadlines
+-- KEYS[4]  lt   hash    leases
+-- KEYS[5]  wk   list    wake tokens
+-- KEYS[6]  dp   hash    task id -> duplicate entry ids
+-- KEYS[7]  gd   string  sweep guard
+-- KEYS[8]  dii  hash    dead-letter queue: identifier-indexed table
+-- KEYS[9]  dpi  zset    dead-letter queue: priority-indexed table
+-- KEYS[10] dwk  list    dead-letter queue: wake tokens
+-- KEYS[11] dsq  string  dead-letter queue: sequence
+-- ARGV[1] limit           expired leases handled at most in this call
+-- ARGV[2] max_deliveries  0 for no limit
+-- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
+-- ARGV[4] technique       "T" or "S"
+-- ARGV[5] consumer        "" for expired leases; a consumer id to return all of its leases now
+-- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit)}
+--!include common.lua
+
+local ii, pi, lz, lt, wk, dp, gd = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local dii, dpi, dwk, dsq = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local limit = tonumber(ARGV[1])
+local max_deliveries = tonumber(ARGV[2])
+local guard_ms = tonumber(ARGV[3])
+local technique, consumer = ARGV[4], ARGV[5]
+
+if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
+  return { 0, 0, 1, 0 }
+end
+local now = now_ms()
+local expired
+if consumer == '' then
+  expired = redis.call('ZRANGEBYSCORE', lz, '-inf', fmt(now), 'LIMIT', 0, limit)
+else
+  expired = redis.call('ZRANGE', lz, 0, -1)
+end
+local returned, dead = 0, 0
+for _, eid in ipairs(expired) do
+  local info = redis.call('HGET', lt, eid)
+  local take = true
+  local _, c, score, d
+  if info then
+    _, c, score, d = split_lease(info)
+    take = consumer == '' or c == consumer
+  end
+  if take then
+    redis.call('ZREM', lz, eid)
+    redis.call('HDEL', lt, eid)
+    local v = info and redis.call('HGET', ii, eid)
+    if v then
+      local e, bar = split_entry(v)
+      e.d = d
+      if max_deliveries > 0 and d >= max_deliveries then
+        to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now)
+        dead = dead + 1
+      else
+        if technique == 'T' then
+          e.s = score
+        else
+          e.s = ''
+        end
+        redis.call('HSET', ii, eid, join_entry(e, v, bar))
+        redis.call('ZADD', pi, score, eid)
+        returned = returned + 1
+      end
+    end
+  end
+end
+if returned > 0 then
+  wake(wk)
+end
+local more = 0
+if consumer == '' and #expired == limit then
+  more = 1
+end
+return { returned, dead, 0, more }

@@ -1,0 +1,68 @@
+-- requeue: a leased entry goes back to Waiting at its original place in the order
+-- (reject with requeue, or a consumer restoring unstarted messages at shutdown). When it has
+-- used up max_deliveries it goes to the dead-letter queue instead.
+--
+-- KEYS[1]  ii   hash    identifier-indexed table
+-- KEYS[2]  pi   zset    priority-indexed table
+-- KEYS[3]  lz   zset    lease deadlines
+-- KEYS[4]  lt   hash    leases
+-- KEYS[5]  wk   list    wake tokens
+-- KEYS[6]  dp   hash    task id -> duplicate entry ids
+-- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
+-- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
+-- KEYS[9]  dwk  list    dead-letter queue: wake tokens
+-- KEYS[10] dsq  string  dead-letter queue: sequence
+-- ARGV[1] entry id
+-- ARGV[2] lease token
+-- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
+-- ARGV[4] max_deliveries  0 for no limit
+-- ARGV[5] technique       "T" or "S"
+-- ARGV[6] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
+-- Returns: 1 waiting again, 2 moved to the dead-letter queue, or an error code.
+-- ERR -2 NOT_LEASED
+-- ERR -3 TOKEN_MISMATCH
+--!include common.lua
+
+local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local dii, dpi, dwk, dsq = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local eid, token = ARGV[1], ARGV[2]
+local count_delivery = ARGV[3] == '1'
+local max_deliveries = tonumber(ARGV[4])
+local technique, dead_reason = ARGV[5], ARGV[6]
+
+local info = redis.call('HGET', lt, eid)
+if not info then
+  return -2
+end
+local tok, _, score, d = split_lease(info)
+if tok ~= token then
+  return -3
+end
+redis.call('HDEL', lt, eid)
+redis.call('ZREM', lz, eid)
+local v = redis.call('HGET', ii, eid)
+if not v then
+  return -2
+end
+local e, bar = split_entry(v)
+e.d = d
+if not count_delivery then
+  e.d = math.max(d - 1, 0)
+end
+if dead_reason ~= '' then
+  to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, dead_reason, now_ms())
+  return 2
+end
+if max_deliveries > 0 and e.d >= max_deliveries then
+  to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now_ms())
+  return 2
+end
+if technique == 'T' then
+  e.s = score
+else
+  e.s = ''
+end
+redis.call('HSET', ii, eid, join_entry(e, v, bar))
+redis.call('ZADD', pi, score, eid)
+wake(wk)
+return 1

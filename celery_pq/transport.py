@@ -1,0 +1,694 @@
+"""kombu transport for celery-pq: a thin adapter over ``queue.PriorityQueue``.
+
+Features
+========
+* Exact priorities 0..255, FIFO within a priority (``priority_order`` picks which end wins).
+* Leases: a delivered message is leased to this process in the same script that pops it; the
+  process renews its leases while it lives; expired leases return within ``lease_seconds``
+  plus about one second; after ``max_deliveries`` a message goes to ``<queue>.dead``.
+* Prompt delivery without polling: an insert leaves a wake token that an idle consumer is
+  blocked on (BLPOP), inside Celery's event loop or in ``drain_events``.
+* Fanout (``celery inspect``, ``celery control``, events) over Redis pub/sub, like kombu's
+  Redis transport.
+
+Connection string
+=================
+``pq://[USER:PASSWORD@]HOST[:PORT][/DB]`` (``pqs://`` for TLS; TLS settings come from
+Celery's ``broker_use_ssl`` / kombu's ``ssl=``), or ``redis://...`` with
+``broker_transport = "celery_pq.transport:Transport"``.
+
+Transport options
+=================
+* ``key_prefix`` (str, ``"pq"``): prefix of every key and channel.
+* ``priority_order`` (``"higher_first"``): or ``"lower_first"`` (kombu Redis meaning).
+* ``default_priority`` (int 0..255, 0): priority of a message published without one.
+* ``lease_seconds`` (float seconds, 60): lease length; ``visibility_timeout`` is an alias.
+* ``max_deliveries`` (int, 10): deliveries without an ack before ``<queue>.dead``; 0 = no limit.
+* ``max_length`` (int or None): waiting entries per queue; beyond it publish raises QueueFull.
+* ``technique`` (``"T"`` or ``"S"``, ``"T"``): the patent technique for every queue;
+  ``queue_techniques`` ({queue: technique}) sets it per queue.
+* ``sweep_interval`` (float seconds, 1.0): how often expired leases are swept (one sweeper
+  per queue per interval across all consumers).
+* ``renew_interval`` (float seconds, lease_seconds / 3): how often held leases are renewed.
+* ``block_seconds`` (float seconds, 5): server-side BLPOP timeout of an idle consumer.
+* ``binding_cache_seconds`` (float seconds, 5): how long a routing table is cached.
+* ``socket_timeout``, ``socket_connect_timeout``, ``socket_keepalive``, ``health_check_interval``,
+  ``max_connections``, ``client_name``: passed to redis-py.
+* ``fair_key``, ``fair_weights``, ``fair_scope``: fair delivery by tenant (not in this version:
+  setting ``fair_key`` raises ConfigError rather than silently serving unfairly).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+from time import monotonic, sleep
+
+import redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps, loads
+from redis import exceptions as rex
+
+from . import constants as C
+from .errors import ConfigError
+from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
+from .leases import LeaseKeeper
+from .queue import PriorityQueue, default_consumer_id, validate_priority
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 6379
+
+_OPTION_NAMES = (
+    "key_prefix",
+    "priority_order",
+    "default_priority",
+    "lease_seconds",
+    "visibility_timeout",
+    "max_deliveries",
+    "max_length",
+    "technique",
+    "queue_techniques",
+    "sweep_interval",
+    "renew_interval",
+    "block_seconds",
+    "binding_cache_seconds",
+    "fair_key",
+    "fair_weights",
+    "fair_scope",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "health_check_interval",
+    "max_connections",
+    "client_name",
+)
+
+
+class QoS(virtual.QoS):
+    """Prefetch accounting of kombu, with acks and rejects going to the lease scripts."""
+
+    def ack(self, delivery_tag):
+        self.channel._ack(delivery_tag)
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag, requeue=False):
+        self.channel._reject(delivery_tag, requeue)
+        self._quick_ack(delivery_tag)
+
+    def restore_unacked(self):
+        """Give back every delivered, unacked message (shutdown): the delivery is undone."""
+        self._flush()
+        errors = []
+        while self._delivered:
+            tag, message = self._delivered.popitem()
+            try:
+                self.channel._give_back(tag)
+            except Exception as exc:  # noqa: BLE001 - kombu collects and reports these
+                errors.append((exc, message))
+        self._delivered.clear()
+        return errors
+
+
+class Channel(virtual.Channel):
+    QoS = QoS
+    supports_fanout = True
+    do_restore = True
+    from_transport_options = virtual.Channel.from_transport_options + _OPTION_NAMES
+
+    key_prefix = C.KEY_PREFIX
+    priority_order = C.HIGHER_FIRST
+    default_priority = 0
+    lease_seconds = None
+    visibility_timeout = None
+    max_deliveries = C.MAX_DELIVERIES
+    max_length = None
+    technique = C.TECHNIQUE_T
+    queue_techniques = None
+    sweep_interval = C.SWEEP_INTERVAL
+    renew_interval = None
+    block_seconds = C.BLOCK_SECONDS
+    binding_cache_seconds = 5.0
+    fair_key = None
+    fair_weights = None
+    fair_scope = "within_priority"
+    socket_timeout = None
+    socket_connect_timeout = None
+    socket_keepalive = None
+    health_check_interval = 25
+    max_connections = 50
+    client_name = None
+    min_priority = C.MIN_PRIORITY
+    max_priority = C.MAX_PRIORITY
+
+    def __init__(self, connection, **kwargs):
+        super().__init__(connection, **kwargs)
+        self._check_options()
+        self.transport = connection
+        self.client = connection.redis_client(self)
+        self.consumer_id = connection.consumer_id
+        self._queues: dict[str, PriorityQueue] = {}
+        self._leases: dict[str, tuple[str, str]] = {}  # delivery tag -> (queue, entry id)
+        self._leases_lock = threading.Lock()
+        self._tables: dict[str, tuple[float, list]] = {}
+        self._fanout_queues: dict[str, str] = {}  # queue -> exchange
+        self._active_fanout: dict[str, str] = {}  # channel name -> queue
+        self._rotation = 0
+        # Poll state: pop when there may be work; otherwise block on the wake lists.
+        self._need_pop = True
+        self._bconn = None
+        self._blpop_keys = None
+        self._pubsub = None
+        self._subscribed: set[str] = set()
+        self.client.ping()  # fail at channel creation, not at the first publish
+        connection.cycle_channels.append(self)
+
+    # -- options ------------------------------------------------------------------------------
+    def _check_options(self):
+        if self.priority_order not in C.PRIORITY_ORDERS:
+            raise ConfigError(f"priority_order must be one of {C.PRIORITY_ORDERS}, got {self.priority_order!r}")
+        try:
+            validate_priority(self.default_priority)
+        except ValueError as exc:
+            raise ConfigError(f"default_priority: {exc}") from None
+        lease = self.lease_seconds if self.lease_seconds is not None else self.visibility_timeout
+        lease = C.LEASE_SECONDS if lease is None else lease
+        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
+            raise ConfigError(f"lease_seconds must be a positive number of seconds, got {lease!r}")
+        self.lease_seconds = float(lease)
+        if self.renew_interval is None:
+            self.renew_interval = max(0.1, min(self.lease_seconds / 3.0, 20.0))
+        if not isinstance(self.max_deliveries, int) or self.max_deliveries < 0:
+            raise ConfigError(f"max_deliveries must be an integer >= 0, got {self.max_deliveries!r}")
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
+            raise ConfigError(f"max_length must be a positive integer or None, got {self.max_length!r}")
+        techniques = {None: self.technique, **(self.queue_techniques or {})}
+        for name, tech in techniques.items():
+            if tech not in C.TECHNIQUES:
+                raise ConfigError(f"technique for {name or 'all queues'!r} must be 'T' or 'S', got {tech!r}")
+        if not self.key_prefix or not isinstance(self.key_prefix, str):
+            raise ConfigError(f"key_prefix must be a non-empty string, got {self.key_prefix!r}")
+        if self.fair_key is not None:
+            raise ConfigError("fair_key: fair delivery by tenant is not available in this version of celery-pq")
+
+    def _queue(self, name: str) -> PriorityQueue:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = PriorityQueue(
+                self.client,
+                name,
+                key_prefix=self.key_prefix,
+                technique=(self.queue_techniques or {}).get(name, self.technique),
+                priority_order=self.priority_order,
+                lease_seconds=self.lease_seconds,
+                max_deliveries=0 if name.endswith(".dead") else self.max_deliveries,
+                max_length=self.max_length,
+            )
+        return q
+
+    # -- publishing ---------------------------------------------------------------------------
+    def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
+                        headers=None, properties=None):
+        if priority is None:
+            priority = self.default_priority
+        validate_priority(priority)  # before anything is written
+        properties = properties or {}
+        properties.setdefault("delivery_info", {})
+        properties["priority"] = priority
+        return {
+            "body": body,
+            "content-encoding": content_encoding,
+            "content-type": content_type,
+            "headers": headers or {},
+            "properties": properties,
+        }
+
+    def _put(self, queue, message, **kwargs):
+        props = message["properties"]
+        priority = props.get("priority")
+        priority = self.default_priority if priority is None else validate_priority(priority)
+        headers = message.get("headers") or {}
+        task_id = headers.get("id") or props.get("correlation_id") or None
+        self._queue(queue).insert(dumps(message), priority, id=str(task_id) if task_id else None)
+
+    def _put_fanout(self, exchange, message, routing_key, **kwargs):
+        self.client.publish(self._fanout_channel(exchange), dumps(message))
+
+    def _fanout_channel(self, exchange):
+        return fanout_channel(exchange, self.transport.db, self.key_prefix)
+
+    # -- routing tables (shared in Redis, cached here) ------------------------------------------
+    def _new_queue(self, queue, **kwargs):
+        self.client.sadd(queues_key(self.key_prefix), queue)
+
+    def _has_queue(self, queue, **kwargs):
+        return bool(self.client.sismember(queues_key(self.key_prefix), queue))
+
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        if self.typeof(exchange).type == "fanout":
+            self._fanout_queues[queue] = exchange
+        member = BINDING_SEP.join([routing_key or "", pattern or "", queue or ""])
+        self.client.sadd(binding_key(exchange, self.key_prefix), member)
+        self._tables.pop(exchange, None)
+
+    def get_table(self, exchange):
+        hit = self._tables.get(exchange)
+        now = monotonic()
+        if hit and now - hit[0] < self.binding_cache_seconds:
+            return hit[1]
+        rows = [tuple(m.decode().split(BINDING_SEP)) for m in self.client.smembers(binding_key(exchange, self.key_prefix))]
+        self._tables[exchange] = (now, rows)
+        return rows
+
+    def _lookup(self, exchange, routing_key, default=None):
+        found = super()._lookup(exchange, routing_key, default)
+        if not found and exchange in self._tables:  # a binding made elsewhere since we cached
+            self._tables.pop(exchange, None)
+            found = super()._lookup(exchange, routing_key, default)
+        return found
+
+    def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
+        member = BINDING_SEP.join([routing_key or "", pattern or "", queue or ""])
+        with self.client.pipeline(transaction=False) as p:
+            p.srem(binding_key(exchange, self.key_prefix), member)
+            p.srem(queues_key(self.key_prefix), queue)
+            p.execute()
+        self._tables.pop(exchange, None)
+        self._queue(queue).delete()
+
+    def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
+        if if_empty and self._size(queue):
+            return
+        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
+        self._queue(queue).delete()
+        self.client.srem(queues_key(self.key_prefix), queue)
+
+    def _size(self, queue):
+        return self._queue(queue).size()
+
+    def _purge(self, queue):
+        return self._queue(queue).purge()
+
+    # -- consuming ----------------------------------------------------------------------------
+    def basic_consume(self, queue, *args, **kwargs):
+        if queue in self._fanout_queues:
+            self._active_fanout[self._fanout_channel(self._fanout_queues[queue])] = queue
+        ret = super().basic_consume(queue, *args, **kwargs)
+        self.transport.ensure_keeper()
+        self._need_pop = True
+        self._unblock()
+        return ret
+
+    def basic_cancel(self, consumer_tag):
+        queue = self._tag_to_queue.get(consumer_tag)
+        ret = super().basic_cancel(consumer_tag)
+        if queue is not None and queue in self._fanout_queues:
+            self._active_fanout.pop(self._fanout_channel(self._fanout_queues[queue]), None)
+        self._unblock()
+        return ret
+
+    @property
+    def active_queues(self):
+        fan = set(self._active_fanout.values())
+        return [q for q in dict.fromkeys(self._active_queues) if q not in fan]
+
+    def _get(self, queue, timeout=None):
+        """basic_get: lease one message now, or raise Empty."""
+        self.transport.ensure_keeper()
+        leases = self._queue(queue).pop(1, consumer=self.consumer_id)
+        if not leases:
+            raise virtual.Empty()
+        msg = self._to_message(queue, leases[0])
+        if msg is None:
+            raise virtual.Empty()
+        return msg
+
+    def _to_message(self, queue, lease):
+        try:
+            message = loads(lease.payload)
+            props = message["properties"]
+        except Exception as exc:  # noqa: BLE001 - anything unreadable goes to the dead-letter queue
+            logger.error("celery-pq: entry %r of queue %r is not a kombu message (%s); moved to %s.dead",
+                         lease.id, queue, exc, queue)
+            self._queue(queue).dead_letter(lease, "malformed")
+            return None
+        tag = lease.token
+        props["delivery_tag"] = tag
+        info = props.setdefault("delivery_info", {})
+        info["delivery_count"] = lease.deliveries
+        info["redelivered"] = lease.deliveries > 1
+        if lease.deliveries > 1:
+            message["redelivered"] = True
+        with self._leases_lock:
+            self._leases[tag] = (queue, lease.id)
+        return message
+
+    def _pop_and_deliver(self) -> int:
+        """Lease and deliver what the prefetch window allows; the number delivered."""
+        queues = self.active_queues
+        if not queues or not self._need_pop or not self.qos.can_consume():
+            return 0
+        want = self.qos.can_consume_max_estimate() or C.MAX_POP_BATCH
+        want = max(1, min(want, C.MAX_POP_BATCH))
+        n = len(queues)
+        start = self._rotation % n
+        delivered = 0
+        for i in range(n):
+            name = queues[(start + i) % n]
+            leases = self._queue(name).pop(want, consumer=self.consumer_id)
+            if not leases:
+                continue
+            self._rotation = start + i + 1  # the next call starts after the queue served
+            for lease in leases:
+                message = self._to_message(name, lease)
+                if message is not None:
+                    delivered += 1
+                    self.connection._deliver(message, name)
+            break
+        if not delivered:
+            self._need_pop = False
+        return delivered
+
+    def _ack(self, tag):
+        with self._leases_lock:
+            held = self._leases.pop(tag, None)
+        if held is None:  # fanout messages and no_ack deliveries carry no lease
+            return
+        queue, eid = held
+        if not self._queue(queue).ack((eid, tag)):
+            logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again", eid, queue)
+
+    def _reject(self, tag, requeue):
+        with self._leases_lock:
+            held = self._leases.pop(tag, None)
+        if held is None:
+            return
+        queue, eid = held
+        q = self._queue(queue)
+        result = q.requeue((eid, tag)) if requeue else q.dead_letter((eid, tag), "rejected")
+        if result is None:
+            logger.warning("celery-pq: reject of %s in %r came after its lease ran out", eid, queue)
+        self._need_pop = True
+
+    def _give_back(self, tag):
+        with self._leases_lock:
+            held = self._leases.pop(tag, None)
+        if held is not None:
+            queue, eid = held
+            self._queue(queue).requeue((eid, tag), count_delivery=False)
+
+    def held_leases(self) -> dict[str, list[tuple[str, str]]]:
+        """{queue: [(entry id, token), ...]} of the leases this channel holds now."""
+        out: dict[str, list] = {}
+        with self._leases_lock:
+            for tag, (queue, eid) in self._leases.items():
+                out.setdefault(queue, []).append((eid, tag))
+        return out
+
+    # -- waiting without polling --------------------------------------------------------------
+    def _wake_keys(self):
+        return [self._queue(q).keys.wk for q in self.active_queues]
+
+    def _arm(self):
+        """Make sure the blocking reads are in flight; return [(connection, handler)]."""
+        waits = []
+        if self._bconn is not None and self._blpop_keys is not None:
+            waits.append((self._bconn, self._on_blpop))
+        elif self.active_queues and self.qos.can_consume():
+            # Armed even while work may remain: the pop script leaves a wake token whenever
+            # entries remain, so this answers at once and the event loop never sleeps on work.
+            if self._bconn is None:
+                self._bconn = self.transport.new_connection()
+                self._bconn.connect()
+                self._bconn.send_command("CLIENT", "ID")
+                self._bconn_id = self._bconn.read_response()
+            keys = self._wake_keys()
+            self._bconn.send_command("BLPOP", *keys, self.block_seconds)
+            self._blpop_keys = keys
+            waits.append((self._bconn, self._on_blpop))
+        if self._active_fanout:
+            if self._pubsub is None:
+                self._pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            wanted = set(self._active_fanout)
+            if wanted - self._subscribed:
+                self._pubsub.subscribe(*sorted(wanted - self._subscribed))
+            if self._subscribed - wanted:
+                self._pubsub.unsubscribe(*sorted(self._subscribed - wanted))
+            self._subscribed = wanted
+            waits.append((self._pubsub.connection, self._on_pubsub))
+        return waits
+
+    def _on_blpop(self) -> int:
+        try:
+            self._bconn.read_response()
+        except Exception:
+            self._drop_bconn()
+            raise
+        self._blpop_keys = None
+        self._need_pop = True  # a wake token, or the timeout: look again either way
+        return self._pop_and_deliver()
+
+    def _on_pubsub(self) -> int:
+        delivered = 0
+        while True:
+            msg = self._pubsub.get_message(timeout=0)
+            if msg is None:
+                if not self._pubsub.connection or not self._pubsub.connection.can_read(timeout=0):
+                    return delivered
+                continue
+            if msg.get("type") != "message":
+                continue
+            channel = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
+            queue = self._active_fanout.get(channel)
+            if queue is None:
+                continue
+            try:
+                message = loads(msg["data"])
+            except Exception:  # noqa: BLE001
+                logger.warning("celery-pq: unreadable fanout message on %r dropped", channel)
+                continue
+            self.connection._deliver(message, queue)
+            delivered += 1
+
+    def _unblock(self):
+        """Wake our own BLPOP when the set of queues changed, so it re-arms at once."""
+        if self._bconn is not None and self._blpop_keys is not None:
+            try:
+                cid = self._blocking_client_id()
+                if cid is not None:
+                    self.client.execute_command("CLIENT", "UNBLOCK", cid)
+            except rex.RedisError:
+                pass
+
+    def _blocking_client_id(self):
+        return getattr(self, "_bconn_id", None)
+
+    def _drop_bconn(self):
+        if self._bconn is not None:
+            try:
+                self._bconn.disconnect()
+            except Exception:  # noqa: BLE001
+                pass
+        self._bconn = None
+        self._blpop_keys = None
+        self._need_pop = True
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            super().close()
+        finally:
+            self._drop_bconn()
+            if self._pubsub is not None:
+                try:
+                    self._pubsub.close()
+                except Exception:  # noqa: BLE001
+                    pass
+                self._pubsub = None
+            if self in self.transport.cycle_channels:
+                self.transport.cycle_channels.remove(self)
+
+
+class Transport(virtual.Transport):
+    Channel = Channel
+
+    polling_interval = None
+    default_port = DEFAULT_PORT
+    driver_type = "redis"
+    driver_name = "redis"
+    use_tls = False
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=True,
+        exchange_type=frozenset(["direct", "topic", "fanout"]),
+    )
+
+    connection_errors = virtual.Transport.connection_errors + (
+        rex.ConnectionError,
+        rex.TimeoutError,
+        rex.BusyLoadingError,
+        rex.AuthenticationError,
+        ConnectionError,
+        socket.error,
+        OSError,
+    )
+    channel_errors = virtual.Transport.channel_errors + (
+        rex.DataError,
+        rex.InvalidResponse,
+        rex.ResponseError,
+    )
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **kwargs)
+        self.consumer_id = default_consumer_id()
+        self.cycle_channels: list[Channel] = []
+        self._pool = None
+        self._pool_lock = threading.Lock()
+        self._keeper: LeaseKeeper | None = None
+        self._loop = None
+        self._readers: dict[int, tuple] = {}
+        self.db = 0
+
+    def driver_version(self):
+        return redis.__version__
+
+    # -- connections --------------------------------------------------------------------------
+    def _connparams(self, channel) -> dict:
+        conninfo = self.client
+        vhost = conninfo.virtual_host
+        if isinstance(vhost, int):
+            db = vhost
+        else:
+            text = (vhost or "").strip("/") or "0"
+            try:
+                db = int(text)
+            except ValueError:
+                raise ConfigError(f"the database in the broker URL must be a number, got {vhost!r}") from None
+        self.db = db
+        params = {
+            "host": conninfo.hostname or "127.0.0.1",
+            "port": conninfo.port or self.default_port,
+            "db": db,
+            "username": conninfo.userid or None,
+            "password": conninfo.password or None,
+            "socket_timeout": channel.socket_timeout,
+            "socket_connect_timeout": channel.socket_connect_timeout,
+            "socket_keepalive": channel.socket_keepalive,
+            "health_check_interval": channel.health_check_interval,
+            "client_name": channel.client_name,
+            "max_connections": channel.max_connections,
+        }
+        ssl = conninfo.ssl
+        if self.use_tls or ssl:
+            params["connection_class"] = redis.SSLConnection
+            if isinstance(ssl, dict):
+                params.update(ssl)
+        return params
+
+    def redis_client(self, channel) -> redis.Redis:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = redis.ConnectionPool(**self._connparams(channel))
+        return redis.Redis(connection_pool=self._pool)
+
+    def new_connection(self):
+        """A connection of our own (not from the pool) for a blocking read."""
+        return self._pool.connection_class(**self._pool.connection_kwargs)
+
+    def ensure_keeper(self):
+        if self._keeper is None or not self._keeper.is_alive():
+            self._keeper = LeaseKeeper(self)
+            self._keeper.start()
+
+    def close_connection(self, connection):
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
+        self._unregister_readers()
+        try:
+            super().close_connection(connection)
+        finally:
+            if self._pool is not None:
+                self._pool.disconnect()
+
+    # -- draining without an event loop ---------------------------------------------------------
+    def drain_events(self, connection, timeout=None):
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            for channel in list(self.cycle_channels):
+                if channel._pop_and_deliver():
+                    return
+            waits = {}
+            for channel in list(self.cycle_channels):
+                for conn, handler in channel._arm():
+                    waits[conn] = handler
+            remaining = None if deadline is None else deadline - monotonic()
+            if remaining is not None and remaining <= 0:
+                raise socket.timeout()
+            if not waits:  # nothing to block on (prefetch window full): look again shortly
+                sleep(min(0.05, remaining) if remaining is not None else 0.05)
+                continue
+            ready = [c for c in waits if c.can_read(timeout=0)]
+            if not ready:
+                socks = {c._sock: c for c in waits if c._sock is not None}
+                wait = 1.0 if remaining is None else min(remaining, 1.0)
+                readable, _, _ = select.select(list(socks), [], [], wait)
+                ready = [socks[s] for s in readable]
+            delivered = 0
+            for conn in ready:
+                delivered += waits[conn]() or 0
+            if delivered:
+                return
+
+    # -- Celery's event loop --------------------------------------------------------------------
+    def register_with_event_loop(self, connection, loop):
+        self._loop = loop
+        loop.on_tick.add(self._on_tick)
+
+    def _on_tick(self):
+        # Only arm here; messages are delivered from _on_readable. Celery's hub runs the acks
+        # it deferred (call_soon) at the top of each loop pass, before this tick, so the
+        # prefetch window is up to date when we decide whether to block for more.
+        for channel in list(self.cycle_channels):
+            for conn, handler in channel._arm():
+                sock = conn._sock
+                if sock is None:
+                    continue
+                fd = sock.fileno()
+                known = self._readers.get(fd)
+                if known is None or known[0] is not sock:
+                    self._readers[fd] = (sock, conn, handler)
+                    self._loop.add_reader(fd, self._on_readable, fd)
+
+    def _on_readable(self, fd):
+        entry = self._readers.get(fd)
+        if entry is None:
+            return
+        sock, conn, handler = entry
+        if conn._sock is not sock:  # reconnected: the next tick registers the new socket
+            self._readers.pop(fd, None)
+            self._loop.remove_reader(fd)
+            return
+        handler()
+        # a blocking read that has been answered is re-armed on the next tick
+        if getattr(handler, "__func__", None) is Channel._on_blpop:
+            self._readers.pop(fd, None)
+            self._loop.remove_reader(fd)
+
+    def _unregister_readers(self):
+        if self._loop is not None:
+            for fd in list(self._readers):
+                try:
+                    self._loop.remove_reader(fd)
+                except Exception:  # noqa: BLE001
+                    pass
+        self._readers.clear()
+
+
+class TLSTransport(Transport):
+    """``pqs://``: the same transport over TLS."""
+
+    use_tls = True

@@ -1,0 +1,71 @@
+"""A Celery app for the end-to-end tests, configured from the environment.
+
+PQ_TEST_BROKER     broker URL (pq://127.0.0.1:PORT/0)
+PQ_TEST_OPTIONS    JSON of broker_transport_options
+PQ_TEST_RECORD     Redis URL where tasks record what they did (list keys under PQ_TEST_PREFIX)
+PQ_TEST_PREFIX     key prefix of this test (also used for the records)
+PQ_TEST_ACKS_LATE  "1" for task_acks_late
+"""
+
+import json
+import os
+import signal
+import time
+
+import redis
+from celery import Celery
+
+import celery_pq  # noqa: F401  (registers pq://)
+
+app = Celery("e2e")
+app.conf.update(
+    broker_url=os.environ.get("PQ_TEST_BROKER", "pq://127.0.0.1:6379/0"),
+    broker_transport_options=json.loads(os.environ.get("PQ_TEST_OPTIONS", "{}")),
+    task_acks_late=os.environ.get("PQ_TEST_ACKS_LATE") == "1",
+    worker_prefetch_multiplier=1,
+    task_default_queue="q",
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+)
+
+_rec = None
+
+
+def rec():
+    global _rec
+    if _rec is None:
+        _rec = redis.Redis.from_url(os.environ["PQ_TEST_RECORD"])
+    return _rec
+
+
+def log(kind, value):
+    rec().rpush(f"{os.environ['PQ_TEST_PREFIX']}:rec:{kind}", json.dumps(value))
+
+
+@app.task(name="e2e.record")
+def record(n, priority=None):
+    log("order", [n, priority])
+
+
+@app.task(name="e2e.sleep", bind=True)
+def sleeper(self, seconds, tag):
+    log("start", [tag, os.getpid(), self.request.delivery_info.get("delivery_count")])
+    time.sleep(seconds)
+    log("done", [tag, os.getpid()])
+
+
+@app.task(name="e2e.crash", bind=True)
+def crash(self, tag):
+    log("crash", [tag, os.getpid(), self.request.delivery_info.get("delivery_count")])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(name="e2e.retry_once", bind=True, max_retries=3)
+def retry_once(self, tag, hold):
+    log("retry", [tag, self.request.id, self.request.retries])
+    if self.request.retries == 0:
+        # republish this same task id while this delivery is still leased, then keep working
+        self.retry(countdown=0, throw=False)
+        time.sleep(hold)
+    log("retry_done", [tag, self.request.retries])
