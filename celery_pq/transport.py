@@ -211,7 +211,9 @@ class Channel(virtual.Channel):
     # -- publishing ---------------------------------------------------------------------------
     def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
                         headers=None, properties=None):
-        if priority is None:
+        # kombu's Producer.publish and Celery pass 0 when no priority was given (the kombu
+        # convention, as in kombu's virtual transports): 0 and None take default_priority.
+        if priority is None or (priority == 0 and not isinstance(priority, bool)):
             priority = self.default_priority
         validate_priority(priority)  # before anything is written
         properties = properties or {}
@@ -341,6 +343,10 @@ class Channel(virtual.Channel):
         info["redelivered"] = lease.deliveries > 1
         if lease.deliveries > 1:
             message["redelivered"] = True
+        # RabbitMQ's name for it; a Celery task reads self.request.get("x-delivery-count")
+        headers = message.get("headers")
+        if isinstance(headers, dict):
+            headers["x-delivery-count"] = lease.deliveries
         with self._leases_lock:
             self._leases[tag] = (queue, lease.id)
         return message

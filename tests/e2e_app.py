@@ -50,14 +50,14 @@ def record(n, priority=None):
 
 @app.task(name="e2e.sleep", bind=True)
 def sleeper(self, seconds, tag):
-    log("start", [tag, os.getpid(), self.request.delivery_info.get("delivery_count")])
+    log("start", [tag, os.getpid(), self.request.get("x-delivery-count")])
     time.sleep(seconds)
     log("done", [tag, os.getpid()])
 
 
 @app.task(name="e2e.crash", bind=True)
 def crash(self, tag):
-    log("crash", [tag, os.getpid(), self.request.delivery_info.get("delivery_count")])
+    log("crash", [tag, os.getpid(), self.request.get("x-delivery-count")])
     os.kill(os.getpid(), signal.SIGKILL)
 
 

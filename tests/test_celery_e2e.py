@@ -1,0 +1,192 @@
+"""End to end: real Celery workers as subprocesses on a real redis-server."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_pq import PriorityQueue
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Harness:
+    def __init__(self, server, prefix, tmp_path, options, acks_late):
+        self.server = server
+        self.prefix = prefix
+        self.tmp = tmp_path
+        self.options = {"key_prefix": prefix, **options}
+        self.url = f"pq://127.0.0.1:{server.port}/0"
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            PQ_TEST_BROKER=self.url,
+            PQ_TEST_OPTIONS=json.dumps(self.options),
+            PQ_TEST_RECORD=f"redis://127.0.0.1:{server.port}/0",
+            PQ_TEST_PREFIX=prefix,
+            PQ_TEST_ACKS_LATE="1" if acks_late else "0",
+        )
+        self.redis = redis.Redis(port=server.port)
+        self.app = Celery("e2e-client", broker=self.url)
+        self.app.conf.broker_transport_options = self.options
+        self.app.conf.task_default_queue = "q"
+        self.workers = []
+
+    def queue(self, name="q"):
+        return PriorityQueue(self.redis, name, key_prefix=self.prefix)
+
+    def send(self, name, *args, **kw):
+        return self.app.send_task(name, args=args, queue="q", **kw)
+
+    def records(self, kind):
+        return [json.loads(x) for x in self.redis.lrange(f"{self.prefix}:rec:{kind}", 0, -1)]
+
+    def worker(self, name, *extra, gossip=False, may_die=False):
+        log = open(self.tmp / f"{name}.log", "wb")
+        args = [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "worker", "-P", "solo", "-c", "1",
+                "--prefetch-multiplier", "1", "-Q", "q", "-l", "info", "-n", f"{name}@%h", *extra]
+        if not gossip:
+            args += ["--without-mingle", "--without-gossip"]
+        proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        proc.log_path = self.tmp / f"{name}.log"
+        self.workers.append(proc)
+        wait_for(lambda: b" ready." in proc.log_path.read_bytes() or proc.poll() is not None, 30, "worker ready")
+        if not may_die:
+            assert proc.poll() is None, proc.log_path.read_text(errors="replace")
+        return proc
+
+    def kill(self, proc, sig=signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def close(self):
+        for proc in self.workers:
+            if proc.poll() is None:
+                self.kill(proc, signal.SIGTERM)
+
+
+def wait_for(pred, timeout, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def harness(redis_server, key_prefix, tmp_path):
+    made = []
+
+    def make(options=None, acks_late=False):
+        h = Harness(redis_server, key_prefix, tmp_path, options or {}, acks_late)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+@pytest.mark.parametrize("order", ["higher_first", "lower_first"])
+def test_300_tasks_run_in_exact_priority_order(harness, order):
+    h = harness({"priority_order": order})
+    rng = random.Random(300)
+    sent = [(i, rng.randint(0, 255)) for i in range(300)]
+    for i, p in sent:
+        h.send("e2e.record", i, p, priority=p)
+    h.worker("w1")
+    wait_for(lambda: len(h.records("order")) == 300, 60, "300 tasks")
+    ran = [tuple(r) for r in h.records("order")]
+    sign = -1 if order == "higher_first" else 1
+    assert ran == sorted(sent, key=lambda t: (sign * t[1], t[0]))
+    wait_for(lambda: h.queue().stats()["leased"] == 0, 10, "last ack")
+    assert h.queue().size() == 0
+
+
+@pytest.mark.parametrize("acks_late", [True, False])
+def test_task_longer_than_three_leases_runs_once(harness, acks_late):
+    h = harness({"lease_seconds": 1, "sweep_interval": 0.2}, acks_late=acks_late)
+    h.send("e2e.sleep", 3.5, "long")
+    h.worker("w1")
+    wait_for(lambda: h.records("done"), 20, "long task done")
+    time.sleep(1.5)  # a redelivery, if any, would start now
+    assert [r[0] for r in h.records("start")] == ["long"]
+    assert h.queue().size() == 0
+
+
+def test_sigkilled_worker_task_runs_again_on_another_worker(harness):
+    lease = 2
+    h = harness({"lease_seconds": lease, "sweep_interval": 0.5}, acks_late=True)
+    h.send("e2e.sleep", 3, "victim")
+    a = h.worker("wa")
+    wait_for(lambda: h.records("start"), 20, "task start on worker A")
+    h.kill(a)  # SIGKILL: no shutdown, no ack, no renewals
+    killed_at = time.monotonic()
+    b = h.worker("wb")
+    wait_for(lambda: len(h.records("start")) == 2, lease + 10, "task start on worker B")
+    recovery = time.monotonic() - killed_at
+    first, second = h.records("start")
+    assert first[1] == a.pid and second[1] == b.pid
+    assert (first[2], second[2]) == (1, 2)  # delivery count raised
+    assert recovery <= lease + 5, recovery
+    wait_for(lambda: h.records("done"), 20, "task done on worker B")
+    wait_for(lambda: h.queue().stats()["leased"] == 0, 10, "ack")
+
+
+def test_task_that_always_crashes_its_worker_ends_in_dead_letter_queue(harness):
+    h = harness({"lease_seconds": 1, "sweep_interval": 0.2, "max_deliveries": 2}, acks_late=True)
+    h.send("e2e.crash", "boom")
+    for n in range(2):
+        w = h.worker(f"crash{n}", may_die=True)
+        wait_for(lambda: w.poll() is not None, 20, f"worker {n} to die")
+    assert len(h.records("crash")) == 2
+    h.worker("sweeper")  # a live consumer's sweep finds the expired lease: no deliveries left
+    wait_for(lambda: h.queue().stats()["dead"] == 1, 10, "dead-lettering")
+    [dead] = h.queue().dead.peek()
+    assert dead.dead_reason == "max_deliveries"
+    assert json.loads(dead.payload)["headers"]["task"] == "e2e.crash"
+    assert len(h.records("crash")) == 2  # not delivered a third time
+    assert h.queue().size() == 0 and h.queue().stats()["leased"] == 0
+
+
+def test_retry_with_same_task_id_while_first_delivery_is_leased(harness):
+    h = harness({"lease_seconds": 5}, acks_late=True)
+    res = h.send("e2e.retry_once", "r", 1.0)
+    h.worker("w1")
+    wait_for(lambda: len(h.records("retry_done")) == 2, 30, "both deliveries")
+    runs = h.records("retry")
+    assert [r[1] for r in runs] == [res.id, res.id]  # one task id, two deliveries
+    assert sorted(r[2] for r in runs) == [0, 1]
+    wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "queue to drain")
+
+
+def test_inspect_ping_and_control_answer_through_the_transport(harness):
+    h = harness()
+    h.worker("pingme", gossip=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "inspect", "ping", "--timeout", "5"],
+        cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "pong" in out.stdout and "pingme@" in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "inspect", "active_queues", "--timeout", "5"],
+        cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0 and "'name': 'q'" in out.stdout, out.stdout + out.stderr

@@ -1,0 +1,331 @@
+"""Lua contract tests: each script called through PriorityQueue on a real redis-server, with
+assertions on the raw keys. Every behavioural test runs under both patent techniques."""
+
+import time
+
+import pytest
+
+from celery_pq import EntryNotFound, LeaseLost, NotWaiting, PriorityQueue, QueueFull
+from celery_pq.constants import SEQ_SPAN
+
+
+@pytest.fixture(params=["T", "S"])
+def technique(request):
+    return request.param
+
+
+@pytest.fixture
+def q(redis_client, key_prefix, technique):
+    return PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, technique=technique, lease_seconds=30)
+
+
+def ids(entries):
+    return [e.id for e in entries]
+
+
+def test_all_keys_share_one_hash_tag(q, redis_client):
+    # Given a queue with waiting, leased and dead entries
+    q.insert(b"a", 1, id="a")
+    q.insert(b"b", 2, id="b")
+    lease = q.pop()[0]
+    q.dead_letter(lease, "rejected")
+    q.pop()
+    keys = [k.decode() for k in redis_client.keys(q.key_prefix + ":*")]
+    # Then every key of the queue and its dead-letter queue carries the tag {jobs}
+    assert keys and all("{jobs}" in k for k in keys), keys
+
+
+def test_insert_writes_both_tables_and_encodes_priority_then_fifo(q, redis_client, technique):
+    q.insert(b"low", 1, id="l1")
+    q.insert(b"high", 250, id="h1")
+    q.insert(b"low2", 1, id="l2")
+    k = q.keys
+    assert redis_client.hlen(k.ii) == 3
+    members = [m.decode() for m, _ in redis_client.zrange(k.pi, 0, -1, withscores=True)]
+    assert members == ["h1", "l1", "l2"]
+    score = redis_client.zscore(k.pi, "h1")
+    assert int(score) >> 44 == 255 - 250  # rank in the high bits
+    header = redis_client.hget(k.ii, "h1").split(b"|")[0].split(b",")
+    # technique T keeps the score in the entry; technique S does not
+    assert (header[1] == b"%d" % int(score)) if technique == "T" else header[1] == b""
+
+
+def test_order_is_strict_priority_fifo_within_level(q):
+    import random
+
+    rng = random.Random(7)
+    sent = [(f"t{i}", rng.randint(0, 255)) for i in range(300)]
+    q.insert_many([(b"x", p, i) for i, p in sent])
+    got = []
+    while True:
+        leases = q.pop(7)
+        if not leases:
+            break
+        got += [(x.id, x.priority) for x in leases]
+        q.ack_many(leases)
+    expected = sorted(sent, key=lambda t: (-t[1], int(t[0][1:])))
+    assert got == expected
+
+
+def test_lower_first_order(redis_client, key_prefix, technique):
+    q = PriorityQueue(redis_client, "lf", key_prefix=key_prefix, technique=technique, priority_order="lower_first")
+    for i, p in enumerate([5, 0, 255, 0]):
+        q.insert(b"x", p, id=f"e{i}")
+    assert [(e.id, e.priority) for e in q.peek(10)] == [("e1", 0), ("e3", 0), ("e0", 5), ("e2", 255)]
+
+
+@pytest.mark.parametrize("bad", [-1, 256, 1.5, "7", None, True])
+def test_bad_priority_is_rejected_and_nothing_written(q, redis_client, bad):
+    with pytest.raises(ValueError, match="priority"):
+        q.insert(b"x", bad, id="x")
+    assert redis_client.exists(*q.keys.all()) == 0
+
+
+def test_pop_leases_in_the_same_script(q, redis_client):
+    q.insert(b"p", 3, id="a")
+    [lease] = q.pop(consumer="c1")
+    k = q.keys
+    assert lease.id == "a" and lease.deliveries == 1 and lease.payload == b"p" and lease.priority == 3
+    assert redis_client.zcard(k.pi) == 0
+    assert redis_client.hexists(k.ii, "a")  # the entry stays in the identifier-indexed table
+    token, consumer, score, d, flags = redis_client.hget(k.lt, "a").decode().split(",")
+    assert (token, consumer, d) == (lease.token, "c1", "1")
+    deadline = redis_client.zscore(k.lz, "a")
+    now_s, now_us = redis_client.time()
+    assert 29_000 < deadline - (now_s * 1000 + now_us // 1000) <= 30_000
+
+
+def test_ack_deletes_and_checks_token(q, redis_client):
+    q.insert(b"p", 3, id="a")
+    [lease] = q.pop()
+    assert q.ack(("a", "not-the-token")) is False
+    with pytest.raises(LeaseLost):
+        q.ack(("a", "not-the-token"), strict=True)
+    assert q.ack(lease) is True
+    assert redis_client.exists(q.keys.ii, q.keys.lt, q.keys.lz, q.keys.pi) == 0
+    assert q.ack(lease) is False  # a second ack finds no lease
+
+
+def test_late_ack_after_expiry_does_not_touch_the_new_delivery(q):
+    q.insert(b"p", 3, id="a")
+    [first] = q.pop(lease_seconds=0.05)
+    time.sleep(0.1)
+    assert q.reclaim()["returned"] == 1
+    [second] = q.pop()
+    assert second.deliveries == 2 and second.token != first.token
+    assert q.ack(first) is False  # the stale consumer's ack is refused
+    assert q.extend([first]) == [False]
+    assert q.stats()["leased"] == 1
+    assert q.ack(second) is True
+
+
+def test_requeue_returns_to_original_place(q):
+    for i in range(3):
+        q.insert(b"x", 10, id=f"e{i}")
+    [a] = q.pop()
+    assert a.id == "e0"
+    q.insert(b"x", 10, id="e3")
+    assert q.requeue(a) == "waiting"
+    assert ids(q.peek(10)) == ["e0", "e1", "e2", "e3"]
+    [again] = q.pop()
+    assert again.id == "e0" and again.deliveries == 2
+
+
+def test_requeue_without_counting_undoes_the_delivery(q):
+    q.insert(b"x", 1, id="a")
+    [lease] = q.pop()
+    q.requeue(lease, count_delivery=False)
+    assert q.pop()[0].deliveries == 1
+
+
+def test_extend_moves_deadline_and_checks_token(q, redis_client):
+    q.insert(b"x", 1, id="a")
+    [lease] = q.pop(lease_seconds=1)
+    before = redis_client.zscore(q.keys.lz, "a")
+    assert q.extend([lease], 100) == [True]
+    assert redis_client.zscore(q.keys.lz, "a") - before > 90_000
+    assert q.extend([("a", "wrong")]) == [False]
+
+
+def test_reclaim_returns_expired_and_dead_letters_after_max_deliveries(redis_client, key_prefix, technique):
+    q = PriorityQueue(redis_client, "rc", key_prefix=key_prefix, technique=technique, max_deliveries=2)
+    q.insert(b"x", 9, id="a")
+    for expected in (1, 2):
+        [lease] = q.pop(lease_seconds=0.02)
+        assert lease.deliveries == expected
+        time.sleep(0.05)
+        res = q.reclaim()
+    assert res == {"returned": 0, "dead": 1, "skipped": False, "more": False}
+    assert q.size() == 0 and q.stats()["dead"] == 1
+    [dead] = q.dead.peek()
+    assert dead.id == "a" and dead.dead_reason == "max_deliveries" and dead.priority == 9
+    assert dead.payload == b"x"
+
+
+def test_reclaim_guard_throttles(q):
+    assert q.reclaim(guard_seconds=5)["skipped"] is False
+    assert q.reclaim(guard_seconds=5)["skipped"] is True
+    assert q.reclaim()["skipped"] is False  # guard 0: always runs
+
+
+def test_reclaim_by_consumer_returns_only_that_consumers_leases(q):
+    for i in range(4):
+        q.insert(b"x", 1, id=f"e{i}")
+    q.pop(2, consumer="dead-worker")
+    q.pop(1, consumer="live-worker")
+    res = q.reclaim(consumer="dead-worker")
+    assert res["returned"] == 2
+    assert q.stats()["leased"] == 1 and q.size() == 3
+
+
+def test_requeue_dead_letters_at_max_deliveries(redis_client, key_prefix, technique):
+    q = PriorityQueue(redis_client, "rq", key_prefix=key_prefix, technique=technique, max_deliveries=1)
+    q.insert(b"x", 1, id="a")
+    assert q.requeue(q.pop()[0]) == "dead"
+    assert q.dead.size() == 1
+
+
+def test_dead_letter_with_reason(q):
+    q.insert(b"x", 1, id="a")
+    assert q.dead_letter(q.pop()[0], "rejected") == "dead"
+    [d] = q.dead.peek()
+    assert d.dead_reason == "rejected" and d.dead_ms > 0
+    with pytest.raises(ValueError):
+        q.dead_letter(("a", "t"), "bad,reason")
+
+
+def test_duplicate_ids_are_both_kept_and_acked_independently(q, redis_client):
+    # Given a task leased under its own id
+    q.insert(b"first", 5, id="task")
+    [first] = q.pop()
+    # When the same id is inserted again (Celery retry) while the first is leased
+    eid = q.insert(b"second", 5, id="task")
+    assert eid.startswith("task~")
+    [second] = q.pop()
+    assert second.payload == b"second"
+    # Then acking one does not touch the other
+    assert q.ack(first) is True
+    assert q.stats()["leased"] == 1
+    assert q.ack(second) is True
+    assert redis_client.exists(*q.keys.all()) in (0, 1)  # only the sequence counter may remain
+    assert redis_client.hlen(q.keys.dp) == 0
+
+
+def test_remove_by_id_removes_waiting_entries_and_duplicates(q, redis_client, technique):
+    q.insert(b"x", 5, id="t1")
+    q.insert(b"x", 5, id="other")
+    q.insert(b"x", 5, id="t1")  # a duplicate of t1
+    assert q.remove("t1") == 2
+    assert ids(q.peek(10)) == ["other"]
+    # technique S leaves the priority-index members for lazy deletion, T removes them now
+    assert redis_client.zcard(q.keys.pi) == (1 if technique == "T" else 3)
+    [lease] = q.pop()
+    assert lease.id == "other"
+    # lazy deletion: the pop discarded the stale member in front of "other"; the one behind it
+    # (the duplicate) is discarded when it surfaces
+    assert redis_client.zcard(q.keys.pi) == (0 if technique == "T" else 1)
+    assert q.pop() == []
+    assert redis_client.zcard(q.keys.pi) == 0
+    assert q.remove("nope") == 0
+
+
+def test_remove_leaves_leased_entries_alone(q):
+    q.insert(b"x", 5, id="t1")
+    q.pop()
+    assert q.remove("t1") == 0
+    assert q.stats()["leased"] == 1
+
+
+def test_lazy_deletion_then_cleanup_sweep(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "lazy", key_prefix=key_prefix, technique="S")
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(10)])
+    for i in range(0, 10, 2):
+        q.remove(f"e{i}")
+    assert redis_client.zcard(q.keys.pi) == 10
+    assert q.size() == 5
+    assert q.retrieve_highest_priority() == "e1"  # read-only: skips, does not delete
+    assert redis_client.zcard(q.keys.pi) == 10
+    assert q.cleanup(count=4) == 2  # looks at e0..e3 only
+    assert redis_client.zcard(q.keys.pi) == 8
+    assert q.cleanup() == 3
+    assert redis_client.zcard(q.keys.pi) == 5
+
+
+def test_patent_operations(q):
+    q.insert(b"a", 10, id="a")
+    q.insert(b"b", 20, id="b")
+    q.insert(b"c", 10, id="c")
+    assert q.retrieve_highest_priority() == "b"
+    assert q.retrieve_by_priority(10) == "a"
+    assert q.retrieve_by_priority(11) is None
+    q.remove("a")
+    assert q.retrieve_by_priority(10) == "c"
+    top = q.remove_highest_priority()
+    assert top.id == "b" and top.payload == b"b"
+    assert ids(q.peek(5)) == ["c"]
+    assert q.remove_highest_priority().id == "c"
+    assert q.remove_highest_priority() is None
+
+
+def test_change_priority(q):
+    for i, p in enumerate([10, 10, 50]):
+        q.insert(b"x", p, id=f"e{i}")
+    q.change_priority("e1", 50)  # goes behind e2, which was already waiting at 50
+    assert [(e.id, e.priority) for e in q.peek(5)] == [("e2", 50), ("e1", 50), ("e0", 10)]
+    q.change_priority("e0", 255)
+    assert q.pop()[0].id == "e0"
+    with pytest.raises(NotWaiting):
+        q.change_priority("e0", 1)
+    with pytest.raises(EntryNotFound):
+        q.change_priority("missing", 1)
+    with pytest.raises(ValueError):
+        q.change_priority("e1", 999)
+
+
+def test_max_length_is_exact_and_atomic(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "bounded", key_prefix=key_prefix, max_length=3)
+    for i in range(3):
+        q.insert(b"x", 1)
+    with pytest.raises(QueueFull) as err:
+        q.insert(b"x", 1)
+    assert err.value.queue == "bounded" and err.value.size == 3
+    q.pop()  # a leased entry is not waiting: room for one more
+    q.insert(b"x", 1)
+    assert q.size() == 3
+
+
+def test_purge_keeps_leases(q):
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(2500)])
+    lease = q.pop()[0]
+    assert q.purge() == 2499
+    assert q.size() == 0
+    assert q.ack(lease)
+
+
+def test_stats(q):
+    q.insert(b"x", 5, id="a")
+    q.insert(b"x", 5, id="b")
+    q.insert(b"x", 200, id="c")
+    q.pop()
+    s = q.stats()
+    assert s["waiting"] == 2 and s["leased"] == 1 and s["dead"] == 0
+    assert s["per_priority"] == {5: 2}
+    assert s["head_age_seconds"] is not None and s["head_age_seconds"] >= 0
+
+
+def test_tenant_and_payload_with_separators_round_trip(q):
+    payload = b"a|b,c\n\x00\xff|"
+    q.insert(payload, 1, id="id,with|odd chars", tenant="acme,inc|x%")
+    [lease] = q.pop()
+    assert lease.payload == payload
+    assert lease.tenant == "acme,inc|x%"
+    assert lease.id == "id,with|odd chars"
+    assert q.ack(lease)
+
+
+def test_scores_stay_exact_at_the_extremes(q, redis_client):
+    # Given the largest rank and a sequence near the top of its 44 bits
+    redis_client.set(q.keys.sq, SEQ_SPAN - 3)
+    q.insert(b"x", 0, id="last")
+    score = redis_client.zscore(q.keys.pi, "last")
+    assert int(score) == 255 * SEQ_SPAN + SEQ_SPAN - 2 and score < 2**53

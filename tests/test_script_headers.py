@@ -1,0 +1,40 @@
+"""The Lua headers and the Python error enum agree; every script has the fixed header."""
+
+import re
+
+import pytest
+
+from celery_pq.errors import ErrorCode
+from celery_pq.scripts import SCRIPT_NAMES, header, source
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_header_lists_keys_args_and_returns(name):
+    text = header(name)
+    assert text.startswith(f"-- {name}:"), text[:80]
+    assert re.search(r"^-- KEYS\[1\] ", text, re.M)
+    assert re.search(r"^-- Returns:", text, re.M)
+    body = source(name)
+    # every KEYS[i] the body uses is documented in the header
+    used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", body.split("--!include")[-1])}
+    documented = {int(i) for i in re.findall(r"^-- KEYS\[(\d+)\]", text, re.M)}
+    assert used <= documented
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_error_codes_in_headers_match_the_enum(name):
+    for code, label in re.findall(r"^-- ERR (-\d+) (\w+)$", header(name), re.M):
+        assert ErrorCode[label] == int(code)
+
+
+def test_every_error_code_is_used_by_some_script():
+    declared = set()
+    for name in SCRIPT_NAMES:
+        declared |= {label for _, label in re.findall(r"^-- ERR (-\d+) (\w+)$", header(name), re.M)}
+    assert declared == {c.name for c in ErrorCode}
+
+
+def test_no_key_names_built_inside_scripts():
+    for name in SCRIPT_NAMES:
+        body = source(name)
+        assert "KEYS'" not in body and "'SCAN'" not in body and "'KEYS'" not in body

@@ -1,0 +1,341 @@
+"""kombu-level tests of the transport against a real redis-server (no Celery worker)."""
+
+import socket
+import threading
+import time
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+import celery_pq
+from celery_pq import ConfigError, PriorityQueue, QueueFull
+
+
+@pytest.fixture
+def url(redis_server):
+    return f"pq://127.0.0.1:{redis_server.port}/0"
+
+
+@pytest.fixture
+def opts(key_prefix):
+    return {"key_prefix": key_prefix}
+
+
+def make_queue(name="kq"):
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def drain(conn, queue, n, timeout=5, ack=True):
+    got = []
+
+    def cb(body, message):
+        got.append((body, message))
+        if ack:
+            message.ack()
+
+    with Consumer(conn, [queue], callbacks=[cb], prefetch_count=1):
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                conn.drain_events(timeout=0.5)
+            except socket.timeout:
+                pass
+    return got
+
+
+def test_pq_scheme_is_registered_on_import():
+    from kombu.transport import TRANSPORT_ALIASES
+
+    assert TRANSPORT_ALIASES["pq"] == "celery_pq.transport:Transport"
+    assert TRANSPORT_ALIASES["pqs"] == "celery_pq.transport:TLSTransport"
+    assert celery_pq.__version__
+
+
+def test_redis_url_with_transport_class(redis_server, opts):
+    conn = Connection(f"redis://127.0.0.1:{redis_server.port}/0", transport="celery_pq.transport:Transport",
+                      transport_options=opts)
+    with conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        [(body, _)] = drain(conn, q, 1)
+        assert body == {"n": 1}
+        assert type(conn.transport).__module__ == "celery_pq.transport"
+
+
+@pytest.mark.parametrize("order,expected", [("higher_first", [255, 200, 7, 7, 0]), ("lower_first", [0, 7, 7, 200, 255])])
+def test_priority_order(url, opts, order, expected):
+    opts["priority_order"] = order
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        for i, pr in enumerate([7, 0, 255, 7, 200]):
+            p.publish({"p": pr, "i": i}, exchange=q.exchange, routing_key="kq", declare=[q], priority=pr)
+        got = [b for b, _ in drain(conn, q, 5)]
+        assert [b["p"] for b in got] == expected
+        sevens = [b["i"] for b in got if b["p"] == 7]
+        assert sevens == [0, 3]  # FIFO within a priority
+
+
+def test_default_priority_applies_only_without_priority(url, opts, redis_client, key_prefix):
+    opts["default_priority"] = 100
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        # kombu's Producer.publish (and Celery) pass priority=0 when none was given
+        p.publish({"i": 0}, exchange=q.exchange, routing_key="kq", declare=[q])
+        p.publish({"i": 1}, exchange=q.exchange, routing_key="kq", priority=None)
+        p.publish({"i": 2}, exchange=q.exchange, routing_key="kq", priority=1)
+        entries = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).peek(5)
+        assert [e.priority for e in entries] == [100, 100, 1]
+
+
+def test_celery_task_without_priority_gets_default_priority(url, opts, redis_client, key_prefix):
+    from celery import Celery
+
+    opts["default_priority"] = 42
+    app = Celery("t", broker=url)
+    app.conf.broker_transport_options = opts
+    app.conf.task_default_queue = "dp"
+
+    @app.task(name="some.task", shared=False)
+    def task():
+        pass
+
+    task.apply_async()
+    task.apply_async(priority=7)
+    entries = PriorityQueue(redis_client, "dp", key_prefix=key_prefix).peek(5)
+    assert [e.priority for e in entries] == [42, 7]
+
+
+@pytest.mark.parametrize("bad", [256, -1, 2.5, "high"])
+def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, redis_client, key_prefix, bad):
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        q(conn.default_channel).declare()
+        with pytest.raises(ValueError) as err:
+            p.publish({"x": 1}, exchange=q.exchange, routing_key="kq", priority=bad)
+        assert repr(bad) in str(err.value) or str(bad) in str(err.value)
+        assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).size() == 0
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"priority_order": "sideways"}, "priority_order"),
+        ({"default_priority": 300}, "default_priority"),
+        ({"lease_seconds": 0}, "lease_seconds"),
+        ({"visibility_timeout": "long"}, "lease_seconds"),
+        ({"max_deliveries": -1}, "max_deliveries"),
+        ({"max_length": 0}, "max_length"),
+        ({"technique": "X"}, "technique"),
+        ({"fair_key": "tenant"}, "fair_key"),
+    ],
+)
+def test_bad_options_are_named(url, opts, options, match):
+    opts.update(options)
+    with Connection(url, transport_options=opts) as conn:
+        with pytest.raises(ConfigError, match=match):
+            conn.default_channel
+
+
+def test_visibility_timeout_is_an_alias(url, opts):
+    opts["visibility_timeout"] = 12
+    with Connection(url, transport_options=opts) as conn:
+        assert conn.default_channel.lease_seconds == 12.0
+
+
+def test_max_length_raises_queue_full(url, opts):
+    opts["max_length"] = 2
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        for i in range(2):
+            p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q])
+        with pytest.raises(QueueFull) as err:
+            p.publish({"i": 2}, exchange=q.exchange, routing_key="kq")
+        assert err.value.queue == "kq" and err.value.size == 2
+
+
+def test_reject_requeue_and_dead_letter(url, opts, redis_client, key_prefix):
+    opts["max_deliveries"] = 3
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        counts = []
+        for _ in range(3):
+            [(body, msg)] = drain(conn, q, 1, ack=False)
+            counts.append(msg.delivery_info["delivery_count"])
+            msg.reject(requeue=True)
+        assert counts == [1, 2, 3]
+        # the third reject used up max_deliveries: the message is in kq.dead, not lost
+        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert pq.size() == 0
+        [dead] = pq.dead.peek()
+        assert dead.dead_reason == "max_deliveries"
+        # the dead-letter queue is an ordinary queue that can be consumed
+        dq = Queue("kq.dead", Exchange("kq.dead"), routing_key="kq.dead")
+        [(body, _)] = drain(conn, dq, 1)
+        assert body == {"n": 1}
+
+
+def test_reject_without_requeue_goes_to_dead_letter(url, opts, redis_client, key_prefix):
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        [(_, msg)] = drain(conn, q, 1, ack=False)
+        msg.reject(requeue=False)
+        [dead] = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).dead.peek()
+        assert dead.dead_reason == "rejected"
+
+
+def test_malformed_entry_goes_to_dead_letter_and_others_flow(url, opts, redis_client, key_prefix):
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    pq.insert(b"this is not json", 200, id="garbage")
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"ok": True}, exchange=q.exchange, routing_key="kq", declare=[q])
+        [(body, _)] = drain(conn, q, 1)
+        assert body == {"ok": True}
+    [dead] = pq.dead.peek()
+    assert dead.id == "garbage" and dead.dead_reason == "malformed" and dead.payload == b"this is not json"
+
+
+def test_unacked_messages_are_given_back_on_close_without_counting(url, opts, redis_client, key_prefix):
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        drain(conn, q, 1, ack=False)
+        assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).stats()["leased"] == 1
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    assert pq.size() == 1 and pq.stats()["leased"] == 0
+    assert pq.pop()[0].deliveries == 1
+
+
+def test_leases_are_renewed_while_the_consumer_lives(url, opts, redis_client, key_prefix):
+    opts.update(lease_seconds=0.6, sweep_interval=0.1)
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        [(_, msg)] = drain(conn, q, 1, ack=False)
+        time.sleep(2.0)  # more than three lease lengths without an ack
+        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert pq.stats()["leased"] == 1 and pq.size() == 0
+        msg.ack()
+        assert pq.stats()["leased"] == 0
+
+
+def test_expired_lease_of_a_vanished_consumer_comes_back(url, opts, redis_client, key_prefix):
+    # Given a message leased by a consumer that disappears without acking (no renewals)
+    opts.update(sweep_interval=0.1)
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    pq.pop(lease_seconds=0.3)
+    # When another consumer is running
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+        start = time.monotonic()
+        conn.default_channel.basic_consume("kq", no_ack=False, callback=lambda m: None, consumer_tag="c")
+        got = []
+        conn.default_channel.connection._callbacks["kq"] = lambda raw: got.append(raw)
+        while not got and time.monotonic() - start < 5:
+            try:
+                conn.drain_events(timeout=0.2)
+            except socket.timeout:
+                pass
+        # Then the sweeper returned it and it was delivered again, counted as a redelivery
+        assert got and got[0]["properties"]["delivery_info"]["delivery_count"] == 2
+
+
+def test_idle_consumer_wakes_promptly(url, opts):
+    latencies = []
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+
+        def producer():
+            with Connection(url, transport_options=opts) as c2:
+                p = Producer(c2.default_channel)
+                for _ in range(20):
+                    time.sleep(0.02)
+                    p.publish({"t": time.perf_counter()}, exchange=q.exchange, routing_key="kq", declare=[q])
+
+        t = threading.Thread(target=producer)
+        t.start()
+        for body, _ in drain(conn, q, 20, timeout=10):
+            latencies.append(time.perf_counter() - body["t"])
+        t.join()
+    # every message arrived (no message waits for a poll interval; timing is the benchmark's job)
+    assert len(latencies) == 20
+
+
+def test_fanout_reaches_every_bound_consumer(url, opts):
+    ex = Exchange("bcast", type="fanout")
+    with Connection(url, transport_options=opts) as c1, Connection(url, transport_options=opts) as c2:
+        q1, q2 = Queue("fan1", ex), Queue("fan2", ex)
+        got1, got2 = [], []
+        cons1 = Consumer(c1, [q1], callbacks=[lambda b, m: (got1.append(b), m.ack())], no_ack=True)
+        cons2 = Consumer(c2, [q2], callbacks=[lambda b, m: (got2.append(b), m.ack())], no_ack=True)
+        with cons1, cons2:
+            for c in (c1, c2):  # subscribe
+                try:
+                    c.drain_events(timeout=0.2)
+                except socket.timeout:
+                    pass
+            with Connection(url, transport_options=opts) as c3:
+                Producer(c3.default_channel).publish({"hello": 1}, exchange=ex, declare=[ex])
+            for c, got in ((c1, got1), (c2, got2)):
+                deadline = time.monotonic() + 3
+                while not got and time.monotonic() < deadline:
+                    try:
+                        c.drain_events(timeout=0.2)
+                    except socket.timeout:
+                        pass
+        assert got1 == [{"hello": 1}] and got2 == [{"hello": 1}]
+
+
+def test_topic_routing_through_shared_bindings(url, opts):
+    ex = Exchange("topics", type="topic")
+    with Connection(url, transport_options=opts) as consumer_conn:
+        qa = Queue("ta", ex, routing_key="a.*")
+        qa(consumer_conn.default_channel).declare()
+        # a publisher in another connection (another process in real life) sees the binding
+        with Connection(url, transport_options=opts) as pub:
+            p = Producer(pub.default_channel)
+            p.publish({"k": "a.x"}, exchange=ex, routing_key="a.x", declare=[ex])
+            p.publish({"k": "b.x"}, exchange=ex, routing_key="b.x")
+        got = drain(consumer_conn, qa, 1)
+        assert [b for b, _ in got] == [{"k": "a.x"}]
+
+
+def test_queue_purge_and_size(url, opts):
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        bound = q(conn.default_channel)
+        bound.declare()
+        p = Producer(conn.default_channel)
+        for i in range(5):
+            p.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+        assert bound.queue_declare(passive=True).message_count == 5
+        assert bound.purge() == 5
+        assert bound.queue_declare(passive=True).message_count == 0
+
+
+def test_celery_remove_by_task_id(url, opts, redis_client, key_prefix):
+    from celery import Celery
+
+    app = Celery("t", broker=url)
+    app.conf.broker_transport_options = opts
+    app.conf.task_default_queue = "rm"
+    app.conf.task_default_priority = None
+    sig = app.signature("some.task", args=(1,))
+    r1 = sig.apply_async(priority=3)
+    sig.apply_async(priority=3)
+    app.send_task("some.task", task_id=r1.id)  # a second message with the same task id
+    assert celery_pq.remove(app, "rm", r1.id) == 2
+    left = PriorityQueue(redis_client, "rm", key_prefix=key_prefix).peek(10)
+    assert len(left) == 1 and left[0].id != r1.id
+    assert celery_pq.remove(app, "rm", "no-such-id") == 0
