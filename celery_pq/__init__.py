@@ -16,25 +16,20 @@ TRANSPORT_ALIASES.setdefault("pq", "celery_pq.transport:Transport")
 TRANSPORT_ALIASES.setdefault("pqs", "celery_pq.transport:TLSTransport")
 
 
-def _queue_for(app, queue: str) -> PriorityQueue:
+def broker_channel(conn):
+    """The celery-pq channel of a kombu connection, or ConfigError if it is another broker."""
     from .transport import Channel
 
-    conn = app.connection_for_write()
-    transport = conn.transport
-    if not hasattr(transport, "redis_client"):
-        raise ConfigError(f"the app's broker is not celery-pq (transport {type(transport).__name__})")
     channel = conn.default_channel
-    assert isinstance(channel, Channel)
-    return channel._queue(queue), conn
+    if not isinstance(channel, Channel):
+        raise ConfigError(f"the broker is not celery-pq (transport {type(conn.transport).__name__})")
+    return channel
 
 
 def remove(app, queue: str, task_id: str) -> int:
     """Remove waiting messages of ``task_id`` from ``queue`` before delivery; how many."""
-    q, conn = _queue_for(app, queue)
-    try:
-        return q.remove(task_id)
-    finally:
-        conn.release()
+    with app.connection_for_write() as conn:
+        return broker_channel(conn)._queue(queue).remove(task_id)
 
 
 __all__ = [

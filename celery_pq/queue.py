@@ -127,7 +127,10 @@ class PriorityQueue:
         self.keys = queue_keys(name, key_prefix)
         self.is_dead = split_dead(name)[1]
         self._dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), key_prefix)
-        self.scripts = get_scripts(client)
+
+    @property
+    def scripts(self):
+        return get_scripts(self.client)
 
     # -- priorities ---------------------------------------------------------------------------
     def rank(self, priority: int) -> int:

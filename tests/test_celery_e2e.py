@@ -190,3 +190,30 @@ def test_inspect_ping_and_control_answer_through_the_transport(harness):
         cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0 and "'name': 'q'" in out.stdout, out.stdout + out.stderr
+
+
+def test_worker_goes_on_after_redis_restarts_and_nothing_acknowledged_is_lost(key_prefix, tmp_path):
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+
+    # Given a Redis that keeps its data across a restart (AOF, fsync always)
+    with RedisServer(config={"appendonly": "yes", "appendfsync": "always"}) as server:
+        h = Harness(server, key_prefix, tmp_path, {"lease_seconds": 3, "sweep_interval": 0.2}, acks_late=True)
+        try:
+            for i in range(20):
+                h.send("e2e.record", i, 1, priority=1)
+            h.worker("w1")
+            wait_for(lambda: len(h.records("order")) == 20, 30, "first batch")
+            # When Redis restarts under a live worker, with work queued while it was down
+            for i in range(20, 40):
+                h.send("e2e.record", i, 1, priority=1)
+            server.restart()
+            for i in range(40, 60):
+                h.send("e2e.record", i, 1, priority=1)
+            # Then the worker reconnects and every published task runs
+            wait_for(lambda: {r[0] for r in h.records("order")} >= set(range(60)), 60, "all 60 tasks after restart")
+            wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 20, "queue to drain")
+        finally:
+            h.close()

@@ -1,0 +1,69 @@
+# celery-pq developer entry points.
+#
+#   make demo    install into .venv, then run the demo (examples/demo.py)
+#   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
+#   make bench   install into .venv, then run the benchmarks (benchmarks/run.py)
+#   make clean   remove .venv, build artefacts and caches
+#
+# The tests and the demo start their own redis-server processes on free ports;
+# scripts/ensure-redis-server.sh finds (or, as root on Debian/Ubuntu, installs)
+# the binary and its path is handed over in PQ_REDIS_SERVER.
+
+PYTHON      ?= python3
+VENV        := .venv
+VPY         := $(VENV)/bin/python
+STAMP       := $(VENV)/.installed
+ENSURE_REDIS := bash scripts/ensure-redis-server.sh
+PYTEST_ARGS ?=
+DEMO_ARGS   ?=
+BENCH_ARGS  ?=
+
+.PHONY: all venv install redis test demo bench clean
+
+all: test
+
+# Create the virtualenv once. On a fresh Debian/Ubuntu the venv module lives in
+# the separate python3-venv package; install it when we are root and may.
+$(VPY):
+	@if ! $(PYTHON) -m venv $(VENV); then \
+		rm -rf $(VENV); \
+		if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "python3 -m venv failed; installing python3-venv with apt-get ..." >&2; \
+			DEBIAN_FRONTEND=noninteractive apt-get update && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv python3-pip && \
+			$(PYTHON) -m venv $(VENV); \
+		else \
+			echo "error: '$(PYTHON) -m venv' failed; install python3-venv (Debian/Ubuntu) and retry" >&2; \
+			exit 1; \
+		fi; \
+	fi
+	$(VPY) -m pip install --quiet --upgrade pip
+
+# Reinstall only when pyproject.toml changed since the last install.
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+venv: install
+
+redis:
+	@$(ENSURE_REDIS)
+
+test: install redis
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER"; \
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+demo: install redis
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	$(VPY) -m examples.demo $(DEMO_ARGS)
+
+bench: install redis
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	$(VPY) -m benchmarks.run $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log
+	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

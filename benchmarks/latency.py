@@ -1,0 +1,113 @@
+"""Idle-to-delivery latency: publish into an empty queue that an idle consumer is blocked on.
+
+For each transport, a consumer process waits on an empty queue; the producer publishes one
+message at a time (a pause between them, so the consumer is idle each time) stamped with the
+system-wide monotonic clock, and the consumer records arrival minus stamp. Reported: p50/p99/max
+in milliseconds, per transport, measured in one run on one redis-server.
+
+    python -m benchmarks.latency [--messages 200] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import time
+
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from .common import median, now_ns, percentile, redis_server, transports, write_results
+
+QUEUE = "latency"
+
+
+def _consumer(url, kwargs, n, ready, out):
+    import celery_pq  # noqa: F401  (pq:// scheme)
+
+    q = Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE)
+    got = []
+
+    def on_message(body, message):
+        got.append(now_ns() - body["t"])
+        message.ack()
+
+    with Connection(url, **kwargs) as conn:
+        with Consumer(conn, [q], callbacks=[on_message], prefetch_count=1):
+            ready.set()
+            deadline = time.monotonic() + 60 + n
+            while len(got) < n and time.monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=1)
+                except socket.timeout:
+                    pass
+    out.put(got)
+
+
+def measure(url, kwargs, n, gap=0.02) -> list[float]:
+    import celery_pq  # noqa: F401
+
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    q = Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE)
+    with Connection(url, **kwargs) as conn:
+        q(conn.default_channel).declare()
+        q(conn.default_channel).purge()
+        proc = ctx.Process(target=_consumer, args=(url, kwargs, n, ready, out))
+        proc.start()
+        ready.wait(30)
+        time.sleep(0.5)  # let the consumer settle into its blocking wait
+        producer = Producer(conn.default_channel)
+        for _ in range(n):
+            time.sleep(gap)
+            producer.publish({"t": now_ns()}, exchange=q.exchange, routing_key=QUEUE)
+        got = out.get(timeout=120)
+        proc.join(30)
+    return [ns / 1e6 for ns in got]
+
+
+def run(messages=200, repeat=3) -> dict:
+    results = {}
+    with redis_server() as port:
+        for rep in range(repeat):
+            for name, (url, kwargs) in transports(port).items():  # alternately, one server
+                lat = measure(url, kwargs, messages)
+                row = results.setdefault(name, {"p50_ms": [], "p99_ms": [], "max_ms": [], "received": []})
+                row["p50_ms"].append(percentile(lat, 50))
+                row["p99_ms"].append(percentile(lat, 99))
+                row["max_ms"].append(max(lat) if lat else float("nan"))
+                row["received"].append(len(lat))
+    summary = {name: {k: median(v) for k, v in row.items()} | {"runs": row} for name, row in results.items()}
+    return {"messages": messages, "repeat": repeat, "results": summary}
+
+
+def markdown(data) -> str:
+    r = data["results"]
+    lines = [
+        f"# Idle-to-delivery latency ({data['messages']} messages, median of {data['repeat']} runs)",
+        "",
+        "| transport | p50 ms | p99 ms | max ms | received |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in r.items():
+        lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} | {row['received']:.0f} |")
+    pq, kr = r.get("celery-pq"), r.get("kombu-redis")
+    if pq and kr:
+        lines += ["", f"p99 ratio celery-pq / kombu-redis: {pq['p99_ms'] / kr['p99_ms']:.2f} (lower is better)"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--messages", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    data = run(args.messages, args.repeat)
+    md = markdown(data)
+    path = write_results("latency", data, md)
+    print(md)
+    print(f"written: {path.relative_to(path.parent.parent.parent)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""``celery -A proj pq ...``: administration of celery-pq queues."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from celery.bin.base import CeleryCommand
+
+from . import broker_channel
+from .keys import queues_key
+
+
+@click.group(name="pq")
+def pq():
+    """celery-pq: inspect and administer the prioritized queues."""
+
+
+def _queue_names(channel, names):
+    if names:
+        return list(names)
+    known = sorted(m.decode() for m in channel.client.smembers(queues_key(channel.key_prefix)))
+    return [n for n in known if not n.endswith(".pidbox") and ".reply." not in n] or known
+
+
+@pq.command(cls=CeleryCommand)
+@click.argument("queues", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_context
+def stats(ctx, queues, as_json):
+    """Per queue: waiting, leased, dead-lettered, per-priority counts, oldest waiting entry."""
+    app = ctx.obj.app
+    with app.connection_for_write() as conn:
+        channel = broker_channel(conn)
+        rows = [channel._queue(name).stats() for name in _queue_names(channel, queues)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        age = row["head_age_seconds"]
+        click.echo(
+            f"{row['queue']}: waiting={row['waiting']} leased={row['leased']} dead={row['dead']} "
+            f"oldest_waiting={'-' if age is None else f'{age:.1f}s'}"
+        )
+        if row["per_priority"]:
+            click.echo("  per priority: " + ", ".join(f"{p}={n}" for p, n in row["per_priority"].items()))
+
+
+@pq.command(cls=CeleryCommand)
+@click.argument("queue")
+@click.argument("task_id")
+@click.pass_context
+def remove(ctx, queue, task_id):
+    """Remove the waiting messages of TASK_ID from QUEUE (REMOVE BY ID)."""
+    from . import remove as remove_
+
+    click.echo(remove_(ctx.obj.app, queue, task_id))

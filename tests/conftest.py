@@ -1,0 +1,85 @@
+"""Shared fixtures: real redis-server processes the tests start themselves.
+
+- ``redis_server``  one RedisServer for the whole session (never the machine's Redis on 6379)
+- ``redis_url``     its URL, ``redis://127.0.0.1:PORT/0``
+- ``redis_client``  a bytes-replying redis.Redis connected to it
+- ``key_prefix``    a unique key prefix per test: isolation is by prefix, never FLUSHALL
+- ``fresh_redis``   a brand-new RedisServer private to one test (restarts, crashes, config)
+
+Every test has a timeout (``timeout`` in pyproject.toml, via pytest-timeout).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+try:
+    from redis_server import RedisServer, find_redis_server
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.redis_server import RedisServer, find_redis_server
+
+
+def pytest_report_header(config):
+    try:
+        return f"redis-server: {find_redis_server()}"
+    except RuntimeError as exc:
+        return f"redis-server: {exc}"
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    client = redis_server.client(decode_responses=False)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def key_prefix(request) -> str:
+    prefix = "pqt" + uuid.uuid4().hex[:10]
+    yield prefix
+    # Tidy the shared session server after tests that used it (best effort, keys of this test only).
+    if "redis_server" in request.fixturenames:
+        server = request.getfixturevalue("redis_server")
+        if server.running:
+            client = server.client()
+            try:
+                batch = []
+                for key in client.scan_iter(match=f"{prefix}*", count=1000):
+                    batch.append(key)
+                    if len(batch) >= 500:
+                        client.unlink(*batch)
+                        batch.clear()
+                if batch:
+                    client.unlink(*batch)
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+
+
+@pytest.fixture
+def fresh_redis():
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.close()

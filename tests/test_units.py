@@ -1,0 +1,70 @@
+"""Pure-Python units: no Redis needed."""
+
+import pytest
+
+from celery_pq import constants as C
+from celery_pq.keys import dead_queue_name, queue_keys, split_dead
+from celery_pq.queue import PriorityQueue, escape_tenant, unescape_tenant, validate_priority
+
+
+@pytest.mark.parametrize("p", [0, 1, 128, 255])
+def test_valid_priorities(p):
+    assert validate_priority(p) == p
+
+
+@pytest.mark.parametrize("p,msg", [(-1, "out of range"), (256, "out of range"), (1.0, "integer"), ("3", "integer"),
+                                   (None, "integer"), (True, "integer")])
+def test_invalid_priorities_name_the_value(p, msg):
+    with pytest.raises(ValueError, match=msg) as err:
+        validate_priority(p)
+    assert repr(p) in str(err.value) or str(p) in str(err.value)
+
+
+def test_keys_share_one_tag_and_dead_queue_shares_it():
+    k = queue_keys("orders", "pq")
+    d = queue_keys("orders.dead", "pq")
+    assert k.ii == "pq:{orders}:ii" and k.pi == "pq:{orders}:pi"
+    assert d.ii == "pq:{orders}:dead:ii"
+    assert all("{orders}" in key for key in k.all() + d.all())
+    assert len(set(k.all() + d.all())) == 16
+
+
+def test_braces_in_queue_names_cannot_break_the_tag():
+    k = queue_keys("a}b{c", "pq")
+    tag = k.ii[k.ii.index("{") + 1 : k.ii.index("}")]
+    assert "{" not in tag and "}" not in tag
+    assert queue_keys("a}b{c").ii != queue_keys("a%7Db%7Bc").ii
+
+
+def test_dead_names():
+    assert split_dead("x.dead") == ("x", True)
+    assert split_dead("x") == ("x", False)
+    assert split_dead(".dead") == (".dead", False)
+    assert dead_queue_name("x") == "x.dead"
+    with pytest.raises(ValueError):
+        dead_queue_name("x.dead")
+
+
+@pytest.mark.parametrize("tenant", ["acme", "a,b", "a|b", "100%", "%2C", ""])
+def test_tenant_escaping_round_trips(tenant):
+    esc = escape_tenant(tenant)
+    assert "," not in esc and "|" not in esc
+    assert unescape_tenant(esc) == tenant
+
+
+def test_score_layout_fits_a_double():
+    assert (C.MAX_PRIORITY + 1) * C.SEQ_SPAN <= 2**53
+
+
+def test_rank_follows_priority_order():
+    hi = PriorityQueue(None, "q", priority_order="higher_first")  # no Redis call is made
+    lo = PriorityQueue(None, "q", priority_order="lower_first")
+    assert hi.rank(255) == 0 and hi.rank(0) == 255
+    assert lo.rank(0) == 0 and lo.rank(255) == 255
+    assert hi.priority_of_score(3 * C.SEQ_SPAN + 17) == 252
+
+
+@pytest.mark.parametrize("kw", [{"technique": "Q"}, {"priority_order": "up"}, {"lease_seconds": 0}, {"max_length": 0}])
+def test_queue_settings_are_checked(kw):
+    with pytest.raises(ValueError):
+        PriorityQueue(None, "q", **kw)
