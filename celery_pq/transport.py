@@ -448,12 +448,18 @@ class Channel(virtual.Channel):
 
     def _on_blpop(self) -> int:
         try:
-            self._bconn.read_response()
+            reply = self._bconn.read_response()
         except Exception:
             self._drop_bconn()
             raise
         self._blpop_keys = None
         self._need_pop = True  # a wake token, or the timeout: look again either way
+        if reply and not self.qos.can_consume():
+            # The prefetch window filled while we were blocked: leave the token for the next
+            # wait (ours or another consumer's), or the work would sit until block_seconds.
+            key, token = reply
+            self.client.lpush(key, token)
+            return 0
         return self._pop_and_deliver()
 
     def _on_pubsub(self) -> int:

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 HOST = "127.0.0.1"
 RESERVED_PORTS = frozenset({6379})  # the machine's own Redis, if any: never ours
@@ -95,6 +97,7 @@ class RedisServer:
                  start: bool = True):
         self.binary = binary or find_redis_server()
         self.extra_args = list(args)
+        self.password = (config or {}).get("requirepass")
         for name, value in (config or {}).items():
             self.extra_args += [f"--{name}", str(value)]
         self.dir = Path(tempfile.mkdtemp(prefix="pq-redis-"))
@@ -119,9 +122,12 @@ class RedisServer:
         return f"redis://{HOST}:{self.port}/0"
 
     def client(self, **kwargs) -> redis.Redis:
-        """A new redis-py client for db 0 of this server (bytes replies unless told otherwise)."""
+        """A new redis-py client for this server (db 0 and bytes replies unless told otherwise)."""
         kwargs.setdefault("socket_timeout", 30)
-        return redis.Redis(host=HOST, port=self.port, db=0, **kwargs)
+        kwargs.setdefault("db", 0)
+        if self.password:
+            kwargs.setdefault("password", self.password)
+        return redis.Redis(host=HOST, port=self.port, **kwargs)
 
     @property
     def pid(self) -> int | None:
@@ -228,7 +234,10 @@ class RedisServer:
             )
         _running.add(self)
         deadline = time.monotonic() + START_TIMEOUT
-        probe = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        # No client-side retries: redis-py >= 6 retries with backoff by default, which would
+        # hide a process that exited (port taken) behind seconds of waiting.
+        probe = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=0.5, password=self.password,
+                            retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self.process.poll() is not None:

@@ -217,3 +217,43 @@ def test_worker_goes_on_after_redis_restarts_and_nothing_acknowledged_is_lost(ke
             wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 20, "queue to drain")
         finally:
             h.close()
+
+
+def test_worker_events_reach_an_event_receiver(harness):
+    import threading
+
+    h = harness()
+    h.worker("ev", "-E")
+    seen = []
+
+    def listen():
+        with h.app.connection_for_read() as conn:
+            recv = h.app.events.Receiver(conn, handlers={"*": on_event})
+            listen.recv = recv
+            recv.capture(limit=None, timeout=None, wakeup=False)
+
+    def on_event(event):
+        seen.append(event["type"])
+        if event["type"] == "task-succeeded":
+            listen.recv.should_stop = True
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    time.sleep(1.0)  # the receiver subscribes
+    h.send("e2e.record", 1, 0)
+    wait_for(lambda: "task-succeeded" in seen, 20, "task events")
+    assert "task-received" in seen and "task-started" in seen
+
+
+def test_celery_pq_stats_command(harness):
+    h = harness()
+    for p in (5, 5, 200):
+        h.send("e2e.record", 0, p, priority=p)
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "pq", "stats", "--json", "q"],
+                         cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    [row] = json.loads(out.stdout)
+    assert row["queue"] == "q" and row["waiting"] == 3 and row["per_priority"] == {"200": 1, "5": 2}
+    text = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "pq", "stats"],
+                          cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
+    assert "q: waiting=3 leased=0 dead=0" in text.stdout, text.stdout + text.stderr

@@ -8,6 +8,7 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 import celery_pq
+import celery_pq.transport
 from celery_pq import ConfigError, PriorityQueue, QueueFull
 
 
@@ -339,3 +340,41 @@ def test_celery_remove_by_task_id(url, opts, redis_client, key_prefix):
     left = PriorityQueue(redis_client, "rm", key_prefix=key_prefix).peek(10)
     assert len(left) == 1 and left[0].id != r1.id
     assert celery_pq.remove(app, "rm", "no-such-id") == 0
+
+
+def test_password_and_db_number_from_the_url(key_prefix):
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+
+    with RedisServer(config={"requirepass": "s3cret"}) as server:
+        url = f"pq://:s3cret@127.0.0.1:{server.port}/3"
+        with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+            q = make_queue()
+            Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+            assert [b for b, _ in drain(conn, q, 1)] == [{"n": 1}]
+        db3 = server.client(password="s3cret", db=3)
+        db0 = server.client(password="s3cret", db=0)
+        assert db3.exists(f"{key_prefix}:queues") and not db0.exists(f"{key_prefix}:queues")
+        with pytest.raises(Exception) as err:
+            with Connection(f"pq://:wrong@127.0.0.1:{server.port}/0") as conn:
+                conn.default_channel
+        assert "AUTH" in str(err.value).upper() or "password" in str(err.value).lower()
+
+
+def test_tls_scheme_selects_tls_connections(redis_server):
+    from celery_pq.transport import TLSTransport
+
+    conn = Connection(f"pqs://127.0.0.1:{redis_server.port}/0", ssl={"ssl_cert_reqs": "none"})
+    assert isinstance(conn.transport, TLSTransport)
+    import redis as redis_py
+
+    params = conn.transport._connparams(celery_pq.transport.Channel)  # class defaults as options
+    assert params["connection_class"] is redis_py.SSLConnection and params["ssl_cert_reqs"] == "none"
+
+
+def test_bad_database_in_url_is_named(redis_server):
+    with Connection(f"pq://127.0.0.1:{redis_server.port}/notanumber") as conn:
+        with pytest.raises(ConfigError, match="database"):
+            conn.default_channel
