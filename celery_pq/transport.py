@@ -102,12 +102,18 @@ class QoS(virtual.QoS):
         """Give back every delivered, unacked message (shutdown): the delivery is undone."""
         self._flush()
         errors = []
+        lost_link = 0
         while self._delivered:
             tag, message = self._delivered.popitem()
             try:
                 self.channel._give_back(tag)
+            except Transport.connection_errors:
+                lost_link += 1  # still leased in Redis: the lease runs out and it comes back
             except Exception as exc:  # noqa: BLE001 - kombu collects and reports these
                 errors.append((exc, message))
+        if lost_link:
+            logger.warning("celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
+                           "their leases run out and they are delivered again", lost_link)
         self._delivered.clear()
         return errors
 
@@ -153,13 +159,14 @@ class Channel(virtual.Channel):
         self._leases: dict[str, tuple[str, str]] = {}  # delivery tag -> (queue, entry id)
         self._leases_lock = threading.Lock()
         self._tables: dict[str, tuple[float, list]] = {}
-        self._fanout_queues: dict[str, str] = {}  # queue -> exchange
+        self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
         self._active_fanout: dict[str, str] = {}  # channel name -> queue
         self._rotation = 0
         # Poll state: pop when there may be work; otherwise block on the wake lists.
         self._need_pop = True
         self._bconn = None
         self._blpop_keys = None
+        self._blpop_sent = 0.0
         self._pubsub = None
         self._subscribed: set[str] = set()
         self.client.ping()  # fail at channel creation, not at the first publish
@@ -421,6 +428,10 @@ class Channel(virtual.Channel):
         """Make sure the blocking reads are in flight; return [(connection, handler)]."""
         waits = []
         if self._bconn is not None and self._blpop_keys is not None:
+            if monotonic() - self._blpop_sent > self.block_seconds + 15:
+                # The server answers a BLPOP within block_seconds; silence means a dead link.
+                self._drop_bconn()
+                raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
             waits.append((self._bconn, self._on_blpop))
         elif self.active_queues and self.qos.can_consume():
             # Armed even while work may remain: the pop script leaves a wake token whenever
@@ -433,6 +444,7 @@ class Channel(virtual.Channel):
             keys = self._wake_keys()
             self._bconn.send_command("BLPOP", *keys, self.block_seconds)
             self._blpop_keys = keys
+            self._blpop_sent = monotonic()
             waits.append((self._bconn, self._on_blpop))
         if self._active_fanout:
             if self._pubsub is None:
@@ -557,6 +569,7 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         self.consumer_id = default_consumer_id()
         self.cycle_channels: list[Channel] = []
+        self.fanout_queues: dict[str, str] = {}
         self._pool = None
         self._pool_lock = threading.Lock()
         self._keeper: LeaseKeeper | None = None
