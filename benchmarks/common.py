@@ -72,10 +72,11 @@ def median(values):
     return statistics.median(values)
 
 
-def write_results(name: str, data: dict, markdown: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
-    path = RESULTS / f"{name}.md"
+def write_results(name: str, data: dict, markdown: str, out: Path | None = None) -> Path:
+    out = Path(out) if out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    path = out / f"{name}.md"
     path.write_text(markdown)
     return path
 

@@ -101,12 +101,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=None, help="directory for the results (default benchmarks/results)")
     args = ap.parse_args(argv)
     data = run(args.messages, args.repeat)
     md = markdown(data)
-    path = write_results("latency", data, md)
+    path = write_results("latency", data, md, args.out)
     print(md)
-    print(f"written: {path.relative_to(path.parent.parent.parent)}")
+    print(f"written: {path}")
+    return data
 
 
 if __name__ == "__main__":

@@ -1,0 +1,16 @@
+"""The benchmark suite runs in a tiny smoke mode and writes its files (no timing asserted)."""
+
+import json
+
+import pytest
+
+from benchmarks import run
+
+
+@pytest.mark.slow
+def test_benchmarks_run_and_write_results(tmp_path):
+    run.main(["--smoke", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "latency.json").read_text())
+    assert set(data["results"]) == {"celery-pq", "kombu-redis"}
+    assert all(row["received"] == 5 for row in data["results"].values())
+    assert "celery-pq" in (tmp_path / "latency.md").read_text()
