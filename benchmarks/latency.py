@@ -66,12 +66,63 @@ def measure(url, kwargs, n, gap=0.02) -> list[float]:
     return [ns / 1e6 for ns in got]
 
 
+def measure_celery(port, url, kwargs, n, gap=0.02) -> list[float]:
+    """The same through a real Celery worker (solo pool, prefetch 1) that is idle each time."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import redis
+    from celery import Celery
+
+    root = Path(__file__).resolve().parent.parent
+    options = kwargs.get("transport_options", {})
+    env = dict(os.environ, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
+               BENCH_RECORD=f"redis://127.0.0.1:{port}/0",
+               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rec = redis.Redis(port=port)
+    rec.delete("bench:latency")
+    app = Celery("bench-client", broker=url)
+    app.conf.broker_transport_options = options
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker", "-P", "solo", "-c", "1",
+         "-Q", "bench", "--without-mingle", "--without-gossip", "-l", "warning"],
+        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        app.send_task("bench.stamp", args=(now_ns(),), queue="bench")  # warm-up: the worker is up
+        deadline = time.monotonic() + 60
+        while rec.llen("bench:latency") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rec.delete("bench:latency")
+        time.sleep(0.5)
+        for _ in range(n):
+            time.sleep(gap)
+            app.send_task("bench.stamp", args=(now_ns(),), queue="bench")
+        deadline = time.monotonic() + 30 + n * gap
+        while rec.llen("bench:latency") < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [int(x) / 1e6 for x in rec.lrange("bench:latency", 0, -1)]
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
 def run(messages=200, repeat=3) -> dict:
     results = {}
     with redis_server() as port:
         for rep in range(repeat):
+            cases = []
             for name, (url, kwargs) in transports(port).items():  # alternately, one server
-                lat = measure(url, kwargs, messages)
+                cases.append((name, lambda url=url, kwargs=kwargs: measure(url, kwargs, messages)))
+                cases.append((f"{name} (Celery worker)",
+                              lambda url=url, kwargs=kwargs: measure_celery(port, url, kwargs, messages)))
+            for name, fn in cases:
+                lat = fn()
                 row = results.setdefault(name, {"p50_ms": [], "p99_ms": [], "max_ms": [], "received": []})
                 row["p50_ms"].append(percentile(lat, 50))
                 row["p99_ms"].append(percentile(lat, 99))
@@ -91,9 +142,12 @@ def markdown(data) -> str:
     ]
     for name, row in r.items():
         lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} | {row['received']:.0f} |")
-    pq, kr = r.get("celery-pq"), r.get("kombu-redis")
-    if pq and kr:
-        lines += ["", f"p99 ratio celery-pq / kombu-redis: {pq['p99_ms'] / kr['p99_ms']:.2f} (lower is better)"]
+    lines.append("")
+    for suffix in ("", " (Celery worker)"):
+        pq, kr = r.get("celery-pq" + suffix), r.get("kombu-redis" + suffix)
+        if pq and kr:
+            lines.append(f"p99 ratio celery-pq / kombu-redis{suffix}: {pq['p99_ms'] / kr['p99_ms']:.2f} "
+                         "(lower is better)  ")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,29 @@
+"""Celery app of the benchmarks: configured by BENCH_BROKER, BENCH_OPTIONS (JSON), BENCH_RECORD."""
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery
+
+import celery_pq  # noqa: F401
+
+app = Celery("bench")
+app.conf.update(
+    broker_url=os.environ.get("BENCH_BROKER", "pq://127.0.0.1:6379/0"),
+    broker_transport_options=json.loads(os.environ.get("BENCH_OPTIONS", "{}")),
+    worker_prefetch_multiplier=1,
+    task_default_queue="bench",
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+)
+_rec = None
+
+
+@app.task(name="bench.stamp")
+def stamp(t_ns):
+    global _rec
+    if _rec is None:
+        _rec = redis.Redis.from_url(os.environ["BENCH_RECORD"])
+    _rec.rpush("bench:latency", time.clock_gettime_ns(time.CLOCK_MONOTONIC) - t_ns)
