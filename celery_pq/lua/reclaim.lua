@@ -58,13 +58,7 @@ for _, eid in ipairs(expired) do
         to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now)
         dead = dead + 1
       else
-        if technique == 'T' then
-          e.s = score
-        else
-          e.s = ''
-        end
-        redis.call('HSET', ii, eid, join_entry(e, v, bar))
-        redis.call('ZADD', pi, score, eid)
+        to_waiting(ii, pi, eid, v, e, bar, score, technique)
         returned = returned + 1
       end
     end

@@ -39,10 +39,6 @@ for i, eid in ipairs(ids) do
   end
 end
 if list then
-  if #kept == 0 then
-    redis.call('HDEL', dp, id)
-  else
-    redis.call('HSET', dp, id, table.concat(kept, DUP_SEP))
-  end
+  dup_store(dp, id, kept)
 end
 return { removed, leased }

@@ -57,12 +57,6 @@ if max_deliveries > 0 and e.d >= max_deliveries then
   to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now_ms())
   return 2
 end
-if technique == 'T' then
-  e.s = score
-else
-  e.s = ''
-end
-redis.call('HSET', ii, eid, join_entry(e, v, bar))
-redis.call('ZADD', pi, score, eid)
+to_waiting(ii, pi, eid, v, e, bar, score, technique)
 wake(wk)
 return 1

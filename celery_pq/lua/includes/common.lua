@@ -45,6 +45,15 @@ local function wake(wk)
   end
 end
 
+-- Store the duplicate entry ids of one task id (none left: the field goes).
+local function dup_store(dp, tid, ids)
+  if #ids == 0 then
+    redis.call('HDEL', dp, tid)
+  else
+    redis.call('HSET', dp, tid, table.concat(ids, DUP_SEP))
+  end
+end
+
 -- Forget a duplicate entry id "<task id>~<seq>" in the duplicates hash.
 local function dup_forget(dp, eid)
   local tid = string.match(eid, '^(.*)~%d+$')
@@ -61,11 +70,18 @@ local function dup_forget(dp, eid)
       rest[#rest + 1] = e
     end
   end
-  if #rest == 0 then
-    redis.call('HDEL', dp, tid)
+  dup_store(dp, tid, rest)
+end
+
+-- Put a returned entry back in the priority index at its old score (InProcess -> Waiting).
+local function to_waiting(ii, pi, eid, v, e, bar, score, technique)
+  if technique == 'T' then
+    e.s = score
   else
-    redis.call('HSET', dp, tid, table.concat(rest, DUP_SEP))
+    e.s = ''
   end
+  redis.call('HSET', ii, eid, join_entry(e, v, bar))
+  redis.call('ZADD', pi, score, eid)
 end
 
 -- Move entry eid (value v, parsed e, split at bar) from its queue to the dead-letter queue.
