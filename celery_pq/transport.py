@@ -279,13 +279,10 @@ class Channel(virtual.Channel):
         return found
 
     def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
+        """Drop one binding of a deleted queue (kombu calls this per binding)."""
         member = BINDING_SEP.join([routing_key or "", pattern or "", queue or ""])
-        with self.client.pipeline(transaction=False) as p:
-            p.srem(binding_key(exchange, self.key_prefix), member)
-            p.srem(queues_key(self.key_prefix), queue)
-            p.execute()
+        self.client.srem(binding_key(exchange, self.key_prefix), member)
         self._tables.pop(exchange, None)
-        self._queue(queue).delete()
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
         if if_empty and self._size(queue):

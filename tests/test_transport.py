@@ -378,3 +378,16 @@ def test_bad_database_in_url_is_named(redis_server):
     with Connection(f"pq://127.0.0.1:{redis_server.port}/notanumber") as conn:
         with pytest.raises(ConfigError, match="database"):
             conn.default_channel
+
+
+def test_queue_delete_drops_keys_bindings_and_registration(url, opts, redis_client, key_prefix):
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue("gone")
+        bound = q(conn.default_channel)
+        bound.declare()
+        Producer(conn.default_channel).publish({"i": 1}, exchange=q.exchange, routing_key="gone")
+        assert redis_client.sismember(f"{key_prefix}:queues", "gone")
+        bound.delete()
+        assert not redis_client.sismember(f"{key_prefix}:queues", "gone")
+        assert redis_client.smembers(f"{key_prefix}:bind:gone") == set()
+        assert redis_client.keys(f"{key_prefix}:{{gone}}:*") == []
