@@ -41,6 +41,7 @@ Transport options
 from __future__ import annotations
 
 import logging
+import re
 import select
 import socket
 import threading
@@ -60,6 +61,9 @@ from .queue import PriorityQueue, default_consumer_id, validate_priority
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6379
+
+#: A consumer's view of part of a queue: NAME[OP VALUE] (arrives with fairness and views).
+_PREDICATE = re.compile(r"\[\s*(<=|>=|=|<|>)\s*\d+\s*\]$")
 
 _OPTION_NAMES = (
     "key_prefix",
@@ -299,6 +303,11 @@ class Channel(virtual.Channel):
 
     # -- consuming ----------------------------------------------------------------------------
     def basic_consume(self, queue, *args, **kwargs):
+        if _PREDICATE.search(queue):
+            raise ConfigError(
+                f"queue {queue!r}: priority-filtered views (NAME[OP VALUE]) are not available in this "
+                "version of celery-pq; consume the whole queue"
+            )
         if queue in self._fanout_queues:
             self._active_fanout[self._fanout_channel(self._fanout_queues[queue])] = queue
         ret = super().basic_consume(queue, *args, **kwargs)

@@ -391,3 +391,9 @@ def test_queue_delete_drops_keys_bindings_and_registration(url, opts, redis_clie
         assert not redis_client.sismember(f"{key_prefix}:queues", "gone")
         assert redis_client.smembers(f"{key_prefix}:bind:gone") == set()
         assert redis_client.keys(f"{key_prefix}:{{gone}}:*") == []
+
+
+def test_priority_filtered_views_are_refused_clearly_for_now(url, opts):
+    with Connection(url, transport_options=opts) as conn:
+        with pytest.raises(ConfigError, match="priority-filtered"):
+            conn.default_channel.basic_consume("default[>=200]", no_ack=False, callback=None, consumer_tag="v")
