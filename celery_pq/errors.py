@@ -13,6 +13,8 @@ class ErrorCode(IntEnum):
     TOKEN_MISMATCH = -3  # the lease was taken over by another delivery
     NOT_WAITING = -4  # the entry is leased, so it cannot be removed or re-prioritised
     QUEUE_FULL = -5  # max_length reached
+    STALE_VIEWS = -6  # the caller's list of priority views is out of date: refresh and retry
+    TENANT_FULL = -7  # max_length_per_tenant reached
 
 
 class PQError(Exception):
@@ -22,11 +24,16 @@ class PQError(Exception):
 class QueueFull(PQError):
     """Publishing to a queue that holds ``max_length`` waiting entries."""
 
-    def __init__(self, queue: str, size: int, limit: int):
+    def __init__(self, queue: str, size: int, limit: int, tenant: str | None = None):
         self.queue = queue
         self.size = size
         self.limit = limit
-        super().__init__(f"queue {queue!r} is full: {size} waiting entries, max_length={limit}")
+        self.tenant = tenant
+        if tenant is None:
+            msg = f"queue {queue!r} is full: {size} waiting entries, max_length={limit}"
+        else:
+            msg = f"queue {queue!r} is full for tenant {tenant!r}: {size} waiting entries, max_length_per_tenant={limit}"
+        super().__init__(msg)
 
 
 class LeaseLost(PQError):

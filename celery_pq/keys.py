@@ -14,6 +14,11 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:sq    string  insertion sequence (INCR)
     pq:{orders}:dp    hash    task id -> entry ids of duplicate inserts of that id
     pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
+    pq:{orders}:dz    zset    delayed entries, score = due time (ms, Redis clock)
+    pq:{orders}:vw    hash    registered priority views "lo-hi" -> 1
+    pq:{orders}:vr    string  version of the view registry (INCR on each new view)
+    pq:{orders}:wk:<lo>-<hi>  list  wake tokens of the consumers of one priority view
+    pq:{orders}:te ts tb fv fc fn tw fr   fairness state (see lua/includes/fair.lua)
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
     pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
@@ -29,7 +34,9 @@ DEAD_SUFFIX = ".dead"
 BINDING_SEP = "\x06\x16"
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
-SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd")
+SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
+            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
+FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
 
 def _tag(name: str) -> str:
@@ -56,9 +63,27 @@ class QueueKeys:
     sq: str
     dp: str
     gd: str
+    dz: str
+    vw: str
+    vr: str
+    te: str
+    ts: str
+    tb: str
+    fv: str
+    fc: str
+    fn: str
+    tw: str
+    fr: str
 
     def all(self) -> list[str]:
         return [getattr(self, s) for s in SUFFIXES]
+
+    def fair(self) -> list[str]:
+        return [getattr(self, s) for s in FAIR_SUFFIXES]
+
+    def view_wake(self, lo: int, hi: int) -> str:
+        """Wake list of the consumers of the priority view covering ranks lo..hi."""
+        return f"{self.wk}:{lo}-{hi}"
 
 
 def queue_keys(name: str, prefix: str = KEY_PREFIX) -> QueueKeys:

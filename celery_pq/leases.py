@@ -64,15 +64,15 @@ class LeaseKeeper(threading.Thread):
     def sweep(self, channels):
         seen = set()
         for channel in channels:
-            for queue in channel.active_queues:
-                if queue in seen:
+            for name in channel.active_queues:
+                q = channel._queue(name)  # a priority view sweeps the queue it views
+                if q.name in seen:
                     continue
-                seen.add(queue)
-                q = channel._queue(queue)
+                seen.add(q.name)
                 result = q.reclaim(guard_seconds=channel.sweep_interval * 0.9)
                 if not result["skipped"]:
                     self.sweeps += 1
                 while result["more"]:
                     result = q.reclaim()
-                if result["returned"] or result["dead"]:
+                if result["returned"] or result["dead"] or result["promoted"]:
                     channel._need_pop = True

@@ -39,12 +39,18 @@ def validate_priority(priority) -> int:
     return priority
 
 
+_TENANT_UNSAFE = frozenset("%,|") | {chr(i) for i in range(32)}
+
+
 def escape_tenant(tenant: str) -> str:
-    return tenant.replace("%", "%25").replace(",", "%2C").replace("|", "%7C")
+    """No ",", "|" or control characters (the entry header and the fairness index use them)."""
+    return "".join(f"%{ord(c):02X}" if c in _TENANT_UNSAFE else c for c in tenant)
 
 
 def unescape_tenant(text: str) -> str:
-    return text.replace("%7C", "|").replace("%2C", ",").replace("%25", "%")
+    from urllib.parse import unquote
+
+    return unquote(text)
 
 
 def default_consumer_id() -> str:
@@ -93,7 +99,13 @@ class PriorityQueue:
         priority_order: ``"higher_first"`` (255 first) or ``"lower_first"`` (0 first).
         lease_seconds: default lease length of ``pop``.
         max_deliveries: deliveries without an ack before the dead-letter queue; 0 = no limit.
-        max_length: waiting entries allowed; ``None`` = no limit.
+        max_length: waiting (and delayed) entries allowed; ``None`` = no limit.
+        fair: share the queue fairly among tenants (the ``tenant`` of each insert).
+        fair_scope: ``"within_priority"`` (strict priority, tenants share each level) or
+            ``"tenant_first"`` (tenants share the queue, each tenant's entries by priority).
+        tenant_concurrency: leased entries allowed per tenant at once (0/None: no cap).
+        tenant_rate: deliveries per second allowed per tenant (0/None: no limit).
+        max_length_per_tenant: waiting entries allowed per tenant (None: no limit).
     """
 
     def __init__(
@@ -107,6 +119,11 @@ class PriorityQueue:
         lease_seconds: float = C.LEASE_SECONDS,
         max_deliveries: int = C.MAX_DELIVERIES,
         max_length: int | None = None,
+        fair: bool = False,
+        fair_scope: str = "within_priority",
+        tenant_concurrency: int | None = None,
+        tenant_rate: float | None = None,
+        max_length_per_tenant: int | None = None,
     ):
         if technique not in C.TECHNIQUES:
             raise ValueError(f"technique must be one of {C.TECHNIQUES}, got {technique!r}")
@@ -116,6 +133,23 @@ class PriorityQueue:
             raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
         if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
             raise ValueError(f"max_length must be a positive integer or None, got {max_length!r}")
+        if fair_scope not in FAIR_SCOPES:
+            raise ValueError(f"fair_scope must be one of {tuple(FAIR_SCOPES)}, got {fair_scope!r}")
+        for label, value in (("tenant_concurrency", tenant_concurrency), ("max_length_per_tenant", max_length_per_tenant)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{label} must be a non-negative integer or None, got {value!r}")
+        if tenant_rate is not None and (not isinstance(tenant_rate, (int, float)) or tenant_rate < 0):
+            raise ValueError(f"tenant_rate must be a non-negative number or None, got {tenant_rate!r}")
+        if (tenant_concurrency or tenant_rate or max_length_per_tenant) and not fair:
+            raise ValueError("tenant caps need fairness on (a tenant for each entry)")
+        self.fair = bool(fair)
+        self.scope = FAIR_SCOPES[fair_scope]
+        self.fair_scope = fair_scope
+        self.tenant_concurrency = tenant_concurrency or 0
+        self.tenant_rate = float(tenant_rate or 0)
+        self.max_length_per_tenant = max_length_per_tenant or 0
+        if self.fair:
+            technique = C.TECHNIQUE_T  # a fair queue keeps each entry's score in the entry
         self.client = client
         self.name = name
         self.key_prefix = key_prefix
@@ -127,6 +161,8 @@ class PriorityQueue:
         self.keys = queue_keys(name, key_prefix)
         self.is_dead = split_dead(name)[1]
         self._dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), key_prefix)
+        self._views: list[tuple[int, int]] = []
+        self._views_version = ""
 
     @property
     def scripts(self):
@@ -182,65 +218,138 @@ class PriorityQueue:
         )
 
     # -- INSERT -------------------------------------------------------------------------------
+    def _insert_keys(self) -> list[str]:
+        k = self.keys
+        return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *k.fair(), *(k.view_wake(*v) for v in self._views)]
+
     def _insert_args(self, items) -> list:
-        args: list = [self.technique, self.max_length or 0]
-        for payload, priority, id, tenant in items:
+        args: list = [self.technique, self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
+                      self.scope, self._views_version, len(self._views)]
+        args += [f"{lo},{hi}" for lo, hi in self._views]
+        for payload, priority, id, tenant, due in items:
             if id is not None and (not isinstance(id, str) or not id):
                 raise ValueError(f"entry id must be a non-empty string or None, got {id!r}")
             if tenant is not None and not isinstance(tenant, str):
                 raise ValueError(f"tenant must be a string or None, got {tenant!r}")
-            args += [id or "", self.rank(priority), escape_tenant(tenant or ""), _b(payload)]
+            args += [id or "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), _due(due)]
         return args
 
-    def _check_full(self, reply):
-        if len(reply) == 2 and isinstance(reply[0], int) and reply[0] == ErrorCode.QUEUE_FULL:
-            raise QueueFull(self.name, int(reply[1]), self.max_length)
+    def _check_reply(self, reply, items) -> bool:
+        """Raise for a full queue; False when the view registry changed (refresh and retry)."""
+        if len(reply) >= 2 and isinstance(reply[0], int):
+            if reply[0] == ErrorCode.QUEUE_FULL:
+                raise QueueFull(self.name, int(reply[1]), self.max_length)
+            if reply[0] == ErrorCode.TENANT_FULL:
+                tenant = items[int(reply[2])][3]
+                raise QueueFull(self.name, int(reply[1]), self.max_length_per_tenant, tenant=tenant)
+            if reply[0] == ErrorCode.STALE_VIEWS:
+                self.refresh_views()
+                return False
+        return True
 
     def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
-               tenant: str | None = None) -> str:
-        """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken)."""
-        args = self._insert_args([(payload, priority, id, tenant)])
-        k = self.keys
-        reply = self.scripts.insert(keys=[k.ii, k.pi, k.lt, k.wk, k.sq, k.dp], args=args, client=self.client)
-        self._check_full(reply)
-        return _s(reply[0])
+               tenant: str | None = None, delay: float | None = None, due_ms: int | None = None) -> str:
+        """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
+
+        ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
+        the entry delayed until then; it then joins the queue at its priority.
+        """
+        items = [(payload, priority, id, tenant, _when(delay, due_ms))]
+        for _ in range(5):
+            reply = self.scripts.insert(keys=self._insert_keys(), args=self._insert_args(items), client=self.client)
+            if self._check_reply(reply, items):
+                return _s(reply[0])
+        raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK) -> list[str]:
-        """Bulk INSERT of ``(payload, priority[, id[, tenant]])`` tuples, in pipelined chunks.
+        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms]]])`` tuples, pipelined.
 
         Each chunk is one atomic script call; ``max_length`` is checked per chunk.
         """
         norm = []
         for item in items:
             payload, priority, *rest = item
-            rest += [None] * (2 - len(rest))
-            norm.append((payload, priority, rest[0], rest[1]))
-        k = self.keys
-        keys = [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp]
+            rest += [None] * (3 - len(rest))
+            norm.append((payload, priority, rest[0], rest[1], _when(None, rest[2])))
         out: list[str] = []
-        with self.client.pipeline(transaction=False) as pipe:
-            for i in range(0, len(norm), chunk):
-                self.scripts.insert(keys=keys, args=self._insert_args(norm[i : i + chunk]), client=pipe)
-            for reply in pipe.execute():
-                self._check_full(reply)
+        chunks = [norm[i : i + chunk] for i in range(0, len(norm), chunk)]
+        while chunks:
+            with self.client.pipeline(transaction=False) as pipe:
+                for part in chunks:
+                    self.scripts.insert(keys=self._insert_keys(), args=self._insert_args(part), client=pipe)
+                replies = pipe.execute()
+            done = 0
+            for part, reply in zip(chunks, replies):
+                if not self._check_reply(reply, part):
+                    break
                 out.extend(_s(e) for e in reply)
+                done += 1
+            chunks = chunks[done:]
+        return out
+
+    # -- priority views (the collated keyed queue) ----------------------------------------------
+    def refresh_views(self) -> None:
+        """Re-read the registry of priority views (inserts wake the views an entry satisfies)."""
+        with self.client.pipeline(transaction=False) as p:
+            p.hkeys(self.keys.vw)
+            p.get(self.keys.vr)
+            names, version = p.execute()
+        self._views = sorted(tuple(int(x) for x in _s(n).split("-")) for n in names)
+        self._views_version = _s(version) if version is not None else ""
+
+    def register_view(self, lo: int, hi: int) -> str:
+        """Register the view of ranks lo..hi; returns its wake list key."""
+        if not 0 <= lo <= hi <= C.MAX_PRIORITY:
+            raise ValueError(f"a view covers ranks lo..hi with 0 <= lo <= hi <= 255, got {lo}..{hi}")
+        if self.client.hsetnx(self.keys.vw, f"{lo}-{hi}", 1):
+            self.client.incr(self.keys.vr)
+        return self.keys.view_wake(lo, hi)
+
+    # -- tenants --------------------------------------------------------------------------------
+    def configure_tenants(self, *, weights: dict | None = None, concurrency: dict | None = None,
+                          rate: dict | None = None) -> None:
+        """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
+        fields = {}
+        for prefix, table in (("w", weights), ("c", concurrency), ("r", rate)):
+            for tenant, value in (table or {}).items():
+                if not isinstance(tenant, str):
+                    raise ValueError(f"tenant names are strings, got {tenant!r}")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise ValueError(f"tenant {tenant!r}: {prefix} must be a positive number, got {value!r}")
+                fields[f"{prefix}:{escape_tenant(tenant)}"] = value
+        if fields:
+            self.client.hset(self.keys.fc, mapping=fields)
+
+    def tenant_stats(self) -> dict:
+        """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries."""
+        out: dict = {}
+        for field, value in self.client.hgetall(self.keys.fn).items():
+            kind, _, tenant = _s(field).partition(":")
+            row = out.setdefault(unescape_tenant(tenant), {"waiting": 0, "leased": 0})
+            row["waiting" if kind == "n" else "leased"] = int(value)
         return out
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
-    def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None) -> list[Lease]:
-        """Lease up to ``count`` entries in delivery order (empty list when none wait)."""
-        k = self.keys
-        lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
-        reply = self.scripts.pop(
-            keys=[k.ii, k.pi, k.lz, k.lt, k.wk],
-            args=[lease_ms, consumer or "", uuid.uuid4().hex[:16], int(count), C.POP_STALE_BUDGET],
-            client=self.client,
-        )
-        return self.parse_pop(reply)
+    def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
+            view: tuple[int, int] | None = None) -> list[Lease]:
+        """Lease up to ``count`` entries in delivery order (empty list when none wait).
 
-    def pop_args(self, count: int, lease_ms: int, consumer: str) -> tuple[list, list]:
+        ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
+        """
         k = self.keys
-        return [k.ii, k.pi, k.lz, k.lt, k.wk], [lease_ms, consumer, uuid.uuid4().hex[:16], count, C.POP_STALE_BUDGET]
+        lo, hi = view or (0, C.MAX_PRIORITY)
+        wk = k.wk if view is None else k.view_wake(lo, hi)
+        lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
+        head = [lease_ms, consumer or "", uuid.uuid4().hex[:16], int(count), C.POP_STALE_BUDGET]
+        if self.fair:
+            reply = self.scripts.pop_fair(
+                keys=[k.ii, k.pi, k.lz, k.lt, wk, *k.fair()],
+                args=head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi],
+                client=self.client,
+            )
+        else:
+            reply = self.scripts.pop(keys=[k.ii, k.pi, k.lz, k.lt, wk], args=head + [lo, hi], client=self.client)
+        return self.parse_pop(reply)
 
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
@@ -261,7 +370,8 @@ class PriorityQueue:
             return []
         k = self.keys
         args = [v for p in pairs for v in p]
-        codes = self.scripts.ack(keys=[k.ii, k.lz, k.lt, k.dp], args=args, client=self.client)
+        codes = self.scripts.ack(keys=[k.ii, k.lz, k.lt, k.dp, k.wk, *k.fair()],
+                                 args=["1" if self.fair else "0", *args], client=self.client)
         return self._codes(pairs, codes, strict)
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
@@ -290,7 +400,7 @@ class PriorityQueue:
         k, d = self.keys, self._dead_keys
         if d is None:  # a dead-letter queue has no dead-letter queue: its own keys stand in
             d = k
-        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq]
+        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq, *k.fair()]
 
     def requeue(self, lease: Lease | tuple[str, str], *, count_delivery: bool = True, strict: bool = False) -> str | None:
         """Back to Waiting at its original place; ``"dead"`` when max_deliveries is used up.
@@ -310,7 +420,8 @@ class PriorityQueue:
         eid, token = _pair(lease)
         code = self.scripts.requeue(
             keys=self._requeue_keys(),
-            args=[eid, token, 1 if count_delivery else 0, self.max_deliveries, self.technique, reason],
+            args=[eid, token, 1 if count_delivery else 0, self.max_deliveries, self.technique, reason,
+                  "1" if self.fair else "0", self.scope],
             client=self.client,
         )
         if code == 1:
@@ -322,31 +433,38 @@ class PriorityQueue:
         return None
 
     def reclaim(self, *, limit: int = C.SWEEP_BATCH, guard_seconds: float = 0.0, consumer: str = "") -> dict:
-        """Return expired leases (or all leases of ``consumer``) to Waiting or dead-letter them.
+        """The sweep: expired leases (or all leases of ``consumer``) back to Waiting or to the
+        dead-letter queue; delayed entries that are due into the queue.
 
         With ``guard_seconds`` > 0, runs only if no other caller swept in that interval.
         """
         k, d = self.keys, self._dead_keys or self.keys
-        returned, dead, skipped, more = self.scripts.reclaim(
-            keys=[k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq],
-            args=[limit, self.max_deliveries, int(guard_seconds * 1000), self.technique, consumer],
+        returned, dead, skipped, more, promoted = self.scripts.reclaim(
+            keys=[k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair()],
+            args=[limit, self.max_deliveries, int(guard_seconds * 1000), self.technique, consumer,
+                  "1" if self.fair else "0", self.scope],
             client=self.client,
         )
-        return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more)}
+        return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more),
+                "promoted": promoted}
 
     # -- REMOVE BY ID, priorities, peeks --------------------------------------------------------
     def remove(self, id: str) -> int:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
         k = self.keys
-        removed, _leased = self.scripts.remove(keys=[k.ii, k.pi, k.lt, k.dp], args=[id, self.technique],
+        removed, _leased = self.scripts.remove(keys=[k.ii, k.pi, k.lt, k.dp, k.dz, *k.fair()],
+                                               args=[id, self.technique, "1" if self.fair else "0", self.scope],
                                                client=self.client)
         return int(removed)
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""
         k = self.keys
-        code = self.scripts.change_priority(keys=[k.ii, k.pi, k.lt, k.sq], args=[id, self.rank(priority), self.technique],
-                                            client=self.client)
+        code = self.scripts.change_priority(
+            keys=[k.ii, k.pi, k.lt, k.sq, k.dz, *k.fair()],
+            args=[id, self.rank(priority), self.technique, "1" if self.fair else "0", self.scope],
+            client=self.client,
+        )
         if code == ErrorCode.NOT_FOUND:
             raise EntryNotFound(self.name, id)
         if code == ErrorCode.NOT_WAITING:
@@ -372,6 +490,8 @@ class PriorityQueue:
 
     def remove_highest_priority(self) -> Entry | None:
         """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
+        if self.fair:
+            raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
         k = self.keys
         reply = self.scripts.remove_highest(keys=[k.ii, k.pi, k.wk, k.dp], args=[C.POP_STALE_BUDGET],
                                             client=self.client)
@@ -388,7 +508,9 @@ class PriorityQueue:
         k = self.keys
         total = 0
         while True:
-            deleted, taken = self.scripts.purge(keys=[k.ii, k.pi, k.wk, k.dp], args=[C.BULK_CHUNK], client=self.client)
+            deleted, taken = self.scripts.purge(keys=[k.ii, k.pi, k.wk, k.dp, k.dz, *k.fair()],
+                                                args=[C.BULK_CHUNK, "1" if self.fair else "0", self.scope],
+                                                client=self.client)
             total += int(deleted)
             if not taken:
                 return total
@@ -399,12 +521,13 @@ class PriorityQueue:
 
     # -- counts -------------------------------------------------------------------------------
     def size(self) -> int:
-        """Waiting entries."""
+        """Waiting entries (delayed ones not counted)."""
         with self.client.pipeline(transaction=False) as p:
             p.hlen(self.keys.ii)
             p.hlen(self.keys.lt)
-            entries, leased = p.execute()
-        return entries - leased
+            p.zcard(self.keys.dz)
+            entries, leased, delayed = p.execute()
+        return entries - leased - delayed
 
     def stats(self) -> dict:
         """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds)."""
@@ -413,12 +536,13 @@ class PriorityQueue:
             p.hlen(k.ii)
             p.hlen(k.lt)
             p.zcard(k.pi)
+            p.zcard(k.dz)
             if self._dead_keys:
                 p.hlen(self._dead_keys.ii)
             p.time()
             res = p.execute()
-        entries, leased, indexed = res[0], res[1], res[2]
-        dead = res[3] if self._dead_keys else 0
+        entries, leased, indexed, delayed = res[0], res[1], res[2], res[3]
+        dead = res[4] if self._dead_keys else 0
         now_s, now_us = res[-1]
         per_priority: Counter = Counter()
         oldest_ms = None
@@ -436,12 +560,14 @@ class PriorityQueue:
         now_ms = int(now_s) * 1000 + int(now_us) // 1000
         return {
             "queue": self.name,
-            "waiting": entries - leased,
+            "waiting": entries - leased - delayed,
+            "delayed": delayed,
             "leased": leased,
             "dead": dead,
             "index_members": indexed,
             "per_priority": dict(sorted(per_priority.items(), reverse=self.priority_order == C.HIGHER_FIRST)),
             "head_age_seconds": (now_ms - oldest_ms) / 1000 if oldest_ms else None,
+            "per_tenant": self.tenant_stats() if self.fair else {},
         }
 
     # -- the patent's cost explanation ----------------------------------------------------------
@@ -456,7 +582,8 @@ class PriorityQueue:
         return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
-READ_COMMANDS = frozenset({"hget", "hexists", "hlen", "llen", "zcard", "zrange", "zrangebyscore", "zscore", "get"})
+READ_COMMANDS = frozenset({"hget", "hexists", "hlen", "llen", "zcard", "zrange", "zrangebyscore", "zscore", "get",
+                           "exists"})
 WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "del", "set"})
 
 
@@ -474,7 +601,7 @@ def _commands(stale: int) -> dict:
     k = stale
     both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
     return {
-        "insert": both(["time", "incr", "hexists", "hset", "zadd", "llen"]),
+        "insert": both(["exists", "time", "incr", "hexists", "hset", "zadd", "llen"]),
         "pop": {
             "T": ["zpopmin", "hget", "time", "hset", "zadd", "zcard", "llen"],
             "S": ["zpopmin", "hget"] * k + ["zpopmin", "hget", "time", "hset", "zadd", "zcard", "llen"],
@@ -487,8 +614,8 @@ def _commands(stale: int) -> dict:
             "S": ["hget", "hexists", "hdel"],
         },
         "change_priority": {
-            "T": ["hexists", "incr", "hget", "hset", "zadd"],
-            "S": ["hexists", "incr", "hexists", "zadd"],
+            "T": ["hexists", "incr", "zscore", "hget", "hset", "zadd"],
+            "S": ["hexists", "incr", "zscore", "hexists", "zadd"],
         },
         "retrieve_highest_priority": {
             "T": ["zrange", "hget"],
@@ -503,6 +630,27 @@ def _commands(stale: int) -> dict:
             "S": ["zpopmin", "hget"] * k + ["zpopmin", "hget", "hdel"],
         },
     }
+
+
+FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
+
+
+def _when(delay: float | None, due_ms: int | None) -> str | None:
+    if delay is not None and due_ms is not None:
+        raise ValueError("give delay or due_ms, not both")
+    if delay is not None:
+        if not isinstance(delay, (int, float)) or delay < 0:
+            raise ValueError(f"delay must be a number of seconds >= 0, got {delay!r}")
+        return f"+{int(delay * 1000)}"
+    if due_ms is not None:
+        if not isinstance(due_ms, int) or due_ms < 0:
+            raise ValueError(f"due_ms must be a Unix time in milliseconds, got {due_ms!r}")
+        return str(due_ms)
+    return None
+
+
+def _due(when: str | None) -> str:
+    return when or "0"
 
 
 def _pair(x) -> tuple[str, str]:

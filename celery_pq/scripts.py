@@ -17,6 +17,7 @@ import redis
 SCRIPT_NAMES = (
     "insert",
     "pop",
+    "pop_fair",
     "ack",
     "extend",
     "requeue",

@@ -34,21 +34,35 @@ Transport options
 * ``binding_cache_seconds`` (float seconds, 5): how long a routing table is cached.
 * ``socket_timeout``, ``socket_connect_timeout``, ``socket_keepalive``, ``health_check_interval``,
   ``max_connections``, ``client_name``: passed to redis-py.
-* ``fair_key``, ``fair_weights``, ``fair_scope``: fair delivery by tenant (not in this version:
-  setting ``fair_key`` raises ConfigError rather than silently serving unfairly).
+* ``fair_key`` (None): fairness off; a header name (``apply_async(headers={"tenant": "acme"})``
+  with ``fair_key="tenant"``), or ``"module:function"`` taking the kombu message dict and
+  returning the tenant (a string, or None for the shared default tenant).
+* ``fair_weights`` ({tenant: weight}, weight 1 for tenants not named).
+* ``fair_scope`` (``"within_priority"``): strict priority, tenants share each level; or
+  ``"tenant_first"``: tenants share the queue, each tenant's entries go by priority.
+* ``tenant_concurrency`` (int, or {tenant: int} with ``"*"`` as the default): leased messages
+  per tenant at once; ``tenant_rate`` (same forms, deliveries per second per tenant).
+* ``max_length_per_tenant`` (int): waiting messages per tenant; beyond it publish raises QueueFull.
+
+A task sent with ``countdown``/``eta`` waits in Redis (not in a worker) until due, then joins
+the queue at its priority. A consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only
+entries of ``NAME`` whose priority satisfies the predicate, and is woken only by those.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import select
 import socket
 import threading
+from datetime import datetime, timezone
 from time import monotonic, sleep
 
 import redis
 from kombu.transport import virtual
+from kombu.utils.imports import symbol_by_name
 from kombu.utils.json import dumps, loads
 from redis import exceptions as rex
 
@@ -56,14 +70,15 @@ from . import constants as C
 from .errors import ConfigError
 from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
 from .leases import LeaseKeeper
-from .queue import PriorityQueue, default_consumer_id, validate_priority
+from .queue import FAIR_SCOPES, PriorityQueue, default_consumer_id, validate_priority
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6379
 
-#: A consumer's view of part of a queue: NAME[OP VALUE] (arrives with fairness and views).
-_PREDICATE = re.compile(r"\[\s*(<=|>=|=|<|>)\s*\d+\s*\]$")
+#: A consumer's view of part of a queue: NAME[OP VALUE] (the collated keyed queue).
+_PREDICATE = re.compile(r"^(?P<base>.+)\[\s*(?P<op><=|>=|=|<|>)\s*(?P<value>-?\d+)\s*\]$")
+_OPS = {"=": operator.eq, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
 
 _OPTION_NAMES = (
     "key_prefix",
@@ -82,6 +97,9 @@ _OPTION_NAMES = (
     "fair_key",
     "fair_weights",
     "fair_scope",
+    "tenant_concurrency",
+    "tenant_rate",
+    "max_length_per_tenant",
     "socket_timeout",
     "socket_connect_timeout",
     "socket_keepalive",
@@ -144,6 +162,9 @@ class Channel(virtual.Channel):
     fair_key = None
     fair_weights = None
     fair_scope = "within_priority"
+    tenant_concurrency = None
+    tenant_rate = None
+    max_length_per_tenant = None
     socket_timeout = None
     socket_connect_timeout = None
     socket_keepalive = None
@@ -160,6 +181,7 @@ class Channel(virtual.Channel):
         self.client = connection.redis_client(self)
         self.consumer_id = connection.consumer_id
         self._queues: dict[str, PriorityQueue] = {}
+        self._views: dict[str, tuple[int, int]] = {}  # consumed name -> rank range of its view
         self._leases: dict[str, tuple[str, str]] = {}  # delivery tag -> (queue, entry id)
         self._leases_lock = threading.Lock()
         self._tables: dict[str, tuple[float, list]] = {}
@@ -201,13 +223,43 @@ class Channel(virtual.Channel):
                 raise ConfigError(f"technique for {name or 'all queues'!r} must be 'T' or 'S', got {tech!r}")
         if not self.key_prefix or not isinstance(self.key_prefix, str):
             raise ConfigError(f"key_prefix must be a non-empty string, got {self.key_prefix!r}")
+        self._tenant_fn = None
         if self.fair_key is not None:
-            raise ConfigError("fair_key: fair delivery by tenant is not available in this version of celery-pq")
+            if not isinstance(self.fair_key, str) or not self.fair_key:
+                raise ConfigError(f"fair_key must be a header name or 'module:function', got {self.fair_key!r}")
+            if ":" in self.fair_key:
+                try:
+                    self._tenant_fn = symbol_by_name(self.fair_key)
+                except Exception as exc:  # noqa: BLE001
+                    raise ConfigError(f"fair_key {self.fair_key!r} cannot be imported: {exc!r}") from None
+                if not callable(self._tenant_fn):
+                    raise ConfigError(f"fair_key {self.fair_key!r} is not callable")
+        if self.fair_scope not in FAIR_SCOPES:
+            raise ConfigError(f"fair_scope must be one of {tuple(FAIR_SCOPES)}, got {self.fair_scope!r}")
+        self._tenant_conc, self._conc_default = _per_tenant("tenant_concurrency", self.tenant_concurrency, int)
+        self._tenant_rate, self._rate_default = _per_tenant("tenant_rate", self.tenant_rate, (int, float))
+        weights = self.fair_weights or {}
+        if not isinstance(weights, dict):
+            raise ConfigError(f"fair_weights must be a dict {{tenant: weight}}, got {weights!r}")
+        fair_only = {"fair_weights": weights, "tenant_concurrency": self.tenant_concurrency,
+                     "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
+        if self.fair_key is None and any(fair_only.values()):
+            named = ", ".join(k for k, v in fair_only.items() if v)
+            raise ConfigError(f"{named} need fair_key (a tenant for each message)")
+        mlt = self.max_length_per_tenant
+        if mlt is not None and (not isinstance(mlt, int) or isinstance(mlt, bool) or mlt < 1):
+            raise ConfigError(f"max_length_per_tenant must be a positive integer or None, got {mlt!r}")
 
     def _queue(self, name: str) -> PriorityQueue:
+        """The queue of a name (a view's name gives the queue it views)."""
         q = self._queues.get(name)
         if q is None:
-            q = self._queues[name] = PriorityQueue(
+            m = _PREDICATE.match(name)
+            if m:
+                q = self._queues[name] = self._queue(m.group("base"))
+                return q
+            fair = self.fair_key is not None and not name.endswith(".dead")
+            q = PriorityQueue(
                 self.client,
                 name,
                 key_prefix=self.key_prefix,
@@ -216,8 +268,50 @@ class Channel(virtual.Channel):
                 lease_seconds=self.lease_seconds,
                 max_deliveries=0 if name.endswith(".dead") else self.max_deliveries,
                 max_length=self.max_length,
+                fair=fair,
+                fair_scope=self.fair_scope,
+                tenant_concurrency=self._conc_default if fair else None,
+                tenant_rate=self._rate_default if fair else None,
+                max_length_per_tenant=self.max_length_per_tenant if fair else None,
             )
+            if fair:
+                q.configure_tenants(weights=self.fair_weights, concurrency=self._tenant_conc, rate=self._tenant_rate)
+            self._queues[name] = q
         return q
+
+    def _view(self, name: str) -> tuple[int, int] | None:
+        """The rank range of a consumed view name like ``default[>=200]``, or None."""
+        if name in self._views:
+            return self._views[name]
+        m = _PREDICATE.match(name)
+        if not m:
+            return None
+        test, value = _OPS[m.group("op")], int(m.group("value"))
+        q = self._queue(name)
+        ranks = [q.rank(p) for p in range(C.MIN_PRIORITY, C.MAX_PRIORITY + 1) if test(p, value)]
+        if not ranks:
+            raise ConfigError(f"queue view {name!r}: no priority 0..255 satisfies it")
+        if q.fair and q.scope != "P":
+            raise ConfigError(f"queue view {name!r}: views need fair_scope='within_priority' on a fair queue")
+        self._views[name] = (min(ranks), max(ranks))
+        return self._views[name]
+
+    def _tenant_of(self, message) -> str | None:
+        """The tenant of an outgoing message (None: the shared default tenant)."""
+        if self.fair_key is None:
+            return None
+        if self._tenant_fn is not None:
+            try:
+                tenant = self._tenant_fn(message)
+            except Exception as exc:  # noqa: BLE001 - named and re-raised; nothing is written
+                raise ValueError(f"fair_key function {self.fair_key!r} raised {exc!r}; "
+                                 "the message was not published") from exc
+        else:
+            tenant = (message.get("headers") or {}).get(self.fair_key)
+        if tenant is not None and not isinstance(tenant, str):
+            raise ValueError(f"fair_key {self.fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
+                             "not a string; the message was not published")
+        return tenant
 
     # -- publishing ---------------------------------------------------------------------------
     def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
@@ -244,7 +338,10 @@ class Channel(virtual.Channel):
         priority = self.default_priority if priority is None else validate_priority(priority)
         headers = message.get("headers") or {}
         task_id = headers.get("id") or props.get("correlation_id") or None
-        self._queue(queue).insert(dumps(message), priority, id=str(task_id) if task_id else None)
+        tenant = self._tenant_of(message)
+        due_ms = _eta_ms(headers.get("eta"))
+        self._queue(queue).insert(dumps(message), priority, id=str(task_id) if task_id else None,
+                                  tenant=tenant, due_ms=due_ms)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
         self.client.publish(self._fanout_channel(exchange), dumps(message))
@@ -303,11 +400,9 @@ class Channel(virtual.Channel):
 
     # -- consuming ----------------------------------------------------------------------------
     def basic_consume(self, queue, *args, **kwargs):
-        if _PREDICATE.search(queue):
-            raise ConfigError(
-                f"queue {queue!r}: priority-filtered views (NAME[OP VALUE]) are not available in this "
-                "version of celery-pq; consume the whole queue"
-            )
+        view = self._view(queue)
+        if view is not None:
+            self._queue(queue).register_view(*view)
         if queue in self._fanout_queues:
             self._active_fanout[self._fanout_channel(self._fanout_queues[queue])] = queue
         ret = super().basic_consume(queue, *args, **kwargs)
@@ -332,22 +427,24 @@ class Channel(virtual.Channel):
     def _get(self, queue, timeout=None):
         """basic_get: lease one message now, or raise Empty."""
         self.transport.ensure_keeper()
-        leases = self._queue(queue).pop(1, consumer=self.consumer_id)
+        q = self._queue(queue)
+        leases = q.pop(1, consumer=self.consumer_id, view=self._view(queue))
         if not leases:
             raise virtual.Empty()
-        msg = self._to_message(queue, leases[0])
+        msg = self._to_message(q, leases[0])
         if msg is None:
             raise virtual.Empty()
         return msg
 
-    def _to_message(self, queue, lease):
+    def _to_message(self, q, lease):
+        queue = q.name
         try:
             message = loads(lease.payload)
             props = message["properties"]
         except Exception as exc:  # noqa: BLE001 - anything unreadable goes to the dead-letter queue
             logger.error("celery-pq: entry %r of queue %r is not a kombu message (%s); moved to %s.dead",
                          lease.id, queue, exc, queue)
-            self._queue(queue).dead_letter(lease, "malformed")
+            q.dead_letter(lease, "malformed")
             return None
         tag = lease.token
         props["delivery_tag"] = tag
@@ -360,6 +457,8 @@ class Channel(virtual.Channel):
         headers = message.get("headers")
         if isinstance(headers, dict):
             headers["x-delivery-count"] = lease.deliveries
+            if headers.get("eta"):  # the broker held it until due: the worker runs it now
+                headers["x-pq-eta"], headers["eta"] = headers["eta"], None
         with self._leases_lock:
             self._leases[tag] = (queue, lease.id)
         return message
@@ -376,12 +475,13 @@ class Channel(virtual.Channel):
         delivered = 0
         for i in range(n):
             name = queues[(start + i) % n]
-            leases = self._queue(name).pop(want, consumer=self.consumer_id)
+            q = self._queue(name)
+            leases = q.pop(want, consumer=self.consumer_id, view=self._view(name))
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
             for lease in leases:
-                message = self._to_message(name, lease)
+                message = self._to_message(q, lease)
                 if message is not None:
                     delivered += 1
                     self.connection._deliver(message, name)
@@ -428,7 +528,12 @@ class Channel(virtual.Channel):
 
     # -- waiting without polling --------------------------------------------------------------
     def _wake_keys(self):
-        return [self._queue(q).keys.wk for q in self.active_queues]
+        keys = []
+        for name in self.active_queues:
+            view = self._view(name)
+            q = self._queue(name)
+            keys.append(q.keys.wk if view is None else q.keys.view_wake(*view))
+        return keys
 
     def _arm(self):
         """Make sure the blocking reads are in flight; return [(connection, handler)]."""
@@ -717,6 +822,34 @@ class Transport(virtual.Transport):
                 except Exception:  # noqa: BLE001
                     pass
         self._readers.clear()
+
+
+def _per_tenant(label, value, kind):
+    """An option given as one number for every tenant or as {tenant: number, "*": default}."""
+    if value is None:
+        return {}, None
+    if isinstance(value, dict):
+        table = dict(value)
+        default = table.pop("*", None)
+    else:
+        table, default = {}, value
+    for tenant, v in list(table.items()) + [("*", default)]:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or v <= 0):
+            raise ConfigError(f"{label} for {tenant!r} must be a positive number, got {v!r}")
+    return table, default
+
+
+def _eta_ms(eta) -> int | None:
+    """Celery's ``eta`` header (ISO 8601) as Unix ms; naive times are UTC."""
+    if not eta:
+        return None
+    try:
+        when = datetime.fromisoformat(str(eta))
+    except ValueError:
+        raise ValueError(f"message eta {eta!r} is not an ISO 8601 time; the message was not published") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0, int(when.timestamp() * 1000))
 
 
 class TLSTransport(Transport):

@@ -88,7 +88,7 @@ def test_pop_leases_in_the_same_script(q, redis_client):
     assert lease.id == "a" and lease.deliveries == 1 and lease.payload == b"p" and lease.priority == 3
     assert redis_client.zcard(k.pi) == 0
     assert redis_client.hexists(k.ii, "a")  # the entry stays in the identifier-indexed table
-    token, consumer, score, d, flags = redis_client.hget(k.lt, "a").decode().split(",")
+    token, consumer, score, d, flags, tenant = redis_client.hget(k.lt, "a").decode().split(",")
     assert (token, consumer, d) == (lease.token, "c1", "1")
     deadline = redis_client.zscore(k.lz, "a")
     now_s, now_us = redis_client.time()
@@ -155,7 +155,7 @@ def test_reclaim_returns_expired_and_dead_letters_after_max_deliveries(redis_cli
         assert lease.deliveries == expected
         time.sleep(0.05)
         res = q.reclaim()
-    assert res == {"returned": 0, "dead": 1, "skipped": False, "more": False}
+    assert res == {"returned": 0, "dead": 1, "skipped": False, "more": False, "promoted": 0}
     assert q.size() == 0 and q.stats()["dead"] == 1
     [dead] = q.dead.peek()
     assert dead.id == "a" and dead.dead_reason == "max_deliveries" and dead.priority == 9

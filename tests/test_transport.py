@@ -130,7 +130,10 @@ def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, redis_cli
         ({"max_deliveries": -1}, "max_deliveries"),
         ({"max_length": 0}, "max_length"),
         ({"technique": "X"}, "technique"),
-        ({"fair_key": "tenant"}, "fair_key"),
+        ({"fair_key": "nosuchmodule:fn"}, "fair_key"),
+        ({"fair_weights": {"a": 2}}, "fair_key"),
+        ({"fair_key": "t", "tenant_concurrency": 0}, "tenant_concurrency"),
+        ({"fair_key": "t", "fair_scope": "sideways"}, "fair_scope"),
     ],
 )
 def test_bad_options_are_named(url, opts, options, match):
@@ -393,7 +396,3 @@ def test_queue_delete_drops_keys_bindings_and_registration(url, opts, redis_clie
         assert redis_client.keys(f"{key_prefix}:{{gone}}:*") == []
 
 
-def test_priority_filtered_views_are_refused_clearly_for_now(url, opts):
-    with Connection(url, transport_options=opts) as conn:
-        with pytest.raises(ConfigError, match="priority-filtered"):
-            conn.default_channel.basic_consume("default[>=200]", no_ack=False, callback=None, consumer_tag="v")

@@ -1,26 +1,34 @@
 -- ack: the leased entries are Done and are deleted (BQF MarkAsDone, with clean-up at once).
 -- Each lease token is checked, so a late ack from a consumer whose lease ran out cannot
--- delete the copy now delivered to another consumer.
+-- delete the copy now delivered to another consumer. On a fair queue the tenant's lease
+-- count drops, and a tenant parked at its concurrency cap is scheduled again.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] lz  zset    lease deadlines
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] dp  hash    task id -> duplicate entry ids
--- ARGV[1..] pairs: entry id, lease token
+-- KEYS[5] wk  list    wake tokens of plain consumers
+-- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- ARGV[1] fair  "1" when fairness is on
+-- ARGV[2..] pairs: entry id, lease token
 -- Returns: one code per pair: 1 acked, or an error code.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 --!include common.lua
+--!include fair.lua
 
-local ii, lz, lt, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ii, lz, lt, dp, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
+  fr = KEYS[13] }
+local fair = ARGV[1] == '1'
 local out = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local eid, token = ARGV[i], ARGV[i + 1]
   local info = redis.call('HGET', lt, eid)
   if not info then
     out[#out + 1] = -2
   else
-    local tok, _, _, _, x = split_lease(info)
+    local tok, _, _, _, x, t = split_lease(info)
     if tok ~= token then
       out[#out + 1] = -3
     else
@@ -29,6 +37,10 @@ for i = 1, #ARGV, 2 do
       redis.call('ZREM', lz, eid)
       if x == 'd' then
         dup_forget(dp, eid)
+      end
+      if fair then
+        fair_release(t)
+        wake(wk)
       end
       out[#out + 1] = 1
     end

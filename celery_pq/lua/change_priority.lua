@@ -5,29 +5,50 @@
 -- KEYS[2] pi  zset    priority-indexed table
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] sq  string  insertion sequence
+-- KEYS[5] dz  zset    delayed entries (a delayed entry keeps its new score until due)
+-- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[1] entry id
 -- ARGV[2] rank        new rank, 0..255 (0 is served first)
 -- ARGV[3] technique   "T" or "S"
+-- ARGV[4] fair        "1" when fairness is on
+-- ARGV[5] scope       "P" within_priority or "T" tenant_first
 -- Returns: 1 changed, or an error code.
 -- ERR -1 NOT_FOUND
 -- ERR -4 NOT_WAITING
 --!include common.lua
+--!include fair.lua
 
-local ii, pi, lt, sq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ii, pi, lt, sq, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local eid, rank, technique = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local fair = ARGV[4] == '1'
+FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
+  fr = KEYS[13] }
+FA = { scope = ARGV[5], conc = 0, rate = 0 }
 
 if redis.call('HEXISTS', lt, eid) == 1 then
   return -4
 end
 local score = fmt(rank * SEQ_SPAN + redis.call('INCR', sq))
-if technique == 'T' then
+local delayed = redis.call('ZSCORE', dz, eid)
+if technique == 'T' or fair or delayed then
   local v = redis.call('HGET', ii, eid)
   if not v then
     return -1
   end
   local e, bar = split_entry(v)
+  local old = e.s
   e.s = score
   redis.call('HSET', ii, eid, join_entry(e, v, bar))
+  if delayed then
+    return 1 -- it enters the queue with its new score when due
+  end
+  if fair then
+    fair_drop(e.t, old, eid)
+    local r, s = split_score(score)
+    redis.call('ZADD', FK.te, 0, te_member(e.t, r, s, eid))
+    redis.call('HINCRBY', FK.fn, 'n:' .. e.t, 1)
+    fair_refresh(e.t, false)
+  end
 elseif redis.call('HEXISTS', ii, eid) == 0 then
   return -1
 end

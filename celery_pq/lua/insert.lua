@@ -1,38 +1,87 @@
 -- insert: INSERT one or more entries, each into both tables or neither (patent INSERT;
 -- BQF AddQueueItem). An id already present gets a fresh duplicate id "<id>~<seq>", so a
 -- task republished with its own id (Celery retry) never overwrites the copy still leased.
+-- An entry due later (BQF "Date/Time Scheduled") waits in the delayed index instead, with
+-- its score kept in the entry, until a sweep promotes it. With fairness on, the entry also
+-- joins its tenant's order and the tenant joins the schedule. Wakes the plain consumers and
+-- only those priority views (collated keyed queue) the new entries satisfy.
 --
--- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
--- KEYS[3] lt  hash    leases (only its size is read, for max_length)
--- KEYS[4] wk  list    wake tokens
--- KEYS[5] sq  string  insertion sequence
--- KEYS[6] dp  hash    task id -> duplicate entry ids
--- ARGV[1] technique   "T" (the entry keeps its score) or "S" (it does not)
--- ARGV[2] max_length  waiting entries allowed, 0 for no limit
--- ARGV[3..] groups of 4: id ("" for a generated one), rank (0..255, 0 served first),
---           tenant (escaped, may be ""), payload
--- Returns: the entry ids, one per group, in order;
---          or {ERR, waiting} when max_length would be exceeded (nothing is written).
+-- KEYS[1]  ii    hash    identifier-indexed table
+-- KEYS[2]  pi    zset    priority-indexed table
+-- KEYS[3]  lt    hash    leases (only its size is read, for max_length)
+-- KEYS[4]  wk    list    wake tokens of plain consumers
+-- KEYS[5]  sq    string  insertion sequence
+-- KEYS[6]  dp    hash    task id -> duplicate entry ids
+-- KEYS[7]  dz    zset    delayed entries, score = due time (ms)
+-- KEYS[8]  vr    string  version of the registry of priority views
+-- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[17..]   wake lists of the priority views named in ARGV
+-- ARGV[1] technique       "T" (the entry keeps its score) or "S" (it does not)
+-- ARGV[2] max_length      entries waiting or delayed allowed, 0 for no limit
+-- ARGV[3] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
+-- ARGV[4] fair            "1" when fairness is on
+-- ARGV[5] scope           "P" within_priority or "T" tenant_first
+-- ARGV[6] views_version   the registry version the caller knows ("" if none)
+-- ARGV[7] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
+-- then groups of 5: id ("" for a generated one), rank (0..255, 0 served first),
+--                   tenant (escaped, may be ""), payload,
+--                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms
+-- Returns: the entry ids, one per group, in order; or, with nothing written:
+--          {ERR -5, waiting}, {ERR -6, registry version}, {ERR -7, tenant waiting, group index}
 -- ERR -5 QUEUE_FULL
+-- ERR -6 STALE_VIEWS
+-- ERR -7 TENANT_FULL
 --!include common.lua
+--!include fair.lua
 
-local ii, pi, lt, wk, sq, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ii, pi, lt, wk, sq, dp, dz, vr = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+FK = { te = KEYS[9], ts = KEYS[10], tb = KEYS[11], fv = KEYS[12], fc = KEYS[13], fn = KEYS[14], tw = KEYS[15],
+  fr = KEYS[16] }
 local technique = ARGV[1]
-local max_length = tonumber(ARGV[2])
-local n = (#ARGV - 2) / 4
+local max_length, max_per_tenant = tonumber(ARGV[2]), tonumber(ARGV[3])
+local fair = ARGV[4] == '1'
+FA = { scope = ARGV[5], conc = 0, rate = 0 }
+local nviews = tonumber(ARGV[7])
+local first = 8 + nviews
+local n = (#ARGV - first + 1) / 5
 
+if nviews > 0 or redis.call('EXISTS', vr) == 1 then
+  local known = redis.call('GET', vr) or ''
+  if known ~= ARGV[6] then
+    return { -6, known }
+  end
+end
 if max_length > 0 then
   local waiting = redis.call('HLEN', ii) - redis.call('HLEN', lt)
   if waiting + n > max_length then
     return { -5, waiting }
   end
 end
+if fair and max_per_tenant > 0 then
+  local adding = {}
+  for i = 0, n - 1 do
+    local t = ARGV[first + 2 + 5 * i]
+    adding[t] = (adding[t] or 0) + 1
+    local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
+    if have + adding[t] > max_per_tenant then
+      return { -7, have, i }
+    end
+  end
+end
 
-local ts = fmt(now_ms())
+local now = now_ms()
+local ts = fmt(now)
 local out = {}
+local woken = {}
+local ready = false
 for i = 0, n - 1 do
-  local id, rank, tenant, payload = ARGV[3 + 4 * i], tonumber(ARGV[4 + 4 * i]), ARGV[5 + 4 * i], ARGV[6 + 4 * i]
+  local g = first + 5 * i
+  local id, rank, tenant, payload, due = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4]
+  if string.sub(due, 1, 1) == '+' then
+    due = now + tonumber(string.sub(due, 2))
+  else
+    due = tonumber(due)
+  end
   local seq = redis.call('INCR', sq)
   local score = fmt(rank * SEQ_SPAN + seq)
   local eid, flags = id, ''
@@ -47,13 +96,31 @@ for i = 0, n - 1 do
       redis.call('HSET', dp, id, list and (list .. DUP_SEP .. eid) or eid)
     end
   end
+  local delayed = due > now
   local s = ''
-  if technique == 'T' then
+  if technique == 'T' or delayed or fair then
     s = score
   end
   redis.call('HSET', ii, eid, '0,' .. s .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
-  redis.call('ZADD', pi, score, eid)
+  if delayed then
+    redis.call('ZADD', dz, due, eid)
+  else
+    redis.call('ZADD', pi, score, eid)
+    if fair then
+      fair_add(tenant, score, eid)
+    end
+    ready = true
+    for v = 1, nviews do
+      local lo, hi = string.match(ARGV[7 + v], '^(%d+),(%d+)$')
+      if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
+        woken[v] = true
+        wake(KEYS[16 + v])
+      end
+    end
+  end
   out[#out + 1] = eid
 end
-wake(wk)
+if ready then
+  wake(wk)
+end
 return out

@@ -8,12 +8,13 @@
 -- KEYS[2] pi  zset    priority-indexed table
 -- KEYS[3] lz  zset    lease deadlines (ms)
 -- KEYS[4] lt  hash    leases
--- KEYS[5] wk  list    wake tokens
+-- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
 -- ARGV[4] count        entries wanted (>= 1)
 -- ARGV[5] stale_budget stale members to discard at most before returning
+-- ARGV[6] lo, ARGV[7] hi  rank range of a priority view (0 and 255: the whole queue)
 -- Returns: {stale_discarded, eid1, token1, deliveries1, score1, value1, eid2, ...}
 --!include common.lua
 
@@ -22,6 +23,21 @@ local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
 local want = tonumber(ARGV[4])
 local stale_budget = tonumber(ARGV[5])
+local lo, hi = tonumber(ARGV[6]), tonumber(ARGV[7])
+local whole = lo == 0 and hi == 255
+local min_score, max_score = fmt(lo * SEQ_SPAN), '(' .. fmt((hi + 1) * SEQ_SPAN)
+
+-- The first `asked` members in order (whole queue: popped at once; a view: read, then removed).
+local function take(asked)
+  if whole then
+    return redis.call('ZPOPMIN', pi, asked)
+  end
+  local m = redis.call('ZRANGEBYSCORE', pi, min_score, max_score, 'WITHSCORES', 'LIMIT', 0, asked)
+  for i = 1, #m, 2 do
+    redis.call('ZREM', pi, m[i])
+  end
+  return m
+end
 
 local out = { 0 }
 local got, stale = 0, 0
@@ -29,7 +45,7 @@ local deadline = nil
 local lease_args, deadline_args = {}, {}
 while got < want do
   local asked = want - got
-  local popped = redis.call('ZPOPMIN', pi, asked)
+  local popped = take(asked)
   for i = 1, #popped, 2 do
     local eid, score = popped[i], popped[i + 1]
     local v = redis.call('HGET', ii, eid)
@@ -42,7 +58,7 @@ while got < want do
       local d = e.d + 1
       local token = token_base .. '.' .. got
       lease_args[#lease_args + 1] = eid
-      lease_args[#lease_args + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. e.x
+      lease_args[#lease_args + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. e.x .. ',' .. e.t
       deadline_args[#deadline_args + 1] = deadline
       deadline_args[#deadline_args + 1] = eid
       out[#out + 1] = eid
@@ -63,7 +79,13 @@ if got > 0 then
   redis.call('HSET', lt, unpack(lease_args))
   redis.call('ZADD', lz, unpack(deadline_args))
 end
-if redis.call('ZCARD', pi) > 0 then
+local left
+if whole then
+  left = redis.call('ZCARD', pi)
+else
+  left = redis.call('ZCOUNT', pi, min_score, max_score)
+end
+if left > 0 then
   wake(wk)
 else
   redis.call('DEL', wk)

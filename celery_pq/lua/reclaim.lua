@@ -1,6 +1,7 @@
--- reclaim: return expired leases to Waiting (BQF recovery: InProcess -> Waiting), or to the
--- dead-letter queue once max_deliveries is used up. Throttled by a guard key so that one
--- consumer per interval sweeps, not all of them.
+-- reclaim: the sweep. Returns expired leases to Waiting (BQF recovery: InProcess -> Waiting),
+-- or to the dead-letter queue once max_deliveries is used up; promotes delayed entries that
+-- are due (BQF "Date/Time Scheduled"); schedules rate-limited tenants whose token is due.
+-- Throttled by a guard key so that one consumer per interval sweeps, not all of them.
 --
 -- KEYS[1]  ii   hash    identifier-indexed table
 -- KEYS[2]  pi   zset    priority-indexed table
@@ -13,13 +14,19 @@
 -- KEYS[9]  dpi  zset    dead-letter queue: priority-indexed table
 -- KEYS[10] dwk  list    dead-letter queue: wake tokens
 -- KEYS[11] dsq  string  dead-letter queue: sequence
+-- KEYS[12] dz   zset    delayed entries, score = due time (ms)
+-- KEYS[13..20] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
 -- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
 -- ARGV[4] technique       "T" or "S"
 -- ARGV[5] consumer        "" for expired leases; a consumer id to return all of its leases now
--- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit)}
+-- ARGV[6] fair            "1" when fairness is on
+-- ARGV[7] scope           "P" within_priority or "T" tenant_first
+-- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
+--           promoted delayed entries}
 --!include common.lua
+--!include fair.lua
 
 local ii, pi, lz, lt, wk, dp, gd = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local dii, dpi, dwk, dsq = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
@@ -27,9 +34,14 @@ local limit = tonumber(ARGV[1])
 local max_deliveries = tonumber(ARGV[2])
 local guard_ms = tonumber(ARGV[3])
 local technique, consumer = ARGV[4], ARGV[5]
+local dz = KEYS[12]
+local fair = ARGV[6] == '1'
+FK = { te = KEYS[13], ts = KEYS[14], tb = KEYS[15], fv = KEYS[16], fc = KEYS[17], fn = KEYS[18], tw = KEYS[19],
+  fr = KEYS[20] }
+FA = { scope = ARGV[7], conc = 0, rate = 0 }
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
-  return { 0, 0, 1, 0 }
+  return { 0, 0, 1, 0, 0 }
 end
 local now = now_ms()
 local expired
@@ -42,15 +54,18 @@ local returned, dead = 0, 0
 for _, eid in ipairs(expired) do
   local info = redis.call('HGET', lt, eid)
   local take = true
-  local _, c, score, d
+  local _, c, score, d, t
   if info then
-    _, c, score, d = split_lease(info)
+    _, c, score, d, _, t = split_lease(info)
     take = consumer == '' or c == consumer
   end
   if take then
     redis.call('ZREM', lz, eid)
     redis.call('HDEL', lt, eid)
     local v = info and redis.call('HGET', ii, eid)
+    if v and fair then
+      fair_release(t)
+    end
     if v then
       local e, bar = split_entry(v)
       e.d = d
@@ -59,16 +74,41 @@ for _, eid in ipairs(expired) do
         dead = dead + 1
       else
         to_waiting(ii, pi, eid, v, e, bar, score, technique)
+        if fair then
+          fair_add(t, score, eid)
+        end
         returned = returned + 1
       end
     end
   end
 end
-if returned > 0 then
+-- delayed entries that are due join the queue at their score (kept in the entry)
+local promoted = 0
+if consumer == '' then
+  for _, eid in ipairs(redis.call('ZRANGEBYSCORE', dz, '-inf', fmt(now), 'LIMIT', 0, limit)) do
+    redis.call('ZREM', dz, eid)
+    local v = redis.call('HGET', ii, eid)
+    if v then
+      local e, bar = split_entry(v)
+      redis.call('ZADD', pi, e.s, eid)
+      if fair then
+        fair_add(e.t, e.s, eid)
+      elseif technique ~= 'T' then
+        e.s = ''
+        redis.call('HSET', ii, eid, join_entry(e, v, bar))
+      end
+      promoted = promoted + 1
+    end
+  end
+  if fair then
+    fair_unpark(now)
+  end
+end
+if returned > 0 or promoted > 0 or (fair and redis.call('ZCARD', FK.ts) > 0) then
   wake(wk)
 end
 local more = 0
 if consumer == '' and #expired == limit then
   more = 1
 end
-return { returned, dead, 0, more }
+return { returned, dead, 0, more, promoted }

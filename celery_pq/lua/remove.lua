@@ -2,19 +2,29 @@
 -- task id): the entry with that id and every duplicate "<id>~<seq>" of it are removed.
 -- Technique T deletes from both tables at once; technique S deletes from the
 -- identifier-indexed table only and leaves the priority-index member to lazy deletion.
--- Leased entries are not touched (they are counted in the reply).
+-- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
+-- too; on a fair queue the tenant's order and schedule follow.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] dp  hash    task id -> duplicate entry ids
+-- KEYS[5] dz  zset    delayed entries
+-- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[1] id
 -- ARGV[2] technique   "T" or "S"
+-- ARGV[3] fair        "1" when fairness is on
+-- ARGV[4] scope       "P" within_priority or "T" tenant_first
 -- Returns: {removed, leased_left_alone}
 --!include common.lua
+--!include fair.lua
 
-local ii, pi, lt, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ii, pi, lt, dp, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, technique = ARGV[1], ARGV[2]
+local fair = ARGV[3] == '1'
+FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
+  fr = KEYS[13] }
+FA = { scope = ARGV[4], conc = 0, rate = 0 }
 
 local ids = { id }
 local list = redis.call('HGET', dp, id)
@@ -31,10 +41,22 @@ for i, eid in ipairs(ids) do
     if i > 1 then
       kept[#kept + 1] = eid
     end
+  elseif fair then
+    local v = redis.call('HGET', ii, eid)
+    if v then
+      redis.call('HDEL', ii, eid)
+      removed = removed + 1
+      local e = split_entry(v)
+      if redis.call('ZREM', pi, eid) == 1 then
+        fair_drop(e.t, e.s, eid)
+      else
+        redis.call('ZREM', dz, eid)
+      end
+    end
   elseif redis.call('HDEL', ii, eid) == 1 then
     removed = removed + 1
-    if technique == 'T' then
-      redis.call('ZREM', pi, eid)
+    if technique == 'T' and redis.call('ZREM', pi, eid) == 0 then
+      redis.call('ZREM', dz, eid)
     end
   end
 end

@@ -12,16 +12,20 @@
 -- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
 -- KEYS[9]  dwk  list    dead-letter queue: wake tokens
 -- KEYS[10] dsq  string  dead-letter queue: sequence
+-- KEYS[11..18] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[1] entry id
 -- ARGV[2] lease token
 -- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
 -- ARGV[4] max_deliveries  0 for no limit
 -- ARGV[5] technique       "T" or "S"
 -- ARGV[6] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
+-- ARGV[7] fair            "1" when fairness is on
+-- ARGV[8] scope           "P" within_priority or "T" tenant_first
 -- Returns: 1 waiting again, 2 moved to the dead-letter queue, or an error code.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 --!include common.lua
+--!include fair.lua
 
 local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local dii, dpi, dwk, dsq = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
@@ -29,12 +33,16 @@ local eid, token = ARGV[1], ARGV[2]
 local count_delivery = ARGV[3] == '1'
 local max_deliveries = tonumber(ARGV[4])
 local technique, dead_reason = ARGV[5], ARGV[6]
+local fair = ARGV[7] == '1'
+FK = { te = KEYS[11], ts = KEYS[12], tb = KEYS[13], fv = KEYS[14], fc = KEYS[15], fn = KEYS[16], tw = KEYS[17],
+  fr = KEYS[18] }
+FA = { scope = ARGV[8], conc = 0, rate = 0 }
 
 local info = redis.call('HGET', lt, eid)
 if not info then
   return -2
 end
-local tok, _, score, d = split_lease(info)
+local tok, _, score, d, _, tenant = split_lease(info)
 if tok ~= token then
   return -3
 end
@@ -46,6 +54,9 @@ if not v then
 end
 local e, bar = split_entry(v)
 e.d = d
+if fair then
+  fair_release(tenant)
+end
 if not count_delivery then
   e.d = math.max(d - 1, 0)
 end
@@ -58,5 +69,8 @@ if max_deliveries > 0 and e.d >= max_deliveries then
   return 2
 end
 to_waiting(ii, pi, eid, v, e, bar, score, technique)
+if fair then
+  fair_add(tenant, score, eid)
+end
 wake(wk)
 return 1

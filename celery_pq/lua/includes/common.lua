@@ -8,7 +8,7 @@
 --   x   flags: "d" when the entry id is a duplicate id "<task id>~<seq>"
 --   r   dead-letter note "<reason>@<ms>@<deliveries>" (entries of a .dead queue only)
 --   ts  enqueue time, ms on the Redis clock
--- A lease (hash lt) is "token,consumer,score,deliveries,flags".
+-- A lease (hash lt) is "token,consumer,score,deliveries,flags,tenant".
 
 local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
 local DUP_SEP = '\31'
@@ -34,8 +34,8 @@ local function join_entry(e, v, bar)
 end
 
 local function split_lease(info)
-  local tok, c, s, d, x = string.match(info, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
-  return tok, c, s, tonumber(d) or 0, x
+  local tok, c, s, d, x, t = string.match(info, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
+  return tok, c, s, tonumber(d) or 0, x, t
 end
 
 -- Leave one wake token for a blocked consumer (at most one waits in the list).

@@ -1,0 +1,183 @@
+-- Fair delivery by tenant (queue-by, generalised to weights and priorities): start-time fair
+-- queueing over the tenants that have waiting work, all state under the queue's hash tag.
+-- Pasted into a script where it says `--!include fair.lua` (after common.lua). The script
+-- fills FK (keys) and FA (settings) before calling these functions.
+--
+-- FK.te  zset (lex)  every waiting entry as  tenant "\0" rank(3) seq(14) eid: a tenant's best
+--                    entry is the first member of its prefix (ZRANGEBYLEX, O(log n))
+-- FK.ts  zset (lex)  one member per schedulable tenant: [rank(3)] start(17) tenant; the first
+--                    member is served next. rank only under within_priority.
+-- FK.tb  hash        tenant -> state letter .. its ts member. A active (in ts), C parked at its
+--                    concurrency cap, R parked by its rate limit (also in tw).
+-- FK.fv  hash        "V:<level>" system virtual time of a level; "F:<level>:<tenant>" finish tag
+-- FK.fc  hash        tenant settings: "w:<t>" weight, "c:<t>" concurrency cap, "r:<t>" rate/s
+-- FK.fn  hash        counts: "n:<t>" waiting entries, "c:<t>" leased entries
+-- FK.tw  zset        rate-parked tenants, score = ms when a token is there again
+-- FK.fr  hash        token buckets: tenant -> "tokens,last_ms"
+-- FA.scope  "P" within_priority or "T" tenant_first
+-- FA.conc, FA.rate  defaults for tenants without their own setting (0 = none)
+-- Virtual time is in units of 1/1,000,000 of a delivery at weight 1.
+
+local FK = {}
+local FA = {}
+local VT_UNIT = 1000000
+
+local function lvl(rank)
+  if FA.scope == 'P' then
+    return rank
+  end
+  return 0
+end
+
+local function te_member(t, rank, seq, eid)
+  return t .. '\0' .. string.format('%03d%014.0f', rank, seq) .. eid
+end
+
+-- score -> rank, seq
+local function split_score(score)
+  local s = tonumber(score)
+  local rank = math.floor(s / SEQ_SPAN)
+  return rank, s - rank * SEQ_SPAN
+end
+
+local function te_head(t)
+  local m = redis.call('ZRANGEBYLEX', FK.te, '[' .. t .. '\0', '(' .. t .. '\1', 'LIMIT', 0, 1)[1]
+  if not m then
+    return nil
+  end
+  local p = #t + 2
+  return m, tonumber(string.sub(m, p, p + 2)), string.sub(m, p + 17)
+end
+
+local function ts_tenant(m)
+  if FA.scope == 'P' then
+    return string.sub(m, 21), tonumber(string.sub(m, 1, 3)), tonumber(string.sub(m, 4, 20))
+  end
+  return string.sub(m, 18), 0, tonumber(string.sub(m, 1, 17))
+end
+
+local function settings(t)
+  local s = redis.call('HMGET', FK.fc, 'w:' .. t, 'c:' .. t, 'r:' .. t)
+  return tonumber(s[1]) or 1, tonumber(s[2]) or FA.conc, tonumber(s[3]) or FA.rate
+end
+
+-- Put tenant t where it belongs in the schedule after its entries changed. With force, its
+-- start tag is recomputed even at the same level (after it was served).
+local function fair_refresh(t, force)
+  local old = redis.call('HGET', FK.tb, t)
+  local state, oldm = 'A', nil
+  if old then
+    state, oldm = string.sub(old, 1, 1), string.sub(old, 2)
+  end
+  local head, rank = te_head(t)
+  if not head then
+    if oldm then
+      redis.call('ZREM', FK.ts, oldm)
+      redis.call('ZREM', FK.tw, t)
+      redis.call('HDEL', FK.tb, t)
+    end
+    return
+  end
+  local level = lvl(rank)
+  if oldm and not force then
+    local _, oldlevel = ts_tenant(oldm)
+    if oldlevel == level then
+      return
+    end
+  end
+  local v = redis.call('HMGET', FK.fv, 'V:' .. level, 'F:' .. level .. ':' .. t)
+  local start = math.max(tonumber(v[1]) or 0, tonumber(v[2]) or 0)
+  local m = string.format('%017.0f', start) .. t
+  if FA.scope == 'P' then
+    m = string.format('%03d', level) .. m
+  end
+  if oldm and state == 'A' then
+    redis.call('ZREM', FK.ts, oldm)
+  end
+  redis.call('HSET', FK.tb, t, state .. m)
+  if state == 'A' then
+    redis.call('ZADD', FK.ts, 0, m)
+  end
+end
+
+-- Entry (tenant t, score, eid) becomes Waiting.
+local function fair_add(t, score, eid)
+  local rank, seq = split_score(score)
+  redis.call('ZADD', FK.te, 0, te_member(t, rank, seq, eid))
+  redis.call('HINCRBY', FK.fn, 'n:' .. t, 1)
+  fair_refresh(t, false)
+end
+
+-- Entry (tenant t, score, eid) stops Waiting without being delivered (removed, purged).
+local function fair_drop(t, score, eid)
+  local rank, seq = split_score(score)
+  if redis.call('ZREM', FK.te, te_member(t, rank, seq, eid)) == 1 then
+    if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
+      redis.call('HDEL', FK.fn, 'n:' .. t)
+    end
+  end
+  fair_refresh(t, false)
+end
+
+-- A lease of tenant t ended (ack, requeue, expiry, dead-letter): one more may be taken.
+local function fair_release(t)
+  if redis.call('HINCRBY', FK.fn, 'c:' .. t, -1) <= 0 then
+    redis.call('HDEL', FK.fn, 'c:' .. t)
+  end
+  local old = redis.call('HGET', FK.tb, t)
+  if old and string.sub(old, 1, 1) == 'C' then
+    local m = string.sub(old, 2)
+    redis.call('HSET', FK.tb, t, 'A' .. m)
+    redis.call('ZADD', FK.ts, 0, m)
+  end
+end
+
+-- Rate-parked tenants whose token is due go back into the schedule.
+local function fair_unpark(now)
+  local due = redis.call('ZRANGEBYSCORE', FK.tw, '-inf', fmt(now), 'LIMIT', 0, 100)
+  for _, t in ipairs(due) do
+    redis.call('ZREM', FK.tw, t)
+    local old = redis.call('HGET', FK.tb, t)
+    if old and string.sub(old, 1, 1) == 'R' then
+      local m = string.sub(old, 2)
+      redis.call('HSET', FK.tb, t, 'A' .. m)
+      redis.call('ZADD', FK.ts, 0, m)
+    end
+  end
+end
+
+-- Take a token from tenant t's bucket (rate per second); false and the ms it is due if none.
+local function fair_token(t, rate, now)
+  local b = redis.call('HGET', FK.fr, t)
+  local tokens, last = rate, now
+  if b then
+    local a, l = string.match(b, '^([^,]*),(.*)$')
+    tokens, last = tonumber(a), tonumber(l)
+    tokens = math.min(math.max(rate, 1), tokens + (now - last) * rate / 1000)
+  end
+  if tokens < 1 then
+    redis.call('HSET', FK.fr, t, tokens .. ',' .. fmt(now))
+    return false, now + math.ceil((1 - tokens) * 1000 / rate)
+  end
+  redis.call('HSET', FK.fr, t, (tokens - 1) .. ',' .. fmt(now))
+  return true
+end
+
+-- Park tenant t (schedule member m) with state 'C' or 'R'.
+local function fair_park(t, m, state, due)
+  redis.call('ZREM', FK.ts, m)
+  redis.call('HSET', FK.tb, t, state .. m)
+  if state == 'R' then
+    redis.call('ZADD', FK.tw, due, t)
+  end
+end
+
+-- The tenant served: advance its finish tag and the level's virtual time.
+local function fair_served(t, level, start, weight)
+  redis.call('HSET', FK.fv, 'V:' .. level, fmt(start), 'F:' .. level .. ':' .. t,
+    fmt(start + math.floor(VT_UNIT / weight + 0.5)))
+  redis.call('HINCRBY', FK.fn, 'c:' .. t, 1)
+  if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
+    redis.call('HDEL', FK.fn, 'n:' .. t)
+  end
+end

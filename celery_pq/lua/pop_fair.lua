@@ -1,0 +1,108 @@
+-- pop_fair: lease the next entries of a fair queue: the tenant whose start tag is lowest (at
+-- the best priority level, under within_priority) gives its best entry; its finish tag moves
+-- on by 1/weight. Tenants at their concurrency cap or out of rate tokens are parked (left out
+-- of the schedule) instead of being scanned past. Everything else is as in pop.
+--
+-- KEYS[1] ii  hash    identifier-indexed table
+-- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[3] lz  zset    lease deadlines (ms)
+-- KEYS[4] lt  hash    leases
+-- KEYS[5] wk  list    wake tokens of this consumer
+-- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- ARGV[1] lease_ms     lease length, milliseconds
+-- ARGV[2] consumer     consumer id (no ",")
+-- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
+-- ARGV[4] count        entries wanted (>= 1)
+-- ARGV[5] stale_budget stale entries to discard at most before returning
+-- ARGV[6] scope        "P" within_priority or "T" tenant_first
+-- ARGV[7] conc         default concurrency cap per tenant (0: none)
+-- ARGV[8] rate         default deliveries per second per tenant (0: none)
+-- ARGV[9] lo, ARGV[10] hi  rank range of a priority view (within_priority only)
+-- Returns: {stale_discarded, eid1, token1, deliveries1, score1, value1, eid2, ...}
+--!include common.lua
+--!include fair.lua
+
+local ii, pi, lz, lt, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
+  fr = KEYS[13] }
+local lease_ms = tonumber(ARGV[1])
+local consumer, token_base = ARGV[2], ARGV[3]
+local want, stale_budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+FA = { scope = ARGV[6], conc = tonumber(ARGV[7]), rate = tonumber(ARGV[8]) }
+local lo, hi = tonumber(ARGV[9]), tonumber(ARGV[10])
+local lex_lo, lex_hi = '-', '+'
+if FA.scope == 'P' and not (lo == 0 and hi == 255) then
+  lex_lo, lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', hi + 1)
+end
+
+local now = now_ms()
+local deadline = fmt(now + lease_ms)
+fair_unpark(now)
+local out = { 0 }
+local got, stale, looked = 0, 0, 0
+local lease_args, deadline_args = {}, {}
+while got < want and stale < stale_budget and looked < stale_budget do
+  looked = looked + 1
+  local m = redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1)[1]
+  if not m then
+    break
+  end
+  local t, level, start = ts_tenant(m)
+  local weight, conc, rate = settings(t)
+  local ok, due = true, 0
+  if conc > 0 and (tonumber(redis.call('HGET', FK.fn, 'c:' .. t)) or 0) >= conc then
+    fair_park(t, m, 'C', 0)
+    ok = false
+  elseif rate > 0 then
+    ok, due = fair_token(t, rate, now)
+    if not ok then
+      fair_park(t, m, 'R', due)
+    end
+  end
+  if ok then
+    local head, rank, eid = te_head(t)
+    if not head then
+      fair_refresh(t, false)
+    else
+      redis.call('ZREM', FK.te, head)
+      local v = redis.call('HGET', ii, eid)
+      if not v then
+        stale = stale + 1
+        if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
+          redis.call('HDEL', FK.fn, 'n:' .. t)
+        end
+        fair_refresh(t, false)
+      else
+        redis.call('ZREM', pi, eid)
+        local p = #t + 2
+        local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
+        local e = split_entry(v)
+        got = got + 1
+        local d = e.d + 1
+        local token = token_base .. '.' .. got
+        lease_args[#lease_args + 1] = eid
+        lease_args[#lease_args + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. e.x .. ',' .. t
+        deadline_args[#deadline_args + 1] = deadline
+        deadline_args[#deadline_args + 1] = eid
+        out[#out + 1] = eid
+        out[#out + 1] = token
+        out[#out + 1] = d
+        out[#out + 1] = score
+        out[#out + 1] = v
+        fair_served(t, level, start, weight)
+        fair_refresh(t, true)
+      end
+    end
+  end
+end
+out[1] = stale
+if got > 0 then
+  redis.call('HSET', lt, unpack(lease_args))
+  redis.call('ZADD', lz, unpack(deadline_args))
+end
+if #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0 then
+  wake(wk)
+else
+  redis.call('DEL', wk)
+end
+return out
