@@ -190,6 +190,9 @@ class Channel(virtual.Channel):
         self._rotation = 0
         # Poll state: pop when there may be work; otherwise block on the wake lists.
         self._need_pop = True
+        #: Redis calls this channel made to receive: "pops" (pop scripts), "wakeups" (blocking
+        #: waits answered by a wake token), "timeouts" (blocking waits that ran out).
+        self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
         self._bconn = None
         self._blpop_keys = None
         self._blpop_sent = 0.0
@@ -302,7 +305,10 @@ class Channel(virtual.Channel):
             return None
         if self._tenant_fn is not None:
             try:
-                tenant = self._tenant_fn(message)
+                # the function sees the message with its body decoded (the serialized payload)
+                props = message.get("properties") or {}
+                body = self.decode_body(message.get("body"), props.get("body_encoding"))
+                tenant = self._tenant_fn({**message, "body": body})
             except Exception as exc:  # noqa: BLE001 - named and re-raised; nothing is written
                 raise ValueError(f"fair_key function {self.fair_key!r} raised {exc!r}; "
                                  "the message was not published") from exc
@@ -476,6 +482,7 @@ class Channel(virtual.Channel):
         for i in range(n):
             name = queues[(start + i) % n]
             q = self._queue(name)
+            self.counters["pops"] += 1
             leases = q.pop(want, consumer=self.consumer_id, view=self._view(name))
             if not leases:
                 continue
@@ -577,6 +584,7 @@ class Channel(virtual.Channel):
             raise
         self._blpop_keys = None
         self._need_pop = True  # a wake token, or the timeout: look again either way
+        self.counters["wakeups" if reply else "timeouts"] += 1
         if reply and not self.qos.can_consume():
             # The prefetch window filled while we were blocked: leave the token for the next
             # wait (ours or another consumer's), or the work would sit until block_seconds.

@@ -69,3 +69,22 @@ def retry_once(self, tag, hold):
         self.retry(countdown=0, throw=False)
         time.sleep(hold)
     log("retry_done", [tag, self.request.retries])
+
+
+@app.task(name="e2e.tenant_record")
+def tenant_record(tenant, n):
+    log("tenant", [tenant, n])
+
+
+@app.task(name="e2e.tenant_work")
+def tenant_work(tenant, seconds):
+    r, prefix = rec(), os.environ["PQ_TEST_PREFIX"]
+    running = r.incr(f"{prefix}:running:{tenant}")
+    log("concurrency", [tenant, running])
+    time.sleep(seconds)
+    r.decr(f"{prefix}:running:{tenant}")
+
+
+@app.task(name="e2e.stamp", bind=True)
+def stamp(self, tag):
+    log("stamp", [tag, os.getpid(), time.time()])

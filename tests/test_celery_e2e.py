@@ -53,8 +53,12 @@ class Harness:
 
     def worker(self, name, *extra, gossip=False, may_die=False):
         log = open(self.tmp / f"{name}.log", "wb")
-        args = [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "worker", "-P", "solo", "-c", "1",
-                "--prefetch-multiplier", "1", "-Q", "q", "-l", "info", "-n", f"{name}@%h", *extra]
+        args = [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "worker", "-c", "1",
+                "--prefetch-multiplier", "1", "-l", "info", "-n", f"{name}@%h", *extra]
+        if "-Q" not in extra:
+            args += ["-Q", "q"]
+        if "-P" not in extra:
+            args += ["-P", "solo"]
         if not gossip:
             args += ["--without-mingle", "--without-gossip"]
         proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -257,3 +261,82 @@ def test_celery_pq_stats_command(harness):
     text = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "pq", "stats"],
                           cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
     assert "q: waiting=3 leased=0 dead=0" in text.stdout, text.stdout + text.stderr
+
+
+def test_fair_delivery_small_tenants_are_not_starved(harness):
+    # Acceptance 1: A queues 2,000, then B and C 20 each; one solo worker, prefetch 1
+    h = harness({"fair_key": "tenant"})
+    for tenant, n in (("A", 2000), ("B", 20), ("C", 20)):
+        for i in range(n):
+            h.send("e2e.tenant_record", tenant, i, headers={"tenant": tenant})
+    h.worker("w1")
+    wait_for(lambda: len(h.records("tenant")) >= 100, 60, "first 100 deliveries")
+    order = [t for t, _ in h.records("tenant")]
+    last_b = max(i for i, t in enumerate(order[:100]) if t == "B")
+    last_c = max(i for i, t in enumerate(order[:100]) if t == "C")
+    assert last_b < 66 and last_c < 66, (last_b, last_c)
+
+
+def test_urgent_pool_is_not_held_up_by_a_bulk_backlog(harness):
+    # Acceptance 9: an urgent pool on q[>=200] and a bulk pool on q, 5,000 low-priority tasks
+    h = harness()
+    for i in range(5000):
+        h.send("e2e.sleep", 0.2, f"bulk{i}", priority=1)
+    h.worker("bulk")
+    urgent = h.worker("urgent", "-Q", "q[>=200]")
+    wait_for(lambda: h.records("start"), 20, "bulk work under way")
+    sent = time.time()
+    h.send("e2e.stamp", "urgent", priority=250)
+    wait_for(lambda: h.records("stamp"), 10, "urgent task")
+    [(tag, pid, started)] = h.records("stamp")
+    assert pid == urgent.pid
+    assert started - sent < 0.2  # within one bulk task-duration
+    assert h.queue().size() > 4000  # the bulk backlog is still there
+
+
+def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
+    # Acceptance 10
+    h = harness({"sweep_interval": 0.5})
+    w = h.worker("w1")
+
+    def inspect(what):
+        out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "inspect", what, "--json",
+                              "--timeout", "5"], cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    def rss_kb():
+        with open(f"/proc/{w.pid}/status") as f:
+            return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
+
+    rss_before = rss_kb()
+    with h.app.producer_or_acquire() as producer:
+        for i in range(10_000):
+            h.app.send_task("e2e.record", args=(i, 0), queue="q", countdown=3600, producer=producer)
+    assert h.queue().stats()["delayed"] == 10_000
+    time.sleep(2)
+    assert all(v == [] for v in inspect("scheduled").values())
+    assert all(v == [] for v in inspect("reserved").values())
+    assert rss_kb() - rss_before < 20_000  # KiB: the worker holds none of them
+    sent = time.time()
+    h.send("e2e.stamp", "soon", countdown=2)
+    wait_for(lambda: h.records("stamp"), 10, "countdown=2 task")
+    [(_, _, started)] = h.records("stamp")
+    assert 1.9 <= started - sent <= 3.0, started - sent
+    assert h.queue().stats()["delayed"] == 10_000
+
+
+def test_tenant_concurrency_cap_with_a_prefork_pool(harness):
+    # Acceptance 11: at most 2 of A's tasks at once while B keeps flowing
+    h = harness({"fair_key": "tenant", "tenant_concurrency": 2})
+    for i in range(12):
+        h.send("e2e.tenant_work", "A", 0.3, headers={"tenant": "A"})
+    for i in range(12):
+        h.send("e2e.tenant_work", "B", 0.3, headers={"tenant": "B"})
+    h.worker("pool", "-P", "prefork", "-c", "4")
+    wait_for(lambda: len(h.records("concurrency")) == 24, 60, "24 tasks")
+    peaks = {}
+    for tenant, running in h.records("concurrency"):
+        peaks[tenant] = max(peaks.get(tenant, 0), running)
+    assert peaks == {"A": 2, "B": 2}
+    wait_for(lambda: h.queue().stats()["leased"] == 0, 10, "acks")

@@ -396,3 +396,94 @@ def test_queue_delete_drops_keys_bindings_and_registration(url, opts, redis_clie
         assert redis_client.keys(f"{key_prefix}:{{gone}}:*") == []
 
 
+
+
+def fair_opts(opts, **kw):
+    return {**opts, **kw}
+
+
+def test_tenant_from_a_header(url, opts, redis_client, key_prefix):
+    with Connection(url, transport_options=fair_opts(opts, fair_key="tenant")) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        for t in ["A", "A", "A", "B", None]:
+            p.publish({"t": t}, exchange=q.exchange, routing_key="kq", declare=[q],
+                      headers={"tenant": t} if t else {})
+        got = [b["t"] for b, _ in drain(conn, q, 5)]
+    # no tenant is the shared default tenant "", one more tenant in the round (ties go by name)
+    assert got == [None, "A", "B", "A", "A"]
+
+
+def test_tenant_from_a_function(url, opts):
+    options = fair_opts(opts, fair_key="tests.support.tenants:by_body")
+    with Connection(url, transport_options=options) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        for t in ["A", "A", "B"]:
+            p.publish({"tenant": t}, exchange=q.exchange, routing_key="kq", declare=[q])
+        assert [b["tenant"] for b, _ in drain(conn, q, 3)] == ["A", "B", "A"]
+
+
+@pytest.mark.parametrize("fn,match", [("explode", "raised RuntimeError"), ("not_a_string", "not a string")])
+def test_tenant_function_errors_are_named_and_nothing_is_written(url, opts, redis_client, key_prefix, fn, match):
+    options = fair_opts(opts, fair_key=f"tests.support.tenants:{fn}")
+    with Connection(url, transport_options=options) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+        with pytest.raises(ValueError, match=match):
+            Producer(conn.default_channel).publish({"x": 1}, exchange=q.exchange, routing_key="kq")
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    assert pq.size() == 0 and redis_client.exists(pq.keys.ii, pq.keys.te) == 0
+
+
+def test_celery_headers_choose_the_tenant(url, opts, redis_client, key_prefix):
+    from celery import Celery
+
+    app = Celery("t", broker=url)
+    app.conf.broker_transport_options = fair_opts(opts, fair_key="tenant")
+    app.conf.task_default_queue = "ct"
+    app.send_task("x.y", headers={"tenant": "acme"})
+    app.send_task("x.y")
+    pq = PriorityQueue(redis_client, "ct", key_prefix=key_prefix, fair=True)
+    assert pq.tenant_stats() == {"acme": {"waiting": 1, "leased": 0}, "": {"waiting": 1, "leased": 0}}
+
+
+def test_urgent_view_is_not_woken_by_low_priority_inserts(url, opts):
+    # Acceptance 9 at the transport level: count the Redis calls the view's consumer makes
+    options = fair_opts(opts, block_seconds=60)
+    got = []
+    with Connection(url, transport_options=options) as urgent, Connection(url, transport_options=options) as pub:
+        q = Queue("default", Exchange("default"), routing_key="default")
+        q(pub.default_channel).declare()
+        view = Queue("default[>=200]", Exchange("default"), routing_key="default")
+        consumer = Consumer(urgent, [view], callbacks=[lambda b, m: (got.append(b), m.ack())], prefetch_count=1)
+        consumer.consume()
+        stop = threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                try:
+                    urgent.drain_events(timeout=0.5)
+                except socket.timeout:
+                    pass
+
+        t = threading.Thread(target=loop)
+        t.start()
+        time.sleep(0.5)  # the urgent consumer found nothing and blocks
+        channel = urgent.default_channel
+        before = dict(channel.counters)
+        p = Producer(pub.default_channel)
+        for i in range(5000):
+            p.publish({"i": i}, exchange=q.exchange, routing_key="default", priority=5)
+        time.sleep(0.5)
+        after_flood = dict(channel.counters)
+        p.publish({"urgent": True}, exchange=q.exchange, routing_key="default", priority=220)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+        t.join()
+        consumer.cancel()
+    assert after_flood == before  # 5,000 low-priority inserts: not one wake-up, not one pop
+    assert got == [{"urgent": True}]
+    assert channel.counters["wakeups"] == before["wakeups"] + 1

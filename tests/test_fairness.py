@@ -1,0 +1,312 @@
+"""Fair delivery by tenant, caps, delayed entries and priority views, on a real redis-server."""
+
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from celery_pq import PriorityQueue, QueueFull
+
+
+def fq(client, prefix, **kw):
+    kw.setdefault("fair", True)
+    return PriorityQueue(client, kw.pop("name", "fair"), key_prefix=prefix, **kw)
+
+
+def drain(q, n=None, ack=True):
+    """Pop one at a time (prefetch 1) and ack; the tenants in delivery order."""
+    order = []
+    while n is None or len(order) < n:
+        got = q.pop(1)
+        if not got:
+            break
+        order.append(got[0].tenant)
+        if ack:
+            q.ack(got[0])
+    return order
+
+
+def fill(q, tenant, n, priority=5):
+    q.insert_many([(b"x", priority, None, tenant) for _ in range(n)])
+
+
+def fairness_state_is_empty(client, q):
+    k = q.keys
+    return client.exists(k.te, k.ts, k.tb, k.fn, k.tw) == 0
+
+
+def test_equal_weights_round_robin(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    fill(q, "A", 5)
+    fill(q, "B", 2)
+    fill(q, "C", 2)
+    assert drain(q) == ["A", "B", "C", "A", "B", "C", "A", "A", "A"]
+    assert fairness_state_is_empty(redis_client, q)
+
+
+def test_a_large_backlog_delays_others_by_at_most_one_round(redis_client, key_prefix):
+    # Acceptance 1 at the queue level: A queues 2,000, then B and C 20 each
+    q = fq(redis_client, key_prefix)
+    fill(q, "A", 2000)
+    fill(q, "B", 20)
+    fill(q, "C", 20)
+    order = drain(q, 100)
+    last_b = max(i for i, t in enumerate(order) if t == "B")
+    last_c = max(i for i, t in enumerate(order) if t == "C")
+    assert last_b < 66 and last_c < 66, (last_b, last_c)
+
+
+def test_weights_three_to_one(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    q.configure_tenants(weights={"A": 3})
+    fill(q, "A", 4000)
+    fill(q, "B", 4000)
+    share = Counter(drain(q, 4000))["A"] / 4000
+    assert abs(share - 0.75) <= 0.02, share
+
+
+def jain(xs):
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def test_weights_three_two_one_shares_and_jain_index(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    weights = {"A": 3, "B": 2, "C": 1}
+    q.configure_tenants(weights=weights)
+    for t in weights:
+        fill(q, t, 6000)
+    order = drain(q, 6000)
+    c = Counter(order)
+    for t, w in weights.items():
+        assert abs(c[t] / 6000 - w / 6) <= 0.02, (t, c[t])
+    for start in range(0, 6000, 500):
+        window = Counter(order[start : start + 500])
+        assert jain([window[t] / w for t, w in weights.items()]) >= 0.99
+
+
+def test_idle_tenant_gets_no_saved_up_credit(redis_client, key_prefix):
+    # Acceptance 5: C is idle while A and B run 1,000 tasks, then queues 50
+    q = fq(redis_client, key_prefix)
+    fill(q, "C", 1)
+    drain(q, 1)
+    fill(q, "A", 1500)
+    fill(q, "B", 1500)
+    drain(q, 1000)
+    fill(q, "C", 50)
+    order = drain(q, 30)
+    assert Counter(order)["C"] == 10  # in turn (A, B, C, ...), not 50 in a row
+    assert max(len(run) for run in "".join(order).split("A")) <= 2
+
+
+def test_within_priority_and_tenant_first_order_differently(redis_client, key_prefix):
+    def run(scope):
+        q = fq(redis_client, key_prefix, name=f"scope-{scope}", fair_scope=scope)
+        fill(q, "A", 3, priority=200)
+        fill(q, "B", 3, priority=5)
+        return drain(q)
+
+    # strict priority first: A's urgent work all goes before B's
+    assert run("within_priority") == ["A", "A", "A", "B", "B", "B"]
+    # tenants share the queue: B gets its turns although its work is less urgent
+    assert run("tenant_first") == ["A", "B", "A", "B", "A", "B"]
+
+
+def test_each_tenants_entries_by_priority_then_fifo(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix, fair_scope="tenant_first")
+    for i, p in enumerate([1, 9, 1, 9]):
+        q.insert(f"a{i}".encode(), p, tenant="A")
+    got = [q.pop()[0] for _ in range(4)]
+    assert [x.payload for x in got] == [b"a1", b"a3", b"a0", b"a2"]
+
+
+def test_requeue_keeps_place_in_tenant_order_and_leases_work(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    for i in range(3):
+        q.insert(f"a{i}".encode(), 5, id=f"a{i}", tenant="A")
+    [first] = q.pop()
+    assert first.id == "a0" and first.tenant == "A"
+    assert q.requeue(first) == "waiting"
+    assert [x.id for x in [q.pop()[0] for _ in range(3)]] == ["a0", "a1", "a2"]
+
+
+def test_expired_lease_returns_to_tenant_order(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    fill(q, "A", 1)
+    fill(q, "B", 1)
+    [lease] = q.pop(lease_seconds=0.05)
+    time.sleep(0.1)
+    assert q.reclaim()["returned"] == 1
+    tenants = drain(q)
+    assert sorted(tenants) == ["A", "B"]
+    assert fairness_state_is_empty(redis_client, q)
+
+
+def test_remove_and_change_priority_with_fairness(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    q.insert(b"x", 5, id="a1", tenant="A")
+    q.insert(b"x", 5, id="a2", tenant="A")
+    q.insert(b"x", 5, id="b1", tenant="B")
+    assert q.remove("a1") == 1
+    q.change_priority("b1", 250)
+    got = [q.pop()[0] for _ in range(2)]
+    assert [g.id for g in got] == ["b1", "a2"]
+    assert q.pop() == []
+    q.ack_many(got)
+    assert fairness_state_is_empty(redis_client, q)
+    assert q.tenant_stats() == {}
+
+
+def test_dead_lettering_releases_the_tenant(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix, tenant_concurrency=1, max_deliveries=1)
+    fill(q, "A", 2)
+    [lease] = q.pop()
+    assert q.pop() == []  # A is at its cap
+    assert q.requeue(lease) == "dead"
+    assert len(q.pop()) == 1  # the cap is free again
+
+
+def test_tenant_concurrency_cap_parks_without_blocking_others(redis_client, key_prefix):
+    # Acceptance 11 at the queue level: several consumers, one noisy tenant
+    q = fq(redis_client, key_prefix, tenant_concurrency=2)
+    fill(q, "A", 50)
+    fill(q, "B", 50)
+    held = []
+    most_a = 0
+    rng = random.Random(3)
+    delivered = Counter()
+    for _ in range(400):
+        if held and rng.random() < 0.5:
+            q.ack(held.pop(rng.randrange(len(held))))
+        else:
+            got = q.pop(1)
+            held += got
+            delivered.update(x.tenant for x in got)
+        most_a = max(most_a, sum(1 for x in held if x.tenant == "A"))
+        assert q.tenant_stats().get("A", {}).get("leased", 0) == sum(1 for x in held if x.tenant == "A")
+    assert most_a == 2
+    assert delivered["B"] > 0 and delivered["A"] > 0
+
+
+def test_per_tenant_caps_override_the_default(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix, tenant_concurrency=1)
+    q.configure_tenants(concurrency={"big": 3})
+    fill(q, "big", 5)
+    fill(q, "small", 5)
+    got = q.pop(10)
+    assert Counter(x.tenant for x in got) == {"big": 3, "small": 1}
+
+
+def test_tenant_rate_limit(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix, tenant_rate=5)
+    fill(q, "A", 50)
+    fill(q, "B", 3)
+    start = time.monotonic()
+    got = Counter()
+    while time.monotonic() - start < 1.0:
+        for x in q.pop(10):
+            got[x.tenant] += 1
+            q.ack(x)
+        time.sleep(0.02)
+    assert got["B"] == 3  # others keep flowing
+    assert 5 <= got["A"] <= 11, got  # a burst of 5, then 5 per second
+
+
+def test_max_length_per_tenant(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix, max_length_per_tenant=3)
+    fill(q, "A", 3)
+    with pytest.raises(QueueFull) as err:
+        q.insert(b"x", 1, tenant="A")
+    assert err.value.tenant == "A" and err.value.size == 3
+    q.insert(b"x", 1, tenant="B")  # other tenants are not affected
+    with pytest.raises(QueueFull):
+        q.insert_many([(b"x", 1, None, "B")] * 3)
+    assert q.tenant_stats()["B"]["waiting"] == 1  # nothing of the refused chunk was written
+
+
+def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefix):
+    # Acceptance 8: max_length=100, 8 concurrent publishers
+    accepted, refused = [], []
+
+    def publish(n):
+        client = redis_server.client()
+        q = PriorityQueue(client, "bounded", key_prefix=key_prefix, max_length=100)
+        for _ in range(40):
+            try:
+                q.insert(b"x", 1)
+                accepted.append(n)
+            except QueueFull:
+                refused.append(n)
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(accepted) == 100 and len(refused) == 220
+
+
+def test_thousands_of_tenants(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    q.insert_many([(b"x", 5, None, f"t{i % 3000}") for i in range(6000)])
+    first_round = drain(q, 3000)
+    assert len(set(first_round)) == 3000  # every tenant once before anyone twice
+    assert len(drain(q)) == 3000
+    assert fairness_state_is_empty(redis_client, q)
+
+
+def test_delayed_entries_wait_then_join_at_their_priority(redis_client, key_prefix):
+    for fair in (False, True):
+        q = PriorityQueue(redis_client, f"later-{fair}", key_prefix=key_prefix, fair=fair)
+        q.insert(b"later", 200, id="later", delay=0.3, tenant="A" if fair else None)
+        q.insert(b"now", 1, id="now", tenant="A" if fair else None)
+        assert q.stats()["delayed"] == 1 and q.size() == 1
+        assert [x.id for x in q.pop(5)] == ["now"]
+        assert q.reclaim()["promoted"] == 0
+        time.sleep(0.35)
+        q.insert(b"low", 0, id="low", tenant="B" if fair else None)
+        assert q.reclaim()["promoted"] == 1
+        assert [x.id for x in q.pop(1)] == ["later"]  # at its own priority, ahead of "low"
+
+
+def test_delayed_entries_can_be_removed_and_reprioritised(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "later", key_prefix=key_prefix)
+    q.insert(b"x", 1, id="t1", delay=0.2)
+    q.insert(b"x", 1, id="t2", delay=0.2)
+    assert q.remove("t1") == 1
+    q.change_priority("t2", 250)
+    assert q.stats()["delayed"] == 1
+    time.sleep(0.25)
+    q.reclaim()
+    [lease] = q.pop()
+    assert lease.id == "t2" and lease.priority == 250
+
+
+def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "views", key_prefix=key_prefix)
+    lo, hi = 0, q.rank(200)  # priorities 200..255
+    wake_key = q.register_view(lo, hi)
+    publisher = PriorityQueue(redis_client, "views", key_prefix=key_prefix)  # knows no views yet
+    publisher.insert_many([(b"low", 5)] * 100)
+    assert redis_client.llen(wake_key) == 0  # low-priority inserts do not wake the view
+    assert q.pop(5, view=(lo, hi)) == []
+    publisher.insert(b"urgent", 220)
+    assert redis_client.llen(wake_key) == 1
+    [got] = q.pop(5, view=(lo, hi))
+    assert got.priority == 220
+    assert redis_client.llen(wake_key) == 0  # nothing left in range: no token left behind
+    assert q.size() == 100
+
+
+def test_priority_view_on_a_fair_queue(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix, name="fair-views")
+    view = (0, q.rank(200))
+    q.register_view(*view)
+    fill(q, "A", 10, priority=5)
+    fill(q, "A", 2, priority=210)
+    fill(q, "B", 2, priority=230)
+    got = q.pop(10, view=view)
+    assert sorted(x.priority for x in got) == [210, 210, 230, 230]
+    assert q.pop(10, view=view) == []
+    assert len(q.pop(20)) == 10
