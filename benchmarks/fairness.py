@@ -1,0 +1,148 @@
+"""Fairness figures of the queue itself (no Celery), on a private redis-server.
+
+1. Quiet-tenant dwell (the measure of SQS fair queues): tenant Q sends one entry every 50 ms
+   while tenant F floods 20,000 at once; consumers pop one at a time (prefetch 1), work for
+   ``--service-ms`` on each, and ack. Q's wait (sent -> popped) p50/p99 with the flood and
+   without it, same consumers, same pace.
+2. Pop cost with many tenants: pop+ack time per entry on a fair queue holding 50,000 entries
+   spread over 5,000 tenants (10 each) vs over 5 tenants (10,000 each).
+
+    python -m benchmarks.fairness [--smoke] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+
+import redis
+
+from celery_pq import PriorityQueue
+
+from .common import median, now_ns, percentile, redis_server, write_results
+
+PREFIX = "benchfair"
+
+
+def _consumer(port, name, service_ms, stop, out):
+    client = redis.Redis(port=port)
+    q = PriorityQueue(client, name, key_prefix=PREFIX, fair=True)
+    waits = []
+    while not stop.is_set():
+        got = q.pop(1)
+        if not got:
+            client.blpop([q.keys.wk], timeout=0.1)
+            continue
+        lease = got[0]
+        if lease.tenant == "Q":
+            waits.append((now_ns() - int(lease.payload)) / 1e6)
+        if service_ms:
+            time.sleep(service_ms / 1000)
+        q.ack(lease)
+    out.put(waits)
+
+
+def dwell(port, flood: bool, quiet_sends: int, flood_size: int, consumers: int, service_ms: float) -> list[float]:
+    name = f"dwell-{'flood' if flood else 'calm'}-{time.monotonic_ns()}"
+    client = redis.Redis(port=port)
+    q = PriorityQueue(client, name, key_prefix=PREFIX, fair=True)
+    if flood:
+        q.insert_many([(b"0", 5, None, "F") for _ in range(flood_size)])
+    ctx = mp.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_consumer, args=(port, name, service_ms, stop, out)) for _ in range(consumers)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)
+    for _ in range(quiet_sends):
+        q.insert(str(now_ns()).encode(), 5, tenant="Q")
+        time.sleep(0.05)
+    time.sleep(0.5)
+    stop.set()
+    waits = []
+    for _ in procs:
+        waits += out.get(timeout=60)
+    for p in procs:
+        p.join(30)
+    q.purge()
+    return waits
+
+
+def pop_cost(port, tenants: int, per_tenant: int, ops: int) -> float:
+    """Seconds per pop+ack on a fair queue of tenants x per_tenant entries."""
+    client = redis.Redis(port=port)
+    q = PriorityQueue(client, f"cost-{tenants}-{time.monotonic_ns()}", key_prefix=PREFIX, fair=True)
+    q.insert_many([(b"x" * 64, 5, None, f"t{i % tenants}") for i in range(tenants * per_tenant)])
+    start = time.perf_counter()
+    for _ in range(ops):
+        q.ack(q.pop(1)[0])
+    elapsed = time.perf_counter() - start
+    q.purge()
+    return elapsed / ops
+
+
+def run(smoke=False) -> dict:
+    quiet, flood_size, reps = (10, 500, 1) if smoke else (100, 20_000, 3)
+    entries, ops = (500, 200) if smoke else (50_000, 5_000)
+    consumers, service_ms = 2, 1.0
+    data = {"dwell": {"calm": [], "flood": []}, "pop_cost": {"5": [], "5000": []},
+            "params": {"quiet_sends": quiet, "flood": flood_size, "consumers": consumers, "service_ms": service_ms,
+                       "entries": entries, "ops": ops}}
+    with redis_server() as port:
+        for _ in range(reps):
+            for label, flood in (("calm", False), ("flood", True)):
+                w = dwell(port, flood, quiet, flood_size, consumers, service_ms)
+                data["dwell"][label].append({"p50_ms": percentile(w, 50), "p99_ms": percentile(w, 99), "n": len(w)})
+            for tenants in (5, 5000):
+                data["pop_cost"][str(tenants)].append(pop_cost(port, tenants, entries // tenants, ops) * 1e6)
+    d = data["dwell"]
+    data["summary"] = {
+        "quiet_p99_calm_ms": median([r["p99_ms"] for r in d["calm"]]),
+        "quiet_p99_flood_ms": median([r["p99_ms"] for r in d["flood"]]),
+        "pop_ack_us_5_tenants": median(data["pop_cost"]["5"]),
+        "pop_ack_us_5000_tenants": median(data["pop_cost"]["5000"]),
+    }
+    s = data["summary"]
+    s["dwell_ratio"] = s["quiet_p99_flood_ms"] / s["quiet_p99_calm_ms"]
+    s["tenant_cost_ratio"] = s["pop_ack_us_5000_tenants"] / s["pop_ack_us_5_tenants"]
+    return data
+
+
+def markdown(data) -> str:
+    s, p = data["summary"], data["params"]
+    return "\n".join([
+        "# Fairness figures",
+        "",
+        f"Quiet tenant Q sends {p['quiet_sends']} entries, one every 50 ms; {p['consumers']} consumers, "
+        f"{p['service_ms']} ms of work per entry, prefetch 1. Flood: tenant F queues {p['flood']} entries first.",
+        "",
+        "| | Q's p99 wait, no flood | Q's p99 wait, flood | ratio (target <= 2) |",
+        "| --- | ---: | ---: | ---: |",
+        f"| celery-pq fair queue | {s['quiet_p99_calm_ms']:.2f} ms | {s['quiet_p99_flood_ms']:.2f} ms | "
+        f"{s['dwell_ratio']:.2f} |",
+        "",
+        f"Pop+ack cost, fair queue of {p['entries']} entries ({p['ops']} operations timed, one client):",
+        "",
+        "| 5 tenants | 5,000 tenants | ratio (target <= 1.5) |",
+        "| ---: | ---: | ---: |",
+        f"| {s['pop_ack_us_5_tenants']:.1f} us | {s['pop_ack_us_5000_tenants']:.1f} us | {s['tenant_cost_ratio']:.2f} |",
+        "",
+    ])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    data = run(args.smoke)
+    md = markdown(data)
+    path = write_results("fairness", data, md, args.out)
+    print(md)
+    print(f"written: {path}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
