@@ -28,7 +28,8 @@ def _queue_names(channel, names):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_context
 def stats(ctx, queues, as_json):
-    """Per queue: waiting, leased, dead-lettered, per-priority counts, oldest waiting entry."""
+    """Per queue: waiting, delayed, leased, dead-lettered, per-priority and per-tenant counts,
+    and the age of the entry that goes next."""
     app = ctx.obj.app
     with app.connection_for_write() as conn:
         channel = broker_channel(conn)
@@ -39,11 +40,14 @@ def stats(ctx, queues, as_json):
     for row in rows:
         age = row["head_age_seconds"]
         click.echo(
-            f"{row['queue']}: waiting={row['waiting']} leased={row['leased']} dead={row['dead']} "
-            f"oldest_waiting={'-' if age is None else f'{age:.1f}s'}"
+            f"{row['queue']}: waiting={row['waiting']} delayed={row['delayed']} leased={row['leased']} "
+            f"dead={row['dead']} oldest_waiting={'-' if age is None else f'{age:.1f}s'}"
         )
         if row["per_priority"]:
             click.echo("  per priority: " + ", ".join(f"{p}={n}" for p, n in row["per_priority"].items()))
+        if row["per_tenant"]:
+            click.echo("  per tenant: " + ", ".join(f"{t or '(default)'}={c['waiting']}/{c['leased']} leased"
+                                                   for t, c in sorted(row["per_tenant"].items())))
 
 
 @pq.command(cls=CeleryCommand)
