@@ -310,3 +310,16 @@ def test_priority_view_on_a_fair_queue(redis_client, key_prefix):
     assert sorted(x.priority for x in got) == [210, 210, 230, 230]
     assert q.pop(10, view=view) == []
     assert len(q.pop(20)) == 10
+
+
+def test_tenant_stats_counts_and_ages(redis_client, key_prefix):
+    q = fq(redis_client, key_prefix)
+    fill(q, "A", 3)
+    time.sleep(0.05)
+    fill(q, "B,|odd", 1)
+    q.pop(1)
+    stats = q.tenant_stats(ages=True)
+    assert stats["A"]["waiting"] == 2 and stats["A"]["leased"] == 1
+    assert stats["B,|odd"]["waiting"] == 1
+    assert stats["A"]["next_age_seconds"] >= stats["B,|odd"]["next_age_seconds"] >= 0
+    assert q.stats()["per_tenant"]["A"]["waiting"] == 2
