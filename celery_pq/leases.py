@@ -39,6 +39,8 @@ class LeaseKeeper(threading.Thread):
                 tick = max(0.02, min(renew_every, sweep_every) / 4)
                 now = monotonic()
                 try:
+                    for channel in channels:  # acks deferred to a pop that is not coming soon
+                        channel.flush_acks()
                     if now >= next_renew:
                         next_renew = now + renew_every
                         self.renew(channels)

@@ -354,11 +354,14 @@ class PriorityQueue:
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
     def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> list[Lease]:
+            view: tuple[int, int] | None = None, pipe=None) -> list[Lease] | None:
         """Lease up to ``count`` entries in delivery order (empty list when none wait).
 
-        ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
+        ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view). With
+        ``pipe`` (a pipeline) the call is queued there and None returned; ``parse_pop`` reads
+        its reply.
         """
+        client = self.client if pipe is None else pipe
         k = self.keys
         lo, hi = view or (0, C.MAX_PRIORITY)
         wk = k.wk if view is None else k.view_wake(lo, hi)
@@ -368,11 +371,11 @@ class PriorityQueue:
             reply = self.scripts.pop_fair(
                 keys=[k.ii, k.pi, k.lz, k.lt, wk, *k.fair()],
                 args=head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi],
-                client=self.client,
+                client=client,
             )
         else:
-            reply = self.scripts.pop(keys=[k.ii, k.pi, k.lz, k.lt, wk], args=head + [lo, hi], client=self.client)
-        return self.parse_pop(reply)
+            reply = self.scripts.pop(keys=[k.ii, k.pi, k.lz, k.lt, wk], args=head + [lo, hi], client=client)
+        return None if pipe is not None else self.parse_pop(reply)
 
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
@@ -387,15 +390,16 @@ class PriorityQueue:
         """Done: delete the entry. False (or LeaseLost with strict) if the lease was lost."""
         return self.ack_many([lease], strict=strict)[0]
 
-    def ack_many(self, leases: Sequence, *, strict: bool = False) -> list[bool]:
+    def ack_many(self, leases: Sequence, *, strict: bool = False, pipe=None) -> list[bool] | None:
+        """Ack several leases in one script call (queued on ``pipe`` when given: None returned)."""
         pairs = [_pair(x) for x in leases]
         if not pairs:
             return []
         k = self.keys
         args = [v for p in pairs for v in p]
         codes = self.scripts.ack(keys=[k.ii, k.lz, k.lt, k.dp, k.wk, *k.fair()],
-                                 args=["1" if self.fair else "0", *args], client=self.client)
-        return self._codes(pairs, codes, strict)
+                                 args=["1" if self.fair else "0", *args], client=self.client if pipe is None else pipe)
+        return None if pipe is not None else self._codes(pairs, codes, strict)
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
         out = []

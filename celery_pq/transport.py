@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import re
 import select
 import socket
@@ -183,6 +184,8 @@ class Channel(virtual.Channel):
         self._queues: dict[str, PriorityQueue] = {}
         self._views: dict[str, tuple[int, int]] = {}  # consumed name -> rank range of its view
         self._leases: dict[str, tuple[str, str]] = {}  # delivery tag -> (queue, entry id)
+        self._pending_acks: dict[str, list[tuple[str, str]]] = {}  # queue -> [(entry id, tag)]
+        self._pending_count = 0
         self._leases_lock = threading.Lock()
         self._tables: dict[str, tuple[float, list]] = {}
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
@@ -357,12 +360,16 @@ class Channel(virtual.Channel):
 
     # -- routing tables (shared in Redis, cached here) ------------------------------------------
     def _new_queue(self, queue, **kwargs):
+        if _PREDICATE.match(queue):
+            return  # a view consumes its queue; it holds nothing of its own
         self.client.sadd(queues_key(self.key_prefix), queue)
 
     def _has_queue(self, queue, **kwargs):
         return bool(self.client.sismember(queues_key(self.key_prefix), queue))
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
+        if _PREDICATE.match(queue):
+            return  # never a routing destination: publishing goes to the queue it views
         if self.typeof(exchange).type == "fanout":
             self._fanout_queues[queue] = exchange
         member = BINDING_SEP.join([routing_key or "", pattern or "", queue or ""])
@@ -392,6 +399,8 @@ class Channel(virtual.Channel):
         self._tables.pop(exchange, None)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
+        if _PREDICATE.match(queue):
+            return  # deleting a view must not delete the queue it views
         if if_empty and self._size(queue):
             return
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
@@ -402,6 +411,8 @@ class Channel(virtual.Channel):
         return self._queue(queue).size()
 
     def _purge(self, queue):
+        if _PREDICATE.match(queue):
+            raise ValueError(f"{queue!r} is a view of a queue; purge the queue itself")
         return self._queue(queue).purge()
 
     # -- consuming ----------------------------------------------------------------------------
@@ -470,9 +481,13 @@ class Channel(virtual.Channel):
         return message
 
     def _pop_and_deliver(self) -> int:
-        """Lease and deliver what the prefetch window allows; the number delivered."""
+        """Lease and deliver what the prefetch window allows; the number delivered.
+
+        Acks waiting to be sent go in the same round trip as the pop.
+        """
         queues = self.active_queues
         if not queues or not self._need_pop or not self.qos.can_consume():
+            self.flush_acks()
             return 0
         want = self.qos.can_consume_max_estimate() or C.MAX_POP_BATCH
         want = max(1, min(want, C.MAX_POP_BATCH))
@@ -483,7 +498,16 @@ class Channel(virtual.Channel):
             name = queues[(start + i) % n]
             q = self._queue(name)
             self.counters["pops"] += 1
-            leases = q.pop(want, consumer=self.consumer_id, view=self._view(name))
+            pending = self._take_acks()
+            if pending:
+                with self.client.pipeline(transaction=False) as pipe:
+                    self._queue_acks(pending, pipe)
+                    q.pop(want, consumer=self.consumer_id, view=self._view(name), pipe=pipe)
+                    replies = pipe.execute()
+                self._check_acks(pending, replies[:-1])
+                leases = q.parse_pop(replies[-1])
+            else:
+                leases = q.pop(want, consumer=self.consumer_id, view=self._view(name))
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
@@ -498,13 +522,51 @@ class Channel(virtual.Channel):
         return delivered
 
     def _ack(self, tag):
+        """Ack now, or (while this connection is draining, or in Celery's event loop) with the
+        next pop: one round trip for both. A deferred ack that never reaches Redis (the
+        process dies first) only means a redelivery: at least once holds."""
         with self._leases_lock:
             held = self._leases.pop(tag, None)
-        if held is None:  # fanout messages and no_ack deliveries carry no lease
+            if held is None:  # fanout messages and no_ack deliveries carry no lease
+                return
+            queue, eid = held
+            defer = self.transport.defer_acks()
+            if defer:
+                self._pending_acks.setdefault(queue, []).append((eid, tag))
+                self._pending_count += 1
+                full = self._pending_count >= C.MAX_POP_BATCH
+        if not defer:
+            if not self._queue(queue).ack((eid, tag)):
+                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
+                               eid, queue)
+        elif full:
+            self.flush_acks()
+
+    def _take_acks(self) -> dict[str, list[tuple[str, str]]]:
+        with self._leases_lock:
+            pending, self._pending_acks, self._pending_count = self._pending_acks, {}, 0
+        return pending
+
+    def _queue_acks(self, pending, pipe):
+        for queue, pairs in pending.items():
+            self._queue(queue).ack_many(pairs, pipe=pipe)
+
+    def _check_acks(self, pending, replies):
+        for (queue, pairs), codes in zip(pending.items(), replies):
+            for (eid, _), code in zip(pairs, codes):
+                if code != 1:
+                    logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
+                                   eid, queue)
+
+    def flush_acks(self):
+        """Send the acks waiting for the next pop (before blocking, on a timer, at close)."""
+        pending = self._take_acks()
+        if not pending:
             return
-        queue, eid = held
-        if not self._queue(queue).ack((eid, tag)):
-            logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again", eid, queue)
+        with self.client.pipeline(transaction=False) as pipe:
+            self._queue_acks(pending, pipe)
+            replies = pipe.execute()
+        self._check_acks(pending, replies)
 
     def _reject(self, tag, requeue):
         with self._leases_lock:
@@ -526,11 +588,14 @@ class Channel(virtual.Channel):
             self._queue(queue).requeue((eid, tag), count_delivery=False)
 
     def held_leases(self) -> dict[str, list[tuple[str, str]]]:
-        """{queue: [(entry id, token), ...]} of the leases this channel holds now."""
+        """{queue: [(entry id, token), ...]} of the leases this channel holds now (acked ones
+        whose ack waits for the next round trip included: they must not lapse meanwhile)."""
         out: dict[str, list] = {}
         with self._leases_lock:
             for tag, (queue, eid) in self._leases.items():
                 out.setdefault(queue, []).append((eid, tag))
+            for queue, pairs in self._pending_acks.items():
+                out.setdefault(queue, []).extend(pairs)
         return out
 
     # -- waiting without polling --------------------------------------------------------------
@@ -544,6 +609,7 @@ class Channel(virtual.Channel):
 
     def _arm(self):
         """Make sure the blocking reads are in flight; return [(connection, handler)]."""
+        self.flush_acks()  # never block with acks unsent
         waits = []
         if self._bconn is not None and self._blpop_keys is not None:
             if monotonic() - self._blpop_sent > self.block_seconds + 15:
@@ -551,9 +617,7 @@ class Channel(virtual.Channel):
                 self._drop_bconn()
                 raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
             waits.append((self._bconn, self._on_blpop))
-        elif self.active_queues and self.qos.can_consume():
-            # Armed even while work may remain: the pop script leaves a wake token whenever
-            # entries remain, so this answers at once and the event loop never sleeps on work.
+        elif self.active_queues and self.qos.can_consume() and not self._need_pop:
             if self._bconn is None:
                 self._bconn = self.transport.new_connection()
                 self._bconn.connect()
@@ -642,6 +706,10 @@ class Channel(virtual.Channel):
         if self.closed:
             return
         try:
+            try:
+                self.flush_acks()
+            except Transport.connection_errors:
+                pass  # still leased in Redis: the leases run out and the messages come back
             super().close()
         finally:
             self._drop_bconn()
@@ -694,6 +762,8 @@ class Transport(virtual.Transport):
         self._keeper: LeaseKeeper | None = None
         self._loop = None
         self._readers: dict[int, tuple] = {}
+        self._draining = False
+        self._wake_pipe = None
         self.db = 0
 
     def driver_version(self):
@@ -758,8 +828,19 @@ class Transport(virtual.Transport):
             if self._pool is not None:
                 self._pool.disconnect()
 
+    def defer_acks(self) -> bool:
+        """Acks can wait for the next pop while something here is sure to pop again soon."""
+        return self._draining or self._loop is not None
+
     # -- draining without an event loop ---------------------------------------------------------
     def drain_events(self, connection, timeout=None):
+        self._draining = True
+        try:
+            return self._drain(timeout)
+        finally:
+            self._draining = False
+
+    def _drain(self, timeout):
         deadline = None if timeout is None else monotonic() + timeout
         while True:
             for channel in list(self.cycle_channels):
@@ -790,13 +871,37 @@ class Transport(virtual.Transport):
     # -- Celery's event loop --------------------------------------------------------------------
     def register_with_event_loop(self, connection, loop):
         self._loop = loop
+        if self._wake_pipe is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake_pipe = (r, w)
+        loop.add_reader(self._wake_pipe[0], self._on_self_wake)
         loop.on_tick.add(self._on_tick)
 
+    def _on_self_wake(self):
+        try:
+            os.read(self._wake_pipe[0], 4096)
+        except BlockingIOError:
+            pass
+
+    def _self_wake(self):
+        try:
+            os.write(self._wake_pipe[1], b"x")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
     def _on_tick(self):
-        # Only arm here; messages are delivered from _on_readable. Celery's hub runs the acks
-        # it deferred (call_soon) at the top of each loop pass, before this tick, so the
-        # prefetch window is up to date when we decide whether to block for more.
+        # Celery's hub runs the acks it deferred (call_soon) at the top of each loop pass, just
+        # before this tick: the prefetch window is up to date, and those acks ride along with
+        # the pop. While work remains, the loop wakes itself (a pipe) instead of blocking in
+        # Redis, so a backlog costs one round trip per pop.
+        more = False
         for channel in list(self.cycle_channels):
+            # After a delivery the acks it causes arrive as call_soon callbacks, which only run
+            # on the next pass: wake once so that pass comes at once (not after a timer).
+            if channel._pop_and_deliver():
+                more = True
             for conn, handler in channel._arm():
                 sock = conn._sock
                 if sock is None:
@@ -806,6 +911,8 @@ class Transport(virtual.Transport):
                 if known is None or known[0] is not sock:
                     self._readers[fd] = (sock, conn, handler)
                     self._loop.add_reader(fd, self._on_readable, fd)
+        if more:
+            self._self_wake()
 
     def _on_readable(self, fd):
         entry = self._readers.get(fd)
@@ -824,12 +931,22 @@ class Transport(virtual.Transport):
 
     def _unregister_readers(self):
         if self._loop is not None:
-            for fd in list(self._readers):
+            fds = list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else [])
+            for fd in fds:
                 try:
                     self._loop.remove_reader(fd)
                 except Exception:  # noqa: BLE001
                     pass
+            try:
+                self._loop.on_tick.discard(self._on_tick)
+            except Exception:  # noqa: BLE001
+                pass
         self._readers.clear()
+        self._loop = None
+        if self._wake_pipe is not None:
+            for fd in self._wake_pipe:
+                os.close(fd)
+            self._wake_pipe = None
 
 
 def _per_tenant(label, value, kind):

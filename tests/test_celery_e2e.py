@@ -328,7 +328,7 @@ def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
 
 def test_tenant_concurrency_cap_with_a_prefork_pool(harness):
     # Acceptance 11: at most 2 of A's tasks at once while B keeps flowing
-    h = harness({"fair_key": "tenant", "tenant_concurrency": 2})
+    h = harness({"fair_key": "tenant", "tenant_concurrency": 2}, acks_late=True)  # the cap counts leases
     for i in range(12):
         h.send("e2e.tenant_work", "A", 0.3, headers={"tenant": "A"})
     for i in range(12):

@@ -487,3 +487,19 @@ def test_urgent_view_is_not_woken_by_low_priority_inserts(url, opts):
     assert after_flood == before  # 5,000 low-priority inserts: not one wake-up, not one pop
     assert got == [{"urgent": True}]
     assert channel.counters["wakeups"] == before["wakeups"] + 1
+
+
+def test_a_view_is_not_a_routing_destination_and_cannot_delete_its_queue(url, opts, redis_client, key_prefix):
+    with Connection(url, transport_options=opts) as conn:
+        base = Queue("default", Exchange("default"), routing_key="default")
+        view = Queue("default[>=200]", Exchange("default"), routing_key="default")
+        base(conn.default_channel).declare()
+        view(conn.default_channel).declare()  # same exchange and routing key as the queue it views
+        Producer(conn.default_channel).publish({"n": 1}, exchange=base.exchange, routing_key="default", priority=250)
+        pq = PriorityQueue(redis_client, "default", key_prefix=key_prefix)
+        assert pq.size() == 1  # stored once
+        view(conn.default_channel).delete()
+        assert pq.size() == 1
+        with pytest.raises(ValueError, match="view"):
+            view(conn.default_channel).purge()
+        assert not redis_client.sismember(f"{key_prefix}:queues", "default[>=200]")
