@@ -27,7 +27,7 @@ import redis
 from . import constants as C
 from .errors import EntryNotFound, ErrorCode, LeaseLost, NotWaiting, QueueFull
 from .keys import dead_queue_name, queue_keys, split_dead
-from .scripts import get_scripts
+from .scripts import get_scripts, run_calls
 
 
 def validate_priority(priority) -> int:
@@ -220,7 +220,8 @@ class PriorityQueue:
     # -- INSERT -------------------------------------------------------------------------------
     def _insert_keys(self) -> list[str]:
         k = self.keys
-        return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *k.fair(), *(k.view_wake(*v) for v in self._views)]
+        fair = k.fair() if self.fair else []
+        return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *fair, *(k.view_wake(*v) for v in self._views)]
 
     def _insert_args(self, items) -> list:
         args: list = [self.technique, self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
@@ -274,10 +275,8 @@ class PriorityQueue:
         out: list[str] = []
         chunks = [norm[i : i + chunk] for i in range(0, len(norm), chunk)]
         while chunks:
-            with self.client.pipeline(transaction=False) as pipe:
-                for part in chunks:
-                    self.scripts.insert(keys=self._insert_keys(), args=self._insert_args(part), client=pipe)
-                replies = pipe.execute()
+            script = self.scripts.insert
+            replies = run_calls(self.client, [(script, self._insert_keys(), self._insert_args(part)) for part in chunks])
             done = 0
             for part, reply in zip(chunks, replies):
                 if not self._check_reply(reply, part):
@@ -354,28 +353,26 @@ class PriorityQueue:
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
     def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None, pipe=None) -> list[Lease] | None:
+            view: tuple[int, int] | None = None) -> list[Lease]:
         """Lease up to ``count`` entries in delivery order (empty list when none wait).
 
-        ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view). With
-        ``pipe`` (a pipeline) the call is queued there and None returned; ``parse_pop`` reads
-        its reply.
+        ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
         """
-        client = self.client if pipe is None else pipe
+        script, keys, args = self.pop_call(count, lease_seconds=lease_seconds, consumer=consumer, view=view)
+        return self.parse_pop(script(keys=keys, args=args, client=self.client))
+
+    def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
+                 view: tuple[int, int] | None = None) -> tuple:
+        """``(script, keys, args)`` of a pop, to run with others (``scripts.run_calls``)."""
         k = self.keys
         lo, hi = view or (0, C.MAX_PRIORITY)
         wk = k.wk if view is None else k.view_wake(lo, hi)
         lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
         head = [lease_ms, consumer or "", uuid.uuid4().hex[:16], int(count), C.POP_STALE_BUDGET]
         if self.fair:
-            reply = self.scripts.pop_fair(
-                keys=[k.ii, k.pi, k.lz, k.lt, wk, *k.fair()],
-                args=head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi],
-                client=client,
-            )
-        else:
-            reply = self.scripts.pop(keys=[k.ii, k.pi, k.lz, k.lt, wk], args=head + [lo, hi], client=client)
-        return None if pipe is not None else self.parse_pop(reply)
+            return (self.scripts.pop_fair, [k.ii, k.pi, k.lz, k.lt, wk, *k.fair()],
+                    head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi])
+        return self.scripts.pop, [k.ii, k.pi, k.lz, k.lt, wk], head + [lo, hi]
 
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
@@ -390,16 +387,19 @@ class PriorityQueue:
         """Done: delete the entry. False (or LeaseLost with strict) if the lease was lost."""
         return self.ack_many([lease], strict=strict)[0]
 
-    def ack_many(self, leases: Sequence, *, strict: bool = False, pipe=None) -> list[bool] | None:
-        """Ack several leases in one script call (queued on ``pipe`` when given: None returned)."""
+    def ack_many(self, leases: Sequence, *, strict: bool = False) -> list[bool]:
+        """Ack several leases in one script call."""
         pairs = [_pair(x) for x in leases]
         if not pairs:
             return []
+        script, keys, args = self.ack_call(pairs)
+        return self._codes(pairs, script(keys=keys, args=args, client=self.client), strict)
+
+    def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
+        """``(script, keys, args)`` acking ``(entry id, token)`` pairs, to run with others."""
         k = self.keys
-        args = [v for p in pairs for v in p]
-        codes = self.scripts.ack(keys=[k.ii, k.lz, k.lt, k.dp, k.wk, *k.fair()],
-                                 args=["1" if self.fair else "0", *args], client=self.client if pipe is None else pipe)
-        return None if pipe is not None else self._codes(pairs, codes, strict)
+        return (self.scripts.ack, [k.ii, k.lz, k.lt, k.dp, k.wk, *(k.fair() if self.fair else ())],
+                ["1" if self.fair else "0", *(v for p in pairs for v in p)])
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
         out = []

@@ -13,6 +13,7 @@ from functools import lru_cache
 from importlib import resources
 
 import redis
+from redis.exceptions import NoScriptError
 
 SCRIPT_NAMES = (
     "insert",
@@ -74,3 +75,26 @@ def get_scripts(client: redis.Redis) -> Scripts:
             if _scripts is None:
                 _scripts = Scripts(client)
     return _scripts
+
+
+def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
+    """Run several script calls ``(Script, keys, args)`` in one round trip.
+
+    A pipeline of plain EVALSHA: redis-py's own script pipelining asks SCRIPT EXISTS first,
+    a second round trip. A call that finds its script missing (Redis restarted) did not run;
+    it is run again on its own, which loads the script.
+    """
+    if not calls:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            script, keys, args = calls[i]
+            replies[i] = script(keys=keys, args=args, client=client)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies

@@ -72,6 +72,7 @@ from .errors import ConfigError
 from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
 from .leases import LeaseKeeper
 from .queue import FAIR_SCOPES, PriorityQueue, default_consumer_id, validate_priority
+from .scripts import run_calls
 
 logger = logging.getLogger(__name__)
 
@@ -500,10 +501,9 @@ class Channel(virtual.Channel):
             self.counters["pops"] += 1
             pending = self._take_acks()
             if pending:
-                with self.client.pipeline(transaction=False) as pipe:
-                    self._queue_acks(pending, pipe)
-                    q.pop(want, consumer=self.consumer_id, view=self._view(name), pipe=pipe)
-                    replies = pipe.execute()
+                calls = self._ack_calls(pending)
+                calls.append(q.pop_call(want, consumer=self.consumer_id, view=self._view(name)))
+                replies = run_calls(self.client, calls)
                 self._check_acks(pending, replies[:-1])
                 leases = q.parse_pop(replies[-1])
             else:
@@ -547,9 +547,8 @@ class Channel(virtual.Channel):
             pending, self._pending_acks, self._pending_count = self._pending_acks, {}, 0
         return pending
 
-    def _queue_acks(self, pending, pipe):
-        for queue, pairs in pending.items():
-            self._queue(queue).ack_many(pairs, pipe=pipe)
+    def _ack_calls(self, pending) -> list[tuple]:
+        return [self._queue(queue).ack_call(pairs) for queue, pairs in pending.items()]
 
     def _check_acks(self, pending, replies):
         for (queue, pairs), codes in zip(pending.items(), replies):
@@ -563,10 +562,7 @@ class Channel(virtual.Channel):
         pending = self._take_acks()
         if not pending:
             return
-        with self.client.pipeline(transaction=False) as pipe:
-            self._queue_acks(pending, pipe)
-            replies = pipe.execute()
-        self._check_acks(pending, replies)
+        self._check_acks(pending, run_calls(self.client, self._ack_calls(pending)))
 
     def _reject(self, tag, requeue):
         with self._leases_lock:

@@ -329,3 +329,20 @@ def test_scores_stay_exact_at_the_extremes(q, redis_client):
     q.insert(b"x", 0, id="last")
     score = redis_client.zscore(q.keys.pi, "last")
     assert int(score) == 255 * SEQ_SPAN + SEQ_SPAN - 2 and score < 2**53
+
+
+def test_pipelined_calls_survive_a_script_cache_flush(q, redis_client):
+    # Given scripts known to Redis, then forgotten (as after a Redis restart)
+    q.insert(b"x", 1, id="a")
+    redis_client.script_flush()
+    # When an insert batch and a pop+ack pair run as pipelined EVALSHA calls
+    q.insert_many([(b"y", 1, "b"), (b"z", 1, "c")])
+    from celery_pq.scripts import run_calls
+
+    [lease] = q.pop(1)
+    redis_client.script_flush()
+    ack_reply, pop_reply = run_calls(redis_client, [q.ack_call([(lease.id, lease.token)]), q.pop_call(1)])
+    # Then each call ran exactly once
+    assert ack_reply == [1]
+    assert [x.id for x in q.parse_pop(pop_reply)] == ["b"]
+    assert q.size() == 1

@@ -8,7 +8,7 @@
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] dp  hash    task id -> duplicate entry ids
 -- KEYS[5] wk  list    wake tokens of plain consumers
--- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- ARGV[1] fair  "1" when fairness is on
 -- ARGV[2..] pairs: entry id, lease token
 -- Returns: one code per pair: 1 acked, or an error code.

@@ -14,8 +14,9 @@
 -- KEYS[6]  dp    hash    task id -> duplicate entry ids
 -- KEYS[7]  dz    zset    delayed entries, score = due time (ms)
 -- KEYS[8]  vr    string  version of the registry of priority views
--- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- KEYS[17..]   wake lists of the priority views named in ARGV
+-- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
+-- KEYS[9..] or KEYS[17..]  wake lists of the priority views named in ARGV (after the fairness
+--              keys when fair)
 -- ARGV[1] technique       "T" (the entry keeps its score) or "S" (it does not)
 -- ARGV[2] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[3] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
@@ -42,6 +43,10 @@ local max_length, max_per_tenant = tonumber(ARGV[2]), tonumber(ARGV[3])
 local fair = ARGV[4] == '1'
 FA = { scope = ARGV[5], conc = 0, rate = 0 }
 local nviews = tonumber(ARGV[7])
+local vkeys = 8
+if fair then
+  vkeys = 16
+end
 local first = 8 + nviews
 local n = (#ARGV - first + 1) / 5
 
@@ -114,7 +119,7 @@ for i = 0, n - 1 do
       local lo, hi = string.match(ARGV[7 + v], '^(%d+),(%d+)$')
       if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
         woken[v] = true
-        wake(KEYS[16 + v])
+        wake(KEYS[vkeys + v])
       end
     end
   end
