@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import latency
+from . import fairness, latency, throughput
 
 
 def main(argv=None):
@@ -21,6 +21,8 @@ def main(argv=None):
     out = ["--out", args.out] if args.out else []
     small = ["--messages", "5", "--repeat", "1"] if args.smoke else []
     latency.main(small + out)
+    throughput.main((["--smoke"] if args.smoke else []) + out)
+    fairness.main((["--smoke"] if args.smoke else []) + out)
 
 
 if __name__ == "__main__":

@@ -15,3 +15,8 @@ def test_benchmarks_run_and_write_results(tmp_path):
                                     "kombu-redis (Celery worker)"}
     assert all(row["received"] == 5 for row in data["results"].values())
     assert "celery-pq" in (tmp_path / "latency.md").read_text()
+    tput = json.loads((tmp_path / "throughput.json").read_text())
+    assert set(tput["results"]) == {"publish", "consume_prefetch_1", "consume_prefetch_10"}
+    assert all(row["ratio"] > 0 for row in tput["results"].values())
+    fair = json.loads((tmp_path / "fairness.json").read_text())
+    assert {"dwell_ratio", "tenant_cost_ratio"} <= set(fair["summary"])

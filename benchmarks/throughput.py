@@ -1,0 +1,120 @@
+"""Publish and consume throughput through kombu, celery-pq vs kombu's Redis transport.
+
+One redis-server for the run; transports alternate within each repetition; medians of the
+repetitions and the ratio celery-pq / kombu-redis.
+
+1. publish: messages/s through ``kombu.Producer.publish``, one process, 256-byte bodies;
+2. consume: messages/s received and acked through ``kombu.Consumer`` + ``drain_events``,
+   prefetch 1 and prefetch 10, from a pre-filled queue.
+
+    python -m benchmarks.throughput [--messages 5000] [--repeat 3] [--smoke] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import time
+
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+import celery_pq  # noqa: F401
+
+from .common import median, redis_server, transports, write_results
+
+BODY = "x" * 256
+
+
+def _queue():
+    return Queue("tput", Exchange("tput"), routing_key="tput")
+
+
+def publish_rate(url, kwargs, n) -> float:
+    q = _queue()
+    with Connection(url, **kwargs) as conn:
+        q(conn.default_channel).declare()
+        q(conn.default_channel).purge()
+        producer = Producer(conn.default_channel)
+        start = time.perf_counter()
+        for _ in range(n):
+            producer.publish(BODY, exchange=q.exchange, routing_key="tput")
+        rate = n / (time.perf_counter() - start)
+        q(conn.default_channel).purge()
+    return rate
+
+
+def consume_rate(url, kwargs, n, prefetch) -> float:
+    q = _queue()
+    with Connection(url, **kwargs) as conn:
+        q(conn.default_channel).declare()
+        q(conn.default_channel).purge()
+        producer = Producer(conn.default_channel)
+        for _ in range(n):
+            producer.publish(BODY, exchange=q.exchange, routing_key="tput")
+    got = [0]
+
+    def on_message(body, message):
+        got[0] += 1
+        message.ack()
+
+    with Connection(url, **kwargs) as conn:
+        with Consumer(conn, [q], callbacks=[on_message], prefetch_count=prefetch):
+            start = time.perf_counter()
+            while got[0] < n:
+                try:
+                    conn.drain_events(timeout=5)
+                except socket.timeout:
+                    break
+            elapsed = time.perf_counter() - start
+    return got[0] / elapsed
+
+
+def run(messages=5000, repeat=3) -> dict:
+    figures = {"publish": {}, "consume_prefetch_1": {}, "consume_prefetch_10": {}}
+    with redis_server() as port:
+        for _ in range(repeat):
+            for name, (url, kwargs) in transports(port).items():
+                figures["publish"].setdefault(name, []).append(publish_rate(url, kwargs, messages))
+                for pf in (1, 10):
+                    figures[f"consume_prefetch_{pf}"].setdefault(name, []).append(
+                        consume_rate(url, kwargs, messages, pf))
+    summary = {}
+    for fig, rows in figures.items():
+        med = {name: median(v) for name, v in rows.items()}
+        summary[fig] = {"per_second": med, "ratio": med["celery-pq"] / med["kombu-redis"], "runs": rows}
+    return {"messages": messages, "repeat": repeat, "results": summary}
+
+
+TARGETS = {"publish": 2.0, "consume_prefetch_1": 1.5, "consume_prefetch_10": 2.0}
+
+
+def markdown(data) -> str:
+    lines = [f"# Throughput through kombu ({data['messages']} messages, median of {data['repeat']} runs)", "",
+             "| figure | celery-pq msg/s | kombu-redis msg/s | ratio | target |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for fig, row in data["results"].items():
+        ps = row["per_second"]
+        lines.append(f"| {fig} | {ps['celery-pq']:.0f} | {ps['kombu-redis']:.0f} | {row['ratio']:.2f} | "
+                     f">= {TARGETS[fig]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--messages", type=int, default=5000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.messages, args.repeat = 50, 1
+    data = run(args.messages, args.repeat)
+    md = markdown(data)
+    path = write_results("throughput", data, md, args.out)
+    print(md)
+    print(f"written: {path}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
