@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import fairness, latency, throughput
+from . import celery_e2e, fairness, latency, queue_api, throughput
 
 
 def main(argv=None):
@@ -23,6 +23,8 @@ def main(argv=None):
     latency.main(small + out)
     throughput.main((["--smoke"] if args.smoke else []) + out)
     fairness.main((["--smoke"] if args.smoke else []) + out)
+    celery_e2e.main((["--smoke"] if args.smoke else []) + out)
+    queue_api.main((["--smoke"] if args.smoke else []) + out)
 
 
 if __name__ == "__main__":

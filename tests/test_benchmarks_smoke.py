@@ -20,3 +20,7 @@ def test_benchmarks_run_and_write_results(tmp_path):
     assert all(row["ratio"] > 0 for row in tput["results"].values())
     fair = json.loads((tmp_path / "fairness.json").read_text())
     assert {"dwell_ratio", "tenant_cost_ratio"} <= set(fair["summary"])
+    e2e = json.loads((tmp_path / "celery_e2e.json").read_text())
+    assert set(e2e["results"]) == {"solo", "prefork-2"}
+    api = json.loads((tmp_path / "queue_api.json").read_text())
+    assert set(api["memory_bytes_beyond_payload"]) == {"celery-pq T", "celery-pq S", "kombu-redis"}

@@ -1,0 +1,107 @@
+"""Celery end to end: no-op tasks per second through a real worker, celery-pq vs kombu-redis.
+
+The queue is filled with N tasks before the worker starts; the clock starts when the first task
+is done (so worker start-up is excluded) and stops when the last is done. Solo pool and prefork
+with 2 processes, prefetch multiplier 1 (acks early, Celery's default). The no-op task
+increments a counter in Redis (one INCR per task in both columns).
+
+    python -m benchmarks.celery_e2e [--tasks 3000] [--repeat 3] [--smoke] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from celery import Celery
+
+import celery_pq  # noqa: F401  (pq://)
+
+from .common import median, redis_server, transports, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+POOLS = {"solo": ["-P", "solo", "-c", "1"], "prefork-2": ["-P", "prefork", "-c", "2"]}
+
+
+def tasks_per_second(port, url, kwargs, pool, n) -> float:
+    options = kwargs.get("transport_options", {})
+    rec = redis.Redis(port=port)
+    rec.delete("bench:done")
+    app = Celery("bench-fill", broker=url)
+    app.conf.broker_transport_options = options
+    with app.producer_or_acquire() as producer:
+        for _ in range(n):
+            app.send_task("bench.noop", queue="bench", producer=producer)
+    env = dict(os.environ, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
+               BENCH_RECORD=f"redis://127.0.0.1:{port}/0",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker", *POOLS[pool],
+         "--prefetch-multiplier", "1", "-Q", "bench", "--without-mingle", "--without-gossip", "-l", "warning"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while int(rec.get("bench:done") or 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        start, first = time.perf_counter(), int(rec.get("bench:done") or 0)
+        while int(rec.get("bench:done") or 0) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done = int(rec.get("bench:done") or 0)
+        return (done - first) / (time.perf_counter() - start)
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def run(tasks=3000, repeat=3) -> dict:
+    runs: dict = {pool: {} for pool in POOLS}
+    with redis_server() as port:
+        for _ in range(repeat):
+            for pool in POOLS:
+                for name, (url, kwargs) in transports(port).items():
+                    runs[pool].setdefault(name, []).append(tasks_per_second(port, url, kwargs, pool, tasks))
+    results = {}
+    for pool, rows in runs.items():
+        med = {name: median(v) for name, v in rows.items()}
+        results[pool] = {"tasks_per_second": med, "ratio": med["celery-pq"] / med["kombu-redis"], "runs": rows}
+    return {"tasks": tasks, "repeat": repeat, "results": results}
+
+
+def markdown(data) -> str:
+    lines = [f"# Celery end to end, no-op tasks ({data['tasks']} per run, median of {data['repeat']} runs)", "",
+             "| pool | celery-pq tasks/s | kombu-redis tasks/s | ratio | target |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for pool, row in data["results"].items():
+        t = row["tasks_per_second"]
+        lines.append(f"| {pool} | {t['celery-pq']:.0f} | {t['kombu-redis']:.0f} | {row['ratio']:.2f} | >= 1.2 |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tasks", type=int, default=3000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.tasks, args.repeat = 30, 1
+    data = run(args.tasks, args.repeat)
+    md = markdown(data)
+    path = write_results("celery_e2e", data, md, args.out)
+    print(md)
+    print(f"written: {path}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
