@@ -84,7 +84,7 @@ def pop_cost(port, tenants: int, per_tenant: int, ops: int) -> float:
 
 def run(smoke=False) -> dict:
     quiet, flood_size, reps = (10, 500, 1) if smoke else (100, 20_000, 3)
-    entries, ops = (500, 200) if smoke else (50_000, 5_000)
+    entries, ops = (10_000, 200) if smoke else (50_000, 5_000)
     consumers, service_ms = 2, 1.0
     data = {"dwell": {"calm": [], "flood": []}, "pop_cost": {"5": [], "5000": []},
             "params": {"quiet_sends": quiet, "flood": flood_size, "consumers": consumers, "service_ms": service_ms,
