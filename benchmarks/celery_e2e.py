@@ -10,7 +10,6 @@ increments a counter in Redis (one INCR per task in both columns).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,7 +22,7 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  (pq://)
 
-from .common import median, redis_server, transports, write_results
+from .common import cli, median, redis_server, transports
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = {"solo": ["-P", "solo", "-c", "1"], "prefork-2": ["-P", "prefork", "-c", "2"]}
@@ -87,21 +86,8 @@ def markdown(data) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--tasks", type=int, default=3000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.tasks, args.repeat = 30, 1
-    data = run(args.tasks, args.repeat)
-    md = markdown(data)
-    path = write_results("celery_e2e", data, md, args.out)
-    print(md)
-    print(f"written: {path}")
-    return data
-
+    return cli(argv, __doc__, "celery_e2e", run, markdown,
+               options=[("--tasks", int, 3000), ("--repeat", int, 3)], smoke={"tasks": 30, "repeat": 1})
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -84,3 +85,24 @@ def write_results(name: str, data: dict, markdown: str, out: Path | None = None)
 def now_ns() -> int:
     """System-wide monotonic clock (comparable across processes on one Linux machine)."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None):
+    """The command line of one benchmark: parse ``options`` (``(flag, type, default)``) plus
+    ``--smoke`` and ``--out``, call ``run(**values)``, write ``results/<name>.json`` and ``.md``.
+    ``smoke`` maps option names to the values of a tiny run."""
+    ap = argparse.ArgumentParser(description=doc)
+    for flag, kind, default in options:
+        ap.add_argument(flag, type=kind, default=default)
+    ap.add_argument("--smoke", action="store_true", help="a tiny run: checks it runs, figures mean nothing")
+    ap.add_argument("--out", default=None, help="directory for the results (default benchmarks/results)")
+    args = vars(ap.parse_args(argv))
+    out, is_smoke = args.pop("out"), args.pop("smoke")
+    if is_smoke:
+        args.update(smoke or {})
+    data = run(**args)
+    md = markdown(data)
+    path = write_results(name, data, md, out)
+    print(md)
+    print(f"written: {path}")
+    return data

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import time
 
@@ -20,7 +19,7 @@ import redis
 
 from celery_pq import PriorityQueue
 
-from .common import median, now_ns, percentile, redis_server, write_results
+from .common import cli, median, now_ns, percentile, redis_server
 
 PREFIX = "benchfair"
 
@@ -132,17 +131,7 @@ def markdown(data) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    data = run(args.smoke)
-    md = markdown(data)
-    path = write_results("fairness", data, md, args.out)
-    print(md)
-    print(f"written: {path}")
-    return data
-
+    return cli(argv, __doc__, "fairness", run, markdown, smoke={"smoke": True})
 
 if __name__ == "__main__":
     main()

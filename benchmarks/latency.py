@@ -10,14 +10,13 @@ in milliseconds, per transport, measured in one run on one redis-server.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import socket
 import time
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from .common import median, now_ns, percentile, redis_server, transports, write_results
+from .common import cli, median, now_ns, percentile, redis_server, transports
 
 QUEUE = "latency"
 
@@ -152,18 +151,8 @@ def markdown(data) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--messages", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=None, help="directory for the results (default benchmarks/results)")
-    args = ap.parse_args(argv)
-    data = run(args.messages, args.repeat)
-    md = markdown(data)
-    path = write_results("latency", data, md, args.out)
-    print(md)
-    print(f"written: {path}")
-    return data
-
+    return cli(argv, __doc__, "latency", run, markdown,
+               options=[("--messages", int, 200), ("--repeat", int, 3)], smoke={"messages": 5, "repeat": 1})
 
 if __name__ == "__main__":
     main()

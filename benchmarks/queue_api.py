@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 import uuid
 
@@ -23,7 +22,7 @@ from kombu import Connection, Exchange, Producer, Queue
 import celery_pq  # noqa: F401
 from celery_pq import PriorityQueue
 
-from .common import redis_server, write_results
+from .common import cli, redis_server
 
 
 def cost(client, size, ops) -> dict:
@@ -98,17 +97,7 @@ def markdown(d) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    data = run(args.smoke)
-    md = markdown(data)
-    path = write_results("queue_api", data, md, args.out)
-    print(md)
-    print(f"written: {path}")
-    return data
-
+    return cli(argv, __doc__, "queue_api", run, markdown, smoke={"smoke": True})
 
 if __name__ == "__main__":
     main()

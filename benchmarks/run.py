@@ -19,12 +19,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     out = ["--out", args.out] if args.out else []
-    small = ["--messages", "5", "--repeat", "1"] if args.smoke else []
-    latency.main(small + out)
-    throughput.main((["--smoke"] if args.smoke else []) + out)
-    fairness.main((["--smoke"] if args.smoke else []) + out)
-    celery_e2e.main((["--smoke"] if args.smoke else []) + out)
-    queue_api.main((["--smoke"] if args.smoke else []) + out)
+    flags = (["--smoke"] if args.smoke else []) + out
+    for bench in (latency, throughput, fairness, celery_e2e, queue_api):
+        bench.main(flags)
 
 
 if __name__ == "__main__":

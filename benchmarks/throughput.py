@@ -12,7 +12,6 @@ repetitions and the ratio celery-pq / kombu-redis.
 
 from __future__ import annotations
 
-import argparse
 import socket
 import time
 
@@ -20,7 +19,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401
 
-from .common import median, redis_server, transports, write_results
+from .common import cli, median, redis_server, transports
 
 BODY = "x" * 256
 
@@ -100,21 +99,8 @@ def markdown(data) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--messages", type=int, default=5000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.messages, args.repeat = 50, 1
-    data = run(args.messages, args.repeat)
-    md = markdown(data)
-    path = write_results("throughput", data, md, args.out)
-    print(md)
-    print(f"written: {path}")
-    return data
-
+    return cli(argv, __doc__, "throughput", run, markdown,
+               options=[("--messages", int, 5000), ("--repeat", int, 3)], smoke={"messages": 50, "repeat": 1})
 
 if __name__ == "__main__":
     main()

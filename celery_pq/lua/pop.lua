@@ -41,8 +41,7 @@ end
 
 local out = { 0 }
 local got, stale = 0, 0
-local deadline = nil
-local lease_args, deadline_args = {}, {}
+local P = { lease = {}, deadline = {}, out = out }
 while got < want do
   local asked = want - got
   local popped = take(asked)
@@ -50,22 +49,12 @@ while got < want do
     local eid, score = popped[i], popped[i + 1]
     local v = redis.call('HGET', ii, eid)
     if v then
-      if not deadline then
-        deadline = fmt(now_ms() + lease_ms)
+      if not P.until_ms then
+        P.until_ms = fmt(now_ms() + lease_ms)
       end
       local e = split_entry(v)
       got = got + 1
-      local d = e.d + 1
-      local token = token_base .. '.' .. got
-      lease_args[#lease_args + 1] = eid
-      lease_args[#lease_args + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. e.x .. ',' .. e.t
-      deadline_args[#deadline_args + 1] = deadline
-      deadline_args[#deadline_args + 1] = eid
-      out[#out + 1] = eid
-      out[#out + 1] = token
-      out[#out + 1] = d
-      out[#out + 1] = score
-      out[#out + 1] = v
+      add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, e.t, v)
     else
       stale = stale + 1
     end
@@ -75,10 +64,7 @@ while got < want do
   end
 end
 out[1] = stale
-if got > 0 then
-  redis.call('HSET', lt, unpack(lease_args))
-  redis.call('ZADD', lz, unpack(deadline_args))
-end
+write_leases(P, lt, lz)
 local left
 if whole then
   left = redis.call('ZCARD', pi)

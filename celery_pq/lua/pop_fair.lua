@@ -36,11 +36,10 @@ if FA.scope == 'P' and not (lo == 0 and hi == 255) then
 end
 
 local now = now_ms()
-local deadline = fmt(now + lease_ms)
 fair_unpark(now)
 local out = { 0 }
 local got, stale, looked = 0, 0, 0
-local lease_args, deadline_args = {}, {}
+local P = { lease = {}, deadline = {}, out = out, until_ms = fmt(now + lease_ms) }
 while got < want and stale < stale_budget and looked < stale_budget do
   looked = looked + 1
   local m = redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1)[1]
@@ -78,17 +77,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
         local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
         local e = split_entry(v)
         got = got + 1
-        local d = e.d + 1
-        local token = token_base .. '.' .. got
-        lease_args[#lease_args + 1] = eid
-        lease_args[#lease_args + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. e.x .. ',' .. t
-        deadline_args[#deadline_args + 1] = deadline
-        deadline_args[#deadline_args + 1] = eid
-        out[#out + 1] = eid
-        out[#out + 1] = token
-        out[#out + 1] = d
-        out[#out + 1] = score
-        out[#out + 1] = v
+        add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
         fair_served(t, level, start, weight)
         fair_refresh(t, true)
       end
@@ -96,10 +85,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
   end
 end
 out[1] = stale
-if got > 0 then
-  redis.call('HSET', lt, unpack(lease_args))
-  redis.call('ZADD', lz, unpack(deadline_args))
-end
+write_leases(P, lt, lz)
 if #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0 then
   wake(wk)
 else

@@ -38,6 +38,29 @@ local function split_lease(info)
   return tok, c, s, tonumber(d) or 0, x, t
 end
 
+-- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
+-- its reply (eid, token, deliveries, score, value).
+local function add_lease(P, eid, token, consumer, score, d, x, t, v)
+  P.lease[#P.lease + 1] = eid
+  P.lease[#P.lease + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. x .. ',' .. t
+  P.deadline[#P.deadline + 1] = P.until_ms
+  P.deadline[#P.deadline + 1] = eid
+  local out = P.out
+  out[#out + 1] = eid
+  out[#out + 1] = token
+  out[#out + 1] = d
+  out[#out + 1] = score
+  out[#out + 1] = v
+end
+
+-- Write the leases a pop recorded.
+local function write_leases(P, lt, lz)
+  if #P.lease > 0 then
+    redis.call('HSET', lt, unpack(P.lease))
+    redis.call('ZADD', lz, unpack(P.deadline))
+  end
+end
+
 -- Leave one wake token for a blocked consumer (at most one waits in the list).
 local function wake(wk)
   if redis.call('LLEN', wk) == 0 then

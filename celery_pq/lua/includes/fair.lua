@@ -119,17 +119,22 @@ local function fair_drop(t, score, eid)
   fair_refresh(t, false)
 end
 
+-- Tenant t, parked with state ('C' cap or 'R' rate), goes back into the schedule.
+local function fair_resume(t, state)
+  local old = redis.call('HGET', FK.tb, t)
+  if old and string.sub(old, 1, 1) == state then
+    local m = string.sub(old, 2)
+    redis.call('HSET', FK.tb, t, 'A' .. m)
+    redis.call('ZADD', FK.ts, 0, m)
+  end
+end
+
 -- A lease of tenant t ended (ack, requeue, expiry, dead-letter): one more may be taken.
 local function fair_release(t)
   if redis.call('HINCRBY', FK.fn, 'c:' .. t, -1) <= 0 then
     redis.call('HDEL', FK.fn, 'c:' .. t)
   end
-  local old = redis.call('HGET', FK.tb, t)
-  if old and string.sub(old, 1, 1) == 'C' then
-    local m = string.sub(old, 2)
-    redis.call('HSET', FK.tb, t, 'A' .. m)
-    redis.call('ZADD', FK.ts, 0, m)
-  end
+  fair_resume(t, 'C')
 end
 
 -- Rate-parked tenants whose token is due go back into the schedule.
@@ -137,12 +142,7 @@ local function fair_unpark(now)
   local due = redis.call('ZRANGEBYSCORE', FK.tw, '-inf', fmt(now), 'LIMIT', 0, 100)
   for _, t in ipairs(due) do
     redis.call('ZREM', FK.tw, t)
-    local old = redis.call('HGET', FK.tb, t)
-    if old and string.sub(old, 1, 1) == 'R' then
-      local m = string.sub(old, 2)
-      redis.call('HSET', FK.tb, t, 'A' .. m)
-      redis.call('ZADD', FK.ts, 0, m)
-    end
+    fair_resume(t, 'R')
   end
 end
 
