@@ -25,3 +25,5 @@ def test_benchmarks_run_and_write_results(tmp_path):
     api = json.loads((tmp_path / "queue_api.json").read_text())
     assert set(api["memory_bytes_beyond_payload"]) == {"celery-pq T", "celery-pq S", "kombu-redis"}
     assert json.loads((tmp_path / "bulk.json").read_text())["ours_per_second"] > 0
+    peers = json.loads((tmp_path / "peers.json").read_text())
+    assert peers["per_second"]["pq pop+ack x8"] > 0
