@@ -60,6 +60,16 @@ def transports(port: int) -> dict:
     }
 
 
+def rabbitmq_url() -> str | None:
+    """RabbitMQ on localhost (guest/guest), or None when it does not answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            pass
+    except OSError:
+        return None
+    return "amqp://guest:guest@127.0.0.1:5672//"
+
+
 def percentile(values, p):
     values = sorted(values)
     if not values:
