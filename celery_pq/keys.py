@@ -9,7 +9,7 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
     pq:{orders}:pi    zset    entry id, score = rank * 2**44 + seq     priority-indexed table
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
-    pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags"
+    pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
     pq:{orders}:sq    string  insertion sequence (INCR)
     pq:{orders}:dp    hash    task id -> entry ids of duplicate inserts of that id

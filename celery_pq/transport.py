@@ -328,7 +328,7 @@ class Channel(virtual.Channel):
                         headers=None, properties=None):
         # kombu's Producer.publish and Celery pass 0 when no priority was given (the kombu
         # convention, as in kombu's virtual transports): 0 and None take default_priority.
-        if priority is None or (priority == 0 and not isinstance(priority, bool)):
+        if priority is None or (type(priority) is int and priority == 0):
             priority = self.default_priority
         validate_priority(priority)  # before anything is written
         properties = properties or {}
@@ -511,11 +511,15 @@ class Channel(virtual.Channel):
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
-            for lease in leases:
-                message = self._to_message(q, lease)
-                if message is not None:
-                    delivered += 1
-                    self.connection._deliver(message, name)
+            # Register every lease of the batch (so the keeper renews them) before delivering
+            # any: a solo pool runs each task inside _deliver, while the rest of the batch waits.
+            messages = [m for m in (self._to_message(q, lease) for lease in leases) if m is not None]
+            for i, message in enumerate(messages):
+                if self.closed or _worker_stopping():  # a task of this batch began a shutdown
+                    self._give_back_all([m["properties"]["delivery_tag"] for m in messages[i:]])
+                    break
+                delivered += 1
+                self.connection._deliver(message, name)
             break
         if not delivered:
             self._need_pop = False
@@ -582,6 +586,14 @@ class Channel(virtual.Channel):
         if held is not None:
             queue, eid = held
             self._queue(queue).requeue((eid, tag), count_delivery=False)
+
+    def _give_back_all(self, tags):
+        try:
+            for tag in tags:
+                self._give_back(tag)
+        except Transport.connection_errors:
+            logger.warning("celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
+                           "their leases run out and they are delivered again", len(tags))
 
     def held_leases(self) -> dict[str, list[tuple[str, str]]]:
         """{queue: [(entry id, token), ...]} of the leases this channel holds now (acked ones
@@ -943,6 +955,15 @@ class Transport(virtual.Transport):
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
+
+
+def _worker_stopping() -> bool:
+    """True while a Celery worker in this process is shutting down (the rest of a popped batch
+    is then given back, not run)."""
+    import sys
+
+    state = sys.modules.get("celery.worker.state")
+    return bool(state is not None and (state.should_stop is not None or state.should_terminate is not None))
 
 
 def _per_tenant(label, value, kind):

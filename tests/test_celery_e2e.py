@@ -340,3 +340,17 @@ def test_tenant_concurrency_cap_with_a_prefork_pool(harness):
         peaks[tenant] = max(peaks.get(tenant, 0), running)
     assert peaks == {"A": 2, "B": 2}
     wait_for(lambda: h.queue().stats()["leased"] == 0, 10, "acks")
+
+
+def test_a_prefetched_batch_keeps_its_leases_while_earlier_tasks_run(harness):
+    # A solo worker with a prefetch window of 4 pops 4 at once; the 3 waiting behind the running
+    # task must have their leases renewed too, or they run twice (once here, once redelivered).
+    h = harness({"lease_seconds": 2, "sweep_interval": 0.2}, acks_late=True)
+    for i in range(4):
+        h.send("e2e.sleep", 1.5, f"t{i}")
+    h.worker("batch", "--prefetch-multiplier", "4")
+    wait_for(lambda: len(h.records("done")) >= 4, 40, "4 tasks")
+    time.sleep(2.5)  # a redelivery, if any, would start now
+    starts = [r[0] for r in h.records("start")]
+    assert sorted(starts) == ["t0", "t1", "t2", "t3"], starts
+    assert [r[2] for r in h.records("start")] == [1, 1, 1, 1]  # every one a first delivery

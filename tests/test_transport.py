@@ -108,7 +108,7 @@ def test_celery_task_without_priority_gets_default_priority(url, opts, redis_cli
     assert [e.priority for e in entries] == [42, 7]
 
 
-@pytest.mark.parametrize("bad", [256, -1, 2.5, "high"])
+@pytest.mark.parametrize("bad", [256, -1, 2.5, "high", 0.0, True])
 def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, redis_client, key_prefix, bad):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
