@@ -427,7 +427,11 @@ class PriorityQueue:
         k, d = self.keys, self._dead_keys
         if d is None:  # a dead-letter queue has no dead-letter queue: its own keys stand in
             d = k
-        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq, *k.fair()]
+        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq, *k.fair(),
+                *(k.view_wake(*v) for v in self._views)]
+
+    def _view_args(self) -> list:
+        return [len(self._views), *(f"{lo},{hi}" for lo, hi in self._views)]
 
     def requeue(self, lease: Lease | tuple[str, str], *, count_delivery: bool = True, strict: bool = False) -> str | None:
         """Back to Waiting at its original place; ``"dead"`` when max_deliveries is used up.
@@ -448,7 +452,7 @@ class PriorityQueue:
         code = self.scripts.requeue(
             keys=self._requeue_keys(),
             args=[eid, token, 1 if count_delivery else 0, self.max_deliveries, self.technique, reason,
-                  "1" if self.fair else "0", self.scope],
+                  "1" if self.fair else "0", self.scope, *self._view_args()],
             client=self.client,
         )
         if code == 1:
@@ -466,10 +470,13 @@ class PriorityQueue:
         With ``guard_seconds`` > 0, runs only if no other caller swept in that interval.
         """
         k, d = self.keys, self._dead_keys or self.keys
+        if self.client.exists(k.vr):  # wake the priority views that returned work belongs to
+            self.refresh_views()
         returned, dead, skipped, more, promoted = self.scripts.reclaim(
-            keys=[k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair()],
+            keys=[k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair(),
+                  *(k.view_wake(*v) for v in self._views)],
             args=[limit, self.max_deliveries, int(guard_seconds * 1000), self.technique, consumer,
-                  "1" if self.fair else "0", self.scope],
+                  "1" if self.fair else "0", self.scope, *self._view_args()],
             client=self.client,
         )
         return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more),

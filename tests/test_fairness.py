@@ -323,3 +323,19 @@ def test_tenant_stats_counts_and_ages(redis_client, key_prefix):
     assert stats["B,|odd"]["waiting"] == 1
     assert stats["A"]["next_age_seconds"] >= stats["B,|odd"]["next_age_seconds"] >= 0
     assert q.stats()["per_tenant"]["A"]["waiting"] == 2
+
+
+def test_returned_work_wakes_the_views_it_belongs_to(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "views-back", key_prefix=key_prefix)
+    urgent = (0, q.rank(200))
+    wake = q.register_view(*urgent)
+    q.insert(b"x", 220, id="u1")
+    q.insert(b"x", 220, id="u2")
+    [a, b] = q.pop(2, view=urgent, lease_seconds=0.05)
+    assert redis_client.llen(wake) == 0  # nothing left in range: the view's list was emptied
+    q.requeue(a)
+    assert redis_client.llen(wake) == 1  # requeued urgent work wakes the urgent view
+    redis_client.delete(wake)
+    time.sleep(0.1)
+    assert q.reclaim()["returned"] == 1  # b's lease ran out
+    assert redis_client.llen(wake) == 1  # swept back: the urgent view is woken too

@@ -16,6 +16,7 @@
 -- KEYS[11] dsq  string  dead-letter queue: sequence
 -- KEYS[12] dz   zset    delayed entries, score = due time (ms)
 -- KEYS[13..20] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[21..]    wake lists of the priority views named in ARGV
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
 -- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
@@ -23,6 +24,7 @@
 -- ARGV[5] consumer        "" for expired leases; a consumer id to return all of its leases now
 -- ARGV[6] fair            "1" when fairness is on
 -- ARGV[7] scope           "P" within_priority or "T" tenant_first
+-- ARGV[8] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
 --           promoted delayed entries}
 --!include common.lua
@@ -39,6 +41,7 @@ local fair = ARGV[6] == '1'
 FK = { te = KEYS[13], ts = KEYS[14], tb = KEYS[15], fv = KEYS[16], fc = KEYS[17], fn = KEYS[18], tw = KEYS[19],
   fr = KEYS[20] }
 FA = { scope = ARGV[7], conc = 0, rate = 0 }
+local nviews = tonumber(ARGV[8])
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
   return { 0, 0, 1, 0, 0 }
@@ -77,6 +80,7 @@ for _, eid in ipairs(expired) do
         if fair then
           fair_add(t, score, eid)
         end
+        wake_views(20, 8, nviews, math.floor(tonumber(score) / SEQ_SPAN))
         returned = returned + 1
       end
     end
@@ -91,6 +95,7 @@ if consumer == '' then
     if v then
       local e, bar = split_entry(v)
       redis.call('ZADD', pi, e.s, eid)
+      wake_views(20, 8, nviews, math.floor(tonumber(e.s) / SEQ_SPAN))
       if fair then
         fair_add(e.t, e.s, eid)
       elseif technique ~= 'T' then

@@ -13,6 +13,7 @@
 -- KEYS[9]  dwk  list    dead-letter queue: wake tokens
 -- KEYS[10] dsq  string  dead-letter queue: sequence
 -- KEYS[11..18] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[19..]    wake lists of the priority views named in ARGV
 -- ARGV[1] entry id
 -- ARGV[2] lease token
 -- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
@@ -21,6 +22,7 @@
 -- ARGV[6] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
 -- ARGV[7] fair            "1" when fairness is on
 -- ARGV[8] scope           "P" within_priority or "T" tenant_first
+-- ARGV[9] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: 1 waiting again, 2 moved to the dead-letter queue, or an error code.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
@@ -73,4 +75,5 @@ if fair then
   fair_add(tenant, score, eid)
 end
 wake(wk)
+wake_views(18, 9, tonumber(ARGV[9]), math.floor(tonumber(score) / SEQ_SPAN))
 return 1

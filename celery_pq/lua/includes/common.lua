@@ -77,6 +77,17 @@ local function dup_store(dp, tid, ids)
   end
 end
 
+-- Wake the priority views (wake list KEYS[kbase + v], rank range ARGV[abase + v] "lo,hi")
+-- whose range holds rank; n views.
+local function wake_views(kbase, abase, n, rank)
+  for v = 1, n do
+    local lo, hi = string.match(ARGV[abase + v], '^(%d+),(%d+)$')
+    if rank >= tonumber(lo) and rank <= tonumber(hi) then
+      wake(KEYS[kbase + v])
+    end
+  end
+end
+
 -- Forget a duplicate entry id "<task id>~<seq>" in the duplicates hash.
 local function dup_forget(dp, eid)
   local tid = string.match(eid, '^(.*)~%d+$')
