@@ -1,11 +1,24 @@
-"""``make demo``: a producer and real Celery workers on a real Redis, showing priorities
-overtaking a backlog, fair delivery between tenants, and a killed worker's task coming back.
+"""``make demo``: a producer and real Celery workers (``examples.demo_app``) on Redis, showing
+
+1. priorities overtaking a backlog (strict priority, FIFO within a priority);
+2. a SIGKILLed worker's task coming back on another worker (lease recovery);
+3. a task longer than three leases running exactly once (lease renewal);
+4. fair delivery between tenants.
+
+Run from the repository root::
 
     python -m examples.demo
+
+Which Redis: ``$PQ_DEMO_REDIS_URL`` if set; else a private ``redis-server`` (``$PQ_REDIS_SERVER``
+or PATH) on a free port, stopped at the end; else a Redis answering on 127.0.0.1:6379; else
+an embedded fakeredis server (not a real Redis; needs ``lupa``). On a Redis the demo did not
+start, every key it writes is under a prefix unique to the run (``pqdemo<random>``), deleted at
+the end. Exits 0 only if every check passed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -14,19 +27,35 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from celery import Celery
 
-import celery_pq  # noqa: F401
+import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
+from celery_pq import PriorityQueue
+from celery_pq.keys import queue_keys
+from celery_pq.scripts import SCRIPT_NAMES, source as script_source
 
 ROOT = Path(__file__).resolve().parent.parent
-LEASE = 3  # seconds: short, so that recovery shows within the demo
+QUEUE = "demo"
+LEASE = 3  # lease_seconds: short, so that recovery shows within the demo
+SWEEP = 0.5  # sweep_interval: expired leases are looked for this often
 CHECKS: list[tuple[str, bool]] = []
+
+
+class DemoError(Exception):
+    """Something the demo needs did not happen (a worker did not start, a wait timed out)."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGHUP: unwind through every ``finally`` so that subprocesses are stopped."""
 
 
 def say(text=""):
@@ -34,212 +63,456 @@ def say(text=""):
 
 
 def check(label, ok):
-    CHECKS.append((label, ok))
+    CHECKS.append((label, bool(ok)))
     say(f"  {'PASS' if ok else 'FAIL'}: {label}")
+    return ok
 
 
-def free_port():
+# -- finding a Redis ----------------------------------------------------------------------------
+@dataclass
+class Target:
+    url: str  # redis:// URL: our own client and the tasks' records
+    broker_url: str  # pq:// URL of the same Redis
+    prefix: str  # every key of this run starts with it
+    where: str  # what was chosen, for the reader
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def broker_url_of(url: str) -> str:
+    """``redis://...`` -> ``pq://...`` (``rediss://`` -> ``pqs://``), same host, port, db, password."""
+    parts = urlsplit(url)
+    scheme = {"redis": "pq", "rediss": "pqs"}.get(parts.scheme)
+    if scheme is None:
+        raise DemoError(f"PQ_DEMO_REDIS_URL must be a redis:// or rediss:// URL, got {url!r}")
+    return urlunsplit((scheme, parts.netloc, parts.path, "", ""))
+
+
+def masked(url: str) -> str:
+    """The URL with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redis_version(client: redis.Redis) -> str:
+    """" 7.2.4" (with a leading space), or "" when INFO is not allowed (an ACL user); raises
+    if Redis does not answer at all."""
+    client.ping()
+    try:
+        return " " + client.info("server")["redis_version"]
+    except redis.ResponseError:
+        return ""
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> int:
+    n = 0
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        n += client.delete(key)
+    return n
+
+
+@contextmanager
+def shared_redis(client: redis.Redis, target: Target):
+    """A Redis the demo did not start: only keys under the run's prefix, deleted afterwards."""
+    try:
+        yield target
+    finally:
+        try:
+            n = delete_prefix(client, target.prefix)
+            say(f"deleted the {n} keys this run left under {target.prefix}*")
+        except redis.RedisError as exc:
+            say(f"WARNING: could not delete the keys under {target.prefix}*: {exc}")
+
+
+@contextmanager
+def private_redis_server(binary: str, prefix: str):
+    tmp = tempfile.mkdtemp(prefix="pq-demo-redis-")
+    proc = None
+    try:
+        for _ in range(5):  # another process may take the free port before redis-server binds it
+            port = free_port()
+            proc = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", tmp],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+            if _wait_ping(port, proc):
+                break
+            _stop(proc)
+            proc = None
+        if proc is None:
+            raise DemoError(f"{binary} did not start on a free port")
+        version = redis_version(redis.Redis(port=port))
+        url = f"redis://127.0.0.1:{port}/0"
+        yield Target(url, broker_url_of(url), prefix,
+                     f"a private redis-server{version} ({binary}) on 127.0.0.1:{port}, stopped at the end")
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_ping(port: int, proc: subprocess.Popen) -> bool:
+    client = redis.Redis(port=port, socket_connect_timeout=0.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return False
+
+
+def _stop(proc: subprocess.Popen):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextmanager
+def fake_redis_server(prefix: str):
+    try:
+        from fakeredis import TcpFakeServer
+    except ImportError:
+        raise DemoError("no Redis found (no PQ_DEMO_REDIS_URL, no redis-server binary, nothing on "
+                        "127.0.0.1:6379) and fakeredis is not installed. Install redis-server "
+                        "(apt-get install redis-server, brew install redis) or set PQ_DEMO_REDIS_URL.") from None
+    if importlib.util.find_spec("lupa") is None:
+        raise DemoError("no Redis found, and the fakeredis fallback cannot run celery-pq: it needs the "
+                        "'lupa' package for Lua scripts (pip install lupa). Better: install redis-server "
+                        "(apt-get install redis-server, brew install redis) or set PQ_DEMO_REDIS_URL.")
+    port = free_port()
+    server = TcpFakeServer(("127.0.0.1", port), server_type="redis")
+    thread = threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True)
+    thread.start()
+    try:
+        # fakeredis's TCP server closes the connection after an error reply such as NOSCRIPT
+        # (a real Redis keeps it), so load every script up front: EVALSHA then always finds it.
+        client = redis.Redis(port=port)
+        for name in SCRIPT_NAMES:
+            client.script_load(script_source(name))
+        client.close()
+        url = f"redis://127.0.0.1:{port}/0"
+        yield Target(url, broker_url_of(url), prefix,
+                     f"an embedded fakeredis server on 127.0.0.1:{port} (no redis-server found)")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @contextmanager
 def find_or_start_redis():
-    """Yield (port, key prefix, description)."""
     prefix = "pqdemo" + uuid.uuid4().hex[:8]
     url = os.environ.get("PQ_DEMO_REDIS_URL")
     if url:
-        client = redis.Redis.from_url(url)
-        yield client.connection_pool.connection_kwargs["port"], prefix, f"the Redis at {url} (PQ_DEMO_REDIS_URL)"
-        _delete_prefix(client, prefix)
+        broker = broker_url_of(url)
+        client = redis.Redis.from_url(url, socket_connect_timeout=5)
+        try:
+            version = redis_version(client)
+        except redis.RedisError as exc:
+            raise DemoError(f"PQ_DEMO_REDIS_URL={url!r} does not answer: {exc}") from None
+        target = Target(url, broker, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL), "
+                                             f"keys under {prefix}* only")
+        with shared_redis(client, target) as t:
+            yield t
         return
-    binary = os.environ.get("PQ_REDIS_SERVER") or shutil.which("redis-server")
+    binary = os.environ.get("PQ_REDIS_SERVER")
+    if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        raise DemoError(f"PQ_REDIS_SERVER={binary!r} is not an executable file")
+    binary = binary or shutil.which("redis-server")
     if binary:
-        tmp = tempfile.mkdtemp(prefix="pq-demo-")
-        port = free_port()
-        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
-        try:
-            _wait_ping(port)
-            yield port, prefix, f"a private redis-server ({binary}) on port {port}"
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            shutil.rmtree(tmp, ignore_errors=True)
+        with private_redis_server(binary, prefix) as t:
+            yield t
         return
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
     try:
-        client = redis.Redis(port=6379, socket_connect_timeout=1)
-        client.ping()
+        version = redis_version(client)
     except redis.RedisError:
-        client = None
-    if client is not None:
-        try:
-            yield 6379, prefix, f"the Redis on 127.0.0.1:6379, keys under {prefix}: (deleted afterwards)"
-        finally:
-            _delete_prefix(client, prefix)
+        version = None
+    if version is not None:
+        url = "redis://127.0.0.1:6379/0"
+        target = Target(url, broker_url_of(url), prefix,
+                        f"the Redis{version} on 127.0.0.1:6379 (no redis-server binary found), "
+                        f"keys under {prefix}* only")
+        with shared_redis(client, target) as t:
+            yield t
         return
-    raise SystemExit("no Redis: install redis-server (apt-get install redis-server) or set PQ_DEMO_REDIS_URL")
+    with fake_redis_server(prefix) as t:
+        yield t
 
 
-def _wait_ping(port):
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise SystemExit(f"redis-server on port {port} did not start")
-
-
-def _delete_prefix(client, prefix):
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        client.unlink(key)
-
-
-class Demo:
-    def __init__(self, port, prefix, options):
-        self.port, self.prefix = port, prefix
-        self.options = {"key_prefix": prefix, "lease_seconds": LEASE, "sweep_interval": 0.5, **options}
-        self.url = f"pq://127.0.0.1:{port}/0"
-        self.redis = redis.Redis(port=port)
-        self.env = dict(os.environ, PQ_DEMO_BROKER=self.url, PQ_DEMO_OPTIONS=json.dumps(self.options),
-                        PQ_DEMO_RECORD=f"redis://127.0.0.1:{port}/0", PQ_DEMO_PREFIX=prefix,
-                        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.app = Celery("demo-producer", broker=self.url)
+# -- one part of the demo: its own key prefix, a producer, workers --------------------------------
+class Part:
+    def __init__(self, target: Target, suffix: str, logdir: Path, **options):
+        self.prefix = target.prefix + suffix
+        self.logdir = logdir
+        self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
+        self.redis = redis.Redis.from_url(target.url)
+        self.queue = PriorityQueue(self.redis, QUEUE, key_prefix=self.prefix)
+        self.env = dict(os.environ, PQ_DEMO_BROKER=target.broker_url, PQ_DEMO_OPTIONS=json.dumps(self.options),
+                        PQ_DEMO_RECORD=target.url, PQ_DEMO_PREFIX=self.prefix,
+                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        self.app = Celery("demo-producer", broker=target.broker_url, set_as_current=False)
         self.app.conf.broker_transport_options = self.options
-        self.workers = []
+        self.workers: list[subprocess.Popen] = []
+        self._checks_before = len(CHECKS)
 
-    def send(self, name, *args, **kw):
-        self.app.send_task(name, args=args, queue="demo", **kw)
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        failed = exc_type is not None or any(not ok for _, ok in CHECKS[self._checks_before:])
+        for proc in self.workers:
+            self.stop(proc, signal.SIGKILL if exc_type is not None else signal.SIGTERM)
+        if failed and exc_type is not Interrupted:
+            for proc in self.workers:
+                say(f"  --- last lines of the log of {proc.name} (pid {proc.pid}) ---")
+                for line in proc.log.read_text(errors="replace").splitlines()[-15:]:
+                    say(f"  | {line}")
+        self.app.close()
+        self.redis.close()
+        return False
+
+    def send(self, name, *args, **kw) -> str:
+        return self.app.send_task(name, args=args, queue=QUEUE, **kw).id
 
     def records(self, kind):
         return [json.loads(x) for x in self.redis.lrange(f"{self.prefix}:demo:{kind}", 0, -1)]
 
-    def worker(self, name):
-        log = tempfile.NamedTemporaryFile(prefix=f"pq-demo-{name}-", suffix=".log", delete=False)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "examples.demo_app", "worker", "-P", "solo", "-c", "1",
-             "--prefetch-multiplier", "1", "-Q", "demo", "--without-mingle", "--without-gossip", "-l", "info",
-             "-n", f"{name}@%h"],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        proc.log = Path(log.name)
+    def worker(self, name) -> subprocess.Popen:
+        log = self.logdir / f"{self.prefix}-{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "examples.demo_app", "worker", "-P", "solo", "-c", "1",
+                 "--prefetch-multiplier", "1", "-Q", QUEUE, "--without-mingle", "--without-gossip",
+                 "-l", "warning", "-n", f"{name}@%h"],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc.log, proc.name = log, name
         self.workers.append(proc)
-        self.wait(lambda: b" ready." in proc.log.read_bytes() or proc.poll() is not None, 30, f"worker {name}")
+        wait(lambda: proc.pid in self.records("ready") or proc.poll() is not None, 30, f"worker {name} to start")
         if proc.poll() is not None:
-            say(proc.log.read_text(errors="replace")[-3000:])
-            raise SystemExit(f"worker {name} did not start")
+            raise DemoError(f"worker {name} exited at start with code {proc.returncode}")
         return proc
 
-    def stop(self, proc, sig=signal.SIGTERM):
+    def stop(self, proc, sig=signal.SIGTERM, timeout=20.0):
+        """Signal the worker's whole process group and wait; SIGKILL if it does not stop."""
         if proc.poll() is None:
-            os.killpg(proc.pid, sig)
             try:
-                proc.wait(20)
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout)
+            except ProcessLookupError:
+                pass
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
-        proc.log.unlink(missing_ok=True)
+        return proc.returncode
 
-    def close(self):
-        for proc in self.workers:
-            self.stop(proc)
+    def lease(self, entry_id):
+        """(pid of the consumer holding the lease, seconds until it runs out, deadline in ms on the
+        Redis clock), or None."""
+        k = queue_keys(QUEUE, self.prefix)
+        with self.redis.pipeline(transaction=False) as p:
+            p.hget(k.lt, entry_id)
+            p.zscore(k.lz, entry_id)
+            p.time()
+            info, deadline, (sec, usec) = p.execute()
+        if info is None or deadline is None:
+            return None
+        consumer = info.decode().split(",")[1]  # host:pid:random
+        return int(consumer.split(":")[-2]), (deadline - (sec * 1000 + usec // 1000)) / 1000, int(deadline)
 
-    @staticmethod
-    def wait(pred, timeout, what):
+    def settled(self, timeout=5.0) -> dict:
+        """The queue's stats once nothing is leased (acks may ride with the worker's next pop)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred():
-                return True
-            time.sleep(0.05)
-        raise SystemExit(f"timed out waiting for {what}")
+        while True:
+            stats = self.queue.stats()
+            if stats["leased"] == 0 or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.1)
 
 
-def part_priorities(port, prefix):
+def wait(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def empty(stats) -> bool:
+    return stats["waiting"] == 0 and stats["leased"] == 0 and stats["delayed"] == 0 and stats["dead"] == 0
+
+
+# -- the parts --------------------------------------------------------------------------------
+def part_priorities(target, logdir):
     say("\n1. Priorities overtake a backlog")
-    d = Demo(port, prefix + "p", {})
-    try:
-        sent = [(f"bulk-{i:02d}", i % 10) for i in range(40)] + [("urgent-a", 200), ("urgent-b", 255),
-                                                                 ("urgent-c", 200)]
+    with Part(target, "p", logdir) as d:
+        sent = [(f"bulk-{i:02d}", i % 10) for i in range(40)]
+        sent += [("urgent-a", 200), ("urgent-b", 255), ("urgent-c", 200), ("urgent-d", 230)]
         for label, p in sent:
             d.send("demo.job", label, p, priority=p)
-        say(f"  queued {len(sent)} tasks before any worker runs: 40 bulk (priorities 0..9), then 3 urgent")
-        w = d.worker("prio")
-        d.wait(lambda: len(d.records("order")) == len(sent), 30, "all tasks")
+        say(f"  queued {len(sent)} tasks before any worker runs: 40 bulk (priorities 0..9, in turn), "
+            "then 4 urgent (200, 255, 200, 230)")
+        d.worker("prio")
+        wait(lambda: len(d.records("order")) >= len(sent), 30, "all tasks to run")
+        time.sleep(0.3)  # anything that ran twice would show now
         ran = [tuple(x) for x in d.records("order")]
-        say("  ran in this order: " + ", ".join(f"{label}({p})" for label, p in ran[:8]) + ", ...")
+        say("  one worker (solo, prefetch 1) ran them in this order, by priority:")
+        groups: list[tuple[int, list[str]]] = []
+        for label, p in ran:
+            if groups and groups[-1][0] == p:
+                groups[-1][1].append(label)
+            else:
+                groups.append((p, [label]))
+        for p, labels in groups:
+            say(f"    {p:>3}: {' '.join(labels)}")
         expected = sorted(sent, key=lambda t: (-t[1], sent.index(t)))
-        check("urgent tasks ran first, strictly by priority, FIFO within a priority", ran == expected)
+        check(f"all {len(sent)} tasks ran, each once", sorted(ran) == sorted(sent))
+        check("the 4 urgent tasks ran before any of the backlog", {label for label, _ in ran[:4]}
+              == {"urgent-a", "urgent-b", "urgent-c", "urgent-d"})
+        check("strictly by priority, FIFO within a priority", ran == expected)
+
+
+def part_recovery(target, logdir):
+    say(f"\n2. A SIGKILLed worker's task comes back (lease_seconds={LEASE}, sweep_interval={SWEEP})")
+    with Part(target, "r", logdir) as d:
+        task_id = d.send("demo.slow", 2.0, "report")
+        a = d.worker("worker-a")
+        wait(lambda: d.records("start"), 20, "the task to start on worker A")
+        first = d.records("start")[0]
+        held = d.lease(task_id)
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(10)
+        killed = time.time()
+        say(f"  worker A (pid {a.pid}) started the task (delivery {first['delivery_count']}) "
+            "and was killed with SIGKILL")
+        if held:
+            say(f"  Redis held its lease for pid {held[0]}, {held[1]:.1f} s from running out at the kill")
+        check("the task started on worker A and A held its lease", first["pid"] == a.pid and held
+              and held[0] == a.pid)
+        b = d.worker("worker-b")
+        say(f"  worker B (pid {b.pid}) was up {time.time() - killed:.1f} s after the kill")
+        wait(lambda: len(d.records("start")) >= 2, LEASE + 15, "the task to start again on worker B")
+        second = d.records("start")[1]
+        recovery = second["time"] - killed
+        say(f"  worker B ran the task {recovery:.1f} s after the kill: delivery count "
+            f"{second['delivery_count']}, redelivered={second['redelivered']}")
+        check("the task ran again, on worker B", second["pid"] == b.pid)
+        check("its delivery count is 2 and it is marked redelivered",
+              second["delivery_count"] == 2 and second["redelivered"] is True)
+        check(f"recovered within lease_seconds + 5 s ({LEASE + 5} s): {recovery:.1f} s", recovery <= LEASE + 5)
+        wait(lambda: d.records("done"), 20, "the task to finish on worker B")
+        stats = d.settled()
+        check("afterwards nothing is waiting, leased or dead-lettered", empty(stats))
+        rc = d.stop(b)
+        check(f"worker B stopped cleanly on SIGTERM (exit code {rc})", rc == 0)
+
+
+def part_long_task(target, logdir):
+    seconds = 3 * LEASE
+    say(f"\n3. A task running {seconds} s (3 x lease_seconds) is not delivered twice")
+    with Part(target, "l", logdir) as d:
+        w = d.worker("worker-c")
+        task_id = d.send("demo.slow", seconds, "long")
+        wait(lambda: d.records("start"), 20, "the long task to start")
+        deadlines, closest = set(), None
+        while not d.records("done"):
+            held = d.lease(task_id)
+            if held:
+                deadlines.add(held[2])
+                closest = held[1] if closest is None else min(closest, held[1])
+            if time.time() - d.records("start")[0]["time"] > seconds + 15:
+                raise DemoError("the long task did not finish")
+            time.sleep(0.2)
+        time.sleep(LEASE + 2 * SWEEP)  # a lease that had run out would have been delivered again by now
+        starts, dones = d.records("start"), d.records("done")
+        say(f"  while it ran, its lease was renewed {max(len(deadlines) - 1, 0)} times by the worker's lease "
+            f"keeper; it was never closer than {closest:.1f} s to running out")
+        check("the lease was renewed while the task ran", len(deadlines) >= 3 and closest is not None
+              and closest > 0)
+        check("the task ran exactly once", len(starts) == 1 and len(dones) == 1)
+        check("afterwards nothing is waiting, leased or dead-lettered", empty(d.settled()))
         d.stop(w)
-    finally:
-        d.close()
+        lost = [line for line in w.log.read_text(errors="replace").splitlines()
+                if "was lost" in line or "ran out" in line]
+        check("the worker logged no lost lease", not lost)
 
 
-def part_fairness(port, prefix):
-    say("\n2. Fair delivery between tenants")
-    d = Demo(port, prefix + "f", {"fair_key": "tenant"})
-    try:
+def part_fairness(target, logdir):
+    say("\n4. Fair delivery between tenants (fair_key='tenant')")
+    with Part(target, "f", logdir, fair_key="tenant") as d:
         for i in range(200):
             d.send("demo.tenant_job", "big-co", i, headers={"tenant": "big-co"})
         for t in ("small-a", "small-b"):
             for i in range(5):
                 d.send("demo.tenant_job", t, i, headers={"tenant": t})
-        say("  tenant big-co queued 200 tasks, then small-a and small-b 5 each; one worker")
-        w = d.worker("fair")
-        d.wait(lambda: len(d.records("tenant")) >= 30, 30, "first 30 deliveries")
+        say("  tenant big-co queued 200 tasks, then small-a and small-b 5 each, all at priority 0; one worker")
+        d.worker("fair")
+        wait(lambda: len(d.records("tenant")) >= 30, 30, "the first 30 deliveries")
         order = [t for t, _ in d.records("tenant")[:30]]
-        say("  first 15 deliveries: " + " ".join(t.replace("small-", "s").replace("big-co", "B") for t in order[:15]))
+        short = {"big-co": "B", "small-a": "a", "small-b": "b"}
+        say("  first 18 deliveries: " + " ".join(short[t] for t in order[:18]))
         last_small = max(i for i, t in enumerate(order) if t.startswith("small"))
-        check(f"the small tenants were done by delivery {last_small + 1} (of 210), not behind big-co's backlog",
+        check(f"the small tenants were all served by delivery {last_small + 1} of 210, in turn with big-co",
               last_small < 15)
-        d.stop(w)
-    finally:
-        d.close()
 
 
-def part_recovery(port, prefix):
-    say(f"\n3. A killed worker's task comes back (lease_seconds={LEASE})")
-    d = Demo(port, prefix + "r", {})
+def _on_signal(signum, frame):
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # let the clean-up run to its end
+    raise Interrupted(signum)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=__doc__.split("\n\n", 1)[1]).parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    started = time.monotonic()
+    logdir = Path(tempfile.mkdtemp(prefix="pq-demo-logs-"))
+    error = None
     try:
-        d.send("demo.slow", 2.0, "report")
-        a = d.worker("worker-a")
-        d.wait(lambda: d.records("start"), 20, "the task to start on worker A")
-        os.killpg(a.pid, signal.SIGKILL)
-        a.wait(10)
-        killed = time.time()
-        say(f"  worker A (pid {a.pid}) started the task and was killed with SIGKILL")
-        b = d.worker("worker-b")
-        d.wait(lambda: len(d.records("start")) == 2, LEASE + 15, "the task to start again on worker B")
-        first, second = d.records("start")
-        say(f"  worker B (pid {b.pid}) started it {second[3] - killed:.1f} s after the kill, "
-            f"delivery count {second[2]}")
-        check("the task ran again on the second worker, delivery count 2",
-              second[1] == b.pid and second[2] == 2)
-        check(f"recovered within lease_seconds + 5 s ({LEASE + 5} s)", second[3] - killed <= LEASE + 5)
-        d.wait(lambda: d.records("done"), 20, "the task to finish")
-        d.send("demo.slow", LEASE * 3, "long")
-        d.wait(lambda: len(d.records("done")) == 2, LEASE * 3 + 15, "the long task")
-        time.sleep(1.5)
-        runs = [r for r in d.records("start") if r[0] == "long"]
-        check(f"a task running {LEASE * 3} s (3 leases) ran once: its lease was renewed", len(runs) == 1)
-        d.stop(b)
+        with find_or_start_redis() as target:
+            say(f"celery-pq demo, using {target.where}")
+            if "fakeredis" in target.where:
+                say("WARNING: fakeredis is an imitation of Redis inside this process, NOT a real Redis. "
+                    "The demo runs, but says nothing about a real Redis; install redis-server for that.")
+            for part in (part_priorities, part_recovery, part_long_task, part_fairness):
+                part(target, logdir)
+    except DemoError as exc:
+        error = str(exc)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
+        say(f"\ninterrupted ({signal.Signals(signum).name}); workers stopped, Redis cleaned up")
+        return 128 + signum
     finally:
-        d.close()
-
-
-def main():
-    with find_or_start_redis() as (port, prefix, where):
-        say(f"celery-pq demo, using {where}")
-        part_priorities(port, prefix)
-        part_fairness(port, prefix)
-        part_recovery(port, prefix)
+        shutil.rmtree(logdir, ignore_errors=True)
+    if error and not CHECKS:
+        say(f"celery-pq demo could not run: {error}")
+        return 1
     failed = [label for label, ok in CHECKS if not ok]
-    say(f"\n{len(CHECKS) - len(failed)} of {len(CHECKS)} checks passed.")
-    if failed:
-        say("failed: " + "; ".join(failed))
-        sys.exit(1)
+    say(f"\nSummary: {len(CHECKS) - len(failed)} of {len(CHECKS)} checks passed "
+        f"in {time.monotonic() - started:.0f} s.")
+    for label in failed:
+        say(f"  failed: {label}")
+    if error:
+        say(f"  stopped early: {error}")
+    return 1 if failed or error else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

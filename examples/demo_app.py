@@ -1,4 +1,14 @@
-"""The Celery app of the demo (configured by the demo through environment variables)."""
+"""The Celery app of ``make demo`` (``python -m examples.demo``), configured from the environment.
+
+PQ_DEMO_BROKER   broker URL, e.g. ``pq://127.0.0.1:PORT/0``
+PQ_DEMO_OPTIONS  JSON of ``broker_transport_options`` (key_prefix, lease_seconds, ...)
+PQ_DEMO_RECORD   Redis URL where the tasks record what they did
+PQ_DEMO_PREFIX   key prefix of the records (the demo deletes everything under it afterwards)
+
+Run a worker of it with::
+
+    celery -A examples.demo_app worker -P solo -c 1 --prefetch-multiplier 1 -Q demo
+"""
 
 import json
 import os
@@ -6,15 +16,16 @@ import time
 
 import redis
 from celery import Celery
+from celery.signals import worker_ready
 
-import celery_pq  # noqa: F401  registers pq://
+import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 
 app = Celery("demo")
 app.conf.update(
     broker_url=os.environ.get("PQ_DEMO_BROKER", "pq://127.0.0.1:6379/0"),
     broker_transport_options=json.loads(os.environ.get("PQ_DEMO_OPTIONS", "{}")),
-    task_acks_late=True,
-    worker_prefetch_multiplier=1,
+    task_acks_late=True,  # the lease lasts until the task ends: a killed worker's task comes back
+    worker_prefetch_multiplier=1,  # a worker holds no more than the task it runs
     task_default_queue="demo",
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
@@ -24,10 +35,16 @@ _rec = None
 
 
 def record(kind, value):
+    """Append ``value`` (JSON) to the Redis list ``<PQ_DEMO_PREFIX>:demo:<kind>``."""
     global _rec
     if _rec is None:
         _rec = redis.Redis.from_url(os.environ["PQ_DEMO_RECORD"])
     _rec.rpush(f"{os.environ['PQ_DEMO_PREFIX']}:demo:{kind}", json.dumps(value))
+
+
+@worker_ready.connect
+def _ready(**_):
+    record("ready", os.getpid())
 
 
 @app.task(name="demo.job")
@@ -42,6 +59,14 @@ def tenant_job(tenant, n):
 
 @app.task(name="demo.slow", bind=True)
 def slow(self, seconds, tag):
-    record("start", [tag, os.getpid(), self.request.get("x-delivery-count"), time.time()])
+    # The delivery count travels as the header "x-delivery-count" (RabbitMQ's name). Celery's
+    # task request keeps only exchange, routing_key, priority and redelivered of delivery_info.
+    record("start", {
+        "tag": tag,
+        "pid": os.getpid(),
+        "delivery_count": self.request.get("x-delivery-count"),
+        "redelivered": (self.request.delivery_info or {}).get("redelivered"),
+        "time": time.time(),
+    })
     time.sleep(seconds)
-    record("done", [tag, os.getpid(), time.time()])
+    record("done", {"tag": tag, "pid": os.getpid(), "time": time.time()})
