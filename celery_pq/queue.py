@@ -232,7 +232,7 @@ class PriorityQueue:
                 raise ValueError(f"entry id must be a non-empty string or None, got {id!r}")
             if tenant is not None and not isinstance(tenant, str):
                 raise ValueError(f"tenant must be a string or None, got {tenant!r}")
-            args += [id or "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), _due(due)]
+            args += [id or "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due]
         return args
 
     def _check_reply(self, reply, items) -> bool:
@@ -669,7 +669,8 @@ def _commands(stale: int) -> dict:
 FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
 
 
-def _when(delay: float | None, due_ms: int | None) -> str | None:
+def _when(delay: float | None, due_ms: int | None) -> str:
+    """The insert script's due field: "0" now, "+<ms>" from Redis's now, or absolute Unix ms."""
     if delay is not None and due_ms is not None:
         raise ValueError("give delay or due_ms, not both")
     if delay is not None:
@@ -680,11 +681,7 @@ def _when(delay: float | None, due_ms: int | None) -> str | None:
         if not isinstance(due_ms, int) or due_ms < 0:
             raise ValueError(f"due_ms must be a Unix time in milliseconds, got {due_ms!r}")
         return str(due_ms)
-    return None
-
-
-def _due(when: str | None) -> str:
-    return when or "0"
+    return "0"
 
 
 def _pair(x) -> tuple[str, str]:

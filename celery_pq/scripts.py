@@ -86,6 +86,9 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """
     if not calls:
         return []
+    if len(calls) == 1:  # one call needs no pipeline (Script reloads itself on NOSCRIPT)
+        script, keys, args = calls[0]
+        return [script(keys=keys, args=args, client=client)]
     with client.pipeline(transaction=False) as pipe:
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)

@@ -198,6 +198,7 @@ class Channel(virtual.Channel):
         #: waits answered by a wake token), "timeouts" (blocking waits that ran out).
         self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
         self._bconn = None
+        self._bconn_id = None
         self._blpop_keys = None
         self._blpop_sent = 0.0
         self._pubsub = None
@@ -345,7 +346,8 @@ class Channel(virtual.Channel):
     def _put(self, queue, message, **kwargs):
         props = message["properties"]
         priority = props.get("priority")
-        priority = self.default_priority if priority is None else validate_priority(priority)
+        if priority is None:
+            priority = self.default_priority  # a message that did not come through prepare_message
         headers = message.get("headers") or {}
         task_id = headers.get("id") or props.get("correlation_id") or None
         tenant = self._tenant_of(message)
@@ -514,9 +516,9 @@ class Channel(virtual.Channel):
             # Register every lease of the batch (so the keeper renews them) before delivering
             # any: a solo pool runs each task inside _deliver, while the rest of the batch waits.
             messages = [m for m in (self._to_message(q, lease) for lease in leases) if m is not None]
-            for i, message in enumerate(messages):
+            for j, message in enumerate(messages):
                 if self.closed or _worker_stopping():  # a task of this batch began a shutdown
-                    self._give_back_all([m["properties"]["delivery_tag"] for m in messages[i:]])
+                    self._give_back_all([m["properties"]["delivery_tag"] for m in messages[j:]])
                     break
                 delivered += 1
                 self.connection._deliver(message, name)
@@ -540,9 +542,7 @@ class Channel(virtual.Channel):
                 self._pending_count += 1
                 full = self._pending_count >= C.MAX_POP_BATCH
         if not defer:
-            if not self._queue(queue).ack((eid, tag)):
-                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
-                               eid, queue)
+            self._send_acks({queue: [(eid, tag)]})
         elif full:
             self.flush_acks()
 
@@ -564,8 +564,10 @@ class Channel(virtual.Channel):
     def flush_acks(self):
         """Send the acks waiting for the next pop (before blocking, on a timer, at close)."""
         pending = self._take_acks()
-        if not pending:
-            return
+        if pending:
+            self._send_acks(pending)
+
+    def _send_acks(self, pending):
         self._check_acks(pending, run_calls(self.client, self._ack_calls(pending)))
 
     def _reject(self, tag, requeue):
@@ -691,14 +693,9 @@ class Channel(virtual.Channel):
         """Wake our own BLPOP when the set of queues changed, so it re-arms at once."""
         if self._bconn is not None and self._blpop_keys is not None:
             try:
-                cid = self._blocking_client_id()
-                if cid is not None:
-                    self.client.execute_command("CLIENT", "UNBLOCK", cid)
+                self.client.execute_command("CLIENT", "UNBLOCK", self._bconn_id)
             except rex.RedisError:
-                pass
-
-    def _blocking_client_id(self):
-        return getattr(self, "_bconn_id", None)
+                pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
 
     def _drop_bconn(self):
         if self._bconn is not None:
