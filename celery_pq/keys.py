@@ -7,12 +7,13 @@ script touches one slot. The dead-letter queue ``<name>.dead`` lives under the t
 Layout for queue ``orders`` with the default prefix ``pq``::
 
     pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
-    pq:{orders}:pi    zset    entry id, score = rank * 2**44 + seq     priority-indexed table
+    pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank)
+    pq:{orders}:pi:<rank>  list  pointers "seq:entry id" in FIFO order   priority-indexed table
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
     pq:{orders}:sq    string  insertion sequence (INCR)
-    pq:{orders}:dp    hash    task id -> entry ids of duplicate inserts of that id
+    pq:{orders}:dp    hash    task id -> "seq,seq": its duplicates are "<task id>~<seq>"
     pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
     pq:{orders}:dz    zset    delayed entries, score = due time (ms, Redis clock)
     pq:{orders}:vw    hash    registered priority views "lo-hi" -> 1
@@ -76,7 +77,14 @@ class QueueKeys:
     fr: str
 
     def all(self) -> list[str]:
-        return [getattr(self, s) for s in SUFFIXES]
+        return [getattr(self, s) for s in SUFFIXES] + self.levels()
+
+    def level(self, rank: int) -> str:
+        """The list of pointers of one rank (0 is served first) in the priority index."""
+        return f"{self.pi}:{rank}"
+
+    def levels(self) -> list[str]:
+        return [self.level(r) for r in range(256)]
 
     def fair(self) -> list[str]:
         return [getattr(self, s) for s in FAIR_SUFFIXES]

@@ -224,7 +224,7 @@ class PriorityQueue:
         return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *fair, *(k.view_wake(*v) for v in self._views)]
 
     def _insert_args(self, items) -> list:
-        args: list = [self.technique, self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
+        args: list = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
                       self.scope, self._views_version, len(self._views)]
         args += [f"{lo},{hi}" for lo, hi in self._views]
         for payload, priority, id, tenant, due in items:
@@ -451,7 +451,7 @@ class PriorityQueue:
         eid, token = _pair(lease)
         code = self.scripts.requeue(
             keys=self._requeue_keys(),
-            args=[eid, token, 1 if count_delivery else 0, self.max_deliveries, self.technique, reason,
+            args=[eid, token, 1 if count_delivery else 0, self.max_deliveries, reason,
                   "1" if self.fair else "0", self.scope, *self._view_args()],
             client=self.client,
         )
@@ -475,7 +475,7 @@ class PriorityQueue:
         returned, dead, skipped, more, promoted = self.scripts.reclaim(
             keys=[k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair(),
                   *(k.view_wake(*v) for v in self._views)],
-            args=[limit, self.max_deliveries, int(guard_seconds * 1000), self.technique, consumer,
+            args=[limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
                   "1" if self.fair else "0", self.scope, *self._view_args()],
             client=self.client,
         )
@@ -507,7 +507,7 @@ class PriorityQueue:
     def peek(self, count: int = 1) -> list[Entry]:
         """The next ``count`` entries in delivery order, not leased."""
         k = self.keys
-        reply = self.scripts.peek(keys=[k.ii, k.pi], args=[count, C.POP_STALE_BUDGET], client=self.client)
+        reply = self.scripts.peek(keys=[k.ii, k.pi, k.lt], args=[count, C.POP_STALE_BUDGET], client=self.client)
         return [self._entry(*reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
     def retrieve_highest_priority(self) -> str | None:
@@ -518,7 +518,7 @@ class PriorityQueue:
     def retrieve_by_priority(self, priority: int) -> str | None:
         """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
         k = self.keys
-        reply = self.scripts.retrieve_by_priority(keys=[k.ii, k.pi], args=[self.rank(priority), C.POP_STALE_BUDGET],
+        reply = self.scripts.retrieve_by_priority(keys=[k.ii, k.pi, k.lt], args=[self.rank(priority), C.POP_STALE_BUDGET],
                                                   client=self.client)
         return _s(reply[0]) if reply else None
 
@@ -527,22 +527,34 @@ class PriorityQueue:
         if self.fair:
             raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
         k = self.keys
-        reply = self.scripts.remove_highest(keys=[k.ii, k.pi, k.wk, k.dp], args=[C.POP_STALE_BUDGET],
+        reply = self.scripts.remove_highest(keys=[k.ii, k.pi, k.wk, k.dp, k.lt], args=[C.POP_STALE_BUDGET],
                                             client=self.client)
         return self._entry(*reply) if reply else None
 
-    def cleanup(self, count: int = 1000, start: int = 0) -> int:
-        """Technique S clean-up sweep over ``count`` members from the top; returns removed."""
+    def cleanup(self, count: int = 1000) -> int:
+        """Lazy deletion's clean-up sweep: drop the stale pointers among the first ``count`` of
+        each priority's list; returns how many were dropped."""
         k = self.keys
-        removed, _ = self.scripts.cleanup(keys=[k.ii, k.pi], args=[start, count], client=self.client)
-        return int(removed)
+        removed = 0
+        for rank in self.client.zrange(k.pi, 0, -1):
+            start = seen = 0
+            while seen < count:
+                n = min(1000, count - seen)
+                gone, looked = self.scripts.cleanup(keys=[k.ii, k.pi, k.lt], args=[int(rank), start, n],
+                                                    client=self.client)
+                removed += int(gone)
+                seen += int(looked)
+                start += int(looked) - int(gone)  # the kept ones; the dropped ones closed up
+                if looked < n:
+                    break
+        return removed
 
     def purge(self) -> int:
         """Delete every waiting entry (leased ones stay leased); returns how many."""
         k = self.keys
         total = 0
         while True:
-            deleted, taken = self.scripts.purge(keys=[k.ii, k.pi, k.wk, k.dp, k.dz, *k.fair()],
+            deleted, taken = self.scripts.purge(keys=[k.ii, k.pi, k.wk, k.dp, k.dz, k.lt, *k.fair()],
                                                 args=[C.BULK_CHUNK, "1" if self.fair else "0", self.scope],
                                                 client=self.client)
             total += int(deleted)
@@ -569,25 +581,23 @@ class PriorityQueue:
         with self.client.pipeline(transaction=False) as p:
             p.hlen(k.ii)
             p.hlen(k.lt)
-            p.zcard(k.pi)
             p.zcard(k.dz)
             if self._dead_keys:
                 p.hlen(self._dead_keys.ii)
             p.time()
             res = p.execute()
-        entries, leased, indexed, delayed = res[0], res[1], res[2], res[3]
-        dead = res[4] if self._dead_keys else 0
+        entries, leased, delayed = res[0], res[1], res[2]
+        dead = res[3] if self._dead_keys else 0
         now_s, now_us = res[-1]
         per_priority: Counter = Counter()
         oldest_ms = None
-        start = 0
-        while True:  # one pass over the priority index in pages, counting per priority
-            page = self.client.zrange(k.pi, start, start + 4999, withscores=True)
-            for _, score in page:
-                per_priority[self.priority_of_score(score)] += 1
-            if len(page) < 5000:
-                break
-            start += 5000
+        ranks = [int(r) for r in self.client.zrange(k.pi, 0, -1)]
+        with self.client.pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
+            for rank in ranks:
+                p.llen(k.level(rank))
+            for rank, n in zip(ranks, p.execute()):
+                per_priority[self.priority_of_rank(rank)] += n
+        indexed = sum(per_priority.values())
         head = self.peek(1)
         if head:
             oldest_ms = head[0].enqueued_ms
@@ -616,9 +626,10 @@ class PriorityQueue:
         return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
-READ_COMMANDS = frozenset({"hget", "hexists", "hlen", "llen", "zcard", "zrange", "zrangebyscore", "zscore", "get",
-                           "exists"})
-WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "del", "set"})
+READ_COMMANDS = frozenset({"hget", "hexists", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
+                           "zscore", "get", "exists"})
+WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
+                            "del", "set"})
 
 
 def _cost(cmds: list[str]) -> dict:
@@ -634,34 +645,36 @@ def _commands(stale: int) -> dict:
     """The Redis commands each script runs on the steady path (see ``explain``)."""
     k = stale
     both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
+    lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
+    grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
     return {
-        "insert": both(["exists", "time", "incr", "hexists", "hset", "zadd", "llen"]),
+        "insert": both(["exists", "time", "incr", "hexists", "hset", "rpush", "llen"]),
         "pop": {
-            "T": ["zpopmin", "hget", "time", "hset", "zadd", "zcard", "llen"],
-            "S": ["zpopmin", "hget"] * k + ["zpopmin", "hget", "time", "hset", "zadd", "zcard", "llen"],
+            "T": ["zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
+            "S": ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
         },
         "ack": both(["hget", "hdel", "hdel", "zrem"]),
         "extend": both(["time", "hget", "zadd"]),
-        "requeue": both(["hget", "hdel", "zrem", "hget", "hset", "zadd", "llen"]),
+        "requeue": both(["hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen"]),
         "remove_by_id": {
-            "T": ["hget", "hexists", "hdel", "zrem"],
+            "T": ["hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
             "S": ["hget", "hexists", "hdel"],
         },
         "change_priority": {
-            "T": ["hexists", "incr", "zscore", "hget", "hset", "zadd"],
-            "S": ["hexists", "incr", "zscore", "hexists", "zadd"],
+            "T": ["hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "lrem", "exists"],
+            "S": ["hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd"],
         },
         "retrieve_highest_priority": {
-            "T": ["zrange", "hget"],
-            "S": ["zrange", "hget"] * k + ["zrange", "hget"],
+            "T": ["zrange", "lrange", "hget", "hexists"],
+            "S": ["zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
         },
         "retrieve_by_priority": {
-            "T": ["zrangebyscore", "hget"],
-            "S": ["zrangebyscore", "hget", "zrem"] * k + ["zrangebyscore", "hget"],
+            "T": ["lindex", "hget", "hexists"],
+            "S": ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
         },
         "remove_highest_priority": {
-            "T": ["zpopmin", "hget", "hdel"],
-            "S": ["zpopmin", "hget"] * k + ["zpopmin", "hget", "hdel"],
+            "T": ["zrange", "lpop", "exists", "hget", "hexists", "hdel"],
+            "S": ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
         },
     }
 

@@ -19,6 +19,16 @@ def q(redis_client, key_prefix, technique):
     return PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, technique=technique, lease_seconds=30)
 
 
+def pointers(client, q):
+    """The priority index as (rank, seq, entry id), in delivery order, stale pointers too."""
+    out = []
+    for rank in client.zrange(q.keys.pi, 0, -1):
+        for p in client.lrange(q.keys.level(int(rank)), 0, -1):
+            seq, eid = p.decode().split(":", 1)
+            out.append((int(rank), int(seq), eid))
+    return out
+
+
 def ids(entries):
     return [e.id for e in entries]
 
@@ -41,13 +51,14 @@ def test_insert_writes_both_tables_and_encodes_priority_then_fifo(q, redis_clien
     q.insert(b"low2", 1, id="l2")
     k = q.keys
     assert redis_client.hlen(k.ii) == 3
-    members = [m.decode() for m, _ in redis_client.zrange(k.pi, 0, -1, withscores=True)]
-    assert members == ["h1", "l1", "l2"]
-    score = redis_client.zscore(k.pi, "h1")
-    assert int(score) >> 44 == 255 - 250  # rank in the high bits
+    index = pointers(redis_client, q)
+    assert [eid for _, _, eid in index] == ["h1", "l1", "l2"]
+    assert [rank for rank, _, _ in index] == [255 - 250, 254, 254]  # a list per rank, best first
+    rank, seq, _ = index[0]
     header = redis_client.hget(k.ii, "h1").split(b"|")[0].split(b",")
-    # technique T keeps the score in the entry; technique S does not
-    assert (header[1] == b"%d" % int(score)) if technique == "T" else header[1] == b""
+    # the entry keeps its score (rank in the high bits, then the sequence): a pointer is
+    # current only while the two agree
+    assert header[1] == b"%d" % (rank * SEQ_SPAN + seq)
 
 
 def test_order_is_strict_priority_fifo_within_level(q):
@@ -129,6 +140,34 @@ def test_requeue_returns_to_original_place(q):
     assert ids(q.peek(10)) == ["e0", "e1", "e2", "e3"]
     [again] = q.pop()
     assert again.id == "e0" and again.deliveries == 2
+
+
+def test_requeued_batch_keeps_its_order(q, redis_client):
+    # Given a consumer that took three entries at once and gives them back (a shutdown)
+    q.insert_many([(b"x", 10, f"e{i}") for i in range(5)])
+    batch = q.pop(3)
+    q.insert(b"x", 10, id="late")
+    # When they are requeued in any order
+    for lease in (batch[1], batch[2], batch[0]):
+        assert q.requeue(lease) == "waiting"
+    # Then they are back at the front in their first order, and nothing is doubled
+    assert ids(q.peek(10)) == ["e0", "e1", "e2", "e3", "e4", "late"]
+    assert len(pointers(redis_client, q)) == 6
+
+
+def test_priority_changed_away_and_back_is_delivered_once(q, redis_client, technique):
+    # Given an entry moved to another priority and back (its old pointers go stale)
+    q.insert_many([(b"x", 10, "a"), (b"x", 10, "b")])
+    q.change_priority("a", 200)
+    q.change_priority("a", 10)
+    # Then it waits once, behind b, and is delivered once
+    assert ids(q.peek(10)) == ["b", "a"]
+    got = [lease.id for lease in q.pop(10)]
+    assert got == ["b", "a"]
+    assert q.pop() == [] and pointers(redis_client, q) == []
+    # And a new entry with the same id after the ack is not served from an old pointer
+    q.ack_many([("a", "nope")])
+    q.insert(b"y", 10, id="c")
 
 
 def test_requeue_without_counting_undoes_the_delivery(q):
@@ -217,14 +256,15 @@ def test_remove_by_id_removes_waiting_entries_and_duplicates(q, redis_client, te
     q.insert(b"x", 5, id="t1")  # a duplicate of t1
     assert q.remove("t1") == 2
     assert ids(q.peek(10)) == ["other"]
-    # technique S leaves the priority-index members for lazy deletion, T removes them now
-    assert redis_client.zcard(q.keys.pi) == (1 if technique == "T" else 3)
+    # technique S leaves the pointers for lazy deletion, T removes them now
+    assert len(pointers(redis_client, q)) == (1 if technique == "T" else 3)
     [lease] = q.pop()
     assert lease.id == "other"
-    # lazy deletion: the pop discarded the stale member in front of "other"; the one behind it
+    # lazy deletion: the pop discarded the stale pointer in front of "other"; the one behind it
     # (the duplicate) is discarded when it surfaces
-    assert redis_client.zcard(q.keys.pi) == (0 if technique == "T" else 1)
+    assert len(pointers(redis_client, q)) == (0 if technique == "T" else 1)
     assert q.pop() == []
+    assert pointers(redis_client, q) == []
     assert redis_client.zcard(q.keys.pi) == 0
     assert q.remove("nope") == 0
 
@@ -241,14 +281,14 @@ def test_lazy_deletion_then_cleanup_sweep(redis_client, key_prefix):
     q.insert_many([(b"x", 1, f"e{i}") for i in range(10)])
     for i in range(0, 10, 2):
         q.remove(f"e{i}")
-    assert redis_client.zcard(q.keys.pi) == 10
+    assert len(pointers(redis_client, q)) == 10
     assert q.size() == 5
     assert q.retrieve_highest_priority() == "e1"  # read-only: skips, does not delete
-    assert redis_client.zcard(q.keys.pi) == 10
+    assert len(pointers(redis_client, q)) == 10
     assert q.cleanup(count=4) == 2  # looks at e0..e3 only
-    assert redis_client.zcard(q.keys.pi) == 8
+    assert len(pointers(redis_client, q)) == 8
     assert q.cleanup() == 3
-    assert redis_client.zcard(q.keys.pi) == 5
+    assert [eid for _, _, eid in pointers(redis_client, q)] == ["e1", "e3", "e5", "e7", "e9"]
 
 
 def test_patent_operations(q):
@@ -327,8 +367,11 @@ def test_scores_stay_exact_at_the_extremes(q, redis_client):
     # Given the largest rank and a sequence near the top of its 44 bits
     redis_client.set(q.keys.sq, SEQ_SPAN - 3)
     q.insert(b"x", 0, id="last")
-    score = redis_client.zscore(q.keys.pi, "last")
-    assert int(score) == 255 * SEQ_SPAN + SEQ_SPAN - 2 and score < 2**53
+    [(rank, seq, _)] = pointers(redis_client, q)
+    score = redis_client.hget(q.keys.ii, "last").split(b",")[1]
+    assert rank == 255 and seq == SEQ_SPAN - 2
+    assert int(score) == 255 * SEQ_SPAN + SEQ_SPAN - 2 and int(score) < 2**53
+    assert q.pop()[0].id == "last"
 
 
 def test_pipelined_calls_survive_a_script_cache_flush(q, redis_client):

@@ -26,7 +26,8 @@ def test_keys_share_one_tag_and_dead_queue_shares_it():
     assert k.ii == "pq:{orders}:ii" and k.pi == "pq:{orders}:pi"
     assert d.ii == "pq:{orders}:dead:ii"
     assert all("{orders}" in key for key in k.all() + d.all())
-    assert len(set(k.all() + d.all())) == 38
+    assert len(set(k.all() + d.all())) == 2 * (19 + 256)  # 19 suffixes, 256 priority lists each
+    assert k.level(0) == "pq:{orders}:pi:0" and d.level(255) == "pq:{orders}:dead:pi:255"
 
 
 def test_braces_in_queue_names_cannot_break_the_tag():

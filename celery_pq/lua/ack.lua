@@ -6,7 +6,7 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] lz  zset    lease deadlines
 -- KEYS[3] lt  hash    leases
--- KEYS[4] dp  hash    task id -> duplicate entry ids
+-- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] wk  list    wake tokens of plain consumers
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- ARGV[1] fair  "1" when fairness is on

@@ -1,8 +1,9 @@
 -- change_priority: a waiting entry moves to another priority, behind the entries already
 -- waiting there (the patent's REMOVE BY ID followed by INSERT with the same id, in one step).
+-- Its old pointer goes stale (technique T drops it at once).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] sq  string  insertion sequence
 -- KEYS[5] dz  zset    delayed entries (a delayed entry keeps its new score until due)
@@ -28,29 +29,27 @@ FA = { scope = ARGV[5], conc = 0, rate = 0 }
 if redis.call('HEXISTS', lt, eid) == 1 then
   return -4
 end
-local score = fmt(rank * SEQ_SPAN + redis.call('INCR', sq))
-local delayed = redis.call('ZSCORE', dz, eid)
-if technique == 'T' or fair or delayed then
-  local v = redis.call('HGET', ii, eid)
-  if not v then
-    return -1
-  end
-  local e, bar = split_entry(v)
-  local old = e.s
-  e.s = score
-  redis.call('HSET', ii, eid, join_entry(e, v, bar))
-  if delayed then
-    return 1 -- it enters the queue with its new score when due
-  end
-  if fair then
-    fair_drop(e.t, old, eid)
-    local r, s = split_score(score)
-    redis.call('ZADD', FK.te, 0, te_member(e.t, r, s, eid))
-    redis.call('HINCRBY', FK.fn, 'n:' .. e.t, 1)
-    fair_refresh(e.t, false)
-  end
-elseif redis.call('HEXISTS', ii, eid) == 0 then
+local v = redis.call('HGET', ii, eid)
+if not v then
   return -1
 end
-redis.call('ZADD', pi, score, eid)
+local seq = redis.call('INCR', sq)
+local score = fmt(rank * SEQ_SPAN + seq)
+local e, bar = split_entry(v)
+local old = e.s
+e.s = score
+redis.call('HSET', ii, eid, join_entry(e, v, bar))
+if redis.call('ZSCORE', dz, eid) then
+  return 1 -- it enters the queue with its new score when due
+end
+pi_push(pi, rank, seq, eid)
+if fair then
+  fair_drop(e.t, old, eid)
+  redis.call('ZADD', FK.te, 0, te_member(e.t, rank, seq, eid))
+  redis.call('HINCRBY', FK.fn, 'n:' .. e.t, 1)
+  fair_refresh(e.t, false)
+elseif technique == 'T' then
+  local orank, oseq = split_score(old)
+  pi_drop(pi, orank, fmt(oseq) .. ':' .. eid)
+end
 return 1

@@ -1,23 +1,27 @@
--- cleanup: the bounded clean-up sweep of technique S: look at the first members of the
--- priority index and remove those whose entry is gone (deferred REMOVE BY ID).
+-- cleanup: the bounded clean-up sweep of lazy deletion: look at up to ARGV[3] pointers of one
+-- rank's list from position ARGV[2] and remove the stale ones (deferred REMOVE BY ID).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
--- ARGV[1] start  rank in the index to start at
--- ARGV[2] count  members to look at
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
+-- KEYS[3] lt  hash    leases
+-- ARGV[1] rank   0..255
+-- ARGV[2] start  position in that rank's list to start at
+-- ARGV[3] count  pointers to look at
 -- Returns: {removed, looked_at}
 --!include common.lua
 
-local ii, pi = KEYS[1], KEYS[2]
-local start, count = tonumber(ARGV[1]), tonumber(ARGV[2])
-local members = redis.call('ZRANGE', pi, start, start + count - 1)
-local gone = {}
-for _, eid in ipairs(members) do
-  if redis.call('HEXISTS', ii, eid) == 0 then
-    gone[#gone + 1] = eid
+local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
+local rank, start, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local key = level_key(pi, rank)
+local ptrs = redis.call('LRANGE', key, start, start + count - 1)
+local gone = 0
+for _, p in ipairs(ptrs) do
+  if not pi_entry(ii, lt, p, rank) then
+    redis.call('LREM', key, 1, p)
+    gone = gone + 1
   end
 end
-if #gone > 0 then
-  redis.call('ZREM', pi, unpack(gone))
+if redis.call('EXISTS', key) == 0 then
+  redis.call('ZREM', pi, rank)
 end
-return { #gone, #members }
+return { gone, #ptrs }

@@ -7,23 +7,22 @@
 -- only those priority views (collated keyed queue) the new entries satisfy.
 --
 -- KEYS[1]  ii    hash    identifier-indexed table
--- KEYS[2]  pi    zset    priority-indexed table
+-- KEYS[2]  pi    zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3]  lt    hash    leases (only its size is read, for max_length)
 -- KEYS[4]  wk    list    wake tokens of plain consumers
 -- KEYS[5]  sq    string  insertion sequence
--- KEYS[6]  dp    hash    task id -> duplicate entry ids
+-- KEYS[6]  dp    hash    task id -> seqs of its duplicate entry ids "<task id>~<seq>"
 -- KEYS[7]  dz    zset    delayed entries, score = due time (ms)
 -- KEYS[8]  vr    string  version of the registry of priority views
 -- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- KEYS[9..] or KEYS[17..]  wake lists of the priority views named in ARGV (after the fairness
 --              keys when fair)
--- ARGV[1] technique       "T" (the entry keeps its score) or "S" (it does not)
--- ARGV[2] max_length      entries waiting or delayed allowed, 0 for no limit
--- ARGV[3] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
--- ARGV[4] fair            "1" when fairness is on
--- ARGV[5] scope           "P" within_priority or "T" tenant_first
--- ARGV[6] views_version   the registry version the caller knows ("" if none)
--- ARGV[7] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
+-- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
+-- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
+-- ARGV[3] fair            "1" when fairness is on
+-- ARGV[4] scope           "P" within_priority or "T" tenant_first
+-- ARGV[5] views_version   the registry version the caller knows ("" if none)
+-- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
 -- then groups of 5: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms
@@ -38,21 +37,20 @@
 local ii, pi, lt, wk, sq, dp, dz, vr = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 FK = { te = KEYS[9], ts = KEYS[10], tb = KEYS[11], fv = KEYS[12], fc = KEYS[13], fn = KEYS[14], tw = KEYS[15],
   fr = KEYS[16] }
-local technique = ARGV[1]
-local max_length, max_per_tenant = tonumber(ARGV[2]), tonumber(ARGV[3])
-local fair = ARGV[4] == '1'
-FA = { scope = ARGV[5], conc = 0, rate = 0 }
-local nviews = tonumber(ARGV[7])
+local max_length, max_per_tenant = tonumber(ARGV[1]), tonumber(ARGV[2])
+local fair = ARGV[3] == '1'
+FA = { scope = ARGV[4], conc = 0, rate = 0 }
+local nviews = tonumber(ARGV[6])
 local vkeys = 8
 if fair then
   vkeys = 16
 end
-local first = 8 + nviews
+local first = 7 + nviews
 local n = (#ARGV - first + 1) / 5
 
 if nviews > 0 or redis.call('EXISTS', vr) == 1 then
   local known = redis.call('GET', vr) or ''
-  if known ~= ARGV[6] then
+  if known ~= ARGV[5] then
     return { -6, known }
   end
 end
@@ -98,25 +96,21 @@ for i = 0, n - 1 do
     flags = 'd'
     if id ~= '' then
       local list = redis.call('HGET', dp, id)
-      redis.call('HSET', dp, id, list and (list .. DUP_SEP .. eid) or eid)
+      redis.call('HSET', dp, id, list and (list .. ',' .. fmt(seq)) or fmt(seq))
     end
   end
   local delayed = due > now
-  local s = ''
-  if technique == 'T' or delayed or fair then
-    s = score
-  end
-  redis.call('HSET', ii, eid, '0,' .. s .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
+  redis.call('HSET', ii, eid, '0,' .. score .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
   if delayed then
     redis.call('ZADD', dz, due, eid)
   else
-    redis.call('ZADD', pi, score, eid)
+    pi_push(pi, rank, seq, eid)
     if fair then
       fair_add(tenant, score, eid)
     end
     ready = true
     for v = 1, nviews do
-      local lo, hi = string.match(ARGV[7 + v], '^(%d+),(%d+)$')
+      local lo, hi = string.match(ARGV[6 + v], '^(%d+),(%d+)$')
       if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
         woken[v] = true
         wake(KEYS[vkeys + v])

@@ -1,34 +1,43 @@
--- peek: the first entries in delivery order, without leasing them (read-only). Priority-index
--- members whose entry is gone (technique S) are skipped, not deleted.
+-- peek: the first entries in delivery order, without leasing them (read-only). Stale pointers
+-- are skipped, not deleted.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
+-- KEYS[3] lt  hash    leases
 -- ARGV[1] count        entries wanted
--- ARGV[2] stale_budget stale members to skip at most
+-- ARGV[2] stale_budget stale pointers to skip at most
 -- Returns: {eid1, score1, value1, eid2, ...}
 --!include common.lua
 
-local ii, pi = KEYS[1], KEYS[2]
+local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
 local want = tonumber(ARGV[1])
 local stale_budget = tonumber(ARGV[2])
 local out = {}
-local got, stale, start = 0, 0, 0
-while got < want do
-  local batch = want - got
-  local members = redis.call('ZRANGE', pi, start, start + batch - 1, 'WITHSCORES')
-  for i = 1, #members, 2 do
-    local v = redis.call('HGET', ii, members[i])
-    if v then
-      got = got + 1
-      out[#out + 1] = members[i]
-      out[#out + 1] = members[i + 1]
-      out[#out + 1] = v
-    else
-      stale = stale + 1
+local seen = {}
+local got, stale = 0, 0
+for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
+  local rank, key, start = tonumber(r), level_key(pi, r), 0
+  while got < want and stale < stale_budget do
+    local batch = math.max(want - got, 10)
+    local ptrs = redis.call('LRANGE', key, start, start + batch - 1)
+    for _, p in ipairs(ptrs) do
+      local eid, score, v = pi_entry(ii, lt, p, rank)
+      if eid and not seen[eid] then
+        seen[eid] = true
+        got = got + 1
+        out[#out + 1] = eid
+        out[#out + 1] = score
+        out[#out + 1] = v
+      else
+        stale = stale + 1
+      end
+    end
+    start = start + batch
+    if #ptrs < batch then
+      break
     end
   end
-  start = start + batch
-  if #members < 2 * batch or stale >= stale_budget then
+  if got >= want or stale >= stale_budget then
     break
   end
 end

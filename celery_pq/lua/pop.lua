@@ -1,11 +1,11 @@
 -- pop: RETRIEVE HIGHEST PRIORITY and lease it (BQF GetNextWaiting: Waiting -> InProcess).
--- Takes up to ARGV[4] entries in priority order, FIFO within a priority. A priority-index
--- member whose entry is gone from the identifier-indexed table (removed by id under
--- technique S) is discarded here: the patent's lazy deletion. The lease is recorded in this
+-- Takes up to ARGV[4] entries in priority order, FIFO within a priority. A stale pointer of
+-- the priority index (its entry removed by id, or moved to another priority) is discarded
+-- here: the patent's lazy deletion. The lease is recorded in this
 -- same script, so a popped entry never exists only in a consumer's memory.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lz  zset    lease deadlines (ms)
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
@@ -24,35 +24,19 @@ local consumer, token_base = ARGV[2], ARGV[3]
 local want = tonumber(ARGV[4])
 local stale_budget = tonumber(ARGV[5])
 local lo, hi = tonumber(ARGV[6]), tonumber(ARGV[7])
-local whole = lo == 0 and hi == 255
-local min_score, max_score = fmt(lo * SEQ_SPAN), '(' .. fmt((hi + 1) * SEQ_SPAN)
-
--- The first `asked` members in order (whole queue: popped at once; a view: read, then removed).
-local function take(asked)
-  if whole then
-    return redis.call('ZPOPMIN', pi, asked)
-  end
-  local m = redis.call('ZRANGEBYSCORE', pi, min_score, max_score, 'WITHSCORES', 'LIMIT', 0, asked)
-  for i = 1, #m, 2 do
-    redis.call('ZREM', pi, m[i])
-  end
-  return m
-end
 
 local out = { 0 }
 local got, stale = 0, 0
 local P = { lease = {}, deadline = {}, out = out }
 while got < want do
   local asked = want - got
-  local popped = take(asked)
+  local popped = pi_take(pi, lo, hi, asked)
   for i = 1, #popped, 2 do
-    local eid, score = popped[i], popped[i + 1]
-    local v = redis.call('HGET', ii, eid)
-    if v then
+    local eid, score, v, e = pi_entry(ii, lt, popped[i], popped[i + 1])
+    if eid then
       if not P.until_ms then
         P.until_ms = fmt(now_ms() + lease_ms)
       end
-      local e = split_entry(v)
       got = got + 1
       add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, e.t, v)
     else
@@ -65,13 +49,7 @@ while got < want do
 end
 out[1] = stale
 write_leases(P, lt, lz)
-local left
-if whole then
-  left = redis.call('ZCARD', pi)
-else
-  left = redis.call('ZCOUNT', pi, min_score, max_score)
-end
-if left > 0 then
+if pi_any(pi, lo, hi) then
   wake(wk)
 else
   redis.call('DEL', wk)

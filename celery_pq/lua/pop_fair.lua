@@ -4,7 +4,7 @@
 -- of the schedule) instead of being scanned past. Everything else is as in pop.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table (its stale front pointers are dropped here)
 -- KEYS[3] lz  zset    lease deadlines (ms)
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer
@@ -40,6 +40,7 @@ fair_unpark(now)
 local out = { 0 }
 local got, stale, looked = 0, 0, 0
 local P = { lease = {}, deadline = {}, out = out, until_ms = fmt(now + lease_ms) }
+local served = {}
 while got < want and stale < stale_budget and looked < stale_budget do
   looked = looked + 1
   local m = redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1)[1]
@@ -72,7 +73,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
         end
         fair_refresh(t, false)
       else
-        redis.call('ZREM', pi, eid)
+        served[rank] = true
         local p = #t + 2
         local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
         local e = split_entry(v)
@@ -86,6 +87,27 @@ while got < want and stale < stale_budget and looked < stale_budget do
 end
 out[1] = stale
 write_leases(P, lt, lz)
+-- A fair pop serves from the tenant's order, so the pointers of the served ranks' lists go
+-- stale where they are; drop the stale ones at the front (bounded), so the lists stay short.
+for rank in pairs(served) do
+  local key = level_key(pi, rank)
+  for _ = 1, stale_budget + want do
+    local h = redis.call('LINDEX', key, 0)
+    if not h or pi_entry(ii, lt, h, rank) then
+      break
+    end
+    redis.call('LPOP', key)
+  end
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('ZREM', pi, rank)
+  end
+end
+if redis.call('ZCARD', FK.te) == 0 then -- nothing waits: every pointer left is stale
+  for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
+    redis.call('DEL', level_key(pi, r))
+  end
+  redis.call('DEL', pi)
+end
 if #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0 then
   wake(wk)
 else

@@ -2,31 +2,44 @@
 -- (leased entries stay leased). Called repeatedly by the client until it returns {0, 0}.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] wk  list    wake tokens
--- KEYS[4] dp  hash    task id -> duplicate entry ids
+-- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] dz  zset    delayed entries
--- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[6] lt  hash    leases
+-- KEYS[7..14] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[1] count  members to take in this call
 -- ARGV[2] fair   "1" when fairness is on
 -- ARGV[3] scope  "P" within_priority or "T" tenant_first
--- Returns: {entries_deleted, members_taken}
+-- Returns: {entries_deleted, pointers_or_delayed_taken}
 --!include common.lua
 --!include fair.lua
 
-local ii, pi, wk, dp, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
-  fr = KEYS[13] }
+local ii, pi, wk, dp, dz, lt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+FK = { te = KEYS[7], ts = KEYS[8], tb = KEYS[9], fv = KEYS[10], fc = KEYS[11], fn = KEYS[12], tw = KEYS[13],
+  fr = KEYS[14] }
 local fair = ARGV[2] == '1'
 FA = { scope = ARGV[3], conc = 0, rate = 0 }
-local popped = redis.call('ZPOPMIN', pi, tonumber(ARGV[1]))
-if #popped == 0 then
-  popped = redis.call('ZPOPMIN', dz, tonumber(ARGV[1]))
+local count = tonumber(ARGV[1])
+local taken = pi_take(pi, 0, 255, count)
+local eids = {}
+for i = 1, #taken, 2 do
+  local eid = pi_entry(ii, lt, taken[i], taken[i + 1])
+  if eid then
+    eids[#eids + 1] = eid
+  end
+end
+local n = #taken / 2
+if n == 0 then
+  local popped = redis.call('ZPOPMIN', dz, count)
+  for i = 1, #popped, 2 do
+    eids[#eids + 1] = popped[i]
+  end
+  n = #popped / 2
 end
 local deleted = 0
 local tenants = {}
-for i = 1, #popped, 2 do
-  local eid = popped[i]
+for _, eid in ipairs(eids) do
   local v = redis.call('HGET', ii, eid)
   if v then
     redis.call('HDEL', ii, eid)
@@ -34,7 +47,7 @@ for i = 1, #popped, 2 do
     if e.x == 'd' then
       dup_forget(dp, eid)
     end
-    if fair and e.s ~= '' then
+    if fair then
       local rank, seq = split_score(e.s)
       if redis.call('ZREM', FK.te, te_member(e.t, rank, seq, eid)) == 1 then
         if redis.call('HINCRBY', FK.fn, 'n:' .. e.t, -1) <= 0 then
@@ -52,4 +65,4 @@ end
 if redis.call('ZCARD', pi) == 0 then
   redis.call('DEL', wk)
 end
-return { deleted, #popped / 2 }
+return { deleted, n }

@@ -8,7 +8,7 @@
 -- KEYS[3]  lz   zset    lease deadlines
 -- KEYS[4]  lt   hash    leases
 -- KEYS[5]  wk   list    wake tokens
--- KEYS[6]  dp   hash    task id -> duplicate entry ids
+-- KEYS[6]  dp   hash    task id -> its duplicates' seqs
 -- KEYS[7]  gd   string  sweep guard
 -- KEYS[8]  dii  hash    dead-letter queue: identifier-indexed table
 -- KEYS[9]  dpi  zset    dead-letter queue: priority-indexed table
@@ -20,11 +20,10 @@
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
 -- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
--- ARGV[4] technique       "T" or "S"
--- ARGV[5] consumer        "" for expired leases; a consumer id to return all of its leases now
--- ARGV[6] fair            "1" when fairness is on
--- ARGV[7] scope           "P" within_priority or "T" tenant_first
--- ARGV[8] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
+-- ARGV[4] consumer        "" for expired leases; a consumer id to return all of its leases now
+-- ARGV[5] fair            "1" when fairness is on
+-- ARGV[6] scope           "P" within_priority or "T" tenant_first
+-- ARGV[7] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
 --           promoted delayed entries}
 --!include common.lua
@@ -35,13 +34,13 @@ local dii, dpi, dwk, dsq = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local limit = tonumber(ARGV[1])
 local max_deliveries = tonumber(ARGV[2])
 local guard_ms = tonumber(ARGV[3])
-local technique, consumer = ARGV[4], ARGV[5]
+local consumer = ARGV[4]
 local dz = KEYS[12]
-local fair = ARGV[6] == '1'
+local fair = ARGV[5] == '1'
 FK = { te = KEYS[13], ts = KEYS[14], tb = KEYS[15], fv = KEYS[16], fc = KEYS[17], fn = KEYS[18], tw = KEYS[19],
   fr = KEYS[20] }
-FA = { scope = ARGV[7], conc = 0, rate = 0 }
-local nviews = tonumber(ARGV[8])
+FA = { scope = ARGV[6], conc = 0, rate = 0 }
+local nviews = tonumber(ARGV[7])
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
   return { 0, 0, 1, 0, 0 }
@@ -76,31 +75,29 @@ for _, eid in ipairs(expired) do
         to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now)
         dead = dead + 1
       else
-        to_waiting(ii, pi, eid, v, e, bar, score, technique)
+        to_waiting(ii, pi, eid, v, e, bar, score)
         if fair then
           fair_add(t, score, eid)
         end
-        wake_views(20, 8, nviews, math.floor(tonumber(score) / SEQ_SPAN))
+        wake_views(20, 7, nviews, (split_score(score)))
         returned = returned + 1
       end
     end
   end
 end
--- delayed entries that are due join the queue at their score (kept in the entry)
+-- delayed entries that are due join the back of their priority (keeping their score)
 local promoted = 0
 if consumer == '' then
   for _, eid in ipairs(redis.call('ZRANGEBYSCORE', dz, '-inf', fmt(now), 'LIMIT', 0, limit)) do
     redis.call('ZREM', dz, eid)
     local v = redis.call('HGET', ii, eid)
     if v then
-      local e, bar = split_entry(v)
-      redis.call('ZADD', pi, e.s, eid)
-      wake_views(20, 8, nviews, math.floor(tonumber(e.s) / SEQ_SPAN))
+      local e = split_entry(v)
+      local rank, seq = split_score(e.s)
+      pi_push(pi, rank, seq, eid)
+      wake_views(20, 7, nviews, rank)
       if fair then
         fair_add(e.t, e.s, eid)
-      elseif technique ~= 'T' then
-        e.s = ''
-        redis.call('HSET', ii, eid, join_entry(e, v, bar))
       end
       promoted = promoted + 1
     end

@@ -1,14 +1,15 @@
 -- remove: REMOVE BY ID of waiting entries, before delivery. The id is the caller's (a Celery
 -- task id): the entry with that id and every duplicate "<id>~<seq>" of it are removed.
--- Technique T deletes from both tables at once; technique S deletes from the
--- identifier-indexed table only and leaves the priority-index member to lazy deletion.
+-- Technique T deletes from both tables at once (the pointer is found by its value in its
+-- rank's list: O(its position)); technique S deletes from the identifier-indexed table only and
+-- leaves the pointer to lazy deletion, as does a fair queue.
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
 -- too; on a fair queue the tenant's order and schedule follow.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- KEYS[4] dp  hash    task id -> duplicate entry ids
+-- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[1] id
@@ -29,8 +30,8 @@ FA = { scope = ARGV[4], conc = 0, rate = 0 }
 local ids = { id }
 local list = redis.call('HGET', dp, id)
 if list then
-  for e in string.gmatch(list, '[^' .. DUP_SEP .. ']+') do
-    ids[#ids + 1] = e
+  for seq in string.gmatch(list, '%d+') do
+    ids[#ids + 1] = id .. '~' .. seq
   end
 end
 local removed, leased = 0, 0
@@ -39,24 +40,24 @@ for i, eid in ipairs(ids) do
   if redis.call('HEXISTS', lt, eid) == 1 then
     leased = leased + 1
     if i > 1 then
-      kept[#kept + 1] = eid
+      kept[#kept + 1] = string.match(eid, '~(%d+)$')
     end
-  elseif fair then
+  elseif technique == 'S' and not fair then
+    removed = removed + redis.call('HDEL', ii, eid)
+  else
     local v = redis.call('HGET', ii, eid)
     if v then
       redis.call('HDEL', ii, eid)
       removed = removed + 1
       local e = split_entry(v)
-      if redis.call('ZREM', pi, eid) == 1 then
-        fair_drop(e.t, e.s, eid)
-      else
-        redis.call('ZREM', dz, eid)
+      if redis.call('ZREM', dz, eid) == 0 then
+        local rank, seq = split_score(e.s)
+        if fair then
+          fair_drop(e.t, e.s, eid)
+        else
+          pi_drop(pi, rank, fmt(seq) .. ':' .. eid)
+        end
       end
-    end
-  elseif redis.call('HDEL', ii, eid) == 1 then
-    removed = removed + 1
-    if technique == 'T' and redis.call('ZREM', pi, eid) == 0 then
-      redis.call('ZREM', dz, eid)
     end
   end
 end

@@ -1,4 +1,5 @@
--- requeue: a leased entry goes back to Waiting at its original place in the order
+-- requeue: a leased entry goes back to Waiting at its original place in the order (looked for
+-- among the first 32 of its priority)
 -- (reject with requeue, or a consumer restoring unstarted messages at shutdown). When it has
 -- used up max_deliveries it goes to the dead-letter queue instead.
 --
@@ -7,7 +8,7 @@
 -- KEYS[3]  lz   zset    lease deadlines
 -- KEYS[4]  lt   hash    leases
 -- KEYS[5]  wk   list    wake tokens
--- KEYS[6]  dp   hash    task id -> duplicate entry ids
+-- KEYS[6]  dp   hash    task id -> its duplicates' seqs
 -- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
 -- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
 -- KEYS[9]  dwk  list    dead-letter queue: wake tokens
@@ -18,11 +19,10 @@
 -- ARGV[2] lease token
 -- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
 -- ARGV[4] max_deliveries  0 for no limit
--- ARGV[5] technique       "T" or "S"
--- ARGV[6] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
--- ARGV[7] fair            "1" when fairness is on
--- ARGV[8] scope           "P" within_priority or "T" tenant_first
--- ARGV[9] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
+-- ARGV[5] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
+-- ARGV[6] fair            "1" when fairness is on
+-- ARGV[7] scope           "P" within_priority or "T" tenant_first
+-- ARGV[8] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: 1 waiting again, 2 moved to the dead-letter queue, or an error code.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
@@ -34,11 +34,11 @@ local dii, dpi, dwk, dsq = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local eid, token = ARGV[1], ARGV[2]
 local count_delivery = ARGV[3] == '1'
 local max_deliveries = tonumber(ARGV[4])
-local technique, dead_reason = ARGV[5], ARGV[6]
-local fair = ARGV[7] == '1'
+local dead_reason = ARGV[5]
+local fair = ARGV[6] == '1'
 FK = { te = KEYS[11], ts = KEYS[12], tb = KEYS[13], fv = KEYS[14], fc = KEYS[15], fn = KEYS[16], tw = KEYS[17],
   fr = KEYS[18] }
-FA = { scope = ARGV[8], conc = 0, rate = 0 }
+FA = { scope = ARGV[7], conc = 0, rate = 0 }
 
 local info = redis.call('HGET', lt, eid)
 if not info then
@@ -70,10 +70,10 @@ if max_deliveries > 0 and e.d >= max_deliveries then
   to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now_ms())
   return 2
 end
-to_waiting(ii, pi, eid, v, e, bar, score, technique)
+to_waiting(ii, pi, eid, v, e, bar, score)
 if fair then
   fair_add(tenant, score, eid)
 end
 wake(wk)
-wake_views(18, 9, tonumber(ARGV[9]), math.floor(tonumber(score) / SEQ_SPAN))
+wake_views(18, 8, tonumber(ARGV[8]), (split_score(score)))
 return 1

@@ -1,32 +1,31 @@
 -- retrieve_by_priority: RETRIEVE BY PRIORITY: the first waiting entry of one rank, without
--- leasing it. Under technique S a member whose entry is gone is removed here (the deferred
--- part of an earlier REMOVE BY ID) and the next one of that rank is tried.
+-- leasing it. A stale pointer at the front of that rank is removed here (the deferred part of
+-- an earlier REMOVE BY ID) and the next one is tried.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
--- KEYS[2] pi  zset    priority-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
+-- KEYS[3] lt  hash    leases
 -- ARGV[1] rank         0..255 (0 is served first)
--- ARGV[2] stale_budget stale members to remove at most
+-- ARGV[2] stale_budget stale pointers to remove at most
 -- Returns: {eid, score, value}, or {} when that rank has no waiting entry.
 --!include common.lua
 
-local ii, pi = KEYS[1], KEYS[2]
+local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
 local rank = tonumber(ARGV[1])
 local stale_budget = tonumber(ARGV[2])
-local lo = fmt(rank * SEQ_SPAN)
-local hi = '(' .. fmt((rank + 1) * SEQ_SPAN)
+local key = level_key(pi, rank)
 local stale = 0
-while true do
-  local m = redis.call('ZRANGEBYSCORE', pi, lo, hi, 'WITHSCORES', 'LIMIT', 0, 1)
-  if #m == 0 then
+while stale < stale_budget do
+  local p = redis.call('LINDEX', key, 0)
+  if not p then
+    redis.call('ZREM', pi, rank)
     return {}
   end
-  local v = redis.call('HGET', ii, m[1])
-  if v then
-    return { m[1], m[2], v }
+  local eid, score, v = pi_entry(ii, lt, p, rank)
+  if eid then
+    return { eid, score, v }
   end
-  redis.call('ZREM', pi, m[1])
+  redis.call('LPOP', key)
   stale = stale + 1
-  if stale >= stale_budget then
-    return {}
-  end
 end
+return {}

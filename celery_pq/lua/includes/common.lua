@@ -3,15 +3,21 @@
 -- An entry in the identifier-indexed table (hash ii) is   header "|" payload
 -- with header = "d,s,t,x,r,ts":
 --   d   deliveries so far (integer)
---   s   score in the priority index (technique T only; empty under technique S)
+--   s   score: rank * SEQ_SPAN + seq, the entry's place in the priority order
 --   t   tenant (escaped by the client: no "," or "|")
 --   x   flags: "d" when the entry id is a duplicate id "<task id>~<seq>"
 --   r   dead-letter note "<reason>@<ms>@<deliveries>" (entries of a .dead queue only)
 --   ts  enqueue time, ms on the Redis clock
 -- A lease (hash lt) is "token,consumer,score,deliveries,flags,tenant".
+--
+-- The priority-indexed table of a queue with key pi is one list per rank, "<pi>:<rank>", of
+-- pointers "seq:eid" in FIFO order, and the zset pi of the ranks whose list is not empty
+-- (member and score = rank). A pointer is current while its entry exists, is not leased and
+-- still has the score rank * SEQ_SPAN + seq; any other pointer is stale and is dropped when a
+-- pop or a sweep reaches it (the patent's lazy deletion). The level lists are not named in
+-- KEYS: their names are derived from pi and share its hash tag, so they live in its slot.
 
 local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
-local DUP_SEP = '\31'
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -22,11 +28,117 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
+local function split_score(score)
+  local s = tonumber(score)
+  local rank = math.floor(s / SEQ_SPAN)
+  return rank, s - rank * SEQ_SPAN
+end
+
+local function level_key(pi, rank)
+  return pi .. ':' .. rank
+end
+
+local function parse_ptr(p)
+  local seq, eid = string.match(p, '^(%d+):(.*)$')
+  return tonumber(seq), eid
+end
+
+-- Append a pointer to the back of its rank's list (a new entry, a due delayed one).
+local function pi_push(pi, rank, seq, eid)
+  if redis.call('RPUSH', level_key(pi, rank), fmt(seq) .. ':' .. eid) == 1 then
+    redis.call('ZADD', pi, rank, rank)
+  end
+end
+
+-- Put a pointer back at its place in seq order, looked for among the first 32 of its rank
+-- (an entry given back after a lease: it was taken from the front, so its place is there).
+local function pi_return(pi, rank, seq, eid)
+  local key = level_key(pi, rank)
+  local p = fmt(seq) .. ':' .. eid
+  local head = redis.call('LRANGE', key, 0, 31)
+  for _, h in ipairs(head) do
+    if parse_ptr(h) > seq then
+      redis.call('LINSERT', key, 'BEFORE', h, p)
+      return
+    end
+  end
+  if #head < 32 then
+    if redis.call('RPUSH', key, p) == 1 then
+      redis.call('ZADD', pi, rank, rank)
+    end
+  else
+    redis.call('LINSERT', key, 'AFTER', head[32], p)
+  end
+end
+
+-- Take up to n pointers from the front of ranks lo..hi, best rank first.
+-- Returns a flat list {pointer, rank, ...}.
+local function pi_take(pi, lo, hi, n)
+  local out = {}
+  local whole = lo == 0 and hi == 255
+  while n > 0 do
+    local r
+    if whole then
+      r = redis.call('ZRANGE', pi, 0, 0)[1]
+    else
+      r = redis.call('ZRANGEBYSCORE', pi, lo, hi, 'LIMIT', 0, 1)[1]
+    end
+    if not r then
+      break
+    end
+    local key = level_key(pi, r)
+    local got = redis.call('LPOP', key, n)
+    local rank = tonumber(r)
+    if got then
+      for _, p in ipairs(got) do
+        out[#out + 1] = p
+        out[#out + 1] = rank
+      end
+      n = n - #got
+    end
+    if n > 0 or redis.call('EXISTS', key) == 0 then
+      redis.call('ZREM', pi, r)
+    end
+  end
+  return out
+end
+
+-- Is there a pointer in ranks lo..hi (current or stale)?
+local function pi_any(pi, lo, hi)
+  if lo == 0 and hi == 255 then
+    return redis.call('ZCARD', pi) > 0
+  end
+  return #redis.call('ZRANGEBYSCORE', pi, lo, hi, 'LIMIT', 0, 1) > 0
+end
+
+-- Drop pointer p from its rank's list (technique T's eager removal: O(its position)).
+local function pi_drop(pi, rank, p)
+  local key = level_key(pi, rank)
+  if redis.call('LREM', key, 1, p) == 1 and redis.call('EXISTS', key) == 0 then
+    redis.call('ZREM', pi, rank)
+  end
+end
+
 local function split_entry(v)
   local bar = string.find(v, '|', 1, true)
   local h = string.sub(v, 1, bar - 1)
   local d, s, t, x, r, ts = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
   return { d = tonumber(d) or 0, s = s or '', t = t or '', x = x or '', r = r or '', ts = ts or '' }, bar
+end
+
+-- The entry pointer p (of rank) names, when p is current: eid, score, value, parsed entry, bar.
+local function pi_entry(ii, lt, p, rank)
+  local seq, eid = parse_ptr(p)
+  local v = redis.call('HGET', ii, eid)
+  if not v then
+    return nil
+  end
+  local score = fmt(rank * SEQ_SPAN + seq)
+  local e, bar = split_entry(v)
+  if e.s ~= score or redis.call('HEXISTS', lt, eid) == 1 then
+    return nil
+  end
+  return eid, score, v, e, bar
 end
 
 local function join_entry(e, v, bar)
@@ -68,12 +180,14 @@ local function wake(wk)
   end
 end
 
--- Store the duplicate entry ids of one task id (none left: the field goes).
-local function dup_store(dp, tid, ids)
-  if #ids == 0 then
+-- Store the sequence numbers of one task id's duplicates, "seq1,seq2" (none left: the field
+-- goes). A duplicate's entry id is "<task id>~<seq>"; only the seqs are kept, so an id may hold
+-- any bytes.
+local function dup_store(dp, tid, seqs)
+  if #seqs == 0 then
     redis.call('HDEL', dp, tid)
   else
-    redis.call('HSET', dp, tid, table.concat(ids, DUP_SEP))
+    redis.call('HSET', dp, tid, table.concat(seqs, ','))
   end
 end
 
@@ -90,7 +204,7 @@ end
 
 -- Forget a duplicate entry id "<task id>~<seq>" in the duplicates hash.
 local function dup_forget(dp, eid)
-  local tid = string.match(eid, '^(.*)~%d+$')
+  local tid, seq = string.match(eid, '^(.*)~(%d+)$')
   if not tid then
     return
   end
@@ -99,30 +213,27 @@ local function dup_forget(dp, eid)
     return
   end
   local rest = {}
-  for e in string.gmatch(list, '[^' .. DUP_SEP .. ']+') do
-    if e ~= eid then
-      rest[#rest + 1] = e
+  for s in string.gmatch(list, '%d+') do
+    if s ~= seq then
+      rest[#rest + 1] = s
     end
   end
   dup_store(dp, tid, rest)
 end
 
--- Put a returned entry back in the priority index at its old score (InProcess -> Waiting).
-local function to_waiting(ii, pi, eid, v, e, bar, score, technique)
-  if technique == 'T' then
-    e.s = score
-  else
-    e.s = ''
-  end
+-- Put a returned entry back in the priority index at its old place (InProcess -> Waiting).
+local function to_waiting(ii, pi, eid, v, e, bar, score)
+  e.s = score
   redis.call('HSET', ii, eid, join_entry(e, v, bar))
-  redis.call('ZADD', pi, score, eid)
+  local rank, seq = split_score(score)
+  pi_return(pi, rank, seq, eid)
 end
 
 -- Move entry eid (value v, parsed e, split at bar) from its queue to the dead-letter queue.
 -- It keeps its priority; its dead-letter note says why, when and after how many deliveries.
 local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
   local seq = redis.call('INCR', dsq)
-  local rank = math.floor(tonumber(score) / SEQ_SPAN)
+  local rank = split_score(score)
   local dscore = rank * SEQ_SPAN + seq
   local deid = eid
   if redis.call('HEXISTS', dii, deid) == 1 then
@@ -134,7 +245,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   e.s = fmt(dscore)
   e.x = ''
   redis.call('HSET', dii, deid, join_entry(e, v, bar))
-  redis.call('ZADD', dpi, fmt(dscore), deid)
+  pi_push(dpi, rank, seq, deid)
   wake(dwk)
   redis.call('HDEL', ii, eid)
   if was_dup then

@@ -33,13 +33,6 @@ local function te_member(t, rank, seq, eid)
   return t .. '\0' .. string.format('%03d%014.0f', rank, seq) .. eid
 end
 
--- score -> rank, seq
-local function split_score(score)
-  local s = tonumber(score)
-  local rank = math.floor(s / SEQ_SPAN)
-  return rank, s - rank * SEQ_SPAN
-end
-
 local function te_head(t)
   local m = redis.call('ZRANGEBYLEX', FK.te, '[' .. t .. '\0', '(' .. t .. '\1', 'LIMIT', 0, 1)[1]
   if not m then
