@@ -8,7 +8,7 @@ Layout for queue ``orders`` with the default prefix ``pq``::
 
     pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
     pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank)
-    pq:{orders}:pi:<rank>  list  pointers "seq:entry id" in FIFO order   priority-indexed table
+    pq:{orders}:pi:<rank>  list  pointers seq(6 bytes) + entry id, FIFO   priority-indexed table
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them

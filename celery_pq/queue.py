@@ -26,6 +26,7 @@ import redis
 
 from . import constants as C
 from .errors import EntryNotFound, ErrorCode, LeaseLost, NotWaiting, QueueFull
+from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, split_dead
 from .scripts import get_scripts, run_calls
 
@@ -206,7 +207,7 @@ class PriorityQueue:
             dead_reason, dead_ms = reason, int(ms)
         return cls(
             queue=self.name,
-            id=_s(eid),
+            id=decode_id(eid),
             priority=self.priority_of_score(score),
             payload=payload,
             deliveries=int(d or 0),
@@ -232,7 +233,7 @@ class PriorityQueue:
                 raise ValueError(f"entry id must be a non-empty string or None, got {id!r}")
             if tenant is not None and not isinstance(tenant, str):
                 raise ValueError(f"tenant must be a string or None, got {tenant!r}")
-            args += [id or "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due]
+            args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due]
         return args
 
     def _check_reply(self, reply, items) -> bool:
@@ -259,7 +260,7 @@ class PriorityQueue:
         for _ in range(5):
             reply = self.scripts.insert(keys=self._insert_keys(), args=self._insert_args(items), client=self.client)
             if self._check_reply(reply, items):
-                return _s(reply[0])
+                return decode_id(reply[0])
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK) -> list[str]:
@@ -281,7 +282,7 @@ class PriorityQueue:
             for part, reply in zip(chunks, replies):
                 if not self._check_reply(reply, part):
                     break
-                out.extend(_s(e) for e in reply)
+                out.extend(decode_id(e) for e in reply)
                 done += 1
             chunks = chunks[done:]
         return out
@@ -399,7 +400,7 @@ class PriorityQueue:
         """``(script, keys, args)`` acking ``(entry id, token)`` pairs, to run with others."""
         k = self.keys
         return (self.scripts.ack, [k.ii, k.lz, k.lt, k.dp, k.wk, *(k.fair() if self.fair else ())],
-                ["1" if self.fair else "0", *(v for p in pairs for v in p)])
+                ["1" if self.fair else "0", *(v for eid, token in pairs for v in (encode_id(eid), token))])
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
         out = []
@@ -419,7 +420,8 @@ class PriorityQueue:
             return []
         k = self.keys
         lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
-        codes = self.scripts.extend(keys=[k.lz, k.lt], args=[lease_ms] + [v for p in pairs for v in p],
+        codes = self.scripts.extend(keys=[k.lz, k.lt], args=[lease_ms] + [v for eid, token in pairs
+                                                                          for v in (encode_id(eid), token)],
                                     client=self.client)
         return self._codes(pairs, codes, strict)
 
@@ -451,7 +453,7 @@ class PriorityQueue:
         eid, token = _pair(lease)
         code = self.scripts.requeue(
             keys=self._requeue_keys(),
-            args=[eid, token, 1 if count_delivery else 0, self.max_deliveries, reason,
+            args=[encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason,
                   "1" if self.fair else "0", self.scope, *self._view_args()],
             client=self.client,
         )
@@ -487,7 +489,8 @@ class PriorityQueue:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
         k = self.keys
         removed, _leased = self.scripts.remove(keys=[k.ii, k.pi, k.lt, k.dp, k.dz, *k.fair()],
-                                               args=[id, self.technique, "1" if self.fair else "0", self.scope],
+                                               args=[encode_id(id), self.technique, "1" if self.fair else "0",
+                                                     self.scope],
                                                client=self.client)
         return int(removed)
 
@@ -496,7 +499,7 @@ class PriorityQueue:
         k = self.keys
         code = self.scripts.change_priority(
             keys=[k.ii, k.pi, k.lt, k.sq, k.dz, *k.fair()],
-            args=[id, self.rank(priority), self.technique, "1" if self.fair else "0", self.scope],
+            args=[encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope],
             client=self.client,
         )
         if code == ErrorCode.NOT_FOUND:
@@ -520,7 +523,7 @@ class PriorityQueue:
         k = self.keys
         reply = self.scripts.retrieve_by_priority(keys=[k.ii, k.pi, k.lt], args=[self.rank(priority), C.POP_STALE_BUDGET],
                                                   client=self.client)
-        return _s(reply[0]) if reply else None
+        return decode_id(reply[0]) if reply else None
 
     def remove_highest_priority(self) -> Entry | None:
         """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""

@@ -7,6 +7,7 @@ import pytest
 
 from celery_pq import EntryNotFound, LeaseLost, NotWaiting, PriorityQueue, QueueFull
 from celery_pq.constants import SEQ_SPAN
+from celery_pq.ids import decode_id
 
 
 @pytest.fixture(params=["T", "S"])
@@ -24,8 +25,7 @@ def pointers(client, q):
     out = []
     for rank in client.zrange(q.keys.pi, 0, -1):
         for p in client.lrange(q.keys.level(int(rank)), 0, -1):
-            seq, eid = p.decode().split(":", 1)
-            out.append((int(rank), int(seq), eid))
+            out.append((int(rank), int.from_bytes(p[:6], "big"), decode_id(p[6:])))
     return out
 
 

@@ -69,3 +69,16 @@ def test_rank_follows_priority_order():
 def test_queue_settings_are_checked(kw):
     with pytest.raises(ValueError):
         PriorityQueue(None, "q", **kw)
+
+
+def test_entry_ids_round_trip_and_uuids_take_17_bytes():
+    import uuid
+
+    from celery_pq.ids import decode_id, encode_id
+
+    tid = str(uuid.uuid4())
+    assert len(encode_id(tid)) == 17 and len(encode_id(tid + "~12")) == 20
+    samples = [tid, tid + "~12", tid.upper(), "plain", "12", "\x01odd", "\x02", "é~3", "a" * 16, "x~1"]
+    for x in samples:
+        assert decode_id(encode_id(x)) == x
+    assert len({encode_id(x) for x in samples}) == len(samples)  # no two ids share a stored form

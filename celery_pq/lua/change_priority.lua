@@ -50,6 +50,6 @@ if fair then
   fair_refresh(e.t, false)
 elseif technique == 'T' then
   local orank, oseq = split_score(old)
-  pi_drop(pi, orank, fmt(oseq) .. ':' .. eid)
+  pi_drop(pi, orank, make_ptr(oseq, eid))
 end
 return 1

@@ -55,7 +55,7 @@ for i, eid in ipairs(ids) do
         if fair then
           fair_drop(e.t, e.s, eid)
         else
-          pi_drop(pi, rank, fmt(seq) .. ':' .. eid)
+          pi_drop(pi, rank, make_ptr(seq, eid))
         end
       end
     end

@@ -11,7 +11,7 @@
 -- A lease (hash lt) is "token,consumer,score,deliveries,flags,tenant".
 --
 -- The priority-indexed table of a queue with key pi is one list per rank, "<pi>:<rank>", of
--- pointers "seq:eid" in FIFO order, and the zset pi of the ranks whose list is not empty
+-- pointers (seq, eid) in FIFO order, and the zset pi of the ranks whose list is not empty
 -- (member and score = rank). A pointer is current while its entry exists, is not leased and
 -- still has the score rank * SEQ_SPAN + seq; any other pointer is stale and is dropped when a
 -- pop or a sweep reaches it (the patent's lazy deletion). The level lists are not named in
@@ -38,14 +38,18 @@ local function level_key(pi, rank)
   return pi .. ':' .. rank
 end
 
+-- A pointer is the entry's seq in 6 bytes (big-endian) followed by its id.
+local function make_ptr(seq, eid)
+  return struct.pack('>I6', seq) .. eid
+end
+
 local function parse_ptr(p)
-  local seq, eid = string.match(p, '^(%d+):(.*)$')
-  return tonumber(seq), eid
+  return struct.unpack('>I6', p), string.sub(p, 7)
 end
 
 -- Append a pointer to the back of its rank's list (a new entry, a due delayed one).
 local function pi_push(pi, rank, seq, eid)
-  if redis.call('RPUSH', level_key(pi, rank), fmt(seq) .. ':' .. eid) == 1 then
+  if redis.call('RPUSH', level_key(pi, rank), make_ptr(seq, eid)) == 1 then
     redis.call('ZADD', pi, rank, rank)
   end
 end
@@ -54,7 +58,7 @@ end
 -- (an entry given back after a lease: it was taken from the front, so its place is there).
 local function pi_return(pi, rank, seq, eid)
   local key = level_key(pi, rank)
-  local p = fmt(seq) .. ':' .. eid
+  local p = make_ptr(seq, eid)
   local head = redis.call('LRANGE', key, 0, 31)
   for _, h in ipairs(head) do
     if parse_ptr(h) > seq then

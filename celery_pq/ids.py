@@ -1,0 +1,40 @@
+"""Entry ids as stored in Redis: a Celery task id (a lowercase UUID) takes 17 bytes, not 36.
+
+An id is a key of the identifier-indexed table and part of its pointer in the priority index,
+so its length is paid twice per waiting entry. Stored forms:
+
+* ``\\x01`` + the UUID's 16 bytes [+ ``~<seq>``]: a canonical lowercase UUID, as Celery makes,
+  optionally with the duplicate suffix the insert script adds;
+* ``\\x02`` + the UTF-8 text: any other id that starts with ``\\x01`` or ``\\x02``;
+* the UTF-8 text: every other id (including the plain numbers the insert script generates).
+
+The three forms cannot be confused, so ``decode_id(encode_id(x)) == x`` for every string.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+_UUID = re.compile(r"([0-9a-f]{8})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{12})(~[0-9]+)?\Z")
+_PACKED, _ESCAPED = 1, 2
+
+
+def encode_id(id: str) -> bytes:
+    m = _UUID.match(id)
+    if m:
+        return b"\x01" + bytes.fromhex("".join(m.group(1, 2, 3, 4, 5))) + (m.group(6) or "").encode()
+    raw = id.encode()
+    if raw[:1] in (b"\x01", b"\x02"):
+        return b"\x02" + raw
+    return raw
+
+
+def decode_id(raw: bytes | str) -> str:
+    if isinstance(raw, str):
+        raw = raw.encode()
+    if raw[:1] == b"\x01" and len(raw) >= 17:
+        return str(uuid.UUID(bytes=raw[1:17])) + raw[17:].decode()
+    if raw[:1] == b"\x02":
+        return raw[2 - 1 :].decode()
+    return raw.decode()
