@@ -1,10 +1,10 @@
 """The queue API without Celery against BullMQ, at equal concurrency.
 
 celery-pq: ``PriorityQueue`` insert/s from 1 and 8 client processes, and pop+ack/s from 1 and 8
-consumer processes working one entry at a time (each ack goes with the next pop in one round
-trip). BullMQ (Node.js, from the npm registry, in ``benchmarks/bullmq``): no-op jobs processed
-by one Worker at concurrency 1 and 8, against the same redis-server in the same run. Without
-Node.js or BullMQ the peer column says so.
+consumer processes working one entry at a time (each ack rides in the next pop's script call:
+one round trip, one script). BullMQ (Node.js, from the npm registry, in ``benchmarks/bullmq``):
+no-op jobs processed by one Worker at concurrency 1 and 8, against the same redis-server in the
+same run. Without Node.js or BullMQ the peer column says so.
 
     python -m benchmarks.peers [--jobs 20000] [--repeat 3] [--smoke] [--out DIR]
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 import redis
 
 from celery_pq import PriorityQueue
-from celery_pq.scripts import run_calls
 
 from .common import cli, median, redis_server
 
@@ -44,8 +43,8 @@ def _consumer(port, name, start, out):
     t = time.perf_counter()
     done, held = 0, None
     while True:
-        calls = ([q.ack_call([(held.id, held.token)])] if held else []) + [q.pop_call(1)]
-        got = q.parse_pop(run_calls(client, calls)[-1])
+        script, keys, args = q.pop_call(1, acks=[(held.id, held.token)] if held else ())
+        got = q.parse_pop(script(keys=keys, args=args, client=client))
         if not got:
             break
         held = got[0]

@@ -363,26 +363,37 @@ class PriorityQueue:
         return self.parse_pop(script(keys=keys, args=args, client=self.client))
 
     def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-                 view: tuple[int, int] | None = None) -> tuple:
-        """``(script, keys, args)`` of a pop, to run with others (``scripts.run_calls``)."""
+                 view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> tuple:
+        """``(script, keys, args)`` of a pop, to run with others (``scripts.run_calls``).
+
+        ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop
+        (a consumer's finished deliveries and its next pop in one round trip); their codes are
+        ``ack_codes(reply)``.
+        """
         k = self.keys
         lo, hi = view or (0, C.MAX_PRIORITY)
         wk = k.wk if view is None else k.view_wake(lo, hi)
         lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
         head = [lease_ms, consumer or "", uuid.uuid4().hex[:16], int(count), C.POP_STALE_BUDGET]
+        tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
-            return (self.scripts.pop_fair, [k.ii, k.pi, k.lz, k.lt, wk, *k.fair()],
-                    head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi])
-        return self.scripts.pop, [k.ii, k.pi, k.lz, k.lt, wk], head + [lo, hi]
+            return (self.scripts.pop_fair, [k.ii, k.pi, k.lz, k.lt, wk, *k.fair(), k.dp],
+                    head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
+        return self.scripts.pop, [k.ii, k.pi, k.lz, k.lt, wk, k.dp], head + [lo, hi] + tail
 
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
-        for i in range(1, len(reply), 5):
+        for i in range(2 + int(reply[1]), len(reply), 5):
             eid, token, d, score, value = reply[i : i + 5]
             lease = self._entry(eid, score, value, Lease, token=_s(token))
             lease.deliveries = int(d)
             leases.append(lease)
         return leases
+
+    @staticmethod
+    def ack_codes(reply) -> list[int]:
+        """The codes of the acks a pop call carried (1 acked, or an ErrorCode value)."""
+        return [int(c) for c in reply[2 : 2 + int(reply[1])]]
 
     def ack(self, lease: Lease | tuple[str, str], *, strict: bool = False) -> bool:
         """Done: delete the entry. False (or LeaseLost with strict) if the lease was lost."""

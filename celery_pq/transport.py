@@ -502,14 +502,16 @@ class Channel(virtual.Channel):
             q = self._queue(name)
             self.counters["pops"] += 1
             pending = self._take_acks()
-            if pending:
-                calls = self._ack_calls(pending)
-                calls.append(q.pop_call(want, consumer=self.consumer_id, view=self._view(name)))
-                replies = run_calls(self.client, calls)
-                self._check_acks(pending, replies[:-1])
-                leases = q.parse_pop(replies[-1])
-            else:
-                leases = q.pop(want, consumer=self.consumer_id, view=self._view(name))
+            own = pending.pop(name, [])  # this queue's acks ride in the pop script itself
+            calls = self._ack_calls(pending)
+            calls.append(q.pop_call(want, consumer=self.consumer_id, view=self._view(name), acks=own))
+            replies = run_calls(self.client, calls)
+            reply = replies[-1]
+            if own:
+                pending[name] = own
+                replies[-1] = q.ack_codes(reply)
+            self._check_acks(pending, replies)
+            leases = q.parse_pop(reply)
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served

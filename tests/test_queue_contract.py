@@ -389,3 +389,19 @@ def test_pipelined_calls_survive_a_script_cache_flush(q, redis_client):
     assert ack_reply == [1]
     assert [x.id for x in q.parse_pop(pop_reply)] == ["b"]
     assert q.size() == 1
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_acks_ride_in_the_next_pop(redis_client, key_prefix, fair):
+    q = PriorityQueue(redis_client, "ride", key_prefix=key_prefix, fair=fair)
+    q.insert_many([(b"x", 1, f"e{i}", "A") for i in range(3)])
+    first = q.pop(2)
+    # When a pop call carries the acks of the last deliveries, one of them with a wrong token
+    script, keys, args = q.pop_call(1, acks=[(first[0].id, first[0].token), (first[1].id, "stale-token")])
+    reply = script(keys=keys, args=args, client=redis_client)
+    # Then the good ack is done, the bad one is refused by code, and the next entry is leased
+    assert q.ack_codes(reply) == [1, -3]
+    assert [lease.id for lease in q.parse_pop(reply)] == ["e2"]
+    assert q.stats()["leased"] == 2 and redis_client.hexists(q.keys.ii, "e0") == 0
+    if fair:
+        assert q.tenant_stats()["A"]["leased"] == 2

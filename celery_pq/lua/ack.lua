@@ -23,27 +23,11 @@ FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn
 local fair = ARGV[1] == '1'
 local out = {}
 for i = 2, #ARGV, 2 do
-  local eid, token = ARGV[i], ARGV[i + 1]
-  local info = redis.call('HGET', lt, eid)
-  if not info then
-    out[#out + 1] = -2
-  else
-    local tok, _, _, _, x, t = split_lease(info)
-    if tok ~= token then
-      out[#out + 1] = -3
-    else
-      redis.call('HDEL', ii, eid)
-      redis.call('HDEL', lt, eid)
-      redis.call('ZREM', lz, eid)
-      if x == 'd' then
-        dup_forget(dp, eid)
-      end
-      if fair then
-        fair_release(t)
-        wake(wk)
-      end
-      out[#out + 1] = 1
-    end
+  local code, t = ack_one(ii, lz, lt, dp, ARGV[i], ARGV[i + 1])
+  if code == 1 and fair then
+    fair_release(t)
+    wake(wk)
   end
+  out[#out + 1] = code
 end
 return out

@@ -9,23 +9,31 @@
 -- KEYS[3] lz  zset    lease deadlines (ms)
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
+-- KEYS[6] dp  hash    task id -> its duplicates' seqs (for the acks)
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
 -- ARGV[4] count        entries wanted (>= 1)
 -- ARGV[5] stale_budget stale members to discard at most before returning
 -- ARGV[6] lo, ARGV[7] hi  rank range of a priority view (0 and 255: the whole queue)
--- Returns: {stale_discarded, eid1, token1, deliveries1, score1, value1, eid2, ...}
+-- ARGV[8] nacks        leases to ack first (the consumer's last deliveries: one call for both);
+--                      then nacks pairs: entry id, lease token
+-- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
+--           value1, eid2, ...}
 --!include common.lua
 
-local ii, pi, lz, lt, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
 local want = tonumber(ARGV[4])
 local stale_budget = tonumber(ARGV[5])
 local lo, hi = tonumber(ARGV[6]), tonumber(ARGV[7])
+local nacks = tonumber(ARGV[8])
 
-local out = { 0 }
+local out = { 0, nacks }
+for i = 1, nacks do
+  out[#out + 1] = ack_one(ii, lz, lt, dp, ARGV[7 + 2 * i], ARGV[8 + 2 * i])
+end
 local got, stale = 0, 0
 local P = { lease = {}, deadline = {}, out = out }
 while got < want do

@@ -9,6 +9,7 @@
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[14] dp  hash    task id -> its duplicates' seqs (for the acks)
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ",")
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
@@ -18,7 +19,9 @@
 -- ARGV[7] conc         default concurrency cap per tenant (0: none)
 -- ARGV[8] rate         default deliveries per second per tenant (0: none)
 -- ARGV[9] lo, ARGV[10] hi  rank range of a priority view (within_priority only)
--- Returns: {stale_discarded, eid1, token1, deliveries1, score1, value1, eid2, ...}
+-- ARGV[11] nacks       leases to ack first; then nacks pairs: entry id, lease token
+-- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
+--           value1, eid2, ...}
 --!include common.lua
 --!include fair.lua
 
@@ -35,9 +38,17 @@ if FA.scope == 'P' and not (lo == 0 and hi == 255) then
   lex_lo, lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', hi + 1)
 end
 
+local dp, nacks = KEYS[14], tonumber(ARGV[11])
+local out = { 0, nacks }
+for i = 1, nacks do
+  local code, t = ack_one(ii, lz, lt, dp, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
+  if code == 1 then
+    fair_release(t)
+  end
+  out[#out + 1] = code
+end
 local now = now_ms()
 fair_unpark(now)
-local out = { 0 }
 local got, stale, looked = 0, 0, 0
 local P = { lease = {}, deadline = {}, out = out, until_ms = fmt(now + lease_ms) }
 local served = {}

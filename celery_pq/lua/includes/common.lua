@@ -225,6 +225,26 @@ local function dup_forget(dp, eid)
   dup_store(dp, tid, rest)
 end
 
+-- Ack one lease (BQF MarkAsDone): the entry is deleted when the token matches. Returns the
+-- code (1 acked, -2 NOT_LEASED, -3 TOKEN_MISMATCH) and the lease's tenant.
+local function ack_one(ii, lz, lt, dp, eid, token)
+  local info = redis.call('HGET', lt, eid)
+  if not info then
+    return -2
+  end
+  local tok, _, _, _, x, t = split_lease(info)
+  if tok ~= token then
+    return -3
+  end
+  redis.call('HDEL', ii, eid)
+  redis.call('HDEL', lt, eid)
+  redis.call('ZREM', lz, eid)
+  if x == 'd' then
+    dup_forget(dp, eid)
+  end
+  return 1, t
+end
+
 -- Put a returned entry back in the priority index at its old place (InProcess -> Waiting).
 local function to_waiting(ii, pi, eid, v, e, bar, score)
   e.s = score
