@@ -6,6 +6,7 @@ import time
 
 import redis
 from celery import Celery
+from kombu import Queue
 
 import celery_pq  # noqa: F401
 
@@ -18,6 +19,8 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
 )
+if app.conf.broker_url.startswith("amqp"):  # RabbitMQ: a priority queue, as its users declare it
+    app.conf.task_queues = [Queue("bench", queue_arguments={"x-max-priority": 255})]
 _rec = None
 
 

@@ -1,4 +1,6 @@
 """Celery end to end: no-op tasks per second through a real worker, celery-pq vs kombu-redis.
+Where RabbitMQ answers on localhost:5672, Celery on RabbitMQ with a priority queue
+(x-max-priority 255) is a third column.
 
 The queue is filled with N tasks before the worker starts; the clock starts when the first task
 is done (so worker start-up is excluded) and stops when the last is done. Solo pool and prefork
@@ -19,10 +21,11 @@ from pathlib import Path
 
 import redis
 from celery import Celery
+from kombu import Queue
 
 import celery_pq  # noqa: F401  (pq://)
 
-from .common import cli, median, redis_server, transports
+from .common import cli, median, rabbitmq_url, redis_server, transports
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = {"solo": ["-P", "solo", "-c", "1"], "prefork-2": ["-P", "prefork", "-c", "2"]}
@@ -34,6 +37,11 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
     rec.delete("bench:done")
     app = Celery("bench-fill", broker=url)
     app.conf.broker_transport_options = options
+    if url.startswith("amqp"):
+        app.conf.task_queues = [Queue("bench", queue_arguments={"x-max-priority": 255})]
+        with app.connection_for_write() as conn:  # start empty: the queue outlives a run
+            app.conf.task_queues[0](conn.default_channel).declare()
+            app.conf.task_queues[0](conn.default_channel).purge()
     with app.producer_or_acquire() as producer:
         for _ in range(n):
             app.send_task("bench.noop", queue="bench", producer=producer)
@@ -63,25 +71,31 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
 
 def run(tasks=3000, repeat=3) -> dict:
     runs: dict = {pool: {} for pool in POOLS}
+    rabbit = rabbitmq_url()
     with redis_server() as port:
+        columns = transports(port)
+        if rabbit:
+            columns["rabbitmq"] = (rabbit, {})
         for _ in range(repeat):
             for pool in POOLS:
-                for name, (url, kwargs) in transports(port).items():
+                for name, (url, kwargs) in columns.items():
                     runs[pool].setdefault(name, []).append(tasks_per_second(port, url, kwargs, pool, tasks))
     results = {}
     for pool, rows in runs.items():
         med = {name: median(v) for name, v in rows.items()}
         results[pool] = {"tasks_per_second": med, "ratio": med["celery-pq"] / med["kombu-redis"], "runs": rows}
-    return {"tasks": tasks, "repeat": repeat, "results": results}
+    return {"tasks": tasks, "repeat": repeat, "rabbitmq": bool(rabbit), "results": results}
 
 
 def markdown(data) -> str:
     lines = [f"# Celery end to end, no-op tasks ({data['tasks']} per run, median of {data['repeat']} runs)", "",
-             "| pool | celery-pq tasks/s | kombu-redis tasks/s | ratio | target |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             "| pool | celery-pq tasks/s | kombu-redis tasks/s | ratio | target | RabbitMQ (priority queue) tasks/s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for pool, row in data["results"].items():
         t = row["tasks_per_second"]
-        lines.append(f"| {pool} | {t['celery-pq']:.0f} | {t['kombu-redis']:.0f} | {row['ratio']:.2f} | >= 1.2 |")
+        rabbit = f"{t['rabbitmq']:.0f}" if "rabbitmq" in t else "not reachable"
+        lines.append(f"| {pool} | {t['celery-pq']:.0f} | {t['kombu-redis']:.0f} | {row['ratio']:.2f} | >= 1.2 "
+                     f"| {rabbit} |")
     return "\n".join(lines) + "\n"
 
 
