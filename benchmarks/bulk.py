@@ -44,7 +44,7 @@ def ceiling(port, client, entries, batch) -> float | None:
     sha = get_scripts(client).insert.sha
     client.script_load(get_scripts(client).insert.script)
     keys = q._insert_keys()
-    args = q._insert_args([(PAYLOAD.decode(), 5, None, None, None)] * batch)
+    args = q._insert_args([(PAYLOAD.decode(), 5, None, None, "0")] * batch)  # "0": due now
     calls = max(1, entries // batch)
     out = subprocess.run(
         [binary, "-p", str(port), "-n", str(calls), "-c", "8", "-P", "16", "--csv",
