@@ -23,9 +23,10 @@ HIGHER_FIRST = "higher_first"
 LOWER_FIRST = "lower_first"
 PRIORITY_ORDERS = (HIGHER_FIRST, LOWER_FIRST)
 
-#: Patent techniques: "T" (time-efficient: the entry carries its score, remove-by-id deletes
-#: from both tables at once) and "S" (space-efficient: it does not; the priority-index member
-#: is removed lazily when it surfaces, or by a bounded clean-up sweep).
+#: Patent techniques for REMOVE BY ID (every entry carries its score either way): "T" deletes
+#: the entry and its pointer in the priority index at once (the pointer is found in its rank's
+#: list: O(its position)); "S" deletes the entry only, and the stale pointer is dropped lazily
+#: when it surfaces, or by a bounded clean-up sweep.
 TECHNIQUE_T = "T"
 TECHNIQUE_S = "S"
 TECHNIQUES = (TECHNIQUE_T, TECHNIQUE_S)
@@ -43,7 +44,7 @@ SWEEP_INTERVAL = 1.0
 #: Expired leases returned per sweep call (bounds the script's run time; the sweep repeats).
 SWEEP_BATCH = 500
 
-#: Stale priority-index members (technique S) a pop may discard before it returns, so one pop
+#: Stale priority-index pointers (technique S, fair pops) a pop may discard before it returns, so one pop
 #: never runs long; the rest are discarded by later pops or the clean-up sweep.
 POP_STALE_BUDGET = 1000
 

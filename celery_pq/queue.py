@@ -150,7 +150,7 @@ class PriorityQueue:
         self.tenant_rate = float(tenant_rate or 0)
         self.max_length_per_tenant = max_length_per_tenant or 0
         if self.fair:
-            technique = C.TECHNIQUE_T  # a fair queue keeps each entry's score in the entry
+            technique = C.TECHNIQUE_T  # reported as T; a fair queue's remove is lazy either way
         self.client = client
         self.name = name
         self.key_prefix = key_prefix

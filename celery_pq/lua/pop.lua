@@ -1,8 +1,8 @@
 -- pop: RETRIEVE HIGHEST PRIORITY and lease it (BQF GetNextWaiting: Waiting -> InProcess).
 -- Takes up to ARGV[4] entries in priority order, FIFO within a priority. A stale pointer of
 -- the priority index (its entry removed by id, or moved to another priority) is discarded
--- here: the patent's lazy deletion. The lease is recorded in this
--- same script, so a popped entry never exists only in a consumer's memory.
+-- here: the patent's lazy deletion. The lease is recorded in this same script, so a popped
+-- entry never exists only in a consumer's memory.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -14,7 +14,7 @@
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
 -- ARGV[4] count        entries wanted (>= 1)
--- ARGV[5] stale_budget stale members to discard at most before returning
+-- ARGV[5] stale_budget stale pointers to discard at most before returning
 -- ARGV[6] lo, ARGV[7] hi  rank range of a priority view (0 and 255: the whole queue)
 -- ARGV[8] nacks        leases to ack first (the consumer's last deliveries: one call for both);
 --                      then nacks pairs: entry id, lease token

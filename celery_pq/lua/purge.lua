@@ -22,41 +22,39 @@ local fair = ARGV[2] == '1'
 FA = { scope = ARGV[3], conc = 0, rate = 0 }
 local count = tonumber(ARGV[1])
 local taken = pi_take(pi, 0, 255, count)
-local eids = {}
+local found = {} -- {eid, value} of the entries to delete
 for i = 1, #taken, 2 do
-  local eid = pi_entry(ii, lt, taken[i], taken[i + 1])
+  local eid, _, v = pi_entry(ii, lt, taken[i], taken[i + 1])
   if eid then
-    eids[#eids + 1] = eid
+    found[#found + 1] = { eid, v }
   end
 end
 local n = #taken / 2
 if n == 0 then
   local popped = redis.call('ZPOPMIN', dz, count)
   for i = 1, #popped, 2 do
-    eids[#eids + 1] = popped[i]
+    local v = redis.call('HGET', ii, popped[i])
+    if v then
+      found[#found + 1] = { popped[i], v }
+    end
   end
   n = #popped / 2
 end
-local deleted = 0
 local tenants = {}
-for _, eid in ipairs(eids) do
-  local v = redis.call('HGET', ii, eid)
-  if v then
-    redis.call('HDEL', ii, eid)
-    local e = split_entry(v)
-    if e.x == 'd' then
-      dup_forget(dp, eid)
-    end
-    if fair then
-      local rank, seq = split_score(e.s)
-      if redis.call('ZREM', FK.te, te_member(e.t, rank, seq, eid)) == 1 then
-        if redis.call('HINCRBY', FK.fn, 'n:' .. e.t, -1) <= 0 then
-          redis.call('HDEL', FK.fn, 'n:' .. e.t)
-        end
+for _, f in ipairs(found) do
+  local eid, e = f[1], split_entry(f[2])
+  redis.call('HDEL', ii, eid)
+  if e.x == 'd' then
+    dup_forget(dp, eid)
+  end
+  if fair then
+    local rank, seq = split_score(e.s)
+    if redis.call('ZREM', FK.te, te_member(e.t, rank, seq, eid)) == 1 then
+      if redis.call('HINCRBY', FK.fn, 'n:' .. e.t, -1) <= 0 then
+        redis.call('HDEL', FK.fn, 'n:' .. e.t)
       end
-      tenants[e.t] = true
     end
-    deleted = deleted + 1
+    tenants[e.t] = true
   end
 end
 for t in pairs(tenants) do
@@ -65,4 +63,4 @@ end
 if redis.call('ZCARD', pi) == 0 then
   redis.call('DEL', wk)
 end
-return { deleted, n }
+return { #found, n }

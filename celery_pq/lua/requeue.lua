@@ -40,16 +40,11 @@ FK = { te = KEYS[11], ts = KEYS[12], tb = KEYS[13], fv = KEYS[14], fc = KEYS[15]
   fr = KEYS[18] }
 FA = { scope = ARGV[7], conc = 0, rate = 0 }
 
-local info = redis.call('HGET', lt, eid)
-if not info then
-  return -2
+local lease, err = end_lease(lt, lz, eid, token)
+if not lease then
+  return err
 end
-local tok, _, score, d, _, tenant = split_lease(info)
-if tok ~= token then
-  return -3
-end
-redis.call('HDEL', lt, eid)
-redis.call('ZREM', lz, eid)
+local score, d, tenant = lease.s, lease.d, lease.t
 local v = redis.call('HGET', ii, eid)
 if not v then
   return -2

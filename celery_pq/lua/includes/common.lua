@@ -225,24 +225,35 @@ local function dup_forget(dp, eid)
   dup_store(dp, tid, rest)
 end
 
--- Ack one lease (BQF MarkAsDone): the entry is deleted when the token matches. Returns the
--- code (1 acked, -2 NOT_LEASED, -3 TOKEN_MISMATCH) and the lease's tenant.
-local function ack_one(ii, lz, lt, dp, eid, token)
+-- End the lease of entry eid if token is its token: the lease fields {c, s, d, x, t} (consumer,
+-- score, deliveries, flags, tenant), or nil and the error code (-2 NOT_LEASED, -3
+-- TOKEN_MISMATCH). The token check is what keeps a late consumer from touching a redelivery.
+local function end_lease(lt, lz, eid, token)
   local info = redis.call('HGET', lt, eid)
   if not info then
-    return -2
+    return nil, -2
   end
-  local tok, _, _, _, x, t = split_lease(info)
+  local tok, c, s, d, x, t = split_lease(info)
   if tok ~= token then
-    return -3
+    return nil, -3
   end
-  redis.call('HDEL', ii, eid)
   redis.call('HDEL', lt, eid)
   redis.call('ZREM', lz, eid)
-  if x == 'd' then
+  return { c = c, s = s, d = d, x = x, t = t }
+end
+
+-- Ack one lease (BQF MarkAsDone): the entry is deleted when the token matches. Returns the
+-- code (1 acked, or the error code of end_lease) and the lease's tenant.
+local function ack_one(ii, lz, lt, dp, eid, token)
+  local lease, err = end_lease(lt, lz, eid, token)
+  if not lease then
+    return err
+  end
+  redis.call('HDEL', ii, eid)
+  if lease.x == 'd' then
     dup_forget(dp, eid)
   end
-  return 1, t
+  return 1, lease.t
 end
 
 -- Put a returned entry back in the priority index at its old place (InProcess -> Waiting).
