@@ -1,19 +1,26 @@
-"""Loads the Lua scripts once per process and hands out redis-py ``Script`` objects.
+"""Loads the Lua scripts once per process and runs them.
 
 One file per atomic operation under ``lua/``; a line ``--!include name.lua`` is replaced by
-``lua/includes/name.lua``. redis-py's ``Script`` runs EVALSHA, reloads on NOSCRIPT and works
-inside pipelines, so there is no SHA cache of our own.
+``lua/includes/name.lua``. A single call runs as one EVALSHA on a connection the calling thread
+keeps for itself (taken from the client's pool once): redis-py's command path around it (pool
+checkout and return, retry wrapper, response hooks) costs several times the work of sending
+the command. NOSCRIPT loads the script and runs it again. A connection error hands the call to
+redis-py's ``Script`` (with the client's own retry policy) on a fresh pooled connection.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import threading
+import weakref
 from functools import lru_cache
 from importlib import resources
 
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 SCRIPT_NAMES = (
     "insert",
@@ -55,12 +62,64 @@ def header(name: str) -> str:
     return "\n".join(lines)
 
 
+_pinned = threading.local()
+
+
+def _own_connection(client):
+    """This thread's own connection of ``client``'s pool (a new one after a fork), or None when
+    the client is not a plain redis-py client (a pipeline, a cluster client). Held weakly by
+    pool: when the client and its pool go, so does the connection."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or not isinstance(client, redis.Redis) or isinstance(client, redis.client.Pipeline):
+        return None
+    conns = getattr(_pinned, "conns", None)
+    if conns is None:
+        conns = _pinned.conns = weakref.WeakKeyDictionary()
+    held = conns.get(pool)
+    if held is not None and held[0] == os.getpid():
+        return held[1]
+    conn = pool.get_connection()  # kept by this thread; the pool closes it with the others
+    conns[pool] = (os.getpid(), conn)
+    return conn
+
+
+def _drop_connection(client, conn):
+    getattr(_pinned, "conns", {}).pop(client.connection_pool, None)
+    conn.disconnect()
+
+
+class LuaScript:
+    """One script: ``script(keys=..., args=..., client=...)`` runs it; ``.sha`` for pipelines."""
+
+    def __init__(self, client: redis.Redis, text: str):
+        self._script = client.register_script(text)
+        self.sha = self._script.sha
+        self.script = text
+
+    def __call__(self, keys=(), args=(), client=None):
+        conn = _own_connection(client)
+        if conn is None:
+            return self._script(keys=keys, args=args, client=client)
+        try:
+            try:
+                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                return conn.read_response()
+            except NoScriptError:  # Redis restarted or flushed its scripts: load, run again
+                conn.send_command("SCRIPT", "LOAD", self.script)
+                conn.read_response()
+                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                return conn.read_response()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            _drop_connection(client, conn)
+            return self._script(keys=keys, args=args, client=client)
+
+
 class Scripts:
     """The registered scripts, as attributes: ``scripts.pop(keys=..., args=..., client=...)``."""
 
     def __init__(self, client: redis.Redis):
         for name in SCRIPT_NAMES:
-            setattr(self, name, client.register_script(source(name)))
+            setattr(self, name, LuaScript(client, source(name)))
 
 
 _lock = threading.Lock()

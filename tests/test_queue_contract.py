@@ -405,3 +405,47 @@ def test_acks_ride_in_the_next_pop(redis_client, key_prefix, fair):
     assert q.stats()["leased"] == 2 and redis_client.hexists(q.keys.ii, "e0") == 0
     if fair:
         assert q.tenant_stats()["A"]["leased"] == 2
+
+
+def test_single_calls_survive_a_script_flush_a_killed_connection_and_a_restart(fresh_redis):
+    # A single script call runs on the calling thread's own connection
+    client = fresh_redis.client()
+    q = PriorityQueue(client, "own", key_prefix="own")
+    q.insert(b"a", 1, id="a")
+    # When Redis forgets the scripts, the call loads it and runs once
+    client.script_flush()
+    q.insert(b"b", 1, id="b")
+    assert q.size() == 2
+    # When the server closes that connection, the call goes through a fresh one
+    for row in client.client_list():
+        if row["cmd"] in ("evalsha", "script|load"):
+            client.client_kill_filter(_id=row["id"])
+    q.insert(b"c", 1, id="c")
+    assert q.size() == 3
+    # When Redis restarts (it keeps nothing), the calls after it work on a new connection
+    fresh_redis.restart()
+    q.insert(b"d", 1, id="d")
+    assert [lease.id for lease in q.pop(5)] == ["d"]
+
+
+def test_a_forked_child_does_not_share_the_parents_connection(redis_client, key_prefix):
+    import os
+
+    q = PriorityQueue(redis_client, "fork", key_prefix=key_prefix)
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(40)])
+    q.pop(1)  # the parent now holds its own connection
+    pid = os.fork()
+    if pid == 0:  # the child pops on its own connection, interleaved with the parent
+        code = 0
+        try:
+            for _ in range(15):
+                if len(q.pop(1)) != 1:
+                    code = 1
+        except Exception:
+            code = 2
+        os._exit(code)
+    got = [len(q.pop(1)) for _ in range(15)]
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got == [1] * 15
+    assert q.size() == 40 - 1 - 15 - 15
