@@ -42,12 +42,41 @@ SCRIPT_NAMES = (
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)
 
 
+_FUNCTION = re.compile(r"local function (\w+)\(")
+_WORD = re.compile(r"\w+")
+
+
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
-    """The full text of one script, includes pasted in."""
+    """The full text of one script, includes pasted in, minus the included helper functions
+    the script never calls (Redis runs a script's whole text on every call, definitions too)."""
     root = resources.files(__package__) / "lua"
     text = (root / f"{name}.lua").read_text(encoding="utf-8")
-    return _INCLUDE.sub(lambda m: (root / "includes" / m.group(1)).read_text(encoding="utf-8"), text)
+    text = _INCLUDE.sub(lambda m: (root / "includes" / m.group(1)).read_text(encoding="utf-8"), text)
+    return _without_unused_functions(text)
+
+
+def _without_unused_functions(text: str) -> str:
+    """Drop each top-level ``local function`` (from its line to the first line ``end``) that
+    neither the script's own code nor a kept function names."""
+    pieces: list[tuple[str | None, list[str]]] = [(None, [])]  # (function name or None, lines)
+    for line in text.splitlines(keepends=True):
+        m = _FUNCTION.match(line)
+        if m:
+            pieces.append((m.group(1), [line]))
+        else:
+            pieces[-1][1].append(line)
+            if pieces[-1][0] is not None and line.rstrip("\n") == "end":
+                pieces.append((None, []))
+    words = {name: set(_WORD.findall("".join(lines[1:]))) for name, lines in pieces if name}
+    todo = [w for name, lines in pieces if name is None for w in _WORD.findall("".join(lines)) if w in words]
+    used = set(todo)
+    while todo:
+        for w in words[todo.pop()] & words.keys():
+            if w not in used:
+                used.add(w)
+                todo.append(w)
+    return "".join("".join(lines) for name, lines in pieces if name is None or name in used)
 
 
 @lru_cache(maxsize=None)
