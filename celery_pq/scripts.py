@@ -107,7 +107,8 @@ def _own_connection(client):
     held = conns.get(pool)
     if held is not None and held[0] == os.getpid():
         return held[1]
-    conn = pool.get_connection()  # kept by this thread; the pool closes it with the others
+    conn = pool.get_connection()  # kept by this thread; closed with the pool, or at exit
+    weakref.finalize(pool, conn.disconnect)
     conns[pool] = (os.getpid(), conn)
     return conn
 
