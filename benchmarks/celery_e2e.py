@@ -67,6 +67,8 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
             worker.wait(30)
         except subprocess.TimeoutExpired:
             worker.kill()
+        app.close()  # its producer pool holds a broker connection
+        rec.close()
 
 
 def run(tasks=3000, repeat=3) -> dict:
