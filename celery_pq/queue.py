@@ -374,7 +374,7 @@ class PriorityQueue:
         lo, hi = view or (0, C.MAX_PRIORITY)
         wk = k.wk if view is None else k.view_wake(lo, hi)
         lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
-        head = [lease_ms, consumer or "", uuid.uuid4().hex[:16], int(count), C.POP_STALE_BUDGET]
+        head = [lease_ms, consumer or "", os.urandom(8).hex(), int(count), C.POP_STALE_BUDGET]
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
             return (self.scripts.pop_fair, [k.ii, k.pi, k.lz, k.lt, wk, *k.fair(), k.dp],

@@ -94,12 +94,19 @@ def header(name: str) -> str:
 _pinned = threading.local()
 
 
+@lru_cache(maxsize=None)
+def _plain_client(cls) -> bool:
+    """A redis-py client class whose calls may go on a connection of its pool (not a pipeline,
+    not a cluster client). Cached per class: ``isinstance`` against ``Pipeline`` is slow."""
+    return issubclass(cls, redis.Redis) and not issubclass(cls, redis.client.Pipeline)
+
+
 def _own_connection(client):
     """This thread's own connection of ``client``'s pool (a new one after a fork), or None when
     the client is not a plain redis-py client (a pipeline, a cluster client). Held weakly by
     pool: when the client and its pool go, so does the connection."""
     pool = getattr(client, "connection_pool", None)
-    if pool is None or not isinstance(client, redis.Redis) or isinstance(client, redis.client.Pipeline):
+    if pool is None or not _plain_client(type(client)):
         return None
     conns = getattr(_pinned, "conns", None)
     if conns is None:
