@@ -3,6 +3,7 @@
 #   make demo    install into .venv, then run the demo (examples/demo.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py)
+#   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
 #   make clean   remove .venv, build artefacts and caches
 #
 # The tests and the demo start their own redis-server processes on free ports;
@@ -18,7 +19,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 BENCH_ARGS  ?=
 
-.PHONY: all venv install redis test demo bench clean
+.PHONY: all venv install redis test demo bench profile clean
 
 all: test
 
@@ -63,6 +64,10 @@ demo: install redis
 bench: install redis
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	$(VPY) -m benchmarks.run $(BENCH_ARGS)
+
+profile: install redis
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	$(VPY) -m benchmarks.profile $(PROFILE_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log

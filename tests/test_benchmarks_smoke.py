@@ -27,3 +27,13 @@ def test_benchmarks_run_and_write_results(tmp_path):
     assert json.loads((tmp_path / "bulk.json").read_text())["ours_per_second"] > 0
     peers = json.loads((tmp_path / "peers.json").read_text())
     assert peers["per_second"]["pq pop+ack x8"] > 0
+
+
+@pytest.mark.slow
+def test_profile_runs_and_writes_its_files(tmp_path):
+    from benchmarks import profile
+
+    data = profile.main(["--smoke", "--out", str(tmp_path)])
+    assert set(data["profiles"]) == {f"{t} {p}" for t in ("celery-pq", "kombu-redis") for p in ("publish", "consume")}
+    assert "PriorityQueue.insert" in (tmp_path / "profile-celery-pq-publish.txt").read_text()
+    assert "celery-pq consume" in (tmp_path / "profile.md").read_text()

@@ -1,0 +1,97 @@
+"""Where a client's time goes: pyinstrument over publish and over consume + ack (prefetch 1)
+through kombu, for celery-pq and kombu's Redis transport, against one redis-server started for
+the run. Writes ``results/profile.md`` (the top of each profile) and the full text profiles as
+``results/profile-<transport>-<phase>.txt``.
+
+    python -m benchmarks.profile [--messages 5000] [--smoke] [--out DIR]
+
+A profile is a tool to find the next thing to make faster; it asserts nothing and its figures
+are not targets (pyinstrument samples every millisecond, which slows the run a little).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+from pyinstrument import Profiler
+
+import celery_pq  # noqa: F401  (pq:// scheme)
+
+from .common import RESULTS, cli, redis_server, transports
+
+BODY = "x" * 256
+QUEUE = Queue("prof", Exchange("prof"), routing_key="prof")
+
+
+def _publish(conn, n):
+    producer = Producer(conn.default_channel)
+    for _ in range(n):
+        producer.publish(BODY, exchange=QUEUE.exchange, routing_key="prof", priority=5)
+
+
+def _consume(conn, n):
+    got = [0]
+
+    def on_message(body, message):
+        got[0] += 1
+        message.ack()
+
+    with Consumer(conn, [QUEUE], callbacks=[on_message], prefetch_count=1):
+        while got[0] < n:
+            try:
+                conn.drain_events(timeout=5)
+            except socket.timeout:
+                break
+    return got[0]
+
+
+def _top(profiler, lines=45) -> str:
+    text = profiler.output_text(unicode=False, color=False, show_all=True)
+    return "\n".join(text.splitlines()[:lines])
+
+
+def run(messages=5000, out=None) -> dict:
+    out = Path(out) if out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"messages": messages, "profiles": {}}
+    with redis_server() as port:
+        for name, (url, kwargs) in transports(port).items():
+            with Connection(url, **kwargs) as conn:
+                QUEUE(conn.default_channel).declare()
+                QUEUE(conn.default_channel).purge()
+                for phase, work in (("publish", _publish), ("consume", _consume)):
+                    profiler = Profiler(interval=0.001)
+                    profiler.start()
+                    work(conn, messages)
+                    profiler.stop()
+                    path = out / f"profile-{name}-{phase}.txt"
+                    path.write_text(profiler.output_text(unicode=False, color=False, show_all=True))
+                    data["profiles"][f"{name} {phase}"] = {"file": path.name, "top": _top(profiler)}
+    return data
+
+
+def markdown(data) -> str:
+    parts = [f"# Client profiles (pyinstrument, {data['messages']} messages, 256-byte bodies)\n"]
+    for title, row in data["profiles"].items():
+        parts.append(f"## {title}\n\nFull profile: `{row['file']}`\n\n```\n{row['top']}\n```\n")
+    return "\n".join(parts)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    out = None
+    if "--out" in argv:
+        out = argv[argv.index("--out") + 1]
+
+    def run_here(**args):
+        return run(out=out, **args)
+
+    return cli(argv, __doc__, "profile", run_here, markdown,
+               options=[("--messages", int, 5000)], smoke={"messages": 200})
+
+
+if __name__ == "__main__":
+    main()
