@@ -42,7 +42,8 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
         with app.connection_for_write() as conn:  # start empty: the queue outlives a run
             app.conf.task_queues[0](conn.default_channel).declare()
             app.conf.task_queues[0](conn.default_channel).purge()
-    with app.producer_or_acquire() as producer:
+    with app.connection_for_write() as conn:  # its own connection, closed here (not the shared pools)
+        producer = conn.Producer()
         for _ in range(n):
             app.send_task("bench.noop", queue="bench", producer=producer)
     env = dict(os.environ, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
@@ -67,7 +68,7 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
             worker.wait(30)
         except subprocess.TimeoutExpired:
             worker.kill()
-        app.close()  # its producer pool holds a broker connection
+        app.close()
         rec.close()
 
 
