@@ -580,6 +580,23 @@ class PriorityQueue:
         self.client.delete(*self.keys.all())
 
     # -- counts -------------------------------------------------------------------------------
+    def lease_of(self, id: str) -> dict | None:
+        """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
+        ``deliveries``, ``deadline_ms`` and ``seconds_left`` (both on Redis's clock). Read in one
+        MULTI; the lease token is not shown (it is what acks)."""
+        eid = encode_id(id)
+        with self.client.pipeline(transaction=True) as p:
+            p.hget(self.keys.lt, eid)
+            p.zscore(self.keys.lz, eid)
+            p.time()
+            info, deadline, (sec, usec) = p.execute()
+        if info is None or deadline is None:
+            return None
+        fields = _s(info).split(",")
+        now_ms = sec * 1000 + usec // 1000
+        return {"consumer": fields[1], "deliveries": int(fields[3]), "deadline_ms": int(deadline),
+                "seconds_left": (deadline - now_ms) / 1000}
+
     def size(self) -> int:
         """Waiting entries (delayed ones not counted)."""
         with self.client.pipeline(transaction=False) as p:

@@ -40,7 +40,6 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
-from celery_pq.keys import queue_keys
 from celery_pq.scripts import SCRIPT_NAMES, source as script_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,16 +319,10 @@ class Part:
     def lease(self, entry_id):
         """(pid of the consumer holding the lease, seconds until it runs out, deadline in ms on the
         Redis clock), or None."""
-        k = queue_keys(QUEUE, self.prefix)
-        with self.redis.pipeline(transaction=False) as p:
-            p.hget(k.lt, entry_id)
-            p.zscore(k.lz, entry_id)
-            p.time()
-            info, deadline, (sec, usec) = p.execute()
-        if info is None or deadline is None:
+        held = self.queue.lease_of(entry_id)
+        if held is None:
             return None
-        consumer = info.decode().split(",")[1]  # host:pid:random
-        return int(consumer.split(":")[-2]), (deadline - (sec * 1000 + usec // 1000)) / 1000, int(deadline)
+        return int(held["consumer"].split(":")[-2]), held["seconds_left"], held["deadline_ms"]  # host:pid:random
 
     def settled(self, timeout=5.0) -> dict:
         """The queue's stats once nothing is leased (acks may ride with the worker's next pop)."""

@@ -106,6 +106,20 @@ def test_pop_leases_in_the_same_script(q, redis_client):
     assert 29_000 < deadline - (now_s * 1000 + now_us // 1000) <= 30_000
 
 
+def test_lease_of_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
+    task_id = "0b8f5c9e-3a1d-4f6e-9c2b-7d4e5f6a8b9c"  # stored in its compact form
+    q.insert(b"p", 3, id=task_id)
+    assert q.lease_of(task_id) is None  # waiting, not leased
+    [lease] = q.pop(consumer="host:123:ab", lease_seconds=20)
+    held = q.lease_of(task_id)
+    assert held["consumer"] == "host:123:ab" and held["deliveries"] == 1
+    assert 19 < held["seconds_left"] <= 20 and "token" not in held
+    q.extend([lease], lease_seconds=60)
+    assert q.lease_of(task_id)["deadline_ms"] > held["deadline_ms"]
+    q.ack(lease)
+    assert q.lease_of(task_id) is None and q.lease_of("no-such-id") is None
+
+
 def test_ack_deletes_and_checks_token(q, redis_client):
     q.insert(b"p", 3, id="a")
     [lease] = q.pop()

@@ -1,0 +1,30 @@
+"""The demo README's first screen promises (`make demo`) runs and passes its own checks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    from redis_server import find_redis_server
+except ImportError:
+    from tests.redis_server import find_redis_server
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_passes_every_check_on_a_redis_server_of_its_own():
+    env = dict(os.environ, PQ_REDIS_SERVER=find_redis_server(),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PQ_DEMO_REDIS_URL", None)  # never the machine's Redis
+    run = subprocess.run([sys.executable, "-m", "examples.demo"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=230)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "FAIL" not in run.stdout and "Summary: 14 of 14 checks passed" in run.stdout, out[-3000:]
+    assert "redis-server" in run.stdout.splitlines()[0]  # its own server, not a shared Redis
