@@ -48,9 +48,16 @@ def _consume(conn, n):
     return got[0]
 
 
+ROOT = str(Path(__file__).resolve().parent.parent) + "/"
+
+
+def _text(profiler) -> str:
+    """The whole tree, paths shown relative to the repository."""
+    return profiler.output_text(unicode=False, color=False, show_all=True).replace(ROOT, "")
+
+
 def _top(profiler, lines=45) -> str:
-    text = profiler.output_text(unicode=False, color=False, show_all=True)
-    return "\n".join(text.splitlines()[:lines])
+    return "\n".join(_text(profiler).splitlines()[:lines])
 
 
 def run(messages=5000, out=None) -> dict:
@@ -68,7 +75,7 @@ def run(messages=5000, out=None) -> dict:
                     work(conn, messages)
                     profiler.stop()
                     path = out / f"profile-{name}-{phase}.txt"
-                    path.write_text(profiler.output_text(unicode=False, color=False, show_all=True))
+                    path.write_text(_text(profiler))
                     data["profiles"][f"{name} {phase}"] = {"file": path.name, "top": _top(profiler)}
     return data
 
