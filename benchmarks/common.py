@@ -97,10 +97,11 @@ def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None):
+def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None, run_gets_out=False):
     """The command line of one benchmark: parse ``options`` (``(flag, type, default)``) plus
     ``--smoke`` and ``--out``, call ``run(**values)``, write ``results/<name>.json`` and ``.md``.
-    ``smoke`` maps option names to the values of a tiny run."""
+    ``smoke`` maps option names to the values of a tiny run; with ``run_gets_out`` the results
+    directory is passed to ``run`` as ``out`` too (for files beside the JSON and Markdown)."""
     ap = argparse.ArgumentParser(description=doc)
     for flag, kind, default in options:
         ap.add_argument(flag, type=kind, default=default)
@@ -110,6 +111,8 @@ def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None):
     out, is_smoke = args.pop("out"), args.pop("smoke")
     if is_smoke:
         args.update(smoke or {})
+    if run_gets_out:
+        args["out"] = out
     data = run(**args)
     md = markdown(data)
     path = write_results(name, data, md, out)

@@ -12,7 +12,6 @@ are not targets (pyinstrument samples every millisecond, which slows the run a l
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -88,16 +87,8 @@ def markdown(data) -> str:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    out = None
-    if "--out" in argv:
-        out = argv[argv.index("--out") + 1]
-
-    def run_here(**args):
-        return run(out=out, **args)
-
-    return cli(argv, __doc__, "profile", run_here, markdown,
-               options=[("--messages", int, 5000)], smoke={"messages": 200})
+    return cli(argv, __doc__, "profile", run, markdown, options=[("--messages", int, 5000)],
+               smoke={"messages": 200}, run_gets_out=True)
 
 
 if __name__ == "__main__":
