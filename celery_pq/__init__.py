@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from .errors import ConfigError, EntryNotFound, ErrorCode, LeaseLost, NotWaiting, PQError, QueueFull
+from .errors import (ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch, NotWaiting,
+                     PQError, QueueFull)
 from .queue import Entry, Lease, PriorityQueue
 
 __version__ = "0.1.0"
@@ -39,6 +40,8 @@ __all__ = [
     "ErrorCode",
     "Lease",
     "LeaseLost",
+    "MessageTooLarge",
+    "ModeMismatch",
     "NotWaiting",
     "PQError",
     "PriorityQueue",

@@ -15,6 +15,7 @@ class ErrorCode(IntEnum):
     QUEUE_FULL = -5  # max_length reached
     STALE_VIEWS = -6  # the caller's list of priority views is out of date: refresh and retry
     TENANT_FULL = -7  # max_length_per_tenant reached
+    MODE_MISMATCH = -8  # the queue was made with other settings (fair, scope, order, technique)
 
 
 class PQError(Exception):
@@ -66,3 +67,32 @@ class NotWaiting(PQError):
 
 class ConfigError(PQError, ValueError):
     """A transport option or queue setting that cannot work."""
+
+
+class ModeMismatch(ConfigError):
+    """A process uses a queue with settings other than those recorded when it was made.
+
+    A queue records its mode (fairness, fair scope, priority order, technique) in Redis on
+    first use; a process that disagrees touches nothing. ``PriorityQueue.migrate_mode()``
+    changes a queue's mode on purpose.
+    """
+
+    def __init__(self, queue: str, stored: dict, wanted: dict):
+        self.queue = queue
+        self.stored = stored
+        self.wanted = wanted
+        diff = ", ".join(f"{k}={stored.get(k)!r} (this process: {wanted.get(k)!r})"
+                         for k in wanted if stored.get(k) != wanted.get(k))
+        super().__init__(f"queue {queue!r} was made with {diff}; nothing was changed. Use the "
+                         f"queue's own settings, or migrate it on purpose (PriorityQueue.migrate_mode)")
+
+
+class MessageTooLarge(PQError, ValueError):
+    """A message whose stored size passes ``max_message_bytes``; nothing was written."""
+
+    def __init__(self, queue: str, size: int, limit: int):
+        self.queue = queue
+        self.size = size
+        self.limit = limit
+        super().__init__(f"message for queue {queue!r} is {size} bytes, over max_message_bytes={limit}; "
+                         "it was not published")
