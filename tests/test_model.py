@@ -25,7 +25,8 @@ is left in the identifier-indexed table.
 
 Running it:
 
-- ``pytest tests/test_model.py``: the bounded CI run (profile ``ci``, about a minute here).
+- ``pytest tests/test_model.py``: the bounded CI run (profile ``ci``: 80 examples of up to 40 steps per
+  machine, about a minute and a half here once it passes; a failure adds up to 5 minutes of shrinking).
 - ``PQ_SOAK_MINUTES=30 pytest tests/test_model.py -m slow`` (``make soak``): every machine in
   turn with many more and longer examples until that many minutes have passed.
 - ``PQ_MODEL_SKIP=name,name`` leaves out rules or checks by name (those in SKIPPABLE), to look
@@ -58,7 +59,7 @@ assert SKIP <= SKIPPABLE, f"PQ_MODEL_SKIP names unknown rules or checks: {sorted
 
 _common = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
-settings.register_profile("ci", max_examples=12, stateful_step_count=30, **_common)
+settings.register_profile("ci", max_examples=80, stateful_step_count=40, **_common)
 settings.register_profile("soak", max_examples=60, stateful_step_count=120, **_common)
 
 #: Pointers the rank lists may hold beyond twice the waiting entries (stale ones not yet passed).
@@ -370,6 +371,14 @@ class QueueMachine(RuleBasedStateMachine):
                                                                e.tenant.replace("%2C", ",")), what
             assert x.deliveries == e.d + 1, f"{what}: {x.id} delivered with count {x.deliveries}, expected {e.d + 1}"
             e.token = x.token
+
+    def pop_and_ack(self, count: int, what: str) -> None:
+        want = self.expect_pop(count, None)
+        self.check_leases(self.q.pop(count), want, what)
+        for e in want:
+            assert self.q.ack((e.eid, e.token))
+            self.end_lease(e)
+            self.finish(e, "gone")
 
     @rule(count=st.sampled_from([1, 1, 2, 3, 7, 20]))
     def pop(self, count):
@@ -736,13 +745,7 @@ class QueueMachine(RuleBasedStateMachine):
                 assert self.q.extend(pairs, 0.001) == [True] * len(pairs)
                 time.sleep(0.005)
             self.reclaim()
-            got = self.expect_pop(1000, None)
-            leases = self.q.pop(1000)
-            self.check_leases(leases, got, "drain")
-            for e in got:
-                assert self.q.ack((e.eid, e.token))
-                self.end_lease(e)
-                self.finish(e, "gone")
+            self.pop_and_ack(1000, "drain")
             if not self.state_of("waiting") and not self.state_of("delayed") and not self.state_of("leased") and \
                     not self.client.hlen(self.q.keys.ii):
                 break
@@ -798,13 +801,7 @@ class FairMachine(QueueMachine):
         """Many rounds of insert, pop, ack (a busy tenant beside a capped one)."""
         for _ in range(n):
             self.insert(None, 5, tenant, "now")
-            want = self.expect_pop(1, None)
-            got = self.q.pop(1)
-            self.check_leases(got, want, "churn pop")
-            for e in want:
-                assert self.q.ack((e.eid, e.token))
-                self.end_lease(e)
-                self.finish(e, "gone")
+            self.pop_and_ack(1, "churn")
 
     @precondition(lambda self: "fair_state_bound" not in SKIP)
     @invariant()
