@@ -20,6 +20,7 @@ import math
 import os
 import re
 import socket
+import threading
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -243,6 +244,8 @@ class PriorityQueue:
         self.max_dead_length = max_dead_length
         #: The publish id of this queue object's last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
+        self._forget: list[bytes] = []
+        self._forget_lock = threading.Lock()
         scope = FAIR_SCOPES[fair_scope] if self.fair else "-"
         self._mode = f"{int(self.fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
         max_dead = max_dead_length or max_length or 0
@@ -359,14 +362,26 @@ class PriorityQueue:
         fair = k.fair() if self.fair else []
         return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *fair, *(k.view_wake(*v) for v in self._views)]
 
-    def _insert_args(self, items) -> list:
+    def _insert_args(self, items, forget=()) -> list:
         args: list = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
                       self.scope, self._views_version, len(self._views)]
         args += [f"{lo},{hi}" for lo, hi in self._views]
+        args += [len(forget), *forget]
         for payload, priority, id, tenant, due, pid in items:
             args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
                      pid or ""]
         return args
+
+    def _take_forgets(self) -> list:
+        """Publish ids whose inserts have replied (none of them can be retried now): the next
+        insert call has the script forget them, so the window holds only unanswered ones."""
+        with self._forget_lock:
+            out, self._forget = self._forget[:C.BULK_CHUNK], self._forget[C.BULK_CHUNK:]
+        return out
+
+    def _answered(self, pids) -> None:
+        with self._forget_lock:
+            self._forget.extend(pids)
 
     def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None) -> tuple:
         """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
@@ -401,7 +416,7 @@ class PriorityQueue:
 
     def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
                tenant: str | None = None, delay: float | None = None, due_ms: int | None = None,
-               publish_id: bytes | str | None = None) -> str:
+               publish_id: bytes | str | None = None, remember: bool | None = None) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
@@ -410,12 +425,23 @@ class PriorityQueue:
         ``publish_id`` makes the insert idempotent: the queue stores nothing for a publish id it
         has seen in the last ``dedupe_seconds`` and returns the entry id it stored then. When
         none is given a random one is made (``last_publish_id``), so the client's own retry of
-        a call whose reply was lost stores the entry once.
+        a call whose reply was lost stores the entry once. ``remember`` (default: True for a
+        given publish id, False for a made one) keeps the publish id for the whole window even
+        after the reply came; otherwise the next insert call has the queue forget it, since no
+        retry of it can come any more (the window then costs memory only for unanswered calls).
         """
         items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id)]
-        self.last_publish_id = items[0][5]
+        pid = self.last_publish_id = items[0][5]
+        forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
         for _ in range(5):
-            reply = self._run("insert", self._insert_keys(), self._insert_args(items))
+            forget = self._take_forgets()
+            try:
+                reply = self._run("insert", self._insert_keys(), self._insert_args(items, forget))
+            except BaseException:
+                self._answered(forget)
+                raise
+            if forget_it:
+                self._answered([pid])
             if self._check_reply(reply, items):
                 return decode_id(reply[0])
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
@@ -432,7 +458,8 @@ class PriorityQueue:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         norm = []
-        for item in items:
+        items_given = list(items)
+        for item in items_given:
             if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 6:
                 raise ValueError(f"insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id]]]]) "
                                  f"tuples, got {item!r}")
@@ -441,11 +468,15 @@ class PriorityQueue:
             norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3]))
         ids: list = [None] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
+        made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
         while pending:
+            forget = self._take_forgets()
             try:
-                replies = run_calls(self.client, [self._call("insert", self._insert_keys(), self._insert_args(part))
-                                                  for _, part in pending])
+                replies = run_calls(self.client, [self._call("insert", self._insert_keys(),
+                                                             self._insert_args(part, forget if n == 0 else ()))
+                                                  for n, (_, part) in enumerate(pending)])
             except Exception as exc:
+                self._answered(forget)
                 raise _partial(exc, ids, norm, "chunks without a reply may or may not be stored") from None
             retry, failed = [], None
             for (start, part), reply in zip(pending, replies):
@@ -460,6 +491,9 @@ class PriorityQueue:
             if failed is not None:
                 raise _partial(failed, ids, norm, "chunks refused stored nothing")
             pending = retry
+        # every made publish id has its reply: no retry of them can come (on a failure above
+        # they stay remembered for the window, so insert_many(exc.items) stores each item once)
+        self._answered([norm[i][5] for i in sorted(made) if norm[i][5] is not None])
         return ids
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
@@ -855,7 +889,9 @@ def _commands(stale: int) -> dict:
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
     grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
     md = ["get"]  # every script but extend first reads the queue's mode record
-    dedupe = ["get", "hget", "hget", "hset"]  # the window's start; the publish id in both windows; recorded
+    # the window's start; the last insert's publish id forgotten in both windows (its reply came);
+    # this one's looked for in both windows, and recorded
+    dedupe = ["get", "hdel", "hdel", "hget", "hget", "hset"]
     return {
         "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
         "pop": {

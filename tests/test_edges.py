@@ -348,3 +348,18 @@ def test_fair_weights_outside_the_range_the_tags_hold_are_refused(redis_client, 
     with pytest.raises(ValueError, match="weight"):
         q.configure_tenants(weights={"A": weight})
     assert not redis_client.exists(q.keys.fc)
+
+
+def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_entry(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
+    for i in range(50):
+        q.insert(b"x", 1, id=f"t{i}")
+    q.insert_many([(b"y", 1)] * 30)
+    q.insert(b"z", 1)
+    # only the last call's publish id is remembered: no reply of it has been seen by a later call
+    assert redis_client.hlen(q.keys.pd) + redis_client.hlen(q.keys.pe) == 1
+    # a publish id the caller gives is remembered for the whole window (a producer that sends
+    # again after a success, as a retried Spark task does)
+    q.insert(b"k", 1, id="kept", publish_id=b"given")
+    q.insert(b"w", 1)
+    assert q.insert(b"k", 1, id="kept", publish_id=b"given") == "kept" and q.size() == 83

@@ -24,6 +24,8 @@
 -- ARGV[4] scope           "P" within_priority or "T" tenant_first
 -- ARGV[5] views_version   the registry version the caller knows ("" if none)
 -- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
+-- then nforget, and nforget publish ids to forget now (the caller has the replies of their
+--                   inserts, so no retry of them can come: their memory is freed at once)
 -- then groups of 6: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
@@ -51,7 +53,8 @@ local vkeys = 8
 if fair then
   vkeys = 16
 end
-local first = 7 + nviews
+local nforget = tonumber(ARGV[7 + nviews])
+local first = 8 + nviews + nforget
 local n = (#ARGV - first + 1) / 6
 
 local bad = mode_error(true)
@@ -81,6 +84,10 @@ if CTX.dedupe_ms > 0 then
       redis.call('RENAME', pd, pe)
     end
     redis.call('SET', pt, fmt(now))
+  end
+  for i = 8 + nviews, first - 1 do
+    redis.call('HDEL', pd, ARGV[i])
+    redis.call('HDEL', pe, ARGV[i])
   end
   local mine = {}
   for i = 0, n - 1 do
