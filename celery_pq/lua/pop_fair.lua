@@ -117,17 +117,7 @@ write_leases(P, lt, lz)
 -- A fair pop serves from the tenant's order, so the pointers of the served ranks' lists go
 -- stale where they are; drop the stale ones at the front (bounded), so the lists stay short.
 for rank in pairs(served) do
-  local key = level_key(pi, rank)
-  for _ = 1, stale_budget + want do
-    local h = redis.call('LINDEX', key, 0)
-    if not h or pi_entry(ii, lt, h, rank) ~= nil then
-      break
-    end
-    redis.call('LPOP', key)
-  end
-  if redis.call('EXISTS', key) == 0 then
-    redis.call('ZREM', pi, rank)
-  end
+  pi_trim(ii, lt, pi, rank, stale_budget + want)
 end
 if redis.call('ZCARD', FK.te) == 0 then -- nothing waits: every pointer left is stale
   for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do

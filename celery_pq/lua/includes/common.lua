@@ -247,6 +247,28 @@ local function pi_compact(pi, rank, n)
   end
 end
 
+-- Drop the stale pointers at the front of rank's list (at most budget); the rank leaves pi
+-- when its list runs empty. Returns the head pointer left and what pi_entry says of it (its
+-- entry is waiting, or malformed), or nil.
+local function pi_trim(ii, lt, pi, rank, budget)
+  local key = level_key(pi, rank)
+  for _ = 1, budget do
+    local h = redis.call('LINDEX', key, 0)
+    if not h then
+      break
+    end
+    local eid, a, b, c = pi_entry(ii, lt, h, rank)
+    if eid ~= nil then
+      return h, eid, a, b, c
+    end
+    redis.call('LPOP', key)
+  end
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('ZREM', pi, rank)
+  end
+  return nil
+end
+
 -- Append a pointer to the back of its rank's list (a new entry, a due delayed one).
 local function pi_push(pi, rank, seq, eid)
   local n = redis.call('RPUSH', level_key(pi, rank), make_ptr(seq, eid))
@@ -403,26 +425,13 @@ local function dead_make_room(dii, dpi)
   local dlt = string.sub(dii, 1, -3) .. 'lt'
   local best_seq, best_key, best_eid, best_rank
   for _, r in ipairs(redis.call('ZRANGE', dpi, 0, -1)) do
-    local key, rank = level_key(dpi, r), tonumber(r)
-    for _ = 1, 100 do -- stale heads first go (bounded)
-      local h = redis.call('LINDEX', key, 0)
-      if not h then
-        break
+    local rank = tonumber(r)
+    local h, found, eid = pi_trim(dii, dlt, dpi, rank, 100)
+    if h then
+      local seq = parse_ptr(h)
+      if not best_seq or seq < best_seq then
+        best_seq, best_key, best_eid, best_rank = seq, level_key(dpi, rank), found or eid, rank
       end
-      local found, eid, _, seq = pi_entry(dii, dlt, h, rank)
-      if found then
-        eid, seq = found, parse_ptr(h)
-      end
-      if found ~= nil then
-        if not best_seq or seq < best_seq then
-          best_seq, best_key, best_eid, best_rank = seq, key, eid, rank
-        end
-        break
-      end
-      redis.call('LPOP', key)
-    end
-    if redis.call('EXISTS', key) == 0 then
-      redis.call('ZREM', dpi, r)
     end
   end
   if best_key then
