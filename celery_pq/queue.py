@@ -104,14 +104,34 @@ def unescape_tenant(text: str) -> str:
     return unquote(text)
 
 
-def _number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False):
-    """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``)."""
+#: The longest duration any argument takes (lease, delay, dedupe window): ten years, in seconds.
+MAX_SECONDS = 10 * 365 * 24 * 3600
+#: The latest due time an insert takes: the end of year 9999 (Unix ms, below 2**53).
+MAX_DUE_MS = 253_402_300_799_999
+
+
+def _number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False,
+            high: float = float("inf")):
+    """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``), at most high."""
     if value is None and none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            value < low or (value == low and not allow_low):
+            value < low or (value == low and not allow_low) or value > high:
         rel = ">=" if allow_low else ">"
-        raise ValueError(f"{label} must be a finite number {rel} {low:g}, got {value!r}")
+        top = f" and <= {high:g}" if high != float("inf") else ""
+        raise ValueError(f"{label} must be a finite number {rel} {low:g}{top}, got {value!r}")
+    return value
+
+
+def _seconds(label: str, value, *, zero: bool = False, none: bool = False):
+    return _number(label, value, allow_low=zero, none=none, high=MAX_SECONDS)
+
+
+def _text(label: str, value, *, forbidden: str = "") -> str:
+    """A non-empty str without the characters a stored record uses as separators."""
+    if not isinstance(value, str) or not value or any(c in value for c in forbidden):
+        extra = f" without {', '.join(repr(c) for c in forbidden)}" if forbidden else ""
+        raise ValueError(f"{label} must be a non-empty string{extra}, got {value!r}")
     return value
 
 
@@ -202,8 +222,10 @@ class PriorityQueue:
             raise ValueError(f"queue name must be a non-empty string, got {name!r}")
         if not isinstance(key_prefix, str) or not key_prefix:
             raise ValueError(f"key_prefix must be a non-empty string, got {key_prefix!r}")
-        _number("lease_seconds", lease_seconds)
-        _number("dedupe_seconds", dedupe_seconds, allow_low=True)
+        _seconds("lease_seconds", lease_seconds)
+        _seconds("dedupe_seconds", dedupe_seconds, zero=True)
+        if not isinstance(fair, bool):
+            raise ValueError(f"fair must be True or False, got {fair!r}")
         _count("max_dead_length", max_dead_length)
         _count("max_deliveries", max_deliveries, low=0, none=False)
         if technique not in C.TECHNIQUES:
@@ -216,7 +238,7 @@ class PriorityQueue:
         for label, value in (("tenant_concurrency", tenant_concurrency), ("max_length_per_tenant", max_length_per_tenant)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{label} must be a non-negative integer or None, got {value!r}")
-        _number("tenant_rate", tenant_rate, allow_low=True, none=True)
+        _number("tenant_rate", tenant_rate, allow_low=True, none=True, high=MAX_RATE)
         if (tenant_concurrency or tenant_rate or max_length_per_tenant) and not fair:
             raise ValueError("tenant caps need fairness on (a tenant for each entry)")
         self.fair = bool(fair)
@@ -519,13 +541,13 @@ class PriorityQueue:
                           rate: dict | None = None) -> None:
         """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
         fields = {}
-        for prefix, table in (("w", weights), ("c", concurrency), ("r", rate)):
+        for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):
             if table is not None and not isinstance(table, dict):
-                raise ValueError(f"tenant settings are a dict {{tenant: value}}, got {table!r}")
+                raise ValueError(f"{label} must be a dict {{tenant: value}}, got {table!r}")
             for tenant, value in (table or {}).items():
                 if not isinstance(tenant, str):
-                    raise ValueError(f"tenant names are strings, got {tenant!r}")
-                fields[f"{prefix}:{escape_tenant(tenant)}"] = _tenant_setting(prefix, tenant, value)
+                    raise ValueError(f"{label}: tenant names are strings, got {tenant!r}")
+                fields[f"{label[0]}:{escape_tenant(tenant)}"] = _tenant_setting(label, tenant, value)
         if fields:
             self.client.hset(self.keys.fc, mapping=fields)
 
@@ -581,15 +603,36 @@ class PriorityQueue:
         ``ack_codes(reply)``.
         """
         k = self.keys
-        lo, hi = view or (0, C.MAX_PRIORITY)
+        _count("count", count, none=False)
+        lo, hi = self._check_view(view)
         wk = k.wk if view is None else k.view_wake(lo, hi)
-        lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
-        head = [lease_ms, consumer or "", os.urandom(8).hex(), int(count), C.POP_STALE_BUDGET]
+        lease_ms = self._lease_ms(lease_seconds)
+        if consumer is not None:
+            _text("consumer", consumer, forbidden=",")
+        head = [lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
             return self._call("pop_fair", [k.ii, k.pi, k.lz, k.lt, wk, *k.fair(), k.dp],
                               head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
         return self._call("pop", [k.ii, k.pi, k.lz, k.lt, wk, k.dp], head + [lo, hi] + tail)
+
+    def _check_view(self, view) -> tuple[int, int]:
+        """The rank range of a priority view (None: the whole queue), checked."""
+        if view is None:
+            return 0, C.MAX_PRIORITY
+        if not isinstance(view, (tuple, list)) or len(view) != 2 or \
+                any(isinstance(x, bool) or not isinstance(x, int) for x in view) or \
+                not 0 <= view[0] <= view[1] <= C.MAX_PRIORITY:
+            raise ValueError(f"view must be a rank range (lo, hi) with 0 <= lo <= hi <= 255, got {view!r}")
+        if self.fair and self.scope != "P" and tuple(view) != (0, C.MAX_PRIORITY):
+            raise ValueError(f"view {tuple(view)!r}: priority views need fair_scope='within_priority' on a fair "
+                             f"queue, and {self.name!r} is fair_scope={self.fair_scope!r}")
+        return view[0], view[1]
+
+    def _lease_ms(self, lease_seconds) -> int:
+        if lease_seconds is None:
+            return int(1000 * self.lease_seconds)
+        return int(1000 * _seconds("lease_seconds", lease_seconds))
 
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
@@ -637,10 +680,11 @@ class PriorityQueue:
     def extend(self, leases: Sequence, lease_seconds: float | None = None, *, strict: bool = False) -> list[bool]:
         """Renew leases for ``lease_seconds`` from now (Redis clock)."""
         pairs = [_pair(x) for x in leases]
+        self._lease_ms(lease_seconds)
         if not pairs:
             return []
         k = self.keys
-        lease_ms = int(1000 * (lease_seconds or self.lease_seconds))
+        lease_ms = self._lease_ms(lease_seconds)
         codes = self.scripts.extend(keys=[k.lz, k.lt], args=[lease_ms] + [v for eid, token in pairs
                                                                           for v in (encode_id(eid), token)],
                                     client=self.client)
@@ -717,6 +761,7 @@ class PriorityQueue:
     # -- REMOVE BY ID, priorities, peeks --------------------------------------------------------
     def remove(self, id: str) -> int:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
+        _text("id", id)
         k = self.keys
         removed, _leased = self._run("remove", [k.ii, k.pi, k.lt, k.dp, k.dz, *k.fair()],
                                      [encode_id(id), self.technique, "1" if self.fair else "0", self.scope])
@@ -724,6 +769,7 @@ class PriorityQueue:
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""
+        _text("id", id)
         k = self.keys
         code = self._run("change_priority", [k.ii, k.pi, k.lt, k.sq, k.dz, *k.fair()],
                          [encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope])
@@ -932,12 +978,10 @@ def _when(delay: float | None, due_ms: int | None) -> str:
     if delay is not None and due_ms is not None:
         raise ValueError("give delay or due_ms, not both")
     if delay is not None:
-        if not isinstance(delay, (int, float)) or delay < 0:
-            raise ValueError(f"delay must be a number of seconds >= 0, got {delay!r}")
-        return f"+{int(delay * 1000)}"
+        return f"+{int(_seconds('delay', delay, zero=True) * 1000)}"
     if due_ms is not None:
-        if not isinstance(due_ms, int) or due_ms < 0:
-            raise ValueError(f"due_ms must be a Unix time in milliseconds, got {due_ms!r}")
+        if isinstance(due_ms, bool) or not isinstance(due_ms, int) or not 0 <= due_ms <= MAX_DUE_MS:
+            raise ValueError(f"due_ms must be a Unix time in milliseconds, 0..{MAX_DUE_MS}, got {due_ms!r}")
         return str(due_ms)
     return "0"
 
@@ -946,18 +990,20 @@ def _when(delay: float | None, due_ms: int | None) -> str:
 #: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing, one
 #: below 0.01 would run the tags out of digits after 1e9 deliveries.
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
+#: The highest rate a tenant may be given, deliveries per second (beyond it a rate limits nothing).
+MAX_RATE = 1_000_000
 
 
-def _tenant_setting(prefix: str, tenant: str, value):
-    """A tenant's weight (w), concurrency cap (c) or rate (r), checked."""
-    if prefix == "w":
+def _tenant_setting(label: str, tenant: str, value):
+    """A tenant's weight, concurrency cap or rate, checked."""
+    if label == "weights":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_WEIGHT <= value <= MAX_WEIGHT:
-            raise ValueError(f"tenant {tenant!r}: weight must be a number from {MIN_WEIGHT} to {MAX_WEIGHT}, "
+            raise ValueError(f"weights[{tenant!r}] must be a number from {MIN_WEIGHT} to {MAX_WEIGHT}, "
                              f"got {value!r}")
         return value
-    if prefix == "c":
-        return _count(f"tenant {tenant!r}: concurrency", value, none=False)
-    return _number(f"tenant {tenant!r}: rate", value)
+    if label == "concurrency":
+        return _count(f"concurrency[{tenant!r}]", value, none=False)
+    return _number(f"rate[{tenant!r}]", value, high=MAX_RATE)
 
 
 def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:
@@ -971,7 +1017,10 @@ def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:
 
 
 def _pair(x) -> tuple[str, str]:
+    """(entry id, token) of a Lease or of such a pair, checked."""
     if isinstance(x, Lease):
         return x.id, x.token
-    eid, token = x
-    return eid, token
+    if not isinstance(x, (tuple, list)) or len(x) != 2 or \
+            not all(isinstance(v, str) and v for v in x):
+        raise ValueError(f"a lease is a Lease or an (entry id, token) pair of non-empty strings, got {x!r}")
+    return x[0], x[1]
