@@ -694,11 +694,7 @@ class PriorityQueue:
         k, d = self.keys, self._dead_keys
         if d is None:  # a dead-letter queue has no dead-letter queue: its own keys stand in
             d = k
-        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq, *k.fair(),
-                *(k.view_wake(*v) for v in self._views)]
-
-    def _view_args(self) -> list:
-        return [len(self._views), *(f"{lo},{hi}" for lo, hi in self._views)]
+        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq, *k.fair()]
 
     def requeue(self, lease: Lease | tuple[str, str], *, count_delivery: bool = True, strict: bool = False) -> str | None:
         """Back to Waiting at its original place; ``"dead"`` when max_deliveries is used up.
@@ -721,7 +717,7 @@ class PriorityQueue:
         eid, token = _pair(lease)
         code = self._run("requeue", self._requeue_keys(),
                          [encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason,
-                          "1" if self.fair else "0", self.scope, *self._view_args()])
+                          "1" if self.fair else "0", self.scope])
         if code == 1:
             return "waiting"
         if code in (2, 3):
@@ -739,14 +735,11 @@ class PriorityQueue:
         With ``guard_seconds`` > 0, runs only if no other caller swept in that interval.
         """
         k, d = self.keys, self._dead_keys or self.keys
-        if self.client.exists(k.vr):  # wake the priority views that returned work belongs to
-            self.refresh_views()
         returned, dead, skipped, more, promoted, dropped = self._run(
             "reclaim",
-            [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair(),
-             *(k.view_wake(*v) for v in self._views)],
+            [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair()],
             [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-             "1" if self.fair else "0", self.scope, *self._view_args()],
+             "1" if self.fair else "0", self.scope],
         )
         if dropped:
             self._warn_dropped(dropped)
@@ -913,7 +906,7 @@ class PriorityQueue:
         return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
-READ_COMMANDS = frozenset({"hget", "hexists", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
+READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
                            "zscore", "get", "exists"})
 WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
                             "del", "set"})
@@ -946,14 +939,14 @@ def _commands(stale: int) -> dict:
         },
         "ack": both([*md, "hget", "hdel", "hdel", "zrem"]),
         "extend": both(["time", "hget", "zadd"]),
-        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen"]),
+        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys"]),
         "remove_by_id": {
             "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
-            "S": [*md, "hget", "hexists", "hdel"],
+            "S": [*md, "hget", "hexists", "zscore", "hdel"],
         },
         "change_priority": {
-            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "lrem", "exists"],
-            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd"],
+            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", "lrem", "exists"],
+            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
         },
         "retrieve_highest_priority": {
             "T": [*md, "zrange", "lrange", "hget", "hexists"],

@@ -363,3 +363,46 @@ def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_en
     q.insert(b"k", 1, id="kept", publish_id=b"given")
     q.insert(b"w", 1)
     assert q.insert(b"k", 1, id="kept", publish_id=b"given") == "kept" and q.size() == 83
+
+
+# -- found by the model test -------------------------------------------------------------------
+
+def test_technique_s_remove_of_a_delayed_entry_takes_it_out_of_the_delayed_index(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, technique="S")
+    q.insert(b"x", 5, id="a", delay=3600)
+    assert q.remove("a") == 1
+    assert q.size() == 0 and q.stats()["delayed"] == 0
+
+
+def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True)
+    q.insert_many([(b"x", 5, "b1", "B"), (b"x", 5, "b2", "B"), (b"x", 5, "a1", "A")])
+    leases = q.pop(3)
+    q.requeue(leases[-1])
+    for lease in leases[:-1]:
+        q.requeue(lease)
+    assert q.purge() == 3
+
+
+def test_dead_lettering_a_capped_tenants_lease_wakes_a_consumer(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
+    q.insert_many([(b"x", 5, "a1", "A"), (b"x", 5, "a2", "A")])
+    [lease] = q.pop(1)
+    assert q.pop(1) == [] and not redis_client.llen(q.keys.wk)
+    q.dead_letter(lease)
+    assert redis_client.llen(q.keys.wk) == 1 and [e.id for e in q.pop(1)] == ["a2"]
+
+
+def test_requeue_and_change_priority_wake_views_registered_elsewhere(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix)
+    q.insert(b"x", 200, id="a")
+    q.insert(b"y", 5, id="b")
+    other = PriorityQueue(redis_client, "mm", key_prefix=key_prefix)
+    hi = other.register_view(*sorted((q.rank(200), q.rank(255))))
+    lo = other.register_view(q.rank(255), q.rank(255))
+    [lease] = q.pop(1)  # this object never heard of the views
+    redis_client.delete(hi, lo)
+    q.requeue(lease)
+    assert redis_client.llen(hi) == 1 and not redis_client.llen(lo)
+    q.change_priority("b", 255)
+    assert redis_client.llen(lo) == 1

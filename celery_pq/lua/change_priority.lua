@@ -55,6 +55,7 @@ if redis.call('ZSCORE', dz, eid) then
   return 1 -- it enters the queue with its new score when due
 end
 pi_push(pi, rank, seq, eid)
+wake_registered_views(rank) -- the entry may have moved into a view's range
 if fair then
   fair_drop(e.t, old, eid)
   redis.call('ZADD', FK.te, 0, te_member(e.t, rank, seq, eid))

@@ -31,11 +31,13 @@ FA = { scope = ARGV[3], conc = 0, rate = 0 }
 local count = tonumber(ARGV[1])
 local taken = pi_take(pi, 0, 255, count)
 local found = {} -- {eid, value} of the entries to delete
+local seen = {} -- a fair queue's requeued entry may have two current pointers
 for i = 1, #taken, 2 do
   local eid, score, v = pi_entry(ii, lt, taken[i], taken[i + 1])
   if eid == false then -- malformed: deleted as asked
     redis.call('HDEL', ii, score)
-  elseif eid then
+  elseif eid and not seen[eid] then
+    seen[eid] = true
     found[#found + 1] = { eid, v }
   end
 end

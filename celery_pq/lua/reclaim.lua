@@ -16,7 +16,6 @@
 -- KEYS[11] dsq  string  dead-letter queue: sequence
 -- KEYS[12] dz   zset    delayed entries, score = due time (ms)
 -- KEYS[13..20] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- KEYS[21..]    wake lists of the priority views named in ARGV
 -- ARGV[0] context         the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
@@ -24,7 +23,6 @@
 -- ARGV[4] consumer        "" for expired leases; a consumer id to return all of its leases now
 -- ARGV[5] fair            "1" when fairness is on
 -- ARGV[6] scope           "P" within_priority or "T" tenant_first
--- ARGV[7] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
 --           promoted delayed entries, dead entries dropped to keep max_dead}; the error reply
 --           MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
@@ -52,7 +50,6 @@ local fair = ARGV[5] == '1'
 FK = { te = KEYS[13], ts = KEYS[14], tb = KEYS[15], fv = KEYS[16], fc = KEYS[17], fn = KEYS[18], tw = KEYS[19],
   fr = KEYS[20] }
 FA = { scope = ARGV[6], conc = 0, rate = CTX.rate }
-local nviews = tonumber(ARGV[7])
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
   return { 0, 0, 1, 0, 0, 0 }
@@ -100,7 +97,7 @@ for _, eid in ipairs(expired) do
         if fair then
           fair_add(t, score, eid)
         end
-        wake_views(20, 7, nviews, (split_score(score)))
+        wake_registered_views((split_score(score)))
         returned = returned + 1
       end
     end
@@ -118,7 +115,7 @@ if consumer == '' then
     elseif v then
       local rank, seq = split_score(e.s)
       pi_push(pi, rank, seq, eid)
-      wake_views(20, 7, nviews, rank)
+      wake_registered_views(rank)
       if fair then
         fair_add(e.t, e.s, eid)
       end

@@ -51,6 +51,9 @@ for i, eid in ipairs(ids) do
       kept[#kept + 1] = string.match(eid, '~(%d+)$')
     end
   elseif technique == 'S' and not fair then
+    if redis.call('ZSCORE', dz, eid) then
+      redis.call('ZREM', dz, eid)
+    end
     removed = removed + redis.call('HDEL', ii, eid)
   else
     local v = redis.call('HGET', ii, eid)

@@ -14,7 +14,6 @@
 -- KEYS[9]  dwk  list    dead-letter queue: wake tokens
 -- KEYS[10] dsq  string  dead-letter queue: sequence
 -- KEYS[11..18] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- KEYS[19..]    wake lists of the priority views named in ARGV
 -- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] entry id
 -- ARGV[2] lease token
@@ -23,7 +22,6 @@
 -- ARGV[5] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
 -- ARGV[6] fair            "1" when fairness is on
 -- ARGV[7] scope           "P" within_priority or "T" tenant_first
--- ARGV[8] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: 1 waiting again, 2 moved to the dead-letter queue, 3 moved there and the oldest
 --          dead entry dropped to keep max_dead, or an error code. An entry that cannot be
 --          parsed goes to the dead-letter queue as "malformed" (2). A dead-letter queue's own
@@ -57,6 +55,7 @@ end
 local score, d, tenant = lease.s, lease.d, lease.t
 if fair then
   fair_release(tenant)
+  wake(wk) -- the tenant may have been held at its concurrency cap
 end
 local v = redis.call('HGET', ii, eid)
 if not v then
@@ -88,5 +87,5 @@ if fair then
   fair_add(tenant, score, eid)
 end
 wake(wk)
-wake_views(18, 8, tonumber(ARGV[8]), (split_score(score)))
+wake_registered_views((split_score(score)))
 return 1

@@ -333,13 +333,14 @@ local function dup_store(dp, tid, seqs)
   end
 end
 
--- Wake the priority views (wake list KEYS[kbase + v], rank range ARGV[abase + v] "lo,hi")
--- whose range holds rank; n views.
-local function wake_views(kbase, abase, n, rank)
-  for v = 1, n do
-    local lo, hi = string.match(ARGV[abase + v], '^(%d+),(%d+)$')
-    if rank >= tonumber(lo) and rank <= tonumber(hi) then
-      wake(KEYS[kbase + v])
+-- Wake the consumers of every registered priority view whose range holds rank. The registry
+-- (hash vw, "lo-hi" -> 1) is read here, so views registered by any process are woken; each
+-- view's wake list is "<wk>:lo-hi" under the queue's stem.
+local function wake_registered_views(rank)
+  for _, name in ipairs(redis.call('HKEYS', CTX.stem .. 'vw')) do
+    local lo, hi = string.match(name, '^(%d+)-(%d+)$')
+    if lo and rank >= tonumber(lo) and rank <= tonumber(hi) then
+      wake(CTX.stem .. 'wk:' .. name)
     end
   end
 end
