@@ -51,7 +51,9 @@ entries of ``NAME`` whose priority satisfies the predicate, and is woken only by
 
 from __future__ import annotations
 
+import inspect
 import logging
+import math
 import operator
 import os
 import re
@@ -59,6 +61,7 @@ import select
 import socket
 import threading
 from datetime import datetime, timezone
+from hashlib import blake2b
 from time import monotonic, sleep
 
 import redis
@@ -68,7 +71,7 @@ from kombu.utils.json import dumps, loads
 from redis import exceptions as rex
 
 from . import constants as C
-from .errors import ConfigError
+from .errors import ConfigError, MessageTooLarge
 from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
 from .leases import LeaseKeeper
 from .queue import FAIR_SCOPES, PriorityQueue, default_consumer_id, validate_priority
@@ -108,6 +111,9 @@ _OPTION_NAMES = (
     "health_check_interval",
     "max_connections",
     "client_name",
+    "max_message_bytes",
+    "dedupe_seconds",
+    "max_dead_length",
 )
 
 
@@ -173,6 +179,9 @@ class Channel(virtual.Channel):
     health_check_interval = 25
     max_connections = 50
     client_name = None
+    max_message_bytes = None
+    dedupe_seconds = 300.0
+    max_dead_length = None
     min_priority = C.MIN_PRIORITY
     max_priority = C.MAX_PRIORITY
 
@@ -208,6 +217,8 @@ class Channel(virtual.Channel):
 
     # -- options ------------------------------------------------------------------------------
     def _check_options(self):
+        """Every option's type and range, once, at channel creation: a ConfigError names the
+        option and the value."""
         if self.priority_order not in C.PRIORITY_ORDERS:
             raise ConfigError(f"priority_order must be one of {C.PRIORITY_ORDERS}, got {self.priority_order!r}")
         try:
@@ -215,16 +226,32 @@ class Channel(virtual.Channel):
         except ValueError as exc:
             raise ConfigError(f"default_priority: {exc}") from None
         lease = self.lease_seconds if self.lease_seconds is not None else self.visibility_timeout
-        lease = C.LEASE_SECONDS if lease is None else lease
-        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
-            raise ConfigError(f"lease_seconds must be a positive number of seconds, got {lease!r}")
-        self.lease_seconds = float(lease)
+        self.lease_seconds = _seconds("lease_seconds", C.LEASE_SECONDS if lease is None else lease)
         if self.renew_interval is None:
-            self.renew_interval = max(0.1, min(self.lease_seconds / 3.0, 20.0))
-        if not isinstance(self.max_deliveries, int) or self.max_deliveries < 0:
-            raise ConfigError(f"max_deliveries must be an integer >= 0, got {self.max_deliveries!r}")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
-            raise ConfigError(f"max_length must be a positive integer or None, got {self.max_length!r}")
+            self.renew_interval = min(max(0.1, self.lease_seconds / 3.0), 20.0, self.lease_seconds / 2.0)
+        self.renew_interval = _seconds("renew_interval", self.renew_interval)
+        if self.renew_interval >= self.lease_seconds:
+            raise ConfigError(f"renew_interval must be shorter than lease_seconds ({self.lease_seconds:g}), "
+                              f"got {self.renew_interval!r}: leases would run out between renewals")
+        self.sweep_interval = _seconds("sweep_interval", self.sweep_interval)
+        self.block_seconds = _seconds("block_seconds", self.block_seconds)  # 0 would block for ever
+        self.binding_cache_seconds = _seconds("binding_cache_seconds", self.binding_cache_seconds, zero=True)
+        self.dedupe_seconds = _seconds("dedupe_seconds", self.dedupe_seconds, zero=True)
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _seconds(name, getattr(self, name)))
+        self.health_check_interval = _seconds("health_check_interval", self.health_check_interval or 0, zero=True)
+        if self.socket_keepalive is not None and not isinstance(self.socket_keepalive, bool):
+            raise ConfigError(f"socket_keepalive must be True, False or None, got {self.socket_keepalive!r}")
+        if self.client_name is not None and (not isinstance(self.client_name, str) or not self.client_name
+                                             or any(c.isspace() for c in self.client_name)):
+            raise ConfigError(f"client_name must be a non-empty string without spaces, got {self.client_name!r}")
+        _count("max_deliveries", self.max_deliveries, minimum=0, none=False)
+        for name in ("max_length", "max_length_per_tenant", "max_connections", "max_message_bytes",
+                     "max_dead_length"):
+            _count(name, getattr(self, name), minimum=1)
+        if self.queue_techniques is not None and not isinstance(self.queue_techniques, dict):
+            raise ConfigError(f"queue_techniques must be a dict {{queue: technique}}, got {self.queue_techniques!r}")
         techniques = {None: self.technique, **(self.queue_techniques or {})}
         for name, tech in techniques.items():
             if tech not in C.TECHNIQUES:
@@ -249,19 +276,18 @@ class Channel(virtual.Channel):
         weights = self.fair_weights or {}
         if not isinstance(weights, dict):
             raise ConfigError(f"fair_weights must be a dict {{tenant: weight}}, got {weights!r}")
+        _per_tenant("fair_weights", weights, (int, float))
         fair_only = {"fair_weights": weights, "tenant_concurrency": self.tenant_concurrency,
                      "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
-        mlt = self.max_length_per_tenant
-        if mlt is not None and (not isinstance(mlt, int) or isinstance(mlt, bool) or mlt < 1):
-            raise ConfigError(f"max_length_per_tenant must be a positive integer or None, got {mlt!r}")
 
     def _queue(self, name: str) -> PriorityQueue:
         """The queue of a name (a view's name gives the queue it views)."""
         q = self._queues.get(name)
         if q is None:
+            _check_queue_name(name)
             m = _PREDICATE.match(name)
             if m:
                 q = self._queues[name] = self._queue(m.group("base"))
@@ -281,6 +307,7 @@ class Channel(virtual.Channel):
                 tenant_concurrency=self._conc_default if fair else None,
                 tenant_rate=self._rate_default if fair else None,
                 max_length_per_tenant=self.max_length_per_tenant if fair else None,
+                **_queue_extras(dedupe_seconds=self.dedupe_seconds, max_dead_length=self.max_dead_length),
             )
             if fair:
                 q.configure_tenants(weights=self.fair_weights, concurrency=self._tenant_conc, rate=self._tenant_rate)
@@ -352,17 +379,27 @@ class Channel(virtual.Channel):
         task_id = headers.get("id") or props.get("correlation_id") or None
         tenant = self._tenant_of(message)
         due_ms = _eta_ms(headers.get("eta"))
-        self._queue(queue).insert(dumps(message), priority, id=str(task_id) if task_id else None,
-                                  tenant=tenant, due_ms=due_ms)
+        payload = self._serialized(queue, message)
+        extra = {"publish_id": publish_id(message)} if _INSERT_TAKES_PUBLISH_ID else {}
+        self._queue(queue).insert(payload, priority, id=str(task_id) if task_id else None,
+                                  tenant=tenant, due_ms=due_ms, **extra)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
-        self.client.publish(self._fanout_channel(exchange), dumps(message))
+        self.client.publish(self._fanout_channel(exchange), self._serialized(exchange, message))
+
+    def _serialized(self, queue, message) -> bytes:
+        """The message as stored; MessageTooLarge (nothing written) when over max_message_bytes."""
+        data = dumps(message).encode()
+        if self.max_message_bytes is not None and len(data) > self.max_message_bytes:
+            raise MessageTooLarge(queue, len(data), self.max_message_bytes)
+        return data
 
     def _fanout_channel(self, exchange):
         return fanout_channel(exchange, self.transport.db, self.key_prefix)
 
     # -- routing tables (shared in Redis, cached here) ------------------------------------------
     def _new_queue(self, queue, **kwargs):
+        _check_queue_name(queue)
         if _PREDICATE.match(queue):
             return  # a view consumes its queue; it holds nothing of its own
         self.client.sadd(queues_key(self.key_prefix), queue)
@@ -633,8 +670,7 @@ class Channel(virtual.Channel):
             if self._bconn is None:
                 self._bconn = self.transport.new_connection()
                 self._bconn.connect()
-                self._bconn.send_command("CLIENT", "ID")
-                self._bconn_id = self._bconn.read_response()
+                self._bconn_id = _client_id(self._bconn)
             keys = self._wake_keys()
             self._bconn.send_command("BLPOP", *keys, self.block_seconds)
             self._blpop_keys = keys
@@ -693,7 +729,7 @@ class Channel(virtual.Channel):
 
     def _unblock(self):
         """Wake our own BLPOP when the set of queues changed, so it re-arms at once."""
-        if self._bconn is not None and self._blpop_keys is not None:
+        if self._bconn is not None and self._blpop_keys is not None and self._bconn_id is not None:
             try:
                 self.client.execute_command("CLIENT", "UNBLOCK", self._bconn_id)
             except rex.RedisError:
@@ -975,9 +1011,79 @@ def _per_tenant(label, value, kind):
     else:
         table, default = {}, value
     for tenant, v in list(table.items()) + [("*", default)]:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or v <= 0):
+        if not isinstance(tenant, str):
+            raise ConfigError(f"{label}: tenant names are strings, got {tenant!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
             raise ConfigError(f"{label} for {tenant!r} must be a positive number, got {v!r}")
     return table, default
+
+
+def _seconds(name, value, *, zero=False) -> float:
+    """A finite number of seconds, > 0 (or >= 0 with ``zero``), as a float; else ConfigError."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero):
+        kind = "a number of seconds >= 0" if zero else "a positive number of seconds"
+        raise ConfigError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _count(name, value, *, minimum, none=True) -> None:
+    """An integer >= minimum (or None, with ``none``); else ConfigError."""
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        also = " or None" if none else ""
+        raise ConfigError(f"{name} must be an integer >= {minimum}{also}, got {value!r} ({type(value).__name__})")
+
+
+def _check_queue_name(name) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a queue name must be a non-empty string, got {name!r}")
+
+
+def _client_id(conn) -> int | None:
+    """The id of a blocking connection, for CLIENT UNBLOCK; None when this Redis user may not
+    run CLIENT (an ACL without it): a change of the consumed queues then takes effect when the
+    blocking read times out (within block_seconds)."""
+    conn.send_command("CLIENT", "ID")
+    try:
+        return conn.read_response()
+    except rex.ResponseError as exc:
+        logger.info("celery-pq: CLIENT ID refused (%s); changes to the consumed queues take effect "
+                    "within block_seconds", exc)
+        return None
+
+
+def publish_id(message) -> bytes:
+    """The publish id of a message: the queue stores nothing for an id it has seen within
+    ``dedupe_seconds``, so a publish retried after a lost reply is stored once.
+
+    A Celery task message (its headers name ``id`` and ``task``) gets an id made from its task
+    id, retries count, eta and body: kombu's and Celery's own publish retries prepare and put
+    the message again, and carry the same id, while Celery's retry of a task (one more in
+    ``retries``) is a publish of its own. Any other message gets a random id per put, which
+    covers a retry within that put.
+    """
+    headers = message.get("headers") or {}
+    if not (headers.get("id") and headers.get("task")):
+        return os.urandom(16)
+    h = blake2b(digest_size=16)
+    for part in (headers["id"], headers.get("retries"), headers.get("eta"), message.get("body")):
+        text = str(part).encode()
+        h.update(b"%d:" % len(text) + text)
+    return h.digest()
+
+
+def _takes(fn, name) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+#: Whether the queue takes publish ids and the dedupe and dead-letter bounds (older queues do not).
+_INSERT_TAKES_PUBLISH_ID = _takes(PriorityQueue.insert, "publish_id")
+
+
+def _queue_extras(**options) -> dict:
+    return {k: v for k, v in options.items() if _takes(PriorityQueue.__init__, k)}
 
 
 def _eta_ms(eta) -> int | None:

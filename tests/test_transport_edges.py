@@ -67,3 +67,175 @@ def test_a_dropped_connection_frees_its_pool_slot(fresh_redis):
         assert q.size() == 6
     finally:
         client.connection_pool.disconnect()
+
+
+# -- options ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options,name,shown",
+    [
+        ({"sweep_interval": "1"}, "sweep_interval", "'1'"),
+        ({"sweep_interval": 0}, "sweep_interval", "0"),
+        ({"renew_interval": 60}, "renew_interval", "60"),
+        ({"lease_seconds": 5, "renew_interval": 9}, "renew_interval", "9"),
+        ({"block_seconds": 0}, "block_seconds", "0"),
+        ({"block_seconds": None}, "block_seconds", "None"),
+        ({"binding_cache_seconds": -1}, "binding_cache_seconds", "-1"),
+        ({"lease_seconds": float("inf")}, "lease_seconds", "inf"),
+        ({"socket_timeout": "5"}, "socket_timeout", "'5'"),
+        ({"socket_connect_timeout": 0}, "socket_connect_timeout", "0"),
+        ({"health_check_interval": -1}, "health_check_interval", "-1"),
+        ({"socket_keepalive": "yes"}, "socket_keepalive", "'yes'"),
+        ({"max_connections": 0}, "max_connections", "0"),
+        ({"max_connections": "50"}, "max_connections", "'50'"),
+        ({"client_name": "my worker"}, "client_name", "'my worker'"),
+        ({"max_deliveries": True}, "max_deliveries", "True"),
+        ({"max_length_per_tenant": 0, "fair_key": "t"}, "max_length_per_tenant", "0"),
+        ({"queue_techniques": ["S"]}, "queue_techniques", "['S']"),
+        ({"fair_key": "t", "fair_weights": {"a": "heavy"}}, "fair_weights", "'heavy'"),
+        ({"fair_key": "t", "tenant_rate": {1: 5}}, "tenant_rate", "1"),
+        ({"max_message_bytes": 0}, "max_message_bytes", "0"),
+        ({"max_message_bytes": 1.5}, "max_message_bytes", "1.5"),
+        ({"dedupe_seconds": -1}, "dedupe_seconds", "-1"),
+        ({"dedupe_seconds": "300"}, "dedupe_seconds", "'300'"),
+        ({"max_dead_length": 0}, "max_dead_length", "0"),
+    ],
+)
+def test_each_bad_option_is_named_with_its_value_at_channel_creation(redis_server, key_prefix, options, name, shown):
+    from celery_pq import ConfigError
+
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, **options}) as conn:
+        with pytest.raises(ConfigError) as err:
+            conn.default_channel
+    assert name in str(err.value) and shown in str(err.value), str(err.value)
+
+
+def test_good_options_are_accepted(redis_server, key_prefix):
+    options = {"key_prefix": key_prefix, "lease_seconds": 2, "renew_interval": 1.5, "sweep_interval": 0.5,
+               "block_seconds": 0.5, "binding_cache_seconds": 0, "socket_timeout": 5, "health_check_interval": 0,
+               "socket_keepalive": True, "max_connections": 20, "client_name": "pq-worker",
+               "max_message_bytes": 10_000, "dedupe_seconds": 0, "max_dead_length": 100}
+    with Connection(url_of(redis_server), transport_options=options) as conn:
+        channel = conn.default_channel
+        assert (channel.renew_interval, channel.block_seconds) == (1.5, 0.5)
+
+
+def test_the_default_renew_interval_is_shorter_than_a_short_lease(redis_server, key_prefix):
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, "lease_seconds": 0.1}) as conn:
+        assert conn.default_channel.renew_interval == 0.05
+
+
+def test_an_empty_queue_name_is_refused_at_declare_and_publish(redis_server, key_prefix, redis_client):
+    from celery_pq import ConfigError
+
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        channel = conn.default_channel
+        with pytest.raises(ConfigError, match="queue name .*''"):
+            channel._new_queue("")
+        with pytest.raises(ConfigError, match="queue name .*''"):
+            Producer(channel).publish({"x": 1}, routing_key="")
+    assert redis_client.keys(f"{key_prefix}*") == []
+
+
+def test_a_redis_user_without_the_client_command_can_consume(fresh_redis):
+    # Given a Redis user that may not run CLIENT (ID, UNBLOCK)
+    with fresh_redis.client() as admin:
+        admin.acl_setuser("worker", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                          commands=["+@all", "-client"])
+    url = url_of(fresh_redis, user="worker:pw@")
+    got = []
+    with Connection(url) as conn, Connection(url) as pub:
+        q = make_queue()
+        q(pub.default_channel).declare()
+        # When it consumes (blocking while the queue is empty) and a message arrives
+        with Consumer(conn, [q], callbacks=[lambda b, m: (got.append(b), m.ack())]):
+            with pytest.raises(socket.timeout):
+                conn.drain_events(timeout=0.3)
+            Producer(pub.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq")
+            conn.drain_events(timeout=5)
+    # Then it is delivered: the blocking read works without CLIENT ID
+    assert got == [{"n": 1}]
+
+
+# -- max_message_bytes -------------------------------------------------------------------------
+def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redis_server, key_prefix, redis_client):
+    from celery_pq.errors import MessageTooLarge
+
+    options = {"key_prefix": key_prefix, "max_message_bytes": 1000}
+    with Connection(url_of(redis_server), transport_options=options) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+        producer = Producer(conn.default_channel)
+        with pytest.raises(MessageTooLarge) as err:
+            producer.publish({"blob": "x" * 2000}, exchange=q.exchange, routing_key="kq")
+        assert err.value.limit == 1000 and err.value.size > 2000 and err.value.queue == "kq"
+        assert "max_message_bytes=1000" in str(err.value)
+        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert pq.size() == 0 and not redis_client.exists(pq.keys.ii)
+        producer.publish({"blob": "x" * 100}, exchange=q.exchange, routing_key="kq")
+        assert pq.size() == 1
+
+
+# -- publish ids -------------------------------------------------------------------------------
+def _task_message(task_id="t1", retries=0, eta=None, body="W1tdLCB7fV0="):
+    return {"body": body, "headers": {"id": task_id, "task": "x.y", "retries": retries, "eta": eta},
+            "properties": {"delivery_tag": str(time.monotonic()), "priority": 0}}
+
+
+def test_a_task_message_keeps_its_publish_id_across_retries_of_the_publish():
+    from celery_pq.transport import publish_id
+
+    first = publish_id(_task_message())
+    assert len(first) == 16
+    assert publish_id(_task_message()) == first  # prepared and put again: the same publish
+    assert publish_id(_task_message(retries=1)) != first  # Celery's retry of the task: a new one
+    assert publish_id(_task_message(eta="2030-01-01T00:00:00")) != first
+    assert publish_id(_task_message(body="other")) != first
+    assert publish_id(_task_message(task_id="t2")) != first
+
+
+def test_other_messages_get_a_random_publish_id_per_put():
+    from celery_pq.transport import publish_id
+
+    plain = {"body": "e30=", "headers": {}, "properties": {}}
+    assert publish_id(plain) != publish_id(plain)
+
+
+needs_queue_dedupe = pytest.mark.skipif(
+    not __import__("celery_pq.transport").transport._INSERT_TAKES_PUBLISH_ID,
+    reason="needs the queue side of publish ids: PriorityQueue.insert(publish_id=...)")
+
+
+@pytest.fixture
+def debug_redis():
+    """A private redis-server that allows DEBUG SLEEP (a Redis busy for a while)."""
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+    with RedisServer(config={"enable-debug-command": "yes"}) as server:
+        yield server
+
+
+@needs_queue_dedupe
+def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis):
+    from celery import Celery
+
+    fresh_redis = debug_redis
+    # Given a producer whose socket times out after 0.5 s, and a Redis busy for 1.5 s
+    app = Celery("dedupe", broker=url_of(fresh_redis))
+    app.conf.broker_transport_options = {"socket_timeout": 0.5, "binding_cache_seconds": 60}
+    app.conf.task_default_queue = "dd"
+    with app.connection_for_write() as conn:
+        app.send_task("x.y", task_id="t0", connection=conn)  # declared, bindings cached: a publish is one insert
+        with fresh_redis.client() as admin:
+            busy = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1.5"))
+            busy.start()
+            time.sleep(0.1)
+            # When a task is published: its insert times out, and the publish is retried
+            app.send_task("x.y", task_id="t1", connection=conn,
+                          retry_policy={"max_retries": 10, "interval_start": 0.2, "interval_step": 0.2})
+            busy.join()
+    # Then the queue holds the task once
+    with fresh_redis.client() as r:
+        assert sorted(e.id for e in PriorityQueue(r, "dd").peek(10)) == ["t0", "t1"]
+    app.close()
