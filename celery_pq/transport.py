@@ -117,6 +117,18 @@ _OPTION_NAMES = (
 )
 
 
+class Unreadable(Exception):
+    """kombu could not build a delivered message (its body does not decode)."""
+
+
+class Message(virtual.Message):
+    def __init__(self, payload, channel=None, **kwargs):
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception as exc:
+            raise Unreadable(f"{exc!r}") from exc
+
+
 class QoS(virtual.QoS):
     """Prefetch accounting of kombu, with acks and rejects going to the lease scripts."""
 
@@ -150,6 +162,7 @@ class QoS(virtual.QoS):
 
 class Channel(virtual.Channel):
     QoS = QoS
+    Message = Message
     supports_fanout = True
     do_restore = True
     from_transport_options = virtual.Channel.from_transport_options + _OPTION_NAMES
@@ -196,6 +209,7 @@ class Channel(virtual.Channel):
         self._leases: dict[str, tuple[str, str]] = {}  # delivery tag -> (queue, entry id)
         self._pending_acks: dict[str, list[tuple[str, str]]] = {}  # queue -> [(entry id, tag)]
         self._pending_count = 0
+        self._no_ack_queues: set[str] = set()  # consumed with no_ack: acked as delivered
         self._leases_lock = threading.Lock()
         self._tables: dict[str, tuple[float, list]] = {}
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
@@ -456,13 +470,15 @@ class Channel(virtual.Channel):
         return self._queue(queue).purge()
 
     # -- consuming ----------------------------------------------------------------------------
-    def basic_consume(self, queue, *args, **kwargs):
+    def basic_consume(self, queue, no_ack, *args, **kwargs):
         view = self._view(queue)
         if view is not None:
             self._queue(queue).register_view(*view)
         if queue in self._fanout_queues:
             self._active_fanout[self._fanout_channel(self._fanout_queues[queue])] = queue
-        ret = super().basic_consume(queue, *args, **kwargs)
+        if no_ack:
+            self._no_ack_queues.add(queue)
+        ret = super().basic_consume(queue, no_ack, *args, **kwargs)
         self.transport.ensure_keeper()
         self._need_pop = True
         self._unblock()
@@ -471,6 +487,7 @@ class Channel(virtual.Channel):
     def basic_cancel(self, consumer_tag):
         queue = self._tag_to_queue.get(consumer_tag)
         ret = super().basic_cancel(consumer_tag)
+        self._no_ack_queues.discard(queue)
         if queue is not None and queue in self._fanout_queues:
             self._active_fanout.pop(self._fanout_channel(self._fanout_queues[queue]), None)
         self._unblock()
@@ -488,37 +505,55 @@ class Channel(virtual.Channel):
         leases = q.pop(1, consumer=self.consumer_id, view=self._view(queue))
         if not leases:
             raise virtual.Empty()
+        self._register(q, leases)
         msg = self._to_message(q, leases[0])
         if msg is None:
             raise virtual.Empty()
         return msg
 
     def _to_message(self, q, lease):
-        queue = q.name
+        """The kombu message of a lease, or None when it is not one (then moved to the
+        dead-letter queue with reason ``malformed``)."""
         try:
             message = loads(lease.payload)
             props = message["properties"]
+            info = props.setdefault("delivery_info", {})
+            headers = message.get("headers")
+            if not isinstance(info, dict) or not isinstance(headers, (dict, type(None))):
+                raise TypeError("its delivery_info or headers are not mappings")
         except Exception as exc:  # noqa: BLE001 - anything unreadable goes to the dead-letter queue
-            logger.error("celery-pq: entry %r of queue %r is not a kombu message (%s); moved to %s.dead",
-                         lease.id, queue, exc, queue)
-            q.dead_letter(lease, "malformed")
+            self._dead_letter_malformed(q, lease.token, exc)
             return None
         tag = lease.token
         props["delivery_tag"] = tag
-        info = props.setdefault("delivery_info", {})
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1
         if lease.deliveries > 1:
             message["redelivered"] = True
         # RabbitMQ's name for it; a Celery task reads self.request.get("x-delivery-count")
-        headers = message.get("headers")
-        if isinstance(headers, dict):
+        if headers is not None:
             headers["x-delivery-count"] = lease.deliveries
             if headers.get("eta"):  # the broker held it until due: the worker runs it now
                 headers["x-pq-eta"], headers["eta"] = headers["eta"], None
-        with self._leases_lock:
-            self._leases[tag] = (queue, lease.id)
         return message
+
+    def _dead_letter_malformed(self, q, tag, exc):
+        with self._leases_lock:
+            held = self._leases.pop(tag, None)
+        if held is None:
+            return
+        if q.is_dead:  # a dead-letter queue has none of its own: the lease runs out, it stays
+            logger.error("celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
+                         held[1], q.name, exc)
+            return
+        logger.error("celery-pq: entry %r of queue %r is not a kombu message (%r); moved to %s.dead",
+                     held[1], q.name, exc, q.name)
+        q.dead_letter((held[1], tag), "malformed")
+
+    def _register(self, q, leases):
+        with self._leases_lock:
+            for lease in leases:
+                self._leases[lease.token] = (q.name, lease.id)
 
     def _pop_and_deliver(self) -> int:
         """Lease and deliver what the prefetch window allows; the number delivered.
@@ -552,18 +587,41 @@ class Channel(virtual.Channel):
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
-            # Register every lease of the batch (so the keeper renews them) before delivering
-            # any: a solo pool runs each task inside _deliver, while the rest of the batch waits.
-            messages = [m for m in (self._to_message(q, lease) for lease in leases) if m is not None]
-            for j, message in enumerate(messages):
-                if self.closed or _worker_stopping():  # a task of this batch began a shutdown
-                    self._give_back_all([m["properties"]["delivery_tag"] for m in messages[j:]])
-                    break
-                delivered += 1
-                self.connection._deliver(message, name)
+            delivered = self._deliver_batch(q, name, leases)
             break
         if not delivered:
             self._need_pop = False
+        return delivered
+
+    def _deliver_batch(self, q, name, leases) -> int:
+        """Deliver a popped batch; the number delivered. Every lease of it ends delivered,
+        given back (not counted) or dead-lettered as malformed: none is left leased to nobody.
+
+        Every lease joins the renewals before any message is delivered: a solo pool runs each
+        task inside ``_deliver``, while the rest of the batch waits.
+        """
+        self._register(q, leases)
+        rest = [lease.token for lease in reversed(leases)]  # not yet delivered, last first
+        delivered = 0
+        try:
+            for lease in leases:
+                if self.closed or _worker_stopping():  # a task of this batch began a shutdown
+                    break
+                rest.pop()
+                message = self._to_message(q, lease)
+                if message is None:
+                    continue
+                try:
+                    if name in self._no_ack_queues:  # nobody acks these: done once handed over
+                        self._ack(lease.token)
+                    self.connection._deliver(message, name)
+                except Unreadable as exc:  # kombu could not build the message (its body)
+                    self._dead_letter_malformed(q, lease.token, exc.__cause__)
+                    continue
+                delivered += 1
+        finally:
+            if rest:  # a shutdown began, or the callback raised: the others wait again
+                self._give_back_all(rest)
         return delivered
 
     def _ack(self, tag):

@@ -239,3 +239,76 @@ def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis)
     with fresh_redis.client() as r:
         assert sorted(e.id for e in PriorityQueue(r, "dd").peek(10)) == ["t0", "t1"]
     app.close()
+
+
+# -- a popped batch ----------------------------------------------------------------------------
+def consume_batch(conn, q, n, timeout=5, on_message=None):
+    """Consume with a prefetch window of 10 (one pop leases the whole batch), acking each."""
+    got = []
+
+    def cb(body, message):
+        if on_message is not None:
+            on_message(body)
+        got.append(body)
+        message.ack()
+
+    with Consumer(conn, [q], callbacks=[cb], prefetch_count=10):
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                conn.drain_events(timeout=0.3)
+            except socket.timeout:
+                pass
+    return got
+
+
+@pytest.mark.parametrize("garbage", [
+    b'{"properties": 7}',  # JSON, but its properties are not a mapping
+    b'{"body": "not base64!", "properties": {"body_encoding": "base64"}, "headers": {}}',  # kombu cannot decode it
+    b'{"properties": {"delivery_info": []}, "headers": {}}',
+])
+def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_server, key_prefix, redis_client,
+                                                                           garbage):
+    # Given five messages at one priority, the third of them not a kombu message
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        producer = Producer(conn.default_channel)
+        q(conn.default_channel).declare()
+        for i in range(2):
+            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+        pq.insert(garbage, 0, id="garbage")
+        for i in range(2, 4):
+            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+        # When one pop takes all five
+        got = consume_batch(conn, q, 4)
+        # Then the four good ones are delivered, the bad one is dead-lettered, none stays leased
+        assert [b["i"] for b in got] == [0, 1, 2, 3]
+        conn.default_channel.flush_acks()  # the acks that wait for the next round trip
+        assert conn.default_channel.held_leases() == {}
+        assert pq.stats()["leased"] == 0 and pq.size() == 0
+    [dead] = pq.dead.peek()
+    assert (dead.id, dead.dead_reason, dead.payload) == ("garbage", "malformed", garbage)
+
+
+def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, key_prefix, redis_client):
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        producer = Producer(conn.default_channel)
+        q(conn.default_channel).declare()
+        for i in range(5):
+            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+
+        def explode(body):
+            if body["i"] == 1:
+                raise RuntimeError("callback failed")
+
+        with pytest.raises(RuntimeError):
+            consume_batch(conn, q, 5, on_message=explode)
+        # the failed one stays with the consumer (unacked); the three behind it wait again, uncounted
+        deadline = time.monotonic() + 3
+        while pq.stats()["leased"] > 1 and time.monotonic() < deadline:  # the first one's ack
+            time.sleep(0.05)
+        assert pq.stats()["leased"] == 1 and pq.size() == 3
+        assert [e.deliveries for e in pq.peek(3)] == [0, 0, 0]
