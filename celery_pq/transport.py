@@ -71,7 +71,8 @@ from kombu.utils.json import dumps, loads
 from redis import exceptions as rex
 
 from . import constants as C
-from .errors import ConfigError, MessageTooLarge
+from .errors import ConfigError, ErrorCode, MessageTooLarge
+from .ids import encode_id
 from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
 from .leases import LeaseKeeper
 from .queue import FAIR_SCOPES, PriorityQueue, default_consumer_id, validate_priority
@@ -577,10 +578,15 @@ class Channel(virtual.Channel):
             own = pending.pop(name, [])  # this queue's acks ride in the pop script itself
             calls = self._ack_calls(pending)
             calls.append(q.pop_call(want, consumer=self.consumer_id, view=self._view(name), acks=own))
-            replies = run_calls(self.client, calls)
-            reply = replies[-1]
             if own:
                 pending[name] = own
+            try:
+                replies = run_calls(self.client, calls)
+            except BaseException:
+                self._keep_acks(pending)
+                raise
+            reply = replies[-1]
+            if own:
                 replies[-1] = q.ack_codes(reply)
             self._check_acks(pending, replies)
             leases = q.parse_pop(reply)
@@ -651,21 +657,47 @@ class Channel(virtual.Channel):
     def _ack_calls(self, pending) -> list[tuple]:
         return [self._queue(queue).ack_call(pairs) for queue, pairs in pending.items()]
 
+    def _keep_acks(self, pending):
+        """Acks whose round trip failed go back in front of the waiting ones and are sent again
+        with the next round trip; until then their leases are renewed."""
+        with self._leases_lock:
+            for queue, pairs in pending.items():
+                self._pending_acks[queue] = pairs + self._pending_acks.get(queue, [])
+                self._pending_count += len(pairs)
+
     def _check_acks(self, pending, replies):
         for (queue, pairs), codes in zip(pending.items(), replies):
             for (eid, _), code in zip(pairs, codes):
-                if code != 1:
-                    logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
-                                   eid, queue)
+                if code == 1:
+                    continue
+                if code == ErrorCode.NOT_LEASED and self._gone(queue, eid):
+                    # an ack sent again after the reply to its first sending was lost
+                    logger.debug("celery-pq: ack of %s in %r: already done", eid, queue)
+                    continue
+                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
+                               eid, queue)
+
+    def _gone(self, queue, eid) -> bool:
+        """Whether an entry is no longer in its queue (acked, or removed)."""
+        try:
+            return not self.client.hexists(self._queue(queue).keys.ii, encode_id(eid))
+        except rex.RedisError:
+            return False
 
     def flush_acks(self):
-        """Send the acks waiting for the next pop (before blocking, on a timer, at close)."""
+        """Send the acks waiting for the next pop (before blocking, on a timer, at close); an
+        error leaves them waiting."""
         pending = self._take_acks()
         if pending:
             self._send_acks(pending)
 
     def _send_acks(self, pending):
-        self._check_acks(pending, run_calls(self.client, self._ack_calls(pending)))
+        try:
+            replies = run_calls(self.client, self._ack_calls(pending))
+        except BaseException:
+            self._keep_acks(pending)
+            raise
+        self._check_acks(pending, replies)
 
     def _reject(self, tag, requeue):
         with self._leases_lock:

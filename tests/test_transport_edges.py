@@ -312,3 +312,76 @@ def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, k
             time.sleep(0.05)
         assert pq.stats()["leased"] == 1 and pq.size() == 3
         assert [e.deliveries for e in pq.peek(3)] == [0, 0, 0]
+
+
+# -- deferred acks -----------------------------------------------------------------------------
+def redis_server_class():
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+    return RedisServer
+
+
+#: Options that keep the lease keeper quiet for the few seconds of a test (it looks every 5 s).
+QUIET_KEEPER = {"lease_seconds": 60, "sweep_interval": 20}
+
+
+def test_a_deferred_ack_whose_round_trip_fails_is_sent_again(key_prefix):
+    # Given a Redis that keeps its data across a restart, and a consumer whose ack of the first
+    # message waits for its next pop
+    with redis_server_class()(config={"appendonly": "yes", "appendfsync": "always"}) as server:
+        got = []
+        with Connection(url_of(server), transport_options=QUIET_KEEPER) as conn:
+            q = make_queue()
+            producer = Producer(conn.default_channel)
+            q(conn.default_channel).declare()
+            for i in range(2):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+            with Consumer(conn, [q], callbacks=[lambda b, m: (got.append(b), m.ack())], prefetch_count=1):
+                conn.drain_events(timeout=5)
+                # When Redis goes away under the pop that carries the ack
+                server.stop()
+                with pytest.raises(conn.connection_errors):
+                    conn.drain_events(timeout=1)
+                server.start()
+                # Then the ack goes with the next pop, once Redis is back
+                conn.drain_events(timeout=5)
+                conn.default_channel.flush_acks()
+            with server.client() as r:
+                pq = PriorityQueue(r, "kq")
+                assert got == [{"i": 0}, {"i": 1}]
+                assert pq.stats()["leased"] == 0 and pq.size() == 0
+
+
+def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redis, caplog):
+    # Given a consumer whose socket times out after 0.5 s, with an ack waiting to be sent
+    options = {**QUIET_KEEPER, "socket_timeout": 0.5}
+    with Connection(url_of(debug_redis), transport_options=options) as conn:
+        q = make_queue()
+        for i in range(2):
+            Producer(conn.default_channel).publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q])
+        channel = conn.default_channel
+        with Consumer(conn, [q], callbacks=[lambda b, m: m.ack()], prefetch_count=1):
+            conn.drain_events(timeout=5)
+            channel.flush_acks()  # (Redis has the ack script from now on)
+            conn.drain_events(timeout=5)
+            assert channel.held_leases()  # the ack waits
+            # When the round trip that carries it times out while Redis is busy (it runs later)
+            with debug_redis.client() as admin:
+                busy = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1.5"))
+                busy.start()
+                time.sleep(0.1)
+                with pytest.raises(conn.connection_errors):
+                    channel.flush_acks()
+                busy.join()
+            assert channel.held_leases()  # kept, not dropped
+            # Then sending it again finds it done, and says so only at debug level
+            with caplog.at_level(logging.DEBUG, logger="celery_pq.transport"):
+                channel.flush_acks()
+        assert channel.held_leases() == {}
+        with debug_redis.client() as r:
+            assert PriorityQueue(r, "kq").stats()["leased"] == 0
+    late = [r for r in caplog.records if r.name == "celery_pq.transport" and r.levelno >= logging.WARNING]
+    assert late == []
+    assert any("already done" in r.getMessage() for r in caplog.records)
