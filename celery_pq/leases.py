@@ -31,7 +31,10 @@ class LeaseKeeper(threading.Thread):
     def run(self):
         next_renew = next_sweep = 0.0
         while not self._stopped.is_set():
-            channels = [c for c in list(self.transport.cycle_channels) if not c.closed]
+            channels = self.transport.keeper_channels()
+            if channels is None:  # closed, and the retired channels hold nothing more
+                self.transport.release_pool()
+                return
             tick = 0.25
             if channels:
                 renew_every = min(c.renew_interval for c in channels)

@@ -142,12 +142,22 @@ class QoS(virtual.QoS):
         self._quick_ack(delivery_tag)
 
     def restore_unacked(self):
-        """Give back every delivered, unacked message (shutdown): the delivery is undone."""
+        """Give back every delivered, unacked message (the delivery is undone), at shutdown or
+        when kombu tears the connection down.
+
+        After a lost connection (kombu's ``collect``: Celery reconnecting, kombu's ``ensure``),
+        a message whose task a Celery worker in this process is running now keeps its lease:
+        the lease keeper renews it and its ack goes to Redis when the task ends (see
+        ``Transport._collect``). Given back, it would start again while it still runs.
+        """
         self._flush()
+        keep = _running_tags() if self.channel.transport.connection_lost else set()
         errors = []
         lost_link = 0
         while self._delivered:
             tag, message = self._delivered.popitem()
+            if tag in keep:
+                continue
             try:
                 self.channel._give_back(tag)
             except Transport.connection_errors:
@@ -157,6 +167,9 @@ class QoS(virtual.QoS):
         if lost_link:
             logger.warning("celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
                            "their leases run out and they are delivered again", lost_link)
+        if keep & self.channel._leases.keys():
+            logger.info("celery-pq: %d running task(s) keep their leases across the lost connection",
+                        len(keep & self.channel._leases.keys()))
         self._delivered.clear()
         return errors
 
@@ -494,6 +507,12 @@ class Channel(virtual.Channel):
         self._unblock()
         return ret
 
+    def basic_get(self, queue, no_ack=False, **kwargs):
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:  # nobody acks it: done once handed over
+            self._ack(message.delivery_tag)
+        return message
+
     @property
     def active_queues(self):
         fan = set(self._active_fanout.values())
@@ -639,11 +658,12 @@ class Channel(virtual.Channel):
             if held is None:  # fanout messages and no_ack deliveries carry no lease
                 return
             queue, eid = held
-            defer = self.transport.defer_acks()
+            # a channel closed with running tasks' leases (a lost connection): the keeper sends it
+            defer = self.closed or self.transport.defer_acks()
             if defer:
                 self._pending_acks.setdefault(queue, []).append((eid, tag))
                 self._pending_count += 1
-                full = self._pending_count >= C.MAX_POP_BATCH
+                full = not self.closed and self._pending_count >= C.MAX_POP_BATCH
         if not defer:
             self._send_acks({queue: [(eid, tag)]})
         elif full:
@@ -825,6 +845,11 @@ class Channel(virtual.Channel):
             except rex.RedisError:
                 pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
 
+    def holds_work(self) -> bool:
+        """Leases or acks not yet sent that the lease keeper must serve."""
+        with self._leases_lock:
+            return bool(self._leases or self._pending_acks)
+
     def _drop_bconn(self):
         if self._bconn is not None:
             try:
@@ -854,6 +879,8 @@ class Channel(virtual.Channel):
                 self._pubsub = None
             if self in self.transport.cycle_channels:
                 self.transport.cycle_channels.remove(self)
+            if self.transport.connection_lost and self.holds_work():
+                self.transport.retire(self)
 
 
 class Transport(virtual.Transport):
@@ -898,6 +925,13 @@ class Transport(virtual.Transport):
         self._draining = False
         self._wake_pipe = None
         self.db = 0
+        #: Set by kombu's teardown after a connection error (``_collect``).
+        self.connection_lost = False
+        self._closed = False
+        #: Channels closed by a lost connection that still hold leases of running tasks or
+        #: acks not yet sent; the lease keeper serves them until they hold nothing.
+        self.retired: list[Channel] = []
+        self._retired_lock = threading.Lock()
 
     def driver_version(self):
         return redis.__version__
@@ -951,15 +985,46 @@ class Transport(virtual.Transport):
             self._keeper.start()
 
     def close_connection(self, connection):
-        if self._keeper is not None:
-            self._keeper.stop()
-            self._keeper = None
+        self._closed = True
         self._unregister_readers()
         try:
             super().close_connection(connection)
         finally:
             if self._pool is not None:
-                self._pool.disconnect()
+                self._pool.disconnect()  # (a retired channel reconnects when it needs to)
+            if self.keeper_channels() is None and self._keeper is not None:
+                self._keeper.stop()
+                self._keeper = None
+
+    def _collect(self, connection):
+        """kombu's teardown after a connection error (Celery's consumer reconnecting, kombu's
+        ``Connection.ensure``), in place of a close: messages whose tasks are running keep
+        their leases (``QoS.restore_unacked``), and the channels holding them, or holding acks
+        not yet sent, retire: this transport's lease keeper goes on renewing those leases and
+        sending those acks, on connections of this transport's pool, until nothing is left.
+        The new connection consumes meanwhile."""
+        self.connection_lost = True
+        self.close_connection(connection)
+
+    def keeper_channels(self) -> list[Channel] | None:
+        """The channels whose leases the keeper serves now; None when it has nothing left
+        (the connection is closed and no retired channel holds anything)."""
+        with self._retired_lock:
+            self.retired = [c for c in self.retired if c.holds_work()]
+            if self._closed and not self.retired:
+                return None
+            retired = list(self.retired)
+        return [c for c in self.cycle_channels if not c.closed] + retired
+
+    def retire(self, channel):
+        """Keep serving a channel closed by a lost connection: its running tasks' leases, its
+        acks not yet sent."""
+        with self._retired_lock:
+            self.retired.append(channel)
+
+    def release_pool(self):
+        if self._pool is not None:
+            self._pool.disconnect()
 
     def defer_acks(self) -> bool:
         """Acks can wait for the next pop while something here is sure to pop again soon."""
@@ -1080,6 +1145,22 @@ class Transport(virtual.Transport):
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
+
+
+def _running_tags() -> set:
+    """Delivery tags of the messages whose tasks a Celery worker in this process runs now and
+    has not acked (``task_acks_late``)."""
+    import sys
+
+    state = sys.modules.get("celery.worker.state")
+    if state is None:
+        return set()
+    tags = set()
+    for request in list(state.active_requests):
+        message = getattr(request, "message", None)
+        if message is not None and not getattr(request, "acknowledged", True):
+            tags.add(message.delivery_tag)
+    return tags
 
 
 def _worker_stopping() -> bool:
