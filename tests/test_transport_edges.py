@@ -385,3 +385,61 @@ def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redi
     late = [r for r in caplog.records if r.name == "celery_pq.transport" and r.levelno >= logging.WARNING]
     assert late == []
     assert any("already done" in r.getMessage() for r in caplog.records)
+
+
+# -- renewals when Redis refuses writes --------------------------------------------------------
+def _refuse_writes(admin, how):
+    if how == "OOM":
+        admin.config_set("maxmemory", 1)  # over it at once; the default policy is noeviction
+    else:
+        from redis_server import free_port
+
+        admin.replicaof("127.0.0.1", free_port())  # a replica of nobody: read-only, data kept
+
+
+def _accept_writes(admin, how):
+    if how == "OOM":
+        admin.config_set("maxmemory", 0)
+    else:
+        admin.replicaof("NO", "ONE")
+
+
+@pytest.mark.parametrize("how", ["OOM", "READONLY"])
+def test_a_redis_that_refuses_writes_is_reported_and_renewals_retry_promptly(fresh_redis, caplog, how):
+    # Given a consumer holding a lease, renewed every 3 s
+    options = {"lease_seconds": 6, "renew_interval": 3, "sweep_interval": 20}
+    with Connection(url_of(fresh_redis), transport_options=options) as conn, fresh_redis.client() as admin:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        with Consumer(conn, [q], callbacks=[lambda b, m: None], prefetch_count=1):
+            conn.drain_events(timeout=5)
+            keeper = conn.transport._keeper
+            # When Redis refuses writes at the next renewal
+            with caplog.at_level(logging.WARNING):
+                _refuse_writes(admin, how)
+                deadline = time.monotonic() + 5
+                while not [r for r in caplog.records if r.levelno >= logging.ERROR] and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.35)  # the renewal is tried again, and fails again
+                renewals = keeper.renewals
+                _accept_writes(admin, how)
+                # Then one error names the cause (not one per failed try)
+                errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+                assert len(errors) == 1 and how in errors[0] and "refuses writes" in errors[0], errors
+                # and, once Redis takes writes again, the lease is renewed within a second
+                deadline = time.monotonic() + 1.0
+                while keeper.renewals == renewals and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert keeper.renewals > renewals
+            assert PriorityQueue(admin, "kq").lease_of("1")["seconds_left"] > 5
+
+
+def test_misconf_and_other_refusals_are_recognised():
+    from redis import exceptions as rex
+
+    from celery_pq.leases import write_refusal
+
+    assert "MISCONF" in write_refusal(rex.ResponseError("MISCONF Redis is configured to save RDB snapshots"))
+    assert "NOREPLICAS" in write_refusal(rex.ResponseError("NOREPLICAS Not enough good replicas to write."))
+    assert write_refusal(rex.ResponseError("ERR wrong number of arguments")) is None
+    assert write_refusal(rex.ConnectionError("gone")) is None
