@@ -443,3 +443,21 @@ def test_misconf_and_other_refusals_are_recognised():
     assert "NOREPLICAS" in write_refusal(rex.ResponseError("NOREPLICAS Not enough good replicas to write."))
     assert write_refusal(rex.ResponseError("ERR wrong number of arguments")) is None
     assert write_refusal(rex.ConnectionError("gone")) is None
+
+
+def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, redis_client):
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        producer = Producer(conn.default_channel)
+        for i in range(2):
+            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q])
+        got = []
+        with Consumer(conn, [q], callbacks=[lambda b, m: got.append(b)], no_ack=True):
+            while len(got) < 2:
+                conn.drain_events(timeout=5)
+        producer.publish({"i": 2}, exchange=q.exchange, routing_key="kq")
+        assert conn.default_channel.basic_get("kq", no_ack=True) is not None
+        conn.default_channel.flush_acks()
+        assert got == [{"i": 0}, {"i": 1}] and conn.default_channel.held_leases() == {}
+        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert pq.stats()["leased"] == 0 and pq.size() == 0
