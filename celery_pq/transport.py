@@ -27,13 +27,26 @@ Transport options
 * ``max_length`` (int or None): waiting entries per queue; beyond it publish raises QueueFull.
 * ``technique`` (``"T"`` or ``"S"``, ``"T"``): the patent technique for every queue;
   ``queue_techniques`` ({queue: technique}) sets it per queue.
-* ``sweep_interval`` (float seconds, 1.0): how often expired leases are swept (one sweeper
+* ``sweep_interval`` (float seconds > 0, 1.0): how often expired leases are swept (one sweeper
   per queue per interval across all consumers).
-* ``renew_interval`` (float seconds, lease_seconds / 3): how often held leases are renewed.
-* ``block_seconds`` (float seconds, 5): server-side BLPOP timeout of an idle consumer.
-* ``binding_cache_seconds`` (float seconds, 5): how long a routing table is cached.
-* ``socket_timeout``, ``socket_connect_timeout``, ``socket_keepalive``, ``health_check_interval``,
-  ``max_connections``, ``client_name``: passed to redis-py.
+* ``renew_interval`` (float seconds, lease_seconds / 3, at most 20): how often held leases are
+  renewed; shorter than ``lease_seconds``. A failed renewal is tried again within 0.1 to 2 s.
+* ``block_seconds`` (float seconds > 0, 5): server-side BLPOP timeout of an idle consumer.
+* ``binding_cache_seconds`` (float seconds >= 0, 5): how long a routing table is cached.
+* ``socket_timeout``, ``socket_connect_timeout`` (seconds > 0 or None), ``socket_keepalive``
+  (bool or None), ``health_check_interval`` (seconds >= 0), ``max_connections`` (int >= 1 or
+  None), ``client_name`` (str without spaces): passed to redis-py.
+* ``max_message_bytes`` (int or None): a message whose stored form is larger is refused at
+  publish with ``celery_pq.errors.MessageTooLarge``; nothing is written.
+* ``dedupe_seconds`` (float seconds >= 0, 300): each publish carries a publish id (for a Celery
+  task: made from its task id, retries count, eta and body, so kombu's and Celery's publish
+  retries carry the same one); a queue stores nothing for an id it has seen within this
+  window. 0 turns it off.
+* ``max_dead_length`` (int or None): entries a dead-letter queue ``<queue>.dead`` holds at
+  most (None: the queue's ``max_length``, else no bound); the oldest goes first.
+
+Every option is checked (type and range) when a channel is made: a bad one raises
+``celery_pq.ConfigError`` naming the option and the value.
 * ``fair_key`` (None): fairness off; a header name (``apply_async(headers={"tenant": "acme"})``
   with ``fair_key="tenant"``), or ``"module:function"`` taking the kombu message dict and
   returning the tenant (a string, or None for the shared default tenant).
@@ -43,6 +56,10 @@ Transport options
 * ``tenant_concurrency`` (int, or {tenant: int} with ``"*"`` as the default): leased messages
   per tenant at once; ``tenant_rate`` (same forms, deliveries per second per tenant).
 * ``max_length_per_tenant`` (int): waiting messages per tenant; beyond it publish raises QueueFull.
+
+After a connection error (Celery reconnecting), messages whose tasks run now keep their
+leases, renewed until the tasks end and ack; the others are given back uncounted. Acks whose
+round trip fails are kept and sent again.
 
 A task sent with ``countdown``/``eta`` waits in Redis (not in a worker) until due, then joins
 the queue at its priority. A consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only
