@@ -57,7 +57,7 @@ def memory(port, url, options, n) -> float:
             producer.publish("x" * 256, exchange=q.exchange, routing_key="memq", headers=headers)
         after = client.info("memory")["used_memory"]
         if url.startswith("pq"):
-            pq = PriorityQueue(client, "memq", key_prefix=options["key_prefix"])
+            pq = PriorityQueue.open(client, "memq", key_prefix=options["key_prefix"])
             stored = len(pq.peek(1)[0].payload)
         else:
             stored = len(client.lindex("memq", 0))

@@ -56,5 +56,9 @@ BULK_CHUNK = 1000
 #: Delivery is woken by the insert, not by this timeout.
 BLOCK_SECONDS = 5.0
 
+#: Seconds a publish id is remembered (at least; at most twice as long): a publish retried
+#: after a lost reply within this window stores nothing new.
+DEDUPE_SECONDS = 300.0
+
 #: Largest number of messages one pop script call leases (prefetch window batch).
 MAX_POP_BATCH = 100

@@ -20,6 +20,11 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:vr    string  version of the view registry (INCR on each new view)
     pq:{orders}:wk:<lo>-<hi>  list  wake tokens of the consumers of one priority view
     pq:{orders}:te ts tb fv fc fn tw fr   fairness state (see lua/includes/fair.lua)
+    pq:{orders}:md    string  the queue's mode, recorded on first use (fair, scope, order, technique)
+    pq:{orders}:pd pe hash    publish ids seen in this and the last dedupe window -> entry id
+    pq:{orders}:pt    string  start of the current dedupe window (ms, Redis clock)
+    pq:{orders}:ct    hash    counters kept by the scripts (dead_lettered, malformed, dead_dropped)
+    pq:{orders}:gc    hash    cursors of the fairness clean-up in the sweep
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
     pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
@@ -36,7 +41,7 @@ BINDING_SEP = "\x06\x16"
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
-            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
+            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc")
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
 
@@ -75,6 +80,18 @@ class QueueKeys:
     fn: str
     tw: str
     fr: str
+    md: str
+    pd: str
+    pe: str
+    pt: str
+    ct: str
+    gc: str
+
+    @property
+    def stem(self) -> str:
+        """``<prefix>:{<tag>}:`` (``...:dead:`` for a dead-letter queue): the scripts derive the
+        keys they are not handed from this stem of their first key."""
+        return self.ii[:-2]
 
     def all(self) -> list[str]:
         return [getattr(self, s) for s in SUFFIXES] + self.levels()

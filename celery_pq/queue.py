@@ -15,8 +15,12 @@ Every state change is one script, so every operation is atomic.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import re
 import socket
+import threading
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -25,10 +29,56 @@ from typing import Iterable, Sequence
 import redis
 
 from . import constants as C
-from .errors import EntryNotFound, ErrorCode, LeaseLost, NotWaiting, QueueFull
+from . import scripts as _scripts
+from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, split_dead
-from .scripts import get_scripts, run_calls
+from .scripts import get_scripts
+
+logger = logging.getLogger("celery_pq.queue")
+
+#: The error reply of a script whose caller's mode is not the queue's (see common.lua).
+_MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
+
+
+def mode_dict(mode: str) -> dict:
+    """The four letters of a mode record as settings: fair, fair_scope, priority_order, technique."""
+    scopes = {v: k for k, v in FAIR_SCOPES.items()}
+    return {
+        "fair": mode[:1] == "1",
+        "fair_scope": scopes.get(mode[1:2]),
+        "priority_order": C.HIGHER_FIRST if mode[2:3] == "h" else C.LOWER_FIRST,
+        "technique": mode[3:4],
+    }
+
+
+def _queue_of_key(key: str) -> str:
+    """The queue name in a key ``<prefix>:{<tag>}:[dead:]<suffix>``."""
+    from urllib.parse import unquote
+
+    tag = key[key.index("{") + 1 : key.index("}:")]
+    dead = key[key.index("}:") + 2 :].startswith("dead:")
+    return unquote(tag) + (".dead" if dead else "")
+
+
+def translate_error(exc: Exception) -> Exception:
+    """A script's error reply as the project's exception (ModeMismatch), else ``exc``."""
+    m = _MODE_MISMATCH.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
+    if m is None:
+        return exc
+    stored, wanted = mode_dict(m.group("stored")), mode_dict(m.group("wanted"))
+    if not wanted["fair"]:
+        stored.pop("fair_scope") if not stored["fair"] else None
+        wanted.pop("fair_scope")
+    return ModeMismatch(_queue_of_key(m.group("key")), stored, wanted)
+
+
+def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
+    """``scripts.run_calls`` with script error replies turned into the project's exceptions."""
+    try:
+        return _scripts.run_calls(client, calls)
+    except redis.ResponseError as exc:
+        raise translate_error(exc) from None
 
 
 def validate_priority(priority) -> int:
@@ -52,6 +102,26 @@ def unescape_tenant(text: str) -> str:
     from urllib.parse import unquote
 
     return unquote(text)
+
+
+def _number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False):
+    """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``)."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            value < low or (value == low and not allow_low):
+        rel = ">=" if allow_low else ">"
+        raise ValueError(f"{label} must be a finite number {rel} {low:g}, got {value!r}")
+    return value
+
+
+def _count(label: str, value, *, low: int = 1, none: bool = True):
+    """An int (not a bool) >= low, or None when allowed."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{label} must be an integer >= {low}{' or None' if none else ''}, got {value!r}")
+    return value
 
 
 def default_consumer_id() -> str:
@@ -125,22 +195,28 @@ class PriorityQueue:
         tenant_concurrency: int | None = None,
         tenant_rate: float | None = None,
         max_length_per_tenant: int | None = None,
+        dedupe_seconds: float = C.DEDUPE_SECONDS,
+        max_dead_length: int | None = None,
     ):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"queue name must be a non-empty string, got {name!r}")
+        if not isinstance(key_prefix, str) or not key_prefix:
+            raise ValueError(f"key_prefix must be a non-empty string, got {key_prefix!r}")
+        _number("lease_seconds", lease_seconds)
+        _number("dedupe_seconds", dedupe_seconds, allow_low=True)
+        _count("max_dead_length", max_dead_length)
+        _count("max_deliveries", max_deliveries, low=0, none=False)
         if technique not in C.TECHNIQUES:
             raise ValueError(f"technique must be one of {C.TECHNIQUES}, got {technique!r}")
         if priority_order not in C.PRIORITY_ORDERS:
             raise ValueError(f"priority_order must be one of {C.PRIORITY_ORDERS}, got {priority_order!r}")
-        if lease_seconds <= 0:
-            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
-            raise ValueError(f"max_length must be a positive integer or None, got {max_length!r}")
+        _count("max_length", max_length)
         if fair_scope not in FAIR_SCOPES:
             raise ValueError(f"fair_scope must be one of {tuple(FAIR_SCOPES)}, got {fair_scope!r}")
         for label, value in (("tenant_concurrency", tenant_concurrency), ("max_length_per_tenant", max_length_per_tenant)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{label} must be a non-negative integer or None, got {value!r}")
-        if tenant_rate is not None and (not isinstance(tenant_rate, (int, float)) or tenant_rate < 0):
-            raise ValueError(f"tenant_rate must be a non-negative number or None, got {tenant_rate!r}")
+        _number("tenant_rate", tenant_rate, allow_low=True, none=True)
         if (tenant_concurrency or tenant_rate or max_length_per_tenant) and not fair:
             raise ValueError("tenant caps need fairness on (a tenant for each entry)")
         self.fair = bool(fair)
@@ -164,6 +240,66 @@ class PriorityQueue:
         self._dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), key_prefix)
         self._views: list[tuple[int, int]] = []
         self._views_version = ""
+        self.dedupe_seconds = float(dedupe_seconds)
+        self.max_dead_length = max_dead_length
+        #: The publish id of this queue object's last insert (to retry it by hand after an error).
+        self.last_publish_id: bytes | None = None
+        self._forget: list[bytes] = []
+        self._forget_lock = threading.Lock()
+        scope = FAIR_SCOPES[fair_scope] if self.fair else "-"
+        self._mode = f"{int(self.fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+        max_dead = max_dead_length or max_length or 0
+        #: The queue context every script but extend takes first (see lua/includes/common.lua).
+        self._ctx = f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}"
+
+    @classmethod
+    def open(cls, client: redis.Redis, name: str, *, key_prefix: str = C.KEY_PREFIX, **settings) -> "PriorityQueue":
+        """The queue ``name`` with the mode it recorded in Redis (fairness, scope, priority
+        order, technique), for tools that read or administer queues made elsewhere; other
+        settings as given. A queue with no record gets the defaults."""
+        raw = client.get(queue_keys(name, key_prefix).md)
+        if raw is not None:
+            mode = mode_dict(_s(raw))
+            settings.update({k: v for k, v in mode.items() if v is not None})
+        return cls(client, name, key_prefix=key_prefix, **settings)
+
+    @property
+    def mode(self) -> dict:
+        """This object's mode: the settings a queue records in Redis on first use."""
+        return self._mode_dict(self._mode)
+
+    def _mode_dict(self, mode: str) -> dict:
+        d = mode_dict(mode)
+        if not d["fair"]:
+            d.pop("fair_scope")
+        return d
+
+    def stored_mode(self) -> dict | None:
+        """The mode the queue recorded in Redis (None before its first insert)."""
+        raw = self.client.get(self.keys.md)
+        return None if raw is None else self._mode_dict(_s(raw))
+
+    def migrate_mode(self) -> dict:
+        """Change the queue's mode to this object's, on purpose: the priority index and the
+        fairness state are rebuilt from the stored entries (leases are kept). An admin operation:
+        one script call that reads every entry, so Redis waits for it on a large queue. Returns
+        {"waiting": n, "leased": n, "malformed": n}."""
+        k = self.keys
+        waiting, leased, bad = self._run("migrate", [k.ii, k.pi, k.lt, k.dz, *k.fair()], [])
+        return {"waiting": int(waiting), "leased": int(leased), "malformed": int(bad)}
+
+    # -- running scripts ----------------------------------------------------------------------
+    def _call(self, name: str, keys: list, args: list) -> tuple:
+        """``(script, keys, args)`` of one script call with the queue context first, to run now
+        (``_run``) or with others (``run_calls``)."""
+        return getattr(self.scripts, name), keys, [self._ctx, *args]
+
+    def _run(self, name: str, keys: list, args: list):
+        script, keys, args = self._call(name, keys, args)
+        try:
+            return script(keys=keys, args=args, client=self.client)
+        except redis.ResponseError as exc:
+            raise translate_error(exc) from None
 
     @property
     def scripts(self):
@@ -194,6 +330,8 @@ class PriorityQueue:
             priority_order=self.priority_order,
             lease_seconds=self.lease_seconds,
             max_deliveries=0,
+            max_dead_length=self.max_dead_length or self.max_length,
+            dedupe_seconds=self.dedupe_seconds,
         )
 
     # -- decoding -----------------------------------------------------------------------------
@@ -224,17 +362,44 @@ class PriorityQueue:
         fair = k.fair() if self.fair else []
         return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *fair, *(k.view_wake(*v) for v in self._views)]
 
-    def _insert_args(self, items) -> list:
+    def _insert_args(self, items, forget=()) -> list:
         args: list = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
                       self.scope, self._views_version, len(self._views)]
         args += [f"{lo},{hi}" for lo, hi in self._views]
-        for payload, priority, id, tenant, due in items:
-            if id is not None and (not isinstance(id, str) or not id):
-                raise ValueError(f"entry id must be a non-empty string or None, got {id!r}")
-            if tenant is not None and not isinstance(tenant, str):
-                raise ValueError(f"tenant must be a string or None, got {tenant!r}")
-            args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due]
+        args += [len(forget), *forget]
+        for payload, priority, id, tenant, due, pid in items:
+            args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
+                     pid or ""]
         return args
+
+    def _take_forgets(self) -> list:
+        """Publish ids whose inserts have replied (none of them can be retried now): the next
+        insert call has the script forget them, so the window holds only unanswered ones."""
+        with self._forget_lock:
+            out, self._forget = self._forget[:C.BULK_CHUNK], self._forget[C.BULK_CHUNK:]
+        return out
+
+    def _answered(self, pids) -> None:
+        with self._forget_lock:
+            self._forget.extend(pids)
+
+    def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None) -> tuple:
+        """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
+        publish id), with a new publish id when none is given and dedupe is on."""
+        if not isinstance(payload, (bytes, str)):
+            raise ValueError(f"payload must be bytes or str, got {type(payload).__name__}")
+        self.rank(priority)
+        if id is not None and (not isinstance(id, str) or not id):
+            raise ValueError(f"entry id must be a non-empty string or None, got {id!r}")
+        if tenant is not None and not isinstance(tenant, str):
+            raise ValueError(f"tenant must be a string or None, got {tenant!r}")
+        if publish_id is None and self.dedupe_seconds > 0:
+            publish_id = os.urandom(12)
+        elif publish_id is not None:
+            if not isinstance(publish_id, (bytes, str)) or not publish_id:
+                raise ValueError(f"publish_id must be non-empty bytes or str, got {publish_id!r}")
+            publish_id = _b(publish_id)
+        return payload, priority, id, tenant, due, publish_id
 
     def _check_reply(self, reply, items) -> bool:
         """Raise for a full queue; False when the view registry changed (refresh and retry)."""
@@ -250,42 +415,86 @@ class PriorityQueue:
         return True
 
     def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
-               tenant: str | None = None, delay: float | None = None, due_ms: int | None = None) -> str:
+               tenant: str | None = None, delay: float | None = None, due_ms: int | None = None,
+               publish_id: bytes | str | None = None, remember: bool | None = None) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
         the entry delayed until then; it then joins the queue at its priority.
+
+        ``publish_id`` makes the insert idempotent: the queue stores nothing for a publish id it
+        has seen in the last ``dedupe_seconds`` and returns the entry id it stored then. When
+        none is given a random one is made (``last_publish_id``), so the client's own retry of
+        a call whose reply was lost stores the entry once. ``remember`` (default: True for a
+        given publish id, False for a made one) keeps the publish id for the whole window even
+        after the reply came; otherwise the next insert call has the queue forget it, since no
+        retry of it can come any more (the window then costs memory only for unanswered calls).
         """
-        items = [(payload, priority, id, tenant, _when(delay, due_ms))]
+        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id)]
+        pid = self.last_publish_id = items[0][5]
+        forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
         for _ in range(5):
-            reply = self.scripts.insert(keys=self._insert_keys(), args=self._insert_args(items), client=self.client)
+            forget = self._take_forgets()
+            try:
+                reply = self._run("insert", self._insert_keys(), self._insert_args(items, forget))
+            except BaseException:
+                self._answered(forget)
+                raise
+            if forget_it:
+                self._answered([pid])
             if self._check_reply(reply, items):
                 return decode_id(reply[0])
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK) -> list[str]:
-        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms]]])`` tuples, pipelined.
+        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id]]]])`` tuples,
+        in chunks of ``chunk`` (one atomic script call each), pipelined.
 
-        Each chunk is one atomic script call; ``max_length`` is checked per chunk.
+        ``max_length`` is checked per chunk. When a chunk fails, the exception says which items
+        were stored: ``exc.stored`` has one element per item, its entry id or None (not stored,
+        or not known when the connection failed); ``exc.items`` are the items with the publish
+        ids they were sent with, so ``insert_many(exc.items)`` stores each of them once.
         """
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         norm = []
-        for item in items:
+        items_given = list(items)
+        for item in items_given:
+            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 6:
+                raise ValueError(f"insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id]]]]) "
+                                 f"tuples, got {item!r}")
             payload, priority, *rest = item
-            rest += [None] * (3 - len(rest))
-            norm.append((payload, priority, rest[0], rest[1], _when(None, rest[2])))
-        out: list[str] = []
-        chunks = [norm[i : i + chunk] for i in range(0, len(norm), chunk)]
-        while chunks:
-            script = self.scripts.insert
-            replies = run_calls(self.client, [(script, self._insert_keys(), self._insert_args(part)) for part in chunks])
-            done = 0
-            for part, reply in zip(chunks, replies):
-                if not self._check_reply(reply, part):
-                    break
-                out.extend(decode_id(e) for e in reply)
-                done += 1
-            chunks = chunks[done:]
-        return out
+            rest += [None] * (4 - len(rest))
+            norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3]))
+        ids: list = [None] * len(norm)
+        pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
+        made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
+        while pending:
+            forget = self._take_forgets()
+            try:
+                replies = run_calls(self.client, [self._call("insert", self._insert_keys(),
+                                                             self._insert_args(part, forget if n == 0 else ()))
+                                                  for n, (_, part) in enumerate(pending)])
+            except Exception as exc:
+                self._answered(forget)
+                raise _partial(exc, ids, norm, "chunks without a reply may or may not be stored") from None
+            retry, failed = [], None
+            for (start, part), reply in zip(pending, replies):
+                try:
+                    if not self._check_reply(reply, part):
+                        retry.append((start, part))
+                        continue
+                except QueueFull as exc:
+                    failed = failed or exc
+                    continue
+                ids[start : start + len(part)] = [decode_id(e) for e in reply]
+            if failed is not None:
+                raise _partial(failed, ids, norm, "chunks refused stored nothing")
+            pending = retry
+        # every made publish id has its reply: no retry of them can come (on a failure above
+        # they stay remembered for the window, so insert_many(exc.items) stores each item once)
+        self._answered([norm[i][5] for i in sorted(made) if norm[i][5] is not None])
+        return ids
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
     def refresh_views(self) -> None:
@@ -311,12 +520,12 @@ class PriorityQueue:
         """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
         fields = {}
         for prefix, table in (("w", weights), ("c", concurrency), ("r", rate)):
+            if table is not None and not isinstance(table, dict):
+                raise ValueError(f"tenant settings are a dict {{tenant: value}}, got {table!r}")
             for tenant, value in (table or {}).items():
                 if not isinstance(tenant, str):
                     raise ValueError(f"tenant names are strings, got {tenant!r}")
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                    raise ValueError(f"tenant {tenant!r}: {prefix} must be a positive number, got {value!r}")
-                fields[f"{prefix}:{escape_tenant(tenant)}"] = value
+                fields[f"{prefix}:{escape_tenant(tenant)}"] = _tenant_setting(prefix, tenant, value)
         if fields:
             self.client.hset(self.keys.fc, mapping=fields)
 
@@ -359,12 +568,13 @@ class PriorityQueue:
 
         ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
         """
-        script, keys, args = self.pop_call(count, lease_seconds=lease_seconds, consumer=consumer, view=view)
-        return self.parse_pop(script(keys=keys, args=args, client=self.client))
+        (reply,) = run_calls(self.client, [self.pop_call(count, lease_seconds=lease_seconds, consumer=consumer,
+                                                         view=view)])
+        return self.parse_pop(reply)
 
     def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
                  view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> tuple:
-        """``(script, keys, args)`` of a pop, to run with others (``scripts.run_calls``).
+        """``(script, keys, args)`` of a pop, to run with others (``run_calls``).
 
         ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop
         (a consumer's finished deliveries and its next pop in one round trip); their codes are
@@ -377,9 +587,9 @@ class PriorityQueue:
         head = [lease_ms, consumer or "", os.urandom(8).hex(), int(count), C.POP_STALE_BUDGET]
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
-            return (self.scripts.pop_fair, [k.ii, k.pi, k.lz, k.lt, wk, *k.fair(), k.dp],
-                    head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
-        return self.scripts.pop, [k.ii, k.pi, k.lz, k.lt, wk, k.dp], head + [lo, hi] + tail
+            return self._call("pop_fair", [k.ii, k.pi, k.lz, k.lt, wk, *k.fair(), k.dp],
+                              head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
+        return self._call("pop", [k.ii, k.pi, k.lz, k.lt, wk, k.dp], head + [lo, hi] + tail)
 
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
@@ -404,14 +614,14 @@ class PriorityQueue:
         pairs = [_pair(x) for x in leases]
         if not pairs:
             return []
-        script, keys, args = self.ack_call(pairs)
-        return self._codes(pairs, script(keys=keys, args=args, client=self.client), strict)
+        (codes,) = run_calls(self.client, [self.ack_call(pairs)])
+        return self._codes(pairs, codes, strict)
 
     def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
         """``(script, keys, args)`` acking ``(entry id, token)`` pairs, to run with others."""
         k = self.keys
-        return (self.scripts.ack, [k.ii, k.lz, k.lt, k.dp, k.wk, *(k.fair() if self.fair else ())],
-                ["1" if self.fair else "0", *(v for eid, token in pairs for v in (encode_id(eid), token))])
+        return self._call("ack", [k.ii, k.lz, k.lt, k.dp, k.wk, *(k.fair() if self.fair else ())],
+                          ["1" if self.fair else "0", *(v for eid, token in pairs for v in (encode_id(eid), token))])
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
         out = []
@@ -456,21 +666,23 @@ class PriorityQueue:
 
     def dead_letter(self, lease: Lease | tuple[str, str], reason: str = "rejected", *, strict: bool = False) -> str | None:
         """Move a leased entry to ``<queue>.dead`` now, with a reason (no "," "@" "|")."""
-        if not reason or any(c in reason for c in ",@|"):
+        if self.is_dead:
+            raise ValueError(f"{self.name!r} is a dead-letter queue: it has no dead-letter queue of its own "
+                             "(requeue the entry, or ack it to drop it)")
+        if not isinstance(reason, str) or not reason or any(c in reason for c in ",@|"):
             raise ValueError(f"dead-letter reason must be non-empty without ',', '@' or '|': {reason!r}")
         return self._requeue(lease, True, reason, strict)
 
     def _requeue(self, lease, count_delivery, reason, strict):
         eid, token = _pair(lease)
-        code = self.scripts.requeue(
-            keys=self._requeue_keys(),
-            args=[encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason,
-                  "1" if self.fair else "0", self.scope, *self._view_args()],
-            client=self.client,
-        )
+        code = self._run("requeue", self._requeue_keys(),
+                         [encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason,
+                          "1" if self.fair else "0", self.scope, *self._view_args()])
         if code == 1:
             return "waiting"
-        if code == 2:
+        if code in (2, 3):
+            if code == 3:
+                self._warn_dropped(1)
             return "dead"
         if strict:
             raise LeaseLost(self.name, eid, ErrorCode(code))
@@ -485,34 +697,36 @@ class PriorityQueue:
         k, d = self.keys, self._dead_keys or self.keys
         if self.client.exists(k.vr):  # wake the priority views that returned work belongs to
             self.refresh_views()
-        returned, dead, skipped, more, promoted = self.scripts.reclaim(
-            keys=[k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair(),
-                  *(k.view_wake(*v) for v in self._views)],
-            args=[limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-                  "1" if self.fair else "0", self.scope, *self._view_args()],
-            client=self.client,
+        returned, dead, skipped, more, promoted, dropped = self._run(
+            "reclaim",
+            [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair(),
+             *(k.view_wake(*v) for v in self._views)],
+            [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
+             "1" if self.fair else "0", self.scope, *self._view_args()],
         )
+        if dropped:
+            self._warn_dropped(dropped)
         return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more),
-                "promoted": promoted}
+                "promoted": promoted, "dead_dropped": dropped}
+
+    def _warn_dropped(self, n: int) -> None:
+        logger.warning("celery-pq: dead-letter queue %s.dead is full (max_dead_length=%s): its %d oldest "
+                       "entr%s dropped to make room", self.name, self.max_dead_length or self.max_length, n,
+                       "y was" if n == 1 else "ies were")
 
     # -- REMOVE BY ID, priorities, peeks --------------------------------------------------------
     def remove(self, id: str) -> int:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
         k = self.keys
-        removed, _leased = self.scripts.remove(keys=[k.ii, k.pi, k.lt, k.dp, k.dz, *k.fair()],
-                                               args=[encode_id(id), self.technique, "1" if self.fair else "0",
-                                                     self.scope],
-                                               client=self.client)
+        removed, _leased = self._run("remove", [k.ii, k.pi, k.lt, k.dp, k.dz, *k.fair()],
+                                     [encode_id(id), self.technique, "1" if self.fair else "0", self.scope])
         return int(removed)
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""
         k = self.keys
-        code = self.scripts.change_priority(
-            keys=[k.ii, k.pi, k.lt, k.sq, k.dz, *k.fair()],
-            args=[encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope],
-            client=self.client,
-        )
+        code = self._run("change_priority", [k.ii, k.pi, k.lt, k.sq, k.dz, *k.fair()],
+                         [encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope])
         if code == ErrorCode.NOT_FOUND:
             raise EntryNotFound(self.name, id)
         if code == ErrorCode.NOT_WAITING:
@@ -521,7 +735,7 @@ class PriorityQueue:
     def peek(self, count: int = 1) -> list[Entry]:
         """The next ``count`` entries in delivery order, not leased."""
         k = self.keys
-        reply = self.scripts.peek(keys=[k.ii, k.pi, k.lt], args=[count, C.POP_STALE_BUDGET], client=self.client)
+        reply = self._run("peek", [k.ii, k.pi, k.lt], [count, C.POP_STALE_BUDGET])
         return [self._entry(*reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
     def retrieve_highest_priority(self) -> str | None:
@@ -532,8 +746,7 @@ class PriorityQueue:
     def retrieve_by_priority(self, priority: int) -> str | None:
         """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
         k = self.keys
-        reply = self.scripts.retrieve_by_priority(keys=[k.ii, k.pi, k.lt], args=[self.rank(priority), C.POP_STALE_BUDGET],
-                                                  client=self.client)
+        reply = self._run("retrieve_by_priority", [k.ii, k.pi, k.lt], [self.rank(priority), C.POP_STALE_BUDGET])
         return decode_id(reply[0]) if reply else None
 
     def remove_highest_priority(self) -> Entry | None:
@@ -541,8 +754,7 @@ class PriorityQueue:
         if self.fair:
             raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
         k = self.keys
-        reply = self.scripts.remove_highest(keys=[k.ii, k.pi, k.wk, k.dp, k.lt], args=[C.POP_STALE_BUDGET],
-                                            client=self.client)
+        reply = self._run("remove_highest", [k.ii, k.pi, k.wk, k.dp, k.lt], [C.POP_STALE_BUDGET])
         return self._entry(*reply) if reply else None
 
     def cleanup(self, count: int = 1000) -> int:
@@ -554,8 +766,7 @@ class PriorityQueue:
             start = seen = 0
             while seen < count:
                 n = min(1000, count - seen)
-                gone, looked = self.scripts.cleanup(keys=[k.ii, k.pi, k.lt], args=[int(rank), start, n],
-                                                    client=self.client)
+                gone, looked = self._run("cleanup", [k.ii, k.pi, k.lt], [int(rank), start, n])
                 removed += int(gone)
                 seen += int(looked)
                 start += int(looked) - int(gone)  # the kept ones; the dropped ones closed up
@@ -568,9 +779,8 @@ class PriorityQueue:
         k = self.keys
         total = 0
         while True:
-            deleted, taken = self.scripts.purge(keys=[k.ii, k.pi, k.wk, k.dp, k.dz, k.lt, *k.fair()],
-                                                args=[C.BULK_CHUNK, "1" if self.fair else "0", self.scope],
-                                                client=self.client)
+            deleted, taken = self._run("purge", [k.ii, k.pi, k.wk, k.dp, k.dz, k.lt, *k.fair()],
+                                       [C.BULK_CHUNK, "1" if self.fair else "0", self.scope])
             total += int(deleted)
             if not taken:
                 return total
@@ -678,34 +888,38 @@ def _commands(stale: int) -> dict:
     both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
     grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
+    md = ["get"]  # every script but extend first reads the queue's mode record
+    # the window's start; the last insert's publish id forgotten in both windows (its reply came);
+    # this one's looked for in both windows, and recorded
+    dedupe = ["get", "hdel", "hdel", "hget", "hget", "hset"]
     return {
-        "insert": both(["exists", "time", "incr", "hexists", "hset", "rpush", "llen"]),
+        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
         "pop": {
-            "T": ["zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
-            "S": ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
+            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
         },
-        "ack": both(["hget", "hdel", "hdel", "zrem"]),
+        "ack": both([*md, "hget", "hdel", "hdel", "zrem"]),
         "extend": both(["time", "hget", "zadd"]),
-        "requeue": both(["hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen"]),
+        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen"]),
         "remove_by_id": {
-            "T": ["hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
-            "S": ["hget", "hexists", "hdel"],
+            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
+            "S": [*md, "hget", "hexists", "hdel"],
         },
         "change_priority": {
-            "T": ["hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "lrem", "exists"],
-            "S": ["hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd"],
+            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "lrem", "exists"],
+            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd"],
         },
         "retrieve_highest_priority": {
-            "T": ["zrange", "lrange", "hget", "hexists"],
-            "S": ["zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
+            "T": [*md, "zrange", "lrange", "hget", "hexists"],
+            "S": [*md, "zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
         },
         "retrieve_by_priority": {
-            "T": ["lindex", "hget", "hexists"],
-            "S": ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
+            "T": [*md, "lindex", "hget", "hexists"],
+            "S": md + ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
         },
         "remove_highest_priority": {
-            "T": ["zrange", "lpop", "exists", "hget", "hexists", "hdel"],
-            "S": ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
+            "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel"],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
         },
     }
 
@@ -726,6 +940,34 @@ def _when(delay: float | None, due_ms: int | None) -> str:
             raise ValueError(f"due_ms must be a Unix time in milliseconds, got {due_ms!r}")
         return str(due_ms)
     return "0"
+
+
+#: Fair weights the start tags can carry: a delivery costs 1,000,000 / weight units of virtual
+#: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing, one
+#: below 0.01 would run the tags out of digits after 1e9 deliveries.
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
+
+
+def _tenant_setting(prefix: str, tenant: str, value):
+    """A tenant's weight (w), concurrency cap (c) or rate (r), checked."""
+    if prefix == "w":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_WEIGHT <= value <= MAX_WEIGHT:
+            raise ValueError(f"tenant {tenant!r}: weight must be a number from {MIN_WEIGHT} to {MAX_WEIGHT}, "
+                             f"got {value!r}")
+        return value
+    if prefix == "c":
+        return _count(f"tenant {tenant!r}: concurrency", value, none=False)
+    return _number(f"tenant {tenant!r}: rate", value)
+
+
+def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:
+    """``exc`` of a failed ``insert_many``, saying which items were stored."""
+    exc.stored = list(ids)
+    exc.items = [(p, pr, i, t, None if d == "0" else int(d), pid) for p, pr, i, t, d, pid in items]
+    done = sum(1 for x in ids if x is not None)
+    exc.add_note(f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
+                 "insert_many(exc.items) again stores each item once")
+    return exc
 
 
 def _pair(x) -> tuple[str, str]:

@@ -38,6 +38,7 @@ SCRIPT_NAMES = (
     "change_priority",
     "cleanup",
     "purge",
+    "migrate",
 )
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)

@@ -43,7 +43,7 @@ class Harness:
         self.workers = []
 
     def queue(self, name="q"):
-        return PriorityQueue(self.redis, name, key_prefix=self.prefix)
+        return PriorityQueue.open(self.redis, name, key_prefix=self.prefix)
 
     def send(self, name, *args, **kw):
         return self.app.send_task(name, args=args, queue="q", **kw)

@@ -26,7 +26,7 @@ def test_keys_share_one_tag_and_dead_queue_shares_it():
     assert k.ii == "pq:{orders}:ii" and k.pi == "pq:{orders}:pi"
     assert d.ii == "pq:{orders}:dead:ii"
     assert all("{orders}" in key for key in k.all() + d.all())
-    assert len(set(k.all() + d.all())) == 2 * (19 + 256)  # 19 suffixes, 256 priority lists each
+    assert len(set(k.all() + d.all())) == 2 * (25 + 256)  # 25 suffixes, 256 priority lists each
     assert k.level(0) == "pq:{orders}:pi:0" and d.level(255) == "pq:{orders}:dead:pi:255"
 
 
@@ -102,4 +102,4 @@ def test_scripts_carry_only_the_helpers_they_call():
         body = source(name)
         for helper in re.findall(r"^local function (\w+)\(", body, re.M):
             assert len(re.findall(rf"\b{helper}\b", body)) >= 2, (name, helper)
-    assert "local function to_dead" not in source("pop")
+    assert "local function fair_add" not in source("pop") and "local function to_dead" not in source("ack")

@@ -9,14 +9,22 @@
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] wk  list    wake tokens of plain consumers
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
+-- ARGV[0] context  the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] fair  "1" when fairness is on
 -- ARGV[2..] pairs: entry id, lease token
--- Returns: one code per pair: 1 acked, or an error code.
+-- Returns: one code per pair: 1 acked, or an error code; the error reply MODE_MISMATCH
+--          (nothing done) when the caller's mode is not the queue's.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, lz, lt, dp, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
   fr = KEYS[13] }

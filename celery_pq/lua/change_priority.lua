@@ -8,17 +8,25 @@
 -- KEYS[4] sq  string  insertion sequence
 -- KEYS[5] dz  zset    delayed entries (a delayed entry keeps its new score until due)
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] entry id
 -- ARGV[2] rank        new rank, 0..255 (0 is served first)
 -- ARGV[3] technique   "T" or "S"
 -- ARGV[4] fair        "1" when fairness is on
 -- ARGV[5] scope       "P" within_priority or "T" tenant_first
 -- Returns: 1 changed, or an error code.
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -1 NOT_FOUND
 -- ERR -4 NOT_WAITING
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lt, sq, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local eid, rank, technique = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local fair = ARGV[4] == '1'
@@ -33,9 +41,13 @@ local v = redis.call('HGET', ii, eid)
 if not v then
   return -1
 end
+local e, bar = split_entry(v)
+if not e then -- malformed: set aside, as a pop would
+  set_aside(ii, eid, v, rank, now_ms())
+  return -1
+end
 local seq = redis.call('INCR', sq)
 local score = fmt(rank * SEQ_SPAN + seq)
-local e, bar = split_entry(v)
 local old = e.s
 e.s = score
 redis.call('HSET', ii, eid, join_entry(e, v, bar))

@@ -4,19 +4,27 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
+-- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] rank   0..255
 -- ARGV[2] start  position in that rank's list to start at
 -- ARGV[3] count  pointers to look at
 -- Returns: {removed, looked_at}
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
 local rank, start, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local key = level_key(pi, rank)
 local ptrs = redis.call('LRANGE', key, start, start + count - 1)
 local gone = 0
 for _, p in ipairs(ptrs) do
-  if not pi_entry(ii, lt, p, rank) then
+  if pi_entry(ii, lt, p, rank) == nil then
     redis.call('LREM', key, 1, p)
     gone = gone + 1
   end

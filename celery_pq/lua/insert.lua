@@ -17,23 +17,31 @@
 -- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- KEYS[9..] or KEYS[17..]  wake lists of the priority views named in ARGV (after the fairness
 --              keys when fair)
+-- ARGV[0] context       the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
 -- ARGV[3] fair            "1" when fairness is on
 -- ARGV[4] scope           "P" within_priority or "T" tenant_first
 -- ARGV[5] views_version   the registry version the caller knows ("" if none)
 -- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
--- then groups of 5: id ("" for a generated one), rank (0..255, 0 served first),
+-- then nforget, and nforget publish ids to forget now (the caller has the replies of their
+--                   inserts, so no retry of them can come: their memory is freed at once)
+-- then groups of 6: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
---                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms
+--                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
+--                   publish id ("" for none): a publish id seen in the last dedupe_ms (at
+--                   most twice that) stores nothing and gives the entry id stored then
 -- Returns: the entry ids, one per group, in order; or, with nothing written:
---          {ERR -5, waiting}, {ERR -6, registry version}, {ERR -7, tenant waiting, group index}
+--          {ERR -5, waiting}, {ERR -6, registry version}, {ERR -7, tenant waiting, group index},
+--          or the error reply "MODE_MISMATCH <key> <stored mode> <caller's mode>" (ERR -8)
 -- ERR -5 QUEUE_FULL
 -- ERR -6 STALE_VIEWS
 -- ERR -7 TENANT_FULL
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
 local ii, pi, lt, wk, sq, dp, dz, vr = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 FK = { te = KEYS[9], ts = KEYS[10], tb = KEYS[11], fv = KEYS[12], fc = KEYS[13], fn = KEYS[14], tw = KEYS[15],
   fr = KEYS[16] }
@@ -45,79 +53,141 @@ local vkeys = 8
 if fair then
   vkeys = 16
 end
-local first = 7 + nviews
-local n = (#ARGV - first + 1) / 5
+local nforget = tonumber(ARGV[7 + nviews])
+local first = 8 + nviews + nforget
+local n = (#ARGV - first + 1) / 6
 
+local bad = mode_error(true)
+if bad then
+  return bad
+end
 if nviews > 0 or redis.call('EXISTS', vr) == 1 then
   local known = redis.call('GET', vr) or ''
   if known ~= ARGV[5] then
     return { -6, known }
   end
 end
-if max_length > 0 then
+local now = now_ms()
+
+-- publish ids: two hashes (this window's and the last one's), rotated every dedupe_ms
+local pd, pe, pt = CTX.stem .. 'pd', CTX.stem .. 'pe', CTX.stem .. 'pt'
+local seen = {} -- group index -> entry id stored by the first publish
+local fresh = n
+if CTX.dedupe_ms > 0 then
+  local t0 = tonumber(redis.call('GET', pt))
+  if not t0 or now - t0 >= 2 * CTX.dedupe_ms then
+    redis.call('DEL', pd, pe)
+    redis.call('SET', pt, fmt(now))
+  elseif now - t0 >= CTX.dedupe_ms then
+    redis.call('UNLINK', pe)
+    if redis.call('EXISTS', pd) == 1 then
+      redis.call('RENAME', pd, pe)
+    end
+    redis.call('SET', pt, fmt(now))
+  end
+  for i = 8 + nviews, first - 1 do
+    redis.call('HDEL', pd, ARGV[i])
+    redis.call('HDEL', pe, ARGV[i])
+  end
+  local mine = {}
+  for i = 0, n - 1 do
+    local g = first + 6 * i
+    local pid = ARGV[g + 5]
+    if pid ~= '' then
+      if mine[pid] then -- a later group with the same publish id is the same publish
+        fresh = fresh - 1
+      else
+        mine[pid] = true
+        local was = redis.call('HGET', pd, pid) or redis.call('HGET', pe, pid)
+        if was then
+          seen[i] = was == '' and ARGV[g] or was
+          fresh = fresh - 1
+        end
+      end
+    end
+  end
+end
+
+if max_length > 0 and fresh > 0 then
   local waiting = redis.call('HLEN', ii) - redis.call('HLEN', lt)
-  if waiting + n > max_length then
+  if waiting + fresh > max_length then
     return { -5, waiting }
   end
 end
 if fair and max_per_tenant > 0 then
   local adding = {}
   for i = 0, n - 1 do
-    local t = ARGV[first + 2 + 5 * i]
-    adding[t] = (adding[t] or 0) + 1
-    local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
-    if have + adding[t] > max_per_tenant then
-      return { -7, have, i }
+    if not seen[i] then
+      local t = ARGV[first + 2 + 6 * i]
+      adding[t] = (adding[t] or 0) + 1
+      local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
+      if have + adding[t] > max_per_tenant then
+        return { -7, have, i }
+      end
     end
   end
 end
 
-local now = now_ms()
 local ts = fmt(now)
 local out = {}
 local woken = {}
 local ready = false
+local stored = {} -- publish id -> entry id, for a repeat within this call
 for i = 0, n - 1 do
-  local g = first + 5 * i
-  local id, rank, tenant, payload, due = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4]
-  if string.sub(due, 1, 1) == '+' then
-    due = now + tonumber(string.sub(due, 2))
+  local g = first + 6 * i
+  local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
+    ARGV[g + 5]
+  if seen[i] then
+    out[#out + 1] = seen[i]
+    stored[pid] = seen[i]
+  elseif stored[pid] then
+    out[#out + 1] = stored[pid]
   else
-    due = tonumber(due)
-  end
-  local seq = redis.call('INCR', sq)
-  local score = fmt(rank * SEQ_SPAN + seq)
-  local eid, flags = id, ''
-  if eid == '' then
-    eid = fmt(seq)
-  end
-  if redis.call('HEXISTS', ii, eid) == 1 then
-    eid = eid .. '~' .. fmt(seq)
-    flags = 'd'
-    if id ~= '' then
+    if string.sub(due, 1, 1) == '+' then
+      due = now + tonumber(string.sub(due, 2))
+    else
+      due = tonumber(due)
+    end
+    local seq = redis.call('INCR', sq)
+    local score = fmt(rank * SEQ_SPAN + seq)
+    local base = id
+    if base == '' then
+      base = fmt(seq)
+    end
+    local eid, dup = free_id(ii, base, sq, seq)
+    local flags = ''
+    if dup and id ~= '' then
+      flags = 'd'
       local list = redis.call('HGET', dp, id)
-      redis.call('HSET', dp, id, list and (list .. ',' .. fmt(seq)) or fmt(seq))
+      redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
     end
-  end
-  local delayed = due > now
-  redis.call('HSET', ii, eid, '0,' .. score .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
-  if delayed then
-    redis.call('ZADD', dz, due, eid)
-  else
-    pi_push(pi, rank, seq, eid)
-    if fair then
-      fair_add(tenant, score, eid)
-    end
-    ready = true
-    for v = 1, nviews do
-      local lo, hi = string.match(ARGV[6 + v], '^(%d+),(%d+)$')
-      if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
-        woken[v] = true
-        wake(KEYS[vkeys + v])
+    redis.call('HSET', ii, eid, '0,' .. score .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
+    if due > now then
+      redis.call('ZADD', dz, due, eid)
+    else
+      pi_push(pi, rank, seq, eid)
+      if fair then
+        fair_add(tenant, score, eid)
+      end
+      ready = true
+      for v = 1, nviews do
+        local lo, hi = string.match(ARGV[6 + v], '^(%d+),(%d+)$')
+        if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
+          woken[v] = true
+          wake(KEYS[vkeys + v])
+        end
       end
     end
+    if pid ~= '' and CTX.dedupe_ms > 0 then
+      stored[pid] = eid
+      if eid == id then
+        redis.call('HSET', pd, pid, '')
+      else
+        redis.call('HSET', pd, pid, eid)
+      end
+    end
+    out[#out + 1] = eid
   end
-  out[#out + 1] = eid
 end
 if ready then
   wake(wk)

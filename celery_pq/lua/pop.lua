@@ -10,6 +10,7 @@
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
 -- KEYS[6] dp  hash    task id -> its duplicates' seqs (for the acks)
+-- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
@@ -19,9 +20,16 @@
 -- ARGV[8] nacks        leases to ack first (the consumer's last deliveries: one call for both);
 --                      then nacks pairs: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
---           value1, eid2, ...}
+--           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
+--           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
@@ -41,7 +49,10 @@ while got < want do
   local popped = pi_take(pi, lo, hi, asked)
   for i = 1, #popped, 2 do
     local eid, score, v, e = pi_entry(ii, lt, popped[i], popped[i + 1])
-    if eid then
+    if eid == false then
+      set_aside(ii, score, v, popped[i + 1], now_ms())
+      stale = stale + 1
+    elseif eid then
       if not P.until_ms then
         P.until_ms = fmt(now_ms() + lease_ms)
       end

@@ -10,6 +10,7 @@
 -- KEYS[5] wk  list    wake tokens of this consumer
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- KEYS[14] dp  hash    task id -> its duplicates' seqs (for the acks)
+-- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ",")
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
@@ -21,10 +22,17 @@
 -- ARGV[9] lo, ARGV[10] hi  rank range of a priority view (within_priority only)
 -- ARGV[11] nacks       leases to ack first; then nacks pairs: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
---           value1, eid2, ...}
+--           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
+--           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lz, lt, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
   fr = KEYS[13] }
@@ -61,7 +69,10 @@ while got < want and stale < stale_budget and looked < stale_budget do
   local t, level, start = ts_tenant(m)
   local weight, conc, rate = settings(t)
   local ok, due = true, 0
-  if conc > 0 and (tonumber(redis.call('HGET', FK.fn, 'c:' .. t)) or 0) >= conc then
+  if not (level and start) then -- not a schedule member: dropped
+    redis.call('ZREM', FK.ts, m)
+    ok = false
+  elseif conc > 0 and (tonumber(redis.call('HGET', FK.fn, 'c:' .. t)) or 0) >= conc then
     fair_park(t, m, 'C', 0)
     ok = false
   elseif rate > 0 then
@@ -72,12 +83,18 @@ while got < want and stale < stale_budget and looked < stale_budget do
   end
   if ok then
     local head, rank, eid = te_head(t)
-    if not head then
+    if head and not rank then -- not an entry's member: dropped
+      redis.call('ZREM', FK.te, head)
+    elseif not head then
       fair_refresh(t, false)
     else
       redis.call('ZREM', FK.te, head)
       local v = redis.call('HGET', ii, eid)
-      if not v then
+      local e = v and split_entry(v)
+      if v and not e then
+        set_aside(ii, eid, v, rank, now)
+      end
+      if not e then
         stale = stale + 1
         if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
           redis.call('HDEL', FK.fn, 'n:' .. t)
@@ -87,7 +104,6 @@ while got < want and stale < stale_budget and looked < stale_budget do
         served[rank] = true
         local p = #t + 2
         local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
-        local e = split_entry(v)
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
         fair_served(t, level, start, weight)
@@ -101,17 +117,7 @@ write_leases(P, lt, lz)
 -- A fair pop serves from the tenant's order, so the pointers of the served ranks' lists go
 -- stale where they are; drop the stale ones at the front (bounded), so the lists stay short.
 for rank in pairs(served) do
-  local key = level_key(pi, rank)
-  for _ = 1, stale_budget + want do
-    local h = redis.call('LINDEX', key, 0)
-    if not h or pi_entry(ii, lt, h, rank) then
-      break
-    end
-    redis.call('LPOP', key)
-  end
-  if redis.call('EXISTS', key) == 0 then
-    redis.call('ZREM', pi, rank)
-  end
+  pi_trim(ii, lt, pi, rank, stale_budget + want)
 end
 if redis.call('ZCARD', FK.te) == 0 then -- nothing waits: every pointer left is stale
   for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do

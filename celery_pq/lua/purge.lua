@@ -8,13 +8,21 @@
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6] lt  hash    leases
 -- KEYS[7..14] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] count  members to take in this call
 -- ARGV[2] fair   "1" when fairness is on
 -- ARGV[3] scope  "P" within_priority or "T" tenant_first
 -- Returns: {entries_deleted, pointers_or_delayed_taken}
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, wk, dp, dz, lt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 FK = { te = KEYS[7], ts = KEYS[8], tb = KEYS[9], fv = KEYS[10], fc = KEYS[11], fn = KEYS[12], tw = KEYS[13],
   fr = KEYS[14] }
@@ -24,8 +32,10 @@ local count = tonumber(ARGV[1])
 local taken = pi_take(pi, 0, 255, count)
 local found = {} -- {eid, value} of the entries to delete
 for i = 1, #taken, 2 do
-  local eid, _, v = pi_entry(ii, lt, taken[i], taken[i + 1])
-  if eid then
+  local eid, score, v = pi_entry(ii, lt, taken[i], taken[i + 1])
+  if eid == false then -- malformed: deleted as asked
+    redis.call('HDEL', ii, score)
+  elseif eid then
     found[#found + 1] = { eid, v }
   end
 end
@@ -42,7 +52,7 @@ if n == 0 then
 end
 local tenants = {}
 for _, f in ipairs(found) do
-  local eid, e = f[1], split_entry(f[2])
+  local eid, e = f[1], split_entry(f[2]) or { x = '', s = '0', t = '' }
   redis.call('HDEL', ii, eid)
   if e.x == 'd' then
     dup_forget(dp, eid)

@@ -17,6 +17,7 @@
 -- KEYS[12] dz   zset    delayed entries, score = due time (ms)
 -- KEYS[13..20] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- KEYS[21..]    wake lists of the priority views named in ARGV
+-- ARGV[0] context         the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
 -- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
@@ -25,10 +26,21 @@
 -- ARGV[6] scope           "P" within_priority or "T" tenant_first
 -- ARGV[7] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
---           promoted delayed entries}
+--           promoted delayed entries, dead entries dropped to keep max_dead}; the error reply
+--           MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- A lease record or entry that cannot be parsed does not stop the sweep: the entry goes back
+-- with what can be read, or to the dead-letter queue as "malformed". On a fair queue it also
+-- cleans up the fairness state of tenants that left (fair_gc).
+-- ERR -8 MODE_MISMATCH
+
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lz, lt, wk, dp, gd = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local dii, dpi, dwk, dsq = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local limit = tonumber(ARGV[1])
@@ -39,11 +51,11 @@ local dz = KEYS[12]
 local fair = ARGV[5] == '1'
 FK = { te = KEYS[13], ts = KEYS[14], tb = KEYS[15], fv = KEYS[16], fc = KEYS[17], fn = KEYS[18], tw = KEYS[19],
   fr = KEYS[20] }
-FA = { scope = ARGV[6], conc = 0, rate = 0 }
+FA = { scope = ARGV[6], conc = 0, rate = CTX.rate }
 local nviews = tonumber(ARGV[7])
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
-  return { 0, 0, 1, 0, 0 }
+  return { 0, 0, 1, 0, 0, 0 }
 end
 local now = now_ms()
 local expired
@@ -56,22 +68,31 @@ local returned, dead = 0, 0
 for _, eid in ipairs(expired) do
   local info = redis.call('HGET', lt, eid)
   local take = true
-  local _, c, score, d, t
+  local tok, c, score, d, t
   if info then
-    _, c, score, d, _, t = split_lease(info)
+    tok, c, score, d, _, t = split_lease(info)
     take = consumer == '' or c == consumer
   end
   if take then
     redis.call('ZREM', lz, eid)
     redis.call('HDEL', lt, eid)
-    local v = info and redis.call('HGET', ii, eid)
-    if v and fair then
-      fair_release(t)
-    end
+    local v = redis.call('HGET', ii, eid)
+    local e, bar
     if v then
-      local e, bar = split_entry(v)
+      e, bar = split_entry(v)
+      if e and not tok then -- an unreadable lease record: the entry's own fields stand in
+        score, d, t = e.s, e.d, e.t
+      end
+      if fair then
+        fair_release(t or '')
+      end
+    end
+    if v and not e then
+      set_aside(ii, eid, v, score and (split_score(score)) or 0, now)
+      dead = dead + 1
+    elseif v then
       e.d = d
-      if max_deliveries > 0 and d >= max_deliveries then
+      if max_deliveries > 0 and d >= max_deliveries and not CTX.is_dead then
         to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now)
         dead = dead + 1
       else
@@ -91,8 +112,10 @@ if consumer == '' then
   for _, eid in ipairs(redis.call('ZRANGEBYSCORE', dz, '-inf', fmt(now), 'LIMIT', 0, limit)) do
     redis.call('ZREM', dz, eid)
     local v = redis.call('HGET', ii, eid)
-    if v then
-      local e = split_entry(v)
+    local e = v and split_entry(v)
+    if v and not e then
+      set_aside(ii, eid, v, 0, now)
+    elseif v then
       local rank, seq = split_score(e.s)
       pi_push(pi, rank, seq, eid)
       wake_views(20, 7, nviews, rank)
@@ -104,6 +127,7 @@ if consumer == '' then
   end
   if fair then
     fair_unpark(now)
+    fair_gc(CTX.stem .. 'gc', now, 100)
   end
 end
 if returned > 0 or promoted > 0 or (fair and redis.call('ZCARD', FK.ts) > 0) then
@@ -113,4 +137,4 @@ local more = 0
 if consumer == '' and #expired == limit then
   more = 1
 end
-return { returned, dead, 0, more, promoted }
+return { returned, dead, 0, more, promoted, CTX.dropped or 0 }

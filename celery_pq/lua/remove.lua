@@ -12,14 +12,22 @@
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] id
 -- ARGV[2] technique   "T" or "S"
 -- ARGV[3] fair        "1" when fairness is on
 -- ARGV[4] scope       "P" within_priority or "T" tenant_first
 -- Returns: {removed, leased_left_alone}
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lt, dp, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, technique = ARGV[1], ARGV[2]
 local fair = ARGV[3] == '1'
@@ -49,8 +57,8 @@ for i, eid in ipairs(ids) do
     if v then
       redis.call('HDEL', ii, eid)
       removed = removed + 1
-      local e = split_entry(v)
-      if redis.call('ZREM', dz, eid) == 0 then
+      local e = split_entry(v) -- a malformed one is removed as asked; its pointer goes lazily
+      if redis.call('ZREM', dz, eid) == 0 and e then
         local rank, seq = split_score(e.s)
         if fair then
           fair_drop(e.t, e.s, eid)

@@ -6,10 +6,18 @@
 -- KEYS[3] wk  list    wake tokens
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] lt  hash    leases
+-- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] stale_budget stale pointers to discard at most
 -- Returns: {eid, score, value}, or {} when no entry is waiting.
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, wk, dp, lt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local stale_budget = tonumber(ARGV[1])
 local stale = 0
@@ -20,7 +28,9 @@ while stale < stale_budget do
     return {}
   end
   local eid, score, v, e = pi_entry(ii, lt, popped[1], popped[2])
-  if eid then
+  if eid == false then
+    set_aside(ii, score, v, popped[2], now_ms())
+  elseif eid then
     redis.call('HDEL', ii, eid)
     if e.x == 'd' then
       dup_forget(dp, eid)

@@ -15,6 +15,7 @@
 -- KEYS[10] dsq  string  dead-letter queue: sequence
 -- KEYS[11..18] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- KEYS[19..]    wake lists of the priority views named in ARGV
+-- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] entry id
 -- ARGV[2] lease token
 -- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
@@ -23,12 +24,21 @@
 -- ARGV[6] fair            "1" when fairness is on
 -- ARGV[7] scope           "P" within_priority or "T" tenant_first
 -- ARGV[8] nviews          number of priority views; then nviews ARGVs "lo,hi" (rank range)
--- Returns: 1 waiting again, 2 moved to the dead-letter queue, or an error code.
+-- Returns: 1 waiting again, 2 moved to the dead-letter queue, 3 moved there and the oldest
+--          dead entry dropped to keep max_dead, or an error code. An entry that cannot be
+--          parsed goes to the dead-letter queue as "malformed" (2). A dead-letter queue's own
+--          entries are never dead-lettered: they go back to waiting.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local dii, dpi, dwk, dsq = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local eid, token = ARGV[1], ARGV[2]
@@ -45,24 +55,32 @@ if not lease then
   return err
 end
 local score, d, tenant = lease.s, lease.d, lease.t
+if fair then
+  fair_release(tenant)
+end
 local v = redis.call('HGET', ii, eid)
 if not v then
   return -2
 end
 local e, bar = split_entry(v)
-e.d = d
-if fair then
-  fair_release(tenant)
+if not e then
+  set_aside(ii, eid, v, (split_score(score)), now_ms())
+  return 2
 end
+e.d = d
 if not count_delivery then
   e.d = math.max(d - 1, 0)
 end
+if CTX.is_dead then
+  dead_reason, max_deliveries = '', 0 -- a dead-letter queue has no dead-letter queue
+elseif dead_reason == '' and max_deliveries > 0 and e.d >= max_deliveries then
+  dead_reason = 'max_deliveries'
+end
 if dead_reason ~= '' then
   to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, dead_reason, now_ms())
-  return 2
-end
-if max_deliveries > 0 and e.d >= max_deliveries then
-  to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now_ms())
+  if CTX.dropped then
+    return 3
+  end
   return 2
 end
 to_waiting(ii, pi, eid, v, e, bar, score)

@@ -5,11 +5,19 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
+-- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] rank         0..255 (0 is served first)
 -- ARGV[2] stale_budget stale pointers to remove at most
 -- Returns: {eid, score, value}, or {} when that rank has no waiting entry.
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- ERR -8 MODE_MISMATCH
 --!include common.lua
 
+take_context()
+local bad = mode_error(false)
+if bad then
+  return bad
+end
 local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
 local rank = tonumber(ARGV[1])
 local stale_budget = tonumber(ARGV[2])
@@ -24,6 +32,9 @@ while stale < stale_budget do
   local eid, score, v = pi_entry(ii, lt, p, rank)
   if eid then
     return { eid, score, v }
+  end
+  if eid == false then
+    set_aside(ii, score, v, rank, now_ms())
   end
   redis.call('LPOP', key)
   stale = stale + 1

@@ -16,8 +16,70 @@
 -- still has the score rank * SEQ_SPAN + seq; any other pointer is stale and is dropped when a
 -- pop or a sweep reaches it (the patent's lazy deletion). The level lists are not named in
 -- KEYS: their names are derived from pi and share its hash tag, so they live in its slot.
+--
+-- Every script but extend takes the queue context as ARGV[1] (take_context removes it, so a
+-- script's own arguments start at ARGV[1]): "mode|max_dead|dedupe_ms|rate", where mode is four
+-- letters: fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l", technique "T"/"S".
+-- A few keys of the queue are derived from the name of KEYS[1] (same stem, same hash tag, so
+-- the same slot): md (the recorded mode), pd pe pt (publish ids), ct (counters), gc (cursors of
+-- the fairness clean-up), and the dead-letter queue's ii pi wk sq (where malformed entries go).
+--
+-- Nothing here raises a Lua error on stored data: an entry or record that cannot be parsed
+-- is set aside (moved to the dead-letter queue as "malformed") or skipped, so a script never
+-- stops half way with some of its writes done.
 
 local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
+-- A rank list is rebuilt without its stale pointers once it is longer than twice the live
+-- entries plus this (stale pointers behind a head that cannot be served: amortised O(1)).
+local COMPACT_SLACK = 64
+
+local CTX = {}
+
+-- Take the queue context off ARGV (see the header above); the stem of KEYS[1] names the
+-- derived keys.
+local function take_context()
+  local c = table.remove(ARGV, 1)
+  local mode, max_dead, dedupe, rate = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
+  CTX.mode = mode or c
+  CTX.max_dead = tonumber(max_dead) or 0
+  CTX.dedupe_ms = tonumber(dedupe) or 0
+  CTX.rate = tonumber(rate) or 0
+  CTX.stem = string.sub(KEYS[1], 1, -3)
+  CTX.is_dead = string.sub(CTX.stem, -6) == ':dead:'
+end
+
+-- Is the caller's mode the queue's? A queue records the mode of its first insert; a queue
+-- that holds no entry takes the mode of its next insert (adopt), its leftover index and
+-- fairness state cleared. Returns nil when the modes agree, else an error reply naming both.
+local function mode_error(adopt)
+  local md = CTX.stem .. 'md'
+  local stored = redis.call('GET', md)
+  if stored == CTX.mode then
+    return nil
+  end
+  if not stored then
+    if adopt then
+      redis.call('SET', md, CTX.mode)
+    end
+    return nil
+  end
+  if adopt and redis.call('HLEN', CTX.stem .. 'ii') == 0 then
+    local pi = CTX.stem .. 'pi'
+    for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
+      redis.call('DEL', pi .. ':' .. r)
+    end
+    for _, s in ipairs({ 'pi', 'te', 'ts', 'tb', 'fv', 'fn', 'tw', 'fr' }) do
+      redis.call('DEL', CTX.stem .. s)
+    end
+    redis.call('SET', md, CTX.mode)
+    return nil
+  end
+  return redis.error_reply('MODE_MISMATCH ' .. KEYS[1] .. ' ' .. stored .. ' ' .. CTX.mode)
+end
+
+local function counter_add(name, n)
+  redis.call('HINCRBY', CTX.stem .. 'ct', name, n or 1)
+end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -44,14 +106,10 @@ local function make_ptr(seq, eid)
 end
 
 local function parse_ptr(p)
-  return struct.unpack('>I6', p), string.sub(p, 7)
-end
-
--- Append a pointer to the back of its rank's list (a new entry, a due delayed one).
-local function pi_push(pi, rank, seq, eid)
-  if redis.call('RPUSH', level_key(pi, rank), make_ptr(seq, eid)) == 1 then
-    redis.call('ZADD', pi, rank, rank)
+  if #p < 7 then
+    return nil
   end
+  return struct.unpack('>I6', p), string.sub(p, 7)
 end
 
 -- Put a pointer back at its place in seq order, looked for among the first 32 of its rank
@@ -123,34 +181,114 @@ local function pi_drop(pi, rank, p)
   end
 end
 
+-- The parsed entry and the position of its "|", or nil when v is not an entry.
 local function split_entry(v)
   local bar = string.find(v, '|', 1, true)
-  local h = string.sub(v, 1, bar - 1)
-  local d, s, t, x, r, ts = string.match(h, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
-  return { d = tonumber(d) or 0, s = s or '', t = t or '', x = x or '', r = r or '', ts = ts or '' }, bar
+  if not bar then
+    return nil
+  end
+  local d, s, t, x, r, ts = string.match(string.sub(v, 1, bar - 1),
+    '^(%d*),(%d+),([^,]*),([^,]*),([^,]*),(%d*)$')
+  if not s then
+    return nil
+  end
+  return { d = tonumber(d) or 0, s = s, t = t, x = x, r = r, ts = ts }, bar
 end
 
 -- The entry pointer p (of rank) names, when p is current: eid, score, value, parsed entry, bar.
+-- nil when p is stale; false, eid, value, seq when it names a waiting entry that is malformed.
 local function pi_entry(ii, lt, p, rank)
   local seq, eid = parse_ptr(p)
+  if not seq then
+    return nil
+  end
   local v = redis.call('HGET', ii, eid)
   if not v then
     return nil
   end
   local score = fmt(rank * SEQ_SPAN + seq)
   local e, bar = split_entry(v)
-  if e.s ~= score or redis.call('HEXISTS', lt, eid) == 1 then
+  if redis.call('HEXISTS', lt, eid) == 1 then
+    return nil
+  end
+  if not e then
+    return false, eid, v, seq
+  end
+  if e.s ~= score then
     return nil
   end
   return eid, score, v, e, bar
+end
+
+-- Rebuild rank's list without its stale (and repeated) pointers when it holds more than twice
+-- the entries of the queue plus COMPACT_SLACK: stale pointers behind a head that is not served
+-- (a capped tenant's, technique S removals) are bounded, at amortised O(1) per pointer. Looked
+-- at when a push makes the list's length a multiple of COMPACT_SLACK (pi_push).
+local function pi_compact(pi, rank, n)
+  local key = level_key(pi, rank)
+  local stem = string.sub(pi, 1, -3)
+  local ii, lt = stem .. 'ii', stem .. 'lt'
+  if n <= 2 * (redis.call('HLEN', ii) - redis.call('HLEN', lt)) + COMPACT_SLACK then
+    return
+  end
+  local keep, seen = {}, {}
+  for _, p in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    if not seen[p] and pi_entry(ii, lt, p, rank) ~= nil then
+      seen[p] = true
+      keep[#keep + 1] = p
+    end
+  end
+  redis.call('DEL', key)
+  for i = 1, #keep, 1000 do
+    redis.call('RPUSH', key, unpack(keep, i, math.min(i + 999, #keep)))
+  end
+  if #keep == 0 then
+    redis.call('ZREM', pi, rank)
+  end
+end
+
+-- Drop the stale pointers at the front of rank's list (at most budget); the rank leaves pi
+-- when its list runs empty. Returns the head pointer left and what pi_entry says of it (its
+-- entry is waiting, or malformed), or nil.
+local function pi_trim(ii, lt, pi, rank, budget)
+  local key = level_key(pi, rank)
+  for _ = 1, budget do
+    local h = redis.call('LINDEX', key, 0)
+    if not h then
+      break
+    end
+    local eid, a, b, c = pi_entry(ii, lt, h, rank)
+    if eid ~= nil then
+      return h, eid, a, b, c
+    end
+    redis.call('LPOP', key)
+  end
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('ZREM', pi, rank)
+  end
+  return nil
+end
+
+-- Append a pointer to the back of its rank's list (a new entry, a due delayed one).
+local function pi_push(pi, rank, seq, eid)
+  local n = redis.call('RPUSH', level_key(pi, rank), make_ptr(seq, eid))
+  if n == 1 then
+    redis.call('ZADD', pi, rank, rank)
+  elseif n % COMPACT_SLACK == 0 then
+    pi_compact(pi, rank, n)
+  end
 end
 
 local function join_entry(e, v, bar)
   return fmt(e.d) .. ',' .. e.s .. ',' .. e.t .. ',' .. e.x .. ',' .. e.r .. ',' .. e.ts .. string.sub(v, bar)
 end
 
+-- token, consumer, score, deliveries, flags, tenant; all nil when info is not a lease record.
 local function split_lease(info)
-  local tok, c, s, d, x, t = string.match(info, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
+  local tok, c, s, d, x, t = string.match(info, '^([^,]*),([^,]*),(%d+),(%d*),([^,]*),([^,]*)$')
+  if not tok then
+    return nil
+  end
   return tok, c, s, tonumber(d) or 0, x, t
 end
 
@@ -264,16 +402,57 @@ local function to_waiting(ii, pi, eid, v, e, bar, score)
   pi_return(pi, rank, seq, eid)
 end
 
+-- An id for eid in hash h that no entry there has: eid itself, else eid "~" seq, with a new
+-- seq from sq for as long as the id is taken (a user may have given an id of that form).
+local function free_id(h, eid, sq, seq)
+  if redis.call('HEXISTS', h, eid) == 0 then
+    return eid, nil
+  end
+  local id = eid .. '~' .. fmt(seq)
+  while redis.call('HEXISTS', h, id) == 1 do
+    seq = redis.call('INCR', sq)
+    id = eid .. '~' .. fmt(seq)
+  end
+  return id, seq
+end
+
+-- A dead-letter queue holds at most CTX.max_dead entries: the oldest waiting one (the lowest
+-- seq at the head of a rank list) makes room, counted as dead_dropped.
+local function dead_make_room(dii, dpi)
+  if CTX.max_dead <= 0 or redis.call('HLEN', dii) < CTX.max_dead then
+    return
+  end
+  local dlt = string.sub(dii, 1, -3) .. 'lt'
+  local best_seq, best_key, best_eid, best_rank
+  for _, r in ipairs(redis.call('ZRANGE', dpi, 0, -1)) do
+    local rank = tonumber(r)
+    local h, found, eid = pi_trim(dii, dlt, dpi, rank, 100)
+    if h then
+      local seq = parse_ptr(h)
+      if not best_seq or seq < best_seq then
+        best_seq, best_key, best_eid, best_rank = seq, level_key(dpi, rank), found or eid, rank
+      end
+    end
+  end
+  if best_key then
+    redis.call('LPOP', best_key)
+    if redis.call('EXISTS', best_key) == 0 then
+      redis.call('ZREM', dpi, best_rank)
+    end
+    redis.call('HDEL', dii, best_eid)
+    counter_add('dead_dropped')
+    CTX.dropped = (CTX.dropped or 0) + 1
+  end
+end
+
 -- Move entry eid (value v, parsed e, split at bar) from its queue to the dead-letter queue.
 -- It keeps its priority; its dead-letter note says why, when and after how many deliveries.
 local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
+  dead_make_room(dii, dpi)
   local seq = redis.call('INCR', dsq)
   local rank = split_score(score)
   local dscore = rank * SEQ_SPAN + seq
-  local deid = eid
-  if redis.call('HEXISTS', dii, deid) == 1 then
-    deid = eid .. '~' .. seq
-  end
+  local deid = free_id(dii, eid, dsq, seq)
   local was_dup = e.x == 'd'
   e.r = reason .. '@' .. fmt(now) .. '@' .. fmt(e.d)
   e.d = 0
@@ -286,5 +465,29 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   if was_dup then
     dup_forget(dp, eid)
   end
+  counter_add('dead_lettered')
   return deid
 end
+
+-- Set aside entry eid of queue ii whose stored value v cannot be parsed: it moves to the
+-- dead-letter queue (reason "malformed", the whole value kept as its payload) at the given
+-- rank; in a dead-letter queue it is rewritten in place, in the same form. Nothing is lost.
+local function set_aside(ii, eid, v, rank, now)
+  local e = { d = 0, s = fmt(rank * SEQ_SPAN), t = '', x = '', r = '', ts = fmt(now) }
+  local wrapped = '|' .. v
+  if CTX.is_dead then
+    local sq = CTX.stem .. 'sq'
+    local seq = redis.call('INCR', sq)
+    e.r = 'malformed@' .. fmt(now) .. '@0'
+    e.s = fmt(rank * SEQ_SPAN + seq)
+    redis.call('HSET', ii, eid, join_entry(e, wrapped, 1))
+    pi_push(CTX.stem .. 'pi', rank, seq, eid)
+    counter_add('malformed')
+    return
+  end
+  local ds = CTX.stem .. 'dead:'
+  to_dead(ii, CTX.stem .. 'dp', ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s,
+    'malformed', now)
+  counter_add('malformed')
+end
+

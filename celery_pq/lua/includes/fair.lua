@@ -39,7 +39,11 @@ local function te_head(t)
     return nil
   end
   local p = #t + 2
-  return m, tonumber(string.sub(m, p, p + 2)), string.sub(m, p + 17)
+  local rank = tonumber(string.sub(m, p, p + 2))
+  if not tonumber(string.sub(m, p + 3, p + 16)) then
+    rank = nil -- not an entry's member (the caller drops it)
+  end
+  return m, rank, string.sub(m, p + 17)
 end
 
 local function ts_tenant(m)
@@ -143,8 +147,8 @@ end
 local function fair_token(t, rate, now)
   local b = redis.call('HGET', FK.fr, t)
   local tokens, last = rate, now
-  if b then
-    local a, l = string.match(b, '^([^,]*),(.*)$')
+  local a, l = string.match(b or '', '^([^,]*),(.*)$')
+  if tonumber(a) and tonumber(l) then -- an unreadable bucket starts again
     tokens, last = tonumber(a), tonumber(l)
     tokens = math.min(math.max(rate, 1), tokens + (now - last) * rate / 1000)
   end
@@ -173,4 +177,38 @@ local function fair_served(t, level, start, weight)
   if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
     redis.call('HDEL', FK.fn, 'n:' .. t)
   end
+end
+
+-- The clean-up of tenants that left (run by the sweep, about `budget` fields per call). A
+-- tenant with no waiting entry has a finish tag "F:<level>:<t>" of at most the level's virtual
+-- time plus its own quantum (V never goes back); dropping it lets the tenant start at V when it
+-- returns, as a new tenant does: at most one quantum earlier, within the one-round promise. A
+-- full token bucket of such a tenant is the same as none. Cursors in key gc.
+local function fair_gc(gc, now, budget)
+  local cur = redis.call('HMGET', gc, 'fv', 'fr')
+  local scan = redis.call('HSCAN', FK.fv, cur[1] or '0', 'COUNT', budget)
+  for i = 1, #scan[2], 2 do
+    local field, tag = scan[2][i], tonumber(scan[2][i + 1])
+    local level, t = string.match(field, '^F:(%d+):(.*)$')
+    if level and redis.call('HEXISTS', FK.tb, t) == 0 then
+      local v = tonumber(redis.call('HGET', FK.fv, 'V:' .. level)) or 0
+      local weight = settings(t)
+      if not tag or tag <= v + math.floor(VT_UNIT / weight + 0.5) then
+        redis.call('HDEL', FK.fv, field)
+      end
+    end
+  end
+  local scan2 = redis.call('HSCAN', FK.fr, cur[2] or '0', 'COUNT', budget)
+  for i = 1, #scan2[2], 2 do
+    local t = scan2[2][i]
+    if redis.call('HEXISTS', FK.tb, t) == 0 then
+      local _, _, rate = settings(t)
+      local a, l = string.match(scan2[2][i + 1], '^([^,]*),(.*)$')
+      a, l = tonumber(a), tonumber(l)
+      if rate <= 0 or not (a and l) or a + (now - l) * rate / 1000 >= math.max(rate, 1) then
+        redis.call('HDEL', FK.fr, t)
+      end
+    end
+  end
+  redis.call('HSET', gc, 'fv', scan[1], 'fr', scan2[1])
 end

@@ -1,0 +1,365 @@
+"""Correctness at the edges: misuse, corrupt data and retried calls strand or double nothing.
+
+Each test is one scenario that broke a promise of docs/leases.md before its fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import redis
+
+from celery_pq import ModeMismatch, PriorityQueue, QueueFull
+from celery_pq.ids import encode_id
+
+try:
+    from redis_server import RedisServer
+except ImportError:
+    from tests.redis_server import RedisServer
+
+
+def _all_ids(q: PriorityQueue) -> dict:
+    """Every entry id of a queue and its dead-letter queue, by state."""
+    r = q.client
+    leased = {k for k in r.hkeys(q.keys.lt)}
+    delayed = set(r.zrange(q.keys.dz, 0, -1))
+    ids = set(r.hkeys(q.keys.ii))
+    return {"waiting": ids - leased - delayed, "leased": leased, "delayed": delayed,
+            "dead": set(r.hkeys(q.dead.keys.ii))}
+
+
+# -- 1. a queue's mode is recorded; a process that disagrees touches nothing ----------------------
+
+def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, key_prefix):
+    # Given a plain queue with ten waiting entries
+    plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+    plain.insert_many([(b"x", 1)] * 10)
+    before = {k: redis_client.dump(k) for k in redis_client.keys(f"{key_prefix}*")}
+    # When a process that thinks the queue is fair pops from it
+    fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
+    with pytest.raises(ModeMismatch) as err:
+        fair.pop(5)
+    # Then the error names the queue and both settings, and nothing was touched
+    assert "'m'" in str(err.value) and "fair=" in str(err.value)
+    assert err.value.stored["fair"] is False and err.value.wanted["fair"] is True
+    after = {k: redis_client.dump(k) for k in redis_client.keys(f"{key_prefix}*")}
+    assert after == before
+    # and the plain consumer still gets all ten
+    assert len(plain.pop(20)) == 10
+
+
+@pytest.mark.parametrize("other", [
+    {"fair": True},
+    {"priority_order": "lower_first"},
+    {"technique": "S"},
+])
+def test_every_call_that_changes_a_queue_checks_its_mode(redis_client, key_prefix, other):
+    q = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+    q.insert(b"a", 5, id="a")
+    [lease] = q.pop()
+    q.insert(b"b", 5, id="b")
+    wrong = PriorityQueue(redis_client, "m", key_prefix=key_prefix, **other)
+    for call in (lambda: wrong.insert(b"c", 1), lambda: wrong.pop(), lambda: wrong.ack(lease),
+                 lambda: wrong.requeue(lease), lambda: wrong.remove("b"), lambda: wrong.change_priority("b", 9),
+                 lambda: wrong.purge(), lambda: wrong.reclaim(), lambda: wrong.insert_many([(b"d", 1)])):
+        with pytest.raises(ModeMismatch):
+            call()
+    assert q.ack(lease) and [e.id for e in q.pop(5)] == ["b"]
+
+
+def test_plain_pop_on_a_fair_queue_is_refused(redis_client, key_prefix):
+    fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
+    fair.insert(b"x", 1, tenant="A")
+    with pytest.raises(ModeMismatch):
+        PriorityQueue(redis_client, "m", key_prefix=key_prefix).pop()
+    assert [e.tenant for e in fair.pop()] == ["A"]
+
+
+def test_an_empty_queue_takes_the_mode_of_its_next_insert(redis_client, key_prefix):
+    PriorityQueue(redis_client, "m", key_prefix=key_prefix).insert(b"x", 1)
+    PriorityQueue(redis_client, "m", key_prefix=key_prefix).purge()
+    fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
+    fair.insert(b"y", 1, tenant="A")
+    assert fair.stored_mode() == fair.mode
+
+
+def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):
+    plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+    plain.insert_many([(b"x", p) for p in (1, 9, 5)])
+    [held] = plain.pop()  # priority 9, leased through the migration
+    fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True, priority_order="lower_first")
+    fair.migrate_mode()
+    assert fair.stored_mode() == fair.mode
+    assert [e.priority for e in fair.pop(5)] == [1, 5]
+    assert fair.ack(held)
+    assert fair.tenant_stats() == {"": {"waiting": 0, "leased": 2}}
+
+
+# -- 2. one corrupt entry does not strand its batch ---------------------------------------------
+
+def _corrupt(q: PriorityQueue, id: str, value: bytes = b"nobar") -> None:
+    q.client.hset(q.keys.ii, encode_id(id), value)
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_corrupt_entry_goes_to_the_dead_letter_queue_and_the_batch_is_delivered(redis_client, key_prefix, fair):
+    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix, fair=fair)
+    q.insert_many([(b"p%d" % i, 3, f"e{i}", "A") for i in range(5)])
+    _corrupt(q, "e0")
+    got = q.pop(5)
+    assert [e.id for e in got] == ["e1", "e2", "e3", "e4"]
+    [dead] = q.dead.peek(5)
+    assert dead.id == "e0" and dead.dead_reason == "malformed" and dead.payload == b"nobar"
+    state = _all_ids(q)
+    assert len(state["leased"]) == 4 and not state["waiting"]
+
+
+@pytest.mark.parametrize("value", [b"nobar", b"1,2|x", b"a,b,c,d,e,f|x", b"", b"\xff" * 40 + b"|"])
+def test_corrupt_entries_of_every_shape_are_set_aside(redis_client, key_prefix, value):
+    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
+    q.insert(b"ok", 3, id="a")
+    q.insert(b"ok", 3, id="b")
+    _corrupt(q, "a", value)
+    assert [e.id for e in q.pop(5)] == ["b"]
+    assert [e.dead_reason for e in q.dead.peek(5)] == ["malformed"]
+
+
+def test_a_corrupt_leased_entry_is_set_aside_by_requeue_and_by_the_sweep(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
+    q.insert_many([(b"x", 3, "a"), (b"y", 3, "b")])
+    la, lb = q.pop(2)
+    _corrupt(q, "a")
+    _corrupt(q, "b")
+    assert q.requeue(la) == "dead"
+    q.extend([lb], 0.001)
+    time.sleep(0.01)
+    assert q.reclaim()["dead"] == 1
+    assert sorted(e.id for e in q.dead.peek(5)) == ["a", "b"]
+    assert not redis_client.hlen(q.keys.lt) and not redis_client.hlen(q.keys.ii)
+
+
+def test_a_corrupt_lease_record_does_not_strand_its_entry(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
+    q.insert(b"x", 3, id="a")
+    q.pop()
+    redis_client.hset(q.keys.lt, encode_id("a"), b"garbage")
+    redis_client.zadd(q.keys.lz, {encode_id("a"): 0})
+    q.reclaim()
+    assert [e.id for e in q.pop()] == ["a"]
+
+
+def test_corrupt_pointers_and_fair_state_are_skipped(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix, fair=True, tenant_rate=5.0)
+    q.insert(b"x", 3, id="a", tenant="A")
+    redis_client.rpush(q.keys.level(q.rank(3)), b"\x01")
+    redis_client.hset(q.keys.fr, "A", b"junk")
+    assert [e.id for e in q.pop()] == ["a"]
+
+
+# -- 3. a retried publish is stored once ----------------------------------------------------------
+
+def test_a_publish_retried_after_a_lost_reply_is_stored_once():
+    with RedisServer("--enable-debug-command", "yes") as server:
+        admin = server.client()
+        client = redis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
+        q = PriorityQueue(client, "m3")
+        q.insert(b"warm", 1, id="w")  # scripts loaded, connection made
+        # Given Redis busy for longer than the client's socket timeout
+        sleeper = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1.5"))
+        sleeper.start()
+        time.sleep(0.1)
+        # When the insert's reply is lost and the client retries it (its own retry, then ours)
+        try:
+            eid = q.insert(b"x", 1, id="t1")
+        except redis.TimeoutError:
+            eid = q.insert(b"x", 1, id="t1", publish_id=q.last_publish_id)
+        sleeper.join()
+        time.sleep(0.2)
+        # Then t1 is stored once
+        ids = sorted(x.id for x in PriorityQueue(admin, "m3").peek(10))
+        assert ids == ["t1", "w"], ids
+        assert eid == "t1"
+        client.close()
+        admin.close()
+
+
+def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=60)
+    assert q.insert(b"x", 1, id="t", publish_id=b"p1") == "t"
+    assert q.insert(b"x", 1, id="t", publish_id=b"p1") == "t"
+    assert q.insert(b"x", 1, publish_id="p2") == q.insert(b"x", 1, publish_id="p2")
+    # a task id published twice on purpose (Celery's retry) gets its own entry
+    assert q.insert(b"x", 1, id="t", publish_id=b"p3") == "t~3"
+    assert q.size() == 3
+
+
+def test_publish_ids_are_forgotten_after_the_window(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0.05)
+    q.insert(b"x", 1, id="t", publish_id=b"p1")
+    time.sleep(0.12)
+    q.insert(b"y", 1, publish_id=b"p-other")  # rotates the window
+    time.sleep(0.06)
+    q.insert(b"x", 1, id="t", publish_id=b"p1")
+    assert q.size() == 3
+
+
+def test_dedupe_off_stores_every_publish(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0)
+    q.insert(b"x", 1, publish_id=b"p1")
+    q.insert(b"x", 1, publish_id=b"p1")
+    assert q.size() == 2
+
+
+def test_insert_many_retried_chunks_are_stored_once(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
+    items = [(b"x", 1, f"t{i}", None, None, f"pub{i}") for i in range(25)]
+    first = q.insert_many(items, chunk=10)
+    assert q.insert_many(items, chunk=7) == first
+    assert q.size() == 25
+
+
+def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, max_length=15)
+    with pytest.raises(QueueFull) as err:
+        q.insert_many([(b"x", 1, f"t{i}") for i in range(25)], chunk=10)
+    # chunks of 10, 10, 5: the second would pass max_length, the third still fits
+    assert err.value.stored == [f"t{i}" for i in range(10)] + [None] * 10 + [f"t{i}" for i in range(20, 25)]
+    assert "stored 15 of 25" in " ".join(getattr(err.value, "__notes__", []))
+    assert q.size() == 15
+    # the items to send again carry the publish ids they were sent with: stored once each
+    q.purge()
+    q.insert_many(err.value.items[:10])
+    assert q.size() == 0
+
+
+# -- 4. stale pointers stay bounded -----------------------------------------------------------
+
+def test_capped_tenants_do_not_leak_pointers(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
+    q.insert(b"a1", 1, tenant="A")
+    q.insert(b"a2", 1, tenant="A")
+    [held] = q.pop()
+    assert held.tenant == "A"
+    for _ in range(2000):
+        q.insert(b"b", 1, tenant="B")
+        [lease] = q.pop()
+        assert lease.tenant == "B"
+        q.ack(lease)
+    pointers = sum(redis_client.llen(q.keys.level(r)) for r in range(256))
+    assert pointers <= 2 * q.size() + 128, pointers  # the documented bound
+
+
+def test_technique_s_removals_do_not_pile_up_pointers(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, technique="S")
+    q.insert(b"head", 1, id="head")
+    for i in range(2000):
+        q.insert(b"x", 1, id=f"t{i}")
+        assert q.remove(f"t{i}") == 1
+    pointers = sum(redis_client.llen(q.keys.level(r)) for r in range(256))
+    assert pointers <= 2 * q.size() + 128, pointers  # the documented bound
+
+
+def test_fairness_state_of_tenants_that_left_is_cleaned_up(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, fair=True, tenant_rate=1000.0)
+    for i in range(300):
+        q.insert(b"x", 1, tenant=f"t{i}")
+        q.ack(q.pop()[0])
+    time.sleep(0.01)
+    for _ in range(20):
+        q.reclaim()
+    assert redis_client.hlen(q.keys.fv) < 50
+    assert redis_client.hlen(q.keys.fr) < 50
+
+
+# -- 5. generated ids never collide ----------------------------------------------------------
+
+def test_dead_letters_never_overwrite_each_other(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m5", key_prefix=key_prefix)
+    assert [q.insert(b"T", 1, id="T"), q.insert(b"U", 1, id="U"), q.insert(b"T2", 1, id="T")] == ["T", "U", "T~3"]
+    leases = {x.id: x for x in q.pop(3)}
+    q.dead_letter(leases["T"])
+    q.dead_letter(leases["T~3"])
+    q.insert(b"T3", 1, id="T")
+    q.dead_letter(q.pop()[0])
+    assert sorted(e.payload for e in q.dead.peek(10)) == [b"T", b"T2", b"T3"]
+
+
+def test_generated_ids_never_take_a_stored_id(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m5", key_prefix=key_prefix)
+    q.insert(b"user", 1, id="T~2")
+    q.insert(b"user3", 1, id="3")
+    q.insert(b"a", 1, id="T")
+    dup = q.insert(b"b", 1, id="T")  # would be "T~4" or so, never a stored one
+    gen = q.insert(b"c", 1)
+    assert len({"T~2", "3", "T", dup, gen}) == 5
+    assert sorted(e.payload for e in q.peek(10)) == [b"a", b"b", b"c", b"user", b"user3"]
+    assert q.remove("T") == 2 and q.size() == 3
+
+
+# -- 9. dead-letter queues have no dead-letter queue and are bounded ----------------------------
+
+def test_a_dead_letter_queue_does_not_dead_letter_into_itself(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m9", key_prefix=key_prefix, max_deliveries=1)
+    q.insert(b"x", 1, id="a")
+    q.dead_letter(q.pop()[0])
+    dead = q.dead
+    [lease] = dead.pop()
+    with pytest.raises(ValueError, match="dead-letter queue"):
+        dead.dead_letter(lease)
+    assert dead.requeue(lease) == "waiting"
+    for _ in range(3):
+        [lease] = dead.pop()
+        assert dead.requeue(lease) == "waiting"
+    assert [e.id for e in dead.peek(5)] == ["a"]
+
+
+def test_the_dead_letter_queue_keeps_at_most_max_dead_length(redis_client, key_prefix, caplog):
+    q = PriorityQueue(redis_client, "m9", key_prefix=key_prefix, max_dead_length=3)
+    q.insert_many([(b"%d" % i, 1, f"t{i}") for i in range(5)])
+    with caplog.at_level(logging.WARNING, logger="celery_pq"):
+        for lease in q.pop(5):
+            q.dead_letter(lease)
+    assert sorted(e.id for e in q.dead.peek(10)) == ["t2", "t3", "t4"]
+    assert "max_dead_length" in caplog.text
+
+
+# -- 12. bad settings are refused at once ----------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"name": ""}, "name"),
+    ({"key_prefix": ""}, "key_prefix"),
+    ({"dedupe_seconds": -1}, "dedupe_seconds"),
+    ({"max_dead_length": 0}, "max_dead_length"),
+    ({"lease_seconds": float("nan")}, "lease_seconds"),
+    ({"lease_seconds": "5"}, "lease_seconds"),
+])
+def test_bad_queue_settings_are_refused(redis_client, kwargs, word):
+    args = {"name": "m12", **kwargs}
+    with pytest.raises(ValueError, match=word):
+        PriorityQueue(redis_client, args.pop("name"), **args)
+
+
+@pytest.mark.parametrize("weight", [0, -1, 1e-9, 2e6, float("inf"), float("nan"), True, "2"])
+def test_fair_weights_outside_the_range_the_tags_hold_are_refused(redis_client, key_prefix, weight):
+    q = PriorityQueue(redis_client, "m12", key_prefix=key_prefix, fair=True)
+    with pytest.raises(ValueError, match="weight"):
+        q.configure_tenants(weights={"A": weight})
+    assert not redis_client.exists(q.keys.fc)
+
+
+def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_entry(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
+    for i in range(50):
+        q.insert(b"x", 1, id=f"t{i}")
+    q.insert_many([(b"y", 1)] * 30)
+    q.insert(b"z", 1)
+    # only the last call's publish id is remembered: no reply of it has been seen by a later call
+    assert redis_client.hlen(q.keys.pd) + redis_client.hlen(q.keys.pe) == 1
+    # a publish id the caller gives is remembered for the whole window (a producer that sends
+    # again after a success, as a retried Spark task does)
+    q.insert(b"k", 1, id="kept", publish_id=b"given")
+    q.insert(b"w", 1)
+    assert q.insert(b"k", 1, id="kept", publish_id=b"given") == "kept" and q.size() == 83
