@@ -68,7 +68,6 @@ entries of ``NAME`` whose priority satisfies the predicate, and is woken only by
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import operator
@@ -352,7 +351,8 @@ class Channel(virtual.Channel):
                 tenant_concurrency=self._conc_default if fair else None,
                 tenant_rate=self._rate_default if fair else None,
                 max_length_per_tenant=self.max_length_per_tenant if fair else None,
-                **_queue_extras(dedupe_seconds=self.dedupe_seconds, max_dead_length=self.max_dead_length),
+                dedupe_seconds=self.dedupe_seconds,
+                max_dead_length=self.max_dead_length,
             )
             if fair:
                 q.configure_tenants(weights=self.fair_weights, concurrency=self._tenant_conc, rate=self._tenant_rate)
@@ -424,10 +424,9 @@ class Channel(virtual.Channel):
         task_id = headers.get("id") or props.get("correlation_id") or None
         tenant = self._tenant_of(message)
         due_ms = _eta_ms(headers.get("eta"))
-        payload = self._serialized(queue, message)
-        extra = {"publish_id": publish_id(message)} if _INSERT_TAKES_PUBLISH_ID else {}
-        self._queue(queue).insert(payload, priority, id=str(task_id) if task_id else None,
-                                  tenant=tenant, due_ms=due_ms, **extra)
+        self._queue(queue).insert(self._serialized(queue, message), priority,
+                                  id=str(task_id) if task_id else None, tenant=tenant, due_ms=due_ms,
+                                  publish_id=publish_id(message))
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
         self.client.publish(self._fanout_channel(exchange), self._serialized(exchange, message))
@@ -1242,36 +1241,24 @@ def _client_id(conn) -> int | None:
         return None
 
 
-def publish_id(message) -> bytes:
+def publish_id(message) -> bytes | None:
     """The publish id of a message: the queue stores nothing for an id it has seen within
     ``dedupe_seconds``, so a publish retried after a lost reply is stored once.
 
     A Celery task message (its headers name ``id`` and ``task``) gets an id made from its task
     id, retries count, eta and body: kombu's and Celery's own publish retries prepare and put
     the message again, and carry the same id, while Celery's retry of a task (one more in
-    ``retries``) is a publish of its own. Any other message gets a random id per put, which
-    covers a retry within that put.
+    ``retries``) is a publish of its own. Any other message: None, and the queue makes a random
+    one for the insert call, which covers a retry within that call.
     """
     headers = message.get("headers") or {}
     if not (headers.get("id") and headers.get("task")):
-        return os.urandom(16)
+        return None
     h = blake2b(digest_size=16)
     for part in (headers["id"], headers.get("retries"), headers.get("eta"), message.get("body")):
         text = str(part).encode()
         h.update(b"%d:" % len(text) + text)
     return h.digest()
-
-
-def _takes(fn, name) -> bool:
-    return name in inspect.signature(fn).parameters
-
-
-#: Whether the queue takes publish ids and the dedupe and dead-letter bounds (older queues do not).
-_INSERT_TAKES_PUBLISH_ID = _takes(PriorityQueue.insert, "publish_id")
-
-
-def _queue_extras(**options) -> dict:
-    return {k: v for k, v in options.items() if _takes(PriorityQueue.__init__, k)}
 
 
 def _eta_ms(eta) -> int | None:
