@@ -43,10 +43,8 @@ Transport options
   retries carry the same one); a queue stores nothing for an id it has seen within this
   window. 0 turns it off.
 * ``max_dead_length`` (int or None): entries a dead-letter queue ``<queue>.dead`` holds at
-  most (None: the queue's ``max_length``, else no bound); the oldest goes first.
-
-Every option is checked (type and range) when a channel is made: a bad one raises
-``celery_pq.ConfigError`` naming the option and the value.
+  most (None: the queue's ``max_length``, else no bound); when full, the oldest is dropped
+  with a warning.
 * ``fair_key`` (None): fairness off; a header name (``apply_async(headers={"tenant": "acme"})``
   with ``fair_key="tenant"``), or ``"module:function"`` taking the kombu message dict and
   returning the tenant (a string, or None for the shared default tenant).
@@ -56,6 +54,9 @@ Every option is checked (type and range) when a channel is made: a bad one raise
 * ``tenant_concurrency`` (int, or {tenant: int} with ``"*"`` as the default): leased messages
   per tenant at once; ``tenant_rate`` (same forms, deliveries per second per tenant).
 * ``max_length_per_tenant`` (int): waiting messages per tenant; beyond it publish raises QueueFull.
+
+Every option is checked (type and range) when a channel is made: a bad one raises
+``celery_pq.ConfigError`` naming the option and the value.
 
 After a connection error (Celery reconnecting), messages whose tasks run now keep their
 leases, renewed until the tasks end and ack; the others are given back uncounted. Acks whose
@@ -1001,13 +1002,12 @@ class Transport(virtual.Transport):
             self._keeper.start()
 
     def close_connection(self, connection):
-        self._closed = True
         self._unregister_readers()
         try:
-            super().close_connection(connection)
+            super().close_connection(connection)  # (a channel closed by a lost connection retires)
         finally:
-            if self._pool is not None:
-                self._pool.disconnect()  # (a retired channel reconnects when it needs to)
+            self._closed = True  # only now: the keeper stops when nothing retired
+            self.release_pool()  # (a retired channel reconnects when it needs to)
             if self.keeper_channels() is None and self._keeper is not None:
                 self._keeper.stop()
                 self._keeper = None
@@ -1163,12 +1163,17 @@ class Transport(virtual.Transport):
             self._wake_pipe = None
 
 
+def _celery_state():
+    """celery.worker.state when a Celery worker runs in this process, else None."""
+    import sys
+
+    return sys.modules.get("celery.worker.state")
+
+
 def _running_tags() -> set:
     """Delivery tags of the messages whose tasks a Celery worker in this process runs now and
     has not acked (``task_acks_late``)."""
-    import sys
-
-    state = sys.modules.get("celery.worker.state")
+    state = _celery_state()
     if state is None:
         return set()
     tags = set()
@@ -1182,9 +1187,7 @@ def _running_tags() -> set:
 def _worker_stopping() -> bool:
     """True while a Celery worker in this process is shutting down (the rest of a popped batch
     is then given back, not run)."""
-    import sys
-
-    state = sys.modules.get("celery.worker.state")
+    state = _celery_state()
     return bool(state is not None and (state.should_stop is not None or state.should_terminate is not None))
 
 
