@@ -8,13 +8,14 @@ import time
 
 import pytest
 import redis
-from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu import Connection, Consumer, Producer
 
 from celery_pq import PriorityQueue
 
-
-def make_queue(name="kq"):
-    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+try:
+    from support.consume import drain, make_queue, publish_numbers
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.consume import drain, make_queue, publish_numbers
 
 
 def url_of(server, user=""):
@@ -235,24 +236,9 @@ def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis)
 
 
 # -- a popped batch ----------------------------------------------------------------------------
-def consume_batch(conn, q, n, timeout=5, on_message=None):
+def consume_batch(conn, q, n, on_message=None):
     """Consume with a prefetch window of 10 (one pop leases the whole batch), acking each."""
-    got = []
-
-    def cb(body, message):
-        if on_message is not None:
-            on_message(body)
-        got.append(body)
-        message.ack()
-
-    with Consumer(conn, [q], callbacks=[cb], prefetch_count=10):
-        deadline = time.monotonic() + timeout
-        while len(got) < n and time.monotonic() < deadline:
-            try:
-                conn.drain_events(timeout=0.3)
-            except socket.timeout:
-                pass
-    return got
+    return [body for body, _ in drain(conn, q, n, prefetch=10, on_message=on_message)]
 
 
 @pytest.mark.parametrize("garbage", [
@@ -266,13 +252,9 @@ def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_
     pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
-        producer = Producer(conn.default_channel)
-        q(conn.default_channel).declare()
-        for i in range(2):
-            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+        publish_numbers(conn, q, range(2))
         pq.insert(garbage, 0, id="garbage")
-        for i in range(2, 4):
-            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+        publish_numbers(conn, q, range(2, 4))
         # When one pop takes all five
         got = consume_batch(conn, q, 4)
         # Then the four good ones are delivered, the bad one is dead-lettered, none stays leased
@@ -288,10 +270,7 @@ def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, k
     pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
-        producer = Producer(conn.default_channel)
-        q(conn.default_channel).declare()
-        for i in range(5):
-            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+        publish_numbers(conn, q, range(5))
 
         def explode(body):
             if body["i"] == 1:
