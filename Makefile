@@ -3,6 +3,7 @@
 #   make demo    install into .venv, then run the demo (examples/demo.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py)
+#   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
 #   make clean   remove .venv, build artefacts and caches
 #
@@ -18,8 +19,9 @@ ENSURE_REDIS := bash scripts/ensure-redis-server.sh
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 BENCH_ARGS  ?=
+SOAK_MINUTES ?= 30
 
-.PHONY: all venv install redis test demo bench profile clean
+.PHONY: all venv install redis test soak demo bench profile clean
 
 all: test
 
@@ -56,6 +58,11 @@ test: install redis
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER"; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# tests/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
+soak: install redis
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: install redis
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
