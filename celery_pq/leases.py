@@ -5,6 +5,12 @@ It runs beside whatever the process is doing (a solo-pool task can block the mai
 longer than a lease), so a live process never loses a lease, and dies with the process, so a
 killed process's leases run out. Sweeping is throttled in Redis (a guard key per queue), so
 however many consumers run, each queue is swept about once per ``sweep_interval``.
+
+A failed renewal is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX, not after
+a whole ``renew_interval``. A Redis that refuses writes (OOM under ``noeviction``, a read-only
+replica, MISCONF) is logged as an error naming the cause, at most every REPORT_EVERY seconds;
+other failures as warnings, as often. The keeper also serves the channels its connection
+retired after a connection error (``Transport._collect``) until they hold nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +19,39 @@ import logging
 import threading
 from time import monotonic
 
+from redis import exceptions as rex
+
 logger = logging.getLogger(__name__)
+
+#: Seconds before the first retry of a failed renewal; each further failure doubles it, up to
+#: RETRY_MAX (and never past renew_interval).
+RETRY_FIRST = 0.1
+RETRY_MAX = 2.0
+
+#: Seconds between two reports of the same trouble: a Redis that refuses writes is logged as an
+#: error, any other failure as a warning, each at most this often.
+REPORT_EVERY = 10.0
+
+#: Redis errors that mean "this Redis takes no writes now", by the code that starts the reply.
+_REFUSALS = {
+    "OOM": "OOM: used memory is over maxmemory and the eviction policy is noeviction",
+    "READONLY": "READONLY: this Redis is a read-only replica",
+    "MISCONF": "MISCONF: Redis cannot persist to disk (stop-writes-on-bgsave-error)",
+    "NOREPLICAS": "NOREPLICAS: not enough replicas for min-replicas-to-write",
+}
+
+
+def write_refusal(exc: BaseException) -> str | None:
+    """Why Redis refuses writes, when ``exc`` says it does; else None."""
+    if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
+        code = "OOM"
+    elif isinstance(exc, rex.ReadOnlyError):
+        code = "READONLY"
+    elif isinstance(exc, rex.ResponseError):
+        code = str(exc).split(" ", 1)[0]
+    else:
+        return None
+    return _REFUSALS.get(code)
 
 
 class LeaseKeeper(threading.Thread):
@@ -21,7 +59,7 @@ class LeaseKeeper(threading.Thread):
         super().__init__(name="celery-pq-lease-keeper", daemon=True)
         self.transport = transport
         self._stopped = threading.Event()
-        self._last_error = 0.0
+        self._reported: dict[str, float] = {}  # trouble -> when it was last logged
         self.renewals = 0  # extend calls made (for tests and metrics)
         self.sweeps = 0  # reclaim calls that did sweep
 
@@ -30,38 +68,73 @@ class LeaseKeeper(threading.Thread):
 
     def run(self):
         next_renew = next_sweep = 0.0
+        failures = 0  # renewals failed in a row
         while not self._stopped.is_set():
-            channels = [c for c in list(self.transport.cycle_channels) if not c.closed]
-            tick = 0.25
+            channels = self.transport.keeper_channels()
+            if channels is None:  # closed, and the retired channels hold nothing more
+                self.transport.release_pool()
+                return
+            wait = 0.25
             if channels:
                 renew_every = min(c.renew_interval for c in channels)
                 sweep_every = min(c.sweep_interval for c in channels)
-                tick = max(0.02, min(renew_every, sweep_every) / 4)
                 now = monotonic()
-                try:
-                    for channel in channels:  # acks deferred to a pop that is not coming soon
-                        channel.flush_acks()
-                    if now >= next_renew:
+                # acks deferred to a pop that is not coming soon
+                self._attempt("sending acks", lambda: [c.flush_acks() for c in channels])
+                if now >= next_renew:
+                    if self._attempt("renewing leases", self.renew, channels):
+                        failures = 0
                         next_renew = now + renew_every
-                        self.renew(channels)
-                    if now >= next_sweep:
-                        next_sweep = now + sweep_every
-                        self.sweep(channels)
-                except Exception as exc:  # noqa: BLE001 - keep renewing through Redis restarts
-                    if now - self._last_error > 10:
-                        self._last_error = now
-                        logger.warning("celery-pq lease keeper: %r (will retry)", exc)
-            self._stopped.wait(tick)
+                    else:  # try again soon: a lease lasts only lease_seconds
+                        failures += 1
+                        next_renew = now + min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX, renew_every)
+                if now >= next_sweep:
+                    next_sweep = now + sweep_every
+                    self._attempt("sweeping expired leases", self.sweep, channels)
+                tick = max(0.02, min(renew_every, sweep_every) / 4)
+                wait = max(0.01, min(tick, next_renew - monotonic()))
+            self._stopped.wait(wait)
+
+    def _attempt(self, what, fn, *args) -> bool:
+        """Run one task of the keeper; report a failure (keep going through Redis restarts)."""
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self._report(what, exc)
+            return False
+
+    def _report(self, what, exc):
+        refusal = write_refusal(exc)
+        now = monotonic()
+        key = refusal or "other"
+        if now - self._reported.get(key, -REPORT_EVERY) < REPORT_EVERY:
+            return
+        self._reported[key] = now
+        if refusal:
+            logger.error("celery-pq lease keeper: Redis refuses writes (%s) while %s: leases are not renewed and "
+                         "run out, and their tasks may run twice. Redis said: %s", refusal, what, exc)
+        else:
+            logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
 
     def renew(self, channels):
+        """Renew every held lease, one extend per queue; the first error is raised after the
+        other queues were renewed."""
+        error = None
         for channel in channels:
             for queue, pairs in channel.held_leases().items():
-                results = channel._queue(queue).extend(pairs, channel.lease_seconds)
+                try:
+                    results = channel._queue(queue).extend(pairs, channel.lease_seconds)
+                except Exception as exc:  # noqa: BLE001
+                    error = error or exc
+                    continue
                 self.renewals += 1
                 for (eid, _), ok in zip(pairs, results):
                     if not ok:
                         logger.warning("celery-pq: lease of %s in %r was lost before renewal; it may run again",
                                        eid, queue)
+        if error is not None:
+            raise error
 
     def sweep(self, channels):
         seen = set()

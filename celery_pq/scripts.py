@@ -2,10 +2,11 @@
 
 One file per atomic operation under ``lua/``; a line ``--!include name.lua`` is replaced by
 ``lua/includes/name.lua``. A single call runs as one EVALSHA on a connection the calling thread
-keeps for itself (taken from the client's pool once): redis-py's command path around it (pool
-checkout and return, retry wrapper, response hooks) costs several times the work of sending
-the command. NOSCRIPT loads the script and runs it again. A connection error hands the call to
-redis-py's ``Script`` (with the client's own retry policy) on a fresh pooled connection.
+keeps for itself (taken from the client's pool once, handed back when the thread ends):
+redis-py's command path around it (pool checkout and return, retry wrapper, response hooks)
+costs several times the work of sending the command. NOSCRIPT loads the script and runs it
+again. A connection error hands the call to redis-py's ``Script`` (with the client's own retry
+policy) on a fresh pooled connection.
 """
 
 from __future__ import annotations
@@ -92,6 +93,28 @@ def header(name: str) -> str:
     return "\n".join(lines)
 
 
+class _Held:
+    """One thread's own connections, ``{pool: (pid, connection)}``. When the thread ends, its
+    thread-local storage goes and with it this object: each connection is closed and handed
+    back to its pool, so a finished thread holds no socket and no slot of ``max_connections``.
+    A connection whose pool went first is closed by redis-py (``Connection.__del__``)."""
+
+    def __init__(self):
+        self.conns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        weakref.finalize(self, _give_back_all, self.conns)  # also runs at exit
+
+
+def _give_back_all(conns):
+    for pool, (pid, conn) in list(conns.items()):
+        _give_back(pool, pid, conn)
+
+
+def _give_back(pool, pid, conn):
+    conn.disconnect()
+    if pid == os.getpid():
+        pool.release(conn)
+
+
 _pinned = threading.local()
 
 
@@ -104,26 +127,27 @@ def _plain_client(cls) -> bool:
 
 def _own_connection(client):
     """This thread's own connection of ``client``'s pool (a new one after a fork), or None when
-    the client is not a plain redis-py client (a pipeline, a cluster client). Held weakly by
-    pool: when the client and its pool go, so does the connection."""
+    the client is not a plain redis-py client (a pipeline, a cluster client)."""
     pool = getattr(client, "connection_pool", None)
     if pool is None or not _plain_client(type(client)):
         return None
-    conns = getattr(_pinned, "conns", None)
-    if conns is None:
-        conns = _pinned.conns = weakref.WeakKeyDictionary()
-    held = conns.get(pool)
-    if held is not None and held[0] == os.getpid():
-        return held[1]
-    conn = pool.get_connection()  # kept by this thread; closed with the pool, or at exit
-    weakref.finalize(pool, conn.disconnect)
-    conns[pool] = (os.getpid(), conn)
+    held = getattr(_pinned, "held", None)
+    if held is None:
+        held = _pinned.held = _Held()
+    mine = held.conns.get(pool)
+    if mine is not None and mine[0] == os.getpid():
+        return mine[1]
+    conn = pool.get_connection()  # kept by this thread until it ends, or until it fails
+    held.conns[pool] = (os.getpid(), conn)
     return conn
 
 
 def _drop_connection(client, conn):
-    getattr(_pinned, "conns", {}).pop(client.connection_pool, None)
-    conn.disconnect()
+    """A connection that failed: closed and handed back to its pool (it reconnects when used)."""
+    held = getattr(_pinned, "held", None)
+    if held is not None:
+        held.conns.pop(client.connection_pool, None)
+    _give_back(client.connection_pool, os.getpid(), conn)
 
 
 class LuaScript:

@@ -27,13 +27,24 @@ Transport options
 * ``max_length`` (int or None): waiting entries per queue; beyond it publish raises QueueFull.
 * ``technique`` (``"T"`` or ``"S"``, ``"T"``): the patent technique for every queue;
   ``queue_techniques`` ({queue: technique}) sets it per queue.
-* ``sweep_interval`` (float seconds, 1.0): how often expired leases are swept (one sweeper
+* ``sweep_interval`` (float seconds > 0, 1.0): how often expired leases are swept (one sweeper
   per queue per interval across all consumers).
-* ``renew_interval`` (float seconds, lease_seconds / 3): how often held leases are renewed.
-* ``block_seconds`` (float seconds, 5): server-side BLPOP timeout of an idle consumer.
-* ``binding_cache_seconds`` (float seconds, 5): how long a routing table is cached.
-* ``socket_timeout``, ``socket_connect_timeout``, ``socket_keepalive``, ``health_check_interval``,
-  ``max_connections``, ``client_name``: passed to redis-py.
+* ``renew_interval`` (float seconds, lease_seconds / 3, at most 20): how often held leases are
+  renewed; shorter than ``lease_seconds``. A failed renewal is tried again within 0.1 to 2 s.
+* ``block_seconds`` (float seconds > 0, 5): server-side BLPOP timeout of an idle consumer.
+* ``binding_cache_seconds`` (float seconds >= 0, 5): how long a routing table is cached.
+* ``socket_timeout``, ``socket_connect_timeout`` (seconds > 0 or None), ``socket_keepalive``
+  (bool or None), ``health_check_interval`` (seconds >= 0), ``max_connections`` (int >= 1 or
+  None), ``client_name`` (str without spaces): passed to redis-py.
+* ``max_message_bytes`` (int or None): a message whose stored form is larger is refused at
+  publish with ``celery_pq.errors.MessageTooLarge``; nothing is written.
+* ``dedupe_seconds`` (float seconds >= 0, 300): each publish carries a publish id (for a Celery
+  task: made from its task id, retries count, eta and body, so kombu's and Celery's publish
+  retries carry the same one); a queue stores nothing for an id it has seen within this
+  window. 0 turns it off.
+* ``max_dead_length`` (int or None): entries a dead-letter queue ``<queue>.dead`` holds at
+  most (None: the queue's ``max_length``, else no bound); when full, the oldest is dropped
+  with a warning.
 * ``fair_key`` (None): fairness off; a header name (``apply_async(headers={"tenant": "acme"})``
   with ``fair_key="tenant"``), or ``"module:function"`` taking the kombu message dict and
   returning the tenant (a string, or None for the shared default tenant).
@@ -44,6 +55,13 @@ Transport options
   per tenant at once; ``tenant_rate`` (same forms, deliveries per second per tenant).
 * ``max_length_per_tenant`` (int): waiting messages per tenant; beyond it publish raises QueueFull.
 
+Every option is checked (type and range) when a channel is made: a bad one raises
+``celery_pq.ConfigError`` naming the option and the value.
+
+After a connection error (Celery reconnecting), messages whose tasks run now keep their
+leases, renewed until the tasks end and ack; the others are given back uncounted. Acks whose
+round trip fails are kept and sent again.
+
 A task sent with ``countdown``/``eta`` waits in Redis (not in a worker) until due, then joins
 the queue at its priority. A consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only
 entries of ``NAME`` whose priority satisfies the predicate, and is woken only by those.
@@ -52,6 +70,7 @@ entries of ``NAME`` whose priority satisfies the predicate, and is woken only by
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 import re
@@ -59,6 +78,7 @@ import select
 import socket
 import threading
 from datetime import datetime, timezone
+from hashlib import blake2b
 from time import monotonic, sleep
 
 import redis
@@ -68,7 +88,8 @@ from kombu.utils.json import dumps, loads
 from redis import exceptions as rex
 
 from . import constants as C
-from .errors import ConfigError
+from .errors import ConfigError, ErrorCode, MessageTooLarge
+from .ids import encode_id
 from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
 from .leases import LeaseKeeper
 from .queue import FAIR_SCOPES, PriorityQueue, default_consumer_id, validate_priority
@@ -108,7 +129,22 @@ _OPTION_NAMES = (
     "health_check_interval",
     "max_connections",
     "client_name",
+    "max_message_bytes",
+    "dedupe_seconds",
+    "max_dead_length",
 )
+
+
+class Unreadable(Exception):
+    """kombu could not build a delivered message (its body does not decode)."""
+
+
+class Message(virtual.Message):
+    def __init__(self, payload, channel=None, **kwargs):
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception as exc:
+            raise Unreadable(f"{exc!r}") from exc
 
 
 class QoS(virtual.QoS):
@@ -123,12 +159,22 @@ class QoS(virtual.QoS):
         self._quick_ack(delivery_tag)
 
     def restore_unacked(self):
-        """Give back every delivered, unacked message (shutdown): the delivery is undone."""
+        """Give back every delivered, unacked message (the delivery is undone), at shutdown or
+        when kombu tears the connection down.
+
+        After a lost connection (kombu's ``collect``: Celery reconnecting, kombu's ``ensure``),
+        a message whose task a Celery worker in this process is running now keeps its lease:
+        the lease keeper renews it and its ack goes to Redis when the task ends (see
+        ``Transport._collect``). Given back, it would start again while it still runs.
+        """
         self._flush()
+        keep = _running_tags() if self.channel.transport.connection_lost else set()
         errors = []
         lost_link = 0
         while self._delivered:
             tag, message = self._delivered.popitem()
+            if tag in keep:
+                continue
             try:
                 self.channel._give_back(tag)
             except Transport.connection_errors:
@@ -138,12 +184,16 @@ class QoS(virtual.QoS):
         if lost_link:
             logger.warning("celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
                            "their leases run out and they are delivered again", lost_link)
+        if keep & self.channel._leases.keys():
+            logger.info("celery-pq: %d running task(s) keep their leases across the lost connection",
+                        len(keep & self.channel._leases.keys()))
         self._delivered.clear()
         return errors
 
 
 class Channel(virtual.Channel):
     QoS = QoS
+    Message = Message
     supports_fanout = True
     do_restore = True
     from_transport_options = virtual.Channel.from_transport_options + _OPTION_NAMES
@@ -173,6 +223,9 @@ class Channel(virtual.Channel):
     health_check_interval = 25
     max_connections = 50
     client_name = None
+    max_message_bytes = None
+    dedupe_seconds = 300.0
+    max_dead_length = None
     min_priority = C.MIN_PRIORITY
     max_priority = C.MAX_PRIORITY
 
@@ -187,6 +240,7 @@ class Channel(virtual.Channel):
         self._leases: dict[str, tuple[str, str]] = {}  # delivery tag -> (queue, entry id)
         self._pending_acks: dict[str, list[tuple[str, str]]] = {}  # queue -> [(entry id, tag)]
         self._pending_count = 0
+        self._no_ack_queues: set[str] = set()  # consumed with no_ack: acked as delivered
         self._leases_lock = threading.Lock()
         self._tables: dict[str, tuple[float, list]] = {}
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
@@ -208,6 +262,8 @@ class Channel(virtual.Channel):
 
     # -- options ------------------------------------------------------------------------------
     def _check_options(self):
+        """Every option's type and range, once, at channel creation: a ConfigError names the
+        option and the value."""
         if self.priority_order not in C.PRIORITY_ORDERS:
             raise ConfigError(f"priority_order must be one of {C.PRIORITY_ORDERS}, got {self.priority_order!r}")
         try:
@@ -215,16 +271,32 @@ class Channel(virtual.Channel):
         except ValueError as exc:
             raise ConfigError(f"default_priority: {exc}") from None
         lease = self.lease_seconds if self.lease_seconds is not None else self.visibility_timeout
-        lease = C.LEASE_SECONDS if lease is None else lease
-        if not isinstance(lease, (int, float)) or isinstance(lease, bool) or lease <= 0:
-            raise ConfigError(f"lease_seconds must be a positive number of seconds, got {lease!r}")
-        self.lease_seconds = float(lease)
+        self.lease_seconds = _seconds("lease_seconds", C.LEASE_SECONDS if lease is None else lease)
         if self.renew_interval is None:
-            self.renew_interval = max(0.1, min(self.lease_seconds / 3.0, 20.0))
-        if not isinstance(self.max_deliveries, int) or self.max_deliveries < 0:
-            raise ConfigError(f"max_deliveries must be an integer >= 0, got {self.max_deliveries!r}")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
-            raise ConfigError(f"max_length must be a positive integer or None, got {self.max_length!r}")
+            self.renew_interval = min(max(0.1, self.lease_seconds / 3.0), 20.0, self.lease_seconds / 2.0)
+        self.renew_interval = _seconds("renew_interval", self.renew_interval)
+        if self.renew_interval >= self.lease_seconds:
+            raise ConfigError(f"renew_interval must be shorter than lease_seconds ({self.lease_seconds:g}), "
+                              f"got {self.renew_interval!r}: leases would run out between renewals")
+        self.sweep_interval = _seconds("sweep_interval", self.sweep_interval)
+        self.block_seconds = _seconds("block_seconds", self.block_seconds)  # 0 would block for ever
+        self.binding_cache_seconds = _seconds("binding_cache_seconds", self.binding_cache_seconds, zero=True)
+        self.dedupe_seconds = _seconds("dedupe_seconds", self.dedupe_seconds, zero=True)
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _seconds(name, getattr(self, name)))
+        self.health_check_interval = _seconds("health_check_interval", self.health_check_interval or 0, zero=True)
+        if self.socket_keepalive is not None and not isinstance(self.socket_keepalive, bool):
+            raise ConfigError(f"socket_keepalive must be True, False or None, got {self.socket_keepalive!r}")
+        if self.client_name is not None and (not isinstance(self.client_name, str) or not self.client_name
+                                             or any(c.isspace() for c in self.client_name)):
+            raise ConfigError(f"client_name must be a non-empty string without spaces, got {self.client_name!r}")
+        _count("max_deliveries", self.max_deliveries, minimum=0, none=False)
+        for name in ("max_length", "max_length_per_tenant", "max_connections", "max_message_bytes",
+                     "max_dead_length"):
+            _count(name, getattr(self, name), minimum=1)
+        if self.queue_techniques is not None and not isinstance(self.queue_techniques, dict):
+            raise ConfigError(f"queue_techniques must be a dict {{queue: technique}}, got {self.queue_techniques!r}")
         techniques = {None: self.technique, **(self.queue_techniques or {})}
         for name, tech in techniques.items():
             if tech not in C.TECHNIQUES:
@@ -249,19 +321,18 @@ class Channel(virtual.Channel):
         weights = self.fair_weights or {}
         if not isinstance(weights, dict):
             raise ConfigError(f"fair_weights must be a dict {{tenant: weight}}, got {weights!r}")
+        _per_tenant("fair_weights", weights, (int, float))
         fair_only = {"fair_weights": weights, "tenant_concurrency": self.tenant_concurrency,
                      "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
-        mlt = self.max_length_per_tenant
-        if mlt is not None and (not isinstance(mlt, int) or isinstance(mlt, bool) or mlt < 1):
-            raise ConfigError(f"max_length_per_tenant must be a positive integer or None, got {mlt!r}")
 
     def _queue(self, name: str) -> PriorityQueue:
         """The queue of a name (a view's name gives the queue it views)."""
         q = self._queues.get(name)
         if q is None:
+            _check_queue_name(name)
             m = _PREDICATE.match(name)
             if m:
                 q = self._queues[name] = self._queue(m.group("base"))
@@ -281,6 +352,8 @@ class Channel(virtual.Channel):
                 tenant_concurrency=self._conc_default if fair else None,
                 tenant_rate=self._rate_default if fair else None,
                 max_length_per_tenant=self.max_length_per_tenant if fair else None,
+                dedupe_seconds=self.dedupe_seconds,
+                max_dead_length=self.max_dead_length,
             )
             if fair:
                 q.configure_tenants(weights=self.fair_weights, concurrency=self._tenant_conc, rate=self._tenant_rate)
@@ -352,17 +425,26 @@ class Channel(virtual.Channel):
         task_id = headers.get("id") or props.get("correlation_id") or None
         tenant = self._tenant_of(message)
         due_ms = _eta_ms(headers.get("eta"))
-        self._queue(queue).insert(dumps(message), priority, id=str(task_id) if task_id else None,
-                                  tenant=tenant, due_ms=due_ms)
+        self._queue(queue).insert(self._serialized(queue, message), priority,
+                                  id=str(task_id) if task_id else None, tenant=tenant, due_ms=due_ms,
+                                  publish_id=publish_id(message))
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
-        self.client.publish(self._fanout_channel(exchange), dumps(message))
+        self.client.publish(self._fanout_channel(exchange), self._serialized(exchange, message))
+
+    def _serialized(self, queue, message) -> bytes:
+        """The message as stored; MessageTooLarge (nothing written) when over max_message_bytes."""
+        data = dumps(message).encode()
+        if self.max_message_bytes is not None and len(data) > self.max_message_bytes:
+            raise MessageTooLarge(queue, len(data), self.max_message_bytes)
+        return data
 
     def _fanout_channel(self, exchange):
         return fanout_channel(exchange, self.transport.db, self.key_prefix)
 
     # -- routing tables (shared in Redis, cached here) ------------------------------------------
     def _new_queue(self, queue, **kwargs):
+        _check_queue_name(queue)
         if _PREDICATE.match(queue):
             return  # a view consumes its queue; it holds nothing of its own
         self.client.sadd(queues_key(self.key_prefix), queue)
@@ -419,13 +501,15 @@ class Channel(virtual.Channel):
         return self._queue(queue).purge()
 
     # -- consuming ----------------------------------------------------------------------------
-    def basic_consume(self, queue, *args, **kwargs):
+    def basic_consume(self, queue, no_ack, *args, **kwargs):
         view = self._view(queue)
         if view is not None:
             self._queue(queue).register_view(*view)
         if queue in self._fanout_queues:
             self._active_fanout[self._fanout_channel(self._fanout_queues[queue])] = queue
-        ret = super().basic_consume(queue, *args, **kwargs)
+        if no_ack:
+            self._no_ack_queues.add(queue)
+        ret = super().basic_consume(queue, no_ack, *args, **kwargs)
         self.transport.ensure_keeper()
         self._need_pop = True
         self._unblock()
@@ -434,10 +518,17 @@ class Channel(virtual.Channel):
     def basic_cancel(self, consumer_tag):
         queue = self._tag_to_queue.get(consumer_tag)
         ret = super().basic_cancel(consumer_tag)
+        self._no_ack_queues.discard(queue)
         if queue is not None and queue in self._fanout_queues:
             self._active_fanout.pop(self._fanout_channel(self._fanout_queues[queue]), None)
         self._unblock()
         return ret
+
+    def basic_get(self, queue, no_ack=False, **kwargs):
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:  # nobody acks it: done once handed over
+            self._ack(message.delivery_tag)
+        return message
 
     @property
     def active_queues(self):
@@ -451,37 +542,55 @@ class Channel(virtual.Channel):
         leases = q.pop(1, consumer=self.consumer_id, view=self._view(queue))
         if not leases:
             raise virtual.Empty()
+        self._register(q, leases)
         msg = self._to_message(q, leases[0])
         if msg is None:
             raise virtual.Empty()
         return msg
 
     def _to_message(self, q, lease):
-        queue = q.name
+        """The kombu message of a lease, or None when it is not one (then moved to the
+        dead-letter queue with reason ``malformed``)."""
         try:
             message = loads(lease.payload)
             props = message["properties"]
+            info = props.setdefault("delivery_info", {})
+            headers = message.get("headers")
+            if not isinstance(info, dict) or not isinstance(headers, (dict, type(None))):
+                raise TypeError("its delivery_info or headers are not mappings")
         except Exception as exc:  # noqa: BLE001 - anything unreadable goes to the dead-letter queue
-            logger.error("celery-pq: entry %r of queue %r is not a kombu message (%s); moved to %s.dead",
-                         lease.id, queue, exc, queue)
-            q.dead_letter(lease, "malformed")
+            self._dead_letter_malformed(q, lease.token, exc)
             return None
         tag = lease.token
         props["delivery_tag"] = tag
-        info = props.setdefault("delivery_info", {})
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1
         if lease.deliveries > 1:
             message["redelivered"] = True
         # RabbitMQ's name for it; a Celery task reads self.request.get("x-delivery-count")
-        headers = message.get("headers")
-        if isinstance(headers, dict):
+        if headers is not None:
             headers["x-delivery-count"] = lease.deliveries
             if headers.get("eta"):  # the broker held it until due: the worker runs it now
                 headers["x-pq-eta"], headers["eta"] = headers["eta"], None
-        with self._leases_lock:
-            self._leases[tag] = (queue, lease.id)
         return message
+
+    def _dead_letter_malformed(self, q, tag, exc):
+        with self._leases_lock:
+            held = self._leases.pop(tag, None)
+        if held is None:
+            return
+        if q.is_dead:  # a dead-letter queue has none of its own: the lease runs out, it stays
+            logger.error("celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
+                         held[1], q.name, exc)
+            return
+        logger.error("celery-pq: entry %r of queue %r is not a kombu message (%r); moved to %s.dead",
+                     held[1], q.name, exc, q.name)
+        q.dead_letter((held[1], tag), "malformed")
+
+    def _register(self, q, leases):
+        with self._leases_lock:
+            for lease in leases:
+                self._leases[lease.token] = (q.name, lease.id)
 
     def _pop_and_deliver(self) -> int:
         """Lease and deliver what the prefetch window allows; the number delivered.
@@ -505,28 +614,56 @@ class Channel(virtual.Channel):
             own = pending.pop(name, [])  # this queue's acks ride in the pop script itself
             calls = self._ack_calls(pending)
             calls.append(q.pop_call(want, consumer=self.consumer_id, view=self._view(name), acks=own))
-            replies = run_calls(self.client, calls)
-            reply = replies[-1]
             if own:
                 pending[name] = own
+            try:
+                replies = run_calls(self.client, calls)
+            except BaseException:
+                self._keep_acks(pending)
+                raise
+            reply = replies[-1]
+            if own:
                 replies[-1] = q.ack_codes(reply)
             self._check_acks(pending, replies)
             leases = q.parse_pop(reply)
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
-            # Register every lease of the batch (so the keeper renews them) before delivering
-            # any: a solo pool runs each task inside _deliver, while the rest of the batch waits.
-            messages = [m for m in (self._to_message(q, lease) for lease in leases) if m is not None]
-            for j, message in enumerate(messages):
-                if self.closed or _worker_stopping():  # a task of this batch began a shutdown
-                    self._give_back_all([m["properties"]["delivery_tag"] for m in messages[j:]])
-                    break
-                delivered += 1
-                self.connection._deliver(message, name)
+            delivered = self._deliver_batch(q, name, leases)
             break
         if not delivered:
             self._need_pop = False
+        return delivered
+
+    def _deliver_batch(self, q, name, leases) -> int:
+        """Deliver a popped batch; the number delivered. Every lease of it ends delivered,
+        given back (not counted) or dead-lettered as malformed: none is left leased to nobody.
+
+        Every lease joins the renewals before any message is delivered: a solo pool runs each
+        task inside ``_deliver``, while the rest of the batch waits.
+        """
+        self._register(q, leases)
+        rest = [lease.token for lease in reversed(leases)]  # not yet delivered, last first
+        delivered = 0
+        try:
+            for lease in leases:
+                if self.closed or _worker_stopping():  # a task of this batch began a shutdown
+                    break
+                rest.pop()
+                message = self._to_message(q, lease)
+                if message is None:
+                    continue
+                try:
+                    if name in self._no_ack_queues:  # nobody acks these: done once handed over
+                        self._ack(lease.token)
+                    self.connection._deliver(message, name)
+                except Unreadable as exc:  # kombu could not build the message (its body)
+                    self._dead_letter_malformed(q, lease.token, exc.__cause__)
+                    continue
+                delivered += 1
+        finally:
+            if rest:  # a shutdown began, or the callback raised: the others wait again
+                self._give_back_all(rest)
         return delivered
 
     def _ack(self, tag):
@@ -538,11 +675,12 @@ class Channel(virtual.Channel):
             if held is None:  # fanout messages and no_ack deliveries carry no lease
                 return
             queue, eid = held
-            defer = self.transport.defer_acks()
+            # a channel closed with running tasks' leases (a lost connection): the keeper sends it
+            defer = self.closed or self.transport.defer_acks()
             if defer:
                 self._pending_acks.setdefault(queue, []).append((eid, tag))
                 self._pending_count += 1
-                full = self._pending_count >= C.MAX_POP_BATCH
+                full = not self.closed and self._pending_count >= C.MAX_POP_BATCH
         if not defer:
             self._send_acks({queue: [(eid, tag)]})
         elif full:
@@ -556,21 +694,47 @@ class Channel(virtual.Channel):
     def _ack_calls(self, pending) -> list[tuple]:
         return [self._queue(queue).ack_call(pairs) for queue, pairs in pending.items()]
 
+    def _keep_acks(self, pending):
+        """Acks whose round trip failed go back in front of the waiting ones and are sent again
+        with the next round trip; until then their leases are renewed."""
+        with self._leases_lock:
+            for queue, pairs in pending.items():
+                self._pending_acks[queue] = pairs + self._pending_acks.get(queue, [])
+                self._pending_count += len(pairs)
+
     def _check_acks(self, pending, replies):
         for (queue, pairs), codes in zip(pending.items(), replies):
             for (eid, _), code in zip(pairs, codes):
-                if code != 1:
-                    logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
-                                   eid, queue)
+                if code == 1:
+                    continue
+                if code == ErrorCode.NOT_LEASED and self._gone(queue, eid):
+                    # an ack sent again after the reply to its first sending was lost
+                    logger.debug("celery-pq: ack of %s in %r: already done", eid, queue)
+                    continue
+                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
+                               eid, queue)
+
+    def _gone(self, queue, eid) -> bool:
+        """Whether an entry is no longer in its queue (acked, or removed)."""
+        try:
+            return not self.client.hexists(self._queue(queue).keys.ii, encode_id(eid))
+        except rex.RedisError:
+            return False
 
     def flush_acks(self):
-        """Send the acks waiting for the next pop (before blocking, on a timer, at close)."""
+        """Send the acks waiting for the next pop (before blocking, on a timer, at close); an
+        error leaves them waiting."""
         pending = self._take_acks()
         if pending:
             self._send_acks(pending)
 
     def _send_acks(self, pending):
-        self._check_acks(pending, run_calls(self.client, self._ack_calls(pending)))
+        try:
+            replies = run_calls(self.client, self._ack_calls(pending))
+        except BaseException:
+            self._keep_acks(pending)
+            raise
+        self._check_acks(pending, replies)
 
     def _reject(self, tag, requeue):
         with self._leases_lock:
@@ -633,8 +797,7 @@ class Channel(virtual.Channel):
             if self._bconn is None:
                 self._bconn = self.transport.new_connection()
                 self._bconn.connect()
-                self._bconn.send_command("CLIENT", "ID")
-                self._bconn_id = self._bconn.read_response()
+                self._bconn_id = _client_id(self._bconn)
             keys = self._wake_keys()
             self._bconn.send_command("BLPOP", *keys, self.block_seconds)
             self._blpop_keys = keys
@@ -693,11 +856,16 @@ class Channel(virtual.Channel):
 
     def _unblock(self):
         """Wake our own BLPOP when the set of queues changed, so it re-arms at once."""
-        if self._bconn is not None and self._blpop_keys is not None:
+        if self._bconn is not None and self._blpop_keys is not None and self._bconn_id is not None:
             try:
                 self.client.execute_command("CLIENT", "UNBLOCK", self._bconn_id)
             except rex.RedisError:
                 pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
+
+    def holds_work(self) -> bool:
+        """Leases or acks not yet sent that the lease keeper must serve."""
+        with self._leases_lock:
+            return bool(self._leases or self._pending_acks)
 
     def _drop_bconn(self):
         if self._bconn is not None:
@@ -728,6 +896,8 @@ class Channel(virtual.Channel):
                 self._pubsub = None
             if self in self.transport.cycle_channels:
                 self.transport.cycle_channels.remove(self)
+            if self.transport.connection_lost and self.holds_work():
+                self.transport.retire(self)
 
 
 class Transport(virtual.Transport):
@@ -772,6 +942,13 @@ class Transport(virtual.Transport):
         self._draining = False
         self._wake_pipe = None
         self.db = 0
+        #: Set by kombu's teardown after a connection error (``_collect``).
+        self.connection_lost = False
+        self._closed = False
+        #: Channels closed by a lost connection that still hold leases of running tasks or
+        #: acks not yet sent; the lease keeper serves them until they hold nothing.
+        self.retired: list[Channel] = []
+        self._retired_lock = threading.Lock()
 
     def driver_version(self):
         return redis.__version__
@@ -825,15 +1002,45 @@ class Transport(virtual.Transport):
             self._keeper.start()
 
     def close_connection(self, connection):
-        if self._keeper is not None:
-            self._keeper.stop()
-            self._keeper = None
         self._unregister_readers()
         try:
-            super().close_connection(connection)
+            super().close_connection(connection)  # (a channel closed by a lost connection retires)
         finally:
-            if self._pool is not None:
-                self._pool.disconnect()
+            self._closed = True  # only now: the keeper stops when nothing retired
+            self.release_pool()  # (a retired channel reconnects when it needs to)
+            if self.keeper_channels() is None and self._keeper is not None:
+                self._keeper.stop()
+                self._keeper = None
+
+    def _collect(self, connection):
+        """kombu's teardown after a connection error (Celery's consumer reconnecting, kombu's
+        ``Connection.ensure``), in place of a close: messages whose tasks are running keep
+        their leases (``QoS.restore_unacked``), and the channels holding them, or holding acks
+        not yet sent, retire: this transport's lease keeper goes on renewing those leases and
+        sending those acks, on connections of this transport's pool, until nothing is left.
+        The new connection consumes meanwhile."""
+        self.connection_lost = True
+        self.close_connection(connection)
+
+    def keeper_channels(self) -> list[Channel] | None:
+        """The channels whose leases the keeper serves now; None when it has nothing left
+        (the connection is closed and no retired channel holds anything)."""
+        with self._retired_lock:
+            self.retired = [c for c in self.retired if c.holds_work()]
+            if self._closed and not self.retired:
+                return None
+            retired = list(self.retired)
+        return [c for c in self.cycle_channels if not c.closed] + retired
+
+    def retire(self, channel):
+        """Keep serving a channel closed by a lost connection: its running tasks' leases, its
+        acks not yet sent."""
+        with self._retired_lock:
+            self.retired.append(channel)
+
+    def release_pool(self):
+        if self._pool is not None:
+            self._pool.disconnect()
 
     def defer_acks(self) -> bool:
         """Acks can wait for the next pop while something here is sure to pop again soon."""
@@ -956,12 +1163,31 @@ class Transport(virtual.Transport):
             self._wake_pipe = None
 
 
+def _celery_state():
+    """celery.worker.state when a Celery worker runs in this process, else None."""
+    import sys
+
+    return sys.modules.get("celery.worker.state")
+
+
+def _running_tags() -> set:
+    """Delivery tags of the messages whose tasks a Celery worker in this process runs now and
+    has not acked (``task_acks_late``)."""
+    state = _celery_state()
+    if state is None:
+        return set()
+    tags = set()
+    for request in list(state.active_requests):
+        message = getattr(request, "message", None)
+        if message is not None and not getattr(request, "acknowledged", True):
+            tags.add(message.delivery_tag)
+    return tags
+
+
 def _worker_stopping() -> bool:
     """True while a Celery worker in this process is shutting down (the rest of a popped batch
     is then given back, not run)."""
-    import sys
-
-    state = sys.modules.get("celery.worker.state")
+    state = _celery_state()
     return bool(state is not None and (state.should_stop is not None or state.should_terminate is not None))
 
 
@@ -975,9 +1201,67 @@ def _per_tenant(label, value, kind):
     else:
         table, default = {}, value
     for tenant, v in list(table.items()) + [("*", default)]:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or v <= 0):
+        if not isinstance(tenant, str):
+            raise ConfigError(f"{label}: tenant names are strings, got {tenant!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
             raise ConfigError(f"{label} for {tenant!r} must be a positive number, got {v!r}")
     return table, default
+
+
+def _seconds(name, value, *, zero=False) -> float:
+    """A finite number of seconds, > 0 (or >= 0 with ``zero``), as a float; else ConfigError."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero):
+        kind = "a number of seconds >= 0" if zero else "a positive number of seconds"
+        raise ConfigError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+def _count(name, value, *, minimum, none=True) -> None:
+    """An integer >= minimum (or None, with ``none``); else ConfigError."""
+    if value is None and none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        also = " or None" if none else ""
+        raise ConfigError(f"{name} must be an integer >= {minimum}{also}, got {value!r} ({type(value).__name__})")
+
+
+def _check_queue_name(name) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a queue name must be a non-empty string, got {name!r}")
+
+
+def _client_id(conn) -> int | None:
+    """The id of a blocking connection, for CLIENT UNBLOCK; None when this Redis user may not
+    run CLIENT (an ACL without it): a change of the consumed queues then takes effect when the
+    blocking read times out (within block_seconds)."""
+    conn.send_command("CLIENT", "ID")
+    try:
+        return conn.read_response()
+    except rex.ResponseError as exc:
+        logger.info("celery-pq: CLIENT ID refused (%s); changes to the consumed queues take effect "
+                    "within block_seconds", exc)
+        return None
+
+
+def publish_id(message) -> bytes | None:
+    """The publish id of a message: the queue stores nothing for an id it has seen within
+    ``dedupe_seconds``, so a publish retried after a lost reply is stored once.
+
+    A Celery task message (its headers name ``id`` and ``task``) gets an id made from its task
+    id, retries count, eta and body: kombu's and Celery's own publish retries prepare and put
+    the message again, and carry the same id, while Celery's retry of a task (one more in
+    ``retries``) is a publish of its own. Any other message: None, and the queue makes a random
+    one for the insert call, which covers a retry within that call.
+    """
+    headers = message.get("headers") or {}
+    if not (headers.get("id") and headers.get("task")):
+        return None
+    h = blake2b(digest_size=16)
+    for part in (headers["id"], headers.get("retries"), headers.get("eta"), message.get("body")):
+        text = str(part).encode()
+        h.update(b"%d:" % len(text) + text)
+    return h.digest()
 
 
 def _eta_ms(eta) -> int | None:

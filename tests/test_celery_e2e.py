@@ -354,3 +354,33 @@ def test_a_prefetched_batch_keeps_its_leases_while_earlier_tasks_run(harness):
     starts = [r[0] for r in h.records("start")]
     assert sorted(starts) == ["t0", "t1", "t2", "t3"], starts
     assert [r[2] for r in h.records("start")] == [1, 1, 1, 1]  # every one a first delivery
+
+
+def test_a_running_acks_late_task_keeps_its_lease_when_the_connection_is_lost(key_prefix, tmp_path):
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+
+    # Given a prefork worker running a long acks_late task, its consumer blocked for more work
+    with RedisServer() as server:
+        h = Harness(server, key_prefix, tmp_path, {"lease_seconds": 3, "sweep_interval": 0.2}, acks_late=True)
+        try:
+            h.send("e2e.sleep", 4, "running")
+            w = h.worker("w1", "-P", "prefork", "-c", "2")
+            wait_for(lambda: h.records("start"), 20, "task start")
+            time.sleep(0.5)
+            # When every connection of the worker is cut (Celery reconnects, and kombu tears the
+            # old connection down, giving back the messages it holds)
+            assert h.redis.client_kill_filter(_type="normal", skipme=True) >= 1
+            # Then the running task is not given back: it runs once, and its ack goes through
+            wait_for(lambda: h.records("done"), 20, "task done")
+            time.sleep(3.5)  # a second start, if any, would come now
+            assert [(r[0], r[2]) for r in h.records("start")] == [("running", 1)]
+            wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "its ack")
+            # and the worker goes on with new work on its new connection
+            h.send("e2e.stamp", "after")
+            wait_for(lambda: h.records("stamp"), 20, "a task after the reconnect")
+            assert b"Connection to broker lost" in w.log_path.read_bytes()
+        finally:
+            h.close()

@@ -11,6 +11,11 @@ import celery_pq
 import celery_pq.transport
 from celery_pq import ConfigError, PriorityQueue, QueueFull
 
+try:
+    from support.consume import drain, make_queue
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.consume import drain, make_queue
+
 
 @pytest.fixture
 def url(redis_server):
@@ -20,28 +25,6 @@ def url(redis_server):
 @pytest.fixture
 def opts(key_prefix):
     return {"key_prefix": key_prefix}
-
-
-def make_queue(name="kq"):
-    return Queue(name, Exchange(name, type="direct"), routing_key=name)
-
-
-def drain(conn, queue, n, timeout=5, ack=True):
-    got = []
-
-    def cb(body, message):
-        got.append((body, message))
-        if ack:
-            message.ack()
-
-    with Consumer(conn, [queue], callbacks=[cb], prefetch_count=1):
-        deadline = time.monotonic() + timeout
-        while len(got) < n and time.monotonic() < deadline:
-            try:
-                conn.drain_events(timeout=0.5)
-            except socket.timeout:
-                pass
-    return got
 
 
 def test_pq_scheme_is_registered_on_import():

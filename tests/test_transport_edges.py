@@ -1,0 +1,435 @@
+"""The transport at its edges: lost replies, lost connections, refused writes, bad data and bad
+options, each on a real redis-server (no Celery worker; see test_celery_e2e.py for those)."""
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import redis
+from kombu import Connection, Consumer, Producer
+
+from celery_pq import PriorityQueue
+
+try:
+    from support.consume import drain, make_queue, publish_numbers
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.consume import drain, make_queue, publish_numbers
+
+
+def url_of(server, user=""):
+    return f"pq://{user}127.0.0.1:{server.port}/0"
+
+
+def normal_clients(server) -> int:
+    """Connections of type normal on the server, the asking one excluded."""
+    with server.client() as admin:
+        return len(admin.client_list(_type="normal")) - 1
+
+
+# -- a thread's own connection ------------------------------------------------------------------
+def test_short_lived_threads_do_not_keep_a_connection_each(fresh_redis):
+    # Given a producer limited to 50 connections
+    with Connection(url_of(fresh_redis), transport_options={"max_connections": 50}) as conn:
+        q = make_queue()
+        producer = Producer(conn.default_channel)
+        q(conn.default_channel).declare()
+        errors = []
+
+        def publish(i):
+            try:
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        # When 300 short-lived threads publish once each, ten at a time
+        for wave in range(30):
+            threads = [threading.Thread(target=publish, args=(wave * 10 + j,)) for j in range(10)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        # Then every publish worked and the finished threads' connections were given back
+        assert errors == []
+        assert PriorityQueue(conn.default_channel.client, "kq", key_prefix="pq").size() == 300
+        assert normal_clients(fresh_redis) <= 12
+
+
+def test_a_dropped_connection_frees_its_pool_slot(fresh_redis):
+    client = redis.Redis(connection_pool=redis.ConnectionPool(port=fresh_redis.port, max_connections=3))
+    q = PriorityQueue(client, "slots")
+    try:
+        for _ in range(5):  # each round the thread's own connection is killed under it
+            q.insert(b"x", 1)
+            with fresh_redis.client() as admin:
+                admin.client_kill_filter(_type="normal", skipme=True)
+        q.insert(b"x", 1)  # before: "Too many connections" once the dropped ones used the pool up
+        assert q.size() == 6
+    finally:
+        client.connection_pool.disconnect()
+
+
+# -- options ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options,name,shown",
+    [
+        ({"sweep_interval": "1"}, "sweep_interval", "'1'"),
+        ({"sweep_interval": 0}, "sweep_interval", "0"),
+        ({"renew_interval": 60}, "renew_interval", "60"),
+        ({"lease_seconds": 5, "renew_interval": 9}, "renew_interval", "9"),
+        ({"block_seconds": 0}, "block_seconds", "0"),
+        ({"block_seconds": None}, "block_seconds", "None"),
+        ({"binding_cache_seconds": -1}, "binding_cache_seconds", "-1"),
+        ({"lease_seconds": float("inf")}, "lease_seconds", "inf"),
+        ({"socket_timeout": "5"}, "socket_timeout", "'5'"),
+        ({"socket_connect_timeout": 0}, "socket_connect_timeout", "0"),
+        ({"health_check_interval": -1}, "health_check_interval", "-1"),
+        ({"socket_keepalive": "yes"}, "socket_keepalive", "'yes'"),
+        ({"max_connections": 0}, "max_connections", "0"),
+        ({"max_connections": "50"}, "max_connections", "'50'"),
+        ({"client_name": "my worker"}, "client_name", "'my worker'"),
+        ({"max_deliveries": True}, "max_deliveries", "True"),
+        ({"max_length_per_tenant": 0, "fair_key": "t"}, "max_length_per_tenant", "0"),
+        ({"queue_techniques": ["S"]}, "queue_techniques", "['S']"),
+        ({"fair_key": "t", "fair_weights": {"a": "heavy"}}, "fair_weights", "'heavy'"),
+        ({"fair_key": "t", "tenant_rate": {1: 5}}, "tenant_rate", "1"),
+        ({"max_message_bytes": 0}, "max_message_bytes", "0"),
+        ({"max_message_bytes": 1.5}, "max_message_bytes", "1.5"),
+        ({"dedupe_seconds": -1}, "dedupe_seconds", "-1"),
+        ({"dedupe_seconds": "300"}, "dedupe_seconds", "'300'"),
+        ({"max_dead_length": 0}, "max_dead_length", "0"),
+    ],
+)
+def test_each_bad_option_is_named_with_its_value_at_channel_creation(redis_server, key_prefix, options, name, shown):
+    from celery_pq import ConfigError
+
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, **options}) as conn:
+        with pytest.raises(ConfigError) as err:
+            conn.default_channel
+    assert name in str(err.value) and shown in str(err.value), str(err.value)
+
+
+def test_good_options_are_accepted(redis_server, key_prefix):
+    options = {"key_prefix": key_prefix, "lease_seconds": 2, "renew_interval": 1.5, "sweep_interval": 0.5,
+               "block_seconds": 0.5, "binding_cache_seconds": 0, "socket_timeout": 5, "health_check_interval": 0,
+               "socket_keepalive": True, "max_connections": 20, "client_name": "pq-worker",
+               "max_message_bytes": 10_000, "dedupe_seconds": 0, "max_dead_length": 100}
+    with Connection(url_of(redis_server), transport_options=options) as conn:
+        channel = conn.default_channel
+        assert (channel.renew_interval, channel.block_seconds) == (1.5, 0.5)
+
+
+def test_the_default_renew_interval_is_shorter_than_a_short_lease(redis_server, key_prefix):
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, "lease_seconds": 0.1}) as conn:
+        assert conn.default_channel.renew_interval == 0.05
+
+
+def test_an_empty_queue_name_is_refused_at_declare_and_publish(redis_server, key_prefix, redis_client):
+    from celery_pq import ConfigError
+
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        channel = conn.default_channel
+        with pytest.raises(ConfigError, match="queue name .*''"):
+            channel._new_queue("")
+        with pytest.raises(ConfigError, match="queue name .*''"):
+            Producer(channel).publish({"x": 1}, routing_key="")
+    assert redis_client.keys(f"{key_prefix}*") == []
+
+
+def test_a_redis_user_without_the_client_command_can_consume(fresh_redis):
+    # Given a Redis user that may not run CLIENT (ID, UNBLOCK)
+    with fresh_redis.client() as admin:
+        admin.acl_setuser("worker", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                          commands=["+@all", "-client"])
+    url = url_of(fresh_redis, user="worker:pw@")
+    got = []
+    with Connection(url) as conn, Connection(url) as pub:
+        q = make_queue()
+        q(pub.default_channel).declare()
+        # When it consumes (blocking while the queue is empty) and a message arrives
+        with Consumer(conn, [q], callbacks=[lambda b, m: (got.append(b), m.ack())]):
+            with pytest.raises(socket.timeout):
+                conn.drain_events(timeout=0.3)
+            Producer(pub.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq")
+            conn.drain_events(timeout=5)
+    # Then it is delivered: the blocking read works without CLIENT ID
+    assert got == [{"n": 1}]
+
+
+# -- max_message_bytes -------------------------------------------------------------------------
+def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redis_server, key_prefix, redis_client):
+    from celery_pq.errors import MessageTooLarge
+
+    options = {"key_prefix": key_prefix, "max_message_bytes": 1000}
+    with Connection(url_of(redis_server), transport_options=options) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+        producer = Producer(conn.default_channel)
+        with pytest.raises(MessageTooLarge) as err:
+            producer.publish({"blob": "x" * 2000}, exchange=q.exchange, routing_key="kq")
+        assert err.value.limit == 1000 and err.value.size > 2000 and err.value.queue == "kq"
+        assert "max_message_bytes=1000" in str(err.value)
+        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert pq.size() == 0 and not redis_client.exists(pq.keys.ii)
+        producer.publish({"blob": "x" * 100}, exchange=q.exchange, routing_key="kq")
+        assert pq.size() == 1
+
+
+# -- publish ids -------------------------------------------------------------------------------
+def _task_message(task_id="t1", retries=0, eta=None, body="W1tdLCB7fV0="):
+    return {"body": body, "headers": {"id": task_id, "task": "x.y", "retries": retries, "eta": eta},
+            "properties": {"delivery_tag": str(time.monotonic()), "priority": 0}}
+
+
+def test_a_task_message_keeps_its_publish_id_across_retries_of_the_publish():
+    from celery_pq.transport import publish_id
+
+    first = publish_id(_task_message())
+    assert len(first) == 16
+    assert publish_id(_task_message()) == first  # prepared and put again: the same publish
+    assert publish_id(_task_message(retries=1)) != first  # Celery's retry of the task: a new one
+    assert publish_id(_task_message(eta="2030-01-01T00:00:00")) != first
+    assert publish_id(_task_message(body="other")) != first
+    assert publish_id(_task_message(task_id="t2")) != first
+
+
+def test_other_messages_leave_the_publish_id_to_the_queue():
+    from celery_pq.transport import publish_id
+
+    assert publish_id({"body": "e30=", "headers": {}, "properties": {}}) is None  # random, per insert call
+
+
+@pytest.fixture
+def debug_redis():
+    """A private redis-server that allows DEBUG SLEEP (a Redis busy for a while)."""
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+    with RedisServer(config={"enable-debug-command": "yes"}) as server:
+        yield server
+
+
+def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis):
+    from celery import Celery
+
+    fresh_redis = debug_redis
+    # Given a producer whose socket times out after 0.5 s, and a Redis busy for 1.5 s
+    app = Celery("dedupe", broker=url_of(fresh_redis))
+    app.conf.broker_transport_options = {"socket_timeout": 0.5, "binding_cache_seconds": 60}
+    app.conf.task_default_queue = "dd"
+    with app.connection_for_write() as conn:
+        app.send_task("x.y", task_id="t0", connection=conn)  # declared, bindings cached: a publish is one insert
+        with fresh_redis.client() as admin:
+            busy = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1.5"))
+            busy.start()
+            time.sleep(0.1)
+            # When a task is published: its insert times out, and the publish is retried
+            app.send_task("x.y", task_id="t1", connection=conn,
+                          retry_policy={"max_retries": 10, "interval_start": 0.2, "interval_step": 0.2})
+            busy.join()
+    # Then the queue holds the task once
+    with fresh_redis.client() as r:
+        assert sorted(e.id for e in PriorityQueue(r, "dd").peek(10)) == ["t0", "t1"]
+    app.close()
+
+
+# -- a popped batch ----------------------------------------------------------------------------
+def consume_batch(conn, q, n, on_message=None):
+    """Consume with a prefetch window of 10 (one pop leases the whole batch), acking each."""
+    return [body for body, _ in drain(conn, q, n, prefetch=10, on_message=on_message)]
+
+
+@pytest.mark.parametrize("garbage", [
+    b'{"properties": 7}',  # JSON, but its properties are not a mapping
+    b'{"body": "not base64!", "properties": {"body_encoding": "base64"}, "headers": {}}',  # kombu cannot decode it
+    b'{"properties": {"delivery_info": []}, "headers": {}}',
+])
+def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_server, key_prefix, redis_client,
+                                                                           garbage):
+    # Given five messages at one priority, the third of them not a kombu message
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        publish_numbers(conn, q, range(2))
+        pq.insert(garbage, 0, id="garbage")
+        publish_numbers(conn, q, range(2, 4))
+        # When one pop takes all five
+        got = consume_batch(conn, q, 4)
+        # Then the four good ones are delivered, the bad one is dead-lettered, none stays leased
+        assert [b["i"] for b in got] == [0, 1, 2, 3]
+        conn.default_channel.flush_acks()  # the acks that wait for the next round trip
+        assert conn.default_channel.held_leases() == {}
+        assert pq.stats()["leased"] == 0 and pq.size() == 0
+    [dead] = pq.dead.peek()
+    assert (dead.id, dead.dead_reason, dead.payload) == ("garbage", "malformed", garbage)
+
+
+def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, key_prefix, redis_client):
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        publish_numbers(conn, q, range(5))
+
+        def explode(body):
+            if body["i"] == 1:
+                raise RuntimeError("callback failed")
+
+        with pytest.raises(RuntimeError):
+            consume_batch(conn, q, 5, on_message=explode)
+        # the failed one stays with the consumer (unacked); the three behind it wait again, uncounted
+        deadline = time.monotonic() + 3
+        while pq.stats()["leased"] > 1 and time.monotonic() < deadline:  # the first one's ack
+            time.sleep(0.05)
+        assert pq.stats()["leased"] == 1 and pq.size() == 3
+        assert [e.deliveries for e in pq.peek(3)] == [0, 0, 0]
+
+
+# -- deferred acks -----------------------------------------------------------------------------
+def redis_server_class():
+    try:
+        from redis_server import RedisServer
+    except ImportError:
+        from tests.redis_server import RedisServer
+    return RedisServer
+
+
+#: Options that keep the lease keeper quiet for the few seconds of a test (it looks every 5 s).
+QUIET_KEEPER = {"lease_seconds": 60, "sweep_interval": 20}
+
+
+def test_a_deferred_ack_whose_round_trip_fails_is_sent_again(key_prefix):
+    # Given a Redis that keeps its data across a restart, and a consumer whose ack of the first
+    # message waits for its next pop
+    with redis_server_class()(config={"appendonly": "yes", "appendfsync": "always"}) as server:
+        got = []
+        with Connection(url_of(server), transport_options=QUIET_KEEPER) as conn:
+            q = make_queue()
+            producer = Producer(conn.default_channel)
+            q(conn.default_channel).declare()
+            for i in range(2):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
+            with Consumer(conn, [q], callbacks=[lambda b, m: (got.append(b), m.ack())], prefetch_count=1):
+                conn.drain_events(timeout=5)
+                # When Redis goes away under the pop that carries the ack
+                server.stop()
+                with pytest.raises(conn.connection_errors):
+                    conn.drain_events(timeout=1)
+                server.start()
+                # Then the ack goes with the next pop, once Redis is back
+                conn.drain_events(timeout=5)
+                conn.default_channel.flush_acks()
+            with server.client() as r:
+                pq = PriorityQueue(r, "kq")
+                assert got == [{"i": 0}, {"i": 1}]
+                assert pq.stats()["leased"] == 0 and pq.size() == 0
+
+
+def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redis, caplog):
+    # Given a consumer whose socket times out after 0.5 s, with an ack waiting to be sent
+    options = {**QUIET_KEEPER, "socket_timeout": 0.5}
+    with Connection(url_of(debug_redis), transport_options=options) as conn:
+        q = make_queue()
+        for i in range(2):
+            Producer(conn.default_channel).publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q])
+        channel = conn.default_channel
+        with Consumer(conn, [q], callbacks=[lambda b, m: m.ack()], prefetch_count=1):
+            conn.drain_events(timeout=5)
+            channel.flush_acks()  # (Redis has the ack script from now on)
+            conn.drain_events(timeout=5)
+            assert channel.held_leases()  # the ack waits
+            # When the round trip that carries it times out while Redis is busy (it runs later)
+            with debug_redis.client() as admin:
+                busy = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1.5"))
+                busy.start()
+                time.sleep(0.1)
+                with pytest.raises(conn.connection_errors):
+                    channel.flush_acks()
+                busy.join()
+            assert channel.held_leases()  # kept, not dropped
+            # Then sending it again finds it done, and says so only at debug level
+            with caplog.at_level(logging.DEBUG, logger="celery_pq.transport"):
+                channel.flush_acks()
+        assert channel.held_leases() == {}
+        with debug_redis.client() as r:
+            assert PriorityQueue(r, "kq").stats()["leased"] == 0
+    late = [r for r in caplog.records if r.name == "celery_pq.transport" and r.levelno >= logging.WARNING]
+    assert late == []
+    assert any("already done" in r.getMessage() for r in caplog.records)
+
+
+# -- renewals when Redis refuses writes --------------------------------------------------------
+def _refuse_writes(admin, how):
+    if how == "OOM":
+        admin.config_set("maxmemory", 1)  # over it at once; the default policy is noeviction
+    else:
+        from redis_server import free_port
+
+        admin.replicaof("127.0.0.1", free_port())  # a replica of nobody: read-only, data kept
+
+
+def _accept_writes(admin, how):
+    if how == "OOM":
+        admin.config_set("maxmemory", 0)
+    else:
+        admin.replicaof("NO", "ONE")
+
+
+@pytest.mark.parametrize("how", ["OOM", "READONLY"])
+def test_a_redis_that_refuses_writes_is_reported_and_renewals_retry_promptly(fresh_redis, caplog, how):
+    # Given a consumer holding a lease, renewed every 3 s
+    options = {"lease_seconds": 6, "renew_interval": 3, "sweep_interval": 20}
+    with Connection(url_of(fresh_redis), transport_options=options) as conn, fresh_redis.client() as admin:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
+        with Consumer(conn, [q], callbacks=[lambda b, m: None], prefetch_count=1):
+            conn.drain_events(timeout=5)
+            keeper = conn.transport._keeper
+            # When Redis refuses writes at the next renewal
+            with caplog.at_level(logging.WARNING):
+                _refuse_writes(admin, how)
+                deadline = time.monotonic() + 5
+                while not [r for r in caplog.records if r.levelno >= logging.ERROR] and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.35)  # the renewal is tried again, and fails again
+                renewals = keeper.renewals
+                _accept_writes(admin, how)
+                # Then one error names the cause (not one per failed try)
+                errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+                assert len(errors) == 1 and how in errors[0] and "refuses writes" in errors[0], errors
+                # and, once Redis takes writes again, the lease is renewed within a second
+                deadline = time.monotonic() + 1.0
+                while keeper.renewals == renewals and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert keeper.renewals > renewals
+            assert PriorityQueue(admin, "kq").lease_of("1")["seconds_left"] > 5
+
+
+def test_misconf_and_other_refusals_are_recognised():
+    from redis import exceptions as rex
+
+    from celery_pq.leases import write_refusal
+
+    assert "MISCONF" in write_refusal(rex.ResponseError("MISCONF Redis is configured to save RDB snapshots"))
+    assert "NOREPLICAS" in write_refusal(rex.ResponseError("NOREPLICAS Not enough good replicas to write."))
+    assert write_refusal(rex.ResponseError("ERR wrong number of arguments")) is None
+    assert write_refusal(rex.ConnectionError("gone")) is None
+
+
+def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, redis_client):
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        producer = Producer(conn.default_channel)
+        for i in range(2):
+            producer.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q])
+        got = []
+        with Consumer(conn, [q], callbacks=[lambda b, m: got.append(b)], no_ack=True):
+            while len(got) < 2:
+                conn.drain_events(timeout=5)
+        producer.publish({"i": 2}, exchange=q.exchange, routing_key="kq")
+        assert conn.default_channel.basic_get("kq", no_ack=True) is not None
+        conn.default_channel.flush_acks()
+        assert got == [{"i": 0}, {"i": 1}] and conn.default_channel.held_leases() == {}
+        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert pq.stats()["leased"] == 0 and pq.size() == 0
