@@ -41,7 +41,8 @@ Transport options
 * ``dedupe_seconds`` (float seconds >= 0, 300): each publish carries a publish id (for a Celery
   task: made from its task id, retries count, eta and body, so kombu's and Celery's publish
   retries carry the same one); a queue stores nothing for an id it has seen within this
-  window. 0 turns it off.
+  window. Those retries only come when no reply came, so an answered id is forgotten by the
+  next publish and the window costs memory only for unanswered publishes. 0 turns it off.
 * ``max_dead_length`` (int or None): entries a dead-letter queue ``<queue>.dead`` holds at
   most (None: the queue's ``max_length``, else no bound); when full, the oldest is dropped
   with a warning.
@@ -427,7 +428,7 @@ class Channel(virtual.Channel):
         due_ms = _eta_ms(headers.get("eta"))
         self._queue(queue).insert(self._serialized(queue, message), priority,
                                   id=str(task_id) if task_id else None, tenant=tenant, due_ms=due_ms,
-                                  publish_id=publish_id(message))
+                                  publish_id=publish_id(message), remember=False)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
         self.client.publish(self._fanout_channel(exchange), self._serialized(exchange, message))
