@@ -203,6 +203,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.q: PriorityQueue | None = None
         self.fq: Fair | None = None
         self.corrupt: dict[str, bool] = {}  # eid -> True when a remove or purge may have taken it
+        self.retired: list[bool] = []  # corrupt entries that left the queue, their flags (see retire)
         self.mode_kwargs: dict = {}
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -291,7 +292,21 @@ class QueueMachine(RuleBasedStateMachine):
         self.payloads += 1
         return b"p%d|,%d" % (self.payloads, self.payloads)
 
+    def retire_corrupt(self) -> None:
+        """Corrupt entries no longer in the queue (a script set them aside, or a remove or purge
+        took them) free their ids: a new entry may have one of them."""
+        ii = set(self.client.hkeys(self.q.keys.ii))
+        for eid in [x for x in self.corrupt if encode_id(x) not in ii]:
+            self.retired.append(self.corrupt.pop(eid))
+            del self.entries[eid]
+
+    def corrupt_counts(self) -> tuple[int, int]:
+        """(corrupt entries, those a remove or purge may have taken), retired ones included."""
+        return len(self.corrupt) + len(self.retired), sum(self.corrupt.values()) + sum(self.retired)
+
     def add(self, eid, given, payload, priority, tenant, due, short) -> MEntry:
+        if self.corrupt:
+            self.retire_corrupt()
         live = self.live_eids()
         assert eid not in live, f"insert returned {eid!r}, the id of an entry already in the queue"
         if given is not None:
@@ -640,7 +655,7 @@ class QueueMachine(RuleBasedStateMachine):
         return {eid for eid in self.corrupt if encode_id(eid) in key_members}
 
     def malformed(self) -> int:
-        if not self.corrupt:
+        if not (self.corrupt or self.retired):
             return 0
         return sum(1 for x in self.q.dead.peek(10_000) if x.dead_reason == "malformed")
 
@@ -648,6 +663,8 @@ class QueueMachine(RuleBasedStateMachine):
     def each_entry_is_in_one_state(self):
         if self.q is None:
             return
+        if self.corrupt:
+            self.retire_corrupt()
         k = self.q.keys
         c = self.client
         ii = set(c.hkeys(k.ii))
@@ -671,8 +688,9 @@ class QueueMachine(RuleBasedStateMachine):
             waiting + cor_waiting, len(self.state_of("delayed")) + len(cor_dz),
             len(self.state_of("leased")) + len(cor_lt), len(self.dead) + malformed), s
         assert self.q.dead.size() == len(self.dead) + malformed
-        gone = len(self.corrupt) - len(cor_ii)
-        assert gone - sum(self.corrupt.values()) <= malformed <= gone, (
+        total, maybe_removed = self.corrupt_counts()
+        gone = total - len(cor_ii)
+        assert gone - maybe_removed <= malformed <= gone, (
             f"{malformed} malformed dead letters for {gone} corrupt entries that left the queue")
         if self.fair:
             te = {m.split(b"\0", 1)[1][17:] for m in c.zrange(k.te, 0, -1)}
@@ -763,9 +781,10 @@ class QueueMachine(RuleBasedStateMachine):
         assert sorted((x.payload, x.dead_reason) for x in dead if x.dead_reason != "malformed") == sorted(
             (p, r) for _, _, p, r in self.dead)
         malformed = len(dead) - len(self.dead)
-        must = len(self.corrupt) - sum(self.corrupt.values())
-        assert must <= malformed <= len(self.corrupt), (
-            f"{malformed} malformed dead letters for {len(self.corrupt)} corrupt entries ({must} not removed)")
+        total, maybe_removed = self.corrupt_counts()
+        must = total - maybe_removed
+        assert must <= malformed <= total, (
+            f"{malformed} malformed dead letters for {total} corrupt entries ({must} not removed)")
 
 
 class FairMachine(QueueMachine):

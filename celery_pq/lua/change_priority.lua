@@ -42,8 +42,7 @@ if not v then
   return -1
 end
 local e, bar = split_entry(v)
-if not e then -- malformed: set aside, as a pop would
-  set_aside(ii, eid, v, rank, now_ms())
+if not e then -- malformed: left for the pop that reaches it (which sets it aside)
   return -1
 end
 local seq = redis.call('INCR', sq)
