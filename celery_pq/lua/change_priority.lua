@@ -56,10 +56,10 @@ end
 pi_push(pi, rank, seq, eid)
 wake_registered_views(rank) -- the entry may have moved into a view's range
 if fair then
+  fair_level_count(lvl(rank), 1) -- counted at its new level first: a move within a level never empties it
   fair_drop(e.t, old, eid)
-  redis.call('ZADD', FK.te, 0, te_member(e.t, rank, seq, eid))
-  redis.call('HINCRBY', FK.fn, 'n:' .. e.t, 1)
-  fair_refresh(e.t, false)
+  fair_add(e.t, score, eid, true)
+  wake(CTX.stem .. 'wk') -- its tenant is scheduled again (a parked one is parked again by the pop)
 elseif technique == 'T' then
   local orank, oseq = split_score(old)
   pi_drop(pi, orank, make_ptr(oseq, eid))

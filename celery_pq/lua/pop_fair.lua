@@ -96,9 +96,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
       end
       if not e then
         stale = stale + 1
-        if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
-          redis.call('HDEL', FK.fn, 'n:' .. t)
-        end
+        fair_left(t, rank)
         fair_refresh(t, false)
       else
         served[rank] = true
@@ -106,7 +104,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
         local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
-        fair_served(t, level, start, weight)
+        fair_served(t, rank, start, weight)
         fair_refresh(t, true)
       end
     end

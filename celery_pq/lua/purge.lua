@@ -62,9 +62,7 @@ for _, f in ipairs(found) do
   if fair then
     local rank, seq = split_score(e.s)
     if redis.call('ZREM', FK.te, te_member(e.t, rank, seq, eid)) == 1 then
-      if redis.call('HINCRBY', FK.fn, 'n:' .. e.t, -1) <= 0 then
-        redis.call('HDEL', FK.fn, 'n:' .. e.t)
-      end
+      fair_left(e.t, rank)
     end
     tenants[e.t] = true
   end

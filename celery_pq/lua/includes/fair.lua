@@ -9,7 +9,11 @@
 --                    member is served next. rank only under within_priority.
 -- FK.tb  hash        tenant -> state letter .. its ts member. A active (in ts), C parked at its
 --                    concurrency cap, R parked by its rate limit (also in tw).
--- FK.fv  hash        "V:<level>" system virtual time of a level; "F:<level>:<tenant>" finish tag
+-- FK.fv  hash        "V:<level>" system virtual time of a level; "F:<level>:<tenant>" finish tag;
+--                    "L:<level>" waiting entries at the level; "M:<level>" largest finish tag
+--                    given at the level. When a level runs empty its V moves to its M (start-time
+--                    fair queueing's rule at the end of a busy period), so every finish tag there
+--                    is <= V and the tags of tenants that left can go (fair_gc).
 -- FK.fc  hash        tenant settings: "w:<t>" weight, "c:<t>" concurrency cap, "r:<t>" rate/s
 -- FK.fn  hash        counts: "n:<t>" waiting entries, "c:<t>" leased entries
 -- FK.tw  zset        rate-parked tenants, score = ms when a token is there again
@@ -97,11 +101,36 @@ local function fair_refresh(t, force)
   end
 end
 
--- Entry (tenant t, score, eid) becomes Waiting.
-local function fair_add(t, score, eid)
+-- Waiting entries at a level change by d; a level that runs empty ends its busy period: its
+-- virtual time moves up to the largest finish tag given there.
+local function fair_level_count(level, d)
+  if redis.call('HINCRBY', FK.fv, 'L:' .. level, d) > 0 then
+    return
+  end
+  redis.call('HDEL', FK.fv, 'L:' .. level)
+  local m = redis.call('HGET', FK.fv, 'M:' .. level)
+  if m then
+    redis.call('HSET', FK.fv, 'V:' .. level, m)
+  end
+end
+
+-- One waiting entry of tenant t at rank leaves its tenant's order (served, removed, purged,
+-- found gone): the tenant's and the level's counts drop.
+local function fair_left(t, rank)
+  if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
+    redis.call('HDEL', FK.fn, 'n:' .. t)
+  end
+  fair_level_count(lvl(rank), -1)
+end
+
+-- Entry (tenant t, score, eid) becomes Waiting. counted: the level counted it already.
+local function fair_add(t, score, eid, counted)
   local rank, seq = split_score(score)
   redis.call('ZADD', FK.te, 0, te_member(t, rank, seq, eid))
   redis.call('HINCRBY', FK.fn, 'n:' .. t, 1)
+  if not counted then
+    fair_level_count(lvl(rank), 1)
+  end
   fair_refresh(t, false)
 end
 
@@ -109,9 +138,7 @@ end
 local function fair_drop(t, score, eid)
   local rank, seq = split_score(score)
   if redis.call('ZREM', FK.te, te_member(t, rank, seq, eid)) == 1 then
-    if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
-      redis.call('HDEL', FK.fn, 'n:' .. t)
-    end
+    fair_left(t, rank)
   end
   fair_refresh(t, false)
 end
@@ -169,21 +196,23 @@ local function fair_park(t, m, state, due)
   end
 end
 
--- The tenant served: advance its finish tag and the level's virtual time.
-local function fair_served(t, level, start, weight)
-  redis.call('HSET', FK.fv, 'V:' .. level, fmt(start), 'F:' .. level .. ':' .. t,
-    fmt(start + math.floor(VT_UNIT / weight + 0.5)))
-  redis.call('HINCRBY', FK.fn, 'c:' .. t, 1)
-  if redis.call('HINCRBY', FK.fn, 'n:' .. t, -1) <= 0 then
-    redis.call('HDEL', FK.fn, 'n:' .. t)
+-- The tenant served (its entry at rank): advance its finish tag and the level's virtual time.
+local function fair_served(t, rank, start, weight)
+  local level = lvl(rank)
+  local finish = start + math.floor(VT_UNIT / weight + 0.5)
+  redis.call('HSET', FK.fv, 'V:' .. level, fmt(start), 'F:' .. level .. ':' .. t, fmt(finish))
+  if finish > (tonumber(redis.call('HGET', FK.fv, 'M:' .. level)) or 0) then
+    redis.call('HSET', FK.fv, 'M:' .. level, fmt(finish))
   end
+  redis.call('HINCRBY', FK.fn, 'c:' .. t, 1)
+  fair_left(t, rank)
 end
 
--- The clean-up of tenants that left (run by the sweep, about `budget` fields per call). A
--- tenant with no waiting entry has a finish tag "F:<level>:<t>" of at most the level's virtual
--- time plus its own quantum (V never goes back); dropping it lets the tenant start at V when it
--- returns, as a new tenant does: at most one quantum earlier, within the one-round promise. A
--- full token bucket of such a tenant is the same as none. Cursors in key gc.
+-- The clean-up of tenants that left (run by the sweep, about `budget` fields per call): a
+-- finish tag "F:<level>:<t>" of a tenant with no waiting entry that is <= the level's virtual
+-- time changes nothing (a returning tenant starts at max(V, F) = V), and a full token bucket of
+-- such a tenant is the same as none; both go. Every tag of a level is <= V once the level has
+-- run empty (fair_level_count), so tenants that left do not pile up. Cursors in key gc.
 local function fair_gc(gc, now, budget)
   local cur = redis.call('HMGET', gc, 'fv', 'fr')
   local scan = redis.call('HSCAN', FK.fv, cur[1] or '0', 'COUNT', budget)
@@ -192,8 +221,7 @@ local function fair_gc(gc, now, budget)
     local level, t = string.match(field, '^F:(%d+):(.*)$')
     if level and redis.call('HEXISTS', FK.tb, t) == 0 then
       local v = tonumber(redis.call('HGET', FK.fv, 'V:' .. level)) or 0
-      local weight = settings(t)
-      if not tag or tag <= v + math.floor(VT_UNIT / weight + 0.5) then
+      if not tag or tag <= v then
         redis.call('HDEL', FK.fv, field)
       end
     end
