@@ -238,7 +238,10 @@ class PriorityQueue:
         for label, value in (("tenant_concurrency", tenant_concurrency), ("max_length_per_tenant", max_length_per_tenant)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{label} must be a non-negative integer or None, got {value!r}")
-        _number("tenant_rate", tenant_rate, allow_low=True, none=True, high=MAX_RATE)
+        if tenant_rate:  # 0 or None: no limit
+            _number("tenant_rate", tenant_rate, low=MIN_RATE, allow_low=True, high=MAX_RATE)
+        else:
+            _number("tenant_rate", tenant_rate, allow_low=True, none=True)
         if (tenant_concurrency or tenant_rate or max_length_per_tenant) and not fair:
             raise ValueError("tenant caps need fairness on (a tenant for each entry)")
         self.fair = bool(fair)
@@ -983,8 +986,9 @@ def _when(delay: float | None, due_ms: int | None) -> str:
 #: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing, one
 #: below 0.01 would run the tags out of digits after 1e9 deliveries.
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
-#: The highest rate a tenant may be given, deliveries per second (beyond it a rate limits nothing).
-MAX_RATE = 1_000_000
+#: The rates a tenant may be given, deliveries per second: one per 1,000 s at the least; beyond a
+#: million a rate limits nothing.
+MIN_RATE, MAX_RATE = 0.001, 1_000_000
 
 
 def _tenant_setting(label: str, tenant: str, value):
@@ -996,7 +1000,7 @@ def _tenant_setting(label: str, tenant: str, value):
         return value
     if label == "concurrency":
         return _count(f"concurrency[{tenant!r}]", value, none=False)
-    return _number(f"rate[{tenant!r}]", value, high=MAX_RATE)
+    return _number(f"rate[{tenant!r}]", value, low=MIN_RATE, allow_low=True, high=MAX_RATE)
 
 
 def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:
