@@ -60,5 +60,9 @@ BLOCK_SECONDS = 5.0
 #: after a lost reply within this window stores nothing new.
 DEDUPE_SECONDS = 300.0
 
+#: Answered publish ids a producer collects before an insert call has them forgotten (one
+#: command for the batch instead of one per publish).
+FORGET_BATCH = 32
+
 #: Largest number of messages one pop script call leases (prefetch window batch).
 MAX_POP_BATCH = 100

@@ -398,9 +398,12 @@ class PriorityQueue:
         return args
 
     def _take_forgets(self) -> list:
-        """Publish ids whose inserts have replied (none of them can be retried now): the next
-        insert call has the script forget them, so the window holds only unanswered ones."""
+        """Publish ids whose inserts have replied (none of them can be retried now), once
+        FORGET_BATCH of them are waiting: the next insert call has the script forget them in
+        one command, so the window holds only unanswered ones and at most a batch more."""
         with self._forget_lock:
+            if len(self._forget) < C.FORGET_BATCH:
+                return []
             out, self._forget = self._forget[:C.BULK_CHUNK], self._forget[C.BULK_CHUNK:]
         return out
 
@@ -931,9 +934,9 @@ def _commands(stale: int) -> dict:
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
     grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
     md = ["get"]  # every script but extend first reads the queue's mode record
-    # the window's start; the last insert's publish id forgotten in both windows (its reply came);
-    # this one's looked for in both windows, and recorded
-    dedupe = ["get", "hdel", "hdel", "hget", "hget", "hset"]
+    # the window's start; this publish id looked for in both windows, and recorded (answered
+    # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts)
+    dedupe = ["get", "hget", "hget", "hset"]
     return {
         "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
         "pop": {

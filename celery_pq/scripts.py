@@ -58,6 +58,15 @@ def source(name: str) -> str:
     return _without_unused_functions(text)
 
 
+def _code(text: str) -> str:
+    """Lua text without its comments (a helper named in a comment is not a helper used)."""
+    out = []
+    for line in text.splitlines():
+        head, sep, _ = line.partition("--")
+        out.append(head if sep and head.count("'") % 2 == 0 and head.count('"') % 2 == 0 else line)
+    return "\n".join(out)
+
+
 def _without_unused_functions(text: str) -> str:
     """Drop each top-level ``local function`` (from its line to the first line ``end``) that
     neither the script's own code nor a kept function names."""
@@ -70,8 +79,8 @@ def _without_unused_functions(text: str) -> str:
             pieces[-1][1].append(line)
             if pieces[-1][0] is not None and line.rstrip("\n") == "end":
                 pieces.append((None, []))
-    words = {name: set(_WORD.findall("".join(lines[1:]))) for name, lines in pieces if name}
-    todo = [w for name, lines in pieces if name is None for w in _WORD.findall("".join(lines)) if w in words]
+    words = {name: set(_WORD.findall(_code("".join(lines[1:])))) for name, lines in pieces if name}
+    todo = [w for name, lines in pieces if name is None for w in _WORD.findall(_code("".join(lines))) if w in words]
     used = set(todo)
     while todo:
         for w in words[todo.pop()] & words.keys():

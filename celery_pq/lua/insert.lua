@@ -85,9 +85,9 @@ if CTX.dedupe_ms > 0 then
     end
     redis.call('SET', pt, fmt(now))
   end
-  for i = 8 + nviews, first - 1 do
-    redis.call('HDEL', pd, ARGV[i])
-    redis.call('HDEL', pe, ARGV[i])
+  if nforget > 0 then
+    redis.call('HDEL', pd, unpack(ARGV, 8 + nviews, first - 1))
+    redis.call('HDEL', pe, unpack(ARGV, 8 + nviews, first - 1))
   end
   local mine = {}
   for i = 0, n - 1 do
