@@ -30,6 +30,7 @@ import redis
 
 from . import constants as C
 from . import scripts as _scripts
+from .costs import explain
 from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, split_dead
@@ -897,73 +898,8 @@ class PriorityQueue:
             "per_tenant": self.tenant_stats(ages=True) if self.fair else {},
         }
 
-    # -- the patent's cost explanation ----------------------------------------------------------
-    @staticmethod
-    def explain(stale: int = 0) -> dict:
-        """Redis reads and writes per operation and technique, on the steady path.
-
-        The steady path: one entry, a new id, a wake token already waiting, no dead-lettering,
-        and (technique S) ``stale`` priority-index members whose entry was removed by id lying
-        in front of the one retrieved. A test checks these counts against INFO commandstats.
-        """
-        return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
-
-
-READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
-                           "zscore", "get", "exists"})
-WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
-                            "del", "set"})
-
-
-def _cost(cmds: list[str]) -> dict:
-    c = Counter(cmds)
-    return {
-        "reads": sum(n for cmd, n in c.items() if cmd in READ_COMMANDS),
-        "writes": sum(n for cmd, n in c.items() if cmd in WRITE_COMMANDS),
-        "commands": dict(sorted(c.items())),
-    }
-
-
-def _commands(stale: int) -> dict:
-    """The Redis commands each script runs on the steady path (see ``explain``)."""
-    k = stale
-    both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
-    lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
-    grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
-    md = ["get"]  # every script but extend first reads the queue's mode record
-    # the window's start; the last insert's publish id forgotten in both windows (its reply came);
-    # this one's looked for in both windows, and recorded
-    dedupe = ["get", "hdel", "hdel", "hget", "hget", "hset"]
-    return {
-        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
-        "pop": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
-        },
-        "ack": both([*md, "hget", "hdel", "hdel", "zrem"]),
-        "extend": both(["time", "hget", "zadd"]),
-        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys"]),
-        "remove_by_id": {
-            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
-            "S": [*md, "hget", "hexists", "zscore", "hdel"],
-        },
-        "change_priority": {
-            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", "lrem", "exists"],
-            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
-        },
-        "retrieve_highest_priority": {
-            "T": [*md, "zrange", "lrange", "hget", "hexists"],
-            "S": [*md, "zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
-        },
-        "retrieve_by_priority": {
-            "T": [*md, "lindex", "hget", "hexists"],
-            "S": md + ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
-        },
-        "remove_highest_priority": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel"],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
-        },
-    }
+    # -- the patent's cost explanation (see costs.py) ------------------------------------------
+    explain = staticmethod(explain)
 
 
 FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
