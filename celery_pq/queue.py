@@ -34,23 +34,13 @@ from .costs import explain
 from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, split_dead
+from .records import FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_tenant_member
 from .scripts import get_scripts
 
 logger = logging.getLogger("celery_pq.queue")
 
 #: The error reply of a script whose caller's mode is not the queue's (see common.lua).
 _MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
-
-
-def mode_dict(mode: str) -> dict:
-    """The four letters of a mode record as settings: fair, fair_scope, priority_order, technique."""
-    scopes = {v: k for k, v in FAIR_SCOPES.items()}
-    return {
-        "fair": mode[:1] == "1",
-        "fair_scope": scopes.get(mode[1:2]),
-        "priority_order": C.HIGHER_FIRST if mode[2:3] == "h" else C.LOWER_FIRST,
-        "technique": mode[3:4],
-    }
 
 
 def _queue_of_key(key: str) -> str:
@@ -272,8 +262,7 @@ class PriorityQueue:
         self.last_publish_id: bytes | None = None
         self._forget: list[bytes] = []
         self._forget_lock = threading.Lock()
-        scope = FAIR_SCOPES[fair_scope] if self.fair else "-"
-        self._mode = f"{int(self.fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+        self._mode = join_mode(self.fair, fair_scope, priority_order, technique)
         max_dead = max_dead_length or max_length or 0
         #: The queue context every script but extend takes first (see lua/includes/common.lua).
         self._ctx = f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}"
@@ -362,21 +351,16 @@ class PriorityQueue:
 
     # -- decoding -----------------------------------------------------------------------------
     def _entry(self, eid, score, value, cls=Entry, **extra) -> Entry:
-        value = _b(value)
-        header, _, payload = value.partition(b"|")
-        d, _s_, t, _x, r, ts = header.split(b",")
-        dead_reason = dead_ms = None
-        if r:
-            reason, ms, _deliveries = _s(r).split("@")
-            dead_reason, dead_ms = reason, int(ms)
+        h, payload = split_entry(value)  # the scripts return only entries they parsed
+        dead_reason, dead_ms, _ = split_dead_note(h.dead_note) or (None, None, None)
         return cls(
             queue=self.name,
             id=decode_id(eid),
             priority=self.priority_of_score(score),
             payload=payload,
-            deliveries=int(d or 0),
-            tenant=unescape_tenant(_s(t)) if t else None,
-            enqueued_ms=int(ts or 0),
+            deliveries=h.deliveries,
+            tenant=unescape_tenant(_s(h.tenant)) if h.tenant else None,
+            enqueued_ms=h.enqueued_ms,
             dead_reason=dead_reason,
             dead_ms=dead_ms,
             **extra,
@@ -577,14 +561,15 @@ class PriorityQueue:
                 p.time()
                 *heads, (now_s, now_us) = p.execute()
             now_ms = int(now_s) * 1000 + int(now_us) // 1000
-            eids = [(name, _b(h[0]).split(b"\0", 1)[1][17:]) for name, h in zip(names, heads) if h]
+            members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
+            eids = [(name, m[3]) for name, m in members if m]
             values = self.client.hmget(self.keys.ii, [e for _, e in eids]) if eids else []
             for name in names:
                 out[name]["next_age_seconds"] = None
             for (name, _), value in zip(eids, values):
-                if value:
-                    ts = int(_b(value).partition(b"|")[0].split(b",")[5] or 0)
-                    out[name]["next_age_seconds"] = (now_ms - ts) / 1000
+                entry = split_entry(value) if value else None
+                if entry:
+                    out[name]["next_age_seconds"] = (now_ms - entry[0].enqueued_ms) / 1000
         return out
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
@@ -843,11 +828,11 @@ class PriorityQueue:
             p.zscore(self.keys.lz, eid)
             p.time()
             info, deadline, (sec, usec) = p.execute()
-        if info is None or deadline is None:
+        lease = None if info is None else split_lease(info)
+        if lease is None or deadline is None:
             return None
-        fields = _s(info).split(",")
         now_ms = sec * 1000 + usec // 1000
-        return {"consumer": fields[1], "deliveries": int(fields[3]), "deadline_ms": int(deadline),
+        return {"consumer": lease.consumer, "deliveries": lease.deliveries, "deadline_ms": int(deadline),
                 "seconds_left": (deadline - now_ms) / 1000}
 
     def size(self) -> int:
@@ -900,9 +885,6 @@ class PriorityQueue:
 
     # -- the patent's cost explanation (see costs.py) ------------------------------------------
     explain = staticmethod(explain)
-
-
-FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
 
 
 def _when(delay: float | None, due_ms: int | None) -> str:

@@ -52,9 +52,14 @@ _WORD = re.compile(r"\w+")
 def source(name: str) -> str:
     """The full text of one script, includes pasted in, minus the included helper functions
     the script never calls (Redis runs a script's whole text on every call, definitions too)."""
-    root = resources.files(__package__) / "lua"
-    text = (root / f"{name}.lua").read_text(encoding="utf-8")
-    text = _INCLUDE.sub(lambda m: (root / "includes" / m.group(1)).read_text(encoding="utf-8"), text)
+    return compose((resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8"))
+
+
+def compose(text: str) -> str:
+    """Lua ``text`` with its ``--!include`` lines replaced by the includes, minus the helper
+    functions it never calls (tests run the shared helpers alone through this)."""
+    root = resources.files(__package__) / "lua" / "includes"
+    text = _INCLUDE.sub(lambda m: (root / m.group(1)).read_text(encoding="utf-8"), text)
     return _without_unused_functions(text)
 
 

@@ -161,7 +161,7 @@ for i = 0, n - 1 do
       local list = redis.call('HGET', dp, id)
       redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
     end
-    redis.call('HSET', ii, eid, '0,' .. score .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
+    redis.call('HSET', ii, eid, entry_header(0, score, tenant, flags, '', ts) .. '|' .. payload)
     if due > now then
       redis.call('ZADD', dz, due, eid)
     else

@@ -55,7 +55,7 @@ for i = 1, #all, 2 do
     if info then
       local tok, c, _, d, x, t = split_lease(info)
       if flip and tok then
-        redis.call('HSET', lt, eid, tok .. ',' .. c .. ',' .. e.s .. ',' .. fmt(d) .. ',' .. x .. ',' .. t)
+        redis.call('HSET', lt, eid, join_lease(tok, c, e.s, d, x, t))
       end
       if fair then
         redis.call('HINCRBY', FK.fn, 'c:' .. e.t, 1)

@@ -82,7 +82,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
     end
   end
   if ok then
-    local head, rank, eid = te_head(t)
+    local head, rank, seq, eid = te_head(t)
     if head and not rank then -- not an entry's member: dropped
       redis.call('ZREM', FK.te, head)
     elseif not head then
@@ -100,8 +100,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
         fair_refresh(t, false)
       else
         served[rank] = true
-        local p = #t + 2
-        local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
+        local score = fmt(rank * SEQ_SPAN + seq)
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
         fair_served(t, rank, start, weight)
