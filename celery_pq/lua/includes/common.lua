@@ -375,16 +375,16 @@ local function dup_forget(dp, eid)
 end
 
 -- End the lease of entry eid if token is its token: the lease fields {c, s, d, x, t} (consumer,
--- score, deliveries, flags, tenant), or nil and the error code (-2 NOT_LEASED, -3
--- TOKEN_MISMATCH). The token check is what keeps a late consumer from touching a redelivery.
+-- score, deliveries, flags, tenant), or nil and the error code (NOT_LEASED or TOKEN_MISMATCH).
+-- The token check is what keeps a late consumer from touching a redelivery.
 local function end_lease(lt, lz, eid, token)
   local info = redis.call('HGET', lt, eid)
   if not info then
-    return nil, -2
+    return nil, NOT_LEASED
   end
   local tok, c, s, d, x, t = split_lease(info)
   if tok ~= token then
-    return nil, -3
+    return nil, TOKEN_MISMATCH
   end
   redis.call('HDEL', lt, eid)
   redis.call('ZREM', lz, eid)
