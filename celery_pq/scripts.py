@@ -55,6 +55,8 @@ _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)
 
 _FUNCTION = re.compile(r"local function (\w+)\(")
 _WORD = re.compile(r"\w+")
+_COMMENT = re.compile(r"--.*")
+_STRING = re.compile(r"'[^']*'")
 
 
 @lru_cache(maxsize=None)
@@ -98,8 +100,6 @@ class Signature:
 # "-- KEYS[i] name type ...", "-- KEYS[i..j] name name ...: ...", "-- KEYS[i..] name ..."
 _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)(?:(\.\.)(\d*))?\]\s+(.*)$", re.M)
 _ERR_LINE = re.compile(r"^-- ERR (-\d+) (\w+)$", re.M)
-_COMMENT = re.compile(r"--.*")
-_STRING = re.compile(r"'[^']*'")
 
 
 @lru_cache(maxsize=None)
