@@ -42,6 +42,7 @@ BINDING_SEP = "\x06\x16"
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
             "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc")
+#: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
 
@@ -103,12 +104,19 @@ class QueueKeys:
     def levels(self) -> list[str]:
         return [self.level(r) for r in range(256)]
 
-    def fair(self) -> list[str]:
-        return [getattr(self, s) for s in FAIR_SUFFIXES]
-
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""
         return f"{self.wk}:{lo}-{hi}"
+
+
+#: Key names of a script header that stand for a key of the queue's dead-letter queue (a
+#: dead-letter queue's own keys stand in for its own: it has none).
+DEAD_NAMES = {"dii": "ii", "dpi": "pi", "dwk": "wk", "dsq": "sq"}
+
+
+def script_keys(names, own: QueueKeys, dead: QueueKeys) -> list[str]:
+    """The keys named ``names`` (a script header's, see ``scripts.signature``) of one queue."""
+    return [getattr(dead, DEAD_NAMES[n]) if n in DEAD_NAMES else getattr(own, n) for n in names]
 
 
 def queue_keys(name: str, prefix: str = KEY_PREFIX) -> QueueKeys:

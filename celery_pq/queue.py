@@ -30,26 +30,17 @@ import redis
 
 from . import constants as C
 from . import scripts as _scripts
+from .costs import explain
 from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
 from .ids import decode_id, encode_id
-from .keys import dead_queue_name, queue_keys, split_dead
-from .scripts import get_scripts
+from .keys import dead_queue_name, queue_keys, script_keys, split_dead
+from .records import FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_tenant_member
+from .scripts import get_scripts, signature
 
 logger = logging.getLogger("celery_pq.queue")
 
 #: The error reply of a script whose caller's mode is not the queue's (see common.lua).
 _MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
-
-
-def mode_dict(mode: str) -> dict:
-    """The four letters of a mode record as settings: fair, fair_scope, priority_order, technique."""
-    scopes = {v: k for k, v in FAIR_SCOPES.items()}
-    return {
-        "fair": mode[:1] == "1",
-        "fair_scope": scopes.get(mode[1:2]),
-        "priority_order": C.HIGHER_FIRST if mode[2:3] == "h" else C.LOWER_FIRST,
-        "technique": mode[3:4],
-    }
 
 
 def _queue_of_key(key: str) -> str:
@@ -263,6 +254,7 @@ class PriorityQueue:
         self.keys = queue_keys(name, key_prefix)
         self.is_dead = split_dead(name)[1]
         self._dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), key_prefix)
+        self._script_keys: dict[str, tuple[tuple[str, ...], list[str]]] = {}
         self._views: list[tuple[int, int]] = []
         self._views_version = ""
         self.dedupe_seconds = float(dedupe_seconds)
@@ -271,8 +263,7 @@ class PriorityQueue:
         self.last_publish_id: bytes | None = None
         self._forget: list[bytes] = []
         self._forget_lock = threading.Lock()
-        scope = FAIR_SCOPES[fair_scope] if self.fair else "-"
-        self._mode = f"{int(self.fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+        self._mode = join_mode(self.fair, fair_scope, priority_order, technique)
         max_dead = max_dead_length or max_length or 0
         #: The queue context every script but extend takes first (see lua/includes/common.lua).
         self._ctx = f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}"
@@ -309,11 +300,22 @@ class PriorityQueue:
         fairness state are rebuilt from the stored entries (leases are kept). An admin operation:
         one script call that reads every entry, so Redis waits for it on a large queue. Returns
         {"waiting": n, "leased": n, "malformed": n}."""
-        k = self.keys
-        waiting, leased, bad = self._run("migrate", [k.ii, k.pi, k.lt, k.dz, *k.fair()], [])
+        waiting, leased, bad = self._run("migrate", self._keys("migrate"), [])
         return {"waiting": int(waiting), "leased": int(leased), "malformed": int(bad)}
 
     # -- running scripts ----------------------------------------------------------------------
+    def _keys(self, script: str, **given: str) -> list[str]:
+        """The KEYS of ``script`` for this queue, by the names in its header (built once per
+        script); ``given`` puts other keys in by name (a priority view's wake list)."""
+        known = self._script_keys.get(script)
+        if known is None:
+            sig = signature(script)
+            names = sig.keys if self.fair else sig.keys[: len(sig.keys) - len(sig.fair_only)]
+            known = self._script_keys[script] = (names, script_keys(names, self.keys, self._dead_keys or self.keys))
+        if given:
+            return [given.get(n, key) for n, key in zip(*known)]
+        return known[1]
+
     def _call(self, name: str, keys: list, args: list) -> tuple:
         """``(script, keys, args)`` of one script call with the queue context first, to run now
         (``_run``) or with others (``run_calls``)."""
@@ -361,21 +363,16 @@ class PriorityQueue:
 
     # -- decoding -----------------------------------------------------------------------------
     def _entry(self, eid, score, value, cls=Entry, **extra) -> Entry:
-        value = _b(value)
-        header, _, payload = value.partition(b"|")
-        d, _s_, t, _x, r, ts = header.split(b",")
-        dead_reason = dead_ms = None
-        if r:
-            reason, ms, _deliveries = _s(r).split("@")
-            dead_reason, dead_ms = reason, int(ms)
+        h, payload = split_entry(value)  # the scripts return only entries they parsed
+        dead_reason, dead_ms, _ = split_dead_note(h.dead_note) or (None, None, None)
         return cls(
             queue=self.name,
             id=decode_id(eid),
             priority=self.priority_of_score(score),
             payload=payload,
-            deliveries=int(d or 0),
-            tenant=unescape_tenant(_s(t)) if t else None,
-            enqueued_ms=int(ts or 0),
+            deliveries=h.deliveries,
+            tenant=unescape_tenant(_s(h.tenant)) if h.tenant else None,
+            enqueued_ms=h.enqueued_ms,
             dead_reason=dead_reason,
             dead_ms=dead_ms,
             **extra,
@@ -383,9 +380,7 @@ class PriorityQueue:
 
     # -- INSERT -------------------------------------------------------------------------------
     def _insert_keys(self) -> list[str]:
-        k = self.keys
-        fair = k.fair() if self.fair else []
-        return [k.ii, k.pi, k.lt, k.wk, k.sq, k.dp, k.dz, k.vr, *fair, *(k.view_wake(*v) for v in self._views)]
+        return [*self._keys("insert"), *(self.keys.view_wake(*v) for v in self._views)]
 
     def _insert_args(self, items, forget=()) -> list:
         args: list = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
@@ -579,14 +574,15 @@ class PriorityQueue:
                 p.time()
                 *heads, (now_s, now_us) = p.execute()
             now_ms = int(now_s) * 1000 + int(now_us) // 1000
-            eids = [(name, _b(h[0]).split(b"\0", 1)[1][17:]) for name, h in zip(names, heads) if h]
+            members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
+            eids = [(name, m[3]) for name, m in members if m]
             values = self.client.hmget(self.keys.ii, [e for _, e in eids]) if eids else []
             for name in names:
                 out[name]["next_age_seconds"] = None
             for (name, _), value in zip(eids, values):
-                if value:
-                    ts = int(_b(value).partition(b"|")[0].split(b",")[5] or 0)
-                    out[name]["next_age_seconds"] = (now_ms - ts) / 1000
+                entry = split_entry(value) if value else None
+                if entry:
+                    out[name]["next_age_seconds"] = (now_ms - entry[0].enqueued_ms) / 1000
         return out
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
@@ -608,19 +604,18 @@ class PriorityQueue:
         (a consumer's finished deliveries and its next pop in one round trip); their codes are
         ``ack_codes(reply)``.
         """
-        k = self.keys
         _count("count", count, none=False)
         lo, hi = self._check_view(view)
-        wk = k.wk if view is None else k.view_wake(lo, hi)
+        wake = {} if view is None else {"wk": self.keys.view_wake(lo, hi)}
         lease_ms = self._lease_ms(lease_seconds)
         if consumer is not None:
             _text("consumer", consumer, forbidden=",")
         head = [lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
-            return self._call("pop_fair", [k.ii, k.pi, k.lz, k.lt, wk, *k.fair(), k.dp],
+            return self._call("pop_fair", self._keys("pop_fair", **wake),
                               head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
-        return self._call("pop", [k.ii, k.pi, k.lz, k.lt, wk, k.dp], head + [lo, hi] + tail)
+        return self._call("pop", self._keys("pop", **wake), head + [lo, hi] + tail)
 
     def _check_view(self, view) -> tuple[int, int]:
         """The rank range of a priority view (None: the whole queue), checked."""
@@ -668,8 +663,7 @@ class PriorityQueue:
 
     def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
         """``(script, keys, args)`` acking ``(entry id, token)`` pairs, to run with others."""
-        k = self.keys
-        return self._call("ack", [k.ii, k.lz, k.lt, k.dp, k.wk, *(k.fair() if self.fair else ())],
+        return self._call("ack", self._keys("ack"),
                           ["1" if self.fair else "0", *(v for eid, token in pairs for v in (encode_id(eid), token))])
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
@@ -689,18 +683,11 @@ class PriorityQueue:
         self._lease_ms(lease_seconds)
         if not pairs:
             return []
-        k = self.keys
         lease_ms = self._lease_ms(lease_seconds)
-        codes = self.scripts.extend(keys=[k.lz, k.lt], args=[lease_ms] + [v for eid, token in pairs
+        codes = self.scripts.extend(keys=self._keys("extend"), args=[lease_ms] + [v for eid, token in pairs
                                                                           for v in (encode_id(eid), token)],
                                     client=self.client)
         return self._codes(pairs, codes, strict)
-
-    def _requeue_keys(self) -> list[str]:
-        k, d = self.keys, self._dead_keys
-        if d is None:  # a dead-letter queue has no dead-letter queue: its own keys stand in
-            d = k
-        return [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, d.ii, d.pi, d.wk, d.sq, *k.fair()]
 
     def requeue(self, lease: Lease | tuple[str, str], *, count_delivery: bool = True, strict: bool = False) -> str | None:
         """Back to Waiting at its original place; ``"dead"`` when max_deliveries is used up.
@@ -721,7 +708,7 @@ class PriorityQueue:
 
     def _requeue(self, lease, count_delivery, reason, strict):
         eid, token = _pair(lease)
-        code = self._run("requeue", self._requeue_keys(),
+        code = self._run("requeue", self._keys("requeue"),
                          [encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason,
                           "1" if self.fair else "0", self.scope])
         if code == 1:
@@ -740,10 +727,8 @@ class PriorityQueue:
 
         With ``guard_seconds`` > 0, runs only if no other caller swept in that interval.
         """
-        k, d = self.keys, self._dead_keys or self.keys
         returned, dead, skipped, more, promoted, dropped = self._run(
-            "reclaim",
-            [k.ii, k.pi, k.lz, k.lt, k.wk, k.dp, k.gd, d.ii, d.pi, d.wk, d.sq, k.dz, *k.fair()],
+            "reclaim", self._keys("reclaim"),
             [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
              "1" if self.fair else "0", self.scope],
         )
@@ -761,16 +746,14 @@ class PriorityQueue:
     def remove(self, id: str) -> int:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
         _text("id", id)
-        k = self.keys
-        removed, _leased = self._run("remove", [k.ii, k.pi, k.lt, k.dp, k.dz, *k.fair()],
+        removed, _leased = self._run("remove", self._keys("remove"),
                                      [encode_id(id), self.technique, "1" if self.fair else "0", self.scope])
         return int(removed)
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""
         _text("id", id)
-        k = self.keys
-        code = self._run("change_priority", [k.ii, k.pi, k.lt, k.sq, k.dz, *k.fair()],
+        code = self._run("change_priority", self._keys("change_priority"),
                          [encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope])
         if code == ErrorCode.NOT_FOUND:
             raise EntryNotFound(self.name, id)
@@ -779,8 +762,7 @@ class PriorityQueue:
 
     def peek(self, count: int = 1) -> list[Entry]:
         """The next ``count`` entries in delivery order, not leased."""
-        k = self.keys
-        reply = self._run("peek", [k.ii, k.pi, k.lt], [count, C.POP_STALE_BUDGET])
+        reply = self._run("peek", self._keys("peek"), [count, C.POP_STALE_BUDGET])
         return [self._entry(*reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
     def retrieve_highest_priority(self) -> str | None:
@@ -790,16 +772,15 @@ class PriorityQueue:
 
     def retrieve_by_priority(self, priority: int) -> str | None:
         """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
-        k = self.keys
-        reply = self._run("retrieve_by_priority", [k.ii, k.pi, k.lt], [self.rank(priority), C.POP_STALE_BUDGET])
+        reply = self._run("retrieve_by_priority", self._keys("retrieve_by_priority"),
+                          [self.rank(priority), C.POP_STALE_BUDGET])
         return decode_id(reply[0]) if reply else None
 
     def remove_highest_priority(self) -> Entry | None:
         """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
         if self.fair:
             raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
-        k = self.keys
-        reply = self._run("remove_highest", [k.ii, k.pi, k.wk, k.dp, k.lt], [C.POP_STALE_BUDGET])
+        reply = self._run("remove_highest", self._keys("remove_highest"), [C.POP_STALE_BUDGET])
         return self._entry(*reply) if reply else None
 
     def cleanup(self, count: int = 1000) -> int:
@@ -811,7 +792,7 @@ class PriorityQueue:
             start = seen = 0
             while seen < count:
                 n = min(1000, count - seen)
-                gone, looked = self._run("cleanup", [k.ii, k.pi, k.lt], [int(rank), start, n])
+                gone, looked = self._run("cleanup", self._keys("cleanup"), [int(rank), start, n])
                 removed += int(gone)
                 seen += int(looked)
                 start += int(looked) - int(gone)  # the kept ones; the dropped ones closed up
@@ -821,10 +802,9 @@ class PriorityQueue:
 
     def purge(self) -> int:
         """Delete every waiting entry (leased ones stay leased); returns how many."""
-        k = self.keys
         total = 0
         while True:
-            deleted, taken = self._run("purge", [k.ii, k.pi, k.wk, k.dp, k.dz, k.lt, *k.fair()],
+            deleted, taken = self._run("purge", self._keys("purge"),
                                        [C.BULK_CHUNK, "1" if self.fair else "0", self.scope])
             total += int(deleted)
             if not taken:
@@ -845,11 +825,11 @@ class PriorityQueue:
             p.zscore(self.keys.lz, eid)
             p.time()
             info, deadline, (sec, usec) = p.execute()
-        if info is None or deadline is None:
+        lease = None if info is None else split_lease(info)
+        if lease is None or deadline is None:
             return None
-        fields = _s(info).split(",")
         now_ms = sec * 1000 + usec // 1000
-        return {"consumer": fields[1], "deliveries": int(fields[3]), "deadline_ms": int(deadline),
+        return {"consumer": lease.consumer, "deliveries": lease.deliveries, "deadline_ms": int(deadline),
                 "seconds_left": (deadline - now_ms) / 1000}
 
     def size(self) -> int:
@@ -900,76 +880,8 @@ class PriorityQueue:
             "per_tenant": self.tenant_stats(ages=True) if self.fair else {},
         }
 
-    # -- the patent's cost explanation ----------------------------------------------------------
-    @staticmethod
-    def explain(stale: int = 0) -> dict:
-        """Redis reads and writes per operation and technique, on the steady path.
-
-        The steady path: one entry, a new id, a wake token already waiting, no dead-lettering,
-        and (technique S) ``stale`` priority-index members whose entry was removed by id lying
-        in front of the one retrieved. A test checks these counts against INFO commandstats.
-        """
-        return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
-
-
-READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
-                           "zscore", "get", "exists"})
-WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
-                            "del", "set"})
-
-
-def _cost(cmds: list[str]) -> dict:
-    c = Counter(cmds)
-    return {
-        "reads": sum(n for cmd, n in c.items() if cmd in READ_COMMANDS),
-        "writes": sum(n for cmd, n in c.items() if cmd in WRITE_COMMANDS),
-        "commands": dict(sorted(c.items())),
-    }
-
-
-def _commands(stale: int) -> dict:
-    """The Redis commands each script runs on the steady path (see ``explain``)."""
-    k = stale
-    both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
-    lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
-    grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
-    md = ["get"]  # every script but extend first reads the queue's mode record
-    # the window's start; this publish id looked for in both windows, and recorded (answered
-    # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts)
-    dedupe = ["get", "hget", "hget", "hset"]
-    return {
-        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
-        "pop": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
-        },
-        "ack": both([*md, "hget", "hdel", "hdel", "zrem"]),
-        "extend": both(["time", "hget", "zadd"]),
-        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys"]),
-        "remove_by_id": {
-            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
-            "S": [*md, "hget", "hexists", "zscore", "hdel"],
-        },
-        "change_priority": {
-            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", "lrem", "exists"],
-            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
-        },
-        "retrieve_highest_priority": {
-            "T": [*md, "zrange", "lrange", "hget", "hexists"],
-            "S": [*md, "zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
-        },
-        "retrieve_by_priority": {
-            "T": [*md, "lindex", "hget", "hexists"],
-            "S": md + ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
-        },
-        "remove_highest_priority": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel"],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
-        },
-    }
-
-
-FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
+    # -- the patent's cost explanation (see costs.py) ------------------------------------------
+    explain = staticmethod(explain)
 
 
 def _when(delay: float | None, due_ms: int | None) -> str:

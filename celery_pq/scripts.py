@@ -1,7 +1,12 @@
 """Loads the Lua scripts once per process and runs them.
 
 One file per atomic operation under ``lua/``; a line ``--!include name.lua`` is replaced by
-``lua/includes/name.lua``. A single call runs as one EVALSHA on a connection the calling thread
+``lua/includes/name.lua``. What a script takes and returns is its header (the leading comment
+block); ``signature`` reads its KEYS from there by name, so that the caller builds its key list
+from the header (``keys.script_keys``) and the line ``--!keys`` in the script becomes the
+bindings of those names (``local ii, pi = KEYS[1], KEYS[2]``; the fairness keys go in the table
+``FK`` of includes/fair.lua). The error codes a script's code names (``NOT_LEASED``, ...) are
+pasted in as constants from ``errors.ErrorCode``, the one source of their values. A single call runs as one EVALSHA on a connection the calling thread
 keeps for itself (taken from the client's pool once, handed back when the thread ends):
 redis-py's command path around it (pool checkout and return, retry wrapper, response hooks)
 costs several times the work of sending the command. NOSCRIPT loads the script and runs it
@@ -15,6 +20,7 @@ import os
 import re
 import threading
 import weakref
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
@@ -22,6 +28,9 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import ErrorCode
+from .keys import FAIR_SUFFIXES
 
 SCRIPT_NAMES = (
     "insert",
@@ -46,25 +55,92 @@ _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)
 
 _FUNCTION = re.compile(r"local function (\w+)\(")
 _WORD = re.compile(r"\w+")
+_COMMENT = re.compile(r"--.*")
+_STRING = re.compile(r"'[^']*'")
 
 
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
-    """The full text of one script, includes pasted in, minus the included helper functions
-    the script never calls (Redis runs a script's whole text on every call, definitions too)."""
-    root = resources.files(__package__) / "lua"
-    text = (root / f"{name}.lua").read_text(encoding="utf-8")
-    text = _INCLUDE.sub(lambda m: (root / "includes" / m.group(1)).read_text(encoding="utf-8"), text)
-    return _without_unused_functions(text)
+    """The full text of one script: its key bindings, includes and error constants pasted in,
+    minus the included helper functions it never calls (Redis runs a script's whole text on
+    every call, definitions too)."""
+    text = (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    return compose(text.replace("--!keys\n", _bindings(signature(name)), 1))
 
 
-def _code(text: str) -> str:
-    """Lua text without its comments (a helper named in a comment is not a helper used)."""
-    out = []
-    for line in text.splitlines():
-        head, sep, _ = line.partition("--")
-        out.append(head if sep and head.count("'") % 2 == 0 and head.count('"') % 2 == 0 else line)
-    return "\n".join(out)
+def compose(text: str) -> str:
+    """Lua ``text`` with its ``--!include`` lines replaced by the includes, minus the helper
+    functions it never calls, the error codes it names defined first (tests run the shared
+    helpers alone through this)."""
+    root = resources.files(__package__) / "lua" / "includes"
+    text = _without_unused_functions(_INCLUDE.sub(lambda m: (root / m.group(1)).read_text(encoding="utf-8"), text))
+    return _error_constants(text) + text
+
+
+def _error_constants(text: str) -> str:
+    """``local NOT_LEASED, TOKEN_MISMATCH = -2, -3`` for the error codes the code of ``text`` names."""
+    words = set(_WORD.findall(_STRING.sub("", _COMMENT.sub("", text))))
+    codes = [c for c in ErrorCode if c.name in words]
+    if not codes:
+        return ""
+    return f"local {', '.join(c.name for c in codes)} = {', '.join(str(int(c)) for c in codes)}\n"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The KEYS of a script, by the names in its header, in order."""
+
+    keys: tuple[str, ...]
+    #: The last of ``keys``, sent only when the queue is fair (marked "fair only").
+    fair_only: tuple[str, ...] = ()
+    #: The name of an open list of keys after them (``KEYS[n..] name``), or None.
+    tail: str | None = None
+
+
+# "-- KEYS[i] name type ...", "-- KEYS[i..j] name name ...: ...", "-- KEYS[i..] name ..."
+_KEY_LINE = re.compile(r"^-- KEYS\[(\d+)(?:(\.\.)(\d*))?\]\s+(.*)$", re.M)
+_ERR_LINE = re.compile(r"^-- ERR (-\d+) (\w+)$", re.M)
+
+
+@lru_cache(maxsize=None)
+def signature(name: str) -> Signature:
+    """The KEYS a script takes, read from its header (ValueError when a line is out of order)."""
+    keys: list[str] = []
+    fair_only: list[str] = []
+    tail = None
+    for m in _KEY_LINE.finditer(header(name)):
+        first, dots, last, text = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+        if first != len(keys) + 1 or tail is not None:
+            raise ValueError(f"{name}.lua: KEYS[{first}] is out of order in the header")
+        if not dots:
+            names = text.split()[:1]
+        elif not last:
+            tail = text.split()[0]
+            continue
+        else:
+            names = text.split(":")[0].split()
+            if len(names) != int(last) - first + 1:
+                raise ValueError(f"{name}.lua: KEYS[{first}..{last}] names {len(names)} keys")
+        if fair_only and "fair only" not in text:
+            raise ValueError(f"{name}.lua: keys sent only when fair must come last (before an open list)")
+        keys += names
+        fair_only += names if "fair only" in text else []
+    return Signature(tuple(keys), tuple(fair_only), tail)
+
+
+def header_errors(name: str) -> dict[str, int]:
+    """The ``-- ERR <code> <NAME>`` lines of a script's header."""
+    return {label: int(code) for code, label in _ERR_LINE.findall(header(name))}
+
+
+def _bindings(sig: Signature) -> str:
+    """The Lua lines binding a script's key names: locals, and the fairness keys in FK."""
+    plain = [(i, n) for i, n in enumerate(sig.keys, 1) if n not in FAIR_SUFFIXES]
+    fair = [(i, n) for i, n in enumerate(sig.keys, 1) if n in FAIR_SUFFIXES]
+    out = f"local {', '.join(n for _, n in plain)} = {', '.join(f'KEYS[{i}]' for i, _ in plain)}\n" if plain else ""
+    if fair:
+        out += "FK = { " + ", ".join(f"{n} = KEYS[{i}]" for i, n in fair) + " }\n"
+    return out
 
 
 def _without_unused_functions(text: str) -> str:
@@ -79,8 +155,9 @@ def _without_unused_functions(text: str) -> str:
             pieces[-1][1].append(line)
             if pieces[-1][0] is not None and line.rstrip("\n") == "end":
                 pieces.append((None, []))
-    words = {name: set(_WORD.findall(_code("".join(lines[1:])))) for name, lines in pieces if name}
-    todo = [w for name, lines in pieces if name is None for w in _WORD.findall(_code("".join(lines))) if w in words]
+    words = {name: set(_WORD.findall(_COMMENT.sub("", "".join(lines[1:])))) for name, lines in pieces if name}
+    todo = [w for name, lines in pieces if name is None
+            for w in _WORD.findall(_COMMENT.sub("", "".join(lines))) if w in words]
     used = set(todo)
     while todo:
         for w in words[todo.pop()] & words.keys():

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from celery_pq import PriorityQueue
-from celery_pq.queue import READ_COMMANDS, WRITE_COMMANDS
+from celery_pq.costs import READ_COMMANDS, WRITE_COMMANDS
 
 COUNTED = READ_COMMANDS | WRITE_COMMANDS | {"time"}
 

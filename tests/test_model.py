@@ -53,6 +53,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from celery_pq import EntryNotFound, NotWaiting, PriorityQueue
 from celery_pq.ids import decode_id, encode_id
 from celery_pq.queue import escape_tenant
+from celery_pq.records import split_tenant_member
 
 SOAK_MINUTES = float(os.environ.get("PQ_SOAK_MINUTES") or 0)
 SKIPPABLE = {"corrupt", "mode", "publish_id", "dead_of_dead", "wake", "stale_bound", "fair_state_bound"}
@@ -710,7 +711,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert gone - maybe_removed <= malformed <= gone, (
             f"{malformed} malformed dead letters for {gone} corrupt entries that left the queue")
         if self.fair:
-            te = {m.split(b"\0", 1)[1][17:] for m in c.zrange(k.te, 0, -1)}
+            te = {split_tenant_member(m)[3] for m in c.zrange(k.te, 0, -1)}
             assert te - {encode_id(x) for x in cor_ii} == enc("waiting"), "the tenants' orders differ from waiting"
         elif not self.corrupt:
             assert [x.id for x in self.q.peek(10_000)] == self.order(), "peek order"

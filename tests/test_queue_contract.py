@@ -8,6 +8,7 @@ import pytest
 from celery_pq import EntryNotFound, LeaseLost, NotWaiting, PriorityQueue, QueueFull
 from celery_pq.constants import SEQ_SPAN
 from celery_pq.ids import decode_id
+from celery_pq.records import split_entry, split_lease, split_pointer
 
 
 @pytest.fixture(params=["T", "S"])
@@ -25,7 +26,8 @@ def pointers(client, q):
     out = []
     for rank in client.zrange(q.keys.pi, 0, -1):
         for p in client.lrange(q.keys.level(int(rank)), 0, -1):
-            out.append((int(rank), int.from_bytes(p[:6], "big"), decode_id(p[6:])))
+            seq, eid = split_pointer(p)
+            out.append((int(rank), seq, decode_id(eid)))
     return out
 
 
@@ -55,10 +57,10 @@ def test_insert_writes_both_tables_and_encodes_priority_then_fifo(q, redis_clien
     assert [eid for _, _, eid in index] == ["h1", "l1", "l2"]
     assert [rank for rank, _, _ in index] == [255 - 250, 254, 254]  # a list per rank, best first
     rank, seq, _ = index[0]
-    header = redis_client.hget(k.ii, "h1").split(b"|")[0].split(b",")
+    header, _ = split_entry(redis_client.hget(k.ii, "h1"))
     # the entry keeps its score (rank in the high bits, then the sequence): a pointer is
     # current only while the two agree
-    assert header[1] == b"%d" % (rank * SEQ_SPAN + seq)
+    assert header.score == rank * SEQ_SPAN + seq
 
 
 def test_order_is_strict_priority_fifo_within_level(q):
@@ -99,8 +101,8 @@ def test_pop_leases_in_the_same_script(q, redis_client):
     assert lease.id == "a" and lease.deliveries == 1 and lease.payload == b"p" and lease.priority == 3
     assert redis_client.zcard(k.pi) == 0
     assert redis_client.hexists(k.ii, "a")  # the entry stays in the identifier-indexed table
-    token, consumer, score, d, flags, tenant = redis_client.hget(k.lt, "a").decode().split(",")
-    assert (token, consumer, d) == (lease.token, "c1", "1")
+    record = split_lease(redis_client.hget(k.lt, "a"))
+    assert (record.token, record.consumer, record.deliveries) == (lease.token, "c1", 1)
     deadline = redis_client.zscore(k.lz, "a")
     now_s, now_us = redis_client.time()
     assert 29_000 < deadline - (now_s * 1000 + now_us // 1000) <= 30_000
@@ -384,7 +386,7 @@ def test_scores_stay_exact_at_the_extremes(q, redis_client):
     redis_client.set(q.keys.sq, SEQ_SPAN - 3)
     q.insert(b"x", 0, id="last")
     [(rank, seq, _)] = pointers(redis_client, q)
-    score = redis_client.hget(q.keys.ii, "last").split(b",")[1]
+    score = split_entry(redis_client.hget(q.keys.ii, "last"))[0].score
     assert rank == 255 and seq == SEQ_SPAN - 2
     assert int(score) == 255 * SEQ_SPAN + SEQ_SPAN - 2 and int(score) < 2**53
     assert q.pop()[0].id == "last"

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from celery_pq.errors import ErrorCode
-from celery_pq.scripts import SCRIPT_NAMES, header, source
+from celery_pq.keys import queue_keys, script_keys
+from celery_pq.scripts import SCRIPT_NAMES, _bindings, header, header_errors, signature, source
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -52,3 +53,30 @@ def test_no_keyspace_scans_and_no_key_names_from_arguments():
         body = source(name)
         assert not re.search(r"redis\.call\('(KEYS|SCAN)'", body), name
         assert not re.search(r"redis\.call\('\w+', [^)]*ARGV\[[^)]*\.\.", body), name
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_keys_are_named_in_the_header_and_bound_from_it(name):
+    """The header names each key once; the caller builds the list from those names and the
+    script binds them from the same names (no hand-written KEYS offsets in a script)."""
+    sig = signature(name)
+    assert len(set(sig.keys)) == len(sig.keys)
+    k, d = queue_keys("orders"), queue_keys("orders.dead")
+    assert all(key.startswith("pq:{orders}:") for key in script_keys(sig.keys, k, d))
+    body = source(name)
+    code = re.sub(r"--.*", "", body.replace(_bindings(sig), "", 1))
+    # besides the bindings, only the stem of KEYS[1] names the queue's other keys
+    assert set(re.findall(r"KEYS\[[^]]*\]", code)) <= {"KEYS[1]", "KEYS[#KEYS - nviews + v]"}
+    assert not re.search(r"^--!", body, re.M)  # every directive was expanded
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_the_header_lists_the_error_codes_the_script_returns(name):
+    body = re.sub(r"--.*|'[^']*'", "", source(name))
+    used = {c.name for c in ErrorCode if re.search(rf"\b{c.name}\b", body)}
+    if "mode_error(" in body:
+        used.add("MODE_MISMATCH")
+    assert set(header_errors(name)) == used
+    first = source(name).splitlines()[0]
+    for label in used - {"MODE_MISMATCH"}:  # pasted in from the enum
+        assert re.match(r"local [\w, ]+ = [-\d, ]+$", first) and label in first

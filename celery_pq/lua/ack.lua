@@ -19,15 +19,13 @@
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, lz, lt, dp, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
-  fr = KEYS[13] }
 local fair = ARGV[1] == '1'
 local out = {}
 for i = 2, #ARGV, 2 do

@@ -21,29 +21,27 @@
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lt, sq, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local eid, rank, technique = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local fair = ARGV[4] == '1'
-FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
-  fr = KEYS[13] }
 FA = { scope = ARGV[5], conc = 0, rate = 0 }
 
 if redis.call('HEXISTS', lt, eid) == 1 then
-  return -4
+  return NOT_WAITING
 end
 local v = redis.call('HGET', ii, eid)
 if not v then
-  return -1
+  return NOT_FOUND
 end
 local e, bar = split_entry(v)
 if not e then -- malformed: left for the pop that reaches it (which sets it aside)
-  return -1
+  return NOT_FOUND
 end
 local seq = redis.call('INCR', sq)
 local score = fmt(rank * SEQ_SPAN + seq)

@@ -12,13 +12,13 @@
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
 local rank, start, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local key = level_key(pi, rank)
 local ptrs = redis.call('LRANGE', key, start, start + count - 1)

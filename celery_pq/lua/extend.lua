@@ -8,17 +8,17 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 --!include common.lua
+--!keys
 
-local lz, lt = KEYS[1], KEYS[2]
 local deadline = fmt(now_ms() + tonumber(ARGV[1]))
 local out = {}
 for i = 2, #ARGV, 2 do
   local eid, token = ARGV[i], ARGV[i + 1]
   local info = redis.call('HGET', lt, eid)
   if not info then
-    out[#out + 1] = -2
+    out[#out + 1] = NOT_LEASED
   elseif split_lease(info) ~= token then
-    out[#out + 1] = -3
+    out[#out + 1] = TOKEN_MISMATCH
   else
     redis.call('ZADD', lz, 'XX', deadline, eid)
     out[#out + 1] = 1

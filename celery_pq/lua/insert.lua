@@ -15,8 +15,8 @@
 -- KEYS[7]  dz    zset    delayed entries, score = due time (ms)
 -- KEYS[8]  vr    string  version of the registry of priority views
 -- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
--- KEYS[9..] or KEYS[17..]  wake lists of the priority views named in ARGV (after the fairness
---              keys when fair)
+-- KEYS[17..] views  list  wake lists of the priority views named in ARGV, one per view: the
+--              last nviews keys (from KEYS[9] when the fairness keys are left out)
 -- ARGV[0] context       the queue context (see includes/common.lua), taken off ARGV first
 -- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
@@ -40,19 +40,13 @@
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
-local ii, pi, lt, wk, sq, dp, dz, vr = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-FK = { te = KEYS[9], ts = KEYS[10], tb = KEYS[11], fv = KEYS[12], fc = KEYS[13], fn = KEYS[14], tw = KEYS[15],
-  fr = KEYS[16] }
 local max_length, max_per_tenant = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fair = ARGV[3] == '1'
 FA = { scope = ARGV[4], conc = 0, rate = 0 }
 local nviews = tonumber(ARGV[6])
-local vkeys = 8
-if fair then
-  vkeys = 16
-end
 local nforget = tonumber(ARGV[7 + nviews])
 local first = 8 + nviews + nforget
 local n = (#ARGV - first + 1) / 6
@@ -64,7 +58,7 @@ end
 if nviews > 0 or redis.call('EXISTS', vr) == 1 then
   local known = redis.call('GET', vr) or ''
   if known ~= ARGV[5] then
-    return { -6, known }
+    return { STALE_VIEWS, known }
   end
 end
 local now = now_ms()
@@ -111,7 +105,7 @@ end
 if max_length > 0 and fresh > 0 then
   local waiting = redis.call('HLEN', ii) - redis.call('HLEN', lt)
   if waiting + fresh > max_length then
-    return { -5, waiting }
+    return { QUEUE_FULL, waiting }
   end
 end
 if fair and max_per_tenant > 0 then
@@ -122,7 +116,7 @@ if fair and max_per_tenant > 0 then
       adding[t] = (adding[t] or 0) + 1
       local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
       if have + adding[t] > max_per_tenant then
-        return { -7, have, i }
+        return { TENANT_FULL, have, i }
       end
     end
   end
@@ -161,7 +155,7 @@ for i = 0, n - 1 do
       local list = redis.call('HGET', dp, id)
       redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
     end
-    redis.call('HSET', ii, eid, '0,' .. score .. ',' .. tenant .. ',' .. flags .. ',,' .. ts .. '|' .. payload)
+    redis.call('HSET', ii, eid, entry_header(0, score, tenant, flags, '', ts) .. '|' .. payload)
     if due > now then
       redis.call('ZADD', dz, due, eid)
     else
@@ -174,7 +168,7 @@ for i = 0, n - 1 do
         local lo, hi = string.match(ARGV[6 + v], '^(%d+),(%d+)$')
         if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
           woken[v] = true
-          wake(KEYS[vkeys + v])
+          wake(KEYS[#KEYS - nviews + v])
         end
       end
     end

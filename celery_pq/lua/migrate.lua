@@ -15,11 +15,9 @@
 -- Returns: {waiting entries indexed, leased entries kept, malformed entries set aside}
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
-local ii, pi, lt, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-FK = { te = KEYS[5], ts = KEYS[6], tb = KEYS[7], fv = KEYS[8], fc = KEYS[9], fn = KEYS[10], tw = KEYS[11],
-  fr = KEYS[12] }
 local new = CTX.mode
 local fair, order = string.sub(new, 1, 1) == '1', string.sub(new, 3, 3)
 FA = { scope = string.sub(new, 2, 2), conc = 0, rate = 0 }
@@ -55,7 +53,7 @@ for i = 1, #all, 2 do
     if info then
       local tok, c, _, d, x, t = split_lease(info)
       if flip and tok then
-        redis.call('HSET', lt, eid, tok .. ',' .. c .. ',' .. e.s .. ',' .. fmt(d) .. ',' .. x .. ',' .. t)
+        redis.call('HSET', lt, eid, join_lease(tok, c, e.s, d, x, t))
       end
       if fair then
         redis.call('HINCRBY', FK.fn, 'c:' .. e.t, 1)

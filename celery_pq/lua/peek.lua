@@ -11,13 +11,13 @@
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lt = KEYS[1], KEYS[2], KEYS[3]
 local want = tonumber(ARGV[1])
 local stale_budget = tonumber(ARGV[2])
 local out = {}

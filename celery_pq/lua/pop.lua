@@ -22,15 +22,17 @@
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
+-- ERR -2 NOT_LEASED
+-- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
 local want = tonumber(ARGV[4])

@@ -24,18 +24,18 @@
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
+-- ERR -2 NOT_LEASED
+-- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lz, lt, wk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
-  fr = KEYS[13] }
 local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
 local want, stale_budget = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -46,7 +46,7 @@ if FA.scope == 'P' and not (lo == 0 and hi == 255) then
   lex_lo, lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', hi + 1)
 end
 
-local dp, nacks = KEYS[14], tonumber(ARGV[11])
+local nacks = tonumber(ARGV[11])
 local out = { 0, nacks }
 for i = 1, nacks do
   local code, t = ack_one(ii, lz, lt, dp, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
@@ -82,7 +82,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
     end
   end
   if ok then
-    local head, rank, eid = te_head(t)
+    local head, rank, seq, eid = te_head(t)
     if head and not rank then -- not an entry's member: dropped
       redis.call('ZREM', FK.te, head)
     elseif not head then
@@ -100,8 +100,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
         fair_refresh(t, false)
       else
         served[rank] = true
-        local p = #t + 2
-        local score = fmt(rank * SEQ_SPAN + tonumber(string.sub(head, p + 3, p + 16)))
+        local score = fmt(rank * SEQ_SPAN + seq)
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
         fair_served(t, rank, start, weight)

@@ -17,15 +17,13 @@
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, wk, dp, dz, lt = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-FK = { te = KEYS[7], ts = KEYS[8], tb = KEYS[9], fv = KEYS[10], fc = KEYS[11], fn = KEYS[12], tw = KEYS[13],
-  fr = KEYS[14] }
 local fair = ARGV[2] == '1'
 FA = { scope = ARGV[3], conc = 0, rate = 0 }
 local count = tonumber(ARGV[1])

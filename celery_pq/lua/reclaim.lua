@@ -33,22 +33,18 @@
 
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lz, lt, wk, dp, gd = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local dii, dpi, dwk, dsq = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local limit = tonumber(ARGV[1])
 local max_deliveries = tonumber(ARGV[2])
 local guard_ms = tonumber(ARGV[3])
 local consumer = ARGV[4]
-local dz = KEYS[12]
 local fair = ARGV[5] == '1'
-FK = { te = KEYS[13], ts = KEYS[14], tb = KEYS[15], fv = KEYS[16], fc = KEYS[17], fn = KEYS[18], tw = KEYS[19],
-  fr = KEYS[20] }
 FA = { scope = ARGV[6], conc = 0, rate = CTX.rate }
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then

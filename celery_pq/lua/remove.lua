@@ -22,17 +22,15 @@
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lt, dp, dz = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, technique = ARGV[1], ARGV[2]
 local fair = ARGV[3] == '1'
-FK = { te = KEYS[6], ts = KEYS[7], tb = KEYS[8], fv = KEYS[9], fc = KEYS[10], fn = KEYS[11], tw = KEYS[12],
-  fr = KEYS[13] }
 FA = { scope = ARGV[4], conc = 0, rate = 0 }
 
 local ids = { id }

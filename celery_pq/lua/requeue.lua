@@ -31,21 +31,18 @@
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!include fair.lua
+--!keys
 
 take_context()
 local bad = mode_error(false)
 if bad then
   return bad
 end
-local ii, pi, lz, lt, wk, dp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local dii, dpi, dwk, dsq = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local eid, token = ARGV[1], ARGV[2]
 local count_delivery = ARGV[3] == '1'
 local max_deliveries = tonumber(ARGV[4])
 local dead_reason = ARGV[5]
 local fair = ARGV[6] == '1'
-FK = { te = KEYS[11], ts = KEYS[12], tb = KEYS[13], fv = KEYS[14], fc = KEYS[15], fn = KEYS[16], tw = KEYS[17],
-  fr = KEYS[18] }
 FA = { scope = ARGV[7], conc = 0, rate = 0 }
 
 local lease, err = end_lease(lt, lz, eid, token)
@@ -59,7 +56,7 @@ if fair then
 end
 local v = redis.call('HGET', ii, eid)
 if not v then
-  return -2
+  return NOT_LEASED
 end
 local e, bar = split_entry(v)
 if not e then

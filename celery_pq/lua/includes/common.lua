@@ -1,14 +1,9 @@
 -- Shared helpers, pasted into a script where it says `--!include common.lua`.
 --
--- An entry in the identifier-indexed table (hash ii) is   header "|" payload
--- with header = "d,s,t,x,r,ts":
---   d   deliveries so far (integer)
---   s   score: rank * SEQ_SPAN + seq, the entry's place in the priority order
---   t   tenant (escaped by the client: no "," or "|")
---   x   flags: "d" when the entry id is a duplicate id "<task id>~<seq>"
---   r   dead-letter note "<reason>@<ms>@<deliveries>" (entries of a .dead queue only)
---   ts  enqueue time, ms on the Redis clock
--- A lease (hash lt) is "token,consumer,score,deliveries,flags,tenant".
+-- The stored records (entry "d,s,t,x,r,ts|payload", lease, pointer, dead-letter note,
+-- publish-id value, mode) are laid out in celery_pq/records.py, the Python twin of the
+-- readers and writers here (split_entry/entry_header/join_entry, split_lease/join_lease,
+-- make_ptr/parse_ptr, dead_note); tests/test_records.py checks that the two agree.
 --
 -- The priority-indexed table of a queue with key pi is one list per rank, "<pi>:<rank>", of
 -- pointers (seq, eid) in FIFO order, and the zset pi of the ranks whose list is not empty
@@ -279,8 +274,19 @@ local function pi_push(pi, rank, seq, eid)
   end
 end
 
+-- An entry's header (without the "|"): deliveries, score, tenant, flags, dead-letter note, ts.
+local function entry_header(d, s, t, x, r, ts)
+  return fmt(d) .. ',' .. s .. ',' .. t .. ',' .. x .. ',' .. r .. ',' .. ts
+end
+
+-- Entry e (as split_entry gives it) with the payload of v, whose "|" is at bar.
 local function join_entry(e, v, bar)
-  return fmt(e.d) .. ',' .. e.s .. ',' .. e.t .. ',' .. e.x .. ',' .. e.r .. ',' .. e.ts .. string.sub(v, bar)
+  return entry_header(e.d, e.s, e.t, e.x, e.r, e.ts) .. string.sub(v, bar)
+end
+
+-- A dead-letter note: why, when (ms) and after how many deliveries.
+local function dead_note(reason, ms, d)
+  return reason .. '@' .. fmt(ms) .. '@' .. fmt(d)
 end
 
 -- token, consumer, score, deliveries, flags, tenant; all nil when info is not a lease record.
@@ -292,11 +298,15 @@ local function split_lease(info)
   return tok, c, s, tonumber(d) or 0, x, t
 end
 
+local function join_lease(token, consumer, score, d, x, t)
+  return token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. x .. ',' .. t
+end
+
 -- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
 -- its reply (eid, token, deliveries, score, value).
 local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   P.lease[#P.lease + 1] = eid
-  P.lease[#P.lease + 1] = token .. ',' .. consumer .. ',' .. score .. ',' .. fmt(d) .. ',' .. x .. ',' .. t
+  P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
   P.deadline[#P.deadline + 1] = P.until_ms
   P.deadline[#P.deadline + 1] = eid
   local out = P.out
@@ -365,16 +375,16 @@ local function dup_forget(dp, eid)
 end
 
 -- End the lease of entry eid if token is its token: the lease fields {c, s, d, x, t} (consumer,
--- score, deliveries, flags, tenant), or nil and the error code (-2 NOT_LEASED, -3
--- TOKEN_MISMATCH). The token check is what keeps a late consumer from touching a redelivery.
+-- score, deliveries, flags, tenant), or nil and the error code (NOT_LEASED or TOKEN_MISMATCH).
+-- The token check is what keeps a late consumer from touching a redelivery.
 local function end_lease(lt, lz, eid, token)
   local info = redis.call('HGET', lt, eid)
   if not info then
-    return nil, -2
+    return nil, NOT_LEASED
   end
   local tok, c, s, d, x, t = split_lease(info)
   if tok ~= token then
-    return nil, -3
+    return nil, TOKEN_MISMATCH
   end
   redis.call('HDEL', lt, eid)
   redis.call('ZREM', lz, eid)
@@ -455,7 +465,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   local dscore = rank * SEQ_SPAN + seq
   local deid = free_id(dii, eid, dsq, seq)
   local was_dup = e.x == 'd'
-  e.r = reason .. '@' .. fmt(now) .. '@' .. fmt(e.d)
+  e.r = dead_note(reason, now, e.d)
   e.d = 0
   e.s = fmt(dscore)
   e.x = ''
@@ -479,7 +489,7 @@ local function set_aside(ii, eid, v, rank, now)
   if CTX.is_dead then
     local sq = CTX.stem .. 'sq'
     local seq = redis.call('INCR', sq)
-    e.r = 'malformed@' .. fmt(now) .. '@0'
+    e.r = dead_note('malformed', now, 0)
     e.s = fmt(rank * SEQ_SPAN + seq)
     redis.call('HSET', ii, eid, join_entry(e, wrapped, 1))
     pi_push(CTX.stem .. 'pi', rank, seq, eid)

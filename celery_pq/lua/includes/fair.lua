@@ -33,21 +33,29 @@ local function lvl(rank)
   return 0
 end
 
+-- A tenant-order member (layout: celery_pq/records.py).
 local function te_member(t, rank, seq, eid)
   return t .. '\0' .. string.format('%03d%014.0f', rank, seq) .. eid
 end
 
+-- rank, seq, eid of member m of tenant t's order; nil when m is not an entry's member.
+local function split_te_member(t, m)
+  local p = #t + 2
+  local rank, seq = tonumber(string.sub(m, p, p + 2)), tonumber(string.sub(m, p + 3, p + 16))
+  if not (rank and seq) then
+    return nil
+  end
+  return rank, seq, string.sub(m, p + 17)
+end
+
+-- Tenant t's best member and its rank, seq and eid (no rank: not an entry's member, the caller
+-- drops it), or nil when t has no waiting entry.
 local function te_head(t)
   local m = redis.call('ZRANGEBYLEX', FK.te, '[' .. t .. '\0', '(' .. t .. '\1', 'LIMIT', 0, 1)[1]
   if not m then
     return nil
   end
-  local p = #t + 2
-  local rank = tonumber(string.sub(m, p, p + 2))
-  if not tonumber(string.sub(m, p + 3, p + 16)) then
-    rank = nil -- not an entry's member (the caller drops it)
-  end
-  return m, rank, string.sub(m, p + 17)
+  return m, split_te_member(t, m)
 end
 
 local function ts_tenant(m)

@@ -1,0 +1,73 @@
+"""The cost table: Redis reads and writes each queue operation runs, per technique.
+
+The patent's cost explanation, on the steady path: one entry, a new id, a wake token already
+waiting, no dead-lettering, and (technique S) ``stale`` priority-index members whose entry was
+removed by id lying in front of the one retrieved. tests/test_explain.py checks these counts
+against Redis's own INFO commandstats; docs/priorities.md shows them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+def explain(stale: int = 0) -> dict:
+    """{operation: {technique: {"reads": n, "writes": n, "commands": {command: n}}}} (see above)."""
+    return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
+
+
+READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
+                           "zscore", "get", "exists"})
+WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
+                            "del", "set"})
+
+
+def _cost(cmds: list[str]) -> dict:
+    c = Counter(cmds)
+    return {
+        "reads": sum(n for cmd, n in c.items() if cmd in READ_COMMANDS),
+        "writes": sum(n for cmd, n in c.items() if cmd in WRITE_COMMANDS),
+        "commands": dict(sorted(c.items())),
+    }
+
+
+def _commands(stale: int) -> dict:
+    """The Redis commands each script runs on the steady path (see ``explain``)."""
+    k = stale
+    both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
+    lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
+    grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
+    md = ["get"]  # every script but extend first reads the queue's mode record
+    # the window's start; this publish id looked for in both windows, and recorded (answered
+    # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts)
+    dedupe = ["get", "hget", "hget", "hset"]
+    return {
+        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
+        "pop": {
+            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
+        },
+        "ack": both([*md, "hget", "hdel", "hdel", "zrem"]),
+        "extend": both(["time", "hget", "zadd"]),
+        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys"]),
+        "remove_by_id": {
+            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
+            "S": [*md, "hget", "hexists", "zscore", "hdel"],
+        },
+        "change_priority": {
+            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", "lrem", "exists"],
+            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
+        },
+        "retrieve_highest_priority": {
+            "T": [*md, "zrange", "lrange", "hget", "hexists"],
+            "S": [*md, "zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
+        },
+        "retrieve_by_priority": {
+            "T": [*md, "lindex", "hget", "hexists"],
+            "S": md + ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
+        },
+        "remove_highest_priority": {
+            "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel"],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
+        },
+    }

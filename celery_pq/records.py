@@ -1,0 +1,165 @@
+"""How every stored record of a queue is laid out: the one Python codec.
+
+The Lua codec is its twin: ``lua/includes/common.lua`` (entry, lease, pointer, dead-letter
+note, publish-id value, mode) and ``lua/includes/fair.lua`` (tenant-order member).
+tests/test_records.py writes each record with one language and reads it with the other on a
+real redis-server. Which key holds which record: ``keys.py``.
+
+=================  ==========  ====================================================================
+record             key         layout
+=================  ==========  ====================================================================
+entry              ii (hash)   entry id -> header ``"|"`` payload, header = ``d,s,t,x,r,ts``:
+                               d deliveries so far; s score (rank * SEQ_SPAN + seq, the entry's
+                               place in the priority order); t tenant (escaped: no ``,`` ``|``
+                               or control characters); x flags (``d``: the id is a duplicate id
+                               ``<id>~<seq>``); r dead-letter note (dead-letter entries only);
+                               ts enqueue time (ms, Redis clock)
+dead-letter note   in entry    ``reason@ms@deliveries``: why, when (ms, Redis clock) and after how
+                               many deliveries it was dead-lettered
+lease              lt (hash)   entry id -> ``token,consumer,score,deliveries,flags,tenant``
+pointer            pi:<rank>   seq in 6 bytes (big-endian) followed by the entry id
+tenant member      te (zset)   tenant ``"\\0"`` rank (3 digits) seq (14 digits) entry id
+publish-id value   pd pe       publish id -> ``""`` (the entry got the id the insert gave) or the
+                   (hash)      entry id it got
+mode               md          four letters: fair ``0``/``1``, scope ``P``/``T`` (``-`` when not
+                   (string)    fair), order ``h``/``l``, technique ``T``/``S``
+=================  ==========  ====================================================================
+
+A reader never raises on stored data: ``split_*`` return None for a record they cannot parse,
+as the Lua readers return nil (the scripts set such entries aside).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from . import constants as C
+
+#: fair_scope -> the letter a mode record and the scripts use.
+FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
+
+_ENTRY = re.compile(rb"(\d*),(\d+),([^,]*),([^,]*),([^,]*),(\d*)\Z")
+_LEASE = re.compile(rb"([^,]*),([^,]*),(\d+),(\d*),([^,]*),([^,]*)\Z")
+
+
+def _b(value) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+@dataclass(frozen=True)
+class EntryHeader:
+    """The fields before the ``|`` of an entry (see the table above)."""
+
+    deliveries: int = 0
+    score: int = 0
+    tenant: bytes = b""  # escaped; b"" for none
+    flags: bytes = b""
+    dead_note: bytes = b""
+    enqueued_ms: int = 0
+
+
+def split_entry(value) -> tuple[EntryHeader, bytes] | None:
+    """An entry's header and payload, or None when ``value`` is not an entry."""
+    header, bar, payload = _b(value).partition(b"|")
+    m = _ENTRY.match(header) if bar else None
+    if m is None:
+        return None
+    d, s, t, x, r, ts = m.groups()
+    return EntryHeader(int(d or 0), int(s), t, x, r, int(ts or 0)), payload
+
+
+def join_entry(header: EntryHeader, payload) -> bytes:
+    h = header
+    return b"%d,%d,%s,%s,%s,%d|" % (h.deliveries, h.score, h.tenant, h.flags, h.dead_note, h.enqueued_ms) + _b(payload)
+
+
+def split_dead_note(note) -> tuple[str, int, int] | None:
+    """(reason, ms, deliveries) of a dead-letter note, or None when there is none."""
+    parts = _b(note).decode().split("@")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def join_dead_note(reason: str, ms: int, deliveries: int) -> bytes:
+    return f"{reason}@{ms}@{deliveries}".encode()
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    token: str
+    consumer: str
+    score: int
+    deliveries: int
+    flags: bytes
+    tenant: bytes  # escaped
+
+
+def split_lease(info) -> LeaseRecord | None:
+    m = _LEASE.match(_b(info))
+    if m is None:
+        return None
+    tok, c, s, d, x, t = m.groups()
+    return LeaseRecord(tok.decode(), c.decode(), int(s), int(d or 0), x, t)
+
+
+def join_lease(lease: LeaseRecord) -> bytes:
+    r = lease
+    return b"%s,%s,%d,%d,%s,%s" % (r.token.encode(), r.consumer.encode(), r.score, r.deliveries, r.flags, r.tenant)
+
+
+def join_pointer(seq: int, eid: bytes) -> bytes:
+    return struct.pack(">Q", seq)[2:] + eid
+
+
+def split_pointer(p) -> tuple[int, bytes] | None:
+    """(seq, entry id) of a pointer, or None."""
+    p = _b(p)
+    if len(p) < 7:
+        return None
+    return int.from_bytes(p[:6], "big"), p[6:]
+
+
+def join_tenant_member(tenant: bytes, rank: int, seq: int, eid: bytes) -> bytes:
+    return tenant + b"\0" + b"%03d%014d" % (rank, seq) + eid
+
+
+def split_tenant_member(m) -> tuple[bytes, int, int, bytes] | None:
+    """(escaped tenant, rank, seq, entry id) of a tenant-order member, or None."""
+    tenant, sep, rest = _b(m).partition(b"\0")
+    if not sep or len(rest) < 17 or not rest[:17].isdigit():
+        return None
+    return tenant, int(rest[:3]), int(rest[3:17]), rest[17:]
+
+
+def publish_entry(value, given_id: bytes) -> bytes:
+    """The entry id a publish-id value names (the insert gave ``given_id``, encoded)."""
+    value = _b(value)
+    return value or given_id
+
+
+def score(rank: int, seq: int) -> int:
+    return rank * C.SEQ_SPAN + seq
+
+
+def split_score(s) -> tuple[int, int]:
+    """(rank, seq) of a score."""
+    return divmod(int(float(s)), C.SEQ_SPAN)
+
+
+def join_mode(fair: bool, fair_scope: str, priority_order: str, technique: str) -> str:
+    scope = FAIR_SCOPES[fair_scope] if fair else "-"
+    return f"{int(fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+
+
+def mode_dict(mode: str) -> dict:
+    """The four letters of a mode record as settings: fair, fair_scope, priority_order, technique."""
+    scopes = {v: k for k, v in FAIR_SCOPES.items()}
+    return {
+        "fair": mode[:1] == "1",
+        "fair_scope": scopes.get(mode[1:2]),
+        "priority_order": C.HIGHER_FIRST if mode[2:3] == "h" else C.LOWER_FIRST,
+        "technique": mode[3:4],
+    }
