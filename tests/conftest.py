@@ -16,10 +16,7 @@ import uuid
 import pytest
 import redis
 
-try:
-    from redis_server import RedisServer, find_redis_server
-except ImportError:  # collected with the repository root on sys.path instead of tests/
-    from tests.redis_server import RedisServer, find_redis_server
+from celery_pq.testing import RedisServer, find_redis_server
 
 
 def pytest_report_header(config):

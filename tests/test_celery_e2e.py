@@ -197,10 +197,7 @@ def test_inspect_ping_and_control_answer_through_the_transport(harness):
 
 
 def test_worker_goes_on_after_redis_restarts_and_nothing_acknowledged_is_lost(key_prefix, tmp_path):
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
 
     # Given a Redis that keeps its data across a restart (AOF, fsync always)
     with RedisServer(config={"appendonly": "yes", "appendfsync": "always"}) as server:
@@ -357,10 +354,7 @@ def test_a_prefetched_batch_keeps_its_leases_while_earlier_tasks_run(harness):
 
 
 def test_a_running_acks_late_task_keeps_its_lease_when_the_connection_is_lost(key_prefix, tmp_path):
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
 
     # Given a prefork worker running a long acks_late task, its consumer blocked for more work
     with RedisServer() as server:

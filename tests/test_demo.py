@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from redis_server import find_redis_server
-except ImportError:
-    from tests.redis_server import find_redis_server
+from celery_pq.testing import find_redis_server
 
 pytestmark = pytest.mark.e2e
 
