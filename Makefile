@@ -59,10 +59,10 @@ test: install redis
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER"; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-# tests/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
+# tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
 soak: install redis
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
+	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: install redis
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \

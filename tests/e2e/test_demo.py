@@ -12,7 +12,7 @@ from celery_pq.testing import find_redis_server
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(240)
