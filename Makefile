@@ -7,15 +7,19 @@
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
 #   make clean   remove .venv, build artefacts and caches
 #
-# The tests and the demo start their own redis-server processes on free ports;
-# scripts/ensure-redis-server.sh finds (or, as root on Debian/Ubuntu, installs)
-# the binary and its path is handed over in PQ_REDIS_SERVER.
+# The tests, the benchmarks and the demo start their own redis-server processes on
+# free ports (celery_pq.testing); scripts/ensure-redis-server.sh finds (or, as root
+# on Debian/Ubuntu, installs) the binary and its path is handed over in PQ_REDIS_SERVER.
+#
+# Installing says in one line what it installs; pip's output goes to .venv/pip.log
+# and is printed in full only when pip fails (scripts/quietly.sh).
 
 PYTHON      ?= python3
 VENV        := .venv
 VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 ENSURE_REDIS := bash scripts/ensure-redis-server.sh
+QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
 BENCH_ARGS  ?=
@@ -31,20 +35,21 @@ $(VPY):
 	@if ! $(PYTHON) -m venv $(VENV); then \
 		rm -rf $(VENV); \
 		if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "python3 -m venv failed; installing python3-venv with apt-get ..." >&2; \
-			DEBIAN_FRONTEND=noninteractive apt-get update && \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv python3-pip && \
+			$(QUIETLY) "$${TMPDIR:-/tmp}/celery-pq-apt-venv.log" \
+				"python3 -m venv failed; installing python3-venv with apt-get" \
+				env DEBIAN_FRONTEND=noninteractive sh -c \
+				'apt-get update && apt-get install -y python3-venv python3-pip' && \
 			$(PYTHON) -m venv $(VENV); \
 		else \
 			echo "error: '$(PYTHON) -m venv' failed; install python3-venv (Debian/Ubuntu) and retry" >&2; \
 			exit 1; \
 		fi; \
 	fi
-	$(VPY) -m pip install --quiet --upgrade pip
 
 # Reinstall only when pyproject.toml changed since the last install.
 $(STAMP): pyproject.toml | $(VPY)
-	$(VPY) -m pip install -e '.[dev]'
+	@$(QUIETLY) $(VENV)/pip.log "installing celery-pq (editable) and its [dev] extras from pyproject.toml into $(VENV)" \
+		sh -c '$(VPY) -m pip install --upgrade pip && $(VPY) -m pip install -e ".[dev]"'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -54,25 +59,25 @@ venv: install
 redis:
 	@$(ENSURE_REDIS)
 
-test: install redis
+test: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER"; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-# tests/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
-soak: install redis
+# tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
+soak: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
+	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: install redis
+demo: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	$(VPY) -m examples.demo $(DEMO_ARGS)
 
-bench: install redis
+bench: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	$(VPY) -m benchmarks.run $(BENCH_ARGS)
 
-profile: install redis
+profile: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	$(VPY) -m benchmarks.profile $(PROFILE_ARGS)
 

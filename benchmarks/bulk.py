@@ -18,7 +18,7 @@ import redis
 from celery_pq import PriorityQueue
 from celery_pq.scripts import get_scripts
 
-from .common import cli, median, redis_server
+from .common import cli, median, redis_server, table
 
 PAYLOAD = b"x" * 256
 
@@ -74,20 +74,22 @@ def run(entries=200_000, batch=100, repeat=3) -> dict:
     return result
 
 
-def markdown(d) -> str:
-    lines = [f"# Bulk insert ({d['entries']:,} entries of 256 bytes, {d['batch']} per script call)", "",
-             "| insert_many entries/s | redis-benchmark ceiling entries/s | share (target >= 50%) |",
-             "| ---: | ---: | ---: |"]
+def markdown(d) -> list[str]:
+    ours = f"{d['ours_per_second']:.0f}"
     if "ceiling_per_second" in d:
-        lines.append(f"| {d['ours_per_second']:.0f} | {d['ceiling_per_second']:.0f} | {100 * d['share_of_ceiling']:.0f}% |")
+        row = [ours, f"{d['ceiling_per_second']:.0f}", f"{100 * d['share_of_ceiling']:.0f}%"]
     else:
-        lines.append(f"| {d['ours_per_second']:.0f} | redis-benchmark not found | - |")
-    return "\n".join(lines) + "\n"
+        row = [ours, "redis-benchmark not found", "-"]
+    return [f"# Bulk insert ({d['entries']:,} entries of 256 bytes, {d['batch']} per script call)", "",
+            *table(["insert_many entries/s", "redis-benchmark ceiling entries/s", "share (target >= 50%)"], [row],
+                   left=0)]
 
 
 def main(argv=None):
     return cli(argv, __doc__, "bulk", run, markdown,
                options=[("--entries", int, 200_000), ("--batch", int, 100), ("--repeat", int, 3)],
                smoke={"entries": 2_000, "repeat": 1})
+
+
 if __name__ == "__main__":
     main()

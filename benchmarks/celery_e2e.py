@@ -25,7 +25,7 @@ from kombu import Queue
 
 import celery_pq  # noqa: F401  (pq://)
 
-from .common import cli, median, rabbitmq_url, redis_server, transports
+from .common import cli, median, rabbitmq_url, redis_server, transports, versus_table
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = {"solo": ["-P", "solo", "-c", "1"], "prefork-2": ["-P", "prefork", "-c", "2"]}
@@ -90,21 +90,15 @@ def run(tasks=3000, repeat=3) -> dict:
     return {"tasks": tasks, "repeat": repeat, "rabbitmq": bool(rabbit), "results": results}
 
 
-def markdown(data) -> str:
-    lines = [f"# Celery end to end, no-op tasks ({data['tasks']} per run, median of {data['repeat']} runs)", "",
-             "| pool | celery-pq tasks/s | kombu-redis tasks/s | ratio | target | RabbitMQ (priority queue) tasks/s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for pool, row in data["results"].items():
-        t = row["tasks_per_second"]
-        rabbit = f"{t['rabbitmq']:.0f}" if "rabbitmq" in t else "not reachable"
-        lines.append(f"| {pool} | {t['celery-pq']:.0f} | {t['kombu-redis']:.0f} | {row['ratio']:.2f} | >= 1.2 "
-                     f"| {rabbit} |")
-    return "\n".join(lines) + "\n"
+def markdown(data) -> list[str]:
+    return [f"# Celery end to end, no-op tasks ({data['tasks']} per run, median of {data['repeat']} runs)", "",
+            *versus_table("pool", "tasks/s", data["results"], "tasks_per_second", lambda pool: 1.2)]
 
 
 def main(argv=None):
     return cli(argv, __doc__, "celery_e2e", run, markdown,
                options=[("--tasks", int, 3000), ("--repeat", int, 3)], smoke={"tasks": 30, "repeat": 1})
+
 
 if __name__ == "__main__":
     main()

@@ -1,55 +1,26 @@
-"""Shared pieces of the benchmarks: a private redis-server, transports to compare, stats."""
+"""Shared pieces of the benchmarks: a private redis-server, transports to compare, stats, the
+command line and the Markdown of the results."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import socket
 import statistics
-import subprocess
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import redis
+from celery_pq.testing import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def redis_server():
-    """A redis-server of our own on a free port, no persistence; yields its port."""
-    binary = os.environ.get("PQ_REDIS_SERVER") or shutil.which("redis-server")
-    if not binary:
-        raise SystemExit("redis-server not found: install it (apt-get install redis-server) or set PQ_REDIS_SERVER")
-    tmp = tempfile.mkdtemp(prefix="pq-bench-")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    try:
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    """A redis-server of our own on a free port, no persistence (celery_pq.testing); yields its port."""
+    with RedisServer() as server:
+        yield server.port
 
 
 def transports(port: int) -> dict:
@@ -97,9 +68,33 @@ def now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+def table(head, rows, left: int = 1) -> list[str]:
+    """A Markdown table: ``head`` and each of ``rows`` are lists of cells (already formatted);
+    the first ``left`` columns align left, the others right (figures)."""
+
+    def line(cells):
+        return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+    return [line(head), line(["---"] * left + ["---:"] * (len(head) - left)), *map(line, rows)]
+
+
+def versus_table(first: str, unit: str, results: dict, figures: str, target) -> list[str]:
+    """The Markdown table of celery-pq against kombu-redis (and RabbitMQ when it answered): one row
+    per item of ``results``, whose ``figures`` field maps each transport to a rate in ``unit``;
+    ``target(name)`` is the ratio that row aims at."""
+    rows = []
+    for name, row in results.items():
+        rate = row[figures]
+        rows.append([name, f"{rate['celery-pq']:.0f}", f"{rate['kombu-redis']:.0f}", f"{row['ratio']:.2f}",
+                     f">= {target(name)}", f"{rate['rabbitmq']:.0f}" if "rabbitmq" in rate else "not reachable"])
+    return table([first, f"celery-pq {unit}", f"kombu-redis {unit}", "ratio", "target",
+                  f"RabbitMQ (priority queue) {unit}"], rows)
+
+
 def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None, run_gets_out=False):
     """The command line of one benchmark: parse ``options`` (``(flag, type, default)``) plus
-    ``--smoke`` and ``--out``, call ``run(**values)``, write ``results/<name>.json`` and ``.md``.
+    ``--smoke`` and ``--out``, call ``run(**values)``, write ``results/<name>.json`` and ``.md``
+    (``markdown(data)`` gives the lines of the latter).
     ``smoke`` maps option names to the values of a tiny run; with ``run_gets_out`` the results
     directory is passed to ``run`` as ``out`` too (for files beside the JSON and Markdown)."""
     ap = argparse.ArgumentParser(description=doc)
@@ -114,7 +109,7 @@ def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None, run
     if run_gets_out:
         args["out"] = out
     data = run(**args)
-    md = markdown(data)
+    md = "\n".join(markdown(data)) + "\n"
     path = write_results(name, data, md, out)
     print(md)
     print(f"written: {path}")

@@ -19,7 +19,7 @@ import redis
 
 from celery_pq import PriorityQueue
 
-from .common import cli, median, now_ns, percentile, redis_server
+from .common import cli, median, now_ns, percentile, redis_server, table
 
 PREFIX = "benchfair"
 
@@ -108,30 +108,29 @@ def run(smoke=False) -> dict:
     return data
 
 
-def markdown(data) -> str:
+def markdown(data) -> list[str]:
     s, p = data["summary"], data["params"]
-    return "\n".join([
+    return [
         "# Fairness figures",
         "",
         f"Quiet tenant Q sends {p['quiet_sends']} entries, one every 50 ms; {p['consumers']} consumers, "
         f"{p['service_ms']} ms of work per entry, prefetch 1. Flood: tenant F queues {p['flood']} entries first.",
         "",
-        "| | Q's p99 wait, no flood | Q's p99 wait, flood | ratio (target <= 2) |",
-        "| --- | ---: | ---: | ---: |",
-        f"| celery-pq fair queue | {s['quiet_p99_calm_ms']:.2f} ms | {s['quiet_p99_flood_ms']:.2f} ms | "
-        f"{s['dwell_ratio']:.2f} |",
+        *table(["", "Q's p99 wait, no flood", "Q's p99 wait, flood", "ratio (target <= 2)"],
+               [["celery-pq fair queue", f"{s['quiet_p99_calm_ms']:.2f} ms", f"{s['quiet_p99_flood_ms']:.2f} ms",
+                 f"{s['dwell_ratio']:.2f}"]]),
         "",
         f"Pop+ack cost, fair queue of {p['entries']} entries ({p['ops']} operations timed, one client):",
         "",
-        "| 5 tenants | 5,000 tenants | ratio (target <= 1.5) |",
-        "| ---: | ---: | ---: |",
-        f"| {s['pop_ack_us_5_tenants']:.1f} us | {s['pop_ack_us_5000_tenants']:.1f} us | {s['tenant_cost_ratio']:.2f} |",
-        "",
-    ])
+        *table(["5 tenants", "5,000 tenants", "ratio (target <= 1.5)"],
+               [[f"{s['pop_ack_us_5_tenants']:.1f} us", f"{s['pop_ack_us_5000_tenants']:.1f} us",
+                 f"{s['tenant_cost_ratio']:.2f}"]], left=0),
+    ]
 
 
 def main(argv=None):
     return cli(argv, __doc__, "fairness", run, markdown, smoke={"smoke": True})
+
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ import time
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from .common import cli, median, now_ns, percentile, redis_server, transports
+from .common import cli, median, now_ns, percentile, redis_server, table, transports
 
 QUEUE = "latency"
 
@@ -131,28 +131,28 @@ def run(messages=200, repeat=3) -> dict:
     return {"messages": messages, "repeat": repeat, "results": summary}
 
 
-def markdown(data) -> str:
+def markdown(data) -> list[str]:
     r = data["results"]
     lines = [
         f"# Idle-to-delivery latency ({data['messages']} messages, median of {data['repeat']} runs)",
         "",
-        "| transport | p50 ms | p99 ms | max ms | received |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        *table(["transport", "p50 ms", "p99 ms", "max ms", "received"],
+               [[name, f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}", f"{row['max_ms']:.2f}", f"{row['received']:.0f}"]
+                for name, row in r.items()]),
+        "",
     ]
-    for name, row in r.items():
-        lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} | {row['received']:.0f} |")
-    lines.append("")
     for suffix in ("", " (Celery worker)"):
         pq, kr = r.get("celery-pq" + suffix), r.get("kombu-redis" + suffix)
         if pq and kr:
             lines.append(f"p99 ratio celery-pq / kombu-redis{suffix}: {pq['p99_ms'] / kr['p99_ms']:.2f} "
                          "(lower is better)  ")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None):
     return cli(argv, __doc__, "latency", run, markdown,
                options=[("--messages", int, 200), ("--repeat", int, 3)], smoke={"messages": 5, "repeat": 1})
+
 
 if __name__ == "__main__":
     main()

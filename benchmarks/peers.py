@@ -22,7 +22,7 @@ import redis
 
 from celery_pq import PriorityQueue
 
-from .common import cli, median, redis_server
+from .common import cli, median, redis_server, table
 
 BULLMQ = Path(__file__).resolve().parent / "bullmq"
 
@@ -107,18 +107,18 @@ def run(jobs=20_000, repeat=3) -> dict:
     return {"jobs": jobs, "repeat": repeat, "per_second": med, "ratio_vs_bullmq": ratios, "runs": runs}
 
 
-def markdown(d) -> str:
+def markdown(d) -> list[str]:
     m = d["per_second"]
-    lines = [f"# The queue API vs BullMQ ({d['jobs']:,} jobs per run, median of {d['repeat']} runs)", "",
-             "| concurrency | pq insert/s | pq pop+ack/s | BullMQ jobs/s | pop+ack / BullMQ (target >= 1.0) |",
-             "| ---: | ---: | ---: | ---: | ---: |"]
+    rows = []
     for c in (1, 8):
         b = m.get(f"bullmq x{c}")
         ratio = d["ratio_vs_bullmq"].get(f"x{c}")
-        lines.append(f"| {c} | {m[f'pq insert x{c}']:.0f} | {m[f'pq pop+ack x{c}']:.0f} | "
-                     f"{'not available' if b is None else f'{b:.0f}'} | {'-' if ratio is None else f'{ratio:.2f}'} |")
-    lines += ["", "celery-pq concurrency is client processes; BullMQ's is one Worker's concurrency."]
-    return "\n".join(lines) + "\n"
+        rows.append([str(c), f"{m[f'pq insert x{c}']:.0f}", f"{m[f'pq pop+ack x{c}']:.0f}",
+                     "not available" if b is None else f"{b:.0f}", "-" if ratio is None else f"{ratio:.2f}"])
+    return [f"# The queue API vs BullMQ ({d['jobs']:,} jobs per run, median of {d['repeat']} runs)", "",
+            *table(["concurrency", "pq insert/s", "pq pop+ack/s", "BullMQ jobs/s", "pop+ack / BullMQ (target >= 1.0)"],
+                   rows, left=0),
+            "", "celery-pq concurrency is client processes; BullMQ's is one Worker's concurrency."]
 
 
 def main(argv=None):

@@ -79,11 +79,11 @@ def run(messages=5000, out=None) -> dict:
     return data
 
 
-def markdown(data) -> str:
-    parts = [f"# Client profiles (pyinstrument, {data['messages']} messages, 256-byte bodies)\n"]
+def markdown(data) -> list[str]:
+    lines = [f"# Client profiles (pyinstrument, {data['messages']} messages, 256-byte bodies)"]
     for title, row in data["profiles"].items():
-        parts.append(f"## {title}\n\nFull profile: `{row['file']}`\n\n```\n{row['top']}\n```\n")
-    return "\n".join(parts)
+        lines += ["", f"## {title}", "", f"Full profile: `{row['file']}`", "", "```", row["top"], "```"]
+    return lines
 
 
 def main(argv=None):

@@ -22,7 +22,7 @@ from kombu import Connection, Exchange, Producer, Queue
 import celery_pq  # noqa: F401
 from celery_pq import PriorityQueue
 
-from .common import cli, redis_server
+from .common import cli, redis_server, table
 
 
 def cost(client, size, ops) -> dict:
@@ -81,23 +81,21 @@ def run(smoke=False) -> dict:
             "cost_big": big_cost, "growth": growth, "memory_bytes_beyond_payload": mem}
 
 
-def markdown(d) -> str:
+def markdown(d) -> list[str]:
     c1, cb, g = d["cost_1k"], d["cost_big"], d["growth"]
-    lines = ["# The queue API", "", f"Cost per operation with {d['sizes'][0]:,} vs {d['sizes'][1]:,} entries waiting "
-             f"({d['ops']} operations timed, one client):", "",
-             "| operation | 1k entries | big | ratio (target <= 1.3) |", "| --- | ---: | ---: | ---: |"]
-    for op in ("insert_us", "pop_ack_us"):
-        lines.append(f"| {op[:-3]} | {c1[op]:.1f} us | {cb[op]:.1f} us | {g[op]:.2f} |")
-    lines += ["", f"Redis memory per waiting entry beyond its payload ({d['entries_for_memory']:,} messages "
-              "published through kombu, 36-character task ids):", "", "| transport | bytes (target <= 200) |",
-              "| --- | ---: |"]
-    for name, v in d["memory_bytes_beyond_payload"].items():
-        lines.append(f"| {name} | {v:.0f} |")
-    return "\n".join(lines) + "\n"
+    return ["# The queue API", "", f"Cost per operation with {d['sizes'][0]:,} vs {d['sizes'][1]:,} entries waiting "
+            f"({d['ops']} operations timed, one client):", "",
+            *table(["operation", "1k entries", "big", "ratio (target <= 1.3)"],
+                   [[op[:-3], f"{c1[op]:.1f} us", f"{cb[op]:.1f} us", f"{g[op]:.2f}"] for op in ("insert_us", "pop_ack_us")]),
+            "", f"Redis memory per waiting entry beyond its payload ({d['entries_for_memory']:,} messages "
+            "published through kombu, 36-character task ids):", "",
+            *table(["transport", "bytes (target <= 200)"],
+                   [[name, f"{v:.0f}"] for name, v in d["memory_bytes_beyond_payload"].items()])]
 
 
 def main(argv=None):
     return cli(argv, __doc__, "queue_api", run, markdown, smoke={"smoke": True})
+
 
 if __name__ == "__main__":
     main()

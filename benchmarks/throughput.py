@@ -20,7 +20,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401
 
-from .common import cli, median, rabbitmq_url, redis_server, transports
+from .common import cli, median, rabbitmq_url, redis_server, transports, versus_table
 
 BODY = "x" * 256
 
@@ -94,21 +94,15 @@ def run(messages=5000, repeat=3) -> dict:
 TARGETS = {"publish": 2.0, "consume_prefetch_1": 1.5, "consume_prefetch_10": 2.0}
 
 
-def markdown(data) -> str:
-    lines = [f"# Throughput through kombu ({data['messages']} messages, median of {data['repeat']} runs)", "",
-             "| figure | celery-pq msg/s | kombu-redis msg/s | ratio | target | RabbitMQ (priority queue) msg/s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for fig, row in data["results"].items():
-        ps = row["per_second"]
-        rabbit = f"{ps['rabbitmq']:.0f}" if "rabbitmq" in ps else "not reachable"
-        lines.append(f"| {fig} | {ps['celery-pq']:.0f} | {ps['kombu-redis']:.0f} | {row['ratio']:.2f} | "
-                     f">= {TARGETS[fig]} | {rabbit} |")
-    return "\n".join(lines) + "\n"
+def markdown(data) -> list[str]:
+    return [f"# Throughput through kombu ({data['messages']} messages, median of {data['repeat']} runs)", "",
+            *versus_table("figure", "msg/s", data["results"], "per_second", TARGETS.__getitem__)]
 
 
 def main(argv=None):
     return cli(argv, __doc__, "throughput", run, markdown,
                options=[("--messages", int, 5000), ("--repeat", int, 3)], smoke={"messages": 50, "repeat": 1})
+
 
 if __name__ == "__main__":
     main()

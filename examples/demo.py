@@ -10,10 +10,11 @@ Run from the repository root::
     python -m examples.demo
 
 Which Redis: ``$PQ_DEMO_REDIS_URL`` if set; else a private ``redis-server`` (``$PQ_REDIS_SERVER``
-or PATH) on a free port, stopped at the end; else a Redis answering on 127.0.0.1:6379; else
-an embedded fakeredis server (not a real Redis; needs ``lupa``). On a Redis the demo did not
-start, every key it writes is under a prefix unique to the run (``pqdemo<random>``), deleted at
-the end. Exits 0 only if every check passed.
+or PATH) on a free port, stopped at the end (``celery_pq.testing.RedisServer``, as the tests and
+the benchmarks); else a Redis answering on 127.0.0.1:6379; else an embedded fakeredis server
+(not a real Redis; needs ``lupa``). On a Redis the demo did not start, every key it writes is
+under a prefix unique to the run (``pqdemo<random>``), deleted at the end.
+Exits 0 only if every check passed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +41,7 @@ from celery import Celery
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
 from celery_pq.scripts import SCRIPT_NAMES, source as script_source
+from celery_pq.testing import RedisServer, RedisServerError, find_redis_server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "demo"
@@ -74,12 +75,6 @@ class Target:
     broker_url: str  # pq:// URL of the same Redis
     prefix: str  # every key of this run starts with it
     where: str  # what was chosen, for the reader
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def broker_url_of(url: str) -> str:
@@ -132,50 +127,14 @@ def shared_redis(client: redis.Redis, target: Target):
 
 @contextmanager
 def private_redis_server(binary: str, prefix: str):
-    tmp = tempfile.mkdtemp(prefix="pq-demo-redis-")
-    proc = None
     try:
-        for _ in range(5):  # another process may take the free port before redis-server binds it
-            port = free_port()
-            proc = subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", tmp],
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-            if _wait_ping(port, proc):
-                break
-            _stop(proc)
-            proc = None
-        if proc is None:
-            raise DemoError(f"{binary} did not start on a free port")
-        version = redis_version(redis.Redis(port=port))
-        url = f"redis://127.0.0.1:{port}/0"
-        yield Target(url, broker_url_of(url), prefix,
-                     f"a private redis-server{version} ({binary}) on 127.0.0.1:{port}, stopped at the end")
-    finally:
-        if proc is not None:
-            _stop(proc)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _wait_ping(port: int, proc: subprocess.Popen) -> bool:
-    client = redis.Redis(port=port, socket_connect_timeout=0.5)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return False
-
-
-def _stop(proc: subprocess.Popen):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        server = RedisServer(binary=binary)
+    except RedisServerError as exc:
+        raise DemoError(str(exc)) from None
+    with server, server.client() as client:
+        version = redis_version(client)
+        yield Target(server.url, broker_url_of(server.url), prefix,
+                     f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end")
 
 
 @contextmanager
@@ -225,10 +184,10 @@ def find_or_start_redis():
         with shared_redis(client, target) as t:
             yield t
         return
-    binary = os.environ.get("PQ_REDIS_SERVER")
-    if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        raise DemoError(f"PQ_REDIS_SERVER={binary!r} is not an executable file")
-    binary = binary or shutil.which("redis-server")
+    try:
+        binary = find_redis_server(required=False)
+    except RuntimeError as exc:  # PQ_REDIS_SERVER names no executable
+        raise DemoError(str(exc)) from None
     if binary:
         with private_redis_server(binary, prefix) as t:
             yield t

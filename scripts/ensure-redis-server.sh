@@ -37,9 +37,10 @@ if find_binary; then
 fi
 
 if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "redis-server not found; installing it with apt-get ..." >&2
     export DEBIAN_FRONTEND=noninteractive
-    { apt-get update && apt-get install -y redis-server; } >&2
+    bash "$(dirname "${BASH_SOURCE[0]}")/quietly.sh" "${TMPDIR:-/tmp}/celery-pq-apt-redis.log" \
+        "redis-server not found; installing it with apt-get" \
+        sh -c 'apt-get update && apt-get install -y redis-server' || exit 1
     if find_binary; then
         exit 0
     fi

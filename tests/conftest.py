@@ -1,4 +1,5 @@
-"""Shared fixtures: real redis-server processes the tests start themselves.
+"""Fixtures shared by every layer: real redis-server processes the tests start themselves
+(``celery_pq.testing.RedisServer``).
 
 - ``redis_server``  one RedisServer for the whole session (never the machine's Redis on 6379)
 - ``redis_url``     its URL, ``redis://127.0.0.1:PORT/0``
@@ -16,10 +17,7 @@ import uuid
 import pytest
 import redis
 
-try:
-    from redis_server import RedisServer, find_redis_server
-except ImportError:  # collected with the repository root on sys.path instead of tests/
-    from tests.redis_server import RedisServer, find_redis_server
+from celery_pq.testing import RedisServer, find_redis_server
 
 
 def pytest_report_header(config):

@@ -329,10 +329,7 @@ def test_celery_remove_by_task_id(url, opts, redis_client, key_prefix):
 
 
 def test_password_and_db_number_from_the_url(key_prefix):
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
 
     with RedisServer(config={"requirepass": "s3cret"}) as server:
         url = f"pq://:s3cret@127.0.0.1:{server.port}/3"

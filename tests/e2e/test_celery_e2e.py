@@ -17,7 +17,7 @@ from celery_pq import PriorityQueue
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Harness:
@@ -53,7 +53,7 @@ class Harness:
 
     def worker(self, name, *extra, gossip=False, may_die=False):
         log = open(self.tmp / f"{name}.log", "wb")
-        args = [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "worker", "-c", "1",
+        args = [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "worker", "-c", "1",
                 "--prefetch-multiplier", "1", "-l", "info", "-n", f"{name}@%h", *extra]
         if "-Q" not in extra:
             args += ["-Q", "q"]
@@ -184,23 +184,20 @@ def test_inspect_ping_and_control_answer_through_the_transport(harness):
     h = harness()
     h.worker("pingme", gossip=True)
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "inspect", "ping", "--timeout", "5"],
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "--timeout", "5"],
         cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "pong" in out.stdout and "pingme@" in out.stdout
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e_app", "inspect", "active_queues", "--timeout", "5"],
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "active_queues", "--timeout", "5"],
         cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0 and "'name': 'q'" in out.stdout, out.stdout + out.stderr
 
 
 def test_worker_goes_on_after_redis_restarts_and_nothing_acknowledged_is_lost(key_prefix, tmp_path):
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
 
     # Given a Redis that keeps its data across a restart (AOF, fsync always)
     with RedisServer(config={"appendonly": "yes", "appendfsync": "always"}) as server:
@@ -253,12 +250,12 @@ def test_celery_pq_stats_command(harness):
     h = harness()
     for p in (5, 5, 200):
         h.send("e2e.record", 0, p, priority=p)
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "pq", "stats", "--json", "q"],
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json", "q"],
                          cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert row["queue"] == "q" and row["waiting"] == 3 and row["per_priority"] == {"200": 1, "5": 2}
-    text = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "pq", "stats"],
+    text = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats"],
                           cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
     assert "q: waiting=3 delayed=0 leased=0 dead=0" in text.stdout, text.stdout + text.stderr
 
@@ -300,7 +297,7 @@ def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
     w = h.worker("w1")
 
     def inspect(what):
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e_app", "inspect", what, "--json",
+        out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", what, "--json",
                               "--timeout", "5"], cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
@@ -357,10 +354,7 @@ def test_a_prefetched_batch_keeps_its_leases_while_earlier_tasks_run(harness):
 
 
 def test_a_running_acks_late_task_keeps_its_lease_when_the_connection_is_lost(key_prefix, tmp_path):
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
 
     # Given a prefork worker running a long acks_late task, its consumer blocked for more work
     with RedisServer() as server:

@@ -16,10 +16,7 @@ from celery_pq import ModeMismatch, PriorityQueue, QueueFull
 from celery_pq import constants as C
 from celery_pq.ids import encode_id
 
-try:
-    from redis_server import RedisServer
-except ImportError:
-    from tests.redis_server import RedisServer
+from celery_pq.testing import RedisServer
 
 
 def _all_ids(q: PriorityQueue) -> dict:

@@ -203,10 +203,7 @@ def test_other_messages_leave_the_publish_id_to_the_queue():
 @pytest.fixture
 def debug_redis():
     """A private redis-server that allows DEBUG SLEEP (a Redis busy for a while)."""
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
     with RedisServer(config={"enable-debug-command": "yes"}) as server:
         yield server
 
@@ -288,10 +285,7 @@ def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, k
 
 # -- deferred acks -----------------------------------------------------------------------------
 def redis_server_class():
-    try:
-        from redis_server import RedisServer
-    except ImportError:
-        from tests.redis_server import RedisServer
+    from celery_pq.testing import RedisServer
     return RedisServer
 
 
@@ -364,7 +358,7 @@ def _refuse_writes(admin, how):
     if how == "OOM":
         admin.config_set("maxmemory", 1)  # over it at once; the default policy is noeviction
     else:
-        from redis_server import free_port
+        from celery_pq.testing import free_port
 
         admin.replicaof("127.0.0.1", free_port())  # a replica of nobody: read-only, data kept
 

@@ -8,14 +8,11 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from redis_server import find_redis_server
-except ImportError:
-    from tests.redis_server import find_redis_server
+from celery_pq.testing import find_redis_server
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(240)

@@ -1,8 +1,14 @@
-"""A private redis-server process for tests.
+"""A private redis-server process: the one launcher of the tests, the benchmarks and the demo.
 
-Tests never touch a Redis they did not start: each ``RedisServer`` runs its own
-``redis-server`` on a free port of 127.0.0.1, in a fresh temporary directory, with
-persistence off unless the caller asks for it::
+As Celery ships ``celery.contrib.testing``, celery-pq ships this module so that its own test
+suite, ``benchmarks/`` and ``examples/demo.py`` (and an application's tests, if it likes) start
+Redis the same way. Nothing here is imported by the transport itself.
+
+Each ``RedisServer`` runs its own ``redis-server`` on a free port of 127.0.0.1, in a fresh
+temporary directory, with persistence off unless the caller asks for it; it is never the
+machine's Redis on 6379::
+
+    from celery_pq.testing import RedisServer
 
     with RedisServer() as server:
         server.client().ping()
@@ -12,7 +18,16 @@ persistence off unless the caller asks for it::
         server.restart()
         assert server.client().get("k") == b"v"
 
-The binary comes from ``$PQ_REDIS_SERVER`` (set by ``make test``), else from PATH.
+What it offers:
+
+- ``find_redis_server()``  the binary: ``$PQ_REDIS_SERVER`` (set by ``make test``), else PATH;
+- ``free_port()``          a TCP port of 127.0.0.1 that was free a moment ago (never 6379);
+- ``RedisServer``          ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL, a crash),
+  ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``.
+
+The process runs in a session of its own (a Ctrl-C at the terminal reaches the caller, which
+then stops it in order) and, on Linux, is killed when the process that started it dies; any
+server still running at interpreter exit is stopped.
 """
 
 from __future__ import annotations
@@ -41,15 +56,17 @@ PORT_ATTEMPTS = 10  # fresh ports to try when the chosen one is taken at start
 _running: set["RedisServer"] = set()
 
 
-def find_redis_server() -> str:
-    """Path of the redis-server binary to use, or RuntimeError saying what is missing."""
+def find_redis_server(required: bool = True) -> str | None:
+    """Path of the redis-server binary to use. When there is none: RuntimeError saying what is
+    missing, or None if not ``required``. A ``$PQ_REDIS_SERVER`` that is not an executable file is
+    always an error."""
     env = os.environ.get("PQ_REDIS_SERVER")
     if env:
         if os.path.isfile(env) and os.access(env, os.X_OK):
             return env
         raise RuntimeError(f"PQ_REDIS_SERVER={env!r} is not an executable file")
     found = shutil.which("redis-server")
-    if found:
+    if found or not required:
         return found
     raise RuntimeError(
         "redis-server not found: set PQ_REDIS_SERVER to its path or put it on PATH "
@@ -68,7 +85,7 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the test process dies (Linux only)."""
+    """In the child before exec: get SIGKILL when the process that started it dies (Linux only)."""
     try:
         import ctypes
 
@@ -87,7 +104,7 @@ class _PortTaken(RedisServerError):
 
 
 class RedisServer:
-    """One redis-server process owned by the test that made it.
+    """One redis-server process owned by the code that made it.
 
     ``args`` are extra redis-server command-line arguments (``"--appendonly", "yes"``);
     ``config`` is the same as a mapping (``{"appendonly": "yes"}``).
@@ -230,7 +247,8 @@ class RedisServer:
             offset = log.tell()
             self.process = subprocess.Popen(
                 self.command(port), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         _running.add(self)
         deadline = time.monotonic() + START_TIMEOUT

@@ -1,0 +1,1 @@
+"""Pure-Python units: no Redis, no network."""
