@@ -27,9 +27,9 @@ is left in the identifier-indexed table.
 
 Running it:
 
-- ``pytest tests/test_model.py``: the bounded CI run (profile ``ci``: 80 examples of up to 40 steps per
+- ``pytest tests/lua/test_model.py``: the bounded CI run (profile ``ci``: 80 examples of up to 40 steps per
   machine, about a minute and a half here once it passes; a failure adds up to 5 minutes of shrinking).
-- ``PQ_SOAK_MINUTES=30 pytest tests/test_model.py -m slow`` (``make soak``): every machine in
+- ``PQ_SOAK_MINUTES=30 pytest tests/lua/test_model.py -m slow`` (``make soak``): every machine in
   turn with many more and longer examples until that many minutes have passed.
 - ``PQ_MODEL_SKIP=name,name`` leaves out rules or checks by name (those in SKIPPABLE), to look
   for further failures past a known one. The default runs everything.
