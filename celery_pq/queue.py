@@ -16,7 +16,6 @@ Every state change is one script, so every operation is atomic.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import socket
@@ -30,6 +29,10 @@ import redis
 
 from . import constants as C
 from . import scripts as _scripts
+from .checks import count as _count
+from .checks import number as _number
+from .checks import seconds as _seconds
+from .checks import text as _text
 from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, split_dead
@@ -104,44 +107,8 @@ def unescape_tenant(text: str) -> str:
     return unquote(text)
 
 
-#: The longest duration any argument takes (lease, delay, dedupe window): ten years, in seconds.
-MAX_SECONDS = 10 * 365 * 24 * 3600
 #: The latest due time an insert takes: the end of year 9999 (Unix ms, below 2**53).
 MAX_DUE_MS = 253_402_300_799_999
-
-
-def _number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False,
-            high: float = float("inf")):
-    """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``), at most high."""
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            value < low or (value == low and not allow_low) or value > high:
-        rel = ">=" if allow_low else ">"
-        top = f" and <= {high:g}" if high != float("inf") else ""
-        raise ValueError(f"{label} must be a finite number {rel} {low:g}{top}, got {value!r}")
-    return value
-
-
-def _seconds(label: str, value, *, zero: bool = False, none: bool = False):
-    return _number(label, value, allow_low=zero, none=none, high=MAX_SECONDS)
-
-
-def _text(label: str, value, *, forbidden: str = "") -> str:
-    """A non-empty str without the characters a stored record uses as separators."""
-    if not isinstance(value, str) or not value or any(c in value for c in forbidden):
-        extra = f" without {', '.join(repr(c) for c in forbidden)}" if forbidden else ""
-        raise ValueError(f"{label} must be a non-empty string{extra}, got {value!r}")
-    return value
-
-
-def _count(label: str, value, *, low: int = 1, none: bool = True):
-    """An int (not a bool) >= low, or None when allowed."""
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{label} must be an integer >= {low}{' or None' if none else ''}, got {value!r}")
-    return value
 
 
 def default_consumer_id() -> str:
