@@ -555,14 +555,18 @@ class PriorityQueue:
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
     def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> list[Lease]:
+            view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> "Popped":
         """Lease up to ``count`` entries in delivery order (empty list when none wait).
 
         ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
+        ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop (a
+        consumer's finished deliveries and its next pop in one round trip); their codes (1
+        acked, or an ErrorCode value) are the result's ``acked``.
         """
-        (reply,) = run_calls(self.client, [self.pop_call(count, lease_seconds=lease_seconds, consumer=consumer,
-                                                         view=view)])
-        return self.parse_pop(reply)
+        popped, codes = pop_with_acks(self, count, lease_seconds=lease_seconds, consumer=consumer, view=view,
+                                      acks={self: acks} if acks else {})
+        popped.acked = codes.get(self, [])
+        return popped
 
     def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
                  view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> tuple:
@@ -968,6 +972,45 @@ def _tenant_setting(label: str, tenant: str, value):
     if label == "concurrency":
         return _count(f"concurrency[{tenant!r}]", value, none=False)
     return _number(f"rate[{tenant!r}]", value, low=MIN_RATE, allow_low=True, high=MAX_RATE)
+
+
+class Popped(list):
+    """The leases one pop took, in delivery order (a list), and ``acked``: the codes of the
+    acks that call carried (see ``PriorityQueue.pop``)."""
+
+    acked: list[int] = []
+
+
+def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None,
+                  **pop_args) -> tuple[Popped, dict]:
+    """One pop of ``queue`` and the acks of several queues, in one round trip.
+
+    ``acks`` maps queues to ``(entry id, token)`` pairs; ``pop_args`` are ``PriorityQueue.pop``'s.
+    The popping queue's own acks ride in its pop script, the others' in ack scripts pipelined
+    before it. Returns the leases and ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value,
+    one per pair, in order).
+    """
+    acks = acks or {}
+    others = [(q, pairs) for q, pairs in acks.items() if q is not queue and pairs]
+    own = acks.get(queue, ())
+    calls = [q.ack_call(pairs) for q, pairs in others]
+    calls.append(queue.pop_call(count, acks=own, **pop_args))
+    replies = run_calls(queue.client, calls)
+    reply = replies.pop()
+    codes = {q: list(r) for (q, _), r in zip(others, replies)}
+    if own:
+        codes[queue] = queue.ack_codes(reply)
+    return Popped(queue.parse_pop(reply)), codes
+
+
+def ack_all(acks: dict) -> dict:
+    """The acks of several queues, ``{queue: [(entry id, token), ...]}``, in one round trip;
+    ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value, one per pair, in order)."""
+    batches = [(q, pairs) for q, pairs in acks.items() if pairs]
+    if not batches:
+        return {}
+    replies = run_calls(batches[0][0].client, [q.ack_call(pairs) for q, pairs in batches])
+    return {q: list(r) for (q, _), r in zip(batches, replies)}
 
 
 def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:
