@@ -135,8 +135,7 @@ class Waits:
                 delivered += self.channel.deliver_fanout(name, queue, msg["data"])
 
     def unblock(self):
-        """Look again: wake our own BLPOP (the consumed queues changed), so it re-arms at once."""
-        self.need_pop = True
+        """Wake our own BLPOP (the consumed queues changed), so it re-arms at once."""
         if self._bconn is not None and self._blpop_keys is not None and self._bconn_id is not None:
             try:
                 self.channel.client.execute_command("CLIENT", "UNBLOCK", self._bconn_id)
@@ -146,10 +145,7 @@ class Waits:
     def drop(self):
         """Close the blocking connection (it is made again when needed)."""
         if self._bconn is not None:
-            try:
-                self._bconn.disconnect()
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(self._bconn.disconnect)
         self._bconn = None
         self._blpop_keys = None
         self.need_pop = True
@@ -157,10 +153,7 @@ class Waits:
     def close(self):
         self.drop()
         if self._pubsub is not None:
-            try:
-                self._pubsub.close()
-            except Exception:  # noqa: BLE001
-                pass
+            _quietly(self._pubsub.close)
             self._pubsub = None
 
 
@@ -282,20 +275,22 @@ class Poller:
         if self._loop is not None:
             fds = list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else [])
             for fd in fds:
-                try:
-                    self._loop.remove_reader(fd)
-                except Exception:  # noqa: BLE001
-                    pass
-            try:
-                self._loop.on_tick.discard(self.on_tick)
-            except Exception:  # noqa: BLE001
-                pass
+                _quietly(self._loop.remove_reader, fd)
+            _quietly(self._loop.on_tick.discard, self.on_tick)
         self._readers.clear()
         self._loop = None
         if self._wake_pipe is not None:
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
+
+
+def _quietly(call, *args) -> None:
+    """Tear something down; a failure there changes nothing (it is being dropped)."""
+    try:
+        call(*args)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _client_id(conn) -> int | None:
