@@ -30,7 +30,7 @@ def broker_channel(conn):
 def remove(app, queue: str, task_id: str) -> int:
     """Remove waiting messages of ``task_id`` from ``queue`` before delivery; how many."""
     with app.connection_for_write() as conn:
-        return broker_channel(conn)._queue(queue).remove(task_id)
+        return broker_channel(conn).queue(queue).remove(task_id)
 
 
 __all__ = [

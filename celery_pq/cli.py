@@ -19,7 +19,7 @@ def pq():
 def _queue_names(channel, names):
     if names:
         return list(names)
-    known = sorted(m.decode() for m in channel.client.smembers(queues_key(channel.key_prefix)))
+    known = sorted(m.decode() for m in channel.client.smembers(queues_key(channel.options.key_prefix)))
     return [n for n in known if not n.endswith(".pidbox") and ".reply." not in n] or known
 
 
@@ -33,7 +33,7 @@ def stats(ctx, queues, as_json):
     app = ctx.obj.app
     with app.connection_for_write() as conn:
         channel = broker_channel(conn)
-        rows = [channel._queue(name).stats() for name in _queue_names(channel, queues)]
+        rows = [channel.queue(name).stats() for name in _queue_names(channel, queues)]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

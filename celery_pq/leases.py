@@ -9,8 +9,9 @@ however many consumers run, each queue is swept about once per ``sweep_interval`
 A failed renewal is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX, not after
 a whole ``renew_interval``. A Redis that refuses writes (OOM under ``noeviction``, a read-only
 replica, MISCONF) is logged as an error naming the cause, at most every REPORT_EVERY seconds;
-other failures as warnings, as often. The keeper also serves the channels its connection
-retired after a connection error (``Transport._collect``) until they hold nothing.
+other failures as warnings, as often. It touches nothing but lease books (``leasebook.py``):
+those of its connection's channels, and those retired after a connection error
+(``Transport._collect``) until they hold nothing.
 """
 
 from __future__ import annotations
@@ -70,19 +71,19 @@ class LeaseKeeper(threading.Thread):
         next_renew = next_sweep = 0.0
         failures = 0  # renewals failed in a row
         while not self._stopped.is_set():
-            channels = self.transport.keeper_channels()
-            if channels is None:  # closed, and the retired channels hold nothing more
+            books = self.transport.keeper_books()
+            if books is None:  # closed, and the retired lease books hold nothing more
                 self.transport.release_pool()
                 return
             wait = 0.25
-            if channels:
-                renew_every = min(c.renew_interval for c in channels)
-                sweep_every = min(c.sweep_interval for c in channels)
+            if books:
+                renew_every = min(b.options.renew_interval for b in books)
+                sweep_every = min(b.options.sweep_interval for b in books)
                 now = monotonic()
                 # acks deferred to a pop that is not coming soon
-                self._attempt("sending acks", lambda: [c.flush_acks() for c in channels])
+                self._attempt("sending acks", lambda: [b.flush() for b in books])
                 if now >= next_renew:
-                    if self._attempt("renewing leases", self.renew, channels):
+                    if self._attempt("renewing leases", self.renew, books):
                         failures = 0
                         next_renew = now + renew_every
                     else:  # try again soon: a lease lasts only lease_seconds
@@ -90,7 +91,7 @@ class LeaseKeeper(threading.Thread):
                         next_renew = now + min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX, renew_every)
                 if now >= next_sweep:
                     next_sweep = now + sweep_every
-                    self._attempt("sweeping expired leases", self.sweep, channels)
+                    self._attempt("sweeping expired leases", self.sweep, books)
                 tick = max(0.02, min(renew_every, sweep_every) / 4)
                 wait = max(0.01, min(tick, next_renew - monotonic()))
             self._stopped.wait(wait)
@@ -117,14 +118,14 @@ class LeaseKeeper(threading.Thread):
         else:
             logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
 
-    def renew(self, channels):
+    def renew(self, books):
         """Renew every held lease, one extend per queue; the first error is raised after the
         other queues were renewed."""
         error = None
-        for channel in channels:
-            for queue, pairs in channel.held_leases().items():
+        for book in books:
+            for q, pairs in book.held().items():
                 try:
-                    results = channel._queue(queue).extend(pairs, channel.lease_seconds)
+                    results = q.extend(pairs, book.options.lease_seconds)
                 except Exception as exc:  # noqa: BLE001
                     error = error or exc
                     continue
@@ -132,22 +133,21 @@ class LeaseKeeper(threading.Thread):
                 for (eid, _), ok in zip(pairs, results):
                     if not ok:
                         logger.warning("celery-pq: lease of %s in %r was lost before renewal; it may run again",
-                                       eid, queue)
+                                       eid, q.name)
         if error is not None:
             raise error
 
-    def sweep(self, channels):
+    def sweep(self, books):
         seen = set()
-        for channel in channels:
-            for name in channel.active_queues:
-                q = channel._queue(name)  # a priority view sweeps the queue it views
+        for book in books:
+            for q in book.queues():  # a priority view sweeps the queue it views
                 if q.name in seen:
                     continue
                 seen.add(q.name)
-                result = q.reclaim(guard_seconds=channel.sweep_interval * 0.9)
+                result = q.reclaim(guard_seconds=book.options.sweep_interval * 0.9)
                 if not result["skipped"]:
                     self.sweeps += 1
                 while result["more"]:
                     result = q.reclaim()
                 if result["returned"] or result["dead"] or result["promoted"]:
-                    channel._need_pop = True
+                    book.returned = True

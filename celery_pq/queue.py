@@ -16,7 +16,6 @@ Every state change is one script, so every operation is atomic.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import socket
@@ -30,6 +29,10 @@ import redis
 
 from . import constants as C
 from . import scripts as _scripts
+from .checks import count as _count
+from .checks import number as _number
+from .checks import seconds as _seconds
+from .checks import text as _text
 from .costs import explain
 from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
 from .ids import decode_id, encode_id
@@ -95,44 +98,8 @@ def unescape_tenant(text: str) -> str:
     return unquote(text)
 
 
-#: The longest duration any argument takes (lease, delay, dedupe window): ten years, in seconds.
-MAX_SECONDS = 10 * 365 * 24 * 3600
 #: The latest due time an insert takes: the end of year 9999 (Unix ms, below 2**53).
 MAX_DUE_MS = 253_402_300_799_999
-
-
-def _number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False,
-            high: float = float("inf")):
-    """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``), at most high."""
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            value < low or (value == low and not allow_low) or value > high:
-        rel = ">=" if allow_low else ">"
-        top = f" and <= {high:g}" if high != float("inf") else ""
-        raise ValueError(f"{label} must be a finite number {rel} {low:g}{top}, got {value!r}")
-    return value
-
-
-def _seconds(label: str, value, *, zero: bool = False, none: bool = False):
-    return _number(label, value, allow_low=zero, none=none, high=MAX_SECONDS)
-
-
-def _text(label: str, value, *, forbidden: str = "") -> str:
-    """A non-empty str without the characters a stored record uses as separators."""
-    if not isinstance(value, str) or not value or any(c in value for c in forbidden):
-        extra = f" without {', '.join(repr(c) for c in forbidden)}" if forbidden else ""
-        raise ValueError(f"{label} must be a non-empty string{extra}, got {value!r}")
-    return value
-
-
-def _count(label: str, value, *, low: int = 1, none: bool = True):
-    """An int (not a bool) >= low, or None when allowed."""
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{label} must be an integer >= {low}{' or None' if none else ''}, got {value!r}")
-    return value
 
 
 def default_consumer_id() -> str:
@@ -587,14 +554,18 @@ class PriorityQueue:
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
     def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> list[Lease]:
+            view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> "Popped":
         """Lease up to ``count`` entries in delivery order (empty list when none wait).
 
         ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
+        ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop (a
+        consumer's finished deliveries and its next pop in one round trip); their codes (1
+        acked, or an ErrorCode value) are the result's ``acked``.
         """
-        (reply,) = run_calls(self.client, [self.pop_call(count, lease_seconds=lease_seconds, consumer=consumer,
-                                                         view=view)])
-        return self.parse_pop(reply)
+        popped, codes = pop_with_acks(self, count, lease_seconds=lease_seconds, consumer=consumer, view=view,
+                                      acks={self: acks} if acks else {})
+        popped.acked = codes.get(self, [])
+        return popped
 
     def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
                  view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> tuple:
@@ -916,6 +887,45 @@ def _tenant_setting(label: str, tenant: str, value):
     if label == "concurrency":
         return _count(f"concurrency[{tenant!r}]", value, none=False)
     return _number(f"rate[{tenant!r}]", value, low=MIN_RATE, allow_low=True, high=MAX_RATE)
+
+
+class Popped(list):
+    """The leases one pop took, in delivery order (a list), and ``acked``: the codes of the
+    acks that call carried (see ``PriorityQueue.pop``)."""
+
+    acked: list[int] = []
+
+
+def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None,
+                  **pop_args) -> tuple[Popped, dict]:
+    """One pop of ``queue`` and the acks of several queues, in one round trip.
+
+    ``acks`` maps queues to ``(entry id, token)`` pairs; ``pop_args`` are ``PriorityQueue.pop``'s.
+    The popping queue's own acks ride in its pop script, the others' in ack scripts pipelined
+    before it. Returns the leases and ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value,
+    one per pair, in order).
+    """
+    acks = acks or {}
+    others = [(q, pairs) for q, pairs in acks.items() if q is not queue and pairs]
+    own = acks.get(queue, ())
+    calls = [q.ack_call(pairs) for q, pairs in others]
+    calls.append(queue.pop_call(count, acks=own, **pop_args))
+    replies = run_calls(queue.client, calls)
+    reply = replies.pop()
+    codes = {q: list(r) for (q, _), r in zip(others, replies)}
+    if own:
+        codes[queue] = queue.ack_codes(reply)
+    return Popped(queue.parse_pop(reply)), codes
+
+
+def ack_all(acks: dict) -> dict:
+    """The acks of several queues, ``{queue: [(entry id, token), ...]}``, in one round trip;
+    ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value, one per pair, in order)."""
+    batches = [(q, pairs) for q, pairs in acks.items() if pairs]
+    if not batches:
+        return {}
+    replies = run_calls(batches[0][0].client, [q.ack_call(pairs) for q, pairs in batches])
+    return {q: list(r) for (q, _), r in zip(batches, replies)}
 
 
 def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:

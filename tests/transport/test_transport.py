@@ -129,7 +129,7 @@ def test_bad_options_are_named(url, opts, options, match):
 def test_visibility_timeout_is_an_alias(url, opts):
     opts["visibility_timeout"] = 12
     with Connection(url, transport_options=opts) as conn:
-        assert conn.default_channel.lease_seconds == 12.0
+        assert conn.default_channel.options.lease_seconds == 12.0
 
 
 def test_max_length_raises_queue_full(url, opts):

@@ -117,12 +117,12 @@ def test_good_options_are_accepted(redis_server, key_prefix):
                "max_message_bytes": 10_000, "dedupe_seconds": 0, "max_dead_length": 100}
     with Connection(url_of(redis_server), transport_options=options) as conn:
         channel = conn.default_channel
-        assert (channel.renew_interval, channel.block_seconds) == (1.5, 0.5)
+        assert (channel.options.renew_interval, channel.options.block_seconds) == (1.5, 0.5)
 
 
 def test_the_default_renew_interval_is_shorter_than_a_short_lease(redis_server, key_prefix):
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, "lease_seconds": 0.1}) as conn:
-        assert conn.default_channel.renew_interval == 0.05
+        assert conn.default_channel.options.renew_interval == 0.05
 
 
 def test_an_empty_queue_name_is_refused_at_declare_and_publish(redis_server, key_prefix, redis_client):
@@ -256,8 +256,8 @@ def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_
         got = consume_batch(conn, q, 4)
         # Then the four good ones are delivered, the bad one is dead-lettered, none stays leased
         assert [b["i"] for b in got] == [0, 1, 2, 3]
-        conn.default_channel.flush_acks()  # the acks that wait for the next round trip
-        assert conn.default_channel.held_leases() == {}
+        conn.default_channel.leases.flush()  # the acks that wait for the next round trip
+        assert conn.default_channel.leases.held() == {}
         assert pq.stats()["leased"] == 0 and pq.size() == 0
     [dead] = pq.dead.peek()
     assert (dead.id, dead.dead_reason, dead.payload) == ("garbage", "malformed", garbage)
@@ -313,7 +313,7 @@ def test_a_deferred_ack_whose_round_trip_fails_is_sent_again(key_prefix):
                 server.start()
                 # Then the ack goes with the next pop, once Redis is back
                 conn.drain_events(timeout=5)
-                conn.default_channel.flush_acks()
+                conn.default_channel.leases.flush()
             with server.client() as r:
                 pq = PriorityQueue(r, "kq")
                 assert got == [{"i": 0}, {"i": 1}]
@@ -330,25 +330,25 @@ def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redi
         channel = conn.default_channel
         with Consumer(conn, [q], callbacks=[lambda b, m: m.ack()], prefetch_count=1):
             conn.drain_events(timeout=5)
-            channel.flush_acks()  # (Redis has the ack script from now on)
+            channel.leases.flush()  # (Redis has the ack script from now on)
             conn.drain_events(timeout=5)
-            assert channel.held_leases()  # the ack waits
+            assert channel.leases.held()  # the ack waits
             # When the round trip that carries it times out while Redis is busy (it runs later)
             with debug_redis.client() as admin:
                 busy = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", "1.5"))
                 busy.start()
                 time.sleep(0.1)
                 with pytest.raises(conn.connection_errors):
-                    channel.flush_acks()
+                    channel.leases.flush()
                 busy.join()
-            assert channel.held_leases()  # kept, not dropped
+            assert channel.leases.held()  # kept, not dropped
             # Then sending it again finds it done, and says so only at debug level
-            with caplog.at_level(logging.DEBUG, logger="celery_pq.transport"):
-                channel.flush_acks()
-        assert channel.held_leases() == {}
+            with caplog.at_level(logging.DEBUG, logger="celery_pq.leasebook"):
+                channel.leases.flush()
+        assert channel.leases.held() == {}
         with debug_redis.client() as r:
             assert PriorityQueue(r, "kq").stats()["leased"] == 0
-    late = [r for r in caplog.records if r.name == "celery_pq.transport" and r.levelno >= logging.WARNING]
+    late = [r for r in caplog.records if r.name == "celery_pq.leasebook" and r.levelno >= logging.WARNING]
     assert late == []
     assert any("already done" in r.getMessage() for r in caplog.records)
 
@@ -423,7 +423,7 @@ def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, redis_client)
                 conn.drain_events(timeout=5)
         producer.publish({"i": 2}, exchange=q.exchange, routing_key="kq")
         assert conn.default_channel.basic_get("kq", no_ack=True) is not None
-        conn.default_channel.flush_acks()
-        assert got == [{"i": 0}, {"i": 1}] and conn.default_channel.held_leases() == {}
+        conn.default_channel.leases.flush()
+        assert got == [{"i": 0}, {"i": 1}] and conn.default_channel.leases.held() == {}
         pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
         assert pq.stats()["leased"] == 0 and pq.size() == 0

@@ -1,0 +1,55 @@
+"""The checks every argument and option goes through: numbers, durations, counts and text.
+
+One set for the queue's arguments (``ValueError``) and the transport's options
+(``error=ConfigError``); each message names the argument and the value it got.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: The longest duration any argument or option takes (lease, delay, dedupe window, timeouts):
+#: ten years, in seconds.
+MAX_SECONDS = 10 * 365 * 24 * 3600
+
+
+def number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False,
+           high: float = math.inf, error: type[Exception] = ValueError):
+    """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``), at most
+    ``high``; None when ``none`` allows it."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            value < low or (value == low and not allow_low) or value > high:
+        rel = ">=" if allow_low else ">"
+        top = f" and <= {high:g}" if high != math.inf else ""
+        also = " or None" if none else ""
+        raise error(f"{label} must be a finite number {rel} {low:g}{top}{also}, got {value!r} "
+                    f"({type(value).__name__})")
+    return value
+
+
+def seconds(label: str, value, *, zero: bool = False, none: bool = False,
+            error: type[Exception] = ValueError) -> float | None:
+    """A number of seconds > 0 (>= 0 with ``zero``), at most MAX_SECONDS, as a float."""
+    value = number(label, value, allow_low=zero, none=none, high=MAX_SECONDS, error=error)
+    return None if value is None else float(value)
+
+
+def count(label: str, value, *, low: int = 1, none: bool = True, error: type[Exception] = ValueError) -> int | None:
+    """An int (not a bool) >= ``low``; None when ``none`` allows it."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        also = " or None" if none else ""
+        raise error(f"{label} must be an integer >= {low}{also}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def text(label: str, value, *, forbidden: str = "", error: type[Exception] = ValueError) -> str:
+    """A non-empty str without the characters a stored record uses as separators (or, with
+    ``forbidden=" "`` and the like, that a name may not hold)."""
+    if not isinstance(value, str) or not value or any(c in value for c in forbidden):
+        extra = f" without {', '.join(repr(c) for c in forbidden)}" if forbidden else ""
+        raise error(f"{label} must be a non-empty string{extra}, got {value!r}")
+    return value

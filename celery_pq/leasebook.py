@@ -1,0 +1,154 @@
+"""The lease book of one channel: which leases it holds, which acks wait to be sent.
+
+A delivered message's delivery tag is its lease token. The book keeps ``tag -> (queue, entry
+id)`` for every delivered, unacked message, and the acks deferred to the next round trip
+(``flush``, or the next pop, which carries them: ``pop``). It is the only object the lease
+keeper thread touches (``leases.py``): it renews ``held()``, sends what ``flush`` sends, sweeps
+``queues()``; a sweep that returned entries sets ``returned`` for the channel's next look.
+
+An ack whose round trip fails is kept, in front of the newer ones, and sent again with the next
+round trip; until then its lease is renewed like any other held lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Sequence
+
+from redis import exceptions as rex
+
+from . import constants as C
+from .errors import ErrorCode
+from .ids import encode_id
+from .queue import Lease, PriorityQueue, Popped, ack_all, pop_with_acks
+
+logger = logging.getLogger(__name__)
+
+Pairs = list[tuple[str, str]]  # [(entry id, token), ...]
+
+
+class LeaseBook:
+    def __init__(self, options):
+        #: The channel's options (lease_seconds, renew_interval, sweep_interval).
+        self.options = options
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[PriorityQueue, str]] = {}  # delivery tag -> (queue, entry id)
+        self._acks: dict[PriorityQueue, Pairs] = {}  # acks waiting for the next round trip
+        self._waiting = 0  # how many
+        self._queues: tuple[PriorityQueue, ...] = ()  # the consumed queues, swept by the keeper
+        #: Set at the channel's close: acks then wait for the keeper (a lost connection).
+        self.closed = False
+        #: Set by a sweep that returned entries to the consumed queues: look before blocking.
+        self.returned = False
+
+    # -- the channel's side -----------------------------------------------------------------
+    def pop(self, q: PriorityQueue, count: int, **pop_args) -> Popped:
+        """Pop ``q`` with every ack waiting, in one round trip; the leases are held from now."""
+        pending = self._take()
+        leases = self._send(pending, lambda: pop_with_acks(q, count, acks=pending, **pop_args))
+        self.hold(q, leases)
+        return leases
+
+    def hold(self, q: PriorityQueue, leases: Sequence[Lease]) -> None:
+        with self._lock:
+            for lease in leases:
+                self._held[lease.token] = (q, lease.id)
+
+    def drop(self, tag: str) -> tuple[PriorityQueue, str] | None:
+        """Stop holding a tag's lease (it is given back, rejected or dead-lettered now);
+        ``(queue, entry id)``, or None when the tag holds no lease."""
+        with self._lock:
+            return self._held.pop(tag, None)
+
+    def ack(self, tag: str, *, defer: bool) -> None:
+        """Ack now, or with ``defer`` (and always once closed) with the next round trip; a
+        full batch is sent at once. Fanout messages and no_ack deliveries hold no lease."""
+        with self._lock:
+            held = self._held.pop(tag, None)
+            if held is None:
+                return
+            q, eid = held
+            defer = defer or self.closed
+            if defer:
+                self._acks.setdefault(q, []).append((eid, tag))
+                self._waiting += 1
+                full = not self.closed and self._waiting >= C.MAX_POP_BATCH
+        if not defer:
+            pending = {q: [(eid, tag)]}
+            self._send(pending, lambda: (None, ack_all(pending)))
+        elif full:
+            self.flush()
+
+    def holding(self, tags) -> int:
+        """How many of ``tags`` hold a lease here."""
+        with self._lock:
+            return sum(1 for tag in tags if tag in self._held)
+
+    def flush(self) -> None:
+        """Send the acks waiting for the next round trip (before blocking, on the keeper's
+        timer, at close); an error leaves them waiting."""
+        pending = self._take()
+        if pending:
+            self._send(pending, lambda: (None, ack_all(pending)))
+
+    def watch(self, queues: Sequence[PriorityQueue]) -> None:
+        """The queues consumed now (the keeper sweeps their expired leases)."""
+        self._queues = tuple(dict.fromkeys(queues))
+
+    # -- the keeper's side --------------------------------------------------------------------
+    def held(self) -> dict[PriorityQueue, Pairs]:
+        """``{queue: [(entry id, token), ...]}`` of the leases held now, acked ones whose ack
+        waits for the next round trip included (they must not lapse meanwhile)."""
+        out: dict[PriorityQueue, Pairs] = {}
+        with self._lock:
+            for tag, (q, eid) in self._held.items():
+                out.setdefault(q, []).append((eid, tag))
+            for q, pairs in self._acks.items():
+                out.setdefault(q, []).extend(pairs)
+        return out
+
+    def queues(self) -> tuple[PriorityQueue, ...]:
+        return self._queues
+
+    def holds_work(self) -> bool:
+        """Leases or acks not yet sent that the keeper must serve."""
+        with self._lock:
+            return bool(self._held or self._acks)
+
+    # -- sending ------------------------------------------------------------------------------
+    def _take(self) -> dict[PriorityQueue, Pairs]:
+        with self._lock:
+            pending, self._acks, self._waiting = self._acks, {}, 0
+        return pending
+
+    def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
+        """Run ``call`` (one round trip carrying ``pending``): its result, after checking the
+        ack codes; on an error the acks wait again and the error is raised."""
+        try:
+            result, codes = call()
+        except BaseException:
+            with self._lock:
+                for q, pairs in pending.items():
+                    self._acks[q] = pairs + self._acks.get(q, [])
+                    self._waiting += len(pairs)
+            raise
+        for q, pairs in pending.items():
+            for (eid, _), code in zip(pairs, codes.get(q, ())):
+                if code == 1:
+                    continue
+                if code == ErrorCode.NOT_LEASED and _gone(q, eid):
+                    # an ack sent again after the reply to its first sending was lost
+                    logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
+                    continue
+                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
+                               eid, q.name)
+        return result
+
+
+def _gone(q: PriorityQueue, eid: str) -> bool:
+    """Whether an entry is no longer in its queue (acked, or removed)."""
+    try:
+        return not q.client.hexists(q.keys.ii, encode_id(eid))
+    except rex.RedisError:
+        return False

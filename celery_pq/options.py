@@ -1,0 +1,256 @@
+"""The transport's options (``broker_transport_options``): each one once, with its type, unit,
+default and check.
+
+``Options.from_transport_options`` reads them when a channel is made; every value is checked
+there, once: a bad one raises ``ConfigError`` naming the option and the value. The frozen
+``Options`` then builds what the layers below take: ``queue_kwargs`` and ``tenant_tables`` for a
+``PriorityQueue``, ``redis_kwargs`` for redis-py's connection pool. README.md's option table
+shows the same names and defaults (a test checks that they agree).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+from kombu.utils.imports import symbol_by_name
+
+from . import constants as C
+from .checks import count, seconds, text
+from .errors import ConfigError
+from .queue import FAIR_SCOPES, validate_priority
+
+
+# -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
+def _text(name, value):
+    return text(name, value, error=ConfigError)
+
+
+def _one_of(*allowed):
+    def check(name, value):
+        if value not in allowed:
+            raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
+        return value
+    return check
+
+
+def _priority(name, value):
+    try:
+        return validate_priority(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _seconds(name, value):
+    return seconds(name, value, error=ConfigError)
+
+
+def _seconds_or_zero(name, value):
+    return seconds(name, value, zero=True, error=ConfigError)
+
+
+def _seconds_or_none(name, value):
+    return seconds(name, value, none=True, error=ConfigError)
+
+
+def _count_from_zero(name, value):
+    return count(name, value, low=0, none=False, error=ConfigError)
+
+
+def _count_or_none(name, value):
+    return count(name, value, error=ConfigError)
+
+
+def _flag_or_none(name, value):
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
+def _client_name(name, value):
+    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
+
+
+def _technique(name, value):
+    if value not in C.TECHNIQUES:
+        raise ConfigError(f"technique for all queues must be 'T' or 'S', got {value!r}")
+    return value
+
+
+def _queue_techniques(name, value):
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a dict {{queue: technique}}, got {value!r}")
+    for queue, technique in value.items():
+        if technique not in C.TECHNIQUES:
+            raise ConfigError(f"technique for {queue!r} must be 'T' or 'S', got {technique!r}")
+    return dict(value)
+
+
+def _fair_key(name, value):
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
+    return value
+
+
+def _per_tenant(kind):
+    """An option given as one number for every tenant or as {tenant: number, "*": default}."""
+    def check(name, value):
+        if value is None:
+            return None
+        if name == "fair_weights" and not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a dict {{tenant: weight}}, got {value!r}")
+        table = dict(value) if isinstance(value, dict) else {"*": value}
+        for tenant, v in table.items():
+            if not isinstance(tenant, str):
+                raise ConfigError(f"{name}: tenant names are strings, got {tenant!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
+                raise ConfigError(f"{name} for {tenant!r} must be a positive number, got {v!r}")
+        return value
+    return check
+
+
+def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str | None = None):
+    """One option: its default, its check, what it means (and the default as README shows it,
+    when that is not the value itself)."""
+    return field(default=default, metadata={"check": check, "doc": doc, "shown": shown})
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every transport option, checked (see each field's ``doc``; README.md's table)."""
+
+    key_prefix: str = _option(C.KEY_PREFIX, _text, "prefix of every Redis key and pub/sub channel")
+    priority_order: str = _option(C.HIGHER_FIRST, _one_of(*C.PRIORITY_ORDERS),
+                                  '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)')
+    default_priority: int = _option(0, _priority, "priority 0..255 of a message published without one")
+    lease_seconds: float = _option(C.LEASE_SECONDS, _seconds,
+                                   "seconds a delivered message stays leased without a renewal; "
+                                   "visibility_timeout is an alias")
+    max_deliveries: int = _option(C.MAX_DELIVERIES, _count_from_zero,
+                                  "deliveries without an ack before <queue>.dead; 0: no limit")
+    fair_key: str | None = _option(None, _fair_key, 'None: fairness off; a header name, or "module:function" '
+                                   "taking the kombu message dict and returning the tenant (str or None)")
+    fair_weights: dict | None = _option(None, _per_tenant((int, float)),
+                                        "{tenant: weight}; weight 1 for tenants not named", shown="{}")
+    fair_scope: str = _option("within_priority", _one_of(*FAIR_SCOPES),
+                              '"within_priority" (strict priority, tenants share each level) or '
+                              '"tenant_first" (tenants share the queue, each one\'s entries by priority)')
+    max_length: int | None = _option(None, _count_or_none, "waiting entries per queue; beyond it QueueFull")
+    max_length_per_tenant: int | None = _option(None, _count_or_none,
+                                                "waiting entries per tenant (needs fair_key); beyond it QueueFull")
+    tenant_concurrency: int | dict | None = _option(None, _per_tenant(int),
+                                                    'leased messages per tenant at once: an int, or '
+                                                    '{tenant: int, "*": default} (needs fair_key)')
+    tenant_rate: float | dict | None = _option(None, _per_tenant((int, float)),
+                                               "deliveries per second per tenant, same forms (needs fair_key)")
+    technique: str = _option(C.TECHNIQUE_T, _technique, 'the patent technique of every queue, "T" or "S"')
+    queue_techniques: dict | None = _option(None, _queue_techniques, "{queue: technique}, per queue")
+    sweep_interval: float = _option(C.SWEEP_INTERVAL, _seconds,
+                                    "seconds between sweeps of expired leases (one sweeper per queue "
+                                    "per interval across all consumers)")
+    renew_interval: float | None = _option(None, _seconds_or_none,
+                                           "seconds between renewals of held leases, shorter than "
+                                           "lease_seconds; None: lease_seconds / 3, at most 20",
+                                           shown="lease_seconds / 3")
+    block_seconds: float = _option(C.BLOCK_SECONDS, _seconds, "server-side BLPOP timeout of an idle consumer")
+    binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
+    socket_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
+    socket_connect_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
+    socket_keepalive: bool | None = _option(None, _flag_or_none, "redis-py")
+    health_check_interval: float = _option(25, _seconds_or_zero, "redis-py, seconds (None: 0)")
+    max_connections: int | None = _option(50, _count_or_none, "redis-py pool size, per connection")
+    client_name: str | None = _option(None, _client_name, "redis-py CLIENT SETNAME, no spaces")
+    max_message_bytes: int | None = _option(None, _count_or_none,
+                                            "a larger stored message is refused (MessageTooLarge)")
+    dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _seconds_or_zero,
+                                    "a publish id seen within this window stores nothing; 0: off")
+    max_dead_length: int | None = _option(None, _count_or_none,
+                                          "entries of <queue>.dead at most (None: max_length, else none)")
+
+    #: The function of ``fair_key="module:function"`` (None for a header name).
+    tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        keep = object.__setattr__  # frozen: the checked values replace the given ones once, here
+        if self.health_check_interval is None:
+            keep(self, "health_check_interval", 0)
+        for f in fields(self):
+            if f.init:
+                keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        if self.renew_interval is None:
+            keep(self, "renew_interval", min(max(0.1, self.lease_seconds / 3.0), 20.0, self.lease_seconds / 2.0))
+        if self.renew_interval >= self.lease_seconds:
+            raise ConfigError(f"renew_interval must be shorter than lease_seconds ({self.lease_seconds:g}), "
+                              f"got {self.renew_interval!r}: leases would run out between renewals")
+        if self.fair_key is not None and ":" in self.fair_key:
+            try:
+                fn = symbol_by_name(self.fair_key)
+            except Exception as exc:  # noqa: BLE001
+                raise ConfigError(f"fair_key {self.fair_key!r} cannot be imported: {exc!r}") from None
+            if not callable(fn):
+                raise ConfigError(f"fair_key {self.fair_key!r} is not callable")
+            keep(self, "tenant_fn", fn)
+        fair_only = {"fair_weights": self.fair_weights, "tenant_concurrency": self.tenant_concurrency,
+                     "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
+        if self.fair_key is None and any(fair_only.values()):
+            named = ", ".join(k for k, v in fair_only.items() if v)
+            raise ConfigError(f"{named} need fair_key (a tenant for each message)")
+
+    @classmethod
+    def from_transport_options(cls, given: dict) -> "Options":
+        """The options among ``broker_transport_options`` (other names are left to kombu)."""
+        names = {f.name for f in fields(cls) if f.init}
+        values = {k: v for k, v in given.items() if k in names}
+        lease = values.pop("lease_seconds", None)
+        if lease is None:
+            lease = given.get("visibility_timeout")
+        if lease is not None:
+            values["lease_seconds"] = lease
+        return cls(**values)
+
+    # -- what the layers below take ------------------------------------------------------------
+    def queue_kwargs(self, name: str) -> dict:
+        """``PriorityQueue(client, name, **options.queue_kwargs(name))``: a dead-letter queue
+        is never fair and has no delivery limit."""
+        dead = name.endswith(".dead")
+        fair = self.fair_key is not None and not dead
+        return {
+            "key_prefix": self.key_prefix,
+            "technique": (self.queue_techniques or {}).get(name, self.technique),
+            "priority_order": self.priority_order,
+            "lease_seconds": self.lease_seconds,
+            "max_deliveries": 0 if dead else self.max_deliveries,
+            "max_length": self.max_length,
+            "fair": fair,
+            "fair_scope": self.fair_scope,
+            "tenant_concurrency": _default(self.tenant_concurrency) if fair else None,
+            "tenant_rate": _default(self.tenant_rate) if fair else None,
+            "max_length_per_tenant": self.max_length_per_tenant if fair else None,
+            "dedupe_seconds": self.dedupe_seconds,
+            "max_dead_length": self.max_dead_length,
+        }
+
+    def tenant_tables(self) -> dict:
+        """``queue.configure_tenants(**options.tenant_tables())`` for a fair queue: the tenants
+        named in fair_weights, tenant_concurrency and tenant_rate."""
+        return {"weights": self.fair_weights, "concurrency": _named(self.tenant_concurrency),
+                "rate": _named(self.tenant_rate)}
+
+    def redis_kwargs(self) -> dict:
+        """The options handed to redis-py's connection pool."""
+        return {name: getattr(self, name) for name in ("socket_timeout", "socket_connect_timeout",
+                                                       "socket_keepalive", "health_check_interval",
+                                                       "client_name", "max_connections")}
+
+
+def _default(value):
+    """The value for tenants not named: the number itself, or the "*" of a table."""
+    return value.get("*") if isinstance(value, dict) else value
+
+
+def _named(value) -> dict:
+    """The tenants named in a per-tenant table (none when one number is given for all)."""
+    return {k: v for k, v in value.items() if k != "*"} if isinstance(value, dict) else {}

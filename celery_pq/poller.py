@@ -1,0 +1,306 @@
+"""How a consumer waits and is woken: every socket it reads from, and the one wait loop.
+
+Each channel has a ``Waits``: a blocking connection of its own (BLPOP on the wake lists of the
+queues it consumes: an insert leaves a wake token there) and a pub/sub connection for fanout
+exchanges. A channel pops while there may be work (``need_pop``); when a pop finds nothing it
+blocks on its wake lists instead, so an idle consumer costs one call per ``block_seconds``.
+
+The ``Poller`` of a connection runs the loop over its channels, in one of two ways:
+``drain`` (kombu's ``drain_events``: select on the sockets) or ``on_tick`` (Celery's event
+loop: the sockets are the loop's readers). Both take the same steps: each channel pops and
+delivers what its prefetch window allows; if nothing came, each arms its waits and the loop
+waits for a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+from dataclasses import dataclass
+from time import monotonic, sleep
+from typing import Callable
+
+from redis import exceptions as rex
+
+logger = logging.getLogger(__name__)
+
+#: Seconds past block_seconds that a blocking wait may stay unanswered before its connection
+#: counts as dead (the server answers a BLPOP within block_seconds).
+SILENCE_SECONDS = 15
+
+
+@dataclass
+class Wait:
+    """A connection to read from and what to do when it is readable; ``once``: a blocking read
+    that is sent again (re-armed) after its answer."""
+
+    conn: object
+    handler: Callable[[], int]
+    once: bool
+
+
+class Waits:
+    """One channel's blocking read and pub/sub subscription.
+
+    The channel gives: ``active_queues``, ``qos``, ``wake_keys()``, ``fanout_channels()``
+    ({pub/sub channel: queue}), ``pop_and_deliver()``, ``deliver_fanout(queue, data)``,
+    ``leases`` (its lease book), ``client``, ``options`` and ``transport``.
+    """
+
+    def __init__(self, channel):
+        self.channel = channel
+        #: Pop when there may be work; otherwise block on the wake lists.
+        self.need_pop = True
+        #: Redis calls made to receive: "pops" (pop scripts), "wakeups" (blocking waits
+        #: answered by a wake token), "timeouts" (blocking waits that ran out).
+        self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
+        self._bconn = None
+        self._bconn_id = None
+        self._blpop_keys = None
+        self._blpop_sent = 0.0
+        self._pubsub = None
+        self._subscribed: set[str] = set()
+
+    def should_pop(self) -> bool:
+        """Whether there may be work (a wake-up, a change, a sweep that returned entries)."""
+        if self.channel.leases.returned:
+            self.channel.leases.returned = False
+            self.need_pop = True
+        return self.need_pop
+
+    def arm(self) -> list[Wait]:
+        """Make sure the blocking reads are in flight; the waits to watch."""
+        channel = self.channel
+        channel.leases.flush()  # never block with acks unsent
+        waits = []
+        if self._bconn is not None and self._blpop_keys is not None:
+            if monotonic() - self._blpop_sent > channel.options.block_seconds + SILENCE_SECONDS:
+                self.drop()
+                raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
+            waits.append(Wait(self._bconn, self._on_blpop, True))
+        elif channel.active_queues and channel.qos.can_consume() and not self.should_pop():
+            if self._bconn is None:
+                self._bconn = channel.transport.new_connection()
+                self._bconn.connect()
+                self._bconn_id = _client_id(self._bconn)
+            keys = channel.wake_keys()
+            self._bconn.send_command("BLPOP", *keys, channel.options.block_seconds)
+            self._blpop_keys = keys
+            self._blpop_sent = monotonic()
+            waits.append(Wait(self._bconn, self._on_blpop, True))
+        wanted = channel.fanout_channels()
+        if wanted:
+            if self._pubsub is None:
+                self._pubsub = channel.client.pubsub(ignore_subscribe_messages=True)
+            if set(wanted) - self._subscribed:
+                self._pubsub.subscribe(*sorted(set(wanted) - self._subscribed))
+            if self._subscribed - set(wanted):
+                self._pubsub.unsubscribe(*sorted(self._subscribed - set(wanted)))
+            self._subscribed = set(wanted)
+            waits.append(Wait(self._pubsub.connection, self._on_pubsub, False))
+        return waits
+
+    def _on_blpop(self) -> int:
+        try:
+            reply = self._bconn.read_response()
+        except Exception:
+            self.drop()
+            raise
+        self._blpop_keys = None
+        self.need_pop = True  # a wake token, or the timeout: look again either way
+        self.counters["wakeups" if reply else "timeouts"] += 1
+        if reply and not self.channel.qos.can_consume():
+            # The prefetch window filled while we were blocked: leave the token for the next
+            # wait (ours or another consumer's), or the work would sit until block_seconds.
+            key, token = reply
+            self.channel.client.lpush(key, token)
+            return 0
+        return self.channel.pop_and_deliver()
+
+    def _on_pubsub(self) -> int:
+        delivered = 0
+        while True:
+            msg = self._pubsub.get_message(timeout=0)
+            if msg is None:
+                if not self._pubsub.connection or not self._pubsub.connection.can_read(timeout=0):
+                    return delivered
+                continue
+            if msg.get("type") != "message":
+                continue
+            name = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
+            queue = self.channel.fanout_channels().get(name)
+            if queue is not None:
+                delivered += self.channel.deliver_fanout(name, queue, msg["data"])
+
+    def unblock(self):
+        """Wake our own BLPOP (the consumed queues changed), so it re-arms at once."""
+        if self._bconn is not None and self._blpop_keys is not None and self._bconn_id is not None:
+            try:
+                self.channel.client.execute_command("CLIENT", "UNBLOCK", self._bconn_id)
+            except rex.RedisError:
+                pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
+
+    def drop(self):
+        """Close the blocking connection (it is made again when needed)."""
+        if self._bconn is not None:
+            _quietly(self._bconn.disconnect)
+        self._bconn = None
+        self._blpop_keys = None
+        self.need_pop = True
+
+    def close(self):
+        self.drop()
+        if self._pubsub is not None:
+            _quietly(self._pubsub.close)
+            self._pubsub = None
+
+
+class Poller:
+    """The wait loop of one connection over its channels (``transport.cycle_channels``)."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self._loop = None
+        self._readers: dict[int, tuple] = {}  # fd -> (socket, Wait)
+        self._draining = False
+        self._wake_pipe = None
+
+    def defers_acks(self) -> bool:
+        """Acks can wait for the next pop while something here is sure to pop again soon."""
+        return self._draining or self._loop is not None
+
+    def _step(self, *, until_delivered: bool) -> tuple[int, list[Wait]]:
+        """One pass of the loop: each channel pops and delivers what its prefetch window
+        allows, then arms its waits; ``until_delivered`` ends the pass at the first delivery.
+        (delivered, waits)."""
+        delivered = 0
+        waits: list[Wait] = []
+        for channel in list(self.transport.cycle_channels):
+            delivered += channel.pop_and_deliver()
+            if delivered and until_delivered:
+                return delivered, []
+            waits += channel.waits.arm()
+        return delivered, waits
+
+    # -- kombu's drain_events ---------------------------------------------------------------
+    def drain(self, timeout=None) -> None:
+        """Deliver at least one message, or raise socket.timeout after ``timeout`` seconds."""
+        self._draining = True
+        try:
+            self._drain(timeout)
+        finally:
+            self._draining = False
+
+    def _drain(self, timeout):
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            delivered, waits = self._step(until_delivered=True)
+            if delivered:
+                return
+            remaining = None if deadline is None else deadline - monotonic()
+            if remaining is not None and remaining <= 0:
+                raise socket.timeout()
+            if not waits:  # nothing to block on (prefetch window full): look again shortly
+                sleep(min(0.05, remaining) if remaining is not None else 0.05)
+                continue
+            ready = [w for w in waits if w.conn.can_read(timeout=0)]
+            if not ready:
+                socks = {w.conn._sock: w for w in waits if w.conn._sock is not None}
+                wait = 1.0 if remaining is None else min(remaining, 1.0)
+                readable, _, _ = select.select(list(socks), [], [], wait)
+                ready = [socks[s] for s in readable]
+            if sum(w.handler() or 0 for w in ready):
+                return
+
+    # -- Celery's event loop ----------------------------------------------------------------
+    def register_with_event_loop(self, loop):
+        self._loop = loop
+        if self._wake_pipe is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake_pipe = (r, w)
+        loop.add_reader(self._wake_pipe[0], self._on_self_wake)
+        loop.on_tick.add(self.on_tick)
+
+    def _on_self_wake(self):
+        try:
+            os.read(self._wake_pipe[0], 4096)
+        except BlockingIOError:
+            pass
+
+    def _self_wake(self):
+        try:
+            os.write(self._wake_pipe[1], b"x")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def on_tick(self):
+        # Celery's hub runs the acks it deferred (call_soon) at the top of each loop pass, just
+        # before this tick: the prefetch window is up to date, and those acks ride along with
+        # the pop. While work remains, the loop wakes itself (a pipe) instead of blocking in
+        # Redis, so a backlog costs one round trip per pop. (After a delivery the acks it
+        # causes arrive as call_soon callbacks, which only run on the next pass: wake once so
+        # that pass comes at once, not after a timer.)
+        delivered, waits = self._step(until_delivered=False)
+        for wait in waits:
+            sock = wait.conn._sock
+            if sock is None:
+                continue
+            fd = sock.fileno()
+            known = self._readers.get(fd)
+            if known is None or known[0] is not sock:
+                self._readers[fd] = (sock, wait)
+                self._loop.add_reader(fd, self._on_readable, fd)
+        if delivered:
+            self._self_wake()
+
+    def _on_readable(self, fd):
+        entry = self._readers.get(fd)
+        if entry is None:
+            return
+        sock, wait = entry
+        if wait.conn._sock is not sock:  # reconnected: the next tick registers the new socket
+            self._readers.pop(fd, None)
+            self._loop.remove_reader(fd)
+            return
+        if wait.once:  # a blocking read that has been answered is re-armed on the next tick
+            self._readers.pop(fd, None)
+            self._loop.remove_reader(fd)
+        wait.handler()
+
+    def close(self):
+        if self._loop is not None:
+            fds = list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else [])
+            for fd in fds:
+                _quietly(self._loop.remove_reader, fd)
+            _quietly(self._loop.on_tick.discard, self.on_tick)
+        self._readers.clear()
+        self._loop = None
+        if self._wake_pipe is not None:
+            for fd in self._wake_pipe:
+                os.close(fd)
+            self._wake_pipe = None
+
+
+def _quietly(call, *args) -> None:
+    """Tear something down; a failure there changes nothing (it is being dropped)."""
+    try:
+        call(*args)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _client_id(conn) -> int | None:
+    """The id of a blocking connection, for CLIENT UNBLOCK; None when this Redis user may not
+    run CLIENT (an ACL without it): a change of the consumed queues then takes effect when the
+    blocking read times out (within block_seconds)."""
+    conn.send_command("CLIENT", "ID")
+    try:
+        return conn.read_response()
+    except rex.ResponseError as exc:
+        logger.info("celery-pq: CLIENT ID refused (%s); changes to the consumed queues take effect "
+                    "within block_seconds", exc)
+        return None

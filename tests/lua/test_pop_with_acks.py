@@ -1,0 +1,39 @@
+"""The queue batches a consumer's acks with its next pop: PriorityQueue.pop(acks=...),
+queue.pop_with_acks (several queues' acks, one pop, one round trip) and queue.ack_all."""
+
+from celery_pq import PriorityQueue
+from celery_pq import queue as queue_module
+from celery_pq.errors import ErrorCode
+
+
+def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(3)])
+    first = q.pop(2)
+    popped = q.pop(1, acks=[(first[0].id, first[0].token), (first[1].id, "stale-token")])
+    assert [lease.id for lease in popped] == ["e2"]
+    assert popped.acked == [1, ErrorCode.TOKEN_MISMATCH]
+    assert q.pop(1).acked == []
+
+
+def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(redis_client, key_prefix, monkeypatch):
+    # Given two queues, each with a lease held, and one more entry waiting in the second
+    a = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)
+    b = PriorityQueue(redis_client, "pb", key_prefix=key_prefix)
+    a.insert(b"x", 1, id="a1")
+    b.insert_many([(b"x", 1, "b1"), (b"x", 1, "b2")])
+    [held_a], [held_b] = a.pop(1), b.pop(1)
+    trips = []
+    run_calls = queue_module.run_calls
+    monkeypatch.setattr(queue_module, "run_calls", lambda client, calls: trips.append(len(calls)) or
+                        run_calls(client, calls))
+    # When the second queue pops with both leases acked
+    leases, codes = queue_module.pop_with_acks(b, 1, acks={a: [(held_a.id, held_a.token)],
+                                                            b: [(held_b.id, held_b.token)]})
+    # Then both acks and the pop went in one round trip (b's ack inside its pop script)
+    assert trips == [2]
+    assert [lease.id for lease in leases] == ["b2"]
+    assert codes == {a: [1], b: [1]}
+    assert a.stats()["leased"] == 0 and a.size() == 0
+    assert queue_module.ack_all({b: [(leases[0].id, leases[0].token)], a: []}) == {b: [1]}
+    assert trips == [2, 1]
