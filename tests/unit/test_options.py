@@ -10,7 +10,7 @@ import pytest
 from celery_pq import ConfigError
 from celery_pq.options import Options
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_options() -> dict[str, str]:
