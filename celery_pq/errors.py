@@ -96,3 +96,31 @@ class MessageTooLarge(PQError, ValueError):
         self.limit = limit
         super().__init__(f"message for queue {queue!r} is {size} bytes, over max_message_bytes={limit}; "
                          "it was not published")
+
+
+def error_for(code: int, queue: str, **context) -> PQError | None:
+    """The exception of a script's error code: the one place where codes become exceptions
+    (None for a code >= 0, no error). ``context`` carries what the exception names: ``entry_id``
+    (lease, lookup and state errors), ``size``, ``limit`` and ``tenant`` (full queues),
+    ``stored`` and ``wanted`` (mode records)."""
+    if code >= 0:
+        return None
+    c = ErrorCode(code)
+    if c in (ErrorCode.NOT_LEASED, ErrorCode.TOKEN_MISMATCH):
+        return LeaseLost(queue, context["entry_id"], c)
+    if c is ErrorCode.NOT_FOUND:
+        return EntryNotFound(queue, context["entry_id"])
+    if c is ErrorCode.NOT_WAITING:
+        return NotWaiting(queue, context["entry_id"])
+    if c in (ErrorCode.QUEUE_FULL, ErrorCode.TENANT_FULL):
+        return QueueFull(queue, context["size"], context["limit"], tenant=context.get("tenant"))
+    if c is ErrorCode.MODE_MISMATCH:
+        return ModeMismatch(queue, context["stored"], context["wanted"])
+    return PQError(f"queue {queue!r}: the script answered {c.name}")  # STALE_VIEWS: its caller retries
+
+
+def raise_for(code: int, queue: str, **context) -> None:
+    """Raise ``error_for(code, ...)`` when the code is an error."""
+    exc = error_for(code, queue, **context)
+    if exc is not None:
+        raise exc

@@ -34,7 +34,7 @@ from .checks import number as _number
 from .checks import seconds as _seconds
 from .checks import text as _text
 from .costs import explain
-from .errors import EntryNotFound, ErrorCode, LeaseLost, ModeMismatch, NotWaiting, QueueFull
+from .errors import ErrorCode, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
 from .records import FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_tenant_member
@@ -64,7 +64,7 @@ def translate_error(exc: Exception) -> Exception:
     if not wanted["fair"]:
         stored.pop("fair_scope") if not stored["fair"] else None
         wanted.pop("fair_scope")
-    return ModeMismatch(_queue_of_key(m.group("key")), stored, wanted)
+    return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")), stored=stored, wanted=wanted)
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
@@ -152,7 +152,7 @@ class PriorityQueue:
         fair: share the queue fairly among tenants (the ``tenant`` of each insert).
         fair_scope: ``"within_priority"`` (strict priority, tenants share each level) or
             ``"tenant_first"`` (tenants share the queue, each tenant's entries by priority).
-        tenant_concurrency: leased entries allowed per tenant at once (0/None: no cap).
+        tenant_concurrency: leased entries allowed per tenant at once (None: no cap).
         tenant_rate: deliveries per second allowed per tenant (0/None: no limit).
         max_length_per_tenant: waiting entries allowed per tenant (None: no limit).
     """
@@ -193,9 +193,8 @@ class PriorityQueue:
         _count("max_length", max_length)
         if fair_scope not in FAIR_SCOPES:
             raise ValueError(f"fair_scope must be one of {tuple(FAIR_SCOPES)}, got {fair_scope!r}")
-        for label, value in (("tenant_concurrency", tenant_concurrency), ("max_length_per_tenant", max_length_per_tenant)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ValueError(f"{label} must be a non-negative integer or None, got {value!r}")
+        _count("tenant_concurrency", tenant_concurrency)  # None: no cap (as the transport option)
+        _count("max_length_per_tenant", max_length_per_tenant)
         if tenant_rate:  # 0 or None: no limit
             _number("tenant_rate", tenant_rate, low=MIN_RATE, allow_low=True, high=MAX_RATE)
         else:
@@ -395,10 +394,10 @@ class PriorityQueue:
         """Raise for a full queue; False when the view registry changed (refresh and retry)."""
         if len(reply) >= 2 and isinstance(reply[0], int):
             if reply[0] == ErrorCode.QUEUE_FULL:
-                raise QueueFull(self.name, int(reply[1]), self.max_length)
+                raise_for(reply[0], self.name, size=int(reply[1]), limit=self.max_length)
             if reply[0] == ErrorCode.TENANT_FULL:
-                tenant = items[int(reply[2])][3]
-                raise QueueFull(self.name, int(reply[1]), self.max_length_per_tenant, tenant=tenant)
+                raise_for(reply[0], self.name, size=int(reply[1]), limit=self.max_length_per_tenant,
+                          tenant=items[int(reply[2])][3])
             if reply[0] == ErrorCode.STALE_VIEWS:
                 self.refresh_views()
                 return False
@@ -643,7 +642,7 @@ class PriorityQueue:
             if code == 1:
                 out.append(True)
             elif strict:
-                raise LeaseLost(self.name, eid, ErrorCode(code))
+                raise_for(code, self.name, entry_id=eid)
             else:
                 out.append(False)
         return out
@@ -689,7 +688,7 @@ class PriorityQueue:
                 self._warn_dropped(1)
             return "dead"
         if strict:
-            raise LeaseLost(self.name, eid, ErrorCode(code))
+            raise_for(code, self.name, entry_id=eid)
         return None
 
     def reclaim(self, *, limit: int = C.SWEEP_BATCH, guard_seconds: float = 0.0, consumer: str = "") -> dict:
@@ -726,10 +725,7 @@ class PriorityQueue:
         _text("id", id)
         code = self._run("change_priority", self._keys("change_priority"),
                          [encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope])
-        if code == ErrorCode.NOT_FOUND:
-            raise EntryNotFound(self.name, id)
-        if code == ErrorCode.NOT_WAITING:
-            raise NotWaiting(self.name, id)
+        raise_for(code, self.name, entry_id=id)
 
     def peek(self, count: int = 1) -> list[Entry]:
         """The next ``count`` entries in delivery order, not leased."""
