@@ -42,8 +42,6 @@ entries of ``NAME`` whose priority satisfies the predicate, and is woken only by
 from __future__ import annotations
 
 import logging
-import operator
-import re
 import socket
 import threading
 from datetime import datetime, timezone
@@ -63,14 +61,11 @@ from .leases import LeaseKeeper
 from .options import Options
 from .poller import Poller, Waits
 from .queue import PriorityQueue, default_consumer_id, validate_priority
+from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6379
-
-#: A consumer's view of part of a queue: NAME[OP VALUE] (the collated keyed queue).
-_PREDICATE = re.compile(r"^(?P<base>.+)\[\s*(?P<op><=|>=|=|<|>)\s*(?P<value>-?\d+)\s*\]$")
-_OPS = {"=": operator.eq, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
 
 
 class Unreadable(Exception):
@@ -152,7 +147,7 @@ class Channel(virtual.Channel):
         self.waits = Waits(self)
         self.counters = self.waits.counters
         self._queues: dict[str, PriorityQueue] = {}
-        self._views: dict[str, tuple[int, int]] = {}  # consumed name -> rank range of its view
+        self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
         self._no_ack_queues: set[str] = set()  # consumed with no_ack: acked as delivered
         self._tables: dict[str, tuple[float, list]] = {}
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
@@ -167,32 +162,15 @@ class Channel(virtual.Channel):
         q = self._queues.get(name)
         if q is None:
             _check_queue_name(name)
-            m = _PREDICATE.match(name)
-            if m:
-                q = self.queue(m.group("base"))
+            view = View.parse(name)
+            if view is not None:
+                q = self.queue(view.base)
             else:
                 q = PriorityQueue(self.client, name, **self.options.queue_kwargs(name))
                 if q.fair:
                     q.configure_tenants(**self.options.tenant_tables())
             self._queues[name] = q
         return q
-
-    def _view(self, name: str) -> tuple[int, int] | None:
-        """The rank range of a consumed view name like ``default[>=200]``, or None."""
-        if name in self._views:
-            return self._views[name]
-        m = _PREDICATE.match(name)
-        if not m:
-            return None
-        test, value = _OPS[m.group("op")], int(m.group("value"))
-        q = self.queue(name)
-        ranks = [q.rank(p) for p in range(C.MIN_PRIORITY, C.MAX_PRIORITY + 1) if test(p, value)]
-        if not ranks:
-            raise ConfigError(f"queue view {name!r}: no priority 0..255 satisfies it")
-        if q.fair and q.scope != "P":
-            raise ConfigError(f"queue view {name!r}: views need fair_scope='within_priority' on a fair queue")
-        self._views[name] = (min(ranks), max(ranks))
-        return self._views[name]
 
     def _tenant_of(self, message) -> str | None:
         """The tenant of an outgoing message (None: the shared default tenant)."""
@@ -264,7 +242,7 @@ class Channel(virtual.Channel):
     # -- routing tables (shared in Redis, cached here) ------------------------------------------
     def _new_queue(self, queue, **kwargs):
         _check_queue_name(queue)
-        if _PREDICATE.match(queue):
+        if is_view(queue):
             return  # a view consumes its queue; it holds nothing of its own
         self.client.sadd(queues_key(self.options.key_prefix), queue)
 
@@ -272,7 +250,7 @@ class Channel(virtual.Channel):
         return bool(self.client.sismember(queues_key(self.options.key_prefix), queue))
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
-        if _PREDICATE.match(queue):
+        if is_view(queue):
             return  # never a routing destination: publishing goes to the queue it views
         if self.typeof(exchange).type == "fanout":
             self._fanout_queues[queue] = exchange
@@ -304,7 +282,7 @@ class Channel(virtual.Channel):
         self._tables.pop(exchange, None)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
-        if _PREDICATE.match(queue):
+        if is_view(queue):
             return  # deleting a view must not delete the queue it views
         if if_empty and self._size(queue):
             return
@@ -316,13 +294,13 @@ class Channel(virtual.Channel):
         return self.queue(queue).size()
 
     def _purge(self, queue):
-        if _PREDICATE.match(queue):
+        if is_view(queue):
             raise ValueError(f"{queue!r} is a view of a queue; purge the queue itself")
         return self.queue(queue).purge()
 
     # -- consuming ----------------------------------------------------------------------------
     def basic_consume(self, queue, no_ack, *args, **kwargs):
-        view = self._view(queue)
+        view = self.views.range_of(queue)
         if view is not None:
             self.queue(queue).register_view(*view)
         if queue in self._fanout_queues:
@@ -364,7 +342,7 @@ class Channel(virtual.Channel):
         """basic_get: lease one message now, or raise Empty."""
         self.transport.ensure_keeper()
         q = self.queue(queue)
-        leases = self.leases.pop(q, 1, consumer=self.consumer_id, view=self._view(queue))
+        leases = self.leases.pop(q, 1, consumer=self.consumer_id, view=self.views.range_of(queue))
         msg = self._to_message(q, leases[0]) if leases else None
         if msg is None:
             raise virtual.Empty()
@@ -386,7 +364,7 @@ class Channel(virtual.Channel):
             name = queues[(start + i) % n]
             q = self.queue(name)
             self.counters["pops"] += 1
-            leases = self.leases.pop(q, want, consumer=self.consumer_id, view=self._view(name))
+            leases = self.leases.pop(q, want, consumer=self.consumer_id, view=self.views.range_of(name))
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
@@ -501,7 +479,7 @@ class Channel(virtual.Channel):
         """The wake lists of the consumed queues (a view's own list for a view)."""
         keys = []
         for name in self.active_queues:
-            view = self._view(name)
+            view = self.views.range_of(name)
             q = self.queue(name)
             keys.append(q.keys.wk if view is None else q.keys.view_wake(*view))
         return keys
