@@ -61,6 +61,7 @@ from .leases import LeaseKeeper
 from .options import Options
 from .poller import Poller, Waits
 from .queue import PriorityQueue, default_consumer_id, validate_priority
+from .tenants import tenant_of
 from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
@@ -172,27 +173,6 @@ class Channel(virtual.Channel):
             self._queues[name] = q
         return q
 
-    def _tenant_of(self, message) -> str | None:
-        """The tenant of an outgoing message (None: the shared default tenant)."""
-        fair_key, fn = self.options.fair_key, self.options.tenant_fn
-        if fair_key is None:
-            return None
-        if fn is not None:
-            try:
-                # the function sees the message with its body decoded (the serialized payload)
-                props = message.get("properties") or {}
-                body = self.decode_body(message.get("body"), props.get("body_encoding"))
-                tenant = fn({**message, "body": body})
-            except Exception as exc:  # noqa: BLE001 - named and re-raised; nothing is written
-                raise ValueError(f"fair_key function {fair_key!r} raised {exc!r}; "
-                                 "the message was not published") from exc
-        else:
-            tenant = (message.get("headers") or {}).get(fair_key)
-        if tenant is not None and not isinstance(tenant, str):
-            raise ValueError(f"fair_key {fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
-                             "not a string; the message was not published")
-        return tenant
-
     # -- publishing ---------------------------------------------------------------------------
     def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
                         headers=None, properties=None):
@@ -219,7 +199,7 @@ class Channel(virtual.Channel):
             priority = self.options.default_priority  # a message that did not come through prepare_message
         headers = message.get("headers") or {}
         task_id = headers.get("id") or props.get("correlation_id") or None
-        tenant = self._tenant_of(message)
+        tenant = tenant_of(message, self.options, self.decode_body)
         due_ms = _eta_ms(headers.get("eta"))
         self.queue(queue).insert(self._serialized(queue, message), priority,
                                  id=str(task_id) if task_id else None, tenant=tenant, due_ms=due_ms,
