@@ -46,7 +46,6 @@ import socket
 import threading
 from datetime import datetime, timezone
 from hashlib import blake2b
-from time import monotonic
 
 import redis
 from kombu.transport import virtual
@@ -55,12 +54,13 @@ from redis import exceptions as rex
 
 from . import constants as C
 from .errors import ConfigError, MessageTooLarge
-from .keys import BINDING_SEP, binding_key, fanout_channel, queues_key
+from .keys import fanout_channel
 from .leasebook import LeaseBook
 from .leases import LeaseKeeper
 from .options import Options
 from .poller import Poller, Waits
 from .queue import PriorityQueue, default_consumer_id, validate_priority
+from .routing import RoutingTables
 from .tenants import tenant_of
 from .views import View, Views, is_view
 
@@ -149,8 +149,8 @@ class Channel(virtual.Channel):
         self.counters = self.waits.counters
         self._queues: dict[str, PriorityQueue] = {}
         self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
+        self.routing = RoutingTables(self.client, self.options)  # declared queues, bindings
         self._no_ack_queues: set[str] = set()  # consumed with no_ack: acked as delivered
-        self._tables: dict[str, tuple[float, list]] = {}
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
         self._active_fanout: dict[str, str] = {}  # pub/sub channel name -> queue
         self._rotation = 0
@@ -219,47 +219,35 @@ class Channel(virtual.Channel):
     def _fanout_channel(self, exchange):
         return fanout_channel(exchange, self.transport.db, self.options.key_prefix)
 
-    # -- routing tables (shared in Redis, cached here) ------------------------------------------
+    # -- declarations (routing.py: shared in Redis, cached here) ----------------------------------
     def _new_queue(self, queue, **kwargs):
         _check_queue_name(queue)
         if is_view(queue):
             return  # a view consumes its queue; it holds nothing of its own
-        self.client.sadd(queues_key(self.options.key_prefix), queue)
+        self.routing.add_queue(queue)
 
     def _has_queue(self, queue, **kwargs):
-        return bool(self.client.sismember(queues_key(self.options.key_prefix), queue))
+        return self.routing.has_queue(queue)
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
         if is_view(queue):
             return  # never a routing destination: publishing goes to the queue it views
         if self.typeof(exchange).type == "fanout":
             self._fanout_queues[queue] = exchange
-        member = BINDING_SEP.join([routing_key or "", pattern or "", queue or ""])
-        self.client.sadd(binding_key(exchange, self.options.key_prefix), member)
-        self._tables.pop(exchange, None)
+        self.routing.bind(exchange, routing_key, pattern, queue)
 
     def get_table(self, exchange):
-        hit = self._tables.get(exchange)
-        now = monotonic()
-        if hit and now - hit[0] < self.options.binding_cache_seconds:
-            return hit[1]
-        members = self.client.smembers(binding_key(exchange, self.options.key_prefix))
-        rows = [tuple(m.decode().split(BINDING_SEP)) for m in members]
-        self._tables[exchange] = (now, rows)
-        return rows
+        return self.routing.table(exchange)
 
     def _lookup(self, exchange, routing_key, default=None):
         found = super()._lookup(exchange, routing_key, default)
-        if not found and exchange in self._tables:  # a binding made elsewhere since we cached
-            self._tables.pop(exchange, None)
+        if not found and self.routing.forget(exchange):  # a binding made elsewhere since we cached
             found = super()._lookup(exchange, routing_key, default)
         return found
 
     def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
         """Drop one binding of a deleted queue (kombu calls this per binding)."""
-        member = BINDING_SEP.join([routing_key or "", pattern or "", queue or ""])
-        self.client.srem(binding_key(exchange, self.options.key_prefix), member)
-        self._tables.pop(exchange, None)
+        self.routing.unbind(exchange, routing_key, pattern, queue)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
         if is_view(queue):
@@ -268,7 +256,7 @@ class Channel(virtual.Channel):
             return
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
         self.queue(queue).delete()
-        self.client.srem(queues_key(self.options.key_prefix), queue)
+        self.routing.remove_queue(queue)
 
     def _size(self, queue):
         return self.queue(queue).size()
