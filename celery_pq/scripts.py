@@ -65,7 +65,13 @@ def source(name: str) -> str:
     minus the included helper functions it never calls (Redis runs a script's whole text on
     every call, definitions too)."""
     text = (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-    return compose(text.replace("--!keys\n", _bindings(signature(name)), 1))
+    text = text.replace("--!keys\n", _bindings(signature(name)), 1)
+    return compose(text.replace("--!queue\n", _QUEUE_PROLOGUE, 1))
+
+
+#: What a ``--!queue`` line stands for: the queue context taken off ARGV, and nothing done when
+#: the caller's mode is not the one the queue recorded (see includes/common.lua).
+_QUEUE_PROLOGUE = "take_context()\nlocal bad = mode_error(false)\nif bad then\n  return bad\nend\n"
 
 
 def compose(text: str) -> str:

@@ -21,11 +21,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local fair = ARGV[1] == '1'
 local out = {}
 for i = 2, #ARGV, 2 do

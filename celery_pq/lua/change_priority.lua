@@ -23,11 +23,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local eid, rank, technique = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local fair = ARGV[4] == '1'
 FA = { scope = ARGV[5], conc = 0, rate = 0 }

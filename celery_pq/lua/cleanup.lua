@@ -14,11 +14,7 @@
 --!include common.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local rank, start, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local key = level_key(pi, rank)
 local ptrs = redis.call('LRANGE', key, start, start + count - 1)

@@ -31,11 +31,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
 local want, stale_budget = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -19,11 +19,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local fair = ARGV[2] == '1'
 FA = { scope = ARGV[3], conc = 0, rate = 0 }
 local count = tonumber(ARGV[1])

@@ -35,11 +35,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local limit = tonumber(ARGV[1])
 local max_deliveries = tonumber(ARGV[2])
 local guard_ms = tonumber(ARGV[3])

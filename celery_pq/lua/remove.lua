@@ -24,11 +24,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local id, technique = ARGV[1], ARGV[2]
 local fair = ARGV[3] == '1'
 FA = { scope = ARGV[4], conc = 0, rate = 0 }

@@ -14,11 +14,7 @@
 --!include common.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local stale_budget = tonumber(ARGV[1])
 local stale = 0
 while stale < stale_budget do

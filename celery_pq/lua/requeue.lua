@@ -33,11 +33,7 @@
 --!include fair.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local eid, token = ARGV[1], ARGV[2]
 local count_delivery = ARGV[3] == '1'
 local max_deliveries = tonumber(ARGV[4])

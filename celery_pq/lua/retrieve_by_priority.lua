@@ -14,11 +14,7 @@
 --!include common.lua
 --!keys
 
-take_context()
-local bad = mode_error(false)
-if bad then
-  return bad
-end
+--!queue
 local rank = tonumber(ARGV[1])
 local stale_budget = tonumber(ARGV[2])
 local key = level_key(pi, rank)
