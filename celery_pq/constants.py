@@ -63,6 +63,10 @@ DEDUPE_SECONDS = 300.0
 #: Answered publish ids a producer collects before an insert call has them forgotten (one
 #: command for the batch instead of one per publish).
 FORGET_BATCH = 32
+#: At most this many answered publish ids go in one insert call, and at most FORGET_PENDING wait
+#: (after a bulk insert the rest are left to the window's rotation, which drops them).
+FORGET_MAX = 256
+FORGET_PENDING = 4096
 
 #: Largest number of messages one pop script call leases (prefetch window batch).
 MAX_POP_BATCH = 100

@@ -40,7 +40,7 @@ def _commands(stale: int) -> dict:
     md = ["get"]  # every script but extend first reads the queue's mode record
     # the window's start; this publish id looked for in both windows, and recorded (answered
     # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts)
-    dedupe = ["get", "hget", "hget", "hset"]
+    dedupe = ["get", "exists", "hget", "hset"]  # the last window's hash is looked in when it exists
     return {
         "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
         "pop": {

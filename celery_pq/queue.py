@@ -348,11 +348,11 @@ class PriorityQueue:
     def _insert_keys(self) -> list[str]:
         return [*self._keys("insert"), *(self.keys.view_wake(*v) for v in self._views)]
 
-    def _insert_args(self, items, forget=()) -> list:
+    def _insert_args(self, items, forget=(), made=False) -> list:
         args: list = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
                       self.scope, self._views_version, len(self._views)]
         args += [f"{lo},{hi}" for lo, hi in self._views]
-        args += [len(forget), *forget]
+        args += [len(forget), *forget, "1" if made else "0"]
         for payload, priority, id, tenant, due, pid in items:
             args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
                      pid or ""]
@@ -365,12 +365,14 @@ class PriorityQueue:
         with self._forget_lock:
             if len(self._forget) < C.FORGET_BATCH:
                 return []
-            out, self._forget = self._forget[:C.BULK_CHUNK], self._forget[C.BULK_CHUNK:]
+            out, self._forget = self._forget[:C.FORGET_MAX], self._forget[C.FORGET_MAX:]
         return out
 
     def _answered(self, pids) -> None:
         with self._forget_lock:
-            self._forget.extend(pids)
+            # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
+            # drops them (a bulk insert leaves them to it)
+            self._forget = (self._forget + list(pids))[-C.FORGET_PENDING:]
 
     def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None) -> tuple:
         """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
@@ -425,7 +427,7 @@ class PriorityQueue:
         for _ in range(5):
             forget = self._take_forgets()
             try:
-                reply = self._run("insert", self._insert_keys(), self._insert_args(items, forget))
+                reply = self._run("insert", self._insert_keys(), self._insert_args(items, forget, publish_id is None))
             except BaseException:
                 self._answered(forget)
                 raise
@@ -461,9 +463,11 @@ class PriorityQueue:
         while pending:
             forget = self._take_forgets()
             try:
-                replies = run_calls(self.client, [self._call("insert", self._insert_keys(),
-                                                             self._insert_args(part, forget if n == 0 else ()))
-                                                  for n, (_, part) in enumerate(pending)])
+                replies = run_calls(self.client, [
+                    self._call("insert", self._insert_keys(),
+                               self._insert_args(part, forget if n == 0 else (),
+                                                 all(start + j in made for j in range(len(part)))))
+                    for n, (start, part) in enumerate(pending)])
             except Exception as exc:
                 self._answered(forget)
                 raise _partial(exc, ids, norm, "chunks without a reply may or may not be stored") from None

@@ -24,7 +24,9 @@
 -- ARGV[4] scope           "P" within_priority or "T" tenant_first
 -- ARGV[5] views_version   the registry version the caller knows ("" if none)
 -- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
--- then nforget, and nforget publish ids to forget now (the caller has the replies of their
+-- then made: "1" when the caller made every publish id of this call for it (so when the
+--                   first is new, all are: a call is atomic); then the groups. Before made:
+-- nforget, and nforget publish ids to forget now (the caller has the replies of their
 --                   inserts, so no retry of them can come: their memory is freed at once)
 -- then groups of 6: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
@@ -48,7 +50,8 @@ local fair = ARGV[3] == '1'
 FA = { scope = ARGV[4], conc = 0, rate = 0 }
 local nviews = tonumber(ARGV[6])
 local nforget = tonumber(ARGV[7 + nviews])
-local first = 8 + nviews + nforget
+local made = ARGV[8 + nviews + nforget] == '1'
+local first = 9 + nviews + nforget
 local n = (#ARGV - first + 1) / 6
 
 local bad = mode_error(true)
@@ -80,9 +83,11 @@ if CTX.dedupe_ms > 0 then
     redis.call('SET', pt, fmt(now))
   end
   if nforget > 0 then
-    redis.call('HDEL', pd, unpack(ARGV, 8 + nviews, first - 1))
-    redis.call('HDEL', pe, unpack(ARGV, 8 + nviews, first - 1))
+    redis.call('HDEL', pd, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
+    redis.call('HDEL', pe, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
   end
+  local has_pe = redis.call('EXISTS', pe) == 1
+  local look = true
   local mine = {}
   for i = 0, n - 1 do
     local g = first + 6 * i
@@ -92,10 +97,12 @@ if CTX.dedupe_ms > 0 then
         fresh = fresh - 1
       else
         mine[pid] = true
-        local was = redis.call('HGET', pd, pid) or redis.call('HGET', pe, pid)
+        local was = look and (redis.call('HGET', pd, pid) or (has_pe and redis.call('HGET', pe, pid)))
         if was then
           seen[i] = was == '' and ARGV[g] or was
           fresh = fresh - 1
+        elseif made then
+          look = false -- the call's first publish id is new, so are the others
         end
       end
     end
