@@ -353,7 +353,9 @@ class PriorityQueue:
                       self.scope, self._views_version, len(self._views)]
         args += [f"{lo},{hi}" for lo, hi in self._views]
         args += [len(forget), *forget, "1" if made else "0"]
-        for payload, priority, id, tenant, due, pid in items:
+        for n, (payload, priority, id, tenant, due, pid) in enumerate(items):
+            if made and n:
+                pid = None  # a made publish id stands for the whole call: the first group's
             args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
                      pid or ""]
         return args
@@ -443,8 +445,13 @@ class PriorityQueue:
 
         ``max_length`` is checked per chunk. When a chunk fails, the exception says which items
         were stored: ``exc.stored`` has one element per item, its entry id or None (not stored,
-        or not known when the connection failed); ``exc.items`` are the items with the publish
-        ids they were sent with, so ``insert_many(exc.items)`` stores each of them once.
+        or not known when the connection failed); ``exc.items`` are the items not known to be
+        stored, with the publish ids the caller gave. Items of a refused chunk were not stored:
+        ``insert_many(exc.items)`` stores them. Items of a chunk without a reply may have been
+        stored; only those with a publish id of the caller's are then stored once for sure.
+
+        A chunk whose items carry no publish id of the caller's gets one publish id for the
+        whole chunk (the client's own retry of the pipeline stores the chunk once).
         """
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
@@ -460,6 +467,7 @@ class PriorityQueue:
         ids: list = [None] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
         made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
+        given = [None if i in made else norm[i][5] for i in range(len(norm))]  # the caller's publish ids
         while pending:
             forget = self._take_forgets()
             try:
@@ -470,7 +478,7 @@ class PriorityQueue:
                     for n, (start, part) in enumerate(pending)])
             except Exception as exc:
                 self._answered(forget)
-                raise _partial(exc, ids, norm, "chunks without a reply may or may not be stored") from None
+                raise _partial(exc, ids, norm, given, "chunks without a reply may or may not be stored") from None
             retry, failed = [], None
             for (start, part), reply in zip(pending, replies):
                 try:
@@ -482,11 +490,12 @@ class PriorityQueue:
                     continue
                 ids[start : start + len(part)] = [decode_id(e) for e in reply]
             if failed is not None:
-                raise _partial(failed, ids, norm, "chunks refused stored nothing")
+                raise _partial(failed, ids, norm, given, "chunks refused stored nothing")
             pending = retry
         # every made publish id has its reply: no retry of them can come (on a failure above
-        # they stay remembered for the window, so insert_many(exc.items) stores each item once)
-        self._answered([norm[i][5] for i in sorted(made) if norm[i][5] is not None])
+        # they stay remembered for the window); a chunk of made ones sent its first only
+        self._answered([norm[start][5] for start in range(0, len(norm), chunk)
+                        if start in made and norm[start][5] is not None])
         return ids
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
@@ -928,13 +937,14 @@ def ack_all(acks: dict) -> dict:
     return {q: list(r) for (q, _), r in zip(batches, replies)}
 
 
-def _partial(exc: Exception, ids: list, items: list, why: str) -> Exception:
+def _partial(exc: Exception, ids: list, items: list, made: list, why: str) -> Exception:
     """``exc`` of a failed ``insert_many``, saying which items were stored."""
     exc.stored = list(ids)
-    exc.items = [(p, pr, i, t, None if d == "0" else int(d), pid) for p, pr, i, t, d, pid in items]
+    exc.items = [(p, pr, i, t, None if d == "0" else int(d), given)
+                 for (p, pr, i, t, d, _), given, eid in zip(items, made, ids) if eid is None]
     done = sum(1 for x in ids if x is not None)
     exc.add_note(f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
-                 "insert_many(exc.items) again stores each item once")
+                 "exc.items are the items not known to be stored")
     return exc
 
 

@@ -24,8 +24,9 @@
 -- ARGV[4] scope           "P" within_priority or "T" tenant_first
 -- ARGV[5] views_version   the registry version the caller knows ("" if none)
 -- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
--- then made: "1" when the caller made every publish id of this call for it (so when the
---                   first is new, all are: a call is atomic); then the groups. Before made:
+-- then made: "1" when the caller made the call's publish id itself: it is the first group's,
+--                   and stands for the whole call (a call is atomic): a repeat of it returns
+--                   every entry id the call stored then. Then the groups. Before made:
 -- nforget, and nforget publish ids to forget now (the caller has the replies of their
 --                   inserts, so no retry of them can come: their memory is freed at once)
 -- then groups of 6: id ("" for a generated one), rank (0..255, 0 served first),
@@ -87,7 +88,13 @@ if CTX.dedupe_ms > 0 then
     redis.call('HDEL', pe, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
   end
   local has_pe = redis.call('EXISTS', pe) == 1
-  local look = true
+  if made then
+    local was = redis.call('HGET', pd, ARGV[first + 5]) or (has_pe and redis.call('HGET', pe, ARGV[first + 5]))
+    if was then
+      return unpack_ids(was)
+    end
+  end
+  local look = not made
   local mine = {}
   for i = 0, n - 1 do
     local g = first + 6 * i
@@ -101,8 +108,6 @@ if CTX.dedupe_ms > 0 then
         if was then
           seen[i] = was == '' and ARGV[g] or was
           fresh = fresh - 1
-        elseif made then
-          look = false -- the call's first publish id is new, so are the others
         end
       end
     end
@@ -179,7 +184,7 @@ for i = 0, n - 1 do
         end
       end
     end
-    if pid ~= '' and CTX.dedupe_ms > 0 then
+    if pid ~= '' and CTX.dedupe_ms > 0 and not made then
       stored[pid] = eid
       if eid == id then
         redis.call('HSET', pd, pid, '')
@@ -189,6 +194,9 @@ for i = 0, n - 1 do
     end
     out[#out + 1] = eid
   end
+end
+if made and CTX.dedupe_ms > 0 and ARGV[first + 5] ~= '' then
+  redis.call('HSET', pd, ARGV[first + 5], pack_ids(out))
 end
 if ready then
   wake(wk)

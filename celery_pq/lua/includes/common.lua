@@ -502,3 +502,23 @@ local function set_aside(ii, eid, v, rank, now)
   counter_add('malformed')
 end
 
+
+-- A list of entry ids as one string (each behind its length in 2 bytes), and back: what an
+-- insert call's publish id stands for when the client made it for the whole call.
+local function pack_ids(ids)
+  local parts = {}
+  for i, id in ipairs(ids) do
+    parts[i] = struct.pack('>I2', #id) .. id
+  end
+  return table.concat(parts)
+end
+
+local function unpack_ids(s)
+  local ids, pos = {}, 1
+  while pos <= #s do
+    local len, at = struct.unpack('>I2', s, pos)
+    ids[#ids + 1] = string.sub(s, at, at + len - 1)
+    pos = at + len
+  end
+  return ids
+end
