@@ -20,7 +20,6 @@ from redis import exceptions as rex
 
 from . import constants as C
 from .errors import ErrorCode
-from .ids import encode_id
 from .queue import Lease, PriorityQueue, Popped, ack_all, pop_with_acks
 
 logger = logging.getLogger(__name__)
@@ -149,6 +148,6 @@ class LeaseBook:
 def _gone(q: PriorityQueue, eid: str) -> bool:
     """Whether an entry is no longer in its queue (acked, or removed)."""
     try:
-        return not q.client.hexists(q.keys.ii, encode_id(eid))
+        return not q.exists(eid)
     except rex.RedisError:
         return False

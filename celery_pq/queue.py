@@ -60,11 +60,16 @@ def translate_error(exc: Exception) -> Exception:
     m = _MODE_MISMATCH.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
     if m is None:
         return exc
-    stored, wanted = mode_dict(m.group("stored")), mode_dict(m.group("wanted"))
-    if not wanted["fair"]:
-        stored.pop("fair_scope") if not stored["fair"] else None
-        wanted.pop("fair_scope")
-    return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")), stored=stored, wanted=wanted)
+    return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")),
+                     stored=readable_mode(m.group("stored")), wanted=readable_mode(m.group("wanted")))
+
+
+def readable_mode(mode: str) -> dict:
+    """A mode record as settings; a plain queue's has no fair_scope."""
+    d = mode_dict(mode)
+    if not d["fair"]:
+        d.pop("fair_scope")
+    return d
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
@@ -248,18 +253,12 @@ class PriorityQueue:
     @property
     def mode(self) -> dict:
         """This object's mode: the settings a queue records in Redis on first use."""
-        return self._mode_dict(self._mode)
-
-    def _mode_dict(self, mode: str) -> dict:
-        d = mode_dict(mode)
-        if not d["fair"]:
-            d.pop("fair_scope")
-        return d
+        return readable_mode(self._mode)
 
     def stored_mode(self) -> dict | None:
         """The mode the queue recorded in Redis (None before its first insert)."""
         raw = self.client.get(self.keys.md)
-        return None if raw is None else self._mode_dict(_s(raw))
+        return None if raw is None else readable_mode(_s(raw))
 
     def migrate_mode(self) -> dict:
         """Change the queue's mode to this object's, on purpose: the priority index and the
@@ -293,6 +292,10 @@ class PriorityQueue:
             return script(keys=keys, args=args, client=self.client)
         except redis.ResponseError as exc:
             raise translate_error(exc) from None
+
+    def exists(self, id: str) -> bool:
+        """Whether an entry with this id is stored (waiting, delayed or leased)."""
+        return bool(self.client.hexists(self.keys.ii, encode_id(id)))
 
     @property
     def scripts(self):
