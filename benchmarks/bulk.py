@@ -16,7 +16,7 @@ import time
 import redis
 
 from celery_pq import PriorityQueue
-from celery_pq.scripts import get_scripts
+from celery_pq.scripts import get_scripts, library
 
 from .common import cli, median, redis_server, table
 
@@ -41,15 +41,20 @@ def ceiling(port, client, entries, batch) -> float | None:
         return None
     q = PriorityQueue(client, "bulk-ceiling", key_prefix="bulk")
     q.delete()
-    sha = get_scripts(client).insert.sha
-    client.script_load(get_scripts(client).insert.script)
+    # the same form our calls take: a function of the library (Redis 7+), else the script by sha
+    try:
+        client.function_load(library().text, replace=True)
+        call = ["FCALL", library().functions["insert"]]
+    except redis.ResponseError:
+        client.script_load(get_scripts(client).insert.script)
+        call = ["EVALSHA", get_scripts(client).insert.sha]
     # "0": due now; no publish ids (every call sends the same arguments, and a publish id would
     # make each repeat store nothing), so the ceiling does less work per entry than insert_many
     _, keys, args = q._call("insert", q._insert_keys(), q._insert_args([(PAYLOAD.decode(), 5, None, None, "0", None)] * batch))
     calls = max(1, entries // batch)
     out = subprocess.run(
         [binary, "-p", str(port), "-n", str(calls), "-c", "8", "-P", "16", "--csv",
-         "EVALSHA", sha, str(len(keys)), *keys, *[str(a) for a in args]],
+         *call, str(len(keys)), *keys, *[str(a) for a in args]],
         capture_output=True, text=True, timeout=600,
     )
     rows = [r for r in csv.reader(io.StringIO(out.stdout)) if len(r) > 1 and r[0] != "test"]

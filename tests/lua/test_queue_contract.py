@@ -4,6 +4,7 @@ assertions on the raw keys. Every behavioural test runs under both patent techni
 import time
 
 import pytest
+import redis
 
 from celery_pq import EntryNotFound, LeaseLost, NotWaiting, PriorityQueue, QueueFull
 from celery_pq.constants import SEQ_SPAN
@@ -392,16 +393,24 @@ def test_scores_stay_exact_at_the_extremes(q, redis_client):
     assert q.pop()[0].id == "last"
 
 
-def test_pipelined_calls_survive_a_script_cache_flush(q, redis_client):
+def forget_scripts(client):
+    """What a restart without persistence does to the scripts and the library of functions."""
+    client.script_flush()
+    client.function_flush()
+
+
+def test_pipelined_calls_survive_a_script_cache_flush(fresh_redis):
+    redis_client = fresh_redis.client()
+    q = PriorityQueue(redis_client, "flushed")
     # Given scripts known to Redis, then forgotten (as after a Redis restart)
     q.insert(b"x", 1, id="a")
-    redis_client.script_flush()
+    forget_scripts(redis_client)
     # When an insert batch and a pop+ack pair run as pipelined EVALSHA calls
     q.insert_many([(b"y", 1, "b"), (b"z", 1, "c")])
     from celery_pq.scripts import run_calls
 
     [lease] = q.pop(1)
-    redis_client.script_flush()
+    forget_scripts(redis_client)
     ack_reply, pop_reply = run_calls(redis_client, [q.ack_call([(lease.id, lease.token)]), q.pop_call(1)])
     # Then each call ran exactly once
     assert ack_reply == [1]
@@ -431,12 +440,12 @@ def test_single_calls_survive_a_script_flush_a_killed_connection_and_a_restart(f
     q = PriorityQueue(client, "own", key_prefix="own")
     q.insert(b"a", 1, id="a")
     # When Redis forgets the scripts, the call loads it and runs once
-    client.script_flush()
+    forget_scripts(client)
     q.insert(b"b", 1, id="b")
     assert q.size() == 2
     # When the server closes that connection, the call goes through a fresh one
     for row in client.client_list():
-        if row["cmd"] in ("evalsha", "script|load"):
+        if row["cmd"] in ("evalsha", "script|load", "fcall", "function|load"):
             client.client_kill_filter(_id=row["id"])
     q.insert(b"c", 1, id="c")
     assert q.size() == 3
@@ -467,3 +476,52 @@ def test_a_forked_child_does_not_share_the_parents_connection(redis_client, key_
     assert os.waitstatus_to_exitcode(status) == 0
     assert got == [1] * 15
     assert q.size() == 40 - 1 - 15 - 15
+
+
+def test_scripts_run_as_functions_of_one_library_loaded_once(fresh_redis):
+    from celery_pq.scripts import library
+
+    client = fresh_redis.client()
+    q = PriorityQueue(client, "lib")
+    client.config_resetstat()
+    # When a queue is used on a Redis with functions
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(3)])
+    for lease in q.pop(3):
+        q.ack(lease)
+    # Then every script call is an FCALL of this version's library, loaded once
+    stats = client.info("commandstats")
+    assert stats["cmdstat_fcall"]["calls"] >= 4 and "cmdstat_evalsha" not in stats
+    assert stats["cmdstat_function|load"]["calls"] == 1
+    names = [dict(zip(lib[::2], lib[1::2]))[b"library_name"] for lib in client.function_list()]
+    assert names == [library().name.encode()]
+
+
+def test_a_user_who_may_not_load_functions_gets_the_same_scripts_by_evalsha(fresh_redis):
+    # Given a Redis user allowed everything but FUNCTION
+    with fresh_redis.client() as admin:
+        admin.acl_setuser("nofn", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                          commands=["+@all", "-function"])
+    client = redis.Redis(port=fresh_redis.port, username="nofn", password="pw")
+    q = PriorityQueue(client, "nofn")
+    # When it inserts, pops and acks
+    q.insert(b"a", 1, id="a")
+    [lease] = q.pop(1)
+    assert q.ack(lease) and q.size() == 0
+    # Then the scripts ran by EVALSHA
+    with fresh_redis.client() as admin:
+        stats = admin.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] >= 3 and "cmdstat_fcall" not in stats
+
+
+def test_the_library_starts_every_call_with_fresh_module_state(fresh_redis):
+    # A library keeps its top-level tables between calls; each function makes them new, as a
+    # script's fresh run does (CTX.dropped counts the dead letters dropped by one call only)
+    client = fresh_redis.client()
+    q = PriorityQueue(client, "state", max_dead_length=1)
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(2)])
+    first, second = q.pop(2)
+    # Given a call that dropped a dead letter to make room
+    assert q.dead_letter(first) == "dead" and q.dead_letter(second) == "dead"
+    assert q.dead.size() == 1
+    # When the next call drops nothing, it says it dropped nothing
+    assert q.reclaim()["dead_dropped"] == 0
