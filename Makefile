@@ -18,6 +18,7 @@ PYTHON      ?= python3
 VENV        := .venv
 VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
+BASE_STAMP  := $(VENV)/.installed-base
 ENSURE_REDIS := bash scripts/ensure-redis-server.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
@@ -52,6 +53,12 @@ $(STAMP): pyproject.toml | $(VPY)
 		sh -c '$(VPY) -m pip install --upgrade pip && $(VPY) -m pip install -e ".[dev]"'
 	@touch $(STAMP)
 
+# The demo needs the package alone (celery, kombu, redis), not the test and Spark extras.
+$(BASE_STAMP): pyproject.toml | $(VPY)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then touch $(BASE_STAMP); else \
+	$(QUIETLY) $(VENV)/pip.log "installing celery-pq (editable, no extras) from pyproject.toml into $(VENV)" \
+		sh -c '$(VPY) -m pip install --upgrade pip && $(VPY) -m pip install -e .' && touch $(BASE_STAMP); fi
+
 install: $(STAMP)
 
 venv: install
@@ -69,7 +76,7 @@ soak: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: install
+demo: $(BASE_STAMP)
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	$(VPY) -m examples.demo $(DEMO_ARGS)
 

@@ -11,15 +11,13 @@ Run from the repository root::
 
 Which Redis: ``$PQ_DEMO_REDIS_URL`` if set; else a private ``redis-server`` (``$PQ_REDIS_SERVER``
 or PATH) on a free port, stopped at the end (``celery_pq.testing.RedisServer``, as the tests and
-the benchmarks); else a Redis answering on 127.0.0.1:6379; else an embedded fakeredis server
-(not a real Redis; needs ``lupa``). On a Redis the demo did not start, every key it writes is
+the benchmarks); else a Redis answering on 127.0.0.1:6379; else it says what to install. On a Redis the demo did not start, every key it writes is
 under a prefix unique to the run (``pqdemo<random>``), deleted at the end.
 Exits 0 only if every check passed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,7 +25,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -40,8 +37,7 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
-from celery_pq.scripts import SCRIPT_NAMES, source as script_source
-from celery_pq.testing import RedisServer, RedisServerError, find_redis_server, free_port
+from celery_pq.testing import RedisServer, RedisServerError, find_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "demo"
@@ -138,37 +134,6 @@ def private_redis_server(binary: str, prefix: str):
 
 
 @contextmanager
-def fake_redis_server(prefix: str):
-    try:
-        from fakeredis import TcpFakeServer
-    except ImportError:
-        raise DemoError("no Redis found (no PQ_DEMO_REDIS_URL, no redis-server binary, nothing on "
-                        "127.0.0.1:6379) and fakeredis is not installed. Install redis-server "
-                        "(apt-get install redis-server, brew install redis) or set PQ_DEMO_REDIS_URL.") from None
-    if importlib.util.find_spec("lupa") is None:
-        raise DemoError("no Redis found, and the fakeredis fallback cannot run celery-pq: it needs the "
-                        "'lupa' package for Lua scripts (pip install lupa). Better: install redis-server "
-                        "(apt-get install redis-server, brew install redis) or set PQ_DEMO_REDIS_URL.")
-    port = free_port()
-    server = TcpFakeServer(("127.0.0.1", port), server_type="redis")
-    thread = threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True)
-    thread.start()
-    try:
-        # fakeredis's TCP server closes the connection after an error reply such as NOSCRIPT
-        # (a real Redis keeps it), so load every script up front: EVALSHA then always finds it.
-        client = redis.Redis(port=port)
-        for name in SCRIPT_NAMES:
-            client.script_load(script_source(name))
-        client.close()
-        url = f"redis://127.0.0.1:{port}/0"
-        yield Target(url, broker_url_of(url), prefix,
-                     f"an embedded fakeredis server on 127.0.0.1:{port} (no redis-server found)")
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@contextmanager
 def find_or_start_redis():
     prefix = "pqdemo" + uuid.uuid4().hex[:8]
     url = os.environ.get("PQ_DEMO_REDIS_URL")
@@ -205,8 +170,9 @@ def find_or_start_redis():
         with shared_redis(client, target) as t:
             yield t
         return
-    with fake_redis_server(prefix) as t:
-        yield t
+    raise DemoError("no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
+                    "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
+                    "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL.")
 
 
 # -- one part of the demo: its own key prefix, a producer, workers --------------------------------
@@ -440,9 +406,6 @@ def main(argv=None) -> int:
     try:
         with find_or_start_redis() as target:
             say(f"celery-pq demo, using {target.where}")
-            if "fakeredis" in target.where:
-                say("WARNING: fakeredis is an imitation of Redis inside this process, NOT a real Redis. "
-                    "The demo runs, but says nothing about a real Redis; install redis-server for that.")
             for part in (part_priorities, part_recovery, part_long_task, part_fairness):
                 part(target, logdir)
     except DemoError as exc:
