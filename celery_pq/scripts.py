@@ -101,9 +101,10 @@ def compose(text: str) -> str:
 #: OOM error, so a full Redis refuses new work and still drains what it holds.
 WRITES_WHEN_FULL = frozenset(SCRIPT_NAMES) - {"insert", "migrate"}
 
-# Module state of the includes (``local CTX = {}`` at the top level): a library keeps it between
-# calls, so each function starts by making it new, as a script's fresh run does.
-_STATE = re.compile(r"^local (\w+) = \{\}\s*$", re.M)
+# Module state of the includes (a table made at the top level, ``local CTX = { n = 0 }``, on one
+# line): a library keeps it between calls, so each function starts by making it anew with the
+# same constructor, as a script's fresh run does.
+_STATE = re.compile(r"^local (\w+) = (\{[^\n]*\})[ \t]*(?:--[^\n]*)?$", re.M)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def library() -> Library:
         bodies[name] = text.replace("--!queue\n", _QUEUE_PROLOGUE, 1)
     shared = "".join((root / "includes" / inc).read_text(encoding="utf-8") for inc in includes)
     state = _STATE.findall(shared)
-    reset = f"{', '.join(state)} = {', '.join('{}' for _ in state)}\n" if state else ""
+    reset = f"{', '.join(n for n, _ in state)} = {', '.join(t for _, t in state)}\n" if state else ""
     codes = list(ErrorCode)
     top = ("local KEYS, ARGV\n"
            f"local {', '.join(c.name for c in codes)} = {', '.join(str(int(c)) for c in codes)}\n" + shared)
