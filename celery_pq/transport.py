@@ -165,9 +165,7 @@ class Channel(virtual.Channel):
             if view is not None:
                 q = self.queue(view.base)
             else:
-                q = PriorityQueue(self.client, name, **self.options.queue_kwargs(name))
-                if q.fair:
-                    q.configure_tenants(**self.options.tenant_tables())
+                q = self.options.open_queue(self.client, name)
             self._queues[name] = q
         return q
 
