@@ -48,6 +48,7 @@ SCRIPT_NAMES = (
     "cleanup",
     "purge",
     "migrate",
+    "replay",
 )
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)
