@@ -890,8 +890,9 @@ class PriorityQueue:
 
     def backlog(self, view: tuple[int, int] | None = None) -> int:
         """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
-        rank range) could take now: delayed entries are not counted, nor the entries of
-        tenants held back by their concurrency cap or rate limit.
+        rank range) could take now: 0 while the queue is paused; delayed entries are not
+        counted, nor the entries of tenants held back by their concurrency cap, rate limit or
+        a pause.
 
         Whole queue: exact. A view of a plain queue counts the pointers of its ranks (technique
         S leaves a removed entry's pointer behind until a pop passes it), capped at the waiting
@@ -899,6 +900,9 @@ class PriorityQueue:
         lo, hi = self._check_view(view)
         whole = (lo, hi) == (0, C.MAX_PRIORITY)
         k = self.keys
+        paused = self.paused()
+        if paused["queue"]:
+            return 0
         with self.client.pipeline(transaction=False) as p:
             p.hlen(k.ii)
             p.hlen(k.lt)
@@ -921,7 +925,9 @@ class PriorityQueue:
             kind, _, t = _s(field).partition(":")
             if kind == "n":
                 counts[t] = int(value)
-        held = {_s(t) for t, state in self.client.hgetall(k.tb).items() if _s(state)[:1] in ("C", "R")}
+        # held back: parked at a concurrency cap (C), by a rate limit (R) or paused (P)
+        held = {_s(t) for t, state in self.client.hgetall(k.tb).items() if _s(state)[:1] in ("C", "R", "P")}
+        held |= {escape_tenant(t) for t in paused["tenants"]}
         takeable = [t for t in counts if t not in held]
         if whole:
             return min(waiting, sum(counts[t] for t in takeable))

@@ -5,6 +5,8 @@
 -- "<id>~<seq>" when the live queue holds that id again, as an insert would. Its enqueue time
 -- is now (it waits from now on; the note with the old times goes). A leased dead letter (a
 -- consumer of <queue>.dead holds it) or an id not in the dead-letter queue is left alone.
+-- Each replayed entry counts as enqueued and is logged as an ordinary "enqueue" event (reason
+-- "replay"): to every reader it is a new publish of the same message.
 --
 -- KEYS[1]  ii   hash    identifier-indexed table
 -- KEYS[2]  pi   zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -82,10 +84,13 @@ for i = 4, #ARGV do
     end
     wake_registered_views(rank)
     woken = true
+    count('enqueued')
+    emit('enqueue', eid, e.s, e.t, nil, nil, 'replay')
     out[#out + 1] = eid
   end
 end
 if woken then
   wake(wk)
 end
+flush_counts()
 return out

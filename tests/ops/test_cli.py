@@ -250,3 +250,34 @@ def test_celery_a_proj_pq_runs_the_same_commands(world, tmp_path):
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert (row["id"], row["priority"]) == (t, 42)
+
+
+def test_pause_and_resume_a_queue(world):
+    world.send("ops.work", 1)
+    assert "q: paused" in world.run("pause", "q").output
+    [row] = [r for r in json.loads(world.run("stats", "--json").output) if r["queue"] == "q"]
+    assert row["paused"] is True
+    assert world.queue().pop(1) == []
+    assert world.run("backlog", "q").output.strip() == "0"
+    assert "running" in world.run("resume", "q").output
+    assert world.run("backlog", "q").output.strip() == "1"
+    assert len(world.queue().pop(1)) == 1
+
+
+def test_pause_one_tenant(fair_world):
+    w = fair_world
+    w.send("ops.work", 1, headers={"tenant": "acme"})
+    w.send("ops.work", 2, headers={"tenant": "zeta"})
+    assert "paused tenants: acme" in w.run("pause", "q", "--tenant", "acme").output
+    [row] = [r for r in json.loads(w.run("stats", "--json").output) if r["queue"] == "q"]
+    assert row["paused"] is False and row["paused_tenants"] == ["acme"]
+    assert w.run("backlog", "q").output.strip() == "1"
+    assert [x.tenant for x in w.queue().pop(5, consumer="c:1:x")] == ["zeta"]
+    w.run("resume", "q", "--tenant", "acme")
+    assert [x.tenant for x in w.queue().pop(5, consumer="c:1:x")] == ["acme"]
+
+
+def test_pause_a_tenant_of_a_plain_queue_is_an_error(world):
+    world.send("ops.work", 1)
+    r = world.run("pause", "q", "--tenant", "acme", ok=False)
+    assert r.exit_code == 1 and "not fair" in r.output
