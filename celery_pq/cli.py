@@ -317,11 +317,13 @@ def recover(ctx, consumer, queues):
 @click.argument("queue")
 @click.option("--yes", is_flag=True, help="Do not ask.")
 def purge(ctx, queue, yes):
-    """Delete every waiting message of QUEUE (leased ones stay leased)."""
+    """Delete every waiting and delayed message of QUEUE (leased ones stay leased)."""
     with broker_of(ctx).channel() as channel:
         q, _ = _queue(channel, queue)
         if not yes:
-            click.confirm(f"Delete the {q.size()} waiting message(s) of {queue!r}?", abort=True)
+            s = q.stats()
+            click.confirm(f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?",
+                          abort=True)
         click.echo(f"purged {q.purge()} message(s) from {queue}")
 
 
