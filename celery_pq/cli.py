@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 
 import click
 import redis
@@ -82,7 +83,7 @@ def stats(ctx, queues, as_json, watch):
             return _json(rows())
         while True:  # one JSON document per line and refresh
             click.echo(json.dumps(rows(), default=str))
-            __import__("time").sleep(watch)
+            time.sleep(watch)
     if watch is not None:
         return render.watch(lambda: stats_tables(rows()), watch)
     render.show(*stats_tables(rows()))

@@ -920,7 +920,6 @@ class PriorityQueue:
             p.hlen(k.ii)
             p.hlen(k.lt)
             p.zcard(k.dz)
-            ranks = None
             if not whole and not self.fair:
                 p.zrangebyscore(k.pi, lo, hi)
             res = p.execute()
