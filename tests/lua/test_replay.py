@@ -105,3 +105,16 @@ def test_replay_refuses_a_dead_letter_queue_and_bad_ids(redis_client, key_prefix
         q.dead.replay(["a"])
     with pytest.raises(ValueError, match="non-empty string"):
         q.replay([""])
+
+
+def test_replay_is_an_ordinary_enqueue_to_counters_and_the_event_log(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "ev", key_prefix=key_prefix, event_log=100)
+    q.insert(b"p", 42, id="a", task="proj.resize")
+    kill(q)
+    before = q.counters()
+    q.replay(["a"])
+    after = q.counters()
+    assert after["enqueued"] == before["enqueued"] + 1
+    assert {k: v for k, v in after.items() if k != "enqueued"} == {k: v for k, v in before.items() if k != "enqueued"}
+    last = q.events()[-1]
+    assert (last["e"], last["id"], last["p"], last["r"]) == ("enqueue", "a", 42, "replay")

@@ -174,6 +174,9 @@ def test_recover_returns_one_consumers_leases_at_once(world):
     assert [x["consumer"] for x in q.leases()] == ["alive:2:beef"]
     r = world.run("recover", "--consumer", " ", ok=False)
     assert r.exit_code == 2
+    r = world.run("recover", "--consumer", "alive:2:beef", "nope", ok=False)
+    assert r.exit_code == 1 and "unknown queue 'nope'" in r.output
+    assert q.stats()["leased"] == 1
 
 
 def test_explain_uses_the_queue_technique(world):
