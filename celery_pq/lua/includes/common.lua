@@ -119,9 +119,9 @@ local function counter_add(name, n)
   redis.call('HINCRBY', CTX.stem .. 'ct', name, n or 1)
 end
 
--- Count n (default 1) on counter name, written once per script by flush_counts: a call that
+-- Add n (default 1) to counter name, written once per script by flush_counts: a call that
 -- delivers ten entries adds 10 with one command.
-local function count(name, n)
+local function tally(name, n)
   CTX.cnt[name] = (CTX.cnt[name] or 0) + (n or 1)
 end
 
@@ -418,9 +418,9 @@ local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
   P.deadline[#P.deadline + 1] = P.until_ms
   P.deadline[#P.deadline + 1] = eid
-  count('delivered')
+  tally('delivered')
   if d > 1 then
-    count('redelivered')
+    tally('redelivered')
   end
   emit('deliver', eid, score, t, consumer, d)
   local out = P.out
@@ -516,7 +516,7 @@ local function ack_one(ii, lz, lt, dp, eid, token)
   if lease.x == 'd' then
     dup_forget(dp, eid)
   end
-  count('acked')
+  tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
 end
