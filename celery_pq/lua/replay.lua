@@ -84,7 +84,7 @@ for i = 4, #ARGV do
     end
     wake_registered_views(rank)
     woken = true
-    count('enqueued')
+    tally('enqueued')
     emit('enqueue', eid, e.s, e.t, nil, nil, 'replay')
     out[#out + 1] = eid
   end
