@@ -1,13 +1,22 @@
-"""A kombu message as the queue stores it: the one path from a message dict to an insert.
+"""A kombu message as the queue stores it, both ways.
 
-The transport's publish (``Channel.prepare_message`` and ``Channel._put``) and the Spark writer
-(``celery_pq.spark``) both go through here, so a task enqueued from a DataFrame is stored exactly
-as the same task published by Celery: the same payload bytes, priority default and check, tenant
-(``tenants.tenant_of``), delay (the ``eta`` header) and publish id.
+Writing: the one path from a message dict to an insert. The transport's publish
+(``Channel.prepare_message`` and ``Channel._put``) and the Spark writer (``celery_pq.spark``)
+both go through here, so a task enqueued from a DataFrame is stored exactly as the same task
+published by Celery: the same payload bytes, priority default and check, tenant
+(``tenants.tenant_of``), delay (the ``eta`` header), publish id, and task name for the event log.
+
+Reading, for operators (``describe``): a stored message's task name and a short preview of its
+args. The body is base64 in ``body`` (``properties.body_encoding``), Celery's protocol 2 headers
+in ``headers`` (``task``, ``argsrepr``, ``kwargsrepr``). A payload that is not such a message (a
+queue used without kombu, a malformed entry set aside) is shown as its own text. Nothing there
+raises on stored data.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from hashlib import blake2b
@@ -24,7 +33,8 @@ from .tenants import tenant_of
 @dataclass(frozen=True)
 class StoredItem:
     """One insert of a message: ``PriorityQueue.insert(payload, priority, id=..., tenant=...,
-    due_ms=..., publish_id=...)``, or the tuple ``insert_many`` takes (``as_tuple``)."""
+    due_ms=..., publish_id=..., task=...)``, or the tuple ``insert_many`` takes (``as_tuple``).
+    ``task`` (the task name) is kept only when the event log is on: its ``enqueue`` event names it."""
 
     payload: bytes
     priority: int
@@ -32,9 +42,10 @@ class StoredItem:
     tenant: str | None
     due_ms: int | None
     publish_id: bytes | None
+    task: str | None = None
 
     def as_tuple(self) -> tuple:
-        return self.payload, self.priority, self.id, self.tenant, self.due_ms, self.publish_id
+        return self.payload, self.priority, self.id, self.tenant, self.due_ms, self.publish_id, self.task
 
 
 def prepare_message(options: Options, body, priority=None, content_type=None, content_encoding=None,
@@ -73,6 +84,7 @@ def stored_item(queue: str, message: dict, options: Options, decode_body: Callab
         priority = options.default_priority  # a message that did not come through prepare_message
     headers = message.get("headers") or {}
     task_id = headers.get("id") or props.get("correlation_id") or None
+    task = headers.get("task") if options.event_log else None
     return StoredItem(
         payload=serialized(queue, message, options),
         priority=priority,
@@ -80,6 +92,7 @@ def stored_item(queue: str, message: dict, options: Options, decode_body: Callab
         tenant=tenant_of(message, options, decode_body),
         due_ms=eta_ms(headers.get("eta")),
         publish_id=publish_id(message) if publish_id_ is None else publish_id_,
+        task=task if isinstance(task, str) else None,
     )
 
 
@@ -128,3 +141,59 @@ def eta_ms(eta) -> int | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return max(0, int(when.timestamp() * 1000))
+
+
+# -- reading: what an operator sees of a stored message ----------------------------------------
+#: Characters of an args preview at most (the rest is cut with "...").
+PREVIEW_CHARS = 60
+
+
+def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
+    """``{"task": name or None, "args": preview}`` of a stored payload."""
+    try:
+        message = json.loads(payload)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        message = None
+    if not isinstance(message, dict) or "body" not in message:
+        return {"task": None, "args": _cut(_text(payload), width)}
+    headers = message.get("headers") or {}
+    task = headers.get("task") if isinstance(headers, dict) else None
+    if isinstance(headers, dict) and ("argsrepr" in headers or "kwargsrepr" in headers):
+        args = _join(headers.get("argsrepr"), headers.get("kwargsrepr"))
+    else:
+        args = _body_preview(message)
+    return {"task": task, "args": _cut(args, width)}
+
+
+def _body_preview(message: dict) -> str:
+    body = message.get("body")
+    props = message.get("properties") or {}
+    try:
+        if isinstance(props, dict) and props.get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        if message.get("content-type") == "application/json":
+            decoded = json.loads(body)
+            # Celery protocol 2: [args, kwargs, embed]
+            if isinstance(decoded, list) and len(decoded) == 3 and isinstance(decoded[0], list) \
+                    and isinstance(decoded[1], dict):
+                return _join(repr(tuple(decoded[0])), repr(decoded[1]))
+            return json.dumps(decoded)
+    except (ValueError, TypeError):
+        pass
+    return _text(body)
+
+
+def _join(args, kwargs) -> str:
+    parts = [a for a in (args, kwargs) if a and a not in ("()", "{}")]
+    return " ".join(parts) if parts else "()"
+
+
+def _text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -60,6 +60,9 @@ SCRIPT_NAMES = (
     "cleanup",
     "purge",
     "migrate",
+    "pause",
+    "event_log",
+    "replay",
 )
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)

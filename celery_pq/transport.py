@@ -177,7 +177,7 @@ class Channel(virtual.Channel):
     def _put(self, queue, message, **kwargs):
         item = stored_item(queue, message, self.options, self.decode_body)
         self.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant, due_ms=item.due_ms,
-                                 publish_id=item.publish_id, remember=False)
+                                 publish_id=item.publish_id, remember=False, task=item.task)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
         self.client.publish(self._fanout_channel(exchange), serialized(exchange, message, self.options))
