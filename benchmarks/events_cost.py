@@ -9,6 +9,9 @@ Celery's ``id`` and ``task`` headers, so the log's ``enqueue`` events hold the t
 2. consume: messages/s received and acked through ``kombu.Consumer`` + ``drain_events``,
    prefetch 1 and prefetch 10, from a pre-filled queue.
 
+Beside each rate, the time Redis spent per script call in that run (``INFO commandstats``,
+EVALSHA), which other load on the machine changes less than the rates.
+
     python -m benchmarks.events_cost [--messages 5000] [--repeat 3] [--smoke] [--out DIR]
 """
 
@@ -47,20 +50,27 @@ def _publish(producer, q, n):
                          headers={"id": str(uuid.uuid4()), "task": "bench.tasks.noop"})
 
 
-def publish_rate(url, options, n) -> float:
+def _script_usec(client) -> float:
+    """Microseconds Redis spent per EVALSHA since the last CONFIG RESETSTAT."""
+    return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec_per_call", 0.0))
+
+
+def publish_rate(url, options, n, client) -> tuple[float, float]:
     q = _queue()
     with Connection(url, transport_options=options) as conn:
         q(conn.default_channel).declare()
         q(conn.default_channel).purge()
         producer = Producer(conn.default_channel)
+        client.config_resetstat()
         start = time.perf_counter()
         _publish(producer, q, n)
         rate = n / (time.perf_counter() - start)
+        usec = _script_usec(client)
         q(conn.default_channel).purge()
-    return rate
+    return rate, usec
 
 
-def consume_rate(url, options, n, prefetch) -> float:
+def consume_rate(url, options, n, prefetch, client) -> tuple[float, float]:
     q = _queue()
     with Connection(url, transport_options=options) as conn:
         q(conn.default_channel).declare()
@@ -74,6 +84,7 @@ def consume_rate(url, options, n, prefetch) -> float:
 
     with Connection(url, transport_options=options) as conn:
         with Consumer(conn, [q], callbacks=[on_message], prefetch_count=prefetch):
+            client.config_resetstat()
             start = time.perf_counter()
             while got[0] < n:
                 try:
@@ -81,36 +92,43 @@ def consume_rate(url, options, n, prefetch) -> float:
                 except socket.timeout:
                     break
             elapsed = time.perf_counter() - start
-    return got[0] / elapsed
+            usec = _script_usec(client)
+    return got[0] / elapsed, usec
 
 
 def run(messages=5000, repeat=3) -> dict:
     figures = {"publish": {}, "consume_prefetch_1": {}, "consume_prefetch_10": {}}
+    usec = {fig: {} for fig in figures}
     with redis_server() as port:
         settings = _settings(port)
+        client = redis.Redis(port=port)
         for _ in range(repeat):
             for name, (url, options) in settings.items():
-                figures["publish"].setdefault(name, []).append(publish_rate(url, options, messages))
+                runs = {"publish": publish_rate(url, options, messages, client)}
                 for pf in (1, 10):
-                    figures[f"consume_prefetch_{pf}"].setdefault(name, []).append(
-                        consume_rate(url, options, messages, pf))
-        client = redis.Redis(port=port)
+                    runs[f"consume_prefetch_{pf}"] = consume_rate(url, options, messages, pf, client)
+                for fig, (rate, us) in runs.items():
+                    figures[fig].setdefault(name, []).append(rate)
+                    usec[fig].setdefault(name, []).append(us)
         stream = "bench-evon:{evc}:ev"
         logged = {"entries": client.xlen(stream), "memory_bytes": client.memory_usage(stream) or 0}
         client.close()
     summary = {}
     for fig, rows in figures.items():
         med = {name: median(v) for name, v in rows.items()}
-        summary[fig] = {"per_second": med, "ratio": med["log on"] / med["log off"], "runs": rows}
+        summary[fig] = {"per_second": med, "ratio": med["log on"] / med["log off"], "runs": rows,
+                        "script_usec": {name: median(v) for name, v in usec[fig].items()}}
     return {"messages": messages, "repeat": repeat, "cap": CAP, "stream": logged, "results": summary}
 
 
 def markdown(data) -> list[str]:
     rows = [[fig, f"{r['per_second']['log off']:,.0f}", f"{r['per_second']['log on']:,.0f}", f"{r['ratio']:.2f}",
-             "yes" if r["ratio"] >= TARGET else "no"] for fig, r in data["results"].items()]
+             "yes" if r["ratio"] >= TARGET else "no", f"{r['script_usec']['log off']:.1f}",
+             f"{r['script_usec']['log on']:.1f}"] for fig, r in data["results"].items()]
     return [f"# The event log's cost through kombu ({data['messages']} messages, median of {data['repeat']} runs)",
             "",
-            *table(["figure", "log off msg/s", "log on msg/s", "on / off", f"within {1 - TARGET:.0%}"], rows),
+            *table(["figure", "log off msg/s", "log on msg/s", "on / off", f"within {1 - TARGET:.0%}",
+                    "log off: Redis µs per script call", "log on: Redis µs per script call"], rows),
             "",
             f"The stream after the run: {data['stream']['entries']:,} entries (cap ~{data['cap']:,}), "
             f"{data['stream']['memory_bytes']:,} bytes."]
