@@ -153,19 +153,20 @@ end
 -- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
 -- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
 local function text_id(eid)
-  if string.byte(eid, 1) == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py)
-    local h = string.gsub(string.sub(eid, 2, 17), '.', function(c)
-      return string.format('%02x', string.byte(c))
-    end)
-    return string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-' .. string.sub(h, 13, 16) .. '-' ..
-        string.sub(h, 17, 20) .. '-' .. string.sub(h, 21, 32) .. string.sub(eid, 18)
-  elseif string.byte(eid, 1) == 2 then
+  local b = string.byte(eid, 1)
+  if b == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py): its 16 bytes as six numbers
+    local u1, u2, u3, u4, u5, u6 = struct.unpack('>I4I2I2I2I2I4', eid, 2)
+    return string.format('%08x-%04x-%04x-%04x-%04x%08x%s', u1, u2, u3, u4, u5, u6, string.sub(eid, 18))
+  elseif b == 2 then
     return string.sub(eid, 2)
   end
   return eid
 end
 
 local function unescape(text)
+  if not string.find(text, '%', 1, true) then
+    return text
+  end
   return (string.gsub(text, '%%(%x%x)', function(h)
     return string.char(tonumber(h, 16))
   end))
@@ -194,10 +195,19 @@ local function emit(e, eid, score, t, c, n, r, task)
     k = fmt(rank)
     p = string.sub(CTX.mode, 3, 3) == 'h' and fmt(255 - rank) or k
   end
-  CTX.now = CTX.now or now_ms()
-  redis.call('XADD', CTX.stem .. 'ev', 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', queue_name(),
-    'id', eid and text_id(eid) or '', 'p', p, 'k', k, 't', t and unescape(t) or '', 'c', c or '',
-    'task', task or '', 'n', n and fmt(n) or '', 'r', r or '', 'ms', fmt(CTX.now))
+  local id, tt, nn = eid and text_id(eid) or '', t and unescape(t) or '', n and fmt(n) or ''
+  if CTX.now_s then
+    redis.call('XADD', CTX.ev_key, '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p, 'k', k, 't', tt,
+      'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s)
+    return
+  end
+  -- The first event of a script call: the time, the key and the name made once, and the stream
+  -- trimmed to about its cap. Only this XADD trims (MAXLEN costs more than the rest of an XADD),
+  -- so the stream holds at most one call's events more than MAXLEN ~ would keep.
+  CTX.now_s, CTX.ev_key = fmt(now_ms()), CTX.stem .. 'ev'
+  queue_name()
+  redis.call('XADD', CTX.ev_key, 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p,
+    'k', k, 't', tt, 'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s)
 end
 
 local function level_key(pi, rank)
