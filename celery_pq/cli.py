@@ -59,3 +59,24 @@ def remove(ctx, queue, task_id):
     from . import remove as remove_
 
     click.echo(remove_(ctx.obj.app, queue, task_id))
+
+
+@pq.command(cls=CeleryCommand)
+@click.argument("queues", nargs=-1)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8808, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
+@click.option("--allow-actions", is_flag=True, help="Show pause/resume buttons (they need the token).")
+@click.option("--token", default=None, help="The actions' token (default: a random one, printed).")
+@click.option("--window", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds of deliveries the tenants' shares cover.")
+@click.pass_context
+def dashboard(ctx, queues, host, port, allow_actions, token, window):
+    """A live page of the queues (docs/dashboard.md); read-only unless --allow-actions."""
+    from .dashboard.server import check_token, run
+
+    try:
+        check_token(token, allow_actions)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    run(ctx.obj.app, lambda channel: _queue_names(channel, queues), host=host, port=port,
+        allow_actions=allow_actions, token=token, window=window, echo=click.echo)
