@@ -11,6 +11,10 @@
 # free ports (celery_pq.testing); scripts/ensure-redis-server.sh finds (or, as root
 # on Debian/Ubuntu, installs) the binary and its path is handed over in PQ_REDIS_SERVER.
 #
+# `make test` also makes sure Chromium and chromedriver are there for the dashboard's browser
+# test (scripts/ensure-chromium.sh, which installs them as root on Debian/Ubuntu); when it
+# cannot, the run goes on and that one test fails with the script's message.
+#
 # Installing says in one line what it installs; pip's output goes to .venv/pip.log
 # and is printed in full only when pip fails (scripts/quietly.sh).
 
@@ -19,6 +23,7 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 ENSURE_REDIS := bash scripts/ensure-redis-server.sh
+ENSURE_CHROMIUM := bash scripts/ensure-chromium.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
@@ -62,6 +67,7 @@ redis:
 test: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER"; \
+	$(ENSURE_CHROMIUM) >/dev/null || echo "warning: the dashboard's browser test will fail (see above)" >&2; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
