@@ -52,7 +52,7 @@ def browser(tmp_path):
     options.binary_location = paths["CHROMIUM"]
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1280,1100", f"--user-data-dir={tmp_path / 'chromium'}"):
+                "--no-first-run", "--window-size=1280,800", f"--user-data-dir={tmp_path / 'chromium'}"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(paths["CHROMEDRIVER"]), options=options)
     driver.set_page_load_timeout(20)
@@ -114,7 +114,11 @@ const stat = (name) => {
 };
 const out = {per_priority: {}, per_tenant: {}, shares: {}};
 for (const name of ["waiting", "delayed", "leased", "dead", "paused"]) out[name] = stat(name);
-for (const g of sel(`svg[data-queue="${q}"] g.bar`)) out.per_priority[g.dataset.priority] = Number(g.dataset.count);
+out.bar_order = [];
+for (const g of sel(`svg[data-queue="${q}"] g.bar`)) {
+  out.per_priority[g.dataset.priority] = Number(g.dataset.count);
+  out.bar_order.push(Number(g.dataset.priority));
+}
 for (const row of sel(`tr[data-queue="${q}"][data-tenant]`)) {
   const v = (k) => Number(row.querySelector(`[data-stat="${k}"]`).dataset.value);
   out.per_tenant[row.dataset.tenant] = {waiting: v("waiting"), leased: v("leased")};
@@ -212,6 +216,7 @@ def test_the_page_shows_the_live_queue_as_stats_json_does_and_its_actions_work(l
     assert cli_figures(cli_stats(h)) == cli_figures(frozen)  # nothing moved meanwhile
     assert {k: shown[k] for k in cli_figures(frozen)} == cli_figures(frozen)
     assert shown["buttons"] > 0
+    assert shown["bar_order"] == [int(p) for p in frozen["per_priority"]]  # served first on the left
     assert frozen["waiting"] > 0 and len(frozen["per_priority"]) >= 2 and set(frozen["per_tenant"]) == set(TENANTS)
     assert browser.find_element("css selector", '[data-queue="q"][data-stat="paused"]').text == "paused"
     assert sorted(shown["dead_reasons"]) == ["poisoned", "rejected"]

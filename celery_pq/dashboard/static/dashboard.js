@@ -46,23 +46,31 @@ function table(headers, rows) {
   return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 
+// An id in short (a task id is a 36-character UUID); the whole of it on hover.
+function idCell(id) {
+  return el("td", { class: "id", title: id }, id.length > 12 ? id.slice(0, 8) + "…" : id);
+}
+
 function button(action, queue, tenant, label) {
   return el("button", { type: "button", "data-action": action, "data-queue": queue,
                         "data-tenant": tenant === null ? undefined : tenant }, label);
 }
 
-// Waiting entries per priority, in serving order, as bars.
+// Waiting entries per priority, in serving order (served first on the left), as bars.
 function histogram(q) {
-  const per = Object.entries(q.stats.per_priority).map(([p, n]) => [Number(p), n]);
+  // A JS object lists integer keys in ascending order whatever the JSON said: sort again.
+  const first = q.priority_order === "lower_first" ? 1 : -1;
+  const per = Object.entries(q.stats.per_priority).map(([p, n]) => [Number(p), n]).sort((a, b) => first * (a[0] - b[0]));
   if (!per.length) return el("p", { class: "empty" }, "no waiting entries");
-  const width = 600, height = 120, base = 100, gap = 2;
+  const width = 420, height = 130, base = 110, gap = 3;
   const max = Math.max(...per.map(([, n]) => n));
-  const w = Math.max(2, Math.min(40, (width - gap * per.length) / per.length));
+  const w = Math.max(1, Math.min(56, (width - gap * per.length) / per.length));
+  const left = (width - per.length * (w + gap)) / 2;
   const svg = el("svg:svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img",
                               "data-queue": q.queue, "data-chart": "priorities",
                               "aria-label": "waiting entries per priority" });
   per.forEach(([p, n], i) => {
-    const h = max ? Math.max(1, (n / max) * (base - 14)) : 0, x = i * (w + gap);
+    const h = max ? Math.max(1, (n / max) * (base - 16)) : 0, x = left + i * (w + gap);
     const g = el("svg:g", { class: "bar", "data-priority": p, "data-count": n },
       el("svg:title", {}, `priority ${p}: ${n}`),
       el("svg:rect", { class: "bar", x, y: base - h, width: w, height: h }));
@@ -105,7 +113,7 @@ function leases(q) {
   if (!q.leases.length) return el("p", { class: "empty" }, "no leases in flight");
   return table([["id"], ["consumer"], ["priority", "num"], ["tenant"], ["deliveries", "num"], ["age", "num"], ["expires in", "num"]],
     q.leases.map((l) => el("tr", { "data-lease": l.id },
-      el("td", {}, l.id), el("td", {}, l.consumer), el("td", { class: "num" }, l.priority),
+      idCell(l.id), el("td", {}, l.consumer), el("td", { class: "num" }, l.priority),
       el("td", {}, l.tenant === null ? "" : l.tenant), el("td", { class: "num" }, l.deliveries),
       el("td", { class: "num" }, seconds(l.age_seconds)), el("td", { class: "num" }, seconds(l.seconds_left)))));
 }
@@ -114,7 +122,7 @@ function deadLetters(q) {
   if (!q.dead_letters.length) return el("p", { class: "empty" }, "none");
   return table([["id"], ["reason"], ["priority", "num"], ["tenant"], ["dead for", "num"]],
     q.dead_letters.map((d) => el("tr", { "data-dead": d.id },
-      el("td", {}, d.id), el("td", { "data-stat": "reason" }, d.reason || ""), el("td", { class: "num" }, d.priority),
+      idCell(d.id), el("td", { "data-stat": "reason" }, d.reason || ""), el("td", { class: "num" }, d.priority),
       el("td", {}, d.tenant === null ? "" : d.tenant), el("td", { class: "num" }, seconds(d.age_seconds)))));
 }
 
