@@ -98,6 +98,16 @@ class MessageTooLarge(PQError, ValueError):
                          "it was not published")
 
 
+class BrokerUnreachable(PQError, ConnectionError):
+    """The broker's Redis did not answer. The message names it by host:port only: a broker URL
+    may carry a password, and this text ends up in terminals and logs."""
+
+    def __init__(self, address: str, reason: str):
+        self.address = address
+        self.reason = reason
+        super().__init__(f"cannot reach Redis at {address}: {reason}")
+
+
 def error_for(code: int, queue: str, **context) -> PQError | None:
     """The exception of a script's error code: the one place where codes become exceptions
     (None for a code >= 0, no error). ``context`` carries what the exception names: ``entry_id``

@@ -146,6 +146,8 @@ class Entry:
     enqueued_ms: int
     dead_reason: str | None = None
     dead_ms: int | None = None
+    #: Deliveries before it was dead-lettered (entries of a dead-letter queue only).
+    dead_deliveries: int | None = None
 
 
 @dataclass
@@ -354,7 +356,7 @@ class PriorityQueue:
     # -- decoding -----------------------------------------------------------------------------
     def _entry(self, eid, score, value, cls=Entry, **extra) -> Entry:
         h, payload = split_entry(value)  # the scripts return only entries they parsed
-        dead_reason, dead_ms, _ = split_dead_note(h.dead_note) or (None, None, None)
+        dead_reason, dead_ms, dead_deliveries = split_dead_note(h.dead_note) or (None, None, None)
         return cls(
             queue=self.name,
             id=decode_id(eid),
@@ -365,6 +367,7 @@ class PriorityQueue:
             enqueued_ms=h.enqueued_ms,
             dead_reason=dead_reason,
             dead_ms=dead_ms,
+            dead_deliveries=dead_deliveries,
             **extra,
         )
 
@@ -822,6 +825,126 @@ class PriorityQueue:
         """Drop every key of this queue (waiting and leased entries alike)."""
         self.client.delete(*self.keys.all())
 
+    # -- what operators look at and replay (the command line, metrics, the autoscaler) ---------
+    def replay(self, ids: Sequence[str]) -> dict:
+        """Dead letters of ``<queue>.dead`` back to this queue, each atomically, keeping priority,
+        tenant and payload, with the delivery count reset (``replay.lua``). ``ids`` are the ids
+        the dead-letter queue shows. Returns ``{"replayed": {dead id: live id}, "missing": [...],
+        "leased": [...], "refused": [...]}``; refused ones stay dead (``max_length`` reached)."""
+        if self.is_dead:
+            raise ValueError(f"{self.name!r} is a dead-letter queue: replay its live queue")
+        ids = list(ids)
+        for i in ids:
+            _text("id", i)
+        out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
+        for start in range(0, len(ids), C.BULK_CHUNK):
+            part = ids[start : start + C.BULK_CHUNK]
+            reply = self._run("replay", self._keys("replay"),
+                              [self.max_length or 0, "1" if self.fair else "0", self.scope,
+                               *(encode_id(i) for i in part)])
+            for i, r in zip(part, reply):
+                if not isinstance(r, int):
+                    out["replayed"][i] = decode_id(r)
+                else:
+                    out[{ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}.get(r, "refused")].append(i)
+        return out
+
+    def leases(self, limit: int = 1000) -> list[dict]:
+        """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
+        ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
+        ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
+        Redis's clock. Never the tokens: a token is what acks."""
+        _count("limit", limit, none=False)
+        with self.client.pipeline(transaction=False) as p:
+            p.zrange(self.keys.lz, 0, limit - 1, withscores=True)
+            p.time()
+            held, (sec, usec) = p.execute()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        if not held:
+            return []
+        eids = [eid for eid, _ in held]
+        with self.client.pipeline(transaction=False) as p:
+            p.hmget(self.keys.lt, eids)
+            p.hmget(self.keys.ii, eids)
+            records, values = p.execute()
+        out = []
+        for (eid, deadline), info, value in zip(held, records, values):
+            lease = None if info is None else split_lease(info)
+            if lease is None:
+                continue
+            entry = split_entry(value) if value else None
+            out.append({"id": decode_id(eid), "consumer": lease.consumer, "deliveries": lease.deliveries,
+                        "priority": self.priority_of_score(lease.score),
+                        "tenant": unescape_tenant(_s(lease.tenant)) if lease.tenant else None,
+                        "deadline_ms": int(deadline), "seconds_left": (deadline - now_ms) / 1000,
+                        "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None})
+        return out
+
+    def peek_tenant(self, tenant: str, count: int = 10) -> list[Entry]:
+        """The next ``count`` waiting entries of one tenant, in the order the tenant gives them
+        (a fair queue's tenant order)."""
+        if not self.fair:
+            raise ValueError(f"queue {self.name!r} is not fair: its entries carry no tenant")
+        _count("count", count, none=False)
+        t = escape_tenant(tenant)
+        members = self.client.zrangebylex(self.keys.te, f"[{t}\0", f"({t}\1", start=0, num=count)
+        parsed = [m for m in (split_tenant_member(x) for x in members) if m]
+        values = self.client.hmget(self.keys.ii, [m[3] for m in parsed]) if parsed else []
+        out = []
+        for (_, _, _, eid), value in zip(parsed, values):
+            entry = split_entry(value) if value else None
+            if entry:
+                out.append(self._entry(eid, entry[0].score, value))
+        return out
+
+    def backlog(self, view: tuple[int, int] | None = None) -> int:
+        """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
+        rank range) could take now: 0 while the queue is paused; delayed entries are not
+        counted, nor the entries of tenants held back by their concurrency cap, rate limit or
+        a pause.
+
+        Whole queue: exact. A view of a plain queue counts the pointers of its ranks (technique
+        S leaves a removed entry's pointer behind until a pop passes it), capped at the waiting
+        total; a view of a fair queue counts each schedulable tenant's entries in its ranks."""
+        lo, hi = self._check_view(view)
+        whole = (lo, hi) == (0, C.MAX_PRIORITY)
+        k = self.keys
+        paused = self.paused()
+        if paused["queue"]:
+            return 0
+        with self.client.pipeline(transaction=False) as p:
+            p.hlen(k.ii)
+            p.hlen(k.lt)
+            p.zcard(k.dz)
+            ranks = None
+            if not whole and not self.fair:
+                p.zrangebyscore(k.pi, lo, hi)
+            res = p.execute()
+        waiting = max(0, res[0] - res[1] - res[2])
+        if not self.fair:
+            if whole:
+                return waiting
+            ranks = [int(r) for r in res[3]]
+            with self.client.pipeline(transaction=False) as p:
+                for rank in ranks:
+                    p.llen(k.level(rank))
+                return min(waiting, sum(p.execute()))
+        counts = {}
+        for field, value in self.client.hgetall(k.fn).items():
+            kind, _, t = _s(field).partition(":")
+            if kind == "n":
+                counts[t] = int(value)
+        # held back: parked at a concurrency cap (C), by a rate limit (R) or paused (P)
+        held = {_s(t) for t, state in self.client.hgetall(k.tb).items() if _s(state)[:1] in ("C", "R", "P")}
+        held |= {escape_tenant(t) for t in paused["tenants"]}
+        takeable = [t for t in counts if t not in held]
+        if whole:
+            return min(waiting, sum(counts[t] for t in takeable))
+        with self.client.pipeline(transaction=False) as p:
+            for t in takeable:
+                p.zlexcount(k.te, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
+            return sum(p.execute())
+
     # -- counts -------------------------------------------------------------------------------
     def lease_of(self, id: str) -> dict | None:
         """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
@@ -839,44 +962,6 @@ class PriorityQueue:
         now_ms = sec * 1000 + usec // 1000
         return {"consumer": lease.consumer, "deliveries": lease.deliveries, "deadline_ms": int(deadline),
                 "seconds_left": (deadline - now_ms) / 1000}
-
-    def leases(self, count: int = 100) -> list[dict]:
-        """The first ``count`` leases in flight, soonest deadline first: ``id``, ``consumer``,
-        ``priority``, ``tenant``, ``deliveries``, ``deadline_ms``, ``seconds_left`` and
-        ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), all on
-        Redis's clock. Two round trips: a lease acked between them is left out. The lease tokens
-        are not shown (they are what acks)."""
-        _count("count", count, none=False)
-        k = self.keys
-        with self.client.pipeline(transaction=True) as p:
-            p.zrange(k.lz, 0, count - 1, withscores=True)
-            p.time()
-            deadlines, (sec, usec) = p.execute()
-        if not deadlines:
-            return []
-        eids = [eid for eid, _ in deadlines]
-        with self.client.pipeline(transaction=True) as p:
-            p.hmget(k.lt, eids)
-            p.hmget(k.ii, eids)
-            infos, values = p.execute()
-        now_ms = sec * 1000 + usec // 1000
-        out = []
-        for (eid, deadline), info, value in zip(deadlines, infos, values):
-            lease = None if info is None else split_lease(info)
-            if lease is None:  # acked between the two reads
-                continue
-            entry = split_entry(value) if value else None
-            out.append({
-                "id": decode_id(eid),
-                "consumer": lease.consumer,
-                "priority": self.priority_of_score(lease.score),
-                "tenant": unescape_tenant(_s(lease.tenant)) if lease.tenant else None,
-                "deliveries": lease.deliveries,
-                "deadline_ms": int(deadline),
-                "seconds_left": (deadline - now_ms) / 1000,
-                "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None,
-            })
-        return out
 
     def size(self) -> int:
         """Waiting entries (delayed ones not counted)."""

@@ -50,6 +50,7 @@ SCRIPT_NAMES = (
     "migrate",
     "pause",
     "event_log",
+    "replay",
 )
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)

@@ -110,21 +110,28 @@ class Board:
 
     # -- actions ------------------------------------------------------------------------------
     def act(self, action: str, request: dict) -> dict:
-        """Run ``action`` (``pause`` or ``resume``) as ``request`` asks: ``{"queue": name,
-        "tenant": name or None}``. BoardError (400 or 404) names what is wrong; nothing changes then."""
+        """Run ``action`` as ``request`` asks: ``pause`` and ``resume`` take ``{"queue": name,
+        "tenant": name or None}``; ``replay`` takes ``{"queue": name, "ids": [dead letter ids]}``
+        (at most REPLAY_IDS). BoardError (400 or 404) names what is wrong; nothing changes then."""
         if action not in ACTIONS:
-            raise BoardError(404, f"no action {action!r}; there are {', '.join(sorted(ACTIONS))}")
+            raise BoardError(404, f"no action {action!r}; there are {', '.join(ACTIONS)}")
         if not isinstance(request, dict):
             raise BoardError(400, f"the request must be a JSON object, got {type(request).__name__}")
-        unknown = set(request) - {"queue", "tenant"}
+        fields = ACTIONS[action]
+        unknown = set(request) - set(fields)
         if unknown:
             raise BoardError(400, f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}; "
-                                  "an action takes 'queue' and, optionally, 'tenant'")
-        name, tenant = request.get("queue"), request.get("tenant")
+                                  f"{action} takes {', '.join(map(repr, fields))}")
+        name, tenant, ids = request.get("queue"), request.get("tenant"), request.get("ids")
         try:
             _text("queue", name)
             if tenant is not None:
                 _text("tenant", tenant)
+            if action == "replay":
+                if not isinstance(ids, list) or not 1 <= len(ids) <= REPLAY_IDS:
+                    raise ValueError(f"ids must be a list of 1 to {REPLAY_IDS} dead letter ids, got {ids!r}")
+                for i in ids:
+                    _text("id", i)
         except ValueError as exc:
             raise BoardError(400, str(exc)) from None
         with self._lock:
@@ -134,10 +141,15 @@ class Board:
             if tenant is not None and not q.fair:
                 raise BoardError(400, f"queue {name!r} is not fair (no tenants): pause or resume the whole queue")
             try:
+                if action == "replay":
+                    return {"queue": name, "done": action, **q.replay(ids)}
                 getattr(q, action)(tenant=tenant)
             except (PQError, ValueError) as exc:
                 raise BoardError(400, str(exc)) from None
             return {"queue": name, "tenant": tenant, "done": action, "paused": q.paused()}
 
 
-ACTIONS = ("pause", "resume")
+#: The actions and the fields each takes.
+ACTIONS = {"pause": ("queue", "tenant"), "resume": ("queue", "tenant"), "replay": ("queue", "ids")}
+#: Most dead letters one replay request names (the page sends one, or the few it shows).
+REPLAY_IDS = 100

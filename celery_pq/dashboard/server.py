@@ -4,6 +4,7 @@
     GET  /api/state        every queue's state as JSON (``Board.state``)
     POST /api/pause        {"queue": NAME, "tenant": NAME or null}: stop deliveries
     POST /api/resume       the same fields: deliver again
+    POST /api/replay       {"queue": NAME, "ids": [ID, ...]}: dead letters back to the queue
 
 The POST endpoints answer 403 unless the server was started with actions allowed, and then
 only to a request carrying the token in the ``X-PQ-Token`` header (compared in constant time).
@@ -178,18 +179,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot reach the queues: {exc}")
 
 
-def run(app, queue_names, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_actions: bool = False,
+def run(broker, queues=(), *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_actions: bool = False,
         token: str | None = None, window: float | None = None, echo=print) -> None:
-    """Serve the dashboard of ``app``'s broker until interrupted (``celery -A proj pq dashboard``).
+    """Serve the dashboard of ``broker`` (a ``broker.Broker``, a Celery app or a URL) until
+    interrupted: ``celery -A proj pq dashboard``. Its queues are ``queues``, else every declared
+    one, opened as ``pq stats`` opens them (``broker.queue_names``, ``broker.open_queue``)."""
+    from ..broker import Broker, open_queue, queue_names
 
-    ``queue_names(channel)`` gives the names to show, as ``pq stats`` lists them.
-    """
-    from .. import broker_channel
-
-    with app.connection_for_write() as conn:
-        channel = broker_channel(conn)
+    with Broker.of(broker).channel() as channel:
         kwargs = {} if window is None else {"window": window}
-        board = Board(lambda: queue_names(channel), channel.queue, **kwargs)
+        board = Board(lambda: queue_names(channel, queues), lambda name: open_queue(channel, name)[0], **kwargs)
         server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
         try:
             if server.allow_actions:

@@ -23,8 +23,8 @@
 --!queue
 local fair = ARGV[2] == '1'
 FA = { scope = ARGV[3], conc = 0, rate = 0 }
-local count = tonumber(ARGV[1])
-local taken = pi_take(pi, 0, 255, count)
+local want = tonumber(ARGV[1])
+local taken = pi_take(pi, 0, 255, want)
 local found = {} -- {eid, value} of the entries to delete
 local seen = {} -- a fair queue's requeued entry may have two current pointers
 for i = 1, #taken, 2 do
@@ -40,7 +40,7 @@ for i = 1, #taken, 2 do
 end
 local n = #taken / 2
 if n == 0 then
-  local popped = redis.call('ZPOPMIN', dz, count)
+  local popped = redis.call('ZPOPMIN', dz, want)
   for i = 1, #popped, 2 do
     local v = redis.call('HGET', ii, popped[i])
     if v then

@@ -144,7 +144,7 @@ def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens
     q.ack(second)
     assert [x["id"] for x in q.leases()] == [task_id]
     for bad in (0, -1, 1.5, True, None):
-        with pytest.raises(ValueError, match="count must be an integer >= 1"):
+        with pytest.raises(ValueError, match="limit must be an integer >= 1"):
             q.leases(bad)
 
 

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from kombu import Connection, Producer
 
-from celery_pq import broker_channel
+from celery_pq.broker import open_queue
 from celery_pq.dashboard import Board, DashboardServer
 
 try:
@@ -33,8 +33,8 @@ def serve(conn):
     started = []
 
     def start(names=("dq",), **kw):
-        channel = broker_channel(conn)
-        board = Board(lambda: list(names), channel.queue)
+        channel = conn.default_channel
+        board = Board(lambda: list(names), lambda name: open_queue(channel, name)[0])
         server = DashboardServer(board, host="127.0.0.1", port=0, sample_seconds=0.2, **kw)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -74,7 +74,7 @@ def fill(conn, name="dq"):
     for i in range(6):
         producer.publish({"i": i}, exchange=q.exchange, routing_key=name, priority=[0, 100, 200][i % 3],
                          headers={"tenant": "ab"[i % 2]})
-    pq = broker_channel(conn).queue(name)
+    pq = conn.default_channel.queue(name)
     leased, doomed = pq.pop(2, consumer="host:1:abc")
     pq.requeue(doomed)  # max_deliveries=1: to the dead-letter queue
     return pq, leased
@@ -135,7 +135,7 @@ def test_actions_need_the_right_token(conn, serve, token):
 def test_pause_and_resume_a_queue_and_a_tenant_with_the_token(conn, serve):
     pq, _ = fill(conn)
     server = serve(allow_actions=True, token=TOKEN)
-    assert json.loads(get(server, "/api/state")[2])["actions"] == ["pause", "resume"]
+    assert json.loads(get(server, "/api/state")[2])["actions"] == ["pause", "resume", "replay"]
     status, body = post(server, "/api/pause", {"queue": "dq"}, token=TOKEN)
     assert status == 200 and body["paused"]["queue"] is True
     assert pq.pop(1) == []  # a paused queue delivers nothing
@@ -168,8 +168,8 @@ def test_bad_requests_name_the_problem_and_change_nothing(conn, serve, path, bod
 def test_a_tenant_of_a_plain_queue_is_refused(redis_server, key_prefix, serve):
     with Connection(f"pq://127.0.0.1:{redis_server.port}/0", transport_options={"key_prefix": key_prefix}) as plain:
         fill(plain, "plain")
-        channel = broker_channel(plain)
-        board = Board(lambda: ["plain"], channel.queue)
+        channel = plain.default_channel
+        board = Board(lambda: ["plain"], lambda name: open_queue(channel, name)[0])
         server = DashboardServer(board, host="127.0.0.1", port=0, allow_actions=True, token=TOKEN)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -181,6 +181,17 @@ def test_a_tenant_of_a_plain_queue_is_refused(redis_server, key_prefix, serve):
             server.shutdown()
             server.server_close()
             thread.join(5)
+
+
+def test_replay_brings_a_dead_letter_back_with_the_token(conn, serve):
+    pq, _ = fill(conn)
+    [dead] = pq.dead.peek(1)
+    server = serve(allow_actions=True, token=TOKEN)
+    assert post(server, "/api/replay", {"queue": "dq", "ids": [dead.id]})[0] == 403
+    status, body = post(server, "/api/replay", {"queue": "dq", "ids": [dead.id, "no-such-id"]}, token=TOKEN)
+    assert status == 200 and list(body["replayed"]) == [dead.id] and body["missing"] == ["no-such-id"]
+    stats = json.loads(get(server, "/api/state")[2])["queues"][0]["stats"]
+    assert (stats["dead"], stats["waiting"]) == (0, 5)
 
 
 def test_deliveries_are_sampled_into_tenant_shares(conn, serve):

@@ -77,6 +77,13 @@ def _board(opened):
     ("pause", {}, 400, "queue must be a non-empty string"),
     ("pause", {"queue": 7}, 400, "queue must be a non-empty string"),
     ("resume", {"queue": "q", "tenant": ""}, 400, "tenant must be a non-empty string"),
+    ("pause", {"queue": "q", "ids": ["x"]}, 400, "unknown field"),
+    ("replay", {"queue": "q", "tenant": "a"}, 400, "unknown field"),
+    ("replay", {"queue": "q"}, 400, "ids must be a list of 1 to 100"),
+    ("replay", {"queue": "q", "ids": []}, 400, "ids must be a list of 1 to 100"),
+    ("replay", {"queue": "q", "ids": "abc"}, 400, "ids must be a list of 1 to 100"),
+    ("replay", {"queue": "q", "ids": ["x"] * 101}, 400, "ids must be a list of 1 to 100"),
+    ("replay", {"queue": "q", "ids": ["ok", 3]}, 400, "id must be a non-empty string"),
     ("pause", {"queue": "other"}, 404, "no queue named 'other'"),
 ])
 def test_a_bad_action_is_refused_before_any_queue_is_opened(action, request_, status, message):

@@ -118,12 +118,17 @@ function leases(q) {
       el("td", { class: "num" }, seconds(l.age_seconds)), el("td", { class: "num" }, seconds(l.seconds_left)))));
 }
 
-function deadLetters(q) {
+function deadLetters(q, actions) {
   if (!q.dead_letters.length) return el("p", { class: "empty" }, "none");
-  return table([["id"], ["reason"], ["priority", "num"], ["tenant"], ["dead for", "num"]],
+  const replay = actions.includes("replay");
+  const headers = [["id"], ["reason"], ["priority", "num"], ["tenant"], ["dead for", "num"]];
+  if (replay) headers.push([""]);
+  return table(headers,
     q.dead_letters.map((d) => el("tr", { "data-dead": d.id },
       idCell(d.id), el("td", { "data-stat": "reason" }, d.reason || ""), el("td", { class: "num" }, d.priority),
-      el("td", {}, d.tenant === null ? "" : d.tenant), el("td", { class: "num" }, seconds(d.age_seconds)))));
+      el("td", {}, d.tenant === null ? "" : d.tenant), el("td", { class: "num" }, seconds(d.age_seconds)),
+      replay ? el("td", {}, el("button", { type: "button", "data-action": "replay", "data-queue": q.queue,
+                                           "data-id": d.id, title: "back to the queue" }, "replay")) : null)));
 }
 
 function panel(title, body) {
@@ -154,7 +159,7 @@ function queueSection(q, actions) {
       panel("priorities (waiting)", histogram(q)),
       panel("tenants", tenants(q, actions)),
       panel(`leases in flight (${s.leased})`, leases(q)),
-      panel(`dead letters (${s.dead}; newest)`, deadLetters(q))));
+      panel(`dead letters (${s.dead}; newest)`, deadLetters(q, actions))));
 }
 
 function showError(text) {
@@ -191,12 +196,13 @@ async function refresh() {
   }
 }
 
-async function act(action, queue, tenant) {
+async function act(action, request) {
   const reply = await fetch("api/" + action, {
     method: "POST",
     headers: { "Content-Type": "application/json", "X-PQ-Token": token },
-    body: JSON.stringify({ queue, tenant }),
+    body: JSON.stringify(request),
   });
+  const queue = request.queue;
   const body = await reply.json().catch(() => ({}));
   showError(reply.ok ? "" : `${action} ${queue}: ${body.error || reply.statusText}`);
 }
@@ -205,7 +211,10 @@ document.getElementById("queues").addEventListener("click", (ev) => {
   const b = ev.target.closest("button[data-action]");
   if (!b) return;
   b.disabled = true;
-  act(b.dataset.action, b.dataset.queue, b.dataset.tenant === undefined ? null : b.dataset.tenant);
+  const request = { queue: b.dataset.queue };
+  if (b.dataset.action === "replay") request.ids = [b.dataset.id];
+  else request.tenant = b.dataset.tenant === undefined ? null : b.dataset.tenant;
+  act(b.dataset.action, request);
 });
 
 document.getElementById("token-form").addEventListener("submit", (ev) => {

@@ -1,0 +1,139 @@
+"""Where the command line, the metrics collector and the autoscaler reach the queues: a broker
+named by a Celery app or by a URL with transport options, opened as a celery-pq channel.
+
+A Celery app's connection carries its ``broker_transport_options`` and TLS settings; a URL
+(``pq://[:PASSWORD@]HOST[:PORT][/DB]``) takes its options as given. The channel is opened
+without kombu's connection retries: an operator's command must answer at once. A Redis that
+does not answer becomes ``BrokerUnreachable``, named by host:port and never by the URL, which
+may hold a password.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import redis
+
+from .errors import BrokerUnreachable, ConfigError
+from .keys import queues_key
+
+#: Errors that mean the broker's Redis is not there (refused, timed out, lost mid-command).
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+
+
+class Broker:
+    """A broker to open celery-pq channels on (``channel()``), one connection per use."""
+
+    def __init__(self, connect: Callable[[], object]):
+        self._connect = connect
+
+    @classmethod
+    def of(cls, app_or_url, transport_options: dict | None = None) -> "Broker":
+        """From a Celery app (its broker settings) or a broker URL (with ``transport_options``)."""
+        if isinstance(app_or_url, Broker):
+            return app_or_url
+        if isinstance(app_or_url, str):
+            from kombu import Connection
+
+            from . import transport  # noqa: F401  registers pq:// and pqs:// (as importing celery_pq does)
+
+            url, options = app_or_url, dict(transport_options or {})
+            return cls(lambda: Connection(url, transport_options=options))
+        if hasattr(app_or_url, "connection_for_write"):
+            return cls(app_or_url.connection_for_write)
+        raise ConfigError(f"a broker is a Celery app or a broker URL, got {app_or_url!r}")
+
+    @contextmanager
+    def channel(self) -> Iterator:
+        """A celery-pq channel (``transport.Channel``), closed after use; BrokerUnreachable when
+        Redis does not answer, ConfigError when the broker is not celery-pq."""
+        from .transport import Channel
+
+        conn = self._connect()
+        try:
+            try:
+                channel = conn.channel()  # not default_channel: that one retries for seconds
+            except UNREACHABLE as exc:
+                raise unreachable(conn, exc) from None
+            if not isinstance(channel, Channel):
+                raise ConfigError(f"the broker is not celery-pq (transport {type(conn.transport).__name__}); "
+                                  "use a pq:// URL or broker_transport='celery_pq.transport:Transport'")
+            try:
+                yield channel
+            except UNREACHABLE as exc:
+                raise unreachable(conn, exc) from None
+        finally:
+            try:
+                conn.release()
+            except Exception:  # closing a connection that never opened
+                pass
+
+
+def address(conn) -> str:
+    """host:port of a kombu connection (never its URL: that may hold a password)."""
+    return f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}"
+
+
+def unreachable(conn, exc: BaseException) -> BrokerUnreachable:
+    reason = str(exc) or type(exc).__name__
+    for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
+        if secret:
+            reason = reason.replace(secret, "***")
+    return BrokerUnreachable(address(conn), reason)
+
+
+def queue_names(channel, names=()) -> list[str]:
+    """The names given, else the declared queues (without Celery's pidbox and reply queues when
+    any other is declared, and without dead-letter queues: each shows under its live queue)."""
+    if names:
+        return list(names)
+    raw = channel.client.smembers(queues_key(channel.options.key_prefix))
+    known = sorted(m.decode() if isinstance(m, bytes) else m for m in raw)
+    mine = [n for n in known if not n.endswith(".pidbox") and ".reply." not in n and not n.startswith("celeryev.")]
+    return [n for n in (mine or known) if not n.endswith(".dead")]
+
+
+def open_queue(channel, name: str):
+    """The queue ``name`` (a view's name gives its queue) with the mode it recorded in Redis
+    (fairness, scope, order, technique), the channel's options for the rest: an operator's
+    command works on a queue made by workers with other options (``python -m celery_pq``
+    without the workers' ``fair_key``). A queue with no record takes the channel's options."""
+    from .queue import PriorityQueue
+    from .views import View
+
+    view = View.parse(name)
+    base = view.base if view else name
+    kwargs = channel.options.queue_kwargs(base)
+    stored = channel.client.get(PriorityQueue(channel.client, base, key_prefix=kwargs["key_prefix"]).keys.md)
+    if stored is None:
+        q = channel.queue(base)
+    else:
+        q = PriorityQueue.open(channel.client, base, **kwargs) if _fits(stored, kwargs) else \
+            PriorityQueue.open(channel.client, base, **_plain(kwargs))
+    if view is None:
+        return q, None
+    return q, view.rank_range(q)
+
+
+def _fits(stored, kwargs) -> bool:
+    """Do the tenant settings in ``kwargs`` suit the recorded mode (they need fairness)?"""
+    fair = (stored.decode() if isinstance(stored, bytes) else stored)[:1] == "1"
+    return fair or not any(kwargs.get(k) for k in ("tenant_concurrency", "tenant_rate", "max_length_per_tenant"))
+
+
+def _plain(kwargs) -> dict:
+    return {**kwargs, "tenant_concurrency": None, "tenant_rate": None, "max_length_per_tenant": None}
+
+
+def known(channel, name: str) -> bool:
+    """Is ``name`` (or the queue a view names) a declared queue or one with stored keys?"""
+    from .queue import PriorityQueue
+    from .views import View
+
+    view = View.parse(name)
+    base = view.base if view else name
+    if channel.client.sismember(queues_key(channel.options.key_prefix), base):
+        return True
+    k = PriorityQueue(channel.client, base, key_prefix=channel.options.key_prefix).keys
+    return bool(channel.client.exists(k.md, k.ii, k.lt, k.dz))

@@ -1,0 +1,107 @@
+"""replay.lua on a real redis-server: dead letters back to the live queue, checked on the raw keys."""
+
+import pytest
+
+from celery_pq import ModeMismatch, PriorityQueue
+from celery_pq.ids import decode_id
+from celery_pq.records import split_entry, split_pointer
+
+
+@pytest.fixture(params=["T", "S"])
+def q(redis_client, key_prefix, request):
+    return PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, technique=request.param, max_deliveries=2)
+
+
+def kill(q, n=1, reason="boom"):
+    for lease in q.pop(n):
+        q.dead_letter(lease, reason)
+
+
+def level(client, q, priority):
+    return [(seq, decode_id(eid)) for seq, eid in map(split_pointer, client.lrange(q.keys.level(q.rank(priority)), 0, -1))]
+
+
+def test_replay_moves_the_entry_back_with_deliveries_reset(q, redis_client):
+    # Given a dead letter delivered twice, at priority 200, and a live entry waiting at 200
+    q.insert(b"payload-a", 200, id="a")
+    q.pop(1, consumer="c:1:x")
+    q.reclaim(consumer="c:1:x")  # back once: its delivery count is 1
+    kill(q)
+    q.insert(b"payload-b", 200, id="b")
+    [dead] = q.dead.peek(5)
+    assert (dead.id, dead.dead_deliveries, dead.dead_reason) == ("a", 2, "boom")
+    # When it is replayed
+    assert q.replay(["a"]) == {"replayed": {"a": "a"}, "missing": [], "leased": [], "refused": []}
+    # Then the dead-letter queue holds nothing, not even a pointer
+    assert redis_client.hlen(q.dead.keys.ii) == 0
+    assert level(redis_client, q.dead, 200) == []
+    # and the live entry has no deliveries and no note, its payload and priority kept, behind b
+    header, payload = split_entry(redis_client.hget(q.keys.ii, b"a"))
+    assert (header.deliveries, header.dead_note, payload) == (0, b"", b"payload-a")
+    assert [e.id for e in q.peek(5)] == ["b", "a"]
+    assert [eid for _, eid in level(redis_client, q, 200)][-1] == "a"
+    # and it is delivered as a first delivery
+    q.pop(1)
+    [lease] = q.pop(1)
+    assert (lease.id, lease.deliveries, lease.priority) == ("a", 1, 200)
+
+
+def test_replay_of_an_id_the_live_queue_holds_makes_a_duplicate(q, redis_client):
+    q.insert(b"old", 5, id="t")
+    kill(q)
+    q.insert(b"new", 5, id="t")  # the task was published again meanwhile
+    out = q.replay(["t"])
+    new_id = out["replayed"]["t"]
+    assert new_id.startswith("t~")
+    assert sorted(e.payload for e in q.peek(5)) == [b"new", b"old"]
+    assert q.remove("t") == 2  # REMOVE BY ID finds the duplicate too
+
+
+def test_missing_and_leased_dead_letters_are_left_alone(q, redis_client):
+    q.insert(b"x", 1, id="x")
+    q.insert(b"y", 1, id="y")
+    kill(q, 2)
+    q.dead.pop(1)  # a consumer of jobs.dead holds x
+    out = q.replay(["x", "y", "nope"])
+    assert out == {"replayed": {"y": "y"}, "missing": ["nope"], "leased": ["x"], "refused": []}
+    assert redis_client.hexists(q.dead.keys.ii, b"x")
+
+
+def test_replay_respects_max_length(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, max_length=2)
+    for i in range(2):
+        q.insert(b"p", 1, id=f"d{i}")
+    kill(q, 2)
+    q.insert(b"p", 1, id="live")
+    out = q.replay(["d0", "d1"])
+    assert out["replayed"] == {"d0": "d0"} and out["refused"] == ["d1"]
+    assert q.dead.size() == 1 and q.size() == 2
+
+
+def test_replay_on_a_fair_queue_keeps_the_tenant(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "fj", key_prefix=key_prefix, fair=True)
+    q.insert(b"p", 9, id="a", tenant="acme")
+    kill(q)
+    assert q.tenant_stats() == {}
+    q.replay(["a"])
+    assert q.tenant_stats() == {"acme": {"waiting": 1, "leased": 0}}
+    [lease] = q.pop(1)
+    assert (lease.id, lease.tenant, lease.priority) == ("a", "acme", 9)
+
+
+def test_replay_with_another_mode_changes_nothing(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix)
+    q.insert(b"p", 1, id="a")
+    kill(q)
+    wrong = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, priority_order="lower_first")
+    with pytest.raises(ModeMismatch):
+        wrong.replay(["a"])
+    assert q.dead.size() == 1
+
+
+def test_replay_refuses_a_dead_letter_queue_and_bad_ids(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "rq", key_prefix=key_prefix)
+    with pytest.raises(ValueError, match="dead-letter queue"):
+        q.dead.replay(["a"])
+    with pytest.raises(ValueError, match="non-empty string"):
+        q.replay([""])

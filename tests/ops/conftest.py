@@ -1,0 +1,57 @@
+"""An ops world: a Celery app publishing to a queue of the session redis-server under this
+test's key prefix, and ``run`` for the ``python -m celery_pq`` command line (click's CliRunner)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner
+
+import celery_pq  # noqa: F401  registers pq://
+from celery_pq import PriorityQueue
+from celery_pq.__main__ import main
+
+
+class World:
+    def __init__(self, server, prefix, options):
+        self.server = server
+        self.prefix = prefix
+        self.options = {"key_prefix": prefix, **options}
+        self.url = f"pq://127.0.0.1:{server.port}/0"
+        self.app = Celery("ops-test", broker=self.url)
+        self.app.conf.broker_transport_options = self.options
+        self.app.conf.task_default_queue = "q"
+        self.client = server.client(decode_responses=False)
+
+    def send(self, name="ops.work", *args, queue="q", **kw):
+        return self.app.send_task(name, args=args, queue=queue, **kw).id
+
+    def queue(self, name="q", **kw) -> PriorityQueue:
+        return PriorityQueue.open(self.client, name, key_prefix=self.prefix, **kw)
+
+    def run(self, *args, ok=True, input=None):
+        result = CliRunner().invoke(main, ["--broker", self.url, "--transport-options", json.dumps(self.options),
+                                           *args], input=input, catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, (args, result.output)
+        return result
+
+    def close(self):
+        self.app.close()
+        self.client.close()
+
+
+@pytest.fixture
+def world(redis_server, key_prefix):
+    w = World(redis_server, key_prefix, {})
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def fair_world(redis_server, key_prefix):
+    w = World(redis_server, key_prefix, {"fair_key": "tenant", "tenant_concurrency": {"slow": 1, "*": 100}})
+    yield w
+    w.close()
