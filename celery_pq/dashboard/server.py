@@ -27,6 +27,7 @@ from importlib import resources
 
 import redis
 
+from ..errors import ConfigError
 from .board import ACTIONS, SAMPLE_SECONDS, Board, BoardError
 
 logger = logging.getLogger("celery_pq.dashboard")
@@ -189,7 +190,10 @@ def run(broker, queues=(), *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     with Broker.of(broker).channel() as channel:
         kwargs = {} if window is None else {"window": window}
         board = Board(lambda: queue_names(channel, queues), lambda name: open_queue(channel, name)[0], **kwargs)
-        server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
+        try:
+            server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
+        except OSError as exc:  # the port is taken, the address is not this machine's, ...
+            raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         try:
             if server.allow_actions:
                 echo(f"celery-pq dashboard on {server.url} with actions allowed; token: {server.token}")

@@ -221,7 +221,19 @@ def test_the_page_shows_the_live_queue_as_stats_json_does_and_its_actions_work(l
     assert browser.find_element("css selector", '[data-queue="q"][data-stat="paused"]').text == "paused"
     assert sorted(shown["dead_reasons"]) == ["poisoned", "rejected"]
 
+    # Replay one dead letter from the page: it waits in the queue again (still paused, so it stays).
+    pressed = browser.execute_script("""
+        const row = [...document.querySelectorAll('[data-dead]')].find(
+            (r) => r.querySelector('[data-stat="reason"]').textContent === "rejected");
+        const b = row && row.querySelector('button[data-action="replay"]');
+        if (b) b.click();
+        return !!b;""")
+    assert pressed, "no replay button beside the dead letter"
+    wait_for(lambda: page_figures(browser)["dead_reasons"] == ["poisoned"], 10, "the replayed letter to leave")
+    replayed = cli_stats(h)
+    assert (replayed["dead"], replayed["waiting"]) == (1, frozen["waiting"] + 1)
+
     # Resume from the page: the worker takes work again.
     click(browser, "resume")
     wait_for(lambda: page_figures(browser)["paused"] is False, 10, "the page to show the queue delivering")
-    wait_for(lambda: page_figures(browser)["waiting"] < frozen["waiting"], 20, "deliveries to start again")
+    wait_for(lambda: page_figures(browser)["waiting"] < replayed["waiting"], 20, "deliveries to start again")
