@@ -371,7 +371,8 @@ def metrics(ctx, port, address, queues, bands, max_tenants):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8808, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
 @click.option("--allow-actions", is_flag=True, help="Show pause/resume/replay buttons (they need the token).")
-@click.option("--token", default=None, help="The actions' token (default: a random one, printed).")
+@click.option("--token", default=None, envvar="PQ_DASHBOARD_TOKEN",
+              help="The actions' token, or $PQ_DASHBOARD_TOKEN (default: a random one, printed).")
 @click.option("--window", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds of deliveries the tenants' shares cover.")
 def dashboard(ctx, queues, host, port, allow_actions, token, window):

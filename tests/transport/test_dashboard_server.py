@@ -210,3 +210,33 @@ def test_deliveries_are_sampled_into_tenant_shares(conn, serve):
     assert sum(t["deliveries"] for t in d["tenants"].values()) == 3
     assert abs(sum(t["share"] for t in d["tenants"].values()) - 1) < 1e-9
     assert d["span_seconds"] > 0 and d["per_second"] > 0
+
+
+def test_a_redis_that_goes_away_is_a_503_and_the_page_recovers(fresh_redis, key_prefix):
+    with Connection(fresh_redis.url.replace("redis://", "pq://"), transport_options={"key_prefix": key_prefix}) as c:
+        fill(c, "gone")
+        channel = c.default_channel
+        board = Board(lambda: ["gone"], lambda name: open_queue(channel, name)[0])
+        server = DashboardServer(board, host="127.0.0.1", port=0, sample_seconds=0.2)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            assert get(server, "/api/state")[0] == 200
+            fresh_redis.kill()
+            with pytest.raises(urllib.error.HTTPError) as info:
+                get(server, "/api/state")
+            assert info.value.code == 503 and "cannot read the queues" in json.loads(info.value.read())["error"]
+            fresh_redis.start()  # an empty Redis (no persistence): the queue is back, empty
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    status, _, body = get(server, "/api/state")
+                    break
+                except urllib.error.HTTPError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert status == 200 and json.loads(body)["queues"][0]["stats"]["waiting"] == 0
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
