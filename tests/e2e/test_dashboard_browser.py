@@ -195,14 +195,23 @@ def test_the_page_shows_the_live_queue_as_stats_json_does_and_its_actions_work(l
     assert first["dead"] == 2 and first["delayed"] == 3 and first["paused"] is False
     wait_for(lambda: page_figures(browser)["waiting"] < first["waiting"], 20, "the worker to take work")
 
-    # With actions: the token comes in the address's fragment; the page drops it from the address.
-    browser.get(actions.url + "#token=" + TOKEN)
+    # With actions but no token: the page asks for it, and a button pressed without it does nothing.
+    browser.get(actions.url)
     wait_for(lambda: refreshes(browser) >= 1, 15, "the first state")
-    assert "#token" not in browser.current_url
+    assert browser.find_element("id", "token-form").is_displayed()
+    click(browser, "pause")
+    wait_for(lambda: "missing or wrong token" in browser.find_element("id", "error").text, 10, "the refusal")
+    assert cli_stats(h)["paused"] is False and page_figures(browser)["paused"] is False
+
+    # With the token in the address's fragment; the page drops it from the address.
+    browser.get(actions.url + "#token=" + TOKEN)
+    wait_for(lambda: "#token" not in browser.current_url, 10, "the token to leave the address")
+    assert not browser.find_element("id", "token-form").is_displayed()
     assert browser.find_element("id", "mode").text == "actions allowed"
     # Shares of deliveries appear once the sampler has seen deliveries (every 2 s).
     wait_for(lambda: sum(page_figures(browser)["shares"].values()) > 0.99, 20, "tenants' shares of deliveries")
     wait_for(lambda: page_figures(browser)["leases"] > 0, 10, "a lease in flight")
+    assert browser.find_element("id", "error").text == ""  # the refusal went with the new token
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOT))
 

@@ -8,13 +8,21 @@ const REFRESH_MS = 1500;
 const SVG = "http://www.w3.org/2000/svg";
 let token = sessionStorage.getItem("pq-token") || "";
 let refreshes = 0;
+let actionError = "", actionErrorUntil = 0;  // an action's error stays up for a while (or a new token)
 
-const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
-if (m) {
+// The token may come in the address's fragment (/#token=...), at load or later.
+function takeTokenFromAddress() {
+  const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+  if (!m) return;
   token = decodeURIComponent(m[1]);
   sessionStorage.setItem("pq-token", token);
   history.replaceState(null, "", location.pathname);  // the token leaves the address bar
+  document.getElementById("token-form").hidden = true;
+  actionErrorUntil = 0;
+  showError("");
 }
+takeTokenFromAddress();
+window.addEventListener("hashchange", takeTokenFromAddress);
 
 function el(tag, attrs, ...children) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
@@ -168,8 +176,10 @@ function showError(text) {
   box.hidden = !text;
 }
 
+let actions = [];
+
 function render(state) {
-  const actions = state.actions || [];
+  actions = state.actions || [];
   document.getElementById("mode").textContent = actions.length ? "actions allowed" : "read-only";
   document.getElementById("window").textContent = seconds(state.window_seconds);
   document.getElementById("token-form").hidden = !(actions.length && !token);
@@ -188,7 +198,7 @@ async function refresh() {
     const body = await reply.json();
     if (!reply.ok) throw new Error(body.error || reply.statusText);
     render(body);
-    showError("");
+    showError(Date.now() < actionErrorUntil ? actionError : "");
   } catch (err) {
     showError("cannot refresh: " + err.message);
   } finally {
@@ -202,9 +212,14 @@ async function act(action, request) {
     headers: { "Content-Type": "application/json", "X-PQ-Token": token },
     body: JSON.stringify(request),
   });
-  const queue = request.queue;
   const body = await reply.json().catch(() => ({}));
-  showError(reply.ok ? "" : `${action} ${queue}: ${body.error || reply.statusText}`);
+  actionError = reply.ok ? "" : `${action} ${request.queue}: ${body.error || reply.statusText}`;
+  actionErrorUntil = Date.now() + 10000;
+  if (reply.status === 403 && actions.length) {  // a wrong token: ask for it again
+    token = "";
+    sessionStorage.removeItem("pq-token");
+  }
+  showError(actionError);
 }
 
 document.getElementById("queues").addEventListener("click", (ev) => {
@@ -214,7 +229,9 @@ document.getElementById("queues").addEventListener("click", (ev) => {
   const request = { queue: b.dataset.queue };
   if (b.dataset.action === "replay") request.ids = [b.dataset.id];
   else request.tenant = b.dataset.tenant === undefined ? null : b.dataset.tenant;
-  act(b.dataset.action, request);
+  act(b.dataset.action, request)
+    .catch((err) => showError(`${b.dataset.action} ${request.queue}: ${err.message}`))
+    .finally(() => { b.disabled = false; });  // pressed again after a refusal, before a redraw
 });
 
 document.getElementById("token-form").addEventListener("submit", (ev) => {
@@ -222,6 +239,8 @@ document.getElementById("token-form").addEventListener("submit", (ev) => {
   token = document.getElementById("token-input").value;
   sessionStorage.setItem("pq-token", token);
   document.getElementById("token-form").hidden = true;
+  actionErrorUntil = 0;
+  showError("");
 });
 
 refresh();
