@@ -5,6 +5,7 @@
 "use strict";
 
 const REFRESH_MS = 1500;
+const TENANTS_SHOWN = 20;  // busiest first: waiting + leased + delivered in the window
 const SVG = "http://www.w3.org/2000/svg";
 let token = sessionStorage.getItem("pq-token") || "";
 let refreshes = 0;
@@ -70,15 +71,15 @@ function histogram(q) {
   const first = q.priority_order === "lower_first" ? 1 : -1;
   const per = Object.entries(q.stats.per_priority).map(([p, n]) => [Number(p), n]).sort((a, b) => first * (a[0] - b[0]));
   if (!per.length) return el("p", { class: "empty" }, "no waiting entries");
-  const width = 420, height = 130, base = 110, gap = 3;
+  const width = 420, height = 130, base = 110;
   const max = Math.max(...per.map(([, n]) => n));
-  const w = Math.max(1, Math.min(56, (width - gap * per.length) / per.length));
-  const left = (width - per.length * (w + gap)) / 2;
+  const slot = Math.min(59, width / per.length), gap = Math.min(3, slot * 0.2), w = slot - gap;
+  const left = (width - per.length * slot) / 2;
   const svg = el("svg:svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img",
                               "data-queue": q.queue, "data-chart": "priorities",
                               "aria-label": "waiting entries per priority" });
   per.forEach(([p, n], i) => {
-    const h = max ? Math.max(1, (n / max) * (base - 16)) : 0, x = left + i * (w + gap);
+    const h = max ? Math.max(1, (n / max) * (base - 16)) : 0, x = left + i * slot;
     const g = el("svg:g", { class: "bar", "data-priority": p, "data-count": n },
       el("svg:title", {}, `priority ${p}: ${n}`),
       el("svg:rect", { class: "bar", x, y: base - h, width: w, height: h }));
@@ -91,12 +92,15 @@ function histogram(q) {
   return svg;
 }
 
-// Tenants: backlog from stats, share of the window's deliveries as a bar.
+// Tenants: backlog from stats, share of the window's deliveries as a bar; the busiest TENANTS_SHOWN.
 function tenants(q, actions) {
   const per = q.stats.per_tenant || {}, shares = q.deliveries.tenants || {};
   const paused = new Set(q.stats.paused_tenants || []);
-  const names = [...new Set([...Object.keys(per), ...Object.keys(shares), ...paused])].sort();
-  if (!names.length) return el("p", { class: "empty" }, q.fair ? "no tenant has work" : "not a fair queue");
+  const load = (t) => (per[t] ? per[t].waiting + per[t].leased : 0) + (shares[t] ? shares[t].deliveries : 0);
+  const all = [...new Set([...Object.keys(per), ...Object.keys(shares), ...paused])]
+    .sort((a, b) => load(b) - load(a) || (a < b ? -1 : a > b ? 1 : 0));
+  if (!all.length) return el("p", { class: "empty" }, q.fair ? "no tenant has work" : "not a fair queue");
+  const names = all.slice(0, TENANTS_SHOWN);  // the busiest ones; the JSON has them all
   const rows = names.map((t) => {
     const b = per[t] || { waiting: 0, leased: 0 }, s = shares[t] || { deliveries: 0, share: 0 };
     const bar = el("svg:svg", { viewBox: "0 0 100 10", width: 100, height: 10 },
@@ -114,7 +118,9 @@ function tenants(q, actions) {
   });
   const headers = [["tenant"], ["waiting", "num"], ["leased", "num"], ["delivered", "num"], ["share"]];
   if (actions.length && q.fair) headers.push([""]);
-  return table(headers, rows);
+  const more = all.length - names.length;
+  return el("div", {}, table(headers, rows),
+    more > 0 ? el("p", { class: "empty", "data-more-tenants": more }, `and ${more} more tenants (in /api/state)`) : null);
 }
 
 function leases(q) {
