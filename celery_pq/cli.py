@@ -123,12 +123,15 @@ def peek(ctx, queue, count, tenant, as_json):
     with broker_of(ctx).channel() as channel:
         q, _ = _queue(channel, queue)
         entries = q.peek(count) if tenant is None else q.peek_tenant(tenant, count)
+        held = q.held_tenants()
         now_ms = _now_ms(channel)
-    rows = [_entry_row(e, now_ms) for e in entries]
+    rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e in entries]
     if as_json:
         return _json(rows)
-    render.show(render.table(f"{queue}: next {len(rows)}", ["#", "id", "priority", "tenant", "age", "task", "args"], [
-        [i + 1, r["id"], r["priority"], r["tenant"], render.age(r["age_seconds"]), r["task"], r["args"]]
+    title = f"{queue}: next {len(rows)}" + (" (priority order; 'held' tenants wait for their cap, rate or pause)"
+                                            if held else "")
+    render.show(render.table(title, ["#", "id", "priority", "tenant", "held", "age", "task", "args"], [
+        [i + 1, r["id"], r["priority"], r["tenant"], r["held"], render.age(r["age_seconds"]), r["task"], r["args"]]
         for i, r in enumerate(rows)], empty="(no waiting entries)"))
 
 
@@ -314,11 +317,13 @@ def recover(ctx, consumer, queues):
 @click.argument("queue")
 @click.option("--yes", is_flag=True, help="Do not ask.")
 def purge(ctx, queue, yes):
-    """Delete every waiting message of QUEUE (leased ones stay leased)."""
+    """Delete every waiting and delayed message of QUEUE (leased ones stay leased)."""
     with broker_of(ctx).channel() as channel:
         q, _ = _queue(channel, queue)
         if not yes:
-            click.confirm(f"Delete the {q.size()} waiting message(s) of {queue!r}?", abort=True)
+            s = q.stats()
+            click.confirm(f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?",
+                          abort=True)
         click.echo(f"purged {q.purge()} message(s) from {queue}")
 
 

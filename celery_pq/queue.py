@@ -897,6 +897,19 @@ class PriorityQueue:
                 out.append(self._entry(eid, entry[0].score, value))
         return out
 
+    def held_tenants(self, paused: dict | None = None) -> dict[str, str]:
+        """{tenant: why} of the tenants of a fair queue that cannot be served now: ``"cap"``
+        (at its concurrency cap), ``"rate"`` (waiting for its rate limit's next token) or
+        ``"paused"``. ``paused`` is ``self.paused()`` when the caller has it."""
+        if not self.fair:
+            return {}
+        why = {"C": "cap", "R": "rate", "P": "paused"}
+        out = {unescape_tenant(_s(t)): why[_s(state)[:1]] for t, state in self.client.hgetall(self.keys.tb).items()
+               if _s(state)[:1] in why}
+        for t in (paused or self.paused())["tenants"]:
+            out[t] = "paused"
+        return out
+
     def backlog(self, view: tuple[int, int] | None = None) -> int:
         """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
         rank range) could take now: 0 while the queue is paused; delayed entries are not
@@ -934,9 +947,7 @@ class PriorityQueue:
             kind, _, t = _s(field).partition(":")
             if kind == "n":
                 counts[t] = int(value)
-        # held back: parked at a concurrency cap (C), by a rate limit (R) or paused (P)
-        held = {_s(t) for t, state in self.client.hgetall(k.tb).items() if _s(state)[:1] in ("C", "R", "P")}
-        held |= {escape_tenant(t) for t in paused["tenants"]}
+        held = {escape_tenant(t) for t in self.held_tenants(paused)}
         takeable = [t for t in counts if t not in held]
         if whole:
             return min(waiting, sum(counts[t] for t in takeable))

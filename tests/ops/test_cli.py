@@ -213,6 +213,9 @@ def test_backlog_leaves_out_tenants_held_at_their_cap(fair_world):
     assert sorted(x.tenant for x in got) == ["fast", "slow"]
     q.pop(1, consumer="c:1:x")  # parks "slow"
     assert w.run("backlog", "q").output.strip() == "0"
+    assert q.held_tenants() == {"slow": "cap"}
+    rows = json.loads(w.run("peek", "q", "--json").output)
+    assert [r["held"] for r in rows] == ["cap", "cap"]
 
 
 def test_unreachable_redis_is_named_without_its_password(world):

@@ -1,0 +1,158 @@
+"""A Celery autoscaler that sizes the pool by the backlog in Redis, not only by what the worker
+has already reserved:
+
+    app.conf.worker_autoscaler = "celery_pq.autoscale:BacklogAutoscaler"
+    celery -A proj worker --autoscale=8,1
+
+Celery's own ``Autoscaler`` grows the pool to the number of tasks the worker has reserved,
+which the prefetch window caps: it cannot see the work still waiting in the broker. This one
+adds the backlog this worker could take (``PriorityQueue.backlog``): the queues and priority
+views it consumes only, due entries only (delayed ones wait), without the tenants held back
+by a concurrency cap, a rate limit or a pause, and nothing while a queue is paused.
+
+Every ``pq_autoscale_interval`` seconds it wants ``ceil((reserved + backlog) /
+pq_autoscale_backlog_per_process)`` processes, one more than it has when the entry that goes
+next in one of its queues has waited longer than ``pq_autoscale_max_age`` seconds, within
+``--autoscale=MAX,MIN``. It grows at once; it shrinks only after it has wanted fewer processes
+for ``pq_autoscale_idle_seconds`` without a break (hysteresis: a short lull does not cost a
+pool restart), and never below MIN. When Redis cannot be read it falls back to the reserved
+count alone, as Celery's autoscaler does. The settings are read from ``app.conf``:
+
+=====================================  =======  ===============================================
+setting                                default  meaning
+=====================================  =======  ===============================================
+``pq_autoscale_interval``              ``1.0``  seconds between decisions (and Redis reads)
+``pq_autoscale_backlog_per_process``   ``1``    entries (reserved or waiting) per process
+``pq_autoscale_max_age``               ``30.0`` seconds the next entry may wait before the pool
+                                                grows by one more; ``0`` turns this off
+``pq_autoscale_idle_seconds``          ``30.0`` seconds of lower demand before the pool shrinks
+=====================================  =======  ===============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from time import monotonic
+
+from celery.worker import state
+from celery.worker.autoscale import Autoscaler
+
+from .broker import Broker, open_queue
+from .checks import count, number
+
+logger = logging.getLogger("celery_pq.autoscale")
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings:
+    """The ``pq_autoscale_*`` settings (see the module docstring), checked."""
+
+    interval: float = 1.0
+    backlog_per_process: int = 1
+    max_age: float = 30.0
+    idle_seconds: float = 30.0
+
+    @classmethod
+    def from_conf(cls, conf) -> "AutoscaleSettings":
+        get = lambda name: conf.get(f"pq_autoscale_{name}", getattr(cls, name))  # noqa: E731
+        return cls(
+            interval=float(number("pq_autoscale_interval", get("interval"), low=0.05, allow_low=True)),
+            backlog_per_process=count("pq_autoscale_backlog_per_process", get("backlog_per_process"), none=False),
+            max_age=float(number("pq_autoscale_max_age", get("max_age"), allow_low=True)),
+            idle_seconds=float(number("pq_autoscale_idle_seconds", get("idle_seconds"), allow_low=True)),
+        )
+
+
+class BacklogAutoscaler(Autoscaler):
+    """Celery's Autoscaler, deciding on reserved tasks plus this worker's backlog in Redis."""
+
+    def __init__(self, pool, max_concurrency, min_concurrency=0, worker=None, keepalive=None, mutex=None):
+        app = worker.app if worker is not None else None
+        if app is None:
+            from celery import current_app
+
+            app = current_app
+        self.settings = AutoscaleSettings.from_conf(app.conf)
+        # keepalive is how often Celery's event loop asks us (and the thread's pace is 1 s):
+        # the decision interval. Shrinking waits for idle_seconds of its own (see _maybe_scale).
+        super().__init__(pool, max_concurrency, min_concurrency, worker=worker,
+                         keepalive=keepalive or self.settings.interval, mutex=mutex)
+        self.app = app
+        self.broker = Broker.of(app)
+        self._read_at = None
+        self._seen = (0, None)  # (backlog, age of the oldest next entry in seconds)
+        self._lower_since = None
+        self._warned_at = None
+
+    # -- what this worker consumes ------------------------------------------------------------
+    def queue_names(self) -> list[str]:
+        """The queues and views this worker consumes (``-Q``, ``add_consumer``)."""
+        consumer = getattr(self.worker, "consumer", None)
+        tc = getattr(consumer, "task_consumer", None)
+        if tc is not None and tc.queues:
+            return sorted({q.name for q in tc.queues})
+        return sorted(self.app.amqp.queues.consume_from or self.app.amqp.queues)
+
+    def backlog(self) -> tuple[int, float | None]:
+        """(due entries this worker could take, seconds the oldest next one has waited), read
+        at most once per interval; (0, None) when Redis cannot be read."""
+        now = monotonic()
+        if self._read_at is not None and now - self._read_at < self.settings.interval:
+            return self._seen
+        self._read_at = now
+        try:
+            total, oldest = 0, None
+            with self.broker.channel() as channel:
+                sec, usec = channel.client.time()
+                now_ms = int(sec) * 1000 + int(usec) // 1000
+                for name in self.queue_names():
+                    q, view = open_queue(channel, name)
+                    n = q.backlog(view)
+                    total += n
+                    if n and view is None:
+                        head = q.peek(1)
+                        if head:
+                            age = (now_ms - head[0].enqueued_ms) / 1000
+                            oldest = age if oldest is None else max(oldest, age)
+            self._seen = (total, oldest)
+        except Exception as exc:  # the pool is still sized by what the worker reserved
+            if self._warned_at is None or now - self._warned_at > 60:
+                self._warned_at = now
+                logger.warning("celery-pq autoscaler: cannot read the backlog (%s); sizing by reserved tasks", exc)
+            self._seen = (0, None)
+        return self._seen
+
+    # -- the decision -------------------------------------------------------------------------
+    def wanted(self) -> int:
+        """Processes wanted now, before MIN and MAX."""
+        reserved = len(state.reserved_requests)
+        backlog, age = self.backlog()
+        want = math.ceil((reserved + backlog) / self.settings.backlog_per_process)
+        if backlog and age is not None and self.settings.max_age and age > self.settings.max_age:
+            want = max(want, self.processes + 1)
+        return want
+
+    def _maybe_scale(self, req=None):
+        procs = self.processes
+        target = min(max(self.wanted(), self.min_concurrency), self.max_concurrency)
+        if target > procs:
+            self._lower_since = None
+            self.scale_up(target - procs)
+            return True
+        if target == procs:
+            self._lower_since = None
+            return False
+        now = monotonic()
+        if self._lower_since is None:
+            self._lower_since = now
+        if now - self._lower_since >= self.settings.idle_seconds:
+            self._lower_since = None
+            self._shrink(procs - target)
+            return True
+        return False
+
+    def info(self):
+        backlog, age = self._seen
+        return {**super().info(), "backlog": backlog, "oldest_age_seconds": age}

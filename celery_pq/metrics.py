@@ -1,0 +1,213 @@
+"""Prometheus metrics of celery-pq queues: a custom collector (``PQCollector``) to mount in an
+existing app, and the exporter ``celery -A proj pq metrics --port 9808`` runs (``serve``).
+
+    from prometheus_client import REGISTRY
+    from celery_pq.metrics import PQCollector
+
+    REGISTRY.register(PQCollector(app))            # or PQCollector("pq://host:6379/0")
+
+Every scrape reads Redis afresh (one channel, a few round trips per queue); nothing is cached
+between scrapes, so every exporter and every process agree: the counters are the ones the Lua
+scripts keep in each queue's hash ``ct`` (``PriorityQueue.counters``).
+
+Gauges, per queue (label ``queue``):
+``celery_pq_waiting_messages`` (only that label), ``celery_pq_delayed_messages``,
+``celery_pq_leased_messages``, ``celery_pq_dead_messages``, ``celery_pq_paused`` (1 or 0),
+``celery_pq_paused_tenants``, ``celery_pq_backlog_messages`` (due entries a consumer of the
+whole queue could take now), ``celery_pq_oldest_waiting_age_seconds`` (the entry that goes next),
+``celery_pq_waiting_messages_by_priority`` (``band``), ``celery_pq_waiting_messages_by_tenant``
+and ``celery_pq_leased_messages_by_tenant`` (``tenant``: the ``max_tenants`` largest by name,
+the rest summed as ``other``), and ``celery_pq_up`` (0 when the last scrape could not read Redis).
+
+Counters (``_total``): enqueued, deliveries, redeliveries, acks, requeues, lease expiries,
+dead letters, removed, refusals (queue full), malformed, dead dropped; and
+``celery_pq_tenant_deliveries_total`` per tenant of a fair queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .broker import Broker, open_queue, queue_names
+
+logger = logging.getLogger("celery_pq.metrics")
+
+#: Counter name (without ``celery_pq_`` and ``_total``) -> the scripts' counter, and its help.
+COUNTERS = {
+    "enqueued": ("enqueued", "Entries stored by publishes (and replays)."),
+    "deliveries": ("delivered", "Deliveries to consumers (leases granted)."),
+    "redeliveries": ("redelivered", "Deliveries of an entry delivered before."),
+    "acks": ("acked", "Entries acknowledged (done)."),
+    "requeues": ("requeued", "Leases given back by consumers."),
+    "lease_expiries": ("lease_expired", "Leases that ran out and were returned by the sweep."),
+    "dead_letters": ("dead_lettered", "Entries moved to the dead-letter queue."),
+    "removed": ("removed", "Waiting entries removed (by id, purge)."),
+    "refusals": ("refused_full", "Entries refused because the queue (or tenant) was full."),
+    "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
+    "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
+}
+
+#: Tenants exported by name per queue by default; the rest are summed as "other".
+MAX_TENANTS = 20
+
+
+def parse_bands(text: str | None) -> list[tuple[int, int]] | None:
+    """``"0-99,100-199,200-255"`` as [(0, 99), (100, 199), (200, 255)]; None for None or "".
+    ValueError naming the band when one is not LO-HI within 0..255 or two overlap."""
+    if not text:
+        return None
+    bands = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+            raise ValueError(f"priority band {part.strip()!r} is not LO-HI (e.g. 200-255)")
+        lo, hi = int(lo), int(hi)
+        if not 0 <= lo <= hi <= 255:
+            raise ValueError(f"priority band {part.strip()!r} must have 0 <= LO <= HI <= 255")
+        bands.append((lo, hi))
+    bands.sort()
+    for (a, b), (c, d) in zip(bands, bands[1:]):
+        if c <= b:
+            raise ValueError(f"priority bands {a}-{b} and {c}-{d} overlap")
+    return bands
+
+
+def band_counts(per_priority: dict, bands: list[tuple[int, int]] | None) -> dict[str, int]:
+    """Waiting entries per band label (``"lo-hi"``; every band, 0 included), or per priority
+    (``"200"``) without bands."""
+    if bands is None:
+        return {str(p): n for p, n in per_priority.items()}
+    out = {f"{lo}-{hi}": 0 for lo, hi in bands}
+    for p, n in per_priority.items():
+        for lo, hi in bands:
+            if lo <= int(p) <= hi:
+                out[f"{lo}-{hi}"] += n
+                break
+    return out
+
+
+def top_tenants(values: dict[str, int], limit: int) -> dict[str, int]:
+    """The ``limit`` largest by name, the rest summed as ``other`` (cardinality stays bounded)."""
+    ranked = sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = {t or "(default)": n for t, n in ranked[:limit]}
+    rest = sum(n for _, n in ranked[limit:])
+    if rest or len(ranked) > limit:
+        out["other"] = out.get("other", 0) + rest
+    return out
+
+
+class PQCollector(Collector):
+    """A prometheus_client collector of celery-pq queues.
+
+    Arguments:
+        app_or_url: a Celery app (its broker settings) or a broker URL.
+        queues: the queues to export; None: every declared queue (Celery's own left out).
+        transport_options: with a URL, its ``broker_transport_options`` (``key_prefix``...).
+        bands: priority bands ``[(lo, hi), ...]`` or ``"0-99,100-255"`` for
+            ``..._by_priority``; None: one series per priority that has waiting entries.
+        max_tenants: tenants exported by name per queue and metric; the rest are ``other``.
+    """
+
+    def __init__(self, app_or_url, queues=None, *, transport_options: dict | None = None,
+                 bands=None, max_tenants: int = MAX_TENANTS):
+        self.broker = Broker.of(app_or_url, transport_options)
+        self.queues = list(queues) if queues else None
+        self.bands = parse_bands(bands) if isinstance(bands, str) else bands
+        if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 0:
+            raise ValueError(f"max_tenants must be an integer >= 0, got {max_tenants!r}")
+        self.max_tenants = max_tenants
+
+    def describe(self):
+        """The metric names without reading Redis (``registry.register`` calls this)."""
+        return list(self._families().values())
+
+    def collect(self):
+        fams = self._families()
+        try:
+            with self.broker.channel() as channel:
+                for name in queue_names(channel, self.queues):
+                    self._add_queue(fams, open_queue(channel, name)[0])
+            fams["up"].add_metric([], 1)
+        except Exception as exc:  # a scrape must answer: say the broker is down, not 500
+            logger.warning("celery-pq metrics: cannot read the queues: %s", exc)
+            fams = self._families()
+            fams["up"].add_metric([], 0)
+        return list(fams.values())
+
+    def _families(self) -> dict:
+        g = lambda name, doc, labels=("queue",): GaugeMetricFamily(f"celery_pq_{name}", doc, labels=labels)  # noqa: E731
+        fams = {
+            "waiting": g("waiting_messages", "Entries waiting for delivery (due, not leased)."),
+            "delayed": g("delayed_messages", "Entries waiting for their due time (countdown/eta)."),
+            "leased": g("leased_messages", "Entries delivered and not yet acked."),
+            "dead": g("dead_messages", "Entries in the dead-letter queue <queue>.dead."),
+            "paused": g("paused", "1 while the queue is paused."),
+            "paused_tenants": g("paused_tenants", "Tenants paused in the queue."),
+            "backlog": g("backlog_messages", "Due entries a consumer of the whole queue could take now "
+                                             "(tenants held back by caps or pause left out)."),
+            "age": g("oldest_waiting_age_seconds", "Age of the entry that goes next (0 when none waits)."),
+            "by_priority": g("waiting_messages_by_priority", "Waiting entries per priority band.",
+                             ("queue", "band")),
+            "by_tenant": g("waiting_messages_by_tenant", "Waiting entries per tenant (the largest by name, "
+                                                         "the rest as 'other').", ("queue", "tenant")),
+            "leased_by_tenant": g("leased_messages_by_tenant", "Leased entries per tenant.", ("queue", "tenant")),
+            "up": GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis."),
+        }
+        for key, (_, doc) in COUNTERS.items():
+            fams[key] = CounterMetricFamily(f"celery_pq_{key}", doc, labels=("queue",))
+        fams["tenant_deliveries"] = CounterMetricFamily("celery_pq_tenant_deliveries", "Deliveries per tenant "
+                                                        "(the largest by name, the rest as 'other').",
+                                                        labels=("queue", "tenant"))
+        return fams
+
+    def _add_queue(self, fams: dict, q) -> None:
+        s = q.stats()
+        name = q.name
+        fams["waiting"].add_metric([name], s["waiting"])
+        fams["delayed"].add_metric([name], s["delayed"])
+        fams["leased"].add_metric([name], s["leased"])
+        fams["dead"].add_metric([name], s["dead"])
+        fams["paused"].add_metric([name], 1 if s.get("paused") else 0)
+        fams["paused_tenants"].add_metric([name], len(s.get("paused_tenants") or ()))
+        fams["backlog"].add_metric([name], q.backlog())
+        fams["age"].add_metric([name], s["head_age_seconds"] or 0.0)
+        for band, n in band_counts(s["per_priority"], self.bands).items():
+            fams["by_priority"].add_metric([name, band], n)
+        if s["per_tenant"]:
+            for key, field in (("by_tenant", "waiting"), ("leased_by_tenant", "leased")):
+                values = {t: c[field] for t, c in s["per_tenant"].items()}
+                for tenant, n in top_tenants(values, self.max_tenants).items():
+                    fams[key].add_metric([name, tenant], n)
+        counters = q.counters()
+        for key, (field, _) in COUNTERS.items():
+            fams[key].add_metric([name], counters.get(field, 0))
+        if q.fair:
+            for tenant, n in top_tenants(q.tenant_deliveries(), self.max_tenants).items():
+                fams["tenant_deliveries"].add_metric([name, tenant], n)
+
+
+def serve(app_or_url, *, port: int = 9808, address: str = "0.0.0.0", queues=None, bands=None,
+          max_tenants: int = MAX_TENANTS, transport_options: dict | None = None, block: bool = True):
+    """Serve ``/metrics`` on ``address:port`` from a registry of its own (the exporter's
+    process metrics are not mixed in). With ``block``, until Ctrl-C; otherwise returns the
+    (server, thread) of prometheus_client's ``start_http_server``."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands,
+                                  max_tenants=max_tenants))
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    if not block:
+        return server, thread
+    print(f"celery-pq metrics on http://{address}:{server.server_port}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
