@@ -75,7 +75,10 @@ class Board:
     def sample(self) -> None:
         """Add one sample of every queue's delivery totals to its history."""
         with self._lock:
-            for name in self._queue_names():
+            names = self._queue_names()
+            for gone in set(self._histories) - set(names):  # a deleted queue's samples go too
+                del self._histories[gone]
+            for name in names:
                 q = self._open(name)
                 counters = q.counters()
                 sample = Sample(self._clock(), counters.get("delivered"), q.tenant_deliveries())

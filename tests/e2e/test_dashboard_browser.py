@@ -8,12 +8,9 @@ Its screenshot is docs/img/dashboard.png.
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest

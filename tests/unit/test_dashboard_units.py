@@ -97,3 +97,30 @@ def test_a_bad_action_is_refused_before_any_queue_is_opened(action, request_, st
 def test_a_window_must_be_positive():
     with pytest.raises(ValueError, match="window must be a number of seconds > 0"):
         Board(lambda: [], lambda n: None, window=0)
+
+
+class _Totals:
+    """A queue's delivery totals as the scripts keep them (counters, tenant_deliveries)."""
+
+    def __init__(self):
+        self.delivered, self.tenants = 0, {}
+
+    def counters(self):
+        return {"delivered": self.delivered}
+
+    def tenant_deliveries(self):
+        return dict(self.tenants)
+
+
+def test_board_samples_each_queue_and_forgets_a_queue_that_went():
+    now, names, queues = [0.0], ["a", "b"], {"a": _Totals(), "b": _Totals()}
+    board = Board(lambda: list(names), queues.__getitem__, window=60, clock=lambda: now[0])
+    board.sample()
+    now[0], queues["a"].delivered, queues["a"].tenants = 10.0, 4, {"x": 3, "y": 1}
+    board.sample()
+    assert board._histories["a"].summary()["tenants"] == {"x": {"deliveries": 3, "share": 0.75},
+                                                         "y": {"deliveries": 1, "share": 0.25}}
+    assert board._histories["b"].summary()["delivered"] == 0
+    names.remove("b")
+    board.sample()
+    assert set(board._histories) == {"a"}
