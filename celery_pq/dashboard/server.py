@@ -10,6 +10,9 @@ The POST endpoints answer 403 unless the server was started with actions allowed
 only to a request carrying the token in the ``X-PQ-Token`` header (compared in constant time).
 A custom header cannot be sent cross-site without a CORS preflight, which this server never
 grants, so another site open in the same browser cannot press the buttons either.
+Served on a loopback address (the default), it answers only requests whose Host header names a
+loopback address, so a foreign site that points its own name at 127.0.0.1 (DNS rebinding) cannot
+read the state through a visitor's browser.
 The page learns the token from the address's fragment (``/#token=...``), which browsers never
 send to the server, so it stays out of logs.
 """
@@ -17,6 +20,7 @@ send to the server, so it stays out of logs.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
@@ -39,11 +43,21 @@ MIN_TOKEN_LENGTH = 16
 #: Largest request body an action reads (an action is a few short fields).
 MAX_BODY_BYTES = 4096
 
+#: Host header names a loopback server answers to (besides loopback addresses).
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
     "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
 }
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _static(name: str) -> bytes:
@@ -102,6 +116,15 @@ class DashboardServer(ThreadingHTTPServer):
             if self._stop.wait(self.sample_seconds):
                 return
 
+    def host_allowed(self, header: str | None) -> bool:
+        """Does a request's Host header name this server? Always, unless it listens on loopback."""
+        if not ipaddress.ip_address(self.server_address[0]).is_loopback:
+            return True
+        if not header:
+            return False
+        host = header.rsplit(":", 1)[0] if not header.endswith("]") else header
+        return host.strip("[]").lower() in LOOPBACK_NAMES or _is_loopback(host.strip("[]"))
+
     def authorised(self, given: str | None) -> bool:
         if not self.allow_actions or self.token is None or given is None:
             return False
@@ -131,8 +154,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, message: str) -> None:
         self._json(status, {"error": message})
 
+    def _foreign_host(self) -> bool:
+        if self.server.host_allowed(self.headers.get("Host")):
+            return False
+        self._error(HTTPStatus.MISDIRECTED_REQUEST, "this dashboard answers only to a loopback Host header")
+        return True
+
     def do_GET(self):
         path = self.path.split("?", 1)[0]
+        if self._foreign_host():
+            return
         if path in _STATIC:
             name, content_type = _STATIC[path]
             self._send(HTTPStatus.OK, _static(name), content_type)
@@ -149,6 +180,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         path = self.path.split("?", 1)[0]
+        if self._foreign_host():
+            return
         action = path.removeprefix("/api/")
         if not path.startswith("/api/") or action not in ACTIONS:
             self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")

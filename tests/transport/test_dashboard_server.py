@@ -240,3 +240,36 @@ def test_a_redis_that_goes_away_is_a_503_and_the_page_recovers(fresh_redis, key_
             server.shutdown()
             server.server_close()
             thread.join(5)
+
+
+@pytest.mark.parametrize(("host", "answered"), [
+    ("127.0.0.1:8808", True), ("localhost:8808", True), ("LOCALHOST", True), ("[::1]:8808", True),
+    ("127.0.0.2", True), ("evil.example:8808", False), ("evil.example", False), ("10.0.0.1:8808", False),
+])
+def test_a_loopback_dashboard_answers_only_to_a_loopback_host_header(conn, serve, host, answered):
+    server = serve(allow_actions=True, token=TOKEN)
+    for method, path in (("GET", "/api/state"), ("POST", "/api/pause")):
+        req = urllib.request.Request(server.url + path.lstrip("/"), method=method, headers={"Host": host, "X-PQ-Token": TOKEN},
+                                     data=json.dumps({"queue": "dq"}).encode() if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                status = reply.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            body = json.loads(exc.read())
+        if answered:
+            assert status == 200, (method, status)
+        else:
+            assert status == 421 and "loopback Host" in body["error"], (method, status)
+    assert conn.default_channel.queue("dq").paused()["queue"] is answered
+
+
+def test_a_request_without_a_host_header_is_refused(conn, serve):
+    import http.client
+
+    server = serve()
+    c = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
+    c.putrequest("GET", "/api/state", skip_host=True)
+    c.endheaders()
+    assert c.getresponse().status == 421
+    c.close()
