@@ -113,6 +113,8 @@ class DashboardServer(ThreadingHTTPServer):
                 self.board.sample()
             except redis.RedisError as exc:  # Redis away for a while: the page says so; keep trying
                 logger.warning("dashboard: could not sample the delivery counters: %s", exc)
+            except Exception:  # anything else, once per interval: the shares stop, the page goes on
+                logger.exception("dashboard: sampling the delivery counters failed")
             if self._stop.wait(self.sample_seconds):
                 return
 
