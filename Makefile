@@ -13,6 +13,10 @@
 # The Spark tests need Java 17: scripts/ensure-java.sh finds (or, as root on Debian/Ubuntu,
 # installs) it, and its directory goes first on PATH.
 #
+# `make test` also makes sure Chromium and chromedriver are there for the dashboard's browser
+# test (scripts/ensure-chromium.sh, which installs them as root on Debian/Ubuntu); when it
+# cannot, the run goes on and that one test fails with the script's message.
+#
 # Installing says in one line what it installs; pip's output goes to .venv/pip.log
 # and is printed in full only when pip fails (scripts/quietly.sh).
 
@@ -23,6 +27,7 @@ STAMP       := $(VENV)/.installed
 BASE_STAMP  := $(VENV)/.installed-base
 ENSURE_REDIS := bash scripts/ensure-redis-server.sh
 ENSURE_JAVA := bash scripts/ensure-java.sh
+ENSURE_CHROMIUM := bash scripts/ensure-chromium.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
@@ -73,6 +78,7 @@ test: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER java=$$JAVA"; \
+	$(ENSURE_CHROMIUM) >/dev/null || echo "warning: the dashboard's browser test will fail (see above)" >&2; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.

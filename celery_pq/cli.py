@@ -370,3 +370,25 @@ def metrics(ctx, port, address, queues, bands, max_tenants):
 
     serve(broker_of(ctx), port=port, address=address, queues=list(queues) or None,
           bands=parse_bands(bands), max_tenants=max_tenants)
+
+
+@command()
+@click.argument("queues", nargs=-1)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8808, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
+@click.option("--allow-actions", is_flag=True, help="Show pause/resume/replay buttons (they need the token).")
+@click.option("--token", default=None, envvar="PQ_DASHBOARD_TOKEN",
+              help="The actions' token, or $PQ_DASHBOARD_TOKEN (default: a random one, printed).")
+@click.option("--window", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds of deliveries the tenants' shares cover.")
+def dashboard(ctx, queues, host, port, allow_actions, token, window):
+    """A live page of QUEUES (default: every declared one) on http://HOST:PORT/ until Ctrl-C
+    (docs/dashboard.md); read-only unless --allow-actions."""
+    from .dashboard.server import check_token, run
+
+    try:
+        check_token(token, allow_actions)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    run(broker_of(ctx), queues, host=host, port=port, allow_actions=allow_actions, token=token, window=window,
+        echo=click.echo)

@@ -854,24 +854,33 @@ class PriorityQueue:
 
     def leases(self, limit: int = 1000) -> list[dict]:
         """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
-        ``deliveries``, ``priority``, ``tenant``, ``deadline_ms`` and ``seconds_left`` (Redis's
-        clock). Never the tokens: a token is what acks."""
+        ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
+        ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
+        Redis's clock. Never the tokens: a token is what acks."""
         _count("limit", limit, none=False)
         with self.client.pipeline(transaction=False) as p:
             p.zrange(self.keys.lz, 0, limit - 1, withscores=True)
             p.time()
             held, (sec, usec) = p.execute()
         now_ms = int(sec) * 1000 + int(usec) // 1000
-        records = self.client.hmget(self.keys.lt, [eid for eid, _ in held]) if held else []
+        if not held:
+            return []
+        eids = [eid for eid, _ in held]
+        with self.client.pipeline(transaction=False) as p:
+            p.hmget(self.keys.lt, eids)
+            p.hmget(self.keys.ii, eids)
+            records, values = p.execute()
         out = []
-        for (eid, deadline), info in zip(held, records):
+        for (eid, deadline), info, value in zip(held, records, values):
             lease = None if info is None else split_lease(info)
             if lease is None:
                 continue
+            entry = split_entry(value) if value else None
             out.append({"id": decode_id(eid), "consumer": lease.consumer, "deliveries": lease.deliveries,
                         "priority": self.priority_of_score(lease.score),
                         "tenant": unescape_tenant(_s(lease.tenant)) if lease.tenant else None,
-                        "deadline_ms": int(deadline), "seconds_left": (deadline - now_ms) / 1000})
+                        "deadline_ms": int(deadline), "seconds_left": (deadline - now_ms) / 1000,
+                        "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None})
         return out
 
     def peek_tenant(self, tenant: str, count: int = 10) -> list[Entry]:

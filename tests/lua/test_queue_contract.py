@@ -123,6 +123,32 @@ def test_lease_of_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
     assert q.lease_of(task_id) is None and q.lease_of("no-such-id") is None
 
 
+def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, fair=True)
+    task_id = "0b8f5c9e-3a1d-4f6e-9c2b-7d4e5f6a8b9c"  # stored in its compact form
+    q.insert(b"p", 200, id=task_id, tenant="acme")
+    q.insert(b"p", 7, id="b", tenant="zed")
+    q.insert(b"p", 3, id="waits")
+    assert q.leases() == []
+    [first] = q.pop(consumer="host:1:aa", lease_seconds=50)
+    [second] = q.pop(consumer="host:2:bb", lease_seconds=20)
+    listed = q.leases()
+    assert [x["id"] for x in listed] == ["b", task_id]  # the 20 s lease ends first
+    b, t = listed
+    assert (b["consumer"], b["priority"], b["tenant"], b["deliveries"]) == ("host:2:bb", 7, "zed", 1)
+    assert (t["consumer"], t["priority"], t["tenant"]) == ("host:1:aa", 200, "acme")
+    assert 19 < b["seconds_left"] <= 20 and 49 < t["seconds_left"] <= 50
+    assert t["deadline_ms"] == q.lease_of(task_id)["deadline_ms"]
+    assert 0 <= t["age_seconds"] < 5
+    assert all(first.token not in repr(x) and second.token not in repr(x) for x in listed)
+    assert [x["id"] for x in q.leases(1)] == ["b"]
+    q.ack(second)
+    assert [x["id"] for x in q.leases()] == [task_id]
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match="limit must be an integer >= 1"):
+            q.leases(bad)
+
+
 def test_ack_deletes_and_checks_token(q, redis_client):
     q.insert(b"p", 3, id="a")
     [lease] = q.pop()
