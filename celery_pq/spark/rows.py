@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import uuid
+from dataclasses import replace
 from datetime import date, datetime, timezone
 
 from celery import Celery
@@ -135,7 +136,7 @@ class TaskRows:
         except ValueError as exc:
             raise Rejected(str(exc)) from None
         if tenant is not None and item.tenant != tenant:  # a fair_key function: the column wins
-            item = type(item)(item.payload, item.priority, item.id, tenant, item.due_ms, item.publish_id)
+            item = replace(item, tenant=tenant)
         return queue, item
 
     def _repr(self, value, maxsize: int) -> str:
