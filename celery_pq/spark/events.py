@@ -25,193 +25,17 @@ stream's ``max-deleted-entry-id`` and warns (or fails with ``on_gap=fail``).
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
-
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
 
-from ..constants import KEY_PREFIX
-from ..errors import ConfigError
-from ..keys import queue_keys
-
-logger = logging.getLogger("celery_pq.spark.events")
+from .eventlog import COLUMNS, EventLogGap, Settings, _text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
 NAME = "celery_pq_events"
+_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
+SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in COLUMNS])
 
-#: The columns, in order: (column, stream field, Spark type). ``ts`` is ``ms`` as a timestamp.
-COLUMNS = (
-    ("event", "e", StringType()),
-    ("queue", "q", StringType()),
-    ("id", "id", StringType()),
-    ("priority", "p", IntegerType()),
-    ("rank", "k", IntegerType()),
-    ("tenant", "t", StringType()),
-    ("consumer", "c", StringType()),
-    ("task", "task", StringType()),
-    ("deliveries", "n", IntegerType()),
-    ("reason", "r", StringType()),
-    ("ts", "ms", TimestampType()),
-    ("ms", "ms", LongType()),
-    ("sid", None, StringType()),
-)
-SCHEMA = StructType([StructField(name, kind, True) for name, _, kind in COLUMNS])
-INT_FIELDS = frozenset({"p", "k", "n", "ms"})
-
-#: Stream entries fetched per XRANGE call: big enough to amortise the round trip, small enough
-#: that a reply stays a few megabytes.
-PAGE = 5000
-ON_GAP = ("warn", "fail")
-SCHEMES = {"pq": "redis", "pqs": "rediss", "redis": "redis", "rediss": "rediss"}
-
-
-class EventLogGap(Exception):
-    """Events the reader had not read yet were trimmed from the capped stream (``on_gap=fail``)."""
-
-
-# -- options --------------------------------------------------------------------------------------
-
-def redis_url(url) -> str:
-    """A ``pq://``/``pqs://``/``redis://``/``rediss://`` broker URL as the redis-py URL of the same
-    Redis; ConfigError naming the value otherwise."""
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {url!r}")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in SCHEMES:
-        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {url!r}")
-    return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
-
-
-def queue_names(value) -> list[str]:
-    """``"a,b"`` -> ``["a", "b"]``; ConfigError when there is no name."""
-    names = [n.strip() for n in str(value or "").split(",") if n.strip()]
-    if not names:
-        raise ConfigError(f"option 'queue' is required: a queue name or a comma-separated list, got {value!r}")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"option 'queue' names a queue twice: {value!r}")
-    return names
-
-
-def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
-    """The stream key of ``queue``'s event log."""
-    keys = queue_keys(queue, key_prefix)
-    return getattr(keys, "ev", None) or keys.stem + "ev"  # TODO(merge): keys.ev only
-
-
-@dataclass(frozen=True)
-class Settings:
-    url: str  # redis-py URL
-    queues: tuple[str, ...]
-    key_prefix: str
-    on_gap: str
-    max_events: int | None  # maxEventsPerTrigger
-
-    @classmethod
-    def parse(cls, options) -> "Settings":
-        opts = {k.lower(): v for k, v in dict(options).items()}
-        prefix = opts.get("key_prefix", KEY_PREFIX)
-        if not prefix:
-            raise ConfigError("option 'key_prefix' must be a non-empty string")
-        on_gap = opts.get("on_gap", "warn")
-        if on_gap not in ON_GAP:
-            raise ConfigError(f"option 'on_gap' must be one of {ON_GAP}, got {on_gap!r}")
-        max_events = opts.get("maxeventspertrigger")
-        if max_events is not None:
-            try:
-                max_events = int(max_events)
-            except ValueError:
-                max_events = 0
-            if max_events < 1:
-                raise ConfigError(f"option 'maxEventsPerTrigger' must be a positive integer, "
-                                  f"got {opts['maxeventspertrigger']!r}")
-        return cls(redis_url(opts.get("broker")), tuple(queue_names(opts.get("queue"))), prefix, on_gap, max_events)
-
-    def client(self):
-        import redis
-
-        return redis.Redis.from_url(self.url, socket_timeout=30)
-
-    def key(self, queue: str) -> str:
-        return events_key(queue, self.key_prefix)
-
-
-# -- stream ids and rows --------------------------------------------------------------------------
-
-def parse_sid(sid: str) -> tuple[int, int]:
-    ms, _, seq = sid.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def row(sid, fields: dict) -> tuple:
-    """One stream entry (id, {field: value}) as a tuple in ``COLUMNS`` order; empty fields are
-    null, numbers are ints, ``ts`` is a UTC datetime."""
-    from datetime import datetime, timezone
-
-    f = {_text(k): _text(v) for k, v in fields.items()}
-    out = []
-    for name, field, _ in COLUMNS:
-        if field is None:
-            out.append(_text(sid))
-            continue
-        value = f.get(field, "")
-        if value == "":
-            out.append(None)
-        elif name == "ts":
-            out.append(datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc))
-        elif field in INT_FIELDS:
-            out.append(int(value))
-        else:
-            out.append(value)
-    return tuple(out)
-
-
-def scan(client, key: str, after: str | None, upto: str, page: int = PAGE):
-    """Entries of stream ``key`` with ids after ``after`` (exclusive; None: from the start) up to
-    ``upto`` (inclusive), in id order, fetched ``page`` at a time."""
-    lo = "-" if after is None else "(" + after
-    while True:
-        batch = client.xrange(key, lo, upto, count=page)
-        yield from batch
-        if len(batch) < page:
-            return
-        lo = "(" + _text(batch[-1][0])
-
-
-def stream_info(client, key: str) -> dict:
-    """``last`` (id of the newest entry, None when empty), ``trimmed`` (the highest id trimmed or
-    deleted so far, "0-0" when none), ``length``."""
-    try:
-        info = client.xinfo_stream(key)
-    except Exception as exc:  # a missing key: no events yet
-        if "no such key" in str(exc).lower():
-            return {"last": None, "trimmed": "0-0", "length": 0}
-        raise
-    last = info.get("last-entry")
-    return {
-        "last": _text(last[0]) if last else None,
-        "trimmed": _text(info.get("max-deleted-entry-id", "0-0")),
-        "length": int(info.get("length", 0)),
-    }
-
-
-def check_gap(queue: str, after: str | None, info: dict, on_gap: str) -> str | None:
-    """A message when events after ``after`` (None: from the start) were trimmed before they were
-    read; raises EventLogGap instead with ``on_gap="fail"``."""
-    trimmed = info["trimmed"]
-    if trimmed == "0-0" or (after is not None and parse_sid(trimmed) <= parse_sid(after)):
-        return None
-    since = "the start of the log" if after is None else f"event {after}"
-    message = (f"event log of queue {queue!r}: events after {since} up to {trimmed} were trimmed by the "
-               f"stream's cap before they were read; they are lost")
-    if on_gap == "fail":
-        raise EventLogGap(message)
-    logger.warning(message)
-    return message
+__all__ = ["EventLogGap", "EventsDataSource", "NAME", "SCHEMA"]
 
 
 # -- the data source ------------------------------------------------------------------------------
@@ -262,7 +86,7 @@ class EventsBatchReader(DataSourceReader):
             parts = []
             for queue in self.settings.queues:
                 info = stream_info(client, self.settings.key(queue))
-                check_gap(queue, None, info, self.settings.on_gap)
+                check_gap(queue, None, 0, info, self.settings.on_gap)
                 if info["last"] is not None:
                     parts.append(EventsPartition(queue, self.settings.key(queue), None, info["last"]))
         finally:
@@ -285,7 +109,9 @@ except ImportError:  # pragma: no cover - older PySpark 4
 
 
 class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are ``{queue: last stream id read}`` ("0-0" before the first event)."""
+    """Offsets are ``{queue: {"sid": id of the last event read, "n": its position}}`` ("0-0" and 0
+    before the first event; the position, counted from the first event ever added to the stream,
+    is what shows events trimmed before they were read: see ``eventlog.trimmed``)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -299,13 +125,16 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def initialOffset(self) -> dict:
-        return {q: "0-0" for q in self.settings.queues}
+        return {q: {"sid": "0-0", "n": 0} for q in self.settings.queues}
+
+    def _start(self, start: dict | None) -> dict:
+        return {**self.initialOffset(), **(start or {})}
 
     def _latest(self) -> dict:
         out = {}
         for queue in self.settings.queues:
-            last = self.client.xrevrange(self.settings.key(queue), "+", "-", count=1)
-            out[queue] = _text(last[0][0]) if last else "0-0"
+            info = stream_info(self.client, self.settings.key(queue))
+            out[queue] = {"sid": info["last"] or "0-0", "n": info["added"]}
         return out
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -320,36 +149,46 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest()
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        start = {**self.initialOffset(), **(start or {})}
-        end = self.target if self.target is not None else self._latest()
-        end = {q: max(end[q], start[q], key=parse_sid) for q in self.settings.queues}
+        start = self._start(start)
+        latest = self._latest()
+        if self.target is not None:  # never past the target of Trigger.AvailableNow
+            latest = {q: min(latest[q], self.target[q], key=lambda o: parse_sid(o["sid"])) for q in latest}
         budget = getattr(limit, "max_rows", None)
-        if budget is None:
-            return end
-        # At most ``budget`` events in all, taken queue by queue: ids of the entries up to the
-        # budget, never past ``end``.
-        out = dict(start)
+        out = {}
         for queue in self.settings.queues:
-            if budget <= 0 or end[queue] == start[queue]:
+            a, b = start[queue], latest[queue]
+            if parse_sid(b["sid"]) <= parse_sid(a["sid"]):
+                out[queue] = a
                 continue
-            after = None if start[queue] == "0-0" else start[queue]
-            lo = "-" if after is None else "(" + after
-            batch = self.client.xrange(self.settings.key(queue), lo, end[queue], count=budget)
-            if batch:
-                out[queue] = _text(batch[-1][0])
-                budget -= len(batch)
+            if budget is None:
+                out[queue] = b
+                continue
+            if budget <= 0:
+                out[queue] = a
+                continue
+            lo = "-" if a["sid"] == "0-0" else "(" + a["sid"]
+            batch = self.client.xrange(self.settings.key(queue), lo, b["sid"], count=budget)
+            if not batch:
+                out[queue] = a
+                continue
+            # Positions continue from the start's, or from the oldest entry left if the events
+            # after the start were trimmed meanwhile (partitions() reports that gap).
+            info = stream_info(self.client, self.settings.key(queue))
+            out[queue] = {"sid": _text(batch[-1][0]), "n": max(a["n"], trimmed(info)) + len(batch)}
+            budget -= len(batch)
         return out
 
     def partitions(self, start: dict, end: dict) -> list[EventsPartition]:
-        start = {**self.initialOffset(), **(start or {})}
+        start = self._start(start)
         parts = []
         for queue in self.settings.queues:
             a, b = start[queue], end.get(queue, start[queue])
-            if a == b:
+            if parse_sid(b["sid"]) <= parse_sid(a["sid"]):
                 continue
-            after = None if a == "0-0" else a
-            check_gap(queue, after, stream_info(self.client, self.settings.key(queue)), self.settings.on_gap)
-            parts.append(EventsPartition(queue, self.settings.key(queue), after, b))
+            after = None if a["sid"] == "0-0" else a["sid"]
+            check_gap(queue, after, a["n"], stream_info(self.client, self.settings.key(queue)),
+                      self.settings.on_gap)
+            parts.append(EventsPartition(queue, self.settings.key(queue), after, b["sid"]))
         return parts
 
     def read(self, partition: EventsPartition):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 
 import pytest
 
@@ -16,6 +18,8 @@ if shutil.which("java") is None:  # pragma: no cover - the setup says what to in
 def spark():
     from pyspark.sql import SparkSession
 
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers: this venv, this PYTHONPATH
+
     from celery_pq.spark import register
 
     session = (
@@ -27,6 +31,7 @@ def spark():
         .config("spark.driver.memory", "1g")
         .getOrCreate()
     )
+    session.sparkContext.setLogLevel("ERROR")
     register(session)
     try:
         yield session

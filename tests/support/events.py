@@ -3,7 +3,7 @@ for readers that must not depend on which script writes which event."""
 
 from __future__ import annotations
 
-from celery_pq.spark.events import events_key
+from celery_pq.spark.eventlog import events_key
 
 FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
 
