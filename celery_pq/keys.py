@@ -20,10 +20,14 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:vr    string  version of the view registry (INCR on each new view)
     pq:{orders}:wk:<lo>-<hi>  list  wake tokens of the consumers of one priority view
     pq:{orders}:te ts tb fv fc fn tw fr   fairness state (see lua/includes/fair.lua)
-    pq:{orders}:md    string  the queue's mode, recorded on first use (fair, scope, order, technique)
+    pq:{orders}:md    string  the queue's mode, recorded on first use (fair, scope, order, technique),
+                              then its switches: paused, event log cap (records.py)
     pq:{orders}:pd pe hash    publish ids seen in this and the last dedupe window -> entry id
     pq:{orders}:pt    string  start of the current dedupe window (ms, Redis clock)
-    pq:{orders}:ct    hash    counters kept by the scripts (dead_lettered, malformed, dead_dropped)
+    pq:{orders}:ct    hash    counters kept by the scripts (enqueued, delivered, acked, ...: see
+                              queue.COUNTERS)
+    pq:{orders}:td    hash    tenant -> deliveries (fair queues), kept by pop_fair
+    pq:{orders}:ev    stream  the event log, when on (docs/events.md), capped MAXLEN ~ event_log
     pq:{orders}:gc    hash    cursors of the fairness clean-up in the sweep
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
@@ -41,7 +45,7 @@ BINDING_SEP = "\x06\x16"
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
-            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc")
+            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev")
 #: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
@@ -87,6 +91,8 @@ class QueueKeys:
     pt: str
     ct: str
     gc: str
+    td: str
+    ev: str
 
     @property
     def stem(self) -> str:

@@ -68,6 +68,10 @@ def _flag_or_none(name, value):
     return value
 
 
+def _event_log(name, value):
+    return count(name, value, low=0, error=ConfigError)
+
+
 def _client_name(name, value):
     return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
 
@@ -169,6 +173,9 @@ class Options:
                                     "a publish id seen within this window stores nothing; 0: off")
     max_dead_length: int | None = _option(None, _count_or_none,
                                           "entries of <queue>.dead at most (None: max_length, else none)")
+    event_log: int | None = _option(None, _event_log,
+                                    "None/0: no event log; else the approximate most entries of each "
+                                    "queue's event-log stream (docs/events.md)")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
@@ -231,6 +238,7 @@ class Options:
             "max_length_per_tenant": self.max_length_per_tenant if fair else None,
             "dedupe_seconds": self.dedupe_seconds,
             "max_dead_length": self.max_dead_length,
+            "event_log": self.event_log,
         }
 
     def tenant_tables(self) -> dict:

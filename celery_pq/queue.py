@@ -34,13 +34,26 @@ from .checks import number as _number
 from .checks import seconds as _seconds
 from .checks import text as _text
 from .costs import explain
-from .errors import ErrorCode, QueueFull, error_for, raise_for
+from .errors import ConfigError, ErrorCode, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
-from .records import FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_tenant_member
+from .records import (FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_switches,
+                      split_tenant_member)
 from .scripts import get_scripts, signature
 
 logger = logging.getLogger("celery_pq.queue")
+
+#: The counters the scripts keep in a queue's hash ct (``PriorityQueue.counters``): entries
+#: stored, deliveries, deliveries of an entry delivered before, acks, leases given back by a
+#: consumer (or returned from a recovered consumer), leases that ran out, entries moved to the
+#: dead-letter queue, entries removed (by id, purge, remove_highest), entries of insert calls
+#: refused by max_length or max_length_per_tenant.
+COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "requeued", "lease_expired", "dead_lettered",
+            "removed", "refused_full")
+
+#: The fields of an event-log entry, in order (docs/events.md), and those read as integers.
+EVENT_FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
+_EVENT_INTS = frozenset(("p", "k", "n", "ms"))
 
 #: The error reply of a script whose caller's mode is not the queue's (see common.lua).
 _MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
@@ -160,6 +173,9 @@ class PriorityQueue:
         tenant_concurrency: leased entries allowed per tenant at once (None: no cap).
         tenant_rate: deliveries per second allowed per tenant (0/None: no limit).
         max_length_per_tenant: waiting entries allowed per tenant (None: no limit).
+        event_log: None/0, or the approximate most entries of the queue's event log (a capped
+            stream, docs/events.md); the first call records it with the queue, so every
+            process's changes are logged from then on (``set_event_log`` turns it off).
     """
 
     def __init__(
@@ -180,6 +196,7 @@ class PriorityQueue:
         max_length_per_tenant: int | None = None,
         dedupe_seconds: float = C.DEDUPE_SECONDS,
         max_dead_length: int | None = None,
+        event_log: int | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"queue name must be a non-empty string, got {name!r}")
@@ -190,6 +207,7 @@ class PriorityQueue:
         if not isinstance(fair, bool):
             raise ValueError(f"fair must be True or False, got {fair!r}")
         _count("max_dead_length", max_dead_length)
+        _count("event_log", event_log, low=0)
         _count("max_deliveries", max_deliveries, low=0, none=False)
         if technique not in C.TECHNIQUES:
             raise ValueError(f"technique must be one of {C.TECHNIQUES}, got {technique!r}")
@@ -230,6 +248,7 @@ class PriorityQueue:
         self._views_version = ""
         self.dedupe_seconds = float(dedupe_seconds)
         self.max_dead_length = max_dead_length
+        self.event_log = int(event_log or 0)
         #: The publish id of this queue object's last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
         self._forget: list[bytes] = []
@@ -237,7 +256,8 @@ class PriorityQueue:
         self._mode = join_mode(self.fair, fair_scope, priority_order, technique)
         max_dead = max_dead_length or max_length or 0
         #: The queue context every script but extend takes first (see lua/includes/common.lua).
-        self._ctx = f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}"
+        self._ctx = (f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}"
+                     f"|{self.event_log}")
 
     @classmethod
     def open(cls, client: redis.Redis, name: str, *, key_prefix: str = C.KEY_PREFIX, **settings) -> "PriorityQueue":
@@ -328,6 +348,7 @@ class PriorityQueue:
             max_deliveries=0,
             max_dead_length=self.max_dead_length or self.max_length,
             dedupe_seconds=self.dedupe_seconds,
+            event_log=self.event_log,
         )
 
     # -- decoding -----------------------------------------------------------------------------
@@ -356,11 +377,11 @@ class PriorityQueue:
                       self.scope, self._views_version, len(self._views)]
         args += [f"{lo},{hi}" for lo, hi in self._views]
         args += [len(forget), *forget, "1" if made else "0"]
-        for n, (payload, priority, id, tenant, due, pid) in enumerate(items):
+        for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
             if made and n:
                 pid = None  # a made publish id stands for the whole call: the first group's
             args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
-                     pid or ""]
+                     pid or "", task or ""]
         return args
 
     def _take_forgets(self) -> list:
@@ -379,9 +400,9 @@ class PriorityQueue:
             # drops them (a bulk insert leaves them to it)
             self._forget = (self._forget + list(pids))[-C.FORGET_PENDING:]
 
-    def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None) -> tuple:
+    def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None, task=None) -> tuple:
         """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
-        publish id), with a new publish id when none is given and dedupe is on."""
+        publish id, task), with a new publish id when none is given and dedupe is on."""
         if not isinstance(payload, (bytes, str)):
             raise ValueError(f"payload must be bytes or str, got {type(payload).__name__}")
         self.rank(priority)
@@ -395,7 +416,9 @@ class PriorityQueue:
             if not isinstance(publish_id, (bytes, str)) or not publish_id:
                 raise ValueError(f"publish_id must be non-empty bytes or str, got {publish_id!r}")
             publish_id = _b(publish_id)
-        return payload, priority, id, tenant, due, publish_id
+        if task is not None and not isinstance(task, str):
+            raise ValueError(f"task must be a task name (str) or None, got {task!r}")
+        return payload, priority, id, tenant, due, publish_id, task
 
     def _check_reply(self, reply, items) -> bool:
         """Raise for a full queue; False when the view registry changed (refresh and retry)."""
@@ -412,7 +435,7 @@ class PriorityQueue:
 
     def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
                tenant: str | None = None, delay: float | None = None, due_ms: int | None = None,
-               publish_id: bytes | str | None = None, remember: bool | None = None) -> str:
+               publish_id: bytes | str | None = None, remember: bool | None = None, task: str | None = None) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
@@ -425,8 +448,10 @@ class PriorityQueue:
         given publish id, False for a made one) keeps the publish id for the whole window even
         after the reply came; otherwise the next insert call has the queue forget it, since no
         retry of it can come any more (the window then costs memory only for unanswered calls).
+
+        ``task`` names the task for the event log's ``enqueue`` event (nothing else keeps it).
         """
-        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id)]
+        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task)]
         pid = self.last_publish_id = items[0][5]
         forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
         for _ in range(5):
@@ -443,8 +468,8 @@ class PriorityQueue:
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK) -> list[str]:
-        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id]]]])`` tuples,
-        in chunks of ``chunk`` (one atomic script call each), pipelined.
+        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])``
+        tuples, in chunks of ``chunk`` (one atomic script call each), pipelined.
 
         ``max_length`` is checked per chunk. When a chunk fails, the exception says which items
         were stored: ``exc.stored`` has one element per item, its entry id or None (not stored,
@@ -461,12 +486,12 @@ class PriorityQueue:
         norm = []
         items_given = list(items)
         for item in items_given:
-            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 6:
-                raise ValueError(f"insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id]]]]) "
-                                 f"tuples, got {item!r}")
+            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
+                raise ValueError(f"insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])"
+                                 f" tuples, got {item!r}")
             payload, priority, *rest = item
-            rest += [None] * (4 - len(rest))
-            norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3]))
+            rest += [None] * (5 - len(rest))
+            norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4]))
         ids: list = [None] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
         made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
@@ -836,6 +861,7 @@ class PriorityQueue:
             p.time()
             res = p.execute()
         entries, leased, delayed = res[0], res[1], res[2]
+        paused = self.paused()
         dead = res[3] if self._dead_keys else 0
         now_s, now_us = res[-1]
         per_priority: Counter = Counter()
@@ -861,7 +887,80 @@ class PriorityQueue:
             "per_priority": dict(sorted(per_priority.items(), reverse=self.priority_order == C.HIGHER_FIRST)),
             "head_age_seconds": (now_ms - oldest_ms) / 1000 if oldest_ms else None,
             "per_tenant": self.tenant_stats(ages=True) if self.fair else {},
+            "paused": paused["queue"],
+            "paused_tenants": paused["tenants"],
         }
+
+    # -- counters, pause, the event log ----------------------------------------------------------
+    def counters(self) -> dict[str, int]:
+        """The counters the scripts keep (hash ct): every name of ``COUNTERS`` (0 until it
+        happens) and any other field there (``malformed``, ``dead_dropped``)."""
+        out = dict.fromkeys(COUNTERS, 0)
+        out.update({_s(k): int(v) for k, v in self.client.hgetall(self.keys.ct).items()})
+        return out
+
+    def tenant_deliveries(self) -> dict[str, int]:
+        """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
+        return {unescape_tenant(_s(k)): int(v) for k, v in self.client.hgetall(self.keys.td).items()}
+
+    def pause(self, tenant: str | None = None) -> bool:
+        """Stop delivering the queue (or, on a fair queue, one tenant's entries) to every
+        consumer; inserts go on. True when it was not paused yet."""
+        return self._set_paused(True, tenant)
+
+    def resume(self, tenant: str | None = None) -> bool:
+        """Deliver again what ``pause`` held back; idle consumers are woken at once. True when
+        it was paused."""
+        return self._set_paused(False, tenant)
+
+    def _set_paused(self, paused: bool, tenant: str | None) -> bool:
+        if tenant is not None:
+            _text("tenant", tenant)
+            if not self.fair:
+                raise ConfigError(f"queue {self.name!r} is not fair: only a fair queue pauses one tenant "
+                                  f"(pause the whole queue with tenant=None)")
+        return bool(self._run("pause", self._keys("pause"), ["1" if paused else "0", escape_tenant(tenant or "")]))
+
+    def paused(self) -> dict:
+        """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
+        with self.client.pipeline(transaction=False) as p:
+            p.get(self.keys.md)
+            p.hkeys(self.keys.fc)
+            record, fields = p.execute()
+        tenants = sorted(unescape_tenant(_s(f)[2:]) for f in fields if _s(f).startswith("p:"))
+        return {"queue": split_switches(_s(record))[0] if record is not None else False, "tenants": tenants}
+
+    @property
+    def events_key(self) -> str:
+        """The Redis stream of this queue's event log (docs/events.md)."""
+        return self.keys.ev
+
+    def event_log_cap(self) -> int:
+        """The event-log cap the queue recorded (0: the log is off)."""
+        record = self.client.get(self.keys.md)
+        return 0 if record is None else split_switches(_s(record))[1]
+
+    def set_event_log(self, cap: int | None) -> int:
+        """Switch the queue's event log on with this cap, or off with None/0, for every process
+        (the stream is kept); returns the cap in force before. A process whose own
+        ``event_log`` is set switches it on again at its next call."""
+        _count("event_log", cap, low=0)
+        return int(self._run("event_log", self._keys("event_log"), [int(cap or 0)]))
+
+    def events(self, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
+        """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
+        before an id excludes it), at most ``count``: dicts of the fields of docs/events.md,
+        strings but ``p``, ``k``, ``n`` and ``ms`` (int, None when empty), with ``sid``, the
+        stream id."""
+        _count("count", count)
+        out = []
+        for sid, fields in self.client.xrange(self.keys.ev, start, end, count):
+            row = {"sid": _s(sid)}
+            for k, v in fields.items():
+                k, v = _s(k), v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                row[k] = (int(v) if v else None) if k in _EVENT_INTS else v
+            out.append(row)
+        return out
 
     # -- the patent's cost explanation (see costs.py) ------------------------------------------
     explain = staticmethod(explain)
@@ -943,8 +1042,8 @@ def ack_all(acks: dict) -> dict:
 def _partial(exc: Exception, ids: list, items: list, made: list, why: str) -> Exception:
     """``exc`` of a failed ``insert_many``, saying which items were stored."""
     exc.stored = list(ids)
-    exc.items = [(p, pr, i, t, None if d == "0" else int(d), given)
-                 for (p, pr, i, t, d, _), given, eid in zip(items, made, ids) if eid is None]
+    exc.items = [(p, pr, i, t, None if d == "0" else int(d), given, task)
+                 for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids) if eid is None]
     done = sum(1 for x in ids if x is not None)
     exc.add_note(f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
                  "exc.items are the items not known to be stored")

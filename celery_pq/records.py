@@ -22,7 +22,9 @@ tenant member      te (zset)   tenant ``"\\0"`` rank (3 digits) seq (14 digits) 
 publish-id value   pd pe       publish id -> ``""`` (the entry got the id the insert gave) or the
                    (hash)      entry id it got
 mode               md          four letters: fair ``0``/``1``, scope ``P``/``T`` (``-`` when not
-                   (string)    fair), order ``h``/``l``, technique ``T``/``S``
+                   (string)    fair), order ``h``/``l``, technique ``T``/``S``; then the queue's
+                               switches: ``p`` while it is paused, ``e<cap>`` while its event log
+                               is on (``"0-hTpe100000"``)
 =================  ==========  ====================================================================
 
 A reader never raises on stored data: ``split_*`` return None for a record they cannot parse,
@@ -152,6 +154,18 @@ def split_score(s) -> tuple[int, int]:
 def join_mode(fair: bool, fair_scope: str, priority_order: str, technique: str) -> str:
     scope = FAIR_SCOPES[fair_scope] if fair else "-"
     return f"{int(fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+
+
+def split_switches(mode: str) -> tuple[bool, int]:
+    """(paused, event-log cap or 0) of a mode record's switches (after its four letters)."""
+    rest = mode[4:]
+    m = re.search(r"e(\d+)", rest)
+    return "p" in rest, int(m.group(1)) if m else 0
+
+
+def join_switches(mode: str, paused: bool, event_log: int) -> str:
+    """A mode record: four letters, then the switches."""
+    return mode[:4] + ("p" if paused else "") + (f"e{event_log}" if event_log else "")
 
 
 def mode_dict(mode: str) -> dict:

@@ -48,6 +48,8 @@ SCRIPT_NAMES = (
     "cleanup",
     "purge",
     "migrate",
+    "pause",
+    "event_log",
 )
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)

@@ -201,9 +201,11 @@ class Channel(virtual.Channel):
         task_id = headers.get("id") or props.get("correlation_id") or None
         tenant = tenant_of(message, self.options, self.decode_body)
         due_ms = _eta_ms(headers.get("eta"))
+        task = headers.get("task") if self.options.event_log else None  # for the event log only
         self.queue(queue).insert(self._serialized(queue, message), priority,
                                  id=str(task_id) if task_id else None, tenant=tenant, due_ms=due_ms,
-                                 publish_id=publish_id(message), remember=False)
+                                 publish_id=publish_id(message), remember=False,
+                                 task=task if isinstance(task, str) else None)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
         self.client.publish(self._fanout_channel(exchange), self._serialized(exchange, message))

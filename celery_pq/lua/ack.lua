@@ -1,7 +1,8 @@
 -- ack: the leased entries are Done and are deleted (BQF MarkAsDone, with clean-up at once).
 -- Each lease token is checked, so a late ack from a consumer whose lease ran out cannot
 -- delete the copy now delivered to another consumer. On a fair queue the tenant's lease
--- count drops, and a tenant parked at its concurrency cap is scheduled again.
+-- count drops, and a tenant parked at its concurrency cap is scheduled again. Counts acked;
+-- logs ack.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] lz  zset    lease deadlines
@@ -32,4 +33,5 @@ for i = 2, #ARGV, 2 do
   end
   out[#out + 1] = code
 end
+flush_counts()
 return out

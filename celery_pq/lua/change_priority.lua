@@ -1,6 +1,6 @@
 -- change_priority: a waiting entry moves to another priority, behind the entries already
 -- waiting there (the patent's REMOVE BY ID followed by INSERT with the same id, in one step).
--- Its old pointer goes stale (technique T drops it at once).
+-- Its old pointer goes stale (technique T drops it at once). Logs reprioritize.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -44,6 +44,7 @@ local score = fmt(rank * SEQ_SPAN + seq)
 local old = e.s
 e.s = score
 redis.call('HSET', ii, eid, join_entry(e, v, bar))
+emit('reprioritize', eid, score, e.t)
 if redis.call('ZSCORE', dz, eid) then
   return 1 -- it enters the queue with its new score when due
 end

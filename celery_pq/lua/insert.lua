@@ -29,11 +29,14 @@
 --                   every entry id the call stored then. Then the groups. Before made:
 -- nforget, and nforget publish ids to forget now (the caller has the replies of their
 --                   inserts, so no retry of them can come: their memory is freed at once)
--- then groups of 6: id ("" for a generated one), rank (0..255, 0 served first),
+-- then groups of 7: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
 --                   publish id ("" for none): a publish id seen in the last dedupe_ms (at
---                   most twice that) stores nothing and gives the entry id stored then
+--                   most twice that) stores nothing and gives the entry id stored then,
+--                   task name ("" for none; only the event log keeps it)
+-- Counts enqueued (entries stored) and refused_full (entries of a refused call; the refused
+-- call writes nothing else). Logs enqueue per entry stored. A paused queue wakes nobody.
 -- Returns: the entry ids, one per group, in order; or, with nothing written:
 --          {ERR -5, waiting}, {ERR -6, registry version}, {ERR -7, tenant waiting, group index},
 --          or the error reply "MODE_MISMATCH <key> <stored mode> <caller's mode>" (ERR -8)
@@ -53,7 +56,7 @@ local nviews = tonumber(ARGV[6])
 local nforget = tonumber(ARGV[7 + nviews])
 local made = ARGV[8 + nviews + nforget] == '1'
 local first = 9 + nviews + nforget
-local n = (#ARGV - first + 1) / 6
+local n = (#ARGV - first + 1) / 7
 
 local bad = mode_error(true)
 if bad then
@@ -97,7 +100,7 @@ if CTX.dedupe_ms > 0 then
   local look = not made
   local mine = {}
   for i = 0, n - 1 do
-    local g = first + 6 * i
+    local g = first + 7 * i
     local pid = ARGV[g + 5]
     if pid ~= '' then
       if mine[pid] then -- a later group with the same publish id is the same publish
@@ -117,6 +120,7 @@ end
 if max_length > 0 and fresh > 0 then
   local waiting = redis.call('HLEN', ii) - redis.call('HLEN', lt)
   if waiting + fresh > max_length then
+    counter_add('refused_full', fresh)
     return { QUEUE_FULL, waiting }
   end
 end
@@ -124,10 +128,11 @@ if fair and max_per_tenant > 0 then
   local adding = {}
   for i = 0, n - 1 do
     if not seen[i] then
-      local t = ARGV[first + 2 + 6 * i]
+      local t = ARGV[first + 2 + 7 * i]
       adding[t] = (adding[t] or 0) + 1
       local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
       if have + adding[t] > max_per_tenant then
+        counter_add('refused_full', fresh)
         return { TENANT_FULL, have, i }
       end
     end
@@ -140,7 +145,7 @@ local woken = {}
 local ready = false
 local stored = {} -- publish id -> entry id, for a repeat within this call
 for i = 0, n - 1 do
-  local g = first + 6 * i
+  local g = first + 7 * i
   local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
     ARGV[g + 5]
   if seen[i] then
@@ -168,6 +173,8 @@ for i = 0, n - 1 do
       redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
     end
     redis.call('HSET', ii, eid, entry_header(0, score, tenant, flags, '', ts) .. '|' .. payload)
+    count('enqueued')
+    emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])
     if due > now then
       redis.call('ZADD', dz, due, eid)
     else
@@ -178,7 +185,7 @@ for i = 0, n - 1 do
       ready = true
       for v = 1, nviews do
         local lo, hi = string.match(ARGV[6 + v], '^(%d+),(%d+)$')
-        if not woken[v] and rank >= tonumber(lo) and rank <= tonumber(hi) then
+        if not woken[v] and not CTX.paused and rank >= tonumber(lo) and rank <= tonumber(hi) then
           woken[v] = true
           wake(KEYS[#KEYS - nviews + v])
         end
@@ -198,7 +205,8 @@ end
 if made and CTX.dedupe_ms > 0 and ARGV[first + 5] ~= '' then
   redis.call('HSET', pd, ARGV[first + 5], pack_ids(out))
 end
-if ready then
+if ready and not CTX.paused then
   wake(wk)
 end
+flush_counts()
 return out

@@ -23,6 +23,7 @@ local fair, order = string.sub(new, 1, 1) == '1', string.sub(new, 3, 3)
 FA = { scope = string.sub(new, 2, 2), conc = 0, rate = 0 }
 local md = CTX.stem .. 'md'
 local old = redis.call('GET', md) or new
+read_switches(string.sub(old, 5)) -- paused and the event log stay as they were
 local flip = string.sub(old, 3, 3) ~= order
 local now = now_ms()
 
@@ -82,5 +83,5 @@ for rank, list in pairs(levels) do
   end
   redis.call('ZADD', pi, rank, rank)
 end
-redis.call('SET', md, new)
+write_mode(new)
 return { waiting, leased, bad }

@@ -22,6 +22,9 @@
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
+-- A paused queue delivers nothing (the acks are still applied) and its wake list goes, so its
+-- consumers block until the resume wakes them. Counts acked, delivered, redelivered; logs
+-- ack and deliver.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
@@ -39,6 +42,11 @@ local nacks = tonumber(ARGV[8])
 local out = { 0, nacks }
 for i = 1, nacks do
   out[#out + 1] = ack_one(ii, lz, lt, dp, ARGV[7 + 2 * i], ARGV[8 + 2 * i])
+end
+if CTX.paused then
+  redis.call('DEL', wk)
+  flush_counts()
+  return out
 end
 local got, stale = 0, 0
 local P = { lease = {}, deadline = {}, out = out }
@@ -71,4 +79,5 @@ if pi_any(pi, lo, hi) then
 else
   redis.call('DEL', wk)
 end
+flush_counts()
 return out

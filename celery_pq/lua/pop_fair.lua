@@ -1,7 +1,8 @@
 -- pop_fair: lease the next entries of a fair queue: the tenant whose start tag is lowest (at
 -- the best priority level, under within_priority) gives its best entry; its finish tag moves
--- on by 1/weight. Tenants at their concurrency cap or out of rate tokens are parked (left out
--- of the schedule) instead of being scanned past. Everything else is as in pop.
+-- on by 1/weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
+-- are parked (left out of the schedule) instead of being scanned past. Everything else is as in
+-- pop (a paused queue delivers nothing). Also counts deliveries per tenant (hash td).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table (its stale front pointers are dropped here)
@@ -51,11 +52,17 @@ for i = 1, nacks do
   end
   out[#out + 1] = code
 end
+if CTX.paused then
+  redis.call('DEL', wk)
+  flush_counts()
+  return out
+end
 local now = now_ms()
 fair_unpark(now)
 local got, stale, looked = 0, 0, 0
 local P = { lease = {}, deadline = {}, out = out, until_ms = fmt(now + lease_ms) }
 local served = {}
+local per_tenant = {} -- tenant -> deliveries in this call
 while got < want and stale < stale_budget and looked < stale_budget do
   looked = looked + 1
   local m = redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1)[1]
@@ -63,10 +70,13 @@ while got < want and stale < stale_budget and looked < stale_budget do
     break
   end
   local t, level, start = ts_tenant(m)
-  local weight, conc, rate = settings(t)
+  local weight, conc, rate, paused = settings(t)
   local ok, due = true, 0
   if not (level and start) then -- not a schedule member: dropped
     redis.call('ZREM', FK.ts, m)
+    ok = false
+  elseif paused then
+    fair_park(t, m, 'P', 0)
     ok = false
   elseif conc > 0 and (tonumber(redis.call('HGET', FK.fn, 'c:' .. t)) or 0) >= conc then
     fair_park(t, m, 'C', 0)
@@ -99,6 +109,7 @@ while got < want and stale < stale_budget and looked < stale_budget do
         local score = fmt(rank * SEQ_SPAN + seq)
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
+        per_tenant[t] = (per_tenant[t] or 0) + 1
         fair_served(t, rank, start, weight)
         fair_refresh(t, true)
       end
@@ -107,6 +118,9 @@ while got < want and stale < stale_budget and looked < stale_budget do
 end
 out[1] = stale
 write_leases(P, lt, lz)
+for t, k in pairs(per_tenant) do
+  redis.call('HINCRBY', CTX.stem .. 'td', t, k)
+end
 -- A fair pop serves from the tenant's order, so the pointers of the served ranks' lists go
 -- stale where they are; drop the stale ones at the front (bounded), so the lists stay short.
 for rank in pairs(served) do
@@ -123,4 +137,5 @@ if #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0 then
 else
   redis.call('DEL', wk)
 end
+flush_counts()
 return out

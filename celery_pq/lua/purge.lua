@@ -1,5 +1,6 @@
 -- purge: delete up to ARGV[1] waiting entries from the front of the queue, then delayed ones
 -- (leased entries stay leased). Called repeatedly by the client until it returns {0, 0}.
+-- Counts removed; logs one remove per entry deleted (r "purge"), at most ARGV[1] per call.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -30,6 +31,8 @@ for i = 1, #taken, 2 do
   local eid, score, v = pi_entry(ii, lt, taken[i], taken[i + 1])
   if eid == false then -- malformed: deleted as asked
     redis.call('HDEL', ii, score)
+    count('removed')
+    emit('remove', score, nil, nil, nil, nil, 'purge')
   elseif eid and not seen[eid] then
     seen[eid] = true
     found[#found + 1] = { eid, v }
@@ -50,6 +53,7 @@ local tenants = {}
 for _, f in ipairs(found) do
   local eid, e = f[1], split_entry(f[2]) or { x = '', s = '0', t = '' }
   redis.call('HDEL', ii, eid)
+  emit('remove', eid, e.s, e.t, nil, nil, 'purge')
   if e.x == 'd' then
     dup_forget(dp, eid)
   end
@@ -67,4 +71,6 @@ end
 if redis.call('ZCARD', pi) == 0 then
   redis.call('DEL', wk)
 end
+count('removed', #found)
+flush_counts()
 return { #found, n }

@@ -29,6 +29,9 @@
 -- A lease record or entry that cannot be parsed does not stop the sweep: the entry goes back
 -- with what can be read, or to the dead-letter queue as "malformed". On a fair queue it also
 -- cleans up the fairness state of tenants that left (fair_gc).
+-- Counts lease_expired (every expired lease taken, also those that go to the dead-letter queue)
+-- and requeued (leases of a named consumer returned); logs expire, requeue (r "recovered"),
+-- dead and due.
 -- ERR -8 MODE_MISMATCH
 
 --!include common.lua
@@ -76,6 +79,9 @@ for _, eid in ipairs(expired) do
         fair_release(t or '')
       end
     end
+    if consumer == '' then
+      count('lease_expired')
+    end
     if v and not e then
       set_aside(ii, eid, v, score and (split_score(score)) or 0, now)
       dead = dead + 1
@@ -86,6 +92,12 @@ for _, eid in ipairs(expired) do
         dead = dead + 1
       else
         to_waiting(ii, pi, eid, v, e, bar, score)
+        if consumer == '' then
+          emit('expire', eid, score, t, c, d)
+        else
+          count('requeued')
+          emit('requeue', eid, score, t, c, d, 'recovered')
+        end
         if fair then
           fair_add(t, score, eid)
         end
@@ -107,6 +119,7 @@ if consumer == '' then
     elseif v then
       local rank, seq = split_score(e.s)
       pi_push(pi, rank, seq, eid)
+      emit('due', eid, e.s, e.t)
       wake_registered_views(rank)
       if fair then
         fair_add(e.t, e.s, eid)
@@ -126,4 +139,5 @@ local more = 0
 if consumer == '' and #expired == limit then
   more = 1
 end
+flush_counts()
 return { returned, dead, 0, more, promoted, CTX.dropped or 0 }

@@ -4,7 +4,7 @@
 -- rank's list: O(its position)); technique S deletes from the identifier-indexed table only and
 -- leaves the pointer to lazy deletion, as does a fair queue.
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
--- too; on a fair queue the tenant's order and schedule follow.
+-- too; on a fair queue the tenant's order and schedule follow. Counts removed; logs remove.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -45,16 +45,22 @@ for i, eid in ipairs(ids) do
       kept[#kept + 1] = string.match(eid, '~(%d+)$')
     end
   elseif technique == 'S' and not fair then
+    local v = CTX.ev > 0 and redis.call('HGET', ii, eid) -- read only for the log
     if redis.call('ZSCORE', dz, eid) then
       redis.call('ZREM', dz, eid)
     end
-    removed = removed + redis.call('HDEL', ii, eid)
+    if redis.call('HDEL', ii, eid) == 1 then
+      removed = removed + 1
+      local e = v and split_entry(v)
+      emit('remove', eid, e and e.s, e and e.t)
+    end
   else
     local v = redis.call('HGET', ii, eid)
     if v then
       redis.call('HDEL', ii, eid)
       removed = removed + 1
       local e = split_entry(v) -- a malformed one is removed as asked; its pointer goes lazily
+      emit('remove', eid, e and e.s, e and e.t)
       if redis.call('ZREM', dz, eid) == 0 and e then
         local rank, seq = split_score(e.s)
         if fair then
@@ -69,4 +75,6 @@ end
 if list then
   dup_store(dp, id, kept)
 end
+count('removed', removed)
+flush_counts()
 return { removed, leased }

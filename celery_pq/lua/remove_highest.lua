@@ -1,5 +1,6 @@
 -- remove_highest: REMOVE HIGHEST PRIORITY: take the first waiting entry and delete it at once,
--- with no lease (for callers that do not need at-least-once delivery).
+-- with no lease (for callers that do not need at-least-once delivery). Counts removed; logs
+-- remove (r "highest").
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -31,6 +32,9 @@ while stale < stale_budget do
     if e.x == 'd' then
       dup_forget(dp, eid)
     end
+    count('removed')
+    emit('remove', eid, score, e.t, nil, nil, 'highest')
+    flush_counts()
     return { eid, score, v }
   end
   stale = stale + 1

@@ -26,6 +26,8 @@
 --          dead entry dropped to keep max_dead, or an error code. An entry that cannot be
 --          parsed goes to the dead-letter queue as "malformed" (2). A dead-letter queue's own
 --          entries are never dead-lettered: they go back to waiting.
+-- Counts requeued; logs requeue (r "rejected", or "restored" when the delivery is undone) or
+-- dead (r the reason).
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
@@ -70,15 +72,19 @@ elseif dead_reason == '' and max_deliveries > 0 and e.d >= max_deliveries then
 end
 if dead_reason ~= '' then
   to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, dead_reason, now_ms())
+  flush_counts()
   if CTX.dropped then
     return 3
   end
   return 2
 end
 to_waiting(ii, pi, eid, v, e, bar, score)
+count('requeued')
+emit('requeue', eid, score, tenant, lease.c, e.d, count_delivery and 'rejected' or 'restored')
 if fair then
   fair_add(tenant, score, eid)
 end
 wake(wk)
 wake_registered_views((split_score(score)))
+flush_counts()
 return 1

@@ -13,11 +13,15 @@
 -- KEYS: their names are derived from pi and share its hash tag, so they live in its slot.
 --
 -- Every script but extend takes the queue context as ARGV[1] (take_context removes it, so a
--- script's own arguments start at ARGV[1]): "mode|max_dead|dedupe_ms|rate", where mode is four
--- letters: fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l", technique "T"/"S".
+-- script's own arguments start at ARGV[1]): "mode|max_dead|dedupe_ms|rate|event_log", where
+-- mode is four letters: fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l",
+-- technique "T"/"S", and event_log is the caller's event-log cap (0: the caller has none).
+-- The mode record md holds the four letters and then the queue's switches: "p" when the queue
+-- is paused, "e<cap>" when its event log is on (see mode_error; records.py).
 -- A few keys of the queue are derived from the name of KEYS[1] (same stem, same hash tag, so
--- the same slot): md (the recorded mode), pd pe pt (publish ids), ct (counters), gc (cursors of
--- the fairness clean-up), and the dead-letter queue's ii pi wk sq (where malformed entries go).
+-- the same slot): md (the recorded mode), pd pe pt (publish ids), ct (counters), td (deliveries
+-- per tenant), ev (the event log), gc (cursors of the fairness clean-up), and the dead-letter
+-- queue's ii pi wk sq (where malformed entries go).
 --
 -- Nothing here raises a Lua error on stored data: an entry or record that cannot be parsed
 -- is set aside (moved to the dead-letter queue as "malformed") or skipped, so a script never
@@ -28,33 +32,72 @@ local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
 -- entries plus this (stale pointers behind a head that cannot be served: amortised O(1)).
 local COMPACT_SLACK = 64
 
-local CTX = {}
+-- ev: the event-log cap in force (0: off), ev_mine: the caller's; paused: the queue is paused;
+-- cnt: counters to add at the end of the script (flush_counts).
+local CTX = { ev = 0, ev_mine = 0, paused = false, cnt = {} }
 
 -- Take the queue context off ARGV (see the header above); the stem of KEYS[1] names the
 -- derived keys.
 local function take_context()
   local c = table.remove(ARGV, 1)
-  local mode, max_dead, dedupe, rate = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
+  local mode, max_dead, dedupe, rate, ev = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)$')
+  if not mode then
+    mode, max_dead, dedupe, rate = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
+  end
   CTX.mode = mode or c
   CTX.max_dead = tonumber(max_dead) or 0
   CTX.dedupe_ms = tonumber(dedupe) or 0
   CTX.rate = tonumber(rate) or 0
+  CTX.ev_mine = tonumber(ev) or 0
   CTX.stem = string.sub(KEYS[1], 1, -3)
   CTX.is_dead = string.sub(CTX.stem, -6) == ':dead:'
+end
+
+-- The switches after the four letters of a mode record: "p" paused, "e<cap>" event log on.
+local function read_switches(rest)
+  CTX.paused = string.find(rest, 'p', 1, true) ~= nil
+  CTX.ev = tonumber(string.match(rest, 'e(%d+)')) or 0
+end
+
+-- Record mode and the switches in CTX as the queue's mode record.
+local function write_mode(mode)
+  local s = mode
+  if CTX.paused then
+    s = s .. 'p'
+  end
+  if CTX.ev > 0 then
+    s = s .. 'e' .. string.format('%.0f', CTX.ev)
+  end
+  redis.call('SET', CTX.stem .. 'md', s)
 end
 
 -- Is the caller's mode the queue's? A queue records the mode of its first insert; a queue
 -- that holds no entry takes the mode of its next insert (adopt), its leftover index and
 -- fairness state cleared. Returns nil when the modes agree, else an error reply naming both.
+-- The record's switches are read into CTX on the way (nothing more is read for them): a queue
+-- that is not paused and has no event log, called by a process without one, matches at once.
+-- A caller with an event-log cap records it, so that every process logs the queue's changes.
 local function mode_error(adopt)
   local md = CTX.stem .. 'md'
-  local stored = redis.call('GET', md)
+  local record = redis.call('GET', md)
+  if record == CTX.mode and CTX.ev_mine == 0 then
+    return nil
+  end
+  local stored = record and string.sub(record, 1, 4)
+  read_switches(record and string.sub(record, 5) or '')
+  local recorded = CTX.ev
+  if CTX.ev_mine > 0 then
+    CTX.ev = CTX.ev_mine
+  end
   if stored == CTX.mode then
+    if CTX.ev ~= recorded then
+      write_mode(CTX.mode)
+    end
     return nil
   end
   if not stored then
     if adopt then
-      redis.call('SET', md, CTX.mode)
+      write_mode(CTX.mode)
     end
     return nil
   end
@@ -66,7 +109,7 @@ local function mode_error(adopt)
     for _, s in ipairs({ 'pi', 'te', 'ts', 'tb', 'fv', 'fn', 'tw', 'fr' }) do
       redis.call('DEL', CTX.stem .. s)
     end
-    redis.call('SET', md, CTX.mode)
+    write_mode(CTX.mode)
     return nil
   end
   return redis.error_reply('MODE_MISMATCH ' .. KEYS[1] .. ' ' .. stored .. ' ' .. CTX.mode)
@@ -74,6 +117,21 @@ end
 
 local function counter_add(name, n)
   redis.call('HINCRBY', CTX.stem .. 'ct', name, n or 1)
+end
+
+-- Count n (default 1) on counter name, written once per script by flush_counts: a call that
+-- delivers ten entries adds 10 with one command.
+local function count(name, n)
+  CTX.cnt[name] = (CTX.cnt[name] or 0) + (n or 1)
+end
+
+local function flush_counts()
+  for name, n in pairs(CTX.cnt) do
+    if n ~= 0 then
+      redis.call('HINCRBY', CTX.stem .. 'ct', name, n)
+    end
+  end
+  CTX.cnt = {}
 end
 
 local function now_ms()
@@ -89,6 +147,57 @@ local function split_score(score)
   local s = tonumber(score)
   local rank = math.floor(s / SEQ_SPAN)
   return rank, s - rank * SEQ_SPAN
+end
+
+-- The event log (docs/events.md): when it is on (CTX.ev, the stream's approximate cap), the
+-- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
+-- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
+local function text_id(eid)
+  if string.byte(eid, 1) == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py)
+    local h = string.gsub(string.sub(eid, 2, 17), '.', function(c)
+      return string.format('%02x', string.byte(c))
+    end)
+    return string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-' .. string.sub(h, 13, 16) .. '-' ..
+        string.sub(h, 17, 20) .. '-' .. string.sub(h, 21, 32) .. string.sub(eid, 18)
+  elseif string.byte(eid, 1) == 2 then
+    return string.sub(eid, 2)
+  end
+  return eid
+end
+
+local function unescape(text)
+  return (string.gsub(text, '%%(%x%x)', function(h)
+    return string.char(tonumber(h, 16))
+  end))
+end
+
+-- The queue's name, from the hash tag of the stem (keys.py escapes "%", "{" and "}" in it).
+local function queue_name()
+  if not CTX.qname then
+    CTX.qname = unescape(string.match(CTX.stem, '{([^{}]*)}:[^{}]*$') or '')
+    if CTX.is_dead then
+      CTX.qname = CTX.qname .. '.dead'
+    end
+  end
+  return CTX.qname
+end
+
+-- Log event e of entry eid (stored form; nil for a queue event) whose score is score (nil: no
+-- priority), tenant t (escaped), consumer c, delivery count n, reason r, task name task.
+local function emit(e, eid, score, t, c, n, r, task)
+  if CTX.ev == 0 then
+    return
+  end
+  local p, k = '', ''
+  if score then
+    local rank = split_score(score)
+    k = fmt(rank)
+    p = string.sub(CTX.mode, 3, 3) == 'h' and fmt(255 - rank) or k
+  end
+  CTX.now = CTX.now or now_ms()
+  redis.call('XADD', CTX.stem .. 'ev', 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', queue_name(),
+    'id', eid and text_id(eid) or '', 'p', p, 'k', k, 't', t and unescape(t) or '', 'c', c or '',
+    'task', task or '', 'n', n and fmt(n) or '', 'r', r or '', 'ms', fmt(CTX.now))
 end
 
 local function level_key(pi, rank)
@@ -309,6 +418,11 @@ local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
   P.deadline[#P.deadline + 1] = P.until_ms
   P.deadline[#P.deadline + 1] = eid
+  count('delivered')
+  if d > 1 then
+    count('redelivered')
+  end
+  emit('deliver', eid, score, t, consumer, d)
   local out = P.out
   out[#out + 1] = eid
   out[#out + 1] = token
@@ -402,6 +516,8 @@ local function ack_one(ii, lz, lt, dp, eid, token)
   if lease.x == 'd' then
     dup_forget(dp, eid)
   end
+  count('acked')
+  emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
 end
 
@@ -451,6 +567,7 @@ local function dead_make_room(dii, dpi)
       redis.call('ZREM', dpi, best_rank)
     end
     redis.call('HDEL', dii, best_eid)
+    emit('remove', best_eid, best_rank * SEQ_SPAN, nil, nil, nil, 'dead_dropped')
     counter_add('dead_dropped')
     CTX.dropped = (CTX.dropped or 0) + 1
   end
@@ -465,6 +582,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   local dscore = rank * SEQ_SPAN + seq
   local deid = free_id(dii, eid, dsq, seq)
   local was_dup = e.x == 'd'
+  emit('dead', eid, score, e.t, nil, e.d, reason)
   e.r = dead_note(reason, now, e.d)
   e.d = 0
   e.s = fmt(dscore)

@@ -8,13 +8,14 @@
 -- FK.ts  zset (lex)  one member per schedulable tenant: [rank(3)] start(17) tenant; the first
 --                    member is served next. rank only under within_priority.
 -- FK.tb  hash        tenant -> state letter .. its ts member. A active (in ts), C parked at its
---                    concurrency cap, R parked by its rate limit (also in tw).
+--                    concurrency cap, R parked by its rate limit (also in tw), P paused.
 -- FK.fv  hash        "V:<level>" system virtual time of a level; "F:<level>:<tenant>" finish tag;
 --                    "L:<level>" waiting entries at the level; "M:<level>" largest finish tag
 --                    given at the level. When a level runs empty its V moves to its M (start-time
 --                    fair queueing's rule at the end of a busy period), so every finish tag there
 --                    is <= V and the tags of tenants that left can go (fair_gc).
--- FK.fc  hash        tenant settings: "w:<t>" weight, "c:<t>" concurrency cap, "r:<t>" rate/s
+-- FK.fc  hash        tenant settings: "w:<t>" weight, "c:<t>" concurrency cap, "r:<t>" rate/s,
+--                    "p:<t>" present while the tenant is paused
 -- FK.fn  hash        counts: "n:<t>" waiting entries, "c:<t>" leased entries
 -- FK.tw  zset        rate-parked tenants, score = ms when a token is there again
 -- FK.fr  hash        token buckets: tenant -> "tokens,last_ms"
@@ -65,9 +66,10 @@ local function ts_tenant(m)
   return string.sub(m, 18), 0, tonumber(string.sub(m, 1, 17))
 end
 
+-- weight, concurrency cap, rate and whether tenant t is paused (one HMGET).
 local function settings(t)
-  local s = redis.call('HMGET', FK.fc, 'w:' .. t, 'c:' .. t, 'r:' .. t)
-  return tonumber(s[1]) or 1, tonumber(s[2]) or FA.conc, tonumber(s[3]) or FA.rate
+  local s = redis.call('HMGET', FK.fc, 'w:' .. t, 'c:' .. t, 'r:' .. t, 'p:' .. t)
+  return tonumber(s[1]) or 1, tonumber(s[2]) or FA.conc, tonumber(s[3]) or FA.rate, s[4] ~= false
 end
 
 -- Put tenant t where it belongs in the schedule after its entries changed. With force, its
@@ -151,7 +153,7 @@ local function fair_drop(t, score, eid)
   fair_refresh(t, false)
 end
 
--- Tenant t, parked with state ('C' cap or 'R' rate), goes back into the schedule.
+-- Tenant t, parked with state ('C' cap, 'R' rate or 'P' paused), goes back into the schedule.
 local function fair_resume(t, state)
   local old = redis.call('HGET', FK.tb, t)
   if old and string.sub(old, 1, 1) == state then
@@ -195,7 +197,7 @@ local function fair_token(t, rate, now)
   return true
 end
 
--- Park tenant t (schedule member m) with state 'C' or 'R'.
+-- Park tenant t (schedule member m) with state 'C', 'R' or 'P'.
 local function fair_park(t, m, state, due)
   redis.call('ZREM', FK.ts, m)
   redis.call('HSET', FK.tb, t, state .. m)
