@@ -19,7 +19,7 @@ from kombu.utils.imports import symbol_by_name
 from . import constants as C
 from .checks import count, seconds, text
 from .errors import ConfigError
-from .queue import FAIR_SCOPES, validate_priority
+from .queue import FAIR_SCOPES, PriorityQueue, validate_priority
 
 
 # -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
@@ -240,6 +240,13 @@ class Options:
             "max_dead_length": self.max_dead_length,
             "event_log": self.event_log,
         }
+
+    def open_queue(self, client, name: str) -> PriorityQueue:
+        """The queue ``name`` with these options (a fair queue's tenant tables written)."""
+        q = PriorityQueue(client, name, **self.queue_kwargs(name))
+        if q.fair:
+            q.configure_tenants(**self.tenant_tables())
+        return q
 
     def tenant_tables(self) -> dict:
         """``queue.configure_tenants(**options.tenant_tables())`` for a fair queue: the tenants

@@ -44,24 +44,22 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from datetime import datetime, timezone
-from hashlib import blake2b
 
 import redis
 from kombu.transport import virtual
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import loads
 from redis import exceptions as rex
 
 from . import constants as C
-from .errors import ConfigError, MessageTooLarge
+from .errors import ConfigError
 from .keys import fanout_channel
 from .leasebook import LeaseBook
+from .messages import prepare_message, serialized, stored_item
 from .leases import LeaseKeeper
 from .options import Options
 from .poller import Poller, Waits
-from .queue import PriorityQueue, default_consumer_id, validate_priority
+from .queue import PriorityQueue, default_consumer_id
 from .routing import RoutingTables
-from .tenants import tenant_of
 from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
@@ -167,56 +165,24 @@ class Channel(virtual.Channel):
             if view is not None:
                 q = self.queue(view.base)
             else:
-                q = PriorityQueue(self.client, name, **self.options.queue_kwargs(name))
-                if q.fair:
-                    q.configure_tenants(**self.options.tenant_tables())
+                q = self.options.open_queue(self.client, name)
             self._queues[name] = q
         return q
 
     # -- publishing ---------------------------------------------------------------------------
     def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
                         headers=None, properties=None):
-        # kombu's Producer.publish and Celery pass 0 when no priority was given (the kombu
-        # convention, as in kombu's virtual transports): 0 and None take default_priority.
-        if priority is None or (type(priority) is int and priority == 0):
-            priority = self.options.default_priority
-        validate_priority(priority)  # before anything is written
-        properties = properties or {}
-        properties.setdefault("delivery_info", {})
-        properties["priority"] = priority
-        return {
-            "body": body,
-            "content-encoding": content_encoding,
-            "content-type": content_type,
-            "headers": headers or {},
-            "properties": properties,
-        }
+        return prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
 
     def _put(self, queue, message, **kwargs):
-        props = message["properties"]
-        priority = props.get("priority")
-        if priority is None:
-            priority = self.options.default_priority  # a message that did not come through prepare_message
-        headers = message.get("headers") or {}
-        task_id = headers.get("id") or props.get("correlation_id") or None
-        tenant = tenant_of(message, self.options, self.decode_body)
-        due_ms = _eta_ms(headers.get("eta"))
-        task = headers.get("task") if self.options.event_log else None  # for the event log only
-        self.queue(queue).insert(self._serialized(queue, message), priority,
-                                 id=str(task_id) if task_id else None, tenant=tenant, due_ms=due_ms,
-                                 publish_id=publish_id(message), remember=False,
+        item = stored_item(queue, message, self.options, self.decode_body)
+        task = (message.get("headers") or {}).get("task") if self.options.event_log else None  # for the event log only
+        self.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant, due_ms=item.due_ms,
+                                 publish_id=item.publish_id, remember=False,
                                  task=task if isinstance(task, str) else None)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
-        self.client.publish(self._fanout_channel(exchange), self._serialized(exchange, message))
-
-    def _serialized(self, queue, message) -> bytes:
-        """The message as stored; MessageTooLarge (nothing written) when over max_message_bytes."""
-        data = dumps(message).encode()
-        limit = self.options.max_message_bytes
-        if limit is not None and len(data) > limit:
-            raise MessageTooLarge(queue, len(data), limit)
-        return data
+        self.client.publish(self._fanout_channel(exchange), serialized(exchange, message, self.options))
 
     def _fanout_channel(self, exchange):
         return fanout_channel(exchange, self.transport.db, self.options.key_prefix)
@@ -658,39 +624,6 @@ def _worker_stopping() -> bool:
 def _check_queue_name(name) -> None:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"a queue name must be a non-empty string, got {name!r}")
-
-
-def publish_id(message) -> bytes | None:
-    """The publish id of a message: the queue stores nothing for an id it has seen within
-    ``dedupe_seconds``, so a publish retried after a lost reply is stored once.
-
-    A Celery task message (its headers name ``id`` and ``task``) gets an id made from its task
-    id, retries count, eta and body: kombu's and Celery's own publish retries prepare and put
-    the message again, and carry the same id, while Celery's retry of a task (one more in
-    ``retries``) is a publish of its own. Any other message: None, and the queue makes a random
-    one for the insert call, which covers a retry within that call.
-    """
-    headers = message.get("headers") or {}
-    if not (headers.get("id") and headers.get("task")):
-        return None
-    h = blake2b(digest_size=16)
-    for part in (headers["id"], headers.get("retries"), headers.get("eta"), message.get("body")):
-        text = str(part).encode()
-        h.update(b"%d:" % len(text) + text)
-    return h.digest()
-
-
-def _eta_ms(eta) -> int | None:
-    """Celery's ``eta`` header (ISO 8601) as Unix ms; naive times are UTC."""
-    if not eta:
-        return None
-    try:
-        when = datetime.fromisoformat(str(eta))
-    except ValueError:
-        raise ValueError(f"message eta {eta!r} is not an ISO 8601 time; the message was not published") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0, int(when.timestamp() * 1000))
 
 
 class TLSTransport(Transport):

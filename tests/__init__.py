@@ -5,7 +5,9 @@
                        raw keys: the queue contract, edges, fairness, the cost table, the API fuzz
                        test and the model-based stateful test (``make soak`` runs its long form);
 - ``tests/transport``  the kombu Transport/Channel against a real redis-server;
-- ``tests/e2e``        real Celery worker subprocesses, ``make demo`` and the benchmarks' smoke run.
+- ``tests/e2e``        real Celery worker subprocesses, ``make demo`` and the benchmarks' smoke run;
+- ``tests/spark``      PySpark in local mode (marked ``spark``; needs Java 17, see
+                       scripts/ensure-java.sh): the ``celery_pq`` writer and ``enqueue``.
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.

@@ -1,20 +1,125 @@
-"""celery-pq on Spark (the ``[spark]`` extra; imported only when used).
+"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark).
 
-``register(spark)`` registers the data sources with a SparkSession; ``analyze(events)`` turns
-an event-log DataFrame into analysis DataFrames (see ``celery_pq/spark/analyze.py``).
+From DataFrames to tasks::
+
+    from celery_pq.spark import register, enqueue
+
+    register(spark)
+    (df.write.format("celery_pq").mode("append")
+       .option("broker", "pq://redis:6379/0").option("task", "proj.tasks.resize")
+       .option("args", "image_id").save())
+
+    result = enqueue(df, app, "proj.tasks.resize", args=["image_id"])
+    result.sent, result.rejected, result.rejects.show()
+
+From the event log to analytics::
+
+    events = (spark.read.format("celery_pq_events").option("broker", "pq://redis:6379/0")
+              .option("queue", "default").load())          # or spark.read.parquet(exported)
+    frames = analyze(events)                               # {"waits": DataFrame, "fairness": ...}
+
+See docs/spark.md for the options, the columns, exactly once and rejects, the event log's
+columns and the analysis.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
 # The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
 from .analyze import analyze
+from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource
+
+__all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 
 
 def register(spark) -> None:
-    """Register celery-pq's data sources with ``spark`` (calling it twice is harmless)."""
-    from .events import EventsDataSource
-
+    """Register the data sources with a SparkSession: the writer ``celery_pq`` and, when this
+    installation has it, the event-log reader. Calling it again is harmless."""
+    spark.dataSource.register(CeleryPQDataSource)
+    try:
+        from .events import EventsDataSource
+    except ImportError:
+        return
     spark.dataSource.register(EventsDataSource)
 
 
-__all__ = ["analyze", "register"]
+@dataclass
+class EnqueueResult:
+    """What ``enqueue`` did: ``rows`` seen, ``sent`` (stored, or stored already by an earlier run
+    within the dedupe window), ``rejected``; ``rejects`` is a DataFrame of the rejected rows
+    (the DataFrame's columns and ``reason``), ``reasons`` counts them by reason."""
+
+    rows: int
+    sent: int
+    rejected: int
+    reasons: dict
+    rejects: object  # pyspark.sql.DataFrame
+
+
+def read_rejects(spark, path: str):
+    """``(summary, DataFrame)`` of a write's ``rejects`` directory: the counts as a dict, and the
+    rejected rows (at most ``rejects_limit`` per partition) with their ``reason``."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    out = Path(path)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    schema = StructType.fromJson(summary.pop("schema"))
+    schema = StructType([*schema.fields, StructField("reason", StringType(), False)])
+    with open(out / REJECTS_FILE, "rb") as f:
+        rows = pickle.load(f)
+    return summary, spark.createDataFrame(rows, schema)
+
+
+def enqueue(df, app_or_url, task: str, *, args: Sequence[str] = (), kwargs: Sequence[str] = (),
+            queue: str | None = None, key: Sequence[str] = (), job: str | None = None,
+            transport_options: dict | None = None, on_reject: str = "keep", **options) -> EnqueueResult:
+    """Every row of ``df`` as one task ``task`` in the queue, as the ``celery_pq`` writer does it.
+
+    ``app_or_url``: a Celery app (its broker URL and ``broker_transport_options``) or a broker URL.
+    ``args`` and ``kwargs`` name columns; ``key`` names columns whose values (with ``job``, default
+    the task name) derive each row's task id; ``transport_options`` override the app's; other
+    keyword arguments are writer options (``batch_rows=...``). The rejects come back as a
+    DataFrame (``EnqueueResult.rejects``).
+    """
+    if isinstance(app_or_url, str):
+        url, base = app_or_url, {}
+    else:
+        app = app_or_url
+        with app.connection_for_write() as conn:
+            url = conn.as_uri(include_password=True)
+        base = dict(app.conf.broker_transport_options or {})
+    base.update(transport_options or {})
+    given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}
+    if base:
+        given["transport_options"] = json.dumps(base)
+    for name, cols in (("args", args), ("kwargs", kwargs), ("key", key)):
+        if isinstance(cols, str):
+            cols = [cols]
+        if cols:
+            given[name] = ",".join(cols)
+    if queue is not None:
+        given["queue"] = queue
+    if job is not None:
+        given["job"] = job
+    register(df.sparkSession)
+    out = tempfile.mkdtemp(prefix="celery-pq-rejects-")
+    try:
+        given["rejects"] = out
+        writer = df.write.format("celery_pq").mode("append")
+        for k, v in given.items():
+            writer = writer.option(k, v)
+        writer.save()
+        summary, rejects = read_rejects(df.sparkSession, out)
+        rejects = rejects.cache()  # read from the driver's memory; the directory goes
+        rejects.count()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return EnqueueResult(rows=summary["rows"], sent=summary["sent"], rejected=summary["rejected"],
+                         reasons=summary["reasons"], rejects=rejects)

@@ -75,8 +75,7 @@ def queue_names(value) -> list[str]:
 
 def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
     """The stream key of ``queue``'s event log."""
-    keys = queue_keys(queue, key_prefix)
-    return getattr(keys, "ev", None) or keys.stem + "ev"  # TODO(merge): keys.ev only
+    return queue_keys(queue, key_prefix).ev
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ def _task_message(task_id="t1", retries=0, eta=None, body="W1tdLCB7fV0="):
 
 
 def test_a_task_message_keeps_its_publish_id_across_retries_of_the_publish():
-    from celery_pq.transport import publish_id
+    from celery_pq.messages import publish_id
 
     first = publish_id(_task_message())
     assert len(first) == 16
@@ -195,7 +195,7 @@ def test_a_task_message_keeps_its_publish_id_across_retries_of_the_publish():
 
 
 def test_other_messages_leave_the_publish_id_to_the_queue():
-    from celery_pq.transport import publish_id
+    from celery_pq.messages import publish_id
 
     assert publish_id({"body": "e30=", "headers": {}, "properties": {}}) is None  # random, per insert call
 

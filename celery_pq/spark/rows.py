@@ -1,0 +1,175 @@
+"""A DataFrame row as a Celery task message (protocol 2), stored as the transport stores one.
+
+``TaskRows.build(row)`` gives ``(queue, StoredItem)`` or raises ``Rejected`` with the reason.
+The message is made by Celery's own ``app.amqp.as_task_v2`` (headers, properties, body
+``[args, kwargs, embed]``) and kombu's serializer, then dressed as kombu's ``Producer.publish``
+and virtual ``basic_publish`` dress it (delivery mode, body base64, delivery info); the stored
+item comes from ``celery_pq.messages``, the transport's own path. This module does not import
+pyspark: a row is any sequence of values in the DataFrame's column order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import socket
+import uuid
+from datetime import date, datetime, timezone
+
+from celery import Celery
+from kombu import serialization
+
+from ..checks import text
+from ..errors import MessageTooLarge
+from ..messages import digest, prepare_message, stored_item
+from ..queue import validate_priority
+from .settings import KEY_NAMESPACE, WriterSettings
+
+
+class Rejected(ValueError):
+    """A row that is not sent; the message is the reason (it names the column)."""
+
+
+def _decode_body(body, encoding):
+    """kombu's virtual ``Channel.decode_body`` for the base64 bodies made here."""
+    return base64.b64decode(body) if encoding == "base64" else body
+
+
+def plain(value):
+    """A Spark value as JSON can carry it: a struct (Row) becomes a dict, recursively."""
+    if isinstance(value, tuple) and hasattr(value, "asDict"):
+        return {k: plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (bytes, bytearray)):
+        raise TypeError("binary values cannot be sent as JSON (encode them, e.g. base64, first)")
+    return value
+
+
+class TaskRows:
+    """Builds the task message of each row of one partition.
+
+    ``eta_is_local``: the ``eta`` column is Spark's TimestampType, whose values reach Python as
+    naive datetimes in local time (a naive ISO string, or a TimestampNTZ value, is UTC).
+    """
+
+    def __init__(self, settings: WriterSettings, *, eta_is_local: bool = True):
+        self.s = settings
+        self.options = settings.transport
+        self.app = Celery("celery_pq.spark", set_as_current=False)
+        self.origin = f"gen{os.getpid()}@{socket.gethostname()}"  # Celery's anon_nodename
+        index = {c: i for i, c in enumerate(settings.columns)}
+        self.args = [index[c] for c in settings.args]
+        self.kwargs = [(c, index[c]) for c in settings.kwargs]
+        self.key = [index[c] for c in settings.key]
+        self.role = {c: index[c] for c in settings.roles}
+        self.fair_column = index.get(settings.fair_column) if settings.fair_column else None
+        self.fair_header = settings.transport.fair_key if settings.transport.fair_key and \
+            ":" not in settings.transport.fair_key else None
+        self.eta_is_local = eta_is_local
+        self.seen: dict[bytes, int] = {}  # content digest -> rows so far (ids derived from content)
+
+    def _role(self, row, name):
+        i = self.role.get(name)
+        return None if i is None else row[i]
+
+    def build(self, row, now: float) -> tuple[str, object]:
+        """``(queue, StoredItem)`` of a row; ``now`` (Unix seconds) is what countdowns count from."""
+        queue = self._role(row, "queue")
+        if queue is None:
+            queue = self.s.queue
+        elif not isinstance(queue, str) or not queue:
+            raise Rejected(f"queue must be a non-empty string, got {queue!r}")
+        priority = self._role(row, "priority")
+        if priority is not None:
+            try:
+                validate_priority(priority)
+            except ValueError as exc:
+                raise Rejected(str(exc)) from None
+        tenant = self._role(row, "tenant")
+        if tenant is None and self.fair_column is not None:
+            tenant = row[self.fair_column]
+        if tenant is not None and not isinstance(tenant, str):
+            raise Rejected(f"tenant must be a string, got {tenant!r} ({type(tenant).__name__})")
+        eta = self._eta(row, now)
+        try:
+            args = [plain(row[i]) for i in self.args]
+            kwargs = {c: plain(row[i]) for c, i in self.kwargs}
+            content_type, content_encoding, body = serialization.dumps(
+                (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}),
+                serializer="json")
+        except (TypeError, ValueError) as exc:
+            raise Rejected(f"args/kwargs cannot be sent as JSON: {exc}") from None
+        task_id = self._task_id(row, body, queue, priority, tenant)
+        m = self.app.amqp.as_task_v2(task_id, self.s.task, args=args, kwargs=kwargs, eta=eta, origin=self.origin)
+        headers = m.headers
+        if tenant is not None and self.fair_header:
+            headers[self.fair_header] = tenant  # apply_async(headers={fair_key: tenant})
+        properties = {**m.properties, "delivery_mode": 2}
+        message = prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
+        message["body"] = base64.b64encode(body.encode() if isinstance(body, str) else body).decode()
+        props = message["properties"]
+        props["delivery_info"].update(exchange="", routing_key=queue)
+        props.update(body_encoding="base64", delivery_tag=str(uuid.uuid4()))
+        try:
+            item = stored_item(queue, message, self.options, _decode_body,
+                               publish_id_=digest("celery_pq.spark", task_id))
+        except MessageTooLarge as exc:
+            raise Rejected(f"message is {exc.size} bytes, over max_message_bytes={exc.limit}") from None
+        except ValueError as exc:
+            raise Rejected(str(exc)) from None
+        if tenant is not None and item.tenant != tenant:  # a fair_key function: the column wins
+            item = type(item)(item.payload, item.priority, item.id, tenant, item.due_ms, item.publish_id)
+        return queue, item
+
+    def _eta(self, row, now: float) -> str | None:
+        countdown, eta = self._role(row, "countdown"), self._role(row, "eta")
+        if countdown is not None and eta is not None:
+            raise Rejected("countdown and eta are both given; give one")
+        if countdown is not None:
+            if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or \
+                    not math.isfinite(countdown) or countdown < 0:
+                raise Rejected(f"countdown must be a number of seconds >= 0, got {countdown!r}")
+            return datetime.fromtimestamp(now + countdown, timezone.utc).isoformat()
+        if eta is None:
+            return None
+        if isinstance(eta, str):
+            try:
+                when = datetime.fromisoformat(eta)
+            except ValueError:
+                raise Rejected(f"eta {eta!r} is not an ISO 8601 time") from None
+            local = False
+        elif isinstance(eta, datetime):
+            when, local = eta, self.eta_is_local
+        else:
+            kind = "a date without a time" if isinstance(eta, date) else type(eta).__name__
+            raise Rejected(f"eta must be a timestamp or an ISO 8601 string, got {kind} {eta!r}")
+        if when.tzinfo is None:
+            when = when.astimezone() if local else when.replace(tzinfo=timezone.utc)
+        return when.astimezone(timezone.utc).isoformat()
+
+    def _task_id(self, row, body, queue, priority, tenant) -> str:
+        """The row's task id: its ``task_id``, else one derived from its ``key`` columns and the
+        job, else one derived from its content (identical rows of a partition told apart by
+        their count): the same row gets the same id in every attempt of its Spark task."""
+        if "task_id" in self.role:
+            task_id = row[self.role["task_id"]]
+            try:
+                return text("task_id", task_id)
+            except ValueError as exc:
+                raise Rejected(str(exc)) from None
+        if self.key:
+            values = [row[i] for i in self.key]
+            for c, v in zip(self.s.key, values):
+                if v is None:
+                    raise Rejected(f"key column {c!r} is null")
+            name = json.dumps([self.s.job, [plain(v) for v in values]], default=str, sort_keys=True)
+            return str(uuid.uuid5(KEY_NAMESPACE, name))
+        when = (self._role(row, "countdown"), self._role(row, "eta"))  # as given: a countdown's eta moves
+        content = digest(self.s.job, body, queue, priority, tenant, when)
+        n = self.seen[content] = self.seen.get(content, 0) + 1
+        return str(uuid.uuid5(KEY_NAMESPACE, f"{content.hex()}:{n}"))

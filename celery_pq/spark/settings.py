@@ -1,0 +1,191 @@
+"""The writer's options (``df.write.format("celery_pq").option(NAME, VALUE)``), each once, checked.
+
+Spark hands every option over as a string, with its name in lower case. ``WriterSettings.parse``
+checks them all on the driver, before any row is read: a missing, unknown or bad option raises
+``ConfigError`` naming it. The broker's transport options (``key_prefix``, ``priority_order``,
+``fair_key``, ``dedupe_seconds``, ... every field of ``celery_pq.options.Options``) are accepted
+one by one or together as JSON in ``transport_options``; one given by itself wins.
+
+This module does not import pyspark: the settings are plain data, pickled to the executors.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, fields
+
+from .. import constants as C
+from ..checks import count
+from ..errors import ConfigError
+from ..options import Options
+
+#: Columns with a meaning of their own when present (CONTRACT.md).
+ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
+
+#: The queue of a row without a ``queue`` column (or with a null in it): Celery's default.
+DEFAULT_QUEUE = "celery"
+
+#: Rows built into messages before one round trip of pipelined insert calls (``batch_rows``).
+BATCH_ROWS = 10_000
+
+#: Rejected rows a partition carries back to the driver with their reasons (``rejects_limit``);
+#: the counts are exact beyond it.
+REJECTS_LIMIT = 10_000
+
+#: The namespace of task ids derived from a ``key`` column (uuid5), fixed for good: changing it
+#: would give every derived id a new value, so a rerun would enqueue its rows again.
+KEY_NAMESPACE = uuid.UUID("6f1d1c52-3f0b-5b7e-9a57-2f3c6c1b7a10")
+
+_TRANSPORT_FIELDS = {f.name: f for f in fields(Options) if f.init}
+_OWN = {"broker", "task", "args", "kwargs", "queue", "key", "job", "transport_options", "rejects", "on_reject",
+        "batch_rows", "chunk", "rejects_limit",
+        # used only by the tests: fail each partition's first attempt once after this many rows
+        "test_fail_once_after", "test_fail_once_marker"}
+ON_REJECT = ("keep", "fail")
+
+
+def _columns(name: str, value: str | None, schema_names: list[str]) -> tuple[str, ...]:
+    """A comma-separated list of column names, each one of the DataFrame's."""
+    if value is None:
+        return ()
+    cols = tuple(c.strip() for c in value.split(","))
+    if any(not c for c in cols):
+        raise ConfigError(f"option {name!r} must be column names separated by commas, got {value!r}")
+    missing = [c for c in cols if c not in schema_names]
+    if missing:
+        raise ConfigError(f"option {name!r} names column(s) {', '.join(map(repr, missing))} that the DataFrame "
+                          f"does not have (its columns: {', '.join(schema_names)})")
+    return cols
+
+
+def _transport_value(name: str, text: str):
+    """A transport option given as a string: JSON (numbers, null, true, objects), else the text
+    itself for an option that takes a string."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if "str" in str(_TRANSPORT_FIELDS[name].type) and not isinstance(value, (str, type(None))):
+        return text  # key_prefix "123" stays a string
+    return value
+
+
+def _int_option(name: str, text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"option {name!r} must be an integer >= 1, got {text!r}") from None
+    return count(f"option {name!r}", value, none=False, error=ConfigError)
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    """Everything one write needs, checked on the driver."""
+
+    broker: str
+    task: str
+    transport: Options
+    args: tuple[str, ...] = ()
+    kwargs: tuple[str, ...] = ()
+    queue: str = DEFAULT_QUEUE
+    key: tuple[str, ...] = ()
+    job: str = ""
+    rejects: str | None = None
+    on_reject: str = "keep"
+    batch_rows: int = BATCH_ROWS
+    chunk: int = C.BULK_CHUNK
+    rejects_limit: int = REJECTS_LIMIT
+    columns: tuple[str, ...] = ()
+    #: The role columns the DataFrame has (``ROLE_COLUMNS`` present), and the column the
+    #: ``fair_key`` header names when it is a column (a ``tenant`` column wins over it).
+    roles: tuple[str, ...] = ()
+    fair_column: str | None = None
+    test_fail_once_after: int | None = None
+    test_fail_once_marker: str | None = None
+
+    @classmethod
+    def parse(cls, options: dict, columns: list[str]) -> "WriterSettings":
+        """The settings of ``options`` (Spark's, names in any case) for a DataFrame with
+        ``columns``; ConfigError naming the option for anything missing, unknown or bad."""
+        given = {str(k).lower(): v for k, v in options.items()}
+        if not given.get("path"):
+            given.pop("path", None)  # save() without a path
+        unknown = sorted(set(given) - _OWN - set(_TRANSPORT_FIELDS) - {"visibility_timeout"})
+        if unknown:
+            raise ConfigError(f"unknown option(s) {', '.join(map(repr, unknown))} for format 'celery_pq' "
+                              f"(options: broker, task, args, kwargs, queue, key, job, rejects, on_reject, "
+                              f"batch_rows, chunk, rejects_limit, transport_options and the transport options)")
+        for required in ("broker", "task"):
+            if not (given.get(required) or "").strip():
+                what = "the broker URL (pq://HOST:PORT/DB)" if required == "broker" else "the Celery task name"
+                raise ConfigError(f"option {required!r} is required: {what}")
+        broker = given["broker"].strip()
+        scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
+        if scheme not in ("pq", "pqs", "redis", "rediss"):
+            raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {broker!r}")
+        transport = {}
+        if given.get("transport_options"):
+            try:
+                transport = json.loads(given["transport_options"])
+            except ValueError as exc:
+                raise ConfigError(f"option 'transport_options' must be a JSON object: {exc}") from None
+            if not isinstance(transport, dict):
+                raise ConfigError(f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}")
+        for name in _TRANSPORT_FIELDS:
+            if name in given:
+                transport[name] = _transport_value(name, given[name])
+        if "visibility_timeout" in given:
+            transport["visibility_timeout"] = _transport_value("lease_seconds", given["visibility_timeout"])
+        try:
+            opts = Options.from_transport_options(transport)
+        except ConfigError as exc:
+            raise ConfigError(f"celery_pq writer: {exc}") from None
+        except TypeError as exc:
+            raise ConfigError(f"celery_pq writer: transport_options: {exc}") from None
+        names = list(columns)
+        args = _columns("args", given.get("args"), names)
+        kwargs = _columns("kwargs", given.get("kwargs"), names)
+        key = _columns("key", given.get("key"), names)
+        if key and "task_id" in names:
+            raise ConfigError("option 'key' derives task ids, but the DataFrame has a task_id column: give one of them")
+        queue = given.get("queue") or DEFAULT_QUEUE
+        roles = tuple(c for c in ROLE_COLUMNS if c in names)
+        fair_column = None
+        if opts.fair_key is not None and ":" not in opts.fair_key and opts.fair_key in names:
+            fair_column = opts.fair_key
+        if "tenant" in roles and opts.fair_key is None:
+            raise ConfigError("the DataFrame has a 'tenant' column, and a tenant needs fairness on: give option "
+                              "'fair_key' (the broker's fair_key transport option, e.g. \"tenant\")")
+        on_reject = (given.get("on_reject") or "keep").lower()
+        if on_reject not in ON_REJECT:
+            raise ConfigError(f"option 'on_reject' must be one of {ON_REJECT}, got {given['on_reject']!r}")
+        fail_after = given.get("test_fail_once_after")
+        return cls(
+            broker=broker,
+            task=given["task"].strip(),
+            transport=opts,
+            args=args,
+            kwargs=kwargs,
+            queue=queue,
+            key=key,
+            job=given.get("job") or given["task"].strip(),
+            rejects=given.get("rejects") or None,
+            on_reject=on_reject,
+            batch_rows=_int_option("batch_rows", given.get("batch_rows"), BATCH_ROWS),
+            chunk=_int_option("chunk", given.get("chunk"), C.BULK_CHUNK),
+            rejects_limit=_int_option("rejects_limit", given.get("rejects_limit"), REJECTS_LIMIT),
+            columns=tuple(names),
+            roles=roles,
+            fair_column=fair_column,
+            test_fail_once_after=None if fail_after is None else int(fail_after),
+            test_fail_once_marker=given.get("test_fail_once_marker"),
+        )
+
+    def redis_url(self) -> str:
+        """The broker URL as redis-py takes it (pq -> redis, pqs -> rediss)."""
+        scheme, rest = self.broker.split("://", 1)
+        scheme = {"pq": "redis", "pqs": "rediss"}.get(scheme.lower(), scheme.lower())
+        return f"{scheme}://{rest}"
