@@ -79,6 +79,7 @@ def local_spark(app_name: str = "celery-pq-report"):
 
     spark = (SparkSession.builder.master("local[*]").appName(app_name)
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "4")
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
