@@ -82,7 +82,7 @@ def rows_frame(spark, rows: int):
 
 
 def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path | str = "spark-demo",
-        work_ms: float = 1.0, timeout: float = 900.0) -> dict:
+        work_ms: float = 1.0, timeout: float = 900.0, stop_spark: bool = True) -> dict:
     from celery import Celery
 
     from celery_pq import PriorityQueue
@@ -173,7 +173,8 @@ def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path |
         say(f"   Jain's index: mean {report.figures[f'{QUEUE}||jain_mean']}, lowest window "
             f"{report.figures[f'{QUEUE}||jain_min']}; rank error: mean {report.figures[f'{QUEUE}||rank_error_mean']}")
         ok = result.sent == rows and streamed == logged and int(report.figures[f"{QUEUE}||acked"]) == rows
-        spark.stop()
+        if stop_spark:
+            spark.stop()
     return {"ok": ok, "rows": rows, "sent": result.sent, "events": streamed, "logged": logged,
             "figures": report.figures, "html": out / "report.html", "png": out / "report.png"}
 
