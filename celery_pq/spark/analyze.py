@@ -12,7 +12,8 @@ The DataFrames returned:
                     from waiting (enqueue, or ``due`` for a delayed entry) to first delivery
 - ``share``         per queue, time window and tenant: deliveries and share of the window's
 - ``fairness``      per queue and window: Jain's fairness index over the tenants that were
-                    backlogged or served in the window (1 = equal service, 1/n = one tenant got all)
+                    backlogged or served in the window (1 = equal service, 1/n = one tenant got all),
+                    and the same within each rank (strict priority serves a better rank first)
 - ``rank_error``    one row per delivery: how many waiting entries outranked it when it was
                     popped (entries waiting at that moment with a strictly smaller rank), the
                     relaxed priority queue's "priority error inversion" count
@@ -176,22 +177,25 @@ def _share(ev: DataFrame, window_start) -> DataFrame:
             .orderBy("queue", "bucket", "tenant"))
 
 
-def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
+def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
+    """Jain's index per ``by`` + window over the tenants active there (served, or with entries
+    waiting for a first delivery)."""
     spark = ev.sparkSession
+    keys = [*by, "tenant", "bucket"]
     # Backlog of each tenant at each window: entries that became waiting before the window's end
     # and had not had a first delivery before its start.
     ready = (entries.where(F.col("ready_ms").isNotNull()).withColumn("bucket", bucket("ready_ms"))
-             .groupBy("queue", "tenant", "bucket").agg(F.count(F.lit(1)).alias("ready")))
+             .groupBy(*keys).agg(F.count(F.lit(1)).alias("ready")))
     firsts = (entries.where(F.col("first_deliver_ms").isNotNull()).withColumn("bucket", bucket("first_deliver_ms"))
-              .groupBy("queue", "tenant", "bucket").agg(F.count(F.lit(1)).alias("firsts")))
-    served = (ev.where(F.col("event") == "deliver").groupBy("queue", "tenant", "bucket")
-              .agg(F.count(F.lit(1)).alias("deliveries")))
+              .groupBy(*keys).agg(F.count(F.lit(1)).alias("firsts")))
+    served = ev.where(F.col("event") == "deliver").groupBy(*keys).agg(F.count(F.lit(1)).alias("deliveries"))
     bounds = ev.groupBy("queue").agg(F.min("bucket").alias("b0"), F.max("bucket").alias("b1"))
-    grid = (bounds.select("queue", F.explode(F.sequence("b0", "b1")).alias("bucket"))
-            .join(ev.select("queue", "tenant").distinct(), "queue"))
-    g = (grid.join(ready, ["queue", "tenant", "bucket"], "left").join(firsts, ["queue", "tenant", "bucket"], "left")
-         .join(served, ["queue", "tenant", "bucket"], "left").fillna(0, ["ready", "firsts", "deliveries"]))
-    upto = Window.partitionBy("queue", "tenant").orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
+    members = (entries.select(*by, "tenant").union(ev.where(F.col("event") == "deliver").select(*by, "tenant"))
+               .where(F.col(by[-1]).isNotNull()).distinct())
+    grid = bounds.select("queue", F.explode(F.sequence("b0", "b1")).alias("bucket")).join(members, "queue")
+    g = (grid.join(ready, keys, "left").join(firsts, keys, "left").join(served, keys, "left")
+         .fillna(0, ["ready", "firsts", "deliveries"]))
+    upto = Window.partitionBy(*by, "tenant").orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
     g = g.withColumn("backlog", F.sum("ready").over(upto) - (F.sum("firsts").over(upto) - F.col("firsts")))
     weight = F.lit(1.0)
     if weights:
@@ -200,15 +204,27 @@ def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
         weight = F.coalesce(F.col("weight"), F.lit(1.0))
     g = g.withColumn("x", F.col("deliveries") / weight)
     active = g.where((F.col("backlog") > 0) | (F.col("deliveries") > 0))
-    out = active.groupBy("queue", "bucket").agg(
+    out = active.groupBy(*by, "bucket").agg(
         F.count(F.lit(1)).alias("tenants"),
         F.sum("deliveries").alias("deliveries"),
         F.sum("x").alias("sx"),
         F.sum(F.col("x") * F.col("x")).alias("sxx"),
     )
     jain = F.when(F.col("sxx") > 0, F.col("sx") * F.col("sx") / (F.col("tenants") * F.col("sxx")))
-    return (out.withColumn("jain", jain).withColumn("window_start", window_start())
-            .select("queue", "window_start", "bucket", "tenants", "deliveries", "jain")
+    return out.withColumn("jain", jain).drop("sx", "sxx")
+
+
+def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
+    """Per queue and window: Jain's index over all tenants (``jain``), and within each rank
+    (``jain_within_rank``: the mean over the window's ranks, weighted by their deliveries), the
+    promise of ``fair_scope="within_priority"``, where a better rank is served first whoever
+    waits at a worse one."""
+    overall = _jain(ev, entries, bucket, weights, ["queue"])
+    per_rank = _jain(ev, entries, bucket, weights, ["queue", "rank"])
+    within = per_rank.where(F.col("jain").isNotNull()).groupBy("queue", "bucket").agg(
+        (F.sum(F.col("jain") * F.col("deliveries")) / F.sum("deliveries")).alias("jain_within_rank"))
+    return (overall.join(within, ["queue", "bucket"], "left").withColumn("window_start", window_start())
+            .select("queue", "window_start", "bucket", "tenants", "deliveries", "jain", "jain_within_rank")
             .orderBy("queue", "bucket"))
 
 
@@ -342,6 +358,8 @@ def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
         F.max("rank_error").alias("rank_error_max"),
         F.avg(F.when(F.col("rank_error") == 0, 1.0).otherwise(0.0)).alias("rank_exact_share"),
     )
-    fair = fairness.groupBy("queue").agg(F.avg("jain").alias("jain_mean"), F.min("jain").alias("jain_min"))
+    fair = fairness.groupBy("queue").agg(F.avg("jain").alias("jain_mean"), F.min("jain").alias("jain_min"),
+                                         F.avg("jain_within_rank").alias("jain_within_rank_mean"),
+                                         F.min("jain_within_rank").alias("jain_within_rank_min"))
     return (counts.join(waits, "queue", "left").join(errors, "queue", "left").join(fair, "queue", "left")
             .withColumn("window_ms", F.lit(window_ms)).orderBy("queue"))

@@ -36,6 +36,8 @@ QUEUE_FIGURES = (
     ("rank_exact_share", "deliveries with no rank error", "f3"),
     ("jain_mean", "Jain's index, mean over windows", "f3"),
     ("jain_min", "Jain's index, lowest window", "f3"),
+    ("jain_within_rank_mean", "Jain's index within a priority, mean over windows", "f3"),
+    ("jain_within_rank_min", "Jain's index within a priority, lowest window", "f3"),
 )
 #: Figures of the per-tenant table: (column of ``waits`` or ``redeliveries``, label, format).
 TENANT_FIGURES = (
@@ -121,7 +123,10 @@ def _plots(queue: str, frames: dict) -> bytes:
 
     ax = axes[0][2]
     if len(fair):
-        ax.plot(fair["window_start"], fair["jain"], marker=".", linewidth=1)
+        ax.plot(fair["window_start"], fair["jain"], marker=".", linewidth=1, label="all tenants")
+        ax.plot(fair["window_start"], fair["jain_within_rank"], marker=".", linewidth=1,
+                label="within a priority")
+        ax.legend(fontsize=8, loc="lower right")
     ax.set_ylim(0, 1.05)
     ax.set_title("Jain's fairness index per window")
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
@@ -137,13 +142,20 @@ def _plots(queue: str, frames: dict) -> bytes:
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
     ax = axes[1][1]
-    if len(errs):
-        top = int(errs["rank_error"].max())
-        ax.hist(errs["rank_error"], bins=min(max(top + 1, 1), 50), log=True)
+    if len(errs) and int(errs["rank_error"].max()) > 0:
+        ax.hist(errs["rank_error"], bins=min(int(errs["rank_error"].max()) + 1, 50), log=True)
+    elif len(errs):
+        ax.text(0.5, 0.5, f"all {len(errs):,} deliveries: rank error 0\n(strict priority order)",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
     ax.set_title("rank error of each delivery (entries that outranked it)")
 
     ax = axes[1][2]
-    if len(redel):
+    if len(redel) and not redel[["redeliveries", "expired", "dead"]].to_numpy().any():
+        ax.text(0.5, 0.5, "no redeliveries, expired leases or dead letters", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+    elif len(redel):
         xs = range(len(redel))
         for i, col in enumerate(("redeliveries", "expired", "dead")):
             ax.bar([x + (i - 1) * 0.27 for x in xs], redel[col], width=0.27, label=col)

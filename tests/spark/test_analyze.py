@@ -74,21 +74,34 @@ def test_window_length_is_round_and_gives_at_most_60_windows():
     assert choose_window_ms(3_600_000) == 60_000
 
 
+def deliveries_frame(spark, tenants_ranks):
+    rows = [Row(event="deliver", queue="q", id=f"i{n}", priority=255 - rank, rank=rank, tenant=t, consumer="c",
+                task=None, deliveries=1, reason=None, ts=None, ms=1000 + n, sid=f"{1000 + n}-0")
+            for n, (t, rank) in enumerate(tenants_ranks)]
+    return spark.createDataFrame(rows, schema="event string, queue string, id string, priority int, rank int, "
+                                 "tenant string, consumer string, task string, deliveries int, reason string, "
+                                 "ts timestamp, ms bigint, sid string")
+
+
 def test_jain_index_and_shares_of_one_window(spark):
-    rows = [Row(event="deliver", queue="q", id=f"i{n}", priority=1, rank=254, tenant=t, consumer="c", task=None,
-                deliveries=1, reason=None, ts=None, ms=1000 + n, sid=f"{1000 + n}-0")
-            for n, t in enumerate("aaab")]
-    df = spark.createDataFrame(rows, schema="event string, queue string, id string, priority int, rank int, "
-                               "tenant string, consumer string, task string, deliveries int, reason string, "
-                               "ts timestamp, ms bigint, sid string")
+    df = deliveries_frame(spark, [(t, 254) for t in "aaab"])
     out = analyze(df, window_seconds=10)
     [fair] = out["fairness"].collect()
     assert (fair.tenants, fair.deliveries) == (2, 4)
     assert fair.jain == pytest.approx(16 / (2 * (9 + 1)))
+    assert fair.jain_within_rank == pytest.approx(fair.jain)  # one rank: the same
     assert {r.tenant: r.share for r in out["share"].collect()} == {"a": 0.75, "b": 0.25}
     # weights 3:1 make this window exactly fair
     [weighted] = analyze(df, window_seconds=10, weights={"a": 3})["fairness"].collect()
     assert weighted.jain == pytest.approx(1.0)
+
+
+def test_jain_within_a_rank_leaves_strict_priority_out(spark):
+    # a and b share rank 0 equally; c alone at rank 5 gets 2: unequal overall, fair within ranks
+    [fair] = analyze(deliveries_frame(spark, [("a", 0), ("b", 0), ("c", 5), ("c", 5)]),
+                     window_seconds=10)["fairness"].collect()
+    assert fair.jain == pytest.approx(16 / (3 * 6))
+    assert fair.jain_within_rank == pytest.approx(1.0)
 
 
 def test_bad_arguments_are_named(spark):
