@@ -19,7 +19,7 @@ def explain(stale: int = 0) -> dict:
 READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
                            "zscore", "get", "exists"})
 WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
-                            "del", "set"})
+                            "del", "set", "hincrby"})
 
 
 def _cost(cmds: list[str]) -> dict:
@@ -38,21 +38,22 @@ def _commands(stale: int) -> dict:
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
     grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
     md = ["get"]  # every script but extend first reads the queue's mode record
+    ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
     # the window's start; this publish id looked for in both windows, and recorded (answered
     # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts)
     dedupe = ["get", "exists", "hget", "hset"]  # the last window's hash is looked in when it exists
     return {
-        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen"]),
+        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen", *ct]),
         "pop": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen"],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen"],
+            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen", *ct],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen", *ct],
         },
-        "ack": both([*md, "hget", "hdel", "hdel", "zrem"]),
+        "ack": both([*md, "hget", "hdel", "hdel", "zrem", *ct]),
         "extend": both(["time", "hget", "zadd"]),
-        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys"]),
+        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys", *ct]),
         "remove_by_id": {
-            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists"],
-            "S": [*md, "hget", "hexists", "zscore", "hdel"],
+            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists", *ct],
+            "S": [*md, "hget", "hexists", "zscore", "hdel", *ct],
         },
         "change_priority": {
             "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", "lrem", "exists"],
@@ -67,7 +68,7 @@ def _commands(stale: int) -> dict:
             "S": md + ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
         },
         "remove_highest_priority": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel"],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel"],
+            "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel", *ct],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + ["hexists", "hdel", *ct],
         },
     }

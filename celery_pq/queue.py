@@ -491,7 +491,10 @@ class PriorityQueue:
                                  f" tuples, got {item!r}")
             payload, priority, *rest = item
             rest += [None] * (5 - len(rest))
-            norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4]))
+            try:
+                norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4]))
+            except ValueError as exc:
+                raise ValueError(f"insert_many item {item!r}: {exc}") from None
         ids: list = [None] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
         made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}

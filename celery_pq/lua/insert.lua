@@ -173,7 +173,7 @@ for i = 0, n - 1 do
       redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
     end
     redis.call('HSET', ii, eid, entry_header(0, score, tenant, flags, '', ts) .. '|' .. payload)
-    count('enqueued')
+    tally('enqueued')
     emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])
     if due > now then
       redis.call('ZADD', dz, due, eid)

@@ -31,7 +31,7 @@ for i = 1, #taken, 2 do
   local eid, score, v = pi_entry(ii, lt, taken[i], taken[i + 1])
   if eid == false then -- malformed: deleted as asked
     redis.call('HDEL', ii, score)
-    count('removed')
+    tally('removed')
     emit('remove', score, nil, nil, nil, nil, 'purge')
   elseif eid and not seen[eid] then
     seen[eid] = true
@@ -71,6 +71,6 @@ end
 if redis.call('ZCARD', pi) == 0 then
   redis.call('DEL', wk)
 end
-count('removed', #found)
+tally('removed', #found)
 flush_counts()
 return { #found, n }

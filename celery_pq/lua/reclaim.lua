@@ -80,7 +80,7 @@ for _, eid in ipairs(expired) do
       end
     end
     if consumer == '' then
-      count('lease_expired')
+      tally('lease_expired')
     end
     if v and not e then
       set_aside(ii, eid, v, score and (split_score(score)) or 0, now)
@@ -95,7 +95,7 @@ for _, eid in ipairs(expired) do
         if consumer == '' then
           emit('expire', eid, score, t, c, d)
         else
-          count('requeued')
+          tally('requeued')
           emit('requeue', eid, score, t, c, d, 'recovered')
         end
         if fair then

@@ -75,6 +75,6 @@ end
 if list then
   dup_store(dp, id, kept)
 end
-count('removed', removed)
+tally('removed', removed)
 flush_counts()
 return { removed, leased }

@@ -32,7 +32,7 @@ while stale < stale_budget do
     if e.x == 'd' then
       dup_forget(dp, eid)
     end
-    count('removed')
+    tally('removed')
     emit('remove', eid, score, e.t, nil, nil, 'highest')
     flush_counts()
     return { eid, score, v }

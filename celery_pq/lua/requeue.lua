@@ -79,7 +79,7 @@ if dead_reason ~= '' then
   return 2
 end
 to_waiting(ii, pi, eid, v, e, bar, score)
-count('requeued')
+tally('requeued')
 emit('requeue', eid, score, tenant, lease.c, e.d, count_delivery and 'rejected' or 'restored')
 if fair then
   fair_add(tenant, score, eid)

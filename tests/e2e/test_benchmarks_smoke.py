@@ -18,6 +18,10 @@ def test_benchmarks_run_and_write_results(tmp_path):
     tput = json.loads((tmp_path / "throughput.json").read_text())
     assert set(tput["results"]) == {"publish", "consume_prefetch_1", "consume_prefetch_10"}
     assert all(row["ratio"] > 0 for row in tput["results"].values())
+    events = json.loads((tmp_path / "events_cost.json").read_text())
+    assert set(events["results"]) == {"publish", "consume_prefetch_1", "consume_prefetch_10"}
+    assert all(row["ratio"] > 0 for row in events["results"].values())
+    assert events["stream"]["entries"] > 0  # the "on" runs logged
     fair = json.loads((tmp_path / "fairness.json").read_text())
     assert {"dwell_ratio", "tenant_cost_ratio"} <= set(fair["summary"])
     e2e = json.loads((tmp_path / "celery_e2e.json").read_text())

@@ -154,7 +154,7 @@ def test_insert_many_refuses_malformed_items(world):
     q, _, _ = world
 
     @FUZZ
-    @given(item=st.sampled_from([None, (), (b"x",), b"xy", 5, (b"x", 5, "id", None, None, None, "extra"), {"a": 1}]))
+    @given(item=st.sampled_from([None, (), (b"x",), b"xy", 5, (b"x", 5, "id", None, None, None, None, "extra"), (b"x", 5, "id", None, None, None, 5), {"a": 1}]))
     def check(item):
         refused(world, lambda: q.insert_many([(b"ok", 1), item]), "item", item)
 

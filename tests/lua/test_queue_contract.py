@@ -262,9 +262,9 @@ def test_duplicate_ids_are_both_kept_and_acked_independently(q, redis_client):
     assert q.ack(first) is True
     assert q.stats()["leased"] == 1
     assert q.ack(second) is True
-    # only the sequence counter, the mode record and the window of publish ids remain
+    # only the sequence counter, the mode record, the window of publish ids and the counters remain
     left = {k for k in q.keys.all() if redis_client.exists(k)}
-    assert left <= {q.keys.sq, q.keys.md, q.keys.pd, q.keys.pe, q.keys.pt}, left
+    assert left <= {q.keys.sq, q.keys.md, q.keys.pd, q.keys.pe, q.keys.pt, q.keys.ct}, left
     assert redis_client.hlen(q.keys.dp) == 0
 
 

@@ -119,9 +119,9 @@ local function counter_add(name, n)
   redis.call('HINCRBY', CTX.stem .. 'ct', name, n or 1)
 end
 
--- Count n (default 1) on counter name, written once per script by flush_counts: a call that
+-- Add n (default 1) to counter name, written once per script by flush_counts: a call that
 -- delivers ten entries adds 10 with one command.
-local function count(name, n)
+local function tally(name, n)
   CTX.cnt[name] = (CTX.cnt[name] or 0) + (n or 1)
 end
 
@@ -152,20 +152,22 @@ end
 -- The event log (docs/events.md): when it is on (CTX.ev, the stream's approximate cap), the
 -- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
 -- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
+local UUID_TEXT = '%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x'
+
 local function text_id(eid)
-  if string.byte(eid, 1) == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py)
-    local h = string.gsub(string.sub(eid, 2, 17), '.', function(c)
-      return string.format('%02x', string.byte(c))
-    end)
-    return string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-' .. string.sub(h, 13, 16) .. '-' ..
-        string.sub(h, 17, 20) .. '-' .. string.sub(h, 21, 32) .. string.sub(eid, 18)
-  elseif string.byte(eid, 1) == 2 then
+  local b = string.byte(eid, 1)
+  if b == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py); one format, no callbacks
+    return string.format(UUID_TEXT, string.byte(eid, 2, 17)) .. string.sub(eid, 18)
+  elseif b == 2 then
     return string.sub(eid, 2)
   end
   return eid
 end
 
 local function unescape(text)
+  if not string.find(text, '%', 1, true) then
+    return text
+  end
   return (string.gsub(text, '%%(%x%x)', function(h)
     return string.char(tonumber(h, 16))
   end))
@@ -194,10 +196,13 @@ local function emit(e, eid, score, t, c, n, r, task)
     k = fmt(rank)
     p = string.sub(CTX.mode, 3, 3) == 'h' and fmt(255 - rank) or k
   end
-  CTX.now = CTX.now or now_ms()
-  redis.call('XADD', CTX.stem .. 'ev', 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', queue_name(),
+  if not CTX.now_s then -- once per script: the time, the cap, the key and the name as strings
+    CTX.now_s, CTX.ev_s, CTX.ev_key = fmt(now_ms()), fmt(CTX.ev), CTX.stem .. 'ev'
+    queue_name()
+  end
+  redis.call('XADD', CTX.ev_key, 'MAXLEN', '~', CTX.ev_s, '*', 'e', e, 'q', CTX.qname,
     'id', eid and text_id(eid) or '', 'p', p, 'k', k, 't', t and unescape(t) or '', 'c', c or '',
-    'task', task or '', 'n', n and fmt(n) or '', 'r', r or '', 'ms', fmt(CTX.now))
+    'task', task or '', 'n', n and fmt(n) or '', 'r', r or '', 'ms', CTX.now_s)
 end
 
 local function level_key(pi, rank)
@@ -418,9 +423,9 @@ local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
   P.deadline[#P.deadline + 1] = P.until_ms
   P.deadline[#P.deadline + 1] = eid
-  count('delivered')
+  tally('delivered')
   if d > 1 then
-    count('redelivered')
+    tally('redelivered')
   end
   emit('deliver', eid, score, t, consumer, d)
   local out = P.out
@@ -516,7 +521,7 @@ local function ack_one(ii, lz, lt, dp, eid, token)
   if lease.x == 'd' then
     dup_forget(dp, eid)
   end
-  count('acked')
+  tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
 end
