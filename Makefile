@@ -11,6 +11,8 @@
 # The tests, the benchmarks and the demo start their own redis-server processes on
 # free ports (celery_pq.testing); scripts/ensure-redis-server.sh finds (or, as root
 # on Debian/Ubuntu, installs) the binary and its path is handed over in PQ_REDIS_SERVER.
+# The Spark tests need Java 17: scripts/ensure-java.sh finds (or, as root on Debian/Ubuntu,
+# installs) it, and its directory goes first on PATH.
 #
 # Installing says in one line what it installs; pip's output goes to .venv/pip.log
 # and is printed in full only when pip fails (scripts/quietly.sh).
@@ -20,6 +22,7 @@ VENV        := .venv
 VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 ENSURE_REDIS := bash scripts/ensure-redis-server.sh
+ENSURE_JAVA := bash scripts/ensure-java.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
@@ -63,7 +66,8 @@ redis:
 
 test: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER"; \
+	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
+	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER java=$$JAVA"; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
@@ -82,6 +86,7 @@ spark-demo: install
 
 bench: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
 	$(VPY) -m benchmarks.run $(BENCH_ARGS)
 
 profile: install

@@ -31,6 +31,8 @@ def test_benchmarks_run_and_write_results(tmp_path):
     assert json.loads((tmp_path / "bulk.json").read_text())["ours_per_second"] > 0
     peers = json.loads((tmp_path / "peers.json").read_text())
     assert peers["per_second"]["pq pop+ack x8"] > 0
+    spark = json.loads((tmp_path / "spark_bulk.json").read_text())
+    assert spark["stored"] == spark["rows"] == 2_000 and spark["ratio"] > 0
 
 
 @pytest.mark.slow

@@ -1,0 +1,194 @@
+"""The celery_pq writer and enqueue() on local Spark against a real redis-server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_pq import PriorityQueue
+from celery_pq.spark import enqueue
+
+pytestmark = pytest.mark.spark
+
+
+def write(df, url, prefix, **options):
+    w = df.write.format("celery_pq").mode("append").option("broker", url).option("key_prefix", prefix)
+    for k, v in options.items():
+        w = w.option(k, v)
+    w.save()
+
+
+def stored(client, prefix, queue="celery", **kw):
+    """{task id: (priority, tenant, message)} of every entry of a queue (waiting or delayed)."""
+    q = PriorityQueue.open(client, queue, key_prefix=prefix, **kw)
+    out = {}
+    for eid, value in client.hgetall(q.keys.ii).items():
+        header, payload = value.split(b"|", 1)
+        message = json.loads(payload)
+        out[message["headers"]["id"]] = message
+    return q, out
+
+
+@pytest.fixture
+def url(redis_server):
+    return f"pq://127.0.0.1:{redis_server.port}/0"
+
+
+def test_each_row_becomes_the_task_message_celery_itself_would_store(spark, url, redis_client, key_prefix):
+    # Given one row, and the same task sent by Celery with the same id, args and kwargs
+    df = spark.createDataFrame([("t-1", 7, "cat.png", 3)], "task_id string, image_id int, name string, priority int")
+    write(df, url, key_prefix, task="proj.resize", args="image_id", kwargs="name", queue="spark")
+    app = Celery("ref", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = {"key_prefix": key_prefix}
+    app.send_task("proj.resize", args=[7], kwargs={"name": "cat.png"}, task_id="t-1", queue="celery", priority=3)
+    # Then both messages agree on everything but what differs per publish
+    _, ours = stored(redis_client, key_prefix, "spark")
+    _, theirs = stored(redis_client, key_prefix, "celery")
+    a, b = ours["t-1"], theirs["t-1"]
+    assert a["body"] == b["body"]  # base64 of [args, kwargs, embed]
+    assert {k: a[k] for k in ("content-type", "content-encoding")} == {k: b[k] for k in ("content-type",
+                                                                                         "content-encoding")}
+    assert set(a["headers"]) == set(b["headers"])
+    for h in ("lang", "task", "id", "root_id", "parent_id", "group", "retries", "eta", "expires", "argsrepr",
+              "kwargsrepr", "timelimit", "stamps"):
+        assert a["headers"][h] == b["headers"][h], h
+    assert set(a["properties"]) == set(b["properties"])
+    for p in ("correlation_id", "priority", "body_encoding", "delivery_mode"):
+        assert a["properties"][p] == b["properties"][p], p
+    assert a["properties"]["delivery_info"] == {"exchange": "", "routing_key": "spark"}
+
+
+def test_priorities_tenants_queues_and_delays_land_where_the_columns_say(spark, url, redis_client, key_prefix):
+    now = datetime.now(timezone.utc)
+    rows = [(i, i % 256, ["acme", "beta"][i % 2], None if i % 5 else 3600.0,
+             "other" if i == 7 else None) for i in range(40)]
+    df = spark.createDataFrame(rows, "n int, priority int, tenant string, countdown double, queue string")
+    write(df, url, key_prefix, task="proj.t", args="n", fair_key="tenant")
+    q, msgs = stored(redis_client, key_prefix, "celery", fair=True)
+    q2, other = stored(redis_client, key_prefix, "other", fair=True)
+    assert len(msgs) == 39 and len(other) == 1
+    by_n = {json.loads(base64.b64decode(m["body"]))[0][0]: m for m in [*msgs.values(), *other.values()]}
+    for n, p, tenant, countdown, _ in rows:
+        m = by_n[n]
+        assert m["properties"]["priority"] == p and m["headers"]["tenant"] == tenant
+        if countdown:
+            eta = datetime.fromisoformat(m["headers"]["eta"])
+            assert timedelta(seconds=3500) < eta - now < timedelta(seconds=3700)
+    st = q.stats()
+    assert st["delayed"] == 8 and st["waiting"] == 31
+    assert q.tenant_stats() == {"acme": {"waiting": 16, "leased": 0}, "beta": {"waiting": 15, "leased": 0}}
+    # delivery order: strict priority (higher first), as for any publish
+    leases = q.pop(31)
+    assert [lease.priority for lease in leases] == sorted((p for n, p, _, c, qn in rows if not c and qn is None),
+                                                          reverse=True)
+    assert {lease.tenant for lease in leases} == {"acme", "beta"}
+
+
+@pytest.mark.parametrize("ids", ["task_id", "key", "content"])
+def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_client, key_prefix, tmp_path, ids):
+    # Given 4 partitions whose first attempt fails after sending 300 of its 500 rows
+    n = 2000
+    df = spark.range(n).selectExpr("id as n", "concat('job-', id) as task_id", "cast(id % 10 as int) as priority")
+    if ids != "task_id":
+        df = df.drop("task_id")
+    df = df.repartition(4)
+    opts = dict(task="proj.t", args="n", batch_rows="100", test_fail_once_after="300",
+                test_fail_once_marker=str(tmp_path))
+    if ids == "key":
+        opts["key"] = "n"
+    # When Spark runs the write, retrying each failed task
+    write(df, url, key_prefix, **opts)
+    # Then every partition failed once, and each row is in the queue once
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"failed-{i}" for i in range(4)]
+    q, msgs = stored(redis_client, key_prefix)
+    assert q.size() == n == len(msgs)
+    body_ns = sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in msgs.values())
+    assert body_ns == list(range(n))
+    # And the whole write run again (within dedupe_seconds) stores nothing new
+    write(df, url, key_prefix, task="proj.t", args="n", **({"key": "n"} if ids == "key" else {}))
+    assert q.size() == n
+
+
+def test_bad_rows_come_back_as_rejects_with_reasons_and_the_rest_is_sent(spark, url, redis_client, key_prefix):
+    df = spark.createDataFrame([
+        ("ok-1", 1, 5, None, None),
+        ("ok-2", 2, None, 10.0, None),            # no priority: default
+        ("bad-1", 3, 300, None, None),            # out of range
+        ("bad-2", 4, -1, None, None),
+        (None, 5, 1, None, None),                 # null task id
+        ("bad-3", 6, 1, -5.0, None),              # negative countdown
+        ("bad-4", 7, 1, None, "tomorrow"),        # not an ISO time
+        ("bad-5", 8, 1, 1.0, "2030-01-01T00:00:00"),  # both
+        ("ok-3", 9, 1, None, "2030-01-01T00:00:00"),
+    ], "task_id string, n int, priority int, countdown double, eta string")
+    result = enqueue(df, url, "proj.t", args=["n"], transport_options={"key_prefix": key_prefix})
+    assert (result.rows, result.sent, result.rejected) == (9, 3, 6)
+    rejects = {r["n"]: r["reason"] for r in result.rejects.collect()}
+    assert set(rejects) == {3, 4, 5, 6, 7, 8}
+    assert "300" in rejects[3] and "out of range" in rejects[3]
+    assert "task_id" in rejects[5]
+    assert "countdown" in rejects[6] and "ISO 8601" in rejects[7] and "both" in rejects[8]
+    assert result.rejects.columns == ["task_id", "n", "priority", "countdown", "eta", "reason"]
+    assert sum(result.reasons.values()) == 6
+    q, msgs = stored(redis_client, key_prefix)
+    assert set(msgs) == {"ok-1", "ok-2", "ok-3"} and q.stats()["delayed"] == 2
+
+
+def test_on_reject_fail_fails_the_write_naming_the_reason(spark, url, key_prefix):
+    df = spark.createDataFrame([("a", 1), ("b", 999)], "task_id string, priority int").coalesce(1)
+    with pytest.raises(Exception, match="on_reject='fail'") as info:
+        write(df, url, key_prefix, task="proj.t", on_reject="fail")
+    assert "999" in str(info.value)
+
+
+def test_a_float_or_string_priority_is_rejected_not_rounded(spark, url, key_prefix):
+    df = spark.createDataFrame([("a", 1.5), ("b", 2.0)], "task_id string, priority double")
+    result = enqueue(df, url, "proj.t", transport_options={"key_prefix": key_prefix})
+    assert result.rejected == 2 and all("integer" in r["reason"] for r in result.rejects.collect())
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"task": "proj.t"}, "option 'broker' is required"),
+    ({"broker": "URL"}, "option 'task' is required"),
+    ({"broker": "URL", "task": "proj.t", "args": "n,nope"}, "option 'args' names column(s) 'nope'"),
+    ({"broker": "URL", "task": "proj.t", "kwargs": "missing"}, "option 'kwargs' names column(s) 'missing'"),
+    ({"broker": "URL", "task": "proj.t", "priority_order": "sideways"}, "priority_order must be one of"),
+    ({"broker": "URL", "task": "proj.t", "kwarg": "n"}, "unknown option(s) 'kwarg'"),
+    ({"broker": "URL", "task": "proj.t", "batch_rows": "lots"}, "option 'batch_rows' must be an integer"),
+    ({"broker": "URL", "task": "proj.t", "on_reject": "shrug"}, "option 'on_reject' must be one of"),
+    ({"broker": "amqp://localhost", "task": "proj.t"}, "option 'broker' must be a pq://"),
+])
+def test_option_errors_name_the_option(spark, url, key_prefix, options, message):
+    df = spark.createDataFrame([(1,)], "n int")
+    w = df.write.format("celery_pq").mode("append").option("key_prefix", key_prefix)
+    for k, v in options.items():
+        w = w.option(k, url if v == "URL" else v)
+    with pytest.raises(Exception, match=re.escape(message)):
+        w.save()
+
+
+def test_overwrite_mode_and_a_tenant_without_fair_key_are_refused(spark, url, key_prefix):
+    df = spark.createDataFrame([(1, "acme")], "n int, tenant string")
+    w = df.write.format("celery_pq").option("broker", url).option("task", "t").option("key_prefix", key_prefix)
+    with pytest.raises(Exception, match="fair_key"):
+        w.mode("append").save()
+    with pytest.raises(Exception, match="append"):
+        w.mode("overwrite").option("fair_key", "tenant").save()
+
+
+def test_enqueue_takes_a_celery_app(spark, redis_server, redis_client, key_prefix):
+    app = Celery("proj", broker=f"pq://127.0.0.1:{redis_server.port}/0", set_as_current=False)
+    app.conf.broker_transport_options = {"key_prefix": key_prefix, "priority_order": "lower_first"}
+    df = spark.createDataFrame([(i, i) for i in range(5)], "n int, priority int")
+    result = enqueue(df, app, "proj.t", args="n", queue="work", key="n")
+    assert (result.sent, result.rejected) == (5, 0)
+    q = PriorityQueue.open(redis_client, "work", key_prefix=key_prefix)
+    assert q.mode["priority_order"] == "lower_first"
+    assert [lease.priority for lease in q.pop(5)] == [0, 1, 2, 3, 4]
+    assert b"work" in redis_client.smembers(f"{key_prefix}:queues")

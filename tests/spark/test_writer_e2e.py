@@ -1,0 +1,30 @@
+"""End to end: a DataFrame written with the celery_pq writer, run by a real Celery worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.test_celery_e2e import Harness, wait_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
+
+
+def test_a_celery_worker_runs_every_row_of_a_dataframe_in_priority_order(spark, redis_server, key_prefix, tmp_path):
+    # Given 60 rows with priorities, written to queue q while no worker runs
+    h = Harness(redis_server, key_prefix, tmp_path, {}, acks_late=False)
+    try:
+        rows = [(i, (i * 37) % 256) for i in range(60)]
+        df = spark.createDataFrame(rows, "n int, priority int")
+        (df.write.format("celery_pq").mode("append").option("broker", h.url).option("key_prefix", key_prefix)
+         .option("task", "e2e.record").option("args", "n").option("kwargs", "priority").option("queue", "q")
+         .option("key", "n").save())
+        # When an unchanged Celery worker consumes q
+        h.worker("w1")
+        wait_for(lambda: len(h.records("order")) == 60, 60, "60 tasks")
+        # Then each row ran once, with its args and kwargs, highest priority first
+        ran = [tuple(r) for r in h.records("order")]
+        assert sorted(ran) == sorted(rows)
+        assert [p for _, p in ran] == sorted((p for _, p in rows), reverse=True)
+        assert h.queue("q").stats()["leased"] == 0
+    finally:
+        h.close()
