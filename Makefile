@@ -82,6 +82,7 @@ demo: install
 # SPARK_DEMO_ARGS="--rows 2000" for a short run; the report lands in spark-demo/report.html
 spark-demo: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
 	$(VPY) -m examples.spark_pipeline $(SPARK_DEMO_ARGS)
 
 bench: install
