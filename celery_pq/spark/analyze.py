@@ -94,11 +94,14 @@ def analyze(events: DataFrame, *, window_seconds: float | None = None,
         return F.timestamp_millis(F.lit(base) + F.col(col) * F.lit(window_ms))
 
     ev = ev.withColumn("bucket", bucket("ms"))
-    entries = _entries(ev)
+    # Cached: every other frame is built from these two (the events and the per-entry rows), and
+    # the rank error's pass over the log is the costliest step: a caller collecting several
+    # frames computes each once.
+    entries = _entries(ev).cache()
     waits = _waits(ev, entries)
     share = _share(ev, window_start)
     fairness = _fairness(ev, entries, bucket, window_start, weights or {})
-    rank_error = _rank_error(ev)
+    rank_error = _rank_error(ev).cache()
     redeliveries = _redeliveries(ev)
     dead = (ev.where(F.col("event") == "dead").drop("task")
             .join(entries.select("queue", "id", "task"), ["queue", "id"], "left")

@@ -74,34 +74,37 @@ def test_window_length_is_round_and_gives_at_most_60_windows():
     assert choose_window_ms(3_600_000) == 60_000
 
 
-def deliveries_frame(spark, tenants_ranks):
+def deliveries_frame(spark, tenants_ranks, gap_after=None):
+    """Deliveries 1 ms apart (10 s apart after the first ``gap_after``)."""
+    def ms(n):
+        return 1000 + n + (10_000 if gap_after is not None and n >= gap_after else 0)
+
     rows = [Row(event="deliver", queue="q", id=f"i{n}", priority=255 - rank, rank=rank, tenant=t, consumer="c",
-                task=None, deliveries=1, reason=None, ts=None, ms=1000 + n, sid=f"{1000 + n}-0")
+                task=None, deliveries=1, reason=None, ts=None, ms=ms(n), sid=f"{ms(n)}-0")
             for n, (t, rank) in enumerate(tenants_ranks)]
     return spark.createDataFrame(rows, schema="event string, queue string, id string, priority int, rank int, "
                                  "tenant string, consumer string, task string, deliveries int, reason string, "
                                  "ts timestamp, ms bigint, sid string")
 
 
-def test_jain_index_and_shares_of_one_window(spark):
-    df = deliveries_frame(spark, [(t, 254) for t in "aaab"])
+def test_jain_index_and_shares_per_window(spark):
+    # window 1 (rank 254 only): a gets 3, b 1. window 2: a and b share rank 0 equally; c alone at
+    # rank 5 gets 2: unequal overall, fair within each rank
+    df = deliveries_frame(spark, [(t, 254) for t in "aaab"] + [("a", 0), ("b", 0), ("c", 5), ("c", 5)],
+                          gap_after=4)
     out = analyze(df, window_seconds=10)
-    [fair] = out["fairness"].collect()
-    assert (fair.tenants, fair.deliveries) == (2, 4)
-    assert fair.jain == pytest.approx(16 / (2 * (9 + 1)))
-    assert fair.jain_within_rank == pytest.approx(fair.jain)  # one rank: the same
-    assert {r.tenant: r.share for r in out["share"].collect()} == {"a": 0.75, "b": 0.25}
-    # weights 3:1 make this window exactly fair
-    [weighted] = analyze(df, window_seconds=10, weights={"a": 3})["fairness"].collect()
+    first, second = out["fairness"].orderBy("bucket").collect()
+    assert (first.tenants, first.deliveries) == (2, 4)
+    assert first.jain == pytest.approx(16 / (2 * (9 + 1)))
+    assert first.jain_within_rank == pytest.approx(first.jain)  # one rank: the same
+    assert (second.tenants, second.deliveries) == (3, 4)
+    assert second.jain == pytest.approx(16 / (3 * 6))
+    assert second.jain_within_rank == pytest.approx(1.0)
+    shares = {(r.bucket - first.bucket, r.tenant): r.share for r in out["share"].collect()}
+    assert shares == {(0, "a"): 0.75, (0, "b"): 0.25, (1, "a"): 0.25, (1, "b"): 0.25, (1, "c"): 0.5}
+    # weights 3:1 make the first window exactly fair
+    weighted = analyze(df, window_seconds=10, weights={"a": 3})["fairness"].orderBy("bucket").first()
     assert weighted.jain == pytest.approx(1.0)
-
-
-def test_jain_within_a_rank_leaves_strict_priority_out(spark):
-    # a and b share rank 0 equally; c alone at rank 5 gets 2: unequal overall, fair within ranks
-    [fair] = analyze(deliveries_frame(spark, [("a", 0), ("b", 0), ("c", 5), ("c", 5)]),
-                     window_seconds=10)["fairness"].collect()
-    assert fair.jain == pytest.approx(16 / (3 * 6))
-    assert fair.jain_within_rank == pytest.approx(1.0)
 
 
 def test_bad_arguments_are_named(spark):
