@@ -122,7 +122,7 @@ def parse_sid(sid: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _text(value) -> str:
+def as_text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -131,11 +131,11 @@ def row(sid, fields: dict) -> tuple:
     null, numbers are ints, ``ts`` is a UTC datetime."""
     from datetime import datetime, timezone
 
-    f = {_text(k): _text(v) for k, v in fields.items()}
+    f = {as_text(k): as_text(v) for k, v in fields.items()}
     out = []
     for name, field, _ in COLUMNS:
         if field is None:
-            out.append(_text(sid))
+            out.append(as_text(sid))
             continue
         value = f.get(field, "")
         if value == "":
@@ -158,7 +158,7 @@ def scan(client, key: str, after: str | None, upto: str, page: int = PAGE):
         yield from batch
         if len(batch) < page:
             return
-        lo = "(" + _text(batch[-1][0])
+        lo = "(" + as_text(batch[-1][0])
 
 
 def stream_info(client, key: str) -> dict:
@@ -173,8 +173,8 @@ def stream_info(client, key: str) -> dict:
     last, first = info.get("last-entry"), info.get("first-entry")
     length = int(info.get("length", 0))
     return {
-        "last": _text(last[0]) if last else None,
-        "first": _text(first[0]) if first else None,
+        "last": as_text(last[0]) if last else None,
+        "first": as_text(first[0]) if first else None,
         # Redis < 7 does not count entries added: then no trim can be detected.
         "added": int(info.get("entries-added", length)),
         "length": length,

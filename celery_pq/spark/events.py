@@ -29,7 +29,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from .eventlog import COLUMNS, EventLogGap, Settings, _text, check_gap, parse_sid, row, scan, stream_info, trimmed
+from .eventlog import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
 NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
@@ -174,7 +174,7 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Positions continue from the start's, or from the oldest entry left if the events
             # after the start were trimmed meanwhile (partitions() reports that gap).
             info = stream_info(self.client, self.settings.key(queue))
-            out[queue] = {"sid": _text(batch[-1][0]), "n": max(a["n"], trimmed(info)) + len(batch)}
+            out[queue] = {"sid": as_text(batch[-1][0]), "n": max(a["n"], trimmed(info)) + len(batch)}
             budget -= len(batch)
         return out
 

@@ -165,3 +165,13 @@ def test_real_run_figures(spark, redis_server, redis_client, key_prefix):
     for r in out["share"].collect():
         per_window[r.bucket] += r.deliveries
     assert sum(per_window.values()) == kinds["deliver"]
+
+
+def test_an_empty_log_gives_empty_frames_and_an_empty_report(spark):
+    from celery_pq.spark.events import SCHEMA
+    from celery_pq.spark.report import build_report
+
+    empty = spark.createDataFrame([], SCHEMA)
+    out = analyze(empty)
+    assert all(df.count() == 0 for df in out.values())
+    assert "The event log is empty." in build_report(empty).html
