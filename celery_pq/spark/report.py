@@ -194,7 +194,8 @@ def build_report(events, *, window_seconds: float | None = None, weights: dict |
         frames = {k: v[v["queue"] == queue].reset_index(drop=True) for k, v in all_frames.items()}
         png = _plots(queue, frames)
         report.images[queue] = png
-        rows = "".join(f"<tr><th>{html.escape(label)}</th>{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
+        rows = "".join(f"<tr><th>{html.escape(label)}</th>"
+                       f"{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
                        for name, label, kind in QUEUE_FIGURES)
         tenants = frames["waits"].merge(frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"],
                                         how="outer")
