@@ -487,8 +487,8 @@ class PriorityQueue:
         items_given = list(items)
         for item in items_given:
             if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
-                raise ValueError(f"insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])"
-                                 f" tuples, got {item!r}")
+                raise ValueError("insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
+                                 f"[, task]]]]]) tuples, got {item!r}")
             payload, priority, *rest = item
             rest += [None] * (5 - len(rest))
             try:

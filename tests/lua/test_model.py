@@ -69,6 +69,8 @@ settings.register_profile("soak", max_examples=60, stateful_step_count=120, **_c
 STALE_SLACK = 128
 #: A delayed entry is due after this many ms ("short") or after an hour ("long").
 SHORT_MS, LONG_MS = 30, 3_600_000
+#: The event log's cap: more than a run logs (the teardown compares the whole log with the counters).
+EVENT_CAP = 1_000_000
 #: Lease length of every pop: only the expiry rule makes a lease run out.
 LEASE_SECONDS = 60
 
@@ -225,17 +227,31 @@ class QueueMachine(RuleBasedStateMachine):
     def make_queue(self, order, technique, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, technique=technique)
         self.q = PriorityQueue(self.client, self.name, key_prefix=self.prefix, lease_seconds=LEASE_SECONDS,
-                               max_deliveries=max_deliveries, **self.mode_kwargs)
+                               max_deliveries=max_deliveries, event_log=EVENT_CAP, **self.mode_kwargs)
 
     def teardown(self):
         try:
             if self.q is not None:
                 self.drain_and_check()
+                self.events_agree_with_counters()
         finally:
             keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
             if keys:
                 self.client.delete(*keys)
             self.client.close()
+
+    def events_agree_with_counters(self):
+        """The event log and the counters are written by the same scripts, independently: after
+        the whole run, each kind of event was logged as often as its counter counted."""
+        events = self.q.events()
+        assert len(events) < EVENT_CAP  # nothing trimmed: every event of the run is there
+        kinds = Counter(e["e"] for e in events)
+        c = self.q.counters()
+        assert (kinds["enqueue"], kinds["deliver"], kinds["ack"], kinds["requeue"], kinds["dead"]) == \
+            (c["enqueued"], c["delivered"], c["acked"], c["requeued"], c["dead_lettered"]), (kinds, c)
+        assert sum(1 for e in events if e["e"] == "deliver" and e["n"] > 1) == c["redelivered"]
+        assert sum(1 for e in events if e["e"] == "remove" and e["r"] != "dead_dropped") == c["removed"]
+        assert kinds["expire"] <= c["lease_expired"]
 
     # -- the model ------------------------------------------------------------------------------
     def rank(self, priority: int) -> int:
@@ -818,7 +834,7 @@ class FairMachine(QueueMachine):
         self.mode_kwargs = dict(priority_order=order, fair_scope=scope)
         self.q = PriorityQueue(self.client, self.name, key_prefix=self.prefix, lease_seconds=LEASE_SECONDS,
                                max_deliveries=max_deliveries, fair=True, tenant_concurrency=conc or None,
-                               **self.mode_kwargs)
+                               event_log=EVENT_CAP, **self.mode_kwargs)
         self.fq = Fair(self, scope == "within_priority", conc)
 
     def expect_pop(self, count, view):

@@ -152,12 +152,11 @@ end
 -- The event log (docs/events.md): when it is on (CTX.ev, the stream's approximate cap), the
 -- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
 -- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
-local UUID_TEXT = '%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x'
-
 local function text_id(eid)
   local b = string.byte(eid, 1)
-  if b == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py); one format, no callbacks
-    return string.format(UUID_TEXT, string.byte(eid, 2, 17)) .. string.sub(eid, 18)
+  if b == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py): its 16 bytes as six numbers
+    local u1, u2, u3, u4, u5, u6 = struct.unpack('>I4I2I2I2I2I4', eid, 2)
+    return string.format('%08x-%04x-%04x-%04x-%04x%08x%s', u1, u2, u3, u4, u5, u6, string.sub(eid, 18))
   elseif b == 2 then
     return string.sub(eid, 2)
   end
@@ -196,13 +195,19 @@ local function emit(e, eid, score, t, c, n, r, task)
     k = fmt(rank)
     p = string.sub(CTX.mode, 3, 3) == 'h' and fmt(255 - rank) or k
   end
-  if not CTX.now_s then -- once per script: the time, the cap, the key and the name as strings
-    CTX.now_s, CTX.ev_s, CTX.ev_key = fmt(now_ms()), fmt(CTX.ev), CTX.stem .. 'ev'
-    queue_name()
+  local id, tt, nn = eid and text_id(eid) or '', t and unescape(t) or '', n and fmt(n) or ''
+  if CTX.now_s then
+    redis.call('XADD', CTX.ev_key, '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p, 'k', k, 't', tt,
+      'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s)
+    return
   end
-  redis.call('XADD', CTX.ev_key, 'MAXLEN', '~', CTX.ev_s, '*', 'e', e, 'q', CTX.qname,
-    'id', eid and text_id(eid) or '', 'p', p, 'k', k, 't', t and unescape(t) or '', 'c', c or '',
-    'task', task or '', 'n', n and fmt(n) or '', 'r', r or '', 'ms', CTX.now_s)
+  -- The first event of a script call: the time, the key and the name made once, and the stream
+  -- trimmed to about its cap. Only this XADD trims (MAXLEN costs more than the rest of an XADD),
+  -- so the stream holds at most one call's events more than MAXLEN ~ would keep.
+  CTX.now_s, CTX.ev_key = fmt(now_ms()), CTX.stem .. 'ev'
+  queue_name()
+  redis.call('XADD', CTX.ev_key, 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p,
+    'k', k, 't', tt, 'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s)
 end
 
 local function level_key(pi, rank)
