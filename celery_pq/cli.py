@@ -73,13 +73,14 @@ def remove(ctx, queue, task_id):
 def export_events(ctx, queues, out, on_gap, as_json):
     """Append the event log of QUEUES logged since the last export to --out (Parquet)."""
     from .spark.eventlog import EventLogGap
+    from .spark.export import ExportBusy
     from .spark.export import export_events as export
 
     with ctx.obj.app.connection_for_write() as conn:
         channel = broker_channel(conn)
         try:
             result = export(channel.client, list(queues), out, key_prefix=channel.options.key_prefix, on_gap=on_gap)
-        except (EventLogGap, ValueError) as exc:
+        except (EventLogGap, ExportBusy, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
     for gap in result.gaps:
         click.echo(f"warning: {gap}", err=True)

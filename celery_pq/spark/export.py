@@ -9,7 +9,8 @@ data, in ``<out>/_offsets.json`` (Spark and pyarrow skip files starting with ``_
 second run appends only the events after it. Each file is written under a hidden name and
 renamed when complete, and its name ends with the id and position of its last event
 (``part-<queue>-<ms>-<seq>-<position>.parquet``), so a run cut short between writing a file and updating
-the offsets is resumed from the files themselves: no event is exported twice or skipped.
+the offsets is resumed from the files themselves: no event is exported twice or skipped. One run
+at a time writes to a directory (a lock file, ``.lock``); a second one stops with ExportBusy.
 
 Events the stream's cap trimmed before they were exported are gone; the export detects it
 (``eventlog.check_gap``) and says so, or stops with ``on_gap="fail"``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -27,8 +29,13 @@ from ..constants import KEY_PREFIX
 from .eventlog import COLUMNS, PAGE, check_gap, events_key, parse_sid, queue_names, row, scan, stream_info, trimmed
 
 OFFSETS = "_offsets.json"
+LOCK = ".lock"  # held (flock) while a run writes: one export at a time per directory
 #: Events per Parquet file at most (a file per export step and queue otherwise).
 ROWS_PER_FILE = 200_000
+
+
+class ExportBusy(RuntimeError):
+    """Another export is writing to the same directory."""
 
 
 @dataclass
@@ -121,6 +128,26 @@ def export_events(client, queues, out, *, key_prefix: str = KEY_PREFIX, on_gap: 
     if not isinstance(rows_per_file, int) or rows_per_file < 1:
         raise ValueError(f"rows_per_file must be a positive integer, got {rows_per_file!r}")
     out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        return _export(client, names, out, key_prefix, on_gap, rows_per_file, page)
+
+
+@contextmanager
+def _locked(out: Path):
+    import fcntl
+
+    with open(out / LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportBusy(f"another export-events is writing to {str(out)!r}; run one at a time") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _export(client, names, out, key_prefix, on_gap, rows_per_file, page) -> ExportResult:
     offsets = read_offsets(out)
     result = ExportResult(out, offsets=dict(offsets))
     schema = arrow_schema()

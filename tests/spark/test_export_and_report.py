@@ -18,7 +18,7 @@ import pytest
 from celery_pq.errors import ConfigError
 from celery_pq.spark import analyze
 from celery_pq.spark.eventlog import EventLogGap
-from celery_pq.spark.export import OFFSETS, export_events, read_offsets
+from celery_pq.spark.export import LOCK, OFFSETS, ExportBusy, export_events, read_offsets
 from celery_pq.spark.report import QUEUE_FIGURES, TENANT_FIGURES, fmt, write_report
 from tests.support.events import real_run, xadd_event
 
@@ -85,6 +85,20 @@ def test_export_bad_input_is_named(redis_client, key_prefix, tmp_path):
     with pytest.raises(ValueError, match="is not an offsets file"):
         export_events(redis_client, "a", tmp_path / "o", key_prefix=key_prefix)
     assert a_file.read_text() == "x"  # nothing lost
+
+
+def test_one_export_at_a_time_per_directory(redis_client, key_prefix, tmp_path):
+    import fcntl
+
+    out = tmp_path / "ev"
+    add(redis_client, key_prefix, "a", ["a0"])
+    out.mkdir()
+    with open(out / LOCK, "a") as held:  # another run holds the directory
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ExportBusy, match="another export-events is writing to"):
+            export_events(redis_client, "a", out, key_prefix=key_prefix)
+        fcntl.flock(held, fcntl.LOCK_UN)
+    assert export_events(redis_client, "a", out, key_prefix=key_prefix).exported == {"a": 1}
 
 
 def figures_of(html_text):
