@@ -43,6 +43,7 @@ INT_FIELDS = frozenset({"p", "k", "n", "ms"})
 #: that a reply stays a few megabytes.
 PAGE = 5000
 ON_GAP = ("warn", "fail")
+STARTING = ("earliest", "latest")
 SCHEMES = {"pq": "redis", "pqs": "rediss", "redis": "redis", "rediss": "rediss"}
 
 
@@ -85,6 +86,7 @@ class Settings:
     key_prefix: str
     on_gap: str
     max_events: int | None  # maxEventsPerTrigger
+    starting: str = "earliest"  # startingPosition of a new streaming query
 
     @classmethod
     def parse(cls, options) -> "Settings":
@@ -104,7 +106,11 @@ class Settings:
             if max_events < 1:
                 raise ConfigError(f"option 'maxEventsPerTrigger' must be a positive integer, "
                                   f"got {opts['maxeventspertrigger']!r}")
-        return cls(redis_url(opts.get("broker")), tuple(queue_names(opts.get("queue"))), prefix, on_gap, max_events)
+        starting = opts.get("startingposition", "earliest")
+        if starting not in STARTING:
+            raise ConfigError(f"option 'startingPosition' must be one of {STARTING}, got {starting!r}")
+        return cls(redis_url(opts.get("broker")), tuple(queue_names(opts.get("queue"))), prefix, on_gap, max_events,
+                   starting)
 
     def client(self):
         import redis

@@ -14,7 +14,8 @@ Options: ``broker`` (``pq://``, ``pqs://``, ``redis://`` or ``rediss://`` URL; r
 ``queue`` (one name or a comma-separated list; required), ``key_prefix`` (default ``pq``),
 ``on_gap`` (``warn``, the default, or ``fail``: what to do when events the reader has not read
 yet were trimmed by the stream's cap), ``maxEventsPerTrigger`` (streaming: most events per
-micro-batch, over all queues).
+micro-batch, over all queues), ``startingPosition`` (streaming: ``earliest``, the default, or
+``latest``: where a new query starts; a restarted one goes on from its checkpoint).
 
 The stream reader's offset is the last stream id read per queue (``{"orders": "1700000000000-3"}``),
 so a query restarted from its checkpoint goes on after the last event it committed: no gap and no
@@ -125,10 +126,16 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def initialOffset(self) -> dict:
+        if self.settings.starting == "latest":  # a new query reads only what is logged from now on
+            return self._latest()
+        return self._earliest()
+
+    def _earliest(self) -> dict:
         return {q: {"sid": "0-0", "n": 0} for q in self.settings.queues}
 
     def _start(self, start: dict | None) -> dict:
-        return {**self.initialOffset(), **(start or {})}
+        # a queue added to the option since the checkpoint starts from its beginning
+        return {**self._earliest(), **(start or {})}
 
     def _latest(self) -> dict:
         out = {}

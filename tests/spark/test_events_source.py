@@ -74,6 +74,7 @@ def test_batch_read_pages_through_a_long_log(spark, redis_server, redis_client, 
     ({"queue": "a,a"}, "names a queue twice"),
     ({"on_gap": "ignore"}, "option 'on_gap' must be one of"),
     ({"maxEventsPerTrigger": "0"}, "maxEventsPerTrigger' must be a positive integer"),
+    ({"startingPosition": "now"}, "option 'startingPosition' must be one of"),
 ])
 def test_bad_options_are_named(spark, redis_server, key_prefix, options, message):
     reader = spark.read.format("celery_pq_events").option("key_prefix", key_prefix)
@@ -152,3 +153,13 @@ def test_stream_that_fell_behind_the_cap_reports_the_lost_events(spark, redis_se
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     with pytest.raises(Exception, match=r"10 event\(s\) after event .* were trimmed"):
         query.awaitTermination(120)
+
+
+def test_stream_from_the_latest_event_skips_the_past(spark, redis_server, redis_client, key_prefix, tmp_path):
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    add = [xadd_event(redis_client, "late", "enqueue", prefix=key_prefix, id=f"old{i}") for i in range(3)]
+    _stream_to_parquet(spark, redis_server, key_prefix, "late", out, checkpoint, startingPosition="latest")
+    new = [xadd_event(redis_client, "late", "enqueue", prefix=key_prefix, id=f"new{i}") for i in range(2)]
+    _stream_to_parquet(spark, redis_server, key_prefix, "late", out, checkpoint, startingPosition="latest")
+    assert sorted(r.sid for r in spark.read.parquet(str(out)).collect()) == sorted(new)
+    assert add  # the past was there, and was not read
