@@ -1,6 +1,7 @@
 # celery-pq developer entry points.
 #
 #   make demo    install into .venv, then run the demo (examples/demo.py)
+#   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py)
 #   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes
@@ -31,10 +32,11 @@ ENSURE_CHROMIUM := bash scripts/ensure-chromium.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
 DEMO_ARGS   ?=
+SPARK_DEMO_ARGS ?=
 BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
 
-.PHONY: all venv install redis test soak demo bench profile clean
+.PHONY: all venv install redis test soak demo spark-demo bench profile clean
 
 all: test
 
@@ -90,6 +92,12 @@ demo: $(BASE_STAMP)
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	$(VPY) -m examples.demo $(DEMO_ARGS)
 
+# SPARK_DEMO_ARGS="--rows 2000" for a short run; the report lands in spark-demo/report.html
+spark-demo: install
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
+	$(VPY) -m examples.spark_pipeline $(SPARK_DEMO_ARGS)
+
 bench: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
@@ -100,5 +108,5 @@ profile: install
 	$(VPY) -m benchmarks.profile $(PROFILE_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log spark-demo
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

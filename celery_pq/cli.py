@@ -392,3 +392,49 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
         raise click.UsageError(str(exc)) from None
     run(broker_of(ctx), queues, host=host, port=port, allow_actions=allow_actions, token=token, window=window,
         echo=click.echo)
+
+# -- the event log to Spark (celery_pq/spark/: export.py, report.py) --------------------------------
+
+@command(name="export-events")
+@click.argument("queues", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(), help="Parquet directory to append to.")
+@click.option("--on-gap", type=click.Choice(["warn", "fail"]), default="warn",
+              help="Events trimmed by the stream's cap before export: warn (default) or fail.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def export_events(ctx, queues, out, on_gap, as_json):
+    """Append the event log of QUEUES logged since the last export to --out (Parquet)."""
+    from .spark.eventlog import EventLogGap
+    from .spark.export import ExportBusy
+    from .spark.export import export_events as export
+
+    with broker_of(ctx).channel() as channel:
+        try:
+            result = export(channel.client, list(queues), out, key_prefix=channel.options.key_prefix, on_gap=on_gap)
+        except (EventLogGap, ExportBusy, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    for gap in result.gaps:
+        click.echo(f"warning: {gap}", err=True)
+    if as_json:
+        click.echo(json.dumps({"out": str(result.out), "exported": result.exported, "offsets": result.offsets,
+                               "files": [str(f) for f in result.files], "gaps": result.gaps}, indent=2))
+        return
+    for queue, n in result.exported.items():
+        click.echo(f"{queue}: {n} new events, last {result.offsets.get(queue, '-')}")
+
+
+@command()
+@click.argument("events", type=click.Path(exists=True))
+@click.option("--html", "html_path", required=True, type=click.Path(), help="The HTML page to write.")
+@click.option("--png", "png_path", type=click.Path(), help="Also save the first queue's plots as a PNG.")
+@click.option("--window", "window_seconds", type=float, help="Time window in seconds (default: about 60 windows).")
+def report(ctx, events, html_path, png_path, window_seconds):
+    """Render an exported event log (EVENTS, Parquet) as one self-contained HTML page."""
+    from .spark.report import write_report
+
+    if window_seconds is not None and window_seconds <= 0:
+        raise click.BadParameter(f"must be a positive number of seconds, got {window_seconds}", param_hint="--window")
+    try:
+        result = write_report(events, html_path, png_path=png_path, window_seconds=window_seconds)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {html_path} ({len(result.figures)} figures, {len(result.images)} queue(s))")

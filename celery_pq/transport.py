@@ -176,6 +176,7 @@ class Channel(virtual.Channel):
 
     def _put(self, queue, message, **kwargs):
         item = stored_item(queue, message, self.options, self.decode_body)
+        task = (message.get("headers") or {}).get("task") if self.options.event_log else None  # for the event log only
         self.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant, due_ms=item.due_ms,
                                  publish_id=item.publish_id, remember=False, task=item.task)
 

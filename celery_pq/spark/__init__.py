@@ -12,7 +12,14 @@ From DataFrames to tasks::
     result = enqueue(df, app, "proj.tasks.resize", args=["image_id"])
     result.sent, result.rejected, result.rejects.show()
 
-See docs/spark.md for the options, the columns, exactly once and rejects.
+From the event log to analytics::
+
+    events = (spark.read.format("celery_pq_events").option("broker", "pq://redis:6379/0")
+              .option("queue", "default").load())          # or spark.read.parquet(exported)
+    frames = analyze(events)                               # {"waits": DataFrame, "fairness": ...}
+
+See docs/spark.md for the options, the columns, exactly once and rejects, the event log's
+columns and the analysis.
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+# The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
+from .analyze import analyze
 from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource
 
-__all__ = ["CeleryPQDataSource", "EnqueueResult", "enqueue", "read_rejects", "register"]
+__all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 
 
 def register(spark) -> None:

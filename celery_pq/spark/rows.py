@@ -135,8 +135,10 @@ class TaskRows:
             raise Rejected(f"message is {exc.size} bytes, over max_message_bytes={exc.limit}") from None
         except ValueError as exc:
             raise Rejected(str(exc)) from None
-        if tenant is not None and item.tenant != tenant:  # a fair_key function: the column wins
-            item = replace(item, tenant=tenant)
+        # The task name always goes with a row (the queue's event log may be on whatever this
+        # write's options say: its enqueue events then name the task); a tenant column wins over
+        # a fair_key function.
+        item = replace(item, tenant=item.tenant if tenant is None else tenant, task=self.s.task)
         return queue, item
 
     def _repr(self, value, maxsize: int) -> str:

@@ -1,0 +1,368 @@
+"""What the queue did, from its event log: ``analyze(events) -> {name: DataFrame}``.
+
+``events`` is a DataFrame with the columns of the ``celery_pq_events`` source (``event``,
+``queue``, ``id``, ``priority``, ``rank``, ``tenant``, ``consumer``, ``task``, ``deliveries``,
+``reason``, ``ts``, ``ms``, ``sid``), read from Redis or from an ``export-events`` Parquet file.
+The DataFrames returned:
+
+- ``summary``       one row per queue: event counts, span, throughput, waits, rank error, fairness
+- ``entries``       one row per entry: tenant, priority, when it became waiting, its first
+                    delivery, its wait, deliveries, how it ended
+- ``waits``         per queue and tenant: share of all deliveries and wait percentiles (ms)
+                    from waiting (enqueue, or ``due`` for a delayed entry) to first delivery
+- ``share``         per queue, time window and tenant: deliveries and share of the window's
+- ``fairness``      per queue and window: Jain's fairness index over the tenants that were
+                    backlogged or served in the window (1 = equal service, 1/n = one tenant got all),
+                    and the same within each rank (strict priority serves a better rank first)
+- ``rank_error``    one row per delivery: how many waiting entries outranked it when it was
+                    popped (entries waiting at that moment with a strictly smaller rank), the
+                    relaxed priority queue's "priority error inversion" count
+- ``redeliveries``  per queue and tenant: deliveries, redeliveries, requeues, expiries, dead letters
+- ``dead``          one row per dead-lettered entry, with its reason
+- ``throughput``    per queue and window: enqueued, delivered, acked, dead; acks per second
+
+Time windows are ``window_seconds`` long (default: a round length giving about 60 windows over
+the log's span), aligned to multiples of their length since the epoch.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+#: Window lengths auto-selection chooses from (ms): round numbers a reader takes in at a glance.
+NICE_WINDOWS_MS = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000,
+                   600_000, 900_000, 1_800_000, 3_600_000, 7_200_000, 21_600_000, 43_200_000, 86_400_000)
+TARGET_WINDOWS = 60
+RANKS = 256  # ranks 0..255; 0 is served first
+
+#: The events after which an entry is waiting (can be popped), and those after which it is not.
+TO_WAITING = ("requeue", "expire", "due")
+FROM_WAITING = ("deliver", "remove", "dead")
+
+REQUIRED = ("event", "queue", "id", "rank", "tenant", "deliveries", "ms", "sid")
+
+RANK_ERROR_SCHEMA = StructType([
+    StructField("queue", StringType()),
+    StructField("id", StringType()),
+    StructField("sid", StringType()),
+    StructField("ms", LongType()),
+    StructField("tenant", StringType()),
+    StructField("rank", IntegerType()),
+    StructField("rank_error", IntegerType()),
+    StructField("waiting", IntegerType()),
+])
+
+
+def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
+    """The smallest round window length giving at most ``target`` windows over ``span_ms``."""
+    for w in NICE_WINDOWS_MS:
+        if span_ms / w <= target:
+            return w
+    return NICE_WINDOWS_MS[-1]
+
+
+def analyze(events: DataFrame, *, window_seconds: float | None = None,
+            weights: dict[str, float] | None = None) -> dict[str, DataFrame]:
+    """The analysis DataFrames of an event log (see the module docstring).
+
+    ``weights`` (``{tenant: weight}``, others 1) makes Jain's index compare each tenant's
+    deliveries divided by its weight, so a weighted fair share scores 1.
+    """
+    missing = [c for c in REQUIRED if c not in events.columns]
+    if missing:
+        raise ValueError(f"events has no column {', '.join(map(repr, missing))}: expected the columns of the "
+                         f"celery_pq_events source (got {', '.join(events.columns)})")
+    if window_seconds is not None and not (isinstance(window_seconds, (int, float)) and window_seconds > 0):
+        raise ValueError(f"window_seconds must be a positive number of seconds, got {window_seconds!r}")
+    for tenant, weight in (weights or {}).items():
+        if not (isinstance(weight, (int, float)) and weight > 0):
+            raise ValueError(f"weight of tenant {tenant!r} must be a positive number, got {weight!r}")
+
+    ev = events.withColumn("tenant", F.coalesce(F.col("tenant"), F.lit(""))).cache()
+    span = ev.agg(F.min("ms").alias("lo"), F.max("ms").alias("hi")).first()
+    lo, hi = (span["lo"] or 0), (span["hi"] or 0)
+    window_ms = int(window_seconds * 1000) if window_seconds else choose_window_ms(hi - lo)
+    window_ms = max(window_ms, 1)
+    base = lo - lo % window_ms
+
+    def bucket(col):
+        return F.floor((F.col(col) - F.lit(base)) / F.lit(window_ms)).cast("long")
+
+    def window_start(col="bucket"):
+        return F.timestamp_millis(F.lit(base) + F.col(col) * F.lit(window_ms))
+
+    ev = ev.withColumn("bucket", bucket("ms"))
+    # Cached: every other frame is built from these two (the events and the per-entry rows), and
+    # the rank error's pass over the log is the costliest step: a caller collecting several
+    # frames computes each once.
+    entries = _entries(ev).cache()
+    waits = _waits(ev, entries)
+    share = _share(ev, window_start)
+    fairness = _fairness(ev, entries, bucket, window_start, weights or {})
+    rank_error = _rank_error(ev).cache()
+    redeliveries = _redeliveries(ev)
+    dead = (ev.where(F.col("event") == "dead").drop("task")
+            .join(entries.select("queue", "id", "task"), ["queue", "id"], "left")
+            .select("queue", "id", "tenant", "task", "priority", "deliveries", "reason", "ts", "ms")
+            .orderBy("ms"))
+    throughput = _throughput(ev, window_start, window_ms)
+    summary = _summary(ev, entries, rank_error, fairness, window_ms)
+    return {
+        "summary": summary,
+        "entries": entries,
+        "waits": waits,
+        "share": share,
+        "fairness": fairness,
+        "rank_error": rank_error,
+        "redeliveries": redeliveries,
+        "dead": dead,
+        "throughput": throughput,
+    }
+
+
+def _count(event: str):
+    return F.sum(F.when(F.col("event") == event, 1).otherwise(0)).cast("long")
+
+
+def _entries(ev: DataFrame) -> DataFrame:
+    def first_ms(*names):
+        return F.min(F.when(F.col("event").isin(*names), F.col("ms")))
+
+    per = ev.groupBy("queue", "id").agg(
+        F.max(F.when(F.col("tenant") != "", F.col("tenant"))).alias("tenant"),
+        F.first(F.when(F.col("event") == "enqueue", F.col("priority")), ignorenulls=True).alias("priority"),
+        F.first(F.when(F.col("event") == "enqueue", F.col("rank")), ignorenulls=True).alias("rank"),
+        F.first(F.when(F.col("event") == "enqueue", F.col("task")), ignorenulls=True).alias("task"),
+        first_ms("enqueue").alias("enqueue_ms"),
+        first_ms("due").alias("due_ms"),
+        first_ms("deliver").alias("first_deliver_ms"),
+        _count("deliver").alias("deliveries"),
+        (_count("ack") > 0).alias("acked"),
+        (_count("dead") > 0).alias("dead"),
+        (_count("remove") > 0).alias("removed"),
+    )
+    ready = F.coalesce(F.col("due_ms"), F.col("enqueue_ms"))
+    return (per.where(F.col("id").isNotNull())
+            .withColumn("tenant", F.coalesce(F.col("tenant"), F.lit("")))
+            .withColumn("ready_ms", ready)
+            .withColumn("wait_ms", F.col("first_deliver_ms") - F.col("ready_ms")))
+
+
+def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
+    delivered = ev.where(F.col("event") == "deliver").groupBy("queue", "tenant").agg(
+        F.count(F.lit(1)).alias("deliveries"))
+    total = Window.partitionBy("queue")
+    delivered = delivered.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(total))
+    w = F.col("wait_ms")
+    stats = entries.where(w.isNotNull()).groupBy("queue", "tenant").agg(
+        F.count(F.lit(1)).alias("waited"),
+        F.percentile(w, 0.5).alias("wait_p50_ms"),
+        F.percentile(w, 0.9).alias("wait_p90_ms"),
+        F.percentile(w, 0.99).alias("wait_p99_ms"),
+        F.avg(w).alias("wait_mean_ms"),
+        F.max(w).alias("wait_max_ms"),
+    )
+    enq = entries.groupBy("queue", "tenant").agg(F.count(F.lit(1)).alias("entries"))
+    return (enq.join(delivered, ["queue", "tenant"], "full").join(stats, ["queue", "tenant"], "left")
+            .fillna(0, ["entries", "deliveries", "waited"]).fillna(0.0, ["share"])
+            .orderBy("queue", "tenant"))
+
+
+def _share(ev: DataFrame, window_start) -> DataFrame:
+    counts = ev.where(F.col("event") == "deliver").groupBy("queue", "bucket", "tenant").agg(
+        F.count(F.lit(1)).alias("deliveries"))
+    per_window = Window.partitionBy("queue", "bucket")
+    return (counts.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(per_window))
+            .withColumn("window_start", window_start())
+            .select("queue", "window_start", "bucket", "tenant", "deliveries", "share")
+            .orderBy("queue", "bucket", "tenant"))
+
+
+def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
+    """Jain's index per ``by`` + window over the tenants active there (served, or with entries
+    waiting for a first delivery)."""
+    spark = ev.sparkSession
+    keys = [*by, "tenant", "bucket"]
+    # Backlog of each tenant at each window: entries that became waiting before the window's end
+    # and had not had a first delivery before its start.
+    ready = (entries.where(F.col("ready_ms").isNotNull()).withColumn("bucket", bucket("ready_ms"))
+             .groupBy(*keys).agg(F.count(F.lit(1)).alias("ready")))
+    firsts = (entries.where(F.col("first_deliver_ms").isNotNull()).withColumn("bucket", bucket("first_deliver_ms"))
+              .groupBy(*keys).agg(F.count(F.lit(1)).alias("firsts")))
+    served = ev.where(F.col("event") == "deliver").groupBy(*keys).agg(F.count(F.lit(1)).alias("deliveries"))
+    bounds = ev.groupBy("queue").agg(F.min("bucket").alias("b0"), F.max("bucket").alias("b1"))
+    members = (entries.select(*by, "tenant").union(ev.where(F.col("event") == "deliver").select(*by, "tenant"))
+               .where(F.col(by[-1]).isNotNull()).distinct())
+    grid = bounds.select("queue", F.explode(F.sequence("b0", "b1")).alias("bucket")).join(members, "queue")
+    g = (grid.join(ready, keys, "left").join(firsts, keys, "left").join(served, keys, "left")
+         .fillna(0, ["ready", "firsts", "deliveries"]))
+    upto = Window.partitionBy(*by, "tenant").orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
+    g = g.withColumn("backlog", F.sum("ready").over(upto) - (F.sum("firsts").over(upto) - F.col("firsts")))
+    weight = F.lit(1.0)
+    if weights:
+        w_df = spark.createDataFrame([(str(t), float(v)) for t, v in weights.items()], "tenant string, weight double")
+        g = g.join(F.broadcast(w_df), "tenant", "left")
+        weight = F.coalesce(F.col("weight"), F.lit(1.0))
+    g = g.withColumn("x", F.col("deliveries") / weight)
+    active = g.where((F.col("backlog") > 0) | (F.col("deliveries") > 0))
+    out = active.groupBy(*by, "bucket").agg(
+        F.count(F.lit(1)).alias("tenants"),
+        F.sum("deliveries").alias("deliveries"),
+        F.sum("x").alias("sx"),
+        F.sum(F.col("x") * F.col("x")).alias("sxx"),
+    )
+    jain = F.when(F.col("sxx") > 0, F.col("sx") * F.col("sx") / (F.col("tenants") * F.col("sxx")))
+    return out.withColumn("jain", jain).drop("sx", "sxx")
+
+
+def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
+    """Per queue and window: Jain's index over all tenants (``jain``), and within each rank
+    (``jain_within_rank``: the mean over the window's ranks, weighted by their deliveries), the
+    promise of ``fair_scope="within_priority"``, where a better rank is served first whoever
+    waits at a worse one."""
+    overall = _jain(ev, entries, bucket, weights, ["queue"])
+    per_rank = _jain(ev, entries, bucket, weights, ["queue", "rank"])
+    within = per_rank.where(F.col("jain").isNotNull()).groupBy("queue", "bucket").agg(
+        (F.sum(F.col("jain") * F.col("deliveries")) / F.sum("deliveries")).alias("jain_within_rank"))
+    return (overall.join(within, ["queue", "bucket"], "left").withColumn("window_start", window_start())
+            .select("queue", "window_start", "bucket", "tenants", "deliveries", "jain", "jain_within_rank")
+            .orderBy("queue", "bucket"))
+
+
+class Fenwick:
+    """Counts per rank with prefix sums in O(log n): how many waiting entries rank below k."""
+
+    def __init__(self, n: int = RANKS):
+        self.n = n
+        self.tree = [0] * (n + 1)
+
+    def add(self, rank: int, delta: int) -> None:
+        i = rank + 1
+        while i <= self.n:
+            self.tree[i] += delta
+            i += i & -i
+
+    def below(self, rank: int) -> int:
+        """Sum of the counts of ranks 0..rank-1."""
+        i, total = rank, 0
+        while i > 0:
+            total += self.tree[i]
+            i -= i & -i
+        return total
+
+
+def rank_errors(events) -> list[tuple]:
+    """One queue's events (dicts or tuples with ``event, id, rank, tenant, ms, sid``), in stream
+    order, as rows ``(id, sid, ms, tenant, rank, rank_error, waiting)`` per delivery.
+
+    One ordered pass: the waiting entries' ranks in a Fenwick tree. An enqueued entry waits from
+    its enqueue, or from its ``due`` event when it has one (it was delayed); it stops waiting when
+    delivered, removed or dead-lettered, and waits again after a requeue or an expired lease."""
+    events = list(events)
+    delayed = {e[1] for e in events if e[0] == "due"}
+    tree = Fenwick()
+    waiting: dict[str, int] = {}  # entry id -> rank, of the entries waiting now
+    known: dict[str, int] = {}  # entry id -> its last rank seen (a requeue may not repeat it)
+    out = []
+
+    def start(eid, rank):
+        if rank is None or eid in waiting:
+            return
+        waiting[eid] = rank
+        tree.add(rank, 1)
+
+    def stop(eid):
+        rank = waiting.pop(eid, None)
+        if rank is not None:
+            tree.add(rank, -1)
+
+    for event, eid, rank, tenant, ms, sid in events:
+        rank = None if rank is None or rank != rank else int(rank)  # NaN from pandas: none
+        if rank is None:
+            rank = known.get(eid)
+        else:
+            known[eid] = rank
+        if event == "enqueue":
+            if eid not in delayed:
+                start(eid, rank)
+        elif event in TO_WAITING:
+            start(eid, rank)
+        elif event == "deliver":
+            stop(eid)
+            if rank is not None:
+                out.append((eid, sid, ms, tenant, rank, tree.below(rank), len(waiting)))
+        elif event in FROM_WAITING:
+            stop(eid)
+        elif event == "reprioritize" and eid in waiting and rank is not None:
+            stop(eid)
+            start(eid, rank)
+    return out
+
+
+def _rank_error_group(pdf):
+    import pandas as pd
+
+    sid = pdf["sid"].str.split("-", n=1, expand=True)
+    pdf = pdf.assign(_ms=sid[0].astype("int64"), _seq=sid[1].astype("int64")).sort_values(["_ms", "_seq"])
+    queue = pdf["queue"].iloc[0] if len(pdf) else ""
+    rows = rank_errors(zip(pdf["event"], pdf["id"], pdf["rank"], pdf["tenant"], pdf["ms"], pdf["sid"]))
+    cols = ["id", "sid", "ms", "tenant", "rank", "rank_error", "waiting"]
+    out = pd.DataFrame(rows, columns=cols)
+    out.insert(0, "queue", queue)
+    return out.astype({"ms": "int64", "rank": "int32", "rank_error": "int32", "waiting": "int32"})
+
+
+def _rank_error(ev: DataFrame) -> DataFrame:
+    cols = ev.select("queue", "event", "id", "rank", "tenant", "ms", "sid")
+    return cols.groupBy("queue").applyInPandas(_rank_error_group, RANK_ERROR_SCHEMA)
+
+
+def _redeliveries(ev: DataFrame) -> DataFrame:
+    return ev.groupBy("queue", "tenant").agg(
+        _count("deliver").alias("deliveries"),
+        F.sum(F.when((F.col("event") == "deliver") & (F.col("deliveries") > 1), 1).otherwise(0))
+        .cast("long").alias("redeliveries"),
+        _count("requeue").alias("requeues"),
+        _count("expire").alias("expired"),
+        _count("dead").alias("dead"),
+    ).orderBy("queue", "tenant")
+
+
+def _throughput(ev: DataFrame, window_start, window_ms: int) -> DataFrame:
+    return (ev.groupBy("queue", "bucket").agg(
+        _count("enqueue").alias("enqueued"),
+        _count("deliver").alias("delivered"),
+        _count("ack").alias("acked"),
+        _count("dead").alias("dead"),
+    ).withColumn("acked_per_s", F.col("acked") / F.lit(window_ms / 1000.0))
+        .withColumn("window_start", window_start())
+        .select("queue", "window_start", "bucket", "enqueued", "delivered", "acked", "dead", "acked_per_s")
+        .orderBy("queue", "bucket"))
+
+
+def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
+    counts = ev.groupBy("queue").agg(
+        F.count(F.lit(1)).alias("events"),
+        *[_count(e).alias(n) for e, n in (("enqueue", "enqueued"), ("deliver", "delivered"), ("ack", "acked"),
+                                          ("requeue", "requeued"), ("expire", "expired"), ("dead", "dead"),
+                                          ("remove", "removed"))],
+        F.min("ms").alias("first_ms"),
+        F.max("ms").alias("last_ms"),
+    ).withColumn("span_s", (F.col("last_ms") - F.col("first_ms")) / 1000.0)
+    counts = counts.withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
+    waits = entries.where(F.col("wait_ms").isNotNull()).groupBy("queue").agg(
+        F.percentile("wait_ms", 0.5).alias("wait_p50_ms"),
+        F.percentile("wait_ms", 0.99).alias("wait_p99_ms"),
+    )
+    errors = rank_error.groupBy("queue").agg(
+        F.avg("rank_error").alias("rank_error_mean"),
+        F.max("rank_error").alias("rank_error_max"),
+        F.avg(F.when(F.col("rank_error") == 0, 1.0).otherwise(0.0)).alias("rank_exact_share"),
+    )
+    fair = fairness.groupBy("queue").agg(F.avg("jain").alias("jain_mean"), F.min("jain").alias("jain_min"),
+                                         F.avg("jain_within_rank").alias("jain_within_rank_mean"),
+                                         F.min("jain_within_rank").alias("jain_within_rank_min"))
+    return (counts.join(waits, "queue", "left").join(errors, "queue", "left").join(fair, "queue", "left")
+            .withColumn("window_ms", F.lit(window_ms)).orderBy("queue"))

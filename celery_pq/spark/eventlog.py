@@ -1,0 +1,209 @@
+"""The event log's format on the reading side, without Spark: stream key, columns, rows, pages,
+and the check for events trimmed by the stream's cap. ``events.py`` (the Spark data source) and
+``export.py`` (Parquet files, no Spark) both read through it.
+
+One event is one entry of the capped stream ``<key_prefix>:{<queue>}:ev``, fields (all strings,
+empty when not applicable) ``e q id p k t c task n r ms``; see docs/spark.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from ..constants import KEY_PREFIX
+from ..errors import ConfigError
+from ..keys import queue_keys
+
+logger = logging.getLogger("celery_pq.spark.eventlog")
+
+#: The columns, in order: (column, stream field, type). ``ts`` is ``ms`` as a UTC timestamp;
+#: ``sid`` is the stream entry id ("<ms>-<seq>"), the event's place in its queue's log.
+COLUMNS = (
+    ("event", "e", "string"),
+    ("queue", "q", "string"),
+    ("id", "id", "string"),
+    ("priority", "p", "int"),
+    ("rank", "k", "int"),
+    ("tenant", "t", "string"),
+    ("consumer", "c", "string"),
+    ("task", "task", "string"),
+    ("deliveries", "n", "int"),
+    ("reason", "r", "string"),
+    ("ts", "ms", "timestamp"),
+    ("ms", "ms", "bigint"),
+    ("sid", None, "string"),
+)
+#: The columns as a Spark DDL schema.
+DDL = ", ".join(f"{name} {kind}" for name, _, kind in COLUMNS)
+INT_FIELDS = frozenset({"p", "k", "n", "ms"})
+
+#: Stream entries fetched per XRANGE call: big enough to amortise the round trip, small enough
+#: that a reply stays a few megabytes.
+PAGE = 5000
+ON_GAP = ("warn", "fail")
+STARTING = ("earliest", "latest")
+SCHEMES = {"pq": "redis", "pqs": "rediss", "redis": "redis", "rediss": "rediss"}
+
+
+class EventLogGap(Exception):
+    """Events the reader had not read yet were trimmed from the capped stream (``on_gap=fail``)."""
+
+
+# -- options --------------------------------------------------------------------------------------
+
+def redis_url(url) -> str:
+    """A ``pq://``/``pqs://``/``redis://``/``rediss://`` broker URL as the redis-py URL of the same
+    Redis; ConfigError naming the value otherwise."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {url!r}")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in SCHEMES:
+        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {url!r}")
+    return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
+
+
+def queue_names(value) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``; ConfigError when there is no name."""
+    names = [n.strip() for n in str(value or "").split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"option 'queue' is required: a queue name or a comma-separated list, got {value!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"option 'queue' names a queue twice: {value!r}")
+    return names
+
+
+def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
+    """The stream key of ``queue``'s event log."""
+    return queue_keys(queue, key_prefix).ev
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str  # redis-py URL
+    queues: tuple[str, ...]
+    key_prefix: str
+    on_gap: str
+    max_events: int | None  # maxEventsPerTrigger
+    starting: str = "earliest"  # startingPosition of a new streaming query
+
+    @classmethod
+    def parse(cls, options) -> "Settings":
+        opts = {k.lower(): v for k, v in dict(options).items()}
+        prefix = opts.get("key_prefix", KEY_PREFIX)
+        if not prefix:
+            raise ConfigError("option 'key_prefix' must be a non-empty string")
+        on_gap = opts.get("on_gap", "warn")
+        if on_gap not in ON_GAP:
+            raise ConfigError(f"option 'on_gap' must be one of {ON_GAP}, got {on_gap!r}")
+        max_events = opts.get("maxeventspertrigger")
+        if max_events is not None:
+            try:
+                max_events = int(max_events)
+            except ValueError:
+                max_events = 0
+            if max_events < 1:
+                raise ConfigError(f"option 'maxEventsPerTrigger' must be a positive integer, "
+                                  f"got {opts['maxeventspertrigger']!r}")
+        starting = opts.get("startingposition", "earliest")
+        if starting not in STARTING:
+            raise ConfigError(f"option 'startingPosition' must be one of {STARTING}, got {starting!r}")
+        return cls(redis_url(opts.get("broker")), tuple(queue_names(opts.get("queue"))), prefix, on_gap, max_events,
+                   starting)
+
+    def client(self):
+        import redis
+
+        return redis.Redis.from_url(self.url, socket_timeout=30)
+
+    def key(self, queue: str) -> str:
+        return events_key(queue, self.key_prefix)
+
+
+# -- stream ids and rows --------------------------------------------------------------------------
+
+def parse_sid(sid: str) -> tuple[int, int]:
+    ms, _, seq = sid.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def as_text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def row(sid, fields: dict) -> tuple:
+    """One stream entry (id, {field: value}) as a tuple in ``COLUMNS`` order; empty fields are
+    null, numbers are ints, ``ts`` is a UTC datetime."""
+    from datetime import datetime, timezone
+
+    f = {as_text(k): as_text(v) for k, v in fields.items()}
+    out = []
+    for name, field, _ in COLUMNS:
+        if field is None:
+            out.append(as_text(sid))
+            continue
+        value = f.get(field, "")
+        if value == "":
+            out.append(None)
+        elif name == "ts":
+            out.append(datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc))
+        elif field in INT_FIELDS:
+            out.append(int(value))
+        else:
+            out.append(value)
+    return tuple(out)
+
+
+def scan(client, key: str, after: str | None, upto: str, page: int = PAGE):
+    """Entries of stream ``key`` with ids after ``after`` (exclusive; None: from the start) up to
+    ``upto`` (inclusive), in id order, fetched ``page`` at a time."""
+    lo = "-" if after is None else "(" + after
+    while True:
+        batch = client.xrange(key, lo, upto, count=page)
+        yield from batch
+        if len(batch) < page:
+            return
+        lo = "(" + as_text(batch[-1][0])
+
+
+def stream_info(client, key: str) -> dict:
+    """``last`` (id of the newest entry, None when empty), ``added`` (entries ever added),
+    ``length`` (entries in the stream now) and ``first`` (id of the oldest entry still there)."""
+    try:
+        info = client.xinfo_stream(key)
+    except Exception as exc:  # a missing key: no events yet
+        if "no such key" in str(exc).lower():
+            return {"last": None, "added": 0, "length": 0, "first": None}
+        raise
+    last, first = info.get("last-entry"), info.get("first-entry")
+    length = int(info.get("length", 0))
+    return {
+        "last": as_text(last[0]) if last else None,
+        "first": as_text(first[0]) if first else None,
+        # Redis < 7 does not count entries added: then no trim can be detected.
+        "added": int(info.get("entries-added", length)),
+        "length": length,
+    }
+
+
+def trimmed(info: dict) -> int:
+    """How many of the stream's entries were trimmed so far: the position (1 = the first event
+    ever added) of the entry before the oldest one still there. The log's writers only trim from
+    the head (``XADD ... MAXLEN``), so positions count events."""
+    return max(info["added"] - info["length"], 0)
+
+
+def check_gap(queue: str, after: str | None, position: int, info: dict, on_gap: str) -> str | None:
+    """A message when events after the one read last (``after``, at ``position``; None and 0
+    before the first) were trimmed before they were read; EventLogGap with ``on_gap="fail"``."""
+    lost = trimmed(info) - position
+    if lost <= 0:
+        return None
+    since = "the start of the log" if after is None else f"event {after}"
+    message = (f"event log of queue {queue!r}: {lost} event(s) after {since} (up to {info['first'] or 'now'}) "
+               f"were trimmed by the stream's cap before they were read; they are lost")
+    if on_gap == "fail":
+        raise EventLogGap(message)
+    logger.warning(message)
+    return message

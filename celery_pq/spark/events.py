@@ -1,0 +1,210 @@
+"""Spark reads the event log: the ``celery_pq_events`` data source, batch and streaming.
+
+Each queue with the event log on appends one entry per state change to a capped Redis stream,
+``<key_prefix>:{<queue>}:ev`` (see ``keys.py``; docs/spark.md lists the events). This module
+reads those streams as a DataFrame with one typed column per field::
+
+    df = (spark.read.format("celery_pq_events")
+          .option("broker", "pq://localhost:6379/0").option("queue", "orders,emails").load())
+
+    stream = (spark.readStream.format("celery_pq_events")
+              .option("broker", url).option("queue", "orders").load())
+
+Options: ``broker`` (``pq://``, ``pqs://``, ``redis://`` or ``rediss://`` URL; required),
+``queue`` (one name or a comma-separated list; required), ``key_prefix`` (default ``pq``),
+``on_gap`` (``warn``, the default, or ``fail``: what to do when events the reader has not read
+yet were trimmed by the stream's cap), ``maxEventsPerTrigger`` (streaming: most events per
+micro-batch, over all queues), ``startingPosition`` (streaming: ``earliest``, the default, or
+``latest``: where a new query starts; a restarted one goes on from its checkpoint).
+
+The stream reader's offset is the last stream id read per queue (``{"orders": "1700000000000-3"}``),
+so a query restarted from its checkpoint goes on after the last event it committed: no gap and no
+repeat. The stream is capped (``XADD ... MAXLEN ~``): a reader that falls further behind than the
+cap finds the events it had not read yet trimmed. They are gone; the reader detects it from the
+stream's ``max-deleted-entry-id`` and warns (or fails with ``on_gap=fail``).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+from .eventlog import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
+
+NAME = "celery_pq_events"
+_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
+SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in COLUMNS])
+
+__all__ = ["EventLogGap", "EventsDataSource", "NAME", "SCHEMA"]
+
+
+# -- the data source ------------------------------------------------------------------------------
+
+class EventsPartition(InputPartition):
+    """One queue's events after ``after`` (exclusive; None: from the start) up to ``upto``."""
+
+    def __init__(self, queue: str, key: str, after: str | None, upto: str):
+        super().__init__((queue, key, after, upto))
+        self.queue, self.key, self.after, self.upto = queue, key, after, upto
+
+
+class EventsDataSource(DataSource):
+    """``celery_pq_events``: the event logs of one or more queues (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> "EventsBatchReader":
+        return EventsBatchReader(Settings.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> "EventsStreamReader":
+        return EventsStreamReader(Settings.parse(self.options))
+
+
+def _read(settings: Settings, partition: EventsPartition):
+    client = settings.client()
+    try:
+        for sid, fields in scan(client, partition.key, partition.after, partition.upto):
+            yield row(sid, fields)
+    finally:
+        client.close()
+
+
+class EventsBatchReader(DataSourceReader):
+    """The events in the streams when the query is planned (later events are not read)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def partitions(self) -> list[EventsPartition]:
+        client = self.settings.client()
+        try:
+            parts = []
+            for queue in self.settings.queues:
+                info = stream_info(client, self.settings.key(queue))
+                check_gap(queue, None, 0, info, self.settings.on_gap)
+                if info["last"] is not None:
+                    parts.append(EventsPartition(queue, self.settings.key(queue), None, info["last"]))
+        finally:
+            client.close()
+        return parts or [EventsPartition("", "", None, "-")]  # an empty read still needs a partition
+
+    def read(self, partition: EventsPartition):
+        if not partition.key:
+            return iter(())
+        return _read(self.settings, partition)
+
+
+try:  # Trigger.AvailableNow support (PySpark >= 4.2)
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - older PySpark 4
+    ReadAllAvailable = ReadMaxRows = None
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
+
+class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{queue: {"sid": id of the last event read, "n": its position}}`` ("0-0" and 0
+    before the first event; the position, counted from the first event ever added to the stream,
+    is what shows events trimmed before they were read: see ``eventlog.trimmed``)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.target: dict | None = None  # Trigger.AvailableNow: the offset to stop at
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = self.settings.client()
+        return self._client
+
+    def initialOffset(self) -> dict:
+        if self.settings.starting == "latest":  # a new query reads only what is logged from now on
+            return self._latest()
+        return self._earliest()
+
+    def _earliest(self) -> dict:
+        return {q: {"sid": "0-0", "n": 0} for q in self.settings.queues}
+
+    def _start(self, start: dict | None) -> dict:
+        # a queue added to the option since the checkpoint starts from its beginning
+        return {**self._earliest(), **(start or {})}
+
+    def _latest(self) -> dict:
+        out = {}
+        for queue in self.settings.queues:
+            info = stream_info(self.client, self.settings.key(queue))
+            out[queue] = {"sid": info["last"] or "0-0", "n": info["added"]}
+        return out
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._latest()
+
+    def getDefaultReadLimit(self):
+        if self.settings.max_events and ReadMaxRows is not None:
+            return ReadMaxRows(self.settings.max_events)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def reportLatestOffset(self):
+        return self._latest()
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        start = self._start(start)
+        latest = self._latest()
+        if self.target is not None:  # never past the target of Trigger.AvailableNow
+            latest = {q: min(latest[q], self.target[q], key=lambda o: parse_sid(o["sid"])) for q in latest}
+        budget = getattr(limit, "max_rows", None)
+        out = {}
+        for queue in self.settings.queues:
+            a, b = start[queue], latest[queue]
+            if parse_sid(b["sid"]) <= parse_sid(a["sid"]):
+                out[queue] = a
+                continue
+            if budget is None:
+                out[queue] = b
+                continue
+            if budget <= 0:
+                out[queue] = a
+                continue
+            lo = "-" if a["sid"] == "0-0" else "(" + a["sid"]
+            batch = self.client.xrange(self.settings.key(queue), lo, b["sid"], count=budget)
+            if not batch:
+                out[queue] = a
+                continue
+            # Positions continue from the start's, or from the oldest entry left if the events
+            # after the start were trimmed meanwhile (partitions() reports that gap).
+            info = stream_info(self.client, self.settings.key(queue))
+            out[queue] = {"sid": as_text(batch[-1][0]), "n": max(a["n"], trimmed(info)) + len(batch)}
+            budget -= len(batch)
+        return out
+
+    def partitions(self, start: dict, end: dict) -> list[EventsPartition]:
+        start = self._start(start)
+        parts = []
+        for queue in self.settings.queues:
+            a, b = start[queue], end.get(queue, start[queue])
+            if parse_sid(b["sid"]) <= parse_sid(a["sid"]):
+                continue
+            after = None if a["sid"] == "0-0" else a["sid"]
+            check_gap(queue, after, a["n"], stream_info(self.client, self.settings.key(queue)),
+                      self.settings.on_gap)
+            parts.append(EventsPartition(queue, self.settings.key(queue), after, b["sid"]))
+        return parts
+
+    def read(self, partition: EventsPartition):
+        return _read(self.settings, partition)
+
+    def commit(self, end: dict) -> None:
+        pass  # the stream is capped by its writers; a reader removes nothing
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

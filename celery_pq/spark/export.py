@@ -1,0 +1,183 @@
+"""``celery -A proj pq export-events QUEUE --out events.parquet``: the event log to Parquet files.
+
+Needs pyarrow, not Spark. ``out`` is a directory of Parquet files, one per export step and
+queue, that ``spark.read.parquet(out)``, pandas or pyarrow read as one table with the columns
+of the ``celery_pq_events`` source.
+
+Incremental and resumable: the last exported stream id of each queue is kept next to the
+data, in ``<out>/_offsets.json`` (Spark and pyarrow skip files starting with ``_``), and a
+second run appends only the events after it. Each file is written under a hidden name and
+renamed when complete, and its name ends with the id and position of its last event
+(``part-<queue>-<ms>-<seq>-<position>.parquet``), so a run cut short between writing a file and updating
+the offsets is resumed from the files themselves: no event is exported twice or skipped. One run
+at a time writes to a directory (a lock file, ``.lock``); a second one stops with ExportBusy.
+
+Events the stream's cap trimmed before they were exported are gone; the export detects it
+(``eventlog.check_gap``) and says so, or stops with ``on_gap="fail"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from ..constants import KEY_PREFIX
+from .eventlog import COLUMNS, PAGE, check_gap, events_key, parse_sid, queue_names, row, scan, stream_info, trimmed
+
+OFFSETS = "_offsets.json"
+LOCK = ".lock"  # held (flock) while a run writes: one export at a time per directory
+#: Events per Parquet file at most (a file per export step and queue otherwise).
+ROWS_PER_FILE = 200_000
+
+
+class ExportBusy(RuntimeError):
+    """Another export is writing to the same directory."""
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    exported: dict[str, int] = field(default_factory=dict)  # queue -> events written this run
+    offsets: dict[str, dict] = field(default_factory=dict)  # queue -> {"sid": last exported id, "n": its position}
+    files: list[Path] = field(default_factory=list)  # files written this run
+    gaps: list[str] = field(default_factory=list)  # warnings: events trimmed before export
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+             "timestamp": pa.timestamp("ms", tz="UTC")}
+    return pa.schema([pa.field(name, types[kind]) for name, _, kind in COLUMNS])
+
+
+def _part_name(queue: str, last: str, position: int) -> str:
+    ms, seq = parse_sid(last)
+    return f"part-{quote(queue, safe='')}-{ms}-{seq}-{position}.parquet"
+
+
+def _parse_part(name: str) -> tuple[str, dict] | None:
+    """``part-<queue>-<ms>-<seq>-<position>.parquet`` -> (queue, {"sid", "n"}), or None."""
+    if not (name.startswith("part-") and name.endswith(".parquet")):
+        return None
+    try:
+        queue, ms, seq, n = name[len("part-"):-len(".parquet")].rsplit("-", 3)
+        return unquote(queue), {"sid": f"{int(ms)}-{int(seq)}", "n": int(n)}
+    except ValueError:
+        return None
+
+
+def read_offsets(out: Path) -> dict[str, dict]:
+    """The last exported event of each queue, ``{"sid": stream id, "n": position}``: from the
+    offsets file, or from a later file's name when a run stopped between writing the file and
+    updating the offsets."""
+    offsets: dict[str, dict] = {}
+    path = out / OFFSETS
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            offsets = {str(q): {"sid": str(o["sid"]), "n": int(o["n"])} for q, o in data["offsets"].items()}
+            for o in offsets.values():
+                parse_sid(o["sid"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path} is not an offsets file of export-events ({exc!r}); "
+                             f"move it away to export from the start") from None
+    if out.is_dir():
+        for entry in out.iterdir():
+            parsed = _parse_part(entry.name)
+            if parsed:
+                queue, o = parsed
+                if queue not in offsets or parse_sid(o["sid"]) > parse_sid(offsets[queue]["sid"]):
+                    offsets[queue] = o
+    return offsets
+
+
+def _write_offsets(out: Path, offsets: dict[str, dict]) -> None:
+    tmp = out / (".tmp" + OFFSETS)
+    tmp.write_text(json.dumps({"offsets": offsets}, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out / OFFSETS)
+
+
+def _write_part(out: Path, queue: str, rows: list[tuple], position: int, schema) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = list(zip(*rows))
+    table = pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, schema)], schema=schema)
+    final = out / _part_name(queue, rows[-1][-1], position)
+    tmp = out / ("." + final.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    return final
+
+
+def export_events(client, queues, out, *, key_prefix: str = KEY_PREFIX, on_gap: str = "warn",
+                  rows_per_file: int = ROWS_PER_FILE, page: int = PAGE) -> ExportResult:
+    """Append the events of ``queues`` (a name, a comma-separated list or a list) logged since the
+    last export to the Parquet directory ``out``; see the module docstring."""
+    names = queue_names(",".join(queues) if isinstance(queues, (list, tuple)) else queues)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; export-events writes a directory of Parquet files")
+    if on_gap not in ("warn", "fail"):
+        raise ValueError(f"on_gap must be 'warn' or 'fail', got {on_gap!r}")
+    if not isinstance(rows_per_file, int) or rows_per_file < 1:
+        raise ValueError(f"rows_per_file must be a positive integer, got {rows_per_file!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        return _export(client, names, out, key_prefix, on_gap, rows_per_file, page)
+
+
+@contextmanager
+def _locked(out: Path):
+    import fcntl
+
+    with open(out / LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportBusy(f"another export-events is writing to {str(out)!r}; run one at a time") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _export(client, names, out, key_prefix, on_gap, rows_per_file, page) -> ExportResult:
+    offsets = read_offsets(out)
+    result = ExportResult(out, offsets=dict(offsets))
+    schema = arrow_schema()
+    for queue in names:
+        key = events_key(queue, key_prefix)
+        info = stream_info(client, key)
+        last = offsets.get(queue, {"sid": None, "n": 0})
+        gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
+        if gap:
+            result.gaps.append(gap)
+        result.exported[queue] = 0
+        if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):
+            continue
+        position = max(last["n"], trimmed(info))  # of the event before the first one read
+        rows: list[tuple] = []
+        # Up to the newest event when the export started: a busy queue cannot keep it running.
+        for sid, fields in scan(client, key, last["sid"], info["last"], page):
+            rows.append(row(sid, fields))
+            if len(rows) >= rows_per_file:
+                position = _flush(out, queue, rows, position, schema, result)
+                rows = []
+        if rows:
+            _flush(out, queue, rows, position, schema, result)
+    return result
+
+
+def _flush(out, queue, rows, position, schema, result) -> int:
+    position += len(rows)
+    result.files.append(_write_part(out, queue, rows, position, schema))
+    result.exported[queue] += len(rows)
+    result.offsets[queue] = {"sid": rows[-1][-1], "n": position}
+    _write_offsets(out, result.offsets)
+    return position
