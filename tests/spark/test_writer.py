@@ -192,3 +192,15 @@ def test_enqueue_takes_a_celery_app(spark, redis_server, redis_client, key_prefi
     assert q.mode["priority_order"] == "lower_first"
     assert [lease.priority for lease in q.pop(5)] == [0, 1, 2, 3, 4]
     assert b"work" in redis_client.smembers(f"{key_prefix}:queues")
+
+
+def test_rows_written_to_a_queue_with_its_event_log_on_name_their_task(spark, url, redis_client, key_prefix):
+    # Given a queue whose event log was turned on by another process (the write's options say nothing)
+    q = PriorityQueue(redis_client, "logged", key_prefix=key_prefix)
+    q.set_event_log(1000)
+    # When rows are written to it
+    df = spark.createDataFrame([(i,) for i in range(3)], "image_id int")
+    write(df, url, key_prefix, task="proj.resize", args="image_id", queue="logged")
+    # Then each enqueue event names the task
+    enqueues = [e for e in q.events() if e["e"] == "enqueue"]
+    assert len(enqueues) == 3 and {e["task"] for e in enqueues} == {"proj.resize"}
