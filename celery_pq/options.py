@@ -72,6 +72,16 @@ def _client_name(name, value):
     return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
 
 
+def _master_name_or_none(name, value):
+    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
+
+
+def _mapping_or_none(name, value):
+    if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
+        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {value!r}")
+    return None if value is None else dict(value)
+
+
 def _technique(name, value):
     if value not in C.TECHNIQUES:
         raise ConfigError(f"technique for all queues must be 'T' or 'S', got {value!r}")
@@ -169,6 +179,20 @@ class Options:
                                     "a publish id seen within this window stores nothing; 0: off")
     max_dead_length: int | None = _option(None, _count_or_none,
                                           "entries of <queue>.dead at most (None: max_length, else none)")
+    master_name: str | None = _option(None, _master_name_or_none,
+                                      "Redis Sentinel: the name of the monitored master; when set, every host "
+                                      "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel")
+    sentinel_kwargs: dict | None = _option(None, _mapping_or_none,
+                                           "redis-py connection arguments for the sentinels themselves (password, "
+                                           "ssl, ...); None: the socket timeouts of the master's")
+    min_other_sentinels: int = _option(0, _count_from_zero,
+                                       "a sentinel that sees fewer other sentinels is not believed")
+    wait_replicas: int = _option(0, _count_from_zero,
+                                 "a publish and an ack return once this many replicas have them (Redis WAIT); "
+                                 "0: off")
+    wait_timeout: float = _option(C.WAIT_TIMEOUT, _seconds,
+                                  "seconds a publish or ack waits for wait_replicas; then a publish raises "
+                                  "NotReplicated, an ack logs")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
@@ -195,6 +219,9 @@ class Options:
             keep(self, "tenant_fn", fn)
         fair_only = {"fair_weights": self.fair_weights, "tenant_concurrency": self.tenant_concurrency,
                      "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
+        if self.master_name is None and (self.sentinel_kwargs is not None or self.min_other_sentinels):
+            raise ConfigError("sentinel_kwargs and min_other_sentinels need master_name (the broker URL then "
+                              "names the sentinels)")
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
@@ -231,6 +258,8 @@ class Options:
             "max_length_per_tenant": self.max_length_per_tenant if fair else None,
             "dedupe_seconds": self.dedupe_seconds,
             "max_dead_length": self.max_dead_length,
+            "wait_replicas": self.wait_replicas,
+            "wait_timeout": self.wait_timeout,
         }
 
     def tenant_tables(self) -> dict:
