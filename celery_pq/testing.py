@@ -23,7 +23,9 @@ What it offers:
 - ``find_redis_server()``  the binary: ``$PQ_REDIS_SERVER`` (set by ``make test``), else PATH;
 - ``free_port()``          a TCP port of 127.0.0.1 that was free a moment ago (never 6379);
 - ``RedisServer``          ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL, a crash),
-  ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``.
+  ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``;
+  a replica is ``RedisServer("--replicaof", master.host, str(master.port))``;
+- ``SentinelServer``       a Redis Sentinel watching one master, with short failover timings.
 
 The process runs in a session of its own (a Ctrl-C at the terminal reaches the caller, which
 then stops it in order) and, on Linux, is killed when the process that started it dies; any
@@ -295,6 +297,52 @@ class RedisServer:
                 time.sleep(0.02)
         finally:
             probe.close()
+
+
+class SentinelServer(RedisServer):
+    """A Redis Sentinel (``redis-server CONFIG --sentinel``) on a free port, monitoring one master
+    as ``master_name`` with a quorum of ``quorum``; ``down_after_ms`` and ``failover_timeout_ms``
+    short, so that a test's failover takes seconds. Sentinel rewrites its config file, so it
+    lives in the server's own directory::
+
+        master = RedisServer()
+        replica = RedisServer("--replicaof", master.host, str(master.port))
+        sentinels = [SentinelServer(master.port) for _ in range(3)]
+        url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
+    """
+
+    def __init__(self, master_port: int, *, master_name: str = "m", quorum: int = 2, down_after_ms: int = 1000,
+                 failover_timeout_ms: int = 5000, binary: str | None = None, start: bool = True):
+        self.master_port = master_port
+        self.master_name = master_name
+        self.settings = {"quorum": quorum, "down_after_ms": down_after_ms, "failover_timeout_ms": failover_timeout_ms}
+        super().__init__(binary=binary, start=start)
+
+    @property
+    def pq_url(self) -> str:
+        return f"pq://{HOST}:{self.port}"
+
+    def command(self, port: int) -> list[str]:
+        conf = self.dir / "sentinel.conf"
+        if not conf.exists():  # later starts keep what sentinel learnt and wrote there
+            name, s = self.master_name, self.settings
+            conf.write_text(
+                f"sentinel monitor {name} {HOST} {self.master_port} {s['quorum']}\n"
+                f"sentinel down-after-milliseconds {name} {s['down_after_ms']}\n"
+                f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
+                f"sentinel parallel-syncs {name} 1\n")
+        return [self.binary, str(conf), "--sentinel", "--port", str(port), "--bind", HOST, "--dir", str(self.dir),
+                "--daemonize", "no", "--logfile", ""]
+
+    def master(self) -> dict:
+        """What this sentinel says of its master (``SENTINEL MASTER``), as text."""
+        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True) as c:
+            return c.sentinel_master(self.master_name)
+
+    def master_address(self) -> tuple[str, int] | None:
+        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True) as c:
+            found = c.sentinel_get_master_addr_by_name(self.master_name)
+        return (found[0], int(found[1])) if found else None
 
 
 @atexit.register
