@@ -25,7 +25,9 @@ What it offers:
 - ``RedisServer``          ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL, a crash),
   ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``;
   a replica is ``RedisServer("--replicaof", master.host, str(master.port))``;
-- ``SentinelServer``       a Redis Sentinel watching one master, with short failover timings.
+- ``SentinelServer``       a Redis Sentinel watching one master, with short failover timings;
+- ``make_certificates``, ``TLSRedisServer``  a CA and server certificate (``openssl``), and a
+  redis-server that speaks only TLS with them.
 
 The process runs in a session of its own (a Ctrl-C at the terminal reaches the caller, which
 then stops it in order) and, on Linux, is killed when the process that started it dies; any
@@ -140,8 +142,13 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
+    def client_tls(self) -> dict:
+        """redis-py's TLS arguments for a client of this server (none: plain TCP)."""
+        return {}
+
     def client(self, **kwargs) -> redis.Redis:
         """A new redis-py client for this server (db 0 and bytes replies unless told otherwise)."""
+        kwargs = {**self.client_tls(), **kwargs}
         kwargs.setdefault("socket_timeout", 30)
         kwargs.setdefault("db", 0)
         if self.password:
@@ -257,7 +264,7 @@ class RedisServer:
         # No client-side retries: redis-py >= 6 retries with backoff by default, which would
         # hide a process that exited (port taken) behind seconds of waiting.
         probe = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=0.5, password=self.password,
-                            retry=Retry(NoBackoff(), 0))
+                            retry=Retry(NoBackoff(), 0), **self.client_tls())
         try:
             while True:
                 if self.process.poll() is not None:
@@ -297,6 +304,57 @@ class RedisServer:
                 time.sleep(0.02)
         finally:
             probe.close()
+
+
+def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
+    """A self-signed CA and a server certificate it signed for 127.0.0.1 and localhost, made
+    with the ``openssl`` command line in ``directory``: ``{"ca": ..., "cert": ..., "key": ...}``.
+    Call it twice (two directories) for a second, unrelated CA."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl not found: it makes the test certificates (apt-get install openssl)")
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    cert, key, csr = directory / "server.crt", directory / "server.key", directory / "server.csr"
+    ext = directory / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (
+        ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name}"],
+        ["req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
+         "-extfile", ext],
+    ):
+        done = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+class TLSRedisServer(RedisServer):
+    """A redis-server that speaks only TLS (``--port 0 --tls-port PORT``), with the server
+    certificate and CA of ``certs`` (``make_certificates``); clients need no certificate of
+    their own (``--tls-auth-clients no``)."""
+
+    def __init__(self, certs: dict, *args: str, **kwargs):
+        self.certs = certs
+        super().__init__(*args, **kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"rediss://{HOST}:{self.port}/0"
+
+    def client_tls(self) -> dict:
+        return {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
+
+    def command(self, port: int) -> list[str]:
+        plain = super().command(port)
+        at = plain.index("--port")
+        plain[at + 1] = "0"
+        return plain + ["--tls-port", str(port), "--tls-cert-file", str(self.certs["cert"]),
+                        "--tls-key-file", str(self.certs["key"]), "--tls-ca-cert-file", str(self.certs["ca"]),
+                        "--tls-auth-clients", "no"]
 
 
 class SentinelServer(RedisServer):
