@@ -36,11 +36,23 @@ SSL_ARGUMENTS = frozenset(n for n in inspect.signature(redis.SSLConnection.__ini
 
 
 def broker_db(conninfo) -> int:
-    """The database number of the broker URL (``/0`` when none)."""
-    vhost = conninfo.virtual_host
+    """The database number of the broker URL (``/0`` when none). A URL of several hosts
+    (``pq://s1;pq://s2/2``) may name it on any of them, the same on each."""
+    given = {_db(conninfo.virtual_host)} - {None}
+    for url in conninfo.alt or []:
+        if isinstance(url, str):
+            given |= {_db(urlsplit(url).path)} - {None}
+    if len(given) > 1:
+        raise ConfigError(f"the hosts of the broker URL name different databases: {sorted(given)}")
+    return given.pop() if given else 0
+
+
+def _db(vhost) -> int | None:
     if isinstance(vhost, int):
         return vhost
-    text = (vhost or "").strip("/") or "0"
+    text = (vhost or "").strip("/")
+    if not text:
+        return None
     try:
         return int(text)
     except ValueError:
