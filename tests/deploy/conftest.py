@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from celery_pq.testing import RedisServer, SentinelServer
+from tests.support.proxy import DelayProxy
 
 #: Seconds a failover may take here: down-after 1 s, the vote, the promotion, with room for a
 #: loaded machine.
@@ -16,15 +17,22 @@ FAILOVER_SECONDS = 30
 
 
 class SentinelGroup:
-    """A master, one replica and three sentinels (quorum 2) monitoring the master as ``m``."""
+    """A master, one replica and three sentinels (quorum 2) monitoring the master as ``m``.
+    With ``replica_lag`` (seconds), the replica replicates through a proxy that delays the
+    master's writes by that much (``tests/support/proxy.py``)."""
 
     master_name = "m"
 
-    def __init__(self):
+    def __init__(self, replica_lag: float | None = None):
         self.servers: list[RedisServer] = []
+        self.proxy = None
         try:
             self.master = self._add(RedisServer())
-            self.replica = self._add(RedisServer("--replicaof", "127.0.0.1", str(self.master.port)))
+            source = self.master.port
+            if replica_lag:
+                self.proxy = DelayProxy(self.master.port, replica_lag)
+                source = self.proxy.port
+            self.replica = self._add(RedisServer("--replicaof", "127.0.0.1", str(source)))
             self.sentinels = [self._add(SentinelServer(self.master.port)) for _ in range(3)]
             self.wait_ready()
         except BaseException:
@@ -82,11 +90,27 @@ class SentinelGroup:
     def close(self):
         for server in reversed(self.servers):
             server.close()
+        if self.proxy is not None:
+            self.proxy.close()
 
 
 @pytest.fixture
 def sentinel_group():
     group = SentinelGroup()
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+#: The replication lag of ``lagging_sentinel_group``: what a replica across a slow or busy link
+#: trails by, in seconds.
+REPLICA_LAG = 0.2
+
+
+@pytest.fixture
+def lagging_sentinel_group():
+    group = SentinelGroup(replica_lag=REPLICA_LAG)
     try:
         yield group
     finally:

@@ -28,6 +28,7 @@ from kombu.mixins import ConsumerMixin
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
 from celery_pq.testing import RedisServer
+from tests.deploy.conftest import REPLICA_LAG
 from tests.support.consume import make_queue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,18 +159,21 @@ def test_kombu_producers_and_a_consumer_carry_on_when_the_master_is_killed(senti
 
 
 @pytest.mark.parametrize("wait_replicas", [0, 1])
-def test_what_a_failover_loses_with_and_without_wait(sentinel_group, key_prefix, wait_replicas):
-    """Four producers publish as fast as they can; the master is SIGKILLed mid-stream. Every
-    publish that returned is looked for on the promoted replica. With ``wait_replicas=1`` none
-    is missing; without, the ones the replica had not received yet are (printed)."""
-    g = sentinel_group
+def test_what_a_failover_loses_with_and_without_wait(lagging_sentinel_group, key_prefix, wait_replicas):
+    """Four producers publish as fast as they can for two seconds while the replica trails the
+    master by REPLICA_LAG; then the master is SIGKILLed. Every publish that returned is looked
+    for on the promoted replica: without ``wait_replicas`` the last REPLICA_LAG seconds of them
+    are gone; with ``wait_replicas=1`` each publish returned only once the replica had it, and
+    none is missing."""
+    g = lagging_sentinel_group
     options = g.options(key_prefix=key_prefix, wait_replicas=wait_replicas, wait_timeout=5)
     queue = make_queue("w")
     publishers = [Publisher(g.url, options, queue, k * 1_000_000, retry=False, stop_on_error=True)
                   for k in range(4)]
     for p in publishers:
         p.start()
-    wait_for(lambda: sum(len(p.returned) for p in publishers) > 2000, 30, "2000 publishes")
+    time.sleep(2.0)
+    killed_at = time.monotonic()
     g.kill_master()
     for p in publishers:
         p.join(timeout=30)  # each stops at its first error (the master is gone)
@@ -177,14 +181,19 @@ def test_what_a_failover_loses_with_and_without_wait(sentinel_group, key_prefix,
     for p in publishers:
         p.stop()
     returned = [n for p in publishers for n, _ in p.returned]
+    last_second = [n for p in publishers for n, t in p.returned if t > killed_at - 1.0]
     client = new_master.client()
     q = PriorityQueue.open(client, "w", key_prefix=key_prefix)
     stored = {body_number(e.payload) for e in q.peek(len(returned) + 100)}
     lost = set(returned) - stored
-    print(f"\nFAILOVER wait_replicas={wait_replicas}: {len(returned)} publishes returned, {len(lost)} lost")
-    assert len(returned) > 2000
+    print(f"\nFAILOVER replica lag {REPLICA_LAG}s, wait_replicas={wait_replicas}: {len(returned)} publishes "
+          f"returned in 2 s ({len(last_second)} in the last second), {len(lost)} lost")
+    assert returned
     if wait_replicas:
         assert not lost, f"acknowledged publishes lost with WAIT: {sorted(lost)[:20]}"
+    else:
+        assert lost, "without WAIT the lagging replica misses the last publishes"
+        assert lost <= set(last_second), "only the publishes of the last moments are lost"
 
 
 def test_a_celery_worker_carries_on_when_the_master_is_killed(sentinel_group, key_prefix, tmp_path):
