@@ -5,7 +5,9 @@
                        raw keys: the queue contract, edges, fairness, the cost table, the API fuzz
                        test and the model-based stateful test (``make soak`` runs its long form);
 - ``tests/transport``  the kombu Transport/Channel against a real redis-server;
-- ``tests/e2e``        real Celery worker subprocesses, ``make demo`` and the benchmarks' smoke run.
+- ``tests/e2e``        real Celery worker subprocesses, ``make demo`` and the benchmarks' smoke run;
+- ``tests/deploy``     the forms Redis is run in: Sentinel failover, WAIT for replicas, TLS, an ACL
+                       user (real masters, replicas, sentinels and Celery workers on loopback).
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.
