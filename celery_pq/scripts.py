@@ -23,6 +23,10 @@ functions, or a user not allowed to load them, gets the same scripts by EVALSHA.
 differ in one way: a function that is not allowed to run when Redis is full (``maxmemory``,
 ``noeviction``) is refused before it starts (``WRITES_WHEN_FULL``), where a script would fail at
 its first write, perhaps half done.
+
+``run_replicated`` (and ``LuaScript.replicated``) end a call with ``WAIT`` on the connection that
+made the writes, for the transport option ``wait_replicas``: the reply says how many replicas
+have them.
 """
 
 from __future__ import annotations

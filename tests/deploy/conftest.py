@@ -27,7 +27,8 @@ class SentinelGroup:
         self.servers: list[RedisServer] = []
         self.proxy = None
         try:
-            self.master = self._add(RedisServer())
+            # no 5 s wait for more replicas before the first full sync (Redis 7 default)
+            self.master = self._add(RedisServer("--repl-diskless-sync-delay", "0"))
             source = self.master.port
             if replica_lag:
                 self.proxy = DelayProxy(self.master.port, replica_lag)

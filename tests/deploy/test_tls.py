@@ -62,6 +62,7 @@ def test_publish_and_consume_over_tls_with_the_ca_given_the_kombu_way(tls_server
         redis.Redis(port=tls_server.port, socket_timeout=2).ping()
 
 
+@pytest.mark.e2e
 def test_a_celery_worker_over_tls_with_broker_use_ssl(tls_server, certs, key_prefix, tmp_path):
     use_ssl = {"ssl_cert_reqs": "required", "ssl_ca_certs": str(certs["ca"])}
     records = RedisServer()

@@ -23,7 +23,7 @@ from tests.support.consume import drain, make_queue, publish_numbers
 
 @pytest.fixture
 def pair():
-    master = RedisServer()
+    master = RedisServer("--repl-diskless-sync-delay", "0")  # the replica syncs at once
     replica = RedisServer("--replicaof", "127.0.0.1", str(master.port))
     try:
         deadline = time.monotonic() + 30
