@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from .errors import (ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch, NotWaiting,
-                     PQError, QueueFull)
+from .errors import (ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch, NotReplicated,
+                     NotWaiting, PQError, QueueFull)
 from .queue import Entry, Lease, PriorityQueue
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "LeaseLost",
     "MessageTooLarge",
     "ModeMismatch",
+    "NotReplicated",
     "NotWaiting",
     "PQError",
     "PriorityQueue",

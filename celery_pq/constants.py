@@ -70,3 +70,15 @@ FORGET_PENDING = 4096
 
 #: Largest number of messages one pop script call leases (prefetch window batch).
 MAX_POP_BATCH = 100
+
+#: Seconds a publish or an ack waits for ``wait_replicas`` replicas to acknowledge it (Redis
+#: WAIT) before the publish raises NotReplicated (an ack logs): long enough for a replica on
+#: the same network to answer, short enough that a lost replica does not stall producers long.
+WAIT_TIMEOUT = 1.0
+
+#: Port of a Redis server named without one.
+REDIS_PORT = 6379
+
+#: Seconds to wait for a sentinel's answer (connect and read) before asking the next one, when
+#: sentinel_kwargs does not say: one that hangs must not hold up finding the master.
+SENTINEL_SOCKET_TIMEOUT = 1.0

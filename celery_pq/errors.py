@@ -108,6 +108,23 @@ class BrokerUnreachable(PQError, ConnectionError):
         super().__init__(f"cannot reach Redis at {address}: {reason}")
 
 
+class NotReplicated(PQError):
+    """A publish the master stored, that fewer than ``wait_replicas`` replicas acknowledged
+    within ``wait_timeout`` (Redis WAIT). The master may still hold it, and a failover before
+    the replicas catch up may lose it: publishing it again with the same publish id stores it
+    once (kombu's and Celery's publish retry do that)."""
+
+    def __init__(self, queue: str, acknowledged: int, wanted: int, timeout: float):
+        self.queue = queue
+        self.acknowledged = acknowledged
+        self.wanted = wanted
+        self.timeout = timeout
+        super().__init__(f"publish to queue {queue!r}: only {acknowledged} of {wanted} replicas acknowledged it "
+                         f"within {timeout:g}s (wait_replicas={wanted}, wait_timeout={timeout:g}). It may still "
+                         "be stored on the master, and a failover now may lose it; a retry with the same "
+                         "publish id stores it once")
+
+
 def error_for(code: int, queue: str, **context) -> PQError | None:
     """The exception of a script's error code: the one place where codes become exceptions
     (None for a code >= 0, no error). ``context`` carries what the exception names: ``entry_id``

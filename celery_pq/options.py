@@ -76,6 +76,16 @@ def _client_name(name, value):
     return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
 
 
+def _master_name_or_none(name, value):
+    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
+
+
+def _mapping_or_none(name, value):
+    if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
+        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {value!r}")
+    return None if value is None else dict(value)
+
+
 def _technique(name, value):
     if value not in C.TECHNIQUES:
         raise ConfigError(f"technique for all queues must be 'T' or 'S', got {value!r}")
@@ -176,6 +186,20 @@ class Options:
     event_log: int | None = _option(None, _event_log,
                                     "None/0: no event log; else the approximate most entries of each "
                                     "queue's event-log stream (docs/events.md)")
+    master_name: str | None = _option(None, _master_name_or_none,
+                                      "Redis Sentinel: the name of the monitored master; when set, every host "
+                                      "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel")
+    sentinel_kwargs: dict | None = _option(None, _mapping_or_none,
+                                           "redis-py connection arguments for the sentinels themselves (password, "
+                                           "ssl, ...); None: the socket timeouts of the master's")
+    min_other_sentinels: int = _option(0, _count_from_zero,
+                                       "a sentinel that sees fewer other sentinels is not believed")
+    wait_replicas: int = _option(0, _count_from_zero,
+                                 "a publish and an ack return once this many replicas have them (Redis WAIT); "
+                                 "0: off")
+    wait_timeout: float = _option(C.WAIT_TIMEOUT, _seconds,
+                                  "seconds a publish or ack waits for wait_replicas; then a publish raises "
+                                  "NotReplicated, an ack logs")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
@@ -202,6 +226,9 @@ class Options:
             keep(self, "tenant_fn", fn)
         fair_only = {"fair_weights": self.fair_weights, "tenant_concurrency": self.tenant_concurrency,
                      "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
+        if self.master_name is None and (self.sentinel_kwargs is not None or self.min_other_sentinels):
+            raise ConfigError("sentinel_kwargs and min_other_sentinels need master_name (the broker URL then "
+                              "names the sentinels)")
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
@@ -239,6 +266,8 @@ class Options:
             "dedupe_seconds": self.dedupe_seconds,
             "max_dead_length": self.max_dead_length,
             "event_log": self.event_log,
+            "wait_replicas": self.wait_replicas,
+            "wait_timeout": self.wait_timeout,
         }
 
     def open_queue(self, client, name: str) -> PriorityQueue:

@@ -105,6 +105,14 @@ class Waits:
     def _on_blpop(self) -> int:
         try:
             reply = self._bconn.read_response()
+        except rex.ResponseError as exc:
+            if not str(exc).startswith("UNBLOCKED"):
+                self.drop()
+                raise
+            # The server stopped being the master (a failover demoted it): its blocked clients
+            # are let go. Connect again (to the master the sentinels name now) and look.
+            self.drop()
+            return self.channel.pop_and_deliver()
         except Exception:
             self.drop()
             raise

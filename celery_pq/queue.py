@@ -34,7 +34,7 @@ from .checks import number as _number
 from .checks import seconds as _seconds
 from .checks import text as _text
 from .costs import explain
-from .errors import ConfigError, ErrorCode, QueueFull, error_for, raise_for
+from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
 from .records import (FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_switches,
@@ -91,6 +91,25 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
         return _scripts.run_calls(client, calls)
     except redis.ResponseError as exc:
         raise translate_error(exc) from None
+
+
+def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence["PriorityQueue"]) -> list:
+    """``run_calls`` of calls that carry acks: with ``wait_replicas`` set (on any of
+    ``queues``), the round trip ends with WAIT, and acks that fewer replicas acknowledged are
+    logged (a failover now may deliver those tasks again: at least once still holds)."""
+    wanted = max((q.wait_replicas for q in queues), default=0)
+    if not wanted:
+        return run_calls(client, calls)
+    timeout = max(q.wait_timeout for q in queues)
+    try:
+        replies, acked = _scripts.run_replicated(client, calls, wanted, int(timeout * 1000))
+    except redis.ResponseError as exc:
+        raise translate_error(exc) from None
+    if acked < wanted:
+        logger.warning("celery-pq: acks in %s: only %d of %d replicas acknowledged them within %gs; a failover "
+                       "now may deliver those tasks again", ", ".join(repr(q.name) for q in queues), acked, wanted,
+                       timeout)
+    return replies
 
 
 def validate_priority(priority) -> int:
@@ -178,6 +197,9 @@ class PriorityQueue:
         event_log: None/0, or the approximate most entries of the queue's event log (a capped
             stream, docs/events.md); the first call records it with the queue, so every
             process's changes are logged from then on (``set_event_log`` turns it off).
+        wait_replicas: inserts and acks return only when this many replicas have them (Redis
+            WAIT after the script, on the same connection); an insert that fewer replicas
+            acknowledged within ``wait_timeout`` seconds raises ``NotReplicated``. 0: off.
     """
 
     def __init__(
@@ -199,6 +221,8 @@ class PriorityQueue:
         dedupe_seconds: float = C.DEDUPE_SECONDS,
         max_dead_length: int | None = None,
         event_log: int | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = C.WAIT_TIMEOUT,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"queue name must be a non-empty string, got {name!r}")
@@ -210,6 +234,8 @@ class PriorityQueue:
             raise ValueError(f"fair must be True or False, got {fair!r}")
         _count("max_dead_length", max_dead_length)
         _count("event_log", event_log, low=0)
+        _count("wait_replicas", wait_replicas, low=0, none=False)
+        _seconds("wait_timeout", wait_timeout)
         _count("max_deliveries", max_deliveries, low=0, none=False)
         if technique not in C.TECHNIQUES:
             raise ValueError(f"technique must be one of {C.TECHNIQUES}, got {technique!r}")
@@ -251,6 +277,9 @@ class PriorityQueue:
         self.dedupe_seconds = float(dedupe_seconds)
         self.max_dead_length = max_dead_length
         self.event_log = int(event_log or 0)
+        #: Inserts and acks return once this many replicas have them (Redis WAIT); 0: off.
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = float(wait_timeout)
         #: The publish id of this queue object's last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
         self._forget: list[bytes] = []
@@ -314,6 +343,20 @@ class PriorityQueue:
             return script(keys=keys, args=args, client=self.client)
         except redis.ResponseError as exc:
             raise translate_error(exc) from None
+
+    def _run_replicated(self, calls: list[tuple]) -> tuple[list, int | None]:
+        """``run_calls``, followed by WAIT when ``wait_replicas`` is set: (replies, replicas
+        that acknowledged them, None when off)."""
+        if not self.wait_replicas:
+            return run_calls(self.client, calls), None
+        try:
+            return _scripts.run_replicated(self.client, calls, self.wait_replicas, int(self.wait_timeout * 1000))
+        except redis.ResponseError as exc:
+            raise translate_error(exc) from None
+
+    def _check_replicated(self, acked: int | None) -> None:
+        if acked is not None and acked < self.wait_replicas:
+            raise NotReplicated(self.name, acked, self.wait_replicas, self.wait_timeout)
 
     def exists(self, id: str) -> bool:
         """Whether an entry with this id is stored (waiting, delayed or leased)."""
@@ -460,13 +503,15 @@ class PriorityQueue:
         for _ in range(5):
             forget = self._take_forgets()
             try:
-                reply = self._run("insert", self._insert_keys(), self._insert_args(items, forget, publish_id is None))
+                [reply], acked = self._run_replicated(
+                    [self._call("insert", self._insert_keys(), self._insert_args(items, forget, publish_id is None))])
             except BaseException:
                 self._answered(forget)
                 raise
             if forget_it:
                 self._answered([pid])
             if self._check_reply(reply, items):
+                self._check_replicated(acked)
                 return decode_id(reply[0])
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
@@ -505,7 +550,7 @@ class PriorityQueue:
         while pending:
             forget = self._take_forgets()
             try:
-                replies = run_calls(self.client, [
+                replies, acked = self._run_replicated([
                     self._call("insert", self._insert_keys(),
                                self._insert_args(part, forget if n == 0 else (),
                                                  all(start + j in made for j in range(len(part)))))
@@ -525,6 +570,15 @@ class PriorityQueue:
                 ids[start : start + len(part)] = [decode_id(e) for e in reply]
             if failed is not None:
                 raise _partial(failed, ids, norm, given, "chunks refused stored nothing")
+            try:
+                self._check_replicated(acked)
+            except NotReplicated as exc:
+                exc.stored = list(ids)
+                exc.items = [(p, pr, i, t, None if d == "0" else int(d), g)
+                             for (p, pr, i, t, d, _), g in zip(norm, given)]
+                exc.add_note("insert_many: exc.stored are the entry ids the master stored; exc.items are all the "
+                             "items, to publish again (with publish ids of their own, stored once)")
+                raise
             pending = retry
         # every made publish id has its reply: no retry of them can come (on a failure above
         # they stay remembered for the window); a chunk of made ones sent its first only
@@ -675,7 +729,7 @@ class PriorityQueue:
         pairs = [_pair(x) for x in leases]
         if not pairs:
             return []
-        (codes,) = run_calls(self.client, [self.ack_call(pairs)])
+        (codes,) = run_acks(self.client, [self.ack_call(pairs)], [self])
         return self._codes(pairs, codes, strict)
 
     def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
@@ -1157,7 +1211,10 @@ def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = N
     own = acks.get(queue, ())
     calls = [q.ack_call(pairs) for q, pairs in others]
     calls.append(queue.pop_call(count, acks=own, **pop_args))
-    replies = run_calls(queue.client, calls)
+    if own or others:
+        replies = run_acks(queue.client, calls, [queue, *(q for q, _ in others)])
+    else:
+        replies = run_calls(queue.client, calls)
     reply = replies.pop()
     codes = {q: list(r) for (q, _), r in zip(others, replies)}
     if own:
@@ -1171,7 +1228,7 @@ def ack_all(acks: dict) -> dict:
     batches = [(q, pairs) for q, pairs in acks.items() if pairs]
     if not batches:
         return {}
-    replies = run_calls(batches[0][0].client, [q.ack_call(pairs) for q, pairs in batches])
+    replies = run_acks(batches[0][0].client, [q.ack_call(pairs) for q, pairs in batches], [q for q, _ in batches])
     return {q: list(r) for (q, _), r in zip(batches, replies)}
 
 

@@ -23,6 +23,10 @@ functions, or a user not allowed to load them, gets the same scripts by EVALSHA.
 differ in one way: a function that is not allowed to run when Redis is full (``maxmemory``,
 ``noeviction``) is refused before it starts (``WRITES_WHEN_FULL``), where a script would fail at
 its first write, perhaps half done.
+
+``run_replicated`` (and ``LuaScript.replicated``) end a call with ``WAIT`` on the connection that
+made the writes, for the transport option ``wait_replicas``: the reply says how many replicas
+have them.
 """
 
 from __future__ import annotations
@@ -359,31 +363,54 @@ class LuaScript:
         conn = _own_connection(client)
         if conn is None:
             return self._script(keys=keys, args=args, client=client)
-        pool = client.connection_pool
         try:
-            use = _functions.get(pool)
-            if use is None:
-                use = _load_library(conn, pool)
-            if use:
-                try:
-                    conn.send_command("FCALL", self.function, len(keys), *keys, *args)
-                    return conn.read_response()
-                except ResponseError as exc:  # the library is gone (restart, FUNCTION FLUSH): load it
-                    if not _function_missing(exc) or not _load_library(conn, pool):
-                        raise
-                    conn.send_command("FCALL", self.function, len(keys), *keys, *args)
-                    return conn.read_response()
-            try:
-                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return conn.read_response()
-            except NoScriptError:  # Redis restarted or flushed its scripts: load, run again
-                conn.send_command("SCRIPT", "LOAD", self.script)
-                conn.read_response()
-                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return conn.read_response()
+            return self._run_on(conn, client.connection_pool, keys, args)
         except (RedisConnectionError, RedisTimeoutError, OSError):
             _drop_connection(client, conn)
             return self._script(keys=keys, args=args, client=client)
+
+    def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
+        """Run the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
+        counts the replicas that have every write that connection made): ``(reply, number of
+        replicas that acknowledged)``. A connection error is tried once more on a new
+        connection (the calls that take this path are idempotent: a publish id, an ack)."""
+        for attempt in (1, 2):
+            conn = _own_connection(client)
+            if conn is None:  # a pipeline or cluster client: the script and WAIT in one pipeline
+                replies, acked = run_replicated(client, [(self, keys, args)], replicas, timeout_ms)
+                return replies[0], acked
+            try:
+                reply = self._run_on(conn, client.connection_pool, keys, args)
+                conn.send_command("WAIT", replicas, timeout_ms)
+                return reply, int(conn.read_response())
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                _drop_connection(client, conn)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _run_on(self, conn, pool, keys, args):
+        """The script on ``conn``: FCALL (the library loaded first when needed), else EVALSHA."""
+        use = _functions.get(pool)
+        if use is None:
+            use = _load_library(conn, pool)
+        if use:
+            try:
+                conn.send_command("FCALL", self.function, len(keys), *keys, *args)
+                return conn.read_response()
+            except ResponseError as exc:  # the library is gone (restart, FUNCTION FLUSH): load it
+                if not _function_missing(exc) or not _load_library(conn, pool):
+                    raise
+                conn.send_command("FCALL", self.function, len(keys), *keys, *args)
+                return conn.read_response()
+        try:
+            conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return conn.read_response()
+        except NoScriptError:  # Redis restarted or flushed its scripts: load, run again
+            conn.send_command("SCRIPT", "LOAD", self.script)
+            conn.read_response()
+            conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return conn.read_response()
 
 
 class Scripts:
@@ -432,3 +459,38 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
+    """``run_calls``, then ``WAIT replicas timeout_ms`` on the same connection, in the same
+    round trip: ``(replies, number of replicas that acknowledged every write of the calls)``.
+
+    Redis replicates asynchronously: a write the master answered can be lost when a replica is
+    promoted before it arrived. WAIT returns when ``replicas`` replicas have the connection's
+    writes, or after the timeout with how many have them (it cannot undo a write).
+    """
+    if len(calls) == 1 and _own_connection(client) is not None:
+        script, keys, args = calls[0]
+        reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
+        return [reply], acked
+    with client.pipeline(transaction=False) as pipe:
+        for script, keys, args in calls:
+            pipe.execute_command(*script.words(client, keys, args))
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        replies = pipe.execute(raise_on_error=False)
+    acked = replies.pop()
+    if isinstance(acked, Exception):
+        raise acked
+    acked = int(acked)
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError) or _function_missing(reply):
+            script, keys, args = calls[i]  # it did not run: run it on its own, which loads it
+            if _own_connection(client) is None:  # no connection of our own to WAIT on: not confirmed
+                replies[i], acked = script(keys=keys, args=args, client=client), 0
+            else:
+                replies[i], again = script.replicated(keys, args, client, replicas, timeout_ms)
+                acked = min(acked, again)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies, acked

@@ -23,7 +23,11 @@ What it offers:
 - ``find_redis_server()``  the binary: ``$PQ_REDIS_SERVER`` (set by ``make test``), else PATH;
 - ``free_port()``          a TCP port of 127.0.0.1 that was free a moment ago (never 6379);
 - ``RedisServer``          ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL, a crash),
-  ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``.
+  ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``;
+  a replica is ``RedisServer("--replicaof", master.host, str(master.port))``;
+- ``SentinelServer``       a Redis Sentinel watching one master, with short failover timings;
+- ``make_certificates``, ``TLSRedisServer``  a CA and server certificate (``openssl``), and a
+  redis-server that speaks only TLS with them.
 
 The process runs in a session of its own (a Ctrl-C at the terminal reaches the caller, which
 then stops it in order) and, on Linux, is killed when the process that started it dies; any
@@ -138,8 +142,13 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
+    def client_tls(self) -> dict:
+        """redis-py's TLS arguments for a client of this server (none: plain TCP)."""
+        return {}
+
     def client(self, **kwargs) -> redis.Redis:
         """A new redis-py client for this server (db 0 and bytes replies unless told otherwise)."""
+        kwargs = {**self.client_tls(), **kwargs}
         kwargs.setdefault("socket_timeout", 30)
         kwargs.setdefault("db", 0)
         if self.password:
@@ -255,7 +264,7 @@ class RedisServer:
         # No client-side retries: redis-py >= 6 retries with backoff by default, which would
         # hide a process that exited (port taken) behind seconds of waiting.
         probe = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=0.5, password=self.password,
-                            retry=Retry(NoBackoff(), 0))
+                            retry=Retry(NoBackoff(), 0), **self.client_tls())
         try:
             while True:
                 if self.process.poll() is not None:
@@ -295,6 +304,103 @@ class RedisServer:
                 time.sleep(0.02)
         finally:
             probe.close()
+
+
+def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
+    """A self-signed CA and a server certificate it signed for 127.0.0.1 and localhost, made
+    with the ``openssl`` command line in ``directory``: ``{"ca": ..., "cert": ..., "key": ...}``.
+    Call it twice (two directories) for a second, unrelated CA."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl not found: it makes the test certificates (apt-get install openssl)")
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    cert, key, csr = directory / "server.crt", directory / "server.key", directory / "server.csr"
+    ext = directory / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (
+        ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name}"],
+        ["req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
+         "-extfile", ext],
+    ):
+        done = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+class TLSRedisServer(RedisServer):
+    """A redis-server that speaks only TLS (``--port 0 --tls-port PORT``), with the server
+    certificate and CA of ``certs`` (``make_certificates``); clients need no certificate of
+    their own (``--tls-auth-clients no``)."""
+
+    def __init__(self, certs: dict, *args: str, **kwargs):
+        self.certs = certs
+        super().__init__(*args, **kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"rediss://{HOST}:{self.port}/0"
+
+    def client_tls(self) -> dict:
+        return {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
+
+    def command(self, port: int) -> list[str]:
+        plain = super().command(port)
+        at = plain.index("--port")
+        plain[at + 1] = "0"
+        return plain + ["--tls-port", str(port), "--tls-cert-file", str(self.certs["cert"]),
+                        "--tls-key-file", str(self.certs["key"]), "--tls-ca-cert-file", str(self.certs["ca"]),
+                        "--tls-auth-clients", "no"]
+
+
+class SentinelServer(RedisServer):
+    """A Redis Sentinel (``redis-server CONFIG --sentinel``) on a free port, monitoring one master
+    as ``master_name`` with a quorum of ``quorum``; ``down_after_ms`` and ``failover_timeout_ms``
+    short, so that a test's failover takes seconds. Sentinel rewrites its config file, so it
+    lives in the server's own directory::
+
+        master = RedisServer()
+        replica = RedisServer("--replicaof", master.host, str(master.port))
+        sentinels = [SentinelServer(master.port) for _ in range(3)]
+        url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
+    """
+
+    def __init__(self, master_port: int, *, master_name: str = "m", quorum: int = 2, down_after_ms: int = 1000,
+                 failover_timeout_ms: int = 5000, binary: str | None = None, start: bool = True):
+        self.master_port = master_port
+        self.master_name = master_name
+        self.settings = {"quorum": quorum, "down_after_ms": down_after_ms, "failover_timeout_ms": failover_timeout_ms}
+        super().__init__(binary=binary, start=start)
+
+    @property
+    def pq_url(self) -> str:
+        return f"pq://{HOST}:{self.port}"
+
+    def command(self, port: int) -> list[str]:
+        conf = self.dir / "sentinel.conf"
+        if not conf.exists():  # later starts keep what sentinel learnt and wrote there
+            name, s = self.master_name, self.settings
+            conf.write_text(
+                f"sentinel monitor {name} {HOST} {self.master_port} {s['quorum']}\n"
+                f"sentinel down-after-milliseconds {name} {s['down_after_ms']}\n"
+                f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
+                f"sentinel parallel-syncs {name} 1\n")
+        return [self.binary, str(conf), "--sentinel", "--port", str(port), "--bind", HOST, "--dir", str(self.dir),
+                "--daemonize", "no", "--logfile", ""]
+
+    def master(self) -> dict:
+        """What this sentinel says of its master (``SENTINEL MASTER``), as text."""
+        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True) as c:
+            return c.sentinel_master(self.master_name)
+
+    def master_address(self) -> tuple[str, int] | None:
+        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True) as c:
+            found = c.sentinel_get_master_addr_by_name(self.master_name)
+        return (found[0], int(found[1])) if found else None
 
 
 @atexit.register

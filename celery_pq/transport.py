@@ -15,7 +15,8 @@ Connection string
 =================
 ``pq://[USER:PASSWORD@]HOST[:PORT][/DB]`` (``pqs://`` for TLS; TLS settings come from
 Celery's ``broker_use_ssl`` / kombu's ``ssl=``), or ``redis://...`` with
-``broker_transport = "celery_pq.transport:Transport"``.
+``broker_transport = "celery_pq.transport:Transport"``. With the option ``master_name``, the
+hosts of ``pq://s1:26379;pq://s2:26379`` are Redis Sentinels (see ``connections.py``).
 
 Transport options
 =================
@@ -50,8 +51,9 @@ from kombu.transport import virtual
 from kombu.utils.json import loads
 from redis import exceptions as rex
 
+from . import connections
 from . import constants as C
-from .errors import ConfigError
+from .errors import ConfigError, NotReplicated
 from .keys import fanout_channel
 from .leasebook import LeaseBook
 from .messages import prepare_message, serialized, stored_item
@@ -64,7 +66,7 @@ from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PORT = 6379
+DEFAULT_PORT = C.REDIS_PORT
 
 
 class Unreadable(Exception):
@@ -152,7 +154,10 @@ class Channel(virtual.Channel):
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
         self._active_fanout: dict[str, str] = {}  # pub/sub channel name -> queue
         self._rotation = 0
-        self.client.ping()  # fail at channel creation, not at the first publish
+        try:
+            self.client.ping()  # fail at channel creation, not at the first publish
+        except rex.ConnectionError as exc:
+            raise connections.explained(exc, connection.tls) from exc
         connection.cycle_channels.append(self)
 
     # -- queues and views -----------------------------------------------------------------------
@@ -176,7 +181,6 @@ class Channel(virtual.Channel):
 
     def _put(self, queue, message, **kwargs):
         item = stored_item(queue, message, self.options, self.decode_body)
-        task = (message.get("headers") or {}).get("task") if self.options.event_log else None  # for the event log only
         self.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant, due_ms=item.due_ms,
                                  publish_id=item.publish_id, remember=False, task=item.task)
 
@@ -469,6 +473,7 @@ class Transport(virtual.Transport):
         rex.TimeoutError,
         rex.BusyLoadingError,
         rex.AuthenticationError,
+        NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
         ConnectionError,
         socket.error,
         OSError,
@@ -500,43 +505,21 @@ class Transport(virtual.Transport):
     def driver_version(self):
         return redis.__version__
 
-    # -- connections --------------------------------------------------------------------------
-    def _connparams(self, channel) -> dict:
-        conninfo = self.client
-        vhost = conninfo.virtual_host
-        if isinstance(vhost, int):
-            db = vhost
-        else:
-            text = (vhost or "").strip("/") or "0"
-            try:
-                db = int(text)
-            except ValueError:
-                raise ConfigError(f"the database in the broker URL must be a number, got {vhost!r}") from None
-        self.db = db
-        params = {
-            "host": conninfo.hostname or "127.0.0.1",
-            "port": conninfo.port or self.default_port,
-            "db": db,
-            "username": conninfo.userid or None,
-            "password": conninfo.password or None,
-            **channel.options.redis_kwargs(),
-        }
-        ssl = conninfo.ssl
-        if self.use_tls or ssl:
-            params["connection_class"] = redis.SSLConnection
-            if isinstance(ssl, dict):
-                params.update(ssl)
-        return params
+    # -- connections (connections.py: one server, TLS, or the master Sentinel names) -----------
+    @property
+    def tls(self) -> bool:
+        return self.use_tls or bool(self.client.ssl)
 
     def redis_client(self, channel) -> redis.Redis:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = redis.ConnectionPool(**self._connparams(channel))
+                self.db = connections.broker_db(self.client)
+                self._pool = connections.make_pool(self.client, channel.options, self.tls)
         return redis.Redis(connection_pool=self._pool)
 
     def new_connection(self):
         """A connection of our own (not from the pool) for a blocking read."""
-        return self._pool.connection_class(**self._pool.connection_kwargs)
+        return connections.new_connection(self._pool)
 
     def ensure_keeper(self):
         if self._keeper is None or not self._keeper.is_alive():
@@ -582,7 +565,7 @@ class Transport(virtual.Transport):
 
     def release_pool(self):
         if self._pool is not None:
-            self._pool.disconnect()
+            connections.close_pool(self._pool)
 
     # -- waiting: kombu's drain_events, Celery's event loop (poller.py) --------------------------
     def drain_events(self, connection, timeout=None):

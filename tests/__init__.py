@@ -8,6 +8,8 @@
 - ``tests/e2e``        real Celery worker subprocesses, ``make demo`` and the benchmarks' smoke run;
 - ``tests/spark``      PySpark in local mode (marked ``spark``; needs Java 17, see
                        scripts/ensure-java.sh): the ``celery_pq`` writer and ``enqueue``.
+- ``tests/deploy``     the forms Redis is run in: Sentinel failover, WAIT for replicas, TLS, an ACL
+                       user (real masters, replicas, sentinels and Celery workers on loopback).
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.

@@ -5,6 +5,7 @@ PQ_TEST_OPTIONS    JSON of broker_transport_options
 PQ_TEST_RECORD     Redis URL where tasks record what they did (list keys under PQ_TEST_PREFIX)
 PQ_TEST_PREFIX     key prefix of this test (also used for the records)
 PQ_TEST_ACKS_LATE  "1" for task_acks_late
+PQ_TEST_SSL        JSON of broker_use_ssl (pqs://), when set
 """
 
 import json
@@ -27,6 +28,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     worker_cancel_long_running_tasks_on_connection_loss=False,
+    broker_use_ssl=json.loads(os.environ.get("PQ_TEST_SSL") or "false"),
 )
 
 _rec = None

@@ -353,8 +353,11 @@ def test_tls_scheme_selects_tls_connections(redis_server):
     assert isinstance(conn.transport, TLSTransport)
     import redis as redis_py
 
-    params = conn.transport._connparams(celery_pq.transport.Channel)  # class defaults as options
-    assert params["connection_class"] is redis_py.SSLConnection and params["ssl_cert_reqs"] == "none"
+    from celery_pq.connections import make_pool
+    from celery_pq.options import Options
+
+    pool = make_pool(conn, Options(), conn.transport.tls)
+    assert pool.connection_class is redis_py.SSLConnection and pool.connection_kwargs["ssl_cert_reqs"] == "none"
 
 
 def test_bad_database_in_url_is_named(redis_server):

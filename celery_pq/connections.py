@@ -1,0 +1,146 @@
+"""How the transport reaches Redis: the one connection pool of a kombu connection.
+
+The broker URL names one server (``pq://HOST:PORT/DB``, ``pqs://`` for TLS), or, with the
+transport option ``master_name``, the Redis Sentinels that know which server is the master now
+(``pq://s1:26379;pq://s2:26379;pq://s3:26379/0``: kombu splits the URL at ``;``, and every host
+is then a sentinel). In the second form the pool is redis-py's ``SentinelConnectionPool``: each
+new connection asks the sentinels for the master, and a connection that meets a demoted master
+(its reply is READONLY) is closed and raises a connection error, so that the next attempt goes
+to the new master. Every connection the transport opens comes from this pool or is made like
+its connections (``new_connection``: the blocking reads of ``poller.py``), so after a failover
+the shared client, the blocking reads, pub/sub and the lease keeper all find the new master.
+
+TLS settings come the kombu way: Celery's ``broker_use_ssl`` (kombu's ``ssl=``), a dict of
+redis-py's ``ssl_*`` arguments (``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ...),
+checked here when the pool is made.
+"""
+
+from __future__ import annotations
+
+import inspect
+from urllib.parse import urlsplit
+
+import redis
+from redis import exceptions as rex
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
+
+from . import constants as C
+from .errors import ConfigError
+
+#: The port of a sentinel named without one (Redis Sentinel's own default).
+SENTINEL_PORT = 26379
+
+#: The TLS arguments redis-py's SSL connection takes (``broker_use_ssl`` may name only these).
+SSL_ARGUMENTS = frozenset(n for n in inspect.signature(redis.SSLConnection.__init__).parameters
+                          if n.startswith("ssl_"))
+
+
+def broker_db(conninfo) -> int:
+    """The database number of the broker URL (``/0`` when none). A URL of several hosts
+    (``pq://s1;pq://s2/2``) may name it on any of them, the same on each."""
+    given = {_db(conninfo.virtual_host)} - {None}
+    for url in conninfo.alt or []:
+        if isinstance(url, str):
+            given |= {_db(urlsplit(url).path)} - {None}
+    if len(given) > 1:
+        raise ConfigError(f"the hosts of the broker URL name different databases: {sorted(given)}")
+    return given.pop() if given else 0
+
+
+def _db(vhost) -> int | None:
+    if isinstance(vhost, int):
+        return vhost
+    text = (vhost or "").strip("/")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"the database in the broker URL must be a number, got {vhost!r}") from None
+
+
+def tls_arguments(ssl) -> dict:
+    """redis-py's TLS arguments from kombu's ``ssl`` (True, or a dict of ``ssl_*`` names)."""
+    if ssl is True or not ssl:
+        return {}
+    if not isinstance(ssl, dict):
+        raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {ssl!r}")
+    unknown = sorted(set(ssl) - SSL_ARGUMENTS)
+    if unknown:
+        raise ConfigError(f"broker_use_ssl: {', '.join(map(repr, unknown))} not known to redis-py; "
+                          f"it takes {', '.join(sorted(SSL_ARGUMENTS))}")
+    return dict(ssl)
+
+
+def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
+    """The pool of a kombu connection (``conninfo``: kombu's ``Connection``) with the channel's
+    ``options``: a plain pool, or a sentinel-managed one when ``options.master_name`` is set."""
+    tls = tls or bool(conninfo.ssl)
+    params = {
+        "db": broker_db(conninfo),
+        "username": conninfo.userid or None,
+        "password": conninfo.password or None,
+        **options.redis_kwargs(),
+        **tls_arguments(conninfo.ssl),
+    }
+    if options.master_name is None:
+        if tls:
+            params["connection_class"] = redis.SSLConnection
+        return redis.ConnectionPool(host=conninfo.hostname or "127.0.0.1", port=conninfo.port or C.REDIS_PORT,
+                                    **params)
+    return sentinel_pool(sentinel_addresses(conninfo), options, params, tls)
+
+
+def sentinel_addresses(conninfo) -> list[tuple[str, int]]:
+    """(host, port) of every sentinel the broker URL names (its ``;``-separated hosts)."""
+    urls = [u for u in (conninfo.alt or []) if isinstance(u, str)]
+    if not urls:
+        return [(conninfo.hostname or "127.0.0.1", conninfo.port or SENTINEL_PORT)]
+    out = []
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:
+            raise ConfigError(f"sentinel address {url!r} in the broker URL: {exc}") from None
+        if not host:
+            raise ConfigError(f"sentinel address {url!r} in the broker URL names no host")
+        out.append((host, port or SENTINEL_PORT))
+    return out
+
+
+def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnectionPool:
+    """A pool whose connections go to the master that the sentinels at ``addresses`` name."""
+    sentinel_kwargs = options.sentinel_kwargs
+    if sentinel_kwargs is None:
+        # A sentinel that does not answer must not hold up the discovery of the master: the
+        # next sentinel is asked after this long.
+        sentinel_kwargs = {"socket_timeout": options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT,
+                           "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT}
+    manager = Sentinel(addresses, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
+    cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+    return SentinelConnectionPool(options.master_name, manager, connection_class=cls, **params)
+
+
+def new_connection(pool: redis.ConnectionPool):
+    """A connection made like the pool's own, but not taken from it (a blocking read holds
+    its connection for as long as it waits). A sentinel-managed one finds the master itself."""
+    return pool.connection_class(**pool.connection_kwargs)
+
+
+def close_pool(pool: redis.ConnectionPool) -> None:
+    """Close the pool's connections (and, for a sentinel pool, those to the sentinels)."""
+    pool.disconnect()
+    manager = getattr(pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        sentinel.connection_pool.disconnect()
+
+
+def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
+    """A connection error at channel creation, said plainly when it is a refused certificate."""
+    text = str(exc)
+    if tls and ("CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text):
+        return rex.ConnectionError(
+            f"TLS: the Redis server's certificate was refused ({text}); check ssl_ca_certs in broker_use_ssl "
+            "(the CA that signed the server's certificate) and the host name the URL names")
+    return exc

@@ -1,0 +1,99 @@
+"""A TCP proxy on loopback that delays what it forwards one way: a replication link that lags.
+
+``DelayProxy(target_port, delay)`` listens on a free port of 127.0.0.1 and forwards each
+connection to ``target_port``; bytes from the client side to the target go through at once,
+bytes from the target back to the client wait ``delay`` seconds (order kept). A replica told to
+replicate from the proxy then receives the master's writes ``delay`` late, and whatever the
+proxy holds when the master dies never arrives: the writes a failover loses.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+
+from celery_pq.testing import HOST
+
+
+class DelayProxy:
+    def __init__(self, target_port: int, delay: float):
+        self.target_port = target_port
+        self.delay = delay
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((HOST, 0))
+        self._listener.listen(16)
+        self.port = self._listener.getsockname()[1]
+        self._closed = threading.Event()
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection((HOST, self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self._socks += [client, upstream]
+            held: queue.Queue = queue.Queue()
+            threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, held), daemon=True).start()
+            threading.Thread(target=self._send_late, args=(held, client, upstream), daemon=True).start()
+
+    def _pump(self, src, dst, held):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if held is None:
+                    dst.sendall(data)
+                else:
+                    held.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        if held is not None:
+            held.put(None)  # the target is gone: what is still held is dropped
+        else:
+            _close(src, dst)
+
+    def _send_late(self, held, dst, other):
+        while True:
+            item = held.get()
+            if item is None:
+                break
+            due, data = item
+            if self._closed.is_set():
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+            if not held.empty() and held.queue[-1] is None:
+                break  # the target died meanwhile: these bytes never reach the replica
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        _close(dst, other)
+
+    def close(self):
+        self._closed.set()
+        _close(self._listener, *self._socks)
+
+
+def _close(*socks):
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            s.close()
+        except OSError:
+            pass
