@@ -574,8 +574,8 @@ class PriorityQueue:
                 self._check_replicated(acked)
             except NotReplicated as exc:
                 exc.stored = list(ids)
-                exc.items = [(p, pr, i, t, None if d == "0" else int(d), g)
-                             for (p, pr, i, t, d, _), g in zip(norm, given)]
+                exc.items = [(p, pr, i, t, None if d == "0" else int(d), g, task)
+                             for (p, pr, i, t, d, _, task), g in zip(norm, given)]
                 exc.add_note("insert_many: exc.stored are the entry ids the master stored; exc.items are all the "
                              "items, to publish again (with publish ids of their own, stored once)")
                 raise
