@@ -107,6 +107,12 @@ class LeaseBook:
                 out.setdefault(q, []).extend(pairs)
         return out
 
+    def keeps(self, tag: str) -> bool:
+        """Whether ``tag`` is still held here, or its ack still waits to be sent: a renewal the
+        scripts refused for a tag this book no longer keeps only came after its ack."""
+        with self._lock:
+            return tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)
+
     def queues(self) -> tuple[PriorityQueue, ...]:
         return self._queues
 

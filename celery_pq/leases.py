@@ -130,8 +130,9 @@ class LeaseKeeper(threading.Thread):
                     error = error or exc
                     continue
                 self.renewals += 1
-                for (eid, _), ok in zip(pairs, results):
-                    if not ok:
+                for (eid, tag), ok in zip(pairs, results):
+                    # (a tag acked between the book's snapshot and the extend is no loss)
+                    if not ok and book.keeps(tag):
                         logger.warning("celery-pq: lease of %s in %r was lost before renewal; it may run again",
                                        eid, q.name)
         if error is not None:

@@ -1,0 +1,46 @@
+"""The lease keeper's renewals, on a real redis-server: a renewal the scripts refuse is a lost
+lease worth a warning, unless the lease book no longer keeps it (acked meanwhile)."""
+
+import logging
+
+from celery_pq import PriorityQueue
+from celery_pq.leasebook import LeaseBook
+from celery_pq.leases import LeaseKeeper
+from celery_pq.options import Options
+
+
+def held_book(redis_client, key_prefix, n=2):
+    q = PriorityQueue(redis_client, "keep", key_prefix=key_prefix)
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(n)])
+    book = LeaseBook(Options())
+    leases = q.pop(n)
+    book.hold(q, leases)
+    return q, book, leases
+
+
+def test_a_lease_lost_while_held_is_reported(redis_client, key_prefix, caplog):
+    q, book, (a, b) = held_book(redis_client, key_prefix)
+    # Given a lease the book still holds, taken away in Redis (another consumer's sweep)
+    q.requeue(a)
+    # When the keeper renews
+    with caplog.at_level(logging.WARNING, logger="celery_pq.leases"):
+        LeaseKeeper(transport=None).renew([book])
+    # Then that loss is reported, and only that one
+    lost = [r.getMessage() for r in caplog.records if "lost before renewal" in r.getMessage()]
+    assert len(lost) == 1 and "e0" in lost[0]
+
+
+def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(redis_client, key_prefix, caplog,
+                                                                             monkeypatch):
+    q, book, (a, b) = held_book(redis_client, key_prefix)
+    # Given the keeper's snapshot of the book, then an ack of one of its leases (the race)
+    snapshot = book.held()
+    book.drop(a.token)
+    assert q.ack(a)
+    monkeypatch.setattr(book, "held", lambda: snapshot)
+    # When the keeper renews with that snapshot
+    with caplog.at_level(logging.WARNING, logger="celery_pq.leases"):
+        LeaseKeeper(transport=None).renew([book])
+    # Then the refused renewal of the acked lease is no warning, and the other lease was renewed
+    assert [r for r in caplog.records if "lost before renewal" in r.getMessage()] == []
+    assert q.lease_of("e1")["seconds_left"] > 50
