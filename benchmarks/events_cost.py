@@ -51,8 +51,12 @@ def _publish(producer, q, n):
 
 
 def _script_usec(client) -> float:
-    """Microseconds Redis spent per EVALSHA since the last CONFIG RESETSTAT."""
-    return float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec_per_call", 0.0))
+    """Microseconds Redis spent per script call (FCALL, or EVALSHA where the server has no
+    functions) since the last CONFIG RESETSTAT."""
+    stats = client.info("commandstats")
+    calls = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha"))
+    usec = sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("fcall", "evalsha"))
+    return usec / calls if calls else 0.0
 
 
 def publish_rate(url, options, n, client) -> tuple[float, float]:

@@ -338,6 +338,26 @@ def _load_library(conn, pool) -> bool:
     return True
 
 
+try:  # the protocol packer redis-py itself uses when hiredis is installed
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - hiredis is optional
+    _pack = None
+
+
+def _send(conn, words: tuple) -> None:
+    """Send one script call on ``conn``. With hiredis, packed by it at once: redis-py's own path
+    looks at every argument for bytearray and memoryview first, a third of the client's cost of
+    a call of thirty arguments. Anything hiredis will not pack takes redis-py's path (and its
+    error)."""
+    if _pack is not None:
+        try:
+            conn.send_packed_command([_pack(words)])
+            return
+        except TypeError:
+            pass
+    conn.send_command(*words)
+
+
 def _function_missing(exc: Exception) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("Function not found")
 
@@ -396,20 +416,20 @@ class LuaScript:
             use = _load_library(conn, pool)
         if use:
             try:
-                conn.send_command("FCALL", self.function, len(keys), *keys, *args)
+                _send(conn, ("FCALL", self.function, len(keys), *keys, *args))
                 return conn.read_response()
             except ResponseError as exc:  # the library is gone (restart, FUNCTION FLUSH): load it
                 if not _function_missing(exc) or not _load_library(conn, pool):
                     raise
-                conn.send_command("FCALL", self.function, len(keys), *keys, *args)
+                _send(conn, ("FCALL", self.function, len(keys), *keys, *args))
                 return conn.read_response()
         try:
-            conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            _send(conn, ("EVALSHA", self.sha, len(keys), *keys, *args))
             return conn.read_response()
         except NoScriptError:  # Redis restarted or flushed its scripts: load, run again
             conn.send_command("SCRIPT", "LOAD", self.script)
             conn.read_response()
-            conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            _send(conn, ("EVALSHA", self.sha, len(keys), *keys, *args))
             return conn.read_response()
 
 
