@@ -25,6 +25,9 @@ for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
     local batch = math.max(want - got, 10)
     local ptrs = redis.call('LRANGE', key, start, start + batch - 1)
     for _, p in ipairs(ptrs) do
+      if got >= want then
+        break
+      end
       local eid, score, v = pi_entry(ii, lt, p, rank)
       if eid and not seen[eid] then
         seen[eid] = true

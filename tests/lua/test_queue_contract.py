@@ -551,3 +551,18 @@ def test_the_library_starts_every_call_with_fresh_module_state(fresh_redis):
     assert q.dead.size() == 1
     # When the next call drops nothing, it says it dropped nothing
     assert q.reclaim()["dead_dropped"] == 0
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_peek_gives_exactly_the_count_asked_in_delivery_order(redis_client, key_prefix, fair):
+    # Given 12 entries over three priorities (two tenants when fair)
+    q = PriorityQueue(redis_client, "peekn", key_prefix=key_prefix, fair=fair)
+    for i in range(12):
+        q.insert(b"x", [0, 100, 255][i % 3], id=f"e{i}", tenant=("a", "b")[i % 2] if fair else None)
+    # When fewer entries are asked for than a rank holds, or more than there are
+    # Then exactly that many come back (all there are at most), the highest priority first
+    for n in (1, 3, 5, 12, 20):
+        got = q.peek(n)
+        assert len(got) == min(n, 12), n
+        assert [e.priority for e in got] == sorted((e.priority for e in got), reverse=True)
+    assert [e.id for e in q.peek(5)] == ["e2", "e5", "e8", "e11", "e1"]
