@@ -11,8 +11,6 @@ argument, its task id is derived from ``n`` (option ``key``).
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import redis
@@ -28,17 +26,9 @@ CHUNK = 1_000
 
 
 def spark_session():
-    from pyspark.sql import SparkSession
+    from celery_pq.spark.session import local_spark
 
-    from celery_pq.spark import register
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers must import celery_pq
-    spark = (SparkSession.builder.master("local[2]").appName("celery-pq-spark-bulk")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_spark("celery-pq-spark-bulk", "local[2]")
 
 
 def write(spark, port, rows, queue) -> float:

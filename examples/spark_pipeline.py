@@ -49,18 +49,9 @@ def wait(predicate, timeout, what):
 
 
 def spark_session():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from celery_pq.spark.session import local_spark
 
-    from celery_pq.spark import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("celery-pq-spark-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_spark("celery-pq-spark-demo", "local[2]")
 
 
 def rows_frame(spark, rows: int):

@@ -13,8 +13,6 @@ import base64
 import html
 import io
 import math
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,18 +73,10 @@ class Report:
 
 
 def local_spark(app_name: str = "celery-pq-report"):
-    """A local SparkSession for the command line (workers run this very Python)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    """A local SparkSession for the command line (``session.local_spark``)."""
+    from .session import local_spark as make
 
-    spark = (SparkSession.builder.master("local[*]").appName(app_name)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return make(app_name, shuffle_partitions=4)
 
 
 def _plots(queue: str, frames: dict) -> bytes:

@@ -22,26 +22,12 @@ def pytest_collection_modifyitems(config, items):
 def spark():
     if shutil.which("java") is None:
         pytest.skip("no Java: PySpark needs Java 17 (bash scripts/ensure-java.sh says what to install)")
-    import os
-    import sys
+    # (the Python workers run the interpreter running the tests: they import the same celery_pq)
+    from celery_pq.spark.session import local_spark
 
-    from pyspark.sql import SparkSession
-
-    # the Python workers (executors, and the data source planner on the driver) must import
-    # celery_pq: the interpreter running the tests has it
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-    from celery_pq.spark import register
-
-    session = (SparkSession.builder.master("local[2,4]").appName("celery-pq-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_spark("celery-pq-tests", "local[2,4]", **{
+        "spark.default.parallelism": "2", "spark.driver.memory": "1g",
+        "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true"})
     try:
         yield session
     finally:
