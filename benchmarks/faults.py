@@ -1,0 +1,124 @@
+"""The fault suite, long: each scenario on celery-pq and on kombu's Redis transport, side by side.
+
+    python -m benchmarks.faults [--smoke] [--out DIR] [--only NAME ...]
+
+Each scenario (one function here, also run bounded by tests/faults/) returns the harness's
+classification (benchmarks/fault_harness.py): lost, recovered, duplicated, unexpected, throughput.
+Results go to benchmarks/results/faults.{json,md}; ``--smoke`` runs each tiny.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from celery_pq.testing import RedisServer
+
+from .common import RESULTS
+from .fault_harness import TRANSPORTS, FaultRun, summary
+
+
+def worker_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 3,
+                 lease: float = 2.0, task_seconds: float = 0.1, drain: float = 60.0, seed: int = 1) -> dict:
+    """Producers publish ``tasks`` at ``rate`` per second while a random worker's process group
+    is SIGKILLed and restarted every 1-2 s."""
+    rng = random.Random(seed)
+    with RedisServer() as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            run.start_workers(workers)
+            run.start_producers(tasks, rate=rate)
+            while run.producing():
+                time.sleep(rng.uniform(1.0, 2.0))
+                run.kill_and_restart(f"w{rng.randrange(workers)}")
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(0.5)  # the last acks
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            return result
+        finally:
+            run.close()
+
+
+def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: float = 2.0,
+                   stall: float = 5.0, task_seconds: float = 0.5, drain: float = 60.0) -> dict:
+    """One of two workers is SIGSTOPped with tasks under way for longer than its lease, then
+    SIGCONTinued: its tasks run elsewhere, its late acks are refused, nothing runs a third time."""
+    with RedisServer() as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            run.start_workers(2)
+            run.start_producers(tasks, threads=1, rate=tasks / 4)
+            # stop w0 once each of its pool processes has started a task
+            from .fault_harness import wait_for
+            pgid = run.workers["w0"].pid
+            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
+                                 if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
+            run.signal_worker("w0", signal.SIGSTOP)
+            time.sleep(stall)
+            run.signal_worker("w0", signal.SIGCONT)
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            logs = run.worker_logs()
+            result["late_acks_logged"] = logs.count("came after its lease ran out")
+            return result
+        finally:
+            run.close()
+
+
+SCENARIOS = {
+    "worker_kills": (worker_kills, {"tasks": 20_000, "rate": 150.0, "drain": 300.0},
+                     {"tasks": 120, "rate": 40.0}),
+    "stalled_worker": (stalled_worker, {"tasks": 600}, {"tasks": 40}),
+}
+
+
+def markdown(results: dict) -> str:
+    lines = ["# Fault suite", "",
+             "Every task id classified as Jepsen's queue checker does (benchmarks/faults.py).", ""]
+    keys = ["returned", "raised", "done", "lost", "recovered", "duplicated", "unexpected",
+            "unexplained_duplicates", "max_runs", "kills", "per_second"]
+    for name, by_transport in results.items():
+        lines += [f"## {name}", "", "| | " + " | ".join(TRANSPORTS) + " |",
+                  "| --- |" + " --- |" * len(TRANSPORTS)]
+        for key in keys:
+            row = [str(by_transport.get(t, {}).get(key, "")) for t in TRANSPORTS]
+            lines.append(f"| {key} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args(argv)
+    out = Path(args.out) if args.out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for name, (fn, long_kw, smoke_kw) in SCENARIOS.items():
+        if args.only and name not in args.only:
+            continue
+        results[name] = {}
+        for transport in TRANSPORTS:
+            with tempfile.TemporaryDirectory(prefix="pq-faults-") as tmp:
+                result = fn(transport, Path(tmp), **(smoke_kw if args.smoke else long_kw))
+            results[name][transport] = summary(result)
+            print(name, transport, json.dumps(results[name][transport]), flush=True)
+    (out / "faults.json").write_text(json.dumps({"smoke": args.smoke, "results": results}, indent=2))
+    (out / "faults.md").write_text(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
