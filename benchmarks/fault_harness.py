@@ -86,9 +86,12 @@ class FaultRun:
         self.app.conf.broker_transport_options = self.options
         self.app.conf.broker_connection_max_retries = None
         self.workers: dict[str, subprocess.Popen] = {}
-        self.kills: list[tuple[int, float]] = []  # (process group, time) of each SIGKILL / SIGSTOP
+        # (process group, time) of each SIGKILL / SIGSTOP of a worker; process group 0: the broker
+        self.kills: list[tuple[int, float]] = []
+        self.lease = lease
         self.attempted: set[str] = set()
         self.ok: set[str] = set()
+        self.ok_at: dict[str, float] = {}  # id -> when its publish returned
         self.raised: set[str] = set()
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -165,6 +168,7 @@ class FaultRun:
                     else:
                         with self._lock:
                             self.ok.add(tid)
+                            self.ok_at[tid] = time.time()
         except Exception as exc:  # a producer that could not connect at all
             with self._lock:
                 self.errors.append(f"producer {index}: {exc!r}")
@@ -254,13 +258,28 @@ class FaultRun:
         }
 
     def unexplained(self, duplicated, starts) -> list[str]:
-        """Duplicates whose first run was not under way on a worker when it was killed/stopped."""
+        """Duplicates whose first run was not under way (or just done, its ack not yet applied:
+        within one lease) on a worker when it was killed or stopped, or when the broker was."""
+        runs = self.runs()
         out = []
         for tid in duplicated:
-            _, pgid, _, t0 = starts[tid][0]
-            if not any(k_pgid == pgid and k_t >= t0 for k_pgid, k_t in self.kills):
+            _, pgid, pid, t0 = starts[tid][0]
+            done = [r[3] for r in runs[tid] if r[0] == "done" and r[2] == pid and r[3] >= t0]
+            t1 = min(done) if done else float("inf")
+            if not any(k_pgid in (0, pgid) and t0 <= k_t <= t1 + self.lease for k_pgid, k_t in self.kills):
                 out.append(tid)
         return out
+
+    def loss_window(self, lost) -> float:
+        """The longest time between a lost publish's return and the broker's next kill."""
+        kills = sorted(t for pgid, t in self.kills if pgid == 0)
+        window = 0.0
+        for tid in lost:
+            at = self.ok_at.get(tid)
+            after = [k for k in kills if at is not None and k >= at]
+            if after:
+                window = max(window, after[0] - at)
+        return round(window, 3)
 
     def close(self) -> None:
         for proc in self.workers.values():

@@ -76,10 +76,49 @@ def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: fl
             run.close()
 
 
+def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 2,
+                kills: int = 3, down: float = 0.5, fsync: str = "always", lease: float = 3.0,
+                drain: float = 60.0, seed: int = 2) -> dict:
+    """The broker redis-server (AOF, ``appendfsync`` = ``fsync``) is SIGKILLed and restarted on
+    the same port and directory ``kills`` times while producers (Celery's publish retry) and
+    workers go on; the workers are never restarted."""
+    rng = random.Random(seed)
+    with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=0.02)
+        try:
+            run.start_workers(workers)
+            pids = {name: p.pid for name, p in run.workers.items()}
+            run.start_producers(tasks, rate=rate)
+            period = tasks / rate / (kills + 1)
+            for _ in range(kills):
+                time.sleep(period * rng.uniform(0.7, 1.3))
+                run.kills.append((0, time.time()))
+                server.kill()
+                time.sleep(down)
+                server.start()
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)  # the last acks
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            result["fsync"] = fsync
+            result["loss_window_s"] = run.loss_window(result["lost"])
+            return result
+        finally:
+            run.close()
+
+
 SCENARIOS = {
     "worker_kills": (worker_kills, {"tasks": 20_000, "rate": 150.0, "drain": 300.0},
                      {"tasks": 120, "rate": 40.0}),
     "stalled_worker": (stalled_worker, {"tasks": 600}, {"tasks": 40}),
+    "redis_kills": (redis_kills, {"tasks": 6000, "rate": 100.0, "kills": 10, "drain": 120.0},
+                    {"tasks": 100, "rate": 40.0, "kills": 2}),
+    "redis_kills_everysec": (redis_kills, {"tasks": 6000, "rate": 100.0, "kills": 10, "fsync": "everysec",
+                                           "drain": 30.0},
+                             {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec", "drain": 10.0}),
 }
 
 

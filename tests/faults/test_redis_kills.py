@@ -1,0 +1,24 @@
+"""The broker redis-server dies: AOF with appendfsync always, SIGKILLed and restarted on the same
+port and directory while publishing and consuming go on (benchmarks/faults.py::redis_kills)."""
+
+import pytest
+
+from benchmarks.faults import redis_kills
+
+pytestmark = pytest.mark.e2e
+
+
+def test_redis_sigkilled_three_times_loses_no_publish_that_returned(tmp_path):
+    # Given two prefork workers and producers with Celery's publish retry, when the broker
+    # (appendfsync always) is SIGKILLed and restarted 3 times while 150 tasks are published
+    result = redis_kills("celery-pq", tmp_path, tasks=150, rate=40.0, kills=3, down=0.5, fsync="always",
+                         drain=40.0)
+    # Then every publish that returned ran, and a publish that raised, if any, ran at most once more
+    assert result["kills"] == 3
+    assert result["lost"] == [] and result["unexpected"] == []
+    assert result["done"] >= result["returned"] >= 150 - result["raised"]
+    # duplicates only of tasks under way (or whose ack was not yet applied) when Redis died,
+    assert result["unexplained_duplicates"] == [] and result["max_runs"] <= 2
+    # the workers carried on without a restart, and nothing stays leased or waiting
+    assert result["workers_alive"] == 2 and result["workers_restarted"] == 0
+    assert result["residue"] == {"waiting": 0, "leased": 0}
