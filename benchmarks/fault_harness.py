@@ -212,10 +212,19 @@ class FaultRun:
     def wait_all_done(self, timeout: float) -> bool:
         """True when every id whose publish returned has run to its end within ``timeout``."""
         deadline = time.monotonic() + timeout
+        empty_since = None
         while time.monotonic() < deadline:
             if self.ok <= self.done_ids():
                 self.finished_at = time.time()
                 return True
+            # some are lost: stop once the broker has had nothing waiting or leased for 3 s
+            try:
+                empty = not any(self.residue().values())
+            except redis.RedisError:
+                empty = False
+            empty_since = (empty_since or time.monotonic()) if empty else None
+            if empty_since and time.monotonic() - empty_since > 3.0:
+                break
             time.sleep(0.25)
         self.finished_at = time.time()
         return False

@@ -110,6 +110,33 @@ def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float 
             run.close()
 
 
+def aof_loss_window(transport: str, workdir: Path, *, fsync: str = "everysec", rate: float = 300.0,
+                    seconds: float = 3.0, drain: float = 60.0) -> dict:
+    """Producers publish at ``rate`` for ``seconds`` into a backlog (no worker yet); the broker
+    (AOF, ``appendfsync`` = ``fsync``) is SIGKILLed then restarted; then workers drain it. Lost
+    publishes are those the AOF had not written; ``loss_window_s`` is how long before the kill
+    the earliest of them returned."""
+    tasks = int(rate * (seconds + 2))
+    with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
+        run = FaultRun(transport, server, workdir, lease=3.0, task_seconds=0.0)
+        try:
+            run.start_producers(tasks, rate=rate)
+            time.sleep(seconds)
+            run.kills.append((0, time.time()))
+            server.kill()
+            time.sleep(0.3)
+            server.start()
+            run.join_producers()
+            run.start_workers(2)
+            run.wait_all_done(drain)
+            result = run.classify()
+            result["fsync"] = fsync
+            result["loss_window_s"] = run.loss_window(result["lost"])
+            return result
+        finally:
+            run.close()
+
+
 SCENARIOS = {
     "worker_kills": (worker_kills, {"tasks": 20_000, "rate": 150.0, "drain": 300.0},
                      {"tasks": 120, "rate": 40.0}),
@@ -119,6 +146,8 @@ SCENARIOS = {
     "redis_kills_everysec": (redis_kills, {"tasks": 6000, "rate": 100.0, "kills": 10, "fsync": "everysec",
                                            "drain": 30.0},
                              {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec", "drain": 10.0}),
+    "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
+    "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
 }
 
 

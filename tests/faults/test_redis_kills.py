@@ -3,7 +3,7 @@ port and directory while publishing and consuming go on (benchmarks/faults.py::r
 
 import pytest
 
-from benchmarks.faults import redis_kills
+from benchmarks.faults import aof_loss_window, redis_kills
 
 pytestmark = pytest.mark.e2e
 
@@ -22,3 +22,14 @@ def test_redis_sigkilled_three_times_loses_no_publish_that_returned(tmp_path):
     # the workers carried on without a restart, and nothing stays leased or waiting
     assert result["workers_alive"] == 2 and result["workers_restarted"] == 0
     assert result["residue"] == {"waiting": 0, "leased": 0}
+
+
+@pytest.mark.parametrize("fsync", ["always", "everysec"])
+def test_a_backlog_survives_a_redis_process_crash_with_either_fsync_policy(tmp_path, fsync):
+    # Given producers filling a backlog (no worker yet) into a broker with AOF, when redis-server
+    # is SIGKILLed mid-publish and restarted (a process crash: the kernel keeps what Redis wrote,
+    # fsynced or not), then the workers started afterwards run every publish that returned
+    result = aof_loss_window("celery-pq", tmp_path, fsync=fsync, rate=100.0, seconds=1.5, drain=30.0)
+    assert result["lost"] == [] and result["unexpected"] == []
+    assert result["done"] >= result["returned"] > 0
+    assert result["max_runs"] == 1
