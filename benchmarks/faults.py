@@ -137,6 +137,54 @@ def aof_loss_window(transport: str, workdir: Path, *, fsync: str = "everysec", r
             run.close()
 
 
+def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, pause: float = 5.0,
+                task_seconds: float = 1.0, how: str = "sigstop", drain: float = 60.0) -> dict:
+    """Two workers run tasks of ``task_seconds``; the broker is paused (SIGSTOP, or a
+    ``DEBUG SLEEP`` from a client) for ``pause`` seconds, longer than the lease, with tasks under
+    way, then goes on. Its clock has moved on by the pause: were every lease taken as expired
+    at once, each task under way would run twice."""
+    import threading
+
+    with RedisServer(config={"enable-debug-command": "yes"}) as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            run.start_workers(2)
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            from .fault_harness import wait_for
+            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows if r[0] == "start")
+                     >= 2 * run.concurrency, 30, "tasks under way")
+            time.sleep(lease / 2)
+            run.kills.append((0, time.time()))
+            if how == "sigstop":
+                server.process.send_signal(signal.SIGSTOP)
+                time.sleep(pause)
+                server.process.send_signal(signal.SIGCONT)
+            else:
+                admin = server.client(socket_timeout=pause + 30)
+                sleeper = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", str(pause)))
+                sleeper.start()
+                sleeper.join()
+                admin.close()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["how"] = how
+            result["under_way_at_pause"] = sum(
+                1 for rows in run.runs().values()
+                if any(r[0] == "start" and r[3] <= run.kills[0][1] for r in rows)
+                and not any(r[0] == "done" and r[3] <= run.kills[0][1] for r in rows))
+            return result
+        finally:
+            if server.process is not None:
+                try:
+                    server.process.send_signal(signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            run.close()
+
+
 SCENARIOS = {
     "worker_kills": (worker_kills, {"tasks": 20_000, "rate": 150.0, "drain": 300.0},
                      {"tasks": 120, "rate": 40.0}),
@@ -146,6 +194,8 @@ SCENARIOS = {
     "redis_kills_everysec": (redis_kills, {"tasks": 6000, "rate": 100.0, "kills": 10, "fsync": "everysec",
                                            "drain": 30.0},
                              {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec", "drain": 10.0}),
+    "redis_pause_sigstop": (redis_pause, {"tasks": 200}, {"tasks": 12}),
+    "redis_pause_debug_sleep": (redis_pause, {"tasks": 200, "how": "debug_sleep"}, {"tasks": 12, "how": "debug_sleep"}),
     "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
     "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
 }
