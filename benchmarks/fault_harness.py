@@ -57,10 +57,12 @@ def wait_for(pred, timeout: float, what: str = "condition"):
 
 class FaultRun:
     """One scenario on one transport. ``lease`` is celery-pq's ``lease_seconds`` and kombu's
-    ``visibility_timeout`` alike; ``options`` adds transport options."""
+    ``visibility_timeout`` alike; ``options`` adds transport options; ``via_port`` sends the
+    producers and workers to Redis through that port (a proxy), the checks go straight."""
 
     def __init__(self, transport: str, server, workdir: Path, *, lease: float = 2.0, concurrency: int = 2,
-                 task_seconds: float = 0.02, options: dict | None = None, seed: int = 13):
+                 task_seconds: float = 0.02, options: dict | None = None, seed: int = 13,
+                 via_port: int | None = None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         self.transport = transport
@@ -69,12 +71,13 @@ class FaultRun:
         self.records = self.dir / "records"
         self.records.mkdir(parents=True, exist_ok=True)
         self.prefix = "pqf" + uuid.uuid4().hex[:8]
+        port = via_port or server.port
         if transport == "celery-pq":
-            self.url = f"pq://127.0.0.1:{server.port}/0"
+            self.url = f"pq://127.0.0.1:{port}/0"
             self.options = {"key_prefix": self.prefix, "lease_seconds": lease, "sweep_interval": min(0.5, lease / 4),
                             "fair_key": "tenant", **(options or {})}
         else:
-            self.url = f"redis://127.0.0.1:{server.port}/0"
+            self.url = f"redis://127.0.0.1:{port}/0"
             self.options = {"visibility_timeout": lease, **(options or {})}
         self.concurrency = concurrency
         self.task_seconds = task_seconds
@@ -101,14 +104,19 @@ class FaultRun:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def worker(self, name: str, wait_ready: bool = True) -> subprocess.Popen:
+    def worker(self, name: str, wait_ready: bool = True, broker_port: int | None = None) -> subprocess.Popen:
+        """Start worker ``name``; ``broker_port`` sends it to the broker through another port
+        (a proxy) on 127.0.0.1."""
         self._serial += 1
         log_path = self.dir / f"{name}.{self._serial}.log"
         args = [sys.executable, "-m", "celery", "-A", "benchmarks.fault_app", "worker", "-P", "prefork",
                 "-c", str(self.concurrency), "--prefetch-multiplier", "1", "-Q", QUEUE, "-l", "info",
                 "-n", f"{name}.{self._serial}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"]
+        env = self.env
+        if broker_port is not None:
+            env = dict(env, FAULT_BROKER=self.url.rsplit(":", 1)[0] + f":{broker_port}/0")
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         proc.log_path = log_path
         self.workers[name] = proc

@@ -187,6 +187,80 @@ def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float 
             run.close()
 
 
+def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, partition: float = 6.0,
+                     task_seconds: float = 1.0, drain: float = 60.0) -> dict:
+    """Two workers, one reaching Redis through a proxy (tests/support/proxy.py) that partitions
+    it for ``partition`` seconds (longer than its lease) with tasks under way, then heals: its
+    tasks run on the other worker, its late acks and renewals are refused by their token, and
+    it takes work again once the network is back."""
+    from tests.support.proxy import FaultProxy
+
+    from .fault_harness import wait_for
+
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            cut_off = run.worker("w0", broker_port=proxy.port)
+            run.worker("w1")
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            pgid = cut_off.pid
+            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
+                                 if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
+            run.kills.append((pgid, time.time()))
+            proxy.partition()
+            time.sleep(partition)
+            proxy.heal()
+            healed = time.time()
+            # more work after the heal: the partitioned worker must take some of it
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["late_acks_logged"] = run.worker_logs().count("came after its lease ran out")
+            result["partitioned_worker_ran_after_heal"] = sum(
+                1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed)
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
+def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: float = 40.0, workers: int = 2,
+                    lease: float = 3.0, drain: float = 60.0, seed: int = 3) -> dict:
+    """Producers and workers reach Redis through a proxy that cuts every connection, mid-command
+    or not, every 0.5-1.5 s while publishing (Celery's publish retry) and consuming go on."""
+    from tests.support.proxy import FaultProxy
+
+    rng = random.Random(seed)
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=0.05, via_port=proxy.port)
+        try:
+            run.start_workers(workers)
+            pids = {name: p.pid for name, p in run.workers.items()}
+            run.start_producers(tasks, rate=rate)
+            while run.producing():
+                time.sleep(rng.uniform(0.5, 1.5))
+                run.kills.append((0, time.time()))
+                proxy.cut()
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
 SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
     "worker_kills": (worker_kills, {"tasks": 4000, "rate": 100.0, "drain": 120.0},
                      {"tasks": 120, "rate": 40.0}),
@@ -198,6 +272,8 @@ SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
                              {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec"}),
     "redis_pause_sigstop": (redis_pause, {"tasks": 100}, {"tasks": 12}),
     "redis_pause_debug_sleep": (redis_pause, {"tasks": 100, "how": "debug_sleep"}, {"tasks": 12, "how": "debug_sleep"}),
+    "worker_partition": (worker_partition, {"tasks": 100}, {"tasks": 12}),
+    "connection_cuts": (connection_cuts, {"tasks": 2000, "rate": 60.0}, {"tasks": 60}),
     "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
     "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
 }
