@@ -305,6 +305,11 @@ def main(argv=None):
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
+    previous = out / "faults.json"
+    if args.only and previous.exists():  # a run of some scenarios keeps the others' last figures
+        kept = json.loads(previous.read_text())
+        if kept.get("smoke") == args.smoke:
+            results.update(kept["results"])
     for name, (fn, long_kw, smoke_kw) in SCENARIOS.items():
         if (args.only and name not in args.only) or (args.smoke and not args.only and name not in SMOKE):
             continue
