@@ -16,13 +16,14 @@ import json
 import random
 import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from celery_pq.testing import RedisServer
 
 from .common import RESULTS
-from .fault_harness import TRANSPORTS, FaultRun, summary
+from .fault_harness import TRANSPORTS, FaultRun, summary, wait_for
 
 
 def worker_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 3,
@@ -59,7 +60,6 @@ def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: fl
             run.start_workers(2)
             run.start_producers(tasks, threads=1, rate=tasks / 4)
             # stop w0 once each of its pool processes has started a task
-            from .fault_harness import wait_for
             pgid = run.workers["w0"].pid
             wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
                                  if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
@@ -145,15 +145,12 @@ def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float 
     ``DEBUG SLEEP`` from a client) for ``pause`` seconds, longer than the lease, with tasks under
     way, then goes on. Its clock has moved on by the pause: were every lease taken as expired
     at once, each task under way would run twice."""
-    import threading
-
     with RedisServer(config={"enable-debug-command": "yes"}) as server:
         run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
         try:
             run.start_workers(2)
             run.start_producers(tasks, threads=1)
             run.join_producers()
-            from .fault_harness import wait_for
             wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows if r[0] == "start")
                      >= 2 * run.concurrency, 30, "tasks under way")
             time.sleep(lease / 2)
@@ -195,7 +192,6 @@ def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: f
     it takes work again once the network is back."""
     from tests.support.proxy import FaultProxy
 
-    from .fault_harness import wait_for
 
     with RedisServer() as server:
         proxy = FaultProxy(server.port)
