@@ -233,6 +233,8 @@ class FaultRun:
             empty_since = (empty_since or time.monotonic()) if empty else None
             if empty_since and time.monotonic() - empty_since > 3.0:
                 break
+            if self.workers and all(p.poll() is not None for p in self.workers.values()):
+                break  # every worker has exited: nothing more will run
             time.sleep(0.25)
         self.finished_at = time.time()
         return False
