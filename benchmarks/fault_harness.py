@@ -271,6 +271,7 @@ class FaultRun:
             "unexpected": sorted(started - self.attempted),
             "max_runs": max((len(rows) for rows in starts.values()), default=0),
             "unexplained_duplicates": sorted(self.unexplained(duplicated, starts)),
+            "unexplained_detail": self.detail(self.unexplained(duplicated, starts)[:5], runs),
             "kills": len(self.kills),
             "seconds": round(elapsed, 2),
             "per_second": round(len(done) / elapsed, 1) if elapsed > 0 else 0.0,
@@ -288,6 +289,13 @@ class FaultRun:
             if not any(k_pgid in (0, pgid) and t0 <= k_t <= t1 + self.lease for k_pgid, k_t in self.kills):
                 out.append(tid)
         return out
+
+    def detail(self, ids, runs) -> dict:
+        """For a few ids: their runs (kind, process group, time) and the faults' times, relative
+        to the start of the run, to see why they ran twice."""
+        t0 = self.started_at or 0.0
+        return {tid: {"runs": [(kind, pgid, round(t - t0, 3)) for kind, pgid, _, t in runs[tid]],
+                      "faults": [(pgid, round(t - t0, 3)) for pgid, t in self.kills]} for tid in ids}
 
     def loss_window(self, lost) -> float:
         """The longest time between a lost publish's return and the broker's next kill."""
