@@ -4,7 +4,8 @@
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py)
-#   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes
+#   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes, then the
+#                fault suite's long runs (benchmarks/faults.py, about 7 minutes; results in SOAK_OUT)
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
 #   make clean   remove .venv, build artefacts and caches
 #
@@ -35,6 +36,7 @@ DEMO_ARGS   ?=
 SPARK_DEMO_ARGS ?=
 BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
+SOAK_OUT    ?= $${TMPDIR:-/tmp}/celery-pq-soak
 
 .PHONY: all venv install redis test soak demo spark-demo bench profile clean
 
@@ -86,7 +88,8 @@ test: install
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
 soak: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS)
+	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS) && \
+	$(VPY) -m benchmarks.faults --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
 
 demo: $(BASE_STAMP)
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \

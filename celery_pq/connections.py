@@ -18,6 +18,7 @@ checked here when the pool is made.
 from __future__ import annotations
 
 import inspect
+import logging
 from urllib.parse import urlsplit
 
 import redis
@@ -26,6 +27,12 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 
 from . import constants as C
 from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Eviction policies that may drop any key, a queue's included. (The volatile-* policies evict
+#: only keys with a time to live: of ours, only the sweep guard, whose loss costs one extra sweep.)
+EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 
 #: The port of a sentinel named without one (Redis Sentinel's own default).
 SENTINEL_PORT = 26379
@@ -144,3 +151,25 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
             f"TLS: the Redis server's certificate was refused ({text}); check ssl_ca_certs in broker_use_ssl "
             "(the CA that signed the server's certificate) and the host name the URL names")
     return exc
+
+
+def eviction_policy(client: redis.Redis) -> str | None:
+    """The server's ``maxmemory-policy`` (from ``INFO memory``), or None when this user may not
+    ask (an ACL user without INFO) or the server does not say."""
+    try:
+        policy = client.info("memory").get("maxmemory_policy")
+    except rex.ResponseError:
+        return None
+    return policy.decode() if isinstance(policy, bytes) else policy
+
+
+def warn_if_evicting(client: redis.Redis) -> str | None:
+    """Warn (loudly: an evicted key is a lost message, or a queue whose tables disagree) when
+    the server may evict any key. Returns the policy found."""
+    policy = eviction_policy(client)
+    if policy in EVICTING_POLICIES:
+        logger.warning("celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
+                       "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
+                       "noeviction for the broker: a full Redis then refuses a publish with an error instead",
+                       policy)
+    return policy

@@ -29,6 +29,8 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:td    hash    tenant -> deliveries (fair queues), kept by pop_fair
     pq:{orders}:ev    stream  the event log, when on (docs/events.md), capped MAXLEN ~ event_log
     pq:{orders}:gc    hash    cursors of the fairness clean-up in the sweep
+    pq:{orders}:sw    string  time of the last sweep (ms, Redis clock): a longer gap than the
+                              sweep's ``gap_ms`` gives leases back the time they had left
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
     pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
@@ -45,7 +47,7 @@ BINDING_SEP = "\x06\x16"
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
-            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev")
+            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev", "sw")
 #: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
@@ -93,6 +95,7 @@ class QueueKeys:
     gc: str
     td: str
     ev: str
+    sw: str
 
     @property
     def stem(self) -> str:

@@ -35,6 +35,9 @@ class LeaseBook:
         self._held: dict[str, tuple[PriorityQueue, str]] = {}  # delivery tag -> (queue, entry id)
         self._acks: dict[PriorityQueue, Pairs] = {}  # acks waiting for the next round trip
         self._waiting = 0  # how many
+        # Tags of acks whose round trip failed: sent again, they may find their entry acked by
+        # the first sending (its reply was lost). Any other refused ack is late, and says so.
+        self._resent: set[str] = set()
         self._queues: tuple[PriorityQueue, ...] = ()  # the consumed queues, swept by the keeper
         #: Set at the channel's close: acks then wait for the keeper (a lost connection).
         self.closed = False
@@ -137,12 +140,16 @@ class LeaseBook:
                 for q, pairs in pending.items():
                     self._acks[q] = pairs + self._acks.get(q, [])
                     self._waiting += len(pairs)
+                    self._resent.update(tag for _, tag in pairs)
             raise
         for q, pairs in pending.items():
-            for (eid, _), code in zip(pairs, codes.get(q, ())):
+            for (eid, tag), code in zip(pairs, codes.get(q, ())):
+                with self._lock:
+                    resent = tag in self._resent
+                    self._resent.discard(tag)
                 if code == 1:
                     continue
-                if code == ErrorCode.NOT_LEASED and _gone(q, eid):
+                if code == ErrorCode.NOT_LEASED and resent and _gone(q, eid):
                     # an ack sent again after the reply to its first sending was lost
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue

@@ -42,6 +42,14 @@ _REFUSALS = {
 }
 
 
+def gap_seconds(options) -> float:
+    """How long without any sweep of a queue means nobody could reach Redis (it was paused,
+    down or unreachable) rather than a slow sweeper: two sweep intervals, at least 1 s, and at
+    most half a lease, so that a pause long enough to let leases run out (over a lease, the
+    last renewal having been at most a third of a lease earlier) is always seen as a gap."""
+    return min(options.lease_seconds / 2, max(2 * options.sweep_interval, 1.0))
+
+
 def write_refusal(exc: BaseException) -> str | None:
     """Why Redis refuses writes, when ``exc`` says it does; else None."""
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
@@ -145,10 +153,15 @@ class LeaseKeeper(threading.Thread):
                 if q.name in seen:
                     continue
                 seen.add(q.name)
-                result = q.reclaim(guard_seconds=book.options.sweep_interval * 0.9)
+                gap = gap_seconds(book.options)
+                result = q.reclaim(guard_seconds=book.options.sweep_interval * 0.9, gap_seconds=gap)
                 if not result["skipped"]:
                     self.sweeps += 1
+                if result["restored"]:
+                    logger.warning("celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
+                                   "unreachable): %d lease(s) that ran out meanwhile get the time they had left, "
+                                   "for their holders to renew", q.name, gap, result["restored"])
                 while result["more"]:
-                    result = q.reclaim()
+                    result = q.reclaim(gap_seconds=gap)
                 if result["returned"] or result["dead"] or result["promoted"]:
                     book.returned = True

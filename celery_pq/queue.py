@@ -792,21 +792,25 @@ class PriorityQueue:
             raise_for(code, self.name, entry_id=eid)
         return None
 
-    def reclaim(self, *, limit: int = C.SWEEP_BATCH, guard_seconds: float = 0.0, consumer: str = "") -> dict:
+    def reclaim(self, *, limit: int = C.SWEEP_BATCH, guard_seconds: float = 0.0, consumer: str = "",
+                gap_seconds: float = 0.0) -> dict:
         """The sweep: expired leases (or all leases of ``consumer``) back to Waiting or to the
         dead-letter queue; delayed entries that are due into the queue.
 
-        With ``guard_seconds`` > 0, runs only if no other caller swept in that interval.
+        With ``guard_seconds`` > 0, runs only if no other caller swept in that interval. With
+        ``gap_seconds`` > 0, a sweep that comes more than that long after the last one (Redis
+        was paused or down) first gives each lease that ran out in between the time it had left
+        (``restored``), so that its holder can renew it.
         """
-        returned, dead, skipped, more, promoted, dropped = self._run(
+        returned, dead, skipped, more, promoted, dropped, restored = self._run(
             "reclaim", self._keys("reclaim"),
             [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-             "1" if self.fair else "0", self.scope],
+             "1" if self.fair else "0", self.scope, int(gap_seconds * 1000)],
         )
         if dropped:
             self._warn_dropped(dropped)
         return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more),
-                "promoted": promoted, "dead_dropped": dropped}
+                "promoted": promoted, "dead_dropped": dropped, "restored": restored}
 
     def _warn_dropped(self, n: int) -> None:
         logger.warning("celery-pq: dead-letter queue %s.dead is full (max_dead_length=%s): its %d oldest "

@@ -158,6 +158,9 @@ class Channel(virtual.Channel):
             self.client.ping()  # fail at channel creation, not at the first publish
         except rex.ConnectionError as exc:
             raise connections.explained(exc, connection.tls) from exc
+        if not connection.eviction_checked:  # once per connection: at start, not per channel
+            connection.eviction_checked = True
+            connections.warn_if_evicting(self.client)
         connection.cycle_channels.append(self)
 
     # -- queues and views -----------------------------------------------------------------------
@@ -462,6 +465,7 @@ class Transport(virtual.Transport):
     driver_type = "redis"
     driver_name = "redis"
     use_tls = False
+    eviction_checked = False  # set by the first channel (connections.warn_if_evicting)
 
     implements = virtual.Transport.implements.extend(
         asynchronous=True,

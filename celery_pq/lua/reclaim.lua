@@ -23,8 +23,13 @@
 -- ARGV[4] consumer        "" for expired leases; a consumer id to return all of its leases now
 -- ARGV[5] fair            "1" when fairness is on
 -- ARGV[6] scope           "P" within_priority or "T" tenant_first
+-- ARGV[7] gap_ms          0, or: when the last sweep (key sw, derived from the stem) is more than
+--                         gap_ms ago, nobody could sweep or renew in between (Redis was paused,
+--                         down, or unreachable): each lease whose deadline fell in that gap gets
+--                         back the time it had left when the gap began, counted from now
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
---           promoted delayed entries, dead entries dropped to keep max_dead}; the error reply
+--           promoted delayed entries, dead entries dropped to keep max_dead, leases given
+--           their time back after a gap}; the error reply
 --           MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- A lease record or entry that cannot be parsed does not stop the sweep: the entry goes back
 -- with what can be read, or to the dead-letter queue as "malformed". On a fair queue it also
@@ -47,9 +52,27 @@ local fair = ARGV[5] == '1'
 FA = { scope = ARGV[6], conc = 0, rate = CTX.rate }
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
-  return { 0, 0, 1, 0, 0, 0 }
+  return { 0, 0, 1, 0, 0, 0, 0 }
 end
 local now = now_ms()
+local gap_ms = tonumber(ARGV[7]) or 0
+local restored = 0
+if consumer == '' then
+  -- A lease runs out only if its holder could have renewed it: after a gap in which no sweep
+  -- ran (so no renewal could reach Redis either, when the gap is Redis's own pause or outage),
+  -- a lease that ran out during the gap gets the time it had left, and its holder a chance to
+  -- renew it, instead of every task being delivered again the instant Redis answers.
+  local sw = CTX.stem .. 'sw'
+  local last = tonumber(redis.call('GET', sw) or '')
+  if gap_ms > 0 and last and now - last > gap_ms then
+    local hit = redis.call('ZRANGEBYSCORE', lz, '(' .. fmt(last), fmt(now), 'WITHSCORES')
+    for i = 1, #hit, 2 do
+      redis.call('ZADD', lz, 'XX', fmt(now + tonumber(hit[i + 1]) - last), hit[i])
+    end
+    restored = #hit / 2
+  end
+  redis.call('SET', sw, fmt(now))
+end
 local expired
 if consumer == '' then
   expired = redis.call('ZRANGEBYSCORE', lz, '-inf', fmt(now), 'LIMIT', 0, limit)
@@ -140,4 +163,4 @@ if consumer == '' and #expired == limit then
   more = 1
 end
 flush_counts()
-return { returned, dead, 0, more, promoted, CTX.dropped or 0 }
+return { returned, dead, 0, more, promoted, CTX.dropped or 0, restored }

@@ -33,6 +33,9 @@ def test_benchmarks_run_and_write_results(tmp_path):
     assert peers["per_second"]["pq pop+ack x8"] > 0
     spark = json.loads((tmp_path / "spark_bulk.json").read_text())
     assert spark["stored"] == spark["rows"] == 2_000 and spark["ratio"] > 0
+    faults = json.loads((tmp_path / "faults.json").read_text())["results"]
+    assert set(faults) == {"worker_kills", "redis_kills"}
+    assert faults["worker_kills"]["celery-pq"]["lost"] == 0 and faults["redis_kills"]["kombu-redis"]["returned"] > 0
 
 
 @pytest.mark.slow

@@ -237,7 +237,7 @@ def test_reclaim_returns_expired_and_dead_letters_after_max_deliveries(redis_cli
         assert lease.deliveries == expected
         time.sleep(0.05)
         res = q.reclaim()
-    assert res == {"returned": 0, "dead": 1, "skipped": False, "more": False, "promoted": 0, "dead_dropped": 0}
+    assert res == {"returned": 0, "dead": 1, "skipped": False, "more": False, "promoted": 0, "dead_dropped": 0, "restored": 0}
     assert q.size() == 0 and q.stats()["dead"] == 1
     [dead] = q.dead.peek()
     assert dead.id == "a" and dead.dead_reason == "max_deliveries" and dead.priority == 9

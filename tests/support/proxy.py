@@ -97,3 +97,84 @@ def _close(*socks):
             s.close()
         except OSError:
             pass
+
+
+class FaultProxy:
+    """A TCP proxy on loopback that forwards both ways at once until told to fail.
+
+    ``partition()``: from now on nothing goes through either way and new connections are
+    accepted but never reach the target (a network partition, or a half-open connection:
+    the client's writes succeed and no reply ever comes); ``heal()`` ends it, closing the
+    connections that lived through it (as their peers' timeouts would) so that clients
+    reconnect; ``cut()`` closes every connection now, mid-command or not.
+    """
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((HOST, 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        self._closed = threading.Event()
+        self._open = threading.Event()
+        self._open.set()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._socks.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        self._open.wait()  # a connection made during a partition waits for the heal (and is closed by it)
+        if self._closed.is_set() or client.fileno() < 0:
+            return
+        try:
+            upstream = socket.create_connection((HOST, self.target_port), timeout=5)
+        except OSError:
+            _close(client)
+            return
+        upstream.settimeout(None)
+        with self._lock:
+            self._socks.append(upstream)
+        threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not self._open.is_set():
+                    continue  # partitioned: what is sent is lost
+                dst.sendall(data)
+        except OSError:
+            pass
+        _close(src, dst)
+
+    def cut(self):
+        with self._lock:
+            socks, self._socks = self._socks, []
+        _close(*socks)
+
+    def partition(self):
+        self._open.clear()
+
+    def heal(self):
+        self.cut()
+        self._open.set()
+
+    def close(self):
+        self._closed.set()
+        self._open.set()
+        _close(self._listener)
+        self.cut()

@@ -1,0 +1,323 @@
+"""The fault suite, long: each scenario on celery-pq and on kombu's Redis transport, side by side.
+
+    python -m benchmarks.faults [--smoke] [--out DIR] [--only NAME ...]
+
+A full run takes about 7 minutes on a 2-core machine; ``make soak`` runs it too.
+
+Each scenario (one function here, also run bounded by tests/faults/) returns the harness's
+classification (benchmarks/fault_harness.py): lost, recovered, duplicated, unexpected, throughput.
+Results go to benchmarks/results/faults.{json,md}; ``--smoke`` runs two of them tiny.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from celery_pq.testing import RedisServer
+
+from .common import RESULTS
+from .fault_harness import TRANSPORTS, FaultRun, summary, wait_for
+
+
+def worker_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 3,
+                 lease: float = 2.0, task_seconds: float = 0.1, drain: float = 60.0, seed: int = 1) -> dict:
+    """Producers publish ``tasks`` at ``rate`` per second while a random worker's process group
+    is SIGKILLed and restarted every 1-2 s."""
+    rng = random.Random(seed)
+    with RedisServer() as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            run.start_workers(workers)
+            run.start_producers(tasks, rate=rate)
+            while run.producing():
+                time.sleep(rng.uniform(1.0, 2.0))
+                run.kill_and_restart(f"w{rng.randrange(workers)}")
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(0.5)  # the last acks
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            return result
+        finally:
+            run.close()
+
+
+def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: float = 2.0,
+                   stall: float = 5.0, task_seconds: float = 0.5, drain: float = 60.0) -> dict:
+    """One of two workers is SIGSTOPped with tasks under way for longer than its lease, then
+    SIGCONTinued: its tasks run elsewhere, its late acks are refused, nothing runs a third time."""
+    with RedisServer() as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            run.start_workers(2)
+            run.start_producers(tasks, threads=1, rate=tasks / 4)
+            # stop w0 once each of its pool processes has started a task
+            pgid = run.workers["w0"].pid
+            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
+                                 if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
+            run.signal_worker("w0", signal.SIGSTOP)
+            time.sleep(stall)
+            run.signal_worker("w0", signal.SIGCONT)
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            logs = run.worker_logs()
+            result["late_acks_logged"] = logs.count("came after its lease ran out")
+            return result
+        finally:
+            run.close()
+
+
+def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 2,
+                kills: int = 3, down: float = 0.5, fsync: str = "always", lease: float = 3.0,
+                drain: float = 60.0, seed: int = 2) -> dict:
+    """The broker redis-server (AOF, ``appendfsync`` = ``fsync``) is SIGKILLed and restarted on
+    the same port and directory ``kills`` times while producers (Celery's publish retry) and
+    workers go on; the workers are never restarted."""
+    rng = random.Random(seed)
+    with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=0.02)
+        try:
+            run.start_workers(workers)
+            pids = {name: p.pid for name, p in run.workers.items()}
+            run.start_producers(tasks, rate=rate)
+            period = tasks / rate / (kills + 1)
+            for _ in range(kills):
+                time.sleep(period * rng.uniform(0.7, 1.3))
+                run.kills.append((0, time.time()))
+                server.kill()
+                time.sleep(down)
+                server.start()
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)  # the last acks
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            result["fsync"] = fsync
+            result["loss_window_s"] = run.loss_window(result["lost"])
+            return result
+        finally:
+            run.close()
+
+
+def aof_loss_window(transport: str, workdir: Path, *, fsync: str = "everysec", rate: float = 300.0,
+                    seconds: float = 3.0, drain: float = 60.0) -> dict:
+    """Producers publish at ``rate`` for ``seconds`` into a backlog (no worker yet); the broker
+    (AOF, ``appendfsync`` = ``fsync``) is SIGKILLed then restarted; then workers drain it. Lost
+    publishes are those the AOF had not written; ``loss_window_s`` is how long before the kill
+    the earliest of them returned."""
+    tasks = int(rate * (seconds + 2))
+    with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
+        run = FaultRun(transport, server, workdir, lease=3.0, task_seconds=0.0)
+        try:
+            run.start_producers(tasks, rate=rate)
+            time.sleep(seconds)
+            run.kills.append((0, time.time()))
+            server.kill()
+            time.sleep(0.3)
+            server.start()
+            run.join_producers()
+            run.start_workers(2)
+            run.wait_all_done(drain)
+            result = run.classify()
+            result["fsync"] = fsync
+            result["loss_window_s"] = run.loss_window(result["lost"])
+            return result
+        finally:
+            run.close()
+
+
+def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, pause: float = 5.0,
+                task_seconds: float = 1.0, how: str = "sigstop", drain: float = 60.0) -> dict:
+    """Two workers run tasks of ``task_seconds``; the broker is paused (SIGSTOP, or a
+    ``DEBUG SLEEP`` from a client) for ``pause`` seconds, longer than the lease, with tasks under
+    way, then goes on. Its clock has moved on by the pause: were every lease taken as expired
+    at once, each task under way would run twice."""
+    with RedisServer(config={"enable-debug-command": "yes"}) as server:
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            run.start_workers(2)
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows if r[0] == "start")
+                     >= 2 * run.concurrency, 30, "tasks under way")
+            time.sleep(lease / 2)
+            run.kills.append((0, time.time()))
+            if how == "sigstop":
+                server.process.send_signal(signal.SIGSTOP)
+                time.sleep(pause)
+                server.process.send_signal(signal.SIGCONT)
+            else:
+                admin = server.client(socket_timeout=pause + 30)
+                sleeper = threading.Thread(target=admin.execute_command, args=("DEBUG", "SLEEP", str(pause)))
+                sleeper.start()
+                sleeper.join()
+                admin.close()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["how"] = how
+            result["under_way_at_pause"] = sum(
+                1 for rows in run.runs().values()
+                if any(r[0] == "start" and r[3] <= run.kills[0][1] for r in rows)
+                and not any(r[0] == "done" and r[3] <= run.kills[0][1] for r in rows))
+            return result
+        finally:
+            if server.process is not None:
+                try:
+                    server.process.send_signal(signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            run.close()
+
+
+def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, partition: float = 6.0,
+                     task_seconds: float = 1.0, drain: float = 60.0) -> dict:
+    """Two workers, one reaching Redis through a proxy (tests/support/proxy.py) that partitions
+    it for ``partition`` seconds (longer than its lease) with tasks under way, then heals: its
+    tasks run on the other worker, its late acks and renewals are refused by their token, and
+    it takes work again once the network is back."""
+    from tests.support.proxy import FaultProxy
+
+
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        try:
+            cut_off = run.worker("w0", broker_port=proxy.port)
+            run.worker("w1")
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            pgid = cut_off.pid
+            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
+                                 if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
+            run.kills.append((pgid, time.time()))
+            proxy.partition()
+            time.sleep(partition)
+            proxy.heal()
+            healed = time.time()
+            # more work after the heal: the partitioned worker must take some of it
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["late_acks_logged"] = run.worker_logs().count("came after its lease ran out")
+            result["partitioned_worker_ran_after_heal"] = sum(
+                1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed)
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
+def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: float = 40.0, workers: int = 2,
+                    lease: float = 3.0, drain: float = 60.0, seed: int = 3) -> dict:
+    """Producers and workers reach Redis through a proxy that cuts every connection, mid-command
+    or not, every 0.5-1.5 s while publishing (Celery's publish retry) and consuming go on."""
+    from tests.support.proxy import FaultProxy
+
+    rng = random.Random(seed)
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=0.05, via_port=proxy.port)
+        try:
+            run.start_workers(workers)
+            pids = {name: p.pid for name, p in run.workers.items()}
+            run.start_producers(tasks, rate=rate)
+            while run.producing():
+                time.sleep(rng.uniform(0.5, 1.5))
+                run.kills.append((0, time.time()))
+                proxy.cut()
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
+SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
+    "worker_kills": (worker_kills, {"tasks": 4000, "rate": 100.0, "drain": 120.0},
+                     {"tasks": 120, "rate": 40.0}),
+    "stalled_worker": (stalled_worker, {"tasks": 200}, {"tasks": 40}),
+    "redis_kills": (redis_kills, {"tasks": 3000, "rate": 100.0, "kills": 8, "drain": 120.0},
+                    {"tasks": 100, "rate": 40.0, "kills": 2}),
+    "redis_kills_everysec": (redis_kills, {"tasks": 3000, "rate": 100.0, "kills": 8, "fsync": "everysec",
+                                           "drain": 120.0},
+                             {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec"}),
+    "redis_pause_sigstop": (redis_pause, {"tasks": 100}, {"tasks": 12}),
+    "redis_pause_debug_sleep": (redis_pause, {"tasks": 100, "how": "debug_sleep"}, {"tasks": 12, "how": "debug_sleep"}),
+    "worker_partition": (worker_partition, {"tasks": 100}, {"tasks": 12}),
+    "connection_cuts": (connection_cuts, {"tasks": 2000, "rate": 60.0}, {"tasks": 60}),
+    "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
+    "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
+}
+#: What ``--smoke`` runs when no ``--only`` is given (CI runs every scenario in tests/faults/).
+SMOKE = ("worker_kills", "redis_kills")
+
+
+def markdown(results: dict) -> str:
+    lines = ["# Fault suite", "",
+             "Every task id classified as Jepsen's queue checker does (benchmarks/faults.py).", ""]
+    keys = ["returned", "raised", "done", "lost", "recovered", "duplicated", "unexpected",
+            "unexplained_duplicates", "max_runs", "kills", "per_second"]
+    for name, by_transport in results.items():
+        lines += [f"## {name}", "", "| | " + " | ".join(TRANSPORTS) + " |",
+                  "| --- |" + " --- |" * len(TRANSPORTS)]
+        for key in keys:
+            row = [str(by_transport.get(t, {}).get(key, "")) for t in TRANSPORTS]
+            lines.append(f"| {key} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args(argv)
+    out = Path(args.out) if args.out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    previous = out / "faults.json"
+    if args.only and previous.exists():  # a run of some scenarios keeps the others' last figures
+        kept = json.loads(previous.read_text())
+        if kept.get("smoke") == args.smoke:
+            results.update(kept["results"])
+    for name, (fn, long_kw, smoke_kw) in SCENARIOS.items():
+        if (args.only and name not in args.only) or (args.smoke and not args.only and name not in SMOKE):
+            continue
+        results[name] = {}
+        for transport in TRANSPORTS:
+            with tempfile.TemporaryDirectory(prefix="pq-faults-") as tmp:
+                result = fn(transport, Path(tmp), **(smoke_kw if args.smoke else long_kw))
+            results[name][transport] = summary(result)
+            print(name, transport, json.dumps(results[name][transport]), flush=True)
+    (out / "faults.json").write_text(json.dumps({"smoke": args.smoke, "results": results}, indent=2))
+    (out / "faults.md").write_text(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

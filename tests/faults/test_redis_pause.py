@@ -1,0 +1,97 @@
+"""Redis paused for longer than lease_seconds (SIGSTOP of redis-server, or DEBUG SLEEP): the
+leases that ran out on Redis's clock during the pause are not all taken as expired the instant
+Redis answers again. A sweep that comes more than its gap after the last one gives each of them
+the time it had left when the gap began, so a live holder renews it and a dead one's runs out
+one lease later (lua/reclaim.lua, docs/leases.md)."""
+
+import signal
+import time
+
+import pytest
+
+from benchmarks.faults import redis_pause
+from celery_pq import PriorityQueue
+from celery_pq.testing import RedisServer
+
+
+def _paused(server, seconds):
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def server():
+    with RedisServer() as s:
+        yield s
+
+
+def test_a_pause_longer_than_the_lease_gives_leases_their_time_back(server):
+    r = server.client()
+    q = PriorityQueue(r, "pz")
+    for i in range(3):
+        q.insert(b"x", 5, id=f"e{i}")
+    # Given a lease that ran out before any gap: the sweep returns it as always
+    [early] = q.pop(lease_seconds=0.1)
+    time.sleep(0.3)
+    assert q.reclaim(gap_seconds=0.5)["returned"] == 1
+    # and two leases of 1 s, one held by a live consumer, one by a dead one
+    live, dead = q.pop(count=2, lease_seconds=1.0)
+    assert q.reclaim(gap_seconds=0.5)["returned"] == 0
+    # When Redis is paused for 2.5 s (both leases run out on its clock meanwhile)
+    _paused(server, 2.5)
+    # Then the first sweep after it returns neither: each gets the time it had left
+    res = q.reclaim(gap_seconds=0.5)
+    assert (res["returned"], res["restored"]) == (0, 2)
+    left = q.lease_of(live.id)
+    assert left is not None and 0.5 < left["seconds_left"] <= 1.0
+    # the live holder renews its lease in that time,
+    assert q.extend([(live.id, live.token)], 1.0) == [True]
+    # and the dead holder's lease runs out within one more lease and comes back, once
+    # (sweeps every 0.2 s, as a consumer's keeper does; the live holder renews meanwhile)
+    returned = restored = 0
+    deadline = time.monotonic() + 1.2
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        q.extend([(live.id, live.token)], 1.0)
+        res = q.reclaim(gap_seconds=0.5)
+        returned, restored = returned + res["returned"], restored + res["restored"]
+    assert (returned, restored) == (1, 0)
+    assert q.lease_of(dead.id) is None and q.lease_of(live.id) is not None
+    assert q.ack(live)
+
+
+def test_without_a_gap_every_lease_is_taken_as_expired_after_the_pause(server):
+    # (what the gap prevents: the same pause, swept with gap_seconds=0)
+    q = PriorityQueue(server.client(), "pz")
+    for i in range(2):
+        q.insert(b"x", 5, id=f"e{i}")
+    q.pop(count=2, lease_seconds=1.0)
+    q.reclaim()
+    _paused(server, 2.0)
+    assert q.reclaim()["returned"] == 2
+
+
+def test_a_sweep_gap_shorter_than_the_threshold_changes_nothing(server):
+    q = PriorityQueue(server.client(), "pz")
+    q.insert(b"x", 5, id="e0")
+    [lease] = q.pop(lease_seconds=0.2)
+    q.reclaim(gap_seconds=5.0)
+    time.sleep(0.4)  # the lease ran out, the sweep gap (0.4 s) is below 5 s: an ordinary expiry
+    res = q.reclaim(gap_seconds=5.0)
+    assert (res["returned"], res["restored"]) == (1, 0)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("how", ["sigstop", "debug_sleep"])
+def test_workers_tasks_under_way_through_a_redis_pause_run_once(tmp_path, how):
+    # Given two prefork workers (lease 2 s) with 1 s tasks under way, when the broker is paused
+    # for 5 s (longer than two leases) and goes on
+    result = redis_pause("celery-pq", tmp_path, tasks=12, lease=2.0, pause=5.0, task_seconds=1.0, how=how)
+    # Then no task runs twice, none is lost, and nothing stays behind
+    assert result["under_way_at_pause"] >= 1
+    assert result["lost"] == [] and result["unexpected"] == []
+    assert result["duplicated"] == [] and result["done"] == 12
+    assert result["residue"] == {"waiting": 0, "leased": 0}
