@@ -239,6 +239,23 @@ class FaultRun:
         self.finished_at = time.time()
         return False
 
+    def under_way(self) -> int:
+        """Task ids started and not yet done."""
+        return sum(1 for rows in self.runs().values()
+                   if any(r[0] == "start" for r in rows) and not any(r[0] == "done" for r in rows))
+
+    def wait_empty(self, timeout: float) -> bool:
+        """True once nothing is waiting or leased in the broker (within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not any(self.residue().values()):
+                    return True
+            except redis.RedisError:
+                pass
+            time.sleep(0.25)
+        return False
+
     def residue(self) -> dict:
         """What stays in the broker: waiting and leased (celery-pq) or unacked (kombu)."""
         r = self.server.client()
