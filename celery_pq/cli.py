@@ -328,17 +328,22 @@ def purge(ctx, queue, yes):
         click.echo(f"purged {q.purge()} message(s) from {queue}")
 
 
+def _pause_or_resume(ctx, queue, tenant, pause: bool) -> tuple[dict, str]:
+    """Pause or resume QUEUE (or one tenant of it); the paused tenants after it, as text."""
+    with broker_of(ctx).channel() as channel:
+        q, _ = _queue(channel, queue)
+        (q.pause if pause else q.resume)(tenant=tenant)
+        state = q.paused()
+    return state, f" (paused tenants: {', '.join(state['tenants']) or 'none'})"
+
+
 @command(name="pause")
 @click.argument("queue")
 @click.option("--tenant", default=None, help="Pause only this tenant (a fair queue).")
 def pause_(ctx, queue, tenant):
     """Consumers stop receiving QUEUE (or one tenant of it); publishing goes on."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = _queue(channel, queue)
-        q.pause(tenant=tenant)
-        state = q.paused()
-    click.echo(f"{queue}: paused" + ("" if tenant is None else f" for tenant {tenant}") +
-               f" (paused tenants: {', '.join(state['tenants']) or 'none'})")
+    _, tenants = _pause_or_resume(ctx, queue, tenant, True)
+    click.echo(f"{queue}: paused" + ("" if tenant is None else f" for tenant {tenant}") + tenants)
 
 
 @command(name="resume")
@@ -346,13 +351,9 @@ def pause_(ctx, queue, tenant):
 @click.option("--tenant", default=None, help="Resume only this tenant (a fair queue).")
 def resume_(ctx, queue, tenant):
     """Consumers receive QUEUE (or the tenant) again."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = _queue(channel, queue)
-        q.resume(tenant=tenant)
-        state = q.paused()
+    state, tenants = _pause_or_resume(ctx, queue, tenant, False)
     click.echo(f"{queue}: {'still paused' if state['queue'] else 'running'}" +
-               ("" if tenant is None else f"; tenant {tenant} resumed") +
-               f" (paused tenants: {', '.join(state['tenants']) or 'none'})")
+               ("" if tenant is None else f"; tenant {tenant} resumed") + tenants)
 
 
 # -- serving ----------------------------------------------------------------------------------
