@@ -93,6 +93,15 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
         raise translate_error(exc) from None
 
 
+def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout: float) -> tuple[list, int]:
+    """``run_calls`` ending with WAIT for ``replicas`` (at most ``timeout`` seconds): (replies,
+    replicas that acknowledged them)."""
+    try:
+        return _scripts.run_replicated(client, calls, replicas, int(timeout * 1000))
+    except redis.ResponseError as exc:
+        raise translate_error(exc) from None
+
+
 def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence["PriorityQueue"]) -> list:
     """``run_calls`` of calls that carry acks: with ``wait_replicas`` set (on any of
     ``queues``), the round trip ends with WAIT, and acks that fewer replicas acknowledged are
@@ -101,10 +110,7 @@ def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence["Priority
     if not wanted:
         return run_calls(client, calls)
     timeout = max(q.wait_timeout for q in queues)
-    try:
-        replies, acked = _scripts.run_replicated(client, calls, wanted, int(timeout * 1000))
-    except redis.ResponseError as exc:
-        raise translate_error(exc) from None
+    replies, acked = run_replicated(client, calls, wanted, timeout)
     if acked < wanted:
         logger.warning("celery-pq: acks in %s: only %d of %d replicas acknowledged them within %gs; a failover "
                        "now may deliver those tasks again", ", ".join(repr(q.name) for q in queues), acked, wanted,
@@ -349,10 +355,7 @@ class PriorityQueue:
         that acknowledged them, None when off)."""
         if not self.wait_replicas:
             return run_calls(self.client, calls), None
-        try:
-            return _scripts.run_replicated(self.client, calls, self.wait_replicas, int(self.wait_timeout * 1000))
-        except redis.ResponseError as exc:
-            raise translate_error(exc) from None
+        return run_replicated(self.client, calls, self.wait_replicas, self.wait_timeout)
 
     def _check_replicated(self, acked: int | None) -> None:
         if acked is not None and acked < self.wait_replicas:
