@@ -1,0 +1,234 @@
+"""The peek-k-pop-one queue, simulated: ``simulate(Params(...)) -> Result``.
+
+One queue of ``nodes`` subqueues (binary heaps). It starts with ``lag`` waiting entries, then
+each tick one entry is added and one popped, so ``lag`` entries wait before every add (the
+paper's consumer lag). The measure is the rank error of each pop (the paper's PEI, popped
+element index): how many waiting entries had a strictly better priority than the one delivered,
+counted against one sorted list of every waiting key.
+
+Concurrency. ``consumers`` = c clients in a tight loop, desynchronised: each tick one client
+peeks (starting its pop) and the client that peeked c - 1 ticks earlier pops, acting on what it
+saw then; meanwhile c - 1 adds and pops by the others have happened. With c = 1 every pop acts
+on a fresh peek. The popping client takes the top of the subqueue that looked best. With the
+second-best check on, it keeps that entry only when it is no worse than the second-best top it
+peeked; otherwise it puts it back (an abort) and pops the second-best subqueue instead (the
+paper's section 4.3). A chosen subqueue found empty, or a peek that found all k empty, makes the
+client peek again at once (counted in ``retries``).
+
+Priorities (``priorities``):
+- ``uniform``  a uniform random real per entry (the paper's simulation); no ties
+- ``fifo``     each entry worse than every earlier one (insertions never overtake: the setting of
+               the MultiQueue theorem, where a deep enough queue behaves as an infinite one)
+- ``ranks:R``  a uniform random rank 0..R-1, FIFO within a rank, as celery-pq orders entries;
+               the rank error counts waiting entries of a strictly better *rank*, as the event
+               log's analysis does (``celery_pq.spark.analyze``), so a tie is no error
+
+Speed: pure Python heaps for the subqueues and a ``sortedcontainers.SortedList`` of every waiting
+key (O(log n) adds, removals and rank counts); numpy draws the random numbers in blocks and
+computes the percentiles.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from sortedcontainers import SortedList
+
+from .policies import policy as policy_named
+
+RANK_SHIFT = 40          # ranks:R keys are rank << 40 | sequence: FIFO within a rank, 2^40 adds
+BLOCK = 4096             # random draws made per numpy call (per kind)
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Params:
+    """One simulation. ``pops`` deliveries are measured after ``warmup`` unmeasured ones."""
+
+    nodes: int = 20
+    peeks: int = 2
+    lag: int = 10_000
+    consumers: int = 1
+    policy: str = "peek-before-pop"
+    second_best: bool = False
+    priorities: str = "uniform"
+    pops: int = 50_000
+    warmup: int | None = None   # None: max(lag, 1,000), enough for the waiting keys to settle
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("nodes", "peeks", "lag", "consumers", "pops"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
+        if self.warmup is not None and (not isinstance(self.warmup, int) or self.warmup < 0):
+            raise ValueError(f"warmup must be an integer >= 0 or None, not {self.warmup!r}")
+        pol = policy_named(self.policy)
+        if pol.distinct and self.peeks > self.nodes and (pol.pop_peeks or pol.insert != "random"):
+            raise ValueError(f"peeks ({self.peeks}) must not exceed nodes ({self.nodes}): "
+                             f"{self.policy} peeks distinct subqueues")
+        parse_priorities(self.priorities)
+
+    @property
+    def warmup_pops(self) -> int:
+        return max(self.lag, 1_000) if self.warmup is None else self.warmup
+
+
+def parse_priorities(text: str) -> int | None:
+    """``uniform`` -> None, ``fifo`` -> 0, ``ranks:R`` -> R (R >= 1); else a ValueError."""
+    if text == "uniform":
+        return None
+    if text == "fifo":
+        return 0
+    head, _, count = str(text).partition(":")
+    if head == "ranks" and count.isdigit() and int(count) >= 1:
+        return int(count)
+    raise ValueError(f"priorities must be 'uniform', 'fifo' or 'ranks:R' with R >= 1, not {text!r}")
+
+
+@dataclass
+class Result:
+    params: Params
+    pei: np.ndarray                   # one rank error per measured pop, in order
+    extra_pops: int = 0               # second-best aborts (each one an extra pop and a put-back)
+    retries: int = 0                  # peeks repeated because the chosen subqueue(s) were empty
+    stats: dict = field(init=False)
+
+    def __post_init__(self):
+        self.stats = summarize(self.pei)
+
+    def row(self) -> dict:
+        """Parameters and figures as one flat dict (a table row)."""
+        return {**asdict(self.params), "warmup": self.params.warmup_pops, **self.stats,
+                "extra_pops": self.extra_pops, "retries": self.retries}
+
+
+def summarize(pei: np.ndarray) -> dict:
+    """mean, p50/p90/p99 (the smallest value with at least that share at or below it), max and
+    the share of pops with no error."""
+    out = {"mean": float(pei.mean()), "p_zero": float(np.mean(pei == 0)), "max": int(pei.max())}
+    for p, v in zip(PERCENTILES, np.percentile(pei, PERCENTILES, method="inverted_cdf")):
+        out[f"p{p}"] = int(v)
+    return out
+
+
+def _blocks(draw):
+    """An endless iterator over the items of successive ``draw()`` lists."""
+    while True:
+        yield from draw()
+
+
+def _peek_rows(rng, n: int, k: int, distinct: bool):
+    """Endless lists of k subqueue indexes: distinct ones, or drawn with replacement."""
+    if distinct and k >= n:
+        everything = list(range(n))
+        while True:
+            yield everything
+    if not distinct:
+        yield from _blocks(lambda: rng.integers(0, n, (BLOCK, k)).tolist())
+    rows = max(64, min(BLOCK, (1 << 20) // n))
+    yield from _blocks(lambda: np.argpartition(rng.random((rows, n)), k - 1, axis=1)[:, :k].tolist())
+
+
+def simulate(params: Params) -> Result:
+    """Run one simulation (deterministic for a given ``params``, seed included)."""
+    p = params
+    pol = policy_named(p.policy)
+    n, k, c = p.nodes, p.peeks, p.consumers
+    ranks = parse_priorities(p.priorities)
+    rng = np.random.default_rng(p.seed)
+    heaps = [[] for _ in range(n)]
+    waiting = SortedList()        # every waiting key
+    inf = float("inf")
+    push, pop = heapq.heappush, heapq.heappop
+
+    rand_queue = _blocks(lambda: rng.integers(0, n, BLOCK).tolist())
+    peek_rows = _peek_rows(rng, n, k, pol.distinct)
+    if ranks is None:
+        keys = _blocks(lambda: rng.random(BLOCK).tolist())
+    else:
+        seq = iter(range(1 << RANK_SHIFT))
+        if ranks == 0:
+            keys = seq
+        else:
+            rank_draws = _blocks(lambda: (rng.integers(0, ranks, BLOCK) << RANK_SHIFT).tolist())
+            keys = (r | s for r, s in zip(rank_draws, seq))
+    floor_mask = ~((1 << RANK_SHIFT) - 1) if ranks else None
+
+    def add():
+        key = next(keys)
+        if pol.insert == "random":
+            q = next(rand_queue)
+        else:
+            # the worst top (an empty subqueue counts as +inf) or the best (empty counts as worst)
+            tops = [(heaps[i][0] if heaps[i] else inf, i) for i in next(peek_rows)]
+            if pol.insert == "worst-top":
+                q = max(tops)[1]
+            else:
+                q = min(tops)[1]
+        push(heaps[q], key)
+        waiting.add(key)
+
+    def peek():
+        """(best queue, its top, second queue, its top) of k peeks; -1 / inf where none."""
+        b1 = b2 = inf
+        q1 = q2 = -1
+        for i in next(peek_rows):
+            h = heaps[i]
+            if h:
+                t = h[0]
+                if t < b1:
+                    b1, q1, b2, q2 = t, i, b1, q1
+                elif t < b2 and i != q1:
+                    b2, q2 = t, i
+        return q1, b1, q2, b2
+
+    def random_pop():
+        while True:
+            h = heaps[next(rand_queue)]
+            if h:
+                return pop(h)
+
+    counts = {"extra": 0, "retries": 0}
+
+    def peeked_pop(seen):
+        q1, _, q2, b2 = seen
+        while True:
+            x = pop(heaps[q1]) if q1 >= 0 and heaps[q1] else None
+            if p.second_best and q2 >= 0 and (x is None or x > b2):
+                if x is not None:
+                    push(heaps[q1], x)          # abort: back where it was
+                    counts["extra"] += 1
+                x = pop(heaps[q2]) if heaps[q2] else None
+            if x is not None:
+                return x
+            counts["retries"] += 1
+            q1, _, q2, b2 = peek()
+
+    def deliver(x) -> int:
+        i = waiting.bisect_left(x)
+        error = waiting.bisect_left(x & floor_mask) if floor_mask else i
+        del waiting[i]
+        return error
+
+    for _ in range(p.lag):
+        add()
+    pending = deque(peek() for _ in range(c - 1)) if pol.pop_peeks else None
+    warmup = p.warmup_pops
+    pei = np.empty(p.pops, dtype=np.int64)
+    for t in range(warmup + p.pops):
+        if t == warmup:
+            counts["extra"] = counts["retries"] = 0     # count the measured pops only
+        add()
+        if pol.pop_peeks:
+            pending.append(peek())
+            x = peeked_pop(pending.popleft())
+        else:
+            x = random_pop()
+        error = deliver(x)
+        if t >= warmup:
+            pei[t - warmup] = error
+    return Result(p, pei, counts["extra"], counts["retries"])

@@ -1,0 +1,193 @@
+"""The parameter sweep: a grid of simulations, run in this process or as a Spark job (the grid a
+DataFrame, each row simulated by ``mapInPandas``), written as a table and figures.
+
+Each grid row belongs to a *panel*, the question it answers (and the paper's figure it sits
+beside):
+
+- ``distribution``  20 nodes, 2 peeks, lag 10,000: the rank error's distribution (figure 2)
+- ``lag``           the lag from 10 to 10,000 under each strategy (figure 3)
+- ``nodes``         5 to 100 nodes at 2 and 4 peeks (figure 4: linear in the nodes)
+- ``peeks``         100 nodes, 1 to 20 peeks (figure 5)
+- ``concurrency``   100 nodes, 10 peeks, 1 to 64 consumers, second-best off and on (figures 6, 7)
+- ``multiqueue``    the MultiQueue at 4, 16, 64 nodes against its closed form
+
+Outputs: ``sim.csv`` and ``sim.md`` (one row per grid row), ``sim-histogram.csv`` (the
+distribution panel's counts) and ``relaxed-*.png`` figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from .model import Params, simulate
+from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
+
+HIST_MAX = 100           # the histogram counts rank errors 0..99 one by one, then ">= 100"
+STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
+GRID_COLUMNS = ("panel",) + tuple(f.name for f in fields(Params))
+FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries",
+                  "theory_mean", "theory_p_zero")
+
+
+def grid(quick: bool = False, seed: int = 1) -> list[dict]:
+    """The sweep's rows (dicts of ``GRID_COLUMNS``); ``quick``: a small grid that runs in seconds
+    (the same panels at small sizes), for tests."""
+    rows = []
+    big, pops = (300, 3_000) if quick else (10_000, 50_000)
+
+    def add(panel, **kw):
+        kw.setdefault("pops", pops)
+        params = Params(seed=seed + len(rows), **kw)
+        rows.append({"panel": panel, **{f.name: getattr(params, f.name) for f in fields(Params)}})
+
+    add("distribution", nodes=20, peeks=2, lag=big, pops=pops * 4)
+    for lag in ((10, 100, 300) if quick else (10, 100, 1_000, 10_000)):
+        for strategy in STRATEGIES:
+            add("lag", nodes=20, peeks=2, lag=lag, policy=strategy)
+    for k in (2, 4):
+        for n in ((5, 10, 20) if quick else (5, 10, 20, 50, 100)):
+            add("nodes", nodes=n, peeks=k, lag=big)
+    nodes = 20 if quick else 100
+    for k in ((1, 2, 5) if quick else (1, 2, 3, 4, 5, 10, 20)):
+        add("peeks", nodes=nodes, peeks=k, lag=big)
+    for c in ((1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64)):
+        for second_best in (False, True):
+            add("concurrency", nodes=nodes, peeks=5 if quick else 10, lag=big, consumers=c,
+                second_best=second_best)
+    for n in (4, 16, 64):
+        add("multiqueue", nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo",
+            pops=20_000 if quick else 400_000, warmup=2_000)
+    return rows
+
+
+def run_row(row: dict) -> dict:
+    """Simulate one grid row: the row, its figures, the closed forms that apply, its histogram."""
+    params = Params(**{name: row[name] for name in GRID_COLUMNS if name != "panel"})
+    result = simulate(params)
+    theory_mean = theory_p_zero = math.nan
+    if params.policy == "multiqueue" and params.peeks == 2 and params.priorities == "fifo":
+        theory_mean = multiqueue_mean_rank_error(params.nodes)
+    if (params.policy == "peek-before-pop" and params.consumers == 1
+            and params.priorities == "uniform" and params.lag >= 10 * params.nodes):
+        theory_p_zero = p_zero_fresh_peek(params.nodes, params.peeks)
+    hist = np.bincount(np.minimum(result.pei, HIST_MAX), minlength=HIST_MAX + 1)
+    return {**row, "warmup": params.warmup_pops,
+            **{name: result.row()[name] for name in FIGURE_COLUMNS[:-2]},
+            "theory_mean": theory_mean, "theory_p_zero": theory_p_zero,
+            "histogram": [int(v) for v in hist]}
+
+
+def run_local(rows: list[dict]) -> list[dict]:
+    """The sweep in this process, one row after another."""
+    return [run_row(row) for row in rows]
+
+
+def run_spark(rows: list[dict], spark=None) -> list[dict]:
+    """The sweep as a Spark job: the grid a DataFrame, one partition per row, each row simulated
+    in ``mapInPandas``; the results collected in grid order. ``spark``: a session to use (else a
+    local one, stopped at the end)."""
+    from pyspark.sql import types as T
+
+    own = spark is None
+    if own:
+        from ..spark.session import local_spark
+
+        spark = local_spark("celery-pq-sim")
+    try:
+        grid_schema = T.StructType([T.StructField("row", T.LongType())] + [
+            T.StructField(name, _spark_type(T, rows[0][name])) for name in GRID_COLUMNS])
+        out_schema = T.StructType(grid_schema.fields + [
+            T.StructField(name, T.DoubleType()) for name in FIGURE_COLUMNS] + [
+            T.StructField("histogram", T.ArrayType(T.LongType()))])
+        frame = spark.createDataFrame([{"row": i, **row} for i, row in enumerate(rows)], grid_schema)
+        names = out_schema.fieldNames()
+
+        def simulate_frames(frames):
+            import pandas as pd
+
+            for frame in frames:
+                done = [run_row({k: _plain(v) for k, v in rec.items() if k != "row"})
+                        | {"row": rec["row"]} for rec in frame.to_dict("records")]
+                yield pd.DataFrame([{name: d[name] for name in names} for d in done], columns=names)
+
+        results = (frame.repartition(len(rows)).mapInPandas(simulate_frames, out_schema)
+                   .orderBy("row").collect())
+        return [{k: _plain(v) for k, v in r.asDict().items() if k != "row"} for r in results]
+    finally:
+        if own:
+            spark.stop()
+
+
+def _spark_type(T, value):
+    if isinstance(value, bool):
+        return T.BooleanType()
+    if isinstance(value, int) or value is None:
+        return T.LongType()
+    return T.StringType()
+
+
+def _plain(value):
+    """numpy and pandas scalars and arrays as plain Python values (ints stay ints)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [int(v) for v in value]
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        value = float(value)
+    if isinstance(value, float) and value.is_integer() and not math.isnan(value):
+        return int(value)
+    return value
+
+
+def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path]:
+    """``sim.csv``, ``sim.md``, ``sim-histogram.csv`` into ``out_dir`` and the figures into
+    ``img_dir`` (none when it is None); the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = [c for c in results[0] if c != "histogram"]
+    paths = [out_dir / "sim.csv", out_dir / "sim.md", out_dir / "sim-histogram.csv"]
+    with paths[0].open("w", newline="") as f:
+        w = csv.DictWriter(f, columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(results)
+    paths[1].write_text(markdown(results))
+    with paths[2].open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["panel", "nodes", "peeks", "lag", "rank_error", "pops"])
+        for r in results:
+            if r["panel"] == "distribution":
+                for value, count in enumerate(r["histogram"]):
+                    w.writerow([r["panel"], r["nodes"], r["peeks"], r["lag"],
+                                value if value < HIST_MAX else f">={HIST_MAX}", count])
+    if img_dir is not None:
+        from .plots import figures
+
+        paths += figures(results, img_dir)
+    return paths
+
+
+MD_COLUMNS = ("panel", "policy", "nodes", "peeks", "lag", "consumers", "second_best", "priorities",
+              "pops", "mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries",
+              "theory_mean", "theory_p_zero")
+
+
+def markdown(results: list[dict]) -> str:
+    """The results as one markdown table (``-`` where a closed form does not apply)."""
+    lines = ["| " + " | ".join(MD_COLUMNS) + " |", "|" + "---|" * len(MD_COLUMNS)]
+    for r in results:
+        lines.append("| " + " | ".join(_cell(r[c]) for c in MD_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:.3g}" if abs(value) < 1 else f"{value:.1f}"
+    return str(value)
