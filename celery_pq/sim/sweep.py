@@ -38,10 +38,11 @@ def grid(quick: bool = False, seed: int = 1) -> list[dict]:
     """The sweep's rows (dicts of ``GRID_COLUMNS``); ``quick``: a small grid that runs in seconds
     (the same panels at small sizes), for tests."""
     rows = []
-    big, pops = (300, 3_000) if quick else (10_000, 50_000)
+    big, pops = (200, 2_000) if quick else (10_000, 50_000)
 
     def add(panel, **kw):
         kw.setdefault("pops", pops)
+        kw.setdefault("warmup", 500 if quick else None)
         params = Params(seed=seed + len(rows), **kw)
         rows.append({"panel": panel, **{f.name: getattr(params, f.name) for f in fields(Params)}})
 
@@ -61,7 +62,7 @@ def grid(quick: bool = False, seed: int = 1) -> list[dict]:
                 second_best=second_best)
     for n in (4, 16, 64):
         add("multiqueue", nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo",
-            pops=20_000 if quick else 400_000, warmup=2_000)
+            pops=5_000 if quick else 400_000, warmup=500 if quick else 2_000)
     return rows
 
 
@@ -88,11 +89,13 @@ def run_local(rows: list[dict]) -> list[dict]:
 
 
 def run_spark(rows: list[dict], spark=None) -> list[dict]:
-    """The sweep as a Spark job: the grid a DataFrame, one partition per row, each row simulated
-    in ``mapInPandas``; the results collected in grid order. ``spark``: a session to use (else a
-    local one, stopped at the end)."""
+    """The sweep as a Spark job: the grid a DataFrame spread over a few partitions per core, each
+    row simulated in ``mapInPandas``; the results collected in grid order. ``spark``: the session
+    to use (default: the active one, else a local one made here and stopped at the end)."""
+    from pyspark.sql import SparkSession
     from pyspark.sql import types as T
 
+    spark = spark or SparkSession.getActiveSession()
     own = spark is None
     if own:
         from ..spark.session import local_spark
@@ -115,9 +118,12 @@ def run_spark(rows: list[dict], spark=None) -> list[dict]:
                         | {"row": rec["row"]} for rec in frame.to_dict("records")]
                 yield pd.DataFrame([{name: d[name] for name in names} for d in done], columns=names)
 
-        results = (frame.repartition(len(rows)).mapInPandas(simulate_frames, out_schema)
+        partitions = min(len(rows), 4 * spark.sparkContext.defaultParallelism)
+        results = (frame.repartition(partitions).mapInPandas(simulate_frames, out_schema)
                    .orderBy("row").collect())
-        return [{k: _plain(v) for k, v in r.asDict().items() if k != "row"} for r in results]
+        # (Arrow hands a NaN back as null: the closed-form columns say NaN where none applies)
+        return [{k: math.nan if v is None and k in FIGURE_COLUMNS else _plain(v)
+                 for k, v in r.asDict().items() if k != "row"} for r in results]
     finally:
         if own:
             spark.stop()
