@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from sortedcontainers import SortedList
 
+from ..checks import count
 from .policies import policy as policy_named
 
 RANK_SHIFT = 40          # ranks:R keys are rank << 40 | sequence: FIFO within a rank, 2^40 adds
@@ -61,11 +62,8 @@ class Params:
 
     def __post_init__(self):
         for name in ("nodes", "peeks", "lag", "consumers", "pops"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, not {value!r}")
-        if self.warmup is not None and (not isinstance(self.warmup, int) or self.warmup < 0):
-            raise ValueError(f"warmup must be an integer >= 0 or None, not {self.warmup!r}")
+            count(name, getattr(self, name), none=False)
+        count("warmup", self.warmup, low=0)
         pol = policy_named(self.policy)
         if pol.distinct and self.peeks > self.nodes and (pol.pop_peeks or pol.insert != "random"):
             raise ValueError(f"peeks ({self.peeks}) must not exceed nodes ({self.nodes}): "

@@ -89,7 +89,7 @@ def test_same_params_same_result():
     ({"policy": "peek-twice"}, "unknown policy 'peek-twice' .known: peek-before-pop"),
     ({"priorities": "ranks:0"}, "priorities must be 'uniform', 'fifo' or 'ranks:R'"),
     ({"priorities": "normal"}, "priorities must be"),
-    ({"warmup": -1}, "warmup must be an integer >= 0"),
+    ({"warmup": -1}, "warmup must be an integer >= 0 or None, got -1"),
 ])
 def test_bad_params_say_what_is_wrong(kw, message):
     with pytest.raises(ValueError, match=message):
