@@ -27,18 +27,21 @@ __all__ = ["POLICIES", "Params", "Result", "multiqueue_mean_rank_error", "p_zero
 
 
 def predict(nodes: int, peeks: int = 2, consumers: int = 1, lag: int = 1_000, *,
-            second_best: bool = True, priorities: str = "ranks:256", pops: int = 20_000,
-            seed: int = 0) -> dict:
+            second_best: bool = True, priorities: str = "ranks:256", rank_only: bool = False,
+            pops: int = 20_000, seed: int = 0) -> dict:
     """The rank error a sharded queue should show: ``nodes`` shards, ``peeks`` shards peeked per
     pop, ``consumers`` clients popping at once, ``lag`` entries waiting before each publish.
 
     Returns ``{"mean", "p50", "p90", "p99", "max", "p_zero"}`` from one peek-before-pop
-    simulation of ``pops`` deliveries. ``priorities`` defaults to celery-pq's 256 ranks with FIFO
-    within a rank, the error counting waiting entries of a strictly better rank as the event
-    log's analysis does (``"uniform"`` for distinct priorities, as in the paper). The model
-    assumes the consumers are desynchronised and a peek is ``consumers - 1`` pops old when its
-    pop lands (docs/relaxed.md says what that leaves out).
+    simulation of ``pops`` deliveries. ``peeks`` above ``nodes`` peek every shard. Priorities
+    default to celery-pq's 256 ranks drawn uniformly, publish order breaking ties, and the error
+    counts every waiting entry ahead in that order, as benchmarks/relaxed.py does
+    (``rank_only=True``: only strictly better ranks, as the event log's analysis counts;
+    ``priorities="uniform"``: distinct priorities, as in the paper). The consumers are taken to
+    be desynchronised, a peek ``consumers - 1`` pops old when its pop lands (docs/relaxed.md says
+    what the model leaves out).
     """
     return simulate(Params(nodes=nodes, peeks=min(peeks, nodes), lag=lag, consumers=consumers,
                            policy="peek-before-pop", second_best=second_best,
-                           priorities=priorities, pops=pops, seed=seed)).stats
+                           priorities=priorities, rank_only=rank_only, pops=pops,
+                           seed=seed)).stats

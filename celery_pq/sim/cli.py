@@ -43,6 +43,8 @@ def main():
               help="Keep a stale pop only if no worse than the second-best peek, else pop that.")
 @click.option("--priorities", default="uniform", show_default=True,
               help="uniform | fifo | ranks:R (celery-pq's ranks: R=256).")
+@click.option("--rank-only", is_flag=True,
+              help="ranks:R: count strictly better ranks only (not earlier entries of the same rank).")
 @click.option("--pops", default=50_000, show_default=True, help="Measured pops.")
 @click.option("--warmup", type=int, default=None, help="Unmeasured pops first [max(lag, 1000)].")
 @click.option("--seed", default=0, show_default=True)
@@ -92,6 +94,7 @@ def multiqueue_params(n: int, pops: int = CHECK_POPS, seed: int = 0) -> Params:
 @click.option("--consumers", "-c", default=1, show_default=True)
 @click.option("--lag", default=1_000, show_default=True)
 @click.option("--priorities", default="ranks:256", show_default=True)
+@click.option("--rank-only", is_flag=True, help="Count strictly better ranks only.")
 @click.option("--second-best/--best-only", default=True, show_default=True)
 @click.option("--pops", default=20_000, show_default=True)
 def predict(nodes, peeks, **kw):

@@ -83,7 +83,8 @@ def _peeks(ax, rows):
 def _concurrency(ax, rows):
     _percentiles(ax, rows, "consumers", "second_best",
                  lambda on: "second-best" if on else "best only")
-    ax.set(xscale="log", yscale="symlog", xlabel="consumers popping at once",
+    ax.set_xscale("log", base=2)
+    ax.set(yscale="log", xlabel="consumers popping at once",
            ylabel="rank error", title=f"Stale peeks ({rows[0]['nodes']} nodes, "
                                       f"{rows[0]['peeks']} peeks, lag {rows[0]['lag']:,})")
 

@@ -45,7 +45,7 @@ def test_fresh_peeks_find_the_best_entry_k_in_n_times():
 @pytest.mark.parametrize("kw", [
     {"nodes": 1, "peeks": 1, "consumers": 4},               # one subqueue is a strict queue
     {"nodes": 8, "peeks": 8},                               # peeking all of them is strict too
-    {"nodes": 8, "peeks": 2, "priorities": "ranks:1"},      # one rank: nothing outranks anything
+    {"nodes": 8, "peeks": 2, "priorities": "ranks:1", "rank_only": True},  # one rank: no better rank
 ])
 def test_strict_cases_have_no_rank_error(kw):
     result = simulate(Params(lag=200, pops=2_000, **kw))
@@ -90,10 +90,23 @@ def test_same_params_same_result():
     ({"priorities": "ranks:0"}, "priorities must be 'uniform', 'fifo' or 'ranks:R'"),
     ({"priorities": "normal"}, "priorities must be"),
     ({"warmup": -1}, "warmup must be an integer >= 0 or None, got -1"),
+    ({"rank_only": True}, "rank_only needs priorities 'ranks:R', not 'uniform'"),
 ])
 def test_bad_params_say_what_is_wrong(kw, message):
     with pytest.raises(ValueError, match=message):
         Params(**kw)
+
+
+def test_ranks_count_earlier_ties_unless_rank_only():
+    # one rank and publish order: the queue is FIFO, and a pop from the wrong subqueue has
+    # earlier entries of its rank ahead of it; rank_only counts none of them
+    by_order, by_rank = (simulate(Params(nodes=8, peeks=2, lag=200, pops=2_000,
+                                         priorities="ranks:1", rank_only=r)) for r in (False, True))
+    assert by_order.stats["mean"] > 1 and by_rank.stats["max"] == 0
+    # 256 ranks at lag 2,000 (about 8 entries a rank): ties are a small part of the error
+    by_order, by_rank = (simulate(Params(nodes=8, peeks=2, lag=2_000, pops=5_000,
+                                         priorities="ranks:256", rank_only=r)) for r in (False, True))
+    assert 0.5 * by_order.stats["mean"] < by_rank.stats["mean"] < by_order.stats["mean"]
 
 
 def test_multiqueue_may_peek_more_than_there_are_subqueues():
