@@ -26,7 +26,8 @@ Priorities (``priorities``):
 
 Speed: pure Python heaps for the subqueues and a ``sortedcontainers.SortedList`` of every waiting
 key (O(log n) adds, removals and rank counts); numpy draws the random numbers in blocks and
-computes the percentiles.
+computes the percentiles. About 5-8 microseconds of CPU a tick (an add and a pop) at lags up to
+10,000 (measured on a shared 2-core machine); the loop is sequential, so numpy cannot run it.
 """
 
 from __future__ import annotations
