@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+
 STYLE = {"p50": "-", "p90": "--", "p99": ":"}
 
 
 def figures(results: list[dict], img_dir: Path) -> list[Path]:
     """Draw every panel present in ``results`` into ``img_dir``; the paths written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +86,7 @@ def _concurrency(ax, rows):
     _percentiles(ax, rows, "consumers", "second_best",
                  lambda on: "second-best" if on else "best only")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set(yscale="log", xlabel="consumers popping at once",
            ylabel="rank error", title=f"Stale peeks ({rows[0]['nodes']} nodes, "
                                       f"{rows[0]['peeks']} peeks, lag {rows[0]['lag']:,})")
