@@ -502,7 +502,9 @@ class RedisCluster:
 
     @property
     def pq_url(self) -> str:
-        return f"pq://{HOST}:{self.seed.port}"
+        """``pq://127.0.0.1:P1;pq://127.0.0.1:P2;...``: every running node as a seed (with the
+        transport option ``cluster``), so that a reconnection finds one while a node is down."""
+        return ";".join(f"pq://{HOST}:{n.port}" for n in self.nodes if n.running)
 
     def client(self, **kwargs) -> redis.RedisCluster:
         kwargs.setdefault("socket_timeout", 10)
@@ -583,15 +585,24 @@ class RedisCluster:
             info = c.execute_command("CLUSTER", "INFO")
         return "cluster_state:ok" in info and "cluster_slots_ok:16384" in info
 
+    @staticmethod
+    def _linked(replica: ClusterNode) -> bool:
+        """Has the replica synced with its master (its link up)?"""
+        with replica.client(decode_responses=True, socket_timeout=2) as c:
+            role = c.execute_command("ROLE")
+        return role[0] == "slave" and role[3] == "connected"
+
     def wait_ready(self, masters: int | None = None, replicas: int | None = None) -> None:
-        """Until every running node says the cluster is ok, all 16384 slots served, and they
-        agree on the roles (``masters`` / ``replicas`` of them, when given)."""
+        """Until every running node says the cluster is ok, all 16384 slots served, every
+        replica is synced with its master, and the nodes agree on the roles (``masters`` / ``replicas`` of them, when given)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
             try:
                 running = [n for n in self.nodes if n.running]
                 if all(self._ok(n) for n in running):
                     roles = [n.role() for n in running]
+                    if not all(self._linked(n) for n, role in zip(running, roles) if role == "slave"):
+                        raise redis.ConnectionError("a replica is still syncing")
                     views = set()
                     for n in running:
                         with n.client(decode_responses=True) as c:
