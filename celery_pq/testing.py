@@ -563,6 +563,10 @@ class RedisCluster:
         if not replicas:
             raise RedisServerError(f"{master!r} has no replica to take over")
         master.kill()
+        return self.wait_promotion(replicas, timeout)
+
+    def wait_promotion(self, replicas: list[ClusterNode], timeout: float | None = None) -> ClusterNode:
+        """Until one of ``replicas`` (of a master that is gone) is a master and the cluster is ok."""
         deadline = time.monotonic() + (timeout or self.ready_timeout)
         while time.monotonic() < deadline:
             for r in replicas:
