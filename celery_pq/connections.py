@@ -144,6 +144,53 @@ def node_client(client, key) -> redis.Redis:
     return client.get_redis_connection(client.get_node_from_key(key))
 
 
+def relearn(client) -> None:
+    """Have a cluster client read the layout of the cluster again (after a failover or a moved
+    slot); nothing on one server, nor when no node answers now (the next call tries again)."""
+    if is_cluster(client):
+        try:
+            client.nodes_manager.initialize()
+        except (rex.RedisError, OSError):
+            pass
+
+
+class NodePipeline:
+    """A pipeline of commands on the keys of one hash tag, sent to the server that holds
+    ``key`` (with TIME, or in MULTI, which a cluster client's own pipeline refuses). On a
+    cluster, a pipeline that met a moved slot or a failed node is sent once more after the
+    layout is read again, so a long-lived reader (the metrics exporter, ``stats --watch``)
+    follows a failover. Used as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
+
+    def __init__(self, client, key: str, transaction: bool = False):
+        self.client, self.key, self.transaction = client, key, transaction
+        self.calls: list[tuple] = []
+
+    def __enter__(self) -> "NodePipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.calls.clear()
+
+    def __getattr__(self, name: str):
+        def queued(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return self
+        return queued
+
+    def execute(self) -> list:
+        for attempt in (1, 2):
+            with node_client(self.client, self.key).pipeline(transaction=self.transaction) as pipe:
+                for name, args, kwargs in self.calls:
+                    getattr(pipe, name)(*args, **kwargs)
+                try:
+                    return pipe.execute()
+                except REROUTE:
+                    if attempt == 2 or not is_cluster(self.client):
+                        raise
+            relearn(self.client)
+        raise AssertionError("unreachable")
+
+
 def by_node(client, items, key_of) -> dict:
     """``{node client: [item, ...]}`` of ``items``, each by the node of ``key_of(item)``, in order."""
     out: dict = {}

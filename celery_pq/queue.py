@@ -33,7 +33,7 @@ from .checks import count as _count
 from .checks import number as _number
 from .checks import seconds as _seconds
 from .checks import text as _text
-from .connections import node_client
+from .connections import NodePipeline
 from .costs import explain
 from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id
@@ -365,7 +365,7 @@ class PriorityQueue:
     def _pipeline(self, transaction: bool = False):
         """A pipeline of this queue's reads (TIME among them, or in MULTI) on the server that
         holds its keys: on a cluster, the master serving its hash tag."""
-        return node_client(self.client, self.keys.ii).pipeline(transaction=transaction)
+        return NodePipeline(self.client, self.keys.ii, transaction)
 
     def exists(self, id: str) -> bool:
         """Whether an entry with this id is stored (waiting, delayed or leased)."""

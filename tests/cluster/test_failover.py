@@ -73,5 +73,8 @@ def test_failover_loses_unreplicated_publishes_without_wait_and_none_acknowledge
     # and with wait_replicas=1 every acknowledged publish survived; the unacknowledged ones raised
     assert refused == 10
     assert stored(after, safe, acked_safe) == set(acked_safe)
+    # A client made before the failover follows it: its reads and scripts reach the new master
+    assert PriorityQueue(client, safe.name).stats()["waiting"] >= len(acked_safe)
+    assert PriorityQueue(client, safe.name).peek(1)
     after.close()
     client.close()
