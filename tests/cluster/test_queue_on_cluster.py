@@ -144,3 +144,16 @@ def test_stats_command_on_the_cluster(cluster, cluster_client, spread):
     assert sorted(rows) == sorted(spread)
     assert all(row["waiting"] == 2 for row in rows.values())
     assert rows[spread[2]]["per_priority"] == {"11": 1, "7": 1}
+
+
+def test_metrics_collector_on_the_cluster(cluster, cluster_client, spread):
+    from celery_pq.metrics import PQCollector
+
+    for n, name in enumerate(spread):
+        q = PriorityQueue(cluster_client, name)
+        for i in range(n + 1):
+            q.insert(b"x", 3)
+    fams = {f.name: f for f in PQCollector(cluster.pq_url, transport_options={"cluster": True},
+                                           queues=list(spread)).collect()}
+    waiting = {s.labels["queue"]: s.value for s in fams["celery_pq_waiting_messages"].samples}
+    assert waiting == {name: n + 1 for n, name in enumerate(spread)}
