@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 import redis
@@ -128,7 +129,13 @@ def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
 
 
 def is_cluster(client) -> bool:
-    return isinstance(client, redis.RedisCluster)
+    """Is ``client`` a Redis Cluster client? (Asked on every script call: cached per class.)"""
+    return _cluster_class(type(client))
+
+
+@lru_cache(maxsize=None)
+def _cluster_class(cls) -> bool:
+    return issubclass(cls, redis.RedisCluster)
 
 
 #: Replies and failures after which a key's node, as the cluster client knows it, may be wrong:
