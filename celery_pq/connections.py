@@ -124,8 +124,27 @@ def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
     if tls:
         params.update(ssl=True, **tls_arguments(conninfo.ssl))
     seeds = [ClusterNode(host, port) for host, port in url_addresses(conninfo, C.REDIS_PORT)]
-    return redis.RedisCluster(startup_nodes=seeds, username=conninfo.userid or None,
-                              password=conninfo.password or None, **params)
+    try:
+        return redis.RedisCluster(startup_nodes=seeds, username=conninfo.userid or None,
+                                  password=conninfo.password or None, **params)
+    except rex.RedisClusterException as exc:
+        if "Cluster mode is not enabled" in str(exc):
+            raise ConfigError("the transport option cluster is set, but the broker URL names a Redis that is not "
+                              "a cluster node (cluster-enabled no): drop the option for a single Redis") from None
+        raise rex.ConnectionError(str(exc)) from exc  # no seed answered: retried like any lost connection
+
+
+def check_not_a_cluster_node(client) -> None:
+    """ConfigError when a client made for one Redis reached a node of a Redis Cluster: its
+    queues' scripts would meet MOVED replies (the option ``cluster`` is missing). Nothing when
+    this user may not run INFO."""
+    try:
+        enabled = client.info("cluster").get("cluster_enabled")
+    except rex.ResponseError:
+        return
+    if enabled in (1, "1", b"1"):
+        raise ConfigError("the broker URL names a node of a Redis Cluster: set the transport option "
+                          '{"cluster": True} (broker_transport_options, or --transport-options for python -m celery_pq)')
 
 
 def is_cluster(client) -> bool:

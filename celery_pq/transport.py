@@ -160,6 +160,8 @@ class Channel(virtual.Channel):
         except rex.ConnectionError as exc:
             raise connections.explained(exc, connection.tls) from exc
         if not connection.eviction_checked:  # once per connection: at start, not per channel
+            if not self.options.cluster:
+                connections.check_not_a_cluster_node(self.client)
             connection.eviction_checked = True
             connections.warn_if_evicting(self.client)
         connection.cycle_channels.append(self)

@@ -125,6 +125,16 @@ def test_cluster_option_errors_are_clear(cluster):
     with Connection(cluster.pq_url, transport_options={"cluster": "yes"}) as conn:
         with pytest.raises(ConfigError, match="cluster must be True or False"):
             conn.channel()
+    # a cluster node named without the option, and the option with a single Redis
+    with Connection(f"pq://127.0.0.1:{cluster.seed.port}") as conn:
+        with pytest.raises(ConfigError, match="names a node of a Redis Cluster"):
+            conn.channel()
+
+
+def test_cluster_option_with_a_single_redis_is_a_clear_error(redis_server):
+    with Connection(f"pq://127.0.0.1:{redis_server.port}", transport_options={"cluster": True}) as conn:
+        with pytest.raises(ConfigError, match="not a cluster node"):
+            conn.channel()
 
 
 def test_stats_command_on_the_cluster(cluster, cluster_client, spread):
