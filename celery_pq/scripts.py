@@ -525,7 +525,10 @@ def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
 def _per_node(cluster, calls: list[tuple], run_group) -> list:
     """``calls`` on a cluster: each master's share with ``run_group(node client, calls)`` (one
     round trip per node), replies in the order of ``calls``, errors in place. A call that met a
-    moved slot or a failed node runs again alone, through the cluster client."""
+    moved slot or a failed node runs again alone, through the cluster client. (A pipeline cut
+    off midway may have run some of its calls already: run again, an insert is stored once by
+    its publish id, an ack finds its lease gone, a pop leases other entries, whose leases run
+    out: at least once holds, as for a pipeline redis-py retries on one server.)"""
     replies: list = [None] * len(calls)
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
