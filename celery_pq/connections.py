@@ -10,6 +10,16 @@ to the new master. Every connection the transport opens comes from this pool or 
 its connections (``new_connection``: the blocking reads of ``poller.py``), so after a failover
 the shared client, the blocking reads, pub/sub and the lease keeper all find the new master.
 
+With the transport option ``cluster``, the broker URL names any seed node of a Redis Cluster
+(``pq://HOST:PORT``; several, ``pq://n1:7000;pq://n2:7000``, so that a reconnection finds one
+alive when a seed is down): the client is then redis-py's ``RedisCluster`` (``make_cluster``), which
+learns the nodes and their slots from it. Every key of one queue shares one hash tag, so each
+script call, pipeline or blocking read about one queue goes to one node: ``node_client`` gives
+the plain client of the master serving a key now (its own pool, so scripts are loaded per node
+and run on a connection of that node), ``new_connection`` a blocking connection to it. A call
+that meets a moved slot or a dead node goes through ``RedisCluster`` itself (``REROUTE``), which
+learns the new layout and retries.
+
 TLS settings come the kombu way: Celery's ``broker_use_ssl`` (kombu's ``ssl=``), a dict of
 redis-py's ``ssl_*`` arguments (``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ...),
 checked here when the pool is made.
@@ -19,10 +29,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rex
+from redis.cluster import ClusterNode
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from . import constants as C
@@ -98,21 +110,160 @@ def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
     return sentinel_pool(sentinel_addresses(conninfo), options, params, tls)
 
 
+def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
+    """The Redis Cluster client of a kombu connection whose URL names a seed node."""
+    tls = tls or bool(conninfo.ssl)
+    if options.master_name is not None:
+        raise ConfigError("cluster and master_name exclude each other: a Redis Cluster fails over by itself, "
+                          "without sentinels")
+    db = broker_db(conninfo)
+    if db != 0:
+        raise ConfigError(f"a Redis Cluster has only database 0; the broker URL names database {db}")
+    params = {k: v for k, v in options.redis_kwargs().items() if v is not None}
+    params.pop("health_check_interval", None)  # not a cluster argument (its nodes' connections check on use)
+    if tls:
+        params.update(ssl=True, **tls_arguments(conninfo.ssl))
+    seeds = [ClusterNode(host, port) for host, port in url_addresses(conninfo, C.REDIS_PORT)]
+    try:
+        return redis.RedisCluster(startup_nodes=seeds, username=conninfo.userid or None,
+                                  password=conninfo.password or None, **params)
+    except rex.RedisClusterException as exc:
+        if "Cluster mode is not enabled" in str(exc):
+            raise ConfigError("the transport option cluster is set, but the broker URL names a Redis that is not "
+                              "a cluster node (cluster-enabled no): drop the option for a single Redis") from None
+        raise rex.ConnectionError(str(exc)) from exc  # no seed answered: retried like any lost connection
+
+
+def check_not_a_cluster_node(client) -> None:
+    """ConfigError when a client made for one Redis reached a node of a Redis Cluster: its
+    queues' scripts would meet MOVED replies (the option ``cluster`` is missing). Nothing when
+    this user may not run INFO."""
+    try:
+        enabled = client.info("cluster").get("cluster_enabled")
+    except rex.ResponseError:
+        return
+    if enabled in (1, "1", b"1"):
+        raise ConfigError("the broker URL names a node of a Redis Cluster: set the transport option "
+                          '{"cluster": True} (broker_transport_options, or --transport-options for python -m celery_pq)')
+
+
+def is_cluster(client) -> bool:
+    """Is ``client`` a Redis Cluster client? (Asked on every script call: cached per class.)"""
+    return _cluster_class(type(client))
+
+
+@lru_cache(maxsize=None)
+def _cluster_class(cls) -> bool:
+    return issubclass(cls, redis.RedisCluster)
+
+
+#: Replies and failures after which a key's node, as the cluster client knows it, may be wrong:
+#: the call goes again through ``RedisCluster``, which refreshes the layout and retries.
+REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.ConnectionError, rex.TimeoutError, OSError)
+
+
+def node_client(client, key) -> redis.Redis:
+    """The plain client of the server that holds ``key``: ``client`` itself on one server, the
+    master serving the key's slot (as the cluster client knows it now) on a cluster."""
+    if not is_cluster(client):
+        return client
+    return client.get_redis_connection(client.get_node_from_key(key))
+
+
+def relearn(client) -> None:
+    """Have a cluster client read the layout of the cluster again (after a failover or a moved
+    slot); nothing on one server, nor when no node answers now (the next call tries again)."""
+    if is_cluster(client):
+        try:
+            client.nodes_manager.initialize()
+        except (rex.RedisError, OSError):
+            pass
+
+
+class NodePipeline:
+    """A pipeline of commands on the keys of one hash tag, sent to the server that holds
+    ``key`` (with TIME, or in MULTI, which a cluster client's own pipeline refuses). On a
+    cluster, a pipeline that met a moved slot or a failed node is sent once more after the
+    layout is read again, so a long-lived reader (the metrics exporter, ``stats --watch``)
+    follows a failover. Used as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
+
+    def __init__(self, client, key: str, transaction: bool = False):
+        self.client, self.key, self.transaction = client, key, transaction
+        self.calls: list[tuple] = []
+
+    def __enter__(self) -> "NodePipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.calls.clear()
+
+    def __getattr__(self, name: str):
+        def queued(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return self
+        return queued
+
+    def execute(self) -> list:
+        for attempt in (1, 2):
+            with node_client(self.client, self.key).pipeline(transaction=self.transaction) as pipe:
+                for name, args, kwargs in self.calls:
+                    getattr(pipe, name)(*args, **kwargs)
+                try:
+                    return pipe.execute()
+                except REROUTE:
+                    if attempt == 2 or not is_cluster(self.client):
+                        raise
+            relearn(self.client)
+        raise AssertionError("unreachable")
+
+
+def by_node(client, items, key_of) -> dict:
+    """``{node client: [item, ...]}`` of ``items``, each by the node of ``key_of(item)``, in order."""
+    out: dict = {}
+    for item in items:
+        out.setdefault(node_client(client, key_of(item)), []).append(item)
+    return out
+
+
+def slot_groups(client, keys) -> dict:
+    """``{group: [key, ...]}``: keys one multi-key command (a BLPOP) may name together, in
+    order. One group on a single server; one per hash slot on a cluster."""
+    if not is_cluster(client):
+        return {None: list(keys)} if keys else {}
+    out: dict = {}
+    for key in keys:
+        out.setdefault(client.keyslot(key), []).append(key)
+    return out
+
+
+def primaries(client) -> list[redis.Redis]:
+    """The plain client of every master (one, for a single server)."""
+    if not is_cluster(client):
+        return [client]
+    return [client.get_redis_connection(node) for node in client.get_primaries()]
+
+
 def sentinel_addresses(conninfo) -> list[tuple[str, int]]:
     """(host, port) of every sentinel the broker URL names (its ``;``-separated hosts)."""
+    return url_addresses(conninfo, SENTINEL_PORT)
+
+
+def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
+    """(host, port) of every host the broker URL names (its ``;``-separated hosts): the
+    sentinels of ``master_name``, the seed nodes of ``cluster``."""
     urls = [u for u in (conninfo.alt or []) if isinstance(u, str)]
     if not urls:
-        return [(conninfo.hostname or "127.0.0.1", conninfo.port or SENTINEL_PORT)]
+        return [(conninfo.hostname or "127.0.0.1", conninfo.port or default_port)]
     out = []
     for url in urls:
         try:
             parts = urlsplit(url)
             host, port = parts.hostname, parts.port
         except ValueError as exc:
-            raise ConfigError(f"sentinel address {url!r} in the broker URL: {exc}") from None
+            raise ConfigError(f"address {url!r} in the broker URL: {exc}") from None
         if not host:
-            raise ConfigError(f"sentinel address {url!r} in the broker URL names no host")
-        out.append((host, port or SENTINEL_PORT))
+            raise ConfigError(f"address {url!r} in the broker URL names no host")
+        out.append((host, port or default_port))
     return out
 
 
@@ -135,8 +286,14 @@ def new_connection(pool: redis.ConnectionPool):
     return pool.connection_class(**pool.connection_kwargs)
 
 
-def close_pool(pool: redis.ConnectionPool) -> None:
-    """Close the pool's connections (and, for a sentinel pool, those to the sentinels)."""
+def close_pool(pool) -> None:
+    """Close the pool's connections (and, for a sentinel pool, those to the sentinels; for a
+    cluster client, those to every node)."""
+    if is_cluster(pool):  # its nodes' pools; the client stays usable (they reconnect on use)
+        for node in pool.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+        return
     pool.disconnect()
     manager = getattr(pool, "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
@@ -154,13 +311,19 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
 
 
 def eviction_policy(client: redis.Redis) -> str | None:
-    """The server's ``maxmemory-policy`` (from ``INFO memory``), or None when this user may not
-    ask (an ACL user without INFO) or the server does not say."""
-    try:
-        policy = client.info("memory").get("maxmemory_policy")
-    except rex.ResponseError:
-        return None
-    return policy.decode() if isinstance(policy, bytes) else policy
+    """The server's ``maxmemory-policy`` (from ``INFO memory``; on a cluster, the first master's
+    that evicts, else any master's), or None when this user may not ask (an ACL user without
+    INFO) or the server does not say."""
+    policy = None
+    for node in primaries(client):
+        try:
+            policy = node.info("memory").get("maxmemory_policy")
+        except rex.ResponseError:
+            return None
+        policy = policy.decode() if isinstance(policy, bytes) else policy
+        if policy in EVICTING_POLICIES:
+            break
+    return policy
 
 
 def warn_if_evicting(client: redis.Redis) -> str | None:

@@ -68,6 +68,12 @@ def _flag_or_none(name, value):
     return value
 
 
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _event_log(name, value):
     return count(name, value, low=0, error=ConfigError)
 
@@ -186,6 +192,8 @@ class Options:
     event_log: int | None = _option(None, _event_log,
                                     "None/0: no event log; else the approximate most entries of each "
                                     "queue's event-log stream (docs/events.md)")
+    cluster: bool = _option(False, _flag, "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
+                            "each queue lives on the master of its hash tag (docs/cluster.md)")
     master_name: str | None = _option(None, _master_name_or_none,
                                       "Redis Sentinel: the name of the monitored master; when set, every host "
                                       "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel")

@@ -5,6 +5,12 @@ queues it consumes: an insert leaves a wake token there) and a pub/sub connectio
 exchanges. A channel pops while there may be work (``need_pop``); when a pop finds nothing it
 blocks on its wake lists instead, so an idle consumer costs one call per ``block_seconds``.
 
+On a Redis Cluster one BLPOP cannot name keys of two slots, so a channel blocks once per hash
+tag of the queues it consumes, each on a connection to the master serving that tag, all at once:
+whichever is answered first wakes the channel, which then pops every queue. Fanout goes by
+sharded pub/sub there (SPUBLISH, SSUBSCRIBE on the master serving each channel's slot), one
+pub/sub connection per master.
+
 The ``Poller`` of a connection runs the loop over its channels, in one of two ways:
 ``drain`` (kombu's ``drain_events``: select on the sockets) or ``on_tick`` (Celery's event
 loop: the sockets are the loop's readers). Both take the same steps: each channel pops and
@@ -18,11 +24,14 @@ import logging
 import os
 import select
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from time import monotonic, sleep
 from typing import Callable
 
 from redis import exceptions as rex
+
+from .connections import by_node, is_cluster, node_client, slot_groups
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +50,26 @@ class Wait:
     once: bool
 
 
+@dataclass
+class Blocking:
+    """One blocking connection and the BLPOP in flight on it (``keys`` None when none is)."""
+
+    conn: object
+    id: int | None
+    keys: list | None = None
+    sent: float = 0.0
+
+
+@dataclass
+class Subscription:
+    """One pub/sub connection (per master on a cluster) and its channels."""
+
+    pubsub: object
+    channels: set = field(default_factory=set)
+
+
 class Waits:
-    """One channel's blocking read and pub/sub subscription.
+    """One channel's blocking reads (one per hash tag on a cluster, else one) and pub/sub.
 
     The channel gives: ``active_queues``, ``qos``, ``wake_keys()``, ``fanout_channels()``
     ({pub/sub channel: queue}), ``pop_and_deliver()``, ``deliver_fanout(queue, data)``,
@@ -56,12 +83,8 @@ class Waits:
         #: Redis calls made to receive: "pops" (pop scripts), "wakeups" (blocking waits
         #: answered by a wake token), "timeouts" (blocking waits that ran out).
         self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
-        self._bconn = None
-        self._bconn_id = None
-        self._blpop_keys = None
-        self._blpop_sent = 0.0
-        self._pubsub = None
-        self._subscribed: set[str] = set()
+        self._blocks: dict[object, Blocking] = {}  # slot group -> its blocking read
+        self._subs: dict[object, Subscription] = {}  # node client -> its pub/sub
 
     def should_pop(self) -> bool:
         """Whether there may be work (a wake-up, a change, a sweep that returned entries)."""
@@ -75,48 +98,70 @@ class Waits:
         channel = self.channel
         channel.leases.flush()  # never block with acks unsent
         waits = []
-        if self._bconn is not None and self._blpop_keys is not None:
-            if monotonic() - self._blpop_sent > channel.options.block_seconds + SILENCE_SECONDS:
+        for block in self._blocks.values():
+            if block.keys is not None and monotonic() - block.sent > channel.options.block_seconds + SILENCE_SECONDS:
                 self.drop()
                 raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
-            waits.append(Wait(self._bconn, self._on_blpop, True))
-        elif channel.active_queues and channel.qos.can_consume() and not self.should_pop():
-            if self._bconn is None:
-                self._bconn = channel.transport.new_connection()
-                self._bconn.connect()
-                self._bconn_id = _client_id(self._bconn)
-            keys = channel.wake_keys()
-            self._bconn.send_command("BLPOP", *keys, channel.options.block_seconds)
-            self._blpop_keys = keys
-            self._blpop_sent = monotonic()
-            waits.append(Wait(self._bconn, self._on_blpop, True))
-        wanted = channel.fanout_channels()
-        if wanted:
-            if self._pubsub is None:
-                self._pubsub = channel.client.pubsub(ignore_subscribe_messages=True)
-            if set(wanted) - self._subscribed:
-                self._pubsub.subscribe(*sorted(set(wanted) - self._subscribed))
-            if self._subscribed - set(wanted):
-                self._pubsub.unsubscribe(*sorted(self._subscribed - set(wanted)))
-            self._subscribed = set(wanted)
-            waits.append(Wait(self._pubsub.connection, self._on_pubsub, False))
+        if channel.active_queues and channel.qos.can_consume() and not self.should_pop():
+            groups = slot_groups(channel.client, channel.wake_keys())
+            for group in set(self._blocks) - set(groups):  # queues no longer consumed
+                if self._blocks[group].keys is None:
+                    _quietly(self._blocks.pop(group).conn.disconnect)
+            for group, keys in groups.items():
+                block = self._blocks.get(group)
+                if block is None:
+                    conn = channel.transport.new_connection(keys[0])
+                    conn.connect()
+                    block = self._blocks[group] = Blocking(conn, _client_id(conn))
+                if block.keys is None:
+                    block.conn.send_command("BLPOP", *keys, channel.options.block_seconds)
+                    block.keys, block.sent = keys, monotonic()
+        waits += [Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None]
+        waits += self._arm_pubsub(channel.fanout_channels())
         return waits
 
-    def _on_blpop(self) -> int:
+    def _arm_pubsub(self, wanted: dict) -> list[Wait]:
+        """Subscribe to the fanout channels wanted (sharded, per master, on a cluster)."""
+        client = self.channel.client
+        sharded = is_cluster(client)
+        groups = {node: set(names) for node, names in by_node(client, sorted(wanted), lambda n: n).items()}
+        for node in set(self._subs) - set(groups):
+            _quietly(self._subs.pop(node).pubsub.close)
+        waits = []
+        for node, names in groups.items():
+            sub = self._subs.get(node)
+            if sub is None:
+                sub = self._subs[node] = Subscription(node.pubsub(ignore_subscribe_messages=True))
+            if names - sub.channels:
+                (sub.pubsub.ssubscribe if sharded else sub.pubsub.subscribe)(*sorted(names - sub.channels))
+            if sub.channels - names:
+                (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))
+            sub.channels = names
+            waits.append(Wait(sub.pubsub.connection, partial(self._on_pubsub, sub.pubsub), False))
+        return waits
+
+    def _on_blpop(self, block: Blocking) -> int:
         try:
-            reply = self._bconn.read_response()
+            reply = block.conn.read_response()
+        except (rex.AskError, rex.ClusterDownError, rex.TryAgainError) as exc:
+            # A cluster slot moved (a failover): look at once; the next wait goes to its new master
+            self._drop_block(block)
+            self.need_pop = True
+            logger.info("celery-pq: blocking wait ended by the cluster (%s); waiting again", exc)
+            return self.channel.pop_and_deliver()
         except rex.ResponseError as exc:
             if not str(exc).startswith("UNBLOCKED"):
                 self.drop()
                 raise
             # The server stopped being the master (a failover demoted it): its blocked clients
             # are let go. Connect again (to the master the sentinels name now) and look.
-            self.drop()
+            self._drop_block(block)
+            self.need_pop = True
             return self.channel.pop_and_deliver()
         except Exception:
             self.drop()
             raise
-        self._blpop_keys = None
+        block.keys = None
         self.need_pop = True  # a wake token, or the timeout: look again either way
         self.counters["wakeups" if reply else "timeouts"] += 1
         if reply and not self.channel.qos.can_consume():
@@ -127,15 +172,15 @@ class Waits:
             return 0
         return self.channel.pop_and_deliver()
 
-    def _on_pubsub(self) -> int:
+    def _on_pubsub(self, pubsub) -> int:
         delivered = 0
         while True:
-            msg = self._pubsub.get_message(timeout=0)
+            msg = pubsub.get_message(timeout=0)
             if msg is None:
-                if not self._pubsub.connection or not self._pubsub.connection.can_read(timeout=0):
+                if not pubsub.connection or not pubsub.connection.can_read(timeout=0):
                     return delivered
                 continue
-            if msg.get("type") != "message":
+            if msg.get("type") not in ("message", "smessage"):
                 continue
             name = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
             queue = self.channel.fanout_channels().get(name)
@@ -143,26 +188,29 @@ class Waits:
                 delivered += self.channel.deliver_fanout(name, queue, msg["data"])
 
     def unblock(self):
-        """Wake our own BLPOP (the consumed queues changed), so it re-arms at once."""
-        if self._bconn is not None and self._blpop_keys is not None and self._bconn_id is not None:
-            try:
-                self.channel.client.execute_command("CLIENT", "UNBLOCK", self._bconn_id)
-            except rex.RedisError:
-                pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
+        """Wake our own BLPOPs (the consumed queues changed), so they re-arm at once."""
+        for block in self._blocks.values():
+            if block.keys is not None and block.id is not None:
+                try:
+                    node_client(self.channel.client, block.keys[0]).execute_command("CLIENT", "UNBLOCK", block.id)
+                except rex.RedisError:
+                    pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
+
+    def _drop_block(self, block: Blocking):
+        _quietly(block.conn.disconnect)
+        self._blocks = {g: b for g, b in self._blocks.items() if b is not block}
 
     def drop(self):
-        """Close the blocking connection (it is made again when needed)."""
-        if self._bconn is not None:
-            _quietly(self._bconn.disconnect)
-        self._bconn = None
-        self._blpop_keys = None
+        """Close the blocking connections (they are made again when needed)."""
+        for block in list(self._blocks.values()):
+            self._drop_block(block)
         self.need_pop = True
 
     def close(self):
         self.drop()
-        if self._pubsub is not None:
-            _quietly(self._pubsub.close)
-            self._pubsub = None
+        for sub in self._subs.values():
+            _quietly(sub.pubsub.close)
+        self._subs.clear()
 
 
 class Poller:

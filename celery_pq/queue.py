@@ -33,6 +33,7 @@ from .checks import count as _count
 from .checks import number as _number
 from .checks import seconds as _seconds
 from .checks import text as _text
+from .connections import NodePipeline
 from .costs import explain
 from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id
@@ -361,6 +362,11 @@ class PriorityQueue:
         if acked is not None and acked < self.wait_replicas:
             raise NotReplicated(self.name, acked, self.wait_replicas, self.wait_timeout)
 
+    def _pipeline(self, transaction: bool = False):
+        """A pipeline of this queue's reads (TIME among them, or in MULTI) on the server that
+        holds its keys: on a cluster, the master serving its hash tag."""
+        return NodePipeline(self.client, self.keys.ii, transaction)
+
     def exists(self, id: str) -> bool:
         """Whether an entry with this id is stored (waiting, delayed or leased)."""
         return bool(self.client.hexists(self.keys.ii, encode_id(id)))
@@ -592,7 +598,7 @@ class PriorityQueue:
     # -- priority views (the collated keyed queue) ----------------------------------------------
     def refresh_views(self) -> None:
         """Re-read the registry of priority views (inserts wake the views an entry satisfies)."""
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.hkeys(self.keys.vw)
             p.get(self.keys.vr)
             names, version = p.execute()
@@ -637,7 +643,7 @@ class PriorityQueue:
             row["waiting" if kind == "n" else "leased"] = int(value)
         if ages and out:
             names = list(out)
-            with self.client.pipeline(transaction=False) as p:
+            with self._pipeline(transaction=False) as p:
                 for name in names:
                     t = raw[name]
                     p.zrangebylex(self.keys.te, f"[{t}\0", f"({t}\1", start=0, num=1)
@@ -919,7 +925,7 @@ class PriorityQueue:
         ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
         Redis's clock. Never the tokens: a token is what acks."""
         _count("limit", limit, none=False)
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.zrange(self.keys.lz, 0, limit - 1, withscores=True)
             p.time()
             held, (sec, usec) = p.execute()
@@ -927,7 +933,7 @@ class PriorityQueue:
         if not held:
             return []
         eids = [eid for eid, _ in held]
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.hmget(self.keys.lt, eids)
             p.hmget(self.keys.ii, eids)
             records, values = p.execute()
@@ -989,7 +995,7 @@ class PriorityQueue:
         paused = self.paused()
         if paused["queue"]:
             return 0
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.hlen(k.ii)
             p.hlen(k.lt)
             p.zcard(k.dz)
@@ -1001,7 +1007,7 @@ class PriorityQueue:
             if whole:
                 return waiting
             ranks = [int(r) for r in res[3]]
-            with self.client.pipeline(transaction=False) as p:
+            with self._pipeline(transaction=False) as p:
                 for rank in ranks:
                     p.llen(k.level(rank))
                 return min(waiting, sum(p.execute()))
@@ -1014,7 +1020,7 @@ class PriorityQueue:
         takeable = [t for t in counts if t not in held]
         if whole:
             return min(waiting, sum(counts[t] for t in takeable))
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             for t in takeable:
                 p.zlexcount(k.te, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
             return sum(p.execute())
@@ -1025,7 +1031,7 @@ class PriorityQueue:
         ``deliveries``, ``deadline_ms`` and ``seconds_left`` (both on Redis's clock). Read in one
         MULTI; the lease token is not shown (it is what acks)."""
         eid = encode_id(id)
-        with self.client.pipeline(transaction=True) as p:
+        with self._pipeline(transaction=True) as p:
             p.hget(self.keys.lt, eid)
             p.zscore(self.keys.lz, eid)
             p.time()
@@ -1039,7 +1045,7 @@ class PriorityQueue:
 
     def size(self) -> int:
         """Waiting entries (delayed ones not counted)."""
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.hlen(self.keys.ii)
             p.hlen(self.keys.lt)
             p.zcard(self.keys.dz)
@@ -1049,7 +1055,7 @@ class PriorityQueue:
     def stats(self) -> dict:
         """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds)."""
         k = self.keys
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.hlen(k.ii)
             p.hlen(k.lt)
             p.zcard(k.dz)
@@ -1064,7 +1070,7 @@ class PriorityQueue:
         per_priority: Counter = Counter()
         oldest_ms = None
         ranks = [int(r) for r in self.client.zrange(k.pi, 0, -1)]
-        with self.client.pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
+        with self._pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
             for rank in ranks:
                 p.llen(k.level(rank))
             for rank, n in zip(ranks, p.execute()):
@@ -1120,7 +1126,7 @@ class PriorityQueue:
 
     def paused(self) -> dict:
         """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
-        with self.client.pipeline(transaction=False) as p:
+        with self._pipeline(transaction=False) as p:
             p.get(self.keys.md)
             p.hkeys(self.keys.fc)
             record, fields = p.execute()

@@ -27,6 +27,16 @@ its first write, perhaps half done.
 ``run_replicated`` (and ``LuaScript.replicated``) end a call with ``WAIT`` on the connection that
 made the writes, for the transport option ``wait_replicas``: the reply says how many replicas
 have them.
+
+On a Redis Cluster (``connections.is_cluster``) every call goes to the master of its first key's
+slot (all keys of a call share one hash tag): on that node's own client and pool, so the
+library is loaded on each master the process calls (FUNCTION LOAD is replicated, so a promoted
+replica has it; were it gone, "Function not found" loads it there again), and a batch
+(``run_calls``, ``run_replicated``) is one pipeline per node, each with its own WAIT. A call
+that meets a moved slot or a node that went away (``connections.REROUTE``: a failover) runs
+again through redis-py's ``RedisCluster``, which learns the new layout and retries; such a
+call's WAIT is not confirmed (0 replicas): a publish is then retried, stored once by its
+publish id.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .connections import REROUTE, by_node, is_cluster, node_client
 from .errors import ErrorCode
 from .keys import FAIR_SUFFIXES
 
@@ -380,6 +391,8 @@ class LuaScript:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def __call__(self, keys=(), args=(), client=None):
+        if is_cluster(client):
+            return self._on_cluster(keys, args, client)
         conn = _own_connection(client)
         if conn is None:
             return self._script(keys=keys, args=args, client=client)
@@ -389,6 +402,18 @@ class LuaScript:
             _drop_connection(client, conn)
             return self._script(keys=keys, args=args, client=client)
 
+    def _on_cluster(self, keys, args, cluster):
+        """The call on the master of its keys' slot, on this thread's connection to it; after a
+        moved slot or a failed node, through ``RedisCluster`` (refreshed layout, retries)."""
+        node = node_client(cluster, keys[0])
+        conn = _own_connection(node)
+        try:
+            return self._run_on(conn, node.connection_pool, keys, args)
+        except REROUTE as exc:
+            if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
+                _drop_connection(node, conn)
+            return self._script(keys=keys, args=args, client=cluster)
+
     def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
         """Run the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
         counts the replicas that have every write that connection made): ``(reply, number of
@@ -397,6 +422,7 @@ class LuaScript:
         for attempt in (1, 2):
             conn = _own_connection(client)
             if conn is None:  # a pipeline or cluster client: the script and WAIT in one pipeline
+                # (per node, on a cluster: see run_replicated)
                 replies, acked = run_replicated(client, [(self, keys, args)], replicas, timeout_ms)
                 return replies[0], acked
             try:
@@ -464,9 +490,24 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """
     if not calls:
         return []
+    if is_cluster(client):
+        replies = _per_node(client, calls, _pipelined)
+    else:
+        replies = _pipelined(client, calls)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
+    """``calls`` on one server in one round trip: their replies, errors in place."""
     if len(calls) == 1:  # one call needs no pipeline (Script reloads itself on NOSCRIPT)
         script, keys, args = calls[0]
-        return [script(keys=keys, args=args, client=client)]
+        try:
+            return [script(keys=keys, args=args, client=client)]
+        except ResponseError as exc:
+            return [exc]
     with client.pipeline(transaction=False) as pipe:
         for script, keys, args in calls:
             pipe.execute_command(*script.words(client, keys, args))
@@ -474,10 +515,34 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     for i, reply in enumerate(replies):
         if isinstance(reply, NoScriptError) or _function_missing(reply):
             script, keys, args = calls[i]
-            replies[i] = script(keys=keys, args=args, client=client)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
+            try:
+                replies[i] = script(keys=keys, args=args, client=client)
+            except ResponseError as exc:
+                replies[i] = exc
+    return replies
+
+
+def _per_node(cluster, calls: list[tuple], run_group) -> list:
+    """``calls`` on a cluster: each master's share with ``run_group(node client, calls)`` (one
+    round trip per node), replies in the order of ``calls``, errors in place. A call that met a
+    moved slot or a failed node runs again alone, through the cluster client. (A pipeline cut
+    off midway may have run some of its calls already: run again, an insert is stored once by
+    its publish id, an ack finds its lease gone, a pop leases other entries, whose leases run
+    out: at least once holds, as for a pipeline redis-py retries on one server.)"""
+    replies: list = [None] * len(calls)
+    for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
+        try:
+            got = run_group(node, [calls[i] for i in idx])
+        except REROUTE as exc:
+            got = [exc] * len(idx)
+        for i, reply in zip(idx, got):
+            if isinstance(reply, REROUTE):
+                script, keys, args = calls[i]
+                try:
+                    reply = script(keys=keys, args=args, client=cluster)
+                except ResponseError as exc:
+                    reply = exc
+            replies[i] = reply
     return replies
 
 
@@ -489,6 +554,23 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
     promoted before it arrived. WAIT returns when ``replicas`` replicas have the connection's
     writes, or after the timeout with how many have them (it cannot undo a write).
     """
+    if is_cluster(client):
+        acked = [replicas]
+
+        def on_node(node, group):
+            try:
+                replies, n = run_replicated(node, group, replicas, timeout_ms)
+            except REROUTE:
+                acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
+                raise
+            acked[0] = min(acked[0], n)
+            return replies
+
+        replies = _per_node(client, calls, on_node)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies, acked[0]
     if len(calls) == 1 and _own_connection(client) is not None:
         script, keys, args = calls[0]
         reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)

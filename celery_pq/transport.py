@@ -9,7 +9,8 @@ Features
 * Prompt delivery without polling: an insert leaves a wake token that an idle consumer is
   blocked on (BLPOP), inside Celery's event loop or in ``drain_events``.
 * Fanout (``celery inspect``, ``celery control``, events) over Redis pub/sub, like kombu's
-  Redis transport.
+  Redis transport (sharded pub/sub on a Redis Cluster).
+* Redis Cluster with the option ``cluster`` (``connections.py``, docs/cluster.md).
 
 Connection string
 =================
@@ -159,6 +160,8 @@ class Channel(virtual.Channel):
         except rex.ConnectionError as exc:
             raise connections.explained(exc, connection.tls) from exc
         if not connection.eviction_checked:  # once per connection: at start, not per channel
+            if not self.options.cluster:
+                connections.check_not_a_cluster_node(self.client)
             connection.eviction_checked = True
             connections.warn_if_evicting(self.client)
         connection.cycle_channels.append(self)
@@ -188,7 +191,9 @@ class Channel(virtual.Channel):
                                  publish_id=item.publish_id, remember=False, task=item.task)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
-        self.client.publish(self._fanout_channel(exchange), serialized(exchange, message, self.options))
+        # a cluster's sharded pub/sub: the message goes to the master of the channel's slot only
+        publish = self.client.spublish if connections.is_cluster(self.client) else self.client.publish
+        publish(self._fanout_channel(exchange), serialized(exchange, message, self.options))
 
     def _fanout_channel(self, exchange):
         return fanout_channel(exchange, self.transport.db, self.options.key_prefix)
@@ -515,14 +520,22 @@ class Transport(virtual.Transport):
         return self.use_tls or bool(self.client.ssl)
 
     def redis_client(self, channel) -> redis.Redis:
+        """A client of this connection's pool; with ``cluster``, the connection's one
+        ``RedisCluster`` (shared by its channels: it holds the pools of every node)."""
         with self._pool_lock:
             if self._pool is None:
                 self.db = connections.broker_db(self.client)
-                self._pool = connections.make_pool(self.client, channel.options, self.tls)
+                make = connections.make_cluster if channel.options.cluster else connections.make_pool
+                self._pool = make(self.client, channel.options, self.tls)
+        if connections.is_cluster(self._pool):
+            return self._pool
         return redis.Redis(connection_pool=self._pool)
 
-    def new_connection(self):
-        """A connection of our own (not from the pool) for a blocking read."""
+    def new_connection(self, key: str):
+        """A connection of our own (not from the pool) for a blocking read of ``key`` (on a
+        cluster, to the master serving the key now)."""
+        if connections.is_cluster(self._pool):
+            return connections.new_connection(connections.node_client(self._pool, key).connection_pool)
         return connections.new_connection(self._pool)
 
     def ensure_keeper(self):

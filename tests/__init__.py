@@ -10,6 +10,9 @@
                        scripts/ensure-java.sh): the ``celery_pq`` writer and ``enqueue``.
 - ``tests/deploy``     the forms Redis is run in: Sentinel failover, WAIT for replicas, TLS, an ACL
                        user (real masters, replicas, sentinels and Celery workers on loopback).
+- ``tests/cluster``    a local Redis Cluster (3 masters + 3 replicas, marked ``cluster``, one per
+                       session): the queue and real Celery workers with queues on different
+                       masters, the command line, and a master failover with and without WAIT.
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.

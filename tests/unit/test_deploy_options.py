@@ -80,3 +80,25 @@ def test_a_plain_url_gives_a_plain_pool():
 def test_bad_tls_settings_are_named(ssl, named):
     with pytest.raises(ConfigError, match=named):
         tls_arguments(ssl)
+
+
+def test_cluster_option_is_a_flag():
+    assert Options().cluster is False
+    assert Options.from_transport_options({"cluster": True}).cluster is True
+    for bad in ("yes", 1, None):
+        with pytest.raises(ConfigError, match="cluster must be True or False"):
+            Options.from_transport_options({"cluster": bad})
+
+
+def test_the_hosts_of_a_cluster_url_are_seed_nodes_and_slots_group_blocking_keys():
+    from celery_pq.connections import make_cluster, slot_groups, url_addresses
+
+    conn = Connection("pq://:pw@n1:7000;pq://n2;pq://10.0.0.3:7001")
+    assert url_addresses(conn, 6379) == [("n1", 7000), ("n2", 6379), ("10.0.0.3", 7001)]
+    with pytest.raises(ConfigError, match="only database 0"):
+        make_cluster(Connection("pq://n1:7000/2"), Options(cluster=True), False)
+    with pytest.raises(ConfigError, match="exclude each other"):
+        make_cluster(conn, Options(cluster=True, master_name="m"), False)
+    # one server: every key in one BLPOP
+    assert slot_groups(redis.Redis(), ["pq:{a}:wk", "pq:{b}:wk"]) == {None: ["pq:{a}:wk", "pq:{b}:wk"]}
+    assert slot_groups(redis.Redis(), []) == {}
