@@ -1199,9 +1199,11 @@ def _tenant_setting(label: str, tenant: str, value):
 
 class Popped(list):
     """The leases one pop took, in delivery order (a list), and ``acked``: the codes of the
-    acks that call carried (see ``PriorityQueue.pop``)."""
+    acks that call carried (see ``PriorityQueue.pop``), and ``queue``: the queue they came from
+    (a shard, for a sharded queue: see ``shards.py``)."""
 
     acked: list[int] = []
+    queue: "PriorityQueue | None" = None
 
 
 def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None,
@@ -1226,7 +1228,9 @@ def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = N
     codes = {q: list(r) for (q, _), r in zip(others, replies)}
     if own:
         codes[queue] = queue.ack_codes(reply)
-    return Popped(queue.parse_pop(reply)), codes
+    popped = Popped(queue.parse_pop(reply))
+    popped.queue = queue
+    return popped, codes
 
 
 def ack_all(acks: dict) -> dict:
