@@ -186,8 +186,8 @@ def _spread(i: int) -> float:
 @lru_cache(maxsize=4096)
 def shard_name(base: str, i: int) -> str:
     """The queue name of shard ``i`` of queue ``base``: ``base`` itself for shard 0, else
-    ``base#i``, or ``base#i.j`` with the smallest j that puts the shard's hash slot within a
-    quarter of a gap of its place (``_spread``). The places depend on i and the slot of
+    ``base#i``, or ``base#i.j`` with the smallest j that puts the shard's hash slot within 16
+    slots of its place (``_spread``; a few hundred tries of CRC16, once per process). The places depend on i and the slot of
     ``base`` only, so growing a queue from 4 shards to 8 keeps the names of shards 0..3, and the
     shards' slots (hence the cluster masters owning them) are spread out rather than random."""
     if i == 0:
@@ -196,7 +196,7 @@ def shard_name(base: str, i: int) -> str:
         raise ValueError(f"shard number must be 0..{MAX_SHARDS - 1}, got {i!r}")
     ring = REDIS_CLUSTER_HASH_SLOTS
     target = (_slot(base) + _spread(i) * ring) % ring
-    reach = ring / (4 * 2 ** i.bit_length())  # a quarter of the gap between places of this level
+    reach = ring / 1024  # 16 slots: under a quarter of the gap between any two of 256 shards
     for j in range(100_000):
         name = f"{base}{SHARD_SEP}{i}" + (f".{j}" if j else "")
         off = abs(_slot(name) - target)

@@ -266,12 +266,12 @@ class ShardedQueue:
         return sum(s.remove(id) for s in self.shards)
 
     def change_priority(self, id: str, priority: int) -> None:
-        for s in self.shards[:-1]:
+        for s in self.shards:
             try:
                 return s.change_priority(id, priority)
             except EntryNotFound:
                 continue
-        return self.shards[-1].change_priority(id, priority)
+        raise EntryNotFound(self.name, id)
 
     def replay(self, ids: Sequence[str]) -> dict:
         """Dead letters back to the shards they died in."""
