@@ -840,6 +840,18 @@ class PriorityQueue:
         reply = self._run("peek", self._keys("peek"), [count, C.POP_STALE_BUDGET])
         return [self._entry(*reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
+    def head_call(self, view: tuple[int, int] | None = None) -> tuple:
+        """``(script, keys, args)`` reading the rank and enqueue time (ms) of the entry a pop
+        (of ``view``) would take first, to run with others (``run_calls``); ``parse_head``
+        reads its reply."""
+        lo, hi = self._check_view(view)
+        return self._call("peek_head", self._keys("peek_head"), [lo, hi, C.POP_STALE_BUDGET])
+
+    @staticmethod
+    def parse_head(reply) -> tuple[int, int] | None:
+        """(rank, enqueued_ms) of a ``head_call`` reply, None when a pop would find nothing."""
+        return (int(reply[0]), int(reply[1])) if reply else None
+
     def retrieve_highest_priority(self) -> str | None:
         """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
         head = self.peek(1)

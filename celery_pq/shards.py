@@ -11,8 +11,9 @@ entries keep their order; else the shard of the publish id (a hash of it), so a 
 lands where the first one went and is stored once; else a random shard.
 
 Pop (``ShardedQueue.pop_with_acks``) peeks ``peek`` (k) shards chosen at random in one
-pipelined round trip, reading the best waiting rank of each (the first member of its
-priority index, ``pi``, within the consumer's view), and pops from the best. Under concurrency
+pipelined round trip, reading the rank and enqueue time of the entry each would deliver first
+(``peek_head.lua``, within the consumer's view), and pops from the best: the best rank, then
+the oldest head. Under concurrency
 the best may be empty by then (another consumer took it, or its index held only stale
 pointers): the second-best peeked is tried next, without a new peek round. When every peeked
 shard is empty, the other shards are peeked too (one more round), so a consumer never sleeps
@@ -21,8 +22,8 @@ while any shard has a ready entry.
 The ordering this gives: within one shard, strict priority and FIFO within a priority, as a
 plain queue. Across shards, order is relaxed: a delivery can be outranked by entries waiting
 in shards it did not peek (the rank error the benchmarks measure, ``benchmarks/relaxed.py``),
-and FIFO within a priority holds per shard only. With one consumer and k = N the priority
-order is exact.
+and FIFO within a priority holds exactly per shard only (across shards, the older of the peeked
+heads goes first, to the millisecond). With one consumer and k = N the priority order is exact.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Callable, Sequence
 from . import constants as C
 from .errors import EntryNotFound
 from .keys import shard_names, split_dead
-from .queue import Entry, Lease, Popped, PriorityQueue, ack_all, pop_with_acks
+from .queue import Entry, Lease, Popped, PriorityQueue, ack_all, pop_with_acks, run_calls
 
 #: The peek count (the transport option ``peek``) at most.
 MAX_PEEK = 64
@@ -152,21 +153,19 @@ class ShardedQueue:
         return ids
 
     # -- pop: peek k, pop the best, second-best under concurrency ------------------------------
-    def peek_ranks(self, shards: Sequence[PriorityQueue], view: tuple[int, int] | None = None) -> list[int | None]:
-        """The best rank waiting in each of ``shards`` (within ``view``), None for an empty one:
-        one pipelined round trip. A rank may be stale (its pointers' entries removed), which
-        the pop then finds out."""
-        lo, hi = view if view is not None else (0, C.MAX_PRIORITY)
-        with self.client.pipeline(transaction=False) as p:
-            for s in shards:
-                p.zrangebyscore(s.keys.pi, lo, hi, start=0, num=1)
-            replies = p.execute()
-        return [int(r[0]) if r else None for r in replies]
+    def peek_heads(self, shards: Sequence[PriorityQueue],
+                   view: tuple[int, int] | None = None) -> list[tuple[int, int] | None]:
+        """(rank, enqueued_ms) of the entry each of ``shards`` would deliver first (within
+        ``view``), None for an empty or paused one: one pipelined round trip of read-only
+        scripts (``peek_head.lua``)."""
+        replies = run_calls(self.client, [s.head_call(view) for s in shards])
+        return [PriorityQueue.parse_head(r) for r in replies]
 
     def _ranked(self, shards: Sequence[PriorityQueue], view) -> list[PriorityQueue]:
-        """``shards`` with a waiting entry, best rank first (ties in random order)."""
-        ranks = self.peek_ranks(shards, view)
-        found = [(r, self._rng.random(), s) for r, s in zip(ranks, shards) if r is not None]
+        """``shards`` with a waiting entry, best first: best rank, then oldest head (ties of
+        the same millisecond in random order)."""
+        heads = self.peek_heads(shards, view)
+        found = [(h, self._rng.random(), s) for h, s in zip(heads, shards) if h is not None]
         return [s for _, _, s in sorted(found, key=lambda x: x[:2])]
 
     def pop_with_acks(self, count: int = 1, *, acks: dict | None = None, **pop_args) -> tuple[Popped, dict]:

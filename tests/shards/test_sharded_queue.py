@@ -115,16 +115,46 @@ def test_a_consumer_finds_work_in_a_shard_it_did_not_peek(redis_client, key_pref
     assert q.stats_wider_peek > 0
 
 
-def test_second_best_is_taken_when_the_best_peeked_shard_turns_out_empty(redis_client, key_prefix):
-    # Given the best rank peeked is a stale pointer (technique S leaves it after a remove by id)
-    q = open_queue(redis_client, key_prefix, 4, peek=4, technique="S")
+def test_second_best_is_taken_when_the_best_peeked_shard_was_emptied_meanwhile(redis_client, key_prefix):
+    # Given the best entry sits alone in shard a, the second-best in shard b
+    q = open_queue(redis_client, key_prefix, 4, peek=4)
     a, b = q.shards[0], q.shards[1]
-    a.insert(b"gone", 250, id="gone")
-    assert a.remove("gone") == 1 and q.peek_ranks([a]) == [5]
+    a.insert(b"best", 250, id="best")
     b.insert(b"next", 10, id="next")
-    # When one consumer pops, Then the best shard gives nothing and the second-best serves
+    other = PriorityQueue(redis_client, a.name, key_prefix=key_prefix)  # another consumer of shard a
+    peek = q.peek_heads
+
+    def raced(shards, view=None):
+        heads = peek(shards, view)
+        assert [lease.id for lease in other.pop()] == ["best"]  # it wins the race after our peek
+        return heads
+
+    q.peek_heads = raced
+    # When our consumer pops, Then shard a gives nothing and the second-best peeked serves,
+    # with no new peek round
     [lease] = q.pop()
-    assert lease.id == "next" and q.stats_second_best == 1
+    assert lease.id == "next" and q.stats_second_best == 1 and q.stats_wider_peek == 0
+
+
+def test_peek_head_skips_stale_pointers_and_says_nothing_for_a_paused_shard(redis_client, key_prefix):
+    q = open_queue(redis_client, key_prefix, 4, technique="S")
+    a = q.shards[0]
+    a.insert(b"gone", 250, id="gone")
+    a.insert(b"kept", 3, id="kept")
+    assert a.remove("gone") == 1  # technique S leaves its pointer behind
+    [head] = q.peek_heads([a])
+    assert head[0] == a.rank(3) and head[1] == a.peek(1)[0].enqueued_ms
+    assert q.peek_heads([a], view=(0, 10)) == [None]  # only a stale pointer there
+    a.pause()
+    assert q.peek_heads([a]) == [None]
+
+
+def test_equal_priorities_go_oldest_head_first_across_shards(redis_client, key_prefix):
+    q = open_queue(redis_client, key_prefix, 4, peek=4)
+    for i in range(12):
+        q.shards[i % 4].insert(b"x", 7, id=f"t{i}")
+        time.sleep(0.002)  # distinct enqueue milliseconds (not a timed assertion)
+    assert [lease.id for lease in drain(q)] == [f"t{i}" for i in range(12)]
 
 
 @pytest.mark.parametrize("n", [1, 4])
