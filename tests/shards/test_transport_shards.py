@@ -75,6 +75,19 @@ def test_a_blocked_consumer_is_woken_by_a_publish_to_any_shard(url, key_prefix, 
     assert len({s.name for s in sharded(redis_client, key_prefix).shards if s.counters()["delivered"]}) > 1
 
 
+def test_a_priority_view_consumes_only_its_priorities_from_every_shard(url, key_prefix, redis_client):
+    opts = {"key_prefix": key_prefix, "shards": 4}
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        p = Producer(conn.default_channel)
+        for i in range(40):
+            p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q], priority=220 if i % 4 else 5)
+        got = drain(conn, make_queue("kq[>=200]"), 30, timeout=20, prefetch=5)
+    assert sorted(b["i"] for b, _ in got) == [i for i in range(40) if i % 4]
+    queue = sharded(redis_client, key_prefix)
+    assert queue.size() == 10 and queue.peek(1)[0].priority == 5
+
+
 def test_reject_with_requeue_and_dead_letter_go_to_the_shard(url, key_prefix, redis_client):
     opts = {"key_prefix": key_prefix, "shards": 4}
     with Connection(url, transport_options=opts) as conn:
