@@ -46,8 +46,8 @@ CONSUMERS = (1, 4, 16)
 
 def _open(client, name, shards, peek, seed):
     q = Options(key_prefix=PREFIX, shards=shards, peek=peek).open_queue(client, name)
-    if shards > 1:
-        q._rng = random.Random(seed)
+    if shards > 1:  # a stream of its own: drawn from the priorities' seed, shards would follow priorities
+        q._rng = random.Random(f"shards-{seed}")
     return q
 
 

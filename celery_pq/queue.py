@@ -671,15 +671,21 @@ class PriorityQueue:
         return popped
 
     def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-                 view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> tuple:
+                 view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = (),
+                 bound: int | None = None) -> tuple:
         """``(script, keys, args)`` of a pop, to run with others (``run_calls``).
 
         ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop
         (a consumer's finished deliveries and its next pop in one round trip); their codes are
-        ``ack_codes(reply)``.
+        ``ack_codes(reply)``. ``bound``: the worst rank to take (a sharded queue's consumer
+        takes from one shard only what beats the next shard it peeked); not for a fair queue
+        under ``tenant_first``, whose order is not by rank.
         """
         _count("count", count, none=False)
         lo, hi = self._check_view(view)
+        take_hi = hi if bound is None else bound
+        if isinstance(take_hi, bool) or not isinstance(take_hi, int) or not 0 <= take_hi <= C.MAX_PRIORITY:
+            raise ValueError(f"bound must be a rank 0..255 or None, got {bound!r}")
         wake = {} if view is None else {"wk": self.keys.view_wake(lo, hi)}
         lease_ms = self._lease_ms(lease_seconds)
         if consumer is not None:
@@ -688,8 +694,8 @@ class PriorityQueue:
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
             return self._call("pop_fair", self._keys("pop_fair", **wake),
-                              head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
-        return self._call("pop", self._keys("pop", **wake), head + [lo, hi] + tail)
+                              head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi, take_hi] + tail)
+        return self._call("pop", self._keys("pop", **wake), head + [lo, hi, take_hi] + tail)
 
     def _check_view(self, view) -> tuple[int, int]:
         """The rank range of a priority view (None: the whole queue), checked."""

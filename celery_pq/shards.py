@@ -15,7 +15,9 @@ pipelined round trip, reading the rank and enqueue time of the entry each would 
 (``peek_head.lua``, within the consumer's view), and pops from the best: the best rank, then
 the oldest head. Under concurrency
 the best may be empty by then (another consumer took it, or its index held only stale
-pointers): the second-best peeked is tried next, without a new peek round. When every peeked
+pointers), or beaten (its head was taken and what is left there ranks below the second-best
+peeked head: each pop but the last takes only entries that beat the next shard's peeked rank):
+the second-best peeked is tried next, without a new peek round. When every peeked
 shard is empty, the other shards are peeked too (one more round), so a consumer never sleeps
 while any shard has a ready entry.
 
@@ -81,6 +83,9 @@ class ShardedQueue:
         self._by_name = {s.name: s for s in self.shards}
         self._rng = rng or random.Random()
         first = self.shards[0]
+        #: A pop of one shard can be bounded by the next shard's head rank (not under
+        #: tenant_first, whose order is not by rank).
+        self._bounded = not (first.fair and first.fair_scope == "tenant_first")
         for attr in ("client", "fair", "fair_scope", "technique", "priority_order", "key_prefix", "is_dead",
                      "lease_seconds", "max_deliveries", "scope"):
             setattr(self, attr, getattr(first, attr))
@@ -161,12 +166,12 @@ class ShardedQueue:
         replies = run_calls(self.client, [s.head_call(view) for s in shards])
         return [PriorityQueue.parse_head(r) for r in replies]
 
-    def _ranked(self, shards: Sequence[PriorityQueue], view) -> list[PriorityQueue]:
-        """``shards`` with a waiting entry, best first: best rank, then oldest head (ties of
-        the same millisecond in random order)."""
+    def _ranked(self, shards: Sequence[PriorityQueue], view) -> list[tuple[PriorityQueue, tuple[int, int]]]:
+        """(shard, its head) of ``shards`` with a waiting entry, best first: best rank, then
+        oldest head (ties of the same millisecond in random order)."""
         heads = self.peek_heads(shards, view)
         found = [(h, self._rng.random(), s) for h, s in zip(heads, shards) if h is not None]
-        return [s for _, _, s in sorted(found, key=lambda x: x[:2])]
+        return [(s, h) for h, _, s in sorted(found, key=lambda x: x[:2])]
 
     def pop_with_acks(self, count: int = 1, *, acks: dict | None = None, **pop_args) -> tuple[Popped, dict]:
         """Pop up to ``count`` entries from the best of ``peek`` shards, sending ``acks``
@@ -175,7 +180,6 @@ class ShardedQueue:
         pending = dict(acks or {})
         codes: dict = {}
         peeked = self._rng.sample(self.shards, self.peek_count)
-        tried: set[str] = set()
         for wider in (False, True):
             if wider:
                 rest = [s for s in self.shards if s not in peeked]
@@ -183,10 +187,11 @@ class ShardedQueue:
                     break
                 peeked = rest
             best = self._ranked(peeked, pop_args.get("view"))
-            # the best, then the second-best (and on: a consumer must not sleep while one has work)
-            for attempt, shard in enumerate(best):
-                tried.add(shard.name)
-                popped, got = pop_with_acks(shard, count, acks=pending, **pop_args)
+            # the best, then the second-best (and on: a consumer must not sleep while one has
+            # work); each but the last takes only what still beats the next one's peeked head
+            for attempt, (shard, _) in enumerate(best):
+                bound = best[attempt + 1][1][0] if attempt + 1 < len(best) and self._bounded else None
+                popped, got = pop_with_acks(shard, count, acks=pending, bound=bound, **pop_args)
                 codes.update(got)
                 pending = {}
                 if popped:

@@ -136,6 +136,30 @@ def test_second_best_is_taken_when_the_best_peeked_shard_was_emptied_meanwhile(r
     assert lease.id == "next" and q.stats_second_best == 1 and q.stats_wider_peek == 0
 
 
+@pytest.mark.parametrize("fair", [False, True])
+def test_second_best_is_taken_when_the_best_peeked_shard_was_beaten_meanwhile(redis_client, key_prefix, fair):
+    # Given shard a holds the best entry and a poor one, shard b a middling one
+    q = open_queue(redis_client, key_prefix, 4, peek=4, **({"fair_key": "tenant"} if fair else {}))
+    a, b = q.shards[0], q.shards[1]
+    a.insert(b"best", 250, id="best", tenant="t" if fair else None)
+    a.insert(b"poor", 1, id="poor", tenant="t" if fair else None)
+    b.insert(b"next", 10, id="next", tenant="u" if fair else None)
+    other = Options(key_prefix=key_prefix, **({"fair_key": "tenant"} if fair else {})).open_one(redis_client, a.name)
+    peek = q.peek_heads
+
+    def raced(shards, view=None):
+        heads = peek(shards, view)
+        assert [lease.id for lease in other.pop()] == ["best"]  # taken after our peek
+        return heads
+
+    q.peek_heads = raced
+    # When our consumer pops, Then shard a's head now ranks below b's peeked head: a gives
+    # nothing (its poor entry stays waiting) and b serves
+    [lease] = q.pop()
+    assert lease.id == "next" and q.stats_second_best == 1
+    assert [e.id for e in a.peek(5)] == ["poor"]
+
+
 def test_peek_head_skips_stale_pointers_and_says_nothing_for_a_paused_shard(redis_client, key_prefix):
     q = open_queue(redis_client, key_prefix, 4, technique="S")
     a = q.shards[0]
