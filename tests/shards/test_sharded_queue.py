@@ -316,3 +316,21 @@ def test_celerys_own_queues_are_never_sharded(redis_client, key_prefix):
     for name in ("celery@host.celery.pidbox", "x.reply.celery.pidbox", "celeryev.abc"):
         assert isinstance(o.open_queue(redis_client, name), PriorityQueue)
     assert [s.name for s in o.open_queue(redis_client, "orders").shards] == shard_names("orders", 4)
+
+
+def test_the_dashboard_shows_a_sharded_queue_as_one(redis_client, key_prefix):
+    from celery_pq.dashboard.board import Board
+
+    q = open_queue(redis_client, key_prefix, 4, max_deliveries=1)
+    for i in range(12):
+        q.insert(b'{"body": "x"}', 9, id=f"t{i}")
+    held = q.pop(1) + q.pop(1)
+    assert q.dead_letter(held[1], "rejected") == "dead"
+    board = Board(lambda: ["orders"], lambda name: q)
+    board.sample()
+    [state] = board.state()["queues"]
+    assert state["stats"]["waiting"] == 10 and state["stats"]["leased"] == 1 and len(state["stats"]["shards"]) == 4
+    assert [row["id"] for row in state["leases"]] == [held[0].id]
+    assert [row["id"] for row in state["dead_letters"]] == [held[1].id]
+    assert board.act("replay", {"queue": "orders", "ids": [held[1].id]})
+    assert q.size() == 11
