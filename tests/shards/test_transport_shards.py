@@ -32,14 +32,20 @@ def sharded(client, prefix, n=4, name="kq"):
     return Options(key_prefix=prefix, shards=n).open_queue(client, name)
 
 
+def publish(conn, count, priority=lambda i: 0):
+    """Publish ``{"i": i}`` for i < count to the queue ``kq`` at ``priority(i)``; the queue."""
+    q = make_queue()
+    p = Producer(conn.default_channel)
+    for i in range(count):
+        p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q], priority=priority(i))
+    return q
+
+
 @pytest.mark.parametrize("n", [1, 4])
 def test_every_message_is_delivered_once_and_acked_in_its_shard(url, key_prefix, redis_client, n):
     opts = {"key_prefix": key_prefix, "shards": n, "peek": 2}
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue()
-        p = Producer(conn.default_channel)
-        for i in range(120):
-            p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q], priority=i % 7)
+        q = publish(conn, 120, lambda i: i % 7)
         got = drain(conn, q, 120, timeout=20, prefetch=10)
     assert sorted(b["i"] for b, _ in got) == list(range(120))
     queue = sharded(redis_client, key_prefix, n)
@@ -78,10 +84,7 @@ def test_a_blocked_consumer_is_woken_by_a_publish_to_any_shard(url, key_prefix, 
 def test_a_priority_view_consumes_only_its_priorities_from_every_shard(url, key_prefix, redis_client):
     opts = {"key_prefix": key_prefix, "shards": 4}
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue()
-        p = Producer(conn.default_channel)
-        for i in range(40):
-            p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q], priority=220 if i % 4 else 5)
+        publish(conn, 40, lambda i: 220 if i % 4 else 5)
         got = drain(conn, make_queue("kq[>=200]"), 30, timeout=20, prefetch=5)
     assert sorted(b["i"] for b, _ in got) == [i for i in range(40) if i % 4]
     queue = sharded(redis_client, key_prefix)
@@ -91,10 +94,7 @@ def test_a_priority_view_consumes_only_its_priorities_from_every_shard(url, key_
 def test_reject_with_requeue_and_dead_letter_go_to_the_shard(url, key_prefix, redis_client):
     opts = {"key_prefix": key_prefix, "shards": 4}
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue()
-        p = Producer(conn.default_channel)
-        for i in range(6):
-            p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q])
+        q = publish(conn, 6)
         seen = []
 
         def on_message(body, message):
@@ -121,10 +121,7 @@ def test_reject_with_requeue_and_dead_letter_go_to_the_shard(url, key_prefix, re
 def test_operator_stats_sum_the_shards(redis_server, url, key_prefix, redis_client):
     opts = {"key_prefix": key_prefix, "shards": 4}
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue()
-        p = Producer(conn.default_channel)
-        for i in range(20):
-            p.publish({"i": i}, exchange=q.exchange, routing_key="kq", declare=[q], priority=200 if i < 5 else 1)
+        publish(conn, 20, lambda i: 200 if i < 5 else 1)
     with Broker.of(url, opts).channel() as channel:
         queue, _ = open_queue(channel, "kq")
         assert isinstance(queue, ShardedQueue)
