@@ -10,6 +10,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from .errors import (ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch, NotReplicated,
                      NotWaiting, PQError, QueueFull)
 from .queue import Entry, Lease, PriorityQueue
+from .shards import ShardedQueue
 
 __version__ = "0.1.0"
 
@@ -47,5 +48,6 @@ __all__ = [
     "PQError",
     "PriorityQueue",
     "QueueFull",
+    "ShardedQueue",
     "remove",
 ]

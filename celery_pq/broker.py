@@ -99,21 +99,33 @@ def open_queue(channel, name: str):
     (fairness, scope, order, technique), the channel's options for the rest: an operator's
     command works on a queue made by workers with other options (``python -m celery_pq``
     without the workers' ``fair_key``). A queue with no record takes the channel's options."""
-    from .queue import PriorityQueue
+    from .shards import ShardedQueue
     from .views import View
 
     view = View.parse(name)
     base = view.base if view else name
-    kwargs = channel.options.queue_kwargs(base)
-    stored = channel.client.get(PriorityQueue(channel.client, base, key_prefix=kwargs["key_prefix"]).keys.md)
-    if stored is None:
-        q = channel.queue(base)
+    n = channel.options.shards_of(base)
+    if n > 1:  # each shard as it recorded itself (the stats, metrics and commands sum them)
+        q = ShardedQueue.open(lambda shard: _open_recorded(channel, shard, channel.options.open_one), base, n,
+                              peek=channel.options.peek)
     else:
-        q = PriorityQueue.open(channel.client, base, **kwargs) if _fits(stored, kwargs) else \
-            PriorityQueue.open(channel.client, base, **_plain(kwargs))
+        q = _open_recorded(channel, base, lambda client, name: channel.queue(name))
     if view is None:
         return q, None
     return q, view.rank_range(q)
+
+
+def _open_recorded(channel, name: str, unrecorded):
+    """The queue (or shard) ``name`` with the mode it recorded; ``unrecorded(client, name)``
+    opens one with no record (with the channel's options)."""
+    from .queue import PriorityQueue
+
+    kwargs = channel.options.queue_kwargs(name)
+    stored = channel.client.get(PriorityQueue(channel.client, name, key_prefix=kwargs["key_prefix"]).keys.md)
+    if stored is None:
+        return unrecorded(channel.client, name)
+    return PriorityQueue.open(channel.client, name, **kwargs) if _fits(stored, kwargs) else \
+        PriorityQueue.open(channel.client, name, **_plain(kwargs))
 
 
 def _fits(stored, kwargs) -> bool:

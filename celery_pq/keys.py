@@ -33,17 +33,30 @@ Layout for queue ``orders`` with the default prefix ``pq``::
                               sweep's ``gap_ms`` gives leases back the time they had left
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
+
+A queue split into shards (the transport option ``shards``, ``shards.py``) is N such queues:
+shard 0 is the queue itself, with the keys above (so a queue of one shard is the queue as it
+always was), shard i > 0 is the queue ``orders#<i>`` (``orders#<i>.<j>`` when the plain name
+hashes badly), with its own tag ``{orders#<i>}`` and its own dead-letter queue
+``orders#<i>.dead``. ``shard_names`` places the tags' hash slots apart (see ``shard_name``).
     pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from .constants import KEY_PREFIX
 
 DEAD_SUFFIX = ".dead"
 BINDING_SEP = "\x06\x16"
+#: Between a queue's name and a shard's number in the shard's queue name (``orders#3``).
+SHARD_SEP = "#"
+#: Most shards a queue may have (the transport option ``shards``).
+MAX_SHARDS = 256
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
@@ -151,3 +164,51 @@ def binding_key(exchange: str, prefix: str = KEY_PREFIX) -> str:
 
 def fanout_channel(exchange: str, db: int = 0, prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}:fanout:{db}:{exchange}"
+
+
+def _slot(name: str) -> int:
+    """The Redis Cluster hash slot of every key of queue ``name`` (the slot of its tag)."""
+    return key_slot(_tag(name).encode())
+
+
+def _spread(i: int) -> float:
+    """Where shard ``i`` goes on the ring of slots, as a fraction of it from shard 0: the
+    van der Corput sequence (0, 1/2, 1/4, 3/4, 1/8, ...), so the first N shards are spread
+    evenly for every N, and a shard's place does not depend on how many shards there are."""
+    out, scale = 0.0, 0.5
+    while i:
+        out += scale * (i & 1)
+        i >>= 1
+        scale /= 2
+    return out
+
+
+@lru_cache(maxsize=4096)
+def shard_name(base: str, i: int) -> str:
+    """The queue name of shard ``i`` of queue ``base``: ``base`` itself for shard 0, else
+    ``base#i``, or ``base#i.j`` with the smallest j that puts the shard's hash slot within 16
+    slots of its place (``_spread``; a few hundred tries of CRC16, once per process). The places depend on i and the slot of
+    ``base`` only, so growing a queue from 4 shards to 8 keeps the names of shards 0..3, and the
+    shards' slots (hence the cluster masters owning them) are spread out rather than random."""
+    if i == 0:
+        return base
+    if not 0 < i < MAX_SHARDS:
+        raise ValueError(f"shard number must be 0..{MAX_SHARDS - 1}, got {i!r}")
+    ring = REDIS_CLUSTER_HASH_SLOTS
+    target = (_slot(base) + _spread(i) * ring) % ring
+    reach = ring / 1024  # 16 slots: under a quarter of the gap between any two of 256 shards
+    for j in range(100_000):
+        name = f"{base}{SHARD_SEP}{i}" + (f".{j}" if j else "")
+        off = abs(_slot(name) - target)
+        if min(off, ring - off) <= reach:
+            return name
+    return f"{base}{SHARD_SEP}{i}"  # never reached: some j of the first few thousand fits
+
+
+def shard_names(base: str, n: int) -> list[str]:
+    """The queue names of the ``n`` shards of queue ``base`` (``orders.dead`` gives the dead-letter
+    queues of the shards of ``orders``)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SHARDS:
+        raise ValueError(f"shards must be an integer 1..{MAX_SHARDS}, got {n!r}")
+    live, dead = split_dead(base)
+    return [shard_name(live, i) + (DEAD_SUFFIX if dead else "") for i in range(n)]

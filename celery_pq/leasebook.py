@@ -1,7 +1,8 @@
 """The lease book of one channel: which leases it holds, which acks wait to be sent.
 
 A delivered message's delivery tag is its lease token. The book keeps ``tag -> (queue, entry
-id)`` for every delivered, unacked message, and the acks deferred to the next round trip
+id)`` for every delivered, unacked message (the queue is the shard it came from, for a sharded
+queue: acks, rejects and renewals go to that shard), and the acks deferred to the next round trip
 (``flush``, or the next pop, which carries them: ``pop``). It is the only object the lease
 keeper thread touches (``leases.py``): it renews ``held()``, sends what ``flush`` sends, sweeps
 ``queues()``; a sweep that returned entries sets ``returned`` for the channel's next look.
@@ -20,7 +21,8 @@ from redis import exceptions as rex
 
 from . import constants as C
 from .errors import ErrorCode
-from .queue import Lease, PriorityQueue, Popped, ack_all, pop_with_acks
+from .queue import Lease, PriorityQueue, Popped, ack_all
+from .shards import pop_any
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,12 @@ class LeaseBook:
         self.returned = False
 
     # -- the channel's side -----------------------------------------------------------------
-    def pop(self, q: PriorityQueue, count: int, **pop_args) -> Popped:
-        """Pop ``q`` with every ack waiting, in one round trip; the leases are held from now."""
+    def pop(self, q, count: int, **pop_args) -> Popped:
+        """Pop ``q`` (a queue, or a sharded queue) with every ack waiting, in one round trip;
+        the leases are held from now, each under the queue (the shard) it came from."""
         pending = self._take()
-        leases = self._send(pending, lambda: pop_with_acks(q, count, acks=pending, **pop_args))
-        self.hold(q, leases)
+        leases = self._send(pending, lambda: pop_any(q, count, acks=pending, **pop_args))
+        self.hold(leases.queue or q, leases)
         return leases
 
     def hold(self, q: PriorityQueue, leases: Sequence[Lease]) -> None:

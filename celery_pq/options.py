@@ -19,7 +19,9 @@ from kombu.utils.imports import symbol_by_name
 from . import constants as C
 from .checks import count, seconds, text
 from .errors import ConfigError
+from .keys import MAX_SHARDS, split_dead
 from .queue import FAIR_SCOPES, PriorityQueue, validate_priority
+from .shards import MAX_PEEK, ShardedQueue
 
 
 # -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
@@ -107,6 +109,15 @@ def _queue_techniques(name, value):
         if technique not in C.TECHNIQUES:
             raise ConfigError(f"technique for {queue!r} must be 'T' or 'S', got {technique!r}")
     return dict(value)
+
+
+def _count_up_to(high):
+    def check(name, value):
+        count(name, value, none=False, error=ConfigError)
+        if value > high:
+            raise ConfigError(f"{name} must be an integer 1..{high}, got {value!r}")
+        return value
+    return check
 
 
 def _fair_key(name, value):
@@ -208,6 +219,10 @@ class Options:
     wait_timeout: float = _option(C.WAIT_TIMEOUT, _seconds,
                                   "seconds a publish or ack waits for wait_replicas; then a publish raises "
                                   "NotReplicated, an ack logs")
+    shards: int = _option(1, _count_up_to(MAX_SHARDS), "shards of each queue (1..256): a queue split into N full queues, each "
+                          "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
+                          "1: the plain queue, exact order")
+    peek: int = _option(2, _count_up_to(MAX_PEEK), "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
@@ -265,7 +280,7 @@ class Options:
             "priority_order": self.priority_order,
             "lease_seconds": self.lease_seconds,
             "max_deliveries": 0 if dead else self.max_deliveries,
-            "max_length": self.max_length,
+            "max_length": self._max_length(name),
             "fair": fair,
             "fair_scope": self.fair_scope,
             "tenant_concurrency": _default(self.tenant_concurrency) if fair else None,
@@ -278,8 +293,29 @@ class Options:
             "wait_timeout": self.wait_timeout,
         }
 
-    def open_queue(self, client, name: str) -> PriorityQueue:
-        """The queue ``name`` with these options (a fair queue's tenant tables written)."""
+    def _max_length(self, name: str) -> int | None:
+        """``max_length`` of a queue, or of one shard of a sharded queue: its part of the
+        queue's limit (rounded up)."""
+        n = self.shards_of(split_dead(name)[0])
+        return -(-self.max_length // n) if self.max_length and n > 1 else self.max_length
+
+    def shards_of(self, name: str) -> int:
+        """How many shards queue ``name`` has: ``shards``, but 1 for Celery's own queues
+        (remote-control replies, events), which carry little and want their order."""
+        if name.endswith(".pidbox") or ".reply." in name or name.startswith("celeryev."):
+            return 1
+        return self.shards
+
+    def open_queue(self, client, name: str) -> PriorityQueue | ShardedQueue:
+        """The queue ``name`` with these options (a fair queue's tenant tables written): a
+        ``ShardedQueue`` when it has more than one shard."""
+        n = self.shards_of(name)
+        if n > 1:
+            return ShardedQueue.open(lambda shard: self.open_one(client, shard), name, n, peek=self.peek)
+        return self.open_one(client, name)
+
+    def open_one(self, client, name: str) -> PriorityQueue:
+        """One queue, or one shard of a sharded queue, with these options."""
         q = PriorityQueue(client, name, **self.queue_kwargs(name))
         if q.fair:
             q.configure_tenants(**self.tenant_tables())

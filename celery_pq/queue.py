@@ -677,15 +677,21 @@ class PriorityQueue:
         return popped
 
     def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-                 view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> tuple:
+                 view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = (),
+                 bound: int | None = None) -> tuple:
         """``(script, keys, args)`` of a pop, to run with others (``run_calls``).
 
         ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop
         (a consumer's finished deliveries and its next pop in one round trip); their codes are
-        ``ack_codes(reply)``.
+        ``ack_codes(reply)``. ``bound``: the worst rank to take (a sharded queue's consumer
+        takes from one shard only what beats the next shard it peeked); not for a fair queue
+        under ``tenant_first``, whose order is not by rank.
         """
         _count("count", count, none=False)
         lo, hi = self._check_view(view)
+        take_hi = hi if bound is None else bound
+        if isinstance(take_hi, bool) or not isinstance(take_hi, int) or not 0 <= take_hi <= C.MAX_PRIORITY:
+            raise ValueError(f"bound must be a rank 0..255 or None, got {bound!r}")
         wake = {} if view is None else {"wk": self.keys.view_wake(lo, hi)}
         lease_ms = self._lease_ms(lease_seconds)
         if consumer is not None:
@@ -694,8 +700,8 @@ class PriorityQueue:
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
             return self._call("pop_fair", self._keys("pop_fair", **wake),
-                              head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi] + tail)
-        return self._call("pop", self._keys("pop", **wake), head + [lo, hi] + tail)
+                              head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi, take_hi] + tail)
+        return self._call("pop", self._keys("pop", **wake), head + [lo, hi, take_hi] + tail)
 
     def _check_view(self, view) -> tuple[int, int]:
         """The rank range of a priority view (None: the whole queue), checked."""
@@ -845,6 +851,18 @@ class PriorityQueue:
         """The next ``count`` entries in delivery order, not leased."""
         reply = self._run("peek", self._keys("peek"), [count, C.POP_STALE_BUDGET])
         return [self._entry(*reply[i : i + 3]) for i in range(0, len(reply), 3)]
+
+    def head_call(self, view: tuple[int, int] | None = None) -> tuple:
+        """``(script, keys, args)`` reading the rank and enqueue time (ms) of the entry a pop
+        (of ``view``) would take first, to run with others (``run_calls``); ``parse_head``
+        reads its reply."""
+        lo, hi = self._check_view(view)
+        return self._call("peek_head", self._keys("peek_head"), [lo, hi, C.POP_STALE_BUDGET])
+
+    @staticmethod
+    def parse_head(reply) -> tuple[int, int] | None:
+        """(rank, enqueued_ms) of a ``head_call`` reply, None when a pop would find nothing."""
+        return (int(reply[0]), int(reply[1])) if reply else None
 
     def retrieve_highest_priority(self) -> str | None:
         """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
@@ -1205,9 +1223,11 @@ def _tenant_setting(label: str, tenant: str, value):
 
 class Popped(list):
     """The leases one pop took, in delivery order (a list), and ``acked``: the codes of the
-    acks that call carried (see ``PriorityQueue.pop``)."""
+    acks that call carried (see ``PriorityQueue.pop``), and ``queue``: the queue they came from
+    (a shard, for a sharded queue: see ``shards.py``)."""
 
     acked: list[int] = []
+    queue: "PriorityQueue | None" = None
 
 
 def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None,
@@ -1232,7 +1252,9 @@ def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = N
     codes = {q: list(r) for (q, _), r in zip(others, replies)}
     if own:
         codes[queue] = queue.ack_codes(reply)
-    return Popped(queue.parse_pop(reply)), codes
+    popped = Popped(queue.parse_pop(reply))
+    popped.queue = queue
+    return popped, codes
 
 
 def ack_all(acks: dict) -> dict:

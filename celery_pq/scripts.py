@@ -69,6 +69,7 @@ SCRIPT_NAMES = (
     "reclaim",
     "remove",
     "peek",
+    "peek_head",
     "retrieve_by_priority",
     "remove_highest",
     "change_priority",

@@ -30,7 +30,8 @@ Where the rest lives
 ``poller.py``: how a consumer waits and is woken (the blocking read, pub/sub, the one wait
 loop). ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
 ``leases.py``: the thread that renews them and sweeps expired ones. ``queue.py``: the queue
-itself (pop with acks in one round trip, ack, requeue, ...).
+itself (pop with acks in one round trip, ack, requeue, ...). ``shards.py``: a queue split into
+``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
 
 After a connection error (Celery reconnecting), messages whose tasks run now keep their
 leases, renewed until the tasks end and ack; the others are given back uncounted. Acks whose
@@ -63,6 +64,7 @@ from .options import Options
 from .poller import Poller, Waits
 from .queue import PriorityQueue, default_consumer_id
 from .routing import RoutingTables
+from .shards import ShardedQueue, shards_of
 from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
@@ -167,7 +169,7 @@ class Channel(virtual.Channel):
         connection.cycle_channels.append(self)
 
     # -- queues and views -----------------------------------------------------------------------
-    def queue(self, name: str) -> PriorityQueue:
+    def queue(self, name: str) -> PriorityQueue | ShardedQueue:
         """The queue of a name (a view's name gives the queue it views)."""
         q = self._queues.get(name)
         if q is None:
@@ -270,8 +272,8 @@ class Channel(virtual.Channel):
         return ret
 
     def _consumed_changed(self):
-        """The lease keeper sweeps the consumed queues; our blocking read waits on them."""
-        self.leases.watch([self.queue(name) for name in self.active_queues])
+        """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
+        self.leases.watch([s for name in self.active_queues for s in shards_of(self.queue(name))])
         self.waits.unblock()
 
     def basic_get(self, queue, no_ack=False, **kwargs):
@@ -381,7 +383,7 @@ class Channel(virtual.Channel):
         held = self.leases.drop(tag)
         if held is None:
             return
-        eid = held[1]
+        q, eid = held  # the shard it came from, for a sharded queue
         if q.is_dead:  # a dead-letter queue has none of its own: the lease runs out, it stays
             logger.error("celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
                          eid, q.name, exc)
@@ -423,12 +425,13 @@ class Channel(virtual.Channel):
 
     # -- what the poller asks ----------------------------------------------------------------
     def wake_keys(self) -> list[str]:
-        """The wake lists of the consumed queues (a view's own list for a view)."""
+        """The wake lists of the consumed queues (a view's own list for a view), of every shard
+        of a sharded queue: an insert into any shard wakes its consumers."""
         keys = []
         for name in self.active_queues:
             view = self.views.range_of(name)
-            q = self.queue(name)
-            keys.append(q.keys.wk if view is None else q.keys.view_wake(*view))
+            for s in shards_of(self.queue(name)):
+                keys.append(s.keys.wk if view is None else s.keys.view_wake(*view))
         return keys
 
     def fanout_channels(self) -> dict[str, str]:

@@ -8,6 +8,8 @@
 - ``tests/e2e``        real Celery worker subprocesses, ``make demo`` and the benchmarks' smoke run;
 - ``tests/spark``      PySpark in local mode (marked ``spark``; needs Java 17, see
                        scripts/ensure-java.sh): the ``celery_pq`` writer and ``enqueue``.
+- ``tests/shards``     a queue split into shards (the relaxed priority queue): the sharded queue on
+                       a real redis-server with N in {1, 4}, through kombu and a real Celery worker.
 - ``tests/deploy``     the forms Redis is run in: Sentinel failover, WAIT for replicas, TLS, an ACL
                        user (real masters, replicas, sentinels and Celery workers on loopback).
 - ``tests/cluster``    a local Redis Cluster (3 masters + 3 replicas, marked ``cluster``, one per

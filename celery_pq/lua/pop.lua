@@ -17,7 +17,10 @@
 -- ARGV[4] count        entries wanted (>= 1)
 -- ARGV[5] stale_budget stale pointers to discard at most before returning
 -- ARGV[6] lo, ARGV[7] hi  rank range of a priority view (0 and 255: the whole queue)
--- ARGV[8] nacks        leases to ack first (the consumer's last deliveries: one call for both);
+-- ARGV[8] take_hi      worst rank this call takes (hi, or less: a consumer of a sharded queue
+--                      takes from this shard only what beats the next shard it peeked; the
+--                      wake-up below still looks at lo..hi)
+-- ARGV[9] nacks        leases to ack first (the consumer's last deliveries: one call for both);
 --                      then nacks pairs: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
@@ -37,11 +40,12 @@ local consumer, token_base = ARGV[2], ARGV[3]
 local want = tonumber(ARGV[4])
 local stale_budget = tonumber(ARGV[5])
 local lo, hi = tonumber(ARGV[6]), tonumber(ARGV[7])
-local nacks = tonumber(ARGV[8])
+local take_hi = math.min(tonumber(ARGV[8]), hi)
+local nacks = tonumber(ARGV[9])
 
 local out = { 0, nacks }
 for i = 1, nacks do
-  out[#out + 1] = ack_one(ii, lz, lt, dp, ARGV[7 + 2 * i], ARGV[8 + 2 * i])
+  out[#out + 1] = ack_one(ii, lz, lt, dp, ARGV[8 + 2 * i], ARGV[9 + 2 * i])
 end
 if CTX.paused then
   redis.call('DEL', wk)
@@ -52,7 +56,7 @@ local got, stale = 0, 0
 local P = { lease = {}, deadline = {}, out = out }
 while got < want do
   local asked = want - got
-  local popped = pi_take(pi, lo, hi, asked)
+  local popped = pi_take(pi, lo, take_hi, asked)
   for i = 1, #popped, 2 do
     local eid, score, v, e = pi_entry(ii, lt, popped[i], popped[i + 1])
     if eid == false then

@@ -21,7 +21,9 @@
 -- ARGV[7] conc         default concurrency cap per tenant (0: none)
 -- ARGV[8] rate         default deliveries per second per tenant (0: none)
 -- ARGV[9] lo, ARGV[10] hi  rank range of a priority view (within_priority only)
--- ARGV[11] nacks       leases to ack first; then nacks pairs: entry id, lease token
+-- ARGV[11] take_hi     worst rank this call takes, within_priority only (as in pop); the
+--                      wake-up still looks at lo..hi
+-- ARGV[12] nacks       leases to ack first; then nacks pairs: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
@@ -42,11 +44,16 @@ local lex_lo, lex_hi = '-', '+'
 if FA.scope == 'P' and not (lo == 0 and hi == 255) then
   lex_lo, lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', hi + 1)
 end
+local take_hi = math.min(tonumber(ARGV[11]), hi)
+local take_lo, take_lex_hi = lex_lo, lex_hi
+if FA.scope == 'P' and take_hi < hi then
+  take_lo, take_lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', take_hi + 1)
+end
 
-local nacks = tonumber(ARGV[11])
+local nacks = tonumber(ARGV[12])
 local out = { 0, nacks }
 for i = 1, nacks do
-  local code, t = ack_one(ii, lz, lt, dp, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
+  local code, t = ack_one(ii, lz, lt, dp, ARGV[11 + 2 * i], ARGV[12 + 2 * i])
   if code == 1 then
     fair_release(t)
   end
@@ -65,7 +72,7 @@ local served = {}
 local per_tenant = {} -- tenant -> deliveries in this call
 while got < want and stale < stale_budget and looked < stale_budget do
   looked = looked + 1
-  local m = redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1)[1]
+  local m = redis.call('ZRANGEBYLEX', FK.ts, take_lo, take_lex_hi, 'LIMIT', 0, 1)[1]
   if not m then
     break
   end

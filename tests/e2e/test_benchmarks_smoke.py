@@ -36,6 +36,10 @@ def test_benchmarks_run_and_write_results(tmp_path):
     faults = json.loads((tmp_path / "faults.json").read_text())["results"]
     assert set(faults) == {"worker_kills", "redis_kills"}
     assert faults["worker_kills"]["celery-pq"]["lost"] == 0 and faults["redis_kills"]["kombu-redis"]["returned"] > 0
+    relaxed = json.loads((tmp_path / "relaxed.json").read_text())
+    plain = [c for c in relaxed["cases"] if c["shards"] == 1 and c["consumers"] == 1]
+    assert plain and all(c["max"] == 0 for c in plain)  # one shard, one consumer: exact order
+    assert {(c["shards"], c["peek"]) for c in relaxed["cases"]} >= {(4, 2), (16, 4)}
 
 
 @pytest.mark.slow

@@ -1,0 +1,225 @@
+"""The relaxed priority queue measured: rank error (PEI) and throughput of a sharded queue, on one
+private redis-server (the queue itself, no Celery).
+
+PEI of a delivery: how many entries waiting at that moment outranked the one delivered (a better
+priority, or the same priority published earlier: publish order breaks ties, as in a plain
+queue). A plain queue (one shard) gives 0 with one consumer. The run is the hold model of the
+relaxed-queue literature: the queue is filled with ``--size`` entries of uniform random priority
+0..255, then each consumer repeats pop one, publish one new (uniform random priority), ack, for
+``--ops`` pops in all, so the queue holds about ``--size`` entries throughout (the paper's
+consumer lag). Every publish and delivery is stamped with the system-wide monotonic clock; the
+PEI of each delivery is counted afterwards from the merged stamps (a Fenwick tree over the
+entries' total order). Consumers are threads of one process, each with its own connection.
+
+For each shard count N in {1, 4, 16}, peek count k in {1, 2, 4} (k <= N) and consumer count
+in {1, 4, 16}: the PEI distribution (``histogram``: PEI -> deliveries), mean, percentiles,
+P(PEI = 0), and the share of pops that took the second-best peeked shard or had to look beyond
+the k peeked; with the most consumers, also without the second-best check for a beaten shard. The JSON keeps N, k, consumers, size and the whole distribution, for the
+simulator (``celery_pq.sim``) to predict the same cases. For k = 2 and one consumer it also
+gives the closed form of the MultiQueue's expected rank error, (5/6)N - 1 + 1/(6N) (Walzer and
+Williams, ESA 2025), for reference.
+
+Throughput against N: pop+ack (and publish) per second with 4 consumers and k = 2.
+
+    python -m benchmarks.relaxed [--size 1000] [--ops 2000] [--smoke] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+import redis
+
+from celery_pq.options import Options
+from celery_pq.shards import ShardedQueue, pop_any
+
+from .common import cli, now_ns, percentile, redis_server, table
+
+PREFIX = "benchrelaxed"
+SHARDS = (1, 4, 16)
+PEEKS = (1, 2, 4)
+CONSUMERS = (1, 4, 16)
+
+
+def _open(client, name, shards, peek, seed, check_beaten=True):
+    q = Options(key_prefix=PREFIX, shards=shards, peek=peek).open_queue(client, name)
+    if shards > 1:  # a stream of its own: drawn from the priorities' seed, shards would follow priorities
+        q = ShardedQueue(q.shards, name, peek=peek, rng=random.Random(f"shards-{seed}"), check_beaten=check_beaten)
+    return q
+
+
+def _consume(port, name, shards, peek, seed, budget, out, check_beaten):
+    """One consumer thread: pop one, publish one, ack, until the shared budget runs out."""
+    client = redis.Redis(port=port)
+    q = _open(client, name, shards, peek, seed, check_beaten)
+    rng = random.Random(seed)
+    pops, pubs = [], []
+    while budget.take():
+        got, _ = pop_any(q, 1)
+        t = now_ns()
+        if not got:
+            continue
+        lease = got[0]
+        pops.append((t, lease.priority, lease.payload))
+        priority = rng.randrange(256)
+        stamp = f"{now_ns()}:{seed}".encode()
+        q.insert(stamp, priority)
+        pubs.append((now_ns(), priority, stamp))
+        q.ack(lease)
+    client.close()
+    out.append((pops, pubs, getattr(q, "stats_second_best", 0), getattr(q, "stats_wider_peek", 0)))
+
+
+class Budget:
+    def __init__(self, n):
+        self.left = n
+        self.lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self.lock:
+            self.left -= 1
+            return self.left >= 0
+
+
+def pei_values(prefill, pops, pubs) -> list[int]:
+    """PEI of each delivery, from the stamps: prefill [(priority, payload)], pops and pubs
+    [(t_ns, priority, payload)]. An entry's place in the total order: higher priority first,
+    then earlier publish (its stamp)."""
+    def order(priority, payload):
+        return (-priority, int(payload.split(b":")[0]), payload)
+
+    keys = sorted({order(p, s) for p, s in prefill} | {order(p, s) for _, p, s in pubs})
+    index = {k: i + 1 for i, k in enumerate(keys)}
+    tree = [0] * (len(keys) + 1)
+
+    def add(i, d):
+        while i <= len(keys):
+            tree[i] += d
+            i += i & -i
+
+    def below(i):  # entries waiting with a place before i
+        s = 0
+        i -= 1
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+    for p, s in prefill:
+        add(index[order(p, s)], 1)
+    events = sorted([(t, 1, p, s) for t, p, s in pops] + [(t, 0, p, s) for t, p, s in pubs])
+    out = []
+    for _, is_pop, p, s in events:
+        i = index[order(p, s)]
+        if is_pop:
+            out.append(below(i))
+            add(i, -1)
+        else:
+            add(i, 1)
+    return out
+
+
+def one_case(port, shards, peek, consumers, size, ops, seed, check_beaten=True) -> dict:
+    client = redis.Redis(port=port)
+    name = f"r{shards}-{peek}-{consumers}-{time.monotonic_ns()}"
+    q = _open(client, name, shards, peek, seed)
+    rng = random.Random(seed)
+    base = now_ns() - 10**12  # prefill stamps come before every publish of the run
+    prefill = [(rng.randrange(256), f"{base + i}:p".encode()) for i in range(size)]
+    for start in range(0, size, 500):
+        q.insert_many([(payload, priority) for priority, payload in prefill[start : start + 500]])
+    budget, out = Budget(ops), []
+    threads = [threading.Thread(target=_consume,
+                                args=(port, name, shards, peek, seed * 100 + c, budget, out, check_beaten))
+               for c in range(consumers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    pops = [x for o in out for x in o[0]]
+    pubs = [x for o in out for x in o[1]]
+    values = pei_values(prefill, pops, pubs)
+    q.purge()
+    q.delete()
+    client.close()
+    hist = Counter(values)
+    n = len(values)
+    return {
+        "shards": shards, "peek": peek, "consumers": consumers, "second_best_check": check_beaten,
+        "size": size, "deliveries": n,
+        "mean": sum(values) / n, "p50": percentile(values, 50), "p90": percentile(values, 90),
+        "p99": percentile(values, 99), "max": max(values), "p_zero": hist[0] / n,
+        "second_best_share": sum(o[2] for o in out) / n, "wider_peek_share": sum(o[3] for o in out) / n,
+        "pops_per_second": n / elapsed,
+        "multiqueue_closed_form": (5 / 6) * shards - 1 + 1 / (6 * shards) if peek == 2 and shards > 1 else None,
+        "histogram": {str(k): hist[k] for k in sorted(hist)},
+    }
+
+
+def run(size: int, ops: int, consumers: str, seed: int = 14) -> dict:
+    counts = [int(c) for c in consumers.split(",")]
+    cases = []
+    with redis_server() as port:
+        for shards in SHARDS:
+            for peek in PEEKS:
+                if peek > shards or (shards == 1 and peek != PEEKS[0]):
+                    continue  # k is capped at N; one shard has nothing to peek
+                for c in counts:
+                    cases.append(one_case(port, shards, peek, c, size, ops, seed))
+                if shards > 1 and max(counts) > 1:  # the same, most consumers, without the check
+                    cases.append(one_case(port, shards, peek, max(counts), size, ops, seed, check_beaten=False))
+        tput = {}
+        for shards in SHARDS:
+            row = one_case(port, shards, min(2, shards), 4, size, ops, seed)
+            tput[str(shards)] = row["pops_per_second"]
+    return {"size": size, "ops": ops, "consumers": counts, "seed": seed, "cases": cases,
+            "throughput_pops_per_second_by_shards": tput,
+            "throughput_ratio_16_to_1": tput["16"] / tput["1"],
+            "machine": "one redis-server (no cluster: every shard on the same node), consumers as threads of one "
+                       "process with a connection each, a 2-core machine shared with other work"}
+
+
+def markdown(data) -> list[str]:
+    lines = ["# Relaxed priority queue: rank error (PEI) and throughput",
+             "",
+             f"Hold model: {data['size']} entries waiting, {data['ops']} pop-publish-ack rounds per case, "
+             f"{data['machine']}.",
+             "",
+             "## PEI (entries waiting that outranked the one delivered)",
+             ""]
+    rows = []
+    for c in data["cases"]:
+        closed = f"{c['multiqueue_closed_form']:.2f}" if c["multiqueue_closed_form"] is not None else ""
+        check = "" if c["second_best_check"] else " (no check)"
+        rows.append([str(c["shards"]), str(c["peek"]), f"{c['consumers']}{check}", f"{c['mean']:.2f}", closed,
+                     f"{c['p50']:.0f}", f"{c['p90']:.0f}", f"{c['p99']:.0f}", str(c["max"]),
+                     f"{100 * c['p_zero']:.0f}%", f"{100 * c['second_best_share']:.1f}%",
+                     f"{100 * c['wider_peek_share']:.1f}%"])
+    lines += table(["N", "k", "consumers", "mean", "MultiQueue (5/6)N-1+1/(6N)", "p50", "p90", "p99", "max",
+                    "P(PEI=0)", "past the best", "wider peek"], rows, left=3)
+    lines += ["", "\"past the best\": pops served by a shard after the best peeked one turned out empty or "
+              "beaten (the second-best check); \"(no check)\": the same case with the check off (a pop takes "
+              "whatever the best peeked shard holds by then); \"wider peek\": pops whose k peeked shards were "
+              "all empty, served by looking at the others."]
+    lines += ["", "## Throughput against the number of shards (4 consumers, k = 2)", ""]
+    t = data["throughput_pops_per_second_by_shards"]
+    base = t["1"]
+    lines += table(["N", "pop+publish+ack per s", "ratio to N = 1"],
+                   [[n, f"{v:.0f}", f"{v / base:.2f}"] for n, v in t.items()])
+    return lines
+
+
+def main(argv=None):
+    return cli(argv, __doc__, "relaxed", run, markdown,
+               options=(("--size", int, 1000), ("--ops", int, 2000), ("--consumers", str, "1,4,16"),
+                        ("--seed", int, 14)),
+               smoke={"size": 60, "ops": 60, "consumers": "1,4"})
+
+
+if __name__ == "__main__":
+    main()

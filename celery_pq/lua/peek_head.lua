@@ -1,0 +1,40 @@
+-- peek_head: the rank and the enqueue time of the entry a pop would take first (read-only),
+-- which a consumer of a sharded queue compares across the shards it peeks (shards.py): the
+-- best rank wins, and between equal ranks the older head, so FIFO within a priority roughly
+-- holds across shards too. Stale pointers at the front are skipped, not deleted.
+--
+-- KEYS[1] ii  hash    identifier-indexed table
+-- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
+-- KEYS[3] lt  hash    leases
+-- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[1] lo, ARGV[2] hi  rank range of a priority view (0 and 255: the whole queue)
+-- ARGV[3] stale_budget stale pointers to skip at most
+-- Returns: {rank, enqueued_ms} of the first waiting entry of ranks lo..hi; {rank, 0} when only
+--          stale pointers came within stale_budget (the pop clears them); {} when the queue
+--          has no pointer there, or is paused (a pop would deliver nothing).
+--          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
+-- ERR -8 MODE_MISMATCH
+--!include common.lua
+--!keys
+
+--!queue
+local lo, hi = tonumber(ARGV[1]), tonumber(ARGV[2])
+local stale_budget = tonumber(ARGV[3])
+if CTX.paused then
+  return {}
+end
+local stale = 0
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', pi, lo, hi)) do
+  local rank = tonumber(r)
+  for _, p in ipairs(redis.call('LRANGE', level_key(pi, r), 0, stale_budget - stale)) do
+    local eid, _, _, e = pi_entry(ii, lt, p, rank)
+    if eid then
+      return { rank, tonumber(e.ts) or 0 }
+    end
+    stale = stale + 1
+    if stale >= stale_budget then
+      return { rank, 0 }
+    end
+  end
+end
+return {}
