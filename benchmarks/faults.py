@@ -259,6 +259,75 @@ def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: fl
             proxy.close()
 
 
+def network_latency(transport: str, workdir: Path, *, tasks: int = 200, rate: float = 20.0, workers: int = 2,
+                    lease: float = 2.0, low: float = 0.05, high: float = 0.2, drain: float = 90.0) -> dict:
+    """Producers and workers reach Redis through a proxy that holds every chunk a random
+    ``low``..``high`` seconds in each direction (order kept): every command's round trip, the
+    renewals' and acks' included, takes two such waits. No fault kills anything, so nothing may
+    be lost and nothing may run twice."""
+    from tests.support.proxy import FaultProxy
+
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        proxy.latency(low, high)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=0.05, via_port=proxy.port)
+        try:
+            run.start_workers(workers)
+            run.start_producers(tasks, rate=rate)
+            run.join_producers(timeout=drain)
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result["latency_s"] = [low, high]
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
+def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 3.0, task_seconds: float = 1.0,
+              socket_timeout: float = 1.0, drain: float = 60.0) -> dict:
+    """Producers and two workers reach Redis through a proxy; with tasks under way, every
+    connection open at that moment goes half-open for good (what a client writes is taken, no
+    reply ever comes, nothing is closed), while new connections go through. With
+    ``socket_timeout`` the clients give up on the silent connections and reconnect; then more
+    work is published, which the same workers must run."""
+    from tests.support.proxy import FaultProxy
+
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds, via_port=proxy.port,
+                       options={"socket_timeout": socket_timeout})
+        try:
+            run.start_workers(2)
+            pids = {name: p.pid for name, p in run.workers.items()}
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            wait_for(lambda: run.under_way() >= 2, 30, "tasks under way")
+            run.kills.append((0, time.time()))
+            proxy.silence()
+            under_way = run.under_way()
+            silenced = time.time()
+            run.start_producers(tasks, threads=1)  # new connections: these go through
+            run.join_producers()
+            run.wait_all_done(drain)
+            time.sleep(1.0)
+            result = run.classify()
+            result["residue"] = run.residue()
+            result["under_way_at_fault"] = under_way
+            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            result["ran_after_fault"] = {name: sum(1 for rows in run.runs().values() for r in rows
+                                                   if r[0] == "start" and r[1] == p.pid and r[3] > silenced)
+                                         for name, p in run.workers.items()}
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
 SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
     "worker_kills": (worker_kills, {"tasks": 4000, "rate": 100.0, "drain": 120.0},
                      {"tasks": 120, "rate": 40.0}),
@@ -272,6 +341,8 @@ SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
     "redis_pause_debug_sleep": (redis_pause, {"tasks": 100, "how": "debug_sleep"}, {"tasks": 12, "how": "debug_sleep"}),
     "worker_partition": (worker_partition, {"tasks": 100}, {"tasks": 12}),
     "connection_cuts": (connection_cuts, {"tasks": 2000, "rate": 60.0}, {"tasks": 60}),
+    "network_latency": (network_latency, {"tasks": 1000, "rate": 30.0, "drain": 180.0}, {"tasks": 40}),
+    "half_open": (half_open, {"tasks": 100}, {"tasks": 12}),
     "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
     "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
 }
