@@ -2,7 +2,8 @@
 
     python -m benchmarks.faults [--smoke] [--out DIR] [--only NAME ...]
 
-A full run takes about 7 minutes on a 2-core machine; ``make soak`` runs it too.
+A full run takes about 8 minutes on a 2-core machine; ``make soak`` runs it too, with more rounds of
+``aof_kill_rounds`` (``--aof-rounds``).
 
 Each scenario (one function here, also run bounded by tests/faults/) returns the harness's
 classification (benchmarks/fault_harness.py): lost, recovered, duplicated, unexpected, throughput.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import tempfile
@@ -139,6 +141,91 @@ def aof_loss_window(transport: str, workdir: Path, *, fsync: str = "everysec", r
             return result
         finally:
             run.close()
+
+
+def _write_and_fsync(path: Path, stop: threading.Event, chunk: int = 8 << 20) -> None:
+    """Keep a disk busy until ``stop``: write ``chunk`` bytes and fsync, again and again (the
+    file is removed at the end)."""
+    data = b"\0" * chunk
+    try:
+        with open(path, "wb") as f:
+            while not stop.is_set():
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                if f.tell() > 64 * chunk:
+                    f.seek(0)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 1000.0, threads: int = 2,
+                    kill_after: tuple[float, float] = (0.5, 1.5), busy_disk: bool = False, seed: int = 4) -> dict:
+    """The loss window of a redis-server process crash under an ``appendfsync`` policy, over many
+    rounds. Each round: a fresh broker with AOF; ``threads`` insert into a celery-pq queue at a
+    steady ``rate`` in all (the queue API: the insert script a publish runs); the server is
+    SIGKILLed at a random moment in ``kill_after`` seconds and started again from its AOF; every
+    insert that returned and is not stored is lost. ``delayed_fsyncs`` is Redis's
+    ``aof_delayed_fsync`` before the kill: how often a write of the AOF buffer was put off
+    because a background fsync was slow (replies then go out before the write). ``busy_disk``: a
+    thread writes and fsyncs 8 MB chunks beside the AOF meanwhile (a disk shared with other
+    writers), which is what makes an fsync slow."""
+    from celery_pq import PriorityQueue
+    from celery_pq.ids import encode_id
+
+    rng = random.Random(seed)
+    out = {"fsync": fsync, "rounds": rounds, "rate": rate, "returned": 0, "lost": 0, "lost_per_round": [],
+           "loss_window_s": 0.0, "delayed_fsyncs": []}
+    for _ in range(rounds):
+        with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
+            stop = threading.Event()
+            returned: list[tuple[str, float]] = []
+            lock = threading.Lock()
+
+            def insert(index: int) -> None:
+                q = PriorityQueue(server.client(socket_timeout=5), "aof", key_prefix="pqa")
+                begin = time.monotonic()
+                n = 0
+                while not stop.is_set():
+                    delay = begin + n * threads / rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    eid = f"t{index}-{n}"
+                    n += 1
+                    try:
+                        q.insert(b"x", rng.randint(0, 9), id=eid)
+                    except Exception:  # noqa: BLE001 - the server is gone: this round's publishing ends
+                        return
+                    with lock:
+                        returned.append((eid, time.time()))
+
+            workers = [threading.Thread(target=insert, args=(i,), daemon=True) for i in range(threads)]
+            if busy_disk:
+                workers.append(threading.Thread(target=_write_and_fsync, args=(server.dir / "busy", stop), daemon=True))
+            for t in workers:
+                t.start()
+            time.sleep(rng.uniform(*kill_after))
+            info = server.client().info("persistence")
+            killed = time.time()
+            server.kill()
+            stop.set()
+            for t in workers:
+                t.join(10)
+            server.start()
+            r = server.client()
+            ii = PriorityQueue(r, "aof", key_prefix="pqa").keys.ii
+            with r.pipeline(transaction=False) as p:
+                for eid, _ in returned:
+                    p.hexists(ii, encode_id(eid))
+                stored = p.execute()
+            lost = [(eid, at) for (eid, at), ok in zip(returned, stored) if not ok]
+            out["returned"] += len(returned)
+            out["lost"] += len(lost)
+            out["lost_per_round"].append(len(lost))
+            out["delayed_fsyncs"].append(int(info.get("aof_delayed_fsync", 0)))
+            if lost:
+                out["loss_window_s"] = max(out["loss_window_s"], round(killed - min(at for _, at in lost), 3))
+    return out
 
 
 def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, pause: float = 5.0,
@@ -356,6 +443,9 @@ def markdown(results: dict) -> str:
     keys = ["returned", "raised", "done", "lost", "recovered", "duplicated", "unexpected",
             "unexplained_duplicates", "max_runs", "kills", "per_second"]
     for name, by_transport in results.items():
+        if name == "aof_kill_rounds":
+            lines += aof_markdown(by_transport)
+            continue
         lines += [f"## {name}", "", "| | " + " | ".join(TRANSPORTS) + " |",
                   "| --- |" + " --- |" * len(TRANSPORTS)]
         for key in keys:
@@ -365,11 +455,25 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def aof_markdown(by_fsync: dict) -> list[str]:
+    lines = ["## aof_kill_rounds", "",
+             "redis-server SIGKILLed while inserts go on at a steady rate, restarted from its AOF; "
+             "lost: inserts that returned and are not stored.", "",
+             "| appendfsync | rounds | returned | lost | lost per round | loss window (s) | delayed fsyncs |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for fsync, r in by_fsync.items():
+        lines.append(f"| {fsync} | {r['rounds']} | {r['returned']} | {r['lost']} | "
+                     f"{max(r['lost_per_round'], default=0)} max | {r['loss_window_s']} | {sum(r['delayed_fsyncs'])} |")
+    return lines + [""]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--aof-rounds", type=int, default=None,
+                    help="rounds of aof_kill_rounds per appendfsync policy (default 10, --smoke 2)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
@@ -388,6 +492,13 @@ def main(argv=None):
                 result = fn(transport, Path(tmp), **(smoke_kw if args.smoke else long_kw))
             results[name][transport] = summary(result)
             print(name, transport, json.dumps(results[name][transport]), flush=True)
+    if not args.only or "aof_kill_rounds" in args.only:
+        rounds = args.aof_rounds or (2 if args.smoke else 10)
+        results["aof_kill_rounds"] = {}
+        for fsync in ("everysec", "always"):
+            result = aof_kill_rounds(fsync=fsync, rounds=rounds)
+            results["aof_kill_rounds"][fsync] = result
+            print("aof_kill_rounds", fsync, json.dumps(result), flush=True)
     (out / "faults.json").write_text(json.dumps({"smoke": args.smoke, "results": results}, indent=2))
     (out / "faults.md").write_text(markdown(results))
 
