@@ -97,8 +97,7 @@ class QoS(virtual.QoS):
         when kombu tears the connection down.
 
         After a lost connection (kombu's ``collect``: Celery reconnecting, kombu's ``ensure``),
-        a message whose task a Celery worker in this process is running now (or has handed to
-        its pool) keeps its lease:
+        a message whose task a Celery worker in this process is running now keeps its lease:
         the lease keeper renews it and its ack goes to Redis when the task ends (see
         ``Transport._collect``). Given back, it would start again while it still runs.
         """
@@ -588,18 +587,15 @@ def _celery_state():
 
 
 def _running_tags() -> set:
-    """Delivery tags of the messages whose tasks a Celery worker in this process runs now, or
-    has handed to its pool, and has not acked (``task_acks_late``). A request handed to the
-    pool is run by a pool process even when the connection is lost before that process said it
-    started (until then it is reserved, not active): given back, it would run twice."""
+    """Delivery tags of the messages whose tasks a Celery worker in this process runs now and
+    has not acked (``task_acks_late``)."""
     state = _celery_state()
     if state is None:
         return set()
     tags = set()
-    for request in list(state.active_requests) + list(state.reserved_requests):
+    for request in list(state.active_requests):
         message = getattr(request, "message", None)
-        handed = request in state.active_requests or getattr(request, "_apply_result", None) is not None
-        if message is not None and handed and not getattr(request, "acknowledged", True):
+        if message is not None and not getattr(request, "acknowledged", True):
             tags.add(message.delivery_tag)
     return tags
 
