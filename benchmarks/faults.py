@@ -71,10 +71,7 @@ def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: fl
             time.sleep(stall)
             run.signal_worker("w0", signal.SIGCONT)
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             logs = run.worker_logs()
             result["late_acks_logged"] = logs.count("came after its lease ran out")
             return result
@@ -103,11 +100,7 @@ def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float 
                 time.sleep(down)
                 server.start()
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)  # the last acks
-            result = run.classify()
-            result["residue"] = run.residue()
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result = run.finish(drain)
             result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
             result["fsync"] = fsync
             result["loss_window_s"] = run.loss_window(result["lost"])
@@ -254,10 +247,7 @@ def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float 
                 sleeper.start()
                 sleeper.join()
                 admin.close()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             result["how"] = how
             result["under_way_at_pause"] = sum(
                 1 for rows in run.runs().values()
@@ -301,14 +291,10 @@ def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: f
             # more work after the heal: the partitioned worker must take some of it
             run.start_producers(tasks, threads=1)
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             result["late_acks_logged"] = run.worker_logs().count("came after its lease ran out")
             result["partitioned_worker_ran_after_heal"] = sum(
                 1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed)
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
             return result
         finally:
             run.close()
@@ -334,11 +320,7 @@ def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: fl
                 run.kills.append((0, time.time()))
                 proxy.cut()
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result = run.finish(drain)
             result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
             return result
         finally:
@@ -362,11 +344,7 @@ def network_latency(transport: str, workdir: Path, *, tasks: int = 200, rate: fl
             run.start_workers(workers)
             run.start_producers(tasks, rate=rate)
             run.join_producers(timeout=drain)
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result = run.finish(drain)
             result["latency_s"] = [low, high]
             return result
         finally:
@@ -399,12 +377,8 @@ def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 
             silenced = time.time()
             run.start_producers(tasks, threads=1)  # new connections: these go through
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             result["under_way_at_fault"] = under_way
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
             result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
             result["ran_after_fault"] = {name: sum(1 for rows in run.runs().values() for r in rows
                                                    if r[0] == "start" and r[1] == p.pid and r[3] > silenced)
