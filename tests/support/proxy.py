@@ -163,7 +163,7 @@ class FaultProxy:
         for src, dst in ((client, upstream), (upstream, client)):
             held: queue.Queue = queue.Queue()
             threading.Thread(target=self._pump, args=(src, dst, link, held), daemon=True).start()
-            threading.Thread(target=self._send_late, args=(held, dst), daemon=True).start()
+            threading.Thread(target=self._send_late, args=(held, src, dst), daemon=True).start()
 
     def _pump(self, src, dst, link, held):
         due = 0.0
@@ -182,14 +182,13 @@ class FaultProxy:
                 held.put((due, data))
         except OSError:
             pass
-        held.put(None)
-        _close(src, dst)
+        held.put(None)  # the sender closes both ends once what it holds is sent
 
-    def _send_late(self, held, dst):
+    def _send_late(self, held, src, dst):
         while True:
             item = held.get()
             if item is None:
-                return
+                break
             due, data = item
             wait = due - time.monotonic()
             if wait > 0:
@@ -197,7 +196,8 @@ class FaultProxy:
             try:
                 dst.sendall(data)
             except OSError:
-                return
+                break
+        _close(src, dst)
 
     def latency(self, low: float, high: float | None = None):
         self._delay = (low, low if high is None else high)
