@@ -345,7 +345,7 @@ def network_latency(transport: str, workdir: Path, *, tasks: int = 200, rate: fl
             run.start_producers(tasks, rate=rate)
             run.join_producers(timeout=drain)
             result = run.finish(drain)
-            result["latency_s"] = [low, high]
+            result["latency_s"] = f"{low}-{high} each way"
             return result
         finally:
             run.close()
