@@ -89,7 +89,7 @@ test: install
 soak: install
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
 	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS) && \
-	$(VPY) -m benchmarks.faults --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
+	$(VPY) -m benchmarks.faults --aof-rounds 60 --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
 
 demo: $(BASE_STAMP)
 	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \

@@ -294,6 +294,16 @@ class FaultRun:
             "per_second": round(len(done) / elapsed, 1) if elapsed > 0 else 0.0,
         }
 
+    def finish(self, drain: float, settle: float = 1.0) -> dict:
+        """Wait up to ``drain`` seconds for every returned publish to run, ``settle`` more for the
+        last acks; the classification, with what stays in the broker and the workers alive."""
+        self.wait_all_done(drain)
+        time.sleep(settle)
+        result = self.classify()
+        result["residue"] = self.residue()
+        result["workers_alive"] = sum(p.poll() is None for p in self.workers.values())
+        return result
+
     def unexplained(self, duplicated, starts) -> list[str]:
         """Duplicates whose first run was not under way (or just done, its ack not yet applied:
         within one lease) on a worker when it was killed or stopped, or when the broker was."""

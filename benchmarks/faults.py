@@ -2,7 +2,8 @@
 
     python -m benchmarks.faults [--smoke] [--out DIR] [--only NAME ...]
 
-A full run takes about 7 minutes on a 2-core machine; ``make soak`` runs it too.
+A full run takes about 8 minutes on a 2-core machine; ``make soak`` runs it too, with more rounds of
+``aof_kill_rounds`` (``--aof-rounds``).
 
 Each scenario (one function here, also run bounded by tests/faults/) returns the harness's
 classification (benchmarks/fault_harness.py): lost, recovered, duplicated, unexpected, throughput.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import tempfile
@@ -69,10 +71,7 @@ def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: fl
             time.sleep(stall)
             run.signal_worker("w0", signal.SIGCONT)
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             logs = run.worker_logs()
             result["late_acks_logged"] = logs.count("came after its lease ran out")
             return result
@@ -101,11 +100,7 @@ def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float 
                 time.sleep(down)
                 server.start()
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)  # the last acks
-            result = run.classify()
-            result["residue"] = run.residue()
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result = run.finish(drain)
             result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
             result["fsync"] = fsync
             result["loss_window_s"] = run.loss_window(result["lost"])
@@ -141,6 +136,91 @@ def aof_loss_window(transport: str, workdir: Path, *, fsync: str = "everysec", r
             run.close()
 
 
+def _write_and_fsync(path: Path, stop: threading.Event, chunk: int = 8 << 20) -> None:
+    """Keep a disk busy until ``stop``: write ``chunk`` bytes and fsync, again and again (the
+    file is removed at the end)."""
+    data = b"\0" * chunk
+    try:
+        with open(path, "wb") as f:
+            while not stop.is_set():
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                if f.tell() > 64 * chunk:
+                    f.seek(0)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 1000.0, threads: int = 2,
+                    kill_after: tuple[float, float] = (0.5, 1.5), busy_disk: bool = False, seed: int = 4) -> dict:
+    """The loss window of a redis-server process crash under an ``appendfsync`` policy, over many
+    rounds. Each round: a fresh broker with AOF; ``threads`` insert into a celery-pq queue at a
+    steady ``rate`` in all (the queue API: the insert script a publish runs); the server is
+    SIGKILLed at a random moment in ``kill_after`` seconds and started again from its AOF; every
+    insert that returned and is not stored is lost. ``delayed_fsyncs`` is Redis's
+    ``aof_delayed_fsync`` before the kill: how often a write of the AOF buffer was put off
+    because a background fsync was slow (replies then go out before the write). ``busy_disk``: a
+    thread writes and fsyncs 8 MB chunks beside the AOF meanwhile (a disk shared with other
+    writers), which is what makes an fsync slow."""
+    from celery_pq import PriorityQueue
+    from celery_pq.ids import encode_id
+
+    rng = random.Random(seed)
+    out = {"fsync": fsync, "rounds": rounds, "rate": rate, "returned": 0, "lost": 0, "lost_per_round": [],
+           "loss_window_s": 0.0, "delayed_fsyncs": []}
+    for _ in range(rounds):
+        with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
+            stop = threading.Event()
+            returned: list[tuple[str, float]] = []
+            lock = threading.Lock()
+
+            def insert(index: int) -> None:
+                q = PriorityQueue(server.client(socket_timeout=5), "aof", key_prefix="pqa")
+                begin = time.monotonic()
+                n = 0
+                while not stop.is_set():
+                    delay = begin + n * threads / rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    eid = f"t{index}-{n}"
+                    n += 1
+                    try:
+                        q.insert(b"x", rng.randint(0, 9), id=eid)
+                    except Exception:  # noqa: BLE001 - the server is gone: this round's publishing ends
+                        return
+                    with lock:
+                        returned.append((eid, time.time()))
+
+            workers = [threading.Thread(target=insert, args=(i,), daemon=True) for i in range(threads)]
+            if busy_disk:
+                workers.append(threading.Thread(target=_write_and_fsync, args=(server.dir / "busy", stop), daemon=True))
+            for t in workers:
+                t.start()
+            time.sleep(rng.uniform(*kill_after))
+            info = server.client().info("persistence")
+            killed = time.time()
+            server.kill()
+            stop.set()
+            for t in workers:
+                t.join(10)
+            server.start()
+            r = server.client()
+            ii = PriorityQueue(r, "aof", key_prefix="pqa").keys.ii
+            with r.pipeline(transaction=False) as p:
+                for eid, _ in returned:
+                    p.hexists(ii, encode_id(eid))
+                stored = p.execute()
+            lost = [(eid, at) for (eid, at), ok in zip(returned, stored) if not ok]
+            out["returned"] += len(returned)
+            out["lost"] += len(lost)
+            out["lost_per_round"].append(len(lost))
+            out["delayed_fsyncs"].append(int(info.get("aof_delayed_fsync", 0)))
+            if lost:
+                out["loss_window_s"] = max(out["loss_window_s"], round(killed - min(at for _, at in lost), 3))
+    return out
+
+
 def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, pause: float = 5.0,
                 task_seconds: float = 1.0, how: str = "sigstop", drain: float = 60.0) -> dict:
     """Two workers run tasks of ``task_seconds``; the broker is paused (SIGSTOP, or a
@@ -167,10 +247,7 @@ def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float 
                 sleeper.start()
                 sleeper.join()
                 admin.close()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             result["how"] = how
             result["under_way_at_pause"] = sum(
                 1 for rows in run.runs().values()
@@ -214,14 +291,10 @@ def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: f
             # more work after the heal: the partitioned worker must take some of it
             run.start_producers(tasks, threads=1)
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
+            result = run.finish(drain)
             result["late_acks_logged"] = run.worker_logs().count("came after its lease ran out")
             result["partitioned_worker_ran_after_heal"] = sum(
                 1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed)
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
             return result
         finally:
             run.close()
@@ -247,12 +320,69 @@ def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: fl
                 run.kills.append((0, time.time()))
                 proxy.cut()
             run.join_producers()
-            run.wait_all_done(drain)
-            time.sleep(1.0)
-            result = run.classify()
-            result["residue"] = run.residue()
-            result["workers_alive"] = sum(p.poll() is None for p in run.workers.values())
+            result = run.finish(drain)
             result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
+def network_latency(transport: str, workdir: Path, *, tasks: int = 200, rate: float = 20.0, workers: int = 2,
+                    lease: float = 2.0, low: float = 0.05, high: float = 0.2, drain: float = 90.0) -> dict:
+    """Producers and workers reach Redis through a proxy that holds every chunk a random
+    ``low``..``high`` seconds in each direction (order kept): every command's round trip, the
+    renewals' and acks' included, takes two such waits. No fault kills anything, so nothing may
+    be lost and nothing may run twice."""
+    from tests.support.proxy import FaultProxy
+
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        proxy.latency(low, high)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=0.05, via_port=proxy.port)
+        try:
+            run.start_workers(workers)
+            run.start_producers(tasks, rate=rate)
+            run.join_producers(timeout=drain)
+            result = run.finish(drain)
+            result["latency_s"] = f"{low}-{high} each way"
+            return result
+        finally:
+            run.close()
+            proxy.close()
+
+
+def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 3.0, task_seconds: float = 1.0,
+              socket_timeout: float = 1.0, drain: float = 60.0) -> dict:
+    """Producers and two workers reach Redis through a proxy; with tasks under way, every
+    connection open at that moment goes half-open for good (what a client writes is taken, no
+    reply ever comes, nothing is closed), while new connections go through. With
+    ``socket_timeout`` the clients give up on the silent connections and reconnect; then more
+    work is published, which the same workers must run."""
+    from tests.support.proxy import FaultProxy
+
+    with RedisServer() as server:
+        proxy = FaultProxy(server.port)
+        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds, via_port=proxy.port,
+                       options={"socket_timeout": socket_timeout})
+        try:
+            run.start_workers(2)
+            pids = {name: p.pid for name, p in run.workers.items()}
+            run.start_producers(tasks, threads=1)
+            run.join_producers()
+            wait_for(lambda: run.under_way() >= 2, 30, "tasks under way")
+            run.kills.append((0, time.time()))
+            proxy.silence()
+            under_way = run.under_way()
+            silenced = time.time()
+            run.start_producers(tasks, threads=1)  # new connections: these go through
+            run.join_producers()
+            result = run.finish(drain)
+            result["under_way_at_fault"] = under_way
+            result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
+            result["ran_after_fault"] = {name: sum(1 for rows in run.runs().values() for r in rows
+                                                   if r[0] == "start" and r[1] == p.pid and r[3] > silenced)
+                                         for name, p in run.workers.items()}
             return result
         finally:
             run.close()
@@ -272,6 +402,8 @@ SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
     "redis_pause_debug_sleep": (redis_pause, {"tasks": 100, "how": "debug_sleep"}, {"tasks": 12, "how": "debug_sleep"}),
     "worker_partition": (worker_partition, {"tasks": 100}, {"tasks": 12}),
     "connection_cuts": (connection_cuts, {"tasks": 2000, "rate": 60.0}, {"tasks": 60}),
+    "network_latency": (network_latency, {"tasks": 1000, "rate": 30.0, "drain": 180.0}, {"tasks": 40}),
+    "half_open": (half_open, {"tasks": 100}, {"tasks": 12}),
     "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
     "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
 }
@@ -285,6 +417,9 @@ def markdown(results: dict) -> str:
     keys = ["returned", "raised", "done", "lost", "recovered", "duplicated", "unexpected",
             "unexplained_duplicates", "max_runs", "kills", "per_second"]
     for name, by_transport in results.items():
+        if name == "aof_kill_rounds":
+            lines += aof_markdown(by_transport)
+            continue
         lines += [f"## {name}", "", "| | " + " | ".join(TRANSPORTS) + " |",
                   "| --- |" + " --- |" * len(TRANSPORTS)]
         for key in keys:
@@ -294,11 +429,25 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def aof_markdown(by_fsync: dict) -> list[str]:
+    lines = ["## aof_kill_rounds", "",
+             "redis-server SIGKILLed while inserts go on at a steady rate, restarted from its AOF; "
+             "lost: inserts that returned and are not stored.", "",
+             "| appendfsync | rounds | returned | lost | lost per round | loss window (s) | delayed fsyncs |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for fsync, r in by_fsync.items():
+        lines.append(f"| {fsync} | {r['rounds']} | {r['returned']} | {r['lost']} | "
+                     f"{max(r['lost_per_round'], default=0)} max | {r['loss_window_s']} | {sum(r['delayed_fsyncs'])} |")
+    return lines + [""]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--aof-rounds", type=int, default=None,
+                    help="rounds of aof_kill_rounds per appendfsync policy (default 10, --smoke 2)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
@@ -317,6 +466,13 @@ def main(argv=None):
                 result = fn(transport, Path(tmp), **(smoke_kw if args.smoke else long_kw))
             results[name][transport] = summary(result)
             print(name, transport, json.dumps(results[name][transport]), flush=True)
+    if not args.only or "aof_kill_rounds" in args.only:
+        rounds = args.aof_rounds or (2 if args.smoke else 10)
+        results["aof_kill_rounds"] = {}
+        for fsync in ("everysec", "always"):
+            result = aof_kill_rounds(fsync=fsync, rounds=rounds)
+            results["aof_kill_rounds"][fsync] = result
+            print("aof_kill_rounds", fsync, json.dumps(result), flush=True)
     (out / "faults.json").write_text(json.dumps({"smoke": args.smoke, "results": results}, indent=2))
     (out / "faults.md").write_text(markdown(results))
 

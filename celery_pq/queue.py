@@ -808,19 +808,21 @@ class PriorityQueue:
         return None
 
     def reclaim(self, *, limit: int = C.SWEEP_BATCH, guard_seconds: float = 0.0, consumer: str = "",
-                gap_seconds: float = 0.0) -> dict:
+                gap_seconds: float = 0.0, restore_seconds: float = 0.0) -> dict:
         """The sweep: expired leases (or all leases of ``consumer``) back to Waiting or to the
         dead-letter queue; delayed entries that are due into the queue.
 
         With ``guard_seconds`` > 0, runs only if no other caller swept in that interval. With
         ``gap_seconds`` > 0, a sweep that comes more than that long after the last one (Redis
         was paused or down) first gives each lease that ran out in between the time it had left
-        (``restored``), so that its holder can renew it.
+        (``restored``), so that its holder can renew it; at least ``restore_seconds`` from now
+        (pass the lease length: the deadline then counts from now, when the holder can reach
+        Redis again).
         """
         returned, dead, skipped, more, promoted, dropped, restored = self._run(
             "reclaim", self._keys("reclaim"),
             [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-             "1" if self.fair else "0", self.scope, int(gap_seconds * 1000)],
+             "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000)],
         )
         if dropped:
             self._warn_dropped(dropped)

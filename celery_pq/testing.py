@@ -369,11 +369,17 @@ class SentinelServer(RedisServer):
         replica = RedisServer("--replicaof", master.host, str(master.port))
         sentinels = [SentinelServer(master.port) for _ in range(3)]
         url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
+
+    With ``certs`` (``make_certificates``) it speaks only TLS, as the master and replicas it
+    reaches (``TLSRedisServer``s) and the other sentinels do (Redis uses TLS for all of them once
+    ``tls-replication`` is on); its clients need the CA (``client_tls()``).
     """
 
     def __init__(self, master_port: int, *, master_name: str = "m", quorum: int = 2, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 5000, binary: str | None = None, start: bool = True):
+                 failover_timeout_ms: int = 5000, binary: str | None = None, start: bool = True,
+                 certs: dict | None = None):
         self.master_port = master_port
+        self.certs = certs
         self.master_name = master_name
         self.settings = {"quorum": quorum, "down_after_ms": down_after_ms, "failover_timeout_ms": failover_timeout_ms}
         super().__init__(binary=binary, start=start)
@@ -391,16 +397,26 @@ class SentinelServer(RedisServer):
                 f"sentinel down-after-milliseconds {name} {s['down_after_ms']}\n"
                 f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
                 f"sentinel parallel-syncs {name} 1\n")
-        return [self.binary, str(conf), "--sentinel", "--port", str(port), "--bind", HOST, "--dir", str(self.dir),
+        ports = ["--port", str(port)]
+        if self.certs is not None:
+            ports = ["--port", "0", "--tls-port", str(port), "--tls-replication", "yes", "--tls-auth-clients", "no",
+                     "--tls-cert-file", str(self.certs["cert"]), "--tls-key-file", str(self.certs["key"]),
+                     "--tls-ca-cert-file", str(self.certs["ca"])]
+        return [self.binary, str(conf), "--sentinel", *ports, "--bind", HOST, "--dir", str(self.dir),
                 "--daemonize", "no", "--logfile", ""]
+
+    def client_tls(self) -> dict:
+        if self.certs is None:
+            return {}
+        return {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
 
     def master(self) -> dict:
         """What this sentinel says of its master (``SENTINEL MASTER``), as text."""
-        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True) as c:
+        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True, **self.client_tls()) as c:
             return c.sentinel_master(self.master_name)
 
     def master_address(self) -> tuple[str, int] | None:
-        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True) as c:
+        with redis.Redis(host=HOST, port=self.port, socket_timeout=5, decode_responses=True, **self.client_tls()) as c:
             found = c.sentinel_get_master_addr_by_name(self.master_name)
         return (found[0], int(found[1])) if found else None
 

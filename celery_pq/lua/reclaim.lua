@@ -27,6 +27,9 @@
 --                         gap_ms ago, nobody could sweep or renew in between (Redis was paused,
 --                         down, or unreachable): each lease whose deadline fell in that gap gets
 --                         back the time it had left when the gap began, counted from now
+-- ARGV[8] restore_ms      0, or the least time (ms) from now such a lease gets: the holder's lease
+--                         length, so that its deadline counts from now, the first moment its
+--                         holder can reach Redis again (its keeper may be slow to get through)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
 --           promoted delayed entries, dead entries dropped to keep max_dead, leases given
 --           their time back after a gap}; the error reply
@@ -64,10 +67,12 @@ if consumer == '' then
   -- renew it, instead of every task being delivered again the instant Redis answers.
   local sw = CTX.stem .. 'sw'
   local last = tonumber(redis.call('GET', sw) or '')
+  local restore_ms = tonumber(ARGV[8]) or 0
   if gap_ms > 0 and last and now - last > gap_ms then
     local hit = redis.call('ZRANGEBYSCORE', lz, '(' .. fmt(last), fmt(now), 'WITHSCORES')
     for i = 1, #hit, 2 do
-      redis.call('ZADD', lz, 'XX', fmt(now + tonumber(hit[i + 1]) - last), hit[i])
+      local left = math.max(tonumber(hit[i + 1]) - last, restore_ms)
+      redis.call('ZADD', lz, 'XX', fmt(now + left), hit[i])
     end
     restored = #hit / 2
   end

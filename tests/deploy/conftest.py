@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from celery_pq.testing import RedisServer, SentinelServer
+from celery_pq.testing import RedisServer, SentinelServer, TLSRedisServer
 from tests.support.proxy import DelayProxy
 
 #: Seconds a failover may take here: down-after 1 s, the vote, the promotion, with room for a
@@ -19,22 +19,29 @@ FAILOVER_SECONDS = 30
 class SentinelGroup:
     """A master, one replica and three sentinels (quorum 2) monitoring the master as ``m``.
     With ``replica_lag`` (seconds), the replica replicates through a proxy that delays the
-    master's writes by that much (``tests/support/proxy.py``)."""
+    master's writes by that much (``tests/support/proxy.py``). With ``certs``
+    (``make_certificates``), the master, the replica and the sentinels speak only TLS
+    (replication and the sentinels' links too)."""
 
     master_name = "m"
 
-    def __init__(self, replica_lag: float | None = None):
+    def __init__(self, replica_lag: float | None = None, certs: dict | None = None):
         self.servers: list[RedisServer] = []
         self.proxy = None
         try:
             # no 5 s wait for more replicas before the first full sync (Redis 7 default)
-            self.master = self._add(RedisServer("--repl-diskless-sync-delay", "0"))
+            def server(*args):
+                if certs is None:
+                    return RedisServer(*args)
+                return TLSRedisServer(certs, "--tls-replication", "yes", *args)
+
+            self.master = self._add(server("--repl-diskless-sync-delay", "0"))
             source = self.master.port
             if replica_lag:
                 self.proxy = DelayProxy(self.master.port, replica_lag)
                 source = self.proxy.port
-            self.replica = self._add(RedisServer("--replicaof", "127.0.0.1", str(source)))
-            self.sentinels = [self._add(SentinelServer(self.master.port)) for _ in range(3)]
+            self.replica = self._add(server("--replicaof", "127.0.0.1", str(source)))
+            self.sentinels = [self._add(SentinelServer(self.master.port, certs=certs)) for _ in range(3)]
             self.wait_ready()
         except BaseException:
             self.close()

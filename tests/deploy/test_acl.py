@@ -25,6 +25,7 @@ from celery import Celery
 from kombu import Connection
 
 import celery_pq  # noqa: F401  registers pq://
+from celery_pq.ids import decode_id
 from celery_pq.testing import RedisServer
 from tests.support.consume import drain, make_queue, publish_numbers
 
@@ -172,3 +173,44 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
             w.stop()
         broker.close()
         records.close()
+
+
+@pytest.mark.parametrize("form", ["functions", "evalsha"])
+def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
+    # Given a master with one replica, and the documented user on the master: its +wait (publishes
+    # and acks end with WAIT under wait_replicas) and +multi +exec (PriorityQueue.lease_of)
+    master = RedisServer("--repl-diskless-sync-delay", "0")
+    replica = RedisServer("--replicaof", "127.0.0.1", str(master.port))
+    try:
+        wait_for(lambda: replica.client(decode_responses=True).info("replication").get("master_link_status") == "up",
+                 30, "the replica in sync")
+        user = setuser(master, acl_lines()[form])
+        url = f"pq://{user}:{PASSWORD}@127.0.0.1:{master.port}/0"
+        queue = make_queue("wq")
+        with Connection(url, transport_options={"wait_replicas": 1, "wait_timeout": 5}) as conn:
+            # When it publishes (each publish waits for the replica)
+            publish_numbers(conn, queue, range(5))
+            # Then the replica has them the moment the publishes returned
+            assert celery_pq.PriorityQueue.open(replica.client(), "wq", key_prefix="pq").size() == 5
+            # and a leased message's lease reads in one MULTI as the same user
+            confined = redis.Redis(host="127.0.0.1", port=master.port, username=user, password=PASSWORD)
+            q = celery_pq.PriorityQueue.open(confined, "wq", key_prefix="pq")
+            held = drain(conn, queue, 1, ack=False)
+            [(body, message)] = held
+            [leased] = confined.zrange(q.keys.lz, 0, -1)  # the one lease deadline
+            lease = q.lease_of(decode_id(leased))
+            assert lease is not None and lease["deliveries"] == 1 and lease["seconds_left"] > 0
+            message.ack()  # the ack waits for the replica too
+            got = drain(conn, queue, 4)
+            assert sorted(b["i"] for b, _ in got + held) == list(range(5))
+            confined.close()
+        lt = q.keys.lt
+        wait_for(lambda: replica.client().hlen(lt) == 0 and replica.client().zcard(q.keys.lz) == 0, 10,
+                 "the acks on the replica")
+        # and Redis refused nothing but what the docs leave out on purpose (as above)
+        expected = {"client|unblock"} | ({"function|load"} if form == "evalsha" else set())
+        log = [entry for entry in master.client().acl_log() if entry["object"] not in expected]
+        assert not log, log
+    finally:
+        replica.close()
+        master.close()

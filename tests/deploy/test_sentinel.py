@@ -27,9 +27,9 @@ from kombu.mixins import ConsumerMixin
 
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
-from celery_pq.testing import RedisServer
-from tests.deploy.conftest import REPLICA_LAG
-from tests.support.consume import make_queue
+from celery_pq.testing import RedisServer, make_certificates
+from tests.deploy.conftest import REPLICA_LAG, SentinelGroup
+from tests.support.consume import drain, make_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -304,3 +304,36 @@ def test_a_demoted_master_sends_clients_to_the_new_one(sentinel_group, key_prefi
         wait_for(lambda: set(range(100)) <= set(got), 30, "50 after the failover")
         collector.should_stop = True
         thread.join(timeout=30)
+
+
+def test_tls_master_and_replica_behind_sentinels_carry_on_through_a_failover(key_prefix, tmp_path):
+    # Given a master, a replica and three sentinels that speak only TLS (replication and the
+    # sentinels' links too), and kombu connections pqs://s1;pqs://s2;pqs://s3 with the CA given
+    # the kombu way (ssl=) and the sentinels' TLS in sentinel_kwargs
+    certs = make_certificates(tmp_path / "ca")
+    g = SentinelGroup(certs=certs)
+    try:
+        url = ";".join(f"pqs://127.0.0.1:{s.port}" for s in g.sentinels) + "/0"
+        ssl = {"ssl_ca_certs": str(certs["ca"]), "ssl_cert_reqs": "required"}
+        options = g.options(key_prefix=key_prefix, sentinel_kwargs={"ssl": True, **ssl, "socket_timeout": 2})
+        queue = make_queue("tq")
+        with Connection(url, ssl=ssl, transport_options=options) as conn:
+            producer = Producer(conn)
+            queue(conn.default_channel).declare()
+            for i in range(30):
+                producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True,
+                                 retry_policy=RETRY)
+            # When, once the replica has them all (over TLS), the master is killed and the
+            # sentinels promote the replica
+            ii = PriorityQueue(g.replica.client(), "tq", key_prefix=key_prefix).keys.ii
+            wait_for(lambda: g.replica.client().hlen(ii) == 30, 30, "the replica has the 30")
+            g.kill_master()
+            g.wait_promoted()
+            # Then publishing goes on to the new master, over TLS, and every message is there once
+            for i in range(30, 60):
+                producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True,
+                                 retry_policy=RETRY)
+            got = [body["i"] for body, _ in drain(conn, queue, 60, timeout=30)]
+        assert sorted(got) == list(range(60))
+    finally:
+        g.close()

@@ -3,7 +3,7 @@
 
 import pytest
 
-from benchmarks.faults import connection_cuts, worker_partition
+from benchmarks.faults import connection_cuts, half_open, network_latency, worker_partition
 
 pytestmark = pytest.mark.e2e
 
@@ -35,4 +35,32 @@ def test_connections_cut_mid_command_lose_and_repeat_nothing(tmp_path):
     # a task ran twice only if it was under way at a cut, the workers carried on, nothing stays behind
     assert result["unexplained_duplicates"] == [] and result["max_runs"] <= 2
     assert result["workers_alive"] == 2 and result["workers_restarted"] == 0
+    assert result["residue"] == {"waiting": 0, "leased": 0}
+
+
+def test_latency_on_every_command_loses_and_repeats_nothing(tmp_path):
+    # Given producers and two workers whose every chunk, each way, waits 50-200 ms in a proxy
+    # (a round trip of 100-400 ms for every publish, pop, renewal and ack; lease 2 s)
+    result = network_latency("celery-pq", tmp_path, tasks=40, rate=20.0, lease=2.0, low=0.05, high=0.2)
+    # Then every publish ran exactly once and nothing stays behind
+    assert result["lost"] == [] and result["unexpected"] == [] and result["raised"] == 0
+    assert result["done"] == result["returned"] == 40
+    assert result["duplicated"] == []
+    assert result["workers_alive"] == 2
+    assert result["residue"] == {"waiting": 0, "leased": 0}
+
+
+def test_half_open_connections_that_never_answer_are_left_and_lose_nothing(tmp_path):
+    # Given two workers (lease 3 s, socket_timeout 1 s) with 1 s tasks under way, when every
+    # connection open at that moment goes half-open for good (writes taken, no reply, no close)
+    result = half_open("celery-pq", tmp_path, tasks=12, lease=3.0, task_seconds=1.0, socket_timeout=1.0)
+    # Then the clients give up on them and reconnect: nothing is lost or run twice (the running
+    # tasks keep their leases: the renewals go through on new connections within the lease),
+    assert result["under_way_at_fault"] >= 1
+    assert result["lost"] == [] and result["unexpected"] == []
+    assert result["done"] == result["returned"] == 24
+    assert result["duplicated"] == []
+    # and both workers, never restarted, run the work published after it
+    assert result["workers_alive"] == 2 and result["workers_restarted"] == 0
+    assert all(n >= 1 for n in result["ran_after_fault"].values())
     assert result["residue"] == {"waiting": 0, "leased": 0}

@@ -1,4 +1,7 @@
-"""A TCP proxy on loopback that delays what it forwards one way: a replication link that lags.
+"""TCP proxies on loopback for network faults.
+
+``DelayProxy``: delays what it forwards one way (a replication link that lags). ``FaultProxy``:
+cuts, partitions, half-open connections and latency between clients and Redis (below).
 
 ``DelayProxy(target_port, delay)`` listens on a free port of 127.0.0.1 and forwards each
 connection to ``target_port``; bytes from the client side to the target go through at once,
@@ -10,6 +13,7 @@ proxy holds when the master dies never arrives: the writes a failover loses.
 from __future__ import annotations
 
 import queue
+import random
 import socket
 import threading
 import time
@@ -100,13 +104,19 @@ def _close(*socks):
 
 
 class FaultProxy:
-    """A TCP proxy on loopback that forwards both ways at once until told to fail.
+    """A TCP proxy on loopback that forwards both ways until told to fail.
 
     ``partition()``: from now on nothing goes through either way and new connections are
     accepted but never reach the target (a network partition, or a half-open connection:
     the client's writes succeed and no reply ever comes); ``heal()`` ends it, closing the
     connections that lived through it (as their peers' timeouts would) so that clients
     reconnect; ``cut()`` closes every connection now, mid-command or not.
+
+    ``latency(low, high)``: from now on every chunk waits a random ``low``..``high`` seconds in
+    each direction (order kept), so every command's round trip takes two such waits;
+    ``latency(0)`` ends it. ``silence()``: the connections open now go half-open for good
+    (what the client writes is taken and dropped, no reply ever comes, nothing is closed: a
+    peer that vanished, a NAT entry that expired), while new connections go through.
     """
 
     def __init__(self, target_port: int):
@@ -121,6 +131,9 @@ class FaultProxy:
         self._open.set()
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
+        self._links: list[dict] = []  # one per proxied connection: {"silent": bool}
+        self._delay = (0.0, 0.0)
+        self._rng = random.Random(13)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -143,27 +156,62 @@ class FaultProxy:
             _close(client)
             return
         upstream.settimeout(None)
+        link = {"silent": False}
         with self._lock:
             self._socks.append(upstream)
-        threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            self._links.append(link)
+        for src, dst in ((client, upstream), (upstream, client)):
+            held: queue.Queue = queue.Queue()
+            threading.Thread(target=self._pump, args=(src, dst, link, held), daemon=True).start()
+            threading.Thread(target=self._send_late, args=(held, src, dst), daemon=True).start()
 
-    def _pump(self, src, dst):
+    def _pump(self, src, dst, link, held):
+        due = 0.0
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                if not self._open.is_set():
-                    continue  # partitioned: what is sent is lost
-                dst.sendall(data)
+                if not self._open.is_set() or link["silent"]:
+                    continue  # partitioned or half-open: what is sent is lost
+                low, high = self._delay
+                if high <= 0:
+                    held.put((0.0, data))
+                    continue
+                due = max(due, time.monotonic() + self._rng.uniform(low, high))  # order kept
+                held.put((due, data))
         except OSError:
             pass
+        held.put(None)  # the sender closes both ends once what it holds is sent
+
+    def _send_late(self, held, src, dst):
+        while True:
+            item = held.get()
+            if item is None:
+                break
+            due, data = item
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
         _close(src, dst)
+
+    def latency(self, low: float, high: float | None = None):
+        self._delay = (low, low if high is None else high)
+
+    def silence(self):
+        with self._lock:
+            for link in self._links:
+                link["silent"] = True
+            self._links = []
 
     def cut(self):
         with self._lock:
             socks, self._socks = self._socks, []
+            self._links = []
         _close(*socks)
 
     def partition(self):
