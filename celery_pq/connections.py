@@ -272,8 +272,9 @@ def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnec
     sentinel_kwargs = options.sentinel_kwargs
     if sentinel_kwargs is None:
         # A sentinel that does not answer must not hold up the discovery of the master: the
-        # next sentinel is asked after this long.
-        sentinel_kwargs = {"socket_timeout": options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT,
+        # next sentinel is asked after this long (or the shorter socket_timeout).
+        sentinel_kwargs = {"socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT,
+                                                 C.SENTINEL_SOCKET_TIMEOUT),
                            "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT}
     manager = Sentinel(addresses, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
     cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection

@@ -48,6 +48,14 @@ SWEEP_BATCH = 500
 #: never runs long; the rest are discarded by later pops or the clean-up sweep.
 POP_STALE_BUDGET = 1000
 
+#: Seconds a command may wait for Redis's reply before the connection is given up (redis-py's
+#: socket_timeout). redis-py and kombu wait forever by default, so a connection that went silent
+#: (half-open: NAT, a firewall, a vanished host) holds a worker for good. 30 s is far above any
+#: script's run time and below the default lease less its renewal interval (60 - 20 s), so a
+#: worker leaves a silent connection before its leases could run out. A blocking wait does not
+#: count: the poller reads it only once it is readable.
+SOCKET_TIMEOUT = 30.0
+
 #: Entries per script call for bulk inserts and purges (keeps each script short, as Redis runs
 #: one script at a time).
 BULK_CHUNK = 1000

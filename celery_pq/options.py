@@ -188,7 +188,8 @@ class Options:
                                            shown="lease_seconds / 3")
     block_seconds: float = _option(C.BLOCK_SECONDS, _seconds, "server-side BLPOP timeout of an idle consumer")
     binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
-    socket_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
+    socket_timeout: float | None = _option(C.SOCKET_TIMEOUT, _seconds_or_none,
+                                           "redis-py, seconds a reply may take; None: forever")
     socket_connect_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
     socket_keepalive: bool | None = _option(None, _flag_or_none, "redis-py")
     health_check_interval: float = _option(25, _seconds_or_zero, "redis-py, seconds (None: 0)")
