@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 
 from celery_pq import PriorityQueue
+from celery_pq.codec import decode
 
 pytestmark = pytest.mark.e2e
 
@@ -164,7 +165,7 @@ def test_task_that_always_crashes_its_worker_ends_in_dead_letter_queue(harness):
     wait_for(lambda: h.queue().stats()["dead"] == 1, 10, "dead-lettering")
     [dead] = h.queue().dead.peek()
     assert dead.dead_reason == "max_deliveries"
-    assert json.loads(dead.payload)["headers"]["task"] == "e2e.crash"
+    assert decode(dead.payload)["headers"]["task"] == "e2e.crash"
     assert len(h.records("crash")) == 2  # not delivered a third time
     assert h.queue().size() == 0 and h.queue().stats()["leased"] == 0
 
