@@ -46,7 +46,6 @@ import binascii
 import json
 import re
 import struct
-import uuid
 
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
@@ -137,16 +136,26 @@ _C_BODY = _CODE[S_MESSAGE, "body"]
 _SUBSECTIONS = {(S_MESSAGE, "headers"): S_HEADERS, (S_MESSAGE, "properties"): S_PROPERTIES,
                 (S_PROPERTIES, "delivery_info"): S_DELIVERY_INFO}
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
 
 
 def _defaults(section: int, celery: bool) -> dict:
-    """The fields a section has by default (mutable values are copied by the reader)."""
+    """The fields a section has by default."""
     if section == S_HEADERS and not celery:
         return {}
     return {name: d for s, name, d in FIELDS if s == section and d is not _NO_DEFAULT}
 
 
 _DEFAULTS = {(s, c): _defaults(s, c) for s in range(4) for c in (False, True)}
+#: (section, celery) -> {field name: (code, default or _NO_DEFAULT, subsection or None)}: the writer's table
+_NAMES = {(sec, c): {name: (_CODE[s, name], _DEFAULTS[sec, c].get(name, _NO_DEFAULT), _SUBSECTIONS.get((s, name)))
+                     for s, name, _ in FIELDS if s == sec}
+          for sec in range(4) for c in (False, True)}
+#: (section, celery) -> names of the defaults and subsections a section has unless a record says not
+_EXPECTED = {(sec, c): (*_DEFAULTS[sec, c], *(name for (s, name) in _SUBSECTIONS if s == sec))
+             for sec in range(4) for c in (False, True)}
+#: defaults that are lists or dicts: the reader copies them per message
+_MUTABLE = {key: [(n, v) for n, v in d.items() if type(v) in (list, dict)] for key, d in _DEFAULTS.items()}
 
 
 class CodecError(ValueError):
@@ -158,13 +167,14 @@ def encode(message: dict) -> bytes:
     """The stored form of a kombu message dict."""
     if not isinstance(message, dict):
         raise CodecError(f"a message is a dict, not {type(message).__name__}")
-    w = _Writer()
+    w = _Writer(message)
     headers = message.get("headers")
     celery = isinstance(headers, dict) and "lang" in headers and "task" in headers
     flags = F_CELERY if celery else 0
     skip: set[tuple[int, str]] = set()
-    if isinstance(headers, dict):
-        derived = _derived_reprs(message)
+    w.raw_body = raw = _base64_body(message)
+    if isinstance(headers, dict) and raw is not None:
+        derived = _derived_reprs(message, raw)
         if derived is not None:
             for key, flag, text in (("argsrepr", F_ARGSREPR, derived[0]), ("kwargsrepr", F_KWARGSREPR, derived[1])):
                 if type(headers.get(key)) is str and headers[key] == text:
@@ -180,9 +190,11 @@ def encode(message: dict) -> bytes:
 
 
 class _Writer:
-    def __init__(self):
+    def __init__(self, message: dict):
+        self.message = message
         self.out = bytearray()
         self.uuids: dict[str, int] = {}
+        self.raw_body: bytes | None = None  # the message's body as bytes, when it is base64 text
 
     def varint(self, n: int) -> None:
         out = self.out
@@ -196,43 +208,43 @@ class _Writer:
         self.out += data
 
     def section(self, section: int, d: dict, celery: bool, skip=frozenset()) -> None:
-        defaults = _DEFAULTS[section, celery]
+        names = _NAMES[section, celery]
+        expected = 0  # fields of _EXPECTED present in d
         for name, value in d.items():
-            if (section, name) in skip:
-                continue
-            sub = _SUBSECTIONS.get((section, name))
-            if sub is not None and type(value) is dict:
-                self.section(sub, value, celery, skip)
-                continue
-            if name in defaults and _same(value, defaults[name]):
-                continue
-            code = _CODE.get((section, name)) if type(name) is str else None
-            if code is None:
+            info = names.get(name)
+            if info is None:  # a field the table does not name
                 if type(name) is not str:
                     raise CodecError(f"message field name {name!r} is not a string")
                 self.varint(section)
                 self.blob(name.encode("utf-8", "surrogatepass"))
                 self.value(value)
+                continue
+            code, default, sub = info
+            if default is not _NO_DEFAULT or sub is not None:
+                expected += 1
+            if skip and (section, name) in skip:
+                continue
+            if sub is not None and type(value) is dict:
+                self.section(sub, value, celery, skip)
+            elif default is not _NO_DEFAULT and value == default and type(value) is type(default) \
+                    and (type(value) not in (list, dict) or _same(value, default)):
+                continue
             elif code == _C_BODY:
-                self.varint(code)
+                self.out.append(code)
                 self.body(value, d)
             else:
-                self.varint(code)
+                self.out.append(code)
                 self.value(value)
-        for name in defaults:
-            if name not in d:
-                self.varint(C_ABSENT)
-                self.varint(_CODE[section, name])
-        for (s, name), sub in _SUBSECTIONS.items():  # a section absent from its parent
-            if s == section and name not in d:
-                self.varint(C_ABSENT)
-                self.varint(_CODE[s, name])
+        if expected < len(_EXPECTED[section, celery]):
+            for name in _EXPECTED[section, celery]:
+                if name not in d:
+                    self.out.append(C_ABSENT)
+                    self.out.append(_CODE[section, name])
 
     def body(self, body, message: dict) -> None:
         out = self.out
-        props = message.get("properties")
-        if type(body) is str and type(props) is dict and props.get("body_encoding") == "base64":
-            raw = _unbase64(body)
+        if message is self.message:
+            raw = self.raw_body
             if raw is not None:
                 if raw.endswith(CELERY_EMBED_TAIL):
                     out.append(B_BASE64_EMBED)
@@ -273,7 +285,7 @@ class _Writer:
                     return
                 self.uuids[v] = len(self.uuids)
                 out.append(T_UUID)
-                out += uuid.UUID(v).bytes
+                out += bytes.fromhex(v.replace("-", ""))
                 return
             out.append(T_STR)
             self.blob(v.encode("utf-8", "surrogatepass"))
@@ -316,18 +328,22 @@ def _unbase64(text: str) -> bytes | None:
     return raw if base64.b64encode(raw).decode("ascii") == text else None
 
 
-def _derived_reprs(message: dict) -> tuple[str, str] | None:
-    """(argsrepr, kwargsrepr) as ``repr`` makes them from a Celery JSON body ``[args, kwargs,
-    embed]``, or None when the body is not one. A reader derives them again only when the writer
-    found them equal to the headers' (F_ARGSREPR, F_KWARGSREPR)."""
-    if message.get("content-type") != "application/json" or message.get("content-encoding") != "utf-8":
-        return None
+def _base64_body(message: dict) -> bytes | None:
+    """The bytes of a message's body when it is their base64 text (``body_encoding`` base64)."""
     props = message.get("properties")
     body = message.get("body")
-    if type(props) is not dict or props.get("body_encoding") != "base64" or type(body) is not str:
+    if type(body) is not str or type(props) is not dict or props.get("body_encoding") != "base64":
         return None
-    raw = _unbase64(body)
-    return None if raw is None else _reprs_of(raw)
+    return _unbase64(body)
+
+
+def _derived_reprs(message: dict, raw: bytes) -> tuple[str, str] | None:
+    """(argsrepr, kwargsrepr) as ``repr`` makes them from a Celery JSON body ``[args, kwargs,
+    embed]`` (``raw``), or None when the body is not one. A reader derives them again only when
+    the writer found them equal to the headers' (F_ARGSREPR, F_KWARGSREPR)."""
+    if message.get("content-type") != "application/json" or message.get("content-encoding") != "utf-8":
+        return None
+    return _reprs_of(raw)
 
 
 def _reprs_of(raw: bytes) -> tuple[str, str] | None:
@@ -377,6 +393,7 @@ class _Reader:
         self.pos = 0
         self.flags = flags
         self.uuids: list[str] = []
+        self.raw_body: bytes | None = None  # the body's bytes, when it was base64
 
     def varint(self) -> int:
         data, pos = self.data, self.pos
@@ -403,42 +420,50 @@ class _Reader:
 
     def message(self) -> dict:
         celery = bool(self.flags & F_CELERY)
-        sections = {s: _copy(_DEFAULTS[s, celery]) for s in range(4)}
-        sections[S_PROPERTIES]["delivery_info"] = sections[S_DELIVERY_INFO]
-        sections[S_MESSAGE]["headers"] = sections[S_HEADERS]
-        sections[S_MESSAGE]["properties"] = sections[S_PROPERTIES]
-        n = len(self.data)
+        sections = []
+        for s in range(4):
+            d = dict(_DEFAULTS[s, celery])
+            for name, v in _MUTABLE[s, celery]:
+                d[name] = _copy(v)
+            sections.append(d)
+        message, headers, props = sections[S_MESSAGE], sections[S_HEADERS], sections[S_PROPERTIES]
+        props["delivery_info"] = sections[S_DELIVERY_INFO]
+        message["headers"] = headers
+        message["properties"] = props
+        data, n, field, value = self.data, len(self.data), _FIELD, self.value
         while self.pos < n:
-            code = self.varint()
-            if code < C_ABSENT:
-                name = self.text()
-                sections[code][name] = self.value()
+            code = data[self.pos]
+            self.pos += 1
+            if code > C_ABSENT:
+                if code == _C_BODY:
+                    message["body"] = self.body()
+                else:
+                    s, name = field[code]
+                    sections[s][name] = value()
             elif code == C_ABSENT:
-                s, name = _FIELD[self.varint()]
+                s, name = field[data[self.pos]]
+                self.pos += 1
                 sections[s].pop(name, None)
-            elif code == _C_BODY:
-                sections[S_MESSAGE]["body"] = self.body()
             else:
-                s, name = _FIELD[code]
-                sections[s][name] = self.value()
-        headers = sections[S_HEADERS]
+                name = self.text()
+                sections[code][name] = value()
         if self.flags & (F_ARGSREPR | F_KWARGSREPR):
-            derived = _reprs_of(base64.b64decode(sections[S_MESSAGE]["body"]))
+            derived = _reprs_of(self.raw_body) if self.raw_body is not None else None
             if derived is None:
                 raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
             if self.flags & F_ARGSREPR:
                 headers["argsrepr"] = derived[0]
             if self.flags & F_KWARGSREPR:
                 headers["kwargsrepr"] = derived[1]
-        return sections[S_MESSAGE]
+        return message
 
     def body(self):
         form = self.data[self.pos]
         self.pos += 1
-        if form == B_BASE64:
-            return base64.b64encode(self.blob()).decode("ascii")
-        if form == B_BASE64_EMBED:
-            return base64.b64encode(self.blob() + CELERY_EMBED_TAIL).decode("ascii")
+        if form == B_BASE64 or form == B_BASE64_EMBED:
+            raw = self.blob() if form == B_BASE64 else self.blob() + CELERY_EMBED_TAIL
+            self.raw_body = raw
+            return base64.b64encode(raw).decode("ascii")
         if form == B_BYTES:
             return self.blob()
         if form == B_TEXT:
@@ -448,33 +473,42 @@ class _Reader:
         raise CodecError(f"stored message has unknown body form {form}")
 
     def value(self):
-        tag = self.data[self.pos]
+        data = self.data
+        tag = data[self.pos]
         self.pos += 1
+        if tag == T_STR:
+            n = data[self.pos]
+            if n < 0x80:  # one-byte length: most strings
+                start = self.pos + 1
+                self.pos = end = start + n
+                if end > len(data):
+                    raise IndexError("a string runs past the end")
+                return str(data[start:end], "utf-8", "surrogatepass")
+            return self.text()
         if tag == T_NONE:
             return None
-        if tag == T_TRUE:
-            return True
-        if tag == T_FALSE:
-            return False
-        if tag == T_INT:
-            z = self.varint()
-            return z >> 1 if not z & 1 else -((z + 1) >> 1)
-        if tag == T_FLOAT:
-            start = self.pos
-            self.pos += 8
-            return struct.unpack(">d", self.data[start:self.pos])[0]
-        if tag == T_STR:
-            return self.text()
         if tag == T_UUID:
             start = self.pos
-            self.pos += 16
-            if self.pos > len(self.data):
+            self.pos = end = start + 16
+            if end > len(data):
                 raise IndexError("a UUID runs past the end")
-            text = str(uuid.UUID(bytes=bytes(self.data[start:self.pos])))
+            h = data[start:end].hex()
+            text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
             self.uuids.append(text)
             return text
         if tag == T_REF:
             return self.uuids[self.varint()]
+        if tag == T_INT:
+            z = self.varint()
+            return z >> 1 if not z & 1 else -((z + 1) >> 1)
+        if tag == T_TRUE:
+            return True
+        if tag == T_FALSE:
+            return False
+        if tag == T_FLOAT:
+            start = self.pos
+            self.pos += 8
+            return struct.unpack(">d", data[start:self.pos])[0]
         if tag == T_BYTES:
             return self.blob()
         if tag == T_LIST:
