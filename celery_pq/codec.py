@@ -210,6 +210,7 @@ class _Writer:
     def section(self, section: int, d: dict, celery: bool, skip=frozenset()) -> None:
         names = _NAMES[section, celery]
         expected = 0  # fields of _EXPECTED present in d
+        out = self.out
         for name, value in d.items():
             info = names.get(name)
             if info is None:  # a field the table does not name
@@ -220,20 +221,22 @@ class _Writer:
                 self.value(value)
                 continue
             code, default, sub = info
-            if default is not _NO_DEFAULT or sub is not None:
+            if default is not _NO_DEFAULT:
                 expected += 1
+                if value == default and type(value) is type(default) \
+                        and (type(value) not in (list, dict) or _same(value, default)):
+                    continue
+            elif sub is not None:
+                expected += 1
+                if type(value) is dict:
+                    self.section(sub, value, celery, skip)
+                    continue
             if skip and (section, name) in skip:
                 continue
-            if sub is not None and type(value) is dict:
-                self.section(sub, value, celery, skip)
-            elif default is not _NO_DEFAULT and value == default and type(value) is type(default) \
-                    and (type(value) not in (list, dict) or _same(value, default)):
-                continue
-            elif code == _C_BODY:
-                self.out.append(code)
+            out.append(code)
+            if code == _C_BODY:
                 self.body(value, d)
             else:
-                self.out.append(code)
                 self.value(value)
         if expected < len(_EXPECTED[section, celery]):
             for name in _EXPECTED[section, celery]:
@@ -266,18 +269,8 @@ class _Writer:
     def value(self, v) -> None:
         out = self.out
         t = type(v)
-        if v is None:
-            out.append(T_NONE)
-        elif t is bool:
-            out.append(T_TRUE if v else T_FALSE)
-        elif t is int:
-            out.append(T_INT)
-            self.varint(v << 1 if v >= 0 else ((-v) << 1) - 1)
-        elif t is float:
-            out.append(T_FLOAT)
-            out += struct.pack(">d", v)
-        elif t is str:
-            if len(v) == 36 and _UUID.match(v):
+        if t is str:
+            if len(v) == 36 and v[8] == "-" and _UUID.match(v):
                 ref = self.uuids.get(v)
                 if ref is not None:
                     out.append(T_REF)
@@ -287,8 +280,24 @@ class _Writer:
                 out.append(T_UUID)
                 out += bytes.fromhex(v.replace("-", ""))
                 return
-            out.append(T_STR)
-            self.blob(v.encode("utf-8", "surrogatepass"))
+            data = v.encode("utf-8", "surrogatepass")
+            if len(data) < 0x80:  # a one-byte length: most strings
+                out.append(T_STR)
+                out.append(len(data))
+                out += data
+            else:
+                out.append(T_STR)
+                self.blob(data)
+        elif v is None:
+            out.append(T_NONE)
+        elif t is bool:
+            out.append(T_TRUE if v else T_FALSE)
+        elif t is int:
+            out.append(T_INT)
+            self.varint(v << 1 if v >= 0 else ((-v) << 1) - 1)
+        elif t is float:
+            out.append(T_FLOAT)
+            out += struct.pack(">d", v)
         elif t is bytes:
             out.append(T_BYTES)
             self.blob(v)
