@@ -46,6 +46,8 @@ import binascii
 import json
 import re
 import struct
+import threading
+from types import SimpleNamespace
 
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
@@ -62,6 +64,9 @@ VERSION = 1
 COMPRESS_MIN = 512
 #: zstd level: 3 is zstd's default and the best bytes per CPU second on message-sized records.
 ZSTD_LEVEL = 3
+#: argsrepr/kwargsrepr are derived from bodies of at most this many bytes: beyond it Celery has
+#: usually cut them (argsrepr_maxsize, 1 KB) and parsing the body on every read costs more.
+REPR_BODY_MAX = 1024
 
 # flags byte
 F_CELERY = 0x01  # headers default to Celery's protocol-2 defaults
@@ -173,7 +178,7 @@ def encode(message: dict) -> bytes:
     flags = F_CELERY if celery else 0
     skip: set[tuple[int, str]] = set()
     w.raw_body = raw = _base64_body(message)
-    if isinstance(headers, dict) and raw is not None:
+    if isinstance(headers, dict) and raw is not None and len(raw) <= REPR_BODY_MAX:
         derived = _derived_reprs(message, raw)
         if derived is not None:
             for key, flag, text in (("argsrepr", F_ARGSREPR, derived[0]), ("kwargsrepr", F_KWARGSREPR, derived[1])):
@@ -183,10 +188,23 @@ def encode(message: dict) -> bytes:
     w.section(S_MESSAGE, message, celery, skip)
     body = w.out
     if zstandard is not None and len(body) >= COMPRESS_MIN:
-        packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(bytes(body))
+        packed = _zstd().compressor.compress(bytes(body))
         if len(packed) < len(body):
             return bytes((VERSION, flags | F_ZSTD)) + packed
     return bytes((VERSION, flags)) + body
+
+
+_local = threading.local()
+
+
+def _zstd():
+    """This thread's zstd compressor and decompressor (made once: making one costs more than
+    compressing a message; they are not to be shared between threads)."""
+    z = getattr(_local, "zstd", None)
+    if z is None:
+        z = _local.zstd = SimpleNamespace(compressor=zstandard.ZstdCompressor(level=ZSTD_LEVEL),
+                                          decompressor=zstandard.ZstdDecompressor())
+    return z
 
 
 class _Writer:
@@ -387,7 +405,7 @@ def decode(data: bytes | str) -> dict:
         if zstandard is None:
             raise CodecError("stored message is zstd-compressed and the zstandard package is not installed")
         try:
-            body = memoryview(zstandard.ZstdDecompressor().decompress(body))
+            body = memoryview(_zstd().decompressor.decompress(body))
         except zstandard.ZstdError as exc:
             raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
     try:
