@@ -13,7 +13,7 @@ small, against the JSON dict kombu's own transports store:
   Celery's protocol-2 headers (celery/app/amqp.py ``as_task_v2``) have their defaults when the
   message is a Celery task (``lang`` and ``task`` in its headers);
 - ``argsrepr`` / ``kwargsrepr`` left out when they are exactly what ``repr`` of the body's args /
-  kwargs gives (checked at write; otherwise kept as they are);
+  kwargs gives (checked at write; otherwise kept as they are), for bodies up to REPR_BODY_MAX;
 - the rest of the record zstd-compressed when that makes it smaller (records of
   ``COMPRESS_MIN`` bytes and over; benchmarks/memory_tasks.py measures it).
 
