@@ -246,7 +246,7 @@ class _Writer:
                     continue
             elif sub is not None:
                 expected += 1
-                if type(value) is dict:
+                if isinstance(value, dict):  # a dict, or a subclass of one (read back as a dict)
                     self.section(sub, value, celery, skip)
                     continue
             if skip and (section, name) in skip:
@@ -319,12 +319,12 @@ class _Writer:
         elif t is bytes:
             out.append(T_BYTES)
             self.blob(v)
-        elif t is list:
+        elif isinstance(v, list):
             out.append(T_LIST)
             self.varint(len(v))
             for item in v:
                 self.value(item)
-        elif t is dict and all(type(k) is str for k in v):
+        elif isinstance(v, dict) and all(type(k) is str for k in v):
             out.append(T_DICT)
             self.varint(len(v))
             for k, item in v.items():

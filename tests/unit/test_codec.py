@@ -211,3 +211,13 @@ def test_a_message_that_cannot_be_written_is_named():
         encode(["body"])
     with pytest.raises(CodecError, match="field name 3"):
         encode({"body": "", 3: "x"})
+
+
+def test_mappings_of_a_dict_subclass_are_written_field_by_field():
+    class Headers(dict):
+        pass
+
+    message = _celery_message()
+    message["headers"] = Headers(message["headers"], extra=Headers(a=1))
+    data = encode(message)
+    assert decode(data) == message and len(data) < 200
