@@ -178,11 +178,15 @@ def encode(message: dict) -> bytes:
     flags = F_CELERY if celery else 0
     skip: set[tuple[int, str]] = set()
     w.raw_body = raw = _base64_body(message)
-    if isinstance(headers, dict) and raw is not None and len(raw) <= REPR_BODY_MAX:
-        derived = _derived_reprs(message, raw)
+    if isinstance(headers, dict) and raw is not None and len(raw) <= REPR_BODY_MAX \
+            and message.get("content-type") == "application/json" and message.get("content-encoding") == "utf-8":
+        # Only reprs Celery did not cut ("...") can be repr's: the others are not computed.
+        want = [(key, flag) for key, flag in (("argsrepr", F_ARGSREPR), ("kwargsrepr", F_KWARGSREPR))
+                if type(headers.get(key)) is str and "..." not in headers[key]]
+        derived = _reprs_of(raw, flags=sum(flag for _, flag in want)) if want else None
         if derived is not None:
-            for key, flag, text in (("argsrepr", F_ARGSREPR, derived[0]), ("kwargsrepr", F_KWARGSREPR, derived[1])):
-                if type(headers.get(key)) is str and headers[key] == text:
+            for key, flag in want:
+                if headers[key] == derived[flag]:
                     flags |= flag
                     skip.add((S_HEADERS, key))
     w.section(S_MESSAGE, message, celery, skip)
@@ -364,16 +368,10 @@ def _base64_body(message: dict) -> bytes | None:
     return _unbase64(body)
 
 
-def _derived_reprs(message: dict, raw: bytes) -> tuple[str, str] | None:
-    """(argsrepr, kwargsrepr) as ``repr`` makes them from a Celery JSON body ``[args, kwargs,
-    embed]`` (``raw``), or None when the body is not one. A reader derives them again only when
-    the writer found them equal to the headers' (F_ARGSREPR, F_KWARGSREPR)."""
-    if message.get("content-type") != "application/json" or message.get("content-encoding") != "utf-8":
-        return None
-    return _reprs_of(raw)
-
-
-def _reprs_of(raw: bytes) -> tuple[str, str] | None:
+def _reprs_of(raw: bytes, flags: int) -> dict | None:
+    """{F_ARGSREPR: argsrepr, F_KWARGSREPR: kwargsrepr} (those ``flags`` ask for) as ``repr``
+    makes them from a Celery JSON body ``[args, kwargs, embed]``, or None when ``raw`` is not
+    one. A reader derives them again only when the writer found them equal to the headers'."""
     try:
         decoded = json.loads(raw)
     except ValueError:
@@ -381,7 +379,12 @@ def _reprs_of(raw: bytes) -> tuple[str, str] | None:
     if type(decoded) is not list or len(decoded) != 3 or type(decoded[0]) is not list \
             or type(decoded[1]) is not dict:
         return None
-    return repr(tuple(decoded[0])), repr(decoded[1])
+    out = {}
+    if flags & F_ARGSREPR:
+        out[F_ARGSREPR] = repr(tuple(decoded[0]))
+    if flags & F_KWARGSREPR:
+        out[F_KWARGSREPR] = repr(decoded[1])
+    return out
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -474,14 +477,15 @@ class _Reader:
             else:
                 name = self.text()
                 sections[code][name] = value()
-        if self.flags & (F_ARGSREPR | F_KWARGSREPR):
-            derived = _reprs_of(self.raw_body) if self.raw_body is not None else None
+        wanted = self.flags & (F_ARGSREPR | F_KWARGSREPR)
+        if wanted:
+            derived = _reprs_of(self.raw_body, wanted) if self.raw_body is not None else None
             if derived is None:
                 raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
-            if self.flags & F_ARGSREPR:
-                headers["argsrepr"] = derived[0]
-            if self.flags & F_KWARGSREPR:
-                headers["kwargsrepr"] = derived[1]
+            if wanted & F_ARGSREPR:
+                headers["argsrepr"] = derived[F_ARGSREPR]
+            if wanted & F_KWARGSREPR:
+                headers["kwargsrepr"] = derived[F_KWARGSREPR]
         return message
 
     def body(self):
