@@ -6,11 +6,15 @@ both go through here, so a task enqueued from a DataFrame is stored exactly as t
 published by Celery: the same payload bytes, priority default and check, tenant
 (``tenants.tenant_of``), delay (the ``eta`` header), publish id, and task name for the event log.
 
+The stored payload is ``codec.encode`` of the message (docs/storage.md), without its
+``delivery_tag``: a delivery carries its lease token as tag instead.
+
 Reading, for operators (``describe``): a stored message's task name and a short preview of its
-args. The body is base64 in ``body`` (``properties.body_encoding``), Celery's protocol 2 headers
-in ``headers`` (``task``, ``argsrepr``, ``kwargsrepr``). A payload that is not such a message (a
-queue used without kombu, a malformed entry set aside) is shown as its own text. Nothing there
-raises on stored data.
+args. The payload is read with ``codec.decode`` (which also reads the JSON of entries written
+before the compact form): the body is base64 in ``body`` (``properties.body_encoding``), Celery's
+protocol 2 headers in ``headers`` (``task``, ``argsrepr``, ``kwargsrepr``). A payload that is not
+such a message (a queue used without kombu, a malformed entry set aside) is shown as its own
+text. Nothing there raises on stored data.
 """
 
 from __future__ import annotations
@@ -22,8 +26,7 @@ from datetime import datetime, timezone
 from hashlib import blake2b
 from typing import Callable
 
-from kombu.utils.json import dumps
-
+from .codec import decode, encode
 from .errors import MessageTooLarge
 from .options import Options
 from .queue import validate_priority
@@ -85,6 +88,8 @@ def stored_item(queue: str, message: dict, options: Options, decode_body: Callab
     headers = message.get("headers") or {}
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
+    if isinstance(props, dict) and "delivery_tag" in props:  # each delivery gets its lease token
+        message = {**message, "properties": {k: v for k, v in props.items() if k != "delivery_tag"}}
     return StoredItem(
         payload=serialized(queue, message, options),
         priority=priority,
@@ -97,8 +102,9 @@ def stored_item(queue: str, message: dict, options: Options, decode_body: Callab
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:
-    """The message as stored; MessageTooLarge (nothing written) when over max_message_bytes."""
-    data = dumps(message).encode()
+    """The message as stored (``codec.encode``); MessageTooLarge (nothing written) when over
+    max_message_bytes."""
+    data = encode(message)
     limit = options.max_message_bytes
     if limit is not None and len(data) > limit:
         raise MessageTooLarge(queue, len(data), limit)
@@ -151,8 +157,8 @@ PREVIEW_CHARS = 60
 def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
     """``{"task": name or None, "args": preview}`` of a stored payload."""
     try:
-        message = json.loads(payload)
-    except (ValueError, TypeError, UnicodeDecodeError):
+        message = decode(payload)
+    except Exception:  # noqa: BLE001 - whatever the payload is, it is shown, never raised on
         message = None
     if not isinstance(message, dict) or "body" not in message:
         return {"task": None, "args": _cut(_text(payload), width)}

@@ -50,11 +50,11 @@ import threading
 
 import redis
 from kombu.transport import virtual
-from kombu.utils.json import loads
 from redis import exceptions as rex
 
 from . import connections
 from . import constants as C
+from .codec import decode
 from .errors import ConfigError, NotReplicated
 from .keys import fanout_channel
 from .leasebook import LeaseBook
@@ -357,7 +357,7 @@ class Channel(virtual.Channel):
         """The kombu message of a lease, or None when it is not one (then moved to the
         dead-letter queue with reason ``malformed``)."""
         try:
-            message = loads(lease.payload)
+            message = decode(lease.payload)
             props = message["properties"]
             info = props.setdefault("delivery_info", {})
             headers = message.get("headers")
@@ -440,7 +440,7 @@ class Channel(virtual.Channel):
 
     def deliver_fanout(self, channel: str, queue: str, data) -> int:
         try:
-            message = loads(data)
+            message = decode(data)
         except Exception:  # noqa: BLE001
             logger.warning("celery-pq: unreadable fanout message on %r dropped", channel)
             return 0

@@ -27,6 +27,7 @@ from kombu.mixins import ConsumerMixin
 
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
+from celery_pq.codec import decode
 from celery_pq.testing import RedisServer, make_certificates
 from tests.deploy.conftest import REPLICA_LAG, SentinelGroup
 from tests.support.consume import drain, make_queue
@@ -98,7 +99,7 @@ class Publisher(threading.Thread):
 
 def body_number(payload) -> int:
     """The ``i`` of a stored kombu message ``{"i": n}`` (its body is base64 JSON)."""
-    return json.loads(base64.b64decode(json.loads(payload)["body"]))["i"]
+    return json.loads(base64.b64decode(decode(payload)["body"]))["i"]
 
 
 def wait_for(pred, timeout, what):

@@ -1,5 +1,6 @@
 """End to end: real Celery workers as subprocesses on a real redis-server."""
 
+import base64
 import json
 import os
 import random
@@ -14,6 +15,7 @@ import redis
 from celery import Celery
 
 from celery_pq import PriorityQueue
+from celery_pq.codec import decode
 
 pytestmark = pytest.mark.e2e
 
@@ -164,7 +166,7 @@ def test_task_that_always_crashes_its_worker_ends_in_dead_letter_queue(harness):
     wait_for(lambda: h.queue().stats()["dead"] == 1, 10, "dead-lettering")
     [dead] = h.queue().dead.peek()
     assert dead.dead_reason == "max_deliveries"
-    assert json.loads(dead.payload)["headers"]["task"] == "e2e.crash"
+    assert decode(dead.payload)["headers"]["task"] == "e2e.crash"
     assert len(h.records("crash")) == 2  # not delivered a third time
     assert h.queue().size() == 0 and h.queue().stats()["leased"] == 0
 
@@ -379,3 +381,51 @@ def test_a_running_acks_late_task_keeps_its_lease_when_the_connection_is_lost(ke
             assert b"Connection to broker lost" in w.log_path.read_bytes()
         finally:
             h.close()
+
+
+def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(harness):
+    """Args, kwargs, eta, expires, retries, chains (parent_id, root_id) and groups (group,
+    group_index) survive the compact stored form; an entry in the JSON layout written before it
+    (inserted by hand) runs too."""
+    from celery import chain, group
+    from datetime import datetime, timedelta, timezone
+    from kombu.utils.json import dumps
+
+    h = harness()
+    echo = h.app.signature("e2e.echo")
+    expires = datetime.now(timezone.utc) + timedelta(hours=1)
+    plain = echo.clone(args=("order-00000001", 0.5), kwargs={"note": "ü" * 300, "n": [1, None, True]}).apply_async(
+        queue="q", priority=9, expires=expires, countdown=1)
+    retried = echo.clone(args=("again",), kwargs={"retry": True}).apply_async(queue="q")
+    chained = chain(echo.clone(args=("first",)), echo.clone()).apply_async(queue="q")
+    grouped = group(echo.clone(args=(f"g{i}",)) for i in range(2)).apply_async(queue="q")
+    # an entry as the JSON layout stored it
+    old_id = "0b4ee7b5-77b1-4a51-9b3f-3e1b4b2e8a11"
+    body = base64.b64encode(json.dumps([["old"], {}, {"callbacks": None, "errbacks": None, "chain": None,
+                                                       "chord": None}]).encode()).decode()
+    old = {"body": body, "content-encoding": "utf-8", "content-type": "application/json",
+           "headers": {"lang": "py", "task": "e2e.echo", "id": old_id, "root_id": old_id, "retries": 0,
+                       "argsrepr": "('old',)", "kwargsrepr": "{}", "timelimit": [None, None]},
+           "properties": {"correlation_id": old_id, "priority": 0, "body_encoding": "base64",
+                          "delivery_info": {"exchange": "", "routing_key": "q"}, "delivery_mode": 2}}
+    h.queue().insert(dumps(old).encode(), 0, id=old_id)
+
+    h.worker("w1")
+    wait_for(lambda: len(h.records("echo")) >= 8, 60, "8 task runs")
+    runs = h.records("echo")
+    by_first = {}
+    for r in runs:
+        by_first.setdefault(r["args"][0] if r["args"] else None, []).append(r)
+    [p] = by_first["order-00000001"]
+    assert (p["id"], p["args"], p["kwargs"]) == (plain.id, ["order-00000001", 0.5], {"note": "ü" * 300,
+                                                                                   "n": [1, None, True]})
+    assert datetime.fromisoformat(p["expires"]) == expires and p["priority"] == 9
+    assert [r["retries"] for r in by_first["again"]] == [0, 1] and {r["id"] for r in by_first["again"]} == {retried.id}
+    [first] = [r for r in runs if r["id"] == chained.parent.id]
+    [second] = [r for r in runs if r["id"] == chained.id]  # the chain's last task gets the first's result
+    assert first["args"] == second["args"] == ["first"] and second["parent_id"] == first["id"]
+    assert first["root_id"] == second["root_id"] == first["id"]
+    g = [by_first[f"g{i}"][0] for i in range(2)]
+    assert {r["group"] for r in g} == {grouped.id} and sorted(r["group_index"] for r in g) == [0, 1]
+    [o] = by_first["old"]
+    assert (o["id"], o["root_id"], o["task"]) == (old_id, old_id, "e2e.echo")

@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 
 from celery_pq import PriorityQueue
+from celery_pq.codec import decode
 from celery_pq.spark import enqueue
 
 pytestmark = pytest.mark.spark
@@ -30,7 +31,7 @@ def stored(client, prefix, queue="celery", **kw):
     out = {}
     for eid, value in client.hgetall(q.keys.ii).items():
         header, payload = value.split(b"|", 1)
-        message = json.loads(payload)
+        message = decode(payload)
         out[message["headers"]["id"]] = message
     return q, out
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 import pytest
 from celery import Celery
 
+from celery_pq.codec import decode
 from celery_pq.errors import ConfigError
 from celery_pq.spark.rows import Rejected, TaskRows
 from celery_pq.spark.settings import WriterSettings
@@ -30,7 +31,7 @@ def settings(**options):
 def test_a_row_gives_the_headers_body_and_properties_celery_makes(row):
     rows = TaskRows(settings())
     queue, item = rows.build(row, now=0.0)
-    message = json.loads(item.payload)
+    message = decode(item.payload)
     ref = Celery("ref", set_as_current=False).amqp.as_task_v2(
         row[2], "proj.t", args=[row[0]], kwargs={"b": row[1]}, origin=rows.origin)
     assert message["headers"] == json.loads(json.dumps(ref.headers))

@@ -1,0 +1,223 @@
+"""The stored form of a message (celery_pq/codec.py): decode(encode(m)) == m for arbitrary kombu
+message dicts, Celery protocol-2 messages with every field (defaults and not) and non-Celery
+messages; JSON entries written before the compact form still read; bad records named."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from celery import Celery
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kombu.utils.json import dumps as kombu_dumps
+
+from celery_pq import codec
+from celery_pq.codec import CELERY_EMBED_TAIL, CodecError, decode, encode
+
+EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+uuids = st.uuids().map(str)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2 ** 80), max_value=2 ** 80),
+                    st.floats(allow_nan=False), st.text(max_size=30), uuids, st.sampled_from(["", "py", "{}", "()"]))
+json_values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
+values = st.one_of(json_values, st.binary(max_size=30))  # a message dict may hold bytes (never JSON-stored)
+names = st.one_of(st.text(max_size=12), st.sampled_from([n for _, n, _ in codec.FIELDS]))
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+bodies = st.one_of(
+    st.binary(max_size=200).map(_b64),  # kombu's virtual Channel: base64 text
+    st.binary(max_size=200).map(lambda b: _b64(b + CELERY_EMBED_TAIL)),
+    st.text(max_size=50),  # not base64, or base64 that is not canonical
+    st.binary(max_size=50), json_values,
+    st.binary(min_size=600, max_size=3000).map(lambda b: _b64(b * 3)),  # compressed
+)
+
+
+@st.composite
+def kombu_messages(draw):
+    """Any dict a kombu transport may be handed: known and unknown fields with any values,
+    sections missing or not dicts."""
+    props = draw(st.dictionaries(names, values, max_size=8))
+    if draw(st.booleans()):
+        props["delivery_info"] = draw(st.dictionaries(names, values, max_size=4))
+    if draw(st.booleans()):
+        props["body_encoding"] = "base64"
+    message = {
+        "body": draw(bodies),
+        "content-type": draw(st.sampled_from(["application/json", "application/x-msgpack", "text/plain", None])),
+        "content-encoding": draw(st.sampled_from(["utf-8", "binary", None])),
+        "headers": draw(st.one_of(st.dictionaries(names, values, max_size=8), st.none())),
+        "properties": props,
+    }
+    message.update(draw(st.dictionaries(names, values, max_size=2)))
+    for key in draw(st.lists(st.sampled_from(list(message)), max_size=2)):
+        message.pop(key, None)
+    return message
+
+
+@given(kombu_messages())
+@EXAMPLES
+def test_any_kombu_message_round_trips(message):
+    assert decode(encode(message)) == message
+
+
+def _maybe(draw, default, other):
+    return default if draw(st.booleans()) else draw(other)
+
+
+@st.composite
+def celery_messages(draw):
+    """A Celery protocol-2 message (celery/app/amqp.py as_task_v2), each field at its default
+    or another value, the body [args, kwargs, embed] as JSON in base64."""
+    task_id = draw(uuids)
+    args = draw(st.lists(json_values, max_size=4))
+    kwargs = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3))
+    embed = _maybe(draw, {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+                   st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+    body = json.dumps([args, kwargs, embed]).encode()
+    any_id = st.one_of(st.none(), uuids, st.just(task_id), st.text(max_size=20))
+    headers = {
+        "lang": _maybe(draw, "py", scalars), "task": draw(st.text(max_size=40)), "id": task_id,
+        "shadow": _maybe(draw, None, scalars), "eta": _maybe(draw, None, st.datetimes().map(str)),
+        "expires": _maybe(draw, None, st.datetimes().map(str)), "group": draw(any_id),
+        "group_index": _maybe(draw, None, st.integers()), "retries": _maybe(draw, 0, st.integers()),
+        "timelimit": _maybe(draw, [None, None], st.lists(st.one_of(st.none(), st.floats(allow_nan=False)),
+                                                          max_size=3)),
+        "root_id": draw(any_id), "parent_id": draw(any_id),
+        "argsrepr": _maybe(draw, repr(tuple(args)), st.text(max_size=30)),
+        "kwargsrepr": _maybe(draw, repr(kwargs), st.text(max_size=30)),
+        "origin": draw(st.text(max_size=20)), "ignore_result": _maybe(draw, False, scalars),
+        "replaced_task_nesting": _maybe(draw, 0, scalars), "stamped_headers": _maybe(draw, None, json_values),
+        "stamps": _maybe(draw, {}, json_values),
+    }
+    headers.update(draw(st.dictionaries(st.text(max_size=10), values, max_size=2)))  # apply_async(headers=...)
+    props = {"correlation_id": _maybe(draw, task_id, any_id), "reply_to": draw(st.one_of(uuids, st.text())),
+             "delivery_mode": _maybe(draw, 2, scalars),
+             "delivery_info": {"exchange": _maybe(draw, "", st.text(max_size=10)),
+                               "routing_key": draw(st.text(max_size=10))},
+             "priority": draw(st.integers(0, 255)), "body_encoding": "base64"}
+    if draw(st.booleans()):
+        props["expiration"] = str(draw(st.integers(0, 10 ** 9)))
+    if draw(st.booleans()):
+        props["delivery_tag"] = draw(uuids)
+    for key in draw(st.lists(st.sampled_from(list(headers)), max_size=2)):
+        if key not in ("lang", "task"):
+            headers.pop(key, None)
+    return {"body": _b64(body), "content-encoding": "utf-8", "content-type": "application/json",
+            "headers": headers, "properties": props}
+
+
+@given(celery_messages())
+@EXAMPLES
+def test_celery_messages_of_every_protocol_field_round_trip(message):
+    assert decode(encode(message)) == message
+
+
+def _celery_message(args=("order-00000001", 0.0), kwargs=None, **options) -> dict:
+    """The message Celery's as_task_v2 makes, as kombu's virtual Channel hands it to a transport."""
+    app = Celery("proj", set_as_current=False)
+    task_id = str(uuid.uuid4())
+    m = app.amqp.as_task_v2(task_id, "proj.tasks.process_order", args=args, kwargs=kwargs or {}, **options)
+    body = json.dumps(list(m.body)).encode()
+    return {"body": _b64(body), "content-encoding": "utf-8", "content-type": "application/json",
+            "headers": json.loads(json.dumps(m.headers)),
+            "properties": {**m.properties, "reply_to": str(uuid.uuid4()), "delivery_mode": 2, "priority": 7,
+                           "delivery_info": {"exchange": "", "routing_key": "celery"}, "body_encoding": "base64"}}
+
+
+def test_a_plain_celery_task_is_stored_in_a_seventh_of_its_json():
+    # Given a task as Celery publishes it
+    message = _celery_message()
+    # When it is encoded, then it reads back the same and is far smaller than kombu's JSON of it
+    data = encode(message)
+    assert decode(data) == message
+    assert len(data) * 7 < len(kombu_dumps(message))
+    # the task id is written once (id, root_id, correlation_id), as 16 bytes, never as text
+    task_id = message["headers"]["id"]
+    assert data.count(uuid.UUID(task_id).bytes) == 1 and task_id.encode() not in data
+    # argsrepr is derived from the body, not stored
+    assert b"order-00000001" in data and data.count(b"order-00000001") == 1
+    assert data[1] & codec.F_ARGSREPR and data[1] & codec.F_KWARGSREPR
+
+
+def test_a_chained_task_keeps_parent_root_and_group():
+    parent, root, group = (str(uuid.uuid4()) for _ in range(3))
+    message = _celery_message(parent_id=parent, root_id=root, group_id=group, group_index=2, retries=3,
+                              eta=datetime(2030, 1, 1, tzinfo=timezone.utc), expires=60.5,
+                              time_limit=30, soft_time_limit=20)
+    decoded = decode(encode(message))
+    assert decoded == message
+    assert (decoded["headers"]["parent_id"], decoded["headers"]["root_id"], decoded["headers"]["group"]) == \
+        (parent, root, group)
+
+
+def test_an_argsrepr_celery_shortened_is_kept_as_it_is():
+    message = _celery_message(args=("x" * 2000,))
+    assert message["headers"]["argsrepr"] != repr(("x" * 2000,))  # saferepr cut it
+    data = encode(message)
+    assert decode(data) == message and not data[1] & codec.F_ARGSREPR
+
+
+def test_large_records_are_compressed_only_when_it_pays():
+    text = {"note": "the quick brown fox jumps over the lazy dog " * 100}
+    noise = {"noise": uuid.uuid4().hex * 60}
+    big, incompressible = _celery_message(kwargs=text), _celery_message(kwargs=noise)
+    assert encode(big)[1] & codec.F_ZSTD and len(encode(big)) < 500
+    assert decode(encode(big)) == big and decode(encode(incompressible)) == incompressible
+    assert not encode(_celery_message())[1] & codec.F_ZSTD  # small: never offered
+
+
+def test_values_of_other_types_go_through_kombus_json_as_before():
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    message = {"body": "x", "headers": {"when": when, "pair": (1, 2)}, "properties": {}}
+    assert decode(encode(message)) == {**message, "headers": {"when": when, "pair": [1, 2]}}
+
+
+def test_an_entry_written_before_the_compact_form_reads_as_before():
+    # Given the JSON layout kombu's dumps wrote (by hand, as an old entry holds it)
+    old = (b'{"body": "W1sib3JkZXItMDAwMDAwMDEiLCAwLjBdLCB7fSwgeyJjYWxsYmFja3MiOiBudWxsLCAiZXJyYmFja3MiOiBudWxsLCAiY2hh'
+           b'aW4iOiBudWxsLCAiY2hvcmQiOiBudWxsfV0=", "content-encoding": "utf-8", "content-type": "application/json", '
+           b'"headers": {"lang": "py", "task": "proj.add", "id": "cf03fc8b-fde8-4be2-80ae-5e729995e5ae", '
+           b'"retries": 0, "argsrepr": "(\'order-00000001\', 0.0)"}, "properties": {"priority": 5, '
+           b'"body_encoding": "base64", "delivery_info": {"exchange": "", "routing_key": "celery"}}}')
+    message = decode(old)
+    assert message["headers"]["id"] == "cf03fc8b-fde8-4be2-80ae-5e729995e5ae"
+    assert json.loads(base64.b64decode(message["body"]))[0] == ["order-00000001", 0.0]
+    assert decode(old.decode()) == message
+
+
+@pytest.mark.parametrize("data, problem", [
+    (b"", "too short"), (b"\x01", "too short"), (b"\x09\x00", "format version 9"),
+    (b"\x01\x80", "unknown flags"), (b"\x01\x00\x08\x09", "unknown body form"),
+    (b"\x01\x00\x0d\x63", "unknown value tag"), (b"\x01\x00\x0d\x05\x09ab", "truncated or corrupt"),
+    (b"\x01\x08garbage", "zstd frame is corrupt"), (b"\x01\x00\x7f\x00", "truncated or corrupt"),
+])
+def test_a_record_that_is_not_one_is_named(data, problem):
+    with pytest.raises(CodecError, match=problem):
+        decode(data)
+
+
+def test_a_message_that_cannot_be_written_is_named():
+    with pytest.raises(CodecError, match="is a dict"):
+        encode(["body"])
+    with pytest.raises(CodecError, match="field name 3"):
+        encode({"body": "", 3: "x"})
+
+
+def test_mappings_of_a_dict_subclass_are_written_field_by_field():
+    class Headers(dict):
+        pass
+
+    message = _celery_message()
+    message["headers"] = Headers(message["headers"], extra=Headers(a=1))
+    data = encode(message)
+    assert decode(data) == message and len(data) < 200
