@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 
 from . import (bulk, celery_e2e, events_cost, fairness, faults, latency, memory_tasks, peers, queue_api, relaxed,
-               spark_bulk,
-               throughput)
+               spark_bulk, throughput)
 
 
 def main(argv=None):
