@@ -194,6 +194,22 @@ def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_pr
     assert q.size() == 3
 
 
+@pytest.mark.parametrize("max_length", [None, 10])
+def test_a_repeated_publish_finds_its_entry_id_in_this_window_and_the_last(redis_client, key_prefix, max_length):
+    # (without a length limit an insert looks up and records its publish id in one command)
+    q = PriorityQueue(redis_client, "m3r", key_prefix=key_prefix, dedupe_seconds=1, max_length=max_length)
+    first = [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
+             q.insert(b"x", 1, publish_id=b"p3")]
+    assert first[0] == "t" and first[1].startswith("t~") and first[2] not in first[:2]
+    assert [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
+            q.insert(b"x", 1, publish_id=b"p3")] == first
+    time.sleep(1.05)
+    q.insert(b"y", 1, publish_id=b"p-other")  # the window turns: p1..p3 are in the last one now
+    assert [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
+            q.insert(b"x", 1, publish_id=b"p3")] == first
+    assert q.size() == 4
+
+
 def test_publish_ids_are_forgotten_after_the_window(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0.05)
     q.insert(b"x", 1, id="t", publish_id=b"p1")
