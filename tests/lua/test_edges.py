@@ -399,6 +399,22 @@ def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
     assert q.purge() == 3
 
 
+@pytest.mark.parametrize("view", [None, (0, 255), (200, 255)])
+def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_last(redis_client, key_prefix,
+                                                                                   view):
+    q = PriorityQueue(redis_client, "mw", key_prefix=key_prefix)
+    q.insert_many([(b"x", 50, "a"), (b"x", 50, "b"), (b"x", 40, "c")])  # ranks 205 and 215
+    wk = q.keys.wk if view is None else q.keys.view_wake(*view)
+    redis_client.delete(wk)
+    assert [e.id for e in q.pop(1, view=view)] == ["a"]  # b is behind it in its rank
+    assert redis_client.llen(wk) == 1
+    redis_client.delete(wk)
+    assert [e.id for e in q.pop(1, view=view)] == ["b"]  # its rank ran empty; c waits in another
+    assert redis_client.llen(wk) == 1
+    assert [e.id for e in q.pop(2, view=view)] == ["c"]  # the last one
+    assert redis_client.llen(wk) == 0
+
+
 def test_dead_lettering_a_capped_tenants_lease_wakes_a_consumer(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
     q.insert_many([(b"x", 5, "a1", "A"), (b"x", 5, "a2", "A")])
