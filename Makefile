@@ -3,7 +3,9 @@
 #   make demo    install into .venv, then run the demo (examples/demo.py)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
-#   make bench   install into .venv, then run the benchmarks (benchmarks/run.py)
+#   make bench   install into .venv, then run the benchmarks (benchmarks/run.py); BENCH_ARGS=--large
+#                measures the flat costs at 10,000,000 entries and 100,000 tenants (about 3 GB of
+#                Redis memory, several minutes more: not part of the plain run)
 #   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes, then the
 #                fault suite's long runs (benchmarks/faults.py, about 7 minutes; results in SOAK_OUT)
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)

@@ -63,6 +63,24 @@ def write_results(name: str, data: dict, markdown: str, out: Path | None = None)
     return path
 
 
+class RedisTime:
+    """Redis's own time spent in script calls (INFO commandstats of FCALL and EVALSHA), from
+    ``start()`` to ``per_call(calls)``: the microseconds the server spent per operation,
+    without the client and the loopback. ``start`` resets the server's statistics."""
+
+    COMMANDS = ("cmdstat_fcall", "cmdstat_evalsha")
+
+    def __init__(self, client):
+        self.client = client
+
+    def start(self) -> None:
+        self.client.config_resetstat()
+
+    def per_call(self, calls: int) -> float:
+        stats = self.client.info("commandstats")
+        return sum(stats.get(c, {}).get("usec", 0) for c in self.COMMANDS) / calls
+
+
 def now_ns() -> int:
     """System-wide monotonic clock (comparable across processes on one Linux machine)."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -93,13 +111,16 @@ def versus_table(first: str, unit: str, results: dict, figures: str, target) -> 
 
 def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None, run_gets_out=False):
     """The command line of one benchmark: parse ``options`` (``(flag, type, default)``) plus
-    ``--smoke`` and ``--out``, call ``run(**values)``, write ``results/<name>.json`` and ``.md``
+    ``--smoke`` and ``--out``; a ``bool`` option is a switch), call ``run(**values)``, write ``results/<name>.json`` and ``.md``
     (``markdown(data)`` gives the lines of the latter).
     ``smoke`` maps option names to the values of a tiny run; with ``run_gets_out`` the results
     directory is passed to ``run`` as ``out`` too (for files beside the JSON and Markdown)."""
     ap = argparse.ArgumentParser(description=doc)
     for flag, kind, default in options:
-        ap.add_argument(flag, type=kind, default=default)
+        if kind is bool:  # a switch: present or not
+            ap.add_argument(flag, action="store_true")
+        else:
+            ap.add_argument(flag, type=kind, default=default)
     ap.add_argument("--smoke", action="store_true", help="a tiny run: checks it runs, figures mean nothing")
     ap.add_argument("--out", default=None, help="directory for the results (default benchmarks/results)")
     args = vars(ap.parse_args(argv))

@@ -1,9 +1,11 @@
 """``make bench``: every benchmark, each side by side with kombu's Redis transport.
 
-    python -m benchmarks.run [--smoke] [--out DIR]
+    python -m benchmarks.run [--large] [--smoke] [--out DIR]
 
 ``--smoke`` runs each benchmark tiny (CI checks that they run and write their files; the
-figures of a smoke run mean nothing).
+figures of a smoke run mean nothing). ``--large`` measures the queue API's flat costs at
+10,000,000 waiting entries (instead of 1,000,000) and fair pops over 100,000 tenants (instead of
+5,000): about 3 GB of Redis memory and several more minutes (``make bench BENCH_ARGS=--large``).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from . import (bulk, celery_e2e, events_cost, fairness, faults, latency, memory_
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--large", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     out = ["--out", args.out] if args.out else []
     flags = (["--smoke"] if args.smoke else []) + out
     for bench in (latency, throughput, events_cost, fairness, celery_e2e, queue_api, memory_tasks, bulk, peers,
                   spark_bulk, faults, relaxed):
-        bench.main(flags)
+        bench.main(flags + (["--large"] if args.large and bench in (fairness, queue_api) else []))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def explain(stale: int = 0) -> dict:
 
 READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
                            "zscore", "get", "exists"})
-WRITE_COMMANDS = frozenset({"hset", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
+WRITE_COMMANDS = frozenset({"hset", "hsetnx", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
                             "del", "set", "hincrby"})
 
 
@@ -40,13 +40,17 @@ def _commands(stale: int) -> dict:
     md = ["get"]  # every script but extend first reads the queue's mode record
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
     # the window's start; this publish id looked for in both windows, and recorded (answered
-    # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts)
-    dedupe = ["get", "exists", "hget", "hset"]  # the last window's hash is looked in when it exists
+    # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts). This
+    # is an insert whose publish id the client made; one with a publish id of the caller's (the
+    # kombu transport's) and no length limit looks in the last window and records it in this
+    # one with one HSETNX: "get", "hget", "hsetnx"
+    dedupe = ["get", "hget", "hget", "hset"]
     return {
-        "insert": both([*md, "exists", "time", *dedupe, "incr", "hexists", "hset", "rpush", "llen", *ct]),
-        "pop": {
-            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "zcard", "llen", *ct],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "zcard", "llen", *ct],
+        # the entry stored with HSETNX (an id in use takes free_id's way)
+        "insert": both([*md, "exists", "time", *dedupe, "incr", "hsetnx", "rpush", "llen", *ct]),
+        "pop": {  # more waits behind it (the last rank list taken from is not empty): no ZCARD
+            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "llen", *ct],
+            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "llen", *ct],
         },
         "ack": both([*md, "hget", "hdel", "hdel", "zrem", *ct]),
         "extend": both(["time", "hget", "zadd"]),

@@ -291,6 +291,8 @@ class PriorityQueue:
         self.last_publish_id: bytes | None = None
         self._forget: list[bytes] = []
         self._forget_lock = threading.Lock()
+        self._ranks: dict[int, int] = {}  # priority -> rank, once checked
+        self._pop_calls: dict[tuple, tuple] = {}  # pop arguments -> (script, keys, lease_ms, lo, hi), checked
         self._mode = join_mode(self.fair, fair_scope, priority_order, technique)
         max_dead = max_dead_length or max_length or 0
         #: The queue context every script but extend takes first (see lua/includes/common.lua).
@@ -378,8 +380,11 @@ class PriorityQueue:
     # -- priorities ---------------------------------------------------------------------------
     def rank(self, priority: int) -> int:
         """Rank 0 is served first."""
-        p = validate_priority(priority)
-        return C.MAX_PRIORITY - p if self.priority_order == C.HIGHER_FIRST else p
+        r = self._ranks.get(priority) if type(priority) is int else None
+        if r is None:
+            p = validate_priority(priority)
+            r = self._ranks[p] = C.MAX_PRIORITY - p if self.priority_order == C.HIGHER_FIRST else p
+        return r
 
     def priority_of_rank(self, rank: int) -> int:
         return C.MAX_PRIORITY - rank if self.priority_order == C.HIGHER_FIRST else rank
@@ -443,6 +448,8 @@ class PriorityQueue:
         """Publish ids whose inserts have replied (none of them can be retried now), once
         FORGET_BATCH of them are waiting: the next insert call has the script forget them in
         one command, so the window holds only unanswered ones and at most a batch more."""
+        if len(self._forget) < C.FORGET_BATCH:  # (a look without the lock: the take below is under it)
+            return []
         with self._forget_lock:
             if len(self._forget) < C.FORGET_BATCH:
                 return []
@@ -453,7 +460,9 @@ class PriorityQueue:
         with self._forget_lock:
             # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
             # drops them (a bulk insert leaves them to it)
-            self._forget = (self._forget + list(pids))[-C.FORGET_PENDING:]
+            self._forget.extend(pids)
+            if len(self._forget) > C.FORGET_PENDING:
+                del self._forget[: len(self._forget) - C.FORGET_PENDING]
 
     def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None, task=None) -> tuple:
         """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
@@ -687,21 +696,37 @@ class PriorityQueue:
         takes from one shard only what beats the next shard it peeked); not for a fair queue
         under ``tenant_first``, whose order is not by rank.
         """
-        _count("count", count, none=False)
-        lo, hi = self._check_view(view)
-        take_hi = hi if bound is None else bound
-        if isinstance(take_hi, bool) or not isinstance(take_hi, int) or not 0 <= take_hi <= C.MAX_PRIORITY:
-            raise ValueError(f"bound must be a rank 0..255 or None, got {bound!r}")
-        wake = {} if view is None else {"wk": self.keys.view_wake(lo, hi)}
-        lease_ms = self._lease_ms(lease_seconds)
-        if consumer is not None:
-            _text("consumer", consumer, forbidden=",")
+        # a consumer pops with the same arguments call after call: they are checked, and the
+        # keys built, once per set of them
+        key = (type(count), count, type(lease_seconds), lease_seconds, self.lease_seconds, consumer, view, self.fair,
+               type(bound), bound)
+        try:
+            known = self._pop_calls.get(key)
+        except TypeError:  # an unhashable argument: the checks below name it
+            known = key = None
+        if known is None:
+            _count("count", count, none=False)
+            lo, hi = self._check_view(view)
+            take_hi = hi if bound is None else bound
+            if isinstance(take_hi, bool) or not isinstance(take_hi, int) or not 0 <= take_hi <= C.MAX_PRIORITY:
+                raise ValueError(f"bound must be a rank 0..255 or None, got {bound!r}")
+            wake = {} if view is None else {"wk": self.keys.view_wake(lo, hi)}
+            lease_ms = self._lease_ms(lease_seconds)
+            if consumer is not None:
+                _text("consumer", consumer, forbidden=",")
+            name = "pop_fair" if self.fair else "pop"
+            known = (name, self._keys(name, **wake), lease_ms, lo, hi, take_hi)
+            if key is not None:
+                if len(self._pop_calls) >= 64:
+                    self._pop_calls.clear()
+                self._pop_calls[key] = known
+        name, keys, lease_ms, lo, hi, take_hi = known
         head = [lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
         tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
         if self.fair:
-            return self._call("pop_fair", self._keys("pop_fair", **wake),
+            return self._call(name, keys,
                               head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi, take_hi] + tail)
-        return self._call("pop", self._keys("pop", **wake), head + [lo, hi, take_hi] + tail)
+        return self._call(name, keys, head + [lo, hi, take_hi] + tail)
 
     def _check_view(self, view) -> tuple[int, int]:
         """The rank range of a priority view (None: the whole queue), checked."""

@@ -301,25 +301,36 @@ def _plain_client(cls) -> bool:
     return issubclass(cls, redis.Redis) and not issubclass(cls, redis.client.Pipeline)
 
 
+#: Bumped in a child process after a fork: a connection found in the thread's last-used slot
+#: is this process's own only while the number it was kept with is the current one.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
 def _own_connection(client):
     """This thread's own connection of ``client``'s pool (a new one after a fork), or None when
-    the client is not a plain redis-py client (a pipeline, a cluster client)."""
+    the client is not a plain redis-py client (a pipeline, a cluster client). The last one used
+    is kept in the thread's slot ``last`` as ``(pool, client class, fork number, connection)``,
+    checked first: the calls of one consumer or producer go to one pool, call after call."""
     pool = getattr(client, "connection_pool", None)
+    last = getattr(_pinned, "last", None)
+    if last is not None and last[0] is pool and last[1] is type(client) and last[2] == _forks[0]:
+        return last[3]
     if pool is None or not _plain_client(type(client)):
         return None
     held = getattr(_pinned, "held", None)
     if held is None:
         held = _pinned.held = _Held()
     mine = held.conns.get(pool)
-    if mine is not None and mine[0] == os.getpid():
-        return mine[1]
-    conn = pool.get_connection()  # kept by this thread until it ends, or until it fails
-    held.conns[pool] = (os.getpid(), conn)
-    return conn
+    if mine is None or mine[0] != os.getpid():
+        mine = held.conns[pool] = (os.getpid(), pool.get_connection())  # kept until the thread ends, or it fails
+    _pinned.last = (pool, type(client), _forks[0], mine[1])
+    return mine[1]
 
 
 def _drop_connection(client, conn):
     """A connection that failed: closed and handed back to its pool (it reconnects when used)."""
+    _pinned.last = None
     held = getattr(_pinned, "held", None)
     if held is not None:
         held.conns.pop(client.connection_pool, None)

@@ -74,6 +74,7 @@ local now = now_ms()
 local pd, pe, pt = CTX.stem .. 'pd', CTX.stem .. 'pe', CTX.stem .. 'pt'
 local seen = {} -- group index -> entry id stored by the first publish
 local fresh = n
+local claim = false -- the publish id was recorded as it was looked up (HSETNX)
 if CTX.dedupe_ms > 0 then
   local t0 = tonumber(redis.call('GET', pt))
   if not t0 or now - t0 >= 2 * CTX.dedupe_ms then
@@ -90,7 +91,8 @@ if CTX.dedupe_ms > 0 then
     redis.call('HDEL', pd, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
     redis.call('HDEL', pe, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
   end
-  local has_pe = redis.call('EXISTS', pe) == 1
+  -- one group: its HGET of pe answers as cheaply as an EXISTS would (a missing hash is nil)
+  local has_pe = n == 1 or redis.call('EXISTS', pe) == 1
   if made then
     local was = redis.call('HGET', pd, ARGV[first + 5]) or (has_pe and redis.call('HGET', pe, ARGV[first + 5]))
     if was then
@@ -98,6 +100,10 @@ if CTX.dedupe_ms > 0 then
     end
   end
   local look = not made
+  -- A single group that nothing can refuse (no length limits) records its publish id as it
+  -- looks: HSETNX answers "seen before" and records "stored as its own id" in one command (a
+  -- generated or duplicate entry id is written over it below, in this same call).
+  claim = look and n == 1 and max_length == 0 and not (fair and max_per_tenant > 0)
   local mine = {}
   for i = 0, n - 1 do
     local g = first + 7 * i
@@ -107,7 +113,13 @@ if CTX.dedupe_ms > 0 then
         fresh = fresh - 1
       else
         mine[pid] = true
-        local was = look and (redis.call('HGET', pd, pid) or (has_pe and redis.call('HGET', pe, pid)))
+        local was
+        if claim then
+          was = (has_pe and redis.call('HGET', pe, pid))
+            or (redis.call('HSETNX', pd, pid, '') == 0 and redis.call('HGET', pd, pid))
+        elseif look then
+          was = redis.call('HGET', pd, pid) or (has_pe and redis.call('HGET', pe, pid))
+        end
         if was then
           seen[i] = was == '' and ARGV[g] or was
           fresh = fresh - 1
@@ -165,14 +177,18 @@ for i = 0, n - 1 do
     if base == '' then
       base = fmt(seq)
     end
-    local eid, dup = free_id(ii, base, sq, seq)
-    local flags = ''
-    if dup and id ~= '' then
-      flags = 'd'
-      local list = redis.call('HGET', dp, id)
-      redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
+    -- HSETNX: a free id is stored at once (free_id's HEXISTS and the HSET in one command)
+    local eid, dup = base, nil
+    if redis.call('HSETNX', ii, base, entry_header(0, score, tenant, '', '', ts) .. '|' .. payload) == 0 then
+      eid, dup = free_id(ii, base, sq, seq)
+      local flags = ''
+      if dup and id ~= '' then
+        flags = 'd'
+        local list = redis.call('HGET', dp, id)
+        redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
+      end
+      redis.call('HSET', ii, eid, entry_header(0, score, tenant, flags, '', ts) .. '|' .. payload)
     end
-    redis.call('HSET', ii, eid, entry_header(0, score, tenant, flags, '', ts) .. '|' .. payload)
     tally('enqueued')
     emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])
     if due > now then
@@ -194,7 +210,9 @@ for i = 0, n - 1 do
     if pid ~= '' and CTX.dedupe_ms > 0 and not made then
       stored[pid] = eid
       if eid == id then
-        redis.call('HSET', pd, pid, '')
+        if not claim then
+          redis.call('HSET', pd, pid, '')
+        end
       else
         redis.call('HSET', pd, pid, eid)
       end

@@ -52,11 +52,12 @@ if CTX.paused then
   flush_counts()
   return out
 end
-local got, stale = 0, 0
+local got, stale, more = 0, 0, false
 local P = { lease = {}, deadline = {}, out = out }
 while got < want do
   local asked = want - got
-  local popped = pi_take(pi, lo, take_hi, asked)
+  local popped
+  popped, more = pi_take(pi, lo, take_hi, asked)
   for i = 1, #popped, 2 do
     local eid, score, v, e = pi_entry(ii, lt, popped[i], popped[i + 1])
     if eid == false then
@@ -78,7 +79,7 @@ while got < want do
 end
 out[1] = stale
 write_leases(P, lt, lz)
-if pi_any(pi, lo, hi) then
+if more or pi_any(pi, lo, hi) then
   wake(wk)
 else
   redis.call('DEL', wk)

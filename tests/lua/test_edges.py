@@ -194,6 +194,22 @@ def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_pr
     assert q.size() == 3
 
 
+@pytest.mark.parametrize("max_length", [None, 10])
+def test_a_repeated_publish_finds_its_entry_id_in_this_window_and_the_last(redis_client, key_prefix, max_length):
+    # (without a length limit an insert looks up and records its publish id in one command)
+    q = PriorityQueue(redis_client, "m3r", key_prefix=key_prefix, dedupe_seconds=1, max_length=max_length)
+    first = [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
+             q.insert(b"x", 1, publish_id=b"p3")]
+    assert first[0] == "t" and first[1].startswith("t~") and first[2] not in first[:2]
+    assert [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
+            q.insert(b"x", 1, publish_id=b"p3")] == first
+    time.sleep(1.05)
+    q.insert(b"y", 1, publish_id=b"p-other")  # the window turns: p1..p3 are in the last one now
+    assert [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
+            q.insert(b"x", 1, publish_id=b"p3")] == first
+    assert q.size() == 4
+
+
 def test_publish_ids_are_forgotten_after_the_window(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0.05)
     q.insert(b"x", 1, id="t", publish_id=b"p1")
@@ -381,6 +397,22 @@ def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
     for lease in leases[:-1]:
         q.requeue(lease)
     assert q.purge() == 3
+
+
+@pytest.mark.parametrize("view", [None, (0, 255), (200, 255)])
+def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_last(redis_client, key_prefix,
+                                                                                   view):
+    q = PriorityQueue(redis_client, "mw", key_prefix=key_prefix)
+    q.insert_many([(b"x", 50, "a"), (b"x", 50, "b"), (b"x", 40, "c")])  # ranks 205 and 215
+    wk = q.keys.wk if view is None else q.keys.view_wake(*view)
+    redis_client.delete(wk)
+    assert [e.id for e in q.pop(1, view=view)] == ["a"]  # b is behind it in its rank
+    assert redis_client.llen(wk) == 1
+    redis_client.delete(wk)
+    assert [e.id for e in q.pop(1, view=view)] == ["b"]  # its rank ran empty; c waits in another
+    assert redis_client.llen(wk) == 1
+    assert [e.id for e in q.pop(2, view=view)] == ["c"]  # the last one
+    assert redis_client.llen(wk) == 0
 
 
 def test_dead_lettering_a_capped_tenants_lease_wakes_a_consumer(redis_client, key_prefix):

@@ -248,9 +248,10 @@ local function pi_return(pi, rank, seq, eid)
 end
 
 -- Take up to n pointers from the front of ranks lo..hi, best rank first.
--- Returns a flat list {pointer, rank, ...}.
+-- Returns a flat list {pointer, rank, ...}, and true when the last rank taken from still has
+-- pointers (so ranks lo..hi are not empty: pi_any need not ask).
 local function pi_take(pi, lo, hi, n)
-  local out = {}
+  local out, more = {}, false
   local whole = lo == 0 and hi == 255
   while n > 0 do
     local r
@@ -274,9 +275,11 @@ local function pi_take(pi, lo, hi, n)
     end
     if n > 0 or redis.call('EXISTS', key) == 0 then
       redis.call('ZREM', pi, r)
+    else
+      more = true
     end
   end
-  return out
+  return out, more
 end
 
 -- Is there a pointer in ranks lo..hi (current or stale)?
