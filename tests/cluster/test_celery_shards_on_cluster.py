@@ -4,13 +4,10 @@ and the shards it served come back through its replica with every confirmed task
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from celery_pq.options import Options
-from tests.cluster.test_celery_on_cluster import on_cluster  # noqa: F401  (the fixture)
+from tests.cluster.test_celery_on_cluster import live_producer, on_cluster  # noqa: F401  (the fixture)
 from tests.e2e.test_celery_e2e import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -38,31 +35,8 @@ def test_a_worker_on_sixteen_shards_then_a_master_failover(on_cluster, healed): 
     victim = placed[queue.shards[0].name]
     on_victim = [s for s in queue.shards if placed[s.name] is victim]
     before = {s.name: s.counters()["delivered"] for s in on_victim}
-    confirmed: list[int] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def produce():
-        n = 1000
-        while not stop.is_set():
-            try:
-                h.to("q", "e2e.record", n, 0)
-                confirmed.append(n)
-            except Exception as exc:  # noqa: BLE001 - counted: a publish the producer was told failed
-                errors.append(exc)
-            n += 1
-            time.sleep(0.02)
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    try:
-        wait_for(lambda: len(confirmed) >= 30, 30, "publishes before the failover")
+    with live_producer(h, ["q"], first=1000) as (confirmed, errors):
         promoted = h.cluster.kill_master(victim)
-        at_failover = len(confirmed)
-        wait_for(lambda: len(confirmed) >= at_failover + 60, 60, "publishes after the failover")
-    finally:
-        stop.set()
-        producer.join(30)
     # Then every confirmed publish ran at least once, and the worker lives on
     wait_for(lambda: set(confirmed) <= {n for n, _ in h.records("order")}, 90, "every confirmed task to run")
     ran = [n for n, _ in h.records("order") if n >= 1000]
