@@ -93,3 +93,33 @@ def test_a_consumer_blocks_once_per_shard_tag_and_is_woken_from_each_master(clus
             # Then it is delivered at once, woken by that shard's wake list
             assert got[-1] == {"to": port}
         assert channel.counters["timeouts"] == 0 and channel.counters["wakeups"] >= 3
+
+
+def test_every_operation_of_a_sharded_queue_runs_on_the_cluster(cluster_client, prefix):
+    # Given 16 shards over three masters, an entry in each of many shards: no call of the
+    # sharded queue may name keys of two shards (a cluster would refuse it: CROSSSLOT)
+    queue = sharded(cluster_client, prefix, 16)
+    ids = queue.insert_many([(f"m{i}".encode(), i % 4, None, None, None, f"pid{i}") for i in range(64)])
+    assert queue.size() == 64 and len([s for s in queue.shards if s.size()]) > 8
+    assert [e.priority for e in queue.peek(4)] == [3, 3, 3, 3]
+    queue.change_priority(ids[0], 200)
+    assert queue.peek(1)[0].id == ids[0] and queue.exists(ids[0])
+    assert queue.remove(ids[1]) == 1
+    # pops (peek rounds over several masters), renewals, acks, a requeue and a dead letter
+    leases = [lease for _ in range(6) for lease in queue.pop(2, lease_seconds=30)]
+    assert leases and all(queue.extend(leases, 30))
+    assert queue.lease_of(leases[0].id) is not None and len(queue.leases()) == len(leases)
+    assert queue.requeue(leases[0]) == "waiting"
+    assert queue.dead_letter(leases[1], "bad") is not None
+    assert all(queue.ack_many(leases[2:]))
+    assert queue.reclaim()["returned"] == 0
+    dead = queue.dead.peek(5)
+    assert [e.id for e in dead] and queue.replay([e.id for e in dead])["replayed"]
+    queue.pause()
+    assert queue.paused()["queue"] and not queue.pop(1)
+    queue.resume()
+    s = queue.stats()
+    # 64 in, 1 removed, the leased ones out but the requeued and the replayed one
+    assert (s["waiting"], s["leased"], s["dead"]) == (64 - 1 - len(leases) + 2, 0, 0)
+    assert s["waiting"] == queue.backlog() and len(s["shards"]) == 16
+    assert queue.purge() == s["waiting"] and queue.size() == 0
