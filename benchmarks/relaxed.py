@@ -21,20 +21,32 @@ Williams, ESA 2025), for reference.
 
 Throughput against N: pop+ack (and publish) per second with 4 consumers and k = 2.
 
-    python -m benchmarks.relaxed [--size 1000] [--ops 2000] [--smoke] [--out DIR]
+Beside each measured PEI, the simulator's prediction for the same N, k, consumer count and
+lag = ``--size`` (``celery_pq.sim.predict``, with the second-best check on or off as measured).
+
+``--cluster``: the same on a local Redis Cluster of 3 masters and 3 replicas
+(``celery_pq.testing.RedisCluster``), each consumer thread with its own cluster client; the
+shards of each N spread over the masters (the placement is recorded). Results go to
+``relaxed-cluster.json`` and ``.md`` instead.
+
+    python -m benchmarks.relaxed [--cluster] [--size 1000] [--ops 2000] [--smoke] [--out DIR]
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 
 import redis
 
 from celery_pq.options import Options
-from celery_pq.shards import ShardedQueue, pop_any
+from celery_pq.shards import ShardedQueue, pop_any, shards_of
+from celery_pq.sim import predict
+from celery_pq.testing import RedisCluster
 
 from .common import cli, now_ns, percentile, redis_server, table
 
@@ -51,9 +63,9 @@ def _open(client, name, shards, peek, seed, check_beaten=True):
     return q
 
 
-def _consume(port, name, shards, peek, seed, budget, out, check_beaten):
+def _consume(connect, name, shards, peek, seed, budget, out, check_beaten):
     """One consumer thread: pop one, publish one, ack, until the shared budget runs out."""
-    client = redis.Redis(port=port)
+    client = connect()
     q = _open(client, name, shards, peek, seed, check_beaten)
     rng = random.Random(seed)
     pops, pubs = [], []
@@ -122,8 +134,8 @@ def pei_values(prefill, pops, pubs) -> list[int]:
     return out
 
 
-def one_case(port, shards, peek, consumers, size, ops, seed, check_beaten=True) -> dict:
-    client = redis.Redis(port=port)
+def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=True) -> dict:
+    client = connect()
     name = f"r{shards}-{peek}-{consumers}-{time.monotonic_ns()}"
     q = _open(client, name, shards, peek, seed)
     rng = random.Random(seed)
@@ -133,7 +145,7 @@ def one_case(port, shards, peek, consumers, size, ops, seed, check_beaten=True) 
         q.insert_many([(payload, priority) for priority, payload in prefill[start : start + 500]])
     budget, out = Budget(ops), []
     threads = [threading.Thread(target=_consume,
-                                args=(port, name, shards, peek, seed * 100 + c, budget, out, check_beaten))
+                                args=(connect, name, shards, peek, seed * 100 + c, budget, out, check_beaten))
                for c in range(consumers)]
     t0 = time.perf_counter()
     for t in threads:
@@ -149,6 +161,7 @@ def one_case(port, shards, peek, consumers, size, ops, seed, check_beaten=True) 
     client.close()
     hist = Counter(values)
     n = len(values)
+    predicted = predict(shards, peek, consumers, size, second_best=check_beaten, seed=seed)
     return {
         "shards": shards, "peek": peek, "consumers": consumers, "second_best_check": check_beaten,
         "size": size, "deliveries": n,
@@ -157,31 +170,56 @@ def one_case(port, shards, peek, consumers, size, ops, seed, check_beaten=True) 
         "second_best_share": sum(o[2] for o in out) / n, "wider_peek_share": sum(o[3] for o in out) / n,
         "pops_per_second": n / elapsed,
         "multiqueue_closed_form": (5 / 6) * shards - 1 + 1 / (6 * shards) if peek == 2 and shards > 1 else None,
+        "predicted": {k: predicted[k] for k in ("mean", "p50", "p90", "p99", "p_zero")},
         "histogram": {str(k): hist[k] for k in sorted(hist)},
     }
 
 
-def run(size: int, ops: int, consumers: str, seed: int = 14) -> dict:
+@contextmanager
+def servers(cluster: bool):
+    """(connect, placement): ``connect()`` gives a new client of one private redis-server, or of
+    a local Redis Cluster; ``placement(n)``: how many of the n shards each master serves."""
+    if not cluster:
+        with redis_server() as port:
+            yield (lambda: redis.Redis(port=port)), (lambda n: {str(port): n})
+        return
+    with RedisCluster() as c:
+        def placement(n):
+            client = c.client()
+            q = Options(key_prefix=PREFIX, shards=n).open_queue(client, "placement")
+            ports = Counter(str(c.master_of(s.keys.ii).port) for s in shards_of(q))
+            client.close()
+            return dict(sorted(ports.items()))
+
+        yield c.client, placement
+
+
+def run(size: int, ops: int, consumers: str, seed: int = 14, cluster: bool = False) -> dict:
     counts = [int(c) for c in consumers.split(",")]
     cases = []
-    with redis_server() as port:
+    with servers(cluster) as (connect, placement):
         for shards in SHARDS:
             for peek in PEEKS:
                 if peek > shards or (shards == 1 and peek != PEEKS[0]):
                     continue  # k is capped at N; one shard has nothing to peek
                 for c in counts:
-                    cases.append(one_case(port, shards, peek, c, size, ops, seed))
+                    cases.append(one_case(connect, shards, peek, c, size, ops, seed))
                 if shards > 1 and max(counts) > 1:  # the same, most consumers, without the check
-                    cases.append(one_case(port, shards, peek, max(counts), size, ops, seed, check_beaten=False))
+                    cases.append(one_case(connect, shards, peek, max(counts), size, ops, seed, check_beaten=False))
         tput = {}
         for shards in SHARDS:
-            row = one_case(port, shards, min(2, shards), 4, size, ops, seed)
+            row = one_case(connect, shards, min(2, shards), 4, size, ops, seed)
             tput[str(shards)] = row["pops_per_second"]
-    return {"size": size, "ops": ops, "consumers": counts, "seed": seed, "cases": cases,
+        shards_per_master = {str(n): placement(n) for n in SHARDS}
+    machine = ("a local Redis Cluster (3 masters, 3 replicas: six redis-servers) on the same machine, consumers "
+               "as threads of one process with a cluster client each" if cluster else
+               "one redis-server (no cluster: every shard on the same node), consumers as threads of one "
+               "process with a connection each")
+    return {"size": size, "ops": ops, "consumers": counts, "seed": seed, "cluster": cluster, "cases": cases,
+            "shards_per_master": shards_per_master,
             "throughput_pops_per_second_by_shards": tput,
             "throughput_ratio_16_to_1": tput["16"] / tput["1"],
-            "machine": "one redis-server (no cluster: every shard on the same node), consumers as threads of one "
-                       "process with a connection each, a 2-core machine shared with other work"}
+            "machine": machine + ", a 2-core machine shared with other work"}
 
 
 def markdown(data) -> list[str]:
@@ -189,23 +227,30 @@ def markdown(data) -> list[str]:
              "",
              f"Hold model: {data['size']} entries waiting, {data['ops']} pop-publish-ack rounds per case, "
              f"{data['machine']}.",
-             "",
-             "## PEI (entries waiting that outranked the one delivered)",
              ""]
+    if data.get("cluster"):
+        lines += ["Shards per master (by port): " + "; ".join(
+            f"N = {n}: {', '.join(f'{port}: {k}' for port, k in per.items())}"
+            for n, per in data["shards_per_master"].items()) + ".", ""]
+    lines += ["## PEI (entries waiting that outranked the one delivered)",
+              ""]
     rows = []
     for c in data["cases"]:
         closed = f"{c['multiqueue_closed_form']:.2f}" if c["multiqueue_closed_form"] is not None else ""
         check = "" if c["second_best_check"] else " (no check)"
         rows.append([str(c["shards"]), str(c["peek"]), f"{c['consumers']}{check}", f"{c['mean']:.2f}", closed,
                      f"{c['p50']:.0f}", f"{c['p90']:.0f}", f"{c['p99']:.0f}", str(c["max"]),
-                     f"{100 * c['p_zero']:.0f}%", f"{100 * c['second_best_share']:.1f}%",
-                     f"{100 * c['wider_peek_share']:.1f}%"])
+                     f"{100 * c['p_zero']:.0f}%", _predicted(c, "mean", "{:.2f}"),
+                     _predicted(c, "p90", "{:.0f}"), _predicted(c, "p_zero", "{:.0%}"),
+                     f"{100 * c['second_best_share']:.1f}%", f"{100 * c['wider_peek_share']:.1f}%"])
     lines += table(["N", "k", "consumers", "mean", "MultiQueue (5/6)N-1+1/(6N)", "p50", "p90", "p99", "max",
-                    "P(PEI=0)", "past the best", "wider peek"], rows, left=3)
+                    "P(PEI=0)", "predicted mean", "predicted p90", "predicted P(PEI=0)", "past the best",
+                    "wider peek"], rows, left=3)
     lines += ["", "\"past the best\": pops served by a shard after the best peeked one turned out empty or "
               "beaten (the second-best check); \"(no check)\": the same case with the check off (a pop takes "
               "whatever the best peeked shard holds by then); \"wider peek\": pops whose k peeked shards were "
-              "all empty, served by looking at the others."]
+              "all empty, served by looking at the others. \"predicted\": the simulator "
+              "(celery_pq.sim.predict) for the same N, k, consumers and lag = the queue's size."]
     lines += ["", "## Throughput against the number of shards (4 consumers, k = 2)", ""]
     t = data["throughput_pops_per_second_by_shards"]
     base = t["1"]
@@ -214,8 +259,20 @@ def markdown(data) -> list[str]:
     return lines
 
 
+def _predicted(case, key, form) -> str:
+    got = case.get("predicted")
+    return form.format(got[key]) if got else ""
+
+
 def main(argv=None):
-    return cli(argv, __doc__, "relaxed", run, markdown,
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cluster = "--cluster" in argv
+    argv = [a for a in argv if a != "--cluster"]
+
+    def run_on(**kw):
+        return run(**kw, cluster=cluster)
+
+    return cli(argv, __doc__, "relaxed-cluster" if cluster else "relaxed", run_on, markdown,
                options=(("--size", int, 1000), ("--ops", int, 2000), ("--consumers", str, "1,4,16"),
                         ("--seed", int, 14)),
                smoke={"size": 60, "ops": 60, "consumers": "1,4"})

@@ -403,14 +403,16 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
               help="Events trimmed by the stream's cap before export: warn (default) or fail.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def export_events(ctx, queues, out, on_gap, as_json):
-    """Append the event log of QUEUES logged since the last export to --out (Parquet)."""
+    """Append the event log of QUEUES logged since the last export to --out (Parquet); every
+    shard's of a queue split into shards (the transport option shards)."""
     from .spark.eventlog import EventLogGap
     from .spark.export import ExportBusy
     from .spark.export import export_events as export
 
     with broker_of(ctx).channel() as channel:
         try:
-            result = export(channel.client, list(queues), out, key_prefix=channel.options.key_prefix, on_gap=on_gap)
+            result = export(channel.client, list(queues), out, key_prefix=channel.options.key_prefix, on_gap=on_gap,
+                            shards=channel.options.shards_of)
         except (EventLogGap, ExportBusy, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
     for gap in result.gaps:

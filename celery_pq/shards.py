@@ -8,7 +8,11 @@ delayed entries, views and fairness state; nothing crosses shards inside Redis.
 
 Insert puts an entry in one shard: the tenant's (a hash of it) on a fair queue, so one tenant's
 entries keep their order; else the shard of the publish id (a hash of it), so a retried publish
-lands where the first one went and is stored once; else a random shard.
+lands where the first one went and is stored once; else a random shard. An entry inserted
+without an id gets a UUID (``new_id``: made from its publish id when it has one, so that a
+retried publish names the entry the first one stored), not the shard's own counter, whose
+numbers every shard would hand out again: an id names one entry of the whole queue (remove, exists,
+change_priority by id).
 
 Pop (``ShardedQueue.pop_with_acks``) peeks ``peek`` (k) shards chosen at random in one
 pipelined round trip, reading the rank and enqueue time of the entry each would deliver first
@@ -30,7 +34,9 @@ heads goes first, to the millisecond). With one consumer and k = N the priority 
 
 from __future__ import annotations
 
+import hashlib
 import random
+import uuid
 import zlib
 from collections import Counter
 from typing import Callable, Sequence
@@ -55,6 +61,15 @@ def pop_any(q, count: int = 1, *, acks: dict | None = None, **pop_args) -> tuple
     if isinstance(q, ShardedQueue):
         return q.pop_with_acks(count, acks=acks, **pop_args)
     return pop_with_acks(q, count, acks=acks, **pop_args)
+
+
+def new_id(publish_id: bytes | str | None = None) -> str:
+    """The id of an entry inserted into a sharded queue without one: unique across its shards
+    (a lowercase UUID, stored in 17 bytes: ``ids.py``); the same for the same publish id."""
+    if not publish_id:
+        return str(uuid.uuid4())
+    raw = publish_id if isinstance(publish_id, bytes) else publish_id.encode()
+    return str(uuid.UUID(bytes=hashlib.blake2b(raw, digest_size=16).digest(), version=4))
 
 
 def _hash(text: str | bytes) -> int:
@@ -128,6 +143,8 @@ class ShardedQueue:
                publish_id: bytes | str | None = None, **kwargs) -> str:
         """``PriorityQueue.insert`` into the shard ``shard_for`` picks."""
         shard = self.shard_for(tenant=tenant, publish_id=publish_id)
+        if kwargs.get("id") is None:
+            kwargs["id"] = new_id(publish_id)
         return shard.insert(payload, priority, tenant=tenant, publish_id=publish_id, **kwargs)
 
     def insert_many(self, items, **kwargs) -> list[str]:
@@ -135,7 +152,8 @@ class ShardedQueue:
         shard). On a failure, ``exc.stored`` (one per item, in the order given) has the ids of
         the shards done and of the failed shard's stored items; ``exc.items`` are the items not
         known to be stored, of that shard and of the shards not reached."""
-        items = list(items)
+        items = [item if len(item) > 2 and item[2] is not None
+                 else (*item[:2], new_id(item[5] if len(item) > 5 else None), *item[3:]) for item in items]
         groups: dict[int, list[int]] = {}
         for n, item in enumerate(items):
             tenant = item[3] if len(item) > 3 else None

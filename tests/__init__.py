@@ -9,12 +9,14 @@
 - ``tests/spark``      PySpark in local mode (marked ``spark``; needs Java 17, see
                        scripts/ensure-java.sh): the ``celery_pq`` writer and ``enqueue``.
 - ``tests/shards``     a queue split into shards (the relaxed priority queue): the sharded queue on
-                       a real redis-server with N in {1, 4}, through kombu and a real Celery worker.
+                       a real redis-server with N in {1, 4}, through kombu and a real Celery worker,
+                       and its event log (one stream per shard).
 - ``tests/deploy``     the forms Redis is run in: Sentinel failover, WAIT for replicas, TLS, an ACL
                        user (real masters, replicas, sentinels and Celery workers on loopback).
 - ``tests/cluster``    a local Redis Cluster (3 masters + 3 replicas, marked ``cluster``, one per
                        session): the queue and real Celery workers with queues on different
-                       masters, the command line, and a master failover with and without WAIT.
+                       masters, the command line, a master failover with and without WAIT, and a
+                       sharded queue spread over the masters (kombu, a Celery worker, a failover).
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.

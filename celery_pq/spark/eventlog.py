@@ -3,7 +3,9 @@ and the check for events trimmed by the stream's cap. ``events.py`` (the Spark d
 ``export.py`` (Parquet files, no Spark) both read through it.
 
 One event is one entry of the capped stream ``<key_prefix>:{<queue>}:ev``, fields (all strings,
-empty when not applicable) ``e q id p k t c task n r ms``; see docs/spark.md.
+empty when not applicable) ``e q id p k t c task n r ms``; see docs/spark.md. A queue split into
+shards (the transport option ``shards``) has one stream per shard, each under the shard's tag
+(``stream_queues`` names them); its events carry the shard's name in ``q``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..constants import KEY_PREFIX
 from ..errors import ConfigError
-from ..keys import queue_keys
+from ..keys import MAX_SHARDS, queue_keys, shard_names
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 
@@ -74,6 +76,20 @@ def queue_names(value) -> list[str]:
     return names
 
 
+def stream_queues(names, shards=1) -> list[str]:
+    """The queues whose streams hold the event log of the queues ``names``: each name itself,
+    or every shard of a queue split into shards (``shards``: the count, or a function of a
+    queue's name giving it, as ``Options.shards_of``), shard 0 first; each once."""
+    count = shards if callable(shards) else (lambda _name: shards)
+    out: list[str] = []
+    for name in names:
+        n = count(name)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SHARDS:
+            raise ConfigError(f"option 'shards' must be an integer 1..{MAX_SHARDS}, got {n!r}")
+        out += [q for q in shard_names(name, n) if q not in out]
+    return out
+
+
 def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
     """The stream key of ``queue``'s event log."""
     return queue_keys(queue, key_prefix).ev
@@ -82,7 +98,7 @@ def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
 @dataclass(frozen=True)
 class Settings:
     url: str  # redis-py URL
-    queues: tuple[str, ...]
+    queues: tuple[str, ...]  # one per stream: every shard of a sharded queue
     key_prefix: str
     on_gap: str
     max_events: int | None  # maxEventsPerTrigger
@@ -109,8 +125,13 @@ class Settings:
         starting = opts.get("startingposition", "earliest")
         if starting not in STARTING:
             raise ConfigError(f"option 'startingPosition' must be one of {STARTING}, got {starting!r}")
-        return cls(redis_url(opts.get("broker")), tuple(queue_names(opts.get("queue"))), prefix, on_gap, max_events,
-                   starting)
+        shards = opts.get("shards", 1)
+        try:
+            shards = int(shards)
+        except (TypeError, ValueError):
+            raise ConfigError(f"option 'shards' must be an integer 1..{MAX_SHARDS}, got {shards!r}") from None
+        queues = stream_queues(queue_names(opts.get("queue")), shards)
+        return cls(redis_url(opts.get("broker")), tuple(queues), prefix, on_gap, max_events, starting)
 
     def client(self):
         import redis

@@ -12,6 +12,9 @@ renamed when complete, and its name ends with the id and position of its last ev
 the offsets is resumed from the files themselves: no event is exported twice or skipped. One run
 at a time writes to a directory (a lock file, ``.lock``); a second one stops with ExportBusy.
 
+A queue split into shards has one stream per shard: with ``shards``, each shard's is exported
+(its own files and offset, under the shard's name).
+
 Events the stream's cap trimmed before they were exported are gone; the export detects it
 (``eventlog.check_gap``) and says so, or stops with ``on_gap="fail"``.
 """
@@ -26,7 +29,8 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ..constants import KEY_PREFIX
-from .eventlog import COLUMNS, PAGE, check_gap, events_key, parse_sid, queue_names, row, scan, stream_info, trimmed
+from .eventlog import (COLUMNS, PAGE, check_gap, events_key, parse_sid, queue_names, row, scan, stream_info,
+                       stream_queues, trimmed)
 
 OFFSETS = "_offsets.json"
 LOCK = ".lock"  # held (flock) while a run writes: one export at a time per directory
@@ -116,10 +120,12 @@ def _write_part(out: Path, queue: str, rows: list[tuple], position: int, schema)
 
 
 def export_events(client, queues, out, *, key_prefix: str = KEY_PREFIX, on_gap: str = "warn",
-                  rows_per_file: int = ROWS_PER_FILE, page: int = PAGE) -> ExportResult:
+                  rows_per_file: int = ROWS_PER_FILE, page: int = PAGE, shards=1) -> ExportResult:
     """Append the events of ``queues`` (a name, a comma-separated list or a list) logged since the
-    last export to the Parquet directory ``out``; see the module docstring."""
-    names = queue_names(",".join(queues) if isinstance(queues, (list, tuple)) else queues)
+    last export to the Parquet directory ``out``; see the module docstring. ``shards``: of a
+    queue split into shards, the count (or a function of the queue's name giving it): every
+    shard's stream is exported, each with its own files and offset."""
+    names = stream_queues(queue_names(",".join(queues) if isinstance(queues, (list, tuple)) else queues), shards)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; export-events writes a directory of Parquet files")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -52,6 +53,39 @@ class ClusterHarness(Harness):
     def close(self):
         super().close()
         self.client.close()
+
+
+@contextmanager
+def live_producer(h, queues, first=0):
+    """A producer thread publishing ``e2e.record(n, 0)`` every 20 ms, round robin over ``queues``
+    (n from ``first``), across the block: yields (n of each publish that returned, errors of
+    those that raised). The block begins after 30 publishes and ends 60 publishes after the
+    block's body (a failover) has run."""
+    confirmed: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce():
+        n = first
+        while not stop.is_set():
+            try:
+                h.to(queues[n % len(queues)], "e2e.record", n, 0)
+                confirmed.append(n)
+            except Exception as exc:  # noqa: BLE001 - counted: a publish the producer was told failed
+                errors.append(exc)
+            n += 1
+            time.sleep(0.02)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for(lambda: len(confirmed) >= 30, 30, "publishes before the failover")
+        yield confirmed, errors
+        done = len(confirmed)
+        wait_for(lambda: len(confirmed) >= done + 60, 60, "publishes after the failover")
+    finally:
+        stop.set()
+        producer.join(30)
 
 
 @pytest.fixture
@@ -117,33 +151,9 @@ def test_a_master_failover_under_a_worker_and_producers(on_cluster, spread, heal
     # Given a task running on the master that will fail, and producers publishing to all three
     h.to(victim_queue, "e2e.sleep", 7, "long")
     wait_for(lambda: h.records("start"), 20, "the long task to start")
-    confirmed: list[int] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def produce():
-        n = 0
-        while not stop.is_set():
-            try:
-                h.to(spread[n % 3], "e2e.record", n, 0)
-                confirmed.append(n)
-            except Exception as exc:  # noqa: BLE001 - counted: a publish the producer was told failed
-                errors.append(exc)
-            n += 1
-            time.sleep(0.02)
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    try:
-        wait_for(lambda: len(confirmed) >= 30, 30, "publishes before the failover")
+    with live_producer(h, spread) as (confirmed, errors):
         # When the master of the long task's queue is killed and its replica takes over
-        victim = h.cluster.master_of(h.queue(victim_queue).keys.ii)
-        h.cluster.kill_master(victim)
-        at_failover = len(confirmed)
-        wait_for(lambda: len(confirmed) >= at_failover + 60, 60, "publishes after the failover")
-    finally:
-        stop.set()
-        producer.join(30)
+        h.cluster.kill_master(h.cluster.master_of(h.queue(victim_queue).keys.ii))
     # Then every acknowledged publish ran at least once, the worker carried on, the long task ended
     wait_for(lambda: set(confirmed) <= {n for n, _ in h.records("order")}, 90, "every confirmed task to run")
     wait_for(lambda: h.records("done"), 30, "the long task to end")

@@ -334,3 +334,17 @@ def test_the_dashboard_shows_a_sharded_queue_as_one(redis_client, key_prefix):
     assert [row["id"] for row in state["dead_letters"]] == [held[1].id]
     assert board.act("replay", {"queue": "orders", "ids": [held[1].id]})
     assert q.size() == 11
+
+
+def test_an_entry_inserted_without_an_id_gets_one_no_other_shard_has(redis_client, key_prefix):
+    # Given entries inserted without ids into 4 shards (each shard's own counter would give 1, 2, ...)
+    q = open_queue(redis_client, key_prefix, 4)
+    ids = [q.insert(f"m{i}".encode(), 1) for i in range(20)]
+    ids += q.insert_many([(b"x", 2), (b"y", 3, None), (b"z", 4, "mine")])
+    assert len(set(ids)) == 23 and ids[-1] == "mine"
+    assert sum(1 for s in q.shards if s.size()) > 1
+    # Then an id names one entry of the whole queue
+    assert q.remove(ids[0]) == 1 and not q.exists(ids[0])
+    assert all(q.exists(i) for i in ids[1:])
+    q.change_priority(ids[1], 200)
+    assert q.peek(1)[0].id == ids[1]

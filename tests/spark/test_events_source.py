@@ -163,3 +163,18 @@ def test_stream_from_the_latest_event_skips_the_past(spark, redis_server, redis_
     _stream_to_parquet(spark, redis_server, key_prefix, "late", out, checkpoint, startingPosition="latest")
     assert sorted(r.sid for r in spark.read.parquet(str(out)).collect()) == sorted(new)
     assert add  # the past was there, and was not read
+
+
+def test_batch_read_of_a_sharded_queue_reads_every_shard(spark, redis_server, redis_client, key_prefix):
+    from celery_pq.keys import shard_names
+
+    # Given: a queue of 4 shards, each shard's own stream holding its events
+    shards = shard_names("orders", 4)
+    sids = {name: [xadd_event(redis_client, name, "enqueue", prefix=key_prefix, id=f"{name}-{j}", p=1, k=254)
+                   for j in range(n + 1)] for n, name in enumerate(shards)}
+    # When: read with the queue's shard count, and without it
+    every = read(spark, redis_server, "orders", key_prefix, shards=4).collect()
+    first = read(spark, redis_server, "orders", key_prefix).collect()
+    # Then: every shard's events, each under its shard's name; without the count, shard 0's only
+    assert sorted((r.queue, r.sid) for r in every) == sorted((q, s) for q, got in sids.items() for s in got)
+    assert [r.queue for r in first] == ["orders"]
