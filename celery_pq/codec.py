@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import operator
 import re
 import struct
 import threading
@@ -172,6 +173,17 @@ _MUTABLE = {c: [(s, n, v) for s in range(4) for n, v in _DEFAULTS[s, c].items() 
             for c in (False, True)}
 
 
+#: Celery's protocol-2 headers in table order (as_task_v2 makes them in this order): the fields
+#: with a default, as one tuple to compare at once, and those without, each (name, code, F_* flag)
+_CELERY_DEFAULTED = tuple((name, d) for s, name, d in FIELDS if s == S_HEADERS and d is not _NO_DEFAULT)
+_CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
+_CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
+_CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
+_CELERY_OWN = tuple((name, _CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0))
+                    for s, name, d in FIELDS if s == S_HEADERS and d is _NO_DEFAULT)
+_CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
+
+
 class CodecError(ValueError):
     """A stored record this codec cannot read (or a message it cannot write)."""
 
@@ -270,20 +282,14 @@ def _write_section(out: bytearray, uuids: dict, section: int, d: dict, celery: b
         elif sub is not None:
             expected += 1
             if isinstance(value, dict):  # a dict, or a subclass of one (read back as a dict)
-                _write_section(out, uuids, sub, value, celery, flags, raw)
+                if sub != S_HEADERS or not celery or not _write_celery_headers(out, uuids, value, flags):
+                    _write_section(out, uuids, sub, value, celery, flags, raw)
                 continue
         if flags & derived_flag:  # argsrepr / kwargsrepr the reader derives from the body
             continue
         out.append(code)
         if code == _C_BODY:
             _write_body(out, uuids, value, raw)
-        elif type(value) is str and len(value) < 0x80 and (len(value) != 36 or value[8] != "-") \
-                and value.isascii():  # most fields: a short text that is no UUID
-            out.append(T_STR)
-            out.append(len(value))
-            out += value.encode("ascii")
-        elif value is None:
-            out.append(T_NONE)
         else:
             _write_value(out, uuids, value)
     if expected < len(_EXPECTED[section, celery]):
@@ -291,6 +297,23 @@ def _write_section(out: bytearray, uuids: dict, section: int, d: dict, celery: b
             if name not in d:
                 out.append(C_ABSENT)
                 out.append(_CODE[section, name])
+
+
+def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
+    """The records of Celery's protocol-2 headers when they are exactly its fields and every
+    field that has a default holds it (a plain task: one tuple comparison for the thirteen), as
+    ``_write_section`` writes them; False (nothing written) for any other headers."""
+    if len(headers) != len(_CELERY_HEADERS) or headers.keys() != _CELERY_HEADERS:
+        return False
+    values = _CELERY_DEFAULTED_GET(headers)
+    if values != _CELERY_DEFAULT_VALUES or tuple(map(type, values)) != _CELERY_DEFAULT_TYPES:
+        return False
+    for name, code, derived_flag in _CELERY_OWN:
+        if flags & derived_flag:
+            continue
+        out.append(code)
+        _write_value(out, uuids, headers[name])
+    return True
 
 
 def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
@@ -315,12 +338,18 @@ def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
 def _write_value(out: bytearray, uuids: dict, v) -> None:
     t = type(v)
     if t is str:
-        if len(v) == 36 and v[8] == "-" and _UUID_MATCH(v):
-            ref = uuids.get(v)
-            if ref is not None:
-                out.append(T_REF)
-                _varint(out, ref)
-                return
+        n = len(v)
+        if n < 0x80 and n != 36 and v.isascii():  # most values: a short text that is no UUID
+            out.append(T_STR)
+            out.append(n)
+            out += v.encode("ascii")
+            return
+        ref = uuids.get(v)
+        if ref is not None:  # a UUID written before in this message
+            out.append(T_REF)
+            _varint(out, ref)
+            return
+        if n == 36 and v[8] == "-" and _UUID_MATCH(v):
             uuids[v] = len(uuids)
             out.append(T_UUID)
             out += bytes.fromhex(v.replace("-", ""))
@@ -377,11 +406,16 @@ def _base64_body(message: dict) -> bytes | None:
     body = message.get("body")
     if type(body) is not str or type(props) is not dict or props.get("body_encoding") != "base64":
         return None
-    try:
-        raw = binascii.a2b_base64(body)
+    try:  # strict: only the alphabet, padding only at the end and only as much as is due
+        raw = binascii.a2b_base64(body, strict_mode=True)
     except (binascii.Error, ValueError):
         return None
-    return raw if binascii.b2a_base64(raw, newline=False) == body.encode("ascii") else None
+    # Four characters of a full group are three bytes and back: only a padded last group can be
+    # another spelling of its bytes (low bits set that decoding drops), so only it is compared.
+    tail = len(raw) % 3
+    if tail and binascii.b2a_base64(raw[-tail:], newline=False) != body[-4:].encode("ascii"):
+        return None
+    return raw
 
 
 _JSON = json.JSONDecoder()

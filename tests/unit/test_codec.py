@@ -176,6 +176,16 @@ def test_large_records_are_compressed_only_when_it_pays():
     assert not encode(_celery_message())[1] & codec.F_ZSTD  # small: never offered
 
 
+@pytest.mark.parametrize("body", ["QQ==", "QR==", "QUI=", "QUJ=", "QUJD", "QQ", "Q===", "QQ==\n", " QQ==", "QQ=a", ""])
+def test_a_body_is_stored_as_bytes_only_when_it_is_their_one_base64_spelling(body):
+    # "QR==" and "QUJ=" decode to the bytes of "QQ==" and "QUI=" (low bits dropped): kept as text
+    message = {"body": body, "headers": {}, "properties": {"body_encoding": "base64"}}
+    data = encode(message)
+    assert decode(data) == message
+    canonical = body in ("QQ==", "QUI=", "QUJD", "")
+    assert (data[2 + data[2:].index(codec._C_BODY) + 1] == codec.B_BASE64) == canonical
+
+
 def test_values_of_other_types_go_through_kombus_json_as_before():
     when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     message = {"body": "x", "headers": {"when": when, "pair": (1, 2)}, "properties": {}}
