@@ -44,7 +44,6 @@ from __future__ import annotations
 import binascii
 import json
 import operator
-import re
 import struct
 import threading
 from types import SimpleNamespace
@@ -140,8 +139,6 @@ _FIELD = {_TABLE_START + i: (s, name) for i, (s, name, _) in enumerate(FIELDS)}
 _C_BODY = _CODE[S_MESSAGE, "body"]
 _SUBSECTIONS = {(S_MESSAGE, "headers"): S_HEADERS, (S_MESSAGE, "properties"): S_PROPERTIES,
                 (S_PROPERTIES, "delivery_info"): S_DELIVERY_INFO}
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
-_UUID_MATCH = _UUID.match
 assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
 
 
@@ -155,7 +152,6 @@ def _defaults(section: int, celery: bool) -> dict:
 _DEFAULTS = {(s, c): _defaults(s, c) for s in range(4) for c in (False, True)}
 #: headers whose value the reader derives from the body when the flag says so
 _DERIVED = {(S_HEADERS, "argsrepr"): F_ARGSREPR, (S_HEADERS, "kwargsrepr"): F_KWARGSREPR}
-_REPR_HEADER = {flag: name for (_, name), flag in _DERIVED.items()}
 #: (section, celery) -> {field name: (code, default or _NO_DEFAULT, subsection or None, its F_* flag
 #: when derivable or 0)}: the writer's table
 _NAMES = {(sec, c): {name: (_CODE[s, name], _DEFAULTS[sec, c].get(name, _NO_DEFAULT), _SUBSECTIONS.get((s, name)),
@@ -182,6 +178,14 @@ _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
 _CELERY_OWN = tuple((name, _CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0))
                     for s, name, d in FIELDS if s == S_HEADERS and d is _NO_DEFAULT)
 _CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
+#: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
+_CELERY_MESSAGE = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
+_CELERY_PROPERTIES = frozenset({"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority",
+                                "body_encoding"})
+_DELIVERY_INFO = frozenset({"exchange", "routing_key"})
+_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY, _C_ROUTING_KEY = (
+    _CODE[S_PROPERTIES, "correlation_id"], _CODE[S_PROPERTIES, "reply_to"], _CODE[S_PROPERTIES, "priority"],
+    _CODE[S_DELIVERY_INFO, "routing_key"])
 
 
 class CodecError(ValueError):
@@ -205,7 +209,8 @@ def encode(message: dict) -> bytes:
             and message.get("content-encoding") == "utf-8":
         flags |= _derivable_reprs(headers, raw)
     out = bytearray()
-    _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+    if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
+        _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
     if zstandard is not None and len(out) >= COMPRESS_MIN:
         packed = _zstd().compressor.compress(out)
         if len(packed) < len(out):
@@ -238,7 +243,8 @@ def _derivable_reprs(headers: dict, raw: bytes) -> int:
     derived = _reprs_of(raw, want, kwargs_limit=REPR_BODY_MAX)
     if derived is None:
         return 0
-    return sum(flag for flag, text in derived.items() if text == headers[_REPR_HEADER[flag]])
+    return (F_ARGSREPR if want & F_ARGSREPR and derived.get(F_ARGSREPR) == argsrepr else 0) \
+        | (F_KWARGSREPR if want & F_KWARGSREPR and derived.get(F_KWARGSREPR) == kwargsrepr else 0)
 
 
 def _varint(out: bytearray, n: int) -> None:
@@ -299,6 +305,39 @@ def _write_section(out: bytearray, uuids: dict, section: int, d: dict, celery: b
                 out.append(_CODE[section, name])
 
 
+def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool:
+    """The records of a Celery task message as kombu's virtual channel hands it over (its five
+    fields, content type JSON in UTF-8, the properties Celery and the channel set, ``delivery_mode``
+    2, exchange ""), the same ``_write_section`` writes for it in the same order, without a loop
+    over its fields; False (nothing written) for any other message. ``raw``: its body's bytes."""
+    headers, props = message["headers"], message.get("properties")
+    if message.keys() != _CELERY_MESSAGE or type(props) is not dict or props.keys() != _CELERY_PROPERTIES \
+            or type(headers) is not dict:
+        return False
+    info, mode, priority = props["delivery_info"], props["delivery_mode"], props["priority"]
+    if type(info) is not dict or info.keys() != _DELIVERY_INFO or type(info["exchange"]) is not str \
+            or info["exchange"] or type(mode) is not int or mode != 2 or type(priority) is not int \
+            or type(props["body_encoding"]) is not str or type(message["content-type"]) is not str \
+            or message["content-type"] != "application/json" or type(message["content-encoding"]) is not str \
+            or message["content-encoding"] != "utf-8":
+        return False
+    uuids: dict[str, int] = {}
+    out.append(_C_BODY)
+    _write_body(out, uuids, None, raw)
+    if not _write_celery_headers(out, uuids, headers, flags):
+        _write_section(out, uuids, S_HEADERS, headers, True, flags, raw)
+    out.append(_C_CORRELATION_ID)
+    _write_value(out, uuids, props["correlation_id"])
+    out.append(_C_REPLY_TO)
+    _write_value(out, uuids, props["reply_to"])
+    out.append(_C_ROUTING_KEY)
+    _write_value(out, uuids, info["routing_key"])
+    if priority:
+        out.append(_C_PRIORITY)
+        _write_value(out, uuids, priority)
+    return True
+
+
 def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
     """The records of Celery's protocol-2 headers when they are exactly its fields and every
     field that has a default holds it (a plain task: one tuple comparison for the thirteen), as
@@ -349,10 +388,11 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
             out.append(T_REF)
             _varint(out, ref)
             return
-        if n == 36 and v[8] == "-" and _UUID_MATCH(v):
+        packed = _uuid_bytes(v) if n == 36 else None
+        if packed is not None:
             uuids[v] = len(uuids)
             out.append(T_UUID)
-            out += bytes.fromhex(v.replace("-", ""))
+            out += packed
             return
         out.append(T_STR)
         _blob(out, v.encode("utf-8", "surrogatepass"))
@@ -383,6 +423,19 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
     else:  # a tuple, a datetime, ...: what kombu's JSON makes of it, as the JSON layout did
         out.append(T_JSON)
         _blob(out, kombu_dumps(v).encode("utf-8", "surrogatepass"))
+
+
+def _uuid_bytes(text: str) -> bytes | None:
+    """The 16 bytes of a UUID in its canonical text (lowercase hex, dashes at 8-4-4-4-12), else
+    None: only that text is what the reader makes of the bytes again."""
+    if text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
+        return None
+    digits = text.replace("-", "")
+    try:
+        packed = bytes.fromhex(digits)
+    except ValueError:
+        return None
+    return packed if len(packed) == 16 and packed.hex() == digits else None
 
 
 _DOUBLE = struct.Struct(">d")
@@ -418,7 +471,7 @@ def _base64_body(message: dict) -> bytes | None:
     return raw
 
 
-_JSON = json.JSONDecoder()
+_JSON_SCAN = json.JSONDecoder().scan_once  # (value, end) of the JSON at a position; StopIteration if none
 _TAIL_TEXT = CELERY_EMBED_TAIL.decode("ascii")
 
 
@@ -439,8 +492,8 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
             pass
     if text is not None:
         try:
-            args, end = _JSON.raw_decode(text, 1)
-        except ValueError:
+            args, end = _JSON_SCAN(text, 1)
+        except StopIteration:
             return None
         stop = len(text) - len(_TAIL_TEXT)  # where kwargs end
         if type(args) is list and text.startswith(", ", end):
@@ -453,8 +506,8 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
             if kwargs_limit is not None and len(raw) > kwargs_limit:
                 return out
             try:
-                kwargs, kwargs_end = _JSON.raw_decode(text, end + 2)
-            except ValueError:
+                kwargs, kwargs_end = _JSON_SCAN(text, end + 2)
+            except StopIteration:
                 return None
             if type(kwargs) is not dict or kwargs_end != stop:
                 return None
