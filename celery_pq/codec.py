@@ -162,11 +162,12 @@ _NAMES = {(sec, c): {name: (_CODE[s, name], _DEFAULTS[sec, c].get(name, _NO_DEFA
 _EXPECTED = {(sec, c): (*_DEFAULTS[sec, c], *(name for (s, name) in _SUBSECTIONS if s == sec))
              for sec in range(4) for c in (False, True)}
 #: celery -> the four sections' defaults, copied per message by the reader (the lists and dicts
-#: among them in _MUTABLE: (section, name, default), copied deeper)
-_TEMPLATES = {c: tuple({n: v for n, v in _DEFAULTS[s, c].items() if type(v) not in (list, dict)} for s in range(4))
-              for c in (False, True)}
+#: among them, in _MUTABLE as (section, name, default), copied again: a shallow copy suffices)
+_TEMPLATES = {c: tuple(dict(_DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
 _MUTABLE = {c: [(s, n, v) for s in range(4) for n, v in _DEFAULTS[s, c].items() if type(v) in (list, dict)]
             for c in (False, True)}
+assert not any(type(x) in (list, dict) for c in _MUTABLE for _, _, v in _MUTABLE[c]
+               for x in (v.values() if type(v) is dict else v))
 
 
 #: Celery's protocol-2 headers in table order (as_task_v2 makes them in this order): the fields
@@ -175,7 +176,9 @@ _CELERY_DEFAULTED = tuple((name, d) for s, name, d in FIELDS if s == S_HEADERS a
 _CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
 _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
-_CELERY_OWN = tuple((name, _CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0))
+#: fields whose values repeat from message to message: their records come from _RECORDS
+_REPEATING = frozenset({(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key")})
+_CELERY_OWN = tuple((name, _CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
                     for s, name, d in FIELDS if s == S_HEADERS and d is _NO_DEFAULT)
 _CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
 #: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
@@ -330,8 +333,7 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
     _write_value(out, uuids, props["correlation_id"])
     out.append(_C_REPLY_TO)
     _write_value(out, uuids, props["reply_to"])
-    out.append(_C_ROUTING_KEY)
-    _write_value(out, uuids, info["routing_key"])
+    _write_repeating(out, uuids, _C_ROUTING_KEY, info["routing_key"])
     if priority:
         out.append(_C_PRIORITY)
         _write_value(out, uuids, priority)
@@ -347,12 +349,39 @@ def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int
     values = _CELERY_DEFAULTED_GET(headers)
     if values != _CELERY_DEFAULT_VALUES or tuple(map(type, values)) != _CELERY_DEFAULT_TYPES:
         return False
-    for name, code, derived_flag in _CELERY_OWN:
+    for name, code, derived_flag, repeating in _CELERY_OWN:
         if flags & derived_flag:
             continue
-        out.append(code)
-        _write_value(out, uuids, headers[name])
+        if repeating:
+            _write_repeating(out, uuids, code, headers[name])
+        else:
+            out.append(code)
+            _write_value(out, uuids, headers[name])
     return True
+
+
+#: field code -> {text: the field's record}: the records of texts that repeat (a task name, a
+#: worker's origin, a routing key), each made once; a cache over CACHE_MAX texts starts again
+_RECORDS: dict[int, dict[str, bytes]] = {_CODE[key]: {} for key in _REPEATING}
+#: {UUID text: its 16 bytes} of UUIDs written lately (a client's reply_to is in every message)
+_PACKED: dict[str, bytes] = {}
+CACHE_MAX = 4096
+
+
+def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
+    """A field of _REPEATING: its code and value, as a record made once for a short text."""
+    if type(value) is str:
+        cache = _RECORDS[code]
+        record = cache.get(value)
+        if record is None and len(value) < 0x80 and len(value) != 36 and value.isascii():
+            if len(cache) >= CACHE_MAX:
+                cache.clear()
+            cache[value] = record = bytes((code, T_STR, len(value))) + value.encode("ascii")
+        if record is not None:
+            out += record
+            return
+    out.append(code)
+    _write_value(out, uuids, value)
 
 
 def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
@@ -388,7 +417,13 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
             out.append(T_REF)
             _varint(out, ref)
             return
-        packed = _uuid_bytes(v) if n == 36 else None
+        packed = _PACKED.get(v)
+        if packed is None and n == 36:
+            packed = _uuid_bytes(v)
+            if packed is not None:
+                if len(_PACKED) >= CACHE_MAX:
+                    _PACKED.clear()
+                _PACKED[v] = packed
         if packed is not None:
             uuids[v] = len(uuids)
             out.append(T_UUID)
@@ -565,10 +600,9 @@ def decode(data: bytes | str) -> dict:
 def _read_message(data: bytes, pos: int, flags: int) -> dict:
     """The message of the records in ``data`` from ``pos`` to its end."""
     celery = bool(flags & F_CELERY)
-    sections = [dict(d) for d in _TEMPLATES[celery]]
+    message, headers, props, info = sections = [d.copy() for d in _TEMPLATES[celery]]
     for s, name, v in _MUTABLE[celery]:
-        sections[s][name] = _copy(v)
-    message, headers, props, info = sections
+        sections[s][name] = v.copy()
     props["delivery_info"] = info
     message["headers"] = headers
     message["properties"] = props
@@ -722,10 +756,3 @@ def _read_value(data: bytes, pos: int, uuids: list) -> tuple[object, int]:
         return kombu_loads(text.decode("utf-8", "surrogatepass")), pos
     raise CodecError(f"stored message has unknown value tag {tag}")
 
-
-def _copy(value):
-    if type(value) is dict:
-        return {k: _copy(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_copy(v) for v in value]
-    return value
