@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from kombu.utils.json import dumps, loads
@@ -45,6 +46,23 @@ MESSAGES = ("small", "medium", "large", "kombu")
 #: the operations measured, each (name, what it does to a message's (dict, record, json))
 OPS = ("codec write", "JSON write", "codec read", "JSON read")
 CALLGRIND_CALLS = 50  # calls per operation under callgrind (the count does not vary: few suffice)
+#: what zstd costs: the medium task written and read with other compression settings
+#: (name -> (codec.COMPRESS_MIN, codec.ZSTD_LEVEL))
+VARIANTS = {"zstd level 3 (as stored)": (codec.COMPRESS_MIN, codec.ZSTD_LEVEL), "zstd level 1": (codec.COMPRESS_MIN, 1),
+            "zstd level -1": (codec.COMPRESS_MIN, -1), "not compressed": (float("inf"), codec.ZSTD_LEVEL)}
+
+
+@contextmanager
+def compression(minimum, level):
+    """codec.COMPRESS_MIN and codec.ZSTD_LEVEL set for a while (this thread's compressor anew)."""
+    saved = codec.COMPRESS_MIN, codec.ZSTD_LEVEL
+    codec.COMPRESS_MIN, codec.ZSTD_LEVEL = minimum, level
+    codec._local.__dict__.pop("zstd", None)
+    try:
+        yield
+    finally:
+        codec.COMPRESS_MIN, codec.ZSTD_LEVEL = saved
+        codec._local.__dict__.pop("zstd", None)
 
 
 def messages() -> dict:
@@ -103,10 +121,18 @@ def _count_child(path: str) -> None:
     ``functools.reduce`` (the parent counts instructions inside that call alone)."""
     with open(path, "rb") as f:
         msgs = pickle.load(f)
+    def count(fn):
+        fn()
+        functools.reduce(lambda acc, _: fn(), range(CALLGRIND_CALLS), None)
+
     for name in MESSAGES:
-        for op, fn in operations(msgs[name]).items():
-            fn()
-            functools.reduce(lambda acc, _: fn(), range(CALLGRIND_CALLS), None)
+        for fn in operations(msgs[name]).values():
+            count(fn)
+    for setting in VARIANTS.values():
+        with compression(*setting):
+            ops = operations(msgs["medium"])
+            count(ops["codec write"])
+            count(ops["codec read"])
 
 
 def instructions() -> dict | None:
@@ -129,22 +155,23 @@ def instructions() -> dict | None:
             for line in dump.read_text().splitlines():
                 if line.startswith("totals:"):
                     totals.append(int(line.split()[1]))
-    wanted = len(MESSAGES) * len(OPS)
+    wanted = len(MESSAGES) * len(OPS) + 2 * len(VARIANTS)
     if len(totals) < wanted:
         return None
-    totals = totals[-wanted:]  # the last ones are ours (an import may have called reduce before)
-    counts, i = {}, 0
-    for name in MESSAGES:
-        counts[name] = {}
-        for op in OPS:
-            counts[name][op] = totals[i] / CALLGRIND_CALLS
-            i += 1
+    per_call = iter([t / CALLGRIND_CALLS for t in totals[-wanted:]])  # the last ones are ours (an import
+    # may have called reduce before)
+    counts = {name: {op: next(per_call) for op in OPS} for name in MESSAGES}
+    counts["medium, compression"] = {variant: {"codec write": next(per_call), "codec read": next(per_call)}
+                                     for variant in VARIANTS}
     return counts
 
 
 def run(calls=300, rounds=5, callgrind=1) -> dict:
     msgs = messages()
     sizes = {name: {"json_bytes": len(dumps(m)), "record_bytes": len(codec.encode(m))} for name, m in msgs.items()}
+    for variant, setting in VARIANTS.items():
+        with compression(*setting):
+            sizes[f"medium, {variant}"] = len(codec.encode(msgs["medium"]))
     cpu = {name: cpu_us(operations(m), calls, rounds) for name, m in msgs.items()}
     counts = instructions() if callgrind else None
     return {"calls": calls, "rounds": rounds, "sizes": sizes, "cpu_us": cpu, "instructions": counts,
@@ -174,6 +201,13 @@ def markdown(data) -> list[str]:
                  f"{counts[name]['codec read'] / counts[name]['JSON read']:.2f}"] for name in MESSAGES]
         lines += ["## Instructions per call (callgrind; the same under any load)", "",
                   *table(["message", *OPS, "write ratio", "read ratio"], rows), ""]
+        json_w, json_r = counts["medium"]["JSON write"], counts["medium"]["JSON read"]
+        rows = [[variant, f"{data['sizes'][f'medium, {variant}']:,}", f"{c['codec write']:,.0f}",
+                 f"{c['codec write'] / json_w:.2f}", f"{c['codec read']:,.0f}", f"{c['codec read'] / json_r:.2f}"]
+                for variant, c in counts["medium, compression"].items()]
+        lines += ["## The medium task under other compression settings (instructions per call)", "",
+                  *table(["setting", "record bytes", "codec write", "/ JSON write", "codec read", "/ JSON read"],
+                         rows), ""]
     else:
         lines += ["(valgrind not found, or --callgrind 0: no instruction counts)", ""]
     return lines
