@@ -186,6 +186,45 @@ def test_a_body_is_stored_as_bytes_only_when_it_is_their_one_base64_spelling(bod
     assert (data[2 + data[2:].index(codec._C_BODY) + 1] == codec.B_BASE64) == canonical
 
 
+@pytest.mark.parametrize("text", ["CF03FC8B-FDE8-4BE2-80AE-5E729995E5AE", "cf03fc8b-fde8-4be2-80ae-5e729995e5a ",
+                                  "cf03fc8b fde8-4be2-80ae-5e729995e5ae", "cf03fc8bxfde8x4be2x80aex5e729995e5ae"])
+def test_a_text_shaped_almost_like_a_uuid_is_kept_as_text(text):
+    message = _celery_message()
+    message["headers"]["parent_id"] = text
+    data = encode(message)
+    assert decode(data) == message and text.encode() in data
+
+
+def test_repeating_fields_read_the_same_from_the_cache_whatever_they_hold():
+    # Given Celery messages whose task name, origin and routing key repeat, or are UUIDs, or are
+    # a str subclass, or long, written after one another (the records of repeating texts are cached)
+    class Name(str):
+        pass
+
+    reply_queue = str(uuid.uuid4())
+    for task, origin, routing_key in [("proj.a", "gen1@host", "celery"), ("proj.a", "gen1@host", "celery"),
+                                      (Name("proj.a"), "gen1@host", reply_queue), ("proj.b", reply_queue, "celery"),
+                                      ("é" * 3, "x" * 300, Name("celery")), ("proj.a", "gen1@host", "celery")]:
+        message = _celery_message()
+        message["headers"].update(task=task, origin=origin)
+        message["properties"]["delivery_info"]["routing_key"] = routing_key
+        message["properties"]["reply_to"] = reply_queue
+        decoded = decode(encode(message))
+        # then each reads back as written, its types too
+        assert decoded == message
+        assert type(decoded["headers"]["task"]) is str and decoded["properties"]["delivery_info"]["routing_key"] == \
+            routing_key
+
+
+def test_the_caches_start_again_when_full(monkeypatch):
+    monkeypatch.setattr(codec, "CACHE_MAX", 2)
+    for n in range(5):
+        message = _celery_message()
+        message["headers"]["task"] = f"proj.task{n}"
+        assert decode(encode(message)) == message
+    assert all(len(cache) <= 2 for cache in codec._RECORDS.values()) and len(codec._PACKED) <= 2
+
+
 def test_values_of_other_types_go_through_kombus_json_as_before():
     when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     message = {"body": "x", "headers": {"when": when, "pair": (1, 2)}, "properties": {}}
