@@ -218,6 +218,8 @@ def test_repeating_fields_read_the_same_from_the_cache_whatever_they_hold():
 
 def test_the_caches_start_again_when_full(monkeypatch):
     monkeypatch.setattr(codec, "CACHE_MAX", 2)
+    monkeypatch.setattr(codec, "_RECORDS", {code: {} for code in codec._RECORDS})  # none from earlier tests
+    monkeypatch.setattr(codec, "_PACKED", {})
     for n in range(5):
         message = _celery_message()
         message["headers"]["task"] = f"proj.task{n}"
