@@ -13,7 +13,9 @@ small, against the JSON dict kombu's own transports store:
   Celery's protocol-2 headers (celery/app/amqp.py ``as_task_v2``) have their defaults when the
   message is a Celery task (``lang`` and ``task`` in its headers);
 - ``argsrepr`` / ``kwargsrepr`` left out when they are exactly what ``repr`` of the body's args /
-  kwargs gives (checked at write; otherwise kept as they are), for bodies up to REPR_BODY_MAX;
+  kwargs gives (checked at write; otherwise kept as they are): args are read alone from a body as
+  Celery writes it, whatever its size; kwargs other than ``{}`` only from bodies up to
+  REPR_BODY_MAX (``_reprs_of``);
 - the rest of the record zstd-compressed when that makes it smaller (records of
   ``COMPRESS_MIN`` bytes and over; benchmarks/memory_tasks.py measures it).
 
@@ -63,8 +65,9 @@ VERSION = 1
 COMPRESS_MIN = 512
 #: zstd's own default level; it shrank the benchmark's 1 KB and 20 KB tasks 2x and 5x.
 ZSTD_LEVEL = 3
-#: argsrepr/kwargsrepr are derived from bodies of at most this many bytes: beyond it Celery has
-#: usually cut them (argsrepr_maxsize, 1 KB) and parsing the body on every read costs more.
+#: kwargsrepr (and argsrepr of a body not shaped as Celery writes it) is derived from bodies of at
+#: most this many bytes: beyond it Celery has usually cut it (argsrepr_maxsize, 1 KB) and parsing
+#: the kwargs on every read costs more. A Celery body's args are read alone, at any size.
 REPR_BODY_MAX = 1024
 
 # flags byte
