@@ -43,7 +43,7 @@ from celery_pq import codec
 from .common import cli, table
 
 MESSAGES = ("small", "medium", "large", "kombu")
-#: the operations measured, each (name, what it does to a message's (dict, record, json))
+#: the operations measured (``operations`` makes them for a message), in the order callgrind counts them
 OPS = ("codec write", "JSON write", "codec read", "JSON read")
 CALLGRIND_CALLS = 50  # calls per operation under callgrind (the count does not vary: few suffice)
 #: what zstd costs: the medium task written and read with other compression settings
@@ -88,8 +88,8 @@ def messages() -> dict:
     event = dumps({"event": "order.shipped", "order": "order-00000001", "carrier": "DHL", "parcels": 2}).encode()
     out["kombu"] = {"body": base64.b64encode(event).decode(), "content-encoding": "utf-8",
                     "content-type": "application/json", "headers": {},
-                    "properties": {"delivery_mode": 2, "delivery_info": {"exchange": "events", "routing_key": "shipped"},
-                                   "priority": 0, "body_encoding": "base64"}}
+                    "properties": {"delivery_mode": 2, "priority": 0, "body_encoding": "base64",
+                                   "delivery_info": {"exchange": "events", "routing_key": "shipped"}}}
     return out
 
 
