@@ -13,7 +13,9 @@ small, against the JSON dict kombu's own transports store:
   Celery's protocol-2 headers (celery/app/amqp.py ``as_task_v2``) have their defaults when the
   message is a Celery task (``lang`` and ``task`` in its headers);
 - ``argsrepr`` / ``kwargsrepr`` left out when they are exactly what ``repr`` of the body's args /
-  kwargs gives (checked at write; otherwise kept as they are), for bodies up to REPR_BODY_MAX;
+  kwargs gives (checked at write; otherwise kept as they are): args are read alone from a body as
+  Celery writes it, whatever its size; kwargs other than ``{}`` only from bodies up to
+  REPR_BODY_MAX (``_reprs_of``);
 - the rest of the record zstd-compressed when that makes it smaller (records of
   ``COMPRESS_MIN`` bytes and over; benchmarks/memory_tasks.py measures it).
 
@@ -41,10 +43,9 @@ as JSON, as before.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
-import re
+import operator
 import struct
 import threading
 from types import SimpleNamespace
@@ -64,8 +65,9 @@ VERSION = 1
 COMPRESS_MIN = 512
 #: zstd's own default level; it shrank the benchmark's 1 KB and 20 KB tasks 2x and 5x.
 ZSTD_LEVEL = 3
-#: argsrepr/kwargsrepr are derived from bodies of at most this many bytes: beyond it Celery has
-#: usually cut them (argsrepr_maxsize, 1 KB) and parsing the body on every read costs more.
+#: kwargsrepr (and argsrepr of a body not shaped as Celery writes it) is derived from bodies of at
+#: most this many bytes: beyond it Celery has usually cut it (argsrepr_maxsize, 1 KB) and parsing
+#: the kwargs on every read costs more. A Celery body's args are read alone, at any size.
 REPR_BODY_MAX = 1024
 
 # flags byte
@@ -140,7 +142,6 @@ _FIELD = {_TABLE_START + i: (s, name) for i, (s, name, _) in enumerate(FIELDS)}
 _C_BODY = _CODE[S_MESSAGE, "body"]
 _SUBSECTIONS = {(S_MESSAGE, "headers"): S_HEADERS, (S_MESSAGE, "properties"): S_PROPERTIES,
                 (S_PROPERTIES, "delivery_info"): S_DELIVERY_INFO}
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
 
 
@@ -152,15 +153,45 @@ def _defaults(section: int, celery: bool) -> dict:
 
 
 _DEFAULTS = {(s, c): _defaults(s, c) for s in range(4) for c in (False, True)}
-#: (section, celery) -> {field name: (code, default or _NO_DEFAULT, subsection or None)}: the writer's table
-_NAMES = {(sec, c): {name: (_CODE[s, name], _DEFAULTS[sec, c].get(name, _NO_DEFAULT), _SUBSECTIONS.get((s, name)))
+#: headers whose value the reader derives from the body when the flag says so
+_DERIVED = {(S_HEADERS, "argsrepr"): F_ARGSREPR, (S_HEADERS, "kwargsrepr"): F_KWARGSREPR}
+#: (section, celery) -> {field name: (code, default or _NO_DEFAULT, subsection or None, its F_* flag
+#: when derivable or 0)}: the writer's table
+_NAMES = {(sec, c): {name: (_CODE[s, name], _DEFAULTS[sec, c].get(name, _NO_DEFAULT), _SUBSECTIONS.get((s, name)),
+                            _DERIVED.get((s, name), 0))
                      for s, name, _ in FIELDS if s == sec}
           for sec in range(4) for c in (False, True)}
 #: (section, celery) -> names of the defaults and subsections a section has unless a record says not
 _EXPECTED = {(sec, c): (*_DEFAULTS[sec, c], *(name for (s, name) in _SUBSECTIONS if s == sec))
              for sec in range(4) for c in (False, True)}
-#: defaults that are lists or dicts: the reader copies them per message
-_MUTABLE = {key: [(n, v) for n, v in d.items() if type(v) in (list, dict)] for key, d in _DEFAULTS.items()}
+#: celery -> the four sections' defaults, copied per message by the reader (the lists and dicts
+#: among them, in _MUTABLE as (section, name, default), copied again: a shallow copy suffices)
+_TEMPLATES = {c: tuple(dict(_DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
+_MUTABLE = {c: [(s, n, v) for s in range(4) for n, v in _DEFAULTS[s, c].items() if type(v) in (list, dict)]
+            for c in (False, True)}
+assert not any(type(x) in (list, dict) for c in _MUTABLE for _, _, v in _MUTABLE[c]
+               for x in (v.values() if type(v) is dict else v))
+
+
+#: Celery's protocol-2 headers in table order (as_task_v2 makes them in this order): the fields
+#: with a default, as one tuple to compare at once, and those without, each (name, code, F_* flag)
+_CELERY_DEFAULTED = tuple((name, d) for s, name, d in FIELDS if s == S_HEADERS and d is not _NO_DEFAULT)
+_CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
+_CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
+_CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
+#: fields whose values repeat from message to message: their records come from _RECORDS
+_REPEATING = frozenset({(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key")})
+_CELERY_OWN = tuple((name, _CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
+                    for s, name, d in FIELDS if s == S_HEADERS and d is _NO_DEFAULT)
+_CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
+#: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
+_CELERY_MESSAGE = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
+_CELERY_PROPERTIES = frozenset({"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority",
+                                "body_encoding"})
+_DELIVERY_INFO = frozenset({"exchange", "routing_key"})
+_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY, _C_ROUTING_KEY = (
+    _CODE[S_PROPERTIES, "correlation_id"], _CODE[S_PROPERTIES, "reply_to"], _CODE[S_PROPERTIES, "priority"],
+    _CODE[S_DELIVERY_INFO, "routing_key"])
 
 
 class CodecError(ValueError):
@@ -168,34 +199,29 @@ class CodecError(ValueError):
 
 
 # -- writing ---------------------------------------------------------------------------------
+# The writer and the reader are plain functions over a bytearray (or bytes) and a position, with
+# the common values (short strings, UUIDs, references, None) handled inline: per message they run
+# some thirty times, and a method call per value cost more than the JSON layout's whole dumps
+# (benchmarks/codec_cpu.py measures both).
 def encode(message: dict) -> bytes:
     """The stored form of a kombu message dict."""
     if not isinstance(message, dict):
         raise CodecError(f"a message is a dict, not {type(message).__name__}")
-    w = _Writer(message)
     headers = message.get("headers")
     celery = isinstance(headers, dict) and "lang" in headers and "task" in headers
     flags = F_CELERY if celery else 0
-    skip: set[tuple[int, str]] = set()
-    w.raw_body = raw = _base64_body(message)
-    if isinstance(headers, dict) and raw is not None and len(raw) <= REPR_BODY_MAX \
-            and message.get("content-type") == "application/json" and message.get("content-encoding") == "utf-8":
-        # Only reprs Celery did not cut ("...") can be repr's: the others are not computed.
-        want = [(key, flag) for key, flag in (("argsrepr", F_ARGSREPR), ("kwargsrepr", F_KWARGSREPR))
-                if type(headers.get(key)) is str and "..." not in headers[key]]
-        derived = _reprs_of(raw, flags=sum(flag for _, flag in want)) if want else None
-        if derived is not None:
-            for key, flag in want:
-                if headers[key] == derived[flag]:
-                    flags |= flag
-                    skip.add((S_HEADERS, key))
-    w.section(S_MESSAGE, message, celery, skip)
-    body = w.out
-    if zstandard is not None and len(body) >= COMPRESS_MIN:
-        packed = _zstd().compressor.compress(bytes(body))
-        if len(packed) < len(body):
+    raw = _base64_body(message)
+    if raw is not None and isinstance(headers, dict) and message.get("content-type") == "application/json" \
+            and message.get("content-encoding") == "utf-8":
+        flags |= _derivable_reprs(headers, raw)
+    out = bytearray()
+    if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
+        _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+    if zstandard is not None and len(out) >= COMPRESS_MIN:
+        packed = _zstd().compressor.compress(out)
+        if len(packed) < len(out):
             return bytes((VERSION, flags | F_ZSTD)) + packed
-    return bytes((VERSION, flags)) + body
+    return bytes((VERSION, flags)) + out
 
 
 _local = threading.local()
@@ -211,132 +237,246 @@ def _zstd():
     return z
 
 
-class _Writer:
-    def __init__(self, message: dict):
-        self.message = message
-        self.out = bytearray()
-        self.uuids: dict[str, int] = {}
-        self.raw_body: bytes | None = None  # the message's body as bytes, when it is base64 text
+def _derivable_reprs(headers: dict, raw: bytes) -> int:
+    """F_ARGSREPR / F_KWARGSREPR for the reprs in ``headers`` that are what a reader derives from
+    the body (``_reprs_of``). Only reprs Celery did not cut ("...") can be: the others are not
+    computed. kwargs of a body over REPR_BODY_MAX are not parsed (unless they are ``{}``)."""
+    argsrepr, kwargsrepr = headers.get("argsrepr"), headers.get("kwargsrepr")
+    want = (F_ARGSREPR if type(argsrepr) is str and "..." not in argsrepr else 0) \
+        | (F_KWARGSREPR if type(kwargsrepr) is str and "..." not in kwargsrepr else 0)
+    if not want:
+        return 0
+    derived = _reprs_of(raw, want, kwargs_limit=REPR_BODY_MAX)
+    if derived is None:
+        return 0
+    return (F_ARGSREPR if want & F_ARGSREPR and derived.get(F_ARGSREPR) == argsrepr else 0) \
+        | (F_KWARGSREPR if want & F_KWARGSREPR and derived.get(F_KWARGSREPR) == kwargsrepr else 0)
 
-    def varint(self, n: int) -> None:
-        out = self.out
-        while n > 0x7F:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
+
+def _varint(out: bytearray, n: int) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _blob(out: bytearray, data: bytes) -> None:
+    n = len(data)
+    if n < 0x80:
         out.append(n)
+    else:
+        _varint(out, n)
+    out += data
 
-    def blob(self, data: bytes) -> None:
-        self.varint(len(data))
-        self.out += data
 
-    def section(self, section: int, d: dict, celery: bool, skip=frozenset()) -> None:
-        names = _NAMES[section, celery]
-        expected = 0  # fields of _EXPECTED present in d
-        out = self.out
-        for name, value in d.items():
-            info = names.get(name)
-            if info is None:  # a field the table does not name
-                if type(name) is not str:
-                    raise CodecError(f"message field name {name!r} is not a string")
-                self.varint(section)
-                self.blob(name.encode("utf-8", "surrogatepass"))
-                self.value(value)
+def _write_section(out: bytearray, uuids: dict, section: int, d: dict, celery: bool, flags: int,
+                   raw: bytes | None) -> None:
+    """The records of one section's fields (a subsection's inline, each code naming its section).
+    ``uuids``: {UUID text: its index} of those written so far; ``raw``: the body's bytes when it
+    is base64 text."""
+    names = _NAMES[section, celery]
+    expected = 0  # fields of _EXPECTED present in d
+    for name, value in d.items():
+        info = names.get(name)
+        if info is None:  # a field the table does not name
+            if type(name) is not str:
+                raise CodecError(f"message field name {name!r} is not a string")
+            out.append(section)  # a section is below 0x80: its varint is one byte
+            _blob(out, name.encode("utf-8", "surrogatepass"))
+            _write_value(out, uuids, value)
+            continue
+        code, default, sub, derived_flag = info
+        if default is not _NO_DEFAULT:
+            expected += 1
+            if value is default or (type(value) is type(default) and value == default
+                                    and (type(value) not in (list, dict) or _same(value, default))):
                 continue
-            code, default, sub = info
-            if default is not _NO_DEFAULT:
-                expected += 1
-                if value == default and type(value) is type(default) \
-                        and (type(value) not in (list, dict) or _same(value, default)):
-                    continue
-            elif sub is not None:
-                expected += 1
-                if isinstance(value, dict):  # a dict, or a subclass of one (read back as a dict)
-                    self.section(sub, value, celery, skip)
-                    continue
-            if skip and (section, name) in skip:
+        elif sub is not None:
+            expected += 1
+            if isinstance(value, dict):  # a dict, or a subclass of one (read back as a dict)
+                if sub != S_HEADERS or not celery or not _write_celery_headers(out, uuids, value, flags):
+                    _write_section(out, uuids, sub, value, celery, flags, raw)
                 continue
-            out.append(code)
-            if code == _C_BODY:
-                self.body(value, d)
-            else:
-                self.value(value)
-        if expected < len(_EXPECTED[section, celery]):
-            for name in _EXPECTED[section, celery]:
-                if name not in d:
-                    self.out.append(C_ABSENT)
-                    self.out.append(_CODE[section, name])
-
-    def body(self, body, message: dict) -> None:
-        out = self.out
-        if message is self.message:
-            raw = self.raw_body
-            if raw is not None:
-                if raw.endswith(CELERY_EMBED_TAIL):
-                    out.append(B_BASE64_EMBED)
-                    self.blob(raw[: -len(CELERY_EMBED_TAIL)])
-                else:
-                    out.append(B_BASE64)
-                    self.blob(raw)
-                return
-        if type(body) is bytes:
-            out.append(B_BYTES)
-            self.blob(body)
-        elif type(body) is str:
-            out.append(B_TEXT)
-            self.blob(body.encode("utf-8", "surrogatepass"))
+        if flags & derived_flag:  # argsrepr / kwargsrepr the reader derives from the body
+            continue
+        out.append(code)
+        if code == _C_BODY:
+            _write_body(out, uuids, value, raw)
         else:
-            out.append(B_VALUE)
-            self.value(body)
+            _write_value(out, uuids, value)
+    if expected < len(_EXPECTED[section, celery]):
+        for name in _EXPECTED[section, celery]:
+            if name not in d:
+                out.append(C_ABSENT)
+                out.append(_CODE[section, name])
 
-    def value(self, v) -> None:
-        out = self.out
-        t = type(v)
-        if t is str:
-            if len(v) == 36 and v[8] == "-" and _UUID.match(v):
-                ref = self.uuids.get(v)
-                if ref is not None:
-                    out.append(T_REF)
-                    self.varint(ref)
-                    return
-                self.uuids[v] = len(self.uuids)
-                out.append(T_UUID)
-                out += bytes.fromhex(v.replace("-", ""))
-                return
-            data = v.encode("utf-8", "surrogatepass")
-            if len(data) < 0x80:  # a one-byte length: most strings
-                out.append(T_STR)
-                out.append(len(data))
-                out += data
-            else:
-                out.append(T_STR)
-                self.blob(data)
-        elif v is None:
-            out.append(T_NONE)
-        elif t is bool:
-            out.append(T_TRUE if v else T_FALSE)
-        elif t is int:
-            out.append(T_INT)
-            self.varint(v << 1 if v >= 0 else ((-v) << 1) - 1)
-        elif t is float:
-            out.append(T_FLOAT)
-            out += struct.pack(">d", v)
-        elif t is bytes:
-            out.append(T_BYTES)
-            self.blob(v)
-        elif isinstance(v, list):
-            out.append(T_LIST)
-            self.varint(len(v))
-            for item in v:
-                self.value(item)
-        elif isinstance(v, dict) and all(type(k) is str for k in v):
-            out.append(T_DICT)
-            self.varint(len(v))
-            for k, item in v.items():
-                self.blob(k.encode("utf-8", "surrogatepass"))
-                self.value(item)
-        else:  # a tuple, a datetime, ...: what kombu's JSON makes of it, as the JSON layout did
-            out.append(T_JSON)
-            self.blob(kombu_dumps(v).encode("utf-8", "surrogatepass"))
+
+def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool:
+    """The records of a Celery task message as kombu's virtual channel hands it over (its five
+    fields, content type JSON in UTF-8, the properties Celery and the channel set, ``delivery_mode``
+    2, exchange ""), the same ``_write_section`` writes for it in the same order, without a loop
+    over its fields; False (nothing written) for any other message. ``raw``: its body's bytes."""
+    headers, props = message["headers"], message.get("properties")
+    if message.keys() != _CELERY_MESSAGE or type(props) is not dict or props.keys() != _CELERY_PROPERTIES \
+            or type(headers) is not dict:
+        return False
+    info, mode, priority = props["delivery_info"], props["delivery_mode"], props["priority"]
+    if type(info) is not dict or info.keys() != _DELIVERY_INFO or type(info["exchange"]) is not str \
+            or info["exchange"] or type(mode) is not int or mode != 2 or type(priority) is not int \
+            or type(props["body_encoding"]) is not str or type(message["content-type"]) is not str \
+            or message["content-type"] != "application/json" or type(message["content-encoding"]) is not str \
+            or message["content-encoding"] != "utf-8":
+        return False
+    uuids: dict[str, int] = {}
+    out.append(_C_BODY)
+    _write_body(out, uuids, None, raw)
+    if not _write_celery_headers(out, uuids, headers, flags):
+        _write_section(out, uuids, S_HEADERS, headers, True, flags, raw)
+    out.append(_C_CORRELATION_ID)
+    _write_value(out, uuids, props["correlation_id"])
+    out.append(_C_REPLY_TO)
+    _write_value(out, uuids, props["reply_to"])
+    _write_repeating(out, uuids, _C_ROUTING_KEY, info["routing_key"])
+    if priority:
+        out.append(_C_PRIORITY)
+        _write_value(out, uuids, priority)
+    return True
+
+
+def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
+    """The records of Celery's protocol-2 headers when they are exactly its fields and every
+    field that has a default holds it (a plain task: one tuple comparison for the thirteen), as
+    ``_write_section`` writes them; False (nothing written) for any other headers."""
+    if len(headers) != len(_CELERY_HEADERS) or headers.keys() != _CELERY_HEADERS:
+        return False
+    values = _CELERY_DEFAULTED_GET(headers)
+    if values != _CELERY_DEFAULT_VALUES or tuple(map(type, values)) != _CELERY_DEFAULT_TYPES:
+        return False
+    for name, code, derived_flag, repeating in _CELERY_OWN:
+        if flags & derived_flag:
+            continue
+        if repeating:
+            _write_repeating(out, uuids, code, headers[name])
+        else:
+            out.append(code)
+            _write_value(out, uuids, headers[name])
+    return True
+
+
+#: field code -> {text: the field's record}: the records of texts that repeat (a task name, a
+#: worker's origin, a routing key), each made once; a cache over CACHE_MAX texts starts again
+_RECORDS: dict[int, dict[str, bytes]] = {_CODE[key]: {} for key in _REPEATING}
+#: {UUID text: its 16 bytes} of UUIDs written lately (a client's reply_to is in every message)
+_PACKED: dict[str, bytes] = {}
+CACHE_MAX = 4096
+
+
+def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
+    """A field of _REPEATING: its code and value, as a record made once for a short text."""
+    if type(value) is str:
+        cache = _RECORDS[code]
+        record = cache.get(value)
+        if record is None and len(value) < 0x80 and len(value) != 36 and value.isascii():
+            if len(cache) >= CACHE_MAX:
+                cache.clear()
+            cache[value] = record = bytes((code, T_STR, len(value))) + value.encode("ascii")
+        if record is not None:
+            out += record
+            return
+    out.append(code)
+    _write_value(out, uuids, value)
+
+
+def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
+    if raw is not None:
+        if raw.endswith(CELERY_EMBED_TAIL):
+            out.append(B_BASE64_EMBED)
+            _blob(out, raw[: -len(CELERY_EMBED_TAIL)])
+        else:
+            out.append(B_BASE64)
+            _blob(out, raw)
+    elif type(body) is bytes:
+        out.append(B_BYTES)
+        _blob(out, body)
+    elif type(body) is str:
+        out.append(B_TEXT)
+        _blob(out, body.encode("utf-8", "surrogatepass"))
+    else:
+        out.append(B_VALUE)
+        _write_value(out, uuids, body)
+
+
+def _write_value(out: bytearray, uuids: dict, v) -> None:
+    t = type(v)
+    if t is str:
+        n = len(v)
+        if n < 0x80 and n != 36 and v.isascii():  # most values: a short text that is no UUID
+            out.append(T_STR)
+            out.append(n)
+            out += v.encode("ascii")
+            return
+        ref = uuids.get(v)
+        if ref is not None:  # a UUID written before in this message
+            out.append(T_REF)
+            _varint(out, ref)
+            return
+        packed = _PACKED.get(v)
+        if packed is None and n == 36:
+            packed = _uuid_bytes(v)
+            if packed is not None:
+                if len(_PACKED) >= CACHE_MAX:
+                    _PACKED.clear()
+                _PACKED[v] = packed
+        if packed is not None:
+            uuids[v] = len(uuids)
+            out.append(T_UUID)
+            out += packed
+            return
+        out.append(T_STR)
+        _blob(out, v.encode("utf-8", "surrogatepass"))
+    elif v is None:
+        out.append(T_NONE)
+    elif t is bool:
+        out.append(T_TRUE if v else T_FALSE)
+    elif t is int:
+        out.append(T_INT)
+        _varint(out, v << 1 if v >= 0 else ((-v) << 1) - 1)
+    elif t is float:
+        out.append(T_FLOAT)
+        out += _DOUBLE.pack(v)
+    elif t is bytes:
+        out.append(T_BYTES)
+        _blob(out, v)
+    elif isinstance(v, list):
+        out.append(T_LIST)
+        _varint(out, len(v))
+        for item in v:
+            _write_value(out, uuids, item)
+    elif isinstance(v, dict) and all(type(k) is str for k in v):
+        out.append(T_DICT)
+        _varint(out, len(v))
+        for k, item in v.items():
+            _blob(out, k.encode("utf-8", "surrogatepass"))
+            _write_value(out, uuids, item)
+    else:  # a tuple, a datetime, ...: what kombu's JSON makes of it, as the JSON layout did
+        out.append(T_JSON)
+        _blob(out, kombu_dumps(v).encode("utf-8", "surrogatepass"))
+
+
+def _uuid_bytes(text: str) -> bytes | None:
+    """The 16 bytes of a UUID in its canonical text (lowercase hex, dashes at 8-4-4-4-12), else
+    None: only that text is what the reader makes of the bytes again."""
+    if text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
+        return None
+    digits = text.replace("-", "")
+    try:
+        packed = bytes.fromhex(digits)
+    except ValueError:
+        return None
+    return packed if len(packed) == 16 and packed.hex() == digits else None
+
+
+_DOUBLE = struct.Struct(">d")
 
 
 def _same(a, b) -> bool:
@@ -350,28 +490,69 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _unbase64(text: str) -> bytes | None:
-    """The bytes of a base64 text, or None when the text is not exactly their base64."""
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    return raw if base64.b64encode(raw).decode("ascii") == text else None
-
-
 def _base64_body(message: dict) -> bytes | None:
-    """The bytes of a message's body when it is their base64 text (``body_encoding`` base64)."""
+    """The bytes of a message's body when it is exactly their base64 text (``body_encoding``
+    base64), else None."""
     props = message.get("properties")
     body = message.get("body")
     if type(body) is not str or type(props) is not dict or props.get("body_encoding") != "base64":
         return None
-    return _unbase64(body)
+    try:  # strict: only the alphabet, padding only at the end and only as much as is due
+        raw = binascii.a2b_base64(body, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    # Four characters of a full group are three bytes and back: only a padded last group can be
+    # another spelling of its bytes (low bits set that decoding drops), so only it is compared.
+    tail = len(raw) % 3
+    if tail and binascii.b2a_base64(raw[-tail:], newline=False) != body[-4:].encode("ascii"):
+        return None
+    return raw
 
 
-def _reprs_of(raw: bytes, flags: int) -> dict | None:
+_JSON_SCAN = json.JSONDecoder().scan_once  # (value, end) of the JSON at a position; StopIteration if none
+_TAIL_TEXT = CELERY_EMBED_TAIL.decode("ascii")
+
+
+def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict | None:
     """{F_ARGSREPR: argsrepr, F_KWARGSREPR: kwargsrepr} (those ``flags`` ask for) as ``repr``
     makes them from a Celery JSON body ``[args, kwargs, embed]``, or None when ``raw`` is not
-    one. A reader derives them again only when the writer found them equal to the headers'."""
+    one. A reader derives them again only when the writer found them equal to the headers'.
+
+    A body as Celery writes it (``[[`` ... CELERY_EMBED_TAIL, kombu's ", " separators) has its
+    args read alone and its kwargs only when asked (``{}`` without parsing); any other body is
+    parsed whole, up to REPR_BODY_MAX bytes for the writer. ``kwargs_limit`` (the writer's):
+    kwargs of a longer body are not parsed, and left out of the answer."""
+    text = None
+    if raw.startswith(b"[[") and raw.endswith(CELERY_EMBED_TAIL):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if text is not None:
+        try:
+            args, end = _JSON_SCAN(text, 1)
+        except StopIteration:
+            return None
+        stop = len(text) - len(_TAIL_TEXT)  # where kwargs end
+        if type(args) is list and text.startswith(", ", end):
+            out = {F_ARGSREPR: repr(tuple(args))} if flags & F_ARGSREPR else {}
+            if not flags & F_KWARGSREPR:
+                return out
+            if stop == end + 4 and text.startswith("{}", end + 2):
+                out[F_KWARGSREPR] = "{}"
+                return out
+            if kwargs_limit is not None and len(raw) > kwargs_limit:
+                return out
+            try:
+                kwargs, kwargs_end = _JSON_SCAN(text, end + 2)
+            except StopIteration:
+                return None
+            if type(kwargs) is not dict or kwargs_end != stop:
+                return None
+            out[F_KWARGSREPR] = repr(kwargs)
+            return out
+    if kwargs_limit is not None and len(raw) > kwargs_limit:
+        return None
     try:
         decoded = json.loads(raw)
     except ValueError:
@@ -403,161 +584,178 @@ def decode(data: bytes | str) -> dict:
     flags = data[1]
     if flags & ~_KNOWN_FLAGS:
         raise CodecError(f"stored message has unknown flags {flags:#04x}")
-    body = memoryview(data)[2:]
+    start = 2
     if flags & F_ZSTD:
         if zstandard is None:
             raise CodecError("stored message is zstd-compressed and the zstandard package is not installed")
         try:
-            body = memoryview(_zstd().decompressor.decompress(body))
+            data, start = _zstd().decompressor.decompress(memoryview(data)[2:]), 0
         except zstandard.ZstdError as exc:
             raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
+    elif not isinstance(data, bytes):
+        data = bytes(data)
     try:
-        return _Reader(body, flags).message()
+        return _read_message(data, start, flags)
     except (IndexError, struct.error, UnicodeDecodeError, KeyError) as exc:
         raise CodecError(f"stored message is truncated or corrupt ({exc!r})") from None
 
 
-class _Reader:
-    def __init__(self, data: memoryview, flags: int):
-        self.data = data
-        self.pos = 0
-        self.flags = flags
-        self.uuids: list[str] = []
-        self.raw_body: bytes | None = None  # the body's bytes, when it was base64
-
-    def varint(self) -> int:
-        data, pos = self.data, self.pos
-        n = shift = 0
-        while True:
-            b = data[pos]
+def _read_message(data: bytes, pos: int, flags: int) -> dict:
+    """The message of the records in ``data`` from ``pos`` to its end."""
+    celery = bool(flags & F_CELERY)
+    message, headers, props, info = sections = [d.copy() for d in _TEMPLATES[celery]]
+    for s, name, v in _MUTABLE[celery]:
+        sections[s][name] = v.copy()
+    props["delivery_info"] = info
+    message["headers"] = headers
+    message["properties"] = props
+    uuids: list[str] = []
+    raw = None  # the body's bytes, when it was base64
+    n = len(data)
+    field = _FIELD
+    while pos < n:
+        code = data[pos]
+        pos += 1
+        if code > C_ABSENT:
+            if code == _C_BODY:
+                message["body"], raw, pos = _read_body(data, pos, uuids)
+                continue
+            s, name = field[code]
+            target = sections[s]
+        elif code == C_ABSENT:
+            s, name = field[data[pos]]
             pos += 1
-            n |= (b & 0x7F) << shift
-            if b < 0x80:
-                self.pos = pos
-                return n
-            shift += 7
-
-    def blob(self) -> bytes:
-        n = self.varint()
-        start = self.pos
-        self.pos = end = start + n
-        if end > len(self.data):
-            raise IndexError("a length runs past the end")
-        return bytes(self.data[start:end])
-
-    def text(self) -> str:
-        return self.blob().decode("utf-8", "surrogatepass")
-
-    def message(self) -> dict:
-        celery = bool(self.flags & F_CELERY)
-        sections = []
-        for s in range(4):
-            d = dict(_DEFAULTS[s, celery])
-            for name, v in _MUTABLE[s, celery]:
-                d[name] = _copy(v)
-            sections.append(d)
-        message, headers, props = sections[S_MESSAGE], sections[S_HEADERS], sections[S_PROPERTIES]
-        props["delivery_info"] = sections[S_DELIVERY_INFO]
-        message["headers"] = headers
-        message["properties"] = props
-        data, n, field, value = self.data, len(self.data), _FIELD, self.value
-        while self.pos < n:
-            code = data[self.pos]
-            self.pos += 1
-            if code > C_ABSENT:
-                if code == _C_BODY:
-                    message["body"] = self.body()
-                else:
-                    s, name = field[code]
-                    sections[s][name] = value()
-            elif code == C_ABSENT:
-                s, name = field[data[self.pos]]
-                self.pos += 1
-                sections[s].pop(name, None)
-            else:
-                name = self.text()
-                sections[code][name] = value()
-        wanted = self.flags & (F_ARGSREPR | F_KWARGSREPR)
-        if wanted:
-            derived = _reprs_of(self.raw_body, wanted) if self.raw_body is not None else None
-            if derived is None:
-                raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
-            if wanted & F_ARGSREPR:
-                headers["argsrepr"] = derived[F_ARGSREPR]
-            if wanted & F_KWARGSREPR:
-                headers["kwargsrepr"] = derived[F_KWARGSREPR]
-        return message
-
-    def body(self):
-        form = self.data[self.pos]
-        self.pos += 1
-        if form == B_BASE64 or form == B_BASE64_EMBED:
-            raw = self.blob() if form == B_BASE64 else self.blob() + CELERY_EMBED_TAIL
-            self.raw_body = raw
-            return base64.b64encode(raw).decode("ascii")
-        if form == B_BYTES:
-            return self.blob()
-        if form == B_TEXT:
-            return self.text()
-        if form == B_VALUE:
-            return self.value()
-        raise CodecError(f"stored message has unknown body form {form}")
-
-    def value(self):
-        data = self.data
-        tag = data[self.pos]
-        self.pos += 1
-        if tag == T_STR:
-            n = data[self.pos]
-            if n < 0x80:  # one-byte length: most strings
-                start = self.pos + 1
-                self.pos = end = start + n
-                if end > len(data):
-                    raise IndexError("a string runs past the end")
-                return str(data[start:end], "utf-8", "surrogatepass")
-            return self.text()
-        if tag == T_NONE:
-            return None
-        if tag == T_UUID:
-            start = self.pos
-            self.pos = end = start + 16
-            if end > len(data):
+            sections[s].pop(name, None)
+            continue
+        else:
+            length, pos = _read_varint(data, pos)
+            end = pos + length
+            if end > n:
+                raise IndexError("a field name runs past the end")
+            name = data[pos:end].decode("utf-8", "surrogatepass")
+            pos = end
+            target = sections[code]
+        tag = data[pos]  # the common values inline, the others in _read_value
+        if tag == T_STR and data[pos + 1] < 0x80:
+            end = pos + 2 + data[pos + 1]
+            if end > n:
+                raise IndexError("a string runs past the end")
+            target[name] = data[pos + 2:end].decode("utf-8", "surrogatepass")
+            pos = end
+        elif tag == T_UUID:
+            pos += 17
+            if pos > n:
                 raise IndexError("a UUID runs past the end")
-            h = data[start:end].hex()
-            text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-            self.uuids.append(text)
-            return text
-        if tag == T_REF:
-            return self.uuids[self.varint()]
-        if tag == T_INT:
-            z = self.varint()
-            return z >> 1 if not z & 1 else -((z + 1) >> 1)
-        if tag == T_TRUE:
-            return True
-        if tag == T_FALSE:
-            return False
-        if tag == T_FLOAT:
-            start = self.pos
-            self.pos += 8
-            return struct.unpack(">d", data[start:self.pos])[0]
-        if tag == T_BYTES:
-            return self.blob()
-        if tag == T_LIST:
-            return [self.value() for _ in range(self.varint())]
-        if tag == T_DICT:
-            d = {}
-            for _ in range(self.varint()):
-                key = self.text()
-                d[key] = self.value()
-            return d
-        if tag == T_JSON:
-            return kombu_loads(self.text())
-        raise CodecError(f"stored message has unknown value tag {tag}")
+            h = data[pos - 16:pos].hex()
+            target[name] = text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+            uuids.append(text)
+        elif tag == T_REF and data[pos + 1] < 0x80:
+            target[name] = uuids[data[pos + 1]]
+            pos += 2
+        elif tag == T_NONE:
+            target[name] = None
+            pos += 1
+        else:
+            target[name], pos = _read_value(data, pos, uuids)
+    wanted = flags & (F_ARGSREPR | F_KWARGSREPR)
+    if wanted:
+        derived = _reprs_of(raw, wanted) if raw is not None else None
+        if derived is None or len(derived) != bin(wanted).count("1"):
+            raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
+        if wanted & F_ARGSREPR:
+            headers["argsrepr"] = derived[F_ARGSREPR]
+        if wanted & F_KWARGSREPR:
+            headers["kwargsrepr"] = derived[F_KWARGSREPR]
+    return message
 
 
-def _copy(value):
-    if type(value) is dict:
-        return {k: _copy(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_copy(v) for v in value]
-    return value
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+
+
+def _read_blob(data: bytes, pos: int) -> tuple[bytes, int]:
+    length, pos = _read_varint(data, pos)
+    end = pos + length
+    if end > len(data):
+        raise IndexError("a length runs past the end")
+    return bytes(data[pos:end]), end
+
+
+def _read_body(data: bytes, pos: int, uuids: list) -> tuple[object, bytes | None, int]:
+    """(body, its bytes when it was base64 or None, position after it)."""
+    form = data[pos]
+    pos += 1
+    if form == B_BASE64 or form == B_BASE64_EMBED:
+        raw, pos = _read_blob(data, pos)
+        if form == B_BASE64_EMBED:
+            raw += CELERY_EMBED_TAIL
+        return binascii.b2a_base64(raw, newline=False).decode("ascii"), raw, pos
+    if form == B_BYTES:
+        body, pos = _read_blob(data, pos)
+        return body, None, pos
+    if form == B_TEXT:
+        body, pos = _read_blob(data, pos)
+        return body.decode("utf-8", "surrogatepass"), None, pos
+    if form == B_VALUE:
+        body, pos = _read_value(data, pos, uuids)
+        return body, None, pos
+    raise CodecError(f"stored message has unknown body form {form}")
+
+
+def _read_value(data: bytes, pos: int, uuids: list) -> tuple[object, int]:
+    """(the value at ``pos``, the position after it)."""
+    tag = data[pos]
+    pos += 1
+    if tag == T_STR:
+        text, pos = _read_blob(data, pos)
+        return text.decode("utf-8", "surrogatepass"), pos
+    if tag == T_NONE:
+        return None, pos
+    if tag == T_UUID:
+        end = pos + 16
+        if end > len(data):
+            raise IndexError("a UUID runs past the end")
+        h = data[pos:end].hex()
+        text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        uuids.append(text)
+        return text, end
+    if tag == T_REF:
+        ref, pos = _read_varint(data, pos)
+        return uuids[ref], pos
+    if tag == T_INT:
+        z, pos = _read_varint(data, pos)
+        return (z >> 1 if not z & 1 else -((z + 1) >> 1)), pos
+    if tag == T_TRUE:
+        return True, pos
+    if tag == T_FALSE:
+        return False, pos
+    if tag == T_FLOAT:
+        return _DOUBLE.unpack(data[pos:pos + 8])[0], pos + 8
+    if tag == T_BYTES:
+        return _read_blob(data, pos)
+    if tag == T_LIST:
+        count, pos = _read_varint(data, pos)
+        items = []
+        for _ in range(count):
+            item, pos = _read_value(data, pos, uuids)
+            items.append(item)
+        return items, pos
+    if tag == T_DICT:
+        count, pos = _read_varint(data, pos)
+        d = {}
+        for _ in range(count):
+            key, pos = _read_blob(data, pos)
+            d[key.decode("utf-8", "surrogatepass")], pos = _read_value(data, pos, uuids)
+        return d, pos
+    if tag == T_JSON:
+        text, pos = _read_blob(data, pos)
+        return kombu_loads(text.decode("utf-8", "surrogatepass")), pos
+    raise CodecError(f"stored message has unknown value tag {tag}")
+

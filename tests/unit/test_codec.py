@@ -176,10 +176,99 @@ def test_large_records_are_compressed_only_when_it_pays():
     assert not encode(_celery_message())[1] & codec.F_ZSTD  # small: never offered
 
 
+@pytest.mark.parametrize("body", ["QQ==", "QR==", "QUI=", "QUJ=", "QUJD", "QQ", "Q===", "QQ==\n", " QQ==", "QQ=a", ""])
+def test_a_body_is_stored_as_bytes_only_when_it_is_their_one_base64_spelling(body):
+    # "QR==" and "QUJ=" decode to the bytes of "QQ==" and "QUI=" (low bits dropped): kept as text
+    message = {"body": body, "headers": {}, "properties": {"body_encoding": "base64"}}
+    data = encode(message)
+    assert decode(data) == message
+    canonical = body in ("QQ==", "QUI=", "QUJD", "")
+    assert (data[2 + data[2:].index(codec._C_BODY) + 1] == codec.B_BASE64) == canonical
+
+
+@pytest.mark.parametrize("text", ["CF03FC8B-FDE8-4BE2-80AE-5E729995E5AE", "cf03fc8b-fde8-4be2-80ae-5e729995e5a ",
+                                  "cf03fc8b fde8-4be2-80ae-5e729995e5ae", "cf03fc8bxfde8x4be2x80aex5e729995e5ae"])
+def test_a_text_shaped_almost_like_a_uuid_is_kept_as_text(text):
+    message = _celery_message()
+    message["headers"]["parent_id"] = text
+    data = encode(message)
+    assert decode(data) == message and text.encode() in data
+
+
+def test_repeating_fields_read_the_same_from_the_cache_whatever_they_hold():
+    # Given Celery messages whose task name, origin and routing key repeat, or are UUIDs, or are
+    # a str subclass, or long, written after one another (the records of repeating texts are cached)
+    class Name(str):
+        pass
+
+    reply_queue = str(uuid.uuid4())
+    for task, origin, routing_key in [("proj.a", "gen1@host", "celery"), ("proj.a", "gen1@host", "celery"),
+                                      (Name("proj.a"), "gen1@host", reply_queue), ("proj.b", reply_queue, "celery"),
+                                      ("é" * 3, "x" * 300, Name("celery")), ("proj.a", "gen1@host", "celery")]:
+        message = _celery_message()
+        message["headers"].update(task=task, origin=origin)
+        message["properties"]["delivery_info"]["routing_key"] = routing_key
+        message["properties"]["reply_to"] = reply_queue
+        decoded = decode(encode(message))
+        # then each reads back as written, its types too
+        assert decoded == message
+        assert type(decoded["headers"]["task"]) is str and decoded["properties"]["delivery_info"]["routing_key"] == \
+            routing_key
+
+
+def test_the_caches_start_again_when_full(monkeypatch):
+    monkeypatch.setattr(codec, "CACHE_MAX", 2)
+    monkeypatch.setattr(codec, "_RECORDS", {code: {} for code in codec._RECORDS})  # none from earlier tests
+    monkeypatch.setattr(codec, "_PACKED", {})
+    for n in range(5):
+        message = _celery_message()
+        message["headers"]["task"] = f"proj.task{n}"
+        assert decode(encode(message)) == message
+    assert all(len(cache) <= 2 for cache in codec._RECORDS.values()) and len(codec._PACKED) <= 2
+
+
 def test_values_of_other_types_go_through_kombus_json_as_before():
     when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     message = {"body": "x", "headers": {"when": when, "pair": (1, 2)}, "properties": {}}
     assert decode(encode(message)) == {**message, "headers": {"when": when, "pair": [1, 2]}}
+
+
+def _plain_task() -> dict:
+    """A plain task as Celery 5 publishes it, every value fixed."""
+    body = json.dumps([["order-00000001", 0.5], {}, {"callbacks": None, "errbacks": None, "chain": None,
+                                                     "chord": None}]).encode()
+    tid = "cf03fc8b-fde8-4be2-80ae-5e729995e5ae"
+    return {"body": _b64(body), "content-encoding": "utf-8", "content-type": "application/json",
+            "headers": {"lang": "py", "task": "proj.add", "id": tid, "shadow": None, "eta": None, "expires": None,
+                        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": tid,
+                        "parent_id": None, "argsrepr": "('order-00000001', 0.5)", "kwargsrepr": "{}",
+                        "origin": "gen1@host", "ignore_result": False, "replaced_task_nesting": 0,
+                        "stamped_headers": None, "stamps": {}},
+            "properties": {"correlation_id": tid, "reply_to": "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d",
+                           "delivery_mode": 2, "delivery_info": {"exchange": "", "routing_key": "celery"},
+                           "priority": 3, "body_encoding": "base64"}}
+
+
+#: _plain_task() as the first writer of format version 1 stored it (kept by hand, byte for byte)
+PLAIN_TASK_V1 = (b'\x01\x07\x08\x04\x1c[["order-00000001", 0.5], {}\x18\x05\x08proj.add\x19\x07\xcf\x03\xfc\x8b'
+                 b'\xfd\xe8K\xe2\x80\xae^r\x99\x95\xe5\xae!\x08\x00%\x05\tgen1@host\r\x08\x00\x0e\x07\x9b\x1d\xebM;}K'
+                 b'\xad\x9b\xdd+\r{=\xcbm\x16\x05\x06celery\x11\x03\x06')
+
+
+def test_a_record_of_this_format_written_before_reads_and_is_written_the_same():
+    # Given a record the first version-1 writer made; then it reads back, and is what is written today
+    assert decode(PLAIN_TASK_V1) == _plain_task()
+    assert encode(_plain_task()) == PLAIN_TASK_V1
+
+
+def test_argsrepr_of_a_large_body_is_derived_from_its_args_alone():
+    # Given a task whose kwargs make its body far longer than REPR_BODY_MAX
+    message = _celery_message(args=("order-1", 2.5), kwargs={"lines": ["sku-%d" % i for i in range(400)]})
+    assert len(base64.b64decode(message["body"])) > codec.REPR_BODY_MAX
+    data = encode(message)
+    # then argsrepr is not stored (read from the args), kwargsrepr (cut by Celery) is kept as it is
+    assert data[1] & codec.F_ZSTD and data[1] & codec.F_ARGSREPR and not data[1] & codec.F_KWARGSREPR
+    assert decode(data) == message
 
 
 def test_an_entry_written_before_the_compact_form_reads_as_before():
