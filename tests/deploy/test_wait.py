@@ -30,6 +30,12 @@ def pair():
         while replica.client(decode_responses=True).info("replication").get("master_link_status") != "up":
             assert time.monotonic() < deadline, "replica never in sync"
             time.sleep(0.05)
+        # and acknowledging writes (its first acknowledgement can come a moment after the link
+        # is up; a WAIT within the tests' short timeouts would count it as missing)
+        with master.client() as c:
+            c.set("pq-test-sync", 1)
+            assert c.execute_command("WAIT", 1, 10_000) == 1, "replica never acknowledged a write"
+            c.delete("pq-test-sync")
         yield master, replica
     finally:
         replica.close()

@@ -34,9 +34,9 @@ def test_benchmarks_run_and_write_results(tmp_path):
     spark = json.loads((tmp_path / "spark_bulk.json").read_text())
     assert spark["stored"] == spark["rows"] == 2_000 and spark["ratio"] > 0
     faults = json.loads((tmp_path / "faults.json").read_text())["results"]
-    assert set(faults) == {"worker_kills", "redis_kills", "aof_kill_rounds"}
+    assert set(faults) == {"redis_kills", "aof_kill_rounds"}
     assert all(r["returned"] > 0 and r["lost"] >= 0 for r in faults["aof_kill_rounds"].values())
-    assert faults["worker_kills"]["celery-pq"]["lost"] == 0 and faults["redis_kills"]["kombu-redis"]["returned"] > 0
+    assert faults["redis_kills"]["celery-pq"]["returned"] > 0 and faults["redis_kills"]["kombu-redis"]["returned"] > 0
     relaxed = json.loads((tmp_path / "relaxed.json").read_text())
     plain = [c for c in relaxed["cases"] if c["shards"] == 1 and c["consumers"] == 1]
     assert plain and all(c["max"] == 0 for c in plain)  # one shard, one consumer: exact order
