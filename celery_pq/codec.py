@@ -569,9 +569,20 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
 
 
 # -- reading ---------------------------------------------------------------------------------
-def decode(data: bytes | str) -> dict:
+class Base64Body(bytes):
+    """The body of a message whose ``body_encoding`` is base64, as its bytes (``decode(data,
+    raw_body=True)``): the base64 text is not made, and the reader that asked knows the decoding
+    of it is done (the transport's ``decode_body``)."""
+
+    __slots__ = ()
+
+
+def decode(data: bytes | str, raw_body: bool = False) -> dict:
     """The kombu message dict of a stored record (this format, or the JSON written before it).
-    CodecError (a ValueError) naming the problem for a record that is neither."""
+    CodecError (a ValueError) naming the problem for a record that is neither.
+
+    ``raw_body``: a body stored as the bytes of its base64 text is given as those bytes, a
+    ``Base64Body``, not as the text (a delivery: kombu would decode the text at once)."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if data[:1] == b"{":
@@ -595,12 +606,12 @@ def decode(data: bytes | str) -> dict:
     elif not isinstance(data, bytes):
         data = bytes(data)
     try:
-        return _read_message(data, start, flags)
+        return _read_message(data, start, flags, raw_body)
     except (IndexError, struct.error, UnicodeDecodeError, KeyError) as exc:
         raise CodecError(f"stored message is truncated or corrupt ({exc!r})") from None
 
 
-def _read_message(data: bytes, pos: int, flags: int) -> dict:
+def _read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> dict:
     """The message of the records in ``data`` from ``pos`` to its end."""
     celery = bool(flags & F_CELERY)
     message, headers, props, info = sections = [d.copy() for d in _TEMPLATES[celery]]
@@ -618,7 +629,7 @@ def _read_message(data: bytes, pos: int, flags: int) -> dict:
         pos += 1
         if code > C_ABSENT:
             if code == _C_BODY:
-                message["body"], raw, pos = _read_body(data, pos, uuids)
+                message["body"], raw, pos = _read_body(data, pos, uuids, raw_body)
                 continue
             s, name = field[code]
             target = sections[s]
@@ -688,14 +699,17 @@ def _read_blob(data: bytes, pos: int) -> tuple[bytes, int]:
     return bytes(data[pos:end]), end
 
 
-def _read_body(data: bytes, pos: int, uuids: list) -> tuple[object, bytes | None, int]:
-    """(body, its bytes when it was base64 or None, position after it)."""
+def _read_body(data: bytes, pos: int, uuids: list, raw_body: bool = False) -> tuple[object, bytes | None, int]:
+    """(body, its bytes when it was base64 or None, position after it); with ``raw_body`` a
+    base64 body is its bytes (a Base64Body)."""
     form = data[pos]
     pos += 1
     if form == B_BASE64 or form == B_BASE64_EMBED:
         raw, pos = _read_blob(data, pos)
         if form == B_BASE64_EMBED:
             raw += CELERY_EMBED_TAIL
+        if raw_body:
+            return Base64Body(raw), raw, pos
         return binascii.b2a_base64(raw, newline=False).decode("ascii"), raw, pos
     if form == B_BYTES:
         body, pos = _read_blob(data, pos)

@@ -14,13 +14,21 @@ The three forms cannot be confused, so ``decode_id(encode_id(x)) == x`` for ever
 from __future__ import annotations
 
 import re
-import uuid
 
 _UUID = re.compile(r"([0-9a-f]{8})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{12})(~[0-9]+)?\Z")
 _PACKED, _ESCAPED = 1, 2
 
 
+#: Stored forms of ids decoded lately, by their text: a delivered entry's id comes back in its
+#: ack, and is then found here instead of being parsed again. Cleared when full.
+_RECENT: dict[str, bytes] = {}
+RECENT_MAX = 4096
+
+
 def encode_id(id: str) -> bytes:
+    raw = _RECENT.get(id)
+    if raw is not None:
+        return raw
     m = _UUID.match(id)
     if m:
         return b"\x01" + bytes.fromhex("".join(m.group(1, 2, 3, 4, 5))) + (m.group(6) or "").encode()
@@ -34,7 +42,14 @@ def decode_id(raw: bytes | str) -> str:
     if isinstance(raw, str):
         raw = raw.encode()
     if raw[:1] == b"\x01" and len(raw) >= 17:
-        return str(uuid.UUID(bytes=raw[1:17])) + raw[17:].decode()
+        h = raw[1:17].hex()
+        text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        if len(raw) > 17:
+            return text + raw[17:].decode()
+        if len(_RECENT) >= RECENT_MAX:
+            _RECENT.clear()
+        _RECENT[text] = raw  # (only the plain form: encode_id gives it back for this text)
+        return text
     if raw[:1] == b"\x02":
         return raw[2 - 1 :].decode()
     return raw.decode()

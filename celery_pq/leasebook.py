@@ -146,7 +146,10 @@ class LeaseBook:
                     self._resent.update(tag for _, tag in pairs)
             raise
         for q, pairs in pending.items():
-            for (eid, tag), code in zip(pairs, codes.get(q, ())):
+            got = codes.get(q, ())
+            if not self._resent and all(code == 1 for code in got):
+                continue  # (most round trips: every ack done, none of them sent before)
+            for (eid, tag), code in zip(pairs, got):
                 with self._lock:
                     resent = tag in self._resent
                     self._resent.discard(tag)

@@ -85,6 +85,7 @@ class Waits:
         self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
         self._blocks: dict[object, Blocking] = {}  # slot group -> its blocking read
         self._subs: dict[object, Subscription] = {}  # node client -> its pub/sub
+        self._pubsub_waits: tuple | None = None  # (channels, waits) of the last _arm_pubsub
 
     def should_pop(self) -> bool:
         """Whether there may be work (a wake-up, a change, a sweep that returned entries)."""
@@ -121,7 +122,16 @@ class Waits:
         return waits
 
     def _arm_pubsub(self, wanted: dict) -> list[Wait]:
-        """Subscribe to the fanout channels wanted (sharded, per master, on a cluster)."""
+        """Subscribe to the fanout channels wanted (sharded, per master, on a cluster). The waits
+        of the last call are given again while the channels wanted are the same and every
+        subscription still has its connection (most calls: nothing changed)."""
+        if not wanted and not self._subs:
+            return []
+        known = self._pubsub_waits
+        if known is not None and known[0] == wanted.keys() and all(
+                w.conn is sub.pubsub.connection for w, sub in zip(known[1], self._subs.values())):
+            return known[1]
+        self._pubsub_waits = None
         client = self.channel.client
         sharded = is_cluster(client)
         groups = {node: set(names) for node, names in by_node(client, sorted(wanted), lambda n: n).items()}
@@ -138,6 +148,8 @@ class Waits:
                 (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))
             sub.channels = names
             waits.append(Wait(sub.pubsub.connection, partial(self._on_pubsub, sub.pubsub), False))
+        if len(waits) == len(self._subs):
+            self._pubsub_waits = (set(wanted), waits)
         return waits
 
     def _on_blpop(self, block: Blocking) -> int:
@@ -211,6 +223,7 @@ class Waits:
         for sub in self._subs.values():
             _quietly(sub.pubsub.close)
         self._subs.clear()
+        self._pubsub_waits = None
 
 
 class Poller:
@@ -234,10 +247,12 @@ class Poller:
         delivered = 0
         waits: list[Wait] = []
         for channel in list(self.transport.cycle_channels):
-            delivered += channel.pop_and_deliver()
+            got = channel.pop_and_deliver()
+            delivered += got
             if delivered and until_delivered:
                 return delivered, []
-            waits += channel.waits.arm()
+            if not got:  # (a channel that delivered pops again on the next pass: nothing to arm)
+                waits += channel.waits.arm()
         return delivered, waits
 
     # -- kombu's drain_events ---------------------------------------------------------------

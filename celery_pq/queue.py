@@ -413,18 +413,20 @@ class PriorityQueue:
     # -- decoding -----------------------------------------------------------------------------
     def _entry(self, eid, score, value, cls=Entry, **extra) -> Entry:
         h, payload = split_entry(value)  # the scripts return only entries they parsed
-        dead_reason, dead_ms, dead_deliveries = split_dead_note(h.dead_note) or (None, None, None)
+        dead_reason = dead_ms = dead_deliveries = None
+        if h.dead_note:
+            dead_reason, dead_ms, dead_deliveries = split_dead_note(h.dead_note) or (None, None, None)
         return cls(
-            queue=self.name,
-            id=decode_id(eid),
-            priority=self.priority_of_score(score),
-            payload=payload,
-            deliveries=h.deliveries,
-            tenant=unescape_tenant(_s(h.tenant)) if h.tenant else None,
-            enqueued_ms=h.enqueued_ms,
-            dead_reason=dead_reason,
-            dead_ms=dead_ms,
-            dead_deliveries=dead_deliveries,
+            self.name,
+            decode_id(eid),
+            self.priority_of_rank(int(float(score)) >> C.SEQ_BITS),
+            payload,
+            h.deliveries,
+            unescape_tenant(_s(h.tenant)) if h.tenant else None,
+            h.enqueued_ms,
+            dead_reason,
+            dead_ms,
+            dead_deliveries,
             **extra,
         )
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 
 import redis
@@ -54,7 +55,7 @@ from redis import exceptions as rex
 
 from . import connections
 from . import constants as C
-from .codec import decode
+from .codec import Base64Body, decode
 from .errors import ConfigError, NotReplicated
 from .keys import fanout_channel
 from .leasebook import LeaseBook
@@ -140,6 +141,8 @@ class Channel(virtual.Channel):
     max_priority = C.MAX_PRIORITY
     #: The options every channel starts from (a channel reads its own at creation).
     options = Options()
+    #: ``active_queues``, made when first asked after a change of the consumed queues.
+    _consumed: list[str] | None = None
 
     def __init__(self, connection, **kwargs):
         super().__init__(connection, **kwargs)
@@ -181,6 +184,13 @@ class Channel(virtual.Channel):
                 q = self.options.open_queue(self.client, name)
             self._queues[name] = q
         return q
+
+    def decode_body(self, body, encoding=None):
+        """kombu's body decoding; a delivered body the codec gave as bytes (``Base64Body``) is
+        decoded already."""
+        if type(body) is Base64Body:
+            return bytes(body)
+        return super().decode_body(body, encoding)
 
     # -- publishing ---------------------------------------------------------------------------
     def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
@@ -257,6 +267,7 @@ class Channel(virtual.Channel):
         if no_ack:
             self._no_ack_queues.add(queue)
         ret = super().basic_consume(queue, no_ack, *args, **kwargs)
+        self._consumed = None
         self.transport.ensure_keeper()
         self._consumed_changed()
         self.waits.need_pop = True
@@ -265,6 +276,7 @@ class Channel(virtual.Channel):
     def basic_cancel(self, consumer_tag):
         queue = self._tag_to_queue.get(consumer_tag)
         ret = super().basic_cancel(consumer_tag)
+        self._consumed = None
         self._no_ack_queues.discard(queue)
         if queue is not None and queue in self._fanout_queues:
             self._active_fanout.pop(self._fanout_channel(self._fanout_queues[queue]), None)
@@ -283,9 +295,14 @@ class Channel(virtual.Channel):
         return message
 
     @property
-    def active_queues(self):
-        fan = set(self._active_fanout.values())
-        return [q for q in dict.fromkeys(self._active_queues) if q not in fan]
+    def active_queues(self) -> list[str]:
+        """The consumed queues, fanout queues left out (those come by pub/sub); made again after
+        each basic_consume and basic_cancel."""
+        queues = self._consumed
+        if queues is None:
+            fan = set(self._active_fanout.values())
+            queues = self._consumed = [q for q in dict.fromkeys(self._active_queues) if q not in fan]
+        return queues
 
     def _get(self, queue, timeout=None):
         """basic_get: lease one message now, or raise Empty."""
@@ -357,7 +374,7 @@ class Channel(virtual.Channel):
         """The kombu message of a lease, or None when it is not one (then moved to the
         dead-letter queue with reason ``malformed``)."""
         try:
-            message = decode(lease.payload)
+            message = decode(lease.payload, raw_body=True)
             props = message["properties"]
             info = props.setdefault("delivery_info", {})
             headers = message.get("headers")
@@ -597,8 +614,6 @@ class Transport(virtual.Transport):
 
 def _celery_state():
     """celery.worker.state when a Celery worker runs in this process, else None."""
-    import sys
-
     return sys.modules.get("celery.worker.state")
 
 
