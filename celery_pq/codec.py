@@ -198,6 +198,16 @@ class CodecError(ValueError):
     """A stored record this codec cannot read (or a message it cannot write)."""
 
 
+class Base64Body(bytes):
+    """A message body whose ``body_encoding`` is base64, held as its bytes instead of the base64
+    text: the transport publishes a body so (the codec stores such a body as its bytes anyway),
+    and ``decode(data, raw_body=True)`` gives one back for a delivery (kombu would decode the text
+    at once). Whoever holds one knows that the base64 step is done (the transport's
+    ``decode_body``)."""
+
+    __slots__ = ()
+
+
 # -- writing ---------------------------------------------------------------------------------
 # The writer and the reader are plain functions over a bytearray (or bytes) and a position, with
 # the common values (short strings, UUIDs, references, None) handled inline: per message they run
@@ -395,7 +405,7 @@ def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
         else:
             out.append(B_BASE64)
             _blob(out, raw)
-    elif type(body) is bytes:
+    elif type(body) is bytes or type(body) is Base64Body:
         out.append(B_BYTES)
         _blob(out, body)
     elif type(body) is str:
@@ -495,6 +505,8 @@ def _base64_body(message: dict) -> bytes | None:
     base64), else None."""
     props = message.get("properties")
     body = message.get("body")
+    if type(body) is Base64Body:  # the bytes themselves (the transport's publish)
+        return bytes(body) if type(props) is dict and props.get("body_encoding") == "base64" else None
     if type(body) is not str or type(props) is not dict or props.get("body_encoding") != "base64":
         return None
     try:  # strict: only the alphabet, padding only at the end and only as much as is due
@@ -569,14 +581,6 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
 
 
 # -- reading ---------------------------------------------------------------------------------
-class Base64Body(bytes):
-    """The body of a message whose ``body_encoding`` is base64, as its bytes (``decode(data,
-    raw_body=True)``): the base64 text is not made, and the reader that asked knows the decoding
-    of it is done (the transport's ``decode_body``)."""
-
-    __slots__ = ()
-
-
 def decode(data: bytes | str, raw_body: bool = False) -> dict:
     """The kombu message dict of a stored record (this format, or the JSON written before it).
     CodecError (a ValueError) naming the problem for a record that is neither.

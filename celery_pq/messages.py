@@ -131,7 +131,7 @@ def digest(*parts) -> bytes:
     """16 bytes naming ``parts`` (each length-prefixed, so no two lists of parts collide)."""
     h = blake2b(digest_size=16)
     for part in parts:
-        text = str(part).encode()
+        text = bytes(part) if isinstance(part, bytes) else str(part).encode()
         h.update(b"%d:" % len(text) + text)
     return h.digest()
 

@@ -281,6 +281,7 @@ class PriorityQueue:
         self._script_keys: dict[str, tuple[tuple[str, ...], list[str]]] = {}
         self._views: list[tuple[int, int]] = []
         self._views_version = ""
+        self._head: tuple[list, list] | None = None  # _insert_head, made when first needed
         self.dedupe_seconds = float(dedupe_seconds)
         self.max_dead_length = max_dead_length
         self.event_log = int(event_log or 0)
@@ -431,14 +432,22 @@ class PriorityQueue:
         )
 
     # -- INSERT -------------------------------------------------------------------------------
+    def _insert_head(self) -> tuple[list, list]:
+        """(KEYS, the ARGV before the publish ids to forget) of an insert: the same for every
+        insert until the registry of priority views changes (``refresh_views``)."""
+        head = self._head
+        if head is None:
+            keys = [*self._keys("insert"), *(self.keys.view_wake(*v) for v in self._views)]
+            args = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0", self.scope,
+                    self._views_version, len(self._views), *(f"{lo},{hi}" for lo, hi in self._views)]
+            head = self._head = (keys, args)
+        return head
+
     def _insert_keys(self) -> list[str]:
-        return [*self._keys("insert"), *(self.keys.view_wake(*v) for v in self._views)]
+        return self._insert_head()[0]
 
     def _insert_args(self, items, forget=(), made=False) -> list:
-        args: list = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0",
-                      self.scope, self._views_version, len(self._views)]
-        args += [f"{lo},{hi}" for lo, hi in self._views]
-        args += [len(forget), *forget, "1" if made else "0"]
+        args: list = [*self._insert_head()[1], len(forget), *forget, "1" if made else "0"]
         for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
             if made and n:
                 pid = None  # a made publish id stands for the whole call: the first group's
@@ -615,6 +624,7 @@ class PriorityQueue:
             names, version = p.execute()
         self._views = sorted(tuple(int(x) for x in _s(n).split("-")) for n in names)
         self._views_version = _s(version) if version is not None else ""
+        self._head = None
 
     def register_view(self, lo: int, hi: int) -> str:
         """Register the view of ranks lo..hi; returns its wake list key."""

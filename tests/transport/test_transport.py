@@ -486,3 +486,20 @@ def test_a_view_is_not_a_routing_destination_and_cannot_delete_its_queue(url, op
         with pytest.raises(ValueError, match="view"):
             view(conn.default_channel).purge()
         assert not redis_client.sismember(f"{key_prefix}:queues", "default[>=200]")
+
+
+def test_a_published_message_is_stored_without_a_delivery_tag_and_delivered_with_its_lease(url, opts):
+    from celery_pq.codec import decode
+
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue("notag")
+        q(conn.default_channel).declare()
+        Producer(conn.default_channel).publish(b"\x00\xffraw", exchange=q.exchange, routing_key=q.routing_key,
+                                               content_type="application/data", content_encoding="binary")
+        pq = conn.default_channel.queue("notag")
+        [entry] = pq.peek(1)
+        stored = decode(entry.payload)
+        assert "delivery_tag" not in stored["properties"] and stored["body"] == "AP9yYXc="  # base64 as before
+        [(body, message)] = drain(conn, q, 1)
+        assert body == b"\x00\xffraw" and type(message.body) is bytes
+        assert message.delivery_tag and message.properties["delivery_tag"] == message.delivery_tag

@@ -310,3 +310,32 @@ def test_mappings_of_a_dict_subclass_are_written_field_by_field():
     message["headers"] = Headers(message["headers"], extra=Headers(a=1))
     data = encode(message)
     assert decode(data) == message and len(data) < 200
+
+
+@given(st.binary(max_size=300), kombu_messages())
+@EXAMPLES
+def test_a_body_published_as_its_bytes_is_stored_as_its_base64_text_is(raw, message):
+    # Given a message whose body is the base64 text of some bytes, and the same message with the
+    # body as those bytes (the transport's publish keeps a Base64Body instead of making the text)
+    props = message["properties"] if isinstance(message.get("properties"), dict) else {}
+    message = {**message, "body": _b64(raw), "properties": {**props, "body_encoding": "base64"}}
+    as_bytes = {**message, "body": codec.Base64Body(raw)}
+    # Then both are stored as the same bytes, and read back as the text
+    assert encode(as_bytes) == encode(message)
+    assert decode(encode(as_bytes)) == message
+
+
+def test_a_delivery_reads_a_base64_body_as_its_bytes():
+    message = {"body": _b64(b'[[1], {}, {}]'), "content-type": "application/json", "content-encoding": "utf-8",
+               "headers": {}, "properties": {"body_encoding": "base64", "delivery_info": {}}}
+    got = decode(encode(message), raw_body=True)
+    assert type(got["body"]) is codec.Base64Body and got["body"] == b'[[1], {}, {}]'
+    assert {**got, "body": message["body"]} == message
+    # a body not stored as base64 is given as it is
+    text = {**message, "body": "not base64!", "properties": {"body_encoding": None, "delivery_info": {}}}
+    assert decode(encode(text), raw_body=True) == text
+
+
+def test_a_bytes_body_marked_base64_with_another_encoding_is_kept_as_bytes():
+    message = {"body": codec.Base64Body(b"abc"), "properties": {"body_encoding": "utf-8"}}
+    assert decode(encode(message)) == {**message, "body": b"abc"}

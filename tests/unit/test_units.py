@@ -126,3 +126,18 @@ def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way
         assert conn.sent[1] == ("words", ("FCALL", "f", 0, None))
     else:
         assert [kind for kind, _ in conn.sent] == ["words", "words"]
+
+
+def test_an_id_decoded_lately_encodes_to_its_stored_form_from_memory(monkeypatch):
+    from celery_pq import ids
+
+    monkeypatch.setattr(ids, "RECENT_MAX", 3)
+    ids._RECENT.clear()
+    raws = [b"\x01" + bytes([i]) * 16 for i in range(5)]
+    texts = [ids.decode_id(r) for r in raws]
+    assert texts[0] == "00000000-0000-0000-0000-000000000000"
+    assert len(ids._RECENT) <= 3  # started again when full
+    for raw, text in zip(raws, texts):
+        assert ids.encode_id(text) == raw  # remembered or parsed again: the same stored form
+    dup = b"\x01" + b"\xab" * 16 + b"~7"
+    assert ids.encode_id(ids.decode_id(dup)) == dup and ids.decode_id(dup) not in ids._RECENT
