@@ -49,9 +49,10 @@ class LeaseBook:
     # -- the channel's side -----------------------------------------------------------------
     def pop(self, q, count: int, **pop_args) -> Popped:
         """Pop ``q`` (a queue, or a sharded queue) with every ack waiting, in one round trip;
-        the leases are held from now, each under the queue (the shard) it came from."""
+        the leases are held from now, each under the queue (the shard) it came from. (Lean
+        ones, ``queue.Delivery``: id, token, deliveries and payload.)"""
         pending = self._take()
-        leases = self._send(pending, lambda: pop_any(q, count, acks=pending, **pop_args))
+        leases = self._send(pending, lambda: pop_any(q, count, acks=pending, lean=True, **pop_args))
         self.hold(leases.queue or q, leases)
         return leases
 

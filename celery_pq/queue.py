@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import redis
 
@@ -181,6 +181,17 @@ class Lease(Entry):
     """A delivered entry, leased to one consumer until acked, requeued or expired."""
 
     token: str = ""
+
+
+class Delivery(NamedTuple):
+    """A leased entry as a consumer that hands it on needs it (the transport: ``pop`` with
+    ``lean``): a ``Lease`` without the fields read from the entry's header (priority, tenant,
+    times), which are not parsed for it."""
+
+    id: str
+    token: str
+    deliveries: int
+    payload: bytes
 
 
 class PriorityQueue:
@@ -758,6 +769,16 @@ class PriorityQueue:
             return int(1000 * self.lease_seconds)
         return int(1000 * _seconds("lease_seconds", lease_seconds))
 
+    def parse_deliveries(self, reply) -> list[Delivery]:
+        """``parse_pop``, lean: ``Delivery`` tuples (the payload is what follows the entry's
+        header; the scripts return only entries they parsed)."""
+        out = []
+        for i in range(2 + int(reply[1]), len(reply), 5):
+            eid, token, d, _, value = reply[i : i + 5]
+            value = value if isinstance(value, bytes) else value.encode()
+            out.append(Delivery(decode_id(eid), _s(token), int(d), value[value.index(b"|") + 1:]))
+        return out
+
     def parse_pop(self, reply) -> list[Lease]:
         leases = []
         for i in range(2 + int(reply[1]), len(reply), 5):
@@ -1269,14 +1290,14 @@ class Popped(list):
     queue: "PriorityQueue | None" = None
 
 
-def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None,
+def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None, lean: bool = False,
                   **pop_args) -> tuple[Popped, dict]:
     """One pop of ``queue`` and the acks of several queues, in one round trip.
 
     ``acks`` maps queues to ``(entry id, token)`` pairs; ``pop_args`` are ``PriorityQueue.pop``'s.
     The popping queue's own acks ride in its pop script, the others' in ack scripts pipelined
     before it. Returns the leases and ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value,
-    one per pair, in order).
+    one per pair, in order). ``lean``: ``Delivery`` tuples instead of leases.
     """
     acks = acks or {}
     others = [(q, pairs) for q, pairs in acks.items() if q is not queue and pairs]
@@ -1291,7 +1312,7 @@ def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = N
     codes = {q: list(r) for (q, _), r in zip(others, replies)}
     if own:
         codes[queue] = queue.ack_codes(reply)
-    popped = Popped(queue.parse_pop(reply))
+    popped = Popped(queue.parse_deliveries(reply) if lean else queue.parse_pop(reply))
     popped.queue = queue
     return popped, codes
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import constants as C
 
@@ -50,9 +51,9 @@ def _b(value) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-@dataclass(frozen=True)
-class EntryHeader:
-    """The fields before the ``|`` of an entry (see the table above)."""
+class EntryHeader(NamedTuple):
+    """The fields before the ``|`` of an entry (see the table above). (A named tuple: one is
+    made for every entry a pop delivers.)"""
 
     deliveries: int = 0
     score: int = 0
