@@ -674,7 +674,7 @@ def _read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> 
             target[name], pos = _read_value(data, pos, uuids)
     wanted = flags & (F_ARGSREPR | F_KWARGSREPR)
     if wanted:
-        derived = _reprs_of(raw, wanted) if raw is not None else None
+        derived = _derived_reprs(raw, wanted) if raw is not None else None
         if derived is None or len(derived) != bin(wanted).count("1"):
             raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
         if wanted & F_ARGSREPR:
@@ -682,6 +682,28 @@ def _read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> 
         if wanted & F_KWARGSREPR:
             headers["kwargsrepr"] = derived[F_KWARGSREPR]
     return message
+
+
+#: argsrepr/kwargsrepr a reader derived lately, by (body, flags), for bodies of at most
+#: REPRS_CACHED_BODY bytes: tasks sent with the same small args (none, an id) are common.
+_REPRS: dict[tuple[bytes, int], dict] = {}
+REPRS_CACHED_BODY = 256
+
+
+def _derived_reprs(raw: bytes, flags: int) -> dict | None:
+    """``_reprs_of(raw, flags)``, from _REPRS when the body is small and was read lately."""
+    if len(raw) > REPRS_CACHED_BODY:
+        return _reprs_of(raw, flags)
+    key = (raw, flags)
+    derived = _REPRS.get(key)
+    if derived is None:
+        derived = _reprs_of(raw, flags)
+        if derived is None:
+            return None
+        if len(_REPRS) >= CACHE_MAX:
+            _REPRS.clear()
+        _REPRS[key] = derived
+    return derived
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -94,6 +94,8 @@ class LeaseBook:
     def flush(self) -> None:
         """Send the acks waiting for the next round trip (before blocking, on the keeper's
         timer, at close); an error leaves them waiting."""
+        if not self._acks:  # (a look without the lock: an ack added meanwhile waits for the next flush)
+            return
         pending = self._take()
         if pending:
             self._send(pending, lambda: (None, ack_all(pending)))

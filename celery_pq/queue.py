@@ -744,12 +744,14 @@ class PriorityQueue:
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
         name, keys, lease_ms, lo, hi, take_hi = known
-        head = [lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
-        tail = [len(acks), *(v for eid, token in acks for v in (encode_id(eid), token))]
+        # (the queue context first, as _call puts it: built here in one list, a pop per delivery)
+        args = [self._ctx, lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
         if self.fair:
-            return self._call(name, keys,
-                              head + [self.scope, self.tenant_concurrency, self.tenant_rate, lo, hi, take_hi] + tail)
-        return self._call(name, keys, head + [lo, hi, take_hi] + tail)
+            args += (self.scope, self.tenant_concurrency, self.tenant_rate)
+        args += (lo, hi, take_hi, len(acks))
+        for eid, token in acks:
+            args += (encode_id(eid), token)
+        return getattr(self.scripts, name), keys, args
 
     def _check_view(self, view) -> tuple[int, int]:
         """The rank range of a priority view (None: the whole queue), checked."""

@@ -220,11 +220,14 @@ def test_the_caches_start_again_when_full(monkeypatch):
     monkeypatch.setattr(codec, "CACHE_MAX", 2)
     monkeypatch.setattr(codec, "_RECORDS", {code: {} for code in codec._RECORDS})  # none from earlier tests
     monkeypatch.setattr(codec, "_PACKED", {})
+    monkeypatch.setattr(codec, "_REPRS", {})
     for n in range(5):
-        message = _celery_message()
+        message = _celery_message(args=(f"order-{n}", n))
         message["headers"]["task"] = f"proj.task{n}"
         assert decode(encode(message)) == message
+        assert decode(encode(message)) == message  # read again: the argsrepr from the cache
     assert all(len(cache) <= 2 for cache in codec._RECORDS.values()) and len(codec._PACKED) <= 2
+    assert 0 < len(codec._REPRS) <= 2
 
 
 def test_values_of_other_types_go_through_kombus_json_as_before():
