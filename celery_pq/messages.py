@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from hashlib import blake2b
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .codec import decode, encode
 from .errors import MessageTooLarge
@@ -33,11 +32,11 @@ from .queue import validate_priority
 from .tenants import tenant_of
 
 
-@dataclass(frozen=True)
-class StoredItem:
+class StoredItem(NamedTuple):
     """One insert of a message: ``PriorityQueue.insert(payload, priority, id=..., tenant=...,
     due_ms=..., publish_id=..., task=...)``, or the tuple ``insert_many`` takes (``as_tuple``).
-    ``task`` (the task name) is kept only when the event log is on: its ``enqueue`` event names it."""
+    ``task`` (the task name) is kept only when the event log is on: its ``enqueue`` event names it.
+    (A named tuple: one is made for every publish.)"""
 
     payload: bytes
     priority: int
