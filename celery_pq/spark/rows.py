@@ -16,7 +16,6 @@ import math
 import os
 import socket
 import uuid
-from dataclasses import replace
 from datetime import date, datetime, timezone
 
 from celery import Celery
@@ -138,7 +137,7 @@ class TaskRows:
         # The task name always goes with a row (the queue's event log may be on whatever this
         # write's options say: its enqueue events then name the task); a tenant column wins over
         # a fair_key function.
-        item = replace(item, tenant=item.tenant if tenant is None else tenant, task=self.s.task)
+        item = item._replace(tenant=item.tenant if tenant is None else tenant, task=self.s.task)
         return queue, item
 
     def _repr(self, value, maxsize: int) -> str:
