@@ -62,7 +62,7 @@ class Views:
 
     def __init__(self, queue: Callable[[str], object]):
         self._queue = queue
-        self._ranges: dict[str, tuple[int, int]] = {}  # consumed name -> rank range of its view
+        self._ranges: dict[str, tuple[int, int] | None] = {}  # consumed name -> its view's rank range
 
     def range_of(self, name: str) -> tuple[int, int] | None:
         """The rank range of a consumed view name like ``default[>=200]``, or None."""
@@ -70,6 +70,7 @@ class Views:
             return self._ranges[name]
         view = View.parse(name)
         if view is None:
+            self._ranges[name] = None  # a plain queue (asked on every pop): not parsed again
             return None
         self._ranges[name] = view.rank_range(self._queue(name))
         return self._ranges[name]
