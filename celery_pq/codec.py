@@ -381,15 +381,22 @@ _PACKED: dict[str, bytes] = {}
 CACHE_MAX = 4096
 
 
+def _remember(cache: dict, key, value):
+    """Keep ``value`` under ``key`` in one of the module's caches (it starts again once it holds
+    CACHE_MAX entries); ``value``."""
+    if len(cache) >= CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
     """A field of _REPEATING: its code and value, as a record made once for a short text."""
     if type(value) is str:
         cache = _RECORDS[code]
         record = cache.get(value)
         if record is None and len(value) < 0x80 and len(value) != 36 and value.isascii():
-            if len(cache) >= CACHE_MAX:
-                cache.clear()
-            cache[value] = record = bytes((code, T_STR, len(value))) + value.encode("ascii")
+            record = _remember(cache, value, bytes((code, T_STR, len(value))) + value.encode("ascii"))
         if record is not None:
             out += record
             return
@@ -434,9 +441,7 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
         if packed is None and n == 36:
             packed = _uuid_bytes(v)
             if packed is not None:
-                if len(_PACKED) >= CACHE_MAX:
-                    _PACKED.clear()
-                _PACKED[v] = packed
+                _remember(_PACKED, v, packed)
         if packed is not None:
             uuids[v] = len(uuids)
             out.append(T_UUID)
@@ -698,11 +703,8 @@ def _derived_reprs(raw: bytes, flags: int) -> dict | None:
     derived = _REPRS.get(key)
     if derived is None:
         derived = _reprs_of(raw, flags)
-        if derived is None:
-            return None
-        if len(_REPRS) >= CACHE_MAX:
-            _REPRS.clear()
-        _REPRS[key] = derived
+        if derived is not None:
+            _remember(_REPRS, key, derived)
     return derived
 
 

@@ -85,7 +85,7 @@ class Waits:
         self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
         self._blocks: dict[object, Blocking] = {}  # slot group -> its blocking read
         self._subs: dict[object, Subscription] = {}  # node client -> its pub/sub
-        self._pubsub_waits: tuple | None = None  # (channels, waits) of the last _arm_pubsub
+        self._pubsub_waits: tuple | None = None  # (channels, [(subscription, wait)]) of the last _arm_pubsub
 
     def should_pop(self) -> bool:
         """Whether there may be work (a wake-up, a change, a sweep that returned entries)."""
@@ -129,15 +129,15 @@ class Waits:
             return []
         known = self._pubsub_waits
         if known is not None and known[0] == wanted.keys() and all(
-                w.conn is sub.pubsub.connection for w, sub in zip(known[1], self._subs.values())):
-            return known[1]
+                w.conn is sub.pubsub.connection for sub, w in known[1]):
+            return [w for _, w in known[1]]
         self._pubsub_waits = None
         client = self.channel.client
         sharded = is_cluster(client)
         groups = {node: set(names) for node, names in by_node(client, sorted(wanted), lambda n: n).items()}
         for node in set(self._subs) - set(groups):
             _quietly(self._subs.pop(node).pubsub.close)
-        waits = []
+        made = []  # (subscription, its wait)
         for node, names in groups.items():
             sub = self._subs.get(node)
             if sub is None:
@@ -147,10 +147,9 @@ class Waits:
             if sub.channels - names:
                 (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))
             sub.channels = names
-            waits.append(Wait(sub.pubsub.connection, partial(self._on_pubsub, sub.pubsub), False))
-        if len(waits) == len(self._subs):
-            self._pubsub_waits = (set(wanted), waits)
-        return waits
+            made.append((sub, Wait(sub.pubsub.connection, partial(self._on_pubsub, sub.pubsub), False)))
+        self._pubsub_waits = (set(wanted), made)
+        return [w for _, w in made]
 
     def _on_blpop(self, block: Blocking) -> int:
         try:

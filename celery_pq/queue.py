@@ -38,8 +38,8 @@ from .costs import explain
 from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
-from .records import (FAIR_SCOPES, join_mode, mode_dict, split_dead_note, split_entry, split_lease, split_switches,
-                      split_tenant_member)
+from .records import (FAIR_SCOPES, entry_payload, join_mode, mode_dict, split_dead_note, split_entry, split_lease,
+                      split_switches, split_tenant_member)
 from .scripts import get_scripts, signature
 
 logger = logging.getLogger("celery_pq.queue")
@@ -425,20 +425,18 @@ class PriorityQueue:
     # -- decoding -----------------------------------------------------------------------------
     def _entry(self, eid, score, value, cls=Entry, **extra) -> Entry:
         h, payload = split_entry(value)  # the scripts return only entries they parsed
-        dead_reason = dead_ms = dead_deliveries = None
-        if h.dead_note:
-            dead_reason, dead_ms, dead_deliveries = split_dead_note(h.dead_note) or (None, None, None)
+        dead_reason, dead_ms, dead_deliveries = split_dead_note(h.dead_note) or (None, None, None)
         return cls(
-            self.name,
-            decode_id(eid),
-            self.priority_of_rank(int(float(score)) >> C.SEQ_BITS),
-            payload,
-            h.deliveries,
-            unescape_tenant(_s(h.tenant)) if h.tenant else None,
-            h.enqueued_ms,
-            dead_reason,
-            dead_ms,
-            dead_deliveries,
+            queue=self.name,
+            id=decode_id(eid),
+            priority=self.priority_of_score(score),
+            payload=payload,
+            deliveries=h.deliveries,
+            tenant=unescape_tenant(_s(h.tenant)) if h.tenant else None,
+            enqueued_ms=h.enqueued_ms,
+            dead_reason=dead_reason,
+            dead_ms=dead_ms,
+            dead_deliveries=dead_deliveries,
             **extra,
         )
 
@@ -744,14 +742,13 @@ class PriorityQueue:
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
         name, keys, lease_ms, lo, hi, take_hi = known
-        # (the queue context first, as _call puts it: built here in one list, a pop per delivery)
-        args = [self._ctx, lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
+        args = [lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
         if self.fair:
             args += (self.scope, self.tenant_concurrency, self.tenant_rate)
         args += (lo, hi, take_hi, len(acks))
         for eid, token in acks:
             args += (encode_id(eid), token)
-        return getattr(self.scripts, name), keys, args
+        return self._call(name, keys, args)
 
     def _check_view(self, view) -> tuple[int, int]:
         """The rank range of a priority view (None: the whole queue), checked."""
@@ -777,8 +774,7 @@ class PriorityQueue:
         out = []
         for i in range(2 + int(reply[1]), len(reply), 5):
             eid, token, d, _, value = reply[i : i + 5]
-            value = value if isinstance(value, bytes) else value.encode()
-            out.append(Delivery(decode_id(eid), _s(token), int(d), value[value.index(b"|") + 1:]))
+            out.append(Delivery(decode_id(eid), _s(token), int(d), entry_payload(value)))
         return out
 
     def parse_pop(self, reply) -> list[Lease]:

@@ -73,6 +73,12 @@ def split_entry(value) -> tuple[EntryHeader, bytes] | None:
     return EntryHeader(int(d or 0), int(s), t, x, r, int(ts or 0)), payload
 
 
+def entry_payload(value) -> bytes:
+    """The payload of an entry the scripts parsed (what follows the first ``|``), its header
+    left unread."""
+    return _b(value).partition(b"|")[2]
+
+
 def join_entry(header: EntryHeader, payload) -> bytes:
     h = header
     return b"%d,%d,%s,%s,%s,%d|" % (h.deliveries, h.score, h.tenant, h.flags, h.dead_note, h.enqueued_ms) + _b(payload)

@@ -502,9 +502,6 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """
     if not calls:
         return []
-    if len(calls) == 1 and not is_cluster(client):  # (most calls: one script, one server)
-        script, keys, args = calls[0]
-        return [script(keys=keys, args=args, client=client)]
     if is_cluster(client):
         replies = _per_node(client, calls, _pipelined)
     else:

@@ -282,7 +282,6 @@ class Channel(virtual.Channel):
         if no_ack:
             self._no_ack_queues.add(queue)
         ret = super().basic_consume(queue, no_ack, *args, **kwargs)
-        self._consumed = None
         self.transport.ensure_keeper()
         self._consumed_changed()
         self.waits.need_pop = True
@@ -291,7 +290,6 @@ class Channel(virtual.Channel):
     def basic_cancel(self, consumer_tag):
         queue = self._tag_to_queue.get(consumer_tag)
         ret = super().basic_cancel(consumer_tag)
-        self._consumed = None
         self._no_ack_queues.discard(queue)
         if queue is not None and queue in self._fanout_queues:
             self._active_fanout.pop(self._fanout_channel(self._fanout_queues[queue]), None)
@@ -300,6 +298,7 @@ class Channel(virtual.Channel):
 
     def _consumed_changed(self):
         """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
+        self._consumed = None  # active_queues is made again
         self.leases.watch([s for name in self.active_queues for s in shards_of(self.queue(name))])
         self.waits.unblock()
 
@@ -312,7 +311,7 @@ class Channel(virtual.Channel):
     @property
     def active_queues(self) -> list[str]:
         """The consumed queues, fanout queues left out (those come by pub/sub); made again after
-        each basic_consume and basic_cancel."""
+        each change of them (``_consumed_changed``)."""
         queues = self._consumed
         if queues is None:
             fan = set(self._active_fanout.values())
