@@ -48,6 +48,11 @@ SWEEP_BATCH = 500
 #: never runs long; the rest are discarded by later pops or the clean-up sweep.
 POP_STALE_BUDGET = 1000
 
+#: Seconds a Celery worker's event-loop tick goes on popping and delivering while each pass
+#: delivers (poller.Poller.on_tick): a backlog is served without a trip through the loop's poll
+#: per message, and the loop's timers and other sockets wait at most this long.
+TICK_DRAIN_SECONDS = 0.01
+
 #: Seconds a command may wait for Redis's reply before the connection is given up (redis-py's
 #: socket_timeout). redis-py and kombu wait forever by default, so a connection that went silent
 #: (half-open: NAT, a firewall, a vanished host) holds a worker for good. 30 s is far above any

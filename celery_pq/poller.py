@@ -31,6 +31,8 @@ from typing import Callable
 
 from redis import exceptions as rex
 
+from . import constants as C
+
 from .connections import by_node, is_cluster, node_client, slot_groups
 
 logger = logging.getLogger(__name__)
@@ -315,6 +317,8 @@ class Poller:
         # causes arrive as call_soon callbacks, which only run on the next pass: wake once so
         # that pass comes at once, not after a timer.)
         delivered, waits = self._step(until_delivered=False)
+        if delivered:
+            delivered, waits = self._drain_in_tick(waits)
         for wait in waits:
             sock = wait.conn._sock
             if sock is None:
@@ -326,6 +330,25 @@ class Poller:
                 self._loop.add_reader(fd, self._on_readable, fd)
         if delivered:
             self._self_wake()
+
+    def _drain_in_tick(self, waits: list[Wait]) -> tuple[int, list[Wait]]:
+        """Go on popping within this tick while each pass delivers, for up to TICK_DRAIN_SECONDS:
+        the hub's ready callbacks (the acks the deliveries deferred with call_soon) run first, as
+        the hub's next pass would run them, so a backlog costs no self-wake, poll and pipe read
+        per message. What the loop waits for besides (timers, other sockets) waits at most that
+        long, as behind a task of that length in the solo pool. A hub without ``_pop_ready``
+        (older kombu) leaves it to the self-wake. Returns the last pass's (delivered, waits)."""
+        pop_ready = getattr(self._loop, "_pop_ready", None)
+        if pop_ready is None:
+            return 1, waits
+        deadline = monotonic() + C.TICK_DRAIN_SECONDS
+        delivered = 1
+        while delivered and monotonic() < deadline:
+            for item in pop_ready():
+                if item:
+                    item()
+            delivered, waits = self._step(until_delivered=False)
+        return delivered, waits
 
     def _on_readable(self, fd):
         entry = self._readers.get(fd)
