@@ -36,7 +36,7 @@ from .checks import text as _text
 from .connections import NodePipeline
 from .costs import explain
 from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
-from .ids import decode_id, encode_id
+from .ids import decode_id, encode_id, unique_bytes
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
 from .records import (FAIR_SCOPES, entry_payload, join_mode, mode_dict, split_dead_note, split_entry, split_lease,
                       split_switches, split_tenant_member)
@@ -495,7 +495,7 @@ class PriorityQueue:
         if tenant is not None and not isinstance(tenant, str):
             raise ValueError(f"tenant must be a string or None, got {tenant!r}")
         if publish_id is None and self.dedupe_seconds > 0:
-            publish_id = os.urandom(12)
+            publish_id = unique_bytes()
         elif publish_id is not None:
             if not isinstance(publish_id, (bytes, str)) or not publish_id:
                 raise ValueError(f"publish_id must be non-empty bytes or str, got {publish_id!r}")
@@ -742,7 +742,7 @@ class PriorityQueue:
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
         name, keys, lease_ms, lo, hi, take_hi = known
-        args = [lease_ms, consumer or "", os.urandom(8).hex(), count, C.POP_STALE_BUDGET]
+        args = [lease_ms, consumer or "", unique_bytes().hex(), count, C.POP_STALE_BUDGET]
         if self.fair:
             args += (self.scope, self.tenant_concurrency, self.tenant_rate)
         args += (lo, hi, take_hi, len(acks))

@@ -141,3 +141,33 @@ def test_an_id_decoded_lately_encodes_to_its_stored_form_from_memory(monkeypatch
         assert ids.encode_id(text) == raw  # remembered or parsed again: the same stored form
     dup = b"\x01" + b"\xab" * 16 + b"~7"
     assert ids.encode_id(ids.decode_id(dup)) == dup and ids.decode_id(dup) not in ids._RECENT
+
+
+def test_made_ids_are_unique_across_threads_forks_and_the_counter_going_round(monkeypatch):
+    import os
+    import threading
+
+    from celery_pq import ids
+
+    made = []
+    threads = [threading.Thread(target=lambda: made.extend(ids.unique_bytes() for _ in range(2000))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == len(made) == 8000 and {len(x) for x in made} == {12}
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child's ids have a prefix of their own
+        os.write(w, ids.unique_bytes())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(r, 12)
+    os.close(r)
+    os.close(w)
+    assert child[:8] != ids.unique_bytes()[:8]
+
+    before = ids.unique_bytes()[:8]
+    monkeypatch.setattr(ids, "_COUNTER_SPAN", 0)  # the counter has gone round: a new prefix
+    assert ids.unique_bytes()[:8] != before
