@@ -17,7 +17,7 @@ def explain(stale: int = 0) -> dict:
 
 
 READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
-                           "zscore", "get", "exists"})
+                           "zscore", "get", "exists", "mget"})
 WRITE_COMMANDS = frozenset({"hset", "hsetnx", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
                             "del", "set", "hincrby"})
 
@@ -39,15 +39,15 @@ def _commands(stale: int) -> dict:
     grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
     md = ["get"]  # every script but extend first reads the queue's mode record
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
-    # the window's start; this publish id looked for in both windows, and recorded (answered
-    # ones are forgotten in batches of FORGET_BATCH: two more commands every 32 inserts). This
-    # is an insert whose publish id the client made; one with a publish id of the caller's (the
-    # kombu transport's) and no length limit looks in the last window and records it in this
-    # one with one HSETNX: "get", "hget", "hsetnx"
-    dedupe = ["get", "hget", "hget", "hset"]
+    # An insert whose publish id the client made, on its first send: one MGET reads the mode
+    # record, the views registry's version and the publish-id window's start; the publish id
+    # is only recorded (answered ones are forgotten in batches of FORGET_BATCH: two more
+    # commands every 32 inserts). Sent again, it is first looked for in both windows (two
+    # HGETs); one with a publish id of the caller's and no length limit looks in the last
+    # window and records it in this one with one HSETNX ("hget", "hsetnx" for "hset").
     return {
         # the entry stored with HSETNX (an id in use takes free_id's way)
-        "insert": both([*md, "exists", "time", *dedupe, "incr", "hsetnx", "rpush", "llen", *ct]),
+        "insert": both(["mget", "time", "incr", "hsetnx", "rpush", "hset", "llen", *ct]),
         "pop": {  # more waits behind it (the last rank list taken from is not empty): no ZCARD
             "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "llen", *ct],
             "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "llen", *ct],

@@ -40,7 +40,7 @@ from .ids import decode_id, encode_id, unique_bytes
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
 from .records import (FAIR_SCOPES, entry_payload, join_mode, mode_dict, split_dead_note, split_entry, split_lease,
                       split_switches, split_tenant_member)
-from .scripts import get_scripts, signature
+from .scripts import FIRST_SEND, get_scripts, signature
 
 logger = logging.getLogger("celery_pq.queue")
 
@@ -354,9 +354,9 @@ class PriorityQueue:
         return known[1]
 
     def _call(self, name: str, keys: list, args: list) -> tuple:
-        """``(script, keys, args)`` of one script call with the queue context first, to run now
-        (``_run``) or with others (``run_calls``)."""
-        return getattr(self.scripts, name), keys, [self._ctx, *args]
+        """``(script, keys, args)`` of one script call, the queue context last (the scripts take
+        it off ARGV first), to run now (``_run``) or with others (``run_calls``)."""
+        return getattr(self.scripts, name), keys, [*args, self._ctx]
 
     def _run(self, name: str, keys: list, args: list):
         script, keys, args = self._call(name, keys, args)
@@ -456,7 +456,11 @@ class PriorityQueue:
         return self._insert_head()[0]
 
     def _insert_args(self, items, forget=(), made=False) -> list:
-        args: list = [*self._insert_head()[1], len(forget), *forget, "1" if made else "0"]
+        """``made``: False (the items carry publish ids of their own, or none), True (the first
+        item's publish id was made here and stands for the call), or ``FIRST_SEND`` (the same,
+        on the call's first send: see insert.lua)."""
+        args: list = [*self._insert_head()[1], len(forget), *forget,
+                      made if made is FIRST_SEND else "1" if made else "0"]
         for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
             if made and n:
                 pid = None  # a made publish id stands for the whole call: the first group's
@@ -542,7 +546,8 @@ class PriorityQueue:
             forget = self._take_forgets()
             try:
                 [reply], acked = self._run_replicated(
-                    [self._call("insert", self._insert_keys(), self._insert_args(items, forget, publish_id is None))])
+                    [self._call("insert", self._insert_keys(),
+                                self._insert_args(items, forget, FIRST_SEND if publish_id is None else False))])
             except BaseException:
                 self._answered(forget)
                 raise

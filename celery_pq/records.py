@@ -20,7 +20,9 @@ lease              lt (hash)   entry id -> ``token,consumer,score,deliveries,fla
 pointer            pi:<rank>   seq in 6 bytes (big-endian) followed by the entry id
 tenant member      te (zset)   tenant ``"\\0"`` rank (3 digits) seq (14 digits) entry id
 publish-id value   pd pe       publish id -> ``""`` (the entry got the id the insert gave) or the
-                   (hash)      entry id it got
+                   (hash)      entry id it got; for a publish id the client made for a whole call,
+                               ``""`` (one entry, stored under the id given) or the call's entry
+                               ids, each behind its length in 2 bytes (big-endian)
 mode               md          four letters: fair ``0``/``1``, scope ``P``/``T`` (``-`` when not
                    (string)    fair), order ``h``/``l``, technique ``T``/``S``; then the queue's
                                switches: ``p`` while it is paused, ``e<cap>`` while its event log

@@ -122,8 +122,10 @@ WRITES_WHEN_FULL = frozenset(SCRIPT_NAMES) - {"insert", "migrate"}
 
 # Module state of the includes (a table made at the top level, ``local CTX = { n = 0 }``, on one
 # line): a library keeps it between calls, so each function starts by making it anew with the
-# same constructor, as a script's fresh run does.
-_STATE = re.compile(r"^local (\w+) = (\{[^\n]*\})[ \t]*(?:--[^\n]*)?$", re.M)
+# same constructor, as a script's fresh run does; a table whose line ends "-- kept between
+# calls" (a cache) is left as it is.
+_STATE = re.compile(r"^local (\w+) = (\{[^\n]*\})[ \t]*(--[^\n]*)?$", re.M)
+_KEPT = "-- kept between calls"
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def library() -> Library:
         text = _INCLUDE.sub("", text).replace("--!keys\n", _bindings(signature(name)), 1)
         bodies[name] = text.replace("--!queue\n", _QUEUE_PROLOGUE, 1)
     shared = "".join((root / "includes" / inc).read_text(encoding="utf-8") for inc in includes)
-    state = _STATE.findall(shared)
+    state = [(n, t) for n, t, comment in _STATE.findall(shared) if comment.strip() != _KEPT]
     reset = f"{', '.join(n for n, _ in state)} = {', '.join(t for _, t in state)}\n" if state else ""
     codes = list(ErrorCode)
     top = ("local KEYS, ARGV\n"
@@ -381,6 +383,22 @@ def _send(conn, words: tuple) -> None:
     conn.send_command(*words)
 
 
+class _FirstSend(str):
+    """The type of ``FIRST_SEND``."""
+
+
+#: An argument a call carries on its first send only: a script may then skip what only a repeat
+#: needs (the insert skips the look-up of a publish id the client just made). Every path that
+#: may send a call again (a retry after a connection error, redis-py's own retries of a pipeline
+#: or a script, a cluster's reroute) sends ``resent(args)`` instead, where it reads "1".
+FIRST_SEND = _FirstSend("F")
+
+
+def resent(args) -> list:
+    """``args`` as a call that may have been sent before carries them (``FIRST_SEND`` -> "1")."""
+    return ["1" if a is FIRST_SEND else a for a in args]
+
+
 def _function_missing(exc: Exception) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("Function not found")
 
@@ -398,6 +416,8 @@ class LuaScript:
         self.function = library().functions[name]
 
     def words(self, client, keys, args) -> tuple:
+        """The call as a command for a pipeline (which redis-py may send again: ``resent``)."""
+        args = resent(args)
         if _functions.get(getattr(client, "connection_pool", None)):
             return ("FCALL", self.function, len(keys), *keys, *args)
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
@@ -407,12 +427,12 @@ class LuaScript:
             return self._on_cluster(keys, args, client)
         conn = _own_connection(client)
         if conn is None:
-            return self._script(keys=keys, args=args, client=client)
+            return self._script(keys=keys, args=resent(args), client=client)
         try:
             return self._run_on(conn, client.connection_pool, keys, args)
         except (RedisConnectionError, RedisTimeoutError, OSError):
             _drop_connection(client, conn)
-            return self._script(keys=keys, args=args, client=client)
+            return self._script(keys=keys, args=resent(args), client=client)
 
     def _on_cluster(self, keys, args, cluster):
         """The call on the master of its keys' slot, on this thread's connection to it; after a
@@ -424,7 +444,7 @@ class LuaScript:
         except REROUTE as exc:
             if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
                 _drop_connection(node, conn)
-            return self._script(keys=keys, args=args, client=cluster)
+            return self._script(keys=keys, args=resent(args), client=cluster)
 
     def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
         """Run the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
@@ -438,7 +458,7 @@ class LuaScript:
                 replies, acked = run_replicated(client, [(self, keys, args)], replicas, timeout_ms)
                 return replies[0], acked
             try:
-                reply = self._run_on(conn, client.connection_pool, keys, args)
+                reply = self._run_on(conn, client.connection_pool, keys, args if attempt == 1 else resent(args))
                 conn.send_command("WAIT", replicas, timeout_ms)
                 return reply, int(conn.read_response())
             except (RedisConnectionError, RedisTimeoutError, OSError):
@@ -528,7 +548,7 @@ def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
         if isinstance(reply, NoScriptError) or _function_missing(reply):
             script, keys, args = calls[i]
             try:
-                replies[i] = script(keys=keys, args=args, client=client)
+                replies[i] = script(keys=keys, args=resent(args), client=client)
             except ResponseError as exc:
                 replies[i] = exc
     return replies
@@ -551,7 +571,7 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
             if isinstance(reply, REROUTE):
                 script, keys, args = calls[i]
                 try:
-                    reply = script(keys=keys, args=args, client=cluster)
+                    reply = script(keys=keys, args=resent(args), client=cluster)
                 except ResponseError as exc:
                     reply = exc
             replies[i] = reply
@@ -600,9 +620,9 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
         if isinstance(reply, NoScriptError) or _function_missing(reply):
             script, keys, args = calls[i]  # it did not run: run it on its own, which loads it
             if _own_connection(client) is None:  # no connection of our own to WAIT on: not confirmed
-                replies[i], acked = script(keys=keys, args=args, client=client), 0
+                replies[i], acked = script(keys=keys, args=resent(args), client=client), 0
             else:
-                replies[i], again = script.replicated(keys, args, client, replicas, timeout_ms)
+                replies[i], again = script.replicated(keys, resent(args), client, replicas, timeout_ms)
                 acked = min(acked, again)
     for reply in replies:
         if isinstance(reply, Exception):

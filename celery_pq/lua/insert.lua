@@ -17,7 +17,7 @@
 -- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- KEYS[17..] views  list  wake lists of the priority views named in ARGV, one per view: the
 --              last nviews keys (from KEYS[9] when the fairness keys are left out)
--- ARGV[0] context       the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[0] context       the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
 -- ARGV[3] fair            "1" when fairness is on
@@ -26,7 +26,10 @@
 -- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
 -- then made: "1" when the caller made the call's publish id itself: it is the first group's,
 --                   and stands for the whole call (a call is atomic): a repeat of it returns
---                   every entry id the call stored then. Then the groups. Before made:
+--                   every entry id the call stored then; "F" for such an id on its first send
+--                   (a call the client never sent before cannot have been stored: the window is
+--                   not looked at, only written); "0" when the groups carry publish ids of
+--                   their own. Then the groups. Before made:
 -- nforget, and nforget publish ids to forget now (the caller has the replies of their
 --                   inserts, so no retry of them can come: their memory is freed at once)
 -- then groups of 7: id ("" for a generated one), rank (0..255, 0 served first),
@@ -54,29 +57,36 @@ local fair = ARGV[3] == '1'
 FA = { scope = ARGV[4], conc = 0, rate = 0 }
 local nviews = tonumber(ARGV[6])
 local nforget = tonumber(ARGV[7 + nviews])
-local made = ARGV[8 + nviews + nforget] == '1'
+local sent = ARGV[8 + nviews + nforget]
+local made = sent ~= '0'
 local first = 9 + nviews + nforget
 local n = (#ARGV - first + 1) / 7
 
-local bad = mode_error(true)
+-- publish ids: two hashes (this window's and the last one's), rotated every dedupe_ms
+local pd, pe, pt = key_of('pd'), key_of('pe'), key_of('pt')
+-- the mode record, the views registry's version and the window's start, in one read (three
+-- for a Redis user not allowed MGET: an ACL written before it was needed)
+local got = redis.pcall('MGET', key_of('md'), vr, pt)
+if got.err then
+  got = { redis.call('GET', key_of('md')), redis.call('GET', vr), redis.call('GET', pt) }
+end
+local bad = mode_error(true, got[1])
 if bad then
   return bad
 end
-if nviews > 0 or redis.call('EXISTS', vr) == 1 then
-  local known = redis.call('GET', vr) or ''
+if nviews > 0 or got[2] then
+  local known = got[2] or ''
   if known ~= ARGV[5] then
     return { STALE_VIEWS, known }
   end
 end
 local now = now_ms()
 
--- publish ids: two hashes (this window's and the last one's), rotated every dedupe_ms
-local pd, pe, pt = CTX.stem .. 'pd', CTX.stem .. 'pe', CTX.stem .. 'pt'
 local seen = {} -- group index -> entry id stored by the first publish
 local fresh = n
 local claim = false -- the publish id was recorded as it was looked up (HSETNX)
 if CTX.dedupe_ms > 0 then
-  local t0 = tonumber(redis.call('GET', pt))
+  local t0 = tonumber(got[3])
   if not t0 or now - t0 >= 2 * CTX.dedupe_ms then
     redis.call('DEL', pd, pe)
     redis.call('SET', pt, fmt(now))
@@ -93,10 +103,10 @@ if CTX.dedupe_ms > 0 then
   end
   -- one group: its HGET of pe answers as cheaply as an EXISTS would (a missing hash is nil)
   local has_pe = n == 1 or redis.call('EXISTS', pe) == 1
-  if made then
+  if sent == '1' then -- a made publish id sent again: stored already when it is found
     local was = redis.call('HGET', pd, ARGV[first + 5]) or (has_pe and redis.call('HGET', pe, ARGV[first + 5]))
     if was then
-      return unpack_ids(was)
+      return was == '' and { ARGV[first] } or unpack_ids(was)
     end
   end
   local look = not made
@@ -221,7 +231,8 @@ for i = 0, n - 1 do
   end
 end
 if made and CTX.dedupe_ms > 0 and ARGV[first + 5] ~= '' then
-  redis.call('HSET', pd, ARGV[first + 5], pack_ids(out))
+  -- "" for a single entry stored as the id it was given (the common case: no ids to pack)
+  redis.call('HSET', pd, ARGV[first + 5], (n == 1 and out[1] == ARGV[first]) and '' or pack_ids(out))
 end
 if ready and not CTX.paused then
   wake(wk)

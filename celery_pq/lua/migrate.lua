@@ -11,7 +11,7 @@
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] dz  zset    delayed entries
 -- KEYS[5..12] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first: the new mode
+-- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first: the new mode
 -- Returns: {waiting entries indexed, leased entries kept, malformed entries set aside}
 --!include common.lua
 --!include fair.lua

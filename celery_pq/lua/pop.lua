@@ -10,7 +10,7 @@
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
 -- KEYS[6] dp  hash    task id -> its duplicates' seqs (for the acks)
--- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[0] context      the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n

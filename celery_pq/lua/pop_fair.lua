@@ -11,7 +11,7 @@
 -- KEYS[5] wk  list    wake tokens of this consumer
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- KEYS[14] dp  hash    task id -> its duplicates' seqs (for the acks)
--- ARGV[0] context      the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[0] context      the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ",")
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n

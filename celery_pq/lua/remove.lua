@@ -12,7 +12,7 @@
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] id
 -- ARGV[2] technique   "T" or "S"
 -- ARGV[3] fair        "1" when fairness is on

@@ -17,7 +17,7 @@
 -- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
 -- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
 -- KEYS[9..16] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
--- ARGV[0] context     the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[0] context     the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length  entries waiting allowed in the live queue, 0 for no limit
 -- ARGV[2] fair        "1" when fairness is on
 -- ARGV[3] scope       "P" within_priority or "T" tenant_first

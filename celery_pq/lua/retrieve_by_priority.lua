@@ -5,7 +5,7 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- ARGV[0] the queue context (see includes/common.lua), taken off ARGV first
+-- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] rank         0..255 (0 is served first)
 -- ARGV[2] stale_budget stale pointers to remove at most
 -- Returns: {eid, score, value}, or {} when that rank has no waiting entry.

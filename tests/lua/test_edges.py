@@ -184,6 +184,30 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
         admin.close()
 
 
+def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client, key_prefix):
+    from celery_pq.scripts import FIRST_SEND, resent, run_calls
+
+    q = PriorityQueue(redis_client, "m3f", key_prefix=key_prefix)
+    item = q._item(b"x", 1, "t1")
+    script, keys, args = q._call("insert", q._insert_keys(), q._insert_args([item], (), FIRST_SEND))
+    assert FIRST_SEND in args and "F" == FIRST_SEND
+    [first] = run_calls(redis_client, [(script, keys, args)])
+    # the same call sent again (as every retry path sends it) is found by its publish id
+    again = resent(args)
+    assert FIRST_SEND not in again and again.count("1") >= 1
+    assert run_calls(redis_client, [(script, keys, again)]) == [first]
+    assert script.words(redis_client, keys, args)[3:] == (*keys, *again)
+    # in a pipeline too (redis-py may send a pipeline again by itself)
+    assert run_calls(redis_client, [(script, keys, args), (script, keys, args)]) == [first, first]
+    assert [e.id for e in q.peek(10)] == ["t1"]
+    # a call of several entries under one made publish id gives all of them back
+    items = [q._item(b"y", 1, "m1"), q._item(b"y", 1)]
+    script, keys, args = q._call("insert", q._insert_keys(), q._insert_args(items, (), FIRST_SEND))
+    [ids] = run_calls(redis_client, [(script, keys, args)])
+    assert run_calls(redis_client, [(script, keys, resent(args))]) == [ids] and len(ids) == 2
+    assert q.size() == 3
+
+
 def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=60)
     assert q.insert(b"x", 1, id="t", publish_id=b"p1") == "t"
@@ -437,3 +461,18 @@ def test_requeue_and_change_priority_wake_views_registered_elsewhere(redis_clien
     assert redis_client.llen(hi) == 1 and not redis_client.llen(lo)
     q.change_priority("b", 255)
     assert redis_client.llen(lo) == 1
+
+
+def test_a_redis_user_without_mget_still_publishes_and_consumes(fresh_redis):
+    # an ACL line written before the insert read three keys with one MGET
+    admin = fresh_redis.client()
+    admin.execute_command("ACL", "SETUSER", "old", "on", ">pw", "~*", "&*", "+@all", "-mget")
+    client = redis.Redis(host=fresh_redis.host, port=fresh_redis.port, username="old", password="pw")
+    q = PriorityQueue(client, "nomget")
+    assert q.insert(b"x", 3, id="a") == "a"
+    other = q.insert(b"y", 3)
+    assert [e.id for e in q.pop(2)] == ["a", other]
+    with pytest.raises(redis.ResponseError):
+        client.mget("k1", "k2")  # (it is refused indeed)
+    client.close()
+    admin.close()

@@ -12,8 +12,9 @@
 -- pop or a sweep reaches it (the patent's lazy deletion). The level lists are not named in
 -- KEYS: their names are derived from pi and share its hash tag, so they live in its slot.
 --
--- Every script but extend takes the queue context as ARGV[1] (take_context removes it, so a
--- script's own arguments start at ARGV[1]): "mode|max_dead|dedupe_ms|rate|event_log", where
+-- Every script but extend takes the queue context as its last ARGV (take_context removes it, so
+-- a script's own arguments are ARGV[1..] as its header numbers them): "mode|max_dead|dedupe_ms|
+-- rate|event_log", where
 -- mode is four letters: fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l",
 -- technique "T"/"S", and event_log is the caller's event-log cap (0: the caller has none).
 -- The mode record md holds the four letters and then the queue's switches: "p" when the queue
@@ -33,24 +34,55 @@ local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
 local COMPACT_SLACK = 64
 
 -- ev: the event-log cap in force (0: off), ev_mine: the caller's; paused: the queue is paused;
--- cnt: counters to add at the end of the script (flush_counts).
+-- cnt: counters to add at the end of the script (flush_counts); k: the queue's derived keys
+-- (key_of).
 local CTX = { ev = 0, ev_mine = 0, paused = false, cnt = {} }
+
+-- Parsed contexts and key stems, by their text. A library keeps this between calls (unlike CTX,
+-- made anew for each call: scripts._STATE), so a queue's calls parse their context and derive
+-- their keys once. Started again when it holds 256 of them. (Run as a script, by EVALSHA, it
+-- starts empty on every call: the same work as before, nothing kept.)
+local PARSED = { contexts = {}, stems = {}, n = 0 } -- kept between calls
+
+local function remember(kind, text, value)
+  if PARSED.n >= 256 then
+    PARSED.contexts, PARSED.stems, PARSED.n = {}, {}, 0
+  end
+  PARSED[kind][text] = value
+  PARSED.n = PARSED.n + 1
+  return value
+end
 
 -- Take the queue context off ARGV (see the header above); the stem of KEYS[1] names the
 -- derived keys.
 local function take_context()
-  local c = table.remove(ARGV, 1)
-  local mode, max_dead, dedupe, rate, ev = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)$')
-  if not mode then
-    mode, max_dead, dedupe, rate = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
+  local c = table.remove(ARGV)
+  local p = PARSED.contexts[c]
+  if not p then
+    local mode, max_dead, dedupe, rate, ev = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)$')
+    if not mode then
+      mode, max_dead, dedupe, rate = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
+    end
+    p = remember('contexts', c, { mode = mode or c, max_dead = tonumber(max_dead) or 0,
+      dedupe_ms = tonumber(dedupe) or 0, rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0 })
   end
-  CTX.mode = mode or c
-  CTX.max_dead = tonumber(max_dead) or 0
-  CTX.dedupe_ms = tonumber(dedupe) or 0
-  CTX.rate = tonumber(rate) or 0
-  CTX.ev_mine = tonumber(ev) or 0
-  CTX.stem = string.sub(KEYS[1], 1, -3)
-  CTX.is_dead = string.sub(CTX.stem, -6) == ':dead:'
+  CTX.mode, CTX.max_dead, CTX.dedupe_ms, CTX.rate, CTX.ev_mine = p.mode, p.max_dead, p.dedupe_ms, p.rate, p.ev_mine
+  local k = PARSED.stems[KEYS[1]]
+  if not k then
+    local stem = string.sub(KEYS[1], 1, -3)
+    k = remember('stems', KEYS[1], { [''] = stem, is_dead = string.sub(stem, -6) == ':dead:' })
+  end
+  CTX.k, CTX.stem, CTX.is_dead = k, k[''], k.is_dead
+end
+
+-- The queue's derived key with this suffix (CTX.stem .. suffix), made once per queue.
+local function key_of(suffix)
+  local k = CTX.k[suffix]
+  if not k then
+    k = CTX.stem .. suffix
+    CTX.k[suffix] = k
+  end
+  return k
 end
 
 -- The switches after the four letters of a mode record: "p" paused, "e<cap>" event log on.
@@ -68,7 +100,7 @@ local function write_mode(mode)
   if CTX.ev > 0 then
     s = s .. 'e' .. string.format('%.0f', CTX.ev)
   end
-  redis.call('SET', CTX.stem .. 'md', s)
+  redis.call('SET', key_of('md'), s)
 end
 
 -- Is the caller's mode the queue's? A queue records the mode of its first insert; a queue
@@ -77,9 +109,11 @@ end
 -- The record's switches are read into CTX on the way (nothing more is read for them): a queue
 -- that is not paused and has no event log, called by a process without one, matches at once.
 -- A caller with an event-log cap records it, so that every process logs the queue's changes.
-local function mode_error(adopt)
-  local md = CTX.stem .. 'md'
-  local record = redis.call('GET', md)
+local function mode_error(adopt, record)
+  local md = key_of('md')
+  if record == nil then -- (a caller that read it already passes it: false when there is none)
+    record = redis.call('GET', md)
+  end
   if record == CTX.mode and CTX.ev_mine == 0 then
     return nil
   end
@@ -116,7 +150,7 @@ local function mode_error(adopt)
 end
 
 local function counter_add(name, n)
-  redis.call('HINCRBY', CTX.stem .. 'ct', name, n or 1)
+  redis.call('HINCRBY', key_of('ct'), name, n or 1)
 end
 
 -- Add n (default 1) to counter name, written once per script by flush_counts: a call that
@@ -128,7 +162,7 @@ end
 local function flush_counts()
   for name, n in pairs(CTX.cnt) do
     if n ~= 0 then
-      redis.call('HINCRBY', CTX.stem .. 'ct', name, n)
+      redis.call('HINCRBY', key_of('ct'), name, n)
     end
   end
   CTX.cnt = {}
