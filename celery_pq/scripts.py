@@ -44,7 +44,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
+import struct
+import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -399,6 +403,90 @@ def resent(args) -> list:
     return ["1" if a is FIRST_SEND else a for a in args]
 
 
+try:  # redis-py's hiredis parser: a reply read here goes through the same hiredis reader
+    from redis._parsers import hiredis as _hiredis_parsers
+
+    _HiredisParser = _hiredis_parsers._HiredisParser
+    _NOT_ENOUGH = getattr(_hiredis_parsers, "NOT_ENOUGH_DATA", False)  # (False before redis-py 6)
+except (ImportError, AttributeError):  # pragma: no cover - another redis-py layout
+    _HiredisParser = None
+
+
+def _lean_io(conn):
+    """``(socket, parser, buffer)`` for a call sent and read by ``_roundtrip``, or None where
+    redis-py's own path is taken: no hiredis, not connected, TLS, not Linux.
+
+    The socket is put in blocking mode with the connection's timeout kept by the kernel
+    (SO_RCVTIMEO, SO_SNDTIMEO): Python's timeout mode polls before every send and every read,
+    two more system calls per call. redis-py sets its timeout mode again wherever it reads
+    with a timeout of its own (then this puts it back on the next call)."""
+    parser = conn._parser
+    sock = conn._sock
+    if type(parser) is not _HiredisParser or _pack is None or type(sock) is not socket.socket or not _LINUX:
+        return None
+    if parser._reader is None:
+        return None
+    if sock.gettimeout() is not None:
+        seconds = conn.socket_timeout
+        if seconds is not None:
+            timeval = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        sock.settimeout(None)
+    return sock, parser, parser._buffer
+
+
+_LINUX = sys.platform.startswith("linux")
+
+
+def _roundtrip(conn, words: tuple):
+    """Send one call on ``conn`` and read its reply: redis-py's send and read (health check,
+    socket, hiredis reader, errors) without the layers around them, which cost as much as the
+    system calls themselves. A failure disconnects ``conn`` and raises redis-py's
+    ConnectionError or TimeoutError, as its own path would."""
+    io = _lean_io(conn)
+    if io is None:
+        _send(conn, words)
+        return conn.read_response()
+    sock, parser, buf = io
+    reader = parser._reader
+    try:
+        packed = _pack(words)
+    except TypeError:  # an argument hiredis will not pack: redis-py's path (and its error)
+        conn.send_command(*words)
+        return conn.read_response()
+    if conn.health_check_interval:
+        conn.check_health()  # (a PING after a long silence, as redis-py's send would)
+    try:
+        sock.sendall(packed)
+        push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
+        while True:
+            reply = reader.gets()
+            while reply is _NOT_ENOUGH:
+                n = sock.recv_into(buf)
+                if not n:
+                    raise RedisConnectionError(f"Connection closed by {conn.host}:{conn.port}")
+                reader.feed(buf, 0, n)
+                reply = reader.gets()
+            if push is None or type(reply) is not push:
+                break
+            parser.handle_push_response(reply)  # a push message before the reply: redis-py's handlers
+    except (BlockingIOError, socket.timeout) as exc:  # the kernel's timeout ran out
+        conn.disconnect()
+        raise RedisTimeoutError(f"Timeout waiting for {conn.host}:{conn.port}") from exc
+    except OSError as exc:
+        conn.disconnect()
+        raise RedisConnectionError(f"Error talking to {conn.host}:{conn.port}: {exc}") from exc
+    except BaseException:  # (a protocol error, an interrupt mid-reply: the stream is unusable)
+        conn.disconnect()
+        raise
+    if conn.health_check_interval:
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    if isinstance(reply, ResponseError):
+        raise reply
+    return reply
+
+
 def _function_missing(exc: Exception) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("Function not found")
 
@@ -474,13 +562,11 @@ class LuaScript:
             use = _load_library(conn, pool)
         if use:
             try:
-                _send(conn, ("FCALL", self.function, len(keys), *keys, *args))
-                return conn.read_response()
+                return _roundtrip(conn, ("FCALL", self.function, len(keys), *keys, *args))
             except ResponseError as exc:  # the library is gone (restart, FUNCTION FLUSH): load it
                 if not _function_missing(exc) or not _load_library(conn, pool):
                     raise
-                _send(conn, ("FCALL", self.function, len(keys), *keys, *args))
-                return conn.read_response()
+                return _roundtrip(conn, ("FCALL", self.function, len(keys), *keys, *args))
         try:
             _send(conn, ("EVALSHA", self.sha, len(keys), *keys, *args))
             return conn.read_response()

@@ -476,3 +476,42 @@ def test_a_redis_user_without_mget_still_publishes_and_consumes(fresh_redis):
         client.mget("k1", "k2")  # (it is refused indeed)
     client.close()
     admin.close()
+
+
+def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_recovers_after_it():
+    import socket
+    import struct
+
+    from celery_pq import scripts
+
+    with RedisServer("--enable-debug-command", "yes") as server:
+        client = redis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
+        q = PriorityQueue(client, "lean")
+        q.insert(b"warm", 1, id="w")
+        conn = scripts._own_connection(client)
+        lean = scripts._lean_io(conn)
+        if lean is None:
+            pytest.skip("redis-py's own path here (no hiredis parser, or not Linux)")
+        sock = lean[0]
+        # the socket blocks, with the connection's timeout kept by the kernel (no poll per call)
+        assert sock.gettimeout() is None
+        assert struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)) == (0, 500000)
+        # a reply that does not come in time: redis-py's TimeoutError, the connection dropped
+        sleeper = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1.2"))
+        sleeper.start()
+        time.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            scripts._roundtrip(conn, ("PING",))
+        assert 0.4 < time.monotonic() - started < 1.1 and conn._sock is None
+        sleeper.join()
+        # the next call connects again and goes the lean way; errors come back as redis-py's
+        assert scripts._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
+        with pytest.raises(redis.ResponseError):
+            scripts._roundtrip(conn, ("NOSUCHCOMMAND",))
+        assert scripts._roundtrip(conn, ("ECHO", "x")) == b"x"
+        # where redis-py reads with a timeout of its own it puts Python's timeout mode back: the
+        # next call here undoes it
+        conn._sock.settimeout(0.5)
+        assert q.insert(b"x", 1, id="t") == "t" and conn._sock.gettimeout() is None
+        client.close()
