@@ -42,11 +42,11 @@ local CTX = { ev = 0, ev_mine = 0, paused = false, cnt = {} }
 -- made anew for each call: scripts._STATE), so a queue's calls parse their context and derive
 -- their keys once. Started again when it holds 256 of them. (Run as a script, by EVALSHA, it
 -- starts empty on every call: the same work as before, nothing kept.)
-local PARSED = { contexts = {}, stems = {}, n = 0 } -- kept between calls
+local PARSED = { contexts = {}, stems = {}, levels = {}, n = 0 } -- kept between calls
 
 local function remember(kind, text, value)
   if PARSED.n >= 256 then
-    PARSED.contexts, PARSED.stems, PARSED.n = {}, {}, 0
+    PARSED.contexts, PARSED.stems, PARSED.levels, PARSED.n = {}, {}, {}, 0
   end
   PARSED[kind][text] = value
   PARSED.n = PARSED.n + 1
@@ -245,7 +245,13 @@ local function emit(e, eid, score, t, c, n, r, task)
 end
 
 local function level_key(pi, rank)
-  return pi .. ':' .. rank
+  local known = PARSED.levels[pi] or remember('levels', pi, {}) -- (names made once per rank)
+  local key = known[rank]
+  if not key then
+    key = pi .. ':' .. rank
+    known[rank] = key
+  end
+  return key
 end
 
 -- A pointer is the entry's seq in 6 bytes (big-endian) followed by its id.
@@ -433,6 +439,11 @@ end
 -- An entry's header (without the "|"): deliveries, score, tenant, flags, dead-letter note, ts.
 local function entry_header(d, s, t, x, r, ts)
   return fmt(d) .. ',' .. s .. ',' .. t .. ',' .. x .. ',' .. r .. ',' .. ts
+end
+
+-- A new entry (no delivery yet, no dead-letter note) with its payload, made in one piece.
+local function new_entry(s, t, x, ts, payload)
+  return '0,' .. s .. ',' .. t .. ',' .. x .. ',,' .. ts .. '|' .. payload
 end
 
 -- Entry e (as split_entry gives it) with the payload of v, whose "|" is at bar.
