@@ -13,9 +13,9 @@ import celery_pq.transport
 from celery_pq import ConfigError, PriorityQueue, QueueFull
 
 try:
-    from support.consume import drain, make_queue
+    from support.consume import drain, make_queue, publish_numbers
 except ImportError:  # collected with the repository root on sys.path instead of tests/
-    from tests.support.consume import drain, make_queue
+    from tests.support.consume import drain, make_queue, publish_numbers
 
 
 @pytest.fixture
@@ -506,18 +506,20 @@ def test_a_published_message_is_stored_without_a_delivery_tag_and_delivered_with
         assert message.delivery_tag and message.properties["delivery_tag"] == message.delivery_tag
 
 
-def _hub_consumer(conn, q, hub, got):
-    """A prefetch-1 consumer in a kombu Hub whose acks are deferred with call_soon, as Celery's
-    worker defers an early ack."""
+def _hub_backlog(conn, name, n, hub) -> list:
+    """A queue of the numbers 0..n-1 and a prefetch-1 consumer of it in a kombu Hub whose acks
+    are deferred with call_soon, as Celery's worker defers an early ack: the numbers it gets."""
+    q = make_queue(name)
+    publish_numbers(conn, q, range(n))
+    got = []
 
     def cb(body, message):
         got.append(body["i"])
         hub.call_soon(message.ack)
 
-    consumer = Consumer(conn, [q], callbacks=[cb], prefetch_count=1)
-    consumer.consume()
+    Consumer(conn, [q], callbacks=[cb], prefetch_count=1).consume()
     conn.transport.register_with_event_loop(conn.connection, hub)
-    return consumer
+    return got
 
 
 def _tick(hub):
@@ -525,24 +527,15 @@ def _tick(hub):
         callback()
 
 
-def test_one_event_loop_tick_serves_a_backlog_and_applies_its_acks(url, opts, redis_client, key_prefix):
+def test_one_event_loop_tick_serves_a_backlog_and_applies_its_acks(url, opts):
     from kombu.asynchronous import Hub
-
-    try:
-        from support.consume import publish_numbers
-    except ImportError:
-        from tests.support.consume import publish_numbers
 
     hub = Hub()
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue("tick")
-        publish_numbers(conn, q, range(20))
-        got = []
-        _hub_consumer(conn, q, hub, got)
+        got = _hub_backlog(conn, "tick", 20, hub)
         _tick(hub)  # one pass of the loop: no poll, no self-wake between the messages
         assert got == list(range(20))
-        pq = conn.default_channel.queue("tick")
-        stats = pq.stats()
+        stats = conn.default_channel.queue("tick").stats()
         assert stats["waiting"] == 0 and stats["leased"] == 0  # every deferred ack went with the next pop
     hub.close()
 
@@ -551,22 +544,14 @@ def test_the_tick_stops_at_its_time_budget_and_wakes_the_loop(url, opts, monkeyp
     from kombu.asynchronous import Hub
 
     from celery_pq import constants
-    try:
-        from support.consume import publish_numbers
-    except ImportError:
-        from tests.support.consume import publish_numbers
 
     monkeypatch.setattr(constants, "TICK_DRAIN_SECONDS", 0.0)
     hub = Hub()
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue("tick0")
-        publish_numbers(conn, q, range(3))
-        got = []
-        _hub_consumer(conn, q, hub, got)
-        poller = conn.transport.poller
+        got = _hub_backlog(conn, "tick0", 3, hub)
         _tick(hub)
         assert got == [0]  # one delivery, then the loop's turn
-        assert os.read(poller._wake_pipe[0], 16) == b"x"  # the loop is woken to come back at once
+        assert os.read(conn.transport.poller._wake_pipe[0], 16) == b"x"  # woken to come back at once
         for item in hub._pop_ready():
             item()
         _tick(hub)
