@@ -312,10 +312,10 @@ class Poller:
     def on_tick(self):
         # Celery's hub runs the acks it deferred (call_soon) at the top of each loop pass, just
         # before this tick: the prefetch window is up to date, and those acks ride along with
-        # the pop. While work remains, the loop wakes itself (a pipe) instead of blocking in
-        # Redis, so a backlog costs one round trip per pop. (After a delivery the acks it
-        # causes arrive as call_soon callbacks, which only run on the next pass: wake once so
-        # that pass comes at once, not after a timer.)
+        # the pop. After a delivery the acks it causes arrive as call_soon callbacks: the tick
+        # runs them itself and pops again (_drain_in_tick), and once its time is up, or where
+        # the hub cannot be asked, the loop wakes itself (a pipe) so the next pass comes at
+        # once, not after a timer. A backlog costs one round trip per pop, never a wait in Redis.
         delivered, waits = self._step(until_delivered=False)
         if delivered:
             delivered, waits = self._drain_in_tick(waits)
