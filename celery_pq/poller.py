@@ -318,7 +318,7 @@ class Poller:
         # once, not after a timer. A backlog costs one round trip per pop, never a wait in Redis.
         delivered, waits = self._step(until_delivered=False)
         if delivered:
-            delivered, waits = self._drain_in_tick(waits)
+            delivered, waits = self._drain_in_tick(delivered, waits)
         for wait in waits:
             sock = wait.conn._sock
             if sock is None:
@@ -329,25 +329,30 @@ class Poller:
                 self._readers[fd] = (sock, wait)
                 self._loop.add_reader(fd, self._on_readable, fd)
         if delivered:
+            # Even when the tick's last pass found the prefetch window full: what it delivered
+            # may have missed this tick's other callbacks (the prefork pool schedules its writes
+            # to the children in its own on_tick), and must not wait for the next timer.
             self._self_wake()
 
-    def _drain_in_tick(self, waits: list[Wait]) -> tuple[int, list[Wait]]:
+    def _drain_in_tick(self, delivered: int, waits: list[Wait]) -> tuple[int, list[Wait]]:
         """Go on popping within this tick while each pass delivers, for up to TICK_DRAIN_SECONDS:
         the hub's ready callbacks (the acks the deliveries deferred with call_soon) run first, as
         the hub's next pass would run them, so a backlog costs no self-wake, poll and pipe read
         per message. What the loop waits for besides (timers, other sockets) waits at most that
         long, as behind a task of that length in the solo pool. A hub without ``_pop_ready``
-        (older kombu) leaves it to the self-wake. Returns the last pass's (delivered, waits)."""
+        (older kombu) leaves it to the self-wake. ``delivered``: by the tick's first pass.
+        Returns (delivered in the whole tick, the last pass's waits)."""
         pop_ready = getattr(self._loop, "_pop_ready", None)
         if pop_ready is None:
-            return 1, waits
+            return delivered, waits
         deadline = monotonic() + C.TICK_DRAIN_SECONDS
-        delivered = 1
-        while delivered and monotonic() < deadline:
+        got = delivered
+        while got and monotonic() < deadline:
             for item in pop_ready():
                 if item:
                     item()
-            delivered, waits = self._step(until_delivered=False)
+            got, waits = self._step(until_delivered=False)
+            delivered += got
         return delivered, waits
 
     def _on_readable(self, fd):

@@ -540,6 +540,29 @@ def test_one_event_loop_tick_serves_a_backlog_and_applies_its_acks(url, opts):
     hub.close()
 
 
+def test_a_tick_that_fills_the_prefetch_window_still_wakes_the_loop(url, opts):
+    # Given a prefetch-2 consumer whose messages stay unacked (a prefork pool holding them),
+    # when one tick delivers two and its next pass finds the window full, then the loop is
+    # woken all the same: the hub's other tick callbacks (the pool schedules its writes to the
+    # children in one) may have run before the deliveries, and must run again at once, not
+    # after the next timer.
+    from kombu.asynchronous import Hub
+
+    hub = Hub()
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue("tickfull")
+        publish_numbers(conn, q, range(5))
+        held = []
+        Consumer(conn, [q], callbacks=[lambda body, message: held.append(message)], prefetch_count=2).consume()
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        _tick(hub)
+        assert [m.payload["i"] for m in held] == [0, 1]
+        assert os.read(conn.transport.poller._wake_pipe[0], 16) == b"x"
+        for m in held:
+            m.ack()
+    hub.close()
+
+
 def test_the_tick_stops_at_its_time_budget_and_wakes_the_loop(url, opts, monkeypatch):
     from kombu.asynchronous import Hub
 
