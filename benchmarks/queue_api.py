@@ -42,7 +42,7 @@ local n, payload, ts = tonumber(ARGV[1]), ARGV[2], fmt(now_ms())
 local first = redis.call('INCRBY', sq, n) - n
 for seq = first + 1, first + n do
   local rank, eid = seq % 256, fmt(seq)
-  redis.call('HSET', ii, eid, entry_header(0, fmt(rank * SEQ_SPAN + seq), '', '', '', ts) .. '|' .. payload)
+  redis.call('HSET', ii, eid, make_entry(0, fmt(rank * SEQ_SPAN + seq), '', '', '', ts, '|', payload))
   pi_push(pi, rank, seq, eid)
 end
 return n

@@ -32,7 +32,6 @@ from typing import Callable
 from redis import exceptions as rex
 
 from . import constants as C
-
 from .connections import by_node, is_cluster, node_client, slot_groups
 
 logger = logging.getLogger(__name__)

@@ -455,14 +455,13 @@ class PriorityQueue:
     def _insert_keys(self) -> list[str]:
         return self._insert_head()[0]
 
-    def _insert_args(self, items, forget=(), made=False) -> list:
-        """``made``: False (the items carry publish ids of their own, or none), True (the first
-        item's publish id was made here and stands for the call), or ``FIRST_SEND`` (the same,
-        on the call's first send: see insert.lua)."""
-        args: list = [*self._insert_head()[1], len(forget), *forget,
-                      made if made is FIRST_SEND else "1" if made else "0"]
+    def _insert_args(self, items, forget=(), made="0") -> list:
+        """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
+        none), "1" (the first item's publish id was made here and stands for the call), or
+        ``FIRST_SEND`` (the same, on the call's first send)."""
+        args: list = [*self._insert_head()[1], len(forget), *forget, made]
         for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
-            if made and n:
+            if made != "0" and n:
                 pid = None  # a made publish id stands for the whole call: the first group's
             args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
                      pid or "", task or ""]
@@ -547,7 +546,7 @@ class PriorityQueue:
             try:
                 [reply], acked = self._run_replicated(
                     [self._call("insert", self._insert_keys(),
-                                self._insert_args(items, forget, FIRST_SEND if publish_id is None else False))])
+                                self._insert_args(items, forget, FIRST_SEND if publish_id is None else "0"))])
             except BaseException:
                 self._answered(forget)
                 raise
@@ -596,7 +595,7 @@ class PriorityQueue:
                 replies, acked = self._run_replicated([
                     self._call("insert", self._insert_keys(),
                                self._insert_args(part, forget if n == 0 else (),
-                                                 all(start + j in made for j in range(len(part)))))
+                                                 "1" if all(start + j in made for j in range(len(part))) else "0"))
                     for n, (start, part) in enumerate(pending)])
             except Exception as exc:
                 self._answered(forget)

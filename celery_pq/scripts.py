@@ -373,18 +373,26 @@ except ImportError:  # pragma: no cover - hiredis is optional
     _pack = None
 
 
+def _packed(words: tuple) -> bytes | None:
+    """The call packed by hiredis, or None (no hiredis, or an argument it will not pack: such a
+    call takes redis-py's path, and its error). redis-py's own packer looks at every argument
+    for bytearray and memoryview first, a third of the client's cost of a call of thirty
+    arguments."""
+    if _pack is None:
+        return None
+    try:
+        return _pack(words)
+    except TypeError:
+        return None
+
+
 def _send(conn, words: tuple) -> None:
-    """Send one script call on ``conn``. With hiredis, packed by it at once: redis-py's own path
-    looks at every argument for bytearray and memoryview first, a third of the client's cost of
-    a call of thirty arguments. Anything hiredis will not pack takes redis-py's path (and its
-    error)."""
-    if _pack is not None:
-        try:
-            conn.send_packed_command([_pack(words)])
-            return
-        except TypeError:
-            pass
-    conn.send_command(*words)
+    """Send one script call on ``conn`` (packed by hiredis where it can be)."""
+    packed = _packed(words)
+    if packed is None:
+        conn.send_command(*words)
+    else:
+        conn.send_packed_command([packed])
 
 
 class _FirstSend(str):
@@ -412,6 +420,9 @@ except (ImportError, AttributeError):  # pragma: no cover - another redis-py lay
     _HiredisParser = None
 
 
+_LINUX = sys.platform.startswith("linux")
+
+
 def _lean_io(conn):
     """``(socket, parser, buffer)`` for a call sent and read by ``_roundtrip``, or None where
     redis-py's own path is taken: no hiredis, not connected, TLS, not Linux.
@@ -436,25 +447,18 @@ def _lean_io(conn):
     return sock, parser, parser._buffer
 
 
-_LINUX = sys.platform.startswith("linux")
-
-
 def _roundtrip(conn, words: tuple):
     """Send one call on ``conn`` and read its reply: redis-py's send and read (health check,
     socket, hiredis reader, errors) without the layers around them, which cost as much as the
     system calls themselves. A failure disconnects ``conn`` and raises redis-py's
     ConnectionError or TimeoutError, as its own path would."""
     io = _lean_io(conn)
-    if io is None:
+    packed = None if io is None else _packed(words)
+    if packed is None:
         _send(conn, words)
         return conn.read_response()
     sock, parser, buf = io
     reader = parser._reader
-    try:
-        packed = _pack(words)
-    except TypeError:  # an argument hiredis will not pack: redis-py's path (and its error)
-        conn.send_command(*words)
-        return conn.read_response()
     if conn.health_check_interval:
         conn.check_health()  # (a PING after a long silence, as redis-py's send would)
     try:
@@ -515,12 +519,17 @@ class LuaScript:
             return self._on_cluster(keys, args, client)
         conn = _own_connection(client)
         if conn is None:
-            return self._script(keys=keys, args=resent(args), client=client)
+            return self._by_redis_py(keys, args, client)
         try:
             return self._run_on(conn, client.connection_pool, keys, args)
         except (RedisConnectionError, RedisTimeoutError, OSError):
             _drop_connection(client, conn)
-            return self._script(keys=keys, args=resent(args), client=client)
+            return self._by_redis_py(keys, args, client)
+
+    def _by_redis_py(self, keys, args, client):
+        """The call through redis-py's ``Script`` (the client's retry policy, a fresh pooled
+        connection, a cluster's routing), which may send it more than once: ``resent``."""
+        return self._script(keys=keys, args=resent(args), client=client)
 
     def _on_cluster(self, keys, args, cluster):
         """The call on the master of its keys' slot, on this thread's connection to it; after a
@@ -532,7 +541,7 @@ class LuaScript:
         except REROUTE as exc:
             if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
                 _drop_connection(node, conn)
-            return self._script(keys=keys, args=resent(args), client=cluster)
+            return self._by_redis_py(keys, args, cluster)
 
     def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
         """Run the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT

@@ -54,7 +54,7 @@ if fair then
   fair_level_count(lvl(rank), 1) -- counted at its new level first: a move within a level never empties it
   fair_drop(e.t, old, eid)
   fair_add(e.t, score, eid, true)
-  wake(CTX.stem .. 'wk') -- its tenant is scheduled again (a parked one is parked again by the pop)
+  wake(key_of('wk')) -- its tenant is scheduled again (a parked one is parked again by the pop)
 elseif technique == 'T' then
   local orank, oseq = split_score(old)
   pi_drop(pi, orank, make_ptr(oseq, eid))

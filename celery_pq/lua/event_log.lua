@@ -20,6 +20,6 @@ if bad then
 end
 local before = CTX.ev
 CTX.ev = tonumber(ARGV[1])
-local record = redis.call('GET', CTX.stem .. 'md')
+local record = redis.call('GET', key_of('md'))
 write_mode(record and string.sub(record, 1, 4) or CTX.mode)
 return before

@@ -189,7 +189,7 @@ for i = 0, n - 1 do
     end
     -- HSETNX: a free id is stored at once (free_id's HEXISTS and the HSET in one command)
     local eid, dup = base, nil
-    if redis.call('HSETNX', ii, base, new_entry(score, tenant, '', ts, payload)) == 0 then
+    if redis.call('HSETNX', ii, base, make_entry(0, score, tenant, '', '', ts, '|', payload)) == 0 then
       eid, dup = free_id(ii, base, sq, seq)
       local flags = ''
       if dup and id ~= '' then
@@ -197,7 +197,7 @@ for i = 0, n - 1 do
         local list = redis.call('HGET', dp, id)
         redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
       end
-      redis.call('HSET', ii, eid, new_entry(score, tenant, flags, ts, payload))
+      redis.call('HSET', ii, eid, make_entry(0, score, tenant, flags, '', ts, '|', payload))
     end
     tally('enqueued')
     emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])

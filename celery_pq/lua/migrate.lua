@@ -21,7 +21,7 @@ take_context()
 local new = CTX.mode
 local fair, order = string.sub(new, 1, 1) == '1', string.sub(new, 3, 3)
 FA = { scope = string.sub(new, 2, 2), conc = 0, rate = 0 }
-local md = CTX.stem .. 'md'
+local md = key_of('md')
 local old = redis.call('GET', md) or new
 read_switches(string.sub(old, 5)) -- paused and the event log stay as they were
 local flip = string.sub(old, 3, 3) ~= order

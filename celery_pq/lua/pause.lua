@@ -25,7 +25,7 @@ local pause, tenant = ARGV[1] == '1', ARGV[2]
 -- Wake the plain consumers and those of every registered priority view.
 local function wake_all()
   wake(wk)
-  for _, name in ipairs(redis.call('HKEYS', CTX.stem .. 'vw')) do
+  for _, name in ipairs(redis.call('HKEYS', key_of('vw'))) do
     wake(CTX.stem .. 'wk:' .. name)
   end
 end

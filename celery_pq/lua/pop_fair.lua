@@ -126,7 +126,7 @@ end
 out[1] = stale
 write_leases(P, lt, lz)
 for t, k in pairs(per_tenant) do
-  redis.call('HINCRBY', CTX.stem .. 'td', t, k)
+  redis.call('HINCRBY', key_of('td'), t, k)
 end
 -- A fair pop serves from the tenant's order, so the pointers of the served ranks' lists go
 -- stale where they are; drop the stale ones at the front (bounded), so the lists stay short.

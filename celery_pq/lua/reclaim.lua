@@ -65,7 +65,7 @@ if consumer == '' then
   -- ran (so no renewal could reach Redis either, when the gap is Redis's own pause or outage),
   -- a lease that ran out during the gap gets the time it had left, and its holder a chance to
   -- renew it, instead of every task being delivered again the instant Redis answers.
-  local sw = CTX.stem .. 'sw'
+  local sw = key_of('sw')
   local last = tonumber(redis.call('GET', sw) or '')
   local restore_ms = tonumber(ARGV[8]) or 0
   if gap_ms > 0 and last and now - last > gap_ms then
@@ -157,7 +157,7 @@ if consumer == '' then
   end
   if fair then
     fair_unpark(now)
-    fair_gc(CTX.stem .. 'gc', now, 100)
+    fair_gc(key_of('gc'), now, 100)
   end
 end
 if returned > 0 or promoted > 0 or (fair and redis.call('ZCARD', FK.ts) > 0) then

@@ -2,7 +2,7 @@
 --
 -- The stored records (entry "d,s,t,x,r,ts|payload", lease, pointer, dead-letter note,
 -- publish-id value, mode) are laid out in celery_pq/records.py, the Python twin of the
--- readers and writers here (split_entry/entry_header/join_entry, split_lease/join_lease,
+-- readers and writers here (split_entry/make_entry/join_entry, split_lease/join_lease,
 -- make_ptr/parse_ptr, dead_note); tests/test_records.py checks that the two agree.
 --
 -- The priority-indexed table of a queue with key pi is one list per rank, "<pi>:<rank>", of
@@ -135,8 +135,8 @@ local function mode_error(adopt, record)
     end
     return nil
   end
-  if adopt and redis.call('HLEN', CTX.stem .. 'ii') == 0 then
-    local pi = CTX.stem .. 'pi'
+  if adopt and redis.call('HLEN', key_of('ii')) == 0 then
+    local pi = key_of('pi')
     for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
       redis.call('DEL', pi .. ':' .. r)
     end
@@ -238,7 +238,7 @@ local function emit(e, eid, score, t, c, n, r, task)
   -- The first event of a script call: the time, the key and the name made once, and the stream
   -- trimmed to about its cap. Only this XADD trims (MAXLEN costs more than the rest of an XADD),
   -- so the stream holds at most one call's events more than MAXLEN ~ would keep.
-  CTX.now_s, CTX.ev_key = fmt(now_ms()), CTX.stem .. 'ev'
+  CTX.now_s, CTX.ev_key = fmt(now_ms()), key_of('ev')
   queue_name()
   redis.call('XADD', CTX.ev_key, 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p,
     'k', k, 't', tt, 'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s)
@@ -436,19 +436,16 @@ local function pi_push(pi, rank, seq, eid)
   end
 end
 
--- An entry's header (without the "|"): deliveries, score, tenant, flags, dead-letter note, ts.
-local function entry_header(d, s, t, x, r, ts)
-  return fmt(d) .. ',' .. s .. ',' .. t .. ',' .. x .. ',' .. r .. ',' .. ts
-end
-
--- A new entry (no delivery yet, no dead-letter note) with its payload, made in one piece.
-local function new_entry(s, t, x, ts, payload)
-  return '0,' .. s .. ',' .. t .. ',' .. x .. ',,' .. ts .. '|' .. payload
+-- An entry: its header (deliveries, score, tenant, flags, dead-letter note, ts), then sep and
+-- rest ("|" and the payload, or "" and what follows the header of a stored entry), made in one
+-- concatenation.
+local function make_entry(d, s, t, x, r, ts, sep, rest)
+  return (d == 0 and '0' or fmt(d)) .. ',' .. s .. ',' .. t .. ',' .. x .. ',' .. r .. ',' .. ts .. sep .. rest
 end
 
 -- Entry e (as split_entry gives it) with the payload of v, whose "|" is at bar.
 local function join_entry(e, v, bar)
-  return entry_header(e.d, e.s, e.t, e.x, e.r, e.ts) .. string.sub(v, bar)
+  return make_entry(e.d, e.s, e.t, e.x, e.r, e.ts, '', string.sub(v, bar))
 end
 
 -- A dead-letter note: why, when (ms) and after how many deliveries.
@@ -519,7 +516,7 @@ end
 -- (hash vw, "lo-hi" -> 1) is read here, so views registered by any process are woken; each
 -- view's wake list is "<wk>:lo-hi" under the queue's stem.
 local function wake_registered_views(rank)
-  for _, name in ipairs(redis.call('HKEYS', CTX.stem .. 'vw')) do
+  for _, name in ipairs(redis.call('HKEYS', key_of('vw'))) do
     local lo, hi = string.match(name, '^(%d+)-(%d+)$')
     if lo and rank >= tonumber(lo) and rank <= tonumber(hi) then
       wake(CTX.stem .. 'wk:' .. name)
@@ -663,17 +660,17 @@ local function set_aside(ii, eid, v, rank, now)
   local e = { d = 0, s = fmt(rank * SEQ_SPAN), t = '', x = '', r = '', ts = fmt(now) }
   local wrapped = '|' .. v
   if CTX.is_dead then
-    local sq = CTX.stem .. 'sq'
+    local sq = key_of('sq')
     local seq = redis.call('INCR', sq)
     e.r = dead_note('malformed', now, 0)
     e.s = fmt(rank * SEQ_SPAN + seq)
     redis.call('HSET', ii, eid, join_entry(e, wrapped, 1))
-    pi_push(CTX.stem .. 'pi', rank, seq, eid)
+    pi_push(key_of('pi'), rank, seq, eid)
     counter_add('malformed')
     return
   end
   local ds = CTX.stem .. 'dead:'
-  to_dead(ii, CTX.stem .. 'dp', ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s,
+  to_dead(ii, key_of('dp'), ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s,
     'malformed', now)
   counter_add('malformed')
 end
