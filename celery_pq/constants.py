@@ -53,6 +53,15 @@ POP_STALE_BUDGET = 1000
 #: per message, and the loop's timers and other sockets wait at most this long.
 TICK_DRAIN_SECONDS = 0.01
 
+#: Microseconds a script call's thread polls its socket for the reply before it sleeps in recv
+#: (the transport option spin_wait_us; scripts._spin_recv). On a machine where the Redis server
+#: is near (loopback, the same rack) most replies come within it, and a thread that sleeps and is
+#: woken costs more than the polling: a publish took 40-60% less time and no more client CPU
+#: with it (docs/performance.md). A connection whose replies do not come in time (a far Redis, a
+#: busy machine) stops polling at once and tries again after 2, 4, .. SPIN_BACKOFF_MAX calls.
+SPIN_WAIT_US = 100
+SPIN_BACKOFF_MAX = 1024
+
 #: Seconds a command may wait for Redis's reply before the connection is given up (redis-py's
 #: socket_timeout). redis-py and kombu wait forever by default, so a connection that went silent
 #: (half-open: NAT, a firewall, a vanished host) holds a worker for good. 30 s is far above any

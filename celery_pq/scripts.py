@@ -59,6 +59,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import constants as C
 from .connections import REROUTE, by_node, is_cluster, node_client
 from .errors import ErrorCode
 from .keys import FAIR_SUFFIXES
@@ -421,6 +422,43 @@ except (ImportError, AttributeError):  # pragma: no cover - another redis-py lay
 
 
 _LINUX = sys.platform.startswith("linux")
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_clock = time.perf_counter_ns
+
+#: Per connection pool: nanoseconds a call polls for its reply (``set_spin_wait``); the pools
+#: not named here (a cluster's nodes, a client given to the queue API) take C.SPIN_WAIT_US.
+_spin: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SPIN_DEFAULT = C.SPIN_WAIT_US * 1000
+
+
+def set_spin_wait(pool, microseconds: float) -> None:
+    """How long a script call on ``pool``'s connections polls for its reply before it sleeps
+    (0: it sleeps at once, as redis-py does)."""
+    _spin[pool] = int(microseconds * 1000)
+
+
+def _spin_recv(conn, sock, buf, spin_ns: int) -> int:
+    """Read what the socket holds, polling for up to ``spin_ns`` (the reply of a call just
+    sent): the bytes read, or 0 when none came in time (the caller then sleeps in recv, and this
+    connection polls no more for the next 2, 4, .. C.SPIN_BACKOFF_MAX calls: a far or busy
+    server costs one wasted poll in that many). A polled socket that the server closed reads 0
+    as well; the blocking read then sees the close."""
+    skip = getattr(conn, "_pq_spin_skip", 0)
+    if skip:
+        conn._pq_spin_skip = skip - 1
+        return 0
+    deadline = _clock() + spin_ns
+    while True:
+        try:
+            n = sock.recv_into(buf, 0, _DONTWAIT)
+        except BlockingIOError:
+            if _clock() < deadline:
+                continue
+            misses = conn._pq_spin_misses = getattr(conn, "_pq_spin_misses", 0) + 1
+            conn._pq_spin_skip = min(1 << misses, C.SPIN_BACKOFF_MAX)
+            return 0
+        conn._pq_spin_misses = 0
+        return n
 
 
 def _lean_io(conn):
@@ -447,11 +485,12 @@ def _lean_io(conn):
     return sock, parser, parser._buffer
 
 
-def _roundtrip(conn, words: tuple):
+def _roundtrip(conn, words: tuple, spin_ns: int = 0):
     """Send one call on ``conn`` and read its reply: redis-py's send and read (health check,
     socket, hiredis reader, errors) without the layers around them, which cost as much as the
-    system calls themselves. A failure disconnects ``conn`` and raises redis-py's
-    ConnectionError or TimeoutError, as its own path would."""
+    system calls themselves. ``spin_ns``: poll for the reply that long before sleeping in recv
+    (``_spin_recv``). A failure disconnects ``conn`` and raises redis-py's ConnectionError or
+    TimeoutError, as its own path would."""
     io = _lean_io(conn)
     packed = None if io is None else _packed(words)
     if packed is None:
@@ -466,6 +505,11 @@ def _roundtrip(conn, words: tuple):
         push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
         while True:
             reply = reader.gets()
+            if reply is _NOT_ENOUGH and spin_ns:
+                n = _spin_recv(conn, sock, buf, spin_ns)
+                if n:
+                    reader.feed(buf, 0, n)
+                    reply = reader.gets()
             while reply is _NOT_ENOUGH:
                 n = sock.recv_into(buf)
                 if not n:
@@ -570,12 +614,13 @@ class LuaScript:
         if use is None:
             use = _load_library(conn, pool)
         if use:
+            spin = _spin.get(pool, _SPIN_DEFAULT)
             try:
-                return _roundtrip(conn, ("FCALL", self.function, len(keys), *keys, *args))
+                return _roundtrip(conn, ("FCALL", self.function, len(keys), *keys, *args), spin)
             except ResponseError as exc:  # the library is gone (restart, FUNCTION FLUSH): load it
                 if not _function_missing(exc) or not _load_library(conn, pool):
                     raise
-                return _roundtrip(conn, ("FCALL", self.function, len(keys), *keys, *args))
+                return _roundtrip(conn, ("FCALL", self.function, len(keys), *keys, *args), spin)
         try:
             _send(conn, ("EVALSHA", self.sha, len(keys), *keys, *args))
             return conn.read_response()

@@ -66,6 +66,7 @@ from .poller import Poller, Waits
 from .queue import PriorityQueue, default_consumer_id
 from .routing import RoutingTables
 from .shards import ShardedQueue, shards_of
+from .scripts import set_spin_wait
 from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
@@ -561,6 +562,8 @@ class Transport(virtual.Transport):
                 self.db = connections.broker_db(self.client)
                 make = connections.make_cluster if channel.options.cluster else connections.make_pool
                 self._pool = make(self.client, channel.options, self.tls)
+                if not connections.is_cluster(self._pool):
+                    set_spin_wait(self._pool, channel.options.spin_wait_us)
         if connections.is_cluster(self._pool):
             return self._pool
         return redis.Redis(connection_pool=self._pool)

@@ -515,3 +515,45 @@ def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_reco
         conn._sock.settimeout(0.5)
         assert q.insert(b"x", 1, id="t") == "t" and conn._sock.gettimeout() is None
         client.close()
+
+
+def test_a_call_polls_for_its_reply_and_one_that_comes_late_stops_the_polling_for_a_while():
+    from celery_pq import scripts
+
+    # a script that answers after 30 ms (its own busy loop on the server's clock)
+    slow = ("EVAL", "local t0 = redis.call('TIME') local a = t0[1] * 1e6 + t0[2] "
+            "repeat local t = redis.call('TIME') until t[1] * 1e6 + t[2] - a > 30000 return 7", 0)
+    poll_long, poll_short = 50_000_000, 1_000_000  # 50 ms (a PING answers within it), 1 ms
+    with RedisServer() as server:
+        client = redis.Redis(host=server.host, port=server.port)
+        conn = scripts._own_connection(client)
+        if scripts._lean_io(conn) is None:
+            pytest.skip("redis-py's own path here (no hiredis parser, or not Linux)")
+        assert scripts._roundtrip(conn, ("PING",), poll_long) in (b"PONG", "PONG")
+        assert getattr(conn, "_pq_spin_misses", 0) == 0 and getattr(conn, "_pq_spin_skip", 0) == 0
+        # a reply later than the poll is read all the same (the thread then sleeps in recv), and
+        # the connection polls for none of the next 2 calls
+        assert scripts._roundtrip(conn, slow, poll_short) == 7
+        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (1, 2)
+        for left in (1, 0):
+            assert scripts._roundtrip(conn, ("ECHO", "a"), poll_long) == b"a"
+            assert conn._pq_spin_skip == left and conn._pq_spin_misses == 1
+        # missed again: 4 calls without polling; then a reply in time starts the count anew
+        assert scripts._roundtrip(conn, slow, poll_short) == 7
+        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (2, 4)
+        for _ in range(5):
+            assert scripts._roundtrip(conn, ("ECHO", "b"), poll_long) == b"b"
+        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (0, 0)
+        # the wait between polls is bounded, however many misses
+        conn._pq_spin_misses = 40
+        assert scripts._roundtrip(conn, slow, poll_short) == 7
+        assert conn._pq_spin_skip == C.SPIN_BACKOFF_MAX
+        conn._pq_spin_skip = conn._pq_spin_misses = 0
+        # a connection the server closed while it is polled: redis-py's ConnectionError at once
+        my_id = scripts._roundtrip(conn, ("CLIENT", "ID"), poll_long)
+        server.client().client_kill_filter(_id=my_id)
+        started = time.monotonic()
+        with pytest.raises(redis.ConnectionError):
+            scripts._roundtrip(conn, ("PING",), poll_long)
+        assert time.monotonic() - started < 1.0
+        client.close()

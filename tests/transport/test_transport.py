@@ -11,6 +11,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 import celery_pq
 import celery_pq.transport
 from celery_pq import ConfigError, PriorityQueue, QueueFull
+from celery_pq import constants as C
 
 try:
     from support.consume import drain, make_queue, publish_numbers
@@ -118,6 +119,9 @@ def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, redis_cli
         ({"fair_weights": {"a": 2}}, "fair_key"),
         ({"fair_key": "t", "tenant_concurrency": 0}, "tenant_concurrency"),
         ({"fair_key": "t", "fair_scope": "sideways"}, "fair_scope"),
+        ({"spin_wait_us": -1}, "spin_wait_us"),
+        ({"spin_wait_us": 100_001}, "spin_wait_us"),
+        ({"spin_wait_us": "fast"}, "spin_wait_us"),
     ],
 )
 def test_bad_options_are_named(url, opts, options, match):
@@ -125,6 +129,17 @@ def test_bad_options_are_named(url, opts, options, match):
     with Connection(url, transport_options=opts) as conn:
         with pytest.raises(ConfigError, match=match):
             conn.default_channel
+
+
+@pytest.mark.parametrize("given,ns", [(None, C.SPIN_WAIT_US * 1000), (0, 0), (250, 250_000)])
+def test_spin_wait_us_is_how_long_the_connections_calls_poll_for_their_reply(url, opts, given, ns):
+    from celery_pq import scripts
+
+    if given is not None:
+        opts["spin_wait_us"] = given
+    with Connection(url, transport_options=opts) as conn:
+        pool = conn.default_channel.client.connection_pool
+        assert scripts._spin[pool] == ns
 
 
 def test_visibility_timeout_is_an_alias(url, opts):
