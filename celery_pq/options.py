@@ -111,20 +111,11 @@ def _queue_techniques(name, value):
     return dict(value)
 
 
-def _count_from_zero_up_to(high):
+def _count_up_to(high, low=1):
     def check(name, value):
-        count(name, value, low=0, none=False, error=ConfigError)
+        count(name, value, low=low, none=False, error=ConfigError)
         if value > high:
-            raise ConfigError(f"{name} must be an integer 0..{high}, got {value!r}")
-        return value
-    return check
-
-
-def _count_up_to(high):
-    def check(name, value):
-        count(name, value, none=False, error=ConfigError)
-        if value > high:
-            raise ConfigError(f"{name} must be an integer 1..{high}, got {value!r}")
+            raise ConfigError(f"{name} must be an integer {low}..{high}, got {value!r}")
         return value
     return check
 
@@ -197,7 +188,7 @@ class Options:
                                            shown="lease_seconds / 3")
     block_seconds: float = _option(C.BLOCK_SECONDS, _seconds, "server-side BLPOP timeout of an idle consumer")
     binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
-    spin_wait_us: int = _option(C.SPIN_WAIT_US, _count_from_zero_up_to(100_000),
+    spin_wait_us: int = _option(C.SPIN_WAIT_US, _count_up_to(100_000, low=0),
                                 "microseconds a script call polls for its reply before sleeping; 0: none")
     socket_timeout: float | None = _option(C.SOCKET_TIMEOUT, _seconds_or_none,
                                            "redis-py, seconds a reply may take; None: forever")

@@ -521,18 +521,22 @@ def test_a_published_message_is_stored_without_a_delivery_tag_and_delivered_with
         assert message.delivery_tag and message.properties["delivery_tag"] == message.delivery_tag
 
 
-def _hub_backlog(conn, name, n, hub) -> list:
-    """A queue of the numbers 0..n-1 and a prefetch-1 consumer of it in a kombu Hub whose acks
-    are deferred with call_soon, as Celery's worker defers an early ack: the numbers it gets."""
+def _hub_backlog(conn, name, n, hub, *, prefetch=1, held=None) -> list:
+    """A queue of the numbers 0..n-1 and a consumer of it in a kombu Hub whose acks are deferred
+    with call_soon, as Celery's worker defers an early ack (or, given ``held``, whose messages
+    are kept there unacked, as a prefork pool holds them): the numbers it gets."""
     q = make_queue(name)
     publish_numbers(conn, q, range(n))
     got = []
 
     def cb(body, message):
         got.append(body["i"])
-        hub.call_soon(message.ack)
+        if held is None:
+            hub.call_soon(message.ack)
+        else:
+            held.append(message)
 
-    Consumer(conn, [q], callbacks=[cb], prefetch_count=1).consume()
+    Consumer(conn, [q], callbacks=[cb], prefetch_count=prefetch).consume()
     conn.transport.register_with_event_loop(conn.connection, hub)
     return got
 
@@ -565,11 +569,8 @@ def test_a_tick_that_fills_the_prefetch_window_still_wakes_the_loop(url, opts):
 
     hub = Hub()
     with Connection(url, transport_options=opts) as conn:
-        q = make_queue("tickfull")
-        publish_numbers(conn, q, range(5))
         held = []
-        Consumer(conn, [q], callbacks=[lambda body, message: held.append(message)], prefetch_count=2).consume()
-        conn.transport.register_with_event_loop(conn.connection, hub)
+        _hub_backlog(conn, "tickfull", 5, hub, prefetch=2, held=held)
         _tick(hub)
         assert [m.payload["i"] for m in held] == [0, 1]
         assert os.read(conn.transport.poller._wake_pipe[0], 16) == b"x"

@@ -141,7 +141,7 @@ local function mode_error(adopt, record)
       redis.call('DEL', pi .. ':' .. r)
     end
     for _, s in ipairs({ 'pi', 'te', 'ts', 'tb', 'fv', 'fn', 'tw', 'fr' }) do
-      redis.call('DEL', CTX.stem .. s)
+      redis.call('DEL', key_of(s))
     end
     write_mode(CTX.mode)
     return nil
