@@ -4,7 +4,8 @@ Writing: the one path from a message dict to an insert. The transport's publish
 (``Channel.prepare_message`` and ``Channel._put``) and the Spark writer (``celery_pq.spark``)
 both go through here, so a task enqueued from a DataFrame is stored exactly as the same task
 published by Celery: the same payload bytes, priority default and check, tenant
-(``tenants.tenant_of``), delay (the ``eta`` header), publish id, and task name for the event log.
+(``tenants.tenant_of``), delay (the ``eta`` header), and task name for the event log. A publish
+id names one publish call (``PublishStamp``), never the content.
 
 The stored payload is ``codec.encode`` of the message (docs/storage.md), without its
 ``delivery_tag``: a delivery carries its lease token as tag instead.
@@ -26,6 +27,7 @@ from hashlib import blake2b
 from typing import Callable, NamedTuple
 
 from .codec import decode, encode
+from .ids import unique_bytes
 from .errors import MessageTooLarge
 from .options import Options
 from .queue import validate_priority
@@ -50,18 +52,77 @@ class StoredItem(NamedTuple):
         return self.payload, self.priority, self.id, self.tenant, self.due_ms, self.publish_id, self.task
 
 
+#: The property under which ``prepare_message`` keeps a publish call's ``PublishStamp`` (in the
+#: properties dict kombu's ``Producer.publish`` hands to every attempt of one call). Private:
+#: never stored, never delivered.
+STAMP = "x-pq-publish"
+
+
+class PublishStamp:
+    """The identity of one publish call: a publish id made once, when kombu first prepares the
+    message, and kept for that call's own retries alone.
+
+    kombu's ``Producer.publish(retry=True)`` (Celery's ``task_publish_retry``) retries a failed
+    attempt by calling ``Producer._publish`` again with the same ``properties`` dict, and each
+    attempt prepares the message anew (``Channel.prepare_message``). The stamp rides in that
+    dict, so every attempt of one call carries one publish id, and the queue stores the call
+    once even when an attempt's reply was lost after the insert ran. Two publish calls are two
+    stamps, two publish ids, two messages, whatever their task id, body or timing: nothing here
+    is derived from the content.
+
+    ``armed``: prepared and not yet put. A message dict put again without being prepared again
+    (a caller's own second ``basic_publish`` of one prepared message) is a second publish, and
+    gets a publish id of its own. ``sends``: how many attempts of this call reached ``_put``
+    (the first is known never to have been stored, so its id is only recorded, not looked up).
+    """
+
+    __slots__ = ("publish_id", "sends", "armed")
+
+    def __init__(self) -> None:
+        self.publish_id = unique_bytes()
+        self.sends = 0
+        self.armed = True
+
+    @classmethod
+    def prepared(cls, properties: dict) -> "PublishStamp":
+        """The stamp of the call these properties belong to: a new one for a first attempt,
+        the same one, armed again, for a retry of it."""
+        stamp = properties.get(STAMP)
+        if type(stamp) is cls:
+            stamp.armed = True
+        else:
+            stamp = properties[STAMP] = cls()
+        return stamp
+
+    @classmethod
+    def take(cls, message: dict) -> "tuple[bytes, bool] | tuple[None, bool]":
+        """``(publish id, first send)`` for one ``_put`` of ``message``: the prepared call's id,
+        or ``(None, True)`` (the queue makes one) for a message that was not prepared for this
+        put."""
+        props = message.get("properties")
+        stamp = props.get(STAMP) if isinstance(props, dict) else None
+        if type(stamp) is not cls or not stamp.armed:
+            return None, True
+        stamp.armed = False
+        stamp.sends += 1
+        return stamp.publish_id, stamp.sends == 1
+
+
 def prepare_message(options: Options, body, priority=None, content_type=None, content_encoding=None,
                     headers=None, properties=None) -> dict:
     """kombu's ``prepare_message`` hook: the message dict, its priority checked (ValueError
-    naming the value, before anything is written) and defaulted."""
+    naming the value, before anything is written) and defaulted, and the publish call stamped
+    with its identity (``PublishStamp``) in ``properties``."""
     # kombu's Producer.publish and Celery pass 0 when no priority was given (the kombu
     # convention, as in kombu's virtual transports): 0 and None take default_priority.
     if priority is None or (type(priority) is int and priority == 0):
         priority = options.default_priority
     validate_priority(priority)
-    properties = properties or {}
+    if properties is None:  # (not ``or {}``: an empty dict of the caller's is the one kept)
+        properties = {}
     properties.setdefault("delivery_info", {})
     properties["priority"] = priority
+    PublishStamp.prepared(properties)  # the same dict comes back on kombu's retry of this call
     return {
         "body": body,
         "content-encoding": content_encoding,
@@ -76,9 +137,10 @@ def stored_item(queue: str, message: dict, options: Options, decode_body: Callab
     """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
 
     ``decode_body`` is kombu's ``Channel.decode_body`` (a ``fair_key`` function sees the decoded
-    body). ``publish_id_`` replaces the message's own publish id (``publish_id``) for a caller
-    that identifies its publishes otherwise (the Spark writer: by task id alone). ValueError or
-    MessageTooLarge, with nothing written, for a message that cannot be stored.
+    body). ``publish_id_``: the publish id of this publish (the transport's ``PublishStamp``, the
+    Spark writer's row identity), or None for one the queue makes per insert call. Nothing of
+    the message's content makes a publish id. ValueError or MessageTooLarge, with nothing
+    written, for a message that cannot be stored.
     """
     props = message["properties"]
     priority = props.get("priority")
@@ -87,17 +149,22 @@ def stored_item(queue: str, message: dict, options: Options, decode_body: Callab
     headers = message.get("headers") or {}
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
-    if isinstance(props, dict) and "delivery_tag" in props:  # each delivery gets its lease token
-        message = {**message, "properties": {k: v for k, v in props.items() if k != "delivery_tag"}}
+    if isinstance(props, dict) and ("delivery_tag" in props or STAMP in props):
+        # each delivery gets its lease token as tag; the publish stamp is the publisher's alone
+        message = {**message, "properties": {k: v for k, v in props.items() if k not in _NOT_STORED}}
     return StoredItem(
         payload=serialized(queue, message, options),
         priority=priority,
         id=str(task_id) if task_id else None,
         tenant=tenant_of(message, options, decode_body),
         due_ms=eta_ms(headers.get("eta")),
-        publish_id=publish_id(message) if publish_id_ is None else publish_id_,
+        publish_id=publish_id_,
         task=task if isinstance(task, str) else None,
     )
+
+
+#: Message properties that are never stored.
+_NOT_STORED = frozenset(("delivery_tag", STAMP))
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:
@@ -108,22 +175,6 @@ def serialized(queue: str, message: dict, options: Options) -> bytes:
     if limit is not None and len(data) > limit:
         raise MessageTooLarge(queue, len(data), limit)
     return data
-
-
-def publish_id(message: dict) -> bytes | None:
-    """The publish id of a message: the queue stores nothing for an id it has seen within
-    ``dedupe_seconds``, so a publish retried after a lost reply is stored once.
-
-    A Celery task message (its headers name ``id`` and ``task``) gets an id made from its task
-    id, retries count, eta and body: kombu's and Celery's own publish retries prepare and put
-    the message again, and carry the same id, while Celery's retry of a task (one more in
-    ``retries``) is a publish of its own. Any other message: None, and the queue makes a random
-    one for the insert call, which covers a retry within that call.
-    """
-    headers = message.get("headers") or {}
-    if not (headers.get("id") and headers.get("task")):
-        return None
-    return digest(headers["id"], headers.get("retries"), headers.get("eta"), message.get("body"))
 
 
 def digest(*parts) -> bytes:

@@ -200,7 +200,8 @@ class Options:
     max_message_bytes: int | None = _option(None, _count_or_none,
                                             "a larger stored message is refused (MessageTooLarge)")
     dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _seconds_or_zero,
-                                    "a publish id seen within this window stores nothing; 0: off")
+                                    "a retried publish call (same publish id) seen within this window stores nothing; the "
+                                    "queue keeps the longest window its producers ask for; 0: off")
     max_dead_length: int | None = _option(None, _count_or_none,
                                           "entries of <queue>.dead at most (None: max_length, else none)")
     event_log: int | None = _option(None, _event_log,

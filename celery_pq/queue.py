@@ -522,7 +522,8 @@ class PriorityQueue:
 
     def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
                tenant: str | None = None, delay: float | None = None, due_ms: int | None = None,
-               publish_id: bytes | str | None = None, remember: bool | None = None, task: str | None = None) -> str:
+               publish_id: bytes | str | None = None, first_send: bool = False, remember: bool | None = None,
+               task: str | None = None) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
@@ -531,7 +532,10 @@ class PriorityQueue:
         ``publish_id`` makes the insert idempotent: the queue stores nothing for a publish id it
         has seen in the last ``dedupe_seconds`` and returns the entry id it stored then. When
         none is given a random one is made (``last_publish_id``), so the client's own retry of
-        a call whose reply was lost stores the entry once. ``remember`` (default: True for a
+        a call whose reply was lost stores the entry once. ``first_send``: the caller made
+        ``publish_id`` for this publish and never sent it before (the transport's first attempt
+        of a publish call), so nothing can have been stored under it: it is recorded, not looked
+        up (a resend of this call, by the runner or by the caller, looks it up). ``remember`` (default: True for a
         given publish id, False for a made one) keeps the publish id for the whole window even
         after the reply came; otherwise the next insert call has the queue forget it, since no
         retry of it can come any more (the window then costs memory only for unanswered calls).
@@ -546,7 +550,8 @@ class PriorityQueue:
             try:
                 [reply], acked = self._run_replicated(
                     [self._call("insert", self._insert_keys(),
-                                self._insert_args(items, forget, FIRST_SEND if publish_id is None else "0"))])
+                                self._insert_args(items, forget,
+                                                  FIRST_SEND if publish_id is None or first_send else "0"))])
             except BaseException:
                 self._answered(forget)
                 raise

@@ -59,7 +59,7 @@ from .codec import Base64Body, decode
 from .errors import ConfigError, NotReplicated
 from .keys import fanout_channel
 from .leasebook import LeaseBook
-from .messages import prepare_message, serialized, stored_item
+from .messages import STAMP, PublishStamp, prepare_message, serialized, stored_item
 from .leases import LeaseKeeper
 from .options import Options
 from .poller import Poller, Waits
@@ -213,15 +213,18 @@ class Channel(virtual.Channel):
         props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
 
     def _put(self, queue, message, **kwargs):
-        item = stored_item(queue, message, self.options, self.decode_body)
+        # one publish call, one publish id: its own retries (kombu's ensure) carry the same one
+        publish_id, first_send = PublishStamp.take(message)
+        item = stored_item(queue, message, self.options, self.decode_body, publish_id_=publish_id)
         self.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant, due_ms=item.due_ms,
-                                 publish_id=item.publish_id, remember=False, task=item.task)
+                                 publish_id=item.publish_id, first_send=first_send, remember=False, task=item.task)
 
     def _put_fanout(self, exchange, message, routing_key, **kwargs):
         # a cluster's sharded pub/sub: the message goes to the master of the channel's slot only
         publish = self.client.spublish if connections.is_cluster(self.client) else self.client.publish
-        message["properties"].setdefault("delivery_tag", self._next_delivery_tag())  # each receiver's own
-        publish(self._fanout_channel(exchange), serialized(exchange, message, self.options))
+        props = {k: v for k, v in message["properties"].items() if k != STAMP}  # (the publisher's alone)
+        props.setdefault("delivery_tag", self._next_delivery_tag())  # each receiver's own
+        publish(self._fanout_channel(exchange), serialized(exchange, {**message, "properties": props}, self.options))
 
     def _fanout_channel(self, exchange):
         return fanout_channel(exchange, self.transport.db, self.options.key_prefix)

@@ -35,8 +35,9 @@
 -- then groups of 7: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
---                   publish id ("" for none): a publish id seen in the last dedupe_ms (at
---                   most twice that) stores nothing and gives the entry id stored then,
+--                   publish id ("" for none): a publish id seen in the last window (at most
+--                   twice that) stores nothing and gives the entry id stored then; the window
+--                   is the longest dedupe_ms any producer of the queue asked for lately (pt),
 --                   task name ("" for none; only the event log keeps it)
 -- Counts enqueued (entries stored) and refused_full (entries of a refused call; the refused
 -- call writes nothing else). Logs enqueue per entry stored. A paused queue wakes nobody.
@@ -86,16 +87,29 @@ local seen = {} -- group index -> entry id stored by the first publish
 local fresh = n
 local claim = false -- the publish id was recorded as it was looked up (HSETNX)
 if CTX.dedupe_ms > 0 then
-  local t0 = tonumber(got[3])
-  if not t0 or now - t0 >= 2 * CTX.dedupe_ms then
-    redis.call('DEL', pd, pe)
-    redis.call('SET', pt, fmt(now))
-  elseif now - t0 >= CTX.dedupe_ms then
+  -- pt: "<window start>|<window ms>|<held until>": the longest window any producer asked for
+  -- holds while a producer asking for it has published within twice its length (a producer with
+  -- a shorter window never shortens it; each producer records its own at most once per window)
+  local t0, kept, held = string.match(got[3] or '', '^(%d+)|(%d+)|(%d+)$')
+  t0, kept, held = tonumber(t0 or got[3]), tonumber(kept), tonumber(held)
+  local window = CTX.dedupe_ms
+  if kept and held > now and kept > window then
+    window = kept
+  elseif not kept or held <= now or kept < window or held - now < window then
+    kept, held = window, now + 2 * window
+    if t0 and now - t0 < window then -- no rotation below to write it
+      redis.call('SET', pt, fmt(t0) .. '|' .. fmt(kept) .. '|' .. fmt(held))
+    end
+  end
+  if not t0 or now - t0 >= 2 * window then
+    redis.call('UNLINK', pd, pe)
+    redis.call('SET', pt, fmt(now) .. '|' .. fmt(kept) .. '|' .. fmt(held))
+  elseif now - t0 >= window then
     redis.call('UNLINK', pe)
     if redis.call('EXISTS', pd) == 1 then
       redis.call('RENAME', pd, pe)
     end
-    redis.call('SET', pt, fmt(now))
+    redis.call('SET', pt, fmt(now) .. '|' .. fmt(kept) .. '|' .. fmt(held))
   end
   if nforget > 0 then
     redis.call('HDEL', pd, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))

@@ -182,6 +182,22 @@ def test_retry_with_same_task_id_while_first_delivery_is_leased(harness):
     wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "queue to drain")
 
 
+def test_a_task_sent_again_on_purpose_runs_every_time(harness):
+    # Given a worker, and a task sent twice at once with one task id and the same arguments
+    h = harness()
+    h.worker("w1")
+    h.send("e2e.record", "report-42", task_id="report-42")
+    h.send("e2e.record", "report-42", task_id="report-42")
+    wait_for(lambda: len(h.records("order")) == 2, 30, "both sends to run")
+    wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "both acked")
+    # When it is sent a third time, after the first two ran and were acked
+    h.send("e2e.record", "report-42", task_id="report-42")
+    # Then it runs a third time: no send is ever taken for a retry of another
+    wait_for(lambda: len(h.records("order")) == 3, 30, "the third send to run")
+    assert [r[0] for r in h.records("order")] == ["report-42"] * 3
+    wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "queue to drain")
+
+
 def test_inspect_ping_and_control_answer_through_the_transport(harness):
     h = harness()
     h.worker("pingme", gossip=True)

@@ -244,6 +244,38 @@ def test_publish_ids_are_forgotten_after_the_window(redis_client, key_prefix):
     assert q.size() == 3
 
 
+def test_the_longest_window_a_producer_asked_for_holds(redis_client, key_prefix):
+    # Given a producer that asked for a 3600 s window and one that asked for 0.05 s, on one queue
+    long = PriorityQueue(redis_client, "m3w", key_prefix=key_prefix, dedupe_seconds=3600)
+    short = PriorityQueue(redis_client, "m3w", key_prefix=key_prefix, dedupe_seconds=0.05)
+    assert long.insert(b"x", 1, id="t", publish_id=b"p-long") == "t"
+    # When the short-window producer publishes several of its windows later
+    for _ in range(3):
+        time.sleep(0.06)
+        short.insert(b"y", 1, publish_id=b"p-other")
+    # Then the long window was not cut short: a retry of the long producer's publish stores nothing
+    assert long.insert(b"x", 1, id="t", publish_id=b"p-long") == "t"
+    assert short.insert(b"x", 1, id="t", publish_id=b"p-long") == "t"
+    assert short.size() == 2
+    assert redis_client.get(long.keys.pt).split(b"|")[1] == b"3600000"
+
+
+def test_a_long_window_lapses_when_its_producer_has_gone(redis_client, key_prefix):
+    # Given a 0.1 s producer gone quiet, and a 0.02 s one that goes on
+    gone = PriorityQueue(redis_client, "m3x", key_prefix=key_prefix, dedupe_seconds=0.1)
+    short = PriorityQueue(redis_client, "m3x", key_prefix=key_prefix, dedupe_seconds=0.02)
+    gone.insert(b"x", 1, id="t", publish_id=b"p1")
+    # When more than twice the long window has passed
+    time.sleep(0.25)
+    short.insert(b"y", 1, publish_id=b"p-other")
+    time.sleep(0.05)
+    short.insert(b"y", 1, publish_id=b"p-other2")
+    # Then the queue's window is the short one again, and p1 is long forgotten
+    assert redis_client.get(short.keys.pt).split(b"|")[1] == b"20"
+    assert short.insert(b"x", 1, id="t", publish_id=b"p1").startswith("t~")
+    assert short.size() == 4
+
+
 def test_dedupe_off_stores_every_publish(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0)
     q.insert(b"x", 1, publish_id=b"p1")

@@ -179,27 +179,56 @@ def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redi
 
 
 # -- publish ids -------------------------------------------------------------------------------
-def _task_message(task_id="t1", retries=0, eta=None, body="W1tdLCB7fV0="):
-    return {"body": body, "headers": {"id": task_id, "task": "x.y", "retries": retries, "eta": eta},
-            "properties": {"delivery_tag": str(time.monotonic()), "priority": 0}}
+def test_one_publish_call_keeps_one_publish_id_across_its_attempts():
+    from celery_pq.messages import STAMP, PublishStamp, prepare_message
+    from celery_pq.options import Options
+
+    options = Options.from_transport_options({})
+    # Given one publish call: kombu hands the same properties dict to each of its attempts
+    properties = {"delivery_mode": 2}
+    first = prepare_message(options, "body", headers={"id": "t1", "task": "x.y"}, properties=properties)
+    assert PublishStamp.take(first)[1] is True  # the first attempt is a first send
+    pid = properties[STAMP].publish_id
+    # When the attempt fails and kombu prepares the message again from the same dict
+    again = prepare_message(options, "body", headers={"id": "t1", "task": "x.y"}, properties=properties)
+    # Then the retry carries the same publish id, and is not a first send (it is looked up)
+    assert PublishStamp.take(again) == (pid, False)
+    # A second call with the same task id, headers and body is another publish
+    other = prepare_message(options, "body", headers={"id": "t1", "task": "x.y"}, properties={"delivery_mode": 2})
+    assert PublishStamp.take(other)[0] not in (None, pid)
+    # A message put again without being prepared again (a caller's second basic_publish) is
+    # another publish too: the queue makes it an id of its own
+    assert PublishStamp.take(again) == (None, True)
 
 
-def test_a_task_message_keeps_its_publish_id_across_retries_of_the_publish():
-    from celery_pq.messages import publish_id
+def test_the_publish_stamp_is_never_stored():
+    from celery_pq.codec import decode
+    from celery_pq.messages import STAMP, prepare_message, stored_item
+    from celery_pq.options import Options
 
-    first = publish_id(_task_message())
-    assert len(first) == 16
-    assert publish_id(_task_message()) == first  # prepared and put again: the same publish
-    assert publish_id(_task_message(retries=1)) != first  # Celery's retry of the task: a new one
-    assert publish_id(_task_message(eta="2030-01-01T00:00:00")) != first
-    assert publish_id(_task_message(body="other")) != first
-    assert publish_id(_task_message(task_id="t2")) != first
+    options = Options.from_transport_options({})
+    message = prepare_message(options, "e30=", headers={}, properties={})
+    assert STAMP in message["properties"]
+    item = stored_item("q", message, options, lambda body, enc=None: body)
+    assert STAMP not in decode(item.payload)["properties"]
+    assert STAMP in message["properties"]  # (still the caller's, for a retry of the call)
 
 
-def test_other_messages_leave_the_publish_id_to_the_queue():
-    from celery_pq.messages import publish_id
+def test_the_same_task_id_sent_twice_on_purpose_is_stored_twice(redis_server, key_prefix, redis_client):
+    from celery import Celery
 
-    assert publish_id({"body": "e30=", "headers": {}, "properties": {}}) is None  # random, per insert call
+    # Given a Celery app on the transport
+    app = Celery("resend", broker=url_of(redis_server))
+    app.conf.broker_transport_options = {"key_prefix": key_prefix}
+    app.conf.task_default_queue = "rs"
+    with app.connection_for_write() as conn:
+        # When the same task, same id, same arguments is sent three times on purpose
+        for _ in range(3):
+            app.send_task("proj.report", args=[42], task_id="report-42", connection=conn)
+    # Then three messages wait: a re-send is a publish of its own, never taken for a retry
+    ids = sorted(e.id for e in PriorityQueue(redis_client, "rs", key_prefix=key_prefix).peek(10))
+    assert len(ids) == 3 and ids[0] == "report-42" and all(i.startswith("report-42~") for i in ids[1:]), ids
+    app.close()
 
 
 @pytest.fixture
