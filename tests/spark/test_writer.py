@@ -129,6 +129,40 @@ def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_clie
         assert q.size() == n and (summary["sent"], summary["already_stored"]) == (0, n)
 
 
+def test_a_retried_upstream_failure_gives_rows_without_identity_their_ids_again(spark, url, redis_client, key_prefix,
+                                                                             tmp_path):
+    # Given 3 partitions of 500 identical rows, made by a Python function whose first attempt
+    # fails at its 400th row, after the writer has stored the rows before it (rows of 2 KB, so the
+    # function's output leaves its buffer, and Arrow batches of 20 rows to the writer)
+    def flaky(index, rows, marker=str(tmp_path)):
+        import os
+        import time
+
+        from pyspark import TaskContext
+
+        for i, row in enumerate(rows):
+            if i == 400 and TaskContext.get().attemptNumber() == 0:
+                open(os.path.join(marker, f"failed-{index}"), "w").close()
+                time.sleep(1)  # (the writer goes on storing what reached it)
+                raise RuntimeError(f"partition {index} fails its first attempt")
+            yield row
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
+    try:
+        df = spark.sparkContext.parallelize([(7, "x" * 2000)] * 1500, 3).mapPartitionsWithIndex(flaky) \
+            .toDF("n int, pad string")
+        # When Spark runs the write, recomputing each failed partition from the start
+        result = enqueue(df, url, "proj.t", args=["n"], batch_rows=20, transport_options={"key_prefix": key_prefix})
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    # Then each partition failed once, the queue holds each row once, and the rows the failed
+    # attempts had stored are counted as stored already
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failed-0", "failed-1", "failed-2"]
+    q, msgs = stored(redis_client, key_prefix)
+    assert q.size() == 1500 == len(msgs)
+    assert result.sent + result.already_stored == 1500 and result.already_stored > 0
+
+
 def test_identical_rows_in_three_partitions_are_three_tasks(spark, url, redis_client, key_prefix, tmp_path):
     # Given three identical rows without task_id or key, one in each of three partitions
     df = spark.sparkContext.parallelize([(7, "same")] * 3, 3).toDF("n int, word string")
