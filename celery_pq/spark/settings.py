@@ -235,10 +235,20 @@ class WriterSettings:
         try:
             connections.check_not_a_cluster_node(client)
         except BaseException:
-            client.close()
+            close_client(client)
             raise
         return client
 
+
+def close_client(client) -> None:
+    """Close a client of ``WriterSettings.client`` and its pool's connections (a pool handed to
+    redis-py's client is not closed with it; an executor's Python worker lives on)."""
+    from .. import connections
+
+    try:
+        connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)
+    finally:
+        client.close()
 
 
 def masked_url(url: str) -> str:

@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType, TimestampType
 from ..errors import ConfigError
 from ..routing import RoutingTables
 from .rows import Rejected, TaskRows
-from .settings import WriterSettings
+from .settings import WriterSettings, close_client
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -117,7 +117,7 @@ class CeleryPQWriter(DataSourceWriter):
             sink.send(batch, report)
             self._test_failure(report)
         finally:
-            client.close()
+            close_client(client)
         return report
 
     def _test_failure(self, report: PartitionReport) -> None:
