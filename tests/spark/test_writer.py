@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
+from celery_pq.keys import shard_names
 from celery_pq.spark import enqueue
 
 pytestmark = pytest.mark.spark
@@ -337,3 +338,17 @@ def test_the_writer_writes_to_the_master_sentinel_names(spark, key_prefix):
         assert q.size() == 12
     finally:
         group.close()
+
+
+def test_a_sharded_queue_tells_rows_stored_already_too(spark, url, redis_client, key_prefix):
+    # Given a queue split over 4 shards, and 40 rows with a task_id written to it once
+    df = spark.createDataFrame([(f"s-{i}", i) for i in range(40)], "task_id string, n int").repartition(2)
+    opts = dict(args=["n"], transport_options={"key_prefix": key_prefix, "shards": 4})
+    first = enqueue(df, url, "proj.t", **opts)
+    # When the write runs again
+    second = enqueue(df, url, "proj.t", **opts)
+    # Then each row is in one shard once, and the second run says so
+    assert (first.sent, first.already_stored) == (40, 0) and (second.sent, second.already_stored) == (0, 40)
+    sizes = [PriorityQueue.open(redis_client, name, key_prefix=key_prefix).size()
+             for name in shard_names("celery", 4)]
+    assert sum(sizes) == 40 and sum(1 for s in sizes if s) > 1
