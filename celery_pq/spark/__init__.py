@@ -98,7 +98,8 @@ def enqueue(df, app_or_url, task: str, *, args: Sequence[str] = (), kwargs: Sequ
     else:
         app = app_or_url
         with app.connection_for_write() as conn:
-            url = conn.as_uri(include_password=True)
+            # every host of a URL of several (the sentinels of master_name, a cluster's seed nodes)
+            url = ";".join(conn.alt) if conn.alt else conn.as_uri(include_password=True)
         base = dict(app.conf.broker_transport_options or {})
     base.update(transport_options or {})
     given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}

@@ -324,14 +324,18 @@ def test_the_writer_writes_to_a_redis_cluster_with_the_cluster_option(spark, key
 
 
 def test_the_writer_writes_to_the_master_sentinel_names(spark, key_prefix):
+    from celery_pq.testing import free_port
     from tests.deploy.conftest import SentinelGroup
 
     group = SentinelGroup()
     try:
-        # Given a broker URL naming three sentinels, with master_name
+        # Given a Celery app whose broker URL names three sentinels, the first not answering
+        # (its port closed), with master_name
+        app = Celery("proj", broker=f"pq://127.0.0.1:{free_port()};{group.url}", set_as_current=False)
+        app.conf.broker_transport_options = {"key_prefix": key_prefix, **group.options()}
         df = spark.createDataFrame([(i,) for i in range(12)], "n int")
-        result = enqueue(df, group.url, "proj.t", args=["n"],
-                         transport_options={"key_prefix": key_prefix, **group.options()})
+        # When rows are written with enqueue(app)
+        result = enqueue(df, app, "proj.t", args=["n"])
         # Then the rows are on the master the sentinels name
         assert (result.sent, result.rejected) == (12, 0)
         q = PriorityQueue.open(group.master.client(), "celery", key_prefix=key_prefix)
