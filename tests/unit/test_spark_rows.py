@@ -137,4 +137,3 @@ def test_cluster_and_master_name_are_checked_on_the_driver():
         WriterSettings.parse({"broker": "pq://h:1/0", "task": "t", "master_name": "m", "cluster": "true"}, ["a"])
     with pytest.raises(ConfigError, match="only database 0"):
         WriterSettings.parse({"broker": "pq://h:1/3", "task": "t", "cluster": "true"}, ["a"])
-
