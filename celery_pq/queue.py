@@ -457,11 +457,11 @@ class PriorityQueue:
 
     def _insert_args(self, items, forget=(), made="0") -> list:
         """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
-        none), "1" (the first item's publish id was made here and stands for the call), or
+        none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made here and stands for the call), or
         ``FIRST_SEND`` (the same, on the call's first send)."""
         args: list = [*self._insert_head()[1], len(forget), *forget, made]
         for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
-            if made != "0" and n:
+            if made not in ("0", "R") and n:
                 pid = None  # a made publish id stands for the whole call: the first group's
             args += [encode_id(id) if id else "", self.rank(priority), escape_tenant(tenant or ""), _b(payload), due,
                      pid or "", task or ""]
@@ -562,7 +562,8 @@ class PriorityQueue:
                 return decode_id(reply[0])
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
-    def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK) -> list[str]:
+    def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK,
+                    repeats: bool = False) -> list[str] | tuple[list[str], list[bool]]:
         """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])``
         tuples, in chunks of ``chunk`` (one atomic script call each), pipelined.
 
@@ -575,6 +576,12 @@ class PriorityQueue:
 
         A chunk whose items carry no publish id of the caller's gets one publish id for the
         whole chunk (the client's own retry of the pipeline stores the chunk once).
+
+        ``repeats=True`` returns ``(ids, repeated)``: ``repeated[i]`` is True when item ``i``
+        stored nothing because the queue had seen its publish id (one of the caller's) within
+        the window, or an earlier item of the same call carried it; its id is the entry stored
+        then. (A pipeline that redis-py itself sent again after a lost reply finds its own
+        items so.) Items without a publish id of the caller's are never repeats.
         """
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
@@ -591,6 +598,7 @@ class PriorityQueue:
             except ValueError as exc:
                 raise ValueError(f"insert_many item {item!r}: {exc}") from None
         ids: list = [None] * len(norm)
+        repeated = [False] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
         made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
         given = [None if i in made else norm[i][5] for i in range(len(norm))]  # the caller's publish ids
@@ -600,7 +608,8 @@ class PriorityQueue:
                 replies, acked = self._run_replicated([
                     self._call("insert", self._insert_keys(),
                                self._insert_args(part, forget if n == 0 else (),
-                                                 "1" if all(start + j in made for j in range(len(part))) else "0"))
+                                                 "1" if all(start + j in made for j in range(len(part)))
+                                                 else "R" if repeats else "0"))
                     for n, (start, part) in enumerate(pending)])
             except Exception as exc:
                 self._answered(forget)
@@ -614,7 +623,10 @@ class PriorityQueue:
                 except QueueFull as exc:
                     failed = failed or exc
                     continue
-                ids[start : start + len(part)] = [decode_id(e) for e in reply]
+                for j, e in enumerate(reply):  # a repeat comes as [entry id] ("R")
+                    seen = isinstance(e, list)
+                    ids[start + j] = decode_id(e[0] if seen else e)
+                    repeated[start + j] = seen
             if failed is not None:
                 raise _partial(failed, ids, norm, given, "chunks refused stored nothing")
             try:
@@ -631,7 +643,7 @@ class PriorityQueue:
         # they stay remembered for the window); a chunk of made ones sent its first only
         self._answered([norm[start][5] for start in range(0, len(norm), chunk)
                         if start in made and norm[start][5] is not None])
-        return ids
+        return (ids, repeated) if repeats else ids
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
     def refresh_views(self) -> None:

@@ -151,7 +151,8 @@ class ShardedQueue:
         """``PriorityQueue.insert_many``, each item to the shard ``shard_for`` picks (one call per
         shard). On a failure, ``exc.stored`` (one per item, in the order given) has the ids of
         the shards done and of the failed shard's stored items; ``exc.items`` are the items not
-        known to be stored, of that shard and of the shards not reached."""
+        known to be stored, of that shard and of the shards not reached. ``repeats=True``: as
+        ``PriorityQueue.insert_many``'s, ``(ids, repeated)`` in the order given."""
         items = [item if len(item) > 2 and item[2] is not None
                  else (*item[:2], new_id(item[5] if len(item) > 5 else None), *item[3:]) for item in items]
         groups: dict[int, list[int]] = {}
@@ -161,6 +162,7 @@ class ShardedQueue:
             shard = self.shard_for(tenant=tenant, publish_id=pid)
             groups.setdefault(self.shards.index(shard), []).append(n)
         ids: list = [None] * len(items)
+        repeated = [False] * len(items)
         order = sorted(groups)
         for g, s in enumerate(order):
             idx = groups[s]
@@ -173,9 +175,13 @@ class ShardedQueue:
                 exc.stored = list(ids)
                 exc.items = list(getattr(exc, "items", [])) + [items[i] for i in rest]
                 raise
+            if kwargs.get("repeats"):
+                got, seen = got
+                for i, r in zip(idx, seen):
+                    repeated[i] = r
             for i, eid in zip(idx, got):
                 ids[i] = eid
-        return ids
+        return (ids, repeated) if kwargs.get("repeats") else ids
 
     # -- pop: peek k, pop the best, second-best under concurrency ------------------------------
     def peek_heads(self, shards: Sequence[PriorityQueue],

@@ -29,7 +29,8 @@
 --                   every entry id the call stored then; "F" for such an id on its first send
 --                   (a call the client never sent before cannot have been stored: the window is
 --                   not looked at, only written); "0" when the groups carry publish ids of
---                   their own. Then the groups. Before made:
+--                   their own; "R" as "0", and the reply tells repeats (see Returns). Then the
+--                   groups. Before made:
 -- nforget, and nforget publish ids to forget now (the caller has the replies of their
 --                   inserts, so no retry of them can come: their memory is freed at once)
 -- then groups of 7: id ("" for a generated one), rank (0..255, 0 served first),
@@ -41,7 +42,9 @@
 --                   task name ("" for none; only the event log keeps it)
 -- Counts enqueued (entries stored) and refused_full (entries of a refused call; the refused
 -- call writes nothing else). Logs enqueue per entry stored. A paused queue wakes nobody.
--- Returns: the entry ids, one per group, in order; or, with nothing written:
+-- Returns: the entry ids, one per group, in order (with made "R", the id of a group that
+--          stored nothing, its publish id seen before or earlier in this call, comes as a
+--          one-element array {entry id}); or, with nothing written:
 --          {ERR -5, waiting}, {ERR -6, registry version}, {ERR -7, tenant waiting, group index},
 --          or the error reply "MODE_MISMATCH <key> <stored mode> <caller's mode>" (ERR -8)
 -- ERR -5 QUEUE_FULL
@@ -59,7 +62,8 @@ FA = { scope = ARGV[4], conc = 0, rate = 0 }
 local nviews = tonumber(ARGV[6])
 local nforget = tonumber(ARGV[7 + nviews])
 local sent = ARGV[8 + nviews + nforget]
-local made = sent ~= '0'
+local tell = sent == 'R' -- the reply marks each repeat
+local made = sent ~= '0' and not tell
 local first = 9 + nviews + nforget
 local n = (#ARGV - first + 1) / 7
 
@@ -185,10 +189,10 @@ for i = 0, n - 1 do
   local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
     ARGV[g + 5]
   if seen[i] then
-    out[#out + 1] = seen[i]
+    out[#out + 1] = tell and { seen[i] } or seen[i]
     stored[pid] = seen[i]
   elseif stored[pid] then
-    out[#out + 1] = stored[pid]
+    out[#out + 1] = tell and { stored[pid] } or stored[pid]
   else
     if string.sub(due, 1, 1) == '+' then
       due = now + tonumber(string.sub(due, 2))

@@ -10,7 +10,7 @@ From DataFrames to tasks::
        .option("args", "image_id").save())
 
     result = enqueue(df, app, "proj.tasks.resize", args=["image_id"])
-    result.sent, result.rejected, result.rejects.show()
+    result.sent, result.already_stored, result.rejected, result.rejects.show()
 
 From the event log to analytics::
 
@@ -52,15 +52,20 @@ def register(spark) -> None:
 
 @dataclass
 class EnqueueResult:
-    """What ``enqueue`` did: ``rows`` seen, ``sent`` (stored, or stored already by an earlier run
-    within the dedupe window), ``rejected``; ``rejects`` is a DataFrame of the rejected rows
-    (the DataFrame's columns and ``reason``), ``reasons`` counts them by reason."""
+    """What ``enqueue`` did: ``rows`` seen, of them ``sent`` (stored by this write),
+    ``already_stored`` (the queue had them, within the dedupe window: stored by a failed attempt
+    of one of this write's Spark tasks, or by an earlier write with the same ``task_id`` or
+    ``key``) and ``rejected``; ``rejects`` is a DataFrame of the rejected rows (the DataFrame's
+    columns and ``reason``), ``reasons`` counts them by reason; ``write_id`` names the write
+    (part of the task id of each row without a ``task_id`` or ``key``)."""
 
     rows: int
     sent: int
     rejected: int
     reasons: dict
     rejects: object  # pyspark.sql.DataFrame
+    already_stored: int = 0
+    write_id: str = ""
 
 
 def read_rejects(spark, path: str):
@@ -93,7 +98,8 @@ def enqueue(df, app_or_url, task: str, *, args: Sequence[str] = (), kwargs: Sequ
     else:
         app = app_or_url
         with app.connection_for_write() as conn:
-            url = conn.as_uri(include_password=True)
+            # every host of a URL of several (the sentinels of master_name, a cluster's seed nodes)
+            url = ";".join(conn.alt) if conn.alt else conn.as_uri(include_password=True)
         base = dict(app.conf.broker_transport_options or {})
     base.update(transport_options or {})
     given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}
@@ -122,4 +128,5 @@ def enqueue(df, app_or_url, task: str, *, args: Sequence[str] = (), kwargs: Sequ
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return EnqueueResult(rows=summary["rows"], sent=summary["sent"], rejected=summary["rejected"],
-                         reasons=summary["reasons"], rejects=rejects)
+                         reasons=summary["reasons"], rejects=rejects, already_stored=summary["already_stored"],
+                         write_id=summary["write_id"])

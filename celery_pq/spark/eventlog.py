@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..constants import KEY_PREFIX
 from ..errors import ConfigError
 from ..keys import MAX_SHARDS, queue_keys, shard_names
+from .settings import masked_url
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 
@@ -62,7 +63,8 @@ def redis_url(url) -> str:
         raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {url!r}")
     parts = urlsplit(url.strip())
     if parts.scheme not in SCHEMES:
-        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {url!r}")
+        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
+                          f"got {masked_url(url)!r}")
     return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
 
 

@@ -56,14 +56,18 @@ def plain(value):
 
 
 class TaskRows:
-    """Builds the task message of each row of one partition.
+    """Builds the task message of each row of one partition, ``partition`` (its index), in the
+    order of the partition: each ``build`` call is the next row (rejected ones too), and a row
+    without a ``task_id`` or ``key`` is identified by that position (``_task_id``).
 
     ``eta_is_local``: the ``eta`` column is Spark's TimestampType, whose values reach Python as
     naive datetimes in local time (a naive ISO string, or a TimestampNTZ value, is UTC).
     """
 
-    def __init__(self, settings: WriterSettings, *, eta_is_local: bool = True):
+    def __init__(self, settings: WriterSettings, *, partition: int = 0, eta_is_local: bool = True):
         self.s = settings
+        self.partition = partition
+        self.position = -1  # of the row being built, in its partition
         self.options = settings.transport
         self.app = Celery("celery_pq.spark", set_as_current=False)
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"  # Celery's anon_nodename
@@ -76,7 +80,6 @@ class TaskRows:
         self.fair_header = settings.transport.fair_key if settings.transport.fair_key and \
             ":" not in settings.transport.fair_key else None
         self.eta_is_local = eta_is_local
-        self.seen: dict[bytes, int] = {}  # content digest -> rows so far (ids derived from content)
         # Celery's as_task_v2 once for the headers every row shares; per row only what differs
         # (ids, argsrepr, kwargsrepr, eta) is filled in, as as_task_v2 would (a test compares)
         amqp = self.app.amqp
@@ -89,7 +92,9 @@ class TaskRows:
         return None if i is None else row[i]
 
     def build(self, row, now: float) -> tuple[str, object]:
-        """``(queue, StoredItem)`` of a row; ``now`` (Unix seconds) is what countdowns count from."""
+        """``(queue, StoredItem)`` of the partition's next row; ``now`` (Unix seconds) is what
+        countdowns count from."""
+        self.position += 1
         queue = self._role(row, "queue")
         if queue is None:
             queue = self.s.queue
@@ -115,7 +120,7 @@ class TaskRows:
                 serializer="json")
         except (TypeError, ValueError) as exc:
             raise Rejected(f"args/kwargs cannot be sent as JSON: {exc}") from None
-        task_id = self._task_id(row, body, queue, priority, tenant)
+        task_id = self._task_id(row)
         headers = self.headers.copy()
         headers.update(id=task_id, root_id=task_id, eta=eta, argsrepr=self._repr(args, self.repr_sizes[0]),
                        kwargsrepr=self._repr(kwargs, self.repr_sizes[1]))
@@ -176,10 +181,11 @@ class TaskRows:
             when = when.astimezone() if local else when.replace(tzinfo=timezone.utc)
         return when.astimezone(timezone.utc).isoformat()
 
-    def _task_id(self, row, body, queue, priority, tenant) -> str:
+    def _task_id(self, row) -> str:
         """The row's task id: its ``task_id``, else one derived from its ``key`` columns and the
-        job, else one derived from its content (identical rows of a partition told apart by
-        their count): the same row gets the same id in every attempt of its Spark task."""
+        job (the same in every write), else one derived from the write, the partition and the
+        row's position in it (the same in every attempt of the write's Spark task, and
+        different for every row: identical rows are different rows)."""
         if "task_id" in self.role:
             task_id = row[self.role["task_id"]]
             try:
@@ -196,7 +202,4 @@ class TaskRows:
             else:
                 name = json.dumps([self.s.job, [plain(v) for v in values]], default=str, sort_keys=True)
             return str(uuid.uuid5(KEY_NAMESPACE, name))
-        when = (self._role(row, "countdown"), self._role(row, "eta"))  # as given: a countdown's eta moves
-        content = digest(self.s.job, body, queue, priority, tenant, when)
-        n = self.seen[content] = self.seen.get(content, 0) + 1
-        return str(uuid.uuid5(KEY_NAMESPACE, f"{content.hex()}:{n}"))
+        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.s.write_id}:{self.partition}:{self.position}"))

@@ -12,6 +12,7 @@ This module does not import pyspark: the settings are plain data, pickled to the
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, fields
 
@@ -105,6 +106,9 @@ class WriterSettings:
     fair_column: str | None = None
     test_fail_once_after: int | None = None
     test_fail_once_marker: str | None = None
+    #: Made once per write, on the driver (``parse``): with the partition and the position in
+    #: it, the identity of a row without a ``task_id`` or ``key`` (rows.TaskRows).
+    write_id: str = ""
 
     @classmethod
     def parse(cls, options: dict, columns: list[str]) -> "WriterSettings":
@@ -125,7 +129,8 @@ class WriterSettings:
         broker = given["broker"].strip()
         scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
         if scheme not in ("pq", "pqs", "redis", "rediss"):
-            raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {broker!r}")
+            raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
+                              f"got {masked_url(broker)!r}")
         transport = {}
         if given.get("transport_options"):
             try:
@@ -182,10 +187,71 @@ class WriterSettings:
             fair_column=fair_column,
             test_fail_once_after=None if fail_after is None else int(fail_after),
             test_fail_once_marker=given.get("test_fail_once_marker"),
-        )
+            write_id=uuid.uuid4().hex,
+        )._checked_broker()
 
-    def redis_url(self) -> str:
-        """The broker URL as redis-py takes it (pq -> redis, pqs -> rediss)."""
-        scheme, rest = self.broker.split("://", 1)
-        scheme = {"pq": "redis", "pqs": "rediss"}.get(scheme.lower(), scheme.lower())
-        return f"{scheme}://{rest}"
+    def _checked_broker(self) -> "WriterSettings":
+        """The broker URL read as the transport reads it (its hosts and database), on the driver."""
+        from .. import connections
+
+        if self.transport.cluster and self.transport.master_name is not None:
+            raise ConfigError("options 'cluster' and 'master_name' exclude each other: a Redis Cluster fails over "
+                              "by itself, without sentinels")
+        try:
+            db = connections.broker_db(self.conninfo())
+        except ConfigError as exc:
+            raise ConfigError(f"option 'broker': {exc}") from None
+        if self.transport.cluster and db != 0:
+            raise ConfigError(f"option 'cluster': a Redis Cluster has only database 0; option 'broker' names "
+                              f"database {db}")
+        return self
+
+    def conninfo(self):
+        """The broker URL as kombu reads it for the transport (``;``-separated hosts: the
+        sentinels of ``master_name``, the seed nodes of ``cluster``). TLS for pqs:// and
+        rediss:// with redis-py's defaults (the server's certificate checked)."""
+        from kombu import Connection
+
+        from .. import transport  # noqa: F401  registers pq:// and pqs://
+
+        return Connection(self.broker, ssl=self.tls or False)
+
+    @property
+    def tls(self) -> bool:
+        return self.broker.split("://", 1)[0].lower() in ("pqs", "rediss")
+
+    def client(self):
+        """A client of the broker, made as the transport makes its own (``celery_pq.connections``):
+        one server, the master the sentinels name (``master_name``), or a Redis Cluster
+        (``cluster``)."""
+        import redis
+
+        from .. import connections
+
+        conninfo = self.conninfo()
+        if self.transport.cluster:
+            return connections.make_cluster(conninfo, self.transport, self.tls)
+        client = redis.Redis(connection_pool=connections.make_pool(conninfo, self.transport, self.tls))
+        try:
+            connections.check_not_a_cluster_node(client)
+        except BaseException:
+            close_client(client)
+            raise
+        return client
+
+
+def close_client(client) -> None:
+    """Close a client of ``WriterSettings.client`` and its pool's connections (a pool handed to
+    redis-py's client is not closed with it; an executor's Python worker lives on)."""
+    from .. import connections
+
+    try:
+        connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)
+    finally:
+        client.close()
+
+
+def masked_url(url: str) -> str:
+    """``url`` for an error message: what stands before the host (user and password) of each of
+    its ``;``-separated URLs shown as ``***``."""
+    return re.sub(r"://[^;]*@", "://***@", url)

@@ -1,14 +1,20 @@
 """The ``celery_pq`` data source of PySpark's Python Data Source API: a batch writer that turns
 every row of a DataFrame into a Celery task message in a celery-pq queue.
 
-Each Spark task (one partition) opens one Redis connection, builds its rows' messages
-(``rows.TaskRows``) and inserts them ``batch_rows`` at a time with ``PriorityQueue.insert_many``:
-pipelined insert scripts of ``chunk`` entries each. Every row is inserted with a publish id made
-from its task id, so a Spark task that runs again (a retry after a failure, a speculative copy, the
-whole write run again) stores nothing new for a row whose id the queue has seen within its
-``dedupe_seconds`` window. Rejected rows go back to the driver in the commit messages (at most
-``rejects_limit`` per partition, with exact counts); the driver logs the counts and, with the
-``rejects`` option, writes them to that directory (``read_rejects``).
+Each Spark task (one partition) opens one client of the broker, as the transport opens its own
+(one server, Sentinel's master, or a Redis Cluster: ``WriterSettings.client``), builds its rows'
+messages (``rows.TaskRows``) and inserts them ``batch_rows`` at a time with
+``PriorityQueue.insert_many``: pipelined insert scripts of ``chunk`` entries each.
+
+Every row has an identity, its task id: the ``task_id`` column, else one derived from the ``key``
+columns, else one derived from the write (an id made once on the driver), the partition and the
+row's position in it. Every row is inserted with a publish id made from its task id, so a Spark
+task that runs again (a retry after a failure, a speculative copy) stores nothing new for a row
+whose id the queue has seen within its ``dedupe_seconds`` window, and the insert says so
+(``insert_many(repeats=True)``): the partition counts it as already stored, not as sent. Rejected
+rows go back to the driver in the commit messages (at most ``rejects_limit`` per partition, with
+exact counts); the driver logs the counts and, with the ``rejects`` option, writes them to that
+directory (``read_rejects``).
 """
 
 from __future__ import annotations
@@ -22,14 +28,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
 from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType, TimestampType
 
 from ..errors import ConfigError
 from ..routing import RoutingTables
 from .rows import Rejected, TaskRows
-from .settings import WriterSettings
+from .settings import WriterSettings, close_client
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -41,13 +46,16 @@ REJECTS_FILE = "rejects.pickle"
 
 @dataclass
 class PartitionReport(WriterCommitMessage):
-    """What one Spark task did: rows seen, sent (stored, or already stored by an earlier attempt),
-    rejected (with the first ``rejects_limit`` rows and every reason counted)."""
+    """What one Spark task did with its rows: sent (stored by it), already stored (the queue had
+    seen the row's publish id: stored by an earlier attempt of this task, or by an earlier write
+    of the same ``task_id`` or ``key``), rejected (with the first ``rejects_limit`` rows and every
+    reason counted). ``rows == sent + already_stored + rejected``."""
 
     partition: int
     attempt: int
     rows: int = 0
     sent: int = 0
+    already_stored: int = 0
     rejected: int = 0
     reasons: Counter = field(default_factory=Counter)
     rejects: list = field(default_factory=list)
@@ -81,10 +89,10 @@ class CeleryPQWriter(DataSourceWriter):
         ctx = TaskContext.get()
         report = PartitionReport(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0)
         s = self.settings
-        client = redis.Redis.from_url(s.redis_url(), **s.transport.redis_kwargs())
+        client = s.client()
         try:
             sink = _Sink(client, s)
-            rows = TaskRows(s, eta_is_local=self.eta_is_local)
+            rows = TaskRows(s, partition=report.partition, eta_is_local=self.eta_is_local)
             batch: list = []
             now = time.time()
             for row in iterator:
@@ -95,49 +103,52 @@ class CeleryPQWriter(DataSourceWriter):
                     reason = str(exc)
                     if s.on_reject == "fail":
                         raise Rejected(f"celery_pq writer: a row was rejected ({reason}) and on_reject='fail': "
-                                       f"{report.sent} rows of partition {report.partition} were sent before it, "
-                                       "the rest of it was not") from None
+                                       f"{report.sent + report.already_stored} rows of partition "
+                                       f"{report.partition} were stored before it, the rest of it was not") from None
                     report.rejected += 1
                     report.reasons[reason] += 1
                     if len(report.rejects) < s.rejects_limit:
                         report.rejects.append((*row, reason))
                 if len(batch) >= s.batch_rows:
-                    report.sent += sink.send(batch)
+                    sink.send(batch, report)
                     batch = []
                     now = time.time()
                     self._test_failure(report)
-            report.sent += sink.send(batch)
+            sink.send(batch, report)
             self._test_failure(report)
         finally:
-            client.close()
+            close_client(client)
         return report
 
     def _test_failure(self, report: PartitionReport) -> None:
         """Tests only (options test_fail_once_after and test_fail_once_marker): the first attempt
         of each partition fails once after sending that many rows, as an executor lost mid-write."""
         s = self.settings
-        if s.test_fail_once_after is None or report.sent < s.test_fail_once_after:
+        done = report.sent + report.already_stored
+        if s.test_fail_once_after is None or done < s.test_fail_once_after:
             return
         marker = Path(s.test_fail_once_marker or ".") / f"failed-{report.partition}"
         if not marker.exists():
             marker.touch()
-            raise RuntimeError(f"test failure of partition {report.partition} after {report.sent} rows")
+            raise RuntimeError(f"test failure of partition {report.partition} after {done} rows")
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages) -> None:
         reports = [m for m in messages if isinstance(m, PartitionReport)]
-        summary = summarize(reports)
+        summary = {**summarize(reports), "write_id": self.settings.write_id}
         log = logger.warning if summary["rejected"] else logger.info
-        log("celery_pq writer: %d rows, %d sent, %d rejected%s", summary["rows"], summary["sent"],
-            summary["rejected"], "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]))
+        log("celery_pq writer: write %s: %d rows, %d sent, %d already stored, %d rejected%s", summary["write_id"],
+            summary["rows"], summary["sent"], summary["already_stored"], summary["rejected"],
+            "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]))
         if self.settings.rejects:
             write_rejects(self.settings.rejects, summary, [r for m in reports for r in m.rejects], self.schema_json)
 
     def abort(self, messages) -> None:
         reports = [m for m in messages if isinstance(m, PartitionReport)]
-        logger.error("celery_pq writer: the write failed; %d partitions had finished, %d rows sent "
-                     "(sent rows stay queued; running the write again sends each of the others once)",
-                     len(reports), sum(m.sent for m in reports))
+        logger.error("celery_pq writer: write %s failed; %d partitions had finished, %d rows sent by them "
+                     "(stored rows stay queued; running the write again sends its rows with a task_id or key "
+                     "once, and every row without one again: it is a new write)",
+                     self.settings.write_id, len(reports), sum(m.sent for m in reports))
 
 
 class _Sink:
@@ -156,16 +167,17 @@ class _Sink:
             self.routing.add_queue(name)  # declared, as a Celery producer's queue is (pq stats lists it)
         return q
 
-    def send(self, batch) -> int:
-        """Insert a batch of ``(queue, StoredItem)``; the number of rows stored."""
+    def send(self, batch, report: PartitionReport) -> None:
+        """Insert a batch of ``(queue, StoredItem)``, counting in ``report`` the rows stored and
+        those the queue had already (their publish ids seen)."""
         by_queue: dict = {}
         for name, item in batch:
             by_queue.setdefault(name, []).append(item.as_tuple())
-        sent = 0
         for name, items in by_queue.items():
-            ids = self.queue(name).insert_many(items, chunk=self.settings.chunk)
-            sent += sum(1 for i in ids if i is not None)
-        return sent
+            _, repeated = self.queue(name).insert_many(items, chunk=self.settings.chunk, repeats=True)
+            again = sum(repeated)
+            report.already_stored += again
+            report.sent += len(items) - again
 
 
 def summarize(reports) -> dict:
@@ -175,6 +187,7 @@ def summarize(reports) -> dict:
     return {
         "rows": sum(m.rows for m in reports),
         "sent": sum(m.sent for m in reports),
+        "already_stored": sum(m.already_stored for m in reports),
         "rejected": sum(m.rejected for m in reports),
         "rejects_kept": sum(len(m.rejects) for m in reports),
         "partitions": len(reports),

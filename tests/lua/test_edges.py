@@ -291,6 +291,22 @@ def test_insert_many_retried_chunks_are_stored_once(redis_client, key_prefix):
     assert q.size() == 25
 
 
+def test_insert_many_tells_repeats_apart_from_new_entries_when_asked(redis_client, key_prefix):
+    # Given 5 items with publish ids of their own, 2 of them stored before, one publish id twice
+    q = PriorityQueue(redis_client, "m3t", key_prefix=key_prefix, max_length=100)
+    first = q.insert_many([(b"x", 1, "t1", None, None, "pub1"), (b"x", 1, "t3", None, None, "pub3")])
+    items = [(b"x", 1, f"t{i}", None, None, f"pub{i}") for i in range(5)] + [(b"y", 1, "t9", None, None, "pub4")]
+    # When they are inserted asking for repeats
+    ids, repeated = q.insert_many(items, chunk=4, repeats=True)
+    # Then the ids are as without asking, and exactly the items that stored nothing are repeats
+    assert ids == ["t0", "t1", "t2", "t3", "t4", "t4"] and first == ["t1", "t3"]
+    assert repeated == [False, True, False, True, False, True]
+    assert q.size() == 5
+    # And items without a publish id of the caller's are new entries, never repeats
+    ids, repeated = q.insert_many([(b"z", 1), (b"z", 2, "t0")], repeats=True)
+    assert repeated == [False, False] and ids[1] != "t0" and q.size() == 7
+
+
 def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, max_length=15)
     with pytest.raises(QueueFull) as err:

@@ -277,6 +277,15 @@ def test_insert_many_spreads_and_returns_ids_in_order(redis_client, key_prefix):
     assert sum(1 for s in q.shards if s.size()) == 4 and q.size() == 50
 
 
+def test_insert_many_tells_repeats_in_the_order_given(redis_client, key_prefix):
+    q = open_queue(redis_client, key_prefix, 4)
+    items = [(b"x", 1, f"m{i}", None, None, f"p{i}") for i in range(20)]
+    q.insert_many(items[::3])
+    ids, repeated = q.insert_many(items, repeats=True)
+    assert ids == [f"m{i}" for i in range(20)] and repeated == [i % 3 == 0 for i in range(20)]
+    assert q.size() == 20
+
+
 def test_max_length_is_the_queues_limit_split_over_the_shards(redis_client, key_prefix):
     q = open_queue(redis_client, key_prefix, 4, max_length=8)
     assert [s.max_length for s in q.shards] == [2, 2, 2, 2]

@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
+from celery_pq.keys import shard_names
 from celery_pq.spark import enqueue
 
 pytestmark = pytest.mark.spark
@@ -91,29 +92,116 @@ def test_priorities_tenants_queues_and_delays_land_where_the_columns_say(spark, 
     assert {lease.tenant for lease in leases} == {"acme", "beta"}
 
 
-@pytest.mark.parametrize("ids", ["task_id", "key", "content"])
+def summary_of(directory) -> dict:
+    """The counts a write with option("rejects", directory) left there."""
+    return json.loads((directory / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("ids", ["task_id", "key", "none"])
 def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_client, key_prefix, tmp_path, ids):
-    # Given 4 partitions whose first attempt fails after sending 300 of its 500 rows
+    # Given 4 partitions of 500 rows whose first attempt fails after storing 300 of them
     n = 2000
     df = spark.range(n).selectExpr("id as n", "concat('job-', id) as task_id", "cast(id % 10 as int) as priority")
     if ids != "task_id":
         df = df.drop("task_id")
     df = df.repartition(4)
-    opts = dict(task="proj.t", args="n", batch_rows="100", test_fail_once_after="300",
-                test_fail_once_marker=str(tmp_path))
-    if ids == "key":
-        opts["key"] = "n"
+    markers, first, again = tmp_path / "markers", tmp_path / "first", tmp_path / "again"
+    markers.mkdir()
+    key = {"key": "n"} if ids == "key" else {}
     # When Spark runs the write, retrying each failed task
-    write(df, url, key_prefix, **opts)
+    write(df, url, key_prefix, task="proj.t", args="n", batch_rows="100", test_fail_once_after="300",
+          test_fail_once_marker=str(markers), rejects=str(first), **key)
     # Then every partition failed once, and each row is in the queue once
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"failed-{i}" for i in range(4)]
+    assert sorted(p.name for p in markers.iterdir()) == [f"failed-{i}" for i in range(4)]
     q, msgs = stored(redis_client, key_prefix)
     assert q.size() == n == len(msgs)
     body_ns = sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in msgs.values())
     assert body_ns == list(range(n))
-    # And the whole write run again (within dedupe_seconds) stores nothing new
-    write(df, url, key_prefix, task="proj.t", args="n", **({"key": "n"} if ids == "key" else {}))
-    assert q.size() == n
+    # And the summary (of the attempts that succeeded) counts what the failed ones had stored apart
+    summary = summary_of(first)
+    assert (summary["rows"], summary["sent"], summary["already_stored"], summary["rejected"]) == (n, 800, 1200, 0)
+    # And the whole write run again: rows with a task_id or key are stored already, rows without
+    # one are new rows of a new write
+    write(df, url, key_prefix, task="proj.t", args="n", rejects=str(again), **key)
+    summary = summary_of(again)
+    if ids == "none":
+        assert q.size() == 2 * n and (summary["sent"], summary["already_stored"]) == (n, 0)
+    else:
+        assert q.size() == n and (summary["sent"], summary["already_stored"]) == (0, n)
+
+
+def test_a_retried_upstream_failure_gives_rows_without_identity_their_ids_again(spark, url, redis_client, key_prefix,
+                                                                             tmp_path):
+    # Given 3 partitions of 500 identical rows, made by a Python function whose first attempt
+    # fails at its 400th row, after the writer has stored the rows before it (rows of 2 KB, so the
+    # function's output leaves its buffer, and Arrow batches of 20 rows to the writer)
+    def flaky(index, rows, marker=str(tmp_path)):
+        import os
+        import time
+
+        from pyspark import TaskContext
+
+        for i, row in enumerate(rows):
+            if i == 400 and TaskContext.get().attemptNumber() == 0:
+                open(os.path.join(marker, f"failed-{index}"), "w").close()
+                time.sleep(1)  # (the writer goes on storing what reached it)
+                raise RuntimeError(f"partition {index} fails its first attempt")
+            yield row
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
+    try:
+        df = spark.sparkContext.parallelize([(7, "x" * 2000)] * 1500, 3).mapPartitionsWithIndex(flaky) \
+            .toDF("n int, pad string")
+        # When Spark runs the write, recomputing each failed partition from the start
+        result = enqueue(df, url, "proj.t", args=["n"], batch_rows=20, transport_options={"key_prefix": key_prefix})
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    # Then each partition failed once, the queue holds each row once, and the rows the failed
+    # attempts had stored are counted as stored already
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failed-0", "failed-1", "failed-2"]
+    q, msgs = stored(redis_client, key_prefix)
+    assert q.size() == 1500 == len(msgs)
+    assert result.sent + result.already_stored == 1500 and result.already_stored > 0
+
+
+def test_identical_rows_in_three_partitions_are_three_tasks(spark, url, redis_client, key_prefix, tmp_path):
+    # Given three identical rows without task_id or key, one in each of three partitions
+    df = spark.sparkContext.parallelize([(7, "same")] * 3, 3).toDF("n int, word string")
+    assert df.rdd.glom().map(len).collect() == [1, 1, 1]
+    # When they are written
+    write(df, url, key_prefix, task="proj.t", args="n,word", rejects=str(tmp_path))
+    # Then each is its own task, and the summary says 3 sent
+    q, msgs = stored(redis_client, key_prefix)
+    assert q.size() == 3 == len(msgs)
+    assert {m["body"] for m in msgs.values()} == {base64.b64encode(
+        json.dumps([[7, "same"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]).encode()
+    ).decode()}
+    summary = summary_of(tmp_path)
+    assert (summary["rows"], summary["sent"], summary["already_stored"], summary["rejected"]) == (3, 3, 0, 0)
+    assert len(summary["write_id"]) == 32
+
+
+def test_a_write_with_task_ids_run_twice_stores_each_once_and_says_so(spark, url, redis_client, key_prefix):
+    # Given 20 rows with a task_id, some identical but for it, written once
+    df = spark.createDataFrame([(f"t-{i}", i % 3) for i in range(20)], "task_id string, n int").repartition(3)
+    opts = dict(args=["n"], transport_options={"key_prefix": key_prefix})
+    first = enqueue(df, url, "proj.t", **opts)
+    # When the same write runs again
+    second = enqueue(df, url, "proj.t", **opts)
+    # Then the queue holds each row once, and the second run says they were stored already
+    assert (first.rows, first.sent, first.already_stored, first.rejected) == (20, 20, 0, 0)
+    assert (second.rows, second.sent, second.already_stored, second.rejected) == (20, 0, 20, 0)
+    q, msgs = stored(redis_client, key_prefix)
+    assert q.size() == 20 and set(msgs) == {f"t-{i}" for i in range(20)}
+    assert first.write_id != second.write_id
+
+
+def test_two_rows_with_one_task_id_are_one_task_counted_once_sent(spark, url, redis_client, key_prefix):
+    df = spark.createDataFrame([("dup", 1), ("dup", 2), ("solo", 3)], "task_id string, n int").coalesce(1)
+    result = enqueue(df, url, "proj.t", args=["n"], transport_options={"key_prefix": key_prefix})
+    assert (result.sent, result.already_stored) == (2, 1)
+    q, msgs = stored(redis_client, key_prefix)
+    assert set(msgs) == {"dup", "solo"} and q.size() == 2
 
 
 def test_bad_rows_come_back_as_rejects_with_reasons_and_the_rest_is_sent(spark, url, redis_client, key_prefix):
@@ -164,14 +252,17 @@ def test_a_float_or_string_priority_is_rejected_not_rounded(spark, url, key_pref
     ({"broker": "URL", "task": "proj.t", "batch_rows": "lots"}, "option 'batch_rows' must be an integer"),
     ({"broker": "URL", "task": "proj.t", "on_reject": "shrug"}, "option 'on_reject' must be one of"),
     ({"broker": "amqp://localhost", "task": "proj.t"}, "option 'broker' must be a pq://"),
+    ({"broker": "amqp://guest:hunter2@localhost//", "task": "proj.t"}, "got 'amqp://***@localhost//'"),
+    ({"broker": "URL", "task": "proj.t", "cluster": "true", "master_name": "m"}, "'cluster' and 'master_name'"),
 ])
 def test_option_errors_name_the_option(spark, url, key_prefix, options, message):
     df = spark.createDataFrame([(1,)], "n int")
     w = df.write.format("celery_pq").mode("append").option("key_prefix", key_prefix)
     for k, v in options.items():
         w = w.option(k, url if v == "URL" else v)
-    with pytest.raises(Exception, match=re.escape(message)):
+    with pytest.raises(Exception, match=re.escape(message)) as info:
         w.save()
+    assert "hunter2" not in str(info.value)
 
 
 def test_overwrite_mode_and_a_tenant_without_fair_key_are_refused(spark, url, key_prefix):
@@ -205,3 +296,63 @@ def test_rows_written_to_a_queue_with_its_event_log_on_name_their_task(spark, ur
     # Then each enqueue event names the task
     enqueues = [e for e in q.events() if e["e"] == "enqueue"]
     assert len(enqueues) == 3 and {e["task"] for e in enqueues} == {"proj.resize"}
+
+
+def test_the_writer_writes_to_a_redis_cluster_with_the_cluster_option(spark, key_prefix):
+    from celery_pq.testing import RedisCluster
+
+    with RedisCluster() as cluster:
+        # Given three queues whose hash tags live on three different masters
+        names = cluster.tags_on_distinct_masters(prefix="sp-")
+        rows = [(i, names[i % 3]) for i in range(30)]
+        df = spark.createDataFrame(rows, "n int, queue string").repartition(2)
+        # When rows are written with the cluster option (the URL names seed nodes)
+        result = enqueue(df, cluster.pq_url, "proj.t", args=["n"],
+                         transport_options={"key_prefix": key_prefix, "cluster": True})
+        # Then each queue, on its own master, holds its rows
+        assert (result.sent, result.already_stored, result.rejected) == (30, 0, 0)
+        client = cluster.client()
+        try:
+            for name in names:
+                q = PriorityQueue.open(client, name, key_prefix=key_prefix)
+                assert q.size() == 10
+                assert sorted(json.loads(base64.b64decode(decode(e.payload)["body"]))[0][0] for e in q.peek(10)) \
+                    == [n for n, qn in rows if qn == name]
+            assert len({cluster.master_of(f"{key_prefix}:{{{name}}}:ii").port for name in names}) == 3
+        finally:
+            client.close()
+
+
+def test_the_writer_writes_to_the_master_sentinel_names(spark, key_prefix):
+    from celery_pq.testing import free_port
+    from tests.deploy.conftest import SentinelGroup
+
+    group = SentinelGroup()
+    try:
+        # Given a Celery app whose broker URL names three sentinels, the first not answering
+        # (its port closed), with master_name
+        app = Celery("proj", broker=f"pq://127.0.0.1:{free_port()};{group.url}", set_as_current=False)
+        app.conf.broker_transport_options = {"key_prefix": key_prefix, **group.options()}
+        df = spark.createDataFrame([(i,) for i in range(12)], "n int")
+        # When rows are written with enqueue(app)
+        result = enqueue(df, app, "proj.t", args=["n"])
+        # Then the rows are on the master the sentinels name
+        assert (result.sent, result.rejected) == (12, 0)
+        q = PriorityQueue.open(group.master.client(), "celery", key_prefix=key_prefix)
+        assert q.size() == 12
+    finally:
+        group.close()
+
+
+def test_a_sharded_queue_tells_rows_stored_already_too(spark, url, redis_client, key_prefix):
+    # Given a queue split over 4 shards, and 40 rows with a task_id written to it once
+    df = spark.createDataFrame([(f"s-{i}", i) for i in range(40)], "task_id string, n int").repartition(2)
+    opts = dict(args=["n"], transport_options={"key_prefix": key_prefix, "shards": 4})
+    first = enqueue(df, url, "proj.t", **opts)
+    # When the write runs again
+    second = enqueue(df, url, "proj.t", **opts)
+    # Then each row is in one shard once, and the second run says so
+    assert (first.sent, first.already_stored) == (40, 0) and (second.sent, second.already_stored) == (0, 40)
+    sizes = [PriorityQueue.open(redis_client, name, key_prefix=key_prefix).size()
+             for name in shard_names("celery", 4)]
+    assert sum(sizes) == 40 and sum(1 for s in sizes if s) > 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from celery_pq.spark import enqueue
 from tests.e2e.test_celery_e2e import Harness, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
@@ -25,6 +28,30 @@ def test_a_celery_worker_runs_every_row_of_a_dataframe_in_priority_order(spark, 
         ran = [tuple(r) for r in h.records("order")]
         assert sorted(ran) == sorted(rows)
         assert [p for _, p in ran] == sorted((p for _, p in rows), reverse=True)
+        assert h.queue("q").stats()["leased"] == 0
+    finally:
+        h.close()
+
+
+def test_identical_rows_run_once_each_even_when_spark_retries_the_write(spark, redis_server, key_prefix, tmp_path):
+    # Given 12 identical rows without task_id or key, 4 in each of 3 partitions, whose first
+    # write attempt fails after storing 2 rows of each partition (Spark then retries it)
+    h = Harness(redis_server, key_prefix, tmp_path, {}, acks_late=False)
+    try:
+        df = spark.sparkContext.parallelize([(5, 9)] * 12, 3).toDF("n int, priority int")
+        markers = tmp_path / "markers"
+        markers.mkdir()
+        result = enqueue(df, h.url, "e2e.record", args=["n"], kwargs=["priority"], queue="q",
+                         transport_options={"key_prefix": key_prefix}, batch_rows=2, test_fail_once_after=2,
+                         test_fail_once_marker=str(markers))
+        assert len(list(markers.iterdir())) == 3
+        assert (result.rows, result.sent, result.already_stored, result.rejected) == (12, 6, 6, 0)
+        # When an unchanged Celery worker consumes q
+        h.worker("w1")
+        wait_for(lambda: len(h.records("order")) >= 12 and h.queue("q").size() == 0, 60, "12 tasks")
+        time.sleep(1)  # (a 13th would show up now)
+        # Then it ran the identical row 12 times, no more
+        assert h.records("order") == [[5, 9]] * 12
         assert h.queue("q").stats()["leased"] == 0
     finally:
         h.close()

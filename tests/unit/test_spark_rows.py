@@ -12,6 +12,7 @@ from celery import Celery
 
 from celery_pq.codec import decode
 from celery_pq.errors import ConfigError
+from celery_pq.spark import eventlog
 from celery_pq.spark.rows import Rejected, TaskRows
 from celery_pq.spark.settings import WriterSettings
 
@@ -41,16 +42,38 @@ def test_a_row_gives_the_headers_body_and_properties_celery_makes(row):
     assert (queue, item.id, item.priority) == ("celery", row[2], row[3] or 0)
 
 
-def test_derived_ids_are_the_same_in_every_attempt_and_tell_identical_rows_apart():
-    rows = [(1, 2, None, 1), (1, 2, None, 1), (3, 4, None, 1)]
+def test_a_row_without_task_id_or_key_is_its_write_partition_and_position():
+    # Given identical rows, and a second attempt of the same partition (the same write)
+    rows = [(1, 2), (1, 2), (3, 4)]
     no_id = WriterSettings.parse({"broker": "pq://h:1/0", "task": "proj.t", "args": "a"}, ["a", "b"])
-    one, two = TaskRows(no_id), TaskRows(no_id)
-    ids = [one.build(r[:2], 0.0)[1].id for r in rows]
-    assert ids == [two.build(r[:2], 50.0)[1].id for r in rows] and len(set(ids)) == 3
+    one, two = TaskRows(no_id, partition=5), TaskRows(no_id, partition=5)
+    ids = [one.build(r, 0.0)[1].id for r in rows]
+    # Then every row has its own id, the same in every attempt of its partition
+    assert ids == [two.build(r, 50.0)[1].id for r in rows] and len(set(ids)) == 3
+    # And another partition, or another write of the same rows, gives other ids
+    other = [TaskRows(no_id, partition=6).build(r, 0.0)[1].id for r in rows[:1]]
+    again = WriterSettings.parse({"broker": "pq://h:1/0", "task": "proj.t", "args": "a"}, ["a", "b"])
+    assert again.write_id != no_id.write_id
+    rerun_rows = TaskRows(again, partition=5)
+    rerun = [rerun_rows.build(r, 0.0)[1].id for r in rows]
+    assert not ({*other, *rerun} & set(ids)) and len(set(rerun)) == 3
+
+
+def test_a_key_gives_the_same_id_in_every_write_and_partition():
     keyed = WriterSettings.parse({"broker": "pq://h:1/0", "task": "proj.t", "key": "a"}, ["a", "b"])
-    assert TaskRows(keyed).build((1, 2), 0.0)[1].id == TaskRows(keyed).build((1, 9), 0.0)[1].id
+    again = WriterSettings.parse({"broker": "pq://h:1/0", "task": "proj.t", "key": "a"}, ["a", "b"])
+    assert TaskRows(keyed).build((1, 2), 0.0)[1].id == TaskRows(again, partition=3).build((1, 9), 0.0)[1].id
     other_job = WriterSettings.parse({"broker": "pq://h:1/0", "task": "proj.t", "key": "a", "job": "j2"}, ["a", "b"])
     assert TaskRows(keyed).build((1, 2), 0.0)[1].id != TaskRows(other_job).build((1, 2), 0.0)[1].id
+
+
+def test_a_rejected_row_keeps_its_position_so_the_next_rows_ids_do_not_move():
+    s = WriterSettings.parse({"broker": "pq://h:1/0", "task": "proj.t", "args": "a"}, ["a", "priority"])
+    with_bad, without = TaskRows(s), TaskRows(s)
+    with pytest.raises(Rejected):
+        with_bad.build((1, 999), 0.0)
+    without.build((1, 1), 0.0)
+    assert with_bad.build((2, 1), 0.0)[1].id == without.build((2, 1), 0.0)[1].id
 
 
 @pytest.mark.parametrize("row, reason", [
@@ -94,4 +117,23 @@ def test_transport_options_come_as_json_or_one_by_one_and_one_by_one_wins():
         {"key_prefix": "a", "priority_order": "lower_first"}), "key_prefix": "123", "dedupe_seconds": "600"}, ["x"])
     assert (s.transport.key_prefix, s.transport.priority_order, s.transport.dedupe_seconds) == \
         ("123", "lower_first", 600.0)
-    assert s.redis_url() == "redis://h:1/0"
+    assert (s.conninfo().hostname, s.conninfo().port, s.tls) == ("h", 1, False)
+
+
+@pytest.mark.parametrize("broker", ["amqp://guest:s3cr3t-pw@h:5672//", "http://:s3cr3t-pw@h:1/0",
+                                    "amqp://u:s3cr3t-pw@h;amqp://u:s3cr3t-pw@h2"])
+def test_a_broker_url_of_another_scheme_is_refused_without_its_password(broker):
+    with pytest.raises(ConfigError, match="option 'broker' must be a pq://") as info:
+        WriterSettings.parse({"broker": broker, "task": "t"}, ["a"])
+    assert "s3cr3t" not in str(info.value) and "***@h" in str(info.value)
+    with pytest.raises(ConfigError, match="option 'broker' must be a pq://") as info:  # the event-log reader
+        eventlog.redis_url(broker)
+    assert "s3cr3t" not in str(info.value) and "***@h" in str(info.value)
+
+
+def test_cluster_and_master_name_are_checked_on_the_driver():
+    # (tests/spark/test_writer.py writes through a Redis Cluster and through Sentinel)
+    with pytest.raises(ConfigError, match="'cluster' and 'master_name'"):
+        WriterSettings.parse({"broker": "pq://h:1/0", "task": "t", "master_name": "m", "cluster": "true"}, ["a"])
+    with pytest.raises(ConfigError, match="only database 0"):
+        WriterSettings.parse({"broker": "pq://h:1/3", "task": "t", "cluster": "true"}, ["a"])
