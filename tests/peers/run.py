@@ -57,7 +57,13 @@ def unpacked(peer: Peer, archive: Path) -> Path:
     done = tree / ".unpacked"
     if not done.exists():
         with tarfile.open(archive) as tar:
-            tar.extractall(archive.parent, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4 on: no links or paths out of the tree
+                tar.extractall(archive.parent, filter="data")
+            else:
+                if any(m.name.startswith(("/", "..")) or ".." in Path(m.name).parts or m.islnk() or m.issym()
+                       for m in tar.getmembers()):
+                    raise SystemExit(f"peer {peer.dist}: {archive.name} has a path or link out of its tree")
+                tar.extractall(archive.parent)
         done.touch()
     missing = [f for f in peer.needs if not (tree / f).is_file()]
     if missing:
