@@ -258,7 +258,7 @@ def _check_readable(out: bytearray, flags: int) -> None:
     """CodecError (nothing is written) for a record the reader would refuse: more than
     MAX_VALUES fields, or list and dict items."""
     try:
-        _read_message(bytes(out), 0, flags & ~(F_ARGSREPR | F_KWARGSREPR))
+        _read_message(bytes(out), 0, flags & ~(F_ARGSREPR | F_KWARGSREPR), raw_body=True)
     except CodecError as exc:
         raise CodecError(f"message cannot be stored: {exc}") from None
 
