@@ -3,6 +3,8 @@
 #   make demo    install into .venv, then run the demo (examples/demo.py)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
+#   make peers   kombu's own integration tests (its source distribution's t/integration/common.py,
+#                unchanged, downloaded once into .venv/peers) against pq:// (tests/peers/run.py)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py); BENCH_ARGS=--large
 #                measures the flat costs at 10,000,000 entries and 100,000 tenants (about 3 GB of
 #                Redis memory, several minutes more: not part of the plain run)
@@ -34,13 +36,14 @@ ENSURE_JAVA := bash scripts/ensure-java.sh
 ENSURE_CHROMIUM := bash scripts/ensure-chromium.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
+PEERS       ?= kombu
 DEMO_ARGS   ?=
 SPARK_DEMO_ARGS ?=
 BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
 SOAK_OUT    ?= $${TMPDIR:-/tmp}/celery-pq-soak
 
-.PHONY: all venv install redis test soak demo spark-demo bench profile clean
+.PHONY: all venv install redis test peers soak demo spark-demo bench profile clean
 
 all: test
 
@@ -86,6 +89,12 @@ test: install
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER java=$$JAVA"; \
 	$(ENSURE_CHROMIUM) >/dev/null || echo "warning: the dashboard's browser test will fail (see above)" >&2; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# Each peer's own tests, unchanged, against pq://; the ones that cannot pass are listed with their
+# reasons in tests/peers/expected_failures.txt.
+peers: install
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	for peer in $(PEERS); do $(VPY) -m tests.peers.run $$peer || exit 1; done
 
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
 soak: install

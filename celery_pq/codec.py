@@ -22,6 +22,16 @@ small, against the JSON dict kombu's own transports store:
 Anything else is kept as it is: a field not in the table is written with its name, a value of a
 type this codec does not write itself (a datetime, a Decimal) as kombu's JSON of it.
 
+A stored record is untrusted input (anyone who can write to Redis can write one), so the reader
+bounds what it builds: a zstd frame is inflated only when the size its header declares is at most
+MAX_INFLATED (a frame that declares 300 MB from 9 KB is refused before anything is allocated; one
+that declares less than it holds fails at the declared size), and a record makes at most
+MAX_VALUES fields and MAX_VALUES list and dict items (kombu's JSON inside it counted by its
+separators). A record over either bound is a CodecError like any unreadable one: the transport
+moves its entry to the dead-letter queue (reason ``malformed``). The writer keeps to the same
+bounds: a record over MAX_INFLATED is stored uncompressed, and a message over MAX_VALUES is
+refused (CodecError, nothing written), so every record it writes reads back.
+
 Layout: one version byte (``VERSION``), one flags byte (``F_*``), then records to the end, each a
 varint code and what the code takes:
 
@@ -65,6 +75,14 @@ VERSION = 1
 COMPRESS_MIN = 512
 #: zstd's own default level; it shrank the benchmark's 1 KB and 20 KB tasks 2x and 5x.
 ZSTD_LEVEL = 3
+#: The most bytes a reader inflates one zstd frame to (the size its header declares): bounds the
+#: memory a stored record can make a reader allocate. A record larger than this is stored
+#: uncompressed (its size in Redis is then its size in memory).
+MAX_INFLATED = 16 * 1024 * 1024
+#: The most fields a record may make, and apart from them the most list and dict items (a field
+#: or an item is a Python object or two: a record of a few MB could otherwise make hundreds of MB
+#: of them). Celery's messages have some thirty fields and a handful of items.
+MAX_VALUES = 65_536
 #: kwargsrepr (and argsrepr of a body not shaped as Celery writes it) is derived from bodies of at
 #: most this many bytes: beyond it Celery has usually cut it (argsrepr_maxsize, 1 KB) and parsing
 #: the kwargs on every read costs more. A Celery body's args are read alone, at any size.
@@ -227,11 +245,22 @@ def encode(message: dict) -> bytes:
     out = bytearray()
     if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
         _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
-    if zstandard is not None and len(out) >= COMPRESS_MIN:
+    if len(out) > MAX_VALUES:  # each value takes a byte at least: a shorter record holds fewer
+        _check_readable(out, flags)
+    if zstandard is not None and COMPRESS_MIN <= len(out) <= MAX_INFLATED:
         packed = _zstd().compressor.compress(out)
         if len(packed) < len(out):
             return bytes((VERSION, flags | F_ZSTD)) + packed
     return bytes((VERSION, flags)) + out
+
+
+def _check_readable(out: bytearray, flags: int) -> None:
+    """CodecError (nothing is written) for a record the reader would refuse: more than
+    MAX_VALUES fields, or list and dict items."""
+    try:
+        _read_message(bytes(out), 0, flags & ~(F_ARGSREPR | F_KWARGSREPR), raw_body=True)
+    except CodecError as exc:
+        raise CodecError(f"message cannot be stored: {exc}") from None
 
 
 _local = threading.local()
@@ -595,7 +624,12 @@ def decode(data: bytes | str, raw_body: bool = False) -> dict:
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if data[:1] == b"{":
-        return kombu_loads(data)
+        if len(data) > MAX_VALUES and _json_items(data) > MAX_VALUES:
+            raise CodecError(f"stored message (JSON) holds more than {MAX_VALUES} list and dict items")
+        try:
+            return kombu_loads(data)
+        except RecursionError:
+            raise CodecError("stored message (JSON) is nested too deep") from None
     if len(data) < 2:
         raise CodecError(f"stored message of {len(data)} byte(s) is too short")
     if data[0] != VERSION:
@@ -608,16 +642,56 @@ def decode(data: bytes | str, raw_body: bool = False) -> dict:
     if flags & F_ZSTD:
         if zstandard is None:
             raise CodecError("stored message is zstd-compressed and the zstandard package is not installed")
-        try:
-            data, start = _zstd().decompressor.decompress(memoryview(data)[2:]), 0
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
+        data, start = _inflate(memoryview(data)[2:]), 0
     elif not isinstance(data, bytes):
         data = bytes(data)
     try:
         return _read_message(data, start, flags, raw_body)
     except (IndexError, struct.error, UnicodeDecodeError, KeyError) as exc:
         raise CodecError(f"stored message is truncated or corrupt ({exc!r})") from None
+    except RecursionError:
+        raise CodecError("stored message's lists and dicts are nested too deep") from None
+
+
+def _inflate(frame) -> bytes:
+    """The bytes of a zstd frame, when its header declares how many and at most MAX_INFLATED
+    (checked before anything is allocated; a frame that holds more than it declares fails once
+    the declared size is reached)."""
+    try:
+        size = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
+    if size < 0:
+        raise CodecError("stored message's zstd frame does not declare its size; not inflated")
+    if size > MAX_INFLATED:
+        raise CodecError(f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
+                         "a record may inflate to; not inflated")
+    try:
+        return _zstd().decompressor.decompress(frame)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
+
+
+def _json_items(text: bytes) -> int:
+    """At least as many as the list and dict items of the JSON ``text`` (each item is the first
+    of its list or dict, or follows a comma)."""
+    return text.count(b",") + text.count(b"[") + text.count(b"{")
+
+
+class _Seen(list):
+    """The UUIDs one record's reader has read (a reference names one by its index), and how many
+    list and dict items the record may still make (``left``)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self):
+        super().__init__()
+        self.left = MAX_VALUES
+
+    def take(self, items: int) -> None:
+        self.left -= items
+        if self.left < 0:
+            raise CodecError(f"stored message holds more than {MAX_VALUES} list and dict items")
 
 
 def _read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> dict:
@@ -629,11 +703,15 @@ def _read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> 
     props["delivery_info"] = info
     message["headers"] = headers
     message["properties"] = props
-    uuids: list[str] = []
+    uuids = _Seen()
     raw = None  # the body's bytes, when it was base64
     n = len(data)
     field = _FIELD
+    fields = 0
     while pos < n:
+        fields += 1
+        if fields > MAX_VALUES:
+            raise CodecError(f"stored message has more than {MAX_VALUES} fields")
         code = data[pos]
         pos += 1
         if code > C_ABSENT:
@@ -727,7 +805,7 @@ def _read_blob(data: bytes, pos: int) -> tuple[bytes, int]:
     return bytes(data[pos:end]), end
 
 
-def _read_body(data: bytes, pos: int, uuids: list, raw_body: bool = False) -> tuple[object, bytes | None, int]:
+def _read_body(data: bytes, pos: int, uuids: _Seen, raw_body: bool = False) -> tuple[object, bytes | None, int]:
     """(body, its bytes when it was base64 or None, position after it); with ``raw_body`` a
     base64 body is its bytes (a Base64Body)."""
     form = data[pos]
@@ -751,7 +829,7 @@ def _read_body(data: bytes, pos: int, uuids: list, raw_body: bool = False) -> tu
     raise CodecError(f"stored message has unknown body form {form}")
 
 
-def _read_value(data: bytes, pos: int, uuids: list) -> tuple[object, int]:
+def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
     """(the value at ``pos``, the position after it)."""
     tag = data[pos]
     pos += 1
@@ -784,6 +862,7 @@ def _read_value(data: bytes, pos: int, uuids: list) -> tuple[object, int]:
         return _read_blob(data, pos)
     if tag == T_LIST:
         count, pos = _read_varint(data, pos)
+        uuids.take(count)
         items = []
         for _ in range(count):
             item, pos = _read_value(data, pos, uuids)
@@ -791,6 +870,7 @@ def _read_value(data: bytes, pos: int, uuids: list) -> tuple[object, int]:
         return items, pos
     if tag == T_DICT:
         count, pos = _read_varint(data, pos)
+        uuids.take(count)
         d = {}
         for _ in range(count):
             key, pos = _read_blob(data, pos)
@@ -798,6 +878,7 @@ def _read_value(data: bytes, pos: int, uuids: list) -> tuple[object, int]:
         return d, pos
     if tag == T_JSON:
         text, pos = _read_blob(data, pos)
+        uuids.take(_json_items(text))
         return kombu_loads(text.decode("utf-8", "surrogatepass")), pos
     raise CodecError(f"stored message has unknown value tag {tag}")
 

@@ -15,7 +15,9 @@ args. The payload is read with ``codec.decode`` (which also reads the JSON of en
 before the compact form): the body is base64 in ``body`` (``properties.body_encoding``), Celery's
 protocol 2 headers in ``headers`` (``task``, ``argsrepr``, ``kwargsrepr``). A payload that is not
 such a message (a queue used without kombu, a malformed entry set aside) is shown as its own
-text. Nothing there raises on stored data.
+text; one in the stored form that cannot be read (corrupt, or over the codec's bounds: a
+decompression bomb) as ``unreadable: <why>``, with no task name. Nothing there raises on stored
+data.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from datetime import datetime, timezone
 from hashlib import blake2b
 from typing import Callable, NamedTuple
 
-from .codec import decode, encode
+from .codec import VERSION, CodecError, decode, encode
 from .ids import unique_bytes
 from .errors import MessageTooLarge
 from .options import Options
@@ -208,6 +210,11 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
     """``{"task": name or None, "args": preview}`` of a stored payload."""
     try:
         message = decode(payload)
+    except CodecError as exc:
+        if _stored_form(payload):
+            why = str(exc).removeprefix("stored message's ").removeprefix("stored message ")
+            return {"task": None, "args": _cut(f"unreadable: {why}", width)}
+        message = None
     except Exception:  # noqa: BLE001 - whatever the payload is, it is shown, never raised on
         message = None
     if not isinstance(message, dict) or "body" not in message:
@@ -219,6 +226,14 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
     else:
         args = _body_preview(message)
     return {"task": task, "args": _cut(args, width)}
+
+
+def _stored_form(payload: bytes | str) -> bool:
+    """Whether a payload the codec refused is a message it would read: the stored form (its first
+    byte is the format's version) or kombu's JSON (refused for its size, not text that merely
+    fails to parse: that is a ValueError of the JSON reader)."""
+    head = payload[:1] if isinstance(payload, bytes) else payload[:1].encode()
+    return head in (bytes((VERSION,)), b"{")
 
 
 def _body_preview(message: dict) -> str:

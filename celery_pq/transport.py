@@ -401,17 +401,17 @@ class Channel(virtual.Channel):
         except Exception as exc:  # noqa: BLE001 - anything unreadable goes to the dead-letter queue
             self._dead_letter_malformed(q, lease.token, exc)
             return None
-        tag = lease.token
-        props["delivery_tag"] = tag
+        # The headers are the published headers. The delivery count (1 on the first delivery)
+        # is kombu's delivery_info["delivery_count"]; a redelivery also carries the deliveries
+        # before it as the header x-delivery-count, as RabbitMQ's quorum queues do (a Celery
+        # task reads self.request.get("x-delivery-count"): its request keeps no delivery count).
+        props["delivery_tag"] = lease.token
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1
         if lease.deliveries > 1:
             message["redelivered"] = True
-        # RabbitMQ's name for it; a Celery task reads self.request.get("x-delivery-count")
-        if headers is not None:
-            headers["x-delivery-count"] = lease.deliveries
-            if headers.get("eta"):  # the broker held it until due: the worker runs it now
-                headers["x-pq-eta"], headers["eta"] = headers["eta"], None
+            if headers is not None:
+                headers["x-delivery-count"] = lease.deliveries - 1
         return message
 
     def _dead_letter_malformed(self, q, tag, exc):

@@ -17,6 +17,10 @@
                        session): the queue and real Celery workers with queues on different
                        masters, the command line, a master failover with and without WAIT, and a
                        sharded queue spread over the masters (kombu, a Celery worker, a failover).
+- ``tests/peers``      other projects' own suites, unchanged, against ``pq://`` (``make peers``,
+                       ``python -m tests.peers.run kombu``; not collected by ``make test``): kombu's
+                       ``t/integration/common.py`` through our subclasses in ``kombu_pq.py``; the
+                       ones that cannot pass, with their reasons, in ``expected_failures.txt``.
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.

@@ -45,6 +45,12 @@ def log(kind, value):
     rec().rpush(f"{os.environ['PQ_TEST_PREFIX']}:rec:{kind}", json.dumps(value))
 
 
+def delivery_number(request) -> int:
+    """1 for a first delivery: a redelivery carries the deliveries before it in the header
+    x-delivery-count (a first delivery has none)."""
+    return (request.get("x-delivery-count") or 0) + 1
+
+
 @app.task(name="e2e.record")
 def record(n, priority=None):
     log("order", [n, priority])
@@ -52,14 +58,14 @@ def record(n, priority=None):
 
 @app.task(name="e2e.sleep", bind=True)
 def sleeper(self, seconds, tag):
-    log("start", [tag, os.getpid(), self.request.get("x-delivery-count")])
+    log("start", [tag, os.getpid(), delivery_number(self.request)])
     time.sleep(seconds)
     log("done", [tag, os.getpid()])
 
 
 @app.task(name="e2e.crash", bind=True)
 def crash(self, tag):
-    log("crash", [tag, os.getpid(), self.request.get("x-delivery-count")])
+    log("crash", [tag, os.getpid(), delivery_number(self.request)])
     os.kill(os.getpid(), signal.SIGKILL)
 
 

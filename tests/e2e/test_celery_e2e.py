@@ -314,6 +314,48 @@ def test_urgent_pool_is_not_held_up_by_a_bulk_backlog(harness):
     assert h.queue().size() > 4000
 
 
+def test_a_decompression_bomb_in_the_queue_is_dead_lettered_and_the_worker_goes_on(harness):
+    """A 9.6 KB entry whose zstd frame declares 300 MB, written straight into the queue's hash
+    (no producer's checks), is set aside within the pop that takes it; the worker's peak memory
+    grows by under 100 MB (inflating it would take 300 MB), it stays up, and runs the next task."""
+    try:
+        from support.bombs import zstd_bomb
+    except ImportError:  # collected with the repository root on sys.path instead of tests/
+        from tests.support.bombs import zstd_bomb
+    from celery_pq.ids import encode_id
+
+    h = harness()
+    w = h.worker("w1")
+    h.send("e2e.stamp", "before")
+    wait_for(lambda: h.records("stamp"), 30, "a first task")
+
+    def peak_rss_kb():
+        with open(f"/proc/{w.pid}/status") as f:
+            return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
+    peak_before = peak_rss_kb()
+    # Given the bomb in the queue, ahead of a good task: a placeholder entry inserted while the
+    # queue is paused, its payload then replaced by a raw HSET (its entry header kept)
+    q = h.queue()
+    q.pause()
+    q.insert(b"placeholder", 255, id="bomb")
+    field = encode_id("bomb")
+    header, bar, _ = h.redis.hget(q.keys.ii, field).partition(b"|")
+    assert bar
+    h.redis.hset(q.keys.ii, field, header + b"|" + zstd_bomb())
+    h.send("e2e.stamp", "after")
+    q.resume()
+    # When the worker takes them: the good task after the bomb runs
+    wait_for(lambda: [r[0] for r in h.records("stamp")] == ["before", "after"], 30, "the task after the bomb")
+    # Then the bomb is in q.dead as malformed, unchanged; the worker is alive and said why
+    [dead] = q.dead.peek(5)
+    assert (dead.id, dead.dead_reason) == ("bomb", "malformed") and dead.payload == zstd_bomb()
+    assert w.poll() is None
+    assert b"declares 314572800 bytes" in w.log_path.read_bytes()
+    assert peak_rss_kb() - peak_before < 100 * 1024  # KiB
+    assert q.size() == 0 and q.stats()["leased"] == 0
+
+
 def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
     # Acceptance 10
     h = harness({"sweep_interval": 0.5})

@@ -126,6 +126,27 @@ def test_dead_shows_reason_time_and_deliveries(world):
     assert "boom" in world.run("dead", "q").output
 
 
+def test_peek_and_dead_show_a_decompression_bomb_as_unreadable(world):
+    try:
+        from support.bombs import zstd_bomb
+    except ImportError:  # collected with the repository root on sys.path instead of tests/
+        from tests.support.bombs import zstd_bomb
+    # Given a 9.6 KB entry whose zstd frame declares 300 MB, waiting before a good task
+    q = world.queue()
+    q.insert(zstd_bomb(), 200, id="bomb")
+    good = world.send("ops.work", 1)
+    # Then pq peek shows it as unreadable (with why), without inflating it, and the good one as usual
+    rows = json.loads(world.run("peek", "q", "--json").output)
+    assert [(r["id"], r["task"]) for r in rows] == [("bomb", None), (good, "ops.work")]
+    assert rows[0]["args"].startswith("unreadable: zstd frame declares 314572800 bytes")
+    assert "unreadable: zstd frame" in world.run("peek", "q").output
+    # and so does pq dead once it is dead-lettered
+    assert dead_letter(world, reason="malformed") == ["bomb"]
+    [row] = json.loads(world.run("dead", "q", "--json").output)
+    assert (row["id"], row["reason"], row["task"]) == ("bomb", "malformed", None)
+    assert row["args"].startswith("unreadable: zstd frame declares 314572800 bytes")
+
+
 def test_replay_by_id_and_all(world):
     ids = [world.send("ops.fail", i, priority=p) for i, p in enumerate([10, 240, 30])]
     assert sorted(dead_letter(world, 3)) == sorted(ids)

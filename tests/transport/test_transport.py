@@ -160,6 +160,27 @@ def test_max_length_raises_queue_full(url, opts):
         assert err.value.queue == "kq" and err.value.size == 2
 
 
+def test_headers_come_back_as_published_and_a_redelivery_adds_only_x_delivery_count(url, opts):
+    # Given a message published with headers of every kind, Celery's eta among them
+    published = {"eta": "2020-01-01T00:00:00+00:00", "tenant": "acme", "n": 7, "nested": {"a": [1, None, True]}}
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue()
+        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q],
+                                               headers=dict(published))
+        # When it is delivered, given back (requeued), and delivered again
+        [(_, first)] = drain(conn, q, 1, ack=False)
+        first_headers, first_info = dict(first.headers), dict(first.delivery_info)
+        first.reject(requeue=True)
+        [(_, second)] = drain(conn, q, 1, ack=False)
+        second.ack()
+    # Then the first delivery's headers are exactly the published ones; the count is in delivery_info
+    assert first_headers == published
+    assert (first_info["delivery_count"], first_info["redelivered"]) == (1, False)
+    # and the redelivery adds x-delivery-count (the deliveries before it), as RabbitMQ's quorum queues do
+    assert second.headers == {**published, "x-delivery-count": 1}
+    assert (second.delivery_info["delivery_count"], second.delivery_info["redelivered"]) == (2, True)
+
+
 def test_reject_requeue_and_dead_letter(url, opts, redis_client, key_prefix):
     opts["max_deliveries"] = 3
     with Connection(url, transport_options=opts) as conn:

@@ -14,8 +14,10 @@ from kombu import Connection, Consumer, Producer
 from celery_pq import PriorityQueue
 
 try:
+    from support.bombs import BOMB_BYTES, fields_bomb, zstd_bomb
     from support.consume import drain, make_queue, publish_numbers
 except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.bombs import BOMB_BYTES, fields_bomb, zstd_bomb
     from tests.support.consume import drain, make_queue, publish_numbers
 
 
@@ -292,6 +294,38 @@ def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_
         assert pq.stats()["leased"] == 0 and pq.size() == 0
     [dead] = pq.dead.peek()
     assert (dead.id, dead.dead_reason, dead.payload) == ("garbage", "malformed", garbage)
+
+
+def test_a_decompression_bomb_is_dead_lettered_with_its_reason_and_bounded_memory(redis_server, key_prefix,
+                                                                                    redis_client, caplog):
+    import tracemalloc
+
+    # Given a 9.6 KB entry whose zstd frame declares 300 MB, and one of 70,000 fields, among good ones
+    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    bomb, fields = zstd_bomb(), fields_bomb(70_000)
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        publish_numbers(conn, q, range(1))
+        pq.insert(bomb, 0, id="bomb")
+        pq.insert(fields, 0, id="fields")
+        publish_numbers(conn, q, range(1, 2))
+        # When one pop takes all four (the Python allocations of the consumer traced meanwhile)
+        tracemalloc.start()
+        try:
+            with caplog.at_level(logging.ERROR, logger="celery_pq"):
+                got = consume_batch(conn, q, 2)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        conn.default_channel.leases.flush()
+    # Then the good ones are delivered, both bad ones are dead-lettered as malformed, unchanged,
+    # with the reason in the log; reading them allocated a few MB, not 300
+    assert [b["i"] for b in got] == [0, 1]
+    assert sorted((d.id, d.dead_reason, d.payload) for d in pq.dead.peek(5)) == [
+        ("bomb", "malformed", bomb), ("fields", "malformed", fields)]
+    assert pq.stats()["leased"] == 0 and pq.size() == 0
+    assert peak < 8 << 20, peak
+    assert f"declares {BOMB_BYTES} bytes" in caplog.text and "more than 65536 fields" in caplog.text
 
 
 def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, key_prefix, redis_client):

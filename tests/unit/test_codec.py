@@ -342,3 +342,107 @@ def test_a_delivery_reads_a_base64_body_as_its_bytes():
 def test_a_bytes_body_marked_base64_with_another_encoding_is_kept_as_bytes():
     message = {"body": codec.Base64Body(b"abc"), "properties": {"body_encoding": "utf-8"}}
     assert decode(encode(message)) == {**message, "body": b"abc"}
+
+
+# -- untrusted stored bytes: what a reader allocates is bounded ---------------------------------
+try:
+    from support.bombs import BOMB_BYTES, fields_bomb, lying_bomb, zstd_bomb
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.bombs import BOMB_BYTES, fields_bomb, lying_bomb, zstd_bomb
+
+
+def _blob(data: bytes) -> bytes:
+    out = bytearray()
+    codec._blob(out, data)
+    return bytes(out)
+
+
+def _peak_while(fn) -> tuple[int, Exception | None]:
+    """(the most bytes Python allocated at once while ``fn`` ran, what it raised)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        raised = None
+    except Exception as exc:  # noqa: BLE001 - returned to the test
+        raised = exc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak, raised
+
+
+def test_a_zstd_frame_declaring_300_mb_from_9_kb_is_refused_before_anything_is_inflated():
+    # Given a stored record of 9.6 KB whose zstd frame declares (and holds) 300 MB
+    bomb = zstd_bomb()
+    assert len(bomb) < 10_000
+    # When it is read, Then it is refused with the size it declares, and the reader allocated
+    # under 1 MB on the way (inflating it would take 300 MB)
+    peak, raised = _peak_while(lambda: decode(bomb, raw_body=True))
+    assert isinstance(raised, CodecError) and f"declares {BOMB_BYTES} bytes" in str(raised)
+    assert peak < 1 << 20, peak
+
+
+def test_a_zstd_frame_that_holds_more_than_it_declares_fails_at_the_declared_size():
+    bomb = lying_bomb(declared=1000)
+    peak, raised = _peak_while(lambda: decode(bomb))
+    assert isinstance(raised, CodecError) and "corrupt" in str(raised)
+    assert peak < 1 << 20, peak
+
+
+def test_a_zstd_frame_that_does_not_declare_its_size_is_refused():
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * 1000)
+    with pytest.raises(CodecError, match="does not declare its size"):
+        decode(bytes((codec.VERSION, codec.F_ZSTD)) + frame)
+
+
+def test_a_record_of_too_many_fields_is_refused_with_bounded_memory():
+    # 70,000 fields in 280 KB: as a dict of fields it would be several MB of Python objects
+    assert decode(fields_bomb(3))["a"] is None  # a well-formed record: the field is read
+    bomb = fields_bomb(codec.MAX_VALUES + 1)
+    peak, raised = _peak_while(lambda: decode(bomb))
+    assert isinstance(raised, CodecError) and f"more than {codec.MAX_VALUES} fields" in str(raised)
+    assert peak < 16 << 20, peak
+
+
+@pytest.mark.parametrize("value", [
+    bytes((codec.T_LIST,)) + b"\xff\xff\xff\xff\x0f",  # a list declaring 4 billion items in 7 bytes
+    bytes((codec.T_DICT,)) + b"\xff\xff\x7f",
+    bytes((codec.T_LIST, 2, codec.T_LIST)) + b"\x80\x80\x04" + bytes((codec.T_NONE,)) * 10,
+    bytes((codec.T_JSON,)) + _blob(b"[" + b"0," * 65_536 + b"0]"),  # kombu's JSON of a tuple
+])
+def test_a_record_of_too_many_list_and_dict_items_is_refused_before_they_are_made(value):
+    record = bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + value
+    with pytest.raises(CodecError, match=f"more than {codec.MAX_VALUES} list and dict items"):
+        decode(record)
+
+
+def test_kombu_json_of_too_many_items_and_too_deep_nesting_is_refused():
+    with pytest.raises(CodecError, match="list and dict items"):
+        decode(b'{"headers": [' + b"[]," * 70_000 + b"[]]}")
+    with pytest.raises(CodecError, match="nested too deep"):
+        decode(b'{"headers": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+
+
+def test_lists_nested_too_deep_are_refused():
+    record = bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + bytes((codec.T_LIST, 1)) * 5000
+    with pytest.raises(CodecError, match="nested too deep"):
+        decode(record + bytes((codec.T_NONE,)))
+
+
+def test_the_writer_keeps_to_the_readers_bounds(monkeypatch):
+    # A message of more list items than a reader takes is refused at write: nothing is stored
+    with pytest.raises(CodecError, match=f"cannot be stored.*more than {codec.MAX_VALUES} list and dict items"):
+        encode({"body": "", "headers": {"ids": list(range(codec.MAX_VALUES + 1))}, "properties": {}})
+    ok = {"body": "", "headers": {"ids": list(range(1000))}, "properties": {}}
+    assert decode(encode(ok)) == ok
+    # and a record larger than a reader inflates is stored uncompressed, and reads back
+    monkeypatch.setattr(codec, "MAX_INFLATED", 4096)
+    big = {"body": "0" * 10_000, "headers": {}, "properties": {}}
+    data = encode(big)
+    assert not data[1] & codec.F_ZSTD and decode(data) == big
+    small = {"body": "0" * 3000, "headers": {}, "properties": {}}
+    assert encode(small)[1] & codec.F_ZSTD and decode(encode(small)) == small

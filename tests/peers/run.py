@@ -1,0 +1,94 @@
+"""Run a peer project's own test suite, unchanged, against ``pq://``.
+
+    python -m tests.peers.run kombu [--version 5.7.0] [--cache DIR] [-- PYTEST ARGS]
+
+For a peer (``PEERS``): the source distribution of its installed version (or ``--version``) is
+downloaded once with pip (``pip download --no-binary :all: --no-deps``) into the cache
+(``--cache``, else ``$PQ_PEER_CACHE``, else ``.venv/peers``), unpacked there, and our file of
+subclasses (``tests/peers/<peer>_pq.py``) is run with pytest, the unpacked tree named in
+``PQ_PEER_SOURCE``. Nothing of the peer's is edited. Once cached, no network is needed.
+The tests that cannot pass are listed, each with its reason, in ``expected_failures.txt``.
+
+Exit status: pytest's (non-zero when a test fails, or an expected failure passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from importlib.metadata import version as installed_version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Peer:
+    dist: str  # its distribution on PyPI (and the sdist's name)
+    tests: str  # our file of subclasses, from the repository root
+    needs: tuple[str, ...]  # files of the unpacked source our file imports
+
+
+PEERS = {
+    "kombu": Peer("kombu", "tests/peers/kombu_pq.py", ("t/integration/common.py",)),
+}
+
+
+def sdist(peer: Peer, version: str, cache: Path) -> Path:
+    """The peer's source distribution in ``cache``, downloaded when it is not there yet."""
+    for found in sorted(cache.glob(f"{peer.dist}-{version}.tar.gz")):
+        return found
+    cache.mkdir(parents=True, exist_ok=True)
+    print(f"peer {peer.dist}: downloading the {peer.dist}=={version} source distribution into {cache}", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+                    "--dest", str(cache), f"{peer.dist}=={version}"], check=True)
+    for found in sorted(cache.glob(f"{peer.dist}-{version}.tar.gz")):
+        return found
+    raise SystemExit(f"peer {peer.dist}: pip left no {peer.dist}-{version}.tar.gz in {cache}")
+
+
+def unpacked(peer: Peer, archive: Path) -> Path:
+    """The source tree of ``archive`` (unpacked beside it once)."""
+    tree = archive.parent / archive.name.removesuffix(".tar.gz")
+    done = tree / ".unpacked"
+    if not done.exists():
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4 on: no links or paths out of the tree
+                tar.extractall(archive.parent, filter="data")
+            else:
+                if any(m.name.startswith(("/", "..")) or ".." in Path(m.name).parts or m.islnk() or m.issym()
+                       for m in tar.getmembers()):
+                    raise SystemExit(f"peer {peer.dist}: {archive.name} has a path or link out of its tree")
+                tar.extractall(archive.parent)
+        done.touch()
+    missing = [f for f in peer.needs if not (tree / f).is_file()]
+    if missing:
+        raise SystemExit(f"peer {peer.dist}: {archive.name} has no {', '.join(missing)}")
+    return tree
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="python -m tests.peers.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("peer", choices=sorted(PEERS))
+    parser.add_argument("--version", help="the peer's version (default: the installed one)")
+    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("PQ_PEER_CACHE") or ROOT / ".venv" / "peers"),
+                        help="where source distributions are kept (default: $PQ_PEER_CACHE or .venv/peers)")
+    args = parser.parse_args(argv)
+    peer = PEERS[args.peer]
+    version = args.version or installed_version(peer.dist)
+    tree = unpacked(peer, sdist(peer, version, args.cache.resolve()))
+    print(f"peer {peer.dist} {version}: its own tests from {tree}, against pq://", flush=True)
+    env = {**os.environ, "PQ_PEER_SOURCE": str(tree)}
+    return subprocess.call([sys.executable, "-m", "pytest", peer.tests, "-p", "no:cacheprovider", *extra],
+                           cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Stored records made to exhaust a reader: what anyone who can write to Redis could put in a
+queue. Made without ever holding what they expand to."""
+
+from __future__ import annotations
+
+import functools
+
+import zstandard
+
+from celery_pq import codec
+
+#: A zstd frame of this many zeros compresses to some 9.6 KB.
+BOMB_BYTES = 300 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=None)
+def zstd_bomb(size: int = BOMB_BYTES) -> bytes:
+    """A record in the stored form whose zstd frame declares, and really holds, ``size`` zero
+    bytes (compressed 1 MiB at a time)."""
+    packer = zstandard.ZstdCompressor(level=3).compressobj(size=size)
+    chunk = bytes(1 << 20)
+    parts = [packer.compress(chunk[: min(len(chunk), size - done)]) for done in range(0, size, len(chunk))]
+    parts.append(packer.flush())
+    return bytes((codec.VERSION, codec.F_ZSTD)) + b"".join(parts)
+
+
+def lying_bomb(declared: int = 1000, size: int = BOMB_BYTES) -> bytes:
+    """``zstd_bomb(size)`` whose frame header declares only ``declared`` bytes (its 4-byte size
+    field rewritten)."""
+    record = bytearray(zstd_bomb(size))
+    frame = record[2:]
+    assert zstandard.frame_content_size(bytes(frame)) == size and frame[4] == 0x80  # a 4-byte size at 6..9
+    record[2 + 6: 2 + 10] = declared.to_bytes(4, "little")
+    return bytes(record)
+
+
+def fields_bomb(fields: int) -> bytes:
+    """An uncompressed record of ``fields`` unnamed message fields (4 bytes each)."""
+    one = bytes((codec.S_MESSAGE, 1)) + b"a" + bytes((codec.T_NONE,))
+    return bytes((codec.VERSION, 0)) + one * fields
