@@ -162,6 +162,26 @@ def _cluster_class(cls) -> bool:
 REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.ConnectionError, rex.TimeoutError, OSError)
 
 
+#: Errors of a Redis Cluster whose slot is moving or whose layout is changing, raised by
+#: redis-py (``TryAgainError``, an ``AskError``/``MovedError`` redirect it did not follow,
+#: ``ClusterDownError``, ``ClusterError("TTL exhausted.")`` after its own retries,
+#: ``SlotNotCoveredError``), and the error a script's slot guard gets while its queue's slot
+#: migrates (lua/includes/common.lua): the call wrote nothing, and may be made again once the
+#: slot settles (``unsettled``).
+UNSETTLED = (rex.TryAgainError, rex.AskError, rex.ClusterError, rex.SlotNotCoveredError)
+
+#: How those errors read when they come back as a script's error reply (a plain ResponseError).
+_UNSETTLED_TEXT = ("non local key", "TRYAGAIN", "CLUSTERDOWN", "Multiple keys request during rehashing",
+                   "while the cluster is down")
+
+
+def unsettled(exc: BaseException) -> bool:
+    """Is ``exc`` a cluster's "not now, the slot is moving" (see UNSETTLED)?"""
+    if isinstance(exc, UNSETTLED):
+        return True
+    return isinstance(exc, rex.ResponseError) and any(t in str(exc) for t in _UNSETTLED_TEXT)
+
+
 def node_client(client, key) -> redis.Redis:
     """The plain client of the server that holds ``key``: ``client`` itself on one server, the
     master serving the key's slot (as the cluster client knows it now) on a cluster."""

@@ -37,6 +37,19 @@ that meets a moved slot or a node that went away (``connections.REROUTE``: a fai
 again through redis-py's ``RedisCluster``, which learns the new layout and retries; such a
 call's WAIT is not confirmed (0 replicas): a publish is then retried, stored once by its
 publish id.
+
+While a queue's slot migrates (a resharding: CLUSTER SETSLOT ... MIGRATING/IMPORTING, its keys
+moved one by one, SETSLOT ... NODE) every call on it is refused: the script's slot guard
+(lua/includes/common.lua) stops it before its first write, or Redis or redis-py answers TRYAGAIN,
+ASK, CLUSTERDOWN, "TTL exhausted" (``connections.unsettled``). Such a call wrote nothing; it
+is made again, after a pause that doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX
+seconds, until the slot settles or ``cluster_retry_seconds`` have passed
+(``set_cluster_retry``): then it fails with ``ClusterUnsettled``, a connection error to kombu.
+
+A server that answers READONLY (a master demoted by REPLICAOF: a failover behind a virtual IP
+or a DNS name, or a sentinel's) gets its connection closed and the call fails with a connection
+error, so the next call connects again (to the new master), as redis-py's sentinel connections
+do for its own commands: a script's reply is read below them here.
 """
 
 from __future__ import annotations
@@ -56,12 +69,12 @@ from importlib import resources
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import constants as C
-from .connections import REROUTE, by_node, is_cluster, node_client
-from .errors import ErrorCode
+from .connections import REROUTE, by_node, is_cluster, node_client, unsettled
+from .errors import ClusterUnsettled, ErrorCode
 from .keys import FAIR_SUFFIXES
 
 SCRIPT_NAMES = (
@@ -539,6 +552,39 @@ def _function_missing(exc: Exception) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("Function not found")
 
 
+def _readonly(exc: Exception) -> bool:
+    """Is ``exc`` a READONLY reply (the server is a replica now)?"""
+    return isinstance(exc, ReadOnlyError) or str(exc).startswith("READONLY")
+
+
+def _demoted(conn, exc: Exception) -> RedisConnectionError:
+    """The connection error a READONLY reply becomes (its connection already dropped)."""
+    where = f" at {conn.host}:{conn.port}" if conn is not None and hasattr(conn, "host") else ""
+    return RedisConnectionError(f"the Redis server{where} is a read-only replica now (a failover demoted it): "
+                                f"the connection is closed, the next call connects again ({exc})")
+
+
+#: Counts of this process, for tests and metrics: "rerouted", calls on a cluster that met a moved
+#: or moving slot or a lost node on the node they went to, and went through redis-py's cluster
+#: client (which follows ASK and MOVED and tries TRYAGAIN again for a moment); "refused", tries of
+#: a call refused because its slot was moving, after which the call was made again.
+settling = {"rerouted": 0, "refused": 0}
+
+#: Per Redis Cluster client: seconds a call waits for a moving slot (``set_cluster_retry``);
+#: a client not named here, C.CLUSTER_RETRY_SECONDS.
+_cluster_retry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def set_cluster_retry(cluster, seconds: float) -> None:
+    """How long a script call through ``cluster`` (a ``RedisCluster``) is made again while its
+    queue's slot migrates, before it fails with ``ClusterUnsettled``."""
+    _cluster_retry[cluster] = float(seconds)
+
+
+def _text(key) -> str:
+    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+
+
 class LuaScript:
     """One script: ``script(keys=..., args=..., client=...)`` runs it, as a function of the
     library where the server has functions, else by EVALSHA; ``words(client, keys, args)`` is
@@ -569,13 +615,47 @@ class LuaScript:
         except (RedisConnectionError, RedisTimeoutError, OSError):
             _drop_connection(client, conn)
             return self._by_redis_py(keys, args, client)
+        except ResponseError as exc:
+            if _readonly(exc):
+                _drop_connection(client, conn)
+                raise _demoted(conn, exc) from exc
+            raise
 
     def _by_redis_py(self, keys, args, client):
         """The call through redis-py's ``Script`` (the client's retry policy, a fresh pooled
         connection, a cluster's routing), which may send it more than once: ``resent``."""
-        return self._script(keys=keys, args=resent(args), client=client)
+        try:
+            return self._script(keys=keys, args=resent(args), client=client)
+        except ResponseError as exc:
+            pool = getattr(client, "connection_pool", None)
+            if not _readonly(exc) or pool is None:
+                raise
+            pool.disconnect(inuse_connections=False)  # (its idle connections: to the demoted server)
+            raise _demoted(None, exc) from exc
 
     def _on_cluster(self, keys, args, cluster):
+        """The call on its slot's master (``_once_on_cluster``), made again while the slot
+        moves (``unsettled``: nothing of it was written) for up to ``cluster_retry_seconds``,
+        with ``resent`` arguments (it is the same call), then ``ClusterUnsettled``."""
+        started = pause = None
+        while True:
+            try:
+                return self._once_on_cluster(keys, args, cluster)
+            except Exception as exc:  # noqa: BLE001 - only the unsettled ones are retried
+                if not unsettled(exc):
+                    raise
+                settling["refused"] += 1
+                now = time.monotonic()
+                if started is None:
+                    started, pause = now, C.SETTLE_PAUSE_FIRST
+                bound = _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS)
+                if now - started + pause > bound:
+                    raise ClusterUnsettled(_text(keys[0]), now - started, exc) from exc
+                time.sleep(pause)
+                pause = min(pause * 2, C.SETTLE_PAUSE_MAX)
+                args = resent(args)
+
+    def _once_on_cluster(self, keys, args, cluster):
         """The call on the master of its keys' slot, on this thread's connection to it; after a
         moved slot or a failed node, through ``RedisCluster`` (refreshed layout, retries)."""
         node = node_client(cluster, keys[0])
@@ -585,6 +665,7 @@ class LuaScript:
         except REROUTE as exc:
             if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
                 _drop_connection(node, conn)
+            settling["rerouted"] += 1
             return self._by_redis_py(keys, args, cluster)
 
     def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
@@ -606,6 +687,11 @@ class LuaScript:
                 _drop_connection(client, conn)
                 if attempt == 2:
                     raise
+            except ResponseError as exc:
+                if _readonly(exc):
+                    _drop_connection(client, conn)
+                    raise _demoted(conn, exc) from exc
+                raise
         raise AssertionError("unreachable")
 
     def _run_on(self, conn, pool, keys, args):
@@ -705,10 +791,12 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
             got = run_group(node, [calls[i] for i in idx])
-        except REROUTE as exc:
+        except Exception as exc:  # noqa: BLE001 - only a moved slot or a lost node is run again
+            if not _rerun(exc):
+                raise
             got = [exc] * len(idx)
         for i, reply in zip(idx, got):
-            if isinstance(reply, REROUTE):
+            if _rerun(reply):
                 script, keys, args = calls[i]
                 try:
                     reply = script(keys=keys, args=resent(args), client=cluster)
@@ -716,6 +804,12 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
                     reply = exc
             replies[i] = reply
     return replies
+
+
+def _rerun(reply) -> bool:
+    """Is a call's reply on a cluster node one to run again alone through the cluster client
+    (a moved slot, a lost node, a slot that is moving: nothing of it was written)?"""
+    return isinstance(reply, Exception) and (isinstance(reply, REROUTE) or unsettled(reply))
 
 
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
@@ -732,10 +826,13 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
         def on_node(node, group):
             try:
                 replies, n = run_replicated(node, group, replicas, timeout_ms)
-            except REROUTE:
-                acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
+            except Exception as exc:  # noqa: BLE001
+                if _rerun(exc):
+                    acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
                 raise
             acked[0] = min(acked[0], n)
+            if any(_rerun(r) for r in replies):
+                acked[0] = 0
             return replies
 
         replies = _per_node(client, calls, on_node)
