@@ -54,8 +54,8 @@ def write_refusal(exc: BaseException) -> str | None:
     """Why Redis refuses writes, when ``exc`` says it does; else None."""
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
         code = "OOM"
-    elif isinstance(exc, rex.ReadOnlyError):
-        code = "READONLY"
+    elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
+        code = "READONLY"  # (a script's READONLY reply is a connection error: scripts._demoted)
     elif isinstance(exc, rex.ResponseError):
         code = str(exc).split(" ", 1)[0]
     else:
