@@ -115,3 +115,38 @@ def test_kombu_producer_and_consumer_carry_on_through_a_demoted_master(pair, key
     assert consumer.is_alive() is False
     with redis.Redis(port=a.port) as c:
         assert PriorityQueue(c, "ro", key_prefix=key_prefix).stats()["waiting"] == 0
+
+
+@pytest.mark.e2e
+def test_a_celery_worker_carries_on_through_a_demoted_master(pair, redis_server, key_prefix, tmp_path):
+    from tests.e2e.test_celery_e2e import Harness
+    from tests.e2e.test_celery_e2e import wait_for as wait_until
+
+    a, b = pair
+    # the broker on the pair's master; the tasks' records on the session's server (not demoted)
+    h = Harness(redis_server, key_prefix, tmp_path, {}, acks_late=False)
+    h.url = f"pq://127.0.0.1:{a.port}/0"
+    h.env["PQ_TEST_BROKER"] = h.url
+    h.app.conf.broker_url = h.url
+    h.app.conf.task_publish_retry_policy = {"max_retries": 40, "interval_start": 0.1, "interval_step": 0.2,
+                                            "interval_max": 0.5}
+    try:
+        worker = h.worker("w1")
+        # Given a worker consuming
+        for n in range(20):
+            h.send("e2e.record", n, 0)
+        wait_until(lambda: len(h.records("order")) == 20, 30, "the first 20 tasks")
+        # When its broker is demoted for a while (blocked and pinned connections meet UNBLOCKED and
+        # READONLY), then is the master again
+        _demote(a, b)
+        time.sleep(1.5)
+        _restore(a, b)
+        for n in range(20, 40):
+            h.send("e2e.record", n, 0)
+        # Then the same worker runs the rest: it never exited
+        wait_until(lambda: {n for n, _ in h.records("order")} >= set(range(40)), 60, "the 20 after")
+        log = worker.log_path.read_text(errors="replace")
+        assert worker.poll() is None
+        assert "Unrecoverable error" not in log
+    finally:
+        h.close()
