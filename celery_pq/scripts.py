@@ -44,7 +44,8 @@ moved one by one, SETSLOT ... NODE) every call on it is refused: the script's sl
 ASK, CLUSTERDOWN, "TTL exhausted" (``connections.unsettled``). Such a call wrote nothing; it
 is made again, after a pause that doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX
 seconds, until the slot settles or ``cluster_retry_seconds`` have passed
-(``set_cluster_retry``): then it fails with ``ClusterUnsettled``, a connection error to kombu.
+(``connections.until_settled``): then it fails with ``ClusterUnsettled``, a connection error to
+kombu.
 
 A server that answers READONLY (a master demoted by REPLICAOF: a failover behind a virtual IP
 or a DNS name, or a sentinel's) gets its connection closed and the call fails with a connection
@@ -73,8 +74,8 @@ from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, Res
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import constants as C
-from .connections import REROUTE, by_node, is_cluster, node_client, unsettled
-from .errors import ClusterUnsettled, ErrorCode
+from .connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
+from .errors import ErrorCode
 from .keys import FAIR_SUFFIXES
 
 SCRIPT_NAMES = (
@@ -564,27 +565,6 @@ def _demoted(conn, exc: Exception) -> RedisConnectionError:
                                 f"the connection is closed, the next call connects again ({exc})")
 
 
-#: Counts of this process, for tests and metrics: "rerouted", calls on a cluster that met a moved
-#: or moving slot or a lost node on the node they went to, and went through redis-py's cluster
-#: client (which follows ASK and MOVED and tries TRYAGAIN again for a moment); "refused", tries of
-#: a call refused because its slot was moving, after which the call was made again.
-settling = {"rerouted": 0, "refused": 0}
-
-#: Per Redis Cluster client: seconds a call waits for a moving slot (``set_cluster_retry``);
-#: a client not named here, C.CLUSTER_RETRY_SECONDS.
-_cluster_retry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def set_cluster_retry(cluster, seconds: float) -> None:
-    """How long a script call through ``cluster`` (a ``RedisCluster``) is made again while its
-    queue's slot migrates, before it fails with ``ClusterUnsettled``."""
-    _cluster_retry[cluster] = float(seconds)
-
-
-def _text(key) -> str:
-    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-
-
 class LuaScript:
     """One script: ``script(keys=..., args=..., client=...)`` runs it, as a function of the
     library where the server has functions, else by EVALSHA; ``words(client, keys, args)`` is
@@ -635,25 +615,17 @@ class LuaScript:
 
     def _on_cluster(self, keys, args, cluster):
         """The call on its slot's master (``_once_on_cluster``), made again while the slot
-        moves (``unsettled``: nothing of it was written) for up to ``cluster_retry_seconds``,
-        with ``resent`` arguments (it is the same call), then ``ClusterUnsettled``."""
-        started = pause = None
-        while True:
-            try:
-                return self._once_on_cluster(keys, args, cluster)
-            except Exception as exc:  # noqa: BLE001 - only the unsettled ones are retried
-                if not unsettled(exc):
-                    raise
-                settling["refused"] += 1
-                now = time.monotonic()
-                if started is None:
-                    started, pause = now, C.SETTLE_PAUSE_FIRST
-                bound = _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS)
-                if now - started + pause > bound:
-                    raise ClusterUnsettled(_text(keys[0]), now - started, exc) from exc
-                time.sleep(pause)
-                pause = min(pause * 2, C.SETTLE_PAUSE_MAX)
-                args = resent(args)
+        moves (nothing of it was written) for up to ``cluster_retry_seconds``, with ``resent``
+        arguments (it is the same call), then ``ClusterUnsettled`` (``until_settled``)."""
+        again = None
+
+        def attempt(n):
+            nonlocal again
+            if n and again is None:
+                again = resent(args)
+            return self._once_on_cluster(keys, args if n == 0 else again, cluster)
+
+        return until_settled(cluster, keys[0], attempt)
 
     def _once_on_cluster(self, keys, args, cluster):
         """The call on the master of its keys' slot, on this thread's connection to it; after a

@@ -66,7 +66,7 @@ from .poller import Poller, Waits
 from .queue import PriorityQueue, default_consumer_id
 from .routing import RoutingTables
 from .shards import ShardedQueue, shards_of
-from .scripts import set_cluster_retry, set_spin_wait
+from .scripts import set_spin_wait
 from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
@@ -571,7 +571,7 @@ class Transport(virtual.Transport):
                 make = connections.make_cluster if channel.options.cluster else connections.make_pool
                 self._pool = make(self.client, channel.options, self.tls)
                 if connections.is_cluster(self._pool):
-                    set_cluster_retry(self._pool, channel.options.cluster_retry_seconds)
+                    connections.set_cluster_retry(self._pool, channel.options.cluster_retry_seconds)
                 else:
                     set_spin_wait(self._pool, channel.options.spin_wait_us)
         if connections.is_cluster(self._pool):

@@ -15,8 +15,8 @@ import redis
 
 from celery_pq import PriorityQueue
 from celery_pq.errors import ClusterUnsettled
-from celery_pq import scripts
-from celery_pq.scripts import set_cluster_retry
+from celery_pq import connections
+from celery_pq.connections import set_cluster_retry
 
 pytestmark = pytest.mark.cluster
 
@@ -157,7 +157,7 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
             if not got:
                 time.sleep(0.005)
 
-    met = dict(scripts.settling)
+    met = dict(connections.settling)
     threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
     for th in threads:
         th.start()
@@ -174,7 +174,7 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
         for th in threads:
             th.join(60)
     # Then no call failed, every inserted entry was popped exactly once, nothing is left
-    met = {k: v - met[k] for k, v in scripts.settling.items()}
+    met = {k: v - met[k] for k, v in connections.settling.items()}
     print(f"\nslot moved away and back ({moved} keys): {len(inserted)} inserted, {len(popped)} popped; "
           f"calls that met the slot moving: {met}")
     assert not errors, errors[:3]
