@@ -796,25 +796,34 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
         acked = [replicas]
 
         def on_node(node, group):
+            # (replies in place: only the calls that met a moved or moving slot run again)
             try:
-                replies, n = run_replicated(node, group, replicas, timeout_ms)
+                replies, n = _replicated_in_place(node, group, replicas, timeout_ms)
             except Exception as exc:  # noqa: BLE001
                 if _rerun(exc):
                     acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
                 raise
-            acked[0] = min(acked[0], n)
-            if any(_rerun(r) for r in replies):
-                acked[0] = 0
+            acked[0] = 0 if any(_rerun(r) for r in replies) else min(acked[0], n)
             return replies
 
         replies = _per_node(client, calls, on_node)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies, acked[0]
+        acked = acked[0]
+    else:
+        replies, acked = _replicated_in_place(client, calls, replicas, timeout_ms)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies, acked
+
+
+def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
+    """``run_replicated`` on one server, the calls' error replies in place."""
     if len(calls) == 1 and _own_connection(client) is not None:
         script, keys, args = calls[0]
-        reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
+        try:
+            reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
+        except ResponseError as exc:
+            return [exc], 0
         return [reply], acked
     with client.pipeline(transaction=False) as pipe:
         for script, keys, args in calls:
@@ -831,9 +840,9 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
             if _own_connection(client) is None:  # no connection of our own to WAIT on: not confirmed
                 replies[i], acked = script(keys=keys, args=resent(args), client=client), 0
             else:
-                replies[i], again = script.replicated(keys, resent(args), client, replicas, timeout_ms)
+                try:
+                    replies[i], again = script.replicated(keys, resent(args), client, replicas, timeout_ms)
+                except ResponseError as exc:
+                    replies[i], again = exc, 0
                 acked = min(acked, again)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
     return replies, acked
