@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 import weakref
+from contextlib import contextmanager
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -202,6 +204,22 @@ def set_cluster_retry(cluster, seconds: float) -> None:
     _cluster_retry[cluster] = float(seconds)
 
 
+_patience = threading.local()
+
+
+@contextmanager
+def impatient():
+    """Calls of this thread within the block do not wait for a moving slot: the first refusal
+    raises ``ClusterUnsettled``. For the lease keeper, which tries again on its own timer: one
+    queue's moving slot then holds up neither the renewals of the other queues nor its own
+    renewals behind a sweep or an ack that cannot run until the slot settles."""
+    _patience.bound = 0.0
+    try:
+        yield
+    finally:
+        _patience.bound = None
+
+
 def until_settled(cluster, key, attempt):
     """``attempt(n)`` (n: the tries before it), made again while it fails with an ``unsettled``
     error (it wrote nothing: the slot guard, or Redis refused the call whole), after a pause that
@@ -219,7 +237,10 @@ def until_settled(cluster, key, attempt):
             now = time.monotonic()
             if started is None:
                 started, pause = now, C.SETTLE_PAUSE_FIRST
-            if now - started + pause > _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS):
+            bound = getattr(_patience, "bound", None)
+            if bound is None:
+                bound = _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS)
+            if now - started + pause > bound:
                 name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
                 raise ClusterUnsettled(name, now - started, exc) from exc
             time.sleep(pause)

@@ -120,3 +120,21 @@ def test_cluster_errors_that_reach_kombu_are_connection_errors():
     for cls in (rex.ClusterError, rex.ClusterDownError, rex.TryAgainError, rex.AskError, rex.MovedError,
                 rex.ReadOnlyError, ClusterUnsettled):
         assert issubclass(cls, Transport.connection_errors), cls
+
+
+def test_an_impatient_thread_does_not_wait():
+    # the lease keeper's calls: the keeper tries again on its own timer
+    tries = []
+
+    def attempt(n):
+        tries.append(n)
+        raise rex.TryAgainError("Multiple keys request during rehashing of slot")
+
+    with cn.impatient():
+        with pytest.raises(ClusterUnsettled):
+            cn.until_settled(Cluster(), "k", attempt)
+    assert tries == [0]
+    cn.set_cluster_retry(cluster := Cluster(), 0.05)
+    with pytest.raises(ClusterUnsettled):
+        cn.until_settled(cluster, "k", attempt)  # (outside the block: waits again)
+    assert len(tries) > 2
