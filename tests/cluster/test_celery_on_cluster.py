@@ -176,13 +176,15 @@ def test_a_slot_migration_away_and_back_under_a_prefork_worker_and_a_producer(on
     # Given a task running, and a producer publishing with Celery's publish retry
     h.to(queue, "e2e.sleep", 6, "long")
     wait_for(lambda: h.records("start"), 20, "the long task to start")
-    moved = []
+    moved, took = [], []
     with live_producer(h, [queue]) as (confirmed, errors):
-        # When the queue's slot moves to another master key by key (a pause after each key, so
-        # that calls meet it half moved), then back
-        moved.append(h.cluster.move_slot(slot, away, pause=0.1))
-        time.sleep(0.5)
-        moved.append(h.cluster.move_slot(slot, home, pause=0.1))
+        # When the queue's slot moves to another master key by key, half a second after each key
+        # (calls meet it half moved; each move lasts longer than a lease), then back
+        for to in (away, home):
+            started = time.monotonic()
+            moved.append(h.cluster.move_slot(slot, to, pause=0.5))
+            took.append(round(time.monotonic() - started, 1))
+            time.sleep(0.5)
     # Then every publish that returned ran, none is left waiting, the worker never stopped
     wait_for(lambda: set(confirmed) <= {n for n, _ in h.records("order")}, 60, "every confirmed task to run")
     wait_for(lambda: h.records("done"), 30, "the long task to end")
@@ -190,11 +192,12 @@ def test_a_slot_migration_away_and_back_under_a_prefork_worker_and_a_producer(on
              "the queue to empty")
     ran = [n for n, _ in h.records("order")]
     log = worker.log_path.read_text(errors="replace")
-    print(f"\nslot moved away and back ({moved} keys) under a prefork worker: {len(confirmed)} publishes "
+    print(f"\nslot moved away and back ({moved} keys, {took} s) under a prefork worker: {len(confirmed)} publishes "
           f"confirmed, {len(errors)} refused, {len(ran) - len(set(ran))} ran twice; long task started "
           f"{len(h.records('start'))} time(s)")
     assert min(moved) >= 5
     assert errors == []
     assert worker.poll() is None
     assert "Unrecoverable error" not in log
-    assert len(h.records("start")) == 1  # the running task's lease was renewed through both moves
+    assert len(h.records("start")) == 1  # the running task's lease held through a move longer than a lease
+    assert max(took) > 4
