@@ -174,16 +174,21 @@ REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.Connection
 #: slot settles (``unsettled``).
 UNSETTLED = (rex.TryAgainError, rex.AskError, rex.ClusterError, rex.SlotNotCoveredError)
 
-#: How those errors read when they come back as a script's error reply (a plain ResponseError).
-_UNSETTLED_TEXT = ("non local key", "TRYAGAIN", "CLUSTERDOWN", "Multiple keys request during rehashing",
-                   "while the cluster is down")
+#: How those errors begin when they come back as a script's error reply (a plain ResponseError):
+#: Redis's refusal of a command a script ran (an ASK or TRYAGAIN inside it), and the replies.
+_UNSETTLED_TEXT = ("Script attempted to access a non local key", "Script attempted to execute a command while "
+                   "the cluster is down", "Script attempted to execute a write command while the cluster is down",
+                   "TRYAGAIN", "CLUSTERDOWN", "Multiple keys request during rehashing")
 
 
 def unsettled(exc: BaseException) -> bool:
     """Is ``exc`` a cluster's "not now, the slot is moving" (see UNSETTLED)?"""
     if isinstance(exc, UNSETTLED):
         return True
-    return isinstance(exc, rex.ResponseError) and any(t in str(exc) for t in _UNSETTLED_TEXT)
+    if not isinstance(exc, rex.ResponseError):
+        return False
+    text = str(exc)
+    return text.removeprefix("ERR ").startswith(_UNSETTLED_TEXT)
 
 
 #: Counts of this process, for tests and metrics: "rerouted", script calls on a cluster that met
@@ -271,7 +276,8 @@ class NodePipeline:
     ``key`` (with TIME, or in MULTI, which a cluster client's own pipeline refuses). On a
     cluster, a pipeline that met a moved slot or a failed node is sent once more after the
     layout is read again, so a long-lived reader (the metrics exporter, ``stats --watch``)
-    follows a failover; one that meets its slot moving waits for it (``until_settled``). Used as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
+    follows a failover; one that meets its slot moving waits for it (``until_settled``). Used
+    as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
 
     def __init__(self, client, key: str, transaction: bool = False):
         self.client, self.key, self.transaction = client, key, transaction

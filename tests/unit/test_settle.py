@@ -34,6 +34,7 @@ NON_LOCAL = ("Script attempted to access a non local key in a cluster node scrip
     rex.SlotNotCoveredError("Slot 5258 is not covered by the cluster."),
     rex.ResponseError(NON_LOCAL),
     rex.ResponseError("Script attempted to execute a command while the cluster is down"),
+    rex.ResponseError("ERR " + NON_LOCAL),
 ])
 def test_the_errors_of_a_moving_slot_are_unsettled(exc):
     assert cn.unsettled(exc)
@@ -42,6 +43,7 @@ def test_the_errors_of_a_moving_slot_are_unsettled(exc):
 @pytest.mark.parametrize("exc", [
     rex.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
     rex.ResponseError("MODE_MISMATCH pq:{q}:ii 0-hT 1PhT"),
+    rex.ResponseError("MODE_MISMATCH pq:{TRYAGAIN non local key}:ii 0-hT 1PhT"),  # (a queue's name is no cause)
     rex.ConnectionError("Connection refused"),
     ValueError("x"),
 ])
