@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from .errors import (ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch, NotReplicated,
-                     NotWaiting, PQError, QueueFull)
+from .errors import (ClusterUnsettled, ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch,
+                     NotReplicated, NotWaiting, PQError, QueueFull)
 from .queue import Entry, Lease, PriorityQueue
 from .shards import ShardedQueue
 
@@ -35,6 +35,7 @@ def remove(app, queue: str, task_id: str) -> int:
 
 
 __all__ = [
+    "ClusterUnsettled",
     "ConfigError",
     "Entry",
     "EntryNotFound",

@@ -29,6 +29,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
+import time
+import weakref
+from contextlib import contextmanager
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -38,7 +42,7 @@ from redis.cluster import ClusterNode
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from . import constants as C
-from .errors import ConfigError
+from .errors import ClusterUnsettled, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +166,93 @@ def _cluster_class(cls) -> bool:
 REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.ConnectionError, rex.TimeoutError, OSError)
 
 
+#: Errors of a Redis Cluster whose slot is moving or whose layout is changing, raised by
+#: redis-py (``TryAgainError``, an ``AskError``/``MovedError`` redirect it did not follow,
+#: ``ClusterDownError``, ``ClusterError("TTL exhausted.")`` after its own retries,
+#: ``SlotNotCoveredError``), and the error a script's slot guard gets while its queue's slot
+#: migrates (lua/includes/common.lua): the call wrote nothing, and may be made again once the
+#: slot settles (``unsettled``).
+UNSETTLED = (rex.TryAgainError, rex.AskError, rex.ClusterError, rex.SlotNotCoveredError)
+
+#: How those errors begin when they come back as a script's error reply (a plain ResponseError):
+#: Redis's refusal of a command a script ran (an ASK or TRYAGAIN inside it), and the replies.
+_UNSETTLED_TEXT = ("Script attempted to access a non local key", "Script attempted to execute a command while "
+                   "the cluster is down", "Script attempted to execute a write command while the cluster is down",
+                   "TRYAGAIN", "CLUSTERDOWN", "Multiple keys request during rehashing")
+
+
+def unsettled(exc: BaseException) -> bool:
+    """Is ``exc`` a cluster's "not now, the slot is moving" (see UNSETTLED)?"""
+    if isinstance(exc, UNSETTLED):
+        return True
+    if not isinstance(exc, rex.ResponseError):
+        return False
+    text = str(exc)
+    return text.removeprefix("ERR ").startswith(_UNSETTLED_TEXT)
+
+
+#: Counts of this process, for tests and metrics: "rerouted", script calls on a cluster that met
+#: a moved or moving slot or a lost node on the node they went to, and went through redis-py's
+#: cluster client (which follows ASK and MOVED, and tries TRYAGAIN again for a moment);
+#: "refused", tries of a call refused because its slot was moving, after which it was made again.
+settling = {"rerouted": 0, "refused": 0}
+
+#: Per Redis Cluster client: seconds a call waits for a moving slot (``set_cluster_retry``); a
+#: client not named here, C.CLUSTER_RETRY_SECONDS.
+_cluster_retry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def set_cluster_retry(cluster, seconds: float) -> None:
+    """How long a call through ``cluster`` (a ``RedisCluster``) is made again while its queue's
+    slot migrates, before it fails with ``ClusterUnsettled`` (the transport option
+    ``cluster_retry_seconds``)."""
+    _cluster_retry[cluster] = float(seconds)
+
+
+_patience = threading.local()
+
+
+@contextmanager
+def impatient():
+    """Calls of this thread within the block do not wait for a moving slot: the first refusal
+    raises ``ClusterUnsettled``. For the lease keeper, which tries again on its own timer: one
+    queue's moving slot then holds up neither the renewals of the other queues nor its own
+    renewals behind a sweep or an ack that cannot run until the slot settles."""
+    _patience.bound = 0.0
+    try:
+        yield
+    finally:
+        _patience.bound = None
+
+
+def until_settled(cluster, key, attempt):
+    """``attempt(n)`` (n: the tries before it), made again while it fails with an ``unsettled``
+    error (it wrote nothing: the slot guard, or Redis refused the call whole), after a pause that
+    doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX seconds, for at most
+    ``cluster_retry_seconds``; then ``ClusterUnsettled`` naming ``key``. Its reply otherwise."""
+    started = pause = None
+    n = 0
+    while True:
+        try:
+            return attempt(n)
+        except Exception as exc:  # noqa: BLE001 - only the unsettled ones are made again
+            if not unsettled(exc):
+                raise
+            settling["refused"] += 1
+            now = time.monotonic()
+            if started is None:
+                started, pause = now, C.SETTLE_PAUSE_FIRST
+            bound = getattr(_patience, "bound", None)
+            if bound is None:
+                bound = _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS)
+            if now - started + pause > bound:
+                name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+                raise ClusterUnsettled(name, now - started, exc) from exc
+            time.sleep(pause)
+            pause = min(pause * 2, C.SETTLE_PAUSE_MAX)
+            n += 1
+
+
 def node_client(client, key) -> redis.Redis:
     """The plain client of the server that holds ``key``: ``client`` itself on one server, the
     master serving the key's slot (as the cluster client knows it now) on a cluster."""
@@ -185,7 +276,8 @@ class NodePipeline:
     ``key`` (with TIME, or in MULTI, which a cluster client's own pipeline refuses). On a
     cluster, a pipeline that met a moved slot or a failed node is sent once more after the
     layout is read again, so a long-lived reader (the metrics exporter, ``stats --watch``)
-    follows a failover. Used as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
+    follows a failover; one that meets its slot moving waits for it (``until_settled``). Used
+    as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
 
     def __init__(self, client, key: str, transaction: bool = False):
         self.client, self.key, self.transaction = client, key, transaction
@@ -204,6 +296,11 @@ class NodePipeline:
         return queued
 
     def execute(self) -> list:
+        if is_cluster(self.client):
+            return until_settled(self.client, self.key, lambda n: self._execute())
+        return self._execute()
+
+    def _execute(self) -> list:
         for attempt in (1, 2):
             with node_client(self.client, self.key).pipeline(transaction=self.transaction) as pipe:
                 for name, args, kwargs in self.calls:

@@ -104,3 +104,14 @@ REDIS_PORT = 6379
 #: Seconds to wait for a sentinel's answer (connect and read) before asking the next one, when
 #: sentinel_kwargs does not say: one that hangs must not hold up finding the master.
 SENTINEL_SOCKET_TIMEOUT = 1.0
+
+#: Seconds a script call on a Redis Cluster waits, trying again, while its queue's slot migrates
+#: (a resharding moves the slot's keys one by one; every call on it is refused meanwhile:
+#: TRYAGAIN, ASK, CLUSTERDOWN, the script's slot guard) before it fails as a connection error
+#: (the transport option cluster_retry_seconds). A slot of a few queues moves in well under a
+#: second; one holding a large queue (a hash of a million entries) in a few seconds, and a
+#: master's failover takes about twice cluster-node-timeout: 60 s covers them with room to spare.
+CLUSTER_RETRY_SECONDS = 60.0
+#: Seconds before the first try again, doubled on each refusal up to SETTLE_PAUSE_MAX.
+SETTLE_PAUSE_FIRST = 0.01
+SETTLE_PAUSE_MAX = 0.5

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 
 class ErrorCode(IntEnum):
     """Negative integers returned by the Lua scripts (each script's header lists its own)."""
@@ -151,3 +153,18 @@ def raise_for(code: int, queue: str, **context) -> None:
     exc = error_for(code, queue, **context)
     if exc is not None:
         raise exc
+
+
+class ClusterUnsettled(PQError, RedisConnectionError):
+    """A call on a Redis Cluster still refused after ``cluster_retry_seconds`` because its
+    queue's hash slot is moving (a resharding, TRYAGAIN/ASK) or the cluster is down
+    (CLUSTERDOWN). Nothing of the call was written (the scripts' slot guard). A connection error
+    to kombu and Celery: a worker reconnects and carries on, a publish is retried by its retry
+    policy (with its publish id: stored once)."""
+
+    def __init__(self, key: str, waited: float, last: BaseException):
+        self.key = key
+        self.waited = waited
+        self.last = last
+        super().__init__(f"Redis Cluster: the slot of {key!r} did not settle within {waited:.1f}s "
+                         f"(a resharding or failover still under way; cluster_retry_seconds): {last}")

@@ -7,7 +7,9 @@ killed process's leases run out. Sweeping is throttled in Redis (a guard key per
 however many consumers run, each queue is swept about once per ``sweep_interval``.
 
 A failed renewal is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX, not after
-a whole ``renew_interval``. A Redis that refuses writes (OOM under ``noeviction``, a read-only
+a whole ``renew_interval``. On a Redis Cluster, a call of the keeper that meets its queue's slot
+moving (a resharding) fails at once instead of waiting for it (``connections.impatient``), so
+that the renewals of every queue go on meanwhile; it is tried again on this timer. A Redis that refuses writes (OOM under ``noeviction``, a read-only
 replica, MISCONF) is logged as an error naming the cause, at most every REPORT_EVERY seconds;
 other failures as warnings, as often. It touches nothing but lease books (``leasebook.py``):
 those of its connection's channels, and those retired after a connection error
@@ -21,6 +23,8 @@ import threading
 from time import monotonic
 
 from redis import exceptions as rex
+
+from .connections import impatient
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +58,8 @@ def write_refusal(exc: BaseException) -> str | None:
     """Why Redis refuses writes, when ``exc`` says it does; else None."""
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
         code = "OOM"
-    elif isinstance(exc, rex.ReadOnlyError):
-        code = "READONLY"
+    elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
+        code = "READONLY"  # (a script's READONLY reply is a connection error: scripts._demoted)
     elif isinstance(exc, rex.ResponseError):
         code = str(exc).split(" ", 1)[0]
     else:
@@ -105,9 +109,13 @@ class LeaseKeeper(threading.Thread):
             self._stopped.wait(wait)
 
     def _attempt(self, what, fn, *args) -> bool:
-        """Run one task of the keeper; report a failure (keep going through Redis restarts)."""
+        """Run one task of the keeper; report a failure (keep going through Redis restarts). A
+        call that meets its queue's Redis Cluster slot moving fails at once (``impatient``) and
+        is tried again on the keeper's own timer (acks stay waiting in their book, their leases
+        renewed)."""
         try:
-            fn(*args)
+            with impatient():
+                fn(*args)
             return True
         except Exception as exc:  # noqa: BLE001
             self._report(what, exc)

@@ -209,6 +209,10 @@ class Options:
                                     "queue's event-log stream (docs/events.md)")
     cluster: bool = _option(False, _flag, "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
                             "each queue lives on the master of its hash tag (docs/cluster.md)")
+    cluster_retry_seconds: float = _option(C.CLUSTER_RETRY_SECONDS, _seconds,
+                                           "Redis Cluster: seconds a call waits, trying again, while its queue's "
+                                           "slot migrates (a resharding) or the cluster is down, before it fails "
+                                           "as a connection error (docs/cluster.md)")
     master_name: str | None = _option(None, _master_name_or_none,
                                       "Redis Sentinel: the name of the monitored master; when set, every host "
                                       "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel")

@@ -33,7 +33,7 @@ from .checks import count as _count
 from .checks import number as _number
 from .checks import seconds as _seconds
 from .checks import text as _text
-from .connections import NodePipeline
+from .connections import NodePipeline, is_cluster
 from .costs import explain
 from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
 from .ids import decode_id, encode_id, unique_bytes
@@ -307,9 +307,11 @@ class PriorityQueue:
         self._pop_calls: dict[tuple, tuple] = {}  # pop arguments -> (script, keys, lease_ms, lo, hi), checked
         self._mode = join_mode(self.fair, fair_scope, priority_order, technique)
         max_dead = max_dead_length or max_length or 0
-        #: The queue context every script but extend takes first (see lua/includes/common.lua).
-        self._ctx = (f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}"
-                     f"|{self.event_log}")
+        #: The queue context every script but extend takes first (see lua/includes/common.lua);
+        #: on a Redis Cluster it starts with "~", the slot guard: a call made while the queue's
+        #: slot migrates stops before it writes anything, and is made again (scripts.py).
+        self._ctx = ("~" if is_cluster(client) else "") + (
+            f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}|{self.event_log}")
 
     @classmethod
     def open(cls, client: redis.Redis, name: str, *, key_prefix: str = C.KEY_PREFIX, **settings) -> "PriorityQueue":

@@ -37,6 +37,20 @@ that meets a moved slot or a node that went away (``connections.REROUTE``: a fai
 again through redis-py's ``RedisCluster``, which learns the new layout and retries; such a
 call's WAIT is not confirmed (0 replicas): a publish is then retried, stored once by its
 publish id.
+
+While a queue's slot migrates (a resharding: CLUSTER SETSLOT ... MIGRATING/IMPORTING, its keys
+moved one by one, SETSLOT ... NODE) every call on it is refused: the script's slot guard
+(lua/includes/common.lua) stops it before its first write, or Redis or redis-py answers TRYAGAIN,
+ASK, CLUSTERDOWN, "TTL exhausted" (``connections.unsettled``). Such a call wrote nothing; it
+is made again, after a pause that doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX
+seconds, until the slot settles or ``cluster_retry_seconds`` have passed
+(``connections.until_settled``): then it fails with ``ClusterUnsettled``, a connection error to
+kombu.
+
+A server that answers READONLY (a master demoted by REPLICAOF: a failover behind a virtual IP
+or a DNS name, or a sentinel's) gets its connection closed and the call fails with a connection
+error, so the next call connects again (to the new master), as redis-py's sentinel connections
+do for its own commands: a script's reply is read below them here.
 """
 
 from __future__ import annotations
@@ -56,11 +70,11 @@ from importlib import resources
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import constants as C
-from .connections import REROUTE, by_node, is_cluster, node_client
+from .connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .errors import ErrorCode
 from .keys import FAIR_SUFFIXES
 
@@ -539,6 +553,18 @@ def _function_missing(exc: Exception) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("Function not found")
 
 
+def _readonly(exc: Exception) -> bool:
+    """Is ``exc`` a READONLY reply (the server is a replica now)?"""
+    return isinstance(exc, ReadOnlyError) or str(exc).startswith("READONLY")
+
+
+def _demoted(conn, exc: Exception) -> RedisConnectionError:
+    """The connection error a READONLY reply becomes (its connection already dropped)."""
+    where = f" at {conn.host}:{conn.port}" if conn is not None and hasattr(conn, "host") else ""
+    return RedisConnectionError(f"the Redis server{where} is a read-only replica now (a failover demoted it): "
+                                f"the connection is closed, the next call connects again ({exc})")
+
+
 class LuaScript:
     """One script: ``script(keys=..., args=..., client=...)`` runs it, as a function of the
     library where the server has functions, else by EVALSHA; ``words(client, keys, args)`` is
@@ -569,13 +595,39 @@ class LuaScript:
         except (RedisConnectionError, RedisTimeoutError, OSError):
             _drop_connection(client, conn)
             return self._by_redis_py(keys, args, client)
+        except ResponseError as exc:
+            if _readonly(exc):
+                _drop_connection(client, conn)
+                raise _demoted(conn, exc) from exc
+            raise
 
     def _by_redis_py(self, keys, args, client):
         """The call through redis-py's ``Script`` (the client's retry policy, a fresh pooled
         connection, a cluster's routing), which may send it more than once: ``resent``."""
-        return self._script(keys=keys, args=resent(args), client=client)
+        try:
+            return self._script(keys=keys, args=resent(args), client=client)
+        except ResponseError as exc:
+            pool = getattr(client, "connection_pool", None)
+            if not _readonly(exc) or pool is None:
+                raise
+            pool.disconnect(inuse_connections=False)  # (its idle connections: to the demoted server)
+            raise _demoted(None, exc) from exc
 
     def _on_cluster(self, keys, args, cluster):
+        """The call on its slot's master (``_once_on_cluster``), made again while the slot
+        moves (nothing of it was written) for up to ``cluster_retry_seconds``, with ``resent``
+        arguments (it is the same call), then ``ClusterUnsettled`` (``until_settled``)."""
+        again = None
+
+        def attempt(n):
+            nonlocal again
+            if n and again is None:
+                again = resent(args)
+            return self._once_on_cluster(keys, args if n == 0 else again, cluster)
+
+        return until_settled(cluster, keys[0], attempt)
+
+    def _once_on_cluster(self, keys, args, cluster):
         """The call on the master of its keys' slot, on this thread's connection to it; after a
         moved slot or a failed node, through ``RedisCluster`` (refreshed layout, retries)."""
         node = node_client(cluster, keys[0])
@@ -585,6 +637,7 @@ class LuaScript:
         except REROUTE as exc:
             if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
                 _drop_connection(node, conn)
+            settling["rerouted"] += 1
             return self._by_redis_py(keys, args, cluster)
 
     def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
@@ -606,6 +659,11 @@ class LuaScript:
                 _drop_connection(client, conn)
                 if attempt == 2:
                     raise
+            except ResponseError as exc:
+                if _readonly(exc):
+                    _drop_connection(client, conn)
+                    raise _demoted(conn, exc) from exc
+                raise
         raise AssertionError("unreachable")
 
     def _run_on(self, conn, pool, keys, args):
@@ -705,10 +763,12 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
             got = run_group(node, [calls[i] for i in idx])
-        except REROUTE as exc:
+        except Exception as exc:  # noqa: BLE001 - only a moved slot or a lost node is run again
+            if not _rerun(exc):
+                raise
             got = [exc] * len(idx)
         for i, reply in zip(idx, got):
-            if isinstance(reply, REROUTE):
+            if _rerun(reply):
                 script, keys, args = calls[i]
                 try:
                     reply = script(keys=keys, args=resent(args), client=cluster)
@@ -716,6 +776,12 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
                     reply = exc
             replies[i] = reply
     return replies
+
+
+def _rerun(reply) -> bool:
+    """Is a call's reply on a cluster node one to run again alone through the cluster client
+    (a moved slot, a lost node, a slot that is moving: nothing of it was written)?"""
+    return isinstance(reply, Exception) and (isinstance(reply, REROUTE) or unsettled(reply))
 
 
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
@@ -730,22 +796,34 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
         acked = [replicas]
 
         def on_node(node, group):
+            # (replies in place: only the calls that met a moved or moving slot run again)
             try:
-                replies, n = run_replicated(node, group, replicas, timeout_ms)
-            except REROUTE:
-                acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
+                replies, n = _replicated_in_place(node, group, replicas, timeout_ms)
+            except Exception as exc:  # noqa: BLE001
+                if _rerun(exc):
+                    acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
                 raise
-            acked[0] = min(acked[0], n)
+            acked[0] = 0 if any(_rerun(r) for r in replies) else min(acked[0], n)
             return replies
 
         replies = _per_node(client, calls, on_node)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies, acked[0]
+        acked = acked[0]
+    else:
+        replies, acked = _replicated_in_place(client, calls, replicas, timeout_ms)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies, acked
+
+
+def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
+    """``run_replicated`` on one server, the calls' error replies in place."""
     if len(calls) == 1 and _own_connection(client) is not None:
         script, keys, args = calls[0]
-        reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
+        try:
+            reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
+        except ResponseError as exc:
+            return [exc], 0
         return [reply], acked
     with client.pipeline(transaction=False) as pipe:
         for script, keys, args in calls:
@@ -762,9 +840,9 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
             if _own_connection(client) is None:  # no connection of our own to WAIT on: not confirmed
                 replies[i], acked = script(keys=keys, args=resent(args), client=client), 0
             else:
-                replies[i], again = script.replicated(keys, resent(args), client, replicas, timeout_ms)
+                try:
+                    replies[i], again = script.replicated(keys, resent(args), client, replicas, timeout_ms)
+                except ResponseError as exc:
+                    replies[i], again = exc, 0
                 acked = min(acked, again)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
     return replies, acked

@@ -572,6 +572,62 @@ class RedisCluster:
                 i += 1
         return list(found.values())
 
+    def slot_of(self, key) -> int:
+        with self.seed.client() as c:
+            return int(c.execute_command("CLUSTER", "KEYSLOT", key))
+
+    def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0, on_key=None) -> int:
+        """Move hash ``slot`` to master ``to`` the way ``redis-cli --cluster reshard`` does:
+        ``CLUSTER SETSLOT slot IMPORTING`` at ``to``, ``MIGRATING`` at the master serving it now,
+        every key of the slot moved by its own ``MIGRATE`` (``pause`` seconds after each, so that
+        calls meet the slot half moved; ``on_key(n)`` called after the n-th), then ``SETSLOT slot
+        NODE`` on every master, and until every node says ``to`` serves it. Returns how many
+        keys were moved (0, nothing done, when ``to`` serves the slot already)."""
+        source = self._owner_of_slot(slot)
+        if source.port == to.port:
+            return 0
+        sid, tid = source.node_id(), to.node_id()
+        moved = 0
+        with source.client(decode_responses=True) as s, to.client(decode_responses=True) as t:
+            t.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", sid)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", tid)
+            while True:
+                keys = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)
+                for key in keys:
+                    s.execute_command("MIGRATE", HOST, to.port, "", 0, 10_000, "KEYS", key)
+                    moved += 1
+                    if on_key is not None:
+                        on_key(moved)
+                    if pause:
+                        time.sleep(pause)
+                if keys:
+                    continue
+                t.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+                try:
+                    s.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+                except redis.ResponseError as exc:  # a key written at the source meanwhile: move it too
+                    if "still hold keys" not in str(exc):
+                        raise
+                    continue
+                break
+        for m in self.masters():
+            if m.port not in (source.port, to.port):
+                with m.client() as c:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+        deadline = time.monotonic() + self.ready_timeout
+        while not all(self._owner_of_slot(slot, n).port == to.port for n in self.nodes if n.running):
+            if time.monotonic() > deadline:
+                raise RedisServerError(f"the nodes did not agree that {to!r} serves slot {slot}")
+            time.sleep(0.05)
+        return moved
+
+    def _owner_of_slot(self, slot: int, asked: ClusterNode | None = None) -> ClusterNode:
+        with (asked or self.seed).client(decode_responses=True) as c:
+            for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return self._by_port(master[1])
+        raise RedisServerError(f"no node serves slot {slot}")
+
     def kill_master(self, master: ClusterNode, timeout: float | None = None) -> ClusterNode:
         """SIGKILL ``master`` (a crash) and wait until one of its replicas is a master serving
         its slots and the cluster is ok again; that replica."""

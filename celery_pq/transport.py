@@ -521,6 +521,14 @@ class Transport(virtual.Transport):
         rex.BusyLoadingError,
         rex.AuthenticationError,
         NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
+        # A Redis Cluster whose slot is moving or whose layout changes (a resharding, a failover):
+        # the calls of this transport wait that out first (cluster_retry_seconds, ClusterUnsettled,
+        # itself a ConnectionError); any of these that still reach kombu is one too, never fatal.
+        rex.ClusterError,
+        rex.TryAgainError,
+        rex.AskError,
+        rex.SlotNotCoveredError,
+        rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
         ConnectionError,
         socket.error,
         OSError,
@@ -565,7 +573,9 @@ class Transport(virtual.Transport):
                 self.db = connections.broker_db(self.client)
                 make = connections.make_cluster if channel.options.cluster else connections.make_pool
                 self._pool = make(self.client, channel.options, self.tls)
-                if not connections.is_cluster(self._pool):
+                if connections.is_cluster(self._pool):
+                    connections.set_cluster_retry(self._pool, channel.options.cluster_retry_seconds)
+                else:
                     set_spin_wait(self._pool, channel.options.spin_wait_us)
         if connections.is_cluster(self._pool):
             return self._pool

@@ -163,3 +163,41 @@ def test_a_master_failover_under_a_worker_and_producers(on_cluster, spread, heal
           f"{len(ran) - len(set(ran))} tasks ran twice; the long task started {starts} time(s)")
     assert h.workers[0].poll() is None
     assert starts == 1  # the running task's lease held through the failover: not delivered again
+
+
+def test_a_slot_migration_away_and_back_under_a_prefork_worker_and_a_producer(on_cluster, spread):
+    # leases shorter than the long task: it runs once only if its lease is renewed while its slot moves
+    h = on_cluster({"lease_seconds": 4, "sweep_interval": 0.5}, acks_late=True)
+    queue = spread[0]
+    slot = h.cluster.slot_of(h.queue(queue).keys.ii)
+    home = h.cluster.master_of(h.queue(queue).keys.ii)
+    away = next(m for m in h.cluster.masters() if m.port != home.port)
+    worker = h.worker("w1", "-Q", queue, "-P", "prefork", "-c", "2")
+    # Given a task running, and a producer publishing with Celery's publish retry
+    h.to(queue, "e2e.sleep", 6, "long")
+    wait_for(lambda: h.records("start"), 20, "the long task to start")
+    moved, took = [], []
+    with live_producer(h, [queue]) as (confirmed, errors):
+        # When the queue's slot moves to another master key by key, half a second after each key
+        # (calls meet it half moved; each move lasts longer than a lease), then back
+        for to in (away, home):
+            started = time.monotonic()
+            moved.append(h.cluster.move_slot(slot, to, pause=0.5))
+            took.append(round(time.monotonic() - started, 1))
+            time.sleep(0.5)
+    # Then every publish that returned ran, none is left waiting, the worker never stopped
+    wait_for(lambda: set(confirmed) <= {n for n, _ in h.records("order")}, 60, "every confirmed task to run")
+    wait_for(lambda: h.records("done"), 30, "the long task to end")
+    wait_for(lambda: h.queue(queue).stats()["waiting"] == 0 and h.queue(queue).stats()["leased"] == 0, 30,
+             "the queue to empty")
+    ran = [n for n, _ in h.records("order")]
+    log = worker.log_path.read_text(errors="replace")
+    print(f"\nslot moved away and back ({moved} keys, {took} s) under a prefork worker: {len(confirmed)} publishes "
+          f"confirmed, {len(errors)} refused, {len(ran) - len(set(ran))} ran twice; long task started "
+          f"{len(h.records('start'))} time(s)")
+    assert min(moved) >= 5
+    assert errors == []
+    assert worker.poll() is None
+    assert "Unrecoverable error" not in log
+    assert len(h.records("start")) == 1  # the running task's lease held through a move longer than a lease
+    assert max(took) > 4

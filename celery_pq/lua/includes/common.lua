@@ -17,6 +17,7 @@
 -- rate|event_log", where
 -- mode is four letters: fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l",
 -- technique "T"/"S", and event_log is the caller's event-log cap (0: the caller has none).
+-- On a Redis Cluster the context starts with "~": the slot guard (take_context) runs first.
 -- The mode record md holds the four letters and then the queue's switches: "p" when the queue
 -- is paused, "e<cap>" when its event log is on (see mode_error; records.py).
 -- A few keys of the queue are derived from the name of KEYS[1] (same stem, same hash tag, so
@@ -54,17 +55,25 @@ local function remember(kind, text, value)
 end
 
 -- Take the queue context off ARGV (see the header above); the stem of KEYS[1] names the
--- derived keys.
+-- derived keys. Then, on a Redis Cluster (a context starting with "~"), the slot guard: one
+-- read of two keys of the queue's slot that never exist. On a stable slot that is one EXISTS;
+-- while the slot migrates Redis refuses it (ASK at the source, which no longer holds every key;
+-- TRYAGAIN at the importing target, for a command of several keys not all there), and the
+-- script stops with an error before its first write. The keys a script derives (md, pd, ct,
+-- ...) are not in KEYS, so without the guard a call could write some keys and then fail on one
+-- that had already moved. The caller waits and calls again (scripts.py).
 local function take_context()
   local c = table.remove(ARGV)
   local p = PARSED.contexts[c]
   if not p then
-    local mode, max_dead, dedupe, rate, ev = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)$')
+    local guard = string.byte(c, 1) == 126 -- "~"
+    local t = guard and string.sub(c, 2) or c
+    local mode, max_dead, dedupe, rate, ev = string.match(t, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)$')
     if not mode then
-      mode, max_dead, dedupe, rate = string.match(c, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
+      mode, max_dead, dedupe, rate = string.match(t, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
     end
-    p = remember('contexts', c, { mode = mode or c, max_dead = tonumber(max_dead) or 0,
-      dedupe_ms = tonumber(dedupe) or 0, rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0 })
+    p = remember('contexts', c, { mode = mode or t, max_dead = tonumber(max_dead) or 0,
+      dedupe_ms = tonumber(dedupe) or 0, rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0, guard = guard })
   end
   CTX.mode, CTX.max_dead, CTX.dedupe_ms, CTX.rate, CTX.ev_mine = p.mode, p.max_dead, p.dedupe_ms, p.rate, p.ev_mine
   local k = PARSED.stems[KEYS[1]]
@@ -73,6 +82,9 @@ local function take_context()
     k = remember('stems', KEYS[1], { [''] = stem, is_dead = string.sub(stem, -6) == ':dead:' })
   end
   CTX.k, CTX.stem, CTX.is_dead = k, k[''], k.is_dead
+  if p.guard then
+    redis.call('EXISTS', CTX.stem .. '~1', CTX.stem .. '~2')
+  end
 end
 
 -- The queue's derived key with this suffix (CTX.stem .. suffix), made once per queue.

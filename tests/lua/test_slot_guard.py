@@ -1,0 +1,62 @@
+"""The scripts' slot guard (lua/includes/common.lua, take_context): on a Redis Cluster each script
+first reads two keys of its queue's slot that never exist, so that a call made while the slot
+migrates stops before its first write (tests/cluster/test_resharding.py runs it on a real
+migration). Here, on one Redis: a queue on one Redis sends no guard and its scripts run no extra
+command; a context marked "~" runs the one read first, and the scripts do the same otherwise."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from celery_pq import PriorityQueue
+
+
+def _guard_reads(server, ops) -> tuple[int, int]:
+    """(commands naming a guard key ``~1``, script calls) the server ran while ``ops()`` ran
+    (MONITOR shows the commands scripts run too)."""
+    marker = f"end-{uuid.uuid4().hex}"
+    client = redis.Redis(port=server.port)
+    with client.monitor() as m:
+        ops()
+        client.echo(marker)
+        guards = calls = 0
+        while True:
+            cmd = m.next_command()["command"]
+            if marker in cmd:
+                return guards, calls
+            if cmd.startswith("EXISTS") and "~1" in cmd:
+                guards += 1
+            elif cmd.startswith(("FCALL ", "EVALSHA ")):
+                calls += 1
+
+
+def _work(q):
+    def ops():
+        q.insert(b"a", 3, id="a")
+        q.insert_many([(b"b", 1), (b"c", 2)])
+        got = q.pop(3)
+        assert [x.id for x in got][0] == "a"
+        assert q.ack_many(got) == [True, True, True]
+        q.reclaim()
+        assert q.stats()["waiting"] == 0
+    return ops
+
+
+def test_a_queue_on_one_redis_runs_no_guard(redis_server, redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "g1", key_prefix=key_prefix)
+    assert not q._ctx.startswith("~")
+    guards, calls = _guard_reads(redis_server, _work(q))
+    assert guards == 0 and calls >= 5
+
+
+def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the_same(
+        redis_server, redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "g2", key_prefix=key_prefix)
+    q._ctx = "~" + q._ctx  # as on a cluster (queue.py marks the context of a RedisCluster client)
+    # insert, insert_many, pop, ack_many, reclaim, ...: one guard read per script call
+    guards, calls = _guard_reads(redis_server, _work(q))
+    assert guards == calls >= 5
+    assert q.counters()["enqueued"] == 3 and q.counters()["acked"] == 3
+    assert q.stored_mode() == PriorityQueue(redis_client, "g1", key_prefix=key_prefix).mode
