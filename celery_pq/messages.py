@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from datetime import datetime, timezone
 from hashlib import blake2b
 from typing import Callable, NamedTuple
@@ -34,6 +35,8 @@ from .errors import MessageTooLarge
 from .options import Options
 from .queue import validate_priority
 from .tenants import tenant_of
+
+logger = logging.getLogger(__name__)
 
 
 class StoredItem(NamedTuple):
@@ -171,12 +174,49 @@ _NOT_STORED = frozenset(("delivery_tag", STAMP))
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:
     """The message as stored (``codec.encode``); MessageTooLarge (nothing written) when over
-    max_message_bytes."""
-    data = encode(message)
+    max_message_bytes.
+
+    A message property whose value has no stored form (an object neither this codec nor
+    kombu's JSON writes) is left out with a warning naming it, as an AMQP broker keeps only
+    the properties it knows (Celery's ``before_task_publish`` handlers that re-publish with
+    ``**kwargs`` pass the signal itself as one). A header or body value without one is an error
+    (ValueError naming it, nothing written): those are the task's own data."""
+    try:
+        data = encode(message)
+    except TypeError:
+        data = encode(_storable(queue, message))
     limit = options.max_message_bytes
     if limit is not None and len(data) > limit:
         raise MessageTooLarge(queue, len(data), limit)
     return data
+
+
+def _storable(queue: str, message: dict) -> dict:
+    """``message`` less the properties that have no stored form; ValueError naming a header
+    that has none."""
+    props = message.get("properties")
+    if isinstance(props, dict):
+        bad = [k for k, v in props.items() if not _writable(v)]
+        if bad:
+            logger.warning("queue %r: message properties %s have no stored form (values of type %s) and are "
+                           "left out", queue, ", ".join(map(repr, bad)),
+                           ", ".join(type(props[k]).__name__ for k in bad))
+            message = {**message, "properties": {k: v for k, v in props.items() if k not in bad}}
+    headers = message.get("headers")
+    if isinstance(headers, dict):
+        for k, v in headers.items():
+            if not _writable(v):
+                raise ValueError(f"message header {k!r} holds a {type(v).__name__}, which has no stored form "
+                                 f"(JSON); the message was not published to queue {queue!r}")
+    return message
+
+
+def _writable(value) -> bool:
+    try:
+        encode({"headers": {"v": value}})
+    except TypeError:
+        return False
+    return True
 
 
 def digest(*parts) -> bytes:

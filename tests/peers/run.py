@@ -1,13 +1,16 @@
 """Run a peer project's own test suite, unchanged, against ``pq://``.
 
-    python -m tests.peers.run kombu [--version 5.7.0] [--cache DIR] [-- PYTEST ARGS]
+    python -m tests.peers.run kombu|celery [--version 5.7.0] [--cache DIR] [--tests PATH ...] [-- PYTEST ARGS]
 
 For a peer (``PEERS``): the source distribution of its installed version (or ``--version``) is
 downloaded once with pip (``pip download --no-binary :all: --no-deps``) into the cache
-(``--cache``, else ``$PQ_PEER_CACHE``, else ``.venv/peers``), unpacked there, and our file of
-subclasses (``tests/peers/<peer>_pq.py``) is run with pytest, the unpacked tree named in
-``PQ_PEER_SOURCE``. Nothing of the peer's is edited. Once cached, no network is needed.
-The tests that cannot pass are listed, each with its reason, in ``expected_failures.txt``.
+(``--cache``, else ``$PQ_PEER_CACHE``, else ``.venv/peers``) and unpacked there. Then either our
+file of subclasses (``tests/peers/<peer>_pq.py``, kombu's way) is run with pytest, the unpacked
+tree named in ``PQ_PEER_SOURCE``; or (``in_tree``, Celery's way) the peer's own test files are
+run from its unpacked tree with its own conftest, our plugins named with ``-p``, and its
+broker and result backend pointed at a redis-server started here. Nothing of the peer's is
+edited. Once cached, no network is needed. The tests that cannot pass are listed, each with its
+reason, in ``expected_failures.txt``.
 
 Exit status: pytest's (non-zero when a test fails, or an expected failure passes).
 """
@@ -19,7 +22,7 @@ import os
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version as installed_version
 from pathlib import Path
 
@@ -29,12 +32,20 @@ ROOT = Path(__file__).resolve().parents[2]
 @dataclass(frozen=True)
 class Peer:
     dist: str  # its distribution on PyPI (and the sdist's name)
-    tests: str  # our file of subclasses, from the repository root
-    needs: tuple[str, ...]  # files of the unpacked source our file imports
+    tests: tuple[str, ...]  # what pytest runs: our files (from the repository root) or, in_tree, the peer's
+    needs: tuple[str, ...]  # files of the unpacked source the run needs
+    in_tree: bool = False  # run from the unpacked tree, with its own conftest
+    plugins: tuple[str, ...] = ()  # our pytest plugins for an in-tree run
 
 
 PEERS = {
-    "kombu": Peer("kombu", "tests/peers/kombu_pq.py", ("t/integration/common.py",)),
+    "kombu": Peer("kombu", ("tests/peers/kombu_pq.py",), ("t/integration/common.py",)),
+    # Celery's integration tests of tasks, canvas (groups, chords, Task.replace) and inspect, with
+    # the prefork session worker its conftest starts, against pq:// and a Redis result backend
+    "celery": Peer("celery", ("t/integration/test_canvas.py", "t/integration/test_tasks.py",
+                              "t/integration/test_inspect.py"),
+                   ("t/integration/conftest.py", "t/integration/test_canvas.py"), in_tree=True,
+                   plugins=("celery.contrib.pytest", "tests.peers.celery_plugin", "tests.peers.expected")),
 }
 
 
@@ -80,14 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", help="the peer's version (default: the installed one)")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("PQ_PEER_CACHE") or ROOT / ".venv" / "peers"),
                         help="where source distributions are kept (default: $PQ_PEER_CACHE or .venv/peers)")
+    parser.add_argument("--tests", nargs="+", metavar="PATH",
+                        help="these of the peer's test files instead of the default ones")
     args = parser.parse_args(argv)
     peer = PEERS[args.peer]
+    if args.tests:
+        peer = replace(peer, tests=tuple(args.tests))
     version = args.version or installed_version(peer.dist)
     tree = unpacked(peer, sdist(peer, version, args.cache.resolve()))
     print(f"peer {peer.dist} {version}: its own tests from {tree}, against pq://", flush=True)
-    env = {**os.environ, "PQ_PEER_SOURCE": str(tree)}
-    return subprocess.call([sys.executable, "-m", "pytest", peer.tests, "-p", "no:cacheprovider", *extra],
-                           cwd=ROOT, env=env)
+    if not peer.in_tree:
+        env = {**os.environ, "PQ_PEER_SOURCE": str(tree)}
+        return subprocess.call([sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *extra],
+                               cwd=ROOT, env=env)
+    return in_tree(peer, tree, extra)
+
+
+def in_tree(peer: Peer, tree: Path, extra: list[str]) -> int:
+    """Run the peer's own test files from its tree, against pq:// on a redis-server of our own
+    (database 0 the broker, 1 the result backend; the tasks' own Redis client the same server)."""
+    from celery_pq.testing import RedisServer
+
+    with RedisServer() as server:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "TEST_BROKER": f"pq://127.0.0.1:{server.port}/0",
+               "TEST_BACKEND": f"redis://127.0.0.1:{server.port}/1",
+               "REDIS_HOST": "127.0.0.1", "REDIS_PORT": str(server.port)}
+        plugins = [arg for name in peer.plugins for arg in ("-p", name)]
+        return subprocess.call([sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *plugins,
+                                *extra], cwd=tree, env=env)
 
 
 if __name__ == "__main__":

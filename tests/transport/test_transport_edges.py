@@ -531,3 +531,35 @@ def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, redis_client)
         assert got == [{"i": 0}, {"i": 1}] and conn.default_channel.leases.held() == {}
         pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
         assert pq.stats()["leased"] == 0 and pq.size() == 0
+
+
+# -- values without a stored form ------------------------------------------------------------
+class _Unwritable:
+    """An object neither the codec nor kombu's JSON writes (as Celery's Signal)."""
+
+
+def test_a_property_without_a_stored_form_is_left_out_with_a_warning(redis_server, key_prefix, redis_client, caplog):
+    # Given a producer that passes an object as a message property (a before_task_publish handler
+    # re-publishing with **kwargs hands over the signal itself)
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+        with caplog.at_level("WARNING", logger="celery_pq.messages"):
+            Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq",
+                                                   signal=_Unwritable(), keep="me")
+        # Then the message is stored without that property (as an AMQP broker keeps only the
+        # properties it knows), the warning names it, and the others are kept
+        assert "'signal'" in caplog.text and "_Unwritable" in caplog.text
+        [got] = [m for m in drain(conn, q, 1)]
+        body, message = got
+        assert body == {"n": 1} and "signal" not in message.properties and message.properties["keep"] == "me"
+
+
+def test_a_header_without_a_stored_form_is_refused_by_name(redis_server, key_prefix, redis_client):
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
+        q = make_queue()
+        q(conn.default_channel).declare()
+        with pytest.raises(ValueError, match="header 'bad' holds a _Unwritable"):
+            Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq",
+                                                   headers={"bad": _Unwritable()})
+        assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).size() == 0
