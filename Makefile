@@ -3,7 +3,7 @@
 #   make demo    install into .venv, then run the demo (examples/demo.py)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
-#   make peers   kombu's own integration tests (its source distribution's t/integration/common.py,
+#   make peers   kombu's and Celery's own integration tests (from their source distributions,
 #                unchanged, downloaded once into .venv/peers) against pq:// (tests/peers/run.py)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py); BENCH_ARGS=--large
 #                measures the flat costs at 10,000,000 entries and 100,000 tenants (about 3 GB of
@@ -36,7 +36,7 @@ ENSURE_JAVA := bash scripts/ensure-java.sh
 ENSURE_CHROMIUM := bash scripts/ensure-chromium.sh
 QUIETLY     := bash scripts/quietly.sh
 PYTEST_ARGS ?=
-PEERS       ?= kombu
+PEERS       ?= kombu celery
 DEMO_ARGS   ?=
 SPARK_DEMO_ARGS ?=
 BENCH_ARGS  ?=

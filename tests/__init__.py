@@ -18,8 +18,9 @@
                        masters, the command line, a master failover with and without WAIT, and a
                        sharded queue spread over the masters (kombu, a Celery worker, a failover).
 - ``tests/peers``      other projects' own suites, unchanged, against ``pq://`` (``make peers``,
-                       ``python -m tests.peers.run kombu``; not collected by ``make test``): kombu's
-                       ``t/integration/common.py`` through our subclasses in ``kombu_pq.py``; the
+                       ``python -m tests.peers.run kombu|celery``; not collected by ``make test``):
+                       kombu's ``t/integration/common.py`` through our subclasses in ``kombu_pq.py``;
+                       Celery's ``t/integration`` from its own tree (``celery_plugin.py``); the
                        ones that cannot pass, with their reasons, in ``expected_failures.txt``.
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key

@@ -40,10 +40,9 @@ class Peer:
 
 PEERS = {
     "kombu": Peer("kombu", ("tests/peers/kombu_pq.py",), ("t/integration/common.py",)),
-    # Celery's integration tests of tasks, canvas (groups, chords, Task.replace) and inspect, with
-    # the prefork session worker its conftest starts, against pq:// and a Redis result backend
-    "celery": Peer("celery", ("t/integration/test_canvas.py", "t/integration/test_tasks.py",
-                              "t/integration/test_inspect.py"),
+    # Celery's integration tests of canvas (groups, chords, chains, Task.replace), with the
+    # prefork session worker its conftest starts, against pq:// and a Redis result backend
+    "celery": Peer("celery", ("t/integration/test_canvas.py",),
                    ("t/integration/conftest.py", "t/integration/test_canvas.py"), in_tree=True,
                    plugins=("celery.contrib.pytest", "tests.peers.celery_plugin", "tests.peers.expected")),
 }
