@@ -39,6 +39,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 
 from . import constants as C
 from .errors import ConfigError
+from .redact import redact
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def tls_arguments(ssl) -> dict:
     if ssl is True or not ssl:
         return {}
     if not isinstance(ssl, dict):
-        raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {ssl!r}")
+        raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {redact(ssl)}")
     unknown = sorted(set(ssl) - SSL_ARGUMENTS)
     if unknown:
         raise ConfigError(f"broker_use_ssl: {', '.join(map(repr, unknown))} not known to redis-py; "
@@ -260,9 +261,9 @@ def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
             parts = urlsplit(url)
             host, port = parts.hostname, parts.port
         except ValueError as exc:
-            raise ConfigError(f"address {url!r} in the broker URL: {exc}") from None
+            raise ConfigError(f"address {redact(url)} in the broker URL: {exc}") from None
         if not host:
-            raise ConfigError(f"address {url!r} in the broker URL names no host")
+            raise ConfigError(f"address {redact(url)} in the broker URL names no host")
         out.append((host, port or default_port))
     return out
 

@@ -21,6 +21,7 @@ from .checks import count, seconds, text
 from .errors import ConfigError
 from .keys import MAX_SHARDS, split_dead
 from .queue import FAIR_SCOPES, MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, PriorityQueue, validate_priority
+from .redact import redact
 from .shards import MAX_PEEK, ShardedQueue
 
 
@@ -90,7 +91,7 @@ def _master_name_or_none(name, value):
 
 def _mapping_or_none(name, value):
     if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
-        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {value!r}")
+        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {redact(value)}")
     return None if value is None else dict(value)
 
 
