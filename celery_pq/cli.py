@@ -359,7 +359,8 @@ def resume_(ctx, queue, tenant):
 # -- serving ----------------------------------------------------------------------------------
 @command()
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
-@click.option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface, for a scraper on another machine).")
 @click.option("--queue", "queues", multiple=True, help="Queues to export (repeat); default: every declared one.")
 @click.option("--bands", default=None, metavar="LO-HI,...",
               help="Priority bands of the _by_priority gauge, e.g. 0-99,100-199,200-255 (default: one per priority).")
