@@ -252,6 +252,10 @@ class Options:
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
 
+    def __repr__(self) -> str:  # sentinel_kwargs may hold a password
+        shown = ", ".join(f"{f.name}={redact(getattr(self, f.name))}" for f in fields(self) if f.repr)
+        return f"Options({shown})"
+
     def __post_init__(self):
         keep = object.__setattr__  # frozen: the checked values replace the given ones once, here
         if self.health_check_interval is None:

@@ -63,3 +63,12 @@ def test_the_event_reader_shows_a_wrong_broker_url_without_its_password():
     with pytest.raises(ConfigError) as err:
         redis_url(f"http://:{SECRET}@host:6379/0")
     assert "'http://:***@host:6379/0'" in str(err.value) and SECRET not in str(err.value)
+
+
+def test_the_reprs_of_options_and_event_reader_settings_show_no_password():
+    from celery_pq.spark.eventlog import Settings
+
+    options = Options(master_name="m", sentinel_kwargs={"password": SECRET})
+    assert "sentinel_kwargs={'password': '***'}" in repr(options) and SECRET not in repr(options)
+    settings = Settings.parse({"broker": f"pq://:{SECRET}@127.0.0.1:6379/0", "queue": "q"})
+    assert SECRET in settings.url and SECRET not in repr(settings)
