@@ -17,7 +17,6 @@ from urllib.parse import urlsplit, urlunsplit
 from ..constants import KEY_PREFIX
 from ..errors import ConfigError
 from ..keys import MAX_SHARDS, queue_keys, shard_names
-from ..redact import redact
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 
@@ -60,10 +59,10 @@ def redis_url(url) -> str:
     """A ``pq://``/``pqs://``/``redis://``/``rediss://`` broker URL as the redis-py URL of the same
     Redis; ConfigError naming the value otherwise."""
     if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {redact(url)}")
+        raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {url!r}")
     parts = urlsplit(url.strip())
     if parts.scheme not in SCHEMES:
-        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {redact(url)}")
+        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {url!r}")
     return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
 
 

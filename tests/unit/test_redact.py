@@ -57,14 +57,6 @@ def test_connection_arguments_are_shown_without_their_password():
     assert "'password': '***'" in str(err.value) and SECRET not in str(err.value)
 
 
-def test_the_event_reader_shows_a_wrong_broker_url_without_its_password():
-    from celery_pq.spark.eventlog import redis_url
-
-    with pytest.raises(ConfigError) as err:
-        redis_url(f"http://:{SECRET}@host:6379/0")
-    assert "'http://:***@host:6379/0'" in str(err.value) and SECRET not in str(err.value)
-
-
 def test_the_reprs_of_options_and_event_reader_settings_show_no_password():
     from celery_pq.spark.eventlog import Settings
 
