@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import tempfile
 import threading
@@ -292,7 +293,13 @@ def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: f
             run.start_producers(tasks, threads=1)
             run.join_producers()
             result = run.finish(drain)
-            result["late_acks_logged"] = run.worker_logs().count("came after its lease ran out")
+            logs = run.worker_logs()
+            result["late_acks_logged"] = logs.count("came after its lease ran out")
+            # entries whose lease the partitioned worker was told it had lost: by a renewal or by an
+            # ack refused by its token (an ack it had sent into the partition, whose entry it then
+            # finds gone, is taken as done by that sending and not reported again)
+            result["lost_leases_reported"] = len(set(re.findall(
+                r"(?:lease|ack) of (\S+) in '[^']*' (?:was lost before renewal|came after its lease ran out)", logs)))
             result["partitioned_worker_ran_after_heal"] = sum(
                 1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed)
             return result

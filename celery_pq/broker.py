@@ -17,6 +17,7 @@ import redis
 
 from .errors import BrokerUnreachable, ConfigError
 from .keys import queues_key
+from .redact import redact
 
 #: Errors that mean the broker's Redis is not there (refused, timed out, lost mid-command).
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
@@ -42,7 +43,7 @@ class Broker:
             return cls(lambda: Connection(url, transport_options=options))
         if hasattr(app_or_url, "connection_for_write"):
             return cls(app_or_url.connection_for_write)
-        raise ConfigError(f"a broker is a Celery app or a broker URL, got {app_or_url!r}")
+        raise ConfigError(f"a broker is a Celery app or a broker URL, got {redact(app_or_url)}")
 
     @contextmanager
     def channel(self) -> Iterator:

@@ -359,7 +359,8 @@ def resume_(ctx, queue, tenant):
 # -- serving ----------------------------------------------------------------------------------
 @command()
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
-@click.option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface, for a scraper on another machine).")
 @click.option("--queue", "queues", multiple=True, help="Queues to export (repeat); default: every declared one.")
 @click.option("--bands", default=None, metavar="LO-HI,...",
               help="Priority bands of the _by_priority gauge, e.g. 0-99,100-199,200-255 (default: one per priority).")
@@ -379,16 +380,17 @@ def metrics(ctx, port, address, queues, bands, max_tenants):
 @click.option("--port", default=8808, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
 @click.option("--allow-actions", is_flag=True, help="Show pause/resume/replay buttons (they need the token).")
 @click.option("--token", default=None, envvar="PQ_DASHBOARD_TOKEN",
-              help="The actions' token, or $PQ_DASHBOARD_TOKEN (default: a random one, printed).")
+              help="The token of the actions, and of the state beyond loopback; or $PQ_DASHBOARD_TOKEN "
+                   "(default: a random one, printed).")
 @click.option("--window", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds of deliveries the tenants' shares cover.")
 def dashboard(ctx, queues, host, port, allow_actions, token, window):
     """A live page of QUEUES (default: every declared one) on http://HOST:PORT/ until Ctrl-C
     (docs/dashboard.md); read-only unless --allow-actions."""
-    from .dashboard.server import check_token, run
+    from .dashboard.server import check_token, listens_on_loopback, run
 
     try:
-        check_token(token, allow_actions)
+        check_token(token, allow_actions, listens_on_loopback(host))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     run(broker_of(ctx), queues, host=host, port=port, allow_actions=allow_actions, token=token, window=window,

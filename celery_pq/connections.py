@@ -87,7 +87,9 @@ def tls_arguments(ssl) -> dict:
     if ssl is True or not ssl:
         return {}
     if not isinstance(ssl, dict):
-        raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {ssl!r}")
+        from .redact import redact
+
+        raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {redact(ssl)}")
     unknown = sorted(set(ssl) - SSL_ARGUMENTS)
     if unknown:
         raise ConfigError(f"broker_use_ssl: {', '.join(map(repr, unknown))} not known to redis-py; "
@@ -351,15 +353,17 @@ def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
     urls = [u for u in (conninfo.alt or []) if isinstance(u, str)]
     if not urls:
         return [(conninfo.hostname or "127.0.0.1", conninfo.port or default_port)]
+    from .redact import redact
+
     out = []
     for url in urls:
         try:
             parts = urlsplit(url)
             host, port = parts.hostname, parts.port
         except ValueError as exc:
-            raise ConfigError(f"address {url!r} in the broker URL: {exc}") from None
+            raise ConfigError(f"address {redact(url)} in the broker URL: {exc}") from None
         if not host:
-            raise ConfigError(f"address {url!r} in the broker URL names no host")
+            raise ConfigError(f"address {redact(url)} in the broker URL names no host")
         out.append((host, port or default_port))
     return out
 

@@ -66,9 +66,17 @@ SPIN_BACKOFF_MAX = 1024
 #: socket_timeout). redis-py and kombu wait forever by default, so a connection that went silent
 #: (half-open: NAT, a firewall, a vanished host) holds a worker for good. 30 s is far above any
 #: script's run time and below the default lease less its renewal interval (60 - 20 s), so a
-#: worker leaves a silent connection before its leases could run out. A blocking wait does not
-#: count: the poller reads it only once it is readable.
+#: worker leaves a silent connection before its leases could run out; with a shorter lease the
+#: default is lease_seconds - renew_interval, and a longer socket_timeout is refused. A blocking
+#: wait does not count: the poller reads it only once it is readable.
 SOCKET_TIMEOUT = 30.0
+
+#: Seconds a lease must last beyond its renewal interval (lease_seconds - renew_interval at the
+#: least; a shorter lease is refused): the lease keeper wakes up to a quarter of renew_interval
+#: late, a renewal is a round trip, and a failed one is tried again after 0.1 s, then 0.2 s
+#: (leases.RETRY_FIRST): two retries fit. With the default renew_interval (a third of the lease)
+#: this makes the shortest lease 0.75 s.
+RENEW_MARGIN = 0.5
 
 #: Entries per script call for bulk inserts and purges (keeps each script short, as Redis runs
 #: one script at a time).

@@ -190,11 +190,17 @@ class PQCollector(Collector):
                 fams["tenant_deliveries"].add_metric([name, tenant], n)
 
 
-def serve(app_or_url, *, port: int = 9808, address: str = "0.0.0.0", queues=None, bands=None,
+#: Where the exporter listens unless told otherwise: this machine only. Its page names every
+#: queue and tenant; serving it to the network is a choice (``--address 0.0.0.0``).
+DEFAULT_ADDRESS = "127.0.0.1"
+DEFAULT_PORT = 9808
+
+
+def serve(app_or_url, *, port: int = DEFAULT_PORT, address: str = DEFAULT_ADDRESS, queues=None, bands=None,
           max_tenants: int = MAX_TENANTS, transport_options: dict | None = None, block: bool = True):
-    """Serve ``/metrics`` on ``address:port`` from a registry of its own (the exporter's
-    process metrics are not mixed in). With ``block``, until Ctrl-C; otherwise returns the
-    (server, thread) of prometheus_client's ``start_http_server``."""
+    """Serve ``/metrics`` on ``address:port`` (by default on 127.0.0.1 only) from a registry of
+    its own (the exporter's process metrics are not mixed in). With ``block``, until Ctrl-C;
+    otherwise returns the (server, thread) of prometheus_client's ``start_http_server``."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry()
@@ -203,7 +209,8 @@ def serve(app_or_url, *, port: int = 9808, address: str = "0.0.0.0", queues=None
     server, thread = start_http_server(port, addr=address, registry=registry)
     if not block:
         return server, thread
-    print(f"celery-pq metrics on http://{address}:{server.server_port}/metrics", flush=True)
+    host = server.server_address[0]
+    print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
         while True:
             time.sleep(3600)

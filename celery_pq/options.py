@@ -20,7 +20,8 @@ from . import constants as C
 from .checks import count, seconds, text
 from .errors import ConfigError
 from .keys import MAX_SHARDS, split_dead
-from .queue import FAIR_SCOPES, PriorityQueue, validate_priority
+from .queue import FAIR_SCOPES, MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, PriorityQueue, validate_priority
+from .redact import redact
 from .shards import MAX_PEEK, ShardedQueue
 
 
@@ -90,7 +91,7 @@ def _master_name_or_none(name, value):
 
 def _mapping_or_none(name, value):
     if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
-        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {value!r}")
+        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {redact(value)}")
     return None if value is None else dict(value)
 
 
@@ -143,6 +144,24 @@ def _per_tenant(kind):
     return check
 
 
+def _weights(name, value):
+    """fair_weights: positive numbers, each in the range the fair schedule's integer steps hold."""
+    _per_tenant((int, float))(name, value)
+    for tenant, weight in (value or {}).items():
+        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+            step = round(VT_PER_DELIVERY / weight)
+            why = ("too few: weights above them are not told apart, and at 0 the tenant would be served "
+                   "without end" if weight > MAX_WEIGHT else "the schedule's 17 digits would run out")
+            raise ConfigError(f"{name} for tenant {tenant!r} must be a number from {MIN_WEIGHT:g} to "
+                              f"{MAX_WEIGHT:g}, got {weight!r}: each delivery moves the tenant on by "
+                              f"{VT_PER_DELIVERY:,} / weight whole units of virtual time, here {step:,}: {why}")
+    return value
+
+
+class _FitsTheLease(float):
+    """A default of seconds that is lowered to fit the lease (socket_timeout's)."""
+
+
 def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str | None = None):
     """One option: its default, its check, what it means (and the default as README shows it,
     when that is not the value itself)."""
@@ -158,14 +177,16 @@ class Options:
                                   '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)')
     default_priority: int = _option(0, _priority, "priority 0..255 of a message published without one")
     lease_seconds: float = _option(C.LEASE_SECONDS, _seconds,
-                                   "seconds a delivered message stays leased without a renewal; "
+                                   "seconds a delivered message stays leased without a renewal, at least "
+                                   "renew_interval + 0.5 (0.75 with the default renew_interval); "
                                    "visibility_timeout is an alias")
     max_deliveries: int = _option(C.MAX_DELIVERIES, _count_from_zero,
                                   "deliveries without an ack before <queue>.dead; 0: no limit")
     fair_key: str | None = _option(None, _fair_key, 'None: fairness off; a header name, or "module:function" '
                                    "taking the kombu message dict and returning the tenant (str or None)")
-    fair_weights: dict | None = _option(None, _per_tenant((int, float)),
-                                        "{tenant: weight}; weight 1 for tenants not named", shown="{}")
+    fair_weights: dict | None = _option(None, _weights,
+                                        f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for "
+                                        "tenants not named", shown="{}")
     fair_scope: str = _option("within_priority", _one_of(*FAIR_SCOPES),
                               '"within_priority" (strict priority, tenants share each level) or '
                               '"tenant_first" (tenants share the queue, each one\'s entries by priority)')
@@ -190,8 +211,9 @@ class Options:
     binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
     spin_wait_us: int = _option(C.SPIN_WAIT_US, _count_up_to(100_000, low=0),
                                 "microseconds a script call polls for its reply before sleeping; 0: none")
-    socket_timeout: float | None = _option(C.SOCKET_TIMEOUT, _seconds_or_none,
-                                           "redis-py, seconds a reply may take; None: forever")
+    socket_timeout: float = _option(_FitsTheLease(C.SOCKET_TIMEOUT), _seconds_or_none,
+                                    "redis-py, seconds a reply may take, at most lease_seconds - renew_interval "
+                                    "(the default: 30, or that when less)", shown="30")
     socket_connect_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
     socket_keepalive: bool | None = _option(None, _flag_or_none, "redis-py")
     health_check_interval: float = _option(25, _seconds_or_zero, "redis-py, seconds (None: 0)")
@@ -235,18 +257,19 @@ class Options:
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
 
+    def __repr__(self) -> str:  # sentinel_kwargs may hold a password
+        shown = ", ".join(f"{f.name}={redact(getattr(self, f.name))}" for f in fields(self) if f.repr)
+        return f"Options({shown})"
+
     def __post_init__(self):
         keep = object.__setattr__  # frozen: the checked values replace the given ones once, here
         if self.health_check_interval is None:
             keep(self, "health_check_interval", 0)
+        default_timeout = isinstance(self.socket_timeout, _FitsTheLease)
         for f in fields(self):
             if f.init:
                 keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
-        if self.renew_interval is None:
-            keep(self, "renew_interval", min(max(0.1, self.lease_seconds / 3.0), 20.0, self.lease_seconds / 2.0))
-        if self.renew_interval >= self.lease_seconds:
-            raise ConfigError(f"renew_interval must be shorter than lease_seconds ({self.lease_seconds:g}), "
-                              f"got {self.renew_interval!r}: leases would run out between renewals")
+        self._fit_renewals(default_timeout)
         if self.fair_key is not None and ":" in self.fair_key:
             try:
                 fn = symbol_by_name(self.fair_key)
@@ -263,6 +286,34 @@ class Options:
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
+
+    def _fit_renewals(self, default_timeout: bool) -> None:
+        """renew_interval (a third of the lease when not given), then the checks that leases
+        outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
+        take at most lease_seconds - renew_interval (a renewal stuck on a silent connection for
+        longer would let its leases run out); the default socket_timeout is lowered to fit."""
+        keep = object.__setattr__
+        lease, margin = self.lease_seconds, C.RENEW_MARGIN
+        given = self.renew_interval is not None
+        if not given:
+            keep(self, "renew_interval", min(max(0.1, lease / 3.0), 20.0, lease / 2.0))
+        renew = self.renew_interval
+        if lease - renew < margin:
+            if given:
+                raise ConfigError(f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
+                                  f"({renew + margin:g}), got renew_interval {renew!r}: leases would run out "
+                                  "before a renewal got through")
+            raise ConfigError(f"lease_seconds must be at least {1.5 * margin:g} s, got {lease!r}: leases are "
+                              f"renewed every renew_interval (a third of the lease by default) and a renewal "
+                              f"needs {margin:g} s more to get through")
+        room = lease - renew
+        if default_timeout:
+            keep(self, "socket_timeout", min(self.socket_timeout, room))
+        elif self.socket_timeout is None or self.socket_timeout > room:
+            forever = " (wait forever)" if self.socket_timeout is None else ""
+            raise ConfigError(f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
+                              f"= {room:g} s), got {self.socket_timeout!r}{forever}: a renewal waiting longer on a "
+                              "silent connection would let the leases run out")
 
     @classmethod
     def from_transport_options(cls, given: dict) -> "Options":

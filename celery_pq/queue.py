@@ -1281,9 +1281,13 @@ def _when(delay: float | None, due_ms: int | None) -> str:
     return "0"
 
 
+#: Units of virtual time a delivery costs a tenant of weight 1 (fair.lua's VT_UNIT); a tenant of
+#: weight w moves on by round(VT_PER_DELIVERY / w) units per delivery.
+VT_PER_DELIVERY = 1_000_000
 #: Fair weights the start tags can carry: a delivery costs 1,000,000 / weight units of virtual
-#: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing, one
-#: below 0.01 would run the tags out of digits after 1e9 deliveries.
+#: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing (to 0
+#: above 2,000,000: such a tenant would be served without end), one below 0.01 would run the
+#: tags out of digits after 1e9 deliveries.
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
 #: The rates a tenant may be given, deliveries per second: one per 1,000 s at the least; beyond a
 #: million a rate limits nothing.

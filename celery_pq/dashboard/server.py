@@ -8,6 +8,9 @@
 
 The POST endpoints answer 403 unless the server was started with actions allowed, and then
 only to a request carrying the token in the ``X-PQ-Token`` header (compared in constant time).
+Served beyond loopback (``--host 0.0.0.0``, a LAN address), the server always has a token (given,
+or made and printed), and ``/api/state`` answers 401 to a request without it: the state names
+every queue, tenant and consumer, for whoever reaches the port.
 A custom header cannot be sent cross-site without a CORS preflight, which this server never
 grants, so another site open in the same browser cannot press the buttons either.
 Served on a loopback address (the default), it answers only requests whose Host header names a
@@ -24,6 +27,7 @@ import ipaddress
 import json
 import logging
 import secrets
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,16 +64,29 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def listens_on_loopback(host: str) -> bool:
+    """Whether a server bound to ``host`` (an address or a name) is reachable from this machine
+    only: every address the name stands for is a loopback one."""
+    if _is_loopback(host) or host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(_is_loopback(info[4][0]) for info in infos)
+
+
 def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
-def check_token(token: str | None, allow_actions: bool) -> str | None:
-    """The token actions need: the one given, or a new random one; None when actions are off.
-    ValueError names what is wrong with a given token."""
-    if not allow_actions:
+def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -> str | None:
+    """The token actions need, and the state beyond loopback: the one given, or a new random
+    one; None when neither needs one. ValueError names what is wrong with a given token."""
+    if not allow_actions and loopback:
         if token is not None:
-            raise ValueError("a token is only used with actions allowed (--allow-actions)")
+            raise ValueError("a token is only used with actions allowed (--allow-actions) or with a --host "
+                             "beyond loopback")
         return None
     if token is None:
         return secrets.token_urlsafe(24)
@@ -87,11 +104,17 @@ class DashboardServer(ThreadingHTTPServer):
                  allow_actions: bool = False, token: str | None = None, sample_seconds: float = SAMPLE_SECONDS):
         self.board = board
         self.allow_actions = bool(allow_actions)
-        self.token = check_token(token, self.allow_actions)
         self.sample_seconds = float(sample_seconds)
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
         super().__init__((host, port), _Handler)
+        #: Bound to a loopback address: else the state, too, needs the token.
+        self.loopback = _is_loopback(self.server_address[0])
+        try:
+            self.token = check_token(token, self.allow_actions, self.loopback)
+        except ValueError:
+            self.server_close()
+            raise
 
     @property
     def url(self) -> str:
@@ -120,17 +143,25 @@ class DashboardServer(ThreadingHTTPServer):
 
     def host_allowed(self, header: str | None) -> bool:
         """Does a request's Host header name this server? Always, unless it listens on loopback."""
-        if not ipaddress.ip_address(self.server_address[0]).is_loopback:
+        if not self.loopback:
             return True
         if not header:
             return False
         host = header.rsplit(":", 1)[0] if not header.endswith("]") else header
         return host.strip("[]").lower() in LOOPBACK_NAMES or _is_loopback(host.strip("[]"))
 
-    def authorised(self, given: str | None) -> bool:
-        if not self.allow_actions or self.token is None or given is None:
+    def token_matches(self, given: str | None) -> bool:
+        if self.token is None or given is None:
             return False
         return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def authorised(self, given: str | None) -> bool:
+        """May a request carrying ``given`` (its X-PQ-Token) act?"""
+        return self.allow_actions and self.token_matches(given)
+
+    def may_read(self, given: str | None) -> bool:
+        """May a request carrying ``given`` read the state? On loopback anyone here may."""
+        return self.loopback or self.token_matches(given)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,6 +201,10 @@ class _Handler(BaseHTTPRequestHandler):
             name, content_type = _STATIC[path]
             self._send(HTTPStatus.OK, _static(name), content_type)
         elif path == "/api/state":
+            if not self.server.may_read(self.headers.get("X-PQ-Token")):
+                self._error(HTTPStatus.UNAUTHORIZED, "this dashboard listens beyond loopback: its state needs the "
+                                                     "token (header X-PQ-Token)")
+                return
             try:
                 state = self.server.board.state()
             except redis.RedisError as exc:
@@ -229,12 +264,16 @@ def run(broker, queues=(), *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
             server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
         except OSError as exc:  # the port is taken, the address is not this machine's, ...
             raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a token given where none is used, or too short
+            raise ConfigError(str(exc)) from None
         try:
-            if server.allow_actions:
-                echo(f"celery-pq dashboard on {server.url} with actions allowed; token: {server.token}")
+            mode = "with actions allowed" if server.allow_actions else "(read-only)"
+            if server.token is not None:
+                needs = "" if server.loopback else " (the page's state needs it too: this address is beyond loopback)"
+                echo(f"celery-pq dashboard on {server.url} {mode}; token: {server.token}{needs}")
                 echo(f"open {server.url}#token={server.token}")
             else:
-                echo(f"celery-pq dashboard on {server.url} (read-only)")
+                echo(f"celery-pq dashboard on {server.url} {mode}")
             server.serve_forever()
         except KeyboardInterrupt:
             pass

@@ -27,6 +27,8 @@
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
+-- A tenant-order member is served only when it is current, as pop serves a pointer: its entry
+-- is there, not leased, and has the member's score; any other member is stale and dropped.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
@@ -101,19 +103,23 @@ while got < want and stale < stale_budget and looked < stale_budget do
     elseif not head then
       fair_refresh(t, false)
     else
+      -- The checks of pop's pi_entry: a member whose entry is gone, is leased (delivered
+      -- already), or has another score (moved, or made again under its id) is stale, and goes;
+      -- a malformed entry that is not leased is set aside.
       redis.call('ZREM', FK.te, head)
+      local score = fmt(rank * SEQ_SPAN + seq)
       local v = redis.call('HGET', ii, eid)
-      local e = v and split_entry(v)
-      if v and not e then
+      local leased = v and redis.call('HEXISTS', lt, eid) == 1
+      local e = v and not leased and split_entry(v)
+      if v and not leased and not e then
         set_aside(ii, eid, v, rank, now)
       end
-      if not e then
+      if not e or e.s ~= score then
         stale = stale + 1
         fair_left(t, rank)
         fair_refresh(t, false)
       else
         served[rank] = true
-        local score = fmt(rank * SEQ_SPAN + seq)
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
         per_tenant[t] = (per_tenant[t] or 0) + 1

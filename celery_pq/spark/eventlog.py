@@ -11,7 +11,7 @@ shards (the transport option ``shards``) has one stream per shard, each under th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from ..constants import KEY_PREFIX
@@ -99,7 +99,7 @@ def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
 
 @dataclass(frozen=True)
 class Settings:
-    url: str  # redis-py URL
+    url: str = field(repr=False)  # redis-py URL (it may hold a password: not in the repr)
     queues: tuple[str, ...]  # one per stream: every shard of a sharded queue
     key_prefix: str
     on_gap: str

@@ -247,3 +247,23 @@ def test_the_page_shows_the_live_queue_as_stats_json_does_and_its_actions_work(l
     click(browser, "resume")
     wait_for(lambda: page_figures(browser)["paused"] is False, 10, "the page to show the queue delivering")
     wait_for(lambda: page_figures(browser)["waiting"] < replayed["waiting"], 20, "deliveries to start again")
+
+
+def test_beyond_loopback_the_page_asks_for_the_token_before_it_shows_anything(live, browser, tmp_path):
+    # Given a read-only dashboard listening on every interface, with a token
+    h, dashboards = live
+    open_ = Dashboard(h, tmp_path, "--host", "0.0.0.0", "--token", TOKEN)
+    dashboards.append(open_)
+    url = open_.wait().url.replace("0.0.0.0", "127.0.0.1")
+    # When the page is opened without the token: it asks for it, and shows no queue
+    browser.get(url)
+    wait_for(lambda: "needs the token" in browser.find_element("id", "error").text, 15, "the state's refusal")
+    assert browser.find_element("id", "token-form").is_displayed()
+    assert refreshes(browser) == 0 and page_figures(browser)["waiting"] is None
+    # Then, given the token in the form, it shows the queue as pq stats does
+    browser.find_element("id", "token-input").send_keys(TOKEN)
+    browser.execute_script("document.getElementById('token-form').requestSubmit();")
+    wait_for(lambda: refreshes(browser) >= 1, 15, "the first state with the token")
+    assert not browser.find_element("id", "token-form").is_displayed()
+    assert browser.find_element("id", "mode").text == "read-only"
+    assert page_figures(browser)["dead"] == cli_stats(h)["dead"] == 2

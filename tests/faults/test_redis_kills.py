@@ -17,8 +17,13 @@ def test_redis_sigkilled_three_times_loses_no_publish_that_returned(tmp_path):
     assert result["kills"] == 3
     assert result["lost"] == [] and result["unexpected"] == []
     assert result["done"] >= result["returned"] >= 150 - result["raised"]
-    # duplicates only of tasks under way (or whose ack was not yet applied) when Redis died,
+    # duplicates only of tasks under way (or whose ack was not yet applied) when Redis died, at
+    # most one per restart: the leases of running tasks and the acks not yet applied are kept
+    # across the reconnect; what can still run twice is a message Celery's prefork pool had
+    # written to a child that had not yet taken it (the pool drops such jobs at the reconnect,
+    # the child runs them anyway: docs/reliability.md)
     assert result["unexplained_duplicates"] == [] and result["max_runs"] <= 2
+    assert len(result["duplicated"]) <= result["kills"], result["duplicated"]
     # the workers carried on without a restart, and nothing stays leased or waiting
     assert result["workers_alive"] == 2 and result["workers_restarted"] == 0
     assert result["residue"] == {"waiting": 0, "leased": 0}

@@ -341,3 +341,37 @@ def test_returned_work_wakes_the_views_it_belongs_to(redis_client, key_prefix):
     time.sleep(0.1)
     assert q.reclaim()["returned"] == 1  # b's lease ran out
     assert redis_client.llen(wake) == 1  # swept back: the urgent view is woken too
+
+
+def _stale_member(client, q, tenant, priority, seq, entry_id):
+    """A tenant-order member for ``entry_id`` that is not current, counted as a waiting entry
+    (what fair_add writes): what a script stopped half way could leave behind."""
+    from celery_pq import records as R
+    from celery_pq.ids import encode_id
+    from celery_pq.queue import escape_tenant
+
+    k, rank, t = q.keys, q.rank(priority), escape_tenant(tenant)
+    client.zadd(k.te, {R.join_tenant_member(t.encode(), rank, seq, encode_id(entry_id)): 0})
+    client.hincrby(k.fn, f"n:{t}", 1)
+    client.hincrby(k.fv, f"L:{rank}", 1)
+
+
+def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, key_prefix):
+    # Given a fair queue where tenant A's entry "a1" is leased and "a2" waits at priority 5, and
+    # members that are not current: one for the leased "a1", one for "a2" at priority 9 (a score
+    # a2 does not have), both served before a2's own member
+    q = fq(redis_client, key_prefix, name="stale-members")
+    q.insert(b"one", 5, id="a1", tenant="A")
+    [first] = q.pop(1, consumer="c:1:first")
+    assert first.id == "a1"
+    q.insert(b"two", 5, id="a2", tenant="A")
+    _stale_member(redis_client, q, "A", 9, 1, "a1")
+    _stale_member(redis_client, q, "A", 9, 2, "a2")
+    # When the fair pop takes all it can
+    got = q.pop(5, consumer="c:2:second")
+    # Then a1 is not leased a second time, a2 comes once with its own priority, and a1's lease
+    # is still the first consumer's
+    assert [(lease.id, lease.priority) for lease in got] == [("a2", 5)]
+    assert q.lease_of("a1")["consumer"] == "c:1:first"
+    assert q.ack(first) and q.ack(got[0])
+    assert q.pop(5) == [] and fairness_state_is_empty(redis_client, q)

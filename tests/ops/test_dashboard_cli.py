@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -68,6 +69,33 @@ def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_pa
         [row] = json.loads(world.run("stats", "--json").output)
         assert q["stats"]["per_priority"] == row["per_priority"] == {"42": 1, "7": 1}
         assert (q["stats"]["waiting"], q["stats"]["paused"]) == (row["waiting"], row["paused"]) == (2, False)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_beyond_loopback_the_command_prints_a_token_the_state_needs(world, tmp_path):
+    # Given `pq dashboard --host 0.0.0.0`, read-only, no token given
+    log = tmp_path / "dashboard.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
+                             json.dumps(world.options), "dashboard", "--host", "0.0.0.0", "--port", "0"],
+                            cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        pattern = r"dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only\); token: (\S+) \(the page's state needs it"
+        while not (m := re.search(pattern, log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        url, token = f"http://127.0.0.1:{m.group(1)}/api/state", m.group(2)
+        # Then the state answers 401 without the printed token, and 200 with it
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            raise AssertionError("the state was served without the token")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"X-PQ-Token": token}), timeout=5) as reply:
+            assert json.loads(reply.read())["actions"] == []
     finally:
         proc.terminate()
         proc.wait(10)

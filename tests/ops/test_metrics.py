@@ -49,7 +49,7 @@ def test_exporter_command_over_http(fair_world):
     fill(w)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", w.url, "--transport-options",
-                             json.dumps(w.options), "metrics", "--port", "0", "--address", "127.0.0.1",
+                             json.dumps(w.options), "metrics", "--port", "0",  # on loopback by default
                              "--bands", "0-99,100-199,200-255", "--queue", "q"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
@@ -134,3 +134,17 @@ def test_unreachable_redis_scrapes_as_down_without_the_password(caplog):
 def test_bad_bands_are_a_clear_error(world):
     r = world.run("metrics", "--port", "0", "--bands", "0-99,50-120", ok=False)
     assert r.exit_code == 1 and "overlap" in r.output
+
+
+def test_the_exporter_listens_on_loopback_unless_told_otherwise():
+    from celery_pq.metrics import serve
+
+    url = "pq://127.0.0.1:1/0"  # no scrape here: where it listens is all that is looked at
+    for given, bound in ((None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
+        kwargs = {} if given is None else {"address": given}
+        server, _ = serve(url, port=0, block=False, **kwargs)
+        try:
+            assert server.server_address[0] == bound
+        finally:
+            server.shutdown()
+            server.server_close()

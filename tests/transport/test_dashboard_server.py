@@ -32,10 +32,10 @@ def conn(redis_server, key_prefix):
 def serve(conn):
     started = []
 
-    def start(names=("dq",), **kw):
+    def start(names=("dq",), host="127.0.0.1", **kw):
         channel = conn.default_channel
         board = Board(lambda: list(names), lambda name: open_queue(channel, name)[0])
-        server = DashboardServer(board, host="127.0.0.1", port=0, sample_seconds=0.2, **kw)
+        server = DashboardServer(board, host=host, port=0, sample_seconds=0.2, **kw)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         started.append((server, thread))
@@ -273,3 +273,38 @@ def test_a_request_without_a_host_header_is_refused(conn, serve):
     c.endheaders()
     assert c.getresponse().status == 421
     c.close()
+
+
+@pytest.mark.parametrize("allow_actions", [False, True])
+def test_beyond_loopback_the_state_needs_the_token(conn, serve, allow_actions):
+    # Given a dashboard listening on every interface, read-only or with actions, with no token
+    # given: it makes one (the command prints it)
+    fill(conn)
+    server = serve(host="0.0.0.0", allow_actions=allow_actions)
+    assert not server.loopback and server.token is not None and len(server.token) >= 16
+    port = server.server_address[1]
+
+    def state(token):
+        headers = {"Host": "dashboard.example:8808"} | ({} if token is None else {"X-PQ-Token": token})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/state", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    # Then the state is refused without the token, or with a wrong one, and served with it
+    for wrong in (None, "", server.token + "x"):
+        status, body = state(wrong)
+        assert status == 401 and "X-PQ-Token" in body["error"] and "queues" not in body, (wrong, status)
+    status, body = state(server.token)
+    assert status == 200 and body["queues"][0]["queue"] == "dq"
+    # and the page itself (no data in it) loads without it, to ask for the token
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
+        assert reply.status == 200
+
+
+def test_on_loopback_the_state_needs_no_token(conn, serve):
+    server = serve(allow_actions=True, token=TOKEN)
+    status, _, body = get(server, "/api/state")
+    assert status == 200 and server.loopback and "queues" in json.loads(body)

@@ -237,12 +237,12 @@ def test_unacked_messages_are_given_back_on_close_without_counting(url, opts, re
 
 
 def test_leases_are_renewed_while_the_consumer_lives(url, opts, redis_client, key_prefix):
-    opts.update(lease_seconds=0.6, sweep_interval=0.1)
+    opts.update(lease_seconds=0.75, sweep_interval=0.1)
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
         [(_, msg)] = drain(conn, q, 1, ack=False)
-        time.sleep(2.0)  # more than three lease lengths without an ack
+        time.sleep(2.5)  # more than three lease lengths without an ack
         pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
         assert pq.stats()["leased"] == 1 and pq.size() == 0
         msg.ack()

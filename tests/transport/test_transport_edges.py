@@ -115,7 +115,7 @@ def test_each_bad_option_is_named_with_its_value_at_channel_creation(redis_serve
 
 def test_good_options_are_accepted(redis_server, key_prefix):
     options = {"key_prefix": key_prefix, "lease_seconds": 2, "renew_interval": 1.5, "sweep_interval": 0.5,
-               "block_seconds": 0.5, "binding_cache_seconds": 0, "socket_timeout": 5, "health_check_interval": 0,
+               "block_seconds": 0.5, "binding_cache_seconds": 0, "socket_timeout": 0.5, "health_check_interval": 0,
                "socket_keepalive": True, "max_connections": 20, "client_name": "pq-worker",
                "max_message_bytes": 10_000, "dedupe_seconds": 0, "max_dead_length": 100}
     with Connection(url_of(redis_server), transport_options=options) as conn:
@@ -123,9 +123,30 @@ def test_good_options_are_accepted(redis_server, key_prefix):
         assert (channel.options.renew_interval, channel.options.block_seconds) == (1.5, 0.5)
 
 
-def test_the_default_renew_interval_is_shorter_than_a_short_lease(redis_server, key_prefix):
-    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, "lease_seconds": 0.1}) as conn:
-        assert conn.default_channel.options.renew_interval == 0.05
+def test_the_default_renew_interval_and_socket_timeout_fit_a_short_lease(redis_server, key_prefix):
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, "lease_seconds": 1.5}) as conn:
+        options = conn.default_channel.options
+        assert (options.renew_interval, options.socket_timeout) == (0.5, 1.0)
+
+
+@pytest.mark.parametrize(
+    "options, shown",
+    [
+        ({"lease_seconds": 0.1}, "lease_seconds must be at least 0.75 s, got 0.1"),
+        ({"lease_seconds": 2, "renew_interval": 1.8}, "lease_seconds (2) must be at least renew_interval + 0.5 s (2.3)"),
+        ({"lease_seconds": 10, "socket_timeout": 30}, "socket_timeout must be at most lease_seconds - renew_interval "
+                                                      "(10 - 3.33333 = 6.66667 s), got 30"),
+        ({"socket_timeout": None}, "socket_timeout must be at most lease_seconds - renew_interval (60 - 20 = 40 s), "
+                                   "got None (wait forever)"),
+    ],
+)
+def test_a_lease_its_renewals_cannot_hold_is_refused_with_the_least_it_takes(redis_server, key_prefix, options, shown):
+    from celery_pq import ConfigError
+
+    with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix, **options}) as conn:
+        with pytest.raises(ConfigError) as err:
+            conn.default_channel
+    assert shown in str(err.value), str(err.value)
 
 
 def test_an_empty_queue_name_is_refused_at_declare_and_publish(redis_server, key_prefix, redis_client):

@@ -3,7 +3,7 @@
 import pytest
 
 from celery_pq.dashboard import Board, BoardError, DeliveryHistory, Sample
-from celery_pq.dashboard.server import MIN_TOKEN_LENGTH, check_token
+from celery_pq.dashboard.server import MIN_TOKEN_LENGTH, check_token, listens_on_loopback
 
 
 def test_shares_are_the_differences_over_the_window():
@@ -55,6 +55,11 @@ def test_samples_must_go_forward():
 
 def test_token_rules():
     assert check_token(None, False) is None
+    # beyond loopback a read-only dashboard has a token too (its state needs it)
+    assert len(check_token(None, False, loopback=False)) >= MIN_TOKEN_LENGTH
+    assert check_token("y" * MIN_TOKEN_LENGTH, False, loopback=False) == "y" * MIN_TOKEN_LENGTH
+    assert listens_on_loopback("127.0.0.1") and listens_on_loopback("localhost") and listens_on_loopback("::1")
+    assert not listens_on_loopback("0.0.0.0") and not listens_on_loopback("")
     made = check_token(None, True)
     assert len(made) >= MIN_TOKEN_LENGTH and made != check_token(None, True)
     assert check_token("x" * MIN_TOKEN_LENGTH, True) == "x" * MIN_TOKEN_LENGTH

@@ -64,3 +64,35 @@ def test_unknown_names_are_left_to_kombu():
 def test_options_are_checked_when_made():
     with pytest.raises(ConfigError, match="block_seconds"):
         Options(block_seconds=0)
+
+
+@pytest.mark.parametrize("weight, step", [(2_000_001, "0"), (10_001, "100"), (0.001, "1,000,000,000")])
+def test_a_fair_weight_whose_step_the_schedule_cannot_hold_is_refused_by_tenant_and_weight(weight, step):
+    # the schedule moves a tenant on by round(1,000,000 / weight) whole units per delivery: at 0
+    # a tenant would be served without end, and weights outside 0.01..10000 are refused
+    with pytest.raises(ConfigError) as err:
+        Options(fair_key="tenant", fair_weights={"acme": 2, "bulk": weight})
+    text = str(err.value)
+    assert "fair_weights for tenant 'bulk'" in text and repr(weight) in text and f"here {step}:" in text, text
+    assert Options(fair_key="tenant", fair_weights={"acme": 0.01, "bulk": 10_000}).fair_weights["bulk"] == 10_000
+
+
+def test_the_shortest_lease_is_its_renewal_interval_and_a_margin():
+    assert Options(lease_seconds=0.75).renew_interval == 0.25
+    with pytest.raises(ConfigError, match=r"lease_seconds must be at least 0\.75 s, got 0\.7"):
+        Options(lease_seconds=0.7)
+    assert Options(lease_seconds=3, renew_interval=2.5).renew_interval == 2.5
+    with pytest.raises(ConfigError, match=r"at least renew_interval \+ 0\.5 s \(3\.1\), got renew_interval 2\.6"):
+        Options(lease_seconds=3, renew_interval=2.6)
+
+
+def test_socket_timeout_is_at_most_the_lease_less_its_renewal_interval():
+    # the default: 30 s, or the lease less its renewal interval when that is shorter
+    assert (Options().socket_timeout, Options(lease_seconds=3).socket_timeout) == (30.0, 2.0)
+    assert type(Options().socket_timeout) is float
+    # given: kept when it fits, refused when longer (None waits forever: refused too)
+    assert Options(lease_seconds=3, socket_timeout=2).socket_timeout == 2.0
+    for given in (2.5, None):
+        with pytest.raises(ConfigError, match=r"socket_timeout must be at most lease_seconds - renew_interval "
+                                              r"\(3 - 1 = 2 s\), got " + re.escape(repr(given))):
+            Options(lease_seconds=3, socket_timeout=given)

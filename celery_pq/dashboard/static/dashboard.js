@@ -200,8 +200,14 @@ function render(state) {
 
 async function refresh() {
   try {
-    const reply = await fetch("api/state", { cache: "no-store" });
+    // beyond loopback the state, too, needs the token (401 without it: ask for it)
+    const reply = await fetch("api/state", { cache: "no-store", headers: token ? { "X-PQ-Token": token } : {} });
     const body = await reply.json();
+    if (reply.status === 401) {
+      token = "";
+      sessionStorage.removeItem("pq-token");
+      document.getElementById("token-form").hidden = false;
+    }
     if (!reply.ok) throw new Error(body.error || reply.statusText);
     render(body);
     showError(Date.now() < actionErrorUntil ? actionError : "");
