@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..constants import KEY_PREFIX
 from ..errors import ConfigError
 from ..keys import MAX_SHARDS, queue_keys, shard_names
-from .settings import masked_url
+from ..redact import redact
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 
@@ -64,7 +64,7 @@ def redis_url(url) -> str:
     parts = urlsplit(url.strip())
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
-                          f"got {masked_url(url)!r}")
+                          f"got {redact(url)}")
     return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
 
 

@@ -12,7 +12,6 @@ This module does not import pyspark: the settings are plain data, pickled to the
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, fields
 
@@ -20,6 +19,7 @@ from .. import constants as C
 from ..checks import count
 from ..errors import ConfigError
 from ..options import Options
+from ..redact import redact
 
 #: Columns with a meaning of their own when present (CONTRACT.md).
 ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
@@ -130,7 +130,7 @@ class WriterSettings:
         scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
         if scheme not in ("pq", "pqs", "redis", "rediss"):
             raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
-                              f"got {masked_url(broker)!r}")
+                              f"got {redact(broker)}")
         transport = {}
         if given.get("transport_options"):
             try:
@@ -249,9 +249,3 @@ def close_client(client) -> None:
         connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)
     finally:
         client.close()
-
-
-def masked_url(url: str) -> str:
-    """``url`` for an error message: what stands before the host (user and password) of each of
-    its ``;``-separated URLs shown as ``***``."""
-    return re.sub(r"://[^;]*@", "://***@", url)

@@ -252,7 +252,7 @@ def test_a_float_or_string_priority_is_rejected_not_rounded(spark, url, key_pref
     ({"broker": "URL", "task": "proj.t", "batch_rows": "lots"}, "option 'batch_rows' must be an integer"),
     ({"broker": "URL", "task": "proj.t", "on_reject": "shrug"}, "option 'on_reject' must be one of"),
     ({"broker": "amqp://localhost", "task": "proj.t"}, "option 'broker' must be a pq://"),
-    ({"broker": "amqp://guest:hunter2@localhost//", "task": "proj.t"}, "got 'amqp://***@localhost//'"),
+    ({"broker": "amqp://guest:hunter2@localhost//", "task": "proj.t"}, "got 'amqp://guest:***@localhost//'"),
     ({"broker": "URL", "task": "proj.t", "cluster": "true", "master_name": "m"}, "'cluster' and 'master_name'"),
 ])
 def test_option_errors_name_the_option(spark, url, key_prefix, options, message):
