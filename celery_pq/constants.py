@@ -70,6 +70,11 @@ SPIN_BACKOFF_MAX = 1024
 #: count: the poller reads it only once it is readable.
 SOCKET_TIMEOUT = 30.0
 
+#: Pointers one compaction step of a priority's list looks at, at most (lua/includes/common.lua's
+#: COMPACT_STEP; ``PriorityQueue.cleanup`` takes this many per script call): about 1-2 ms of
+#: Redis's time, well under the 10 ms no script call may take.
+COMPACT_STEP = 512
+
 #: Entries per script call for bulk inserts and purges (keeps each script short, as Redis runs
 #: one script at a time).
 BULK_CHUNK = 1000

@@ -7,8 +7,11 @@ script touches one slot. The dead-letter queue ``<name>.dead`` lives under the t
 Layout for queue ``orders`` with the default prefix ``pq``::
 
     pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
-    pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank)
+    pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank; rank + 0.5
+                              while a compaction pass of the rank is under way)
     pq:{orders}:pi:<rank>  list  pointers seq(6 bytes) + entry id, FIFO   priority-indexed table
+    pq:{orders}:pi:<rank>:f  list  the front of pi:<rank> during a compaction pass (current pointers
+                              already looked at; lua/includes/common.lua)
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
@@ -123,8 +126,13 @@ class QueueKeys:
         """The list of pointers of one rank (0 is served first) in the priority index."""
         return f"{self.pi}:{rank}"
 
+    def front(self, rank: int) -> str:
+        """The front list of a compaction pass of one rank (lua/includes/common.lua): while it
+        holds pointers, they come before those of ``level(rank)``."""
+        return f"{self.pi}:{rank}:f"
+
     def levels(self) -> list[str]:
-        return [self.level(r) for r in range(256)]
+        return [self.level(r) for r in range(256)] + [self.front(r) for r in range(256)]
 
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""

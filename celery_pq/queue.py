@@ -945,19 +945,19 @@ class PriorityQueue:
         return self._entry(*reply) if reply else None
 
     def cleanup(self, count: int = 1000) -> int:
-        """Lazy deletion's clean-up sweep: drop the stale pointers among the first ``count`` of
-        each priority's list; returns how many were dropped."""
+        """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
+        from where the last sweep of it stopped, and drop the stale ones (in steps of
+        ``C.COMPACT_STEP`` pointers, one script call each); returns how many were dropped."""
         k = self.keys
         removed = 0
         for rank in self.client.zrange(k.pi, 0, -1):
-            start = seen = 0
+            seen = 0
             while seen < count:
-                n = min(1000, count - seen)
-                gone, looked = self._run("cleanup", self._keys("cleanup"), [int(rank), start, n])
+                n = min(C.COMPACT_STEP, count - seen)
+                gone, looked, more = self._run("cleanup", self._keys("cleanup"), [int(rank), n])
                 removed += int(gone)
                 seen += int(looked)
-                start += int(looked) - int(gone)  # the kept ones; the dropped ones closed up
-                if looked < n:
+                if not more or not looked:
                     break
         return removed
 
@@ -1080,7 +1080,7 @@ class PriorityQueue:
             p.hlen(k.lt)
             p.zcard(k.dz)
             if not whole and not self.fair:
-                p.zrangebyscore(k.pi, lo, hi)
+                p.zrangebyscore(k.pi, lo, f"({hi + 1}")  # (a rank's score is rank + 0.5 during a compaction pass)
             res = p.execute()
         waiting = max(0, res[0] - res[1] - res[2])
         if not self.fair:
@@ -1090,6 +1090,7 @@ class PriorityQueue:
             with self._pipeline(transaction=False) as p:
                 for rank in ranks:
                     p.llen(k.level(rank))
+                    p.llen(k.front(rank))
                 return min(waiting, sum(p.execute()))
         counts = {}
         for field, value in self.client.hgetall(k.fn).items():
@@ -1153,8 +1154,10 @@ class PriorityQueue:
         with self._pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
             for rank in ranks:
                 p.llen(k.level(rank))
-            for rank, n in zip(ranks, p.execute()):
-                per_priority[self.priority_of_rank(rank)] += n
+                p.llen(k.front(rank))
+            lengths = p.execute()
+            for rank, n, f in zip(ranks, lengths[::2], lengths[1::2]):
+                per_priority[self.priority_of_rank(rank)] += n + f
         indexed = sum(per_priority.values())
         head = self.peek(1)
         if head:

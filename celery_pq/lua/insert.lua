@@ -88,7 +88,7 @@ local claim = false -- the publish id was recorded as it was looked up (HSETNX)
 if CTX.dedupe_ms > 0 then
   local t0 = tonumber(got[3])
   if not t0 or now - t0 >= 2 * CTX.dedupe_ms then
-    redis.call('DEL', pd, pe)
+    redis.call('UNLINK', pd, pe)
     redis.call('SET', pt, fmt(now))
   elseif now - t0 >= CTX.dedupe_ms then
     redis.call('UNLINK', pe)

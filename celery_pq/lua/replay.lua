@@ -64,7 +64,7 @@ for i = 4, #ARGV do
   else
     local rank, dseq = split_score(e.s)
     redis.call('HDEL', dii, deid)
-    pi_drop(dpi, rank, make_ptr(dseq, deid))
+    pi_drop_near(dpi, rank, make_ptr(dseq, deid), 64) -- (further back: dropped lazily)
     local base = string.match(deid, '^(.+)~%d+$') or deid
     local seq = redis.call('INCR', sq)
     local eid, dup = free_id(ii, base, sq, seq)
