@@ -75,9 +75,22 @@ SOCKET_TIMEOUT = 30.0
 #: Redis's time, well under the 10 ms no script call may take.
 COMPACT_STEP = 512
 
-#: Entries per script call for bulk inserts and purges (keeps each script short, as Redis runs
-#: one script at a time).
+#: Entries one step of ``migrate_mode`` looks at (and pointers it moves), at most: a few ms.
+MIGRATE_STEP = 256
+
+#: Seconds a queue-API call to a queue whose mode is being migrated waits (retrying, nothing
+#: done meanwhile) before it raises QueueMigrating: a migration of 1,000,000 entries runs for
+#: about 20 s of steps.
+MIGRATION_WAIT = 60.0
+
+#: Entries per script call for bulk inserts (keeps each script short, as Redis runs one script
+#: at a time).
 BULK_CHUNK = 1000
+
+#: Entries per script call of a purge or a replay, whose work per entry is the heaviest (a purge
+#: of a fair queue updates the tenant's order and counts): a few ms a call, under the 10 ms no
+#: script call may take (benchmarks/slowlog.py).
+STEP_CHUNK = 200
 
 #: Seconds a consumer blocks on its wake lists before it re-arms (server-side BLPOP timeout).
 #: Delivery is woken by the insert, not by this timeout.

@@ -12,6 +12,8 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:pi:<rank>  list  pointers seq(6 bytes) + entry id, FIFO   priority-indexed table
     pq:{orders}:pi:<rank>:f  list  the front of pi:<rank> during a compaction pass (current pointers
                               already looked at; lua/includes/common.lua)
+    pq:{orders}:pi:<rank>:m, pi:mv   zset, set  while migrate_mode runs: the pointers gathered per
+                              rank (score seq), the ids seen (lua/migrate.lua)
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
@@ -120,7 +122,7 @@ class QueueKeys:
         return self.ii[:-2]
 
     def all(self) -> list[str]:
-        return [getattr(self, s) for s in SUFFIXES] + self.levels()
+        return [getattr(self, s) for s in SUFFIXES] + self.levels() + self.migration()
 
     def level(self, rank: int) -> str:
         """The list of pointers of one rank (0 is served first) in the priority index."""
@@ -133,6 +135,11 @@ class QueueKeys:
 
     def levels(self) -> list[str]:
         return [self.level(r) for r in range(256)] + [self.front(r) for r in range(256)]
+
+    def migration(self) -> list[str]:
+        """The keys a ``migrate_mode`` in progress holds (lua/migrate.lua): the pointers gathered
+        per rank, and the ids seen."""
+        return [f"{self.pi}:{r}:m" for r in range(256)] + [f"{self.pi}:mv"]
 
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""

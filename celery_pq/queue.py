@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from .checks import seconds as _seconds
 from .checks import text as _text
 from .connections import NodePipeline
 from .costs import explain
-from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
+from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, QueueMigrating, error_for, raise_for
 from .ids import decode_id, encode_id, unique_bytes
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
 from .records import (FAIR_SCOPES, entry_payload, join_mode, mode_dict, split_dead_note, split_entry, split_lease,
@@ -58,6 +59,8 @@ _EVENT_INTS = frozenset(("p", "k", "n", "ms"))
 
 #: The error reply of a script whose caller's mode is not the queue's (see common.lua).
 _MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
+#: The error reply of a script called while the queue's mode is being migrated (migrate.lua).
+_MIGRATING = re.compile(r"MIGRATING (?P<key>\S+) (?P<mode>\S+)")
 
 
 def _queue_of_key(key: str) -> str:
@@ -70,8 +73,14 @@ def _queue_of_key(key: str) -> str:
 
 
 def translate_error(exc: Exception) -> Exception:
-    """A script's error reply as the project's exception (ModeMismatch), else ``exc``."""
-    m = _MODE_MISMATCH.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
+    """A script's error reply as the project's exception (ModeMismatch, QueueMigrating), else
+    ``exc``."""
+    if not isinstance(exc, redis.ResponseError):
+        return exc
+    m = _MIGRATING.search(str(exc))
+    if m is not None:
+        return QueueMigrating(_queue_of_key(m.group("key")), readable_mode(m.group("mode")))
+    m = _MODE_MISMATCH.search(str(exc))
     if m is None:
         return exc
     return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")),
@@ -84,6 +93,22 @@ def readable_mode(mode: str) -> dict:
     if not d["fair"]:
         d.pop("fair_scope")
     return d
+
+
+def wait_out_migration(call):
+    """``call()``, again while it raises QueueMigrating (the queue's mode is being migrated and
+    the script did nothing), for up to ``C.MIGRATION_WAIT`` seconds. Only for a call that is one
+    script call of one queue: of several, those of other queues would have run."""
+    deadline, pause = None, 0.005
+    while True:
+        try:
+            return call()
+        except QueueMigrating:
+            deadline = deadline or time.monotonic() + C.MIGRATION_WAIT
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
@@ -332,13 +357,22 @@ class PriorityQueue:
         raw = self.client.get(self.keys.md)
         return None if raw is None else readable_mode(_s(raw))
 
-    def migrate_mode(self) -> dict:
+    def migrate_mode(self, *, step: int = C.MIGRATE_STEP) -> dict:
         """Change the queue's mode to this object's, on purpose: the priority index and the
-        fairness state are rebuilt from the stored entries (leases are kept). An admin operation:
-        one script call that reads every entry, so Redis waits for it on a large queue. Returns
-        {"waiting": n, "leased": n, "malformed": n}."""
-        waiting, leased, bad = self._run("migrate", self._keys("migrate"), [])
-        return {"waiting": int(waiting), "leased": int(leased), "malformed": int(bad)}
+        fairness state are rebuilt from the stored entries (leases are kept). An admin operation,
+        in script calls of ``step`` entries each (a few ms of Redis's time each, whatever the
+        queue's size). Meanwhile the queue does nothing else: other calls answer
+        ``QueueMigrating`` (the queue API waits them out, up to ``C.MIGRATION_WAIT`` s); lease
+        renewals go on. A migration that stopped half way is finished by calling this again with
+        the same mode. Returns {"waiting": n, "leased": n, "malformed": n}."""
+        _count("step", step, low=1, none=False)
+        total = [0, 0, 0]
+        while True:
+            waiting, leased, bad, done = self._run("migrate", self._keys("migrate"), [step])
+            for i, n in enumerate((waiting, leased, bad)):
+                total[i] += int(n)
+            if int(done):
+                return {"waiting": total[0], "leased": total[1], "malformed": total[2]}
 
     # -- running scripts ----------------------------------------------------------------------
     def _keys(self, script: str, **given: str) -> list[str]:
@@ -359,11 +393,16 @@ class PriorityQueue:
         return getattr(self.scripts, name), keys, [*args, self._ctx]
 
     def _run(self, name: str, keys: list, args: list):
+        """Run one script now (while the queue's mode is being migrated: ``wait_out_migration``)."""
         script, keys, args = self._call(name, keys, args)
-        try:
-            return script(keys=keys, args=args, client=self.client)
-        except redis.ResponseError as exc:
-            raise translate_error(exc) from None
+
+        def once():
+            try:
+                return script(keys=keys, args=args, client=self.client)
+            except redis.ResponseError as exc:
+                raise translate_error(exc) from None
+
+        return wait_out_migration(once)
 
     def _run_replicated(self, calls: list[tuple]) -> tuple[list, int | None]:
         """``run_calls``, followed by WAIT when ``wait_replicas`` is set: (replies, replicas
@@ -705,8 +744,8 @@ class PriorityQueue:
         consumer's finished deliveries and its next pop in one round trip); their codes (1
         acked, or an ErrorCode value) are the result's ``acked``.
         """
-        popped, codes = pop_with_acks(self, count, lease_seconds=lease_seconds, consumer=consumer, view=view,
-                                      acks={self: acks} if acks else {})
+        popped, codes = wait_out_migration(lambda: pop_with_acks(
+            self, count, lease_seconds=lease_seconds, consumer=consumer, view=view, acks={self: acks} if acks else {}))
         popped.acked = codes.get(self, [])
         return popped
 
@@ -804,7 +843,7 @@ class PriorityQueue:
         pairs = [_pair(x) for x in leases]
         if not pairs:
             return []
-        (codes,) = run_acks(self.client, [self.ack_call(pairs)], [self])
+        (codes,) = wait_out_migration(lambda: run_acks(self.client, [self.ack_call(pairs)], [self]))
         return self._codes(pairs, codes, strict)
 
     def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
@@ -878,16 +917,28 @@ class PriorityQueue:
         (``restored``), so that its holder can renew it; at least ``restore_seconds`` from now
         (pass the lease length: the deadline then counts from now, when the holder can reach
         Redis again).
+
+        A consumer's leases are looked for ``limit`` at a time, one script call each (the work of
+        one call is bounded, however many leases other consumers hold); this returns when all
+        were looked at.
         """
-        returned, dead, skipped, more, promoted, dropped, restored = self._run(
-            "reclaim", self._keys("reclaim"),
-            [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-             "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000)],
-        )
-        if dropped:
-            self._warn_dropped(dropped)
-        return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more),
-                "promoted": promoted, "dead_dropped": dropped, "restored": restored}
+        total = Counter()
+        start = 0
+        while True:
+            returned, dead, skipped, more, promoted, dropped, restored, kept = self._run(
+                "reclaim", self._keys("reclaim"),
+                [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
+                 "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000), start],
+            )
+            total.update(returned=returned, dead=dead, promoted=promoted, dropped=dropped, restored=restored)
+            if not consumer or not more:
+                break
+            start += int(kept)
+        if total["dropped"]:
+            self._warn_dropped(total["dropped"])
+        return {"returned": total["returned"], "dead": total["dead"], "skipped": bool(skipped),
+                "more": bool(more) and not consumer, "promoted": total["promoted"],
+                "dead_dropped": total["dropped"], "restored": total["restored"]}
 
     def _warn_dropped(self, n: int) -> None:
         logger.warning("celery-pq: dead-letter queue %s.dead is full (max_dead_length=%s): its %d oldest "
@@ -966,7 +1017,7 @@ class PriorityQueue:
         total = 0
         while True:
             deleted, taken = self._run("purge", self._keys("purge"),
-                                       [C.BULK_CHUNK, "1" if self.fair else "0", self.scope])
+                                       [C.STEP_CHUNK, "1" if self.fair else "0", self.scope])
             total += int(deleted)
             if not taken:
                 return total
@@ -987,8 +1038,8 @@ class PriorityQueue:
         for i in ids:
             _text("id", i)
         out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-        for start in range(0, len(ids), C.BULK_CHUNK):
-            part = ids[start : start + C.BULK_CHUNK]
+        for start in range(0, len(ids), C.STEP_CHUNK):
+            part = ids[start : start + C.STEP_CHUNK]
             reply = self._run("replay", self._keys("replay"),
                               [self.max_length or 0, "1" if self.fair else "0", self.scope,
                                *(encode_id(i) for i in part)])

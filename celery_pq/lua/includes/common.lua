@@ -25,7 +25,9 @@
 -- mode is four letters: fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l",
 -- technique "T"/"S", and event_log is the caller's event-log cap (0: the caller has none).
 -- The mode record md holds the four letters and then the queue's switches: "p" when the queue
--- is paused, "e<cap>" when its event log is on (see mode_error; records.py).
+-- is paused, "e<cap>" when its event log is on, "m" while a migration to its mode runs (every
+-- script but migrate and extend then answers MIGRATING and does nothing: see migrate.lua and
+-- mode_error; records.py).
 -- A few keys of the queue are derived from the name of KEYS[1] (same stem, same hash tag, so
 -- the same slot): md (the recorded mode), pd pe pt (publish ids), ct (counters), td (deliveries
 -- per tenant), ev (the event log), gc (cursors of the fairness clean-up), and the dead-letter
@@ -95,10 +97,12 @@ local function key_of(suffix)
   return k
 end
 
--- The switches after the four letters of a mode record: "p" paused, "e<cap>" event log on.
+-- The switches after the four letters of a mode record: "p" paused, "e<cap>" event log on,
+-- "m" migrating.
 local function read_switches(rest)
   CTX.paused = string.find(rest, 'p', 1, true) ~= nil
   CTX.ev = tonumber(string.match(rest, 'e(%d+)')) or 0
+  CTX.migrating = string.find(rest, 'm', 1, true) ~= nil
 end
 
 -- Record mode and the switches in CTX as the queue's mode record.
@@ -109,6 +113,9 @@ local function write_mode(mode)
   end
   if CTX.ev > 0 then
     s = s .. 'e' .. string.format('%.0f', CTX.ev)
+  end
+  if CTX.migrating then
+    s = s .. 'm'
   end
   redis.call('SET', key_of('md'), s)
 end
@@ -129,6 +136,9 @@ local function mode_error(adopt, record)
   end
   local stored = record and string.sub(record, 1, 4)
   read_switches(record and string.sub(record, 5) or '')
+  if CTX.migrating then -- nothing is done while a migration runs; the caller waits and retries
+    return redis.error_reply('MIGRATING ' .. KEYS[1] .. ' ' .. stored)
+  end
   local recorded = CTX.ev
   if CTX.ev_mine > 0 then
     CTX.ev = CTX.ev_mine
