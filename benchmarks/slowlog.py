@@ -12,6 +12,8 @@ Cases (N = ``--entries``, 120,000 by default):
   other tenants behind it are popped (their pointers go stale behind the head that cannot be
   served), then N/10 more are inserted and popped (pushes compact the list).
 - fair_capped_head: the same with a tenant held at its concurrency cap (one entry leased and kept).
+- fair_control: as many fair pops of 100, acks and inserts on a queue of 1,200 entries at a time:
+  the cost of a call's own batch, whatever the queue's size (the yardstick of the two above).
 - plain_removed_backlog: a plain queue (technique S) of N entries, all but every 100th removed by
   id (lazy deletion leaves their pointers), then N/10 inserts and pops.
 - publish_window_expiry: ``--window-ids`` publish ids (1,000,000) remembered in each of the two
@@ -25,27 +27,34 @@ Cases (N = ``--entries``, 120,000 by default):
 - recover_consumer: a consumer's leases returned (``reclaim(consumer=...)``) with N/10 leases of
   other consumers outstanding.
 
-    python -m benchmarks.slowlog [--entries 120000] [--window-ids 1000000] [--smoke] [--out DIR]
+    python -m benchmarks.slowlog [--entries 120000] [--window-ids 1000000] [--nice -10] [--only CASE,..]
+                                 [--smoke] [--out DIR]
 
 ``--entries 20000 --window-ids 100000`` is the bounded run (about a minute); ``--smoke`` is tinier.
+``--nice -10`` runs the redis-server ahead of the machine's other processes (as root), so that
+other load preempts a call less often (the figures are Redis's wall-clock durations).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import redis
 
 from celery_pq import PriorityQueue
 from celery_pq.scripts import SCRIPT_NAMES, library, source
+from celery_pq.testing import RedisServer
 
-from .common import cli, redis_server, table
+from .common import cli, table
 
 #: A script call longer than this fails the goal (ms).
 GOAL_MS = 10.0
-#: Client operations between two readings of the SLOWLOG (it holds SLOWLOG_LEN entries at most).
-DRAIN_EVERY = 500
-SLOWLOG_LEN = 100_000
+#: Client operations between two readings of the SLOWLOG (it holds SLOWLOG_LEN entries at most,
+#: and Redis 7 logs the commands a script runs as well as the script call: a fair pop of 100
+#: entries adds about 2,000).
+DRAIN_EVERY = 10
+SLOWLOG_LEN = 1_000_000
 
 
 class Slowlog:
@@ -65,7 +74,7 @@ class Slowlog:
     def reset(self) -> None:
         self.client.slowlog_reset()
         self.max_us: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
+        self.durations: list[int] = []  # every script call's (µs)
         self._ops = 0
 
     def tick(self) -> None:
@@ -75,16 +84,28 @@ class Slowlog:
 
     def take(self) -> dict[str, float]:
         """The longest call of each script so far in this phase (ms)."""
-        raw = self.client.execute_command("SLOWLOG", "GET", -1)
-        self.client.slowlog_reset()
+        with self.client.pipeline(transaction=True) as p:  # (nothing is logged in between)
+            p.execute_command("SLOWLOG", "GET", -1)
+            p.slowlog_reset()
+            raw = p.execute()[0]
+        assert len(raw) < SLOWLOG_LEN, "the SLOWLOG was full: entries were lost before they were read"
         for entry in raw:
             args = entry[3]
             if len(args) < 2 or args[0].upper() not in (b"FCALL", b"EVALSHA"):
                 continue
             name = self.names.get(args[1], args[1].decode(errors="replace"))
             self.max_us[name] = max(self.max_us.get(name, 0), int(entry[2]))
-            self.calls[name] = self.calls.get(name, 0) + 1
+            self.durations.append(int(entry[2]))
         return {name: us / 1000 for name, us in self.max_us.items()}
+
+    def spread(self) -> dict:
+        """Calls, their 99th and 99.9th percentile (ms), and how many took GOAL_MS or more."""
+        d = sorted(self.durations)
+        if not d:
+            return {"calls": 0, "p99_ms": 0.0, "p999_ms": 0.0, "over_goal": 0}
+        return {"calls": len(d), "p99_ms": d[int(0.99 * (len(d) - 1))] / 1000,
+                "p999_ms": d[int(0.999 * (len(d) - 1))] / 1000,
+                "over_goal": sum(1 for us in d if us >= GOAL_MS * 1000)}
 
 
 def _fill(q: PriorityQueue, n: int, *, priority: int = 5, tenants: int = 0, prefix: str = "e",
@@ -135,6 +156,18 @@ def case_fair_head(client, log, n, *, capped: bool) -> dict:
     return log.take()
 
 
+def case_fair_control(client, log, n) -> dict:
+    """The same pops, acks and inserts as the head cases on a small queue (1,200 entries at a
+    time, no tenant held): what a call of 100 fair deliveries costs whatever the queue's size."""
+    q = PriorityQueue(client, "control", fair=True)
+    log.reset()
+    served = 0
+    for round_ in range((n + 10 * (n // 100)) // 1200):
+        _fill(q, 1200, tenants=100, prefix=f"c{round_}-", chunk=100)
+        served += _drain(q, log)
+    return log.take()
+
+
 def case_plain_removed(client, log, n) -> dict:
     q = PriorityQueue(client, "removed", technique="S")
     _fill(q, n)
@@ -165,9 +198,13 @@ def case_publish_window(client, log, ids) -> dict:
         assert client.hlen(q.keys.pd) >= ids
         now_ms = int(time.time() * 1000)
         client.set(q.keys.pt, now_ms - age_windows * 5000 - 100)
+        log.take()
+        durations = list(log.durations)
         log.reset()
         q.insert(b"after", 1)
         out[label] = log.take().get("insert", 0.0)
+        log.durations = durations + log.durations
+    log.max_us = {"insert": int(max(out.values()) * 1000)}
     return {"insert": max(out.values()), **{f"insert ({k})": v for k, v in out.items()}}
 
 
@@ -232,6 +269,7 @@ def case_recover(client, log, n) -> dict:
 CASES = {
     "fair_paused_head": lambda c, log, n, ids: case_fair_head(c, log, n, capped=False),
     "fair_capped_head": lambda c, log, n, ids: case_fair_head(c, log, n, capped=True),
+    "fair_control": lambda c, log, n, ids: case_fair_control(c, log, n),
     "plain_removed_backlog": lambda c, log, n, ids: case_plain_removed(c, log, n),
     "publish_window_expiry": lambda c, log, n, ids: case_publish_window(c, log, ids),
     "migrate_mode": lambda c, log, n, ids: case_migrate(c, log, n),
@@ -243,21 +281,36 @@ CASES = {
 }
 
 
-def run(entries=120_000, window_ids=1_000_000, only="") -> dict:
+def _raise_priority(pid: int, nice: int) -> int:
+    """Give our own redis-server the scheduling priority ``nice`` (needs root for < 0), so that a
+    busy machine's other processes take the CPU from it less often while a call runs; the
+    priority it got."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def run(entries=120_000, window_ids=1_000_000, only="", nice=0) -> dict:
     results = {}
+    niceness = None
     for name, case in CASES.items():
         if only and name not in only.split(","):
             continue
-        with redis_server() as port:
-            client = redis.Redis(port=port)
+        with RedisServer() as server:
+            if nice:
+                niceness = _raise_priority(server.pid, nice)
+            client = redis.Redis(port=server.port)
             log = Slowlog(client)
             start = time.perf_counter()
             by_script = case(client, log, entries, window_ids)
             results[name] = {"max_ms": max(by_script.values(), default=0.0), "by_script": by_script,
-                             "seconds": round(time.perf_counter() - start, 1)}
+                             **log.spread(), "seconds": round(time.perf_counter() - start, 1)}
             client.close()
         print(f"{name}: {results[name]['max_ms']:.2f} ms", flush=True)
-    return {"entries": entries, "window_ids": window_ids, "goal_ms": GOAL_MS, "results": results}
+    return {"entries": entries, "window_ids": window_ids, "goal_ms": GOAL_MS, "redis_nice": niceness,
+            "results": results}
 
 
 def markdown(data) -> list[str]:
@@ -265,19 +318,25 @@ def markdown(data) -> list[str]:
     for name, r in data["results"].items():
         worst = max(r["by_script"].items(), key=lambda kv: kv[1], default=("-", 0.0))
         rows.append([name, f"{r['max_ms']:.2f}", worst[0], "yes" if r["max_ms"] < data["goal_ms"] else "NO",
+                     f"{r['calls']:,}", f"{r['p99_ms']:.2f}", f"{r['p999_ms']:.2f}", str(r["over_goal"]),
                      ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["by_script"].items()))])
     return [f"# Longest script call per worst case (SLOWLOG, {data['entries']:,} entries, "
             f"{data['window_ids']:,} publish ids per window)",
             "",
-            *table(["case", "max ms", "script", f"under {data['goal_ms']:.0f} ms", "max ms by script"], rows),
+            *table(["case", "max ms", "script", f"under {data['goal_ms']:.0f} ms", "script calls", "p99 ms",
+                    "p99.9 ms", f"calls >= {data['goal_ms']:.0f} ms", "max ms by script"], rows),
             "",
             "Each case on a redis-server of its own; the durations are Redis's (SLOWLOG), of the phase "
-            "that meets the worst case (the build is not counted)."]
+            "that meets the worst case (the build is not counted). On a busy machine a call can be "
+            "descheduled while it runs: a lone maximum far above the 99.9th percentile is that, not work"
+            + (f"; the redis-server ran at nice {data['redis_nice']}." if data.get("redis_nice") is not None
+               else ".")]
 
 
 def main(argv=None):
     return cli(argv, __doc__, "slowlog", run, markdown,
-               options=(("--entries", int, 120_000), ("--window-ids", int, 1_000_000), ("--only", str, "")),
+               options=(("--entries", int, 120_000), ("--window-ids", int, 1_000_000), ("--only", str, ""),
+                        ("--nice", int, 0)),
                smoke={"entries": 2_000, "window_ids": 20_000})
 
 
