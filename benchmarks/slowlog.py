@@ -26,6 +26,8 @@ Cases (N = ``--entries``, 120,000 by default):
 - replay_tail: replay of the 1,000 newest dead letters of an N-entry dead-letter queue.
 - recover_consumer: a consumer's leases returned (``reclaim(consumer=...)``) with N/10 leases of
   other consumers outstanding.
+- one_task_id_resent: N/6 publishes of one task id (each a message: duplicate ids), half of them
+  popped and acked one by one, then the rest removed by the id.
 
     python -m benchmarks.slowlog [--entries 120000] [--window-ids 1000000] [--nice -10] [--only CASE,..]
                                  [--smoke] [--out DIR]
@@ -43,6 +45,7 @@ import time
 import redis
 
 from celery_pq import PriorityQueue
+from celery_pq import constants as C
 from celery_pq.scripts import SCRIPT_NAMES, library, source
 from celery_pq.testing import RedisServer
 
@@ -214,8 +217,12 @@ def case_migrate(client, log, n) -> dict:
     q.pop(n // 100)
     log.reset()
     fair = PriorityQueue(client, "migrate", fair=True)
-    result = fair.migrate_mode()
-    assert result["waiting"] == n - n // 100, result
+    waiting = done = 0
+    while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
+        step = fair._run("migrate", fair._keys("migrate"), [C.MIGRATE_STEP])
+        waiting, done = waiting + step[0], step[3]
+        log.tick()
+    assert waiting == n - n // 100, waiting
     return log.take()
 
 
@@ -255,6 +262,23 @@ def case_replay(client, log, n) -> dict:
     return log.take()
 
 
+def case_one_task_id(client, log, n) -> dict:
+    """N/6 publishes of one task id (deliberate re-sends: each is a message of its own, stored
+    under a duplicate id), then each popped and acked, then a remove by that id."""
+    q = PriorityQueue(client, "sameid")
+    log.reset()
+    for _ in range(n // 6):
+        q.insert(b"x", 1, id="same")
+        log.tick()
+    for _ in range(n // 12):
+        lease = q.pop(1)
+        log.tick()
+        q.ack(lease[0])
+        log.tick()
+    q.remove("same")
+    return log.take()
+
+
 def case_recover(client, log, n) -> dict:
     q = PriorityQueue(client, "recover")
     _fill(q, n // 10 + 10)
@@ -278,6 +302,7 @@ CASES = {
     "cleanup_deep": lambda c, log, n, ids: case_cleanup(c, log, n),
     "replay_tail": lambda c, log, n, ids: case_replay(c, log, n),
     "recover_consumer": lambda c, log, n, ids: case_recover(c, log, n),
+    "one_task_id_resent": lambda c, log, n, ids: case_one_task_id(c, log, n),
 }
 
 

@@ -76,7 +76,7 @@ SOCKET_TIMEOUT = 30.0
 COMPACT_STEP = 512
 
 #: Entries one step of ``migrate_mode`` looks at (and pointers it moves), at most: a few ms.
-MIGRATE_STEP = 128
+MIGRATE_STEP = 64
 
 #: Seconds a queue-API call to a queue whose mode is being migrated waits (retrying, nothing
 #: done meanwhile) before it raises QueueMigrating: a migration of 1,000,000 entries runs for

@@ -17,7 +17,7 @@ def explain(stale: int = 0) -> dict:
 
 
 READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
-                           "zscore", "get", "exists", "mget"})
+                           "zrangebylex", "zscore", "get", "exists", "mget"})
 WRITE_COMMANDS = frozenset({"hset", "hsetnx", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
                             "del", "set", "hincrby"})
 
@@ -60,8 +60,9 @@ def _commands(stale: int) -> dict:
         "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", *passing, "lrange", "linsert", "llen", "hkeys",
                          *ct]),
         "remove_by_id": {
-            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", *passing, "lrem", "exists", *ct],
-            "S": [*md, "hget", "hexists", "zscore", "hdel", *ct],
+            # the id's duplicates looked for in dq (one range read), and in dp (written before dq)
+            "T": [*md, "hget", "zrangebylex", "hexists", "hget", "hdel", "zrem", *passing, "lrem", "exists", *ct],
+            "S": [*md, "hget", "zrangebylex", "hexists", "zscore", "hdel", *ct],
         },
         "change_priority": {
             "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", *passing, "lrem", "exists"],

@@ -18,7 +18,9 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
     pq:{orders}:sq    string  insertion sequence (INCR)
-    pq:{orders}:dp    hash    task id -> "seq,seq": its duplicates are "<task id>~<seq>"
+    pq:{orders}:dp    hash    task id -> "seq,seq": its duplicates "<task id>~<seq>" (recorded before dq)
+    pq:{orders}:dq    zset    the duplicates of every task id: len(id) (2 bytes) id seq (6 bytes), all
+                              scores 0, so an id's duplicates are one lex range
     pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
     pq:{orders}:dz    zset    delayed entries, score = due time (ms, Redis clock)
     pq:{orders}:vw    hash    registered priority views "lo-hi" -> 1
@@ -65,7 +67,7 @@ MAX_SHARDS = 256
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
-            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev", "sw")
+            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev", "sw", "dq")
 #: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
@@ -114,6 +116,7 @@ class QueueKeys:
     td: str
     ev: str
     sw: str
+    dq: str
 
     @property
     def stem(self) -> str:

@@ -947,11 +947,17 @@ class PriorityQueue:
 
     # -- REMOVE BY ID, priorities, peeks --------------------------------------------------------
     def remove(self, id: str) -> int:
-        """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
+        """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
+        An id sent many times is done in script calls of ``C.STEP_CHUNK`` duplicates each."""
         _text("id", id)
-        removed, _leased = self._run("remove", self._keys("remove"),
-                                     [encode_id(id), self.technique, "1" if self.fair else "0", self.scope])
-        return int(removed)
+        total, cursor = 0, ""
+        while True:
+            removed, _leased, cursor = self._run("remove", self._keys("remove"),
+                                                 [encode_id(id), self.technique, "1" if self.fair else "0", self.scope,
+                                                  cursor, C.STEP_CHUNK])
+            total += int(removed)
+            if not cursor:
+                return total
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""

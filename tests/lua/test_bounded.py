@@ -17,6 +17,7 @@ import pytest
 
 from celery_pq import PriorityQueue, QueueMigrating
 from celery_pq import constants as C
+from celery_pq.ids import encode_id
 from celery_pq.queue import run_calls
 
 N = 20_000
@@ -218,3 +219,38 @@ def test_replay_drops_a_pointer_only_near_the_front(redis_client, key_prefix):
     assert seen["lpos"] == 101 and seen["lrem"] == 1  # e0's; the others are left stale
     assert q.size() == 101 and q.dead.size() == N - 101
     assert [e.id for e in q.dead.peek(2)] == ["e1", "e2"]
+
+
+def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(redis_client, key_prefix):
+    # Given one task id sent 2,000 times (each a message of its own, under a duplicate id)
+    q = PriorityQueue(redis_client, "same", key_prefix=key_prefix)
+    sends = 2000
+    ids = q.insert_many([(b"x", 1, "same")] * sends, chunk=100)
+    assert len(set(ids)) == sends and redis_client.zcard(q.keys.dq) == sends - 1
+    # When one is popped and acked: its duplicate id is forgotten with one ZREM, nothing rewritten
+    first, lease = q.pop(2)  # the id itself, then its first duplicate
+    assert lease.id.startswith("same~")
+    seen = counted(redis_client, lambda: q.ack(lease))
+    assert seen["zrem"] == 2 and seen["hset"] == 0 and seen["hget"] == 1  # (lz and dq; the entry's lease)
+    # And a remove by the id goes in steps of STEP_CHUNK duplicates, each entry once
+    seen = counted(redis_client, lambda: q.remove("same"))
+    dups = sends - 2  # (one acked)
+    assert seen["fcall"] + seen["evalsha"] == dups // C.STEP_CHUNK + 1  # the last call finds less than a step
+    assert seen["zrangebylex"] == seen["fcall"] + seen["evalsha"]
+    assert q.size() == 0 and redis_client.zcard(q.keys.dq) == 0
+    assert q.ack(first)
+
+
+def test_duplicates_recorded_before_dq_are_still_found(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "legacy", key_prefix=key_prefix)
+    first, second, third = q.insert_many([(b"x", 1, "old")] * 3)
+    seqs = [s.rsplit("~", 1)[1] for s in (second, third)]
+    # as an older version stored them: "seq,seq" in the hash dp, nothing in dq
+    redis_client.delete(q.keys.dq)
+    redis_client.hset(q.keys.dp, encode_id("old"), ",".join(seqs))
+    back, lease = q.pop(2)  # the first duplicate, acked: it leaves dp's list
+    assert lease.id == second and q.ack(lease)
+    q.requeue(back)
+    assert redis_client.hget(q.keys.dp, encode_id("old")) == seqs[1].encode()
+    assert q.remove("old") == 2  # the entry and the other duplicate
+    assert not redis_client.hexists(q.keys.dp, encode_id("old")) and q.size() == 0

@@ -661,9 +661,27 @@ local function wake(wk)
   end
 end
 
--- Store the sequence numbers of one task id's duplicates, "seq1,seq2" (none left: the field
--- goes). A duplicate's entry id is "<task id>~<seq>"; only the seqs are kept, so an id may hold
--- any bytes.
+-- The duplicates of a task id (entry ids "<task id>~<seq>") are members of the sorted set dq
+-- (derived key; all scores 0, so in byte order): the id's length in 2 bytes, the id, the seq in
+-- 6 bytes. One id's duplicates are one range (dup_range), so each is added, found and dropped in
+-- O(log n), however often the id was sent. Duplicates recorded before dq are in the hash dp
+-- (task id -> "seq1,seq2"), still read and emptied.
+local function dup_member(tid, seq)
+  return struct.pack('>I2', #tid) .. tid .. struct.pack('>I6', seq)
+end
+
+-- The ZRANGEBYLEX bounds of task id tid's members in dq (after member `after`, when given).
+local function dup_range(tid, after)
+  local prefix = struct.pack('>I2', #tid) .. tid
+  return after and ('(' .. after) or ('[' .. prefix), '(' .. prefix .. '\255' -- (a seq's first byte is < 16)
+end
+
+local function dup_add(tid, seq)
+  redis.call('ZADD', key_of('dq'), 0, dup_member(tid, seq))
+end
+
+-- Store the sequence numbers of one task id's duplicates in the hash dp, "seq1,seq2" (none left:
+-- the field goes): the layout before dq.
 local function dup_store(dp, tid, seqs)
   if #seqs == 0 then
     redis.call('HDEL', dp, tid)
@@ -684,10 +702,13 @@ local function wake_registered_views(rank)
   end
 end
 
--- Forget a duplicate entry id "<task id>~<seq>" in the duplicates hash.
+-- Forget a duplicate entry id "<task id>~<seq>" (in dq; one recorded before dq in dp).
 local function dup_forget(dp, eid)
   local tid, seq = string.match(eid, '^(.*)~(%d+)$')
-  if not tid then
+  if not tid or #tid > 65535 then
+    return
+  end
+  if redis.call('ZREM', key_of('dq'), dup_member(tid, tonumber(seq))) == 1 then
     return
   end
   local list = redis.call('HGET', dp, tid)
