@@ -65,7 +65,8 @@ def _commands(stale: int) -> dict:
             "S": [*md, "hget", "zrangebylex", "hexists", "zscore", "hdel", *ct],
         },
         "change_priority": {
-            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", *passing, "lrem", "exists"],
+            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", *passing, "lrem",
+                  "exists"],
             "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
         },
         "retrieve_highest_priority": {

@@ -392,8 +392,9 @@ class PriorityQueue:
         it off ARGV first), to run now (``_run``) or with others (``run_calls``)."""
         return getattr(self.scripts, name), keys, [*args, self._ctx]
 
-    def _run(self, name: str, keys: list, args: list):
-        """Run one script now (while the queue's mode is being migrated: ``wait_out_migration``)."""
+    def _run(self, name: str, keys: list, args: list, *, wait: bool = True):
+        """Run one script now (while the queue's mode is being migrated: ``wait_out_migration``,
+        or with ``wait=False`` QueueMigrating at once)."""
         script, keys, args = self._call(name, keys, args)
 
         def once():
@@ -402,7 +403,7 @@ class PriorityQueue:
             except redis.ResponseError as exc:
                 raise translate_error(exc) from None
 
-        return wait_out_migration(once)
+        return wait_out_migration(once) if wait else once()
 
     def _run_replicated(self, calls: list[tuple]) -> tuple[list, int | None]:
         """``run_calls``, followed by WAIT when ``wait_replicas`` is set: (replies, replicas
@@ -920,16 +921,23 @@ class PriorityQueue:
 
         A consumer's leases are looked for ``limit`` at a time, one script call each (the work of
         one call is bounded, however many leases other consumers hold); this returns when all
-        were looked at.
+        were looked at. While the queue's mode is being migrated a sweep is skipped (it does not
+        wait: the thread that sweeps also renews leases); a consumer's recovery waits.
         """
         total = Counter()
         start = 0
         while True:
-            returned, dead, skipped, more, promoted, dropped, restored, kept = self._run(
-                "reclaim", self._keys("reclaim"),
-                [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-                 "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000), start],
-            )
+            try:
+                returned, dead, skipped, more, promoted, dropped, restored, kept = self._run(
+                    "reclaim", self._keys("reclaim"),
+                    [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
+                     "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000),
+                     start],
+                    wait=bool(consumer),
+                )
+            except QueueMigrating:
+                return {"returned": 0, "dead": 0, "skipped": True, "more": False, "promoted": 0, "dead_dropped": 0,
+                        "restored": 0}
             total.update(returned=returned, dead=dead, promoted=promoted, dropped=dropped, restored=restored)
             if not consumer or not more:
                 break

@@ -254,3 +254,15 @@ def test_duplicates_recorded_before_dq_are_still_found(redis_client, key_prefix)
     assert redis_client.hget(q.keys.dp, encode_id("old")) == seqs[1].encode()
     assert q.remove("old") == 2  # the entry and the other duplicate
     assert not redis_client.hexists(q.keys.dp, encode_id("old")) and q.size() == 0
+
+
+def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix)
+    fill(q, 1000)
+    fair = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix, fair=True)
+    fair._run("migrate", fair._keys("migrate"), [10])
+    start = time.monotonic()
+    assert fair.reclaim()["skipped"] is True  # the keeper's thread renews leases too: it goes on
+    assert time.monotonic() - start < 1
+    fair.migrate_mode()
+    assert fair.reclaim()["skipped"] is False
