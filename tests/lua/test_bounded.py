@@ -266,3 +266,23 @@ def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_
     assert time.monotonic() - start < 1
     fair.migrate_mode()
     assert fair.reclaim()["skipped"] is False
+
+
+def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "views", key_prefix=key_prefix, technique="S")
+    fill(q, 3000, priority=7)
+    fill(q, 10, priority=2, prefix="low")
+    for i in range(3000):
+        if i % 3:
+            q.remove(f"e{i}")
+    rank = q.rank(7)
+    q._run("cleanup", q._keys("cleanup"), [rank, C.COMPACT_STEP])  # a pass: 171 in front, the rest behind
+    assert redis_client.zscore(q.keys.pi, rank) == rank + 0.5
+    assert [e.id for e in q.peek(3)] == ["e0", "e3", "e6"]
+    assert q.stats()["waiting"] == 1010
+    assert q.retrieve_by_priority(7) == "e0"
+    got = q.pop(200, view=(rank - 1, rank + 1))  # (a rank range) the front list runs out part way: on with the list
+    assert [lease.id for lease in got] == [f"e{i}" for i in range(0, 600, 3)]
+    assert redis_client.zscore(q.keys.pi, rank) == rank  # the front list ran empty: no pass
+    assert q.purge() == 800 + 10
+    assert q.size() == 0 and redis_client.zcard(q.keys.pi) == 0
