@@ -80,6 +80,9 @@ for i, eid in ipairs(ids) do
       removed = removed + 1
       local e = v and split_entry(v)
       emit('remove', eid, e and e.s, e and e.t)
+      if not members[i] then -- (the id itself may be "<task id>~<seq>")
+        dup_forget(dp, eid)
+      end
     end
   else
     if members[i] then
@@ -88,6 +91,9 @@ for i, eid in ipairs(ids) do
     local v = redis.call('HGET', ii, eid)
     if v then
       redis.call('HDEL', ii, eid)
+      if not members[i] then -- (the id itself may be "<task id>~<seq>")
+        dup_forget(dp, eid)
+      end
       removed = removed + 1
       local e = split_entry(v) -- a malformed one is removed as asked; its pointer goes lazily
       emit('remove', eid, e and e.s, e and e.t)

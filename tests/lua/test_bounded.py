@@ -286,3 +286,12 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
     assert redis_client.zscore(q.keys.pi, rank) == rank  # the front list ran empty: no pass
     assert q.purge() == 800 + 10
     assert q.size() == 0 and redis_client.zcard(q.keys.pi) == 0
+
+
+def test_a_duplicate_removed_by_its_own_id_is_forgotten(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "forget", key_prefix=key_prefix)
+    _, dup = q.insert_many([(b"x", 1, "a"), (b"x", 1, "a")])
+    assert q.remove(dup) == 1  # by the duplicate's own id "a~<seq>"
+    assert redis_client.zcard(q.keys.dq) == 0
+    q.insert(b"mine", 1, id=dup)  # an entry of its own that has that id now
+    assert q.remove("a") == 1 and q.exists(dup)  # the task id's duplicates do not name it

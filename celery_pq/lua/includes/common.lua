@@ -702,7 +702,9 @@ local function wake_registered_views(rank)
   end
 end
 
--- Forget a duplicate entry id "<task id>~<seq>" (in dq; one recorded before dq in dp).
+-- Forget a duplicate entry id "<task id>~<seq>" (in dq; one recorded before dq in dp). An entry
+-- whose id has that form and that leaves the table for any reason is forgotten (its flags may
+-- be unreadable), so no record of a task id's duplicates names an id a later entry takes.
 local function dup_forget(dp, eid)
   local tid, seq = string.match(eid, '^(.*)~(%d+)$')
   if not tid or #tid > 65535 then
@@ -815,7 +817,6 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   local rank = split_score(score)
   local dscore = rank * SEQ_SPAN + seq
   local deid = free_id(dii, eid, dsq, seq)
-  local was_dup = e.x == 'd'
   emit('dead', eid, score, e.t, nil, e.d, reason)
   e.r = dead_note(reason, now, e.d)
   e.d = 0
@@ -825,9 +826,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   pi_push(dpi, rank, seq, deid)
   wake(dwk)
   redis.call('HDEL', ii, eid)
-  if was_dup then
-    dup_forget(dp, eid)
-  end
+  dup_forget(dp, eid)
   counter_add('dead_lettered')
   return deid
 end
