@@ -8,7 +8,7 @@ from __future__ import annotations
 from kombu.transport import TRANSPORT_ALIASES
 
 from .errors import (ClusterUnsettled, ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch,
-                     NotReplicated, NotWaiting, PQError, QueueFull)
+                     NotReplicated, NotWaiting, PQError, QueueFull, QueueMigrating)
 from .queue import Entry, Lease, PriorityQueue
 from .shards import ShardedQueue
 
@@ -49,6 +49,7 @@ __all__ = [
     "PQError",
     "PriorityQueue",
     "QueueFull",
+    "QueueMigrating",
     "ShardedQueue",
     "remove",
 ]

@@ -78,9 +78,27 @@ SOCKET_TIMEOUT = 30.0
 #: this makes the shortest lease 0.75 s.
 RENEW_MARGIN = 0.5
 
-#: Entries per script call for bulk inserts and purges (keeps each script short, as Redis runs
-#: one script at a time).
+#: Pointers one compaction step of a priority's list looks at, at most (lua/includes/common.lua's
+#: COMPACT_STEP; ``PriorityQueue.cleanup`` takes this many per script call): about 1-2 ms of
+#: Redis's time, well under the 10 ms no script call may take.
+COMPACT_STEP = 512
+
+#: Entries one step of ``migrate_mode`` looks at (and pointers it moves), at most: a few ms.
+MIGRATE_STEP = 64
+
+#: Seconds a queue-API call to a queue whose mode is being migrated waits (retrying, nothing
+#: done meanwhile) before it raises QueueMigrating: a migration of 1,000,000 entries runs for
+#: about 30 s of steps here (120,000: 3 s).
+MIGRATION_WAIT = 60.0
+
+#: Entries per script call for bulk inserts (keeps each script short, as Redis runs one script
+#: at a time).
 BULK_CHUNK = 1000
+
+#: Entries per script call of a purge or a replay, whose work per entry is the heaviest (a purge
+#: of a fair queue updates the tenant's order and counts): a few ms a call, under the 10 ms no
+#: script call may take (benchmarks/slowlog.py).
+STEP_CHUNK = 200
 
 #: Seconds a consumer blocks on its wake lists before it re-arms (server-side BLPOP timeout).
 #: Delivery is woken by the insert, not by this timeout.

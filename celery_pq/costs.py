@@ -17,7 +17,7 @@ def explain(stale: int = 0) -> dict:
 
 
 READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
-                           "zscore", "get", "exists", "mget"})
+                           "zrangebylex", "zscore", "get", "exists", "mget"})
 WRITE_COMMANDS = frozenset({"hset", "hsetnx", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
                             "del", "set", "hincrby"})
 
@@ -38,6 +38,9 @@ def _commands(stale: int) -> dict:
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
     grant = ["hexists", "time", "hset", "zadd"]  # the pointer is current; the lease is written
     md = ["get"]  # every script but extend first reads the queue's mode record
+    # A rank's score in pi says whether a compaction pass of it is under way (its front list
+    # comes first): read with the rank by a pop, else with one ZSCORE.
+    passing = ["zscore"]
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
     # An insert whose publish id the client made, on its first send: one MGET reads the mode
     # record, the views registry's version and the publish-id window's start; the publish id
@@ -54,22 +57,26 @@ def _commands(stale: int) -> dict:
         },
         "ack": both([*md, "hget", "hdel", "hdel", "zrem", *ct]),
         "extend": both(["time", "hget", "zadd"]),
-        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", "lrange", "linsert", "llen", "hkeys", *ct]),
+        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", *passing, "lrange", "linsert", "llen", "hkeys",
+                         *ct]),
         "remove_by_id": {
-            "T": [*md, "hget", "hexists", "hget", "hdel", "zrem", "lrem", "exists", *ct],
-            "S": [*md, "hget", "hexists", "zscore", "hdel", *ct],
+            # the id's duplicates looked for in dq (one range read), and in dp (written before dq)
+            "T": [*md, "hget", "zrangebylex", "hexists", "hget", "hdel", "zrem", *passing, "lrem", "exists", *ct],
+            "S": [*md, "hget", "zrangebylex", "hexists", "zscore", "hdel", *ct],
         },
         "change_priority": {
-            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", "lrem", "exists"],
+            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", *passing, "lrem",
+                  "exists"],
             "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
         },
         "retrieve_highest_priority": {
-            "T": [*md, "zrange", "lrange", "hget", "hexists"],
-            "S": [*md, "zrange"] + (["lrange"] + ["hget"] * k if k else []) + ["lrange", "hget", "hexists"],
+            "T": [*md, "zrange", *passing, "lrange", "hget", "hexists"],
+            "S": [*md, "zrange"] + (passing + ["lrange"] + ["hget"] * k if k else []) + passing
+            + ["lrange", "hget", "hexists"],
         },
         "retrieve_by_priority": {
-            "T": [*md, "lindex", "hget", "hexists"],
-            "S": md + ["lindex", "hget", "lpop"] * k + ["lindex", "hget", "hexists"],
+            "T": [*md, *passing, "lindex", "hget", "hexists"],
+            "S": md + [*passing, "lindex", "hget", "lpop", "exists"] * k + [*passing, "lindex", "hget", "hexists"],
         },
         "remove_highest_priority": {
             "T": [*md, "zrange", "lpop", "exists", "hget", "hexists", "hdel", *ct],

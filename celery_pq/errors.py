@@ -89,6 +89,18 @@ class ModeMismatch(ConfigError):
                          f"queue's own settings, or migrate it on purpose (PriorityQueue.migrate_mode)")
 
 
+class QueueMigrating(PQError, ConnectionError):
+    """A call to a queue whose mode is being changed (``PriorityQueue.migrate_mode``, in steps):
+    nothing was done. The queue API waits and retries for up to ``C.MIGRATION_WAIT`` seconds; a
+    pipeline raises it at once, and kombu takes it as a connection error (retried)."""
+
+    def __init__(self, queue: str, mode: dict):
+        self.queue = queue
+        self.mode = mode
+        super().__init__(f"queue {queue!r} is being migrated to {mode}; nothing was done: retry when the "
+                         "migration is over (PriorityQueue.migrate_mode finishes it)")
+
+
 class MessageTooLarge(PQError, ValueError):
     """A message whose stored size passes ``max_message_bytes``; nothing was written."""
 

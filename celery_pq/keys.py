@@ -7,13 +7,20 @@ script touches one slot. The dead-letter queue ``<name>.dead`` lives under the t
 Layout for queue ``orders`` with the default prefix ``pq``::
 
     pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
-    pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank)
+    pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank; rank + 0.5
+                              while a compaction pass of the rank is under way)
     pq:{orders}:pi:<rank>  list  pointers seq(6 bytes) + entry id, FIFO   priority-indexed table
+    pq:{orders}:pi:<rank>:f  list  the front of pi:<rank> during a compaction pass (current pointers
+                              already looked at; lua/includes/common.lua)
+    pq:{orders}:pi:<rank>:m, pi:mv   zset, set  while migrate_mode runs: the pointers gathered per
+                              rank (score seq), the ids seen (lua/migrate.lua)
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
     pq:{orders}:sq    string  insertion sequence (INCR)
-    pq:{orders}:dp    hash    task id -> "seq,seq": its duplicates are "<task id>~<seq>"
+    pq:{orders}:dp    hash    task id -> "seq,seq": its duplicates "<task id>~<seq>" (recorded before dq)
+    pq:{orders}:dq    zset    the duplicates of every task id: len(id) (2 bytes) id seq (6 bytes), all
+                              scores 0, so an id's duplicates are one lex range
     pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
     pq:{orders}:dz    zset    delayed entries, score = due time (ms, Redis clock)
     pq:{orders}:vw    hash    registered priority views "lo-hi" -> 1
@@ -60,7 +67,7 @@ MAX_SHARDS = 256
 
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
-            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev", "sw")
+            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev", "sw", "dq")
 #: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
@@ -109,6 +116,7 @@ class QueueKeys:
     td: str
     ev: str
     sw: str
+    dq: str
 
     @property
     def stem(self) -> str:
@@ -117,14 +125,24 @@ class QueueKeys:
         return self.ii[:-2]
 
     def all(self) -> list[str]:
-        return [getattr(self, s) for s in SUFFIXES] + self.levels()
+        return [getattr(self, s) for s in SUFFIXES] + self.levels() + self.migration()
 
     def level(self, rank: int) -> str:
         """The list of pointers of one rank (0 is served first) in the priority index."""
         return f"{self.pi}:{rank}"
 
+    def front(self, rank: int) -> str:
+        """The front list of a compaction pass of one rank (lua/includes/common.lua): while it
+        holds pointers, they come before those of ``level(rank)``."""
+        return f"{self.pi}:{rank}:f"
+
     def levels(self) -> list[str]:
-        return [self.level(r) for r in range(256)]
+        return [self.level(r) for r in range(256)] + [self.front(r) for r in range(256)]
+
+    def migration(self) -> list[str]:
+        """The keys a ``migrate_mode`` in progress holds (lua/migrate.lua): the pointers gathered
+        per rank, and the ids seen."""
+        return [f"{self.pi}:{r}:m" for r in range(256)] + [f"{self.pi}:mv"]
 
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""

@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from .checks import seconds as _seconds
 from .checks import text as _text
 from .connections import NodePipeline, is_cluster
 from .costs import explain
-from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, error_for, raise_for
+from .errors import ConfigError, ErrorCode, NotReplicated, QueueFull, QueueMigrating, error_for, raise_for
 from .ids import decode_id, encode_id, unique_bytes
 from .keys import dead_queue_name, queue_keys, script_keys, split_dead
 from .records import (FAIR_SCOPES, entry_payload, join_mode, mode_dict, split_dead_note, split_entry, split_lease,
@@ -58,6 +59,8 @@ _EVENT_INTS = frozenset(("p", "k", "n", "ms"))
 
 #: The error reply of a script whose caller's mode is not the queue's (see common.lua).
 _MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
+#: The error reply of a script called while the queue's mode is being migrated (migrate.lua).
+_MIGRATING = re.compile(r"MIGRATING (?P<key>\S+) (?P<mode>\S+)")
 
 
 def _queue_of_key(key: str) -> str:
@@ -70,8 +73,14 @@ def _queue_of_key(key: str) -> str:
 
 
 def translate_error(exc: Exception) -> Exception:
-    """A script's error reply as the project's exception (ModeMismatch), else ``exc``."""
-    m = _MODE_MISMATCH.search(str(exc)) if isinstance(exc, redis.ResponseError) else None
+    """A script's error reply as the project's exception (ModeMismatch, QueueMigrating), else
+    ``exc``."""
+    if not isinstance(exc, redis.ResponseError):
+        return exc
+    m = _MIGRATING.search(str(exc))
+    if m is not None:
+        return QueueMigrating(_queue_of_key(m.group("key")), readable_mode(m.group("mode")))
+    m = _MODE_MISMATCH.search(str(exc))
     if m is None:
         return exc
     return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")),
@@ -84,6 +93,22 @@ def readable_mode(mode: str) -> dict:
     if not d["fair"]:
         d.pop("fair_scope")
     return d
+
+
+def wait_out_migration(call):
+    """``call()``, again while it raises QueueMigrating (the queue's mode is being migrated and
+    the script did nothing), for up to ``C.MIGRATION_WAIT`` seconds. Only for a call that is one
+    script call of one queue: of several, those of other queues would have run."""
+    deadline, pause = None, 0.005
+    while True:
+        try:
+            return call()
+        except QueueMigrating:
+            deadline = deadline or time.monotonic() + C.MIGRATION_WAIT
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
@@ -334,13 +359,22 @@ class PriorityQueue:
         raw = self.client.get(self.keys.md)
         return None if raw is None else readable_mode(_s(raw))
 
-    def migrate_mode(self) -> dict:
+    def migrate_mode(self, *, step: int = C.MIGRATE_STEP) -> dict:
         """Change the queue's mode to this object's, on purpose: the priority index and the
-        fairness state are rebuilt from the stored entries (leases are kept). An admin operation:
-        one script call that reads every entry, so Redis waits for it on a large queue. Returns
-        {"waiting": n, "leased": n, "malformed": n}."""
-        waiting, leased, bad = self._run("migrate", self._keys("migrate"), [])
-        return {"waiting": int(waiting), "leased": int(leased), "malformed": int(bad)}
+        fairness state are rebuilt from the stored entries (leases are kept). An admin operation,
+        in script calls of ``step`` entries each (a few ms of Redis's time each, whatever the
+        queue's size). Meanwhile the queue does nothing else: other calls answer
+        ``QueueMigrating`` (the queue API waits them out, up to ``C.MIGRATION_WAIT`` s); lease
+        renewals go on. A migration that stopped half way is finished by calling this again with
+        the same mode. Returns {"waiting": n, "leased": n, "malformed": n}."""
+        _count("step", step, low=1, none=False)
+        total = [0, 0, 0]
+        while True:
+            waiting, leased, bad, done = self._run("migrate", self._keys("migrate"), [step])
+            for i, n in enumerate((waiting, leased, bad)):
+                total[i] += int(n)
+            if int(done):
+                return {"waiting": total[0], "leased": total[1], "malformed": total[2]}
 
     # -- running scripts ----------------------------------------------------------------------
     def _keys(self, script: str, **given: str) -> list[str]:
@@ -360,12 +394,18 @@ class PriorityQueue:
         it off ARGV first), to run now (``_run``) or with others (``run_calls``)."""
         return getattr(self.scripts, name), keys, [*args, self._ctx]
 
-    def _run(self, name: str, keys: list, args: list):
+    def _run(self, name: str, keys: list, args: list, *, wait: bool = True):
+        """Run one script now (while the queue's mode is being migrated: ``wait_out_migration``,
+        or with ``wait=False`` QueueMigrating at once)."""
         script, keys, args = self._call(name, keys, args)
-        try:
-            return script(keys=keys, args=args, client=self.client)
-        except redis.ResponseError as exc:
-            raise translate_error(exc) from None
+
+        def once():
+            try:
+                return script(keys=keys, args=args, client=self.client)
+            except redis.ResponseError as exc:
+                raise translate_error(exc) from None
+
+        return wait_out_migration(once) if wait else once()
 
     def _run_replicated(self, calls: list[tuple]) -> tuple[list, int | None]:
         """``run_calls``, followed by WAIT when ``wait_replicas`` is set: (replies, replicas
@@ -724,8 +764,8 @@ class PriorityQueue:
         consumer's finished deliveries and its next pop in one round trip); their codes (1
         acked, or an ErrorCode value) are the result's ``acked``.
         """
-        popped, codes = pop_with_acks(self, count, lease_seconds=lease_seconds, consumer=consumer, view=view,
-                                      acks={self: acks} if acks else {})
+        popped, codes = wait_out_migration(lambda: pop_with_acks(
+            self, count, lease_seconds=lease_seconds, consumer=consumer, view=view, acks={self: acks} if acks else {}))
         popped.acked = codes.get(self, [])
         return popped
 
@@ -823,7 +863,7 @@ class PriorityQueue:
         pairs = [_pair(x) for x in leases]
         if not pairs:
             return []
-        (codes,) = run_acks(self.client, [self.ack_call(pairs)], [self])
+        (codes,) = wait_out_migration(lambda: run_acks(self.client, [self.ack_call(pairs)], [self]))
         return self._codes(pairs, codes, strict)
 
     def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
@@ -897,16 +937,35 @@ class PriorityQueue:
         (``restored``), so that its holder can renew it; at least ``restore_seconds`` from now
         (pass the lease length: the deadline then counts from now, when the holder can reach
         Redis again).
+
+        A consumer's leases are looked for ``limit`` at a time, one script call each (the work of
+        one call is bounded, however many leases other consumers hold); this returns when all
+        were looked at. While the queue's mode is being migrated a sweep is skipped (it does not
+        wait: the thread that sweeps also renews leases); a consumer's recovery waits.
         """
-        returned, dead, skipped, more, promoted, dropped, restored = self._run(
-            "reclaim", self._keys("reclaim"),
-            [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-             "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000)],
-        )
-        if dropped:
-            self._warn_dropped(dropped)
-        return {"returned": returned, "dead": dead, "skipped": bool(skipped), "more": bool(more),
-                "promoted": promoted, "dead_dropped": dropped, "restored": restored}
+        total = Counter()
+        start = 0
+        while True:
+            try:
+                returned, dead, skipped, more, promoted, dropped, restored, kept = self._run(
+                    "reclaim", self._keys("reclaim"),
+                    [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
+                     "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000),
+                     start],
+                    wait=bool(consumer),
+                )
+            except QueueMigrating:
+                return {"returned": 0, "dead": 0, "skipped": True, "more": False, "promoted": 0, "dead_dropped": 0,
+                        "restored": 0}
+            total.update(returned=returned, dead=dead, promoted=promoted, dropped=dropped, restored=restored)
+            if not consumer or not more:
+                break
+            start += int(kept)
+        if total["dropped"]:
+            self._warn_dropped(total["dropped"])
+        return {"returned": total["returned"], "dead": total["dead"], "skipped": bool(skipped),
+                "more": bool(more) and not consumer, "promoted": total["promoted"],
+                "dead_dropped": total["dropped"], "restored": total["restored"]}
 
     def _warn_dropped(self, n: int) -> None:
         logger.warning("celery-pq: dead-letter queue %s.dead is full (max_dead_length=%s): its %d oldest "
@@ -915,11 +974,17 @@ class PriorityQueue:
 
     # -- REMOVE BY ID, priorities, peeks --------------------------------------------------------
     def remove(self, id: str) -> int:
-        """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
+        """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
+        An id sent many times is done in script calls of ``C.STEP_CHUNK`` duplicates each."""
         _text("id", id)
-        removed, _leased = self._run("remove", self._keys("remove"),
-                                     [encode_id(id), self.technique, "1" if self.fair else "0", self.scope])
-        return int(removed)
+        total, cursor = 0, ""
+        while True:
+            removed, _leased, cursor = self._run("remove", self._keys("remove"),
+                                                 [encode_id(id), self.technique, "1" if self.fair else "0", self.scope,
+                                                  cursor, C.STEP_CHUNK])
+            total += int(removed)
+            if not cursor:
+                return total
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""
@@ -964,19 +1029,19 @@ class PriorityQueue:
         return self._entry(*reply) if reply else None
 
     def cleanup(self, count: int = 1000) -> int:
-        """Lazy deletion's clean-up sweep: drop the stale pointers among the first ``count`` of
-        each priority's list; returns how many were dropped."""
+        """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
+        from where the last sweep of it stopped, and drop the stale ones (in steps of
+        ``C.COMPACT_STEP`` pointers, one script call each); returns how many were dropped."""
         k = self.keys
         removed = 0
         for rank in self.client.zrange(k.pi, 0, -1):
-            start = seen = 0
+            seen = 0
             while seen < count:
-                n = min(1000, count - seen)
-                gone, looked = self._run("cleanup", self._keys("cleanup"), [int(rank), start, n])
+                n = min(C.COMPACT_STEP, count - seen)
+                gone, looked, more = self._run("cleanup", self._keys("cleanup"), [int(rank), n])
                 removed += int(gone)
                 seen += int(looked)
-                start += int(looked) - int(gone)  # the kept ones; the dropped ones closed up
-                if looked < n:
+                if not more or not looked:
                     break
         return removed
 
@@ -985,7 +1050,7 @@ class PriorityQueue:
         total = 0
         while True:
             deleted, taken = self._run("purge", self._keys("purge"),
-                                       [C.BULK_CHUNK, "1" if self.fair else "0", self.scope])
+                                       [C.STEP_CHUNK, "1" if self.fair else "0", self.scope])
             total += int(deleted)
             if not taken:
                 return total
@@ -1006,8 +1071,8 @@ class PriorityQueue:
         for i in ids:
             _text("id", i)
         out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-        for start in range(0, len(ids), C.BULK_CHUNK):
-            part = ids[start : start + C.BULK_CHUNK]
+        for start in range(0, len(ids), C.STEP_CHUNK):
+            part = ids[start : start + C.STEP_CHUNK]
             reply = self._run("replay", self._keys("replay"),
                               [self.max_length or 0, "1" if self.fair else "0", self.scope,
                                *(encode_id(i) for i in part)])
@@ -1099,7 +1164,7 @@ class PriorityQueue:
             p.hlen(k.lt)
             p.zcard(k.dz)
             if not whole and not self.fair:
-                p.zrangebyscore(k.pi, lo, hi)
+                p.zrangebyscore(k.pi, lo, f"({hi + 1}")  # (a rank's score is rank + 0.5 during a compaction pass)
             res = p.execute()
         waiting = max(0, res[0] - res[1] - res[2])
         if not self.fair:
@@ -1109,6 +1174,7 @@ class PriorityQueue:
             with self._pipeline(transaction=False) as p:
                 for rank in ranks:
                     p.llen(k.level(rank))
+                    p.llen(k.front(rank))
                 return min(waiting, sum(p.execute()))
         counts = {}
         for field, value in self.client.hgetall(k.fn).items():
@@ -1172,8 +1238,10 @@ class PriorityQueue:
         with self._pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
             for rank in ranks:
                 p.llen(k.level(rank))
-            for rank, n in zip(ranks, p.execute()):
-                per_priority[self.priority_of_rank(rank)] += n
+                p.llen(k.front(rank))
+            lengths = p.execute()
+            for rank, n, f in zip(ranks, lengths[::2], lengths[1::2]):
+                per_priority[self.priority_of_rank(rank)] += n + f
         indexed = sum(per_priority.values())
         head = self.peek(1)
         if head:

@@ -26,7 +26,7 @@ publish-id value   pd pe       publish id -> ``""`` (the entry got the id the in
 mode               md          four letters: fair ``0``/``1``, scope ``P``/``T`` (``-`` when not
                    (string)    fair), order ``h``/``l``, technique ``T``/``S``; then the queue's
                                switches: ``p`` while it is paused, ``e<cap>`` while its event log
-                               is on (``"0-hTpe100000"``)
+                               is on (``"0-hTpe100000"``), ``m`` while ``migrate_mode`` runs
 =================  ==========  ====================================================================
 
 A reader never raises on stored data: ``split_*`` return None for a record they cannot parse,
@@ -172,9 +172,9 @@ def split_switches(mode: str) -> tuple[bool, int]:
     return "p" in rest, int(m.group(1)) if m else 0
 
 
-def join_switches(mode: str, paused: bool, event_log: int) -> str:
+def join_switches(mode: str, paused: bool, event_log: int, migrating: bool = False) -> str:
     """A mode record: four letters, then the switches."""
-    return mode[:4] + ("p" if paused else "") + (f"e{event_log}" if event_log else "")
+    return mode[:4] + ("p" if paused else "") + (f"e{event_log}" if event_log else "") + ("m" if migrating else "")
 
 
 def mode_dict(mode: str) -> dict:

@@ -1,31 +1,23 @@
--- cleanup: the bounded clean-up sweep of lazy deletion: look at up to ARGV[3] pointers of one
--- rank's list from position ARGV[2] and remove the stale ones (deferred REMOVE BY ID).
+-- cleanup: one bounded step of the clean-up sweep of lazy deletion (deferred REMOVE BY ID):
+-- up to ARGV[2] pointers of one rank are looked at, from where the rank's compaction pass
+-- stopped (see includes/common.lua: the current pointers move to the rank's front list, the
+-- stale ones are dropped; when the rank's list runs empty the pass is over). Calls repeated
+-- until more is 0 look at each pointer of the rank once.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
 -- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
 -- ARGV[1] rank   0..255
--- ARGV[2] start  position in that rank's list to start at
--- ARGV[3] count  pointers to look at
--- Returns: {removed, looked_at}
+-- ARGV[2] count  pointers to look at, at most
+-- Returns: {removed, looked_at, more (1 while the rank's pass has pointers left to look at:
+--          the next call goes on from there; 0 when the pass is over)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
 --!keys
 
 --!queue
-local rank, start, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local key = level_key(pi, rank)
-local ptrs = redis.call('LRANGE', key, start, start + count - 1)
-local gone = 0
-for _, p in ipairs(ptrs) do
-  if pi_entry(ii, lt, p, rank) == nil then
-    redis.call('LREM', key, 1, p)
-    gone = gone + 1
-  end
-end
-if redis.call('EXISTS', key) == 0 then
-  redis.call('ZREM', pi, rank)
-end
-return { gone, #ptrs }
+local rank, count = tonumber(ARGV[1]), tonumber(ARGV[2])
+local gone, looked, over = pi_compact_step(pi, rank, count)
+return { gone, looked, over and 0 or 1 }

@@ -11,7 +11,7 @@
 -- KEYS[3]  lt    hash    leases (only its size is read, for max_length)
 -- KEYS[4]  wk    list    wake tokens of plain consumers
 -- KEYS[5]  sq    string  insertion sequence
--- KEYS[6]  dp    hash    task id -> seqs of its duplicate entry ids "<task id>~<seq>"
+-- KEYS[6]  dp    hash    task id -> seqs of its duplicates (before dq; no longer written)
 -- KEYS[7]  dz    zset    delayed entries, score = due time (ms)
 -- KEYS[8]  vr    string  version of the registry of priority views
 -- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
@@ -212,8 +212,7 @@ for i = 0, n - 1 do
       local flags = ''
       if dup and id ~= '' then
         flags = 'd'
-        local list = redis.call('HGET', dp, id)
-        redis.call('HSET', dp, id, list and (list .. ',' .. fmt(dup)) or fmt(dup))
+        dup_add(id, dup)
       end
       redis.call('HSET', ii, eid, make_entry(0, score, tenant, flags, '', ts, '|', payload))
     end

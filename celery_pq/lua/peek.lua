@@ -19,8 +19,9 @@ local stale_budget = tonumber(ARGV[2])
 local out = {}
 local seen = {}
 local got, stale = 0, 0
-for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
-  local rank, key, start = tonumber(r), level_key(pi, r), 0
+-- Up to want entries from list key of rank, from its front.
+local function read_list(key, rank)
+  local start = 0
   while got < want and stale < stale_budget do
     local batch = math.max(want - got, 10)
     local ptrs = redis.call('LRANGE', key, start, start + batch - 1)
@@ -43,6 +44,13 @@ for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
     if #ptrs < batch then
       break
     end
+  end
+end
+
+for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
+  local rank = tonumber(r)
+  for _, key in ipairs(pi_lists(pi, rank)) do -- (a compaction pass's front list first)
+    read_list(key, rank)
   end
   if got >= want or stale >= stale_budget then
     break

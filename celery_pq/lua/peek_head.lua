@@ -24,16 +24,18 @@ if CTX.paused then
   return {}
 end
 local stale = 0
-for _, r in ipairs(redis.call('ZRANGEBYSCORE', pi, lo, hi)) do
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', pi, lo, '(' .. (hi + 1))) do
   local rank = tonumber(r)
-  for _, p in ipairs(redis.call('LRANGE', level_key(pi, r), 0, stale_budget - stale)) do
-    local eid, _, _, e = pi_entry(ii, lt, p, rank)
-    if eid then
-      return { rank, tonumber(e.ts) or 0 }
-    end
-    stale = stale + 1
-    if stale >= stale_budget then
-      return { rank, 0 }
+  for _, key in ipairs(pi_lists(pi, rank)) do -- (a compaction pass's front list first)
+    for _, p in ipairs(redis.call('LRANGE', key, 0, stale_budget - stale)) do
+      local eid, _, _, e = pi_entry(ii, lt, p, rank)
+      if eid then
+        return { rank, tonumber(e.ts) or 0 }
+      end
+      stale = stale + 1
+      if stale >= stale_budget then
+        return { rank, 0 }
+      end
     end
   end
 end

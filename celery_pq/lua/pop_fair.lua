@@ -135,15 +135,17 @@ for t, k in pairs(per_tenant) do
   redis.call('HINCRBY', key_of('td'), t, k)
 end
 -- A fair pop serves from the tenant's order, so the pointers of the served ranks' lists go
--- stale where they are; drop the stale ones at the front (bounded), so the lists stay short.
+-- stale where they are; drop the stale ones at the front, stale_budget + want at most in all
+-- (a rank whose head cannot be served keeps its stale pointers for the compaction steps).
+local budget = stale_budget + want
 for rank in pairs(served) do
-  pi_trim(ii, lt, pi, rank, stale_budget + want)
+  if budget <= 0 then
+    break
+  end
+  budget = budget - pi_trim(ii, lt, pi, rank, budget) - 1
 end
 if redis.call('ZCARD', FK.te) == 0 then -- nothing waits: every pointer left is stale
-  for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
-    redis.call('DEL', level_key(pi, r))
-  end
-  redis.call('DEL', pi)
+  pi_unlink_all(pi)
 end
 if #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0 then
   wake(wk)

@@ -31,6 +31,7 @@ for i = 1, #taken, 2 do
   local eid, score, v = pi_entry(ii, lt, taken[i], taken[i + 1])
   if eid == false then -- malformed: deleted as asked
     redis.call('HDEL', ii, score)
+    dup_forget(dp, score)
     tally('removed')
     emit('remove', score, nil, nil, nil, nil, 'purge')
   elseif eid and not seen[eid] then

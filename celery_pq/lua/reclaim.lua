@@ -30,9 +30,12 @@
 -- ARGV[8] restore_ms      0, or the least time (ms) from now such a lease gets: the holder's lease
 --                         length, so that its deadline counts from now, the first moment its
 --                         holder can reach Redis again (its keeper may be slow to get through)
+-- ARGV[9] start           a consumer's leases: where in lz (by rank, 0 first) this call looks at
+--                         limit leases (so one call's work is bounded; the caller goes on from
+--                         start + kept)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
 --           promoted delayed entries, dead entries dropped to keep max_dead, leases given
---           their time back after a gap}; the error reply
+--           their time back after a gap, kept (leases looked at and left in lz)}; the error reply
 --           MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- A lease record or entry that cannot be parsed does not stop the sweep: the entry goes back
 -- with what can be read, or to the dead-letter queue as "malformed". On a fair queue it also
@@ -55,7 +58,7 @@ local fair = ARGV[5] == '1'
 FA = { scope = ARGV[6], conc = 0, rate = CTX.rate }
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
-  return { 0, 0, 1, 0, 0, 0, 0 }
+  return { 0, 0, 1, 0, 0, 0, 0, 0 }
 end
 local now = now_ms()
 local gap_ms = tonumber(ARGV[7]) or 0
@@ -82,9 +85,10 @@ local expired
 if consumer == '' then
   expired = redis.call('ZRANGEBYSCORE', lz, '-inf', fmt(now), 'LIMIT', 0, limit)
 else
-  expired = redis.call('ZRANGE', lz, 0, -1)
+  local start = tonumber(ARGV[9]) or 0
+  expired = redis.call('ZRANGE', lz, start, start + limit - 1)
 end
-local returned, dead = 0, 0
+local returned, dead, taken = 0, 0, 0
 for _, eid in ipairs(expired) do
   local info = redis.call('HGET', lt, eid)
   local take = true
@@ -94,6 +98,7 @@ for _, eid in ipairs(expired) do
     take = consumer == '' or c == consumer
   end
   if take then
+    taken = taken + 1
     redis.call('ZREM', lz, eid)
     redis.call('HDEL', lt, eid)
     local v = redis.call('HGET', ii, eid)
@@ -164,8 +169,8 @@ if returned > 0 or promoted > 0 or (fair and redis.call('ZCARD', FK.ts) > 0) the
   wake(wk)
 end
 local more = 0
-if consumer == '' and #expired == limit then
+if #expired == limit then
   more = 1
 end
 flush_counts()
-return { returned, dead, 0, more, promoted, CTX.dropped or 0, restored }
+return { returned, dead, 0, more, promoted, CTX.dropped or 0, restored, #expired - taken }

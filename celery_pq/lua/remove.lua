@@ -5,11 +5,15 @@
 -- leaves the pointer to lazy deletion, as does a fair queue.
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
 -- too; on a fair queue the tenant's order and schedule follow. Counts removed; logs remove.
+-- An id sent many times has many duplicates: one call handles at most ARGV[6] of them (in the
+-- order of dq, see includes/common.lua) and answers where it stopped; the caller calls again
+-- from there until the cursor it gets is "". Each entry is removed atomically, the id's as a
+-- whole in steps.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- KEYS[4] dp  hash    task id -> its duplicates' seqs
+-- KEYS[4] dp  hash    task id -> its duplicates' seqs (the layout before dq: read and emptied)
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
@@ -17,7 +21,9 @@
 -- ARGV[2] technique   "T" or "S"
 -- ARGV[3] fair        "1" when fairness is on
 -- ARGV[4] scope       "P" within_priority or "T" tenant_first
--- Returns: {removed, leased_left_alone}
+-- ARGV[5] cursor      "" on the first call; then the cursor the last call answered
+-- ARGV[6] step        duplicates handled at most in this call
+-- Returns: {removed, leased_left_alone, cursor ("" when the id is done)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
 --!include common.lua
@@ -29,11 +35,29 @@ local id, technique = ARGV[1], ARGV[2]
 local fair = ARGV[3] == '1'
 FA = { scope = ARGV[4], conc = 0, rate = 0 }
 
-local ids = { id }
-local list = redis.call('HGET', dp, id)
-if list then
-  for seq in string.gmatch(list, '%d+') do
-    ids[#ids + 1] = id .. '~' .. seq
+local cursor, step = ARGV[5], tonumber(ARGV[6])
+local ids, members, legacy = {}, {}, {} -- entry ids; their dq member (nil: none); from dp
+local list = false
+if cursor == '' then
+  ids[1] = id
+  list = redis.call('HGET', dp, id)
+  if list then -- (duplicates recorded before dq)
+    for seq in string.gmatch(list, '%d+') do
+      ids[#ids + 1] = id .. '~' .. seq
+      legacy[#ids] = seq
+    end
+  end
+end
+local next_cursor = ''
+if #id <= 65535 then
+  local lo, hi = dup_range(id, cursor ~= '' and cursor or nil)
+  local found = redis.call('ZRANGEBYLEX', key_of('dq'), lo, hi, 'LIMIT', 0, step)
+  for _, m in ipairs(found) do
+    ids[#ids + 1] = id .. '~' .. fmt(struct.unpack('>I6', m, #m - 5))
+    members[#ids] = m
+  end
+  if #found == step then
+    next_cursor = found[#found]
   end
 end
 local removed, leased = 0, 0
@@ -41,10 +65,13 @@ local kept = {}
 for i, eid in ipairs(ids) do
   if redis.call('HEXISTS', lt, eid) == 1 then
     leased = leased + 1
-    if i > 1 then
-      kept[#kept + 1] = string.match(eid, '~(%d+)$')
+    if legacy[i] then
+      kept[#kept + 1] = legacy[i]
     end
   elseif technique == 'S' and not fair then
+    if members[i] then
+      redis.call('ZREM', key_of('dq'), members[i])
+    end
     local v = CTX.ev > 0 and redis.call('HGET', ii, eid) -- read only for the log
     if redis.call('ZSCORE', dz, eid) then
       redis.call('ZREM', dz, eid)
@@ -53,11 +80,20 @@ for i, eid in ipairs(ids) do
       removed = removed + 1
       local e = v and split_entry(v)
       emit('remove', eid, e and e.s, e and e.t)
+      if not members[i] then -- (the id itself may be "<task id>~<seq>")
+        dup_forget(dp, eid)
+      end
     end
   else
+    if members[i] then
+      redis.call('ZREM', key_of('dq'), members[i])
+    end
     local v = redis.call('HGET', ii, eid)
     if v then
       redis.call('HDEL', ii, eid)
+      if not members[i] then -- (the id itself may be "<task id>~<seq>")
+        dup_forget(dp, eid)
+      end
       removed = removed + 1
       local e = split_entry(v) -- a malformed one is removed as asked; its pointer goes lazily
       emit('remove', eid, e and e.s, e and e.t)
@@ -77,4 +113,4 @@ if list then
 end
 tally('removed', removed)
 flush_counts()
-return { removed, leased }
+return { removed, leased, next_cursor }

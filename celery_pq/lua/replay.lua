@@ -13,7 +13,7 @@
 -- KEYS[3]  lt   hash    leases (only its size is read, for max_length)
 -- KEYS[4]  wk   list    wake tokens of plain consumers
 -- KEYS[5]  sq   string  insertion sequence
--- KEYS[6]  dp   hash    task id -> seqs of its duplicate entry ids "<task id>~<seq>"
+-- KEYS[6]  dp   hash    task id -> seqs of its duplicates (before dq; no longer written)
 -- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
 -- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
 -- KEYS[9..16] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
@@ -64,15 +64,14 @@ for i = 4, #ARGV do
   else
     local rank, dseq = split_score(e.s)
     redis.call('HDEL', dii, deid)
-    pi_drop(dpi, rank, make_ptr(dseq, deid))
+    pi_drop_near(dpi, rank, make_ptr(dseq, deid), 64) -- (further back: dropped lazily)
     local base = string.match(deid, '^(.+)~%d+$') or deid
     local seq = redis.call('INCR', sq)
     local eid, dup = free_id(ii, base, sq, seq)
     e.x = ''
     if dup then
       e.x = 'd'
-      local list = redis.call('HGET', dp, base)
-      redis.call('HSET', dp, base, list and (list .. ',' .. fmt(dup)) or fmt(dup))
+      dup_add(base, dup)
       seq = dup
     end
     e.d, e.r, e.ts = 0, '', now

@@ -17,10 +17,9 @@
 --!queue
 local rank = tonumber(ARGV[1])
 local stale_budget = tonumber(ARGV[2])
-local key = level_key(pi, rank)
 local stale = 0
 while stale < stale_budget do
-  local p = redis.call('LINDEX', key, 0)
+  local p, key = pi_head(pi, rank)
   if not p then
     redis.call('ZREM', pi, rank)
     return {}
@@ -32,7 +31,7 @@ while stale < stale_budget do
   if eid == false then
     set_aside(ii, score, v, rank, now_ms())
   end
-  redis.call('LPOP', key)
+  pi_pop_head(pi, rank, key)
   stale = stale + 1
 end
 return {}

@@ -41,6 +41,9 @@ def test_benchmarks_run_and_write_results(tmp_path):
     plain = [c for c in relaxed["cases"] if c["shards"] == 1 and c["consumers"] == 1]
     assert plain and all(c["max"] == 0 for c in plain)  # one shard, one consumer: exact order
     assert {(c["shards"], c["peek"]) for c in relaxed["cases"]} >= {(4, 2), (16, 4)}
+    slow = json.loads((tmp_path / "slowlog.json").read_text())
+    assert {"fair_paused_head", "publish_window_expiry", "migrate_mode"} <= set(slow["results"])
+    assert all(r["by_script"] for r in slow["results"].values())  # every case's calls were read
 
 
 @pytest.mark.slow

@@ -11,6 +11,13 @@
 -- still has the score rank * SEQ_SPAN + seq; any other pointer is stale and is dropped when a
 -- pop or a sweep reaches it (the patent's lazy deletion). The level lists are not named in
 -- KEYS: their names are derived from pi and share its hash tag, so they live in its slot.
+-- Stale pointers are dropped in bounded steps (pi_compact_step, at most COMPACT_STEP a call):
+-- a step takes pointers from the front of the rank's list "<pi>:<rank>" and appends the current
+-- ones to its front list "<pi>:<rank>:f"; while that list holds pointers (a compaction pass is
+-- under way) the rank's pointers in order are the front list then the list, and the rank's score
+-- in pi is rank + 0.5 (read with the rank, so a pop needs no command more to know). When the
+-- list runs empty the front list is renamed to it and the score is the rank again. The boundary
+-- between the two lists is the pass's cursor: concurrent pops, pushes and returns move neither.
 --
 -- Every script but extend takes the queue context as its last ARGV (take_context removes it, so
 -- a script's own arguments are ARGV[1..] as its header numbers them): "mode|max_dead|dedupe_ms|
@@ -19,7 +26,9 @@
 -- technique "T"/"S", and event_log is the caller's event-log cap (0: the caller has none).
 -- On a Redis Cluster the context starts with "~": the slot guard (take_context) runs first.
 -- The mode record md holds the four letters and then the queue's switches: "p" when the queue
--- is paused, "e<cap>" when its event log is on (see mode_error; records.py).
+-- is paused, "e<cap>" when its event log is on, "m" while a migration to its mode runs (every
+-- script but migrate and extend then answers MIGRATING and does nothing: see migrate.lua and
+-- mode_error; records.py).
 -- A few keys of the queue are derived from the name of KEYS[1] (same stem, same hash tag, so
 -- the same slot): md (the recorded mode), pd pe pt (publish ids), ct (counters), td (deliveries
 -- per tenant), ev (the event log), gc (cursors of the fairness clean-up), and the dead-letter
@@ -30,9 +39,12 @@
 -- stops half way with some of its writes done.
 
 local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
--- A rank list is rebuilt without its stale pointers once it is longer than twice the live
+-- A rank list is compacted (its stale pointers dropped) once it is longer than twice the live
 -- entries plus this (stale pointers behind a head that cannot be served: amortised O(1)).
 local COMPACT_SLACK = 64
+-- Pointers one compaction step looks at, at most (each costs an HGET and an HEXISTS): one step
+-- per COMPACT_SLACK pushes outruns the pushes eightfold, and a call stays well under 10 ms.
+local COMPACT_STEP = 512
 
 -- ev: the event-log cap in force (0: off), ev_mine: the caller's; paused: the queue is paused;
 -- cnt: counters to add at the end of the script (flush_counts); k: the queue's derived keys
@@ -97,10 +109,12 @@ local function key_of(suffix)
   return k
 end
 
--- The switches after the four letters of a mode record: "p" paused, "e<cap>" event log on.
+-- The switches after the four letters of a mode record: "p" paused, "e<cap>" event log on,
+-- "m" migrating.
 local function read_switches(rest)
   CTX.paused = string.find(rest, 'p', 1, true) ~= nil
   CTX.ev = tonumber(string.match(rest, 'e(%d+)')) or 0
+  CTX.migrating = string.find(rest, 'm', 1, true) ~= nil
 end
 
 -- Record mode and the switches in CTX as the queue's mode record.
@@ -111,6 +125,9 @@ local function write_mode(mode)
   end
   if CTX.ev > 0 then
     s = s .. 'e' .. string.format('%.0f', CTX.ev)
+  end
+  if CTX.migrating then
+    s = s .. 'm'
   end
   redis.call('SET', key_of('md'), s)
 end
@@ -131,6 +148,9 @@ local function mode_error(adopt, record)
   end
   local stored = record and string.sub(record, 1, 4)
   read_switches(record and string.sub(record, 5) or '')
+  if CTX.migrating then -- nothing is done while a migration runs; the caller waits and retries
+    return redis.error_reply('MIGRATING ' .. KEYS[1] .. ' ' .. stored)
+  end
   local recorded = CTX.ev
   if CTX.ev_mine > 0 then
     CTX.ev = CTX.ev_mine
@@ -149,11 +169,11 @@ local function mode_error(adopt, record)
   end
   if adopt and redis.call('HLEN', key_of('ii')) == 0 then
     local pi = key_of('pi')
-    for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
-      redis.call('DEL', pi .. ':' .. r)
+    for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do -- (stale pointers only: freed by UNLINK)
+      redis.call('UNLINK', pi .. ':' .. r, pi .. ':' .. r .. ':f')
     end
     for _, s in ipairs({ 'pi', 'te', 'ts', 'tb', 'fv', 'fn', 'tw', 'fr' }) do
-      redis.call('DEL', key_of(s))
+      redis.call('UNLINK', key_of(s))
     end
     write_mode(CTX.mode)
     return nil
@@ -278,10 +298,62 @@ local function parse_ptr(p)
   return struct.unpack('>I6', p), string.sub(p, 7)
 end
 
+-- The front list of rank's compaction pass (see the header): its pointers come before the list's.
+local function front_key(pi, rank)
+  return level_key(pi, rank) .. ':f'
+end
+
+-- Is a compaction pass of rank under way (its score in pi is rank + 0.5)?
+local function pi_passing(pi, rank)
+  local s = redis.call('ZSCORE', pi, rank)
+  return s ~= false and tonumber(s) ~= tonumber(rank)
+end
+
+-- The front list ran empty: the rank's pointers are all in its list again (its score: the rank).
+local function pi_front_done(pi, rank)
+  redis.call('ZADD', pi, 'XX', rank, rank)
+end
+
+-- Rank's list ran empty: the front list of a pass becomes the list, or the rank leaves pi.
+local function pi_list_empty(pi, rank, passing)
+  local f = front_key(pi, rank)
+  if passing and redis.call('EXISTS', f) == 1 then
+    redis.call('RENAME', f, level_key(pi, rank))
+    pi_front_done(pi, rank)
+  else
+    redis.call('ZREM', pi, rank)
+  end
+end
+
+-- The lists holding rank's pointers, in order: {front list, list} during a pass, else {list}.
+local function pi_lists(pi, rank)
+  if pi_passing(pi, rank) then
+    return { front_key(pi, rank), level_key(pi, rank) }
+  end
+  return { level_key(pi, rank) }
+end
+
 -- Put a pointer back at its place in seq order, looked for among the first 32 of its rank
 -- (an entry given back after a lease: it was taken from the front, so its place is there).
+-- During a compaction pass the front list is topped up to 32 from the list first, so the first
+-- 32 are in one list.
 local function pi_return(pi, rank, seq, eid)
   local key = level_key(pi, rank)
+  if pi_passing(pi, rank) then
+    local f = front_key(pi, rank)
+    local short = 32 - redis.call('LLEN', f)
+    if short > 0 then
+      local moved = redis.call('LPOP', key, short)
+      if moved then
+        redis.call('RPUSH', f, unpack(moved))
+      end
+    end
+    if redis.call('EXISTS', key) == 0 then
+      pi_list_empty(pi, rank, true)
+    else
+      key = f
+    end
+  end
   local p = make_ptr(seq, eid)
   local head = redis.call('LRANGE', key, 0, 31)
   for _, h in ipairs(head) do
@@ -299,25 +371,28 @@ local function pi_return(pi, rank, seq, eid)
   end
 end
 
--- Take up to n pointers from the front of ranks lo..hi, best rank first.
+-- Take up to n pointers from the front of ranks lo..hi, best rank first (a rank's front list
+-- first during a compaction pass: its score, read with the rank, says so).
 -- Returns a flat list {pointer, rank, ...}, and true when the last rank taken from still has
 -- pointers (so ranks lo..hi are not empty: pi_any need not ask).
 local function pi_take(pi, lo, hi, n)
   local out, more = {}, false
   local whole = lo == 0 and hi == 255
   while n > 0 do
-    local r
+    local first
     if whole then
-      r = redis.call('ZRANGE', pi, 0, 0)[1]
+      first = redis.call('ZRANGE', pi, 0, 0, 'WITHSCORES')
     else
-      r = redis.call('ZRANGEBYSCORE', pi, lo, hi, 'LIMIT', 0, 1)[1]
+      first = redis.call('ZRANGEBYSCORE', pi, lo, '(' .. (hi + 1), 'WITHSCORES', 'LIMIT', 0, 1)
     end
+    local r = first[1]
     if not r then
       break
     end
-    local key = level_key(pi, r)
-    local got = redis.call('LPOP', key, n)
     local rank = tonumber(r)
+    local passing = tonumber(first[2]) ~= rank
+    local key = passing and front_key(pi, rank) or level_key(pi, r)
+    local got = redis.call('LPOP', key, n)
     if got then
       for _, p in ipairs(got) do
         out[#out + 1] = p
@@ -326,7 +401,11 @@ local function pi_take(pi, lo, hi, n)
       n = n - #got
     end
     if n > 0 or redis.call('EXISTS', key) == 0 then
-      redis.call('ZREM', pi, r)
+      if passing then
+        pi_front_done(pi, rank) -- the next round takes from the rank's list
+      else
+        redis.call('ZREM', pi, r)
+      end
     else
       more = true
     end
@@ -339,15 +418,45 @@ local function pi_any(pi, lo, hi)
   if lo == 0 and hi == 255 then
     return redis.call('ZCARD', pi) > 0
   end
-  return #redis.call('ZRANGEBYSCORE', pi, lo, hi, 'LIMIT', 0, 1) > 0
+  return #redis.call('ZRANGEBYSCORE', pi, lo, '(' .. (hi + 1), 'LIMIT', 0, 1) > 0
 end
 
--- Drop pointer p from its rank's list (technique T's eager removal: O(its position)).
+-- Drop pointer p from its rank's lists (technique T's eager removal: O(its position), a scan
+-- in Redis's C code, no Lua per pointer).
 local function pi_drop(pi, rank, p)
   local key = level_key(pi, rank)
-  if redis.call('LREM', key, 1, p) == 1 and redis.call('EXISTS', key) == 0 then
-    redis.call('ZREM', pi, rank)
+  local passing = pi_passing(pi, rank)
+  if passing then
+    local f = front_key(pi, rank)
+    if redis.call('LREM', f, 1, p) == 1 then
+      if redis.call('EXISTS', f) == 0 then
+        pi_front_done(pi, rank)
+      end
+      return
+    end
   end
+  if redis.call('LREM', key, 1, p) == 1 and redis.call('EXISTS', key) == 0 then
+    pi_list_empty(pi, rank, passing)
+  end
+end
+
+-- Drop pointer p when it is among the first `near` of its rank (LPOS ... MAXLEN: bounded work);
+-- further back it is left stale, for the pops and compaction steps that reach it.
+local function pi_drop_near(pi, rank, p, near)
+  for _, key in ipairs(pi_lists(pi, rank)) do
+    if redis.call('LPOS', key, p, 'MAXLEN', near) then
+      pi_drop(pi, rank, p)
+      return
+    end
+  end
+end
+
+-- Unlink every rank list of pi and pi itself (Redis frees them in the background).
+local function pi_unlink_all(pi)
+  for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do
+    redis.call('UNLINK', level_key(pi, r), front_key(pi, r))
+  end
+  redis.call('UNLINK', pi)
 end
 
 -- The parsed entry and the position of its "|", or nil when v is not an entry.
@@ -389,53 +498,104 @@ local function pi_entry(ii, lt, p, rank)
   return eid, score, v, e, bar
 end
 
--- Rebuild rank's list without its stale (and repeated) pointers when it holds more than twice
--- the entries of the queue plus COMPACT_SLACK: stale pointers behind a head that is not served
--- (a capped tenant's, technique S removals) are bounded, at amortised O(1) per pointer. Looked
--- at when a push makes the list's length a multiple of COMPACT_SLACK (pi_push).
-local function pi_compact(pi, rank, n)
-  local key = level_key(pi, rank)
+-- One compaction step of rank (see the header): up to budget pointers from the front of its
+-- list are looked at; the current ones (each once) go to the back of its front list, the stale
+-- ones are dropped. When the list runs empty the pass is over. Returns dropped, looked at, and
+-- whether the pass is over.
+local function pi_compact_step(pi, rank, budget)
+  local key, f = level_key(pi, rank), front_key(pi, rank)
+  local taken = redis.call('LPOP', key, budget)
+  if not taken then
+    return 0, 0, true
+  end
   local stem = string.sub(pi, 1, -3)
   local ii, lt = stem .. 'ii', stem .. 'lt'
-  if n <= 2 * (redis.call('HLEN', ii) - redis.call('HLEN', lt)) + COMPACT_SLACK then
-    return
-  end
   local keep, seen = {}, {}
-  for _, p in ipairs(redis.call('LRANGE', key, 0, -1)) do
+  for _, p in ipairs(taken) do
     if not seen[p] and pi_entry(ii, lt, p, rank) ~= nil then
       seen[p] = true
       keep[#keep + 1] = p
     end
   end
-  redis.call('DEL', key)
-  for i = 1, #keep, 1000 do
-    redis.call('RPUSH', key, unpack(keep, i, math.min(i + 999, #keep)))
+  local started = false
+  if #keep > 0 then
+    started = redis.call('RPUSH', f, unpack(keep)) == #keep
   end
-  if #keep == 0 then
-    redis.call('ZREM', pi, rank)
+  local over = redis.call('EXISTS', key) == 0
+  if over then
+    pi_list_empty(pi, rank, true)
+  elseif started then
+    redis.call('ZADD', pi, 'XX', rank + 0.5, rank)
+  end
+  return #taken - #keep, #taken, over
+end
+
+-- Looked at when a push makes the list's length n a multiple of COMPACT_SLACK (pi_push): a list
+-- over twice the entries of the queue plus COMPACT_SLACK gets one compaction step, so stale
+-- pointers behind a head that is not served (a paused or capped tenant's, technique S
+-- removals) stay bounded, at amortised O(1) per pointer and at most COMPACT_STEP per call.
+local function pi_compact(pi, rank, n)
+  local stem = string.sub(pi, 1, -3)
+  if n > 2 * (redis.call('HLEN', stem .. 'ii') - redis.call('HLEN', stem .. 'lt')) + COMPACT_SLACK then
+    pi_compact_step(pi, rank, COMPACT_STEP)
   end
 end
 
--- Drop the stale pointers at the front of rank's list (at most budget); the rank leaves pi
--- when its list runs empty. Returns the head pointer left and what pi_entry says of it (its
--- entry is waiting, or malformed), or nil.
+-- Drop the stale pointers at the front of rank's lists (at most budget); the rank leaves pi
+-- when they run empty. Returns how many it dropped, then the head pointer left and what
+-- pi_entry says of it (its entry is waiting, or malformed), or only the count.
 local function pi_trim(ii, lt, pi, rank, budget)
   local key = level_key(pi, rank)
-  for _ = 1, budget do
-    local h = redis.call('LINDEX', key, 0)
+  local head = pi_passing(pi, rank) and front_key(pi, rank) or key
+  local dropped = 0
+  while dropped < budget do
+    local h = redis.call('LINDEX', head, 0)
+    if not h and head ~= key then -- the front list ran empty: on with the list
+      pi_front_done(pi, rank)
+      head = key
+      h = redis.call('LINDEX', head, 0)
+    end
     if not h then
       break
     end
     local eid, a, b, c = pi_entry(ii, lt, h, rank)
     if eid ~= nil then
-      return h, eid, a, b, c
+      return dropped, h, eid, a, b, c
     end
-    redis.call('LPOP', key)
+    redis.call('LPOP', head)
+    dropped = dropped + 1
   end
-  if redis.call('EXISTS', key) == 0 then
+  if head == key and redis.call('EXISTS', key) == 0 then
     redis.call('ZREM', pi, rank)
   end
-  return nil
+  return dropped
+end
+
+-- The first pointer of rank (nil: none), and the list it is in.
+local function pi_head(pi, rank)
+  local key = level_key(pi, rank)
+  if pi_passing(pi, rank) then
+    local f = front_key(pi, rank)
+    local h = redis.call('LINDEX', f, 0)
+    if h then
+      return h, f
+    end
+    pi_front_done(pi, rank)
+  end
+  return redis.call('LINDEX', key, 0), key
+end
+
+-- Drop the first pointer of rank, in list key (as pi_head gave it).
+local function pi_pop_head(pi, rank, key)
+  redis.call('LPOP', key)
+  if redis.call('EXISTS', key) == 1 then
+    return
+  end
+  if key == level_key(pi, rank) then
+    redis.call('ZREM', pi, rank)
+  else
+    pi_front_done(pi, rank)
+  end
 end
 
 -- Append a pointer to the back of its rank's list (a new entry, a due delayed one).
@@ -513,9 +673,27 @@ local function wake(wk)
   end
 end
 
--- Store the sequence numbers of one task id's duplicates, "seq1,seq2" (none left: the field
--- goes). A duplicate's entry id is "<task id>~<seq>"; only the seqs are kept, so an id may hold
--- any bytes.
+-- The duplicates of a task id (entry ids "<task id>~<seq>") are members of the sorted set dq
+-- (derived key; all scores 0, so in byte order): the id's length in 2 bytes, the id, the seq in
+-- 6 bytes. One id's duplicates are one range (dup_range), so each is added, found and dropped in
+-- O(log n), however often the id was sent. Duplicates recorded before dq are in the hash dp
+-- (task id -> "seq1,seq2"), still read and emptied.
+local function dup_member(tid, seq)
+  return struct.pack('>I2', #tid) .. tid .. struct.pack('>I6', seq)
+end
+
+-- The ZRANGEBYLEX bounds of task id tid's members in dq (after member `after`, when given).
+local function dup_range(tid, after)
+  local prefix = struct.pack('>I2', #tid) .. tid
+  return after and ('(' .. after) or ('[' .. prefix), '(' .. prefix .. '\255' -- (a seq's first byte is < 16)
+end
+
+local function dup_add(tid, seq)
+  redis.call('ZADD', key_of('dq'), 0, dup_member(tid, seq))
+end
+
+-- Store the sequence numbers of one task id's duplicates in the hash dp, "seq1,seq2" (none left:
+-- the field goes): the layout before dq.
 local function dup_store(dp, tid, seqs)
   if #seqs == 0 then
     redis.call('HDEL', dp, tid)
@@ -536,10 +714,15 @@ local function wake_registered_views(rank)
   end
 end
 
--- Forget a duplicate entry id "<task id>~<seq>" in the duplicates hash.
+-- Forget a duplicate entry id "<task id>~<seq>" (in dq; one recorded before dq in dp). An entry
+-- whose id has that form and that leaves the table for any reason is forgotten (its flags may
+-- be unreadable), so no record of a task id's duplicates names an id a later entry takes.
 local function dup_forget(dp, eid)
   local tid, seq = string.match(eid, '^(.*)~(%d+)$')
-  if not tid then
+  if not tid or #tid > 65535 then
+    return
+  end
+  if redis.call('ZREM', key_of('dq'), dup_member(tid, tonumber(seq))) == 1 then
     return
   end
   local list = redis.call('HGET', dp, tid)
@@ -617,22 +800,20 @@ local function dead_make_room(dii, dpi)
     return
   end
   local dlt = string.sub(dii, 1, -3) .. 'lt'
-  local best_seq, best_key, best_eid, best_rank
+  local best_seq, best_eid, best_rank
   for _, r in ipairs(redis.call('ZRANGE', dpi, 0, -1)) do
     local rank = tonumber(r)
-    local h, found, eid = pi_trim(dii, dlt, dpi, rank, 100)
+    local _, h, found, eid = pi_trim(dii, dlt, dpi, rank, 100)
     if h then
       local seq = parse_ptr(h)
       if not best_seq or seq < best_seq then
-        best_seq, best_key, best_eid, best_rank = seq, level_key(dpi, rank), found or eid, rank
+        best_seq, best_eid, best_rank = seq, found or eid, rank
       end
     end
   end
-  if best_key then
-    redis.call('LPOP', best_key)
-    if redis.call('EXISTS', best_key) == 0 then
-      redis.call('ZREM', dpi, best_rank)
-    end
+  if best_seq then
+    local _, key = pi_head(dpi, best_rank)
+    pi_pop_head(dpi, best_rank, key)
     redis.call('HDEL', dii, best_eid)
     emit('remove', best_eid, best_rank * SEQ_SPAN, nil, nil, nil, 'dead_dropped')
     counter_add('dead_dropped')
@@ -648,7 +829,6 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   local rank = split_score(score)
   local dscore = rank * SEQ_SPAN + seq
   local deid = free_id(dii, eid, dsq, seq)
-  local was_dup = e.x == 'd'
   emit('dead', eid, score, e.t, nil, e.d, reason)
   e.r = dead_note(reason, now, e.d)
   e.d = 0
@@ -658,9 +838,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   pi_push(dpi, rank, seq, deid)
   wake(dwk)
   redis.call('HDEL', ii, eid)
-  if was_dup then
-    dup_forget(dp, eid)
-  end
+  dup_forget(dp, eid)
   counter_add('dead_lettered')
   return deid
 end
