@@ -119,6 +119,13 @@ FORGET_PENDING = 4096
 #: Largest number of messages one pop script call leases (prefetch window batch).
 MAX_POP_BATCH = 100
 
+#: Largest number of messages one fair pop script call leases: a fair pop does several commands
+#: per entry (its tenant's order, the schedule, the tenant's counts), and one of 100 took up to
+#: 12-15 ms of Redis's time here whatever the queue's size (benchmarks/slowlog.py's fair_control);
+#: 50 keeps it under the 10 ms no script call may take. A pop asking for more gets up to this
+#: many (a consumer pops again for the rest).
+FAIR_POP_MAX = 50
+
 #: Seconds a publish or an ack waits for ``wait_replicas`` replicas to acknowledge it (Redis
 #: WAIT) before the publish raises NotReplicated (an ack logs): long enough for a replica on
 #: the same network to answer, short enough that a lost replica does not stall producers long.

@@ -757,7 +757,8 @@ class PriorityQueue:
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
     def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
             view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> "Popped":
-        """Lease up to ``count`` entries in delivery order (empty list when none wait).
+        """Lease up to ``count`` entries in delivery order (empty list when none wait); a fair
+        queue leases at most ``FAIR_POP_MAX`` (50) in one call.
 
         ``view=(lo, hi)`` takes only entries whose rank is in lo..hi (a priority view).
         ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop (a
@@ -805,7 +806,9 @@ class PriorityQueue:
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
         name, keys, lease_ms, lo, hi, take_hi = known
-        args = [lease_ms, consumer or "", unique_bytes().hex(), count, C.POP_STALE_BUDGET]
+        # (a fair pop leases at most FAIR_POP_MAX in one call: bounded work per call)
+        args = [lease_ms, consumer or "", unique_bytes().hex(), min(count, C.FAIR_POP_MAX) if self.fair else count,
+                C.POP_STALE_BUDGET]
         if self.fair:
             args += (self.scope, self.tenant_concurrency, self.tenant_rate)
         args += (lo, hi, take_hi, len(acks))
