@@ -43,6 +43,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 
 from . import constants as C
 from .errors import ClusterUnsettled, ConfigError
+from .redact import redact
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ def tls_arguments(ssl) -> dict:
     if ssl is True or not ssl:
         return {}
     if not isinstance(ssl, dict):
-        from .redact import redact
-
         raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {redact(ssl)}")
     unknown = sorted(set(ssl) - SSL_ARGUMENTS)
     if unknown:
@@ -353,8 +352,6 @@ def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
     urls = [u for u in (conninfo.alt or []) if isinstance(u, str)]
     if not urls:
         return [(conninfo.hostname or "127.0.0.1", conninfo.port or default_port)]
-    from .redact import redact
-
     out = []
     for url in urls:
         try:

@@ -565,6 +565,14 @@ def _demoted(conn, exc: Exception) -> RedisConnectionError:
                                 f"the connection is closed, the next call connects again ({exc})")
 
 
+def _raise_if_demoted(client, conn, exc: Exception) -> None:
+    """For a READONLY reply on ``conn`` (of ``client``'s pool): the connection dropped and the
+    connection error it becomes raised; nothing for any other error."""
+    if _readonly(exc):
+        _drop_connection(client, conn)
+        raise _demoted(conn, exc) from exc
+
+
 class LuaScript:
     """One script: ``script(keys=..., args=..., client=...)`` runs it, as a function of the
     library where the server has functions, else by EVALSHA; ``words(client, keys, args)`` is
@@ -596,9 +604,7 @@ class LuaScript:
             _drop_connection(client, conn)
             return self._by_redis_py(keys, args, client)
         except ResponseError as exc:
-            if _readonly(exc):
-                _drop_connection(client, conn)
-                raise _demoted(conn, exc) from exc
+            _raise_if_demoted(client, conn, exc)
             raise
 
     def _by_redis_py(self, keys, args, client):
@@ -660,9 +666,7 @@ class LuaScript:
                 if attempt == 2:
                     raise
             except ResponseError as exc:
-                if _readonly(exc):
-                    _drop_connection(client, conn)
-                    raise _demoted(conn, exc) from exc
+                _raise_if_demoted(client, conn, exc)
                 raise
         raise AssertionError("unreachable")
 
