@@ -219,7 +219,7 @@ def case_migrate(client, log, n) -> dict:
     fair = PriorityQueue(client, "migrate", fair=True)
     waiting = done = 0
     while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
-        step = fair._run("migrate", fair._keys("migrate"), [C.MIGRATE_STEP])
+        step = fair.run("migrate", [C.MIGRATE_STEP])
         waiting, done = waiting + step[0], step[3]
         log.tick()
     assert waiting == n - n // 100, waiting

@@ -3,8 +3,9 @@ default and check.
 
 ``Options.from_transport_options`` reads them when a channel is made; every value is checked
 there, once: a bad one raises ``ConfigError`` naming the option and the value. The frozen
-``Options`` then builds what the layers below take: ``queue_kwargs`` and ``tenant_tables`` for a
-``PriorityQueue``, ``redis_kwargs`` for redis-py's connection pool. README.md's option table
+``Options`` are pure data below the queue: they produce each queue's ``QueueSettings``
+(``queue_settings``, opened by ``queue.open_queue``) and ``redis_kwargs`` for redis-py's
+connection pool. README.md's option table
 shows the same names and defaults (a test checks that they agree).
 """
 
@@ -20,9 +21,8 @@ from . import constants as C
 from .checks import count, seconds, text
 from .errors import ConfigError
 from .keys import MAX_SHARDS, split_dead
-from .queue import FAIR_SCOPES, MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, PriorityQueue, validate_priority
+from .queue import FAIR_SCOPES, MAX_PEEK, MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, QueueSettings, validate_priority
 from .redact import redact
-from .shards import MAX_PEEK, ShardedQueue
 
 
 # -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
@@ -328,29 +328,35 @@ class Options:
         return cls(**values)
 
     # -- what the layers below take ------------------------------------------------------------
-    def queue_kwargs(self, name: str) -> dict:
-        """``PriorityQueue(client, name, **options.queue_kwargs(name))``: a dead-letter queue
-        is never fair and has no delivery limit."""
+    def queue_settings(self, name: str) -> QueueSettings:
+        """The settings of queue ``name`` (``queue.open_queue(client, name, settings)``): a
+        dead-letter queue is never fair and has no delivery limit; Celery's own queues have one
+        shard; each shard of a sharded queue holds its part of ``max_length``."""
         dead = name.endswith(".dead")
         fair = self.fair_key is not None and not dead
-        return {
-            "key_prefix": self.key_prefix,
-            "technique": (self.queue_techniques or {}).get(name, self.technique),
-            "priority_order": self.priority_order,
-            "lease_seconds": self.lease_seconds,
-            "max_deliveries": 0 if dead else self.max_deliveries,
-            "max_length": self._max_length(name),
-            "fair": fair,
-            "fair_scope": self.fair_scope,
-            "tenant_concurrency": _default(self.tenant_concurrency) if fair else None,
-            "tenant_rate": _default(self.tenant_rate) if fair else None,
-            "max_length_per_tenant": self.max_length_per_tenant if fair else None,
-            "dedupe_seconds": self.dedupe_seconds,
-            "max_dead_length": self.max_dead_length,
-            "event_log": self.event_log,
-            "wait_replicas": self.wait_replicas,
-            "wait_timeout": self.wait_timeout,
-        }
+        return QueueSettings(
+            key_prefix=self.key_prefix,
+            technique=(self.queue_techniques or {}).get(name, self.technique),
+            priority_order=self.priority_order,
+            lease_seconds=self.lease_seconds,
+            max_deliveries=0 if dead else self.max_deliveries,
+            max_length=self._max_length(name),
+            fair=fair,
+            fair_scope=self.fair_scope,
+            tenant_concurrency=_default(self.tenant_concurrency) if fair else None,
+            tenant_rate=_default(self.tenant_rate) if fair else None,
+            max_length_per_tenant=self.max_length_per_tenant if fair else None,
+            dedupe_seconds=self.dedupe_seconds,
+            max_dead_length=self.max_dead_length,
+            event_log=self.event_log,
+            wait_replicas=self.wait_replicas,
+            wait_timeout=self.wait_timeout,
+            shards=self.shards_of(name),
+            peek=self.peek,
+            weights=self.fair_weights,
+            concurrency=_named(self.tenant_concurrency),
+            rate=_named(self.tenant_rate),
+        )
 
     def _max_length(self, name: str) -> int | None:
         """``max_length`` of a queue, or of one shard of a sharded queue: its part of the
@@ -364,27 +370,6 @@ class Options:
         if name.endswith(".pidbox") or ".reply." in name or name.startswith("celeryev."):
             return 1
         return self.shards
-
-    def open_queue(self, client, name: str) -> PriorityQueue | ShardedQueue:
-        """The queue ``name`` with these options (a fair queue's tenant tables written): a
-        ``ShardedQueue`` when it has more than one shard."""
-        n = self.shards_of(name)
-        if n > 1:
-            return ShardedQueue.open(lambda shard: self.open_one(client, shard), name, n, peek=self.peek)
-        return self.open_one(client, name)
-
-    def open_one(self, client, name: str) -> PriorityQueue:
-        """One queue, or one shard of a sharded queue, with these options."""
-        q = PriorityQueue(client, name, **self.queue_kwargs(name))
-        if q.fair:
-            q.configure_tenants(**self.tenant_tables())
-        return q
-
-    def tenant_tables(self) -> dict:
-        """``queue.configure_tenants(**options.tenant_tables())`` for a fair queue: the tenants
-        named in fair_weights, tenant_concurrency and tenant_rate."""
-        return {"weights": self.fair_weights, "concurrency": _named(self.tenant_concurrency),
-                "rate": _named(self.tenant_rate)}
 
     def redis_kwargs(self) -> dict:
         """The options handed to redis-py's connection pool."""

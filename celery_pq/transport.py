@@ -63,9 +63,8 @@ from .messages import STAMP, PublishStamp, prepare_message, serialized, stored_i
 from .leases import LeaseKeeper
 from .options import Options
 from .poller import Poller, Waits
-from .queue import PriorityQueue, default_consumer_id
+from .queue import Queue, default_consumer_id, open_queue
 from .routing import RoutingTables
-from .shards import ShardedQueue, shards_of
 from .scripts import set_spin_wait
 from .views import View, Views, is_view
 
@@ -154,7 +153,7 @@ class Channel(virtual.Channel):
         self.leases = LeaseBook(self.options)
         self.waits = Waits(self)
         self.counters = self.waits.counters
-        self._queues: dict[str, PriorityQueue] = {}
+        self._queues: dict[str, Queue] = {}
         self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
         self.routing = RoutingTables(self.client, self.options)  # declared queues, bindings
         self._no_ack_queues: set[str] = set()  # consumed with no_ack: acked as delivered
@@ -173,7 +172,7 @@ class Channel(virtual.Channel):
         connection.cycle_channels.append(self)
 
     # -- queues and views -----------------------------------------------------------------------
-    def queue(self, name: str) -> PriorityQueue | ShardedQueue:
+    def queue(self, name: str) -> Queue:
         """The queue of a name (a view's name gives the queue it views)."""
         q = self._queues.get(name)
         if q is None:
@@ -182,7 +181,7 @@ class Channel(virtual.Channel):
             if view is not None:
                 q = self.queue(view.base)
             else:
-                q = self.options.open_queue(self.client, name)
+                q = open_queue(self.client, name, self.options.queue_settings(name))
             self._queues[name] = q
         return q
 
@@ -303,7 +302,7 @@ class Channel(virtual.Channel):
     def _consumed_changed(self):
         """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
         self._consumed = None  # active_queues is made again
-        self.leases.watch([s for name in self.active_queues for s in shards_of(self.queue(name))])
+        self.leases.watch([s for name in self.active_queues for s in self.queue(name).shards])
         self.waits.unblock()
 
     def basic_get(self, queue, no_ack=False, **kwargs):
@@ -465,7 +464,7 @@ class Channel(virtual.Channel):
         keys = []
         for name in self.active_queues:
             view = self.views.range_of(name)
-            for s in shards_of(self.queue(name)):
+            for s in self.queue(name).shards:
                 keys.append(s.keys.wk if view is None else s.keys.view_wake(*view))
         return keys
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from tests.cluster.test_celery_on_cluster import live_producer, on_cluster  # noqa: F401  (the fixture)
 from tests.e2e.test_celery_e2e import wait_for
 
@@ -17,7 +18,7 @@ SHARDS = 16
 
 def test_a_worker_on_sixteen_shards_then_a_master_failover(on_cluster, healed):  # noqa: F811
     h = on_cluster({"shards": SHARDS, "peek": 2, "lease_seconds": 4, "sweep_interval": 0.5}, acks_late=True)
-    queue = Options(key_prefix=h.prefix, shards=SHARDS, peek=2).open_queue(h.client, "q")
+    queue = open_queue(h.client, "q", Options(key_prefix=h.prefix, shards=SHARDS, peek=2).queue_settings("q"))
     placed = {s.name: h.cluster.master_of(s.keys.ii) for s in queue.shards}
     assert {m.port for m in placed.values()} == {m.port for m in h.cluster.masters()}
     # Given 80 tasks published over 16 shards before the worker starts

@@ -98,7 +98,7 @@ def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, ke
     # When a few cleanup steps have run, so a compaction pass is under way (the front list holds
     # the current pointers looked at, the list the rest)
     for _ in range(3):
-        gone, looked, more = q._run("cleanup", q._keys("cleanup"), [rank, C.COMPACT_STEP])
+        gone, looked, more = q.run("cleanup", [rank, C.COMPACT_STEP])
         assert looked == C.COMPACT_STEP and more == 1  # the cursor moved by one step, no more
     assert redis_client.llen(q.keys.front(rank)) == len(range(0, 3 * C.COMPACT_STEP, 10))
     assert redis_client.zscore(q.keys.pi, rank) == rank + 0.5
@@ -140,7 +140,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
     held = q.pop(10)
     fair = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     # When one step of the migration has run
-    waiting, leased, bad, done = fair._run("migrate", fair._keys("migrate"), [C.MIGRATE_STEP])
+    waiting, leased, bad, done = fair.run("migrate", [C.MIGRATE_STEP])
     assert done == 0 and waiting + leased <= 2 * C.MIGRATE_STEP
     # Then every other call does nothing and says why: a pipeline raises, the queue API waits
     with pytest.raises(QueueMigrating):
@@ -151,8 +151,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
     calls = 1
     while not done:
         reply = []
-        seen = counted(redis_client, lambda: reply.extend(fair._run("migrate", fair._keys("migrate"),
-                                                                    [C.MIGRATE_STEP])))
+        seen = counted(redis_client, lambda: reply.extend(fair.run("migrate", [C.MIGRATE_STEP])))
         assert seen["sadd"] <= 2 * C.MIGRATE_STEP and seen["rpush"] <= C.MIGRATE_STEP
         done = reply[3]
         calls += 1
@@ -176,7 +175,7 @@ def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "wait", key_prefix=key_prefix)
     fill(q, 3000)
     fair = PriorityQueue(redis_client, "wait", key_prefix=key_prefix, fair=True)
-    fair._run("migrate", fair._keys("migrate"), [100])  # the migration's first step
+    fair.run("migrate", [100])  # the migration's first step
     # While it is under way, a pop waits (retrying: each try does nothing) ...
     got = []
     t = threading.Thread(target=lambda: got.extend(fair.pop(1)))
@@ -260,7 +259,7 @@ def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_
     q = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix)
     fill(q, 1000)
     fair = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix, fair=True)
-    fair._run("migrate", fair._keys("migrate"), [10])
+    fair.run("migrate", [10])
     start = time.monotonic()
     assert fair.reclaim()["skipped"] is True  # the keeper's thread renews leases too: it goes on
     assert time.monotonic() - start < 1
@@ -276,7 +275,7 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
         if i % 3:
             q.remove(f"e{i}")
     rank = q.rank(7)
-    q._run("cleanup", q._keys("cleanup"), [rank, C.COMPACT_STEP])  # a pass: 171 in front, the rest behind
+    q.run("cleanup", [rank, C.COMPACT_STEP])  # a pass: 171 in front, the rest behind
     assert redis_client.zscore(q.keys.pi, rank) == rank + 0.5
     assert [e.id for e in q.peek(3)] == ["e0", "e3", "e6"]
     assert q.stats()["waiting"] == 1010

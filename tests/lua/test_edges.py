@@ -189,7 +189,7 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
 
     q = PriorityQueue(redis_client, "m3f", key_prefix=key_prefix)
     item = q._item(b"x", 1, "t1")
-    script, keys, args = q._call("insert", q._insert_keys(), q._insert_args([item], (), FIRST_SEND))
+    script, keys, args = q.insert_call([item], (), FIRST_SEND)
     assert FIRST_SEND in args and "F" == FIRST_SEND
     [first] = run_calls(redis_client, [(script, keys, args)])
     # the same call sent again (as every retry path sends it) is found by its publish id
@@ -202,7 +202,7 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     assert [e.id for e in q.peek(10)] == ["t1"]
     # a call of several entries under one made publish id gives all of them back
     items = [q._item(b"y", 1, "m1"), q._item(b"y", 1)]
-    script, keys, args = q._call("insert", q._insert_keys(), q._insert_args(items, (), FIRST_SEND))
+    script, keys, args = q.insert_call(items, (), FIRST_SEND)
     [ids] = run_calls(redis_client, [(script, keys, args)])
     assert run_calls(redis_client, [(script, keys, resent(args))]) == [ids] and len(ids) == 2
     assert q.size() == 3

@@ -243,8 +243,8 @@ def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
         PriorityQueue(redis_client, "q", key_prefix=key_prefix, event_log=value)
     with pytest.raises(ConfigError, match="event_log"):
         Options(event_log=value)
-    assert Options(event_log=100).queue_kwargs("q")["event_log"] == 100
-    assert Options().queue_kwargs("q")["event_log"] is None
+    assert Options(event_log=100).queue_settings("q").event_log == 100
+    assert Options().queue_settings("q").event_log == 0  # off
 
 
 # -- counters ----------------------------------------------------------------------------------
