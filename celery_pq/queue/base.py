@@ -37,9 +37,12 @@ class QueueBase:
         self.name = name
         self.key_prefix = s.key_prefix
         self.fair, self.fair_scope, self.scope = s.fair, s.fair_scope, s.scope
-        self.tenant_concurrency, self.tenant_rate = s.tenant_concurrency, s.tenant_rate
-        self.max_length_per_tenant = s.max_length_per_tenant
-        self.technique, self.priority_order = s.technique, s.priority_order
+        # None or 0: no cap, no limit
+        self.tenant_concurrency, self.tenant_rate = s.tenant_concurrency or 0, float(s.tenant_rate or 0)
+        self.max_length_per_tenant = s.max_length_per_tenant or 0
+        # a fair queue reports technique T: its remove is lazy either way
+        self.technique = C.TECHNIQUE_T if s.fair else s.technique
+        self.priority_order = s.priority_order
         self.lease_seconds, self.max_deliveries, self.max_length = s.lease_seconds, s.max_deliveries, s.max_length
         self.dedupe_seconds, self.max_dead_length, self.event_log = s.dedupe_seconds, s.max_dead_length, s.event_log
         #: Inserts and acks return once this many replicas have them (Redis WAIT); 0: off.

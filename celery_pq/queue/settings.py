@@ -42,9 +42,9 @@ class QueueSettings:
     max_length: int | None = None
     fair: bool = False
     fair_scope: str = "within_priority"
-    tenant_concurrency: int = 0
-    tenant_rate: float = 0.0
-    max_length_per_tenant: int = 0
+    tenant_concurrency: int | None = None
+    tenant_rate: float | None = None
+    max_length_per_tenant: int | None = None
     dedupe_seconds: float = C.DEDUPE_SECONDS
     max_dead_length: int | None = None
     event_log: int = 0
@@ -76,19 +76,14 @@ class QueueSettings:
         count("max_length", self.max_length, error=ConfigError)
         if self.fair_scope not in FAIR_SCOPES:
             raise ConfigError(f"fair_scope must be one of {tuple(FAIR_SCOPES)}, got {self.fair_scope!r}")
-        # None or 0: no cap, no limit (as the transport options)
-        keep(self, "tenant_concurrency", count("tenant_concurrency", self.tenant_concurrency, error=ConfigError) or 0)
-        keep(self, "max_length_per_tenant",
-             count("max_length_per_tenant", self.max_length_per_tenant, error=ConfigError) or 0)
-        if self.tenant_rate:
+        count("tenant_concurrency", self.tenant_concurrency, error=ConfigError)  # None: no cap
+        count("max_length_per_tenant", self.max_length_per_tenant, error=ConfigError)
+        if self.tenant_rate:  # 0 or None: no limit
             number("tenant_rate", self.tenant_rate, low=MIN_RATE, allow_low=True, high=MAX_RATE, error=ConfigError)
         else:
             number("tenant_rate", self.tenant_rate, allow_low=True, none=True, error=ConfigError)
-        keep(self, "tenant_rate", float(self.tenant_rate or 0))
         if any(getattr(self, k) for k in TENANT_CAPS) and not self.fair:
             raise ConfigError("tenant caps need fairness on (a tenant for each entry)")
-        if self.fair:
-            keep(self, "technique", C.TECHNIQUE_T)  # reported as T; a fair queue's remove is lazy either way
         count("shards", self.shards, low=1, none=False, error=ConfigError)
         if self.shards > MAX_SHARDS:
             raise ConfigError(f"shards must be an integer 1..{MAX_SHARDS}, got {self.shards!r}")
@@ -121,7 +116,7 @@ class QueueSettings:
         takes none."""
         given = {k: v for k, v in mode.items() if v is not None}
         if not given.get("fair", self.fair):
-            given.update(dict.fromkeys(TENANT_CAPS, 0))
+            given.update(dict.fromkeys(TENANT_CAPS))
         return replace(self, **given)
 
     def one_shard(self) -> QueueSettings:
