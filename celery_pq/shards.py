@@ -40,13 +40,16 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
+from . import constants as C
 from .errors import ConfigError, EntryNotFound
 from .keys import split_dead
 from .queue import Lease, Popped, PriorityQueue, ack_all, pop_with_acks
 from .queue.calls import parse_head
 from .queue.running import run_calls
 from .queue.settings import MAX_PEEK
+from .queue.values import mark_stored
 from .sharded_reads import ShardedReads
 
 
@@ -106,7 +109,8 @@ class ShardedQueue(ShardedReads):
 
     def shard_of_lease(self, lease) -> PriorityQueue:
         """The shard a ``Lease`` (or an Entry) came from, by its ``queue``."""
-        shard = self._by_name.get(getattr(lease, "queue", None))
+        name = getattr(lease, "queue", None)
+        shard = self._by_name.get(name) if isinstance(name, str) else None
         if shard is None:
             raise ValueError(f"{lease!r} is not a lease of a shard of {self.name!r}: a sharded queue acks, requeues "
                              "and renews Lease objects (they carry their shard), not bare (id, token) pairs")
@@ -131,7 +135,8 @@ class ShardedQueue(ShardedReads):
             kwargs["id"] = new_id(publish_id)
         return shard.insert(payload, priority, tenant=tenant, publish_id=publish_id, **kwargs)
 
-    def insert_many(self, items, **kwargs) -> list[str]:
+    def insert_many(self, items, *, chunk: int = C.BULK_CHUNK,
+                    repeats: bool = False) -> list[str] | tuple[list[str], list[bool]]:
         """``PriorityQueue.insert_many``, each item to the shard ``shard_for`` picks (one call per
         shard). On a failure, ``exc.stored`` (one per item, in the order given) has the ids of
         the shards done and of the failed shard's stored items; ``exc.items`` are the items not
@@ -151,21 +156,20 @@ class ShardedQueue(ShardedReads):
         for g, s in enumerate(order):
             idx = groups[s]
             try:
-                got = self.shards[s].insert_many([items[i] for i in idx], **kwargs)
+                got: Any = self.shards[s].insert_many([items[i] for i in idx], chunk=chunk, repeats=repeats)
             except Exception as exc:
                 for i, eid in zip(idx, getattr(exc, "stored", ())):
                     ids[i] = eid
                 rest = [i for t in order[g + 1:] for i in groups[t]]
-                exc.stored = list(ids)
-                exc.items = list(getattr(exc, "items", [])) + [items[i] for i in rest]
+                mark_stored(exc, list(ids), list(getattr(exc, "items", [])) + [items[i] for i in rest])
                 raise
-            if kwargs.get("repeats"):
+            if repeats:
                 got, seen = got
                 for i, r in zip(idx, seen):
                     repeated[i] = r
             for i, eid in zip(idx, got):
                 ids[i] = eid
-        return (ids, repeated) if kwargs.get("repeats") else ids
+        return (ids, repeated) if repeats else ids
 
     # -- pop: peek k, pop the best, second-best under concurrency ------------------------------
     def peek_heads(self, shards: Sequence[PriorityQueue],

@@ -42,8 +42,12 @@ def flag(value: bool) -> str:
 # -- reading entries --------------------------------------------------------------------------
 def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra) -> Entry:
     """An entry (or lease) of a script's reply: its id, score and stored value."""
-    h, payload = split_entry(value)  # the scripts return only entries they parsed
-    dead_reason, dead_ms, dead_deliveries = split_dead_note(h.dead_note) or (None, None, None)
+    parsed = split_entry(value)
+    if parsed is None:  # the scripts return only entries they parsed
+        raise ValueError(f"queue {q.name!r}: entry {eid!r} is malformed")
+    h, payload = parsed
+    note = split_dead_note(h.dead_note)
+    dead_reason, dead_ms, dead_deliveries = (None, None, None) if note is None else note
     return cls(queue=q.name, id=decode_id(eid), priority=q.priority_of_score(score), payload=payload,
                deliveries=h.deliveries, tenant=unescape_tenant(as_text(h.tenant)) if h.tenant else None,
                enqueued_ms=h.enqueued_ms, dead_reason=dead_reason, dead_ms=dead_ms,
@@ -239,6 +243,10 @@ def removed_entry(q: QueueBase, reply) -> Entry | None:
 
 
 # -- replay.lua -------------------------------------------------------------------------------
+#: Why replay left a dead letter where it is, by the code of its reply.
+_REPLAY_REFUSED: dict[int, str] = {ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}
+
+
 def replay_args(q: QueueBase, ids: Sequence[str]) -> list:
     return [q.max_length or 0, flag(q.fair), q.scope, *(encode_id(i) for i in ids)]
 
@@ -249,7 +257,7 @@ def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
         if not isinstance(r, int):
             out["replayed"][i] = decode_id(r)
         else:
-            out[{ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}.get(r, "refused")].append(i)
+            out[_REPLAY_REFUSED.get(r, "refused")].append(i)
 
 
 # -- migrate.lua, pause.lua, event_log.lua ----------------------------------------------------

@@ -162,7 +162,7 @@ class PriorityQueue(QueueInserts, QueueAdmin):
     def _lease_ms(self, lease_seconds) -> int:
         if lease_seconds is None:
             return int(1000 * self.lease_seconds)
-        return int(1000 * _seconds("lease_seconds", lease_seconds))
+        return int(1000 * float(_seconds("lease_seconds", lease_seconds) or 0))
 
     def parse_deliveries(self, reply) -> list[Delivery]:
         """The ``Delivery`` tuples of a pop's reply (a lean pop)."""

@@ -15,7 +15,7 @@ from ..scripts import FIRST_SEND
 from . import calls
 from .base import QueueBase
 from .calls import ScriptCall
-from .values import MAX_DUE_MS, as_bytes, as_text
+from .values import MAX_DUE_MS, as_bytes, as_text, mark_stored
 
 
 class QueueInserts(QueueBase):
@@ -191,9 +191,8 @@ class QueueInserts(QueueBase):
             try:
                 self.check_replicated(acked)
             except NotReplicated as exc:
-                exc.stored = list(ids)
-                exc.items = [(p, pr, i, t, None if d == "0" else int(d), g, task)
-                             for (p, pr, i, t, d, _, task), g in zip(norm, given)]
+                mark_stored(exc, list(ids), [(p, pr, i, t, None if d == "0" else int(d), g, task)
+                                             for (p, pr, i, t, d, _, task), g in zip(norm, given)])
                 exc.add_note("insert_many: exc.stored are the entry ids the master stored; exc.items are all the "
                              "items, to publish again (with publish ids of their own, stored once)")
                 raise
@@ -230,7 +229,7 @@ def _when(delay: float | None, due_ms: int | None) -> str:
     if delay is not None and due_ms is not None:
         raise ValueError("give delay or due_ms, not both")
     if delay is not None:
-        return f"+{int(_seconds('delay', delay, zero=True) * 1000)}"
+        return f"+{int(float(_seconds('delay', delay, zero=True) or 0) * 1000)}"
     if due_ms is not None:
         if isinstance(due_ms, bool) or not isinstance(due_ms, int) or not 0 <= due_ms <= MAX_DUE_MS:
             raise ValueError(f"due_ms must be a Unix time in milliseconds, 0..{MAX_DUE_MS}, got {due_ms!r}")
@@ -240,9 +239,8 @@ def _when(delay: float | None, due_ms: int | None) -> str:
 
 def _partial(exc: Exception, ids: list, items: list, made: list, why: str) -> Exception:
     """``exc`` of a failed ``insert_many``, saying which items were stored."""
-    exc.stored = list(ids)
-    exc.items = [(p, pr, i, t, None if d == "0" else int(d), given, task)
-                 for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids) if eid is None]
+    mark_stored(exc, list(ids), [(p, pr, i, t, None if d == "0" else int(d), given, task)
+                                 for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids) if eid is None])
     done = sum(1 for x in ids if x is not None)
     exc.add_note(f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
                  "exc.items are the items not known to be stored")

@@ -190,16 +190,6 @@ class QueueReads(QueueTenants):
         return out
 
 
-    def paused(self) -> dict:
-        """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
-        with self._pipeline(transaction=False) as p:
-            p.get(self.keys.md)
-            p.hkeys(self.keys.fc)
-            record, fields = p.execute()
-        tenants = sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:"))
-        return {"queue": split_switches(as_text(record))[0] if record is not None else False, "tenants": tenants}
-
-
     @property
     def events_key(self) -> str:
         """The Redis stream of this queue's event log (docs/events.md)."""
@@ -220,7 +210,7 @@ class QueueReads(QueueTenants):
         _count("count", count)
         out = []
         for sid, fields in self.client.xrange(self.keys.ev, start, end, count):
-            row = {"sid": as_text(sid)}
+            row: dict = {"sid": as_text(sid)}
             for k, v in fields.items():
                 k, v = as_text(k), v.decode("utf-8", "replace") if isinstance(v, bytes) else v
                 row[k] = (int(v) if v else None) if k in EVENT_INTS else v

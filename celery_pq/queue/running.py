@@ -52,7 +52,7 @@ def translate_error(exc: Exception) -> Exception:
     if m is None:
         return exc
     return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")),
-                     stored=readable_mode(m.group("stored")), wanted=readable_mode(m.group("wanted")))
+                     stored=readable_mode(m.group("stored")), wanted=readable_mode(m.group("wanted"))) or exc
 
 
 def readable_mode(mode: str) -> dict:

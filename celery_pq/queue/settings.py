@@ -47,7 +47,7 @@ class QueueSettings:
     max_length_per_tenant: int | None = None
     dedupe_seconds: float = C.DEDUPE_SECONDS
     max_dead_length: int | None = None
-    event_log: int = 0
+    event_log: int | None = 0
     wait_replicas: int = 0
     wait_timeout: float = C.WAIT_TIMEOUT
     shards: int = 1

@@ -5,7 +5,7 @@ and which ones cannot be served now (and why)."""
 from __future__ import annotations
 
 from ..checks import count as _count
-from ..records import split_entry, split_tenant_member
+from ..records import split_entry, split_switches, split_tenant_member
 from . import calls
 from .base import QueueBase
 from .settings import tenant_setting
@@ -90,7 +90,7 @@ class QueueTenants(QueueBase):
     def configure_tenants(self, *, weights: dict | None = None, concurrency: dict | None = None,
                           rate: dict | None = None) -> None:
         """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
-        fields = {}
+        fields: dict[str | bytes, bytes | float | int | str] = {}
         for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):
             if table is not None and not isinstance(table, dict):
                 raise ValueError(f"{label} must be a dict {{tenant: value}}, got {table!r}")
@@ -100,3 +100,12 @@ class QueueTenants(QueueBase):
                 fields[f"{label[0]}:{escape_tenant(tenant)}"] = tenant_setting(label, tenant, value)
         if fields:
             self.client.hset(self.keys.fc, mapping=fields)
+
+    def paused(self) -> dict:
+        """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
+        with self._pipeline(transaction=False) as p:
+            p.get(self.keys.md)
+            p.hkeys(self.keys.fc)
+            record, fields = p.execute()
+        tenants = sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:"))
+        return {"queue": split_switches(as_text(record))[0] if record is not None else False, "tenants": tenants}

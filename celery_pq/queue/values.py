@@ -82,7 +82,7 @@ class Delivery(NamedTuple):
 
 
 #: What one pop holds: ``Lease`` objects, or ``Delivery`` tuples for a lean pop.
-Held = TypeVar("Held", Lease, Delivery)
+Held = TypeVar("Held", bound=Lease | Delivery)
 
 
 class Popped(list[Held], Generic[Held]):
@@ -133,6 +133,12 @@ def as_text(value) -> str:
 def as_bytes(value) -> bytes:
     """A payload or id as bytes."""
     return value if isinstance(value, bytes) else str(value).encode()
+
+
+def mark_stored(exc: BaseException, stored: list, items: list) -> None:
+    """Tell on ``exc`` of a failed bulk insert which items were stored (``exc.stored``: one
+    entry id or None per item) and which are not known to be (``exc.items``)."""
+    vars(exc).update(stored=stored, items=items)
 
 
 def lease_pair(x) -> tuple[str, str]:
