@@ -16,6 +16,7 @@ from .. import constants as C
 from ..errors import ErrorCode, raise_for
 from ..ids import decode_id, encode_id
 from ..records import entry_payload, split_dead_note, split_entry
+from ..scripts import FIRST_SEND, resent
 from .values import Delivery, Entry, Lease, as_bytes, as_text, escape_tenant, unescape_tenant
 
 if TYPE_CHECKING:
@@ -26,13 +27,23 @@ class ScriptCall(NamedTuple):
     """One script call: the script, its KEYS, its ARGV (the queue context last). A tuple, so
     the runner (``scripts.run_calls``) takes it as it is.
 
-    The first-send rule lives here: ``first_send`` puts ``FIRST_SEND`` where the script reads
-    whether the call may have been sent before (insert's publish-id look-up); every path that
-    may send the call again sends ``scripts.resent(args)``, where it reads "1"."""
+    The first-send rule: a call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id
+    made for it, never sent before: ``insert_made``) may skip what only a repeat needs; sent
+    again (a retry, redis-py's own resend of a pipeline, a cluster's reroute), it is
+    ``resent()``, where that argument reads "1"."""
 
     script: Any
     keys: list
     args: list
+
+    @property
+    def first_send(self) -> bool:
+        """Is this the call as first sent (it carries ``FIRST_SEND``)?"""
+        return any(a is FIRST_SEND for a in self.args)
+
+    def resent(self) -> ScriptCall:
+        """The call as a send that may come after another one carries it."""
+        return self._replace(args=resent(self.args))
 
 
 def flag(value: bool) -> str:
@@ -75,6 +86,20 @@ def insert_args(q: QueueBase, head_args: list, items, forget=(), made="0") -> li
         args += [encode_id(id) if id else "", q.rank(priority), escape_tenant(tenant or ""), as_bytes(payload), due,
                  pid or "", task or ""]
     return args
+
+
+def insert_made(made_here: bool, first_send: bool) -> str:
+    """The ``made`` field of one insert: ``FIRST_SEND`` when its publish id was made here or the
+    caller made it for this send and never sent it before (nothing can be stored under it yet:
+    no look-up), else "0" (a publish id of the caller's, maybe seen: looked up)."""
+    return FIRST_SEND if made_here or first_send else "0"
+
+
+def insert_many_made(all_made: bool, repeats: bool) -> str:
+    """The ``made`` field of one chunk of a bulk insert: "1" when every item's publish id was
+    made here (the first stands for the chunk; the pipeline may be sent again), else "R" (the
+    reply marks repeats) or "0"."""
+    return "1" if all_made else "R" if repeats else "0"
 
 
 def check_insert(q: QueueBase, reply, items) -> bool:

@@ -11,7 +11,6 @@ from .. import constants as C
 from ..checks import seconds as _seconds
 from ..errors import NotReplicated, QueueFull
 from ..ids import unique_bytes
-from ..scripts import FIRST_SEND
 from . import calls
 from .base import QueueBase
 from .calls import ScriptCall
@@ -113,7 +112,7 @@ class QueueInserts(QueueBase):
             forget = self._take_forgets()
             try:
                 [reply], acked = self.run_replicated(
-                    [self.insert_call(items, forget, FIRST_SEND if publish_id is None or first_send else "0")])
+                    [self.insert_call(items, forget, calls.insert_made(publish_id is None, first_send))])
             except BaseException:
                 self._answered(forget)
                 raise
@@ -169,7 +168,7 @@ class QueueInserts(QueueBase):
             try:
                 replies, acked = self.run_replicated([
                     self.insert_call(part, forget if n == 0 else (),
-                                     "1" if all(start + j in made for j in range(len(part))) else "R" if repeats else "0")
+                                     calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats))
                     for n, (start, part) in enumerate(pending)])
             except Exception as exc:
                 self._answered(forget)

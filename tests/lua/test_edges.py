@@ -185,16 +185,18 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
 
 
 def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client, key_prefix):
-    from celery_pq.scripts import FIRST_SEND, resent, run_calls
+    from celery_pq.queue.calls import insert_made
+    from celery_pq.scripts import FIRST_SEND, run_calls
 
     q = PriorityQueue(redis_client, "m3f", key_prefix=key_prefix)
     item = q._item(b"x", 1, "t1")
-    script, keys, args = q.insert_call([item], (), FIRST_SEND)
-    assert FIRST_SEND in args and "F" == FIRST_SEND
+    call = q.insert_call([item], (), insert_made(True, False))
+    script, keys, args = call
+    assert call.first_send and FIRST_SEND in args and "F" == FIRST_SEND
     [first] = run_calls(redis_client, [(script, keys, args)])
     # the same call sent again (as every retry path sends it) is found by its publish id
-    again = resent(args)
-    assert FIRST_SEND not in again and again.count("1") >= 1
+    again = call.resent().args
+    assert not call.resent().first_send and again.count("1") >= 1
     assert run_calls(redis_client, [(script, keys, again)]) == [first]
     assert script.words(redis_client, keys, args)[3:] == (*keys, *again)
     # in a pipeline too (redis-py may send a pipeline again by itself)
@@ -202,9 +204,9 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     assert [e.id for e in q.peek(10)] == ["t1"]
     # a call of several entries under one made publish id gives all of them back
     items = [q._item(b"y", 1, "m1"), q._item(b"y", 1)]
-    script, keys, args = q.insert_call(items, (), FIRST_SEND)
-    [ids] = run_calls(redis_client, [(script, keys, args)])
-    assert run_calls(redis_client, [(script, keys, resent(args))]) == [ids] and len(ids) == 2
+    call = q.insert_call(items, (), insert_made(True, False))
+    [ids] = run_calls(redis_client, [call])
+    assert run_calls(redis_client, [call.resent()]) == [ids] and len(ids) == 2
     assert q.size() == 3
 
 
