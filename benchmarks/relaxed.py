@@ -188,7 +188,7 @@ def servers(cluster: bool):
         def placement(n):
             client = c.client()
             q = open_queue(client, "placement", Options(key_prefix=PREFIX, shards=n).queue_settings("placement"))
-            ports = Counter(str(c.master_of(s.keys.ii).port) for s in q.shards)
+            ports = Counter(str(c.master_of(s.keys.entries).port) for s in q.shards)
             client.close()
             return dict(sorted(ports.items()))
 

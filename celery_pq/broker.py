@@ -120,4 +120,4 @@ def known(channel, name: str) -> bool:
     if channel.client.sismember(queues_key(channel.options.key_prefix), base):
         return True
     k = queue_keys(base, channel.options.key_prefix)
-    return bool(channel.client.exists(k.md, k.ii, k.lt, k.dz))
+    return bool(channel.client.exists(k.mode, k.entries, k.leases, k.delayed))

@@ -465,7 +465,7 @@ class Channel(virtual.Channel):
         for name in self.active_queues:
             view = self.views.range_of(name)
             for s in self.queue(name).shards:
-                keys.append(s.keys.wk if view is None else s.keys.view_wake(*view))
+                keys.append(s.keys.wake if view is None else s.keys.view_wake(*view))
         return keys
 
     def fanout_channels(self) -> dict[str, str]:

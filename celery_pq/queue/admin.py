@@ -123,7 +123,7 @@ class QueueAdmin(QueueReads):
         ``C.COMPACT_STEP`` pointers, one script call each); returns how many were dropped."""
         k = self.keys
         removed = 0
-        for rank in self.client.zrange(k.pi, 0, -1):
+        for rank in self.client.zrange(k.priority_index, 0, -1):
             seen = 0
             while seen < count:
                 n = min(C.COMPACT_STEP, count - seen)

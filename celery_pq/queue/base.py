@@ -122,7 +122,7 @@ class QueueBase:
     def _pipeline(self, transaction: bool = False):
         """A pipeline of this queue's reads (TIME among them, or in MULTI) on the server that
         holds its keys: on a cluster, the master serving its hash tag."""
-        return NodePipeline(self.client, self.keys.ii, transaction)
+        return NodePipeline(self.client, self.keys.entries, transaction)
 
     @property
     def scripts(self):

@@ -206,8 +206,8 @@ class QueueInserts(QueueBase):
     def refresh_views(self) -> None:
         """Re-read the registry of priority views (inserts wake the views an entry satisfies)."""
         with self._pipeline(transaction=False) as p:
-            p.hkeys(self.keys.vw)
-            p.get(self.keys.vr)
+            p.hkeys(self.keys.views)
+            p.get(self.keys.views_version)
             names, version = p.execute()
         self.views = sorted((int(lo), int(hi)) for lo, hi in (as_text(n).split("-") for n in names))
         self.views_version = as_text(version) if version is not None else ""
@@ -217,8 +217,8 @@ class QueueInserts(QueueBase):
         """Register the view of ranks lo..hi; returns its wake list key."""
         if not 0 <= lo <= hi <= C.MAX_PRIORITY:
             raise ValueError(f"a view covers ranks lo..hi with 0 <= lo <= hi <= 255, got {lo}..{hi}")
-        if self.client.hsetnx(self.keys.vw, f"{lo}-{hi}", 1):
-            self.client.incr(self.keys.vr)
+        if self.client.hsetnx(self.keys.views, f"{lo}-{hi}", 1):
+            self.client.incr(self.keys.views_version)
         return self.keys.view_wake(lo, hi)
 
 

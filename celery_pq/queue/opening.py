@@ -39,7 +39,7 @@ def open_queue(client: redis.Redis, name: str, settings: QueueSettings | None = 
 def open_shard(client: redis.Redis, name: str, settings: QueueSettings, *, recorded: bool = False) -> PriorityQueue:
     """One queue, or one shard of a sharded queue (``open_queue``)."""
     settings = settings.one_shard()
-    raw = client.get(queue_keys(name, settings.key_prefix).md) if recorded else None
+    raw = client.get(queue_keys(name, settings.key_prefix).mode) if recorded else None
     if raw is not None:
         return PriorityQueue(client, name, settings.with_mode(mode_dict(as_text(raw))))
     q = PriorityQueue(client, name, settings)

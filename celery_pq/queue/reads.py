@@ -21,15 +21,15 @@ class QueueReads(QueueTenants):
     """The read-only questions of a queue."""
     def exists(self, id: str) -> bool:
         """Whether an entry with this id is stored (waiting, delayed or leased)."""
-        return bool(self.client.hexists(self.keys.ii, encode_id(id)))
+        return bool(self.client.hexists(self.keys.entries, encode_id(id)))
 
 
     def size(self) -> int:
         """Waiting entries (delayed ones not counted)."""
         with self._pipeline(transaction=False) as p:
-            p.hlen(self.keys.ii)
-            p.hlen(self.keys.lt)
-            p.zcard(self.keys.dz)
+            p.hlen(self.keys.entries)
+            p.hlen(self.keys.leases)
+            p.zcard(self.keys.delayed)
             entries, leased, delayed = p.execute()
         return entries - leased - delayed
 
@@ -38,11 +38,11 @@ class QueueReads(QueueTenants):
         """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds)."""
         k = self.keys
         with self._pipeline(transaction=False) as p:
-            p.hlen(k.ii)
-            p.hlen(k.lt)
-            p.zcard(k.dz)
+            p.hlen(k.entries)
+            p.hlen(k.leases)
+            p.zcard(k.delayed)
             if self._dead_keys:
-                p.hlen(self._dead_keys.ii)
+                p.hlen(self._dead_keys.entries)
             p.time()
             res = p.execute()
         entries, leased, delayed = res[0], res[1], res[2]
@@ -51,7 +51,7 @@ class QueueReads(QueueTenants):
         now_s, now_us = res[-1]
         per_priority: Counter = Counter()
         oldest_ms = None
-        ranks = [int(r) for r in self.client.zrange(k.pi, 0, -1)]
+        ranks = [int(r) for r in self.client.zrange(k.priority_index, 0, -1)]
         with self._pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
             for rank in ranks:
                 p.llen(k.level(rank))
@@ -92,7 +92,7 @@ class QueueReads(QueueTenants):
         Redis's clock. Never the tokens: a token is what acks."""
         _count("limit", limit, none=False)
         with self._pipeline(transaction=False) as p:
-            p.zrange(self.keys.lz, 0, limit - 1, withscores=True)
+            p.zrange(self.keys.lease_deadlines, 0, limit - 1, withscores=True)
             p.time()
             held, (sec, usec) = p.execute()
         now_ms = int(sec) * 1000 + int(usec) // 1000
@@ -100,8 +100,8 @@ class QueueReads(QueueTenants):
             return []
         eids = [eid for eid, _ in held]
         with self._pipeline(transaction=False) as p:
-            p.hmget(self.keys.lt, eids)
-            p.hmget(self.keys.ii, eids)
+            p.hmget(self.keys.leases, eids)
+            p.hmget(self.keys.entries, eids)
             records, values = p.execute()
         out = []
         for (eid, deadline), info, value in zip(held, records, values):
@@ -123,8 +123,8 @@ class QueueReads(QueueTenants):
         MULTI; the lease token is not shown (it is what acks)."""
         eid = encode_id(id)
         with self._pipeline(transaction=True) as p:
-            p.hget(self.keys.lt, eid)
-            p.zscore(self.keys.lz, eid)
+            p.hget(self.keys.leases, eid)
+            p.zscore(self.keys.lease_deadlines, eid)
             p.time()
             info, deadline, (sec, usec) = p.execute()
         lease = None if info is None else split_lease(info)
@@ -151,11 +151,11 @@ class QueueReads(QueueTenants):
         if paused["queue"]:
             return 0
         with self._pipeline(transaction=False) as p:
-            p.hlen(k.ii)
-            p.hlen(k.lt)
-            p.zcard(k.dz)
+            p.hlen(k.entries)
+            p.hlen(k.leases)
+            p.zcard(k.delayed)
             if not whole and not self.fair:
-                p.zrangebyscore(k.pi, lo, f"({hi + 1}")  # (a rank's score is rank + 0.5 during a compaction pass)
+                p.zrangebyscore(k.priority_index, lo, f"({hi + 1}")  # (a rank's score is rank + 0.5 during a compaction pass)
             res = p.execute()
         waiting = max(0, res[0] - res[1] - res[2])
         if not self.fair:
@@ -168,7 +168,7 @@ class QueueReads(QueueTenants):
                     p.llen(k.front(rank))
                 return min(waiting, sum(p.execute()))
         counts = {}
-        for field, value in self.client.hgetall(k.fn).items():
+        for field, value in self.client.hgetall(k.tenant_counts).items():
             kind, _, t = as_text(field).partition(":")
             if kind == "n":
                 counts[t] = int(value)
@@ -178,7 +178,7 @@ class QueueReads(QueueTenants):
             return min(waiting, sum(counts[t] for t in takeable))
         with self._pipeline(transaction=False) as p:
             for t in takeable:
-                p.zlexcount(k.te, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
+                p.zlexcount(k.tenant_entries, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
             return sum(p.execute())
 
 
@@ -186,19 +186,19 @@ class QueueReads(QueueTenants):
         """The counters the scripts keep (hash ct): every name of ``COUNTERS`` (0 until it
         happens) and any other field there (``malformed``, ``dead_dropped``)."""
         out = dict.fromkeys(COUNTERS, 0)
-        out.update({as_text(k): int(v) for k, v in self.client.hgetall(self.keys.ct).items()})
+        out.update({as_text(k): int(v) for k, v in self.client.hgetall(self.keys.counters).items()})
         return out
 
 
     @property
     def events_key(self) -> str:
         """The Redis stream of this queue's event log (docs/events.md)."""
-        return self.keys.ev
+        return self.keys.events
 
 
     def event_log_cap(self) -> int:
         """The event-log cap the queue recorded (0: the log is off)."""
-        record = self.client.get(self.keys.md)
+        record = self.client.get(self.keys.mode)
         return 0 if record is None else split_switches(as_text(record))[1]
 
 
@@ -209,7 +209,7 @@ class QueueReads(QueueTenants):
         stream id."""
         _count("count", count)
         out = []
-        for sid, fields in self.client.xrange(self.keys.ev, start, end, count):
+        for sid, fields in self.client.xrange(self.keys.events, start, end, count):
             row: dict = {"sid": as_text(sid)}
             for k, v in fields.items():
                 k, v = as_text(k), v.decode("utf-8", "replace") if isinstance(v, bytes) else v
@@ -220,7 +220,7 @@ class QueueReads(QueueTenants):
 
     def stored_mode(self) -> dict | None:
         """The mode the queue recorded in Redis (None before its first insert)."""
-        raw = self.client.get(self.keys.md)
+        raw = self.client.get(self.keys.mode)
         return None if raw is None else readable_mode(as_text(raw))
 
 

@@ -22,9 +22,9 @@ class QueueTenants(QueueBase):
             raise ValueError(f"queue {self.name!r} is not fair: its entries carry no tenant")
         _count("count", count, none=False)
         t = escape_tenant(tenant)
-        members = self.client.zrangebylex(self.keys.te, f"[{t}\0", f"({t}\1", start=0, num=count)
+        members = self.client.zrangebylex(self.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=count)
         parsed = [m for m in (split_tenant_member(x) for x in members) if m]
-        values = self.client.hmget(self.keys.ii, [m[3] for m in parsed]) if parsed else []
+        values = self.client.hmget(self.keys.entries, [m[3] for m in parsed]) if parsed else []
         out = []
         for (_, _, _, eid), value in zip(parsed, values):
             entry = split_entry(value) if value else None
@@ -35,7 +35,7 @@ class QueueTenants(QueueBase):
 
     def tenant_deliveries(self) -> dict[str, int]:
         """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
-        return {unescape_tenant(as_text(k)): int(v) for k, v in self.client.hgetall(self.keys.td).items()}
+        return {unescape_tenant(as_text(k)): int(v) for k, v in self.client.hgetall(self.keys.tenant_deliveries).items()}
 
 
     def tenant_stats(self, *, ages: bool = False) -> dict:
@@ -46,7 +46,7 @@ class QueueTenants(QueueBase):
         """
         out: dict = {}
         raw: dict = {}
-        for field, value in self.client.hgetall(self.keys.fn).items():
+        for field, value in self.client.hgetall(self.keys.tenant_counts).items():
             kind, _, tenant = as_text(field).partition(":")
             row = out.setdefault(unescape_tenant(tenant), {"waiting": 0, "leased": 0})
             raw[unescape_tenant(tenant)] = tenant
@@ -56,13 +56,13 @@ class QueueTenants(QueueBase):
             with self._pipeline(transaction=False) as p:
                 for name in names:
                     t = raw[name]
-                    p.zrangebylex(self.keys.te, f"[{t}\0", f"({t}\1", start=0, num=1)
+                    p.zrangebylex(self.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=1)
                 p.time()
                 *heads, (now_s, now_us) = p.execute()
             now_ms = int(now_s) * 1000 + int(now_us) // 1000
             members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
             eids = [(name, m[3]) for name, m in members if m]
-            values = self.client.hmget(self.keys.ii, [e for _, e in eids]) if eids else []
+            values = self.client.hmget(self.keys.entries, [e for _, e in eids]) if eids else []
             for name in names:
                 out[name]["next_age_seconds"] = None
             for (name, _), value in zip(eids, values):
@@ -79,7 +79,7 @@ class QueueTenants(QueueBase):
         if not self.fair:
             return {}
         why = {"C": "cap", "R": "rate", "P": "paused"}
-        out = {unescape_tenant(as_text(t)): why[as_text(state)[:1]] for t, state in self.client.hgetall(self.keys.tb).items()
+        out = {unescape_tenant(as_text(t)): why[as_text(state)[:1]] for t, state in self.client.hgetall(self.keys.tenant_states).items()
                if as_text(state)[:1] in why}
         for t in (paused or self.paused())["tenants"]:
             out[t] = "paused"
@@ -99,13 +99,13 @@ class QueueTenants(QueueBase):
                     raise ValueError(f"{label}: tenant names are strings, got {tenant!r}")
                 fields[f"{label[0]}:{escape_tenant(tenant)}"] = tenant_setting(label, tenant, value)
         if fields:
-            self.client.hset(self.keys.fc, mapping=fields)
+            self.client.hset(self.keys.tenant_settings, mapping=fields)
 
     def paused(self) -> dict:
         """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
         with self._pipeline(transaction=False) as p:
-            p.get(self.keys.md)
-            p.hkeys(self.keys.fc)
+            p.get(self.keys.mode)
+            p.hkeys(self.keys.tenant_settings)
             record, fields = p.execute()
         tenants = sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:"))
         return {"queue": split_switches(as_text(record))[0] if record is not None else False, "tenants": tenants}

@@ -25,7 +25,7 @@ def sharded(cluster_client, prefix, n, **options):
 
 def masters_of(cluster, queue) -> dict:
     """{shard name: port of the master serving it now}."""
-    return {s.name: cluster.master_of(s.keys.ii).port for s in queue.shards}
+    return {s.name: cluster.master_of(s.keys.entries).port for s in queue.shards}
 
 
 @pytest.fixture

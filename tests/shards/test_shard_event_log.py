@@ -29,7 +29,7 @@ def test_export_events_reads_every_shards_stream(redis_server, redis_client, key
     popped = list(queue.pop(10))
     for lease in popped:
         queue.ack(lease)
-    logged = {s.name: redis_client.xlen(s.keys.ev) for s in queue.shards}
+    logged = {s.name: redis_client.xlen(s.keys.events) for s in queue.shards}
     assert popped and all(logged.values()) and sum(logged.values()) == 40 + 2 * len(popped)
     # When export-events runs with the queue's options
     out = tmp_path / "events"

@@ -47,7 +47,7 @@ def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, key_prefix):
 def test_shard_zero_keeps_todays_data_when_the_queue_grows(redis_client, key_prefix):
     PriorityQueue(redis_client, "orders", key_prefix=key_prefix).insert(b"old", 7, id="old")
     q = open_queue(redis_client, key_prefix, 4)
-    assert q.shards[0].keys.ii == f"{key_prefix}:{{orders}}:ii"
+    assert q.shards[0].keys.entries == f"{key_prefix}:{{orders}}:ii"
     assert q.size() == 1 and [e.id for e in drain(q)] == ["old"]
 
 
