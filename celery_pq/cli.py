@@ -1,6 +1,6 @@
 """``celery -A proj pq ...`` and ``python -m celery_pq --broker URL ...``: administration of
 celery-pq queues. Each command is a thin click wrapper: the queue does the work
-(``queue.py``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
+(``queue/``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
 describes a stored message, ``metrics.py`` serves Prometheus. Errors are one line and exit 1
 (``click.ClickException``)."""
 
