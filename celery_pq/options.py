@@ -20,24 +20,12 @@ from kombu.utils.imports import symbol_by_name
 from . import constants as C
 from .checks import count, seconds, text
 from .errors import ConfigError
-from .keys import MAX_SHARDS, split_dead
-from .queue import FAIR_SCOPES, MAX_PEEK, MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, QueueSettings, validate_priority
+from .keys import split_dead
+from .queue import MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, QueueSettings, validate_priority
 from .redact import redact
 
 
 # -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
-def _text(name, value):
-    return text(name, value, error=ConfigError)
-
-
-def _one_of(*allowed):
-    def check(name, value):
-        if value not in allowed:
-            raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
-        return value
-    return check
-
-
 def _priority(name, value):
     try:
         return validate_priority(value)
@@ -77,10 +65,6 @@ def _flag(name, value):
     return value
 
 
-def _event_log(name, value):
-    return count(name, value, low=0, error=ConfigError)
-
-
 def _client_name(name, value):
     return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
 
@@ -95,9 +79,9 @@ def _mapping_or_none(name, value):
     return None if value is None else dict(value)
 
 
-def _technique(name, value):
-    if value not in C.TECHNIQUES:
-        raise ConfigError(f"technique for all queues must be 'T' or 'S', got {value!r}")
+def _queue_setting(name, value):
+    """A queue's setting: checked where every queue's settings are, by ``QueueSettings``
+    (``Options._check_queue_settings``)."""
     return value
 
 
@@ -172,33 +156,33 @@ def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str |
 class Options:
     """Every transport option, checked (see each field's ``doc``; README.md's table)."""
 
-    key_prefix: str = _option(C.KEY_PREFIX, _text, "prefix of every Redis key and pub/sub channel")
-    priority_order: str = _option(C.HIGHER_FIRST, _one_of(*C.PRIORITY_ORDERS),
+    key_prefix: str = _option(C.KEY_PREFIX, _queue_setting, "prefix of every Redis key and pub/sub channel")
+    priority_order: str = _option(C.HIGHER_FIRST, _queue_setting,
                                   '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)')
     default_priority: int = _option(0, _priority, "priority 0..255 of a message published without one")
-    lease_seconds: float = _option(C.LEASE_SECONDS, _seconds,
+    lease_seconds: float = _option(C.LEASE_SECONDS, _queue_setting,
                                    "seconds a delivered message stays leased without a renewal, at least "
                                    "renew_interval + 0.5 (0.75 with the default renew_interval); "
                                    "visibility_timeout is an alias")
-    max_deliveries: int = _option(C.MAX_DELIVERIES, _count_from_zero,
+    max_deliveries: int = _option(C.MAX_DELIVERIES, _queue_setting,
                                   "deliveries without an ack before <queue>.dead; 0: no limit")
     fair_key: str | None = _option(None, _fair_key, 'None: fairness off; a header name, or "module:function" '
                                    "taking the kombu message dict and returning the tenant (str or None)")
     fair_weights: dict | None = _option(None, _weights,
                                         f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for "
                                         "tenants not named", shown="{}")
-    fair_scope: str = _option("within_priority", _one_of(*FAIR_SCOPES),
+    fair_scope: str = _option("within_priority", _queue_setting,
                               '"within_priority" (strict priority, tenants share each level) or '
                               '"tenant_first" (tenants share the queue, each one\'s entries by priority)')
-    max_length: int | None = _option(None, _count_or_none, "waiting entries per queue; beyond it QueueFull")
-    max_length_per_tenant: int | None = _option(None, _count_or_none,
+    max_length: int | None = _option(None, _queue_setting, "waiting entries per queue; beyond it QueueFull")
+    max_length_per_tenant: int | None = _option(None, _queue_setting,
                                                 "waiting entries per tenant (needs fair_key); beyond it QueueFull")
     tenant_concurrency: int | dict | None = _option(None, _per_tenant(int),
                                                     'leased messages per tenant at once: an int, or '
                                                     '{tenant: int, "*": default} (needs fair_key)')
     tenant_rate: float | dict | None = _option(None, _per_tenant((int, float)),
                                                "deliveries per second per tenant, same forms (needs fair_key)")
-    technique: str = _option(C.TECHNIQUE_T, _technique, 'the patent technique of every queue, "T" or "S"')
+    technique: str = _option(C.TECHNIQUE_T, _queue_setting, 'the patent technique of every queue, "T" or "S"')
     queue_techniques: dict | None = _option(None, _queue_techniques, "{queue: technique}, per queue")
     sweep_interval: float = _option(C.SWEEP_INTERVAL, _seconds,
                                     "seconds between sweeps of expired leases (one sweeper per queue "
@@ -221,12 +205,12 @@ class Options:
     client_name: str | None = _option(None, _client_name, "redis-py CLIENT SETNAME, no spaces")
     max_message_bytes: int | None = _option(None, _count_or_none,
                                             "a larger stored message is refused (MessageTooLarge)")
-    dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _seconds_or_zero,
+    dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _queue_setting,
                                     "a retried publish call (same publish id) seen within this window stores nothing; the "
                                     "queue keeps the longest window its producers ask for; 0: off")
-    max_dead_length: int | None = _option(None, _count_or_none,
+    max_dead_length: int | None = _option(None, _queue_setting,
                                           "entries of <queue>.dead at most (None: max_length, else none)")
-    event_log: int | None = _option(None, _event_log,
+    event_log: int | None = _option(None, _queue_setting,
                                     "None/0: no event log; else the approximate most entries of each "
                                     "queue's event-log stream (docs/events.md)")
     cluster: bool = _option(False, _flag, "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
@@ -243,16 +227,16 @@ class Options:
                                            "ssl, ...); None: the socket timeouts of the master's")
     min_other_sentinels: int = _option(0, _count_from_zero,
                                        "a sentinel that sees fewer other sentinels is not believed")
-    wait_replicas: int = _option(0, _count_from_zero,
+    wait_replicas: int = _option(0, _queue_setting,
                                  "a publish and an ack return once this many replicas have them (Redis WAIT); "
                                  "0: off")
-    wait_timeout: float = _option(C.WAIT_TIMEOUT, _seconds,
+    wait_timeout: float = _option(C.WAIT_TIMEOUT, _queue_setting,
                                   "seconds a publish or ack waits for wait_replicas; then a publish raises "
                                   "NotReplicated, an ack logs")
-    shards: int = _option(1, _count_up_to(MAX_SHARDS), "shards of each queue (1..256): a queue split into N full queues, each "
+    shards: int = _option(1, _queue_setting, "shards of each queue (1..256): a queue split into N full queues, each "
                           "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
                           "1: the plain queue, exact order")
-    peek: int = _option(2, _count_up_to(MAX_PEEK), "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
+    peek: int = _option(2, _queue_setting, "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
@@ -269,6 +253,7 @@ class Options:
         for f in fields(self):
             if f.init:
                 keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        self._check_queue_settings()
         self._fit_renewals(default_timeout)
         if self.fair_key is not None and ":" in self.fair_key:
             try:
@@ -286,6 +271,14 @@ class Options:
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
+
+    def _check_queue_settings(self) -> None:
+        """The queue settings among the options, checked once, by ``QueueSettings`` (the
+        durations kept as the floats it makes of them). Fairness is taken as on here: whether
+        the tenant caps have a tenant to act on is the options' own rule (they need fair_key)."""
+        settings = QueueSettings(fair=True, **{name: getattr(self, name) for name in _QUEUE_SETTINGS})
+        for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):
+            object.__setattr__(self, name, getattr(settings, name))
 
     def _fit_renewals(self, default_timeout: bool) -> None:
         """renew_interval (a third of the lease when not given), then the checks that leases
@@ -376,6 +369,12 @@ class Options:
         return {name: getattr(self, name) for name in ("socket_timeout", "socket_connect_timeout",
                                                        "socket_keepalive", "health_check_interval",
                                                        "client_name", "max_connections")}
+
+
+#: The options that are a queue's settings, under the same names (``QueueSettings``).
+_QUEUE_SETTINGS = ("key_prefix", "technique", "priority_order", "lease_seconds", "max_deliveries", "max_length",
+                   "fair_scope", "max_length_per_tenant", "dedupe_seconds", "max_dead_length", "event_log",
+                   "wait_replicas", "wait_timeout", "shards", "peek")
 
 
 def _default(value):
