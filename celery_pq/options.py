@@ -288,9 +288,8 @@ class Options:
         keep = object.__setattr__
         lease, margin = self.lease_seconds, C.RENEW_MARGIN
         given = self.renew_interval is not None
-        if not given:
-            keep(self, "renew_interval", min(max(0.1, lease / 3.0), 20.0, lease / 2.0))
-        renew = self.renew_interval
+        renew = self.renew_interval if self.renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
+        keep(self, "renew_interval", renew)
         if lease - renew < margin:
             if given:
                 raise ConfigError(f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "

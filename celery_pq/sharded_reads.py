@@ -89,8 +89,10 @@ class ShardedReads:
 
     def paused(self) -> dict:
         states = [s.paused() for s in self.shards]
-        return {"queue": any(st["queue"] for st in states),
-                "tenants": sorted({t for st in states for t in st["tenants"]})}
+        return {
+            "queue": any(st["queue"] for st in states),
+            "tenants": sorted({t for st in states for t in st["tenants"]}),
+        }
 
     def stats(self) -> dict:
         """``PriorityQueue.stats`` summed over the shards (the oldest head's age), with
@@ -116,8 +118,10 @@ class ShardedReads:
             "per_tenant": per_tenant,
             "paused": any(st["paused"] for st in parts),
             "paused_tenants": sorted({t for st in parts for t in st["paused_tenants"]}),
-            "shards": [{"queue": st["queue"], "waiting": st["waiting"], "delayed": st["delayed"],
-                        "leased": st["leased"]} for st in parts],
+            "shards": [
+                {"queue": st["queue"], "waiting": st["waiting"], "delayed": st["delayed"], "leased": st["leased"]}
+                for st in parts
+            ],
         }
 
     # -- every shard at once --------------------------------------------------------------------

@@ -79,8 +79,15 @@ class ShardedQueue(ShardedReads):
             second-best check for a shard beaten meanwhile); False only to measure without it.
     """
 
-    def __init__(self, shards: Sequence[PriorityQueue], name: str, *, peek: int = 2,
-                 rng: random.Random | None = None, check_beaten: bool = True):
+    def __init__(
+        self,
+        shards: Sequence[PriorityQueue],
+        name: str,
+        *,
+        peek: int = 2,
+        rng: random.Random | None = None,
+        check_beaten: bool = True,
+    ):
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
         if isinstance(peek, bool) or not isinstance(peek, int) or not 1 <= peek <= MAX_PEEK:
@@ -112,8 +119,10 @@ class ShardedQueue(ShardedReads):
         name = getattr(lease, "queue", None)
         shard = self._by_name.get(name) if isinstance(name, str) else None
         if shard is None:
-            raise ValueError(f"{lease!r} is not a lease of a shard of {self.name!r}: a sharded queue acks, requeues "
-                             "and renews Lease objects (they carry their shard), not bare (id, token) pairs")
+            raise ValueError(
+                f"{lease!r} is not a lease of a shard of {self.name!r}: a sharded queue acks, requeues "
+                "and renews Lease objects (they carry their shard), not bare (id, token) pairs"
+            )
         return shard
 
     # -- insert -----------------------------------------------------------------------------
@@ -127,23 +136,29 @@ class ShardedQueue(ShardedReads):
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    def insert(self, payload, priority: int = 0, *, tenant: str | None = None,
-               publish_id: bytes | str | None = None, **kwargs) -> str:
+    def insert(
+        self, payload, priority: int = 0, *, tenant: str | None = None, publish_id: bytes | str | None = None, **kwargs
+    ) -> str:
         """``PriorityQueue.insert`` into the shard ``shard_for`` picks."""
         shard = self.shard_for(tenant=tenant, publish_id=publish_id)
         if kwargs.get("id") is None:
             kwargs["id"] = new_id(publish_id)
         return shard.insert(payload, priority, tenant=tenant, publish_id=publish_id, **kwargs)
 
-    def insert_many(self, items, *, chunk: int = C.BULK_CHUNK,
-                    repeats: bool = False) -> list[str] | tuple[list[str], list[bool]]:
+    def insert_many(
+        self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False
+    ) -> list[str] | tuple[list[str], list[bool]]:
         """``PriorityQueue.insert_many``, each item to the shard ``shard_for`` picks (one call per
         shard). On a failure, ``exc.stored`` (one per item, in the order given) has the ids of
         the shards done and of the failed shard's stored items; ``exc.items`` are the items not
         known to be stored, of that shard and of the shards not reached. ``repeats=True``: as
         ``PriorityQueue.insert_many``'s, ``(ids, repeated)`` in the order given."""
-        items = [item if len(item) > 2 and item[2] is not None
-                 else (*item[:2], new_id(item[5] if len(item) > 5 else None), *item[3:]) for item in items]
+        items = [
+            item
+            if len(item) > 2 and item[2] is not None
+            else (*item[:2], new_id(item[5] if len(item) > 5 else None), *item[3:])
+            for item in items
+        ]
         groups: dict[int, list[int]] = {}
         for n, item in enumerate(items):
             tenant = item[3] if len(item) > 3 else None
@@ -160,7 +175,7 @@ class ShardedQueue(ShardedReads):
             except Exception as exc:
                 for i, eid in zip(idx, getattr(exc, "stored", ())):
                     ids[i] = eid
-                rest = [i for t in order[g + 1:] for i in groups[t]]
+                rest = [i for t in order[g + 1 :] for i in groups[t]]
                 mark_stored(exc, list(ids), list(getattr(exc, "items", [])) + [items[i] for i in rest])
                 raise
             if repeats:
@@ -172,8 +187,9 @@ class ShardedQueue(ShardedReads):
         return (ids, repeated) if repeats else ids
 
     # -- pop: peek k, pop the best, second-best under concurrency ------------------------------
-    def peek_heads(self, shards: Sequence[PriorityQueue],
-                   view: tuple[int, int] | None = None) -> list[tuple[int, int] | None]:
+    def peek_heads(
+        self, shards: Sequence[PriorityQueue], view: tuple[int, int] | None = None
+    ) -> list[tuple[int, int] | None]:
         """(rank, enqueued_ms) of the entry each of ``shards`` would deliver first (within
         ``view``), None for an empty or paused one: one pipelined round trip of read-only
         scripts (``peek_head.lua``)."""
@@ -187,9 +203,16 @@ class ShardedQueue(ShardedReads):
         found = [(h, self._rng.random(), s) for h, s in zip(heads, shards) if h is not None]
         return [(s, h) for h, _, s in sorted(found, key=lambda x: x[:2])]
 
-    def pop_with_acks(self, count: int = 1, *, acks: dict | None = None, lean: bool = False,
-                      lease_seconds: float | None = None, consumer: str | None = None,
-                      view: tuple[int, int] | None = None) -> tuple[Popped, dict]:
+    def pop_with_acks(
+        self,
+        count: int = 1,
+        *,
+        acks: dict | None = None,
+        lean: bool = False,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> tuple[Popped, dict]:
         """Pop up to ``count`` entries from the best of ``peek`` shards, sending ``acks``
         (``{shard: [(entry id, token), ...]}``) in the same round trip as the first pop.
         Returns (leases, whose ``queue`` is the shard that served; ack codes per shard);
@@ -208,8 +231,16 @@ class ShardedQueue(ShardedReads):
             # work); each but the last takes only what still beats the next one's peeked head
             for attempt, (shard, _) in enumerate(best):
                 bound = best[attempt + 1][1][0] if attempt + 1 < len(best) and self._bounded else None
-                popped, got = pop_with_acks(shard, count, acks=pending, lean=lean, lease_seconds=lease_seconds,
-                                            consumer=consumer, view=view, bound=bound)
+                popped, got = pop_with_acks(
+                    shard,
+                    count,
+                    acks=pending,
+                    lean=lean,
+                    lease_seconds=lease_seconds,
+                    consumer=consumer,
+                    view=view,
+                    bound=bound,
+                )
                 codes.update(got)
                 pending = {}
                 if popped:
@@ -220,8 +251,14 @@ class ShardedQueue(ShardedReads):
             codes.update(ack_all(pending))
         return Popped((), self.shards[0]), codes
 
-    def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> Popped[Lease]:
+    def pop(
+        self,
+        count: int = 1,
+        *,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> Popped[Lease]:
         """Lease up to ``count`` entries from the best of ``peek`` shards (see the module)."""
         popped, _ = self.pop_with_acks(count, lease_seconds=lease_seconds, consumer=consumer, view=view)
         return popped
@@ -243,8 +280,9 @@ class ShardedQueue(ShardedReads):
                 done[id(lease)] = ok
         return [done[id(lease)] for lease in leases]
 
-    def extend(self, leases: Sequence[Lease], lease_seconds: float | None = None, *,
-               strict: bool = False) -> list[bool]:
+    def extend(
+        self, leases: Sequence[Lease], lease_seconds: float | None = None, *, strict: bool = False
+    ) -> list[bool]:
         done = {}
         for shard, group in self._grouped(leases).items():
             for lease, ok in zip(group, shard.extend(group, lease_seconds, strict=strict)):
@@ -287,8 +325,9 @@ class ShardedQueue(ShardedReads):
         """The dead-letter queues of the shards, as one sharded queue (``<name>.dead``)."""
         if self.is_dead:
             raise ValueError(f"{self.name!r} is a dead-letter queue")
-        return ShardedQueue([s.dead for s in self.shards], split_dead(self.name)[0] + ".dead",
-                            peek=self.peek_count, rng=self._rng)
+        return ShardedQueue(
+            [s.dead for s in self.shards], split_dead(self.name)[0] + ".dead", peek=self.peek_count, rng=self._rng
+        )
 
     @property
     def explain(self):

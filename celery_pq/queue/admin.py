@@ -36,7 +36,6 @@ class QueueAdmin(QueueReads):
             if int(done):
                 return {"waiting": total[0], "leased": total[1], "malformed": total[2]}
 
-
     def purge(self) -> int:
         """Delete every waiting entry (leased ones stay leased); returns how many."""
         total = 0
@@ -46,11 +45,9 @@ class QueueAdmin(QueueReads):
             if not taken:
                 return total
 
-
     def delete(self) -> None:
         """Drop every key of this queue (waiting and leased entries alike)."""
         self.client.delete(*self.keys.all())
-
 
     def replay(self, ids: Sequence[str]) -> dict:
         """Dead letters of ``<queue>.dead`` back to this queue, each atomically, keeping priority,
@@ -68,27 +65,25 @@ class QueueAdmin(QueueReads):
             calls.add_replayed(out, part, self.run("replay", calls.replay_args(self, part)))
         return out
 
-
     def pause(self, tenant: str | None = None) -> bool:
         """Stop delivering the queue (or, on a fair queue, one tenant's entries) to every
         consumer; inserts go on. True when it was not paused yet."""
         return self._set_paused(True, tenant)
-
 
     def resume(self, tenant: str | None = None) -> bool:
         """Deliver again what ``pause`` held back; idle consumers are woken at once. True when
         it was paused."""
         return self._set_paused(False, tenant)
 
-
     def _set_paused(self, paused: bool, tenant: str | None) -> bool:
         if tenant is not None:
             _text("tenant", tenant)
             if not self.fair:
-                raise ConfigError(f"queue {self.name!r} is not fair: only a fair queue pauses one tenant "
-                                  f"(pause the whole queue with tenant=None)")
+                raise ConfigError(
+                    f"queue {self.name!r} is not fair: only a fair queue pauses one tenant "
+                    f"(pause the whole queue with tenant=None)"
+                )
         return bool(self.run("pause", calls.pause_args(paused, tenant)))
-
 
     def set_event_log(self, cap: int | None) -> int:
         """Switch the queue's event log on with this cap, or off with None/0, for every process
@@ -96,7 +91,6 @@ class QueueAdmin(QueueReads):
         ``event_log`` is set switches it on again at its next call."""
         _count("event_log", cap, low=0)
         return int(self.run("event_log", calls.event_log_args(cap)))
-
 
     def remove(self, id: str) -> int:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
@@ -109,13 +103,11 @@ class QueueAdmin(QueueReads):
             if not cursor:
                 return total
 
-
     def remove_highest_priority(self) -> Entry | None:
         """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
         if self.fair:
             raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
         return calls.removed_entry(self, self.run("remove_highest", calls.remove_highest_args()))
-
 
     def cleanup(self, count: int = 1000) -> int:
         """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
@@ -133,7 +125,6 @@ class QueueAdmin(QueueReads):
                 if not more or not looked:
                     break
         return removed
-
 
     def change_priority(self, id: str, priority: int) -> None:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""

@@ -62,7 +62,8 @@ class QueueBase:
         #: (the slot guard), so that a call that reaches a master just as the queue's hash
         #: slot migrates stops before it writes anything, and is made again (scripts.py).
         self._ctx = ("~" if is_cluster(client) else "") + (
-            f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}|{self.event_log}")
+            f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}|{self.event_log}"
+        )
 
     @property
     def mode(self) -> dict:
@@ -87,12 +88,10 @@ class QueueBase:
             return [given.get(n, key) for n, key in zip(*known)]
         return known[1]
 
-
     def call(self, name: str, keys: list, args: list) -> ScriptCall:
         """One script call, the queue context last (the scripts take it off ARGV first), to run
         now (``run``) or with others (``running.run_calls``)."""
         return ScriptCall(getattr(self.scripts, name), keys, [*args, self._ctx])
-
 
     def run(self, name: str, args: list, *, keys: list | None = None, wait: bool = True):
         """Run script ``name`` now with ``args`` (and its KEYS for this queue, unless given);
@@ -147,12 +146,16 @@ class QueueBase:
         """The rank range of a priority view (None: the whole queue), checked."""
         if view is None:
             return 0, C.MAX_PRIORITY
-        if not isinstance(view, (tuple, list)) or len(view) != 2 or \
-                any(isinstance(x, bool) or not isinstance(x, int) for x in view) or \
-                not 0 <= view[0] <= view[1] <= C.MAX_PRIORITY:
+        if (
+            not isinstance(view, (tuple, list))
+            or len(view) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in view)
+            or not 0 <= view[0] <= view[1] <= C.MAX_PRIORITY
+        ):
             raise ValueError(f"view must be a rank range (lo, hi) with 0 <= lo <= hi <= 255, got {view!r}")
         if self.fair and self.scope != "P" and tuple(view) != (0, C.MAX_PRIORITY):
-            raise ValueError(f"view {tuple(view)!r}: priority views need fair_scope='within_priority' on a fair "
-                             f"queue, and {self.name!r} is fair_scope={self.fair_scope!r}")
+            raise ValueError(
+                f"view {tuple(view)!r}: priority views need fair_scope='within_priority' on a fair "
+                f"queue, and {self.name!r} is fair_scope={self.fair_scope!r}"
+            )
         return view[0], view[1]
-

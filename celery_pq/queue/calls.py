@@ -59,10 +59,19 @@ def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra)
     h, payload = parsed
     note = split_dead_note(h.dead_note)
     dead_reason, dead_ms, dead_deliveries = (None, None, None) if note is None else note
-    return cls(queue=q.name, id=decode_id(eid), priority=q.priority_of_score(score), payload=payload,
-               deliveries=h.deliveries, tenant=unescape_tenant(as_text(h.tenant)) if h.tenant else None,
-               enqueued_ms=h.enqueued_ms, dead_reason=dead_reason, dead_ms=dead_ms,
-               dead_deliveries=dead_deliveries, **extra)
+    return cls(
+        queue=q.name,
+        id=decode_id(eid),
+        priority=q.priority_of_score(score),
+        payload=payload,
+        deliveries=h.deliveries,
+        tenant=unescape_tenant(as_text(h.tenant)) if h.tenant else None,
+        enqueued_ms=h.enqueued_ms,
+        dead_reason=dead_reason,
+        dead_ms=dead_ms,
+        dead_deliveries=dead_deliveries,
+        **extra,
+    )
 
 
 # -- insert.lua -------------------------------------------------------------------------------
@@ -70,8 +79,15 @@ def insert_head(q: QueueBase) -> tuple[list, list]:
     """(KEYS, the ARGV before the publish ids to forget) of an insert: the same for every
     insert until the registry of priority views changes."""
     keys = [*q.keys_of("insert"), *(q.keys.view_wake(*v) for v in q.views)]
-    args = [q.max_length or 0, q.max_length_per_tenant, flag(q.fair), q.scope, q.views_version, len(q.views),
-            *(f"{lo},{hi}" for lo, hi in q.views)]
+    args = [
+        q.max_length or 0,
+        q.max_length_per_tenant,
+        flag(q.fair),
+        q.scope,
+        q.views_version,
+        len(q.views),
+        *(f"{lo},{hi}" for lo, hi in q.views),
+    ]
     return keys, args
 
 
@@ -83,8 +99,15 @@ def insert_args(q: QueueBase, head_args: list, items, forget=(), made="0") -> li
     for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
         if made not in ("0", "R") and n:
             pid = None  # a made publish id stands for the whole call: the first group's
-        args += [encode_id(id) if id else "", q.rank(priority), escape_tenant(tenant or ""), as_bytes(payload), due,
-                 pid or "", task or ""]
+        args += [
+            encode_id(id) if id else "",
+            q.rank(priority),
+            escape_tenant(tenant or ""),
+            as_bytes(payload),
+            due,
+            pid or "",
+            task or "",
+        ]
     return args
 
 
@@ -108,8 +131,9 @@ def check_insert(q: QueueBase, reply, items) -> bool:
         if reply[0] == ErrorCode.QUEUE_FULL:
             raise_for(reply[0], q.name, size=int(reply[1]), limit=q.max_length)
         if reply[0] == ErrorCode.TENANT_FULL:
-            raise_for(reply[0], q.name, size=int(reply[1]), limit=q.max_length_per_tenant,
-                      tenant=items[int(reply[2])][3])
+            raise_for(
+                reply[0], q.name, size=int(reply[1]), limit=q.max_length_per_tenant, tenant=items[int(reply[2])][3]
+            )
         if reply[0] == ErrorCode.STALE_VIEWS:
             return False
     return True
@@ -121,12 +145,18 @@ def inserted(reply) -> list[tuple[str, bool]]:
 
 
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
-def pop_args(q: QueueBase, count: int, lease_ms: int, consumer: str | None, token: str, ranks: tuple[int, int, int],
-             acks: Sequence[tuple[str, str]]) -> list:
+def pop_args(
+    q: QueueBase,
+    count: int,
+    lease_ms: int,
+    consumer: str | None,
+    token: str,
+    ranks: tuple[int, int, int],
+    acks: Sequence[tuple[str, str]],
+) -> list:
     """``ranks``: the view's (lo, hi) and the worst rank to take. A fair pop leases at most
     FAIR_POP_MAX in one call (bounded work per call)."""
-    args: list = [lease_ms, consumer or "", token, min(count, C.FAIR_POP_MAX) if q.fair else count,
-                  C.POP_STALE_BUDGET]
+    args: list = [lease_ms, consumer or "", token, min(count, C.FAIR_POP_MAX) if q.fair else count, C.POP_STALE_BUDGET]
     if q.fair:
         args += (q.scope, q.tenant_concurrency, q.tenant_rate)
     args += (*ranks, len(acks))
@@ -199,15 +229,38 @@ def requeued(code) -> tuple[str | None, bool]:
 
 
 # -- reclaim.lua ------------------------------------------------------------------------------
-def reclaim_args(q: QueueBase, limit: int, guard_seconds: float, consumer: str, gap_seconds: float,
-                 restore_seconds: float, start: int) -> list:
-    return [limit, q.max_deliveries, int(guard_seconds * 1000), consumer, flag(q.fair), q.scope,
-            int(gap_seconds * 1000), int(restore_seconds * 1000), start]
+def reclaim_args(
+    q: QueueBase,
+    limit: int,
+    guard_seconds: float,
+    consumer: str,
+    gap_seconds: float,
+    restore_seconds: float,
+    start: int,
+) -> list:
+    return [
+        limit,
+        q.max_deliveries,
+        int(guard_seconds * 1000),
+        consumer,
+        flag(q.fair),
+        q.scope,
+        int(gap_seconds * 1000),
+        int(restore_seconds * 1000),
+        start,
+    ]
 
 
 #: A sweep that did nothing (the queue's mode is being migrated).
-RECLAIM_SKIPPED = {"returned": 0, "dead": 0, "skipped": True, "more": False, "promoted": 0, "dead_dropped": 0,
-                   "restored": 0}
+RECLAIM_SKIPPED = {
+    "returned": 0,
+    "dead": 0,
+    "skipped": True,
+    "more": False,
+    "promoted": 0,
+    "dead_dropped": 0,
+    "restored": 0,
+}
 
 
 def reclaimed(reply) -> dict:

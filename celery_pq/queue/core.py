@@ -97,8 +97,15 @@ class PriorityQueue(QueueInserts, QueueAdmin):
         return PriorityQueue(self.client, dead_queue_name(self.name), self.settings.dead())
 
     # -- RETRIEVE / pop with lease --------------------------------------------------------------
-    def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = ()) -> Popped[Lease]:
+    def pop(
+        self,
+        count: int = 1,
+        *,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+        acks: Sequence[tuple[str, str]] = (),
+    ) -> Popped[Lease]:
         """Lease up to ``count`` entries in delivery order (empty list when none wait); a fair
         queue leases at most ``FAIR_POP_MAX`` (50) in one call.
 
@@ -107,22 +114,45 @@ class PriorityQueue(QueueInserts, QueueAdmin):
         consumer's finished deliveries and its next pop in one round trip); their codes (1
         acked, or an ErrorCode value) are the result's ``acked``.
         """
-        popped, codes = wait_out_migration(lambda: pop_with_acks(
-            self, count, lease_seconds=lease_seconds, consumer=consumer, view=view, acks={self: acks} if acks else {}))
+        popped, codes = wait_out_migration(
+            lambda: pop_with_acks(
+                self,
+                count,
+                lease_seconds=lease_seconds,
+                consumer=consumer,
+                view=view,
+                acks={self: acks} if acks else {},
+            )
+        )
         popped.acked = codes.get(self, [])
         return popped
 
-    def pop_with_acks(self, count: int = 1, *, acks: dict | None = None, lean: bool = False,
-                      lease_seconds: float | None = None, consumer: str | None = None,
-                      view: tuple[int, int] | None = None) -> tuple[Popped, dict]:
+    def pop_with_acks(
+        self,
+        count: int = 1,
+        *,
+        acks: dict | None = None,
+        lean: bool = False,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> tuple[Popped, dict]:
         """``running.pop_with_acks`` of this queue (a sharded queue's picks its shard): the
         leases (``Delivery`` tuples with ``lean``) and the codes of ``acks``, by queue."""
-        return pop_with_acks(self, count, acks=acks, lean=lean, lease_seconds=lease_seconds, consumer=consumer,
-                             view=view)
+        return pop_with_acks(
+            self, count, acks=acks, lean=lean, lease_seconds=lease_seconds, consumer=consumer, view=view
+        )
 
-    def pop_call(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-                 view: tuple[int, int] | None = None, acks: Sequence[tuple[str, str]] = (),
-                 bound: int | None = None) -> ScriptCall:
+    def pop_call(
+        self,
+        count: int = 1,
+        *,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+        acks: Sequence[tuple[str, str]] = (),
+        bound: int | None = None,
+    ) -> ScriptCall:
         """The call of a pop, to run with others (``run_calls``).
 
         ``acks``: ``(entry id, token)`` pairs acked in the same script call, before the pop
@@ -133,8 +163,18 @@ class PriorityQueue(QueueInserts, QueueAdmin):
         """
         # a consumer pops with the same arguments call after call: they are checked, and the
         # keys built, once per set of them
-        key: tuple | None = (type(count), count, type(lease_seconds), lease_seconds, self.lease_seconds, consumer,
-                             view, self.fair, type(bound), bound)
+        key: tuple | None = (
+            type(count),
+            count,
+            type(lease_seconds),
+            lease_seconds,
+            self.lease_seconds,
+            consumer,
+            view,
+            self.fair,
+            type(bound),
+            bound,
+        )
         try:
             known = self._pop_calls.get(key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable argument: the checks below name it
@@ -156,8 +196,7 @@ class PriorityQueue(QueueInserts, QueueAdmin):
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
         name, keys, lease_ms, ranks = known
-        return self.call(name, keys, calls.pop_args(self, count, lease_ms, consumer, unique_bytes().hex(), ranks,
-                                                    acks))
+        return self.call(name, keys, calls.pop_args(self, count, lease_ms, consumer, unique_bytes().hex(), ranks, acks))
 
     def _lease_ms(self, lease_seconds) -> int:
         if lease_seconds is None:
@@ -197,12 +236,14 @@ class PriorityQueue(QueueInserts, QueueAdmin):
         lease_ms = self._lease_ms(lease_seconds)
         if not pairs:
             return []
-        codes = self.scripts.extend(keys=self.keys_of("extend"), args=calls.extend_args(lease_ms, pairs),
-                                    client=self.client)
+        codes = self.scripts.extend(
+            keys=self.keys_of("extend"), args=calls.extend_args(lease_ms, pairs), client=self.client
+        )
         return calls.lease_codes(self, pairs, codes, strict)
 
-    def requeue(self, lease: Lease | tuple[str, str], *, count_delivery: bool = True,
-                strict: bool = False) -> str | None:
+    def requeue(
+        self, lease: Lease | tuple[str, str], *, count_delivery: bool = True, strict: bool = False
+    ) -> str | None:
         """Back to Waiting at its original place; ``"dead"`` when max_deliveries is used up.
 
         ``count_delivery=False`` undoes the delivery (a consumer giving back work it never
@@ -210,12 +251,15 @@ class PriorityQueue(QueueInserts, QueueAdmin):
         """
         return self._requeue(lease, count_delivery, "", strict)
 
-    def dead_letter(self, lease: Lease | tuple[str, str], reason: str = "rejected", *,
-                    strict: bool = False) -> str | None:
+    def dead_letter(
+        self, lease: Lease | tuple[str, str], reason: str = "rejected", *, strict: bool = False
+    ) -> str | None:
         """Move a leased entry to ``<queue>.dead`` now, with a reason (no "," "@" "|")."""
         if self.is_dead:
-            raise ValueError(f"{self.name!r} is a dead-letter queue: it has no dead-letter queue of its own "
-                             "(requeue the entry, or ack it to drop it)")
+            raise ValueError(
+                f"{self.name!r} is a dead-letter queue: it has no dead-letter queue of its own "
+                "(requeue the entry, or ack it to drop it)"
+            )
         if not isinstance(reason, str) or not reason or any(c in reason for c in ",@|"):
             raise ValueError(f"dead-letter reason must be non-empty without ',', '@' or '|': {reason!r}")
         return self._requeue(lease, True, reason, strict)
@@ -230,8 +274,15 @@ class PriorityQueue(QueueInserts, QueueAdmin):
             raise_for(code, self.name, entry_id=eid)
         return state
 
-    def reclaim(self, *, limit: int = C.SWEEP_BATCH, guard_seconds: float = 0.0, consumer: str = "",
-                gap_seconds: float = 0.0, restore_seconds: float = 0.0) -> dict:
+    def reclaim(
+        self,
+        *,
+        limit: int = C.SWEEP_BATCH,
+        guard_seconds: float = 0.0,
+        consumer: str = "",
+        gap_seconds: float = 0.0,
+        restore_seconds: float = 0.0,
+    ) -> dict:
         """The sweep: expired leases (or all leases of ``consumer``) back to Waiting or to the
         dead-letter queue; delayed entries that are due into the queue.
 
@@ -251,8 +302,13 @@ class PriorityQueue(QueueInserts, QueueAdmin):
         start = 0
         while True:
             try:
-                r = calls.reclaimed(self.run("reclaim", calls.reclaim_args(
-                    self, limit, guard_seconds, consumer, gap_seconds, restore_seconds, start), wait=bool(consumer)))
+                r = calls.reclaimed(
+                    self.run(
+                        "reclaim",
+                        calls.reclaim_args(self, limit, guard_seconds, consumer, gap_seconds, restore_seconds, start),
+                        wait=bool(consumer),
+                    )
+                )
             except QueueMigrating:
                 return dict(calls.RECLAIM_SKIPPED)
             total.update({k: r[k] for k in ("returned", "dead", "promoted", "dropped", "restored")})
@@ -261,14 +317,25 @@ class PriorityQueue(QueueInserts, QueueAdmin):
             start += r["kept"]
         if total["dropped"]:
             self._warn_dropped(total["dropped"])
-        return {"returned": total["returned"], "dead": total["dead"], "skipped": bool(r["skipped"]),
-                "more": bool(r["more"]) and not consumer, "promoted": total["promoted"],
-                "dead_dropped": total["dropped"], "restored": total["restored"]}
+        return {
+            "returned": total["returned"],
+            "dead": total["dead"],
+            "skipped": bool(r["skipped"]),
+            "more": bool(r["more"]) and not consumer,
+            "promoted": total["promoted"],
+            "dead_dropped": total["dropped"],
+            "restored": total["restored"],
+        }
 
     def _warn_dropped(self, n: int) -> None:
-        logger.warning("celery-pq: dead-letter queue %s.dead is full (max_dead_length=%s): its %d oldest "
-                       "entr%s dropped to make room", self.name, self.max_dead_length or self.max_length, n,
-                       "y was" if n == 1 else "ies were")
+        logger.warning(
+            "celery-pq: dead-letter queue %s.dead is full (max_dead_length=%s): its %d oldest "
+            "entr%s dropped to make room",
+            self.name,
+            self.max_dead_length or self.max_length,
+            n,
+            "y was" if n == 1 else "ies were",
+        )
 
     # -- the patent's cost explanation (see costs.py) ------------------------------------------
     explain = staticmethod(explain)

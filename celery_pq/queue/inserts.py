@@ -45,7 +45,7 @@ class QueueInserts(QueueBase):
         with self._forget_lock:
             if len(self._forget) < C.FORGET_BATCH:
                 return []
-            out, self._forget = self._forget[:C.FORGET_MAX], self._forget[C.FORGET_MAX:]
+            out, self._forget = self._forget[: C.FORGET_MAX], self._forget[C.FORGET_MAX :]
         return out
 
     def _answered(self, pids) -> None:
@@ -83,10 +83,20 @@ class QueueInserts(QueueBase):
         self.refresh_views()
         return False
 
-    def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
-               tenant: str | None = None, delay: float | None = None, due_ms: int | None = None,
-               publish_id: bytes | str | None = None, first_send: bool = False, remember: bool | None = None,
-               task: str | None = None) -> str:
+    def insert(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+    ) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
@@ -112,7 +122,8 @@ class QueueInserts(QueueBase):
             forget = self._take_forgets()
             try:
                 [reply], acked = self.run_replicated(
-                    [self.insert_call(items, forget, calls.insert_made(publish_id is None, first_send))])
+                    [self.insert_call(items, forget, calls.insert_made(publish_id is None, first_send))]
+                )
             except BaseException:
                 self._answered(forget)
                 raise
@@ -123,8 +134,9 @@ class QueueInserts(QueueBase):
                 return calls.inserted(reply)[0][0]
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
-    def insert_many(self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK,
-                    repeats: bool = False) -> list[str] | tuple[list[str], list[bool]]:
+    def insert_many(
+        self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK, repeats: bool = False
+    ) -> list[str] | tuple[list[str], list[bool]]:
         """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])``
         tuples, in chunks of ``chunk`` (one atomic script call each), pipelined.
 
@@ -150,8 +162,10 @@ class QueueInserts(QueueBase):
         items_given = list(items)
         for item in items_given:
             if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
-                raise ValueError("insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
-                                 f"[, task]]]]]) tuples, got {item!r}")
+                raise ValueError(
+                    "insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
+                    f"[, task]]]]]) tuples, got {item!r}"
+                )
             payload, priority, *rest = item
             rest += [None] * (5 - len(rest))
             try:
@@ -166,10 +180,16 @@ class QueueInserts(QueueBase):
         while pending:
             forget = self._take_forgets()
             try:
-                replies, acked = self.run_replicated([
-                    self.insert_call(part, forget if n == 0 else (),
-                                     calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats))
-                    for n, (start, part) in enumerate(pending)])
+                replies, acked = self.run_replicated(
+                    [
+                        self.insert_call(
+                            part,
+                            forget if n == 0 else (),
+                            calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats),
+                        )
+                        for n, (start, part) in enumerate(pending)
+                    ]
+                )
             except Exception as exc:
                 self._answered(forget)
                 raise _partial(exc, ids, norm, given, "chunks without a reply may or may not be stored") from None
@@ -190,16 +210,25 @@ class QueueInserts(QueueBase):
             try:
                 self.check_replicated(acked)
             except NotReplicated as exc:
-                mark_stored(exc, list(ids), [(p, pr, i, t, None if d == "0" else int(d), g, task)
-                                             for (p, pr, i, t, d, _, task), g in zip(norm, given)])
-                exc.add_note("insert_many: exc.stored are the entry ids the master stored; exc.items are all the "
-                             "items, to publish again (with publish ids of their own, stored once)")
+                mark_stored(
+                    exc,
+                    list(ids),
+                    [
+                        (p, pr, i, t, None if d == "0" else int(d), g, task)
+                        for (p, pr, i, t, d, _, task), g in zip(norm, given)
+                    ],
+                )
+                exc.add_note(
+                    "insert_many: exc.stored are the entry ids the master stored; exc.items are all the "
+                    "items, to publish again (with publish ids of their own, stored once)"
+                )
                 raise
             pending = retry
         # every made publish id has its reply: no retry of them can come (on a failure above
         # they stay remembered for the window); a chunk of made ones sent its first only
-        self._answered([norm[start][5] for start in range(0, len(norm), chunk)
-                        if start in made and norm[start][5] is not None])
+        self._answered(
+            [norm[start][5] for start in range(0, len(norm), chunk) if start in made and norm[start][5] is not None]
+        )
         return (ids, repeated) if repeats else ids
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
@@ -222,7 +251,6 @@ class QueueInserts(QueueBase):
         return self.keys.view_wake(lo, hi)
 
 
-
 def _when(delay: float | None, due_ms: int | None) -> str:
     """The insert script's due field: "0" now, "+<ms>" from Redis's now, or absolute Unix ms."""
     if delay is not None and due_ms is not None:
@@ -238,11 +266,18 @@ def _when(delay: float | None, due_ms: int | None) -> str:
 
 def _partial(exc: Exception, ids: list, items: list, made: list, why: str) -> Exception:
     """``exc`` of a failed ``insert_many``, saying which items were stored."""
-    mark_stored(exc, list(ids), [(p, pr, i, t, None if d == "0" else int(d), given, task)
-                                 for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids) if eid is None])
+    mark_stored(
+        exc,
+        list(ids),
+        [
+            (p, pr, i, t, None if d == "0" else int(d), given, task)
+            for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids)
+            if eid is None
+        ],
+    )
     done = sum(1 for x in ids if x is not None)
-    exc.add_note(f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
-                 "exc.items are the items not known to be stored")
+    exc.add_note(
+        f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
+        "exc.items are the items not known to be stored"
+    )
     return exc
-
-

@@ -17,8 +17,14 @@ from .settings import QueueSettings
 from .values import as_text
 
 
-def open_queue(client: redis.Redis, name: str, settings: QueueSettings | None = None, *, recorded: bool = False,
-               rng: random.Random | None = None) -> Queue:
+def open_queue(
+    client: redis.Redis,
+    name: str,
+    settings: QueueSettings | None = None,
+    *,
+    recorded: bool = False,
+    rng: random.Random | None = None,
+) -> Queue:
     """The queue ``name`` with ``settings``: a ``ShardedQueue`` of ``settings.shards`` shards
     (``peek`` of them peeked per pop; ``rng`` picks them) when there is more than one.
 

@@ -40,33 +40,64 @@ class Queue(Protocol):
     def dead(self) -> Queue: ...
 
     # -- writes -----------------------------------------------------------------------------
-    def insert(self, payload: bytes | str, priority: int = 0, *, id: str | None = None,
-               tenant: str | None = None, delay: float | None = None, due_ms: int | None = None,
-               publish_id: bytes | str | None = None, first_send: bool = False, remember: bool | None = None,
-               task: str | None = None) -> str: ...
+    def insert(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+    ) -> str: ...
 
     def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False) -> Any: ...
 
-    def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> Popped[Lease]: ...
+    def pop(
+        self,
+        count: int = 1,
+        *,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> Popped[Lease]: ...
 
-    def pop_with_acks(self, count: int = 1, *, acks: dict | None = None, lean: bool = False,
-                      lease_seconds: float | None = None, consumer: str | None = None,
-                      view: tuple[int, int] | None = None) -> tuple[Popped, dict]: ...
+    def pop_with_acks(
+        self,
+        count: int = 1,
+        *,
+        acks: dict | None = None,
+        lean: bool = False,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> tuple[Popped, dict]: ...
 
     def ack(self, lease: Lease, *, strict: bool = False) -> bool: ...
 
     def ack_many(self, leases: Sequence[Lease], *, strict: bool = False) -> list[bool]: ...
 
-    def extend(self, leases: Sequence[Lease], lease_seconds: float | None = None, *,
-               strict: bool = False) -> list[bool]: ...
+    def extend(
+        self, leases: Sequence[Lease], lease_seconds: float | None = None, *, strict: bool = False
+    ) -> list[bool]: ...
 
     def requeue(self, lease: Lease, *, count_delivery: bool = True, strict: bool = False) -> str | None: ...
 
     def dead_letter(self, lease: Lease, reason: str = "rejected", *, strict: bool = False) -> str | None: ...
 
-    def reclaim(self, *, limit: int = ..., guard_seconds: float = 0.0, consumer: str = "",
-                gap_seconds: float = 0.0, restore_seconds: float = 0.0) -> dict: ...
+    def reclaim(
+        self,
+        *,
+        limit: int = ...,
+        guard_seconds: float = 0.0,
+        consumer: str = "",
+        gap_seconds: float = 0.0,
+        restore_seconds: float = 0.0,
+    ) -> dict: ...
 
     # -- by id, admin -----------------------------------------------------------------------
     def exists(self, id: str) -> bool: ...
@@ -89,8 +120,9 @@ class Queue(Protocol):
 
     def refresh_views(self) -> None: ...
 
-    def configure_tenants(self, *, weights: dict | None = None, concurrency: dict | None = None,
-                          rate: dict | None = None) -> None: ...
+    def configure_tenants(
+        self, *, weights: dict | None = None, concurrency: dict | None = None, rate: dict | None = None
+    ) -> None: ...
 
     def set_event_log(self, cap: int | None) -> int: ...
 

@@ -19,10 +19,10 @@ from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescap
 
 class QueueReads(QueueTenants):
     """The read-only questions of a queue."""
+
     def exists(self, id: str) -> bool:
         """Whether an entry with this id is stored (waiting, delayed or leased)."""
         return bool(self.client.hexists(self.keys.entries, encode_id(id)))
-
 
     def size(self) -> int:
         """Waiting entries (delayed ones not counted)."""
@@ -32,7 +32,6 @@ class QueueReads(QueueTenants):
             p.zcard(self.keys.delayed)
             entries, leased, delayed = p.execute()
         return entries - leased - delayed
-
 
     def stats(self) -> dict:
         """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds)."""
@@ -78,12 +77,10 @@ class QueueReads(QueueTenants):
             "paused_tenants": paused["tenants"],
         }
 
-
     def peek(self, count: int = 1) -> list[Entry]:
         """The next ``count`` entries in delivery order, not leased."""
         reply = self.run("peek", calls.peek_args(count))
         return calls.peeked(self, reply)
-
 
     def leases(self, limit: int = 1000) -> list[dict]:
         """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
@@ -109,13 +106,19 @@ class QueueReads(QueueTenants):
             if lease is None:
                 continue
             entry = split_entry(value) if value else None
-            out.append({"id": decode_id(eid), "consumer": lease.consumer, "deliveries": lease.deliveries,
-                        "priority": self.priority_of_score(lease.score),
-                        "tenant": unescape_tenant(as_text(lease.tenant)) if lease.tenant else None,
-                        "deadline_ms": int(deadline), "seconds_left": (deadline - now_ms) / 1000,
-                        "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None})
+            out.append(
+                {
+                    "id": decode_id(eid),
+                    "consumer": lease.consumer,
+                    "deliveries": lease.deliveries,
+                    "priority": self.priority_of_score(lease.score),
+                    "tenant": unescape_tenant(as_text(lease.tenant)) if lease.tenant else None,
+                    "deadline_ms": int(deadline),
+                    "seconds_left": (deadline - now_ms) / 1000,
+                    "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None,
+                }
+            )
         return out
-
 
     def lease_of(self, id: str) -> dict | None:
         """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
@@ -131,9 +134,12 @@ class QueueReads(QueueTenants):
         if lease is None or deadline is None:
             return None
         now_ms = sec * 1000 + usec // 1000
-        return {"consumer": lease.consumer, "deliveries": lease.deliveries, "deadline_ms": int(deadline),
-                "seconds_left": (deadline - now_ms) / 1000}
-
+        return {
+            "consumer": lease.consumer,
+            "deliveries": lease.deliveries,
+            "deadline_ms": int(deadline),
+            "seconds_left": (deadline - now_ms) / 1000,
+        }
 
     def backlog(self, view: tuple[int, int] | None = None) -> int:
         """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
@@ -155,7 +161,9 @@ class QueueReads(QueueTenants):
             p.hlen(k.leases)
             p.zcard(k.delayed)
             if not whole and not self.fair:
-                p.zrangebyscore(k.priority_index, lo, f"({hi + 1}")  # (a rank's score is rank + 0.5 during a compaction pass)
+                p.zrangebyscore(
+                    k.priority_index, lo, f"({hi + 1}"
+                )  # (a rank's score is rank + 0.5 during a compaction pass)
             res = p.execute()
         waiting = max(0, res[0] - res[1] - res[2])
         if not self.fair:
@@ -181,7 +189,6 @@ class QueueReads(QueueTenants):
                 p.zlexcount(k.tenant_entries, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
             return sum(p.execute())
 
-
     def counters(self) -> dict[str, int]:
         """The counters the scripts keep (hash ct): every name of ``COUNTERS`` (0 until it
         happens) and any other field there (``malformed``, ``dead_dropped``)."""
@@ -189,18 +196,15 @@ class QueueReads(QueueTenants):
         out.update({as_text(k): int(v) for k, v in self.client.hgetall(self.keys.counters).items()})
         return out
 
-
     @property
     def events_key(self) -> str:
         """The Redis stream of this queue's event log (docs/events.md)."""
         return self.keys.events
 
-
     def event_log_cap(self) -> int:
         """The event-log cap the queue recorded (0: the log is off)."""
         record = self.client.get(self.keys.mode)
         return 0 if record is None else split_switches(as_text(record))[1]
-
 
     def events(self, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
         """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
@@ -217,23 +221,19 @@ class QueueReads(QueueTenants):
             out.append(row)
         return out
 
-
     def stored_mode(self) -> dict | None:
         """The mode the queue recorded in Redis (None before its first insert)."""
         raw = self.client.get(self.keys.mode)
         return None if raw is None else readable_mode(as_text(raw))
-
 
     def retrieve_highest_priority(self) -> str | None:
         """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
         head = self.peek(1)
         return head[0].id if head else None
 
-
     def retrieve_by_priority(self, priority: int) -> str | None:
         """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
         return calls.retrieved_id(self.run("retrieve_by_priority", calls.retrieve_by_priority_args(self, priority)))
-
 
     def head_call(self, view: tuple[int, int] | None = None) -> ScriptCall:
         """``(script, keys, args)`` reading the rank and enqueue time (ms) of the entry a pop
@@ -241,6 +241,4 @@ class QueueReads(QueueTenants):
         reads its reply."""
         return self.call("peek_head", self.keys_of("peek_head"), calls.head_args(*self.check_view(view)))
 
-
     parse_head = staticmethod(calls.parse_head)
-

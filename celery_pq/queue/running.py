@@ -51,8 +51,15 @@ def translate_error(exc: Exception) -> Exception:
     m = _MODE_MISMATCH.search(str(exc))
     if m is None:
         return exc
-    return error_for(ErrorCode.MODE_MISMATCH, _queue_of_key(m.group("key")),
-                     stored=readable_mode(m.group("stored")), wanted=readable_mode(m.group("wanted"))) or exc
+    return (
+        error_for(
+            ErrorCode.MODE_MISMATCH,
+            _queue_of_key(m.group("key")),
+            stored=readable_mode(m.group("stored")),
+            wanted=readable_mode(m.group("wanted")),
+        )
+        or exc
+    )
 
 
 def readable_mode(mode: str) -> dict:
@@ -106,15 +113,28 @@ def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence[PriorityQ
     timeout = max(q.wait_timeout for q in queues)
     replies, acked = run_replicated(client, calls, wanted, timeout)
     if acked < wanted:
-        logger.warning("celery-pq: acks in %s: only %d of %d replicas acknowledged them within %gs; a failover "
-                       "now may deliver those tasks again", ", ".join(repr(q.name) for q in queues), acked, wanted,
-                       timeout)
+        logger.warning(
+            "celery-pq: acks in %s: only %d of %d replicas acknowledged them within %gs; a failover "
+            "now may deliver those tasks again",
+            ", ".join(repr(q.name) for q in queues),
+            acked,
+            wanted,
+            timeout,
+        )
     return replies
 
 
-def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = None, lean: bool = False,
-                  lease_seconds: float | None = None, consumer: str | None = None,
-                  view: tuple[int, int] | None = None, bound: int | None = None) -> tuple[Popped, dict]:
+def pop_with_acks(
+    queue: PriorityQueue,
+    count: int = 1,
+    *,
+    acks: dict | None = None,
+    lean: bool = False,
+    lease_seconds: float | None = None,
+    consumer: str | None = None,
+    view: tuple[int, int] | None = None,
+    bound: int | None = None,
+) -> tuple[Popped, dict]:
     """One pop of ``queue`` and the acks of several queues, in one round trip.
 
     ``acks`` maps queues to ``(entry id, token)`` pairs; the other arguments are
@@ -127,8 +147,9 @@ def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks: dict | None = N
     others = [(q, pairs) for q, pairs in acks.items() if q is not queue and pairs]
     own = acks.get(queue, ())
     calls = [q.ack_call(pairs) for q, pairs in others]
-    calls.append(queue.pop_call(count, acks=own, lease_seconds=lease_seconds, consumer=consumer, view=view,
-                                bound=bound))
+    calls.append(
+        queue.pop_call(count, acks=own, lease_seconds=lease_seconds, consumer=consumer, view=view, bound=bound)
+    )
     if own or others:
         replies = run_acks(queue.client, calls, [queue, *(q for q, _ in others)])
     else:
@@ -149,5 +170,3 @@ def ack_all(acks: dict) -> dict:
         return {}
     replies = run_acks(batches[0][0].client, [q.ack_call(pairs) for q, pairs in batches], [q for q, _ in batches])
     return {q: list(r) for (q, _), r in zip(batches, replies)}
-
-

@@ -67,8 +67,7 @@ class QueueSettings:
         keep(self, "event_log", int(count("event_log", self.event_log, low=0, error=ConfigError) or 0))
         count("wait_replicas", self.wait_replicas, low=0, none=False, error=ConfigError)
         keep(self, "wait_timeout", seconds("wait_timeout", self.wait_timeout, error=ConfigError))
-        keep(self, "max_deliveries", count("max_deliveries", self.max_deliveries, low=0, none=False,
-                                           error=ConfigError))
+        keep(self, "max_deliveries", count("max_deliveries", self.max_deliveries, low=0, none=False, error=ConfigError))
         if self.technique not in C.TECHNIQUES:
             raise ConfigError(f"technique must be one of {C.TECHNIQUES}, got {self.technique!r}")
         if self.priority_order not in C.PRIORITY_ORDERS:
@@ -105,10 +104,16 @@ class QueueSettings:
     def dead(self) -> QueueSettings:
         """The settings of this queue's dead-letter queue: technique T, never fair, no delivery
         limit, as long as ``max_dead_length`` (else ``max_length``) allows."""
-        return QueueSettings(key_prefix=self.key_prefix, technique=C.TECHNIQUE_T, priority_order=self.priority_order,
-                             lease_seconds=self.lease_seconds, max_deliveries=0,
-                             max_dead_length=self.max_dead_length or self.max_length,
-                             dedupe_seconds=self.dedupe_seconds, event_log=self.event_log)
+        return QueueSettings(
+            key_prefix=self.key_prefix,
+            technique=C.TECHNIQUE_T,
+            priority_order=self.priority_order,
+            lease_seconds=self.lease_seconds,
+            max_deliveries=0,
+            max_dead_length=self.max_dead_length or self.max_length,
+            dedupe_seconds=self.dedupe_seconds,
+            event_log=self.event_log,
+        )
 
     def with_mode(self, mode: dict) -> QueueSettings:
         """These settings with a recorded mode (fairness, scope, priority order, technique): a
@@ -128,8 +133,7 @@ def tenant_setting(label: str, tenant: str, value):
     """A tenant's weight, concurrency cap or rate, checked."""
     if label == "weights":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_WEIGHT <= value <= MAX_WEIGHT:
-            raise ValueError(f"weights[{tenant!r}] must be a number from {MIN_WEIGHT} to {MAX_WEIGHT}, "
-                             f"got {value!r}")
+            raise ValueError(f"weights[{tenant!r}] must be a number from {MIN_WEIGHT} to {MAX_WEIGHT}, got {value!r}")
         return value
     if label == "concurrency":
         return count(f"concurrency[{tenant!r}]", value, none=False)

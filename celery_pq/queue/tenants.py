@@ -32,11 +32,11 @@ class QueueTenants(QueueBase):
                 out.append(calls.entry_of(self, eid, entry[0].score, value))
         return out
 
-
     def tenant_deliveries(self) -> dict[str, int]:
         """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
-        return {unescape_tenant(as_text(k)): int(v) for k, v in self.client.hgetall(self.keys.tenant_deliveries).items()}
-
+        return {
+            unescape_tenant(as_text(k)): int(v) for k, v in self.client.hgetall(self.keys.tenant_deliveries).items()
+        }
 
     def tenant_stats(self, *, ages: bool = False) -> dict:
         """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries.
@@ -71,7 +71,6 @@ class QueueTenants(QueueBase):
                     out[name]["next_age_seconds"] = (now_ms - entry[0].enqueued_ms) / 1000
         return out
 
-
     def held_tenants(self, paused: dict | None = None) -> dict[str, str]:
         """{tenant: why} of the tenants of a fair queue that cannot be served now: ``"cap"``
         (at its concurrency cap), ``"rate"`` (waiting for its rate limit's next token) or
@@ -79,16 +78,18 @@ class QueueTenants(QueueBase):
         if not self.fair:
             return {}
         why = {"C": "cap", "R": "rate", "P": "paused"}
-        out = {unescape_tenant(as_text(t)): why[as_text(state)[:1]] for t, state in self.client.hgetall(self.keys.tenant_states).items()
-               if as_text(state)[:1] in why}
+        out = {
+            unescape_tenant(as_text(t)): why[as_text(state)[:1]]
+            for t, state in self.client.hgetall(self.keys.tenant_states).items()
+            if as_text(state)[:1] in why
+        }
         for t in (paused or self.paused())["tenants"]:
             out[t] = "paused"
         return out
 
-
-
-    def configure_tenants(self, *, weights: dict | None = None, concurrency: dict | None = None,
-                          rate: dict | None = None) -> None:
+    def configure_tenants(
+        self, *, weights: dict | None = None, concurrency: dict | None = None, rate: dict | None = None
+    ) -> None:
         """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
         fields: dict[str | bytes, bytes | float | int | str] = {}
         for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):

@@ -23,8 +23,17 @@ if TYPE_CHECKING:
 #: consumer (or returned from a recovered consumer), leases that ran out, entries moved to the
 #: dead-letter queue, entries removed (by id, purge, remove_highest), entries of insert calls
 #: refused by max_length or max_length_per_tenant.
-COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "requeued", "lease_expired", "dead_lettered",
-            "removed", "refused_full")
+COUNTERS = (
+    "enqueued",
+    "delivered",
+    "redelivered",
+    "acked",
+    "requeued",
+    "lease_expired",
+    "dead_lettered",
+    "removed",
+    "refused_full",
+)
 
 #: The fields of an event-log entry, in order (docs/events.md), and those read as integers.
 EVENT_FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
@@ -145,8 +154,7 @@ def lease_pair(x) -> tuple[str, str]:
     """(entry id, token) of a Lease or of such a pair, checked."""
     if isinstance(x, Lease):
         return x.id, x.token
-    if not isinstance(x, (tuple, list)) or len(x) != 2 or \
-            not all(isinstance(v, str) and v for v in x):
+    if not isinstance(x, (tuple, list)) or len(x) != 2 or not all(isinstance(v, str) and v for v in x):
         raise ValueError(f"a lease is a Lease or an (entry id, token) pair of non-empty strings, got {x!r}")
     return x[0], x[1]
 

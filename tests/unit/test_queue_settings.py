@@ -10,8 +10,18 @@ from celery_pq.queue import QueueSettings
 from celery_pq.shards import ShardedQueue
 
 
-@pytest.mark.parametrize("bad", [{"technique": "X"}, {"fair_scope": "nope"}, {"lease_seconds": 0},
-                                 {"tenant_concurrency": 2}, {"max_length": 0}, {"shards": 0}, {"peek": 65}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"technique": "X"},
+        {"fair_scope": "nope"},
+        {"lease_seconds": 0},
+        {"tenant_concurrency": 2},
+        {"max_length": 0},
+        {"shards": 0},
+        {"peek": 65},
+    ],
+)
 def test_bad_settings_are_one_error_a_value_error_too(bad):
     name = next(iter(bad))
     with pytest.raises(ConfigError, match=name if name != "tenant_concurrency" else "need fairness"):
@@ -23,10 +33,16 @@ def test_bad_settings_are_one_error_a_value_error_too(bad):
 def test_a_recorded_plain_mode_drops_the_tenant_caps_a_fair_one_keeps_them():
     fair = QueueSettings(fair=True, tenant_concurrency=2, max_length_per_tenant=5)
     plain = fair.with_mode({"fair": False, "fair_scope": None, "priority_order": "lower_first", "technique": "S"})
-    assert (plain.fair, plain.tenant_concurrency, plain.max_length_per_tenant, plain.priority_order,
-            plain.technique) == (False, None, None, "lower_first", "S")
-    kept = fair.with_mode({"fair": True, "fair_scope": "tenant_first", "priority_order": "higher_first",
-                           "technique": "T"})
+    assert (
+        plain.fair,
+        plain.tenant_concurrency,
+        plain.max_length_per_tenant,
+        plain.priority_order,
+        plain.technique,
+    ) == (False, None, None, "lower_first", "S")
+    kept = fair.with_mode(
+        {"fair": True, "fair_scope": "tenant_first", "priority_order": "higher_first", "technique": "T"}
+    )
     assert (kept.tenant_concurrency, kept.fair_scope) == (2, "tenant_first")
 
 
