@@ -6,9 +6,10 @@
 - ``calls``: each script's arguments and reply, one pair per script, no I/O;
 - ``running``: running script calls (one, several, with WAIT), error replies as exceptions;
 - ``base``: a queue's context (keys, ranks, the script context) and ``run``;
+- ``leasing``: what becomes of a lease (ack, extend, requeue, dead_letter, the sweep);
 - ``inserts``, ``tenants``, ``reads``, ``admin``: the writes of producers, the tenants of a fair
   queue, the read-only questions, the operators' changes;
-- ``core``: ``PriorityQueue``, the consumer's side (pop, ack, extend, requeue, reclaim) on top;
+- ``core``: ``PriorityQueue`` on top of them all, with the pop that leases;
 - ``protocol``: ``Queue``, what a plain and a sharded queue both answer;
 - ``opening``: ``open_queue``, the one way to open a queue (plain or sharded).
 """

@@ -21,6 +21,7 @@ from ..records import mode_dict
 from .values import Popped
 
 if TYPE_CHECKING:
+    from .base import QueueBase
     from .core import PriorityQueue
 
 logger = logging.getLogger("celery_pq.queue")
@@ -103,7 +104,7 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
         raise translate_error(exc) from None
 
 
-def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence[PriorityQueue]) -> list:
+def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence[QueueBase]) -> list:
     """``run_calls`` of calls that carry acks: with ``wait_replicas`` set (on any of
     ``queues``), the round trip ends with WAIT, and acks that fewer replicas acknowledged are
     logged (a failover now may deliver those tasks again: at least once still holds)."""
