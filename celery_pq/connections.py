@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 from urllib.parse import urlsplit
 
 import redis
@@ -157,7 +157,7 @@ def is_cluster(client) -> bool:
     return _cluster_class(type(client))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cluster_class(cls) -> bool:
     return issubclass(cls, redis.RedisCluster)
 
@@ -236,7 +236,7 @@ def until_settled(cluster, key, attempt):
     while True:
         try:
             return attempt(n)
-        except Exception as exc:  # noqa: BLE001 - only the unsettled ones are made again
+        except Exception as exc:  # only the unsettled ones are made again
             if not unsettled(exc):
                 raise
             settling["refused"] += 1
@@ -284,7 +284,7 @@ class NodePipeline:
         self.client, self.key, self.transaction = client, key, transaction
         self.calls: list[tuple] = []
 
-    def __enter__(self) -> "NodePipeline":
+    def __enter__(self) -> NodePipeline:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -117,7 +117,7 @@ class LeaseKeeper(threading.Thread):
             with impatient():
                 fn(*args)
             return True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._report(what, exc)
             return False
 
@@ -142,7 +142,7 @@ class LeaseKeeper(threading.Thread):
             for q, pairs in book.held().items():
                 try:
                     results = q.extend(pairs, book.options.lease_seconds)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     error = error or exc
                     continue
                 self.renewals += 1

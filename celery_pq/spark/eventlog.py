@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC
 from urllib.parse import urlsplit, urlunsplit
 
 from ..constants import KEY_PREFIX
@@ -107,7 +108,7 @@ class Settings:
     starting: str = "earliest"  # startingPosition of a new streaming query
 
     @classmethod
-    def parse(cls, options) -> "Settings":
+    def parse(cls, options) -> Settings:
         opts = {k.lower(): v for k, v in dict(options).items()}
         prefix = opts.get("key_prefix", KEY_PREFIX)
         if not prefix:
@@ -158,7 +159,7 @@ def as_text(value) -> str:
 def row(sid, fields: dict) -> tuple:
     """One stream entry (id, {field: value}) as a tuple in ``COLUMNS`` order; empty fields are
     null, numbers are ints, ``ts`` is a UTC datetime."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     f = {as_text(k): as_text(v) for k, v in fields.items()}
     out = []
@@ -170,7 +171,7 @@ def row(sid, fields: dict) -> tuple:
         if value == "":
             out.append(None)
         elif name == "ts":
-            out.append(datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc))
+            out.append(datetime.fromtimestamp(int(value) / 1000, tz=UTC))
         elif field in INT_FIELDS:
             out.append(int(value))
         else:

@@ -27,8 +27,7 @@ stream's ``max-deleted-entry-id`` and warns (or fails with ``on_gap=fail``).
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from .eventlog import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
@@ -36,7 +35,7 @@ NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
 SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in COLUMNS])
 
-__all__ = ["EventLogGap", "EventsDataSource", "NAME", "SCHEMA"]
+__all__ = ["NAME", "SCHEMA", "EventLogGap", "EventsDataSource"]
 
 
 # -- the data source ------------------------------------------------------------------------------
@@ -59,10 +58,10 @@ class EventsDataSource(DataSource):
     def schema(self) -> StructType:
         return SCHEMA
 
-    def reader(self, schema: StructType) -> "EventsBatchReader":
+    def reader(self, schema: StructType) -> EventsBatchReader:
         return EventsBatchReader(Settings.parse(self.options))
 
-    def streamReader(self, schema: StructType) -> "EventsStreamReader":
+    def streamReader(self, schema: StructType) -> EventsStreamReader:
         return EventsStreamReader(Settings.parse(self.options))
 
 
