@@ -93,7 +93,7 @@ class LeaseKeeper(threading.Thread):
                 sweep_every = min(b.options.sweep_interval for b in books)
                 now = monotonic()
                 # acks deferred to a pop that is not coming soon
-                self._attempt("sending acks", lambda: [b.flush() for b in books])
+                self._attempt("sending acks", self.flush, books)
                 if now >= next_renew:
                     if self._attempt("renewing leases", self.renew, books):
                         failures = 0
@@ -133,6 +133,12 @@ class LeaseKeeper(threading.Thread):
                          "run out, and their tasks may run twice. Redis said: %s", refusal, what, exc)
         else:
             logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
+
+    @staticmethod
+    def flush(books) -> None:
+        """Send the acks each book defers to a pop that is not coming soon."""
+        for book in books:
+            book.flush()
 
     def renew(self, books):
         """Renew every held lease, one extend per queue; the first error is raised after the

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import pairwise
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -60,17 +61,17 @@ def parse_bands(text: str | None) -> list[tuple[int, int]] | None:
     ValueError naming the band when one is not LO-HI within 0..255 or two overlap."""
     if not text:
         return None
-    bands = []
+    bands: list[tuple[int, int]] = []
     for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+        lo_text, sep, hi_text = part.strip().partition("-")
+        if not sep or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
             raise ValueError(f"priority band {part.strip()!r} is not LO-HI (e.g. 200-255)")
-        lo, hi = int(lo), int(hi)
+        lo, hi = int(lo_text), int(hi_text)
         if not 0 <= lo <= hi <= 255:
             raise ValueError(f"priority band {part.strip()!r} must have 0 <= LO <= HI <= 255")
         bands.append((lo, hi))
     bands.sort()
-    for (a, b), (c, d) in zip(bands, bands[1:]):
+    for (a, b), (c, d) in pairwise(bands):
         if c <= b:
             raise ValueError(f"priority bands {a}-{b} and {c}-{d} overlap")
     return bands

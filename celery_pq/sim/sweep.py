@@ -29,7 +29,7 @@ from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
 
 HIST_MAX = 100           # the histogram counts rank errors 0..99 one by one, then ">= 100"
 STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
-GRID_COLUMNS = ("panel",) + tuple(f.name for f in fields(Params))
+GRID_COLUMNS = ("panel", *(f.name for f in fields(Params)))
 FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries",
                   "theory_mean", "theory_p_zero")
 

@@ -66,7 +66,7 @@ def redis_url(url) -> str:
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
                           f"got {redact(url)}")
-    return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
+    return urlunsplit((SCHEMES[parts.scheme], *parts[1:]))
 
 
 def queue_names(value) -> list[str]:
@@ -162,17 +162,17 @@ def row(sid, fields: dict) -> tuple:
     from datetime import datetime
 
     f = {as_text(k): as_text(v) for k, v in fields.items()}
-    out = []
-    for name, field, _ in COLUMNS:
-        if field is None:
+    out: list[object] = []
+    for name, source, _ in COLUMNS:
+        if source is None:
             out.append(as_text(sid))
             continue
-        value = f.get(field, "")
+        value = f.get(source, "")
         if value == "":
             out.append(None)
         elif name == "ts":
             out.append(datetime.fromtimestamp(int(value) / 1000, tz=UTC))
-        elif field in INT_FIELDS:
+        elif source in INT_FIELDS:
             out.append(int(value))
         else:
             out.append(value)
