@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from itertools import pairwise
+from typing import TypeAlias
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -51,6 +52,9 @@ COUNTERS = {
     "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
     "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
 }
+
+#: A metric family this collector fills (``add_metric`` on either).
+Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily
 
 #: Tenants exported by name per queue by default; the rest are summed as "other".
 MAX_TENANTS = 20
@@ -139,9 +143,9 @@ class PQCollector(Collector):
             fams["up"].add_metric([], 0)
         return list(fams.values())
 
-    def _families(self) -> dict:
+    def _families(self) -> dict[str, Family]:
         g = lambda name, doc, labels=("queue",): GaugeMetricFamily(f"celery_pq_{name}", doc, labels=labels)  # noqa: E731
-        fams = {
+        fams: dict[str, Family] = {
             "waiting": g("waiting_messages", "Entries waiting for delivery (due, not leased)."),
             "delayed": g("delayed_messages", "Entries waiting for their due time (countdown/eta)."),
             "leased": g("leased_messages", "Entries delivered and not yet acked."),
@@ -165,7 +169,7 @@ class PQCollector(Collector):
                                                         labels=("queue", "tenant"))
         return fams
 
-    def _add_queue(self, fams: dict, q) -> None:
+    def _add_queue(self, fams: dict[str, Family], q) -> None:
         s = q.stats()
         name = q.name
         fams["waiting"].add_metric([name], s["waiting"])
@@ -211,6 +215,7 @@ def serve(app_or_url, *, port: int = DEFAULT_PORT, address: str = DEFAULT_ADDRES
     if not block:
         return server, thread
     host = server.server_address[0]
+    assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
     print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
         while True:
