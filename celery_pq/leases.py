@@ -168,7 +168,7 @@ class LeaseKeeper(threading.Thread):
                     continue
                 seen.add(q.name)
                 gap = gap_seconds(book.options)
-                # a lease that ran out in a gap gets a whole lease from now: its holder's keeper
+                # a lease that expired in a gap gets a whole lease length from now: its holder's keeper
                 # comes out of the same gap, maybe slowly (every process wakes at once)
                 result = q.reclaim(guard_seconds=book.options.sweep_interval * 0.9, gap_seconds=gap,
                                    restore_seconds=book.options.lease_seconds)
@@ -176,7 +176,7 @@ class LeaseKeeper(threading.Thread):
                     self.sweeps += 1
                 if result["restored"]:
                     logger.warning("celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
-                                   "unreachable): %d lease(s) that ran out meanwhile get a whole lease from now, "
+                                   "unreachable): %d lease(s) that expired meanwhile get a whole lease length from now, "
                                    "for their holders to renew", q.name, gap, result["restored"])
                 while result["more"]:
                     result = q.reclaim(gap_seconds=gap)

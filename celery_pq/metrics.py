@@ -45,7 +45,7 @@ COUNTERS = {
     "redeliveries": ("redelivered", "Deliveries of an entry delivered before."),
     "acks": ("acked", "Entries acknowledged (done)."),
     "requeues": ("requeued", "Leases given back by consumers."),
-    "lease_expiries": ("lease_expired", "Leases that ran out and were returned by the sweep."),
+    "lease_expiries": ("lease_expired", "Leases that expired and were reclaimed by the sweep."),
     "dead_letters": ("dead_lettered", "Entries moved to the dead-letter queue."),
     "removed": ("removed", "Waiting entries removed (by id, purge)."),
     "refusals": ("refused_full", "Entries refused because the queue (or tenant) was full."),
