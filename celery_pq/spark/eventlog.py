@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC
+from typing import TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 from ..constants import KEY_PREFIX
@@ -191,7 +192,16 @@ def scan(client, key: str, after: str | None, upto: str, page: int = PAGE):
         lo = "(" + as_text(batch[-1][0])
 
 
-def stream_info(client, key: str) -> dict:
+class StreamInfo(TypedDict):
+    """What ``stream_info`` reads of one queue's event log."""
+
+    last: str | None  # id of the newest entry, None when empty
+    first: str | None  # id of the oldest entry still there
+    added: int  # entries ever added
+    length: int  # entries in the stream now
+
+
+def stream_info(client, key: str) -> StreamInfo:
     """``last`` (id of the newest entry, None when empty), ``added`` (entries ever added),
     ``length`` (entries in the stream now) and ``first`` (id of the oldest entry still there)."""
     try:
@@ -211,14 +221,14 @@ def stream_info(client, key: str) -> dict:
     }
 
 
-def trimmed(info: dict) -> int:
+def trimmed(info: StreamInfo) -> int:
     """How many of the stream's entries were trimmed so far: the position (1 = the first event
     ever added) of the entry before the oldest one still there. The log's writers only trim from
     the head (``XADD ... MAXLEN``), so positions count events."""
     return max(info["added"] - info["length"], 0)
 
 
-def check_gap(queue: str, after: str | None, position: int, info: dict, on_gap: str) -> str | None:
+def check_gap(queue: str, after: str | None, position: int, info: StreamInfo, on_gap: str) -> str | None:
     """A message when events after the one read last (``after``, at ``position``; None and 0
     before the first) were trimmed before they were read; EventLogGap with ``on_gap="fail"``."""
     lost = trimmed(info) - position
