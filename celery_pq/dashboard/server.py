@@ -219,8 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
             except redis.RedisError as exc:
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot read the queues: {exc}")
                 return
-            state["actions"] = list(ACTIONS) if self.server.allow_actions else []
-            self._json(HTTPStatus.OK, state)
+            self._json(HTTPStatus.OK, {**state, "actions": list(ACTIONS) if self.server.allow_actions else []})
         else:
             self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
 
