@@ -124,3 +124,12 @@ profile: install
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log spark-demo
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+# A/B of the benchmarks (throughput, Celery solo and prefork-2, latency, fairness, memory) against an
+# earlier tree, the two alternated in one session (benchmarks/ab.py; results/ab.md and ab.json):
+#   make bench-ab BEFORE=rev [AB_ARGS="--only celery_e2e --repeat 5"]   (AB_ARGS=--smoke: a tiny run)
+.PHONY: bench-ab
+bench-ab: install
+	@test -n "$(BEFORE)" || { echo "usage: make bench-ab BEFORE=rev [AB_ARGS=...]" >&2; exit 1; }
+	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	$(VPY) -m benchmarks.ab --before $(BEFORE) $(AB_ARGS)

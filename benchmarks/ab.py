@@ -9,8 +9,8 @@ trees swapped every repetition so that the machine's noise falls on both alike. 
 process with its tree alone on PYTHONPATH, calling that tree's own benchmark module
 (``main([..., "--out", TMP])``: the benchmark code matches the package it measures) with one
 repetition inside (``--repeat 1`` where the module has it); the child prints the celery_pq it
-imported, and a run that imported another tree's stops the A/B. RabbitMQ columns are skipped
-(``BENCH_RABBITMQ=off``, which trees older than this module ignore).
+imported, and a run that imported another tree's stops the A/B. The child also turns the RabbitMQ
+columns off (``common.rabbitmq_url`` answers None, in any tree): the A/B compares our trees alone.
 
 For each figure: celery-pq's median over the repetitions and their spread (min..max) on each tree,
 the same of its ratio against the reference measured in the same run (kombu's Redis transport; for
@@ -97,11 +97,14 @@ BENCHMARKS: dict[str, tuple[list[str], str, Callable[[dict], Figures]]] = {
     "memory_tasks": ([], KOMBU, _memory),
 }
 
-#: run in the child: say which celery_pq was imported, then the benchmark's own entry point
-CHILD = (
-    "import sys, importlib, celery_pq; print('celery_pq imported from', celery_pq.__file__, flush=True); "
-    "importlib.import_module('benchmarks.' + sys.argv[1]).main(sys.argv[2:])"
-)
+#: run in the child: say which celery_pq was imported, no RabbitMQ, then the benchmark's own entry point
+CHILD = """
+import importlib, sys
+import celery_pq, benchmarks.common
+print("celery_pq imported from", celery_pq.__file__, flush=True)
+benchmarks.common.rabbitmq_url = lambda: None
+importlib.import_module("benchmarks." + sys.argv[1]).main(sys.argv[2:])
+"""
 IMPORTED = "celery_pq imported from "
 
 
@@ -120,7 +123,7 @@ def checkout(rev: str) -> Iterator[tuple[Path, str]]:
     path = Path(tempfile.mkdtemp(prefix=f"pq-ab-{commit}-"))
     git("worktree", "add", "--detach", str(path), commit)
     try:
-        yield path, f"{rev} ({commit})"
+        yield path, commit if rev.startswith(commit) else f"{rev} ({commit})"
     finally:
         git("worktree", "remove", "--force", str(path))
 
@@ -128,7 +131,7 @@ def checkout(rev: str) -> Iterator[tuple[Path, str]]:
 def run_once(tree: Path, name: str, smoke: bool) -> tuple[dict, float, str]:
     """One run of benchmark ``name`` on ``tree``: (its JSON, wall seconds, the celery_pq it imported)."""
     args = BENCHMARKS[name][0] + (["--smoke"] if smoke else [])
-    env = dict(os.environ, PYTHONPATH=str(tree), BENCH_RABBITMQ="off")
+    env = dict(os.environ, PYTHONPATH=str(tree))
     with tempfile.TemporaryDirectory(prefix="pq-ab-out-") as out:
         start = time.monotonic()
         proc = subprocess.run(
@@ -208,7 +211,9 @@ def markdown(data: dict) -> list[str]:
             f"Ratio: celery-pq against {bench['against']}. Seconds per run: before {secs['before']:.0f}, "
             f"after {secs['after']:.0f}.",
             "",
-            *table(["figure", "unit", "better", "before", "after", "ratio before", "ratio after", "verdict"], rows),
+            *table(
+                ["figure", "unit", "better", "before", "after", "ratio before", "ratio after", "verdict"], rows, left=3
+            ),
         ]
     return lines
 

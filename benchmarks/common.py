@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import time
@@ -33,10 +32,7 @@ def transports(port: int) -> dict:
 
 
 def rabbitmq_url() -> str | None:
-    """RabbitMQ on localhost (guest/guest), or None when it does not answer or BENCH_RABBITMQ=off
-    (benchmarks/ab.py: its figures compare our trees alone)."""
-    if os.environ.get("BENCH_RABBITMQ") == "off":
-        return None
+    """RabbitMQ on localhost (guest/guest), or None when it does not answer."""
     try:
         with socket.create_connection(("127.0.0.1", 5672), timeout=1):
             pass
