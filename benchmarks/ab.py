@@ -109,7 +109,10 @@ IMPORTED = "celery_pq imported from "
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"git {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
 
 
 @contextmanager
@@ -121,6 +124,7 @@ def checkout(rev: str) -> Iterator[tuple[Path, str]]:
         return
     commit = git("rev-parse", "--short", f"{rev}^{{commit}}")
     path = Path(tempfile.mkdtemp(prefix=f"pq-ab-{commit}-"))
+    path.rmdir()  # a fresh name: git makes the directory, and nothing is left when it cannot
     git("worktree", "add", "--detach", str(path), commit)
     try:
         yield path, commit if rev.startswith(commit) else f"{rev} ({commit})"
@@ -179,7 +183,7 @@ def _cell(s: dict, fmt: Callable[[float], str] = _num) -> str:
 def markdown(data: dict) -> list[str]:
     ratio = "{:.2f}".format
     lines = [
-        f"# A/B of the benchmarks: {data['repeat']} repetitions, the two trees alternated",
+        f"# A/B of the benchmarks: {data['repeat']} repetition(s), the two trees alternated",
         "",
         f"- before: {data['before']['tree']}, celery_pq from `{data['before']['celery_pq']}`",
         f"- after: {data['after']['tree']}, celery_pq from `{data['after']['celery_pq']}`",
