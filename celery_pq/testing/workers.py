@@ -4,9 +4,12 @@
 
     env = celery_env(ROOT, PQ_TEST_BROKER=url)          # ROOT first on PYTHONPATH
     worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name="w1", queues="q",
-                          log=tmp_path / "w1.log").wait_ready(30)
-    ...
-    worker.stop()                                       # SIGTERM to its process group, then SIGKILL
+                          log=tmp_path / "w1.log")
+    try:
+        worker.wait_ready(30)                           # its log says " ready." (or WorkerExited)
+        ...
+    finally:
+        worker.stop()                                   # SIGTERM to its process group, then SIGKILL
 
 The worker runs in a process group of its own (``start_new_session``): a signal to it
 (``signal_group``) reaches its pool's processes too, and a Ctrl-C at the terminal reaches only
