@@ -36,7 +36,7 @@ What it offers, one module a job:
 - ``waiting``: ``wait_for(predicate, timeout, what)``, the one polling loop (WaitTimeout, an
   AssertionError, when the time is up);
 - ``workers``: ``start_worker`` (a real ``celery worker`` subprocess, a ``WorkerProcess``:
-  ``wait_ready``, ``stop``, ``signal_group``, ``log_text``) and ``celery_env``.
+  ``wait_ready``, ``stop``, ``signal_group``, ``log_text``), ``stop_workers`` and ``celery_env``.
 
 A server's process runs in a session of its own (a Ctrl-C at the terminal reaches the caller,
 which then stops it in order) and, on Linux, is killed when the process that started it dies;
@@ -48,10 +48,10 @@ from .sentinel import SentinelServer
 from .server import HOST, RedisServer, RedisServerError, find_redis_server, free_port
 from .tls import TLSRedisServer, make_certificates
 from .waiting import WaitTimeout, wait_for
-from .workers import WorkerExited, WorkerProcess, celery_env, start_worker
+from .workers import WorkerExited, WorkerProcess, celery_env, start_worker, stop_workers
 
 __all__ = [
     "HOST", "ClusterNode", "RedisCluster", "RedisServer", "RedisServerError", "SentinelServer", "TLSRedisServer",
     "WaitTimeout", "WorkerExited", "WorkerProcess", "celery_env", "find_redis_server", "free_port",
-    "make_certificates", "start_worker", "wait_for",
+    "make_certificates", "start_worker", "stop_workers", "wait_for",
 ]

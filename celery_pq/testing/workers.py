@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -79,16 +79,25 @@ class WorkerProcess(subprocess.Popen):
             pass
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
-        """``sig`` to its process group (unless it has exited), then wait ``timeout`` seconds,
-        SIGKILL to the group after that; its exit code."""
-        if self.poll() is None:
-            self.signal_group(sig)
-            try:
-                self.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                self.wait(10)
+        """``stop_workers`` of this one worker; its exit code."""
+        stop_workers([self], sig, timeout)
         return self.returncode
+
+
+def stop_workers(workers: Iterable[WorkerProcess], sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+    """``sig`` to the process group of each worker still running, all at once (SIGCONT first: a
+    stopped one wakes to hear it), then wait for each up to ``timeout`` seconds, and SIGKILL the
+    group of one still running after that."""
+    running = [w for w in workers if w.poll() is None]
+    for worker in running:
+        worker.signal_group(signal.SIGCONT)
+        worker.signal_group(sig)
+    for worker in running:
+        try:
+            worker.wait(timeout)
+        except subprocess.TimeoutExpired:
+            worker.signal_group(signal.SIGKILL)
+            worker.wait(10)
 
 
 def start_worker(app: str, *, cwd: str | os.PathLike[str], env: Mapping[str, str] | None = None,

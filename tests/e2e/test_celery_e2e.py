@@ -15,7 +15,7 @@ from celery import Celery
 
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
-from celery_pq.testing import celery_env, start_worker, wait_for
+from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -66,9 +66,7 @@ class Harness:
         proc.wait(timeout=30)
 
     def close(self):
-        for proc in self.workers:
-            if proc.poll() is None:
-                self.kill(proc, signal.SIGTERM)
+        stop_workers(self.workers)
 
 
 @pytest.fixture
@@ -425,8 +423,9 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
     """Args, kwargs, eta, expires, retries, chains (parent_id, root_id) and groups (group,
     group_index) survive the compact stored form; an entry in the JSON layout written before it
     (inserted by hand) runs too."""
-    from celery import chain, group
     from datetime import datetime, timedelta, timezone
+
+    from celery import chain, group
     from kombu.utils.json import dumps
 
     h = harness()
