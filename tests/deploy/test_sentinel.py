@@ -238,11 +238,8 @@ def test_a_celery_worker_carries_on_when_the_master_is_killed(sentinel_group, ke
         lost = set(sent) - ran()
         print(f"\nFAILOVER celery worker, no WAIT: sent {len(sent)}, raised {len(raised)}, lost {len(lost)}")
         # remote control (pub/sub and the reply queue) reaches the worker on the new master
-        replies = []
-        deadline = time.monotonic() + 30
-        while not replies and time.monotonic() < deadline:
-            replies = app.control.ping(timeout=2)
-        assert replies and "pong" in str(replies), replies
+        replies = wait_for(lambda: app.control.ping(timeout=2), 30, "a reply to ping")
+        assert "pong" in str(replies), replies
         assert worker.poll() is None, "the worker process carried on (no restart)"
         assert not raised
         assert lost <= set(range(0, 300)), "nothing published after the promotion is lost"
