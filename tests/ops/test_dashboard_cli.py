@@ -4,7 +4,6 @@ and a real ``python -m celery_pq ... dashboard`` process serving the page and th
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from celery_pq.__main__ import main
-from celery_pq.testing import wait_for
+from celery_pq.testing import celery_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +58,7 @@ def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_pa
     world.send("ops.work", 1, priority=42)
     world.send("ops.work", 2, priority=7)
     log = tmp_path / "dashboard.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = celery_env(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
                              json.dumps(world.options), "dashboard", "--port", "0"],
                             cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
@@ -81,7 +80,7 @@ def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_pa
 def test_beyond_loopback_the_command_prints_a_token_the_state_needs(world, tmp_path):
     # Given `pq dashboard --host 0.0.0.0`, read-only, no token given
     log = tmp_path / "dashboard.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = celery_env(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
                              json.dumps(world.options), "dashboard", "--host", "0.0.0.0", "--port", "0"],
                             cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
