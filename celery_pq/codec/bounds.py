@@ -56,8 +56,10 @@ def inflate(frame) -> bytes:
     if size < 0:
         raise CodecError("stored message's zstd frame does not declare its size; not inflated")
     if size > MAX_INFLATED:
-        raise CodecError(f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
-                         "a record may inflate to; not inflated")
+        raise CodecError(
+            f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
+            "a record may inflate to; not inflated"
+        )
     try:
         return _zstd().decompressor.decompress(frame)
     except zstandard.ZstdError as exc:
@@ -87,6 +89,7 @@ def _zstd():
     compressing a message; they are not to be shared between threads)."""
     z = getattr(_local, "zstd", None)
     if z is None:
-        z = _local.zstd = SimpleNamespace(compressor=zstandard.ZstdCompressor(level=ZSTD_LEVEL),
-                                          decompressor=zstandard.ZstdDecompressor())
+        z = _local.zstd = SimpleNamespace(
+            compressor=zstandard.ZstdCompressor(level=ZSTD_LEVEL), decompressor=zstandard.ZstdDecompressor()
+        )
     return z

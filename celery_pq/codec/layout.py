@@ -79,8 +79,11 @@ FIELDS: tuple[tuple[int, str, object], ...] = (
 CODE = {(s, name): _TABLE_START + i for i, (s, name, _) in enumerate(FIELDS)}
 FIELD = {_TABLE_START + i: (s, name) for i, (s, name, _) in enumerate(FIELDS)}
 C_BODY = CODE[S_MESSAGE, "body"]
-SUBSECTIONS = {(S_MESSAGE, "headers"): S_HEADERS, (S_MESSAGE, "properties"): S_PROPERTIES,
-               (S_PROPERTIES, "delivery_info"): S_DELIVERY_INFO}
+SUBSECTIONS = {
+    (S_MESSAGE, "headers"): S_HEADERS,
+    (S_MESSAGE, "properties"): S_PROPERTIES,
+    (S_PROPERTIES, "delivery_info"): S_DELIVERY_INFO,
+}
 assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
 
 
@@ -109,4 +112,3 @@ class Base64Body(bytes):
     ``decode_body``)."""
 
     __slots__ = ()
-

@@ -49,10 +49,13 @@ from .reprs import derived_reprs
 #: celery -> the four sections' defaults, copied per message by the reader (the lists and dicts
 #: among them, in _MUTABLE as (section, name, default), copied again: a shallow copy suffices)
 _TEMPLATES = {c: tuple(dict(DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
-_MUTABLE = {c: [(s, n, v) for s in range(4) for n, v in DEFAULTS[s, c].items() if type(v) in (list, dict)]
-            for c in (False, True)}
-assert not any(type(x) in (list, dict) for c in _MUTABLE for _, _, v in _MUTABLE[c]
-               for x in (v.values() if type(v) is dict else v))
+_MUTABLE = {
+    c: [(s, n, v) for s in range(4) for n, v in DEFAULTS[s, c].items() if type(v) in (list, dict)]
+    for c in (False, True)
+}
+assert not any(
+    type(x) in (list, dict) for c in _MUTABLE for _, _, v in _MUTABLE[c] for x in (v.values() if type(v) is dict else v)
+)
 
 
 def decode(data: bytes | str, raw_body: bool = False) -> dict:
@@ -73,8 +76,9 @@ def decode(data: bytes | str, raw_body: bool = False) -> dict:
     if len(data) < 2:
         raise CodecError(f"stored message of {len(data)} byte(s) is too short")
     if data[0] != VERSION:
-        raise CodecError(f"stored message has format version {data[0]}; this celery-pq reads version {VERSION} "
-                         "and JSON")
+        raise CodecError(
+            f"stored message has format version {data[0]}; this celery-pq reads version {VERSION} and JSON"
+        )
     flags = data[1]
     if flags & ~KNOWN_FLAGS:
         raise CodecError(f"stored message has unknown flags {flags:#04x}")
@@ -153,13 +157,13 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
             end = pos + 2 + data[pos + 1]
             if end > n:
                 raise IndexError("a string runs past the end")
-            target[name] = data[pos + 2:end].decode("utf-8", "surrogatepass")
+            target[name] = data[pos + 2 : end].decode("utf-8", "surrogatepass")
             pos = end
         elif tag == T_UUID:
             pos += 17
             if pos > n:
                 raise IndexError("a UUID runs past the end")
-            h = data[pos - 16:pos].hex()
+            h = data[pos - 16 : pos].hex()
             target[name] = text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
             uuids.append(text)
         elif tag == T_REF and data[pos + 1] < 0x80:
@@ -253,7 +257,7 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
     if tag == T_FALSE:
         return False, pos
     if tag == T_FLOAT:
-        return DOUBLE.unpack(data[pos:pos + 8])[0], pos + 8
+        return DOUBLE.unpack(data[pos : pos + 8])[0], pos + 8
     if tag == T_BYTES:
         return _read_blob(data, pos)
     if tag == T_LIST:
@@ -277,4 +281,3 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
         uuids.take(json_items(blob))
         return kombu_loads(blob.decode("utf-8", "surrogatepass")), pos
     raise CodecError(f"stored message has unknown value tag {tag}")
-

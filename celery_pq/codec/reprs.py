@@ -20,15 +20,17 @@ def derivable_reprs(headers: dict, raw: bytes) -> int:
     the body (``_reprs_of``). Only reprs Celery did not cut ("...") can be: the others are not
     computed. kwargs of a body over REPR_BODY_MAX are not parsed (unless they are ``{}``)."""
     argsrepr, kwargsrepr = headers.get("argsrepr"), headers.get("kwargsrepr")
-    want = (F_ARGSREPR if type(argsrepr) is str and "..." not in argsrepr else 0) \
-        | (F_KWARGSREPR if type(kwargsrepr) is str and "..." not in kwargsrepr else 0)
+    want = (F_ARGSREPR if type(argsrepr) is str and "..." not in argsrepr else 0) | (
+        F_KWARGSREPR if type(kwargsrepr) is str and "..." not in kwargsrepr else 0
+    )
     if not want:
         return 0
     derived = _reprs_of(raw, want, kwargs_limit=REPR_BODY_MAX)
     if derived is None:
         return 0
-    return (F_ARGSREPR if want & F_ARGSREPR and derived.get(F_ARGSREPR) == argsrepr else 0) \
-        | (F_KWARGSREPR if want & F_KWARGSREPR and derived.get(F_KWARGSREPR) == kwargsrepr else 0)
+    return (F_ARGSREPR if want & F_ARGSREPR and derived.get(F_ARGSREPR) == argsrepr else 0) | (
+        F_KWARGSREPR if want & F_KWARGSREPR and derived.get(F_KWARGSREPR) == kwargsrepr else 0
+    )
 
 
 #: (value, end) of the JSON at a position; StopIteration if none (set by JSONDecoder, untyped)
@@ -80,8 +82,7 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
         decoded = json.loads(raw)
     except ValueError:
         return None
-    if type(decoded) is not list or len(decoded) != 3 or type(decoded[0]) is not list \
-            or type(decoded[1]) is not dict:
+    if type(decoded) is not list or len(decoded) != 3 or type(decoded[0]) is not list or type(decoded[1]) is not dict:
         return None
     out = {}
     if flags & F_ARGSREPR:

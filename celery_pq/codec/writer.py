@@ -59,13 +59,26 @@ from .reprs import derivable_reprs
 _DERIVED = {(S_HEADERS, "argsrepr"): F_ARGSREPR, (S_HEADERS, "kwargsrepr"): F_KWARGSREPR}
 #: (section, celery) -> {field name: (code, default or NO_DEFAULT, subsection or None, its F_* flag
 #: when derivable or 0)}: the writer's table
-_NAMES = {(sec, c): {name: (CODE[s, name], DEFAULTS[sec, c].get(name, NO_DEFAULT), SUBSECTIONS.get((s, name)),
-                            _DERIVED.get((s, name), 0))
-                     for s, name, _ in FIELDS if s == sec}
-          for sec in range(4) for c in (False, True)}
+_NAMES = {
+    (sec, c): {
+        name: (
+            CODE[s, name],
+            DEFAULTS[sec, c].get(name, NO_DEFAULT),
+            SUBSECTIONS.get((s, name)),
+            _DERIVED.get((s, name), 0),
+        )
+        for s, name, _ in FIELDS
+        if s == sec
+    }
+    for sec in range(4)
+    for c in (False, True)
+}
 #: (section, celery) -> names of the defaults and subsections a section has unless a record says not
-_EXPECTED = {(sec, c): (*DEFAULTS[sec, c], *(name for (s, name) in SUBSECTIONS if s == sec))
-             for sec in range(4) for c in (False, True)}
+_EXPECTED = {
+    (sec, c): (*DEFAULTS[sec, c], *(name for (s, name) in SUBSECTIONS if s == sec))
+    for sec in range(4)
+    for c in (False, True)
+}
 
 #: Celery's protocol-2 headers in table order (as_task_v2 makes them in this order): the fields
 #: with a default, as one tuple to compare at once, and those without, each (name, code, F_* flag)
@@ -75,17 +88,24 @@ _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
 #: fields whose values repeat from message to message: their records come from _RECORDS
 _REPEATING = frozenset({(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key")})
-_CELERY_OWN = tuple((name, CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
-                    for s, name, d in FIELDS if s == S_HEADERS and d is NO_DEFAULT)
+_CELERY_OWN = tuple(
+    (name, CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
+    for s, name, d in FIELDS
+    if s == S_HEADERS and d is NO_DEFAULT
+)
 _CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
 #: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
 _CELERY_MESSAGE = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
-_CELERY_PROPERTIES = frozenset({"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority",
-                                "body_encoding"})
+_CELERY_PROPERTIES = frozenset(
+    {"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority", "body_encoding"}
+)
 _DELIVERY_INFO = frozenset({"exchange", "routing_key"})
 _C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY, _C_ROUTING_KEY = (
-    CODE[S_PROPERTIES, "correlation_id"], CODE[S_PROPERTIES, "reply_to"], CODE[S_PROPERTIES, "priority"],
-    CODE[S_DELIVERY_INFO, "routing_key"])
+    CODE[S_PROPERTIES, "correlation_id"],
+    CODE[S_PROPERTIES, "reply_to"],
+    CODE[S_PROPERTIES, "priority"],
+    CODE[S_DELIVERY_INFO, "routing_key"],
+)
 
 
 def encode(message: dict) -> bytes:
@@ -96,8 +116,12 @@ def encode(message: dict) -> bytes:
     celery = isinstance(headers, dict) and "lang" in headers and "task" in headers
     flags = F_CELERY if celery else 0
     raw = _base64_body(message)
-    if raw is not None and isinstance(headers, dict) and message.get("content-type") == "application/json" \
-            and message.get("content-encoding") == "utf-8":
+    if (
+        raw is not None
+        and isinstance(headers, dict)
+        and message.get("content-type") == "application/json"
+        and message.get("content-encoding") == "utf-8"
+    ):
         flags |= derivable_reprs(headers, raw)
     out = bytearray()
     if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
@@ -135,8 +159,9 @@ def _blob(out: bytearray, data: bytes) -> None:
     out += data
 
 
-def _write_section(out: bytearray, uuids: dict, section: int, d: dict, celery: bool, flags: int,
-                   raw: bytes | None) -> None:
+def _write_section(
+    out: bytearray, uuids: dict, section: int, d: dict, celery: bool, flags: int, raw: bytes | None
+) -> None:
     """The records of one section's fields (a subsection's inline, each code naming its section).
     ``uuids``: {UUID text: its index} of those written so far; ``raw``: the body's bytes when it
     is base64 text."""
@@ -154,8 +179,11 @@ def _write_section(out: bytearray, uuids: dict, section: int, d: dict, celery: b
         code, default, sub, derived_flag = info
         if default is not NO_DEFAULT:
             expected += 1
-            if value is default or (type(value) is type(default) and value == default
-                                    and (type(value) not in (list, dict) or _same(value, default))):
+            if value is default or (
+                type(value) is type(default)
+                and value == default
+                and (type(value) not in (list, dict) or _same(value, default))
+            ):
                 continue
         elif sub is not None:
             expected += 1
@@ -183,15 +211,28 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
     2, exchange ""), the same ``_write_section`` writes for it in the same order, without a loop
     over its fields; False (nothing written) for any other message. ``raw``: its body's bytes."""
     headers, props = message["headers"], message.get("properties")
-    if message.keys() != _CELERY_MESSAGE or type(props) is not dict or props.keys() != _CELERY_PROPERTIES \
-            or type(headers) is not dict:
+    if (
+        message.keys() != _CELERY_MESSAGE
+        or type(props) is not dict
+        or props.keys() != _CELERY_PROPERTIES
+        or type(headers) is not dict
+    ):
         return False
     info, mode, priority = props["delivery_info"], props["delivery_mode"], props["priority"]
-    if type(info) is not dict or info.keys() != _DELIVERY_INFO or type(info["exchange"]) is not str \
-            or info["exchange"] or type(mode) is not int or mode != 2 or type(priority) is not int \
-            or type(props["body_encoding"]) is not str or type(message["content-type"]) is not str \
-            or message["content-type"] != "application/json" or type(message["content-encoding"]) is not str \
-            or message["content-encoding"] != "utf-8":
+    if (
+        type(info) is not dict
+        or info.keys() != _DELIVERY_INFO
+        or type(info["exchange"]) is not str
+        or info["exchange"]
+        or type(mode) is not int
+        or mode != 2
+        or type(priority) is not int
+        or type(props["body_encoding"]) is not str
+        or type(message["content-type"]) is not str
+        or message["content-type"] != "application/json"
+        or type(message["content-encoding"]) is not str
+        or message["content-encoding"] != "utf-8"
+    ):
         return False
     uuids: dict[str, int] = {}
     out.append(C_BODY)
@@ -234,7 +275,6 @@ def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int
 _RECORDS: dict[int, dict[str, bytes]] = {CODE[key]: {} for key in _REPEATING}
 #: {UUID text: its 16 bytes} of UUIDs written lately (a client's reply_to is in every message)
 _PACKED: dict[str, bytes] = {}
-
 
 
 def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:

@@ -51,7 +51,21 @@ from .waiting import WaitTimeout, wait_for
 from .workers import WorkerExited, WorkerProcess, celery_env, start_worker, stop_workers
 
 __all__ = [
-    "HOST", "ClusterNode", "RedisCluster", "RedisServer", "RedisServerError", "SentinelServer", "TLSRedisServer",
-    "WaitTimeout", "WorkerExited", "WorkerProcess", "celery_env", "find_redis_server", "free_port",
-    "make_certificates", "start_worker", "stop_workers", "wait_for",
+    "HOST",
+    "ClusterNode",
+    "RedisCluster",
+    "RedisServer",
+    "RedisServerError",
+    "SentinelServer",
+    "TLSRedisServer",
+    "WaitTimeout",
+    "WorkerExited",
+    "WorkerProcess",
+    "celery_env",
+    "find_redis_server",
+    "free_port",
+    "make_certificates",
+    "start_worker",
+    "stop_workers",
+    "wait_for",
 ]

@@ -36,13 +36,18 @@ class ClusterNode(RedisServer):
         # nodes.conf lives in the node's own directory: a restart() rejoins with the same identity
         return [
             *super().command(port),
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
             # the other masters keep serving while one of them fails over
-            "--cluster-require-full-coverage", "no",
+            "--cluster-require-full-coverage",
+            "no",
             # a replica promotes however long its link was down (a test kills at any time)
-            "--cluster-replica-validity-factor", "0",
+            "--cluster-replica-validity-factor",
+            "0",
         ]
 
     def node_id(self) -> str:
@@ -84,20 +89,39 @@ class RedisCluster:
     master's replica takes over about two of it later.
     """
 
-    def __init__(self, masters: int = 3, replicas: int = 1, *, node_timeout_ms: int = 1000,
-                 binary: str | None = None, ready_timeout: float = 30.0):
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        *,
+        node_timeout_ms: int = 1000,
+        binary: str | None = None,
+        ready_timeout: float = 30.0,
+    ):
         self.nodes: list[ClusterNode] = []
         self.ready_timeout = ready_timeout
         try:
             for _ in range(masters * (1 + replicas)):
                 self.nodes.append(ClusterNode(binary=binary, node_timeout_ms=node_timeout_ms))
-            cli = shutil.which("redis-cli", path=os.path.dirname(self.nodes[0].binary) + os.pathsep
-                               + os.environ.get("PATH", ""))
+            cli = shutil.which(
+                "redis-cli", path=os.path.dirname(self.nodes[0].binary) + os.pathsep + os.environ.get("PATH", "")
+            )
             if cli is None:
                 raise RedisServerError("redis-cli not found next to redis-server or on PATH: it creates the cluster")
-            done = subprocess.run([cli, "--cluster", "create", *(f"{HOST}:{n.port}" for n in self.nodes),
-                                   "--cluster-replicas", str(replicas), "--cluster-yes"],
-                                  capture_output=True, text=True, timeout=60)
+            done = subprocess.run(
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *(f"{HOST}:{n.port}" for n in self.nodes),
+                    "--cluster-replicas",
+                    str(replicas),
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             if done.returncode:
                 raise RedisServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr}")
             self.wait_ready(masters=masters, replicas=masters * replicas)
@@ -277,18 +301,27 @@ class RedisCluster:
                     for n in running:
                         with n.client(decode_responses=True) as c:
                             lines = c.execute_command("CLUSTER", "NODES").splitlines()
-                        views.add(frozenset((p[1].split("@")[0], "master" in p[2], "fail" in p[2])
-                                            for p in (line.split() for line in lines)))
+                        views.add(
+                            frozenset(
+                                (p[1].split("@")[0], "master" in p[2], "fail" in p[2])
+                                for p in (line.split() for line in lines)
+                            )
+                        )
                     live = {f"{HOST}:{n.port}" for n in running}
-                    if (len(views) == 1 and not any(failed for addr, _, failed in next(iter(views)) if addr in live)
-                            and (masters is None or roles.count("master") == masters)
-                            and (replicas is None or roles.count("slave") == replicas)):
+                    if (
+                        len(views) == 1
+                        and not any(failed for addr, _, failed in next(iter(views)) if addr in live)
+                        and (masters is None or roles.count("master") == masters)
+                        and (replicas is None or roles.count("slave") == replicas)
+                    ):
                         return
             except redis.RedisError:
                 pass
             if time.monotonic() > deadline:
-                raise RedisServerError("the cluster did not become ready in time:\n"
-                                       + "\n".join(f"{n!r}: {n.log_tail(5)}" for n in self.nodes))
+                raise RedisServerError(
+                    "the cluster did not become ready in time:\n"
+                    + "\n".join(f"{n!r}: {n.log_tail(5)}" for n in self.nodes)
+                )
             time.sleep(0.1)
 
     def close(self) -> None:

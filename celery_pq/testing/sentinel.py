@@ -21,9 +21,18 @@ class SentinelServer(RedisServer):
     ``tls-replication`` is on); its clients need the CA (``client_tls()``).
     """
 
-    def __init__(self, master_port: int, *, master_name: str = "m", quorum: int = 2, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 5000, binary: str | None = None, start: bool = True,
-                 certs: dict | None = None):
+    def __init__(
+        self,
+        master_port: int,
+        *,
+        master_name: str = "m",
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+        start: bool = True,
+        certs: dict | None = None,
+    ):
         self.master_port = master_port
         self.certs = certs
         self.master_name = master_name
@@ -42,14 +51,40 @@ class SentinelServer(RedisServer):
                 f"sentinel monitor {name} {HOST} {self.master_port} {s['quorum']}\n"
                 f"sentinel down-after-milliseconds {name} {s['down_after_ms']}\n"
                 f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
-                f"sentinel parallel-syncs {name} 1\n")
+                f"sentinel parallel-syncs {name} 1\n"
+            )
         ports = ["--port", str(port)]
         if self.certs is not None:
-            ports = ["--port", "0", "--tls-port", str(port), "--tls-replication", "yes", "--tls-auth-clients", "no",
-                     "--tls-cert-file", str(self.certs["cert"]), "--tls-key-file", str(self.certs["key"]),
-                     "--tls-ca-cert-file", str(self.certs["ca"])]
-        return [self.binary, str(conf), "--sentinel", *ports, "--bind", HOST, "--dir", str(self.dir),
-                "--daemonize", "no", "--logfile", ""]
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(port),
+                "--tls-replication",
+                "yes",
+                "--tls-auth-clients",
+                "no",
+                "--tls-cert-file",
+                str(self.certs["cert"]),
+                "--tls-key-file",
+                str(self.certs["key"]),
+                "--tls-ca-cert-file",
+                str(self.certs["ca"]),
+            ]
+        return [
+            self.binary,
+            str(conf),
+            "--sentinel",
+            *ports,
+            "--bind",
+            HOST,
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+        ]
 
     def client_tls(self) -> dict:
         if self.certs is None:

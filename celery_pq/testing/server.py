@@ -86,8 +86,7 @@ class RedisServer:
     ``config`` is the same as a mapping (``{"appendonly": "yes"}``).
     """
 
-    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None,
-                 start: bool = True):
+    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
         self.binary = binary or find_redis_server()
         self.extra_args = list(args)
         self.password = (config or {}).get("requirepass")
@@ -206,13 +205,20 @@ class RedisServer:
     def command(self, port: int) -> list[str]:
         return [
             self.binary,
-            "--port", str(port),
-            "--bind", HOST,
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--dir", str(self.dir),
-            "--logfile", "",
+            "--port",
+            str(port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            "",
             *self.extra_args,  # later arguments win, so callers may override the above
         ]
 
@@ -229,16 +235,27 @@ class RedisServer:
             log.flush()
             offset = log.tell()
             self.process = subprocess.Popen(
-                self.command(port), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                self.command(port),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         _running.add(self)
         deadline = time.monotonic() + START_TIMEOUT
         # No client-side retries: redis-py >= 6 retries with backoff by default, which would
         # hide a process that exited (port taken) behind seconds of waiting.
-        probe = redis.Redis(host=HOST, port=port, socket_connect_timeout=0.5, socket_timeout=0.5, password=self.password,
-                            retry=Retry(NoBackoff(), 0), **self.client_tls())
+        probe = redis.Redis(
+            host=HOST,
+            port=port,
+            socket_connect_timeout=0.5,
+            socket_timeout=0.5,
+            password=self.password,
+            retry=Retry(NoBackoff(), 0),
+            **self.client_tls(),
+        )
         try:
             while True:
                 if self.process.poll() is not None:

@@ -26,8 +26,23 @@ def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str,
     for args in (
         ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name}"],
         ["req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
-         "-extfile", ext],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
     ):
         done = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
         if done.returncode:
@@ -55,6 +70,16 @@ class TLSRedisServer(RedisServer):
         plain = super().command(port)
         at = plain.index("--port")
         plain[at + 1] = "0"
-        return [*plain, "--tls-port", str(port), "--tls-cert-file", str(self.certs["cert"]),
-                        "--tls-key-file", str(self.certs["key"]), "--tls-ca-cert-file", str(self.certs["ca"]),
-                        "--tls-auth-clients", "no"]
+        return [
+            *plain,
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            str(self.certs["cert"]),
+            "--tls-key-file",
+            str(self.certs["key"]),
+            "--tls-ca-cert-file",
+            str(self.certs["ca"]),
+            "--tls-auth-clients",
+            "no",
+        ]

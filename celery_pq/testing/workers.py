@@ -60,8 +60,9 @@ class WorkerProcess(subprocess.Popen):
         """Whether its log says Celery's `` ready.`` (logged at level info)."""
         return self.log_path is not None and self.log_path.exists() and b" ready." in self.log_path.read_bytes()
 
-    def wait_ready(self, timeout: float = 60.0, ready: Callable[[], object] | None = None, *,
-                   may_exit: bool = False) -> WorkerProcess:
+    def wait_ready(
+        self, timeout: float = 60.0, ready: Callable[[], object] | None = None, *, may_exit: bool = False
+    ) -> WorkerProcess:
         """Until the worker is ready (``ready()`` is true, by default ``said_ready``) or has
         exited; WorkerExited with its log's end when it exited, unless ``may_exit``. WaitTimeout
         after ``timeout`` seconds."""
@@ -100,11 +101,23 @@ def stop_workers(workers: Iterable[WorkerProcess], sig: int = signal.SIGTERM, ti
             worker.wait(10)
 
 
-def start_worker(app: str, *, cwd: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-                 name: str | None = None, queues: str | None = "q", pool: str | None = "solo",
-                 concurrency: int | None = 1, prefetch_multiplier: int | None = 1, loglevel: str = "info",
-                 gossip: bool = False, mingle: bool = False, heartbeat: bool = True, args: Sequence[str] = (),
-                 log: Path | IO[bytes] | None = None) -> WorkerProcess:
+def start_worker(
+    app: str,
+    *,
+    cwd: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+    queues: str | None = "q",
+    pool: str | None = "solo",
+    concurrency: int | None = 1,
+    prefetch_multiplier: int | None = 1,
+    loglevel: str = "info",
+    gossip: bool = False,
+    mingle: bool = False,
+    heartbeat: bool = True,
+    args: Sequence[str] = (),
+    log: Path | IO[bytes] | None = None,
+) -> WorkerProcess:
     """Start ``celery -A app worker`` in ``cwd`` with ``env`` (``celery_env(cwd)`` if not given),
     and return at once (``wait_ready`` waits for it).
 
@@ -114,14 +127,21 @@ def start_worker(app: str, *, cwd: str | os.PathLike[str], env: Mapping[str, str
     ``args``: more of the worker's arguments, after those. ``log``: a file path (truncated) or an
     open binary file for its stdout and stderr; None discards them."""
     command = [sys.executable, "-m", "celery", "-A", app, "worker", "-l", loglevel]
-    for option, value in (("-Q", queues), ("-P", pool), ("-c", concurrency),
-                          ("--prefetch-multiplier", prefetch_multiplier)):
+    for option, value in (
+        ("-Q", queues),
+        ("-P", pool),
+        ("-c", concurrency),
+        ("--prefetch-multiplier", prefetch_multiplier),
+    ):
         if value is not None:
             command += [option, str(value)]
     if name is not None:
         command += ["-n", f"{name}@%h"]
-    command += [f"--without-{feature}" for feature, on in (("mingle", mingle), ("gossip", gossip),
-                                                           ("heartbeat", heartbeat)) if not on]
+    command += [
+        f"--without-{feature}"
+        for feature, on in (("mingle", mingle), ("gossip", gossip), ("heartbeat", heartbeat))
+        if not on
+    ]
     command += args
     log_path: Path | None = None
     opened: IO[bytes] | None = None
@@ -132,8 +152,15 @@ def start_worker(app: str, *, cwd: str | os.PathLike[str], env: Mapping[str, str
     else:
         out = subprocess.DEVNULL if log is None else log
     try:
-        proc = WorkerProcess(command, cwd=cwd, env=dict(env) if env is not None else celery_env(cwd),
-                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = WorkerProcess(
+            command,
+            cwd=cwd,
+            env=dict(env) if env is not None else celery_env(cwd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         if opened is not None:
             opened.close()
