@@ -288,7 +288,8 @@ class RedisCluster:
 
     def wait_ready(self, masters: int | None = None, replicas: int | None = None) -> None:
         """Until every running node says the cluster is ok, all 16384 slots served, every
-        replica is synced with its master, and the nodes agree on the roles (``masters`` / ``replicas`` of them, when given)."""
+        replica is synced with its master, and the nodes agree on the roles (``masters`` /
+        ``replicas`` of them, when given)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
             try:

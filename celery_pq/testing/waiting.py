@@ -14,15 +14,22 @@ class WaitTimeout(AssertionError):
     check like any other."""
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str = "condition", *, interval: float = 0.05) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str | Callable[[], str] = "condition",
+    *,
+    interval: float = 0.05,
+) -> T:
     """Call ``predicate`` every ``interval`` seconds until it returns something true, and return
-    that; WaitTimeout naming ``what`` once ``timeout`` seconds have passed. An exception the
-    predicate raises goes through (a check inside it fails at once)."""
+    that; WaitTimeout naming ``what`` once ``timeout`` seconds have passed (``what`` may be a
+    function, called then: a log's last lines, say). An exception the predicate raises goes
+    through (a check inside it fails at once)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what}")
+            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)

@@ -79,7 +79,7 @@ def test_a_celery_worker_over_tls_with_broker_use_ssl(tls_server, certs, key_pre
             assert worker.poll() is None, worker.log_text()
             return rec.llen(f"{key_prefix}:rec:order") >= 20
 
-        wait_for(all_ran, 60, f"the 20 tasks to run (the worker's log: {worker.log_path})", interval=0.1)
+        wait_for(all_ran, 60, lambda: f"the 20 tasks to run; the worker's log:\n{worker.log_text()}", interval=0.1)
         assert sorted(json.loads(x)[0] for x in rec.lrange(f"{key_prefix}:rec:order", 0, -1)) == list(range(20))
         app.close()
     finally:
