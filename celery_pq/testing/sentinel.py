@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .server import HOST, RedisServer
+from .tls import tls_client, tls_files
 
 
 class SentinelServer(RedisServer):
@@ -55,22 +56,7 @@ class SentinelServer(RedisServer):
             )
         ports = ["--port", str(port)]
         if self.certs is not None:
-            ports = [
-                "--port",
-                "0",
-                "--tls-port",
-                str(port),
-                "--tls-replication",
-                "yes",
-                "--tls-auth-clients",
-                "no",
-                "--tls-cert-file",
-                str(self.certs["cert"]),
-                "--tls-key-file",
-                str(self.certs["key"]),
-                "--tls-ca-cert-file",
-                str(self.certs["ca"]),
-            ]
+            ports = ["--port", "0", "--tls-port", str(port), "--tls-replication", "yes", *tls_files(self.certs)]
         return [
             self.binary,
             str(conf),
@@ -87,9 +73,7 @@ class SentinelServer(RedisServer):
         ]
 
     def client_tls(self) -> dict:
-        if self.certs is None:
-            return {}
-        return {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
+        return {} if self.certs is None else tls_client(self.certs)
 
     def master(self) -> dict:
         """What this sentinel says of its master (``SENTINEL MASTER``), as text."""

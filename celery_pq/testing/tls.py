@@ -64,22 +64,31 @@ class TLSRedisServer(RedisServer):
         return f"rediss://{HOST}:{self.port}/0"
 
     def client_tls(self) -> dict:
-        return {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
+        return tls_client(self.certs)
 
     def command(self, port: int) -> list[str]:
         plain = super().command(port)
         at = plain.index("--port")
         plain[at + 1] = "0"
-        return [
-            *plain,
-            "--tls-port",
-            str(port),
-            "--tls-cert-file",
-            str(self.certs["cert"]),
-            "--tls-key-file",
-            str(self.certs["key"]),
-            "--tls-ca-cert-file",
-            str(self.certs["ca"]),
-            "--tls-auth-clients",
-            "no",
-        ]
+        return [*plain, "--tls-port", str(port), *tls_files(self.certs)]
+
+
+def tls_files(certs: dict) -> list[str]:
+    """redis-server's arguments for the certificate, key and CA of ``certs``, clients needing no
+    certificate of their own."""
+    return [
+        "--tls-cert-file",
+        str(certs["cert"]),
+        "--tls-key-file",
+        str(certs["key"]),
+        "--tls-ca-cert-file",
+        str(certs["ca"]),
+        "--tls-auth-clients",
+        "no",
+    ]
+
+
+def tls_client(certs: dict) -> dict:
+    """redis-py's arguments for a client that checks the server's certificate against the CA of
+    ``certs``."""
+    return {"ssl": True, "ssl_ca_certs": str(certs["ca"]), "ssl_cert_reqs": "required"}
