@@ -145,5 +145,5 @@ clean:
 .PHONY: bench-ab
 bench-ab: install
 	@test -n "$(BEFORE)" || { echo "usage: make bench-ab BEFORE=rev [AB_ARGS=...]" >&2; exit 1; }
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	@$(WITH_REDIS) \
 	$(VPY) -m benchmarks.ab --before $(BEFORE) $(AB_ARGS)
