@@ -3,6 +3,8 @@
 #   make demo    install into .venv, then run the demo (examples/demo.py)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
+#   make lint    ruff check, ruff format --check (celery_pq tests benchmarks examples) and mypy
+#                (its configuration, like ruff's, in pyproject.toml); .ci/run runs it before the tests
 #   make peers   kombu's and Celery's own integration tests (from their source distributions,
 #                unchanged, downloaded once into .venv/peers) against pq:// (tests/peers/run.py)
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py); BENCH_ARGS=--large
@@ -17,7 +19,8 @@
 # free ports (celery_pq.testing); scripts/ensure-redis-server.sh finds (or, as root
 # on Debian/Ubuntu, installs) the binary and its path is handed over in PQ_REDIS_SERVER.
 # The Spark tests need Java 17: scripts/ensure-java.sh finds (or, as root on Debian/Ubuntu,
-# installs) it, and its directory goes first on PATH.
+# installs) it, and its directory goes first on PATH. The targets begin with that preamble written
+# once ($(WITH_REDIS), $(WITH_JAVA)); the ensure scripts share their skeleton (scripts/ensure-lib.sh).
 #
 # `make test` also makes sure Chromium and chromedriver are there for the dashboard's browser
 # test (scripts/ensure-chromium.sh, which installs them as root on Debian/Ubuntu); when it
@@ -35,6 +38,11 @@ ENSURE_REDIS := bash scripts/ensure-redis-server.sh
 ENSURE_JAVA := bash scripts/ensure-java.sh
 ENSURE_CHROMIUM := bash scripts/ensure-chromium.sh
 QUIETLY     := bash scripts/quietly.sh
+# The preamble of every target that needs them, written once: the redis-server binary's path in
+# PQ_REDIS_SERVER, java's directory first on PATH (and JAVA its path). Each ends a shell
+# statement, so a recipe line begins with them: `@$(WITH_REDIS) $(WITH_JAVA) command`.
+WITH_REDIS   = PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER;
+WITH_JAVA    = JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH";
 PYTEST_ARGS ?=
 PEERS       ?= kombu celery
 DEMO_ARGS   ?=
@@ -43,7 +51,7 @@ BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
 SOAK_OUT    ?= $${TMPDIR:-/tmp}/celery-pq-soak
 
-.PHONY: all venv install redis test peers soak demo spark-demo bench profile clean
+.PHONY: all venv install redis lint test peers soak demo spark-demo bench profile clean
 
 all: test
 
@@ -83,9 +91,17 @@ venv: install
 redis:
 	@$(ENSURE_REDIS)
 
+# What is linted and formatted: the package, its tests, the benchmarks and the examples; mypy
+# checks the files pyproject.toml names ([tool.mypy] files).
+LINTED      := celery_pq tests benchmarks examples
+
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy
+
 test: install
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
+	@$(WITH_REDIS) $(WITH_JAVA) \
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER java=$$JAVA"; \
 	$(ENSURE_CHROMIUM) >/dev/null || echo "warning: the dashboard's browser test will fail (see above)" >&2; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
@@ -93,34 +109,41 @@ test: install
 # Each peer's own tests, unchanged, against pq://; the ones that cannot pass are listed with their
 # reasons in tests/peers/expected_failures.txt.
 peers: install
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	@$(WITH_REDIS) \
 	for peer in $(PEERS); do $(VPY) -m tests.peers.run $$peer || exit 1; done
 
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
 soak: install
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	@$(WITH_REDIS) \
 	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS) && \
 	$(VPY) -m benchmarks.faults --aof-rounds 60 --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
 
 demo: $(BASE_STAMP)
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	@$(WITH_REDIS) \
 	$(VPY) -m examples.demo $(DEMO_ARGS)
 
 # SPARK_DEMO_ARGS="--rows 2000" for a short run; the report lands in spark-demo/report.html
 spark-demo: install
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
+	@$(WITH_REDIS) $(WITH_JAVA) \
 	$(VPY) -m examples.spark_pipeline $(SPARK_DEMO_ARGS)
 
 bench: install
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
-	JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH"; \
+	@$(WITH_REDIS) $(WITH_JAVA) \
 	$(VPY) -m benchmarks.run $(BENCH_ARGS)
 
 profile: install
-	@PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER; \
+	@$(WITH_REDIS) \
 	$(VPY) -m benchmarks.profile $(PROFILE_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log spark-demo
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+# A/B of the benchmarks (throughput, Celery solo and prefork-2, latency, fairness, memory) against an
+# earlier tree, the two alternated in one session (benchmarks/ab.py; results/ab.md and ab.json):
+#   make bench-ab BEFORE=rev [AB_ARGS="--only celery_e2e --repeat 5"]   (AB_ARGS=--smoke: a tiny run)
+.PHONY: bench-ab
+bench-ab: install
+	@test -n "$(BEFORE)" || { echo "usage: make bench-ab BEFORE=rev [AB_ARGS=...]" >&2; exit 1; }
+	@$(WITH_REDIS) \
+	$(VPY) -m benchmarks.ab --before $(BEFORE) $(AB_ARGS)

@@ -13,9 +13,6 @@ increments a counter in Redis (one INCR per task in both columns).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,11 +21,13 @@ from celery import Celery
 from kombu import Queue
 
 import celery_pq  # noqa: F401  (pq://)
+from celery_pq.testing import celery_env, start_worker
 
 from .common import cli, median, rabbitmq_url, redis_server, transports, versus_table
 
 ROOT = Path(__file__).resolve().parent.parent
-POOLS = {"solo": ["-P", "solo", "-c", "1"], "prefork-2": ["-P", "prefork", "-c", "2"]}
+#: pool name -> (celery's -P, -c)
+POOLS = {"solo": ("solo", 1), "prefork-2": ("prefork", 2)}
 
 
 def tasks_per_second(port, url, kwargs, pool, n) -> float:
@@ -46,13 +45,10 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
         producer = conn.Producer()
         for _ in range(n):
             app.send_task("bench.noop", queue="bench", producer=producer)
-    env = dict(os.environ, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
-               BENCH_RECORD=f"redis://127.0.0.1:{port}/0",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker", *POOLS[pool],
-         "--prefetch-multiplier", "1", "-Q", "bench", "--without-mingle", "--without-gossip", "-l", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = celery_env(ROOT, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
+                     BENCH_RECORD=f"redis://127.0.0.1:{port}/0")
+    worker = start_worker("benchmarks.celery_app", cwd=ROOT, env=env, queues="bench", pool=POOLS[pool][0],
+                          concurrency=POOLS[pool][1], loglevel="warning")
     try:
         deadline = time.monotonic() + 120
         while int(rec.get("bench:done") or 0) < 1 and time.monotonic() < deadline:
@@ -63,11 +59,7 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
         done = int(rec.get("bench:done") or 0)
         return (done - first) / (time.perf_counter() - start)
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        worker.stop()
         app.close()
         rec.close()
 

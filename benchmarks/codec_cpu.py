@@ -54,15 +54,16 @@ VARIANTS = {"zstd level 3 (as stored)": (codec.COMPRESS_MIN, codec.ZSTD_LEVEL), 
 
 @contextmanager
 def compression(minimum, level):
-    """codec.COMPRESS_MIN and codec.ZSTD_LEVEL set for a while (this thread's compressor anew)."""
-    saved = codec.COMPRESS_MIN, codec.ZSTD_LEVEL
-    codec.COMPRESS_MIN, codec.ZSTD_LEVEL = minimum, level
-    codec._local.__dict__.pop("zstd", None)
+    """codec.bounds.COMPRESS_MIN and ZSTD_LEVEL set for a while (this thread's compressor anew)."""
+    bounds = codec.bounds
+    saved = bounds.COMPRESS_MIN, bounds.ZSTD_LEVEL
+    bounds.COMPRESS_MIN, bounds.ZSTD_LEVEL = minimum, level
+    bounds._local.__dict__.pop("zstd", None)
     try:
         yield
     finally:
-        codec.COMPRESS_MIN, codec.ZSTD_LEVEL = saved
-        codec._local.__dict__.pop("zstd", None)
+        bounds.COMPRESS_MIN, bounds.ZSTD_LEVEL = saved
+        bounds._local.__dict__.pop("zstd", None)
 
 
 def messages() -> dict:

@@ -22,11 +22,8 @@ The CI tests (tests/faults/) run each scenario bounded; benchmarks/faults.py run
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -38,21 +35,12 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  (pq://)
 from celery_pq import PriorityQueue
+from celery_pq.testing import WorkerProcess, celery_env, start_worker, stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "faults"
 TRANSPORTS = ("celery-pq", "kombu-redis")
 RETRY_POLICY = {"max_retries": 60, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
-
-
-def wait_for(pred, timeout: float, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class FaultRun:
@@ -82,13 +70,12 @@ class FaultRun:
         self.concurrency = concurrency
         self.task_seconds = task_seconds
         self.rng = random.Random(seed)
-        self.env = dict(os.environ, FAULT_BROKER=self.url, FAULT_OPTIONS=json.dumps(self.options),
-                        FAULT_RECORDS=str(self.records),
-                        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.env = celery_env(ROOT, FAULT_BROKER=self.url, FAULT_OPTIONS=json.dumps(self.options),
+                              FAULT_RECORDS=str(self.records))
         self.app = Celery("faults-client", broker=self.url)
         self.app.conf.broker_transport_options = self.options
         self.app.conf.broker_connection_max_retries = None
-        self.workers: dict[str, subprocess.Popen] = {}
+        self.workers: dict[str, WorkerProcess] = {}
         # (process group, time) of each SIGKILL / SIGSTOP of a worker; process group 0: the broker
         self.kills: list[tuple[int, float]] = []
         self.lease = lease
@@ -104,26 +91,19 @@ class FaultRun:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def worker(self, name: str, wait_ready: bool = True, broker_port: int | None = None) -> subprocess.Popen:
+    def worker(self, name: str, wait_ready: bool = True, broker_port: int | None = None) -> WorkerProcess:
         """Start worker ``name``; ``broker_port`` sends it to the broker through another port
         (a proxy) on 127.0.0.1."""
         self._serial += 1
-        log_path = self.dir / f"{name}.{self._serial}.log"
-        args = [sys.executable, "-m", "celery", "-A", "benchmarks.fault_app", "worker", "-P", "prefork",
-                "-c", str(self.concurrency), "--prefetch-multiplier", "1", "-Q", QUEUE, "-l", "info",
-                "-n", f"{name}.{self._serial}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat"]
         env = self.env
         if broker_port is not None:
             env = dict(env, FAULT_BROKER=self.url.rsplit(":", 1)[0] + f":{broker_port}/0")
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        proc.log_path = log_path
+        proc = start_worker("benchmarks.fault_app", cwd=ROOT, env=env, name=f"{name}.{self._serial}", queues=QUEUE,
+                            pool="prefork", concurrency=self.concurrency, heartbeat=False,
+                            log=self.dir / f"{name}.{self._serial}.log")
         self.workers[name] = proc
         if wait_ready:
-            wait_for(lambda: b" ready." in log_path.read_bytes() or proc.poll() is not None, 60, f"worker {name} ready")
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {name} exited: {log_path.read_text(errors='replace')[-3000:]}")
+            proc.wait_ready(60)
         return proc
 
     def start_workers(self, n: int = 3) -> None:
@@ -134,10 +114,7 @@ class FaultRun:
         proc = self.workers[name]
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             self.kills.append((proc.pid, time.time()))
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        proc.signal_group(sig)
         if sig == signal.SIGKILL:
             proc.wait(timeout=30)
         return proc.pid
@@ -336,22 +313,7 @@ class FaultRun:
         return round(window, 3)
 
     def close(self) -> None:
-        for proc in self.workers.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGCONT)
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        for proc in self.workers.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=15)
+        stop_workers(self.workers.values(), timeout=15)
 
 
 def summary(result: dict) -> dict:

@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from celery_pq.testing import RedisServer
+from celery_pq.testing import RedisServer, wait_for
 
 from .common import RESULTS
-from .fault_harness import TRANSPORTS, FaultRun, summary, wait_for
+from .fault_harness import TRANSPORTS, FaultRun, summary
 
 
 def worker_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 3,

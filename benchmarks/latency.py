@@ -68,27 +68,23 @@ def measure(url, kwargs, n, gap=0.02) -> list[float]:
 def measure_celery(port, url, kwargs, n, gap=0.02) -> list[float]:
     """The same through a real Celery worker (solo pool, prefetch 1) that is idle each time."""
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     import redis
     from celery import Celery
 
+    from celery_pq.testing import celery_env, start_worker
+
     root = Path(__file__).resolve().parent.parent
     options = kwargs.get("transport_options", {})
-    env = dict(os.environ, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
-               BENCH_RECORD=f"redis://127.0.0.1:{port}/0",
-               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = celery_env(root, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
+                     BENCH_RECORD=f"redis://127.0.0.1:{port}/0")
     rec = redis.Redis(port=port)
     rec.delete("bench:latency")
     app = Celery("bench-client", broker=url)
     app.conf.broker_transport_options = options
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "benchmarks.celery_app", "worker", "-P", "solo", "-c", "1",
-         "-Q", "bench", "--without-mingle", "--without-gossip", "-l", "warning"],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = start_worker("benchmarks.celery_app", cwd=root, env=env, queues="bench", prefetch_multiplier=None,
+                          loglevel="warning")
     try:
         app.send_task("bench.stamp", args=(now_ns(),), queue="bench")  # warm-up: the worker is up
         deadline = time.monotonic() + 60
@@ -104,11 +100,7 @@ def measure_celery(port, url, kwargs, n, gap=0.02) -> list[float]:
             time.sleep(0.05)
         return [int(x) / 1e6 for x in rec.lrange("bench:latency", 0, -1)]
     finally:
-        worker.terminate()
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        worker.stop(timeout=20)
 
 
 def run(messages=200, repeat=3) -> dict:

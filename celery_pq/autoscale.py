@@ -55,7 +55,7 @@ class AutoscaleSettings:
     idle_seconds: float = 30.0
 
     @classmethod
-    def from_conf(cls, conf) -> "AutoscaleSettings":
+    def from_conf(cls, conf) -> AutoscaleSettings:
         get = lambda name: conf.get(f"pq_autoscale_{name}", getattr(cls, name))  # noqa: E731
         return cls(
             interval=float(number("pq_autoscale_interval", get("interval"), low=0.05, allow_low=True)),

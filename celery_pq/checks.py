@@ -7,6 +7,7 @@ One set for the queue's arguments (``ValueError``) and the transport's options
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 #: The longest duration any argument or option takes (lease, delay, dedupe window, timeouts):
 #: ten years, in seconds.
@@ -29,14 +30,24 @@ def number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none
     return value
 
 
-def seconds(label: str, value, *, zero: bool = False, none: bool = False,
+@overload
+def seconds(label: str, value: object, *, zero: bool = ..., none: Literal[False] = ...,
+            error: type[Exception] = ...) -> float: ...
+@overload
+def seconds(label: str, value: object, *, zero: bool = ..., none: bool, error: type[Exception] = ...) -> float | None: ...
+def seconds(label: str, value: object, *, zero: bool = False, none: bool = False,
             error: type[Exception] = ValueError) -> float | None:
     """A number of seconds > 0 (>= 0 with ``zero``), at most MAX_SECONDS, as a float."""
-    value = number(label, value, allow_low=zero, none=none, high=MAX_SECONDS, error=error)
-    return None if value is None else float(value)
+    checked = number(label, value, allow_low=zero, none=none, high=MAX_SECONDS, error=error)
+    return None if checked is None else float(checked)
 
 
-def count(label: str, value, *, low: int = 1, none: bool = True, error: type[Exception] = ValueError) -> int | None:
+@overload
+def count(label: str, value: object, *, low: int = ..., none: Literal[False], error: type[Exception] = ...) -> int: ...
+@overload
+def count(label: str, value: object, *, low: int = ..., none: bool = ..., error: type[Exception] = ...) -> int | None: ...
+def count(label: str, value: object, *, low: int = 1, none: bool = True,
+          error: type[Exception] = ValueError) -> int | None:
     """An int (not a bool) >= ``low``; None when ``none`` allows it."""
     if value is None and none:
         return None

@@ -33,7 +33,6 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from functools import lru_cache
 from urllib.parse import urlsplit
 
 import redis
@@ -62,10 +61,8 @@ SSL_ARGUMENTS = frozenset(n for n in inspect.signature(redis.SSLConnection.__ini
 def broker_db(conninfo) -> int:
     """The database number of the broker URL (``/0`` when none). A URL of several hosts
     (``pq://s1;pq://s2/2``) may name it on any of them, the same on each."""
-    given = {_db(conninfo.virtual_host)} - {None}
-    for url in conninfo.alt or []:
-        if isinstance(url, str):
-            given |= {_db(urlsplit(url).path)} - {None}
+    named = [_db(conninfo.virtual_host), *(_db(urlsplit(url).path) for url in conninfo.alt or [] if isinstance(url, str))]
+    given = {db for db in named if db is not None}
     if len(given) > 1:
         raise ConfigError(f"the hosts of the broker URL name different databases: {sorted(given)}")
     return given.pop() if given else 0
@@ -152,14 +149,17 @@ def check_not_a_cluster_node(client) -> None:
                           '{"cluster": True} (broker_transport_options, or --transport-options for python -m celery_pq)')
 
 
-def is_cluster(client) -> bool:
-    """Is ``client`` a Redis Cluster client? (Asked on every script call: cached per class.)"""
-    return _cluster_class(type(client))
+def is_cluster(client: object) -> bool:
+    """Is ``client`` a Redis Cluster client? (Asked on every script call: known per class.)"""
+    cls = type(client)
+    known = _CLUSTER_CLASSES.get(cls)
+    if known is None:
+        known = _CLUSTER_CLASSES[cls] = issubclass(cls, redis.RedisCluster)
+    return known
 
 
-@lru_cache(maxsize=None)
-def _cluster_class(cls) -> bool:
-    return issubclass(cls, redis.RedisCluster)
+#: Client class -> is it a cluster client (a handful of classes in a process).
+_CLUSTER_CLASSES: dict[type, bool] = {}
 
 
 #: Replies and failures after which a key's node, as the cluster client knows it, may be wrong:
@@ -231,18 +231,19 @@ def until_settled(cluster, key, attempt):
     error (it wrote nothing: the slot guard, or Redis refused the call whole), after a pause that
     doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX seconds, for at most
     ``cluster_retry_seconds``; then ``ClusterUnsettled`` naming ``key``. Its reply otherwise."""
-    started = pause = None
+    started: float | None = None
+    pause = C.SETTLE_PAUSE_FIRST
     n = 0
     while True:
         try:
             return attempt(n)
-        except Exception as exc:  # noqa: BLE001 - only the unsettled ones are made again
+        except Exception as exc:  # only the unsettled ones are made again
             if not unsettled(exc):
                 raise
             settling["refused"] += 1
             now = time.monotonic()
             if started is None:
-                started, pause = now, C.SETTLE_PAUSE_FIRST
+                started = now
             bound = getattr(_patience, "bound", None)
             if bound is None:
                 bound = _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS)
@@ -284,7 +285,7 @@ class NodePipeline:
         self.client, self.key, self.transaction = client, key, transaction
         self.calls: list[tuple] = []
 
-    def __enter__(self) -> "NodePipeline":
+    def __enter__(self) -> NodePipeline:
         return self
 
     def __exit__(self, *exc) -> None:

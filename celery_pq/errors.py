@@ -47,7 +47,7 @@ class LeaseLost(PQError):
         self.entry_id = entry_id
         self.code = code
         why = {
-            ErrorCode.NOT_LEASED: "is not leased any more (its lease ran out and it was returned)",
+            ErrorCode.NOT_LEASED: "is not leased any more (its lease expired and it was reclaimed)",
             ErrorCode.TOKEN_MISMATCH: "is leased to another delivery now",
         }.get(code, code.name)
         super().__init__(f"entry {entry_id!r} of queue {queue!r} {why}")

@@ -93,7 +93,7 @@ class LeaseKeeper(threading.Thread):
                 sweep_every = min(b.options.sweep_interval for b in books)
                 now = monotonic()
                 # acks deferred to a pop that is not coming soon
-                self._attempt("sending acks", lambda: [b.flush() for b in books])
+                self._attempt("sending acks", self.flush, books)
                 if now >= next_renew:
                     if self._attempt("renewing leases", self.renew, books):
                         failures = 0
@@ -117,7 +117,7 @@ class LeaseKeeper(threading.Thread):
             with impatient():
                 fn(*args)
             return True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._report(what, exc)
             return False
 
@@ -134,6 +134,12 @@ class LeaseKeeper(threading.Thread):
         else:
             logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
 
+    @staticmethod
+    def flush(books) -> None:
+        """Send the acks each book defers to a pop that is not coming soon."""
+        for book in books:
+            book.flush()
+
     def renew(self, books):
         """Renew every held lease, one extend per queue; the first error is raised after the
         other queues were renewed."""
@@ -142,7 +148,7 @@ class LeaseKeeper(threading.Thread):
             for q, pairs in book.held().items():
                 try:
                     results = q.extend(pairs, book.options.lease_seconds)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     error = error or exc
                     continue
                 self.renewals += 1
@@ -162,7 +168,7 @@ class LeaseKeeper(threading.Thread):
                     continue
                 seen.add(q.name)
                 gap = gap_seconds(book.options)
-                # a lease that ran out in a gap gets a whole lease from now: its holder's keeper
+                # a lease that expired in a gap gets a whole lease length from now: its holder's keeper
                 # comes out of the same gap, maybe slowly (every process wakes at once)
                 result = q.reclaim(guard_seconds=book.options.sweep_interval * 0.9, gap_seconds=gap,
                                    restore_seconds=book.options.lease_seconds)
@@ -170,7 +176,7 @@ class LeaseKeeper(threading.Thread):
                     self.sweeps += 1
                 if result["restored"]:
                     logger.warning("celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
-                                   "unreachable): %d lease(s) that ran out meanwhile get a whole lease from now, "
+                                   "unreachable): %d lease(s) that expired meanwhile get a whole lease length from now, "
                                    "for their holders to renew", q.name, gap, result["restored"])
                 while result["more"]:
                     result = q.reclaim(gap_seconds=gap)

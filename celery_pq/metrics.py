@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import pairwise
+from typing import TypeAlias
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -43,13 +45,16 @@ COUNTERS = {
     "redeliveries": ("redelivered", "Deliveries of an entry delivered before."),
     "acks": ("acked", "Entries acknowledged (done)."),
     "requeues": ("requeued", "Leases given back by consumers."),
-    "lease_expiries": ("lease_expired", "Leases that ran out and were returned by the sweep."),
+    "lease_expiries": ("lease_expired", "Leases that expired and were reclaimed by the sweep."),
     "dead_letters": ("dead_lettered", "Entries moved to the dead-letter queue."),
     "removed": ("removed", "Waiting entries removed (by id, purge)."),
     "refusals": ("refused_full", "Entries refused because the queue (or tenant) was full."),
     "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
     "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
 }
+
+#: A metric family this collector fills (``add_metric`` on either).
+Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily
 
 #: Tenants exported by name per queue by default; the rest are summed as "other".
 MAX_TENANTS = 20
@@ -60,17 +65,17 @@ def parse_bands(text: str | None) -> list[tuple[int, int]] | None:
     ValueError naming the band when one is not LO-HI within 0..255 or two overlap."""
     if not text:
         return None
-    bands = []
+    bands: list[tuple[int, int]] = []
     for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+        lo_text, sep, hi_text = part.strip().partition("-")
+        if not sep or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
             raise ValueError(f"priority band {part.strip()!r} is not LO-HI (e.g. 200-255)")
-        lo, hi = int(lo), int(hi)
+        lo, hi = int(lo_text), int(hi_text)
         if not 0 <= lo <= hi <= 255:
             raise ValueError(f"priority band {part.strip()!r} must have 0 <= LO <= HI <= 255")
         bands.append((lo, hi))
     bands.sort()
-    for (a, b), (c, d) in zip(bands, bands[1:]):
+    for (a, b), (c, d) in pairwise(bands):
         if c <= b:
             raise ValueError(f"priority bands {a}-{b} and {c}-{d} overlap")
     return bands
@@ -138,9 +143,9 @@ class PQCollector(Collector):
             fams["up"].add_metric([], 0)
         return list(fams.values())
 
-    def _families(self) -> dict:
+    def _families(self) -> dict[str, Family]:
         g = lambda name, doc, labels=("queue",): GaugeMetricFamily(f"celery_pq_{name}", doc, labels=labels)  # noqa: E731
-        fams = {
+        fams: dict[str, Family] = {
             "waiting": g("waiting_messages", "Entries waiting for delivery (due, not leased)."),
             "delayed": g("delayed_messages", "Entries waiting for their due time (countdown/eta)."),
             "leased": g("leased_messages", "Entries delivered and not yet acked."),
@@ -164,7 +169,7 @@ class PQCollector(Collector):
                                                         labels=("queue", "tenant"))
         return fams
 
-    def _add_queue(self, fams: dict, q) -> None:
+    def _add_queue(self, fams: dict[str, Family], q) -> None:
         s = q.stats()
         name = q.name
         fams["waiting"].add_metric([name], s["waiting"])
@@ -210,6 +215,7 @@ def serve(app_or_url, *, port: int = DEFAULT_PORT, address: str = DEFAULT_ADDRES
     if not block:
         return server, thread
     host = server.server_address[0]
+    assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
     print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
         while True:

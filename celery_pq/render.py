@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 
@@ -67,7 +67,7 @@ def watch(make, seconds: float) -> None:
                     live.update(Group(*make()), refresh=True)
         else:
             while True:
-                click.echo(f"-- {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M:%S')} UTC")
+                click.echo(f"-- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} UTC")
                 show(*make())
                 click.echo("", nl=True)
                 sys.stdout.flush()
@@ -91,4 +91,4 @@ def when(ms: int | None) -> str:
     """A Unix time in ms as UTC ``YYYY-MM-DD HH:MM:SS``."""
     if not ms:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -3,7 +3,7 @@ option, or what the function it names returns (``Options.tenant_fn``)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .options import Options
 
@@ -21,7 +21,7 @@ def tenant_of(message: dict, options: Options, decode_body: Callable) -> str | N
             props = message.get("properties") or {}
             body = decode_body(message.get("body"), props.get("body_encoding"))
             tenant = fn({**message, "body": body})
-        except Exception as exc:  # noqa: BLE001 - named and re-raised; nothing is written
+        except Exception as exc:
             raise ValueError(f"fair_key function {fair_key!r} raised {exc!r}; "
                              "the message was not published") from exc
     else:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from . import constants as C
 from .errors import ConfigError

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,16 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
-from celery_pq.testing import RedisServer, RedisServerError, find_redis_server
+from celery_pq.testing import (
+    RedisServer,
+    RedisServerError,
+    WaitTimeout,
+    WorkerProcess,
+    celery_env,
+    find_redis_server,
+    start_worker,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "demo"
@@ -183,12 +191,11 @@ class Part:
         self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
         self.redis = redis.Redis.from_url(target.url)
         self.queue = PriorityQueue(self.redis, QUEUE, key_prefix=self.prefix)
-        self.env = dict(os.environ, PQ_DEMO_BROKER=target.broker_url, PQ_DEMO_OPTIONS=json.dumps(self.options),
-                        PQ_DEMO_RECORD=target.url, PQ_DEMO_PREFIX=self.prefix,
-                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        self.env = celery_env(ROOT, PQ_DEMO_BROKER=target.broker_url, PQ_DEMO_OPTIONS=json.dumps(self.options),
+                              PQ_DEMO_RECORD=target.url, PQ_DEMO_PREFIX=self.prefix)
         self.app = Celery("demo-producer", broker=target.broker_url, set_as_current=False)
         self.app.conf.broker_transport_options = self.options
-        self.workers: list[subprocess.Popen] = []
+        self.workers: list[WorkerProcess] = []
         self._checks_before = len(CHECKS)
 
     def __enter__(self):
@@ -197,11 +204,11 @@ class Part:
     def __exit__(self, exc_type, exc, tb):
         failed = exc_type is not None or any(not ok for _, ok in CHECKS[self._checks_before:])
         for proc in self.workers:
-            self.stop(proc, signal.SIGKILL if exc_type is not None else signal.SIGTERM)
+            proc.stop(signal.SIGKILL if exc_type is not None else signal.SIGTERM, timeout=20)
         if failed and exc_type is not Interrupted:
             for proc in self.workers:
                 say(f"  --- last lines of the log of {proc.name} (pid {proc.pid}) ---")
-                for line in proc.log.read_text(errors="replace").splitlines()[-15:]:
+                for line in proc.log_text().splitlines()[-15:]:
                     say(f"  | {line}")
         self.app.close()
         self.redis.close()
@@ -213,33 +220,15 @@ class Part:
     def records(self, kind):
         return [json.loads(x) for x in self.redis.lrange(f"{self.prefix}:demo:{kind}", 0, -1)]
 
-    def worker(self, name) -> subprocess.Popen:
-        log = self.logdir / f"{self.prefix}-{name}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "examples.demo_app", "worker", "-P", "solo", "-c", "1",
-                 "--prefetch-multiplier", "1", "-Q", QUEUE, "--without-mingle", "--without-gossip",
-                 "-l", "warning", "-n", f"{name}@%h"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        proc.log, proc.name = log, name
+    def worker(self, name) -> WorkerProcess:
+        """A worker of examples.demo_app, once it has recorded that it is ready."""
+        proc = start_worker("examples.demo_app", cwd=ROOT, env=self.env, name=name, queues=QUEUE, loglevel="warning",
+                            log=self.logdir / f"{self.prefix}-{name}.log")
         self.workers.append(proc)
-        wait(lambda: proc.pid in self.records("ready") or proc.poll() is not None, 30, f"worker {name} to start")
+        proc.wait_ready(30, lambda: proc.pid in self.records("ready"), may_exit=True)
         if proc.poll() is not None:
             raise DemoError(f"worker {name} exited at start with code {proc.returncode}")
         return proc
-
-    def stop(self, proc, sig=signal.SIGTERM, timeout=20.0):
-        """Signal the worker's whole process group and wait; SIGKILL if it does not stop."""
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        return proc.returncode
 
     def lease(self, entry_id):
         """(pid of the consumer holding the lease, seconds until it runs out, deadline in ms on the
@@ -259,15 +248,6 @@ class Part:
             time.sleep(0.1)
 
 
-def wait(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def empty(stats) -> bool:
     return stats["waiting"] == 0 and stats["leased"] == 0 and stats["delayed"] == 0 and stats["dead"] == 0
 
@@ -283,7 +263,7 @@ def part_priorities(target, logdir):
         say(f"  queued {len(sent)} tasks before any worker runs: 40 bulk (priorities 0..9, in turn), "
             "then 4 urgent (200, 255, 200, 230)")
         d.worker("prio")
-        wait(lambda: len(d.records("order")) >= len(sent), 30, "all tasks to run")
+        wait_for(lambda: len(d.records("order")) >= len(sent), 30, "all tasks to run")
         time.sleep(0.3)  # anything that ran twice would show now
         ran = [tuple(x) for x in d.records("order")]
         say("  one worker (solo, prefetch 1) ran them in this order, by priority:")
@@ -307,10 +287,10 @@ def part_recovery(target, logdir):
     with Part(target, "r", logdir) as d:
         task_id = d.send("demo.slow", 2.0, "report")
         a = d.worker("worker-a")
-        wait(lambda: d.records("start"), 20, "the task to start on worker A")
+        wait_for(lambda: d.records("start"), 20, "the task to start on worker A")
         first = d.records("start")[0]
         held = d.lease(task_id)
-        os.killpg(a.pid, signal.SIGKILL)
+        a.signal_group(signal.SIGKILL)
         a.wait(10)
         killed = time.time()
         say(f"  worker A (pid {a.pid}) started the task (delivery {first['delivery_count']}) "
@@ -321,7 +301,7 @@ def part_recovery(target, logdir):
               and held[0] == a.pid)
         b = d.worker("worker-b")
         say(f"  worker B (pid {b.pid}) was up {time.time() - killed:.1f} s after the kill")
-        wait(lambda: len(d.records("start")) >= 2, LEASE + 15, "the task to start again on worker B")
+        wait_for(lambda: len(d.records("start")) >= 2, LEASE + 15, "the task to start again on worker B")
         second = d.records("start")[1]
         recovery = second["time"] - killed
         say(f"  worker B ran the task {recovery:.1f} s after the kill: delivery count "
@@ -330,10 +310,10 @@ def part_recovery(target, logdir):
         check("its delivery count is 2 and it is marked redelivered",
               second["delivery_count"] == 2 and second["redelivered"] is True)
         check(f"recovered within lease_seconds + 5 s ({LEASE + 5} s): {recovery:.1f} s", recovery <= LEASE + 5)
-        wait(lambda: d.records("done"), 20, "the task to finish on worker B")
+        wait_for(lambda: d.records("done"), 20, "the task to finish on worker B")
         stats = d.settled()
         check("afterwards nothing is waiting, leased or dead-lettered", empty(stats))
-        rc = d.stop(b)
+        rc = b.stop(timeout=20)
         check(f"worker B stopped cleanly on SIGTERM (exit code {rc})", rc == 0)
 
 
@@ -343,7 +323,7 @@ def part_long_task(target, logdir):
     with Part(target, "l", logdir) as d:
         w = d.worker("worker-c")
         task_id = d.send("demo.slow", seconds, "long")
-        wait(lambda: d.records("start"), 20, "the long task to start")
+        wait_for(lambda: d.records("start"), 20, "the long task to start")
         deadlines, closest = set(), None
         while not d.records("done"):
             held = d.lease(task_id)
@@ -361,8 +341,8 @@ def part_long_task(target, logdir):
               and closest > 0)
         check("the task ran exactly once", len(starts) == 1 and len(dones) == 1)
         check("afterwards nothing is waiting, leased or dead-lettered", empty(d.settled()))
-        d.stop(w)
-        lost = [line for line in w.log.read_text(errors="replace").splitlines()
+        w.stop(timeout=20)
+        lost = [line for line in w.log_text().splitlines()
                 if "was lost" in line or "ran out" in line]
         check("the worker logged no lost lease", not lost)
 
@@ -377,7 +357,7 @@ def part_fairness(target, logdir):
                 d.send("demo.tenant_job", t, i, headers={"tenant": t})
         say("  tenant big-co queued 200 tasks, then small-a and small-b 5 each, all at priority 0; one worker")
         d.worker("fair")
-        wait(lambda: len(d.records("tenant")) >= 30, 30, "the first 30 deliveries")
+        wait_for(lambda: len(d.records("tenant")) >= 30, 30, "the first 30 deliveries")
         order = [t for t, _ in d.records("tenant")[:30]]
         short = {"big-co": "B", "small-a": "a", "small-b": "b"}
         say("  first 18 deliveries: " + " ".join(short[t] for t in order[:18]))
@@ -408,7 +388,7 @@ def main(argv=None) -> int:
             say(f"celery-pq demo, using {target.where}")
             for part in (part_priorities, part_recovery, part_long_task, part_fairness):
                 part(target, logdir)
-    except DemoError as exc:
+    except (DemoError, WaitTimeout) as exc:
         error = str(exc)
     except (Interrupted, KeyboardInterrupt) as exc:
         signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT

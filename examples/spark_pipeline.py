@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from celery_pq.testing import RedisServer, WaitTimeout, WorkerProcess, celery_env, start_worker, stop_workers, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "pipeline"
@@ -38,14 +37,6 @@ TENANTS = (("acme", 0.5, (0, 0, 0, 5)), ("globex", 0.25, (0, 5)), ("initech", 0.
 
 def say(text=""):
     print(text, flush=True)
-
-
-def wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def spark_session():
@@ -79,14 +70,12 @@ def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path |
     from celery_pq import PriorityQueue
     from celery_pq.spark import enqueue
     from celery_pq.spark.report import write_report
-    from celery_pq.testing import RedisServer
-
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     prefix = "pqspark"
     options = {"key_prefix": prefix, "fair_key": "tenant", "event_log": rows * 8 + 10_000}
-    procs: list[subprocess.Popen] = []
+    procs: list[WorkerProcess] = []
     with RedisServer() as server:
         broker = f"pq://127.0.0.1:{server.port}/0"
         app = Celery("spark_pipeline", broker=broker)
@@ -106,20 +95,16 @@ def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path |
             # real Celery workers, started first: they drain the queue while Spark fills it
             say(f"1. {workers} Celery worker(s), {concurrency} threads each (their log: {out / 'workers.log'})")
             ready_key = f"{prefix}:demo:ready"
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   "PQ_SPARK_BROKER": broker, "PQ_SPARK_OPTIONS": json.dumps(options), "PQ_SPARK_WORK_MS": str(work_ms),
-                   "PQ_SPARK_READY": f"{server.url}#{ready_key}"}
+            env = celery_env(ROOT, PQ_SPARK_BROKER=broker, PQ_SPARK_OPTIONS=json.dumps(options),
+                             PQ_SPARK_WORK_MS=str(work_ms), PQ_SPARK_READY=f"{server.url}#{ready_key}")
             log = open(out / "workers.log", "wb")
             try:
                 for i in range(workers):
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "celery", "-A", "examples.spark_app", "worker", "-Q", QUEUE,
-                         "-P", "threads", "-c", str(concurrency), "-n", f"spark{i}@%h", "--without-gossip", "--without-mingle",
-                         "--without-heartbeat", "-l", "WARNING"],
-                        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                        start_new_session=True))
-                wait(lambda: q.client.llen(ready_key) >= workers or any(p.poll() is not None for p in procs), 120,
-                     "the workers to start")
+                    procs.append(start_worker("examples.spark_app", cwd=ROOT, env=env, name=f"spark{i}", queues=QUEUE,
+                                              pool="threads", concurrency=concurrency, prefetch_multiplier=None,
+                                              heartbeat=False, loglevel="WARNING", log=log))
+                wait_for(lambda: q.client.llen(ready_key) >= workers or any(p.poll() is not None for p in procs), 120,
+                         "the workers to start", interval=0.25)
 
                 # rows in as tasks
                 say(f"2. enqueueing {rows:,} rows from Spark ({', '.join(f'{t} {s:.0%}' for t, s, _ in TENANTS)})")
@@ -128,23 +113,15 @@ def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path |
                                  key=["row_id"])
                 queued = result.sent + result.already_stored  # (already: stored by a retried Spark task)
                 say(f"   sent {queued:,} tasks, rejected {result.rejected} in {time.monotonic() - t1:.1f}s")
-                wait(lambda: q.counters()["acked"] >= queued or any(p.poll() is not None for p in procs), timeout,
-                     "the workers to run every task")
+                wait_for(lambda: q.counters()["acked"] >= queued or any(p.poll() is not None for p in procs), timeout,
+                         "the workers to run every task", interval=0.25)
                 if any(p.poll() is not None for p in procs):
                     raise SystemExit("a worker exited early")
                 drained = time.monotonic() - t1
                 say(f"   the workers acked all {queued:,} tasks {drained:.1f}s after the enqueue began "
                     f"({queued / drained:,.0f}/s)")
             finally:
-                for p in procs:
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGTERM)
-                for p in procs:
-                    try:
-                        p.wait(30)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(p.pid, signal.SIGKILL)
-                        p.wait(10)
+                stop_workers(procs)
                 log.close()
 
             # the stream catches up with the end of the log, then stops
@@ -184,7 +161,10 @@ def main(argv=None) -> int:
     parser.add_argument("--work-ms", type=float, default=1.0)
     parser.add_argument("--out", default="spark-demo")
     args = parser.parse_args(argv)
-    result = run(args.rows, args.workers, args.concurrency, args.out, args.work_ms)
+    try:
+        result = run(args.rows, args.workers, args.concurrency, args.out, args.work_ms)
+    except WaitTimeout as exc:
+        raise SystemExit(str(exc)) from None
     say("PASS" if result["ok"] else "FAIL")
     return 0 if result["ok"] else 1
 

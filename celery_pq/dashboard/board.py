@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import TypedDict
 
 from ..checks import text as _text
 from ..errors import PQError
-from .history import DeliveryHistory, Sample
+from .history import DeliveryHistory, Sample, Summary
 
 #: Leases listed per queue (soonest deadline first); the count beside them is the full one.
 LEASES_SHOWN = 20
@@ -39,7 +40,35 @@ class BoardError(Exception):
         self.status = status
 
 
-def _dead_letter(entry, now_ms: int) -> dict:
+class DeadLetter(TypedDict):
+    """One dead letter as the page lists it."""
+
+    id: str
+    priority: int
+    tenant: str | None
+    reason: str | None
+    dead_ms: int | None
+    age_seconds: float | None
+
+
+class QueueState(TypedDict):
+    """One queue's figures (``stats`` is the dict ``pq stats --json`` prints)."""
+
+    queue: str
+    stats: dict
+    fair: bool
+    priority_order: str
+    leases: list[dict]
+    dead_letters: list[DeadLetter]
+    deliveries: Summary
+
+
+class BoardState(TypedDict):
+    window_seconds: float
+    queues: list[QueueState]
+
+
+def _dead_letter(entry, now_ms: int) -> DeadLetter:
     return {
         "id": entry.id,
         "priority": entry.priority,
@@ -84,16 +113,16 @@ class Board:
                 sample = Sample(self._clock(), counters.get("delivered"), q.tenant_deliveries())
                 self._histories.setdefault(name, DeliveryHistory(self.window)).add(sample)
 
-    def state(self) -> dict:
+    def state(self) -> BoardState:
         """Every queue's figures; ``queues`` in the order of ``queue_names``."""
         with self._lock:
             return {"window_seconds": self.window, "queues": [self._queue_state(n) for n in self._queue_names()]}
 
-    def _queue_state(self, name: str) -> dict:
+    def _queue_state(self, name: str) -> QueueState:
         q = self._open(name)
         stats = q.stats()  # the very dict `pq stats --json` prints for this queue
         leases = q.leases(LEASES_SHOWN) if stats["leased"] else []
-        dead = []
+        dead: list[DeadLetter] = []
         if stats["dead"]:
             sec, usec = q.client.time()  # dead_ms is on Redis's clock
             now_ms = int(sec) * 1000 + int(usec) // 1000

@@ -10,6 +10,21 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TypedDict
+
+
+class TenantShare(TypedDict):
+    deliveries: int
+    share: float  # of the span's deliveries
+
+
+class Summary(TypedDict):
+    """The deliveries of the window (see ``DeliveryHistory.summary``)."""
+
+    span_seconds: float
+    delivered: int | None
+    per_second: float | None
+    tenants: dict[str, TenantShare]
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class DeliveryHistory:
         while len(self.samples) > 2 and self.samples[1].at <= sample.at - self.window:
             self.samples.popleft()
 
-    def summary(self) -> dict:
+    def summary(self) -> Summary:
         """``span_seconds`` (what the figures cover, at most ``window``), ``delivered`` and
         ``per_second`` in that span, and ``tenants``: {tenant: {"deliveries", "share"}} with
         shares of the span's deliveries summing to 1 (empty when nothing was delivered)."""
@@ -53,7 +68,7 @@ class DeliveryHistory:
         grown = {t: _grown(n, old.tenants.get(t, 0)) for t, n in new.tenants.items()}
         grown = {t: n for t, n in grown.items() if n > 0}
         total = sum(grown.values())
-        tenants = {t: {"deliveries": n, "share": n / total} for t, n in sorted(grown.items(), key=lambda x: (-x[1], x[0]))}
+        tenants: dict[str, TenantShare] = {t: {"deliveries": n, "share": n / total} for t, n in sorted(grown.items(), key=lambda x: (-x[1], x[0]))}
         return {
             "span_seconds": span,
             "delivered": delivered,

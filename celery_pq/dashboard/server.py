@@ -36,7 +36,7 @@ from importlib import resources
 import redis
 
 from ..errors import ConfigError
-from .board import ACTIONS, SAMPLE_SECONDS, Board, BoardError
+from .board import ACTIONS, SAMPLE_SECONDS, WINDOW_SECONDS, Board, BoardError
 
 logger = logging.getLogger("celery_pq.dashboard")
 
@@ -57,7 +57,10 @@ _STATIC = {
 }
 
 
-def _is_loopback(host: str) -> bool:
+def _is_loopback(host: object) -> bool:
+    """Is ``host`` the text of a loopback address? (A socket address may hold other things.)"""
+    if not isinstance(host, str):
+        return False
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -109,7 +112,7 @@ class DashboardServer(ThreadingHTTPServer):
         self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
         super().__init__((host, port), _Handler)
         #: Bound to a loopback address: else the state, too, needs the token.
-        self.loopback = _is_loopback(self.server_address[0])
+        self.loopback = _is_loopback(self.host)
         try:
             self.token = check_token(token, self.allow_actions, self.loopback)
         except ValueError:
@@ -117,9 +120,15 @@ class DashboardServer(ThreadingHTTPServer):
             raise
 
     @property
+    def host(self) -> str:
+        """The address bound (a name given is resolved; text, as for any AF_INET/AF_INET6 server)."""
+        host = self.server_address[0]
+        assert isinstance(host, str)
+        return host
+
+    @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{self.host}:{self.server_port}/"
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         if not self._sampler.is_alive():
@@ -210,8 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
             except redis.RedisError as exc:
                 self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot read the queues: {exc}")
                 return
-            state["actions"] = list(ACTIONS) if self.server.allow_actions else []
-            self._json(HTTPStatus.OK, state)
+            self._json(HTTPStatus.OK, {**state, "actions": list(ACTIONS) if self.server.allow_actions else []})
         else:
             self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
 
@@ -258,8 +266,8 @@ def run(broker, queues=(), *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     from ..broker import Broker, queue_and_view, queue_names
 
     with Broker.of(broker).channel() as channel:
-        kwargs = {} if window is None else {"window": window}
-        board = Board(lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0], **kwargs)
+        board = Board(lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0],
+                      window=WINDOW_SECONDS if window is None else window)
         try:
             server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
         except OSError as exc:  # the port is taken, the address is not this machine's, ...

@@ -142,7 +142,7 @@ def simulate(params: Params) -> Result:
     n, k, c = p.nodes, p.peeks, p.consumers
     ranks = parse_priorities(p.priorities)
     rng = np.random.default_rng(p.seed)
-    heaps = [[] for _ in range(n)]
+    heaps: list[list[float]] = [[] for _ in range(n)]  # keys: floats, or ints standing for ranks
     waiting = SortedList()        # every waiting key
     inf = float("inf")
     push, pop = heapq.heappush, heapq.heappop
@@ -218,7 +218,8 @@ def simulate(params: Params) -> Result:
 
     for _ in range(p.lag):
         add()
-    pending = deque(peek() for _ in range(c - 1)) if pol.pop_peeks else None
+    # peeks not yet acted on: each one is popped on c - 1 ticks after it was made (see Concurrency)
+    pending = deque(peek() for _ in range(c - 1)) if pol.pop_peeks else deque()
     warmup = p.warmup_pops
     pei = np.empty(p.pops, dtype=np.int64)
     for t in range(warmup + p.pops):

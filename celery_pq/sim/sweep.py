@@ -29,7 +29,7 @@ from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
 
 HIST_MAX = 100           # the histogram counts rank errors 0..99 one by one, then ">= 100"
 STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
-GRID_COLUMNS = ("panel",) + tuple(f.name for f in fields(Params))
+GRID_COLUMNS = ("panel", *(f.name for f in fields(Params)))
 FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries",
                   "theory_mean", "theory_p_zero")
 
@@ -37,7 +37,7 @@ FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "r
 def grid(quick: bool = False, seed: int = 1) -> list[dict]:
     """The sweep's rows (dicts of ``GRID_COLUMNS``); ``quick``: a small grid that runs in seconds
     (the same panels at small sizes), for tests."""
-    rows = []
+    rows: list[dict] = []
     big, pops = (200, 2_000) if quick else (10_000, 50_000)
 
     def add(panel, **kw):
@@ -159,9 +159,9 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
     columns = [c for c in results[0] if c != "histogram"]
     paths = [out_dir / "sim.csv", out_dir / "sim.md", out_dir / "sim-histogram.csv"]
     with paths[0].open("w", newline="") as f:
-        w = csv.DictWriter(f, columns, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(results)
+        table = csv.DictWriter(f, columns, extrasaction="ignore")
+        table.writeheader()
+        table.writerows(results)
     paths[1].write_text(markdown(results))
     with paths[2].open("w", newline="") as f:
         w = csv.writer(f)

@@ -28,9 +28,9 @@ import json
 import pickle
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 # The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
 from .analyze import analyze

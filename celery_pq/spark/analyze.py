@@ -82,6 +82,7 @@ def analyze(events: DataFrame, *, window_seconds: float | None = None,
 
     ev = events.withColumn("tenant", F.coalesce(F.col("tenant"), F.lit(""))).cache()
     span = ev.agg(F.min("ms").alias("lo"), F.max("ms").alias("hi")).first()
+    assert span is not None  # an aggregate without grouping has one row
     lo, hi = (span["lo"] or 0), (span["hi"] or 0)
     window_ms = int(window_seconds * 1000) if window_seconds else choose_window_ms(hi - lo)
     window_ms = max(window_ms, 1)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC
+from typing import TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 from ..constants import KEY_PREFIX
@@ -65,7 +67,7 @@ def redis_url(url) -> str:
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
                           f"got {redact(url)}")
-    return urlunsplit((SCHEMES[parts.scheme],) + tuple(parts[1:]))
+    return urlunsplit((SCHEMES[parts.scheme], *parts[1:]))
 
 
 def queue_names(value) -> list[str]:
@@ -107,7 +109,7 @@ class Settings:
     starting: str = "earliest"  # startingPosition of a new streaming query
 
     @classmethod
-    def parse(cls, options) -> "Settings":
+    def parse(cls, options) -> Settings:
         opts = {k.lower(): v for k, v in dict(options).items()}
         prefix = opts.get("key_prefix", KEY_PREFIX)
         if not prefix:
@@ -158,20 +160,20 @@ def as_text(value) -> str:
 def row(sid, fields: dict) -> tuple:
     """One stream entry (id, {field: value}) as a tuple in ``COLUMNS`` order; empty fields are
     null, numbers are ints, ``ts`` is a UTC datetime."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     f = {as_text(k): as_text(v) for k, v in fields.items()}
-    out = []
-    for name, field, _ in COLUMNS:
-        if field is None:
+    out: list[object] = []
+    for name, source, _ in COLUMNS:
+        if source is None:
             out.append(as_text(sid))
             continue
-        value = f.get(field, "")
+        value = f.get(source, "")
         if value == "":
             out.append(None)
         elif name == "ts":
-            out.append(datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc))
-        elif field in INT_FIELDS:
+            out.append(datetime.fromtimestamp(int(value) / 1000, tz=UTC))
+        elif source in INT_FIELDS:
             out.append(int(value))
         else:
             out.append(value)
@@ -190,7 +192,16 @@ def scan(client, key: str, after: str | None, upto: str, page: int = PAGE):
         lo = "(" + as_text(batch[-1][0])
 
 
-def stream_info(client, key: str) -> dict:
+class StreamInfo(TypedDict):
+    """What ``stream_info`` reads of one queue's event log."""
+
+    last: str | None  # id of the newest entry, None when empty
+    first: str | None  # id of the oldest entry still there
+    added: int  # entries ever added
+    length: int  # entries in the stream now
+
+
+def stream_info(client, key: str) -> StreamInfo:
     """``last`` (id of the newest entry, None when empty), ``added`` (entries ever added),
     ``length`` (entries in the stream now) and ``first`` (id of the oldest entry still there)."""
     try:
@@ -210,14 +221,14 @@ def stream_info(client, key: str) -> dict:
     }
 
 
-def trimmed(info: dict) -> int:
+def trimmed(info: StreamInfo) -> int:
     """How many of the stream's entries were trimmed so far: the position (1 = the first event
     ever added) of the entry before the oldest one still there. The log's writers only trim from
     the head (``XADD ... MAXLEN``), so positions count events."""
     return max(info["added"] - info["length"], 0)
 
 
-def check_gap(queue: str, after: str | None, position: int, info: dict, on_gap: str) -> str | None:
+def check_gap(queue: str, after: str | None, position: int, info: StreamInfo, on_gap: str) -> str | None:
     """A message when events after the one read last (``after``, at ``position``; None and 0
     before the first) were trimmed before they were read; EventLogGap with ``on_gap="fail"``."""
     lost = trimmed(info) - position

@@ -27,8 +27,7 @@ stream's ``max-deleted-entry-id`` and warns (or fails with ``on_gap=fail``).
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from .eventlog import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
@@ -36,7 +35,7 @@ NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
 SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in COLUMNS])
 
-__all__ = ["EventLogGap", "EventsDataSource", "NAME", "SCHEMA"]
+__all__ = ["NAME", "SCHEMA", "EventLogGap", "EventsDataSource"]
 
 
 # -- the data source ------------------------------------------------------------------------------
@@ -59,10 +58,10 @@ class EventsDataSource(DataSource):
     def schema(self) -> StructType:
         return SCHEMA
 
-    def reader(self, schema: StructType) -> "EventsBatchReader":
+    def reader(self, schema: StructType) -> EventsBatchReader:
         return EventsBatchReader(Settings.parse(self.options))
 
-    def streamReader(self, schema: StructType) -> "EventsStreamReader":
+    def streamReader(self, schema: StructType) -> EventsStreamReader:
         return EventsStreamReader(Settings.parse(self.options))
 
 
@@ -94,7 +93,8 @@ class EventsBatchReader(DataSourceReader):
             client.close()
         return parts or [EventsPartition("", "", None, "-")]  # an empty read still needs a partition
 
-    def read(self, partition: EventsPartition):
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, EventsPartition)  # one of those partitions() made
         if not partition.key:
             return iter(())
         return _read(self.settings, partition)
@@ -102,10 +102,12 @@ class EventsBatchReader(DataSourceReader):
 
 try:  # Trigger.AvailableNow support (PySpark >= 4.2)
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
-except ImportError:  # pragma: no cover - older PySpark 4
-    ReadAllAvailable = ReadMaxRows = None
 
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+    READ_LIMITS = True
+except ImportError:  # pragma: no cover - older PySpark 4
+    READ_LIMITS = False
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]  # a stand-in for what older PySpark lacks
         pass
 
 
@@ -148,9 +150,11 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = self._latest()
 
     def getDefaultReadLimit(self):
-        if self.settings.max_events and ReadMaxRows is not None:
+        if not READ_LIMITS:
+            return None
+        if self.settings.max_events:
             return ReadMaxRows(self.settings.max_events)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
+        return ReadAllAvailable()
 
     def reportLatestOffset(self):
         return self._latest()
@@ -198,7 +202,8 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts.append(EventsPartition(queue, self.settings.key(queue), after, b["sid"]))
         return parts
 
-    def read(self, partition: EventsPartition):
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, EventsPartition)  # one of those partitions() made
         return _read(self.settings, partition)
 
     def commit(self, end: dict) -> None:

@@ -29,8 +29,19 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ..constants import KEY_PREFIX
-from .eventlog import (COLUMNS, PAGE, check_gap, events_key, parse_sid, queue_names, row, scan, stream_info,
-                       stream_queues, trimmed)
+from .eventlog import (
+    COLUMNS,
+    PAGE,
+    check_gap,
+    events_key,
+    parse_sid,
+    queue_names,
+    row,
+    scan,
+    stream_info,
+    stream_queues,
+    trimmed,
+)
 
 OFFSETS = "_offsets.json"
 LOCK = ".lock"  # held (flock) while a run writes: one export at a time per directory

@@ -15,6 +15,10 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Figures of the per-queue table: (column of ``summary``, label, format).
 QUEUE_FIGURES = (
@@ -172,12 +176,13 @@ def build_report(events, *, window_seconds: float | None = None, weights: dict |
     from .analyze import analyze
 
     dfs = analyze(events, window_seconds=window_seconds, weights=weights)
-    summary = dfs["summary"].toPandas()
+    # pd.DataFrame: pyspark's own name for it (PandasDataFrameLike) does not resolve for mypy
+    summary: pd.DataFrame = dfs["summary"].toPandas()
     report = Report("")
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if not len(summary):
         parts.append("<p>The event log is empty.</p>")
-    all_frames = {k: dfs[k].toPandas() for k in ("share", "waits", "fairness", "throughput", "rank_error",
+    all_frames: dict[str, pd.DataFrame] = {k: dfs[k].toPandas() for k in ("share", "waits", "fairness", "throughput", "rank_error",
                                                  "redeliveries")}
     for _, q in summary.iterrows():
         queue = q["queue"]

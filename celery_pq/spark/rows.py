@@ -16,7 +16,7 @@ import math
 import os
 import socket
 import uuid
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 from celery import Celery
 from celery.utils.saferepr import saferepr
@@ -27,7 +27,6 @@ from ..errors import MessageTooLarge
 from ..messages import digest, prepare_message, stored_item
 from ..queue import validate_priority
 from .settings import KEY_NAMESPACE, WriterSettings
-
 
 #: Types whose repr is what Celery's saferepr writes for them.
 _REPR_SAFE = frozenset({int, float, bool, type(None)})
@@ -163,7 +162,7 @@ class TaskRows:
             if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or \
                     not math.isfinite(countdown) or countdown < 0:
                 raise Rejected(f"countdown must be a number of seconds >= 0, got {countdown!r}")
-            return datetime.fromtimestamp(now + countdown, timezone.utc).isoformat()
+            return datetime.fromtimestamp(now + countdown, UTC).isoformat()
         if eta is None:
             return None
         if isinstance(eta, str):
@@ -178,8 +177,8 @@ class TaskRows:
             kind = "a date without a time" if isinstance(eta, date) else type(eta).__name__
             raise Rejected(f"eta must be a timestamp or an ISO 8601 string, got {kind} {eta!r}")
         if when.tzinfo is None:
-            when = when.astimezone() if local else when.replace(tzinfo=timezone.utc)
-        return when.astimezone(timezone.utc).isoformat()
+            when = when.astimezone() if local else when.replace(tzinfo=UTC)
+        return when.astimezone(UTC).isoformat()
 
     def _task_id(self, row) -> str:
         """The row's task id: its ``task_id``, else one derived from its ``key`` columns and the

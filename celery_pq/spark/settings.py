@@ -111,7 +111,7 @@ class WriterSettings:
     write_id: str = ""
 
     @classmethod
-    def parse(cls, options: dict, columns: list[str]) -> "WriterSettings":
+    def parse(cls, options: dict, columns: list[str]) -> WriterSettings:
         """The settings of ``options`` (Spark's, names in any case) for a DataFrame with
         ``columns``; ConfigError naming the option for anything missing, unknown or bad."""
         given = {str(k).lower(): v for k, v in options.items()}
@@ -190,7 +190,7 @@ class WriterSettings:
             write_id=uuid.uuid4().hex,
         )._checked_broker()
 
-    def _checked_broker(self) -> "WriterSettings":
+    def _checked_broker(self) -> WriterSettings:
         """The broker URL read as the transport reads it (its hosts and database), on the driver."""
         from .. import connections
 

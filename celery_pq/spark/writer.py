@@ -69,7 +69,7 @@ class CeleryPQDataSource(DataSource):
     def name(cls) -> str:
         return "celery_pq"
 
-    def writer(self, schema: StructType, overwrite: bool) -> "CeleryPQWriter":
+    def writer(self, schema: StructType, overwrite: bool) -> CeleryPQWriter:
         if overwrite:
             raise ConfigError("format 'celery_pq' only appends tasks to a queue: use .mode(\"append\") "
                               "(a queue cannot be overwritten)")

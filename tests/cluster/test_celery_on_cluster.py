@@ -16,7 +16,8 @@ from contextlib import contextmanager
 import pytest
 
 from celery_pq import PriorityQueue
-from tests.e2e.test_celery_e2e import ROOT, Harness, wait_for
+from celery_pq.testing import wait_for
+from tests.e2e.test_celery_e2e import ROOT, Harness
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

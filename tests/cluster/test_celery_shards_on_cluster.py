@@ -8,8 +8,8 @@ import pytest
 
 from celery_pq.options import Options
 from celery_pq.queue import open_queue
+from celery_pq.testing import wait_for
 from tests.cluster.test_celery_on_cluster import live_producer, on_cluster  # noqa: F401  (the fixture)
-from tests.e2e.test_celery_e2e import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

@@ -3,12 +3,10 @@ all real processes on loopback (``celery_pq.testing``)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 
-from celery_pq.testing import RedisServer, SentinelServer, TLSRedisServer
+from celery_pq.testing import RedisServer, SentinelServer, TLSRedisServer, wait_for
 from tests.support.proxy import DelayProxy
 
 #: Seconds a failover may take here: down-after 1 s, the vote, the promotion, with room for a
@@ -62,38 +60,34 @@ class SentinelGroup:
     def wait_ready(self, timeout: float = 30):
         """Until every sentinel knows the replica and the two other sentinels, and the replica
         is in sync: a failover can then promote it."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def ready():
             try:
                 states = [s.master() for s in self.sentinels]
                 link = self.replica.client(decode_responses=True).info("replication").get("master_link_status")
-                if all(int(st["num-slaves"]) >= 1 and int(st["num-other-sentinels"]) >= 2 for st in states) \
-                        and link == "up":
-                    return
             except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sentinel group not ready after {timeout}s: "
-                                     f"{[s.log_tail(5) for s in self.sentinels]}")
-            time.sleep(0.1)
+                return False
+            return all(int(st["num-slaves"]) >= 1 and int(st["num-other-sentinels"]) >= 2 for st in states) \
+                and link == "up"
+
+        wait_for(ready, timeout, lambda: f"the sentinel group: {[s.log_tail(5) for s in self.sentinels]}", interval=0.1)
 
     def kill_master(self):
         self.master.kill()
 
     def wait_promoted(self, timeout: float = FAILOVER_SECONDS) -> RedisServer:
         """Until every sentinel names the replica as the master; the replica (now master)."""
-        deadline = time.monotonic() + timeout
         want = ("127.0.0.1", self.replica.port)
-        while time.monotonic() < deadline:
+
+        def promoted():
             try:
-                if all(s.master_address() == want for s in self.sentinels):
-                    role = self.replica.client(decode_responses=True).info("replication")["role"]
-                    if role == "master":
-                        return self.replica
+                return all(s.master_address() == want for s in self.sentinels) \
+                    and self.replica.client(decode_responses=True).info("replication")["role"] == "master"
             except redis.RedisError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"no promotion within {timeout}s: {self.sentinels[0].log_tail(20)}")
+                return False
+
+        wait_for(promoted, timeout, lambda: f"the promotion: {self.sentinels[0].log_tail(20)}", interval=0.1)
+        return self.replica
 
     def close(self):
         for server in reversed(self.servers):

@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from kombu import Connection
 
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq.ids import decode_id
-from celery_pq.testing import RedisServer
+from celery_pq.testing import RedisServer, WorkerProcess, celery_env, start_worker, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
 
 pytestmark = pytest.mark.e2e
@@ -60,35 +58,16 @@ def setuser(server: RedisServer, line: str) -> str:
     return words[2]
 
 
-class Worker:
-    def __init__(self, env, tmp, name, queues, *extra):
-        self.log = tmp / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "worker", "-P", "solo", "-c", "1", "-Q", queues,
-             "-l", "info", "-n", f"{name}@%h", *extra], cwd=ROOT, env=env, stdout=open(self.log, "wb"),
-            stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: b" ready." in self.log.read_bytes() or self.proc.poll() is not None, 60, f"{name} ready")
-        self.alive()
-
-    def alive(self):
-        assert self.proc.poll() is None, self.log.read_text(errors="replace")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def start(env, tmp, name, queues) -> WorkerProcess:
+    """A worker of tests.e2e.app as the confined user, on ``queues`` (mingle and gossip on, as a
+    worker runs by default), once ready."""
+    worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name=name, queues=queues, prefetch_multiplier=None,
+                          gossip=True, mingle=True, log=tmp / f"{name}.log")
+    try:
+        return worker.wait_ready(60)
+    except BaseException:
+        worker.stop()
+        raise
 
 
 @pytest.mark.parametrize("form", ["functions", "evalsha"])
@@ -96,14 +75,13 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
     line = acl_lines()[form]
     broker = RedisServer("--enable-debug-command", "no")
     records = RedisServer()
-    workers: list[Worker] = []
+    workers: list[WorkerProcess] = []
     try:
         user = setuser(broker, line)
         url = f"pq://{user}:{PASSWORD}@127.0.0.1:{broker.port}/0"
         options = {"fair_key": "tenant", "lease_seconds": 3, "sweep_interval": 0.3, "block_seconds": 1}
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   PQ_TEST_BROKER=url, PQ_TEST_OPTIONS=json.dumps(options), PQ_TEST_RECORD=records.url,
-                   PQ_TEST_PREFIX="acl", PQ_TEST_ACKS_LATE="1")
+        env = celery_env(ROOT, PQ_TEST_BROKER=url, PQ_TEST_OPTIONS=json.dumps(options), PQ_TEST_RECORD=records.url,
+                         PQ_TEST_PREFIX="acl", PQ_TEST_ACKS_LATE="1")
         rec = records.client()
 
         def recorded(kind):
@@ -114,8 +92,8 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
 
         # Given two workers as the confined user: one on queue q (fair by tenant), one on the
         # priority view hi[>=200] of queue hi
-        workers.append(Worker(env, tmp_path, "w1", "q"))
-        workers.append(Worker(env, tmp_path, "w2", "hi[>=200]"))
+        workers.append(start(env, tmp_path, "w1", "q"))
+        workers.append(start(env, tmp_path, "w2", "hi[>=200]"))
 
         # publish, fairness, priorities, a delayed task, a task longer than its lease (renewed)
         app.send_task("e2e.sleep", args=[4.5, "long"], queue="q", headers={"tenant": "c"})
@@ -157,7 +135,7 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
             assert [body for body, _ in drain(conn, dead, 1)] == [{"i": 1}]
 
         for w in workers:
-            w.alive()
+            assert w.poll() is None, w.log_text()
         app.close()
         # Then Redis refused nothing but what the docs say is left out on purpose: CLIENT UNBLOCK
         # (a change of consumed queues then waits for block_seconds) and, for the evalsha

@@ -14,8 +14,8 @@ from kombu import Connection
 
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
-from celery_pq.testing import RedisServer
-from tests.deploy.test_sentinel import Collector, Publisher, wait_for
+from celery_pq.testing import RedisServer, wait_for
+from tests.deploy.test_sentinel import Collector, Publisher
 from tests.support.consume import make_queue
 
 
@@ -120,7 +120,6 @@ def test_kombu_producer_and_consumer_carry_on_through_a_demoted_master(pair, key
 @pytest.mark.e2e
 def test_a_celery_worker_carries_on_through_a_demoted_master(pair, redis_server, key_prefix, tmp_path):
     from tests.e2e.test_celery_e2e import Harness
-    from tests.e2e.test_celery_e2e import wait_for as wait_until
 
     a, b = pair
     # the broker on the pair's master; the tasks' records on the session's server (not demoted)
@@ -135,7 +134,7 @@ def test_a_celery_worker_carries_on_through_a_demoted_master(pair, redis_server,
         # Given a worker consuming
         for n in range(20):
             h.send("e2e.record", n, 0)
-        wait_until(lambda: len(h.records("order")) == 20, 30, "the first 20 tasks")
+        wait_for(lambda: len(h.records("order")) == 20, 30, "the first 20 tasks")
         # When its broker is demoted for a while (blocked and pinned connections meet UNBLOCKED and
         # READONLY), then is the master again
         _demote(a, b)
@@ -144,7 +143,7 @@ def test_a_celery_worker_carries_on_through_a_demoted_master(pair, redis_server,
         for n in range(20, 40):
             h.send("e2e.record", n, 0)
         # Then the same worker runs the rest: it never exited
-        wait_until(lambda: {n for n, _ in h.records("order")} >= set(range(40)), 60, "the 20 after")
+        wait_for(lambda: {n for n, _ in h.records("order")} >= set(range(40)), 60, "the 20 after")
         log = worker.log_path.read_text(errors="replace")
         assert worker.poll() is None
         assert "Unrecoverable error" not in log

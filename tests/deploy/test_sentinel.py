@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +24,7 @@ from kombu.mixins import ConsumerMixin
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
-from celery_pq.testing import RedisServer, make_certificates
+from celery_pq.testing import RedisServer, celery_env, make_certificates, start_worker, wait_for
 from tests.deploy.conftest import REPLICA_LAG, SentinelGroup
 from tests.support.consume import drain, make_queue
 
@@ -100,15 +96,6 @@ class Publisher(threading.Thread):
 def body_number(payload) -> int:
     """The ``i`` of a stored kombu message ``{"i": n}`` (its body is base64 JSON)."""
     return json.loads(base64.b64decode(decode(payload)["body"]))["i"]
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_kombu_producers_and_a_consumer_carry_on_when_the_master_is_killed(sentinel_group, key_prefix):
@@ -213,16 +200,11 @@ def test_a_celery_worker_carries_on_when_the_master_is_killed(sentinel_group, ke
     worker = None
     try:
         options = g.options(key_prefix=key_prefix)
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   PQ_TEST_BROKER=g.url, PQ_TEST_OPTIONS=json.dumps(options), PQ_TEST_RECORD=records.url,
-                   PQ_TEST_PREFIX=key_prefix, PQ_TEST_ACKS_LATE="1")
-        log = tmp_path / "worker.log"
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "worker", "-P", "solo",
-                                   "-c", "1", "-Q", "q", "-l", "info", "--without-mingle", "--without-gossip",
-                                   "-n", "fo@%h"], cwd=ROOT, env=env, stdout=open(log, "wb"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: b" ready." in log.read_bytes() or worker.poll() is not None, 60, "worker ready")
-        assert worker.poll() is None, log.read_text(errors="replace")
+        env = celery_env(ROOT, PQ_TEST_BROKER=g.url, PQ_TEST_OPTIONS=json.dumps(options), PQ_TEST_RECORD=records.url,
+                         PQ_TEST_PREFIX=key_prefix, PQ_TEST_ACKS_LATE="1")
+        worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name="fo", prefetch_multiplier=None,
+                              log=tmp_path / "worker.log")
+        worker.wait_ready(60)
         app = Celery("fo-producer", broker=g.url)
         app.conf.broker_transport_options = options
         app.conf.task_publish_retry_policy = RETRY
@@ -256,22 +238,15 @@ def test_a_celery_worker_carries_on_when_the_master_is_killed(sentinel_group, ke
         lost = set(sent) - ran()
         print(f"\nFAILOVER celery worker, no WAIT: sent {len(sent)}, raised {len(raised)}, lost {len(lost)}")
         # remote control (pub/sub and the reply queue) reaches the worker on the new master
-        replies = []
-        deadline = time.monotonic() + 30
-        while not replies and time.monotonic() < deadline:
-            replies = app.control.ping(timeout=2)
-        assert replies and "pong" in str(replies), replies
+        replies = wait_for(lambda: app.control.ping(timeout=2), 30, "a reply to ping")
+        assert "pong" in str(replies), replies
         assert worker.poll() is None, "the worker process carried on (no restart)"
         assert not raised
         assert lost <= set(range(0, 300)), "nothing published after the promotion is lost"
         app.close()
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
+        if worker is not None:
+            worker.stop()
         records.close()
 
 

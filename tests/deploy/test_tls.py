@@ -5,12 +5,7 @@ made here (``openssl``); certificate options passed the kombu way (kombu's ``ssl
 from __future__ import annotations
 
 import json
-import os
-import signal
 import ssl
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +15,7 @@ from kombu import Connection
 
 import celery_pq  # noqa: F401  registers pq:// and pqs://
 from celery_pq import ConfigError
-from celery_pq.testing import RedisServer, TLSRedisServer, make_certificates
+from celery_pq.testing import RedisServer, TLSRedisServer, celery_env, make_certificates, start_worker, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,31 +64,27 @@ def test_a_celery_worker_over_tls_with_broker_use_ssl(tls_server, certs, key_pre
     worker = None
     try:
         options = {"key_prefix": key_prefix}
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   PQ_TEST_BROKER=tls_url(tls_server), PQ_TEST_OPTIONS=json.dumps(options),
-                   PQ_TEST_RECORD=records.url, PQ_TEST_PREFIX=key_prefix, PQ_TEST_SSL=json.dumps(use_ssl))
-        log = tmp_path / "worker.log"
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "worker", "-P", "solo",
-                                   "-c", "1", "-Q", "q", "-l", "info", "--without-mingle", "--without-gossip",
-                                   "-n", "tls@%h"], cwd=ROOT, env=env, stdout=open(log, "wb"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        env = celery_env(ROOT, PQ_TEST_BROKER=tls_url(tls_server), PQ_TEST_OPTIONS=json.dumps(options),
+                         PQ_TEST_RECORD=records.url, PQ_TEST_PREFIX=key_prefix, PQ_TEST_SSL=json.dumps(use_ssl))
+        worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name="tls", prefetch_multiplier=None,
+                              log=tmp_path / "worker.log")
         app = Celery("tls-producer", broker=tls_url(tls_server))
         app.conf.broker_transport_options = options
         app.conf.broker_use_ssl = use_ssl
         for n in range(20):
             app.send_task("e2e.record", args=[n, None], queue="q")
         rec = records.client()
-        deadline = time.monotonic() + 60
-        while rec.llen(f"{key_prefix}:rec:order") < 20:
-            assert worker.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, log.read_text(errors="replace")
-            time.sleep(0.1)
+
+        def all_ran():
+            assert worker.poll() is None, worker.log_text()
+            return rec.llen(f"{key_prefix}:rec:order") >= 20
+
+        wait_for(all_ran, 60, lambda: f"the 20 tasks to run; the worker's log:\n{worker.log_text()}", interval=0.1)
         assert sorted(json.loads(x)[0] for x in rec.lrange(f"{key_prefix}:rec:order", 0, -1)) == list(range(20))
         app.close()
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=30)
+        if worker is not None:
+            worker.stop()
         records.close()
 
 

@@ -17,7 +17,7 @@ from kombu.exceptions import OperationalError
 
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import NotReplicated, PriorityQueue
-from celery_pq.testing import RedisServer
+from celery_pq.testing import RedisServer, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
 
 
@@ -26,10 +26,8 @@ def pair():
     master = RedisServer("--repl-diskless-sync-delay", "0")  # the replica syncs at once
     replica = RedisServer("--replicaof", "127.0.0.1", str(master.port))
     try:
-        deadline = time.monotonic() + 30
-        while replica.client(decode_responses=True).info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "replica never in sync"
-            time.sleep(0.05)
+        wait_for(lambda: replica.client(decode_responses=True).info("replication").get("master_link_status") == "up",
+                 30, "the replica to sync")
         # and acknowledging writes (its first acknowledgement can come a moment after the link
         # is up; a WAIT within the tests' short timeouts would count it as missing)
         with master.client() as c:

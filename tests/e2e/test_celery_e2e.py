@@ -2,7 +2,6 @@
 
 import base64
 import json
-import os
 import random
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from celery import Celery
 
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
+from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +29,8 @@ class Harness:
         self.tmp = tmp_path
         self.options = {"key_prefix": prefix, **options}
         self.url = f"pq://127.0.0.1:{server.port}/0"
-        self.env = dict(
-            os.environ,
-            PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        self.env = celery_env(
+            ROOT,
             PQ_TEST_BROKER=self.url,
             PQ_TEST_OPTIONS=json.dumps(self.options),
             PQ_TEST_RECORD=f"redis://127.0.0.1:{server.port}/0",
@@ -54,45 +53,20 @@ class Harness:
         return [json.loads(x) for x in self.redis.lrange(f"{self.prefix}:rec:{kind}", 0, -1)]
 
     def worker(self, name, *extra, gossip=False, may_die=False):
-        log = open(self.tmp / f"{name}.log", "wb")
-        args = [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "worker", "-c", "1",
-                "--prefetch-multiplier", "1", "-l", "info", "-n", f"{name}@%h", *extra]
-        if "-Q" not in extra:
-            args += ["-Q", "q"]
-        if "-P" not in extra:
-            args += ["-P", "solo"]
-        if not gossip:
-            args += ["--without-mingle", "--without-gossip"]
-        proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        proc.log_path = self.tmp / f"{name}.log"
+        """A worker of tests.e2e.app on queue q, solo (``extra``: more of its arguments, a ``-Q``
+        or ``-P`` of their own instead of those), once ready."""
+        proc = start_worker("tests.e2e.app", cwd=ROOT, env=self.env, name=name,
+                            queues=None if "-Q" in extra else "q", pool=None if "-P" in extra else "solo",
+                            gossip=gossip, mingle=gossip, args=extra, log=self.tmp / f"{name}.log")
         self.workers.append(proc)
-        wait_for(lambda: b" ready." in proc.log_path.read_bytes() or proc.poll() is not None, 30, "worker ready")
-        if not may_die:
-            assert proc.poll() is None, proc.log_path.read_text(errors="replace")
-        return proc
+        return proc.wait_ready(30, may_exit=may_die)
 
     def kill(self, proc, sig=signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        proc.signal_group(sig)
         proc.wait(timeout=30)
 
     def close(self):
-        for proc in self.workers:
-            if proc.poll() is None:
-                self.kill(proc, signal.SIGTERM)
-
-
-def wait_for(pred, timeout, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        stop_workers(self.workers)
 
 
 @pytest.fixture
@@ -449,8 +423,9 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
     """Args, kwargs, eta, expires, retries, chains (parent_id, root_id) and groups (group,
     group_index) survive the compact stored form; an entry in the JSON layout written before it
     (inserted by hand) runs too."""
-    from celery import chain, group
     from datetime import datetime, timedelta, timezone
+
+    from celery import chain, group
     from kombu.utils.json import dumps
 
     h = harness()

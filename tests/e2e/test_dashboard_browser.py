@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from celery_pq.testing import wait_for
+
 try:
-    from e2e.test_celery_e2e import Harness, wait_for
+    from e2e.test_celery_e2e import Harness
 except ImportError:  # collected with the repository root on sys.path instead of tests/
-    from tests.e2e.test_celery_e2e import Harness, wait_for
+    from tests.e2e.test_celery_e2e import Harness
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

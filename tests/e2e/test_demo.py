@@ -1,6 +1,5 @@
 """The demo README's first screen promises (`make demo`) runs and passes its own checks."""
 
-import os
 import re
 import subprocess
 import sys
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_pq.testing import find_redis_server
+from celery_pq.testing import celery_env, find_redis_server
 
 pytestmark = pytest.mark.e2e
 
@@ -17,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(240)
 def test_the_demo_passes_every_check_on_a_redis_server_of_its_own():
-    env = dict(os.environ, PQ_REDIS_SERVER=find_redis_server(),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = celery_env(ROOT, PQ_REDIS_SERVER=find_redis_server())
     env.pop("PQ_DEMO_REDIS_URL", None)  # never the machine's Redis
     run = subprocess.run([sys.executable, "-m", "examples.demo"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=230)

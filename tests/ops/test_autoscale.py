@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +14,7 @@ import pytest
 from kombu import Queue
 
 from celery_pq.autoscale import AutoscaleSettings, BacklogAutoscaler
+from celery_pq.testing import celery_env, start_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,20 +122,14 @@ def test_bad_settings_are_named(name, value):
 @pytest.mark.e2e
 def test_a_prefork_worker_grows_to_max_under_a_flood_and_shrinks_after(world, tmp_path):
     # Given a worker with --autoscale=4,1 and the prefork pool
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PQ_TEST_BROKER=world.url, PQ_TEST_OPTIONS=json.dumps(world.options),
-               PQ_TEST_RECORD=f"redis://127.0.0.1:{world.server.port}/0", PQ_TEST_PREFIX=world.prefix)
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.ops.autoscale_app", "worker",
-                                 "--autoscale=4,1", "-P", "prefork", "-Q", "q", "-l", "info", "-n", "scaler@%h",
-                                 "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    env = celery_env(ROOT, PQ_TEST_BROKER=world.url, PQ_TEST_OPTIONS=json.dumps(world.options),
+                     PQ_TEST_RECORD=f"redis://127.0.0.1:{world.server.port}/0", PQ_TEST_PREFIX=world.prefix)
+    proc = start_worker("tests.ops.autoscale_app", cwd=ROOT, env=env, name="scaler", pool="prefork",
+                        concurrency=None, prefetch_multiplier=None, heartbeat=False, args=["--autoscale=4,1"],
+                        log=tmp_path / "worker.log")
     try:
         deadline = time.monotonic() + 55
-
-        def logged():
-            return log_path.read_text(errors="replace")
+        logged = proc.log_text
 
         def pool_size():
             """Processes after the autoscaler's last move (1 at start)."""
@@ -149,9 +141,7 @@ def test_a_prefork_worker_grows_to_max_under_a_flood_and_shrinks_after(world, tm
                     size -= int(line.split("Scaling down")[1].split()[0])
             return size
 
-        while "ready." not in logged():
-            assert time.monotonic() < deadline and proc.poll() is None, logged()[-3000:]
-            time.sleep(0.2)
+        proc.wait_ready(55)
         # When its queue is flooded with slow-ish tasks
         for i in range(16):
             world.send("e2e.sleep", 0.8, f"t{i}")
@@ -182,9 +172,4 @@ def test_a_prefork_worker_grows_to_max_under_a_flood_and_shrinks_after(world, tm
             time.sleep(0.2)
         assert pool_size() == 1
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        proc.stop(timeout=15)

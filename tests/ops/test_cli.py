@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_pq.testing import celery_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +38,7 @@ def test_stats_text_and_json(world):
 
 def test_stats_watch_refreshes(world):
     world.send("ops.work", 1)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = celery_env(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
                              json.dumps(world.options), "stats", "--watch", "0.2"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, text=True)
@@ -271,7 +273,7 @@ def test_celery_a_proj_pq_runs_the_same_commands(world, tmp_path):
     app.write_text("import celery_pq\nfrom celery import Celery\n"
                    f"app = Celery('x', broker={world.url!r})\n"
                    f"app.conf.broker_transport_options = {world.options!r}\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = celery_env(os.pathsep.join([str(tmp_path), str(ROOT)]))
     out = subprocess.run([sys.executable, "-m", "celery", "-A", "opsapp", "pq", "peek", "q", "--json"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

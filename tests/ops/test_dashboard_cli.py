@@ -4,12 +4,10 @@ and a real ``python -m celery_pq ... dashboard`` process serving the page and th
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from celery_pq.__main__ import main
+from celery_pq.testing import celery_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,19 +48,23 @@ def test_a_taken_port_is_one_line(world):
     assert len(r.output.strip().splitlines()) == 1
 
 
+def said(proc, log, pattern):
+    """The match of ``pattern`` in the command's log so far (None yet); fails once it exited."""
+    assert proc.poll() is None, log.read_text()
+    return re.search(pattern, log.read_text())
+
+
 def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_path):
     world.send("ops.work", 1, priority=42)
     world.send("ops.work", 2, priority=7)
     log = tmp_path / "dashboard.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = celery_env(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
                              json.dumps(world.options), "dashboard", "--port", "0"],
                             cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 20
-        while not (m := re.search(r"dashboard on (http://\S+/) \(read-only\)", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        pattern = r"dashboard on (http://\S+/) \(read-only\)"
+        m = wait_for(lambda: said(proc, log, pattern), 20, "the dashboard's address")
         with urllib.request.urlopen(m.group(1) + "api/state", timeout=5) as reply:
             state = json.loads(reply.read())
         assert state["actions"] == []
@@ -77,16 +80,13 @@ def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_pa
 def test_beyond_loopback_the_command_prints_a_token_the_state_needs(world, tmp_path):
     # Given `pq dashboard --host 0.0.0.0`, read-only, no token given
     log = tmp_path / "dashboard.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = celery_env(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
                              json.dumps(world.options), "dashboard", "--host", "0.0.0.0", "--port", "0"],
                             cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 20
         pattern = r"dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only\); token: (\S+) \(the page's state needs it"
-        while not (m := re.search(pattern, log.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        m = wait_for(lambda: said(proc, log, pattern), 20, "the dashboard's address and token")
         url, token = f"http://127.0.0.1:{m.group(1)}/api/state", m.group(2)
         # Then the state answers 401 without the printed token, and 200 with it
         try:

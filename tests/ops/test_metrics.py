@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_pq.metrics import PQCollector
+from celery_pq.testing import celery_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def fill(w):
 def test_exporter_command_over_http(fair_world):
     w = fair_world
     fill(w)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = celery_env(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", w.url, "--transport-options",
                              json.dumps(w.options), "metrics", "--port", "0",  # on loopback by default
                              "--bands", "0-99,100-199,200-255", "--queue", "q"],

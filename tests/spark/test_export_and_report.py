@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from celery_pq.spark import analyze
 from celery_pq.spark.eventlog import EventLogGap
 from celery_pq.spark.export import LOCK, OFFSETS, ExportBusy, export_events, read_offsets
 from celery_pq.spark.report import QUEUE_FIGURES, TENANT_FIGURES, fmt, write_report
+from celery_pq.testing import celery_env
 from tests.support.events import real_run, xadd_event
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,9 +147,8 @@ def test_report_of_nothing_is_refused(tmp_path):
 
 
 def celery_pq_cli(redis_server, prefix, *args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PQ_TEST_BROKER": f"pq://127.0.0.1:{redis_server.port}/0",
-           "PQ_TEST_OPTIONS": json.dumps({"key_prefix": prefix})}
+    env = celery_env(ROOT, PQ_TEST_BROKER=f"pq://127.0.0.1:{redis_server.port}/0",
+                     PQ_TEST_OPTIONS=json.dumps({"key_prefix": prefix}))
     return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=170)
 

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from celery_pq.spark import enqueue
-from tests.e2e.test_celery_e2e import Harness, wait_for
+from celery_pq.testing import wait_for
+from tests.e2e.test_celery_e2e import Harness
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 

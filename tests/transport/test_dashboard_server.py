@@ -12,6 +12,7 @@ from kombu import Connection, Producer
 
 from celery_pq.broker import queue_and_view
 from celery_pq.dashboard import Board, DashboardServer
+from celery_pq.testing import wait_for
 
 try:
     from support.consume import make_queue
@@ -200,13 +201,12 @@ def test_deliveries_are_sampled_into_tenant_shares(conn, serve):
     time.sleep(0.5)  # a first sample or two
     for lease in pq.pop(3, consumer="host:1:abc"):
         pq.ack(lease)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def deliveries():
         d = json.loads(get(server, "/api/state")[2])["queues"][0]["deliveries"]
-        if d["delivered"] == 3:
-            break
-        time.sleep(0.1)
-    assert d["delivered"] == 3
+        return d if d["delivered"] == 3 else None
+
+    d = wait_for(deliveries, 5, "3 deliveries on the page", interval=0.1)
     assert sum(t["deliveries"] for t in d["tenants"].values()) == 3
     assert abs(sum(t["share"] for t in d["tenants"].values()) - 1) < 1e-9
     assert d["span_seconds"] > 0 and d["per_second"] > 0

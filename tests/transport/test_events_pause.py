@@ -7,6 +7,7 @@ import time
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from celery_pq import PriorityQueue
+from celery_pq.testing import wait_for
 
 try:
     from support.consume import drain, make_queue
@@ -87,9 +88,7 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
             # When the queue is resumed, the blocked consumer wakes at once and drains it
             resumed = time.monotonic()
             assert admin.resume()
-            deadline = time.monotonic() + 10
-            while len(got) < 200 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: len(got) >= 200, 10, "the 200 after the resume", interval=0.01)
         finally:
             stop.set()
             t.join()

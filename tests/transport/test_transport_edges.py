@@ -12,6 +12,7 @@ import redis
 from kombu import Connection, Consumer, Producer
 
 from celery_pq import PriorityQueue
+from celery_pq.testing import wait_for
 
 try:
     from support.bombs import BOMB_BYTES, fields_bomb, zstd_bomb
@@ -362,9 +363,7 @@ def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, k
         with pytest.raises(RuntimeError):
             consume_batch(conn, q, 5, on_message=explode)
         # the failed one stays with the consumer (unacked); the three behind it wait again, uncounted
-        deadline = time.monotonic() + 3
-        while pq.stats()["leased"] > 1 and time.monotonic() < deadline:  # the first one's ack
-            time.sleep(0.05)
+        wait_for(lambda: pq.stats()["leased"] <= 1, 3, "the first one's ack")
         assert pq.stats()["leased"] == 1 and pq.size() == 3
         assert [e.deliveries for e in pq.peek(3)] == [0, 0, 0]
 
@@ -479,10 +478,7 @@ def test_a_redis_that_refuses_writes_is_reported_and_renewals_retry_promptly(fre
                 errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
                 assert len(errors) == 1 and how in errors[0] and "refuses writes" in errors[0], errors
                 # and, once Redis takes writes again, the lease is renewed within a second
-                deadline = time.monotonic() + 1.0
-                while keeper.renewals == renewals and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert keeper.renewals > renewals
+                wait_for(lambda: keeper.renewals > renewals, 1.0, "a renewal once Redis takes writes", interval=0.01)
             assert PriorityQueue(admin, "kq").lease_of("1")["seconds_left"] > 5
 
 

@@ -1,4 +1,4 @@
-"""The stored form of a message (celery_pq/codec.py): decode(encode(m)) == m for arbitrary kombu
+"""The stored form of a message (celery_pq/codec/): decode(encode(m)) == m for arbitrary kombu
 message dicts, Celery protocol-2 messages with every field (defaults and not) and non-Celery
 messages; JSON entries written before the compact form still read; bad records named."""
 
@@ -183,7 +183,7 @@ def test_a_body_is_stored_as_bytes_only_when_it_is_their_one_base64_spelling(bod
     data = encode(message)
     assert decode(data) == message
     canonical = body in ("QQ==", "QUI=", "QUJD", "")
-    assert (data[2 + data[2:].index(codec._C_BODY) + 1] == codec.B_BASE64) == canonical
+    assert (data[2 + data[2:].index(codec.layout.C_BODY) + 1] == codec.B_BASE64) == canonical
 
 
 @pytest.mark.parametrize("text", ["CF03FC8B-FDE8-4BE2-80AE-5E729995E5AE", "cf03fc8b-fde8-4be2-80ae-5e729995e5a ",
@@ -217,17 +217,17 @@ def test_repeating_fields_read_the_same_from_the_cache_whatever_they_hold():
 
 
 def test_the_caches_start_again_when_full(monkeypatch):
-    monkeypatch.setattr(codec, "CACHE_MAX", 2)
-    monkeypatch.setattr(codec, "_RECORDS", {code: {} for code in codec._RECORDS})  # none from earlier tests
-    monkeypatch.setattr(codec, "_PACKED", {})
-    monkeypatch.setattr(codec, "_REPRS", {})
+    monkeypatch.setattr(codec.bounds, "CACHE_MAX", 2)
+    monkeypatch.setattr(codec.writer, "_RECORDS", {code: {} for code in codec.writer._RECORDS})  # none from earlier tests
+    monkeypatch.setattr(codec.writer, "_PACKED", {})
+    monkeypatch.setattr(codec.reprs, "_REPRS", {})
     for n in range(5):
         message = _celery_message(args=(f"order-{n}", n))
         message["headers"]["task"] = f"proj.task{n}"
         assert decode(encode(message)) == message
         assert decode(encode(message)) == message  # read again: the argsrepr from the cache
-    assert all(len(cache) <= 2 for cache in codec._RECORDS.values()) and len(codec._PACKED) <= 2
-    assert 0 < len(codec._REPRS) <= 2
+    assert all(len(cache) <= 2 for cache in codec.writer._RECORDS.values()) and len(codec.writer._PACKED) <= 2
+    assert 0 < len(codec.reprs._REPRS) <= 2
 
 
 def test_values_of_other_types_go_through_kombus_json_as_before():
@@ -353,7 +353,7 @@ except ImportError:  # collected with the repository root on sys.path instead of
 
 def _blob(data: bytes) -> bytes:
     out = bytearray()
-    codec._blob(out, data)
+    codec.writer._blob(out, data)
     return bytes(out)
 
 
@@ -440,7 +440,7 @@ def test_the_writer_keeps_to_the_readers_bounds(monkeypatch):
     ok = {"body": "", "headers": {"ids": list(range(1000))}, "properties": {}}
     assert decode(encode(ok)) == ok
     # and a record larger than a reader inflates is stored uncompressed, and reads back
-    monkeypatch.setattr(codec, "MAX_INFLATED", 4096)
+    monkeypatch.setattr(codec.bounds, "MAX_INFLATED", 4096)
     big = {"body": "0" * 10_000, "headers": {}, "properties": {}}
     data = encode(big)
     assert not data[1] & codec.F_ZSTD and decode(data) == big

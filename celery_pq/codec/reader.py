@@ -1,0 +1,283 @@
+"""The codec's reader: ``decode(bytes) -> message``, the kombu message dict of a stored record
+(this format, or the JSON of kombu's own transports written before it), within the bounds of
+``bounds``."""
+
+from __future__ import annotations
+
+import binascii
+import struct
+
+from kombu.utils.json import loads as kombu_loads
+
+from . import bounds
+from .bounds import MAX_VALUES, inflate, json_items
+from .layout import (
+    B_BASE64,
+    B_BASE64_EMBED,
+    B_BYTES,
+    B_TEXT,
+    B_VALUE,
+    C_ABSENT,
+    C_BODY,
+    CELERY_EMBED_TAIL,
+    DEFAULTS,
+    DOUBLE,
+    F_ARGSREPR,
+    F_CELERY,
+    F_KWARGSREPR,
+    F_ZSTD,
+    FIELD,
+    KNOWN_FLAGS,
+    T_BYTES,
+    T_DICT,
+    T_FALSE,
+    T_FLOAT,
+    T_INT,
+    T_JSON,
+    T_LIST,
+    T_NONE,
+    T_REF,
+    T_STR,
+    T_TRUE,
+    T_UUID,
+    VERSION,
+    Base64Body,
+    CodecError,
+)
+from .reprs import derived_reprs
+
+#: celery -> the four sections' defaults, copied per message by the reader (the lists and dicts
+#: among them, in _MUTABLE as (section, name, default), copied again: a shallow copy suffices)
+_TEMPLATES = {c: tuple(dict(DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
+_MUTABLE = {
+    c: [(s, n, v) for s in range(4) for n, v in DEFAULTS[s, c].items() if type(v) in (list, dict)]
+    for c in (False, True)
+}
+assert not any(
+    type(x) in (list, dict) for c in _MUTABLE for _, _, v in _MUTABLE[c] for x in (v.values() if type(v) is dict else v)
+)
+
+
+def decode(data: bytes | str, raw_body: bool = False) -> dict:
+    """The kombu message dict of a stored record (this format, or the JSON written before it).
+    CodecError (a ValueError) naming the problem for a record that is neither.
+
+    ``raw_body``: a body stored as the bytes of its base64 text is given as those bytes, a
+    ``Base64Body``, not as the text (a delivery: kombu would decode the text at once)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if data[:1] == b"{":
+        if len(data) > MAX_VALUES and json_items(data) > MAX_VALUES:
+            raise CodecError(f"stored message (JSON) holds more than {MAX_VALUES} list and dict items")
+        try:
+            return kombu_loads(data)
+        except RecursionError:
+            raise CodecError("stored message (JSON) is nested too deep") from None
+    if len(data) < 2:
+        raise CodecError(f"stored message of {len(data)} byte(s) is too short")
+    if data[0] != VERSION:
+        raise CodecError(
+            f"stored message has format version {data[0]}; this celery-pq reads version {VERSION} and JSON"
+        )
+    flags = data[1]
+    if flags & ~KNOWN_FLAGS:
+        raise CodecError(f"stored message has unknown flags {flags:#04x}")
+    start = 2
+    if flags & F_ZSTD:
+        if bounds.zstandard is None:
+            raise CodecError("stored message is zstd-compressed and the zstandard package is not installed")
+        data, start = inflate(memoryview(data)[2:]), 0
+    elif not isinstance(data, bytes):
+        data = bytes(data)
+    try:
+        return read_message(data, start, flags, raw_body)
+    except (IndexError, struct.error, UnicodeDecodeError, KeyError) as exc:
+        raise CodecError(f"stored message is truncated or corrupt ({exc!r})") from None
+    except RecursionError:
+        raise CodecError("stored message's lists and dicts are nested too deep") from None
+
+
+class _Seen(list):
+    """The UUIDs one record's reader has read (a reference names one by its index), and how many
+    list and dict items the record may still make (``left``)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self):
+        super().__init__()
+        self.left = MAX_VALUES
+
+    def take(self, items: int) -> None:
+        self.left -= items
+        if self.left < 0:
+            raise CodecError(f"stored message holds more than {MAX_VALUES} list and dict items")
+
+
+def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> dict:
+    """The message of the records in ``data`` from ``pos`` to its end."""
+    celery = bool(flags & F_CELERY)
+    message, headers, props, info = sections = [d.copy() for d in _TEMPLATES[celery]]
+    for s, name, v in _MUTABLE[celery]:
+        sections[s][name] = v.copy()
+    props["delivery_info"] = info
+    message["headers"] = headers
+    message["properties"] = props
+    uuids = _Seen()
+    raw = None  # the body's bytes, when it was base64
+    n = len(data)
+    field = FIELD
+    fields = 0
+    while pos < n:
+        fields += 1
+        if fields > MAX_VALUES:
+            raise CodecError(f"stored message has more than {MAX_VALUES} fields")
+        code = data[pos]
+        pos += 1
+        if code > C_ABSENT:
+            if code == C_BODY:
+                message["body"], raw, pos = _read_body(data, pos, uuids, raw_body)
+                continue
+            s, name = field[code]
+            target = sections[s]
+        elif code == C_ABSENT:
+            s, name = field[data[pos]]
+            pos += 1
+            sections[s].pop(name, None)
+            continue
+        else:
+            length, pos = _read_varint(data, pos)
+            end = pos + length
+            if end > n:
+                raise IndexError("a field name runs past the end")
+            name = data[pos:end].decode("utf-8", "surrogatepass")
+            pos = end
+            target = sections[code]
+        tag = data[pos]  # the common values inline, the others in _read_value
+        if tag == T_STR and data[pos + 1] < 0x80:
+            end = pos + 2 + data[pos + 1]
+            if end > n:
+                raise IndexError("a string runs past the end")
+            target[name] = data[pos + 2 : end].decode("utf-8", "surrogatepass")
+            pos = end
+        elif tag == T_UUID:
+            pos += 17
+            if pos > n:
+                raise IndexError("a UUID runs past the end")
+            h = data[pos - 16 : pos].hex()
+            target[name] = text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+            uuids.append(text)
+        elif tag == T_REF and data[pos + 1] < 0x80:
+            target[name] = uuids[data[pos + 1]]
+            pos += 2
+        elif tag == T_NONE:
+            target[name] = None
+            pos += 1
+        else:
+            target[name], pos = _read_value(data, pos, uuids)
+    wanted = flags & (F_ARGSREPR | F_KWARGSREPR)
+    if wanted:
+        derived = derived_reprs(raw, wanted) if raw is not None else None
+        if derived is None or len(derived) != bin(wanted).count("1"):
+            raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
+        if wanted & F_ARGSREPR:
+            headers["argsrepr"] = derived[F_ARGSREPR]
+        if wanted & F_KWARGSREPR:
+            headers["kwargsrepr"] = derived[F_KWARGSREPR]
+    return message
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+
+
+def _read_blob(data: bytes, pos: int) -> tuple[bytes, int]:
+    length, pos = _read_varint(data, pos)
+    end = pos + length
+    if end > len(data):
+        raise IndexError("a length runs past the end")
+    return bytes(data[pos:end]), end
+
+
+def _read_body(data: bytes, pos: int, uuids: _Seen, raw_body: bool = False) -> tuple[object, bytes | None, int]:
+    """(body, its bytes when it was base64 or None, position after it); with ``raw_body`` a
+    base64 body is its bytes (a Base64Body)."""
+    form = data[pos]
+    pos += 1
+    if form in (B_BASE64, B_BASE64_EMBED):
+        raw, pos = _read_blob(data, pos)
+        if form == B_BASE64_EMBED:
+            raw += CELERY_EMBED_TAIL
+        if raw_body:
+            return Base64Body(raw), raw, pos
+        return binascii.b2a_base64(raw, newline=False).decode("ascii"), raw, pos
+    if form == B_BYTES:
+        blob, pos = _read_blob(data, pos)
+        return blob, None, pos
+    if form == B_TEXT:
+        blob, pos = _read_blob(data, pos)
+        return blob.decode("utf-8", "surrogatepass"), None, pos
+    if form == B_VALUE:
+        value, pos = _read_value(data, pos, uuids)
+        return value, None, pos
+    raise CodecError(f"stored message has unknown body form {form}")
+
+
+def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
+    """(the value at ``pos``, the position after it)."""
+    tag = data[pos]
+    pos += 1
+    if tag == T_STR:
+        blob, pos = _read_blob(data, pos)
+        return blob.decode("utf-8", "surrogatepass"), pos
+    if tag == T_NONE:
+        return None, pos
+    if tag == T_UUID:
+        end = pos + 16
+        if end > len(data):
+            raise IndexError("a UUID runs past the end")
+        h = data[pos:end].hex()
+        text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        uuids.append(text)
+        return text, end
+    if tag == T_REF:
+        ref, pos = _read_varint(data, pos)
+        return uuids[ref], pos
+    if tag == T_INT:
+        z, pos = _read_varint(data, pos)
+        return (z >> 1 if not z & 1 else -((z + 1) >> 1)), pos
+    if tag == T_TRUE:
+        return True, pos
+    if tag == T_FALSE:
+        return False, pos
+    if tag == T_FLOAT:
+        return DOUBLE.unpack(data[pos : pos + 8])[0], pos + 8
+    if tag == T_BYTES:
+        return _read_blob(data, pos)
+    if tag == T_LIST:
+        count, pos = _read_varint(data, pos)
+        uuids.take(count)
+        items = []
+        for _ in range(count):
+            item, pos = _read_value(data, pos, uuids)
+            items.append(item)
+        return items, pos
+    if tag == T_DICT:
+        count, pos = _read_varint(data, pos)
+        uuids.take(count)
+        d = {}
+        for _ in range(count):
+            key, pos = _read_blob(data, pos)
+            d[key.decode("utf-8", "surrogatepass")], pos = _read_value(data, pos, uuids)
+        return d, pos
+    if tag == T_JSON:
+        blob, pos = _read_blob(data, pos)
+        uuids.take(json_items(blob))
+        return kombu_loads(blob.decode("utf-8", "surrogatepass")), pos
+    raise CodecError(f"stored message has unknown value tag {tag}")

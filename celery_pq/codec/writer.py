@@ -1,0 +1,410 @@
+"""The codec's writer: ``encode(message) -> bytes``, a kombu message dict in the stored form.
+
+The writer and the reader are plain functions over a bytearray (or bytes) and a position, with
+the common values (short strings, UUIDs, references, None) handled inline: per message they run
+some thirty times, and a method call per value cost more than the JSON layout's whole dumps
+(benchmarks/codec_cpu.py measures both)."""
+
+from __future__ import annotations
+
+import binascii
+import operator
+
+from kombu.utils.json import dumps as kombu_dumps
+
+from .bounds import MAX_VALUES, compress, remember
+from .layout import (
+    B_BASE64,
+    B_BASE64_EMBED,
+    B_BYTES,
+    B_TEXT,
+    B_VALUE,
+    C_ABSENT,
+    C_BODY,
+    CELERY_EMBED_TAIL,
+    CODE,
+    DEFAULTS,
+    DOUBLE,
+    F_ARGSREPR,
+    F_CELERY,
+    F_KWARGSREPR,
+    F_ZSTD,
+    FIELDS,
+    NO_DEFAULT,
+    S_DELIVERY_INFO,
+    S_HEADERS,
+    S_MESSAGE,
+    S_PROPERTIES,
+    SUBSECTIONS,
+    T_BYTES,
+    T_DICT,
+    T_FALSE,
+    T_FLOAT,
+    T_INT,
+    T_JSON,
+    T_LIST,
+    T_NONE,
+    T_REF,
+    T_STR,
+    T_TRUE,
+    T_UUID,
+    VERSION,
+    Base64Body,
+    CodecError,
+)
+from .reader import read_message
+from .reprs import derivable_reprs
+
+#: headers whose value the reader derives from the body when the flag says so
+_DERIVED = {(S_HEADERS, "argsrepr"): F_ARGSREPR, (S_HEADERS, "kwargsrepr"): F_KWARGSREPR}
+#: (section, celery) -> {field name: (code, default or NO_DEFAULT, subsection or None, its F_* flag
+#: when derivable or 0)}: the writer's table
+_NAMES = {
+    (sec, c): {
+        name: (
+            CODE[s, name],
+            DEFAULTS[sec, c].get(name, NO_DEFAULT),
+            SUBSECTIONS.get((s, name)),
+            _DERIVED.get((s, name), 0),
+        )
+        for s, name, _ in FIELDS
+        if s == sec
+    }
+    for sec in range(4)
+    for c in (False, True)
+}
+#: (section, celery) -> names of the defaults and subsections a section has unless a record says not
+_EXPECTED = {
+    (sec, c): (*DEFAULTS[sec, c], *(name for (s, name) in SUBSECTIONS if s == sec))
+    for sec in range(4)
+    for c in (False, True)
+}
+
+#: Celery's protocol-2 headers in table order (as_task_v2 makes them in this order): the fields
+#: with a default, as one tuple to compare at once, and those without, each (name, code, F_* flag)
+_CELERY_DEFAULTED = tuple((name, d) for s, name, d in FIELDS if s == S_HEADERS and d is not NO_DEFAULT)
+_CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
+_CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
+_CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
+#: fields whose values repeat from message to message: their records come from _RECORDS
+_REPEATING = frozenset({(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key")})
+_CELERY_OWN = tuple(
+    (name, CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
+    for s, name, d in FIELDS
+    if s == S_HEADERS and d is NO_DEFAULT
+)
+_CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
+#: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
+_CELERY_MESSAGE = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
+_CELERY_PROPERTIES = frozenset(
+    {"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority", "body_encoding"}
+)
+_DELIVERY_INFO = frozenset({"exchange", "routing_key"})
+_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY, _C_ROUTING_KEY = (
+    CODE[S_PROPERTIES, "correlation_id"],
+    CODE[S_PROPERTIES, "reply_to"],
+    CODE[S_PROPERTIES, "priority"],
+    CODE[S_DELIVERY_INFO, "routing_key"],
+)
+
+
+def encode(message: dict) -> bytes:
+    """The stored form of a kombu message dict."""
+    if not isinstance(message, dict):
+        raise CodecError(f"a message is a dict, not {type(message).__name__}")
+    headers = message.get("headers")
+    celery = isinstance(headers, dict) and "lang" in headers and "task" in headers
+    flags = F_CELERY if celery else 0
+    raw = _base64_body(message)
+    if (
+        raw is not None
+        and isinstance(headers, dict)
+        and message.get("content-type") == "application/json"
+        and message.get("content-encoding") == "utf-8"
+    ):
+        flags |= derivable_reprs(headers, raw)
+    out = bytearray()
+    if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
+        _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+    if len(out) > MAX_VALUES:  # each value takes a byte at least: a shorter record holds fewer
+        _check_readable(out, flags)
+    packed = compress(out)
+    if packed is not None:
+        return bytes((VERSION, flags | F_ZSTD)) + packed
+    return bytes((VERSION, flags)) + out
+
+
+def _check_readable(out: bytearray, flags: int) -> None:
+    """CodecError (nothing is written) for a record the reader would refuse: more than
+    MAX_VALUES fields, or list and dict items."""
+    try:
+        read_message(bytes(out), 0, flags & ~(F_ARGSREPR | F_KWARGSREPR), raw_body=True)
+    except CodecError as exc:
+        raise CodecError(f"message cannot be stored: {exc}") from None
+
+
+def _varint(out: bytearray, n: int) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _blob(out: bytearray, data: bytes) -> None:
+    n = len(data)
+    if n < 0x80:
+        out.append(n)
+    else:
+        _varint(out, n)
+    out += data
+
+
+def _write_section(
+    out: bytearray, uuids: dict, section: int, d: dict, celery: bool, flags: int, raw: bytes | None
+) -> None:
+    """The records of one section's fields (a subsection's inline, each code naming its section).
+    ``uuids``: {UUID text: its index} of those written so far; ``raw``: the body's bytes when it
+    is base64 text."""
+    names = _NAMES[section, celery]
+    expected = 0  # fields of _EXPECTED present in d
+    for name, value in d.items():
+        info = names.get(name)
+        if info is None:  # a field the table does not name
+            if type(name) is not str:
+                raise CodecError(f"message field name {name!r} is not a string")
+            out.append(section)  # a section is below 0x80: its varint is one byte
+            _blob(out, name.encode("utf-8", "surrogatepass"))
+            _write_value(out, uuids, value)
+            continue
+        code, default, sub, derived_flag = info
+        if default is not NO_DEFAULT:
+            expected += 1
+            if value is default or (
+                type(value) is type(default)
+                and value == default
+                and (type(value) not in (list, dict) or _same(value, default))
+            ):
+                continue
+        elif sub is not None:
+            expected += 1
+            if isinstance(value, dict):  # a dict, or a subclass of one (read back as a dict)
+                if sub != S_HEADERS or not celery or not _write_celery_headers(out, uuids, value, flags):
+                    _write_section(out, uuids, sub, value, celery, flags, raw)
+                continue
+        if flags & derived_flag:  # argsrepr / kwargsrepr the reader derives from the body
+            continue
+        out.append(code)
+        if code == C_BODY:
+            _write_body(out, uuids, value, raw)
+        else:
+            _write_value(out, uuids, value)
+    if expected < len(_EXPECTED[section, celery]):
+        for name in _EXPECTED[section, celery]:
+            if name not in d:
+                out.append(C_ABSENT)
+                out.append(CODE[section, name])
+
+
+def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool:
+    """The records of a Celery task message as kombu's virtual channel hands it over (its five
+    fields, content type JSON in UTF-8, the properties Celery and the channel set, ``delivery_mode``
+    2, exchange ""), the same ``_write_section`` writes for it in the same order, without a loop
+    over its fields; False (nothing written) for any other message. ``raw``: its body's bytes."""
+    headers, props = message["headers"], message.get("properties")
+    if (
+        message.keys() != _CELERY_MESSAGE
+        or type(props) is not dict
+        or props.keys() != _CELERY_PROPERTIES
+        or type(headers) is not dict
+    ):
+        return False
+    info, mode, priority = props["delivery_info"], props["delivery_mode"], props["priority"]
+    if (
+        type(info) is not dict
+        or info.keys() != _DELIVERY_INFO
+        or type(info["exchange"]) is not str
+        or info["exchange"]
+        or type(mode) is not int
+        or mode != 2
+        or type(priority) is not int
+        or type(props["body_encoding"]) is not str
+        or type(message["content-type"]) is not str
+        or message["content-type"] != "application/json"
+        or type(message["content-encoding"]) is not str
+        or message["content-encoding"] != "utf-8"
+    ):
+        return False
+    uuids: dict[str, int] = {}
+    out.append(C_BODY)
+    _write_body(out, uuids, None, raw)
+    if not _write_celery_headers(out, uuids, headers, flags):
+        _write_section(out, uuids, S_HEADERS, headers, True, flags, raw)
+    out.append(_C_CORRELATION_ID)
+    _write_value(out, uuids, props["correlation_id"])
+    out.append(_C_REPLY_TO)
+    _write_value(out, uuids, props["reply_to"])
+    _write_repeating(out, uuids, _C_ROUTING_KEY, info["routing_key"])
+    if priority:
+        out.append(_C_PRIORITY)
+        _write_value(out, uuids, priority)
+    return True
+
+
+def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
+    """The records of Celery's protocol-2 headers when they are exactly its fields and every
+    field that has a default holds it (a plain task: one tuple comparison for the thirteen), as
+    ``_write_section`` writes them; False (nothing written) for any other headers."""
+    if len(headers) != len(_CELERY_HEADERS) or headers.keys() != _CELERY_HEADERS:
+        return False
+    values = _CELERY_DEFAULTED_GET(headers)
+    if values != _CELERY_DEFAULT_VALUES or tuple(map(type, values)) != _CELERY_DEFAULT_TYPES:
+        return False
+    for name, code, derived_flag, repeating in _CELERY_OWN:
+        if flags & derived_flag:
+            continue
+        if repeating:
+            _write_repeating(out, uuids, code, headers[name])
+        else:
+            out.append(code)
+            _write_value(out, uuids, headers[name])
+    return True
+
+
+#: field code -> {text: the field's record}: the records of texts that repeat (a task name, a
+#: worker's origin, a routing key), each made once; a cache over CACHE_MAX texts starts again
+_RECORDS: dict[int, dict[str, bytes]] = {CODE[key]: {} for key in _REPEATING}
+#: {UUID text: its 16 bytes} of UUIDs written lately (a client's reply_to is in every message)
+_PACKED: dict[str, bytes] = {}
+
+
+def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
+    """A field of _REPEATING: its code and value, as a record made once for a short text."""
+    if type(value) is str:
+        cache = _RECORDS[code]
+        record = cache.get(value)
+        if record is None and len(value) < 0x80 and len(value) != 36 and value.isascii():
+            record = remember(cache, value, bytes((code, T_STR, len(value))) + value.encode("ascii"))
+        if record is not None:
+            out += record
+            return
+    out.append(code)
+    _write_value(out, uuids, value)
+
+
+def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
+    if raw is not None:
+        if raw.endswith(CELERY_EMBED_TAIL):
+            out.append(B_BASE64_EMBED)
+            _blob(out, raw[: -len(CELERY_EMBED_TAIL)])
+        else:
+            out.append(B_BASE64)
+            _blob(out, raw)
+    elif type(body) is bytes or type(body) is Base64Body:
+        out.append(B_BYTES)
+        _blob(out, body)
+    elif type(body) is str:
+        out.append(B_TEXT)
+        _blob(out, body.encode("utf-8", "surrogatepass"))
+    else:
+        out.append(B_VALUE)
+        _write_value(out, uuids, body)
+
+
+def _write_value(out: bytearray, uuids: dict, v) -> None:
+    t = type(v)
+    if t is str:
+        n = len(v)
+        if n < 0x80 and n != 36 and v.isascii():  # most values: a short text that is no UUID
+            out.append(T_STR)
+            out.append(n)
+            out += v.encode("ascii")
+            return
+        ref = uuids.get(v)
+        if ref is not None:  # a UUID written before in this message
+            out.append(T_REF)
+            _varint(out, ref)
+            return
+        packed = _PACKED.get(v)
+        if packed is None and n == 36:
+            packed = _uuid_bytes(v)
+            if packed is not None:
+                remember(_PACKED, v, packed)
+        if packed is not None:
+            uuids[v] = len(uuids)
+            out.append(T_UUID)
+            out += packed
+            return
+        out.append(T_STR)
+        _blob(out, v.encode("utf-8", "surrogatepass"))
+    elif v is None:
+        out.append(T_NONE)
+    elif t is bool:
+        out.append(T_TRUE if v else T_FALSE)
+    elif t is int:
+        out.append(T_INT)
+        _varint(out, v << 1 if v >= 0 else ((-v) << 1) - 1)
+    elif t is float:
+        out.append(T_FLOAT)
+        out += DOUBLE.pack(v)
+    elif t is bytes:
+        out.append(T_BYTES)
+        _blob(out, v)
+    elif isinstance(v, list):
+        out.append(T_LIST)
+        _varint(out, len(v))
+        for item in v:
+            _write_value(out, uuids, item)
+    elif isinstance(v, dict) and all(type(k) is str for k in v):
+        out.append(T_DICT)
+        _varint(out, len(v))
+        for k, item in v.items():
+            _blob(out, k.encode("utf-8", "surrogatepass"))
+            _write_value(out, uuids, item)
+    else:  # a tuple, a datetime, ...: what kombu's JSON makes of it, as the JSON layout did
+        out.append(T_JSON)
+        _blob(out, kombu_dumps(v).encode("utf-8", "surrogatepass"))
+
+
+def _uuid_bytes(text: str) -> bytes | None:
+    """The 16 bytes of a UUID in its canonical text (lowercase hex, dashes at 8-4-4-4-12), else
+    None: only that text is what the reader makes of the bytes again."""
+    if text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
+        return None
+    digits = text.replace("-", "")
+    try:
+        packed = bytes.fromhex(digits)
+    except ValueError:
+        return None
+    return packed if len(packed) == 16 and packed.hex() == digits else None
+
+
+def _same(a, b) -> bool:
+    """``a == b`` with the types equal too (``0 == False`` is not the default ``False``)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _base64_body(message: dict) -> bytes | None:
+    """The bytes of a message's body when it is exactly their base64 text (``body_encoding``
+    base64), else None."""
+    props = message.get("properties")
+    body = message.get("body")
+    if type(body) is Base64Body:  # the bytes themselves (the transport's publish)
+        return bytes(body) if type(props) is dict and props.get("body_encoding") == "base64" else None
+    if type(body) is not str or type(props) is not dict or props.get("body_encoding") != "base64":
+        return None
+    try:  # strict: only the alphabet, padding only at the end and only as much as is due
+        raw = binascii.a2b_base64(body, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    # Four characters of a full group are three bytes and back: only a padded last group can be
+    # another spelling of its bytes (low bits set that decoding drops), so only it is compared.
+    tail = len(raw) % 3
+    if tail and binascii.b2a_base64(raw[-tail:], newline=False) != body[-4:].encode("ascii"):
+        return None
+    return raw

@@ -1,0 +1,336 @@
+"""``RedisCluster``: a local Redis Cluster of ``ClusterNode`` redis-servers, whose masters can be
+SIGKILLed (waiting for their replicas' promotion) and whose slots can be moved."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import redis
+
+from .server import HOST, PORT_ATTEMPTS, RESERVED_PORTS, PortTaken, RedisServer, RedisServerError, free_port
+
+
+class ClusterNode(RedisServer):
+    """One node of a ``RedisCluster``: a redis-server with ``--cluster-enabled yes`` on a port
+    whose cluster bus port (port + 10000) was free too, with short failure detection."""
+
+    def __init__(self, *args: str, node_timeout_ms: int = 1000, **kwargs):
+        self.node_timeout_ms = node_timeout_ms
+        super().__init__(*args, start=False, **kwargs)
+        last: Exception | None = None
+        for _ in range(PORT_ATTEMPTS):
+            self.port = _free_cluster_port()
+            try:
+                self._launch(self.port)
+                return
+            except PortTaken as exc:
+                last = exc
+        shutil.rmtree(self.dir, ignore_errors=True)
+        raise RedisServerError(f"could not find a free port pair for a cluster node: {last}")
+
+    def command(self, port: int) -> list[str]:
+        # nodes.conf lives in the node's own directory: a restart() rejoins with the same identity
+        return [
+            *super().command(port),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+            # the other masters keep serving while one of them fails over
+            "--cluster-require-full-coverage",
+            "no",
+            # a replica promotes however long its link was down (a test kills at any time)
+            "--cluster-replica-validity-factor",
+            "0",
+        ]
+
+    def node_id(self) -> str:
+        with self.client(decode_responses=True) as c:
+            return c.execute_command("CLUSTER", "MYID")
+
+    def role(self) -> str:
+        with self.client(decode_responses=True, socket_timeout=2) as c:
+            return c.execute_command("ROLE")[0]
+
+
+def _free_cluster_port() -> int:
+    """A port of 127.0.0.1 that is free, and whose cluster bus port (+10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535 or port + 10000 in RESERVED_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class RedisCluster:
+    """A local Redis Cluster: ``masters`` masters with ``replicas`` replicas each, made with
+    ``redis-cli --cluster create`` and ready (``cluster_state:ok``, every slot served, every
+    node agreeing) when the constructor returns::
+
+        with RedisCluster() as cluster:              # 3 masters + 3 replicas
+            client = cluster.client()               # a redis.RedisCluster
+            url = cluster.pq_url                    # pq://127.0.0.1:PORT, with {"cluster": True}
+            node = cluster.master_of(b"pq:{orders}:ii")
+            promoted = cluster.kill_master(node)    # SIGKILL; returns its replica, now a master
+            cluster.restart(node)                   # back, as a replica of the promoted one
+
+    ``node_timeout_ms`` is the cluster's failure detection (``cluster-node-timeout``): a killed
+    master's replica takes over about two of it later.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        *,
+        node_timeout_ms: int = 1000,
+        binary: str | None = None,
+        ready_timeout: float = 30.0,
+    ):
+        self.nodes: list[ClusterNode] = []
+        self.ready_timeout = ready_timeout
+        try:
+            for _ in range(masters * (1 + replicas)):
+                self.nodes.append(ClusterNode(binary=binary, node_timeout_ms=node_timeout_ms))
+            cli = shutil.which(
+                "redis-cli", path=os.path.dirname(self.nodes[0].binary) + os.pathsep + os.environ.get("PATH", "")
+            )
+            if cli is None:
+                raise RedisServerError("redis-cli not found next to redis-server or on PATH: it creates the cluster")
+            done = subprocess.run(
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *(f"{HOST}:{n.port}" for n in self.nodes),
+                    "--cluster-replicas",
+                    str(replicas),
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if done.returncode:
+                raise RedisServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr}")
+            self.wait_ready(masters=masters, replicas=masters * replicas)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def seed(self) -> ClusterNode:
+        """A running node (the broker URL may name any)."""
+        return next(n for n in self.nodes if n.running)
+
+    @property
+    def pq_url(self) -> str:
+        """``pq://127.0.0.1:P1;pq://127.0.0.1:P2;...``: every running node as a seed (with the
+        transport option ``cluster``), so that a reconnection finds one while a node is down."""
+        return ";".join(f"pq://{HOST}:{n.port}" for n in self.nodes if n.running)
+
+    def client(self, **kwargs) -> redis.RedisCluster:
+        kwargs.setdefault("socket_timeout", 10)
+        return redis.RedisCluster(host=HOST, port=self.seed.port, **kwargs)
+
+    def _by_port(self, port: int) -> ClusterNode:
+        return next(n for n in self.nodes if n.port == int(port))
+
+    def masters(self) -> list[ClusterNode]:
+        """The running nodes that are masters now."""
+        return [n for n in self.nodes if n.running and n.role() == "master"]
+
+    def master_of(self, key) -> ClusterNode:
+        """The node that serves ``key``'s slot now."""
+        with self.seed.client(decode_responses=True) as c:
+            slot = c.execute_command("CLUSTER", "KEYSLOT", key)
+            for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return self._by_port(master[1])
+        raise RedisServerError(f"no node serves the slot of {key!r}")
+
+    def replicas_of(self, master: ClusterNode) -> list[ClusterNode]:
+        mid = master.node_id()
+        out = []
+        for n in self.nodes:
+            if n is master or not n.running:
+                continue
+            with n.client(decode_responses=True) as c:
+                info = c.execute_command("CLUSTER", "NODES")
+            for line in info.splitlines():
+                parts = line.split()
+                if "myself" in parts[2] and "slave" in parts[2] and parts[3] == mid:
+                    out.append(n)
+        return out
+
+    def tags_on_distinct_masters(self, prefix: str = "q") -> list[str]:
+        """One name per master whose ``{name}`` hash tag lands on that master (``prefix0``,
+        ``prefix7``, ...): queues spread over every master."""
+        found: dict[int, str] = {}
+        with self.seed.client(decode_responses=True) as c:
+            slots = c.execute_command("CLUSTER", "SLOTS")
+            i = 0
+            while len(found) < len(slots) and i < 10_000:
+                name = f"{prefix}{i}"
+                slot = c.execute_command("CLUSTER", "KEYSLOT", name)
+                for start, end, master, *_ in slots:
+                    if start <= slot <= end:
+                        found.setdefault(master[1], name)
+                i += 1
+        return list(found.values())
+
+    def slot_of(self, key) -> int:
+        with self.seed.client() as c:
+            return int(c.execute_command("CLUSTER", "KEYSLOT", key))
+
+    def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0, on_key=None) -> int:
+        """Move hash ``slot`` to master ``to`` the way ``redis-cli --cluster reshard`` does:
+        ``CLUSTER SETSLOT slot IMPORTING`` at ``to``, ``MIGRATING`` at the master serving it now,
+        every key of the slot moved by its own ``MIGRATE`` (``pause`` seconds after each, so that
+        calls meet the slot half moved; ``on_key(n)`` called after the n-th), then ``SETSLOT slot
+        NODE`` on every master, and until every node says ``to`` serves it. Returns how many
+        keys were moved (0, nothing done, when ``to`` serves the slot already)."""
+        source = self._owner_of_slot(slot)
+        if source.port == to.port:
+            return 0
+        sid, tid = source.node_id(), to.node_id()
+        moved = 0
+        with source.client(decode_responses=True) as s, to.client(decode_responses=True) as t:
+            t.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", sid)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", tid)
+            while True:
+                keys = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)
+                for key in keys:
+                    s.execute_command("MIGRATE", HOST, to.port, "", 0, 10_000, "KEYS", key)
+                    moved += 1
+                    if on_key is not None:
+                        on_key(moved)
+                    if pause:
+                        time.sleep(pause)
+                if keys:
+                    continue
+                t.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+                try:
+                    s.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+                except redis.ResponseError as exc:  # a key written at the source meanwhile: move it too
+                    if "still hold keys" not in str(exc):
+                        raise
+                    continue
+                break
+        for m in self.masters():
+            if m.port not in (source.port, to.port):
+                with m.client() as c:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+        deadline = time.monotonic() + self.ready_timeout
+        while not all(self._owner_of_slot(slot, n).port == to.port for n in self.nodes if n.running):
+            if time.monotonic() > deadline:
+                raise RedisServerError(f"the nodes did not agree that {to!r} serves slot {slot}")
+            time.sleep(0.05)
+        return moved
+
+    def _owner_of_slot(self, slot: int, asked: ClusterNode | None = None) -> ClusterNode:
+        with (asked or self.seed).client(decode_responses=True) as c:
+            for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return self._by_port(master[1])
+        raise RedisServerError(f"no node serves slot {slot}")
+
+    def kill_master(self, master: ClusterNode, timeout: float | None = None) -> ClusterNode:
+        """SIGKILL ``master`` (a crash) and wait until one of its replicas is a master serving
+        its slots and the cluster is ok again; that replica."""
+        replicas = self.replicas_of(master)
+        if not replicas:
+            raise RedisServerError(f"{master!r} has no replica to take over")
+        master.kill()
+        return self.wait_promotion(replicas, timeout)
+
+    def wait_promotion(self, replicas: list[ClusterNode], timeout: float | None = None) -> ClusterNode:
+        """Until one of ``replicas`` (of a master that is gone) is a master and the cluster is ok."""
+        deadline = time.monotonic() + (timeout or self.ready_timeout)
+        while time.monotonic() < deadline:
+            for r in replicas:
+                try:
+                    if r.role() == "master" and self._ok(r):
+                        return r
+                except redis.RedisError:
+                    pass
+            time.sleep(0.1)
+        raise RedisServerError(f"no replica of the killed master took over within {timeout or self.ready_timeout}s")
+
+    def restart(self, node: ClusterNode) -> None:
+        """Start a killed node again (same port and nodes.conf): it rejoins, a replica of the
+        node that took its slots; wait until the cluster sees it."""
+        node.start()
+        self.wait_ready()
+
+    def _ok(self, node: ClusterNode) -> bool:
+        with node.client(decode_responses=True, socket_timeout=2) as c:
+            info = c.execute_command("CLUSTER", "INFO")
+        return "cluster_state:ok" in info and "cluster_slots_ok:16384" in info
+
+    @staticmethod
+    def _linked(replica: ClusterNode) -> bool:
+        """Has the replica synced with its master (its link up)?"""
+        with replica.client(decode_responses=True, socket_timeout=2) as c:
+            role = c.execute_command("ROLE")
+        return role[0] == "slave" and role[3] == "connected"
+
+    def wait_ready(self, masters: int | None = None, replicas: int | None = None) -> None:
+        """Until every running node says the cluster is ok, all 16384 slots served, every
+        replica is synced with its master, and the nodes agree on the roles (``masters`` /
+        ``replicas`` of them, when given)."""
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                running = [n for n in self.nodes if n.running]
+                if all(self._ok(n) for n in running):
+                    roles = [n.role() for n in running]
+                    if not all(self._linked(n) for n, role in zip(running, roles) if role == "slave"):
+                        raise redis.ConnectionError("a replica is still syncing")
+                    views = set()
+                    for n in running:
+                        with n.client(decode_responses=True) as c:
+                            lines = c.execute_command("CLUSTER", "NODES").splitlines()
+                        views.add(
+                            frozenset(
+                                (p[1].split("@")[0], "master" in p[2], "fail" in p[2])
+                                for p in (line.split() for line in lines)
+                            )
+                        )
+                    live = {f"{HOST}:{n.port}" for n in running}
+                    if (
+                        len(views) == 1
+                        and not any(failed for addr, _, failed in next(iter(views)) if addr in live)
+                        and (masters is None or roles.count("master") == masters)
+                        and (replicas is None or roles.count("slave") == replicas)
+                    ):
+                        return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RedisServerError(
+                    "the cluster did not become ready in time:\n"
+                    + "\n".join(f"{n!r}: {n.log_tail(5)}" for n in self.nodes)
+                )
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> RedisCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

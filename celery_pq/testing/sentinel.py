@@ -1,0 +1,86 @@
+"""``SentinelServer``: a Redis Sentinel watching one master, with short failover timings."""
+
+from __future__ import annotations
+
+from .server import HOST, RedisServer
+from .tls import tls_client, tls_files
+
+
+class SentinelServer(RedisServer):
+    """A Redis Sentinel (``redis-server CONFIG --sentinel``) on a free port, monitoring one master
+    as ``master_name`` with a quorum of ``quorum``; ``down_after_ms`` and ``failover_timeout_ms``
+    short, so that a test's failover takes seconds. Sentinel rewrites its config file, so it
+    lives in the server's own directory::
+
+        master = RedisServer()
+        replica = RedisServer("--replicaof", master.host, str(master.port))
+        sentinels = [SentinelServer(master.port) for _ in range(3)]
+        url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
+
+    With ``certs`` (``make_certificates``) it speaks only TLS, as the master and replicas it
+    reaches (``TLSRedisServer``s) and the other sentinels do (Redis uses TLS for all of them once
+    ``tls-replication`` is on); its clients need the CA (``client_tls()``).
+    """
+
+    def __init__(
+        self,
+        master_port: int,
+        *,
+        master_name: str = "m",
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        binary: str | None = None,
+        start: bool = True,
+        certs: dict | None = None,
+    ):
+        self.master_port = master_port
+        self.certs = certs
+        self.master_name = master_name
+        self.settings = {"quorum": quorum, "down_after_ms": down_after_ms, "failover_timeout_ms": failover_timeout_ms}
+        super().__init__(binary=binary, start=start)
+
+    @property
+    def pq_url(self) -> str:
+        return f"pq://{HOST}:{self.port}"
+
+    def command(self, port: int) -> list[str]:
+        conf = self.dir / "sentinel.conf"
+        if not conf.exists():  # later starts keep what sentinel learnt and wrote there
+            name, s = self.master_name, self.settings
+            conf.write_text(
+                f"sentinel monitor {name} {HOST} {self.master_port} {s['quorum']}\n"
+                f"sentinel down-after-milliseconds {name} {s['down_after_ms']}\n"
+                f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
+                f"sentinel parallel-syncs {name} 1\n"
+            )
+        ports = ["--port", str(port)]
+        if self.certs is not None:
+            ports = ["--port", "0", "--tls-port", str(port), "--tls-replication", "yes", *tls_files(self.certs)]
+        return [
+            self.binary,
+            str(conf),
+            "--sentinel",
+            *ports,
+            "--bind",
+            HOST,
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+        ]
+
+    def client_tls(self) -> dict:
+        return {} if self.certs is None else tls_client(self.certs)
+
+    def master(self) -> dict:
+        """What this sentinel says of its master (``SENTINEL MASTER``), as text."""
+        with self.client(socket_timeout=5, decode_responses=True) as c:
+            return c.sentinel_master(self.master_name)
+
+    def master_address(self) -> tuple[str, int] | None:
+        with self.client(socket_timeout=5, decode_responses=True) as c:
+            found = c.sentinel_get_master_addr_by_name(self.master_name)
+        return (found[0], int(found[1])) if found else None

@@ -1,0 +1,306 @@
+"""``RedisServer``: one private redis-server process on a free port of 127.0.0.1, in a temporary
+directory of its own (``celery_pq.testing`` says what the package offers and why)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal, overload
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+HOST = "127.0.0.1"
+RESERVED_PORTS = frozenset({6379})  # the machine's own Redis, if any: never ours
+START_TIMEOUT = 10.0  # seconds to wait for PING after starting the process
+STOP_TIMEOUT = 10.0  # seconds to wait after SIGTERM before SIGKILL
+PORT_ATTEMPTS = 10  # fresh ports to try when the chosen one is taken at start
+
+_running: set[RedisServer] = set()
+
+
+@overload
+def find_redis_server(required: Literal[True] = True) -> str: ...
+@overload
+def find_redis_server(required: bool) -> str | None: ...
+def find_redis_server(required: bool = True) -> str | None:
+    """Path of the redis-server binary to use. When there is none: RuntimeError saying what is
+    missing, or None if not ``required``. A ``$PQ_REDIS_SERVER`` that is not an executable file is
+    always an error."""
+    env = os.environ.get("PQ_REDIS_SERVER")
+    if env:
+        if os.path.isfile(env) and os.access(env, os.X_OK):
+            return env
+        raise RuntimeError(f"PQ_REDIS_SERVER={env!r} is not an executable file")
+    found = shutil.which("redis-server")
+    if found or not required:
+        return found
+    raise RuntimeError(
+        "redis-server not found: set PQ_REDIS_SERVER to its path or put it on PATH "
+        "(apt-get install redis-server, or brew install redis); `make test` does this for you"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (never 6379)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in RESERVED_PORTS:
+            return port
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the process that started it dies (Linux only)."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:  # pragma: no cover - best effort, not available off Linux
+        pass
+
+
+class RedisServerError(RuntimeError):
+    """A redis-server (or a cluster, a sentinel) that did not start or did not become ready."""
+
+
+class PortTaken(RedisServerError):
+    """The port chosen for a server was taken by the time it started (another is tried)."""
+
+
+class RedisServer:
+    """One redis-server process owned by the code that made it.
+
+    ``args`` are extra redis-server command-line arguments (``"--appendonly", "yes"``);
+    ``config`` is the same as a mapping (``{"appendonly": "yes"}``).
+    """
+
+    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
+        self.binary = binary or find_redis_server()
+        self.extra_args = list(args)
+        self.password = (config or {}).get("requirepass")
+        for name, value in (config or {}).items():
+            self.extra_args += [f"--{name}", str(value)]
+        self.dir = Path(tempfile.mkdtemp(prefix="pq-redis-"))
+        self.log_path = self.dir / "redis.log"
+        self.port: int | None = None
+        self.process: subprocess.Popen | None = None
+        if start:
+            try:
+                self.start()
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
+
+    # -- addresses -------------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def client_tls(self) -> dict:
+        """redis-py's TLS arguments for a client of this server (none: plain TCP)."""
+        return {}
+
+    def client(self, **kwargs) -> redis.Redis:
+        """A new redis-py client for this server (db 0 and bytes replies unless told otherwise)."""
+        kwargs = {**self.client_tls(), **kwargs}
+        kwargs.setdefault("socket_timeout", 30)
+        kwargs.setdefault("db", 0)
+        if self.password:
+            kwargs.setdefault("password", self.password)
+        if self.port is None:
+            raise RedisServerError(f"{self!r} has not started: it has no port yet")
+        return redis.Redis(host=HOST, port=self.port, **kwargs)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> RedisServer:
+        """Start the process; a first start picks a free port, later starts reuse it."""
+        if self.running:
+            return self
+        if self.port is not None:
+            self._launch(self.port)
+            return self
+        last: Exception | None = None
+        for _ in range(PORT_ATTEMPTS):
+            port = free_port()
+            try:
+                self._launch(port)
+            except PortTaken as exc:
+                last = exc
+                continue
+            self.port = port
+            return self
+        raise RedisServerError(f"could not find a free port for redis-server after {PORT_ATTEMPTS} tries: {last}")
+
+    def stop(self) -> None:
+        """SIGTERM, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=STOP_TIMEOUT)
+        self.process = None
+        _running.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL without a chance to persist (a crash, not a shutdown)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=STOP_TIMEOUT)
+        self.process = None
+        _running.discard(self)
+
+    def restart(self) -> RedisServer:
+        """Stop, then start again on the same port with the same directory."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Stop and remove the temporary directory."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<RedisServer {HOST}:{self.port} {state} dir={self.dir}>"
+
+    # -- internals -------------------------------------------------------------------------
+
+    def command(self, port: int) -> list[str]:
+        return [
+            self.binary,
+            "--port",
+            str(port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            "",
+            *self.extra_args,  # later arguments win, so callers may override the above
+        ]
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _launch(self, port: int) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- starting on port {port} ---\n".encode())
+            log.flush()
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                self.command(port),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        _running.add(self)
+        deadline = time.monotonic() + START_TIMEOUT
+        # No client-side retries: redis-py >= 6 retries with backoff by default, which would
+        # hide a process that exited (port taken) behind seconds of waiting.
+        probe = redis.Redis(
+            host=HOST,
+            port=port,
+            socket_connect_timeout=0.5,
+            socket_timeout=0.5,
+            password=self.password,
+            retry=Retry(NoBackoff(), 0),
+            **self.client_tls(),
+        )
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    self.process = None
+                    _running.discard(self)
+                    log_text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+                    if "Address already in use" in log_text:
+                        raise PortTaken(f"port {port} is taken")
+                    raise RedisServerError(
+                        f"redis-server exited while starting on port {port}; log tail:\n{self.log_tail()}"
+                    )
+                try:
+                    if probe.ping():
+                        # Is it ours? Another redis may hold the port while ours fails to bind.
+                        if probe.info("server").get("process_id") == self.process.pid:
+                            return
+                        try:
+                            self.process.wait(timeout=START_TIMEOUT)  # ours will exit: bind failed
+                        except subprocess.TimeoutExpired:
+                            self.kill()
+                            raise RedisServerError(
+                                f"port {port} answers as another redis-server; ours did not exit"
+                            ) from None
+                        continue
+                except redis.ResponseError as exc:
+                    # LOADING while an AOF is replayed after restart(): keep waiting
+                    if "LOADING" not in str(exc):
+                        raise
+                except (redis.ConnectionError, redis.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise RedisServerError(
+                        f"redis-server on port {port} did not answer PING within {START_TIMEOUT:g}s; "
+                        f"log tail:\n{self.log_tail()}"
+                    )
+                time.sleep(0.02)
+        finally:
+            probe.close()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for server in list(_running):
+        try:
+            server.close()
+        except Exception:
+            pass

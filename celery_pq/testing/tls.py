@@ -1,0 +1,94 @@
+"""A redis-server that speaks only TLS, and the certificates it needs (made with ``openssl``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from .server import HOST, RedisServer
+
+
+def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
+    """A self-signed CA and a server certificate it signed for 127.0.0.1 and localhost, made
+    with the ``openssl`` command line in ``directory``: ``{"ca": ..., "cert": ..., "key": ...}``.
+    Call it twice (two directories) for a second, unrelated CA."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl not found: it makes the test certificates (apt-get install openssl)")
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    cert, key, csr = directory / "server.crt", directory / "server.key", directory / "server.csr"
+    ext = directory / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (
+        ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name}"],
+        ["req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
+    ):
+        done = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+class TLSRedisServer(RedisServer):
+    """A redis-server that speaks only TLS (``--port 0 --tls-port PORT``), with the server
+    certificate and CA of ``certs`` (``make_certificates``); clients need no certificate of
+    their own (``--tls-auth-clients no``)."""
+
+    def __init__(self, certs: dict, *args: str, **kwargs):
+        self.certs = certs
+        super().__init__(*args, **kwargs)
+
+    @property
+    def url(self) -> str:
+        return f"rediss://{HOST}:{self.port}/0"
+
+    def client_tls(self) -> dict:
+        return tls_client(self.certs)
+
+    def command(self, port: int) -> list[str]:
+        plain = super().command(port)
+        at = plain.index("--port")
+        plain[at + 1] = "0"
+        return [*plain, "--tls-port", str(port), *tls_files(self.certs)]
+
+
+def tls_files(certs: dict) -> list[str]:
+    """redis-server's arguments for the certificate, key and CA of ``certs``, clients needing no
+    certificate of their own."""
+    return [
+        "--tls-cert-file",
+        str(certs["cert"]),
+        "--tls-key-file",
+        str(certs["key"]),
+        "--tls-ca-cert-file",
+        str(certs["ca"]),
+        "--tls-auth-clients",
+        "no",
+    ]
+
+
+def tls_client(certs: dict) -> dict:
+    """redis-py's arguments for a client that checks the server's certificate against the CA of
+    ``certs``."""
+    return {"ssl": True, "ssl_ca_certs": str(certs["ca"]), "ssl_cert_reqs": "required"}
