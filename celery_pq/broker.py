@@ -11,6 +11,7 @@ may hold a password.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 from contextlib import contextmanager
 
 import redis
@@ -26,7 +27,7 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError
 class Broker:
     """A broker to open celery-pq channels on (``channel()``), one connection per use."""
 
-    def __init__(self, connect: Callable[[], object]):
+    def __init__(self, connect: Callable[[], Any]):  # a kombu Connection
         self._connect = connect
 
     @classmethod
