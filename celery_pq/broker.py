@@ -11,8 +11,8 @@ may hold a password.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
