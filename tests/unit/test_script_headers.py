@@ -6,7 +6,8 @@ import pytest
 
 from celery_pq.errors import ErrorCode
 from celery_pq.keys import queue_keys, script_keys
-from celery_pq.scripts import SCRIPT_NAMES, _bindings, header, header_errors, signature, source
+from celery_pq.scripts import SCRIPT_NAMES, header, header_errors, signature, source
+from celery_pq.scripts.source import _bindings
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
