@@ -7,7 +7,7 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] rank   0..255
 -- ARGV[2] count  pointers to look at, at most
 -- Returns: {removed, looked_at, more (1 while the rank's pass has pointers left to look at:

@@ -4,7 +4,7 @@
 -- its cap changed, on purpose. The stream ev itself is kept.
 --
 -- KEYS[1] ii  hash    identifier-indexed table (names the stem of md)
--- ARGV[0] context   the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] cap       the stream's approximate cap (MAXLEN ~), 0 to turn the log off
 -- Returns: the cap in force before; the error reply MODE_MISMATCH (nothing done) when the
 --          caller's mode is not the queue's.

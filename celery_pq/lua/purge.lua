@@ -9,7 +9,7 @@
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6] lt  hash    leases
 -- KEYS[7..14] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] count  members to take in this call
 -- ARGV[2] fair   "1" when fairness is on
 -- ARGV[3] scope  "P" within_priority or "T" tenant_first

@@ -16,8 +16,8 @@
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs (the layout before dq: read and emptied)
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
--- ARGV[1] id
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
+-- ARGV[1] id          the caller's id (a task id): its entry and every duplicate of it
 -- ARGV[2] technique   "T" or "S"
 -- ARGV[3] fair        "1" when fairness is on
 -- ARGV[4] scope       "P" within_priority or "T" tenant_first
