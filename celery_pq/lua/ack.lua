@@ -18,8 +18,11 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
 --!include fair.lua
+--!include leases.lua
+--!include queue.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -19,8 +19,12 @@
 -- ERR -1 NOT_FOUND
 -- ERR -4 NOT_WAITING
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

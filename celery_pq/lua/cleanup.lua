@@ -14,7 +14,8 @@
 --          the next call goes on from there; 0 when the pass is over)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include index.lua
+--!include queue.lua
 --!keys
 
 --!queue

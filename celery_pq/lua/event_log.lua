@@ -9,7 +9,7 @@
 -- Returns: the cap in force before; the error reply MODE_MISMATCH (nothing done) when the
 --          caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include queue.lua
 --!keys
 
 take_context()

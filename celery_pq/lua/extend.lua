@@ -7,7 +7,8 @@
 -- Returns: one code per pair: 1 renewed, or an error code.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
---!include common.lua
+--!include queue.lua
+--!include records.lua
 --!keys
 
 local deadline = fmt(now_ms() + tonumber(ARGV[1]))

@@ -55,8 +55,14 @@
 -- ERR -6 STALE_VIEWS
 -- ERR -7 TENANT_FULL
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 take_context()

@@ -27,8 +27,12 @@
 -- Returns: {waiting entries indexed, leased entries kept, malformed entries set aside (all three
 --          by this call), done (1 when the migration is over)}; the error reply MIGRATING when a
 --          migration to another mode is under way.
---!include common.lua
+--!include dead.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 take_context()

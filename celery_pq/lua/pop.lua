@@ -32,7 +32,12 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include index.lua
+--!include leases.lua
+--!include queue.lua
+--!include wake.lua
 --!keys
 
 --!queue

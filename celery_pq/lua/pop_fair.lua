@@ -34,8 +34,14 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
 --!include fair.lua
+--!include index.lua
+--!include leases.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -16,8 +16,13 @@
 -- Returns: {entries_deleted, pointers_or_delayed_taken}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
 --!keys
 
 --!queue

@@ -45,8 +45,15 @@
 -- dead and due.
 -- ERR -8 MODE_MISMATCH
 
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include leases.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

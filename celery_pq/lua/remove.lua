@@ -26,8 +26,13 @@
 -- Returns: {removed, leased_left_alone, cursor ("" when the id is done)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
 --!keys
 
 --!queue

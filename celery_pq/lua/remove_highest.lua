@@ -12,7 +12,12 @@
 -- Returns: {eid, score, value}, or {} when no entry is waiting.
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include duplicates.lua
+--!include events.lua
+--!include index.lua
+--!include queue.lua
 --!keys
 
 --!queue

@@ -31,8 +31,14 @@
 -- ERR -4 NOT_WAITING
 -- ERR -5 QUEUE_FULL
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -1,14 +1,14 @@
-"""The Lua scripts: their text (``source``), what they take (``headers``), the wire a call
-goes over (``wire``) and the runner that calls them (``runner``).
+"""The Lua scripts: what each takes (``headers``), their text and library (``assembly``), the
+wire a call goes over (``wire``) and the runner that calls them (``runner``).
 
 What a script takes and returns is its header (the leading comment block of its file): its
 KEYS and ARGV by name, its error codes. The names below are those the rest of the package
 imports from here.
 """
 
+from .assembly import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library, source
 from .headers import Signature, header, header_errors, signature
 from .runner import FIRST_SEND, LuaScript, Scripts, get_scripts, resent, run_calls, run_replicated
-from .source import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library, source
 from .wire import set_spin_wait
 
 __all__ = [

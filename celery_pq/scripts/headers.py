@@ -63,7 +63,9 @@ class Signature:
                 out.append(len(named[lst] if lst else rest) // size)
             elif name in sizes:
                 if len(named[name]) % sizes[name]:
-                    raise TypeError(f"{self.script}.lua ARGV {name}: {len(named[name])} values, not groups of {sizes[name]}")
+                    raise TypeError(
+                        f"{self.script}.lua ARGV {name}: {len(named[name])} values, not groups of {sizes[name]}"
+                    )
                 out += named[name]
             else:
                 out.append(named[name])
@@ -152,7 +154,7 @@ def _argv(name: str) -> tuple[tuple[str, ...], tuple[str, ...], bool, tuple[tupl
         else:
             last, times = _position(name, end)
             grown = {c: k - at[1].get(c, 0) for c, k in times.items() if k != at[1].get(c, 0)}
-            count = next(iter(grown), None)
+            count = next(iter(grown), "")
             if last != at[0] - 1 or len(grown) != 1 or grown[count] != len(names) or count not in argv:
                 raise ValueError(f"{name}.lua: ARGV[{where}] is not {len(names)} per an earlier count")
             counts.append((count, names[0] if len(names) == 1 else "", len(names)))

@@ -40,7 +40,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
-from .source import SCRIPT_NAMES, library, source
+from .assembly import SCRIPT_NAMES, library, source
 from .wire import (
     drop_connection,
     function_missing,
@@ -77,7 +77,7 @@ class LuaScript:
         self.name = name
         self.script = source(name)
         self._script = client.register_script(self.script)
-        self.sha = self._script.sha
+        self.sha = self._script.sha  # type: ignore[attr-defined]  # (not in the type stubs)
         self.function = library().functions[name]
 
     def words(self, client, keys, args) -> tuple:
@@ -267,7 +267,7 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
     writes, or after the timeout with how many have them (it cannot undo a write).
     """
     if is_cluster(client):
-        acked = [replicas]
+        least = [replicas]  # (the fewest replicas any node's WAIT confirmed)
 
         def on_node(node, group):
             # (replies in place: only the calls that met a moved or moving slot run again)
@@ -275,13 +275,13 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
                 replies, n = _replicated_in_place(node, group, replicas, timeout_ms)
             except Exception as exc:
                 if _rerun(exc):
-                    acked[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
+                    least[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
                 raise
-            acked[0] = 0 if any(_rerun(r) for r in replies) else min(acked[0], n)
+            least[0] = 0 if any(_rerun(r) for r in replies) else min(least[0], n)
             return replies
 
         replies = _per_node(client, calls, on_node)
-        acked = acked[0]
+        acked = least[0]
     else:
         replies, acked = _replicated_in_place(client, calls, replicas, timeout_ms)
     for reply in replies:

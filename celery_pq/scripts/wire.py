@@ -7,7 +7,7 @@ times the work of sending the command. The call is packed by hiredis and its rep
 hiredis's reader straight from the socket (``_roundtrip``), polling for it a few microseconds
 before sleeping in recv (``set_spin_wait``).
 
-The library of functions (``source.library``) is loaded once per server and process
+The library of functions (``assembly.library``) is loaded once per server and process
 (``FUNCTION LOAD``), and again when FCALL finds it gone (a restart without persistence,
 ``FUNCTION FLUSH``). A server without functions, or a user not allowed to load them, gets the
 same scripts by EVALSHA; NOSCRIPT loads the script and runs it again.
@@ -27,15 +27,17 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import constants as C
-from .source import library
+from .assembly import library
 
 
 class _Held:
@@ -64,7 +66,7 @@ _pinned = threading.local()
 
 
 @cache
-def _plain_client(cls) -> bool:
+def _plain_client(cls: type) -> bool:
     """A redis-py client class whose calls may go on a connection of its pool (not a pipeline,
     not a cluster client). Cached per class: ``isinstance`` against ``Pipeline`` is slow."""
     return issubclass(cls, redis.Redis) and not issubclass(cls, redis.client.Pipeline)
@@ -85,7 +87,7 @@ def own_connection(client):
     last = getattr(_pinned, "last", None)
     if last is not None and last[0] is pool and last[1] is type(client) and last[2] == _forks[0]:
         return last[3]
-    if pool is None or not _plain_client(type(client)):
+    if pool is None or not _plain_client(client.__class__):
         return None
     held = getattr(_pinned, "held", None)
     if held is None:
@@ -116,7 +118,8 @@ def _load_library(conn, pool) -> bool:
     try:
         conn.send_command("FUNCTION", "LOAD", library().text)
         conn.read_response()
-    except OutOfMemoryError:  # a full Redis loads nothing: this call goes by EVALSHA, a later one loads
+    except redis.exceptions.OutOfMemoryError:  # type: ignore[attr-defined]  # (not in the type stubs)
+        # a full Redis loads nothing: this call goes by EVALSHA, a later one loads
         return False
     except ResponseError as exc:
         text = str(exc)
@@ -134,6 +137,7 @@ def _load_library(conn, pool) -> bool:
     return True
 
 
+_pack: Callable[[tuple], bytes] | None
 try:  # the protocol packer redis-py itself uses when hiredis is installed
     from hiredis import pack_command as _pack
 except ImportError:  # pragma: no cover - hiredis is optional
@@ -162,6 +166,7 @@ def _send(conn, words: tuple) -> None:
         conn.send_packed_command([packed])
 
 
+_HiredisParser: Any
 try:  # redis-py's hiredis parser: a reply read here goes through the same hiredis reader
     from redis._parsers import hiredis as _hiredis_parsers
 

@@ -7,7 +7,7 @@ import pytest
 from celery_pq.errors import ErrorCode
 from celery_pq.keys import queue_keys, script_keys
 from celery_pq.scripts import SCRIPT_NAMES, header, header_errors, signature, source
-from celery_pq.scripts.source import _bindings
+from celery_pq.scripts.assembly import _bindings
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -112,11 +112,13 @@ def test_argv_is_named_in_the_header_one_line_each(name):
 
 def test_signature_args_lays_out_argv_from_names():
     pop = signature("pop")
-    given = dict(lease_ms=1, consumer="c", token_base="b", count=3, stale_budget=4, lo=0, hi=255, take_hi=9)
+    given = {"lease_ms": 1, "consumer": "c", "token_base": "b", "count": 3, "stale_budget": 4, "lo": 0, "hi": 255,
+             "take_hi": 9}
     assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [1, "c", "b", 3, 4, 0, 255, 9, 2,
                                                                           "e1", "t1", "e2", "t2", "x"]
     insert = signature("insert")
-    head = dict(max_length=0, max_per_tenant=0, fair="0", scope="P", views_version="v", made="0", context="x")
+    head = {"max_length": 0, "max_per_tenant": 0, "fair": "0", "scope": "P", "views_version": "v", "made": "0",
+            "context": "x"}
     assert insert.args(*"abcdefg", **head, views=["0,3", "4,9"], forget=["p"]) == [
         0, 0, "0", "P", "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):

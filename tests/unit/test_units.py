@@ -89,7 +89,7 @@ def test_scripts_carry_only_the_helpers_they_call():
     import re
 
     from celery_pq.scripts import SCRIPT_NAMES, source
-    from celery_pq.scripts.source import _without_unused_functions
+    from celery_pq.scripts.assembly import _without_unused_functions
 
     text = (
         "local function a()\n  return b()\nend\n"

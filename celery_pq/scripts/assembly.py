@@ -69,17 +69,47 @@ def source(name: str) -> str:
 
 
 #: What a ``--!queue`` line stands for: the queue context taken off ARGV, and nothing done when
-#: the caller's mode is not the one the queue recorded (see includes/common.lua).
+#: the caller's mode is not the one the queue recorded (see includes/queue.lua).
 _QUEUE_PROLOGUE = "take_context()\nlocal bad = mode_error(false)\nif bad then\n  return bad\nend\n"
 
 
 def compose(text: str) -> str:
-    """Lua ``text`` with its ``--!include`` lines replaced by the includes, minus the helper
-    functions it never calls, the error codes it names defined first (tests run the shared
-    helpers alone through this)."""
-    root = LUA / "includes"
-    text = _without_unused_functions(_INCLUDE.sub(lambda m: (root / m.group(1)).read_text(encoding="utf-8"), text))
+    """Lua ``text`` with its ``--!include`` lines replaced by the includes (each once, after
+    the includes it names itself), minus the helper functions it never calls, the error codes
+    it names defined first (tests run the shared helpers alone through this)."""
+    shared = "".join(_include_text(inc) for inc in _includes([text]))
+    text = _without_unused_functions(_INCLUDE.sub(lambda m: shared, text, count=1))
+    text = _INCLUDE.sub("", text)
     return _error_constants(text) + text
+
+
+@cache
+def _include_text(name: str) -> str:
+    """An include's text, its own ``--!include`` lines taken out (``_includes`` orders them)."""
+    return _INCLUDE.sub("", (LUA / "includes" / name).read_text(encoding="utf-8"))
+
+
+def _includes(texts: list[str]) -> list[str]:
+    """The includes the ``texts`` name, with those they name in turn, each once and after the
+    includes it names (Lua defines a ``local function`` where it stands: a helper comes before
+    its callers)."""
+    order: list[str] = []
+    started: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in started:
+            raise ValueError(f"includes/{name} includes itself (through {', '.join(started - set(order))})")
+        started.add(name)
+        for inner in _INCLUDE.findall((LUA / "includes" / name).read_text(encoding="utf-8")):
+            visit(inner)
+        order.append(name)
+
+    for text in texts:
+        for name in _INCLUDE.findall(text):
+            visit(name)
+    return order
 
 
 #: Scripts Redis runs even when it is full (``maxmemory`` reached, ``noeviction``): they deliver,
@@ -113,15 +143,12 @@ def library() -> Library:
     prologue, is the body of its function. The names carry a hash of the text, so processes of
     two versions of celery-pq can share a Redis, each calling its own functions."""
     root = LUA
-    bodies, includes = {}, []
-    for name in SCRIPT_NAMES:
-        text = (root / f"{name}.lua").read_text(encoding="utf-8")
-        for inc in _INCLUDE.findall(text):
-            if inc not in includes:
-                includes.append(inc)
+    texts = {name: (root / f"{name}.lua").read_text(encoding="utf-8") for name in SCRIPT_NAMES}
+    bodies = {}
+    for name, text in texts.items():
         text = _INCLUDE.sub("", text).replace("--!keys\n", _bindings(signature(name)), 1)
         bodies[name] = text.replace("--!queue\n", _QUEUE_PROLOGUE, 1)
-    shared = "".join((root / "includes" / inc).read_text(encoding="utf-8") for inc in includes)
+    shared = "".join(_include_text(inc) for inc in _includes(list(texts.values())))
     state = [(n, t) for n, t, comment in _STATE.findall(shared) if comment.strip() != _KEPT]
     reset = f"{', '.join(n for n, _ in state)} = {', '.join(t for _, t in state)}\n" if state else ""
     codes = list(ErrorCode)
