@@ -1,6 +1,6 @@
 -- cleanup: one bounded step of the clean-up sweep of lazy deletion (deferred REMOVE BY ID):
 -- up to ARGV[2] pointers of one rank are looked at, from where the rank's compaction pass
--- stopped (see includes/common.lua: the current pointers move to the rank's front list, the
+-- stopped (see includes/index.lua: the current pointers move to the rank's front list, the
 -- stale ones are dropped; when the rank's list runs empty the pass is over). Calls repeated
 -- until more is 0 look at each pointer of the rank once.
 --

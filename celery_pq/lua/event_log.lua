@@ -1,6 +1,6 @@
 -- event_log: switch a queue's event log on (its stream's approximate cap) or off, in its mode
 -- record md. A caller whose context carries an event-log cap records it on its first call
--- anyway (see mode_error in includes/common.lua); this script is how the log is turned off, or
+-- anyway (see mode_error in includes/queue.lua); this script is how the log is turned off, or
 -- its cap changed, on purpose. The stream ev itself is kept.
 --
 -- KEYS[1] ii  hash    identifier-indexed table (names the stem of md)

@@ -6,7 +6,7 @@
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
 -- too; on a fair queue the tenant's order and schedule follow. Counts removed; logs remove.
 -- An id sent many times has many duplicates: one call handles at most ARGV[6] of them (in the
--- order of dq, see includes/common.lua) and answers where it stopped; the caller calls again
+-- order of dq, see includes/duplicates.lua) and answers where it stopped; the caller calls again
 -- from there until the cursor it gets is "". Each entry is removed atomically, the id's as a
 -- whole in steps.
 --
