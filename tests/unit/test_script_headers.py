@@ -128,3 +128,19 @@ def test_signature_args_lays_out_argv_from_names():
     with pytest.raises(TypeError, match=r"unexpected \['context'\]"):
         signature("extend").args(lease_ms=1, context="x")
     assert signature("extend").args("e", "t", lease_ms=5) == [5, "e", "t"]
+
+
+@pytest.mark.parametrize("lines", [
+    "-- ARGV[2] b  skips ARGV[1]",
+    "-- ARGV[1] a  one\n-- ARGV[1] b  again",
+    "-- ARGV[1] a b  two names, not a group",
+    "-- ARGV[1] n  count\n-- ARGV[2..1+n] x y...  two per n, counted once",
+    "-- ARGV[1..] x...  the rest\n-- ARGV[2] a  after the rest",
+    "-- ARGV[0] ctx  not named context",
+])
+def test_a_header_out_of_the_forms_is_refused(monkeypatch, lines):
+    from celery_pq.scripts import headers
+
+    monkeypatch.setattr(headers, "header", lambda name: lines)
+    with pytest.raises(ValueError):
+        headers._argv("made_up")
