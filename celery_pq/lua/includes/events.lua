@@ -1,10 +1,9 @@
 -- The event log (docs/events.md): when it is on (CTX.ev, the stream's approximate cap), the
 -- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
+-- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
 --!include queue.lua
 
--- The event log (docs/events.md): when it is on (CTX.ev, the stream's approximate cap), the
--- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
--- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
+-- An entry id as text: a packed UUID unpacked, the "\2" escape taken off (celery_pq/ids.py).
 local function text_id(eid)
   local b = string.byte(eid, 1)
   if b == 1 and #eid >= 17 then -- a packed UUID (celery_pq/ids.py): its 16 bytes as six numbers
