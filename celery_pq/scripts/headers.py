@@ -4,7 +4,7 @@ A script's header names its KEYS (``-- KEYS[1] ii  hash ...``), its ARGV (``-- A
 ...``) and the error codes it returns (``-- ERR -2 NOT_LEASED``), one line each, in the forms
 docs/key-layout.md describes. ``signature`` parses the KEYS and ARGV lines, so that a caller
 builds its key list (``keys.script_keys``) and its argument list (``Signature.args``) from the
-header's names and the script binds its keys from the same names (``source``).
+header's names and the script binds its keys from the same names (``assembly.source``).
 """
 
 from __future__ import annotations
