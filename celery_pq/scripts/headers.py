@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 
 #: The directory of the scripts; the includes are in its ``includes``.
@@ -41,13 +41,20 @@ class Signature:
     #: The script's name (for the errors of ``args``).
     script: str = ""
 
+    @cached_property
+    def _plan(self) -> tuple[dict[str, tuple[str, int]], list[str], dict[str, int]]:
+        """What ``args`` looks up, made once: each count's list and group size, the names a
+        call gives, each counted list's group size."""
+        counted = {count: (lst, size) for count, lst, size in self.counts}
+        wanted = [n for n in self.argv if n not in counted] + (["context"] if self.context else [])
+        return counted, wanted, {lst: size for _, lst, size in self.counts}
+
     def args(self, *rest, **named) -> list:
         """The ARGV list of a call, in the order the script reads it, from the values of its
         names (a counted list as a flat sequence of its values; ``rest`` flat, group after
         group; the context, when the script takes one, as ``context=`` and sent last). The
         counts are worked out, not given. TypeError names any value missing or unexpected."""
-        counted = {count: (lst, size) for count, lst, size in self.counts}
-        wanted = [n for n in self.argv if n not in counted] + (["context"] if self.context else [])
+        counted, wanted, sizes = self._plan
         missing = [n for n in wanted if n not in named]
         unexpected = [n for n in named if n not in wanted]
         if missing or unexpected or (rest and not self.rest) or (self.rest and len(rest) % len(self.rest)):
@@ -55,7 +62,6 @@ class Signature:
                 f"{self.script}.lua takes ({', '.join(self.argv)}{', ' + ' '.join(self.rest) + '...' if self.rest else ''}): "
                 f"missing {missing}, unexpected {unexpected}, {len(rest)} repeated values"
             )
-        sizes = {lst: size for _, lst, size in self.counts}
         out: list = []
         for name in self.argv:
             if name in counted:
