@@ -34,10 +34,10 @@ from .common import RedisTime, cli, median, redis_server, table
 
 FILL_PIECE = 10_000  # entries per call of the fill script (about 30 ms of Redis time each here)
 
-# The benchmark's fill: entries written by the queue's own helpers (includes/common.lua), as an
+# The benchmark's fill: entries written by the queue's own helpers (includes/index.lua, records.lua), as an
 # insert with a generated id and no publish id writes them, without the per-call work of an
 # insert: a 10,000,000-entry queue fills in a minute instead of six (insert_many: ~28,000/s).
-_FILL = """--!include common.lua
+_FILL = """--!include index.lua
 local ii, pi, sq = KEYS[1], KEYS[2], KEYS[3]
 local n, payload, ts = tonumber(ARGV[1]), ARGV[2], fmt(now_ms())
 local first = redis.call('INCRBY', sq, n) - n

@@ -171,7 +171,7 @@ REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.Connection
 #: redis-py (``TryAgainError``, an ``AskError``/``MovedError`` redirect it did not follow,
 #: ``ClusterDownError``, ``ClusterError("TTL exhausted.")`` after its own retries,
 #: ``SlotNotCoveredError``), and the error a script's slot guard gets while its queue's slot
-#: migrates (lua/includes/common.lua): the call wrote nothing, and may be made again once the
+#: migrates (lua/includes/queue.lua): the call wrote nothing, and may be made again once the
 #: slot settles (``unsettled``).
 UNSETTLED = (rex.TryAgainError, rex.AskError, rex.ClusterError, rex.SlotNotCoveredError)
 

@@ -54,7 +54,7 @@ POP_STALE_BUDGET = 1000
 TICK_DRAIN_SECONDS = 0.01
 
 #: Microseconds a script call's thread polls its socket for the reply before it sleeps in recv
-#: (the transport option spin_wait_us; scripts._spin_recv). On a machine where the Redis server
+#: (the transport option spin_wait_us; scripts.wire._spin_recv). On a machine where the Redis server
 #: is near (loopback, the same rack) most replies come within it, and a thread that sleeps and is
 #: woken costs more than the polling: a publish took 40-60% less time and no more client CPU
 #: with it (docs/performance.md). A connection whose replies do not come in time (a far Redis, a
@@ -78,7 +78,7 @@ SOCKET_TIMEOUT = 30.0
 #: this makes the shortest lease 0.75 s.
 RENEW_MARGIN = 0.5
 
-#: Pointers one compaction step of a priority's list looks at, at most (lua/includes/common.lua's
+#: Pointers one compaction step of a priority's list looks at, at most (lua/includes/index.lua's
 #: COMPACT_STEP; ``PriorityQueue.cleanup`` takes this many per script call): about 1-2 ms of
 #: Redis's time, well under the 10 ms no script call may take.
 COMPACT_STEP = 512

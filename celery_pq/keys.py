@@ -11,7 +11,7 @@ Layout for queue ``orders`` with the default prefix ``pq``::
                               while a compaction pass of the rank is under way)
     pq:{orders}:pi:<rank>  list  pointers seq(6 bytes) + entry id, FIFO   priority-indexed table
     pq:{orders}:pi:<rank>:f  list  the front of pi:<rank> during a compaction pass (current pointers
-                              already looked at; lua/includes/common.lua)
+                              already looked at; lua/includes/index.lua)
     pq:{orders}:pi:<rank>:m, pi:mv   zset, set  while migrate_mode runs: the pointers gathered per
                               rank (score seq), the ids seen (lua/migrate.lua)
     pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
@@ -168,7 +168,7 @@ class QueueKeys:
         return f"{self.priority_index}:{rank}"
 
     def front(self, rank: int) -> str:
-        """The front list of a compaction pass of one rank (lua/includes/common.lua): while it
+        """The front list of a compaction pass of one rank (lua/includes/index.lua): while it
         holds pointers, they come before those of ``level(rank)``."""
         return f"{self.priority_index}:{rank}:f"
 

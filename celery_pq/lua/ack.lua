@@ -10,16 +10,19 @@
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] wk  list    wake tokens of plain consumers
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
--- ARGV[0] context  the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] fair  "1" when fairness is on
--- ARGV[2..] pairs: entry id, lease token
+-- ARGV[2..] eid token...  the leases to ack, a pair each: entry id, lease token
 -- Returns: one code per pair: 1 acked, or an error code; the error reply MODE_MISMATCH
 --          (nothing done) when the caller's mode is not the queue's.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
 --!include fair.lua
+--!include leases.lua
+--!include queue.lua
+--!include wake.lua
 --!keys
 
 --!queue

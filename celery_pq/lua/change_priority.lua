@@ -8,8 +8,8 @@
 -- KEYS[4] sq  string  insertion sequence
 -- KEYS[5] dz  zset    delayed entries (a delayed entry keeps its new score until due)
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
--- ARGV[1] entry id
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
+-- ARGV[1] eid         entry id
 -- ARGV[2] rank        new rank, 0..255 (0 is served first)
 -- ARGV[3] technique   "T" or "S"
 -- ARGV[4] fair        "1" when fairness is on
@@ -19,8 +19,12 @@
 -- ERR -1 NOT_FOUND
 -- ERR -4 NOT_WAITING
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -1,15 +1,15 @@
 -- event_log: switch a queue's event log on (its stream's approximate cap) or off, in its mode
 -- record md. A caller whose context carries an event-log cap records it on its first call
--- anyway (see mode_error in includes/common.lua); this script is how the log is turned off, or
+-- anyway (see mode_error in includes/queue.lua); this script is how the log is turned off, or
 -- its cap changed, on purpose. The stream ev itself is kept.
 --
 -- KEYS[1] ii  hash    identifier-indexed table (names the stem of md)
--- ARGV[0] context   the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] cap       the stream's approximate cap (MAXLEN ~), 0 to turn the log off
 -- Returns: the cap in force before; the error reply MODE_MISMATCH (nothing done) when the
 --          caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include queue.lua
 --!keys
 
 take_context()

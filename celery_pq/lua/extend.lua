@@ -3,11 +3,12 @@
 -- KEYS[1] lz  zset    lease deadlines
 -- KEYS[2] lt  hash    leases
 -- ARGV[1] lease_ms    new lease length from now, milliseconds
--- ARGV[2..] pairs: entry id, lease token
+-- ARGV[2..] eid token...  the leases to renew, a pair each: entry id, lease token
 -- Returns: one code per pair: 1 renewed, or an error code.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
---!include common.lua
+--!include queue.lua
+--!include records.lua
 --!keys
 
 local deadline = fmt(now_ms() + tonumber(ARGV[1]))

@@ -17,23 +17,27 @@
 -- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- KEYS[17..] views  list  wake lists of the priority views named in ARGV, one per view: the
 --              last nviews keys (from KEYS[9] when the fairness keys are left out)
--- ARGV[0] context       the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
 -- ARGV[3] fair            "1" when fairness is on
 -- ARGV[4] scope           "P" within_priority or "T" tenant_first
 -- ARGV[5] views_version   the registry version the caller knows ("" if none)
--- ARGV[6] nviews          number of views; then nviews ARGVs "lo,hi" (rank range, inclusive)
--- then made: "1" when the caller made the call's publish id itself: it is the first group's,
---                   and stands for the whole call (a call is atomic): a repeat of it returns
---                   every entry id the call stored then; "F" for such an id on its first send
---                   (a call the client never sent before cannot have been stored: the window is
---                   not looked at, only written); "0" when the groups carry publish ids of
---                   their own; "R" as "0", and the reply tells repeats (see Returns). Then the
---                   groups. Before made:
--- nforget, and nforget publish ids to forget now (the caller has the replies of their
---                   inserts, so no retry of them can come: their memory is freed at once)
--- then groups of 7: id ("" for a generated one), rank (0..255, 0 served first),
+-- ARGV[6] nviews          number of views
+-- ARGV[7..6+nviews] views...  one "lo,hi" (rank range, inclusive) per view, in the order of their
+--                   wake lists in KEYS
+-- ARGV[7+nviews] nforget  number of publish ids to forget
+-- ARGV[8+nviews..7+nviews+nforget] forget...  publish ids to forget now (the caller has the
+--                   replies of their inserts, so no retry of them can come: their memory is
+--                   freed at once)
+-- ARGV[8+nviews+nforget] made  "1" when the caller made the call's publish id itself: it is the
+--                   first group's, and stands for the whole call (a call is atomic): a repeat of
+--                   it returns every entry id the call stored then; "F" for such an id on its
+--                   first send (a call the client never sent before cannot have been stored: the
+--                   window is not looked at, only written); "0" when the groups carry publish ids
+--                   of their own; "R" as "0", and the reply tells repeats (see Returns)
+-- ARGV[9+nviews+nforget..] id rank tenant payload due publish_id task...  the entries, seven
+--                   arguments each: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
 --                   publish id ("" for none): a publish id seen in the last window (at most
@@ -51,8 +55,14 @@
 -- ERR -6 STALE_VIEWS
 -- ERR -7 TENANT_FULL
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 take_context()

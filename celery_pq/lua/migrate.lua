@@ -22,13 +22,17 @@
 -- KEYS[3] lt  hash    leases
 -- KEYS[4] dz  zset    delayed entries
 -- KEYS[5..12] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first: the new mode
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first: the new mode
 -- ARGV[1] step  entries to look at (and pointers to move) at most in this call
 -- Returns: {waiting entries indexed, leased entries kept, malformed entries set aside (all three
 --          by this call), done (1 when the migration is over)}; the error reply MIGRATING when a
 --          migration to another mode is under way.
---!include common.lua
+--!include dead.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 take_context()

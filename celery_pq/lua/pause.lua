@@ -9,14 +9,16 @@
 -- KEYS[1] ii  hash    identifier-indexed table (names the stem of md, vw and the view wake lists)
 -- KEYS[2] wk  list    wake tokens of plain consumers
 -- KEYS[3..10] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
--- ARGV[0] context   the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] paused    "1" to pause, "0" to resume
 -- ARGV[2] tenant    "" for the whole queue, else a tenant (escaped; fair queues only)
 -- Returns: 1 when the state changed, 0 when it was so already; the error reply MODE_MISMATCH
 --          (nothing done) when the caller's mode is not the queue's. Logs pause or resume.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include events.lua
 --!include fair.lua
+--!include queue.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -6,15 +6,17 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- ARGV[0] context      the queue context (see includes/common.lua): sent last, taken off ARGV first
--- ARGV[1] lo, ARGV[2] hi  rank range of a priority view (0 and 255: the whole queue)
--- ARGV[3] stale_budget stale pointers to skip at most
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
+-- ARGV[1] lo           best rank of a priority view (0: the whole queue)
+-- ARGV[2] hi           worst rank of a priority view (255: the whole queue)
+-- ARGV[3] stale_budget  stale pointers to skip at most
 -- Returns: {rank, enqueued_ms} of the first waiting entry of ranks lo..hi; {rank, 0} when only
 --          stale pointers came within stale_budget (the pop clears them); {} when the queue
 --          has no pointer there, or is paused (a pop would deliver nothing).
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include index.lua
+--!include queue.lua
 --!keys
 
 --!queue

@@ -10,18 +10,19 @@
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
 -- KEYS[6] dp  hash    task id -> its duplicates' seqs (for the acks)
--- ARGV[0] context      the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
 -- ARGV[4] count        entries wanted (>= 1)
--- ARGV[5] stale_budget stale pointers to discard at most before returning
--- ARGV[6] lo, ARGV[7] hi  rank range of a priority view (0 and 255: the whole queue)
+-- ARGV[5] stale_budget  stale pointers to discard at most before returning
+-- ARGV[6] lo           best rank of a priority view (0: the whole queue)
+-- ARGV[7] hi           worst rank of a priority view (255: the whole queue)
 -- ARGV[8] take_hi      worst rank this call takes (hi, or less: a consumer of a sharded queue
 --                      takes from this shard only what beats the next shard it peeked; the
 --                      wake-up below still looks at lo..hi)
--- ARGV[9] nacks        leases to ack first (the consumer's last deliveries: one call for both);
---                      then nacks pairs: entry id, lease token
+-- ARGV[9] nacks        leases to ack first (the consumer's last deliveries: one call for both)
+-- ARGV[10..9+2*nacks] eid token...  those leases, a pair each: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
@@ -31,7 +32,12 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include index.lua
+--!include leases.lua
+--!include queue.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -11,19 +11,21 @@
 -- KEYS[5] wk  list    wake tokens of this consumer
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- KEYS[14] dp  hash    task id -> its duplicates' seqs (for the acks)
--- ARGV[0] context      the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ",")
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
 -- ARGV[4] count        entries wanted (>= 1)
--- ARGV[5] stale_budget stale entries to discard at most before returning
+-- ARGV[5] stale_budget  stale entries to discard at most before returning
 -- ARGV[6] scope        "P" within_priority or "T" tenant_first
 -- ARGV[7] conc         default concurrency cap per tenant (0: none)
 -- ARGV[8] rate         default deliveries per second per tenant (0: none)
--- ARGV[9] lo, ARGV[10] hi  rank range of a priority view (within_priority only)
+-- ARGV[9] lo           best rank of a priority view (within_priority only)
+-- ARGV[10] hi          worst rank of a priority view (within_priority only)
 -- ARGV[11] take_hi     worst rank this call takes, within_priority only (as in pop); the
 --                      wake-up still looks at lo..hi
--- ARGV[12] nacks       leases to ack first; then nacks pairs: entry id, lease token
+-- ARGV[12] nacks       leases to ack first
+-- ARGV[13..12+2*nacks] eid token...  those leases, a pair each: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
@@ -32,8 +34,14 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
 --!include fair.lua
+--!include index.lua
+--!include leases.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -9,15 +9,20 @@
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6] lt  hash    leases
 -- KEYS[7..14] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] count  members to take in this call
 -- ARGV[2] fair   "1" when fairness is on
 -- ARGV[3] scope  "P" within_priority or "T" tenant_first
 -- Returns: {entries_deleted, pointers_or_delayed_taken}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
 --!keys
 
 --!queue

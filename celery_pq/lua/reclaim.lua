@@ -16,7 +16,7 @@
 -- KEYS[11] dsq  string  dead-letter queue: sequence
 -- KEYS[12] dz   zset    delayed entries, score = due time (ms)
 -- KEYS[13..20] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] context         the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
 -- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
@@ -45,8 +45,15 @@
 -- dead and due.
 -- ERR -8 MODE_MISMATCH
 
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include leases.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -6,7 +6,7 @@
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
 -- too; on a fair queue the tenant's order and schedule follow. Counts removed; logs remove.
 -- An id sent many times has many duplicates: one call handles at most ARGV[6] of them (in the
--- order of dq, see includes/common.lua) and answers where it stopped; the caller calls again
+-- order of dq, see includes/duplicates.lua) and answers where it stopped; the caller calls again
 -- from there until the cursor it gets is "". Each entry is removed atomically, the id's as a
 -- whole in steps.
 --
@@ -16,8 +16,8 @@
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs (the layout before dq: read and emptied)
 -- KEYS[5] dz  zset    delayed entries
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
--- ARGV[1] id
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
+-- ARGV[1] id          the caller's id (a task id): its entry and every duplicate of it
 -- ARGV[2] technique   "T" or "S"
 -- ARGV[3] fair        "1" when fairness is on
 -- ARGV[4] scope       "P" within_priority or "T" tenant_first
@@ -26,8 +26,13 @@
 -- Returns: {removed, leased_left_alone, cursor ("" when the id is done)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
 --!keys
 
 --!queue

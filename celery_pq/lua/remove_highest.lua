@@ -7,12 +7,17 @@
 -- KEYS[3] wk  list    wake tokens
 -- KEYS[4] dp  hash    task id -> its duplicates' seqs
 -- KEYS[5] lt  hash    leases
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
--- ARGV[1] stale_budget stale pointers to discard at most
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
+-- ARGV[1] stale_budget  stale pointers to discard at most
 -- Returns: {eid, score, value}, or {} when no entry is waiting.
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include duplicates.lua
+--!include events.lua
+--!include index.lua
+--!include queue.lua
 --!keys
 
 --!queue

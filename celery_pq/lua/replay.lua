@@ -17,11 +17,11 @@
 -- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
 -- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
 -- KEYS[9..16] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
--- ARGV[0] context     the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length  entries waiting allowed in the live queue, 0 for no limit
 -- ARGV[2] fair        "1" when fairness is on
 -- ARGV[3] scope       "P" within_priority or "T" tenant_first
--- ARGV[4..] ids       stored ids of dead letters to replay
+-- ARGV[4..] id...  stored ids of dead letters to replay
 -- Returns: one reply per id, in order: the entry id it got in the live queue, or NOT_FOUND (no
 --          such dead letter), NOT_WAITING (it is leased), QUEUE_FULL (max_length reached:
 --          this and every later id are left in the dead-letter queue). A dead letter that
@@ -31,8 +31,14 @@
 -- ERR -4 NOT_WAITING
 -- ERR -5 QUEUE_FULL
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
 --!include fair.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

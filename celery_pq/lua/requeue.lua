@@ -14,9 +14,9 @@
 -- KEYS[9]  dwk  list    dead-letter queue: wake tokens
 -- KEYS[10] dsq  string  dead-letter queue: sequence
 -- KEYS[11..18] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- ARGV[0] context      the queue context (see includes/common.lua): sent last, taken off ARGV first
--- ARGV[1] entry id
--- ARGV[2] lease token
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
+-- ARGV[1] eid             entry id
+-- ARGV[2] token           lease token
 -- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
 -- ARGV[4] max_deliveries  0 for no limit
 -- ARGV[5] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
@@ -31,8 +31,14 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include counters.lua
+--!include dead.lua
+--!include events.lua
 --!include fair.lua
+--!include leases.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
 --!keys
 
 --!queue

@@ -5,13 +5,15 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- ARGV[0] the queue context (see includes/common.lua): sent last, taken off ARGV first
+-- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] rank         0..255 (0 is served first)
--- ARGV[2] stale_budget stale pointers to remove at most
+-- ARGV[2] stale_budget  stale pointers to remove at most
 -- Returns: {eid, score, value}, or {} when that rank has no waiting entry.
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
---!include common.lua
+--!include dead.lua
+--!include index.lua
+--!include queue.lua
 --!keys
 
 --!queue

@@ -532,14 +532,14 @@ def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_reco
     import socket
     import struct
 
-    from celery_pq import scripts
+    from celery_pq.scripts import wire
 
     with RedisServer("--enable-debug-command", "yes") as server:
         client = redis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
         q = PriorityQueue(client, "lean")
         q.insert(b"warm", 1, id="w")
-        conn = scripts._own_connection(client)
-        lean = scripts._lean_io(conn)
+        conn = wire.own_connection(client)
+        lean = wire._lean_io(conn)
         if lean is None:
             pytest.skip("redis-py's own path here (no hiredis parser, or not Linux)")
         sock = lean[0]
@@ -552,14 +552,14 @@ def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_reco
         time.sleep(0.1)
         started = time.monotonic()
         with pytest.raises(redis.TimeoutError):
-            scripts._roundtrip(conn, ("PING",))
+            wire._roundtrip(conn, ("PING",))
         assert 0.4 < time.monotonic() - started < 1.1 and conn._sock is None
         sleeper.join()
         # the next call connects again and goes the lean way; errors come back as redis-py's
-        assert scripts._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
+        assert wire._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
         with pytest.raises(redis.ResponseError):
-            scripts._roundtrip(conn, ("NOSUCHCOMMAND",))
-        assert scripts._roundtrip(conn, ("ECHO", "x")) == b"x"
+            wire._roundtrip(conn, ("NOSUCHCOMMAND",))
+        assert wire._roundtrip(conn, ("ECHO", "x")) == b"x"
         # where redis-py reads with a timeout of its own it puts Python's timeout mode back: the
         # next call here undoes it
         conn._sock.settimeout(0.5)
@@ -568,7 +568,7 @@ def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_reco
 
 
 def test_a_call_polls_for_its_reply_and_one_that_comes_late_stops_the_polling_for_a_while():
-    from celery_pq import scripts
+    from celery_pq.scripts import wire
 
     # a script that answers after 30 ms (its own busy loop on the server's clock)
     slow = ("EVAL", "local t0 = redis.call('TIME') local a = t0[1] * 1e6 + t0[2] "
@@ -576,34 +576,34 @@ def test_a_call_polls_for_its_reply_and_one_that_comes_late_stops_the_polling_fo
     poll_long, poll_short = 50_000_000, 1_000_000  # 50 ms (a PING answers within it), 1 ms
     with RedisServer() as server:
         client = redis.Redis(host=server.host, port=server.port)
-        conn = scripts._own_connection(client)
-        if scripts._lean_io(conn) is None:
+        conn = wire.own_connection(client)
+        if wire._lean_io(conn) is None:
             pytest.skip("redis-py's own path here (no hiredis parser, or not Linux)")
-        assert scripts._roundtrip(conn, ("PING",), poll_long) in (b"PONG", "PONG")
+        assert wire._roundtrip(conn, ("PING",), poll_long) in (b"PONG", "PONG")
         assert getattr(conn, "_pq_spin_misses", 0) == 0 and getattr(conn, "_pq_spin_skip", 0) == 0
         # a reply later than the poll is read all the same (the thread then sleeps in recv), and
         # the connection polls for none of the next 2 calls
-        assert scripts._roundtrip(conn, slow, poll_short) == 7
+        assert wire._roundtrip(conn, slow, poll_short) == 7
         assert (conn._pq_spin_misses, conn._pq_spin_skip) == (1, 2)
         for left in (1, 0):
-            assert scripts._roundtrip(conn, ("ECHO", "a"), poll_long) == b"a"
+            assert wire._roundtrip(conn, ("ECHO", "a"), poll_long) == b"a"
             assert conn._pq_spin_skip == left and conn._pq_spin_misses == 1
         # missed again: 4 calls without polling; then a reply in time starts the count anew
-        assert scripts._roundtrip(conn, slow, poll_short) == 7
+        assert wire._roundtrip(conn, slow, poll_short) == 7
         assert (conn._pq_spin_misses, conn._pq_spin_skip) == (2, 4)
         for _ in range(5):
-            assert scripts._roundtrip(conn, ("ECHO", "b"), poll_long) == b"b"
+            assert wire._roundtrip(conn, ("ECHO", "b"), poll_long) == b"b"
         assert (conn._pq_spin_misses, conn._pq_spin_skip) == (0, 0)
         # the wait between polls is bounded, however many misses
         conn._pq_spin_misses = 40
-        assert scripts._roundtrip(conn, slow, poll_short) == 7
+        assert wire._roundtrip(conn, slow, poll_short) == 7
         assert conn._pq_spin_skip == C.SPIN_BACKOFF_MAX
         conn._pq_spin_skip = conn._pq_spin_misses = 0
         # a connection the server closed while it is polled: redis-py's ConnectionError at once
-        my_id = scripts._roundtrip(conn, ("CLIENT", "ID"), poll_long)
+        my_id = wire._roundtrip(conn, ("CLIENT", "ID"), poll_long)
         server.client().client_kill_filter(_id=my_id)
         started = time.monotonic()
         with pytest.raises(redis.ConnectionError):
-            scripts._roundtrip(conn, ("PING",), poll_long)
+            wire._roundtrip(conn, ("PING",), poll_long)
         assert time.monotonic() - started < 1.0
         client.close()

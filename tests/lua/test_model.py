@@ -277,7 +277,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def join_place(self, e: MEntry) -> None:
         """Waiting again at its place (requeue, expiry): before the first of the first 32 of its
-        rank that came later (common.lua pi_return)."""
+        rank that came later (index.lua pi_return)."""
         e.state = "waiting"
         row = self.levels.setdefault(e.rank, [])
         for i, eid in enumerate(row[:32]):

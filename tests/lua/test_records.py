@@ -47,8 +47,8 @@ def test_records_written_by_the_scripts_read_in_python(redis_client, key_prefix)
     assert (reason, deliveries) == ("rejected", 1) and ms >= h.enqueued_ms
 
 
-# Every Lua reader and writer of common.lua and fair.lua, run alone on the records Python wrote.
-_LUA = """--!include common.lua
+# Every Lua reader and writer of records.lua and fair.lua, run alone on the records Python wrote.
+_LUA = """--!include records.lua
 --!include fair.lua
 local e, bar = split_entry(ARGV[1])
 local tok, c, s, d, x, t = split_lease(ARGV[2])

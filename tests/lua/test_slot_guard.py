@@ -1,4 +1,4 @@
-"""The scripts' slot guard (lua/includes/common.lua, take_context): on a Redis Cluster each script
+"""The scripts' slot guard (lua/includes/queue.lua, take_context): on a Redis Cluster each script
 first reads two keys of its queue's slot that never exist, so that a call made while the slot
 migrates stops before its first write (tests/cluster/test_resharding.py runs it on a real
 migration). Here, on one Redis: a queue on one Redis sends no guard and its scripts run no extra

@@ -133,13 +133,13 @@ def test_bad_options_are_named(url, opts, options, match):
 
 @pytest.mark.parametrize("given,ns", [(None, C.SPIN_WAIT_US * 1000), (0, 0), (250, 250_000)])
 def test_spin_wait_us_is_how_long_the_connections_calls_poll_for_their_reply(url, opts, given, ns):
-    from celery_pq import scripts
+    from celery_pq.scripts import wire
 
     if given is not None:
         opts["spin_wait_us"] = given
     with Connection(url, transport_options=opts) as conn:
         pool = conn.default_channel.client.connection_pool
-        assert scripts._spin[pool] == ns
+        assert wire._spin[pool] == ns
 
 
 def test_visibility_timeout_is_an_alias(url, opts):

@@ -6,7 +6,8 @@ import pytest
 
 from celery_pq.errors import ErrorCode
 from celery_pq.keys import queue_keys, script_keys
-from celery_pq.scripts import SCRIPT_NAMES, _bindings, header, header_errors, signature, source
+from celery_pq.scripts import SCRIPT_NAMES, header, header_errors, signature, source
+from celery_pq.scripts.assembly import _bindings
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -80,3 +81,66 @@ def test_the_header_lists_the_error_codes_the_script_returns(name):
     first = source(name).splitlines()[0]
     for label in used - {"MODE_MISMATCH"}:  # pasted in from the enum
         assert re.match(r"local [\w, ]+ = [-\d, ]+$", first) and label in first
+
+
+_ARGV_LINE = r"^-- ARGV\[([^\]]+)\] "
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_argv_is_named_in_the_header_one_line_each(name):
+    """Every ARGV line parses (``signature`` raises on a line out of order or not of the form),
+    each name once; the script's code reads no ARGV position its header does not declare."""
+    sig = signature(name)
+    names = [*sig.argv, *sig.rest, *(["context"] if sig.context else [])]
+    assert len(set(names)) == len(names), names
+    lines = re.findall(_ARGV_LINE, header(name), re.M)
+    assert len(lines) == len(sig.argv) + bool(sig.rest) + sig.context
+    assert sig.context == ("take_context()" in source(name))
+    singles = {w for w in lines if ".." not in w and w != "0"}
+    lists = {tuple(w.split("..")) for w in lines if ".." in w}
+    counts = {count for count, _, _ in sig.counts}
+    code = re.sub(r"--.*", "", source(name))
+    for used in re.findall(r"\bARGV\[([^\]]+)\]", code):
+        pos = re.sub(r"\s+", "", used)
+        if pos.isdigit():  # a fixed position: declared, or inside the open group at the end
+            assert pos in singles or any(int(pos) >= int(a) for a, b in lists if a.isdigit() and not b), (name, used)
+        elif set(re.findall(r"[a-z_]+", pos)) <= counts:  # after a counted list: a declared position
+            assert pos in singles, (name, used)
+    for a, b in re.findall(r"unpack\(ARGV, ([^,]+), ([^)]+)\)", code):
+        assert (re.sub(r"\s+", "", a), re.sub(r"\s+", "", b)) in lists, (name, a, b)
+
+
+def test_signature_args_lays_out_argv_from_names():
+    pop = signature("pop")
+    given = {"lease_ms": 1, "consumer": "c", "token_base": "b", "count": 3, "stale_budget": 4, "lo": 0, "hi": 255,
+             "take_hi": 9}
+    assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [1, "c", "b", 3, 4, 0, 255, 9, 2,
+                                                                          "e1", "t1", "e2", "t2", "x"]
+    insert = signature("insert")
+    head = {"max_length": 0, "max_per_tenant": 0, "fair": "0", "scope": "P", "views_version": "v", "made": "0",
+            "context": "x"}
+    assert insert.args(*"abcdefg", **head, views=["0,3", "4,9"], forget=["p"]) == [
+        0, 0, "0", "P", "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
+    with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):
+        insert.args(**head, nviews=0)
+    with pytest.raises(TypeError, match="3 repeated values"):
+        pop.args("e1", "t1", "e2", **given, context="x")
+    with pytest.raises(TypeError, match=r"unexpected \['context'\]"):
+        signature("extend").args(lease_ms=1, context="x")
+    assert signature("extend").args("e", "t", lease_ms=5) == [5, "e", "t"]
+
+
+@pytest.mark.parametrize("lines", [
+    "-- ARGV[2] b  skips ARGV[1]",
+    "-- ARGV[1] a  one\n-- ARGV[1] b  again",
+    "-- ARGV[1] a b  two names, not a group",
+    "-- ARGV[1] n  count\n-- ARGV[2..1+n] x y...  two per n, counted once",
+    "-- ARGV[1..] x...  the rest\n-- ARGV[2] a  after the rest",
+    "-- ARGV[0] ctx  not named context",
+])
+def test_a_header_out_of_the_forms_is_refused(monkeypatch, lines):
+    from celery_pq.scripts import headers
+
+    monkeypatch.setattr(headers, "header", lambda name: lines)
+    with pytest.raises(ValueError):
+        headers._argv("made_up")

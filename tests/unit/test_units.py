@@ -88,7 +88,8 @@ def test_entry_ids_round_trip_and_uuids_take_17_bytes():
 def test_scripts_carry_only_the_helpers_they_call():
     import re
 
-    from celery_pq.scripts import SCRIPT_NAMES, _without_unused_functions, source
+    from celery_pq.scripts import SCRIPT_NAMES, source
+    from celery_pq.scripts.assembly import _without_unused_functions
 
     text = (
         "local function a()\n  return b()\nend\n"
@@ -107,7 +108,7 @@ def test_scripts_carry_only_the_helpers_they_call():
 
 
 def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way():
-    from celery_pq import scripts
+    from celery_pq.scripts import wire
 
     class Conn:
         def __init__(self):
@@ -120,9 +121,9 @@ def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way
             self.sent.append(("words", words))
 
     conn = Conn()
-    scripts._send(conn, ("FCALL", "f", 1, "k", b"v", 7))
-    scripts._send(conn, ("FCALL", "f", 0, None))  # hiredis packs no None: redis-py's path says why
-    if scripts._pack is not None:
+    wire._send(conn, ("FCALL", "f", 1, "k", b"v", 7))
+    wire._send(conn, ("FCALL", "f", 0, None))  # hiredis packs no None: redis-py's path says why
+    if wire._pack is not None:
         assert conn.sent[0] == ("packed", b"*6\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n")
         assert conn.sent[1] == ("words", ("FCALL", "f", 0, None))
     else:

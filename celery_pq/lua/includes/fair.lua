@@ -1,6 +1,6 @@
 -- Fair delivery by tenant (queue-by, generalised to weights and priorities): start-time fair
 -- queueing over the tenants that have waiting work, all state under the queue's hash tag.
--- Pasted into a script where it says `--!include fair.lua` (after common.lua). The script
+-- Pasted into a script where it says `--!include fair.lua`. The script
 -- fills FK (keys) and FA (settings) before calling these functions.
 --
 -- FK.te  zset (lex)  every waiting entry as  tenant "\0" rank(3) seq(14) eid: a tenant's best
@@ -22,6 +22,7 @@
 -- FA.scope  "P" within_priority or "T" tenant_first
 -- FA.conc, FA.rate  defaults for tenants without their own setting (0 = none)
 -- Virtual time is in units of 1/1,000,000 of a delivery at weight 1.
+--!include queue.lua
 
 local FK = {}
 local FA = {}

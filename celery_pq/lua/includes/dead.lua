@@ -1,0 +1,81 @@
+-- The dead-letter queue "<queue>.dead" (keys "<stem>dead:...", the same hash tag): entries
+-- moved there (to_dead), malformed entries set aside (set_aside), its length kept (max_dead).
+--!include counters.lua
+--!include duplicates.lua
+--!include events.lua
+--!include index.lua
+--!include queue.lua
+--!include records.lua
+--!include wake.lua
+
+-- A dead-letter queue holds at most CTX.max_dead entries: the oldest waiting one (the lowest
+-- seq at the head of a rank list) makes room, counted as dead_dropped.
+local function dead_make_room(dii, dpi)
+  if CTX.max_dead <= 0 or redis.call('HLEN', dii) < CTX.max_dead then
+    return
+  end
+  local dlt = string.sub(dii, 1, -3) .. 'lt'
+  local best_seq, best_eid, best_rank
+  for _, r in ipairs(redis.call('ZRANGE', dpi, 0, -1)) do
+    local rank = tonumber(r)
+    local _, h, found, eid = pi_trim(dii, dlt, dpi, rank, 100)
+    if h then
+      local seq = parse_ptr(h)
+      if not best_seq or seq < best_seq then
+        best_seq, best_eid, best_rank = seq, found or eid, rank
+      end
+    end
+  end
+  if best_seq then
+    local _, key = pi_head(dpi, best_rank)
+    pi_pop_head(dpi, best_rank, key)
+    redis.call('HDEL', dii, best_eid)
+    emit('remove', best_eid, best_rank * SEQ_SPAN, nil, nil, nil, 'dead_dropped')
+    counter_add('dead_dropped')
+    CTX.dropped = (CTX.dropped or 0) + 1
+  end
+end
+
+-- Move entry eid (value v, parsed e, split at bar) from its queue to the dead-letter queue.
+-- It keeps its priority; its dead-letter note says why, when and after how many deliveries.
+local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
+  dead_make_room(dii, dpi)
+  local seq = redis.call('INCR', dsq)
+  local rank = split_score(score)
+  local dscore = rank * SEQ_SPAN + seq
+  local deid = free_id(dii, eid, dsq, seq)
+  emit('dead', eid, score, e.t, nil, e.d, reason)
+  e.r = dead_note(reason, now, e.d)
+  e.d = 0
+  e.s = fmt(dscore)
+  e.x = ''
+  redis.call('HSET', dii, deid, join_entry(e, v, bar))
+  pi_push(dpi, rank, seq, deid)
+  wake(dwk)
+  redis.call('HDEL', ii, eid)
+  dup_forget(dp, eid)
+  counter_add('dead_lettered')
+  return deid
+end
+
+-- Set aside entry eid of queue ii whose stored value v cannot be parsed: it moves to the
+-- dead-letter queue (reason "malformed", the whole value kept as its payload) at the given
+-- rank; in a dead-letter queue it is rewritten in place, in the same form. Nothing is lost.
+local function set_aside(ii, eid, v, rank, now)
+  local e = { d = 0, s = fmt(rank * SEQ_SPAN), t = '', x = '', r = '', ts = fmt(now) }
+  local wrapped = '|' .. v
+  if CTX.is_dead then
+    local sq = key_of('sq')
+    local seq = redis.call('INCR', sq)
+    e.r = dead_note('malformed', now, 0)
+    e.s = fmt(rank * SEQ_SPAN + seq)
+    redis.call('HSET', ii, eid, join_entry(e, wrapped, 1))
+    pi_push(key_of('pi'), rank, seq, eid)
+    counter_add('malformed')
+    return
+  end
+  local ds = CTX.stem .. 'dead:'
+  to_dead(ii, key_of('dp'), ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s,
+    'malformed', now)
+  counter_add('malformed')
+end

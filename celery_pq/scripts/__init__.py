@@ -1,0 +1,33 @@
+"""The Lua scripts: what each takes (``headers``), their text and library (``assembly``), the
+wire a call goes over (``wire``) and the runner that calls them (``runner``).
+
+What a script takes and returns is its header (the leading comment block of its file): its
+KEYS and ARGV by name, its error codes. The names below are those the rest of the package
+imports from here.
+"""
+
+from .assembly import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library, source
+from .headers import Signature, header, header_errors, signature
+from .runner import FIRST_SEND, LuaScript, Scripts, get_scripts, resent, run_calls, run_replicated
+from .wire import set_spin_wait
+
+__all__ = [
+    "FIRST_SEND",
+    "SCRIPT_NAMES",
+    "WRITES_WHEN_FULL",
+    "Library",
+    "LuaScript",
+    "Scripts",
+    "Signature",
+    "compose",
+    "get_scripts",
+    "header",
+    "header_errors",
+    "library",
+    "resent",
+    "run_calls",
+    "run_replicated",
+    "set_spin_wait",
+    "signature",
+    "source",
+]
