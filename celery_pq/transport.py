@@ -50,6 +50,7 @@ import socket
 import threading
 
 import redis
+from kombu import Connection
 from kombu.transport import virtual
 from redis import exceptions as rex
 
@@ -294,8 +295,6 @@ class Channel(virtual.Channel):
 class Transport(virtual.Transport):
     Channel = Channel
 
-    polling_interval = None
-    default_port = DEFAULT_PORT
     driver_type = "redis"
     driver_name = "redis"
     use_tls = False
@@ -306,7 +305,9 @@ class Transport(virtual.Transport):
         exchange_type=frozenset(["direct", "topic", "fanout"]),
     )
 
-    connection_errors = virtual.Transport.connection_errors + (
+    # (kombu's own defaults are one-element tuples, which its annotations take for their type)
+    connection_errors = (  # type: ignore[assignment]
+        *virtual.Transport.connection_errors,
         rex.ConnectionError,
         rex.TimeoutError,
         rex.BusyLoadingError,
@@ -324,19 +325,23 @@ class Transport(virtual.Transport):
         socket.error,
         OSError,
     )
-    channel_errors = virtual.Transport.channel_errors + (
+    channel_errors = (  # type: ignore[assignment]
+        *virtual.Transport.channel_errors,
         rex.DataError,
         rex.InvalidResponse,
         rex.ResponseError,
     )
 
-    def __init__(self, client, **kwargs):
+    #: The kombu connection of this transport.
+    client: Connection
+
+    def __init__(self, client: Connection, **kwargs):
         super().__init__(client, **kwargs)
         self.consumer_id = default_consumer_id()
         self.cycle_channels: list[Channel] = []
         self.fanout_queues: dict[str, str] = {}
         self.poller = Poller(self)
-        self._pool = None
+        self._pool: redis.ConnectionPool | redis.RedisCluster | None = None
         self._pool_lock = threading.Lock()
         self._keeper: LeaseKeeper | None = None
         self.db = 0
@@ -351,33 +356,43 @@ class Transport(virtual.Transport):
     def driver_version(self):
         return redis.__version__
 
+    @property
+    def default_connection_params(self) -> dict:
+        """kombu's defaults for what the URL leaves out: Redis's port on this host."""
+        return {"port": DEFAULT_PORT, "hostname": "localhost"}
+
     # -- connections (connections.py: one server, TLS, or the master Sentinel names) -----------
     @property
     def tls(self) -> bool:
         return self.use_tls or bool(self.client.ssl)
 
-    def redis_client(self, channel) -> redis.Redis:
+    def redis_client(self, channel) -> redis.Redis | redis.RedisCluster:
         """A client of this connection's pool; with ``cluster``, the connection's one
         ``RedisCluster`` (shared by its channels: it holds the pools of every node)."""
         with self._pool_lock:
-            if self._pool is None:
+            pool = self._pool
+            if pool is None:
                 self.db = connections.broker_db(self.client)
-                make = connections.make_cluster if channel.options.cluster else connections.make_pool
-                self._pool = make(self.client, channel.options, self.tls)
-                if connections.is_cluster(self._pool):
-                    connections.set_cluster_retry(self._pool, channel.options.cluster_retry_seconds)
+                options = channel.options
+                if options.cluster:
+                    pool = connections.make_cluster(self.client, options, self.tls)
+                    connections.set_cluster_retry(pool, options.cluster_retry_seconds)
                 else:
-                    set_spin_wait(self._pool, channel.options.spin_wait_us)
-        if connections.is_cluster(self._pool):
-            return self._pool
-        return redis.Redis(connection_pool=self._pool)
+                    pool = connections.make_pool(self.client, options, self.tls)
+                    set_spin_wait(pool, options.spin_wait_us)
+                self._pool = pool
+        if isinstance(pool, redis.RedisCluster):
+            return pool
+        return redis.Redis(connection_pool=pool)
 
-    def new_connection(self, key: str):
+    def new_connection(self, key: str) -> redis.connection.AbstractConnection:
         """A connection of our own (not from the pool) for a blocking read of ``key`` (on a
         cluster, to the master serving the key now)."""
-        if connections.is_cluster(self._pool):
-            return connections.new_connection(connections.node_client(self._pool, key).connection_pool)
-        return connections.new_connection(self._pool)
+        pool = self._pool
+        assert pool is not None  # (made with the first channel, before anything blocks)
+        if isinstance(pool, redis.RedisCluster):
+            return connections.new_connection(connections.node_client(pool, key).connection_pool)
+        return connections.new_connection(pool)
 
     def ensure_keeper(self):
         if self._keeper is None or not self._keeper.is_alive():
@@ -426,7 +441,7 @@ class Transport(virtual.Transport):
             connections.close_pool(self._pool)
 
     # -- waiting: kombu's drain_events, Celery's event loop (poller.py) --------------------------
-    def drain_events(self, connection, timeout=None):
+    def drain_events(self, connection, timeout=None, **kwargs):
         return self.poller.drain(timeout)
 
     def register_with_event_loop(self, connection, loop):
