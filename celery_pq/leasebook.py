@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from redis import exceptions as rex
 
 from . import constants as C
 from .errors import ErrorCode
-from .queue import Lease, PriorityQueue, Popped, ack_all
+from .queue import Lease, Popped, PriorityQueue, ack_all
 from .shards import pop_any
 
 logger = logging.getLogger(__name__)
