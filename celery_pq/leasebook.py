@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from redis import exceptions as rex
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from hashlib import blake2b
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from .codec import VERSION, CodecError, decode, encode
-from .ids import unique_bytes
 from .errors import MessageTooLarge
+from .ids import unique_bytes
 from .options import Options
 from .queue import validate_priority
 from .tenants import tenant_of
@@ -81,7 +82,7 @@ class PublishStamp:
     (the first is known never to have been stored, so its id is only recorded, not looked up).
     """
 
-    __slots__ = ("publish_id", "sends", "armed")
+    __slots__ = ("armed", "publish_id", "sends")
 
     def __init__(self) -> None:
         self.publish_id = unique_bytes()
@@ -89,7 +90,7 @@ class PublishStamp:
         self.armed = True
 
     @classmethod
-    def prepared(cls, properties: dict) -> "PublishStamp":
+    def prepared(cls, properties: dict) -> PublishStamp:
         """The stamp of the call these properties belong to: a new one for a first attempt,
         the same one, armed again, for a retry of it."""
         stamp = properties.get(STAMP)
@@ -100,7 +101,7 @@ class PublishStamp:
         return stamp
 
     @classmethod
-    def take(cls, message: dict) -> "tuple[bytes, bool] | tuple[None, bool]":
+    def take(cls, message: dict) -> tuple[bytes, bool] | tuple[None, bool]:
         """``(publish id, first send)`` for one ``_put`` of ``message``: the prepared call's id,
         or ``(None, True)`` (the queue makes one) for a message that was not prepared for this
         put."""
@@ -237,7 +238,7 @@ def eta_ms(eta) -> int | None:
     except ValueError:
         raise ValueError(f"message eta {eta!r} is not an ISO 8601 time; the message was not published") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return max(0, int(when.timestamp() * 1000))
 
 
@@ -255,7 +256,7 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
             why = str(exc).removeprefix("stored message's ").removeprefix("stored message ")
             return {"task": None, "args": _cut(f"unreadable: {why}", width)}
         message = None
-    except Exception:  # noqa: BLE001 - whatever the payload is, it is shown, never raised on
+    except Exception:
         message = None
     if not isinstance(message, dict) or "body" not in message:
         return {"task": None, "args": _cut(_text(payload), width)}
@@ -278,6 +279,8 @@ def _stored_form(payload: bytes | str) -> bool:
 
 def _body_preview(message: dict) -> str:
     body = message.get("body")
+    if not isinstance(body, (str, bytes, bytearray)):  # (neither base64 nor JSON text: shown as it is)
+        return _text(body)
     props = message.get("properties") or {}
     try:
         if isinstance(props, dict) and props.get("body_encoding") == "base64":

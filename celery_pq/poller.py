@@ -24,15 +24,21 @@ import logging
 import os
 import select
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from time import monotonic, sleep
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis import exceptions as rex
+from redis.connection import AbstractConnection
 
 from . import constants as C
 from .connections import by_node, is_cluster, node_client, slot_groups
+
+if TYPE_CHECKING:
+    from kombu.asynchronous import Hub
+    from redis.connection import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ class Wait:
     """A connection to read from and what to do when it is readable; ``once``: a blocking read
     that is sent again (re-armed) after its answer."""
 
-    conn: object
+    conn: Any  # a redis-py connection (``AbstractConnection``) or a pub/sub's one
     handler: Callable[[], int]
     once: bool
 
@@ -55,17 +61,31 @@ class Wait:
 class Blocking:
     """One blocking connection and the BLPOP in flight on it (``keys`` None when none is)."""
 
-    conn: object
+    conn: AbstractConnection
     id: int | None
     keys: list | None = None
     sent: float = 0.0
+
+
+class PubSub(Protocol):
+    """What a subscription uses of redis-py's ``PubSub`` (its sharded calls included, which
+    the type stubs lack)."""
+
+    connection: Connection | None
+
+    def subscribe(self, *channels: str) -> None: ...
+    def unsubscribe(self, *channels: str) -> None: ...
+    def ssubscribe(self, *channels: str) -> None: ...
+    def sunsubscribe(self, *channels: str) -> None: ...
+    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float = 0.0) -> dict | None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
 class Subscription:
     """One pub/sub connection (per master on a cluster) and its channels."""
 
-    pubsub: object
+    pubsub: PubSub
     channels: set = field(default_factory=set)
 
 
@@ -100,8 +120,8 @@ class Waits:
         channel = self.channel
         channel.leases.flush()  # never block with acks unsent
         waits = []
-        for block in self._blocks.values():
-            if block.keys is not None and monotonic() - block.sent > channel.options.block_seconds + SILENCE_SECONDS:
+        for pending in self._blocks.values():
+            if pending.keys is not None and monotonic() - pending.sent > channel.options.block_seconds + SILENCE_SECONDS:
                 self.drop()
                 raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
         if channel.active_queues and channel.qos.can_consume() and not self.should_pop():
@@ -231,10 +251,10 @@ class Poller:
 
     def __init__(self, transport):
         self.transport = transport
-        self._loop = None
-        self._readers: dict[int, tuple] = {}  # fd -> (socket, Wait)
+        self._loop: Hub | None = None
+        self._readers: dict[int, tuple[socket.socket, Wait]] = {}  # fd -> (socket, Wait)
         self._draining = False
-        self._wake_pipe = None
+        self._wake_pipe: tuple[int, int] | None = None  # (read end, write end): the loop wakes itself
 
     def defers_acks(self) -> bool:
         """Acks can wait for the next pop while something here is sure to pop again soon."""
@@ -272,7 +292,7 @@ class Poller:
                 return
             remaining = None if deadline is None else deadline - monotonic()
             if remaining is not None and remaining <= 0:
-                raise socket.timeout()
+                raise TimeoutError()
             if not waits:  # nothing to block on (prefetch window full): look again shortly
                 sleep(min(0.05, remaining) if remaining is not None else 0.05)
                 continue
@@ -286,23 +306,24 @@ class Poller:
                 return
 
     # -- Celery's event loop ----------------------------------------------------------------
-    def register_with_event_loop(self, loop):
+    def register_with_event_loop(self, loop: Hub) -> None:
         self._loop = loop
         if self._wake_pipe is None:
             r, w = os.pipe()
             os.set_blocking(r, False)
             os.set_blocking(w, False)
             self._wake_pipe = (r, w)
-        loop.add_reader(self._wake_pipe[0], self._on_self_wake)
+        loop.add_reader(self._wake_pipe[0], self._on_self_wake, self._wake_pipe[0])
         loop.on_tick.add(self.on_tick)
 
-    def _on_self_wake(self):
+    def _on_self_wake(self, fd: int) -> None:
         try:
-            os.read(self._wake_pipe[0], 4096)
+            os.read(fd, 4096)
         except BlockingIOError:
             pass
 
-    def _self_wake(self):
+    def _self_wake(self) -> None:
+        assert self._wake_pipe is not None  # (made with the loop's registration)
         try:
             os.write(self._wake_pipe[1], b"x")
         except BlockingIOError:
@@ -315,6 +336,8 @@ class Poller:
         # runs them itself and pops again (_drain_in_tick), and once its time is up, or where
         # the hub cannot be asked, the loop wakes itself (a pipe) so the next pass comes at
         # once, not after a timer. A backlog costs one round trip per pop, never a wait in Redis.
+        loop = self._loop
+        assert loop is not None  # (on_tick is called by the loop it was registered with)
         delivered, waits = self._step(until_delivered=False)
         if delivered:
             delivered, waits = self._drain_in_tick(delivered, waits)
@@ -326,7 +349,7 @@ class Poller:
             known = self._readers.get(fd)
             if known is None or known[0] is not sock:
                 self._readers[fd] = (sock, wait)
-                self._loop.add_reader(fd, self._on_readable, fd)
+                loop.add_reader(fd, self._on_readable, fd)
         if delivered:
             # Even when the tick's last pass found the prefetch window full: what it delivered
             # may have missed this tick's other callbacks (the prefork pool schedules its writes
@@ -354,18 +377,20 @@ class Poller:
             delivered += got
         return delivered, waits
 
-    def _on_readable(self, fd):
+    def _on_readable(self, fd: int) -> None:
         entry = self._readers.get(fd)
         if entry is None:
             return
         sock, wait = entry
+        loop = self._loop
+        assert loop is not None  # (readers are registered with the loop, and cleared without it)
         if wait.conn._sock is not sock:  # reconnected: the next tick registers the new socket
             self._readers.pop(fd, None)
-            self._loop.remove_reader(fd)
+            loop.remove_reader(fd)
             return
         if wait.once:  # a blocking read that has been answered is re-armed on the next tick
             self._readers.pop(fd, None)
-            self._loop.remove_reader(fd)
+            loop.remove_reader(fd)
         wait.handler()
 
     def close(self):
@@ -386,7 +411,7 @@ def _quietly(call, *args) -> None:
     """Tear something down; a failure there changes nothing (it is being dropped)."""
     try:
         call(*args)
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
 
 

@@ -1,0 +1,68 @@
+"""A channel's publishing side: a message stored in a queue, or sent to a fanout exchange.
+
+kombu prepares the message (``messages.prepare_message``: priority checked and defaulted, the
+publish call stamped with its identity), then augments it in place and puts it. A message put
+in a queue is stored as ``messages.stored_item`` makes it: one insert, with the publish call's
+id (its own retries carry the same one, so the queue stores it once). A message sent to a
+fanout exchange goes to Redis pub/sub (sharded pub/sub on a Redis Cluster), each receiver
+given a delivery tag of its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import connections
+from .codec import Base64Body
+from .keys import fanout_channel
+from .messages import STAMP, PublishStamp, serialized, stored_item
+
+if TYPE_CHECKING:
+    from .transport import Channel
+
+
+class Publisher:
+    """What kombu's ``basic_publish`` calls on a channel, past ``prepare_message``."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.options = channel.options
+
+    def augment(self, message: dict, exchange: str, routing_key: str) -> None:
+        """kombu's ``_inplace_augment_message``, less two steps the stored form makes needless:
+        a body to be base64 text stays its bytes (a ``Base64Body``: the codec stores it so
+        anyway) and no delivery tag is made (a delivery carries its lease token as tag; a fanout
+        message gets one in ``put_fanout``)."""
+        channel = self.channel
+        body = message["body"]
+        if channel.body_encoding == "base64" and isinstance(body, (bytes, str)):
+            message["body"] = Base64Body(body.encode() if isinstance(body, str) else body)
+            encoding = "base64"
+        else:
+            message["body"], encoding = channel.encode_body(body, channel.body_encoding)
+        props = message["properties"]
+        props["body_encoding"] = encoding
+        props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
+
+    def put(self, queue: str, message: dict) -> None:
+        """Store ``message`` in ``queue``: one publish call, one publish id (its own retries,
+        kombu's ``ensure``, carry the same one)."""
+        publish_id, first_send = PublishStamp.take(message)
+        item = stored_item(queue, message, self.options, self.channel.decode_body, publish_id_=publish_id)
+        self.channel.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant,
+                                         due_ms=item.due_ms, publish_id=item.publish_id, first_send=first_send,
+                                         remember=False, task=item.task)
+
+    def put_fanout(self, exchange: str, message: dict) -> None:
+        """Send ``message`` to the receivers of a fanout exchange; on a cluster by sharded
+        pub/sub, to the master of the channel's slot only."""
+        channel = self.channel
+        client = channel.client
+        publish = client.spublish if connections.is_cluster(client) else client.publish
+        props = {k: v for k, v in message["properties"].items() if k != STAMP}  # (the publisher's alone)
+        props.setdefault("delivery_tag", channel._next_delivery_tag())  # each receiver's own
+        publish(self.fanout_channel(exchange), serialized(exchange, {**message, "properties": props}, self.options))
+
+    def fanout_channel(self, exchange: str) -> str:
+        """The pub/sub channel of a fanout exchange."""
+        return fanout_channel(exchange, self.channel.transport.db, self.options.key_prefix)
