@@ -53,9 +53,25 @@ def ceiling(port, client, entries, batch) -> float | None:
     _, keys, args = q.insert_call([(PAYLOAD.decode(), 5, None, None, "0", None, None)] * batch)
     calls = max(1, entries // batch)
     out = subprocess.run(
-        [binary, "-p", str(port), "-n", str(calls), "-c", "8", "-P", "16", "--csv",
-         *call, str(len(keys)), *keys, *[str(a) for a in args]],
-        capture_output=True, text=True, timeout=600,
+        [
+            binary,
+            "-p",
+            str(port),
+            "-n",
+            str(calls),
+            "-c",
+            "8",
+            "-P",
+            "16",
+            "--csv",
+            *call,
+            str(len(keys)),
+            *keys,
+            *[str(a) for a in args],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     rows = [r for r in csv.reader(io.StringIO(out.stdout)) if len(r) > 1 and r[0] != "test"]
     q.delete()
@@ -71,8 +87,7 @@ def run(entries=200_000, batch=100, repeat=3) -> dict:
             c = ceiling(port, client, entries, batch)
             if c:
                 got["ceiling"].append(c)
-    result = {"entries": entries, "batch": batch, "repeat": repeat, "runs": got,
-              "ours_per_second": median(got["ours"])}
+    result = {"entries": entries, "batch": batch, "repeat": repeat, "runs": got, "ours_per_second": median(got["ours"])}
     if got["ceiling"]:
         result["ceiling_per_second"] = median(got["ceiling"])
         result["share_of_ceiling"] = result["ours_per_second"] / result["ceiling_per_second"]
@@ -85,15 +100,23 @@ def markdown(d) -> list[str]:
         row = [ours, f"{d['ceiling_per_second']:.0f}", f"{100 * d['share_of_ceiling']:.0f}%"]
     else:
         row = [ours, "redis-benchmark not found", "-"]
-    return [f"# Bulk insert ({d['entries']:,} entries of 256 bytes, {d['batch']} per script call)", "",
-            *table(["insert_many entries/s", "redis-benchmark ceiling entries/s", "share (target >= 50%)"], [row],
-                   left=0)]
+    return [
+        f"# Bulk insert ({d['entries']:,} entries of 256 bytes, {d['batch']} per script call)",
+        "",
+        *table(["insert_many entries/s", "redis-benchmark ceiling entries/s", "share (target >= 50%)"], [row], left=0),
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "bulk", run, markdown,
-               options=[("--entries", int, 200_000), ("--batch", int, 100), ("--repeat", int, 3)],
-               smoke={"entries": 2_000, "repeat": 1})
+    return cli(
+        argv,
+        __doc__,
+        "bulk",
+        run,
+        markdown,
+        options=[("--entries", int, 200_000), ("--batch", int, 100), ("--repeat", int, 3)],
+        smoke={"entries": 2_000, "repeat": 1},
+    )
 
 
 if __name__ == "__main__":

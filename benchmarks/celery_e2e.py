@@ -45,10 +45,18 @@ def tasks_per_second(port, url, kwargs, pool, n) -> float:
         producer = conn.Producer()
         for _ in range(n):
             app.send_task("bench.noop", queue="bench", producer=producer)
-    env = celery_env(ROOT, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
-                     BENCH_RECORD=f"redis://127.0.0.1:{port}/0")
-    worker = start_worker("benchmarks.celery_app", cwd=ROOT, env=env, queues="bench", pool=POOLS[pool][0],
-                          concurrency=POOLS[pool][1], loglevel="warning")
+    env = celery_env(
+        ROOT, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options), BENCH_RECORD=f"redis://127.0.0.1:{port}/0"
+    )
+    worker = start_worker(
+        "benchmarks.celery_app",
+        cwd=ROOT,
+        env=env,
+        queues="bench",
+        pool=POOLS[pool][0],
+        concurrency=POOLS[pool][1],
+        loglevel="warning",
+    )
     try:
         deadline = time.monotonic() + 120
         while int(rec.get("bench:done") or 0) < 1 and time.monotonic() < deadline:
@@ -83,13 +91,23 @@ def run(tasks=3000, repeat=3) -> dict:
 
 
 def markdown(data) -> list[str]:
-    return [f"# Celery end to end, no-op tasks ({data['tasks']} per run, median of {data['repeat']} runs)", "",
-            *versus_table("pool", "tasks/s", data["results"], "tasks_per_second", lambda pool: 1.2)]
+    return [
+        f"# Celery end to end, no-op tasks ({data['tasks']} per run, median of {data['repeat']} runs)",
+        "",
+        *versus_table("pool", "tasks/s", data["results"], "tasks_per_second", lambda pool: 1.2),
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "celery_e2e", run, markdown,
-               options=[("--tasks", int, 3000), ("--repeat", int, 3)], smoke={"tasks": 30, "repeat": 1})
+    return cli(
+        argv,
+        __doc__,
+        "celery_e2e",
+        run,
+        markdown,
+        options=[("--tasks", int, 3000), ("--repeat", int, 3)],
+        smoke={"tasks": 30, "repeat": 1},
+    )
 
 
 if __name__ == "__main__":

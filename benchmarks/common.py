@@ -103,10 +103,20 @@ def versus_table(first: str, unit: str, results: dict, figures: str, target) -> 
     rows = []
     for name, row in results.items():
         rate = row[figures]
-        rows.append([name, f"{rate['celery-pq']:.0f}", f"{rate['kombu-redis']:.0f}", f"{row['ratio']:.2f}",
-                     f">= {target(name)}", f"{rate['rabbitmq']:.0f}" if "rabbitmq" in rate else "not reachable"])
-    return table([first, f"celery-pq {unit}", f"kombu-redis {unit}", "ratio", "target",
-                  f"RabbitMQ (priority queue) {unit}"], rows)
+        rows.append(
+            [
+                name,
+                f"{rate['celery-pq']:.0f}",
+                f"{rate['kombu-redis']:.0f}",
+                f"{row['ratio']:.2f}",
+                f">= {target(name)}",
+                f"{rate['rabbitmq']:.0f}" if "rabbitmq" in rate else "not reachable",
+            ]
+        )
+    return table(
+        [first, f"celery-pq {unit}", f"kombu-redis {unit}", "ratio", "target", f"RabbitMQ (priority queue) {unit}"],
+        rows,
+    )
 
 
 def cli(argv, doc: str, name: str, run, markdown, *, options=(), smoke=None, run_gets_out=False):

@@ -17,7 +17,6 @@ EVALSHA), which other load on the machine changes less than the rates.
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 
@@ -36,8 +35,10 @@ TARGET = 0.85
 
 def _settings(port: int) -> dict:
     url = f"pq://127.0.0.1:{port}/0"
-    return {"log off": (url, {"key_prefix": "bench-evoff"}),
-            "log on": (url, {"key_prefix": "bench-evon", "event_log": CAP})}
+    return {
+        "log off": (url, {"key_prefix": "bench-evoff"}),
+        "log on": (url, {"key_prefix": "bench-evon", "event_log": CAP}),
+    }
 
 
 def _queue():
@@ -46,8 +47,13 @@ def _queue():
 
 def _publish(producer, q, n):
     for _ in range(n):
-        producer.publish(BODY, exchange=q.exchange, routing_key="evc", priority=5,
-                         headers={"id": str(uuid.uuid4()), "task": "bench.tasks.noop"})
+        producer.publish(
+            BODY,
+            exchange=q.exchange,
+            routing_key="evc",
+            priority=5,
+            headers={"id": str(uuid.uuid4()), "task": "bench.tasks.noop"},
+        )
 
 
 def _script_usec(client) -> float:
@@ -93,7 +99,7 @@ def consume_rate(url, options, n, prefetch, client) -> tuple[float, float]:
             while got[0] < n:
                 try:
                     conn.drain_events(timeout=5)
-                except socket.timeout:
+                except TimeoutError:
                     break
             elapsed = time.perf_counter() - start
             usec = _script_usec(client)
@@ -120,27 +126,59 @@ def run(messages=5000, repeat=3) -> dict:
     summary = {}
     for fig, rows in figures.items():
         med = {name: median(v) for name, v in rows.items()}
-        summary[fig] = {"per_second": med, "ratio": med["log on"] / med["log off"], "runs": rows,
-                        "script_usec": {name: median(v) for name, v in usec[fig].items()}}
+        summary[fig] = {
+            "per_second": med,
+            "ratio": med["log on"] / med["log off"],
+            "runs": rows,
+            "script_usec": {name: median(v) for name, v in usec[fig].items()},
+        }
     return {"messages": messages, "repeat": repeat, "cap": CAP, "stream": logged, "results": summary}
 
 
 def markdown(data) -> list[str]:
-    rows = [[fig, f"{r['per_second']['log off']:,.0f}", f"{r['per_second']['log on']:,.0f}", f"{r['ratio']:.2f}",
-             "yes" if r["ratio"] >= TARGET else "no", f"{r['script_usec']['log off']:.1f}",
-             f"{r['script_usec']['log on']:.1f}"] for fig, r in data["results"].items()]
-    return [f"# The event log's cost through kombu ({data['messages']} messages, median of {data['repeat']} runs)",
-            "",
-            *table(["figure", "log off msg/s", "log on msg/s", "on / off", f"within {1 - TARGET:.0%}",
-                    "log off: Redis µs per script call", "log on: Redis µs per script call"], rows),
-            "",
-            f"The stream after the run: {data['stream']['entries']:,} entries (cap ~{data['cap']:,}), "
-            f"{data['stream']['memory_bytes']:,} bytes."]
+    rows = [
+        [
+            fig,
+            f"{r['per_second']['log off']:,.0f}",
+            f"{r['per_second']['log on']:,.0f}",
+            f"{r['ratio']:.2f}",
+            "yes" if r["ratio"] >= TARGET else "no",
+            f"{r['script_usec']['log off']:.1f}",
+            f"{r['script_usec']['log on']:.1f}",
+        ]
+        for fig, r in data["results"].items()
+    ]
+    return [
+        f"# The event log's cost through kombu ({data['messages']} messages, median of {data['repeat']} runs)",
+        "",
+        *table(
+            [
+                "figure",
+                "log off msg/s",
+                "log on msg/s",
+                "on / off",
+                f"within {1 - TARGET:.0%}",
+                "log off: Redis µs per script call",
+                "log on: Redis µs per script call",
+            ],
+            rows,
+        ),
+        "",
+        f"The stream after the run: {data['stream']['entries']:,} entries (cap ~{data['cap']:,}), "
+        f"{data['stream']['memory_bytes']:,} bytes.",
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "events_cost", run, markdown,
-               options=[("--messages", int, 5000), ("--repeat", int, 3)], smoke={"messages": 50, "repeat": 1})
+    return cli(
+        argv,
+        __doc__,
+        "events_cost",
+        run,
+        markdown,
+        options=[("--messages", int, 5000), ("--repeat", int, 3)],
+        smoke={"messages": 50, "repeat": 1},
+    )
 
 
 if __name__ == "__main__":

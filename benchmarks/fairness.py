@@ -79,8 +79,9 @@ def tenant_cost(port, tenants: tuple[int, int], entries: int, ops: int, reps: in
     for n in tenants:
         queues[n] = PriorityQueue(client, f"cost-{n}-{time.monotonic_ns()}", key_prefix=PREFIX, fair=True)
         for start in range(0, entries, 100_000):
-            queues[n].insert_many([(b"x" * 64, 5, None, f"t{i % n}")
-                                   for i in range(start, min(entries, start + 100_000))])
+            queues[n].insert_many(
+                [(b"x" * 64, 5, None, f"t{i % n}") for i in range(start, min(entries, start + 100_000))]
+            )
     runs = {str(n): [] for n in tenants}
     redis_time = RedisTime(client)
     for _ in range(reps):
@@ -98,11 +99,23 @@ def tenant_cost(port, tenants: tuple[int, int], entries: int, ops: int, reps: in
 def run(smoke=False, large=False) -> dict:
     """``large``: 100,000 tenants (200,000 entries) against 5, instead of 5,000 (50,000 entries)."""
     quiet, flood_size, reps = (10, 500, 1) if smoke else (100, 20_000, 3)
-    many, entries, ops = (5_000, 10_000, 200) if smoke else (100_000, 200_000, 5_000) if large else (5_000, 50_000, 5_000)
+    many, entries, ops = (
+        (5_000, 10_000, 200) if smoke else (100_000, 200_000, 5_000) if large else (5_000, 50_000, 5_000)
+    )
     consumers, service_ms = 2, 1.0
-    data = {"dwell": {"calm": [], "flood": []},
-            "params": {"quiet_sends": quiet, "flood": flood_size, "consumers": consumers, "service_ms": service_ms,
-                       "entries": entries, "ops": ops, "tenants": [5, many], "reps": reps}}
+    data = {
+        "dwell": {"calm": [], "flood": []},
+        "params": {
+            "quiet_sends": quiet,
+            "flood": flood_size,
+            "consumers": consumers,
+            "service_ms": service_ms,
+            "entries": entries,
+            "ops": ops,
+            "tenants": [5, many],
+            "reps": reps,
+        },
+    }
     with redis_server() as port:
         for _ in range(reps):
             for label, flood in (("calm", False), ("flood", True)):
@@ -134,22 +147,44 @@ def markdown(data) -> list[str]:
         f"Quiet tenant Q sends {p['quiet_sends']} entries, one every 50 ms; {p['consumers']} consumers, "
         f"{p['service_ms']} ms of work per entry, prefetch 1. Flood: tenant F queues {p['flood']} entries first.",
         "",
-        *table(["", "Q's p99 wait, no flood", "Q's p99 wait, flood", "ratio (target <= 2)"],
-               [["celery-pq fair queue", f"{s['quiet_p99_calm_ms']:.2f} ms", f"{s['quiet_p99_flood_ms']:.2f} ms",
-                 f"{s['dwell_ratio']:.2f}"]]),
+        *table(
+            ["", "Q's p99 wait, no flood", "Q's p99 wait, flood", "ratio (target <= 2)"],
+            [
+                [
+                    "celery-pq fair queue",
+                    f"{s['quiet_p99_calm_ms']:.2f} ms",
+                    f"{s['quiet_p99_flood_ms']:.2f} ms",
+                    f"{s['dwell_ratio']:.2f}",
+                ]
+            ],
+        ),
         "",
         f"Pop+ack cost, fair queue of {p['entries']:,} entries ({p['ops']:,} operations timed per repetition, "
         f"one client, medians of {p['reps']}; client: wall time; Redis: the server's own time in the script calls):",
         "",
-        *table(["", "5 tenants", f"{many:,} tenants", "ratio (target <= 1.5)"],
-               [["client", f"{s['pop_ack_us_5_tenants']:.1f} us", f"{s['pop_ack_us_many_tenants']:.1f} us",
-                 f"{s['tenant_cost_ratio']:.2f}"],
-                ["Redis", f"{s['pop_ack_redis_us_5_tenants']:.1f} us", f"{s['pop_ack_redis_us_many_tenants']:.1f} us",
-                 f"{s['tenant_cost_ratio_redis']:.2f}"]]),
+        *table(
+            ["", "5 tenants", f"{many:,} tenants", "ratio (target <= 1.5)"],
+            [
+                [
+                    "client",
+                    f"{s['pop_ack_us_5_tenants']:.1f} us",
+                    f"{s['pop_ack_us_many_tenants']:.1f} us",
+                    f"{s['tenant_cost_ratio']:.2f}",
+                ],
+                [
+                    "Redis",
+                    f"{s['pop_ack_redis_us_5_tenants']:.1f} us",
+                    f"{s['pop_ack_redis_us_many_tenants']:.1f} us",
+                    f"{s['tenant_cost_ratio_redis']:.2f}",
+                ],
+            ],
+        ),
         "",
-        "Each repetition (client us / Redis us): " + "; ".join(
+        "Each repetition (client us / Redis us): "
+        + "; ".join(
             f"{int(n):,} tenants " + ", ".join(f"{r['us']:.0f}/{r['redis_us']:.1f}" for r in runs)
-            for n, runs in data["pop_cost"].items()),
+            for n, runs in data["pop_cost"].items()
+        ),
     ]
 
 

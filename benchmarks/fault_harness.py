@@ -48,9 +48,19 @@ class FaultRun:
     ``visibility_timeout`` alike; ``options`` adds transport options; ``via_port`` sends the
     producers and workers to Redis through that port (a proxy), the checks go straight."""
 
-    def __init__(self, transport: str, server, workdir: Path, *, lease: float = 2.0, concurrency: int = 2,
-                 task_seconds: float = 0.02, options: dict | None = None, seed: int = 13,
-                 via_port: int | None = None):
+    def __init__(
+        self,
+        transport: str,
+        server,
+        workdir: Path,
+        *,
+        lease: float = 2.0,
+        concurrency: int = 2,
+        task_seconds: float = 0.02,
+        options: dict | None = None,
+        seed: int = 13,
+        via_port: int | None = None,
+    ):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         self.transport = transport
@@ -62,16 +72,22 @@ class FaultRun:
         port = via_port or server.port
         if transport == "celery-pq":
             self.url = f"pq://127.0.0.1:{port}/0"
-            self.options = {"key_prefix": self.prefix, "lease_seconds": lease, "sweep_interval": min(0.5, lease / 4),
-                            "fair_key": "tenant", **(options or {})}
+            self.options = {
+                "key_prefix": self.prefix,
+                "lease_seconds": lease,
+                "sweep_interval": min(0.5, lease / 4),
+                "fair_key": "tenant",
+                **(options or {}),
+            }
         else:
             self.url = f"redis://127.0.0.1:{port}/0"
             self.options = {"visibility_timeout": lease, **(options or {})}
         self.concurrency = concurrency
         self.task_seconds = task_seconds
         self.rng = random.Random(seed)
-        self.env = celery_env(ROOT, FAULT_BROKER=self.url, FAULT_OPTIONS=json.dumps(self.options),
-                              FAULT_RECORDS=str(self.records))
+        self.env = celery_env(
+            ROOT, FAULT_BROKER=self.url, FAULT_OPTIONS=json.dumps(self.options), FAULT_RECORDS=str(self.records)
+        )
         self.app = Celery("faults-client", broker=self.url)
         self.app.conf.broker_transport_options = self.options
         self.app.conf.broker_connection_max_retries = None
@@ -98,9 +114,17 @@ class FaultRun:
         env = self.env
         if broker_port is not None:
             env = dict(env, FAULT_BROKER=self.url.rsplit(":", 1)[0] + f":{broker_port}/0")
-        proc = start_worker("benchmarks.fault_app", cwd=ROOT, env=env, name=f"{name}.{self._serial}", queues=QUEUE,
-                            pool="prefork", concurrency=self.concurrency, heartbeat=False,
-                            log=self.dir / f"{name}.{self._serial}.log")
+        proc = start_worker(
+            "benchmarks.fault_app",
+            cwd=ROOT,
+            env=env,
+            name=f"{name}.{self._serial}",
+            queues=QUEUE,
+            pool="prefork",
+            concurrency=self.concurrency,
+            heartbeat=False,
+            log=self.dir / f"{name}.{self._serial}.log",
+        )
         self.workers[name] = proc
         if wait_ready:
             proc.wait_ready(60)
@@ -143,9 +167,16 @@ class FaultRun:
                     with self._lock:
                         self.attempted.add(tid)
                     try:
-                        self.app.send_task("faults.work", args=(tid, self.task_seconds), queue=QUEUE,
-                                           priority=rng.randint(0, 9), headers={"tenant": f"t{rng.randint(0, 4)}"},
-                                           producer=producer, retry=True, retry_policy=RETRY_POLICY)
+                        self.app.send_task(
+                            "faults.work",
+                            args=(tid, self.task_seconds),
+                            queue=QUEUE,
+                            priority=rng.randint(0, 9),
+                            headers={"tenant": f"t{rng.randint(0, 4)}"},
+                            producer=producer,
+                            retry=True,
+                            retry_policy=RETRY_POLICY,
+                        )
                     except Exception as exc:  # the id is "raised": it may still be stored
                         with self._lock:
                             self.raised.add(tid)
@@ -162,9 +193,12 @@ class FaultRun:
         self.started_at = self.started_at or time.time()
         per = total // threads
         for i in range(threads):
-            t = threading.Thread(target=self._produce, name=f"producer-{i}", daemon=True,
-                                 args=(len(self._producers), per, rate / threads if rate else None,
-                                       self.rng.random()))
+            t = threading.Thread(
+                target=self._produce,
+                name=f"producer-{i}",
+                daemon=True,
+                args=(len(self._producers), per, rate / threads if rate else None, self.rng.random()),
+            )
             self._producers.append(t)
             t.start()
 
@@ -218,8 +252,11 @@ class FaultRun:
 
     def under_way(self) -> int:
         """Task ids started and not yet done."""
-        return sum(1 for rows in self.runs().values()
-                   if any(r[0] == "start" for r in rows) and not any(r[0] == "done" for r in rows))
+        return sum(
+            1
+            for rows in self.runs().values()
+            if any(r[0] == "start" for r in rows) and not any(r[0] == "done" for r in rows)
+        )
 
     def wait_empty(self, timeout: float) -> bool:
         """True once nothing is waiting or leased in the broker (within ``timeout``)."""
@@ -298,8 +335,13 @@ class FaultRun:
         """For a few ids: their runs (kind, process group, time) and the faults' times, relative
         to the start of the run, to see why they ran twice."""
         t0 = self.started_at or 0.0
-        return {tid: {"runs": [(kind, pgid, round(t - t0, 3)) for kind, pgid, _, t in runs[tid]],
-                      "faults": [(pgid, round(t - t0, 3)) for pgid, t in self.kills]} for tid in ids}
+        return {
+            tid: {
+                "runs": [(kind, pgid, round(t - t0, 3)) for kind, pgid, _, t in runs[tid]],
+                "faults": [(pgid, round(t - t0, 3)) for pgid, t in self.kills],
+            }
+            for tid in ids
+        }
 
     def loss_window(self, lost) -> float:
         """The longest time between a lost publish's return and the broker's next kill."""

@@ -29,8 +29,18 @@ from .common import RESULTS
 from .fault_harness import TRANSPORTS, FaultRun, summary
 
 
-def worker_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 3,
-                 lease: float = 2.0, task_seconds: float = 0.1, drain: float = 60.0, seed: int = 1) -> dict:
+def worker_kills(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 600,
+    rate: float = 60.0,
+    workers: int = 3,
+    lease: float = 2.0,
+    task_seconds: float = 0.1,
+    drain: float = 60.0,
+    seed: int = 1,
+) -> dict:
     """Producers publish ``tasks`` at ``rate`` per second while a random worker's process group
     is SIGKILLed and restarted every 1-2 s."""
     rng = random.Random(seed)
@@ -55,8 +65,16 @@ def worker_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float
             run.close()
 
 
-def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: float = 2.0,
-                   stall: float = 5.0, task_seconds: float = 0.5, drain: float = 60.0) -> dict:
+def stalled_worker(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 200,
+    lease: float = 2.0,
+    stall: float = 5.0,
+    task_seconds: float = 0.5,
+    drain: float = 60.0,
+) -> dict:
     """One of two workers is SIGSTOPped with tasks under way for longer than its lease, then
     SIGCONTinued: its tasks run elsewhere, its late acks are refused, nothing runs a third time."""
     with RedisServer() as server:
@@ -66,8 +84,14 @@ def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: fl
             run.start_producers(tasks, threads=1, rate=tasks / 4)
             # stop w0 once each of its pool processes has started a task
             pgid = run.workers["w0"].pid
-            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
-                                 if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
+            wait_for(
+                lambda: (
+                    sum(1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid)
+                    >= run.concurrency
+                ),
+                30,
+                "w0 busy",
+            )
             run.signal_worker("w0", signal.SIGSTOP)
             time.sleep(stall)
             run.signal_worker("w0", signal.SIGCONT)
@@ -80,9 +104,20 @@ def stalled_worker(transport: str, workdir: Path, *, tasks: int = 200, lease: fl
             run.close()
 
 
-def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float = 60.0, workers: int = 2,
-                kills: int = 3, down: float = 0.5, fsync: str = "always", lease: float = 3.0,
-                drain: float = 60.0, seed: int = 2) -> dict:
+def redis_kills(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 600,
+    rate: float = 60.0,
+    workers: int = 2,
+    kills: int = 3,
+    down: float = 0.5,
+    fsync: str = "always",
+    lease: float = 3.0,
+    drain: float = 60.0,
+    seed: int = 2,
+) -> dict:
     """The broker redis-server (AOF, ``appendfsync`` = ``fsync``) is SIGKILLed and restarted on
     the same port and directory ``kills`` times while producers (Celery's publish retry) and
     workers go on; the workers are never restarted."""
@@ -110,8 +145,15 @@ def redis_kills(transport: str, workdir: Path, *, tasks: int = 600, rate: float 
             run.close()
 
 
-def aof_loss_window(transport: str, workdir: Path, *, fsync: str = "everysec", rate: float = 300.0,
-                    seconds: float = 3.0, drain: float = 60.0) -> dict:
+def aof_loss_window(
+    transport: str,
+    workdir: Path,
+    *,
+    fsync: str = "everysec",
+    rate: float = 300.0,
+    seconds: float = 3.0,
+    drain: float = 60.0,
+) -> dict:
     """Producers publish at ``rate`` for ``seconds`` into a backlog (no worker yet); the broker
     (AOF, ``appendfsync`` = ``fsync``) is SIGKILLed then restarted; then workers drain it. Lost
     publishes are those the AOF had not written; ``loss_window_s`` is how long before the kill
@@ -153,8 +195,16 @@ def _write_and_fsync(path: Path, stop: threading.Event, chunk: int = 8 << 20) ->
         path.unlink(missing_ok=True)
 
 
-def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 1000.0, threads: int = 2,
-                    kill_after: tuple[float, float] = (0.5, 1.5), busy_disk: bool = False, seed: int = 4) -> dict:
+def aof_kill_rounds(
+    *,
+    fsync: str = "everysec",
+    rounds: int = 10,
+    rate: float = 1000.0,
+    threads: int = 2,
+    kill_after: tuple[float, float] = (0.5, 1.5),
+    busy_disk: bool = False,
+    seed: int = 4,
+) -> dict:
     """The loss window of a redis-server process crash under an ``appendfsync`` policy, over many
     rounds. Each round: a fresh broker with AOF; ``threads`` insert into a celery-pq queue at a
     steady ``rate`` in all (the queue API: the insert script a publish runs); the server is
@@ -168,8 +218,16 @@ def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 
     from celery_pq.ids import encode_id
 
     rng = random.Random(seed)
-    out = {"fsync": fsync, "rounds": rounds, "rate": rate, "returned": 0, "lost": 0, "lost_per_round": [],
-           "loss_window_s": 0.0, "delayed_fsyncs": []}
+    out = {
+        "fsync": fsync,
+        "rounds": rounds,
+        "rate": rate,
+        "returned": 0,
+        "lost": 0,
+        "lost_per_round": [],
+        "loss_window_s": 0.0,
+        "delayed_fsyncs": [],
+    }
     for _ in range(rounds):
         with RedisServer(config={"appendonly": "yes", "appendfsync": fsync}) as server:
             stop = threading.Event()
@@ -188,7 +246,7 @@ def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 
                     n += 1
                     try:
                         q.insert(b"x", rng.randint(0, 9), id=eid)
-                    except Exception:  # noqa: BLE001 - the server is gone: this round's publishing ends
+                    except Exception:
                         return
                     with lock:
                         returned.append((eid, time.time()))
@@ -222,8 +280,17 @@ def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 
     return out
 
 
-def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, pause: float = 5.0,
-                task_seconds: float = 1.0, how: str = "sigstop", drain: float = 60.0) -> dict:
+def redis_pause(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 40,
+    lease: float = 2.0,
+    pause: float = 5.0,
+    task_seconds: float = 1.0,
+    how: str = "sigstop",
+    drain: float = 60.0,
+) -> dict:
     """Two workers run tasks of ``task_seconds``; the broker is paused (SIGSTOP, or a
     ``DEBUG SLEEP`` from a client) for ``pause`` seconds, longer than the lease, with tasks under
     way, then goes on. Its clock has moved on by the pause: were every lease taken as expired
@@ -251,9 +318,11 @@ def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float 
             result = run.finish(drain)
             result["how"] = how
             result["under_way_at_pause"] = sum(
-                1 for rows in run.runs().values()
+                1
+                for rows in run.runs().values()
                 if any(r[0] == "start" and r[3] <= run.kills[0][1] for r in rows)
-                and not any(r[0] == "done" and r[3] <= run.kills[0][1] for r in rows))
+                and not any(r[0] == "done" and r[3] <= run.kills[0][1] for r in rows)
+            )
             return result
         finally:
             if server.process is not None:
@@ -264,14 +333,21 @@ def redis_pause(transport: str, workdir: Path, *, tasks: int = 40, lease: float 
             run.close()
 
 
-def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 2.0, partition: float = 6.0,
-                     task_seconds: float = 1.0, drain: float = 60.0) -> dict:
+def worker_partition(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 40,
+    lease: float = 2.0,
+    partition: float = 6.0,
+    task_seconds: float = 1.0,
+    drain: float = 60.0,
+) -> dict:
     """Two workers, one reaching Redis through a proxy (tests/support/proxy.py) that partitions
     it for ``partition`` seconds (longer than its lease) with tasks under way, then heals: its
     tasks run on the other worker, its late acks and renewals are refused by their token, and
     it takes work again once the network is back."""
     from tests.support.proxy import FaultProxy
-
 
     with RedisServer() as server:
         proxy = FaultProxy(server.port)
@@ -282,8 +358,14 @@ def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: f
             run.start_producers(tasks, threads=1)
             run.join_producers()
             pgid = cut_off.pid
-            wait_for(lambda: sum(1 for rows in run.runs().values() for r in rows
-                                 if r[0] == "start" and r[1] == pgid) >= run.concurrency, 30, "w0 busy")
+            wait_for(
+                lambda: (
+                    sum(1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid)
+                    >= run.concurrency
+                ),
+                30,
+                "w0 busy",
+            )
             run.kills.append((pgid, time.time()))
             proxy.partition()
             time.sleep(partition)
@@ -298,18 +380,34 @@ def worker_partition(transport: str, workdir: Path, *, tasks: int = 40, lease: f
             # entries whose lease the partitioned worker was told it had lost: by a renewal or by an
             # ack refused by its token (an ack it had sent into the partition, whose entry it then
             # finds gone, is taken as done by that sending and not reported again)
-            result["lost_leases_reported"] = len(set(re.findall(
-                r"(?:lease|ack) of (\S+) in '[^']*' (?:was lost before renewal|came after its lease ran out)", logs)))
+            result["lost_leases_reported"] = len(
+                set(
+                    re.findall(
+                        r"(?:lease|ack) of (\S+) in '[^']*' (?:was lost before renewal|came after its lease ran out)",
+                        logs,
+                    )
+                )
+            )
             result["partitioned_worker_ran_after_heal"] = sum(
-                1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed)
+                1 for rows in run.runs().values() for r in rows if r[0] == "start" and r[1] == pgid and r[3] > healed
+            )
             return result
         finally:
             run.close()
             proxy.close()
 
 
-def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: float = 40.0, workers: int = 2,
-                    lease: float = 3.0, drain: float = 60.0, seed: int = 3) -> dict:
+def connection_cuts(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 300,
+    rate: float = 40.0,
+    workers: int = 2,
+    lease: float = 3.0,
+    drain: float = 60.0,
+    seed: int = 3,
+) -> dict:
     """Producers and workers reach Redis through a proxy that cuts every connection, mid-command
     or not, every 0.5-1.5 s while publishing (Celery's publish retry) and consuming go on."""
     from tests.support.proxy import FaultProxy
@@ -335,8 +433,18 @@ def connection_cuts(transport: str, workdir: Path, *, tasks: int = 300, rate: fl
             proxy.close()
 
 
-def network_latency(transport: str, workdir: Path, *, tasks: int = 200, rate: float = 20.0, workers: int = 2,
-                    lease: float = 2.0, low: float = 0.05, high: float = 0.2, drain: float = 90.0) -> dict:
+def network_latency(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 200,
+    rate: float = 20.0,
+    workers: int = 2,
+    lease: float = 2.0,
+    low: float = 0.05,
+    high: float = 0.2,
+    drain: float = 90.0,
+) -> dict:
     """Producers and workers reach Redis through a proxy that holds every chunk a random
     ``low``..``high`` seconds in each direction (order kept): every command's round trip, the
     renewals' and acks' included, takes two such waits. No fault kills anything, so nothing may
@@ -359,8 +467,16 @@ def network_latency(transport: str, workdir: Path, *, tasks: int = 200, rate: fl
             proxy.close()
 
 
-def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 3.0, task_seconds: float = 1.0,
-              socket_timeout: float = 1.0, drain: float = 60.0) -> dict:
+def half_open(
+    transport: str,
+    workdir: Path,
+    *,
+    tasks: int = 40,
+    lease: float = 3.0,
+    task_seconds: float = 1.0,
+    socket_timeout: float = 1.0,
+    drain: float = 60.0,
+) -> dict:
     """Producers and two workers reach Redis through a proxy; with tasks under way, every
     connection open at that moment goes half-open for good (what a client writes is taken, no
     reply ever comes, nothing is closed), while new connections go through. With
@@ -370,8 +486,15 @@ def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 
 
     with RedisServer() as server:
         proxy = FaultProxy(server.port)
-        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds, via_port=proxy.port,
-                       options={"socket_timeout": socket_timeout})
+        run = FaultRun(
+            transport,
+            server,
+            workdir,
+            lease=lease,
+            task_seconds=task_seconds,
+            via_port=proxy.port,
+            options={"socket_timeout": socket_timeout},
+        )
         try:
             run.start_workers(2)
             pids = {name: p.pid for name, p in run.workers.items()}
@@ -387,9 +510,15 @@ def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 
             result = run.finish(drain)
             result["under_way_at_fault"] = under_way
             result["workers_restarted"] = sum(pids[n] != p.pid for n, p in run.workers.items())
-            result["ran_after_fault"] = {name: sum(1 for rows in run.runs().values() for r in rows
-                                                   if r[0] == "start" and r[1] == p.pid and r[3] > silenced)
-                                         for name, p in run.workers.items()}
+            result["ran_after_fault"] = {
+                name: sum(
+                    1
+                    for rows in run.runs().values()
+                    for r in rows
+                    if r[0] == "start" and r[1] == p.pid and r[3] > silenced
+                )
+                for name, p in run.workers.items()
+            }
             return result
         finally:
             run.close()
@@ -397,14 +526,18 @@ def half_open(transport: str, workdir: Path, *, tasks: int = 40, lease: float = 
 
 
 SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
-    "worker_kills": (worker_kills, {"tasks": 4000, "rate": 100.0, "drain": 120.0},
-                     {"tasks": 120, "rate": 40.0}),
+    "worker_kills": (worker_kills, {"tasks": 4000, "rate": 100.0, "drain": 120.0}, {"tasks": 120, "rate": 40.0}),
     "stalled_worker": (stalled_worker, {"tasks": 200}, {"tasks": 40}),
-    "redis_kills": (redis_kills, {"tasks": 3000, "rate": 100.0, "kills": 8, "drain": 120.0},
-                    {"tasks": 100, "rate": 40.0, "kills": 2}),
-    "redis_kills_everysec": (redis_kills, {"tasks": 3000, "rate": 100.0, "kills": 8, "fsync": "everysec",
-                                           "drain": 120.0},
-                             {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec"}),
+    "redis_kills": (
+        redis_kills,
+        {"tasks": 3000, "rate": 100.0, "kills": 8, "drain": 120.0},
+        {"tasks": 100, "rate": 40.0, "kills": 2},
+    ),
+    "redis_kills_everysec": (
+        redis_kills,
+        {"tasks": 3000, "rate": 100.0, "kills": 8, "fsync": "everysec", "drain": 120.0},
+        {"tasks": 100, "rate": 40.0, "kills": 2, "fsync": "everysec"},
+    ),
     "redis_pause_sigstop": (redis_pause, {"tasks": 100}, {"tasks": 12}),
     "redis_pause_debug_sleep": (redis_pause, {"tasks": 100, "how": "debug_sleep"}, {"tasks": 12, "how": "debug_sleep"}),
     "worker_partition": (worker_partition, {"tasks": 100}, {"tasks": 12}),
@@ -420,16 +553,25 @@ SMOKE = ("redis_kills",)
 
 
 def markdown(results: dict) -> str:
-    lines = ["# Fault suite", "",
-             "Every task id classified as Jepsen's queue checker does (benchmarks/faults.py).", ""]
-    keys = ["returned", "raised", "done", "lost", "recovered", "duplicated", "unexpected",
-            "unexplained_duplicates", "max_runs", "kills", "per_second"]
+    lines = ["# Fault suite", "", "Every task id classified as Jepsen's queue checker does (benchmarks/faults.py).", ""]
+    keys = [
+        "returned",
+        "raised",
+        "done",
+        "lost",
+        "recovered",
+        "duplicated",
+        "unexpected",
+        "unexplained_duplicates",
+        "max_runs",
+        "kills",
+        "per_second",
+    ]
     for name, by_transport in results.items():
         if name == "aof_kill_rounds":
             lines += aof_markdown(by_transport)
             continue
-        lines += [f"## {name}", "", "| | " + " | ".join(TRANSPORTS) + " |",
-                  "| --- |" + " --- |" * len(TRANSPORTS)]
+        lines += [f"## {name}", "", "| | " + " | ".join(TRANSPORTS) + " |", "| --- |" + " --- |" * len(TRANSPORTS)]
         for key in keys:
             row = [str(by_transport.get(t, {}).get(key, "")) for t in TRANSPORTS]
             lines.append(f"| {key} | " + " | ".join(row) + " |")
@@ -438,15 +580,21 @@ def markdown(results: dict) -> str:
 
 
 def aof_markdown(by_fsync: dict) -> list[str]:
-    lines = ["## aof_kill_rounds", "",
-             "redis-server SIGKILLed while inserts go on at a steady rate, restarted from its AOF; "
-             "lost: inserts that returned and are not stored.", "",
-             "| appendfsync | rounds | returned | lost | lost per round | loss window (s) | delayed fsyncs |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "## aof_kill_rounds",
+        "",
+        "redis-server SIGKILLed while inserts go on at a steady rate, restarted from its AOF; "
+        "lost: inserts that returned and are not stored.",
+        "",
+        "| appendfsync | rounds | returned | lost | lost per round | loss window (s) | delayed fsyncs |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for fsync, r in by_fsync.items():
-        lines.append(f"| {fsync} | {r['rounds']} | {r['returned']} | {r['lost']} | "
-                     f"{max(r['lost_per_round'], default=0)} max | {r['loss_window_s']} | {sum(r['delayed_fsyncs'])} |")
-    return lines + [""]
+        lines.append(
+            f"| {fsync} | {r['rounds']} | {r['returned']} | {r['lost']} | "
+            f"{max(r['lost_per_round'], default=0)} max | {r['loss_window_s']} | {sum(r['delayed_fsyncs'])} |"
+        )
+    return [*lines, ""]
 
 
 def main(argv=None):
@@ -454,8 +602,12 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--aof-rounds", type=int, default=None,
-                    help="rounds of aof_kill_rounds per appendfsync policy (default 10, --smoke 1)")
+    ap.add_argument(
+        "--aof-rounds",
+        type=int,
+        default=None,
+        help="rounds of aof_kill_rounds per appendfsync policy (default 10, --smoke 1)",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ in milliseconds, per transport, measured in one run on one redis-server.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import time
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -38,7 +37,7 @@ def _consumer(url, kwargs, n, ready, out):
             while len(got) < n and time.monotonic() < deadline:
                 try:
                     conn.drain_events(timeout=1)
-                except socket.timeout:
+                except TimeoutError:
                     pass
     out.put(got)
 
@@ -77,14 +76,16 @@ def measure_celery(port, url, kwargs, n, gap=0.02) -> list[float]:
 
     root = Path(__file__).resolve().parent.parent
     options = kwargs.get("transport_options", {})
-    env = celery_env(root, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options),
-                     BENCH_RECORD=f"redis://127.0.0.1:{port}/0")
+    env = celery_env(
+        root, BENCH_BROKER=url, BENCH_OPTIONS=json.dumps(options), BENCH_RECORD=f"redis://127.0.0.1:{port}/0"
+    )
     rec = redis.Redis(port=port)
     rec.delete("bench:latency")
     app = Celery("bench-client", broker=url)
     app.conf.broker_transport_options = options
-    worker = start_worker("benchmarks.celery_app", cwd=root, env=env, queues="bench", prefetch_multiplier=None,
-                          loglevel="warning")
+    worker = start_worker(
+        "benchmarks.celery_app", cwd=root, env=env, queues="bench", prefetch_multiplier=None, loglevel="warning"
+    )
     try:
         app.send_task("bench.stamp", args=(now_ns(),), queue="bench")  # warm-up: the worker is up
         deadline = time.monotonic() + 60
@@ -110,8 +111,12 @@ def run(messages=200, repeat=3) -> dict:
             cases = []
             for name, (url, kwargs) in transports(port).items():  # alternately, one server
                 cases.append((name, lambda url=url, kwargs=kwargs: measure(url, kwargs, messages)))
-                cases.append((f"{name} (Celery worker)",
-                              lambda url=url, kwargs=kwargs: measure_celery(port, url, kwargs, messages)))
+                cases.append(
+                    (
+                        f"{name} (Celery worker)",
+                        lambda url=url, kwargs=kwargs: measure_celery(port, url, kwargs, messages),
+                    )
+                )
             for name, fn in cases:
                 lat = fn()
                 row = results.setdefault(name, {"p50_ms": [], "p99_ms": [], "max_ms": [], "received": []})
@@ -128,22 +133,34 @@ def markdown(data) -> list[str]:
     lines = [
         f"# Idle-to-delivery latency ({data['messages']} messages, median of {data['repeat']} runs)",
         "",
-        *table(["transport", "p50 ms", "p99 ms", "max ms", "received"],
-               [[name, f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}", f"{row['max_ms']:.2f}", f"{row['received']:.0f}"]
-                for name, row in r.items()]),
+        *table(
+            ["transport", "p50 ms", "p99 ms", "max ms", "received"],
+            [
+                [name, f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}", f"{row['max_ms']:.2f}", f"{row['received']:.0f}"]
+                for name, row in r.items()
+            ],
+        ),
         "",
     ]
     for suffix in ("", " (Celery worker)"):
         pq, kr = r.get("celery-pq" + suffix), r.get("kombu-redis" + suffix)
         if pq and kr:
-            lines.append(f"p99 ratio celery-pq / kombu-redis{suffix}: {pq['p99_ms'] / kr['p99_ms']:.2f} "
-                         "(lower is better)  ")
+            lines.append(
+                f"p99 ratio celery-pq / kombu-redis{suffix}: {pq['p99_ms'] / kr['p99_ms']:.2f} (lower is better)  "
+            )
     return lines
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "latency", run, markdown,
-               options=[("--messages", int, 200), ("--repeat", int, 3)], smoke={"messages": 5, "repeat": 1})
+    return cli(
+        argv,
+        __doc__,
+        "latency",
+        run,
+        markdown,
+        options=[("--messages", int, 200), ("--repeat", int, 3)],
+        smoke={"messages": 5, "repeat": 1},
+    )
 
 
 if __name__ == "__main__":

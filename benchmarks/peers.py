@@ -55,7 +55,7 @@ def _consumer(port, name, start, out):
 def _spawn(target, args_for, procs):
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
-    ps = [ctx.Process(target=target, args=args_for(i) + (start, out)) for i in range(procs)]
+    ps = [ctx.Process(target=target, args=(*args_for(i), start, out)) for i in range(procs)]
     for p in ps:
         p.start()
     time.sleep(0.3)
@@ -84,8 +84,13 @@ def bullmq(port, jobs, concurrency) -> float | None:
             subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=BULLMQ, capture_output=True, timeout=300)
         if not node or not (BULLMQ / "node_modules" / "bullmq").exists():
             return None
-    out = subprocess.run([node, "process.js", str(port), str(jobs), str(concurrency)], cwd=BULLMQ,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [node, "process.js", str(port), str(jobs), str(concurrency)],
+        cwd=BULLMQ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if out.returncode != 0:
         return None
     return json.loads(out.stdout.strip().splitlines()[-1])["jobs_per_second"]
@@ -113,17 +118,38 @@ def markdown(d) -> list[str]:
     for c in (1, 8):
         b = m.get(f"bullmq x{c}")
         ratio = d["ratio_vs_bullmq"].get(f"x{c}")
-        rows.append([str(c), f"{m[f'pq insert x{c}']:.0f}", f"{m[f'pq pop+ack x{c}']:.0f}",
-                     "not available" if b is None else f"{b:.0f}", "-" if ratio is None else f"{ratio:.2f}"])
-    return [f"# The queue API vs BullMQ ({d['jobs']:,} jobs per run, median of {d['repeat']} runs)", "",
-            *table(["concurrency", "pq insert/s", "pq pop+ack/s", "BullMQ jobs/s", "pop+ack / BullMQ (target >= 1.0)"],
-                   rows, left=0),
-            "", "celery-pq concurrency is client processes; BullMQ's is one Worker's concurrency."]
+        rows.append(
+            [
+                str(c),
+                f"{m[f'pq insert x{c}']:.0f}",
+                f"{m[f'pq pop+ack x{c}']:.0f}",
+                "not available" if b is None else f"{b:.0f}",
+                "-" if ratio is None else f"{ratio:.2f}",
+            ]
+        )
+    return [
+        f"# The queue API vs BullMQ ({d['jobs']:,} jobs per run, median of {d['repeat']} runs)",
+        "",
+        *table(
+            ["concurrency", "pq insert/s", "pq pop+ack/s", "BullMQ jobs/s", "pop+ack / BullMQ (target >= 1.0)"],
+            rows,
+            left=0,
+        ),
+        "",
+        "celery-pq concurrency is client processes; BullMQ's is one Worker's concurrency.",
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "peers", run, markdown,
-               options=[("--jobs", int, 20_000), ("--repeat", int, 3)], smoke={"jobs": 200, "repeat": 1})
+    return cli(
+        argv,
+        __doc__,
+        "peers",
+        run,
+        markdown,
+        options=[("--jobs", int, 20_000), ("--repeat", int, 3)],
+        smoke={"jobs": 200, "repeat": 1},
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ are not targets (pyinstrument samples every millisecond, which slows the run a l
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -42,7 +41,7 @@ def _consume(conn, n):
         while got[0] < n:
             try:
                 conn.drain_events(timeout=5)
-            except socket.timeout:
+            except TimeoutError:
                 break
     return got[0]
 
@@ -87,8 +86,16 @@ def markdown(data) -> list[str]:
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "profile", run, markdown, options=[("--messages", int, 5000)],
-               smoke={"messages": 200}, run_gets_out=True)
+    return cli(
+        argv,
+        __doc__,
+        "profile",
+        run,
+        markdown,
+        options=[("--messages", int, 5000)],
+        smoke={"messages": 200},
+        run_gets_out=True,
+    )
 
 
 if __name__ == "__main__":

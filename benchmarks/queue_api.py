@@ -31,7 +31,6 @@ from celery_pq.scripts import compose
 
 from .common import RedisTime, cli, median, redis_server, table
 
-
 FILL_PIECE = 10_000  # entries per call of the fill script (about 30 ms of Redis time each here)
 
 # The benchmark's fill: entries written by the queue's own helpers (includes/index.lua, records.lua), as an
@@ -57,7 +56,10 @@ def fill(q, size) -> float:
     q.insert(b"x" * 64, 0)
     script = q.client.register_script(compose(_FILL))
     for start in range(1, size, FILL_PIECE):
-        script(keys=[q.keys.entries, q.keys.priority_index, q.keys.sequence], args=[min(FILL_PIECE, size - start), b"x" * 64])
+        script(
+            keys=[q.keys.entries, q.keys.priority_index, q.keys.sequence],
+            args=[min(FILL_PIECE, size - start), b"x" * 64],
+        )
     return time.perf_counter() - t
 
 
@@ -76,8 +78,12 @@ def measure(client, q, ops) -> dict:
     for _ in range(ops):
         q.ack(q.pop(1)[0])
     pop_ack = (time.perf_counter() - t) / ops
-    return {"insert_us": insert * 1e6, "pop_ack_us": pop_ack * 1e6,
-            "insert_redis_us": insert_redis, "pop_ack_redis_us": redis_time.per_call(ops)}
+    return {
+        "insert_us": insert * 1e6,
+        "pop_ack_us": pop_ack * 1e6,
+        "insert_redis_us": insert_redis,
+        "pop_ack_redis_us": redis_time.per_call(ops),
+    }
 
 
 def _progress(line: str) -> None:
@@ -103,15 +109,23 @@ def growth(client, small, big, ops, reps) -> dict:
             runs[size].append(measure(client, queues[size], ops))
             _progress(f"{size:,} entries: {runs[size][-1]}")
     med = {size: {k: median([r[k] for r in runs[size]]) for k in runs[size][0]} for size in runs}
-    return {"sizes": [small, big], "ops": ops, "reps": reps, "runs": {str(s): r for s, r in runs.items()},
-            "cost_small": med[small], "cost_big": med[big],
-            "growth": {k: med[big][k] / med[small][k] for k in med[small]},
-            # each repetition's big against the small measured just before it: what drifts over
-            # the run (the machine's speed) moves both alike
-            "paired_growth": {k: median([b[k] / a[k] for a, b in zip(runs[small], runs[big])]) for k in med[small]},
-            "fill_seconds": fill_s, "fill_per_second": big / fill_s,
-            "memory_per_entry": used / big, "memory_per_entry_beyond_payload": used / big - 64,
-            "used_memory_filled": used}
+    return {
+        "sizes": [small, big],
+        "ops": ops,
+        "reps": reps,
+        "runs": {str(s): r for s, r in runs.items()},
+        "cost_small": med[small],
+        "cost_big": med[big],
+        "growth": {k: med[big][k] / med[small][k] for k in med[small]},
+        # each repetition's big against the small measured just before it: what drifts over
+        # the run (the machine's speed) moves both alike
+        "paired_growth": {k: median([b[k] / a[k] for a, b in zip(runs[small], runs[big])]) for k in med[small]},
+        "fill_seconds": fill_s,
+        "fill_per_second": big / fill_s,
+        "memory_per_entry": used / big,
+        "memory_per_entry_beyond_payload": used / big - 64,
+        "used_memory_filled": used,
+    }
 
 
 def memory(port, url, options, n) -> float:
@@ -157,26 +171,57 @@ def run(smoke=False, large=False) -> dict:
 def markdown(d) -> list[str]:
     small, big = d["sizes"]
     cs, cb, g, pg = d["cost_small"], d["cost_big"], d["growth"], d["paired_growth"]
-    rows = [[label, f"{cs[k]:.1f} us", f"{cb[k]:.1f} us", f"{g[k]:.2f}", f"{pg[k]:.2f}"]
-            for label, k in (("insert (client)", "insert_us"), ("insert (Redis)", "insert_redis_us"),
-                             ("pop+ack (client)", "pop_ack_us"), ("pop+ack (Redis)", "pop_ack_redis_us"))]
-    spread = [[f"{int(size):,}", "; ".join(f"{r['insert_us']:.0f}/{r['insert_redis_us']:.1f}" for r in runs),
-               "; ".join(f"{r['pop_ack_us']:.0f}/{r['pop_ack_redis_us']:.1f}" for r in runs)]
-              for size, runs in d["runs"].items()]
-    return ["# The queue API", "", f"Cost per operation with {small:,} vs {big:,} entries waiting "
-            f"({d['ops']:,} operations timed per repetition, one client, medians of {d['reps']}; client: wall "
-            "time per call; Redis: the server's own time in the script calls, INFO commandstats):", "",
-            *table(["operation", f"{small:,} entries", f"{big:,} entries", "ratio (target <= 1.3)",
-                    "median of the repetitions' ratios"], rows),
-            "", "Each repetition (client us / Redis us):", "",
-            *table(["entries", "insert", "pop+ack"], spread),
-            "", f"Filling {big:,} entries (the benchmark's fill script, 64-byte payloads) took {d['fill_seconds']:.0f} s "
-            f"({d['fill_per_second']:,.0f} entries/s); Redis memory {d['used_memory_filled'] / 2**20:,.0f} MiB, "
-            f"{d['memory_per_entry']:.0f} B per entry, {d['memory_per_entry_beyond_payload']:.0f} B beyond the payload.",
-            "", f"Redis memory per waiting entry beyond its payload ({d['entries_for_memory']:,} messages "
-            "published through kombu, 36-character task ids):", "",
-            *table(["transport", "bytes (target <= 200)"],
-                   [[name, f"{v:.0f}"] for name, v in d["memory_bytes_beyond_payload"].items()])]
+    rows = [
+        [label, f"{cs[k]:.1f} us", f"{cb[k]:.1f} us", f"{g[k]:.2f}", f"{pg[k]:.2f}"]
+        for label, k in (
+            ("insert (client)", "insert_us"),
+            ("insert (Redis)", "insert_redis_us"),
+            ("pop+ack (client)", "pop_ack_us"),
+            ("pop+ack (Redis)", "pop_ack_redis_us"),
+        )
+    ]
+    spread = [
+        [
+            f"{int(size):,}",
+            "; ".join(f"{r['insert_us']:.0f}/{r['insert_redis_us']:.1f}" for r in runs),
+            "; ".join(f"{r['pop_ack_us']:.0f}/{r['pop_ack_redis_us']:.1f}" for r in runs),
+        ]
+        for size, runs in d["runs"].items()
+    ]
+    return [
+        "# The queue API",
+        "",
+        f"Cost per operation with {small:,} vs {big:,} entries waiting "
+        f"({d['ops']:,} operations timed per repetition, one client, medians of {d['reps']}; client: wall "
+        "time per call; Redis: the server's own time in the script calls, INFO commandstats):",
+        "",
+        *table(
+            [
+                "operation",
+                f"{small:,} entries",
+                f"{big:,} entries",
+                "ratio (target <= 1.3)",
+                "median of the repetitions' ratios",
+            ],
+            rows,
+        ),
+        "",
+        "Each repetition (client us / Redis us):",
+        "",
+        *table(["entries", "insert", "pop+ack"], spread),
+        "",
+        f"Filling {big:,} entries (the benchmark's fill script, 64-byte payloads) took {d['fill_seconds']:.0f} s "
+        f"({d['fill_per_second']:,.0f} entries/s); Redis memory {d['used_memory_filled'] / 2**20:,.0f} MiB, "
+        f"{d['memory_per_entry']:.0f} B per entry, {d['memory_per_entry_beyond_payload']:.0f} B beyond the payload.",
+        "",
+        f"Redis memory per waiting entry beyond its payload ({d['entries_for_memory']:,} messages "
+        "published through kombu, 36-character task ids):",
+        "",
+        *table(
+            ["transport", "bytes (target <= 200)"],
+            [[name, f"{v:.0f}"] for name, v in d["memory_bytes_beyond_payload"].items()],
+        ),
+    ]
 
 
 def main(argv=None):

@@ -101,6 +101,7 @@ def pei_values(prefill, pops, pubs) -> list[int]:
     """PEI of each delivery, from the stamps: prefill [(priority, payload)], pops and pubs
     [(t_ns, priority, payload)]. An entry's place in the total order: higher priority first,
     then earlier publish (its stamp)."""
+
     def order(priority, payload):
         return (-priority, int(payload.split(b":")[0]), payload)
 
@@ -145,9 +146,10 @@ def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=Tru
     for start in range(0, size, 500):
         q.insert_many([(payload, priority) for priority, payload in prefill[start : start + 500]])
     budget, out = Budget(ops), []
-    threads = [threading.Thread(target=_consume,
-                                args=(connect, name, shards, peek, seed * 100 + c, budget, out, check_beaten))
-               for c in range(consumers)]
+    threads = [
+        threading.Thread(target=_consume, args=(connect, name, shards, peek, seed * 100 + c, budget, out, check_beaten))
+        for c in range(consumers)
+    ]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -164,11 +166,20 @@ def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=Tru
     n = len(values)
     predicted = predict(shards, peek, consumers, size, second_best=check_beaten, seed=seed)
     return {
-        "shards": shards, "peek": peek, "consumers": consumers, "second_best_check": check_beaten,
-        "size": size, "deliveries": n,
-        "mean": sum(values) / n, "p50": percentile(values, 50), "p90": percentile(values, 90),
-        "p99": percentile(values, 99), "max": max(values), "p_zero": hist[0] / n,
-        "second_best_share": sum(o[2] for o in out) / n, "wider_peek_share": sum(o[3] for o in out) / n,
+        "shards": shards,
+        "peek": peek,
+        "consumers": consumers,
+        "second_best_check": check_beaten,
+        "size": size,
+        "deliveries": n,
+        "mean": sum(values) / n,
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "p_zero": hist[0] / n,
+        "second_best_share": sum(o[2] for o in out) / n,
+        "wider_peek_share": sum(o[3] for o in out) / n,
         "pops_per_second": n / elapsed,
         "multiqueue_closed_form": (5 / 6) * shards - 1 + 1 / (6 * shards) if peek == 2 and shards > 1 else None,
         "predicted": {k: predicted[k] for k in ("mean", "p50", "p90", "p99", "p_zero")},
@@ -185,6 +196,7 @@ def servers(cluster: bool):
             yield (lambda: redis.Redis(port=port)), (lambda n: {str(port): n})
         return
     with RedisCluster() as c:
+
         def placement(n):
             client = c.client()
             q = open_queue(client, "placement", Options(key_prefix=PREFIX, shards=n).queue_settings("placement"))
@@ -212,51 +224,104 @@ def run(size: int, ops: int, consumers: str, seed: int = 14, cluster: bool = Fal
             row = one_case(connect, shards, min(2, shards), 4, size, ops, seed)
             tput[str(shards)] = row["pops_per_second"]
         shards_per_master = {str(n): placement(n) for n in SHARDS}
-    machine = ("a local Redis Cluster (3 masters, 3 replicas: six redis-servers) on the same machine, consumers "
-               "as threads of one process with a cluster client each" if cluster else
-               "one redis-server (no cluster: every shard on the same node), consumers as threads of one "
-               "process with a connection each")
-    return {"size": size, "ops": ops, "consumers": counts, "seed": seed, "cluster": cluster, "cases": cases,
-            "shards_per_master": shards_per_master,
-            "throughput_pops_per_second_by_shards": tput,
-            "throughput_ratio_16_to_1": tput["16"] / tput["1"],
-            "machine": machine + ", a 2-core machine shared with other work"}
+    machine = (
+        "a local Redis Cluster (3 masters, 3 replicas: six redis-servers) on the same machine, consumers "
+        "as threads of one process with a cluster client each"
+        if cluster
+        else "one redis-server (no cluster: every shard on the same node), consumers as threads of one "
+        "process with a connection each"
+    )
+    return {
+        "size": size,
+        "ops": ops,
+        "consumers": counts,
+        "seed": seed,
+        "cluster": cluster,
+        "cases": cases,
+        "shards_per_master": shards_per_master,
+        "throughput_pops_per_second_by_shards": tput,
+        "throughput_ratio_16_to_1": tput["16"] / tput["1"],
+        "machine": machine + ", a 2-core machine shared with other work",
+    }
 
 
 def markdown(data) -> list[str]:
-    lines = ["# Relaxed priority queue: rank error (PEI) and throughput",
-             "",
-             f"Hold model: {data['size']} entries waiting, {data['ops']} pop-publish-ack rounds per case, "
-             f"{data['machine']}.",
-             ""]
+    lines = [
+        "# Relaxed priority queue: rank error (PEI) and throughput",
+        "",
+        f"Hold model: {data['size']} entries waiting, {data['ops']} pop-publish-ack rounds per case, "
+        f"{data['machine']}.",
+        "",
+    ]
     if data.get("cluster"):
-        lines += ["Shards per master (by port): " + "; ".join(
-            f"N = {n}: {', '.join(f'{port}: {k}' for port, k in per.items())}"
-            for n, per in data["shards_per_master"].items()) + ".", ""]
-    lines += ["## PEI (entries waiting that outranked the one delivered)",
-              ""]
+        lines += [
+            "Shards per master (by port): "
+            + "; ".join(
+                f"N = {n}: {', '.join(f'{port}: {k}' for port, k in per.items())}"
+                for n, per in data["shards_per_master"].items()
+            )
+            + ".",
+            "",
+        ]
+    lines += ["## PEI (entries waiting that outranked the one delivered)", ""]
     rows = []
     for c in data["cases"]:
         closed = f"{c['multiqueue_closed_form']:.2f}" if c["multiqueue_closed_form"] is not None else ""
         check = "" if c["second_best_check"] else " (no check)"
-        rows.append([str(c["shards"]), str(c["peek"]), f"{c['consumers']}{check}", f"{c['mean']:.2f}", closed,
-                     f"{c['p50']:.0f}", f"{c['p90']:.0f}", f"{c['p99']:.0f}", str(c["max"]),
-                     f"{100 * c['p_zero']:.0f}%", _predicted(c, "mean", "{:.2f}"),
-                     _predicted(c, "p90", "{:.0f}"), _predicted(c, "p_zero", "{:.0%}"),
-                     f"{100 * c['second_best_share']:.1f}%", f"{100 * c['wider_peek_share']:.1f}%"])
-    lines += table(["N", "k", "consumers", "mean", "MultiQueue (5/6)N-1+1/(6N)", "p50", "p90", "p99", "max",
-                    "P(PEI=0)", "predicted mean", "predicted p90", "predicted P(PEI=0)", "past the best",
-                    "wider peek"], rows, left=3)
-    lines += ["", "\"past the best\": pops served by a shard after the best peeked one turned out empty or "
-              "beaten (the second-best check); \"(no check)\": the same case with the check off (a pop takes "
-              "whatever the best peeked shard holds by then); \"wider peek\": pops whose k peeked shards were "
-              "all empty, served by looking at the others. \"predicted\": the simulator "
-              "(celery_pq.sim.predict) for the same N, k, consumers and lag = the queue's size."]
+        rows.append(
+            [
+                str(c["shards"]),
+                str(c["peek"]),
+                f"{c['consumers']}{check}",
+                f"{c['mean']:.2f}",
+                closed,
+                f"{c['p50']:.0f}",
+                f"{c['p90']:.0f}",
+                f"{c['p99']:.0f}",
+                str(c["max"]),
+                f"{100 * c['p_zero']:.0f}%",
+                _predicted(c, "mean", "{:.2f}"),
+                _predicted(c, "p90", "{:.0f}"),
+                _predicted(c, "p_zero", "{:.0%}"),
+                f"{100 * c['second_best_share']:.1f}%",
+                f"{100 * c['wider_peek_share']:.1f}%",
+            ]
+        )
+    lines += table(
+        [
+            "N",
+            "k",
+            "consumers",
+            "mean",
+            "MultiQueue (5/6)N-1+1/(6N)",
+            "p50",
+            "p90",
+            "p99",
+            "max",
+            "P(PEI=0)",
+            "predicted mean",
+            "predicted p90",
+            "predicted P(PEI=0)",
+            "past the best",
+            "wider peek",
+        ],
+        rows,
+        left=3,
+    )
+    lines += [
+        "",
+        '"past the best": pops served by a shard after the best peeked one turned out empty or '
+        'beaten (the second-best check); "(no check)": the same case with the check off (a pop takes '
+        'whatever the best peeked shard holds by then); "wider peek": pops whose k peeked shards were '
+        'all empty, served by looking at the others. "predicted": the simulator '
+        "(celery_pq.sim.predict) for the same N, k, consumers and lag = the queue's size.",
+    ]
     lines += ["", "## Throughput against the number of shards (4 consumers, k = 2)", ""]
     t = data["throughput_pops_per_second_by_shards"]
     base = t["1"]
-    lines += table(["N", "pop+publish+ack per s", "ratio to N = 1"],
-                   [[n, f"{v:.0f}", f"{v / base:.2f}"] for n, v in t.items()])
+    lines += table(
+        ["N", "pop+publish+ack per s", "ratio to N = 1"], [[n, f"{v:.0f}", f"{v / base:.2f}"] for n, v in t.items()]
+    )
     return lines
 
 
@@ -273,10 +338,15 @@ def main(argv=None):
     def run_on(**kw):
         return run(**kw, cluster=cluster)
 
-    return cli(argv, __doc__, "relaxed-cluster" if cluster else "relaxed", run_on, markdown,
-               options=(("--size", int, 1000), ("--ops", int, 2000), ("--consumers", str, "1,4,16"),
-                        ("--seed", int, 14)),
-               smoke={"size": 60, "ops": 60, "consumers": "1,4"})
+    return cli(
+        argv,
+        __doc__,
+        "relaxed-cluster" if cluster else "relaxed",
+        run_on,
+        markdown,
+        options=(("--size", int, 1000), ("--ops", int, 2000), ("--consumers", str, "1,4,16"), ("--seed", int, 14)),
+        smoke={"size": 60, "ops": 60, "consumers": "1,4"},
+    )
 
 
 if __name__ == "__main__":

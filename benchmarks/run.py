@@ -14,8 +14,22 @@ from __future__ import annotations
 
 import argparse
 
-from . import (bulk, celery_e2e, codec_cpu, events_cost, fairness, faults, latency, memory_tasks, peers, queue_api,
-               relaxed, slowlog, spark_bulk, throughput)
+from . import (
+    bulk,
+    celery_e2e,
+    codec_cpu,
+    events_cost,
+    fairness,
+    faults,
+    latency,
+    memory_tasks,
+    peers,
+    queue_api,
+    relaxed,
+    slowlog,
+    spark_bulk,
+    throughput,
+)
 
 
 def main(argv=None):
@@ -26,8 +40,22 @@ def main(argv=None):
     args = ap.parse_args(argv)
     out = ["--out", args.out] if args.out else []
     flags = (["--smoke"] if args.smoke else []) + out
-    for bench in (latency, throughput, events_cost, fairness, celery_e2e, queue_api, memory_tasks, codec_cpu, bulk,
-                  peers, spark_bulk, faults, relaxed, slowlog):
+    for bench in (
+        latency,
+        throughput,
+        events_cost,
+        fairness,
+        celery_e2e,
+        queue_api,
+        memory_tasks,
+        codec_cpu,
+        bulk,
+        peers,
+        spark_bulk,
+        faults,
+        relaxed,
+        slowlog,
+    ):
         bench.main(flags + (["--large"] if args.large and bench in (fairness, queue_api) else []))
 
 

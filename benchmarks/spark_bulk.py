@@ -35,9 +35,19 @@ def write(spark, port, rows, queue) -> float:
     """Seconds the writer takes for ``rows`` rows."""
     df = spark.range(0, rows, numPartitions=2).selectExpr("id as n", "cast(id % 256 as int) as priority")
     start = time.perf_counter()
-    (df.write.format("celery_pq").mode("append").option("broker", f"pq://127.0.0.1:{port}/0")
-     .option("key_prefix", PREFIX).option("task", "bench.work").option("args", "n").option("key", "n")
-     .option("queue", queue).option("batch_rows", BATCH_ROWS).option("chunk", CHUNK).save())
+    (
+        df.write.format("celery_pq")
+        .mode("append")
+        .option("broker", f"pq://127.0.0.1:{port}/0")
+        .option("key_prefix", PREFIX)
+        .option("task", "bench.work")
+        .option("args", "n")
+        .option("key", "n")
+        .option("queue", queue)
+        .option("batch_rows", BATCH_ROWS)
+        .option("chunk", CHUNK)
+        .save()
+    )
     return time.perf_counter() - start
 
 
@@ -80,25 +90,45 @@ def run(rows=1_000_000) -> dict:
         spark.stop()
     writer_rate = rows / seconds
     bulk_rate = rows / bulk_seconds
-    return {"rows": rows, "stored": stored, "writer_seconds": seconds, "writer_rows_per_second": writer_rate,
-            "insert_many_per_second": bulk_rate, "ratio": writer_rate / bulk_rate,
-            "payload_bytes": len(payload), "used_memory_bytes": after - before,
-            "memory_bytes_per_entry": (after - before) / max(1, stored),
-            "batch_rows": BATCH_ROWS, "chunk": CHUNK}
+    return {
+        "rows": rows,
+        "stored": stored,
+        "writer_seconds": seconds,
+        "writer_rows_per_second": writer_rate,
+        "insert_many_per_second": bulk_rate,
+        "ratio": writer_rate / bulk_rate,
+        "payload_bytes": len(payload),
+        "used_memory_bytes": after - before,
+        "memory_bytes_per_entry": (after - before) / max(1, stored),
+        "batch_rows": BATCH_ROWS,
+        "chunk": CHUNK,
+    }
 
 
 def markdown(d) -> list[str]:
-    return [f"# Spark -> queue ({d['rows']:,} rows from local[2] Spark, messages of {d['payload_bytes']} bytes)", "",
-            *table(["writer rows/s", "insert_many entries/s", "ratio (target >= 0.5)", "used_memory per entry"],
-                   [[f"{d['writer_rows_per_second']:.0f}", f"{d['insert_many_per_second']:.0f}",
-                     f"{d['ratio']:.2f}", f"{d['memory_bytes_per_entry']:.0f} B"]], left=0),
-            "", f"{d['stored']:,} entries stored; the writer took {d['writer_seconds']:.1f} s "
-                f"(batches of {d['batch_rows']:,} rows, {d['chunk']:,} per insert call)."]
+    return [
+        f"# Spark -> queue ({d['rows']:,} rows from local[2] Spark, messages of {d['payload_bytes']} bytes)",
+        "",
+        *table(
+            ["writer rows/s", "insert_many entries/s", "ratio (target >= 0.5)", "used_memory per entry"],
+            [
+                [
+                    f"{d['writer_rows_per_second']:.0f}",
+                    f"{d['insert_many_per_second']:.0f}",
+                    f"{d['ratio']:.2f}",
+                    f"{d['memory_bytes_per_entry']:.0f} B",
+                ]
+            ],
+            left=0,
+        ),
+        "",
+        f"{d['stored']:,} entries stored; the writer took {d['writer_seconds']:.1f} s "
+        f"(batches of {d['batch_rows']:,} rows, {d['chunk']:,} per insert call).",
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "spark_bulk", run, markdown, options=[("--rows", int, 1_000_000)],
-               smoke={"rows": 2_000})
+    return cli(argv, __doc__, "spark_bulk", run, markdown, options=[("--rows", int, 1_000_000)], smoke={"rows": 2_000})
 
 
 if __name__ == "__main__":

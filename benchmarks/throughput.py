@@ -13,7 +13,6 @@ kombu on RabbitMQ with a priority queue (x-max-priority 255) is a third column.
 
 from __future__ import annotations
 
-import socket
 import time
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -65,7 +64,7 @@ def consume_rate(url, kwargs, n, prefetch) -> float:
             while got[0] < n:
                 try:
                     conn.drain_events(timeout=5)
-                except socket.timeout:
+                except TimeoutError:
                     break
             elapsed = time.perf_counter() - start
     return got[0] / elapsed
@@ -83,7 +82,8 @@ def run(messages=5000, repeat=3) -> dict:
                 figures["publish"].setdefault(name, []).append(publish_rate(url, kwargs, messages))
                 for pf in (1, 10):
                     figures[f"consume_prefetch_{pf}"].setdefault(name, []).append(
-                        consume_rate(url, kwargs, messages, pf))
+                        consume_rate(url, kwargs, messages, pf)
+                    )
     summary = {}
     for fig, rows in figures.items():
         med = {name: median(v) for name, v in rows.items()}
@@ -95,13 +95,23 @@ TARGETS = {"publish": 2.0, "consume_prefetch_1": 1.5, "consume_prefetch_10": 2.0
 
 
 def markdown(data) -> list[str]:
-    return [f"# Throughput through kombu ({data['messages']} messages, median of {data['repeat']} runs)", "",
-            *versus_table("figure", "msg/s", data["results"], "per_second", TARGETS.__getitem__)]
+    return [
+        f"# Throughput through kombu ({data['messages']} messages, median of {data['repeat']} runs)",
+        "",
+        *versus_table("figure", "msg/s", data["results"], "per_second", TARGETS.__getitem__),
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "throughput", run, markdown,
-               options=[("--messages", int, 5000), ("--repeat", int, 3)], smoke={"messages": 50, "repeat": 1})
+    return cli(
+        argv,
+        __doc__,
+        "throughput",
+        run,
+        markdown,
+        options=[("--messages", int, 5000), ("--repeat", int, 3)],
+        smoke={"messages": 50, "repeat": 1},
+    )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,20 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from .errors import (ClusterUnsettled, ConfigError, EntryNotFound, ErrorCode, LeaseLost, MessageTooLarge, ModeMismatch,
-                     NotReplicated, NotWaiting, PQError, QueueFull, QueueMigrating)
+from .errors import (
+    ClusterUnsettled,
+    ConfigError,
+    EntryNotFound,
+    ErrorCode,
+    LeaseLost,
+    MessageTooLarge,
+    ModeMismatch,
+    NotReplicated,
+    NotWaiting,
+    PQError,
+    QueueFull,
+    QueueMigrating,
+)
 from .queue import Entry, Lease, PriorityQueue
 from .shards import ShardedQueue
 

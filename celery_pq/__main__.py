@@ -12,10 +12,20 @@ from .cli import pq
 
 
 @click.group(name="celery_pq")
-@click.option("--broker", envvar="CELERY_BROKER_URL", required=True, metavar="URL",
-              help="pq://[:PASSWORD@]HOST[:PORT][/DB] (or $CELERY_BROKER_URL).")
-@click.option("--transport-options", "options", default=None, metavar="JSON",
-              help='broker_transport_options as JSON, e.g. \'{"key_prefix": "pq"}\'.')
+@click.option(
+    "--broker",
+    envvar="CELERY_BROKER_URL",
+    required=True,
+    metavar="URL",
+    help="pq://[:PASSWORD@]HOST[:PORT][/DB] (or $CELERY_BROKER_URL).",
+)
+@click.option(
+    "--transport-options",
+    "options",
+    default=None,
+    metavar="JSON",
+    help='broker_transport_options as JSON, e.g. \'{"key_prefix": "pq"}\'.',
+)
 @click.pass_context
 def main(ctx, broker, options):
     """celery-pq: inspect and administer the prioritized queues."""

@@ -77,8 +77,14 @@ class BacklogAutoscaler(Autoscaler):
         self.settings = AutoscaleSettings.from_conf(app.conf)
         # keepalive is how often Celery's event loop asks us (and the thread's pace is 1 s):
         # the decision interval. Shrinking waits for idle_seconds of its own (see _maybe_scale).
-        super().__init__(pool, max_concurrency, min_concurrency, worker=worker,
-                         keepalive=keepalive or self.settings.interval, mutex=mutex)
+        super().__init__(
+            pool,
+            max_concurrency,
+            min_concurrency,
+            worker=worker,
+            keepalive=keepalive or self.settings.interval,
+            mutex=mutex,
+        )
         self.app = app
         self.broker = Broker.of(app)
         self._read_at = None

@@ -59,8 +59,10 @@ class Broker:
             except UNREACHABLE as exc:
                 raise unreachable(conn, exc) from None
             if not isinstance(channel, Channel):
-                raise ConfigError(f"the broker is not celery-pq (transport {type(conn.transport).__name__}); "
-                                  "use a pq:// URL or broker_transport='celery_pq.transport:Transport'")
+                raise ConfigError(
+                    f"the broker is not celery-pq (transport {type(conn.transport).__name__}); "
+                    "use a pq:// URL or broker_transport='celery_pq.transport:Transport'"
+                )
             try:
                 yield channel
             except UNREACHABLE as exc:

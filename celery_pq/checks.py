@@ -14,29 +14,46 @@ from typing import Literal, overload
 MAX_SECONDS = 10 * 365 * 24 * 3600
 
 
-def number(label: str, value, *, low: float = 0.0, allow_low: bool = False, none: bool = False,
-           high: float = math.inf, error: type[Exception] = ValueError):
+def number(
+    label: str,
+    value,
+    *,
+    low: float = 0.0,
+    allow_low: bool = False,
+    none: bool = False,
+    high: float = math.inf,
+    error: type[Exception] = ValueError,
+):
     """A finite int or float (not a bool) above ``low`` (or equal when ``allow_low``), at most
     ``high``; None when ``none`` allows it."""
     if value is None and none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            value < low or (value == low and not allow_low) or value > high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < low
+        or (value == low and not allow_low)
+        or value > high
+    ):
         rel = ">=" if allow_low else ">"
         top = f" and <= {high:g}" if high != math.inf else ""
         also = " or None" if none else ""
-        raise error(f"{label} must be a finite number {rel} {low:g}{top}{also}, got {value!r} "
-                    f"({type(value).__name__})")
+        raise error(f"{label} must be a finite number {rel} {low:g}{top}{also}, got {value!r} ({type(value).__name__})")
     return value
 
 
 @overload
-def seconds(label: str, value: object, *, zero: bool = ..., none: Literal[False] = ...,
-            error: type[Exception] = ...) -> float: ...
+def seconds(
+    label: str, value: object, *, zero: bool = ..., none: Literal[False] = ..., error: type[Exception] = ...
+) -> float: ...
 @overload
-def seconds(label: str, value: object, *, zero: bool = ..., none: bool, error: type[Exception] = ...) -> float | None: ...
-def seconds(label: str, value: object, *, zero: bool = False, none: bool = False,
-            error: type[Exception] = ValueError) -> float | None:
+def seconds(
+    label: str, value: object, *, zero: bool = ..., none: bool, error: type[Exception] = ...
+) -> float | None: ...
+def seconds(
+    label: str, value: object, *, zero: bool = False, none: bool = False, error: type[Exception] = ValueError
+) -> float | None:
     """A number of seconds > 0 (>= 0 with ``zero``), at most MAX_SECONDS, as a float."""
     checked = number(label, value, allow_low=zero, none=none, high=MAX_SECONDS, error=error)
     return None if checked is None else float(checked)
@@ -45,9 +62,12 @@ def seconds(label: str, value: object, *, zero: bool = False, none: bool = False
 @overload
 def count(label: str, value: object, *, low: int = ..., none: Literal[False], error: type[Exception] = ...) -> int: ...
 @overload
-def count(label: str, value: object, *, low: int = ..., none: bool = ..., error: type[Exception] = ...) -> int | None: ...
-def count(label: str, value: object, *, low: int = 1, none: bool = True,
-          error: type[Exception] = ValueError) -> int | None:
+def count(
+    label: str, value: object, *, low: int = ..., none: bool = ..., error: type[Exception] = ...
+) -> int | None: ...
+def count(
+    label: str, value: object, *, low: int = 1, none: bool = True, error: type[Exception] = ValueError
+) -> int | None:
     """An int (not a bool) >= ``low``; None when ``none`` allows it."""
     if value is None and none:
         return None

@@ -65,8 +65,15 @@ def _json(data) -> None:
 @command()
 @click.argument("queues", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@click.option("--watch", type=float, is_flag=False, flag_value=2.0, default=None, metavar="[SECONDS]",
-              help="Refresh every SECONDS (default 2) until Ctrl-C: in place on a terminal.")
+@click.option(
+    "--watch",
+    type=float,
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Refresh every SECONDS (default 2) until Ctrl-C: in place on a terminal.",
+)
 def stats(ctx, queues, as_json, watch):
     """Per queue: waiting, delayed, leased, dead-lettered, paused, per-priority and per-tenant
     counts, and the age of the entry that goes next."""
@@ -91,18 +98,43 @@ def stats(ctx, queues, as_json, watch):
 
 def stats_tables(rows: list[dict]) -> list:
     """The queues' table, then one per queue with a breakdown by priority or tenant."""
-    main = render.table("queues", ["queue", "waiting", "delayed", "leased", "dead", "paused", "oldest waiting"], [
-        [r["queue"], r["waiting"], r["delayed"], r["leased"], r["dead"], _paused_text(r),
-         render.age(r["head_age_seconds"])] for r in rows])
+    main = render.table(
+        "queues",
+        ["queue", "waiting", "delayed", "leased", "dead", "paused", "oldest waiting"],
+        [
+            [
+                r["queue"],
+                r["waiting"],
+                r["delayed"],
+                r["leased"],
+                r["dead"],
+                _paused_text(r),
+                render.age(r["head_age_seconds"]),
+            ]
+            for r in rows
+        ],
+    )
     out = [main]
     for r in rows:
         if r["per_priority"]:
-            out.append(render.table(f"{r['queue']}: waiting per priority", ["priority", "waiting"],
-                                    [[p, n] for p, n in r["per_priority"].items()]))
+            out.append(
+                render.table(
+                    f"{r['queue']}: waiting per priority",
+                    ["priority", "waiting"],
+                    [[p, n] for p, n in r["per_priority"].items()],
+                )
+            )
         if r["per_tenant"]:
-            out.append(render.table(f"{r['queue']}: per tenant", ["tenant", "waiting", "leased", "next waits"], [
-                [t or "(default)", c["waiting"], c["leased"], render.age(c.get("next_age_seconds"))]
-                for t, c in sorted(r["per_tenant"].items())]))
+            out.append(
+                render.table(
+                    f"{r['queue']}: per tenant",
+                    ["tenant", "waiting", "leased", "next waits"],
+                    [
+                        [t or "(default)", c["waiting"], c["leased"], render.age(c.get("next_age_seconds"))]
+                        for t, c in sorted(r["per_tenant"].items())
+                    ],
+                )
+            )
     return out
 
 
@@ -129,11 +161,29 @@ def peek(ctx, queue, count, tenant, as_json):
     rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e in entries]
     if as_json:
         return _json(rows)
-    title = f"{queue}: next {len(rows)}" + (" (priority order; 'held' tenants wait for their cap, rate or pause)"
-                                            if held else "")
-    render.show(render.table(title, ["#", "id", "priority", "tenant", "held", "age", "task", "args"], [
-        [i + 1, r["id"], r["priority"], r["tenant"], r["held"], render.age(r["age_seconds"]), r["task"], r["args"]]
-        for i, r in enumerate(rows)], empty="(no waiting entries)"))
+    title = f"{queue}: next {len(rows)}" + (
+        " (priority order; 'held' tenants wait for their cap, rate or pause)" if held else ""
+    )
+    render.show(
+        render.table(
+            title,
+            ["#", "id", "priority", "tenant", "held", "age", "task", "args"],
+            [
+                [
+                    i + 1,
+                    r["id"],
+                    r["priority"],
+                    r["tenant"],
+                    r["held"],
+                    render.age(r["age_seconds"]),
+                    r["task"],
+                    r["args"],
+                ]
+                for i, r in enumerate(rows)
+            ],
+            empty="(no waiting entries)",
+        )
+    )
 
 
 def _now_ms(channel) -> int:
@@ -143,8 +193,15 @@ def _now_ms(channel) -> int:
 
 def _entry_row(e, now_ms) -> dict:
     d = describe(e.payload)
-    return {"id": e.id, "priority": e.priority, "tenant": e.tenant, "age_seconds": (now_ms - e.enqueued_ms) / 1000,
-            "deliveries": e.deliveries, "task": d["task"], "args": d["args"]}
+    return {
+        "id": e.id,
+        "priority": e.priority,
+        "tenant": e.tenant,
+        "age_seconds": (now_ms - e.enqueued_ms) / 1000,
+        "deliveries": e.deliveries,
+        "task": d["task"],
+        "args": d["args"],
+    }
 
 
 @command()
@@ -157,20 +214,52 @@ def dead(ctx, queue, count, as_json):
         q, _ = _queue(channel, queue)
         entries = q.dead.peek(count)
         total = q.dead.size()
-    rows = [{"id": e.id, "priority": e.priority, "tenant": e.tenant, "reason": e.dead_reason,
-             "dead_ms": e.dead_ms, "deliveries": e.dead_deliveries, **describe(e.payload)} for e in entries]
+    rows = [
+        {
+            "id": e.id,
+            "priority": e.priority,
+            "tenant": e.tenant,
+            "reason": e.dead_reason,
+            "dead_ms": e.dead_ms,
+            "deliveries": e.dead_deliveries,
+            **describe(e.payload),
+        }
+        for e in entries
+    ]
     if as_json:
         return _json(rows)
-    render.show(render.table(f"{queue}.dead: {total} dead letter(s), showing {len(rows)}",
-                             ["id", "priority", "tenant", "reason", "when (UTC)", "deliveries", "task", "args"], [
-        [r["id"], r["priority"], r["tenant"], r["reason"], render.when(r["dead_ms"]), r["deliveries"], r["task"],
-         r["args"]] for r in rows], empty="(no dead letters)"))
+    render.show(
+        render.table(
+            f"{queue}.dead: {total} dead letter(s), showing {len(rows)}",
+            ["id", "priority", "tenant", "reason", "when (UTC)", "deliveries", "task", "args"],
+            [
+                [
+                    r["id"],
+                    r["priority"],
+                    r["tenant"],
+                    r["reason"],
+                    render.when(r["dead_ms"]),
+                    r["deliveries"],
+                    r["task"],
+                    r["args"],
+                ]
+                for r in rows
+            ],
+            empty="(no dead letters)",
+        )
+    )
 
 
 @command()
 @click.argument("queue")
-@click.option("-n", "count", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Leases to show, earliest deadline first.")
+@click.option(
+    "-n",
+    "count",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Leases to show, earliest deadline first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def leases(ctx, queue, count, as_json):
     """Who holds which entries of QUEUE, until when, after how many deliveries (never the
@@ -180,10 +269,17 @@ def leases(ctx, queue, count, as_json):
         rows = q.leases(count)
     if as_json:
         return _json(rows)
-    render.show(render.table(f"{queue}: {len(rows)} lease(s)",
-                             ["id", "consumer", "priority", "tenant", "deliveries", "expires in"], [
-        [r["id"], r["consumer"], r["priority"], r["tenant"], r["deliveries"], f"{r['seconds_left']:.1f}s"]
-        for r in rows], empty="(no leases)"))
+    render.show(
+        render.table(
+            f"{queue}: {len(rows)} lease(s)",
+            ["id", "consumer", "priority", "tenant", "deliveries", "expires in"],
+            [
+                [r["id"], r["consumer"], r["priority"], r["tenant"], r["deliveries"], f"{r['seconds_left']:.1f}s"]
+                for r in rows
+            ],
+            empty="(no leases)",
+        )
+    )
 
 
 @command()
@@ -197,20 +293,36 @@ def explain(ctx, queue, as_json):
         s = q.stats()
     stale = max(0, s["index_members"] - s["waiting"]) if not q.fair else 0
     costs = q.explain(stale=min(stale, 64))
-    data = {"queue": queue, "technique": q.technique, "fair": q.fair, "priority_order": q.priority_order,
-            "waiting": s["waiting"], "leased": s["leased"], "delayed": s["delayed"],
-            "index_members": s["index_members"], "stale_pointers": stale,
-            "costs": {op: by_t[q.technique] for op, by_t in costs.items() if q.technique in by_t}}
+    data = {
+        "queue": queue,
+        "technique": q.technique,
+        "fair": q.fair,
+        "priority_order": q.priority_order,
+        "waiting": s["waiting"],
+        "leased": s["leased"],
+        "delayed": s["delayed"],
+        "index_members": s["index_members"],
+        "stale_pointers": stale,
+        "costs": {op: by_t[q.technique] for op, by_t in costs.items() if q.technique in by_t},
+    }
     if as_json:
         return _json(data)
-    head = (f"{queue}: technique {q.technique}, {'fair' if q.fair else 'not fair'}, {q.priority_order}; "
-            f"waiting {s['waiting']}, leased {s['leased']}, delayed {s['delayed']}; "
-            f"priority index {s['index_members']} pointer(s), {stale} stale")
-    render.show(head, render.table(f"Redis commands per operation (technique {q.technique}, "
-                                   f"{min(stale, 64)} stale pointer(s) ahead)", ["operation", "reads", "writes",
-                                                                                "commands"], [
-        [op, c["reads"], c["writes"], " ".join(f"{k}x{n}" for k, n in c["commands"].items())]
-        for op, c in data["costs"].items()]))
+    head = (
+        f"{queue}: technique {q.technique}, {'fair' if q.fair else 'not fair'}, {q.priority_order}; "
+        f"waiting {s['waiting']}, leased {s['leased']}, delayed {s['delayed']}; "
+        f"priority index {s['index_members']} pointer(s), {stale} stale"
+    )
+    render.show(
+        head,
+        render.table(
+            f"Redis commands per operation (technique {q.technique}, {min(stale, 64)} stale pointer(s) ahead)",
+            ["operation", "reads", "writes", "commands"],
+            [
+                [op, c["reads"], c["writes"], " ".join(f"{k}x{n}" for k, n in c["commands"].items())]
+                for op, c in data["costs"].items()
+            ],
+        ),
+    )
 
 
 @command()
@@ -282,9 +394,11 @@ def replay(ctx, queue, task_ids, everything):
                     break
     n = len(result["replayed"])
     click.echo(f"replayed {n} dead letter(s) to {queue}")
-    for why, label in (("missing", "not in the dead-letter queue"), ("leased", "leased by a consumer of "
-                                                                             f"{queue}.dead"),
-                       ("refused", f"left dead: {queue} is full (max_length)")):
+    for why, label in (
+        ("missing", "not in the dead-letter queue"),
+        ("leased", f"leased by a consumer of {queue}.dead"),
+        ("refused", f"left dead: {queue} is full (max_length)"),
+    ):
         if result[why]:
             click.echo(f"{label}: {', '.join(result[why])}", err=True)
     if task_ids and n == 0:
@@ -310,8 +424,10 @@ def recover(ctx, consumer, queues):
             total["dead"] += int(r["dead"])
             if r["returned"] or r["dead"]:
                 click.echo(f"{name}: {r['returned']} returned to waiting, {r['dead']} dead-lettered")
-    click.echo(f"consumer {consumer}: {total['returned']} lease(s) returned, {total['dead']} dead-lettered "
-               f"(in {len(names)} queue(s))")
+    click.echo(
+        f"consumer {consumer}: {total['returned']} lease(s) returned, {total['dead']} dead-lettered "
+        f"(in {len(names)} queue(s))"
+    )
 
 
 @command()
@@ -323,8 +439,9 @@ def purge(ctx, queue, yes):
         q, _ = _queue(channel, queue)
         if not yes:
             s = q.stats()
-            click.confirm(f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?",
-                          abort=True)
+            click.confirm(
+                f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?", abort=True
+            )
         click.echo(f"purged {q.purge()} message(s) from {queue}")
 
 
@@ -352,26 +469,48 @@ def pause_(ctx, queue, tenant):
 def resume_(ctx, queue, tenant):
     """Consumers receive QUEUE (or the tenant) again."""
     state, tenants = _pause_or_resume(ctx, queue, tenant, False)
-    click.echo(f"{queue}: {'still paused' if state['queue'] else 'running'}" +
-               ("" if tenant is None else f"; tenant {tenant} resumed") + tenants)
+    click.echo(
+        f"{queue}: {'still paused' if state['queue'] else 'running'}"
+        + ("" if tenant is None else f"; tenant {tenant} resumed")
+        + tenants
+    )
 
 
 # -- serving ----------------------------------------------------------------------------------
 @command()
 @click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
-@click.option("--address", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface, for a scraper on another machine).")
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface, for a scraper on another machine).",
+)
 @click.option("--queue", "queues", multiple=True, help="Queues to export (repeat); default: every declared one.")
-@click.option("--bands", default=None, metavar="LO-HI,...",
-              help="Priority bands of the _by_priority gauge, e.g. 0-99,100-199,200-255 (default: one per priority).")
-@click.option("--max-tenants", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Tenants per queue exported by name; the rest are summed as 'other'.")
+@click.option(
+    "--bands",
+    default=None,
+    metavar="LO-HI,...",
+    help="Priority bands of the _by_priority gauge, e.g. 0-99,100-199,200-255 (default: one per priority).",
+)
+@click.option(
+    "--max-tenants",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Tenants per queue exported by name; the rest are summed as 'other'.",
+)
 def metrics(ctx, port, address, queues, bands, max_tenants):
     """Serve Prometheus metrics (celery_pq_*) over HTTP at /metrics until Ctrl-C."""
     from .metrics import parse_bands, serve
 
-    serve(broker_of(ctx), port=port, address=address, queues=list(queues) or None,
-          bands=parse_bands(bands), max_tenants=max_tenants)
+    serve(
+        broker_of(ctx),
+        port=port,
+        address=address,
+        queues=list(queues) or None,
+        bands=parse_bands(bands),
+        max_tenants=max_tenants,
+    )
 
 
 @command()
@@ -379,11 +518,20 @@ def metrics(ctx, port, address, queues, bands, max_tenants):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8808, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free one).")
 @click.option("--allow-actions", is_flag=True, help="Show pause/resume/replay buttons (they need the token).")
-@click.option("--token", default=None, envvar="PQ_DASHBOARD_TOKEN",
-              help="The token of the actions, and of the state beyond loopback; or $PQ_DASHBOARD_TOKEN "
-                   "(default: a random one, printed).")
-@click.option("--window", default=300.0, show_default=True, type=click.FloatRange(min=1),
-              help="Seconds of deliveries the tenants' shares cover.")
+@click.option(
+    "--token",
+    default=None,
+    envvar="PQ_DASHBOARD_TOKEN",
+    help="The token of the actions, and of the state beyond loopback; or $PQ_DASHBOARD_TOKEN "
+    "(default: a random one, printed).",
+)
+@click.option(
+    "--window",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds of deliveries the tenants' shares cover.",
+)
 def dashboard(ctx, queues, host, port, allow_actions, token, window):
     """A live page of QUEUES (default: every declared one) on http://HOST:PORT/ until Ctrl-C
     (docs/dashboard.md); read-only unless --allow-actions."""
@@ -393,16 +541,30 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
         check_token(token, allow_actions, listens_on_loopback(host))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    run(broker_of(ctx), queues, host=host, port=port, allow_actions=allow_actions, token=token, window=window,
-        echo=click.echo)
+    run(
+        broker_of(ctx),
+        queues,
+        host=host,
+        port=port,
+        allow_actions=allow_actions,
+        token=token,
+        window=window,
+        echo=click.echo,
+    )
+
 
 # -- the event log to Spark (celery_pq/spark/: export.py, report.py) --------------------------------
+
 
 @command(name="export-events")
 @click.argument("queues", nargs=-1, required=True)
 @click.option("--out", required=True, type=click.Path(), help="Parquet directory to append to.")
-@click.option("--on-gap", type=click.Choice(["warn", "fail"]), default="warn",
-              help="Events trimmed by the stream's cap before export: warn (default) or fail.")
+@click.option(
+    "--on-gap",
+    type=click.Choice(["warn", "fail"]),
+    default="warn",
+    help="Events trimmed by the stream's cap before export: warn (default) or fail.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def export_events(ctx, queues, out, on_gap, as_json):
     """Append the event log of QUEUES logged since the last export to --out (Parquet); every
@@ -413,15 +575,31 @@ def export_events(ctx, queues, out, on_gap, as_json):
 
     with broker_of(ctx).channel() as channel:
         try:
-            result = export(channel.client, list(queues), out, key_prefix=channel.options.key_prefix, on_gap=on_gap,
-                            shards=channel.options.shards_of)
+            result = export(
+                channel.client,
+                list(queues),
+                out,
+                key_prefix=channel.options.key_prefix,
+                on_gap=on_gap,
+                shards=channel.options.shards_of,
+            )
         except (EventLogGap, ExportBusy, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
     for gap in result.gaps:
         click.echo(f"warning: {gap}", err=True)
     if as_json:
-        click.echo(json.dumps({"out": str(result.out), "exported": result.exported, "offsets": result.offsets,
-                               "files": [str(f) for f in result.files], "gaps": result.gaps}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "out": str(result.out),
+                    "exported": result.exported,
+                    "offsets": result.offsets,
+                    "files": [str(f) for f in result.files],
+                    "gaps": result.gaps,
+                },
+                indent=2,
+            )
+        )
         return
     for queue, n in result.exported.items():
         click.echo(f"{queue}: {n} new events, last {result.offsets.get(queue, '-')}")

@@ -54,14 +54,16 @@ EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 SENTINEL_PORT = 26379
 
 #: The TLS arguments redis-py's SSL connection takes (``broker_use_ssl`` may name only these).
-SSL_ARGUMENTS = frozenset(n for n in inspect.signature(redis.SSLConnection.__init__).parameters
-                          if n.startswith("ssl_"))
+SSL_ARGUMENTS = frozenset(n for n in inspect.signature(redis.SSLConnection.__init__).parameters if n.startswith("ssl_"))
 
 
 def broker_db(conninfo) -> int:
     """The database number of the broker URL (``/0`` when none). A URL of several hosts
     (``pq://s1;pq://s2/2``) may name it on any of them, the same on each."""
-    named = [_db(conninfo.virtual_host), *(_db(urlsplit(url).path) for url in conninfo.alt or [] if isinstance(url, str))]
+    named = [
+        _db(conninfo.virtual_host),
+        *(_db(urlsplit(url).path) for url in conninfo.alt or [] if isinstance(url, str)),
+    ]
     given = {db for db in named if db is not None}
     if len(given) > 1:
         raise ConfigError(f"the hosts of the broker URL name different databases: {sorted(given)}")
@@ -88,8 +90,10 @@ def tls_arguments(ssl) -> dict:
         raise ConfigError(f"broker_use_ssl must be True or a dict of redis-py ssl_* arguments, got {redact(ssl)}")
     unknown = sorted(set(ssl) - SSL_ARGUMENTS)
     if unknown:
-        raise ConfigError(f"broker_use_ssl: {', '.join(map(repr, unknown))} not known to redis-py; "
-                          f"it takes {', '.join(sorted(SSL_ARGUMENTS))}")
+        raise ConfigError(
+            f"broker_use_ssl: {', '.join(map(repr, unknown))} not known to redis-py; "
+            f"it takes {', '.join(sorted(SSL_ARGUMENTS))}"
+        )
     return dict(ssl)
 
 
@@ -107,8 +111,7 @@ def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
     if options.master_name is None:
         if tls:
             params["connection_class"] = redis.SSLConnection
-        return redis.ConnectionPool(host=conninfo.hostname or "127.0.0.1", port=conninfo.port or C.REDIS_PORT,
-                                    **params)
+        return redis.ConnectionPool(host=conninfo.hostname or "127.0.0.1", port=conninfo.port or C.REDIS_PORT, **params)
     return sentinel_pool(sentinel_addresses(conninfo), options, params, tls)
 
 
@@ -116,8 +119,9 @@ def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
     """The Redis Cluster client of a kombu connection whose URL names a seed node."""
     tls = tls or bool(conninfo.ssl)
     if options.master_name is not None:
-        raise ConfigError("cluster and master_name exclude each other: a Redis Cluster fails over by itself, "
-                          "without sentinels")
+        raise ConfigError(
+            "cluster and master_name exclude each other: a Redis Cluster fails over by itself, without sentinels"
+        )
     db = broker_db(conninfo)
     if db != 0:
         raise ConfigError(f"a Redis Cluster has only database 0; the broker URL names database {db}")
@@ -127,12 +131,15 @@ def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
         params.update(ssl=True, **tls_arguments(conninfo.ssl))
     seeds = [ClusterNode(host, port) for host, port in url_addresses(conninfo, C.REDIS_PORT)]
     try:
-        return redis.RedisCluster(startup_nodes=seeds, username=conninfo.userid or None,
-                                  password=conninfo.password or None, **params)
+        return redis.RedisCluster(
+            startup_nodes=seeds, username=conninfo.userid or None, password=conninfo.password or None, **params
+        )
     except rex.RedisClusterException as exc:
         if "Cluster mode is not enabled" in str(exc):
-            raise ConfigError("the transport option cluster is set, but the broker URL names a Redis that is not "
-                              "a cluster node (cluster-enabled no): drop the option for a single Redis") from None
+            raise ConfigError(
+                "the transport option cluster is set, but the broker URL names a Redis that is not "
+                "a cluster node (cluster-enabled no): drop the option for a single Redis"
+            ) from None
         raise rex.ConnectionError(str(exc)) from exc  # no seed answered: retried like any lost connection
 
 
@@ -145,8 +152,10 @@ def check_not_a_cluster_node(client) -> None:
     except rex.ResponseError:
         return
     if enabled in (1, "1", b"1"):
-        raise ConfigError("the broker URL names a node of a Redis Cluster: set the transport option "
-                          '{"cluster": True} (broker_transport_options, or --transport-options for python -m celery_pq)')
+        raise ConfigError(
+            "the broker URL names a node of a Redis Cluster: set the transport option "
+            '{"cluster": True} (broker_transport_options, or --transport-options for python -m celery_pq)'
+        )
 
 
 def is_cluster(client: object) -> bool:
@@ -177,9 +186,14 @@ UNSETTLED = (rex.TryAgainError, rex.AskError, rex.ClusterError, rex.SlotNotCover
 
 #: How those errors begin when they come back as a script's error reply (a plain ResponseError):
 #: Redis's refusal of a command a script ran (an ASK or TRYAGAIN inside it), and the replies.
-_UNSETTLED_TEXT = ("Script attempted to access a non local key", "Script attempted to execute a command while "
-                   "the cluster is down", "Script attempted to execute a write command while the cluster is down",
-                   "TRYAGAIN", "CLUSTERDOWN", "Multiple keys request during rehashing")
+_UNSETTLED_TEXT = (
+    "Script attempted to access a non local key",
+    "Script attempted to execute a command while the cluster is down",
+    "Script attempted to execute a write command while the cluster is down",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "Multiple keys request during rehashing",
+)
 
 
 def unsettled(exc: BaseException) -> bool:
@@ -295,6 +309,7 @@ class NodePipeline:
         def queued(*args, **kwargs):
             self.calls.append((name, args, kwargs))
             return self
+
         return queued
 
     def execute(self) -> list:
@@ -372,9 +387,10 @@ def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnec
     if sentinel_kwargs is None:
         # A sentinel that does not answer must not hold up the discovery of the master: the
         # next sentinel is asked after this long (or the shorter socket_timeout).
-        sentinel_kwargs = {"socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT,
-                                                 C.SENTINEL_SOCKET_TIMEOUT),
-                           "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT}
+        sentinel_kwargs = {
+            "socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT, C.SENTINEL_SOCKET_TIMEOUT),
+            "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT,
+        }
     manager = Sentinel(addresses, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
     cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection
     return SentinelConnectionPool(options.master_name, manager, connection_class=cls, **params)
@@ -406,7 +422,8 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
     if tls and ("CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text):
         return rex.ConnectionError(
             f"TLS: the Redis server's certificate was refused ({text}); check ssl_ca_certs in broker_use_ssl "
-            "(the CA that signed the server's certificate) and the host name the URL names")
+            "(the CA that signed the server's certificate) and the host name the URL names"
+        )
     return exc
 
 
@@ -431,8 +448,10 @@ def warn_if_evicting(client: redis.Redis) -> str | None:
     the server may evict any key. Returns the policy found."""
     policy = eviction_policy(client)
     if policy in EVICTING_POLICIES:
-        logger.warning("celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
-                       "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
-                       "noeviction for the broker: a full Redis then refuses a publish with an error instead",
-                       policy)
+        logger.warning(
+            "celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
+            "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
+            "noeviction for the broker: a full Redis then refuses a publish with an error instead",
+            policy,
+        )
     return policy

@@ -16,10 +16,43 @@ def explain(stale: int = 0) -> dict:
     return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
-READ_COMMANDS = frozenset({"hget", "hexists", "hkeys", "hlen", "llen", "lrange", "lindex", "zcard", "zrange", "zrangebyscore",
-                           "zrangebylex", "zscore", "get", "exists", "mget"})
-WRITE_COMMANDS = frozenset({"hset", "hsetnx", "hdel", "zadd", "zrem", "zpopmin", "incr", "rpush", "lpop", "linsert", "lrem",
-                            "del", "set", "hincrby"})
+READ_COMMANDS = frozenset(
+    {
+        "hget",
+        "hexists",
+        "hkeys",
+        "hlen",
+        "llen",
+        "lrange",
+        "lindex",
+        "zcard",
+        "zrange",
+        "zrangebyscore",
+        "zrangebylex",
+        "zscore",
+        "get",
+        "exists",
+        "mget",
+    }
+)
+WRITE_COMMANDS = frozenset(
+    {
+        "hset",
+        "hsetnx",
+        "hdel",
+        "zadd",
+        "zrem",
+        "zpopmin",
+        "incr",
+        "rpush",
+        "lpop",
+        "linsert",
+        "lrem",
+        "del",
+        "set",
+        "hincrby",
+    }
+)
 
 
 def _cost(cmds: list[str]) -> dict:
@@ -57,21 +90,36 @@ def _commands(stale: int) -> dict:
         },
         "ack": both([*md, "hget", "hdel", "hdel", "zrem", *ct]),
         "extend": both(["time", "hget", "zadd"]),
-        "requeue": both([*md, "hget", "hdel", "zrem", "hget", "hset", *passing, "lrange", "linsert", "llen", "hkeys",
-                         *ct]),
+        "requeue": both(
+            [*md, "hget", "hdel", "zrem", "hget", "hset", *passing, "lrange", "linsert", "llen", "hkeys", *ct]
+        ),
         "remove_by_id": {
             # the id's duplicates looked for in dq (one range read), and in dp (written before dq)
             "T": [*md, "hget", "zrangebylex", "hexists", "hget", "hdel", "zrem", *passing, "lrem", "exists", *ct],
             "S": [*md, "hget", "zrangebylex", "hexists", "zscore", "hdel", *ct],
         },
         "change_priority": {
-            "T": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys", *passing, "lrem",
-                  "exists"],
+            "T": [
+                *md,
+                "hexists",
+                "hget",
+                "incr",
+                "hset",
+                "zscore",
+                "rpush",
+                "zadd",
+                "hkeys",
+                *passing,
+                "lrem",
+                "exists",
+            ],
             "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
         },
         "retrieve_highest_priority": {
             "T": [*md, "zrange", *passing, "lrange", "hget", "hexists"],
-            "S": [*md, "zrange"] + (passing + ["lrange"] + ["hget"] * k if k else []) + passing
+            "S": [*md, "zrange"]
+            + (passing + ["lrange"] + ["hget"] * k if k else [])
+            + passing
             + ["lrange", "hget", "hexists"],
         },
         "retrieve_by_priority": {

@@ -81,8 +81,11 @@ class QoS(virtual.QoS):
             except Exception as exc:
                 errors.append((exc, message))
         if lost_link:
-            logger.warning("celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
-                           "their leases run out and they are delivered again", lost_link)
+            logger.warning(
+                "celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
+                "their leases run out and they are delivered again",
+                lost_link,
+            )
         kept = channel.leases.holding(keep)
         if kept:
             logger.info("celery-pq: %d running task(s) keep their leases across the lost connection", kept)
@@ -202,11 +205,20 @@ class Deliveries:
             return
         shard, eid = held  # the shard it came from, for a sharded queue
         if shard.is_dead:  # a dead-letter queue has none of its own: the lease runs out, it stays
-            logger.error("celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
-                         eid, shard.name, exc)
+            logger.error(
+                "celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
+                eid,
+                shard.name,
+                exc,
+            )
             return
-        logger.error("celery-pq: entry %r of queue %r is not a kombu message (%r); moved to %s.dead",
-                     eid, shard.name, exc, shard.name)
+        logger.error(
+            "celery-pq: entry %r of queue %r is not a kombu message (%r); moved to %s.dead",
+            eid,
+            shard.name,
+            exc,
+            shard.name,
+        )
         shard.dead_letter((eid, tag), "malformed")
 
     def fanout(self, channel_name: str, queue: str, data: Any) -> int:
@@ -247,8 +259,11 @@ class Deliveries:
             for tag in tags:
                 self.give_back(tag)
         except self.channel.transport.connection_errors:
-            logger.warning("celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
-                           "their leases run out and they are delivered again", len(tags))
+            logger.warning(
+                "celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
+                "their leases run out and they are delivered again",
+                len(tags),
+            )
 
 
 def _celery_state():

@@ -35,7 +35,9 @@ class QueueFull(PQError):
         if tenant is None:
             msg = f"queue {queue!r} is full: {size} waiting entries, max_length={limit}"
         else:
-            msg = f"queue {queue!r} is full for tenant {tenant!r}: {size} waiting entries, max_length_per_tenant={limit}"
+            msg = (
+                f"queue {queue!r} is full for tenant {tenant!r}: {size} waiting entries, max_length_per_tenant={limit}"
+            )
         super().__init__(msg)
 
 
@@ -83,10 +85,13 @@ class ModeMismatch(ConfigError):
         self.queue = queue
         self.stored = stored
         self.wanted = wanted
-        diff = ", ".join(f"{k}={stored.get(k)!r} (this process: {wanted.get(k)!r})"
-                         for k in wanted if stored.get(k) != wanted.get(k))
-        super().__init__(f"queue {queue!r} was made with {diff}; nothing was changed. Use the "
-                         f"queue's own settings, or migrate it on purpose (PriorityQueue.migrate_mode)")
+        diff = ", ".join(
+            f"{k}={stored.get(k)!r} (this process: {wanted.get(k)!r})" for k in wanted if stored.get(k) != wanted.get(k)
+        )
+        super().__init__(
+            f"queue {queue!r} was made with {diff}; nothing was changed. Use the "
+            f"queue's own settings, or migrate it on purpose (PriorityQueue.migrate_mode)"
+        )
 
 
 class QueueMigrating(PQError, ConnectionError):
@@ -97,8 +102,10 @@ class QueueMigrating(PQError, ConnectionError):
     def __init__(self, queue: str, mode: dict):
         self.queue = queue
         self.mode = mode
-        super().__init__(f"queue {queue!r} is being migrated to {mode}; nothing was done: retry when the "
-                         "migration is over (PriorityQueue.migrate_mode finishes it)")
+        super().__init__(
+            f"queue {queue!r} is being migrated to {mode}; nothing was done: retry when the "
+            "migration is over (PriorityQueue.migrate_mode finishes it)"
+        )
 
 
 class MessageTooLarge(PQError, ValueError):
@@ -108,8 +115,9 @@ class MessageTooLarge(PQError, ValueError):
         self.queue = queue
         self.size = size
         self.limit = limit
-        super().__init__(f"message for queue {queue!r} is {size} bytes, over max_message_bytes={limit}; "
-                         "it was not published")
+        super().__init__(
+            f"message for queue {queue!r} is {size} bytes, over max_message_bytes={limit}; it was not published"
+        )
 
 
 class BrokerUnreachable(PQError, ConnectionError):
@@ -133,10 +141,12 @@ class NotReplicated(PQError):
         self.acknowledged = acknowledged
         self.wanted = wanted
         self.timeout = timeout
-        super().__init__(f"publish to queue {queue!r}: only {acknowledged} of {wanted} replicas acknowledged it "
-                         f"within {timeout:g}s (wait_replicas={wanted}, wait_timeout={timeout:g}). It may still "
-                         "be stored on the master, and a failover now may lose it; a retry with the same "
-                         "publish id stores it once")
+        super().__init__(
+            f"publish to queue {queue!r}: only {acknowledged} of {wanted} replicas acknowledged it "
+            f"within {timeout:g}s (wait_replicas={wanted}, wait_timeout={timeout:g}). It may still "
+            "be stored on the master, and a failover now may lose it; a retry with the same "
+            "publish id stores it once"
+        )
 
 
 def error_for(code: int, queue: str, **context) -> PQError | None:
@@ -178,5 +188,7 @@ class ClusterUnsettled(PQError, RedisConnectionError):
         self.key = key
         self.waited = waited
         self.last = last
-        super().__init__(f"Redis Cluster: the slot of {key!r} did not settle within {waited:.1f}s "
-                         f"(a resharding or failover still under way; cluster_retry_seconds): {last}")
+        super().__init__(
+            f"Redis Cluster: the slot of {key!r} did not settle within {waited:.1f}s "
+            f"(a resharding or failover still under way; cluster_retry_seconds): {last}"
+        )

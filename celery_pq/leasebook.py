@@ -46,14 +46,14 @@ class LeaseBook:
         self.returned = False
 
     # -- the channel's side -----------------------------------------------------------------
-    def pop(self, q: Queue, count: int, *, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> Popped:
+    def pop(self, q: Queue, count: int, *, consumer: str | None = None, view: tuple[int, int] | None = None) -> Popped:
         """Pop ``q`` (a queue, or a sharded queue) with every ack waiting, in one round trip;
         the leases are held from now, each under the queue (the shard) it came from. (Lean
         ones, ``queue.Delivery``: id, token, deliveries and payload.)"""
         pending = self._take()
-        leases = self._send(pending, lambda: q.pop_with_acks(count, acks=pending, lean=True, consumer=consumer,
-                                                             view=view))
+        leases = self._send(
+            pending, lambda: q.pop_with_acks(count, acks=pending, lean=True, consumer=consumer, view=view)
+        )
         self.hold(leases.queue or q.shards[0], leases)
         return leases
 
@@ -163,8 +163,7 @@ class LeaseBook:
                     # an ack sent again after the reply to its first sending was lost
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue
-                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again",
-                               eid, q.name)
+                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again", eid, q.name)
         return result
 
 

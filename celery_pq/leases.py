@@ -129,8 +129,13 @@ class LeaseKeeper(threading.Thread):
             return
         self._reported[key] = now
         if refusal:
-            logger.error("celery-pq lease keeper: Redis refuses writes (%s) while %s: leases are not renewed and "
-                         "run out, and their tasks may run twice. Redis said: %s", refusal, what, exc)
+            logger.error(
+                "celery-pq lease keeper: Redis refuses writes (%s) while %s: leases are not renewed and "
+                "run out, and their tasks may run twice. Redis said: %s",
+                refusal,
+                what,
+                exc,
+            )
         else:
             logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
 
@@ -155,8 +160,9 @@ class LeaseKeeper(threading.Thread):
                 for (eid, tag), ok in zip(pairs, results):
                     # (a tag acked between the book's snapshot and the extend is no loss)
                     if not ok and book.keeps(tag):
-                        logger.warning("celery-pq: lease of %s in %r was lost before renewal; it may run again",
-                                       eid, q.name)
+                        logger.warning(
+                            "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
+                        )
         if error is not None:
             raise error
 
@@ -170,14 +176,22 @@ class LeaseKeeper(threading.Thread):
                 gap = gap_seconds(book.options)
                 # a lease that expired in a gap gets a whole lease length from now: its holder's keeper
                 # comes out of the same gap, maybe slowly (every process wakes at once)
-                result = q.reclaim(guard_seconds=book.options.sweep_interval * 0.9, gap_seconds=gap,
-                                   restore_seconds=book.options.lease_seconds)
+                result = q.reclaim(
+                    guard_seconds=book.options.sweep_interval * 0.9,
+                    gap_seconds=gap,
+                    restore_seconds=book.options.lease_seconds,
+                )
                 if not result["skipped"]:
                     self.sweeps += 1
                 if result["restored"]:
-                    logger.warning("celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
-                                   "unreachable): %d lease(s) that expired meanwhile get a whole lease length from now, "
-                                   "for their holders to renew", q.name, gap, result["restored"])
+                    logger.warning(
+                        "celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
+                        "unreachable): %d lease(s) that expired meanwhile get a whole lease length from now, "
+                        "for their holders to renew",
+                        q.name,
+                        gap,
+                        result["restored"],
+                    )
                 while result["more"]:
                     result = q.reclaim(gap_seconds=gap)
                 if result["returned"] or result["dead"] or result["promoted"]:

@@ -114,8 +114,9 @@ class PublishStamp:
         return stamp.publish_id, stamp.sends == 1
 
 
-def prepare_message(options: Options, body, priority=None, content_type=None, content_encoding=None,
-                    headers=None, properties=None) -> dict:
+def prepare_message(
+    options: Options, body, priority=None, content_type=None, content_encoding=None, headers=None, properties=None
+) -> dict:
     """kombu's ``prepare_message`` hook: the message dict, its priority checked (ValueError
     naming the value, before anything is written) and defaulted, and the publish call stamped
     with its identity (``PublishStamp``) in ``properties``."""
@@ -138,8 +139,9 @@ def prepare_message(options: Options, body, priority=None, content_type=None, co
     }
 
 
-def stored_item(queue: str, message: dict, options: Options, decode_body: Callable, *,
-                publish_id_: bytes | None = None) -> StoredItem:
+def stored_item(
+    queue: str, message: dict, options: Options, decode_body: Callable, *, publish_id_: bytes | None = None
+) -> StoredItem:
     """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
 
     ``decode_body`` is kombu's ``Channel.decode_body`` (a ``fair_key`` function sees the decoded
@@ -199,16 +201,21 @@ def _storable(queue: str, message: dict) -> dict:
     if isinstance(props, dict):
         bad = [k for k, v in props.items() if not _writable(v)]
         if bad:
-            logger.warning("queue %r: message properties %s have no stored form (values of type %s) and are "
-                           "left out", queue, ", ".join(map(repr, bad)),
-                           ", ".join(type(props[k]).__name__ for k in bad))
+            logger.warning(
+                "queue %r: message properties %s have no stored form (values of type %s) and are left out",
+                queue,
+                ", ".join(map(repr, bad)),
+                ", ".join(type(props[k]).__name__ for k in bad),
+            )
             message = {**message, "properties": {k: v for k, v in props.items() if k not in bad}}
     headers = message.get("headers")
     if isinstance(headers, dict):
         for k, v in headers.items():
             if not _writable(v):
-                raise ValueError(f"message header {k!r} holds a {type(v).__name__}, which has no stored form "
-                                 f"(JSON); the message was not published to queue {queue!r}")
+                raise ValueError(
+                    f"message header {k!r} holds a {type(v).__name__}, which has no stored form "
+                    f"(JSON); the message was not published to queue {queue!r}"
+                )
     return message
 
 
@@ -288,8 +295,12 @@ def _body_preview(message: dict) -> str:
         if message.get("content-type") == "application/json":
             decoded = json.loads(body)
             # Celery protocol 2: [args, kwargs, embed]
-            if isinstance(decoded, list) and len(decoded) == 3 and isinstance(decoded[0], list) \
-                    and isinstance(decoded[1], dict):
+            if (
+                isinstance(decoded, list)
+                and len(decoded) == 3
+                and isinstance(decoded[0], list)
+                and isinstance(decoded[1], dict)
+            ):
                 return _join(repr(tuple(decoded[0])), repr(decoded[1]))
             return json.dumps(decoded)
     except (ValueError, TypeError):

@@ -117,8 +117,15 @@ class PQCollector(Collector):
         max_tenants: tenants exported by name per queue and metric; the rest are ``other``.
     """
 
-    def __init__(self, app_or_url, queues=None, *, transport_options: dict | None = None,
-                 bands=None, max_tenants: int = MAX_TENANTS):
+    def __init__(
+        self,
+        app_or_url,
+        queues=None,
+        *,
+        transport_options: dict | None = None,
+        bands=None,
+        max_tenants: int = MAX_TENANTS,
+    ):
         self.broker = Broker.of(app_or_url, transport_options)
         self.queues = list(queues) if queues else None
         self.bands = parse_bands(bands) if isinstance(bands, str) else bands
@@ -152,21 +159,28 @@ class PQCollector(Collector):
             "dead": g("dead_messages", "Entries in the dead-letter queue <queue>.dead."),
             "paused": g("paused", "1 while the queue is paused."),
             "paused_tenants": g("paused_tenants", "Tenants paused in the queue."),
-            "backlog": g("backlog_messages", "Due entries a consumer of the whole queue could take now "
-                                             "(tenants held back by caps or pause left out)."),
+            "backlog": g(
+                "backlog_messages",
+                "Due entries a consumer of the whole queue could take now "
+                "(tenants held back by caps or pause left out).",
+            ),
             "age": g("oldest_waiting_age_seconds", "Age of the entry that goes next (0 when none waits)."),
-            "by_priority": g("waiting_messages_by_priority", "Waiting entries per priority band.",
-                             ("queue", "band")),
-            "by_tenant": g("waiting_messages_by_tenant", "Waiting entries per tenant (the largest by name, "
-                                                         "the rest as 'other').", ("queue", "tenant")),
+            "by_priority": g("waiting_messages_by_priority", "Waiting entries per priority band.", ("queue", "band")),
+            "by_tenant": g(
+                "waiting_messages_by_tenant",
+                "Waiting entries per tenant (the largest by name, the rest as 'other').",
+                ("queue", "tenant"),
+            ),
             "leased_by_tenant": g("leased_messages_by_tenant", "Leased entries per tenant.", ("queue", "tenant")),
             "up": GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis."),
         }
         for key, (_, doc) in COUNTERS.items():
             fams[key] = CounterMetricFamily(f"celery_pq_{key}", doc, labels=("queue",))
-        fams["tenant_deliveries"] = CounterMetricFamily("celery_pq_tenant_deliveries", "Deliveries per tenant "
-                                                        "(the largest by name, the rest as 'other').",
-                                                        labels=("queue", "tenant"))
+        fams["tenant_deliveries"] = CounterMetricFamily(
+            "celery_pq_tenant_deliveries",
+            "Deliveries per tenant (the largest by name, the rest as 'other').",
+            labels=("queue", "tenant"),
+        )
         return fams
 
     def _add_queue(self, fams: dict[str, Family], q) -> None:
@@ -201,16 +215,26 @@ DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
 
 
-def serve(app_or_url, *, port: int = DEFAULT_PORT, address: str = DEFAULT_ADDRESS, queues=None, bands=None,
-          max_tenants: int = MAX_TENANTS, transport_options: dict | None = None, block: bool = True):
+def serve(
+    app_or_url,
+    *,
+    port: int = DEFAULT_PORT,
+    address: str = DEFAULT_ADDRESS,
+    queues=None,
+    bands=None,
+    max_tenants: int = MAX_TENANTS,
+    transport_options: dict | None = None,
+    block: bool = True,
+):
     """Serve ``/metrics`` on ``address:port`` (by default on 127.0.0.1 only) from a registry of
     its own (the exporter's process metrics are not mixed in). With ``block``, until Ctrl-C;
     otherwise returns the (server, thread) of prometheus_client's ``start_http_server``."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry()
-    registry.register(PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands,
-                                  max_tenants=max_tenants))
+    registry.register(
+        PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands, max_tenants=max_tenants)
+    )
     server, thread = start_http_server(port, addr=address, registry=registry)
     if not block:
         return server, thread

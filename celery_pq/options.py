@@ -12,8 +12,9 @@ shows the same names and defaults (a test checks that they agree).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from kombu.utils.imports import symbol_by_name
 
@@ -102,6 +103,7 @@ def _count_up_to(high, low=1):
         if value > high:
             raise ConfigError(f"{name} must be an integer {low}..{high}, got {value!r}")
         return value
+
     return check
 
 
@@ -113,6 +115,7 @@ def _fair_key(name, value):
 
 def _per_tenant(kind):
     """An option given as one number for every tenant or as {tenant: number, "*": default}."""
+
     def check(name, value):
         if value is None:
             return None
@@ -125,6 +128,7 @@ def _per_tenant(kind):
             if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
                 raise ConfigError(f"{name} for {tenant!r} must be a positive number, got {v!r}")
         return value
+
     return check
 
 
@@ -134,11 +138,16 @@ def _weights(name, value):
     for tenant, weight in (value or {}).items():
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             step = round(VT_PER_DELIVERY / weight)
-            why = ("too few: weights above them are not told apart, and at 0 the tenant would be served "
-                   "without end" if weight > MAX_WEIGHT else "the schedule's 17 digits would run out")
-            raise ConfigError(f"{name} for tenant {tenant!r} must be a number from {MIN_WEIGHT:g} to "
-                              f"{MAX_WEIGHT:g}, got {weight!r}: each delivery moves the tenant on by "
-                              f"{VT_PER_DELIVERY:,} / weight whole units of virtual time, here {step:,}: {why}")
+            why = (
+                "too few: weights above them are not told apart, and at 0 the tenant would be served without end"
+                if weight > MAX_WEIGHT
+                else "the schedule's 17 digits would run out"
+            )
+            raise ConfigError(
+                f"{name} for tenant {tenant!r} must be a number from {MIN_WEIGHT:g} to "
+                f"{MAX_WEIGHT:g}, got {weight!r}: each delivery moves the tenant on by "
+                f"{VT_PER_DELIVERY:,} / weight whole units of virtual time, here {step:,}: {why}"
+            )
     return value
 
 
@@ -157,85 +166,142 @@ class Options:
     """Every transport option, checked (see each field's ``doc``; README.md's table)."""
 
     key_prefix: str = _option(C.KEY_PREFIX, _queue_setting, "prefix of every Redis key and pub/sub channel")
-    priority_order: str = _option(C.HIGHER_FIRST, _queue_setting,
-                                  '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)')
+    priority_order: str = _option(
+        C.HIGHER_FIRST, _queue_setting, '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)'
+    )
     default_priority: int = _option(0, _priority, "priority 0..255 of a message published without one")
-    lease_seconds: float = _option(C.LEASE_SECONDS, _queue_setting,
-                                   "seconds a delivered message stays leased without a renewal, at least "
-                                   "renew_interval + 0.5 (0.75 with the default renew_interval); "
-                                   "visibility_timeout is an alias")
-    max_deliveries: int = _option(C.MAX_DELIVERIES, _queue_setting,
-                                  "deliveries without an ack before <queue>.dead; 0: no limit")
-    fair_key: str | None = _option(None, _fair_key, 'None: fairness off; a header name, or "module:function" '
-                                   "taking the kombu message dict and returning the tenant (str or None)")
-    fair_weights: dict | None = _option(None, _weights,
-                                        f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for "
-                                        "tenants not named", shown="{}")
-    fair_scope: str = _option("within_priority", _queue_setting,
-                              '"within_priority" (strict priority, tenants share each level) or '
-                              '"tenant_first" (tenants share the queue, each one\'s entries by priority)')
+    lease_seconds: float = _option(
+        C.LEASE_SECONDS,
+        _queue_setting,
+        "seconds a delivered message stays leased without a renewal, at least "
+        "renew_interval + 0.5 (0.75 with the default renew_interval); "
+        "visibility_timeout is an alias",
+    )
+    max_deliveries: int = _option(
+        C.MAX_DELIVERIES, _queue_setting, "deliveries without an ack before <queue>.dead; 0: no limit"
+    )
+    fair_key: str | None = _option(
+        None,
+        _fair_key,
+        'None: fairness off; a header name, or "module:function" '
+        "taking the kombu message dict and returning the tenant (str or None)",
+    )
+    fair_weights: dict | None = _option(
+        None,
+        _weights,
+        f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for tenants not named",
+        shown="{}",
+    )
+    fair_scope: str = _option(
+        "within_priority",
+        _queue_setting,
+        '"within_priority" (strict priority, tenants share each level) or '
+        '"tenant_first" (tenants share the queue, each one\'s entries by priority)',
+    )
     max_length: int | None = _option(None, _queue_setting, "waiting entries per queue; beyond it QueueFull")
-    max_length_per_tenant: int | None = _option(None, _queue_setting,
-                                                "waiting entries per tenant (needs fair_key); beyond it QueueFull")
-    tenant_concurrency: int | dict | None = _option(None, _per_tenant(int),
-                                                    'leased messages per tenant at once: an int, or '
-                                                    '{tenant: int, "*": default} (needs fair_key)')
-    tenant_rate: float | dict | None = _option(None, _per_tenant((int, float)),
-                                               "deliveries per second per tenant, same forms (needs fair_key)")
+    max_length_per_tenant: int | None = _option(
+        None, _queue_setting, "waiting entries per tenant (needs fair_key); beyond it QueueFull"
+    )
+    tenant_concurrency: int | dict | None = _option(
+        None,
+        _per_tenant(int),
+        'leased messages per tenant at once: an int, or {tenant: int, "*": default} (needs fair_key)',
+    )
+    tenant_rate: float | dict | None = _option(
+        None, _per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
+    )
     technique: str = _option(C.TECHNIQUE_T, _queue_setting, 'the patent technique of every queue, "T" or "S"')
     queue_techniques: dict | None = _option(None, _queue_techniques, "{queue: technique}, per queue")
-    sweep_interval: float = _option(C.SWEEP_INTERVAL, _seconds,
-                                    "seconds between sweeps of expired leases (one sweeper per queue "
-                                    "per interval across all consumers)")
-    renew_interval: float | None = _option(None, _seconds_or_none,
-                                           "seconds between renewals of held leases, shorter than "
-                                           "lease_seconds; None: lease_seconds / 3, at most 20",
-                                           shown="lease_seconds / 3")
+    sweep_interval: float = _option(
+        C.SWEEP_INTERVAL,
+        _seconds,
+        "seconds between sweeps of expired leases (one sweeper per queue per interval across all consumers)",
+    )
+    renew_interval: float | None = _option(
+        None,
+        _seconds_or_none,
+        "seconds between renewals of held leases, shorter than lease_seconds; None: lease_seconds / 3, at most 20",
+        shown="lease_seconds / 3",
+    )
     block_seconds: float = _option(C.BLOCK_SECONDS, _seconds, "server-side BLPOP timeout of an idle consumer")
     binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
-    spin_wait_us: int = _option(C.SPIN_WAIT_US, _count_up_to(100_000, low=0),
-                                "microseconds a script call polls for its reply before sleeping; 0: none")
-    socket_timeout: float = _option(_FitsTheLease(C.SOCKET_TIMEOUT), _seconds_or_none,
-                                    "redis-py, seconds a reply may take, at most lease_seconds - renew_interval "
-                                    "(the default: 30, or that when less)", shown="30")
+    spin_wait_us: int = _option(
+        C.SPIN_WAIT_US,
+        _count_up_to(100_000, low=0),
+        "microseconds a script call polls for its reply before sleeping; 0: none",
+    )
+    socket_timeout: float = _option(
+        _FitsTheLease(C.SOCKET_TIMEOUT),
+        _seconds_or_none,
+        "redis-py, seconds a reply may take, at most lease_seconds - renew_interval "
+        "(the default: 30, or that when less)",
+        shown="30",
+    )
     socket_connect_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
     socket_keepalive: bool | None = _option(None, _flag_or_none, "redis-py")
     health_check_interval: float = _option(25, _seconds_or_zero, "redis-py, seconds (None: 0)")
     max_connections: int | None = _option(50, _count_or_none, "redis-py pool size, per connection")
     client_name: str | None = _option(None, _client_name, "redis-py CLIENT SETNAME, no spaces")
-    max_message_bytes: int | None = _option(None, _count_or_none,
-                                            "a larger stored message is refused (MessageTooLarge)")
-    dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _queue_setting,
-                                    "a retried publish call (same publish id) seen within this window stores nothing; the "
-                                    "queue keeps the longest window its producers ask for; 0: off")
-    max_dead_length: int | None = _option(None, _queue_setting,
-                                          "entries of <queue>.dead at most (None: max_length, else none)")
-    event_log: int | None = _option(None, _queue_setting,
-                                    "None/0: no event log; else the approximate most entries of each "
-                                    "queue's event-log stream (docs/events.md)")
-    cluster: bool = _option(False, _flag, "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
-                            "each queue lives on the master of its hash tag (docs/cluster.md)")
-    cluster_retry_seconds: float = _option(C.CLUSTER_RETRY_SECONDS, _seconds,
-                                           "Redis Cluster: seconds a call waits, trying again, while its queue's "
-                                           "slot migrates (a resharding) or the cluster is down, before it fails "
-                                           "as a connection error (docs/cluster.md)")
-    master_name: str | None = _option(None, _master_name_or_none,
-                                      "Redis Sentinel: the name of the monitored master; when set, every host "
-                                      "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel")
-    sentinel_kwargs: dict | None = _option(None, _mapping_or_none,
-                                           "redis-py connection arguments for the sentinels themselves (password, "
-                                           "ssl, ...); None: the socket timeouts of the master's")
-    min_other_sentinels: int = _option(0, _count_from_zero,
-                                       "a sentinel that sees fewer other sentinels is not believed")
-    wait_replicas: int = _option(0, _queue_setting,
-                                 "a publish and an ack return once this many replicas have them (Redis WAIT); "
-                                 "0: off")
-    wait_timeout: float = _option(C.WAIT_TIMEOUT, _queue_setting,
-                                  "seconds a publish or ack waits for wait_replicas; then a publish raises "
-                                  "NotReplicated, an ack logs")
-    shards: int = _option(1, _queue_setting, "shards of each queue (1..256): a queue split into N full queues, each "
-                          "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
-                          "1: the plain queue, exact order")
+    max_message_bytes: int | None = _option(
+        None, _count_or_none, "a larger stored message is refused (MessageTooLarge)"
+    )
+    dedupe_seconds: float = _option(
+        C.DEDUPE_SECONDS,
+        _queue_setting,
+        "a retried publish call (same publish id) seen within this window stores nothing; the "
+        "queue keeps the longest window its producers ask for; 0: off",
+    )
+    max_dead_length: int | None = _option(
+        None, _queue_setting, "entries of <queue>.dead at most (None: max_length, else none)"
+    )
+    event_log: int | None = _option(
+        None,
+        _queue_setting,
+        "None/0: no event log; else the approximate most entries of each queue's event-log stream (docs/events.md)",
+    )
+    cluster: bool = _option(
+        False,
+        _flag,
+        "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
+        "each queue lives on the master of its hash tag (docs/cluster.md)",
+    )
+    cluster_retry_seconds: float = _option(
+        C.CLUSTER_RETRY_SECONDS,
+        _seconds,
+        "Redis Cluster: seconds a call waits, trying again, while its queue's "
+        "slot migrates (a resharding) or the cluster is down, before it fails "
+        "as a connection error (docs/cluster.md)",
+    )
+    master_name: str | None = _option(
+        None,
+        _master_name_or_none,
+        "Redis Sentinel: the name of the monitored master; when set, every host "
+        "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel",
+    )
+    sentinel_kwargs: dict | None = _option(
+        None,
+        _mapping_or_none,
+        "redis-py connection arguments for the sentinels themselves (password, "
+        "ssl, ...); None: the socket timeouts of the master's",
+    )
+    min_other_sentinels: int = _option(
+        0, _count_from_zero, "a sentinel that sees fewer other sentinels is not believed"
+    )
+    wait_replicas: int = _option(
+        0, _queue_setting, "a publish and an ack return once this many replicas have them (Redis WAIT); 0: off"
+    )
+    wait_timeout: float = _option(
+        C.WAIT_TIMEOUT,
+        _queue_setting,
+        "seconds a publish or ack waits for wait_replicas; then a publish raises NotReplicated, an ack logs",
+    )
+    shards: int = _option(
+        1,
+        _queue_setting,
+        "shards of each queue (1..256): a queue split into N full queues, each "
+        "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
+        "1: the plain queue, exact order",
+    )
     peek: int = _option(2, _queue_setting, "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
@@ -258,16 +324,21 @@ class Options:
         if self.fair_key is not None and ":" in self.fair_key:
             try:
                 fn = symbol_by_name(self.fair_key)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise ConfigError(f"fair_key {self.fair_key!r} cannot be imported: {exc!r}") from None
             if not callable(fn):
                 raise ConfigError(f"fair_key {self.fair_key!r} is not callable")
             keep(self, "tenant_fn", fn)
-        fair_only = {"fair_weights": self.fair_weights, "tenant_concurrency": self.tenant_concurrency,
-                     "tenant_rate": self.tenant_rate, "max_length_per_tenant": self.max_length_per_tenant}
+        fair_only = {
+            "fair_weights": self.fair_weights,
+            "tenant_concurrency": self.tenant_concurrency,
+            "tenant_rate": self.tenant_rate,
+            "max_length_per_tenant": self.max_length_per_tenant,
+        }
         if self.master_name is None and (self.sentinel_kwargs is not None or self.min_other_sentinels):
-            raise ConfigError("sentinel_kwargs and min_other_sentinels need master_name (the broker URL then "
-                              "names the sentinels)")
+            raise ConfigError(
+                "sentinel_kwargs and min_other_sentinels need master_name (the broker URL then names the sentinels)"
+            )
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
@@ -288,27 +359,35 @@ class Options:
         keep = object.__setattr__
         lease, margin = self.lease_seconds, C.RENEW_MARGIN
         given = self.renew_interval is not None
-        renew = self.renew_interval if self.renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
+        renew = (
+            self.renew_interval if self.renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
+        )
         keep(self, "renew_interval", renew)
         if lease - renew < margin:
             if given:
-                raise ConfigError(f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
-                                  f"({renew + margin:g}), got renew_interval {renew!r}: leases would run out "
-                                  "before a renewal got through")
-            raise ConfigError(f"lease_seconds must be at least {1.5 * margin:g} s, got {lease!r}: leases are "
-                              f"renewed every renew_interval (a third of the lease by default) and a renewal "
-                              f"needs {margin:g} s more to get through")
+                raise ConfigError(
+                    f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
+                    f"({renew + margin:g}), got renew_interval {renew!r}: leases would run out "
+                    "before a renewal got through"
+                )
+            raise ConfigError(
+                f"lease_seconds must be at least {1.5 * margin:g} s, got {lease!r}: leases are "
+                f"renewed every renew_interval (a third of the lease by default) and a renewal "
+                f"needs {margin:g} s more to get through"
+            )
         room = lease - renew
         if default_timeout:
             keep(self, "socket_timeout", min(self.socket_timeout, room))
         elif self.socket_timeout is None or self.socket_timeout > room:
             forever = " (wait forever)" if self.socket_timeout is None else ""
-            raise ConfigError(f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
-                              f"= {room:g} s), got {self.socket_timeout!r}{forever}: a renewal waiting longer on a "
-                              "silent connection would let the leases run out")
+            raise ConfigError(
+                f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
+                f"= {room:g} s), got {self.socket_timeout!r}{forever}: a renewal waiting longer on a "
+                "silent connection would let the leases run out"
+            )
 
     @classmethod
-    def from_transport_options(cls, given: dict) -> "Options":
+    def from_transport_options(cls, given: dict) -> Options:
         """The options among ``broker_transport_options`` (other names are left to kombu)."""
         names = {f.name for f in fields(cls) if f.init}
         values = {k: v for k, v in given.items() if k in names}
@@ -365,15 +444,37 @@ class Options:
 
     def redis_kwargs(self) -> dict:
         """The options handed to redis-py's connection pool."""
-        return {name: getattr(self, name) for name in ("socket_timeout", "socket_connect_timeout",
-                                                       "socket_keepalive", "health_check_interval",
-                                                       "client_name", "max_connections")}
+        return {
+            name: getattr(self, name)
+            for name in (
+                "socket_timeout",
+                "socket_connect_timeout",
+                "socket_keepalive",
+                "health_check_interval",
+                "client_name",
+                "max_connections",
+            )
+        }
 
 
 #: The options that are a queue's settings, under the same names (``QueueSettings``).
-_QUEUE_SETTINGS = ("key_prefix", "technique", "priority_order", "lease_seconds", "max_deliveries", "max_length",
-                   "fair_scope", "max_length_per_tenant", "dedupe_seconds", "max_dead_length", "event_log",
-                   "wait_replicas", "wait_timeout", "shards", "peek")
+_QUEUE_SETTINGS = (
+    "key_prefix",
+    "technique",
+    "priority_order",
+    "lease_seconds",
+    "max_deliveries",
+    "max_length",
+    "fair_scope",
+    "max_length_per_tenant",
+    "dedupe_seconds",
+    "max_dead_length",
+    "event_log",
+    "wait_replicas",
+    "wait_timeout",
+    "shards",
+    "peek",
+)
 
 
 def _default(value):

@@ -121,7 +121,10 @@ class Waits:
         channel.leases.flush()  # never block with acks unsent
         waits = []
         for pending in self._blocks.values():
-            if pending.keys is not None and monotonic() - pending.sent > channel.options.block_seconds + SILENCE_SECONDS:
+            if (
+                pending.keys is not None
+                and monotonic() - pending.sent > channel.options.block_seconds + SILENCE_SECONDS
+            ):
                 self.drop()
                 raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
         if channel.active_queues and channel.qos.can_consume() and not self.should_pop():
@@ -149,8 +152,11 @@ class Waits:
         if not wanted and not self._subs:
             return []
         known = self._pubsub_waits
-        if known is not None and known[0] == wanted.keys() and all(
-                w.conn is sub.pubsub.connection for sub, w in known[1]):
+        if (
+            known is not None
+            and known[0] == wanted.keys()
+            and all(w.conn is sub.pubsub.connection for sub, w in known[1])
+        ):
             return [w for _, w in known[1]]
         self._pubsub_waits = None
         client = self.channel.client
@@ -423,6 +429,7 @@ def _client_id(conn) -> int | None:
     try:
         return conn.read_response()
     except rex.ResponseError as exc:
-        logger.info("celery-pq: CLIENT ID refused (%s); changes to the consumed queues take effect "
-                    "within block_seconds", exc)
+        logger.info(
+            "celery-pq: CLIENT ID refused (%s); changes to the consumed queues take effect within block_seconds", exc
+        )
         return None

@@ -49,9 +49,17 @@ class Publisher:
         kombu's ``ensure``, carry the same one)."""
         publish_id, first_send = PublishStamp.take(message)
         item = stored_item(queue, message, self.options, self.channel.decode_body, publish_id_=publish_id)
-        self.channel.queue(queue).insert(item.payload, item.priority, id=item.id, tenant=item.tenant,
-                                         due_ms=item.due_ms, publish_id=item.publish_id, first_send=first_send,
-                                         remember=False, task=item.task)
+        self.channel.queue(queue).insert(
+            item.payload,
+            item.priority,
+            id=item.id,
+            tenant=item.tenant,
+            due_ms=item.due_ms,
+            publish_id=item.publish_id,
+            first_send=first_send,
+            remember=False,
+            task=item.task,
+        )
 
     def put_fanout(self, exchange: str, message: dict) -> None:
         """Send ``message`` to the receivers of a fanout exchange; on a cluster by sharded

@@ -22,11 +22,12 @@ def tenant_of(message: dict, options: Options, decode_body: Callable) -> str | N
             body = decode_body(message.get("body"), props.get("body_encoding"))
             tenant = fn({**message, "body": body})
         except Exception as exc:
-            raise ValueError(f"fair_key function {fair_key!r} raised {exc!r}; "
-                             "the message was not published") from exc
+            raise ValueError(f"fair_key function {fair_key!r} raised {exc!r}; the message was not published") from exc
     else:
         tenant = (message.get("headers") or {}).get(fair_key)
     if tenant is not None and not isinstance(tenant, str):
-        raise ValueError(f"fair_key {fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
-                         "not a string; the message was not published")
+        raise ValueError(
+            f"fair_key {fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
+            "not a string; the message was not published"
+        )
     return tenant

@@ -141,8 +141,9 @@ class Channel(virtual.Channel):
         return super().decode_body(body, encoding)
 
     # -- publishing ---------------------------------------------------------------------------
-    def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
-                        headers=None, properties=None):
+    def prepare_message(
+        self, body, priority=None, content_type=None, content_encoding=None, headers=None, properties=None
+    ):
         return prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
 
     def _inplace_augment_message(self, message, exchange, routing_key):

@@ -100,7 +100,7 @@ def masked(url: str) -> str:
 
 
 def redis_version(client: redis.Redis) -> str:
-    """" 7.2.4" (with a leading space), or "" when INFO is not allowed (an ACL user); raises
+    """ " 7.2.4" (with a leading space), or "" when INFO is not allowed (an ACL user); raises
     if Redis does not answer at all."""
     client.ping()
     try:
@@ -137,8 +137,12 @@ def private_redis_server(binary: str, prefix: str):
         raise DemoError(str(exc)) from None
     with server, server.client() as client:
         version = redis_version(client)
-        yield Target(server.url, broker_url_of(server.url), prefix,
-                     f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end")
+        yield Target(
+            server.url,
+            broker_url_of(server.url),
+            prefix,
+            f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end",
+        )
 
 
 @contextmanager
@@ -152,8 +156,9 @@ def find_or_start_redis():
             version = redis_version(client)
         except redis.RedisError as exc:
             raise DemoError(f"PQ_DEMO_REDIS_URL={url!r} does not answer: {exc}") from None
-        target = Target(url, broker, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL), "
-                                             f"keys under {prefix}* only")
+        target = Target(
+            url, broker, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL), keys under {prefix}* only"
+        )
         with shared_redis(client, target) as t:
             yield t
         return
@@ -172,15 +177,20 @@ def find_or_start_redis():
         version = None
     if version is not None:
         url = "redis://127.0.0.1:6379/0"
-        target = Target(url, broker_url_of(url), prefix,
-                        f"the Redis{version} on 127.0.0.1:6379 (no redis-server binary found), "
-                        f"keys under {prefix}* only")
+        target = Target(
+            url,
+            broker_url_of(url),
+            prefix,
+            f"the Redis{version} on 127.0.0.1:6379 (no redis-server binary found), keys under {prefix}* only",
+        )
         with shared_redis(client, target) as t:
             yield t
         return
-    raise DemoError("no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
-                    "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
-                    "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL.")
+    raise DemoError(
+        "no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
+        "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
+        "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL."
+    )
 
 
 # -- one part of the demo: its own key prefix, a producer, workers --------------------------------
@@ -191,8 +201,13 @@ class Part:
         self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
         self.redis = redis.Redis.from_url(target.url)
         self.queue = PriorityQueue(self.redis, QUEUE, key_prefix=self.prefix)
-        self.env = celery_env(ROOT, PQ_DEMO_BROKER=target.broker_url, PQ_DEMO_OPTIONS=json.dumps(self.options),
-                              PQ_DEMO_RECORD=target.url, PQ_DEMO_PREFIX=self.prefix)
+        self.env = celery_env(
+            ROOT,
+            PQ_DEMO_BROKER=target.broker_url,
+            PQ_DEMO_OPTIONS=json.dumps(self.options),
+            PQ_DEMO_RECORD=target.url,
+            PQ_DEMO_PREFIX=self.prefix,
+        )
         self.app = Celery("demo-producer", broker=target.broker_url, set_as_current=False)
         self.app.conf.broker_transport_options = self.options
         self.workers: list[WorkerProcess] = []
@@ -202,7 +217,7 @@ class Part:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        failed = exc_type is not None or any(not ok for _, ok in CHECKS[self._checks_before:])
+        failed = exc_type is not None or any(not ok for _, ok in CHECKS[self._checks_before :])
         for proc in self.workers:
             proc.stop(signal.SIGKILL if exc_type is not None else signal.SIGTERM, timeout=20)
         if failed and exc_type is not Interrupted:
@@ -222,8 +237,15 @@ class Part:
 
     def worker(self, name) -> WorkerProcess:
         """A worker of examples.demo_app, once it has recorded that it is ready."""
-        proc = start_worker("examples.demo_app", cwd=ROOT, env=self.env, name=name, queues=QUEUE, loglevel="warning",
-                            log=self.logdir / f"{self.prefix}-{name}.log")
+        proc = start_worker(
+            "examples.demo_app",
+            cwd=ROOT,
+            env=self.env,
+            name=name,
+            queues=QUEUE,
+            loglevel="warning",
+            log=self.logdir / f"{self.prefix}-{name}.log",
+        )
         self.workers.append(proc)
         proc.wait_ready(30, lambda: proc.pid in self.records("ready"), may_exit=True)
         if proc.poll() is not None:
@@ -260,8 +282,10 @@ def part_priorities(target, logdir):
         sent += [("urgent-a", 200), ("urgent-b", 255), ("urgent-c", 200), ("urgent-d", 230)]
         for label, p in sent:
             d.send("demo.job", label, p, priority=p)
-        say(f"  queued {len(sent)} tasks before any worker runs: 40 bulk (priorities 0..9, in turn), "
-            "then 4 urgent (200, 255, 200, 230)")
+        say(
+            f"  queued {len(sent)} tasks before any worker runs: 40 bulk (priorities 0..9, in turn), "
+            "then 4 urgent (200, 255, 200, 230)"
+        )
         d.worker("prio")
         wait_for(lambda: len(d.records("order")) >= len(sent), 30, "all tasks to run")
         time.sleep(0.3)  # anything that ran twice would show now
@@ -277,8 +301,10 @@ def part_priorities(target, logdir):
             say(f"    {p:>3}: {' '.join(labels)}")
         expected = sorted(sent, key=lambda t: (-t[1], sent.index(t)))
         check(f"all {len(sent)} tasks ran, each once", sorted(ran) == sorted(sent))
-        check("the 4 urgent tasks ran before any of the backlog", {label for label, _ in ran[:4]}
-              == {"urgent-a", "urgent-b", "urgent-c", "urgent-d"})
+        check(
+            "the 4 urgent tasks ran before any of the backlog",
+            {label for label, _ in ran[:4]} == {"urgent-a", "urgent-b", "urgent-c", "urgent-d"},
+        )
         check("strictly by priority, FIFO within a priority", ran == expected)
 
 
@@ -293,22 +319,27 @@ def part_recovery(target, logdir):
         a.signal_group(signal.SIGKILL)
         a.wait(10)
         killed = time.time()
-        say(f"  worker A (pid {a.pid}) started the task (delivery {first['delivery_count']}) "
-            "and was killed with SIGKILL")
+        say(
+            f"  worker A (pid {a.pid}) started the task (delivery {first['delivery_count']}) "
+            "and was killed with SIGKILL"
+        )
         if held:
             say(f"  Redis held its lease for pid {held[0]}, {held[1]:.1f} s from running out at the kill")
-        check("the task started on worker A and A held its lease", first["pid"] == a.pid and held
-              and held[0] == a.pid)
+        check("the task started on worker A and A held its lease", first["pid"] == a.pid and held and held[0] == a.pid)
         b = d.worker("worker-b")
         say(f"  worker B (pid {b.pid}) was up {time.time() - killed:.1f} s after the kill")
         wait_for(lambda: len(d.records("start")) >= 2, LEASE + 15, "the task to start again on worker B")
         second = d.records("start")[1]
         recovery = second["time"] - killed
-        say(f"  worker B ran the task {recovery:.1f} s after the kill: delivery count "
-            f"{second['delivery_count']}, redelivered={second['redelivered']}")
+        say(
+            f"  worker B ran the task {recovery:.1f} s after the kill: delivery count "
+            f"{second['delivery_count']}, redelivered={second['redelivered']}"
+        )
         check("the task ran again, on worker B", second["pid"] == b.pid)
-        check("its delivery count is 2 and it is marked redelivered",
-              second["delivery_count"] == 2 and second["redelivered"] is True)
+        check(
+            "its delivery count is 2 and it is marked redelivered",
+            second["delivery_count"] == 2 and second["redelivered"] is True,
+        )
         check(f"recovered within lease_seconds + 5 s ({LEASE + 5} s): {recovery:.1f} s", recovery <= LEASE + 5)
         wait_for(lambda: d.records("done"), 20, "the task to finish on worker B")
         stats = d.settled()
@@ -335,15 +366,15 @@ def part_long_task(target, logdir):
             time.sleep(0.2)
         time.sleep(LEASE + 2 * SWEEP)  # a lease that had run out would have been delivered again by now
         starts, dones = d.records("start"), d.records("done")
-        say(f"  while it ran, its lease was renewed {max(len(deadlines) - 1, 0)} times by the worker's lease "
-            f"keeper; it was never closer than {closest:.1f} s to running out")
-        check("the lease was renewed while the task ran", len(deadlines) >= 3 and closest is not None
-              and closest > 0)
+        say(
+            f"  while it ran, its lease was renewed {max(len(deadlines) - 1, 0)} times by the worker's lease "
+            f"keeper; it was never closer than {closest:.1f} s to running out"
+        )
+        check("the lease was renewed while the task ran", len(deadlines) >= 3 and closest is not None and closest > 0)
         check("the task ran exactly once", len(starts) == 1 and len(dones) == 1)
         check("afterwards nothing is waiting, leased or dead-lettered", empty(d.settled()))
         w.stop(timeout=20)
-        lost = [line for line in w.log_text().splitlines()
-                if "was lost" in line or "ran out" in line]
+        lost = [line for line in w.log_text().splitlines() if "was lost" in line or "ran out" in line]
         check("the worker logged no lost lease", not lost)
 
 
@@ -362,8 +393,10 @@ def part_fairness(target, logdir):
         short = {"big-co": "B", "small-a": "a", "small-b": "b"}
         say("  first 18 deliveries: " + " ".join(short[t] for t in order[:18]))
         last_small = max(i for i, t in enumerate(order) if t.startswith("small"))
-        check(f"the small tenants were all served by delivery {last_small + 1} of 210, in turn with big-co",
-              last_small < 15)
+        check(
+            f"the small tenants were all served by delivery {last_small + 1} of 210, in turn with big-co",
+            last_small < 15,
+        )
 
 
 def _on_signal(signum, frame):
@@ -375,9 +408,12 @@ def _on_signal(signum, frame):
 def main(argv=None) -> int:
     import argparse
 
-    argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=__doc__.split("\n\n", 1)[1]).parse_args(argv)
+    argparse.ArgumentParser(
+        prog="python -m examples.demo",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    ).parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     started = time.monotonic()
@@ -400,8 +436,7 @@ def main(argv=None) -> int:
         say(f"celery-pq demo could not run: {error}")
         return 1
     failed = [label for label, ok in CHECKS if not ok]
-    say(f"\nSummary: {len(CHECKS) - len(failed)} of {len(CHECKS)} checks passed "
-        f"in {time.monotonic() - started:.0f} s.")
+    say(f"\nSummary: {len(CHECKS) - len(failed)} of {len(CHECKS)} checks passed in {time.monotonic() - started:.0f} s.")
     for label in failed:
         say(f"  failed: {label}")
     if error:

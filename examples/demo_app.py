@@ -62,12 +62,15 @@ def slow(self, seconds, tag):
     # A redelivery carries the deliveries before it as the header "x-delivery-count" (RabbitMQ's
     # name; a first delivery has none). Celery's task request keeps only exchange, routing_key,
     # priority and redelivered of delivery_info, not its delivery_count.
-    record("start", {
-        "tag": tag,
-        "pid": os.getpid(),
-        "delivery_count": (self.request.get("x-delivery-count") or 0) + 1,
-        "redelivered": (self.request.delivery_info or {}).get("redelivered"),
-        "time": time.time(),
-    })
+    record(
+        "start",
+        {
+            "tag": tag,
+            "pid": os.getpid(),
+            "delivery_count": (self.request.get("x-delivery-count") or 0) + 1,
+            "redelivered": (self.request.delivery_info or {}).get("redelivered"),
+            "time": time.time(),
+        },
+    )
     time.sleep(seconds)
     record("done", {"tag": tag, "pid": os.getpid(), "time": time.time()})

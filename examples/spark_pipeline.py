@@ -31,8 +31,7 @@ from celery_pq.testing import RedisServer, WaitTimeout, WorkerProcess, celery_en
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "pipeline"
 #: (tenant, share of the rows, priorities its rows take in turn)
-TENANTS = (("acme", 0.5, (0, 0, 0, 5)), ("globex", 0.25, (0, 5)), ("initech", 0.15, (0, 9)),
-           ("umbrella", 0.10, (0,)))
+TENANTS = (("acme", 0.5, (0, 0, 0, 5)), ("globex", 0.25, (0, 5)), ("initech", 0.15, (0, 9)), ("umbrella", 0.10, (0,)))
 
 
 def say(text=""):
@@ -58,18 +57,29 @@ def rows_frame(spark, rows: int):
         turn = F.element_at(F.array(*[F.lit(p) for p in prios]), (F.col("id") % len(prios) + 1).cast("int"))
         tenant = F.when(place < bound, F.lit(name)) if tenant is None else tenant.when(place < bound, F.lit(name))
         priority = F.when(place < bound, turn) if priority is None else priority.when(place < bound, turn)
-    return spark.range(rows).select(F.col("id").alias("row_id"), (F.col("id") % 97).alias("size"),
-                                    tenant.otherwise(F.lit(TENANTS[-1][0])).alias("tenant"),
-                                    priority.otherwise(F.lit(0)).cast("int").alias("priority"))
+    return spark.range(rows).select(
+        F.col("id").alias("row_id"),
+        (F.col("id") % 97).alias("size"),
+        tenant.otherwise(F.lit(TENANTS[-1][0])).alias("tenant"),
+        priority.otherwise(F.lit(0)).cast("int").alias("priority"),
+    )
 
 
-def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path | str = "spark-demo",
-        work_ms: float = 1.0, timeout: float = 900.0, stop_spark: bool = True) -> dict:
+def run(
+    rows: int = 100_000,
+    workers: int = 2,
+    concurrency: int = 8,
+    out: Path | str = "spark-demo",
+    work_ms: float = 1.0,
+    timeout: float = 900.0,
+    stop_spark: bool = True,
+) -> dict:
     from celery import Celery
 
     from celery_pq import PriorityQueue
     from celery_pq.spark import enqueue
     from celery_pq.spark.report import write_report
+
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -86,40 +96,81 @@ def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path |
 
         # the event log streams back into Spark while everything runs
         events_dir, checkpoint = out / "events.parquet", out / "checkpoint"
-        stream = (spark.readStream.format("celery_pq_events").option("broker", broker).option("queue", QUEUE)
-                  .option("key_prefix", prefix).load()
-                  .writeStream.format("parquet").option("path", str(events_dir))
-                  .option("checkpointLocation", str(checkpoint)).trigger(processingTime="2 seconds").start())
+        stream = (
+            spark.readStream.format("celery_pq_events")
+            .option("broker", broker)
+            .option("queue", QUEUE)
+            .option("key_prefix", prefix)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(events_dir))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="2 seconds")
+            .start()
+        )
 
         try:
             # real Celery workers, started first: they drain the queue while Spark fills it
             say(f"1. {workers} Celery worker(s), {concurrency} threads each (their log: {out / 'workers.log'})")
             ready_key = f"{prefix}:demo:ready"
-            env = celery_env(ROOT, PQ_SPARK_BROKER=broker, PQ_SPARK_OPTIONS=json.dumps(options),
-                             PQ_SPARK_WORK_MS=str(work_ms), PQ_SPARK_READY=f"{server.url}#{ready_key}")
+            env = celery_env(
+                ROOT,
+                PQ_SPARK_BROKER=broker,
+                PQ_SPARK_OPTIONS=json.dumps(options),
+                PQ_SPARK_WORK_MS=str(work_ms),
+                PQ_SPARK_READY=f"{server.url}#{ready_key}",
+            )
             log = open(out / "workers.log", "wb")
             try:
                 for i in range(workers):
-                    procs.append(start_worker("examples.spark_app", cwd=ROOT, env=env, name=f"spark{i}", queues=QUEUE,
-                                              pool="threads", concurrency=concurrency, prefetch_multiplier=None,
-                                              heartbeat=False, loglevel="WARNING", log=log))
-                wait_for(lambda: q.client.llen(ready_key) >= workers or any(p.poll() is not None for p in procs), 120,
-                         "the workers to start", interval=0.25)
+                    procs.append(
+                        start_worker(
+                            "examples.spark_app",
+                            cwd=ROOT,
+                            env=env,
+                            name=f"spark{i}",
+                            queues=QUEUE,
+                            pool="threads",
+                            concurrency=concurrency,
+                            prefetch_multiplier=None,
+                            heartbeat=False,
+                            loglevel="WARNING",
+                            log=log,
+                        )
+                    )
+                wait_for(
+                    lambda: q.client.llen(ready_key) >= workers or any(p.poll() is not None for p in procs),
+                    120,
+                    "the workers to start",
+                    interval=0.25,
+                )
 
                 # rows in as tasks
                 say(f"2. enqueueing {rows:,} rows from Spark ({', '.join(f'{t} {s:.0%}' for t, s, _ in TENANTS)})")
                 t1 = time.monotonic()
-                result = enqueue(rows_frame(spark, rows), app, "pipeline.process", args=["row_id", "size"], queue=QUEUE,
-                                 key=["row_id"])
+                result = enqueue(
+                    rows_frame(spark, rows),
+                    app,
+                    "pipeline.process",
+                    args=["row_id", "size"],
+                    queue=QUEUE,
+                    key=["row_id"],
+                )
                 queued = result.sent + result.already_stored  # (already: stored by a retried Spark task)
                 say(f"   sent {queued:,} tasks, rejected {result.rejected} in {time.monotonic() - t1:.1f}s")
-                wait_for(lambda: q.counters()["acked"] >= queued or any(p.poll() is not None for p in procs), timeout,
-                         "the workers to run every task", interval=0.25)
+                wait_for(
+                    lambda: q.counters()["acked"] >= queued or any(p.poll() is not None for p in procs),
+                    timeout,
+                    "the workers to run every task",
+                    interval=0.25,
+                )
                 if any(p.poll() is not None for p in procs):
                     raise SystemExit("a worker exited early")
                 drained = time.monotonic() - t1
-                say(f"   the workers acked all {queued:,} tasks {drained:.1f}s after the enqueue began "
-                    f"({queued / drained:,.0f}/s)")
+                say(
+                    f"   the workers acked all {queued:,} tasks {drained:.1f}s after the enqueue began "
+                    f"({queued / drained:,.0f}/s)"
+                )
             finally:
                 stop_workers(procs)
                 log.close()
@@ -138,19 +189,35 @@ def run(rows: int = 100_000, workers: int = 2, concurrency: int = 8, out: Path |
             say("   tenant      share   wait p50   wait p99")
             for tenant, _, _ in TENANTS:
                 f = report.figures
-                say(f"   {tenant:<10} {f[f'{QUEUE}|{tenant}|share']:>6}  {f[f'{QUEUE}|{tenant}|wait_p50_ms']:>7} ms "
-                    f"{f[f'{QUEUE}|{tenant}|wait_p99_ms']:>8} ms")
+                say(
+                    f"   {tenant:<10} {f[f'{QUEUE}|{tenant}|share']:>6}  {f[f'{QUEUE}|{tenant}|wait_p50_ms']:>7} ms "
+                    f"{f[f'{QUEUE}|{tenant}|wait_p99_ms']:>8} ms"
+                )
             f = report.figures
-            say(f"   Jain's index: mean {f[f'{QUEUE}||jain_mean']} (within a priority "
-                f"{f[f'{QUEUE}||jain_within_rank_mean']}); rank error: mean {f[f'{QUEUE}||rank_error_mean']}")
-            ok = result.sent + result.already_stored == rows and streamed == logged and int(report.figures[f"{QUEUE}||acked"]) == rows
+            say(
+                f"   Jain's index: mean {f[f'{QUEUE}||jain_mean']} (within a priority "
+                f"{f[f'{QUEUE}||jain_within_rank_mean']}); rank error: mean {f[f'{QUEUE}||rank_error_mean']}"
+            )
+            ok = (
+                result.sent + result.already_stored == rows
+                and streamed == logged
+                and int(report.figures[f"{QUEUE}||acked"]) == rows
+            )
         finally:
             if stream.isActive:  # a failed run leaves no query running in the session
                 stream.stop()
         if stop_spark:
             spark.stop()
-    return {"ok": ok, "rows": rows, "sent": result.sent + result.already_stored, "events": streamed, "logged": logged,
-            "figures": report.figures, "html": out / "report.html", "png": out / "report.png"}
+    return {
+        "ok": ok,
+        "rows": rows,
+        "sent": result.sent + result.already_stored,
+        "events": streamed,
+        "logged": logged,
+        "figures": report.figures,
+        "html": out / "report.html",
+        "png": out / "report.png",
+    }
 
 
 def main(argv=None) -> int:

@@ -89,8 +89,14 @@ class Board:
         clock: a monotonic clock (seconds), for the samples.
     """
 
-    def __init__(self, queue_names: Callable[[], list[str]], open_queue: Callable, *,
-                 window: float = WINDOW_SECONDS, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        queue_names: Callable[[], list[str]],
+        open_queue: Callable,
+        *,
+        window: float = WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if not isinstance(window, (int, float)) or isinstance(window, bool) or window <= 0:
             raise ValueError(f"window must be a number of seconds > 0, got {window!r}")
         self._queue_names = queue_names
@@ -152,8 +158,11 @@ class Board:
         fields = ACTIONS[action]
         unknown = set(request) - set(fields)
         if unknown:
-            raise BoardError(400, f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}; "
-                                  f"{action} takes {', '.join(map(repr, fields))}")
+            raise BoardError(
+                400,
+                f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}; "
+                f"{action} takes {', '.join(map(repr, fields))}",
+            )
         name, tenant, ids = request.get("queue"), request.get("tenant"), request.get("ids")
         try:
             _text("queue", name)

@@ -68,7 +68,9 @@ class DeliveryHistory:
         grown = {t: _grown(n, old.tenants.get(t, 0)) for t, n in new.tenants.items()}
         grown = {t: n for t, n in grown.items() if n > 0}
         total = sum(grown.values())
-        tenants: dict[str, TenantShare] = {t: {"deliveries": n, "share": n / total} for t, n in sorted(grown.items(), key=lambda x: (-x[1], x[0]))}
+        tenants: dict[str, TenantShare] = {
+            t: {"deliveries": n, "share": n / total} for t, n in sorted(grown.items(), key=lambda x: (-x[1], x[0]))
+        }
         return {
             "span_seconds": span,
             "delivered": delivered,

@@ -88,8 +88,9 @@ def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -
     one; None when neither needs one. ValueError names what is wrong with a given token."""
     if not allow_actions and loopback:
         if token is not None:
-            raise ValueError("a token is only used with actions allowed (--allow-actions) or with a --host "
-                             "beyond loopback")
+            raise ValueError(
+                "a token is only used with actions allowed (--allow-actions) or with a --host beyond loopback"
+            )
         return None
     if token is None:
         return secrets.token_urlsafe(24)
@@ -103,8 +104,16 @@ class DashboardServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, board: Board, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                 allow_actions: bool = False, token: str | None = None, sample_seconds: float = SAMPLE_SECONDS):
+    def __init__(
+        self,
+        board: Board,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        allow_actions: bool = False,
+        token: str | None = None,
+        sample_seconds: float = SAMPLE_SECONDS,
+    ):
         self.board = board
         self.allow_actions = bool(allow_actions)
         self.sample_seconds = float(sample_seconds)
@@ -211,8 +220,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, _static(name), content_type)
         elif path == "/api/state":
             if not self.server.may_read(self.headers.get("X-PQ-Token")):
-                self._error(HTTPStatus.UNAUTHORIZED, "this dashboard listens beyond loopback: its state needs the "
-                                                     "token (header X-PQ-Token)")
+                self._error(
+                    HTTPStatus.UNAUTHORIZED,
+                    "this dashboard listens beyond loopback: its state needs the token (header X-PQ-Token)",
+                )
                 return
             try:
                 state = self.server.board.state()
@@ -258,16 +269,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot reach the queues: {exc}")
 
 
-def run(broker, queues=(), *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, allow_actions: bool = False,
-        token: str | None = None, window: float | None = None, echo=print) -> None:
+def run(
+    broker,
+    queues=(),
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    allow_actions: bool = False,
+    token: str | None = None,
+    window: float | None = None,
+    echo=print,
+) -> None:
     """Serve the dashboard of ``broker`` (a ``broker.Broker``, a Celery app or a URL) until
     interrupted: ``celery -A proj pq dashboard``. Its queues are ``queues``, else every declared
     one, opened as ``pq stats`` opens them (``broker.queue_names``, ``broker.queue_and_view``)."""
     from ..broker import Broker, queue_and_view, queue_names
 
     with Broker.of(broker).channel() as channel:
-        board = Board(lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0],
-                      window=WINDOW_SECONDS if window is None else window)
+        board = Board(
+            lambda: queue_names(channel, queues),
+            lambda name: queue_and_view(channel, name)[0],
+            window=WINDOW_SECONDS if window is None else window,
+        )
         try:
             server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
         except OSError as exc:  # the port is taken, the address is not this machine's, ...

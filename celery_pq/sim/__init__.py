@@ -22,13 +22,21 @@ from .model import Params, Result, simulate
 from .policies import POLICIES
 from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
 
-__all__ = ["POLICIES", "Params", "Result", "multiqueue_mean_rank_error", "p_zero_fresh_peek",
-           "predict", "simulate"]
+__all__ = ["POLICIES", "Params", "Result", "multiqueue_mean_rank_error", "p_zero_fresh_peek", "predict", "simulate"]
 
 
-def predict(nodes: int, peeks: int = 2, consumers: int = 1, lag: int = 1_000, *,
-            second_best: bool = True, priorities: str = "ranks:256", rank_only: bool = False,
-            pops: int = 20_000, seed: int = 0) -> dict:
+def predict(
+    nodes: int,
+    peeks: int = 2,
+    consumers: int = 1,
+    lag: int = 1_000,
+    *,
+    second_best: bool = True,
+    priorities: str = "ranks:256",
+    rank_only: bool = False,
+    pops: int = 20_000,
+    seed: int = 0,
+) -> dict:
     """The rank error a sharded queue should show: ``nodes`` shards, ``peeks`` shards peeked per
     pop, ``consumers`` clients popping at once, ``lag`` entries waiting before each publish.
 
@@ -41,7 +49,17 @@ def predict(nodes: int, peeks: int = 2, consumers: int = 1, lag: int = 1_000, *,
     be desynchronised, a peek ``consumers - 1`` pops old when its pop lands (docs/relaxed.md says
     what the model leaves out).
     """
-    return simulate(Params(nodes=nodes, peeks=min(peeks, nodes), lag=lag, consumers=consumers,
-                           policy="peek-before-pop", second_best=second_best,
-                           priorities=priorities, rank_only=rank_only, pops=pops,
-                           seed=seed)).stats
+    return simulate(
+        Params(
+            nodes=nodes,
+            peeks=min(peeks, nodes),
+            lag=lag,
+            consumers=consumers,
+            policy="peek-before-pop",
+            second_best=second_best,
+            priorities=priorities,
+            rank_only=rank_only,
+            pops=pops,
+            seed=seed,
+        )
+    ).stats

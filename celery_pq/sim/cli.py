@@ -35,16 +35,28 @@ def main():
 @click.option("--nodes", "-n", default=20, show_default=True, help="Subqueues.")
 @click.option("--peeks", "-k", default=2, show_default=True, help="Subqueues peeked per pop (or add).")
 @click.option("--lag", default=10_000, show_default=True, help="Entries waiting before each add.")
-@click.option("--consumers", "-c", default=1, show_default=True,
-              help="Clients popping at once (a peek is consumers-1 pops old when its pop lands).")
-@click.option("--policy", type=click.Choice(list(POLICIES)), default="peek-before-pop",
-              show_default=True)
-@click.option("--second-best/--best-only", default=False, show_default=True,
-              help="Keep a stale pop only if no worse than the second-best peek, else pop that.")
-@click.option("--priorities", default="uniform", show_default=True,
-              help="uniform | fifo | ranks:R (celery-pq's ranks: R=256).")
-@click.option("--rank-only", is_flag=True,
-              help="ranks:R: count strictly better ranks only (not earlier entries of the same rank).")
+@click.option(
+    "--consumers",
+    "-c",
+    default=1,
+    show_default=True,
+    help="Clients popping at once (a peek is consumers-1 pops old when its pop lands).",
+)
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="peek-before-pop", show_default=True)
+@click.option(
+    "--second-best/--best-only",
+    default=False,
+    show_default=True,
+    help="Keep a stale pop only if no worse than the second-best peek, else pop that.",
+)
+@click.option(
+    "--priorities", default="uniform", show_default=True, help="uniform | fifo | ranks:R (celery-pq's ranks: R=256)."
+)
+@click.option(
+    "--rank-only",
+    is_flag=True,
+    help="ranks:R: count strictly better ranks only (not earlier entries of the same rank).",
+)
 @click.option("--pops", default=50_000, show_default=True, help="Measured pops.")
 @click.option("--warmup", type=int, default=None, help="Unmeasured pops first [max(lag, 1000)].")
 @click.option("--seed", default=0, show_default=True)
@@ -58,18 +70,20 @@ def run(as_json, **kw):
         click.echo(json.dumps(row))
         return
     s = result.stats
-    click.echo(f"{kw['policy']}: {kw['nodes']} nodes, {kw['peeks']} peeks, lag {kw['lag']}, "
-               f"{kw['consumers']} consumer(s), second-best {'on' if kw['second_best'] else 'off'}, "
-               f"{kw['priorities']} priorities, {kw['pops']} pops")
-    click.echo(f"rank error: mean {s['mean']:.2f}  p50 {s['p50']}  p90 {s['p90']}  p99 {s['p99']}  "
-               f"max {s['max']}  P(0) {s['p_zero']:.2%}")
-    click.echo(f"extra pops (second-best) {result.extra_pops}, retries {result.retries}, "
-               f"{row['seconds']} s")
+    click.echo(
+        f"{kw['policy']}: {kw['nodes']} nodes, {kw['peeks']} peeks, lag {kw['lag']}, "
+        f"{kw['consumers']} consumer(s), second-best {'on' if kw['second_best'] else 'off'}, "
+        f"{kw['priorities']} priorities, {kw['pops']} pops"
+    )
+    click.echo(
+        f"rank error: mean {s['mean']:.2f}  p50 {s['p50']}  p90 {s['p90']}  p99 {s['p99']}  "
+        f"max {s['max']}  P(0) {s['p_zero']:.2%}"
+    )
+    click.echo(f"extra pops (second-best) {result.extra_pops}, retries {result.retries}, {row['seconds']} s")
 
 
 @main.command()
-@click.option("--nodes", "-n", "nodes", multiple=True, type=int, default=CHECK_NODES,
-              show_default=True)
+@click.option("--nodes", "-n", "nodes", multiple=True, type=int, default=CHECK_NODES, show_default=True)
 @click.option("--pops", default=CHECK_POPS, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def check(nodes, pops, seed):
@@ -84,8 +98,9 @@ def check(nodes, pops, seed):
 def multiqueue_params(n: int, pops: int = CHECK_POPS, seed: int = 0) -> Params:
     """The MultiQueue as its theorem has it: random inserts that never overtake (a deep queue:
     100 entries a subqueue), pops from the better of two subqueues drawn independently."""
-    return _params(nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo",
-                   pops=pops, warmup=2_000, seed=seed)
+    return _params(
+        nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo", pops=pops, warmup=2_000, seed=seed
+    )
 
 
 @main.command()
@@ -110,11 +125,22 @@ def predict(nodes, peeks, **kw):
 @main.command()
 @click.option("--spark", is_flag=True, help="Run the grid as a Spark job (local mode).")
 @click.option("--quick", is_flag=True, help="A small grid (seconds), for tests and a first look.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("benchmarks/results"), show_default=True,
-              help="Where sim.csv, sim.md and sim-histogram.csv go.")
-@click.option("--img", "img_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("docs/img"), show_default=True, help="Where the relaxed-*.png go.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("benchmarks/results"),
+    show_default=True,
+    help="Where sim.csv, sim.md and sim-histogram.csv go.",
+)
+@click.option(
+    "--img",
+    "img_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("docs/img"),
+    show_default=True,
+    help="Where the relaxed-*.png go.",
+)
 @click.option("--no-plots", is_flag=True, help="Write the tables only.")
 @click.option("--seed", default=1, show_default=True)
 def sweep(spark, quick, out_dir, img_dir, no_plots, seed):
@@ -125,7 +151,9 @@ def sweep(spark, quick, out_dir, img_dir, no_plots, seed):
     started = time.perf_counter()
     results = run_spark(rows) if spark else run_local(rows)
     paths = write(results, out_dir, None if no_plots else img_dir)
-    click.echo(f"{len(rows)} simulations in {time.perf_counter() - started:.0f} s "
-               f"({'Spark, local mode' if spark else 'this process'})")
+    click.echo(
+        f"{len(rows)} simulations in {time.perf_counter() - started:.0f} s "
+        f"({'Spark, local mode' if spark else 'this process'})"
+    )
     for path in paths:
         click.echo(f"wrote {path}")

@@ -42,8 +42,8 @@ from sortedcontainers import SortedList
 from ..checks import count
 from .policies import policy as policy_named
 
-RANK_SHIFT = 40          # ranks:R keys are rank << 40 | sequence: FIFO within a rank, 2^40 adds
-BLOCK = 4096             # random draws made per numpy call (per kind)
+RANK_SHIFT = 40  # ranks:R keys are rank << 40 | sequence: FIFO within a rank, 2^40 adds
+BLOCK = 4096  # random draws made per numpy call (per kind)
 PERCENTILES = (50, 90, 99)
 
 
@@ -58,9 +58,9 @@ class Params:
     policy: str = "peek-before-pop"
     second_best: bool = False
     priorities: str = "uniform"
-    rank_only: bool = False     # ranks:R only: count strictly better ranks, not earlier ties
+    rank_only: bool = False  # ranks:R only: count strictly better ranks, not earlier ties
     pops: int = 50_000
-    warmup: int | None = None   # None: max(lag, 1,000), enough for the waiting keys to settle
+    warmup: int | None = None  # None: max(lag, 1,000), enough for the waiting keys to settle
     seed: int = 0
 
     def __post_init__(self):
@@ -69,8 +69,9 @@ class Params:
         count("warmup", self.warmup, low=0)
         pol = policy_named(self.policy)
         if pol.distinct and self.peeks > self.nodes and (pol.pop_peeks or pol.insert != "random"):
-            raise ValueError(f"peeks ({self.peeks}) must not exceed nodes ({self.nodes}): "
-                             f"{self.policy} peeks distinct subqueues")
+            raise ValueError(
+                f"peeks ({self.peeks}) must not exceed nodes ({self.nodes}): {self.policy} peeks distinct subqueues"
+            )
         if not parse_priorities(self.priorities) and self.rank_only:
             raise ValueError(f"rank_only needs priorities 'ranks:R', not {self.priorities!r}")
 
@@ -94,9 +95,9 @@ def parse_priorities(text: str) -> int | None:
 @dataclass
 class Result:
     params: Params
-    pei: np.ndarray                   # one rank error per measured pop, in order
-    extra_pops: int = 0               # second-best aborts (each one an extra pop and a put-back)
-    retries: int = 0                  # peeks repeated because the chosen subqueue(s) were empty
+    pei: np.ndarray  # one rank error per measured pop, in order
+    extra_pops: int = 0  # second-best aborts (each one an extra pop and a put-back)
+    retries: int = 0  # peeks repeated because the chosen subqueue(s) were empty
     stats: dict = field(init=False)
 
     def __post_init__(self):
@@ -104,8 +105,13 @@ class Result:
 
     def row(self) -> dict:
         """Parameters and figures as one flat dict (a table row)."""
-        return {**asdict(self.params), "warmup": self.params.warmup_pops, **self.stats,
-                "extra_pops": self.extra_pops, "retries": self.retries}
+        return {
+            **asdict(self.params),
+            "warmup": self.params.warmup_pops,
+            **self.stats,
+            "extra_pops": self.extra_pops,
+            "retries": self.retries,
+        }
 
 
 def summarize(pei: np.ndarray) -> dict:
@@ -143,7 +149,7 @@ def simulate(params: Params) -> Result:
     ranks = parse_priorities(p.priorities)
     rng = np.random.default_rng(p.seed)
     heaps: list[list[float]] = [[] for _ in range(n)]  # keys: floats, or ints standing for ranks
-    waiting = SortedList()        # every waiting key
+    waiting = SortedList()  # every waiting key
     inf = float("inf")
     push, pop = heapq.heappush, heapq.heappop
 
@@ -202,7 +208,7 @@ def simulate(params: Params) -> Result:
             x = pop(heaps[q1]) if q1 >= 0 and heaps[q1] else None
             if p.second_best and q2 >= 0 and (x is None or x > b2):
                 if x is not None:
-                    push(heaps[q1], x)          # abort: back where it was
+                    push(heaps[q1], x)  # abort: back where it was
                     counts["extra"] += 1
                 x = pop(heaps[q2]) if heaps[q2] else None
             if x is not None:
@@ -224,7 +230,7 @@ def simulate(params: Params) -> Result:
     pei = np.empty(p.pops, dtype=np.int64)
     for t in range(warmup + p.pops):
         if t == warmup:
-            counts["extra"] = counts["retries"] = 0     # count the measured pops only
+            counts["extra"] = counts["retries"] = 0  # count the measured pops only
         add()
         if pol.pop_peeks:
             pending.append(peek())

@@ -41,23 +41,39 @@ def _distribution(ax, rows):
     r = rows[0]
     counts = r["histogram"]
     total = sum(counts)
-    ax.bar(range(len(counts) - 1), [c / total for c in counts[:-1]], width=1.0,
-           label=f"{r['nodes']} nodes, {r['peeks']} peeks, lag {r['lag']:,}")
+    ax.bar(
+        range(len(counts) - 1),
+        [c / total for c in counts[:-1]],
+        width=1.0,
+        label=f"{r['nodes']} nodes, {r['peeks']} peeks, lag {r['lag']:,}",
+    )
     ax.axhline(r["peeks"] / r["nodes"], color="k", lw=0.8, ls="--", label="k/n (P(0) in theory)")
-    ax.set(xlabel=f"rank error (PEI); {counts[-1] / total:.1%} of pops are >= {len(counts) - 1}",
-           ylabel="share of pops", title="Distribution of the rank error")
+    ax.set(
+        xlabel=f"rank error (PEI); {counts[-1] / total:.1%} of pops are >= {len(counts) - 1}",
+        ylabel="share of pops",
+        title="Distribution of the rank error",
+    )
 
 
 def _lag(ax, rows):
     for policy in dict.fromkeys(r["policy"] for r in rows):
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["lag"])
-        line, = ax.plot([r["lag"] for r in mine], [r["mean"] for r in mine], marker="o",
-                        label=f"{policy} mean")
-        ax.plot([r["lag"] for r in mine], [r["p50"] for r in mine], marker=".", ls="--",
-                color=line.get_color(), label=f"{policy} median")
-    ax.set(xscale="log", yscale="log", xlabel="consumer lag (entries waiting)",
-           ylabel="rank error", title=f"Strategies against the lag ({rows[0]['nodes']} nodes, "
-                                      f"{rows[0]['peeks']} peeks)")
+        (line,) = ax.plot([r["lag"] for r in mine], [r["mean"] for r in mine], marker="o", label=f"{policy} mean")
+        ax.plot(
+            [r["lag"] for r in mine],
+            [r["p50"] for r in mine],
+            marker=".",
+            ls="--",
+            color=line.get_color(),
+            label=f"{policy} median",
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="consumer lag (entries waiting)",
+        ylabel="rank error",
+        title=f"Strategies against the lag ({rows[0]['nodes']} nodes, {rows[0]['peeks']} peeks)",
+    )
 
 
 def _percentiles(ax, rows, x, group, label):
@@ -65,40 +81,59 @@ def _percentiles(ax, rows, x, group, label):
         mine = sorted((r for r in rows if r[group] == g), key=lambda r: r[x])
         color = None
         for p, ls in STYLE.items():
-            line, = ax.plot([r[x] for r in mine], [r[p] for r in mine], ls=ls, marker="o",
-                            ms=3, color=color, label=f"{label(g)} {p}")
+            (line,) = ax.plot(
+                [r[x] for r in mine],
+                [r[p] for r in mine],
+                ls=ls,
+                marker="o",
+                ms=3,
+                color=color,
+                label=f"{label(g)} {p}",
+            )
             color = line.get_color()
 
 
 def _nodes(ax, rows):
     _percentiles(ax, rows, "nodes", "peeks", lambda k: f"k={k}")
-    ax.set(xlabel="nodes (subqueues)", ylabel="rank error",
-           title=f"Rank error against the nodes (lag {rows[0]['lag']:,})")
+    ax.set(
+        xlabel="nodes (subqueues)", ylabel="rank error", title=f"Rank error against the nodes (lag {rows[0]['lag']:,})"
+    )
 
 
 def _peeks(ax, rows):
     _percentiles(ax, rows, "peeks", "nodes", lambda n: f"{n} nodes")
-    ax.set(yscale="log", xlabel="peeks before the pop", ylabel="rank error",
-           title=f"Rank error against the peeks (lag {rows[0]['lag']:,})")
+    ax.set(
+        yscale="log",
+        xlabel="peeks before the pop",
+        ylabel="rank error",
+        title=f"Rank error against the peeks (lag {rows[0]['lag']:,})",
+    )
 
 
 def _concurrency(ax, rows):
-    _percentiles(ax, rows, "consumers", "second_best",
-                 lambda on: "second-best" if on else "best only")
+    _percentiles(ax, rows, "consumers", "second_best", lambda on: "second-best" if on else "best only")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set(yscale="log", xlabel="consumers popping at once",
-           ylabel="rank error", title=f"Stale peeks ({rows[0]['nodes']} nodes, "
-                                      f"{rows[0]['peeks']} peeks, lag {rows[0]['lag']:,})")
+    ax.set(
+        yscale="log",
+        xlabel="consumers popping at once",
+        ylabel="rank error",
+        title=f"Stale peeks ({rows[0]['nodes']} nodes, {rows[0]['peeks']} peeks, lag {rows[0]['lag']:,})",
+    )
 
 
 def _multiqueue(ax, rows):
     rows = sorted(rows, key=lambda r: r["nodes"])
-    ax.plot([r["nodes"] for r in rows], [r["theory_mean"] for r in rows], "k-",
-            label="(5/6)n - 1 + 1/(6n)")
+    ax.plot([r["nodes"] for r in rows], [r["theory_mean"] for r in rows], "k-", label="(5/6)n - 1 + 1/(6n)")
     ax.plot([r["nodes"] for r in rows], [r["mean"] for r in rows], "o", label="simulated mean")
     ax.set(xlabel="nodes", ylabel="mean rank error", title="MultiQueue: simulation and closed form")
 
 
-DRAW = {"distribution": _distribution, "lag": _lag, "nodes": _nodes, "peeks": _peeks,
-        "concurrency": _concurrency, "multiqueue": _multiqueue}
+DRAW = {
+    "distribution": _distribution,
+    "lag": _lag,
+    "nodes": _nodes,
+    "peeks": _peeks,
+    "concurrency": _concurrency,
+    "multiqueue": _multiqueue,
+}

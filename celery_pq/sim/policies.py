@@ -29,20 +29,22 @@ class Policy:
     """How a strategy inserts and pops (the simulator's loop reads these fields)."""
 
     name: str
-    insert: str           # "random", or into the "worst-top" / "best-top" of k peeked subqueues
-    pop_peeks: bool       # pop the best-topped of k peeked subqueues (else a random non-empty one)
-    distinct: bool        # the k peeked subqueues are distinct (else drawn with replacement)
+    insert: str  # "random", or into the "worst-top" / "best-top" of k peeked subqueues
+    pop_peeks: bool  # pop the best-topped of k peeked subqueues (else a random non-empty one)
+    distinct: bool  # the k peeked subqueues are distinct (else drawn with replacement)
     summary: str
 
 
-POLICIES = {p.name: p for p in (
-    Policy("peek-before-pop", "random", True, True, "insert random; pop the best of k distinct peeks"),
-    Policy("peek-before-add", "worst-top", False, True, "insert into the worst-topped of k peeks; pop random"),
-    Policy("peek-before-add-best", "best-top", False, True,
-           "insert into the best-topped of k peeks; pop random"),
-    Policy("no-peek", "random", False, True, "insert random; pop random"),
-    Policy("multiqueue", "random", True, False, "insert random; pop the best of k peeks with replacement"),
-)}
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy("peek-before-pop", "random", True, True, "insert random; pop the best of k distinct peeks"),
+        Policy("peek-before-add", "worst-top", False, True, "insert into the worst-topped of k peeks; pop random"),
+        Policy("peek-before-add-best", "best-top", False, True, "insert into the best-topped of k peeks; pop random"),
+        Policy("no-peek", "random", False, True, "insert random; pop random"),
+        Policy("multiqueue", "random", True, False, "insert random; pop the best of k peeks with replacement"),
+    )
+}
 
 
 def policy(name: str) -> Policy:

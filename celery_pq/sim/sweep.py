@@ -27,11 +27,10 @@ import numpy as np
 from .model import Params, simulate
 from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
 
-HIST_MAX = 100           # the histogram counts rank errors 0..99 one by one, then ">= 100"
+HIST_MAX = 100  # the histogram counts rank errors 0..99 one by one, then ">= 100"
 STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
 GRID_COLUMNS = ("panel", *(f.name for f in fields(Params)))
-FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries",
-                  "theory_mean", "theory_p_zero")
+FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries", "theory_mean", "theory_p_zero")
 
 
 def grid(quick: bool = False, seed: int = 1) -> list[dict]:
@@ -47,22 +46,29 @@ def grid(quick: bool = False, seed: int = 1) -> list[dict]:
         rows.append({"panel": panel, **{f.name: getattr(params, f.name) for f in fields(Params)}})
 
     add("distribution", nodes=20, peeks=2, lag=big, pops=pops * 4)
-    for lag in ((10, 100, 300) if quick else (10, 100, 1_000, 10_000)):
+    for lag in (10, 100, 300) if quick else (10, 100, 1_000, 10_000):
         for strategy in STRATEGIES:
             add("lag", nodes=20, peeks=2, lag=lag, policy=strategy)
     for k in (2, 4):
-        for n in ((5, 10, 20) if quick else (5, 10, 20, 50, 100)):
+        for n in (5, 10, 20) if quick else (5, 10, 20, 50, 100):
             add("nodes", nodes=n, peeks=k, lag=big)
     nodes = 20 if quick else 100
-    for k in ((1, 2, 5) if quick else (1, 2, 3, 4, 5, 10, 20)):
+    for k in (1, 2, 5) if quick else (1, 2, 3, 4, 5, 10, 20):
         add("peeks", nodes=nodes, peeks=k, lag=big)
-    for c in ((1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64)):
+    for c in (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64):
         for second_best in (False, True):
-            add("concurrency", nodes=nodes, peeks=5 if quick else 10, lag=big, consumers=c,
-                second_best=second_best)
+            add("concurrency", nodes=nodes, peeks=5 if quick else 10, lag=big, consumers=c, second_best=second_best)
     for n in (4, 16, 64):
-        add("multiqueue", nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo",
-            pops=5_000 if quick else 400_000, warmup=500 if quick else 2_000)
+        add(
+            "multiqueue",
+            nodes=n,
+            peeks=2,
+            lag=100 * n,
+            policy="multiqueue",
+            priorities="fifo",
+            pops=5_000 if quick else 400_000,
+            warmup=500 if quick else 2_000,
+        )
     return rows
 
 
@@ -73,14 +79,22 @@ def run_row(row: dict) -> dict:
     theory_mean = theory_p_zero = math.nan
     if params.policy == "multiqueue" and params.peeks == 2 and params.priorities == "fifo":
         theory_mean = multiqueue_mean_rank_error(params.nodes)
-    if (params.policy == "peek-before-pop" and params.consumers == 1
-            and params.priorities == "uniform" and params.lag >= 10 * params.nodes):
+    if (
+        params.policy == "peek-before-pop"
+        and params.consumers == 1
+        and params.priorities == "uniform"
+        and params.lag >= 10 * params.nodes
+    ):
         theory_p_zero = p_zero_fresh_peek(params.nodes, params.peeks)
     hist = np.bincount(np.minimum(result.pei, HIST_MAX), minlength=HIST_MAX + 1)
-    return {**row, "warmup": params.warmup_pops,
-            **{name: result.row()[name] for name in FIGURE_COLUMNS[:-2]},
-            "theory_mean": theory_mean, "theory_p_zero": theory_p_zero,
-            "histogram": [int(v) for v in hist]}
+    return {
+        **row,
+        "warmup": params.warmup_pops,
+        **{name: result.row()[name] for name in FIGURE_COLUMNS[:-2]},
+        "theory_mean": theory_mean,
+        "theory_p_zero": theory_p_zero,
+        "histogram": [int(v) for v in hist],
+    }
 
 
 def run_local(rows: list[dict]) -> list[dict]:
@@ -102,11 +116,15 @@ def run_spark(rows: list[dict], spark=None) -> list[dict]:
 
         spark = local_spark("celery-pq-sim")
     try:
-        grid_schema = T.StructType([T.StructField("row", T.LongType())] + [
-            T.StructField(name, _spark_type(T, rows[0][name])) for name in GRID_COLUMNS])
-        out_schema = T.StructType(grid_schema.fields + [
-            T.StructField(name, T.DoubleType()) for name in FIGURE_COLUMNS] + [
-            T.StructField("histogram", T.ArrayType(T.LongType()))])
+        grid_schema = T.StructType(
+            [T.StructField("row", T.LongType())]
+            + [T.StructField(name, _spark_type(T, rows[0][name])) for name in GRID_COLUMNS]
+        )
+        out_schema = T.StructType(
+            grid_schema.fields
+            + [T.StructField(name, T.DoubleType()) for name in FIGURE_COLUMNS]
+            + [T.StructField("histogram", T.ArrayType(T.LongType()))]
+        )
         frame = spark.createDataFrame([{"row": i, **row} for i, row in enumerate(rows)], grid_schema)
         names = out_schema.fieldNames()
 
@@ -114,16 +132,23 @@ def run_spark(rows: list[dict], spark=None) -> list[dict]:
             import pandas as pd
 
             for frame in frames:
-                done = [run_row({k: _plain(v) for k, v in rec.items() if k != "row"})
-                        | {"row": rec["row"]} for rec in frame.to_dict("records")]
+                done = [
+                    run_row({k: _plain(v) for k, v in rec.items() if k != "row"}) | {"row": rec["row"]}
+                    for rec in frame.to_dict("records")
+                ]
                 yield pd.DataFrame([{name: d[name] for name in names} for d in done], columns=names)
 
         partitions = min(len(rows), 4 * spark.sparkContext.defaultParallelism)
-        results = (frame.repartition(partitions).mapInPandas(simulate_frames, out_schema)
-                   .orderBy("row").collect())
+        results = frame.repartition(partitions).mapInPandas(simulate_frames, out_schema).orderBy("row").collect()
         # (Arrow hands a NaN back as null: the closed-form columns say NaN where none applies)
-        return [{k: math.nan if v is None and k in FIGURE_COLUMNS else _plain(v)
-                 for k, v in r.asDict().items() if k != "row"} for r in results]
+        return [
+            {
+                k: math.nan if v is None and k in FIGURE_COLUMNS else _plain(v)
+                for k, v in r.asDict().items()
+                if k != "row"
+            }
+            for r in results
+        ]
     finally:
         if own:
             spark.stop()
@@ -169,8 +194,16 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
         for r in results:
             if r["panel"] == "distribution":
                 for value, count in enumerate(r["histogram"]):
-                    w.writerow([r["panel"], r["nodes"], r["peeks"], r["lag"],
-                                value if value < HIST_MAX else f">={HIST_MAX}", count])
+                    w.writerow(
+                        [
+                            r["panel"],
+                            r["nodes"],
+                            r["peeks"],
+                            r["lag"],
+                            value if value < HIST_MAX else f">={HIST_MAX}",
+                            count,
+                        ]
+                    )
     if img_dir is not None:
         from .plots import figures
 
@@ -178,9 +211,27 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
     return paths
 
 
-MD_COLUMNS = ("panel", "policy", "nodes", "peeks", "lag", "consumers", "second_best", "priorities",
-              "pops", "mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "retries",
-              "theory_mean", "theory_p_zero")
+MD_COLUMNS = (
+    "panel",
+    "policy",
+    "nodes",
+    "peeks",
+    "lag",
+    "consumers",
+    "second_best",
+    "priorities",
+    "pops",
+    "mean",
+    "p50",
+    "p90",
+    "p99",
+    "max",
+    "p_zero",
+    "extra_pops",
+    "retries",
+    "theory_mean",
+    "theory_p_zero",
+)
 
 
 def markdown(results: list[dict]) -> str:

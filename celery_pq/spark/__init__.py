@@ -82,9 +82,20 @@ def read_rejects(spark, path: str):
     return summary, spark.createDataFrame(rows, schema)
 
 
-def enqueue(df, app_or_url, task: str, *, args: Sequence[str] = (), kwargs: Sequence[str] = (),
-            queue: str | None = None, key: Sequence[str] = (), job: str | None = None,
-            transport_options: dict | None = None, on_reject: str = "keep", **options) -> EnqueueResult:
+def enqueue(
+    df,
+    app_or_url,
+    task: str,
+    *,
+    args: Sequence[str] = (),
+    kwargs: Sequence[str] = (),
+    queue: str | None = None,
+    key: Sequence[str] = (),
+    job: str | None = None,
+    transport_options: dict | None = None,
+    on_reject: str = "keep",
+    **options,
+) -> EnqueueResult:
     """Every row of ``df`` as one task ``task`` in the queue, as the ``celery_pq`` writer does it.
 
     ``app_or_url``: a Celery app (its broker URL and ``broker_transport_options``) or a broker URL.
@@ -127,6 +138,12 @@ def enqueue(df, app_or_url, task: str, *, args: Sequence[str] = (), kwargs: Sequ
         rejects.count()
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return EnqueueResult(rows=summary["rows"], sent=summary["sent"], rejected=summary["rejected"],
-                         reasons=summary["reasons"], rejects=rejects, already_stored=summary["already_stored"],
-                         write_id=summary["write_id"])
+    return EnqueueResult(
+        rows=summary["rows"],
+        sent=summary["sent"],
+        rejected=summary["rejected"],
+        reasons=summary["reasons"],
+        rejects=rejects,
+        already_stored=summary["already_stored"],
+        write_id=summary["write_id"],
+    )

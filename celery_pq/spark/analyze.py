@@ -32,8 +32,28 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 #: Window lengths auto-selection chooses from (ms): round numbers a reader takes in at a glance.
-NICE_WINDOWS_MS = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000,
-                   600_000, 900_000, 1_800_000, 3_600_000, 7_200_000, 21_600_000, 43_200_000, 86_400_000)
+NICE_WINDOWS_MS = (
+    100,
+    200,
+    500,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    15_000,
+    30_000,
+    60_000,
+    120_000,
+    300_000,
+    600_000,
+    900_000,
+    1_800_000,
+    3_600_000,
+    7_200_000,
+    21_600_000,
+    43_200_000,
+    86_400_000,
+)
 TARGET_WINDOWS = 60
 RANKS = 256  # ranks 0..255; 0 is served first
 
@@ -43,16 +63,18 @@ FROM_WAITING = ("deliver", "remove", "dead")
 
 REQUIRED = ("event", "queue", "id", "rank", "tenant", "deliveries", "ms", "sid")
 
-RANK_ERROR_SCHEMA = StructType([
-    StructField("queue", StringType()),
-    StructField("id", StringType()),
-    StructField("sid", StringType()),
-    StructField("ms", LongType()),
-    StructField("tenant", StringType()),
-    StructField("rank", IntegerType()),
-    StructField("rank_error", IntegerType()),
-    StructField("waiting", IntegerType()),
-])
+RANK_ERROR_SCHEMA = StructType(
+    [
+        StructField("queue", StringType()),
+        StructField("id", StringType()),
+        StructField("sid", StringType()),
+        StructField("ms", LongType()),
+        StructField("tenant", StringType()),
+        StructField("rank", IntegerType()),
+        StructField("rank_error", IntegerType()),
+        StructField("waiting", IntegerType()),
+    ]
+)
 
 
 def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
@@ -63,8 +85,9 @@ def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
     return NICE_WINDOWS_MS[-1]
 
 
-def analyze(events: DataFrame, *, window_seconds: float | None = None,
-            weights: dict[str, float] | None = None) -> dict[str, DataFrame]:
+def analyze(
+    events: DataFrame, *, window_seconds: float | None = None, weights: dict[str, float] | None = None
+) -> dict[str, DataFrame]:
     """The analysis DataFrames of an event log (see the module docstring).
 
     ``weights`` (``{tenant: weight}``, others 1) makes Jain's index compare each tenant's
@@ -72,8 +95,10 @@ def analyze(events: DataFrame, *, window_seconds: float | None = None,
     """
     missing = [c for c in REQUIRED if c not in events.columns]
     if missing:
-        raise ValueError(f"events has no column {', '.join(map(repr, missing))}: expected the columns of the "
-                         f"celery_pq_events source (got {', '.join(events.columns)})")
+        raise ValueError(
+            f"events has no column {', '.join(map(repr, missing))}: expected the columns of the "
+            f"celery_pq_events source (got {', '.join(events.columns)})"
+        )
     if window_seconds is not None and not (isinstance(window_seconds, (int, float)) and window_seconds > 0):
         raise ValueError(f"window_seconds must be a positive number of seconds, got {window_seconds!r}")
     for tenant, weight in (weights or {}).items():
@@ -104,10 +129,13 @@ def analyze(events: DataFrame, *, window_seconds: float | None = None,
     fairness = _fairness(ev, entries, bucket, window_start, weights or {})
     rank_error = _rank_error(ev).cache()
     redeliveries = _redeliveries(ev)
-    dead = (ev.where(F.col("event") == "dead").drop("task")
-            .join(entries.select("queue", "id", "task"), ["queue", "id"], "left")
-            .select("queue", "id", "tenant", "task", "priority", "deliveries", "reason", "ts", "ms")
-            .orderBy("ms"))
+    dead = (
+        ev.where(F.col("event") == "dead")
+        .drop("task")
+        .join(entries.select("queue", "id", "task"), ["queue", "id"], "left")
+        .select("queue", "id", "tenant", "task", "priority", "deliveries", "reason", "ts", "ms")
+        .orderBy("ms")
+    )
     throughput = _throughput(ev, window_start, window_ms)
     summary = _summary(ev, entries, rank_error, fairness, window_ms)
     return {
@@ -145,40 +173,56 @@ def _entries(ev: DataFrame) -> DataFrame:
         (_count("remove") > 0).alias("removed"),
     )
     ready = F.coalesce(F.col("due_ms"), F.col("enqueue_ms"))
-    return (per.where(F.col("id").isNotNull())
-            .withColumn("tenant", F.coalesce(F.col("tenant"), F.lit("")))
-            .withColumn("ready_ms", ready)
-            .withColumn("wait_ms", F.col("first_deliver_ms") - F.col("ready_ms")))
+    return (
+        per.where(F.col("id").isNotNull())
+        .withColumn("tenant", F.coalesce(F.col("tenant"), F.lit("")))
+        .withColumn("ready_ms", ready)
+        .withColumn("wait_ms", F.col("first_deliver_ms") - F.col("ready_ms"))
+    )
 
 
 def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
-    delivered = ev.where(F.col("event") == "deliver").groupBy("queue", "tenant").agg(
-        F.count(F.lit(1)).alias("deliveries"))
+    delivered = (
+        ev.where(F.col("event") == "deliver").groupBy("queue", "tenant").agg(F.count(F.lit(1)).alias("deliveries"))
+    )
     total = Window.partitionBy("queue")
     delivered = delivered.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(total))
     w = F.col("wait_ms")
-    stats = entries.where(w.isNotNull()).groupBy("queue", "tenant").agg(
-        F.count(F.lit(1)).alias("waited"),
-        F.percentile(w, 0.5).alias("wait_p50_ms"),
-        F.percentile(w, 0.9).alias("wait_p90_ms"),
-        F.percentile(w, 0.99).alias("wait_p99_ms"),
-        F.avg(w).alias("wait_mean_ms"),
-        F.max(w).alias("wait_max_ms"),
+    stats = (
+        entries.where(w.isNotNull())
+        .groupBy("queue", "tenant")
+        .agg(
+            F.count(F.lit(1)).alias("waited"),
+            F.percentile(w, 0.5).alias("wait_p50_ms"),
+            F.percentile(w, 0.9).alias("wait_p90_ms"),
+            F.percentile(w, 0.99).alias("wait_p99_ms"),
+            F.avg(w).alias("wait_mean_ms"),
+            F.max(w).alias("wait_max_ms"),
+        )
     )
     enq = entries.groupBy("queue", "tenant").agg(F.count(F.lit(1)).alias("entries"))
-    return (enq.join(delivered, ["queue", "tenant"], "full").join(stats, ["queue", "tenant"], "left")
-            .fillna(0, ["entries", "deliveries", "waited"]).fillna(0.0, ["share"])
-            .orderBy("queue", "tenant"))
+    return (
+        enq.join(delivered, ["queue", "tenant"], "full")
+        .join(stats, ["queue", "tenant"], "left")
+        .fillna(0, ["entries", "deliveries", "waited"])
+        .fillna(0.0, ["share"])
+        .orderBy("queue", "tenant")
+    )
 
 
 def _share(ev: DataFrame, window_start) -> DataFrame:
-    counts = ev.where(F.col("event") == "deliver").groupBy("queue", "bucket", "tenant").agg(
-        F.count(F.lit(1)).alias("deliveries"))
+    counts = (
+        ev.where(F.col("event") == "deliver")
+        .groupBy("queue", "bucket", "tenant")
+        .agg(F.count(F.lit(1)).alias("deliveries"))
+    )
     per_window = Window.partitionBy("queue", "bucket")
-    return (counts.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(per_window))
-            .withColumn("window_start", window_start())
-            .select("queue", "window_start", "bucket", "tenant", "deliveries", "share")
-            .orderBy("queue", "bucket", "tenant"))
+    return (
+        counts.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(per_window))
+        .withColumn("window_start", window_start())
+        .select("queue", "window_start", "bucket", "tenant", "deliveries", "share")
+        .orderBy("queue", "bucket", "tenant")
+    )
 
 
 def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
@@ -188,17 +232,33 @@ def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
     keys = [*by, "tenant", "bucket"]
     # Backlog of each tenant at each window: entries that became waiting before the window's end
     # and had not had a first delivery before its start.
-    ready = (entries.where(F.col("ready_ms").isNotNull()).withColumn("bucket", bucket("ready_ms"))
-             .groupBy(*keys).agg(F.count(F.lit(1)).alias("ready")))
-    firsts = (entries.where(F.col("first_deliver_ms").isNotNull()).withColumn("bucket", bucket("first_deliver_ms"))
-              .groupBy(*keys).agg(F.count(F.lit(1)).alias("firsts")))
+    ready = (
+        entries.where(F.col("ready_ms").isNotNull())
+        .withColumn("bucket", bucket("ready_ms"))
+        .groupBy(*keys)
+        .agg(F.count(F.lit(1)).alias("ready"))
+    )
+    firsts = (
+        entries.where(F.col("first_deliver_ms").isNotNull())
+        .withColumn("bucket", bucket("first_deliver_ms"))
+        .groupBy(*keys)
+        .agg(F.count(F.lit(1)).alias("firsts"))
+    )
     served = ev.where(F.col("event") == "deliver").groupBy(*keys).agg(F.count(F.lit(1)).alias("deliveries"))
     bounds = ev.groupBy("queue").agg(F.min("bucket").alias("b0"), F.max("bucket").alias("b1"))
-    members = (entries.select(*by, "tenant").union(ev.where(F.col("event") == "deliver").select(*by, "tenant"))
-               .where(F.col(by[-1]).isNotNull()).distinct())
+    members = (
+        entries.select(*by, "tenant")
+        .union(ev.where(F.col("event") == "deliver").select(*by, "tenant"))
+        .where(F.col(by[-1]).isNotNull())
+        .distinct()
+    )
     grid = bounds.select("queue", F.explode(F.sequence("b0", "b1")).alias("bucket")).join(members, "queue")
-    g = (grid.join(ready, keys, "left").join(firsts, keys, "left").join(served, keys, "left")
-         .fillna(0, ["ready", "firsts", "deliveries"]))
+    g = (
+        grid.join(ready, keys, "left")
+        .join(firsts, keys, "left")
+        .join(served, keys, "left")
+        .fillna(0, ["ready", "firsts", "deliveries"])
+    )
     upto = Window.partitionBy(*by, "tenant").orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
     g = g.withColumn("backlog", F.sum("ready").over(upto) - (F.sum("firsts").over(upto) - F.col("firsts")))
     weight = F.lit(1.0)
@@ -225,11 +285,17 @@ def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
     waits at a worse one."""
     overall = _jain(ev, entries, bucket, weights, ["queue"])
     per_rank = _jain(ev, entries, bucket, weights, ["queue", "rank"])
-    within = per_rank.where(F.col("jain").isNotNull()).groupBy("queue", "bucket").agg(
-        (F.sum(F.col("jain") * F.col("deliveries")) / F.sum("deliveries")).alias("jain_within_rank"))
-    return (overall.join(within, ["queue", "bucket"], "left").withColumn("window_start", window_start())
-            .select("queue", "window_start", "bucket", "tenants", "deliveries", "jain", "jain_within_rank")
-            .orderBy("queue", "bucket"))
+    within = (
+        per_rank.where(F.col("jain").isNotNull())
+        .groupBy("queue", "bucket")
+        .agg((F.sum(F.col("jain") * F.col("deliveries")) / F.sum("deliveries")).alias("jain_within_rank"))
+    )
+    return (
+        overall.join(within, ["queue", "bucket"], "left")
+        .withColumn("window_start", window_start())
+        .select("queue", "window_start", "bucket", "tenants", "deliveries", "jain", "jain_within_rank")
+        .orderBy("queue", "bucket")
+    )
 
 
 class Fenwick:
@@ -321,49 +387,83 @@ def _rank_error(ev: DataFrame) -> DataFrame:
 
 
 def _redeliveries(ev: DataFrame) -> DataFrame:
-    return ev.groupBy("queue", "tenant").agg(
-        _count("deliver").alias("deliveries"),
-        F.sum(F.when((F.col("event") == "deliver") & (F.col("deliveries") > 1), 1).otherwise(0))
-        .cast("long").alias("redeliveries"),
-        _count("requeue").alias("requeues"),
-        _count("expire").alias("expired"),
-        _count("dead").alias("dead"),
-    ).orderBy("queue", "tenant")
+    return (
+        ev.groupBy("queue", "tenant")
+        .agg(
+            _count("deliver").alias("deliveries"),
+            F.sum(F.when((F.col("event") == "deliver") & (F.col("deliveries") > 1), 1).otherwise(0))
+            .cast("long")
+            .alias("redeliveries"),
+            _count("requeue").alias("requeues"),
+            _count("expire").alias("expired"),
+            _count("dead").alias("dead"),
+        )
+        .orderBy("queue", "tenant")
+    )
 
 
 def _throughput(ev: DataFrame, window_start, window_ms: int) -> DataFrame:
-    return (ev.groupBy("queue", "bucket").agg(
-        _count("enqueue").alias("enqueued"),
-        _count("deliver").alias("delivered"),
-        _count("ack").alias("acked"),
-        _count("dead").alias("dead"),
-    ).withColumn("acked_per_s", F.col("acked") / F.lit(window_ms / 1000.0))
+    return (
+        ev.groupBy("queue", "bucket")
+        .agg(
+            _count("enqueue").alias("enqueued"),
+            _count("deliver").alias("delivered"),
+            _count("ack").alias("acked"),
+            _count("dead").alias("dead"),
+        )
+        .withColumn("acked_per_s", F.col("acked") / F.lit(window_ms / 1000.0))
         .withColumn("window_start", window_start())
         .select("queue", "window_start", "bucket", "enqueued", "delivered", "acked", "dead", "acked_per_s")
-        .orderBy("queue", "bucket"))
+        .orderBy("queue", "bucket")
+    )
 
 
 def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
-    counts = ev.groupBy("queue").agg(
-        F.count(F.lit(1)).alias("events"),
-        *[_count(e).alias(n) for e, n in (("enqueue", "enqueued"), ("deliver", "delivered"), ("ack", "acked"),
-                                          ("requeue", "requeued"), ("expire", "expired"), ("dead", "dead"),
-                                          ("remove", "removed"))],
-        F.min("ms").alias("first_ms"),
-        F.max("ms").alias("last_ms"),
-    ).withColumn("span_s", (F.col("last_ms") - F.col("first_ms")) / 1000.0)
+    counts = (
+        ev.groupBy("queue")
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            *[
+                _count(e).alias(n)
+                for e, n in (
+                    ("enqueue", "enqueued"),
+                    ("deliver", "delivered"),
+                    ("ack", "acked"),
+                    ("requeue", "requeued"),
+                    ("expire", "expired"),
+                    ("dead", "dead"),
+                    ("remove", "removed"),
+                )
+            ],
+            F.min("ms").alias("first_ms"),
+            F.max("ms").alias("last_ms"),
+        )
+        .withColumn("span_s", (F.col("last_ms") - F.col("first_ms")) / 1000.0)
+    )
     counts = counts.withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
-    waits = entries.where(F.col("wait_ms").isNotNull()).groupBy("queue").agg(
-        F.percentile("wait_ms", 0.5).alias("wait_p50_ms"),
-        F.percentile("wait_ms", 0.99).alias("wait_p99_ms"),
+    waits = (
+        entries.where(F.col("wait_ms").isNotNull())
+        .groupBy("queue")
+        .agg(
+            F.percentile("wait_ms", 0.5).alias("wait_p50_ms"),
+            F.percentile("wait_ms", 0.99).alias("wait_p99_ms"),
+        )
     )
     errors = rank_error.groupBy("queue").agg(
         F.avg("rank_error").alias("rank_error_mean"),
         F.max("rank_error").alias("rank_error_max"),
         F.avg(F.when(F.col("rank_error") == 0, 1.0).otherwise(0.0)).alias("rank_exact_share"),
     )
-    fair = fairness.groupBy("queue").agg(F.avg("jain").alias("jain_mean"), F.min("jain").alias("jain_min"),
-                                         F.avg("jain_within_rank").alias("jain_within_rank_mean"),
-                                         F.min("jain_within_rank").alias("jain_within_rank_min"))
-    return (counts.join(waits, "queue", "left").join(errors, "queue", "left").join(fair, "queue", "left")
-            .withColumn("window_ms", F.lit(window_ms)).orderBy("queue"))
+    fair = fairness.groupBy("queue").agg(
+        F.avg("jain").alias("jain_mean"),
+        F.min("jain").alias("jain_min"),
+        F.avg("jain_within_rank").alias("jain_within_rank_mean"),
+        F.min("jain_within_rank").alias("jain_within_rank_min"),
+    )
+    return (
+        counts.join(waits, "queue", "left")
+        .join(errors, "queue", "left")
+        .join(fair, "queue", "left")
+        .withColumn("window_ms", F.lit(window_ms))
+        .orderBy("queue")
+    )

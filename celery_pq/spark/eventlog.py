@@ -58,6 +58,7 @@ class EventLogGap(Exception):
 
 # -- options --------------------------------------------------------------------------------------
 
+
 def redis_url(url) -> str:
     """A ``pq://``/``pqs://``/``redis://``/``rediss://`` broker URL as the redis-py URL of the same
     Redis; ConfigError naming the value otherwise."""
@@ -65,8 +66,7 @@ def redis_url(url) -> str:
         raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {url!r}")
     parts = urlsplit(url.strip())
     if parts.scheme not in SCHEMES:
-        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
-                          f"got {redact(url)}")
+        raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {redact(url)}")
     return urlunsplit((SCHEMES[parts.scheme], *parts[1:]))
 
 
@@ -124,8 +124,9 @@ class Settings:
             except ValueError:
                 max_events = 0
             if max_events < 1:
-                raise ConfigError(f"option 'maxEventsPerTrigger' must be a positive integer, "
-                                  f"got {opts['maxeventspertrigger']!r}")
+                raise ConfigError(
+                    f"option 'maxEventsPerTrigger' must be a positive integer, got {opts['maxeventspertrigger']!r}"
+                )
         starting = opts.get("startingposition", "earliest")
         if starting not in STARTING:
             raise ConfigError(f"option 'startingPosition' must be one of {STARTING}, got {starting!r}")
@@ -147,6 +148,7 @@ class Settings:
 
 
 # -- stream ids and rows --------------------------------------------------------------------------
+
 
 def parse_sid(sid: str) -> tuple[int, int]:
     ms, _, seq = sid.partition("-")
@@ -235,8 +237,10 @@ def check_gap(queue: str, after: str | None, position: int, info: StreamInfo, on
     if lost <= 0:
         return None
     since = "the start of the log" if after is None else f"event {after}"
-    message = (f"event log of queue {queue!r}: {lost} event(s) after {since} (up to {info['first'] or 'now'}) "
-               f"were trimmed by the stream's cap before they were read; they are lost")
+    message = (
+        f"event log of queue {queue!r}: {lost} event(s) after {since} (up to {info['first'] or 'now'}) "
+        f"were trimmed by the stream's cap before they were read; they are lost"
+    )
     if on_gap == "fail":
         raise EventLogGap(message)
     logger.warning(message)

@@ -40,6 +40,7 @@ __all__ = ["NAME", "SCHEMA", "EventLogGap", "EventsDataSource"]
 
 # -- the data source ------------------------------------------------------------------------------
 
+
 class EventsPartition(InputPartition):
     """One queue's events after ``after`` (exclusive; None: from the start) up to ``upto``."""
 
@@ -197,8 +198,7 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if parse_sid(b["sid"]) <= parse_sid(a["sid"]):
                 continue
             after = None if a["sid"] == "0-0" else a["sid"]
-            check_gap(queue, after, a["n"], stream_info(self.client, self.settings.key(queue)),
-                      self.settings.on_gap)
+            check_gap(queue, after, a["n"], stream_info(self.client, self.settings.key(queue)), self.settings.on_gap)
             parts.append(EventsPartition(queue, self.settings.key(queue), after, b["sid"]))
         return parts
 

@@ -65,8 +65,7 @@ class ExportResult:
 def arrow_schema():
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
-             "timestamp": pa.timestamp("ms", tz="UTC")}
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "timestamp": pa.timestamp("ms", tz="UTC")}
     return pa.schema([pa.field(name, types[kind]) for name, _, kind in COLUMNS])
 
 
@@ -80,7 +79,7 @@ def _parse_part(name: str) -> tuple[str, dict] | None:
     if not (name.startswith("part-") and name.endswith(".parquet")):
         return None
     try:
-        queue, ms, seq, n = name[len("part-"):-len(".parquet")].rsplit("-", 3)
+        queue, ms, seq, n = name[len("part-") : -len(".parquet")].rsplit("-", 3)
         return unquote(queue), {"sid": f"{int(ms)}-{int(seq)}", "n": int(n)}
     except ValueError:
         return None
@@ -99,8 +98,9 @@ def read_offsets(out: Path) -> dict[str, dict]:
             for o in offsets.values():
                 parse_sid(o["sid"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{path} is not an offsets file of export-events ({exc!r}); "
-                             f"move it away to export from the start") from None
+            raise ValueError(
+                f"{path} is not an offsets file of export-events ({exc!r}); move it away to export from the start"
+            ) from None
     if out.is_dir():
         for entry in out.iterdir():
             parsed = _parse_part(entry.name)
@@ -130,8 +130,17 @@ def _write_part(out: Path, queue: str, rows: list[tuple], position: int, schema)
     return final
 
 
-def export_events(client, queues, out, *, key_prefix: str = KEY_PREFIX, on_gap: str = "warn",
-                  rows_per_file: int = ROWS_PER_FILE, page: int = PAGE, shards=1) -> ExportResult:
+def export_events(
+    client,
+    queues,
+    out,
+    *,
+    key_prefix: str = KEY_PREFIX,
+    on_gap: str = "warn",
+    rows_per_file: int = ROWS_PER_FILE,
+    page: int = PAGE,
+    shards=1,
+) -> ExportResult:
     """Append the events of ``queues`` (a name, a comma-separated list or a list) logged since the
     last export to the Parquet directory ``out``; see the module docstring. ``shards``: of a
     queue split into shards, the count (or a function of the queue's name giving it): every

@@ -89,17 +89,18 @@ def _plots(queue: str, frames: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    share, waits, fair, tput, errs, redel = (frames[k] for k in
-                                              ("share", "waits", "fairness", "throughput", "rank_error",
-                                               "redeliveries"))
+    share, waits, fair, tput, errs, redel = (
+        frames[k] for k in ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
+    )
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     fig.suptitle(f"queue {queue}", fontsize=14)
 
     ax = axes[0][0]
     if len(share):
         pivot = share.pivot_table(index="window_start", columns="tenant", values="share", fill_value=0.0)
-        ax.stackplot(pivot.index, *[pivot[c] for c in pivot.columns],
-                     labels=[tenant_label(c) for c in pivot.columns], alpha=0.85)
+        ax.stackplot(
+            pivot.index, *[pivot[c] for c in pivot.columns], labels=[tenant_label(c) for c in pivot.columns], alpha=0.85
+        )
         ax.legend(loc="upper left", fontsize=8, ncol=2)
     ax.set_title("share of deliveries per window")
     ax.set_ylim(0, 1)
@@ -118,8 +119,7 @@ def _plots(queue: str, frames: dict) -> bytes:
     ax = axes[0][2]
     if len(fair):
         ax.plot(fair["window_start"], fair["jain"], marker=".", linewidth=1, label="all tenants")
-        ax.plot(fair["window_start"], fair["jain_within_rank"], marker=".", linewidth=1,
-                label="within a priority")
+        ax.plot(fair["window_start"], fair["jain_within_rank"], marker=".", linewidth=1, label="within a priority")
         ax.legend(fontsize=8, loc="lower right")
     ax.set_ylim(0, 1.05)
     ax.set_title("Jain's fairness index per window")
@@ -139,15 +139,27 @@ def _plots(queue: str, frames: dict) -> bytes:
     if len(errs) and int(errs["rank_error"].max()) > 0:
         ax.hist(errs["rank_error"], bins=min(int(errs["rank_error"].max()) + 1, 50), log=True)
     elif len(errs):
-        ax.text(0.5, 0.5, f"all {len(errs):,} deliveries: rank error 0\n(strict priority order)",
-                ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            f"all {len(errs):,} deliveries: rank error 0\n(strict priority order)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
     ax.set_title("rank error of each delivery (entries that outranked it)")
 
     ax = axes[1][2]
     if len(redel) and not redel[["redeliveries", "expired", "dead"]].to_numpy().any():
-        ax.text(0.5, 0.5, "no redeliveries, expired leases or dead letters", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no redeliveries, expired leases or dead letters",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
     elif len(redel):
         xs = range(len(redel))
@@ -170,8 +182,13 @@ def _cell(figures, key, value, kind) -> str:
     return f'<td data-figure="{html.escape(key)}">{html.escape(text)}</td>'
 
 
-def build_report(events, *, window_seconds: float | None = None, weights: dict | None = None,
-                 title: str = "celery-pq event log report") -> Report:
+def build_report(
+    events,
+    *,
+    window_seconds: float | None = None,
+    weights: dict | None = None,
+    title: str = "celery-pq event log report",
+) -> Report:
     """The report of an event-log DataFrame (see the module docstring)."""
     from .analyze import analyze
 
@@ -182,24 +199,31 @@ def build_report(events, *, window_seconds: float | None = None, weights: dict |
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if not len(summary):
         parts.append("<p>The event log is empty.</p>")
-    all_frames: dict[str, pd.DataFrame] = {k: dfs[k].toPandas() for k in ("share", "waits", "fairness", "throughput", "rank_error",
-                                                 "redeliveries")}
+    all_frames: dict[str, pd.DataFrame] = {
+        k: dfs[k].toPandas() for k in ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
+    }
     for _, q in summary.iterrows():
         queue = q["queue"]
         frames = {k: v[v["queue"] == queue].reset_index(drop=True) for k, v in all_frames.items()}
         png = _plots(queue, frames)
         report.images[queue] = png
-        rows = "".join(f"<tr><th>{html.escape(label)}</th>"
-                       f"{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
-                       for name, label, kind in QUEUE_FIGURES)
-        tenants = frames["waits"].merge(frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"],
-                                        how="outer")
+        rows = "".join(
+            f"<tr><th>{html.escape(label)}</th>{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
+            for name, label, kind in QUEUE_FIGURES
+        )
+        tenants = frames["waits"].merge(
+            frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"], how="outer"
+        )
         head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in TENANT_FIGURES)
         body = "".join(
             f"<tr><th>{html.escape(tenant_label(t['tenant']))}</th>"
-            + "".join(_cell(report.figures, f"{queue}|{t['tenant']}|{name}", t.get(name), kind)
-                      for name, _, kind in TENANT_FIGURES) + "</tr>"
-            for _, t in tenants.sort_values("tenant").iterrows())
+            + "".join(
+                _cell(report.figures, f"{queue}|{t['tenant']}|{name}", t.get(name), kind)
+                for name, _, kind in TENANT_FIGURES
+            )
+            + "</tr>"
+            for _, t in tenants.sort_values("tenant").iterrows()
+        )
         window_s = int(q["window_ms"]) / 1000
         parts.append(
             f"<h2>queue {html.escape(queue)}</h2>"
@@ -209,20 +233,23 @@ def build_report(events, *, window_seconds: float | None = None, weights: dict |
             f'<img alt="plots of queue {html.escape(queue)}" src="data:image/png;base64,'
             f'{base64.b64encode(png).decode()}">'
             f"<h3>the queue</h3><table>{rows}</table>"
-            f"<h3>per tenant</h3><table><tr><th>tenant</th>{head}</tr>{body}</table>")
+            f"<h3>per tenant</h3><table><tr><th>tenant</th>{head}</tr>{body}</table>"
+        )
     report.html = (
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html><html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>"
         "body{font-family:sans-serif;margin:2em;max-width:1300px}"
         "table{border-collapse:collapse;margin:.5em 0 1.5em}"
         "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
         "th{background:#f4f4f4}img{max-width:100%}"
-        "</style></head><body>" + "".join(parts) + "</body></html>\n")
+        "</style></head><body>" + "".join(parts) + "</body></html>\n"
+    )
     return report
 
 
-def write_report(source, html_path, *, png_path=None, spark=None, window_seconds: float | None = None,
-                 weights: dict | None = None) -> Report:
+def write_report(
+    source, html_path, *, png_path=None, spark=None, window_seconds: float | None = None, weights: dict | None = None
+) -> Report:
     """Read ``source`` (a Parquet path written by export-events, or an events DataFrame), write
     the HTML page to ``html_path`` and, if asked, the first queue's plots to ``png_path``."""
     if isinstance(source, (str, Path)):

@@ -76,8 +76,11 @@ class TaskRows:
         self.key = [index[c] for c in settings.key]
         self.role = {c: index[c] for c in settings.roles}
         self.fair_column = index.get(settings.fair_column) if settings.fair_column else None
-        self.fair_header = settings.transport.fair_key if settings.transport.fair_key and \
-            ":" not in settings.transport.fair_key else None
+        self.fair_header = (
+            settings.transport.fair_key
+            if settings.transport.fair_key and ":" not in settings.transport.fair_key
+            else None
+        )
         self.eta_is_local = eta_is_local
         # Celery's as_task_v2 once for the headers every row shares; per row only what differs
         # (ids, argsrepr, kwargsrepr, eta) is filled in, as as_task_v2 would (a test compares)
@@ -115,14 +118,19 @@ class TaskRows:
             args = [plain(row[i]) for i in self.args]
             kwargs = {c: plain(row[i]) for c, i in self.kwargs}
             content_type, content_encoding, body = serialization.dumps(
-                (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}),
-                serializer="json")
+                (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}), serializer="json"
+            )
         except (TypeError, ValueError) as exc:
             raise Rejected(f"args/kwargs cannot be sent as JSON: {exc}") from None
         task_id = self._task_id(row)
         headers = self.headers.copy()
-        headers.update(id=task_id, root_id=task_id, eta=eta, argsrepr=self._repr(args, self.repr_sizes[0]),
-                       kwargsrepr=self._repr(kwargs, self.repr_sizes[1]))
+        headers.update(
+            id=task_id,
+            root_id=task_id,
+            eta=eta,
+            argsrepr=self._repr(args, self.repr_sizes[0]),
+            kwargsrepr=self._repr(kwargs, self.repr_sizes[1]),
+        )
         if tenant is not None and self.fair_header:
             headers[self.fair_header] = tenant  # apply_async(headers={fair_key: tenant})
         properties = {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2}
@@ -132,8 +140,9 @@ class TaskRows:
         props["delivery_info"].update(exchange="", routing_key=queue)
         props.update(body_encoding="base64", delivery_tag=str(uuid.uuid4()))
         try:
-            item = stored_item(queue, message, self.options, _decode_body,
-                               publish_id_=digest("celery_pq.spark", task_id))
+            item = stored_item(
+                queue, message, self.options, _decode_body, publish_id_=digest("celery_pq.spark", task_id)
+            )
         except MessageTooLarge as exc:
             raise Rejected(f"message is {exc.size} bytes, over max_message_bytes={exc.limit}") from None
         except ValueError as exc:
@@ -159,8 +168,12 @@ class TaskRows:
         if countdown is not None and eta is not None:
             raise Rejected("countdown and eta are both given; give one")
         if countdown is not None:
-            if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or \
-                    not math.isfinite(countdown) or countdown < 0:
+            if (
+                isinstance(countdown, bool)
+                or not isinstance(countdown, (int, float))
+                or not math.isfinite(countdown)
+                or countdown < 0
+            ):
                 raise Rejected(f"countdown must be a number of seconds >= 0, got {countdown!r}")
             return datetime.fromtimestamp(now + countdown, UTC).isoformat()
         if eta is None:

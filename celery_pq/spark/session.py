@@ -21,13 +21,16 @@ def local_spark(app_name: str, master: str = "local[*]", *, shuffle_partitions: 
 
     from . import register
 
-    builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-               .config("spark.sql.session.timeZone", "UTC"))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+    )
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

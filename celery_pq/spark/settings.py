@@ -39,10 +39,24 @@ REJECTS_LIMIT = 10_000
 KEY_NAMESPACE = uuid.UUID("6f1d1c52-3f0b-5b7e-9a57-2f3c6c1b7a10")
 
 _TRANSPORT_FIELDS = {f.name: f for f in fields(Options) if f.init}
-_OWN = {"broker", "task", "args", "kwargs", "queue", "key", "job", "transport_options", "rejects", "on_reject",
-        "batch_rows", "chunk", "rejects_limit",
-        # used only by the tests: fail each partition's first attempt once after this many rows
-        "test_fail_once_after", "test_fail_once_marker"}
+_OWN = {
+    "broker",
+    "task",
+    "args",
+    "kwargs",
+    "queue",
+    "key",
+    "job",
+    "transport_options",
+    "rejects",
+    "on_reject",
+    "batch_rows",
+    "chunk",
+    "rejects_limit",
+    # used only by the tests: fail each partition's first attempt once after this many rows
+    "test_fail_once_after",
+    "test_fail_once_marker",
+}
 ON_REJECT = ("keep", "fail")
 
 
@@ -55,8 +69,10 @@ def _columns(name: str, value: str | None, schema_names: list[str]) -> tuple[str
         raise ConfigError(f"option {name!r} must be column names separated by commas, got {value!r}")
     missing = [c for c in cols if c not in schema_names]
     if missing:
-        raise ConfigError(f"option {name!r} names column(s) {', '.join(map(repr, missing))} that the DataFrame "
-                          f"does not have (its columns: {', '.join(schema_names)})")
+        raise ConfigError(
+            f"option {name!r} names column(s) {', '.join(map(repr, missing))} that the DataFrame "
+            f"does not have (its columns: {', '.join(schema_names)})"
+        )
     return cols
 
 
@@ -119,9 +135,11 @@ class WriterSettings:
             given.pop("path", None)  # save() without a path
         unknown = sorted(set(given) - _OWN - set(_TRANSPORT_FIELDS) - {"visibility_timeout"})
         if unknown:
-            raise ConfigError(f"unknown option(s) {', '.join(map(repr, unknown))} for format 'celery_pq' "
-                              f"(options: broker, task, args, kwargs, queue, key, job, rejects, on_reject, "
-                              f"batch_rows, chunk, rejects_limit, transport_options and the transport options)")
+            raise ConfigError(
+                f"unknown option(s) {', '.join(map(repr, unknown))} for format 'celery_pq' "
+                f"(options: broker, task, args, kwargs, queue, key, job, rejects, on_reject, "
+                f"batch_rows, chunk, rejects_limit, transport_options and the transport options)"
+            )
         for required in ("broker", "task"):
             if not (given.get(required) or "").strip():
                 what = "the broker URL (pq://HOST:PORT/DB)" if required == "broker" else "the Celery task name"
@@ -129,8 +147,9 @@ class WriterSettings:
         broker = given["broker"].strip()
         scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
         if scheme not in ("pq", "pqs", "redis", "rediss"):
-            raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, "
-                              f"got {redact(broker)}")
+            raise ConfigError(
+                f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {redact(broker)}"
+            )
         transport = {}
         if given.get("transport_options"):
             try:
@@ -138,7 +157,9 @@ class WriterSettings:
             except ValueError as exc:
                 raise ConfigError(f"option 'transport_options' must be a JSON object: {exc}") from None
             if not isinstance(transport, dict):
-                raise ConfigError(f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}")
+                raise ConfigError(
+                    f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}"
+                )
         for name in _TRANSPORT_FIELDS:
             if name in given:
                 transport[name] = _transport_value(name, given[name])
@@ -162,8 +183,10 @@ class WriterSettings:
         if opts.fair_key is not None and ":" not in opts.fair_key and opts.fair_key in names:
             fair_column = opts.fair_key
         if "tenant" in roles and opts.fair_key is None:
-            raise ConfigError("the DataFrame has a 'tenant' column, and a tenant needs fairness on: give option "
-                              "'fair_key' (the broker's fair_key transport option, e.g. \"tenant\")")
+            raise ConfigError(
+                "the DataFrame has a 'tenant' column, and a tenant needs fairness on: give option "
+                "'fair_key' (the broker's fair_key transport option, e.g. \"tenant\")"
+            )
         on_reject = (given.get("on_reject") or "keep").lower()
         if on_reject not in ON_REJECT:
             raise ConfigError(f"option 'on_reject' must be one of {ON_REJECT}, got {given['on_reject']!r}")
@@ -195,15 +218,18 @@ class WriterSettings:
         from .. import connections
 
         if self.transport.cluster and self.transport.master_name is not None:
-            raise ConfigError("options 'cluster' and 'master_name' exclude each other: a Redis Cluster fails over "
-                              "by itself, without sentinels")
+            raise ConfigError(
+                "options 'cluster' and 'master_name' exclude each other: a Redis Cluster fails over "
+                "by itself, without sentinels"
+            )
         try:
             db = connections.broker_db(self.conninfo())
         except ConfigError as exc:
             raise ConfigError(f"option 'broker': {exc}") from None
         if self.transport.cluster and db != 0:
-            raise ConfigError(f"option 'cluster': a Redis Cluster has only database 0; option 'broker' names "
-                              f"database {db}")
+            raise ConfigError(
+                f"option 'cluster': a Redis Cluster has only database 0; option 'broker' names database {db}"
+            )
         return self
 
     def conninfo(self):

@@ -71,8 +71,10 @@ class CeleryPQDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> CeleryPQWriter:
         if overwrite:
-            raise ConfigError("format 'celery_pq' only appends tasks to a queue: use .mode(\"append\") "
-                              "(a queue cannot be overwritten)")
+            raise ConfigError(
+                "format 'celery_pq' only appends tasks to a queue: use .mode(\"append\") "
+                "(a queue cannot be overwritten)"
+            )
         return CeleryPQWriter(WriterSettings.parse(dict(self.options), schema.fieldNames()), schema)
 
 
@@ -103,9 +105,11 @@ class CeleryPQWriter(DataSourceWriter):
                 except Rejected as exc:
                     reason = str(exc)
                     if s.on_reject == "fail":
-                        raise Rejected(f"celery_pq writer: a row was rejected ({reason}) and on_reject='fail': "
-                                       f"{report.sent + report.already_stored} rows of partition "
-                                       f"{report.partition} were stored before it, the rest of it was not") from None
+                        raise Rejected(
+                            f"celery_pq writer: a row was rejected ({reason}) and on_reject='fail': "
+                            f"{report.sent + report.already_stored} rows of partition "
+                            f"{report.partition} were stored before it, the rest of it was not"
+                        ) from None
                     report.rejected += 1
                     report.reasons[reason] += 1
                     if len(report.rejects) < s.rejects_limit:
@@ -138,18 +142,28 @@ class CeleryPQWriter(DataSourceWriter):
         reports = [m for m in messages if isinstance(m, PartitionReport)]
         summary = {**summarize(reports), "write_id": self.settings.write_id}
         log = logger.warning if summary["rejected"] else logger.info
-        log("celery_pq writer: write %s: %d rows, %d sent, %d already stored, %d rejected%s", summary["write_id"],
-            summary["rows"], summary["sent"], summary["already_stored"], summary["rejected"],
-            "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]))
+        log(
+            "celery_pq writer: write %s: %d rows, %d sent, %d already stored, %d rejected%s",
+            summary["write_id"],
+            summary["rows"],
+            summary["sent"],
+            summary["already_stored"],
+            summary["rejected"],
+            "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]),
+        )
         if self.settings.rejects:
             write_rejects(self.settings.rejects, summary, [r for m in reports for r in m.rejects], self.schema_json)
 
     def abort(self, messages) -> None:
         reports = [m for m in messages if isinstance(m, PartitionReport)]
-        logger.error("celery_pq writer: write %s failed; %d partitions had finished, %d rows sent by them "
-                     "(stored rows stay queued; running the write again sends its rows with a task_id or key "
-                     "once, and every row without one again: it is a new write)",
-                     self.settings.write_id, len(reports), sum(m.sent for m in reports))
+        logger.error(
+            "celery_pq writer: write %s failed; %d partitions had finished, %d rows sent by them "
+            "(stored rows stay queued; running the write again sends its rows with a task_id or key "
+            "once, and every row without one again: it is a new write)",
+            self.settings.write_id,
+            len(reports),
+            sum(m.sent for m in reports),
+        )
 
 
 class _Sink:

@@ -28,8 +28,7 @@ def test_a_worker_on_sixteen_shards_then_a_master_failover(on_cluster, healed): 
     wait_for(lambda: len(h.records("order")) >= 80, 60, "80 tasks")
     # Then each ran exactly once, taken from shards on every master
     assert sorted(n for n, _ in h.records("order")) == list(range(80))
-    assert {placed[s.name].port for s in queue.shards if s.counters()["delivered"]} == set(
-        m.port for m in placed.values())
+    assert {placed[s.name].port for s in queue.shards if s.counters()["delivered"]} == {m.port for m in placed.values()}
     wait_for(lambda: queue.stats()["leased"] == 0, 10, "the last ack")
 
     # When producers publish on while the master of shard 0 (and of a third of the shards) is killed
@@ -41,8 +40,10 @@ def test_a_worker_on_sixteen_shards_then_a_master_failover(on_cluster, healed): 
     # Then every confirmed publish ran at least once, and the worker lives on
     wait_for(lambda: set(confirmed) <= {n for n, _ in h.records("order")}, 90, "every confirmed task to run")
     ran = [n for n, _ in h.records("order") if n >= 1000]
-    print(f"\nfailover under a worker on {SHARDS} shards: {len(confirmed)} publishes confirmed, {len(errors)} "
-          f"refused, {len(ran) - len(set(ran))} tasks ran twice")
+    print(
+        f"\nfailover under a worker on {SHARDS} shards: {len(confirmed)} publishes confirmed, {len(errors)} "
+        f"refused, {len(ran) - len(set(ran))} tasks ran twice"
+    )
     assert h.workers[0].poll() is None
     # and the killed master's shards are served by its replica now, which delivered from them since
     assert all(h.cluster.master_of(s.keys.entries) is promoted for s in on_victim)

@@ -26,8 +26,7 @@ def stored(client, q, ids) -> set:
     return {i for i in ids if q.exists(i)}
 
 
-def test_failover_loses_unreplicated_publishes_without_wait_and_none_acknowledged_with_wait(healed, spread,
-                                                                                              capsys):
+def test_failover_loses_unreplicated_publishes_without_wait_and_none_acknowledged_with_wait(healed, spread, capsys):
     cluster: RedisCluster = healed
     client = cluster.client(socket_timeout=5)
     # Given two queues on the same master: one without WAIT, one with wait_replicas=1
@@ -35,8 +34,11 @@ def test_failover_loses_unreplicated_publishes_without_wait_and_none_acknowledge
     master = cluster.master_of(PriorityQueue(client, name).keys.entries)
     [replica] = cluster.replicas_of(master)
     plain = PriorityQueue(client, name, dedupe_seconds=0)
-    other = next(n for n in (f"{name}w{i}" for i in range(1000))
-                 if cluster.master_of(PriorityQueue(client, n).keys.entries) is master)
+    other = next(
+        n
+        for n in (f"{name}w{i}" for i in range(1000))
+        if cluster.master_of(PriorityQueue(client, n).keys.entries) is master
+    )
     safe = PriorityQueue(client, other, wait_replicas=1, wait_timeout=0.05)
 
     # While the replica keeps up: both kinds are acknowledged
@@ -66,8 +68,10 @@ def test_failover_loses_unreplicated_publishes_without_wait_and_none_acknowledge
     kept_late = stored(after, plain, late_plain)
     lost = len(late_plain) - len(kept_late)
     with capsys.disabled():
-        print(f"\nfailover without WAIT: {lost} of {len(late_plain)} acknowledged publishes made while the "
-              f"replica lagged were lost ({len(kept_early)} of {len(acked_plain)} made before kept)")
+        print(
+            f"\nfailover without WAIT: {lost} of {len(late_plain)} acknowledged publishes made while the "
+            f"replica lagged were lost ({len(kept_early)} of {len(acked_plain)} made before kept)"
+        )
     assert kept_early == set(acked_plain)
     assert lost > 0
     # and with wait_replicas=1 every acknowledged publish survived; the unacknowledged ones raised

@@ -146,9 +146,23 @@ def test_stats_command_on_the_cluster(cluster, cluster_client, spread):
         ch = conn.channel()
         for name in spread:
             ch.queue_declare(name)
-    out = subprocess.run([sys.executable, "-m", "celery_pq", "--broker", cluster.pq_url, "--transport-options",
-                          json.dumps({"cluster": True}), "stats", "--json", *spread],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            cluster.pq_url,
+            "--transport-options",
+            json.dumps({"cluster": True}),
+            "stats",
+            "--json",
+            *spread,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     rows = {row["queue"]: row for row in json.loads(out.stdout)}
     assert sorted(rows) == sorted(spread)
@@ -163,7 +177,9 @@ def test_metrics_collector_on_the_cluster(cluster, cluster_client, spread):
         q = PriorityQueue(cluster_client, name)
         for i in range(n + 1):
             q.insert(b"x", 3)
-    fams = {f.name: f for f in PQCollector(cluster.pq_url, transport_options={"cluster": True},
-                                           queues=list(spread)).collect()}
+    fams = {
+        f.name: f
+        for f in PQCollector(cluster.pq_url, transport_options={"cluster": True}, queues=list(spread)).collect()
+    }
     waiting = {s.labels["queue"]: s.value for s in fams["celery_pq_waiting_messages"].samples}
     assert waiting == {name: n + 1 for n, name in enumerate(spread)}

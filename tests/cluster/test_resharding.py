@@ -13,10 +13,9 @@ import uuid
 import pytest
 import redis
 
-from celery_pq import PriorityQueue
-from celery_pq.errors import ClusterUnsettled
-from celery_pq import connections
+from celery_pq import PriorityQueue, connections
 from celery_pq.connections import set_cluster_retry
+from celery_pq.errors import ClusterUnsettled
 
 pytestmark = pytest.mark.cluster
 
@@ -63,9 +62,11 @@ def test_redis_refuses_the_slot_guard_before_any_write_while_the_slot_migrates(c
             kind, text = _run(t, GUARD + "return redis.call('INCR', KEYS[1] .. ':n')", a, asking=True)
             assert kind == "ResponseError" and "non local key" in text
             # The same through a function (FCALL), as the library runs the scripts
-            lib = ("#!lua name=pqguardprobe\nredis.register_function('pqguardprobe', function(keys, args) "
-                   "redis.call('EXISTS', keys[1] .. '~1', keys[1] .. '~2') "
-                   "return redis.call('INCR', keys[1] .. ':n') end)")
+            lib = (
+                "#!lua name=pqguardprobe\nredis.register_function('pqguardprobe', function(keys, args) "
+                "redis.call('EXISTS', keys[1] .. '~1', keys[1] .. '~2') "
+                "return redis.call('INCR', keys[1] .. ':n') end)"
+            )
             for node in (s, t):
                 node.execute_command("FUNCTION", "LOAD", "REPLACE", lib)
             with pytest.raises(redis.ResponseError, match="non local key"):
@@ -89,8 +90,7 @@ def test_redis_refuses_the_slot_guard_before_any_write_while_the_slot_migrates(c
     assert cluster_client.get(b + ":n") == b"2"
 
 
-def test_a_call_refused_while_the_slot_moves_writes_nothing_and_fails_as_a_connection_error(
-        cluster, cluster_client):
+def test_a_call_refused_while_the_slot_moves_writes_nothing_and_fails_as_a_connection_error(cluster, cluster_client):
     # Given a queue with entries, and a call bound to wait at most 0.3 s for its slot
     q = PriorityQueue(cluster_client, f"rs{uuid.uuid4().hex[:8]}")
     for i in range(3):
@@ -101,8 +101,12 @@ def test_a_call_refused_while_the_slot_moves_writes_nothing_and_fails_as_a_conne
     client = cluster.client()
     set_cluster_retry(client, 0.3)
     q2 = PriorityQueue(client, q.name)
-    state = lambda: (cluster_client.hlen(q.keys.entries), cluster_client.get(q.keys.sequence),  # noqa: E731
-                     cluster_client.zcard(q.keys.priority_index), cluster_client.hlen(q.keys.leases))
+    state = lambda: (
+        cluster_client.hlen(q.keys.entries),
+        cluster_client.get(q.keys.sequence),  # noqa: E731
+        cluster_client.zcard(q.keys.priority_index),
+        cluster_client.hlen(q.keys.leases),
+    )
     before = state()
     with source.client() as s, target.client() as t:
         # When the slot is half moved (a key the insert derives, its counters, already at the target)
@@ -141,7 +145,7 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
             try:
                 q.insert(f"p{n}".encode(), n % 7, id=f"e{n}")
                 inserted.append(f"e{n}")
-            except Exception as exc:  # noqa: BLE001 - counted: the assertion names it
+            except Exception as exc:
                 errors.append(("insert", exc))
             n += 1
             time.sleep(0.003)
@@ -152,7 +156,7 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
                 got = q.pop(5)
                 popped.extend(x.id for x in got)
                 assert all(q.ack_many(got))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors.append(("pop/ack", exc))
             if not got:
                 time.sleep(0.005)
@@ -175,8 +179,10 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
             th.join(60)
     # Then no call failed, every inserted entry was popped exactly once, nothing is left
     met = {k: v - met[k] for k, v in connections.settling.items()}
-    print(f"\nslot moved away and back ({moved} keys): {len(inserted)} inserted, {len(popped)} popped; "
-          f"calls that met the slot moving: {met}")
+    print(
+        f"\nslot moved away and back ({moved} keys): {len(inserted)} inserted, {len(popped)} popped; "
+        f"calls that met the slot moving: {met}"
+    )
     assert not errors, errors[:3]
     assert met["rerouted"] + met["refused"] > 0  # calls did meet the slot half moved
     assert min(moved) >= 5  # the queue's keys really moved one by one

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.cluster
 
 
 def sharded(cluster_client, prefix, n, **options):
-    return open_queue(cluster_client, "kq", Options(key_prefix=prefix, shards=n, peek=2, **options).queue_settings("kq"))
+    return open_queue(
+        cluster_client, "kq", Options(key_prefix=prefix, shards=n, peek=2, **options).queue_settings("kq")
+    )
 
 
 def masters_of(cluster, queue) -> dict:
@@ -65,11 +67,14 @@ def test_a_consumer_blocks_once_per_shard_tag_and_is_woken_from_each_master(clus
     queue = sharded(cluster_client, prefix, 4)
     placed = masters_of(cluster, queue)
     # one shard on each master, to publish into
-    one_per_master = {port: next(s.name for s in queue.shards if placed[s.name] == port)
-                      for port in set(placed.values())}
+    one_per_master = {
+        port: next(s.name for s in queue.shards if placed[s.name] == port) for port in set(placed.values())
+    }
     got: list = []
-    with Connection(cluster.pq_url, transport_options=opts) as conn, \
-            Connection(cluster.pq_url, transport_options=opts) as other:
+    with (
+        Connection(cluster.pq_url, transport_options=opts) as conn,
+        Connection(cluster.pq_url, transport_options=opts) as other,
+    ):
         q = make_queue()
         channel = conn.channel()
         consumer = Consumer(channel, [q], callbacks=[lambda body, m: (got.append(body), m.ack())])
@@ -86,8 +91,9 @@ def test_a_consumer_blocks_once_per_shard_tag_and_is_woken_from_each_master(clus
             # When a publish lands in a shard on one master while the consumer waits on all of them
             shard = target._by_name[name]
             target.shard_for = lambda **_: shard
-            timer = threading.Timer(0.3, producer.publish, ({"to": port},), {"exchange": q.exchange,
-                                                                            "routing_key": "kq"})
+            timer = threading.Timer(
+                0.3, producer.publish, ({"to": port},), {"exchange": q.exchange, "routing_key": "kq"}
+            )
             timer.start()
             conn.drain_events(timeout=20)
             timer.join()

@@ -16,21 +16,22 @@ def test_a_consumer_of_three_masters_is_woken_by_each(cluster, spread):
     # block_seconds far beyond the test's patience: only a wake token can end a wait in time
     options = {"cluster": True, "block_seconds": 60}
     got: list = []
-    with Connection(cluster.pq_url, transport_options=options) as conn, \
-            Connection(cluster.pq_url, transport_options=options) as other:
+    with (
+        Connection(cluster.pq_url, transport_options=options) as conn,
+        Connection(cluster.pq_url, transport_options=options) as other,
+    ):
         queues = [Queue(name, Exchange(name), routing_key=name) for name in spread]
         fanout = Exchange(f"{spread[0]}-fx", type="fanout")
         fan = Queue(f"{spread[0]}-fan", fanout)
         channel = conn.channel()
-        consumer = Consumer(channel, queues + [fan], callbacks=[lambda body, m: (got.append(body), m.ack())])
+        consumer = Consumer(channel, [*queues, fan], callbacks=[lambda body, m: (got.append(body), m.ack())])
         consumer.consume()
         producer = Producer(other.channel())
         with pytest.raises(TimeoutError):  # nothing waiting: it blocks (once per master)
             conn.drain_events(timeout=0.3)
         for name in reversed(spread):
             # When a publish lands on one master while the consumer waits on all three
-            timer = threading.Timer(0.3, producer.publish, ({"to": name},),
-                                    {"exchange": name, "routing_key": name})
+            timer = threading.Timer(0.3, producer.publish, ({"to": name},), {"exchange": name, "routing_key": name})
             timer.start()
             conn.drain_events(timeout=20)
             timer.join()

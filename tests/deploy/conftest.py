@@ -67,8 +67,10 @@ class SentinelGroup:
                 link = self.replica.client(decode_responses=True).info("replication").get("master_link_status")
             except redis.RedisError:
                 return False
-            return all(int(st["num-slaves"]) >= 1 and int(st["num-other-sentinels"]) >= 2 for st in states) \
+            return (
+                all(int(st["num-slaves"]) >= 1 and int(st["num-other-sentinels"]) >= 2 for st in states)
                 and link == "up"
+            )
 
         wait_for(ready, timeout, lambda: f"the sentinel group: {[s.log_tail(5) for s in self.sentinels]}", interval=0.1)
 
@@ -81,8 +83,10 @@ class SentinelGroup:
 
         def promoted():
             try:
-                return all(s.master_address() == want for s in self.sentinels) \
+                return (
+                    all(s.master_address() == want for s in self.sentinels)
                     and self.replica.client(decode_responses=True).info("replication")["role"] == "master"
+                )
             except redis.RedisError:
                 return False
 

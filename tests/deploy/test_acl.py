@@ -22,7 +22,7 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-import celery_pq  # noqa: F401  registers pq://
+import celery_pq
 from celery_pq.ids import decode_id
 from celery_pq.testing import RedisServer, WorkerProcess, celery_env, start_worker, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
@@ -61,8 +61,17 @@ def setuser(server: RedisServer, line: str) -> str:
 def start(env, tmp, name, queues) -> WorkerProcess:
     """A worker of tests.e2e.app as the confined user, on ``queues`` (mingle and gossip on, as a
     worker runs by default), once ready."""
-    worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name=name, queues=queues, prefetch_multiplier=None,
-                          gossip=True, mingle=True, log=tmp / f"{name}.log")
+    worker = start_worker(
+        "tests.e2e.app",
+        cwd=ROOT,
+        env=env,
+        name=name,
+        queues=queues,
+        prefetch_multiplier=None,
+        gossip=True,
+        mingle=True,
+        log=tmp / f"{name}.log",
+    )
     try:
         return worker.wait_ready(60)
     except BaseException:
@@ -80,8 +89,14 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
         user = setuser(broker, line)
         url = f"pq://{user}:{PASSWORD}@127.0.0.1:{broker.port}/0"
         options = {"fair_key": "tenant", "lease_seconds": 3, "sweep_interval": 0.3, "block_seconds": 1}
-        env = celery_env(ROOT, PQ_TEST_BROKER=url, PQ_TEST_OPTIONS=json.dumps(options), PQ_TEST_RECORD=records.url,
-                         PQ_TEST_PREFIX="acl", PQ_TEST_ACKS_LATE="1")
+        env = celery_env(
+            ROOT,
+            PQ_TEST_BROKER=url,
+            PQ_TEST_OPTIONS=json.dumps(options),
+            PQ_TEST_RECORD=records.url,
+            PQ_TEST_PREFIX="acl",
+            PQ_TEST_ACKS_LATE="1",
+        )
         rec = records.client()
 
         def recorded(kind):
@@ -111,18 +126,48 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
         assert [tuple(r) for r in recorded("start")] and len(recorded("start")) == 1  # renewed: ran once
 
         # remote control through pub/sub and the reply queue: inspect ping, add_consumer
-        ping = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "-t", "10"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        ping = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "-t", "10"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert ping.stdout.count("pong") == 2, ping.stdout + ping.stderr
-        added = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "control", "add_consumer",
-                                "extra", "-d", "w1@" + os.uname().nodename, "-t", "10"],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        added = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.e2e.app",
+                "control",
+                "add_consumer",
+                "extra",
+                "-d",
+                "w1@" + os.uname().nodename,
+                "-t",
+                "10",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "add consumer extra" in added.stdout, added.stdout + added.stderr
         app.send_task("e2e.record", args=[7, None], queue="extra")
         wait_for(lambda: [7, None] in recorded("order"), 30, "the added queue consumed")
 
-        stats = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json",
-                                "q", "hi"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        stats = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json", "q", "hi"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         rows = {row["queue"]: row for row in json.loads(stats.stdout)}
         assert rows["hi"]["waiting"] == 2 and rows["q"]["waiting"] == 0, stats.stdout
 
@@ -160,8 +205,11 @@ def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
     master = RedisServer("--repl-diskless-sync-delay", "0")
     replica = RedisServer("--replicaof", "127.0.0.1", str(master.port))
     try:
-        wait_for(lambda: replica.client(decode_responses=True).info("replication").get("master_link_status") == "up",
-                 30, "the replica in sync")
+        wait_for(
+            lambda: replica.client(decode_responses=True).info("replication").get("master_link_status") == "up",
+            30,
+            "the replica in sync",
+        )
         user = setuser(master, acl_lines()[form])
         url = f"pq://{user}:{PASSWORD}@127.0.0.1:{master.port}/0"
         queue = make_queue("wq")
@@ -183,8 +231,11 @@ def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
             assert sorted(b["i"] for b, _ in got + held) == list(range(5))
             confined.close()
         lt = q.keys.leases
-        wait_for(lambda: replica.client().hlen(lt) == 0 and replica.client().zcard(q.keys.lease_deadlines) == 0, 10,
-                 "the acks on the replica")
+        wait_for(
+            lambda: replica.client().hlen(lt) == 0 and replica.client().zcard(q.keys.lease_deadlines) == 0,
+            10,
+            "the acks on the replica",
+        )
         # and Redis refused nothing but what the docs leave out on purpose (as above)
         expected = {"client|unblock"} | ({"function|load"} if form == "evalsha" else set())
         log = [entry for entry in master.client().acl_log() if entry["object"] not in expected]

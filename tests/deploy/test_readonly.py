@@ -37,6 +37,7 @@ def _wait_synced(replica):
     def synced():
         role = replica.client(decode_responses=True).execute_command("ROLE")
         return role[0] == "slave" and role[3] == "connected"
+
     wait_for(synced, 30, "the replica to sync")
 
 
@@ -110,8 +111,10 @@ def test_kombu_producer_and_consumer_carry_on_through_a_demoted_master(pair, key
     # (A publish made while the server is a replica raises once kombu's reconnection, to the same
     # address, met READONLY again: the producer is told, nothing is lost; a sentinel's pool
     # reconnects to the new master instead.)
-    print(f"\ndemoted master: {len(returned)} publishes returned, {len(publisher.raised)} raised, "
-          f"{len(collector.got)} consumed")
+    print(
+        f"\ndemoted master: {len(returned)} publishes returned, {len(publisher.raised)} raised, "
+        f"{len(collector.got)} consumed"
+    )
     assert consumer.is_alive() is False
     with redis.Redis(port=a.port) as c:
         assert PriorityQueue(c, "ro", key_prefix=key_prefix).stats()["waiting"] == 0
@@ -127,8 +130,12 @@ def test_a_celery_worker_carries_on_through_a_demoted_master(pair, redis_server,
     h.url = f"pq://127.0.0.1:{a.port}/0"
     h.env["PQ_TEST_BROKER"] = h.url
     h.app.conf.broker_url = h.url
-    h.app.conf.task_publish_retry_policy = {"max_retries": 40, "interval_start": 0.1, "interval_step": 0.2,
-                                            "interval_max": 0.5}
+    h.app.conf.task_publish_retry_policy = {
+        "max_retries": 40,
+        "interval_start": 0.1,
+        "interval_step": 0.2,
+        "interval_max": 0.5,
+    }
     try:
         worker = h.worker("w1")
         # Given a worker consuming

@@ -76,9 +76,14 @@ class Publisher(threading.Thread):
         while not self.stopped.is_set():
             self.n += 1
             try:
-                producer.publish({"i": self.n}, exchange=self.queue.exchange, routing_key=self.queue.routing_key,
-                                 retry=self.retry, retry_policy=RETRY)
-            except Exception:  # noqa: BLE001 - counted, not hidden
+                producer.publish(
+                    {"i": self.n},
+                    exchange=self.queue.exchange,
+                    routing_key=self.queue.routing_key,
+                    retry=self.retry,
+                    retry_policy=RETRY,
+                )
+            except Exception:
                 self.raised.append(self.n)
                 if self.stop_on_error:
                     return
@@ -137,8 +142,10 @@ def test_kombu_producers_and_a_consumer_carry_on_when_the_master_is_killed(senti
     lost = returned - got
     after = {n for p in publishers for n, t in p.returned if t > promoted_at}
     duplicates = len(collector.got) - len(got)
-    print(f"\nFAILOVER kombu, no WAIT: published {len(returned)}, raised {len(raised)}, lost {len(lost)}, "
-          f"duplicated {duplicates}, unexpected {len(got - returned - raised)}, failover {failover:.1f}s")
+    print(
+        f"\nFAILOVER kombu, no WAIT: published {len(returned)}, raised {len(raised)}, lost {len(lost)}, "
+        f"duplicated {duplicates}, unexpected {len(got - returned - raised)}, failover {failover:.1f}s"
+    )
     assert not raised, "kombu's publish retry covers the failover"
     assert after and after <= got, "nothing published after the promotion is lost"
     assert not got - returned - raised, "nothing consumed that was never published"
@@ -156,8 +163,7 @@ def test_what_a_failover_loses_with_and_without_wait(lagging_sentinel_group, key
     g = lagging_sentinel_group
     options = g.options(key_prefix=key_prefix, wait_replicas=wait_replicas, wait_timeout=5)
     queue = make_queue("w")
-    publishers = [Publisher(g.url, options, queue, k * 1_000_000, retry=False, stop_on_error=True)
-                  for k in range(4)]
+    publishers = [Publisher(g.url, options, queue, k * 1_000_000, retry=False, stop_on_error=True) for k in range(4)]
     for p in publishers:
         p.start()
     time.sleep(2.0)
@@ -174,8 +180,10 @@ def test_what_a_failover_loses_with_and_without_wait(lagging_sentinel_group, key
     q = PriorityQueue.open(client, "w", key_prefix=key_prefix)
     stored = {body_number(e.payload) for e in q.peek(len(returned) + 100)}
     lost = set(returned) - stored
-    print(f"\nFAILOVER replica lag {REPLICA_LAG}s, wait_replicas={wait_replicas}: {len(returned)} publishes "
-          f"returned in 2 s ({len(last_second)} in the last second), {len(lost)} lost")
+    print(
+        f"\nFAILOVER replica lag {REPLICA_LAG}s, wait_replicas={wait_replicas}: {len(returned)} publishes "
+        f"returned in 2 s ({len(last_second)} in the last second), {len(lost)} lost"
+    )
     assert returned
     if wait_replicas:
         assert not lost, f"acknowledged publishes lost with WAIT: {sorted(lost)[:20]}"
@@ -186,8 +194,9 @@ def test_what_a_failover_loses_with_and_without_wait(lagging_sentinel_group, key
         for p in publishers:
             mine = [n for n, _ in p.returned]
             kept = [i for i, n in enumerate(mine) if n not in lost]
-            assert not kept or all(n not in lost for n in mine[: kept[-1] + 1]), \
+            assert not kept or all(n not in lost for n in mine[: kept[-1] + 1]), (
                 "a publish was lost while a later one of the same producer was kept"
+            )
 
 
 @pytest.mark.e2e
@@ -200,10 +209,17 @@ def test_a_celery_worker_carries_on_when_the_master_is_killed(sentinel_group, ke
     worker = None
     try:
         options = g.options(key_prefix=key_prefix)
-        env = celery_env(ROOT, PQ_TEST_BROKER=g.url, PQ_TEST_OPTIONS=json.dumps(options), PQ_TEST_RECORD=records.url,
-                         PQ_TEST_PREFIX=key_prefix, PQ_TEST_ACKS_LATE="1")
-        worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name="fo", prefetch_multiplier=None,
-                              log=tmp_path / "worker.log")
+        env = celery_env(
+            ROOT,
+            PQ_TEST_BROKER=g.url,
+            PQ_TEST_OPTIONS=json.dumps(options),
+            PQ_TEST_RECORD=records.url,
+            PQ_TEST_PREFIX=key_prefix,
+            PQ_TEST_ACKS_LATE="1",
+        )
+        worker = start_worker(
+            "tests.e2e.app", cwd=ROOT, env=env, name="fo", prefetch_multiplier=None, log=tmp_path / "worker.log"
+        )
         worker.wait_ready(60)
         app = Celery("fo-producer", broker=g.url)
         app.conf.broker_transport_options = options
@@ -219,7 +235,7 @@ def test_a_celery_worker_carries_on_when_the_master_is_killed(sentinel_group, ke
             try:
                 app.send_task("e2e.record", args=[n, None], queue="q", retry=True)
                 sent.append(n)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 raised.append(n)
 
         for n in range(200):
@@ -256,8 +272,10 @@ def test_a_demoted_master_sends_clients_to_the_new_one(sentinel_group, key_prefi
     g = sentinel_group
     options = g.options(key_prefix=key_prefix)
     queue = make_queue("dm")
-    with Connection(g.url, transport_options=options) as producer_conn, \
-            Connection(g.url, transport_options=options) as consumer_conn:
+    with (
+        Connection(g.url, transport_options=options) as producer_conn,
+        Connection(g.url, transport_options=options) as consumer_conn,
+    ):
         producer = Producer(producer_conn)
         queue(producer_conn.default_channel).declare()
         got = []
@@ -266,17 +284,22 @@ def test_a_demoted_master_sends_clients_to_the_new_one(sentinel_group, key_prefi
         thread = threading.Thread(target=collector.run, daemon=True)
         thread.start()
         for i in range(50):
-            producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True,
-                             retry_policy=RETRY)
+            producer.publish(
+                {"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True, retry_policy=RETRY
+            )
         wait_for(lambda: len(got) >= 50, 30, "50 before the failover")
         with redis.Redis(port=g.sentinels[0].port) as s:
             s.execute_command("SENTINEL", "FAILOVER", g.master_name)
         g.wait_promoted()
-        wait_for(lambda: g.master.client(decode_responses=True).info("replication")["role"] == "slave", 30,
-                 "the old master demoted")
+        wait_for(
+            lambda: g.master.client(decode_responses=True).info("replication")["role"] == "slave",
+            30,
+            "the old master demoted",
+        )
         for i in range(50, 100):
-            producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True,
-                             retry_policy=RETRY)
+            producer.publish(
+                {"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True, retry_policy=RETRY
+            )
         wait_for(lambda: set(range(100)) <= set(got), 30, "50 after the failover")
         collector.should_stop = True
         thread.join(timeout=30)
@@ -297,8 +320,9 @@ def test_tls_master_and_replica_behind_sentinels_carry_on_through_a_failover(key
             producer = Producer(conn)
             queue(conn.default_channel).declare()
             for i in range(30):
-                producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True,
-                                 retry_policy=RETRY)
+                producer.publish(
+                    {"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True, retry_policy=RETRY
+                )
             # When, once the replica has them all (over TLS), the master is killed and the
             # sentinels promote the replica
             ii = PriorityQueue(g.replica.client(), "tq", key_prefix=key_prefix).keys.entries
@@ -307,8 +331,9 @@ def test_tls_master_and_replica_behind_sentinels_carry_on_through_a_failover(key
             g.wait_promoted()
             # Then publishing goes on to the new master, over TLS, and every message is there once
             for i in range(30, 60):
-                producer.publish({"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True,
-                                 retry_policy=RETRY)
+                producer.publish(
+                    {"i": i}, exchange=queue.exchange, routing_key=queue.routing_key, retry=True, retry_policy=RETRY
+                )
             got = [body["i"] for body, _ in drain(conn, queue, 60, timeout=30)]
         assert sorted(got) == list(range(60))
     finally:

@@ -64,10 +64,17 @@ def test_a_celery_worker_over_tls_with_broker_use_ssl(tls_server, certs, key_pre
     worker = None
     try:
         options = {"key_prefix": key_prefix}
-        env = celery_env(ROOT, PQ_TEST_BROKER=tls_url(tls_server), PQ_TEST_OPTIONS=json.dumps(options),
-                         PQ_TEST_RECORD=records.url, PQ_TEST_PREFIX=key_prefix, PQ_TEST_SSL=json.dumps(use_ssl))
-        worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name="tls", prefetch_multiplier=None,
-                              log=tmp_path / "worker.log")
+        env = celery_env(
+            ROOT,
+            PQ_TEST_BROKER=tls_url(tls_server),
+            PQ_TEST_OPTIONS=json.dumps(options),
+            PQ_TEST_RECORD=records.url,
+            PQ_TEST_PREFIX=key_prefix,
+            PQ_TEST_SSL=json.dumps(use_ssl),
+        )
+        worker = start_worker(
+            "tests.e2e.app", cwd=ROOT, env=env, name="tls", prefetch_multiplier=None, log=tmp_path / "worker.log"
+        )
         app = Celery("tls-producer", broker=tls_url(tls_server))
         app.conf.broker_transport_options = options
         app.conf.broker_use_ssl = use_ssl
@@ -89,12 +96,15 @@ def test_a_celery_worker_over_tls_with_broker_use_ssl(tls_server, certs, key_pre
 
 
 @pytest.mark.parametrize("use_ssl", ["other CA", "system CAs"])
-def test_a_server_certificate_from_another_ca_is_refused_with_a_clear_error(tls_server, other_ca, key_prefix,
-                                                                             use_ssl):
-    ssl_option = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(other_ca["ca"])} \
-        if use_ssl == "other CA" else True
-    with Connection(tls_url(tls_server), ssl=ssl_option,
-                    transport_options={"key_prefix": key_prefix, "max_retries": 1, "interval_start": 0}) as conn:
+def test_a_server_certificate_from_another_ca_is_refused_with_a_clear_error(tls_server, other_ca, key_prefix, use_ssl):
+    ssl_option = (
+        {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(other_ca["ca"])} if use_ssl == "other CA" else True
+    )
+    with Connection(
+        tls_url(tls_server),
+        ssl=ssl_option,
+        transport_options={"key_prefix": key_prefix, "max_retries": 1, "interval_start": 0},
+    ) as conn:
         with pytest.raises(Exception) as err:
             conn.default_channel
     message = str(err.value)

@@ -26,8 +26,11 @@ def pair():
     master = RedisServer("--repl-diskless-sync-delay", "0")  # the replica syncs at once
     replica = RedisServer("--replicaof", "127.0.0.1", str(master.port))
     try:
-        wait_for(lambda: replica.client(decode_responses=True).info("replication").get("master_link_status") == "up",
-                 30, "the replica to sync")
+        wait_for(
+            lambda: replica.client(decode_responses=True).info("replication").get("master_link_status") == "up",
+            30,
+            "the replica to sync",
+        )
         # and acknowledging writes (its first acknowledgement can come a moment after the link
         # is up; a WAIT within the tests' short timeouts would count it as missing)
         with master.client() as c:
@@ -80,9 +83,20 @@ def test_too_few_replicas_a_publish_raises_not_replicated_and_is_stored_once(pai
         # NotReplicated after the master stored it): the call is stored once
         attempts = []
         with pytest.raises(OperationalError):
-            app.send_task("t.x", args=[2], queue="nr", task_id="task-nr-2", producer=producer, retry=True,
-                          retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.05,
-                                        "errback": lambda exc, interval: attempts.append(exc)})
+            app.send_task(
+                "t.x",
+                args=[2],
+                queue="nr",
+                task_id="task-nr-2",
+                producer=producer,
+                retry=True,
+                retry_policy={
+                    "max_retries": 3,
+                    "interval_start": 0,
+                    "interval_step": 0.05,
+                    "errback": lambda exc, interval: attempts.append(exc),
+                },
+            )
         assert attempts, "kombu did not retry the publish"
         assert sorted(e.id for e in q.peek(10)) == ["task-nr-1", "task-nr-2"]
     app.close()
@@ -104,8 +118,9 @@ def test_too_few_replicas_an_ack_logs_and_still_acks(pair, key_prefix, caplog):
         with Connection(url(master), transport_options=opts) as conn:
             got = drain(conn, queue, 3)
     assert len(got) == 3
-    assert any("only 1 of 2 replicas acknowledged" in r.getMessage() and "'na'" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "only 1 of 2 replicas acknowledged" in r.getMessage() and "'na'" in r.getMessage() for r in caplog.records
+    )
     assert PriorityQueue.open(master.client(), "na", key_prefix=key_prefix).size() == 0
     assert not master.client().hlen(f"{key_prefix}:{{na}}:lt")  # acked, not just logged
 

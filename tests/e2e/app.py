@@ -102,9 +102,22 @@ def stamp(self, tag):
 def echo(self, *args, **kwargs):
     """Records what the worker read of its message; retries once when asked to."""
     r = self.request
-    log("echo", {"id": r.id, "args": list(args), "kwargs": kwargs, "parent_id": r.parent_id, "root_id": r.root_id,
-                 "group": r.group, "group_index": r.group_index, "retries": r.retries, "expires": r.expires,
-                 "priority": (r.delivery_info or {}).get("priority"), "task": r.task})
+    log(
+        "echo",
+        {
+            "id": r.id,
+            "args": list(args),
+            "kwargs": kwargs,
+            "parent_id": r.parent_id,
+            "root_id": r.root_id,
+            "group": r.group,
+            "group_index": r.group_index,
+            "retries": r.retries,
+            "expires": r.expires,
+            "priority": (r.delivery_info or {}).get("priority"),
+            "task": r.task,
+        },
+    )
     if kwargs.get("retry") and r.retries == 0:
         raise self.retry(countdown=0)
     return args[0] if args else None

@@ -11,8 +11,12 @@ from benchmarks import run
 def test_benchmarks_run_and_write_results(tmp_path):
     run.main(["--smoke", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "latency.json").read_text())
-    assert set(data["results"]) == {"celery-pq", "kombu-redis", "celery-pq (Celery worker)",
-                                    "kombu-redis (Celery worker)"}
+    assert set(data["results"]) == {
+        "celery-pq",
+        "kombu-redis",
+        "celery-pq (Celery worker)",
+        "kombu-redis (Celery worker)",
+    }
     assert all(row["received"] == 5 for row in data["results"].values())
     assert "celery-pq" in (tmp_path / "latency.md").read_text()
     tput = json.loads((tmp_path / "throughput.json").read_text())

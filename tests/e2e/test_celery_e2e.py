@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,18 @@ class Harness:
     def worker(self, name, *extra, gossip=False, may_die=False):
         """A worker of tests.e2e.app on queue q, solo (``extra``: more of its arguments, a ``-Q``
         or ``-P`` of their own instead of those), once ready."""
-        proc = start_worker("tests.e2e.app", cwd=ROOT, env=self.env, name=name,
-                            queues=None if "-Q" in extra else "q", pool=None if "-P" in extra else "solo",
-                            gossip=gossip, mingle=gossip, args=extra, log=self.tmp / f"{name}.log")
+        proc = start_worker(
+            "tests.e2e.app",
+            cwd=ROOT,
+            env=self.env,
+            name=name,
+            queues=None if "-Q" in extra else "q",
+            pool=None if "-P" in extra else "solo",
+            gossip=gossip,
+            mingle=gossip,
+            args=extra,
+            log=self.tmp / f"{name}.log",
+        )
         self.workers.append(proc)
         return proc.wait_ready(30, may_exit=may_die)
 
@@ -177,13 +187,21 @@ def test_inspect_ping_and_control_answer_through_the_transport(harness):
     h.worker("pingme", gossip=True)
     out = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "--timeout", "5"],
-        cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=h.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "pong" in out.stdout and "pingme@" in out.stdout
     out = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "active_queues", "--timeout", "5"],
-        cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=h.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0 and "'name': 'q'" in out.stdout, out.stdout + out.stderr
 
@@ -242,13 +260,25 @@ def test_celery_pq_stats_command(harness):
     h = harness()
     for p in (5, 5, 200):
         h.send("e2e.record", 0, p, priority=p)
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json", "q"],
-                         cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json", "q"],
+        cwd=ROOT,
+        env=h.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert row["queue"] == "q" and row["waiting"] == 3 and row["per_priority"] == {"200": 1, "5": 2}
-    text = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats"],
-                          cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
+    text = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats"],
+        cwd=ROOT,
+        env=h.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     rows = [line.split() for line in text.stdout.splitlines()]
     assert ["q", "3", "0", "0", "0", "no"] in [r[:6] for r in rows], text.stdout + text.stderr  # queue, waiting, ...
 
@@ -336,8 +366,14 @@ def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
     w = h.worker("w1")
 
     def inspect(what):
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", what, "--json",
-                              "--timeout", "5"], cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", what, "--json", "--timeout", "5"],
+            cwd=ROOT,
+            env=h.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
 
@@ -423,28 +459,47 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
     """Args, kwargs, eta, expires, retries, chains (parent_id, root_id) and groups (group,
     group_index) survive the compact stored form; an entry in the JSON layout written before it
     (inserted by hand) runs too."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from celery import chain, group
     from kombu.utils.json import dumps
 
     h = harness()
     echo = h.app.signature("e2e.echo")
-    expires = datetime.now(timezone.utc) + timedelta(hours=1)
+    expires = datetime.now(UTC) + timedelta(hours=1)
     plain = echo.clone(args=("order-00000001", 0.5), kwargs={"note": "ü" * 300, "n": [1, None, True]}).apply_async(
-        queue="q", priority=9, expires=expires, countdown=1)
+        queue="q", priority=9, expires=expires, countdown=1
+    )
     retried = echo.clone(args=("again",), kwargs={"retry": True}).apply_async(queue="q")
     chained = chain(echo.clone(args=("first",)), echo.clone()).apply_async(queue="q")
     grouped = group(echo.clone(args=(f"g{i}",)) for i in range(2)).apply_async(queue="q")
     # an entry as the JSON layout stored it
     old_id = "0b4ee7b5-77b1-4a51-9b3f-3e1b4b2e8a11"
-    body = base64.b64encode(json.dumps([["old"], {}, {"callbacks": None, "errbacks": None, "chain": None,
-                                                       "chord": None}]).encode()).decode()
-    old = {"body": body, "content-encoding": "utf-8", "content-type": "application/json",
-           "headers": {"lang": "py", "task": "e2e.echo", "id": old_id, "root_id": old_id, "retries": 0,
-                       "argsrepr": "('old',)", "kwargsrepr": "{}", "timelimit": [None, None]},
-           "properties": {"correlation_id": old_id, "priority": 0, "body_encoding": "base64",
-                          "delivery_info": {"exchange": "", "routing_key": "q"}, "delivery_mode": 2}}
+    body = base64.b64encode(
+        json.dumps([["old"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]).encode()
+    ).decode()
+    old = {
+        "body": body,
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py",
+            "task": "e2e.echo",
+            "id": old_id,
+            "root_id": old_id,
+            "retries": 0,
+            "argsrepr": "('old',)",
+            "kwargsrepr": "{}",
+            "timelimit": [None, None],
+        },
+        "properties": {
+            "correlation_id": old_id,
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "", "routing_key": "q"},
+            "delivery_mode": 2,
+        },
+    }
     h.queue().insert(dumps(old).encode(), 0, id=old_id)
 
     h.worker("w1")
@@ -454,8 +509,11 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
     for r in runs:
         by_first.setdefault(r["args"][0] if r["args"] else None, []).append(r)
     [p] = by_first["order-00000001"]
-    assert (p["id"], p["args"], p["kwargs"]) == (plain.id, ["order-00000001", 0.5], {"note": "ü" * 300,
-                                                                                   "n": [1, None, True]})
+    assert (p["id"], p["args"], p["kwargs"]) == (
+        plain.id,
+        ["order-00000001", 0.5],
+        {"note": "ü" * 300, "n": [1, None, True]},
+    )
     assert datetime.fromisoformat(p["expires"]) == expires and p["priority"] == 9
     assert [r["retries"] for r in by_first["again"]] == [0, 1] and {r["id"] for r in by_first["again"]} == {retried.id}
     [first] = [r for r in runs if r["id"] == chained.parent.id]

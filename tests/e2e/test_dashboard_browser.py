@@ -37,8 +37,9 @@ COMPARED = ("waiting", "delayed", "leased", "dead")
 
 def browser_paths() -> dict:
     """CHROMIUM and CHROMEDRIVER as scripts/ensure-chromium.sh finds them; fails with its message."""
-    found = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-chromium.sh"), "--check"],
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ensure-chromium.sh"), "--check"], capture_output=True, text=True
+    )
     if found.returncode != 0:
         pytest.fail(found.stderr.strip() or "scripts/ensure-chromium.sh --check failed", pytrace=False)
     return dict(line.split("=", 1) for line in found.stdout.split())
@@ -52,9 +53,18 @@ def browser(tmp_path):
     paths = browser_paths()
     options = webdriver.ChromeOptions()
     options.binary_location = paths["CHROMIUM"]
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1280,800", f"--user-data-dir={tmp_path / 'chromium'}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1280,800",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(paths["CHROMEDRIVER"]), options=options)
     driver.set_page_load_timeout(20)
@@ -71,7 +81,12 @@ class Dashboard:
         self.log = tmp_path / f"dashboard{len(extra)}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "dashboard", "--port", "0", *extra],
-            cwd=ROOT, env=h.env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=ROOT,
+            env=h.env,
+            stdout=open(self.log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.url = None
 
     def wait(self):
@@ -90,8 +105,14 @@ class Dashboard:
 
 
 def cli_stats(h) -> dict:
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json", "q"],
-                         cwd=ROOT, env=h.env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", "stats", "--json", "q"],
+        cwd=ROOT,
+        env=h.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     return row
@@ -150,7 +171,8 @@ def click(driver, action, queue="q"):
     """Press the queue's button (found and pressed in one go: the page redraws itself)."""
     pressed = driver.execute_script(
         "const b = document.querySelector(arguments[0]); if (b) b.click(); return !!b;",
-        f'button[data-action="{action}"][data-queue="{queue}"]:not([data-tenant])')
+        f'button[data-action="{action}"][data-queue="{queue}"]:not([data-tenant])',
+    )
     assert pressed, f"no {action} button on the page"
 
 

@@ -11,8 +11,7 @@ pytestmark = pytest.mark.e2e
 def test_redis_sigkilled_three_times_loses_no_publish_that_returned(tmp_path):
     # Given two prefork workers and producers with Celery's publish retry, when the broker
     # (appendfsync always) is SIGKILLed and restarted 3 times while 150 tasks are published
-    result = redis_kills("celery-pq", tmp_path, tasks=150, rate=40.0, kills=3, down=0.5, fsync="always",
-                         drain=40.0)
+    result = redis_kills("celery-pq", tmp_path, tasks=150, rate=40.0, kills=3, down=0.5, fsync="always", drain=40.0)
     # Then every publish that returned ran, and a publish that raised, if any, ran at most once more
     assert result["kills"] == 3
     assert result["lost"] == [] and result["unexpected"] == []

@@ -106,10 +106,21 @@ def test_a_sweep_gap_shorter_than_the_threshold_changes_nothing(server):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("how", ["sigstop", pytest.param("debug_sleep", marks=pytest.mark.xfail(
-    strict=False, reason="known regression (issue 22 closing note): with socket_timeout now capped below the "
-    "lease less its renewal interval (1.33 s at lease 2 s), a 5 s DEBUG SLEEP makes the workers reconnect, and a "
-    "sweep may reach Redis before the renewals queued in the pause: one task under way ran twice in 2 of 4 runs"))])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "sigstop",
+        pytest.param(
+            "debug_sleep",
+            marks=pytest.mark.xfail(
+                strict=False,
+                reason="known regression (issue 22 closing note): with socket_timeout now capped below the "
+                "lease less its renewal interval (1.33 s at lease 2 s), a 5 s DEBUG SLEEP makes the workers reconnect, and a "
+                "sweep may reach Redis before the renewals queued in the pause: one task under way ran twice in 2 of 4 runs",
+            ),
+        ),
+    ],
+)
 def test_workers_tasks_under_way_through_a_redis_pause_run_once(tmp_path, how):
     # Given two prefork workers (lease 2 s) with 1 s tasks under way, when the broker is paused
     # for 5 s (longer than two leases) and goes on

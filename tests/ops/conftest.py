@@ -32,8 +32,12 @@ class World:
         return PriorityQueue.open(self.client, name, key_prefix=self.prefix, **kw)
 
     def run(self, *args, ok=True, input=None):
-        result = CliRunner().invoke(main, ["--broker", self.url, "--transport-options", json.dumps(self.options),
-                                           *args], input=input, catch_exceptions=False)
+        result = CliRunner().invoke(
+            main,
+            ["--broker", self.url, "--transport-options", json.dumps(self.options), *args],
+            input=input,
+            catch_exceptions=False,
+        )
         if ok:
             assert result.exit_code == 0, (args, result.output)
         return result

@@ -37,8 +37,9 @@ class CountingPool:
 
 def scaler(world, consumed, max_=4, min_=1, **conf):
     world.app.conf.update({f"pq_autoscale_{k}": v for k, v in {"interval": 0.05, "idle_seconds": 0.3, **conf}.items()})
-    worker = SimpleNamespace(app=world.app, consumer=SimpleNamespace(
-        task_consumer=SimpleNamespace(queues=[Queue(n) for n in consumed])))
+    worker = SimpleNamespace(
+        app=world.app, consumer=SimpleNamespace(task_consumer=SimpleNamespace(queues=[Queue(n) for n in consumed]))
+    )
     return BacklogAutoscaler(CountingPool(min_), max_, min_, worker=worker)
 
 
@@ -112,8 +113,9 @@ def test_unreachable_redis_falls_back_to_reserved(caplog):
     assert "127.0.0.1:1" in caplog.text and "pw-hidden-42" not in caplog.text
 
 
-@pytest.mark.parametrize("name, value", [("interval", 0), ("backlog_per_process", 0), ("max_age", -1),
-                                         ("idle_seconds", "soon")])
+@pytest.mark.parametrize(
+    "name, value", [("interval", 0), ("backlog_per_process", 0), ("max_age", -1), ("idle_seconds", "soon")]
+)
 def test_bad_settings_are_named(name, value):
     with pytest.raises(ValueError, match=f"pq_autoscale_{name}"):
         AutoscaleSettings.from_conf({f"pq_autoscale_{name}": value})
@@ -122,11 +124,25 @@ def test_bad_settings_are_named(name, value):
 @pytest.mark.e2e
 def test_a_prefork_worker_grows_to_max_under_a_flood_and_shrinks_after(world, tmp_path):
     # Given a worker with --autoscale=4,1 and the prefork pool
-    env = celery_env(ROOT, PQ_TEST_BROKER=world.url, PQ_TEST_OPTIONS=json.dumps(world.options),
-                     PQ_TEST_RECORD=f"redis://127.0.0.1:{world.server.port}/0", PQ_TEST_PREFIX=world.prefix)
-    proc = start_worker("tests.ops.autoscale_app", cwd=ROOT, env=env, name="scaler", pool="prefork",
-                        concurrency=None, prefetch_multiplier=None, heartbeat=False, args=["--autoscale=4,1"],
-                        log=tmp_path / "worker.log")
+    env = celery_env(
+        ROOT,
+        PQ_TEST_BROKER=world.url,
+        PQ_TEST_OPTIONS=json.dumps(world.options),
+        PQ_TEST_RECORD=f"redis://127.0.0.1:{world.server.port}/0",
+        PQ_TEST_PREFIX=world.prefix,
+    )
+    proc = start_worker(
+        "tests.ops.autoscale_app",
+        cwd=ROOT,
+        env=env,
+        name="scaler",
+        pool="prefork",
+        concurrency=None,
+        prefetch_multiplier=None,
+        heartbeat=False,
+        args=["--autoscale=4,1"],
+        log=tmp_path / "worker.log",
+    )
     try:
         deadline = time.monotonic() + 55
         logged = proc.log_text

@@ -39,9 +39,24 @@ def test_stats_text_and_json(world):
 def test_stats_watch_refreshes(world):
     world.send("ops.work", 1)
     env = celery_env(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
-                             json.dumps(world.options), "stats", "--watch", "0.2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            world.url,
+            "--transport-options",
+            json.dumps(world.options),
+            "stats",
+            "--watch",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         blocks, deadline = 0, time.monotonic() + 20
         while blocks < 3 and time.monotonic() < deadline:
@@ -270,12 +285,19 @@ def test_celery_a_proj_pq_runs_the_same_commands(world, tmp_path):
     """``celery -A app pq peek`` (the Celery entry point) sees what was published."""
     t = world.send("ops.work", 1, priority=42)
     app = tmp_path / "opsapp.py"
-    app.write_text("import celery_pq\nfrom celery import Celery\n"
-                   f"app = Celery('x', broker={world.url!r})\n"
-                   f"app.conf.broker_transport_options = {world.options!r}\n")
+    app.write_text(
+        "import celery_pq\nfrom celery import Celery\n"
+        f"app = Celery('x', broker={world.url!r})\n"
+        f"app.conf.broker_transport_options = {world.options!r}\n"
+    )
     env = celery_env(os.pathsep.join([str(tmp_path), str(ROOT)]))
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "opsapp", "pq", "peek", "q", "--json"],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "opsapp", "pq", "peek", "q", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert (row["id"], row["priority"]) == (t, 42)

@@ -59,9 +59,24 @@ def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_pa
     world.send("ops.work", 2, priority=7)
     log = tmp_path / "dashboard.log"
     env = celery_env(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
-                             json.dumps(world.options), "dashboard", "--port", "0"],
-                            cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            world.url,
+            "--transport-options",
+            json.dumps(world.options),
+            "dashboard",
+            "--port",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         pattern = r"dashboard on (http://\S+/) \(read-only\)"
         m = wait_for(lambda: said(proc, log, pattern), 20, "the dashboard's address")
@@ -81,9 +96,26 @@ def test_beyond_loopback_the_command_prints_a_token_the_state_needs(world, tmp_p
     # Given `pq dashboard --host 0.0.0.0`, read-only, no token given
     log = tmp_path / "dashboard.log"
     env = celery_env(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", world.url, "--transport-options",
-                             json.dumps(world.options), "dashboard", "--host", "0.0.0.0", "--port", "0"],
-                            cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            world.url,
+            "--transport-options",
+            json.dumps(world.options),
+            "dashboard",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         pattern = r"dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only\); token: (\S+) \(the page's state needs it"
         m = wait_for(lambda: said(proc, log, pattern), 20, "the dashboard's address and token")

@@ -48,10 +48,28 @@ def test_exporter_command_over_http(fair_world):
     w = fair_world
     fill(w)
     env = celery_env(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "celery_pq", "--broker", w.url, "--transport-options",
-                             json.dumps(w.options), "metrics", "--port", "0",  # on loopback by default
-                             "--bands", "0-99,100-199,200-255", "--queue", "q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            w.url,
+            "--transport-options",
+            json.dumps(w.options),
+            "metrics",
+            "--port",
+            "0",  # on loopback by default
+            "--bands",
+            "0-99,100-199,200-255",
+            "--queue",
+            "q",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         first = proc.stdout.readline()
         assert first.startswith("celery-pq metrics on http://127.0.0.1:"), (first, proc.stderr.read())
@@ -70,8 +88,11 @@ def test_exporter_command_over_http(fair_world):
     assert value(s, "celery_pq_waiting_messages_by_priority", queue="q", band="200-255") == 1
     assert value(s, "celery_pq_waiting_messages_by_priority", queue="q", band="0-99") == 1
     assert value(s, "celery_pq_waiting_messages_by_priority", queue="q", band="100-199") == 0
-    assert value(s, "celery_pq_waiting_messages_by_tenant", queue="q", tenant="acme") + \
-        value(s, "celery_pq_waiting_messages_by_tenant", queue="q", tenant="zeta") == 2
+    assert (
+        value(s, "celery_pq_waiting_messages_by_tenant", queue="q", tenant="acme")
+        + value(s, "celery_pq_waiting_messages_by_tenant", queue="q", tenant="zeta")
+        == 2
+    )
     assert value(s, "celery_pq_oldest_waiting_age_seconds", queue="q") >= 0
     # and the counters the scripts keep
     assert value(s, "celery_pq_enqueued_total", queue="q") == 5

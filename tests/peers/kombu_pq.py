@@ -21,13 +21,21 @@ import pytest
 
 _SOURCE = os.environ.get("PQ_PEER_SOURCE")
 if not _SOURCE:
-    pytest.skip("kombu's integration tests come from its source distribution: run "
-                "`python -m tests.peers.run kombu`", allow_module_level=True)
+    pytest.skip(
+        "kombu's integration tests come from its source distribution: run `python -m tests.peers.run kombu`",
+        allow_module_level=True,
+    )
 sys.path.insert(0, _SOURCE)
 
 from t.integration.common import (  # noqa: E402 - from the unpacked source named above
-    BaseEventLoop, BaseExchangeTypes, BaseFailover, BaseMessage, BasePriority, BaseTimeToLive,
-    BasicFunctionality)
+    BaseEventLoop,
+    BaseExchangeTypes,
+    BaseFailover,
+    BaseMessage,
+    BasePriority,
+    BaseTimeToLive,
+    BasicFunctionality,
+)
 
 import celery_pq  # noqa: E402,F401 - registers the pq:// scheme with kombu
 
@@ -59,8 +67,10 @@ def invalid_connection(refused_port, key_prefix):
 @pytest.fixture
 def failover_connection(refused_port, redis_server, key_prefix):
     """kombu's failover: the first URL refuses, the alternate is the live server."""
-    return kombu.Connection(f"pq://127.0.0.1:{refused_port}/0;pq://127.0.0.1:{redis_server.port}/0",
-                            transport_options={"key_prefix": key_prefix})
+    return kombu.Connection(
+        f"pq://127.0.0.1:{refused_port}/0;pq://127.0.0.1:{redis_server.port}/0",
+        transport_options={"key_prefix": key_prefix},
+    )
 
 
 class TestPqBasicFunctionality(BasicFunctionality):

@@ -42,9 +42,13 @@ PEERS = {
     "kombu": Peer("kombu", ("tests/peers/kombu_pq.py",), ("t/integration/common.py",)),
     # Celery's integration tests of canvas (groups, chords, chains, Task.replace), with the
     # prefork session worker its conftest starts, against pq:// and a Redis result backend
-    "celery": Peer("celery", ("t/integration/test_canvas.py",),
-                   ("t/integration/conftest.py", "t/integration/test_canvas.py"), in_tree=True,
-                   plugins=("celery.contrib.pytest", "tests.peers.celery_plugin", "tests.peers.expected")),
+    "celery": Peer(
+        "celery",
+        ("t/integration/test_canvas.py",),
+        ("t/integration/conftest.py", "t/integration/test_canvas.py"),
+        in_tree=True,
+        plugins=("celery.contrib.pytest", "tests.peers.celery_plugin", "tests.peers.expected"),
+    ),
 }
 
 
@@ -54,8 +58,22 @@ def sdist(peer: Peer, version: str, cache: Path) -> Path:
         return found
     cache.mkdir(parents=True, exist_ok=True)
     print(f"peer {peer.dist}: downloading the {peer.dist}=={version} source distribution into {cache}", flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-                    "--dest", str(cache), f"{peer.dist}=={version}"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "--dest",
+            str(cache),
+            f"{peer.dist}=={version}",
+        ],
+        check=True,
+    )
     for found in sorted(cache.glob(f"{peer.dist}-{version}.tar.gz")):
         return found
     raise SystemExit(f"peer {peer.dist}: pip left no {peer.dist}-{version}.tar.gz in {cache}")
@@ -70,8 +88,10 @@ def unpacked(peer: Peer, archive: Path) -> Path:
             if hasattr(tarfile, "data_filter"):  # Python 3.11.4 on: no links or paths out of the tree
                 tar.extractall(archive.parent, filter="data")
             else:
-                if any(m.name.startswith(("/", "..")) or ".." in Path(m.name).parts or m.islnk() or m.issym()
-                       for m in tar.getmembers()):
+                if any(
+                    m.name.startswith(("/", "..")) or ".." in Path(m.name).parts or m.islnk() or m.issym()
+                    for m in tar.getmembers()
+                ):
                     raise SystemExit(f"peer {peer.dist}: {archive.name} has a path or link out of its tree")
                 tar.extractall(archive.parent)
         done.touch()
@@ -83,15 +103,20 @@ def unpacked(peer: Peer, archive: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m tests.peers.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("peer", choices=sorted(PEERS))
     parser.add_argument("--version", help="the peer's version (default: the installed one)")
-    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("PQ_PEER_CACHE") or ROOT / ".venv" / "peers"),
-                        help="where source distributions are kept (default: $PQ_PEER_CACHE or .venv/peers)")
-    parser.add_argument("--tests", nargs="+", metavar="PATH",
-                        help="these of the peer's test files instead of the default ones")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("PQ_PEER_CACHE") or ROOT / ".venv" / "peers"),
+        help="where source distributions are kept (default: $PQ_PEER_CACHE or .venv/peers)",
+    )
+    parser.add_argument(
+        "--tests", nargs="+", metavar="PATH", help="these of the peer's test files instead of the default ones"
+    )
     args = parser.parse_args(argv)
     peer = PEERS[args.peer]
     if args.tests:
@@ -101,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peer {peer.dist} {version}: its own tests from {tree}, against pq://", flush=True)
     if not peer.in_tree:
         env = {**os.environ, "PQ_PEER_SOURCE": str(tree)}
-        return subprocess.call([sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *extra],
-                               cwd=ROOT, env=env)
+        return subprocess.call(
+            [sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *extra], cwd=ROOT, env=env
+        )
     return in_tree(peer, tree, extra)
 
 
@@ -112,13 +138,18 @@ def in_tree(peer: Peer, tree: Path, extra: list[str]) -> int:
     from celery_pq.testing import RedisServer
 
     with RedisServer() as server:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "TEST_BROKER": f"pq://127.0.0.1:{server.port}/0",
-               "TEST_BACKEND": f"redis://127.0.0.1:{server.port}/1",
-               "REDIS_HOST": "127.0.0.1", "REDIS_PORT": str(server.port)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "TEST_BROKER": f"pq://127.0.0.1:{server.port}/0",
+            "TEST_BACKEND": f"redis://127.0.0.1:{server.port}/1",
+            "REDIS_HOST": "127.0.0.1",
+            "REDIS_PORT": str(server.port),
+        }
         plugins = [arg for name in peer.plugins for arg in ("-p", name)]
-        return subprocess.call([sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *plugins,
-                                *extra], cwd=tree, env=env)
+        return subprocess.call(
+            [sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *plugins, *extra], cwd=tree, env=env
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from celery_pq.queue import open_queue
 from celery_pq.testing import wait_for
 
 try:
-    from e2e.test_celery_e2e import harness  # noqa: F401  (the fixture)
+    from e2e.test_celery_e2e import harness
 except ImportError:  # collected with the repository root on sys.path instead of tests/
     from tests.e2e.test_celery_e2e import harness  # noqa: F401
 

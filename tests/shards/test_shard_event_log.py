@@ -33,9 +33,26 @@ def test_export_events_reads_every_shards_stream(redis_server, redis_client, key
     assert popped and all(logged.values()) and sum(logged.values()) == 40 + 2 * len(popped)
     # When export-events runs with the queue's options
     out = tmp_path / "events"
-    done = subprocess.run([sys.executable, "-m", "celery_pq", "--broker", f"pq://127.0.0.1:{redis_server.port}/0",
-                           "--transport-options", json.dumps(opts), "export-events", "kq", "--out", str(out),
-                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            f"pq://127.0.0.1:{redis_server.port}/0",
+            "--transport-options",
+            json.dumps(opts),
+            "export-events",
+            "kq",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     # Then every shard's events are exported, each under its shard's name, each once
     assert json.loads(done.stdout)["exported"] == logged

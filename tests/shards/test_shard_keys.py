@@ -21,7 +21,9 @@ def test_every_shard_has_its_own_tag_and_dead_letter_queue():
     assert len({queue_keys(n).entries for n in names}) == 16
     assert all(n == "orders" or n.startswith("orders#") for n in names)
     assert shard_names("orders.dead", 4) == [n + ".dead" for n in shard_names("orders", 4)]
-    assert queue_keys(shard_names("orders.dead", 4)[2]).entries.startswith(f"pq:{{{shard_names('orders', 4)[2]}}}:dead:")
+    assert queue_keys(shard_names("orders.dead", 4)[2]).entries.startswith(
+        f"pq:{{{shard_names('orders', 4)[2]}}}:dead:"
+    )
 
 
 @pytest.mark.parametrize("base", ["orders", "q", "celery", "a{b}c"])
@@ -32,7 +34,7 @@ def test_slots_spread_over_the_ring(base, n):
     slots = [key_slot(queue_keys(name).entries.encode()) for name in shard_names(base, n)]
     assert len(set(slots)) == n
     arcs = sorted((s - slots[0]) % 16384 for s in slots)
-    gaps = [b - a for a, b in zip(arcs, arcs[1:] + [arcs[0] + 16384])]
+    gaps = [b - a for a, b in zip(arcs, [*arcs[1:], arcs[0] + 16384])]
     assert min(gaps) > 16384 / n / 2  # a random placement has gaps near 0 for n=16
 
 

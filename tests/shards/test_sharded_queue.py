@@ -145,8 +145,11 @@ def test_second_best_is_taken_when_the_best_peeked_shard_was_beaten_meanwhile(re
     a.insert(b"best", 250, id="best", tenant="t" if fair else None)
     a.insert(b"poor", 1, id="poor", tenant="t" if fair else None)
     b.insert(b"next", 10, id="next", tenant="u" if fair else None)
-    other = queues.open_queue(redis_client, a.name,
-                              Options(key_prefix=key_prefix, **({"fair_key": "tenant"} if fair else {})).queue_settings(a.name))
+    other = queues.open_queue(
+        redis_client,
+        a.name,
+        Options(key_prefix=key_prefix, **({"fair_key": "tenant"} if fair else {})).queue_settings(a.name),
+    )
     peek = q.peek_heads
 
     def raced(shards, view=None):
@@ -209,7 +212,11 @@ def test_expired_leases_come_back_to_their_shards(redis_client, key_prefix, n):
     q = open_queue(redis_client, key_prefix, n)  # (a transport's lease is 0.75 s at least: the pops ask for less)
     for i in range(10):
         q.insert(b"x", 100, id=f"t{i}")
-    taken = q.pop(10, lease_seconds=0.05) if n == 1 else [lease for _ in range(10) for lease in q.pop(1, lease_seconds=0.05)]
+    taken = (
+        q.pop(10, lease_seconds=0.05)
+        if n == 1
+        else [lease for _ in range(10) for lease in q.pop(1, lease_seconds=0.05)]
+    )
     assert len(taken) == 10 and q.size() == 0
     time.sleep(0.1)  # (not an assertion on time: the leases must have run out for the sweep)
     back = q.reclaim()

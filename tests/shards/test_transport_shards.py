@@ -127,9 +127,24 @@ def test_operator_stats_sum_the_shards(redis_server, url, key_prefix, redis_clie
         queue, _ = queue_and_view(channel, "kq")
         assert isinstance(queue, ShardedQueue)
         assert queue.stats()["waiting"] == 20
-    out = subprocess.run([sys.executable, "-m", "celery_pq", "--broker", url, "--transport-options",
-                          json.dumps(opts), "stats", "--json", "kq"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_pq",
+            "--broker",
+            url,
+            "--transport-options",
+            json.dumps(opts),
+            "stats",
+            "--json",
+            "kq",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert row["waiting"] == 20 and row["per_priority"] == {"200": 5, "1": 15}

@@ -25,9 +25,15 @@ def spark():
     # (the Python workers run the interpreter running the tests: they import the same celery_pq)
     from celery_pq.spark.session import local_spark
 
-    session = local_spark("celery-pq-tests", "local[2,4]", **{
-        "spark.default.parallelism": "2", "spark.driver.memory": "1g",
-        "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true"})
+    session = local_spark(
+        "celery-pq-tests",
+        "local[2,4]",
+        **{
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1g",
+            "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+        },
+    )
     try:
         yield session
     finally:

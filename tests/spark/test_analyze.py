@@ -44,8 +44,21 @@ def test_rank_error_pass_matches_its_definition(seed):
     events, state, rank_of = [], {}, {}
     for step in range(400):
         eid = f"e{rnd.randrange(60)}"
-        kind = rnd.choice(["enqueue", "enqueue", "deliver", "deliver", "ack", "requeue", "expire", "remove",
-                           "dead", "reprioritize", "due"])
+        kind = rnd.choice(
+            [
+                "enqueue",
+                "enqueue",
+                "deliver",
+                "deliver",
+                "ack",
+                "requeue",
+                "expire",
+                "remove",
+                "dead",
+                "reprioritize",
+                "due",
+            ]
+        )
         if kind == "enqueue" and eid in state:
             continue
         if kind != "enqueue" and eid not in state:
@@ -59,9 +72,15 @@ def test_rank_error_pass_matches_its_definition(seed):
 
 
 def test_rank_error_counts_only_strictly_better_waiting_entries():
-    ev = [("enqueue", "x", 5, "", 1, "1-0"), ("enqueue", "y", 5, "", 2, "2-0"), ("enqueue", "z", 2, "", 3, "3-0"),
-          ("enqueue", "d", 0, "", 4, "4-0"), ("due", "d", 0, "", 9, "9-0"),  # delayed: not waiting before due
-          ("deliver", "x", 5, "", 5, "5-0"), ("deliver", "z", 2, "", 6, "6-0")]
+    ev = [
+        ("enqueue", "x", 5, "", 1, "1-0"),
+        ("enqueue", "y", 5, "", 2, "2-0"),
+        ("enqueue", "z", 2, "", 3, "3-0"),
+        ("enqueue", "d", 0, "", 4, "4-0"),
+        ("due", "d", 0, "", 9, "9-0"),  # delayed: not waiting before due
+        ("deliver", "x", 5, "", 5, "5-0"),
+        ("deliver", "z", 2, "", 6, "6-0"),
+    ]
     ev.sort(key=lambda e: e[4])
     # x (rank 5) passes over z (rank 2); y has the same rank; d is not due yet. z passes over nobody.
     assert [(r[0], r[5], r[6]) for r in rank_errors(ev)] == [("x", 1, 2), ("z", 0, 1)]
@@ -76,22 +95,40 @@ def test_window_length_is_round_and_gives_at_most_60_windows():
 
 def deliveries_frame(spark, tenants_ranks, gap_after=None):
     """Deliveries 1 ms apart (10 s apart after the first ``gap_after``)."""
+
     def ms(n):
         return 1000 + n + (10_000 if gap_after is not None and n >= gap_after else 0)
 
-    rows = [Row(event="deliver", queue="q", id=f"i{n}", priority=255 - rank, rank=rank, tenant=t, consumer="c",
-                task=None, deliveries=1, reason=None, ts=None, ms=ms(n), sid=f"{ms(n)}-0")
-            for n, (t, rank) in enumerate(tenants_ranks)]
-    return spark.createDataFrame(rows, schema="event string, queue string, id string, priority int, rank int, "
-                                 "tenant string, consumer string, task string, deliveries int, reason string, "
-                                 "ts timestamp, ms bigint, sid string")
+    rows = [
+        Row(
+            event="deliver",
+            queue="q",
+            id=f"i{n}",
+            priority=255 - rank,
+            rank=rank,
+            tenant=t,
+            consumer="c",
+            task=None,
+            deliveries=1,
+            reason=None,
+            ts=None,
+            ms=ms(n),
+            sid=f"{ms(n)}-0",
+        )
+        for n, (t, rank) in enumerate(tenants_ranks)
+    ]
+    return spark.createDataFrame(
+        rows,
+        schema="event string, queue string, id string, priority int, rank int, "
+        "tenant string, consumer string, task string, deliveries int, reason string, "
+        "ts timestamp, ms bigint, sid string",
+    )
 
 
 def test_jain_index_and_shares_per_window(spark):
     # window 1 (rank 254 only): a gets 3, b 1. window 2: a and b share rank 0 equally; c alone at
     # rank 5 gets 2: unequal overall, fair within each rank
-    df = deliveries_frame(spark, [(t, 254) for t in "aaab"] + [("a", 0), ("b", 0), ("c", 5), ("c", 5)],
-                          gap_after=4)
+    df = deliveries_frame(spark, [(t, 254) for t in "aaab"] + [("a", 0), ("b", 0), ("c", 5), ("c", 5)], gap_after=4)
     out = analyze(df, window_seconds=10)
     first, second = out["fairness"].orderBy("bucket").collect()
     assert (first.tenants, first.deliveries) == (2, 4)
@@ -117,16 +154,28 @@ def test_real_run_figures(spark, redis_server, redis_client, key_prefix):
     # Given: a real queue's run with its event log on, read back through the data source
     q = real_run(redis_client, key_prefix)
     log = q.events()
-    df = (spark.read.format("celery_pq_events").option("broker", redis_server.url).option("queue", q.name)
-          .option("key_prefix", key_prefix).load())
+    df = (
+        spark.read.format("celery_pq_events")
+        .option("broker", redis_server.url)
+        .option("queue", q.name)
+        .option("key_prefix", key_prefix)
+        .load()
+    )
     out = analyze(df, window_seconds=0.5)
 
     # Then: the counts are the log's
     kinds = Counter(e["e"] for e in log)
     [s] = out["summary"].collect()
     assert (s.events, s.enqueued, s.delivered, s.acked, s.requeued, s.expired, s.dead, s.removed) == (
-        len(log), kinds["enqueue"], kinds["deliver"], kinds["ack"], kinds["requeue"], kinds["expire"],
-        kinds["dead"], kinds["remove"])
+        len(log),
+        kinds["enqueue"],
+        kinds["deliver"],
+        kinds["ack"],
+        kinds["requeue"],
+        kinds["expire"],
+        kinds["dead"],
+        kinds["remove"],
+    )
     assert kinds["deliver"] > 300 and kinds["expire"] == 3 and kinds["requeue"] == 2 and kinds["dead"] >= 1
 
     # the waits: enqueue -> first delivery of each entry
@@ -152,8 +201,7 @@ def test_real_run_figures(spark, redis_server, redis_client, key_prefix):
 
     # the rank error of every delivery, by its definition
     expected = rank_errors_by_definition((e["e"], e["id"], e["k"], e["t"], e["ms"], e["sid"]) for e in log)
-    got = sorted((r.id, r.sid, r.ms, r.tenant, r.rank, r.rank_error, r.waiting)
-                 for r in out["rank_error"].collect())
+    got = sorted((r.id, r.sid, r.ms, r.tenant, r.rank, r.rank_error, r.waiting) for r in out["rank_error"].collect())
     assert got == sorted(expected)
     assert any(r[5] > 0 for r in got)  # tenant_first passes over better ranks of other tenants
 

@@ -35,8 +35,9 @@ def exported_sids(out):
 
 def test_export_is_incremental_and_resumable(redis_client, key_prefix, tmp_path):
     out = tmp_path / "events.parquet"
-    first = add(redis_client, key_prefix, "a", [f"a{i}" for i in range(25)]) + \
-        add(redis_client, key_prefix, "b", ["b0", "b1"])
+    first = add(redis_client, key_prefix, "a", [f"a{i}" for i in range(25)]) + add(
+        redis_client, key_prefix, "b", ["b0", "b1"]
+    )
     r1 = export_events(redis_client, ["a", "b"], out, key_prefix=key_prefix, rows_per_file=10)
     assert r1.exported == {"a": 25, "b": 2} and len(r1.files) == 4
     assert exported_sids(out) == sorted(first)
@@ -70,7 +71,8 @@ def test_export_reports_trimmed_events(redis_client, key_prefix, tmp_path):
     result = export_events(redis_client, "cap", out, key_prefix=key_prefix)
     assert len(result.gaps) == 1 and result.exported == {"cap": 5}
     assert sorted(pq.read_table(str(out)).column("id").to_pylist()) == sorted(
-        [f"c{i}" for i in range(4)] + [f"c{i}" for i in range(7, 12)])
+        [f"c{i}" for i in range(4)] + [f"c{i}" for i in range(7, 12)]
+    )
 
 
 def test_export_bad_input_is_named(redis_client, key_prefix, tmp_path):
@@ -147,10 +149,17 @@ def test_report_of_nothing_is_refused(tmp_path):
 
 
 def celery_pq_cli(redis_server, prefix, *args):
-    env = celery_env(ROOT, PQ_TEST_BROKER=f"pq://127.0.0.1:{redis_server.port}/0",
-                     PQ_TEST_OPTIONS=json.dumps({"key_prefix": prefix}))
-    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=170)
+    env = celery_env(
+        ROOT, PQ_TEST_BROKER=f"pq://127.0.0.1:{redis_server.port}/0", PQ_TEST_OPTIONS=json.dumps({"key_prefix": prefix})
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "pq", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
 
 
 @pytest.mark.e2e

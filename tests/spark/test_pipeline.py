@@ -13,8 +13,9 @@ pytestmark = pytest.mark.e2e
 def test_spark_pipeline_end_to_end(spark, tmp_path):
     # The example makes its own local session: getOrCreate returns the tests' session, which it
     # must not stop, so it is told to leave it running.
-    result = spark_pipeline.run(rows=2_000, workers=1, concurrency=4, out=tmp_path / "demo", work_ms=0.5,
-                                timeout=150, stop_spark=False)
+    result = spark_pipeline.run(
+        rows=2_000, workers=1, concurrency=4, out=tmp_path / "demo", work_ms=0.5, timeout=150, stop_spark=False
+    )
     assert result["ok"], result
     assert result["sent"] == 2_000
     # every task's enqueue, deliver and ack came back through the stream, exactly once

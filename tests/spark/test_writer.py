@@ -5,10 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-import redis
 from celery import Celery
 
 from celery_pq import PriorityQueue
@@ -54,11 +53,25 @@ def test_each_row_becomes_the_task_message_celery_itself_would_store(spark, url,
     _, theirs = stored(redis_client, key_prefix, "celery")
     a, b = ours["t-1"], theirs["t-1"]
     assert a["body"] == b["body"]  # base64 of [args, kwargs, embed]
-    assert {k: a[k] for k in ("content-type", "content-encoding")} == {k: b[k] for k in ("content-type",
-                                                                                         "content-encoding")}
+    assert {k: a[k] for k in ("content-type", "content-encoding")} == {
+        k: b[k] for k in ("content-type", "content-encoding")
+    }
     assert set(a["headers"]) == set(b["headers"])
-    for h in ("lang", "task", "id", "root_id", "parent_id", "group", "retries", "eta", "expires", "argsrepr",
-              "kwargsrepr", "timelimit", "stamps"):
+    for h in (
+        "lang",
+        "task",
+        "id",
+        "root_id",
+        "parent_id",
+        "group",
+        "retries",
+        "eta",
+        "expires",
+        "argsrepr",
+        "kwargsrepr",
+        "timelimit",
+        "stamps",
+    ):
         assert a["headers"][h] == b["headers"][h], h
     assert set(a["properties"]) == set(b["properties"])
     for p in ("correlation_id", "priority", "body_encoding", "delivery_mode"):
@@ -67,9 +80,10 @@ def test_each_row_becomes_the_task_message_celery_itself_would_store(spark, url,
 
 
 def test_priorities_tenants_queues_and_delays_land_where_the_columns_say(spark, url, redis_client, key_prefix):
-    now = datetime.now(timezone.utc)
-    rows = [(i, i % 256, ["acme", "beta"][i % 2], None if i % 5 else 3600.0,
-             "other" if i == 7 else None) for i in range(40)]
+    now = datetime.now(UTC)
+    rows = [
+        (i, i % 256, ["acme", "beta"][i % 2], None if i % 5 else 3600.0, "other" if i == 7 else None) for i in range(40)
+    ]
     df = spark.createDataFrame(rows, "n int, priority int, tenant string, countdown double, queue string")
     write(df, url, key_prefix, task="proj.t", args="n", fair_key="tenant")
     q, msgs = stored(redis_client, key_prefix, "celery", fair=True)
@@ -87,8 +101,9 @@ def test_priorities_tenants_queues_and_delays_land_where_the_columns_say(spark, 
     assert q.tenant_stats() == {"acme": {"waiting": 16, "leased": 0}, "beta": {"waiting": 15, "leased": 0}}
     # delivery order: strict priority (higher first), as for any publish
     leases = q.pop(31)
-    assert [lease.priority for lease in leases] == sorted((p for n, p, _, c, qn in rows if not c and qn is None),
-                                                          reverse=True)
+    assert [lease.priority for lease in leases] == sorted(
+        (p for n, p, _, c, qn in rows if not c and qn is None), reverse=True
+    )
     assert {lease.tenant for lease in leases} == {"acme", "beta"}
 
 
@@ -109,8 +124,18 @@ def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_clie
     markers.mkdir()
     key = {"key": "n"} if ids == "key" else {}
     # When Spark runs the write, retrying each failed task
-    write(df, url, key_prefix, task="proj.t", args="n", batch_rows="100", test_fail_once_after="300",
-          test_fail_once_marker=str(markers), rejects=str(first), **key)
+    write(
+        df,
+        url,
+        key_prefix,
+        task="proj.t",
+        args="n",
+        batch_rows="100",
+        test_fail_once_after="300",
+        test_fail_once_marker=str(markers),
+        rejects=str(first),
+        **key,
+    )
     # Then every partition failed once, and each row is in the queue once
     assert sorted(p.name for p in markers.iterdir()) == [f"failed-{i}" for i in range(4)]
     q, msgs = stored(redis_client, key_prefix)
@@ -130,8 +155,9 @@ def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_clie
         assert q.size() == n and (summary["sent"], summary["already_stored"]) == (0, n)
 
 
-def test_a_retried_upstream_failure_gives_rows_without_identity_their_ids_again(spark, url, redis_client, key_prefix,
-                                                                             tmp_path):
+def test_a_retried_upstream_failure_gives_rows_without_identity_their_ids_again(
+    spark, url, redis_client, key_prefix, tmp_path
+):
     # Given 3 partitions of 500 identical rows, made by a Python function whose first attempt
     # fails at its 400th row, after the writer has stored the rows before it (rows of 2 KB, so the
     # function's output leaves its buffer, and Arrow batches of 20 rows to the writer)
@@ -150,8 +176,11 @@ def test_a_retried_upstream_failure_gives_rows_without_identity_their_ids_again(
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "20")
     try:
-        df = spark.sparkContext.parallelize([(7, "x" * 2000)] * 1500, 3).mapPartitionsWithIndex(flaky) \
+        df = (
+            spark.sparkContext.parallelize([(7, "x" * 2000)] * 1500, 3)
+            .mapPartitionsWithIndex(flaky)
             .toDF("n int, pad string")
+        )
         # When Spark runs the write, recomputing each failed partition from the start
         result = enqueue(df, url, "proj.t", args=["n"], batch_rows=20, transport_options={"key_prefix": key_prefix})
     finally:
@@ -173,9 +202,11 @@ def test_identical_rows_in_three_partitions_are_three_tasks(spark, url, redis_cl
     # Then each is its own task, and the summary says 3 sent
     q, msgs = stored(redis_client, key_prefix)
     assert q.size() == 3 == len(msgs)
-    assert {m["body"] for m in msgs.values()} == {base64.b64encode(
-        json.dumps([[7, "same"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]).encode()
-    ).decode()}
+    assert {m["body"] for m in msgs.values()} == {
+        base64.b64encode(
+            json.dumps([[7, "same"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]).encode()
+        ).decode()
+    }
     summary = summary_of(tmp_path)
     assert (summary["rows"], summary["sent"], summary["already_stored"], summary["rejected"]) == (3, 3, 0, 0)
     assert len(summary["write_id"]) == 32
@@ -205,17 +236,20 @@ def test_two_rows_with_one_task_id_are_one_task_counted_once_sent(spark, url, re
 
 
 def test_bad_rows_come_back_as_rejects_with_reasons_and_the_rest_is_sent(spark, url, redis_client, key_prefix):
-    df = spark.createDataFrame([
-        ("ok-1", 1, 5, None, None),
-        ("ok-2", 2, None, 10.0, None),            # no priority: default
-        ("bad-1", 3, 300, None, None),            # out of range
-        ("bad-2", 4, -1, None, None),
-        (None, 5, 1, None, None),                 # null task id
-        ("bad-3", 6, 1, -5.0, None),              # negative countdown
-        ("bad-4", 7, 1, None, "tomorrow"),        # not an ISO time
-        ("bad-5", 8, 1, 1.0, "2030-01-01T00:00:00"),  # both
-        ("ok-3", 9, 1, None, "2030-01-01T00:00:00"),
-    ], "task_id string, n int, priority int, countdown double, eta string")
+    df = spark.createDataFrame(
+        [
+            ("ok-1", 1, 5, None, None),
+            ("ok-2", 2, None, 10.0, None),  # no priority: default
+            ("bad-1", 3, 300, None, None),  # out of range
+            ("bad-2", 4, -1, None, None),
+            (None, 5, 1, None, None),  # null task id
+            ("bad-3", 6, 1, -5.0, None),  # negative countdown
+            ("bad-4", 7, 1, None, "tomorrow"),  # not an ISO time
+            ("bad-5", 8, 1, 1.0, "2030-01-01T00:00:00"),  # both
+            ("ok-3", 9, 1, None, "2030-01-01T00:00:00"),
+        ],
+        "task_id string, n int, priority int, countdown double, eta string",
+    )
     result = enqueue(df, url, "proj.t", args=["n"], transport_options={"key_prefix": key_prefix})
     assert (result.rows, result.sent, result.rejected) == (9, 3, 6)
     rejects = {r["n"]: r["reason"] for r in result.rejects.collect()}
@@ -242,19 +276,22 @@ def test_a_float_or_string_priority_is_rejected_not_rounded(spark, url, key_pref
     assert result.rejected == 2 and all("integer" in r["reason"] for r in result.rejects.collect())
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"task": "proj.t"}, "option 'broker' is required"),
-    ({"broker": "URL"}, "option 'task' is required"),
-    ({"broker": "URL", "task": "proj.t", "args": "n,nope"}, "option 'args' names column(s) 'nope'"),
-    ({"broker": "URL", "task": "proj.t", "kwargs": "missing"}, "option 'kwargs' names column(s) 'missing'"),
-    ({"broker": "URL", "task": "proj.t", "priority_order": "sideways"}, "priority_order must be one of"),
-    ({"broker": "URL", "task": "proj.t", "kwarg": "n"}, "unknown option(s) 'kwarg'"),
-    ({"broker": "URL", "task": "proj.t", "batch_rows": "lots"}, "option 'batch_rows' must be an integer"),
-    ({"broker": "URL", "task": "proj.t", "on_reject": "shrug"}, "option 'on_reject' must be one of"),
-    ({"broker": "amqp://localhost", "task": "proj.t"}, "option 'broker' must be a pq://"),
-    ({"broker": "amqp://guest:hunter2@localhost//", "task": "proj.t"}, "got 'amqp://guest:***@localhost//'"),
-    ({"broker": "URL", "task": "proj.t", "cluster": "true", "master_name": "m"}, "'cluster' and 'master_name'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"task": "proj.t"}, "option 'broker' is required"),
+        ({"broker": "URL"}, "option 'task' is required"),
+        ({"broker": "URL", "task": "proj.t", "args": "n,nope"}, "option 'args' names column(s) 'nope'"),
+        ({"broker": "URL", "task": "proj.t", "kwargs": "missing"}, "option 'kwargs' names column(s) 'missing'"),
+        ({"broker": "URL", "task": "proj.t", "priority_order": "sideways"}, "priority_order must be one of"),
+        ({"broker": "URL", "task": "proj.t", "kwarg": "n"}, "unknown option(s) 'kwarg'"),
+        ({"broker": "URL", "task": "proj.t", "batch_rows": "lots"}, "option 'batch_rows' must be an integer"),
+        ({"broker": "URL", "task": "proj.t", "on_reject": "shrug"}, "option 'on_reject' must be one of"),
+        ({"broker": "amqp://localhost", "task": "proj.t"}, "option 'broker' must be a pq://"),
+        ({"broker": "amqp://guest:hunter2@localhost//", "task": "proj.t"}, "got 'amqp://guest:***@localhost//'"),
+        ({"broker": "URL", "task": "proj.t", "cluster": "true", "master_name": "m"}, "'cluster' and 'master_name'"),
+    ],
+)
 def test_option_errors_name_the_option(spark, url, key_prefix, options, message):
     df = spark.createDataFrame([(1,)], "n int")
     w = df.write.format("celery_pq").mode("append").option("key_prefix", key_prefix)
@@ -307,8 +344,9 @@ def test_the_writer_writes_to_a_redis_cluster_with_the_cluster_option(spark, key
         rows = [(i, names[i % 3]) for i in range(30)]
         df = spark.createDataFrame(rows, "n int, queue string").repartition(2)
         # When rows are written with the cluster option (the URL names seed nodes)
-        result = enqueue(df, cluster.pq_url, "proj.t", args=["n"],
-                         transport_options={"key_prefix": key_prefix, "cluster": True})
+        result = enqueue(
+            df, cluster.pq_url, "proj.t", args=["n"], transport_options={"key_prefix": key_prefix, "cluster": True}
+        )
         # Then each queue, on its own master, holds its rows
         assert (result.sent, result.already_stored, result.rejected) == (30, 0, 0)
         client = cluster.client()
@@ -316,8 +354,9 @@ def test_the_writer_writes_to_a_redis_cluster_with_the_cluster_option(spark, key
             for name in names:
                 q = PriorityQueue.open(client, name, key_prefix=key_prefix)
                 assert q.size() == 10
-                assert sorted(json.loads(base64.b64decode(decode(e.payload)["body"]))[0][0] for e in q.peek(10)) \
-                    == [n for n, qn in rows if qn == name]
+                assert sorted(json.loads(base64.b64decode(decode(e.payload)["body"]))[0][0] for e in q.peek(10)) == [
+                    n for n, qn in rows if qn == name
+                ]
             assert len({cluster.master_of(f"{key_prefix}:{{{name}}}:ii").port for name in names}) == 3
         finally:
             client.close()
@@ -353,6 +392,5 @@ def test_a_sharded_queue_tells_rows_stored_already_too(spark, url, redis_client,
     second = enqueue(df, url, "proj.t", **opts)
     # Then each row is in one shard once, and the second run says so
     assert (first.sent, first.already_stored) == (40, 0) and (second.sent, second.already_stored) == (0, 40)
-    sizes = [PriorityQueue.open(redis_client, name, key_prefix=key_prefix).size()
-             for name in shard_names("celery", 4)]
+    sizes = [PriorityQueue.open(redis_client, name, key_prefix=key_prefix).size() for name in shard_names("celery", 4)]
     assert sum(sizes) == 40 and sum(1 for s in sizes if s) > 1

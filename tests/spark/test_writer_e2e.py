@@ -19,9 +19,18 @@ def test_a_celery_worker_runs_every_row_of_a_dataframe_in_priority_order(spark, 
     try:
         rows = [(i, (i * 37) % 256) for i in range(60)]
         df = spark.createDataFrame(rows, "n int, priority int")
-        (df.write.format("celery_pq").mode("append").option("broker", h.url).option("key_prefix", key_prefix)
-         .option("task", "e2e.record").option("args", "n").option("kwargs", "priority").option("queue", "q")
-         .option("key", "n").save())
+        (
+            df.write.format("celery_pq")
+            .mode("append")
+            .option("broker", h.url)
+            .option("key_prefix", key_prefix)
+            .option("task", "e2e.record")
+            .option("args", "n")
+            .option("kwargs", "priority")
+            .option("queue", "q")
+            .option("key", "n")
+            .save()
+        )
         # When an unchanged Celery worker consumes q
         h.worker("w1")
         wait_for(lambda: len(h.records("order")) == 60, 60, "60 tasks")
@@ -42,9 +51,18 @@ def test_identical_rows_run_once_each_even_when_spark_retries_the_write(spark, r
         df = spark.sparkContext.parallelize([(5, 9)] * 12, 3).toDF("n int, priority int")
         markers = tmp_path / "markers"
         markers.mkdir()
-        result = enqueue(df, h.url, "e2e.record", args=["n"], kwargs=["priority"], queue="q",
-                         transport_options={"key_prefix": key_prefix}, batch_rows=2, test_fail_once_after=2,
-                         test_fail_once_marker=str(markers))
+        result = enqueue(
+            df,
+            h.url,
+            "e2e.record",
+            args=["n"],
+            kwargs=["priority"],
+            queue="q",
+            transport_options={"key_prefix": key_prefix},
+            batch_rows=2,
+            test_fail_once_after=2,
+            test_fail_once_marker=str(markers),
+        )
         assert len(list(markers.iterdir())) == 3
         assert (result.rows, result.sent, result.already_stored, result.rejected) == (12, 6, 6, 0)
         # When an unchanged Celery worker consumes q

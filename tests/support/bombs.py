@@ -13,7 +13,7 @@ from celery_pq import codec
 BOMB_BYTES = 300 * 1024 * 1024
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zstd_bomb(size: int = BOMB_BYTES) -> bytes:
     """A record in the stored form whose zstd frame declares, and really holds, ``size`` zero
     bytes (compressed 1 MiB at a time)."""
@@ -30,7 +30,7 @@ def lying_bomb(declared: int = 1000, size: int = BOMB_BYTES) -> bytes:
     record = bytearray(zstd_bomb(size))
     frame = record[2:]
     assert zstandard.frame_content_size(bytes(frame)) == size and frame[4] == 0x80  # a 4-byte size at 6..9
-    record[2 + 6: 2 + 10] = declared.to_bytes(4, "little")
+    record[2 + 6 : 2 + 10] = declared.to_bytes(4, "little")
     return bytes(record)
 
 

@@ -1,6 +1,5 @@
 """kombu helpers shared by the transport tests."""
 
-import socket
 import time
 
 from kombu import Consumer, Exchange, Producer, Queue
@@ -36,6 +35,6 @@ def drain(conn, queue, n, timeout=5, ack=True, prefetch=1, on_message=None):
         while len(got) < n and time.monotonic() < deadline:
             try:
                 conn.drain_events(timeout=0.3)
-            except socket.timeout:
+            except TimeoutError:
                 pass
     return got

@@ -11,8 +11,24 @@ from celery_pq.spark.eventlog import events_key
 FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
 
 
-def xadd_event(client, queue: str, event: str, *, prefix: str, id: str = "", p="", k="", t="", c="",
-               task="", n="", r="", ms=None, sid="*", maxlen=None) -> str:
+def xadd_event(
+    client,
+    queue: str,
+    event: str,
+    *,
+    prefix: str,
+    id: str = "",
+    p="",
+    k="",
+    t="",
+    c="",
+    task="",
+    n="",
+    r="",
+    ms=None,
+    sid="*",
+    maxlen=None,
+) -> str:
     """Append one event to ``queue``'s log; returns its stream id."""
     if ms is None:
         sec, usec = client.time()
@@ -30,15 +46,23 @@ def real_run(client, prefix: str, queue: str = "work", *, entries: int = 300, se
     tenant: rank errors), popped in batches by two consumers that ack most, give some back, let a
     few leases run out, and dead-letter one; a few entries are removed before delivery."""
     rnd = random.Random(seed)
-    q = PriorityQueue(client, queue, key_prefix=prefix, fair=True, fair_scope="tenant_first", event_log=100_000,
-                      lease_seconds=0.05, max_deliveries=3)
+    q = PriorityQueue(
+        client,
+        queue,
+        key_prefix=prefix,
+        fair=True,
+        fair_scope="tenant_first",
+        event_log=100_000,
+        lease_seconds=0.05,
+        max_deliveries=3,
+    )
     items = []
     for i in range(entries):
         tenant = rnd.choices("abc", weights=(6, 3, 1))[0]
         priority = rnd.choice((9, 5, 1)) if tenant == "a" else rnd.randrange(0, 10)
         items.append((f"payload{i}".encode(), priority, f"{queue}-{i}", tenant))
     for i in range(0, entries, 50):
-        q.insert_many(items[i:i + 50])
+        q.insert_many(items[i : i + 50])
         # consume part of the backlog between the bursts of inserts
         for lease in q.pop(20, consumer=f"w{i % 2}", lease_seconds=30):
             q.ack(lease)

@@ -73,8 +73,13 @@ def fill(conn, name="dq"):
     producer = Producer(conn.default_channel)
     q(conn.default_channel).declare()
     for i in range(6):
-        producer.publish({"i": i}, exchange=q.exchange, routing_key=name, priority=[0, 100, 200][i % 3],
-                         headers={"tenant": "ab"[i % 2]})
+        producer.publish(
+            {"i": i},
+            exchange=q.exchange,
+            routing_key=name,
+            priority=[0, 100, 200][i % 3],
+            headers={"tenant": "ab"[i % 2]},
+        )
     pq = conn.default_channel.queue(name)
     leased, doomed = pq.pop(2, consumer="host:1:abc")
     pq.requeue(doomed)  # max_deliveries=1: to the dead-letter queue
@@ -93,8 +98,9 @@ def test_state_is_the_stats_dict_plus_leases_dead_letters_and_deliveries(conn, s
     expected = json.loads(json.dumps(pq.stats()))  # as `pq stats --json` prints it
     for field in ("waiting", "delayed", "leased", "dead", "per_priority", "index_members"):
         assert q["stats"][field] == expected[field], field
-    assert {t: (c["waiting"], c["leased"]) for t, c in q["stats"]["per_tenant"].items()} == \
-        {t: (c["waiting"], c["leased"]) for t, c in expected["per_tenant"].items()}
+    assert {t: (c["waiting"], c["leased"]) for t, c in q["stats"]["per_tenant"].items()} == {
+        t: (c["waiting"], c["leased"]) for t, c in expected["per_tenant"].items()
+    }
     assert q["stats"]["waiting"] == 4 and q["stats"]["leased"] == 1 and q["stats"]["dead"] == 1
     [lease] = q["leases"]
     assert lease["id"] == leased.id and lease["consumer"] == "host:1:abc" and lease["priority"] == leased.priority
@@ -150,14 +156,17 @@ def test_pause_and_resume_a_queue_and_a_tenant_with_the_token(conn, serve):
     assert pq.paused() == {"queue": False, "tenants": []}
 
 
-@pytest.mark.parametrize(("path", "body", "raw", "status", "message"), [
-    ("/api/pause", None, b"{not json", 400, "not JSON"),
-    ("/api/pause", {"queue": "nope"}, None, 404, "no queue named 'nope'"),
-    ("/api/pause", {"queue": "dq", "extra": 1}, None, 400, "unknown field"),
-    ("/api/resume", {"tenant": "a"}, None, 400, "queue must be a non-empty string"),
-    ("/api/launch", {"queue": "dq"}, None, 404, "nothing at /api/launch"),
-    ("/api/pause", None, b"x" * 5000, 413, "at most"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "raw", "status", "message"),
+    [
+        ("/api/pause", None, b"{not json", 400, "not JSON"),
+        ("/api/pause", {"queue": "nope"}, None, 404, "no queue named 'nope'"),
+        ("/api/pause", {"queue": "dq", "extra": 1}, None, 400, "unknown field"),
+        ("/api/resume", {"tenant": "a"}, None, 400, "queue must be a non-empty string"),
+        ("/api/launch", {"queue": "dq"}, None, 404, "nothing at /api/launch"),
+        ("/api/pause", None, b"x" * 5000, 413, "at most"),
+    ],
+)
 def test_bad_requests_name_the_problem_and_change_nothing(conn, serve, path, body, raw, status, message):
     pq, _ = fill(conn)
     server = serve(allow_actions=True, token=TOKEN)
@@ -242,15 +251,28 @@ def test_a_redis_that_goes_away_is_a_503_and_the_page_recovers(fresh_redis, key_
             thread.join(5)
 
 
-@pytest.mark.parametrize(("host", "answered"), [
-    ("127.0.0.1:8808", True), ("localhost:8808", True), ("LOCALHOST", True), ("[::1]:8808", True),
-    ("127.0.0.2", True), ("evil.example:8808", False), ("evil.example", False), ("10.0.0.1:8808", False),
-])
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [
+        ("127.0.0.1:8808", True),
+        ("localhost:8808", True),
+        ("LOCALHOST", True),
+        ("[::1]:8808", True),
+        ("127.0.0.2", True),
+        ("evil.example:8808", False),
+        ("evil.example", False),
+        ("10.0.0.1:8808", False),
+    ],
+)
 def test_a_loopback_dashboard_answers_only_to_a_loopback_host_header(conn, serve, host, answered):
     server = serve(allow_actions=True, token=TOKEN)
     for method, path in (("GET", "/api/state"), ("POST", "/api/pause")):
-        req = urllib.request.Request(server.url + path.lstrip("/"), method=method, headers={"Host": host, "X-PQ-Token": TOKEN},
-                                     data=json.dumps({"queue": "dq"}).encode() if method == "POST" else None)
+        req = urllib.request.Request(
+            server.url + path.lstrip("/"),
+            method=method,
+            headers={"Host": host, "X-PQ-Token": TOKEN},
+            data=json.dumps({"queue": "dq"}).encode() if method == "POST" else None,
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as reply:
                 status = reply.status

@@ -1,6 +1,5 @@
 """The event log and pause/resume through kombu, against a real redis-server."""
 
-import socket
 import threading
 import time
 
@@ -24,13 +23,21 @@ def test_a_kombu_round_trip_is_logged_with_the_task_name(redis_server, redis_cli
     with Connection(url_of(redis_server), transport_options=opts) as conn:
         q = make_queue()
         q(conn.default_channel).declare()
-        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", priority=9,
-                                               headers={"id": "task-1", "task": "proj.tasks.add"})
+        Producer(conn.default_channel).publish(
+            {"n": 1},
+            exchange=q.exchange,
+            routing_key="kq",
+            priority=9,
+            headers={"id": "task-1", "task": "proj.tasks.add"},
+        )
         [(body, _)] = drain(conn, q, 1)
         assert body == {"n": 1}
     events = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).events()
-    assert [(r["e"], r["id"], r["p"]) for r in events] == [("enqueue", "task-1", 9), ("deliver", "task-1", 9),
-                                                            ("ack", "task-1", 9)]
+    assert [(r["e"], r["id"], r["p"]) for r in events] == [
+        ("enqueue", "task-1", 9),
+        ("deliver", "task-1", 9),
+        ("ack", "task-1", 9),
+    ]
     assert events[0]["task"] == "proj.tasks.add"
     assert events[1]["c"] and events[1]["c"] == events[2]["c"]  # the consumer id of this connection
     counters = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).counters()
@@ -41,14 +48,14 @@ def test_without_the_option_the_transport_writes_no_log(redis_server, redis_clie
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
         q(conn.default_channel).declare()
-        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq",
-                                               headers={"id": "t", "task": "proj.tasks.add"})
+        Producer(conn.default_channel).publish(
+            {"n": 1}, exchange=q.exchange, routing_key="kq", headers={"id": "t", "task": "proj.tasks.add"}
+        )
         assert len(drain(conn, q, 1)) == 1
     assert not redis_client.keys(f"{key_prefix}*:ev")
 
 
-def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(redis_server, redis_client,
-                                                                               key_prefix):
+def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(redis_server, redis_client, key_prefix):
     # Given a consumer blocked on an empty queue (a long server-side wait: no timeouts in the test)
     opts = {"key_prefix": key_prefix, "block_seconds": 60}
     url = url_of(redis_server)
@@ -56,8 +63,9 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
     with Connection(url, transport_options=opts) as worker, Connection(url, transport_options=opts) as pub:
         q = Queue("pz", Exchange("pz"), routing_key="pz")
         q(pub.default_channel).declare()
-        consumer = Consumer(worker, [q], callbacks=[lambda b, m: (got.append((time.monotonic(), b)), m.ack())],
-                            prefetch_count=10)
+        consumer = Consumer(
+            worker, [q], callbacks=[lambda b, m: (got.append((time.monotonic(), b)), m.ack())], prefetch_count=10
+        )
         consumer.consume()
         stop = threading.Event()
 
@@ -65,7 +73,7 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
             while not stop.is_set():
                 try:
                     worker.drain_events(timeout=0.5)
-                except socket.timeout:
+                except TimeoutError:
                     pass
 
         t = threading.Thread(target=loop)

@@ -30,8 +30,9 @@ def test_a_lease_lost_while_held_is_reported(redis_client, key_prefix, caplog):
     assert len(lost) == 1 and "e0" in lost[0]
 
 
-def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(redis_client, key_prefix, caplog,
-                                                                             monkeypatch):
+def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(
+    redis_client, key_prefix, caplog, monkeypatch
+):
     q, book, (a, b) = held_book(redis_client, key_prefix)
     # Given the keeper's snapshot of the book, then an ack of one of its leases (the race)
     snapshot = book.held()

@@ -1,7 +1,6 @@
 """kombu-level tests of the transport against a real redis-server (no Celery worker)."""
 
 import os
-import socket
 import threading
 import time
 
@@ -38,8 +37,9 @@ def test_pq_scheme_is_registered_on_import():
 
 
 def test_redis_url_with_transport_class(redis_server, opts):
-    conn = Connection(f"redis://127.0.0.1:{redis_server.port}/0", transport="celery_pq.transport:Transport",
-                      transport_options=opts)
+    conn = Connection(
+        f"redis://127.0.0.1:{redis_server.port}/0", transport="celery_pq.transport:Transport", transport_options=opts
+    )
     with conn:
         q = make_queue()
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
@@ -48,7 +48,9 @@ def test_redis_url_with_transport_class(redis_server, opts):
         assert type(conn.transport).__module__ == "celery_pq.transport"
 
 
-@pytest.mark.parametrize("order,expected", [("higher_first", [255, 200, 7, 7, 0]), ("lower_first", [0, 7, 7, 200, 255])])
+@pytest.mark.parametrize(
+    "order,expected", [("higher_first", [255, 200, 7, 7, 0]), ("lower_first", [0, 7, 7, 200, 255])]
+)
 def test_priority_order(url, opts, order, expected):
     opts["priority_order"] = order
     with Connection(url, transport_options=opts) as conn:
@@ -165,8 +167,9 @@ def test_headers_come_back_as_published_and_a_redelivery_adds_only_x_delivery_co
     published = {"eta": "2020-01-01T00:00:00+00:00", "tenant": "acme", "n": 7, "nested": {"a": [1, None, True]}}
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
-        Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q],
-                                               headers=dict(published))
+        Producer(conn.default_channel).publish(
+            {"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q], headers=dict(published)
+        )
         # When it is delivered, given back (requeued), and delivered again
         [(_, first)] = drain(conn, q, 1, ack=False)
         first_headers, first_info = dict(first.headers), dict(first.delivery_info)
@@ -268,7 +271,7 @@ def test_expired_lease_of_a_vanished_consumer_comes_back(url, opts, redis_client
         while not got and time.monotonic() - start < 5:
             try:
                 conn.drain_events(timeout=0.2)
-            except socket.timeout:
+            except TimeoutError:
                 pass
         # Then the sweeper returned it and it was delivered again, counted as a redelivery
         assert got and got[0]["properties"]["delivery_info"]["delivery_count"] == 2
@@ -307,7 +310,7 @@ def test_fanout_reaches_every_bound_consumer(url, opts):
             for c in (c1, c2):  # subscribe
                 try:
                     c.drain_events(timeout=0.2)
-                except socket.timeout:
+                except TimeoutError:
                     pass
             with Connection(url, transport_options=opts) as c3:
                 Producer(c3.default_channel).publish({"hello": 1}, exchange=ex, declare=[ex])
@@ -316,7 +319,7 @@ def test_fanout_reaches_every_bound_consumer(url, opts):
                 while not got and time.monotonic() < deadline:
                     try:
                         c.drain_events(timeout=0.2)
-                    except socket.timeout:
+                    except TimeoutError:
                         pass
         assert got1 == [{"hello": 1}] and got2 == [{"hello": 1}]
 
@@ -416,8 +419,6 @@ def test_queue_delete_drops_keys_bindings_and_registration(url, opts, redis_clie
         assert redis_client.keys(f"{key_prefix}:{{gone}}:*") == []
 
 
-
-
 def fair_opts(opts, **kw):
     return {**opts, **kw}
 
@@ -427,8 +428,7 @@ def test_tenant_from_a_header(url, opts, redis_client, key_prefix):
         q = make_queue()
         p = Producer(conn.default_channel)
         for t in ["A", "A", "A", "B", None]:
-            p.publish({"t": t}, exchange=q.exchange, routing_key="kq", declare=[q],
-                      headers={"tenant": t} if t else {})
+            p.publish({"t": t}, exchange=q.exchange, routing_key="kq", declare=[q], headers={"tenant": t} if t else {})
         got = [b["t"] for b, _ in drain(conn, q, 5)]
     # no tenant is the shared default tenant "", one more tenant in the round (ties go by name)
     assert got == [None, "A", "B", "A", "A"]
@@ -484,7 +484,7 @@ def test_urgent_view_is_not_woken_by_low_priority_inserts(url, opts):
             while not stop.is_set():
                 try:
                     urgent.drain_events(timeout=0.5)
-                except socket.timeout:
+                except TimeoutError:
                     pass
 
         t = threading.Thread(target=loop)
@@ -531,8 +531,13 @@ def test_a_published_message_is_stored_without_a_delivery_tag_and_delivered_with
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("notag")
         q(conn.default_channel).declare()
-        Producer(conn.default_channel).publish(b"\x00\xffraw", exchange=q.exchange, routing_key=q.routing_key,
-                                               content_type="application/data", content_encoding="binary")
+        Producer(conn.default_channel).publish(
+            b"\x00\xffraw",
+            exchange=q.exchange,
+            routing_key=q.routing_key,
+            content_type="application/data",
+            content_encoding="binary",
+        )
         pq = conn.default_channel.queue("notag")
         [entry] = pq.peek(1)
         stored = decode(entry.payload)

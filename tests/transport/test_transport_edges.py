@@ -44,7 +44,7 @@ def test_short_lived_threads_do_not_keep_a_connection_each(fresh_redis):
         def publish(i):
             try:
                 producer.publish({"i": i}, exchange=q.exchange, routing_key="kq")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 errors.append(exc)
 
         # When 300 short-lived threads publish once each, ten at a time
@@ -115,10 +115,22 @@ def test_each_bad_option_is_named_with_its_value_at_channel_creation(redis_serve
 
 
 def test_good_options_are_accepted(redis_server, key_prefix):
-    options = {"key_prefix": key_prefix, "lease_seconds": 2, "renew_interval": 1.5, "sweep_interval": 0.5,
-               "block_seconds": 0.5, "binding_cache_seconds": 0, "socket_timeout": 0.5, "health_check_interval": 0,
-               "socket_keepalive": True, "max_connections": 20, "client_name": "pq-worker",
-               "max_message_bytes": 10_000, "dedupe_seconds": 0, "max_dead_length": 100}
+    options = {
+        "key_prefix": key_prefix,
+        "lease_seconds": 2,
+        "renew_interval": 1.5,
+        "sweep_interval": 0.5,
+        "block_seconds": 0.5,
+        "binding_cache_seconds": 0,
+        "socket_timeout": 0.5,
+        "health_check_interval": 0,
+        "socket_keepalive": True,
+        "max_connections": 20,
+        "client_name": "pq-worker",
+        "max_message_bytes": 10_000,
+        "dedupe_seconds": 0,
+        "max_dead_length": 100,
+    }
     with Connection(url_of(redis_server), transport_options=options) as conn:
         channel = conn.default_channel
         assert (channel.options.renew_interval, channel.options.block_seconds) == (1.5, 0.5)
@@ -134,11 +146,18 @@ def test_the_default_renew_interval_and_socket_timeout_fit_a_short_lease(redis_s
     "options, shown",
     [
         ({"lease_seconds": 0.1}, "lease_seconds must be at least 0.75 s, got 0.1"),
-        ({"lease_seconds": 2, "renew_interval": 1.8}, "lease_seconds (2) must be at least renew_interval + 0.5 s (2.3)"),
-        ({"lease_seconds": 10, "socket_timeout": 30}, "socket_timeout must be at most lease_seconds - renew_interval "
-                                                      "(10 - 3.33333 = 6.66667 s), got 30"),
-        ({"socket_timeout": None}, "socket_timeout must be at most lease_seconds - renew_interval (60 - 20 = 40 s), "
-                                   "got None (wait forever)"),
+        (
+            {"lease_seconds": 2, "renew_interval": 1.8},
+            "lease_seconds (2) must be at least renew_interval + 0.5 s (2.3)",
+        ),
+        (
+            {"lease_seconds": 10, "socket_timeout": 30},
+            "socket_timeout must be at most lease_seconds - renew_interval (10 - 3.33333 = 6.66667 s), got 30",
+        ),
+        (
+            {"socket_timeout": None},
+            "socket_timeout must be at most lease_seconds - renew_interval (60 - 20 = 40 s), got None (wait forever)",
+        ),
     ],
 )
 def test_a_lease_its_renewals_cannot_hold_is_refused_with_the_least_it_takes(redis_server, key_prefix, options, shown):
@@ -165,8 +184,9 @@ def test_an_empty_queue_name_is_refused_at_declare_and_publish(redis_server, key
 def test_a_redis_user_without_the_client_command_can_consume(fresh_redis):
     # Given a Redis user that may not run CLIENT (ID, UNBLOCK)
     with fresh_redis.client() as admin:
-        admin.acl_setuser("worker", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                          commands=["+@all", "-client"])
+        admin.acl_setuser(
+            "worker", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-client"]
+        )
     url = url_of(fresh_redis, user="worker:pw@")
     got = []
     with Connection(url) as conn, Connection(url) as pub:
@@ -259,6 +279,7 @@ def test_the_same_task_id_sent_twice_on_purpose_is_stored_twice(redis_server, ke
 def debug_redis():
     """A private redis-server that allows DEBUG SLEEP (a Redis busy for a while)."""
     from celery_pq.testing import RedisServer
+
     with RedisServer(config={"enable-debug-command": "yes"}) as server:
         yield server
 
@@ -278,8 +299,12 @@ def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis)
             busy.start()
             time.sleep(0.1)
             # When a task is published: its insert times out, and the publish is retried
-            app.send_task("x.y", task_id="t1", connection=conn,
-                          retry_policy={"max_retries": 10, "interval_start": 0.2, "interval_step": 0.2})
+            app.send_task(
+                "x.y",
+                task_id="t1",
+                connection=conn,
+                retry_policy={"max_retries": 10, "interval_start": 0.2, "interval_step": 0.2},
+            )
             busy.join()
     # Then the queue holds the task once
     with fresh_redis.client() as r:
@@ -293,13 +318,17 @@ def consume_batch(conn, q, n, on_message=None):
     return [body for body, _ in drain(conn, q, n, prefetch=10, on_message=on_message)]
 
 
-@pytest.mark.parametrize("garbage", [
-    b'{"properties": 7}',  # JSON, but its properties are not a mapping
-    b'{"body": "not base64!", "properties": {"body_encoding": "base64"}, "headers": {}}',  # kombu cannot decode it
-    b'{"properties": {"delivery_info": []}, "headers": {}}',
-])
-def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_server, key_prefix, redis_client,
-                                                                           garbage):
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b'{"properties": 7}',  # JSON, but its properties are not a mapping
+        b'{"body": "not base64!", "properties": {"body_encoding": "base64"}, "headers": {}}',  # kombu cannot decode it
+        b'{"properties": {"delivery_info": []}, "headers": {}}',
+    ],
+)
+def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(
+    redis_server, key_prefix, redis_client, garbage
+):
     # Given five messages at one priority, the third of them not a kombu message
     pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
@@ -318,8 +347,9 @@ def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_
     assert (dead.id, dead.dead_reason, dead.payload) == ("garbage", "malformed", garbage)
 
 
-def test_a_decompression_bomb_is_dead_lettered_with_its_reason_and_bounded_memory(redis_server, key_prefix,
-                                                                                    redis_client, caplog):
+def test_a_decompression_bomb_is_dead_lettered_with_its_reason_and_bounded_memory(
+    redis_server, key_prefix, redis_client, caplog
+):
     import tracemalloc
 
     # Given a 9.6 KB entry whose zstd frame declares 300 MB, and one of 70,000 fields, among good ones
@@ -344,7 +374,9 @@ def test_a_decompression_bomb_is_dead_lettered_with_its_reason_and_bounded_memor
     # with the reason in the log; reading them allocated a few MB, not 300
     assert [b["i"] for b in got] == [0, 1]
     assert sorted((d.id, d.dead_reason, d.payload) for d in pq.dead.peek(5)) == [
-        ("bomb", "malformed", bomb), ("fields", "malformed", fields)]
+        ("bomb", "malformed", bomb),
+        ("fields", "malformed", fields),
+    ]
     assert pq.stats()["leased"] == 0 and pq.size() == 0
     assert peak < 8 << 20, peak
     assert f"declares {BOMB_BYTES} bytes" in caplog.text and "more than 65536 fields" in caplog.text
@@ -371,6 +403,7 @@ def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, k
 # -- deferred acks -----------------------------------------------------------------------------
 def redis_server_class():
     from celery_pq.testing import RedisServer
+
     return RedisServer
 
 
@@ -562,12 +595,13 @@ def test_a_property_without_a_stored_form_is_left_out_with_a_warning(redis_serve
         q = make_queue()
         q(conn.default_channel).declare()
         with caplog.at_level("WARNING", logger="celery_pq.messages"):
-            Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq",
-                                                   signal=_Unwritable(), keep="me")
+            Producer(conn.default_channel).publish(
+                {"n": 1}, exchange=q.exchange, routing_key="kq", signal=_Unwritable(), keep="me"
+            )
         # Then the message is stored without that property (as an AMQP broker keeps only the
         # properties it knows), the warning names it, and the others are kept
         assert "'signal'" in caplog.text and "_Unwritable" in caplog.text
-        [got] = [m for m in drain(conn, q, 1)]
+        [got] = list(drain(conn, q, 1))
         body, message = got
         assert body == {"n": 1} and "signal" not in message.properties and message.properties["keep"] == "me"
 
@@ -577,6 +611,7 @@ def test_a_header_without_a_stored_form_is_refused_by_name(redis_server, key_pre
         q = make_queue()
         q(conn.default_channel).declare()
         with pytest.raises(ValueError, match="header 'bad' holds a _Unwritable"):
-            Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq",
-                                                   headers={"bad": _Unwritable()})
+            Producer(conn.default_channel).publish(
+                {"n": 1}, exchange=q.exchange, routing_key="kq", headers={"bad": _Unwritable()}
+            )
         assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).size() == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from celery import Celery
@@ -21,10 +21,21 @@ from celery_pq.codec import CELERY_EMBED_TAIL, CodecError, decode, encode
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 uuids = st.uuids().map(str)
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=-(2 ** 80), max_value=2 ** 80),
-                    st.floats(allow_nan=False), st.text(max_size=30), uuids, st.sampled_from(["", "py", "{}", "()"]))
-json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=False),
+    st.text(max_size=30),
+    uuids,
+    st.sampled_from(["", "py", "{}", "()"]),
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=12,
+)
 values = st.one_of(json_values, st.binary(max_size=30))  # a message dict may hold bytes (never JSON-stored)
 names = st.one_of(st.text(max_size=12), st.sampled_from([n for _, n, _ in codec.FIELDS]))
 
@@ -37,7 +48,8 @@ bodies = st.one_of(
     st.binary(max_size=200).map(_b64),  # kombu's virtual Channel: base64 text
     st.binary(max_size=200).map(lambda b: _b64(b + CELERY_EMBED_TAIL)),
     st.text(max_size=50),  # not base64, or base64 that is not canonical
-    st.binary(max_size=50), json_values,
+    st.binary(max_size=50),
+    json_values,
     st.binary(min_size=600, max_size=3000).map(lambda b: _b64(b * 3)),  # compressed
 )
 
@@ -81,39 +93,60 @@ def celery_messages(draw):
     task_id = draw(uuids)
     args = draw(st.lists(json_values, max_size=4))
     kwargs = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3))
-    embed = _maybe(draw, {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
-                   st.dictionaries(st.text(max_size=8), json_values, max_size=4))
+    embed = _maybe(
+        draw,
+        {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+        st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+    )
     body = json.dumps([args, kwargs, embed]).encode()
     any_id = st.one_of(st.none(), uuids, st.just(task_id), st.text(max_size=20))
     headers = {
-        "lang": _maybe(draw, "py", scalars), "task": draw(st.text(max_size=40)), "id": task_id,
-        "shadow": _maybe(draw, None, scalars), "eta": _maybe(draw, None, st.datetimes().map(str)),
-        "expires": _maybe(draw, None, st.datetimes().map(str)), "group": draw(any_id),
-        "group_index": _maybe(draw, None, st.integers()), "retries": _maybe(draw, 0, st.integers()),
-        "timelimit": _maybe(draw, [None, None], st.lists(st.one_of(st.none(), st.floats(allow_nan=False)),
-                                                          max_size=3)),
-        "root_id": draw(any_id), "parent_id": draw(any_id),
+        "lang": _maybe(draw, "py", scalars),
+        "task": draw(st.text(max_size=40)),
+        "id": task_id,
+        "shadow": _maybe(draw, None, scalars),
+        "eta": _maybe(draw, None, st.datetimes().map(str)),
+        "expires": _maybe(draw, None, st.datetimes().map(str)),
+        "group": draw(any_id),
+        "group_index": _maybe(draw, None, st.integers()),
+        "retries": _maybe(draw, 0, st.integers()),
+        "timelimit": _maybe(draw, [None, None], st.lists(st.one_of(st.none(), st.floats(allow_nan=False)), max_size=3)),
+        "root_id": draw(any_id),
+        "parent_id": draw(any_id),
         "argsrepr": _maybe(draw, repr(tuple(args)), st.text(max_size=30)),
         "kwargsrepr": _maybe(draw, repr(kwargs), st.text(max_size=30)),
-        "origin": draw(st.text(max_size=20)), "ignore_result": _maybe(draw, False, scalars),
-        "replaced_task_nesting": _maybe(draw, 0, scalars), "stamped_headers": _maybe(draw, None, json_values),
+        "origin": draw(st.text(max_size=20)),
+        "ignore_result": _maybe(draw, False, scalars),
+        "replaced_task_nesting": _maybe(draw, 0, scalars),
+        "stamped_headers": _maybe(draw, None, json_values),
         "stamps": _maybe(draw, {}, json_values),
     }
     headers.update(draw(st.dictionaries(st.text(max_size=10), values, max_size=2)))  # apply_async(headers=...)
-    props = {"correlation_id": _maybe(draw, task_id, any_id), "reply_to": draw(st.one_of(uuids, st.text())),
-             "delivery_mode": _maybe(draw, 2, scalars),
-             "delivery_info": {"exchange": _maybe(draw, "", st.text(max_size=10)),
-                               "routing_key": draw(st.text(max_size=10))},
-             "priority": draw(st.integers(0, 255)), "body_encoding": "base64"}
+    props = {
+        "correlation_id": _maybe(draw, task_id, any_id),
+        "reply_to": draw(st.one_of(uuids, st.text())),
+        "delivery_mode": _maybe(draw, 2, scalars),
+        "delivery_info": {
+            "exchange": _maybe(draw, "", st.text(max_size=10)),
+            "routing_key": draw(st.text(max_size=10)),
+        },
+        "priority": draw(st.integers(0, 255)),
+        "body_encoding": "base64",
+    }
     if draw(st.booleans()):
-        props["expiration"] = str(draw(st.integers(0, 10 ** 9)))
+        props["expiration"] = str(draw(st.integers(0, 10**9)))
     if draw(st.booleans()):
         props["delivery_tag"] = draw(uuids)
     for key in draw(st.lists(st.sampled_from(list(headers)), max_size=2)):
         if key not in ("lang", "task"):
             headers.pop(key, None)
-    return {"body": _b64(body), "content-encoding": "utf-8", "content-type": "application/json",
-            "headers": headers, "properties": props}
+    return {
+        "body": _b64(body),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": props,
+    }
 
 
 @given(celery_messages())
@@ -128,10 +161,20 @@ def _celery_message(args=("order-00000001", 0.0), kwargs=None, **options) -> dic
     task_id = str(uuid.uuid4())
     m = app.amqp.as_task_v2(task_id, "proj.tasks.process_order", args=args, kwargs=kwargs or {}, **options)
     body = json.dumps(list(m.body)).encode()
-    return {"body": _b64(body), "content-encoding": "utf-8", "content-type": "application/json",
-            "headers": json.loads(json.dumps(m.headers)),
-            "properties": {**m.properties, "reply_to": str(uuid.uuid4()), "delivery_mode": 2, "priority": 7,
-                           "delivery_info": {"exchange": "", "routing_key": "celery"}, "body_encoding": "base64"}}
+    return {
+        "body": _b64(body),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": json.loads(json.dumps(m.headers)),
+        "properties": {
+            **m.properties,
+            "reply_to": str(uuid.uuid4()),
+            "delivery_mode": 2,
+            "priority": 7,
+            "delivery_info": {"exchange": "", "routing_key": "celery"},
+            "body_encoding": "base64",
+        },
+    }
 
 
 def test_a_plain_celery_task_is_stored_in_a_seventh_of_its_json():
@@ -151,13 +194,24 @@ def test_a_plain_celery_task_is_stored_in_a_seventh_of_its_json():
 
 def test_a_chained_task_keeps_parent_root_and_group():
     parent, root, group = (str(uuid.uuid4()) for _ in range(3))
-    message = _celery_message(parent_id=parent, root_id=root, group_id=group, group_index=2, retries=3,
-                              eta=datetime(2030, 1, 1, tzinfo=timezone.utc), expires=60.5,
-                              time_limit=30, soft_time_limit=20)
+    message = _celery_message(
+        parent_id=parent,
+        root_id=root,
+        group_id=group,
+        group_index=2,
+        retries=3,
+        eta=datetime(2030, 1, 1, tzinfo=UTC),
+        expires=60.5,
+        time_limit=30,
+        soft_time_limit=20,
+    )
     decoded = decode(encode(message))
     assert decoded == message
-    assert (decoded["headers"]["parent_id"], decoded["headers"]["root_id"], decoded["headers"]["group"]) == \
-        (parent, root, group)
+    assert (decoded["headers"]["parent_id"], decoded["headers"]["root_id"], decoded["headers"]["group"]) == (
+        parent,
+        root,
+        group,
+    )
 
 
 def test_an_argsrepr_celery_shortened_is_kept_as_it_is():
@@ -186,8 +240,15 @@ def test_a_body_is_stored_as_bytes_only_when_it_is_their_one_base64_spelling(bod
     assert (data[2 + data[2:].index(codec.layout.C_BODY) + 1] == codec.B_BASE64) == canonical
 
 
-@pytest.mark.parametrize("text", ["CF03FC8B-FDE8-4BE2-80AE-5E729995E5AE", "cf03fc8b-fde8-4be2-80ae-5e729995e5a ",
-                                  "cf03fc8b fde8-4be2-80ae-5e729995e5ae", "cf03fc8bxfde8x4be2x80aex5e729995e5ae"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "CF03FC8B-FDE8-4BE2-80AE-5E729995E5AE",
+        "cf03fc8b-fde8-4be2-80ae-5e729995e5a ",
+        "cf03fc8b fde8-4be2-80ae-5e729995e5ae",
+        "cf03fc8bxfde8x4be2x80aex5e729995e5ae",
+    ],
+)
 def test_a_text_shaped_almost_like_a_uuid_is_kept_as_text(text):
     message = _celery_message()
     message["headers"]["parent_id"] = text
@@ -202,9 +263,14 @@ def test_repeating_fields_read_the_same_from_the_cache_whatever_they_hold():
         pass
 
     reply_queue = str(uuid.uuid4())
-    for task, origin, routing_key in [("proj.a", "gen1@host", "celery"), ("proj.a", "gen1@host", "celery"),
-                                      (Name("proj.a"), "gen1@host", reply_queue), ("proj.b", reply_queue, "celery"),
-                                      ("é" * 3, "x" * 300, Name("celery")), ("proj.a", "gen1@host", "celery")]:
+    for task, origin, routing_key in [
+        ("proj.a", "gen1@host", "celery"),
+        ("proj.a", "gen1@host", "celery"),
+        (Name("proj.a"), "gen1@host", reply_queue),
+        ("proj.b", reply_queue, "celery"),
+        ("é" * 3, "x" * 300, Name("celery")),
+        ("proj.a", "gen1@host", "celery"),
+    ]:
         message = _celery_message()
         message["headers"].update(task=task, origin=origin)
         message["properties"]["delivery_info"]["routing_key"] = routing_key
@@ -212,13 +278,17 @@ def test_repeating_fields_read_the_same_from_the_cache_whatever_they_hold():
         decoded = decode(encode(message))
         # then each reads back as written, its types too
         assert decoded == message
-        assert type(decoded["headers"]["task"]) is str and decoded["properties"]["delivery_info"]["routing_key"] == \
-            routing_key
+        assert (
+            type(decoded["headers"]["task"]) is str
+            and decoded["properties"]["delivery_info"]["routing_key"] == routing_key
+        )
 
 
 def test_the_caches_start_again_when_full(monkeypatch):
     monkeypatch.setattr(codec.bounds, "CACHE_MAX", 2)
-    monkeypatch.setattr(codec.writer, "_RECORDS", {code: {} for code in codec.writer._RECORDS})  # none from earlier tests
+    monkeypatch.setattr(
+        codec.writer, "_RECORDS", {code: {} for code in codec.writer._RECORDS}
+    )  # none from earlier tests
     monkeypatch.setattr(codec.writer, "_PACKED", {})
     monkeypatch.setattr(codec.reprs, "_REPRS", {})
     for n in range(5):
@@ -231,31 +301,59 @@ def test_the_caches_start_again_when_full(monkeypatch):
 
 
 def test_values_of_other_types_go_through_kombus_json_as_before():
-    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     message = {"body": "x", "headers": {"when": when, "pair": (1, 2)}, "properties": {}}
     assert decode(encode(message)) == {**message, "headers": {"when": when, "pair": [1, 2]}}
 
 
 def _plain_task() -> dict:
     """A plain task as Celery 5 publishes it, every value fixed."""
-    body = json.dumps([["order-00000001", 0.5], {}, {"callbacks": None, "errbacks": None, "chain": None,
-                                                     "chord": None}]).encode()
+    body = json.dumps(
+        [["order-00000001", 0.5], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+    ).encode()
     tid = "cf03fc8b-fde8-4be2-80ae-5e729995e5ae"
-    return {"body": _b64(body), "content-encoding": "utf-8", "content-type": "application/json",
-            "headers": {"lang": "py", "task": "proj.add", "id": tid, "shadow": None, "eta": None, "expires": None,
-                        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": tid,
-                        "parent_id": None, "argsrepr": "('order-00000001', 0.5)", "kwargsrepr": "{}",
-                        "origin": "gen1@host", "ignore_result": False, "replaced_task_nesting": 0,
-                        "stamped_headers": None, "stamps": {}},
-            "properties": {"correlation_id": tid, "reply_to": "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d",
-                           "delivery_mode": 2, "delivery_info": {"exchange": "", "routing_key": "celery"},
-                           "priority": 3, "body_encoding": "base64"}}
+    return {
+        "body": _b64(body),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py",
+            "task": "proj.add",
+            "id": tid,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": tid,
+            "parent_id": None,
+            "argsrepr": "('order-00000001', 0.5)",
+            "kwargsrepr": "{}",
+            "origin": "gen1@host",
+            "ignore_result": False,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+        },
+        "properties": {
+            "correlation_id": tid,
+            "reply_to": "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": "celery"},
+            "priority": 3,
+            "body_encoding": "base64",
+        },
+    }
 
 
 #: _plain_task() as the first writer of format version 1 stored it (kept by hand, byte for byte)
-PLAIN_TASK_V1 = (b'\x01\x07\x08\x04\x1c[["order-00000001", 0.5], {}\x18\x05\x08proj.add\x19\x07\xcf\x03\xfc\x8b'
-                 b'\xfd\xe8K\xe2\x80\xae^r\x99\x95\xe5\xae!\x08\x00%\x05\tgen1@host\r\x08\x00\x0e\x07\x9b\x1d\xebM;}K'
-                 b'\xad\x9b\xdd+\r{=\xcbm\x16\x05\x06celery\x11\x03\x06')
+PLAIN_TASK_V1 = (
+    b'\x01\x07\x08\x04\x1c[["order-00000001", 0.5], {}\x18\x05\x08proj.add\x19\x07\xcf\x03\xfc\x8b'
+    b"\xfd\xe8K\xe2\x80\xae^r\x99\x95\xe5\xae!\x08\x00%\x05\tgen1@host\r\x08\x00\x0e\x07\x9b\x1d\xebM;}K"
+    b"\xad\x9b\xdd+\r{=\xcbm\x16\x05\x06celery\x11\x03\x06"
+)
 
 
 def test_a_record_of_this_format_written_before_reads_and_is_written_the_same():
@@ -266,7 +364,7 @@ def test_a_record_of_this_format_written_before_reads_and_is_written_the_same():
 
 def test_argsrepr_of_a_large_body_is_derived_from_its_args_alone():
     # Given a task whose kwargs make its body far longer than REPR_BODY_MAX
-    message = _celery_message(args=("order-1", 2.5), kwargs={"lines": ["sku-%d" % i for i in range(400)]})
+    message = _celery_message(args=("order-1", 2.5), kwargs={"lines": [f"sku-{i}" for i in range(400)]})
     assert len(base64.b64decode(message["body"])) > codec.REPR_BODY_MAX
     data = encode(message)
     # then argsrepr is not stored (read from the args), kwargsrepr (cut by Celery) is kept as it is
@@ -276,23 +374,33 @@ def test_argsrepr_of_a_large_body_is_derived_from_its_args_alone():
 
 def test_an_entry_written_before_the_compact_form_reads_as_before():
     # Given the JSON layout kombu's dumps wrote (by hand, as an old entry holds it)
-    old = (b'{"body": "W1sib3JkZXItMDAwMDAwMDEiLCAwLjBdLCB7fSwgeyJjYWxsYmFja3MiOiBudWxsLCAiZXJyYmFja3MiOiBudWxsLCAiY2hh'
-           b'aW4iOiBudWxsLCAiY2hvcmQiOiBudWxsfV0=", "content-encoding": "utf-8", "content-type": "application/json", '
-           b'"headers": {"lang": "py", "task": "proj.add", "id": "cf03fc8b-fde8-4be2-80ae-5e729995e5ae", '
-           b'"retries": 0, "argsrepr": "(\'order-00000001\', 0.0)"}, "properties": {"priority": 5, '
-           b'"body_encoding": "base64", "delivery_info": {"exchange": "", "routing_key": "celery"}}}')
+    old = (
+        b'{"body": "W1sib3JkZXItMDAwMDAwMDEiLCAwLjBdLCB7fSwgeyJjYWxsYmFja3MiOiBudWxsLCAiZXJyYmFja3MiOiBudWxsLCAiY2hh'
+        b'aW4iOiBudWxsLCAiY2hvcmQiOiBudWxsfV0=", "content-encoding": "utf-8", "content-type": "application/json", '
+        b'"headers": {"lang": "py", "task": "proj.add", "id": "cf03fc8b-fde8-4be2-80ae-5e729995e5ae", '
+        b'"retries": 0, "argsrepr": "(\'order-00000001\', 0.0)"}, "properties": {"priority": 5, '
+        b'"body_encoding": "base64", "delivery_info": {"exchange": "", "routing_key": "celery"}}}'
+    )
     message = decode(old)
     assert message["headers"]["id"] == "cf03fc8b-fde8-4be2-80ae-5e729995e5ae"
     assert json.loads(base64.b64decode(message["body"]))[0] == ["order-00000001", 0.0]
     assert decode(old.decode()) == message
 
 
-@pytest.mark.parametrize("data, problem", [
-    (b"", "too short"), (b"\x01", "too short"), (b"\x09\x00", "format version 9"),
-    (b"\x01\x80", "unknown flags"), (b"\x01\x00\x08\x09", "unknown body form"),
-    (b"\x01\x00\x0d\x63", "unknown value tag"), (b"\x01\x00\x0d\x05\x09ab", "truncated or corrupt"),
-    (b"\x01\x08garbage", "zstd frame is corrupt"), (b"\x01\x00\x7f\x00", "truncated or corrupt"),
-])
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (b"", "too short"),
+        (b"\x01", "too short"),
+        (b"\x09\x00", "format version 9"),
+        (b"\x01\x80", "unknown flags"),
+        (b"\x01\x00\x08\x09", "unknown body form"),
+        (b"\x01\x00\x0d\x63", "unknown value tag"),
+        (b"\x01\x00\x0d\x05\x09ab", "truncated or corrupt"),
+        (b"\x01\x08garbage", "zstd frame is corrupt"),
+        (b"\x01\x00\x7f\x00", "truncated or corrupt"),
+    ],
+)
 def test_a_record_that_is_not_one_is_named(data, problem):
     with pytest.raises(CodecError, match=problem):
         decode(data)
@@ -329,10 +437,15 @@ def test_a_body_published_as_its_bytes_is_stored_as_its_base64_text_is(raw, mess
 
 
 def test_a_delivery_reads_a_base64_body_as_its_bytes():
-    message = {"body": _b64(b'[[1], {}, {}]'), "content-type": "application/json", "content-encoding": "utf-8",
-               "headers": {}, "properties": {"body_encoding": "base64", "delivery_info": {}}}
+    message = {
+        "body": _b64(b"[[1], {}, {}]"),
+        "content-type": "application/json",
+        "content-encoding": "utf-8",
+        "headers": {},
+        "properties": {"body_encoding": "base64", "delivery_info": {}},
+    }
     got = decode(encode(message), raw_body=True)
-    assert type(got["body"]) is codec.Base64Body and got["body"] == b'[[1], {}, {}]'
+    assert type(got["body"]) is codec.Base64Body and got["body"] == b"[[1], {}, {}]"
     assert {**got, "body": message["body"]} == message
     # a body not stored as base64 is given as it is
     text = {**message, "body": "not base64!", "properties": {"body_encoding": None, "delivery_info": {}}}
@@ -365,7 +478,7 @@ def _peak_while(fn) -> tuple[int, Exception | None]:
     try:
         fn()
         raised = None
-    except Exception as exc:  # noqa: BLE001 - returned to the test
+    except Exception as exc:
         raised = exc
     finally:
         _, peak = tracemalloc.get_traced_memory()
@@ -408,12 +521,15 @@ def test_a_record_of_too_many_fields_is_refused_with_bounded_memory():
     assert peak < 16 << 20, peak
 
 
-@pytest.mark.parametrize("value", [
-    bytes((codec.T_LIST,)) + b"\xff\xff\xff\xff\x0f",  # a list declaring 4 billion items in 7 bytes
-    bytes((codec.T_DICT,)) + b"\xff\xff\x7f",
-    bytes((codec.T_LIST, 2, codec.T_LIST)) + b"\x80\x80\x04" + bytes((codec.T_NONE,)) * 10,
-    bytes((codec.T_JSON,)) + _blob(b"[" + b"0," * 65_536 + b"0]"),  # kombu's JSON of a tuple
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        bytes((codec.T_LIST,)) + b"\xff\xff\xff\xff\x0f",  # a list declaring 4 billion items in 7 bytes
+        bytes((codec.T_DICT,)) + b"\xff\xff\x7f",
+        bytes((codec.T_LIST, 2, codec.T_LIST)) + b"\x80\x80\x04" + bytes((codec.T_NONE,)) * 10,
+        bytes((codec.T_JSON,)) + _blob(b"[" + b"0," * 65_536 + b"0]"),  # kombu's JSON of a tuple
+    ],
+)
 def test_a_record_of_too_many_list_and_dict_items_is_refused_before_they_are_made(value):
     record = bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + value
     with pytest.raises(CodecError, match=f"more than {codec.MAX_VALUES} list and dict items"):

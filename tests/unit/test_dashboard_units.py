@@ -75,22 +75,25 @@ def _board(opened):
     return Board(lambda: ["q"], lambda name: opened.append(name))
 
 
-@pytest.mark.parametrize(("action", "request_", "status", "message"), [
-    ("explode", {"queue": "q"}, 404, "no action 'explode'"),
-    ("pause", ["q"], 400, "must be a JSON object"),
-    ("pause", {"queue": "q", "color": "red"}, 400, "unknown field"),
-    ("pause", {}, 400, "queue must be a non-empty string"),
-    ("pause", {"queue": 7}, 400, "queue must be a non-empty string"),
-    ("resume", {"queue": "q", "tenant": ""}, 400, "tenant must be a non-empty string"),
-    ("pause", {"queue": "q", "ids": ["x"]}, 400, "unknown field"),
-    ("replay", {"queue": "q", "tenant": "a"}, 400, "unknown field"),
-    ("replay", {"queue": "q"}, 400, "ids must be a list of 1 to 100"),
-    ("replay", {"queue": "q", "ids": []}, 400, "ids must be a list of 1 to 100"),
-    ("replay", {"queue": "q", "ids": "abc"}, 400, "ids must be a list of 1 to 100"),
-    ("replay", {"queue": "q", "ids": ["x"] * 101}, 400, "ids must be a list of 1 to 100"),
-    ("replay", {"queue": "q", "ids": ["ok", 3]}, 400, "id must be a non-empty string"),
-    ("pause", {"queue": "other"}, 404, "no queue named 'other'"),
-])
+@pytest.mark.parametrize(
+    ("action", "request_", "status", "message"),
+    [
+        ("explode", {"queue": "q"}, 404, "no action 'explode'"),
+        ("pause", ["q"], 400, "must be a JSON object"),
+        ("pause", {"queue": "q", "color": "red"}, 400, "unknown field"),
+        ("pause", {}, 400, "queue must be a non-empty string"),
+        ("pause", {"queue": 7}, 400, "queue must be a non-empty string"),
+        ("resume", {"queue": "q", "tenant": ""}, 400, "tenant must be a non-empty string"),
+        ("pause", {"queue": "q", "ids": ["x"]}, 400, "unknown field"),
+        ("replay", {"queue": "q", "tenant": "a"}, 400, "unknown field"),
+        ("replay", {"queue": "q"}, 400, "ids must be a list of 1 to 100"),
+        ("replay", {"queue": "q", "ids": []}, 400, "ids must be a list of 1 to 100"),
+        ("replay", {"queue": "q", "ids": "abc"}, 400, "ids must be a list of 1 to 100"),
+        ("replay", {"queue": "q", "ids": ["x"] * 101}, 400, "ids must be a list of 1 to 100"),
+        ("replay", {"queue": "q", "ids": ["ok", 3]}, 400, "id must be a non-empty string"),
+        ("pause", {"queue": "other"}, 404, "no queue named 'other'"),
+    ],
+)
 def test_a_bad_action_is_refused_before_any_queue_is_opened(action, request_, status, message):
     opened = []
     with pytest.raises(BoardError, match=message) as info:
@@ -123,8 +126,10 @@ def test_board_samples_each_queue_and_forgets_a_queue_that_went():
     board.sample()
     now[0], queues["a"].delivered, queues["a"].tenants = 10.0, 4, {"x": 3, "y": 1}
     board.sample()
-    assert board._histories["a"].summary()["tenants"] == {"x": {"deliveries": 3, "share": 0.75},
-                                                         "y": {"deliveries": 1, "share": 0.25}}
+    assert board._histories["a"].summary()["tenants"] == {
+        "x": {"deliveries": 3, "share": 0.75},
+        "y": {"deliveries": 1, "share": 0.25},
+    }
     assert board._histories["b"].summary()["delivered"] == 0
     names.remove("b")
     board.sample()

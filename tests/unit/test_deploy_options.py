@@ -12,22 +12,25 @@ from celery_pq.connections import make_pool, sentinel_addresses, tls_arguments
 from celery_pq.options import Options
 
 
-@pytest.mark.parametrize("given, named", [
-    ({"master_name": ""}, "master_name"),
-    ({"master_name": "my master"}, "master_name"),
-    ({"master_name": 3}, "master_name"),
-    ({"master_name": "m", "sentinel_kwargs": "password"}, "sentinel_kwargs"),
-    ({"master_name": "m", "sentinel_kwargs": {1: 2}}, "sentinel_kwargs"),
-    ({"master_name": "m", "min_other_sentinels": -1}, "min_other_sentinels"),
-    ({"master_name": "m", "min_other_sentinels": 1.5}, "min_other_sentinels"),
-    ({"sentinel_kwargs": {"password": "x"}}, "need master_name"),
-    ({"min_other_sentinels": 1}, "need master_name"),
-    ({"wait_replicas": -1}, "wait_replicas"),
-    ({"wait_replicas": True}, "wait_replicas"),
-    ({"wait_replicas": "1"}, "wait_replicas"),
-    ({"wait_timeout": 0}, "wait_timeout"),
-    ({"wait_timeout": "1s"}, "wait_timeout"),
-])
+@pytest.mark.parametrize(
+    "given, named",
+    [
+        ({"master_name": ""}, "master_name"),
+        ({"master_name": "my master"}, "master_name"),
+        ({"master_name": 3}, "master_name"),
+        ({"master_name": "m", "sentinel_kwargs": "password"}, "sentinel_kwargs"),
+        ({"master_name": "m", "sentinel_kwargs": {1: 2}}, "sentinel_kwargs"),
+        ({"master_name": "m", "min_other_sentinels": -1}, "min_other_sentinels"),
+        ({"master_name": "m", "min_other_sentinels": 1.5}, "min_other_sentinels"),
+        ({"sentinel_kwargs": {"password": "x"}}, "need master_name"),
+        ({"min_other_sentinels": 1}, "need master_name"),
+        ({"wait_replicas": -1}, "wait_replicas"),
+        ({"wait_replicas": True}, "wait_replicas"),
+        ({"wait_replicas": "1"}, "wait_replicas"),
+        ({"wait_timeout": 0}, "wait_timeout"),
+        ({"wait_timeout": "1s"}, "wait_timeout"),
+    ],
+)
 def test_a_bad_deployment_option_is_named(given, named):
     with pytest.raises(ConfigError, match=named):
         Options.from_transport_options(given)
@@ -47,8 +50,9 @@ def test_the_hosts_of_a_sentinel_url_are_the_sentinels():
 
 def test_a_sentinel_pool_goes_to_the_named_master_with_the_first_urls_password_and_db():
     conn = Connection("pqs://:pw@s1:26380;pqs://s2:26380/2", ssl={"ssl_cert_reqs": "none"})
-    pool = make_pool(conn, Options.from_transport_options({"master_name": "main", "min_other_sentinels": 1}),
-                     conn.transport.tls)
+    pool = make_pool(
+        conn, Options.from_transport_options({"master_name": "main", "min_other_sentinels": 1}), conn.transport.tls
+    )
     assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "main"
     assert pool.connection_class is SentinelManagedSSLConnection
     assert (pool.connection_kwargs["password"], pool.connection_kwargs["db"]) == ("pw", 2)
@@ -75,8 +79,9 @@ def test_a_plain_url_gives_a_plain_pool():
     assert type(pool) is redis.ConnectionPool and pool.connection_class is redis.Connection
 
 
-@pytest.mark.parametrize("ssl, named", [({"cert_reqs": "required"}, "'cert_reqs' not known"),
-                                        ("yes", "broker_use_ssl must be")])
+@pytest.mark.parametrize(
+    "ssl, named", [({"cert_reqs": "required"}, "'cert_reqs' not known"), ("yes", "broker_use_ssl must be")]
+)
 def test_bad_tls_settings_are_named(ssl, named):
     with pytest.raises(ConfigError, match=named):
         tls_arguments(ssl)

@@ -10,8 +10,16 @@ def test_bands_parse_and_sort():
     assert parse_bands(None) is None and parse_bands("") is None
 
 
-@pytest.mark.parametrize("text, why", [("0-99,50-120", "overlap"), ("5", "not LO-HI"), ("a-b", "not LO-HI"),
-                                       ("10-300", "0 <= LO <= HI <= 255"), ("9-3", "0 <= LO <= HI <= 255")])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("0-99,50-120", "overlap"),
+        ("5", "not LO-HI"),
+        ("a-b", "not LO-HI"),
+        ("10-300", "0 <= LO <= HI <= 255"),
+        ("9-3", "0 <= LO <= HI <= 255"),
+    ],
+)
 def test_bad_bands_are_named(text, why):
     with pytest.raises(ValueError, match=why):
         parse_bands(text)

@@ -46,11 +46,21 @@ def test_every_option_says_what_it_means():
 
 
 def test_options_build_what_a_queue_takes():
-    opts = Options.from_transport_options({"fair_key": "tenant", "tenant_concurrency": {"big": 3, "*": 1},
-                                           "queue_techniques": {"q": "S"}, "visibility_timeout": 30})
+    opts = Options.from_transport_options(
+        {
+            "fair_key": "tenant",
+            "tenant_concurrency": {"big": 3, "*": 1},
+            "queue_techniques": {"q": "S"},
+            "visibility_timeout": 30,
+        }
+    )
     settings = opts.queue_settings("q")
-    assert (settings.technique, settings.fair, settings.tenant_concurrency, settings.lease_seconds) == \
-        ("S", True, 1, 30.0)
+    assert (settings.technique, settings.fair, settings.tenant_concurrency, settings.lease_seconds) == (
+        "S",
+        True,
+        1,
+        30.0,
+    )
     dead = opts.queue_settings("q.dead")
     assert (dead.technique, dead.fair, dead.max_deliveries) == ("T", False, 0)
     assert settings.tenant_tables()["concurrency"] == {"big": 3}
@@ -93,6 +103,9 @@ def test_socket_timeout_is_at_most_the_lease_less_its_renewal_interval():
     # given: kept when it fits, refused when longer (None waits forever: refused too)
     assert Options(lease_seconds=3, socket_timeout=2).socket_timeout == 2.0
     for given in (2.5, None):
-        with pytest.raises(ConfigError, match=r"socket_timeout must be at most lease_seconds - renew_interval "
-                                              r"\(3 - 1 = 2 s\), got " + re.escape(repr(given))):
+        with pytest.raises(
+            ConfigError,
+            match=r"socket_timeout must be at most lease_seconds - renew_interval "
+            r"\(3 - 1 = 2 s\), got " + re.escape(repr(given)),
+        ):
             Options(lease_seconds=3, socket_timeout=given)

@@ -19,12 +19,18 @@ SECRET = "s3cr@t-pw"
 TWO_HOSTS = f"pq://:{SECRET}@127.0.0.1:1;pq://admin:{SECRET}@127.0.0.1:notaport/0"
 
 
-@pytest.mark.parametrize("value, shown", [
-    (TWO_HOSTS, "'pq://:***@127.0.0.1:1;pq://admin:***@127.0.0.1:notaport/0'"),
-    ("redis://user@host:6379", "'redis://user@host:6379'"),  # a user name alone is no password
-    ({"password": SECRET, "ssl": {"ssl_password": SECRET}, "db": 1}, "{'password': '***', 'ssl': {'ssl_password': '***'}, 'db': 1}"),
-    ([f"pq://:{SECRET}@h"], "['pq://:***@h']"),
-])
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (TWO_HOSTS, "'pq://:***@127.0.0.1:1;pq://admin:***@127.0.0.1:notaport/0'"),
+        ("redis://user@host:6379", "'redis://user@host:6379'"),  # a user name alone is no password
+        (
+            {"password": SECRET, "ssl": {"ssl_password": SECRET}, "db": 1},
+            "{'password': '***', 'ssl': {'ssl_password': '***'}, 'db': 1}",
+        ),
+        ([f"pq://:{SECRET}@h"], "['pq://:***@h']"),
+    ],
+)
 def test_redact_is_the_repr_without_passwords(value, shown):
     assert redact(value) == shown
 
@@ -45,8 +51,7 @@ def test_the_error_of_a_bad_host_among_several_shows_no_password(options, caplog
 def test_the_command_line_shows_no_password():
     from celery_pq.__main__ import main
 
-    result = CliRunner().invoke(main, ["--broker", TWO_HOSTS, "--transport-options", '{"master_name": "m"}',
-                                       "stats"])
+    result = CliRunner().invoke(main, ["--broker", TWO_HOSTS, "--transport-options", '{"master_name": "m"}', "stats"])
     assert result.exit_code != 0 and "notaport" in result.output, result.output
     assert SECRET not in result.output
 

@@ -21,32 +21,37 @@ class Cluster:
     """A stand-in for a RedisCluster client (until_settled only keys its bound by it)."""
 
 
-NON_LOCAL = ("Script attempted to access a non local key in a cluster node script: pq_x_insert, "
-             "on @user_function:12.")
+NON_LOCAL = "Script attempted to access a non local key in a cluster node script: pq_x_insert, on @user_function:12."
 
 
-@pytest.mark.parametrize("exc", [
-    rex.TryAgainError("Multiple keys request during rehashing of slot"),
-    rex.AskError("5258 127.0.0.1:7001"),
-    rex.MovedError("5258 127.0.0.1:7001"),
-    rex.ClusterError("TTL exhausted."),
-    rex.ClusterDownError("The cluster is down"),
-    rex.SlotNotCoveredError("Slot 5258 is not covered by the cluster."),
-    rex.ResponseError(NON_LOCAL),
-    rex.ResponseError("Script attempted to execute a command while the cluster is down"),
-    rex.ResponseError("ERR " + NON_LOCAL),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        rex.TryAgainError("Multiple keys request during rehashing of slot"),
+        rex.AskError("5258 127.0.0.1:7001"),
+        rex.MovedError("5258 127.0.0.1:7001"),
+        rex.ClusterError("TTL exhausted."),
+        rex.ClusterDownError("The cluster is down"),
+        rex.SlotNotCoveredError("Slot 5258 is not covered by the cluster."),
+        rex.ResponseError(NON_LOCAL),
+        rex.ResponseError("Script attempted to execute a command while the cluster is down"),
+        rex.ResponseError("ERR " + NON_LOCAL),
+    ],
+)
 def test_the_errors_of_a_moving_slot_are_unsettled(exc):
     assert cn.unsettled(exc)
 
 
-@pytest.mark.parametrize("exc", [
-    rex.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
-    rex.ResponseError("MODE_MISMATCH pq:{q}:ii 0-hT 1PhT"),
-    rex.ResponseError("MODE_MISMATCH pq:{TRYAGAIN non local key}:ii 0-hT 1PhT"),  # (a queue's name is no cause)
-    rex.ConnectionError("Connection refused"),
-    ValueError("x"),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        rex.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        rex.ResponseError("MODE_MISMATCH pq:{q}:ii 0-hT 1PhT"),
+        rex.ResponseError("MODE_MISMATCH pq:{TRYAGAIN non local key}:ii 0-hT 1PhT"),  # (a queue's name is no cause)
+        rex.ConnectionError("Connection refused"),
+        ValueError("x"),
+    ],
+)
 def test_other_errors_are_not(exc):
     assert not cn.unsettled(exc)
 
@@ -119,8 +124,15 @@ def test_the_call_made_again_is_the_same_call_its_publish_id_marked_as_resent(mo
 
 
 def test_cluster_errors_that_reach_kombu_are_connection_errors():
-    for cls in (rex.ClusterError, rex.ClusterDownError, rex.TryAgainError, rex.AskError, rex.MovedError,
-                rex.ReadOnlyError, ClusterUnsettled):
+    for cls in (
+        rex.ClusterError,
+        rex.ClusterDownError,
+        rex.TryAgainError,
+        rex.AskError,
+        rex.MovedError,
+        rex.ReadOnlyError,
+        ClusterUnsettled,
+    ):
         assert issubclass(cls, Transport.connection_errors), cls
 
 

@@ -42,11 +42,14 @@ def test_fresh_peeks_find_the_best_entry_k_in_n_times():
     assert abs(result.stats["p_zero"] - 0.1) < 0.006
 
 
-@pytest.mark.parametrize("kw", [
-    {"nodes": 1, "peeks": 1, "consumers": 4},               # one subqueue is a strict queue
-    {"nodes": 8, "peeks": 8},                               # peeking all of them is strict too
-    {"nodes": 8, "peeks": 2, "priorities": "ranks:1", "rank_only": True},  # one rank: no better rank
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"nodes": 1, "peeks": 1, "consumers": 4},  # one subqueue is a strict queue
+        {"nodes": 8, "peeks": 8},  # peeking all of them is strict too
+        {"nodes": 8, "peeks": 2, "priorities": "ranks:1", "rank_only": True},  # one rank: no better rank
+    ],
+)
 def test_strict_cases_have_no_rank_error(kw):
     result = simulate(Params(lag=200, pops=2_000, **kw))
     assert result.stats["max"] == 0
@@ -54,44 +57,48 @@ def test_strict_cases_have_no_rank_error(kw):
 
 def test_peek_before_pop_beats_peek_before_add_which_beats_no_peek():
     # The paper's figure 3 at 20 nodes, 2 peeks, lag 1,000 (means about 13, 39 and 66 here).
-    means = {policy: simulate(Params(nodes=20, peeks=2, lag=1_000, pops=10_000, policy=policy,
-                                     seed=2)).stats["mean"]
-             for policy in ("peek-before-pop", "peek-before-add", "no-peek")}
+    means = {
+        policy: simulate(Params(nodes=20, peeks=2, lag=1_000, pops=10_000, policy=policy, seed=2)).stats["mean"]
+        for policy in ("peek-before-pop", "peek-before-add", "no-peek")
+    }
     assert means["peek-before-pop"] * 2 < means["peek-before-add"] < means["no-peek"]
 
 
 def test_second_best_check_at_least_halves_the_error_of_stale_peeks():
     # 8 consumers acting on peeks 7 pops old (means about 33 without the check, 15 with it).
-    off, on = (simulate(Params(nodes=50, peeks=5, lag=2_000, consumers=8, second_best=sb,
-                               pops=10_000, seed=3)) for sb in (False, True))
+    off, on = (
+        simulate(Params(nodes=50, peeks=5, lag=2_000, consumers=8, second_best=sb, pops=10_000, seed=3))
+        for sb in (False, True)
+    )
     assert on.stats["mean"] < 0.6 * off.stats["mean"]
     assert on.stats["p99"] < off.stats["p99"]
     assert on.extra_pops > 0 and off.extra_pops == 0
 
 
 def test_stale_peeks_cost_rank_error():
-    one, many = (simulate(Params(nodes=20, peeks=2, lag=1_000, consumers=c, pops=10_000, seed=4))
-                 for c in (1, 16))
+    one, many = (simulate(Params(nodes=20, peeks=2, lag=1_000, consumers=c, pops=10_000, seed=4)) for c in (1, 16))
     assert many.stats["mean"] > 1.5 * one.stats["mean"]
 
 
 def test_same_params_same_result():
-    a, b = (simulate(Params(nodes=10, peeks=2, lag=300, consumers=3, pops=3_000, seed=9))
-            for _ in range(2))
+    a, b = (simulate(Params(nodes=10, peeks=2, lag=300, consumers=3, pops=3_000, seed=9)) for _ in range(2))
     assert np.array_equal(a.pei, b.pei)
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"nodes": 0}, "nodes must be an integer >= 1"),
-    ({"peeks": 1.5}, "peeks must be an integer >= 1"),
-    ({"lag": True}, "lag must be an integer >= 1"),
-    ({"nodes": 4, "peeks": 5}, r"peeks \(5\) must not exceed nodes \(4\)"),
-    ({"policy": "peek-twice"}, "unknown policy 'peek-twice' .known: peek-before-pop"),
-    ({"priorities": "ranks:0"}, "priorities must be 'uniform', 'fifo' or 'ranks:R'"),
-    ({"priorities": "normal"}, "priorities must be"),
-    ({"warmup": -1}, "warmup must be an integer >= 0 or None, got -1"),
-    ({"rank_only": True}, "rank_only needs priorities 'ranks:R', not 'uniform'"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"nodes": 0}, "nodes must be an integer >= 1"),
+        ({"peeks": 1.5}, "peeks must be an integer >= 1"),
+        ({"lag": True}, "lag must be an integer >= 1"),
+        ({"nodes": 4, "peeks": 5}, r"peeks \(5\) must not exceed nodes \(4\)"),
+        ({"policy": "peek-twice"}, "unknown policy 'peek-twice' .known: peek-before-pop"),
+        ({"priorities": "ranks:0"}, "priorities must be 'uniform', 'fifo' or 'ranks:R'"),
+        ({"priorities": "normal"}, "priorities must be"),
+        ({"warmup": -1}, "warmup must be an integer >= 0 or None, got -1"),
+        ({"rank_only": True}, "rank_only needs priorities 'ranks:R', not 'uniform'"),
+    ],
+)
 def test_bad_params_say_what_is_wrong(kw, message):
     with pytest.raises(ValueError, match=message):
         Params(**kw)
@@ -100,12 +107,16 @@ def test_bad_params_say_what_is_wrong(kw, message):
 def test_ranks_count_earlier_ties_unless_rank_only():
     # one rank and publish order: the queue is FIFO, and a pop from the wrong subqueue has
     # earlier entries of its rank ahead of it; rank_only counts none of them
-    by_order, by_rank = (simulate(Params(nodes=8, peeks=2, lag=200, pops=2_000,
-                                         priorities="ranks:1", rank_only=r)) for r in (False, True))
+    by_order, by_rank = (
+        simulate(Params(nodes=8, peeks=2, lag=200, pops=2_000, priorities="ranks:1", rank_only=r))
+        for r in (False, True)
+    )
     assert by_order.stats["mean"] > 1 and by_rank.stats["max"] == 0
     # 256 ranks at lag 2,000 (about 8 entries a rank): ties are a small part of the error
-    by_order, by_rank = (simulate(Params(nodes=8, peeks=2, lag=2_000, pops=5_000,
-                                         priorities="ranks:256", rank_only=r)) for r in (False, True))
+    by_order, by_rank = (
+        simulate(Params(nodes=8, peeks=2, lag=2_000, pops=5_000, priorities="ranks:256", rank_only=r))
+        for r in (False, True)
+    )
     assert 0.5 * by_order.stats["mean"] < by_rank.stats["mean"] < by_order.stats["mean"]
 
 
@@ -121,7 +132,7 @@ def test_predict_gives_ordered_percentiles_that_grow_with_the_shards():
         assert 0 <= p["p50"] <= p["p90"] <= p["p99"] <= p["max"]
         assert 0 <= p["p_zero"] <= 1
     assert large["mean"] > 2 * small["mean"]
-    assert predict(4, 2, consumers=2, lag=400) == small             # seeded: repeatable
+    assert predict(4, 2, consumers=2, lag=400) == small  # seeded: repeatable
     # one shard is a strict queue whatever the consumers; k above N peeks every shard
     assert predict(1, 2, consumers=8, lag=100)["max"] == 0
     assert predict(2, 4, lag=100)["max"] == 0
@@ -144,12 +155,15 @@ def test_cli_run_check_and_predict():
     assert out.exit_code == 0 and '"p99"' in out.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "-n", "4", "-k", "6"], "peeks (6) must not exceed nodes (4)"),
-    (["run", "--priorities", "zipf"], "priorities must be"),
-    (["run", "--policy", "random"], "Invalid value for '--policy'"),
-    (["predict", "0", "2"], "nodes must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "-n", "4", "-k", "6"], "peeks (6) must not exceed nodes (4)"),
+        (["run", "--priorities", "zipf"], "priorities must be"),
+        (["run", "--policy", "random"], "Invalid value for '--policy'"),
+        (["predict", "0", "2"], "nodes must be an integer >= 1"),
+    ],
+)
 def test_cli_bad_values_are_one_line_errors(args, message):
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 2
@@ -161,8 +175,7 @@ def test_sweep_rows_write_a_table_histogram_and_figures(tmp_path):
     results = [run_row(r) for r in rows]
     paths = write(results, tmp_path / "out", tmp_path / "img")
     names = {p.name for p in paths}
-    assert {"sim.csv", "sim.md", "sim-histogram.csv", "relaxed-distribution.png",
-            "relaxed-multiqueue.png"} <= names
+    assert {"sim.csv", "sim.md", "sim-histogram.csv", "relaxed-distribution.png", "relaxed-multiqueue.png"} <= names
     table = (tmp_path / "out" / "sim.md").read_text()
     assert table.count("\n") == 2 + len(results) and "| distribution |" in table
     dist = results[0]

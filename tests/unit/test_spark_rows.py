@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from celery import Celery
@@ -18,8 +18,13 @@ from celery_pq.spark.settings import WriterSettings
 
 COLUMNS = ["a", "b", "task_id", "priority"]
 SAMPLES = [
-    (1, 2.5, "t1", 3), (None, True, "t2", None), ("text", "ünï'\"code", "t3", 0), ([1, [2, "x"]], {"k": [1.5]}, "t4", 255),
-    (10**30, -0.0, "t5", 1), ("x" * 5000, 7, "t6", 9), (float("inf"), 1e-300, "t7", 2),
+    (1, 2.5, "t1", 3),
+    (None, True, "t2", None),
+    ("text", "ünï'\"code", "t3", 0),
+    ([1, [2, "x"]], {"k": [1.5]}, "t4", 255),
+    (10**30, -0.0, "t5", 1),
+    ("x" * 5000, 7, "t6", 9),
+    (float("inf"), 1e-300, "t7", 2),
 ]
 
 
@@ -34,7 +39,8 @@ def test_a_row_gives_the_headers_body_and_properties_celery_makes(row):
     queue, item = rows.build(row, now=0.0)
     message = decode(item.payload)
     ref = Celery("ref", set_as_current=False).amqp.as_task_v2(
-        row[2], "proj.t", args=[row[0]], kwargs={"b": row[1]}, origin=rows.origin)
+        row[2], "proj.t", args=[row[0]], kwargs={"b": row[1]}, origin=rows.origin
+    )
     assert message["headers"] == json.loads(json.dumps(ref.headers))
     args, kwargs, embed = json.loads(base64.b64decode(message["body"]))
     assert [args, kwargs, embed] == json.loads(json.dumps(list(ref.body)))
@@ -76,14 +82,17 @@ def test_a_rejected_row_keeps_its_position_so_the_next_rows_ids_do_not_move():
     assert with_bad.build((2, 1), 0.0)[1].id == without.build((2, 1), 0.0)[1].id
 
 
-@pytest.mark.parametrize("row, reason", [
-    ((1, 2, "t", 256), "out of range"),
-    ((1, 2, "t", 1.0), "must be an integer"),
-    ((1, 2, "t", "7"), "must be an integer"),
-    ((1, 2, None, 1), "task_id must be a non-empty string"),
-    ((1, 2, "", 1), "task_id must be a non-empty string"),
-    ((b"bytes", 2, "t", 1), "cannot be sent as JSON"),
-])
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        ((1, 2, "t", 256), "out of range"),
+        ((1, 2, "t", 1.0), "must be an integer"),
+        ((1, 2, "t", "7"), "must be an integer"),
+        ((1, 2, None, 1), "task_id must be a non-empty string"),
+        ((1, 2, "", 1), "task_id must be a non-empty string"),
+        ((b"bytes", 2, "t", 1), "cannot be sent as JSON"),
+    ],
+)
 def test_bad_rows_are_rejected_with_a_reason_naming_the_value(row, reason):
     with pytest.raises(Rejected, match=reason):
         TaskRows(settings()).build(row, 0.0)
@@ -95,33 +104,49 @@ def test_an_eta_timestamp_is_local_time_and_an_iso_string_without_zone_is_utc():
     _, local = TaskRows(s, eta_is_local=True).build((1, naive), 0.0)
     _, text = TaskRows(s).build((1, "2030-01-02T03:04:05"), 0.0)
     assert local.due_ms == int(naive.astimezone().timestamp() * 1000)
-    assert text.due_ms == int(naive.replace(tzinfo=timezone.utc).timestamp() * 1000)
+    assert text.due_ms == int(naive.replace(tzinfo=UTC).timestamp() * 1000)
 
 
-@pytest.mark.parametrize("options, columns, message", [
-    ({"task": "t"}, ["a"], "option 'broker' is required"),
-    ({"broker": "pq://h:1/0"}, ["a"], "option 'task' is required"),
-    ({"broker": "pq://h:1/0", "task": "t", "args": "a,,b"}, ["a", "b"], "option 'args' must be column names"),
-    ({"broker": "pq://h:1/0", "task": "t", "key": "a"}, ["a", "task_id"], "give one of them"),
-    ({"broker": "pq://h:1/0", "task": "t", "transport_options": "[1]"}, ["a"], "must be a JSON object"),
-    ({"broker": "pq://h:1/0", "task": "t", "dedupe_seconds": "-1"}, ["a"], "dedupe_seconds"),
-    ({"broker": "pq://h:1/0", "task": "t", "Tenant_Concurrency": "2"}, ["a"], "need fair_key"),
-])
+@pytest.mark.parametrize(
+    "options, columns, message",
+    [
+        ({"task": "t"}, ["a"], "option 'broker' is required"),
+        ({"broker": "pq://h:1/0"}, ["a"], "option 'task' is required"),
+        ({"broker": "pq://h:1/0", "task": "t", "args": "a,,b"}, ["a", "b"], "option 'args' must be column names"),
+        ({"broker": "pq://h:1/0", "task": "t", "key": "a"}, ["a", "task_id"], "give one of them"),
+        ({"broker": "pq://h:1/0", "task": "t", "transport_options": "[1]"}, ["a"], "must be a JSON object"),
+        ({"broker": "pq://h:1/0", "task": "t", "dedupe_seconds": "-1"}, ["a"], "dedupe_seconds"),
+        ({"broker": "pq://h:1/0", "task": "t", "Tenant_Concurrency": "2"}, ["a"], "need fair_key"),
+    ],
+)
 def test_option_errors_name_the_option(options, columns, message):
     with pytest.raises(ConfigError, match=message):
         WriterSettings.parse(options, columns)
 
 
 def test_transport_options_come_as_json_or_one_by_one_and_one_by_one_wins():
-    s = WriterSettings.parse({"broker": "pq://h:1/0", "task": "t", "transport_options": json.dumps(
-        {"key_prefix": "a", "priority_order": "lower_first"}), "key_prefix": "123", "dedupe_seconds": "600"}, ["x"])
-    assert (s.transport.key_prefix, s.transport.priority_order, s.transport.dedupe_seconds) == \
-        ("123", "lower_first", 600.0)
+    s = WriterSettings.parse(
+        {
+            "broker": "pq://h:1/0",
+            "task": "t",
+            "transport_options": json.dumps({"key_prefix": "a", "priority_order": "lower_first"}),
+            "key_prefix": "123",
+            "dedupe_seconds": "600",
+        },
+        ["x"],
+    )
+    assert (s.transport.key_prefix, s.transport.priority_order, s.transport.dedupe_seconds) == (
+        "123",
+        "lower_first",
+        600.0,
+    )
     assert (s.conninfo().hostname, s.conninfo().port, s.tls) == ("h", 1, False)
 
 
-@pytest.mark.parametrize("broker", ["amqp://guest:s3cr3t-pw@h:5672//", "http://:s3cr3t-pw@h:1/0",
-                                    "amqp://u:s3cr3t-pw@h;amqp://u:s3cr3t-pw@h2"])
+@pytest.mark.parametrize(
+    "broker",
+    ["amqp://guest:s3cr3t-pw@h:5672//", "http://:s3cr3t-pw@h:1/0", "amqp://u:s3cr3t-pw@h;amqp://u:s3cr3t-pw@h2"],
+)
 def test_a_broker_url_of_another_scheme_is_refused_without_its_password(broker):
     with pytest.raises(ConfigError, match="option 'broker' must be a pq://") as info:
         WriterSettings.parse({"broker": broker, "task": "t"}, ["a"])

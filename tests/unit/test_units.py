@@ -12,8 +12,17 @@ def test_valid_priorities(p):
     assert validate_priority(p) == p
 
 
-@pytest.mark.parametrize("p,msg", [(-1, "out of range"), (256, "out of range"), (1.0, "integer"), ("3", "integer"),
-                                   (None, "integer"), (True, "integer")])
+@pytest.mark.parametrize(
+    "p,msg",
+    [
+        (-1, "out of range"),
+        (256, "out of range"),
+        (1.0, "integer"),
+        ("3", "integer"),
+        (None, "integer"),
+        (True, "integer"),
+    ],
+)
 def test_invalid_priorities_name_the_value(p, msg):
     with pytest.raises(ValueError, match=msg) as err:
         validate_priority(p)
@@ -124,7 +133,10 @@ def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way
     wire._send(conn, ("FCALL", "f", 1, "k", b"v", 7))
     wire._send(conn, ("FCALL", "f", 0, None))  # hiredis packs no None: redis-py's path says why
     if wire._pack is not None:
-        assert conn.sent[0] == ("packed", b"*6\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n")
+        assert conn.sent[0] == (
+            "packed",
+            b"*6\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n",
+        )
         assert conn.sent[1] == ("words", ("FCALL", "f", 0, None))
     else:
         assert [kind for kind, _ in conn.sent] == ["words", "words"]
