@@ -30,9 +30,9 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import time
 import weakref
 from contextlib import contextmanager
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import redis
@@ -43,6 +43,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 from . import constants as C
 from .errors import ClusterUnsettled, ConfigError
 from .redact import redact
+from .retrying import again_while_refused
 
 logger = logging.getLogger(__name__)
 
@@ -245,28 +246,24 @@ def until_settled(cluster, key, attempt):
     error (it wrote nothing: the slot guard, or Redis refused the call whole), after a pause that
     doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX seconds, for at most
     ``cluster_retry_seconds``; then ``ClusterUnsettled`` naming ``key``. Its reply otherwise."""
-    started: float | None = None
-    pause = C.SETTLE_PAUSE_FIRST
-    n = 0
-    while True:
-        try:
-            return attempt(n)
-        except Exception as exc:  # only the unsettled ones are made again
-            if not unsettled(exc):
-                raise
-            settling["refused"] += 1
-            now = time.monotonic()
-            if started is None:
-                started = now
-            bound = getattr(_patience, "bound", None)
-            if bound is None:
-                bound = _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS)
-            if now - started + pause > bound:
-                name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-                raise ClusterUnsettled(name, now - started, exc) from exc
-            time.sleep(pause)
-            pause = min(pause * 2, C.SETTLE_PAUSE_MAX)
-            n += 1
+
+    def refused(exc: Exception) -> bool:
+        if not unsettled(exc):
+            return False
+        settling["refused"] += 1
+        return True
+
+    def bound() -> float:
+        given = getattr(_patience, "bound", None)
+        return _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS) if given is None else given
+
+    def give_up(exc: Exception, waited: float) -> NoReturn:
+        name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+        raise ClusterUnsettled(name, waited, exc) from exc
+
+    return again_while_refused(
+        attempt, refused, bound=bound, first=C.SETTLE_PAUSE_FIRST, most=C.SETTLE_PAUSE_MAX, give_up=give_up
+    )
 
 
 def node_client(client, key) -> redis.Redis:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import redis
 
@@ -18,6 +17,7 @@ from .. import constants as C
 from .. import scripts as _scripts
 from ..errors import ErrorCode, QueueMigrating, error_for
 from ..records import mode_dict
+from ..retrying import again_while_refused
 from .values import Popped
 
 if TYPE_CHECKING:
@@ -75,16 +75,18 @@ def wait_out_migration(call):
     """``call()``, again while it raises QueueMigrating (the queue's mode is being migrated and
     the script did nothing), for up to ``C.MIGRATION_WAIT`` seconds. Only for a call that is one
     script call of one queue: of several, those of other queues would have run."""
-    deadline, pause = None, 0.005
-    while True:
-        try:
-            return call()
-        except QueueMigrating:
-            deadline = deadline or time.monotonic() + C.MIGRATION_WAIT
-            if time.monotonic() >= deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
+
+    def give_up(exc: Exception, waited: float) -> NoReturn:
+        raise exc
+
+    return again_while_refused(
+        lambda n: call(),
+        lambda exc: isinstance(exc, QueueMigrating),
+        bound=lambda: C.MIGRATION_WAIT,
+        first=0.005,
+        most=0.2,
+        give_up=give_up,
+    )
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
