@@ -117,10 +117,9 @@ def test_signature_args_lays_out_argv_from_names():
     assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [1, "c", "b", 3, 4, 0, 255, 9, 2,
                                                                           "e1", "t1", "e2", "t2", "x"]
     insert = signature("insert")
-    head = {"max_length": 0, "max_per_tenant": 0, "fair": "0", "scope": "P", "views_version": "v", "made": "0",
-            "context": "x"}
+    head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
     assert insert.args(*"abcdefg", **head, views=["0,3", "4,9"], forget=["p"]) == [
-        0, 0, "0", "P", "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
+        0, 0, "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):
         insert.args(**head, nviews=0)
     with pytest.raises(TypeError, match="3 repeated values"):
