@@ -489,8 +489,7 @@ class PriorityQueue:
         head = self._head
         if head is None:
             keys = [*self._keys("insert"), *(self.keys.view_wake(*v) for v in self._views)]
-            args = [self.max_length or 0, self.max_length_per_tenant, "1" if self.fair else "0", self.scope,
-                    self._views_version, len(self._views), *(f"{lo},{hi}" for lo, hi in self._views)]
+            args = [self.max_length or 0, self.max_length_per_tenant, self._views_version, len(self._views), *(f"{lo},{hi}" for lo, hi in self._views)]
             head = self._head = (keys, args)
         return head
 
@@ -810,7 +809,7 @@ class PriorityQueue:
         args = [lease_ms, consumer or "", unique_bytes().hex(), min(count, C.FAIR_POP_MAX) if self.fair else count,
                 C.POP_STALE_BUDGET]
         if self.fair:
-            args += (self.scope, self.tenant_concurrency, self.tenant_rate)
+            args += (self.tenant_concurrency, self.tenant_rate)
         args += (lo, hi, take_hi, len(acks))
         for eid, token in acks:
             args += (encode_id(eid), token)
@@ -872,7 +871,7 @@ class PriorityQueue:
     def ack_call(self, pairs: Sequence[tuple[str, str]]) -> tuple:
         """``(script, keys, args)`` acking ``(entry id, token)`` pairs, to run with others."""
         return self._call("ack", self._keys("ack"),
-                          ["1" if self.fair else "0", *(v for eid, token in pairs for v in (encode_id(eid), token))])
+                          [v for eid, token in pairs for v in (encode_id(eid), token)])
 
     def _codes(self, pairs, codes, strict) -> list[bool]:
         out = []
@@ -917,8 +916,7 @@ class PriorityQueue:
     def _requeue(self, lease, count_delivery, reason, strict):
         eid, token = _pair(lease)
         code = self._run("requeue", self._keys("requeue"),
-                         [encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason,
-                          "1" if self.fair else "0", self.scope])
+                         [encode_id(eid), token, 1 if count_delivery else 0, self.max_deliveries, reason])
         if code == 1:
             return "waiting"
         if code in (2, 3):
@@ -952,8 +950,7 @@ class PriorityQueue:
             try:
                 returned, dead, skipped, more, promoted, dropped, restored, kept = self._run(
                     "reclaim", self._keys("reclaim"),
-                    [limit, self.max_deliveries, int(guard_seconds * 1000), consumer,
-                     "1" if self.fair else "0", self.scope, int(gap_seconds * 1000), int(restore_seconds * 1000),
+                    [limit, self.max_deliveries, int(guard_seconds * 1000), consumer, int(gap_seconds * 1000), int(restore_seconds * 1000),
                      start],
                     wait=bool(consumer),
                 )
@@ -983,8 +980,7 @@ class PriorityQueue:
         total, cursor = 0, ""
         while True:
             removed, _leased, cursor = self._run("remove", self._keys("remove"),
-                                                 [encode_id(id), self.technique, "1" if self.fair else "0", self.scope,
-                                                  cursor, C.STEP_CHUNK])
+                                                 [encode_id(id), cursor, C.STEP_CHUNK])
             total += int(removed)
             if not cursor:
                 return total
@@ -993,7 +989,7 @@ class PriorityQueue:
         """Move a waiting entry to ``priority``, behind the entries already waiting there."""
         _text("id", id)
         code = self._run("change_priority", self._keys("change_priority"),
-                         [encode_id(id), self.rank(priority), self.technique, "1" if self.fair else "0", self.scope])
+                         [encode_id(id), self.rank(priority)])
         raise_for(code, self.name, entry_id=id)
 
     def peek(self, count: int = 1) -> list[Entry]:
@@ -1053,7 +1049,7 @@ class PriorityQueue:
         total = 0
         while True:
             deleted, taken = self._run("purge", self._keys("purge"),
-                                       [C.STEP_CHUNK, "1" if self.fair else "0", self.scope])
+                                       [C.STEP_CHUNK])
             total += int(deleted)
             if not taken:
                 return total
@@ -1077,8 +1073,7 @@ class PriorityQueue:
         for start in range(0, len(ids), C.STEP_CHUNK):
             part = ids[start : start + C.STEP_CHUNK]
             reply = self._run("replay", self._keys("replay"),
-                              [self.max_length or 0, "1" if self.fair else "0", self.scope,
-                               *(encode_id(i) for i in part)])
+                              [self.max_length or 0, *(encode_id(i) for i in part)])
             for i, r in zip(part, reply):
                 if not isinstance(r, int):
                     out["replayed"][i] = decode_id(r)
