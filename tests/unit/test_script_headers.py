@@ -129,6 +129,23 @@ def test_signature_args_lays_out_argv_from_names():
     assert signature("extend").args("e", "t", lease_ms=5) == [5, "e", "t"]
 
 
+def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
+    pop = signature("pop")
+    fixed = {"lease_ms": 1, "consumer": "c", "count": 3, "stale_budget": 4, "lo": 0, "hi": 255, "take_hi": 9}
+    layout = pop.bind(**fixed, context="x")
+    assert layout.free == ("token_base",)
+    assert layout("e1", "t1", token_base="b") == pop.args("e1", "t1", **fixed, token_base="b", context="x")
+    assert layout(token_base="b2") == [1, "c", "b2", 3, 4, 0, 255, 9, 0, "x"]
+    insert = signature("insert").bind(max_length=0, max_per_tenant=0, views_version="v", views=["0,3"], context="x")
+    assert insert(*"abcdefg", forget=["p", "q"], made="0") == [0, 0, "v", 1, "0,3", 2, "p", "q", "0", *"abcdefg", "x"]
+    with pytest.raises(TypeError, match=r"missing \['token_base'\], unexpected \['token'\]"):
+        layout(token="b")
+    with pytest.raises(TypeError, match="1 repeated values"):
+        layout("e1", token_base="b")
+    with pytest.raises(TypeError, match=r"takes no \['nacks'\]"):
+        pop.bind(nacks=1)
+
+
 @pytest.mark.parametrize("lines", [
     "-- ARGV[2] b  skips ARGV[1]",
     "-- ARGV[1] a  one\n-- ARGV[1] b  again",
