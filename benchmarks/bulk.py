@@ -50,7 +50,7 @@ def ceiling(port, client, entries, batch) -> float | None:
         call = ["EVALSHA", get_scripts(client).insert.sha]
     # "0": due now; no publish ids (every call sends the same arguments, and a publish id would
     # make each repeat store nothing), so the ceiling does less work per entry than insert_many
-    _, keys, args = q._call("insert", q._insert_keys(), q._insert_args([(PAYLOAD.decode(), 5, None, None, "0", None, None)] * batch))
+    _, keys, args = q.insert_call([(PAYLOAD.decode(), 5, None, None, "0", None, None)] * batch)
     calls = max(1, entries // batch)
     out = subprocess.run(
         [binary, "-p", str(port), "-n", str(calls), "-c", "8", "-P", "16", "--csv",

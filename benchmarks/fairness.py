@@ -33,7 +33,7 @@ def _consumer(port, name, service_ms, stop, out):
     while not stop.is_set():
         got = q.pop(1)
         if not got:
-            client.blpop([q.keys.wk], timeout=0.1)
+            client.blpop([q.keys.wake], timeout=0.1)
             continue
         lease = got[0]
         if lease.tenant == "Q":

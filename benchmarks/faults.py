@@ -207,7 +207,7 @@ def aof_kill_rounds(*, fsync: str = "everysec", rounds: int = 10, rate: float = 
                 t.join(10)
             server.start()
             r = server.client()
-            ii = PriorityQueue(r, "aof", key_prefix="pqa").keys.ii
+            ii = PriorityQueue(r, "aof", key_prefix="pqa").keys.entries
             with r.pipeline(transaction=False) as p:
                 for eid, _ in returned:
                     p.hexists(ii, encode_id(eid))

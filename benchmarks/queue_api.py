@@ -57,7 +57,7 @@ def fill(q, size) -> float:
     q.insert(b"x" * 64, 0)
     script = q.client.register_script(compose(_FILL))
     for start in range(1, size, FILL_PIECE):
-        script(keys=[q.keys.ii, q.keys.pi, q.keys.sq], args=[min(FILL_PIECE, size - start), b"x" * 64])
+        script(keys=[q.keys.entries, q.keys.priority_index, q.keys.sequence], args=[min(FILL_PIECE, size - start), b"x" * 64])
     return time.perf_counter() - t
 
 

@@ -44,7 +44,8 @@ from contextlib import contextmanager
 import redis
 
 from celery_pq.options import Options
-from celery_pq.shards import ShardedQueue, pop_any, shards_of
+from celery_pq.queue import open_queue
+from celery_pq.shards import ShardedQueue
 from celery_pq.sim import predict
 from celery_pq.testing import RedisCluster
 
@@ -57,7 +58,7 @@ CONSUMERS = (1, 4, 16)
 
 
 def _open(client, name, shards, peek, seed, check_beaten=True):
-    q = Options(key_prefix=PREFIX, shards=shards, peek=peek).open_queue(client, name)
+    q = open_queue(client, name, Options(key_prefix=PREFIX, shards=shards, peek=peek).queue_settings(name))
     if shards > 1:  # a stream of its own: drawn from the priorities' seed, shards would follow priorities
         q = ShardedQueue(q.shards, name, peek=peek, rng=random.Random(f"shards-{seed}"), check_beaten=check_beaten)
     return q
@@ -70,7 +71,7 @@ def _consume(connect, name, shards, peek, seed, budget, out, check_beaten):
     rng = random.Random(seed)
     pops, pubs = [], []
     while budget.take():
-        got, _ = pop_any(q, 1)
+        got, _ = q.pop_with_acks(1)
         t = now_ns()
         if not got:
             continue
@@ -186,8 +187,8 @@ def servers(cluster: bool):
     with RedisCluster() as c:
         def placement(n):
             client = c.client()
-            q = Options(key_prefix=PREFIX, shards=n).open_queue(client, "placement")
-            ports = Counter(str(c.master_of(s.keys.ii).port) for s in shards_of(q))
+            q = open_queue(client, "placement", Options(key_prefix=PREFIX, shards=n).queue_settings("placement"))
+            ports = Counter(str(c.master_of(s.keys.entries).port) for s in q.shards)
             client.close()
             return dict(sorted(ports.items()))
 

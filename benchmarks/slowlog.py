@@ -192,15 +192,15 @@ def case_publish_window(client, log, ids) -> dict:
     out = {}
     for label, age_windows in (("both windows at once", 2), ("the older window", 1)):
         with client.pipeline(transaction=False) as p:
-            for key in (q.keys.pd, q.keys.pe):
+            for key in (q.keys.publish_ids, q.keys.publish_ids_before):
                 for start in range(0, ids, 10_000):
                     p.hset(key, mapping={f"p{key[-2:]}{i}": "" for i in range(start, min(start + 10_000, ids))})
                     if len(p) >= 20:
                         p.execute()
             p.execute()
-        assert client.hlen(q.keys.pd) >= ids
+        assert client.hlen(q.keys.publish_ids) >= ids
         now_ms = int(time.time() * 1000)
-        client.set(q.keys.pt, now_ms - age_windows * 5000 - 100)
+        client.set(q.keys.publish_window, now_ms - age_windows * 5000 - 100)
         log.take()
         durations = list(log.durations)
         log.reset()
@@ -219,7 +219,7 @@ def case_migrate(client, log, n) -> dict:
     fair = PriorityQueue(client, "migrate", fair=True)
     waiting = done = 0
     while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
-        step = fair._run("migrate", fair._keys("migrate"), [C.MIGRATE_STEP])
+        step = fair.run("migrate", [C.MIGRATE_STEP])
         waiting, done = waiting + step[0], step[3]
         log.tick()
     assert waiting == n - n // 100, waiting

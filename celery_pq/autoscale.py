@@ -39,7 +39,7 @@ from time import monotonic
 from celery.worker import state
 from celery.worker.autoscale import Autoscaler
 
-from .broker import Broker, open_queue
+from .broker import Broker, queue_and_view
 from .checks import count, number
 
 logger = logging.getLogger("celery_pq.autoscale")
@@ -108,7 +108,7 @@ class BacklogAutoscaler(Autoscaler):
                 sec, usec = channel.client.time()
                 now_ms = int(sec) * 1000 + int(usec) // 1000
                 for name in self.queue_names():
-                    q, view = open_queue(channel, name)
+                    q, view = queue_and_view(channel, name)
                     n = q.backlog(view)
                     total += n
                     if n and view is None:

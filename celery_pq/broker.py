@@ -10,13 +10,14 @@ may hold a password.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any
 
 import redis
 
 from .errors import BrokerUnreachable, ConfigError
-from .keys import queues_key
+from .keys import queue_keys, queues_key
 from .redact import redact
 
 #: Errors that mean the broker's Redis is not there (refused, timed out, lost mid-command).
@@ -26,11 +27,11 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError
 class Broker:
     """A broker to open celery-pq channels on (``channel()``), one connection per use."""
 
-    def __init__(self, connect: Callable[[], object]):
+    def __init__(self, connect: Callable[[], Any]):  # a kombu Connection
         self._connect = connect
 
     @classmethod
-    def of(cls, app_or_url, transport_options: dict | None = None) -> "Broker":
+    def of(cls, app_or_url, transport_options: dict | None = None) -> Broker:
         """From a Celery app (its broker settings) or a broker URL (with ``transport_options``)."""
         if isinstance(app_or_url, Broker):
             return app_or_url
@@ -95,58 +96,29 @@ def queue_names(channel, names=()) -> list[str]:
     return [n for n in (mine or known) if not n.endswith(".dead")]
 
 
-def open_queue(channel, name: str):
-    """The queue ``name`` (a view's name gives its queue) with the mode it recorded in Redis
-    (fairness, scope, order, technique), the channel's options for the rest: an operator's
-    command works on a queue made by workers with other options (``python -m celery_pq``
-    without the workers' ``fair_key``). A queue with no record takes the channel's options."""
-    from .shards import ShardedQueue
+def queue_and_view(channel, name: str):
+    """(the queue, the rank range of the view) that ``name`` names (a view's name gives its
+    queue; the range is None for a queue's own name), opened by ``queue.open_queue`` with the
+    mode each queue (each shard) recorded in Redis (fairness, scope, order, technique) and the
+    channel's options for the rest: an operator's command works on a queue made by workers
+    with other options (``python -m celery_pq`` without the workers' ``fair_key``). A queue
+    with no record takes the channel's options."""
+    from .queue import open_queue
     from .views import View
 
     view = View.parse(name)
     base = view.base if view else name
-    n = channel.options.shards_of(base)
-    if n > 1:  # each shard as it recorded itself (the stats, metrics and commands sum them)
-        q = ShardedQueue.open(lambda shard: _open_recorded(channel, shard, channel.options.open_one), base, n,
-                              peek=channel.options.peek)
-    else:
-        q = _open_recorded(channel, base, lambda client, name: channel.queue(name))
-    if view is None:
-        return q, None
-    return q, view.rank_range(q)
-
-
-def _open_recorded(channel, name: str, unrecorded):
-    """The queue (or shard) ``name`` with the mode it recorded; ``unrecorded(client, name)``
-    opens one with no record (with the channel's options)."""
-    from .queue import PriorityQueue
-
-    kwargs = channel.options.queue_kwargs(name)
-    stored = channel.client.get(PriorityQueue(channel.client, name, key_prefix=kwargs["key_prefix"]).keys.md)
-    if stored is None:
-        return unrecorded(channel.client, name)
-    return PriorityQueue.open(channel.client, name, **kwargs) if _fits(stored, kwargs) else \
-        PriorityQueue.open(channel.client, name, **_plain(kwargs))
-
-
-def _fits(stored, kwargs) -> bool:
-    """Do the tenant settings in ``kwargs`` suit the recorded mode (they need fairness)?"""
-    fair = (stored.decode() if isinstance(stored, bytes) else stored)[:1] == "1"
-    return fair or not any(kwargs.get(k) for k in ("tenant_concurrency", "tenant_rate", "max_length_per_tenant"))
-
-
-def _plain(kwargs) -> dict:
-    return {**kwargs, "tenant_concurrency": None, "tenant_rate": None, "max_length_per_tenant": None}
+    q = open_queue(channel.client, base, channel.options.queue_settings(base), recorded=True)
+    return q, None if view is None else view.rank_range(q)
 
 
 def known(channel, name: str) -> bool:
     """Is ``name`` (or the queue a view names) a declared queue or one with stored keys?"""
-    from .queue import PriorityQueue
     from .views import View
 
     view = View.parse(name)
     base = view.base if view else name
     if channel.client.sismember(queues_key(channel.options.key_prefix), base):
         return True
-    k = PriorityQueue(channel.client, base, key_prefix=channel.options.key_prefix).keys
-    return bool(channel.client.exists(k.md, k.ii, k.lt, k.dz))
+    k = queue_keys(base, channel.options.key_prefix)
+    return bool(channel.client.exists(k.mode, k.entries, k.leases, k.delayed))

@@ -1,6 +1,6 @@
 """``celery -A proj pq ...`` and ``python -m celery_pq --broker URL ...``: administration of
 celery-pq queues. Each command is a thin click wrapper: the queue does the work
-(``queue.py``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
+(``queue/``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
 describes a stored message, ``metrics.py`` serves Prometheus. Errors are one line and exit 1
 (``click.ClickException``)."""
 
@@ -15,7 +15,7 @@ import redis
 from celery.bin.base import CeleryCommand
 
 from . import render
-from .broker import Broker, known, open_queue, queue_names
+from .broker import Broker, known, queue_and_view, queue_names
 from .errors import PQError
 from .messages import describe
 
@@ -54,7 +54,7 @@ def _queue(channel, name):
     if not known(channel, name):
         declared = ", ".join(queue_names(channel)) or "none"
         raise click.ClickException(f"unknown queue {name!r} (declared: {declared})")
-    return open_queue(channel, name)
+    return queue_and_view(channel, name)
 
 
 def _json(data) -> None:
@@ -74,7 +74,7 @@ def stats(ctx, queues, as_json, watch):
 
     def rows():
         with broker.channel() as channel:
-            return [open_queue(channel, name)[0].stats() for name in queue_names(channel, queues)]
+            return [queue_and_view(channel, name)[0].stats() for name in queue_names(channel, queues)]
 
     if watch is not None and watch <= 0:
         raise click.BadParameter(f"must be a number of seconds > 0, got {watch}", param_hint="--watch")
@@ -305,7 +305,7 @@ def recover(ctx, consumer, queues):
         for name in names:
             if queues:
                 _queue(channel, name)
-            r = open_queue(channel, name)[0].reclaim(consumer=consumer)
+            r = queue_and_view(channel, name)[0].reclaim(consumer=consumer)
             total["returned"] += int(r["returned"])
             total["dead"] += int(r["dead"])
             if r["returned"] or r["dead"]:

@@ -65,9 +65,42 @@ SHARD_SEP = "#"
 #: Most shards a queue may have (the transport option ``shards``).
 MAX_SHARDS = 256
 
+#: The stored suffix of each of one queue's keys (the name a script header gives the key) ->
+#: the ``QueueKeys`` field that holds it, named for what it holds; in the order QueueKeys lists
+#: them. The suffixes are what Redis stores: they never change.
+FIELDS = {
+    "ii": "entries",
+    "pi": "priority_index",
+    "lz": "lease_deadlines",
+    "lt": "leases",
+    "wk": "wake",
+    "sq": "sequence",
+    "dp": "duplicates",
+    "gd": "sweep_guard",
+    "dz": "delayed",
+    "vw": "views",
+    "vr": "views_version",
+    "te": "tenant_entries",
+    "ts": "tenant_schedule",
+    "tb": "tenant_states",
+    "fv": "virtual_times",
+    "fc": "tenant_settings",
+    "fn": "tenant_counts",
+    "tw": "rate_parked",
+    "fr": "token_buckets",
+    "md": "mode",
+    "pd": "publish_ids",
+    "pe": "publish_ids_before",
+    "pt": "publish_window",
+    "ct": "counters",
+    "gc": "fair_cursors",
+    "td": "tenant_deliveries",
+    "ev": "events",
+    "sw": "last_sweep",
+    "dq": "duplicate_index",
+}
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
-SUFFIXES = ("ii", "pi", "lz", "lt", "wk", "sq", "dp", "gd", "dz", "vw", "vr",
-            "te", "ts", "tb", "fv", "fc", "fn", "tw", "fr", "md", "pd", "pe", "pt", "ct", "gc", "td", "ev", "sw", "dq")
+SUFFIXES = tuple(FIELDS)
 #: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
@@ -87,54 +120,57 @@ def split_dead(name: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class QueueKeys:
+    """The keys of one queue, each field named for what it holds (``FIELDS``: the stored
+    suffix of each; the layout above)."""
+
     name: str
-    ii: str
-    pi: str
-    lz: str
-    lt: str
-    wk: str
-    sq: str
-    dp: str
-    gd: str
-    dz: str
-    vw: str
-    vr: str
-    te: str
-    ts: str
-    tb: str
-    fv: str
-    fc: str
-    fn: str
-    tw: str
-    fr: str
-    md: str
-    pd: str
-    pe: str
-    pt: str
-    ct: str
-    gc: str
-    td: str
-    ev: str
-    sw: str
-    dq: str
+    entries: str  # ii
+    priority_index: str  # pi
+    lease_deadlines: str  # lz
+    leases: str  # lt
+    wake: str  # wk
+    sequence: str  # sq
+    duplicates: str  # dp
+    sweep_guard: str  # gd
+    delayed: str  # dz
+    views: str  # vw
+    views_version: str  # vr
+    tenant_entries: str  # te
+    tenant_schedule: str  # ts
+    tenant_states: str  # tb
+    virtual_times: str  # fv
+    tenant_settings: str  # fc
+    tenant_counts: str  # fn
+    rate_parked: str  # tw
+    token_buckets: str  # fr
+    mode: str  # md
+    publish_ids: str  # pd
+    publish_ids_before: str  # pe
+    publish_window: str  # pt
+    counters: str  # ct
+    fair_cursors: str  # gc
+    tenant_deliveries: str  # td
+    events: str  # ev
+    last_sweep: str  # sw
+    duplicate_index: str  # dq
 
     @property
     def stem(self) -> str:
         """``<prefix>:{<tag>}:`` (``...:dead:`` for a dead-letter queue): the scripts derive the
         keys they are not handed from this stem of their first key."""
-        return self.ii[:-2]
+        return self.entries[:-2]
 
     def all(self) -> list[str]:
-        return [getattr(self, s) for s in SUFFIXES] + self.levels() + self.migration()
+        return [getattr(self, f) for f in FIELDS.values()] + self.levels() + self.migration()
 
     def level(self, rank: int) -> str:
         """The list of pointers of one rank (0 is served first) in the priority index."""
-        return f"{self.pi}:{rank}"
+        return f"{self.priority_index}:{rank}"
 
     def front(self, rank: int) -> str:
         """The front list of a compaction pass of one rank (lua/includes/index.lua): while it
         holds pointers, they come before those of ``level(rank)``."""
-        return f"{self.pi}:{rank}:f"
+        return f"{self.priority_index}:{rank}:f"
 
     def levels(self) -> list[str]:
         return [self.level(r) for r in range(256)] + [self.front(r) for r in range(256)]
@@ -142,11 +178,11 @@ class QueueKeys:
     def migration(self) -> list[str]:
         """The keys a ``migrate_mode`` in progress holds (lua/migrate.lua): the pointers gathered
         per rank, and the ids seen."""
-        return [f"{self.pi}:{r}:m" for r in range(256)] + [f"{self.pi}:mv"]
+        return [f"{self.priority_index}:{r}:m" for r in range(256)] + [f"{self.priority_index}:mv"]
 
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""
-        return f"{self.wk}:{lo}-{hi}"
+        return f"{self.wake}:{lo}-{hi}"
 
 
 #: Key names of a script header that stand for a key of the queue's dead-letter queue (a
@@ -156,7 +192,7 @@ DEAD_NAMES = {"dii": "ii", "dpi": "pi", "dwk": "wk", "dsq": "sq"}
 
 def script_keys(names, own: QueueKeys, dead: QueueKeys) -> list[str]:
     """The keys named ``names`` (a script header's, see ``scripts.signature``) of one queue."""
-    return [getattr(dead, DEAD_NAMES[n]) if n in DEAD_NAMES else getattr(own, n) for n in names]
+    return [getattr(dead, FIELDS[DEAD_NAMES[n]]) if n in DEAD_NAMES else getattr(own, FIELDS[n]) for n in names]
 
 
 def queue_keys(name: str, prefix: str = KEY_PREFIX) -> QueueKeys:

@@ -21,8 +21,7 @@ from redis import exceptions as rex
 
 from . import constants as C
 from .errors import ErrorCode
-from .queue import Lease, Popped, PriorityQueue, ack_all
-from .shards import pop_any
+from .queue import Lease, Popped, PriorityQueue, Queue, ack_all
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +46,15 @@ class LeaseBook:
         self.returned = False
 
     # -- the channel's side -----------------------------------------------------------------
-    def pop(self, q, count: int, **pop_args) -> Popped:
+    def pop(self, q: Queue, count: int, *, consumer: str | None = None,
+            view: tuple[int, int] | None = None) -> Popped:
         """Pop ``q`` (a queue, or a sharded queue) with every ack waiting, in one round trip;
         the leases are held from now, each under the queue (the shard) it came from. (Lean
         ones, ``queue.Delivery``: id, token, deliveries and payload.)"""
         pending = self._take()
-        leases = self._send(pending, lambda: pop_any(q, count, acks=pending, lean=True, **pop_args))
-        self.hold(leases.queue or q, leases)
+        leases = self._send(pending, lambda: q.pop_with_acks(count, acks=pending, lean=True, consumer=consumer,
+                                                             view=view))
+        self.hold(leases.queue or q.shards[0], leases)
         return leases
 
     def hold(self, q: PriorityQueue, leases: Sequence[Lease]) -> None:

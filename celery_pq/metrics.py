@@ -34,7 +34,7 @@ from typing import TypeAlias
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .broker import Broker, open_queue, queue_names
+from .broker import Broker, queue_and_view, queue_names
 
 logger = logging.getLogger("celery_pq.metrics")
 
@@ -135,7 +135,7 @@ class PQCollector(Collector):
         try:
             with self.broker.channel() as channel:
                 for name in queue_names(channel, self.queues):
-                    self._add_queue(fams, open_queue(channel, name)[0])
+                    self._add_queue(fams, queue_and_view(channel, name)[0])
             fams["up"].add_metric([], 1)
         except Exception as exc:  # a scrape must answer: say the broker is down, not 500
             logger.warning("celery-pq metrics: cannot read the queues: %s", exc)

@@ -3,8 +3,9 @@ default and check.
 
 ``Options.from_transport_options`` reads them when a channel is made; every value is checked
 there, once: a bad one raises ``ConfigError`` naming the option and the value. The frozen
-``Options`` then builds what the layers below take: ``queue_kwargs`` and ``tenant_tables`` for a
-``PriorityQueue``, ``redis_kwargs`` for redis-py's connection pool. README.md's option table
+``Options`` are pure data below the queue: they produce each queue's ``QueueSettings``
+(``queue_settings``, opened by ``queue.open_queue``) and ``redis_kwargs`` for redis-py's
+connection pool. README.md's option table
 shows the same names and defaults (a test checks that they agree).
 """
 
@@ -19,25 +20,12 @@ from kombu.utils.imports import symbol_by_name
 from . import constants as C
 from .checks import count, seconds, text
 from .errors import ConfigError
-from .keys import MAX_SHARDS, split_dead
-from .queue import FAIR_SCOPES, MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, PriorityQueue, validate_priority
+from .keys import split_dead
+from .queue import MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, QueueSettings, validate_priority
 from .redact import redact
-from .shards import MAX_PEEK, ShardedQueue
 
 
 # -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
-def _text(name, value):
-    return text(name, value, error=ConfigError)
-
-
-def _one_of(*allowed):
-    def check(name, value):
-        if value not in allowed:
-            raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
-        return value
-    return check
-
-
 def _priority(name, value):
     try:
         return validate_priority(value)
@@ -77,10 +65,6 @@ def _flag(name, value):
     return value
 
 
-def _event_log(name, value):
-    return count(name, value, low=0, error=ConfigError)
-
-
 def _client_name(name, value):
     return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
 
@@ -95,9 +79,9 @@ def _mapping_or_none(name, value):
     return None if value is None else dict(value)
 
 
-def _technique(name, value):
-    if value not in C.TECHNIQUES:
-        raise ConfigError(f"technique for all queues must be 'T' or 'S', got {value!r}")
+def _queue_setting(name, value):
+    """A queue's setting: checked where every queue's settings are, by ``QueueSettings``
+    (``Options._check_queue_settings``)."""
     return value
 
 
@@ -172,33 +156,33 @@ def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str |
 class Options:
     """Every transport option, checked (see each field's ``doc``; README.md's table)."""
 
-    key_prefix: str = _option(C.KEY_PREFIX, _text, "prefix of every Redis key and pub/sub channel")
-    priority_order: str = _option(C.HIGHER_FIRST, _one_of(*C.PRIORITY_ORDERS),
+    key_prefix: str = _option(C.KEY_PREFIX, _queue_setting, "prefix of every Redis key and pub/sub channel")
+    priority_order: str = _option(C.HIGHER_FIRST, _queue_setting,
                                   '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)')
     default_priority: int = _option(0, _priority, "priority 0..255 of a message published without one")
-    lease_seconds: float = _option(C.LEASE_SECONDS, _seconds,
+    lease_seconds: float = _option(C.LEASE_SECONDS, _queue_setting,
                                    "seconds a delivered message stays leased without a renewal, at least "
                                    "renew_interval + 0.5 (0.75 with the default renew_interval); "
                                    "visibility_timeout is an alias")
-    max_deliveries: int = _option(C.MAX_DELIVERIES, _count_from_zero,
+    max_deliveries: int = _option(C.MAX_DELIVERIES, _queue_setting,
                                   "deliveries without an ack before <queue>.dead; 0: no limit")
     fair_key: str | None = _option(None, _fair_key, 'None: fairness off; a header name, or "module:function" '
                                    "taking the kombu message dict and returning the tenant (str or None)")
     fair_weights: dict | None = _option(None, _weights,
                                         f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for "
                                         "tenants not named", shown="{}")
-    fair_scope: str = _option("within_priority", _one_of(*FAIR_SCOPES),
+    fair_scope: str = _option("within_priority", _queue_setting,
                               '"within_priority" (strict priority, tenants share each level) or '
                               '"tenant_first" (tenants share the queue, each one\'s entries by priority)')
-    max_length: int | None = _option(None, _count_or_none, "waiting entries per queue; beyond it QueueFull")
-    max_length_per_tenant: int | None = _option(None, _count_or_none,
+    max_length: int | None = _option(None, _queue_setting, "waiting entries per queue; beyond it QueueFull")
+    max_length_per_tenant: int | None = _option(None, _queue_setting,
                                                 "waiting entries per tenant (needs fair_key); beyond it QueueFull")
     tenant_concurrency: int | dict | None = _option(None, _per_tenant(int),
                                                     'leased messages per tenant at once: an int, or '
                                                     '{tenant: int, "*": default} (needs fair_key)')
     tenant_rate: float | dict | None = _option(None, _per_tenant((int, float)),
                                                "deliveries per second per tenant, same forms (needs fair_key)")
-    technique: str = _option(C.TECHNIQUE_T, _technique, 'the patent technique of every queue, "T" or "S"')
+    technique: str = _option(C.TECHNIQUE_T, _queue_setting, 'the patent technique of every queue, "T" or "S"')
     queue_techniques: dict | None = _option(None, _queue_techniques, "{queue: technique}, per queue")
     sweep_interval: float = _option(C.SWEEP_INTERVAL, _seconds,
                                     "seconds between sweeps of expired leases (one sweeper per queue "
@@ -221,12 +205,12 @@ class Options:
     client_name: str | None = _option(None, _client_name, "redis-py CLIENT SETNAME, no spaces")
     max_message_bytes: int | None = _option(None, _count_or_none,
                                             "a larger stored message is refused (MessageTooLarge)")
-    dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _seconds_or_zero,
+    dedupe_seconds: float = _option(C.DEDUPE_SECONDS, _queue_setting,
                                     "a retried publish call (same publish id) seen within this window stores nothing; the "
                                     "queue keeps the longest window its producers ask for; 0: off")
-    max_dead_length: int | None = _option(None, _count_or_none,
+    max_dead_length: int | None = _option(None, _queue_setting,
                                           "entries of <queue>.dead at most (None: max_length, else none)")
-    event_log: int | None = _option(None, _event_log,
+    event_log: int | None = _option(None, _queue_setting,
                                     "None/0: no event log; else the approximate most entries of each "
                                     "queue's event-log stream (docs/events.md)")
     cluster: bool = _option(False, _flag, "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
@@ -243,16 +227,16 @@ class Options:
                                            "ssl, ...); None: the socket timeouts of the master's")
     min_other_sentinels: int = _option(0, _count_from_zero,
                                        "a sentinel that sees fewer other sentinels is not believed")
-    wait_replicas: int = _option(0, _count_from_zero,
+    wait_replicas: int = _option(0, _queue_setting,
                                  "a publish and an ack return once this many replicas have them (Redis WAIT); "
                                  "0: off")
-    wait_timeout: float = _option(C.WAIT_TIMEOUT, _seconds,
+    wait_timeout: float = _option(C.WAIT_TIMEOUT, _queue_setting,
                                   "seconds a publish or ack waits for wait_replicas; then a publish raises "
                                   "NotReplicated, an ack logs")
-    shards: int = _option(1, _count_up_to(MAX_SHARDS), "shards of each queue (1..256): a queue split into N full queues, each "
+    shards: int = _option(1, _queue_setting, "shards of each queue (1..256): a queue split into N full queues, each "
                           "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
                           "1: the plain queue, exact order")
-    peek: int = _option(2, _count_up_to(MAX_PEEK), "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
+    peek: int = _option(2, _queue_setting, "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
@@ -269,6 +253,7 @@ class Options:
         for f in fields(self):
             if f.init:
                 keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        self._check_queue_settings()
         self._fit_renewals(default_timeout)
         if self.fair_key is not None and ":" in self.fair_key:
             try:
@@ -287,6 +272,14 @@ class Options:
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
 
+    def _check_queue_settings(self) -> None:
+        """The queue settings among the options, checked once, by ``QueueSettings`` (the
+        durations kept as the floats it makes of them). Fairness is taken as on here: whether
+        the tenant caps have a tenant to act on is the options' own rule (they need fair_key)."""
+        settings = QueueSettings(fair=True, **{name: getattr(self, name) for name in _QUEUE_SETTINGS})
+        for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):
+            object.__setattr__(self, name, getattr(settings, name))
+
     def _fit_renewals(self, default_timeout: bool) -> None:
         """renew_interval (a third of the lease when not given), then the checks that leases
         outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
@@ -295,9 +288,8 @@ class Options:
         keep = object.__setattr__
         lease, margin = self.lease_seconds, C.RENEW_MARGIN
         given = self.renew_interval is not None
-        if not given:
-            keep(self, "renew_interval", min(max(0.1, lease / 3.0), 20.0, lease / 2.0))
-        renew = self.renew_interval
+        renew = self.renew_interval if self.renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
+        keep(self, "renew_interval", renew)
         if lease - renew < margin:
             if given:
                 raise ConfigError(f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
@@ -328,29 +320,35 @@ class Options:
         return cls(**values)
 
     # -- what the layers below take ------------------------------------------------------------
-    def queue_kwargs(self, name: str) -> dict:
-        """``PriorityQueue(client, name, **options.queue_kwargs(name))``: a dead-letter queue
-        is never fair and has no delivery limit."""
+    def queue_settings(self, name: str) -> QueueSettings:
+        """The settings of queue ``name`` (``queue.open_queue(client, name, settings)``): a
+        dead-letter queue is never fair and has no delivery limit; Celery's own queues have one
+        shard; each shard of a sharded queue holds its part of ``max_length``."""
         dead = name.endswith(".dead")
         fair = self.fair_key is not None and not dead
-        return {
-            "key_prefix": self.key_prefix,
-            "technique": (self.queue_techniques or {}).get(name, self.technique),
-            "priority_order": self.priority_order,
-            "lease_seconds": self.lease_seconds,
-            "max_deliveries": 0 if dead else self.max_deliveries,
-            "max_length": self._max_length(name),
-            "fair": fair,
-            "fair_scope": self.fair_scope,
-            "tenant_concurrency": _default(self.tenant_concurrency) if fair else None,
-            "tenant_rate": _default(self.tenant_rate) if fair else None,
-            "max_length_per_tenant": self.max_length_per_tenant if fair else None,
-            "dedupe_seconds": self.dedupe_seconds,
-            "max_dead_length": self.max_dead_length,
-            "event_log": self.event_log,
-            "wait_replicas": self.wait_replicas,
-            "wait_timeout": self.wait_timeout,
-        }
+        return QueueSettings(
+            key_prefix=self.key_prefix,
+            technique=(self.queue_techniques or {}).get(name, self.technique),
+            priority_order=self.priority_order,
+            lease_seconds=self.lease_seconds,
+            max_deliveries=0 if dead else self.max_deliveries,
+            max_length=self._max_length(name),
+            fair=fair,
+            fair_scope=self.fair_scope,
+            tenant_concurrency=_default(self.tenant_concurrency) if fair else None,
+            tenant_rate=_default(self.tenant_rate) if fair else None,
+            max_length_per_tenant=self.max_length_per_tenant if fair else None,
+            dedupe_seconds=self.dedupe_seconds,
+            max_dead_length=self.max_dead_length,
+            event_log=self.event_log,
+            wait_replicas=self.wait_replicas,
+            wait_timeout=self.wait_timeout,
+            shards=self.shards_of(name),
+            peek=self.peek,
+            weights=self.fair_weights,
+            concurrency=_named(self.tenant_concurrency),
+            rate=_named(self.tenant_rate),
+        )
 
     def _max_length(self, name: str) -> int | None:
         """``max_length`` of a queue, or of one shard of a sharded queue: its part of the
@@ -365,32 +363,17 @@ class Options:
             return 1
         return self.shards
 
-    def open_queue(self, client, name: str) -> PriorityQueue | ShardedQueue:
-        """The queue ``name`` with these options (a fair queue's tenant tables written): a
-        ``ShardedQueue`` when it has more than one shard."""
-        n = self.shards_of(name)
-        if n > 1:
-            return ShardedQueue.open(lambda shard: self.open_one(client, shard), name, n, peek=self.peek)
-        return self.open_one(client, name)
-
-    def open_one(self, client, name: str) -> PriorityQueue:
-        """One queue, or one shard of a sharded queue, with these options."""
-        q = PriorityQueue(client, name, **self.queue_kwargs(name))
-        if q.fair:
-            q.configure_tenants(**self.tenant_tables())
-        return q
-
-    def tenant_tables(self) -> dict:
-        """``queue.configure_tenants(**options.tenant_tables())`` for a fair queue: the tenants
-        named in fair_weights, tenant_concurrency and tenant_rate."""
-        return {"weights": self.fair_weights, "concurrency": _named(self.tenant_concurrency),
-                "rate": _named(self.tenant_rate)}
-
     def redis_kwargs(self) -> dict:
         """The options handed to redis-py's connection pool."""
         return {name: getattr(self, name) for name in ("socket_timeout", "socket_connect_timeout",
                                                        "socket_keepalive", "health_check_interval",
                                                        "client_name", "max_connections")}
+
+
+#: The options that are a queue's settings, under the same names (``QueueSettings``).
+_QUEUE_SETTINGS = ("key_prefix", "technique", "priority_order", "lease_seconds", "max_deliveries", "max_length",
+                   "fair_scope", "max_length_per_tenant", "dedupe_seconds", "max_dead_length", "event_log",
+                   "wait_replicas", "wait_timeout", "shards", "peek")
 
 
 def _default(value):

@@ -39,28 +39,18 @@ import random
 import uuid
 import zlib
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import constants as C
-from .errors import EntryNotFound
-from .keys import shard_names, split_dead
-from .queue import Entry, Lease, Popped, PriorityQueue, ack_all, pop_with_acks, run_calls
-
-#: The peek count (the transport option ``peek``) at most.
-MAX_PEEK = 64
-
-
-def shards_of(q) -> list[PriorityQueue]:
-    """The shards of a queue: ``q.shards`` for a ``ShardedQueue``, else ``[q]``."""
-    return list(q.shards) if isinstance(q, ShardedQueue) else [q]
-
-
-def pop_any(q, count: int = 1, *, acks: dict | None = None, **pop_args) -> tuple[Popped, dict]:
-    """``queue.pop_with_acks`` for a plain or a sharded queue: (leases, ack codes); the
-    leases' ``queue`` is the shard they came from."""
-    if isinstance(q, ShardedQueue):
-        return q.pop_with_acks(count, acks=acks, **pop_args)
-    return pop_with_acks(q, count, acks=acks, **pop_args)
+from .errors import ConfigError, EntryNotFound
+from .keys import split_dead
+from .queue import Lease, Popped, PriorityQueue, ack_all, pop_with_acks
+from .queue.calls import parse_head
+from .queue.running import run_calls
+from .queue.settings import MAX_PEEK
+from .queue.values import mark_stored
+from .sharded_reads import ShardedReads
 
 
 def new_id(publish_id: bytes | str | None = None) -> str:
@@ -76,11 +66,12 @@ def _hash(text: str | bytes) -> int:
     return zlib.crc32(text if isinstance(text, bytes) else text.encode())
 
 
-class ShardedQueue:
-    """N ``PriorityQueue`` shards with the face of one (insert, pop, ack, stats, ...).
+class ShardedQueue(ShardedReads):
+    """N ``PriorityQueue`` shards with the face of one (insert, pop, ack, stats, ...): the
+    writes and pops here, what reads or changes every shard in ``ShardedReads``.
 
     Arguments:
-        shards: the shard queues, shard 0 first (``ShardedQueue.open`` makes them).
+        shards: the shard queues, shard 0 first (``queue.open_queue`` makes them).
         name: the queue's name (shard 0's).
         peek: shards peeked per pop (k); capped at the number of shards.
         rng: a ``random.Random`` (tests and benchmarks seed it).
@@ -88,12 +79,19 @@ class ShardedQueue:
             second-best check for a shard beaten meanwhile); False only to measure without it.
     """
 
-    def __init__(self, shards: Sequence[PriorityQueue], name: str, *, peek: int = 2,
-                 rng: random.Random | None = None, check_beaten: bool = True):
+    def __init__(
+        self,
+        shards: Sequence[PriorityQueue],
+        name: str,
+        *,
+        peek: int = 2,
+        rng: random.Random | None = None,
+        check_beaten: bool = True,
+    ):
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
         if isinstance(peek, bool) or not isinstance(peek, int) or not 1 <= peek <= MAX_PEEK:
-            raise ValueError(f"peek must be an integer 1..{MAX_PEEK}, got {peek!r}")
+            raise ConfigError(f"peek must be an integer 1..{MAX_PEEK}, got {peek!r}")
         self.shards = list(shards)
         self.name = name
         self.peek_count = min(peek, len(self.shards))
@@ -103,29 +101,28 @@ class ShardedQueue:
         #: A pop of one shard can be bounded by the next shard's head rank (not under
         #: tenant_first, whose order is not by rank).
         self._bounded = check_beaten and not (first.fair and first.fair_scope == "tenant_first")
-        for attr in ("client", "fair", "fair_scope", "technique", "priority_order", "key_prefix", "is_dead",
-                     "lease_seconds", "max_deliveries", "scope"):
-            setattr(self, attr, getattr(first, attr))
+        self.client = first.client
+        self.key_prefix, self.is_dead = first.key_prefix, first.is_dead
+        self.fair, self.fair_scope, self.scope = first.fair, first.fair_scope, first.scope
+        self.technique, self.priority_order = first.technique, first.priority_order
+        self.lease_seconds, self.max_deliveries = first.lease_seconds, first.max_deliveries
         #: Pops that found their best peeked shard empty and took the second-best (for the
         #: benchmarks), and pops whose k peeked shards were all empty while another was not.
         self.stats_second_best = 0
         self.stats_wider_peek = 0
-
-    @classmethod
-    def open(cls, make: Callable[[str], PriorityQueue], name: str, shards: int, *, peek: int = 2,
-             rng: random.Random | None = None) -> "ShardedQueue":
-        """The queue ``name`` split into ``shards``; ``make(shard name)`` opens each shard."""
-        return cls([make(n) for n in shard_names(name, shards)], name, peek=peek, rng=rng)
 
     def __repr__(self):
         return f"<ShardedQueue {self.name!r} shards={len(self.shards)} peek={self.peek_count}>"
 
     def shard_of_lease(self, lease) -> PriorityQueue:
         """The shard a ``Lease`` (or an Entry) came from, by its ``queue``."""
-        shard = self._by_name.get(getattr(lease, "queue", None))
+        name = getattr(lease, "queue", None)
+        shard = self._by_name.get(name) if isinstance(name, str) else None
         if shard is None:
-            raise ValueError(f"{lease!r} is not a lease of a shard of {self.name!r}: a sharded queue acks, requeues "
-                             "and renews Lease objects (they carry their shard), not bare (id, token) pairs")
+            raise ValueError(
+                f"{lease!r} is not a lease of a shard of {self.name!r}: a sharded queue acks, requeues "
+                "and renews Lease objects (they carry their shard), not bare (id, token) pairs"
+            )
         return shard
 
     # -- insert -----------------------------------------------------------------------------
@@ -139,22 +136,29 @@ class ShardedQueue:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    def insert(self, payload, priority: int = 0, *, tenant: str | None = None,
-               publish_id: bytes | str | None = None, **kwargs) -> str:
+    def insert(
+        self, payload, priority: int = 0, *, tenant: str | None = None, publish_id: bytes | str | None = None, **kwargs
+    ) -> str:
         """``PriorityQueue.insert`` into the shard ``shard_for`` picks."""
         shard = self.shard_for(tenant=tenant, publish_id=publish_id)
         if kwargs.get("id") is None:
             kwargs["id"] = new_id(publish_id)
         return shard.insert(payload, priority, tenant=tenant, publish_id=publish_id, **kwargs)
 
-    def insert_many(self, items, **kwargs) -> list[str]:
+    def insert_many(
+        self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False
+    ) -> list[str] | tuple[list[str], list[bool]]:
         """``PriorityQueue.insert_many``, each item to the shard ``shard_for`` picks (one call per
         shard). On a failure, ``exc.stored`` (one per item, in the order given) has the ids of
         the shards done and of the failed shard's stored items; ``exc.items`` are the items not
         known to be stored, of that shard and of the shards not reached. ``repeats=True``: as
         ``PriorityQueue.insert_many``'s, ``(ids, repeated)`` in the order given."""
-        items = [item if len(item) > 2 and item[2] is not None
-                 else (*item[:2], new_id(item[5] if len(item) > 5 else None), *item[3:]) for item in items]
+        items = [
+            item
+            if len(item) > 2 and item[2] is not None
+            else (*item[:2], new_id(item[5] if len(item) > 5 else None), *item[3:])
+            for item in items
+        ]
         groups: dict[int, list[int]] = {}
         for n, item in enumerate(items):
             tenant = item[3] if len(item) > 3 else None
@@ -167,30 +171,30 @@ class ShardedQueue:
         for g, s in enumerate(order):
             idx = groups[s]
             try:
-                got = self.shards[s].insert_many([items[i] for i in idx], **kwargs)
+                got: Any = self.shards[s].insert_many([items[i] for i in idx], chunk=chunk, repeats=repeats)
             except Exception as exc:
                 for i, eid in zip(idx, getattr(exc, "stored", ())):
                     ids[i] = eid
-                rest = [i for t in order[g + 1:] for i in groups[t]]
-                exc.stored = list(ids)
-                exc.items = list(getattr(exc, "items", [])) + [items[i] for i in rest]
+                rest = [i for t in order[g + 1 :] for i in groups[t]]
+                mark_stored(exc, list(ids), list(getattr(exc, "items", [])) + [items[i] for i in rest])
                 raise
-            if kwargs.get("repeats"):
+            if repeats:
                 got, seen = got
                 for i, r in zip(idx, seen):
                     repeated[i] = r
             for i, eid in zip(idx, got):
                 ids[i] = eid
-        return (ids, repeated) if kwargs.get("repeats") else ids
+        return (ids, repeated) if repeats else ids
 
     # -- pop: peek k, pop the best, second-best under concurrency ------------------------------
-    def peek_heads(self, shards: Sequence[PriorityQueue],
-                   view: tuple[int, int] | None = None) -> list[tuple[int, int] | None]:
+    def peek_heads(
+        self, shards: Sequence[PriorityQueue], view: tuple[int, int] | None = None
+    ) -> list[tuple[int, int] | None]:
         """(rank, enqueued_ms) of the entry each of ``shards`` would deliver first (within
         ``view``), None for an empty or paused one: one pipelined round trip of read-only
         scripts (``peek_head.lua``)."""
         replies = run_calls(self.client, [s.head_call(view) for s in shards])
-        return [PriorityQueue.parse_head(r) for r in replies]
+        return [parse_head(r) for r in replies]
 
     def _ranked(self, shards: Sequence[PriorityQueue], view) -> list[tuple[PriorityQueue, tuple[int, int]]]:
         """(shard, its head) of ``shards`` with a waiting entry, best first: best rank, then
@@ -199,10 +203,20 @@ class ShardedQueue:
         found = [(h, self._rng.random(), s) for h, s in zip(heads, shards) if h is not None]
         return [(s, h) for h, _, s in sorted(found, key=lambda x: x[:2])]
 
-    def pop_with_acks(self, count: int = 1, *, acks: dict | None = None, **pop_args) -> tuple[Popped, dict]:
+    def pop_with_acks(
+        self,
+        count: int = 1,
+        *,
+        acks: dict | None = None,
+        lean: bool = False,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> tuple[Popped, dict]:
         """Pop up to ``count`` entries from the best of ``peek`` shards, sending ``acks``
         (``{shard: [(entry id, token), ...]}``) in the same round trip as the first pop.
-        Returns (leases, whose ``queue`` is the shard that served; ack codes per shard)."""
+        Returns (leases, whose ``queue`` is the shard that served; ack codes per shard);
+        ``lean``: ``Delivery`` tuples instead of leases."""
         pending = dict(acks or {})
         codes: dict = {}
         peeked = self._rng.sample(self.shards, self.peek_count)
@@ -212,12 +226,21 @@ class ShardedQueue:
                 if not rest:
                     break
                 peeked = rest
-            best = self._ranked(peeked, pop_args.get("view"))
+            best = self._ranked(peeked, view)
             # the best, then the second-best (and on: a consumer must not sleep while one has
             # work); each but the last takes only what still beats the next one's peeked head
             for attempt, (shard, _) in enumerate(best):
                 bound = best[attempt + 1][1][0] if attempt + 1 < len(best) and self._bounded else None
-                popped, got = pop_with_acks(shard, count, acks=pending, bound=bound, **pop_args)
+                popped, got = pop_with_acks(
+                    shard,
+                    count,
+                    acks=pending,
+                    lean=lean,
+                    lease_seconds=lease_seconds,
+                    consumer=consumer,
+                    view=view,
+                    bound=bound,
+                )
                 codes.update(got)
                 pending = {}
                 if popped:
@@ -226,12 +249,16 @@ class ShardedQueue:
                     return popped, codes
         if pending:  # nothing anywhere, and acks to send
             codes.update(ack_all(pending))
-        popped = Popped()
-        popped.queue = self.shards[0]
-        return popped, codes
+        return Popped((), self.shards[0]), codes
 
-    def pop(self, count: int = 1, *, lease_seconds: float | None = None, consumer: str | None = None,
-            view: tuple[int, int] | None = None) -> Popped:
+    def pop(
+        self,
+        count: int = 1,
+        *,
+        lease_seconds: float | None = None,
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> Popped[Lease]:
         """Lease up to ``count`` entries from the best of ``peek`` shards (see the module)."""
         popped, _ = self.pop_with_acks(count, lease_seconds=lease_seconds, consumer=consumer, view=view)
         return popped
@@ -253,8 +280,9 @@ class ShardedQueue:
                 done[id(lease)] = ok
         return [done[id(lease)] for lease in leases]
 
-    def extend(self, leases: Sequence[Lease], lease_seconds: float | None = None, *,
-               strict: bool = False) -> list[bool]:
+    def extend(
+        self, leases: Sequence[Lease], lease_seconds: float | None = None, *, strict: bool = False
+    ) -> list[bool]:
         done = {}
         for shard, group in self._grouped(leases).items():
             for lease, ok in zip(group, shard.extend(group, lease_seconds, strict=strict)):
@@ -277,17 +305,6 @@ class ShardedQueue:
             out.update({k: int(v) for k, v in r.items() if k != "skipped"})
         return {**out, "skipped": skipped, "more": bool(out["more"])}
 
-    def lease_of(self, id: str) -> dict | None:
-        for s in self.shards:
-            found = s.lease_of(id)
-            if found is not None:
-                return found
-        return None
-
-    def leases(self, limit: int = 1000) -> list[dict]:
-        rows = [row for s in self.shards for row in s.leases(limit)]
-        return sorted(rows, key=lambda r: r["deadline_ms"])[:limit]
-
     # -- by id ------------------------------------------------------------------------------
     def exists(self, id: str) -> bool:
         return any(s.exists(id) for s in self.shards)
@@ -303,147 +320,14 @@ class ShardedQueue:
                 continue
         raise EntryNotFound(self.name, id)
 
-    def replay(self, ids: Sequence[str]) -> dict:
-        """Dead letters back to the shards they died in."""
-        out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-        left = list(ids)
-        for s in self.shards:
-            if not left:
-                break
-            got = s.replay(left)
-            out["replayed"].update(got["replayed"])
-            out["leased"] += got["leased"]
-            out["refused"] += got["refused"]
-            left = got["missing"]
-        out["missing"] = left
-        return out
-
-    # -- what operators read: each shard's, merged --------------------------------------------
-    def _merged(self, lists: list[list[Entry]], count: int) -> list[Entry]:
-        rank = self.shards[0].rank
-        entries = [e for part in lists for e in part]
-        return sorted(entries, key=lambda e: (rank(e.priority), e.enqueued_ms))[:count]
-
-    def peek(self, count: int = 1) -> list[Entry]:
-        """The next ``count`` entries over all shards, by priority, then by age."""
-        return self._merged([s.peek(count) for s in self.shards], count)
-
-    def peek_tenant(self, tenant: str, count: int = 10) -> list[Entry]:
-        return self._merged([s.peek_tenant(tenant, count) for s in self.shards], count)
-
-    def retrieve_highest_priority(self) -> str | None:
-        head = self.peek(1)
-        return head[0].id if head else None
-
-    def size(self) -> int:
-        return sum(s.size() for s in self.shards)
-
-    def backlog(self, view: tuple[int, int] | None = None) -> int:
-        return sum(s.backlog(view) for s in self.shards)
-
-    def counters(self) -> dict[str, int]:
-        out: Counter = Counter()
-        for s in self.shards:
-            out.update(s.counters())
-        return dict(out)
-
-    def tenant_deliveries(self) -> dict[str, int]:
-        out: Counter = Counter()
-        for s in self.shards:
-            out.update(s.tenant_deliveries())
-        return dict(out)
-
-    def held_tenants(self, paused: dict | None = None) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for s in self.shards:
-            out.update(s.held_tenants(paused))
-        return out
-
-    def paused(self) -> dict:
-        states = [s.paused() for s in self.shards]
-        return {"queue": any(st["queue"] for st in states),
-                "tenants": sorted({t for st in states for t in st["tenants"]})}
-
-    def stats(self) -> dict:
-        """``PriorityQueue.stats`` summed over the shards (the oldest head's age), with
-        ``shards``: each shard's name, waiting, delayed and leased."""
-        parts = [s.stats() for s in self.shards]
-        per_priority: Counter = Counter()
-        per_tenant: dict[str, dict] = {}
-        for st in parts:
-            per_priority.update(st["per_priority"])
-            for t, row in st["per_tenant"].items():
-                mine = per_tenant.setdefault(t, {})
-                for k, v in row.items():
-                    if k.endswith("_seconds"):
-                        mine[k] = max((x for x in (mine.get(k), v) if x is not None), default=None)
-                    else:
-                        mine[k] = mine.get(k, 0) + v
-        ages = [st["head_age_seconds"] for st in parts if st["head_age_seconds"] is not None]
-        return {
-            "queue": self.name,
-            **{k: sum(st[k] for st in parts) for k in ("waiting", "delayed", "leased", "dead", "index_members")},
-            "per_priority": dict(sorted(per_priority.items(), reverse=self.priority_order == C.HIGHER_FIRST)),
-            "head_age_seconds": max(ages) if ages else None,
-            "per_tenant": per_tenant,
-            "paused": any(st["paused"] for st in parts),
-            "paused_tenants": sorted({t for st in parts for t in st["paused_tenants"]}),
-            "shards": [{"queue": st["queue"], "waiting": st["waiting"], "delayed": st["delayed"],
-                        "leased": st["leased"]} for st in parts],
-        }
-
-    # -- every shard at once --------------------------------------------------------------------
-    def pause(self, tenant: str | None = None) -> bool:
-        return any([s.pause(tenant) for s in self.shards])
-
-    def resume(self, tenant: str | None = None) -> bool:
-        return any([s.resume(tenant) for s in self.shards])
-
-    def purge(self) -> int:
-        return sum(s.purge() for s in self.shards)
-
-    def delete(self) -> None:
-        for s in self.shards:
-            s.delete()
-
-    def register_view(self, lo: int, hi: int) -> list[str]:
-        """Register the view on every shard; its wake lists, one per shard."""
-        return [s.register_view(lo, hi) for s in self.shards]
-
-    def refresh_views(self) -> None:
-        for s in self.shards:
-            s.refresh_views()
-
-    def configure_tenants(self, **tables) -> None:
-        for s in self.shards:
-            s.configure_tenants(**tables)
-
-    def set_event_log(self, cap: int | None) -> int:
-        return max(s.set_event_log(cap) for s in self.shards)
-
-    def event_log_cap(self) -> int:
-        return self.shards[0].event_log_cap()
-
     @property
-    def mode(self) -> dict:
-        return self.shards[0].mode
-
-    def stored_mode(self) -> dict | None:
-        return self.shards[0].stored_mode()
-
-    def rank(self, priority: int) -> int:
-        return self.shards[0].rank(priority)
-
-    def priority_of_rank(self, rank: int) -> int:
-        return self.shards[0].priority_of_rank(rank)
-
-    @property
-    def dead(self) -> "ShardedQueue":
+    def dead(self) -> ShardedQueue:
         """The dead-letter queues of the shards, as one sharded queue (``<name>.dead``)."""
         if self.is_dead:
             raise ValueError(f"{self.name!r} is a dead-letter queue")
-        return ShardedQueue([s.dead for s in self.shards], split_dead(self.name)[0] + ".dead",
-                            peek=self.peek_count, rng=self._rng)
+        return ShardedQueue(
+            [s.dead for s in self.shards], split_dead(self.name)[0] + ".dead", peek=self.peek_count, rng=self._rng
+        )
 
     @property
     def explain(self):

@@ -65,10 +65,9 @@ from .messages import prepare_message
 from .options import Options
 from .poller import Poller, Waits
 from .publishing import Publisher
-from .queue import PriorityQueue, default_consumer_id
+from .queue import Queue, default_consumer_id, open_queue
 from .routing import RoutingTables
 from .scripts import set_spin_wait
-from .shards import ShardedQueue, shards_of
 from .views import View, Views, is_view
 
 logger = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ class Channel(virtual.Channel):
         self.counters = self.waits.counters
         self.deliveries = Deliveries(self)  # pops, delivers, acks (delivery.py)
         self.publisher = Publisher(self)  # stores and broadcasts (publishing.py)
-        self._queues: dict[str, PriorityQueue | ShardedQueue] = {}
+        self._queues: dict[str, Queue] = {}
         self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
         self.routing = RoutingTables(self.client, self.options)  # declared queues, bindings
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
@@ -121,7 +120,7 @@ class Channel(virtual.Channel):
         connection.cycle_channels.append(self)
 
     # -- queues and views -----------------------------------------------------------------------
-    def queue(self, name: str) -> PriorityQueue | ShardedQueue:
+    def queue(self, name: str) -> Queue:
         """The queue of a name (a view's name gives the queue it views)."""
         q = self._queues.get(name)
         if q is None:
@@ -130,7 +129,7 @@ class Channel(virtual.Channel):
             if view is not None:
                 q = self.queue(view.base)
             else:
-                q = self.options.open_queue(self.client, name)
+                q = open_queue(self.client, name, self.options.queue_settings(name))
             self._queues[name] = q
         return q
 
@@ -229,7 +228,7 @@ class Channel(virtual.Channel):
     def _consumed_changed(self):
         """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
         self._consumed = None  # active_queues is made again
-        self.leases.watch([s for name in self.active_queues for s in shards_of(self.queue(name))])
+        self.leases.watch([s for name in self.active_queues for s in self.queue(name).shards])
         self.waits.unblock()
 
     def basic_get(self, queue, no_ack=False, **kwargs):
@@ -263,8 +262,8 @@ class Channel(virtual.Channel):
         keys = []
         for name in self.active_queues:
             view = self.views.range_of(name)
-            for s in shards_of(self.queue(name)):
-                keys.append(s.keys.wk if view is None else s.keys.view_wake(*view))
+            for s in self.queue(name).shards:
+                keys.append(s.keys.wake if view is None else s.keys.view_wake(*view))
         return keys
 
     def fanout_channels(self) -> dict[str, str]:

@@ -262,11 +262,11 @@ def run(broker, queues=(), *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
         token: str | None = None, window: float | None = None, echo=print) -> None:
     """Serve the dashboard of ``broker`` (a ``broker.Broker``, a Celery app or a URL) until
     interrupted: ``celery -A proj pq dashboard``. Its queues are ``queues``, else every declared
-    one, opened as ``pq stats`` opens them (``broker.queue_names``, ``broker.open_queue``)."""
-    from ..broker import Broker, open_queue, queue_names
+    one, opened as ``pq stats`` opens them (``broker.queue_names``, ``broker.queue_and_view``)."""
+    from ..broker import Broker, queue_and_view, queue_names
 
     with Broker.of(broker).channel() as channel:
-        board = Board(lambda: queue_names(channel, queues), lambda name: open_queue(channel, name)[0],
+        board = Board(lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0],
                       window=WINDOW_SECONDS if window is None else window)
         try:
             server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)

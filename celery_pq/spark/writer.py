@@ -32,6 +32,7 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMes
 from pyspark.sql.types import StructType, TimestampType
 
 from ..errors import ConfigError
+from ..queue import open_queue
 from ..routing import RoutingTables
 from .rows import Rejected, TaskRows
 from .settings import WriterSettings, close_client
@@ -163,7 +164,7 @@ class _Sink:
     def queue(self, name):
         q = self.queues.get(name)
         if q is None:
-            q = self.queues[name] = self.settings.transport.open_queue(self.client, name)
+            q = self.queues[name] = open_queue(self.client, name, self.settings.transport.queue_settings(name))
             self.routing.add_queue(name)  # declared, as a Celery producer's queue is (pq stats lists it)
         return q
 

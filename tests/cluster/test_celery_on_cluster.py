@@ -154,7 +154,7 @@ def test_a_master_failover_under_a_worker_and_producers(on_cluster, spread, heal
     wait_for(lambda: h.records("start"), 20, "the long task to start")
     with live_producer(h, spread) as (confirmed, errors):
         # When the master of the long task's queue is killed and its replica takes over
-        h.cluster.kill_master(h.cluster.master_of(h.queue(victim_queue).keys.ii))
+        h.cluster.kill_master(h.cluster.master_of(h.queue(victim_queue).keys.entries))
     # Then every acknowledged publish ran at least once, the worker carried on, the long task ended
     wait_for(lambda: set(confirmed) <= {n for n, _ in h.records("order")}, 90, "every confirmed task to run")
     wait_for(lambda: h.records("done"), 30, "the long task to end")
@@ -170,8 +170,8 @@ def test_a_slot_migration_away_and_back_under_a_prefork_worker_and_a_producer(on
     # leases shorter than the long task: it runs once only if its lease is renewed while its slot moves
     h = on_cluster({"lease_seconds": 4, "sweep_interval": 0.5}, acks_late=True)
     queue = spread[0]
-    slot = h.cluster.slot_of(h.queue(queue).keys.ii)
-    home = h.cluster.master_of(h.queue(queue).keys.ii)
+    slot = h.cluster.slot_of(h.queue(queue).keys.entries)
+    home = h.cluster.master_of(h.queue(queue).keys.entries)
     away = next(m for m in h.cluster.masters() if m.port != home.port)
     worker = h.worker("w1", "-Q", queue, "-P", "prefork", "-c", "2")
     # Given a task running, and a producer publishing with Celery's publish retry

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from celery_pq.testing import wait_for
 from tests.cluster.test_celery_on_cluster import live_producer, on_cluster  # noqa: F401  (the fixture)
 
@@ -17,8 +18,8 @@ SHARDS = 16
 
 def test_a_worker_on_sixteen_shards_then_a_master_failover(on_cluster, healed):  # noqa: F811
     h = on_cluster({"shards": SHARDS, "peek": 2, "lease_seconds": 4, "sweep_interval": 0.5}, acks_late=True)
-    queue = Options(key_prefix=h.prefix, shards=SHARDS, peek=2).open_queue(h.client, "q")
-    placed = {s.name: h.cluster.master_of(s.keys.ii) for s in queue.shards}
+    queue = open_queue(h.client, "q", Options(key_prefix=h.prefix, shards=SHARDS, peek=2).queue_settings("q"))
+    placed = {s.name: h.cluster.master_of(s.keys.entries) for s in queue.shards}
     assert {m.port for m in placed.values()} == {m.port for m in h.cluster.masters()}
     # Given 80 tasks published over 16 shards before the worker starts
     for n in range(80):
@@ -44,7 +45,7 @@ def test_a_worker_on_sixteen_shards_then_a_master_failover(on_cluster, healed): 
           f"refused, {len(ran) - len(set(ran))} tasks ran twice")
     assert h.workers[0].poll() is None
     # and the killed master's shards are served by its replica now, which delivered from them since
-    assert all(h.cluster.master_of(s.keys.ii) is promoted for s in on_victim)
+    assert all(h.cluster.master_of(s.keys.entries) is promoted for s in on_victim)
     after = {s.name: s.counters()["delivered"] for s in on_victim}
     assert sum(after.values()) > sum(before.values())
     wait_for(lambda: queue.stats()["waiting"] == 0 and queue.stats()["leased"] == 0, 30, "an empty queue")

@@ -32,11 +32,11 @@ def test_failover_loses_unreplicated_publishes_without_wait_and_none_acknowledge
     client = cluster.client(socket_timeout=5)
     # Given two queues on the same master: one without WAIT, one with wait_replicas=1
     name = spread[0]
-    master = cluster.master_of(PriorityQueue(client, name).keys.ii)
+    master = cluster.master_of(PriorityQueue(client, name).keys.entries)
     [replica] = cluster.replicas_of(master)
     plain = PriorityQueue(client, name, dedupe_seconds=0)
     other = next(n for n in (f"{name}w{i}" for i in range(1000))
-                 if cluster.master_of(PriorityQueue(client, n).keys.ii) is master)
+                 if cluster.master_of(PriorityQueue(client, n).keys.entries) is master)
     safe = PriorityQueue(client, other, wait_replicas=1, wait_timeout=0.05)
 
     # While the replica keeps up: both kinds are acknowledged

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 def test_queues_on_three_masters_insert_pop_ack_requeue_remove(cluster, cluster_client, spread):
     # Given three queues, each on its own master
     queues = [PriorityQueue(cluster_client, name, lease_seconds=30) for name in spread]
-    assert len({cluster.master_of(q.keys.ii).port for q in queues}) == 3
+    assert len({cluster.master_of(q.keys.entries).port for q in queues}) == 3
     for q in queues:
         # When entries of several priorities go in
         q.insert(b"low", 1, id="low")
@@ -43,8 +43,8 @@ def test_queues_on_three_masters_insert_pop_ack_requeue_remove(cluster, cluster_
         assert q.ack_many(again) == [True, True, True]
         assert q.stats()["waiting"] == 0 and q.stats()["leased"] == 0
         # and every key of the queue is on its own master (all keys share its hash tag)
-        owner = node_client(cluster_client, q.keys.ii)
-        assert owner.exists(q.keys.ct) == 1
+        owner = node_client(cluster_client, q.keys.entries)
+        assert owner.exists(q.keys.counters) == 1
 
 
 def test_batches_that_span_masters_run_as_one_pipeline_per_master(cluster_client, spread):
@@ -109,7 +109,7 @@ def test_library_is_loaded_on_each_master_and_again_after_a_flush(cluster, clust
             names = [dict(zip(lib[::2], lib[1::2]))[b"library_name"] for lib in c.function_list()]
         assert library().name.encode() in names
     # Given a master that lost the library (as a server restarted without persistence would)
-    with cluster.master_of(queues[1].keys.ii).client() as c:
+    with cluster.master_of(queues[1].keys.entries).client() as c:
         c.function_flush()
     # the next call loads it there again ("Function not found") and runs
     assert [x.payload for x in queues[1].pop()] == [b"x"]

@@ -95,20 +95,20 @@ def test_a_call_refused_while_the_slot_moves_writes_nothing_and_fails_as_a_conne
     q = PriorityQueue(cluster_client, f"rs{uuid.uuid4().hex[:8]}")
     for i in range(3):
         q.insert(f"m{i}".encode(), i, id=f"m{i}")
-    slot = cluster.slot_of(q.keys.ii)
-    source = cluster.master_of(q.keys.ii)
+    slot = cluster.slot_of(q.keys.entries)
+    source = cluster.master_of(q.keys.entries)
     target = _other_master(cluster, source)
     client = cluster.client()
     set_cluster_retry(client, 0.3)
     q2 = PriorityQueue(client, q.name)
-    state = lambda: (cluster_client.hlen(q.keys.ii), cluster_client.get(q.keys.sq),  # noqa: E731
-                     cluster_client.zcard(q.keys.pi), cluster_client.hlen(q.keys.lt))
+    state = lambda: (cluster_client.hlen(q.keys.entries), cluster_client.get(q.keys.sequence),  # noqa: E731
+                     cluster_client.zcard(q.keys.priority_index), cluster_client.hlen(q.keys.leases))
     before = state()
     with source.client() as s, target.client() as t:
         # When the slot is half moved (a key the insert derives, its counters, already at the target)
         t.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id())
         s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id())
-        s.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", q.keys.ct)
+        s.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", q.keys.counters)
         started = time.monotonic()
         with pytest.raises(ClusterUnsettled) as caught:
             q2.insert(b"new", 5, id="new")
@@ -129,8 +129,8 @@ def test_a_call_refused_while_the_slot_moves_writes_nothing_and_fails_as_a_conne
 def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_client):
     # Given a producer inserting and a consumer popping and acking, each in its own thread
     q = PriorityQueue(cluster_client, f"rs{uuid.uuid4().hex[:8]}", lease_seconds=30)
-    slot = cluster.slot_of(q.keys.ii)
-    home = cluster.master_of(q.keys.ii)
+    slot = cluster.slot_of(q.keys.entries)
+    home = cluster.master_of(q.keys.entries)
     away = _other_master(cluster, home)
     inserted, popped, errors = [], [], []
     stop = threading.Event()
@@ -184,4 +184,4 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
     assert len(set(popped)) == len(popped)
     stats = q.stats()
     assert stats["waiting"] == 0 and stats["leased"] == 0
-    assert cluster.master_of(q.keys.ii).port == home.port
+    assert cluster.master_of(q.keys.entries).port == home.port

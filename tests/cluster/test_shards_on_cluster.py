@@ -13,18 +13,19 @@ import pytest
 from kombu import Connection, Consumer, Producer
 
 from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from tests.support.consume import drain, make_queue
 
 pytestmark = pytest.mark.cluster
 
 
 def sharded(cluster_client, prefix, n, **options):
-    return Options(key_prefix=prefix, shards=n, peek=2, **options).open_queue(cluster_client, "kq")
+    return open_queue(cluster_client, "kq", Options(key_prefix=prefix, shards=n, peek=2, **options).queue_settings("kq"))
 
 
 def masters_of(cluster, queue) -> dict:
     """{shard name: port of the master serving it now}."""
-    return {s.name: cluster.master_of(s.keys.ii).port for s in queue.shards}
+    return {s.name: cluster.master_of(s.keys.entries).port for s in queue.shards}
 
 
 @pytest.fixture

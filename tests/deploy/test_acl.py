@@ -175,15 +175,15 @@ def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
             q = celery_pq.PriorityQueue.open(confined, "wq", key_prefix="pq")
             held = drain(conn, queue, 1, ack=False)
             [(body, message)] = held
-            [leased] = confined.zrange(q.keys.lz, 0, -1)  # the one lease deadline
+            [leased] = confined.zrange(q.keys.lease_deadlines, 0, -1)  # the one lease deadline
             lease = q.lease_of(decode_id(leased))
             assert lease is not None and lease["deliveries"] == 1 and lease["seconds_left"] > 0
             message.ack()  # the ack waits for the replica too
             got = drain(conn, queue, 4)
             assert sorted(b["i"] for b, _ in got + held) == list(range(5))
             confined.close()
-        lt = q.keys.lt
-        wait_for(lambda: replica.client().hlen(lt) == 0 and replica.client().zcard(q.keys.lz) == 0, 10,
+        lt = q.keys.leases
+        wait_for(lambda: replica.client().hlen(lt) == 0 and replica.client().zcard(q.keys.lease_deadlines) == 0, 10,
                  "the acks on the replica")
         # and Redis refused nothing but what the docs leave out on purpose (as above)
         expected = {"client|unblock"} | ({"function|load"} if form == "evalsha" else set())

@@ -301,7 +301,7 @@ def test_tls_master_and_replica_behind_sentinels_carry_on_through_a_failover(key
                                  retry_policy=RETRY)
             # When, once the replica has them all (over TLS), the master is killed and the
             # sentinels promote the replica
-            ii = PriorityQueue(g.replica.client(), "tq", key_prefix=key_prefix).keys.ii
+            ii = PriorityQueue(g.replica.client(), "tq", key_prefix=key_prefix).keys.entries
             wait_for(lambda: g.replica.client().hlen(ii) == 30, 30, "the replica has the 30")
             g.kill_master()
             g.wait_promoted()

@@ -314,9 +314,9 @@ def test_a_decompression_bomb_in_the_queue_is_dead_lettered_and_the_worker_goes_
     q.pause()
     q.insert(b"placeholder", 255, id="bomb")
     field = encode_id("bomb")
-    header, bar, _ = h.redis.hget(q.keys.ii, field).partition(b"|")
+    header, bar, _ = h.redis.hget(q.keys.entries, field).partition(b"|")
     assert bar
-    h.redis.hset(q.keys.ii, field, header + b"|" + zstd_bomb())
+    h.redis.hset(q.keys.entries, field, header + b"|" + zstd_bomb())
     h.send("e2e.stamp", "after")
     q.resume()
     # When the worker takes them: the good task after the bomb runs

@@ -98,10 +98,10 @@ def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, ke
     # When a few cleanup steps have run, so a compaction pass is under way (the front list holds
     # the current pointers looked at, the list the rest)
     for _ in range(3):
-        gone, looked, more = q._run("cleanup", q._keys("cleanup"), [rank, C.COMPACT_STEP])
+        gone, looked, more = q.run("cleanup", [rank, C.COMPACT_STEP])
         assert looked == C.COMPACT_STEP and more == 1  # the cursor moved by one step, no more
     assert redis_client.llen(q.keys.front(rank)) == len(range(0, 3 * C.COMPACT_STEP, 10))
-    assert redis_client.zscore(q.keys.pi, rank) == rank + 0.5
+    assert redis_client.zscore(q.keys.priority_index, rank) == rank + 0.5
     # and entries are popped, returned, re-prioritised and removed (technique T's way too) meanwhile
     first = q.pop(3)
     assert [lease.id for lease in first] == ["e0", "e10", "e20"]
@@ -115,7 +115,7 @@ def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, ke
     want = ["e10"] + [f"e{i}" for i in range(50, N, 10)] + ["e30", "last"]
     assert q.peek(3)[0].id == "e10"
     assert drain(q, count=7) == want
-    assert redis_client.hlen(q.keys.ii) == 0
+    assert redis_client.hlen(q.keys.entries) == 0
 
 
 def test_cleanup_takes_bounded_steps_from_where_it_stopped(redis_client, key_prefix):
@@ -140,7 +140,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
     held = q.pop(10)
     fair = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     # When one step of the migration has run
-    waiting, leased, bad, done = fair._run("migrate", fair._keys("migrate"), [C.MIGRATE_STEP])
+    waiting, leased, bad, done = fair.run("migrate", [C.MIGRATE_STEP])
     assert done == 0 and waiting + leased <= 2 * C.MIGRATE_STEP
     # Then every other call does nothing and says why: a pipeline raises, the queue API waits
     with pytest.raises(QueueMigrating):
@@ -151,8 +151,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
     calls = 1
     while not done:
         reply = []
-        seen = counted(redis_client, lambda: reply.extend(fair._run("migrate", fair._keys("migrate"),
-                                                                    [C.MIGRATE_STEP])))
+        seen = counted(redis_client, lambda: reply.extend(fair.run("migrate", [C.MIGRATE_STEP])))
         assert seen["sadd"] <= 2 * C.MIGRATE_STEP and seen["rpush"] <= C.MIGRATE_STEP
         done = reply[3]
         calls += 1
@@ -176,13 +175,13 @@ def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "wait", key_prefix=key_prefix)
     fill(q, 3000)
     fair = PriorityQueue(redis_client, "wait", key_prefix=key_prefix, fair=True)
-    fair._run("migrate", fair._keys("migrate"), [100])  # the migration's first step
+    fair.run("migrate", [100])  # the migration's first step
     # While it is under way, a pop waits (retrying: each try does nothing) ...
     got = []
     t = threading.Thread(target=lambda: got.extend(fair.pop(1)))
     t.start()
     time.sleep(0.2)
-    assert not got and redis_client.hlen(fair.keys.lt) == 0
+    assert not got and redis_client.hlen(fair.keys.leases) == 0
     # ... until the migration is over
     fair.migrate_mode()
     t.join(timeout=C.MIGRATION_WAIT)
@@ -192,13 +191,13 @@ def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
 def test_an_expired_publish_id_window_is_unlinked_not_deleted(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "window", key_prefix=key_prefix, dedupe_seconds=1)
     q.insert(b"first", 1)
-    redis_client.hset(q.keys.pd, mapping={f"p{i}": "" for i in range(N)})
-    redis_client.hset(q.keys.pe, mapping={f"p{i}": "" for i in range(N)})
-    redis_client.set(q.keys.pt, int(time.time() * 1000) - 5000)
+    redis_client.hset(q.keys.publish_ids, mapping={f"p{i}": "" for i in range(N)})
+    redis_client.hset(q.keys.publish_ids_before, mapping={f"p{i}": "" for i in range(N)})
+    redis_client.set(q.keys.publish_window, int(time.time() * 1000) - 5000)
     seen = counted(redis_client, lambda: q.insert(b"after", 1))
     # Redis frees the big hashes in the background: UNLINK, never DEL, in the script
     assert seen["unlink"] == 1 and seen["del"] == 0
-    assert redis_client.hlen(q.keys.pe) == 0 and redis_client.hlen(q.keys.pd) == 1
+    assert redis_client.hlen(q.keys.publish_ids_before) == 0 and redis_client.hlen(q.keys.publish_ids) == 1
 
 
 def test_a_consumers_leases_are_looked_for_a_window_at_a_time(redis_client, key_prefix):
@@ -226,7 +225,7 @@ def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(r
     q = PriorityQueue(redis_client, "same", key_prefix=key_prefix)
     sends = 2000
     ids = q.insert_many([(b"x", 1, "same")] * sends, chunk=100)
-    assert len(set(ids)) == sends and redis_client.zcard(q.keys.dq) == sends - 1
+    assert len(set(ids)) == sends and redis_client.zcard(q.keys.duplicate_index) == sends - 1
     # When one is popped and acked: its duplicate id is forgotten with one ZREM, nothing rewritten
     first, lease = q.pop(2)  # the id itself, then its first duplicate
     assert lease.id.startswith("same~")
@@ -237,7 +236,7 @@ def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(r
     dups = sends - 2  # (one acked)
     assert seen["fcall"] + seen["evalsha"] == dups // C.STEP_CHUNK + 1  # the last call finds less than a step
     assert seen["zrangebylex"] == seen["fcall"] + seen["evalsha"]
-    assert q.size() == 0 and redis_client.zcard(q.keys.dq) == 0
+    assert q.size() == 0 and redis_client.zcard(q.keys.duplicate_index) == 0
     assert q.ack(first)
 
 
@@ -246,21 +245,21 @@ def test_duplicates_recorded_before_dq_are_still_found(redis_client, key_prefix)
     first, second, third = q.insert_many([(b"x", 1, "old")] * 3)
     seqs = [s.rsplit("~", 1)[1] for s in (second, third)]
     # as an older version stored them: "seq,seq" in the hash dp, nothing in dq
-    redis_client.delete(q.keys.dq)
-    redis_client.hset(q.keys.dp, encode_id("old"), ",".join(seqs))
+    redis_client.delete(q.keys.duplicate_index)
+    redis_client.hset(q.keys.duplicates, encode_id("old"), ",".join(seqs))
     back, lease = q.pop(2)  # the first duplicate, acked: it leaves dp's list
     assert lease.id == second and q.ack(lease)
     q.requeue(back)
-    assert redis_client.hget(q.keys.dp, encode_id("old")) == seqs[1].encode()
+    assert redis_client.hget(q.keys.duplicates, encode_id("old")) == seqs[1].encode()
     assert q.remove("old") == 2  # the entry and the other duplicate
-    assert not redis_client.hexists(q.keys.dp, encode_id("old")) and q.size() == 0
+    assert not redis_client.hexists(q.keys.duplicates, encode_id("old")) and q.size() == 0
 
 
 def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix)
     fill(q, 1000)
     fair = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix, fair=True)
-    fair._run("migrate", fair._keys("migrate"), [10])
+    fair.run("migrate", [10])
     start = time.monotonic()
     assert fair.reclaim()["skipped"] is True  # the keeper's thread renews leases too: it goes on
     assert time.monotonic() - start < 1
@@ -276,22 +275,22 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
         if i % 3:
             q.remove(f"e{i}")
     rank = q.rank(7)
-    q._run("cleanup", q._keys("cleanup"), [rank, C.COMPACT_STEP])  # a pass: 171 in front, the rest behind
-    assert redis_client.zscore(q.keys.pi, rank) == rank + 0.5
+    q.run("cleanup", [rank, C.COMPACT_STEP])  # a pass: 171 in front, the rest behind
+    assert redis_client.zscore(q.keys.priority_index, rank) == rank + 0.5
     assert [e.id for e in q.peek(3)] == ["e0", "e3", "e6"]
     assert q.stats()["waiting"] == 1010
     assert q.retrieve_by_priority(7) == "e0"
     got = q.pop(200, view=(rank - 1, rank + 1))  # (a rank range) the front list runs out part way: on with the list
     assert [lease.id for lease in got] == [f"e{i}" for i in range(0, 600, 3)]
-    assert redis_client.zscore(q.keys.pi, rank) == rank  # the front list ran empty: no pass
+    assert redis_client.zscore(q.keys.priority_index, rank) == rank  # the front list ran empty: no pass
     assert q.purge() == 800 + 10
-    assert q.size() == 0 and redis_client.zcard(q.keys.pi) == 0
+    assert q.size() == 0 and redis_client.zcard(q.keys.priority_index) == 0
 
 
 def test_a_duplicate_removed_by_its_own_id_is_forgotten(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "forget", key_prefix=key_prefix)
     _, dup = q.insert_many([(b"x", 1, "a"), (b"x", 1, "a")])
     assert q.remove(dup) == 1  # by the duplicate's own id "a~<seq>"
-    assert redis_client.zcard(q.keys.dq) == 0
+    assert redis_client.zcard(q.keys.duplicate_index) == 0
     q.insert(b"mine", 1, id=dup)  # an entry of its own that has that id now
     assert q.remove("a") == 1 and q.exists(dup)  # the task id's duplicates do not name it

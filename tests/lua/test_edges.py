@@ -22,11 +22,11 @@ from celery_pq.testing import RedisServer
 def _all_ids(q: PriorityQueue) -> dict:
     """Every entry id of a queue and its dead-letter queue, by state."""
     r = q.client
-    leased = {k for k in r.hkeys(q.keys.lt)}
-    delayed = set(r.zrange(q.keys.dz, 0, -1))
-    ids = set(r.hkeys(q.keys.ii))
+    leased = {k for k in r.hkeys(q.keys.leases)}
+    delayed = set(r.zrange(q.keys.delayed, 0, -1))
+    ids = set(r.hkeys(q.keys.entries))
     return {"waiting": ids - leased - delayed, "leased": leased, "delayed": delayed,
-            "dead": set(r.hkeys(q.dead.keys.ii))}
+            "dead": set(r.hkeys(q.dead.keys.entries))}
 
 
 # -- 1. a queue's mode is recorded; a process that disagrees touches nothing ----------------------
@@ -99,7 +99,7 @@ def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):
 # -- 2. one corrupt entry does not strand its batch ---------------------------------------------
 
 def _corrupt(q: PriorityQueue, id: str, value: bytes = b"nobar") -> None:
-    q.client.hset(q.keys.ii, encode_id(id), value)
+    q.client.hset(q.keys.entries, encode_id(id), value)
 
 
 @pytest.mark.parametrize("fair", [False, True])
@@ -136,15 +136,15 @@ def test_a_corrupt_leased_entry_is_set_aside_by_requeue_and_by_the_sweep(redis_c
     time.sleep(0.01)
     assert q.reclaim()["dead"] == 1
     assert sorted(e.id for e in q.dead.peek(5)) == ["a", "b"]
-    assert not redis_client.hlen(q.keys.lt) and not redis_client.hlen(q.keys.ii)
+    assert not redis_client.hlen(q.keys.leases) and not redis_client.hlen(q.keys.entries)
 
 
 def test_a_corrupt_lease_record_does_not_strand_its_entry(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
     q.insert(b"x", 3, id="a")
     q.pop()
-    redis_client.hset(q.keys.lt, encode_id("a"), b"garbage")
-    redis_client.zadd(q.keys.lz, {encode_id("a"): 0})
+    redis_client.hset(q.keys.leases, encode_id("a"), b"garbage")
+    redis_client.zadd(q.keys.lease_deadlines, {encode_id("a"): 0})
     q.reclaim()
     assert [e.id for e in q.pop()] == ["a"]
 
@@ -153,7 +153,7 @@ def test_corrupt_pointers_and_fair_state_are_skipped(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix, fair=True, tenant_rate=5.0)
     q.insert(b"x", 3, id="a", tenant="A")
     redis_client.rpush(q.keys.level(q.rank(3)), b"\x01")
-    redis_client.hset(q.keys.fr, "A", b"junk")
+    redis_client.hset(q.keys.token_buckets, "A", b"junk")
     assert [e.id for e in q.pop()] == ["a"]
 
 
@@ -185,16 +185,18 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
 
 
 def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client, key_prefix):
-    from celery_pq.scripts import FIRST_SEND, resent, run_calls
+    from celery_pq.queue.calls import insert_made
+    from celery_pq.scripts import FIRST_SEND, run_calls
 
     q = PriorityQueue(redis_client, "m3f", key_prefix=key_prefix)
     item = q._item(b"x", 1, "t1")
-    script, keys, args = q._call("insert", q._insert_keys(), q._insert_args([item], (), FIRST_SEND))
-    assert FIRST_SEND in args and "F" == FIRST_SEND
+    call = q.insert_call([item], (), insert_made(True, False))
+    script, keys, args = call
+    assert call.first_send and FIRST_SEND in args and "F" == FIRST_SEND
     [first] = run_calls(redis_client, [(script, keys, args)])
     # the same call sent again (as every retry path sends it) is found by its publish id
-    again = resent(args)
-    assert FIRST_SEND not in again and again.count("1") >= 1
+    again = call.resent().args
+    assert not call.resent().first_send and again.count("1") >= 1
     assert run_calls(redis_client, [(script, keys, again)]) == [first]
     assert script.words(redis_client, keys, args)[3:] == (*keys, *again)
     # in a pipeline too (redis-py may send a pipeline again by itself)
@@ -202,9 +204,9 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     assert [e.id for e in q.peek(10)] == ["t1"]
     # a call of several entries under one made publish id gives all of them back
     items = [q._item(b"y", 1, "m1"), q._item(b"y", 1)]
-    script, keys, args = q._call("insert", q._insert_keys(), q._insert_args(items, (), FIRST_SEND))
-    [ids] = run_calls(redis_client, [(script, keys, args)])
-    assert run_calls(redis_client, [(script, keys, resent(args))]) == [ids] and len(ids) == 2
+    call = q.insert_call(items, (), insert_made(True, False))
+    [ids] = run_calls(redis_client, [call])
+    assert run_calls(redis_client, [call.resent()]) == [ids] and len(ids) == 2
     assert q.size() == 3
 
 
@@ -257,7 +259,7 @@ def test_the_longest_window_a_producer_asked_for_holds(redis_client, key_prefix)
     assert long.insert(b"x", 1, id="t", publish_id=b"p-long") == "t"
     assert short.insert(b"x", 1, id="t", publish_id=b"p-long") == "t"
     assert short.size() == 2
-    assert redis_client.get(long.keys.pt).split(b"|")[1] == b"3600000"
+    assert redis_client.get(long.keys.publish_window).split(b"|")[1] == b"3600000"
 
 
 def test_a_long_window_lapses_when_its_producer_has_gone(redis_client, key_prefix):
@@ -271,7 +273,7 @@ def test_a_long_window_lapses_when_its_producer_has_gone(redis_client, key_prefi
     time.sleep(0.05)
     short.insert(b"y", 1, publish_id=b"p-other2")
     # Then the queue's window is the short one again, and p1 is long forgotten
-    assert redis_client.get(short.keys.pt).split(b"|")[1] == b"20"
+    assert redis_client.get(short.keys.publish_window).split(b"|")[1] == b"20"
     assert short.insert(b"x", 1, id="t", publish_id=b"p1").startswith("t~")
     assert short.size() == 4
 
@@ -357,8 +359,8 @@ def test_fairness_state_of_tenants_that_left_is_cleaned_up(redis_client, key_pre
     time.sleep(0.01)
     for _ in range(20):
         q.reclaim()
-    assert redis_client.hlen(q.keys.fv) < 50
-    assert redis_client.hlen(q.keys.fr) < 50
+    assert redis_client.hlen(q.keys.virtual_times) < 50
+    assert redis_client.hlen(q.keys.token_buckets) < 50
 
 
 # -- 5. generated ids never collide ----------------------------------------------------------
@@ -434,7 +436,7 @@ def test_fair_weights_outside_the_range_the_tags_hold_are_refused(redis_client, 
     q = PriorityQueue(redis_client, "m12", key_prefix=key_prefix, fair=True)
     with pytest.raises(ValueError, match="weights"):
         q.configure_tenants(weights={"A": weight})
-    assert not redis_client.exists(q.keys.fc)
+    assert not redis_client.exists(q.keys.tenant_settings)
 
 
 def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_entry(redis_client, key_prefix):
@@ -444,7 +446,7 @@ def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_en
     q.insert_many([(b"y", 1)] * 30)
     q.insert(b"z", 1)
     # answered publish ids are forgotten in batches: at most a batch and the last call's remain
-    assert redis_client.hlen(q.keys.pd) + redis_client.hlen(q.keys.pe) <= C.FORGET_BATCH + 1
+    assert redis_client.hlen(q.keys.publish_ids) + redis_client.hlen(q.keys.publish_ids_before) <= C.FORGET_BATCH + 1
     # a publish id the caller gives is remembered for the whole window (a producer that sends
     # again after a success, as a retried Spark task does)
     q.insert(b"k", 1, id="kept", publish_id=b"given")
@@ -476,7 +478,7 @@ def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_
                                                                                    view):
     q = PriorityQueue(redis_client, "mw", key_prefix=key_prefix)
     q.insert_many([(b"x", 50, "a"), (b"x", 50, "b"), (b"x", 40, "c")])  # ranks 205 and 215
-    wk = q.keys.wk if view is None else q.keys.view_wake(*view)
+    wk = q.keys.wake if view is None else q.keys.view_wake(*view)
     redis_client.delete(wk)
     assert [e.id for e in q.pop(1, view=view)] == ["a"]  # b is behind it in its rank
     assert redis_client.llen(wk) == 1
@@ -491,9 +493,9 @@ def test_dead_lettering_a_capped_tenants_lease_wakes_a_consumer(redis_client, ke
     q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
     q.insert_many([(b"x", 5, "a1", "A"), (b"x", 5, "a2", "A")])
     [lease] = q.pop(1)
-    assert q.pop(1) == [] and not redis_client.llen(q.keys.wk)
+    assert q.pop(1) == [] and not redis_client.llen(q.keys.wake)
     q.dead_letter(lease)
-    assert redis_client.llen(q.keys.wk) == 1 and [e.id for e in q.pop(1)] == ["a2"]
+    assert redis_client.llen(q.keys.wake) == 1 and [e.id for e in q.pop(1)] == ["a2"]
 
 
 def test_requeue_and_change_priority_wake_views_registered_elsewhere(redis_client, key_prefix):

@@ -39,7 +39,7 @@ def test_stream_entries_have_every_field_in_order(redis_client, key_prefix):
         ("enqueue", "ev", tid, 200, 55, "a|b", "", "proj.tasks.resize", None, "")
     # the entry id's ms part and the ms field are both Redis time
     assert abs(int(row["sid"].split("-")[0]) - row["ms"]) < 1000
-    assert q.events_key == queue_keys("ev", key_prefix).ev == f"{key_prefix}:{{ev}}:ev"
+    assert q.events_key == queue_keys("ev", key_prefix).events == f"{key_prefix}:{{ev}}:ev"
 
 
 def test_lower_first_priority_and_rank(redis_client, key_prefix):
@@ -160,7 +160,7 @@ def test_log_off_writes_no_stream_and_no_switch(redis_client, key_prefix):
     q.pause()
     q.resume()
     assert not redis_client.exists(q.events_key)
-    assert redis_client.get(q.keys.md) == b"0-hT"
+    assert redis_client.get(q.keys.mode) == b"0-hT"
     assert q.events() == []
 
 
@@ -243,8 +243,8 @@ def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
         PriorityQueue(redis_client, "q", key_prefix=key_prefix, event_log=value)
     with pytest.raises(ConfigError, match="event_log"):
         Options(event_log=value)
-    assert Options(event_log=100).queue_kwargs("q")["event_log"] == 100
-    assert Options().queue_kwargs("q")["event_log"] is None
+    assert Options(event_log=100).queue_settings("q").event_log == 100
+    assert Options().queue_settings("q").event_log == 0  # off
 
 
 # -- counters ----------------------------------------------------------------------------------
@@ -300,15 +300,15 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
     assert q.pause()
     assert q.paused() == {"queue": True, "tenants": []}
     assert q.pop(5) == []
-    assert redis_client.llen(q.keys.wk) == 0  # a pop of a paused queue drops its wake list
+    assert redis_client.llen(q.keys.wake) == 0  # a pop of a paused queue drops its wake list
     q.insert(b"during", 1, id="b")
-    assert redis_client.llen(q.keys.wk) == 0  # nobody is woken for a paused queue
+    assert redis_client.llen(q.keys.wake) == 0  # nobody is woken for a paused queue
     assert q.pop(5) == []
     assert q.size() == 2
     st = q.stats()
     assert st["paused"] is True and st["paused_tenants"] == [] and st["waiting"] == 2
     assert q.resume()
-    assert redis_client.llen(q.keys.wk) == 1  # a blocked consumer wakes at once
+    assert redis_client.llen(q.keys.wake) == 1  # a blocked consumer wakes at once
     assert [x.id for x in q.pop(5)] == ["a", "b"]
     assert q.paused() == {"queue": False, "tenants": []} and q.stats()["paused"] is False
 
@@ -327,7 +327,7 @@ def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
     got = q.pop(view=(0, 55), acks=[(lease.id, lease.token)])
     assert got == [] and got.acked == [1]  # the ack still applies; nothing is delivered
     q.resume()
-    assert redis_client.llen(wake) == 1 and redis_client.llen(q.keys.wk) == 1
+    assert redis_client.llen(wake) == 1 and redis_client.llen(q.keys.wake) == 1
     assert [x.id for x in q.pop(2, view=(0, 55))] == ["hi2", "hi3"]
 
 
@@ -342,9 +342,9 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_pref
     q.insert(b"x", 1, id="a3", tenant="a")  # publishing goes on
     assert q.pop(10) == []
     assert q.stats()["paused_tenants"] == ["a"]
-    redis_client.delete(q.keys.wk)
+    redis_client.delete(q.keys.wake)
     assert q.resume(tenant="a")
-    assert redis_client.llen(q.keys.wk) == 1
+    assert redis_client.llen(q.keys.wake) == 1
     assert [x.id for x in q.pop(10)] == ["a0", "a1", "a2", "a3"]
     assert q.paused()["tenants"] == []
 

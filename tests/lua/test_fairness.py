@@ -36,7 +36,7 @@ def fairness_state_is_empty(client, q):
     """No tenant state left, and no pointer left in the priority index: a fair pop drops the
     stale pointers at the front of the lists it served from."""
     k = q.keys
-    return client.exists(k.te, k.ts, k.tb, k.fn, k.tw, k.pi, *k.levels()) == 0
+    return client.exists(k.tenant_entries, k.tenant_schedule, k.tenant_states, k.tenant_counts, k.rate_parked, k.priority_index, *k.levels()) == 0
 
 
 def test_equal_weights_round_robin(redis_client, key_prefix):
@@ -351,9 +351,9 @@ def _stale_member(client, q, tenant, priority, seq, entry_id):
     from celery_pq.queue import escape_tenant
 
     k, rank, t = q.keys, q.rank(priority), escape_tenant(tenant)
-    client.zadd(k.te, {R.join_tenant_member(t.encode(), rank, seq, encode_id(entry_id)): 0})
-    client.hincrby(k.fn, f"n:{t}", 1)
-    client.hincrby(k.fv, f"L:{rank}", 1)
+    client.zadd(k.tenant_entries, {R.join_tenant_member(t.encode(), rank, seq, encode_id(entry_id)): 0})
+    client.hincrby(k.tenant_counts, f"n:{t}", 1)
+    client.hincrby(k.virtual_times, f"L:{rank}", 1)
 
 
 def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, key_prefix):

@@ -325,7 +325,7 @@ class QueueMachine(RuleBasedStateMachine):
     def retire_corrupt(self) -> None:
         """Corrupt entries no longer in the queue (a script set them aside, or a remove or purge
         took them) free their ids: a new entry may have one of them."""
-        ii = set(self.client.hkeys(self.q.keys.ii))
+        ii = set(self.client.hkeys(self.q.keys.entries))
         for eid in [x for x in self.corrupt if encode_id(x) not in ii]:
             self.retired.append(self.corrupt.pop(eid))
             del self.entries[eid]
@@ -366,7 +366,7 @@ class QueueMachine(RuleBasedStateMachine):
         payload = self.next_payload()
         if when == "delay":
             eid = self.q.insert(payload, priority, id=given, tenant=tenant or None, delay=SHORT_MS / 1000)
-            due = self.client.zscore(self.q.keys.dz, encode_id(eid))
+            due = self.client.zscore(self.q.keys.delayed, encode_id(eid))
             assert due is not None, f"an entry inserted with delay={SHORT_MS / 1000} is not delayed"
             self.add(eid, given, payload, priority, tenant, int(due), True)
             return
@@ -515,12 +515,12 @@ class QueueMachine(RuleBasedStateMachine):
         if short:
             while redis_now_ms(self.client) <= max(short):
                 time.sleep(0.005)
-        expired = [e for e in self.leased() if e.token and self.client.zscore(self.q.keys.lz, encode_id(e.eid))
+        expired = [e for e in self.leased() if e.token and self.client.zscore(self.q.keys.lease_deadlines, encode_id(e.eid))
                    <= redis_now_ms(self.client)]
         cor = [e for e in self.state_of("corrupt") if e.was == "leased" and e.token]
         got = self.q.reclaim()
         for e in cor:  # a corrupted entry's expired lease ends too
-            if not self.client.hexists(self.q.keys.lt, encode_id(e.eid)):
+            if not self.client.hexists(self.q.keys.leases, encode_id(e.eid)):
                 e.token = None
                 if self.fq:
                     self.fq.release(e.tenant)
@@ -661,7 +661,7 @@ class QueueMachine(RuleBasedStateMachine):
             kw["fair_scope"] = {"within_priority": "tenant_first", "tenant_first": "within_priority"}[kw["fair_scope"]]
         else:
             return
-        if not self.client.hlen(self.q.keys.ii):
+        if not self.client.hlen(self.q.keys.entries):
             return  # a queue that holds nothing takes the mode of its next insert (nothing to strand)
         other = PriorityQueue(self.client, self.name, key_prefix=self.prefix, **kw)
         with pytest.raises(ModeMismatch):
@@ -678,7 +678,7 @@ class QueueMachine(RuleBasedStateMachine):
         if not live:
             return
         e = self.entries[live[i % len(live)]]
-        self.client.hset(self.q.keys.ii, encode_id(e.eid), garbage)
+        self.client.hset(self.q.keys.entries, encode_id(e.eid), garbage)
         if e.state == "waiting":
             self.leave_level(e)
         e.was, e.state = e.state, "corrupt"
@@ -701,9 +701,9 @@ class QueueMachine(RuleBasedStateMachine):
             self.retire_corrupt()
         k = self.q.keys
         c = self.client
-        ii = set(c.hkeys(k.ii))
-        lt = set(c.hkeys(k.lt))
-        dz = set(c.zrange(k.dz, 0, -1))
+        ii = set(c.hkeys(k.entries))
+        lt = set(c.hkeys(k.leases))
+        dz = set(c.zrange(k.delayed, 0, -1))
         enc = lambda state: {encode_id(e.eid) for e in self.state_of(state)}  # noqa: E731
         bad_ii = {decode_id(x) for x in ii} - self.live_eids()
         assert not bad_ii, f"entries in the queue the model does not have: {sorted(bad_ii)}"
@@ -727,7 +727,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert gone - maybe_removed <= malformed <= gone, (
             f"{malformed} malformed dead letters for {gone} corrupt entries that left the queue")
         if self.fair:
-            te = {split_tenant_member(m)[3] for m in c.zrange(k.te, 0, -1)}
+            te = {split_tenant_member(m)[3] for m in c.zrange(k.tenant_entries, 0, -1)}
             assert te - {encode_id(x) for x in cor_ii} == enc("waiting"), "the tenants' orders differ from waiting"
         elif not self.corrupt:
             assert [x.id for x in self.q.peek(10_000)] == self.order(), "peek order"
@@ -763,7 +763,7 @@ class QueueMachine(RuleBasedStateMachine):
     def stale_pointers_stay_bounded(self):
         if self.q is None:
             return
-        self.peak = max(getattr(self, "peak", 0), self.client.hlen(self.q.keys.ii))
+        self.peak = max(getattr(self, "peak", 0), self.client.hlen(self.q.keys.entries))
         n = max(self.pointers(per_rank=True))
         assert n <= 2 * self.peak + STALE_SLACK, f"{n} pointers in a rank list; the queue held {self.peak} at most"
 
@@ -775,23 +775,23 @@ class QueueMachine(RuleBasedStateMachine):
         k = self.q.keys
         if self.fair:
             if self.fq.ts:
-                assert self.client.llen(k.wk) >= 1, "a schedulable tenant waits but the wake list is empty"
+                assert self.client.llen(k.wake) >= 1, "a schedulable tenant waits but the wake list is empty"
             return
         ranks = {e.rank for e in self.state_of("waiting")}
         if ranks:
-            assert self.client.llen(k.wk) >= 1, "entries wait but the queue's wake list is empty"
+            assert self.client.llen(k.wake) >= 1, "entries wait but the queue's wake list is empty"
         for lo, hi in self.views:
             if any(lo <= r <= hi for r in ranks):
                 assert self.client.llen(k.view_wake(lo, hi)) >= 1, f"view {lo}..{hi} has work but no wake token"
         if self.dead:
-            assert self.client.llen(self.q.dead.keys.wk) >= 1, "dead letters wait but the dead queue's wake list is empty"
+            assert self.client.llen(self.q.dead.keys.wake) >= 1, "dead letters wait but the dead queue's wake list is empty"
 
     # -- the end: nothing stranded ----------------------------------------------------------------
     def drain_and_check(self):
         for _ in range(50):
-            delayed = self.client.zrange(self.q.keys.dz, 0, -1)
+            delayed = self.client.zrange(self.q.keys.delayed, 0, -1)
             if delayed:  # every delay is due now (on the Redis clock, 1970)
-                self.client.zadd(self.q.keys.dz, {m: 0 for m in delayed})
+                self.client.zadd(self.q.keys.delayed, {m: 0 for m in delayed})
                 for e in self.state_of("delayed"):
                     e.short, e.due = True, 0
             mine = self.leased() + [e for e in self.state_of("corrupt") if e.token]
@@ -802,16 +802,16 @@ class QueueMachine(RuleBasedStateMachine):
             self.reclaim()
             self.pop_and_ack(1000, "drain")
             if not self.state_of("waiting") and not self.state_of("delayed") and not self.state_of("leased") and \
-                    not self.client.hlen(self.q.keys.ii):
+                    not self.client.hlen(self.q.keys.entries):
                 break
         self.q.purge()
         k = self.q.keys
-        left = {decode_id(x) for x in self.client.hkeys(k.ii)}
+        left = {decode_id(x) for x in self.client.hkeys(k.entries)}
         assert not left, f"stranded entries after draining: {sorted(left)}"
-        assert self.client.hlen(k.lt) == 0 and self.client.zcard(k.dz) == 0
+        assert self.client.hlen(k.leases) == 0 and self.client.zcard(k.delayed) == 0
         assert self.pointers() == 0, "pointers left in the rank lists of an empty queue"
         if self.fair:
-            assert self.client.exists(k.te, k.ts, k.tb, k.fn) == 0, "tenant state left in an empty queue"
+            assert self.client.exists(k.tenant_entries, k.tenant_schedule, k.tenant_states, k.tenant_counts) == 0, "tenant state left in an empty queue"
         dead = self.q.dead.peek(10_000)
         assert sorted((x.payload, x.dead_reason) for x in dead if x.dead_reason != "malformed") == sorted(
             (p, r) for _, _, p, r in self.dead)
@@ -868,7 +868,7 @@ class FairMachine(QueueMachine):
         of its level's virtual time (it was served recently)."""
         if self.q is None:
             return
-        fv = {k.decode(): int(v) for k, v in self.client.hgetall(self.q.keys.fv).items()}
+        fv = {k.decode(): int(v) for k, v in self.client.hgetall(self.q.keys.virtual_times).items()}
         present = {e.tenant for e in self.entries.values()}
         for f, v in fv.items():
             if f.startswith("F:"):

@@ -2,7 +2,7 @@
 queue.pop_with_acks (several queues' acks, one pop, one round trip) and queue.ack_all."""
 
 from celery_pq import PriorityQueue
-from celery_pq import queue as queue_module
+from celery_pq.queue import running as queue_module
 from celery_pq.errors import ErrorCode
 
 

@@ -26,7 +26,7 @@ def pointers(client, q):
     """The priority index as (rank, seq, entry id), in delivery order, stale pointers too (a
     compaction pass's front list before the rank's list)."""
     out = []
-    for rank in client.zrange(q.keys.pi, 0, -1):
+    for rank in client.zrange(q.keys.priority_index, 0, -1):
         for p in client.lrange(q.keys.front(int(rank)), 0, -1) + client.lrange(q.keys.level(int(rank)), 0, -1):
             seq, eid = split_pointer(p)
             out.append((int(rank), seq, decode_id(eid)))
@@ -54,12 +54,12 @@ def test_insert_writes_both_tables_and_encodes_priority_then_fifo(q, redis_clien
     q.insert(b"high", 250, id="h1")
     q.insert(b"low2", 1, id="l2")
     k = q.keys
-    assert redis_client.hlen(k.ii) == 3
+    assert redis_client.hlen(k.entries) == 3
     index = pointers(redis_client, q)
     assert [eid for _, _, eid in index] == ["h1", "l1", "l2"]
     assert [rank for rank, _, _ in index] == [255 - 250, 254, 254]  # a list per rank, best first
     rank, seq, _ = index[0]
-    header, _ = split_entry(redis_client.hget(k.ii, "h1"))
+    header, _ = split_entry(redis_client.hget(k.entries, "h1"))
     # the entry keeps its score (rank in the high bits, then the sequence): a pointer is
     # current only while the two agree
     assert header.score == rank * SEQ_SPAN + seq
@@ -101,11 +101,11 @@ def test_pop_leases_in_the_same_script(q, redis_client):
     [lease] = q.pop(consumer="c1")
     k = q.keys
     assert lease.id == "a" and lease.deliveries == 1 and lease.payload == b"p" and lease.priority == 3
-    assert redis_client.zcard(k.pi) == 0
-    assert redis_client.hexists(k.ii, "a")  # the entry stays in the identifier-indexed table
-    record = split_lease(redis_client.hget(k.lt, "a"))
+    assert redis_client.zcard(k.priority_index) == 0
+    assert redis_client.hexists(k.entries, "a")  # the entry stays in the identifier-indexed table
+    record = split_lease(redis_client.hget(k.leases, "a"))
     assert (record.token, record.consumer, record.deliveries) == (lease.token, "c1", 1)
-    deadline = redis_client.zscore(k.lz, "a")
+    deadline = redis_client.zscore(k.lease_deadlines, "a")
     now_s, now_us = redis_client.time()
     assert 29_000 < deadline - (now_s * 1000 + now_us // 1000) <= 30_000
 
@@ -157,7 +157,7 @@ def test_ack_deletes_and_checks_token(q, redis_client):
     with pytest.raises(LeaseLost):
         q.ack(("a", "not-the-token"), strict=True)
     assert q.ack(lease) is True
-    assert redis_client.exists(q.keys.ii, q.keys.lt, q.keys.lz, q.keys.pi) == 0
+    assert redis_client.exists(q.keys.entries, q.keys.leases, q.keys.lease_deadlines, q.keys.priority_index) == 0
     assert q.ack(lease) is False  # a second ack finds no lease
 
 
@@ -224,9 +224,9 @@ def test_requeue_without_counting_undoes_the_delivery(q):
 def test_extend_moves_deadline_and_checks_token(q, redis_client):
     q.insert(b"x", 1, id="a")
     [lease] = q.pop(lease_seconds=1)
-    before = redis_client.zscore(q.keys.lz, "a")
+    before = redis_client.zscore(q.keys.lease_deadlines, "a")
     assert q.extend([lease], 100) == [True]
-    assert redis_client.zscore(q.keys.lz, "a") - before > 90_000
+    assert redis_client.zscore(q.keys.lease_deadlines, "a") - before > 90_000
     assert q.extend([("a", "wrong")]) == [False]
 
 
@@ -292,8 +292,8 @@ def test_duplicate_ids_are_both_kept_and_acked_independently(q, redis_client):
     assert q.ack(second) is True
     # only the sequence counter, the mode record, the window of publish ids and the counters remain
     left = {k for k in q.keys.all() if redis_client.exists(k)}
-    assert left <= {q.keys.sq, q.keys.md, q.keys.pd, q.keys.pe, q.keys.pt, q.keys.ct}, left
-    assert redis_client.hlen(q.keys.dp) == 0
+    assert left <= {q.keys.sequence, q.keys.mode, q.keys.publish_ids, q.keys.publish_ids_before, q.keys.publish_window, q.keys.counters}, left
+    assert redis_client.hlen(q.keys.duplicates) == 0
 
 
 def test_remove_by_id_removes_waiting_entries_and_duplicates(q, redis_client, technique):
@@ -311,7 +311,7 @@ def test_remove_by_id_removes_waiting_entries_and_duplicates(q, redis_client, te
     assert len(pointers(redis_client, q)) == (0 if technique == "T" else 1)
     assert q.pop() == []
     assert pointers(redis_client, q) == []
-    assert redis_client.zcard(q.keys.pi) == 0
+    assert redis_client.zcard(q.keys.priority_index) == 0
     assert q.remove("nope") == 0
 
 
@@ -412,10 +412,10 @@ def test_tenant_and_payload_with_separators_round_trip(q):
 
 def test_scores_stay_exact_at_the_extremes(q, redis_client):
     # Given the largest rank and a sequence near the top of its 44 bits
-    redis_client.set(q.keys.sq, SEQ_SPAN - 3)
+    redis_client.set(q.keys.sequence, SEQ_SPAN - 3)
     q.insert(b"x", 0, id="last")
     [(rank, seq, _)] = pointers(redis_client, q)
-    score = split_entry(redis_client.hget(q.keys.ii, "last"))[0].score
+    score = split_entry(redis_client.hget(q.keys.entries, "last"))[0].score
     assert rank == 255 and seq == SEQ_SPAN - 2
     assert int(score) == 255 * SEQ_SPAN + SEQ_SPAN - 2 and int(score) < 2**53
     assert q.pop()[0].id == "last"
@@ -457,7 +457,7 @@ def test_acks_ride_in_the_next_pop(redis_client, key_prefix, fair):
     # Then the good ack is done, the bad one is refused by code, and the next entry is leased
     assert q.ack_codes(reply) == [1, -3]
     assert [lease.id for lease in q.parse_pop(reply)] == ["e2"]
-    assert q.stats()["leased"] == 2 and redis_client.hexists(q.keys.ii, "e0") == 0
+    assert q.stats()["leased"] == 2 and redis_client.hexists(q.keys.entries, "e0") == 0
     if fair:
         assert q.tenant_stats()["A"]["leased"] == 2
 

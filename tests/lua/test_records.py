@@ -23,26 +23,26 @@ def test_records_written_by_the_scripts_read_in_python(redis_client, key_prefix)
     dup = q.insert(b"two", 7, id="x", tenant="a,b")
     assert (first, dup) != ("x", "x") and first == "x"
     # Then the entries read back field by field
-    h, payload = R.split_entry(redis_client.hget(k.ii, encode_id("x")))
+    h, payload = R.split_entry(redis_client.hget(k.entries, encode_id("x")))
     rank, seq = R.split_score(h.score)
     assert payload == PAYLOAD and h.deliveries == 0 and rank == q.rank(7)
     assert h.tenant == escape_tenant("a,b").encode() and h.flags == b"" and h.dead_note == b""
     assert h.enqueued_ms > 1_600_000_000_000
-    assert R.split_entry(redis_client.hget(k.ii, encode_id(dup)))[0].flags == b"d"
+    assert R.split_entry(redis_client.hget(k.entries, encode_id(dup)))[0].flags == b"d"
     # and so do the pointers, the tenant-order members, the publish-id value and the mode
     pointers = [R.split_pointer(p) for p in redis_client.lrange(k.level(rank), 0, -1)]
     assert pointers[0] == (seq, encode_id("x")) and len(pointers) == 2
-    members = [R.split_tenant_member(m) for m in redis_client.zrange(k.te, 0, -1)]
+    members = [R.split_tenant_member(m) for m in redis_client.zrange(k.tenant_entries, 0, -1)]
     assert members[0] == (h.tenant, rank, seq, encode_id("x"))
-    assert R.publish_entry(redis_client.hget(k.pd, b"pid-1"), encode_id("x")) == encode_id("x")
-    assert redis_client.get(k.md).decode() == R.join_mode(True, "within_priority", C.HIGHER_FIRST, "T")
+    assert R.publish_entry(redis_client.hget(k.publish_ids, b"pid-1"), encode_id("x")) == encode_id("x")
+    assert redis_client.get(k.mode).decode() == R.join_mode(True, "within_priority", C.HIGHER_FIRST, "T")
     # When the first is leased, its lease record reads back
     [lease] = q.pop(1, consumer="c1")
-    lr = R.split_lease(redis_client.hget(k.lt, encode_id("x")))
+    lr = R.split_lease(redis_client.hget(k.leases, encode_id("x")))
     assert lr == R.LeaseRecord(lease.token, "c1", h.score, 1, b"", h.tenant)
     # and once dead-lettered, so does its note
     q.dead_letter(lease, "rejected")
-    [dead] = redis_client.hvals(q.dead.keys.ii)
+    [dead] = redis_client.hvals(q.dead.keys.entries)
     reason, ms, deliveries = R.split_dead_note(R.split_entry(dead)[0].dead_note)
     assert (reason, deliveries) == ("rejected", 1) and ms >= h.enqueued_ms
 
@@ -91,15 +91,15 @@ def test_an_entry_and_lease_written_in_python_are_served_by_the_scripts(redis_cl
     q.insert(b"first", 1, id="first")  # records the queue's mode
     rank, eid = q.rank(9), encode_id("hand")
     s = R.score(rank, 10**6)
-    redis_client.hset(k.ii, eid, R.join_entry(R.EntryHeader(1, s, b"", b"", b"", 1700000000000), PAYLOAD))
+    redis_client.hset(k.entries, eid, R.join_entry(R.EntryHeader(1, s, b"", b"", b"", 1700000000000), PAYLOAD))
     redis_client.rpush(k.level(rank), R.join_pointer(10**6, eid))
-    redis_client.zadd(k.pi, {rank: rank})
+    redis_client.zadd(k.priority_index, {rank: rank})
     # When it is popped, it comes back as written
     [lease] = q.pop(1)
     assert (lease.id, lease.payload, lease.priority, lease.deliveries, lease.enqueued_ms) == \
         ("hand", PAYLOAD, 9, 2, 1700000000000)
     # and a lease record written by hand is honoured by extend and ack
-    redis_client.hset(k.lt, eid, R.join_lease(R.LeaseRecord("mine", "c", s, 2, b"", b"")))
+    redis_client.hset(k.leases, eid, R.join_lease(R.LeaseRecord("mine", "c", s, 2, b"", b"")))
     assert q.extend([("hand", "mine")], 30) == [True]
     assert q.ack(("hand", lease.token)) is False and q.ack(("hand", "mine")) is True
 

@@ -33,10 +33,10 @@ def test_replay_moves_the_entry_back_with_deliveries_reset(q, redis_client):
     # When it is replayed
     assert q.replay(["a"]) == {"replayed": {"a": "a"}, "missing": [], "leased": [], "refused": []}
     # Then the dead-letter queue holds nothing, not even a pointer
-    assert redis_client.hlen(q.dead.keys.ii) == 0
+    assert redis_client.hlen(q.dead.keys.entries) == 0
     assert level(redis_client, q.dead, 200) == []
     # and the live entry has no deliveries and no note, its payload and priority kept, behind b
-    header, payload = split_entry(redis_client.hget(q.keys.ii, b"a"))
+    header, payload = split_entry(redis_client.hget(q.keys.entries, b"a"))
     assert (header.deliveries, header.dead_note, payload) == (0, b"", b"payload-a")
     assert [e.id for e in q.peek(5)] == ["b", "a"]
     assert [eid for _, eid in level(redis_client, q, 200)][-1] == "a"
@@ -64,7 +64,7 @@ def test_missing_and_leased_dead_letters_are_left_alone(q, redis_client):
     q.dead.pop(1)  # a consumer of jobs.dead holds x
     out = q.replay(["x", "y", "nope"])
     assert out == {"replayed": {"y": "y"}, "missing": ["nope"], "leased": ["x"], "refused": []}
-    assert redis_client.hexists(q.dead.keys.ii, b"x")
+    assert redis_client.hexists(q.dead.keys.entries, b"x")
 
 
 def test_replay_respects_max_length(redis_client, key_prefix):

@@ -5,6 +5,7 @@ import random
 import pytest
 
 from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from celery_pq.testing import wait_for
 
 try:
@@ -22,7 +23,7 @@ def test_a_worker_peeking_every_shard_runs_every_task_once_in_priority_order(har
     sent = [(i, rng.randint(0, 255)) for i in range(120)]
     for i, p in sent:
         h.send("e2e.record", i, p, priority=p)
-    queue = Options(key_prefix=h.prefix, shards=4).open_queue(h.redis, "q")
+    queue = open_queue(h.redis, "q", Options(key_prefix=h.prefix, shards=4).queue_settings("q"))
     assert sum(1 for s in queue.shards if s.size()) == 4
     # When one worker (prefetch 1) takes them all
     h.worker("w1")
@@ -44,6 +45,6 @@ def test_two_workers_on_sixteen_shards_lose_and_double_nothing(harness):
     wait_for(lambda: len(h.records("order")) >= 100, 60, "100 tasks")
     ran = sorted(n for n, _ in h.records("order"))
     assert ran == list(range(100))
-    queue = Options(key_prefix=h.prefix, shards=16).open_queue(h.redis, "q")
+    queue = open_queue(h.redis, "q", Options(key_prefix=h.prefix, shards=16).queue_settings("q"))
     wait_for(lambda: queue.stats()["leased"] == 0, 10, "last ack")
     assert queue.size() == 0 and queue.counters()["acked"] == 100

@@ -12,6 +12,7 @@ import pytest
 from celery_pq.errors import ConfigError
 from celery_pq.keys import shard_names
 from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from celery_pq.spark.eventlog import Settings
 from celery_pq.spark.export import export_events
 
@@ -21,14 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_export_events_reads_every_shards_stream(redis_server, redis_client, key_prefix, tmp_path):
     # Given a queue of 4 shards with its event log on, entries in every shard, some delivered
     opts = {"key_prefix": key_prefix, "shards": 4, "event_log": 10_000}
-    queue = Options(**opts).open_queue(redis_client, "kq")
+    queue = open_queue(redis_client, "kq", Options(**opts).queue_settings("kq"))
     queue.set_event_log(10_000)
     for i in range(40):
         queue.insert(f"m{i}".encode(), i % 3, publish_id=f"p{i}")
     popped = list(queue.pop(10))
     for lease in popped:
         queue.ack(lease)
-    logged = {s.name: redis_client.xlen(s.keys.ev) for s in queue.shards}
+    logged = {s.name: redis_client.xlen(s.keys.events) for s in queue.shards}
     assert popped and all(logged.values()) and sum(logged.values()) == 40 + 2 * len(popped)
     # When export-events runs with the queue's options
     out = tmp_path / "events"

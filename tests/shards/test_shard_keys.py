@@ -8,7 +8,7 @@ from celery_pq.keys import MAX_SHARDS, queue_keys, shard_name, shard_names
 
 def test_shard_zero_is_the_queue_itself_with_todays_keys():
     assert shard_names("orders", 1) == ["orders"]
-    assert queue_keys(shard_names("orders", 4)[0]).ii == queue_keys("orders").ii == "pq:{orders}:ii"
+    assert queue_keys(shard_names("orders", 4)[0]).entries == queue_keys("orders").entries == "pq:{orders}:ii"
 
 
 def test_names_do_not_depend_on_the_number_of_shards():
@@ -18,10 +18,10 @@ def test_names_do_not_depend_on_the_number_of_shards():
 
 def test_every_shard_has_its_own_tag_and_dead_letter_queue():
     names = shard_names("orders", 16)
-    assert len({queue_keys(n).ii for n in names}) == 16
+    assert len({queue_keys(n).entries for n in names}) == 16
     assert all(n == "orders" or n.startswith("orders#") for n in names)
     assert shard_names("orders.dead", 4) == [n + ".dead" for n in shard_names("orders", 4)]
-    assert queue_keys(shard_names("orders.dead", 4)[2]).ii.startswith(f"pq:{{{shard_names('orders', 4)[2]}}}:dead:")
+    assert queue_keys(shard_names("orders.dead", 4)[2]).entries.startswith(f"pq:{{{shard_names('orders', 4)[2]}}}:dead:")
 
 
 @pytest.mark.parametrize("base", ["orders", "q", "celery", "a{b}c"])
@@ -29,7 +29,7 @@ def test_every_shard_has_its_own_tag_and_dead_letter_queue():
 def test_slots_spread_over_the_ring(base, n):
     # the ring of 16384 slots cut into n equal arcs starting at shard 0's slot: with
     # masters owning equal slot ranges, spread shards land on different masters
-    slots = [key_slot(queue_keys(name).ii.encode()) for name in shard_names(base, n)]
+    slots = [key_slot(queue_keys(name).entries.encode()) for name in shard_names(base, n)]
     assert len(set(slots)) == n
     arcs = sorted((s - slots[0]) % 16384 for s in slots)
     gaps = [b - a for a, b in zip(arcs, arcs[1:] + [arcs[0] + 16384])]

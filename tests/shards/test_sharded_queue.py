@@ -7,14 +7,15 @@ import time
 import pytest
 
 from celery_pq import ConfigError, PriorityQueue
+from celery_pq import queue as queues
 from celery_pq.errors import EntryNotFound
 from celery_pq.keys import shard_names
 from celery_pq.options import Options
-from celery_pq.shards import ShardedQueue, shards_of
+from celery_pq.shards import ShardedQueue
 
 
 def open_queue(client, prefix, n, *, peek=2, seed=1, name="orders", **options):
-    q = Options(key_prefix=prefix, shards=n, peek=peek, **options).open_queue(client, name)
+    q = queues.open_queue(client, name, Options(key_prefix=prefix, shards=n, peek=peek, **options).queue_settings(name))
     if n > 1:
         q._rng = random.Random(seed)
     return q
@@ -46,7 +47,7 @@ def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, key_prefix):
 def test_shard_zero_keeps_todays_data_when_the_queue_grows(redis_client, key_prefix):
     PriorityQueue(redis_client, "orders", key_prefix=key_prefix).insert(b"old", 7, id="old")
     q = open_queue(redis_client, key_prefix, 4)
-    assert q.shards[0].keys.ii == f"{key_prefix}:{{orders}}:ii"
+    assert q.shards[0].keys.entries == f"{key_prefix}:{{orders}}:ii"
     assert q.size() == 1 and [e.id for e in drain(q)] == ["old"]
 
 
@@ -144,7 +145,8 @@ def test_second_best_is_taken_when_the_best_peeked_shard_was_beaten_meanwhile(re
     a.insert(b"best", 250, id="best", tenant="t" if fair else None)
     a.insert(b"poor", 1, id="poor", tenant="t" if fair else None)
     b.insert(b"next", 10, id="next", tenant="u" if fair else None)
-    other = Options(key_prefix=key_prefix, **({"fair_key": "tenant"} if fair else {})).open_one(redis_client, a.name)
+    other = queues.open_queue(redis_client, a.name,
+                              Options(key_prefix=key_prefix, **({"fair_key": "tenant"} if fair else {})).queue_settings(a.name))
     peek = q.peek_heads
 
     def raced(shards, view=None):
@@ -188,7 +190,7 @@ def test_leases_acks_and_requeues_go_to_the_shard_of_the_lease(redis_client, key
         q.insert(b"x", i, id=f"t{i}")
     leases = q.pop(1) + q.pop(1) + q.pop(1)
     for lease in leases:
-        shard = next(s for s in shards_of(q) if s.name == lease.queue)
+        shard = next(s for s in q.shards if s.name == lease.queue)
         assert shard.lease_of(lease.id)["deliveries"] == 1
         assert q.lease_of(lease.id)["consumer"] == shard.lease_of(lease.id)["consumer"]
     assert q.extend(leases, 30) == [True, True, True]
@@ -321,10 +323,11 @@ def test_bad_input_is_refused_with_a_clear_error(redis_client, key_prefix):
 
 def test_celerys_own_queues_are_never_sharded(redis_client, key_prefix):
     o = Options(key_prefix=key_prefix, shards=4)
-    assert isinstance(o.open_queue(redis_client, "orders"), ShardedQueue)
+    assert isinstance(queues.open_queue(redis_client, "orders", o.queue_settings("orders")), ShardedQueue)
     for name in ("celery@host.celery.pidbox", "x.reply.celery.pidbox", "celeryev.abc"):
-        assert isinstance(o.open_queue(redis_client, name), PriorityQueue)
-    assert [s.name for s in o.open_queue(redis_client, "orders").shards] == shard_names("orders", 4)
+        assert isinstance(queues.open_queue(redis_client, name, o.queue_settings(name)), PriorityQueue)
+    orders = queues.open_queue(redis_client, "orders", o.queue_settings("orders"))
+    assert [s.name for s in orders.shards] == shard_names("orders", 4)
 
 
 def test_the_dashboard_shows_a_sharded_queue_as_one(redis_client, key_prefix):

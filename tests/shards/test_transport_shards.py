@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Consumer, Producer
 
-from celery_pq.broker import Broker, open_queue
+from celery_pq.broker import Broker, queue_and_view
 from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from celery_pq.shards import ShardedQueue
 
 try:
@@ -29,7 +30,7 @@ def url(redis_server):
 
 
 def sharded(client, prefix, n=4, name="kq"):
-    return Options(key_prefix=prefix, shards=n).open_queue(client, name)
+    return open_queue(client, name, Options(key_prefix=prefix, shards=n).queue_settings(name))
 
 
 def publish(conn, count, priority=lambda i: 0):
@@ -123,7 +124,7 @@ def test_operator_stats_sum_the_shards(redis_server, url, key_prefix, redis_clie
     with Connection(url, transport_options=opts) as conn:
         publish(conn, 20, lambda i: 200 if i < 5 else 1)
     with Broker.of(url, opts).channel() as channel:
-        queue, _ = open_queue(channel, "kq")
+        queue, _ = queue_and_view(channel, "kq")
         assert isinstance(queue, ShardedQueue)
         assert queue.stats()["waiting"] == 20
     out = subprocess.run([sys.executable, "-m", "celery_pq", "--broker", url, "--transport-options",

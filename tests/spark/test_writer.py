@@ -30,7 +30,7 @@ def stored(client, prefix, queue="celery", **kw):
     """{task id: (priority, tenant, message)} of every entry of a queue (waiting or delayed)."""
     q = PriorityQueue.open(client, queue, key_prefix=prefix, **kw)
     out = {}
-    for eid, value in client.hgetall(q.keys.ii).items():
+    for eid, value in client.hgetall(q.keys.entries).items():
         header, payload = value.split(b"|", 1)
         message = decode(payload)
         out[message["headers"]["id"]] = message

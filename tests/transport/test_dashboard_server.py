@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from kombu import Connection, Producer
 
-from celery_pq.broker import open_queue
+from celery_pq.broker import queue_and_view
 from celery_pq.dashboard import Board, DashboardServer
 from celery_pq.testing import wait_for
 
@@ -35,7 +35,7 @@ def serve(conn):
 
     def start(names=("dq",), host="127.0.0.1", **kw):
         channel = conn.default_channel
-        board = Board(lambda: list(names), lambda name: open_queue(channel, name)[0])
+        board = Board(lambda: list(names), lambda name: queue_and_view(channel, name)[0])
         server = DashboardServer(board, host=host, port=0, sample_seconds=0.2, **kw)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -170,7 +170,7 @@ def test_a_tenant_of_a_plain_queue_is_refused(redis_server, key_prefix, serve):
     with Connection(f"pq://127.0.0.1:{redis_server.port}/0", transport_options={"key_prefix": key_prefix}) as plain:
         fill(plain, "plain")
         channel = plain.default_channel
-        board = Board(lambda: ["plain"], lambda name: open_queue(channel, name)[0])
+        board = Board(lambda: ["plain"], lambda name: queue_and_view(channel, name)[0])
         server = DashboardServer(board, host="127.0.0.1", port=0, allow_actions=True, token=TOKEN)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -216,7 +216,7 @@ def test_a_redis_that_goes_away_is_a_503_and_the_page_recovers(fresh_redis, key_
     with Connection(fresh_redis.url.replace("redis://", "pq://"), transport_options={"key_prefix": key_prefix}) as c:
         fill(c, "gone")
         channel = c.default_channel
-        board = Board(lambda: ["gone"], lambda name: open_queue(channel, name)[0])
+        board = Board(lambda: ["gone"], lambda name: queue_and_view(channel, name)[0])
         server = DashboardServer(board, host="127.0.0.1", port=0, sample_seconds=0.2)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

@@ -453,7 +453,7 @@ def test_tenant_function_errors_are_named_and_nothing_is_written(url, opts, redi
         with pytest.raises(ValueError, match=match):
             Producer(conn.default_channel).publish({"x": 1}, exchange=q.exchange, routing_key="kq")
     pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
-    assert pq.size() == 0 and redis_client.exists(pq.keys.ii, pq.keys.te) == 0
+    assert pq.size() == 0 and redis_client.exists(pq.keys.entries, pq.keys.tenant_entries) == 0
 
 
 def test_celery_headers_choose_the_tenant(url, opts, redis_client, key_prefix):

@@ -197,7 +197,7 @@ def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redi
         assert err.value.limit == 1000 and err.value.size > 2000 and err.value.queue == "kq"
         assert "max_message_bytes=1000" in str(err.value)
         pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
-        assert pq.size() == 0 and not redis_client.exists(pq.keys.ii)
+        assert pq.size() == 0 and not redis_client.exists(pq.keys.entries)
         producer.publish({"blob": "x" * 100}, exchange=q.exchange, routing_key="kq")
         assert pq.size() == 1
 
@@ -508,7 +508,7 @@ def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_deli
                     time.sleep(3.5)
                     assert keeper.renewals > renewals
                     sec, usec = admin.time()
-                    assert admin.zscore(pq.keys.lz, "1") > sec * 1000 + usec // 1000  # deadline ahead
+                    assert admin.zscore(pq.keys.lease_deadlines, "1") > sec * 1000 + usec // 1000  # deadline ahead
                     # and the ack is applied and the next message delivered (that frees memory)
                     got[0].ack()
                     conn.drain_events(timeout=5)

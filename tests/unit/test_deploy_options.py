@@ -34,9 +34,9 @@ def test_a_bad_deployment_option_is_named(given, named):
 
 
 def test_wait_options_reach_the_queue():
-    kwargs = Options.from_transport_options({"wait_replicas": 2, "wait_timeout": 0.5}).queue_kwargs("q")
-    assert (kwargs["wait_replicas"], kwargs["wait_timeout"]) == (2, 0.5)
-    assert Options().queue_kwargs("q")["wait_replicas"] == 0  # off by default
+    settings = Options.from_transport_options({"wait_replicas": 2, "wait_timeout": 0.5}).queue_settings("q")
+    assert (settings.wait_replicas, settings.wait_timeout) == (2, 0.5)
+    assert Options().queue_settings("q").wait_replicas == 0  # off by default
 
 
 def test_the_hosts_of_a_sentinel_url_are_the_sentinels():

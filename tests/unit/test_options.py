@@ -48,12 +48,12 @@ def test_every_option_says_what_it_means():
 def test_options_build_what_a_queue_takes():
     opts = Options.from_transport_options({"fair_key": "tenant", "tenant_concurrency": {"big": 3, "*": 1},
                                            "queue_techniques": {"q": "S"}, "visibility_timeout": 30})
-    kwargs = opts.queue_kwargs("q")
-    assert (kwargs["technique"], kwargs["fair"], kwargs["tenant_concurrency"], kwargs["lease_seconds"]) == \
+    settings = opts.queue_settings("q")
+    assert (settings.technique, settings.fair, settings.tenant_concurrency, settings.lease_seconds) == \
         ("S", True, 1, 30.0)
-    dead = opts.queue_kwargs("q.dead")
-    assert (dead["technique"], dead["fair"], dead["max_deliveries"]) == ("T", False, 0)
-    assert opts.tenant_tables()["concurrency"] == {"big": 3}
+    dead = opts.queue_settings("q.dead")
+    assert (dead.technique, dead.fair, dead.max_deliveries) == ("T", False, 0)
+    assert settings.tenant_tables()["concurrency"] == {"big": 3}
     assert opts.renew_interval == 10.0
 
 

@@ -23,8 +23,8 @@ def test_invalid_priorities_name_the_value(p, msg):
 def test_keys_share_one_tag_and_dead_queue_shares_it():
     k = queue_keys("orders", "pq")
     d = queue_keys("orders.dead", "pq")
-    assert k.ii == "pq:{orders}:ii" and k.pi == "pq:{orders}:pi"
-    assert d.ii == "pq:{orders}:dead:ii"
+    assert k.entries == "pq:{orders}:ii" and k.priority_index == "pq:{orders}:pi"
+    assert d.entries == "pq:{orders}:dead:ii"
     assert all("{orders}" in key for key in k.all() + d.all())
     # 29 suffixes, 256 priority lists and 256 front lists each, 256 + 1 keys of a migration
     assert len(set(k.all() + d.all())) == 2 * (29 + 2 * 256 + 257)
@@ -33,9 +33,9 @@ def test_keys_share_one_tag_and_dead_queue_shares_it():
 
 def test_braces_in_queue_names_cannot_break_the_tag():
     k = queue_keys("a}b{c", "pq")
-    tag = k.ii[k.ii.index("{") + 1 : k.ii.index("}")]
+    tag = k.entries[k.entries.index("{") + 1 : k.entries.index("}")]
     assert "{" not in tag and "}" not in tag
-    assert queue_keys("a}b{c").ii != queue_keys("a%7Db%7Bc").ii
+    assert queue_keys("a}b{c").entries != queue_keys("a%7Db%7Bc").entries
 
 
 def test_dead_names():

@@ -1,0 +1,351 @@
+"""The script calls of a queue: for each Lua script, the function that lays out its ARGV and the
+one that reads its reply, beside each other, one pair per script (KEYS come from each script's
+header: ``QueueBase.keys_of``).
+
+Pure functions of a queue's context (its settings, keys and ranks: ``QueueBase``) and their
+inputs: nothing here talks to Redis. The queue layers build a ``ScriptCall`` with these and
+run it (``QueueBase.run``, or several at once with ``running.run_calls``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .. import constants as C
+from ..errors import ErrorCode, raise_for
+from ..ids import decode_id, encode_id
+from ..records import entry_payload, split_dead_note, split_entry
+from ..scripts import FIRST_SEND, resent
+from .values import Delivery, Entry, Lease, as_bytes, as_text, escape_tenant, unescape_tenant
+
+if TYPE_CHECKING:
+    from .base import QueueBase
+
+
+class ScriptCall(NamedTuple):
+    """One script call: the script, its KEYS, its ARGV (the queue context last). A tuple, so
+    the runner (``scripts.run_calls``) takes it as it is.
+
+    The first-send rule: a call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id
+    made for it, never sent before: ``insert_made``) may skip what only a repeat needs; sent
+    again (a retry, redis-py's own resend of a pipeline, a cluster's reroute), it is
+    ``resent()``, where that argument reads "1"."""
+
+    script: Any
+    keys: list
+    args: list
+
+    @property
+    def first_send(self) -> bool:
+        """Is this the call as first sent (it carries ``FIRST_SEND``)?"""
+        return any(a is FIRST_SEND for a in self.args)
+
+    def resent(self) -> ScriptCall:
+        """The call as a send that may come after another one carries it."""
+        return self._replace(args=resent(self.args))
+
+
+def flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+# -- reading entries --------------------------------------------------------------------------
+def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra) -> Entry:
+    """An entry (or lease) of a script's reply: its id, score and stored value."""
+    parsed = split_entry(value)
+    if parsed is None:  # the scripts return only entries they parsed
+        raise ValueError(f"queue {q.name!r}: entry {eid!r} is malformed")
+    h, payload = parsed
+    note = split_dead_note(h.dead_note)
+    dead_reason, dead_ms, dead_deliveries = (None, None, None) if note is None else note
+    return cls(
+        queue=q.name,
+        id=decode_id(eid),
+        priority=q.priority_of_score(score),
+        payload=payload,
+        deliveries=h.deliveries,
+        tenant=unescape_tenant(as_text(h.tenant)) if h.tenant else None,
+        enqueued_ms=h.enqueued_ms,
+        dead_reason=dead_reason,
+        dead_ms=dead_ms,
+        dead_deliveries=dead_deliveries,
+        **extra,
+    )
+
+
+# -- insert.lua -------------------------------------------------------------------------------
+def insert_head(q: QueueBase) -> tuple[list, list]:
+    """(KEYS, the ARGV before the publish ids to forget) of an insert: the same for every
+    insert until the registry of priority views changes."""
+    keys = [*q.keys_of("insert"), *(q.keys.view_wake(*v) for v in q.views)]
+    args = [
+        q.max_length or 0,
+        q.max_length_per_tenant,
+        flag(q.fair),
+        q.scope,
+        q.views_version,
+        len(q.views),
+        *(f"{lo},{hi}" for lo, hi in q.views),
+    ]
+    return keys, args
+
+
+def insert_args(q: QueueBase, head_args: list, items, forget=(), made="0") -> list:
+    """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
+    none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made
+    here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send)."""
+    args: list = [*head_args, len(forget), *forget, made]
+    for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
+        if made not in ("0", "R") and n:
+            pid = None  # a made publish id stands for the whole call: the first group's
+        args += [
+            encode_id(id) if id else "",
+            q.rank(priority),
+            escape_tenant(tenant or ""),
+            as_bytes(payload),
+            due,
+            pid or "",
+            task or "",
+        ]
+    return args
+
+
+def insert_made(made_here: bool, first_send: bool) -> str:
+    """The ``made`` field of one insert: ``FIRST_SEND`` when its publish id was made here or the
+    caller made it for this send and never sent it before (nothing can be stored under it yet:
+    no look-up), else "0" (a publish id of the caller's, maybe seen: looked up)."""
+    return FIRST_SEND if made_here or first_send else "0"
+
+
+def insert_many_made(all_made: bool, repeats: bool) -> str:
+    """The ``made`` field of one chunk of a bulk insert: "1" when every item's publish id was
+    made here (the first stands for the chunk; the pipeline may be sent again), else "R" (the
+    reply marks repeats) or "0"."""
+    return "1" if all_made else "R" if repeats else "0"
+
+
+def check_insert(q: QueueBase, reply, items) -> bool:
+    """Raise for a full queue; False when the view registry changed (refresh and retry)."""
+    if len(reply) >= 2 and isinstance(reply[0], int):
+        if reply[0] == ErrorCode.QUEUE_FULL:
+            raise_for(reply[0], q.name, size=int(reply[1]), limit=q.max_length)
+        if reply[0] == ErrorCode.TENANT_FULL:
+            raise_for(
+                reply[0], q.name, size=int(reply[1]), limit=q.max_length_per_tenant, tenant=items[int(reply[2])][3]
+            )
+        if reply[0] == ErrorCode.STALE_VIEWS:
+            return False
+    return True
+
+
+def inserted(reply) -> list[tuple[str, bool]]:
+    """(entry id, repeated) of each item of an insert's reply (a repeat comes as [entry id])."""
+    return [(decode_id(e[0]), True) if isinstance(e, list) else (decode_id(e), False) for e in reply]
+
+
+# -- pop.lua, pop_fair.lua --------------------------------------------------------------------
+def pop_args(
+    q: QueueBase,
+    count: int,
+    lease_ms: int,
+    consumer: str | None,
+    token: str,
+    ranks: tuple[int, int, int],
+    acks: Sequence[tuple[str, str]],
+) -> list:
+    """``ranks``: the view's (lo, hi) and the worst rank to take. A fair pop leases at most
+    FAIR_POP_MAX in one call (bounded work per call)."""
+    args: list = [lease_ms, consumer or "", token, min(count, C.FAIR_POP_MAX) if q.fair else count, C.POP_STALE_BUDGET]
+    if q.fair:
+        args += (q.scope, q.tenant_concurrency, q.tenant_rate)
+    args += (*ranks, len(acks))
+    for eid, token_ in acks:
+        args += (encode_id(eid), token_)
+    return args
+
+
+def ack_codes(reply) -> list[int]:
+    """The codes of the acks a pop call carried (1 acked, or an ErrorCode value)."""
+    return [int(c) for c in reply[2 : 2 + int(reply[1])]]
+
+
+def popped_leases(q: QueueBase, reply) -> list[Lease]:
+    """The leases of a pop's reply."""
+    leases = []
+    for i in range(2 + int(reply[1]), len(reply), 5):
+        eid, token, d, score, value = reply[i : i + 5]
+        lease = entry_of(q, eid, score, value, Lease, token=as_text(token))
+        lease.deliveries = int(d)
+        leases.append(lease)
+    return leases  # type: ignore[return-value]
+
+
+def popped_deliveries(reply) -> list[Delivery]:
+    """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
+    header; the scripts return only entries they parsed)."""
+    out = []
+    for i in range(2 + int(reply[1]), len(reply), 5):
+        eid, token, d, _, value = reply[i : i + 5]
+        out.append(Delivery(decode_id(eid), as_text(token), int(d), entry_payload(value)))
+    return out
+
+
+# -- ack.lua, extend.lua ----------------------------------------------------------------------
+def ack_args(q: QueueBase, pairs: Sequence[tuple[str, str]]) -> list:
+    return [flag(q.fair), *(v for eid, token in pairs for v in (encode_id(eid), token))]
+
+
+def extend_args(lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
+    return [lease_ms, *(v for eid, token in pairs for v in (encode_id(eid), token))]
+
+
+def lease_codes(q: QueueBase, pairs, codes, strict: bool) -> list[bool]:
+    """True for each pair acked (renewed); False, or with ``strict`` the error, for the others."""
+    out = []
+    for (eid, _), code in zip(pairs, codes):
+        if code == 1:
+            out.append(True)
+        elif strict:
+            raise_for(code, q.name, entry_id=eid)
+        else:
+            out.append(False)
+    return out
+
+
+# -- requeue.lua ------------------------------------------------------------------------------
+def requeue_args(q: QueueBase, eid: str, token: str, count_delivery: bool, reason: str) -> list:
+    return [encode_id(eid), token, 1 if count_delivery else 0, q.max_deliveries, reason, flag(q.fair), q.scope]
+
+
+def requeued(code) -> tuple[str | None, bool]:
+    """(``"waiting"``, ``"dead"`` or None when the lease was lost; whether the dead-letter
+    queue dropped its oldest entry to make room)."""
+    if code == 1:
+        return "waiting", False
+    if code in (2, 3):
+        return "dead", code == 3
+    return None, False
+
+
+# -- reclaim.lua ------------------------------------------------------------------------------
+def reclaim_args(
+    q: QueueBase,
+    limit: int,
+    guard_seconds: float,
+    consumer: str,
+    gap_seconds: float,
+    restore_seconds: float,
+    start: int,
+) -> list:
+    return [
+        limit,
+        q.max_deliveries,
+        int(guard_seconds * 1000),
+        consumer,
+        flag(q.fair),
+        q.scope,
+        int(gap_seconds * 1000),
+        int(restore_seconds * 1000),
+        start,
+    ]
+
+
+#: A sweep that did nothing (the queue's mode is being migrated).
+RECLAIM_SKIPPED = {
+    "returned": 0,
+    "dead": 0,
+    "skipped": True,
+    "more": False,
+    "promoted": 0,
+    "dead_dropped": 0,
+    "restored": 0,
+}
+
+
+def reclaimed(reply) -> dict:
+    """A reclaim reply by name (``kept``: leases of the consumer looked at and kept)."""
+    names = ("returned", "dead", "skipped", "more", "promoted", "dropped", "restored", "kept")
+    return {name: int(v) for name, v in zip(names, reply)}
+
+
+# -- remove.lua, change_priority.lua, purge.lua, cleanup.lua ----------------------------------
+def remove_args(q: QueueBase, id: str, cursor, step: int) -> list:
+    return [encode_id(id), q.technique, flag(q.fair), q.scope, cursor, step]
+
+
+def change_priority_args(q: QueueBase, id: str, priority: int) -> list:
+    return [encode_id(id), q.rank(priority), q.technique, flag(q.fair), q.scope]
+
+
+def purge_args(q: QueueBase) -> list:
+    return [C.STEP_CHUNK, flag(q.fair), q.scope]
+
+
+def cleanup_args(rank: int, step: int) -> list:
+    return [rank, step]
+
+
+# -- peek.lua, peek_head.lua, retrieve_by_priority.lua, remove_highest.lua --------------------
+def peek_args(count: int) -> list:
+    return [count, C.POP_STALE_BUDGET]
+
+
+def peeked(q: QueueBase, reply) -> list[Entry]:
+    return [entry_of(q, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
+
+
+def head_args(lo: int, hi: int) -> list:
+    return [lo, hi, C.POP_STALE_BUDGET]
+
+
+def parse_head(reply) -> tuple[int, int] | None:
+    """(rank, enqueued_ms) of a ``peek_head`` reply, None when a pop would find nothing."""
+    return (int(reply[0]), int(reply[1])) if reply else None
+
+
+def retrieve_by_priority_args(q: QueueBase, priority: int) -> list:
+    return [q.rank(priority), C.POP_STALE_BUDGET]
+
+
+def retrieved_id(reply) -> str | None:
+    return decode_id(reply[0]) if reply else None
+
+
+def remove_highest_args() -> list:
+    return [C.POP_STALE_BUDGET]
+
+
+def removed_entry(q: QueueBase, reply) -> Entry | None:
+    return entry_of(q, *reply) if reply else None
+
+
+# -- replay.lua -------------------------------------------------------------------------------
+#: Why replay left a dead letter where it is, by the code of its reply.
+_REPLAY_REFUSED: dict[int, str] = {ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}
+
+
+def replay_args(q: QueueBase, ids: Sequence[str]) -> list:
+    return [q.max_length or 0, flag(q.fair), q.scope, *(encode_id(i) for i in ids)]
+
+
+def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
+    """Sort one replay reply into ``out`` (replayed, missing, leased, refused)."""
+    for i, r in zip(ids, reply):
+        if not isinstance(r, int):
+            out["replayed"][i] = decode_id(r)
+        else:
+            out[_REPLAY_REFUSED.get(r, "refused")].append(i)
+
+
+# -- migrate.lua, pause.lua, event_log.lua ----------------------------------------------------
+def migrate_args(step: int) -> list:
+    return [step]
+
+
+def pause_args(paused: bool, tenant: str | None) -> list:
+    return [flag(paused), escape_tenant(tenant or "")]
+
+
+def event_log_args(cap: int | None) -> list:
+    return [int(cap or 0)]

@@ -1,0 +1,283 @@
+"""INSERT: one entry (``insert``) or many, pipelined in chunks (``insert_many``), with publish
+ids that make a retried call store its entries once, and the registry of priority views an
+insert wakes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from .. import constants as C
+from ..checks import seconds as _seconds
+from ..errors import NotReplicated, QueueFull
+from ..ids import unique_bytes
+from . import calls
+from .base import QueueBase
+from .calls import ScriptCall
+from .values import MAX_DUE_MS, as_bytes, as_text, mark_stored
+
+
+class QueueInserts(QueueBase):
+    """The inserts of a queue, and the window of publish ids it has the scripts forget."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        #: The publish id of this queue object's last insert (to retry it by hand after an error).
+        self.last_publish_id: bytes | None = None
+        self._forget: list[bytes] = []
+        self._forget_lock = threading.Lock()
+        self._head: tuple[list, list] | None = None  # calls.insert_head, made when first needed
+
+    def insert_call(self, items, forget=(), made="0") -> ScriptCall:
+        """The insert call of checked ``items`` (``_item``), forgetting the publish ids
+        ``forget``; ``made`` as ``calls.insert_args`` takes it."""
+        if self._head is None:
+            self._head = calls.insert_head(self)
+        keys, head_args = self._head
+        return self.call("insert", keys, calls.insert_args(self, head_args, items, forget, made))
+
+    def _take_forgets(self) -> list:
+        """Publish ids whose inserts have replied (none of them can be retried now), once
+        FORGET_BATCH of them are waiting: the next insert call has the script forget them in
+        one command, so the window holds only unanswered ones and at most a batch more."""
+        if len(self._forget) < C.FORGET_BATCH:  # (a look without the lock: the take below is under it)
+            return []
+        with self._forget_lock:
+            if len(self._forget) < C.FORGET_BATCH:
+                return []
+            out, self._forget = self._forget[: C.FORGET_MAX], self._forget[C.FORGET_MAX :]
+        return out
+
+    def _answered(self, pids) -> None:
+        with self._forget_lock:
+            # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
+            # drops them (a bulk insert leaves them to it)
+            self._forget.extend(pids)
+            if len(self._forget) > C.FORGET_PENDING:
+                del self._forget[: len(self._forget) - C.FORGET_PENDING]
+
+    def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None, task=None) -> tuple:
+        """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
+        publish id, task), with a new publish id when none is given and dedupe is on."""
+        if not isinstance(payload, (bytes, str)):
+            raise ValueError(f"payload must be bytes or str, got {type(payload).__name__}")
+        self.rank(priority)
+        if id is not None and (not isinstance(id, str) or not id):
+            raise ValueError(f"entry id must be a non-empty string or None, got {id!r}")
+        if tenant is not None and not isinstance(tenant, str):
+            raise ValueError(f"tenant must be a string or None, got {tenant!r}")
+        if publish_id is None and self.dedupe_seconds > 0:
+            publish_id = unique_bytes()
+        elif publish_id is not None:
+            if not isinstance(publish_id, (bytes, str)) or not publish_id:
+                raise ValueError(f"publish_id must be non-empty bytes or str, got {publish_id!r}")
+            publish_id = as_bytes(publish_id)
+        if task is not None and not isinstance(task, str):
+            raise ValueError(f"task must be a task name (str) or None, got {task!r}")
+        return payload, priority, id, tenant, due, publish_id, task
+
+    def _check_reply(self, reply, items) -> bool:
+        """``calls.check_insert``, refreshing the views when they changed (then False: retry)."""
+        if calls.check_insert(self, reply, items):
+            return True
+        self.refresh_views()
+        return False
+
+    def insert(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+    ) -> str:
+        """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
+
+        ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
+        the entry delayed until then; it then joins the queue at its priority.
+
+        ``publish_id`` makes the insert idempotent: the queue stores nothing for a publish id it
+        has seen in the last ``dedupe_seconds`` and returns the entry id it stored then. When
+        none is given a random one is made (``last_publish_id``), so the client's own retry of
+        a call whose reply was lost stores the entry once. ``first_send``: the caller made
+        ``publish_id`` for this publish and never sent it before (the transport's first attempt
+        of a publish call), so nothing can have been stored under it: it is recorded, not looked
+        up (a resend of this call, by the runner or by the caller, looks it up). ``remember`` (default: True for a
+        given publish id, False for a made one) keeps the publish id for the whole window even
+        after the reply came; otherwise the next insert call has the queue forget it, since no
+        retry of it can come any more (the window then costs memory only for unanswered calls).
+
+        ``task`` names the task for the event log's ``enqueue`` event (nothing else keeps it).
+        """
+        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task)]
+        pid = self.last_publish_id = items[0][5]
+        forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
+        for _ in range(5):
+            forget = self._take_forgets()
+            try:
+                [reply], acked = self.run_replicated(
+                    [self.insert_call(items, forget, calls.insert_made(publish_id is None, first_send))]
+                )
+            except BaseException:
+                self._answered(forget)
+                raise
+            if forget_it:
+                self._answered([pid])
+            if self._check_reply(reply, items):
+                self.check_replicated(acked)
+                return calls.inserted(reply)[0][0]
+        raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
+
+    def insert_many(
+        self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK, repeats: bool = False
+    ) -> list[str] | tuple[list[str], list[bool]]:
+        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])``
+        tuples, in chunks of ``chunk`` (one atomic script call each), pipelined.
+
+        ``max_length`` is checked per chunk. When a chunk fails, the exception says which items
+        were stored: ``exc.stored`` has one element per item, its entry id or None (not stored,
+        or not known when the connection failed); ``exc.items`` are the items not known to be
+        stored, with the publish ids the caller gave. Items of a refused chunk were not stored:
+        ``insert_many(exc.items)`` stores them. Items of a chunk without a reply may have been
+        stored; only those with a publish id of the caller's are then stored once for sure.
+
+        A chunk whose items carry no publish id of the caller's gets one publish id for the
+        whole chunk (the client's own retry of the pipeline stores the chunk once).
+
+        ``repeats=True`` returns ``(ids, repeated)``: ``repeated[i]`` is True when item ``i``
+        stored nothing because the queue had seen its publish id (one of the caller's) within
+        the window, or an earlier item of the same call carried it; its id is the entry stored
+        then. (A pipeline that redis-py itself sent again after a lost reply finds its own
+        items so.) Items without a publish id of the caller's are never repeats.
+        """
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        norm = []
+        items_given = list(items)
+        for item in items_given:
+            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
+                raise ValueError(
+                    "insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
+                    f"[, task]]]]]) tuples, got {item!r}"
+                )
+            payload, priority, *rest = item
+            rest += [None] * (5 - len(rest))
+            try:
+                norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4]))
+            except ValueError as exc:
+                raise ValueError(f"insert_many item {item!r}: {exc}") from None
+        ids: list = [None] * len(norm)
+        repeated = [False] * len(norm)
+        pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
+        made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
+        given = [None if i in made else norm[i][5] for i in range(len(norm))]  # the caller's publish ids
+        while pending:
+            forget = self._take_forgets()
+            try:
+                replies, acked = self.run_replicated(
+                    [
+                        self.insert_call(
+                            part,
+                            forget if n == 0 else (),
+                            calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats),
+                        )
+                        for n, (start, part) in enumerate(pending)
+                    ]
+                )
+            except Exception as exc:
+                self._answered(forget)
+                raise _partial(exc, ids, norm, given, "chunks without a reply may or may not be stored") from None
+            retry, failed = [], None
+            for (start, part), reply in zip(pending, replies):
+                try:
+                    if not self._check_reply(reply, part):
+                        retry.append((start, part))
+                        continue
+                except QueueFull as exc:
+                    failed = failed or exc
+                    continue
+                for j, (eid, seen) in enumerate(calls.inserted(reply)):
+                    ids[start + j] = eid
+                    repeated[start + j] = seen
+            if failed is not None:
+                raise _partial(failed, ids, norm, given, "chunks refused stored nothing")
+            try:
+                self.check_replicated(acked)
+            except NotReplicated as exc:
+                mark_stored(
+                    exc,
+                    list(ids),
+                    [
+                        (p, pr, i, t, None if d == "0" else int(d), g, task)
+                        for (p, pr, i, t, d, _, task), g in zip(norm, given)
+                    ],
+                )
+                exc.add_note(
+                    "insert_many: exc.stored are the entry ids the master stored; exc.items are all the "
+                    "items, to publish again (with publish ids of their own, stored once)"
+                )
+                raise
+            pending = retry
+        # every made publish id has its reply: no retry of them can come (on a failure above
+        # they stay remembered for the window); a chunk of made ones sent its first only
+        self._answered(
+            [norm[start][5] for start in range(0, len(norm), chunk) if start in made and norm[start][5] is not None]
+        )
+        return (ids, repeated) if repeats else ids
+
+    # -- priority views (the collated keyed queue) ----------------------------------------------
+    def refresh_views(self) -> None:
+        """Re-read the registry of priority views (inserts wake the views an entry satisfies)."""
+        with self._pipeline(transaction=False) as p:
+            p.hkeys(self.keys.views)
+            p.get(self.keys.views_version)
+            names, version = p.execute()
+        self.views = sorted((int(lo), int(hi)) for lo, hi in (as_text(n).split("-") for n in names))
+        self.views_version = as_text(version) if version is not None else ""
+        self._head = None
+
+    def register_view(self, lo: int, hi: int) -> str:
+        """Register the view of ranks lo..hi; returns its wake list key."""
+        if not 0 <= lo <= hi <= C.MAX_PRIORITY:
+            raise ValueError(f"a view covers ranks lo..hi with 0 <= lo <= hi <= 255, got {lo}..{hi}")
+        if self.client.hsetnx(self.keys.views, f"{lo}-{hi}", 1):
+            self.client.incr(self.keys.views_version)
+        return self.keys.view_wake(lo, hi)
+
+
+def _when(delay: float | None, due_ms: int | None) -> str:
+    """The insert script's due field: "0" now, "+<ms>" from Redis's now, or absolute Unix ms."""
+    if delay is not None and due_ms is not None:
+        raise ValueError("give delay or due_ms, not both")
+    if delay is not None:
+        return f"+{int(float(_seconds('delay', delay, zero=True) or 0) * 1000)}"
+    if due_ms is not None:
+        if isinstance(due_ms, bool) or not isinstance(due_ms, int) or not 0 <= due_ms <= MAX_DUE_MS:
+            raise ValueError(f"due_ms must be a Unix time in milliseconds, 0..{MAX_DUE_MS}, got {due_ms!r}")
+        return str(due_ms)
+    return "0"
+
+
+def _partial(exc: Exception, ids: list, items: list, made: list, why: str) -> Exception:
+    """``exc`` of a failed ``insert_many``, saying which items were stored."""
+    mark_stored(
+        exc,
+        list(ids),
+        [
+            (p, pr, i, t, None if d == "0" else int(d), given, task)
+            for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids)
+            if eid is None
+        ],
+    )
+    done = sum(1 for x in ids if x is not None)
+    exc.add_note(
+        f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
+        "exc.items are the items not known to be stored"
+    )
+    return exc

@@ -1,0 +1,164 @@
+"""What a queue hands out and takes in: entries, leases, deliveries, a pop's result, and the
+small conversions of ids, tenants and priorities every layer of the queue shares.
+
+No I/O here: these are plain values and pure functions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+
+from .. import constants as C
+
+if TYPE_CHECKING:
+    from .core import PriorityQueue
+
+#: The counters the scripts keep in a queue's hash ct (``PriorityQueue.counters``): entries
+#: stored, deliveries, deliveries of an entry delivered before, acks, leases given back by a
+#: consumer (or returned from a recovered consumer), leases that ran out, entries moved to the
+#: dead-letter queue, entries removed (by id, purge, remove_highest), entries of insert calls
+#: refused by max_length or max_length_per_tenant.
+COUNTERS = (
+    "enqueued",
+    "delivered",
+    "redelivered",
+    "acked",
+    "requeued",
+    "lease_expired",
+    "dead_lettered",
+    "removed",
+    "refused_full",
+)
+
+#: The fields of an event-log entry, in order (docs/events.md), and those read as integers.
+EVENT_FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
+EVENT_INTS = frozenset(("p", "k", "n", "ms"))
+
+#: The latest due time an insert takes: the end of year 9999 (Unix ms, below 2**53).
+MAX_DUE_MS = 253_402_300_799_999
+
+#: Units of virtual time a delivery costs a tenant of weight 1 (fair.lua's VT_UNIT); a tenant of
+#: weight w moves on by round(VT_PER_DELIVERY / w) units per delivery.
+VT_PER_DELIVERY = 1_000_000
+#: Fair weights the start tags can carry: a delivery costs 1,000,000 / weight units of virtual
+#: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing (to 0
+#: above 2,000,000: such a tenant would be served without end), one below 0.01 would run the
+#: tags out of digits after 1e9 deliveries.
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
+#: The rates a tenant may be given, deliveries per second: one per 1,000 s at the least; beyond a
+#: million a rate limits nothing.
+MIN_RATE, MAX_RATE = 0.001, 1_000_000
+
+
+@dataclass
+class Entry:
+    """A waiting (or dead-lettered) entry, as peek and retrieve return it."""
+
+    queue: str
+    id: str
+    priority: int
+    payload: bytes
+    deliveries: int
+    tenant: str | None
+    enqueued_ms: int
+    dead_reason: str | None = None
+    dead_ms: int | None = None
+    #: Deliveries before it was dead-lettered (entries of a dead-letter queue only).
+    dead_deliveries: int | None = None
+
+
+@dataclass
+class Lease(Entry):
+    """A delivered entry, leased to one consumer until acked, requeued or expired."""
+
+    token: str = ""
+
+
+class Delivery(NamedTuple):
+    """A leased entry as a consumer that hands it on needs it (the transport: ``pop`` with
+    ``lean``): a ``Lease`` without the fields read from the entry's header (priority, tenant,
+    times), which are not parsed for it."""
+
+    id: str
+    token: str
+    deliveries: int
+    payload: bytes
+
+
+#: What one pop holds: ``Lease`` objects, or ``Delivery`` tuples for a lean pop.
+Held = TypeVar("Held", bound=Lease | Delivery)
+
+
+class Popped(list[Held], Generic[Held]):
+    """The leases one pop took, in delivery order (a list of ``Lease``, or of ``Delivery`` for a
+    lean pop), with ``acked``: the codes of the acks that call carried (see
+    ``PriorityQueue.pop``), and ``queue``: the queue they came from (a shard, for a sharded
+    queue: see ``shards.py``)."""
+
+    def __init__(self, items: Iterable[Held] = (), queue: PriorityQueue | None = None):
+        super().__init__(items)
+        self.acked: list[int] = []
+        self.queue: PriorityQueue | None = queue
+
+
+def validate_priority(priority) -> int:
+    """An integer 0..255, or ValueError naming the value."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer 0..255, got {priority!r} ({type(priority).__name__})")
+    if not C.MIN_PRIORITY <= priority <= C.MAX_PRIORITY:
+        raise ValueError(f"priority {priority} is out of range {C.MIN_PRIORITY}..{C.MAX_PRIORITY}")
+    return priority
+
+
+_TENANT_UNSAFE = frozenset("%,|") | {chr(i) for i in range(32)}
+
+
+def escape_tenant(tenant: str) -> str:
+    """No ",", "|" or control characters (the entry header and the fairness index use them)."""
+    return "".join(f"%{ord(c):02X}" if c in _TENANT_UNSAFE else c for c in tenant)
+
+
+def unescape_tenant(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+def default_consumer_id() -> str:
+    host = socket.gethostname().replace(",", "_")
+    return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def as_text(value) -> str:
+    """A reply's bytes (or anything else) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def as_bytes(value) -> bytes:
+    """A payload or id as bytes."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def mark_stored(exc: BaseException, stored: list, items: list) -> None:
+    """Tell on ``exc`` of a failed bulk insert which items were stored (``exc.stored``: one
+    entry id or None per item) and which are not known to be (``exc.items``)."""
+    vars(exc).update(stored=stored, items=items)
+
+
+def lease_pair(x) -> tuple[str, str]:
+    """(entry id, token) of a Lease or of such a pair, checked."""
+    if isinstance(x, Lease):
+        return x.id, x.token
+    if not isinstance(x, (tuple, list)) or len(x) != 2 or not all(isinstance(v, str) and v for v in x):
+        raise ValueError(f"a lease is a Lease or an (entry id, token) pair of non-empty strings, got {x!r}")
+    return x[0], x[1]
+
+
+def lease_pairs(leases: Sequence) -> list[tuple[str, str]]:
+    """``lease_pair`` of each."""
+    return [lease_pair(x) for x in leases]
