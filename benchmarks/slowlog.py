@@ -46,6 +46,7 @@ import redis
 
 from celery_pq import PriorityQueue
 from celery_pq import constants as C
+from celery_pq.queue.calls import migrate_args
 from celery_pq.scripts import SCRIPT_NAMES, library, source
 from celery_pq.testing import RedisServer
 
@@ -219,7 +220,7 @@ def case_migrate(client, log, n) -> dict:
     fair = PriorityQueue(client, "migrate", fair=True)
     waiting = done = 0
     while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
-        step = fair.run("migrate", [C.MIGRATE_STEP])
+        step = fair.run("migrate", migrate_args(fair, C.MIGRATE_STEP))
         waiting, done = waiting + step[0], step[3]
         log.tick()
     assert waiting == n - n // 100, waiting

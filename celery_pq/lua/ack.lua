@@ -11,8 +11,7 @@
 -- KEYS[5] wk  list    wake tokens of plain consumers
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
--- ARGV[1] fair  "1" when fairness is on
--- ARGV[2..] eid token...  the leases to ack, a pair each: entry id, lease token
+-- ARGV[1..] eid token...  the leases to ack, a pair each: entry id, lease token
 -- Returns: one code per pair: 1 acked, or an error code; the error reply MODE_MISMATCH
 --          (nothing done) when the caller's mode is not the queue's.
 -- ERR -2 NOT_LEASED
@@ -26,11 +25,10 @@
 --!keys
 
 --!queue
-local fair = ARGV[1] == '1'
 local out = {}
-for i = 2, #ARGV, 2 do
+for i = 1, #ARGV, 2 do
   local code, t = ack_one(ii, lz, lt, dp, ARGV[i], ARGV[i + 1])
-  if code == 1 and fair then
+  if code == 1 and CTX.fair then
     fair_release(t)
     wake(wk)
   end

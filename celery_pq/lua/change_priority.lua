@@ -11,9 +11,6 @@
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] eid         entry id
 -- ARGV[2] rank        new rank, 0..255 (0 is served first)
--- ARGV[3] technique   "T" or "S"
--- ARGV[4] fair        "1" when fairness is on
--- ARGV[5] scope       "P" within_priority or "T" tenant_first
 -- Returns: 1 changed, or an error code.
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -1 NOT_FOUND
@@ -28,9 +25,7 @@
 --!keys
 
 --!queue
-local eid, rank, technique = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local fair = ARGV[4] == '1'
-FA = { scope = ARGV[5], conc = 0, rate = 0 }
+local eid, rank = ARGV[1], tonumber(ARGV[2])
 
 if redis.call('HEXISTS', lt, eid) == 1 then
   return NOT_WAITING
@@ -54,12 +49,12 @@ if redis.call('ZSCORE', dz, eid) then
 end
 pi_push(pi, rank, seq, eid)
 wake_registered_views(rank) -- the entry may have moved into a view's range
-if fair then
+if CTX.fair then
   fair_level_count(lvl(rank), 1) -- counted at its new level first: a move within a level never empties it
   fair_drop(e.t, old, eid)
   fair_add(e.t, score, eid, true)
   wake(key_of('wk')) -- its tenant is scheduled again (a parked one is parked again by the pop)
-elseif technique == 'T' then
+elseif CTX.technique == 'T' then
   local orank, oseq = split_score(old)
   pi_drop(pi, orank, make_ptr(oseq, eid))
 end

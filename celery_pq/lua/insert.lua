@@ -20,23 +20,21 @@
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
--- ARGV[3] fair            "1" when fairness is on
--- ARGV[4] scope           "P" within_priority or "T" tenant_first
--- ARGV[5] views_version   the registry version the caller knows ("" if none)
--- ARGV[6] nviews          number of views
--- ARGV[7..6+nviews] views...  one "lo,hi" (rank range, inclusive) per view, in the order of their
+-- ARGV[3] views_version   the registry version the caller knows ("" if none)
+-- ARGV[4] nviews          number of views
+-- ARGV[5..4+nviews] views...  one "lo,hi" (rank range, inclusive) per view, in the order of their
 --                   wake lists in KEYS
--- ARGV[7+nviews] nforget  number of publish ids to forget
--- ARGV[8+nviews..7+nviews+nforget] forget...  publish ids to forget now (the caller has the
+-- ARGV[5+nviews] nforget  number of publish ids to forget
+-- ARGV[6+nviews..5+nviews+nforget] forget...  publish ids to forget now (the caller has the
 --                   replies of their inserts, so no retry of them can come: their memory is
 --                   freed at once)
--- ARGV[8+nviews+nforget] made  "1" when the caller made the call's publish id itself: it is the
+-- ARGV[6+nviews+nforget] made  "1" when the caller made the call's publish id itself: it is the
 --                   first group's, and stands for the whole call (a call is atomic): a repeat of
 --                   it returns every entry id the call stored then; "F" for such an id on its
 --                   first send (a call the client never sent before cannot have been stored: the
 --                   window is not looked at, only written); "0" when the groups carry publish ids
 --                   of their own; "R" as "0", and the reply tells repeats (see Returns)
--- ARGV[9+nviews+nforget..] id rank tenant payload due publish_id task...  the entries, seven
+-- ARGV[7+nviews+nforget..] id rank tenant payload due publish_id task...  the entries, seven
 --                   arguments each: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
@@ -67,14 +65,13 @@
 
 take_context()
 local max_length, max_per_tenant = tonumber(ARGV[1]), tonumber(ARGV[2])
-local fair = ARGV[3] == '1'
-FA = { scope = ARGV[4], conc = 0, rate = 0 }
-local nviews = tonumber(ARGV[6])
-local nforget = tonumber(ARGV[7 + nviews])
-local sent = ARGV[8 + nviews + nforget]
+local fair = CTX.fair
+local nviews = tonumber(ARGV[4])
+local nforget = tonumber(ARGV[5 + nviews])
+local sent = ARGV[6 + nviews + nforget]
 local tell = sent == 'R' -- the reply marks each repeat
 local made = sent ~= '0' and not tell
-local first = 9 + nviews + nforget
+local first = 7 + nviews + nforget
 local n = (#ARGV - first + 1) / 7
 
 -- publish ids: two hashes (this window's and the last one's), rotated every dedupe_ms
@@ -91,7 +88,7 @@ if bad then
 end
 if nviews > 0 or got[2] then
   local known = got[2] or ''
-  if known ~= ARGV[5] then
+  if known ~= ARGV[3] then
     return { STALE_VIEWS, known }
   end
 end
@@ -126,8 +123,8 @@ if CTX.dedupe_ms > 0 then
     redis.call('SET', pt, fmt(now) .. '|' .. fmt(kept) .. '|' .. fmt(held))
   end
   if nforget > 0 then
-    redis.call('HDEL', pd, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
-    redis.call('HDEL', pe, unpack(ARGV, 8 + nviews, 7 + nviews + nforget))
+    redis.call('HDEL', pd, unpack(ARGV, 6 + nviews, 5 + nviews + nforget))
+    redis.call('HDEL', pe, unpack(ARGV, 6 + nviews, 5 + nviews + nforget))
   end
   -- one group: its HGET of pe answers as cheaply as an EXISTS would (a missing hash is nil)
   local has_pe = n == 1 or redis.call('EXISTS', pe) == 1
@@ -237,7 +234,7 @@ for i = 0, n - 1 do
       end
       ready = true
       for v = 1, nviews do
-        local lo, hi = string.match(ARGV[6 + v], '^(%d+),(%d+)$')
+        local lo, hi = string.match(ARGV[4 + v], '^(%d+),(%d+)$')
         if not woken[v] and not CTX.paused and rank >= tonumber(lo) and rank <= tonumber(hi) then
           woken[v] = true
           wake(KEYS[#KEYS - nviews + v])

@@ -38,8 +38,7 @@
 take_context()
 local new = CTX.mode
 local step = tonumber(ARGV[1])
-local fair = string.sub(new, 1, 1) == '1'
-FA = { scope = string.sub(new, 2, 2), conc = 0, rate = 0 }
+local fair = CTX.fair
 local md, gc = key_of('md'), key_of('gc')
 local seen_ids = pi .. ':mv'
 local now = now_ms()

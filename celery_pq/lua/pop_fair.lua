@@ -17,15 +17,14 @@
 -- ARGV[3] token_base   random string; lease tokens are token_base .. "." .. n
 -- ARGV[4] count        entries wanted (>= 1)
 -- ARGV[5] stale_budget  stale entries to discard at most before returning
--- ARGV[6] scope        "P" within_priority or "T" tenant_first
--- ARGV[7] conc         default concurrency cap per tenant (0: none)
--- ARGV[8] rate         default deliveries per second per tenant (0: none)
--- ARGV[9] lo           best rank of a priority view (within_priority only)
--- ARGV[10] hi          worst rank of a priority view (within_priority only)
--- ARGV[11] take_hi     worst rank this call takes, within_priority only (as in pop); the
+-- ARGV[6] conc         default concurrency cap per tenant (0: none)
+-- ARGV[7] rate         default deliveries per second per tenant (0: none)
+-- ARGV[8] lo           best rank of a priority view (within_priority only)
+-- ARGV[9] hi           worst rank of a priority view (within_priority only)
+-- ARGV[10] take_hi     worst rank this call takes, within_priority only (as in pop); the
 --                      wake-up still looks at lo..hi
--- ARGV[12] nacks       leases to ack first
--- ARGV[13..12+2*nacks] eid token...  those leases, a pair each: entry id, lease token
+-- ARGV[11] nacks       leases to ack first
+-- ARGV[12..11+2*nacks] eid token...  those leases, a pair each: entry id, lease token
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
@@ -48,22 +47,22 @@
 local lease_ms = tonumber(ARGV[1])
 local consumer, token_base = ARGV[2], ARGV[3]
 local want, stale_budget = tonumber(ARGV[4]), tonumber(ARGV[5])
-FA = { scope = ARGV[6], conc = tonumber(ARGV[7]), rate = tonumber(ARGV[8]) }
-local lo, hi = tonumber(ARGV[9]), tonumber(ARGV[10])
+FA = { conc = tonumber(ARGV[6]), rate = tonumber(ARGV[7]) }
+local lo, hi = tonumber(ARGV[8]), tonumber(ARGV[9])
 local lex_lo, lex_hi = '-', '+'
-if FA.scope == 'P' and not (lo == 0 and hi == 255) then
+if CTX.scope == 'P' and not (lo == 0 and hi == 255) then
   lex_lo, lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', hi + 1)
 end
-local take_hi = math.min(tonumber(ARGV[11]), hi)
+local take_hi = math.min(tonumber(ARGV[10]), hi)
 local take_lo, take_lex_hi = lex_lo, lex_hi
-if FA.scope == 'P' and take_hi < hi then
+if CTX.scope == 'P' and take_hi < hi then
   take_lo, take_lex_hi = '[' .. string.format('%03d', lo), '(' .. string.format('%03d', take_hi + 1)
 end
 
-local nacks = tonumber(ARGV[12])
+local nacks = tonumber(ARGV[11])
 local out = { 0, nacks }
 for i = 1, nacks do
-  local code, t = ack_one(ii, lz, lt, dp, ARGV[11 + 2 * i], ARGV[12 + 2 * i])
+  local code, t = ack_one(ii, lz, lt, dp, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
   if code == 1 then
     fair_release(t)
   end

@@ -11,8 +11,6 @@
 -- KEYS[7..14] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] count  members to take in this call
--- ARGV[2] fair   "1" when fairness is on
--- ARGV[3] scope  "P" within_priority or "T" tenant_first
 -- Returns: {entries_deleted, pointers_or_delayed_taken}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
@@ -26,8 +24,7 @@
 --!keys
 
 --!queue
-local fair = ARGV[2] == '1'
-FA = { scope = ARGV[3], conc = 0, rate = 0 }
+local fair = CTX.fair
 local count = tonumber(ARGV[1])
 local taken = pi_take(pi, 0, 255, count)
 local found = {} -- {eid, value} of the entries to delete

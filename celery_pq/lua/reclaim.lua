@@ -21,16 +21,14 @@
 -- ARGV[2] max_deliveries  0 for no limit
 -- ARGV[3] guard_ms        skip unless no sweep ran in the last guard_ms (0: always run)
 -- ARGV[4] consumer        "" for expired leases; a consumer id to return all of its leases now
--- ARGV[5] fair            "1" when fairness is on
--- ARGV[6] scope           "P" within_priority or "T" tenant_first
--- ARGV[7] gap_ms          0, or: when the last sweep (key sw, derived from the stem) is more than
+-- ARGV[5] gap_ms          0, or: when the last sweep (key sw, derived from the stem) is more than
 --                         gap_ms ago, nobody could sweep or renew in between (Redis was paused,
 --                         down, or unreachable): each lease whose deadline fell in that gap gets
 --                         back the time it had left when the gap began, counted from now
--- ARGV[8] restore_ms      0, or the least time (ms) from now such a lease gets: the holder's lease
+-- ARGV[6] restore_ms      0, or the least time (ms) from now such a lease gets: the holder's lease
 --                         length, so that its deadline counts from now, the first moment its
 --                         holder can reach Redis again (its keeper may be slow to get through)
--- ARGV[9] start           a consumer's leases: where in lz (by rank, 0 first) this call looks at
+-- ARGV[7] start           a consumer's leases: where in lz (by rank, 0 first) this call looks at
 --                         limit leases (so one call's work is bounded; the caller goes on from
 --                         start + kept)
 -- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
@@ -61,14 +59,14 @@ local limit = tonumber(ARGV[1])
 local max_deliveries = tonumber(ARGV[2])
 local guard_ms = tonumber(ARGV[3])
 local consumer = ARGV[4]
-local fair = ARGV[5] == '1'
-FA = { scope = ARGV[6], conc = 0, rate = CTX.rate }
+local fair = CTX.fair
+FA.rate = CTX.rate
 
 if guard_ms > 0 and not redis.call('SET', gd, '1', 'NX', 'PX', guard_ms) then
   return { 0, 0, 1, 0, 0, 0, 0, 0 }
 end
 local now = now_ms()
-local gap_ms = tonumber(ARGV[7]) or 0
+local gap_ms = tonumber(ARGV[5]) or 0
 local restored = 0
 if consumer == '' then
   -- A lease runs out only if its holder could have renewed it: after a gap in which no sweep
@@ -77,7 +75,7 @@ if consumer == '' then
   -- renew it, instead of every task being delivered again the instant Redis answers.
   local sw = key_of('sw')
   local last = tonumber(redis.call('GET', sw) or '')
-  local restore_ms = tonumber(ARGV[8]) or 0
+  local restore_ms = tonumber(ARGV[6]) or 0
   if gap_ms > 0 and last and now - last > gap_ms then
     local hit = redis.call('ZRANGEBYSCORE', lz, '(' .. fmt(last), fmt(now), 'WITHSCORES')
     for i = 1, #hit, 2 do
@@ -92,7 +90,7 @@ local expired
 if consumer == '' then
   expired = redis.call('ZRANGEBYSCORE', lz, '-inf', fmt(now), 'LIMIT', 0, limit)
 else
-  local start = tonumber(ARGV[9]) or 0
+  local start = tonumber(ARGV[7]) or 0
   expired = redis.call('ZRANGE', lz, start, start + limit - 1)
 end
 local returned, dead, taken = 0, 0, 0

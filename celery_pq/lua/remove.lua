@@ -5,7 +5,7 @@
 -- leaves the pointer to lazy deletion, as does a fair queue.
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
 -- too; on a fair queue the tenant's order and schedule follow. Counts removed; logs remove.
--- An id sent many times has many duplicates: one call handles at most ARGV[6] of them (in the
+-- An id sent many times has many duplicates: one call handles at most ARGV[3] of them (in the
 -- order of dq, see includes/duplicates.lua) and answers where it stopped; the caller calls again
 -- from there until the cursor it gets is "". Each entry is removed atomically, the id's as a
 -- whole in steps.
@@ -18,11 +18,8 @@
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] id          the caller's id (a task id): its entry and every duplicate of it
--- ARGV[2] technique   "T" or "S"
--- ARGV[3] fair        "1" when fairness is on
--- ARGV[4] scope       "P" within_priority or "T" tenant_first
--- ARGV[5] cursor      "" on the first call; then the cursor the last call answered
--- ARGV[6] step        duplicates handled at most in this call
+-- ARGV[2] cursor      "" on the first call; then the cursor the last call answered
+-- ARGV[3] step        duplicates handled at most in this call
 -- Returns: {removed, leased_left_alone, cursor ("" when the id is done)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
@@ -36,11 +33,10 @@
 --!keys
 
 --!queue
-local id, technique = ARGV[1], ARGV[2]
-local fair = ARGV[3] == '1'
-FA = { scope = ARGV[4], conc = 0, rate = 0 }
+local id = ARGV[1]
+local fair = CTX.fair
 
-local cursor, step = ARGV[5], tonumber(ARGV[6])
+local cursor, step = ARGV[2], tonumber(ARGV[3])
 local ids, members, legacy = {}, {}, {} -- entry ids; their dq member (nil: none); from dp
 local list = false
 if cursor == '' then
@@ -73,7 +69,7 @@ for i, eid in ipairs(ids) do
     if legacy[i] then
       kept[#kept + 1] = legacy[i]
     end
-  elseif technique == 'S' and not fair then
+  elseif CTX.technique == 'S' and not fair then
     if members[i] then
       redis.call('ZREM', key_of('dq'), members[i])
     end

@@ -19,9 +19,7 @@
 -- KEYS[9..16] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length  entries waiting allowed in the live queue, 0 for no limit
--- ARGV[2] fair        "1" when fairness is on
--- ARGV[3] scope       "P" within_priority or "T" tenant_first
--- ARGV[4..] id...  stored ids of dead letters to replay
+-- ARGV[2..] id...  stored ids of dead letters to replay
 -- Returns: one reply per id, in order: the entry id it got in the live queue, or NOT_FOUND (no
 --          such dead letter), NOT_WAITING (it is leased), QUEUE_FULL (max_length reached:
 --          this and every later id are left in the dead-letter queue). A dead letter that
@@ -43,15 +41,14 @@
 
 --!queue
 local max_length = tonumber(ARGV[1])
-local fair = ARGV[2] == '1'
-FA = { scope = ARGV[3], conc = 0, rate = 0 }
+local fair = CTX.fair
 local dlt = string.sub(dii, 1, -3) .. 'lt'
 
 local now = fmt(now_ms())
 local out = {}
 local full = false
 local woken = false
-for i = 4, #ARGV do
+for i = 2, #ARGV do
   local deid = ARGV[i]
   local v = redis.call('HGET', dii, deid)
   local e, bar

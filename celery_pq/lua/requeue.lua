@@ -20,8 +20,6 @@
 -- ARGV[3] count_delivery  "1": the delivery counts toward max_deliveries; "0": it is undone
 -- ARGV[4] max_deliveries  0 for no limit
 -- ARGV[5] dead_reason     "" to requeue; otherwise go to the dead-letter queue with this reason
--- ARGV[6] fair            "1" when fairness is on
--- ARGV[7] scope           "P" within_priority or "T" tenant_first
 -- Returns: 1 waiting again, 2 moved to the dead-letter queue, 3 moved there and the oldest
 --          dead entry dropped to keep max_dead, or an error code. An entry that cannot be
 --          parsed goes to the dead-letter queue as "malformed" (2). A dead-letter queue's own
@@ -46,8 +44,7 @@ local eid, token = ARGV[1], ARGV[2]
 local count_delivery = ARGV[3] == '1'
 local max_deliveries = tonumber(ARGV[4])
 local dead_reason = ARGV[5]
-local fair = ARGV[6] == '1'
-FA = { scope = ARGV[7], conc = 0, rate = 0 }
+local fair = CTX.fair
 
 local lease, err = end_lease(lt, lz, eid, token)
 if not lease then

@@ -30,7 +30,7 @@ class QueueAdmin(QueueReads):
         _count("step", step, low=1, none=False)
         total = [0, 0, 0]
         while True:
-            waiting, leased, bad, done = self.run("migrate", calls.migrate_args(step))
+            waiting, leased, bad, done = self.run("migrate", calls.migrate_args(self, step))
             for i, n in enumerate((waiting, leased, bad)):
                 total[i] += int(n)
             if int(done):
@@ -83,14 +83,14 @@ class QueueAdmin(QueueReads):
                     f"queue {self.name!r} is not fair: only a fair queue pauses one tenant "
                     f"(pause the whole queue with tenant=None)"
                 )
-        return bool(self.run("pause", calls.pause_args(paused, tenant)))
+        return bool(self.run("pause", calls.pause_args(self, paused, tenant)))
 
     def set_event_log(self, cap: int | None) -> int:
         """Switch the queue's event log on with this cap, or off with None/0, for every process
         (the stream is kept); returns the cap in force before. A process whose own
         ``event_log`` is set switches it on again at its next call."""
         _count("event_log", cap, low=0)
-        return int(self.run("event_log", calls.event_log_args(cap)))
+        return int(self.run("event_log", calls.event_log_args(self, cap)))
 
     def remove(self, id: str) -> int:
         """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
@@ -107,7 +107,7 @@ class QueueAdmin(QueueReads):
         """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
         if self.fair:
             raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
-        return calls.removed_entry(self, self.run("remove_highest", calls.remove_highest_args()))
+        return calls.removed_entry(self, self.run("remove_highest", calls.remove_highest_args(self)))
 
     def cleanup(self, count: int = 1000) -> int:
         """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
@@ -119,7 +119,7 @@ class QueueAdmin(QueueReads):
             seen = 0
             while seen < count:
                 n = min(C.COMPACT_STEP, count - seen)
-                gone, looked, more = self.run("cleanup", calls.cleanup_args(int(rank), n))
+                gone, looked, more = self.run("cleanup", calls.cleanup_args(self, int(rank), n))
                 removed += int(gone)
                 seen += int(looked)
                 if not more or not looked:

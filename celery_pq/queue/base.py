@@ -14,7 +14,8 @@ from ..connections import NodePipeline, is_cluster
 from ..errors import NotReplicated
 from ..keys import dead_queue_name, queue_keys, script_keys, split_dead
 from ..records import join_mode
-from ..scripts import get_scripts, signature
+from ..scripts import Layout, get_scripts, signature
+from . import calls
 from .calls import ScriptCall
 from .running import readable_mode, run_calls, run_replicated, translate_error, wait_out_migration
 from .settings import QueueSettings
@@ -51,17 +52,19 @@ class QueueBase:
         self.is_dead = split_dead(name)[1]
         self._dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), s.key_prefix)
         self._script_keys: dict[str, tuple[tuple[str, ...], list[str]]] = {}
+        self._layouts: dict[str, Layout] = {}  # script -> its ARGV layout (``layout``)
         #: The registry of priority views (rank ranges) inserts wake, and its version.
         self.views: list[tuple[int, int]] = []
         self.views_version = ""
         self._ranks: dict[int, int] = {}  # priority -> rank, once checked
         self._mode = join_mode(self.fair, self.fair_scope, self.priority_order, self.technique)
         max_dead = self.max_dead_length or self.max_length or 0
-        #: The queue context every script but extend takes first (see lua/includes/common.lua);
+        #: The queue context every script but extend takes last (see lua/includes/queue.lua):
+        #: its mode gives the scripts fairness, scope and technique;
         #: "~" first on a cluster: the script then checks that its keys' slot is served here
         #: (the slot guard), so that a call that reaches a master just as the queue's hash
         #: slot migrates stops before it writes anything, and is made again (scripts.py).
-        self._ctx = ("~" if is_cluster(client) else "") + (
+        self.context = ("~" if is_cluster(client) else "") + (
             f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}|{self.event_log}"
         )
 
@@ -88,10 +91,18 @@ class QueueBase:
             return [given.get(n, key) for n, key in zip(*known)]
         return known[1]
 
+    def layout(self, name: str) -> Layout:
+        """The ARGV layout of script ``name`` for this queue, its own values laid out once
+        (``calls.layout``); the builders of ``calls`` fill in the rest."""
+        got = self._layouts.get(name)
+        if got is None:
+            got = self._layouts[name] = calls.layout(self, name)
+        return got
+
     def call(self, name: str, keys: list, args: list) -> ScriptCall:
-        """One script call, the queue context last (the scripts take it off ARGV first), to run
-        now (``run``) or with others (``running.run_calls``)."""
-        return ScriptCall(getattr(self.scripts, name), keys, [*args, self._ctx])
+        """One script call with its ARGV as a builder of ``calls`` laid it out (the queue
+        context last), to run now (``run``) or with others (``running.run_calls``)."""
+        return ScriptCall(getattr(self.scripts, name), keys, args)
 
     def run(self, name: str, args: list, *, keys: list | None = None, wait: bool = True):
         """Run script ``name`` now with ``args`` (and its KEYS for this queue, unless given);

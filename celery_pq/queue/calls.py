@@ -2,6 +2,12 @@
 one that reads its reply, beside each other, one pair per script (KEYS come from each script's
 header: ``QueueBase.keys_of``).
 
+Every ARGV is laid out by the names in its script's header (``Signature.bind``): the queue's
+own values (its context and settings: ``queue_values``) once per queue (``QueueBase.layout``),
+a consumer's pop arguments once per set of them, the rest by name at each call. So an argument
+a header adds, drops or moves is a TypeError naming it, not a shifted ARGV
+(tests/unit/test_script_calls.py holds every builder here to its header).
+
 Pure functions of a queue's context (its settings, keys and ranks: ``QueueBase``) and their
 inputs: nothing here talks to Redis. The queue layers build a ``ScriptCall`` with these and
 run it (``QueueBase.run``, or several at once with ``running.run_calls``).
@@ -16,7 +22,7 @@ from .. import constants as C
 from ..errors import ErrorCode, raise_for
 from ..ids import decode_id, encode_id
 from ..records import entry_payload, split_dead_note, split_entry
-from ..scripts import FIRST_SEND, resent
+from ..scripts import FIRST_SEND, Layout, resent, signature
 from .values import Delivery, Entry, Lease, as_bytes, as_text, escape_tenant, unescape_tenant
 
 if TYPE_CHECKING:
@@ -24,7 +30,8 @@ if TYPE_CHECKING:
 
 
 class ScriptCall(NamedTuple):
-    """One script call: the script, its KEYS, its ARGV (the queue context last). A tuple, so
+    """One script call: the script, its KEYS, its ARGV (the queue context last, for the scripts
+    that take it: as the builders below lay it out). A tuple, so
     the runner (``scripts.run_calls``) takes it as it is.
 
     The first-send rule: a call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id
@@ -48,6 +55,33 @@ class ScriptCall(NamedTuple):
 
 def flag(value: bool) -> str:
     return "1" if value else "0"
+
+
+def queue_values(q: QueueBase) -> dict[str, Any]:
+    """The arguments a queue gives every call of its scripts, by their names in the headers:
+    its context and settings."""
+    return {
+        "context": q.context,
+        "max_length": q.max_length or 0,
+        "max_per_tenant": q.max_length_per_tenant,
+        "max_deliveries": q.max_deliveries,
+        "conc": q.tenant_concurrency,
+        "rate": q.tenant_rate,
+        "stale_budget": C.POP_STALE_BUDGET,
+    }
+
+
+def layout(q: QueueBase, name: str, **fixed) -> Layout:
+    """The ARGV of script ``name`` for queue ``q``, with the queue's own values (those of
+    ``queue_values`` its header names) and ``fixed`` laid out once; a call gives the others by
+    name (``QueueBase.layout`` keeps one per script)."""
+    sig = signature(name)
+    return sig.bind(**{n: v for n, v in queue_values(q).items() if n in sig.wanted}, **fixed)
+
+
+def lease_pairs(pairs: Sequence[tuple[str, str]]) -> list:
+    """``(entry id, token)`` pairs as a script takes them: flat, the ids encoded."""
+    return [v for eid, token in pairs for v in (encode_id(eid), token)]
 
 
 # -- reading entries --------------------------------------------------------------------------
@@ -75,31 +109,23 @@ def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra)
 
 
 # -- insert.lua -------------------------------------------------------------------------------
-def insert_head(q: QueueBase) -> tuple[list, list]:
-    """(KEYS, the ARGV before the publish ids to forget) of an insert: the same for every
-    insert until the registry of priority views changes."""
+def insert_head(q: QueueBase) -> tuple[list, Layout]:
+    """(KEYS, ARGV layout) of an insert: the same for every insert until the registry of
+    priority views changes (a call gives the publish ids to forget, ``made`` and the items)."""
     keys = [*q.keys_of("insert"), *(q.keys.view_wake(*v) for v in q.views)]
-    args = [
-        q.max_length or 0,
-        q.max_length_per_tenant,
-        flag(q.fair),
-        q.scope,
-        q.views_version,
-        len(q.views),
-        *(f"{lo},{hi}" for lo, hi in q.views),
-    ]
-    return keys, args
+    views = [f"{lo},{hi}" for lo, hi in q.views]
+    return keys, layout(q, "insert", views_version=q.views_version, views=views)
 
 
-def insert_args(q: QueueBase, head_args: list, items, forget=(), made="0") -> list:
+def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0") -> list:
     """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
     none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made
     here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send)."""
-    args: list = [*head_args, len(forget), *forget, made]
+    entries: list = []
     for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
         if made not in ("0", "R") and n:
             pid = None  # a made publish id stands for the whole call: the first group's
-        args += [
+        entries += [
             encode_id(id) if id else "",
             q.rank(priority),
             escape_tenant(tenant or ""),
@@ -108,7 +134,7 @@ def insert_args(q: QueueBase, head_args: list, items, forget=(), made="0") -> li
             pid or "",
             task or "",
         ]
-    return args
+    return head(*entries, forget=forget, made=made)
 
 
 def insert_made(made_here: bool, first_send: bool) -> str:
@@ -145,24 +171,19 @@ def inserted(reply) -> list[tuple[str, bool]]:
 
 
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
-def pop_args(
-    q: QueueBase,
-    count: int,
-    lease_ms: int,
-    consumer: str | None,
-    token: str,
-    ranks: tuple[int, int, int],
-    acks: Sequence[tuple[str, str]],
-) -> list:
-    """``ranks``: the view's (lo, hi) and the worst rank to take. A fair pop leases at most
-    FAIR_POP_MAX in one call (bounded work per call)."""
-    args: list = [lease_ms, consumer or "", token, min(count, C.FAIR_POP_MAX) if q.fair else count, C.POP_STALE_BUDGET]
-    if q.fair:
-        args += (q.scope, q.tenant_concurrency, q.tenant_rate)
-    args += (*ranks, len(acks))
-    for eid, token_ in acks:
-        args += (encode_id(eid), token_)
-    return args
+def pop_layout(q: QueueBase, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
+    """The ARGV layout of a consumer's pops with these arguments (made once per set of them:
+    ``QueueCore.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
+    the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX in
+    one call (bounded work per call)."""
+    lo, hi, take_hi = ranks
+    name, count = ("pop_fair", min(count, C.FAIR_POP_MAX)) if q.fair else ("pop", count)
+    return layout(q, name, lease_ms=lease_ms, consumer=consumer or "", count=count, lo=lo, hi=hi, take_hi=take_hi)
+
+
+def pop_args(pop: Layout, token: str, acks: Sequence[tuple[str, str]]) -> list:
+    """The ARGV of one pop: its lease token base and the leases it acks first."""
+    return pop(*lease_pairs(acks), token_base=token)
 
 
 def ack_codes(reply) -> list[int]:
@@ -193,11 +214,11 @@ def popped_deliveries(reply) -> list[Delivery]:
 
 # -- ack.lua, extend.lua ----------------------------------------------------------------------
 def ack_args(q: QueueBase, pairs: Sequence[tuple[str, str]]) -> list:
-    return [flag(q.fair), *(v for eid, token in pairs for v in (encode_id(eid), token))]
+    return q.layout("ack")(*lease_pairs(pairs))
 
 
-def extend_args(lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
-    return [lease_ms, *(v for eid, token in pairs for v in (encode_id(eid), token))]
+def extend_args(q: QueueBase, lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
+    return q.layout("extend")(*lease_pairs(pairs), lease_ms=lease_ms)
 
 
 def lease_codes(q: QueueBase, pairs, codes, strict: bool) -> list[bool]:
@@ -215,7 +236,9 @@ def lease_codes(q: QueueBase, pairs, codes, strict: bool) -> list[bool]:
 
 # -- requeue.lua ------------------------------------------------------------------------------
 def requeue_args(q: QueueBase, eid: str, token: str, count_delivery: bool, reason: str) -> list:
-    return [encode_id(eid), token, 1 if count_delivery else 0, q.max_deliveries, reason, flag(q.fair), q.scope]
+    return q.layout("requeue")(
+        eid=encode_id(eid), token=token, count_delivery=1 if count_delivery else 0, dead_reason=reason
+    )
 
 
 def requeued(code) -> tuple[str | None, bool]:
@@ -238,17 +261,14 @@ def reclaim_args(
     restore_seconds: float,
     start: int,
 ) -> list:
-    return [
-        limit,
-        q.max_deliveries,
-        int(guard_seconds * 1000),
-        consumer,
-        flag(q.fair),
-        q.scope,
-        int(gap_seconds * 1000),
-        int(restore_seconds * 1000),
-        start,
-    ]
+    return q.layout("reclaim")(
+        limit=limit,
+        guard_ms=int(guard_seconds * 1000),
+        consumer=consumer,
+        gap_ms=int(gap_seconds * 1000),
+        restore_ms=int(restore_seconds * 1000),
+        start=start,
+    )
 
 
 #: A sweep that did nothing (the queue's mode is being migrated).
@@ -271,32 +291,32 @@ def reclaimed(reply) -> dict:
 
 # -- remove.lua, change_priority.lua, purge.lua, cleanup.lua ----------------------------------
 def remove_args(q: QueueBase, id: str, cursor, step: int) -> list:
-    return [encode_id(id), q.technique, flag(q.fair), q.scope, cursor, step]
+    return q.layout("remove")(id=encode_id(id), cursor=cursor, step=step)
 
 
 def change_priority_args(q: QueueBase, id: str, priority: int) -> list:
-    return [encode_id(id), q.rank(priority), q.technique, flag(q.fair), q.scope]
+    return q.layout("change_priority")(eid=encode_id(id), rank=q.rank(priority))
 
 
 def purge_args(q: QueueBase) -> list:
-    return [C.STEP_CHUNK, flag(q.fair), q.scope]
+    return q.layout("purge")(count=C.STEP_CHUNK)
 
 
-def cleanup_args(rank: int, step: int) -> list:
-    return [rank, step]
+def cleanup_args(q: QueueBase, rank: int, step: int) -> list:
+    return q.layout("cleanup")(rank=rank, count=step)
 
 
 # -- peek.lua, peek_head.lua, retrieve_by_priority.lua, remove_highest.lua --------------------
-def peek_args(count: int) -> list:
-    return [count, C.POP_STALE_BUDGET]
+def peek_args(q: QueueBase, count: int) -> list:
+    return q.layout("peek")(count=count)
 
 
 def peeked(q: QueueBase, reply) -> list[Entry]:
     return [entry_of(q, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
 
-def head_args(lo: int, hi: int) -> list:
-    return [lo, hi, C.POP_STALE_BUDGET]
+def peek_head_args(q: QueueBase, lo: int, hi: int) -> list:
+    return q.layout("peek_head")(lo=lo, hi=hi)
 
 
 def parse_head(reply) -> tuple[int, int] | None:
@@ -305,15 +325,15 @@ def parse_head(reply) -> tuple[int, int] | None:
 
 
 def retrieve_by_priority_args(q: QueueBase, priority: int) -> list:
-    return [q.rank(priority), C.POP_STALE_BUDGET]
+    return q.layout("retrieve_by_priority")(rank=q.rank(priority))
 
 
 def retrieved_id(reply) -> str | None:
     return decode_id(reply[0]) if reply else None
 
 
-def remove_highest_args() -> list:
-    return [C.POP_STALE_BUDGET]
+def remove_highest_args(q: QueueBase) -> list:
+    return q.layout("remove_highest")()
 
 
 def removed_entry(q: QueueBase, reply) -> Entry | None:
@@ -326,7 +346,7 @@ _REPLAY_REFUSED: dict[int, str] = {ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT
 
 
 def replay_args(q: QueueBase, ids: Sequence[str]) -> list:
-    return [q.max_length or 0, flag(q.fair), q.scope, *(encode_id(i) for i in ids)]
+    return q.layout("replay")(*(encode_id(i) for i in ids))
 
 
 def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
@@ -339,13 +359,13 @@ def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
 
 
 # -- migrate.lua, pause.lua, event_log.lua ----------------------------------------------------
-def migrate_args(step: int) -> list:
-    return [step]
+def migrate_args(q: QueueBase, step: int) -> list:
+    return q.layout("migrate")(step=step)
 
 
-def pause_args(paused: bool, tenant: str | None) -> list:
-    return [flag(paused), escape_tenant(tenant or "")]
+def pause_args(q: QueueBase, paused: bool, tenant: str | None) -> list:
+    return q.layout("pause")(paused=flag(paused), tenant=escape_tenant(tenant or ""))
 
 
-def event_log_args(cap: int | None) -> list:
-    return [int(cap or 0)]
+def event_log_args(q: QueueBase, cap: int | None) -> list:
+    return q.layout("event_log")(cap=int(cap or 0))

@@ -189,13 +189,17 @@ class PriorityQueue(QueueInserts, QueueLeases, QueueAdmin):
             if consumer is not None:
                 _text("consumer", consumer, forbidden=",")
             name = "pop_fair" if self.fair else "pop"
-            known = (name, self.keys_of(name, **wake), lease_ms, (lo, hi, take_hi))
+            known = (
+                name,
+                self.keys_of(name, **wake),
+                calls.pop_layout(self, count, lease_ms, consumer, (lo, hi, take_hi)),
+            )
             if key is not None:
                 if len(self._pop_calls) >= 64:
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
-        name, keys, lease_ms, ranks = known
-        return self.call(name, keys, calls.pop_args(self, count, lease_ms, consumer, unique_bytes().hex(), ranks, acks))
+        name, keys, layout = known
+        return self.call(name, keys, calls.pop_args(layout, unique_bytes().hex(), acks))
 
     def parse_deliveries(self, reply) -> list[Delivery]:
         """The ``Delivery`` tuples of a pop's reply (a lean pop)."""

@@ -11,6 +11,7 @@ from .. import constants as C
 from ..checks import seconds as _seconds
 from ..errors import NotReplicated, QueueFull
 from ..ids import unique_bytes
+from ..scripts import Layout
 from . import calls
 from .base import QueueBase
 from .calls import ScriptCall
@@ -26,15 +27,15 @@ class QueueInserts(QueueBase):
         self.last_publish_id: bytes | None = None
         self._forget: list[bytes] = []
         self._forget_lock = threading.Lock()
-        self._head: tuple[list, list] | None = None  # calls.insert_head, made when first needed
+        self._head: tuple[list, Layout] | None = None  # calls.insert_head, made when first needed
 
     def insert_call(self, items, forget=(), made="0") -> ScriptCall:
         """The insert call of checked ``items`` (``_item``), forgetting the publish ids
         ``forget``; ``made`` as ``calls.insert_args`` takes it."""
         if self._head is None:
             self._head = calls.insert_head(self)
-        keys, head_args = self._head
-        return self.call("insert", keys, calls.insert_args(self, head_args, items, forget, made))
+        keys, head = self._head
+        return self.call("insert", keys, calls.insert_args(self, head, items, forget, made))
 
     def _take_forgets(self) -> list:
         """Publish ids whose inserts have replied (none of them can be retried now), once

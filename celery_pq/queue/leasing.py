@@ -51,7 +51,7 @@ class QueueLeases(QueueBase):
         if not pairs:
             return []
         codes = self.scripts.extend(
-            keys=self.keys_of("extend"), args=calls.extend_args(lease_ms, pairs), client=self.client
+            keys=self.keys_of("extend"), args=calls.extend_args(self, lease_ms, pairs), client=self.client
         )
         return calls.lease_codes(self, pairs, codes, strict)
 

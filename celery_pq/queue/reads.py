@@ -79,7 +79,7 @@ class QueueReads(QueueTenants):
 
     def peek(self, count: int = 1) -> list[Entry]:
         """The next ``count`` entries in delivery order, not leased."""
-        reply = self.run("peek", calls.peek_args(count))
+        reply = self.run("peek", calls.peek_args(self, count))
         return calls.peeked(self, reply)
 
     def leases(self, limit: int = 1000) -> list[dict]:
@@ -239,6 +239,6 @@ class QueueReads(QueueTenants):
         """``(script, keys, args)`` reading the rank and enqueue time (ms) of the entry a pop
         (of ``view``) would take first, to run with others (``run_calls``); ``parse_head``
         reads its reply."""
-        return self.call("peek_head", self.keys_of("peek_head"), calls.head_args(*self.check_view(view)))
+        return self.call("peek_head", self.keys_of("peek_head"), calls.peek_head_args(self, *self.check_view(view)))
 
     parse_head = staticmethod(calls.parse_head)

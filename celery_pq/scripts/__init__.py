@@ -8,6 +8,7 @@ imports from here.
 
 from .assembly import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library, source
 from .headers import Signature, header, header_errors, signature
+from .layout import Layout
 from .runner import FIRST_SEND, LuaScript, Scripts, get_scripts, resent, run_calls, run_replicated
 from .wire import set_spin_wait
 
@@ -15,6 +16,7 @@ __all__ = [
     "FIRST_SEND",
     "SCRIPT_NAMES",
     "WRITES_WHEN_FULL",
+    "Layout",
     "Library",
     "LuaScript",
     "Scripts",

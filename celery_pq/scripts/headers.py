@@ -3,8 +3,9 @@
 A script's header names its KEYS (``-- KEYS[1] ii  hash ...``), its ARGV (``-- ARGV[1] lease_ms
 ...``) and the error codes it returns (``-- ERR -2 NOT_LEASED``), one line each, in the forms
 docs/key-layout.md describes. ``signature`` parses the KEYS and ARGV lines, so that a caller
-builds its key list (``keys.script_keys``) and its argument list (``Signature.args``) from the
-header's names and the script binds its keys from the same names (``assembly.source``).
+builds its key list (``keys.script_keys``) and its argument list (``Signature.args``, or
+``Signature.bind`` with the values that never change fixed once) from the header's names, and
+the script binds its keys from the same names (``assembly.source``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
+
+from .layout import Layout
 
 #: The directory of the scripts; the includes are in its ``includes``.
 LUA = resources.files("celery_pq") / "lua"
@@ -42,43 +45,32 @@ class Signature:
     script: str = ""
 
     @cached_property
-    def _plan(self) -> tuple[dict[str, tuple[str, int]], list[str], dict[str, int]]:
-        """What ``args`` looks up, made once: each count's list and group size, the names a
-        call gives, each counted list's group size."""
-        counted = {count: (lst, size) for count, lst, size in self.counts}
-        wanted = [n for n in self.argv if n not in counted] + (["context"] if self.context else [])
-        return counted, wanted, {lst: size for _, lst, size in self.counts}
+    def wanted(self) -> tuple[str, ...]:
+        """The names a call gives values for, in header order: the arguments but the counts
+        (worked out from their lists), then ``context`` when the script takes it."""
+        counts = {count for count, _, _ in self.counts}
+        return tuple(n for n in self.argv if n not in counts) + (("context",) if self.context else ())
+
+    @cached_property
+    def lists(self) -> frozenset[str]:
+        """The names of the counted lists among ``argv`` (each given as a sequence)."""
+        return frozenset(lst for _, lst, _ in self.counts if lst)
+
+    def bind(self, **fixed) -> Layout:
+        """This script's ARGV laid out with the values ``fixed`` once: the ``Layout`` is called
+        with the others by name (and the repeated group) at each call (see ``layout.py``)."""
+        return Layout(self, fixed)
+
+    @cached_property
+    def _unbound(self) -> Layout:
+        return Layout(self, {})
 
     def args(self, *rest, **named) -> list:
         """The ARGV list of a call, in the order the script reads it, from the values of its
         names (a counted list as a flat sequence of its values; ``rest`` flat, group after
         group; the context, when the script takes one, as ``context=`` and sent last). The
         counts are worked out, not given. TypeError names any value missing or unexpected."""
-        counted, wanted, sizes = self._plan
-        missing = [n for n in wanted if n not in named]
-        unexpected = [n for n in named if n not in wanted]
-        if missing or unexpected or (rest and not self.rest) or (self.rest and len(rest) % len(self.rest)):
-            raise TypeError(
-                f"{self.script}.lua takes ({', '.join(self.argv)}{', ' + ' '.join(self.rest) + '...' if self.rest else ''}): "
-                f"missing {missing}, unexpected {unexpected}, {len(rest)} repeated values"
-            )
-        out: list = []
-        for name in self.argv:
-            if name in counted:
-                lst, size = counted[name]
-                out.append(len(named[lst] if lst else rest) // size)
-            elif name in sizes:
-                if len(named[name]) % sizes[name]:
-                    raise TypeError(
-                        f"{self.script}.lua ARGV {name}: {len(named[name])} values, not groups of {sizes[name]}"
-                    )
-                out += named[name]
-            else:
-                out.append(named[name])
-        out += rest
-        if self.context:
-            out.append(named["context"])
-        return out
+        return self._unbound(*rest, **named)
 
 
 # "-- KEYS[i] name type ...", "-- KEYS[i..j] name name ...: ...", "-- KEYS[i..] name ..."

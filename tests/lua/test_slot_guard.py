@@ -46,7 +46,7 @@ def _work(q):
 
 def test_a_queue_on_one_redis_runs_no_guard(redis_server, redis_client, key_prefix):
     q = PriorityQueue(redis_client, "g1", key_prefix=key_prefix)
-    assert not q._ctx.startswith("~")
+    assert not q.context.startswith("~")
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == 0 and calls >= 5
 
@@ -54,7 +54,7 @@ def test_a_queue_on_one_redis_runs_no_guard(redis_server, redis_client, key_pref
 def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the_same(
         redis_server, redis_client, key_prefix):
     q = PriorityQueue(redis_client, "g2", key_prefix=key_prefix)
-    q._ctx = "~" + q._ctx  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
+    q.context = "~" + q.context  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
     # insert, insert_many, pop, ack_many, reclaim, ...: one guard read per script call
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == calls >= 5

@@ -117,10 +117,9 @@ def test_signature_args_lays_out_argv_from_names():
     assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [1, "c", "b", 3, 4, 0, 255, 9, 2,
                                                                           "e1", "t1", "e2", "t2", "x"]
     insert = signature("insert")
-    head = {"max_length": 0, "max_per_tenant": 0, "fair": "0", "scope": "P", "views_version": "v", "made": "0",
-            "context": "x"}
+    head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
     assert insert.args(*"abcdefg", **head, views=["0,3", "4,9"], forget=["p"]) == [
-        0, 0, "0", "P", "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
+        0, 0, "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):
         insert.args(**head, nviews=0)
     with pytest.raises(TypeError, match="3 repeated values"):
@@ -128,6 +127,23 @@ def test_signature_args_lays_out_argv_from_names():
     with pytest.raises(TypeError, match=r"unexpected \['context'\]"):
         signature("extend").args(lease_ms=1, context="x")
     assert signature("extend").args("e", "t", lease_ms=5) == [5, "e", "t"]
+
+
+def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
+    pop = signature("pop")
+    fixed = {"lease_ms": 1, "consumer": "c", "count": 3, "stale_budget": 4, "lo": 0, "hi": 255, "take_hi": 9}
+    layout = pop.bind(**fixed, context="x")
+    assert layout.free == ("token_base",)
+    assert layout("e1", "t1", token_base="b") == pop.args("e1", "t1", **fixed, token_base="b", context="x")
+    assert layout(token_base="b2") == [1, "c", "b2", 3, 4, 0, 255, 9, 0, "x"]
+    insert = signature("insert").bind(max_length=0, max_per_tenant=0, views_version="v", views=["0,3"], context="x")
+    assert insert(*"abcdefg", forget=["p", "q"], made="0") == [0, 0, "v", 1, "0,3", 2, "p", "q", "0", *"abcdefg", "x"]
+    with pytest.raises(TypeError, match=r"missing \['token_base'\], unexpected \['token'\]"):
+        layout(token="b")
+    with pytest.raises(TypeError, match="1 repeated values"):
+        layout("e1", token_base="b")
+    with pytest.raises(TypeError, match=r"takes no \['nacks'\]"):
+        pop.bind(nacks=1)
 
 
 @pytest.mark.parametrize("lines", [

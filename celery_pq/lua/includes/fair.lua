@@ -1,7 +1,8 @@
 -- Fair delivery by tenant (queue-by, generalised to weights and priorities): start-time fair
 -- queueing over the tenants that have waiting work, all state under the queue's hash tag.
--- Pasted into a script where it says `--!include fair.lua`. The script
--- fills FK (keys) and FA (settings) before calling these functions.
+-- Pasted into a script where it says `--!include fair.lua`. The script's key bindings fill FK;
+-- the scope is the queue's (CTX.scope, from its context: includes/queue.lua); a script that
+-- schedules by the tenants' caps sets FA before calling these functions.
 --
 -- FK.te  zset (lex)  every waiting entry as  tenant "\0" rank(3) seq(14) eid: a tenant's best
 --                    entry is the first member of its prefix (ZRANGEBYLEX, O(log n))
@@ -19,17 +20,17 @@
 -- FK.fn  hash        counts: "n:<t>" waiting entries, "c:<t>" leased entries
 -- FK.tw  zset        rate-parked tenants, score = ms when a token is there again
 -- FK.fr  hash        token buckets: tenant -> "tokens,last_ms"
--- FA.scope  "P" within_priority or "T" tenant_first
+-- CTX.scope  "P" within_priority or "T" tenant_first
 -- FA.conc, FA.rate  defaults for tenants without their own setting (0 = none)
 -- Virtual time is in units of 1/1,000,000 of a delivery at weight 1.
 --!include queue.lua
 
 local FK = {}
-local FA = {}
+local FA = { conc = 0, rate = 0 }
 local VT_UNIT = 1000000
 
 local function lvl(rank)
-  if FA.scope == 'P' then
+  if CTX.scope == 'P' then
     return rank
   end
   return 0
@@ -61,7 +62,7 @@ local function te_head(t)
 end
 
 local function ts_tenant(m)
-  if FA.scope == 'P' then
+  if CTX.scope == 'P' then
     return string.sub(m, 21), tonumber(string.sub(m, 1, 3)), tonumber(string.sub(m, 4, 20))
   end
   return string.sub(m, 18), 0, tonumber(string.sub(m, 1, 17))
@@ -100,7 +101,7 @@ local function fair_refresh(t, force)
   local v = redis.call('HMGET', FK.fv, 'V:' .. level, 'F:' .. level .. ':' .. t)
   local start = math.max(tonumber(v[1]) or 0, tonumber(v[2]) or 0)
   local m = string.format('%017.0f', start) .. t
-  if FA.scope == 'P' then
+  if CTX.scope == 'P' then
     m = string.format('%03d', level) .. m
   end
   if oldm and state == 'A' then

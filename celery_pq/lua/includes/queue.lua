@@ -7,7 +7,10 @@
 -- numbers them): "mode|max_dead|dedupe_ms|rate|event_log", where mode is four letters: fair
 -- "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l", technique "T"/"S", and event_log
 -- is the caller's event-log cap (0: the caller has none). On a Redis Cluster the context starts
--- with "~": the slot guard (take_context) runs first.
+-- with "~": the slot guard (take_context) runs first. The letters a script acts on are read
+-- from the mode once, into CTX.fair (true when fair), CTX.scope ("P" within_priority, "T"
+-- tenant_first, "-" when not fair) and CTX.technique ("T" or "S"): no script takes them as
+-- arguments of its own (the mode is the queue's, checked by mode_error, so they are too).
 -- The mode record md holds the four letters and then the queue's switches: "p" when the queue
 -- is paused, "e<cap>" when its event log is on, "m" while a migration to its mode runs (every
 -- script but migrate and extend then answers MIGRATING and does nothing: see migrate.lua and
@@ -21,6 +24,7 @@
 
 local SEQ_SPAN = 17592186044416 -- 2^44: score = rank * SEQ_SPAN + seq
 
+-- fair, scope, technique: the letters of the caller's mode (take_context);
 -- ev: the event-log cap in force (0: off), ev_mine: the caller's; paused: the queue is paused;
 -- cnt: counters to add at the end of the script (flush_counts); k: the queue's derived keys
 -- (key_of).
@@ -59,10 +63,13 @@ local function take_context()
     if not mode then
       mode, max_dead, dedupe, rate = string.match(t, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
     end
-    p = remember('contexts', c, { mode = mode or t, max_dead = tonumber(max_dead) or 0,
-      dedupe_ms = tonumber(dedupe) or 0, rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0, guard = guard })
+    mode = mode or t
+    p = remember('contexts', c, { mode = mode, fair = string.sub(mode, 1, 1) == '1', scope = string.sub(mode, 2, 2),
+      technique = string.sub(mode, 4, 4), max_dead = tonumber(max_dead) or 0, dedupe_ms = tonumber(dedupe) or 0,
+      rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0, guard = guard })
   end
   CTX.mode, CTX.max_dead, CTX.dedupe_ms, CTX.rate, CTX.ev_mine = p.mode, p.max_dead, p.dedupe_ms, p.rate, p.ev_mine
+  CTX.fair, CTX.scope, CTX.technique = p.fair, p.scope, p.technique
   local k = PARSED.stems[KEYS[1]]
   if not k then
     local stem = string.sub(KEYS[1], 1, -3)

@@ -1,0 +1,90 @@
+"""A script's ARGV laid out by name, with the values that never change for a caller fixed once.
+
+``Signature.bind(**fixed)`` makes a ``Layout``: the header's arguments in order, the fixed ones
+already laid out (a queue's context and settings, a consumer's lease length and view), the
+others named at each call. A call then costs one pass over a few pieces, not a look-up of every
+name: the pop and insert paths lay out their ARGV this way, once per queue (or per consumer's
+pop arguments), and fill in only what changes. ``Signature.args`` is a layout with nothing fixed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from .headers import Signature
+
+# The kinds of piece a layout is made of.
+_FIXED = 0  # values laid out once (a tuple)
+_ONE = 1  # one named value
+_LIST = 2  # a counted list, given by its name as a sequence
+_COUNT = 3  # the count of a counted list: (its list's name, "" for the repeated group; group size)
+_REST = 4  # the repeated group that ends ARGV
+
+
+class Layout:
+    """A script's ARGV with the values ``fixed`` laid out (``Signature.bind``); called with the
+    others by name (``free``) and the repeated group, it gives the call's ARGV. TypeError names
+    any value missing or unexpected."""
+
+    __slots__ = ("_group", "_pieces", "fixed", "free", "signature")
+
+    def __init__(self, signature: Signature, fixed: dict):
+        counted = {count: (lst, size) for count, lst, size in signature.counts}
+        wanted = signature.wanted
+        unexpected = [n for n in fixed if n not in wanted]
+        if unexpected:
+            raise TypeError(f"{signature.script}.lua takes no {unexpected} (it takes {wanted})")
+        self.signature, self.fixed = signature, dict(fixed)
+        #: The names a call gives, in header order.
+        self.free = tuple(n for n in wanted if n not in fixed)
+        self._group = len(signature.rest)
+        pieces: list[tuple[int, Any]] = []
+        for name in signature.argv:
+            piece: tuple[int, Any]
+            if name in counted:
+                lst, size = counted[name]
+                piece = (_FIXED, (len(fixed[lst]) // size,)) if lst in fixed else (_COUNT, (lst, size))
+            elif name in fixed:
+                piece = (_FIXED, tuple(fixed[name]) if name in signature.lists else (fixed[name],))
+            else:
+                piece = (_LIST if name in signature.lists else _ONE, name)
+            if piece[0] == _FIXED and pieces and pieces[-1][0] == _FIXED:  # one piece for a run of them
+                piece = (_FIXED, pieces.pop()[1] + piece[1])
+            pieces.append(piece)
+        if signature.rest:
+            pieces.append((_REST, None))
+        if signature.context:
+            pieces.append((_FIXED, (fixed["context"],)) if "context" in fixed else (_ONE, "context"))
+        self._pieces = tuple(pieces)
+
+    def __call__(self, *rest, **named) -> list:
+        if len(named) != len(self.free) or (len(rest) % self._group if self._group else rest):
+            self._refuse(rest, named)
+        out: list = []
+        try:
+            for kind, value in self._pieces:
+                if kind == _FIXED:
+                    out += value
+                elif kind == _ONE:
+                    out.append(named[value])
+                elif kind == _LIST:
+                    out += named[value]
+                elif kind == _COUNT:
+                    lst, size = value
+                    out.append(len(named[lst] if lst else rest) // size)
+                else:
+                    out += rest
+        except KeyError:
+            self._refuse(rest, named)
+        return out
+
+    def _refuse(self, rest: tuple, named: dict) -> NoReturn:
+        sig = self.signature
+        missing = [n for n in self.free if n not in named]
+        unexpected = [n for n in named if n not in self.free]
+        group = f"{' '.join(sig.rest)}..." if sig.rest else ""
+        raise TypeError(
+            f"{sig.script}.lua takes ({', '.join([*sig.argv, group] if group else sig.argv)}): "
+            f"missing {missing}, unexpected {unexpected}, {len(rest)} repeated values"
+        )
