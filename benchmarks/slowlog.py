@@ -107,13 +107,17 @@ class Slowlog:
         d = sorted(self.durations)
         if not d:
             return {"calls": 0, "p99_ms": 0.0, "p999_ms": 0.0, "over_goal": 0}
-        return {"calls": len(d), "p99_ms": d[int(0.99 * (len(d) - 1))] / 1000,
-                "p999_ms": d[int(0.999 * (len(d) - 1))] / 1000,
-                "over_goal": sum(1 for us in d if us >= GOAL_MS * 1000)}
+        return {
+            "calls": len(d),
+            "p99_ms": d[int(0.99 * (len(d) - 1))] / 1000,
+            "p999_ms": d[int(0.999 * (len(d) - 1))] / 1000,
+            "over_goal": sum(1 for us in d if us >= GOAL_MS * 1000),
+        }
 
 
-def _fill(q: PriorityQueue, n: int, *, priority: int = 5, tenants: int = 0, prefix: str = "e",
-          chunk: int = 1000) -> None:
+def _fill(
+    q: PriorityQueue, n: int, *, priority: int = 5, tenants: int = 0, prefix: str = "e", chunk: int = 1000
+) -> None:
     """n entries; ``chunk`` a call (the measured phases insert 100 a call: the case is what the
     pushes meet, not the size of the caller's chunk)."""
     items = []
@@ -331,39 +335,81 @@ def run(entries=120_000, window_ids=1_000_000, only="", nice=0) -> dict:
             log = Slowlog(client)
             start = time.perf_counter()
             by_script = case(client, log, entries, window_ids)
-            results[name] = {"max_ms": max(by_script.values(), default=0.0), "by_script": by_script,
-                             **log.spread(), "seconds": round(time.perf_counter() - start, 1)}
+            results[name] = {
+                "max_ms": max(by_script.values(), default=0.0),
+                "by_script": by_script,
+                **log.spread(),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
             client.close()
         print(f"{name}: {results[name]['max_ms']:.2f} ms", flush=True)
-    return {"entries": entries, "window_ids": window_ids, "goal_ms": GOAL_MS, "redis_nice": niceness,
-            "results": results}
+    return {
+        "entries": entries,
+        "window_ids": window_ids,
+        "goal_ms": GOAL_MS,
+        "redis_nice": niceness,
+        "results": results,
+    }
 
 
 def markdown(data) -> list[str]:
     rows = []
     for name, r in data["results"].items():
         worst = max(r["by_script"].items(), key=lambda kv: kv[1], default=("-", 0.0))
-        rows.append([name, f"{r['max_ms']:.2f}", worst[0], "yes" if r["max_ms"] < data["goal_ms"] else "NO",
-                     f"{r['calls']:,}", f"{r['p99_ms']:.2f}", f"{r['p999_ms']:.2f}", str(r["over_goal"]),
-                     ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["by_script"].items()))])
-    return [f"# Longest script call per worst case (SLOWLOG, {data['entries']:,} entries, "
-            f"{data['window_ids']:,} publish ids per window)",
-            "",
-            *table(["case", "max ms", "script", f"under {data['goal_ms']:.0f} ms", "script calls", "p99 ms",
-                    "p99.9 ms", f"calls >= {data['goal_ms']:.0f} ms", "max ms by script"], rows),
-            "",
-            "Each case on a redis-server of its own; the durations are Redis's (SLOWLOG), of the phase "
-            "that meets the worst case (the build is not counted). On a busy machine a call can be "
-            "descheduled while it runs: a lone maximum far above the 99.9th percentile is that, not work"
-            + (f"; the redis-server ran at nice {data['redis_nice']}." if data.get("redis_nice") is not None
-               else ".")]
+        rows.append(
+            [
+                name,
+                f"{r['max_ms']:.2f}",
+                worst[0],
+                "yes" if r["max_ms"] < data["goal_ms"] else "NO",
+                f"{r['calls']:,}",
+                f"{r['p99_ms']:.2f}",
+                f"{r['p999_ms']:.2f}",
+                str(r["over_goal"]),
+                ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["by_script"].items())),
+            ]
+        )
+    return [
+        f"# Longest script call per worst case (SLOWLOG, {data['entries']:,} entries, "
+        f"{data['window_ids']:,} publish ids per window)",
+        "",
+        *table(
+            [
+                "case",
+                "max ms",
+                "script",
+                f"under {data['goal_ms']:.0f} ms",
+                "script calls",
+                "p99 ms",
+                "p99.9 ms",
+                f"calls >= {data['goal_ms']:.0f} ms",
+                "max ms by script",
+            ],
+            rows,
+        ),
+        "",
+        "Each case on a redis-server of its own; the durations are Redis's (SLOWLOG), of the phase "
+        "that meets the worst case (the build is not counted). On a busy machine a call can be "
+        "descheduled while it runs: a lone maximum far above the 99.9th percentile is that, not work"
+        + (f"; the redis-server ran at nice {data['redis_nice']}." if data.get("redis_nice") is not None else "."),
+    ]
 
 
 def main(argv=None):
-    return cli(argv, __doc__, "slowlog", run, markdown,
-               options=(("--entries", int, 120_000), ("--window-ids", int, 1_000_000), ("--only", str, ""),
-                        ("--nice", int, 0)),
-               smoke={"entries": 2_000, "window_ids": 20_000})
+    return cli(
+        argv,
+        __doc__,
+        "slowlog",
+        run,
+        markdown,
+        options=(
+            ("--entries", int, 120_000),
+            ("--window-ids", int, 1_000_000),
+            ("--only", str, ""),
+            ("--nice", int, 0),
+        ),
+        smoke={"entries": 2_000, "window_ids": 20_000},
+    )
 
 
 if __name__ == "__main__":

@@ -101,12 +101,15 @@ def test_a_call_refused_while_the_slot_moves_writes_nothing_and_fails_as_a_conne
     client = cluster.client()
     set_cluster_retry(client, 0.3)
     q2 = PriorityQueue(client, q.name)
-    state = lambda: (
-        cluster_client.hlen(q.keys.entries),
-        cluster_client.get(q.keys.sequence),  # noqa: E731
-        cluster_client.zcard(q.keys.priority_index),
-        cluster_client.hlen(q.keys.leases),
-    )
+
+    def state():
+        return (
+            cluster_client.hlen(q.keys.entries),
+            cluster_client.get(q.keys.sequence),
+            cluster_client.zcard(q.keys.priority_index),
+            cluster_client.hlen(q.keys.leases),
+        )
+
     before = state()
     with source.client() as s, target.client() as t:
         # When the slot is half moved (a key the insert derives, its counters, already at the target)

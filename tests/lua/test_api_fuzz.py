@@ -16,8 +16,12 @@ from hypothesis import strategies as st
 
 from celery_pq import PQError, PriorityQueue
 
-FUZZ = settings(max_examples=25, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 nan, inf = math.nan, math.inf
 
@@ -39,17 +43,21 @@ def bad_numbers(*, negative=True, zero=False, fractions=False, none=False, extra
 
 bad_id = st.sampled_from(["", 5, 1.5, True, b"bytes", ["x"]])  # None is "a generated id"
 bad_text = st.one_of(bad_id, st.none())
-bad_priority = st.one_of(st.integers(max_value=-1), st.integers(min_value=256), st.floats(), st.booleans(),
-                         st.text(max_size=3), st.none())
-bad_ms = st.one_of(st.integers(max_value=-1), st.floats(), st.booleans(), st.text(max_size=3),
-                   st.integers(min_value=2**53))
+bad_priority = st.one_of(
+    st.integers(max_value=-1), st.integers(min_value=256), st.floats(), st.booleans(), st.text(max_size=3), st.none()
+)
+bad_ms = st.one_of(
+    st.integers(max_value=-1), st.floats(), st.booleans(), st.text(max_size=3), st.integers(min_value=2**53)
+)
 bad_lease = st.sampled_from([None, (), ("a",), ("a", "b", "c"), (5, "t"), (None, "t"), "ab", 5, b"ab"])
 bad_view = st.sampled_from([(5, 1), (-1, 5), (0, 256), ("a", 5), (1.5, 3), (1,), 5, "0-5", (True, 5)])
-bad_table = st.one_of(st.sampled_from([[("a", 1)], "a", 5]),
-                      st.dictionaries(st.sampled_from(["a", "b"]),
-                                      st.sampled_from([0, -1, nan, inf, -inf, True, "2", None, 1e7, 1e-9]),
-                                      min_size=1),
-                      st.dictionaries(st.sampled_from([5, b"a", None]), st.just(1), min_size=1))
+bad_table = st.one_of(
+    st.sampled_from([[("a", 1)], "a", 5]),
+    st.dictionaries(
+        st.sampled_from(["a", "b"]), st.sampled_from([0, -1, nan, inf, -inf, True, "2", None, 1e7, 1e-9]), min_size=1
+    ),
+    st.dictionaries(st.sampled_from([5, b"a", None]), st.just(1), min_size=1),
+)
 
 
 @pytest.fixture
@@ -75,7 +83,8 @@ def refused(world, call, argument: str, value) -> None:
     msg = str(err.value).lower()
     shown = {repr(value).lower(), str(value).lower()}
     assert argument.lower() in msg or any(s in msg for s in shown), (
-        f"{argument}={value!r}: {type(err.value).__name__}({str(err.value)!r}) names neither")
+        f"{argument}={value!r}: {type(err.value).__name__}({str(err.value)!r}) names neither"
+    )
     assert snapshot() == before, f"{argument}={value!r}: the failed call wrote to Redis"
 
 
@@ -134,8 +143,15 @@ def test_insert_refuses_bad_values(world, argument):
     @FUZZ
     @given(value=INSERT[argument], bulk=st.booleans())
     def check(value, bulk):
-        row = {"payload": b"p", "priority": 5, "id": None, "tenant": None, "due_ms": None, "publish_id": None,
-               argument: value}
+        row = {
+            "payload": b"p",
+            "priority": 5,
+            "id": None,
+            "tenant": None,
+            "due_ms": None,
+            "publish_id": None,
+            argument: value,
+        }
         if bulk and argument != "delay":
             # insert_many: (payload, priority[, id[, tenant[, due_ms[, publish_id]]]]), behind good items
             item = tuple(row[k] for k in ("payload", "priority", "id", "tenant", "due_ms", "publish_id"))
@@ -154,7 +170,20 @@ def test_insert_many_refuses_malformed_items(world):
     q, _, _ = world
 
     @FUZZ
-    @given(item=st.sampled_from([None, (), (b"x",), b"xy", 5, (b"x", 5, "id", None, None, None, None, "extra"), (b"x", 5, "id", None, None, None, 5), {"a": 1}]))
+    @given(
+        item=st.sampled_from(
+            [
+                None,
+                (),
+                (b"x",),
+                b"xy",
+                5,
+                (b"x", 5, "id", None, None, None, None, "extra"),
+                (b"x", 5, "id", None, None, None, 5),
+                {"a": 1},
+            ]
+        )
+    )
     def check(item):
         refused(world, lambda: q.insert_many([(b"ok", 1), item]), "item", item)
 
@@ -188,9 +217,13 @@ def test_lease_calls_refuse_malformed_leases(world, op):
     @FUZZ
     @given(value=bad_lease)
     def check(value):
-        call = {"ack": lambda: q.ack(value), "ack_many": lambda: q.ack_many([value]),
-                "extend": lambda: q.extend([value]), "requeue": lambda: q.requeue(value),
-                "dead_letter": lambda: q.dead_letter(value)}[op]
+        call = {
+            "ack": lambda: q.ack(value),
+            "ack_many": lambda: q.ack_many([value]),
+            "extend": lambda: q.extend([value]),
+            "requeue": lambda: q.requeue(value),
+            "dead_letter": lambda: q.dead_letter(value),
+        }[op]
         refused(world, call, "lease", value)
 
     check()
@@ -211,8 +244,11 @@ def test_dead_letter_refuses_bad_reasons(world):
     q, lease, _ = world
 
     @FUZZ
-    @given(value=st.one_of(st.sampled_from(["", None, 5, True, b"r", ["r"]]),
-                           st.text(min_size=1, max_size=5).map(lambda s: s + ",")))
+    @given(
+        value=st.one_of(
+            st.sampled_from(["", None, 5, True, b"r", ["r"]]), st.text(min_size=1, max_size=5).map(lambda s: s + ",")
+        )
+    )
     def check(value):
         refused(world, lambda: q.dead_letter(lease, value), "reason", value)
 

@@ -37,8 +37,10 @@ def counted(client, fn) -> Counter:
 
 
 def fill(q, n, *, prefix="e", priority=5, tenants=0, chunk=1000):
-    items = [(b"x", priority, f"{prefix}{i}", f"t{i % tenants}") if tenants else (b"x", priority, f"{prefix}{i}")
-             for i in range(n)]
+    items = [
+        (b"x", priority, f"{prefix}{i}", f"t{i % tenants}") if tenants else (b"x", priority, f"{prefix}{i}")
+        for i in range(n)
+    ]
     q.insert_many(items, chunk=chunk)
 
 

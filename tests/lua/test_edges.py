@@ -15,21 +15,25 @@ import redis
 from celery_pq import ModeMismatch, PriorityQueue, QueueFull
 from celery_pq import constants as C
 from celery_pq.ids import encode_id
-
 from celery_pq.testing import RedisServer
 
 
 def _all_ids(q: PriorityQueue) -> dict:
     """Every entry id of a queue and its dead-letter queue, by state."""
     r = q.client
-    leased = {k for k in r.hkeys(q.keys.leases)}
+    leased = set(r.hkeys(q.keys.leases))
     delayed = set(r.zrange(q.keys.delayed, 0, -1))
     ids = set(r.hkeys(q.keys.entries))
-    return {"waiting": ids - leased - delayed, "leased": leased, "delayed": delayed,
-            "dead": set(r.hkeys(q.dead.keys.entries))}
+    return {
+        "waiting": ids - leased - delayed,
+        "leased": leased,
+        "delayed": delayed,
+        "dead": set(r.hkeys(q.dead.keys.entries)),
+    }
 
 
 # -- 1. a queue's mode is recorded; a process that disagrees touches nothing ----------------------
+
 
 def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, key_prefix):
     # Given a plain queue with ten waiting entries
@@ -49,20 +53,31 @@ def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, 
     assert len(plain.pop(20)) == 10
 
 
-@pytest.mark.parametrize("other", [
-    {"fair": True},
-    {"priority_order": "lower_first"},
-    {"technique": "S"},
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"fair": True},
+        {"priority_order": "lower_first"},
+        {"technique": "S"},
+    ],
+)
 def test_every_call_that_changes_a_queue_checks_its_mode(redis_client, key_prefix, other):
     q = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
     q.insert(b"a", 5, id="a")
     [lease] = q.pop()
     q.insert(b"b", 5, id="b")
     wrong = PriorityQueue(redis_client, "m", key_prefix=key_prefix, **other)
-    for call in (lambda: wrong.insert(b"c", 1), lambda: wrong.pop(), lambda: wrong.ack(lease),
-                 lambda: wrong.requeue(lease), lambda: wrong.remove("b"), lambda: wrong.change_priority("b", 9),
-                 lambda: wrong.purge(), lambda: wrong.reclaim(), lambda: wrong.insert_many([(b"d", 1)])):
+    for call in (
+        lambda: wrong.insert(b"c", 1),
+        lambda: wrong.pop(),
+        lambda: wrong.ack(lease),
+        lambda: wrong.requeue(lease),
+        lambda: wrong.remove("b"),
+        lambda: wrong.change_priority("b", 9),
+        lambda: wrong.purge(),
+        lambda: wrong.reclaim(),
+        lambda: wrong.insert_many([(b"d", 1)]),
+    ):
         with pytest.raises(ModeMismatch):
             call()
     assert q.ack(lease) and [e.id for e in q.pop(5)] == ["b"]
@@ -97,6 +112,7 @@ def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):
 
 
 # -- 2. one corrupt entry does not strand its batch ---------------------------------------------
+
 
 def _corrupt(q: PriorityQueue, id: str, value: bytes = b"nobar") -> None:
     q.client.hset(q.keys.entries, encode_id(id), value)
@@ -159,6 +175,7 @@ def test_corrupt_pointers_and_fair_state_are_skipped(redis_client, key_prefix):
 
 # -- 3. a retried publish is stored once ----------------------------------------------------------
 
+
 def test_a_publish_retried_after_a_lost_reply_is_stored_once():
     with RedisServer("--enable-debug-command", "yes") as server:
         admin = server.client()
@@ -192,7 +209,7 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     item = q._item(b"x", 1, "t1")
     call = q.insert_call([item], (), insert_made(True, False))
     script, keys, args = call
-    assert call.first_send and FIRST_SEND in args and "F" == FIRST_SEND
+    assert call.first_send and FIRST_SEND in args and FIRST_SEND == "F"
     [first] = run_calls(redis_client, [(script, keys, args)])
     # the same call sent again (as every retry path sends it) is found by its publish id
     again = call.resent().args
@@ -224,15 +241,24 @@ def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_pr
 def test_a_repeated_publish_finds_its_entry_id_in_this_window_and_the_last(redis_client, key_prefix, max_length):
     # (without a length limit an insert looks up and records its publish id in one command)
     q = PriorityQueue(redis_client, "m3r", key_prefix=key_prefix, dedupe_seconds=1, max_length=max_length)
-    first = [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
-             q.insert(b"x", 1, publish_id=b"p3")]
+    first = [
+        q.insert(b"x", 1, id="t", publish_id=b"p1"),
+        q.insert(b"x", 1, id="t", publish_id=b"p2"),
+        q.insert(b"x", 1, publish_id=b"p3"),
+    ]
     assert first[0] == "t" and first[1].startswith("t~") and first[2] not in first[:2]
-    assert [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
-            q.insert(b"x", 1, publish_id=b"p3")] == first
+    assert [
+        q.insert(b"x", 1, id="t", publish_id=b"p1"),
+        q.insert(b"x", 1, id="t", publish_id=b"p2"),
+        q.insert(b"x", 1, publish_id=b"p3"),
+    ] == first
     time.sleep(1.05)
     q.insert(b"y", 1, publish_id=b"p-other")  # the window turns: p1..p3 are in the last one now
-    assert [q.insert(b"x", 1, id="t", publish_id=b"p1"), q.insert(b"x", 1, id="t", publish_id=b"p2"),
-            q.insert(b"x", 1, publish_id=b"p3")] == first
+    assert [
+        q.insert(b"x", 1, id="t", publish_id=b"p1"),
+        q.insert(b"x", 1, id="t", publish_id=b"p2"),
+        q.insert(b"x", 1, publish_id=b"p3"),
+    ] == first
     assert q.size() == 4
 
 
@@ -326,6 +352,7 @@ def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(redis_clien
 
 # -- 4. stale pointers stay bounded -----------------------------------------------------------
 
+
 def test_capped_tenants_do_not_leak_pointers(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
     q.insert(b"a1", 1, tenant="A")
@@ -365,6 +392,7 @@ def test_fairness_state_of_tenants_that_left_is_cleaned_up(redis_client, key_pre
 
 # -- 5. generated ids never collide ----------------------------------------------------------
 
+
 def test_dead_letters_never_overwrite_each_other(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m5", key_prefix=key_prefix)
     assert [q.insert(b"T", 1, id="T"), q.insert(b"U", 1, id="U"), q.insert(b"T2", 1, id="T")] == ["T", "U", "T~3"]
@@ -389,6 +417,7 @@ def test_generated_ids_never_take_a_stored_id(redis_client, key_prefix):
 
 
 # -- 9. dead-letter queues have no dead-letter queue and are bounded ----------------------------
+
 
 def test_a_dead_letter_queue_does_not_dead_letter_into_itself(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m9", key_prefix=key_prefix, max_deliveries=1)
@@ -417,14 +446,18 @@ def test_the_dead_letter_queue_keeps_at_most_max_dead_length(redis_client, key_p
 
 # -- 12. bad settings are refused at once ----------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"name": ""}, "name"),
-    ({"key_prefix": ""}, "key_prefix"),
-    ({"dedupe_seconds": -1}, "dedupe_seconds"),
-    ({"max_dead_length": 0}, "max_dead_length"),
-    ({"lease_seconds": float("nan")}, "lease_seconds"),
-    ({"lease_seconds": "5"}, "lease_seconds"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"name": ""}, "name"),
+        ({"key_prefix": ""}, "key_prefix"),
+        ({"dedupe_seconds": -1}, "dedupe_seconds"),
+        ({"max_dead_length": 0}, "max_dead_length"),
+        ({"lease_seconds": float("nan")}, "lease_seconds"),
+        ({"lease_seconds": "5"}, "lease_seconds"),
+    ],
+)
 def test_bad_queue_settings_are_refused(redis_client, kwargs, word):
     args = {"name": "m12", **kwargs}
     with pytest.raises(ValueError, match=word):
@@ -456,6 +489,7 @@ def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_en
 
 # -- found by the model test -------------------------------------------------------------------
 
+
 def test_technique_s_remove_of_a_delayed_entry_takes_it_out_of_the_delayed_index(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, technique="S")
     q.insert(b"x", 5, id="a", delay=3600)
@@ -474,8 +508,7 @@ def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
 
 
 @pytest.mark.parametrize("view", [None, (0, 255), (200, 255)])
-def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_last(redis_client, key_prefix,
-                                                                                   view):
+def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_last(redis_client, key_prefix, view):
     q = PriorityQueue(redis_client, "mw", key_prefix=key_prefix)
     q.insert_many([(b"x", 50, "a"), (b"x", 50, "b"), (b"x", 40, "c")])  # ranks 205 and 215
     wk = q.keys.wake if view is None else q.keys.view_wake(*view)
@@ -571,8 +604,12 @@ def test_a_call_polls_for_its_reply_and_one_that_comes_late_stops_the_polling_fo
     from celery_pq.scripts import wire
 
     # a script that answers after 30 ms (its own busy loop on the server's clock)
-    slow = ("EVAL", "local t0 = redis.call('TIME') local a = t0[1] * 1e6 + t0[2] "
-            "repeat local t = redis.call('TIME') until t[1] * 1e6 + t[2] - a > 30000 return 7", 0)
+    slow = (
+        "EVAL",
+        "local t0 = redis.call('TIME') local a = t0[1] * 1e6 + t0[2] "
+        "repeat local t = redis.call('TIME') until t[1] * 1e6 + t[2] - a > 30000 return 7",
+        0,
+    )
     poll_long, poll_short = 50_000_000, 1_000_000  # 50 ms (a PING answers within it), 1 ms
     with RedisServer() as server:
         client = redis.Redis(host=server.host, port=server.port)

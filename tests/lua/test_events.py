@@ -35,8 +35,18 @@ def test_stream_entries_have_every_field_in_order(redis_client, key_prefix):
     assert [k.decode() for k in fields] == list(EVENT_FIELDS)
     row = q.events()[0]
     assert row["sid"] == sid.decode()
-    assert (row["e"], row["q"], row["id"], row["p"], row["k"], row["t"], row["c"], row["task"], row["n"], row["r"]) == \
-        ("enqueue", "ev", tid, 200, 55, "a|b", "", "proj.tasks.resize", None, "")
+    assert (row["e"], row["q"], row["id"], row["p"], row["k"], row["t"], row["c"], row["task"], row["n"], row["r"]) == (
+        "enqueue",
+        "ev",
+        tid,
+        200,
+        55,
+        "a|b",
+        "",
+        "proj.tasks.resize",
+        None,
+        "",
+    )
     # the entry id's ms part and the ms field are both Redis time
     assert abs(int(row["sid"].split("-")[0]) - row["ms"]) < 1000
     assert q.events_key == queue_keys("ev", key_prefix).events == f"{key_prefix}:{{ev}}:ev"
@@ -146,8 +156,12 @@ def test_pause_and_resume_events(redis_client, key_prefix):
     assert q.resume()
     assert q.pause(tenant="acme") and q.resume(tenant="acme")
     rows = [(r["e"], r["t"], r["id"], r["p"]) for r in q.events()]
-    assert rows == [("pause", "", "", None), ("resume", "", "", None), ("pause", "acme", "", None),
-                    ("resume", "acme", "", None)]
+    assert rows == [
+        ("pause", "", "", None),
+        ("resume", "", "", None),
+        ("pause", "acme", "", None),
+        ("resume", "acme", "", None),
+    ]
 
 
 def test_log_off_writes_no_stream_and_no_switch(redis_client, key_prefix):
@@ -183,8 +197,12 @@ def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
     off.insert(b"y", 1, id="b")
     [lease] = off.pop(consumer="other")
     off.ack(lease)
-    assert [(r["e"], r["id"]) for r in on.events()] == [("enqueue", "a"), ("enqueue", "b"), ("deliver", "a"),
-                                                         ("ack", "a")]
+    assert [(r["e"], r["id"]) for r in on.events()] == [
+        ("enqueue", "a"),
+        ("enqueue", "b"),
+        ("deliver", "a"),
+        ("ack", "a"),
+    ]
     # switched off on purpose: nobody logs until a process with the option calls again
     assert off.set_event_log(None) == 1000
     off.insert(b"z", 1, id="c")
@@ -197,10 +215,14 @@ def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
 
 def test_insert_many_carries_task_names(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix)
-    q.insert_many([(b"a", 1, "i1", None, None, None, "proj.a"), (b"b", 2, "i2"), (b"c", 3, "i3", "t", None, None,
-                                                                                     "proj.c")])
-    assert [(r["id"], r["task"], r["t"]) for r in q.events()] == [("i1", "proj.a", ""), ("i2", "", ""),
-                                                                   ("i3", "proj.c", "t")]
+    q.insert_many(
+        [(b"a", 1, "i1", None, None, None, "proj.a"), (b"b", 2, "i2"), (b"c", 3, "i3", "t", None, None, "proj.c")]
+    )
+    assert [(r["id"], r["task"], r["t"]) for r in q.events()] == [
+        ("i1", "proj.a", ""),
+        ("i2", "", ""),
+        ("i3", "proj.c", "t"),
+    ]
 
 
 def test_a_repeated_publish_logs_nothing(redis_client, key_prefix):
@@ -221,15 +243,18 @@ def test_event_reader_range_and_count(redis_client, key_prefix):
     assert [r["id"] for r in q.events(start=rows[1]["sid"], end=rows[2]["sid"])] == ["i1", "i2"]
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda q: q.events(count=0), "count"),
-    (lambda q: q.events(count="5"), "count"),
-    (lambda q: q.set_event_log(-1), "event_log"),
-    (lambda q: q.set_event_log(1.5), "event_log"),
-    (lambda q: q.insert(b"x", 1, task=5), "task"),
-    (lambda q: q.pause(tenant=5), "tenant"),
-    (lambda q: q.pause(tenant=""), "tenant"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda q: q.events(count=0), "count"),
+        (lambda q: q.events(count="5"), "count"),
+        (lambda q: q.set_event_log(-1), "event_log"),
+        (lambda q: q.set_event_log(1.5), "event_log"),
+        (lambda q: q.insert(b"x", 1, task=5), "task"),
+        (lambda q: q.pause(tenant=5), "tenant"),
+        (lambda q: q.pause(tenant=""), "tenant"),
+    ],
+)
 def test_bad_input_is_named_and_writes_nothing(redis_client, key_prefix, call, match):
     q = q_of(redis_client, key_prefix, fair=True)
     with pytest.raises(ValueError, match=match):
@@ -265,8 +290,17 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
     with pytest.raises(Exception):
         q.insert_many([(b"y", 1)] * 9)  # 3 waiting + 9 > 10: refused_full 9, nothing stored
     assert q.size() == 2
-    assert q.counters() == {"enqueued": 6, "delivered": 5, "redelivered": 2, "acked": 2, "requeued": 1,
-                            "lease_expired": 1, "dead_lettered": 1, "removed": 1, "refused_full": 9}
+    assert q.counters() == {
+        "enqueued": 6,
+        "delivered": 5,
+        "redelivered": 2,
+        "acked": 2,
+        "requeued": 1,
+        "lease_expired": 1,
+        "dead_lettered": 1,
+        "removed": 1,
+        "refused_full": 9,
+    }
     assert q.tenant_deliveries() == {}
 
 
@@ -407,9 +441,16 @@ def test_switches_survive_mode_adoption_and_migration(redis_client, key_prefix):
 
 def test_uuid_ids_are_logged_as_their_text(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix)
-    ids = ["ffffffff-ffff-ffff-ffff-ffffffffffff", "80000000-8000-8000-8000-800000000000",
-           "00000000-0000-0000-0000-000000000000", str(uuid.uuid4()), "\x01odd", "\x02odd", "plain"]
+    ids = [
+        "ffffffff-ffff-ffff-ffff-ffffffffffff",
+        "80000000-8000-8000-8000-800000000000",
+        "00000000-0000-0000-0000-000000000000",
+        str(uuid.uuid4()),
+        "\x01odd",
+        "\x02odd",
+        "plain",
+    ]
     for i in ids:
         q.insert(b"x", 1, id=i)
     dup = q.insert(b"x", 1, id=ids[0])  # a duplicate id "<uuid>~<seq>"
-    assert [r["id"] for r in q.events()] == ids + [dup]
+    assert [r["id"] for r in q.events()] == [*ids, dup]

@@ -36,7 +36,18 @@ def fairness_state_is_empty(client, q):
     """No tenant state left, and no pointer left in the priority index: a fair pop drops the
     stale pointers at the front of the lists it served from."""
     k = q.keys
-    return client.exists(k.tenant_entries, k.tenant_schedule, k.tenant_states, k.tenant_counts, k.rate_parked, k.priority_index, *k.levels()) == 0
+    return (
+        client.exists(
+            k.tenant_entries,
+            k.tenant_schedule,
+            k.tenant_states,
+            k.tenant_counts,
+            k.rate_parked,
+            k.priority_index,
+            *k.levels(),
+        )
+        == 0
+    )
 
 
 def test_equal_weights_round_robin(redis_client, key_prefix):

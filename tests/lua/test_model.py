@@ -47,8 +47,14 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from celery_pq import EntryNotFound, NotWaiting, PriorityQueue
 from celery_pq.ids import decode_id, encode_id
@@ -60,8 +66,12 @@ SKIPPABLE = {"corrupt", "mode", "publish_id", "dead_of_dead", "wake", "stale_bou
 SKIP = {s for s in os.environ.get("PQ_MODEL_SKIP", "").split(",") if s}
 assert SKIP <= SKIPPABLE, f"PQ_MODEL_SKIP names unknown rules or checks: {sorted(SKIP - SKIPPABLE)}"
 
-_common = dict(deadline=None, database=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+_common = dict(
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
 settings.register_profile("ci", max_examples=80, stateful_step_count=40, **_common)
 settings.register_profile("soak", max_examples=60, stateful_step_count=120, **_common)
 
@@ -152,9 +162,9 @@ class Fair:
 
     def left(self, level: int) -> None:
         """A waiting entry left the level: if none is left there, V moves up to M."""
-        if not any(e.state == "waiting" and self.level(e.rank) == level for e in self.m.entries.values()):
-            if level in self.M:
-                self.V[level] = self.M[level]
+        still_waiting = any(e.state == "waiting" and self.level(e.rank) == level for e in self.m.entries.values())
+        if not still_waiting and level in self.M:
+            self.V[level] = self.M[level]
 
     def release(self, t: str) -> None:
         self.c[t] -= 1
@@ -222,12 +232,22 @@ class QueueMachine(RuleBasedStateMachine):
         self.mode_kwargs: dict = {}
 
     # -- set-up ---------------------------------------------------------------------------------
-    @initialize(order=st.sampled_from(["higher_first", "lower_first"]), technique=st.sampled_from(["T", "S"]),
-                max_deliveries=st.sampled_from([0, 2, 3]))
+    @initialize(
+        order=st.sampled_from(["higher_first", "lower_first"]),
+        technique=st.sampled_from(["T", "S"]),
+        max_deliveries=st.sampled_from([0, 2, 3]),
+    )
     def make_queue(self, order, technique, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, technique=technique)
-        self.q = PriorityQueue(self.client, self.name, key_prefix=self.prefix, lease_seconds=LEASE_SECONDS,
-                               max_deliveries=max_deliveries, event_log=EVENT_CAP, **self.mode_kwargs)
+        self.q = PriorityQueue(
+            self.client,
+            self.name,
+            key_prefix=self.prefix,
+            lease_seconds=LEASE_SECONDS,
+            max_deliveries=max_deliveries,
+            event_log=EVENT_CAP,
+            **self.mode_kwargs,
+        )
 
     def teardown(self):
         try:
@@ -247,8 +267,13 @@ class QueueMachine(RuleBasedStateMachine):
         assert len(events) < EVENT_CAP  # nothing trimmed: every event of the run is there
         kinds = Counter(e["e"] for e in events)
         c = self.q.counters()
-        assert (kinds["enqueue"], kinds["deliver"], kinds["ack"], kinds["requeue"], kinds["dead"]) == \
-            (c["enqueued"], c["delivered"], c["acked"], c["requeued"], c["dead_lettered"]), (kinds, c)
+        assert (kinds["enqueue"], kinds["deliver"], kinds["ack"], kinds["requeue"], kinds["dead"]) == (
+            c["enqueued"],
+            c["delivered"],
+            c["acked"],
+            c["requeued"],
+            c["dead_lettered"],
+        ), (kinds, c)
         assert sum(1 for e in events if e["e"] == "deliver" and e["n"] > 1) == c["redelivered"]
         assert sum(1 for e in events if e["e"] == "remove" and e["r"] != "dead_dropped") == c["removed"]
         assert kinds["expire"] <= c["lease_expired"]
@@ -345,8 +370,17 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 assert eid == given, f"insert of free id {given!r} returned {eid!r}"
         self.seq += 1
-        e = MEntry(eid, given, payload, self.rank(priority), self.seq, escape_tenant(tenant or ""), "delayed",
-                   due=due, short=short)
+        e = MEntry(
+            eid,
+            given,
+            payload,
+            self.rank(priority),
+            self.seq,
+            escape_tenant(tenant or ""),
+            "delayed",
+            due=due,
+            short=short,
+        )
         self.entries[eid] = e
         if not due:
             self.join_back(e)
@@ -360,8 +394,12 @@ class QueueMachine(RuleBasedStateMachine):
         return {"past": (now - 1000, False), "short": (now + SHORT_MS, True), "long": (now + LONG_MS, False)}[when]
 
     # -- inserts --------------------------------------------------------------------------------
-    @rule(given=st.sampled_from(IDS), priority=st.sampled_from(PRIORITIES), tenant=st.sampled_from(TENANTS),
-          when=st.sampled_from(["now", "now", "now", "past", "short", "long", "delay"]))
+    @rule(
+        given=st.sampled_from(IDS),
+        priority=st.sampled_from(PRIORITIES),
+        tenant=st.sampled_from(TENANTS),
+        when=st.sampled_from(["now", "now", "now", "past", "short", "long", "delay"]),
+    )
     def insert(self, given, priority, tenant, when):
         payload = self.next_payload()
         if when == "delay":
@@ -374,8 +412,18 @@ class QueueMachine(RuleBasedStateMachine):
         eid = self.q.insert(payload, priority, id=given, tenant=tenant or None, due_ms=due_ms)
         self.add(eid, given, payload, priority, tenant, due_ms if (due_ms and when != "past") else 0, short)
 
-    @rule(items=st.lists(st.tuples(st.sampled_from(IDS), st.sampled_from(PRIORITIES), st.sampled_from(TENANTS),
-                                   st.sampled_from(["now", "now", "short", "long"])), min_size=0, max_size=12))
+    @rule(
+        items=st.lists(
+            st.tuples(
+                st.sampled_from(IDS),
+                st.sampled_from(PRIORITIES),
+                st.sampled_from(TENANTS),
+                st.sampled_from(["now", "now", "short", "long"]),
+            ),
+            min_size=0,
+            max_size=12,
+        )
+    )
     def insert_many(self, items):
         rows, meta = [], []
         for given, priority, tenant, when in items:
@@ -410,10 +458,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     def check_leases(self, got, want: list[MEntry], what: str) -> None:
         assert [x.id for x in got] == [e.eid for e in want], (
-            f"{what}: delivered {[x.id for x in got]}, the model expects {[e.eid for e in want]}")
+            f"{what}: delivered {[x.id for x in got]}, the model expects {[e.eid for e in want]}"
+        )
         for x, e in zip(got, want):
-            assert (x.payload, x.priority, x.tenant or "") == (e.payload, self.q.priority_of_rank(e.rank),
-                                                               e.tenant.replace("%2C", ",")), what
+            assert (x.payload, x.priority, x.tenant or "") == (
+                e.payload,
+                self.q.priority_of_rank(e.rank),
+                e.tenant.replace("%2C", ","),
+            ), what
             assert x.deliveries == e.d + 1, f"{what}: {x.id} delivered with count {x.deliveries}, expected {e.d + 1}"
             e.token = x.token
 
@@ -504,8 +556,12 @@ class QueueMachine(RuleBasedStateMachine):
     def stale_token_is_refused(self, i, op):
         eid, token = self.stale[i % len(self.stale)]
         lease = (eid, token)
-        got = {"ack": lambda: self.q.ack(lease), "extend": lambda: self.q.extend([lease])[0],
-               "requeue": lambda: self.q.requeue(lease), "dead_letter": lambda: self.q.dead_letter(lease)}[op]()
+        got = {
+            "ack": lambda: self.q.ack(lease),
+            "extend": lambda: self.q.extend([lease])[0],
+            "requeue": lambda: self.q.requeue(lease),
+            "dead_letter": lambda: self.q.dead_letter(lease),
+        }[op]()
         assert got in (False, None), f"{op} with the stale token of {eid!r} was accepted: {got!r}"
 
     # -- the sweep --------------------------------------------------------------------------------
@@ -515,8 +571,12 @@ class QueueMachine(RuleBasedStateMachine):
         if short:
             while redis_now_ms(self.client) <= max(short):
                 time.sleep(0.005)
-        expired = [e for e in self.leased() if e.token and self.client.zscore(self.q.keys.lease_deadlines, encode_id(e.eid))
-                   <= redis_now_ms(self.client)]
+        expired = [
+            e
+            for e in self.leased()
+            if e.token
+            and self.client.zscore(self.q.keys.lease_deadlines, encode_id(e.eid)) <= redis_now_ms(self.client)
+        ]
         cor = [e for e in self.state_of("corrupt") if e.was == "leased" and e.token]
         got = self.q.reclaim()
         for e in cor:  # a corrupted entry's expired lease ends too
@@ -534,10 +594,14 @@ class QueueMachine(RuleBasedStateMachine):
         for e in sorted(due, key=lambda e: (e.due, encode_id(e.eid))):
             self.join_back(e)
         extra = len(self.corrupt)  # corrupt entries the sweep reached go to the dead-letter queue
-        assert got["returned"] == len(expired) - dead and dead <= got["dead"] <= dead + extra and \
-            len(due) <= got["promoted"] <= len(due) + extra, (
-                f"reclaim gave {got}; the model expects {len(expired) - dead} returned, {dead} dead, "
-                f"{len(due)} promoted (corrupt entries: {extra})")
+        assert (
+            got["returned"] == len(expired) - dead
+            and dead <= got["dead"] <= dead + extra
+            and len(due) <= got["promoted"] <= len(due) + extra
+        ), (
+            f"reclaim gave {got}; the model expects {len(expired) - dead} returned, {dead} dead, "
+            f"{len(due)} promoted (corrupt entries: {extra})"
+        )
         return got
 
     @precondition(lambda self: self.state_of("leased"))
@@ -719,13 +783,17 @@ class QueueMachine(RuleBasedStateMachine):
         s = self.q.stats()
         malformed = self.malformed()
         assert (s["waiting"], s["delayed"], s["leased"], s["dead"]) == (
-            waiting + cor_waiting, len(self.state_of("delayed")) + len(cor_dz),
-            len(self.state_of("leased")) + len(cor_lt), len(self.dead) + malformed), s
+            waiting + cor_waiting,
+            len(self.state_of("delayed")) + len(cor_dz),
+            len(self.state_of("leased")) + len(cor_lt),
+            len(self.dead) + malformed,
+        ), s
         assert self.q.dead.size() == len(self.dead) + malformed
         total, maybe_removed = self.corrupt_counts()
         gone = total - len(cor_ii)
         assert gone - maybe_removed <= malformed <= gone, (
-            f"{malformed} malformed dead letters for {gone} corrupt entries that left the queue")
+            f"{malformed} malformed dead letters for {gone} corrupt entries that left the queue"
+        )
         if self.fair:
             te = {split_tenant_member(m)[3] for m in c.zrange(k.tenant_entries, 0, -1)}
             assert te - {encode_id(x) for x in cor_ii} == enc("waiting"), "the tenants' orders differ from waiting"
@@ -784,14 +852,16 @@ class QueueMachine(RuleBasedStateMachine):
             if any(lo <= r <= hi for r in ranks):
                 assert self.client.llen(k.view_wake(lo, hi)) >= 1, f"view {lo}..{hi} has work but no wake token"
         if self.dead:
-            assert self.client.llen(self.q.dead.keys.wake) >= 1, "dead letters wait but the dead queue's wake list is empty"
+            assert self.client.llen(self.q.dead.keys.wake) >= 1, (
+                "dead letters wait but the dead queue's wake list is empty"
+            )
 
     # -- the end: nothing stranded ----------------------------------------------------------------
     def drain_and_check(self):
         for _ in range(50):
             delayed = self.client.zrange(self.q.keys.delayed, 0, -1)
             if delayed:  # every delay is due now (on the Redis clock, 1970)
-                self.client.zadd(self.q.keys.delayed, {m: 0 for m in delayed})
+                self.client.zadd(self.q.keys.delayed, dict.fromkeys(delayed, 0))
                 for e in self.state_of("delayed"):
                     e.short, e.due = True, 0
             mine = self.leased() + [e for e in self.state_of("corrupt") if e.token]
@@ -801,8 +871,12 @@ class QueueMachine(RuleBasedStateMachine):
                 time.sleep(0.005)
             self.reclaim()
             self.pop_and_ack(1000, "drain")
-            if not self.state_of("waiting") and not self.state_of("delayed") and not self.state_of("leased") and \
-                    not self.client.hlen(self.q.keys.entries):
+            if (
+                not self.state_of("waiting")
+                and not self.state_of("delayed")
+                and not self.state_of("leased")
+                and not self.client.hlen(self.q.keys.entries)
+            ):
                 break
         self.q.purge()
         k = self.q.keys
@@ -811,15 +885,19 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.client.hlen(k.leases) == 0 and self.client.zcard(k.delayed) == 0
         assert self.pointers() == 0, "pointers left in the rank lists of an empty queue"
         if self.fair:
-            assert self.client.exists(k.tenant_entries, k.tenant_schedule, k.tenant_states, k.tenant_counts) == 0, "tenant state left in an empty queue"
+            assert self.client.exists(k.tenant_entries, k.tenant_schedule, k.tenant_states, k.tenant_counts) == 0, (
+                "tenant state left in an empty queue"
+            )
         dead = self.q.dead.peek(10_000)
         assert sorted((x.payload, x.dead_reason) for x in dead if x.dead_reason != "malformed") == sorted(
-            (p, r) for _, _, p, r in self.dead)
+            (p, r) for _, _, p, r in self.dead
+        )
         malformed = len(dead) - len(self.dead)
         total, maybe_removed = self.corrupt_counts()
         must = total - maybe_removed
         assert must <= malformed <= total, (
-            f"{malformed} malformed dead letters for {total} corrupt entries ({must} not removed)")
+            f"{malformed} malformed dead letters for {total} corrupt entries ({must} not removed)"
+        )
 
 
 class FairMachine(QueueMachine):
@@ -827,14 +905,25 @@ class FairMachine(QueueMachine):
 
     fair = True
 
-    @initialize(scope=st.sampled_from(["within_priority", "tenant_first"]),
-                order=st.sampled_from(["higher_first", "lower_first"]), conc=st.sampled_from([0, 0, 1, 2]),
-                max_deliveries=st.sampled_from([0, 3]))
+    @initialize(
+        scope=st.sampled_from(["within_priority", "tenant_first"]),
+        order=st.sampled_from(["higher_first", "lower_first"]),
+        conc=st.sampled_from([0, 0, 1, 2]),
+        max_deliveries=st.sampled_from([0, 3]),
+    )
     def make_queue(self, scope, order, conc, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, fair_scope=scope)
-        self.q = PriorityQueue(self.client, self.name, key_prefix=self.prefix, lease_seconds=LEASE_SECONDS,
-                               max_deliveries=max_deliveries, fair=True, tenant_concurrency=conc or None,
-                               event_log=EVENT_CAP, **self.mode_kwargs)
+        self.q = PriorityQueue(
+            self.client,
+            self.name,
+            key_prefix=self.prefix,
+            lease_seconds=LEASE_SECONDS,
+            max_deliveries=max_deliveries,
+            fair=True,
+            tenant_concurrency=conc or None,
+            event_log=EVENT_CAP,
+            **self.mode_kwargs,
+        )
         self.fq = Fair(self, scope == "within_priority", conc)
 
     def expect_pop(self, count, view):
@@ -876,7 +965,8 @@ class FairMachine(QueueMachine):
                 if t not in present:
                     tags = sum(1 for x in fv if x.startswith("F:"))
                     assert v > fv.get(f"V:{level}", 0) or tags <= 4 * (len(TENANTS) + 1), (
-                        f"finish tag {f}={v} of a tenant that left, behind V={fv.get(f'V:{level}')}")
+                        f"finish tag {f}={v} of a tenant that left, behind V={fv.get(f'V:{level}')}"
+                    )
 
 
 class CorruptMachine(QueueMachine):

@@ -2,8 +2,8 @@
 queue.pop_with_acks (several queues' acks, one pop, one round trip) and queue.ack_all."""
 
 from celery_pq import PriorityQueue
-from celery_pq.queue import running as queue_module
 from celery_pq.errors import ErrorCode
+from celery_pq.queue import running as queue_module
 
 
 def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
@@ -25,11 +25,13 @@ def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(redis_client
     [held_a], [held_b] = a.pop(1), b.pop(1)
     trips = []
     run_calls = queue_module.run_calls
-    monkeypatch.setattr(queue_module, "run_calls", lambda client, calls: trips.append(len(calls)) or
-                        run_calls(client, calls))
+    monkeypatch.setattr(
+        queue_module, "run_calls", lambda client, calls: trips.append(len(calls)) or run_calls(client, calls)
+    )
     # When the second queue pops with both leases acked
-    leases, codes = queue_module.pop_with_acks(b, 1, acks={a: [(held_a.id, held_a.token)],
-                                                            b: [(held_b.id, held_b.token)]})
+    leases, codes = queue_module.pop_with_acks(
+        b, 1, acks={a: [(held_a.id, held_a.token)], b: [(held_b.id, held_b.token)]}
+    )
     # Then both acks and the pop went in one round trip (b's ack inside its pop script)
     assert trips == [2]
     assert [lease.id for lease in leases] == ["b2"]

@@ -238,7 +238,15 @@ def test_reclaim_returns_expired_and_dead_letters_after_max_deliveries(redis_cli
         assert lease.deliveries == expected
         time.sleep(0.05)
         res = q.reclaim()
-    assert res == {"returned": 0, "dead": 1, "skipped": False, "more": False, "promoted": 0, "dead_dropped": 0, "restored": 0}
+    assert res == {
+        "returned": 0,
+        "dead": 1,
+        "skipped": False,
+        "more": False,
+        "promoted": 0,
+        "dead_dropped": 0,
+        "restored": 0,
+    }
     assert q.size() == 0 and q.stats()["dead"] == 1
     [dead] = q.dead.peek()
     assert dead.id == "a" and dead.dead_reason == "max_deliveries" and dead.priority == 9
@@ -292,7 +300,14 @@ def test_duplicate_ids_are_both_kept_and_acked_independently(q, redis_client):
     assert q.ack(second) is True
     # only the sequence counter, the mode record, the window of publish ids and the counters remain
     left = {k for k in q.keys.all() if redis_client.exists(k)}
-    assert left <= {q.keys.sequence, q.keys.mode, q.keys.publish_ids, q.keys.publish_ids_before, q.keys.publish_window, q.keys.counters}, left
+    assert left <= {
+        q.keys.sequence,
+        q.keys.mode,
+        q.keys.publish_ids,
+        q.keys.publish_ids_before,
+        q.keys.publish_window,
+        q.keys.counters,
+    }, left
     assert redis_client.hlen(q.keys.duplicates) == 0
 
 
@@ -527,8 +542,9 @@ def test_scripts_run_as_functions_of_one_library_loaded_once(fresh_redis):
 def test_a_user_who_may_not_load_functions_gets_the_same_scripts_by_evalsha(fresh_redis):
     # Given a Redis user allowed everything but FUNCTION
     with fresh_redis.client() as admin:
-        admin.acl_setuser("nofn", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                          commands=["+@all", "-function"])
+        admin.acl_setuser(
+            "nofn", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-function"]
+        )
     client = redis.Redis(port=fresh_redis.port, username="nofn", password="pw")
     q = PriorityQueue(client, "nofn")
     # When it inserts, pops and acks

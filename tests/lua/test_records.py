@@ -76,11 +76,29 @@ def test_records_written_in_python_read_by_the_scripts(redis_client, tenant):
     member = R.join_tenant_member(tenant, 200, C.SEQ_SPAN - 2, eid)
     got = redis_client.eval(compose(_LUA), 0, entry, lease, pointer, member, tenant)
     assert got == [
-        b"2", b"%d" % score, tenant, b"d", b"why@1700000000123@4", b"1700000000000", PAYLOAD,
-        b"tok.1", b"host:1:ab", b"%d" % score, b"3", b"d", tenant,
-        b"%d" % (C.SEQ_SPAN - 2), eid,
-        200, b"%d" % (C.SEQ_SPAN - 2), eid,
-        entry, lease, pointer, member, R.join_dead_note("why", 1700000000123, 4),
+        b"2",
+        b"%d" % score,
+        tenant,
+        b"d",
+        b"why@1700000000123@4",
+        b"1700000000000",
+        PAYLOAD,
+        b"tok.1",
+        b"host:1:ab",
+        b"%d" % score,
+        b"3",
+        b"d",
+        tenant,
+        b"%d" % (C.SEQ_SPAN - 2),
+        eid,
+        200,
+        b"%d" % (C.SEQ_SPAN - 2),
+        eid,
+        entry,
+        lease,
+        pointer,
+        member,
+        R.join_dead_note("why", 1700000000123, 4),
     ]
 
 
@@ -96,8 +114,13 @@ def test_an_entry_and_lease_written_in_python_are_served_by_the_scripts(redis_cl
     redis_client.zadd(k.priority_index, {rank: rank})
     # When it is popped, it comes back as written
     [lease] = q.pop(1)
-    assert (lease.id, lease.payload, lease.priority, lease.deliveries, lease.enqueued_ms) == \
-        ("hand", PAYLOAD, 9, 2, 1700000000000)
+    assert (lease.id, lease.payload, lease.priority, lease.deliveries, lease.enqueued_ms) == (
+        "hand",
+        PAYLOAD,
+        9,
+        2,
+        1700000000000,
+    )
     # and a lease record written by hand is honoured by extend and ack
     redis_client.hset(k.leases, eid, R.join_lease(R.LeaseRecord("mine", "c", s, 2, b"", b"")))
     assert q.extend([("hand", "mine")], 30) == [True]

@@ -18,7 +18,9 @@ def kill(q, n=1, reason="boom"):
 
 
 def level(client, q, priority):
-    return [(seq, decode_id(eid)) for seq, eid in map(split_pointer, client.lrange(q.keys.level(q.rank(priority)), 0, -1))]
+    return [
+        (seq, decode_id(eid)) for seq, eid in map(split_pointer, client.lrange(q.keys.level(q.rank(priority)), 0, -1))
+    ]
 
 
 def test_replay_moves_the_entry_back_with_deliveries_reset(q, redis_client):

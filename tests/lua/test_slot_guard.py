@@ -37,10 +37,11 @@ def _work(q):
         q.insert(b"a", 3, id="a")
         q.insert_many([(b"b", 1), (b"c", 2)])
         got = q.pop(3)
-        assert [x.id for x in got][0] == "a"
+        assert next(x.id for x in got) == "a"
         assert q.ack_many(got) == [True, True, True]
         q.reclaim()
         assert q.stats()["waiting"] == 0
+
     return ops
 
 
@@ -52,7 +53,8 @@ def test_a_queue_on_one_redis_runs_no_guard(redis_server, redis_client, key_pref
 
 
 def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the_same(
-        redis_server, redis_client, key_prefix):
+    redis_server, redis_client, key_prefix
+):
     q = PriorityQueue(redis_client, "g2", key_prefix=key_prefix)
     q.context = "~" + q.context  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
     # insert, insert_many, pop, ack_many, reclaim, ...: one guard read per script call

@@ -22,7 +22,8 @@ def test_header_lists_keys_args_and_returns(name):
     documented = set()
     open_from = None
     for lo, hi, dots in re.findall(r"^-- KEYS\[(\d+)(?:\.\.(\d*))?\]", text, re.M) and [
-        (m.group(1), m.group(2), m.group(0).endswith("..]")) for m in re.finditer(r"^-- KEYS\[(\d+)(?:\.\.(\d*))?\]", text, re.M)
+        (m.group(1), m.group(2), m.group(0).endswith("..]"))
+        for m in re.finditer(r"^-- KEYS\[(\d+)(?:\.\.(\d*))?\]", text, re.M)
     ]:
         if hi:
             documented |= set(range(int(lo), int(hi) + 1))
@@ -112,14 +113,47 @@ def test_argv_is_named_in_the_header_one_line_each(name):
 
 def test_signature_args_lays_out_argv_from_names():
     pop = signature("pop")
-    given = {"lease_ms": 1, "consumer": "c", "token_base": "b", "count": 3, "stale_budget": 4, "lo": 0, "hi": 255,
-             "take_hi": 9}
-    assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [1, "c", "b", 3, 4, 0, 255, 9, 2,
-                                                                          "e1", "t1", "e2", "t2", "x"]
+    given = {
+        "lease_ms": 1,
+        "consumer": "c",
+        "token_base": "b",
+        "count": 3,
+        "stale_budget": 4,
+        "lo": 0,
+        "hi": 255,
+        "take_hi": 9,
+    }
+    assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [
+        1,
+        "c",
+        "b",
+        3,
+        4,
+        0,
+        255,
+        9,
+        2,
+        "e1",
+        "t1",
+        "e2",
+        "t2",
+        "x",
+    ]
     insert = signature("insert")
     head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
     assert insert.args(*"abcdefg", **head, views=["0,3", "4,9"], forget=["p"]) == [
-        0, 0, "v", 2, "0,3", "4,9", 1, "p", "0", *"abcdefg", "x"]
+        0,
+        0,
+        "v",
+        2,
+        "0,3",
+        "4,9",
+        1,
+        "p",
+        "0",
+        *"abcdefg",
+        "x",
+    ]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):
         insert.args(**head, nviews=0)
     with pytest.raises(TypeError, match="3 repeated values"):
@@ -146,14 +180,17 @@ def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
         pop.bind(nacks=1)
 
 
-@pytest.mark.parametrize("lines", [
-    "-- ARGV[2] b  skips ARGV[1]",
-    "-- ARGV[1] a  one\n-- ARGV[1] b  again",
-    "-- ARGV[1] a b  two names, not a group",
-    "-- ARGV[1] n  count\n-- ARGV[2..1+n] x y...  two per n, counted once",
-    "-- ARGV[1..] x...  the rest\n-- ARGV[2] a  after the rest",
-    "-- ARGV[0] ctx  not named context",
-])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        "-- ARGV[2] b  skips ARGV[1]",
+        "-- ARGV[1] a  one\n-- ARGV[1] b  again",
+        "-- ARGV[1] a b  two names, not a group",
+        "-- ARGV[1] n  count\n-- ARGV[2..1+n] x y...  two per n, counted once",
+        "-- ARGV[1..] x...  the rest\n-- ARGV[2] a  after the rest",
+        "-- ARGV[0] ctx  not named context",
+    ],
+)
 def test_a_header_out_of_the_forms_is_refused(monkeypatch, lines):
     from celery_pq.scripts import headers
 
