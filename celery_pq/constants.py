@@ -66,7 +66,7 @@ SPIN_BACKOFF_MAX = 1024
 #: socket_timeout). redis-py and kombu wait forever by default, so a connection that went silent
 #: (half-open: NAT, a firewall, a vanished host) holds a worker for good. 30 s is far above any
 #: script's run time and below the default lease less its renewal interval (60 - 20 s), so a
-#: worker leaves a silent connection before its leases could run out; with a shorter lease the
+#: worker leaves a silent connection before its leases could expire; with a shorter lease the
 #: default is lease_seconds - renew_interval, and a longer socket_timeout is refused. A blocking
 #: wait does not count: the poller reads it only once it is readable.
 SOCKET_TIMEOUT = 30.0

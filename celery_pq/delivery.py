@@ -77,13 +77,13 @@ class QoS(virtual.QoS):
             try:
                 channel.deliveries.give_back(tag)
             except channel.transport.connection_errors:
-                lost_link += 1  # still leased in Redis: the lease runs out and it comes back
+                lost_link += 1  # still leased in Redis: the lease expires and it comes back
             except Exception as exc:
                 errors.append((exc, message))
         if lost_link:
             logger.warning(
                 "celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
-                "their leases run out and they are delivered again",
+                "their leases expire and they are delivered again",
                 lost_link,
             )
         kept = channel.leases.holding(keep)
@@ -204,7 +204,7 @@ class Deliveries:
         if held is None:
             return
         shard, eid = held  # the shard it came from, for a sharded queue
-        if shard.is_dead:  # a dead-letter queue has none of its own: the lease runs out, it stays
+        if shard.is_dead:  # a dead-letter queue has none of its own: the lease expires, it stays
             logger.error(
                 "celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
                 eid,
@@ -245,7 +245,7 @@ class Deliveries:
         q, eid = held
         result = q.requeue((eid, tag)) if requeue else q.dead_letter((eid, tag), "rejected")
         if result is None:
-            logger.warning("celery-pq: reject of %s in %r came after its lease ran out", eid, q.name)
+            logger.warning("celery-pq: reject of %s in %r came after its lease expired", eid, q.name)
         self.channel.waits.need_pop = True
 
     def give_back(self, tag: str) -> None:
@@ -261,7 +261,7 @@ class Deliveries:
         except self.channel.transport.connection_errors:
             logger.warning(
                 "celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
-                "their leases run out and they are delivered again",
+                "their leases expire and they are delivered again",
                 len(tags),
             )
 

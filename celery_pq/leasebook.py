@@ -163,7 +163,7 @@ class LeaseBook:
                     # an ack sent again after the reply to its first sending was lost
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue
-                logger.warning("celery-pq: ack of %s in %r came after its lease ran out; it may run again", eid, q.name)
+                logger.warning("celery-pq: ack of %s in %r came after its lease expired; it may run again", eid, q.name)
         return result
 
 

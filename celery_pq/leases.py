@@ -3,7 +3,7 @@ expired ones back to their queues.
 
 It runs beside whatever the process is doing (a solo-pool task can block the main thread for
 longer than a lease), so a live process never loses a lease, and dies with the process, so a
-killed process's leases run out. Sweeping is throttled in Redis (a guard key per queue), so
+killed process's leases expire. Sweeping is throttled in Redis (a guard key per queue), so
 however many consumers run, each queue is swept about once per ``sweep_interval``.
 
 A failed renewal is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX, not after
@@ -49,7 +49,7 @@ _REFUSALS = {
 def gap_seconds(options) -> float:
     """How long without any sweep of a queue means nobody could reach Redis (it was paused,
     down or unreachable) rather than a slow sweeper: two sweep intervals, at least 1 s, and at
-    most half a lease, so that a pause long enough to let leases run out (over a lease, the
+    most half a lease, so that a pause long enough to let leases expire (over a lease, the
     last renewal having been at most a third of a lease earlier) is always seen as a gap."""
     return min(options.lease_seconds / 2, max(2 * options.sweep_interval, 1.0))
 
@@ -131,7 +131,7 @@ class LeaseKeeper(threading.Thread):
         if refusal:
             logger.error(
                 "celery-pq lease keeper: Redis refuses writes (%s) while %s: leases are not renewed and "
-                "run out, and their tasks may run twice. Redis said: %s",
+                "expire, and their tasks may run twice. Redis said: %s",
                 refusal,
                 what,
                 exc,

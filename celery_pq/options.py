@@ -355,7 +355,7 @@ class Options:
         """renew_interval (a third of the lease when not given), then the checks that leases
         outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
         take at most lease_seconds - renew_interval (a renewal stuck on a silent connection for
-        longer would let its leases run out); the default socket_timeout is lowered to fit."""
+        longer would let its leases expire); the default socket_timeout is lowered to fit."""
         keep = object.__setattr__
         lease, margin = self.lease_seconds, C.RENEW_MARGIN
         given = self.renew_interval is not None
@@ -367,7 +367,7 @@ class Options:
             if given:
                 raise ConfigError(
                     f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
-                    f"({renew + margin:g}), got renew_interval {renew!r}: leases would run out "
+                    f"({renew + margin:g}), got renew_interval {renew!r}: leases would expire "
                     "before a renewal got through"
                 )
             raise ConfigError(
@@ -383,7 +383,7 @@ class Options:
             raise ConfigError(
                 f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
                 f"= {room:g} s), got {self.socket_timeout!r}{forever}: a renewal waiting longer on a "
-                "silent connection would let the leases run out"
+                "silent connection would let the leases expire"
             )
 
     @classmethod

@@ -281,7 +281,7 @@ class Channel(virtual.Channel):
             try:
                 self.leases.flush()
             except Transport.connection_errors:
-                pass  # still leased in Redis: the leases run out and the messages come back
+                pass  # still leased in Redis: the leases expire and the messages come back
             self.leases.closed = True  # acks from now on wait for the keeper
             super().close()
         finally:

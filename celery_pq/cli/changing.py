@@ -81,7 +81,7 @@ def replay(ctx, queue, task_ids, everything):
 @click.argument("queues", nargs=-1)
 def recover(ctx, consumer, queues):
     """Return every lease CONSUMER holds (a crashed worker's) at once, without waiting for the
-    leases to run out; in QUEUES, or in every declared queue."""
+    leases to expire; in QUEUES, or in every declared queue."""
     if not consumer.strip():
         raise click.BadParameter("must name a consumer", param_hint="--consumer")
     total = {"returned": 0, "dead": 0}

@@ -1,5 +1,5 @@
 -- ack: the leased entries are Done and are deleted (BQF MarkAsDone, with clean-up at once).
--- Each lease token is checked, so a late ack from a consumer whose lease ran out cannot
+-- Each lease token is checked, so a late ack from a consumer whose lease expired cannot
 -- delete the copy now delivered to another consumer. On a fair queue the tenant's lease
 -- count drops, and a tenant parked at its concurrency cap is scheduled again. Counts acked;
 -- logs ack.

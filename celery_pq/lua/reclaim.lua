@@ -69,9 +69,9 @@ local now = now_ms()
 local gap_ms = tonumber(ARGV[5]) or 0
 local restored = 0
 if consumer == '' then
-  -- A lease runs out only if its holder could have renewed it: after a gap in which no sweep
+  -- A lease expires only if its holder could have renewed it: after a gap in which no sweep
   -- ran (so no renewal could reach Redis either, when the gap is Redis's own pause or outage),
-  -- a lease that ran out during the gap gets the time it had left, and its holder a chance to
+  -- a lease that expired during the gap gets the time it had left, and its holder a chance to
   -- renew it, instead of every task being delivered again the instant Redis answers.
   local sw = key_of('sw')
   local last = tonumber(redis.call('GET', sw) or '')

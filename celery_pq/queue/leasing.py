@@ -1,5 +1,5 @@
 """What becomes of a lease: ack (done), extend (renewed), requeue (given back), dead_letter
-(given up), and the sweep that returns the leases that ran out (reclaim)."""
+(given up), and the sweep that returns the leases that expired (reclaim)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class QueueLeases(QueueBase):
 
         With ``guard_seconds`` > 0, runs only if no other caller swept in that interval. With
         ``gap_seconds`` > 0, a sweep that comes more than that long after the last one (Redis
-        was paused or down) first gives each lease that ran out in between the time it had left
+        was paused or down) first gives each lease that expired in between the time it had left
         (``restored``), so that its holder can renew it; at least ``restore_seconds`` from now
         (pass the lease length: the deadline then counts from now, when the holder can reach
         Redis again).

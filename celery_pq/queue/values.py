@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 #: The counters the scripts keep in a queue's hash ct (``PriorityQueue.counters``): entries
 #: stored, deliveries, deliveries of an entry delivered before, acks, leases given back by a
-#: consumer (or returned from a recovered consumer), leases that ran out, entries moved to the
+#: consumer (or returned from a recovered consumer), leases that expired, entries moved to the
 #: dead-letter queue, entries removed (by id, purge, remove_highest), entries of insert calls
 #: refused by max_length or max_length_per_tenant.
 COUNTERS = (
