@@ -157,9 +157,7 @@ def stored_item(
     headers = message.get("headers") or {}
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
-    if isinstance(props, dict) and ("delivery_tag" in props or STAMP in props):
-        # each delivery gets its lease token as tag; the publish stamp is the publisher's alone
-        message = {**message, "properties": {k: v for k, v in props.items() if k not in _NOT_STORED}}
+    message = without_properties(message, NOT_STORED)
     return StoredItem(
         payload=serialized(queue, message, options),
         priority=priority,
@@ -171,8 +169,20 @@ def stored_item(
     )
 
 
-#: Message properties that are never stored.
-_NOT_STORED = frozenset(("delivery_tag", STAMP))
+#: Message properties that are never stored: the publish stamp is the publisher's alone, and
+#: each delivery gets its lease token as its delivery tag.
+NOT_STORED = frozenset(("delivery_tag", STAMP))
+#: Message properties that never leave the publisher (a fanout broadcast keeps its tag).
+NOT_SENT = frozenset((STAMP,))
+
+
+def without_properties(message: dict, names: frozenset) -> dict:
+    """``message`` without the properties ``names`` (the message itself when it has none of them:
+    the common case costs no copy)."""
+    props = message["properties"]
+    if not isinstance(props, dict) or names.isdisjoint(props):
+        return message
+    return {**message, "properties": {k: v for k, v in props.items() if k not in names}}
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from . import connections
 from .codec import Base64Body
 from .keys import fanout_channel
-from .messages import STAMP, PublishStamp, serialized, stored_item
+from .messages import NOT_SENT, PublishStamp, serialized, stored_item, without_properties
 
 if TYPE_CHECKING:
     from .transport import Channel
@@ -67,7 +67,7 @@ class Publisher:
         channel = self.channel
         client = channel.client
         publish = client.spublish if connections.is_cluster(client) else client.publish
-        props = {k: v for k, v in message["properties"].items() if k != STAMP}  # (the publisher's alone)
+        props = dict(without_properties(message, NOT_SENT)["properties"])
         props.setdefault("delivery_tag", channel._next_delivery_tag())  # each receiver's own
         publish(self.fanout_channel(exchange), serialized(exchange, {**message, "properties": props}, self.options))
 
