@@ -98,7 +98,7 @@ def stalled_worker(
             run.join_producers()
             result = run.finish(drain)
             logs = run.worker_logs()
-            result["late_acks_logged"] = logs.count("came after its lease ran out")
+            result["late_acks_logged"] = logs.count("came after its lease expired")
             return result
         finally:
             run.close()
@@ -376,14 +376,14 @@ def worker_partition(
             run.join_producers()
             result = run.finish(drain)
             logs = run.worker_logs()
-            result["late_acks_logged"] = logs.count("came after its lease ran out")
+            result["late_acks_logged"] = logs.count("came after its lease expired")
             # entries whose lease the partitioned worker was told it had lost: by a renewal or by an
             # ack refused by its token (an ack it had sent into the partition, whose entry it then
             # finds gone, is taken as done by that sending and not reported again)
             result["lost_leases_reported"] = len(
                 set(
                     re.findall(
-                        r"(?:lease|ack) of (\S+) in '[^']*' (?:was lost before renewal|came after its lease ran out)",
+                        r"(?:lease|ack) of (\S+) in '[^']*' (?:was lost before renewal|came after its lease expired)",
                         logs,
                     )
                 )

@@ -44,7 +44,7 @@ def real_run(client, prefix: str, queue: str = "work", *, entries: int = 300, se
     """A queue with its event log on, shared by tenants ``a`` (many, urgent), ``b`` and ``c`` with
     ``fair_scope="tenant_first"`` (so some deliveries pass over better-ranked entries of another
     tenant: rank errors), popped in batches by two consumers that ack most, give some back, let a
-    few leases run out, and dead-letter one; a few entries are removed before delivery."""
+    few leases expire, and dead-letter one; a few entries are removed before delivery."""
     rnd = random.Random(seed)
     q = PriorityQueue(
         client,
