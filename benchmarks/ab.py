@@ -147,6 +147,8 @@ def run_once(tree: Path, name: str, smoke: bool) -> tuple[dict, float, str]:
         imported = next((line[len(IMPORTED) :] for line in proc.stdout.splitlines() if line.startswith(IMPORTED)), "")
         if not Path(imported).resolve().is_relative_to(tree.resolve()):
             sys.exit(f"{name} on {tree} imported celery_pq from {imported or 'nowhere'}")
+        # recorded relative to its tree: the results name no machine's paths
+        imported = Path(imported).resolve().relative_to(tree.resolve()).as_posix()
         return json.loads((Path(out) / f"{name}.json").read_text()), seconds, imported
 
 
@@ -185,8 +187,8 @@ def markdown(data: dict) -> list[str]:
     lines = [
         f"# A/B of the benchmarks: {data['repeat']} repetition(s), the two trees alternated",
         "",
-        f"- before: {data['before']['tree']}, celery_pq from `{data['before']['celery_pq']}`",
-        f"- after: {data['after']['tree']}, celery_pq from `{data['after']['celery_pq']}`",
+        f"- before: {data['before']['tree']}, celery_pq from the tree's `{data['before']['celery_pq']}`",
+        f"- after: {data['after']['tree']}, celery_pq from the tree's `{data['after']['celery_pq']}`",
         "",
         "Each cell: median (min..max) over the repetitions. Verdict: the after median ratio within the "
         "before spread, or outside it on the better or worse side.",
