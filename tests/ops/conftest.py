@@ -4,6 +4,7 @@ test's key prefix, and ``run`` for the ``python -m celery_pq`` command line (cli
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from celery import Celery
@@ -31,10 +32,18 @@ class World:
     def queue(self, name="q", **kw) -> PriorityQueue:
         return PriorityQueue.open(self.client, name, key_prefix=self.prefix, **kw)
 
+    def broker_args(self) -> list[str]:
+        """The command line's way to this world's broker (``--broker``, ``--transport-options``)."""
+        return ["--broker", self.url, "--transport-options", json.dumps(self.options)]
+
+    def command(self, *args) -> list[str]:
+        """``python -m celery_pq ... ARGS`` as a subprocess's argv (for commands that serve)."""
+        return [sys.executable, "-m", "celery_pq", *self.broker_args(), *args]
+
     def run(self, *args, ok=True, input=None):
         result = CliRunner().invoke(
             main,
-            ["--broker", self.url, "--transport-options", json.dumps(self.options), *args],
+            [*self.broker_args(), *args],
             input=input,
             catch_exceptions=False,
         )

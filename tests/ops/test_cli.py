@@ -41,13 +41,7 @@ def test_stats_watch_refreshes(world):
     env = celery_env(ROOT)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "celery_pq",
-            "--broker",
-            world.url,
-            "--transport-options",
-            json.dumps(world.options),
+            *world.command(),
             "stats",
             "--watch",
             "0.2",

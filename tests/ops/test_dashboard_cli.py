@@ -7,7 +7,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -61,13 +60,7 @@ def test_python_m_celery_pq_dashboard_serves_the_stats_of_pq_stats(world, tmp_pa
     env = celery_env(ROOT)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "celery_pq",
-            "--broker",
-            world.url,
-            "--transport-options",
-            json.dumps(world.options),
+            *world.command(),
             "dashboard",
             "--port",
             "0",
@@ -98,13 +91,7 @@ def test_beyond_loopback_the_command_prints_a_token_the_state_needs(world, tmp_p
     env = celery_env(ROOT)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "celery_pq",
-            "--broker",
-            world.url,
-            "--transport-options",
-            json.dumps(world.options),
+            *world.command(),
             "dashboard",
             "--host",
             "0.0.0.0",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -50,13 +48,7 @@ def test_exporter_command_over_http(fair_world):
     env = celery_env(ROOT)
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "celery_pq",
-            "--broker",
-            w.url,
-            "--transport-options",
-            json.dumps(w.options),
+            *w.command(),
             "metrics",
             "--port",
             "0",  # on loopback by default
