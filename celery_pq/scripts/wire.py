@@ -184,6 +184,7 @@ _clock = time.perf_counter_ns
 #: not named here (a cluster's nodes, a client given to the queue API) take C.SPIN_WAIT_US.
 _spin: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SPIN_DEFAULT = C.SPIN_WAIT_US * 1000
+_SPIN_SLOW = C.SPIN_SLOW_US * 1000
 
 
 def set_spin_wait(pool, microseconds: float) -> None:
@@ -202,18 +203,27 @@ def _spin_recv(conn, sock, buf, spin_ns: int) -> int:
     if skip:
         conn._pq_spin_skip = skip - 1
         return 0
-    deadline = _clock() + spin_ns
+    start = _clock()
+    deadline = start + spin_ns
     while True:
         try:
             n = sock.recv_into(buf, 0, _DONTWAIT)
         except BlockingIOError:
             if _clock() < deadline:
                 continue
-            misses = conn._pq_spin_misses = getattr(conn, "_pq_spin_misses", 0) + 1
-            conn._pq_spin_skip = min(1 << misses, C.SPIN_BACKOFF_MAX)
+            _backed_off(conn)
             return 0
-        conn._pq_spin_misses = 0
+        if _clock() - start > _SPIN_SLOW:  # it came, but late: polling this long steals the CPU
+            _backed_off(conn)
+        else:
+            conn._pq_spin_misses = 0
         return n
+
+
+def _backed_off(conn) -> None:
+    """A missed (or late) poll: ``conn`` polls no more for the next 2, 4, .. C.SPIN_BACKOFF_MAX calls."""
+    misses = conn._pq_spin_misses = getattr(conn, "_pq_spin_misses", 0) + 1
+    conn._pq_spin_skip = min(1 << misses, C.SPIN_BACKOFF_MAX)
 
 
 def _lean_io(conn):
