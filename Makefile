@@ -1,6 +1,6 @@
 # celery-pq developer entry points.
 #
-#   make demo    install into .venv, then run the demo (examples/demo.py)
+#   make demo    install into .venv, then run the demo (python -m celery_pq.demo: celery_pq/demo/)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
 #   make lint    ruff check, ruff format --check (celery_pq tests benchmarks examples) and mypy
@@ -120,7 +120,7 @@ soak: install
 
 demo: $(BASE_STAMP)
 	@$(WITH_REDIS) \
-	$(VPY) -m examples.demo $(DEMO_ARGS)
+	$(VPY) -m celery_pq.demo $(DEMO_ARGS)
 
 # SPARK_DEMO_ARGS="--rows 2000" for a short run; the report lands in spark-demo/report.html
 spark-demo: install
