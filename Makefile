@@ -1,8 +1,12 @@
 # celery-pq developer entry points.
 #
-#   make demo    install into .venv, then run the demo (examples/demo.py)
+#   make demo    install into .venv, then run the demo (python -m celery_pq.demo: celery_pq/demo/)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
 #   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
+#   make release-check  the wheel and the sdist built (python -m build) and checked (twine check,
+#                scripts/check-dist.py: the Lua, py.typed, the dashboard in the wheel), the wheel
+#                installed into a fresh virtualenv and the demo run from it, with no source tree
+#                on the path (scripts/release-check.sh; about a minute)
 #   make lint    ruff check, ruff format --check (celery_pq tests benchmarks examples) and mypy
 #                (its configuration, like ruff's, in pyproject.toml); .ci/run runs it before the tests
 #   make peers   kombu's and Celery's own integration tests (from their source distributions,
@@ -51,7 +55,7 @@ BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
 SOAK_OUT    ?= $${TMPDIR:-/tmp}/celery-pq-soak
 
-.PHONY: all venv install redis lint test peers soak demo spark-demo bench profile clean
+.PHONY: all venv install redis lint test peers soak demo spark-demo bench profile clean release-check
 
 all: test
 
@@ -106,6 +110,12 @@ test: install
 	$(ENSURE_CHROMIUM) >/dev/null || echo "warning: the dashboard's browser test will fail (see above)" >&2; \
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
+# The release files as a user gets them: built, checked, installed into a clean virtualenv in a
+# temporary directory (never .venv), and the demo run from the installed wheel.
+release-check: install
+	@$(WITH_REDIS) \
+	bash scripts/release-check.sh $(VPY)
+
 # Each peer's own tests, unchanged, against pq://; the ones that cannot pass are listed with their
 # reasons in tests/peers/expected_failures.txt.
 peers: install
@@ -120,7 +130,7 @@ soak: install
 
 demo: $(BASE_STAMP)
 	@$(WITH_REDIS) \
-	$(VPY) -m examples.demo $(DEMO_ARGS)
+	$(VPY) -m celery_pq.demo $(DEMO_ARGS)
 
 # SPARK_DEMO_ARGS="--rows 2000" for a short run; the report lands in spark-demo/report.html
 spark-demo: install

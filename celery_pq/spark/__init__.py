@@ -34,14 +34,22 @@ from pathlib import Path
 
 # The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
 from .analyze import analyze
+from .workers import check_python_workers
 from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource
 
 __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 
 
-def register(spark) -> None:
+def register(spark, *, check_workers: bool = True) -> None:
     """Register the data sources with a SparkSession: the writer ``celery_pq`` and, when this
-    installation has it, the event-log reader. Calling it again is harmless."""
+    installation has it, the event-log reader. Calling it again is harmless.
+
+    First, once per SparkContext, a one-partition job asks Spark's Python workers whether they
+    can import celery_pq (they run ``PYSPARK_PYTHON``, not this interpreter): when they cannot,
+    ``ConfigError`` says so in one line naming the fix, instead of a ``ModuleNotFoundError`` at
+    the first write. ``check_workers=False`` skips the job."""
+    if check_workers:
+        check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
     try:
         from .events import EventsDataSource

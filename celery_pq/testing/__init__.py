@@ -2,8 +2,8 @@
 and the demo.
 
 As Celery ships ``celery.contrib.testing``, celery-pq ships this package so that its own test
-suite, ``benchmarks/`` and ``examples/demo.py`` (and an application's tests, if it likes) start
-Redis and Celery workers the same way. Nothing here is imported by the transport itself.
+suite, ``benchmarks/`` and the demo, ``celery_pq.demo`` (and an application's tests, if it likes),
+start Redis and Celery workers the same way. Nothing here is imported by the transport itself.
 
 Each ``RedisServer`` runs its own ``redis-server`` on a free port of 127.0.0.1, in a fresh
 temporary directory, with persistence off unless the caller asks for it; it is never the

@@ -19,7 +19,7 @@ def test_the_demo_passes_every_check_on_a_redis_server_of_its_own():
     env = celery_env(ROOT, PQ_REDIS_SERVER=find_redis_server())
     env.pop("PQ_DEMO_REDIS_URL", None)  # never the machine's Redis
     run = subprocess.run(
-        [sys.executable, "-m", "examples.demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=230
+        [sys.executable, "-m", "celery_pq.demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=230
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]

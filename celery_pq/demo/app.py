@@ -1,4 +1,4 @@
-"""The Celery app of ``make demo`` (``python -m examples.demo``), configured from the environment.
+"""The Celery app of the demo (``python -m celery_pq.demo``), configured from the environment.
 
 PQ_DEMO_BROKER   broker URL, e.g. ``pq://127.0.0.1:PORT/0``
 PQ_DEMO_OPTIONS  JSON of ``broker_transport_options`` (key_prefix, lease_seconds, ...)
@@ -7,7 +7,7 @@ PQ_DEMO_PREFIX   key prefix of the records (the demo deletes everything under it
 
 Run a worker of it with::
 
-    celery -A examples.demo_app worker -P solo -c 1 --prefetch-multiplier 1 -Q demo
+    celery -A celery_pq.demo.app worker -P solo -c 1 --prefetch-multiplier 1 -Q demo
 """
 
 import json

@@ -1,13 +1,14 @@
-"""``make demo``: a producer and real Celery workers (``examples.demo_app``) on Redis, showing
+"""``python -m celery_pq.demo`` (``make demo``): a producer and real Celery workers
+(``celery_pq.demo.app``) on Redis, showing
 
 1. priorities overtaking a backlog (strict priority, FIFO within a priority);
 2. a SIGKILLed worker's task coming back on another worker (lease recovery);
 3. a task longer than three leases running exactly once (lease renewal);
 4. fair delivery between tenants.
 
-Run from the repository root::
+Run it anywhere celery-pq is installed (nothing of the source tree is needed)::
 
-    python -m examples.demo
+    python -m celery_pq.demo
 
 Which Redis: ``$PQ_DEMO_REDIS_URL`` if set; else a private ``redis-server`` (``$PQ_REDIS_SERVER``
 or PATH) on a free port, stopped at the end (``celery_pq.testing.RedisServer``, as the tests and
@@ -41,13 +42,11 @@ from celery_pq.testing import (
     RedisServerError,
     WaitTimeout,
     WorkerProcess,
-    celery_env,
     find_redis_server,
     start_worker,
     wait_for,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "demo"
 LEASE = 3  # lease_seconds: short, so that recovery shows within the demo
 SWEEP = 0.5  # sweep_interval: expired leases are looked for this often
@@ -171,17 +170,18 @@ def find_or_start_redis():
             yield t
         return
     client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
+    local: str | None  # the version of a Redis on 6379, None when nothing answers there
     try:
-        version = redis_version(client)
+        local = redis_version(client)
     except redis.RedisError:
-        version = None
-    if version is not None:
+        local = None
+    if local is not None:
         url = "redis://127.0.0.1:6379/0"
         target = Target(
             url,
             broker_url_of(url),
             prefix,
-            f"the Redis{version} on 127.0.0.1:6379 (no redis-server binary found), keys under {prefix}* only",
+            f"the Redis{local} on 127.0.0.1:6379 (no redis-server binary found), keys under {prefix}* only",
         )
         with shared_redis(client, target) as t:
             yield t
@@ -201,13 +201,15 @@ class Part:
         self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
         self.redis = redis.Redis.from_url(target.url)
         self.queue = PriorityQueue(self.redis, QUEUE, key_prefix=self.prefix)
-        self.env = celery_env(
-            ROOT,
-            PQ_DEMO_BROKER=target.broker_url,
-            PQ_DEMO_OPTIONS=json.dumps(self.options),
-            PQ_DEMO_RECORD=target.url,
-            PQ_DEMO_PREFIX=self.prefix,
-        )
+        # the workers import celery_pq.demo.app as this process imports celery_pq: from the
+        # installation (or this process's PYTHONPATH), whatever their working directory
+        self.env = {
+            **os.environ,
+            "PQ_DEMO_BROKER": target.broker_url,
+            "PQ_DEMO_OPTIONS": json.dumps(self.options),
+            "PQ_DEMO_RECORD": target.url,
+            "PQ_DEMO_PREFIX": self.prefix,
+        }
         self.app = Celery("demo-producer", broker=target.broker_url, set_as_current=False)
         self.app.conf.broker_transport_options = self.options
         self.workers: list[WorkerProcess] = []
@@ -236,10 +238,10 @@ class Part:
         return [json.loads(x) for x in self.redis.lrange(f"{self.prefix}:demo:{kind}", 0, -1)]
 
     def worker(self, name) -> WorkerProcess:
-        """A worker of examples.demo_app, once it has recorded that it is ready."""
+        """A worker of celery_pq.demo.app, once it has recorded that it is ready."""
         proc = start_worker(
-            "examples.demo_app",
-            cwd=ROOT,
+            "celery_pq.demo.app",
+            cwd=self.logdir,
             env=self.env,
             name=name,
             queues=QUEUE,
@@ -409,7 +411,7 @@ def main(argv=None) -> int:
     import argparse
 
     argparse.ArgumentParser(
-        prog="python -m examples.demo",
+        prog="python -m celery_pq.demo",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],

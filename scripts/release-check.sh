@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# make release-check: the release files, built, checked, installed and run as a user would.
+#
+#   scripts/release-check.sh PYTHON
+#
+# PYTHON has `build` and `twine` (the [dev] extras: .venv/bin/python after make install). In a
+# temporary directory, removed at the end: `python -m build` makes the wheel and the sdist,
+# `twine check --strict` checks their metadata as PyPI would, scripts/check-dist.py checks what
+# they carry (every file of the package in the wheel: Lua, py.typed, the dashboard's page), then a
+# fresh virtualenv (not .venv) gets the WHEEL with its dependencies, and the demo runs from it
+# (python -m celery_pq.demo) in an empty directory with no PYTHONPATH: nothing of the source tree
+# is importable. The demo starts its own redis-server ($PQ_REDIS_SERVER, or PATH).
+set -euo pipefail
+py="${1:?usage: $0 PYTHON (a python with build and twine)}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+quietly="bash $root/scripts/quietly.sh"
+work="$(mktemp -d "${TMPDIR:-/tmp}/celery-pq-release.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+SECONDS=0
+
+cd "$root"
+$quietly "$work/build.log" "building the wheel and the sdist (python -m build)" \
+    "$py" -m build --outdir "$work/dist" .
+wheel="$(echo "$work"/dist/*.whl)"
+sdist="$(echo "$work"/dist/*.tar.gz)"
+"$py" -m twine check --strict "$wheel" "$sdist"
+"$py" scripts/check-dist.py "$wheel" "$sdist"
+
+$quietly "$work/pip.log" "installing $(basename "$wheel") into a fresh virtualenv" \
+    sh -c "'$py' -m venv '$work/venv' && '$work/venv/bin/python' -m pip install '$wheel'"
+mkdir "$work/run"
+cd "$work/run"
+# no PYTHONPATH and an empty working directory: celery_pq can only come from the wheel
+env -u PYTHONPATH -u PQ_DEMO_REDIS_URL "$work/venv/bin/python" -c '
+import sys, celery_pq
+where = celery_pq.__file__
+if not where.startswith(sys.prefix):
+    sys.exit(f"error: celery_pq was imported from {where}, not from the virtualenv {sys.prefix}")
+print(f"celery-pq {celery_pq.__version__} imported from the virtualenv'"'"'s site-packages")
+'
+env -u PYTHONPATH -u PQ_DEMO_REDIS_URL "$work/venv/bin/python" -m celery_pq.demo
+echo "release check passed in ${SECONDS} s: $(basename "$wheel") and $(basename "$sdist") built, checked, installed, demo run"
