@@ -130,4 +130,4 @@ def import_kombu(
             [[r["queue"], r["moved"], r["eta"], r["unacked_held"], r["staged"], r["repeats"]] for r in reports],
         ),
     ]
-    render.show(out)
+    render.show(*out)
