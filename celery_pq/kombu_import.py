@@ -26,7 +26,11 @@ twice:
 
 A run first inserts and releases what an earlier run left staged: a crash between 1 and 2 left
 it only there; a crash between 2 and 3 left it in both, and the insert of the rerun is then a
-repeat that stores nothing (if the rerun comes within ``dedupe_seconds`` of the crash).
+repeat that stores nothing. That holds while the queue remembers the publish id: within its
+``dedupe_seconds`` of the latest claim (kept in ``<queue>\x06\x16pq-import-at``). A rerun later
+than that releases the staged messages it finds in the queue, and stops at the others
+(``StagedUnknown``): each was either never inserted or inserted and delivered already, which
+only the operator can tell (``staged="insert"`` or ``"drop"`` then decides).
 
 The message keeps its body, headers and properties; its priority is mapped into 0..255 so
 that the queue serves it in kombu's order (``priority_map``), its tenant comes from the
@@ -36,6 +40,7 @@ that the queue serves it in kombu's order (``priority_map``), its tenant comes f
 from __future__ import annotations
 
 import json
+import time
 from bisect import bisect
 from collections import Counter
 from collections.abc import Iterable
@@ -45,6 +50,7 @@ from hashlib import blake2b
 import redis
 
 from . import constants as C
+from .errors import PQError
 from .messages import stored_item
 
 #: kombu's Redis transport defaults (kombu/transport/redis.py).
@@ -58,6 +64,24 @@ STAGING_SUFFIX = "pq-import"
 BATCH = 100
 #: Messages read per LRANGE of a dry run.
 READ_CHUNK = 1000
+#: Seconds of a claim's age held back from the dedupe window, for the clocks of two servers.
+CLOCK_MARGIN = 5.0
+
+
+class StagedUnknown(PQError, ValueError):
+    """Messages an interrupted import left staged longer ago than the queue's dedupe window
+    (or with the window off), none of them in the queue now: each was either never inserted, or
+    inserted and already delivered. ``queue``, ``task_ids``."""
+
+    def __init__(self, queue: str, task_ids: list[str]):
+        self.queue, self.task_ids = queue, task_ids
+        shown = ", ".join(task_ids[:10]) + (", ..." if len(task_ids) > 10 else "")
+        super().__init__(
+            f"queue {queue!r}: {len(task_ids)} message(s) left staged by an interrupted import longer ago than "
+            f"the queue's dedupe window, not in the queue now: inserted and run already, or never inserted "
+            f"(task ids {shown}); check them (the result backend, the workers' logs) and rerun with "
+            "--staged insert (to run them) or --staged drop (they ran)"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,6 +100,10 @@ class KombuLayout:
 
     def staging_key(self, queue: str) -> str:
         return f"{self.global_keyprefix}{queue}{self.sep}{STAGING_SUFFIX}"
+
+    def claimed_at_key(self, queue: str) -> str:
+        """A string: Unix ms (the source Redis's clock) of the queue's latest claim."""
+        return f"{self.global_keyprefix}{queue}{self.sep}{STAGING_SUFFIX}-at"
 
     @property
     def unacked(self) -> str:
@@ -154,7 +182,8 @@ class QueueReport:
     unacked: Counter = field(default_factory=Counter)  # unacked, moved (or to move)
     held: int = 0  # unacked left alone: a worker may still hold them
     staged: int = 0  # found staged by an earlier run
-    repeats: int = 0  # inserts that stored nothing: stored by an earlier, interrupted run
+    repeats: int = 0  # stored by an earlier, interrupted run (a repeated insert, or found in the queue)
+    dropped: int = 0  # left staged by an earlier run, released without an insert (``staged="drop"``)
     eta: int = 0  # messages with an ETA (delayed entries in celery-pq)
 
     def as_dict(self) -> dict:
@@ -170,6 +199,7 @@ class QueueReport:
             "unacked_held": self.held,
             "staged": self.staged,
             "repeats": self.repeats,
+            "dropped": self.dropped,
             "eta": self.eta,
         }
 
@@ -182,7 +212,11 @@ class KombuImport:
     ``visibility_timeout`` (those kombu itself would restore: their worker is gone or late),
     ``"all"`` every unacked message of the queues (only safe when no worker of kombu's
     transport runs any more: one still running would run its messages as well), ``"none"``
-    none. ``now`` gives the time (Unix seconds) of the source Redis."""
+    none.
+
+    ``staged``: what to do with messages an interrupted run left staged longer ago than the
+    queue's ``dedupe_seconds`` (the window that makes their repeated insert store nothing) and
+    not found in the queue: ``"refuse"`` (StagedUnknown, the default), ``"insert"``, ``"drop"``."""
 
     def __init__(
         self,
@@ -195,9 +229,13 @@ class KombuImport:
         unacked: str = "stale",
         visibility_timeout: float = KOMBU_VISIBILITY_TIMEOUT,
         batch: int = BATCH,
+        staged: str = "refuse",
     ):
         if unacked not in ("stale", "all", "none"):
             raise ValueError(f"unacked must be 'stale', 'all' or 'none', got {unacked!r}")
+        if staged not in ("refuse", "insert", "drop"):
+            raise ValueError(f"staged must be 'refuse', 'insert' or 'drop', got {staged!r}")
+        self.staged_policy = staged
         self.source = source
         self.channel = channel
         self.queues = list(dict.fromkeys(queues))
@@ -239,25 +277,27 @@ class KombuImport:
         return [self.reports[q] for q in self.queues]
 
     def _now(self) -> float:
-        sec, usec = self.source.time()
-        return int(sec) + int(usec) / 1e6
+        """The source Redis's time (Unix seconds), from its TIME at the start of the run on."""
+        if not hasattr(self, "_clock"):
+            sec, usec = self.source.time()
+            self._clock = (int(sec) + int(usec) / 1e6, time.monotonic())
+        start, mono = self._clock
+        return start + (time.monotonic() - mono)
 
     def _move(self, queue: str, now: float) -> None:
         report, layout, src = self.reports[queue], self.layout, self.source
         mapping = self._map(queue)
         staging = layout.staging_key(queue)
-        # what an earlier run claimed and may or may not have inserted (oldest at the right)
-        left = list(reversed(src.lrange(staging, 0, -1)))
-        report.staged = len(left)
-        for i in range(0, len(left), self.batch):
-            self._store(queue, staging, left[i : i + self.batch], mapping, report.waiting)
+        self._finish_staged(queue, staging, now, mapping)
+        claimed_at = layout.claimed_at_key(queue)
         for step in layout.priority_steps:
             key = layout.list_key(queue, step)
             while True:
                 with src.pipeline(transaction=False) as p:
+                    p.set(claimed_at, int(self._now() * 1000))
                     for _ in range(self.batch):
                         p.lmove(key, staging, "RIGHT", "LEFT")
-                    raws = [r for r in p.execute() if r is not None]
+                    raws = [r for r in p.execute()[1:] if r is not None]
                 if not raws:
                     break
                 self._store(queue, staging, raws, mapping, report.waiting)
@@ -266,13 +306,49 @@ class KombuImport:
         else:
             claimed = []
             for tag, raw, message in self._unacked_of(queue, now, report):
-                if self._claim_unacked(tag, raw, message, staging):
+                if self._claim_unacked(tag, raw, message, staging, claimed_at):
                     claimed.append(message)
                 if len(claimed) >= self.batch:
                     self._store(queue, staging, claimed, mapping, report.unacked)
                     claimed = []
             if claimed:
                 self._store(queue, staging, claimed, mapping, report.unacked)
+
+    def _finish_staged(self, queue: str, staging: str, now: float, mapping: dict) -> None:
+        """Insert and release what an earlier run claimed and may or may not have inserted.
+        Within the queue's dedupe window of the latest claim, a repeated insert stores
+        nothing; later, a message found in the queue is released, and the others are
+        ambiguous (``staged``)."""
+        report, src = self.reports[queue], self.source
+        left = list(reversed(src.lrange(staging, 0, -1)))  # oldest first
+        report.staged = len(left)
+        if not left:
+            return
+        q = self.channel.queue(queue)
+        at = src.get(self.layout.claimed_at_key(queue))
+        if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= q.dedupe_seconds:
+            found: list[bytes] = []
+            unknown: list[bytes] = []
+            for raw in left:
+                tid = (json.loads(raw).get("headers") or {}).get("id")
+                (found if tid and q.exists(str(tid)) else unknown).append(raw)
+            self._release(staging, found)
+            report.repeats += len(found)
+            if unknown and self.staged_policy == "refuse":
+                raise StagedUnknown(queue, [str((json.loads(r).get("headers") or {}).get("id")) for r in unknown])
+            if self.staged_policy == "drop":
+                self._release(staging, unknown)
+                report.dropped += len(unknown)
+                return
+            left = unknown
+        for i in range(0, len(left), self.batch):
+            self._store(queue, staging, left[i : i + self.batch], mapping, report.waiting)
+
+    def _release(self, staging: str, raws: list) -> None:
+        with self.source.pipeline(transaction=False) as pipe:
+            for raw in raws:
+                pipe.lrem(staging, 1, raw)
+            pipe.execute()
 
     def _store(self, queue: str, staging: str, raws: list, mapping: dict, counter: Counter) -> None:
         """Insert ``raws`` (oldest first), then release them from the staging list."""
@@ -285,10 +361,7 @@ class KombuImport:
             report.eta += item[4] is not None
         _, repeated = self.channel.queue(queue).insert_many(items, repeats=True)
         report.repeats += sum(repeated)
-        with self.source.pipeline(transaction=False) as pipe:
-            for raw in raws:
-                pipe.lrem(staging, 1, raw)
-            pipe.execute()
+        self._release(staging, raws)
 
     # -- the unacked hash ---------------------------------------------------------------------
     def _routes(self, exchange: str, routing_key: str) -> list[str]:
@@ -327,7 +400,7 @@ class KombuImport:
                     continue
             yield tag, value, json.dumps(message).encode()
 
-    def _claim_unacked(self, tag, value, message: bytes, staging: str) -> bool:
+    def _claim_unacked(self, tag, value, message: bytes, staging: str, claimed_at: str) -> bool:
         """Move one unacked message into the staging list, if it is still there unchanged."""
         layout = self.layout
         done = []
@@ -339,6 +412,7 @@ class KombuImport:
             pipe.hdel(layout.unacked, tag)
             pipe.zrem(layout.unacked_index, tag)
             pipe.lpush(staging, message)
+            pipe.set(claimed_at, int(self._now() * 1000))
             done.append(True)
 
         self.source.transaction(claim, layout.unacked)

@@ -72,6 +72,15 @@ def _steps(text: str) -> tuple[int, ...]:
     help="kombu's priority_steps transport option.",
 )
 @click.option(
+    "--staged",
+    type=click.Choice(["refuse", "insert", "drop"]),
+    default="refuse",
+    show_default=True,
+    help="Messages an interrupted import left staged longer ago than the queue's dedupe_seconds and not "
+    "in the queue now (inserted and run, or never inserted): stop and name them, insert them (they may "
+    "run twice), or drop them (they may be lost).",
+)
+@click.option(
     "--batch", type=click.IntRange(1, 10_000), default=BATCH, show_default=True, help="Messages per round trip."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -86,6 +95,7 @@ def import_kombu(
     priority_map,
     global_keyprefix,
     priority_steps,
+    staged,
     batch,
     as_json,
 ):
@@ -105,6 +115,7 @@ def import_kombu(
                 unacked="all" if include_unacked else unacked,
                 visibility_timeout=visibility_timeout,
                 batch=batch,
+                staged=staged,
             )
             reports = [r.as_dict() for r in job.run(dry_run=dry_run)]
     finally:
@@ -126,8 +137,13 @@ def import_kombu(
         ),
         render.table(
             None,
-            ["queue", verb, "with eta", "unacked left (held)", "found staged", "repeats (stored before)"],
-            [[r["queue"], r["moved"], r["eta"], r["unacked_held"], r["staged"], r["repeats"]] for r in reports],
+            ["queue", verb, "with eta", "unacked left (held)", "found staged", "repeats (stored before)"]
+            + (["dropped"] if staged == "drop" else []),
+            [
+                [r["queue"], r["moved"], r["eta"], r["unacked_held"], r["staged"], r["repeats"]]
+                + ([r["dropped"]] if staged == "drop" else [])
+                for r in reports
+            ],
         ),
     ]
     render.show(*out)

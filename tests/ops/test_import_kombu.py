@@ -171,10 +171,9 @@ def test_unacked_stale_moves_held_stays_include_moves_all(world, kombu):
 
 
 def test_staged_and_stored_by_a_crashed_run_is_not_stored_twice(world, kombu):
-    # Given: a run that crashed after inserting a staged message and before releasing it
-    tid = kombu.send(1)
+    # Given: a run that crashed just now, after inserting a staged message and before releasing it
+    tid, raw = _stage(kombu, 0)
     layout = kombu.layout
-    raw = kombu.client.lmove(layout.list_key("q", 0), layout.staging_key("q"), "RIGHT", "LEFT")
     from celery_pq.broker import Broker
     from celery_pq.kombu_import import KombuImport
 
@@ -183,13 +182,16 @@ def test_staged_and_stored_by_a_crashed_run_is_not_stored_twice(world, kombu):
         item, _, _ = job.item("q", raw, {k: k for k in range(10)})
         channel.queue("q").insert_many([item])
     assert [e.id for e in entries(world)] == [tid]
+    # and a worker of celery-pq took it and ran it since (it left the queue)
+    assert world.queue("q").remove(tid) == 1
     # When: the import runs again
     out = json.loads(
         world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json").output
     )["queues"][0]
-    # Then: it found it staged, its insert was a repeat, it is stored once and released
+    # Then: it found it staged, its insert was a repeat (the publish id, within the window):
+    # not stored again, and released
     assert out["staged"] == 1 and out["repeats"] == 1
-    assert [e.id for e in entries(world)] == [tid]
+    assert entries(world) == []
     assert kombu.staged() == 0
 
 
@@ -256,3 +258,47 @@ def test_python_m_and_celery_entry_point(world, kombu, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "moved" in r.stdout
     assert len(entries(world)) == 1
+
+
+def _stage(kombu, claimed_ms_ago: int | None) -> tuple[str, bytes]:
+    """A message claimed by a run that was then killed, ``claimed_ms_ago`` (None: no record)."""
+    tid = kombu.send(1)
+    layout = kombu.layout
+    raw = kombu.client.lmove(layout.list_key("q", 0), layout.staging_key("q"), "RIGHT", "LEFT")
+    if claimed_ms_ago is None:
+        kombu.client.delete(layout.claimed_at_key("q"))
+    else:
+        sec, usec = kombu.client.time()
+        kombu.client.set(layout.claimed_at_key("q"), int(sec) * 1000 + int(usec) // 1000 - claimed_ms_ago)
+    return tid, raw
+
+
+def test_staged_beyond_the_dedupe_window_is_refused_then_inserted_or_dropped_as_told(world, kombu):
+    # Given: a message staged by a run killed an hour ago (beyond the 300 s window), not in the queue
+    tid, _ = _stage(kombu, 3_600_000)
+    args = ["import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix]
+    # When: rerun, Then: it stops and names the task, nothing changed
+    r = world.run(*args, ok=False)
+    assert r.exit_code == 1 and tid in r.output and "--staged insert" in r.output
+    assert kombu.staged() == 1 and entries(world) == []
+    # When: told to insert, Then: stored once, released
+    out = json.loads(world.run(*args, "--staged", "insert", "--json").output)["queues"][0]
+    assert out["staged"] == 1 and [e.id for e in entries(world)] == [tid] and kombu.staged() == 0
+    # Given: another one, and told to drop: released, not stored
+    tid2, _ = _stage(kombu, None)
+    out = json.loads(world.run(*args, "--staged", "drop", "--json").output)["queues"][0]
+    assert out["dropped"] == 1 and kombu.staged() == 0
+    assert tid2 not in {e.id for e in entries(world)}
+
+
+def test_staged_beyond_the_window_and_found_in_the_queue_is_released(world, kombu):
+    # Given: staged an hour ago, and inserted before the kill (its entry is in the queue)
+    tid, raw = _stage(kombu, 3_600_000)
+    world.queue("q").insert(b"stored before the kill", 0, id=tid)
+    # When: rerun without --staged
+    out = json.loads(
+        world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json").output
+    )["queues"][0]
+    # Then: released, not stored again
+    assert out["repeats"] == 1 and kombu.staged() == 0
+    assert [e.id for e in entries(world)] == [tid]
