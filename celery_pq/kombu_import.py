@@ -326,7 +326,10 @@ class KombuImport:
             return
         q = self.channel.queue(queue)
         at = src.get(self.layout.claimed_at_key(queue))
-        if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= q.dedupe_seconds:
+        window = getattr(q, "dedupe_seconds", None)
+        if window is None:  # a sharded queue: its shards' (a publish id always goes to one shard)
+            window = min(shard.dedupe_seconds for shard in q.shards)
+        if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= window:
             found: list[bytes] = []
             unknown: list[bytes] = []
             for raw in left:
