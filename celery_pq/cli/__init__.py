@@ -5,12 +5,12 @@ describes a stored message, ``metrics.py`` serves Prometheus. Errors are one lin
 (``click.ClickException``).
 
 ``base`` holds the group and what the commands share; the commands live by what they do:
-``looking`` (read only), ``changing`` (admin), ``serving`` (exporter, dashboard, event log).
+``looking`` (read only), ``changing`` (admin), ``serving`` (exporter, dashboard, event log), ``importing`` (import-kombu).
 """
 
 from __future__ import annotations
 
-from . import changing, looking, serving  # noqa: F401  (each registers its commands on pq)
+from . import changing, importing, looking, serving  # noqa: F401  (each registers its commands on pq)
 from .base import broker_of, command, pq
 
 __all__ = ["broker_of", "command", "pq"]
