@@ -1,6 +1,7 @@
 """Run a peer project's own test suite, unchanged, against ``pq://``.
 
-    python -m tests.peers.run kombu|celery [--version 5.7.0] [--cache DIR] [--tests PATH ...] [-- PYTEST ARGS]
+    python -m tests.peers.run kombu|celery [--version 5.7.0] [--cache DIR] [--tests PATH ...]
+        [--broker pq|redis] [--no-expected] [-- PYTEST ARGS]
 
 For a peer (``PEERS``): the source distribution of its installed version (or ``--version``) is
 downloaded once with pip (``pip download --no-binary :all: --no-deps``) into the cache
@@ -8,7 +9,10 @@ downloaded once with pip (``pip download --no-binary :all: --no-deps``) into the
 file of subclasses (``tests/peers/<peer>_pq.py``, kombu's way) is run with pytest, the unpacked
 tree named in ``PQ_PEER_SOURCE``; or (``in_tree``, Celery's way) the peer's own test files are
 run from its unpacked tree with its own conftest, our plugins named with ``-p``, and its
-broker and result backend pointed at a redis-server started here. Nothing of the peer's is
+broker and result backend pointed at a redis-server started here. ``--broker redis`` runs the same
+in-tree tests with kombu's own Redis transport (``redis://``) as the broker instead, for a
+comparison (``tests/peers/contract.py``); ``--no-expected`` leaves the tests listed in
+``expected_failures.txt`` unmarked (their plain outcome). Nothing of the peer's is
 edited. Once cached, no network is needed. The tests that cannot pass are listed, each with its
 reason, in ``expected_failures.txt``.
 
@@ -27,6 +31,7 @@ from importlib.metadata import version as installed_version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+BROKERS = ("pq", "redis")  # an in-tree run's broker URL schemes: ours, and kombu's own Redis transport
 
 
 @dataclass(frozen=True)
@@ -117,31 +122,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tests", nargs="+", metavar="PATH", help="these of the peer's test files instead of the default ones"
     )
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="pq",
+        help="an in-tree peer's broker: pq:// (default) or kombu's own redis:// transport",
+    )
+    parser.add_argument(
+        "--no-expected", action="store_true", help="do not mark the tests listed in expected_failures.txt"
+    )
     args = parser.parse_args(argv)
     peer = PEERS[args.peer]
     if args.tests:
         peer = replace(peer, tests=tuple(args.tests))
+    if args.no_expected or args.broker != "pq":
+        peer = replace(peer, plugins=tuple(p for p in peer.plugins if p != "tests.peers.expected"))
     version = args.version or installed_version(peer.dist)
     tree = unpacked(peer, sdist(peer, version, args.cache.resolve()))
-    print(f"peer {peer.dist} {version}: its own tests from {tree}, against pq://", flush=True)
+    print(f"peer {peer.dist} {version}: its own tests from {tree}, against {args.broker}://", flush=True)
     if not peer.in_tree:
+        if args.broker != "pq":
+            raise SystemExit(f"peer {peer.dist}: --broker is for the peers run from their own tree")
         env = {**os.environ, "PQ_PEER_SOURCE": str(tree)}
         return subprocess.call(
             [sys.executable, "-m", "pytest", *peer.tests, "-p", "no:cacheprovider", *extra], cwd=ROOT, env=env
         )
-    return in_tree(peer, tree, extra)
+    return in_tree(peer, tree, extra, args.broker)
 
 
-def in_tree(peer: Peer, tree: Path, extra: list[str]) -> int:
-    """Run the peer's own test files from its tree, against pq:// on a redis-server of our own
-    (database 0 the broker, 1 the result backend; the tasks' own Redis client the same server)."""
+def in_tree(peer: Peer, tree: Path, extra: list[str], broker: str = "pq") -> int:
+    """Run the peer's own test files from its tree, against ``broker``:// (pq:// or kombu's
+    redis://) on a redis-server of our own (database 0 the broker, 1 the result backend; the
+    tasks' own Redis client the same server)."""
     from celery_pq.testing import RedisServer
 
     with RedisServer() as server:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "TEST_BROKER": f"pq://127.0.0.1:{server.port}/0",
+            "TEST_BROKER": f"{broker}://127.0.0.1:{server.port}/0",
             "TEST_BACKEND": f"redis://127.0.0.1:{server.port}/1",
             "REDIS_HOST": "127.0.0.1",
             "REDIS_PORT": str(server.port),
