@@ -56,6 +56,10 @@ class ShardedReads:
         """The next ``count`` entries over all shards, by priority, then by age."""
         return self._merged([s.peek(count) for s in self.shards], count)
 
+    def delayed(self, count: int = 10) -> list[tuple[Entry, int]]:
+        """The first ``count`` delayed entries over all shards, soonest due first."""
+        return sorted((d for s in self.shards for d in s.delayed(count)), key=lambda d: d[1])[:count]
+
     def peek_tenant(self, tenant: str, count: int = 10) -> list[Entry]:
         return self._merged([s.peek_tenant(tenant, count) for s in self.shards], count)
 

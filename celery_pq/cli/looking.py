@@ -100,10 +100,18 @@ def _paused_text(row) -> str:
 @click.argument("queue")
 @click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True, help="Entries to show.")
 @click.option("--tenant", default=None, help="Only this tenant's entries (a fair queue).")
+@click.option(
+    "--delayed",
+    is_flag=True,
+    help="The delayed entries instead (countdown/eta tasks, soonest due first): what Celery's "
+    "'inspect scheduled' shows of other brokers. They wait here in Redis, not in a worker.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def peek(ctx, queue, count, tenant, as_json):
+def peek(ctx, queue, count, tenant, delayed, as_json):
     """The next entries of QUEUE in delivery order (not leased): priority, tenant, age, task
-    name and an args preview."""
+    name and an args preview. With --delayed, the entries waiting for their due time."""
+    if delayed:
+        return _peek_delayed(ctx, queue, count, tenant, as_json)
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
         entries = q.peek(count) if tenant is None else q.peek_tenant(tenant, count)
@@ -133,6 +141,38 @@ def peek(ctx, queue, count, tenant, as_json):
                 for i, r in enumerate(rows)
             ],
             empty="(no waiting entries)",
+        )
+    )
+
+
+def _peek_delayed(ctx, queue, count, tenant, as_json):
+    if tenant is not None:
+        raise click.UsageError("--delayed shows every tenant's delayed entries; leave out --tenant")
+    with broker_of(ctx).channel() as channel:
+        q, _ = queue_named(channel, queue)
+        found = q.delayed(count)
+        now_ms = _now_ms(channel)
+    rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
+    if as_json:
+        return print_json(rows)
+    render.show(
+        render.table(
+            f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)",
+            ["#", "id", "due (UTC)", "due in", "priority", "tenant", "task", "args"],
+            [
+                [
+                    i + 1,
+                    r["id"],
+                    render.when(r["due_ms"]),
+                    render.age(max(r["due_in_seconds"], 0)),
+                    r["priority"],
+                    r["tenant"],
+                    r["task"],
+                    r["args"],
+                ]
+                for i, r in enumerate(rows)
+            ],
+            empty="(no delayed entries)",
         )
     )
 

@@ -82,6 +82,22 @@ class QueueReads(QueueTenants):
         reply = self.run("peek", calls.peek_args(self, count))
         return calls.peeked(self, reply)
 
+    def delayed(self, count: int = 10) -> list[tuple[Entry, int]]:
+        """The first ``count`` delayed entries (sent with ``countdown``/``eta``), soonest due
+        first, each with its due time (Unix ms): what Celery's ``inspect scheduled`` shows of a
+        broker that hands ETA tasks to the worker early. Here they wait in Redis until due."""
+        _count("count", count, none=False)
+        due = self.client.zrange(self.keys.delayed, 0, count - 1, withscores=True)
+        if not due:
+            return []
+        values = self.client.hmget(self.keys.entries, [eid for eid, _ in due])
+        out = []
+        for (eid, due_ms), value in zip(due, values):
+            parsed = split_entry(value) if value else None
+            if parsed is not None:  # gone (due and delivered) between the two reads: left out
+                out.append((calls.entry_of(self, eid, parsed[0].score, value), int(due_ms)))
+        return out
+
     def leases(self, limit: int = 1000) -> list[dict]:
         """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
         ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and

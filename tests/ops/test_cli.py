@@ -87,6 +87,23 @@ def test_peek_shows_delivery_order_task_and_args(world):
     assert high in text and low not in text
 
 
+def test_peek_delayed_shows_countdown_tasks_soonest_due_first(world):
+    # what Celery's `inspect scheduled` shows of other brokers: ETA tasks wait in Redis here
+    waiting = world.send("ops.work", 0)
+    later = world.send("ops.resize", 1, "late", priority=7, countdown=600)
+    sooner = world.send("ops.resize", 2, "soon", priority=200, countdown=60)
+    rows = json.loads(world.run("peek", "q", "--delayed", "--json").output)
+    assert [r["id"] for r in rows] == [sooner, later]
+    assert rows[0]["task"] == "ops.resize" and rows[0]["args"] == "(2, 'soon')" and rows[0]["priority"] == 200
+    assert 50 < rows[0]["due_in_seconds"] <= 60 and 590 < rows[1]["due_in_seconds"] <= 600
+    assert rows[1]["due_ms"] - rows[0]["due_ms"] == pytest.approx(540_000, abs=2000)
+    assert [r["id"] for r in json.loads(world.run("peek", "q", "--json").output)] == [waiting]
+    text = world.run("peek", "q", "--delayed", "-n", "1").output
+    assert sooner in text and later not in text and "1 delayed, soonest due first" in text
+    r = world.run("peek", "q", "--delayed", "--tenant", "acme", ok=False)
+    assert r.exit_code == 2 and "leave out --tenant" in r.output
+
+
 def test_peek_by_tenant(fair_world):
     w = fair_world
     a = w.send("ops.work", 1, headers={"tenant": "acme"})
