@@ -9,8 +9,14 @@
 #                on the path (scripts/release-check.sh; about a minute)
 #   make lint    ruff check, ruff format --check (celery_pq tests benchmarks examples) and mypy
 #                (its configuration, like ruff's, in pyproject.toml); .ci/run runs it before the tests
-#   make peers   kombu's and Celery's own integration tests (from their source distributions,
-#                unchanged, downloaded once into .venv/peers) against pq:// (tests/peers/run.py)
+#   make peers   kombu's own integration tests (from its source distribution, unchanged, downloaded
+#                once into .venv/peers) against pq:// (tests/peers/run.py; PEERS="kombu celery" adds
+#                Celery's test_canvas.py against pq:// alone)
+#   make contract  Celery's own t/integration/test_tasks.py, test_canvas.py and test_inspect.py (its
+#                sdist, unchanged) with kombu's redis:// and with pq:// as the broker, the two legs at
+#                once, Redis the result backend: fails when a test passing with redis:// does not pass
+#                with pq:// and is not listed in tests/peers/contract_expected.txt (tests/peers/contract.py;
+#                about 20 minutes; logs in .venv/contract; CONTRACT_ARGS="--tests t/integration/test_inspect.py")
 #   make bench   install into .venv, then run the benchmarks (benchmarks/run.py); BENCH_ARGS=--large
 #                measures the flat costs at 10,000,000 entries and 100,000 tenants (about 3 GB of
 #                Redis memory, several minutes more: not part of the plain run)
@@ -48,14 +54,15 @@ QUIETLY     := bash scripts/quietly.sh
 WITH_REDIS   = PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER;
 WITH_JAVA    = JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH";
 PYTEST_ARGS ?=
-PEERS       ?= kombu celery
+PEERS       ?= kombu
+CONTRACT_ARGS ?=
 DEMO_ARGS   ?=
 SPARK_DEMO_ARGS ?=
 BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
 SOAK_OUT    ?= $${TMPDIR:-/tmp}/celery-pq-soak
 
-.PHONY: all venv install redis lint test peers soak demo spark-demo bench profile clean release-check
+.PHONY: all venv install redis lint test peers contract soak demo spark-demo bench profile clean release-check
 
 all: test
 
@@ -117,10 +124,16 @@ release-check: install
 	bash scripts/release-check.sh $(VPY)
 
 # Each peer's own tests, unchanged, against pq://; the ones that cannot pass are listed with their
-# reasons in tests/peers/expected_failures.txt.
+# reasons in tests/peers/expected_failures.txt. Celery's suite is `make contract`'s (against both
+# brokers); `make peers PEERS="kombu celery"` still runs its test_canvas.py against pq:// alone.
 peers: install
 	@$(WITH_REDIS) \
 	for peer in $(PEERS); do $(VPY) -m tests.peers.run $$peer || exit 1; done
+
+# Celery's own suite against kombu's redis:// and pq:// in one run, compared (tests/peers/contract.py).
+contract: install
+	@$(WITH_REDIS) \
+	$(VPY) -m tests.peers.contract $(CONTRACT_ARGS)
 
 # tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
 soak: install

@@ -47,6 +47,15 @@ class Leg:
     seconds: float = 0.0
     tests: dict[str, dict] = field(default_factory=dict)
 
+    @classmethod
+    def done(cls, broker: str, out: Path) -> Leg:
+        """A leg of an earlier run, read back from ``out`` (``--compare-only``)."""
+        leg = cls(broker, out / f"{broker}.log", out / f"{broker}.json")
+        if leg.outcomes.exists():
+            leg.tests = json.loads(leg.outcomes.read_text())["tests"]
+        leg.seconds = sum(t["seconds"] for t in leg.tests.values())
+        return leg
+
     @property
     def url(self) -> str:
         return f"{self.broker}://"
@@ -135,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / ".venv" / "contract", help="logs and outcomes")
     parser.add_argument("--timeout", type=int, default=300, help="pytest-timeout's limit per test (seconds)")
     parser.add_argument("--sequential", action="store_true", help="run the legs one after the other")
+    parser.add_argument(
+        "--compare-only", action="store_true", help="run nothing: compare the outcomes of the last run in --out"
+    )
     args = parser.parse_args(argv)
+    if args.compare_only:
+        return verdict(*[Leg.done(b, args.out.resolve()) for b in ("redis", "pq")])
     peer = PEERS["celery"]
     cache = args.cache.resolve()
     version = installed_version(peer.dist)
@@ -154,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             leg.start(tuple(args.tests), cache, pytest_args)
         for leg in legs:
             leg.wait()
-    problems = compare(*legs, expected_failures(LISTED))
-    redis, pq = legs
+    return verdict(*legs)
+
+
+def verdict(redis: Leg, pq: Leg) -> int:
+    problems = compare(redis, pq, expected_failures(LISTED))
     print()
     for problem in problems:
         print(f"contract FAILED: {problem}")
@@ -165,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"contract: {held} of the {kept} tests that pass with redis:// pass with pq://; "
-        f"{len(problems)} problem(s); logs in {out}"
+        f"{len(problems)} problem(s); logs in {pq.log.parent}"
     )
     return 1 if problems else 0
 

@@ -17,7 +17,10 @@ _seen: dict[str, dict] = {}
 
 
 def _message(report) -> str:
-    """The last line of a failure's text (the exception), cut short."""
+    """The exception of a failure (its first line), cut short."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is not None and crash.message:
+        return crash.message.strip().splitlines()[0][:300]
     text = str(getattr(report, "longrepr", "") or "").strip()
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
