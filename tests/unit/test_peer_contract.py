@@ -27,7 +27,9 @@ def test_a_test_passing_with_redis_and_not_with_pq_fails_the_contract(capsys):
     pq = leg("pq", {"a": "passed", "b": "failed", "c": "failed", "d": "passed", "e": "skipped"})
     assert compare(redis, pq, {}) == ["test_tasks.py::test_tasks::b passes with redis:// but is failed with pq://"]
     out = capsys.readouterr().out
-    assert "redis://" in out and "test_tasks.py::test_tasks::b: redis:// passed, pq:// failed  (NOT LISTED: boom)" in out
+    assert (
+        "redis://" in out and "test_tasks.py::test_tasks::b: redis:// passed, pq:// failed  (NOT LISTED: boom)" in out
+    )
     assert "::a:" not in out  # the same outcome on both: not a difference
 
 
