@@ -114,6 +114,7 @@ def echo(self, *args, **kwargs):
             "group_index": r.group_index,
             "retries": r.retries,
             "expires": r.expires,
+            "eta": r.eta,
             "priority": (r.delivery_info or {}).get("priority"),
             "task": r.task,
         },

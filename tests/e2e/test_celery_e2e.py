@@ -467,6 +467,7 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
     h = harness()
     echo = h.app.signature("e2e.echo")
     expires = datetime.now(UTC) + timedelta(hours=1)
+    sent = datetime.now(UTC)
     plain = echo.clone(args=("order-00000001", 0.5), kwargs={"note": "ü" * 300, "n": [1, None, True]}).apply_async(
         queue="q", priority=9, expires=expires, countdown=1
     )
@@ -515,6 +516,9 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
         {"note": "ü" * 300, "n": [1, None, True]},
     )
     assert datetime.fromisoformat(p["expires"]) == expires and p["priority"] == 9
+    # held in Redis for its countdown, it reaches the task with the eta it was sent with
+    assert timedelta(seconds=1) <= datetime.fromisoformat(p["eta"]) - sent < timedelta(seconds=1.5)
+    assert by_first["again"][0]["eta"] is None
     assert [r["retries"] for r in by_first["again"]] == [0, 1] and {r["id"] for r in by_first["again"]} == {retried.id}
     [first] = [r for r in runs if r["id"] == chained.parent.id]
     [second] = [r for r in runs if r["id"] == chained.id]  # the chain's last task gets the first's result
