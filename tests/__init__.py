@@ -25,6 +25,9 @@
                        kombu's ``t/integration/common.py`` through our subclasses in ``kombu_pq.py``;
                        Celery's ``t/integration`` from its own tree (``celery_plugin.py``); the
                        ones that cannot pass, with their reasons, in ``expected_failures.txt``.
+                       ``make contract`` (``contract.py``): Celery's test_tasks, test_canvas and
+                       test_inspect with kombu's ``redis://`` and with ``pq://`` at once, compared
+                       (``outcomes.py`` records each test's outcome; ``contract_expected.txt``).
 
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.
