@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from tests.peers import contract
-from tests.peers.contract import Leg, compare
+from tests.peers.contract import Leg, compare, regressions
 
 ROOT = Path(__file__).resolve().parents[2]
 T = "t/integration/test_tasks.py::test_tasks::"
@@ -40,6 +40,17 @@ def test_a_listed_test_is_allowed_and_a_stale_line_fails():
     assert compare(redis, leg("pq", {"a": "error", "b": "passed"}), listed) == []
     [stale] = compare(redis, leg("pq", {"a": "passed", "b": "passed"}), listed)
     assert "is listed in contract_expected.txt but passes with pq://" in stale
+
+
+def test_regressions_are_the_unlisted_tests_passing_only_with_redis_and_one_passing_again_counts(capsys):
+    redis = leg("redis", {"a": "passed", "b": "passed", "c": "passed", "d": "failed"})
+    pq = leg("pq", {"a": "failed", "b": "error", "c": "passed", "d": "failed"})
+    assert regressions(redis, pq, {"test_tasks.py::test_tasks::b": "why"}) == [T + "a"]
+    pq.tests[T + "a"] = {"outcome": "passed", "seconds": 1.0, "message": "", "again": "failed"}  # run_again's mark
+    assert compare(redis, pq, {"test_tasks.py::test_tasks::b": "why"}) == []
+    assert (
+        "test_tasks.py::test_tasks::a: pq:// failed in its leg, passed when run again alone" in capsys.readouterr().out
+    )
 
 
 def test_a_test_missing_from_the_pq_leg_and_an_empty_leg_fail():
