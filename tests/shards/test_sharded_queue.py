@@ -224,6 +224,18 @@ def test_expired_leases_come_back_to_their_shards(redis_client, key_prefix, n):
     assert sorted(lease.id for lease in drain(q)) == sorted(f"t{i}" for i in range(10))
 
 
+def test_delayed_entries_of_every_shard_soonest_due_first(redis_client, key_prefix):
+    q = open_queue(redis_client, key_prefix, 4)
+    for i, delay in enumerate([300, 60, 120, 30, 240, 90]):
+        q.insert(b"later", i, id=f"d{delay}", tenant=f"t{i}", delay=delay)  # tenants spread the shards
+    q.insert(b"now", 5, id="now")
+    assert len({s.name for s in q.shards if s.delayed(10)}) > 1
+    found = q.delayed(4)
+    assert [e.id for e, _ in found] == ["d30", "d60", "d90", "d120"]
+    assert [due for _, due in found] == sorted(due for _, due in found)
+    assert {e.payload for e, _ in found} == {b"later"} and found[0][0].priority == 3
+
+
 def test_stats_counters_and_backlog_sum_the_shards(redis_client, key_prefix):
     q = open_queue(redis_client, key_prefix, 4)
     for i in range(40):
