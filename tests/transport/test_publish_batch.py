@@ -273,3 +273,46 @@ def test_a_celery_group_of_1000_inside_one_producer_batch_is_one_round_trip(url,
     entries = PriorityQueue(redis_client, "cg", key_prefix=key_prefix).peek(1000)
     assert [e.id for e in entries] == [r.id for r in result.results]  # stored in the group's order
     assert {describe(e.payload)["task"] for e in entries} == {"batched.add"}
+
+
+@pytest.mark.e2e
+def test_a_group_published_in_one_batch_runs_every_task_once_on_a_real_worker(redis_server, key_prefix, tmp_path):
+    import json
+    from pathlib import Path
+
+    from celery import Celery, group
+
+    from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
+
+    root = Path(__file__).resolve().parents[2]
+    url = f"pq://127.0.0.1:{redis_server.port}/0"
+    options = {"key_prefix": key_prefix}
+    app = Celery("batch-client", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = options
+    app.conf.task_default_queue = "q"
+    record = app.signature("e2e.record")
+    # Given a group of 1,000 tasks published inside one producer batch
+    with app.producer_or_acquire() as producer:
+        with producer.batch():
+            group(record.clone(args=(n,)) for n in range(1000)).apply_async(producer=producer)
+    env = celery_env(
+        root,
+        PQ_TEST_BROKER=url,
+        PQ_TEST_OPTIONS=json.dumps(options),
+        PQ_TEST_RECORD=f"redis://127.0.0.1:{redis_server.port}/0",
+        PQ_TEST_PREFIX=key_prefix,
+    )
+    client = redis.Redis(port=redis_server.port)
+    worker = start_worker(
+        "tests.e2e.app", cwd=root, env=env, name="bw", queues="q", pool="solo", log=tmp_path / "bw.log"
+    )
+    try:
+        worker.wait_ready(30)
+        # When a real worker consumes the queue, then every task runs, each exactly once
+        wait_for(lambda: client.llen(f"{key_prefix}:rec:order") >= 1000, timeout=60)
+        time.sleep(0.5)  # a task run twice would show up now
+        ran = [json.loads(x)[0] for x in client.lrange(f"{key_prefix}:rec:order", 0, -1)]
+        assert sorted(ran) == list(range(1000))
+    finally:
+        stop_workers([worker])
+        client.close()
