@@ -164,3 +164,36 @@ def test_workers_tasks_under_way_through_a_redis_pause_run_once(tmp_path, how):
     # and no task runs twice (the pause comes right after the first tasks started, often before
     # any sweep of the queue: test_leases_taken_before_the_first_sweep_get_their_time_back_after_a_pause)
     assert result["duplicated"] == []
+
+
+def test_an_ack_after_a_give_back_that_did_not_reach_redis_is_still_sent(server):
+    # (the other duplicate of the worker test: at the lost connection a message whose pool child
+    # had not yet reported its start is given back, Redis being paused the give-back fails; its
+    # task ran all the same, and its ack, when the task ended, was dropped: the lease ran out
+    # and the task ran again)
+    from kombu import Connection
+
+    url = f"pq://127.0.0.1:{server.port}/0"
+    with Connection(url, transport_options={"lease_seconds": 2.0}) as conn:
+        producer, consumer = conn.SimpleQueue("gb"), conn.channel()
+        producer.put({"n": 1})
+        message = consumer.basic_get("gb")
+        assert message is not None
+        # Given a give-back that does not reach Redis: Redis is paused (the socket timeout is
+        # 1.33 s), and the call waits for a new connection's handshake (only that is queued)
+        conn.transport.release_pool()
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(conn.connection_errors):
+                consumer.deliveries.give_back(message.delivery_tag)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        # When its task ends and acks it after all
+        message.ack()
+        # Then it is done: nothing waits or is leased, and it never comes back
+        q = PriorityQueue(server.client(), "gb")
+        assert q.size() == 0 and q.stats()["leased"] == 0
+        time.sleep(2.5)
+        q.reclaim()
+        assert q.size() == 0
+        producer.close()
