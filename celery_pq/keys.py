@@ -36,8 +36,9 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:td    hash    tenant -> deliveries (fair queues), kept by pop_fair
     pq:{orders}:ev    stream  the event log, when on (docs/events.md), capped MAXLEN ~ event_log
     pq:{orders}:gc    hash    cursors of the fairness clean-up in the sweep
-    pq:{orders}:sw    string  time of the last sweep (ms, Redis clock): a longer gap than the
-                              sweep's ``gap_ms`` gives leases back the time they had left
+    pq:{orders}:sw    string  time of the last sweep (ms, Redis clock; of the first leases until
+                              a sweep runs): a longer gap than the sweep's ``gap_ms`` gives
+                              leases back the time they had left
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
 

@@ -2,7 +2,8 @@
 -- Takes up to ARGV[4] entries in priority order, FIFO within a priority. A stale pointer of
 -- the priority index (its entry removed by id, or moved to another priority) is discarded
 -- here: the patent's lazy deletion. The lease is recorded in this same script, so a popped
--- entry never exists only in a consumer's memory.
+-- entry never exists only in a consumer's memory. The first leases of a queue no sweep has run
+-- on start its sweep record sw (includes/leases.lua, write_leases).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -71,7 +72,8 @@ while got < want do
       stale = stale + 1
     elseif eid then
       if not P.until_ms then
-        P.until_ms = fmt(now_ms() + lease_ms)
+        P.now = now_ms()
+        P.until_ms = fmt(P.now + lease_ms)
       end
       got = got + 1
       add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, e.t, v)

@@ -2,7 +2,8 @@
 -- the best priority level, under within_priority) gives its best entry; its finish tag moves
 -- on by 1/weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
 -- are parked (left out of the schedule) instead of being scanned past. Everything else is as in
--- pop (a paused queue delivers nothing). Also counts deliveries per tenant (hash td).
+-- pop (a paused queue delivers nothing; the first leases start the sweep record sw). Also counts
+-- deliveries per tenant (hash td).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table (its stale front pointers are dropped here)
@@ -76,7 +77,7 @@ end
 local now = now_ms()
 fair_unpark(now)
 local got, stale, looked = 0, 0, 0
-local P = { lease = {}, deadline = {}, out = out, until_ms = fmt(now + lease_ms) }
+local P = { lease = {}, deadline = {}, out = out, now = now, until_ms = fmt(now + lease_ms) }
 local served = {}
 local per_tenant = {} -- tenant -> deliveries in this call
 while got < want and stale < stale_budget and looked < stale_budget do
