@@ -51,6 +51,7 @@ COUNTERS = {
     "refusals": ("refused_full", "Entries refused because the queue (or tenant) was full."),
     "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
     "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
+    "expired": ("expired", "Entries past their expiry deadline, never delivered (dead-lettered or dropped)."),
 }
 
 #: A metric family this collector fills (``add_metric`` on either).

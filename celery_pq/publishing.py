@@ -48,7 +48,14 @@ class Publisher:
         """Store ``message`` in ``queue``: one publish call, one publish id (its own retries,
         kombu's ``ensure``, carry the same one)."""
         publish_id, first_send = PublishStamp.take(message)
-        item = stored_item(queue, message, self.options, self.channel.decode_body, publish_id_=publish_id)
+        item = stored_item(
+            queue,
+            message,
+            self.options,
+            self.channel.decode_body,
+            publish_id_=publish_id,
+            queue_ttl_ms=self.channel.routing.message_ttl(queue),
+        )
         self.channel.queue(queue).insert(
             item.payload,
             item.priority,
@@ -59,6 +66,8 @@ class Publisher:
             first_send=first_send,
             remember=False,
             task=item.task,
+            ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
+            expires_ms=item.expires_ms,
         )
 
     def put_fanout(self, exchange: str, message: dict) -> None:

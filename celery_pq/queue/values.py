@@ -33,6 +33,7 @@ COUNTERS = (
     "dead_lettered",
     "removed",
     "refused_full",
+    "expired",
 )
 
 #: The fields of an event-log entry, in order (docs/events.md), and those read as integers.
