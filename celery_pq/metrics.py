@@ -20,7 +20,7 @@ and ``celery_pq_leased_messages_by_tenant`` (``tenant``: the ``max_tenants`` lar
 the rest summed as ``other``), and ``celery_pq_up`` (0 when the last scrape could not read Redis).
 
 Counters (``_total``): enqueued, deliveries, redeliveries, acks, requeues, lease expiries,
-dead letters, removed, refusals (queue full), malformed, dead dropped; and
+dead letters, removed, refusals (queue full), malformed, dead dropped, expired; and
 ``celery_pq_tenant_deliveries_total`` per tenant of a fair queue.
 """
 
