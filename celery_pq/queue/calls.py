@@ -104,6 +104,7 @@ def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra)
         dead_reason=dead_reason,
         dead_ms=dead_ms,
         dead_deliveries=dead_deliveries,
+        expires_ms=h.expires_ms or None,
         **extra,
     )
 

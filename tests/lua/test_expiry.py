@@ -52,6 +52,13 @@ def test_deadline_is_stored_in_the_entry_header(redis_client, key_prefix):
     assert before + 30_000 <= stored(redis_client, q, "rel")[0].expires_ms <= after + 30_000
     assert stored(redis_client, q, "abs")[0].expires_ms == before + 5_000
     assert stored(redis_client, q, "both")[0].expires_ms == before + 7_000  # the earlier
+    # peek shows the deadline
+    assert {e.id: e.expires_ms for e in q.peek(4)} == {
+        "rel": stored(redis_client, q, "rel")[0].expires_ms,
+        "abs": before + 5_000,
+        "both": before + 7_000,
+        "none": None,
+    }
     header, payload = stored(redis_client, q, "none")
     assert header.expires_ms == 0 and payload == b"d"
     # an entry without a deadline keeps the six-field header (nothing more to parse or store)
