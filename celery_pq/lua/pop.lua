@@ -61,7 +61,7 @@ if CTX.paused then
   return out
 end
 local got, stale, more, expiring = 0, 0, false, 0
-local now = now_ms()
+local now -- Redis time (ms): read once, when first needed (an empty pop never reads it)
 local P = { lease = {}, deadline = {}, out = out }
 while got < want do
   local asked = want - got
@@ -69,6 +69,9 @@ while got < want do
   popped, more = pi_take(pi, lo, take_hi, asked)
   for i = 1, #popped, 2 do
     local eid, score, v, e, bar = pi_entry(ii, lt, popped[i], popped[i + 1])
+    if eid ~= nil and not now then
+      now = now_ms()
+    end
     if eid == false then
       set_aside(ii, score, v, popped[i + 1], now)
       stale = stale + 1
