@@ -552,9 +552,9 @@ def test_worker_still_checks_expires_of_a_task_delivered_in_time(harness):
     # Given a worker busy with a long task (in its one pool process) and a task that expires
     # while it waits in the worker's prefetch (delivered by the broker before its expiry)
     h.worker("wy", "-P", "prefork", "-c", "1")
-    h.send("e2e.sleep", 2.5, "busy")
+    h.send("e2e.sleep", 4, "busy")
     wait_for(lambda: h.records("start"), 20, "the long task")
-    h.send("e2e.record", "late", 1, expires=1)
+    h.send("e2e.record", "late", 1, expires=2)  # (2 s: the prefetch takes it well before)
     wait_for(lambda: h.queue().stats()["waiting"] == 0, 10, "the prefetch")
     # Then Celery's own check in the worker revokes it as expired: it never runs, and the
     # broker counted no expiry (it delivered it in time)
