@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 class StoredItem(NamedTuple):
     """One insert of a message: ``PriorityQueue.insert(payload, priority, id=..., tenant=...,
     due_ms=..., publish_id=..., task=..., ttl=..., expires_ms=...)``, or the tuple ``insert_many``
-    takes (``as_tuple``: without ``ttl_ms``, which only a publish turns into a deadline).
+    takes (``as_tuple``).
     ``ttl_ms``: the earlier of kombu's ``expiration`` and the queue's ``message_ttl`` (ms from
     the insert, Redis clock); ``expires_ms``: Celery's ``expires`` header (Unix ms, the
     publisher's clock).
@@ -70,6 +70,7 @@ class StoredItem(NamedTuple):
             self.publish_id,
             self.task,
             self.expires_ms,
+            None if self.ttl_ms is None else self.ttl_ms / 1000,
         )
 
 

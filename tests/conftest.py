@@ -7,6 +7,9 @@
 - ``key_prefix``    a unique key prefix per test: isolation is by prefix, never FLUSHALL
 - ``fresh_redis``   a brand-new RedisServer private to one test (restarts, crashes, config)
 
+tests/valkey/ overrides ``redis_server`` and ``fresh_redis`` with Valkey servers and reruns
+chosen modules there (its conftest.py says how).
+
 Every test has a timeout (``timeout`` in pyproject.toml, via pytest-timeout).
 """
 
@@ -17,14 +20,17 @@ import uuid
 import pytest
 import redis
 
-from celery_pq.testing import RedisServer, find_redis_server
+from celery_pq.testing import RedisServer, find_redis_server, find_valkey_server
 
 
 def pytest_report_header(config):
-    try:
-        return f"redis-server: {find_redis_server()}"
-    except RuntimeError as exc:
-        return f"redis-server: {exc}"
+    lines = []
+    for name, find in (("redis-server", find_redis_server), ("valkey-server (tests/valkey)", find_valkey_server)):
+        try:
+            lines.append(f"{name}: {find()}")
+        except RuntimeError as exc:
+            lines.append(f"{name}: {exc}")
+    return lines
 
 
 @pytest.fixture(scope="session")

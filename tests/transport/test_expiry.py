@@ -91,3 +91,23 @@ def test_expired_drop_option(url, opts):
         assert pq.dead.peek(5) == []
         assert pq.counters()["expired"] == 1
         assert [e["r"] for e in pq.events() if e["e"] == "remove"] == ["expired"]
+
+
+def test_expiry_in_a_publish_batch(url, opts):
+    # a batch (kombu's Producer.batch(), one insert call per queue at the flush) keeps each
+    # message's expiration and its queue's message_ttl, and Celery's expires header
+    q = Queue("xb", Exchange("xb", type="direct"), routing_key="xb", message_ttl=60)
+    with Connection(url, transport_options=opts) as conn:
+        q(conn.default_channel).declare()
+        p = Producer(conn.default_channel)
+        past = "2000-01-01T00:00:00+00:00"
+        with p.batch():
+            p.publish({"n": 1}, exchange=q.exchange, routing_key="xb", expiration=0.1)
+            p.publish({"n": 2}, exchange=q.exchange, routing_key="xb")
+            p.publish({"n": 3}, exchange=q.exchange, routing_key="xb", headers={"expires": past})
+        pq = conn.default_channel.queue("xb")
+        deadlines = [e.expires_ms for e in pq.peek(3)]
+        assert len(deadlines) == 3 and None not in deadlines  # message_ttl gave each one
+        time.sleep(0.3)
+        assert bodies(drain(conn, q, 3, timeout=1.5)) == [{"n": 2}]
+        assert pq.counters()["expired"] == 2

@@ -1,0 +1,3 @@
+"""The kombu transport's tests (tests/transport/test_transport.py), every test unchanged, on Valkey."""
+
+from tests.transport.test_transport import *  # noqa: F403
