@@ -55,7 +55,14 @@ class Publisher:
         publish_id, first_send = PublishStamp.take(message)
         if batch is not None:
             publish_id = publish_id or unique_bytes()
-        item = stored_item(queue, message, self.options, self.channel.decode_body, publish_id_=publish_id)
+        item = stored_item(
+            queue,
+            message,
+            self.options,
+            self.channel.decode_body,
+            publish_id_=publish_id,
+            queue_ttl_ms=self.channel.routing.message_ttl(queue),
+        )
         if batch is not None:
             batch.add(queue, item)
             return
@@ -69,6 +76,8 @@ class Publisher:
             first_send=first_send,
             remember=False,
             task=item.task,
+            ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
+            expires_ms=item.expires_ms,
         )
 
     def put_fanout(self, exchange: str, message: dict) -> None:

@@ -53,6 +53,7 @@ import threading
 import redis
 from kombu import Connection
 from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
 from redis import exceptions as rex
 
 from . import connections
@@ -63,7 +64,7 @@ from .delivery import Deliveries, Message, QoS
 from .errors import ConfigError, NotReplicated
 from .leasebook import LeaseBook
 from .leases import LeaseKeeper
-from .messages import prepare_message
+from .messages import message_ttl_ms, prepare_message
 from .options import Options
 from .poller import Poller, Waits
 from .publishing import Publisher
@@ -162,11 +163,17 @@ class Channel(virtual.Channel):
         self.publisher.put_fanout(exchange, message)  # in a batch too: pub/sub keeps nothing to batch
 
     # -- declarations (routing.py: shared in Redis, cached here) ----------------------------------
+    def prepare_queue_arguments(self, arguments, **kwargs):
+        """A queue's declaration arguments as AMQP names them (``message_ttl`` -> ``x-message-ttl``
+        in ms, as kombu's own Redis transport does): a declared message TTL is kept for every
+        publisher of the queue (routing.py) and honoured by the pops (docs/expiry.md)."""
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
+
     def _new_queue(self, queue, **kwargs):
         _check_queue_name(queue)
         if is_view(queue):
             return  # a view consumes its queue; it holds nothing of its own
-        self.routing.add_queue(queue)
+        self.routing.add_queue(queue, message_ttl_ms(kwargs.get("arguments")))
 
     def _has_queue(self, queue, **kwargs):
         return self.routing.has_queue(queue)

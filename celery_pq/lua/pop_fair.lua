@@ -29,7 +29,8 @@
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
--- A tenant-order member is served only when it is current, as pop serves a pointer: its entry
+-- An entry past its expiry deadline is never delivered: dead-lettered or dropped as in pop, at
+-- most EXPIRE_BUDGET per call. Counts as pop does. A tenant-order member is served only when it is current, as pop serves a pointer: its entry
 -- is there, not leased, and has the member's score; any other member is stale and dropped.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
@@ -76,11 +77,11 @@ if CTX.paused then
 end
 local now = now_ms()
 fair_unpark(now)
-local got, stale, looked = 0, 0, 0
+local got, stale, looked, expiring = 0, 0, 0, 0
 local P = { lease = {}, deadline = {}, out = out, now = now, until_ms = fmt(now + lease_ms) }
 local served = {}
 local per_tenant = {} -- tenant -> deliveries in this call
-while got < want and stale < stale_budget and looked < stale_budget do
+while got < want and stale < stale_budget and looked < stale_budget + expiring and expiring < EXPIRE_BUDGET do
   looked = looked + 1
   local m = redis.call('ZRANGEBYLEX', FK.ts, take_lo, take_lex_hi, 'LIMIT', 0, 1)[1]
   if not m then
@@ -118,12 +119,21 @@ while got < want and stale < stale_budget and looked < stale_budget do
       local score = fmt(rank * SEQ_SPAN + seq)
       local v = redis.call('HGET', ii, eid)
       local leased = v and redis.call('HEXISTS', lt, eid) == 1
-      local e = v and not leased and split_entry(v)
+      local e, bar
+      if v and not leased then
+        e, bar = split_entry(v)
+      end
       if v and not leased and not e then
         set_aside(ii, eid, v, rank, now)
       end
       if not e or e.s ~= score then
         stale = stale + 1
+        fair_left(t, rank)
+        fair_refresh(t, false)
+      elseif expired(e, now) then
+        expire(ii, dp, eid, v, e, bar, score, now)
+        expiring = expiring + 1
+        served[rank] = true -- its pointer is stale now: trimmed below with the served ranks'
         fair_left(t, rank)
         fair_refresh(t, false)
       else
