@@ -24,6 +24,7 @@ from . import (
     latency,
     memory_tasks,
     peers,
+    publish_batch,
     queue_api,
     relaxed,
     slowlog,
@@ -43,6 +44,7 @@ def main(argv=None):
     for bench in (
         latency,
         throughput,
+        publish_batch,
         events_cost,
         fairness,
         celery_e2e,

@@ -23,6 +23,12 @@ HIGHER_FIRST = "higher_first"
 LOWER_FIRST = "lower_first"
 PRIORITY_ORDERS = (HIGHER_FIRST, LOWER_FIRST)
 
+# What a pop does with an entry past its expiry deadline (option ``expired``): move it to the
+# dead-letter queue with reason "expired", or delete it. The letter the queue context carries.
+EXPIRED_DEAD_LETTER = "dead_letter"
+EXPIRED_DROP = "drop"
+EXPIRED_POLICIES = {EXPIRED_DEAD_LETTER: "d", EXPIRED_DROP: "x"}
+
 #: Patent techniques for REMOVE BY ID (every entry carries its score either way): "T" deletes
 #: the entry and its pointer in the priority index at once (the pointer is found in its rank's
 #: list: O(its position)); "S" deletes the entry only, and the stale pointer is dropped lazily

@@ -78,6 +78,7 @@ class QoS(virtual.QoS):
                 channel.deliveries.give_back(tag)
             except channel.transport.connection_errors:
                 lost_link += 1  # still leased in Redis: the lease expires and it comes back
+                # (unless its task did start, and its ack reaches Redis first: give_back)
             except Exception as exc:
                 errors.append((exc, message))
         if lost_link:
@@ -252,7 +253,15 @@ class Deliveries:
         held = self.leases.drop(tag)
         if held is not None:
             q, eid = held
-            q.requeue((eid, tag), count_delivery=False)
+            try:
+                q.requeue((eid, tag), count_delivery=False)
+            except self.channel.transport.connection_errors:
+                # Still leased in Redis, renewed by nobody: it comes back when the lease expires.
+                # But its task may have started after all (given back at a lost connection
+                # before its pool child reported the start): the ack that comes when it ends
+                # is still sent, so that it does not run again (LeaseBook.unreturned).
+                self.leases.unreturned(tag, held)
+                raise
 
     def give_back_all(self, tags: Sequence[str]) -> None:
         try:

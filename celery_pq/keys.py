@@ -36,10 +36,12 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:td    hash    tenant -> deliveries (fair queues), kept by pop_fair
     pq:{orders}:ev    stream  the event log, when on (docs/events.md), capped MAXLEN ~ event_log
     pq:{orders}:gc    hash    cursors of the fairness clean-up in the sweep
-    pq:{orders}:sw    string  time of the last sweep (ms, Redis clock): a longer gap than the
-                              sweep's ``gap_ms`` gives leases back the time they had left
+    pq:{orders}:sw    string  time of the last sweep (ms, Redis clock; of the first leases until
+                              a sweep runs): a longer gap than the sweep's ``gap_ms`` gives
+                              leases back the time they had left
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
+    pq:ttl            hash    queue name -> its message_ttl (ms), for queues declared with one
 
 A queue split into shards (the transport option ``shards``, ``shards.py``) is N such queues:
 shard 0 is the queue itself, with the keys above (so a queue of one shard is the queue as it
@@ -210,6 +212,10 @@ def dead_queue_name(name: str) -> str:
 
 def queues_key(prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}:queues"
+
+
+def message_ttls_key(prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}:ttl"
 
 
 def binding_key(exchange: str, prefix: str = KEY_PREFIX) -> str:

@@ -40,6 +40,9 @@ class LeaseBook:
         # the first sending (its reply was lost). Any other refused ack is late, and says so.
         self._resent: set[str] = set()
         self._queues: tuple[PriorityQueue, ...] = ()  # the consumed queues, swept by the keeper
+        # Leases given back in vain (Redis unreachable): not renewed, but an ack that comes for
+        # one (its task ran after all) is still sent (``unreturned``).
+        self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
         #: Set at the channel's close: acks then wait for the keeper (a lost connection).
         self.closed = False
         #: Set by a sweep that returned entries to the consumed queues: look before blocking.
@@ -68,15 +71,27 @@ class LeaseBook:
         with self._lock:
             return self._held.pop(tag, None)
 
+    def unreturned(self, tag: str, held: tuple[PriorityQueue, str]) -> None:
+        """A lease dropped to be given back whose give-back did not reach Redis: it is still
+        leased there, and expires unless an ack for it comes first."""
+        with self._lock:
+            self._unreturned[tag] = held
+
     def ack(self, tag: str, *, defer: bool) -> None:
         """Ack now, or with ``defer`` (and always once closed) with the next round trip; a
-        full batch is sent at once. Fanout messages and no_ack deliveries hold no lease."""
+        full batch is sent at once. Fanout messages and no_ack deliveries hold no lease. The
+        ack of a lease whose give-back failed is sent now: its task did run (after a lost
+        connection, before its pool child reported its start), and its lease, not renewed,
+        would expire and deliver it again; no lease keeper may serve this book any more."""
         with self._lock:
             held = self._held.pop(tag, None)
+            late = held is None
             if held is None:
-                return
+                held = self._unreturned.pop(tag, None)
+                if held is None:
+                    return
             q, eid = held
-            defer = defer or self.closed
+            defer = not late and (defer or self.closed)
             if defer:
                 self._acks.setdefault(q, []).append((eid, tag))
                 self._waiting += 1

@@ -42,7 +42,11 @@ logger = logging.getLogger(__name__)
 
 class StoredItem(NamedTuple):
     """One insert of a message: ``PriorityQueue.insert(payload, priority, id=..., tenant=...,
-    due_ms=..., publish_id=..., task=...)``, or the tuple ``insert_many`` takes (``as_tuple``).
+    due_ms=..., publish_id=..., task=..., ttl=..., expires_ms=...)``, or the tuple ``insert_many``
+    takes (``as_tuple``).
+    ``ttl_ms``: the earlier of kombu's ``expiration`` and the queue's ``message_ttl`` (ms from
+    the insert, Redis clock); ``expires_ms``: Celery's ``expires`` header (Unix ms, the
+    publisher's clock).
     ``task`` (the task name) is kept only when the event log is on: its ``enqueue`` event names it.
     (A named tuple: one is made for every publish.)"""
 
@@ -53,9 +57,21 @@ class StoredItem(NamedTuple):
     due_ms: int | None
     publish_id: bytes | None
     task: str | None = None
+    ttl_ms: int | None = None
+    expires_ms: int | None = None
 
     def as_tuple(self) -> tuple:
-        return self.payload, self.priority, self.id, self.tenant, self.due_ms, self.publish_id, self.task
+        return (
+            self.payload,
+            self.priority,
+            self.id,
+            self.tenant,
+            self.due_ms,
+            self.publish_id,
+            self.task,
+            self.expires_ms,
+            None if self.ttl_ms is None else self.ttl_ms / 1000,
+        )
 
 
 #: The property under which ``prepare_message`` keeps a publish call's ``PublishStamp`` (in the
@@ -140,7 +156,13 @@ def prepare_message(
 
 
 def stored_item(
-    queue: str, message: dict, options: Options, decode_body: Callable, *, publish_id_: bytes | None = None
+    queue: str,
+    message: dict,
+    options: Options,
+    decode_body: Callable,
+    *,
+    publish_id_: bytes | None = None,
+    queue_ttl_ms: int | None = None,
 ) -> StoredItem:
     """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
 
@@ -148,7 +170,8 @@ def stored_item(
     body). ``publish_id_``: the publish id of this publish (the transport's ``PublishStamp``, the
     Spark writer's row identity), or None for one the queue makes per insert call. Nothing of
     the message's content makes a publish id. ValueError or MessageTooLarge, with nothing
-    written, for a message that cannot be stored.
+    written, for a message that cannot be stored. ``queue_ttl_ms``: the queue's ``message_ttl``
+    (``x-message-ttl``), when it has one.
     """
     props = message["properties"]
     priority = props.get("priority")
@@ -166,7 +189,51 @@ def stored_item(
         due_ms=eta_ms(headers.get("eta")),
         publish_id=publish_id_,
         task=task if isinstance(task, str) else None,
+        ttl_ms=_earliest(expiration_ms(props.get("expiration")), queue_ttl_ms),
+        expires_ms=expires_ms(headers.get("expires")),
     )
+
+
+def _earliest(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def expiration_ms(expiration) -> int | None:
+    """kombu's ``expiration`` property (AMQP per-message TTL: ms, as text) as ms, or None when
+    absent or not a number (a message is never refused for it: the worker's checks still run)."""
+    if expiration is None or expiration == "":
+        return None
+    try:
+        return max(0, int(float(expiration)))
+    except (TypeError, ValueError):
+        return None
+
+
+def message_ttl_ms(arguments) -> int | None:
+    """A queue's message TTL (ms) from its declaration's arguments (kombu's
+    ``Queue(message_ttl=seconds)`` sends ``x-message-ttl`` in ms), or None."""
+    ttl = (arguments or {}).get("x-message-ttl") if isinstance(arguments, dict) else None
+    if ttl is None or isinstance(ttl, bool):
+        return None
+    try:
+        return max(0, int(ttl))
+    except (TypeError, ValueError):
+        raise ValueError(f"x-message-ttl must be a number of milliseconds, got {ttl!r}") from None
+
+
+def expires_ms(expires) -> int | None:
+    """Celery's ``expires`` header (ISO 8601; naive times are UTC) as Unix ms, or None when
+    absent or unreadable (then only the worker checks it, as before)."""
+    if not expires or not isinstance(expires, str):
+        return None
+    try:
+        when = datetime.fromisoformat(expires)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0, int(when.timestamp() * 1000))
 
 
 #: Message properties that are never stored: the publish stamp is the publisher's alone, and

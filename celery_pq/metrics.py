@@ -20,7 +20,7 @@ and ``celery_pq_leased_messages_by_tenant`` (``tenant``: the ``max_tenants`` lar
 the rest summed as ``other``), and ``celery_pq_up`` (0 when the last scrape could not read Redis).
 
 Counters (``_total``): enqueued, deliveries, redeliveries, acks, requeues, lease expiries,
-dead letters, removed, refusals (queue full), malformed, dead dropped; and
+dead letters, removed, refusals (queue full), malformed, dead dropped, expired; and
 ``celery_pq_tenant_deliveries_total`` per tenant of a fair queue.
 """
 
@@ -51,6 +51,7 @@ COUNTERS = {
     "refusals": ("refused_full", "Entries refused because the queue (or tenant) was full."),
     "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
     "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
+    "expired": ("expired", "Entries past their expiry deadline, never delivered (dead-lettered or dropped)."),
 }
 
 #: A metric family this collector fills (``add_metric`` on either).

@@ -259,6 +259,12 @@ class Options:
         _queue_setting,
         "None/0: no event log; else the approximate most entries of each queue's event-log stream (docs/events.md)",
     )
+    expired: str = _option(
+        C.EXPIRED_DEAD_LETTER,
+        _queue_setting,
+        '"dead_letter": a message past its expiry (expiration=, message_ttl, Celery\'s expires) goes '
+        'to <queue>.dead with reason "expired" when a pop meets it; "drop": it is deleted (docs/expiry.md)',
+    )
     cluster: bool = _option(
         False,
         _flag,
@@ -420,6 +426,7 @@ class Options:
             dedupe_seconds=self.dedupe_seconds,
             max_dead_length=self.max_dead_length,
             event_log=self.event_log,
+            expired=self.expired,
             wait_replicas=self.wait_replicas,
             wait_timeout=self.wait_timeout,
             shards=self.shards_of(name),
@@ -470,6 +477,7 @@ _QUEUE_SETTINGS = (
     "dedupe_seconds",
     "max_dead_length",
     "event_log",
+    "expired",
     "wait_replicas",
     "wait_timeout",
     "shards",

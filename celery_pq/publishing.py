@@ -5,7 +5,8 @@ publish call stamped with its identity), then augments it in place and puts it. 
 in a queue is stored as ``messages.stored_item`` makes it: one insert, with the publish call's
 id (its own retries carry the same one, so the queue stores it once). A message sent to a
 fanout exchange goes to Redis pub/sub (sharded pub/sub on a Redis Cluster), each receiver
-given a delivery tag of its own.
+given a delivery tag of its own. Inside a producer's batch (``batches.py``) a stored message
+waits in the batch for its flush; a fanout message is sent at once.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from . import connections
 from .codec import Base64Body
+from .ids import unique_bytes
 from .keys import fanout_channel
 from .messages import NOT_SENT, PublishStamp, serialized, stored_item, without_properties
 
 if TYPE_CHECKING:
+    from .batches import PublishBatch
     from .transport import Channel
 
 
@@ -44,11 +47,25 @@ class Publisher:
         props["body_encoding"] = encoding
         props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
 
-    def put(self, queue: str, message: dict) -> None:
+    def put(self, queue: str, message: dict, batch: PublishBatch | None = None) -> None:
         """Store ``message`` in ``queue``: one publish call, one publish id (its own retries,
-        kombu's ``ensure``, carry the same one)."""
+        kombu's ``ensure``, carry the same one). In a producer's ``batch`` (batches.py), the
+        stored item waits there for the batch's flush, under a publish id of its own even when
+        the call's went to another queue (a flush sent again stores it once)."""
         publish_id, first_send = PublishStamp.take(message)
-        item = stored_item(queue, message, self.options, self.channel.decode_body, publish_id_=publish_id)
+        if batch is not None:
+            publish_id = publish_id or unique_bytes()
+        item = stored_item(
+            queue,
+            message,
+            self.options,
+            self.channel.decode_body,
+            publish_id_=publish_id,
+            queue_ttl_ms=self.channel.routing.message_ttl(queue),
+        )
+        if batch is not None:
+            batch.add(queue, item)
+            return
         self.channel.queue(queue).insert(
             item.payload,
             item.priority,
@@ -59,6 +76,8 @@ class Publisher:
             first_send=first_send,
             remember=False,
             task=item.task,
+            ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
+            expires_ms=item.expires_ms,
         )
 
     def put_fanout(self, exchange: str, message: dict) -> None:

@@ -13,7 +13,9 @@ entry              ii (hash)   entry id -> header ``"|"`` payload, header = ``d,
                                place in the priority order); t tenant (escaped: no ``,`` ``|``
                                or control characters); x flags (``d``: the id is a duplicate id
                                ``<id>~<seq>``); r dead-letter note (dead-letter entries only);
-                               ts enqueue time (ms, Redis clock)
+                               ts enqueue time (ms, Redis clock); then, only for an entry
+                               with an expiry deadline, ``,xp``: the deadline (Unix ms, Redis
+                               clock) past which a pop never delivers it (``d,s,t,x,r,ts,xp``)
 dead-letter note   in entry    ``reason@ms@deliveries``: why, when (ms, Redis clock) and after how
                                many deliveries it was dead-lettered
 lease              lt (hash)   entry id -> ``token,consumer,score,deliveries,flags,tenant``
@@ -45,7 +47,7 @@ from . import constants as C
 #: fair_scope -> the letter a mode record and the scripts use.
 FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
 
-_ENTRY = re.compile(rb"(\d*),(\d+),([^,]*),([^,]*),([^,]*),(\d*)\Z")
+_ENTRY = re.compile(rb"(\d*),(\d+),([^,]*),([^,]*),([^,]*),(\d*)(?:,(\d*))?\Z")
 _LEASE = re.compile(rb"([^,]*),([^,]*),(\d+),(\d*),([^,]*),([^,]*)\Z")
 
 
@@ -63,6 +65,7 @@ class EntryHeader(NamedTuple):
     flags: bytes = b""
     dead_note: bytes = b""
     enqueued_ms: int = 0
+    expires_ms: int = 0  # the expiry deadline; 0 for none
 
 
 def split_entry(value) -> tuple[EntryHeader, bytes] | None:
@@ -71,8 +74,8 @@ def split_entry(value) -> tuple[EntryHeader, bytes] | None:
     m = _ENTRY.match(header) if bar else None
     if m is None:
         return None
-    d, s, t, x, r, ts = m.groups()
-    return EntryHeader(int(d or 0), int(s), t, x, r, int(ts or 0)), payload
+    d, s, t, x, r, ts, xp = m.groups()
+    return EntryHeader(int(d or 0), int(s), t, x, r, int(ts or 0), int(xp or 0)), payload
 
 
 def entry_payload(value) -> bytes:
@@ -83,7 +86,8 @@ def entry_payload(value) -> bytes:
 
 def join_entry(header: EntryHeader, payload) -> bytes:
     h = header
-    return b"%d,%d,%s,%s,%s,%d|" % (h.deliveries, h.score, h.tenant, h.flags, h.dead_note, h.enqueued_ms) + _b(payload)
+    head = b"%d,%d,%s,%s,%s,%d" % (h.deliveries, h.score, h.tenant, h.flags, h.dead_note, h.enqueued_ms)
+    return head + (b",%d|" % h.expires_ms if h.expires_ms else b"|") + _b(payload)
 
 
 def split_dead_note(note) -> tuple[str, int, int] | None:

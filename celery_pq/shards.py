@@ -146,13 +146,14 @@ class ShardedQueue(ShardedReads):
         return shard.insert(payload, priority, tenant=tenant, publish_id=publish_id, **kwargs)
 
     def insert_many(
-        self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False
+        self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True
     ) -> list[str] | tuple[list[str], list[bool]]:
         """``PriorityQueue.insert_many``, each item to the shard ``shard_for`` picks (one call per
         shard). On a failure, ``exc.stored`` (one per item, in the order given) has the ids of
         the shards done and of the failed shard's stored items; ``exc.items`` are the items not
         known to be stored, of that shard and of the shards not reached. ``repeats=True``: as
-        ``PriorityQueue.insert_many``'s, ``(ids, repeated)`` in the order given."""
+        ``PriorityQueue.insert_many``'s, ``(ids, repeated)`` in the order given; ``remember``: as
+        ``PriorityQueue.insert_many``'s."""
         items = [
             item
             if len(item) > 2 and item[2] is not None
@@ -171,7 +172,9 @@ class ShardedQueue(ShardedReads):
         for g, s in enumerate(order):
             idx = groups[s]
             try:
-                got: Any = self.shards[s].insert_many([items[i] for i in idx], chunk=chunk, repeats=repeats)
+                got: Any = self.shards[s].insert_many(
+                    [items[i] for i in idx], chunk=chunk, repeats=repeats, remember=remember
+                )
             except Exception as exc:
                 for i, eid in zip(idx, getattr(exc, "stored", ())):
                     ids[i] = eid

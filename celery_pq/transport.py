@@ -29,7 +29,8 @@ Where the rest lives
 ====================
 ``poller.py``: how a consumer waits and is woken (the blocking read, pub/sub, the one wait
 loop). ``delivery.py``: what a channel receives (pop, deliver, ack, reject, give back).
-``publishing.py``: what it publishes (a stored message, a fanout broadcast). ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
+``publishing.py``: what it publishes (a stored message, a fanout broadcast); ``batches.py``:
+kombu's ``Producer.batch()``. ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
 ``leases.py``: the thread that renews them and sweeps expired ones. ``queue.py``: the queue
 itself (pop with acks in one round trip, ack, requeue, ...). ``shards.py``: a queue split into
 ``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
@@ -52,16 +53,18 @@ import threading
 import redis
 from kombu import Connection
 from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
 from redis import exceptions as rex
 
 from . import connections
 from . import constants as C
+from .batches import PublishBatch
 from .codec import Base64Body
 from .delivery import Deliveries, Message, QoS
 from .errors import ConfigError, NotReplicated
 from .leasebook import LeaseBook
 from .leases import LeaseKeeper
-from .messages import prepare_message
+from .messages import message_ttl_ms, prepare_message
 from .options import Options
 from .poller import Poller, Waits
 from .publishing import Publisher
@@ -149,18 +152,28 @@ class Channel(virtual.Channel):
     def _inplace_augment_message(self, message, exchange, routing_key):
         self.publisher.augment(message, exchange, routing_key)
 
-    def _put(self, queue, message, **kwargs):
-        self.publisher.put(queue, message)
+    def _put(self, queue, message, _publish_batch=None, **kwargs):
+        self.publisher.put(queue, message, _publish_batch)
 
-    def _put_fanout(self, exchange, message, routing_key, **kwargs):
-        self.publisher.put_fanout(exchange, message)
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        """kombu's ``Producer.batch()``: one round trip per queue at each flush (batches.py)."""
+        return PublishBatch(self, max_size)
+
+    def _put_fanout(self, exchange, message, routing_key, _publish_batch=None, **kwargs):
+        self.publisher.put_fanout(exchange, message)  # in a batch too: pub/sub keeps nothing to batch
 
     # -- declarations (routing.py: shared in Redis, cached here) ----------------------------------
+    def prepare_queue_arguments(self, arguments, **kwargs):
+        """A queue's declaration arguments as AMQP names them (``message_ttl`` -> ``x-message-ttl``
+        in ms, as kombu's own Redis transport does): a declared message TTL is kept for every
+        publisher of the queue (routing.py) and honoured by the pops (docs/expiry.md)."""
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
+
     def _new_queue(self, queue, **kwargs):
         _check_queue_name(queue)
         if is_view(queue):
             return  # a view consumes its queue; it holds nothing of its own
-        self.routing.add_queue(queue)
+        self.routing.add_queue(queue, message_ttl_ms(kwargs.get("arguments")))
 
     def _has_queue(self, queue, **kwargs):
         return self.routing.has_queue(queue)
@@ -302,6 +315,7 @@ class Transport(virtual.Transport):
 
     implements = virtual.Transport.implements.extend(
         asynchronous=True,
+        batch_publish=True,  # Producer.batch(): Channel.create_publish_batch
         exchange_type=frozenset(["direct", "topic", "fanout"]),
     )
 

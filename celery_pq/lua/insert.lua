@@ -34,14 +34,17 @@
 --                   first send (a call the client never sent before cannot have been stored: the
 --                   window is not looked at, only written); "0" when the groups carry publish ids
 --                   of their own; "R" as "0", and the reply tells repeats (see Returns)
--- ARGV[7+nviews+nforget..] id rank tenant payload due publish_id task...  the entries, seven
---                   arguments each: id ("" for a generated one), rank (0..255, 0 served first),
+-- ARGV[7+nviews+nforget..] id rank tenant payload due publish_id task expires...  the entries,
+--                   eight arguments each: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
 --                   publish id ("" for none): a publish id seen in the last window (at most
 --                   twice that) stores nothing and gives the entry id stored then; the window
 --                   is the longest dedupe_ms any producer of the queue asked for lately (pt),
---                   task name ("" for none; only the event log keeps it)
+--                   task name ("" for none; only the event log keeps it),
+--                   expires: the entry's expiry deadline, "" for none, "+<ms>" that long from
+--                   now (Redis clock), absolute Unix ms, or "<abs ms>+<ms>" (the earlier of the
+--                   two); stored in the entry (its xp), a pop never delivers it once passed
 -- Counts enqueued (entries stored) and refused_full (entries of a refused call; the refused
 -- call writes nothing else). Logs enqueue per entry stored. A paused queue wakes nobody.
 -- Returns: the entry ids, one per group, in order (with made "R", the id of a group that
@@ -72,7 +75,7 @@ local sent = ARGV[6 + nviews + nforget]
 local tell = sent == 'R' -- the reply marks each repeat
 local made = sent ~= '0' and not tell
 local first = 7 + nviews + nforget
-local n = (#ARGV - first + 1) / 7
+local n = (#ARGV - first + 1) / 8
 
 -- publish ids: two hashes (this window's and the last one's), rotated every dedupe_ms
 local pd, pe, pt = key_of('pd'), key_of('pe'), key_of('pt')
@@ -141,7 +144,7 @@ if CTX.dedupe_ms > 0 then
   claim = look and n == 1 and max_length == 0 and not (fair and max_per_tenant > 0)
   local mine = {}
   for i = 0, n - 1 do
-    local g = first + 7 * i
+    local g = first + 8 * i
     local pid = ARGV[g + 5]
     if pid ~= '' then
       if mine[pid] then -- a later group with the same publish id is the same publish
@@ -175,7 +178,7 @@ if fair and max_per_tenant > 0 then
   local adding = {}
   for i = 0, n - 1 do
     if not seen[i] then
-      local t = ARGV[first + 2 + 7 * i]
+      local t = ARGV[first + 2 + 8 * i]
       adding[t] = (adding[t] or 0) + 1
       local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
       if have + adding[t] > max_per_tenant then
@@ -192,7 +195,7 @@ local woken = {}
 local ready = false
 local stored = {} -- publish id -> entry id, for a repeat within this call
 for i = 0, n - 1 do
-  local g = first + 7 * i
+  local g = first + 8 * i
   local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
     ARGV[g + 5]
   if seen[i] then
@@ -206,6 +209,15 @@ for i = 0, n - 1 do
     else
       due = tonumber(due)
     end
+    local stamp, xp = ts, ARGV[g + 7]
+    if xp ~= '' then -- the deadline, absolute ms on the Redis clock, kept after ts
+      local abs, rel = string.match(xp, '^(%d*)%+?(%d*)$')
+      local at = tonumber(abs)
+      if rel ~= '' then
+        at = math.min(at or math.huge, now + tonumber(rel))
+      end
+      stamp = ts .. ',' .. fmt(at)
+    end
     local seq = redis.call('INCR', sq)
     local score = fmt(rank * SEQ_SPAN + seq)
     local base = id
@@ -214,14 +226,14 @@ for i = 0, n - 1 do
     end
     -- HSETNX: a free id is stored at once (free_id's HEXISTS and the HSET in one command)
     local eid, dup = base, nil
-    if redis.call('HSETNX', ii, base, make_entry(0, score, tenant, '', '', ts, '|', payload)) == 0 then
+    if redis.call('HSETNX', ii, base, make_entry(0, score, tenant, '', '', stamp, '|', payload)) == 0 then
       eid, dup = free_id(ii, base, sq, seq)
       local flags = ''
       if dup and id ~= '' then
         flags = 'd'
         dup_add(id, dup)
       end
-      redis.call('HSET', ii, eid, make_entry(0, score, tenant, flags, '', ts, '|', payload))
+      redis.call('HSET', ii, eid, make_entry(0, score, tenant, flags, '', stamp, '|', payload))
     end
     tally('enqueued')
     emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])

@@ -1,8 +1,12 @@
 -- pop: RETRIEVE HIGHEST PRIORITY and lease it (BQF GetNextWaiting: Waiting -> InProcess).
 -- Takes up to ARGV[4] entries in priority order, FIFO within a priority. A stale pointer of
 -- the priority index (its entry removed by id, or moved to another priority) is discarded
--- here: the patent's lazy deletion. The lease is recorded in this same script, so a popped
--- entry never exists only in a consumer's memory.
+-- here: the patent's lazy deletion. An entry past its expiry deadline is never delivered: it
+-- is dead-lettered with reason "expired", or dropped (the queue context's expired policy), at
+-- most EXPIRE_BUDGET of them per call (includes/dead.lua), and the call goes on. The lease is
+-- recorded in this same script, so a popped entry never exists only in a consumer's memory.
+-- The first leases of a queue no sweep has run on start its sweep record sw
+-- (includes/leases.lua, write_leases).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -27,8 +31,8 @@
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
 -- A paused queue delivers nothing (the acks are still applied) and its wake list goes, so its
--- consumers block until the resume wakes them. Counts acked, delivered, redelivered; logs
--- ack and deliver.
+-- consumers block until the resume wakes them. Counts acked, delivered, redelivered, expired
+-- (and dead_lettered); logs ack, deliver, dead or remove (reason "expired").
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
@@ -58,20 +62,28 @@ if CTX.paused then
   flush_counts()
   return out
 end
-local got, stale, more = 0, 0, false
+local got, stale, more, expiring = 0, 0, false, 0
+local now -- Redis time (ms): read once, when first needed (an empty pop never reads it)
 local P = { lease = {}, deadline = {}, out = out }
 while got < want do
   local asked = want - got
   local popped
   popped, more = pi_take(pi, lo, take_hi, asked)
   for i = 1, #popped, 2 do
-    local eid, score, v, e = pi_entry(ii, lt, popped[i], popped[i + 1])
+    local eid, score, v, e, bar = pi_entry(ii, lt, popped[i], popped[i + 1])
+    if eid ~= nil and not now then
+      now = now_ms()
+    end
     if eid == false then
-      set_aside(ii, score, v, popped[i + 1], now_ms())
+      set_aside(ii, score, v, popped[i + 1], now)
       stale = stale + 1
+    elseif eid and expired(e, now) then
+      expire(ii, dp, eid, v, e, bar, score, now)
+      expiring = expiring + 1
     elseif eid then
       if not P.until_ms then
-        P.until_ms = fmt(now_ms() + lease_ms)
+        P.now = now
+        P.until_ms = fmt(now + lease_ms)
       end
       got = got + 1
       add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, e.t, v)
@@ -79,7 +91,7 @@ while got < want do
       stale = stale + 1
     end
   end
-  if #popped < 2 * asked or stale >= stale_budget then
+  if #popped < 2 * asked or stale >= stale_budget or expiring >= EXPIRE_BUDGET then
     break
   end
 end

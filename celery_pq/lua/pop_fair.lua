@@ -2,7 +2,8 @@
 -- the best priority level, under within_priority) gives its best entry; its finish tag moves
 -- on by 1/weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
 -- are parked (left out of the schedule) instead of being scanned past. Everything else is as in
--- pop (a paused queue delivers nothing). Also counts deliveries per tenant (hash td).
+-- pop (a paused queue delivers nothing; the first leases start the sweep record sw). Also counts
+-- deliveries per tenant (hash td).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table (its stale front pointers are dropped here)
@@ -28,7 +29,8 @@
 -- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
 --           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
--- A tenant-order member is served only when it is current, as pop serves a pointer: its entry
+-- An entry past its expiry deadline is never delivered: dead-lettered or dropped as in pop, at
+-- most EXPIRE_BUDGET per call. Counts as pop does. A tenant-order member is served only when it is current, as pop serves a pointer: its entry
 -- is there, not leased, and has the member's score; any other member is stale and dropped.
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
@@ -75,11 +77,11 @@ if CTX.paused then
 end
 local now = now_ms()
 fair_unpark(now)
-local got, stale, looked = 0, 0, 0
-local P = { lease = {}, deadline = {}, out = out, until_ms = fmt(now + lease_ms) }
+local got, stale, looked, expiring = 0, 0, 0, 0
+local P = { lease = {}, deadline = {}, out = out, now = now, until_ms = fmt(now + lease_ms) }
 local served = {}
 local per_tenant = {} -- tenant -> deliveries in this call
-while got < want and stale < stale_budget and looked < stale_budget do
+while got < want and stale < stale_budget and looked < stale_budget + expiring and expiring < EXPIRE_BUDGET do
   looked = looked + 1
   local m = redis.call('ZRANGEBYLEX', FK.ts, take_lo, take_lex_hi, 'LIMIT', 0, 1)[1]
   if not m then
@@ -117,12 +119,21 @@ while got < want and stale < stale_budget and looked < stale_budget do
       local score = fmt(rank * SEQ_SPAN + seq)
       local v = redis.call('HGET', ii, eid)
       local leased = v and redis.call('HEXISTS', lt, eid) == 1
-      local e = v and not leased and split_entry(v)
+      local e, bar
+      if v and not leased then
+        e, bar = split_entry(v)
+      end
       if v and not leased and not e then
         set_aside(ii, eid, v, rank, now)
       end
       if not e or e.s ~= score then
         stale = stale + 1
+        fair_left(t, rank)
+        fair_refresh(t, false)
+      elseif expired(e, now) then
+        expire(ii, dp, eid, v, e, bar, score, now)
+        expiring = expiring + 1
+        served[rank] = true -- its pointer is stale now: trimmed below with the served ranks'
         fair_left(t, rank)
         fair_refresh(t, false)
       else

@@ -25,6 +25,8 @@
 --                         gap_ms ago, nobody could sweep or renew in between (Redis was paused,
 --                         down, or unreachable): each lease whose deadline fell in that gap gets
 --                         back the time it had left when the gap began, counted from now
+--                         (before the first sweep, sw is the time of the queue's first leases:
+--                         includes/leases.lua write_leases)
 -- ARGV[6] restore_ms      0, or the least time (ms) from now such a lease gets: the holder's lease
 --                         length, so that its deadline counts from now, the first moment its
 --                         holder can reach Redis again (its keeper may be slow to get through)

@@ -66,6 +66,7 @@ class QueueBase:
         #: slot migrates stops before it writes anything, and is made again (scripts.py).
         self.context = ("~" if is_cluster(client) else "") + (
             f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}|{self.event_log}"
+            f"|{C.EXPIRED_POLICIES[s.expired]}"
         )
 
     @property

@@ -104,6 +104,7 @@ def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra)
         dead_reason=dead_reason,
         dead_ms=dead_ms,
         dead_deliveries=dead_deliveries,
+        expires_ms=h.expires_ms or None,
         **extra,
     )
 
@@ -122,7 +123,7 @@ def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0") -> list:
     none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made
     here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send)."""
     entries: list = []
-    for n, (payload, priority, id, tenant, due, pid, task) in enumerate(items):
+    for n, (payload, priority, id, tenant, due, pid, task, expires) in enumerate(items):
         if made not in ("0", "R") and n:
             pid = None  # a made publish id stands for the whole call: the first group's
         entries += [
@@ -133,6 +134,7 @@ def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0") -> list:
             due,
             pid or "",
             task or "",
+            expires,
         ]
     return head(*entries, forget=forget, made=made)
 

@@ -37,29 +37,30 @@ class QueueInserts(QueueBase):
         keys, head = self._head
         return self.call("insert", keys, calls.insert_args(self, head, items, forget, made))
 
-    def _take_forgets(self) -> list:
+    def _take_forgets(self, most: int = C.FORGET_MAX) -> list:
         """Publish ids whose inserts have replied (none of them can be retried now), once
-        FORGET_BATCH of them are waiting: the next insert call has the script forget them in
-        one command, so the window holds only unanswered ones and at most a batch more."""
+        FORGET_BATCH of them are waiting, ``most`` of them at most: the next insert call has
+        the script forget them in one command, so the window holds only unanswered ones and at
+        most a batch more."""
         if len(self._forget) < C.FORGET_BATCH:  # (a look without the lock: the take below is under it)
             return []
         with self._forget_lock:
             if len(self._forget) < C.FORGET_BATCH:
                 return []
-            out, self._forget = self._forget[: C.FORGET_MAX], self._forget[C.FORGET_MAX :]
+            out, self._forget = self._forget[:most], self._forget[most:]
         return out
 
     def _answered(self, pids) -> None:
         with self._forget_lock:
             # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
-            # drops them (a bulk insert leaves them to it)
+            # drops them
             self._forget.extend(pids)
             if len(self._forget) > C.FORGET_PENDING:
                 del self._forget[: len(self._forget) - C.FORGET_PENDING]
 
-    def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None, task=None) -> tuple:
+    def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None, task=None, expires="") -> tuple:
         """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
-        publish id, task), with a new publish id when none is given and dedupe is on."""
+        publish id, task, expires), with a new publish id when none is given and dedupe is on."""
         if not isinstance(payload, (bytes, str)):
             raise ValueError(f"payload must be bytes or str, got {type(payload).__name__}")
         self.rank(priority)
@@ -75,7 +76,7 @@ class QueueInserts(QueueBase):
             publish_id = as_bytes(publish_id)
         if task is not None and not isinstance(task, str):
             raise ValueError(f"task must be a task name (str) or None, got {task!r}")
-        return payload, priority, id, tenant, due, publish_id, task
+        return payload, priority, id, tenant, due, publish_id, task, expires
 
     def _check_reply(self, reply, items) -> bool:
         """``calls.check_insert``, refreshing the views when they changed (then False: retry)."""
@@ -97,6 +98,8 @@ class QueueInserts(QueueBase):
         first_send: bool = False,
         remember: bool | None = None,
         task: str | None = None,
+        ttl: float | None = None,
+        expires_ms: int | None = None,
     ) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
@@ -115,8 +118,14 @@ class QueueInserts(QueueBase):
         retry of it can come any more (the window then costs memory only for unanswered calls).
 
         ``task`` names the task for the event log's ``enqueue`` event (nothing else keeps it).
+
+        ``ttl`` (seconds from now, Redis clock) and ``expires_ms`` (absolute Unix time, ms) give
+        the entry an expiry deadline, the earlier of the two: once it has passed, a pop never
+        delivers the entry (it is dead-lettered with reason ``expired``, or dropped: the
+        ``expired`` setting). A delay does not move the deadline.
         """
-        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task)]
+        expires = _expiry(ttl, expires_ms)
+        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, expires)]
         pid = self.last_publish_id = items[0][5]
         forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
         for _ in range(5):
@@ -136,10 +145,12 @@ class QueueInserts(QueueBase):
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(
-        self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK, repeats: bool = False
+        self, items: Iterable[tuple], *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True
     ) -> list[str] | tuple[list[str], list[bool]]:
-        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]])``
-        tuples, in chunks of ``chunk`` (one atomic script call each), pipelined.
+        """Bulk INSERT of ``(payload, priority[, id[, tenant[, due_ms[, publish_id[, task[,
+        expires_ms[, ttl]]]]]]])`` tuples (``expires_ms``, ``ttl``: the expiry deadline, as
+        ``insert`` takes them; ``ttl`` counts from the insert), in chunks of ``chunk`` (one
+        atomic script call each), pipelined.
 
         ``max_length`` is checked per chunk. When a chunk fails, the exception says which items
         were stored: ``exc.stored`` has one element per item, its entry id or None (not stored,
@@ -156,21 +167,28 @@ class QueueInserts(QueueBase):
         the window, or an earlier item of the same call carried it; its id is the entry stored
         then. (A pipeline that redis-py itself sent again after a lost reply finds its own
         items so.) Items without a publish id of the caller's are never repeats.
+
+        ``remember=False``: the caller will not send these items again once they are stored
+        (a producer's publish batch), so the publish ids of the caller's are forgotten, as
+        ``insert``'s are, by the next insert calls (each chunk call forgets up to a chunk's
+        worth): the window then costs memory only for items still without a reply. Items of a
+        failed call stay remembered for the window (they are the ones sent again).
         """
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         norm = []
         items_given = list(items)
         for item in items_given:
-            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
+            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 9:
                 raise ValueError(
                     "insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
-                    f"[, task]]]]]) tuples, got {item!r}"
+                    f"[, task[, expires_ms[, ttl]]]]]]]) tuples, got {item!r}"
                 )
             payload, priority, *rest = item
-            rest += [None] * (5 - len(rest))
+            rest += [None] * (7 - len(rest))
             try:
-                norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4]))
+                when, expires = _when(None, rest[2]), _expiry(rest[6], rest[5])
+                norm.append(self._item(payload, priority, rest[0], rest[1], when, rest[3], rest[4], expires))
             except ValueError as exc:
                 raise ValueError(f"insert_many item {item!r}: {exc}") from None
         ids: list = [None] * len(norm)
@@ -179,20 +197,23 @@ class QueueInserts(QueueBase):
         made = {i for i, item in enumerate(items_given) if len(item) < 6 or item[5] is None}
         given = [None if i in made else norm[i][5] for i in range(len(norm))]  # the caller's publish ids
         while pending:
-            forget = self._take_forgets()
+            # each chunk call forgets a share of the answered ids: at most FORGET_MAX, or a
+            # chunk's worth when the caller forgets its own (a batch answers a chunk at a time)
+            most = max(C.FORGET_MAX, chunk) if not remember else C.FORGET_MAX
+            forgets = [self._take_forgets(most) if n == 0 or not remember else [] for n in range(len(pending))]
             try:
                 replies, acked = self.run_replicated(
                     [
                         self.insert_call(
                             part,
-                            forget if n == 0 else (),
+                            forget,
                             calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats),
                         )
-                        for n, (start, part) in enumerate(pending)
+                        for (start, part), forget in zip(pending, forgets)
                     ]
                 )
             except Exception as exc:
-                self._answered(forget)
+                self._answered([pid for forget in forgets for pid in forget])
                 raise _partial(exc, ids, norm, given, "chunks without a reply may or may not be stored") from None
             retry, failed = [], None
             for (start, part), reply in zip(pending, replies):
@@ -215,8 +236,8 @@ class QueueInserts(QueueBase):
                     exc,
                     list(ids),
                     [
-                        (p, pr, i, t, None if d == "0" else int(d), g, task)
-                        for (p, pr, i, t, d, _, task), g in zip(norm, given)
+                        (p, pr, i, t, None if d == "0" else int(d), g, task, *_expiry_fields(x))
+                        for (p, pr, i, t, d, _, task, x), g in zip(norm, given)
                     ],
                 )
                 exc.add_note(
@@ -230,6 +251,8 @@ class QueueInserts(QueueBase):
         self._answered(
             [norm[start][5] for start in range(0, len(norm), chunk) if start in made and norm[start][5] is not None]
         )
+        if not remember:
+            self._answered([pid for pid in given if pid is not None])
         return (ids, repeated) if repeats else ids
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
@@ -265,14 +288,33 @@ def _when(delay: float | None, due_ms: int | None) -> str:
     return "0"
 
 
+def _expiry(ttl: float | None, expires_ms: int | None) -> str:
+    """The insert script's expires field: "" none, "+<ms>" from Redis's now, absolute Unix ms,
+    or "<abs>+<ms>" (the earlier of the two)."""
+    out = ""
+    if expires_ms is not None:
+        if isinstance(expires_ms, bool) or not isinstance(expires_ms, int) or not 0 <= expires_ms <= MAX_DUE_MS:
+            raise ValueError(f"expires_ms must be a Unix time in milliseconds, 0..{MAX_DUE_MS}, got {expires_ms!r}")
+        out = str(expires_ms)
+    if ttl is not None:
+        out += f"+{max(0, int(float(_seconds('ttl', ttl, zero=True) or 0) * 1000))}"
+    return out
+
+
+def _expiry_fields(expires: str) -> tuple[int | None, float | None]:
+    """(expires_ms, ttl) of an expires field (``_expiry``'s inverse), for items given back."""
+    absolute, plus, rel = expires.partition("+")
+    return (int(absolute) if absolute else None), (int(rel) / 1000 if plus else None)
+
+
 def _partial(exc: Exception, ids: list, items: list, made: list, why: str) -> Exception:
     """``exc`` of a failed ``insert_many``, saying which items were stored."""
     mark_stored(
         exc,
         list(ids),
         [
-            (p, pr, i, t, None if d == "0" else int(d), given, task)
-            for (p, pr, i, t, d, _, task), given, eid in zip(items, made, ids)
+            (p, pr, i, t, None if d == "0" else int(d), given, task, *_expiry_fields(x))
+            for (p, pr, i, t, d, _, task, x), given, eid in zip(items, made, ids)
             if eid is None
         ],
     )

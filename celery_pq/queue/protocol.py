@@ -53,9 +53,11 @@ class Queue(Protocol):
         first_send: bool = False,
         remember: bool | None = None,
         task: str | None = None,
+        ttl: float | None = None,
+        expires_ms: int | None = None,
     ) -> str: ...
 
-    def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False) -> Any: ...
+    def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False, remember: bool = True) -> Any: ...
 
     def pop(
         self,

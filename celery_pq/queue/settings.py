@@ -48,6 +48,7 @@ class QueueSettings:
     dedupe_seconds: float = C.DEDUPE_SECONDS
     max_dead_length: int | None = None
     event_log: int | None = 0
+    expired: str = C.EXPIRED_DEAD_LETTER
     wait_replicas: int = 0
     wait_timeout: float = C.WAIT_TIMEOUT
     shards: int = 1
@@ -70,6 +71,8 @@ class QueueSettings:
         keep(self, "max_deliveries", count("max_deliveries", self.max_deliveries, low=0, none=False, error=ConfigError))
         if self.technique not in C.TECHNIQUES:
             raise ConfigError(f"technique must be one of {C.TECHNIQUES}, got {self.technique!r}")
+        if self.expired not in C.EXPIRED_POLICIES:
+            raise ConfigError(f"expired must be one of {tuple(C.EXPIRED_POLICIES)}, got {self.expired!r}")
         if self.priority_order not in C.PRIORITY_ORDERS:
             raise ConfigError(f"priority_order must be one of {C.PRIORITY_ORDERS}, got {self.priority_order!r}")
         count("max_length", self.max_length, error=ConfigError)
@@ -113,6 +116,7 @@ class QueueSettings:
             max_dead_length=self.max_dead_length or self.max_length,
             dedupe_seconds=self.dedupe_seconds,
             event_log=self.event_log,
+            expired=self.expired,
         )
 
     def with_mode(self, mode: dict) -> QueueSettings:

@@ -33,6 +33,7 @@ COUNTERS = (
     "dead_lettered",
     "removed",
     "refused_full",
+    "expired",
 )
 
 #: The fields of an event-log entry, in order (docs/events.md), and those read as integers.
@@ -70,6 +71,8 @@ class Entry:
     dead_ms: int | None = None
     #: Deliveries before it was dead-lettered (entries of a dead-letter queue only).
     dead_deliveries: int | None = None
+    #: Its expiry deadline (Unix ms, Redis clock), past which no pop delivers it; None: none.
+    expires_ms: int | None = None
 
 
 @dataclass

@@ -22,6 +22,9 @@ def test_benchmarks_run_and_write_results(tmp_path):
     tput = json.loads((tmp_path / "throughput.json").read_text())
     assert set(tput["results"]) == {"publish", "consume_prefetch_1", "consume_prefetch_10"}
     assert all(row["ratio"] > 0 for row in tput["results"].values())
+    batches = json.loads((tmp_path / "publish_batch.json").read_text())["results"]
+    assert set(batches) == {"direct", "exchange"}
+    assert all(r["vs_kombu_batch"] > 0 and r["vs_one_by_one"] > 0 for r in batches.values())
     events = json.loads((tmp_path / "events_cost.json").read_text())
     assert set(events["results"]) == {"publish", "consume_prefetch_1", "consume_prefetch_10"}
     assert all(row["ratio"] > 0 for row in events["results"].values())

@@ -528,3 +528,42 @@ def test_every_field_a_task_carries_reaches_the_worker_from_the_compact_form(har
     assert {r["group"] for r in g} == {grouped.id} and sorted(r["group_index"] for r in g) == [0, 1]
     [o] = by_first["old"]
     assert (o["id"], o["root_id"], o["task"]) == (old_id, old_id, "e2e.echo")
+
+
+def test_task_past_its_expires_never_runs_and_is_dead_lettered(harness):
+    h = harness({"event_log": 1000})
+    # Given a task whose expires passes while it waits (no worker yet), and one without
+    h.send("e2e.record", "expired", 1, expires=1)
+    h.send("e2e.record", "live", 2)
+    time.sleep(1.5)
+    # When a worker starts
+    h.worker("wx")
+    wait_for(lambda: h.records("order"), 20, "the live task")
+    wait_for(lambda: h.queue().stats()["leased"] == 0, 10, "its ack")
+    # Then only the live task ran: the broker never delivered the expired one
+    assert [r[0] for r in h.records("order")] == ["live"]
+    q = h.queue()
+    [dead] = q.dead.peek(5)
+    assert dead.dead_reason == "expired"
+    assert decode(dead.payload)["headers"]["task"] == "e2e.record"
+    assert q.counters()["expired"] == 1
+    assert [e["r"] for e in q.events() if e["e"] == "dead"] == ["expired"]
+    assert q.size() == 0
+
+
+def test_worker_still_checks_expires_of_a_task_delivered_in_time(harness):
+    h = harness()
+    # Given a worker busy with a long task (in its one pool process) and a task that expires
+    # while it waits in the worker's prefetch (delivered by the broker before its expiry)
+    h.worker("wy", "-P", "prefork", "-c", "1")
+    h.send("e2e.sleep", 4, "busy")
+    wait_for(lambda: h.records("start"), 20, "the long task")
+    h.send("e2e.record", "late", 1, expires=2)  # (2 s: the prefetch takes it well before)
+    wait_for(lambda: h.queue().stats()["waiting"] == 0, 10, "the prefetch")
+    # Then Celery's own check in the worker revokes it as expired: it never runs, and the
+    # broker counted no expiry (it delivered it in time)
+    wait_for(lambda: h.records("done"), 20, "the long task done")
+    time.sleep(1.0)
+    assert h.records("order") == []
+    assert h.queue().counters()["expired"] == 0
+    wait_for(lambda: h.queue().stats()["leased"] == 0, 10, "the revoked task's ack")

@@ -300,6 +300,7 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
         "dead_lettered": 1,
         "removed": 1,
         "refused_full": 9,
+        "expired": 0,
     }
     assert q.tenant_deliveries() == {}
 

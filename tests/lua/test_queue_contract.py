@@ -298,7 +298,8 @@ def test_duplicate_ids_are_both_kept_and_acked_independently(q, redis_client):
     assert q.ack(first) is True
     assert q.stats()["leased"] == 1
     assert q.ack(second) is True
-    # only the sequence counter, the mode record, the window of publish ids and the counters remain
+    # only the sequence counter, the mode record, the window of publish ids, the counters and
+    # the sweep record (started by the first pop) remain
     left = {k for k in q.keys.all() if redis_client.exists(k)}
     assert left <= {
         q.keys.sequence,
@@ -307,6 +308,7 @@ def test_duplicate_ids_are_both_kept_and_acked_independently(q, redis_client):
         q.keys.publish_ids_before,
         q.keys.publish_window,
         q.keys.counters,
+        q.keys.last_sweep,
     }, left
     assert redis_client.hlen(q.keys.duplicates) == 0
 

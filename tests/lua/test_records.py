@@ -60,17 +60,19 @@ return {
   fmt(seq), eid,
   rank, fmt(tseq), teid,
   join_entry(e, ARGV[1], bar), join_lease(tok, c, s, d, x, t), make_ptr(seq, eid),
-  te_member(ARGV[5], rank, tseq, teid), dead_note('why', 1700000000123, 4),
+  te_member(ARGV[5], rank, tseq, teid), dead_note('why', 1700000000123, 4), e.xp,
 }
 """
 
 
+@pytest.mark.parametrize("expires", [0, 1700000009999])
 @pytest.mark.parametrize("tenant", [b"", b"acme%2Cco"])
-def test_records_written_in_python_read_by_the_scripts(redis_client, tenant):
+def test_records_written_in_python_read_by_the_scripts(redis_client, tenant, expires):
     eid = encode_id("entry-1~3")
     score = R.score(200, C.SEQ_SPAN - 2)
-    header = R.EntryHeader(2, score, tenant, b"d", R.join_dead_note("why", 1700000000123, 4), 1700000000000)
+    header = R.EntryHeader(2, score, tenant, b"d", R.join_dead_note("why", 1700000000123, 4), 1700000000000, expires)
     entry = R.join_entry(header, PAYLOAD)
+    assert R.split_entry(entry) == (header, PAYLOAD)
     lease = R.join_lease(R.LeaseRecord("tok.1", "host:1:ab", score, 3, b"d", tenant))
     pointer = R.join_pointer(C.SEQ_SPAN - 2, eid)
     member = R.join_tenant_member(tenant, 200, C.SEQ_SPAN - 2, eid)
@@ -99,6 +101,7 @@ def test_records_written_in_python_read_by_the_scripts(redis_client, tenant):
         pointer,
         member,
         R.join_dead_note("why", 1700000000123, 4),
+        b"%d" % expires if expires else b"",
     ]
 
 

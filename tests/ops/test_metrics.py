@@ -122,6 +122,19 @@ def test_collector_mounted_in_an_app_registry(world):
     assert value(s, "celery_pq_waiting_messages", queue="q") == 1
 
 
+def test_expired_messages_are_counted(world):
+    w = world
+    w.send("ops.work", 1, expires=0.05)  # Celery's expires: passes before any pop
+    w.send("ops.work", 2)
+    time.sleep(0.1)
+    q = w.queue()
+    [lease] = q.pop(5, consumer="c:1:x")  # the live one; the expired one is dead-lettered
+    fams = {f.name: f for f in PQCollector(w.url, transport_options=w.options).collect()}
+    [sample] = [x for x in fams["celery_pq_expired"].samples if x.labels["queue"] == "q"]
+    assert sample.value == 1
+    assert [e.dead_reason for e in q.dead.peek(5)] == ["expired"]
+
+
 def test_tenants_beyond_the_cap_are_other(redis_server, key_prefix):
     from tests.ops.conftest import World
 

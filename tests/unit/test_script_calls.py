@@ -22,9 +22,10 @@ def queue(fair: bool) -> PriorityQueue:
 
 def _insert(q):
     _, head = calls.insert_head(q)
-    items = [(b"p", 5, "a", "t,1", "0", b"pid", "task"), ("s", 200, None, None, "+10", None, None)]
+    items = [(b"p", 5, "a", "t,1", "0", b"pid", "task", "+2000"), ("s", 200, None, None, "+10", None, None, "")]
     built = calls.insert_args(q, head, items, [b"f"], "0")
-    rest = [encode_id("a"), q.rank(5), "t%2C1", b"p", "0", b"pid", "task", "", q.rank(200), "", b"s", "+10", "", ""]
+    rest = [encode_id("a"), q.rank(5), "t%2C1", b"p", "0", b"pid", "task", "+2000"]
+    rest += ["", q.rank(200), "", b"s", "+10", "", "", ""]
     named = {
         "max_length": 100,
         "max_per_tenant": q.max_length_per_tenant,

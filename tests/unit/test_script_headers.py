@@ -141,7 +141,7 @@ def test_signature_args_lays_out_argv_from_names():
     ]
     insert = signature("insert")
     head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
-    assert insert.args(*"abcdefg", **head, views=["0,3", "4,9"], forget=["p"]) == [
+    assert insert.args(*"abcdefgh", **head, views=["0,3", "4,9"], forget=["p"]) == [
         0,
         0,
         "v",
@@ -151,7 +151,7 @@ def test_signature_args_lays_out_argv_from_names():
         1,
         "p",
         "0",
-        *"abcdefg",
+        *"abcdefgh",
         "x",
     ]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):
@@ -171,7 +171,7 @@ def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
     assert layout("e1", "t1", token_base="b") == pop.args("e1", "t1", **fixed, token_base="b", context="x")
     assert layout(token_base="b2") == [1, "c", "b2", 3, 4, 0, 255, 9, 0, "x"]
     insert = signature("insert").bind(max_length=0, max_per_tenant=0, views_version="v", views=["0,3"], context="x")
-    assert insert(*"abcdefg", forget=["p", "q"], made="0") == [0, 0, "v", 1, "0,3", 2, "p", "q", "0", *"abcdefg", "x"]
+    assert insert(*"abcdefgh", forget=["p", "q"], made="0") == [0, 0, "v", 1, "0,3", 2, "p", "q", "0", *"abcdefgh", "x"]
     with pytest.raises(TypeError, match=r"missing \['token_base'\], unexpected \['token'\]"):
         layout(token="b")
     with pytest.raises(TypeError, match="1 repeated values"):

@@ -38,6 +38,7 @@ end
 
 -- Move entry eid (value v, parsed e, split at bar) from its queue to the dead-letter queue.
 -- It keeps its priority; its dead-letter note says why, when and after how many deliveries.
+-- A dead letter has no expiry deadline: it waits in the dead-letter queue until taken.
 local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
   dead_make_room(dii, dpi)
   local seq = redis.call('INCR', dsq)
@@ -49,6 +50,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   e.d = 0
   e.s = fmt(dscore)
   e.x = ''
+  e.xp = ''
   redis.call('HSET', dii, deid, join_entry(e, v, bar))
   pi_push(dpi, rank, seq, deid)
   wake(dwk)
@@ -78,4 +80,27 @@ local function set_aside(ii, eid, v, rank, now)
   to_dead(ii, key_of('dp'), ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s,
     'malformed', now)
   counter_add('malformed')
+end
+
+-- At most this many expired entries are taken off the queue by one pop call (plus the rest of
+-- the batch of pointers it had taken when it reached the bound): a backlog of expired work is
+-- cleared over several calls, each short, and a pop that met the bound returns what it has
+-- (its consumer is woken again while entries wait).
+local EXPIRE_BUDGET = 100
+
+-- Entry eid (value v, parsed e, split at bar, current score), met by a pop past its expiry
+-- deadline (the entry's xp): never delivered. By the queue context's expired policy it goes to
+-- the dead-letter queue with reason "expired" (CTX.expired_drop false) or is deleted. Counts
+-- expired (and dead_lettered); logs dead (or remove), reason "expired". The caller has taken
+-- its pointer.
+local function expire(ii, dp, eid, v, e, bar, score, now)
+  tally('expired')
+  if CTX.expired_drop then
+    emit('remove', eid, score, e.t, nil, e.d, 'expired')
+    redis.call('HDEL', ii, eid)
+    dup_forget(dp, eid)
+    return
+  end
+  local ds = CTX.stem .. 'dead:'
+  to_dead(ii, dp, ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, v, e, bar, score, 'expired', now)
 end

@@ -27,11 +27,16 @@ local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   out[#out + 1] = v
 end
 
--- Write the leases a pop recorded.
+-- Write the leases a pop recorded (P.now: the pop's time). The first leases of a queue that no
+-- sweep has run on yet also start the sweep record sw (reclaim.lua): a sweep that comes after a
+-- pause measures its gap from them, as if one had run then. Without a record it would see no
+-- gap and take the leases that ran out in the pause as expired: with Redis paused right after a
+-- consumer's first pop, before its lease keeper's first sweep, its tasks under way ran twice.
 local function write_leases(P, lt, lz)
   if #P.lease > 0 then
     redis.call('HSET', lt, unpack(P.lease))
     redis.call('ZADD', lz, unpack(P.deadline))
+    redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
   end
 end
 

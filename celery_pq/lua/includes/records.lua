@@ -1,4 +1,4 @@
--- The stored records, read and written: entry "d,s,t,x,r,ts|payload", lease, pointer,
+-- The stored records, read and written: entry "d,s,t,x,r,ts[,xp]|payload", lease, pointer,
 -- dead-letter note, publish-id value (the mode record: queue.lua). They are laid out in
 -- celery_pq/records.py, the Python twin of the readers and writers here (split_entry/
 -- make_entry/join_entry, split_lease/join_lease, make_ptr/parse_ptr, dead_note);
@@ -23,24 +23,35 @@ local function split_entry(v)
   if not bar then
     return nil
   end
-  local d, s, t, x, r, ts = string.match(string.sub(v, 1, bar - 1),
-    '^(%d*),(%d+),([^,]*),([^,]*),([^,]*),(%d*)$')
+  local d, s, t, x, r, ts, xp = string.match(string.sub(v, 1, bar - 1),
+    '^(%d*),(%d+),([^,]*),([^,]*),([^,]*),(%d*),?(%d*)$')
   if not s then
     return nil
   end
-  return { d = tonumber(d) or 0, s = s, t = t, x = x, r = r, ts = ts }, bar
+  return { d = tonumber(d) or 0, s = s, t = t, x = x, r = r, ts = ts, xp = xp }, bar
 end
 
--- An entry: its header (deliveries, score, tenant, flags, dead-letter note, ts), then sep and
--- rest ("|" and the payload, or "" and what follows the header of a stored entry), made in one
--- concatenation.
+-- An entry: its header (deliveries, score, tenant, flags, dead-letter note, ts, and for an
+-- entry with an expiry deadline ",<deadline ms>" after ts: pass ts .. "," .. xp as ts), then sep
+-- and rest ("|" and the payload, or "" and what follows the header of a stored entry), made in
+-- one concatenation.
 local function make_entry(d, s, t, x, r, ts, sep, rest)
   return (d == 0 and '0' or fmt(d)) .. ',' .. s .. ',' .. t .. ',' .. x .. ',' .. r .. ',' .. ts .. sep .. rest
 end
 
--- Entry e (as split_entry gives it) with the payload of v, whose "|" is at bar.
+-- Entry e (as split_entry gives it) with the payload of v, whose "|" is at bar. Its expiry
+-- deadline (e.xp, "" for none) is kept.
 local function join_entry(e, v, bar)
-  return make_entry(e.d, e.s, e.t, e.x, e.r, e.ts, '', string.sub(v, bar))
+  local ts = e.ts
+  if e.xp and e.xp ~= '' then
+    ts = ts .. ',' .. e.xp
+  end
+  return make_entry(e.d, e.s, e.t, e.x, e.r, ts, '', string.sub(v, bar))
+end
+
+-- Is entry e past its expiry deadline at now (ms)? An entry without one costs one comparison.
+local function expired(e, now)
+  return e.xp ~= '' and tonumber(e.xp) <= now
 end
 
 -- A dead-letter note: why, when (ms) and after how many deliveries.

@@ -1,0 +1,318 @@
+"""kombu's ``Producer.batch()`` on celery-pq (celery_pq/batches.py), against a real redis-server:
+one round trip per queue, the same preparation and errors as a single publish, and a flush sent
+again that stores each message once."""
+
+import os
+import time
+
+import pytest
+import redis
+from kombu import Connection, Exchange, Producer, Queue
+
+import celery_pq  # noqa: F401  (registers pq://)
+from celery_pq import MessageTooLarge, PriorityQueue, QueueFull
+from celery_pq.messages import describe
+from celery_pq.queue.base import QueueBase
+
+try:
+    from support.consume import drain
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.consume import drain
+
+
+@pytest.fixture
+def url(redis_server):
+    return f"pq://127.0.0.1:{redis_server.port}/0"
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """The insert round trips of this process: one list of script calls per round trip."""
+    seen: list[int] = []
+    real = QueueBase.run_replicated
+
+    def spy(self, calls):
+        seen.append(len(calls))
+        return real(self, calls)
+
+    monkeypatch.setattr(QueueBase, "run_replicated", spy)
+    return seen
+
+
+def _declare(conn, *names):
+    queues = [Queue(n, Exchange(n, type="direct"), routing_key=n) for n in names]
+    for q in queues:
+        q(conn.default_channel).declare()
+    return queues
+
+
+def _bodies(conn, name, key_prefix, n):
+    """The ``i`` of ``n`` messages consumed from ``name`` on a connection of their own."""
+    with Connection(conn.as_uri(), transport_options={"key_prefix": key_prefix}) as c:
+        return [body["i"] for body, _ in drain(c, Queue(name, Exchange(name, type="direct"), routing_key=name), n)]
+
+
+def _lose_replies(monkeypatch, times=1):
+    """The next ``times`` insert round trips run in Redis and then lose their replies (a
+    connection cut after the script ran)."""
+    real = QueueBase.run_replicated
+    left = [times]
+
+    def lost(self, calls):
+        replies = real(self, calls)
+        if left[0] > 0:
+            left[0] -= 1
+            raise redis.ConnectionError("connection lost before the reply")
+        return replies
+
+    monkeypatch.setattr(QueueBase, "run_replicated", lost)
+
+
+def test_a_batch_of_1000_is_one_round_trip_and_keeps_the_publish_order(url, key_prefix, redis_client, round_trips):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "bq")
+        producer = Producer(conn.default_channel)
+        assert producer.supports_batch_publish
+        with producer.batch():  # max_size 1000: the 1000th publish flushes
+            for i in range(1000):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="bq", priority=i % 3)
+                if i == 998:  # nothing is stored before the flush
+                    assert PriorityQueue(redis_client, "bq", key_prefix=key_prefix).size() == 0
+                    assert round_trips == []
+        assert round_trips == [1]  # one round trip, one script call
+        got = _bodies(conn, "bq", key_prefix, 1000)
+    # priority 2 first (higher_first), FIFO within each priority
+    assert got == [i for p in (2, 1, 0) for i in range(1000) if i % 3 == p]
+
+
+def test_each_queue_gets_one_round_trip_and_max_size_flushes_on_its_own(url, key_prefix, redis_client, round_trips):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        a, b = _declare(conn, "ba", "bb")
+        producer = Producer(conn.default_channel)
+        with producer.batch(max_size=300):
+            for i in range(500):
+                producer.publish({"i": i}, exchange=a.exchange, routing_key="ba")
+                producer.publish({"i": i}, exchange=b.exchange, routing_key="bb")
+        # flushed at 300 items (150 per queue), three times, and the rest (100 per queue) at the end
+        assert round_trips == [1] * 8
+        for name in ("ba", "bb"):
+            assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 500
+            assert sorted(_bodies(conn, name, key_prefix, 500)) == list(range(500))
+
+
+def test_a_message_routed_to_two_queues_is_stored_once_in_each(url, key_prefix, redis_client):
+    ex = Exchange("both", type="topic")
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        for name in ("t1", "t2"):
+            Queue(name, ex, routing_key="job.#")(conn.default_channel).declare()
+        producer = Producer(conn.default_channel)
+        with producer.batch():
+            for i in range(10):
+                producer.publish({"i": i}, exchange=ex, routing_key="job.x")
+        for name in ("t1", "t2"):
+            assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 10
+
+
+def test_errors_of_a_single_publish_raise_at_the_call_and_buffer_nothing(url, key_prefix, redis_client):
+    with Connection(url, transport_options={"key_prefix": key_prefix, "max_message_bytes": 2000}) as conn:
+        (q,) = _declare(conn, "be")
+        producer = Producer(conn.default_channel)
+        with producer.batch() as batch:
+            producer.publish({"i": 0}, exchange=q.exchange, routing_key="be")
+            with pytest.raises(ValueError, match="300"):
+                producer.publish({"i": 1}, exchange=q.exchange, routing_key="be", priority=300)
+            with pytest.raises(MessageTooLarge):
+                producer.publish({"i": 2, "pad": os.urandom(3000).hex()}, exchange=q.exchange, routing_key="be")
+            assert len(batch.state.session) == 1
+        assert _bodies(conn, "be", key_prefix, 1) == [0]
+
+
+def test_a_block_that_raises_stores_nothing(url, key_prefix, redis_client):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "bx")
+        producer = Producer(conn.default_channel)
+        with pytest.raises(KeyError):
+            with producer.batch():
+                producer.publish({"i": 0}, exchange=q.exchange, routing_key="bx")
+                raise KeyError("stop")
+        assert PriorityQueue(redis_client, "bx", key_prefix=key_prefix).size() == 0
+
+
+def test_a_flush_whose_reply_was_lost_is_sent_again_whole_and_stores_nothing_twice(
+    url, key_prefix, redis_client, monkeypatch
+):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        a, b = _declare(conn, "la", "lb")
+        producer = Producer(conn.default_channel)
+        with producer.batch(max_size=5000) as batch:
+            for i in range(600):
+                producer.publish({"i": i}, exchange=a.exchange, routing_key="la")
+                producer.publish({"i": i}, exchange=b.exchange, routing_key="lb")
+            # Given a flush whose first queue's insert ran but whose reply never came
+            _lose_replies(monkeypatch)
+            with pytest.raises(redis.ConnectionError) as info:
+                batch.flush()
+            # Then it raises, claims nothing stored, and keeps the whole batch
+            assert "1200 message(s) not known to be stored" in "".join(info.value.__notes__)
+            session = batch.state.session
+            assert len(session) == 1200 and session.stored == 0
+            stored_before = sum(PriorityQueue(redis_client, n, key_prefix=key_prefix).size() for n in ("la", "lb"))
+            assert stored_before == 600  # one queue's half was stored half-way
+            # When the whole batch is sent again
+            batch.flush()
+            assert len(session) == 0 and session.repeated == 600 and session.stored == 600
+        # Then every message is stored exactly once
+        for name in ("la", "lb"):
+            assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 600
+            assert sorted(_bodies(conn, name, key_prefix, 600)) == list(range(600))
+
+
+def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url, key_prefix, redis_client):
+    with Connection(url, transport_options={"key_prefix": key_prefix, "max_length": 1500}) as conn:
+        (q,) = _declare(conn, "bf")
+        producer = Producer(conn.default_channel)
+        with producer.batch(max_size=5000) as batch:
+            for i in range(2500):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="bf")
+            # Given a queue that holds 1500 at most: chunks of 1000, 1000, 500
+            with pytest.raises(QueueFull) as info:
+                batch.flush()
+            stored = [eid for eid in info.value.stored if eid is not None]
+            session = batch.state.session
+            size = PriorityQueue(redis_client, "bf", key_prefix=key_prefix).size()
+            # Then what it says is stored is what the queue holds, and the batch keeps the rest
+            assert size == len(stored) == session.stored and 0 < size < 2500
+            assert len(session) == 2500 - size
+            # When room is made and the batch is flushed again
+            got = _bodies(conn, "bf", key_prefix, size)
+            batch.flush()
+        rest = _bodies(conn, "bf", key_prefix, 2500 - size)
+        # Then each message is stored exactly once
+        assert sorted(got + rest) == list(range(2500))
+        assert PriorityQueue(redis_client, "bf", key_prefix=key_prefix).size() == 0
+
+
+def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_client):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "bm")
+        producer = Producer(conn.default_channel)
+        for _ in range(5):
+            with producer.batch():
+                for i in range(1000):
+                    producer.publish({"i": i}, exchange=q.exchange, routing_key="bm")
+        pq = PriorityQueue(redis_client, "bm", key_prefix=key_prefix)
+        assert pq.size() == 5000
+        # each flush forgets the ids of the one before: the window holds the last batch's only
+        remembered = redis_client.hlen(pq.keys.publish_ids) + redis_client.hlen(pq.keys.publish_ids_before)
+        assert remembered <= 1000
+
+
+def test_fanout_in_a_batch_is_broadcast_at_once(url, key_prefix):
+    fan = Exchange("bfan", type="fanout")
+    opts = {"key_prefix": key_prefix}
+    with Connection(url, transport_options=opts) as c1, Connection(url, transport_options=opts) as c2:
+        got = []
+        with c1.Consumer(Queue("bfan-1", fan), callbacks=[lambda body, m: got.append(body)], no_ack=True):
+            try:
+                c1.drain_events(timeout=0.2)  # subscribe
+            except TimeoutError:
+                pass
+            producer = Producer(c2.default_channel)
+            with producer.batch():
+                producer.publish({"i": 1}, exchange=fan, declare=[fan])
+                deadline = time.monotonic() + 3
+                while not got and time.monotonic() < deadline:  # received before the block ends
+                    try:
+                        c1.drain_events(timeout=0.2)
+                    except TimeoutError:
+                        pass
+                assert got == [{"i": 1}]
+
+
+def test_a_batch_on_a_sharded_queue_stores_each_message_once_after_a_lost_reply(
+    url, key_prefix, redis_client, monkeypatch
+):
+    opts = {"key_prefix": key_prefix, "shards": 4}
+    with Connection(url, transport_options=opts) as conn:
+        (q,) = _declare(conn, "bs")
+        producer = Producer(conn.default_channel)
+        sharded = conn.default_channel.queue("bs")
+        with producer.batch(max_size=5000) as batch:
+            for i in range(2000):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="bs", priority=i % 5)
+            _lose_replies(monkeypatch)  # the first shard's insert ran, its reply was lost
+            with pytest.raises(redis.ConnectionError):
+                batch.flush()
+            half = sharded.size()
+            assert 0 < half < 2000
+            batch.flush()
+            assert (batch.state.session.repeated, batch.state.session.stored) == (half, 2000 - half)
+        assert sharded.size() == 2000
+        assert all(s.size() > 0 for s in sharded.shards)  # spread over the shards
+        with Connection(url, transport_options=opts) as c2:
+            got = [b["i"] for b, _ in drain(c2, q, 2000, prefetch=50)]
+        assert sorted(got) == list(range(2000))
+
+
+def test_a_celery_group_of_1000_inside_one_producer_batch_is_one_round_trip(url, key_prefix, redis_client, round_trips):
+    from celery import Celery, group
+
+    app = Celery("batched", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = {"key_prefix": key_prefix}
+    app.conf.task_default_queue = "cg"
+
+    @app.task(name="batched.add")
+    def add(x, y):
+        return x + y
+
+    # The canvas fast path (docs/publishing.md): one producer, one batch around the group
+    with app.producer_or_acquire() as producer:
+        with producer.batch(max_size=1000):
+            result = group(add.s(i, i) for i in range(1000)).apply_async(producer=producer)
+    assert round_trips == [1]
+    entries = PriorityQueue(redis_client, "cg", key_prefix=key_prefix).peek(1000)
+    assert [e.id for e in entries] == [r.id for r in result.results]  # stored in the group's order
+    assert {describe(e.payload)["task"] for e in entries} == {"batched.add"}
+
+
+@pytest.mark.e2e
+def test_a_group_published_in_one_batch_runs_every_task_once_on_a_real_worker(redis_server, key_prefix, tmp_path):
+    import json
+    from pathlib import Path
+
+    from celery import Celery, group
+
+    from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
+
+    root = Path(__file__).resolve().parents[2]
+    url = f"pq://127.0.0.1:{redis_server.port}/0"
+    options = {"key_prefix": key_prefix}
+    app = Celery("batch-client", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = options
+    app.conf.task_default_queue = "q"
+    record = app.signature("e2e.record")
+    # Given a group of 1,000 tasks published inside one producer batch
+    with app.producer_or_acquire() as producer:
+        with producer.batch():
+            group(record.clone(args=(n,)) for n in range(1000)).apply_async(producer=producer)
+    env = celery_env(
+        root,
+        PQ_TEST_BROKER=url,
+        PQ_TEST_OPTIONS=json.dumps(options),
+        PQ_TEST_RECORD=f"redis://127.0.0.1:{redis_server.port}/0",
+        PQ_TEST_PREFIX=key_prefix,
+    )
+    client = redis.Redis(port=redis_server.port)
+    worker = start_worker(
+        "tests.e2e.app", cwd=root, env=env, name="bw", queues="q", pool="solo", log=tmp_path / "bw.log"
+    )
+    try:
+        worker.wait_ready(30)
+        # When a real worker consumes the queue, then every task runs, each exactly once
+        wait_for(lambda: client.llen(f"{key_prefix}:rec:order") >= 1000, timeout=60)
+        time.sleep(0.5)  # a task run twice would show up now
+        ran = [json.loads(x)[0] for x in client.lrange(f"{key_prefix}:rec:order", 0, -1)]
+        assert sorted(ran) == list(range(1000))
+    finally:
+        stop_workers([worker])
+        client.close()
