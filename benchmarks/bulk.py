@@ -48,9 +48,9 @@ def ceiling(port, client, entries, batch) -> float | None:
     except redis.ResponseError:
         client.script_load(get_scripts(client).insert.script)
         call = ["EVALSHA", get_scripts(client).insert.sha]
-    # "0": due now; no publish ids (every call sends the same arguments, and a publish id would
+    # "0": due now, "": no expiry; no publish ids (every call sends the same arguments, and a publish id would
     # make each repeat store nothing), so the ceiling does less work per entry than insert_many
-    _, keys, args = q.insert_call([(PAYLOAD.decode(), 5, None, None, "0", None, None)] * batch)
+    _, keys, args = q.insert_call([(PAYLOAD.decode(), 5, None, None, "0", None, None, "")] * batch)
     calls = max(1, entries // batch)
     out = subprocess.run(
         [
