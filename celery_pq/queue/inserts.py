@@ -7,14 +7,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from redis.exceptions import NoScriptError
+
 from .. import constants as C
 from ..checks import seconds as _seconds
 from ..errors import NotReplicated, QueueFull
 from ..ids import unique_bytes
 from ..scripts import Layout
+from ..scripts.wire import function_missing
 from . import calls
 from .base import QueueBase
 from .calls import ScriptCall
+from .running import translate_error
 from .values import MAX_DUE_MS, as_bytes, as_text, mark_stored
 
 
@@ -166,20 +170,8 @@ class QueueInserts(QueueBase):
         """
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-        norm = []
         items_given = list(items)
-        for item in items_given:
-            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
-                raise ValueError(
-                    "insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
-                    f"[, task]]]]]) tuples, got {item!r}"
-                )
-            payload, priority, *rest = item
-            rest += [None] * (5 - len(rest))
-            try:
-                norm.append(self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4]))
-            except ValueError as exc:
-                raise ValueError(f"insert_many item {item!r}: {exc}") from None
+        norm = [self._bulk_item(item) for item in items_given]
         ids: list = [None] * len(norm)
         repeated = [False] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
@@ -243,6 +235,44 @@ class QueueInserts(QueueBase):
         if not remember:
             self._answered([pid for pid in given if pid is not None])
         return (ids, repeated) if repeats else ids
+
+    def _bulk_item(self, item) -> tuple:
+        """``_item`` of one ``insert_many`` tuple."""
+        if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 7:
+            raise ValueError(
+                f"insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id[, task]]]]]) tuples, got {item!r}"
+            )
+        payload, priority, *rest = item
+        rest += [None] * (5 - len(rest))
+        try:
+            return self._item(payload, priority, rest[0], rest[1], _when(None, rest[2]), rest[3], rest[4])
+        except ValueError as exc:
+            raise ValueError(f"insert_many item {item!r}: {exc}") from None
+
+    # -- a publish batch's sub-chunks, sent now and answered at its flush (batches.py) ---------
+    def batch_call(self, items: list) -> tuple[ScriptCall, list]:
+        """The insert call of ``insert_many`` tuples that carry their publish ids (a batch's
+        sub-chunk: looked up, the reply marking repeats), forgetting a chunk's worth of answered
+        ids; with the state ``batch_reply`` takes."""
+        norm = [self._bulk_item(item) for item in items]
+        forget = self._take_forgets(max(C.FORGET_MAX, len(norm)))
+        return self.insert_call(norm, forget, "R"), [norm, forget]
+
+    def batch_reply(self, reply, state: list) -> list[tuple[str, bool]] | None:
+        """``(entry id, repeated)`` per item of a ``batch_call``'s reply; None when nothing was
+        stored and the call is to be made again (the registry of priority views changed, or the
+        script was missing on the server); QueueFull, TenantFull or the script's error raised
+        when refused (nothing stored); ``reply`` a connection error: raised (maybe stored)."""
+        norm, forget = state
+        if isinstance(reply, Exception):
+            self._answered(forget)  # (a call that did not run forgot nothing)
+            if isinstance(reply, NoScriptError) or function_missing(reply):
+                return None
+            raise translate_error(reply)
+        if not self._check_reply(reply, norm):
+            return None
+        self._answered([item[5] for item in norm if item[5] is not None])  # no resend of them can come
+        return calls.inserted(reply)
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
     def refresh_views(self) -> None:
