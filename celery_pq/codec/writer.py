@@ -124,7 +124,10 @@ def encode(message: dict) -> bytes:
     ):
         flags |= derivable_reprs(headers, raw)
     out = bytearray()
-    if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
+    if celery:
+        if raw is None or not _write_celery(out, message, flags, raw):
+            _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+    elif not _write_plain(out, message, raw):
         _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
     if len(out) > MAX_VALUES:  # each value takes a byte at least: a shorter record holds fewer
         _check_readable(out, flags)
@@ -248,6 +251,60 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
         out.append(_C_PRIORITY)
         _write_value(out, uuids, priority)
     return True
+
+
+#: a plain kombu message (a producer's publish outside Celery) as kombu's virtual channel hands
+#: it over: its fields, its properties and its delivery info in this order, its headers empty
+_PLAIN_MESSAGE = ("body", "content-encoding", "content-type", "headers", "properties")
+_PLAIN_PROPERTIES = ("delivery_mode", "delivery_info", "priority", "body_encoding")
+_PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
+#: (code, default) of the fields of a plain message that have a default
+_PLAIN_FIELDS = {
+    name: (CODE[s, name], DEFAULTS[s, False][name])
+    for s, name in (
+        (S_MESSAGE, "content-encoding"),
+        (S_MESSAGE, "content-type"),
+        (S_PROPERTIES, "delivery_mode"),
+        (S_DELIVERY_INFO, "exchange"),
+        (S_PROPERTIES, "priority"),
+        (S_PROPERTIES, "body_encoding"),
+    )
+}
+
+
+def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
+    """The records of a plain kombu message (``_PLAIN_MESSAGE``: no headers), the same
+    ``_write_section`` writes for it in the same order, without a loop over its sections;
+    False (nothing written) for any other message. ``raw``: its body's bytes when base64."""
+    if tuple(message) != _PLAIN_MESSAGE:
+        return False
+    headers, props = message["headers"], message["properties"]
+    if type(headers) is not dict or headers or type(props) is not dict or tuple(props) != _PLAIN_PROPERTIES:
+        return False
+    info = props["delivery_info"]
+    if type(info) is not dict or tuple(info) != _PLAIN_DELIVERY_INFO:
+        return False
+    uuids: dict[str, int] = {}
+    out.append(C_BODY)
+    _write_body(out, uuids, message["body"], raw)
+    _write_defaulted(out, uuids, "content-encoding", message["content-encoding"])
+    _write_defaulted(out, uuids, "content-type", message["content-type"])
+    _write_defaulted(out, uuids, "delivery_mode", props["delivery_mode"])
+    _write_defaulted(out, uuids, "exchange", info["exchange"])
+    out.append(_C_ROUTING_KEY)
+    _write_value(out, uuids, info["routing_key"])
+    _write_defaulted(out, uuids, "priority", props["priority"])
+    _write_defaulted(out, uuids, "body_encoding", props["body_encoding"])
+    return True
+
+
+def _write_defaulted(out: bytearray, uuids: dict, name: str, value) -> None:
+    """A field of ``_PLAIN_FIELDS`` (a text or number default): nothing when it holds its default."""
+    code, default = _PLAIN_FIELDS[name]
+    if value is default or (type(value) is type(default) and value == default):
+        return
+    out.append(code)
+    _write_value(out, uuids, value)
 
 
 def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
