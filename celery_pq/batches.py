@@ -16,14 +16,15 @@ What a batched publish does, and what it keeps:
   ``PublishStamp``), or one made for it when it was routed to a second queue. A flush that is
   sent again (after a failure: ``flush()`` once more) stores each message once: the insert
   script finds the publish ids of those stored the first time.
-- While the batch fills, each queue's items go to Redis in sub-chunks: every C.BATCH_SEND
-  items of a queue are written as one insert script call on a connection the batch takes from
-  the pool (``scripts/stream.py``), and their reply is not read yet: Redis stores a sub-chunk
+- While the batch fills, each queue's items go to Redis in sub-chunks: every ``batch_send``
+  (a transport option, C.BATCH_SEND by default) items of a queue are written as one insert
+  script call on a connection the batch takes from the pool (``scripts/stream.py``), and their reply is not read yet: Redis stores a sub-chunk
   while the client prepares the next messages. ``flush`` writes the rest of each queue as one
   more call and reads every reply. Each script call is atomic: its entries are all stored or
   none. Nothing is promised before ``flush`` returns, as with kombu's own batches; but the
   messages of the sub-chunks sent may be stored (and delivered) before it, and a batch
-  discarded (the block raised) drops only the messages not sent yet.
+  discarded (the block raised) drops only the messages not sent yet. ``batch_send=0`` sends
+  nothing before the flush (then sent as calls of C.BATCH_SEND, all replies read at once).
 - A sharded queue, a queue with ``wait_replicas``, and a Redis Cluster client keep the
   round-trip path: ``flush`` sends each such queue's items with ``insert_many``, one script
   call per 1,000 entries (``BULK_CHUNK``) pipelined in one round trip (per shard of a sharded
@@ -88,6 +89,8 @@ class PublishBatch:
         self._stream: CallStream | None = None
         self._streams: dict[str, bool] = {}  # queue name -> sends sub-chunks (``_streamed``)
         self._round_trips = False  # a send was lost: the rest of this flush takes the round-trip path
+        #: items of a queue sent as one call before the flush (the transport option; 0: none)
+        self._send_at = channel.options.batch_send
         #: Items waiting for a flush (not sent, or sent without a reply yet).
         self._count = 0
         self._aborted = False
@@ -152,13 +155,13 @@ class PublishBatch:
     # -- what Publisher.put calls ---------------------------------------------------------------
     def add(self, queue: str, item: StoredItem) -> None:
         """One message routed to ``queue``, stored at the next flush (sent with the queue's
-        next C.BATCH_SEND)."""
+        next ``batch_send``)."""
         items = self._pending.get(queue)
         if items is None:
             items = self._pending[queue] = []
         items.append(item.as_tuple())
         self._count += 1
-        if len(items) >= C.BATCH_SEND and self._streamed(queue):
+        if self._send_at and len(items) >= self._send_at and self._streamed(queue):
             self._send(queue)
 
     # -- sub-chunks sent now, replies read at the flush ------------------------------------------
@@ -180,7 +183,7 @@ class PublishBatch:
         return cast(PriorityQueue, self.channel.queue(name))
 
     def _send(self, name: str) -> None:
-        """Write ``name``'s waiting items as insert calls (C.BATCH_SEND items each at most),
+        """Write ``name``'s waiting items as insert calls (``batch_send`` items each at most),
         their replies read at the flush. A lost connection breaks the stream: the items of every
         call sent on it are kept again (maybe stored: their publish ids say so when sent again)
         and the rest of this flush takes the round-trip path (it raises if the loss lasts)."""
@@ -195,8 +198,9 @@ class PublishBatch:
                 self._pending[name] = items
                 self._round_trips = True
                 return
-        for i in range(0, len(items), C.BATCH_SEND):
-            part = items[i : i + C.BATCH_SEND]
+        size = self._send_at or C.BATCH_SEND
+        for i in range(0, len(items), size):
+            part = items[i : i + size]
             call, state = q.batch_call(part)
             self._sent.append(_Sent(name, part, state))
             try:

@@ -348,6 +348,29 @@ def test_a_discarded_batch_reads_its_outstanding_replies_and_leaves_a_clean_conn
         assert sorted(_bodies(conn, "bd", key_prefix, 800)) == [*range(400), *range(500, 900)]
 
 
+def test_batch_send_0_sends_nothing_before_the_flush_and_a_block_that_raises_stores_nothing(
+    url, key_prefix, redis_client, wire
+):
+    with Connection(url, transport_options={"key_prefix": key_prefix, "batch_send": 0}) as conn:
+        (q,) = _declare(conn, "b0")
+        producer = Producer(conn.default_channel)
+        pq = PriorityQueue(redis_client, "b0", key_prefix=key_prefix)
+        with pytest.raises(KeyError):
+            with producer.batch(max_size=5000):
+                for i in range(500):
+                    producer.publish({"i": i}, exchange=q.exchange, routing_key="b0")
+                raise KeyError("stop")
+        assert wire.log == [] and pq.size() == 0
+        with producer.batch(max_size=5000):
+            for i in range(500):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="b0")
+            assert wire.log == [] and pq.size() == 0
+        # the flush sends them in calls of C.BATCH_SEND and reads every reply: one round trip
+        n = -(-500 // C.BATCH_SEND)
+        assert wire.log == ["send"] * n + ["read"] * n and wire.round_trips == []
+        assert sorted(_bodies(conn, "b0", key_prefix, 500)) == list(range(500))
+
+
 def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_client):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bm")
