@@ -159,7 +159,7 @@ class PublishBatch:
         items = self._pending.get(queue)
         if items is None:
             items = self._pending[queue] = []
-        items.append(item.as_tuple())
+        items.append(item)  # (a StoredItem is the tuple insert_many takes)
         self._count += 1
         if self._send_at and len(items) >= self._send_at and self._streamed(queue):
             self._send(queue)

@@ -258,18 +258,21 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
 _PLAIN_MESSAGE = ("body", "content-encoding", "content-type", "headers", "properties")
 _PLAIN_PROPERTIES = ("delivery_mode", "delivery_info", "priority", "body_encoding")
 _PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
-#: (code, default) of the fields of a plain message that have a default
-_PLAIN_FIELDS = {
-    name: (CODE[s, name], DEFAULTS[s, False][name])
+#: (code, default) of the fields of a plain message that have a default, in the order written:
+#: those before the routing key, and those after it
+_PLAIN_DEFAULTED = tuple(
+    (CODE[s, name], DEFAULTS[s, False][name])
     for s, name in (
         (S_MESSAGE, "content-encoding"),
         (S_MESSAGE, "content-type"),
         (S_PROPERTIES, "delivery_mode"),
         (S_DELIVERY_INFO, "exchange"),
-        (S_PROPERTIES, "priority"),
-        (S_PROPERTIES, "body_encoding"),
     )
-}
+)
+_PLAIN_DEFAULTED_LAST = tuple(
+    (CODE[s, name], DEFAULTS[s, False][name])
+    for s, name in ((S_PROPERTIES, "priority"), (S_PROPERTIES, "body_encoding"))
+)
 
 
 def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
@@ -287,24 +290,21 @@ def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
     uuids: dict[str, int] = {}
     out.append(C_BODY)
     _write_body(out, uuids, message["body"], raw)
-    _write_defaulted(out, uuids, "content-encoding", message["content-encoding"])
-    _write_defaulted(out, uuids, "content-type", message["content-type"])
-    _write_defaulted(out, uuids, "delivery_mode", props["delivery_mode"])
-    _write_defaulted(out, uuids, "exchange", info["exchange"])
+    for (code, default), value in zip(
+        _PLAIN_DEFAULTED,
+        (message["content-encoding"], message["content-type"], props["delivery_mode"], info["exchange"]),
+    ):
+        # (a text or number default: nothing when the field holds it)
+        if value is not default and (type(value) is not type(default) or value != default):
+            out.append(code)
+            _write_value(out, uuids, value)
     out.append(_C_ROUTING_KEY)
     _write_value(out, uuids, info["routing_key"])
-    _write_defaulted(out, uuids, "priority", props["priority"])
-    _write_defaulted(out, uuids, "body_encoding", props["body_encoding"])
+    for (code, default), value in zip(_PLAIN_DEFAULTED_LAST, (props["priority"], props["body_encoding"])):
+        if value is not default and (type(value) is not type(default) or value != default):
+            out.append(code)
+            _write_value(out, uuids, value)
     return True
-
-
-def _write_defaulted(out: bytearray, uuids: dict, name: str, value) -> None:
-    """A field of ``_PLAIN_FIELDS`` (a text or number default): nothing when it holds its default."""
-    code, default = _PLAIN_FIELDS[name]
-    if value is default or (type(value) is type(default) and value == default):
-        return
-    out.append(code)
-    _write_value(out, uuids, value)
 
 
 def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
