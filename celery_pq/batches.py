@@ -201,7 +201,12 @@ class PublishBatch:
         size = self._send_at or C.BATCH_SEND
         for i in range(0, len(items), size):
             part = items[i : i + size]
-            call, state = q.batch_call(part)
+            try:
+                call, state = q.batch_call(part)
+            except ValueError:  # (an item the queue refuses: the flush's insert_many names it)
+                self._pending[name] = items[i:]
+                self._round_trips = True
+                return
             self._sent.append(_Sent(name, part, state))
             try:
                 self._stream.send(*call)

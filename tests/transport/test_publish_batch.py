@@ -371,6 +371,33 @@ def test_batch_send_0_sends_nothing_before_the_flush_and_a_block_that_raises_sto
         assert sorted(_bodies(conn, "b0", key_prefix, 500)) == list(range(500))
 
 
+def test_a_sub_chunk_the_queue_will_not_lay_out_leaves_the_rest_to_the_flush(
+    url, key_prefix, redis_client, wire, monkeypatch
+):
+    real = PriorityQueue.batch_call
+    calls = [0]
+
+    def second_refused(self, items):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise ValueError("an item this queue refuses")
+        return real(self, items)
+
+    monkeypatch.setattr(PriorityQueue, "batch_call", second_refused)
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "bv")
+        producer = Producer(conn.default_channel)
+        # Given a second sub-chunk whose call cannot be made: nothing raises at the publish
+        with producer.batch(max_size=5000) as batch:
+            for i in range(700):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="bv")
+            assert wire.sends == 1
+        # Then the flush reads the first call's reply and stores the rest on the round-trip path
+        assert wire.log == ["send", "read"] and wire.round_trips == [1]
+        assert batch.state.session.stored == 700
+        assert _bodies(conn, "bv", key_prefix, 700) == list(range(700))
+
+
 def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_client):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bm")
