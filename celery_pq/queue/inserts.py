@@ -254,9 +254,26 @@ class QueueInserts(QueueBase):
         """The insert call of ``insert_many`` tuples that carry their publish ids (a batch's
         sub-chunk: looked up, the reply marking repeats), forgetting a chunk's worth of answered
         ids; with the state ``batch_reply`` takes."""
-        norm = [self._bulk_item(item) for item in items]
+        norm = [self._batch_item(item) for item in items]
         forget = self._take_forgets(max(C.FORGET_MAX, len(norm)))
         return self.insert_call(norm, forget, "R"), [norm, forget]
+
+    def _batch_item(self, item) -> tuple:
+        """``_bulk_item`` of a 7-tuple; one that plainly passes its checks (a batch's, made by
+        ``messages.stored_item``) without the calls."""
+        if len(item) == 7:
+            payload, priority, id, tenant, due_ms, pid, task = item
+            if (
+                type(payload) is bytes
+                and (id is None or (type(id) is str and id))
+                and (tenant is None or type(tenant) is str)
+                and type(pid) is bytes
+                and pid
+                and (task is None or type(task) is str)
+            ):
+                self.rank(priority)  # (ValueError for a priority out of range)
+                return payload, priority, id, tenant, "0" if due_ms is None else _when(None, due_ms), pid, task
+        return self._bulk_item(item)
 
     def batch_reply(self, reply, state: list) -> list[tuple[str, bool]] | None:
         """``(entry id, repeated)`` per item of a ``batch_call``'s reply; None when nothing was
