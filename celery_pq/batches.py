@@ -245,12 +245,13 @@ class PublishBatch:
         back: dict[str, list] = {}
         stored: dict[str, list] = {}
         error: tuple[str, Exception] | None = None
+        settled = 0
         try:
             for s in sent:
                 if lost is None:
                     try:
                         reply = stream.read()  # type: ignore[union-attr]  # (sent: a stream is open)
-                    except LOST as exc:
+                    except Exception as exc:  # (lost, or a reply that cannot be read: the stream is broken)
                         lost = exc
                 try:
                     done = self._plain(s.queue).batch_reply(reply if lost is None else lost, s.state)
@@ -258,6 +259,7 @@ class PublishBatch:
                     done = None
                     if error is None or (exc is lost and error[1] is not lost):
                         error = (s.queue, exc)
+                settled += 1
                 if done is None:
                     back.setdefault(s.queue, []).extend(s.items)
                     continue
@@ -267,6 +269,8 @@ class PublishBatch:
                 self._count -= len(done)
                 stored.setdefault(s.queue, []).extend(eid for eid, _ in done)
         finally:
+            for s in sent[settled:]:  # (an interrupt: what was not read is kept, maybe stored)
+                back.setdefault(s.queue, []).extend(s.items)
             if stream is not None:
                 stream.close()
             for name, items in back.items():
