@@ -228,9 +228,10 @@ class PublishBatch:
             return
         name, exc = error
         kept = list(self._pending.get(name, ()))
-        mark_stored(exc, stored.get(name, []) + [None] * len(kept), kept)
+        ids: list = [eid for done in stored.get(name, ()) for eid in done.ids()]
+        mark_stored(exc, ids + [None] * len(kept), kept)
         exc.add_note(
-            f"publish batch: queue {name!r}: {len(stored.get(name, []))} message(s) of this flush stored "
+            f"publish batch: queue {name!r}: {len(ids)} message(s) of this flush stored "
             "(exc.stored), the items not stored are exc.items"
         )
         raise self._noted(exc)  # (not in an except clause)
@@ -239,7 +240,7 @@ class PublishBatch:
         """Read the reply of each call sent (none when ``lost``: those replies are gone), count
         what was stored, keep the items of the calls refused or without a reply (before the
         items waiting, in publish order), and close the stream. Returns the first failure as
-        (queue, exception), and per queue the entry ids stored."""
+        (queue, exception), and per queue the replies of its calls that stored (``Inserted``)."""
         sent, self._sent = self._sent, []
         stream, self._stream = self._stream, None
         back: dict[str, list] = {}
@@ -263,11 +264,11 @@ class PublishBatch:
                 if done is None:
                     back.setdefault(s.queue, []).extend(s.items)
                     continue
-                n_repeated = sum(seen for _, seen in done)
+                n_repeated = done.repeated
                 self.repeated += n_repeated
                 self.stored += len(done) - n_repeated
                 self._count -= len(done)
-                stored.setdefault(s.queue, []).extend(eid for eid, _ in done)
+                stored.setdefault(s.queue, []).append(done)
         finally:
             for s in sent[settled:]:  # (an interrupt: what was not read is kept, maybe stored)
                 back.setdefault(s.queue, []).extend(s.items)

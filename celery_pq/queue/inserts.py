@@ -275,8 +275,8 @@ class QueueInserts(QueueBase):
                 return payload, priority, id, tenant, "0" if due_ms is None else _when(None, due_ms), pid, task
         return self._bulk_item(item)
 
-    def batch_reply(self, reply, state: list) -> list[tuple[str, bool]] | None:
-        """``(entry id, repeated)`` per item of a ``batch_call``'s reply; None when nothing was
+    def batch_reply(self, reply, state: list) -> calls.Inserted | None:
+        """What a ``batch_call``'s reply says was stored (``calls.Inserted``); None when nothing was
         stored and the call is to be made again (the registry of priority views changed, or the
         script was missing on the server); QueueFull, TenantFull or the script's error raised
         when refused (nothing stored); ``reply`` a connection error: raised (maybe stored)."""
@@ -289,7 +289,7 @@ class QueueInserts(QueueBase):
         if not self._check_reply(reply, norm):
             return None
         self._answered([item[5] for item in norm if item[5] is not None])  # no resend of them can come
-        return calls.inserted(reply)
+        return calls.Inserted(reply)
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
     def refresh_views(self) -> None:
