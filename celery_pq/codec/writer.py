@@ -87,7 +87,9 @@ _CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAUL
 _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
 #: fields whose values repeat from message to message: their records come from _RECORDS
-_REPEATING = frozenset({(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key")})
+_REPEATING = frozenset(
+    {(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key"), (S_DELIVERY_INFO, "exchange")}
+)
 _CELERY_OWN = tuple(
     (name, CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
     for s, name, d in FIELDS
@@ -259,16 +261,13 @@ _PLAIN_MESSAGE = ("body", "content-encoding", "content-type", "headers", "proper
 _PLAIN_PROPERTIES = ("delivery_mode", "delivery_info", "priority", "body_encoding")
 _PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
 #: (code, default) of the fields of a plain message that have a default, in the order written:
-#: those before the routing key, and those after it
+#: those before the delivery info (the exchange, a repeating text, then the routing key), and
+#: those after it
 _PLAIN_DEFAULTED = tuple(
     (CODE[s, name], DEFAULTS[s, False][name])
-    for s, name in (
-        (S_MESSAGE, "content-encoding"),
-        (S_MESSAGE, "content-type"),
-        (S_PROPERTIES, "delivery_mode"),
-        (S_DELIVERY_INFO, "exchange"),
-    )
+    for s, name in ((S_MESSAGE, "content-encoding"), (S_MESSAGE, "content-type"), (S_PROPERTIES, "delivery_mode"))
 )
+_C_EXCHANGE, _DEFAULT_EXCHANGE = CODE[S_DELIVERY_INFO, "exchange"], DEFAULTS[S_DELIVERY_INFO, False]["exchange"]
 _PLAIN_DEFAULTED_LAST = tuple(
     (CODE[s, name], DEFAULTS[s, False][name])
     for s, name in ((S_PROPERTIES, "priority"), (S_PROPERTIES, "body_encoding"))
@@ -291,15 +290,16 @@ def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
     out.append(C_BODY)
     _write_body(out, uuids, message["body"], raw)
     for (code, default), value in zip(
-        _PLAIN_DEFAULTED,
-        (message["content-encoding"], message["content-type"], props["delivery_mode"], info["exchange"]),
+        _PLAIN_DEFAULTED, (message["content-encoding"], message["content-type"], props["delivery_mode"])
     ):
         # (a text or number default: nothing when the field holds it)
         if value is not default and (type(value) is not type(default) or value != default):
             out.append(code)
             _write_value(out, uuids, value)
-    out.append(_C_ROUTING_KEY)
-    _write_value(out, uuids, info["routing_key"])
+    exchange = info["exchange"]
+    if exchange is not _DEFAULT_EXCHANGE and (type(exchange) is not str or exchange != _DEFAULT_EXCHANGE):
+        _write_repeating(out, uuids, _C_EXCHANGE, exchange)
+    _write_repeating(out, uuids, _C_ROUTING_KEY, info["routing_key"])
     for (code, default), value in zip(_PLAIN_DEFAULTED_LAST, (props["priority"], props["body_encoding"])):
         if value is not default and (type(value) is not type(default) or value != default):
             out.append(code)

@@ -444,9 +444,10 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-300, 300), st.text(ma
     st.tuples(
         *([st.one_of(st.sampled_from(["utf-8", "application/json", "text/plain", "", 2, 0, "base64"]), scalars)] * 6)
     ),
+    st.one_of(st.sampled_from(["rk", "é", "x" * 200, str(uuid.uuid4())]), scalars),
 )
 @EXAMPLES
-def test_a_plain_kombu_message_is_written_as_the_section_writer_writes_it(body, fields):
+def test_a_plain_kombu_message_is_written_as_the_section_writer_writes_it(body, fields, routing_key):
     # Given a plain kombu message (no headers) in the order kombu's virtual channel makes it,
     # each field holding its default, another value of its type, or a value of another type
     encoding, ctype, mode, exchange, priority, body_encoding = fields
@@ -457,7 +458,7 @@ def test_a_plain_kombu_message_is_written_as_the_section_writer_writes_it(body, 
         "headers": {},
         "properties": {
             "delivery_mode": mode,
-            "delivery_info": {"exchange": exchange, "routing_key": "rk"},
+            "delivery_info": {"exchange": exchange, "routing_key": routing_key},
             "priority": priority,
             "body_encoding": body_encoding,
         },
