@@ -6,7 +6,8 @@ next messages. ``CallStream.open(client)`` takes a connection of ``client``'s po
 (not the thread's own connection of wire.py: a call made meanwhile on the same thread, a
 declare or a fanout publish, must not read a reply of the stream as its own), ``send`` writes
 a call without reading, ``read`` reads the oldest reply not yet read, ``close`` hands the
-connection back: read to the end when replies are outstanding, else closed.
+connection back to the pool, the replies still outstanding read (dropped) first, or closed
+when it broke (a lost connection, a reply that could not be read).
 
 Only a plain redis-py client (not a pipeline, not a cluster client) streams; ``open`` returns
 None otherwise, and the caller takes its round-trip path. No health check runs while replies
