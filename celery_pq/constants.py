@@ -107,6 +107,11 @@ MIGRATION_WAIT = 60.0
 #: at a time).
 BULK_CHUNK = 1000
 
+#: Messages of one queue a producer's publish batch collects before it sends them as one insert
+#: call, its reply read at the flush (batches.py): Redis stores a sub-chunk while the client
+#: prepares the next; the last one sent at the flush is the wait left (about 1 ms at 200).
+BATCH_SEND = 200
+
 #: Entries per script call of a purge or a replay, whose work per entry is the heaviest (a purge
 #: of a fair queue updates the tenant's order and counts): a few ms a call, under the 10 ms no
 #: script call may take (benchmarks/slowlog.py).

@@ -225,6 +225,11 @@ class Options:
     )
     block_seconds: float = _option(C.BLOCK_SECONDS, _seconds, "server-side BLPOP timeout of an idle consumer")
     binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
+    batch_send: int = _option(
+        C.BATCH_SEND,
+        _count_up_to(C.BULK_CHUNK, low=0),
+        "messages of a queue a producer batch sends as one call before its flush; 0: none before the flush",
+    )
     spin_wait_us: int = _option(
         C.SPIN_WAIT_US,
         _count_up_to(100_000, low=0),

@@ -156,7 +156,7 @@ class Channel(virtual.Channel):
         self.publisher.put(queue, message, _publish_batch)
 
     def create_publish_batch(self, max_size: int) -> PublishBatch:
-        """kombu's ``Producer.batch()``: one round trip per queue at each flush (batches.py)."""
+        """kombu's ``Producer.batch()``: insert calls sent as it fills, one wait at each flush (batches.py)."""
         return PublishBatch(self, max_size)
 
     def _put_fanout(self, exchange, message, routing_key, _publish_batch=None, **kwargs):

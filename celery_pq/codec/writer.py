@@ -87,7 +87,9 @@ _CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAUL
 _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
 #: fields whose values repeat from message to message: their records come from _RECORDS
-_REPEATING = frozenset({(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key")})
+_REPEATING = frozenset(
+    {(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key"), (S_DELIVERY_INFO, "exchange")}
+)
 _CELERY_OWN = tuple(
     (name, CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
     for s, name, d in FIELDS
@@ -124,7 +126,10 @@ def encode(message: dict) -> bytes:
     ):
         flags |= derivable_reprs(headers, raw)
     out = bytearray()
-    if not (celery and raw is not None and _write_celery(out, message, flags, raw)):
+    if celery:
+        if raw is None or not _write_celery(out, message, flags, raw):
+            _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+    elif not _write_plain(out, message, raw):
         _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
     if len(out) > MAX_VALUES:  # each value takes a byte at least: a shorter record holds fewer
         _check_readable(out, flags)
@@ -247,6 +252,58 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
     if priority:
         out.append(_C_PRIORITY)
         _write_value(out, uuids, priority)
+    return True
+
+
+#: a plain kombu message (a producer's publish outside Celery) as kombu's virtual channel hands
+#: it over: its fields, its properties and its delivery info in this order, its headers empty
+_PLAIN_MESSAGE = ("body", "content-encoding", "content-type", "headers", "properties")
+_PLAIN_PROPERTIES = ("delivery_mode", "delivery_info", "priority", "body_encoding")
+_PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
+#: (code, default) of the fields of a plain message that have a default, in the order written:
+#: those before the delivery info (the exchange, a repeating text, then the routing key), and
+#: those after it
+_PLAIN_DEFAULTED = tuple(
+    (CODE[s, name], DEFAULTS[s, False][name])
+    for s, name in ((S_MESSAGE, "content-encoding"), (S_MESSAGE, "content-type"), (S_PROPERTIES, "delivery_mode"))
+)
+_C_EXCHANGE, _DEFAULT_EXCHANGE = CODE[S_DELIVERY_INFO, "exchange"], DEFAULTS[S_DELIVERY_INFO, False]["exchange"]
+_PLAIN_DEFAULTED_LAST = tuple(
+    (CODE[s, name], DEFAULTS[s, False][name])
+    for s, name in ((S_PROPERTIES, "priority"), (S_PROPERTIES, "body_encoding"))
+)
+
+
+def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
+    """The records of a plain kombu message (``_PLAIN_MESSAGE``: no headers), the same
+    ``_write_section`` writes for it in the same order, without a loop over its sections;
+    False (nothing written) for any other message. ``raw``: its body's bytes when base64."""
+    if tuple(message) != _PLAIN_MESSAGE:
+        return False
+    headers, props = message["headers"], message["properties"]
+    if type(headers) is not dict or headers or type(props) is not dict or tuple(props) != _PLAIN_PROPERTIES:
+        return False
+    info = props["delivery_info"]
+    if type(info) is not dict or tuple(info) != _PLAIN_DELIVERY_INFO:
+        return False
+    uuids: dict[str, int] = {}
+    out.append(C_BODY)
+    _write_body(out, uuids, message["body"], raw)
+    for (code, default), value in zip(
+        _PLAIN_DEFAULTED, (message["content-encoding"], message["content-type"], props["delivery_mode"])
+    ):
+        # (a text or number default: nothing when the field holds it)
+        if value is not default and (type(value) is not type(default) or value != default):
+            out.append(code)
+            _write_value(out, uuids, value)
+    exchange = info["exchange"]
+    if exchange is not _DEFAULT_EXCHANGE and (type(exchange) is not str or exchange != _DEFAULT_EXCHANGE):
+        _write_repeating(out, uuids, _C_EXCHANGE, exchange)
+    _write_repeating(out, uuids, _C_ROUTING_KEY, info["routing_key"])
+    for (code, default), value in zip(_PLAIN_DEFAULTED_LAST, (props["priority"], props["body_encoding"])):
+        if value is not default and (type(value) is not type(default) or value != default):
+            out.append(code)
+            _write_value(out, uuids, value)
     return True
 
 

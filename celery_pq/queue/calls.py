@@ -172,6 +172,25 @@ def inserted(reply) -> list[tuple[str, bool]]:
     return [(decode_id(e[0]), True) if isinstance(e, list) else (decode_id(e), False) for e in reply]
 
 
+class Inserted(NamedTuple):
+    """An insert's reply, read only as far as asked: a publish batch counts its items and
+    repeats at each flush, and wants the entry ids only for a failed one (``exc.stored``)."""
+
+    reply: list
+
+    def __len__(self) -> int:
+        return len(self.reply)
+
+    @property
+    def repeated(self) -> int:
+        """Items stored before under their publish ids (``inserted``'s repeated)."""
+        return sum(1 for e in self.reply if isinstance(e, list))
+
+    def ids(self) -> list[str]:
+        """The entry ids, one per item."""
+        return [eid for eid, _ in inserted(self.reply)]
+
+
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
 def pop_layout(q: QueueBase, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
     """The ARGV layout of a consumer's pops with these arguments (made once per set of them:

@@ -7,14 +7,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from redis.exceptions import NoScriptError
+
 from .. import constants as C
 from ..checks import seconds as _seconds
 from ..errors import NotReplicated, QueueFull
 from ..ids import unique_bytes
 from ..scripts import Layout
+from ..scripts.wire import function_missing
 from . import calls
 from .base import QueueBase
 from .calls import ScriptCall
+from .running import translate_error
 from .values import MAX_DUE_MS, as_bytes, as_text, mark_stored
 
 
@@ -176,21 +180,8 @@ class QueueInserts(QueueBase):
         """
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-        norm = []
         items_given = list(items)
-        for item in items_given:
-            if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 9:
-                raise ValueError(
-                    "insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
-                    f"[, task[, expires_ms[, ttl]]]]]]]) tuples, got {item!r}"
-                )
-            payload, priority, *rest = item
-            rest += [None] * (7 - len(rest))
-            try:
-                when, expires = _when(None, rest[2]), _expiry(rest[6], rest[5])
-                norm.append(self._item(payload, priority, rest[0], rest[1], when, rest[3], rest[4], expires))
-            except ValueError as exc:
-                raise ValueError(f"insert_many item {item!r}: {exc}") from None
+        norm = [self._bulk_item(item) for item in items_given]
         ids: list = [None] * len(norm)
         repeated = [False] * len(norm)
         pending = [(i, norm[i : i + chunk]) for i in range(0, len(norm), chunk)]
@@ -254,6 +245,63 @@ class QueueInserts(QueueBase):
         if not remember:
             self._answered([pid for pid in given if pid is not None])
         return (ids, repeated) if repeats else ids
+
+    def _bulk_item(self, item) -> tuple:
+        """``_item`` of one ``insert_many`` tuple."""
+        if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 9:
+            raise ValueError(
+                "insert_many takes (payload, priority[, id[, tenant[, due_ms[, publish_id"
+                f"[, task[, expires_ms[, ttl]]]]]]]) tuples, got {item!r}"
+            )
+        payload, priority, *rest = item
+        rest += [None] * (7 - len(rest))
+        try:
+            when, expires = _when(None, rest[2]), _expiry(rest[6], rest[5])
+            return self._item(payload, priority, rest[0], rest[1], when, rest[3], rest[4], expires)
+        except ValueError as exc:
+            raise ValueError(f"insert_many item {item!r}: {exc}") from None
+
+    def batch_call(self, items: list) -> tuple[ScriptCall, list]:
+        """The insert call of ``insert_many`` tuples that carry their publish ids (a batch's
+        sub-chunk: looked up, the reply marking repeats), forgetting a chunk's worth of answered
+        ids; with the state ``batch_reply`` takes."""
+        norm = [self._batch_item(item) for item in items]
+        forget = self._take_forgets(max(C.FORGET_MAX, len(norm)))
+        return self.insert_call(norm, forget, "R"), [norm, forget]
+
+    def _batch_item(self, item) -> tuple:
+        """``_bulk_item`` of an item; one without expiry that plainly passes its checks (a
+        batch's, made by ``messages.stored_item``) without the calls."""
+        if len(item) == 9 and item[7] is None and item[8] is None:
+            payload, priority, id, tenant, due_ms, pid, task = item[:7]
+            if (
+                type(payload) is bytes
+                and (id is None or (type(id) is str and id))
+                and (tenant is None or type(tenant) is str)
+                and type(pid) is bytes
+                and pid
+                and (task is None or type(task) is str)
+            ):
+                self.rank(priority)  # (ValueError for a priority out of range)
+                when = "0" if due_ms is None else _when(None, due_ms)
+                return payload, priority, id, tenant, when, pid, task, ""
+        return self._bulk_item(item)
+
+    def batch_reply(self, reply, state: list) -> calls.Inserted | None:
+        """What a ``batch_call``'s reply says was stored (``calls.Inserted``); None when nothing was
+        stored and the call is to be made again (the registry of priority views changed, or the
+        script was missing on the server); QueueFull, TenantFull or the script's error raised
+        when refused (nothing stored); ``reply`` a connection error: raised (maybe stored)."""
+        norm, forget = state
+        if isinstance(reply, Exception):
+            self._answered(forget)  # (a call that did not run forgot nothing)
+            if isinstance(reply, NoScriptError) or function_missing(reply):
+                return None
+            raise translate_error(reply)
+        if not self._check_reply(reply, norm):
+            return None
+        self._answered([item[5] for item in norm if item[5] is not None])  # no resend of them can come
+        return calls.Inserted(reply)
 
     # -- priority views (the collated keyed queue) ----------------------------------------------
     def refresh_views(self) -> None:

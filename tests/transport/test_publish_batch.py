@@ -1,6 +1,7 @@
 """kombu's ``Producer.batch()`` on celery-pq (celery_pq/batches.py), against a real redis-server:
-one round trip per queue, the same preparation and errors as a single publish, and a flush sent
-again that stores each message once."""
+no round trip per message (sub-chunks of C.BATCH_SEND written as the batch fills, every reply
+read at the flush), the same preparation and errors as a single publish, and a flush sent again
+that stores each message once."""
 
 import os
 import time
@@ -11,8 +12,10 @@ from kombu import Connection, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401  (registers pq://)
 from celery_pq import MessageTooLarge, PriorityQueue, QueueFull
+from celery_pq import constants as C
 from celery_pq.messages import describe
 from celery_pq.queue.base import QueueBase
+from celery_pq.scripts.stream import CallStream
 
 try:
     from support.consume import drain
@@ -37,6 +40,61 @@ def round_trips(monkeypatch):
 
     monkeypatch.setattr(QueueBase, "run_replicated", spy)
     return seen
+
+
+class Wire:
+    """What the inserts of this process put on the wire: ``round_trips`` (one list of script
+    calls each, the round-trip path), ``sends`` (insert calls written to a batch's stream,
+    their replies not read) and ``reads`` (replies read from it); ``log`` in order."""
+
+    def __init__(self):
+        self.round_trips: list[int] = []
+        self.log: list[str] = []
+
+    @property
+    def sends(self):
+        return self.log.count("send")
+
+    @property
+    def reads(self):
+        return self.log.count("read")
+
+
+@pytest.fixture
+def wire(monkeypatch, round_trips):
+    seen = Wire()
+    seen.round_trips = round_trips
+    send, read = CallStream.send, CallStream.read
+
+    def spy_send(self, *call):
+        seen.log.append("send")
+        return send(self, *call)
+
+    def spy_read(self):
+        seen.log.append("read")
+        return read(self)
+
+    monkeypatch.setattr(CallStream, "send", spy_send)
+    monkeypatch.setattr(CallStream, "read", spy_read)
+    return seen
+
+
+def _lose_stream_replies(monkeypatch, after: int):
+    """Every reply read from a batch's stream after the first ``after`` is lost: read (the call
+    ran in Redis) and then a connection error, as when the connection is cut after the script
+    ran."""
+    read = CallStream.read
+    n = [0]
+
+    def lost(self):
+        reply = read(self)
+        n[0] += 1
+        if n[0] > after:
+            self.broken = True
+            raise redis.ConnectionError("connection lost before the reply")
+        return reply
+
+    monkeypatch.setattr(CallStream, "read", lost)
 
 
 def _declare(conn, *names):
@@ -68,7 +126,9 @@ def _lose_replies(monkeypatch, times=1):
     monkeypatch.setattr(QueueBase, "run_replicated", lost)
 
 
-def test_a_batch_of_1000_is_one_round_trip_and_keeps_the_publish_order(url, key_prefix, redis_client, round_trips):
+def test_a_batch_of_1000_sends_no_call_per_message_reads_the_replies_at_the_flush_and_keeps_the_order(
+    url, key_prefix, redis_client, wire
+):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bq")
         producer = Producer(conn.default_channel)
@@ -76,16 +136,18 @@ def test_a_batch_of_1000_is_one_round_trip_and_keeps_the_publish_order(url, key_
         with producer.batch():  # max_size 1000: the 1000th publish flushes
             for i in range(1000):
                 producer.publish({"i": i}, exchange=q.exchange, routing_key="bq", priority=i % 3)
-                if i == 998:  # nothing is stored before the flush
-                    assert PriorityQueue(redis_client, "bq", key_prefix=key_prefix).size() == 0
-                    assert round_trips == []
-        assert round_trips == [1]  # one round trip, one script call
+                if i == 998:  # sub-chunks sent as the batch fills; no reply read before the flush
+                    assert (wire.sends, wire.reads) == (999 // C.BATCH_SEND, 0)
+        # one insert call per C.BATCH_SEND messages, every reply read at the flush, no round trip
+        assert wire.sends == wire.reads == 1000 // C.BATCH_SEND
+        assert wire.log == ["send"] * wire.sends + ["read"] * wire.reads
+        assert wire.round_trips == []
         got = _bodies(conn, "bq", key_prefix, 1000)
     # priority 2 first (higher_first), FIFO within each priority
     assert got == [i for p in (2, 1, 0) for i in range(1000) if i % 3 == p]
 
 
-def test_each_queue_gets_one_round_trip_and_max_size_flushes_on_its_own(url, key_prefix, redis_client, round_trips):
+def test_each_queue_gets_one_call_per_flush_and_max_size_flushes_on_its_own(url, key_prefix, redis_client, wire):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         a, b = _declare(conn, "ba", "bb")
         producer = Producer(conn.default_channel)
@@ -93,8 +155,10 @@ def test_each_queue_gets_one_round_trip_and_max_size_flushes_on_its_own(url, key
             for i in range(500):
                 producer.publish({"i": i}, exchange=a.exchange, routing_key="ba")
                 producer.publish({"i": i}, exchange=b.exchange, routing_key="bb")
-        # flushed at 300 items (150 per queue), three times, and the rest (100 per queue) at the end
-        assert round_trips == [1] * 8
+        # flushed at 300 items (150 per queue, under C.BATCH_SEND: sent at the flush), three
+        # times, and the rest (100 per queue) at the end: one call per queue per flush
+        assert wire.log == ["send", "send", "read", "read"] * 4
+        assert wire.round_trips == []
         for name in ("ba", "bb"):
             assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 500
             assert sorted(_bodies(conn, name, key_prefix, 500)) == list(range(500))
@@ -138,33 +202,66 @@ def test_a_block_that_raises_stores_nothing(url, key_prefix, redis_client):
         assert PriorityQueue(redis_client, "bx", key_prefix=key_prefix).size() == 0
 
 
-def test_a_flush_whose_reply_was_lost_is_sent_again_whole_and_stores_nothing_twice(
+def test_a_flush_whose_replies_were_lost_keeps_them_and_a_resend_stores_nothing_twice(
     url, key_prefix, redis_client, monkeypatch
 ):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         a, b = _declare(conn, "la", "lb")
         producer = Producer(conn.default_channel)
         with producer.batch(max_size=5000) as batch:
+            # Given 600 messages per queue, sent as six calls (la, lb, la, lb, la, lb) while the
+            # batch fills, all run in Redis, and the replies of the last three lost at the flush
+            _lose_stream_replies(monkeypatch, after=3)
             for i in range(600):
                 producer.publish({"i": i}, exchange=a.exchange, routing_key="la")
                 producer.publish({"i": i}, exchange=b.exchange, routing_key="lb")
-            # Given a flush whose first queue's insert ran but whose reply never came
-            _lose_replies(monkeypatch)
             with pytest.raises(redis.ConnectionError) as info:
                 batch.flush()
-            # Then it raises, claims nothing stored, and keeps the whole batch
-            assert "1200 message(s) not known to be stored" in "".join(info.value.__notes__)
+            # Then it raises, claims only what it read as stored, and keeps the rest
+            assert "600 message(s) not known to be stored" in "".join(info.value.__notes__)
             session = batch.state.session
-            assert len(session) == 1200 and session.stored == 0
-            stored_before = sum(PriorityQueue(redis_client, n, key_prefix=key_prefix).size() for n in ("la", "lb"))
-            assert stored_before == 600  # one queue's half was stored half-way
-            # When the whole batch is sent again
+            assert len(session) == 600 and session.stored == 600
+            stored = sum(PriorityQueue(redis_client, n, key_prefix=key_prefix).size() for n in ("la", "lb"))
+            assert stored == 1200  # every call ran: only replies were lost
+            # When the rest is sent again
+            monkeypatch.undo()
             batch.flush()
             assert len(session) == 0 and session.repeated == 600 and session.stored == 600
         # Then every message is stored exactly once
         for name in ("la", "lb"):
             assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 600
             assert sorted(_bodies(conn, name, key_prefix, 600)) == list(range(600))
+
+
+def test_a_connection_cut_with_replies_outstanding_loses_nothing_and_stores_nothing_twice(
+    url, key_prefix, redis_client
+):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "lc")
+        producer = Producer(conn.default_channel)
+        with producer.batch(max_size=5000) as batch:
+            for i in range(1000):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="lc")
+            # Given five calls sent, their replies outstanding, when the server cuts the
+            # connection they went on
+            session = batch.state.session
+            sock = session._stream.conn._sock
+            host, port = sock.getsockname()[:2]
+            assert redis_client.client_kill(f"{host}:{port}")
+            # and the batch goes on: the next sends fail or not (the kernel may take them)
+            for i in range(1000, 1500):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="lc")
+            try:
+                batch.flush()
+            except redis.ConnectionError as exc:  # a flush that met the cut raises, keeping what it did not read
+                assert "not known to be stored" in "".join(exc.__notes__)
+                assert len(session) > 0
+                batch.flush()  # sent again: each stored once by its publish id
+            assert len(session) == 0
+            assert session.stored + session.repeated == 1500  # each message counted once
+        # Then each message is stored exactly once
+        assert PriorityQueue(redis_client, "lc", key_prefix=key_prefix).size() == 1500
+        assert sorted(_bodies(conn, "lc", key_prefix, 1500)) == list(range(1500))
 
 
 def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url, key_prefix, redis_client):
@@ -190,6 +287,115 @@ def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url,
         # Then each message is stored exactly once
         assert sorted(got + rest) == list(range(2500))
         assert PriorityQueue(redis_client, "bf", key_prefix=key_prefix).size() == 0
+
+
+def test_a_sub_chunk_refused_while_later_ones_were_sent_says_what_the_queue_holds(url, key_prefix, redis_client, wire):
+    with Connection(url, transport_options={"key_prefix": key_prefix, "max_length": 1500}) as conn:
+        (q,) = _declare(conn, "br")
+        producer = Producer(conn.default_channel)
+        pq = PriorityQueue(redis_client, "br", key_prefix=key_prefix)
+        with producer.batch(max_size=5000) as batch:
+            # Given 2,500 messages, sent in calls of 200 as the batch fills (the 8th to the
+            # 12th refused: 1,400 + 200 > 1,500) and the last 100 at the flush (they fit)
+            for i in range(2500):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="br")
+            assert (wire.sends, wire.reads) == (12, 0)
+            with pytest.raises(QueueFull) as info:
+                batch.flush()
+            assert wire.sends == wire.reads == 13  # every reply read before it raised
+            # Then the entries it says are stored are exactly those the queue holds
+            stored = {eid for eid in info.value.stored if eid is not None}
+            assert stored == {e.id for e in pq.peek(2000)} and len(stored) == 1500
+            session = batch.state.session
+            assert session.stored == 1500 and len(session) == 1000 == len(info.value.items)
+            got = _bodies(conn, "br", key_prefix, 1500)
+            assert sorted(got) == [*range(1400), *range(2400, 2500)]
+            # When room is made and the batch is flushed again, the rest is stored once
+            batch.flush()
+            assert (session.stored, session.repeated, len(session)) == (2500, 0, 0)
+        rest = _bodies(conn, "br", key_prefix, 1000)
+        assert sorted(rest) == list(range(1400, 2400))
+        assert pq.size() == 0
+
+
+def test_a_discarded_batch_reads_its_outstanding_replies_and_leaves_a_clean_connection(
+    url, key_prefix, redis_client, wire
+):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "bd")
+        producer = Producer(conn.default_channel)
+        pq = PriorityQueue(redis_client, "bd", key_prefix=key_prefix)
+        # Given a block that raises after two sub-chunks were sent (their replies outstanding)
+        with pytest.raises(KeyError):
+            with producer.batch(max_size=5000) as batch:
+                for i in range(500):
+                    producer.publish({"i": i}, exchange=q.exchange, routing_key="bd")
+                session = batch.state.session
+                stream_conn = session._stream.conn
+                assert (wire.sends, wire.reads) == (2, 0)
+                raise KeyError("stop")
+        # Then the discard read both replies and handed the connection back with nothing unread
+        assert (wire.sends, wire.reads) == (2, 2)
+        assert session._stream is None and session._sent == [] and len(session) == 0
+        assert session.stored == 400  # the sub-chunks sent are stored; the 100 not sent are dropped
+        assert pq.size() == 400
+        pool = conn.default_channel.client.connection_pool
+        assert stream_conn in pool._available_connections and not stream_conn.can_read()
+        # and the next batch, on the same pool, stores its own messages, once each
+        with producer.batch():
+            for i in range(500, 900):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="bd")
+        assert sorted(_bodies(conn, "bd", key_prefix, 800)) == [*range(400), *range(500, 900)]
+
+
+def test_batch_send_0_sends_nothing_before_the_flush_and_a_block_that_raises_stores_nothing(
+    url, key_prefix, redis_client, wire
+):
+    with Connection(url, transport_options={"key_prefix": key_prefix, "batch_send": 0}) as conn:
+        (q,) = _declare(conn, "b0")
+        producer = Producer(conn.default_channel)
+        pq = PriorityQueue(redis_client, "b0", key_prefix=key_prefix)
+        with pytest.raises(KeyError):
+            with producer.batch(max_size=5000):
+                for i in range(500):
+                    producer.publish({"i": i}, exchange=q.exchange, routing_key="b0")
+                raise KeyError("stop")
+        assert wire.log == [] and pq.size() == 0
+        with producer.batch(max_size=5000):
+            for i in range(500):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="b0")
+            assert wire.log == [] and pq.size() == 0
+        # the flush sends them in calls of C.BATCH_SEND and reads every reply: one round trip
+        n = -(-500 // C.BATCH_SEND)
+        assert wire.log == ["send"] * n + ["read"] * n and wire.round_trips == []
+        assert sorted(_bodies(conn, "b0", key_prefix, 500)) == list(range(500))
+
+
+def test_a_sub_chunk_the_queue_will_not_lay_out_leaves_the_rest_to_the_flush(
+    url, key_prefix, redis_client, wire, monkeypatch
+):
+    real = PriorityQueue.batch_call
+    calls = [0]
+
+    def second_refused(self, items):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise ValueError("an item this queue refuses")
+        return real(self, items)
+
+    monkeypatch.setattr(PriorityQueue, "batch_call", second_refused)
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        (q,) = _declare(conn, "bv")
+        producer = Producer(conn.default_channel)
+        # Given a second sub-chunk whose call cannot be made: nothing raises at the publish
+        with producer.batch(max_size=5000) as batch:
+            for i in range(700):
+                producer.publish({"i": i}, exchange=q.exchange, routing_key="bv")
+            assert wire.sends == 1
+        # Then the flush reads the first call's reply and stores the rest on the round-trip path
+        assert wire.log == ["send", "read"] and wire.round_trips == [1]
+        assert batch.state.session.stored == 700
+        assert _bodies(conn, "bv", key_prefix, 700) == list(range(700))
 
 
 def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_client):
@@ -254,7 +460,7 @@ def test_a_batch_on_a_sharded_queue_stores_each_message_once_after_a_lost_reply(
         assert sorted(got) == list(range(2000))
 
 
-def test_a_celery_group_of_1000_inside_one_producer_batch_is_one_round_trip(url, key_prefix, redis_client, round_trips):
+def test_a_celery_group_of_1000_inside_one_producer_batch_sends_no_call_per_task(url, key_prefix, redis_client, wire):
     from celery import Celery, group
 
     app = Celery("batched", broker=url, set_as_current=False)
@@ -269,7 +475,7 @@ def test_a_celery_group_of_1000_inside_one_producer_batch_is_one_round_trip(url,
     with app.producer_or_acquire() as producer:
         with producer.batch(max_size=1000):
             result = group(add.s(i, i) for i in range(1000)).apply_async(producer=producer)
-    assert round_trips == [1]
+    assert wire.sends == wire.reads == 1000 // C.BATCH_SEND and wire.round_trips == []
     entries = PriorityQueue(redis_client, "cg", key_prefix=key_prefix).peek(1000)
     assert [e.id for e in entries] == [r.id for r in result.results]  # stored in the group's order
     assert {describe(e.payload)["task"] for e in entries} == {"batched.add"}

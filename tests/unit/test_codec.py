@@ -436,6 +436,44 @@ def test_a_body_published_as_its_bytes_is_stored_as_its_base64_text_is(raw, mess
     assert decode(encode(as_bytes)) == message
 
 
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-300, 300), st.text(max_size=40), st.binary(max_size=8))
+
+
+@given(
+    st.one_of(bodies, st.binary(max_size=300).map(codec.Base64Body)),
+    st.tuples(
+        *([st.one_of(st.sampled_from(["utf-8", "application/json", "text/plain", "", 2, 0, "base64"]), scalars)] * 6)
+    ),
+    st.one_of(st.sampled_from(["rk", "é", "x" * 200, str(uuid.uuid4())]), scalars),
+)
+@EXAMPLES
+def test_a_plain_kombu_message_is_written_as_the_section_writer_writes_it(body, fields, routing_key):
+    # Given a plain kombu message (no headers) in the order kombu's virtual channel makes it,
+    # each field holding its default, another value of its type, or a value of another type
+    encoding, ctype, mode, exchange, priority, body_encoding = fields
+    message = {
+        "body": body,
+        "content-encoding": encoding,
+        "content-type": ctype,
+        "headers": {},
+        "properties": {
+            "delivery_mode": mode,
+            "delivery_info": {"exchange": exchange, "routing_key": routing_key},
+            "priority": priority,
+            "body_encoding": body_encoding,
+        },
+    }
+    raw = codec.writer._base64_body(message)
+    fast, loop = bytearray(), bytearray()
+    # Then the fast path writes the same records, byte for byte, as the loop over its sections
+    assert codec.writer._write_plain(fast, message, raw)
+    codec.writer._write_section(loop, {}, codec.S_MESSAGE, message, False, 0, raw)
+    assert bytes(fast) == bytes(loop)
+    # and any other shape is left to the loop
+    for other in ({**message, "headers": {"a": 1}}, dict(reversed(message.items()))):
+        assert not codec.writer._write_plain(bytearray(), other, raw)
+
+
 def test_a_delivery_reads_a_base64_body_as_its_bytes():
     message = {
         "body": _b64(b"[[1], {}, {}]"),
