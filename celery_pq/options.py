@@ -455,18 +455,18 @@ class Options:
         return self.shards
 
     def redis_kwargs(self) -> dict:
-        """The options handed to redis-py's connection pool."""
-        return {
-            name: getattr(self, name)
-            for name in (
-                "socket_timeout",
-                "socket_connect_timeout",
-                "socket_keepalive",
-                "health_check_interval",
-                "client_name",
-                "max_connections",
-            )
-        }
+        """The options handed to redis-py's connection pool (``_REDIS_KWARGS``)."""
+        return {name: getattr(self, name) for name in _REDIS_KWARGS}
+
+
+_REDIS_KWARGS = (  # the options handed to redis-py's connection pool, under its names
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "health_check_interval",
+    "client_name",
+    "max_connections",
+)
 
 
 #: The options that are a queue's settings, under the same names (``QueueSettings``).
