@@ -68,6 +68,10 @@ if TYPE_CHECKING:
     from .transport import Channel
 
 
+#: Exchange types whose routing of a key a batch keeps until its flush (fanout is sent at once).
+_CACHED_TYPES = frozenset(("direct", "topic"))
+
+
 class _Sent(NamedTuple):
     """A sub-chunk written to the stream, its reply not read yet."""
 
@@ -91,6 +95,10 @@ class PublishBatch:
         self._round_trips = False  # a send was lost: the rest of this flush takes the round-trip path
         #: items of a queue sent as one call before the flush (the transport option; 0: none)
         self._send_at = channel.options.batch_send
+        #: (exchange, routing key) -> the queues a direct or topic exchange routed it to, until
+        #: the next flush (the channel's routing tables are cached for binding_cache_seconds
+        #: anyway; a flush starts this cache again)
+        self._routes: dict[tuple[str, str], list[str]] = {}
         #: Items waiting for a flush (not sent, or sent without a reply yet).
         self._count = 0
         self._aborted = False
@@ -109,7 +117,21 @@ class PublishBatch:
         """Route one prepared message as ``basic_publish`` does; its inserts wait for ``flush``
         (fanout goes at once)."""
         self._check_usable()
-        self.channel.basic_publish(message, _publish_batch=self, **kwargs)
+        exchange, routing_key = kwargs.get("exchange"), kwargs.get("routing_key")
+        queues = self._routes.get((exchange, routing_key)) if exchange else None
+        if queues is None:
+            self.channel.basic_publish(message, _publish_batch=self, **kwargs)
+            kind = self.channel.typeof(exchange) if exchange else None
+            if kind is not None and kind.type in _CACHED_TYPES:
+                # the exchange's own lookup: no default queue, no warning (basic_publish gave those)
+                found = kind.lookup(self.channel.get_table(exchange), exchange, routing_key, None)
+                queues = [q for q in found if q and q != self.channel.deadletter_queue]
+                if queues:
+                    self._routes[(exchange, routing_key)] = queues
+        else:  # basic_publish's work, the exchange's routing taken from this batch's cache
+            self.channel._inplace_augment_message(message, exchange, routing_key)
+            for queue in queues:
+                self.channel._put(queue, message, _publish_batch=self)
         if self._count >= self.max_size:
             self.flush()
 
@@ -118,6 +140,7 @@ class PublishBatch:
         the other queues each in one ``insert_many``; on a failure, raise and keep the items not
         known to be stored (``flush`` again sends them, stored once)."""
         self._check_usable()
+        self._routes.clear()
         if self._stream is not None or self._sent or any(self._streamed(n) for n in self._pending):
             self._flush_stream()
         while self._pending:

@@ -177,6 +177,27 @@ def test_a_message_routed_to_two_queues_is_stored_once_in_each(url, key_prefix, 
             assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 10
 
 
+def test_a_batch_routes_each_key_as_a_single_publish_and_sees_a_new_binding_after_a_flush(
+    url, key_prefix, redis_client
+):
+    # a batch keeps an exchange's routing of a key until its next flush (batches.py, _routes)
+    ex = Exchange("rt", type="topic")
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
+        Queue("rt-a", ex, routing_key="a.*")(conn.default_channel).declare()
+        Queue("rt-b", ex, routing_key="b.*")(conn.default_channel).declare()
+        producer = Producer(conn.default_channel)
+        with producer.batch() as batch:
+            for i in range(6):  # two keys of one pattern, one of another, each routed as itself
+                producer.publish({"i": i}, exchange=ex, routing_key=("a.x", "a.y", "b.z")[i % 3])
+            batch.flush()
+            # bound after the flush: the batch's next publishes of the same key reach it too
+            Queue("rt-c", ex, routing_key="a.x")(conn.default_channel).declare()
+            for i in range(6, 8):
+                producer.publish({"i": i}, exchange=ex, routing_key="a.x")
+        sizes = {n: PriorityQueue(redis_client, n, key_prefix=key_prefix).size() for n in ("rt-a", "rt-b", "rt-c")}
+        assert sizes == {"rt-a": 6, "rt-b": 2, "rt-c": 2}
+
+
 def test_errors_of_a_single_publish_raise_at_the_call_and_buffer_nothing(url, key_prefix, redis_client):
     with Connection(url, transport_options={"key_prefix": key_prefix, "max_message_bytes": 2000}) as conn:
         (q,) = _declare(conn, "be")
