@@ -98,7 +98,7 @@ class PublishBatch:
         #: (exchange, routing key) -> the queues a direct or topic exchange routed it to, until
         #: the next flush (the channel's routing tables are cached for binding_cache_seconds
         #: anyway; a flush starts this cache again)
-        self._routes: dict[tuple[str, str], list[str]] = {}
+        self._routes: dict[tuple[str | None, str | None], list[str]] = {}
         #: Items waiting for a flush (not sent, or sent without a reply yet).
         self._count = 0
         self._aborted = False
