@@ -18,6 +18,11 @@ import pytest
 from celery_pq import PriorityQueue, QueueMigrating
 from celery_pq import constants as C
 from celery_pq.ids import encode_id
+
+try:
+    from support.consume import pop_all
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.consume import pop_all
 from celery_pq.queue import run_calls
 from celery_pq.queue.calls import cleanup_args, migrate_args
 
@@ -50,13 +55,7 @@ def pointers(client, q, rank):
 
 
 def drain(q, count=100):
-    got = []
-    while True:
-        leases = q.pop(count)
-        if not leases:
-            return got
-        got += [lease.id for lease in leases]
-        q.ack_many(leases)
+    return pop_all(q, count)
 
 
 def test_a_paused_tenant_at_the_head_costs_each_insert_one_bounded_compaction_step(redis_client, key_prefix):

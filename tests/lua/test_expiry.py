@@ -14,6 +14,11 @@ import pytest
 from celery_pq import ConfigError, PriorityQueue
 from celery_pq.records import split_entry
 
+try:
+    from support.consume import pop_all
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.consume import pop_all
+
 EXPIRE_BUDGET = 100  # includes/dead.lua
 
 
@@ -32,13 +37,7 @@ def now_ms(client):
 
 
 def drain(q, count=10):
-    got = []
-    while True:
-        leases = q.pop(count)
-        if not leases:
-            return got
-        got += [lease.id for lease in leases]
-        q.ack_many(leases)
+    return pop_all(q, count)
 
 
 def test_deadline_is_stored_in_the_entry_header(redis_client, key_prefix):

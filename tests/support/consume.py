@@ -38,3 +38,15 @@ def drain(conn, queue, n, timeout=5, ack=True, prefetch=1, on_message=None):
             except TimeoutError:
                 pass
     return got
+
+
+def pop_all(q, count=10):
+    """Pop and ack everything ``q`` (a PriorityQueue) delivers, ``count`` a call; the entry ids in
+    delivery order."""
+    got = []
+    while True:
+        leases = q.pop(count)
+        if not leases:
+            return got
+        got += [lease.id for lease in leases]
+        q.ack_many(leases)

@@ -14,11 +14,6 @@ except ImportError:  # collected with the repository root on sys.path instead of
 
 
 @pytest.fixture
-def url(redis_server):
-    return f"pq://127.0.0.1:{redis_server.port}/0"
-
-
-@pytest.fixture
 def opts(key_prefix):
     return {"key_prefix": key_prefix, "event_log": 1000}
 

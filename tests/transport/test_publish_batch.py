@@ -24,11 +24,6 @@ except ImportError:  # collected with the repository root on sys.path instead of
 
 
 @pytest.fixture
-def url(redis_server):
-    return f"pq://127.0.0.1:{redis_server.port}/0"
-
-
-@pytest.fixture
 def round_trips(monkeypatch):
     """The insert round trips of this process: one list of script calls per round trip."""
     seen: list[int] = []
