@@ -185,7 +185,7 @@ def stored_item(
         payload=serialized(queue, message, options),
         priority=priority,
         id=str(task_id) if task_id else None,
-        tenant=tenant_of(message, options, decode_body),
+        tenant=tenant_of(message, options, decode_body, queue),
         due_ms=eta_ms(headers.get("eta")),
         publish_id=publish_id_,
         task=task if isinstance(task, str) else None,

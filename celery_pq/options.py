@@ -24,6 +24,9 @@ from .errors import ConfigError
 from .keys import split_dead
 from .queue import MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, QueueSettings, validate_priority
 from .redact import redact
+from .renewals import fit_renewals
+from .task_rates import celery_own_queue, check_shards, on_queue
+from .task_rates import check as _task_rate
 
 
 # -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
@@ -210,6 +213,13 @@ class Options:
     tenant_rate: float | dict | None = _option(
         None, _per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
     )
+    task_rate: dict | None = _option(
+        None,
+        _task_rate,
+        "deliveries per second of a task across all workers: {task: n} on every queue, "
+        "{queue: {task: n}} on one; a queue with a limit is fair (docs/rate-limits.md)",
+        shown="{}",
+    )
     technique: str = _option(C.TECHNIQUE_T, _queue_setting, 'the patent technique of every queue, "T" or "S"')
     queue_techniques: dict | None = _option(None, _queue_techniques, "{queue: technique}, per queue")
     sweep_interval: float = _option(
@@ -331,7 +341,10 @@ class Options:
             if f.init:
                 keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
         self._check_queue_settings()
-        self._fit_renewals(default_timeout)
+        renew, timeout = fit_renewals(self.lease_seconds, self.renew_interval, self.socket_timeout, default_timeout)
+        keep(self, "renew_interval", renew)
+        keep(self, "socket_timeout", timeout)
+        check_shards(self.task_rate, self.shards)
         if self.fair_key is not None and ":" in self.fair_key:
             try:
                 fn = symbol_by_name(self.fair_key)
@@ -362,41 +375,6 @@ class Options:
         for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):
             object.__setattr__(self, name, getattr(settings, name))
 
-    def _fit_renewals(self, default_timeout: bool) -> None:
-        """renew_interval (a third of the lease when not given), then the checks that leases
-        outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
-        take at most lease_seconds - renew_interval (a renewal stuck on a silent connection for
-        longer would let its leases expire); the default socket_timeout is lowered to fit."""
-        keep = object.__setattr__
-        lease, margin = self.lease_seconds, C.RENEW_MARGIN
-        given = self.renew_interval is not None
-        renew = (
-            self.renew_interval if self.renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
-        )
-        keep(self, "renew_interval", renew)
-        if lease - renew < margin:
-            if given:
-                raise ConfigError(
-                    f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
-                    f"({renew + margin:g}), got renew_interval {renew!r}: leases would expire "
-                    "before a renewal got through"
-                )
-            raise ConfigError(
-                f"lease_seconds must be at least {1.5 * margin:g} s, got {lease!r}: leases are "
-                f"renewed every renew_interval (a third of the lease by default) and a renewal "
-                f"needs {margin:g} s more to get through"
-            )
-        room = lease - renew
-        if default_timeout:
-            keep(self, "socket_timeout", min(self.socket_timeout, room))
-        elif self.socket_timeout is None or self.socket_timeout > room:
-            forever = " (wait forever)" if self.socket_timeout is None else ""
-            raise ConfigError(
-                f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
-                f"= {room:g} s), got {self.socket_timeout!r}{forever}: a renewal waiting longer on a "
-                "silent connection would let the leases expire"
-            )
-
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
         """The options among ``broker_transport_options`` (other names are left to kombu)."""
@@ -415,7 +393,8 @@ class Options:
         dead-letter queue is never fair and has no delivery limit; Celery's own queues have one
         shard; each shard of a sharded queue holds its part of ``max_length``."""
         dead = name.endswith(".dead")
-        fair = self.fair_key is not None and not dead
+        task_rate = on_queue(self.task_rate, name, self.shards_of(name))  # {tenant: rate per shard}
+        fair = (self.fair_key is not None or bool(task_rate)) and not dead
         return QueueSettings(
             key_prefix=self.key_prefix,
             technique=(self.queue_techniques or {}).get(name, self.technique),
@@ -438,7 +417,7 @@ class Options:
             peek=self.peek,
             weights=self.fair_weights,
             concurrency=_named(self.tenant_concurrency),
-            rate=_named(self.tenant_rate),
+            rate={**_named(self.tenant_rate), **task_rate},
         )
 
     def _max_length(self, name: str) -> int | None:
@@ -450,7 +429,7 @@ class Options:
     def shards_of(self, name: str) -> int:
         """How many shards queue ``name`` has: ``shards``, but 1 for Celery's own queues
         (remote-control replies, events), which carry little and want their order."""
-        if name.endswith(".pidbox") or ".reply." in name or name.startswith("celeryev."):
+        if celery_own_queue(name):
             return 1
         return self.shards
 

@@ -1,17 +1,23 @@
-"""The tenant of an outgoing message, for fair queues: the header named by the ``fair_key``
-option, or what the function it names returns (``Options.tenant_fn``)."""
+"""The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the
+``task_rate`` option limits on the queue (``task_rates.py``), else the header named by the
+``fair_key`` option, or what the function it names returns (``Options.tenant_fn``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from .options import Options
+from .task_rates import limited_tenant
 
 
-def tenant_of(message: dict, options: Options, decode_body: Callable) -> str | None:
-    """The tenant of an outgoing message (None: the shared default tenant). ``decode_body``
-    is the channel's (kombu's ``Channel.decode_body``). ValueError, with nothing written, when
-    the function raises or the tenant is not a string."""
+def tenant_of(message: dict, options: Options, decode_body: Callable, queue: str) -> str | None:
+    """The tenant of a message going to ``queue`` (None: the shared default tenant).
+    ``decode_body`` is the channel's (kombu's ``Channel.decode_body``). ValueError, with nothing
+    written, when the function raises or the tenant is not a string."""
+    if options.task_rate:  # a limited task's messages form a tenant of their own
+        tenant = limited_tenant(options.task_rate, queue, message.get("headers") or {})
+        if tenant is not None:
+            return tenant
     fair_key, fn = options.fair_key, options.tenant_fn
     if fair_key is None:
         return None
