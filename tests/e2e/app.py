@@ -122,3 +122,20 @@ def echo(self, *args, **kwargs):
     if kwargs.get("retry") and r.retries == 0:
         raise self.retry(countdown=0)
     return args[0] if args else None
+
+
+def _redis_time_us() -> int:
+    seconds, micros = rec().time()
+    return seconds * 1_000_000 + micros
+
+
+@app.task(name="e2e.rate_limited")
+def rate_limited(n):
+    """The task a test limits with task_rate: records the Redis time (us) it ran at."""
+    log("limited", [n, _redis_time_us()])
+
+
+@app.task(name="e2e.rate_free")
+def rate_free(n):
+    """A task beside it on the same queue, not limited."""
+    log("free", [n, _redis_time_us()])

@@ -1,0 +1,67 @@
+"""task_rate through real Celery workers: a task limited to N per second across three worker
+processes never goes faster than its bucket allows, and the other tasks of its queue are not
+held behind it. The bound is checked on the broker's clock (the deliver events of the queue's
+event log, stamped by the pop script with Redis time); no timing is asserted from below."""
+
+from bisect import bisect_right
+
+import pytest
+
+from celery_pq.task_rates import task_tenant
+from celery_pq.testing import wait_for
+
+from .test_celery_e2e import Harness
+
+pytestmark = pytest.mark.e2e
+
+RATE = 10  # deliveries per second of the limited task
+LIMITED, FREE = 60, 150  # the limited backlog takes about 5 s to drain at RATE
+
+
+@pytest.fixture
+def harness(redis_server, key_prefix, tmp_path):
+    made = []
+
+    def make(options):
+        h = Harness(redis_server, key_prefix, tmp_path, options, acks_late=False)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def most_in_window(times_ms: list[int], seconds: float) -> int:
+    """The most of ``times_ms`` inside any closed window [t, t + seconds]."""
+    times = sorted(times_ms)
+    span = seconds * 1000
+    return max((bisect_right(times, t + span) - i for i, t in enumerate(times)), default=0)
+
+
+def test_a_task_rate_holds_across_three_workers_and_other_tasks_pass_it(harness):
+    h = harness({"task_rate": {"e2e.rate_limited": RATE}, "event_log": 100_000})
+    # Given a backlog of the limited task, published first, and other tasks behind it
+    for i in range(LIMITED):
+        h.send("e2e.rate_limited", i)
+    for i in range(FREE):
+        h.send("e2e.rate_free", i)
+    # When three worker processes consume the queue
+    for name in ("w1", "w2", "w3"):
+        h.worker(name)
+    wait_for(lambda: len(h.records("limited")) == LIMITED and len(h.records("free")) == FREE, 90, "every task ran")
+    # Then each ran once
+    assert sorted(n for n, _ in h.records("limited")) == list(range(LIMITED))
+    assert sorted(n for n, _ in h.records("free")) == list(range(FREE))
+    deliveries = [e for e in h.queue().events() if e["e"] == "deliver"]
+    limited = [e["ms"] for e in deliveries if e["t"] == task_tenant("e2e.rate_limited")]
+    free = [e["ms"] for e in deliveries if e["t"] == ""]
+    assert (len(limited), len(free)) == (LIMITED, FREE)
+    # And the limited task never went beyond its bucket: a full bucket (RATE tokens, the burst)
+    # and RATE more per second, in any window, whichever worker took them
+    for seconds in (0.25, 0.5, 1.0, 2.0, 4.0):
+        assert most_in_window(limited, seconds) <= max(RATE, 1) + RATE * seconds, seconds
+    # And the other tasks were not held behind the limited backlog: the last of them was
+    # delivered while limited tasks still waited
+    assert max(free) < max(limited)
+    assert sum(ms <= max(free) for ms in limited) < LIMITED
