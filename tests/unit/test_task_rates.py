@@ -1,0 +1,84 @@
+"""The task_rate option: its forms, its checks, which queues it makes fair and the tenant a
+published message gets."""
+
+import pytest
+
+from celery_pq.errors import ConfigError
+from celery_pq.options import Options
+from celery_pq.task_rates import limited_tenant, on_queue
+
+
+def options(**given):
+    return Options.from_transport_options(given)
+
+
+def test_every_queue_form_limits_the_task_on_each_queue_but_celery_s_own_and_dead_letters():
+    o = options(task_rate={"proj.send_email": 20})
+    assert o.queue_settings("q").fair and o.queue_settings("q").rate == {"task:proj.send_email": 20.0}
+    for name in ("q.dead", "celery@host.celery.pidbox", "celeryev.1234", "x.reply.celery.pidbox"):
+        assert not o.queue_settings(name).fair, name
+
+
+def test_a_queue_s_own_table_limits_there_only_and_wins_over_the_every_queue_entry():
+    o = options(task_rate={"emails": {"proj.send_email": 5}, "proj.resize": 2})
+    assert o.queue_settings("emails").rate == {"task:proj.send_email": 5.0, "task:proj.resize": 2.0}
+    assert o.queue_settings("other").rate == {"task:proj.resize": 2.0}
+    o = options(task_rate={"emails": {"proj.send_email": 5}})
+    assert o.queue_settings("emails").fair and not o.queue_settings("other").fair
+    o = options(task_rate={"proj.send_email": 20, "emails": {"proj.send_email": 5}})
+    assert o.queue_settings("emails").rate == {"task:proj.send_email": 5.0}
+
+
+def test_no_task_rate_changes_nothing():
+    assert options().queue_settings("q") == options(task_rate=None).queue_settings("q")
+    assert not options(task_rate={}).queue_settings("q").fair
+
+
+def test_with_fair_key_the_tenant_tables_and_the_task_limits_are_written_together():
+    o = options(fair_key="tenant", tenant_rate={"acme": 3, "*": 100}, task_rate={"proj.send_email": 20})
+    s = o.queue_settings("q")
+    assert s.rate == {"acme": 3, "task:proj.send_email": 20.0} and s.tenant_rate == 100
+
+
+def test_a_sharded_queue_splits_the_rate_over_its_shards():
+    o = options(task_rate={"proj.send_email": 20}, shards=4)
+    assert o.queue_settings("q").rate == {"task:proj.send_email": 5.0}
+    assert on_queue(o.task_rate, "q", 4) == {"task:proj.send_email": 5.0}
+
+
+@pytest.mark.parametrize(
+    "value, named",
+    [
+        (20, "must be a dict"),
+        ({"t": 0}, "task_rate['t'] must be a number"),
+        ({"t": -1}, "task_rate['t']"),
+        ({"t": True}, "task_rate['t']"),
+        ({"t": "20/s"}, "task_rate['t']"),
+        ({"t": float("inf")}, "task_rate['t']"),
+        ({"q": {"t": None}}, "task_rate['q']['t']"),
+        ({"q": {1: 2}}, "task names are non-empty strings"),
+        ({"": 2}, "non-empty strings"),
+        ({"q.dead": {"t": 1}}, "dead-letter"),
+        ({"celery@h.celery.pidbox": {"t": 1}}, "Celery's own"),
+    ],
+)
+def test_a_bad_task_rate_is_refused_naming_the_entry(value, named):
+    with pytest.raises(ConfigError, match="task_rate") as err:
+        options(task_rate=value)
+    assert named in str(err.value)
+
+
+def test_a_rate_too_small_for_each_shard_is_refused():
+    with pytest.raises(ConfigError, match="over 100 shards"):
+        options(task_rate={"t": 0.05}, shards=100)
+
+
+def test_the_tenant_of_a_published_message():
+    table = options(task_rate={"emails": {"a": 1}, "b": 2}).task_rate
+    assert limited_tenant(table, "emails", {"task": "a"}) == "task:a"
+    assert limited_tenant(table, "emails", {"task": "b"}) == "task:b"
+    assert limited_tenant(table, "other", {"task": "a"}) is None
+    assert limited_tenant(table, "other", {"task": "b"}) == "task:b"
+    assert limited_tenant(table, "other", {"task": "emails"}) is None  # a queue's name, not a task
+    assert limited_tenant(table, "other", {}) is None
+    assert limited_tenant(table, "celeryev.x", {"task": "b"}) is None
