@@ -22,6 +22,8 @@
 #                Redis memory, several minutes more: not part of the plain run)
 #   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes, then the
 #                fault suite's long runs (benchmarks/faults.py, about 7 minutes; results in SOAK_OUT)
+#   make bench-rate  a global rate limit (task_rate, 20/s over 3 workers for 30 s) beside Celery's
+#                per-worker rate_limit (benchmarks/rate_limits.py); RATE_ARGS="--seconds 10"
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
 #   make clean   remove .venv, build artefacts and caches
 #
@@ -153,6 +155,13 @@ spark-demo: install
 bench: install
 	@$(WITH_REDIS) $(WITH_JAVA) \
 	$(VPY) -m benchmarks.run $(BENCH_ARGS)
+
+# A global rate limit (task_rate) beside Celery's per-worker rate_limit, 3 workers, 30 s
+# (benchmarks/rate_limits.py; results/rate_limits.md): RATE_ARGS="--rate 20 --seconds 30"
+.PHONY: bench-rate
+bench-rate: install
+	@$(WITH_REDIS) \
+	$(VPY) -m benchmarks.rate_limits $(RATE_ARGS)
 
 profile: install
 	@$(WITH_REDIS) \

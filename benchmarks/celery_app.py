@@ -38,3 +38,24 @@ def noop():
     if _rec is None:
         _rec = redis.Redis.from_url(os.environ["BENCH_RECORD"])
     _rec.incr("bench:done")
+
+
+def _ran():
+    """Record this execution's Redis time (us) in the list ``bench:ran``."""
+    global _rec
+    if _rec is None:
+        _rec = redis.Redis.from_url(os.environ["BENCH_RECORD"])
+    seconds, micros = _rec.time()
+    _rec.rpush("bench:ran", seconds * 1_000_000 + micros)
+
+
+@app.task(name="bench.limited")
+def limited():
+    """Limited by the broker (the task_rate option of the run that sends it)."""
+    _ran()
+
+
+@app.task(name="bench.worker_limited", rate_limit=os.environ.get("BENCH_RATE_LIMIT") or None)
+def worker_limited():
+    """Limited by Celery's own rate_limit (BENCH_RATE_LIMIT, e.g. "20/s"): in each worker."""
+    _ran()

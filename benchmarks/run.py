@@ -26,6 +26,7 @@ from . import (
     peers,
     publish_batch,
     queue_api,
+    rate_limits,
     relaxed,
     slowlog,
     spark_bulk,
@@ -57,6 +58,7 @@ def main(argv=None):
         faults,
         relaxed,
         slowlog,
+        rate_limits,
     ):
         bench.main(flags + (["--large"] if args.large and bench in (fairness, queue_api) else []))
 
