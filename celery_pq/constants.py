@@ -121,6 +121,11 @@ STEP_CHUNK = 200
 #: Delivery is woken by the insert, not by this timeout.
 BLOCK_SECONDS = 5.0
 
+#: The tenant of a task the ``task_rate`` option limits is this prefix and the task name; the
+#: rates of tenants so named belong to the option (a queue opened with the options drops those
+#: it no longer names).
+TASK_TENANT_PREFIX = "task:"
+
 #: Seconds a publish id is remembered (at least; at most twice as long): a publish retried
 #: after a lost reply within this window stores nothing new.
 DEDUPE_SECONDS = 300.0

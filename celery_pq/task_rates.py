@@ -24,11 +24,9 @@ rates (``on_queue``); ``tenants.tenant_of`` asks ``limited_tenant`` for each pub
 
 from __future__ import annotations
 
+from .constants import TASK_TENANT_PREFIX
 from .errors import ConfigError
 from .queue.values import MAX_RATE, MIN_RATE
-
-#: The tenant of a limited task's messages is this prefix and the task name.
-TASK_TENANT_PREFIX = "task:"
 
 
 def task_tenant(task: str) -> str:

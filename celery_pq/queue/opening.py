@@ -31,7 +31,8 @@ def open_queue(
     ``recorded``: each queue (or shard) takes the mode it recorded in Redis (fairness, scope,
     priority order, technique) and ``settings`` for the rest, so that a tool works on a queue
     made by workers with other settings; one with no record takes ``settings`` as they are.
-    A fair queue opened with its settings as given gets the tenants' tables written.
+    A fair queue opened with its settings as given gets the tenants' tables written (and the
+    ``task_rate`` limits its rate table no longer names removed).
     """
     settings = settings or QueueSettings()
     if settings.shards == 1:
@@ -51,4 +52,6 @@ def open_shard(client: redis.Redis, name: str, settings: QueueSettings, *, recor
     q = PriorityQueue(client, name, settings)
     if q.fair:
         q.configure_tenants(**settings.tenant_tables())
+        if settings.rate is not None:  # the options' whole table: limits taken out of task_rate go
+            q.drop_task_rates(settings.rate)
     return q

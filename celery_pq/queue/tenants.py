@@ -4,6 +4,7 @@ and which ones cannot be served now (and why)."""
 
 from __future__ import annotations
 
+from .. import constants as C
 from ..checks import count as _count
 from ..records import split_entry, split_switches, split_tenant_member
 from . import calls
@@ -101,6 +102,17 @@ class QueueTenants(QueueBase):
                 fields[f"{label[0]}:{escape_tenant(tenant)}"] = tenant_setting(label, tenant, value)
         if fields:
             self.client.hset(self.keys.tenant_settings, mapping=fields)
+
+    def drop_task_rates(self, keep: dict) -> None:
+        """Remove the rates of ``task:<name>`` tenants (the ``task_rate`` option's) that ``keep``,
+        the queue's whole rate table, does not name: a limit taken out of the option is lifted
+        when a process with the new options opens the queue. One HKEYS, at open only."""
+        ours = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
+        kept = {f"r:{escape_tenant(t)}" for t in keep}
+        fields = map(as_text, self.client.hkeys(self.keys.tenant_settings))
+        gone = [f for f in fields if f.startswith(ours) and f not in kept]
+        if gone:
+            self.client.hdel(self.keys.tenant_settings, *gone)
 
     def paused(self) -> dict:
         """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
