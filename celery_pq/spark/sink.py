@@ -170,16 +170,16 @@ class Sink:
                     since = now
                 if self.on_full == "reject":
                     raise QueueStillFull(
-                        f"celery_pq writer: {exc}, and on_full='reject': {len(items)} rows of partition "
-                        f"{report.partition} were not stored (the Spark task fails; the rows stored "
-                        f"before them stay stored)"
+                        f"celery_pq writer: {exc}, and on_full='reject': partition {report.partition} "
+                        f"stored {report.sent + report.already_stored} rows, not the {len(items)} refused "
+                        f"nor those after them (the Spark task fails; the rows stored stay stored)"
                     ) from None
                 if now - since >= self.settings.full_wait_seconds:
                     raise QueueStillFull(
                         f"celery_pq writer: {exc}; no row found room for full_wait_seconds="
-                        f"{self.settings.full_wait_seconds:g}: {len(items)} rows of partition "
-                        f"{report.partition} were not stored (the Spark task fails; the rows stored "
-                        f"before them stay stored)"
+                        f"{self.settings.full_wait_seconds:g}: partition {report.partition} stored "
+                        f"{report.sent + report.already_stored} rows, not the {len(items)} refused nor "
+                        f"those after them (the Spark task fails; the rows stored stay stored)"
                     ) from None
                 # room for this many entries, as the refusal counted it: smaller calls fit in
                 chunk = max(1, min(self.settings.chunk, exc.limit - exc.size))
