@@ -224,6 +224,9 @@ class WriterSettings:
         on_full = given.get("on_full")
         if on_full is not None and on_full.lower() not in ON_FULL:
             raise ConfigError(f"option 'on_full' must be one of {ON_FULL}, got {on_full!r}")
+        rate = _positive_option("rows_per_second", given.get("rows_per_second"), None)
+        if rate is not None and rate < 1:
+            raise ConfigError(f"option 'rows_per_second' must be a number >= 1, got {given['rows_per_second']!r}")
         fail_after = given.get("test_fail_once_after")
         return cls(
             broker=broker,
@@ -242,7 +245,7 @@ class WriterSettings:
             on_full=None if on_full is None else on_full.lower(),
             full_wait_seconds=_positive_option("full_wait_seconds", given.get("full_wait_seconds"), FULL_WAIT_SECONDS)
             or FULL_WAIT_SECONDS,
-            rows_per_second=_positive_option("rows_per_second", given.get("rows_per_second"), None),
+            rows_per_second=rate,
             columns=tuple(names),
             roles=roles,
             fair_column=fair_column,

@@ -203,6 +203,7 @@ def test_the_rate_cap_counts_rows_per_second_across_tasks(redis_client, key_pref
         ("on_full", "drop", "option 'on_full' must be one of ('wait', 'reject')"),
         ("full_wait_seconds", "-1", "option 'full_wait_seconds' must be a number > 0"),
         ("rows_per_second", "fast", "option 'rows_per_second' must be a number > 0"),
+        ("rows_per_second", "0.5", "option 'rows_per_second' must be a number >= 1"),
     ],
 )
 def test_bad_stream_options_are_named(option, value, message):
