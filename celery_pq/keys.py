@@ -48,6 +48,9 @@ shard 0 is the queue itself, with the keys above (so a queue of one shard is the
 always was), shard i > 0 is the queue ``orders#<i>`` (``orders#<i>.<j>`` when the plain name
 hashes badly), with its own tag ``{orders#<i>}`` and its own dead-letter queue
 ``orders#<i>.dead``. ``shard_names`` places the tags' hash slots apart (see ``shard_name``).
+    pq:sink:{<id>}:done  hash  a Spark sink's progress (celery_pq/spark/stream.py): "<batch>:<partition>"
+                              -> the partition's rows handled; the id is the streaming query's
+    pq:sink:{<id>}:rate  hash  Unix second -> rows a Spark sink took in it (its rows_per_second cap)
     pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
 """
 
@@ -216,6 +219,16 @@ def queues_key(prefix: str = KEY_PREFIX) -> str:
 
 def message_ttls_key(prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}:ttl"
+
+
+def sink_record_key(sink: str, prefix: str = KEY_PREFIX) -> str:
+    """The progress record of a Spark sink ``sink`` (a streaming query's id), a hash."""
+    return f"{prefix}:sink:{{{_tag(sink)}}}:done"
+
+
+def sink_rate_key(sink: str, prefix: str = KEY_PREFIX) -> str:
+    """The rows a Spark sink took in each Unix second (its ``rows_per_second`` cap), a hash."""
+    return f"{prefix}:sink:{{{_tag(sink)}}}:rate"
 
 
 def binding_key(exchange: str, prefix: str = KEY_PREFIX) -> str:

@@ -12,13 +12,17 @@ From DataFrames to tasks::
     result = enqueue(df, app, "proj.tasks.resize", args=["image_id"])
     result.sent, result.already_stored, result.rejected, result.rejects.show()
 
+    (stream.writeStream.format("celery_pq").option("broker", "pq://redis:6379/0")
+       .option("task", "proj.tasks.resize").option("args", "image_id")
+       .option("checkpointLocation", "checkpoints/resize").start())   # each row once (stream.py)
+
 From the event log to analytics::
 
     events = (spark.read.format("celery_pq_events").option("broker", "pq://redis:6379/0")
               .option("queue", "default").load())          # or spark.read.parquet(exported)
     frames = analyze(events)                               # {"waits": DataFrame, "fairness": ...}
 
-See docs/spark.md for the options, the columns, exactly once and rejects, the event log's
+See docs/spark.md for the options, the columns, exactly once and rejects, streaming, the event log's
 columns and the analysis.
 """
 

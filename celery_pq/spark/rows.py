@@ -93,6 +93,11 @@ class TaskRows:
         i = self.role.get(name)
         return None if i is None else row[i]
 
+    def skip(self) -> None:
+        """Pass over the partition's next row (handled by an earlier attempt), keeping the
+        positions of the rows after it."""
+        self.position += 1
+
     def build(self, row, now: float) -> tuple[str, object]:
         """``(queue, StoredItem)`` of the partition's next row; ``now`` (Unix seconds) is what
         countdowns count from."""

@@ -34,6 +34,14 @@ BATCH_ROWS = 10_000
 #: the counts are exact beyond it.
 REJECTS_LIMIT = 10_000
 
+#: How long a write waits for room in a full queue (``max_length``) before it fails
+#: (``full_wait_seconds``): the wait starts again whenever a row finds room.
+FULL_WAIT_SECONDS = 300.0
+
+#: What a write does when the queue is full (``on_full``): wait for room (the streaming sink's
+#: default) or fail (the batch writer's default, as before the option existed).
+ON_FULL = ("wait", "reject")
+
 #: The namespace of task ids derived from a ``key`` column (uuid5), fixed for good: changing it
 #: would give every derived id a new value, so a rerun would enqueue its rows again.
 KEY_NAMESPACE = uuid.UUID("6f1d1c52-3f0b-5b7e-9a57-2f3c6c1b7a10")
@@ -53,6 +61,11 @@ _OWN = {
     "batch_rows",
     "chunk",
     "rejects_limit",
+    "on_full",
+    "full_wait_seconds",
+    "rows_per_second",
+    # a streaming query's own option, which Spark hands to the sink too
+    "checkpointlocation",
     # used only by the tests: fail each partition's first attempt once after this many rows
     "test_fail_once_after",
     "test_fail_once_marker",
@@ -88,6 +101,18 @@ def _transport_value(name: str, text: str):
     return value
 
 
+def _positive_option(name: str, text: str | None, default: float | None) -> float | None:
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"option {name!r} must be a number > 0, got {text!r}")
+    return value
+
+
 def _int_option(name: str, text: str | None, default: int) -> int:
     if text is None:
         return default
@@ -115,6 +140,11 @@ class WriterSettings:
     batch_rows: int = BATCH_ROWS
     chunk: int = C.BULK_CHUNK
     rejects_limit: int = REJECTS_LIMIT
+    #: "wait" or "reject"; None: the writer's default (streaming waits, a batch write fails).
+    on_full: str | None = None
+    full_wait_seconds: float = FULL_WAIT_SECONDS
+    #: Rows per second at most, over all the write's (the query's) Spark tasks; None: no cap.
+    rows_per_second: float | None = None
     columns: tuple[str, ...] = ()
     #: The role columns the DataFrame has (``ROLE_COLUMNS`` present), and the column the
     #: ``fair_key`` header names when it is a column (a ``tenant`` column wins over it).
@@ -138,7 +168,8 @@ class WriterSettings:
             raise ConfigError(
                 f"unknown option(s) {', '.join(map(repr, unknown))} for format 'celery_pq' "
                 f"(options: broker, task, args, kwargs, queue, key, job, rejects, on_reject, "
-                f"batch_rows, chunk, rejects_limit, transport_options and the transport options)"
+                f"batch_rows, chunk, rejects_limit, on_full, full_wait_seconds, rows_per_second, "
+                f"transport_options and the transport options)"
             )
         for required in ("broker", "task"):
             if not (given.get(required) or "").strip():
@@ -190,6 +221,12 @@ class WriterSettings:
         on_reject = (given.get("on_reject") or "keep").lower()
         if on_reject not in ON_REJECT:
             raise ConfigError(f"option 'on_reject' must be one of {ON_REJECT}, got {given['on_reject']!r}")
+        on_full = given.get("on_full")
+        if on_full is not None and on_full.lower() not in ON_FULL:
+            raise ConfigError(f"option 'on_full' must be one of {ON_FULL}, got {on_full!r}")
+        rate = _positive_option("rows_per_second", given.get("rows_per_second"), None)
+        if rate is not None and rate < 1:
+            raise ConfigError(f"option 'rows_per_second' must be a number >= 1, got {given['rows_per_second']!r}")
         fail_after = given.get("test_fail_once_after")
         return cls(
             broker=broker,
@@ -205,6 +242,10 @@ class WriterSettings:
             batch_rows=_int_option("batch_rows", given.get("batch_rows"), BATCH_ROWS),
             chunk=_int_option("chunk", given.get("chunk"), C.BULK_CHUNK),
             rejects_limit=_int_option("rejects_limit", given.get("rejects_limit"), REJECTS_LIMIT),
+            on_full=None if on_full is None else on_full.lower(),
+            full_wait_seconds=_positive_option("full_wait_seconds", given.get("full_wait_seconds"), FULL_WAIT_SECONDS)
+            or FULL_WAIT_SECONDS,
+            rows_per_second=rate,
             columns=tuple(names),
             roles=roles,
             fair_column=fair_column,

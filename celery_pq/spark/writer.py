@@ -23,19 +23,16 @@ import json
 import logging
 import os
 import pickle
-import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType, TimestampType
 
 from ..errors import ConfigError
-from ..queue import open_queue
-from ..routing import RoutingTables
-from .rows import Rejected, TaskRows
+from .rows import TaskRows
 from .settings import WriterSettings, close_client
+from .sink import PartitionReport, Sink, write_partition
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -43,23 +40,6 @@ logger = logging.getLogger("celery_pq.spark")
 #: tuples: the row's values, then the reason), read back by ``read_rejects``.
 SUMMARY_FILE = "summary.json"
 REJECTS_FILE = "rejects.pickle"
-
-
-@dataclass
-class PartitionReport(WriterCommitMessage):
-    """What one Spark task did with its rows: sent (stored by it), already stored (the queue had
-    seen the row's publish id: stored by an earlier attempt of this task, or by an earlier write
-    of the same ``task_id`` or ``key``), rejected (with the first ``rejects_limit`` rows and every
-    reason counted). ``rows == sent + already_stored + rejected``."""
-
-    partition: int
-    attempt: int
-    rows: int = 0
-    sent: int = 0
-    already_stored: int = 0
-    rejected: int = 0
-    reasons: Counter = field(default_factory=Counter)
-    rejects: list = field(default_factory=list)
 
 
 class CeleryPQDataSource(DataSource):
@@ -76,6 +56,17 @@ class CeleryPQDataSource(DataSource):
                 "(a queue cannot be overwritten)"
             )
         return CeleryPQWriter(WriterSettings.parse(dict(self.options), schema.fieldNames()), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        """``df.writeStream.format("celery_pq")``: ``stream.CeleryPQStreamWriter``."""
+        from .stream import CeleryPQStreamWriter
+
+        if overwrite:
+            raise ConfigError(
+                "format 'celery_pq' only appends tasks to a queue: use outputMode(\"append\") "
+                "(a queue cannot be overwritten)"
+            )
+        return CeleryPQStreamWriter(WriterSettings.parse(dict(self.options), schema.fieldNames()), schema)
 
 
 class CeleryPQWriter(DataSourceWriter):
@@ -94,48 +85,11 @@ class CeleryPQWriter(DataSourceWriter):
         s = self.settings
         client = s.client()
         try:
-            sink = _Sink(client, s)
+            sink = Sink(client, s, sink=s.write_id, on_full="reject")
             rows = TaskRows(s, partition=report.partition, eta_is_local=self.eta_is_local)
-            batch: list = []
-            now = time.time()
-            for row in iterator:
-                report.rows += 1
-                try:
-                    batch.append(rows.build(row, now))
-                except Rejected as exc:
-                    reason = str(exc)
-                    if s.on_reject == "fail":
-                        raise Rejected(
-                            f"celery_pq writer: a row was rejected ({reason}) and on_reject='fail': "
-                            f"{report.sent + report.already_stored} rows of partition "
-                            f"{report.partition} were stored before it, the rest of it was not"
-                        ) from None
-                    report.rejected += 1
-                    report.reasons[reason] += 1
-                    if len(report.rejects) < s.rejects_limit:
-                        report.rejects.append((*row, reason))
-                if len(batch) >= s.batch_rows:
-                    sink.send(batch, report)
-                    batch = []
-                    now = time.time()
-                    self._test_failure(report)
-            sink.send(batch, report)
-            self._test_failure(report)
+            return write_partition(rows, iterator, sink, report)
         finally:
             close_client(client)
-        return report
-
-    def _test_failure(self, report: PartitionReport) -> None:
-        """Tests only (options test_fail_once_after and test_fail_once_marker): the first attempt
-        of each partition fails once after sending that many rows, as an executor lost mid-write."""
-        s = self.settings
-        done = report.sent + report.already_stored
-        if s.test_fail_once_after is None or done < s.test_fail_once_after:
-            return
-        marker = Path(s.test_fail_once_marker or ".") / f"failed-{report.partition}"
-        if not marker.exists():
-            marker.touch()
-            raise RuntimeError(f"test failure of partition {report.partition} after {done} rows")
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages) -> None:
@@ -164,35 +118,6 @@ class CeleryPQWriter(DataSourceWriter):
             len(reports),
             sum(m.sent for m in reports),
         )
-
-
-class _Sink:
-    """One partition's connection and queues: batches in, pipelined insert calls out."""
-
-    def __init__(self, client, settings: WriterSettings):
-        self.client = client
-        self.settings = settings
-        self.queues: dict = {}
-        self.routing = RoutingTables(client, settings.transport)
-
-    def queue(self, name):
-        q = self.queues.get(name)
-        if q is None:
-            q = self.queues[name] = open_queue(self.client, name, self.settings.transport.queue_settings(name))
-            self.routing.add_queue(name)  # declared, as a Celery producer's queue is (pq stats lists it)
-        return q
-
-    def send(self, batch, report: PartitionReport) -> None:
-        """Insert a batch of ``(queue, StoredItem)``, counting in ``report`` the rows stored and
-        those the queue had already (their publish ids seen)."""
-        by_queue: dict = {}
-        for name, item in batch:
-            by_queue.setdefault(name, []).append(item.as_tuple())
-        for name, items in by_queue.items():
-            _, repeated = self.queue(name).insert_many(items, chunk=self.settings.chunk, repeats=True)
-            again = sum(repeated)
-            report.already_stored += again
-            report.sent += len(items) - again
 
 
 def summarize(reports) -> dict:
