@@ -19,6 +19,8 @@ from .inserts import QueueInserts, _expiry, _when
 MODES = {"while_waiting": "w", "while_active": "a", "replace": "r", "debounce": "d", "throttle": "t"}
 #: What a publish with a key came to (``PublishOutcome.kind``).
 OUTCOMES = ("stored", "merged", "replaced", "debounced", "throttled")
+#: The outcomes a queue counts (its counters ``unique_<outcome>``: queue/values.py COUNTERS).
+UNIQUE_COUNTS = OUTCOMES[1:]
 #: The mode of a key given without one.
 DEFAULT_MODE = "while_waiting"
 #: The debounce delay and throttle period of a key given without one, in seconds.
