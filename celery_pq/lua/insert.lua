@@ -248,19 +248,6 @@ local ready = false
 local stored = {} -- publish id -> entry id, for a repeat within this call
 local ids = made and {} -- the entry ids alone, for the call's publish id
 
--- Take entry s (standing for key, waiting or delayed) out: a replace or a debounce.
-local function unique_drop(s, what, key)
-  redis.call('HDEL', ii, s.eid)
-  redis.call('HDEL', key_of('ue'), s.eid)
-  if s.state == 'delayed' then
-    redis.call('ZREM', dz, s.eid)
-  elseif fair then
-    fair_drop(s.e.t, s.e.s, s.eid)
-  end
-  dup_forget(dp, s.eid)
-  emit(what, s.eid, s.e.s, s.e.t, nil, nil, key)
-end
-
 for i = 0, n - 1 do
   local g = first + 8 * i
   local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
@@ -322,7 +309,7 @@ for i = 0, n - 1 do
             end
           end
         end
-        unique_drop(s, kind, u.key)
+        unique_drop(ii, dz, dp, s, kind, u.key)
         tally('unique_' .. kind)
       end
       local base = id

@@ -10,12 +10,15 @@
 -- its entry is in ii with the flag "u" (and, for while_waiting, is not leased); the insert
 -- checks that (unique_standing), so a path that misses the eager release leaks no key. The
 -- sweep prunes records that stand no more, a bounded number per call (unique_prune).
+--!include duplicates.lua
+--!include events.lua
+--!include fair.lua
 --!include queue.lua
 --!include records.lua
 
--- The unique mode letters of insert.lua's ARGV: while_waiting, while_active, replace,
--- debounce, throttle.
-local UNIQUE_KINDS = { w = 'merged', a = 'merged', t = 'throttled', r = 'replaced', d = 'debounced' }
+-- What a publish of each mode letter of insert.lua's ARGV (while_waiting, while_active,
+-- throttle, replace, debounce) comes to when an entry stands for its key (a constant).
+local UNIQUE_KINDS = { w = 'merged', a = 'merged', t = 'throttled', r = 'replaced', d = 'debounced' } -- kept between calls
 
 local function unique_record(rec)
   return string.match(rec, '^(%a)|(%d*)|(.*)$')
@@ -71,6 +74,21 @@ local function unique_hold(key, m, ms, eid, now)
     redis.call('HSET', key_of('uq'), key, 'e||' .. eid)
     redis.call('HSET', key_of('ue'), eid, key)
   end
+end
+
+-- Take entry s (standing for key, waiting or delayed: unique_standing) out of queue ii, for a
+-- replace or a debounce (logged as what); its pointer, if waiting, is left to lazy deletion
+-- (or taken over by the new entry: insert.lua).
+local function unique_drop(ii, dz, dp, s, what, key)
+  redis.call('HDEL', ii, s.eid)
+  redis.call('HDEL', key_of('ue'), s.eid)
+  if s.state == 'delayed' then
+    redis.call('ZREM', dz, s.eid)
+  elseif CTX.fair then
+    fair_drop(s.e.t, s.e.s, s.eid)
+  end
+  dup_forget(dp, s.eid)
+  emit(what, s.eid, s.e.s, s.e.t, nil, nil, key)
 end
 
 -- Entry eid, which held a key (flag "u"), left the table (acked, dead-lettered, removed,
