@@ -203,7 +203,7 @@ if U and fresh > 0 and (max_length > 0 or (fair and max_per_tenant > 0)) then
       if st then
         st = (st == 't') == (u.m == 't') and st or nil
       else
-        local s = unique_standing(ii, lt, dz, u.key, u.m, now)
+        local s = unique_standing(ii, lt, dz, u.key, u.m, now, ARGV[first + 8 * i])
         st = s and s.state
       end
       if st and (u.m == 'w' or u.m == 'a' or u.m == 't') then
@@ -261,7 +261,7 @@ for i = 0, n - 1 do
     local u = U and U[i]
     local s, kind, uflag = nil, nil, ''
     if u then
-      s = unique_standing(ii, lt, dz, u.key, u.m, now)
+      s = unique_standing(ii, lt, dz, u.key, u.m, now, id)
       kind = s and UNIQUE_KINDS[u.m] or 'stored'
       if s and s.state == 'leased' and kind ~= 'merged' then -- a replace or debounce of one running
         s, kind = nil, 'stored'

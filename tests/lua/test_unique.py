@@ -234,3 +234,20 @@ def test_a_keyless_insert_sends_what_it_sent_before(redis_client, key_prefix):
     assert reply == [b"id1"]
     assert redis_client.exists(q.keys.unique_keys, q.keys.unique_holders) == 0
     assert split_entry(redis_client.hget(q.keys.entries, "id1"))[0].flags == b""
+
+
+def test_a_retry_of_the_running_task_is_stored_not_merged(redis_client, key_prefix):
+    """Celery's retry publishes the task's own id and headers again while it runs: with the key
+    held by that very run (while_active) or within its throttle period, the retry is stored
+    (under a duplicate id), not merged into the run about to be acked."""
+    q = q_of(redis_client, key_prefix)
+    put(q, "task-1", "k", "while_active")
+    [lease] = q.pop(1)
+    retry = put(q, "task-1", "k", "while_active")
+    assert retry.kind == "stored" and retry.task_id.startswith("task-1~")
+    assert put(q, "other", "k", "while_active").task_id == retry.task_id  # the retry holds the key
+    q.ack(lease)
+    assert put(q, "other", "k", "while_active").task_id == retry.task_id
+    put(q, "t-1", "t", "throttle", 60)
+    assert put(q, "t-1", "t", "throttle", 60).kind == "stored"
+    assert put(q, "t-2", "t", "throttle", 60).kind == "throttled"

@@ -29,16 +29,24 @@ local function holds_key(x)
   return x ~= '' and string.find(x, 'u', 1, true) ~= nil
 end
 
--- The entry standing for key for a publish of mode m at now: nil when none stands, else a table
--- {eid, state ("waiting", "delayed", "leased"; "throttle" for a throttle record), v, e, bar}.
-local function unique_standing(ii, lt, dz, key, m, now)
+-- Is entry id eid the one of task id id, or a duplicate "<id>~<seq>" of it?
+local function same_task(eid, id)
+  return id ~= '' and (eid == id or string.sub(eid, 1, #id + 1) == id .. '~')
+end
+
+-- The entry standing for key for a publish of mode m and entry id id at now: nil when none
+-- stands, else a table {eid, state ("waiting", "delayed", "leased"; "throttle" for a throttle
+-- record), v, e, bar}. A publish of the very task that stands and runs (or was stored within
+-- the throttle period) is its retry (Celery's retry sends the task's id and headers again): for
+-- it nothing stands, or the retry would be merged into the run that asked for it and be lost.
+local function unique_standing(ii, lt, dz, key, m, now, id)
   local rec = redis.call('HGET', key_of('uq'), key)
   if not rec then
     return nil
   end
   local kind, untl, eid = unique_record(rec)
   if m == 't' then
-    if kind == 't' and tonumber(untl) > now then
+    if kind == 't' and tonumber(untl) > now and not same_task(eid, id) then
       return { eid = eid, state = 'throttle' }
     end
     return nil
@@ -56,7 +64,7 @@ local function unique_standing(ii, lt, dz, key, m, now)
   end
   local state = 'waiting'
   if redis.call('HEXISTS', lt, eid) == 1 then
-    if m == 'w' then
+    if m == 'w' or same_task(eid, id) then
       return nil
     end
     state = 'leased'
