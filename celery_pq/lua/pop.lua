@@ -6,7 +6,7 @@
 -- most EXPIRE_BUDGET of them per call (includes/dead.lua), and the call goes on. The lease is
 -- recorded in this same script, so a popped entry never exists only in a consumer's memory.
 -- The first leases of a queue no sweep has run on start its sweep record sw
--- (includes/leases.lua, write_leases).
+-- (includes/leases.lua, write_leases); a pop that acked a lease first knows it is there.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -54,8 +54,11 @@ local take_hi = math.min(tonumber(ARGV[8]), hi)
 local nacks = tonumber(ARGV[9])
 
 local out = { 0, nacks }
+local acked = false -- a lease of this queue was acked here: its sweep record exists (write_leases)
 for i = 1, nacks do
-  out[#out + 1] = ack_one(ii, lz, lt, dp, ARGV[8 + 2 * i], ARGV[9 + 2 * i])
+  local code = ack_one(ii, lz, lt, dp, ARGV[8 + 2 * i], ARGV[9 + 2 * i])
+  out[#out + 1] = code
+  acked = acked or code == 1
 end
 if CTX.paused then
   redis.call('DEL', wk)
@@ -64,7 +67,7 @@ if CTX.paused then
 end
 local got, stale, more, expiring = 0, 0, false, 0
 local now -- Redis time (ms): read once, when first needed (an empty pop never reads it)
-local P = { lease = {}, deadline = {}, out = out }
+local P = { lease = {}, deadline = {}, out = out, swept_known = acked }
 while got < want do
   local asked = want - got
   local popped

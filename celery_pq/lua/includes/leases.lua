@@ -32,11 +32,17 @@ end
 -- pause measures its gap from them, as if one had run then. Without a record it would see no
 -- gap and take the leases that ran out in the pause as expired: with Redis paused right after a
 -- consumer's first pop, before its lease keeper's first sweep, its tasks under way ran twice.
+-- A pop that has just acked a lease of the queue (P.swept_known) skips that write: the pop that
+-- made that lease made sure of the record, and nothing deletes the record but a delete of the
+-- whole queue (one DEL of all its keys: that lease's record with it) or of the database. So a
+-- consumer's pops in a steady stream, each acking the last ones, make no such write.
 local function write_leases(P, lt, lz)
   if #P.lease > 0 then
     redis.call('HSET', lt, unpack(P.lease))
     redis.call('ZADD', lz, unpack(P.deadline))
-    redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
+    if not P.swept_known then
+      redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
+    end
   end
 end
 
