@@ -89,7 +89,7 @@ while got < want do
         P.until_ms = fmt(now + lease_ms)
       end
       got = got + 1
-      add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, e.t, v)
+      add_lease(P, eid, token_base .. '.' .. fmt(got), consumer, score, e.d + 1, e.x, e.t, v)
     else
       stale = stale + 1
     end

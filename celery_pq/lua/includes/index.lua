@@ -118,7 +118,7 @@ local function pi_take(pi, lo, hi, n)
   while n > 0 do
     local first
     if whole then
-      first = redis.call('ZRANGE', pi, 0, 0, 'WITHSCORES')
+      first = redis.call('ZRANGE', pi, '0', '0', 'WITHSCORES') -- (text: a number would be printed)
     else
       first = redis.call('ZRANGEBYSCORE', pi, lo, '(' .. (hi + 1), 'WITHSCORES', 'LIMIT', 0, 1)
     end
@@ -129,7 +129,7 @@ local function pi_take(pi, lo, hi, n)
     local rank = tonumber(r)
     local passing = tonumber(first[2]) ~= rank
     local key = passing and front_key(pi, rank) or level_key(pi, r)
-    local got = redis.call('LPOP', key, n)
+    local got = redis.call('LPOP', key, fmt(n))
     if got then
       for _, p in ipairs(got) do
         out[#out + 1] = p
@@ -207,7 +207,6 @@ local function pi_entry(ii, lt, p, rank)
   if not v then
     return nil
   end
-  local score = fmt(rank * SEQ_SPAN + seq)
   local e, bar = split_entry(v)
   if redis.call('HEXISTS', lt, eid) == 1 then
     return nil
@@ -215,10 +214,10 @@ local function pi_entry(ii, lt, p, rank)
   if not e then
     return false, eid, v, seq
   end
-  if e.s ~= score then
+  if not same_score(e.s, rank * SEQ_SPAN + seq) then
     return nil
   end
-  return eid, score, v, e, bar
+  return eid, e.s, v, e, bar
 end
 
 -- One compaction step of rank (see the header): up to budget pointers from the front of its

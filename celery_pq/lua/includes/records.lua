@@ -31,6 +31,13 @@ local function split_entry(v)
   return { d = tonumber(d) or 0, s = s, t = t, x = x, r = r, ts = ts, xp = xp }, bar
 end
 
+-- Is s (an entry's score field: digits, split_entry) the text of score n, as fmt writes it? Read
+-- as a number rather than n printed (a sprintf costs more than twice the read); a score is a
+-- whole number below 2^53, read exactly, so only a leading zero could make a second text of it.
+local function same_score(s, n)
+  return tonumber(s) == n and (string.byte(s, 1) ~= 48 or s == '0')
+end
+
 -- An entry: its header (deliveries, score, tenant, flags, dead-letter note, ts, and for an
 -- entry with an expiry deadline ",<deadline ms>" after ts: pass ts .. "," .. xp as ts), then sep
 -- and rest ("|" and the payload, or "" and what follows the header of a stored entry), made in
