@@ -73,23 +73,33 @@ while got < want do
   local popped
   popped, more = pi_take(pi, lo, take_hi, asked)
   for i = 1, #popped, 2 do
-    local eid, score, v, e, bar = pi_entry(ii, lt, popped[i], popped[i + 1])
+    -- (the lease check comes last: with the lease's write for an entry to deliver, claim_lease)
+    local eid, score, v, e, bar = pi_entry_of(ii, popped[i], popped[i + 1])
     if eid ~= nil and not now then
       now = now_ms()
     end
-    if eid == false then
-      set_aside(ii, score, v, popped[i + 1], now)
+    if eid == false then -- malformed (score: its id): set aside unless leased
+      if redis.call('HEXISTS', lt, score) == 0 then
+        set_aside(ii, score, v, popped[i + 1], now)
+      end
       stale = stale + 1
     elseif eid and expired(e, now) then
-      expire(ii, dp, eid, v, e, bar, score, now)
-      expiring = expiring + 1
+      if redis.call('HEXISTS', lt, eid) == 0 then
+        expire(ii, dp, eid, v, e, bar, score, now)
+        expiring = expiring + 1
+      else
+        stale = stale + 1
+      end
     elseif eid then
       if not P.until_ms then
         P.now = now
         P.until_ms = fmt(now + lease_ms)
       end
-      got = got + 1
-      add_lease(P, eid, token_base .. '.' .. fmt(got), consumer, score, e.d + 1, e.x, e.t, v)
+      if claim_lease(P, lt, eid, token_base .. '.' .. fmt(got + 1), consumer, score, e.d + 1, e.x, e.t, v) then
+        got = got + 1
+      else
+        stale = stale + 1
+      end
     else
       stale = stale + 1
     end

@@ -196,9 +196,11 @@ local function pi_unlink_all(pi)
   redis.call('UNLINK', pi)
 end
 
--- The entry pointer p (of rank) names, when p is current: eid, score, value, parsed entry, bar.
--- nil when p is stale; false, eid, value, seq when it names a waiting entry that is malformed.
-local function pi_entry(ii, lt, p, rank)
+-- The entry pointer p (of rank) names, when p is current but for the lease check: eid, score,
+-- value, parsed entry, bar. nil when p is stale otherwise; false, eid, value, seq when it names
+-- an entry that is malformed. A leased entry's pointer is stale too: the caller checks that
+-- (pi_entry; a pop checks it with the lease's own write, HSETNX).
+local function pi_entry_of(ii, p, rank)
   local seq, eid = parse_ptr(p)
   if not seq then
     return nil
@@ -208,9 +210,6 @@ local function pi_entry(ii, lt, p, rank)
     return nil
   end
   local e, bar = split_entry(v)
-  if redis.call('HEXISTS', lt, eid) == 1 then
-    return nil
-  end
   if not e then
     return false, eid, v, seq
   end
@@ -218,6 +217,16 @@ local function pi_entry(ii, lt, p, rank)
     return nil
   end
   return eid, e.s, v, e, bar
+end
+
+-- The entry pointer p (of rank) names, when p is current: eid, score, value, parsed entry, bar.
+-- nil when p is stale; false, eid, value, seq when it names a waiting entry that is malformed.
+local function pi_entry(ii, lt, p, rank)
+  local a, b, c, d, e = pi_entry_of(ii, p, rank)
+  if a ~= nil and redis.call('HEXISTS', lt, a or b) == 1 then
+    return nil
+  end
+  return a, b, c, d, e
 end
 
 -- One compaction step of rank (see the header): up to budget pointers from the front of its

@@ -1,4 +1,4 @@
--- Leases: recorded by a pop (add_lease, write_leases), ended by an ack or a requeue checked
+-- Leases: recorded by a pop (add_lease or claim_lease, write_leases), ended by an ack or a requeue checked
 -- against their token (end_lease, ack_one), the entry given back to Waiting (to_waiting).
 --!include counters.lua
 --!include duplicates.lua
@@ -7,11 +7,9 @@
 --!include queue.lua
 --!include records.lua
 
--- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
--- its reply (eid, token, deliveries, score, value).
-local function add_lease(P, eid, token, consumer, score, d, x, t, v)
-  P.lease[#P.lease + 1] = eid
-  P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
+-- Record one delivery of a pop whose lease is written (or recorded in P.lease): its deadline
+-- (written in one ZADD after the loop) and its reply (eid, token, deliveries, score, value).
+local function record_delivery(P, eid, token, consumer, score, d, t, v)
   P.deadline[#P.deadline + 1] = P.until_ms
   P.deadline[#P.deadline + 1] = eid
   tally('delivered')
@@ -27,6 +25,25 @@ local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   out[#out + 1] = v
 end
 
+-- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
+-- its reply (eid, token, deliveries, score, value).
+local function add_lease(P, eid, token, consumer, score, d, x, t, v)
+  P.lease[#P.lease + 1] = eid
+  P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
+  record_delivery(P, eid, token, consumer, score, d, t, v)
+end
+
+-- Lease entry eid to this pop unless it is leased already (its pointer was stale then): the
+-- lease check and the lease's write in one command, HSETNX. Whether it leased it; its deadline
+-- and reply are recorded as add_lease's.
+local function claim_lease(P, lt, eid, token, consumer, score, d, x, t, v)
+  if redis.call('HSETNX', lt, eid, join_lease(token, consumer, score, d, x, t)) == 0 then
+    return false
+  end
+  record_delivery(P, eid, token, consumer, score, d, t, v)
+  return true
+end
+
 -- Write the leases a pop recorded (P.now: the pop's time). The first leases of a queue that no
 -- sweep has run on yet also start the sweep record sw (reclaim.lua): a sweep that comes after a
 -- pause measures its gap from them, as if one had run then. Without a record it would see no
@@ -37,8 +54,10 @@ end
 -- whole queue (one DEL of all its keys: that lease's record with it) or of the database. So a
 -- consumer's pops in a steady stream, each acking the last ones, make no such write.
 local function write_leases(P, lt, lz)
-  if #P.lease > 0 then
-    redis.call('HSET', lt, unpack(P.lease))
+  if #P.deadline > 0 then
+    if #P.lease > 0 then
+      redis.call('HSET', lt, unpack(P.lease))
+    end
     redis.call('ZADD', lz, unpack(P.deadline))
     if not P.swept_known then
       redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
