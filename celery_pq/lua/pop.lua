@@ -54,12 +54,8 @@ local take_hi = math.min(tonumber(ARGV[8]), hi)
 local nacks = tonumber(ARGV[9])
 
 local out = { 0, nacks }
-local acked = false -- a lease of this queue was acked here: its sweep record exists (write_leases)
-for i = 1, nacks do
-  local code = ack_one(ii, lz, lt, dp, ARGV[8 + 2 * i], ARGV[9 + 2 * i])
-  out[#out + 1] = code
-  acked = acked or code == 1
-end
+-- (acked: a lease of this queue was acked here, so its sweep record exists: write_leases)
+local acked = ack_pairs(out, ii, lz, lt, dp, 10, nacks)
 if CTX.paused then
   redis.call('DEL', wk)
   flush_counts()

@@ -1,5 +1,5 @@
 -- Leases: recorded by a pop (add_lease or claim_lease, write_leases), ended by an ack or a requeue checked
--- against their token (end_lease, ack_one), the entry given back to Waiting (to_waiting).
+-- against their token (end_lease, ack_one, ack_pairs), the entry given back to Waiting (to_waiting).
 --!include counters.lua
 --!include duplicates.lua
 --!include events.lua
@@ -96,6 +96,55 @@ local function ack_one(ii, lz, lt, dp, eid, token)
   tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
+end
+
+-- Ack the n leases given in ARGV from index first on as pairs (entry id, token): ack_one's
+-- codes (appended to out, in order), counts and events, with one HMGET of their lease records
+-- and, for those acked, one HDEL of their leases, one ZREM of their deadlines and one HDEL of
+-- their entries (ack_one runs four commands per lease). A pair that repeats an entry acked
+-- before it in the call finds it NOT_LEASED, as it would one after the other. Returns whether
+-- any was acked.
+local function ack_pairs(out, ii, lz, lt, dp, first, n)
+  if n == 0 then
+    return false
+  end
+  local eids = {}
+  for i = 1, n do
+    eids[i] = ARGV[first + 2 * i - 2]
+  end
+  local infos = redis.call('HMGET', lt, unpack(eids))
+  local done, ended = {}, n > 1 and {} -- (ended: the entries acked so far, when one may repeat)
+  for i = 1, n do
+    local eid, info = eids[i], infos[i]
+    if ended and ended[eid] then
+      info = false
+    end
+    if not info then
+      out[#out + 1] = NOT_LEASED
+    else
+      local tok, c, s, _, x, t = split_lease(info)
+      if tok ~= ARGV[first + 2 * i - 1] then
+        out[#out + 1] = TOKEN_MISMATCH
+      else
+        if ended then
+          ended[eid] = true
+        end
+        done[#done + 1] = eid
+        if x == 'd' then
+          dup_forget(dp, eid)
+        end
+        tally('acked')
+        emit('ack', eid, s, t, c)
+        out[#out + 1] = 1
+      end
+    end
+  end
+  if #done > 0 then
+    redis.call('HDEL', lt, unpack(done))
+    redis.call('ZREM', lz, unpack(done))
+    redis.call('HDEL', ii, unpack(done))
+  end
+  return #done > 0
 end
 
 -- Put a returned entry back in the priority index at its old place (InProcess -> Waiting).
