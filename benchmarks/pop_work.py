@@ -83,8 +83,9 @@ def commandstats(client) -> dict:
     return {k.removeprefix("cmdstat_"): v for k, v in client.info("commandstats").items()}
 
 
-def run(root: Path, tasks: int, pool: str) -> dict:
-    with RedisServer() as server:
+def run(root: Path, tasks: int, pool: str, callgrind: bool = False, consume: bool = True) -> dict:
+    server = callgrind_server() if callgrind else RedisServer()
+    with server:
         url = f"pq://127.0.0.1:{server.port}/0"
         options = {"key_prefix": "bench"}
         rec = redis.Redis(port=server.port)
@@ -95,6 +96,10 @@ def run(root: Path, tasks: int, pool: str) -> dict:
             for _ in range(tasks):
                 app.send_task("bench.noop", queue="bench", producer=producer)
         app.close()
+        if not consume:  # (the baseline of --callgrind: the fill alone)
+            rec.close()
+            server.stop()
+            return {"instructions": callgrind_total(server)}
         env = celery_env(
             root,
             BENCH_BROKER=url,
@@ -137,6 +142,10 @@ def run(root: Path, tasks: int, pool: str) -> dict:
     pops = sum(diff.get(c, {}).get("calls", 0) for c in SCRIPT_CALLS)
     script_usec = sum(diff.get(c, {}).get("usec", 0) for c in SCRIPT_CALLS)
     inner = {n: d for n, d in diff.items() if n not in SCRIPT_CALLS}
+    if callgrind:  # every script call of the run (fill, start-up, consuming) less the fill's
+        base = run(root, tasks, pool, callgrind=True, consume=False)["instructions"]
+        cost = (callgrind_total(server) - base) / done
+        return {"tasks": done, "script_calls": pops, "instructions_per_task": round(cost)}
     return {
         "tasks": done,
         "script_calls": pops,
@@ -214,13 +223,18 @@ def main(argv=None) -> None:
     parser.add_argument("--pattern", action="store_true", help="the queue API's fixed pattern, no worker")
     parser.add_argument("--take", type=int, default=2, help="entries per pop in --pattern")
     parser.add_argument(
-        "--callgrind", action="store_true", help="--pattern with redis-server under callgrind: instructions per call"
+        "--callgrind",
+        action="store_true",
+        help="redis-server under callgrind: the scripts' instructions per call (--pattern) or per task",
     )
     args = parser.parse_args(argv)
     if args.pattern:
         print(json.dumps(run_pattern(args.tasks, args.take, args.callgrind)))
         return
-    data = run(args.root.resolve(), args.tasks, args.pool)
+    data = run(args.root.resolve(), args.tasks, args.pool, args.callgrind)
+    if args.callgrind:
+        print(json.dumps(data))
+        return
     if args.json:
         print(json.dumps(data))
         return

@@ -18,13 +18,10 @@ local function parse_ptr(p)
 end
 
 -- The parsed entry and the position of its "|", or nil when v is not an entry.
+-- (One match over the value, up to its first "|", whose place is captured: no copy of the
+-- header is made first.)
 local function split_entry(v)
-  local bar = string.find(v, '|', 1, true)
-  if not bar then
-    return nil
-  end
-  local d, s, t, x, r, ts, xp = string.match(string.sub(v, 1, bar - 1),
-    '^(%d*),(%d+),([^,]*),([^,]*),([^,]*),(%d*),?(%d*)$')
+  local d, s, t, x, r, ts, xp, bar = string.match(v, '^(%d*),(%d+),([^,|]*),([^,|]*),([^,|]*),(%d*),?(%d*)()|')
   if not s then
     return nil
   end
