@@ -69,9 +69,10 @@ def _commands(stale: int) -> dict:
     k = stale
     both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
-    # the pointer is current; the lease is written (and the sweep record started, if no sweep
-    # or pop wrote it yet: SET NX)
-    grant = ["hexists", "time", "hset", "zadd", "set"]
+    # the pointer is current; the lease is written if the entry has none (HSETNX: the lease
+    # check and the write in one), and the sweep record started (SET NX: a pop that acked a
+    # lease first skips it)
+    grant = ["time", "hsetnx", "zadd", "set"]
     md = ["get"]  # every script but extend first reads the queue's mode record
     # A rank's score in pi says whether a compaction pass of it is under way (its front list
     # comes first): read with the rank by a pop, else with one ZSCORE.

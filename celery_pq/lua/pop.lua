@@ -6,7 +6,7 @@
 -- most EXPIRE_BUDGET of them per call (includes/dead.lua), and the call goes on. The lease is
 -- recorded in this same script, so a popped entry never exists only in a consumer's memory.
 -- The first leases of a queue no sweep has run on start its sweep record sw
--- (includes/leases.lua, write_leases).
+-- (includes/leases.lua, write_leases); a pop that acked a lease first knows it is there.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -54,9 +54,8 @@ local take_hi = math.min(tonumber(ARGV[8]), hi)
 local nacks = tonumber(ARGV[9])
 
 local out = { 0, nacks }
-for i = 1, nacks do
-  out[#out + 1] = ack_one(ii, lz, lt, dp, ARGV[8 + 2 * i], ARGV[9 + 2 * i])
-end
+-- (acked: a lease of this queue was acked here, so its sweep record exists: write_leases)
+local acked = ack_pairs(out, ii, lz, lt, dp, 10, nacks)
 if CTX.paused then
   redis.call('DEL', wk)
   flush_counts()
@@ -64,29 +63,39 @@ if CTX.paused then
 end
 local got, stale, more, expiring = 0, 0, false, 0
 local now -- Redis time (ms): read once, when first needed (an empty pop never reads it)
-local P = { lease = {}, deadline = {}, out = out }
+local P = { lease = {}, deadline = {}, out = out, swept_known = acked }
 while got < want do
   local asked = want - got
   local popped
   popped, more = pi_take(pi, lo, take_hi, asked)
   for i = 1, #popped, 2 do
-    local eid, score, v, e, bar = pi_entry(ii, lt, popped[i], popped[i + 1])
+    -- (the lease check comes last: with the lease's write for an entry to deliver, claim_lease)
+    local eid, score, v, e, bar = pi_entry_of(ii, popped[i], popped[i + 1])
     if eid ~= nil and not now then
       now = now_ms()
     end
-    if eid == false then
-      set_aside(ii, score, v, popped[i + 1], now)
+    if eid == false then -- malformed (score: its id): set aside unless leased
+      if redis.call('HEXISTS', lt, score) == 0 then
+        set_aside(ii, score, v, popped[i + 1], now)
+      end
       stale = stale + 1
     elseif eid and expired(e, now) then
-      expire(ii, dp, eid, v, e, bar, score, now)
-      expiring = expiring + 1
+      if redis.call('HEXISTS', lt, eid) == 0 then
+        expire(ii, dp, eid, v, e, bar, score, now)
+        expiring = expiring + 1
+      else
+        stale = stale + 1
+      end
     elseif eid then
       if not P.until_ms then
         P.now = now
         P.until_ms = fmt(now + lease_ms)
       end
-      got = got + 1
-      add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, e.t, v)
+      if claim_lease(P, lt, eid, token_base .. '.' .. fmt(got + 1), consumer, score, e.d + 1, e.x, e.t, v) then
+        got = got + 1
+      else
+        stale = stale + 1
+      end
     else
       stale = stale + 1
     end

@@ -16,6 +16,25 @@ def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
     assert q.pop(1).acked == []
 
 
+def test_a_pops_acks_answer_as_acks_one_after_the_other(redis_client, key_prefix):
+    # Given three leases, one of a duplicate id (its duplicate record goes with its ack)
+    q = PriorityQueue(redis_client, "pb", key_prefix=key_prefix)
+    q.insert_many([(b"x", 1, "a"), (b"x", 1, "b"), (b"x", 1, "a")])
+    a, b, dup = q.pop(3)
+    assert dup.id.startswith("a~")
+    # When one pop acks them with a repeat, a wrong token before the right one, and a stranger
+    pairs = [(a.id, a.token), (a.id, a.token), (b.id, "wrong"), (b.id, b.token), ("nobody", "t"), (dup.id, dup.token)]
+    popped = q.pop(1, acks=pairs)
+    # Then each pair has the code it would have had alone, in order, and all three are gone
+    nl, tm = ErrorCode.NOT_LEASED, ErrorCode.TOKEN_MISMATCH
+    assert popped.acked == [1, nl, tm, 1, nl, 1] and list(popped) == []
+    stats = q.stats()
+    assert stats["leased"] == 0 and stats["waiting"] == 0
+    assert redis_client.zcard(q.keys.lease_deadlines) == 0 and redis_client.hlen(q.keys.entries) == 0
+    assert redis_client.zcard(q.keys.duplicate_index) == 0
+    assert q.counters()["acked"] == 3
+
+
 def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(redis_client, key_prefix, monkeypatch):
     # Given two queues, each with a lease held, and one more entry waiting in the second
     a = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)

@@ -586,3 +586,21 @@ def test_peek_gives_exactly_the_count_asked_in_delivery_order(redis_client, key_
         assert len(got) == min(n, 12), n
         assert [e.priority for e in got] == sorted((e.priority for e in got), reverse=True)
     assert [e.id for e in q.peek(5)] == ["e2", "e5", "e8", "e11", "e1"]
+
+
+def test_the_sweep_record_starts_with_a_queues_first_leases_and_the_pops_after_keep_it(q, redis_client):
+    # Given a queue whose first pop leased an entry: the sweep record holds that pop's time
+    q.insert_many([(b"x", 1) for _ in range(3)])
+    [a] = q.pop(1)
+    first = redis_client.get(q.keys.last_sweep)
+    assert first is not None
+    # When a later pop acks that lease and takes another (a consumer's steady stream)
+    time.sleep(0.01)
+    [b] = q.pop(1, acks=[(a.id, a.token)])
+    # Then the record is the first leases' time still (no sweep ran since)
+    assert redis_client.get(q.keys.last_sweep) == first
+    # and a pop that acks nothing makes sure of it again where it is gone
+    redis_client.delete(q.keys.last_sweep)
+    q.pop(1, acks=[])
+    assert redis_client.get(q.keys.last_sweep) is not None
+    assert q.ack(b) is True

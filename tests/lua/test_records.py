@@ -134,3 +134,19 @@ def test_readers_return_none_on_what_is_not_a_record():
     assert R.split_entry(b"nobar") is None and R.split_entry(b"1,2|x") is None
     assert R.split_lease(b"garbage") is None and R.split_pointer(b"\x01") is None
     assert R.split_tenant_member(b"t\0abc") is None and R.split_dead_note(b"") is None
+
+
+def test_numbers_are_written_as_redis_takes_them_and_scores_compared_exactly(redis_client):
+    # fmt keeps the text of small whole numbers; every number reads as string.format's "%.0f"
+    numbers = [0, 1, 7, 1023, 1024, 2.5, 3.5, -1, 17592186044416 * 255 + 17592186044415, 1700000000123]
+    lua = "--!include records.lua\nlocal out = {}\nfor i = 1, 2 do\n"
+    lua += "".join(f"  out[#out + 1] = fmt({n!r})\n" for n in numbers) + "end\nreturn out"
+    want = [(b"%.0f" % n) for n in numbers]
+    assert redis_client.eval(compose(lua), 0) == want * 2
+    # same_score: the score field's text is the number's own text, no second spelling
+    score = 17592186044416 * 200 + 12345
+    cases = [(str(score), score, 1), ("0" + str(score), score, 0), (str(score + 1), score, 0), ("0", 0, 1)]
+    lua = (
+        "--!include records.lua\nreturn {" + ", ".join(f"same_score('{s}', {n}) and 1 or 0" for s, n, _ in cases) + "}"
+    )
+    assert redis_client.eval(compose(lua), 0) == [ok for _, _, ok in cases]

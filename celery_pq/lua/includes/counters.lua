@@ -15,7 +15,7 @@ end
 local function flush_counts()
   for name, n in pairs(CTX.cnt) do
     if n ~= 0 then
-      redis.call('HINCRBY', key_of('ct'), name, n)
+      redis.call('HINCRBY', key_of('ct'), name, fmt(n))
     end
   end
   CTX.cnt = {}

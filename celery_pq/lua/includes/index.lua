@@ -118,7 +118,7 @@ local function pi_take(pi, lo, hi, n)
   while n > 0 do
     local first
     if whole then
-      first = redis.call('ZRANGE', pi, 0, 0, 'WITHSCORES')
+      first = redis.call('ZRANGE', pi, '0', '0', 'WITHSCORES') -- (text: a number would be printed)
     else
       first = redis.call('ZRANGEBYSCORE', pi, lo, '(' .. (hi + 1), 'WITHSCORES', 'LIMIT', 0, 1)
     end
@@ -129,7 +129,7 @@ local function pi_take(pi, lo, hi, n)
     local rank = tonumber(r)
     local passing = tonumber(first[2]) ~= rank
     local key = passing and front_key(pi, rank) or level_key(pi, r)
-    local got = redis.call('LPOP', key, n)
+    local got = redis.call('LPOP', key, fmt(n))
     if got then
       for _, p in ipairs(got) do
         out[#out + 1] = p
@@ -196,9 +196,11 @@ local function pi_unlink_all(pi)
   redis.call('UNLINK', pi)
 end
 
--- The entry pointer p (of rank) names, when p is current: eid, score, value, parsed entry, bar.
--- nil when p is stale; false, eid, value, seq when it names a waiting entry that is malformed.
-local function pi_entry(ii, lt, p, rank)
+-- The entry pointer p (of rank) names, when p is current but for the lease check: eid, score,
+-- value, parsed entry, bar. nil when p is stale otherwise; false, eid, value, seq when it names
+-- an entry that is malformed. A leased entry's pointer is stale too: the caller checks that
+-- (pi_entry; a pop checks it with the lease's own write, HSETNX).
+local function pi_entry_of(ii, p, rank)
   local seq, eid = parse_ptr(p)
   if not seq then
     return nil
@@ -207,18 +209,24 @@ local function pi_entry(ii, lt, p, rank)
   if not v then
     return nil
   end
-  local score = fmt(rank * SEQ_SPAN + seq)
   local e, bar = split_entry(v)
-  if redis.call('HEXISTS', lt, eid) == 1 then
-    return nil
-  end
   if not e then
     return false, eid, v, seq
   end
-  if e.s ~= score then
+  if not same_score(e.s, rank * SEQ_SPAN + seq) then
     return nil
   end
-  return eid, score, v, e, bar
+  return eid, e.s, v, e, bar
+end
+
+-- The entry pointer p (of rank) names, when p is current: eid, score, value, parsed entry, bar.
+-- nil when p is stale; false, eid, value, seq when it names a waiting entry that is malformed.
+local function pi_entry(ii, lt, p, rank)
+  local a, b, c, d, e = pi_entry_of(ii, p, rank)
+  if a ~= nil and redis.call('HEXISTS', lt, a or b) == 1 then
+    return nil
+  end
+  return a, b, c, d, e
 end
 
 -- One compaction step of rank (see the header): up to budget pointers from the front of its

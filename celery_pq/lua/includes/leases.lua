@@ -1,5 +1,5 @@
--- Leases: recorded by a pop (add_lease, write_leases), ended by an ack or a requeue checked
--- against their token (end_lease, ack_one), the entry given back to Waiting (to_waiting).
+-- Leases: recorded by a pop (add_lease or claim_lease, write_leases), ended by an ack or a requeue checked
+-- against their token (end_lease, ack_one, ack_pairs), the entry given back to Waiting (to_waiting).
 --!include counters.lua
 --!include duplicates.lua
 --!include events.lua
@@ -8,11 +8,9 @@
 --!include records.lua
 --!include unique.lua
 
--- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
--- its reply (eid, token, deliveries, score, value).
-local function add_lease(P, eid, token, consumer, score, d, x, t, v)
-  P.lease[#P.lease + 1] = eid
-  P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
+-- Record one delivery of a pop whose lease is written (or recorded in P.lease): its deadline
+-- (written in one ZADD after the loop) and its reply (eid, token, deliveries, score, value).
+local function record_delivery(P, eid, token, consumer, score, d, t, v)
   P.deadline[#P.deadline + 1] = P.until_ms
   P.deadline[#P.deadline + 1] = eid
   tally('delivered')
@@ -28,16 +26,43 @@ local function add_lease(P, eid, token, consumer, score, d, x, t, v)
   out[#out + 1] = v
 end
 
+-- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
+-- its reply (eid, token, deliveries, score, value).
+local function add_lease(P, eid, token, consumer, score, d, x, t, v)
+  P.lease[#P.lease + 1] = eid
+  P.lease[#P.lease + 1] = join_lease(token, consumer, score, d, x, t)
+  record_delivery(P, eid, token, consumer, score, d, t, v)
+end
+
+-- Lease entry eid to this pop unless it is leased already (its pointer was stale then): the
+-- lease check and the lease's write in one command, HSETNX. Whether it leased it; its deadline
+-- and reply are recorded as add_lease's.
+local function claim_lease(P, lt, eid, token, consumer, score, d, x, t, v)
+  if redis.call('HSETNX', lt, eid, join_lease(token, consumer, score, d, x, t)) == 0 then
+    return false
+  end
+  record_delivery(P, eid, token, consumer, score, d, t, v)
+  return true
+end
+
 -- Write the leases a pop recorded (P.now: the pop's time). The first leases of a queue that no
 -- sweep has run on yet also start the sweep record sw (reclaim.lua): a sweep that comes after a
 -- pause measures its gap from them, as if one had run then. Without a record it would see no
 -- gap and take the leases that ran out in the pause as expired: with Redis paused right after a
 -- consumer's first pop, before its lease keeper's first sweep, its tasks under way ran twice.
+-- A pop that has just acked a lease of the queue (P.swept_known) skips that write: the pop that
+-- made that lease made sure of the record, and nothing deletes the record but a delete of the
+-- whole queue (one DEL of all its keys: that lease's record with it) or of the database. So a
+-- consumer's pops in a steady stream, each acking the last ones, make no such write.
 local function write_leases(P, lt, lz)
-  if #P.lease > 0 then
-    redis.call('HSET', lt, unpack(P.lease))
+  if #P.deadline > 0 then
+    if #P.lease > 0 then
+      redis.call('HSET', lt, unpack(P.lease))
+    end
     redis.call('ZADD', lz, unpack(P.deadline))
-    redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
+    if not P.swept_known then
+      redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
+    end
   end
 end
 
@@ -77,6 +102,55 @@ local function ack_one(ii, lz, lt, dp, eid, token)
   tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
+end
+
+-- Ack the n leases given in ARGV from index first on as pairs (entry id, token): ack_one's
+-- codes (appended to out, in order), counts and events, with one HMGET of their lease records
+-- and, for those acked, one HDEL of their leases, one ZREM of their deadlines and one HDEL of
+-- their entries (ack_one runs four commands per lease). A pair that repeats an entry acked
+-- before it in the call finds it NOT_LEASED, as it would one after the other. Returns whether
+-- any was acked.
+local function ack_pairs(out, ii, lz, lt, dp, first, n)
+  if n == 0 then
+    return false
+  end
+  local eids = {}
+  for i = 1, n do
+    eids[i] = ARGV[first + 2 * i - 2]
+  end
+  local infos = redis.call('HMGET', lt, unpack(eids))
+  local done, ended = {}, n > 1 and {} -- (ended: the entries acked so far, when one may repeat)
+  for i = 1, n do
+    local eid, info = eids[i], infos[i]
+    if ended and ended[eid] then
+      info = false
+    end
+    if not info then
+      out[#out + 1] = NOT_LEASED
+    else
+      local tok, c, s, _, x, t = split_lease(info)
+      if tok ~= ARGV[first + 2 * i - 1] then
+        out[#out + 1] = TOKEN_MISMATCH
+      else
+        if ended then
+          ended[eid] = true
+        end
+        done[#done + 1] = eid
+        if x == 'd' then
+          dup_forget(dp, eid)
+        end
+        tally('acked')
+        emit('ack', eid, s, t, c)
+        out[#out + 1] = 1
+      end
+    end
+  end
+  if #done > 0 then
+    redis.call('HDEL', lt, unpack(done))
+    redis.call('ZREM', lz, unpack(done))
+    redis.call('HDEL', ii, unpack(done))
+  end
+  return #done > 0
 end
 
 -- Put a returned entry back in the priority index at its old place (InProcess -> Waiting).

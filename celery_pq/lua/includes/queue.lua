@@ -174,8 +174,22 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The text of the whole numbers 0..1023, made once: a number's text costs a sprintf (a few
+-- thousand instructions, about as much as a Redis command), and a pop writes several small ones
+-- (counts, delivery counts, token numbers).
+local SMALL_TEXT = {} -- kept between calls
+
+-- A number as Redis takes it: decimal, no exponent, rounded to a whole number.
 local function fmt(n)
-  return string.format('%.0f', n)
+  local s = SMALL_TEXT[n]
+  if s then
+    return s
+  end
+  s = string.format('%.0f', n)
+  if type(n) == 'number' and n >= 0 and n < 1024 and n % 1 == 0 then
+    SMALL_TEXT[n] = s
+  end
+  return s
 end
 
 local function split_score(score)

@@ -18,17 +18,21 @@ local function parse_ptr(p)
 end
 
 -- The parsed entry and the position of its "|", or nil when v is not an entry.
+-- (One match over the value, up to its first "|", whose place is captured: no copy of the
+-- header is made first.)
 local function split_entry(v)
-  local bar = string.find(v, '|', 1, true)
-  if not bar then
-    return nil
-  end
-  local d, s, t, x, r, ts, xp = string.match(string.sub(v, 1, bar - 1),
-    '^(%d*),(%d+),([^,]*),([^,]*),([^,]*),(%d*),?(%d*)$')
+  local d, s, t, x, r, ts, xp, bar = string.match(v, '^(%d*),(%d+),([^,|]*),([^,|]*),([^,|]*),(%d*),?(%d*)()|')
   if not s then
     return nil
   end
   return { d = tonumber(d) or 0, s = s, t = t, x = x, r = r, ts = ts, xp = xp }, bar
+end
+
+-- Is s (an entry's score field: digits, split_entry) the text of score n, as fmt writes it? Read
+-- as a number rather than n printed (a sprintf costs more than twice the read); a score is a
+-- whole number below 2^53, read exactly, so only a leading zero could make a second text of it.
+local function same_score(s, n)
+  return tonumber(s) == n and (string.byte(s, 1) ~= 48 or s == '0')
 end
 
 -- An entry: its header (deliveries, score, tenant, flags, dead-letter note, ts, and for an
