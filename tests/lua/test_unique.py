@@ -60,6 +60,25 @@ def test_while_active_holds_the_key_while_running_until_the_ack(redis_client, ke
     assert put(q, "b3", "k", "while_active").kind == "stored"
 
 
+def test_acks_carried_by_a_pop_free_their_keys(redis_client, key_prefix):
+    # Given two running entries holding keys (one a duplicate id: flags "du") and one without
+    q = q_of(redis_client, key_prefix)
+    put(q, "c1", "k1", "while_active")
+    put(q, "c2", "k2", "while_active")
+    q.insert(b"plain", 1, id="c3")
+    held_leases = q.pop(3)
+    put(q, "c1", "k3", "while_active")  # a republished id: stored as a duplicate "c1~<seq>"
+    [dup] = q.pop(1)
+    assert dup.id.startswith("c1~")
+    # When the next pop carries all four acks (pop.lua's ack_pairs, not ack.lua)
+    popped, codes = q.pop_with_acks(1, acks={q: [(lease.id, lease.token) for lease in [*held_leases, dup]]})
+    # Then every key is free at once and new publishes of them are stored
+    assert codes[q] == [1, 1, 1, 1]
+    assert held(redis_client, q) == {}
+    for key in ("k1", "k2", "k3"):
+        assert put(q, f"n-{key}", key, "while_active").kind == "stored"
+
+
 def test_a_key_is_freed_by_a_dead_letter(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix, max_deliveries=1)
     put(q, "c1", "k", "while_active")

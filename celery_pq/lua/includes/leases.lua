@@ -136,8 +136,13 @@ local function ack_pairs(out, ii, lz, lt, dp, first, n)
           ended[eid] = true
         end
         done[#done + 1] = eid
-        if x == 'd' then
-          dup_forget(dp, eid)
+        if x ~= '' then -- flags, as in ack_one: "d" a duplicate id, "u" it holds a unique key
+          if string.find(x, 'd', 1, true) then
+            dup_forget(dp, eid)
+          end
+          if holds_key(x) then
+            unique_release(eid)
+          end
         end
         tally('acked')
         emit('ack', eid, s, t, c)
