@@ -159,8 +159,11 @@ class Fleet:
 
         wait_for(empty, 30, f"{name} to be empty")
 
-    def events(self, name: str, kind: str) -> list[dict]:
-        return [e for e in self.queue(name).events() if e["e"] == kind]
+    def events(self, name: str, kind: str, keys: list[str]) -> list[dict]:
+        """The events ``kind`` of queue ``name``, each of which names one of ``keys`` (in ``r``)."""
+        got = [e for e in self.queue(name).events() if e["e"] == kind]
+        assert all(e["r"] in keys for e in got), got[:5]
+        return got
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +240,7 @@ def test_while_waiting_a_burst_runs_once_and_a_publish_after_the_start_runs_agai
         assert [r["id"] for r in f.records("start", k)] == [first[k], second[k]]
     merged = 2 * len(keys) * (n - 1)
     assert q.counters()["unique_merged"] == merged
-    assert len(f.events("u_wait", "merged")) == merged
+    assert len(f.events("u_wait", "merged", keys)) == merged
 
 
 def test_while_active_a_burst_while_one_runs_adds_no_run(f):
@@ -269,6 +272,7 @@ def test_while_active_a_burst_while_one_runs_adds_no_run(f):
         assert [r[0] for r in f.runs(k)] == [running[k], later_id]
         assert [r["id"] for r in f.records("start", k)] == [running[k], later_id]
     assert q.counters()["unique_merged"] == len(keys) * (2 * n - 1)
+    assert len(f.events("u_active", "merged", keys)) == len(keys) * (2 * n - 1)
 
 
 def test_replace_the_last_publish_runs_once_with_its_arguments(f):
@@ -292,7 +296,7 @@ def test_replace_the_last_publish_runs_once_with_its_arguments(f):
     assert f.runs(key) == [(last[0], "last")]
     assert len(f.records("start", key)) == 1
     assert q.counters()["unique_replaced"] == n
-    assert len(f.events("u_replace", "replaced")) == n
+    assert len(f.events("u_replace", "replaced", [key])) == n
 
 
 def test_debounce_a_burst_runs_once_with_the_last_arguments_after_the_delay(f):
@@ -318,6 +322,7 @@ def test_debounce_a_burst_runs_once_with_the_last_arguments_after_the_delay(f):
         [start] = f.records("start", k)
         assert start["at"] >= sent_last + DEBOUNCE - 0.05  # (clock granularity)
     assert f.queue("u_debounce").counters()["unique_debounced"] == len(keys) * n
+    assert len(f.events("u_debounce", "debounced", keys)) == len(keys) * n
 
 
 def test_throttle_at_most_one_run_per_period(f):
@@ -364,7 +369,7 @@ def test_throttle_at_most_one_run_per_period(f):
     assert 2 <= len(kept) <= int((end - begin) / PERIOD) + 1
     throttled = sum(1 for r in burst1 + burst2 + stream if r[1] == "throttled")
     assert q.counters()["unique_throttled"] == throttled
-    assert len(f.events("u_throttle", "throttled")) == throttled
+    assert len(f.events("u_throttle", "throttled", [controlled, steady])) == throttled
 
 
 def test_sigkill_of_a_worker_holding_a_while_active_task_does_not_hold_the_key_for_good(f):
@@ -398,4 +403,5 @@ def test_sigkill_of_a_worker_holding_a_while_active_task_does_not_hold_the_key_f
     f.idle("u_crash")
     assert f.runs(key) == [(held, "held"), (later, "later")]
     assert q.counters()["unique_merged"] == 60
+    assert {e["id"] for e in f.events("u_crash", "merged", [key])} == {held}
     assert Counter(e["e"] for e in q.events())["expire"] == 1
