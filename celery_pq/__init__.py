@@ -23,6 +23,7 @@ from .errors import (
 )
 from .queue import Entry, Lease, PriorityQueue
 from .shards import ShardedQueue
+from .unique import PublishOutcome, UniqueKey, publish_outcome
 
 __version__ = "0.1.0"
 
@@ -60,8 +61,11 @@ __all__ = [
     "NotWaiting",
     "PQError",
     "PriorityQueue",
+    "PublishOutcome",
     "QueueFull",
     "QueueMigrating",
     "ShardedQueue",
+    "UniqueKey",
+    "publish_outcome",
     "remove",
 ]

@@ -30,6 +30,9 @@ What a batched publish does, and what it keeps:
   call per 1,000 entries (``BULK_CHUNK``) pipelined in one round trip (per shard of a sharded
   queue, per master on a Redis Cluster).
 - ``max_size``: a batch holding that many items flushes on its own (kombu's automatic flush).
+- A message with a unique key (docs/unique.md) is not held for the flush: ``Publisher.put``
+  stores it at once, on its own (one atomic insert decides its key), so its outcome
+  (``celery_pq.publish_outcome``) is known when its ``publish`` returns.
 - A failing flush raises what a single publish raises (``QueueFull``, ``NotReplicated``,
   redis-py's ``ConnectionError``, ...) and keeps every item not known to be stored: the queues
   not reached, a refused chunk's items, and a chunk whose reply was lost (it may be stored:

@@ -39,6 +39,9 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:sw    string  time of the last sweep (ms, Redis clock; of the first leases until
                               a sweep runs): a longer gap than the sweep's ``gap_ms`` gives
                               leases back the time they had left
+    pq:{orders}:uq    hash    unique key -> "<kind>|<until ms>|<entry id>": the entry standing for
+                              the key, or a throttle record (lua/includes/unique.lua)
+    pq:{orders}:ue    hash    entry id -> its unique key, for entries holding one (flag "u")
     pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
     pq:queues         set     names of declared queues
     pq:ttl            hash    queue name -> its message_ttl (ms), for queues declared with one
@@ -100,6 +103,8 @@ FIELDS = {
     "ev": "events",
     "sw": "last_sweep",
     "dq": "duplicate_index",
+    "uq": "unique_keys",
+    "ue": "unique_holders",
 }
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = tuple(FIELDS)
@@ -155,6 +160,8 @@ class QueueKeys:
     events: str  # ev
     last_sweep: str  # sw
     duplicate_index: str  # dq
+    unique_keys: str  # uq
+    unique_holders: str  # ue
 
     @property
     def stem(self) -> str:

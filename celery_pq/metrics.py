@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .broker import Broker, queue_and_view, queue_names
+from .queue.unique import UNIQUE_COUNTS
 
 logger = logging.getLogger("celery_pq.metrics")
 
@@ -173,10 +174,17 @@ class PQCollector(Collector):
                 ("queue", "tenant"),
             ),
             "leased_by_tenant": g("leased_messages_by_tenant", "Leased entries per tenant.", ("queue", "tenant")),
+            "unique_keys": g("unique_keys", "Unique keys held (records of keys; docs/unique.md)."),
             "up": GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis."),
         }
         for key, (_, doc) in COUNTERS.items():
             fams[key] = CounterMetricFamily(f"celery_pq_{key}", doc, labels=("queue",))
+        fams["unique"] = CounterMetricFamily(
+            "celery_pq_unique",
+            "Publishes with a unique key not stored as they came: merged into the entry standing, "
+            "replacing it, debouncing it, or throttled.",
+            labels=("queue", "outcome"),
+        )
         fams["tenant_deliveries"] = CounterMetricFamily(
             "celery_pq_tenant_deliveries",
             "Deliveries per tenant (the largest by name, the rest as 'other').",
@@ -205,6 +213,10 @@ class PQCollector(Collector):
         counters = q.counters()
         for key, (field, _) in COUNTERS.items():
             fams[key].add_metric([name], counters.get(field, 0))
+        unique = s.get("unique") or {}
+        fams["unique_keys"].add_metric([name], unique.get("keys", 0))
+        for outcome in UNIQUE_COUNTS:
+            fams["unique"].add_metric([name, outcome], counters.get(f"unique_{outcome}", 0))
         if q.fair:
             for tenant, n in top_tenants(q.tenant_deliveries(), self.max_tenants).items():
                 fams["tenant_deliveries"].add_metric([name, tenant], n)

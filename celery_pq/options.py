@@ -11,7 +11,6 @@ shows the same names and defaults (a test checks that they agree).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,136 +18,33 @@ from typing import Any
 from kombu.utils.imports import symbol_by_name
 
 from . import constants as C
-from .checks import count, seconds, text
 from .errors import ConfigError
 from .keys import split_dead
-from .queue import MAX_WEIGHT, MIN_WEIGHT, VT_PER_DELIVERY, QueueSettings, validate_priority
+from .option_checks import (
+    check_client_name,
+    check_count_from_zero,
+    check_count_or_none,
+    check_count_up_to,
+    check_fair_key,
+    check_flag,
+    check_flag_or_none,
+    check_mapping_or_none,
+    check_master_name_or_none,
+    check_per_tenant,
+    check_priority,
+    check_queue_setting,
+    check_queue_techniques,
+    check_seconds,
+    check_seconds_or_none,
+    check_seconds_or_zero,
+    check_unique_key,
+    check_unique_mode,
+    check_unique_seconds,
+    check_weights,
+    fit_renewals,
+)
+from .queue import MAX_WEIGHT, MIN_WEIGHT, QueueSettings
 from .redact import redact
-
-
-# -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
-def _priority(name, value):
-    try:
-        return validate_priority(value)
-    except ValueError as exc:
-        raise ConfigError(f"{name}: {exc}") from None
-
-
-def _seconds(name, value):
-    return seconds(name, value, error=ConfigError)
-
-
-def _seconds_or_zero(name, value):
-    return seconds(name, value, zero=True, error=ConfigError)
-
-
-def _seconds_or_none(name, value):
-    return seconds(name, value, none=True, error=ConfigError)
-
-
-def _count_from_zero(name, value):
-    return count(name, value, low=0, none=False, error=ConfigError)
-
-
-def _count_or_none(name, value):
-    return count(name, value, error=ConfigError)
-
-
-def _flag_or_none(name, value):
-    if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True, False or None, got {value!r}")
-    return value
-
-
-def _flag(name, value):
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def _client_name(name, value):
-    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
-
-
-def _master_name_or_none(name, value):
-    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
-
-
-def _mapping_or_none(name, value):
-    if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
-        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {redact(value)}")
-    return None if value is None else dict(value)
-
-
-def _queue_setting(name, value):
-    """A queue's setting: checked where every queue's settings are, by ``QueueSettings``
-    (``Options._check_queue_settings``)."""
-    return value
-
-
-def _queue_techniques(name, value):
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{name} must be a dict {{queue: technique}}, got {value!r}")
-    for queue, technique in value.items():
-        if technique not in C.TECHNIQUES:
-            raise ConfigError(f"technique for {queue!r} must be 'T' or 'S', got {technique!r}")
-    return dict(value)
-
-
-def _count_up_to(high, low=1):
-    def check(name, value):
-        count(name, value, low=low, none=False, error=ConfigError)
-        if value > high:
-            raise ConfigError(f"{name} must be an integer {low}..{high}, got {value!r}")
-        return value
-
-    return check
-
-
-def _fair_key(name, value):
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
-    return value
-
-
-def _per_tenant(kind):
-    """An option given as one number for every tenant or as {tenant: number, "*": default}."""
-
-    def check(name, value):
-        if value is None:
-            return None
-        if name == "fair_weights" and not isinstance(value, dict):
-            raise ConfigError(f"{name} must be a dict {{tenant: weight}}, got {value!r}")
-        table = dict(value) if isinstance(value, dict) else {"*": value}
-        for tenant, v in table.items():
-            if not isinstance(tenant, str):
-                raise ConfigError(f"{name}: tenant names are strings, got {tenant!r}")
-            if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
-                raise ConfigError(f"{name} for {tenant!r} must be a positive number, got {v!r}")
-        return value
-
-    return check
-
-
-def _weights(name, value):
-    """fair_weights: positive numbers, each in the range the fair schedule's integer steps hold."""
-    _per_tenant((int, float))(name, value)
-    for tenant, weight in (value or {}).items():
-        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-            step = round(VT_PER_DELIVERY / weight)
-            why = (
-                "too few: weights above them are not told apart, and at 0 the tenant would be served without end"
-                if weight > MAX_WEIGHT
-                else "the schedule's 17 digits would run out"
-            )
-            raise ConfigError(
-                f"{name} for tenant {tenant!r} must be a number from {MIN_WEIGHT:g} to "
-                f"{MAX_WEIGHT:g}, got {weight!r}: each delivery moves the tenant on by "
-                f"{VT_PER_DELIVERY:,} / weight whole units of virtual time, here {step:,}: {why}"
-            )
-    return value
 
 
 class _FitsTheLease(float):
@@ -165,158 +61,179 @@ def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str |
 class Options:
     """Every transport option, checked (see each field's ``doc``; README.md's table)."""
 
-    key_prefix: str = _option(C.KEY_PREFIX, _queue_setting, "prefix of every Redis key and pub/sub channel")
+    key_prefix: str = _option(C.KEY_PREFIX, check_queue_setting, "prefix of every Redis key and pub/sub channel")
     priority_order: str = _option(
-        C.HIGHER_FIRST, _queue_setting, '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)'
+        C.HIGHER_FIRST, check_queue_setting, '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)'
     )
-    default_priority: int = _option(0, _priority, "priority 0..255 of a message published without one")
+    default_priority: int = _option(0, check_priority, "priority 0..255 of a message published without one")
     lease_seconds: float = _option(
         C.LEASE_SECONDS,
-        _queue_setting,
+        check_queue_setting,
         "seconds a delivered message stays leased without a renewal, at least "
         "renew_interval + 0.5 (0.75 with the default renew_interval); "
         "visibility_timeout is an alias",
     )
     max_deliveries: int = _option(
-        C.MAX_DELIVERIES, _queue_setting, "deliveries without an ack before <queue>.dead; 0: no limit"
+        C.MAX_DELIVERIES, check_queue_setting, "deliveries without an ack before <queue>.dead; 0: no limit"
     )
     fair_key: str | None = _option(
         None,
-        _fair_key,
+        check_fair_key,
         'None: fairness off; a header name, or "module:function" '
         "taking the kombu message dict and returning the tenant (str or None)",
     )
     fair_weights: dict | None = _option(
         None,
-        _weights,
+        check_weights,
         f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for tenants not named",
         shown="{}",
     )
     fair_scope: str = _option(
         "within_priority",
-        _queue_setting,
+        check_queue_setting,
         '"within_priority" (strict priority, tenants share each level) or '
         '"tenant_first" (tenants share the queue, each one\'s entries by priority)',
     )
-    max_length: int | None = _option(None, _queue_setting, "waiting entries per queue; beyond it QueueFull")
+    max_length: int | None = _option(None, check_queue_setting, "waiting entries per queue; beyond it QueueFull")
     max_length_per_tenant: int | None = _option(
-        None, _queue_setting, "waiting entries per tenant (needs fair_key); beyond it QueueFull"
+        None, check_queue_setting, "waiting entries per tenant (needs fair_key); beyond it QueueFull"
     )
     tenant_concurrency: int | dict | None = _option(
         None,
-        _per_tenant(int),
+        check_per_tenant(int),
         'leased messages per tenant at once: an int, or {tenant: int, "*": default} (needs fair_key)',
     )
     tenant_rate: float | dict | None = _option(
-        None, _per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
+        None, check_per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
     )
-    technique: str = _option(C.TECHNIQUE_T, _queue_setting, 'the patent technique of every queue, "T" or "S"')
-    queue_techniques: dict | None = _option(None, _queue_techniques, "{queue: technique}, per queue")
+    technique: str = _option(C.TECHNIQUE_T, check_queue_setting, 'the patent technique of every queue, "T" or "S"')
+    queue_techniques: dict | None = _option(None, check_queue_techniques, "{queue: technique}, per queue")
     sweep_interval: float = _option(
         C.SWEEP_INTERVAL,
-        _seconds,
+        check_seconds,
         "seconds between sweeps of expired leases (one sweeper per queue per interval across all consumers)",
     )
     renew_interval: float | None = _option(
         None,
-        _seconds_or_none,
+        check_seconds_or_none,
         "seconds between renewals of held leases, shorter than lease_seconds; None: lease_seconds / 3, at most 20",
         shown="lease_seconds / 3",
     )
-    block_seconds: float = _option(C.BLOCK_SECONDS, _seconds, "server-side BLPOP timeout of an idle consumer")
-    binding_cache_seconds: float = _option(5.0, _seconds_or_zero, "seconds a routing table is cached")
+    block_seconds: float = _option(C.BLOCK_SECONDS, check_seconds, "server-side BLPOP timeout of an idle consumer")
+    binding_cache_seconds: float = _option(5.0, check_seconds_or_zero, "seconds a routing table is cached")
     batch_send: int = _option(
         C.BATCH_SEND,
-        _count_up_to(C.BULK_CHUNK, low=0),
+        check_count_up_to(C.BULK_CHUNK, low=0),
         "messages of a queue a producer batch sends as one call before its flush; 0: none before the flush",
     )
     spin_wait_us: int = _option(
         C.SPIN_WAIT_US,
-        _count_up_to(100_000, low=0),
+        check_count_up_to(100_000, low=0),
         "microseconds a script call polls for its reply before sleeping; 0: none",
     )
     socket_timeout: float = _option(
         _FitsTheLease(C.SOCKET_TIMEOUT),
-        _seconds_or_none,
+        check_seconds_or_none,
         "redis-py, seconds a reply may take, at most lease_seconds - renew_interval "
         "(the default: 30, or that when less)",
         shown="30",
     )
-    socket_connect_timeout: float | None = _option(None, _seconds_or_none, "redis-py, seconds")
-    socket_keepalive: bool | None = _option(None, _flag_or_none, "redis-py")
-    health_check_interval: float = _option(25, _seconds_or_zero, "redis-py, seconds (None: 0)")
-    max_connections: int | None = _option(50, _count_or_none, "redis-py pool size, per connection")
-    client_name: str | None = _option(None, _client_name, "redis-py CLIENT SETNAME, no spaces")
+    socket_connect_timeout: float | None = _option(None, check_seconds_or_none, "redis-py, seconds")
+    socket_keepalive: bool | None = _option(None, check_flag_or_none, "redis-py")
+    health_check_interval: float = _option(25, check_seconds_or_zero, "redis-py, seconds (None: 0)")
+    max_connections: int | None = _option(50, check_count_or_none, "redis-py pool size, per connection")
+    client_name: str | None = _option(None, check_client_name, "redis-py CLIENT SETNAME, no spaces")
     max_message_bytes: int | None = _option(
-        None, _count_or_none, "a larger stored message is refused (MessageTooLarge)"
+        None, check_count_or_none, "a larger stored message is refused (MessageTooLarge)"
     )
     dedupe_seconds: float = _option(
         C.DEDUPE_SECONDS,
-        _queue_setting,
+        check_queue_setting,
         "a retried publish call (same publish id) seen within this window stores nothing; the "
         "queue keeps the longest window its producers ask for; 0: off",
     )
     max_dead_length: int | None = _option(
-        None, _queue_setting, "entries of <queue>.dead at most (None: max_length, else none)"
+        None, check_queue_setting, "entries of <queue>.dead at most (None: max_length, else none)"
     )
     event_log: int | None = _option(
         None,
-        _queue_setting,
+        check_queue_setting,
         "None/0: no event log; else the approximate most entries of each queue's event-log stream (docs/events.md)",
     )
     expired: str = _option(
         C.EXPIRED_DEAD_LETTER,
-        _queue_setting,
+        check_queue_setting,
         '"dead_letter": a message past its expiry (expiration=, message_ttl, Celery\'s expires) goes '
         'to <queue>.dead with reason "expired" when a pop meets it; "drop": it is deleted (docs/expiry.md)',
     )
     cluster: bool = _option(
         False,
-        _flag,
+        check_flag,
         "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
         "each queue lives on the master of its hash tag (docs/cluster.md)",
     )
     cluster_retry_seconds: float = _option(
         C.CLUSTER_RETRY_SECONDS,
-        _seconds,
+        check_seconds,
         "Redis Cluster: seconds a call waits, trying again, while its queue's "
         "slot migrates (a resharding) or the cluster is down, before it fails "
         "as a connection error (docs/cluster.md)",
     )
     master_name: str | None = _option(
         None,
-        _master_name_or_none,
+        check_master_name_or_none,
         "Redis Sentinel: the name of the monitored master; when set, every host "
         "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel",
     )
     sentinel_kwargs: dict | None = _option(
         None,
-        _mapping_or_none,
+        check_mapping_or_none,
         "redis-py connection arguments for the sentinels themselves (password, "
         "ssl, ...); None: the socket timeouts of the master's",
     )
     min_other_sentinels: int = _option(
-        0, _count_from_zero, "a sentinel that sees fewer other sentinels is not believed"
+        0, check_count_from_zero, "a sentinel that sees fewer other sentinels is not believed"
     )
     wait_replicas: int = _option(
-        0, _queue_setting, "a publish and an ack return once this many replicas have them (Redis WAIT); 0: off"
+        0, check_queue_setting, "a publish and an ack return once this many replicas have them (Redis WAIT); 0: off"
     )
     wait_timeout: float = _option(
         C.WAIT_TIMEOUT,
-        _queue_setting,
+        check_queue_setting,
         "seconds a publish or ack waits for wait_replicas; then a publish raises NotReplicated, an ack logs",
     )
     shards: int = _option(
         1,
-        _queue_setting,
+        check_queue_setting,
         "shards of each queue (1..256): a queue split into N full queues, each "
         "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
         "1: the plain queue, exact order",
     )
-    peek: int = _option(2, _queue_setting, "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
+    peek: int = _option(
+        2, check_queue_setting, "with shards > 1: shards peeked per pop (1..64); the best of them is popped"
+    )
+    unique_key: str = _option(
+        "pq_unique",
+        check_unique_key,
+        'the header holding a message\'s unique key (docs/unique.md), or "module:function" taking the '
+        "kombu message dict and returning the key (str or None)",
+    )
+    unique_mode: str | dict = _option(
+        "while_waiting",
+        check_unique_mode,
+        "mode of a key whose message names none (pq_unique_mode): while_waiting, while_active, replace, "
+        'debounce or throttle; or {queue: mode, "*": default}',
+    )
+    unique_seconds: float | dict = _option(
+        60,
+        check_unique_seconds,
+        'debounce delay / throttle period of a key whose message names none (pq_unique_seconds); or {queue: n, "*": n}',
+    )
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
+    #: The function of ``unique_key="module:function"`` (None for a header name).
+    unique_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:  # sentinel_kwargs may hold a password
         shown = ", ".join(f"{f.name}={redact(getattr(self, f.name))}" for f in fields(self) if f.repr)
@@ -331,15 +248,19 @@ class Options:
             if f.init:
                 keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
         self._check_queue_settings()
-        self._fit_renewals(default_timeout)
-        if self.fair_key is not None and ":" in self.fair_key:
-            try:
-                fn = symbol_by_name(self.fair_key)
-            except Exception as exc:
-                raise ConfigError(f"fair_key {self.fair_key!r} cannot be imported: {exc!r}") from None
-            if not callable(fn):
-                raise ConfigError(f"fair_key {self.fair_key!r} is not callable")
-            keep(self, "tenant_fn", fn)
+        renew, timeout = fit_renewals(self.lease_seconds, self.renew_interval, self.socket_timeout, default_timeout)
+        keep(self, "renew_interval", renew)
+        keep(self, "socket_timeout", timeout)
+        for name, fn_field in (("fair_key", "tenant_fn"), ("unique_key", "unique_fn")):
+            value = getattr(self, name)
+            if value is not None and ":" in value:
+                try:
+                    fn = symbol_by_name(value)
+                except Exception as exc:
+                    raise ConfigError(f"{name} {value!r} cannot be imported: {exc!r}") from None
+                if not callable(fn):
+                    raise ConfigError(f"{name} {value!r} is not callable")
+                keep(self, fn_field, fn)
         fair_only = {
             "fair_weights": self.fair_weights,
             "tenant_concurrency": self.tenant_concurrency,
@@ -361,41 +282,6 @@ class Options:
         settings = QueueSettings(fair=True, **{name: getattr(self, name) for name in _QUEUE_SETTINGS})
         for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):
             object.__setattr__(self, name, getattr(settings, name))
-
-    def _fit_renewals(self, default_timeout: bool) -> None:
-        """renew_interval (a third of the lease when not given), then the checks that leases
-        outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
-        take at most lease_seconds - renew_interval (a renewal stuck on a silent connection for
-        longer would let its leases expire); the default socket_timeout is lowered to fit."""
-        keep = object.__setattr__
-        lease, margin = self.lease_seconds, C.RENEW_MARGIN
-        given = self.renew_interval is not None
-        renew = (
-            self.renew_interval if self.renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
-        )
-        keep(self, "renew_interval", renew)
-        if lease - renew < margin:
-            if given:
-                raise ConfigError(
-                    f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
-                    f"({renew + margin:g}), got renew_interval {renew!r}: leases would expire "
-                    "before a renewal got through"
-                )
-            raise ConfigError(
-                f"lease_seconds must be at least {1.5 * margin:g} s, got {lease!r}: leases are "
-                f"renewed every renew_interval (a third of the lease by default) and a renewal "
-                f"needs {margin:g} s more to get through"
-            )
-        room = lease - renew
-        if default_timeout:
-            keep(self, "socket_timeout", min(self.socket_timeout, room))
-        elif self.socket_timeout is None or self.socket_timeout > room:
-            forever = " (wait forever)" if self.socket_timeout is None else ""
-            raise ConfigError(
-                f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
-                f"= {room:g} s), got {self.socket_timeout!r}{forever}: a renewal waiting longer on a "
-                "silent connection would let the leases expire"
-            )
 
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
@@ -453,6 +339,15 @@ class Options:
         if name.endswith(".pidbox") or ".reply." in name or name.startswith("celeryev."):
             return 1
         return self.shards
+
+    def unique_defaults(self, queue: str) -> tuple[str, float]:
+        """(mode, seconds) of a unique key of queue ``queue`` whose message names neither."""
+        mode, secs = self.unique_mode, self.unique_seconds
+        if isinstance(mode, dict):
+            mode = mode.get(queue, mode.get("*", "while_waiting"))
+        if isinstance(secs, dict):
+            secs = secs.get(queue, secs.get("*", 60))
+        return mode, float(secs)
 
     def redis_kwargs(self) -> dict:
         """The options handed to redis-py's connection pool (``_REDIS_KWARGS``)."""

@@ -7,6 +7,11 @@ id (its own retries carry the same one, so the queue stores it once). A message 
 fanout exchange goes to Redis pub/sub (sharded pub/sub on a Redis Cluster), each receiver
 given a delivery tag of its own. Inside a producer's batch (``batches.py``) a stored message
 waits in the batch for its flush; a fanout message is sent at once.
+
+A message with a unique key (``unique.unique_of``: the header ``pq_unique`` by default) is
+stored by ``insert_unique``, and its outcome remembered (``unique.publish_outcome``); in a
+producer's batch it is stored at once, on its own (each key's outcome is decided by one atomic
+insert), not at the flush.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from . import connections
 from .codec import Base64Body
 from .ids import unique_bytes
 from .keys import fanout_channel
-from .messages import NOT_SENT, PublishStamp, serialized, stored_item, without_properties
+from .messages import NOT_SENT, PublishStamp, StoredItem, serialized, stored_item, without_properties
+from .unique import OUTCOMES, UniqueKey, unique_of
 
 if TYPE_CHECKING:
     from .batches import PublishBatch
@@ -53,6 +59,9 @@ class Publisher:
         stored item waits there for the batch's flush, under a publish id of its own even when
         the call's went to another queue (a flush sent again stores it once)."""
         publish_id, first_send = PublishStamp.take(message)
+        unique = unique_of(message, self.options, queue, self.channel.decode_body)
+        if unique is not None:
+            batch = None  # stored at once, on its own: its outcome is known when the call returns
         if batch is not None:
             publish_id = publish_id or unique_bytes()
         item = stored_item(
@@ -65,6 +74,9 @@ class Publisher:
         )
         if batch is not None:
             batch.add(queue, item)
+            return
+        if unique is not None:
+            self.put_unique(queue, item, first_send, unique)
             return
         self.channel.queue(queue).insert(
             item.payload,
@@ -79,6 +91,24 @@ class Publisher:
             ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
             expires_ms=item.expires_ms,
         )
+
+    def put_unique(self, queue: str, item: StoredItem, first_send: bool, unique: UniqueKey) -> None:
+        """``put`` of a message with a unique key: ``insert_unique``, its outcome remembered."""
+        outcome = self.channel.queue(queue).insert_unique(
+            item.payload,
+            item.priority,
+            unique=unique,
+            id=item.id,
+            tenant=item.tenant,
+            due_ms=item.due_ms,
+            publish_id=item.publish_id,
+            first_send=first_send,
+            remember=False,
+            task=item.task,
+            ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
+            expires_ms=item.expires_ms,
+        )
+        OUTCOMES.add(outcome)
 
     def put_fanout(self, exchange: str, message: dict) -> None:
         """Send ``message`` to the receivers of a fanout exchange; on a cluster by sharded

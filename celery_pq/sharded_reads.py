@@ -122,6 +122,7 @@ class ShardedReads:
             "per_tenant": per_tenant,
             "paused": any(st["paused"] for st in parts),
             "paused_tenants": sorted({t for st in parts for t in st["paused_tenants"]}),
+            "unique": {k: sum(st["unique"][k] for st in parts) for k in parts[0]["unique"]},
             "shards": [
                 {"queue": st["queue"], "waiting": st["waiting"], "delayed": st["delayed"], "leased": st["leased"]}
                 for st in parts

@@ -145,6 +145,14 @@ class ShardedQueue(ShardedReads):
             kwargs["id"] = new_id(publish_id)
         return shard.insert(payload, priority, tenant=tenant, publish_id=publish_id, **kwargs)
 
+    def insert_unique(self, payload, priority: int = 0, *, unique, publish_id: bytes | str | None = None, **kwargs):
+        """``PriorityQueue.insert_unique`` into the shard of the key (a key always lands on the
+        same shard, so its standing entry is found there; a fair queue's tenant does not choose)."""
+        shard = self.shards[_hash(unique.key) % len(self.shards)]
+        if kwargs.get("id") is None:
+            kwargs["id"] = new_id(publish_id)
+        return shard.insert_unique(payload, priority, unique=unique, publish_id=publish_id, **kwargs)
+
     def insert_many(
         self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True
     ) -> list[str] | tuple[list[str], list[bool]]:

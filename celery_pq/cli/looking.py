@@ -27,7 +27,8 @@ from .base import broker_of, command, print_json, queue_named
 )
 def stats(ctx, queues, as_json, watch):
     """Per queue: waiting, delayed, leased, dead-lettered, paused, per-priority and per-tenant
-    counts, and the age of the entry that goes next."""
+    counts, the age of the entry that goes next, and unique keys held (with how many publishes
+    were merged, replaced, debounced or throttled)."""
     broker = broker_of(ctx)
 
     def rows():
@@ -66,6 +67,16 @@ def stats_tables(rows: list[dict]) -> list:
         ],
     )
     out = [main]
+    unique = [r for r in rows if any((r.get("unique") or {}).values())]
+    if unique:
+        kinds = ["keys", "merged", "replaced", "debounced", "throttled"]
+        out.append(
+            render.table(
+                "unique keys",
+                ["queue", "keys held", *kinds[1:]],
+                [[r["queue"], *(r["unique"].get(k, 0) for k in kinds)] for r in unique],
+            )
+        )
     for r in rows:
         if r["per_priority"]:
             out.append(

@@ -34,7 +34,12 @@
 --                   first send (a call the client never sent before cannot have been stored: the
 --                   window is not looked at, only written); "0" when the groups carry publish ids
 --                   of their own; "R" as "0", and the reply tells repeats (see Returns)
--- ARGV[7+nviews+nforget..] id rank tenant payload due publish_id task expires...  the entries,
+-- ARGV[7+nviews+nforget] nunique  number of entries that carry a unique key ("0": none, the usual)
+-- ARGV[8+nviews+nforget..7+nviews+nforget+nunique] unique...  one per entry with a unique key, in
+--                   the order of the entries: "<entry index from 0>,<mode>,<ms>,<key>", mode one
+--                   letter: w while_waiting, a while_active, r replace, d debounce (ms: the delay),
+--                   t throttle (ms: the period); see includes/unique.lua and docs/unique.md
+-- ARGV[8+nviews+nforget+nunique..] id rank tenant payload due publish_id task expires...  the entries,
 --                   eight arguments each: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
@@ -45,11 +50,19 @@
 --                   expires: the entry's expiry deadline, "" for none, "+<ms>" that long from
 --                   now (Redis clock), absolute Unix ms, or "<abs ms>+<ms>" (the earlier of the
 --                   two); stored in the entry (its xp), a pop never delivers it once passed
--- Counts enqueued (entries stored) and refused_full (entries of a refused call; the refused
--- call writes nothing else). Logs enqueue per entry stored. A paused queue wakes nobody.
+-- An entry with a unique key (its mode: docs/unique.md) whose key has an entry standing is
+-- merged into it or throttled (nothing stored), or takes its place (replace: at the same place
+-- in line when its rank is the old one's; debounce: due at now + delay), all in this call.
+-- Counts enqueued (entries stored), refused_full (entries of a refused call; the refused
+-- call writes nothing else) and unique_merged, unique_throttled, unique_replaced,
+-- unique_debounced. Logs enqueue per entry stored; merged, throttled (the standing entry's id),
+-- replaced, debounced (the id of the entry taken out), each with the key as its r.
+-- A paused queue wakes nobody.
 -- Returns: the entry ids, one per group, in order (with made "R", the id of a group that
 --          stored nothing, its publish id seen before or earlier in this call, comes as a
---          one-element array {entry id}); or, with nothing written:
+--          one-element array {entry id}; a group with a unique key, not a repeat, comes as
+--          {entry id, outcome}: outcome "stored", "merged", "throttled", "replaced" or
+--          "debounced", the entry id the one that stands for the key); or, with nothing written:
 --          {ERR -5, waiting}, {ERR -6, registry version}, {ERR -7, tenant waiting, group index},
 --          or the error reply "MODE_MISMATCH <key> <stored mode> <caller's mode>" (ERR -8)
 -- ERR -5 QUEUE_FULL
@@ -63,6 +76,7 @@
 --!include index.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 --!include wake.lua
 --!keys
 
@@ -74,8 +88,17 @@ local nforget = tonumber(ARGV[5 + nviews])
 local sent = ARGV[6 + nviews + nforget]
 local tell = sent == 'R' -- the reply marks each repeat
 local made = sent ~= '0' and not tell
-local first = 7 + nviews + nforget
+local nunique = tonumber(ARGV[7 + nviews + nforget])
+local first = 8 + nviews + nforget + nunique
 local n = (#ARGV - first + 1) / 8
+local U = false -- entry index -> {m = mode, ms, key}, for the entries with a unique key
+if nunique > 0 then
+  U = {}
+  for j = 8 + nviews + nforget, first - 1 do
+    local at, m, ms, key = string.match(ARGV[j], '^(%d+),(%a),(%d+),(.*)$')
+    U[tonumber(at)] = { m = m, ms = tonumber(ms), key = key }
+  end
+end
 
 -- publish ids: two hashes (this window's and the last one's), rotated every dedupe_ms
 local pd, pe, pt = key_of('pd'), key_of('pe'), key_of('pt')
@@ -167,6 +190,35 @@ if CTX.dedupe_ms > 0 then
   end
 end
 
+-- Entries with a unique key that will store nothing (merged, throttled) or take a standing
+-- one's place do not count against the limits: worked out before them, as the loop below will
+-- find it (an earlier entry of this call with the same key stands by then).
+local skip = {}
+if U and fresh > 0 and (max_length > 0 or (fair and max_per_tenant > 0)) then
+  local mine = {} -- key -> "e" or "t": an entry of this call stands for it
+  for i = 0, n - 1 do
+    local u = U[i]
+    if u and not seen[i] then
+      local st = mine[u.key]
+      if st then
+        st = (st == 't') == (u.m == 't') and st or nil
+      else
+        local s = unique_standing(ii, lt, dz, u.key, u.m, now, ARGV[first + 8 * i])
+        st = s and s.state
+      end
+      if st and (u.m == 'w' or u.m == 'a' or u.m == 't') then
+        skip[i] = true
+        fresh = fresh - 1
+      else
+        if st and st ~= 'leased' then
+          fresh = fresh - 1 -- one leaves as one comes
+        end
+        mine[u.key] = u.m == 't' and 't' or 'e'
+      end
+    end
+  end
+end
+
 if max_length > 0 and fresh > 0 then
   local waiting = redis.call('HLEN', ii) - redis.call('HLEN', lt)
   if waiting + fresh > max_length then
@@ -177,7 +229,7 @@ end
 if fair and max_per_tenant > 0 then
   local adding = {}
   for i = 0, n - 1 do
-    if not seen[i] then
+    if not seen[i] and not skip[i] then
       local t = ARGV[first + 2 + 8 * i]
       adding[t] = (adding[t] or 0) + 1
       local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
@@ -194,6 +246,8 @@ local out = {}
 local woken = {}
 local ready = false
 local stored = {} -- publish id -> entry id, for a repeat within this call
+local ids = made and {} -- the entry ids alone, for the call's publish id
+
 for i = 0, n - 1 do
   local g = first + 8 * i
   local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
@@ -204,71 +258,123 @@ for i = 0, n - 1 do
   elseif stored[pid] then
     out[#out + 1] = tell and { stored[pid] } or stored[pid]
   else
-    if string.sub(due, 1, 1) == '+' then
-      due = now + tonumber(string.sub(due, 2))
+    local u = U and U[i]
+    local s, kind, uflag = nil, nil, ''
+    if u then
+      s = unique_standing(ii, lt, dz, u.key, u.m, now, id)
+      kind = s and UNIQUE_KINDS[u.m] or 'stored'
+      if s and s.state == 'leased' and kind ~= 'merged' then -- a replace or debounce of one running
+        s, kind = nil, 'stored'
+      end
+      uflag = u.m ~= 't' and 'u' or ''
+    end
+    if kind == 'merged' or kind == 'throttled' then
+      tally('unique_' .. kind)
+      emit(kind, s.eid, nil, nil, nil, nil, u.key, ARGV[g + 6])
+      if pid ~= '' and CTX.dedupe_ms > 0 and not made then -- a repeat of it is told the same
+        stored[pid] = s.eid
+        redis.call('HSET', pd, pid, s.eid)
+      end
+      out[#out + 1] = { s.eid, kind }
     else
-      due = tonumber(due)
-    end
-    local stamp, xp = ts, ARGV[g + 7]
-    if xp ~= '' then -- the deadline, absolute ms on the Redis clock, kept after ts
-      local abs, rel = string.match(xp, '^(%d*)%+?(%d*)$')
-      local at = tonumber(abs)
-      if rel ~= '' then
-        at = math.min(at or math.huge, now + tonumber(rel))
-      end
-      stamp = ts .. ',' .. fmt(at)
-    end
-    local seq = redis.call('INCR', sq)
-    local score = fmt(rank * SEQ_SPAN + seq)
-    local base = id
-    if base == '' then
-      base = fmt(seq)
-    end
-    -- HSETNX: a free id is stored at once (free_id's HEXISTS and the HSET in one command)
-    local eid, dup = base, nil
-    if redis.call('HSETNX', ii, base, make_entry(0, score, tenant, '', '', stamp, '|', payload)) == 0 then
-      eid, dup = free_id(ii, base, sq, seq)
-      local flags = ''
-      if dup and id ~= '' then
-        flags = 'd'
-        dup_add(id, dup)
-      end
-      redis.call('HSET', ii, eid, make_entry(0, score, tenant, flags, '', stamp, '|', payload))
-    end
-    tally('enqueued')
-    emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])
-    if due > now then
-      redis.call('ZADD', dz, due, eid)
-    else
-      pi_push(pi, rank, seq, eid)
-      if fair then
-        fair_add(tenant, score, eid)
-      end
-      ready = true
-      for v = 1, nviews do
-        local lo, hi = string.match(ARGV[4 + v], '^(%d+),(%d+)$')
-        if not woken[v] and not CTX.paused and rank >= tonumber(lo) and rank <= tonumber(hi) then
-          woken[v] = true
-          wake(KEYS[#KEYS - nviews + v])
-        end
-      end
-    end
-    if pid ~= '' and CTX.dedupe_ms > 0 and not made then
-      stored[pid] = eid
-      if eid == id then
-        if not claim then
-          redis.call('HSET', pd, pid, '')
-        end
+      if string.sub(due, 1, 1) == '+' then
+        due = now + tonumber(string.sub(due, 2))
       else
-        redis.call('HSET', pd, pid, eid)
+        due = tonumber(due)
+      end
+      local stamp, xp = ts, ARGV[g + 7]
+      if xp ~= '' then -- the deadline, absolute ms on the Redis clock, kept after ts
+        local abs, rel = string.match(xp, '^(%d*)%+?(%d*)$')
+        local at = tonumber(abs)
+        if rel ~= '' then
+          at = math.min(at or math.huge, now + tonumber(rel))
+        end
+        stamp = ts .. ',' .. fmt(at)
+      end
+      if u and u.m == 'd' then
+        due = now + u.ms
+      end
+      local seq = redis.call('INCR', sq)
+      local score = fmt(rank * SEQ_SPAN + seq)
+      local keep = nil -- {list, index, seq} of the pointer of the waiting one whose place it takes
+      if s then
+        local orank, oseq = split_score(s.e.s)
+        if kind == 'replaced' and s.state == 'waiting' and orank == rank and due <= now then
+          local p = make_ptr(oseq, s.eid)
+          for _, key in ipairs(pi_lists(pi, orank)) do
+            local at = redis.call('LPOS', key, p)
+            if at then
+              keep, score = { key, at, oseq }, s.e.s
+              break
+            end
+          end
+        end
+        unique_drop(ii, dz, dp, s, kind, u.key)
+        tally('unique_' .. kind)
+      end
+      local base = id
+      if base == '' then
+        base = fmt(seq)
+      end
+      -- HSETNX: a free id is stored at once (free_id's HEXISTS and the HSET in one command)
+      local eid, dup = base, nil
+      if redis.call('HSETNX', ii, base, make_entry(0, score, tenant, uflag, '', stamp, '|', payload)) == 0 then
+        eid, dup = free_id(ii, base, sq, seq)
+        local flags = uflag
+        if dup and id ~= '' then
+          flags = 'd' .. uflag
+          dup_add(id, dup)
+        end
+        redis.call('HSET', ii, eid, make_entry(0, score, tenant, flags, '', stamp, '|', payload))
+      end
+      tally('enqueued')
+      emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])
+      if due > now then
+        redis.call('ZADD', dz, due, eid)
+      else
+        if keep then -- the old pointer's place, pointing to the new entry
+          redis.call('LSET', keep[1], keep[2], make_ptr(keep[3], eid))
+        else
+          pi_push(pi, rank, seq, eid)
+        end
+        if fair then
+          fair_add(tenant, score, eid)
+        end
+        ready = true
+        for v = 1, nviews do
+          local lo, hi = string.match(ARGV[4 + v], '^(%d+),(%d+)$')
+          if not woken[v] and not CTX.paused and rank >= tonumber(lo) and rank <= tonumber(hi) then
+            woken[v] = true
+            wake(KEYS[#KEYS - nviews + v])
+          end
+        end
+      end
+      if pid ~= '' and CTX.dedupe_ms > 0 and not made then
+        stored[pid] = eid
+        if eid == id then
+          if not claim then
+            redis.call('HSET', pd, pid, '')
+          end
+        else
+          redis.call('HSET', pd, pid, eid)
+        end
+      end
+      if u then
+        unique_hold(u.key, u.m, u.ms, eid, now)
+        out[#out + 1] = { eid, kind }
+      else
+        out[#out + 1] = eid
       end
     end
-    out[#out + 1] = eid
+  end
+  if ids then
+    local o = out[#out]
+    ids[#ids + 1] = type(o) == 'table' and o[1] or o
   end
 end
 if made and CTX.dedupe_ms > 0 and ARGV[first + 5] ~= '' then
   -- "" for a single entry stored as the id it was given (the common case: no ids to pack)
-  redis.call('HSET', pd, ARGV[first + 5], (n == 1 and out[1] == ARGV[first]) and '' or pack_ids(out))
+  redis.call('HSET', pd, ARGV[first + 5], (n == 1 and ids[1] == ARGV[first]) and '' or pack_ids(ids))
 end
 if ready and not CTX.paused then
   wake(wk)

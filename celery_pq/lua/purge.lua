@@ -21,6 +21,7 @@
 --!include index.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 --!keys
 
 --!queue
@@ -57,8 +58,11 @@ for _, f in ipairs(found) do
   local eid, e = f[1], split_entry(f[2]) or { x = '', s = '0', t = '' }
   redis.call('HDEL', ii, eid)
   emit('remove', eid, e.s, e.t, nil, nil, 'purge')
-  if e.x == 'd' then
+  if string.find(e.x, 'd', 1, true) then
     dup_forget(dp, eid)
+  end
+  if holds_key(e.x) then
+    unique_release(eid)
   end
   if fair then
     local rank, seq = split_score(e.s)

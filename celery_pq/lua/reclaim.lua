@@ -53,6 +53,7 @@
 --!include leases.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 --!include wake.lua
 --!keys
 
@@ -171,6 +172,7 @@ if consumer == '' then
     fair_unpark(now)
     fair_gc(key_of('gc'), now, 100)
   end
+  unique_prune(ii, key_of('gc'), now, 50)
 end
 if returned > 0 or promoted > 0 or (fair and redis.call('ZCARD', FK.ts) > 0) then
   wake(wk)

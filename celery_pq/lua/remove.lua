@@ -30,6 +30,7 @@
 --!include index.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 --!keys
 
 --!queue
@@ -77,7 +78,7 @@ for i, eid in ipairs(ids) do
     if redis.call('ZSCORE', dz, eid) then
       redis.call('ZREM', dz, eid)
     end
-    if redis.call('HDEL', ii, eid) == 1 then
+    if redis.call('HDEL', ii, eid) == 1 then -- (a key it held is free: the insert finds it gone)
       removed = removed + 1
       local e = v and split_entry(v)
       emit('remove', eid, e and e.s, e and e.t)
@@ -97,6 +98,9 @@ for i, eid in ipairs(ids) do
       end
       removed = removed + 1
       local e = split_entry(v) -- a malformed one is removed as asked; its pointer goes lazily
+      if e and holds_key(e.x) then
+        unique_release(eid)
+      end
       emit('remove', eid, e and e.s, e and e.t)
       if redis.call('ZREM', dz, eid) == 0 and e then
         local rank, seq = split_score(e.s)

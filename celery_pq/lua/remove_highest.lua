@@ -18,6 +18,7 @@
 --!include events.lua
 --!include index.lua
 --!include queue.lua
+--!include unique.lua
 --!keys
 
 --!queue
@@ -34,8 +35,11 @@ while stale < stale_budget do
     set_aside(ii, score, v, popped[2], now_ms())
   elseif eid then
     redis.call('HDEL', ii, eid)
-    if e.x == 'd' then
+    if string.find(e.x, 'd', 1, true) then
       dup_forget(dp, eid)
+    end
+    if holds_key(e.x) then
+      unique_release(eid)
     end
     tally('removed')
     emit('remove', eid, score, e.t, nil, nil, 'highest')

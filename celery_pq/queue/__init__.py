@@ -7,6 +7,8 @@
 - ``running``: running script calls (one, several, with WAIT), error replies as exceptions;
 - ``base``: a queue's context (keys, ranks, the script context) and ``run``;
 - ``leasing``: what becomes of a lease (ack, extend, requeue, dead_letter, the sweep);
+- ``views``: the registry of priority views an insert wakes;
+- ``unique``: the insert with a unique key (``UniqueKey``, ``PublishOutcome``);
 - ``inserts``, ``tenants``, ``reads``, ``admin``: the writes of producers, the tenants of a fair
   queue, the read-only questions, the operators' changes;
 - ``core``: ``PriorityQueue`` on top of them all, with the pop that leases;
@@ -29,6 +31,8 @@ from .running import (
     wait_out_migration,
 )
 from .settings import MAX_PEEK, QueueSettings
+from .unique import MODES as UNIQUE_MODES
+from .unique import PublishOutcome, UniqueKey
 from .values import (
     COUNTERS,
     EVENT_FIELDS,
@@ -58,14 +62,17 @@ __all__ = [
     "MAX_WEIGHT",
     "MIN_RATE",
     "MIN_WEIGHT",
+    "UNIQUE_MODES",
     "VT_PER_DELIVERY",
     "Delivery",
     "Entry",
     "Lease",
     "Popped",
     "PriorityQueue",
+    "PublishOutcome",
     "Queue",
     "QueueSettings",
+    "UniqueKey",
     "ack_all",
     "default_consumer_id",
     "escape_tenant",

@@ -118,10 +118,13 @@ def insert_head(q: QueueBase) -> tuple[list, Layout]:
     return keys, layout(q, "insert", views_version=q.views_version, views=views)
 
 
-def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0") -> list:
+def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0", unique=None) -> list:
     """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
     none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made
-    here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send)."""
+    here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send).
+    ``unique``: item index -> (mode letter, ms, key) of the items with a unique key
+    (queue/unique.py), None or empty for none (the ARGV of a call without keys is as it was but
+    for one "0", the count)."""
     entries: list = []
     for n, (payload, priority, id, tenant, due, pid, task, expires) in enumerate(items):
         if made not in ("0", "R") and n:
@@ -136,7 +139,8 @@ def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0") -> list:
             task or "",
             expires,
         ]
-    return head(*entries, forget=forget, made=made)
+    specs = [f"{i},{m},{ms},{key}" for i, (m, ms, key) in sorted(unique.items())] if unique else []
+    return head(*entries, forget=forget, made=made, unique=specs)
 
 
 def insert_made(made_here: bool, first_send: bool) -> str:
@@ -168,8 +172,19 @@ def check_insert(q: QueueBase, reply, items) -> bool:
 
 
 def inserted(reply) -> list[tuple[str, bool]]:
-    """(entry id, repeated) of each item of an insert's reply (a repeat comes as [entry id])."""
-    return [(decode_id(e[0]), True) if isinstance(e, list) else (decode_id(e), False) for e in reply]
+    """(entry id, repeated) of each item of an insert's reply (a repeat comes as [entry id], an
+    item with a unique key as [entry id, outcome])."""
+    return [(decode_id(e[0]), len(e) == 1) if isinstance(e, list) else (decode_id(e), False) for e in reply]
+
+
+def insert_outcomes(reply) -> list[tuple[str, str | None]]:
+    """(entry id, unique outcome) of each item of an insert's reply: the outcome ("stored",
+    "merged", ...) of an item with a unique key, the entry id the one standing for the key;
+    None for an item without one (or a repeat of a publish id)."""
+    return [
+        (decode_id(e[0]), as_text(e[1]) if len(e) > 1 else None) if isinstance(e, list) else (decode_id(e), None)
+        for e in reply
+    ]
 
 
 class Inserted(NamedTuple):
@@ -184,7 +199,7 @@ class Inserted(NamedTuple):
     @property
     def repeated(self) -> int:
         """Items stored before under their publish ids (``inserted``'s repeated)."""
-        return sum(1 for e in self.reply if isinstance(e, list))
+        return sum(1 for e in self.reply if isinstance(e, list) and len(e) == 1)
 
     def ids(self) -> list[str]:
         """The entry ids, one per item."""

@@ -34,16 +34,16 @@ from ..keys import dead_queue_name
 from . import calls
 from .admin import QueueAdmin
 from .calls import ScriptCall
-from .inserts import QueueInserts
 from .leasing import QueueLeases
 from .running import pop_with_acks, wait_out_migration
 from .settings import QueueSettings
+from .unique import QueueUnique
 from .values import Delivery, Lease, Popped
 
 logger = logging.getLogger("celery_pq.queue")
 
 
-class PriorityQueue(QueueInserts, QueueLeases, QueueAdmin):
+class PriorityQueue(QueueUnique, QueueLeases, QueueAdmin):
     """One queue: insert, pop-with-lease, ack, requeue, extend, reclaim, remove by id, ...
 
     Arguments:

@@ -16,13 +16,13 @@ from ..ids import unique_bytes
 from ..scripts import Layout
 from ..scripts.wire import function_missing
 from . import calls
-from .base import QueueBase
 from .calls import ScriptCall
 from .running import translate_error
-from .values import MAX_DUE_MS, as_bytes, as_text, mark_stored
+from .values import MAX_DUE_MS, as_bytes, mark_stored
+from .views import QueueViews
 
 
-class QueueInserts(QueueBase):
+class QueueInserts(QueueViews):
     """The inserts of a queue, and the window of publish ids it has the scripts forget."""
 
     def __init__(self, *args, **kwargs):
@@ -33,13 +33,13 @@ class QueueInserts(QueueBase):
         self._forget_lock = threading.Lock()
         self._head: tuple[list, Layout] | None = None  # calls.insert_head, made when first needed
 
-    def insert_call(self, items, forget=(), made="0") -> ScriptCall:
+    def insert_call(self, items, forget=(), made="0", unique=None) -> ScriptCall:
         """The insert call of checked ``items`` (``_item``), forgetting the publish ids
-        ``forget``; ``made`` as ``calls.insert_args`` takes it."""
+        ``forget``; ``made`` and ``unique`` as ``calls.insert_args`` takes them."""
         if self._head is None:
             self._head = calls.insert_head(self)
         keys, head = self._head
-        return self.call("insert", keys, calls.insert_args(self, head, items, forget, made))
+        return self.call("insert", keys, calls.insert_args(self, head, items, forget, made, unique))
 
     def _take_forgets(self, most: int = C.FORGET_MAX) -> list:
         """Publish ids whose inserts have replied (none of them can be retried now), once
@@ -129,14 +129,21 @@ class QueueInserts(QueueBase):
         ``expired`` setting). A delay does not move the deadline.
         """
         expires = _expiry(ttl, expires_ms)
-        items = [self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, expires)]
-        pid = self.last_publish_id = items[0][5]
+        item = self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, expires)
+        return self._insert_one(item, publish_id, first_send, remember)[0]
+
+    def _insert_one(self, item, publish_id, first_send, remember, unique=None) -> tuple[str, str | None]:
+        """``insert`` of one checked item (``unique``: (mode letter, ms, key) of its unique key,
+        queue/unique.py): (entry id, the unique outcome or None)."""
+        items = [item]
+        pid = self.last_publish_id = item[5]
         forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
         for _ in range(5):
             forget = self._take_forgets()
+            made = calls.insert_made(publish_id is None, first_send)
             try:
                 [reply], acked = self.run_replicated(
-                    [self.insert_call(items, forget, calls.insert_made(publish_id is None, first_send))]
+                    [self.insert_call(items, forget, made, None if unique is None else {0: unique})]
                 )
             except BaseException:
                 self._answered(forget)
@@ -145,7 +152,7 @@ class QueueInserts(QueueBase):
                 self._answered([pid])
             if self._check_reply(reply, items):
                 self.check_replicated(acked)
-                return calls.inserted(reply)[0][0]
+                return calls.insert_outcomes(reply)[0]
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(
@@ -302,25 +309,6 @@ class QueueInserts(QueueBase):
             return None
         self._answered([item[5] for item in norm if item[5] is not None])  # no resend of them can come
         return calls.Inserted(reply)
-
-    # -- priority views (the collated keyed queue) ----------------------------------------------
-    def refresh_views(self) -> None:
-        """Re-read the registry of priority views (inserts wake the views an entry satisfies)."""
-        with self._pipeline(transaction=False) as p:
-            p.hkeys(self.keys.views)
-            p.get(self.keys.views_version)
-            names, version = p.execute()
-        self.views = sorted((int(lo), int(hi)) for lo, hi in (as_text(n).split("-") for n in names))
-        self.views_version = as_text(version) if version is not None else ""
-        self._head = None
-
-    def register_view(self, lo: int, hi: int) -> str:
-        """Register the view of ranks lo..hi; returns its wake list key."""
-        if not 0 <= lo <= hi <= C.MAX_PRIORITY:
-            raise ValueError(f"a view covers ranks lo..hi with 0 <= lo <= hi <= 255, got {lo}..{hi}")
-        if self.client.hsetnx(self.keys.views, f"{lo}-{hi}", 1):
-            self.client.incr(self.keys.views_version)
-        return self.keys.view_wake(lo, hi)
 
 
 def _when(delay: float | None, due_ms: int | None) -> str:

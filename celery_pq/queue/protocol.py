@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import redis
 
     from .core import PriorityQueue
+    from .unique import PublishOutcome, UniqueKey
 
 
 class Queue(Protocol):
@@ -58,6 +59,24 @@ class Queue(Protocol):
     ) -> str: ...
 
     def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False, remember: bool = True) -> Any: ...
+
+    def insert_unique(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        unique: UniqueKey,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+        ttl: float | None = None,
+        expires_ms: int | None = None,
+    ) -> PublishOutcome: ...
 
     def pop(
         self,

@@ -14,6 +14,7 @@ from . import calls
 from .calls import ScriptCall
 from .running import readable_mode
 from .tenants import QueueTenants
+from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
 
@@ -34,19 +35,23 @@ class QueueReads(QueueTenants):
         return entries - leased - delayed
 
     def stats(self) -> dict:
-        """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds)."""
+        """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds), and
+        ``unique``: the unique keys held and the counts of what became of publishes with one."""
         k = self.keys
         with self._pipeline(transaction=False) as p:
             p.hlen(k.entries)
             p.hlen(k.leases)
             p.zcard(k.delayed)
+            p.hlen(k.unique_keys)
+            p.hmget(k.counters, [f"unique_{kind}" for kind in UNIQUE_COUNTS])
             if self._dead_keys:
                 p.hlen(self._dead_keys.entries)
             p.time()
             res = p.execute()
         entries, leased, delayed = res[0], res[1], res[2]
         paused = self.paused()
-        dead = res[3] if self._dead_keys else 0
+        dead = res[5] if self._dead_keys else 0
+        unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
         now_s, now_us = res[-1]
         per_priority: Counter = Counter()
         oldest_ms = None
@@ -75,6 +80,7 @@ class QueueReads(QueueTenants):
             "per_tenant": self.tenant_stats(ages=True) if self.fair else {},
             "paused": paused["queue"],
             "paused_tenants": paused["tenants"],
+            "unique": unique,
         }
 
     def peek(self, count: int = 1) -> list[Entry]:

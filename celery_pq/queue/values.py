@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 #: stored, deliveries, deliveries of an entry delivered before, acks, leases given back by a
 #: consumer (or returned from a recovered consumer), leases that expired, entries moved to the
 #: dead-letter queue, entries removed (by id, purge, remove_highest), entries of insert calls
-#: refused by max_length or max_length_per_tenant.
+#: refused by max_length or max_length_per_tenant, entries expired; publishes with a unique key
+#: merged into the entry standing for it, replacing it, debouncing it, throttled (queue/unique.py).
 COUNTERS = (
     "enqueued",
     "delivered",
@@ -34,6 +35,10 @@ COUNTERS = (
     "removed",
     "refused_full",
     "expired",
+    "unique_merged",
+    "unique_replaced",
+    "unique_debounced",
+    "unique_throttled",
 )
 
 #: The fields of an event-log entry, in order (docs/events.md), and those read as integers.

@@ -301,6 +301,7 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
         "removed": 1,
         "refused_full": 9,
         "expired": 0,
+        **{f"unique_{k}": 0 for k in ("merged", "replaced", "debounced", "throttled")},
     }
     assert q.tenant_deliveries() == {}
 

@@ -33,6 +33,7 @@ def _insert(q):
         "views": ["0,9", "10,255"],
         "forget": [b"f"],
         "made": "0",
+        "unique": [],
     }
     return built, rest, named
 

@@ -141,7 +141,7 @@ def test_signature_args_lays_out_argv_from_names():
     ]
     insert = signature("insert")
     head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
-    assert insert.args(*"abcdefgh", **head, views=["0,3", "4,9"], forget=["p"]) == [
+    assert insert.args(*"abcdefgh", **head, views=["0,3", "4,9"], forget=["p"], unique=["0,w,1,k"]) == [
         0,
         0,
         "v",
@@ -151,10 +151,12 @@ def test_signature_args_lays_out_argv_from_names():
         1,
         "p",
         "0",
+        1,
+        "0,w,1,k",
         *"abcdefgh",
         "x",
     ]
-    with pytest.raises(TypeError, match=r"missing \['views', 'forget'\], unexpected \['nviews'\]"):
+    with pytest.raises(TypeError, match=r"missing \['views', 'forget', 'unique'\], unexpected \['nviews'\]"):
         insert.args(**head, nviews=0)
     with pytest.raises(TypeError, match="3 repeated values"):
         pop.args("e1", "t1", "e2", **given, context="x")
@@ -171,7 +173,9 @@ def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
     assert layout("e1", "t1", token_base="b") == pop.args("e1", "t1", **fixed, token_base="b", context="x")
     assert layout(token_base="b2") == [1, "c", "b2", 3, 4, 0, 255, 9, 0, "x"]
     insert = signature("insert").bind(max_length=0, max_per_tenant=0, views_version="v", views=["0,3"], context="x")
-    assert insert(*"abcdefgh", forget=["p", "q"], made="0") == [0, 0, "v", 1, "0,3", 2, "p", "q", "0", *"abcdefgh", "x"]
+    assert insert(*"abcdefgh", forget=["p", "q"], made="0", unique=[]) == [
+        *[0, 0, "v", 1, "0,3", 2, "p", "q", "0", 0, *"abcdefgh", "x"]
+    ]
     with pytest.raises(TypeError, match=r"missing \['token_base'\], unexpected \['token'\]"):
         layout(token="b")
     with pytest.raises(TypeError, match="1 repeated values"):

@@ -6,6 +6,7 @@
 --!include index.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 --!include wake.lua
 
 -- A dead-letter queue holds at most CTX.max_dead entries: the oldest waiting one (the lowest
@@ -46,6 +47,9 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   local dscore = rank * SEQ_SPAN + seq
   local deid = free_id(dii, eid, dsq, seq)
   emit('dead', eid, score, e.t, nil, e.d, reason)
+  if holds_key(e.x) then -- its unique key is free (a dead letter holds none)
+    unique_release(eid)
+  end
   e.r = dead_note(reason, now, e.d)
   e.d = 0
   e.s = fmt(dscore)
@@ -99,6 +103,9 @@ local function expire(ii, dp, eid, v, e, bar, score, now)
     emit('remove', eid, score, e.t, nil, e.d, 'expired')
     redis.call('HDEL', ii, eid)
     dup_forget(dp, eid)
+    if holds_key(e.x) then
+      unique_release(eid)
+    end
     return
   end
   local ds = CTX.stem .. 'dead:'

@@ -6,6 +6,7 @@
 --!include index.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 
 -- Record one delivery of a pop: its lease fields (written in one HSET/ZADD after the loop) and
 -- its reply (eid, token, deliveries, score, value).
@@ -65,8 +66,13 @@ local function ack_one(ii, lz, lt, dp, eid, token)
     return err
   end
   redis.call('HDEL', ii, eid)
-  if lease.x == 'd' then
-    dup_forget(dp, eid)
+  if lease.x ~= '' then -- flags: "d" a duplicate id, "u" it holds a unique key
+    if string.find(lease.x, 'd', 1, true) then
+      dup_forget(dp, eid)
+    end
+    if holds_key(lease.x) then
+      unique_release(eid)
+    end
   end
   tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)

@@ -1,0 +1,107 @@
+"""Unique tasks, debounce and throttle by key (docs/unique.md): an insert that carries a key.
+
+The insert script decides, atomically per entry, what a key's standing entry makes of a new
+one (lua/includes/unique.lua): ``while_waiting`` and ``while_active`` merge it into the one
+standing (nothing stored), ``replace`` and ``debounce`` take the waiting one's place,
+``throttle`` stores at most one per period. Here: the checked key (``UniqueKey``), what the
+insert answers (``PublishOutcome``), and the insert with a key (``QueueUnique.insert_unique``).
+An insert without a key never comes here: its ARGV and work are as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .inserts import QueueInserts, _expiry, _when
+
+#: The modes, and the letter insert.lua takes for each.
+MODES = {"while_waiting": "w", "while_active": "a", "replace": "r", "debounce": "d", "throttle": "t"}
+#: What a publish with a key came to (``PublishOutcome.kind``).
+OUTCOMES = ("stored", "merged", "replaced", "debounced", "throttled")
+#: The outcomes a queue counts (its counters ``unique_<outcome>``: queue/values.py COUNTERS).
+UNIQUE_COUNTS = OUTCOMES[1:]
+#: The mode of a key given without one.
+DEFAULT_MODE = "while_waiting"
+#: The debounce delay and throttle period of a key given without one, in seconds.
+DEFAULT_SECONDS = 60.0
+#: The longest key (bytes of UTF-8): a key is a hash field of every insert that carries it.
+MAX_KEY_BYTES = 1024
+#: The longest delay or period: ten years, in seconds.
+MAX_SECONDS = 10 * 365 * 86400
+
+
+@dataclass(frozen=True)
+class UniqueKey:
+    """A checked unique key: the key, its mode (``MODES``) and its seconds (the debounce delay
+    or the throttle period; the other modes do not use them). ValueError names a bad value,
+    with ``source`` (say, the header it came from) in front."""
+
+    key: str
+    mode: str = DEFAULT_MODE
+    seconds: float = DEFAULT_SECONDS
+    source: str = "unique key"
+
+    def __post_init__(self):
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError(f"{self.source}: a unique key is a non-empty str, got {self.key!r}")
+        if len(self.key.encode()) > MAX_KEY_BYTES:
+            raise ValueError(f"{self.source}: a unique key is at most {MAX_KEY_BYTES} bytes, got {len(self.key)} chars")
+        if self.mode not in MODES:
+            raise ValueError(f"{self.source}: unique mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        s = self.seconds
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 < s <= MAX_SECONDS:
+            raise ValueError(f"{self.source}: unique seconds must be a number > 0 and <= {MAX_SECONDS}, got {s!r}")
+
+    @property
+    def spec(self) -> tuple[str, int, str]:
+        """(mode letter, ms, key), as ``calls.insert_args`` takes it."""
+        return MODES[self.mode], max(1, int(float(self.seconds) * 1000)), self.key
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    """What one publish with a unique key came to. ``kind``: ``"stored"``, ``"merged"``,
+    ``"replaced"``, ``"debounced"`` or ``"throttled"``; ``task_id``: the id of the task that
+    stands for the key (the one whose result to wait on); ``requested``: the id published;
+    ``key``: the unique key."""
+
+    kind: str
+    task_id: str
+    requested: str | None
+    key: str
+
+
+class QueueUnique(QueueInserts):
+    """The insert of one entry with a unique key."""
+
+    def insert_unique(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        unique: UniqueKey,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+        ttl: float | None = None,
+        expires_ms: int | None = None,
+    ) -> PublishOutcome:
+        """``insert`` with a unique key (the same arguments): the outcome, whose ``task_id`` is
+        the entry id standing for the key (this one's when stored). A debounce is due at now +
+        its delay whatever ``delay``/``due_ms`` say. A repeat of a publish id already answered
+        is told ``"stored"`` (or ``"merged"`` when the id standing is another one)."""
+        if not isinstance(unique, UniqueKey):
+            raise TypeError(f"unique must be a UniqueKey, got {type(unique).__name__}")
+        item = self._item(
+            payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, _expiry(ttl, expires_ms)
+        )
+        eid, kind = self._insert_one(item, publish_id, first_send, remember, unique.spec)
+        if kind is None:  # a repeat of a publish id seen before: what it stored then
+            kind = "stored" if id is None or eid == id else "merged"
+        return PublishOutcome(kind, eid, id if id is not None else eid if kind == "stored" else None, unique.key)

@@ -1,0 +1,253 @@
+"""Unique tasks, debounce and throttle by key, on a real redis-server: insert.lua decides per
+entry, atomically, what a key's standing entry makes of a new publish (queue/unique.py,
+lua/includes/unique.lua), and every way an entry leaves frees its key."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_pq import PriorityQueue, QueueFull
+from celery_pq.ids import encode_id
+from celery_pq.queue import QueueSettings, calls, open_queue
+from celery_pq.queue.unique import UniqueKey
+from celery_pq.records import split_entry
+from celery_pq.shards import ShardedQueue
+
+
+def q_of(client, prefix, name="uq", **kw):
+    kw.setdefault("event_log", 1000)
+    return PriorityQueue(client, name, key_prefix=prefix, **kw)
+
+
+def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, **kw):
+    return q.insert_unique(payload or id.encode(), priority, id=id, unique=UniqueKey(key, mode, seconds), **kw)
+
+
+def waiting(q):
+    return [e.id for e in q.peek(50)]
+
+
+def held(client, q):
+    return {k.decode(): v.decode() for k, v in client.hgetall(q.keys.unique_keys).items()}
+
+
+def test_while_waiting_merges_until_the_entry_is_leased(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    assert put(q, "a1", "k").kind == "stored"
+    out = put(q, "a2", "k")
+    assert (out.kind, out.task_id, out.requested, out.key) == ("merged", "a1", "a2", "k")
+    assert waiting(q) == ["a1"]
+    [lease] = q.pop(1)
+    # Given the standing entry is running, when the key is published again, it is stored
+    assert put(q, "a3", "k").kind == "stored"
+    assert waiting(q) == ["a3"]
+    q.ack(lease)  # the ack of the old one leaves the new one's record alone
+    out = put(q, "a4", "k")
+    assert (out.kind, out.task_id, out.requested) == ("merged", "a3", "a4")
+    assert q.counters()["unique_merged"] == 2
+
+
+def test_while_active_holds_the_key_while_running_until_the_ack(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    put(q, "b1", "k", "while_active")
+    [lease] = q.pop(1)
+    assert put(q, "b2", "k", "while_active").task_id == "b1"
+    assert q.size() == 0
+    q.ack(lease)
+    assert held(redis_client, q) == {}  # freed at once by the ack (the entry's flag "u")
+    assert put(q, "b3", "k", "while_active").kind == "stored"
+
+
+def test_a_key_is_freed_by_a_dead_letter(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix, max_deliveries=1)
+    put(q, "c1", "k", "while_active")
+    [lease] = q.pop(1)
+    assert q.requeue(lease) == "dead"
+    assert held(redis_client, q) == {}
+    assert put(q, "c2", "k", "while_active").kind == "stored"
+
+
+def test_a_key_is_freed_by_remove_and_purge(redis_client, key_prefix):
+    for technique in ("T", "S"):
+        q = q_of(redis_client, key_prefix, name=f"rm{technique}", technique=technique)
+        put(q, "d1", "k")
+        assert q.remove("d1") == 1
+        assert put(q, "d2", "k").kind == "stored"  # (S: the record names an entry gone: free)
+        put(q, "d3", "j", delay=30)
+        q.purge()
+        assert q.size() == 0 and redis_client.zcard(q.keys.delayed) == 0
+        assert put(q, "d4", "k").kind == "stored" and put(q, "d5", "j").kind == "stored"
+
+
+def test_a_lost_lease_comes_back_still_holding_its_key(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    put(q, "e1", "k", "while_active")
+    q.pop(1, consumer="gone", lease_seconds=0.05)
+    time.sleep(0.1)
+    assert q.reclaim()["returned"] == 1
+    assert waiting(q) == ["e1"]
+    assert put(q, "e2", "k").task_id == "e1"  # waiting again: while_waiting merges too
+    [again] = q.pop(1)
+    assert again.id == "e1" and again.deliveries == 2
+    q.ack(again)
+    assert put(q, "e3", "k").kind == "stored"
+
+
+def test_replace_keeps_the_place_in_line_at_the_same_priority(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    q.insert(b"x", 1, id="first")
+    put(q, "r1", "k", "replace")
+    q.insert(b"y", 1, id="last")
+    out = put(q, "r2", "k", "replace", payload=b"new")
+    assert (out.kind, out.task_id) == ("replaced", "r2")
+    assert waiting(q) == ["first", "r2", "last"]
+    assert [e.payload for e in q.peek(3)][1] == b"new"
+    assert redis_client.hexists(q.keys.entries, "r1") == 0
+    # a different priority: the new one goes to the back of its own level
+    put(q, "r3", "k", "replace", priority=1)
+    put(q, "r4", "k", "replace", priority=5)
+    assert waiting(q) == ["r4", "first", "last"]
+    assert [e.priority for e in q.peek(1)] == [5]
+    assert q.counters()["unique_replaced"] == 3
+    replaced = [(ev["e"], ev["id"], ev["r"]) for ev in q.events() if ev["e"] == "replaced"]
+    assert replaced[0] == ("replaced", "r1", "k")
+
+
+def test_replace_of_a_running_entry_stores_the_new_one(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    put(q, "s1", "k", "replace")
+    q.pop(1)
+    assert put(q, "s2", "k", "replace").kind == "stored"
+    assert put(q, "s3", "k", "replace").kind == "replaced"
+    assert waiting(q) == ["s3"]
+
+
+def test_debounce_twice_moves_the_due_time_and_the_last_payload_wins(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    assert put(q, "g1", "k", "debounce", 10, payload=b"one").kind == "stored"
+    due1 = redis_client.zscore(q.keys.delayed, "g1")
+    time.sleep(0.02)
+    out = put(q, "g2", "k", "debounce", 10, payload=b"two")
+    assert (out.kind, out.task_id) == ("debounced", "g2")
+    due2 = redis_client.zscore(q.keys.delayed, "g2")
+    assert due2 > due1 and redis_client.zscore(q.keys.delayed, "g1") is None
+    assert redis_client.hexists(q.keys.entries, "g1") == 0
+    assert split_entry(redis_client.hget(q.keys.entries, "g2"))[1] == b"two"
+    # a short delay: it runs once it is due
+    put(q, "g3", "k", "debounce", 0.05, payload=b"three")
+    time.sleep(0.1)
+    q.reclaim()
+    [lease] = q.pop(5)
+    assert lease.id == "g3" and lease.payload == b"three"
+
+
+def test_throttle_stores_one_per_period(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    assert put(q, "t1", "k", "throttle", 0.2).kind == "stored"
+    out = put(q, "t2", "k", "throttle", 0.2)
+    assert (out.kind, out.task_id) == ("throttled", "t1")
+    q.ack(q.pop(1)[0])  # an ack does not end the period
+    assert put(q, "t3", "k", "throttle", 0.2).kind == "throttled"
+    time.sleep(0.25)
+    assert put(q, "t4", "k", "throttle", 0.2).kind == "stored"
+    assert q.counters()["unique_throttled"] == 2
+
+
+def test_the_sweep_prunes_records_that_stand_no_more(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    put(q, "p1", "t", "throttle", 0.05)
+    put(q, "p2", "k", "while_active")
+    redis_client.hdel(q.keys.entries, "p2")  # gone by a path that frees nothing
+    time.sleep(0.1)
+    q.reclaim()
+    assert held(redis_client, q) == {} and redis_client.hlen(q.keys.unique_holders) == 0
+
+
+def test_a_repeated_publish_id_is_still_stored_once(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix, dedupe_seconds=60)
+    first = put(q, "h1", "k", publish_id=b"pid-1")
+    again = put(q, "h1", "k", publish_id=b"pid-1")
+    assert first.kind == "stored" and again.task_id == "h1" and q.size() == 1
+    merged = put(q, "h2", "k", publish_id=b"pid-2")
+    assert merged.kind == "merged"
+    assert put(q, "h2", "k", publish_id=b"pid-2").task_id == "h1"  # the resend: told the same
+    assert q.size() == 1 and q.counters()["enqueued"] == 1
+
+
+def test_merges_do_not_count_against_max_length(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix, max_length=2)
+    put(q, "m1", "a")
+    put(q, "m2", "b", "replace")
+    assert put(q, "m3", "a").kind == "merged"  # full, but nothing is added
+    assert put(q, "m4", "b", "replace").kind == "replaced"  # one leaves as one comes
+    with pytest.raises(QueueFull):
+        put(q, "m5", "c")
+    assert q.size() == 2 and held(redis_client, q).keys() == {"a", "b"}
+
+
+def test_fair_queue_replace_and_merge(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix, fair=True)
+    put(q, "f1", "k", "replace", tenant="acme")
+    q.insert(b"z", 1, id="other", tenant="beta")
+    assert put(q, "f2", "k", "replace", tenant="acme").kind == "replaced"
+    assert put(q, "f3", "j", tenant="acme").kind == "stored"
+    assert put(q, "f4", "j", tenant="acme").kind == "merged"
+    got = []
+    while popped := q.pop(1):
+        got += [lease.id for lease in popped]
+        q.ack(popped[0])
+    assert sorted(got) == ["f2", "f3", "other"]
+
+
+def test_a_key_always_lands_on_the_same_shard(redis_client, key_prefix):
+    q = open_queue(redis_client, "sh", QueueSettings(shards=4, key_prefix=key_prefix))
+    assert isinstance(q, ShardedQueue)
+    outs = [q.insert_unique(b"x", 1, unique=UniqueKey(f"key-{i % 5}")) for i in range(20)]
+    assert sum(o.kind == "stored" for o in outs) == 5
+    assert q.size() == 5
+
+
+def test_bad_keys_are_refused_before_anything_is_sent():
+    for bad in ("", 3, None):
+        with pytest.raises(ValueError, match="unique key"):
+            UniqueKey(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unique mode"):
+        UniqueKey("k", "sometimes")
+    for bad in (0, -1, "5", float("nan"), True):
+        with pytest.raises(ValueError, match="unique seconds"):
+            UniqueKey("k", "throttle", bad)  # type: ignore[arg-type]
+
+
+def test_a_keyless_insert_sends_what_it_sent_before(redis_client, key_prefix):
+    """The ARGV of an insert without a key: the layout it always had, with the one count "0" of
+    the (empty) list of unique keys before the entries; the reply: the entry id alone."""
+    q = q_of(redis_client, key_prefix, event_log=0)
+    _, head = calls.insert_head(q)
+    item = (b"p", 1, "id1", None, "0", None, None, "")
+    args = calls.insert_args(q, head, [item], (), "0")
+    rank = q.rank(1)
+    assert args == [0, 0, "", 0, 0, "0", 0, encode_id("id1"), rank, "", b"p", "0", "", "", "", q.context]
+    assert calls.insert_args(q, head, [item], (), "0", {}) == args
+    [reply] = q.run_replicated([q.insert_call([item])])[0]
+    assert reply == [b"id1"]
+    assert redis_client.exists(q.keys.unique_keys, q.keys.unique_holders) == 0
+    assert split_entry(redis_client.hget(q.keys.entries, "id1"))[0].flags == b""
+
+
+def test_a_retry_of_the_running_task_is_stored_not_merged(redis_client, key_prefix):
+    """Celery's retry publishes the task's own id and headers again while it runs: with the key
+    held by that very run (while_active) or within its throttle period, the retry is stored
+    (under a duplicate id), not merged into the run about to be acked."""
+    q = q_of(redis_client, key_prefix)
+    put(q, "task-1", "k", "while_active")
+    [lease] = q.pop(1)
+    retry = put(q, "task-1", "k", "while_active")
+    assert retry.kind == "stored" and retry.task_id.startswith("task-1~")
+    assert put(q, "other", "k", "while_active").task_id == retry.task_id  # the retry holds the key
+    q.ack(lease)
+    assert put(q, "other", "k", "while_active").task_id == retry.task_id
+    put(q, "t-1", "t", "throttle", 60)
+    assert put(q, "t-1", "t", "throttle", 60).kind == "stored"
+    assert put(q, "t-2", "t", "throttle", 60).kind == "throttled"
