@@ -100,6 +100,7 @@ class Fleet:
         return worker
 
     def close(self) -> None:
+        self.redis.set(f"{self.prefix}:go-all", 1)  # a held run a failed test left ends now
         stop_workers(self.workers)
         self.client.close()
 

@@ -10,7 +10,7 @@ Every run of ``unique.work`` pushes ``{"id", "key", "arg", "pid", "delivery", "a
 its start, epoch seconds) to ``<prefix>:rec:start`` when it starts and ``{"id", "key", "arg"}``
 to ``<prefix>:rec:done`` when it ends. With ``hold`` true it waits in between until the test sets ``<prefix>:go:<key>``, so
 that a test decides when a run ends without guessing how long it takes (the worker renews its
-lease meanwhile).
+lease meanwhile); ``<prefix>:go-all`` ends every held run (the module's teardown sets it).
 
 As a producer process (``python -m tests.e2e.unique_app QUEUE JSON [START]``, JSON a list of
 ``[key, arg, headers, hold]``, START an epoch time to begin at), it publishes them from 4
@@ -63,9 +63,10 @@ def work(self, key, arg, hold=False):
     delivery = (r.get("x-delivery-count") or 0) + 1
     log("start", {"id": r.id, "key": key, "arg": arg, "pid": os.getpid(), "delivery": delivery, "at": time.time()})
     if hold:
-        go = f"{os.environ['PQ_TEST_PREFIX']}:go:{key}"
+        prefix = os.environ["PQ_TEST_PREFIX"]
+        go = (f"{prefix}:go:{key}", f"{prefix}:go-all")  # go-all: the test module ends
         deadline = time.monotonic() + HOLD_LIMIT
-        while not rec().exists(go) and time.monotonic() < deadline:
+        while not rec().exists(*go) and time.monotonic() < deadline:
             time.sleep(0.05)
     log("done", {"id": r.id, "key": key, "arg": arg})
 
