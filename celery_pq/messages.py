@@ -194,9 +194,9 @@ def stored_item(
     )
 
 
-def _earliest(*values: int | None) -> int | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
+def _earliest(a: int | None, b: int | None) -> int | None:
+    """The earlier of two deadlines, either of them None for none (one runs per publish)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def expiration_ms(expiration) -> int | None:

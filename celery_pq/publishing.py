@@ -16,14 +16,15 @@ insert), not at the flush.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from . import connections
 from .codec import Base64Body
 from .ids import unique_bytes
 from .keys import fanout_channel
-from .messages import NOT_SENT, PublishStamp, StoredItem, serialized, stored_item, without_properties
-from .unique import OUTCOMES, UniqueKey, unique_of
+from .messages import NOT_SENT, PublishStamp, serialized, stored_item, without_properties
+from .unique import OUTCOMES, PublishOutcome, unique_of
 
 if TYPE_CHECKING:
     from .batches import PublishBatch
@@ -75,10 +76,9 @@ class Publisher:
         if batch is not None:
             batch.add(queue, item)
             return
-        if unique is not None:
-            self.put_unique(queue, item, first_send, unique)
-            return
-        self.channel.queue(queue).insert(
+        q = self.channel.queue(queue)
+        insert = q.insert if unique is None else partial(q.insert_unique, unique=unique)
+        stored = insert(
             item.payload,
             item.priority,
             id=item.id,
@@ -91,24 +91,8 @@ class Publisher:
             ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
             expires_ms=item.expires_ms,
         )
-
-    def put_unique(self, queue: str, item: StoredItem, first_send: bool, unique: UniqueKey) -> None:
-        """``put`` of a message with a unique key: ``insert_unique``, its outcome remembered."""
-        outcome = self.channel.queue(queue).insert_unique(
-            item.payload,
-            item.priority,
-            unique=unique,
-            id=item.id,
-            tenant=item.tenant,
-            due_ms=item.due_ms,
-            publish_id=item.publish_id,
-            first_send=first_send,
-            remember=False,
-            task=item.task,
-            ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
-            expires_ms=item.expires_ms,
-        )
-        OUTCOMES.add(outcome)
+        if isinstance(stored, PublishOutcome):  # a unique key's: remembered for publish_outcome
+            OUTCOMES.add(stored)
 
     def put_fanout(self, exchange: str, message: dict) -> None:
         """Send ``message`` to the receivers of a fanout exchange; on a cluster by sharded

@@ -18,22 +18,34 @@ def tenant_of(message: dict, options: Options, decode_body: Callable, queue: str
         tenant = limited_tenant(options.task_rate, queue, message.get("headers") or {})
         if tenant is not None:
             return tenant
-    fair_key, fn = options.fair_key, options.tenant_fn
+    fair_key = options.fair_key
     if fair_key is None:
         return None
-    if fn is not None:
-        try:
-            # the function sees the message with its body decoded (the serialized payload)
-            props = message.get("properties") or {}
-            body = decode_body(message.get("body"), props.get("body_encoding"))
-            tenant = fn({**message, "body": body})
-        except Exception as exc:
-            raise ValueError(f"fair_key function {fair_key!r} raised {exc!r}; the message was not published") from exc
-    else:
-        tenant = (message.get("headers") or {}).get(fair_key)
+    tenant = message_key(message, "fair_key", fair_key, options.tenant_fn, decode_body)
     if tenant is not None and not isinstance(tenant, str):
         raise ValueError(
             f"fair_key {fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
             "not a string; the message was not published"
         )
     return tenant
+
+
+def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable):
+    """What a key option (``fair_key``, ``unique_key``) gives an outgoing message: the header
+    named ``value`` as it is (None when absent; the caller checks it), or, for a
+    ``"module:function"`` (``fn``), what the function returns when called with the message, its
+    body decoded (the serialized payload). ValueError, with nothing written, when the function
+    raises or gives something other than a str or None."""
+    if fn is None:
+        return (message.get("headers") or {}).get(value)
+    try:
+        props = message.get("properties") or {}
+        key = fn({**message, "body": decode_body(message.get("body"), props.get("body_encoding"))})
+    except Exception as exc:
+        raise ValueError(f"{option} function {value!r} raised {exc!r}; the message was not published") from exc
+    if key is not None and not isinstance(key, str):
+        raise ValueError(
+            f"{option} function {value!r} gave {key!r} ({type(key).__name__}), "
+            "not a string; the message was not published"
+        )
+    return key

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .queue.unique import MAX_KEY_BYTES, MODES, PublishOutcome, UniqueKey
+from .tenants import message_key
 
 if TYPE_CHECKING:
     from .options import Options
@@ -35,29 +36,17 @@ def unique_of(message: dict, options: Options, queue: str, decode_body: Callable
     ValueError, with nothing written, naming the header (or the ``unique_key`` function) whose
     value is wrong."""
     headers = message.get("headers") or {}
-    fn = options.unique_fn
-    if fn is None:
-        key = headers.get(options.unique_key)
-        source = f"header {options.unique_key!r}"
-    else:
-        source = f"unique_key function {options.unique_key!r}"
-        try:
-            props = message.get("properties") or {}
-            key = fn({**message, "body": decode_body(message.get("body"), props.get("body_encoding"))})
-        except Exception as exc:
-            raise ValueError(f"{source} raised {exc!r}; the message was not published") from exc
-        if key is not None and not isinstance(key, str):
-            raise ValueError(f"{source} gave {key!r} ({type(key).__name__}), not a str; the message was not published")
+    key = message_key(message, "unique_key", options.unique_key, options.unique_fn, decode_body)
     if key is None:
         if MODE_HEADER in headers or SECONDS_HEADER in headers:
             raise ValueError(
-                f"header {MODE_HEADER!r} or {SECONDS_HEADER!r} given without a unique key ({source}); "
+                f"header {MODE_HEADER!r} or {SECONDS_HEADER!r} given without a unique key ({_source(options)}); "
                 "the message was not published"
             )
         return None
     if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
         raise ValueError(
-            f"{source}: a unique key is a non-empty str of at most {MAX_KEY_BYTES} bytes, got {key!r:.80}; "
+            f"{_source(options)}: a unique key is a non-empty str of at most {MAX_KEY_BYTES} bytes, got {key!r:.80}; "
             "the message was not published"
         )
     mode, seconds = options.unique_defaults(queue)
@@ -70,6 +59,11 @@ def unique_of(message: dict, options: Options, queue: str, decode_body: Callable
         return UniqueKey(key, mode, headers.get(SECONDS_HEADER, seconds), source=f"header {SECONDS_HEADER!r}")
     except ValueError as exc:
         raise ValueError(f"{exc}; the message was not published") from None
+
+
+def _source(options: Options) -> str:
+    """Where a message's unique key comes from, for an error message (only then: not per publish)."""
+    return f"{'header' if options.unique_fn is None else 'unique_key function'} {options.unique_key!r}"
 
 
 class _Outcomes:
