@@ -36,14 +36,14 @@ import time
 from dataclasses import dataclass, replace
 
 from pyspark.sql.datasource import DataSourceStreamWriter
-from pyspark.sql.types import StructType, TimestampType
+from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
 from ..keys import sink_record_key
 from .rows import TaskRows
 from .settings import WriterSettings, close_client
 from .sink import PartitionReport, Sink, prune_rate, write_partition
-from .writer import summarize, write_rejects
+from .writer import eta_is_local, summarize, write_rejects
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -109,8 +109,7 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
     def __init__(self, settings: WriterSettings, schema: StructType):
         self.settings = settings
         self.schema_json = schema.json()
-        eta = next((f for f in schema.fields if f.name == "eta"), None)
-        self.eta_is_local = eta is not None and isinstance(eta.dataType, TimestampType)
+        self.eta_is_local = eta_is_local(schema)
 
     # -- on the executors ----------------------------------------------------------------------
     def write(self, iterator) -> StreamReport:

@@ -69,12 +69,18 @@ class CeleryPQDataSource(DataSource):
         return CeleryPQStreamWriter(WriterSettings.parse(dict(self.options), schema.fieldNames()), schema)
 
 
+def eta_is_local(schema: StructType) -> bool:
+    """Whether the rows' ``eta`` column is Spark's TimestampType, whose values reach Python as naive
+    local times (``TaskRows``' ``eta_is_local``)."""
+    eta = next((f for f in schema.fields if f.name == "eta"), None)
+    return eta is not None and isinstance(eta.dataType, TimestampType)
+
+
 class CeleryPQWriter(DataSourceWriter):
     def __init__(self, settings: WriterSettings, schema: StructType):
         self.settings = settings
         self.schema_json = schema.json()
-        eta = next((f for f in schema.fields if f.name == "eta"), None)
-        self.eta_is_local = eta is not None and isinstance(eta.dataType, TimestampType)
+        self.eta_is_local = eta_is_local(schema)
 
     # -- on the executors ----------------------------------------------------------------------
     def write(self, iterator) -> PartitionReport:
