@@ -58,12 +58,7 @@ for _, f in ipairs(found) do
   local eid, e = f[1], split_entry(f[2]) or { x = '', s = '0', t = '' }
   redis.call('HDEL', ii, eid)
   emit('remove', eid, e.s, e.t, nil, nil, 'purge')
-  if string.find(e.x, 'd', 1, true) then
-    dup_forget(dp, eid)
-  end
-  if holds_key(e.x) then
-    unique_release(eid)
-  end
+  entry_gone(dp, eid, e.x)
   if fair then
     local rank, seq = split_score(e.s)
     if redis.call('ZREM', FK.te, te_member(e.t, rank, seq, eid)) == 1 then

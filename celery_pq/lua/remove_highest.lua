@@ -35,12 +35,7 @@ while stale < stale_budget do
     set_aside(ii, score, v, popped[2], now_ms())
   elseif eid then
     redis.call('HDEL', ii, eid)
-    if string.find(e.x, 'd', 1, true) then
-      dup_forget(dp, eid)
-    end
-    if holds_key(e.x) then
-      unique_release(eid)
-    end
+    entry_gone(dp, eid, e.x)
     tally('removed')
     emit('remove', eid, score, e.t, nil, nil, 'highest')
     flush_counts()

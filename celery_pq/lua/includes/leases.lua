@@ -91,14 +91,7 @@ local function ack_one(ii, lz, lt, dp, eid, token)
     return err
   end
   redis.call('HDEL', ii, eid)
-  if lease.x ~= '' then -- flags: "d" a duplicate id, "u" it holds a unique key
-    if string.find(lease.x, 'd', 1, true) then
-      dup_forget(dp, eid)
-    end
-    if holds_key(lease.x) then
-      unique_release(eid)
-    end
-  end
+  entry_gone(dp, eid, lease.x)
   tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
@@ -136,14 +129,7 @@ local function ack_pairs(out, ii, lz, lt, dp, first, n)
           ended[eid] = true
         end
         done[#done + 1] = eid
-        if x ~= '' then -- flags, as in ack_one: "d" a duplicate id, "u" it holds a unique key
-          if string.find(x, 'd', 1, true) then
-            dup_forget(dp, eid)
-          end
-          if holds_key(x) then
-            unique_release(eid)
-          end
-        end
+        entry_gone(dp, eid, x)
         tally('acked')
         emit('ack', eid, s, t, c)
         out[#out + 1] = 1

@@ -118,6 +118,20 @@ local function unique_release(eid)
   end
 end
 
+-- Entry eid (flags x) has left the queue for good (acked, removed, purged): its duplicate id
+-- is forgotten ("d") and its unique key freed ("u"); an entry without flags costs one comparison.
+local function entry_gone(dp, eid, x)
+  if x == '' then
+    return
+  end
+  if string.find(x, 'd', 1, true) then
+    dup_forget(dp, eid)
+  end
+  if holds_key(x) then
+    unique_release(eid)
+  end
+end
+
 -- The sweep's share: look at about count records of uq and of ue from the cursors kept in hash
 -- gc (fields "uq", "ue"), and drop those that stand no more (a throttle record past its time,
 -- a record or key of an entry no longer in ii). Returns the records dropped.
