@@ -214,6 +214,10 @@ class ShardedQueue(ShardedReads):
         found = [(h, self._rng.random(), s) for h, s in zip(heads, shards) if h is not None]
         return [(s, h) for h, _, s in sorted(found, key=lambda x: x[:2])]
 
+    def send_pop(self, count: int = 1, *, acks=(), consumer=None, view=None) -> None:
+        """None: a sharded queue's pop peeks its shards first, and waits for each reply."""
+        return None
+
     def pop_with_acks(
         self,
         count: int = 1,

@@ -31,6 +31,7 @@ from ..checks import text as _text
 from ..costs import explain
 from ..ids import unique_bytes
 from ..keys import dead_queue_name
+from ..scripts import Flight
 from . import calls
 from .admin import QueueAdmin
 from .calls import ScriptCall
@@ -141,6 +142,22 @@ class PriorityQueue(QueueUnique, QueueLeases, QueueAdmin):
         return pop_with_acks(
             self, count, acks=acks, lean=lean, lease_seconds=lease_seconds, consumer=consumer, view=view
         )
+
+    def send_pop(
+        self,
+        count: int = 1,
+        *,
+        acks: Sequence[tuple[str, str]] = (),
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> Flight | None:
+        """A lean pop (and ``acks``) sent without waiting for its reply: the ``scripts.Flight``
+        whose reply ``parse_deliveries`` and ``ack_codes`` read; None, nothing sent, where only
+        a waiting call can be made (``wait_replicas``; see ``LuaScript.send_nowait``)."""
+        if self.wait_replicas:  # (the acks it carries wait for replicas: run_acks)
+            return None
+        call = self.pop_call(count, acks=acks, consumer=consumer, view=view)
+        return call.script.send_nowait(call.keys, call.args, self.client)
 
     def pop_call(
         self,

@@ -13,6 +13,7 @@ from .values import Entry, Lease, Popped
 if TYPE_CHECKING:
     import redis
 
+    from ..scripts import Flight
     from .core import PriorityQueue
     from .unique import PublishOutcome, UniqueKey
 
@@ -86,6 +87,15 @@ class Queue(Protocol):
         consumer: str | None = None,
         view: tuple[int, int] | None = None,
     ) -> Popped[Lease]: ...
+
+    def send_pop(
+        self,
+        count: int = 1,
+        *,
+        acks: Sequence[tuple[str, str]] = (),
+        consumer: str | None = None,
+        view: tuple[int, int] | None = None,
+    ) -> Flight | None: ...
 
     def pop_with_acks(
         self,

@@ -10,12 +10,13 @@ from .assembly import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library,
 from .headers import Signature, header, header_errors, signature
 from .layout import Layout
 from .runner import FIRST_SEND, LuaScript, Scripts, get_scripts, resent, run_calls, run_replicated
-from .wire import set_spin_wait
+from .wire import Flight, set_spin_wait
 
 __all__ = [
     "FIRST_SEND",
     "SCRIPT_NAMES",
     "WRITES_WHEN_FULL",
+    "Flight",
     "Layout",
     "Library",
     "LuaScript",

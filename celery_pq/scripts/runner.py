@@ -42,12 +42,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
 from .wire import (
+    Flight,
     drop_connection,
     function_missing,
     own_connection,
     raise_if_demoted,
     raise_if_pool_demoted,
     run_on,
+    send_nowait,
     uses_functions,
 )
 
@@ -101,6 +103,22 @@ class LuaScript:
         except ResponseError as exc:
             raise_if_demoted(client, conn, exc)
             raise
+
+    def send_nowait(self, keys, args, client) -> Flight | None:
+        """The call sent without waiting for its reply (``wire.Flight``), on the thread's own
+        connection of a plain server; None, nothing sent, where only a waiting call can be made
+        (a cluster, a pipeline client, no lean connection, a send that failed: its connection
+        is dropped)."""
+        if is_cluster(client):
+            return None
+        conn = own_connection(client)
+        if conn is None:
+            return None
+        try:
+            return send_nowait(conn, client.connection_pool, self, keys, resent(args))
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            drop_connection(client, conn)
+            return None
 
     def _by_redis_py(self, keys, args, client):
         """The call through redis-py's ``Script`` (the client's retry policy, a fresh pooled

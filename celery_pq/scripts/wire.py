@@ -86,7 +86,10 @@ def own_connection(client):
     pool = getattr(client, "connection_pool", None)
     last = getattr(_pinned, "last", None)
     if last is not None and last[0] is pool and last[1] is type(client) and last[2] == _forks[0]:
-        return last[3]
+        conn = last[3]
+        if conn.__dict__.get("_pq_flight") is not None:
+            conn._pq_flight.finish()  # a call sent without waiting: its reply first
+        return conn
     if pool is None or not _plain_client(client.__class__):
         return None
     held = getattr(_pinned, "held", None)
@@ -96,6 +99,8 @@ def own_connection(client):
     if mine is None or mine[0] != os.getpid():
         mine = held.conns[pool] = (os.getpid(), pool.get_connection())  # kept until the thread ends, or it fails
     _pinned.last = (pool, type(client), _forks[0], mine[1])
+    if mine[1].__dict__.get("_pq_flight") is not None:
+        mine[1]._pq_flight.finish()
     return mine[1]
 
 
@@ -362,3 +367,114 @@ def run_on(conn, pool, script, keys, args):
         conn.read_response()
         _send(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
         return conn.read_response()
+
+
+class Flight:
+    """A script call sent on a connection without waiting for its reply (``send_nowait``).
+
+    Until its reply is read the connection carries it (``_pq_flight``): the thread's next call
+    on that connection (``own_connection``) reads it first (``finish``), so replies never cross.
+    ``ready()`` reads what the socket holds without blocking; ``result()`` gives the reply, or
+    raises what reading it raised (the connection then dropped, as ``_roundtrip`` does)."""
+
+    __slots__ = ("_buf", "_error", "_parser", "_reply", "_sock", "conn", "done")
+
+    def __init__(self, conn, sock, parser, buf):
+        self.conn = conn
+        self._sock, self._parser, self._buf = sock, parser, buf
+        self._reply: Any = None
+        self._error: BaseException | None = None
+        self.done = False
+
+    def _land(self, reply=None, error: BaseException | None = None) -> None:
+        self._reply, self._error, self.done = reply, error, True
+        self.conn._pq_flight = None
+        if error is not None:
+            self.conn.disconnect()
+        elif self.conn.health_check_interval:
+            self.conn.next_health_check = time.monotonic() + self.conn.health_check_interval
+
+    def _read(self, flags: int) -> bool:
+        """Feed what the socket gives (``flags``: _DONTWAIT, or 0 to block) until the reply is
+        whole; whether it is."""
+        parser, sock, buf = self._parser, self._sock, self._buf
+        reader = parser._reader
+        push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
+        try:
+            while True:
+                reply = reader.gets()
+                while reply is _NOT_ENOUGH:
+                    try:
+                        n = sock.recv_into(buf, 0, flags)
+                    except BlockingIOError:
+                        if flags:
+                            return False
+                        raise
+                    if not n:
+                        raise RedisConnectionError(f"Connection closed by {self.conn.host}:{self.conn.port}")
+                    reader.feed(buf, 0, n)
+                    reply = reader.gets()
+                if push is None or type(reply) is not push:
+                    break
+                parser.handle_push_response(reply)  # a push message before the reply
+        except (TimeoutError, BlockingIOError) as exc:
+            self._land(error=RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
+            self._error.__cause__ = exc  # type: ignore[union-attr]
+            return True
+        except OSError as exc:
+            self._land(error=RedisConnectionError(f"Error talking to {self.conn.host}:{self.conn.port}: {exc}"))
+            return True
+        except BaseException as exc:  # a protocol error, a closed connection, an interrupt: unusable
+            self._land(error=exc)
+            return True
+        self._land(reply=reply)
+        return True
+
+    def give_up(self) -> None:
+        """No reply came in the connection's timeout (a silent, half-open connection): the
+        connection dropped, and ``result`` raises the timeout, as a waiting call's read would."""
+        if not self.done:
+            self._land(error=RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
+
+    def ready(self) -> bool:
+        """Whether the reply is in (read now if the socket holds it; never blocks)."""
+        return self.done or self._read(_DONTWAIT)
+
+    def finish(self) -> None:
+        """Read the reply, waiting for it (the connection's timeout bounds the wait)."""
+        if not self.done:
+            self._read(0)
+
+    def result(self):
+        """The reply (read first if need be); a script's error reply or a failure raised."""
+        self.finish()
+        if self._error is not None:
+            raise self._error
+        if isinstance(self._reply, ResponseError):
+            raise self._reply
+        return self._reply
+
+
+def send_nowait(conn, pool, script, keys, args) -> Flight | None:
+    """Send ``script`` as FCALL on ``conn`` and return at once: its ``Flight``. None (nothing
+    sent) where only a waiting call can be made: the library not known to be loaded there, or
+    not ``_roundtrip``'s lean path (no hiredis, TLS, not Linux, not connected)."""
+    if _functions.get(pool) is not True:
+        return None
+    io = _lean_io(conn)
+    if io is None:
+        return None
+    packed = _packed(("FCALL", script.function, len(keys), *keys, *args))
+    if packed is None:
+        return None
+    sock, parser, buf = io
+    if conn.health_check_interval:
+        conn.check_health()
+    try:
+        sock.sendall(packed)
+    except OSError as exc:
+        conn.disconnect()
+        raise RedisConnectionError(f"Error talking to {conn.host}:{conn.port}: {exc}") from exc
+    flight = Flight(conn, sock, parser, buf)
+    conn._pq_flight = flight
+    return flight
