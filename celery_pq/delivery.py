@@ -20,9 +20,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kombu.transport import virtual
+from redis.exceptions import ResponseError
 
 from . import constants as C
 from .codec import decode
+from .leasebook import PopInFlight
+from .poller import Wait
 from .queue import Delivery
 
 if TYPE_CHECKING:
@@ -49,8 +52,11 @@ class QoS(virtual.QoS):
     channel: Channel
 
     def ack(self, delivery_tag):
-        self.channel.deliveries.ack(delivery_tag)
+        deliveries = self.channel.deliveries
+        deliveries.ack(delivery_tag)
         super().ack(delivery_tag)
+        if self.channel.transport.poller.in_event_loop():
+            deliveries.pop_ahead()
 
     def reject(self, delivery_tag, requeue=False):
         self.channel.deliveries.reject(delivery_tag, requeue)
@@ -103,26 +109,54 @@ class Deliveries:
         #: Queues consumed with no_ack: a delivery of them is acked as it is handed over.
         self.no_ack: set[str] = set()
         self._rotation = 0
+        #: The pop on the wire and the queue name it pops (in Celery's event loop), or None.
+        self._pop: tuple[PopInFlight, str] | None = None
+        #: Whether the last message handed over ran its task before kombu returned (the solo
+        #: pool, a plain kombu consumer's callback): None before the first delivery.
+        self._inline: bool | None = None
 
     # -- popping and delivering -----------------------------------------------------------------
-    def pop_and_deliver(self) -> int:
+    def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
         """Lease and deliver what the prefetch window allows; the number delivered. Acks
-        waiting to be sent go in the same round trip as the pop (the lease book's ``pop``)."""
+        waiting to be sent go in the same round trip as the pop (the lease book's ``pop``).
+
+        In Celery's event loop a pop is sent without waiting for its reply (``_sends``): the loop
+        goes on with the pool's messages meanwhile, and the reply, once read, delivers (``land``).
+        ``send_only``: send such a pop, or nothing; ``wait``: a pop that waits for its reply."""
+        if self._pop is not None:  # a pop on the wire: its reply delivers
+            pop = self._pop[0]
+            if send_only:
+                return 0
+            if pop.overdue():  # a silent connection: dropped, the error raised by land
+                pop.flight.give_up()
+            return self.land() if pop.flight.ready() else 0
         channel = self.channel
         queues = channel.active_queues
         if not queues or not channel.waits.should_pop() or not channel.qos.can_consume():
-            self.leases.flush()
+            if not send_only:
+                self.leases.flush()
             return 0
         want = channel.qos.can_consume_max_estimate() or C.MAX_POP_BATCH
         want = max(1, min(want, C.MAX_POP_BATCH))
         n = len(queues)
         start = self._rotation % n
         delivered = 0
+        sends = not wait and self._sends()
+        if send_only and not sends:
+            return 0
         for i in range(n):
             name = queues[(start + i) % n]
             q = channel.queue(name)
             channel.counters["pops"] += 1
-            leases = self.leases.pop(q, want, consumer=channel.consumer_id, view=channel.views.range_of(name))
+            view = channel.views.range_of(name)
+            if sends:
+                sent = self.leases.send_pop(q, want, consumer=channel.consumer_id, view=view)
+                if sent is not None:
+                    self._pop = (sent, name)
+                    return 0
+                if send_only:
+                    return 0
+            leases = self.leases.pop(q, want, consumer=channel.consumer_id, view=view)
             if not leases:
                 continue
             self._rotation = start + i + 1  # the next call starts after the queue served
@@ -131,6 +165,64 @@ class Deliveries:
         if not delivered:
             channel.waits.need_pop = False
         return delivered
+
+    def _sends(self) -> bool:
+        """Whether a pop is sent without waiting for its reply: in the thread of Celery's event
+        loop, one queue consumed, and the last message's task not run in this thread (a prefork
+        pool's child takes it). Where it ran before kombu returned (the solo pool, a plain kombu
+        consumer: ``_inline``) nothing would run meanwhile, and the pop waits for its reply, as
+        outside the event loop; so until the first delivery."""
+        channel = self.channel
+        return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
+
+    def pop_ahead(self) -> None:
+        """After an ack in Celery's event loop: the next pop, carrying the ack, sent now (the
+        prefork pool's main process goes on with its children's messages while Redis answers)."""
+        if self._inline is False and self._pop is None:
+            self.pop_and_deliver(send_only=True)
+
+    def popping(self) -> Wait | None:
+        """The wait for the reply of the pop on the wire (its connection readable), or None."""
+        if self._pop is None:
+            return None
+        return Wait(self._pop[0].flight.conn, self.land_when_ready, True)
+
+    def land_when_ready(self) -> int:
+        """``land`` once the reply of the pop on the wire is whole; 0 before."""
+        if self._pop is None or not self._pop[0].flight.ready():
+            return 0
+        return self.land()
+
+    def land(self) -> int:
+        """Deliver what the pop on the wire took (its reply read now, waiting if need be); the
+        number delivered. A script's error reply (the library gone after a restart, a queue
+        whose mode is migrating) is met again by a waiting pop, which handles it; a connection
+        error is raised (its acks wait again; its leases, if it took any, expire)."""
+        assert self._pop is not None
+        (pop, name), self._pop = self._pop, None
+        channel = self.channel
+        try:
+            leases = self.leases.land(pop)
+        except ResponseError:
+            return self.pop_and_deliver(wait=True)
+        if not leases:
+            channel.waits.need_pop = False
+            return 0
+        if channel.closed or name not in channel.active_queues:  # stopped consuming meanwhile
+            self.give_back_all([lease.token for lease in leases])
+            return 0
+        return self._deliver_batch(leases.queue, name, leases)
+
+    def settle(self) -> None:
+        """At the channel's close: the pop on the wire read, and what it took given back."""
+        if self._pop is None:
+            return
+        (pop, _), self._pop = self._pop, None
+        try:
+            leases = self.leases.land(pop)
+        except Exception:  # its leases, if it took any, expire and the entries come back
+            return
+        self.give_back_all([lease.token for lease in leases])
 
     def get(self, queue: str) -> dict:
         """kombu's basic_get: lease one message now, or raise Empty."""
@@ -164,7 +256,9 @@ class Deliveries:
                 try:
                     if name in self.no_ack:  # nobody acks these: done once handed over
                         self.ack(lease.token)
+                    accepted = accepted_tasks()
                     channel.connection._deliver(message, name)
+                    self._inline = accepted is None or accepted_tasks() != accepted
                 except Unreadable as exc:  # kombu could not build the message (its body)
                     self._dead_letter_malformed(q, lease.token, exc.__cause__)
                     continue
@@ -292,6 +386,14 @@ def running_tags() -> set:
         if message is not None and not getattr(request, "acknowledged", True):
             tags.add(message.delivery_tag)
     return tags
+
+
+def accepted_tasks() -> int | None:
+    """How many tasks a Celery worker in this process has started (Celery's count of accepted
+    requests), or None outside a Celery worker."""
+    state = _celery_state()
+    counted = getattr(state, "all_total_count", None)
+    return None if counted is None else counted[0]
 
 
 def worker_stopping() -> bool:

@@ -16,16 +16,34 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from time import monotonic
+from typing import NamedTuple
 
 from redis import exceptions as rex
 
 from . import constants as C
 from .errors import ErrorCode
 from .queue import Lease, Popped, PriorityQueue, Queue, ack_all
+from .scripts import Flight
 
 logger = logging.getLogger(__name__)
 
 Pairs = list[tuple[str, str]]  # [(entry id, token), ...]
+
+
+class PopInFlight(NamedTuple):
+    """A pop sent without waiting (``LeaseBook.send_pop``): its queue, the acks it carries, and
+    the call on the wire (``scripts.Flight``)."""
+
+    queue: PriorityQueue
+    acks: dict[PriorityQueue, Pairs]
+    flight: Flight
+    sent: float  # (monotonic)
+
+    def overdue(self) -> bool:
+        """Whether its reply is later than its connection's timeout allows a waiting call."""
+        timeout = self.flight.conn.socket_timeout
+        return timeout is not None and monotonic() - self.sent > timeout
 
 
 class LeaseBook:
@@ -43,6 +61,12 @@ class LeaseBook:
         # Leases given back in vain (Redis unreachable): not renewed, but an ack that comes for
         # one (its task ran after all) is still sent (``unreturned``).
         self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
+        # The acks of each round trip under way (``_send``, and a pop on the wire until its
+        # reply is read: ``send_pop``), by the id of their batch: renewed like the waiting ones,
+        # but not ``keeps``: a renewal refused meanwhile came after the ack, unless that round
+        # trip fails; such tags are kept in ``_refused`` until their ack is settled.
+        self._sending: dict[int, dict[PriorityQueue, Pairs]] = {}
+        self._refused: set[str] = set()
         #: Set at the channel's close: acks then wait for the keeper (a lost connection).
         self.closed = False
         #: Set by a sweep that returned entries to the consumed queues: look before blocking.
@@ -58,6 +82,44 @@ class LeaseBook:
             pending, lambda: q.pop_with_acks(count, acks=pending, lean=True, consumer=consumer, view=view)
         )
         self.hold(leases.queue or q.shards[0], leases)
+        return leases
+
+    def send_pop(self, q: Queue, count: int, *, consumer: str | None, view) -> PopInFlight | None:
+        """``pop`` sent without waiting for its reply (``land`` reads it), with the acks waiting
+        for ``q``; None, nothing sent, where only a waiting pop can be made (acks of other queues
+        waiting, replicas to wait for, a sharded queue, a cluster, no lean connection)."""
+        shard = q.shards[0]
+        with self._lock:  # (the acks it carries are those taken: the keeper may flush meanwhile)
+            if any(other is not shard for other in self._acks):
+                return None
+            flight = q.send_pop(count, acks=self._acks.get(shard, []), consumer=consumer, view=view)
+            if flight is None:
+                return None
+            pending, self._acks, self._waiting = self._acks, {}, 0
+            self._sending[id(pending)] = pending
+        return PopInFlight(shard, pending, flight, monotonic())
+
+    def land(self, pop: PopInFlight) -> Popped:
+        """The leases of a pop sent by ``send_pop`` (its reply read now, waiting if need be),
+        held from now; a failure leaves its acks waiting, and is raised."""
+        q, pending = pop.queue, pop.acks
+        try:
+            reply = pop.flight.result()
+        except BaseException:
+            self._again(pending)
+            raise
+        finally:
+            with self._lock:
+                self._sending.pop(id(pending), None)
+        if pending:
+            self._check(pending, {q: q.ack_codes(reply)})
+        leases: Popped = Popped(q.parse_deliveries(reply), q)
+        if leases and monotonic() - pop.sent > self.options.renew_interval:
+            # its reply lay unread longer than a renewal (a long stall of the loop): renewed
+            # before any is delivered, and one whose lease ran out meanwhile is not delivered
+            kept = q.extend([(d.id, d.token) for d in leases], self.options.lease_seconds)
+            leases = Popped([d for d, ok in zip(leases, kept) if ok], q)
+        self.hold(q, leases)
         return leases
 
     def hold(self, q: PriorityQueue, leases: Sequence[Lease]) -> None:
@@ -130,13 +192,10 @@ class LeaseBook:
                 out.setdefault(q, []).append((eid, tag))
             for q, pairs in self._acks.items():
                 out.setdefault(q, []).extend(pairs)
+            for sending in self._sending.values():
+                for q, pairs in sending.items():
+                    out.setdefault(q, []).extend(pairs)
         return out
-
-    def keeps(self, tag: str) -> bool:
-        """Whether ``tag`` is still held here, or its ack still waits to be sent: a renewal the
-        scripts refused for a tag this book no longer keeps only came after its ack."""
-        with self._lock:
-            return tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)
 
     def queues(self) -> tuple[PriorityQueue, ...]:
         return self._queues
@@ -155,15 +214,44 @@ class LeaseBook:
     def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
         """Run ``call`` (one round trip carrying ``pending``): its result, after checking the
         ack codes; on an error the acks wait again and the error is raised."""
+        if pending:
+            with self._lock:
+                self._sending[id(pending)] = pending
         try:
             result, codes = call()
         except BaseException:
-            with self._lock:
-                for q, pairs in pending.items():
-                    self._acks[q] = pairs + self._acks.get(q, [])
-                    self._waiting += len(pairs)
-                    self._resent.update(tag for _, tag in pairs)
+            self._again(pending)
             raise
+        finally:
+            if pending:
+                with self._lock:
+                    self._sending.pop(id(pending), None)
+        self._check(pending, codes)
+        return result
+
+    def refused(self, tag: str) -> bool:
+        """A renewal of ``tag`` was refused (its lease is gone): whether this book keeps it (its
+        lease is lost: the keeper says so). A tag whose ack is under way or was sent before is
+        noted instead: if its ack then finds its entry gone after a failed round trip, the lease
+        was lost before that ack, and ``_check`` says so."""
+        with self._lock:
+            resent = tag in self._resent
+            if not resent and (tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)):
+                return True
+            if resent or any(t == tag for batch in self._sending.values() for p in batch.values() for _, t in p):
+                self._refused.add(tag)
+        return False
+
+    def _again(self, pending: dict[PriorityQueue, Pairs]) -> None:
+        """Acks whose round trip failed wait again, in front of the newer ones."""
+        with self._lock:
+            for q, pairs in pending.items():
+                self._acks[q] = pairs + self._acks.get(q, [])
+                self._waiting += len(pairs)
+                self._resent.update(tag for _, tag in pairs)
+
+    def _check(self, pending: dict[PriorityQueue, Pairs], codes: dict) -> None:
+        """Log the acks of ``pending`` that Redis refused (``codes``: by queue, in order)."""
         for q, pairs in pending.items():
             got = codes.get(q, ())
             if not self._resent and all(code == 1 for code in got):
@@ -172,14 +260,21 @@ class LeaseBook:
                 with self._lock:
                     resent = tag in self._resent
                     self._resent.discard(tag)
+                    refused = tag in self._refused
+                    self._refused.discard(tag)
                 if code == 1:
+                    continue
+                if code == ErrorCode.NOT_LEASED and resent and refused:
+                    # its renewal was refused while its ack was unconfirmed: the lease was lost
+                    logger.warning(
+                        "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
+                    )
                     continue
                 if code == ErrorCode.NOT_LEASED and resent and _gone(q, eid):
                     # an ack sent again after the reply to its first sending was lost
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue
                 logger.warning("celery-pq: ack of %s in %r came after its lease expired; it may run again", eid, q.name)
-        return result
 
 
 def _gone(q: PriorityQueue, eid: str) -> bool:

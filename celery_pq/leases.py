@@ -92,8 +92,6 @@ class LeaseKeeper(threading.Thread):
                 renew_every = min(b.options.renew_interval for b in books)
                 sweep_every = min(b.options.sweep_interval for b in books)
                 now = monotonic()
-                # acks deferred to a pop that is not coming soon
-                self._attempt("sending acks", self.flush, books)
                 if now >= next_renew:
                     if self._attempt("renewing leases", self.renew, books):
                         failures = 0
@@ -101,6 +99,12 @@ class LeaseKeeper(threading.Thread):
                     else:  # try again soon: a lease lasts only lease_seconds
                         failures += 1
                         next_renew = now + min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX, renew_every)
+                if not failures:
+                    # acks deferred to a pop that is not coming soon. While renewals fail (Redis
+                    # unreachable) they wait for a renewal that goes through: the lease of one
+                    # that ran out meanwhile is then named by that renewal's refusal, before the
+                    # ack is sent again (see LeaseBook.refused).
+                    self._attempt("sending acks", self.flush, books)
                 if now >= next_sweep:
                     next_sweep = now + sweep_every
                     self._attempt("sweeping expired leases", self.sweep, books)
@@ -159,7 +163,7 @@ class LeaseKeeper(threading.Thread):
                 self.renewals += 1
                 for (eid, tag), ok in zip(pairs, results):
                     # (a tag acked between the book's snapshot and the extend is no loss)
-                    if not ok and book.keeps(tag):
+                    if not ok and book.refused(tag):
                         logger.warning(
                             "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
                         )

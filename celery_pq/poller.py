@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -118,6 +119,12 @@ class Waits:
     def arm(self) -> list[Wait]:
         """Make sure the blocking reads are in flight; the waits to watch."""
         channel = self.channel
+        popping = channel.deliveries.popping()
+        if popping is not None:  # a pop on the wire (Celery's event loop): its reply is the wait
+            waits = [
+                Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None
+            ]
+            return [popping, *waits, *self._arm_pubsub(channel.fanout_channels())]
         channel.leases.flush()  # never block with acks unsent
         waits = []
         for pending in self._blocks.values():
@@ -261,6 +268,11 @@ class Poller:
         self._readers: dict[int, tuple[socket.socket, Wait]] = {}  # fd -> (socket, Wait)
         self._draining = False
         self._wake_pipe: tuple[int, int] | None = None  # (read end, write end): the loop wakes itself
+        self._loop_thread: int | None = None
+
+    def in_event_loop(self) -> bool:
+        """Whether this thread runs the Celery event loop this poller is registered with."""
+        return self._loop is not None and self._loop_thread == threading.get_ident()
 
     def defers_acks(self) -> bool:
         """Acks can wait for the next pop while something here is sure to pop again soon."""
@@ -314,6 +326,7 @@ class Poller:
     # -- Celery's event loop ----------------------------------------------------------------
     def register_with_event_loop(self, loop: Hub) -> None:
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         if self._wake_pipe is None:
             r, w = os.pipe()
             os.set_blocking(r, False)

@@ -292,6 +292,7 @@ class Channel(virtual.Channel):
             return
         try:
             try:
+                self.deliveries.settle()
                 self.leases.flush()
             except Transport.connection_errors:
                 pass  # still leased in Redis: the leases expire and the messages come back
