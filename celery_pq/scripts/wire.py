@@ -255,6 +255,42 @@ def _lean_io(conn):
     return sock, parser, parser._buffer
 
 
+def _read_reply(conn, sock, parser, buf, flags: int):
+    """The next reply on ``conn``, read from ``sock`` through hiredis's reader (a push message
+    before it goes to redis-py's handlers). ``flags`` _DONTWAIT: _NOT_ENOUGH when the socket
+    holds no more yet; 0: wait (the kernel's timeout bounds it). A closed connection raises
+    redis-py's ConnectionError, a socket's failure what the socket raised (``_failure``)."""
+    reader = parser._reader
+    push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
+    while True:
+        reply = reader.gets()
+        while reply is _NOT_ENOUGH:
+            try:
+                n = sock.recv_into(buf, 0, flags)
+            except BlockingIOError:
+                if flags:
+                    return _NOT_ENOUGH
+                raise
+            if not n:
+                raise RedisConnectionError(f"Connection closed by {conn.host}:{conn.port}")
+            reader.feed(buf, 0, n)
+            reply = reader.gets()
+        if push is None or type(reply) is not push:
+            return reply
+        parser.handle_push_response(reply)
+
+
+def _failure(conn, exc: BaseException) -> BaseException:
+    """What a failed send or read on ``conn`` raises: redis-py's TimeoutError for the kernel's
+    timeout, its ConnectionError for a socket error, else ``exc`` itself (a protocol error, an
+    interrupt mid-reply, a closed connection); the stream is unusable after any of them."""
+    if isinstance(exc, (TimeoutError, BlockingIOError)):
+        return RedisTimeoutError(f"Timeout waiting for {conn.host}:{conn.port}")
+    if isinstance(exc, OSError):
+        return RedisConnectionError(f"Error talking to {conn.host}:{conn.port}: {exc}")
+    return exc
+
+
 def _roundtrip(conn, words: tuple, spin_ns: int = 0):
     """Send one call on ``conn`` and read its reply: redis-py's send and read (health check,
     socket, hiredis reader, errors) without the layers around them, which cost as much as the
@@ -267,37 +303,21 @@ def _roundtrip(conn, words: tuple, spin_ns: int = 0):
         _send(conn, words)
         return conn.read_response()
     sock, parser, buf = io
-    reader = parser._reader
     if conn.health_check_interval:
         conn.check_health()  # (a PING after a long silence, as redis-py's send would)
     try:
         sock.sendall(packed)
-        push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
-        while True:
-            reply = reader.gets()
-            if reply is _NOT_ENOUGH and spin_ns:
-                n = _spin_recv(conn, sock, buf, spin_ns)
-                if n:
-                    reader.feed(buf, 0, n)
-                    reply = reader.gets()
-            while reply is _NOT_ENOUGH:
-                n = sock.recv_into(buf)
-                if not n:
-                    raise RedisConnectionError(f"Connection closed by {conn.host}:{conn.port}")
-                reader.feed(buf, 0, n)
-                reply = reader.gets()
-            if push is None or type(reply) is not push:
-                break
-            parser.handle_push_response(reply)  # a push message before the reply: redis-py's handlers
-    except (TimeoutError, BlockingIOError) as exc:  # the kernel's timeout ran out
+        if spin_ns:
+            n = _spin_recv(conn, sock, buf, spin_ns)
+            if n:
+                parser._reader.feed(buf, 0, n)
+        reply = _read_reply(conn, sock, parser, buf, 0)
+    except BaseException as exc:
         conn.disconnect()
-        raise RedisTimeoutError(f"Timeout waiting for {conn.host}:{conn.port}") from exc
-    except OSError as exc:
-        conn.disconnect()
-        raise RedisConnectionError(f"Error talking to {conn.host}:{conn.port}: {exc}") from exc
-    except BaseException:  # (a protocol error, an interrupt mid-reply: the stream is unusable)
-        conn.disconnect()
-        raise
+        error = _failure(conn, exc)
+        if error is exc:
+            raise
+        raise error from exc
     if conn.health_check_interval:
         conn.next_health_check = time.monotonic() + conn.health_check_interval
     if isinstance(reply, ResponseError):
@@ -395,38 +415,18 @@ class Flight:
             self.conn.next_health_check = time.monotonic() + self.conn.health_check_interval
 
     def _read(self, flags: int) -> bool:
-        """Feed what the socket gives (``flags``: _DONTWAIT, or 0 to block) until the reply is
-        whole; whether it is."""
-        parser, sock, buf = self._parser, self._sock, self._buf
-        reader = parser._reader
-        push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
+        """Read what the socket gives (``flags``: _DONTWAIT, or 0 to wait); whether the reply
+        (or a failure) is in."""
         try:
-            while True:
-                reply = reader.gets()
-                while reply is _NOT_ENOUGH:
-                    try:
-                        n = sock.recv_into(buf, 0, flags)
-                    except BlockingIOError:
-                        if flags:
-                            return False
-                        raise
-                    if not n:
-                        raise RedisConnectionError(f"Connection closed by {self.conn.host}:{self.conn.port}")
-                    reader.feed(buf, 0, n)
-                    reply = reader.gets()
-                if push is None or type(reply) is not push:
-                    break
-                parser.handle_push_response(reply)  # a push message before the reply
-        except (TimeoutError, BlockingIOError) as exc:
-            self._land(error=RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
-            self._error.__cause__ = exc  # type: ignore[union-attr]
+            reply = _read_reply(self.conn, self._sock, self._parser, self._buf, flags)
+        except BaseException as exc:
+            error = _failure(self.conn, exc)
+            if error is not exc:
+                error.__cause__ = exc
+            self._land(error=error)
             return True
-        except OSError as exc:
-            self._land(error=RedisConnectionError(f"Error talking to {self.conn.host}:{self.conn.port}: {exc}"))
-            return True
-        except BaseException as exc:  # a protocol error, a closed connection, an interrupt: unusable
-            self._land(error=exc)
-            return True
+        if reply is _NOT_ENOUGH:
+            return False
         self._land(reply=reply)
         return True
 
