@@ -111,8 +111,8 @@ class Deliveries:
         self._rotation = 0
         #: The pop on the wire and the queue name it pops (in Celery's event loop), or None.
         self._pop: tuple[PopInFlight, str] | None = None
-        #: Whether the last message handed over ran its task before kombu returned (the solo
-        #: pool, a plain kombu consumer's callback): None before the first delivery.
+        #: Whether the last message handed over was not given to a pool that runs it elsewhere
+        #: (``_handed_to_pool``): None before the first delivery.
         self._inline: bool | None = None
 
     # -- popping and delivering -----------------------------------------------------------------
@@ -256,9 +256,9 @@ class Deliveries:
                 try:
                     if name in self.no_ack:  # nobody acks these: done once handed over
                         self.ack(lease.token)
-                    accepted = accepted_tasks()
+                    before = celery_counts()
                     channel.connection._deliver(message, name)
-                    self._inline = accepted is None or accepted_tasks() != accepted
+                    self._inline = not _handed_to_pool(before, celery_counts())
                 except Unreadable as exc:  # kombu could not build the message (its body)
                     self._dead_letter_malformed(q, lease.token, exc.__cause__)
                     continue
@@ -388,12 +388,22 @@ def running_tags() -> set:
     return tags
 
 
-def accepted_tasks() -> int | None:
-    """How many tasks a Celery worker in this process has started (Celery's count of accepted
-    requests), or None outside a Celery worker."""
+def celery_counts() -> tuple[int, int] | None:
+    """``(tasks started, requests reserved)`` of a Celery worker in this process (Celery's own
+    counts), or None outside one."""
     state = _celery_state()
-    counted = getattr(state, "all_total_count", None)
-    return None if counted is None else counted[0]
+    started = getattr(state, "all_total_count", None)
+    reserved = getattr(state, "reserved_requests", None)
+    if started is None or reserved is None:
+        return None
+    return started[0], len(reserved)
+
+
+def _handed_to_pool(before: tuple[int, int] | None, after: tuple[int, int] | None) -> bool:
+    """Whether a message handed to kombu became a Celery request reserved for a pool that runs
+    it elsewhere (a prefork child): one more request reserved, none started meanwhile. (The solo
+    pool starts and ends the task before kombu returns; a plain kombu consumer reserves none.)"""
+    return before is not None and after is not None and after[0] == before[0] and after[1] > before[1]
 
 
 def worker_stopping() -> bool:

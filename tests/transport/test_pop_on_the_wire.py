@@ -6,9 +6,9 @@ delivered once its lease ran out unread."""
 import time
 from types import SimpleNamespace
 
-import celery.worker.state  # noqa: F401  (a Celery worker's state: its count of started tasks)
 import pytest
 import redis
+from celery.worker import state
 from kombu import Connection, Consumer
 from kombu.asynchronous import Hub
 
@@ -24,17 +24,33 @@ def opts(key_prefix):
     return {"key_prefix": key_prefix}
 
 
+class _Request:
+    """What Celery's worker state keeps of a request (its id; held by identity)."""
+
+    def __init__(self, id):
+        self.id = id
+
+
 def _pool_like(conn, name, n, hub, *, prefetch=2) -> list:
     """A queue of the numbers 0..n-1 and a consumer of it in a kombu Hub that runs no task in
-    its callback: each message is acked on a later pass of the loop (call_soon), as a prefork
-    pool's main process acks when a child reports the task started. The numbers it gets."""
+    its callback: as a prefork worker's main process, it reserves a request for each message in
+    Celery's worker state (``task_reserved``), and acks it on a later pass of the loop
+    (call_soon, as when a child reports the task started), the request then done
+    (``task_ready``). The numbers it gets."""
     q = make_queue(name)
     publish_numbers(conn, q, range(n))
     got = []
 
     def cb(body, message):
         got.append(body["i"])
-        hub.call_soon(message.ack)
+        request = _Request(f"{name}-{body['i']}")
+        state.task_reserved(request)
+
+        def started():
+            message.ack()
+            state.task_ready(request)
+
+        hub.call_soon(started)
 
     Consumer(conn, [q], callbacks=[cb], prefetch_count=prefetch).consume()
     conn.transport.register_with_event_loop(conn.connection, hub)
