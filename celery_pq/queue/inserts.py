@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Unpack
 
 from redis.exceptions import NoScriptError
 
@@ -18,7 +19,7 @@ from ..scripts.wire import function_missing
 from . import calls
 from .calls import ScriptCall
 from .running import translate_error
-from .values import MAX_DUE_MS, as_bytes, mark_stored
+from .values import MAX_DUE_MS, InsertOptions, as_bytes, mark_stored
 from .views import QueueViews
 
 
@@ -89,22 +90,7 @@ class QueueInserts(QueueViews):
         self.refresh_views()
         return False
 
-    def insert(
-        self,
-        payload: bytes | str,
-        priority: int = 0,
-        *,
-        id: str | None = None,
-        tenant: str | None = None,
-        delay: float | None = None,
-        due_ms: int | None = None,
-        publish_id: bytes | str | None = None,
-        first_send: bool = False,
-        remember: bool | None = None,
-        task: str | None = None,
-        ttl: float | None = None,
-        expires_ms: int | None = None,
-    ) -> str:
+    def insert(self, payload: bytes | str, priority: int = 0, **options: Unpack[InsertOptions]) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
@@ -128,13 +114,29 @@ class QueueInserts(QueueViews):
         delivers the entry (it is dead-lettered with reason ``expired``, or dropped: the
         ``expired`` setting). A delay does not move the deadline.
         """
+        return self._insert_one(payload, priority, **options)[0]
+
+    def _insert_one(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+        ttl: float | None = None,
+        expires_ms: int | None = None,
+        unique: tuple | None = None,
+    ) -> tuple[str, str | None]:
+        """``insert`` (its options, checked here), with ``unique``: (mode letter, ms, key) of its
+        unique key (queue/unique.py): (entry id, the unique outcome or None)."""
         expires = _expiry(ttl, expires_ms)
         item = self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, expires)
-        return self._insert_one(item, publish_id, first_send, remember)[0]
-
-    def _insert_one(self, item, publish_id, first_send, remember, unique=None) -> tuple[str, str | None]:
-        """``insert`` of one checked item (``unique``: (mode letter, ms, key) of its unique key,
-        queue/unique.py): (entry id, the unique outcome or None)."""
         items = [item]
         pid = self.last_publish_id = item[5]
         forget_it = pid is not None and not (publish_id is not None if remember is None else remember)

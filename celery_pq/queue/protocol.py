@@ -6,9 +6,9 @@ shard (``shards == [q]``), so callers never tell the two apart: they pop with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
-from .values import Entry, Lease, Popped
+from .values import Entry, InsertOptions, Lease, Popped
 
 if TYPE_CHECKING:
     import redis
@@ -42,41 +42,12 @@ class Queue(Protocol):
     def dead(self) -> Queue: ...
 
     # -- writes -----------------------------------------------------------------------------
-    def insert(
-        self,
-        payload: bytes | str,
-        priority: int = 0,
-        *,
-        id: str | None = None,
-        tenant: str | None = None,
-        delay: float | None = None,
-        due_ms: int | None = None,
-        publish_id: bytes | str | None = None,
-        first_send: bool = False,
-        remember: bool | None = None,
-        task: str | None = None,
-        ttl: float | None = None,
-        expires_ms: int | None = None,
-    ) -> str: ...
+    def insert(self, payload: bytes | str, priority: int = 0, **options: Unpack[InsertOptions]) -> str: ...
 
     def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False, remember: bool = True) -> Any: ...
 
     def insert_unique(
-        self,
-        payload: bytes | str,
-        priority: int = 0,
-        *,
-        unique: UniqueKey,
-        id: str | None = None,
-        tenant: str | None = None,
-        delay: float | None = None,
-        due_ms: int | None = None,
-        publish_id: bytes | str | None = None,
-        first_send: bool = False,
-        remember: bool | None = None,
-        task: str | None = None,
-        ttl: float | None = None,
-        expires_ms: int | None = None,
+        self, payload: bytes | str, priority: int = 0, *, unique: UniqueKey, **options: Unpack[InsertOptions]
     ) -> PublishOutcome: ...
 
     def pop(

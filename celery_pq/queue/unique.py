@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Unpack
 
-from .inserts import QueueInserts, _expiry, _when
+from .inserts import QueueInserts
+from .values import InsertOptions
 
 #: The modes, and the letter insert.lua takes for each.
 MODES = {"while_waiting": "w", "while_active": "a", "replace": "r", "debounce": "d", "throttle": "t"}
@@ -76,21 +78,7 @@ class QueueUnique(QueueInserts):
     """The insert of one entry with a unique key."""
 
     def insert_unique(
-        self,
-        payload: bytes | str,
-        priority: int = 0,
-        *,
-        unique: UniqueKey,
-        id: str | None = None,
-        tenant: str | None = None,
-        delay: float | None = None,
-        due_ms: int | None = None,
-        publish_id: bytes | str | None = None,
-        first_send: bool = False,
-        remember: bool | None = None,
-        task: str | None = None,
-        ttl: float | None = None,
-        expires_ms: int | None = None,
+        self, payload: bytes | str, priority: int = 0, *, unique: UniqueKey, **options: Unpack[InsertOptions]
     ) -> PublishOutcome:
         """``insert`` with a unique key (the same arguments): the outcome, whose ``task_id`` is
         the entry id standing for the key (this one's when stored). A debounce is due at now +
@@ -98,10 +86,8 @@ class QueueUnique(QueueInserts):
         is told ``"stored"`` (or ``"merged"`` when the id standing is another one)."""
         if not isinstance(unique, UniqueKey):
             raise TypeError(f"unique must be a UniqueKey, got {type(unique).__name__}")
-        item = self._item(
-            payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, _expiry(ttl, expires_ms)
-        )
-        eid, kind = self._insert_one(item, publish_id, first_send, remember, unique.spec)
+        id = options.get("id")
+        eid, kind = self._insert_one(payload, priority, unique=unique.spec, **options)
         if kind is None:  # a repeat of a publish id seen before: what it stored then
             kind = "stored" if id is None or eid == id else "merged"
         return PublishOutcome(kind, eid, id if id is not None else eid if kind == "stored" else None, unique.key)

@@ -11,7 +11,7 @@ import socket
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
 
 from .. import constants as C
 
@@ -59,6 +59,22 @@ MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
 #: The rates a tenant may be given, deliveries per second: one per 1,000 s at the least; beyond a
 #: million a rate limits nothing.
 MIN_RATE, MAX_RATE = 0.001, 1_000_000
+
+
+class InsertOptions(TypedDict, total=False):
+    """The keyword options of one insert (``QueueInserts.insert`` says what each does), taken
+    alike by ``insert`` and ``insert_unique`` of a queue, plain or sharded."""
+
+    id: str | None
+    tenant: str | None
+    delay: float | None
+    due_ms: int | None
+    publish_id: bytes | str | None
+    first_send: bool
+    remember: bool | None
+    task: str | None
+    ttl: float | None
+    expires_ms: int | None
 
 
 @dataclass
