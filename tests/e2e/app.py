@@ -13,36 +13,18 @@ import os
 import signal
 import time
 
-import redis
 from celery import Celery
 
 import celery_pq  # noqa: F401  (registers pq://)
 
+from .recording import configure, log, rec
+
 app = Celery("e2e")
-app.conf.update(
-    broker_url=os.environ.get("PQ_TEST_BROKER", "pq://127.0.0.1:6379/0"),
-    broker_transport_options=json.loads(os.environ.get("PQ_TEST_OPTIONS", "{}")),
+configure(
+    app,
     task_acks_late=os.environ.get("PQ_TEST_ACKS_LATE") == "1",
-    worker_prefetch_multiplier=1,
-    task_default_queue="q",
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    worker_cancel_long_running_tasks_on_connection_loss=False,
     broker_use_ssl=json.loads(os.environ.get("PQ_TEST_SSL") or "false"),
 )
-
-_rec = None
-
-
-def rec():
-    global _rec
-    if _rec is None:
-        _rec = redis.Redis.from_url(os.environ["PQ_TEST_RECORD"])
-    return _rec
-
-
-def log(kind, value):
-    rec().rpush(f"{os.environ['PQ_TEST_PREFIX']}:rec:{kind}", json.dumps(value))
 
 
 def delivery_number(request) -> int:

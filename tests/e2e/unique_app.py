@@ -24,37 +24,16 @@ import sys
 import threading
 import time
 
-import redis
 from celery import Celery
 
 import celery_pq
 
+from .recording import configure, log, rec
+
 app = Celery("unique-e2e")
-app.conf.update(
-    broker_url=os.environ.get("PQ_TEST_BROKER", "pq://127.0.0.1:6379/0"),
-    broker_transport_options=json.loads(os.environ.get("PQ_TEST_OPTIONS", "{}")),
-    task_acks_late=True,  # while_active holds a key until the ack: after the run, not before it
-    worker_prefetch_multiplier=1,
-    task_default_queue="q",
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    worker_cancel_long_running_tasks_on_connection_loss=False,
-)
+configure(app, task_acks_late=True)  # while_active holds a key until the ack: after the run, not before it
 
 HOLD_LIMIT = 60.0  # seconds a held run waits for its go at most (a test that forgot it fails, not hangs)
-
-_rec = None
-
-
-def rec():
-    global _rec
-    if _rec is None:
-        _rec = redis.Redis.from_url(os.environ["PQ_TEST_RECORD"])
-    return _rec
-
-
-def log(kind, value):
-    rec().rpush(f"{os.environ['PQ_TEST_PREFIX']}:rec:{kind}", json.dumps(value))
 
 
 @app.task(name="unique.work", bind=True)

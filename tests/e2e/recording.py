@@ -1,0 +1,38 @@
+"""What the end-to-end test apps share (``tests.e2e.app``, ``tests.e2e.unique_app``): their
+Celery settings from the environment, and the record their tasks keep in the test's own Redis
+(``PQ_TEST_RECORD``, keys under ``PQ_TEST_PREFIX``)."""
+
+import json
+import os
+
+import redis
+
+
+def configure(app, **settings) -> None:
+    """The settings every test app takes from the environment (``PQ_TEST_BROKER``,
+    ``PQ_TEST_OPTIONS``), then ``settings``."""
+    app.conf.update(
+        broker_url=os.environ.get("PQ_TEST_BROKER", "pq://127.0.0.1:6379/0"),
+        broker_transport_options=json.loads(os.environ.get("PQ_TEST_OPTIONS", "{}")),
+        worker_prefetch_multiplier=1,
+        task_default_queue="q",
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        **settings,
+    )
+
+
+_rec = None
+
+
+def rec():
+    """The test's own Redis, where tasks keep their record (one client per process)."""
+    global _rec
+    if _rec is None:
+        _rec = redis.Redis.from_url(os.environ["PQ_TEST_RECORD"])
+    return _rec
+
+
+def log(kind, value):
+    rec().rpush(f"{os.environ['PQ_TEST_PREFIX']}:rec:{kind}", json.dumps(value))
