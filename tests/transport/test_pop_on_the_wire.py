@@ -4,6 +4,7 @@ the pop took given back at a close, kept for a later ack after a lost connection
 delivered once its lease ran out unread."""
 
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -125,55 +126,63 @@ def test_a_pop_on_the_wire_at_the_close_gives_back_what_it_took(url, opts, redis
     assert (stats["waiting"], stats["leased"]) == (2, 0)  # 0 acked, 1 given back at once
 
 
-def test_a_lost_connection_under_a_pop_on_the_wire_keeps_its_acks(
-    opts, redis_server, redis_client, key_prefix, monkeypatch
-):
+@contextmanager
+def _first_delivery_through_a_proxy(redis_server, options, name, monkeypatch, fault):
+    """``_first_delivery`` on a connection through a FaultProxy, ``fault(proxy)`` done just
+    before the ack that sends the next pop: the channel, the pop then on the wire."""
     proxy = FaultProxy(redis_server.port)
     hub = Hub()
     try:
-        with Connection(f"pq://127.0.0.1:{proxy.port}/0", transport_options=opts) as conn:
-            # the pop that the ack of 0 sends is still on its way ...
-            _first_delivery(conn, "dropped", hub, monkeypatch, before_ack=lambda: proxy.latency(0.5))
-            proxy.cut()  # ... when its connection is lost
-            proxy.latency(0)
-            channel = conn.default_channel
-            with pytest.raises(redis.ConnectionError):
-                channel.deliveries.land()
-            assert [tag for _, tag in channel.leases.held()[channel.queue("dropped")]] != []  # the ack of 0 waits
-            channel.leases.flush()  # sent with the next round trip, on a new connection
-            assert not channel.leases.holds_work()
+        with Connection(f"pq://127.0.0.1:{proxy.port}/0", transport_options=options) as conn:
+            _first_delivery(conn, name, hub, monkeypatch, before_ack=lambda: fault(proxy))
+            yield conn.default_channel, proxy
         hub.close()
     finally:
         proxy.close()
-    stats = PriorityQueue(redis_client, "dropped", key_prefix=key_prefix).stats()
+
+
+def _kept(redis_client, key_prefix, name) -> int:
+    """Entries still in the queue, waiting or leased."""
+    stats = PriorityQueue(redis_client, name, key_prefix=key_prefix).stats()
+    return stats["waiting"] + stats["leased"]
+
+
+def test_a_lost_connection_under_a_pop_on_the_wire_keeps_its_acks(
+    opts, redis_server, redis_client, key_prefix, monkeypatch
+):
+    # the pop that the ack of 0 sends is still on its way ...
+    with _first_delivery_through_a_proxy(
+        redis_server, opts, "dropped", monkeypatch, lambda proxy: proxy.latency(0.5)
+    ) as (channel, proxy):
+        proxy.cut()  # ... when its connection is lost
+        proxy.latency(0)
+        with pytest.raises(redis.ConnectionError):
+            channel.deliveries.land()
+        assert [tag for _, tag in channel.leases.held()[channel.queue("dropped")]] != []  # the ack of 0 waits
+        channel.leases.flush()  # sent with the next round trip, on a new connection
+        assert not channel.leases.holds_work()
     # 0 acked; 1 and 2 kept (1 leased by the lost pop until its lease runs out, if it ran)
-    assert stats["waiting"] + stats["leased"] == 2
+    assert _kept(redis_client, key_prefix, "dropped") == 2
 
 
 def test_a_pop_on_a_connection_gone_silent_fails_after_the_socket_timeout_and_keeps_its_acks(
     opts, redis_server, redis_client, key_prefix, monkeypatch
 ):
-    proxy = FaultProxy(redis_server.port)
-    hub = Hub()
-    try:
-        options = {**opts, "socket_timeout": 1.0}
-        with Connection(f"pq://127.0.0.1:{proxy.port}/0", transport_options=options) as conn:
-            # the pop that the ack of 0 sends goes into a connection that never answers
-            _first_delivery(conn, "silent", hub, monkeypatch, before_ack=proxy.silence)
-            channel = conn.default_channel
-            start = time.monotonic()
-            with pytest.raises(redis.TimeoutError):
-                while time.monotonic() - start < 5:
-                    channel.deliveries.pop_and_deliver()  # (each tick of the loop looks)
-                    time.sleep(0.05)
-            assert 1.0 <= time.monotonic() - start < 2.0
-            channel.leases.flush()  # the ack of 0 waited; sent on a new connection
-            assert not channel.leases.holds_work()
-        hub.close()
-    finally:
-        proxy.close()
-    stats = PriorityQueue(redis_client, "silent", key_prefix=key_prefix).stats()
-    assert stats["waiting"] + stats["leased"] == 2
+    # the pop that the ack of 0 sends goes into a connection that never answers
+    options = {**opts, "socket_timeout": 1.0}
+    with _first_delivery_through_a_proxy(redis_server, options, "silent", monkeypatch, FaultProxy.silence) as (
+        channel,
+        _,
+    ):
+        start = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            while time.monotonic() - start < 5:
+                channel.deliveries.pop_and_deliver()  # (each tick of the loop looks)
+                time.sleep(0.05)
+        assert 1.0 <= time.monotonic() - start < 2.0
+        channel.leases.flush()  # the ack of 0 waited; sent on a new connection
+        assert not channel.leases.holds_work()
+    assert _kept(redis_client, key_prefix, "silent") == 2
 
 
 def test_a_pop_reply_read_late_is_renewed_first_and_one_whose_lease_ran_out_is_not_delivered(redis_client):
