@@ -121,10 +121,7 @@ class Waits:
         channel = self.channel
         popping = channel.deliveries.popping()
         if popping is not None:  # a pop on the wire (Celery's event loop): its reply is the wait
-            waits = [
-                Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None
-            ]
-            return [popping, *waits, *self._arm_pubsub(channel.fanout_channels())]
+            return [popping, *self._blocking_waits(), *self._arm_pubsub(channel.fanout_channels())]
         channel.leases.flush()  # never block with acks unsent
         waits = []
         for pending in self._blocks.values():
@@ -148,9 +145,13 @@ class Waits:
                 if block.keys is None:
                     block.conn.send_command("BLPOP", *keys, channel.options.block_seconds)
                     block.keys, block.sent = keys, monotonic()
-        waits += [Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None]
+        waits += self._blocking_waits()
         waits += self._arm_pubsub(channel.fanout_channels())
         return waits
+
+    def _blocking_waits(self) -> list[Wait]:
+        """The waits of the blocking reads in flight."""
+        return [Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None]
 
     def _arm_pubsub(self, wanted: dict) -> list[Wait]:
         """Subscribe to the fanout channels wanted (sharded, per master, on a cluster). The waits
