@@ -63,8 +63,8 @@ class LeaseBook:
         self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
         # The acks of each round trip under way (``_send``, and a pop on the wire until its
         # reply is read: ``send_pop``), by the id of their batch: renewed like the waiting ones,
-        # but not ``keeps``: a renewal refused meanwhile came after the ack, unless that round
-        # trip fails; such tags are kept in ``_refused`` until their ack is settled.
+        # but a renewal refused meanwhile came after the ack, unless that round trip fails: such
+        # tags are noted in ``_refused`` (``refused``) until their ack is settled (``_check``).
         self._sending: dict[int, dict[PriorityQueue, Pairs]] = {}
         self._refused: set[str] = set()
         #: Set at the channel's close: acks then wait for the keeper (a lost connection).
@@ -254,7 +254,7 @@ class LeaseBook:
         """Log the acks of ``pending`` that Redis refused (``codes``: by queue, in order)."""
         for q, pairs in pending.items():
             got = codes.get(q, ())
-            if not self._resent and all(code == 1 for code in got):
+            if not self._resent and not self._refused and all(code == 1 for code in got):
                 continue  # (most round trips: every ack done, none of them sent before)
             for (eid, tag), code in zip(pairs, got):
                 with self._lock:
