@@ -1,4 +1,5 @@
-"""The benchmark suite runs in a tiny smoke mode and writes its files (no timing asserted)."""
+"""The benchmark suite runs in a tiny smoke mode and writes its files (no timing asserted beyond
+task_rate's own bound, which is a promise)."""
 
 import json
 
@@ -51,6 +52,12 @@ def test_benchmarks_run_and_write_results(tmp_path):
     slow = json.loads((tmp_path / "slowlog.json").read_text())
     assert {"fair_paused_head", "publish_window_expiry", "migrate_mode"} <= set(slow["results"])
     assert all(r["by_script"] for r in slow["results"].values())  # every case's calls were read
+    rates = json.loads((tmp_path / "rate_limits.json").read_text())
+    ours, celery = rates["results"]["task_rate"], rates["results"]["rate_limit"]
+    assert ours["executions"]["count"] > 0 and celery["executions"]["count"] > 0
+    assert ours["deliveries"]["max_in_1s_window"] <= ours["bound_1s"]  # task_rate's bound is a promise
+    assert len(rates["load_before"]) == 3
+    assert "Celery rate_limit" in (tmp_path / "rate_limits.md").read_text()
 
 
 @pytest.mark.slow
