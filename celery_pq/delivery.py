@@ -55,8 +55,7 @@ class QoS(virtual.QoS):
         deliveries = self.channel.deliveries
         deliveries.ack(delivery_tag)
         super().ack(delivery_tag)
-        if self.channel.transport.poller.in_event_loop():
-            deliveries.pop_ahead()
+        deliveries.pop_ahead()
 
     def reject(self, delivery_tag, requeue=False):
         self.channel.deliveries.reject(delivery_tag, requeue)
@@ -176,9 +175,10 @@ class Deliveries:
         return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
 
     def pop_ahead(self) -> None:
-        """After an ack in Celery's event loop: the next pop, carrying the ack, sent now (the
-        prefork pool's main process goes on with its children's messages while Redis answers)."""
-        if self._inline is False and self._pop is None:
+        """After an ack, where pops go without waiting (``_sends``: Celery's event loop, a
+        prefork pool): the next pop, carrying the ack, sent now (the main process goes on with
+        its children's messages while Redis answers)."""
+        if self._pop is None and self._sends():
             self.pop_and_deliver(send_only=True)
 
     def popping(self) -> Wait | None:
