@@ -1,6 +1,5 @@
 """Celery app of the benchmarks: configured by BENCH_BROKER, BENCH_OPTIONS (JSON), BENCH_RECORD."""
 
-import json
 import os
 import time
 
@@ -9,16 +8,10 @@ from celery import Celery
 from kombu import Queue
 
 import celery_pq  # noqa: F401
+from celery_pq.testing import worker_app_settings
 
 app = Celery("bench")
-app.conf.update(
-    broker_url=os.environ.get("BENCH_BROKER", "pq://127.0.0.1:6379/0"),
-    broker_transport_options=json.loads(os.environ.get("BENCH_OPTIONS", "{}")),
-    worker_prefetch_multiplier=1,
-    task_default_queue="bench",
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-)
+app.conf.update(worker_app_settings("BENCH", "bench"))
 if app.conf.broker_url.startswith("amqp"):  # RabbitMQ: a priority queue, as its users declare it
     app.conf.task_queues = [Queue("bench", queue_arguments={"x-max-priority": 255})]
 _rec = None

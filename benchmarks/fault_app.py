@@ -9,25 +9,23 @@ A run is written as two lines, ``start <id> <pgid> <pid> <time>`` before the tas
 a line is one write(2), so a SIGKILL leaves whole lines behind and no broker fault touches them.
 """
 
-import json
 import os
 import time
 
 from celery import Celery
 
 import celery_pq  # noqa: F401  (registers pq://)
+from celery_pq.testing import worker_app_settings
 
 app = Celery("faults")
 app.conf.update(
-    broker_url=os.environ.get("FAULT_BROKER", "pq://127.0.0.1:6379/0"),
-    broker_transport_options=json.loads(os.environ.get("FAULT_OPTIONS", "{}")),
-    task_acks_late=True,
-    worker_prefetch_multiplier=1,
-    task_default_queue="faults",
-    broker_connection_retry_on_startup=True,
-    broker_connection_max_retries=None,  # a Redis restart must not end a worker
-    worker_hijack_root_logger=False,
-    worker_cancel_long_running_tasks_on_connection_loss=False,
+    worker_app_settings(
+        "FAULT",
+        "faults",
+        task_acks_late=True,
+        broker_connection_max_retries=None,  # a Redis restart must not end a worker
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
 )
 
 _fd = None

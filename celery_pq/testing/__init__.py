@@ -39,7 +39,8 @@ What it offers, one module a job:
 - ``waiting``: ``wait_for(predicate, timeout, what)``, the one polling loop (WaitTimeout, an
   AssertionError, when the time is up);
 - ``workers``: ``start_worker`` (a real ``celery worker`` subprocess, a ``WorkerProcess``:
-  ``wait_ready``, ``stop``, ``signal_group``, ``log_text``), ``stop_workers`` and ``celery_env``.
+  ``wait_ready``, ``stop``, ``signal_group``, ``log_text``), ``stop_workers``, ``celery_env``, and ``worker_app_settings`` (the Celery settings of the apps
+  those workers import, their broker from the environment).
 
 A server's process runs in a session of its own (a Ctrl-C at the terminal reaches the caller,
 which then stops it in order) and, on Linux, is killed when the process that started it dies;
@@ -51,7 +52,7 @@ from .sentinel import SentinelServer
 from .server import HOST, RedisServer, RedisServerError, find_redis_server, find_valkey_server, free_port
 from .tls import TLSRedisServer, make_certificates
 from .waiting import WaitTimeout, wait_for
-from .workers import WorkerExited, WorkerProcess, celery_env, start_worker, stop_workers
+from .workers import WorkerExited, WorkerProcess, celery_env, start_worker, stop_workers, worker_app_settings
 
 __all__ = [
     "HOST",
@@ -72,4 +73,5 @@ __all__ = [
     "start_worker",
     "stop_workers",
     "wait_for",
+    "worker_app_settings",
 ]

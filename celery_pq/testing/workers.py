@@ -18,6 +18,7 @@ the caller, which then stops it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +32,23 @@ from .waiting import wait_for
 
 class WorkerExited(RuntimeError):
     """A worker that exited while it was expected to start."""
+
+
+def worker_app_settings(env: str, queue: str, *, broker: str = "pq://127.0.0.1:6379/0", **settings) -> dict:
+    """The Celery settings of a test's or a benchmark's worker app (its module imported by the
+    worker that ``start_worker`` starts), its broker from that worker's environment:
+    ``<env>_BROKER`` (else ``broker``) and ``<env>_OPTIONS`` (JSON of the transport options);
+    one task prefetched, ``queue`` the default queue, the root logger left alone, a broker not
+    up yet retried at start; then ``settings``."""
+    return {
+        "broker_url": os.environ.get(f"{env}_BROKER", broker),
+        "broker_transport_options": json.loads(os.environ.get(f"{env}_OPTIONS", "{}")),
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": queue,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        **settings,
+    }
 
 
 def celery_env(root: str | os.PathLike[str], **variables: str) -> dict[str, str]:

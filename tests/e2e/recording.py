@@ -7,19 +7,14 @@ import os
 
 import redis
 
+from celery_pq.testing import worker_app_settings
+
 
 def configure(app, **settings) -> None:
-    """The settings every test app takes from the environment (``PQ_TEST_BROKER``,
-    ``PQ_TEST_OPTIONS``), then ``settings``."""
+    """The settings every test app takes (its broker from ``PQ_TEST_BROKER`` and
+    ``PQ_TEST_OPTIONS``: ``worker_app_settings``), then ``settings``."""
     app.conf.update(
-        broker_url=os.environ.get("PQ_TEST_BROKER", "pq://127.0.0.1:6379/0"),
-        broker_transport_options=json.loads(os.environ.get("PQ_TEST_OPTIONS", "{}")),
-        worker_prefetch_multiplier=1,
-        task_default_queue="q",
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-        worker_cancel_long_running_tasks_on_connection_loss=False,
-        **settings,
+        worker_app_settings("PQ_TEST", "q", worker_cancel_long_running_tasks_on_connection_loss=False, **settings)
     )
 
 

@@ -13,15 +13,10 @@ import redis
 from celery import Celery
 
 import celery_pq  # noqa: F401  (registers pq://)
+from celery_pq.testing import worker_app_settings
 
 app = Celery("switch")
-app.conf.update(
-    broker_url=os.environ.get("PQ_SWITCH_BROKER", "redis://127.0.0.1:6379/0"),
-    worker_prefetch_multiplier=1,
-    task_default_queue="q",
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-)
+app.conf.update(worker_app_settings("PQ_SWITCH", "q", broker="redis://127.0.0.1:6379/0"))
 
 _results = None
 
