@@ -7,6 +7,8 @@ this base; ``calls`` lays out each script's arguments and reads its reply.
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
 from .. import constants as C
@@ -53,6 +55,7 @@ class QueueBase:
         self._dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), s.key_prefix)
         self._script_keys: dict[str, tuple[tuple[str, ...], list[str]]] = {}
         self._layouts: dict[str, Layout] = {}  # script -> its ARGV layout (``layout``)
+        self._script_of: dict[str, Any] = {}  # script name -> its ``LuaScript`` (``call``)
         #: The registry of priority views (rank ranges) inserts wake, and its version.
         self.views: list[tuple[int, int]] = []
         self.views_version = ""
@@ -103,7 +106,10 @@ class QueueBase:
     def call(self, name: str, keys: list, args: list) -> ScriptCall:
         """One script call with its ARGV as a builder of ``calls`` laid it out (the queue
         context last), to run now (``run``) or with others (``running.run_calls``)."""
-        return ScriptCall(getattr(self.scripts, name), keys, args)
+        script = self._script_of.get(name)
+        if script is None:  # (the process's scripts never change: looked up once per name)
+            script = self._script_of[name] = getattr(self.scripts, name)
+        return ScriptCall(script, keys, args)
 
     def run(self, name: str, args: list, *, keys: list | None = None, wait: bool = True):
         """Run script ``name`` now with ``args`` (and its KEYS for this queue, unless given);
