@@ -132,7 +132,7 @@ def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0", unique=N
         entries += [
             encode_id(id) if id else "",
             q.rank(priority),
-            escape_tenant(tenant or ""),
+            escape_tenant(tenant) if tenant else "",
             as_bytes(payload),
             due,
             pid or "",
@@ -185,6 +185,14 @@ def insert_outcomes(reply) -> list[tuple[str, str | None]]:
         (decode_id(e[0]), as_text(e[1]) if len(e) > 1 else None) if isinstance(e, list) else (decode_id(e), None)
         for e in reply
     ]
+
+
+def insert_outcome(reply) -> tuple[str, str | None]:
+    """``insert_outcomes`` of a one-entry insert."""
+    e = reply[0]
+    if type(e) is bytes:  # (an entry stored: the usual reply)
+        return decode_id(e), None
+    return insert_outcomes(reply)[0]
 
 
 class Inserted(NamedTuple):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Unpack
 
 from redis.exceptions import NoScriptError
 
@@ -19,8 +18,37 @@ from ..scripts.wire import function_missing
 from . import calls
 from .calls import ScriptCall
 from .running import translate_error
-from .values import MAX_DUE_MS, InsertOptions, as_bytes, mark_stored
+from .values import MAX_DUE_MS, as_bytes, mark_stored
 from .views import QueueViews
+
+
+class AnsweredIds:
+    """Publish ids whose inserts have replied (none of them can be retried now): the next insert
+    calls have the script forget them, so the window of publish ids holds only unanswered ones
+    and at most a batch more."""
+
+    def __init__(self) -> None:
+        self._ids: list[bytes] = []
+        self._lock = threading.Lock()
+
+    def take(self, most: int = C.FORGET_MAX) -> list:
+        """Up to ``most`` of them, once FORGET_BATCH are waiting (else none): one call forgets
+        them in one command."""
+        if len(self._ids) < C.FORGET_BATCH:  # (a look without the lock: the take below is under it)
+            return []
+        with self._lock:
+            if len(self._ids) < C.FORGET_BATCH:
+                return []
+            out, self._ids = self._ids[:most], self._ids[most:]
+        return out
+
+    def add(self, pids) -> None:
+        with self._lock:
+            # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
+            # drops them
+            self._ids.extend(pids)
+            if len(self._ids) > C.FORGET_PENDING:
+                del self._ids[: len(self._ids) - C.FORGET_PENDING]
 
 
 class QueueInserts(QueueViews):
@@ -30,8 +58,7 @@ class QueueInserts(QueueViews):
         super().__init__(*args, **kwargs)
         #: The publish id of this queue object's last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
-        self._forget: list[bytes] = []
-        self._forget_lock = threading.Lock()
+        self._answered = AnsweredIds()
         self._head: tuple[list, Layout] | None = None  # calls.insert_head, made when first needed
 
     def insert_call(self, items, forget=(), made="0", unique=None) -> ScriptCall:
@@ -41,27 +68,6 @@ class QueueInserts(QueueViews):
             self._head = calls.insert_head(self)
         keys, head = self._head
         return self.call("insert", keys, calls.insert_args(self, head, items, forget, made, unique))
-
-    def _take_forgets(self, most: int = C.FORGET_MAX) -> list:
-        """Publish ids whose inserts have replied (none of them can be retried now), once
-        FORGET_BATCH of them are waiting, ``most`` of them at most: the next insert call has
-        the script forget them in one command, so the window holds only unanswered ones and at
-        most a batch more."""
-        if len(self._forget) < C.FORGET_BATCH:  # (a look without the lock: the take below is under it)
-            return []
-        with self._forget_lock:
-            if len(self._forget) < C.FORGET_BATCH:
-                return []
-            out, self._forget = self._forget[:most], self._forget[most:]
-        return out
-
-    def _answered(self, pids) -> None:
-        with self._forget_lock:
-            # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
-            # drops them
-            self._forget.extend(pids)
-            if len(self._forget) > C.FORGET_PENDING:
-                del self._forget[: len(self._forget) - C.FORGET_PENDING]
 
     def _item(self, payload, priority, id=None, tenant=None, due="0", publish_id=None, task=None, expires="") -> tuple:
         """One insert, checked before anything is sent: (payload, priority, id, tenant, due,
@@ -90,7 +96,22 @@ class QueueInserts(QueueViews):
         self.refresh_views()
         return False
 
-    def insert(self, payload: bytes | str, priority: int = 0, **options: Unpack[InsertOptions]) -> str:
+    def insert(
+        self,
+        payload: bytes | str,
+        priority: int = 0,
+        *,
+        id: str | None = None,
+        tenant: str | None = None,
+        delay: float | None = None,
+        due_ms: int | None = None,
+        publish_id: bytes | str | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        task: str | None = None,
+        ttl: float | None = None,
+        expires_ms: int | None = None,
+    ) -> str:
         """INSERT: returns the entry id (``id`` itself, or ``"<id>~<seq>"`` when taken).
 
         ``delay`` (seconds from now, Redis clock) or ``due_ms`` (absolute Unix time, ms) keep
@@ -114,13 +135,14 @@ class QueueInserts(QueueViews):
         delivers the entry (it is dead-lettered with reason ``expired``, or dropped: the
         ``expired`` setting). A delay does not move the deadline.
         """
-        return self._insert_one(payload, priority, **options)[0]
+        return self._insert_one(
+            payload, priority, id, tenant, delay, due_ms, publish_id, first_send, remember, task, ttl, expires_ms
+        )[0]
 
     def _insert_one(
         self,
         payload: bytes | str,
         priority: int = 0,
-        *,
         id: str | None = None,
         tenant: str | None = None,
         delay: float | None = None,
@@ -133,28 +155,30 @@ class QueueInserts(QueueViews):
         expires_ms: int | None = None,
         unique: tuple | None = None,
     ) -> tuple[str, str | None]:
-        """``insert`` (its options, checked here), with ``unique``: (mode letter, ms, key) of its
-        unique key (queue/unique.py): (entry id, the unique outcome or None)."""
-        expires = _expiry(ttl, expires_ms)
-        item = self._item(payload, priority, id, tenant, _when(delay, due_ms), publish_id, task, expires)
+        """``insert`` (its options, checked here; given in its order, a publish's path costs no
+        keyword packing), with ``unique``: (mode letter, ms, key) of its unique key
+        (queue/unique.py): (entry id, the unique outcome or None)."""
+        # (a publish gives no delay and no deadline: those fields cost no call then)
+        due = "0" if delay is None and due_ms is None else _when(delay, due_ms)
+        expires = "" if ttl is None and expires_ms is None else _expiry(ttl, expires_ms)
+        item = self._item(payload, priority, id, tenant, due, publish_id, task, expires)
         items = [item]
         pid = self.last_publish_id = item[5]
         forget_it = pid is not None and not (publish_id is not None if remember is None else remember)
+        made = calls.insert_made(publish_id is None, first_send)
+        specs = None if unique is None else {0: unique}
         for _ in range(5):
-            forget = self._take_forgets()
-            made = calls.insert_made(publish_id is None, first_send)
+            forget = self._answered.take()
             try:
-                [reply], acked = self.run_replicated(
-                    [self.insert_call(items, forget, made, None if unique is None else {0: unique})]
-                )
+                [reply], acked = self.run_replicated([self.insert_call(items, forget, made, specs)])
             except BaseException:
-                self._answered(forget)
+                self._answered.add(forget)
                 raise
             if forget_it:
-                self._answered([pid])
+                self._answered.add([pid])
             if self._check_reply(reply, items):
                 self.check_replicated(acked)
-                return calls.insert_outcomes(reply)[0]
+                return calls.insert_outcome(reply)
         raise RuntimeError(f"queue {self.name!r}: the priority-view registry kept changing during insert")
 
     def insert_many(
@@ -200,7 +224,7 @@ class QueueInserts(QueueViews):
             # each chunk call forgets a share of the answered ids: at most FORGET_MAX, or a
             # chunk's worth when the caller forgets its own (a batch answers a chunk at a time)
             most = max(C.FORGET_MAX, chunk) if not remember else C.FORGET_MAX
-            forgets = [self._take_forgets(most) if n == 0 or not remember else [] for n in range(len(pending))]
+            forgets = [self._answered.take(most) if n == 0 or not remember else [] for n in range(len(pending))]
             try:
                 replies, acked = self.run_replicated(
                     [
@@ -213,7 +237,7 @@ class QueueInserts(QueueViews):
                     ]
                 )
             except Exception as exc:
-                self._answered([pid for forget in forgets for pid in forget])
+                self._answered.add([pid for forget in forgets for pid in forget])
                 raise _partial(exc, ids, norm, given, "chunks without a reply may or may not be stored") from None
             retry, failed = [], None
             for (start, part), reply in zip(pending, replies):
@@ -248,11 +272,11 @@ class QueueInserts(QueueViews):
             pending = retry
         # every made publish id has its reply: no retry of them can come (on a failure above
         # they stay remembered for the window); a chunk of made ones sent its first only
-        self._answered(
+        self._answered.add(
             [norm[start][5] for start in range(0, len(norm), chunk) if start in made and norm[start][5] is not None]
         )
         if not remember:
-            self._answered([pid for pid in given if pid is not None])
+            self._answered.add([pid for pid in given if pid is not None])
         return (ids, repeated) if repeats else ids
 
     def _bulk_item(self, item) -> tuple:
@@ -275,7 +299,7 @@ class QueueInserts(QueueViews):
         sub-chunk: looked up, the reply marking repeats), forgetting a chunk's worth of answered
         ids; with the state ``batch_reply`` takes."""
         norm = [self._batch_item(item) for item in items]
-        forget = self._take_forgets(max(C.FORGET_MAX, len(norm)))
+        forget = self._answered.take(max(C.FORGET_MAX, len(norm)))
         return self.insert_call(norm, forget, "R"), [norm, forget]
 
     def _batch_item(self, item) -> tuple:
@@ -303,13 +327,13 @@ class QueueInserts(QueueViews):
         when refused (nothing stored); ``reply`` a connection error: raised (maybe stored)."""
         norm, forget = state
         if isinstance(reply, Exception):
-            self._answered(forget)  # (a call that did not run forgot nothing)
+            self._answered.add(forget)  # (a call that did not run forgot nothing)
             if isinstance(reply, NoScriptError) or function_missing(reply):
                 return None
             raise translate_error(reply)
         if not self._check_reply(reply, norm):
             return None
-        self._answered([item[5] for item in norm if item[5] is not None])  # no resend of them can come
+        self._answered.add([item[5] for item in norm if item[5] is not None])  # no resend of them can come
         return calls.Inserted(reply)
 
 

@@ -7,6 +7,7 @@ No I/O here: these are plain values and pure functions.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable, Sequence
@@ -140,10 +141,13 @@ def validate_priority(priority) -> int:
 
 
 _TENANT_UNSAFE = frozenset("%,|") | {chr(i) for i in range(32)}
+_TENANT_UNSAFE_RE = re.compile(r"[%,|\x00-\x1f]")
 
 
 def escape_tenant(tenant: str) -> str:
     """No ",", "|" or control characters (the entry header and the fairness index use them)."""
+    if not _TENANT_UNSAFE_RE.search(tenant):  # (the usual tenant: nothing to escape)
+        return tenant
     return "".join(f"%{ord(c):02X}" if c in _TENANT_UNSAFE else c for c in tenant)
 
 
