@@ -4,7 +4,7 @@ insert wakes."""
 
 from __future__ import annotations
 
-import threading
+from collections import deque
 from collections.abc import Iterable
 
 from redis.exceptions import NoScriptError
@@ -25,30 +25,31 @@ from .views import QueueViews
 class AnsweredIds:
     """Publish ids whose inserts have replied (none of them can be retried now): the next insert
     calls have the script forget them, so the window of publish ids holds only unanswered ones
-    and at most a batch more."""
+    and at most a batch more. Beyond FORGET_PENDING the oldest are not worth a command: the
+    window's rotation drops them. (A deque: adding and taking are each atomic, no lock.)"""
 
     def __init__(self) -> None:
-        self._ids: list[bytes] = []
-        self._lock = threading.Lock()
+        self._ids: deque[bytes] = deque(maxlen=C.FORGET_PENDING)
 
     def take(self, most: int = C.FORGET_MAX) -> list:
         """Up to ``most`` of them, once FORGET_BATCH are waiting (else none): one call forgets
         them in one command."""
-        if len(self._ids) < C.FORGET_BATCH:  # (a look without the lock: the take below is under it)
+        ids = self._ids
+        if len(ids) < C.FORGET_BATCH:
             return []
-        with self._lock:
-            if len(self._ids) < C.FORGET_BATCH:
-                return []
-            out, self._ids = self._ids[:most], self._ids[most:]
+        out = []
+        try:
+            for _ in range(most):
+                out.append(ids.popleft())
+        except IndexError:  # (fewer than ``most``, or another thread took them)
+            pass
         return out
 
     def add(self, pids) -> None:
-        with self._lock:
-            # beyond FORGET_PENDING the oldest are not worth a command: the window's rotation
-            # drops them
-            self._ids.extend(pids)
-            if len(self._ids) > C.FORGET_PENDING:
-                del self._ids[: len(self._ids) - C.FORGET_PENDING]
+        self._ids.extend(pids)
+
+    def add_one(self, pid: bytes) -> None:
+        self._ids.append(pid)
 
 
 class QueueInserts(QueueViews):
@@ -175,7 +176,7 @@ class QueueInserts(QueueViews):
                 self._answered.add(forget)
                 raise
             if forget_it:
-                self._answered.add([pid])
+                self._answered.add_one(pid)
             if self._check_reply(reply, items):
                 self.check_replicated(acked)
                 return calls.insert_outcome(reply)
