@@ -136,29 +136,15 @@ class QueueInserts(QueueViews):
         delivers the entry (it is dead-lettered with reason ``expired``, or dropped: the
         ``expired`` setting). A delay does not move the deadline.
         """
-        return self._insert_one(
-            payload, priority, id, tenant, delay, due_ms, publish_id, first_send, remember, task, ttl, expires_ms
-        )[0]
+        options = (id, tenant, delay, due_ms, publish_id, first_send, remember, task, ttl, expires_ms)
+        return self._insert_one(payload, priority, options, None)[0]
 
-    def _insert_one(
-        self,
-        payload: bytes | str,
-        priority: int = 0,
-        id: str | None = None,
-        tenant: str | None = None,
-        delay: float | None = None,
-        due_ms: int | None = None,
-        publish_id: bytes | str | None = None,
-        first_send: bool = False,
-        remember: bool | None = None,
-        task: str | None = None,
-        ttl: float | None = None,
-        expires_ms: int | None = None,
-        unique: tuple | None = None,
-    ) -> tuple[str, str | None]:
-        """``insert`` (its options, checked here; given in its order, a publish's path costs no
-        keyword packing), with ``unique``: (mode letter, ms, key) of its unique key
+    def _insert_one(self, payload, priority, options: tuple, unique: tuple | None) -> tuple[str, str | None]:
+        """``insert`` of ``payload`` at ``priority``, its ``options`` (``InsertOptions``, checked
+        here) a tuple in their order (``insert_options``: a publish's path costs no keyword
+        packing), with ``unique``: None, or (mode letter, ms, key) of its unique key
         (queue/unique.py): (entry id, the unique outcome or None)."""
+        id, tenant, delay, due_ms, publish_id, first_send, remember, task, ttl, expires_ms = options
         # (a publish gives no delay and no deadline: those fields cost no call then)
         due = "0" if delay is None and due_ms is None else _when(delay, due_ms)
         expires = "" if ttl is None and expires_ms is None else _expiry(ttl, expires_ms)

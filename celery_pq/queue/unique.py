@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Unpack
 
 from .inserts import QueueInserts
-from .values import InsertOptions
+from .values import InsertOptions, insert_options
 
 #: The modes, and the letter insert.lua takes for each.
 MODES = {"while_waiting": "w", "while_active": "a", "replace": "r", "debounce": "d", "throttle": "t"}
@@ -87,7 +87,7 @@ class QueueUnique(QueueInserts):
         if not isinstance(unique, UniqueKey):
             raise TypeError(f"unique must be a UniqueKey, got {type(unique).__name__}")
         id = options.get("id")
-        eid, kind = self._insert_one(payload, priority, unique=unique.spec, **options)
+        eid, kind = self._insert_one(payload, priority, insert_options(options, "insert_unique"), unique.spec)
         if kind is None:  # a repeat of a publish id seen before: what it stored then
             kind = "stored" if id is None or eid == id else "merged"
         return PublishOutcome(kind, eid, id if id is not None else eid if kind == "stored" else None, unique.key)

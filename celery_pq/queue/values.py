@@ -10,9 +10,9 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypedDict, TypeVar
 
 from .. import constants as C
 
@@ -76,6 +76,19 @@ class InsertOptions(TypedDict, total=False):
     task: str | None
     ttl: float | None
     expires_ms: int | None
+
+
+#: Each insert option by name with its default, in the order ``insert_options`` gives them.
+INSERT_DEFAULTS = tuple((name, False if name == "first_send" else None) for name in InsertOptions.__annotations__)
+
+
+def insert_options(options: Mapping[str, Any], caller: str) -> tuple:
+    """The values of ``InsertOptions`` in their order, each one not given at its default;
+    TypeError naming ``caller`` for an option it does not take."""
+    unexpected = options.keys() - InsertOptions.__annotations__.keys()
+    if unexpected:
+        raise TypeError(f"{caller}() got unexpected keyword arguments {sorted(unexpected)}")
+    return tuple(options.get(name, default) for name, default in INSERT_DEFAULTS)
 
 
 @dataclass

@@ -195,6 +195,17 @@ def test_a_repeated_publish_id_is_still_stored_once(redis_client, key_prefix):
     assert q.size() == 1 and q.counters()["enqueued"] == 1
 
 
+def test_insert_unique_takes_insert_s_options_and_names_itself_for_an_unknown_one(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    with pytest.raises(TypeError, match=r"insert_unique\(\) got unexpected keyword arguments \['tennant'\]"):
+        put(q, "t1", "k", tennant="acme")
+    assert q.size() == 0
+    out = put(q, "t1", "k", tenant="acme", delay=30, task="proj.add", remember=True)
+    assert out.kind == "stored"
+    [(entry, _)] = q.delayed(5)  # (delay=30: waiting in the delayed index)
+    assert entry.tenant == "acme" and entry.id == "t1" and q.peek(5) == []
+
+
 def test_merges_do_not_count_against_max_length(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix, max_length=2)
     put(q, "m1", "a")
