@@ -67,12 +67,6 @@ TICK_DRAIN_SECONDS = 0.01
 #: busy machine) stops polling at once and tries again after 2, 4, .. SPIN_BACKOFF_MAX calls.
 SPIN_WAIT_US = 100
 SPIN_BACKOFF_MAX = 1024
-#: Microseconds after which a reply that did come while polling counts as a miss all the same:
-#: the server was slow to answer because it waited for a CPU, and the poll was taking it (a
-#: prefork worker's main process on 2 cores, beside its children and Redis: replies came after
-#: 70 us of polling at the median, against 37 us for a solo worker). Such a connection backs off
-#: as after a miss; one whose replies come sooner goes on polling.
-SPIN_SLOW_US = 60
 
 #: Seconds a command may wait for Redis's reply before the connection is given up (redis-py's
 #: socket_timeout). redis-py and kombu wait forever by default, so a connection that went silent

@@ -189,7 +189,6 @@ _clock = time.perf_counter_ns
 #: not named here (a cluster's nodes, a client given to the queue API) take C.SPIN_WAIT_US.
 _spin: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SPIN_DEFAULT = C.SPIN_WAIT_US * 1000
-_SPIN_SLOW = C.SPIN_SLOW_US * 1000
 
 
 def set_spin_wait(pool, microseconds: float) -> None:
@@ -208,8 +207,7 @@ def _spin_recv(conn, sock, buf, spin_ns: int) -> int:
     if skip:
         conn._pq_spin_skip = skip - 1
         return 0
-    start = _clock()
-    deadline = start + spin_ns
+    deadline = _clock() + spin_ns
     while True:
         try:
             n = sock.recv_into(buf, 0, _DONTWAIT)
@@ -218,15 +216,12 @@ def _spin_recv(conn, sock, buf, spin_ns: int) -> int:
                 continue
             _backed_off(conn)
             return 0
-        if _clock() - start > _SPIN_SLOW:  # it came, but late: polling this long steals the CPU
-            _backed_off(conn)
-        else:
-            conn._pq_spin_misses = 0
+        conn._pq_spin_misses = 0
         return n
 
 
 def _backed_off(conn) -> None:
-    """A missed (or late) poll: ``conn`` polls no more for the next 2, 4, .. C.SPIN_BACKOFF_MAX calls."""
+    """A missed poll: ``conn`` polls no more for the next 2, 4, .. C.SPIN_BACKOFF_MAX calls."""
     misses = conn._pq_spin_misses = getattr(conn, "_pq_spin_misses", 0) + 1
     conn._pq_spin_skip = min(1 << misses, C.SPIN_BACKOFF_MAX)
 
