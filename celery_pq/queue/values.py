@@ -154,7 +154,7 @@ def validate_priority(priority) -> int:
 
 
 _TENANT_UNSAFE = frozenset("%,|") | {chr(i) for i in range(32)}
-_TENANT_UNSAFE_RE = re.compile(r"[%,|\x00-\x1f]")
+_TENANT_UNSAFE_RE = re.compile(f"[{re.escape(''.join(sorted(_TENANT_UNSAFE)))}]")  # (the same set, one search)
 
 
 def escape_tenant(tenant: str) -> str:

@@ -39,8 +39,9 @@ What it offers, one module a job:
 - ``waiting``: ``wait_for(predicate, timeout, what)``, the one polling loop (WaitTimeout, an
   AssertionError, when the time is up);
 - ``workers``: ``start_worker`` (a real ``celery worker`` subprocess, a ``WorkerProcess``:
-  ``wait_ready``, ``stop``, ``signal_group``, ``log_text``), ``stop_workers``, ``celery_env``, and ``worker_app_settings`` (the Celery settings of the apps
-  those workers import, their broker from the environment).
+  ``wait_ready``, ``stop``, ``signal_group``, ``log_text``), ``stop_workers``, ``celery_env``,
+  and ``worker_app_settings`` (the Celery settings of the apps those workers import, their
+  broker from the environment).
 
 A server's process runs in a session of its own (a Ctrl-C at the terminal reaches the caller,
 which then stops it in order) and, on Linux, is killed when the process that started it dies;
