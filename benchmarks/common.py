@@ -31,6 +31,15 @@ def transports(port: int) -> dict:
     }
 
 
+def data_memory(client) -> int:
+    """Redis memory held by the data: INFO's ``used_memory`` less what its clients' buffers hold
+    (``mem_clients_normal``). A connection's query or reply buffer (some 20 KB after a burst of
+    commands) is freed or kept from one reading to the next whichever transport made it, which
+    moved a figure per task by up to half a byte over 50,000 tasks."""
+    info = client.info("memory")
+    return info["used_memory"] - info.get("mem_clients_normal", 0)
+
+
 def rabbitmq_url() -> str | None:
     """RabbitMQ on localhost (guest/guest), or None when it does not answer."""
     try:

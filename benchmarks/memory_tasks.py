@@ -2,7 +2,8 @@
 
 Realistic tasks published through Celery's ``apply_async`` (priorities 0-9) on one redis-server,
 each transport and task size in turn on a fresh key space; the figure is the growth of
-``used_memory`` per waiting task between a warm-up of ``WARMUP`` tasks and ``tasks`` more:
+``used_memory``, less its clients' buffers (``common.data_memory``), per waiting task between a
+warm-up of ``WARMUP`` tasks and ``tasks`` more:
 
 - small:  ``process_order.apply_async(("order-00000001", 0.0), priority=...)`` (args only);
 - medium: the same with about 1 KB of kwargs (an order: customer, address, a few line items);
@@ -38,7 +39,7 @@ from celery_pq import codec
 from celery_pq.messages import stored_item
 from celery_pq.options import Options
 
-from .common import cli, redis_server, table
+from .common import cli, data_memory, redis_server, table
 
 TARGET = 0.4  # celery-pq bytes per waiting small task at most this times kombu-redis's
 WARMUP = 1000  # tasks published before the first reading: key encodings settled
@@ -157,11 +158,11 @@ def measure(port: int, transport: str, size: str, tasks: int, warmup: int, compr
                 task.apply_async(args, kwargs, priority=n % 10, producer=prod)
 
         publish(0, warmup)
-        before = client.info("memory")["used_memory"]
+        before = data_memory(client)
         started = time.perf_counter()
         publish(warmup, tasks)
         elapsed = time.perf_counter() - started
-        after = client.info("memory")["used_memory"]
+        after = data_memory(client)
     keys = _key_usage(client)
     app.close()
     client.close()

@@ -8,10 +8,10 @@
    Redis (the server's own time in the script calls, INFO commandstats). Target: big / 1k <= 1.3
    per operation, as the ratio of the medians and as the median of each repetition's ratio.
    Also the fill's time and Redis memory per entry at the big size.
-2. memory: Redis memory per waiting entry beyond its payload (INFO used_memory before and after
-   publishing N messages through kombu, minus the bytes of the stored message, divided by N),
-   for celery-pq (technique T and S) and kombu's Redis transport, with Celery-like 36-character
-   task ids. Target: <= 200 bytes.
+2. memory: Redis memory per waiting entry beyond its payload (INFO used_memory less client
+   buffers, ``common.data_memory``, before and after publishing N messages through kombu, minus
+   the bytes of the stored message, divided by N), for celery-pq (technique T and S) and kombu's
+   Redis transport, with Celery-like 36-character task ids. Target: <= 200 bytes.
 
     python -m benchmarks.queue_api [--large] [--smoke] [--out DIR]
 """
@@ -29,7 +29,7 @@ import celery_pq  # noqa: F401
 from celery_pq import PriorityQueue
 from celery_pq.scripts import compose
 
-from .common import RedisTime, cli, median, redis_server, table
+from .common import RedisTime, cli, data_memory, median, redis_server, table
 
 FILL_PIECE = 10_000  # entries per call of the fill script (about 30 ms of Redis time each here)
 
@@ -98,9 +98,9 @@ def growth(client, small, big, ops, reps) -> dict:
         queues[size] = PriorityQueue(client, f"growth-{size}", key_prefix="benchq")
         queues[size].delete()
     client.execute_command("MEMORY", "PURGE")
-    before = client.info("memory")["used_memory"]
+    before = data_memory(client)
     fill_s = fill(queues[big], big)
-    used = client.info("memory")["used_memory"] - before
+    used = data_memory(client) - before
     _progress(f"filled {big:,} entries in {fill_s:.0f} s, {used / big:.0f} B per entry")
     fill(queues[small], small)
     runs = {small: [], big: []}
@@ -135,13 +135,13 @@ def memory(port, url, options, n) -> float:
         q(conn.default_channel).declare()
         q(conn.default_channel).purge()
         client.execute_command("MEMORY", "PURGE")
-        before = client.info("memory")["used_memory"]
+        before = data_memory(client)
         producer = Producer(conn.default_channel)
         headers = {"id": None}
         for _ in range(n):
             headers["id"] = str(uuid.uuid4())
             producer.publish("x" * 256, exchange=q.exchange, routing_key="memq", headers=headers)
-        after = client.info("memory")["used_memory"]
+        after = data_memory(client)
         if url.startswith("pq"):
             pq = PriorityQueue.open(client, "memq", key_prefix=options["key_prefix"])
             stored = len(pq.peek(1)[0].payload)

@@ -1,7 +1,7 @@
 """Spark -> queue: rows/s of the ``celery_pq`` writer from local Spark (``local[2]``) into one
 queue, against ``PriorityQueue.insert_many``'s bulk rate on the same redis-server in the same run
 (the same stored messages, task ids and publish ids, in the writer's batches and chunks), and
-Redis ``used_memory`` per entry after the write.
+Redis ``used_memory`` (less client buffers) per entry after the write.
 
     python -m benchmarks.spark_bulk [--rows 1000000] [--smoke] [--out DIR]
 
@@ -18,7 +18,7 @@ import redis
 from celery_pq import PriorityQueue
 from celery_pq.messages import digest
 
-from .common import cli, redis_server, table
+from .common import cli, data_memory, redis_server, table
 
 PREFIX = "sparkbench"
 BATCH_ROWS = 10_000
@@ -77,9 +77,9 @@ def run(rows=1_000_000) -> dict:
             write(spark, port, 2_000, "warmup")  # Python workers started, scripts loaded
             PriorityQueue(client, "warmup", key_prefix=PREFIX).delete()
             client.delete(f"{PREFIX}:queues")
-            before = client.info("memory")["used_memory"]
+            before = data_memory(client)
             seconds = write(spark, port, rows, "spark")
-            after = client.info("memory")["used_memory"]
+            after = data_memory(client)
             q = PriorityQueue(client, "spark", key_prefix=PREFIX)
             stored = q.size()
             head = q.peek(1)[0]

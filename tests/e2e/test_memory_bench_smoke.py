@@ -1,10 +1,14 @@
-"""benchmarks/memory_tasks.py runs in its smoke mode and writes its figures (none asserted)."""
+"""benchmarks/memory_tasks.py runs in its smoke mode and writes its figures (none asserted); the
+memory it reads leaves client buffers out."""
 
 import json
+import socket
+import time
 
 import pytest
 
 from benchmarks import memory_tasks
+from benchmarks.common import data_memory
 
 
 @pytest.mark.slow
@@ -16,3 +20,26 @@ def test_memory_benchmark_runs_and_writes_both_columns(tmp_path):
     assert "celery-pq, no compression" in data["results"]["large"]
     assert any(":ii" in key for key in data["small_keys"]["celery-pq"])
     assert "kombu-redis bytes/task" in (tmp_path / "memory_tasks.md").read_text()
+
+
+def test_data_memory_leaves_out_a_client_s_query_buffer(redis_server, redis_client):
+    """A connection part-way through sending a 300 KB command holds it in its query buffer:
+    used_memory grows by about that much; the data's memory, once Redis has counted the client's
+    buffers (its cron does, within a second), moves by a small part of it (a buffer is counted by
+    its allocation's size, used_memory by what was asked for)."""
+    used, data = redis_client.info("memory")["used_memory"], data_memory(redis_client)
+    value = b"x" * 300_000
+
+    def readings():
+        return redis_client.info("memory")["used_memory"] - used, abs(data_memory(redis_client) - data)
+
+    with socket.create_connection(("127.0.0.1", redis_server.port)) as sock:
+        sock.sendall(b"*3\r\n$3\r\nSET\r\n$4\r\nbig!\r\n$%d\r\n" % (len(value) + 1) + value)
+        deadline = time.monotonic() + 5
+        grown, moved = readings()
+        while not (grown >= 250_000 and moved < grown / 5) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            grown, moved = readings()
+        assert grown >= 250_000
+        assert moved < grown / 5
+    assert redis_client.get("big!") is None
