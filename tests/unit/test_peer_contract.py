@@ -42,6 +42,18 @@ def test_a_listed_test_is_allowed_and_a_stale_line_fails():
     assert "is listed in contract_expected.txt but passes with pq://" in stale
 
 
+def test_a_test_listed_as_a_race_may_pass_or_fail_with_pq(capsys):
+    redis = leg("redis", {"a": "passed", "b": "passed"})
+    listed = {"test_tasks.py::test_tasks::a": "race: the test sets its flag after the worker may have"}
+    assert compare(redis, leg("pq", {"a": "failed", "b": "passed"}), listed) == []
+    assert "(listed race test_tasks.py::test_tasks::a: failed with pq:// this run" in capsys.readouterr().out
+    assert compare(redis, leg("pq", {"a": "passed", "b": "passed"}), listed) == []
+    assert "(listed race test_tasks.py::test_tasks::a: passed with pq:// this run" in capsys.readouterr().out
+    assert compare(redis, leg("pq", {"a": "passed", "b": "failed"}), listed) == [
+        "test_tasks.py::test_tasks::b passes with redis:// but is failed with pq://"
+    ]
+
+
 def test_regressions_are_the_unlisted_tests_passing_only_with_redis_and_one_passing_again_counts(capsys):
     redis = leg("redis", {"a": "passed", "b": "passed", "c": "passed", "d": "failed"})
     pq = leg("pq", {"a": "failed", "b": "error", "c": "passed", "d": "failed"})
