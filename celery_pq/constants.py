@@ -59,6 +59,12 @@ POP_STALE_BUDGET = 1000
 #: per message, and the loop's timers and other sockets wait at most this long.
 TICK_DRAIN_SECONDS = 0.01
 
+#: Seconds at most a Celery worker's idle event loop sleeps where signals cannot wake it (a
+#: loop outside the main thread, or a process whose signal wake-up fd is another's), so that a
+#: shutdown asked for meanwhile is seen (poller.Poller.register_with_event_loop); kombu's own
+#: Redis transport wakes as often (its BRPOP timeout).
+IDLE_WAKE_SECONDS = 1.0
+
 #: Microseconds a script call's thread polls its socket for the reply before it sleeps in recv
 #: (the transport option spin_wait_us; scripts.wire._spin_recv). On a machine where the Redis server
 #: is near (loopback, the same rack) most replies come within it, and a thread that sleeps and is

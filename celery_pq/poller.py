@@ -35,6 +35,7 @@ from redis import exceptions as rex
 from redis.connection import AbstractConnection
 
 from . import constants as C
+from . import signal_wake
 from .connections import by_node, is_cluster, node_client, slot_groups
 
 if TYPE_CHECKING:
@@ -269,6 +270,8 @@ class Poller:
         self._readers: dict[int, tuple[socket.socket, Wait]] = {}  # fd -> (socket, Wait)
         self._draining = False
         self._wake_pipe: tuple[int, int] | None = None  # (read end, write end): the loop wakes itself
+        self._signal_wake = False  # whether the pipe is the process's signal wake-up fd
+        self._idle_wake: Any = None  # the loop's timer that wakes it where signals cannot
         self._loop_thread: int | None = None
 
     def in_event_loop(self) -> bool:
@@ -335,6 +338,15 @@ class Poller:
             self._wake_pipe = (r, w)
         loop.add_reader(self._wake_pipe[0], self._on_self_wake, self._wake_pipe[0])
         loop.on_tick.add(self.on_tick)
+        if self._idle_wake is not None:
+            self._idle_wake.cancel()
+            self._idle_wake = None
+        self._signal_wake = signal_wake.take(self._wake_pipe[1])
+        if not self._signal_wake:
+            # An idle loop sleeps in its poll until a timer or a socket is due (up to
+            # block_seconds, or ten seconds), and a shutdown asked for meanwhile waits for it:
+            # where signals cannot wake the loop, it wakes itself every IDLE_WAKE_SECONDS.
+            self._idle_wake = loop.call_repeatedly(C.IDLE_WAKE_SECONDS, _nothing)
 
     def _on_self_wake(self, fd: int) -> None:
         try:
@@ -419,12 +431,22 @@ class Poller:
             for fd in fds:
                 _quietly(self._loop.remove_reader, fd)
             _quietly(self._loop.on_tick.discard, self.on_tick)
+        if self._idle_wake is not None:
+            _quietly(self._idle_wake.cancel)
+            self._idle_wake = None
         self._readers.clear()
         self._loop = None
-        if self._wake_pipe is not None:
+        # A pipe that signals still wake (closed from another thread) stays open, for this
+        # poller's next loop or the process's end: a signal would write to a closed or reused fd.
+        if self._wake_pipe is not None and (not self._signal_wake or signal_wake.give_back(self._wake_pipe[1])):
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
+            self._signal_wake = False
+
+
+def _nothing() -> None:
+    """A timer's call whose only work is that the loop woke for it."""
 
 
 def _quietly(call, *args) -> None:
