@@ -270,7 +270,6 @@ class Poller:
         self._readers: dict[int, tuple[socket.socket, Wait]] = {}  # fd -> (socket, Wait)
         self._draining = False
         self._wake_pipe: tuple[int, int] | None = None  # (read end, write end): the loop wakes itself
-        self._signal_wake = False  # whether the pipe is the process's signal wake-up fd
         self._idle_wake: Any = None  # the loop's timer that wakes it where signals cannot
         self._loop_thread: int | None = None
 
@@ -341,8 +340,7 @@ class Poller:
         if self._idle_wake is not None:
             self._idle_wake.cancel()
             self._idle_wake = None
-        self._signal_wake = signal_wake.take(self._wake_pipe[1])
-        if not self._signal_wake:
+        if not signal_wake.take(self._wake_pipe[1]):
             # An idle loop sleeps in its poll until a timer or a socket is due (up to
             # block_seconds, or ten seconds), and a shutdown asked for meanwhile waits for it:
             # where signals cannot wake the loop, it wakes itself every IDLE_WAKE_SECONDS.
@@ -438,11 +436,12 @@ class Poller:
         self._loop = None
         # A pipe that signals still wake (closed from another thread) stays open, for this
         # poller's next loop or the process's end: a signal would write to a closed or reused fd.
-        if self._wake_pipe is not None and (not self._signal_wake or signal_wake.give_back(self._wake_pipe[1])):
+        if self._wake_pipe is not None and (
+            not signal_wake.holds(self._wake_pipe[1]) or signal_wake.give_back(self._wake_pipe[1])
+        ):
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
-            self._signal_wake = False
 
 
 def _nothing() -> None:

@@ -32,6 +32,11 @@ def take(fd: int) -> bool:
     return True
 
 
+def holds(fd: int) -> bool:
+    """Whether ``fd`` was made the signal wake-up fd here and not given back since."""
+    return _ours == fd
+
+
 def give_back(fd: int) -> bool:
     """Let ``fd`` be the signal wake-up fd no more (unless another has taken its place since):
     whether done, which only the main thread can do; until then ``fd`` must stay open (a

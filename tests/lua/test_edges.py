@@ -600,7 +600,7 @@ def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_reco
         client.close()
 
 
-def test_a_call_polls_for_its_reply_and_one_that_comes_late_stops_the_polling_for_a_while():
+def test_a_call_polls_for_its_reply_and_one_that_misses_the_poll_stops_the_polling_for_a_while():
     from celery_pq.scripts import wire
 
     # a script that answers after 30 ms (its own busy loop on the server's clock)
