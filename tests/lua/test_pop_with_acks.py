@@ -1,6 +1,8 @@
 """The queue batches a consumer's acks with its next pop: PriorityQueue.pop(acks=...),
 queue.pop_with_acks (several queues' acks, one pop, one round trip) and queue.ack_all."""
 
+import pytest
+
 from celery_pq import PriorityQueue
 from celery_pq.errors import ErrorCode
 from celery_pq.queue import running as queue_module
@@ -58,3 +60,56 @@ def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(redis_client
     assert a.stats()["leased"] == 0 and a.size() == 0
     assert queue_module.ack_all({b: [(leases[0].id, leases[0].token)], a: []}) == {b: [1]}
     assert trips == [2, 1]
+
+
+# -- more than Lua's unpack takes at once (8,000 values in Redis's Lua) ---------------------------
+def _leased(q, n):
+    """``n`` leases of ``q``, taken 1,000 at a time."""
+    leases = []
+    while len(leases) < n:
+        leases += q.pop(min(1000, n - len(leases)))
+    return leases
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_pop_carries_20000_acks(redis_client, key_prefix, fair):
+    # Given 20,000 leases held and one more entry waiting
+    q = PriorityQueue(redis_client, "many", key_prefix=key_prefix, fair=fair)
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(20_001)])
+    held = _leased(q, 20_000)
+    # When one pop carries all their acks (a consumer's acks kept through a long outage)
+    popped = q.pop(1, acks=[(lease.id, lease.token) for lease in held])
+    # Then every ack is done and the waiting entry is delivered
+    assert popped.acked == [1] * 20_000
+    assert [lease.id for lease in popped] == ["e20000"]
+    stats = q.stats()
+    assert stats["leased"] == 1 and stats["waiting"] == 0
+    assert redis_client.hlen(q.keys.entries) == 1 and redis_client.zcard(q.keys.lease_deadlines) == 1
+
+
+def test_pop_with_acks_carries_20000_acks_of_two_queues(redis_client, key_prefix):
+    # Given 10,000 leases held in each of two queues
+    a = PriorityQueue(redis_client, "many-a", key_prefix=key_prefix)
+    b = PriorityQueue(redis_client, "many-b", key_prefix=key_prefix)
+    for q in (a, b):
+        q.insert_many([(b"x", 1, f"e{i}") for i in range(10_000)])
+    held = {q: [(lease.id, lease.token) for lease in _leased(q, 10_000)] for q in (a, b)}
+    # When one pop of the second queue carries them all
+    leases, codes = queue_module.pop_with_acks(b, 1, acks=held)
+    # Then every ack is done, in both queues
+    assert list(leases) == []
+    assert codes == {a: [1] * 10_000, b: [1] * 10_000}
+    assert a.stats()["leased"] == 0 and b.stats()["leased"] == 0
+
+
+def test_one_pop_leases_9000_entries(redis_client, key_prefix):
+    # Given 9,000 entries waiting
+    q = PriorityQueue(redis_client, "wide", key_prefix=key_prefix)
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(9_000)])
+    # When one pop takes them all: more leases than one unpack writes
+    popped = q.pop(9_000)
+    # Then each is leased, with its deadline, and none waits
+    assert len(popped) == 9_000
+    assert redis_client.hlen(q.keys.leases) == 9_000 and redis_client.zcard(q.keys.lease_deadlines) == 9_000
+    assert q.stats()["waiting"] == 0
+    assert q.ack_many(popped) == [True] * 9_000

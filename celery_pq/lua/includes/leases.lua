@@ -8,6 +8,36 @@
 --!include records.lua
 --!include unique.lua
 
+-- Values one unpack hands to a command at most: Lua's unpack takes no more than its C stack
+-- holds (LUAI_MAXCSTACK, 8000 in Redis's Lua; past it: "too many results to unpack"). Even, so
+-- that a chunk of field-value or score-member pairs never splits a pair.
+local UNPACK_CHUNK = 4000
+
+-- Run command cmd on key over the values of list, UNPACK_CHUNK at a time (one call for a list
+-- as long as that or shorter): a pop's leases, the acks it carries, however many.
+local function call_chunked(cmd, key, list)
+  local n = #list
+  for i = 1, n, UNPACK_CHUNK do
+    redis.call(cmd, key, unpack(list, i, math.min(i + UNPACK_CHUNK - 1, n)))
+  end
+end
+
+-- HMGET of key's fields, UNPACK_CHUNK at a time: the values, in the order of fields.
+local function hmget_chunked(key, fields)
+  local n = #fields
+  if n <= UNPACK_CHUNK then
+    return redis.call('HMGET', key, unpack(fields))
+  end
+  local values = {}
+  for i = 1, n, UNPACK_CHUNK do
+    local got = redis.call('HMGET', key, unpack(fields, i, math.min(i + UNPACK_CHUNK - 1, n)))
+    for j = 1, #got do
+      values[i + j - 1] = got[j]
+    end
+  end
+  return values
+end
+
 -- Record one delivery of a pop whose lease is written (or recorded in P.lease): its deadline
 -- (written in one ZADD after the loop) and its reply (eid, token, deliveries, score, value).
 local function record_delivery(P, eid, token, consumer, score, d, t, v)
@@ -57,9 +87,9 @@ end
 local function write_leases(P, lt, lz)
   if #P.deadline > 0 then
     if #P.lease > 0 then
-      redis.call('HSET', lt, unpack(P.lease))
+      call_chunked('HSET', lt, P.lease)
     end
-    redis.call('ZADD', lz, unpack(P.deadline))
+    call_chunked('ZADD', lz, P.deadline)
     if not P.swept_known then
       redis.call('SET', key_of('sw'), fmt(P.now), 'NX')
     end
@@ -100,7 +130,8 @@ end
 -- Ack the n leases given in ARGV from index first on as pairs (entry id, token): ack_one's
 -- codes (appended to out, in order), counts and events, with one HMGET of their lease records
 -- and, for those acked, one HDEL of their leases, one ZREM of their deadlines and one HDEL of
--- their entries (ack_one runs four commands per lease). A pair that repeats an entry acked
+-- their entries (ack_one runs four commands per lease); each of these one per UNPACK_CHUNK
+-- values, so that any number of acks can ride with a pop. A pair that repeats an entry acked
 -- before it in the call finds it NOT_LEASED, as it would one after the other. Returns whether
 -- any was acked.
 local function ack_pairs(out, ii, lz, lt, dp, first, n)
@@ -111,7 +142,7 @@ local function ack_pairs(out, ii, lz, lt, dp, first, n)
   for i = 1, n do
     eids[i] = ARGV[first + 2 * i - 2]
   end
-  local infos = redis.call('HMGET', lt, unpack(eids))
+  local infos = hmget_chunked(lt, eids)
   local done, ended = {}, n > 1 and {} -- (ended: the entries acked so far, when one may repeat)
   for i = 1, n do
     local eid, info = eids[i], infos[i]
@@ -137,9 +168,9 @@ local function ack_pairs(out, ii, lz, lt, dp, first, n)
     end
   end
   if #done > 0 then
-    redis.call('HDEL', lt, unpack(done))
-    redis.call('ZREM', lz, unpack(done))
-    redis.call('HDEL', ii, unpack(done))
+    call_chunked('HDEL', lt, done)
+    call_chunked('ZREM', lz, done)
+    call_chunked('HDEL', ii, done)
   end
   return #done > 0
 end
