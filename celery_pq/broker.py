@@ -110,7 +110,7 @@ def queue_and_view(channel, name: str):
 
     view = View.parse(name)
     base = view.base if view else name
-    q = open_queue(channel.client, base, channel.options.queue_settings(base), recorded=True)
+    q = open_queue(channel.client, base, channel.options.queue_settings(base), declare=False)
     return q, None if view is None else view.rank_range(q)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from hashlib import blake2b
 from typing import NamedTuple
@@ -81,53 +81,63 @@ STAMP = "x-pq-publish"
 
 
 class PublishStamp:
-    """The identity of one publish call: a publish id made once, when kombu first prepares the
-    message, and kept for that call's own retries alone.
+    """The identity of one publish call: a publish id per queue the call reaches, made when the
+    call first puts the message there, and kept for that call's own retries alone.
 
     kombu's ``Producer.publish(retry=True)`` (Celery's ``task_publish_retry``) retries a failed
     attempt by calling ``Producer._publish`` again with the same ``properties`` dict, and each
     attempt prepares the message anew (``Channel.prepare_message``). The stamp rides in that
-    dict, so every attempt of one call carries one publish id, and the queue stores the call
-    once even when an attempt's reply was lost after the insert ran. Two publish calls are two
-    stamps, two publish ids, two messages, whatever their task id, body or timing: nothing here
-    is derived from the content.
+    dict, so every attempt of one call carries one publish id per queue, and each queue stores
+    the call once even when an attempt's reply was lost after the insert ran. Two publish calls
+    are two stamps, two sets of publish ids, two messages, whatever their task id, body or
+    timing: nothing here is derived from the content.
 
-    ``armed``: prepared and not yet put. A message dict put again without being prepared again
-    (a caller's own second ``basic_publish`` of one prepared message) is a second publish, and
-    gets a publish id of its own. ``sends``: how many attempts of this call reached ``_put``
-    (the first is known never to have been stored, so its id is only recorded, not looked up).
+    A call routed to several queues (an exchange binding its key to each) puts the message in
+    each, one after the other (kombu's ``_put`` per queue); any of them may be the one whose
+    reply was lost, and a retry puts it in every queue again. The first queue takes
+    ``publish_id``, each other one an id of its own (``ids``, by queue name), so every queue
+    finds the attempts before it.
+
+    ``put``: the queues put since the message was last prepared. A message dict put again in
+    one of them without being prepared again (a caller's own second ``basic_publish`` of one
+    prepared message) is a second publish, and gets a publish id of its own.
     """
 
-    __slots__ = ("armed", "publish_id", "sends")
+    __slots__ = ("ids", "publish_id", "put")
 
     def __init__(self) -> None:
         self.publish_id = unique_bytes()
-        self.sends = 0
-        self.armed = True
+        self.ids: dict[str, bytes] = {}
+        self.put: set[str] = set()
 
     @classmethod
     def prepared(cls, properties: dict) -> PublishStamp:
         """The stamp of the call these properties belong to: a new one for a first attempt,
-        the same one, armed again, for a retry of it."""
+        the same one, ready to be put again, for a retry of it."""
         stamp = properties.get(STAMP)
         if type(stamp) is cls:
-            stamp.armed = True
+            stamp.put.clear()
         else:
             stamp = properties[STAMP] = cls()
         return stamp
 
     @classmethod
-    def take(cls, message: dict) -> tuple[bytes, bool] | tuple[None, bool]:
-        """``(publish id, first send)`` for one ``_put`` of ``message``: the prepared call's id,
-        or ``(None, True)`` (the queue makes one) for a message that was not prepared for this
-        put."""
+    def take(cls, message: dict, queue: str) -> tuple[bytes, bool] | tuple[None, bool]:
+        """``(publish id, first send)`` for one ``_put`` of ``message`` in ``queue``: the
+        prepared call's id for that queue, and whether it is sent there for the first time
+        (never stored then, so only recorded, not looked up); or ``(None, True)`` (the queue
+        makes one) for a message that was not prepared for this put."""
         props = message.get("properties")
         stamp = props.get(STAMP) if isinstance(props, dict) else None
-        if type(stamp) is not cls or not stamp.armed:
+        if type(stamp) is not cls or queue in stamp.put:
             return None, True
-        stamp.armed = False
-        stamp.sends += 1
-        return stamp.publish_id, stamp.sends == 1
+        stamp.put.add(queue)
+        ids = stamp.ids
+        publish_id = ids.get(queue)
+        if publish_id is not None:
+            return publish_id, False
+        publish_id = ids[queue] = unique_bytes() if ids else stamp.publish_id
+        return publish_id, True
 
 
 def prepare_message(
@@ -163,6 +173,7 @@ def stored_item(
     *,
     publish_id_: bytes | None = None,
     queue_ttl_ms: int | None = None,
+    task_limits: Mapping[str, float] | None = None,
 ) -> StoredItem:
     """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
 
@@ -171,7 +182,7 @@ def stored_item(
     Spark writer's row identity), or None for one the queue makes per insert call. Nothing of
     the message's content makes a publish id. ValueError or MessageTooLarge, with nothing
     written, for a message that cannot be stored. ``queue_ttl_ms``: the queue's ``message_ttl``
-    (``x-message-ttl``), when it has one.
+    (``x-message-ttl``), when it has one. ``task_limits``: the open queue's (``tenants.tenant_of``).
     """
     props = message["properties"]
     priority = props.get("priority")
@@ -185,7 +196,7 @@ def stored_item(
         payload=serialized(queue, message, options),
         priority=priority,
         id=str(task_id) if task_id else None,
-        tenant=tenant_of(message, options, decode_body, queue),
+        tenant=tenant_of(message, options, decode_body, queue, task_limits),
         due_ms=eta_ms(headers.get("eta")),
         publish_id=publish_id_,
         task=task if isinstance(task, str) else None,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from . import connections
 from .codec import Base64Body
+from .errors import ModeMismatch
 from .ids import unique_bytes
 from .keys import fanout_channel
 from .messages import NOT_SENT, PublishStamp, serialized, stored_item, without_properties
@@ -55,16 +56,17 @@ class Publisher:
         props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
 
     def put(self, queue: str, message: dict, batch: PublishBatch | None = None) -> None:
-        """Store ``message`` in ``queue``: one publish call, one publish id (its own retries,
-        kombu's ``ensure``, carry the same one). In a producer's ``batch`` (batches.py), the
-        stored item waits there for the batch's flush, under a publish id of its own even when
-        the call's went to another queue (a flush sent again stores it once)."""
-        publish_id, first_send = PublishStamp.take(message)
+        """Store ``message`` in ``queue``: one publish call, one publish id per queue (its own
+        retries, kombu's ``ensure``, carry the same ones: ``PublishStamp``). In a producer's
+        ``batch`` (batches.py), the stored item waits there for the batch's flush, under the
+        same publish id (a flush sent again stores it once)."""
+        publish_id, first_send = PublishStamp.take(message, queue)
         unique = unique_of(message, self.options, queue, self.channel.decode_body)
         if unique is not None:
             batch = None  # stored at once, on its own: its outcome is known when the call returns
         if batch is not None:
             publish_id = publish_id or unique_bytes()
+        q = self.channel.queue(queue)
         item = stored_item(
             queue,
             message,
@@ -72,25 +74,32 @@ class Publisher:
             self.channel.decode_body,
             publish_id_=publish_id,
             queue_ttl_ms=self.channel.routing.message_ttl(queue),
+            task_limits=q.task_limits,
         )
         if batch is not None:
             batch.add(queue, item)
             return
-        q = self.channel.queue(queue)
-        insert = q.insert if unique is None else partial(q.insert_unique, unique=unique)
-        stored = insert(
-            item.payload,
-            item.priority,
-            id=item.id,
-            tenant=item.tenant,
-            due_ms=item.due_ms,
-            publish_id=item.publish_id,
-            first_send=first_send,
-            remember=False,
-            task=item.task,
-            ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
-            expires_ms=item.expires_ms,
-        )
+        for again in (True, False):
+            insert = q.insert if unique is None else partial(q.insert_unique, unique=unique)
+            try:
+                stored = insert(
+                    item.payload,
+                    item.priority,
+                    id=item.id,
+                    tenant=item.tenant,
+                    due_ms=item.due_ms,
+                    publish_id=item.publish_id,
+                    first_send=first_send,
+                    remember=False,
+                    task=item.task,
+                    ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
+                    expires_ms=item.expires_ms,
+                )
+                break
+            except ModeMismatch:  # recorded (a consumer declared it) or migrated since it was opened
+                if not again:
+                    raise
+                q = self.channel.reopen(queue)  # its mode as recorded now (nothing was written)
         if isinstance(stored, PublishOutcome):  # a unique key's: remembered for publish_outcome
             OUTCOMES.add(stored)
 

@@ -7,8 +7,10 @@ the shards spread over the masters. Each shard keeps its own entries, leases, de
 delayed entries, views and fairness state; nothing crosses shards inside Redis.
 
 Insert puts an entry in one shard: the tenant's (a hash of it) on a fair queue, so one tenant's
-entries keep their order; else the shard of the publish id (a hash of it), so a retried publish
-lands where the first one went and is stored once; else a random shard. An entry inserted
+entries keep their order and its bucket there is its only one, with its whole rate (the default
+tenant's entries too when it has a rate: docs/rate-limits.md, "Rate limits with shards"); else
+the shard of the publish id (a hash of it), so a retried publish lands where the first one went
+and is stored once; else a random shard. An entry inserted
 without an id gets a UUID (``new_id``: made from its publish id when it has one, so that a
 retried publish names the entry the first one stored), not the shard's own counter, whose
 numbers every shard would hand out again: an id names one entry of the whole queue (remove, exists,
@@ -88,6 +90,7 @@ class ShardedQueue(ShardedReads):
         rng: random.Random | None = None,
         check_beaten: bool = True,
     ):
+        self.task_limits: dict[str, float] = {}  # (open_queue: the task_rate limits a publish follows)
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
         if isinstance(peek, bool) or not isinstance(peek, int) or not 1 <= peek <= MAX_PEEK:
@@ -106,6 +109,9 @@ class ShardedQueue(ShardedReads):
         self.fair, self.fair_scope, self.scope = first.fair, first.fair_scope, first.scope
         self.technique, self.priority_order = first.technique, first.priority_order
         self.lease_seconds, self.max_deliveries = first.lease_seconds, first.max_deliveries
+        #: The default tenant's entries spread over the shards, but for a rated default tenant:
+        #: its entries go to one shard as a named tenant's do, whose bucket then holds its rate.
+        self._rated_default = self.fair and bool(first.tenant_rate or (first.settings.rate or {}).get(""))
         #: Pops that found their best peeked shard empty and took the second-best (for the
         #: benchmarks), and pops whose k peeked shards were all empty while another was not.
         self.stats_second_best = 0
@@ -127,11 +133,11 @@ class ShardedQueue(ShardedReads):
 
     # -- insert -----------------------------------------------------------------------------
     def shard_for(self, *, tenant: str | None = None, publish_id: bytes | str | None = None) -> PriorityQueue:
-        """The shard an insert goes to: the tenant's on a fair queue, else the publish id's, else
-        a random one."""
+        """The shard an insert goes to: the tenant's on a fair queue (the default tenant's when it
+        has a rate), else the publish id's, else a random one."""
         n = len(self.shards)
-        if self.fair and tenant:
-            return self.shards[_hash(tenant) % n]
+        if self.fair and (tenant or self._rated_default):
+            return self.shards[_hash(tenant or "") % n]
         if publish_id:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]

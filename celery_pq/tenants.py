@@ -4,17 +4,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from .constants import TASK_TENANT_PREFIX
 from .options import Options
 from .task_rates import limited_tenant
 
 
-def tenant_of(message: dict, options: Options, decode_body: Callable, queue: str) -> str | None:
+def tenant_of(
+    message: dict, options: Options, decode_body: Callable, queue: str, limits: Mapping[str, float] | None = None
+) -> str | None:
     """The tenant of a message going to ``queue`` (None: the shared default tenant).
-    ``decode_body`` is the channel's (kombu's ``Channel.decode_body``). ValueError, with nothing
-    written, when the function raises or the tenant is not a string."""
-    if options.task_rate:  # a limited task's messages form a tenant of their own
+    ``decode_body`` is the channel's (kombu's ``Channel.decode_body``). ``limits``: the queue's
+    ``task_limits`` (``open_queue``: those stored with the queue and the options'), which a
+    limited task's message follows; None where no queue is open (the options' alone). ValueError,
+    with nothing written, when the function raises or the tenant is not a string."""
+    if limits is not None:  # a limited task's messages form a tenant of their own
+        task = (message.get("headers") or {}).get("task") if limits else None
+        if isinstance(task, str) and TASK_TENANT_PREFIX + task in limits:
+            return TASK_TENANT_PREFIX + task
+    elif options.task_rate:
         tenant = limited_tenant(options.task_rate, queue, message.get("headers") or {})
         if tenant is not None:
             return tenant

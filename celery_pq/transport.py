@@ -68,7 +68,7 @@ from .messages import message_ttl_ms, prepare_message
 from .options import Options
 from .poller import Poller, Waits
 from .publishing import Publisher
-from .queue import Queue, default_consumer_id, open_queue
+from .queue import Queue, declare_tables, default_consumer_id, open_queue
 from .routing import RoutingTables
 from .scripts import set_spin_wait
 from .views import View, Views, is_view
@@ -107,6 +107,7 @@ class Channel(virtual.Channel):
         self.deliveries = Deliveries(self)  # pops, delivers, acks (delivery.py)
         self.publisher = Publisher(self)  # stores and broadcasts (publishing.py)
         self._queues: dict[str, Queue] = {}
+        self._consumed_queues: set[str] = set()  # queues whose settings this channel declared
         self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
         self.routing = RoutingTables(self.client, self.options)  # declared queues, bindings
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
@@ -131,10 +132,18 @@ class Channel(virtual.Channel):
             view = View.parse(name)
             if view is not None:
                 q = self.queue(view.base)
-            else:
-                q = open_queue(self.client, name, self.options.queue_settings(name))
+            else:  # declared by a consumer (basic_consume), else its stored settings followed
+                declare = name in self._consumed_queues
+                q = open_queue(self.client, name, self.options.queue_settings(name), declare=declare)
             self._queues[name] = q
         return q
+
+    def reopen(self, name: str) -> Queue:
+        """The queue ``name`` opened again (with its views): its mode was recorded or migrated
+        since this channel opened it (a ``ModeMismatch``), and the record is followed now."""
+        for cached in [n for n in self._queues if n == name or getattr(View.parse(n), "base", None) == name]:
+            del self._queues[cached]
+        return self.queue(name)
 
     def decode_body(self, body, encoding=None):
         """kombu's body decoding; a delivered body the codec gave as bytes (``Base64Body``) is
@@ -217,6 +226,12 @@ class Channel(virtual.Channel):
 
     # -- consuming ----------------------------------------------------------------------------
     def basic_consume(self, queue, no_ack, *args, **kwargs):
+        view_of = View.parse(queue)
+        base = queue if view_of is None else view_of.base
+        if base not in self._consumed_queues:  # a consumer declares its queue's settings (opening.py)
+            self._consumed_queues.add(base)
+            if base in self._queues:  # opened to publish before: declared now
+                declare_tables(self._queues[base], self.options.queue_settings(base))
         view = self.views.range_of(queue)
         if view is not None:
             self.queue(queue).register_view(*view)

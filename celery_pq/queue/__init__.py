@@ -13,12 +13,13 @@
   queue, the read-only questions, the operators' changes;
 - ``core``: ``PriorityQueue`` on top of them all, with the pop that leases;
 - ``protocol``: ``Queue``, what a plain and a sharded queue both answer;
-- ``opening``: ``open_queue``, the one way to open a queue (plain or sharded).
+- ``opening``: ``open_queue``, the one way to open a queue (plain or sharded), and
+  ``declare_tables``, a consumer's declaration of the settings that are the queue's.
 """
 
 from ..records import FAIR_SCOPES
 from .core import PriorityQueue
-from .opening import open_queue
+from .opening import declare_tables, open_queue
 from .protocol import Queue
 from .running import (
     ack_all,
@@ -76,6 +77,7 @@ __all__ = [
     "ack_all",
     "default_consumer_id",
     "escape_tenant",
+    "declare_tables",
     "open_queue",
     "pop_with_acks",
     "readable_mode",

@@ -39,6 +39,8 @@ class QueueBase:
         self.client = client
         self.name = name
         self.key_prefix = s.key_prefix
+        #: {tenant ``task:<name>``: rate}: the ``task_rate`` limits a publish follows (``open_queue``)
+        self.task_limits: dict[str, float] = {}
         self.fair, self.fair_scope, self.scope = s.fair, s.fair_scope, s.scope
         # None or 0: no cap, no limit
         self.tenant_concurrency, self.tenant_rate = s.tenant_concurrency or 0, float(s.tenant_rate or 0)

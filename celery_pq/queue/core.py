@@ -84,7 +84,7 @@ class PriorityQueue(QueueUnique, QueueLeases, QueueAdmin):
         settings as given. A queue with no record gets the defaults (``opening.open_shard``)."""
         from .opening import open_shard
 
-        return open_shard(client, name, QueueSettings(**settings), recorded=True)
+        return open_shard(client, name, QueueSettings(**settings))
 
     def __repr__(self):
         return f"<PriorityQueue {self.name!r}>"

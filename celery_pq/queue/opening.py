@@ -1,20 +1,46 @@
 """The one way a queue is opened: from a client, a name and ``QueueSettings``, a ``PriorityQueue``
 or, with more than one shard, a ``ShardedQueue`` of them. The channel, the broker's tools (the
 command line, metrics, autoscaler, dashboard) and the Spark writer all open queues here.
+
+Which settings are the queue's (docs/settings.md). The queue's own settings are stored with it in
+Redis and have one owner each:
+
+- its mode (fair or plain, ``fair_scope``, ``priority_order``, ``technique``): recorded by the
+  first call that finds none; every process then follows the record, whatever its options say,
+  and only ``migrate_mode`` (on purpose, by an operator) changes it;
+- its tenants' tables (``fair_weights``, the named ``tenant_concurrency`` and ``tenant_rate``
+  entries, the ``task_rate`` limits): written by the processes that declare them (a consumer, at
+  ``basic_consume``; ``open_queue`` with ``declare=True``), read by the scripts at every pop, so
+  every worker follows the last declaration. A producer never writes them: it follows them (a
+  limited task's messages go under its limit whatever the producer's own ``task_rate``).
+
+A process whose options disagree with what the queue stores is told once, in the log, naming
+the setting and both values, and what happens (it follows, or its declaration now stands).
 """
 
 from __future__ import annotations
 
+import logging
 import random
+from typing import Any
 
 import redis
 
-from ..keys import queue_keys, shard_names
-from ..records import mode_dict
+from .. import constants as C
+from ..keys import shard_names
+from ..records import join_mode, mode_dict
 from .core import PriorityQueue
 from .protocol import Queue
 from .settings import QueueSettings
-from .values import as_text
+from .values import as_text, escape_tenant, unescape_tenant
+
+logger = logging.getLogger("celery_pq")
+
+#: What this process was told already: each difference is logged once per process.
+_TOLD: set[tuple[str, str]] = set()
+
+#: The stored tenants' table entries a differing value is told for: table -> field letter.
+_TABLES = {"weights": "w", "concurrency": "c", "rate": "r"}
 
 
 def open_queue(
@@ -22,36 +48,135 @@ def open_queue(
     name: str,
     settings: QueueSettings | None = None,
     *,
-    recorded: bool = False,
+    declare: bool = True,
     rng: random.Random | None = None,
 ) -> Queue:
     """The queue ``name`` with ``settings``: a ``ShardedQueue`` of ``settings.shards`` shards
     (``peek`` of them peeked per pop; ``rng`` picks them) when there is more than one.
 
-    ``recorded``: each queue (or shard) takes the mode it recorded in Redis (fairness, scope,
-    priority order, technique) and ``settings`` for the rest, so that a tool works on a queue
-    made by workers with other settings; one with no record takes ``settings`` as they are.
-    A fair queue opened with its settings as given gets the tenants' tables written (and the
-    ``task_rate`` limits its rate table no longer names removed).
+    The mode the queue recorded in Redis (fairness, scope, priority order, technique) wins over
+    the one ``settings`` give; a queue with no record takes theirs. ``declare``: the tenants'
+    tables of ``settings`` are written to a fair queue (and the ``task_rate`` limits they no
+    longer name removed), as a consumer declares them; else nothing is written and the stored
+    ones stand. Either way a difference between the two is logged once, naming both values. The
+    queue's ``task_limits`` ({tenant ``task:<name>``: rate}) are the ``task_rate`` limits stored
+    with it and those of ``settings``: a message of a task either names goes under the task's
+    tenant (the scripts apply the stored rate), so a producer with fewer options lifts no limit.
     """
     settings = settings or QueueSettings()
-    if settings.shards == 1:
-        return open_shard(client, name, settings, recorded=recorded)
-    from ..shards import ShardedQueue
+    shards = [name] if settings.shards == 1 else shard_names(name, settings.shards)
+    opened = [_open_shard(client, shard, settings.one_shard()) for shard in shards]
+    queue: Any = opened[0][0]
+    if len(opened) > 1:
+        from ..shards import ShardedQueue
 
-    shards = [open_shard(client, shard, settings, recorded=recorded) for shard in shard_names(name, settings.shards)]
-    return ShardedQueue(shards, name, peek=settings.peek, rng=rng)
+        queue = ShardedQueue([q for q, _ in opened], name, peek=settings.peek, rng=rng)
+    _tell(queue.shards[0], _mode_differences(queue.shards[0], opened[0][1]))
+    if declare:
+        declare_tables(queue, settings)
+    else:
+        stored = _stored_tables(queue.shards[0], settings) if queue.fair else {}
+        _tell(queue.shards[0], _table_differences(settings, stored, "the queue's stands"))
+        queue.task_limits = {**_own_limits(settings), **stored.get("limits", {})} if queue.fair else {}
+    return queue
 
 
-def open_shard(client: redis.Redis, name: str, settings: QueueSettings, *, recorded: bool = False) -> PriorityQueue:
-    """One queue, or one shard of a sharded queue (``open_queue``)."""
-    settings = settings.one_shard()
-    raw = client.get(queue_keys(name, settings.key_prefix).mode) if recorded else None
-    if raw is not None:
-        return PriorityQueue(client, name, settings.with_mode(mode_dict(as_text(raw))))
-    q = PriorityQueue(client, name, settings)
-    if q.fair:
+def declare_tables(queue: Queue, settings: QueueSettings) -> None:
+    """A consumer's declaration: the queue's mode recorded where it has none yet (so a producer
+    with fewer options that comes first follows the consumer's), and the tenants' tables of
+    ``settings`` written to every shard of a fair ``queue`` (the ``task_rate`` limits they no
+    longer name removed), a difference from what was stored logged once. The queue's
+    ``task_limits`` are then the declared ones."""
+    for q in queue.shards:
+        q.client.set(q.keys.mode, join_mode(q.fair, q.fair_scope, q.priority_order, q.technique), nx=True)
+    if not queue.fair:
+        queue.task_limits = {}
+        return
+    stored = _stored_tables(queue.shards[0], settings)
+    _tell(queue.shards[0], _table_differences(settings, stored, "this process's now stands (it declares it)"))
+    for q in queue.shards:
         q.configure_tenants(**settings.tenant_tables())
         if settings.rate is not None:  # the options' whole table: limits taken out of task_rate go
             q.drop_task_rates(settings.rate)
-    return q
+    queue.task_limits = _own_limits(settings)
+
+
+def open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> PriorityQueue:
+    """One queue, or one shard of a sharded queue, with the mode it recorded (``open_queue``);
+    nothing written, nothing told (tools that read or administer a queue made elsewhere)."""
+    return _open_shard(client, name, settings.one_shard())[0]
+
+
+def _open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> tuple[PriorityQueue, dict]:
+    """(the shard, opened with its recorded mode; the mode ``settings`` wanted)."""
+    wanted = PriorityQueue(client, name, settings)
+    raw = client.get(wanted.keys.mode)
+    if raw is None:
+        return wanted, wanted.mode
+    return PriorityQueue(client, name, settings.with_mode(mode_dict(as_text(raw)))), wanted.mode
+
+
+def _stored_tables(q: PriorityQueue, settings: QueueSettings) -> dict:
+    """What a fair queue stores of the tenants' tables that ``settings`` name, and every stored
+    ``task_rate`` limit: {"weights": {tenant: value}, ..., "limits": {tenant: rate}}."""
+    named = [(label, t) for label in _TABLES for t in (getattr(settings, label) or {})]
+    out: dict = {label: {} for label in _TABLES}
+    if named:
+        fields = [f"{_TABLES[label]}:{escape_tenant(t)}" for label, t in named]
+        for (label, t), value in zip(named, q.client.hmget(q.keys.tenant_settings, fields)):
+            if value is not None:
+                out[label][t] = float(value)
+    prefix = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
+    limits = {}
+    for field, value in q.client.hscan_iter(q.keys.tenant_settings, match=f"{prefix}*", count=1000):
+        limits[unescape_tenant(as_text(field)[2:])] = float(value)
+    out["limits"] = limits
+    return out
+
+
+def _own_limits(settings: QueueSettings) -> dict[str, float]:
+    """The ``task_rate`` limits among the settings' rates: {tenant ``task:<name>``: rate}."""
+    return {t: r for t, r in (settings.rate or {}).items() if t.startswith(C.TASK_TENANT_PREFIX)}
+
+
+def _mode_differences(q: PriorityQueue, wanted: dict) -> list[str]:
+    """What of the ``wanted`` mode the queue's recorded one (``q.mode``) says otherwise."""
+    said = []
+    for key, mine in wanted.items():
+        theirs = q.mode.get(key)
+        if theirs is not None and theirs != mine:
+            said.append(
+                f"{key} is {theirs!r} in Redis, {mine!r} in this process's options: the queue's stands "
+                "(PriorityQueue.migrate_mode changes it on purpose; docs/settings.md)"
+            )
+    return said
+
+
+def _table_differences(settings: QueueSettings, stored: dict, outcome: str) -> list[str]:
+    """What of the tenants' tables of ``settings`` the ``stored`` ones say otherwise, and the
+    stored ``task_rate`` limits the settings do not name; ``outcome``: which one stands."""
+    if not stored:
+        return []
+    said = []
+    for label in _TABLES:
+        for tenant, mine in (getattr(settings, label) or {}).items():
+            theirs = stored[label].get(tenant)
+            if label == "rate" and tenant.startswith(C.TASK_TENANT_PREFIX):
+                theirs = stored["limits"].get(tenant)
+            if theirs is not None and float(theirs) != float(mine):
+                said.append(
+                    f"{label}[{tenant!r}] is {theirs:g} in Redis, {mine:g} in this process's options: {outcome}"
+                )
+    for tenant in sorted(set(stored["limits"]) - set(_own_limits(settings))):
+        rate = stored["limits"][tenant]
+        said.append(f"task_rate limits {tenant!r} to {rate:g}/s in Redis, not in this process's options: {outcome}")
+    return said
+
+
+def _tell(q: PriorityQueue, said: list[str]) -> None:
+    """Log each difference between queue ``q`` and this process's options, once per process."""
+    for text in said:
+        line = f"queue {q.name!r}: {text}"
+        if (q.keys.mode, line) not in _TOLD:
+            _TOLD.add((q.keys.mode, line))
+            logger.warning(line)

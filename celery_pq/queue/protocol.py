@@ -31,6 +31,7 @@ class Queue(Protocol):
     lease_seconds: float
     max_deliveries: int
     is_dead: bool
+    task_limits: dict[str, float]
 
     @property
     def shards(self) -> list[PriorityQueue]: ...

@@ -91,12 +91,21 @@ def test_plain_pop_on_a_fair_queue_is_refused(redis_client, key_prefix):
     assert [e.tenant for e in fair.pop()] == ["A"]
 
 
-def test_an_empty_queue_takes_the_mode_of_its_next_insert(redis_client, key_prefix):
-    PriorityQueue(redis_client, "m", key_prefix=key_prefix).insert(b"x", 1)
-    PriorityQueue(redis_client, "m", key_prefix=key_prefix).purge()
+def test_an_empty_queue_keeps_its_mode_until_a_migration_changes_it(redis_client, key_prefix):
+    # Given a fair queue, drained
     fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
-    fair.insert(b"y", 1, tenant="A")
+    fair.insert(b"x", 1, tenant="A")
+    fair.purge()
+    # When a process that takes it as plain inserts into it
+    plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+    with pytest.raises(ModeMismatch):
+        plain.insert(b"y", 1)
+    # Then it is still fair: its consumers go on, and only a migration (on purpose) changes it
     assert fair.stored_mode() == fair.mode
+    fair.insert(b"z", 1, tenant="B")
+    assert [e.tenant for e in fair.pop()] == ["B"]
+    plain.migrate_mode()
+    assert plain.stored_mode() == plain.mode
 
 
 def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):

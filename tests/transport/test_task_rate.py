@@ -51,15 +51,18 @@ def test_the_per_queue_form_leaves_other_queues_plain(url, key_prefix, redis_cli
     assert not other.fair and other.peek()[0].tenant is None
 
 
-def test_a_limit_taken_out_of_the_option_is_lifted_when_the_queue_is_opened_again(url, key_prefix, redis_client):
+def test_a_limit_taken_out_of_a_consumer_s_options_is_lifted_when_it_consumes_again(url, key_prefix, redis_client):
     before = {"key_prefix": key_prefix, "task_rate": {SLOW: 0.01, "proj.tasks.resize": 3}}
     with Connection(url, transport_options=before) as conn:
         publish(conn, make_queue(), [SLOW])
+        drain(conn, make_queue(), 1, timeout=0.3)  # a consumer declares the queue's limits
     queue = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
     rates = {f for f in redis_client.hkeys(queue.keys.tenant_settings) if f.startswith(b"r:")}
     assert rates == {b"r:task:" + SLOW.encode(), b"r:task:proj.tasks.resize"}
     after = {"key_prefix": key_prefix, "task_rate": {"proj.tasks.resize": 3}}
     with Connection(url, transport_options=after) as conn:
-        publish(conn, make_queue(), ["proj.tasks.resize"])
+        publish(conn, make_queue(), ["proj.tasks.resize"])  # a producer: lifts nothing
+        assert {f for f in redis_client.hkeys(queue.keys.tenant_settings) if f.startswith(b"r:")} == rates
+        drain(conn, make_queue(), 1, timeout=0.3)  # a consumer with the new options: declared
     rates = {f for f in redis_client.hkeys(queue.keys.tenant_settings) if f.startswith(b"r:")}
     assert rates == {b"r:task:proj.tasks.resize"}

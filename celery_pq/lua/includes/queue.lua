@@ -120,9 +120,11 @@ local function write_mode(mode)
   redis.call('SET', key_of('md'), s)
 end
 
--- Is the caller's mode the queue's? A queue records the mode of its first insert; a queue
--- that holds no entry takes the mode of its next insert (adopt), its leftover index and
--- fairness state cleared. Returns nil when the modes agree, else an error reply naming both.
+-- Is the caller's mode the queue's? A queue records the mode of its first insert (adopt: the
+-- caller's mode is written when there is no record). A recorded mode is changed only by
+-- migrate (on purpose): an insert from a process with other options, even into an empty queue,
+-- never turns a fair queue plain under its consumers. Returns nil when the modes agree, else an
+-- error reply naming both.
 -- The record's switches are read into CTX on the way (nothing more is read for them): a queue
 -- that is not paused and has no event log, called by a process without one, matches at once.
 -- A caller with an event-log cap records it, so that every process logs the queue's changes.
@@ -153,17 +155,6 @@ local function mode_error(adopt, record)
     if adopt then
       write_mode(CTX.mode)
     end
-    return nil
-  end
-  if adopt and redis.call('HLEN', key_of('ii')) == 0 then
-    local pi = key_of('pi')
-    for _, r in ipairs(redis.call('ZRANGE', pi, 0, -1)) do -- (stale pointers only: freed by UNLINK)
-      redis.call('UNLINK', pi .. ':' .. r, pi .. ':' .. r .. ':f')
-    end
-    for _, s in ipairs({ 'pi', 'te', 'ts', 'tb', 'fv', 'fn', 'tw', 'fr' }) do
-      redis.call('UNLINK', key_of(s))
-    end
-    write_mode(CTX.mode)
     return nil
   end
   return redis.error_reply('MODE_MISMATCH ' .. KEYS[1] .. ' ' .. stored .. ' ' .. CTX.mode)
