@@ -11,6 +11,8 @@ shows the same names and defaults (a test checks that they agree).
 
 from __future__ import annotations
 
+import difflib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -286,8 +288,17 @@ class Options:
 
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
-        """The options among ``broker_transport_options`` (other names are left to kombu)."""
+        """The options among ``broker_transport_options`` (kombu's own names are left to kombu;
+        any other name is logged once, with the closest option's name: a typo is not ignored)."""
         names = {f.name for f in fields(cls) if f.init}
+        for name in given.keys() - names - KOMBU_OPTIONS - _TOLD_UNKNOWN:
+            _TOLD_UNKNOWN.add(name)
+            close = difflib.get_close_matches(str(name), sorted(names | KOMBU_OPTIONS), n=1)
+            logger.warning(
+                "broker_transport_options: %r is not an option of celery-pq or kombu and is ignored%s",
+                name,
+                f" (did you mean {close[0]!r}?)" if close else "",
+            )
         values = {k: v for k, v in given.items() if k in names}
         lease = values.pop("lease_seconds", None)
         if lease is None:
@@ -355,6 +366,25 @@ class Options:
         """The options handed to redis-py's connection pool (``_REDIS_KWARGS``)."""
         return {name: getattr(self, name) for name in _REDIS_KWARGS}
 
+
+#: Transport options kombu (or Celery through it) reads itself: left to it, never warned of.
+KOMBU_OPTIONS = frozenset(
+    {
+        "visibility_timeout",  # (our alias of lease_seconds)
+        "polling_interval",
+        "body_encoding",
+        "deadletter_queue",
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
+        "connect_retries_timeout",
+    }
+)
+
+#: The unknown option names this process has warned of (each once).
+_TOLD_UNKNOWN: set = set()
+logger = logging.getLogger("celery_pq")
 
 _REDIS_KWARGS = (  # the options handed to redis-py's connection pool, under its names
     "socket_timeout",

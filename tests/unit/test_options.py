@@ -1,6 +1,7 @@
 """The transport options: README.md's table and ``celery_pq.options.Options`` agree (no Redis)."""
 
 import ast
+import logging
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -109,3 +110,14 @@ def test_socket_timeout_is_at_most_the_lease_less_its_renewal_interval():
             r"\(3 - 1 = 2 s\), got " + re.escape(repr(given)),
         ):
             Options(lease_seconds=3, socket_timeout=given)
+
+
+def test_an_unknown_transport_option_is_told_once_with_the_closest_name(caplog):
+    caplog.set_level(logging.WARNING, logger="celery_pq")
+    for _ in range(3):  # a channel is made many times: told once
+        Options.from_transport_options({"lease_second": 30, "polling_interval": 1, "max_retries": 3})
+    told = [r.getMessage() for r in caplog.records if r.name == "celery_pq"]
+    assert told == [
+        "broker_transport_options: 'lease_second' is not an option of celery-pq or kombu and is ignored "
+        "(did you mean 'lease_seconds'?)"
+    ]
