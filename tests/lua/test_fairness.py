@@ -386,3 +386,55 @@ def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, 
     assert q.lease_of("a1")["consumer"] == "c:1:first"
     assert q.ack(first) and q.ack(got[0])
     assert q.pop(5) == [] and fairness_state_is_empty(redis_client, q)
+
+
+def redis_ms(client):
+    s, us = client.time()
+    return s * 1000 + us // 1000
+
+
+def step_the_clock_back(client, q, ms):
+    """What Redis's clock stepping back by ``ms`` (a failover to a replica whose clock is behind,
+    an NTP step) leaves in a fair queue: every time it stored (a bucket's last refill, a parked
+    tenant's due time, the latest rate park) lies ``ms`` ahead of now."""
+    k = q.keys
+    for t, record in client.hgetall(k.token_buckets).items():
+        tokens, last = record.split(b",")
+        client.hset(k.token_buckets, t, tokens + b"," + str(int(last) + ms).encode())
+    for t, due in client.zrange(k.rate_parked, 0, -1, withscores=True):
+        client.zadd(k.rate_parked, {t: due + ms})
+    parked = client.hget(k.virtual_times, "T")
+    if parked is not None:
+        client.hset(k.virtual_times, "T", int(parked) + ms)
+
+
+def test_a_step_back_of_redis_s_clock_costs_a_rate_parked_tenant_one_period_at_most(redis_client, key_prefix):
+    # Given tenant A at 5/s, its burst taken and parked for its next token
+    q = fq(redis_client, key_prefix, tenant_rate=5)
+    fill(q, "A", 20)
+    assert len(q.pop(20)) == 5 and q.held_tenants() == {"A": "rate"}
+    # When Redis's clock steps back an hour
+    step_the_clock_back(redis_client, q, 3_600_000)
+    # Then the next pop parks A again for one period (200 ms) at most, not for the hour
+    q.pop(20)
+    due = redis_client.zscore(q.keys.rate_parked, "A")
+    assert due is None or due <= redis_ms(redis_client) + 200, due
+    # and A is delivered again within a moment
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not q.pop(1):
+        time.sleep(0.01)
+    assert q.size() == 14
+
+
+def test_a_bucket_refilled_after_now_waits_one_period_at_most(redis_client, key_prefix):
+    # Given tenant A at 5/s, whose bucket holds half a token and was last refilled an hour
+    # ahead of Redis's clock (the clock stepped back since)
+    q = fq(redis_client, key_prefix, tenant_rate=5)
+    fill(q, "A", 3)
+    redis_client.hset(q.keys.token_buckets, "A", f"0.5,{redis_ms(redis_client) + 3_600_000}")
+    # When a pop meets A
+    assert q.pop(1) == []
+    # Then A waits for the half token it lacks (100 ms), not the hour
+    due = redis_client.zscore(q.keys.rate_parked, "A")
+    assert due is not None and due <= redis_ms(redis_client) + 100, due
+    assert redis_client.hget(q.keys.token_buckets, "A").startswith(b"0.5,")

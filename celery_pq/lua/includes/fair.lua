@@ -14,7 +14,9 @@
 --                    "L:<level>" waiting entries at the level; "M:<level>" largest finish tag
 --                    given at the level. When a level runs empty its V moves to its M (start-time
 --                    fair queueing's rule at the end of a busy period), so every finish tag there
---                    is <= V and the tags of tenants that left can go (fair_gc).
+--                    is <= V and the tags of tenants that left can go (fair_gc). "T" the Redis
+--                    time (ms) of the latest rate park: a later time below it is Redis's clock
+--                    stepped back (fair_unpark)
 -- FK.fc  hash        tenant settings: "w:<t>" weight, "c:<t>" concurrency cap, "r:<t>" rate/s,
 --                    "p:<t>" present while the tenant is paused
 -- FK.fn  hash        counts: "n:<t>" waiting entries, "c:<t>" leased entries
@@ -173,26 +175,45 @@ local function fair_release(t)
   fair_resume(t, 'C')
 end
 
--- Rate-parked tenants whose token is due go back into the schedule.
+-- Rate-parked tenants whose token is due go back into the schedule. A time before the latest
+-- rate park (fv "T") is Redis's clock stepped back (a failover to a replica whose clock is
+-- behind, an NTP step): every parked tenant goes back, 100 a call, instead of waiting out the
+-- step; its next pop finds its bucket as it was and parks it again for one period at most.
 local function fair_unpark(now)
   local due = redis.call('ZRANGEBYSCORE', FK.tw, '-inf', fmt(now), 'LIMIT', 0, 100)
+  local parked = tonumber(redis.call('HGET', FK.fv, 'T'))
+  if parked and now < parked then
+    due = redis.call('ZRANGE', FK.tw, 0, 99)
+    if #due < 100 then
+      redis.call('HDEL', FK.fv, 'T')
+    end
+  end
   for _, t in ipairs(due) do
     redis.call('ZREM', FK.tw, t)
     fair_resume(t, 'R')
   end
 end
 
+-- The tokens of bucket record b ("tokens,last_ms") of a tenant with rate (per second) at now;
+-- nil when b is not a bucket's. The time since the last refill counts from 0 up: a refill time
+-- ahead of now (the clock stepped back) refills nothing and takes nothing, and the bucket is
+-- written with now as its refill time, so a step back costs at most the period the bucket waits
+-- for its next token. Never fewer than 0 tokens, nor more than max(rate, 1).
+local function bucket_tokens(b, rate, now)
+  local a, l = string.match(b or '', '^([^,]*),(.*)$')
+  a, l = tonumber(a), tonumber(l)
+  if not (a and l) then
+    return nil
+  end
+  return math.min(math.max(rate, 1), math.max(a, 0) + math.max(now - l, 0) * rate / 1000)
+end
+
 -- Take a token from tenant t's bucket (rate per second); false and the ms it is due if none.
 local function fair_token(t, rate, now)
-  local b = redis.call('HGET', FK.fr, t)
-  local tokens, last = rate, now
-  local a, l = string.match(b or '', '^([^,]*),(.*)$')
-  if tonumber(a) and tonumber(l) then -- an unreadable bucket starts again
-    tokens, last = tonumber(a), tonumber(l)
-    tokens = math.min(math.max(rate, 1), tokens + (now - last) * rate / 1000)
-  end
+  local tokens = bucket_tokens(redis.call('HGET', FK.fr, t), rate, now) or rate -- unreadable: starts again
   if tokens < 1 then
     redis.call('HSET', FK.fr, t, tokens .. ',' .. fmt(now))
+    redis.call('HSET', FK.fv, 'T', fmt(now))
     return false, now + math.ceil((1 - tokens) * 1000 / rate)
   end
   redis.call('HSET', FK.fr, t, (tokens - 1) .. ',' .. fmt(now))
@@ -243,9 +264,8 @@ local function fair_gc(gc, now, budget)
     local t = scan2[2][i]
     if redis.call('HEXISTS', FK.tb, t) == 0 then
       local _, _, rate = settings(t)
-      local a, l = string.match(scan2[2][i + 1], '^([^,]*),(.*)$')
-      a, l = tonumber(a), tonumber(l)
-      if rate <= 0 or not (a and l) or a + (now - l) * rate / 1000 >= math.max(rate, 1) then
+      local tokens = rate > 0 and bucket_tokens(scan2[2][i + 1], rate, now)
+      if not tokens or tokens >= math.max(rate, 1) then
         redis.call('HDEL', FK.fr, t)
       end
     end
