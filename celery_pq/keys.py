@@ -108,6 +108,8 @@ FIELDS = {
     "dq": "duplicate_index",
     "uq": "unique_keys",
     "ue": "unique_holders",
+    "uz": "throttle_deadlines",
+    "ub": "debounce_publishes",
 }
 #: Suffixes of one queue's keys, in the order QueueKeys lists them.
 SUFFIXES = tuple(FIELDS)
@@ -165,6 +167,8 @@ class QueueKeys:
     duplicate_index: str  # dq
     unique_keys: str  # uq
     unique_holders: str  # ue
+    throttle_deadlines: str  # uz
+    debounce_publishes: str  # ub
 
     @property
     def stem(self) -> str:

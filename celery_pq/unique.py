@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 #: The headers a message names its key, mode and seconds in (the key's header is the option
 #: ``unique_key``, this by default).
 KEY_HEADER, MODE_HEADER, SECONDS_HEADER = "pq_unique", "pq_unique_mode", "pq_unique_seconds"
+#: Celery's header of a task message's retry count (``Task.retry`` sends the task's id again,
+#: this one up): what tells a retry of the task standing for a key from a publish of its id.
+RETRIES_HEADER = "retries"
 #: Publishes with a key whose outcome this process remembers (the latest ones).
 OUTCOMES_KEPT = 10_000
 
@@ -55,8 +58,15 @@ def unique_of(message: dict, options: Options, queue: str, decode_body: Callable
         raise ValueError(
             f"header {MODE_HEADER!r} must be one of {', '.join(MODES)}, got {mode!r}; the message was not published"
         )
+    retries = headers.get(RETRIES_HEADER) or 0
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(
+            f"header {RETRIES_HEADER!r} of a message with a unique key must be an int >= 0 (a retry count), "
+            f"got {retries!r:.80}; the message was not published"
+        )
     try:
-        return UniqueKey(key, mode, headers.get(SECONDS_HEADER, seconds), source=f"header {SECONDS_HEADER!r}")
+        seconds = headers.get(SECONDS_HEADER, seconds)
+        return UniqueKey(key, mode, seconds, source=f"header {SECONDS_HEADER!r}", retries=retries)
     except ValueError as exc:
         raise ValueError(f"{exc}; the message was not published") from None
 

@@ -36,9 +36,12 @@
 --                   of their own; "R" as "0", and the reply tells repeats (see Returns)
 -- ARGV[7+nviews+nforget] nunique  number of entries that carry a unique key ("0": none, the usual)
 -- ARGV[8+nviews+nforget..7+nviews+nforget+nunique] unique...  one per entry with a unique key, in
---                   the order of the entries: "<entry index from 0>,<mode>,<ms>,<key>", mode one
---                   letter: w while_waiting, a while_active, r replace, d debounce (ms: the delay),
---                   t throttle (ms: the period); see includes/unique.lua and docs/unique.md
+--                   the order of the entries: "<entry index from 0>,<mode>,<ms>,<retries>,<key>",
+--                   mode one letter: w while_waiting, a while_active, r replace, d debounce (ms:
+--                   the delay), t throttle (ms: the period); retries: the publish's retry count
+--                   (Celery's header "retries", 0 for none): a publish of the standing entry's own
+--                   task id with more retries than it is its retry, stored; see
+--                   includes/unique.lua and docs/unique.md
 -- ARGV[8+nviews+nforget+nunique..] id rank tenant payload due publish_id task expires...  the entries,
 --                   eight arguments each: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
@@ -52,7 +55,9 @@
 --                   two); stored in the entry (its xp), a pop never delivers it once passed
 -- An entry with a unique key (its mode: docs/unique.md) whose key has an entry standing is
 -- merged into it or throttled (nothing stored), or takes its place (replace: at the same place
--- in line when its rank is the old one's; debounce: due at now + delay), all in this call.
+-- in line when its rank is the old one's and that place is among the first or last 1,000 of the
+-- rank, else at the back; debounce: due at now + delay), all in this call. Each entry with a
+-- throttle key drops up to 4 throttle records whose period is over.
 -- Counts enqueued (entries stored), refused_full (entries of a refused call; the refused
 -- call writes nothing else) and unique_merged, unique_throttled, unique_replaced,
 -- unique_debounced. Logs enqueue per entry stored; merged, throttled (the standing entry's id),
@@ -95,8 +100,8 @@ local U = false -- entry index -> {m = mode, ms, key}, for the entries with a un
 if nunique > 0 then
   U = {}
   for j = 8 + nviews + nforget, first - 1 do
-    local at, m, ms, key = string.match(ARGV[j], '^(%d+),(%a),(%d+),(.*)$')
-    U[tonumber(at)] = { m = m, ms = tonumber(ms), key = key }
+    local at, m, ms, retries, key = string.match(ARGV[j], '^(%d+),(%a),(%d+),(%d+),(.*)$')
+    U[tonumber(at)] = { m = m, ms = tonumber(ms), retries = tonumber(retries), key = key }
   end
 end
 
@@ -203,7 +208,7 @@ if U and fresh > 0 and (max_length > 0 or (fair and max_per_tenant > 0)) then
       if st then
         st = (st == 't') == (u.m == 't') and st or nil
       else
-        local s = unique_standing(ii, lt, dz, u.key, u.m, now, ARGV[first + 8 * i])
+        local s = unique_standing(ii, lt, dz, u.key, u.m, u.ms, now, ARGV[first + 8 * i], u.retries, false)
         st = s and s.state
       end
       if st and (u.m == 'w' or u.m == 'a' or u.m == 't') then
@@ -261,7 +266,10 @@ for i = 0, n - 1 do
     local u = U and U[i]
     local s, kind, uflag = nil, nil, ''
     if u then
-      s = unique_standing(ii, lt, dz, u.key, u.m, now, id)
+      if u.m == 't' then
+        unique_prune_throttle(now, UNIQUE_PRUNE_PER_INSERT)
+      end
+      s = unique_standing(ii, lt, dz, u.key, u.m, u.ms, now, id, u.retries, true)
       kind = s and UNIQUE_KINDS[u.m] or 'stored'
       if s and s.state == 'leased' and kind ~= 'merged' then -- a replace or debounce of one running
         s, kind = nil, 'stored'
@@ -300,13 +308,9 @@ for i = 0, n - 1 do
       if s then
         local orank, oseq = split_score(s.e.s)
         if kind == 'replaced' and s.state == 'waiting' and orank == rank and due <= now then
-          local p = make_ptr(oseq, s.eid)
-          for _, key in ipairs(pi_lists(pi, orank)) do
-            local at = redis.call('LPOS', key, p)
-            if at then
-              keep, score = { key, at, oseq }, s.e.s
-              break
-            end
+          keep = unique_place(pi, orank, make_ptr(oseq, s.eid))
+          if keep then
+            keep[3], score = oseq, s.e.s
           end
         end
         unique_drop(ii, dz, dp, s, kind, u.key)
@@ -360,7 +364,7 @@ for i = 0, n - 1 do
         end
       end
       if u then
-        unique_hold(u.key, u.m, u.ms, eid, now)
+        unique_hold(u.key, u.m, u.ms, eid, now, u.retries)
         out[#out + 1] = { eid, kind }
       else
         out[#out + 1] = eid

@@ -2,7 +2,8 @@
 -- task id): the entry with that id and every duplicate "<id>~<seq>" of it are removed.
 -- Technique T deletes from both tables at once (the pointer is found by its value in its
 -- rank's list: O(its position)); technique S deletes from the identifier-indexed table only and
--- leaves the pointer to lazy deletion, as does a fair queue.
+-- leaves the pointer to lazy deletion, as does a fair queue. Either frees the unique key an
+-- entry held (includes/unique.lua).
 -- Leased entries are not touched (they are counted in the reply). Delayed entries are removed
 -- too; on a fair queue the tenant's order and schedule follow. Counts removed; logs remove.
 -- An id sent many times has many duplicates: one call handles at most ARGV[3] of them (in the
@@ -78,8 +79,9 @@ for i, eid in ipairs(ids) do
     if redis.call('ZSCORE', dz, eid) then
       redis.call('ZREM', dz, eid)
     end
-    if redis.call('HDEL', ii, eid) == 1 then -- (a key it held is free: the insert finds it gone)
+    if redis.call('HDEL', ii, eid) == 1 then
       removed = removed + 1
+      unique_release(eid) -- (its value is not read: one look-up in the entries holding a key)
       local e = v and split_entry(v)
       emit('remove', eid, e and e.s, e and e.t)
       if not members[i] then -- (the id itself may be "<task id>~<seq>")

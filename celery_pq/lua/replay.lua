@@ -6,7 +6,11 @@
 -- is now (it waits from now on; the note with the old times goes). A leased dead letter (a
 -- consumer of <queue>.dead holds it) or an id not in the dead-letter queue is left alone.
 -- Each replayed entry counts as enqueued and is logged as an ordinary "enqueue" event (reason
--- "replay"): to every reader it is a new publish of the same message.
+-- "replay"): to every reader it is a new publish of the same message. A dead letter that held a
+-- unique key (includes/unique.lua; it kept the key in <queue>.dead's ue) holds it again; when
+-- another entry holds that key by now, the dead letter is merged into it instead, as a publish
+-- of the key would be: it leaves the dead-letter queue, nothing is stored, the reply is the id
+-- of the entry holding the key (counted unique_merged, logged merged with the key as its r).
 --
 -- KEYS[1]  ii   hash    identifier-indexed table
 -- KEYS[2]  pi   zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -20,7 +24,8 @@
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length  entries waiting allowed in the live queue, 0 for no limit
 -- ARGV[2..] id...  stored ids of dead letters to replay
--- Returns: one reply per id, in order: the entry id it got in the live queue, or NOT_FOUND (no
+-- Returns: one reply per id, in order: the entry id it got in the live queue (or, merged, the
+--          id of the entry holding its unique key), or NOT_FOUND (no
 --          such dead letter), NOT_WAITING (it is leased), QUEUE_FULL (max_length reached:
 --          this and every later id are left in the dead-letter queue). A dead letter that
 --          cannot be parsed stays where it is (NOT_FOUND). The error reply MODE_MISMATCH
@@ -36,6 +41,7 @@
 --!include index.lua
 --!include queue.lua
 --!include records.lua
+--!include unique.lua
 --!include wake.lua
 --!keys
 
@@ -43,8 +49,10 @@
 local max_length = tonumber(ARGV[1])
 local fair = CTX.fair
 local dlt = string.sub(dii, 1, -3) .. 'lt'
+local dead_ue = string.sub(dii, 1, -3) .. 'ue' -- (the keys dead letters kept: includes/unique.lua)
 
-local now = fmt(now_ms())
+local now_n = now_ms()
+local now = fmt(now_n)
 local out = {}
 local full = false
 local woken = false
@@ -55,12 +63,25 @@ for i = 2, #ARGV do
   if v then
     e, bar = split_entry(v)
   end
+  local key, held = false, nil
+  if e and holds_key(e.x) then
+    key = redis.call('HGET', dead_ue, deid)
+    held = key and unique_held_by(ii, key)
+  end
   if full then
     out[#out + 1] = QUEUE_FULL
   elseif not e then
     out[#out + 1] = NOT_FOUND
   elseif redis.call('HEXISTS', dlt, deid) == 1 then
     out[#out + 1] = NOT_WAITING
+  elseif held then -- its key is held again: merged into the entry that holds it
+    redis.call('HDEL', dii, deid)
+    redis.call('HDEL', dead_ue, deid)
+    local rank, dseq = split_score(e.s)
+    pi_drop_near(dpi, rank, make_ptr(dseq, deid), 64)
+    tally('unique_merged')
+    emit('merged', held, nil, nil, nil, nil, key)
+    out[#out + 1] = held
   elseif max_length > 0 and redis.call('HLEN', ii) - redis.call('HLEN', lt) >= max_length then
     full = true
     out[#out + 1] = QUEUE_FULL
@@ -77,10 +98,17 @@ for i = 2, #ARGV do
       dup_add(base, dup)
       seq = dup
     end
+    if key then
+      e.x = e.x .. 'u'
+      redis.call('HDEL', dead_ue, deid)
+    end
     e.d, e.r, e.ts = 0, '', now
     e.s = fmt(rank * SEQ_SPAN + seq)
     redis.call('HSET', ii, eid, join_entry(e, v, bar))
     pi_push(pi, rank, seq, eid)
+    if key then
+      unique_hold(key, 'w', 0, eid, now_n, 0)
+    end
     if fair then
       fair_add(e.t, e.s, eid)
     end

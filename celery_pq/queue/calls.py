@@ -122,7 +122,7 @@ def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0", unique=N
     """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
     none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made
     here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send).
-    ``unique``: item index -> (mode letter, ms, key) of the items with a unique key
+    ``unique``: item index -> (mode letter, ms, retries, key) of the items with a unique key
     (queue/unique.py), None or empty for none (the ARGV of a call without keys is as it was but
     for one "0", the count)."""
     entries: list = []
@@ -139,7 +139,7 @@ def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0", unique=N
             task or "",
             expires,
         ]
-    specs = [f"{i},{m},{ms},{key}" for i, (m, ms, key) in sorted(unique.items())] if unique else []
+    specs = [f"{i},{m},{ms},{r},{key}" for i, (m, ms, r, key) in sorted(unique.items())] if unique else []
     return head(*entries, forget=forget, made=made, unique=specs)
 
 

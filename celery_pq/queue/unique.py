@@ -36,13 +36,17 @@ MAX_SECONDS = 10 * 365 * 86400
 @dataclass(frozen=True)
 class UniqueKey:
     """A checked unique key: the key, its mode (``MODES``) and its seconds (the debounce delay
-    or the throttle period; the other modes do not use them). ValueError names a bad value,
-    with ``source`` (say, the header it came from) in front."""
+    or the throttle period; the other modes do not use them), and the retry count of the
+    publish (Celery's header ``retries``): a publish of the standing task's own id with more
+    retries than it is that task's retry, stored (not merged or throttled); a publish of the same
+    id without more retries is judged as any other. ValueError names a bad value, with
+    ``source`` (say, the header it came from) in front."""
 
     key: str
     mode: str = DEFAULT_MODE
     seconds: float = DEFAULT_SECONDS
     source: str = "unique key"
+    retries: int = 0
 
     def __post_init__(self):
         if not isinstance(self.key, str) or not self.key:
@@ -54,11 +58,14 @@ class UniqueKey:
         s = self.seconds
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 < s <= MAX_SECONDS:
             raise ValueError(f"{self.source}: unique seconds must be a number > 0 and <= {MAX_SECONDS}, got {s!r}")
+        r = self.retries
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"retries: a retry count is an int >= 0, got {r!r}")
 
     @property
-    def spec(self) -> tuple[str, int, str]:
-        """(mode letter, ms, key), as ``calls.insert_args`` takes it."""
-        return MODES[self.mode], max(1, int(float(self.seconds) * 1000)), self.key
+    def spec(self) -> tuple[str, int, int, str]:
+        """(mode letter, ms, retries, key), as ``calls.insert_args`` takes it."""
+        return MODES[self.mode], max(1, int(float(self.seconds) * 1000)), self.retries, self.key
 
 
 @dataclass(frozen=True)

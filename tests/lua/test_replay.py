@@ -4,6 +4,7 @@ import pytest
 
 from celery_pq import ModeMismatch, PriorityQueue
 from celery_pq.ids import decode_id
+from celery_pq.queue.unique import UniqueKey
 from celery_pq.records import split_entry, split_pointer
 
 
@@ -120,3 +121,36 @@ def test_replay_is_an_ordinary_enqueue_to_counters_and_the_event_log(redis_clien
     assert {k: v for k, v in after.items() if k != "enqueued"} == {k: v for k, v in before.items() if k != "enqueued"}
     last = q.events()[-1]
     assert (last["e"], last["id"], last["p"], last["r"]) == ("enqueue", "a", 42, "replay")
+
+
+def test_a_replayed_dead_letter_holds_its_unique_key_again(q, redis_client):
+    # Given an entry holding a unique key (while_active), dead-lettered: its key is free meanwhile
+    q.insert_unique(b"x", 1, id="u1", unique=UniqueKey("report:7", "while_active"))
+    kill(q)
+    assert q.insert_unique(b"x", 1, id="u2", unique=UniqueKey("report:7", "while_active")).kind == "stored"
+    q.ack(q.pop(1)[0])
+    # When it is replayed, the key free again
+    assert q.replay(["u1"])["replayed"] == {"u1": "u1"}
+    # Then it holds its key: a publish of the key merges into it, while it waits and while it runs
+    out = q.insert_unique(b"x", 1, id="u3", unique=UniqueKey("report:7", "while_active"))
+    assert (out.kind, out.task_id) == ("merged", "u1")
+    [lease] = q.pop(1)
+    assert q.insert_unique(b"x", 1, id="u4", unique=UniqueKey("report:7", "while_active")).task_id == "u1"
+    q.ack(lease)  # and its ack frees the key
+    assert q.insert_unique(b"x", 1, id="u5", unique=UniqueKey("report:7", "while_active")).kind == "stored"
+    assert redis_client.hlen(q.dead.keys.unique_holders) == 0
+
+
+def test_a_dead_letter_whose_key_is_held_again_is_merged_into_the_holder_not_replayed_beside_it(q, redis_client):
+    # Given a dead letter that held key k, and a new entry holding k now
+    q.insert_unique(b"old", 1, id="k1", unique=UniqueKey("k"))
+    kill(q)
+    assert q.insert_unique(b"new", 1, id="k2", unique=UniqueKey("k")).kind == "stored"
+    # When the dead letter is replayed
+    got = q.replay(["k1"])
+    # Then it is merged into the entry holding k (as a publish of k would be): no second entry of
+    # the key, and the dead letter is gone
+    assert got["replayed"] == {"k1": "k2"}
+    assert [e.id for e in q.peek(5)] == ["k2"] and q.dead.peek(5) == []
+    assert redis_client.hlen(q.dead.keys.unique_holders) == 0
+    assert q.counters()["unique_merged"] == 1

@@ -12,7 +12,7 @@ from celery_pq import PriorityQueue, QueueFull
 from celery_pq.ids import encode_id
 from celery_pq.queue import QueueSettings, calls, open_queue
 from celery_pq.queue.unique import UniqueKey
-from celery_pq.records import split_entry
+from celery_pq.records import split_entry, split_pointer
 from celery_pq.shards import ShardedQueue
 
 
@@ -21,8 +21,9 @@ def q_of(client, prefix, name="uq", **kw):
     return PriorityQueue(client, name, key_prefix=prefix, **kw)
 
 
-def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, **kw):
-    return q.insert_unique(payload or id.encode(), priority, id=id, unique=UniqueKey(key, mode, seconds), **kw)
+def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, retries=0, **kw):
+    unique = UniqueKey(key, mode, seconds, retries=retries)
+    return q.insert_unique(payload or id.encode(), priority, id=id, unique=unique, **kw)
 
 
 def waiting(q):
@@ -267,17 +268,172 @@ def test_a_keyless_insert_sends_what_it_sent_before(redis_client, key_prefix):
 
 
 def test_a_retry_of_the_running_task_is_stored_not_merged(redis_client, key_prefix):
-    """Celery's retry publishes the task's own id and headers again while it runs: with the key
-    held by that very run (while_active) or within its throttle period, the retry is stored
-    (under a duplicate id), not merged into the run about to be acked."""
+    """Celery's retry publishes the task's own id again while it runs, its ``retries`` one up:
+    with the key held by that very run (while_active) or within its throttle period, the retry
+    is stored (under a duplicate id), not merged into the run about to be acked. The same id
+    published again without more retries (a task id the caller chose) is merged or throttled."""
     q = q_of(redis_client, key_prefix)
     put(q, "task-1", "k", "while_active")
     [lease] = q.pop(1)
-    retry = put(q, "task-1", "k", "while_active")
+    again = put(q, "task-1", "k", "while_active")  # the same id, no retry: merged into the run
+    assert (again.kind, again.task_id) == ("merged", "task-1")
+    retry = put(q, "task-1", "k", "while_active", retries=1)
     assert retry.kind == "stored" and retry.task_id.startswith("task-1~")
     assert put(q, "other", "k", "while_active").task_id == retry.task_id  # the retry holds the key
     q.ack(lease)
     assert put(q, "other", "k", "while_active").task_id == retry.task_id
+    assert put(q, "task-1", "k", "while_active", retries=1).task_id == retry.task_id  # not more retries
     put(q, "t-1", "t", "throttle", 60)
-    assert put(q, "t-1", "t", "throttle", 60).kind == "stored"
+    assert put(q, "t-1", "t", "throttle", 60).kind == "throttled"
+    assert put(q, "t-1", "t", "throttle", 60, retries=1).kind == "stored"
+    assert put(q, "t-1", "t", "throttle", 60, retries=1).kind == "throttled"
     assert put(q, "t-2", "t", "throttle", 60).kind == "throttled"
+    with pytest.raises(ValueError, match="retries"):
+        UniqueKey("k", retries=-1)
+
+
+def orphans(client, q) -> list[str]:
+    """Key records (uq, ue) and debounce publish times (ub) that name no entry of the queue."""
+    entries = {k.decode() for k in client.hkeys(q.keys.entries)}
+    named = [rec.rsplit("|", 1)[1] for rec in held(client, q).values() if rec.startswith("e|")]
+    named += [k.decode() for k in client.hkeys(q.keys.unique_holders)]
+    named += [m.decode() for m in client.zrange(q.keys.debounce_publishes, 0, -1)]
+    return [eid for eid in named if eid not in entries]
+
+
+@pytest.mark.parametrize("technique", ["S", "T"])
+def test_an_entry_removed_leaves_no_record_to_swallow_a_reused_id(redis_client, key_prefix, technique):
+    # Given an entry holding key k, removed by id
+    q = q_of(redis_client, key_prefix, name=f"reuse{technique}", technique=technique)
+    put(q, "d1", "k")
+    assert q.remove("d1") == 1
+    # Then its key record went with it
+    assert held(redis_client, q) == {} and orphans(redis_client, q) == []
+    # and when its id is taken again by an entry of another key, a publish of k is stored, not
+    # merged into that unrelated entry (where it would never run)
+    assert put(q, "d1", "j").kind == "stored"
+    assert put(q, "d2", "k").kind == "stored"
+    assert sorted(waiting(q)) == ["d1", "d2"]
+
+
+def test_no_way_out_of_the_queue_leaves_a_key_record_behind(redis_client, key_prefix):
+    """Every way an entry leaves (ack, dead letter, expiry, purge, replace, debounce, removal)
+    takes its key records with it; a requeue keeps them (the entry is still there)."""
+    q = q_of(redis_client, key_prefix, max_deliveries=2, technique="S")
+    put(q, "ack", "a", "while_active")
+    put(q, "dead", "b", "while_active")
+    put(q, "expired", "c", "while_active", ttl=0.05)
+    put(q, "replaced", "d", "replace")
+    put(q, "debounced", "e", "debounce", 30)
+    [first] = q.pop(1)
+    q.ack(first)
+    [second] = q.pop(1)
+    assert q.requeue(second) == "waiting"  # back to waiting: still holds its key
+    assert orphans(redis_client, q) == [] and "b" in held(redis_client, q)
+    [second] = q.pop(1)
+    assert q.requeue(second) == "dead"
+    time.sleep(0.1)
+    assert [lease.id for lease in q.pop(5)] == ["replaced"]  # the expired one is dead-lettered
+    put(q, "replacing", "d", "replace")
+    put(q, "debouncing", "e", "debounce", 30)
+    assert orphans(redis_client, q) == []
+    assert set(held(redis_client, q)) == {"d", "e"}
+    q.purge()
+    assert held(redis_client, q) == {} and orphans(redis_client, q) == []
+    assert redis_client.zcard(q.keys.debounce_publishes) == 0
+
+
+def test_throttle_records_are_pruned_as_fast_as_new_keys_come(redis_client, key_prefix):
+    """An "at most once per period per user" throttle with many new users a second: each
+    throttled insert drops a few records whose period is over, so the key table keeps pace with
+    any rate of new keys (the sweep alone pruned about 50 a call) and nothing sweeps here."""
+    q = q_of(redis_client, key_prefix, event_log=0)
+    # Given 1,000 distinct keys throttled for 0.5 s, their periods over
+    for i in range(1000):
+        put(q, f"a{i}", f"user-a{i}", "throttle", 0.5)
+    time.sleep(0.55)
+    # When 500 new keys come (throttled for a minute), at thousands a second, with no sweep
+    for i in range(500):
+        put(q, f"b{i}", f"user-b{i}", "throttle", 60)
+    # Then every record whose period was over is gone: the table holds the live ones only
+    assert redis_client.hlen(q.keys.unique_keys) == 500
+    assert redis_client.zcard(q.keys.throttle_deadlines) == 500
+    # and rounds of 500 new keys with a short period stay at most one round over the live ones
+    sizes = []
+    for r in range(4):
+        for i in range(500):
+            put(q, f"c{r}-{i}", f"user-c{r}-{i}", "throttle", 0.05)
+        sizes.append(redis_client.hlen(q.keys.unique_keys))
+        time.sleep(0.06)
+    assert max(sizes) <= 1000, sizes
+    assert q.stats()["unique"]["keys"] <= 1000
+
+
+def test_replace_looks_for_the_old_place_near_the_ends_only(redis_client, key_prefix):
+    """A replace finds the waiting one's pointer with LPOS bounded by MAXLEN (from the head and
+    from the tail of its rank): its work does not grow with the backlog. Near either end the new
+    entry keeps the old one's place; deep in the backlog it goes to the back of its priority."""
+    q = q_of(redis_client, key_prefix, event_log=0)
+    put(q, "head", "h", "replace")
+    q.insert_many([(b"x", 1, f"e{i}") for i in range(20_000)], chunk=1000)
+    put(q, "deep", "d", "replace")
+    q.insert_many([(b"x", 1, f"f{i}") for i in range(20_000)], chunk=1000)
+    put(q, "tail", "t", "replace")
+    q.insert_many([(b"x", 1, f"g{i}") for i in range(10)])
+    # When each is replaced, SLOWLOG recording every command the script runs
+    before = redis_client.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    try:
+        redis_client.slowlog_reset()
+        for old in ("head", "deep", "tail"):
+            out = put(q, f"{old}2", {"head": "h", "deep": "d", "tail": "t"}[old], "replace")
+            assert out.kind == "replaced"
+        log = redis_client.execute_command("SLOWLOG", "GET", -1)
+    finally:
+        redis_client.config_set("slowlog-log-slower-than", before)
+    # Then every LPOS it ran was bounded (MAXLEN), a few per replace
+    lpos = [[bytes(a).upper() for a in entry[3]] for entry in log if bytes(entry[3][0]).upper() == b"LPOS"]
+    assert lpos and all(b"MAXLEN" in args for args in lpos), lpos
+    assert len(lpos) <= 3 * 4
+    # and the head and tail replaced in place, the deep one at the back of its priority
+    rank = q.rank(1)
+    level = [split_pointer(p)[1].decode() for p in redis_client.lrange(q.keys.level(rank), -12, -1)]
+    assert level[-12:] == ["tail2", *(f"g{i}" for i in range(10)), "deep2"]
+    assert q.peek(1)[0].id == "head2"
+    assert redis_client.hexists(q.keys.entries, "deep") == 0
+    assert q.size() == 40_013
+
+
+def test_a_backward_step_of_the_clock_stretches_a_throttle_by_one_period_at_most(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    put(q, "t1", "k", "throttle", 0.2)
+    # Given the record as a Redis whose clock was an hour ahead wrote it (the state a failover to
+    # a replica an hour behind leaves: its deadline an hour and a period away)
+    kind, _, rest = redis_client.hget(q.keys.unique_keys, "k").decode().split("|", 2)
+    sec, usec = redis_client.time()
+    ahead = sec * 1000 + usec // 1000 + 3_600_000 + 200
+    redis_client.hset(q.keys.unique_keys, "k", f"{kind}|{ahead}|{rest}")
+    redis_client.zadd(q.keys.throttle_deadlines, {"k": ahead})
+    # Then a publish within the period is throttled, and the period ends a period later, not in an hour
+    assert put(q, "t2", "k", "throttle", 0.2).kind == "throttled"
+    time.sleep(0.25)
+    assert put(q, "t3", "k", "throttle", 0.2).kind == "stored"
+
+
+def test_a_backward_step_of_the_clock_delays_a_debounce_by_one_delay_at_most(redis_client, key_prefix):
+    q = q_of(redis_client, key_prefix)
+    put(q, "d1", "k", "debounce", 0.2)
+    # Given the debounced entry as a Redis whose clock was an hour ahead stored it: due an hour
+    # and a delay from now, published an hour from now
+    sec, usec = redis_client.time()
+    now = sec * 1000 + usec // 1000
+    redis_client.zadd(q.keys.delayed, {"d1": now + 3_600_000 + 200})
+    redis_client.zadd(q.keys.debounce_publishes, {"d1": now + 3_600_000})
+    # When the sweep runs, and again once the delay has passed
+    q.reclaim()
+    assert redis_client.zscore(q.keys.delayed, "d1") <= now + 1000
+    time.sleep(0.25)
+    q.reclaim()
+    # Then it is due: it runs a delay after the step, not an hour later
+    [lease] = q.pop(1)
+    assert lease.id == "d1"

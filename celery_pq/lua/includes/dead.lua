@@ -31,6 +31,7 @@ local function dead_make_room(dii, dpi)
     local _, key = pi_head(dpi, best_rank)
     pi_pop_head(dpi, best_rank, key)
     redis.call('HDEL', dii, best_eid)
+    unique_release(best_eid) -- (the key a dead letter kept for replay)
     emit('remove', best_eid, best_rank * SEQ_SPAN, nil, nil, nil, 'dead_dropped')
     counter_add('dead_dropped')
     CTX.dropped = (CTX.dropped or 0) + 1
@@ -39,7 +40,9 @@ end
 
 -- Move entry eid (value v, parsed e, split at bar) from its queue to the dead-letter queue.
 -- It keeps its priority; its dead-letter note says why, when and after how many deliveries.
--- A dead letter has no expiry deadline: it waits in the dead-letter queue until taken.
+-- A dead letter has no expiry deadline: it waits in the dead-letter queue until taken. The
+-- unique key it held is free in its queue; the dead letter keeps it (flag "u", the dead-letter
+-- queue's ue) for a replay to restore (replay.lua).
 local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
   dead_make_room(dii, dpi)
   local seq = redis.call('INCR', dsq)
@@ -47,13 +50,15 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   local dscore = rank * SEQ_SPAN + seq
   local deid = free_id(dii, eid, dsq, seq)
   emit('dead', eid, score, e.t, nil, e.d, reason)
-  if holds_key(e.x) then -- its unique key is free (a dead letter holds none)
-    unique_release(eid)
-  end
+  local key = unique_release(eid) -- (also of an entry set aside: its flags could not be read)
   e.r = dead_note(reason, now, e.d)
   e.d = 0
   e.s = fmt(dscore)
   e.x = ''
+  if key then
+    e.x = 'u'
+    redis.call('HSET', string.sub(dii, 1, -3) .. 'ue', deid, key)
+  end
   e.xp = ''
   redis.call('HSET', dii, deid, join_entry(e, v, bar))
   pi_push(dpi, rank, seq, deid)
