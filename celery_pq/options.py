@@ -46,7 +46,7 @@ from .option_checks import (
 )
 from .queue import MAX_WEIGHT, MIN_WEIGHT, QueueSettings
 from .redact import redact
-from .task_rates import celery_own_queue, check_shards, on_queue
+from .task_rates import celery_own_queue, on_queue
 from .task_rates import check as _task_rate
 
 
@@ -261,7 +261,6 @@ class Options:
         renew, timeout = fit_renewals(self.lease_seconds, self.renew_interval, self.socket_timeout, default_timeout)
         keep(self, "renew_interval", renew)
         keep(self, "socket_timeout", timeout)
-        check_shards(self.task_rate, self.shards)
         for name, fn_field in (("fair_key", "tenant_fn"), ("unique_key", "unique_fn")):
             keep(self, fn_field, key_function(name, getattr(self, name)))
         fair_only = {
@@ -313,7 +312,7 @@ class Options:
         dead-letter queue is never fair and has no delivery limit; Celery's own queues have one
         shard; each shard of a sharded queue holds its part of ``max_length``."""
         dead = name.endswith(".dead")
-        task_rate = on_queue(self.task_rate, name, self.shards_of(name))  # {tenant: rate per shard}
+        task_rate = on_queue(self.task_rate, name)  # {tenant: rate}
         fair = (self.fair_key is not None or bool(task_rate)) and not dead
         return QueueSettings(
             key_prefix=self.key_prefix,

@@ -10,11 +10,10 @@ Insert puts an entry in one shard: the tenant's (a hash of it) on a fair queue, 
 entries keep their order and its bucket there is its only one, with its whole rate (the default
 tenant's entries too when it has a rate: docs/rate-limits.md, "Rate limits with shards"); else
 the shard of the publish id (a hash of it), so a retried publish lands where the first one went
-and is stored once; else a random shard. An entry inserted
-without an id gets a UUID (``new_id``: made from its publish id when it has one, so that a
-retried publish names the entry the first one stored), not the shard's own counter, whose
-numbers every shard would hand out again: an id names one entry of the whole queue (remove, exists,
-change_priority by id).
+and is stored once; else a random shard. An entry inserted without an id gets a UUID
+(``new_id``: made from its publish id when it has one, so that a retried publish names the entry
+the first one stored), not the shard's own counter, whose numbers every shard would hand out
+again: an id names one entry of the whole queue (remove, exists, change_priority by id).
 
 Pop (``ShardedQueue.pop_with_acks``) peeks ``peek`` (k) shards chosen at random in one
 pipelined round trip, reading the rank and enqueue time of the entry each would deliver first

@@ -16,7 +16,9 @@ The option's two forms (mixed freely; a queue's own entry wins over an every-que
 
 A queue with a limit is a fair queue even without ``fair_key`` (the other messages share the
 default tenant). Celery's own queues (remote control, replies, events) and dead-letter queues
-take no limit. A queue of N shards keeps one bucket per shard, each with rate / N.
+take no limit. On a queue of shards every message of a limited task goes to one shard, its
+tenant's, whose bucket holds the task's whole rate (docs/rate-limits.md, "Rate limits with
+shards").
 
 Who uses it: ``Options`` checks the option (``check``) and gives each queue's tenants their
 rates (``on_queue``); ``tenants.tenant_of`` asks ``limited_tenant`` for each published message.
@@ -75,24 +77,6 @@ def check(name: str, value) -> dict | None:
     return out
 
 
-def check_shards(value: dict | None, shards: int) -> None:
-    """Each shard of a queue of ``shards`` keeps rate / shards: that must still be a rate."""
-    for label, rate in _every_rate(value):
-        if rate / shards < MIN_RATE:
-            raise ConfigError(
-                f"task_rate{label} ({rate:g}/s) over {shards} shards gives each shard {rate / shards:g}/s, "
-                f"below the least rate a bucket takes ({MIN_RATE:g}/s)"
-            )
-
-
-def _every_rate(value: dict | None):
-    for key, v in (value or {}).items():
-        if isinstance(v, dict):
-            yield from ((f"[{key!r}][{task!r}]", rate) for task, rate in v.items())
-        else:
-            yield f"[{key!r}]", v
-
-
 def _rates(value: dict, queue: str) -> dict[str, float]:
     """{task: rate} of the tasks limited on ``queue``: the every-queue entries, then the queue's."""
     if celery_own_queue(queue) or queue.endswith(".dead"):
@@ -104,12 +88,13 @@ def _rates(value: dict, queue: str) -> dict[str, float]:
     return rates
 
 
-def on_queue(value: dict | None, queue: str, shards: int = 1) -> dict[str, float]:
-    """{tenant: rate per shard} of the tasks limited on ``queue`` (empty when none is): the
-    rates ``configure_tenants`` writes to each of its ``shards`` shards."""
+def on_queue(value: dict | None, queue: str) -> dict[str, float]:
+    """{tenant: rate} of the tasks limited on ``queue`` (empty when none is): the rates
+    ``configure_tenants`` writes to the queue (to each of its shards: a task's messages all go
+    to its tenant's shard, whose bucket is then the task's one bucket in the queue)."""
     if not value:
         return {}
-    return {task_tenant(task): rate / shards for task, rate in _rates(value, queue).items()}
+    return {task_tenant(task): rate for task, rate in _rates(value, queue).items()}
 
 
 def limited_tenant(value: dict, queue: str, headers: dict) -> str | None:

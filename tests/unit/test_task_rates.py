@@ -40,10 +40,12 @@ def test_with_fair_key_the_tenant_tables_and_the_task_limits_are_written_togethe
     assert s.rate == {"acme": 3, "task:proj.send_email": 20.0} and s.tenant_rate == 100
 
 
-def test_a_sharded_queue_splits_the_rate_over_its_shards():
-    o = options(task_rate={"proj.send_email": 20}, shards=4)
-    assert o.queue_settings("q").rate == {"task:proj.send_email": 5.0}
-    assert on_queue(o.task_rate, "q", 4) == {"task:proj.send_email": 5.0}
+def test_each_shard_of_a_sharded_queue_holds_the_whole_rate():
+    """A limited task's messages all go to its tenant's shard: that shard's bucket is the task's
+    only one, so it holds the task's whole rate (tests/shards/test_shard_rates.py)."""
+    o = options(task_rate={"proj.send_email": 20, "proj.rare": 0.05}, shards=100)
+    assert o.queue_settings("q").rate == {"task:proj.send_email": 20.0, "task:proj.rare": 0.05}
+    assert on_queue(o.task_rate, "q") == {"task:proj.send_email": 20.0, "task:proj.rare": 0.05}
 
 
 @pytest.mark.parametrize(
@@ -66,11 +68,6 @@ def test_a_bad_task_rate_is_refused_naming_the_entry(value, named):
     with pytest.raises(ConfigError, match="task_rate") as err:
         options(task_rate=value)
     assert named in str(err.value)
-
-
-def test_a_rate_too_small_for_each_shard_is_refused():
-    with pytest.raises(ConfigError, match="over 100 shards"):
-        options(task_rate={"t": 0.05}, shards=100)
 
 
 def test_the_tenant_of_a_published_message():
