@@ -27,10 +27,12 @@ bounds what it builds: a zstd frame is inflated only when the size its header de
 MAX_INFLATED (a frame that declares 300 MB from 9 KB is refused before anything is allocated; one
 that declares less than it holds fails at the declared size), and a record makes at most
 MAX_VALUES fields and MAX_VALUES list and dict items (kombu's JSON inside it counted by its
-separators). A record over either bound is a CodecError like any unreadable one: the transport
-moves its entry to the dead-letter queue (reason ``malformed``). The writer keeps to the same
-bounds: a record over MAX_INFLATED is stored uncompressed, and a message over MAX_VALUES is
-refused (CodecError, nothing written), so every record it writes reads back.
+separators); the varint of a length, count or reference takes at most MAX_VARINT_BYTES, an
+integer's at most MAX_INT_BYTES (read in linear time). A record over a bound is a CodecError
+like any unreadable one: the transport moves its entry to the dead-letter queue (reason
+``malformed``). The writer keeps to the same bounds: a record over MAX_INFLATED is stored
+uncompressed, and a message over MAX_VALUES, or with an integer over MAX_INT_BYTES, is refused
+(CodecError, nothing written), so every record it writes reads back.
 
 Layout: one version byte (``VERSION``), one flags byte (``F_*``), then records to the end, each a
 varint code and what the code takes:
@@ -55,7 +57,7 @@ The package, one module a job: ``layout`` (the format's bytes and its table of f
 the body) and ``bounds`` (compression, the bounds on what a record may cost, the caches' size).
 """
 
-from .bounds import COMPRESS_MIN, MAX_INFLATED, MAX_VALUES, ZSTD_LEVEL
+from .bounds import COMPRESS_MIN, MAX_INFLATED, MAX_INT_BYTES, MAX_VALUES, MAX_VARINT_BYTES, ZSTD_LEVEL
 from .layout import (
     B_BASE64,
     B_BASE64_EMBED,
@@ -108,7 +110,9 @@ __all__ = [
     "F_KWARGSREPR",
     "F_ZSTD",
     "MAX_INFLATED",
+    "MAX_INT_BYTES",
     "MAX_VALUES",
+    "MAX_VARINT_BYTES",
     "REPR_BODY_MAX",
     "S_DELIVERY_INFO",
     "S_HEADERS",

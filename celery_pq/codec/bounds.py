@@ -1,6 +1,8 @@
 """The codec's bounds on what a record may cost: zstd compression (offered to records of
 COMPRESS_MIN bytes and over, a frame inflated only up to MAX_INFLATED), the most values a record
-may make (MAX_VALUES), and the size of the codec's caches (CACHE_MAX).
+may make (MAX_VALUES), the longest varint of a length, a count or a reference
+(MAX_VARINT_BYTES) and of an integer (MAX_INT_BYTES), and the size of the codec's caches
+(CACHE_MAX).
 
 A stored record is untrusted input (anyone who can write to Redis can write one): the reader
 refuses a record over these bounds, and the writer keeps to them so that every record it writes
@@ -31,6 +33,14 @@ MAX_INFLATED = 16 * 1024 * 1024
 #: or an item is a Python object or two: a record of a few MB could otherwise make hundreds of MB
 #: of them). Celery's messages have some thirty fields and a handful of items.
 MAX_VALUES = 65_536
+#: The most bytes of the varint of a length, a count or a UUID reference: 35 bits, more than any
+#: record holds (a Redis string is at most 512 MB). Without a bound, a varint of a million 0xFF
+#: bytes (a few hundred bytes of zstd) takes the reader hours: each byte shifts a growing number.
+MAX_VARINT_BYTES = 5
+#: The most bytes of an integer's (zigzag) varint: 14,336 bits, more than the 4,300 decimal digits
+#: Python reads or writes as text by default (kombu's JSON, and so the JSON layout, carries no
+#: larger integer). The writer refuses a larger one; both read and write it in linear time.
+MAX_INT_BYTES = 2048
 #: The most entries one of the codec's caches holds before it starts again (``remember``).
 CACHE_MAX = 4096
 

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import binascii
+import re
 import struct
 
 from kombu.utils.json import loads as kombu_loads
 
 from . import bounds
-from .bounds import MAX_VALUES, inflate, json_items
+from .bounds import MAX_INT_BYTES, MAX_VALUES, MAX_VARINT_BYTES, inflate, json_items
 from .layout import (
     B_BASE64,
     B_BASE64_EMBED,
@@ -187,6 +188,9 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(the length, count or reference at ``pos``, the position after it): a varint of at most
+    MAX_VARINT_BYTES bytes."""
+    start = pos
     n = shift = 0
     while True:
         b = data[pos]
@@ -195,6 +199,37 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return n, pos
         shift += 7
+        if shift == 7 * MAX_VARINT_BYTES:
+            raise CodecError(f"stored message's varint at byte {start} runs over {MAX_VARINT_BYTES} bytes")
+
+
+#: An integer's varint: up to MAX_INT_BYTES - 1 bytes with the high bit set, then one without.
+_INT_VARINT = re.compile(rb"[\x80-\xff]{0,%d}[\x00-\x7f]" % (MAX_INT_BYTES - 1))
+#: A varint byte -> its seven low bits as binary text: a long integer is read as one text.
+_SEPTETS = tuple(format(b & 0x7F, "07b") for b in range(256))
+
+
+def _read_int(data: bytes, pos: int) -> tuple[int, int]:
+    """(the integer at ``pos``, the position after it): a zigzag varint of at most MAX_INT_BYTES
+    bytes, read in time linear in its length (one of over 9 bytes has its bits joined into one
+    text for ``int``, not shifted in a byte at a time: that copies a growing number per byte)."""
+    start = pos
+    z = shift = 0
+    while shift < 63:
+        b = data[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (z >> 1 if not z & 1 else -((z + 1) >> 1)), pos
+        shift += 7
+    match = _INT_VARINT.match(data, start)
+    if match is None:
+        if len(data) - start < MAX_INT_BYTES:
+            raise IndexError("an integer runs past the end")
+        raise CodecError(f"stored message's integer at byte {start} runs over {MAX_INT_BYTES} bytes")
+    pos = match.end()
+    z = int("".join(map(_SEPTETS.__getitem__, reversed(data[start:pos]))), 2)
+    return (z >> 1 if not z & 1 else -((z + 1) >> 1)), pos
 
 
 def _read_blob(data: bytes, pos: int) -> tuple[bytes, int]:
@@ -250,8 +285,7 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
         ref, pos = _read_varint(data, pos)
         return uuids[ref], pos
     if tag == T_INT:
-        z, pos = _read_varint(data, pos)
-        return (z >> 1 if not z & 1 else -((z + 1) >> 1)), pos
+        return _read_int(data, pos)
     if tag == T_TRUE:
         return True, pos
     if tag == T_FALSE:

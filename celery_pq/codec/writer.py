@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import binascii
 import operator
+import re
 
 from kombu.utils.json import dumps as kombu_dumps
 
-from .bounds import MAX_VALUES, compress, remember
+from .bounds import MAX_INT_BYTES, MAX_VALUES, compress, remember
 from .layout import (
     B_BASE64,
     B_BASE64_EMBED,
@@ -153,6 +154,27 @@ def _varint(out: bytearray, n: int) -> None:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
+
+
+#: Seven binary digits: the groups of a long integer's varint.
+_SEPTET = re.compile("[01]{7}")
+
+
+def _write_int(out: bytearray, v: int) -> None:
+    """An integer as its zigzag varint, in time linear in its size (a long one is made from its
+    binary text, not shifted out seven bits at a time: each shift copies the number). CodecError
+    for one over MAX_INT_BYTES, which no reader takes."""
+    z = v << 1 if v >= 0 else ((-v) << 1) - 1
+    bits = z.bit_length()
+    if bits <= 64:
+        _varint(out, z)
+        return
+    if bits > 7 * MAX_INT_BYTES:
+        raise CodecError(f"an integer of {bits} bits cannot be stored (at most {7 * MAX_INT_BYTES})")
+    septets = _SEPTET.findall(format(z, "b").zfill(-(-bits // 7) * 7))  # most significant first
+    # least significant first, each with the high bit set but the last
+    text = "1" + "1".join(reversed(septets[1:])) + "0" + septets[0]
+    out += int(text, 2).to_bytes(len(septets), "big")
 
 
 def _blob(out: bytearray, data: bytes) -> None:
@@ -399,7 +421,7 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
         out.append(T_TRUE if v else T_FALSE)
     elif t is int:
         out.append(T_INT)
-        _varint(out, v << 1 if v >= 0 else ((-v) << 1) - 1)
+        _write_int(out, v)
     elif t is float:
         out.append(T_FLOAT)
         out += DOUBLE.pack(v)

@@ -497,9 +497,9 @@ def test_a_bytes_body_marked_base64_with_another_encoding_is_kept_as_bytes():
 
 # -- untrusted stored bytes: what a reader allocates is bounded ---------------------------------
 try:
-    from support.bombs import BOMB_BYTES, fields_bomb, lying_bomb, zstd_bomb
+    from support.bombs import BOMB_BYTES, fields_bomb, lying_bomb, varint_bomb, zstd_bomb
 except ImportError:  # collected with the repository root on sys.path instead of tests/
-    from tests.support.bombs import BOMB_BYTES, fields_bomb, lying_bomb, zstd_bomb
+    from tests.support.bombs import BOMB_BYTES, fields_bomb, lying_bomb, varint_bomb, zstd_bomb
 
 
 def _blob(data: bytes) -> bytes:
@@ -600,3 +600,96 @@ def test_the_writer_keeps_to_the_readers_bounds(monkeypatch):
     assert not data[1] & codec.F_ZSTD and decode(data) == big
     small = {"body": "0" * 3000, "headers": {}, "properties": {}}
     assert encode(small)[1] & codec.F_ZSTD and decode(encode(small)) == small
+
+
+# -- varints: each bounded by what a valid record can hold --------------------------------------
+#: The bounds as documented (docs/storage.md): a length, count or reference takes at most 5 bytes
+#: (codec.MAX_VARINT_BYTES), an integer at most 2048 (codec.MAX_INT_BYTES).
+VARINT_MOST, INT_MOST = 5, 2048
+
+
+def _header(value: bytes) -> bytes:
+    """A record of one header ``x`` holding ``value`` (a tag and its data)."""
+    return bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + value
+
+
+def _long(n: int) -> bytes:
+    """A varint of ``n`` bytes: n - 1 of 0xFF, then 0x01."""
+    return b"\xff" * (n - 1) + b"\x01"
+
+
+#: Where a record holds a length, a count or a reference, as a function of that varint.
+VARINT_PLACES = {
+    "field name": lambda v: bytes((codec.VERSION, 0, codec.S_MESSAGE)) + v,
+    "string": lambda v: _header(bytes((codec.T_STR,)) + v),
+    "bytes": lambda v: _header(bytes((codec.T_BYTES,)) + v),
+    "json": lambda v: _header(bytes((codec.T_JSON,)) + v),
+    "list": lambda v: _header(bytes((codec.T_LIST,)) + v),
+    "dict": lambda v: _header(bytes((codec.T_DICT,)) + v),
+    "dict key": lambda v: _header(bytes((codec.T_DICT, 1)) + v),
+    "reference": lambda v: _header(bytes((codec.T_REF,)) + v),
+    "body": lambda v: bytes((codec.VERSION, 0, codec.writer.C_BODY, codec.B_BYTES)) + v,
+}
+
+
+@pytest.mark.parametrize("place", sorted(VARINT_PLACES))
+def test_a_length_count_or_reference_of_more_than_five_bytes_is_refused(place):
+    record = VARINT_PLACES[place]
+    # A varint of 5 bytes (35 bits, more than any record holds) is read, and what it says is
+    # then checked (a length past the end, a count over MAX_VALUES, a reference to no UUID)
+    with pytest.raises(CodecError) as five:
+        decode(record(_long(VARINT_MOST)))
+    assert "runs over" not in str(five.value)
+    # one of 6 bytes, or of ten million, is refused where it starts, naming the bound
+    for n in (VARINT_MOST + 1, 10_000_000):
+        with pytest.raises(CodecError, match=f"varint at byte \\d+ runs over {VARINT_MOST} bytes"):
+            decode(record(_long(n)))
+
+
+def test_a_zstd_record_of_a_16_mb_varint_is_refused_at_its_sixth_byte():
+    # Given a 542-byte record that inflates (within MAX_INFLATED) to a varint of 16 million 0xFF
+    # bytes: shifted in byte by byte, a number of 100 million bits is rebuilt 16 million times
+    bomb = varint_bomb()
+    assert len(bomb) < 1000
+    # Then the reader refuses it at the bound, having read six bytes of the varint
+    with pytest.raises(CodecError, match="varint at byte 1 runs over 5 bytes"):
+        decode(bomb, raw_body=True)
+
+
+def _varint_by_shifts(z: int) -> bytes:
+    """The varint of ``z`` seven bits at a time, as the first writer made every one."""
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+@given(st.one_of(st.integers(), st.integers(-(2**14335) + 1, 2**14335 - 1)))
+@EXAMPLES
+def test_an_integer_of_any_size_a_reader_takes_is_stored_as_before_and_reads_back(n):
+    out = bytearray()
+    codec.writer._write_int(out, n)
+    assert bytes(out) == _varint_by_shifts(n << 1 if n >= 0 else ((-n) << 1) - 1)
+    message = {"body": "", "headers": {"n": n, "ns": [n, -n]}}
+    assert decode(encode(message)) == message
+
+
+def test_integers_are_bounded_by_what_kombus_json_carries():
+    # The largest integer Python writes as text (4,300 digits, kombu's JSON's limit) is stored
+    for n in (10**4300 - 1, -(10**4300) + 1, 2**14335 - 1, -(2**14335)):
+        message = {"body": "", "headers": {"n": n}}
+        assert decode(encode(message)) == message
+    # an integer over MAX_INT_BYTES of varint is refused at write, naming its size
+    with pytest.raises(CodecError, match="integer of 14337 bits cannot be stored"):
+        encode({"body": "", "headers": {"n": 2**14335}})
+    # and at read: a varint of MAX_INT_BYTES is an integer, one byte more is refused
+    assert decode(_header(bytes((codec.T_INT,)) + _long(INT_MOST)))["headers"]["x"] < 0
+    for n in (INT_MOST + 1, 10_000_000):
+        with pytest.raises(CodecError, match=f"integer at byte 6 runs over {INT_MOST} bytes"):
+            decode(_header(bytes((codec.T_INT,)) + _long(n)))
+    # an integer cut short is a truncated record, long or not
+    for n in (3, 20, INT_MOST - 1):
+        with pytest.raises(CodecError, match="truncated"):
+            decode(_header(bytes((codec.T_INT,)) + b"\xff" * n))
