@@ -12,10 +12,10 @@ What a batched publish does, and what it keeps:
   buffered. Instead of an insert, ``Publisher.put`` hands the stored item (``StoredItem``) to
   the batch, under the queue it was routed to. A message sent to a fanout exchange is
   broadcast at once, as outside a batch (pub/sub keeps nothing to batch).
-- Each message keeps its own publish identity: the publish id of its publish call (the
-  ``PublishStamp``), or one made for it when it was routed to a second queue. A flush that is
-  sent again (after a failure: ``flush()`` once more) stores each message once: the insert
-  script finds the publish ids of those stored the first time.
+- Each message keeps its own publish identity: the publish id of its publish call for its
+  queue (the ``PublishStamp``: one per queue the call was routed to). A flush that is sent
+  again (after a failure: ``flush()`` once more) stores each message once: the insert script
+  finds the publish ids of those stored the first time.
 - While the batch fills, each queue's items go to Redis in sub-chunks: every ``batch_send``
   (a transport option, C.BATCH_SEND by default) items of a queue are written as one insert
   script call on a connection the batch takes from the pool (``scripts/stream.py``), and their reply is not read yet: Redis stores a sub-chunk

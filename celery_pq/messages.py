@@ -5,7 +5,7 @@ Writing: the one path from a message dict to an insert. The transport's publish
 both go through here, so a task enqueued from a DataFrame is stored exactly as the same task
 published by Celery: the same payload bytes, priority default and check, tenant
 (``tenants.tenant_of``), delay (the ``eta`` header), and task name for the event log. A publish
-id names one publish call (``PublishStamp``), never the content.
+id names one publish call in one queue (``PublishStamp``), never the content.
 
 The stored payload is ``codec.encode`` of the message (docs/storage.md), without its
 ``delivery_tag``: a delivery carries its lease token as tag instead.

@@ -3,7 +3,8 @@
 kombu prepares the message (``messages.prepare_message``: priority checked and defaulted, the
 publish call stamped with its identity), then augments it in place and puts it. A message put
 in a queue is stored as ``messages.stored_item`` makes it: one insert, with the publish call's
-id (its own retries carry the same one, so the queue stores it once). A message sent to a
+id for that queue (its own retries carry the same one, so the queue stores it once, whichever
+of the queues it was routed to lost a reply). A message sent to a
 fanout exchange goes to Redis pub/sub (sharded pub/sub on a Redis Cluster), each receiver
 given a delivery tag of its own. Inside a producer's batch (``batches.py``) a stored message
 waits in the batch for its flush; a fanout message is sent at once.

@@ -12,6 +12,7 @@ import redis
 from kombu import Connection, Consumer, Producer
 
 from celery_pq import PriorityQueue
+from celery_pq.messages import describe
 from celery_pq.testing import wait_for
 
 try:
@@ -231,18 +232,38 @@ def test_one_publish_call_keeps_one_publish_id_across_its_attempts():
     # Given one publish call: kombu hands the same properties dict to each of its attempts
     properties = {"delivery_mode": 2}
     first = prepare_message(options, "body", headers={"id": "t1", "task": "x.y"}, properties=properties)
-    assert PublishStamp.take(first)[1] is True  # the first attempt is a first send
+    assert PublishStamp.take(first, "q")[1] is True  # the first attempt is a first send
     pid = properties[STAMP].publish_id
     # When the attempt fails and kombu prepares the message again from the same dict
     again = prepare_message(options, "body", headers={"id": "t1", "task": "x.y"}, properties=properties)
     # Then the retry carries the same publish id, and is not a first send (it is looked up)
-    assert PublishStamp.take(again) == (pid, False)
+    assert PublishStamp.take(again, "q") == (pid, False)
     # A second call with the same task id, headers and body is another publish
     other = prepare_message(options, "body", headers={"id": "t1", "task": "x.y"}, properties={"delivery_mode": 2})
-    assert PublishStamp.take(other)[0] not in (None, pid)
+    assert PublishStamp.take(other, "q")[0] not in (None, pid)
     # A message put again without being prepared again (a caller's second basic_publish) is
     # another publish too: the queue makes it an id of its own
-    assert PublishStamp.take(again) == (None, True)
+    assert PublishStamp.take(again, "q") == (None, True)
+
+
+def test_one_publish_call_routed_to_several_queues_keeps_one_publish_id_per_queue():
+    from celery_pq.messages import PublishStamp, prepare_message
+    from celery_pq.options import Options
+
+    options = Options.from_transport_options({})
+    properties: dict = {}
+    # Given one publish call put in three queues (an exchange binding its key to each)
+    first = prepare_message(options, "body", properties=properties)
+    ids = {q: PublishStamp.take(first, q) for q in ("a", "b", "c")}
+    # Then each queue has an id of its own, each a first send
+    assert len({pid for pid, _ in ids.values()}) == 3 and all(first for _, first in ids.values())
+    # When kombu retries the call, putting the queues in another order
+    again = prepare_message(options, "body", properties=properties)
+    # Then each queue gets its own id again, looked up
+    assert {q: PublishStamp.take(again, q) for q in ("c", "a", "b")} == {q: (pid, False) for q, (pid, _) in ids.items()}
+    # A queue this call had not reached before is a first send
+    pid, first_send = PublishStamp.take(again, "d")
+    assert first_send and pid not in {pid for pid, _ in ids.values()}
 
 
 def test_the_publish_stamp_is_never_stored():
@@ -310,6 +331,108 @@ def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis)
     with fresh_redis.client() as r:
         assert sorted(e.id for e in PriorityQueue(r, "dd").peek(10)) == ["t0", "t1"]
     app.close()
+
+
+class ReplyLosingProxy:
+    """A TCP proxy to Redis on loopback that forwards both ways until ``lose_replies(n, k)``:
+    then the ``n``-th request after it and the ``k - 1`` requests that follow it reach Redis
+    (the commands run) and the connections they came on hear nothing more (the client's socket
+    timeout ends its wait: a lost reply)."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._countdown = 0
+        self._losing = 0
+        self._socks: list[socket.socket] = []
+        #: Replies lost so far.
+        self.lost = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def lose_replies(self, n: int, k: int = 1) -> None:
+        with self._lock:
+            self._countdown, self._losing = n, k
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._socks += [client, upstream]
+            deaf = threading.Event()
+            threading.Thread(target=self._pump, args=(client, upstream, deaf, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, deaf, False), daemon=True).start()
+
+    def _pump(self, src, dst, deaf, requests):
+        try:
+            while data := src.recv(65536):
+                if requests:
+                    with self._lock:
+                        if self._countdown > 1:
+                            self._countdown -= 1
+                        elif self._losing:
+                            self._losing -= 1
+                            self.lost += 1
+                            deaf.set()
+                elif deaf.is_set():
+                    continue  # the reply is dropped
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        for sock in (self._listener, *self._socks):
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    "kind,bindings,key",
+    [
+        ("direct", ["k", "k", "k"], "k"),  # one routing key bound to three queues
+        ("topic", ["k.#", "*.x", "k.x"], "k.x"),  # three patterns that match one key
+    ],
+)
+def test_a_publish_to_several_queues_retried_after_a_lost_reply_is_stored_once_in_each(
+    redis_server, key_prefix, redis_client, kind, bindings, key
+):
+    from kombu import Exchange, Queue
+
+    # Given an exchange that routes one key to three queues, reached through a proxy
+    proxy = ReplyLosingProxy(redis_server.port)
+    exchange = Exchange(f"multi-{kind}", type=kind)
+    queues = [Queue(f"m{i}", exchange, routing_key=b) for i, b in enumerate(bindings)]
+    options = {"key_prefix": key_prefix, "socket_timeout": 0.5, "binding_cache_seconds": 60}
+    try:
+        with Connection(f"pq://127.0.0.1:{proxy.port}/0", transport_options=options) as conn:
+            # (the producer's exchange: kombu declares it again on the connection a retry makes)
+            producer = Producer(conn.default_channel, exchange=exchange)
+            for q in queues:
+                q(conn.default_channel).declare()
+            producer.publish({"n": 0}, routing_key=key)  # bindings cached: a publish is its inserts
+            # When the second queue's insert runs, its reply and its resend's are lost, and kombu retries
+            proxy.lose_replies(2, 2)
+            producer.publish(
+                {"n": 1},
+                routing_key=key,
+                retry=True,
+                retry_policy={"max_retries": 5, "interval_start": 0.1, "interval_step": 0.1},
+            )
+    finally:
+        proxy.close()
+    # Then two replies were lost, and each queue holds the message once
+    assert proxy.lost == 2
+    for q in queues:
+        entries = PriorityQueue(redis_client, q.name, key_prefix=key_prefix).peek(10)
+        assert sorted(describe(e.payload)["args"] for e in entries) == ['{"n": 0}', '{"n": 1}'], q.name
 
 
 # -- a popped batch ----------------------------------------------------------------------------
