@@ -288,16 +288,9 @@ class Options:
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
         """The options among ``broker_transport_options`` (kombu's own names are left to kombu;
-        any other name is logged once, with the closest option's name: a typo is not ignored)."""
+        any other name is logged once: ``tell_unknown``)."""
         names = {f.name for f in fields(cls) if f.init}
-        for name in given.keys() - names - KOMBU_OPTIONS - _TOLD_UNKNOWN:
-            _TOLD_UNKNOWN.add(name)
-            close = difflib.get_close_matches(str(name), sorted(names | KOMBU_OPTIONS), n=1)
-            logger.warning(
-                "broker_transport_options: %r is not an option of celery-pq or kombu and is ignored%s",
-                name,
-                f" (did you mean {close[0]!r}?)" if close else "",
-            )
+        tell_unknown(given.keys() - names - KOMBU_OPTIONS, names)
         values = {k: v for k, v in given.items() if k in names}
         lease = values.pop("lease_seconds", None)
         if lease is None:
@@ -384,6 +377,20 @@ KOMBU_OPTIONS = frozenset(
 #: The unknown option names this process has warned of (each once).
 _TOLD_UNKNOWN: set = set()
 logger = logging.getLogger("celery_pq")
+
+
+def tell_unknown(unknown, names) -> None:
+    """Log each ``unknown`` transport option once per process, with the closest of ``names``
+    (and kombu's): a typo such as ``lease_second`` is not ignored silently."""
+    for name in set(unknown) - _TOLD_UNKNOWN:
+        _TOLD_UNKNOWN.add(name)
+        close = difflib.get_close_matches(str(name), sorted(set(names) | KOMBU_OPTIONS), n=1)
+        logger.warning(
+            "broker_transport_options: %r is not an option of celery-pq or kombu and is ignored%s",
+            name,
+            f" (did you mean {close[0]!r}?)" if close else "",
+        )
+
 
 _REDIS_KWARGS = (  # the options handed to redis-py's connection pool, under its names
     "socket_timeout",
