@@ -389,6 +389,50 @@ def test_throttle_at_most_one_run_per_period(f):
     assert len(f.events("u_throttle", "throttled", [controlled, steady])) == throttled
 
 
+def test_a_task_id_of_the_callers_choosing_is_merged_and_throttled_and_a_retry_still_runs(f):
+    """``apply_async(task_id=f"report-{n}")``: a publish of the standing task's own id is no
+    retry (Celery's header ``retries`` is not above the standing one's): merged while that task
+    runs (while_active), throttled within the period; a real ``Task.retry`` still runs."""
+    key, active = "fixed-a", {"pq_unique": "fixed-a", "pq_unique_mode": "while_active"}
+    # Given a while_active task published under an id of the caller's, running (held)
+    first = f.client.send_task(
+        "unique.work", ("fixed-a", "first", True), queue="u_active", task_id="report-a", headers=active
+    )
+    assert celery_pq.publish_outcome(first).kind == "stored"
+    wait_for(lambda: f.records("start", key), 30, "the task to start")
+    # When the same id is published again while it runs
+    again = f.client.send_task(
+        "unique.work", ("fixed-a", "again", True), queue="u_active", task_id="report-a", headers=active
+    )
+    # Then it is merged into the run, and runs neither beside it nor after it
+    out = celery_pq.publish_outcome(again)
+    assert (out.kind, out.task_id) == ("merged", "report-a")
+    f.go(key)
+    f.idle("u_active")
+    assert f.runs(key) == [("report-a", "first")] and len(f.records("start", key)) == 1
+    # A throttled key: the same id twice within the period is stored once and runs once
+    tkey = "fixed-t"
+    kinds = []
+    for n in range(2):
+        sent = f.client.send_task(
+            "unique.work", (tkey, n, False), queue="u_throttle", task_id="ping-t", headers={"pq_unique": tkey}
+        )
+        kinds.append(celery_pq.publish_outcome(sent).kind)
+    assert kinds == ["stored", "throttled"]
+    f.idle("u_throttle")
+    assert f.runs(tkey) == [("ping-t", 0)]
+    # A retry of a task holding its key (while_active and throttle): the retry is stored, and runs
+    for queue, rkey, headers in (
+        ("u_active", "retry-a", {"pq_unique": "retry-a", "pq_unique_mode": "while_active"}),
+        ("u_throttle", "retry-t", {"pq_unique": "retry-t"}),
+    ):
+        f.client.send_task("unique.retry_once", (rkey, "r"), queue=queue, task_id=f"job-{rkey}", headers=headers)
+        wait_for(lambda k=rkey: f.runs(k), 30, f"the retry of {rkey} to run")
+        starts = [(s["id"], s["retries"], s["unique"]) for s in f.records("start", rkey)]
+        assert starts == [(f"job-{rkey}", 0, rkey), (f"job-{rkey}", 1, rkey)]  # (the retry carried the key)
+        assert f.runs(rkey) == [(f"job-{rkey}", "r")]
+
+
 def test_sigkill_of_a_worker_holding_a_while_active_task_does_not_hold_the_key_for_good(f):
     q, key = f.queue("u_crash"), "kill-a"
     headers = {"pq_unique": key, "pq_unique_mode": "while_active"}

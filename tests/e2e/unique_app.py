@@ -11,6 +11,8 @@ its start, epoch seconds) to ``<prefix>:rec:start`` when it starts and ``{"id", 
 to ``<prefix>:rec:done`` when it ends. With ``hold`` true it waits in between until the test sets ``<prefix>:go:<key>``, so
 that a test decides when a run ends without guessing how long it takes (the worker renews its
 lease meanwhile); ``<prefix>:go-all`` ends every held run (the module's teardown sets it).
+``unique.retry_once`` records its start likewise (with ``retries`` and ``unique``, the key its
+message carried), retries once, and ends.
 
 As a producer process (``python -m tests.e2e.unique_app QUEUE JSON [START]``, JSON a list of
 ``[key, arg, headers, hold]``, START an epoch time to begin at), it publishes them from 4
@@ -47,6 +49,18 @@ def work(self, key, arg, hold=False):
         deadline = time.monotonic() + HOLD_LIMIT
         while not rec().exists(*go) and time.monotonic() < deadline:
             time.sleep(0.05)
+    log("done", {"id": r.id, "key": key, "arg": arg})
+
+
+@app.task(name="unique.retry_once", bind=True)
+def retry_once(self, key, arg):
+    """Records its start (with ``retries``: Celery's retry count) and retries once (the same
+    task id published again, its header ``retries`` one up), then ends."""
+    r = self.request
+    carried = (r.headers or {}).get("pq_unique", getattr(r, "pq_unique", None))  # the unique key it came with
+    log("start", {"id": r.id, "key": key, "arg": arg, "retries": r.retries, "unique": carried, "at": time.time()})
+    if r.retries == 0:
+        raise self.retry(countdown=0.2)
     log("done", {"id": r.id, "key": key, "arg": arg})
 
 

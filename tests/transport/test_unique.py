@@ -6,6 +6,7 @@ nothing written; a message without a key published as ever."""
 import json
 
 import pytest
+from celery import Celery
 from kombu import Connection, Producer
 
 import celery_pq
@@ -167,3 +168,33 @@ def test_a_sharded_queue_finds_a_key_on_its_shard(url, opts, redis_client, key_p
             publish(conn, q, f"s{i}", pq_unique=f"key-{i % 3}")
         assert [publish_outcome(f"s{i}").kind for i in range(12)].count("stored") == 3
         assert len(drain(conn, q, 3)) == 3
+
+
+def test_a_task_id_of_the_callers_choosing_is_throttled_and_a_retry_is_not(url, opts, redis_client, key_prefix):
+    """``apply_async(task_id=f"report-{n}")`` twice within the period: the second is throttled
+    (its id is the standing one's, but it is no retry); Celery's retry of it (the same id, its
+    header ``retries`` one up, as ``Task.retry`` sends it) is stored."""
+    app = Celery("uk", broker=url, set_as_current=False)
+    app.conf.broker_transport_options = opts
+    report = app.signature("proj.report", args=(7,), queue="uk")
+    headers = {"pq_unique": "report:7", "pq_unique_mode": "throttle", "pq_unique_seconds": 60}
+    try:
+        first = report.apply_async(task_id="report-7", headers=headers)
+        assert publish_outcome(first) == PublishOutcome("stored", "report-7", "report-7", "report:7")
+        again = report.apply_async(task_id="report-7", headers=headers)
+        assert (publish_outcome(again).kind, publish_outcome(again).task_id) == ("throttled", "report-7")
+        retry = report.apply_async(task_id="report-7", headers=headers, retries=1)
+        out = publish_outcome(retry)
+        assert out.kind == "stored" and out.task_id.startswith("report-7~")
+        assert stored(redis_client, key_prefix).size() == 2
+    finally:
+        app.close()
+
+
+def test_a_bad_retries_header_of_a_keyed_message_is_refused(url, opts, redis_client, key_prefix):
+    with Connection(url, transport_options=opts) as conn:
+        q = make_queue("uk")
+        with pytest.raises(ValueError, match="'retries'.*not published"):
+            publish(conn, q, "bad", pq_unique="k", retries="two")
+        publish(conn, q, "plain", retries="two")  # without a key the header is not read
+        assert [e.id for e in stored(redis_client, key_prefix).peek(5)] == ["plain"]
