@@ -28,6 +28,10 @@ Cases (N = ``--entries``, 120,000 by default):
   other consumers outstanding.
 - one_task_id_resent: N/6 publishes of one task id (each a message: duplicate ids), half of them
   popped and acked one by one, then the rest removed by the id.
+- unique_replace_throttle: ``replace`` of keyed entries at the head, in the middle and at the tail
+  of a backlog of 2.5 N (300,000 at the default N) while 200 new throttle keys a second come
+  (period 1 s) for 3 s: a replace looks for the old place near the ends of its rank only, each
+  throttled insert drops a few records whose period is over (docs/unique.md).
 
     python -m benchmarks.slowlog [--entries 120000] [--window-ids 1000000] [--nice -10] [--only CASE,..]
                                  [--smoke] [--out DIR]
@@ -47,6 +51,7 @@ import redis
 from celery_pq import PriorityQueue
 from celery_pq import constants as C
 from celery_pq.queue.calls import migrate_args
+from celery_pq.queue.unique import UniqueKey
 from celery_pq.scripts import SCRIPT_NAMES, library, source
 from celery_pq.testing import RedisServer
 
@@ -295,6 +300,35 @@ def case_recover(client, log, n) -> dict:
     return log.take()
 
 
+def case_unique(client, log, n, seconds: float = 3.0) -> dict:
+    """Replace on a long backlog, and 200 new throttle keys a second (see the module's list)."""
+    q = PriorityQueue(client, "unique")
+    backlog = n * 5 // 2
+    places = {"head": 0, "middle": backlog // 2, "tail": backlog}
+    filled = 0
+    for place, at in places.items():  # one keyed entry at each place, the backlog's entries between
+        _fill(q, at - filled, prefix=f"b{filled}-")
+        filled = at
+        q.insert_unique(b"v0", 5, id=f"{place}-0", unique=UniqueKey(place, "replace"))
+    log.reset()
+    tick, per_tick = 0.05, 10  # 200 new throttle keys a second
+    start, i = time.monotonic(), 0
+    while time.monotonic() - start < seconds:
+        i += 1
+        for j in range(per_tick):
+            q.insert_unique(b"t", 5, unique=UniqueKey(f"user-{i}-{j}", "throttle", 1.0))
+            log.tick()
+        for place in places:
+            out = q.insert_unique(b"v", 5, id=f"{place}-{i}", unique=UniqueKey(place, "replace"))
+            assert out.kind == "replaced", out
+            log.tick()
+        time.sleep(max(0.0, start + i * tick - time.monotonic()))
+    # the key table holds the throttle records of the last period or so, not every key seen
+    held = client.hlen(q.keys.unique_keys)
+    assert held <= 3 + 2 * per_tick / tick, held
+    return log.take()
+
+
 CASES = {
     "fair_paused_head": lambda c, log, n, ids: case_fair_head(c, log, n, capped=False),
     "fair_capped_head": lambda c, log, n, ids: case_fair_head(c, log, n, capped=True),
@@ -308,6 +342,7 @@ CASES = {
     "replay_tail": lambda c, log, n, ids: case_replay(c, log, n),
     "recover_consumer": lambda c, log, n, ids: case_recover(c, log, n),
     "one_task_id_resent": lambda c, log, n, ids: case_one_task_id(c, log, n),
+    "unique_replace_throttle": lambda c, log, n, ids: case_unique(c, log, n),
 }
 
 
