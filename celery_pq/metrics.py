@@ -27,14 +27,19 @@ dead letters, removed, refusals (queue full), malformed, dead dropped, expired; 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from itertools import pairwise
+from socketserver import ThreadingMixIn
 from typing import TypeAlias
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .broker import Broker, queue_and_view, queue_names
+from .http_deadline import DeadlineHandler
 from .queue.unique import UNIQUE_COUNTS
 
 logger = logging.getLogger("celery_pq.metrics")
@@ -226,6 +231,27 @@ class PQCollector(Collector):
 #: queue and tenant; serving it to the network is a choice (``--address 0.0.0.0``).
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
+#: Seconds a scraper has to send its whole request, and for each write of the reply: a client
+#: that connects and sends nothing, or a byte at a time, holds a thread no longer.
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+
+class _ScrapeServer(ThreadingMixIn, WSGIServer):
+    """The exporter's HTTP server: a thread per connection, each request within
+    ``request_timeout`` seconds (``http_deadline``); the address family of the address given."""
+
+    daemon_threads = True
+
+    def __init__(self, address: str, port: int, request_timeout: float):
+        info = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        self.address_family = info[0]
+        self.request_timeout = float(request_timeout)
+        super().__init__((str(info[4][0]), port), _ScrapeHandler)
+
+
+class _ScrapeHandler(DeadlineHandler, WSGIRequestHandler):
+    def log_message(self, format, *args):  # scrapes are not logged
+        pass
 
 
 def serve(
@@ -238,17 +264,22 @@ def serve(
     max_tenants: int = MAX_TENANTS,
     transport_options: dict | None = None,
     block: bool = True,
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS,
 ):
     """Serve ``/metrics`` on ``address:port`` (by default on 127.0.0.1 only) from a registry of
-    its own (the exporter's process metrics are not mixed in). With ``block``, until Ctrl-C;
-    otherwise returns the (server, thread) of prometheus_client's ``start_http_server``."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    its own (the exporter's process metrics are not mixed in), prometheus_client's WSGI app in
+    a server whose clients send their request within ``request_timeout`` seconds. With
+    ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry()
     registry.register(
         PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands, max_tenants=max_tenants)
     )
-    server, thread = start_http_server(port, addr=address, registry=registry)
+    server = _ScrapeServer(address, port, request_timeout)
+    server.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
+    thread.start()
     if not block:
         return server, thread
     host = server.server_address[0]

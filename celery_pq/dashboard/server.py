@@ -36,6 +36,7 @@ from importlib import resources
 import redis
 
 from ..errors import ConfigError
+from ..http_deadline import DeadlineHandler
 from .board import ACTIONS, SAMPLE_SECONDS, WINDOW_SECONDS, Board, BoardError
 
 logger = logging.getLogger("celery_pq.dashboard")
@@ -46,6 +47,9 @@ DEFAULT_PORT = 8808
 MIN_TOKEN_LENGTH = 16
 #: Largest request body an action reads (an action is a few short fields).
 MAX_BODY_BYTES = 4096
+#: Seconds a client has to send its whole request (line, headers, body), and for each write of
+#: the reply: a client that sends nothing, or a byte at a time, holds a thread no longer.
+REQUEST_TIMEOUT_SECONDS = 10.0
 
 #: Host header names a loopback server answers to (besides loopback addresses).
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
@@ -100,7 +104,8 @@ def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -
 
 
 class DashboardServer(ThreadingHTTPServer):
-    """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread."""
+    """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread. A
+    client's request must arrive within ``request_timeout`` seconds (``http_deadline``)."""
 
     daemon_threads = True
 
@@ -113,10 +118,12 @@ class DashboardServer(ThreadingHTTPServer):
         allow_actions: bool = False,
         token: str | None = None,
         sample_seconds: float = SAMPLE_SECONDS,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
     ):
         self.board = board
         self.allow_actions = bool(allow_actions)
         self.sample_seconds = float(sample_seconds)
+        self.request_timeout = float(request_timeout)
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
         super().__init__((host, port), _Handler)
@@ -182,7 +189,7 @@ class DashboardServer(ThreadingHTTPServer):
         return self.loopback or self.token_matches(given)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
     server: DashboardServer
     server_version = "celery-pq-dashboard"
 
@@ -251,7 +258,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            self._error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number")
+            length = -1
+        if length < 0:  # (read(-1) would read until the client closes)
+            self._error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number of bytes >= 0")
             return
         if length > MAX_BODY_BYTES:
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a request body holds at most {MAX_BODY_BYTES} bytes")

@@ -11,8 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_pq.metrics import PQCollector
+from celery_pq.metrics import PQCollector, serve
 from celery_pq.testing import celery_env
+
+try:
+    from support.slow_clients import SLOW_REQUEST, dropped
+except ImportError:  # collected with the repository root on sys.path instead of tests/
+    from tests.support.slow_clients import SLOW_REQUEST, dropped
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,8 +168,6 @@ def test_bad_bands_are_a_clear_error(world):
 
 
 def test_the_exporter_listens_on_loopback_unless_told_otherwise():
-    from celery_pq.metrics import serve
-
     url = "pq://127.0.0.1:1/0"  # no scrape here: where it listens is all that is looked at
     for given, bound in ((None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
         kwargs = {} if given is None else {"address": given}
@@ -174,3 +177,20 @@ def test_the_exporter_listens_on_loopback_unless_told_otherwise():
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_a_client_that_sends_nothing_or_a_byte_at_a_time_is_dropped(world):
+    world.send("ops.work", 1)
+    server, thread = serve(world.url, port=0, block=False, transport_options=world.options, request_timeout=0.5)
+    try:
+        port = server.server_address[1]
+        # A client that connects and sends nothing, and one whose request trickles in, are
+        # dropped once the request has not come in request_timeout
+        assert dropped(port)
+        assert dropped(port, SLOW_REQUEST)
+        # and a scrape that arrives in time is answered
+        assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "celery_pq_waiting_messages", queue="q") == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

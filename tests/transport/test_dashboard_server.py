@@ -16,8 +16,10 @@ from celery_pq.testing import wait_for
 
 try:
     from support.consume import make_queue
+    from support.slow_clients import SLOW_REQUEST, dropped
 except ImportError:  # collected with the repository root on sys.path instead of tests/
     from tests.support.consume import make_queue
+    from tests.support.slow_clients import SLOW_REQUEST, dropped
 
 TOKEN = "t0ken-for-the-dashboard-test"
 
@@ -330,3 +332,33 @@ def test_on_loopback_the_state_needs_no_token(conn, serve):
     server = serve(allow_actions=True, token=TOKEN)
     status, _, body = get(server, "/api/state")
     assert status == 200 and server.loopback and "queues" in json.loads(body)
+
+
+def test_a_negative_content_length_is_a_400_not_a_read_to_the_end(conn, serve):
+    import socket
+
+    pq, _ = fill(conn)
+    server = serve(allow_actions=True, token=TOKEN)
+    # Given a client that says its body is -1 bytes long and keeps the connection open (reading
+    # -1 bytes would wait for it to close)
+    head = f"POST /api/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nX-PQ-Token: {TOKEN}\r\nContent-Length: -1\r\n\r\n"
+    with socket.create_connection(server.server_address[:2], timeout=5) as sock:
+        sock.sendall(head.encode())
+        reply = sock.makefile("rb").read()  # the server answers, then closes
+    # Then it is refused at once, naming the header, and nothing changes
+    status, _, rest = reply.partition(b"\r\n")
+    assert status.split()[1] == b"400" and b"Content-Length is not a number of bytes >= 0" in rest
+    assert pq.paused() == {"queue": False, "tenants": []}
+
+
+def test_a_client_that_sends_nothing_or_a_byte_at_a_time_is_dropped(conn, serve):
+    fill(conn)
+    server = serve(request_timeout=0.5)
+    port = server.server_address[1]
+    # A client that connects and sends nothing, and one whose request trickles in, are dropped
+    # once the request has not come in request_timeout (each byte in time does not renew it)
+    assert dropped(port)
+    assert dropped(port, SLOW_REQUEST)
+    # and a request that arrives in time is answered
+    status, _, body = get(server, "/api/state")
+    assert status == 200 and "queues" in json.loads(body)
