@@ -425,11 +425,12 @@ def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, key_prefix):
     assert not redis_client.keys(f"{key_prefix}*")
 
 
-def test_switches_survive_mode_adoption_and_migration(redis_client, key_prefix):
+def test_switches_survive_migrations(redis_client, key_prefix):
     a = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, event_log=10)
     a.pause()  # an empty queue with no record yet: the pause records a's mode
     b = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, priority_order="lower_first")
-    b.insert(b"x", 1)  # the queue is empty: b's mode is adopted, the switches stay
+    b.migrate_mode()  # the queue is empty: b's mode now, the switches stay
+    b.insert(b"x", 1)
     assert b.paused()["queue"] and b.event_log_cap() == 10
     assert b.pop() == []
     c = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, fair=True)
