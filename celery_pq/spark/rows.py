@@ -67,6 +67,9 @@ class TaskRows:
         self.s = settings
         self.partition = partition
         self.position = -1  # of the row being built, in its partition
+        #: With the partition and the position, the identity of a row without a task_id or key
+        #: (the write's id; the streaming sink names the attempt that first sends the rows)
+        self.write_id = settings.write_id
         self.options = settings.transport
         self.app = Celery("celery_pq.spark", set_as_current=False)
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"  # Celery's anon_nodename
@@ -219,4 +222,4 @@ class TaskRows:
             else:
                 name = json.dumps([self.s.job, [plain(v) for v in values]], default=str, sort_keys=True)
             return str(uuid.uuid5(KEY_NAMESPACE, name))
-        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.s.write_id}:{self.partition}:{self.position}"))
+        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.write_id}:{self.partition}:{self.position}"))

@@ -8,8 +8,9 @@ batch by batch, and inserted with ``PriorityQueue.insert_many``, under two rules
   found room for ``full_wait_seconds``; with ``on_full="reject"`` the first refusal fails it. No
   row is dropped: a row is stored, or its Spark task fails;
 - ``rows_per_second`` caps the rows all Spark tasks of the write (one sink) send per second,
-  counted in Redis per Unix second (``keys.sink_rate_key``, a hash), so the cap holds however many tasks
-  run at once and however Spark spreads the rows over them.
+  counted in Redis per second of the Redis server's clock (``keys.sink_rate_key``, a hash), so the
+  cap holds however many tasks run at once, however Spark spreads the rows over them and however
+  the executors' clocks differ.
 
 Everything here runs on the executors, one ``Sink`` per Spark task, touched by its thread only.
 """
@@ -29,6 +30,7 @@ from ..errors import PQError, QueueFull
 from ..keys import sink_rate_key
 from ..queue import open_queue
 from ..routing import RoutingTables
+from .record import redis_ms
 from .rows import Rejected, TaskRows
 from .settings import WriterSettings
 
@@ -37,8 +39,8 @@ logger = logging.getLogger("celery_pq.spark")
 #: First and longest pause between two tries of rows refused by a full queue (seconds).
 FULL_BACKOFF = (0.05, 2.0)
 
-#: Seconds the rate counter of one Unix second is kept: the second itself and a margin for the
-#: executors' clocks. Each take drops the counters of the seconds before (the driver drops any
+#: Seconds the rate counter of one second (of the Redis server's clock) is kept: the second
+#: itself and a margin. Each take drops the counters of the seconds before (the driver drops any
 #: left behind at each commit, ``prune_rate``).
 RATE_KEY_SECONDS = 10
 
@@ -53,9 +55,12 @@ class QueueStillFull(PQError):
 class PartitionReport(WriterCommitMessage):
     """What one Spark task did with its rows: sent (stored by it), already stored (the queue had
     seen the row's publish id: stored by an earlier attempt of this task, or by an earlier write
-    of the same ``task_id`` or ``key``; or, streaming, an earlier attempt recorded the row as
-    handled), rejected (with the first ``rejects_limit`` rows and every reason counted).
-    ``rows == sent + already_stored + rejected``. ``waited_full``: seconds spent waiting for
+    of the same ``task_id`` or ``key``), skipped (streaming: recorded as handled by an earlier
+    attempt, the same rows at the same positions; not sent), rejected (with the first
+    ``rejects_limit`` rows and every reason counted).
+    ``rows == sent + already_stored + skipped + rejected``. ``resent`` (streaming, counted apart):
+    rows an earlier attempt recorded as handled or being sent that this one did not find at their
+    positions; this attempt sent the rows it read there. ``waited_full``: seconds spent waiting for
     room in a full queue; ``waited_rate``: seconds held back by ``rows_per_second``."""
 
     partition: int
@@ -63,7 +68,9 @@ class PartitionReport(WriterCommitMessage):
     rows: int = 0
     sent: int = 0
     already_stored: int = 0
+    skipped: int = 0
     rejected: int = 0
+    resent: int = 0
     reasons: Counter = field(default_factory=Counter)
     rejects: list = field(default_factory=list)
     waited_full: float = 0.0
@@ -72,8 +79,9 @@ class PartitionReport(WriterCommitMessage):
 
 class RateCap:
     """``rows_per_second`` over every Spark task of one sink: each takes rows from the counter
-    of the current Unix second (INCRBY), and what the second has no room for waits for the
-    next. The counters of all seconds together never exceed the cap per second."""
+    of the current second of the Redis server's clock (HINCRBY), and what the second has no room
+    for waits for the next. The counters of all seconds together never exceed the cap per
+    second."""
 
     def __init__(self, client, sink: str, prefix: str, rows_per_second: float):
         self.client = client
@@ -83,7 +91,7 @@ class RateCap:
     def take(self, n: int, report: PartitionReport) -> None:
         """Return when ``n`` rows may go (in as many seconds as the cap needs)."""
         while n > 0:
-            now = time.time()
+            now = redis_ms(self.client) / 1000
             second = int(now)
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrby(self.key, str(second), n)
@@ -97,9 +105,10 @@ class RateCap:
                 time.sleep(pause)
 
 
-def prune_rate(client, sink: str, prefix: str, now: float) -> None:
+def prune_rate(client, sink: str, prefix: str) -> None:
     """Drop the rate counters of ``sink`` older than ``RATE_KEY_SECONDS`` (on the driver)."""
     key = sink_rate_key(sink, prefix)
+    now = redis_ms(client) / 1000
     old = [f for f in client.hkeys(key) if int(f) < now - RATE_KEY_SECONDS]
     if old:
         client.hdel(key, *old)
@@ -193,15 +202,15 @@ class Sink:
             return
 
 
-def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionReport, *, skip: int = 0, hooks=None):
-    """Build and send the rows of ``iterator`` (one partition) batch by batch, counting in
-    ``report``. The first ``skip`` rows were handled by an earlier attempt: they are counted as
-    already stored and not built. ``hooks`` (the streaming sink's record), when given, is told
-    ``begin(start, end)`` before the rows from position ``start`` to ``end`` are sent and
-    ``done(end)`` after, positions counted in the partition from 0."""
+def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionReport, *, hooks=None):
+    """Build and send the rows of ``iterator`` batch by batch, counting in ``report``; they are
+    the partition's next rows (``rows`` counts the positions, from 0, of those built or skipped
+    before). ``hooks`` (the streaming sink's ``record.Progress``), when given, sees every row
+    (``see(row)``), is told ``begin(start, end)`` before the rows from position ``start`` to
+    ``end`` are sent and ``done(end)`` after."""
     s = sink.settings
     batch: list = []
-    start = position = 0
+    start = position = rows.position + 1
     now = time.time()
     limit = sink.batch_rows
 
@@ -219,11 +228,8 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
     for row in iterator:
         report.rows += 1
         position += 1
-        if position <= skip:
-            rows.skip()
-            report.already_stored += 1
-            start = position
-            continue
+        if hooks is not None:
+            hooks.see(row)
         try:
             batch.append(rows.build(row, now))
         except Rejected as exc:
@@ -250,7 +256,7 @@ def test_failure(s: WriterSettings, report: PartitionReport) -> None:
     of each partition fails once after sending that many rows, as an executor lost mid-write;
     every attempt fails so while the marker directory holds a file ``hold`` (Spark then gives
     up: the write, or the streaming query, fails)."""
-    done = report.sent + report.already_stored
+    done = report.sent + report.already_stored + report.skipped
     if s.test_fail_once_after is None or done < s.test_fail_once_after:
         return
     markers = Path(s.test_fail_once_marker or ".")

@@ -1,45 +1,45 @@
 """The streaming sink of the ``celery_pq`` data source: ``df.writeStream.format("celery_pq")``
 with the batch writer's options and a checkpoint location. Every micro-batch is written as a
-batch write is (``sink.write_partition``), and each row is enqueued once across Spark's task
-retries, a micro-batch run again and a query stopped and restarted from its checkpoint.
+batch write is (``sink.write_partition``); Spark runs a micro-batch's Spark task again after a
+failure, and the whole micro-batch again after a restart when it was not committed.
 
-How a row is enqueued once:
+How a row is not sent twice, and never lost, when its micro-batch runs again:
 
-- its identity, its task id: the ``task_id`` column, else derived from the ``key`` columns,
-  else derived from the query's id (kept in the checkpoint: the same after a restart), the
-  micro-batch's id, the partition and the row's position in it. Spark runs a micro-batch again
-  (after a failure, or after a restart when it was not committed) with the same id and the same
-  rows, so a row gets the same task id in every run, and its publish id (made from the task id)
-  is stored once within the queue's ``dedupe_seconds`` window;
-- a record in Redis of what each partition of each micro-batch has handled (``SinkRecord``,
-  key ``keys.sink_record_key``): a run of a micro-batch after the window (a query restarted an
-  hour later) skips the rows an earlier run stored, without asking the window. Each batch of
-  rows is marked as being sent before its insert and as handled after it; the rows of a mark
-  left "being sent" by a run that stopped are sent again with their publish ids, so they are
-  stored once when the new run comes within ``dedupe_seconds`` of the old one (a Spark task
-  retry, a quick restart); after that, the rows of that one batch (``batch_rows``) that the
-  stopped run had stored are stored again, and the sink logs a warning naming them. Raise
-  ``dedupe_seconds`` to cover the longest stop of a query;
+- a row with a ``task_id`` column or the ``key`` option: it is sent again, and its publish id
+  (made from its task id) is stored once within the queue's ``dedupe_seconds`` window: counted
+  as found already stored. Nothing is skipped by position;
+- a row identified by its position (query id, micro-batch, the attempt that first sent it, the
+  partition and its position in it): the sink's record (``record.py``) holds a digest of each
+  segment of rows an earlier attempt handled. A run of the micro-batch that reads the same rows
+  at the same positions skips them (counted as skipped); the segment being sent when the
+  earlier attempt stopped is sent again under its identities (stored once within
+  ``dedupe_seconds``); from the first segment whose rows differ (a shuffle before the sink, other
+  file splits after a restart), every row is sent again under new identities, and the run logs
+  a warning and counts them as resent: those of them the earlier attempt had stored are then in
+  the queue twice, but no row is taken for another;
+- the record is fenced by run: each run of the query writes its own fields, and a run fenced
+  off by a later one started on the same checkpoint stops (``record.Fenced``);
 - the record of a micro-batch is dropped when the next one commits (Spark then never runs it
-  again): it holds at most two micro-batches' partitions.
+  again).
 
-The executors learn the query and the micro-batch from the Spark task's local properties
-(``sql.streaming.queryId``, ``streaming.sql.batchId``); the driver's ``commit`` is told the
-batch id by Spark and the query's id by the commit messages.
+The executors learn the query, the run and the micro-batch from the Spark task's local
+properties (``sql.streaming.queryId``, ``spark.jobGroup.id``: Spark's streaming execution sets
+the job group of a micro-batch's jobs to the run id, ``streaming.sql.batchId``); the driver's
+``commit`` is told the batch id by Spark and the query's id by the commit messages.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, replace
+from itertools import chain, islice
 
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
 from ..errors import ConfigError
-from ..keys import sink_record_key
+from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
 from .rows import TaskRows
 from .settings import WriterSettings, close_client
 from .sink import PartitionReport, Sink, prune_rate, write_partition
@@ -47,8 +47,10 @@ from .writer import eta_is_local, summarize, write_rejects
 
 logger = logging.getLogger("celery_pq.spark")
 
-#: The Spark task's local properties naming its streaming query and micro-batch.
+#: The Spark task's local properties naming its streaming query, the query's run (a start of
+#: it: Spark sets the job group of a micro-batch's jobs to the run id) and the micro-batch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
@@ -58,49 +60,6 @@ class StreamReport(PartitionReport):
 
     batch: int = -1
     query: str = ""
-
-
-class SinkRecord:
-    """What each partition of each micro-batch of one query has handled, in one Redis hash:
-    field ``"<batch>:<partition>"`` -> ``"<n>"`` (its first ``n`` rows handled: stored, found
-    stored or rejected) or ``"<n>:<end>:<ms>"`` (as ``"<n>"``, and rows ``n`` to ``end - 1``
-    being sent since ``ms``, Unix milliseconds)."""
-
-    def __init__(self, client, query: str, prefix: str):
-        self.client = client
-        self.key = sink_record_key(query, prefix)
-
-    def read(self, batch: int, partition: int) -> tuple[int, tuple[int, float] | None]:
-        """``(rows handled, None or (end, ms) of a batch of rows left being sent))``."""
-        value = self.client.hget(self.key, f"{batch}:{partition}")
-        if value is None:
-            return 0, None
-        parts = value.decode().split(":")
-        return int(parts[0]), (None if len(parts) == 1 else (int(parts[1]), float(parts[2])))
-
-    def begin(self, batch: int, partition: int, start: int, end: int) -> None:
-        self.client.hset(self.key, f"{batch}:{partition}", f"{start}:{end}:{int(time.time() * 1000)}")
-
-    def done(self, batch: int, partition: int, end: int) -> None:
-        self.client.hset(self.key, f"{batch}:{partition}", str(end))
-
-    def prune(self, below: int) -> int:
-        """Drop the fields of micro-batches before ``below``; how many."""
-        old = [f for f in self.client.hkeys(self.key) if int(f.split(b":", 1)[0]) < below]
-        return self.client.hdel(self.key, *old) if old else 0
-
-
-class _Hooks:
-    """``write_partition``'s hooks writing one partition's progress to its ``SinkRecord``."""
-
-    def __init__(self, record: SinkRecord, batch: int, partition: int):
-        self.record, self.batch, self.partition = record, batch, partition
-
-    def begin(self, start: int, end: int) -> None:
-        self.record.begin(self.batch, self.partition, start, end)
-
-    def done(self, end: int) -> None:
-        self.record.done(self.batch, self.partition, end)
 
 
 class CeleryPQStreamWriter(DataSourceStreamWriter):
@@ -116,44 +75,89 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        query = ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx else None
-        batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx else None
-        if ctx is None or not query or batch_id is None:
+        names = (QUERY_ID_PROPERTY, RUN_ID_PROPERTY, BATCH_ID_PROPERTY)
+        query, run, batch_id = (ctx.getLocalProperty(n) for n in names) if ctx else (None, None, None)
+        if ctx is None or not query or not run or batch_id is None:
             raise ConfigError(
-                "celery_pq stream writer: the Spark task does not name its streaming query and "
-                f"micro-batch (local properties {QUERY_ID_PROPERTY}, {BATCH_ID_PROPERTY})"
+                "celery_pq stream writer: the Spark task does not name its streaming query, run and "
+                f"micro-batch (local properties {', '.join(names)})"
             )
         batch = int(batch_id)
         report = StreamReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
-        s = replace(self.settings, write_id=f"{query}:{batch}")  # the rows' identities
+        s = replace(self.settings, write_id=f"{query}:{batch}")
         client = s.client()
         try:
-            record = SinkRecord(client, query, s.transport.key_prefix)
-            handled, pending = record.read(batch, report.partition)
-            if pending is not None:
-                self._warn_if_late(report, handled, pending)
             sink = Sink(client, s, sink=query, on_full="wait")
             rows = TaskRows(s, partition=report.partition, eta_is_local=self.eta_is_local)
-            hooks = _Hooks(record, batch, report.partition)
-            return write_partition(rows, iterator, sink, report, skip=handled, hooks=hooks)
+            if s.key or "task_id" in s.roles:
+                return write_partition(rows, iterator, sink, report)  # the queue knows them
+            record = SinkRecord(client, query, s.transport.key_prefix, run)
+            record.claim()
+            progress = Progress(record, batch, report.partition, rows)
+            rest = self._replay(record.load(batch, report.partition), iter(iterator), sink, report, progress)
+            progress.use(f"{query}:{batch}:{run}.{report.attempt}")
+            return write_partition(rows, rest, sink, report, hooks=progress)
         finally:
             close_client(client)
 
-    def _warn_if_late(self, report: StreamReport, handled: int, pending: tuple[int, float]) -> None:
-        end, ms = pending
-        age = time.time() - ms / 1000
+    def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: StreamReport, progress: Progress):
+        """Skip the segments of rows ``earlier`` handled, each only when its rows read again have
+        its digest; send the segment it was sending again under its identities when its rows do;
+        the rows left to send (from the first segment that differs)."""
+        if earlier is None:
+            return rows_in
+        rows, position = progress.rows, 0
+        for end, digest in earlier.segments:
+            segment = list(islice(rows_in, end - position))
+            if len(segment) < end - position or digest_of(segment) != digest:
+                return self._unmatched(earlier, position, segment, rows_in, report)
+            for _ in segment:
+                rows.skip()
+            report.rows += len(segment)
+            report.skipped += len(segment)
+            progress.skipped(end, digest)
+            position = end
+        if position:
+            progress.save()
+        if earlier.pending is None:
+            return rows_in
+        end, digest, namespace = earlier.pending
+        segment = list(islice(rows_in, end - position))
+        if len(segment) < end - position or digest_of(segment) != digest:
+            return self._unmatched(earlier, position, segment, rows_in, report)
+        self._warn_if_late(report, earlier, position, sink.client)
+        progress.use(namespace)
+        write_partition(rows, segment, sink, report, hooks=progress)
+        return rows_in
+
+    def _unmatched(self, earlier: PartitionState, position: int, segment: list, rows_in, report: StreamReport):
+        report.resent += earlier.end - position
+        logger.warning(
+            "celery_pq stream writer: micro-batch %d partition %d: an earlier attempt handled or was "
+            "sending rows %d to %d, and this one reads other rows there (a shuffle before the sink, "
+            "other file splits): they are sent again under new identities, so those the earlier "
+            "attempt had stored are in the queue twice (give the rows a task_id or key to send them once)",
+            report.batch,
+            report.partition,
+            position,
+            earlier.end - 1,
+        )
+        return chain(segment, rows_in)
+
+    def _warn_if_late(self, report: StreamReport, earlier: PartitionState, start: int, client) -> None:
+        age = (redis_ms(client) - earlier.ms) / 1000
         window = self.settings.transport.dedupe_seconds
         if age > window:
             logger.warning(
-                "celery_pq stream writer: micro-batch %d partition %d: an earlier run stopped %.0f s "
+                "celery_pq stream writer: micro-batch %d partition %d: an earlier attempt stopped %.0f s "
                 "ago while sending its rows %d to %d, longer ago than dedupe_seconds=%g: those of "
                 "them it had stored are stored again (raise dedupe_seconds above the longest stop "
                 "of the query)",
                 report.batch,
                 report.partition,
                 age,
-                handled,
-                end - 1,
+                start,
+                earlier.end - 1,
                 window,
             )
 
@@ -161,17 +165,21 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
     def commit(self, messages, batchId: int) -> None:
         reports = [m for m in messages if isinstance(m, StreamReport)]
         summary = summarize(reports)
-        log = logger.warning if summary["rejected"] else logger.info
+        log = logger.warning if summary["rejected"] or summary["resent"] else logger.info
         log(
-            "celery_pq stream writer: micro-batch %d: %d rows, %d sent, %d already stored, %d rejected%s",
+            "celery_pq stream writer: micro-batch %d: %d rows, %d sent, %d found already stored, "
+            "%d skipped (recorded as handled), %d rejected; %d resent (handled by a failed attempt, "
+            "read in another order)%s",
             batchId,
             summary["rows"],
             summary["sent"],
             summary["already_stored"],
+            summary["skipped"],
             summary["rejected"],
+            summary["resent"],
             "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]),
         )
-        if self.settings.rejects and summary["rejected"]:
+        if self.settings.rejects:
             write_rejects(
                 os.path.join(self.settings.rejects, f"batch-{batchId}"),
                 {**summary, "batch": batchId},
@@ -186,9 +194,10 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         # log this commit)
         client = self.settings.client()
         try:
-            SinkRecord(client, query, self.settings.transport.key_prefix).prune(batchId)
+            prefix = self.settings.transport.key_prefix
+            SinkRecord(client, query, prefix, run="").prune(batchId)
             if self.settings.rows_per_second:
-                prune_rate(client, query, self.settings.transport.key_prefix, time.time())
+                prune_rate(client, query, prefix)
         finally:
             close_client(client)
 
@@ -196,7 +205,8 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         reports = [m for m in messages if isinstance(m, StreamReport)]
         logger.error(
             "celery_pq stream writer: micro-batch %d failed; %d partitions had finished, %d rows "
-            "sent by them (they stay queued; the micro-batch's next run sends each of its rows once)",
+            "sent by them (they stay queued; the micro-batch's next run skips the rows it reads "
+            "as they were, and sends the others)",
             batchId,
             len(reports),
             sum(m.sent for m in reports),

@@ -14,6 +14,7 @@ from celery_pq import PriorityQueue
 from celery_pq.codec import decode
 from celery_pq.keys import sink_rate_key, sink_record_key
 from celery_pq.spark import register
+from celery_pq.spark.record import PartitionState
 from celery_pq.spark.sink import PartitionReport, RateCap
 
 pytestmark = pytest.mark.spark
@@ -96,9 +97,13 @@ def test_a_query_failed_mid_batch_and_restarted_later_enqueues_each_row_once(
     # Then each row is in the queue exactly once: the rerun of micro-batch 0 skipped the 10
     # rows its failed runs had stored
     assert numbers_in_queue(redis_client, key_prefix) == list(range(80))
-    # and the sink's record holds only the last micro-batch (the earlier ones are committed)
+    # and the sink's record holds only the last micro-batch (the earlier ones are committed):
+    # its one partition's 20 rows handled, written by the last run, which owns the record
     record = redis_client.hgetall(sink_record_key(q.id, key_prefix))
-    assert record == {b"2:0": b"20"}
+    batches = {f: v for f, v in record.items() if f[:1].isdigit()}
+    assert [f.split(b":")[:2] for f in batches] == [[b"2", b"0"]]
+    assert PartitionState.decode(next(iter(batches.values()))).handled == 20
+    assert next(iter(batches)).split(b":", 2)[2] == record[b"owner"]
 
 
 def test_a_spark_task_killed_mid_partition_and_retried_enqueues_each_row_once(
@@ -178,23 +183,25 @@ def test_on_full_reject_fails_the_query_naming_the_full_queue(registered, url, r
     assert numbers_in_queue(redis_client, key_prefix) == list(range(5))
 
 
-def test_the_rate_cap_counts_rows_per_second_across_tasks(redis_client, key_prefix, monkeypatch):
-    # Given a cap of 10 rows per second and a clock the test moves
-    clock = [1000.25]
-    monkeypatch.setattr(time, "time", lambda: clock[0])
-    monkeypatch.setattr(time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+def test_the_rate_cap_counts_rows_per_second_on_the_redis_clock(redis_client, key_prefix, monkeypatch):
+    # Given a cap of 10 rows per second shared by two tasks of a sink, on an executor whose
+    # clock is an hour ahead of the Redis server's
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
     cap = RateCap(redis_client, "q1", key_prefix, 10)
     other = RateCap(redis_client, "q1", key_prefix, 10)
     report = PartitionReport(0, 0)
-    # When two tasks of the sink take 7 and 18 rows
+    # When the two tasks take 7 and 18 rows
     cap.take(7, report)
     other.take(18, report)
-    # Then no second granted more than 10: 7 + 3 in the first, then 10, then 5
-    assert clock[0] == 1002.0
-    assert report.waited_rate == pytest.approx(1.75)
-    counts = redis_client.hgetall(sink_rate_key("q1", key_prefix))
-    granted = [min(10, int(counts[str(s).encode()])) for s in (1000, 1001, 1002)]
-    assert granted == [10, 10, 5]
+    # Then the rows were counted in the Redis server's seconds, and no second granted more
+    # than 10: the 25 rows took at least three seconds
+    now = int(redis_client.time()[0])
+    counts = {int(s): int(n) for s, n in redis_client.hgetall(sink_rate_key("q1", key_prefix)).items()}
+    assert all(now - 5 <= s <= now for s in counts)
+    granted = [min(10, counts[s]) for s in sorted(counts)]
+    assert sum(granted) == 25 and len(granted) >= 3
+    assert report.waited_rate > 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,200 @@
+"""The streaming sink's record in Redis of what each partition of each micro-batch has handled,
+for the rows identified by their position (no ``task_id`` column, no ``key`` option): which rows
+(a digest of each segment of them, in order), which segment was being sent and under which
+identities, and which run of the query owns the record. ``stream.py`` reads it to skip rows an
+earlier attempt handled, and only those: a row is skipped when the rows of its segment, read
+again, have the digest the record holds (the same rows at the same positions); anything else is
+sent again. docs/spark.md ("Each row once, across retries and restarts") has the design.
+
+One hash per query (``keys.sink_record_key``), touched by the executors (one ``SinkRecord`` per
+Spark task, its thread only) and pruned by the driver's commit:
+
+- ``"<batch>:<partition>:<run>"`` -> ``PartitionState.encode()``: the state written by the
+  latest attempt of run ``<run>`` (Spark's run id of the query: a start of it) at that
+  partition. Each run writes its own fields only, so two runs never overwrite each other;
+- ``"owner"`` -> the run that owns the query (the last one started on the checkpoint);
+  ``"run:<run>"`` -> Redis milliseconds when run ``<run>`` first wrote. A run that finds another
+  run owning the query after it had written itself is fenced off (``Fenced``): two applications
+  started on one checkpoint do not both go on.
+
+Times are the Redis server's (``TIME``), never an executor's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from ..errors import PQError
+from ..keys import sink_record_key
+
+#: Fields of the record that name no micro-batch.
+OWNER_FIELD = "owner"
+RUN_FIELD_PREFIX = "run:"
+
+
+class Fenced(PQError):
+    """Another run of the streaming query (another application started on the same
+    checkpoint) took the query over: this run's Spark task stops before sending more rows."""
+
+
+def redis_ms(client) -> int:
+    """The Redis server's time, Unix milliseconds."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class RowDigest:
+    """The digest of a run of rows, in order (the repr of each row's values)."""
+
+    def __init__(self):
+        self._h = hashlib.blake2b(digest_size=12)
+
+    def add(self, row) -> None:
+        self._h.update(repr(tuple(row)).encode())
+        self._h.update(b"\x1e")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def digest_of(rows) -> str:
+    d = RowDigest()
+    for row in rows:
+        d.add(row)
+    return d.hexdigest()
+
+
+@dataclass
+class PartitionState:
+    """What one attempt did with one partition: ``segments``, the ``(end, digest)`` of each
+    segment of rows handled (stored, found stored or rejected), from position 0 on, in order;
+    ``pending``, ``(end, digest, namespace)`` of the segment after them being sent under the
+    identities of ``namespace`` (``TaskRows.write_id``), or None; ``ms``, when it was written
+    (Redis milliseconds; with a ``pending``, when its sending began)."""
+
+    segments: list = field(default_factory=list)
+    pending: tuple | None = None
+    ms: int = 0
+
+    @property
+    def handled(self) -> int:
+        return self.segments[-1][0] if self.segments else 0
+
+    @property
+    def end(self) -> int:
+        """The position after the last row handled or being sent."""
+        return self.pending[0] if self.pending else self.handled
+
+    def encode(self) -> str:
+        segments = ",".join(f"{end}:{digest}" for end, digest in self.segments)
+        pending = "" if self.pending is None else "{}:{}:{}".format(*self.pending)
+        return f"{self.ms}|{segments}|{pending}"
+
+    @classmethod
+    def decode(cls, value: bytes) -> PartitionState:
+        ms, segments, pending = value.decode().split("|", 2)
+        state = cls(ms=int(ms))
+        for part in filter(None, segments.split(",")):
+            end, digest = part.split(":")
+            state.segments.append((int(end), digest))
+        if pending:
+            end, digest, namespace = pending.split(":", 2)
+            state.pending = (int(end), digest, namespace)
+        return state
+
+
+class SinkRecord:
+    """The record of query ``query``, as run ``run`` of it reads and writes it."""
+
+    def __init__(self, client, query: str, prefix: str, run: str):
+        self.client = client
+        self.key = sink_record_key(query, prefix)
+        self.run = run
+
+    def _field(self, batch: int, partition: int) -> str:
+        return f"{batch}:{partition}:{self.run}"
+
+    def claim(self) -> None:
+        """Own the query, or raise ``Fenced``: a run that has not written yet takes the query
+        over (it was started last); one that had and finds another owner was fenced off."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.key, OWNER_FIELD)
+        pipe.hexists(self.key, RUN_FIELD_PREFIX + self.run)
+        owner, known = pipe.execute()
+        if owner is not None and owner.decode() == self.run:
+            return
+        if known:
+            self._fenced(owner)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hsetnx(self.key, RUN_FIELD_PREFIX + self.run, redis_ms(self.client))
+        pipe.hset(self.key, OWNER_FIELD, self.run)
+        pipe.execute()
+
+    def _fenced(self, owner) -> None:
+        raise Fenced(
+            f"celery_pq stream writer: run {self.run} of the query was fenced off: run "
+            f"{owner.decode() if owner else '?'} was started later on the same checkpoint and owns its "
+            "record (two applications must not run one checkpoint); this run sends no more rows"
+        )
+
+    def load(self, batch: int, partition: int) -> PartitionState | None:
+        """The state this run wrote at the partition, else the latest one an earlier run wrote."""
+        mine = self.client.hget(self.key, self._field(batch, partition))
+        if mine is not None:
+            return PartitionState.decode(mine)
+        states = [
+            PartitionState.decode(value)
+            for _, value in self.client.hscan_iter(self.key, match=f"{batch}:{partition}:*", count=1000)
+        ]
+        return max(states, key=lambda s: s.ms) if states else None
+
+    def save(self, batch: int, partition: int, state: PartitionState) -> None:
+        """Write this run's state of the partition; ``Fenced`` when another run owns the query."""
+        state.ms = redis_ms(self.client)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.key, OWNER_FIELD)
+        pipe.hset(self.key, self._field(batch, partition), state.encode())
+        owner, _ = pipe.execute()
+        if owner is not None and owner.decode() != self.run:
+            self._fenced(owner)
+
+    def prune(self, below: int) -> int:
+        """Drop the fields of micro-batches before ``below``; how many."""
+        old = [f for f in self.client.hkeys(self.key) if f[:1].isdigit() and int(f.split(b":", 1)[0]) < below]
+        return self.client.hdel(self.key, *old) if old else 0
+
+
+class Progress:
+    """``write_partition``'s hooks: the digest of the rows read since the last segment, and the
+    partition's state written before each segment is sent (pending) and after (handled)."""
+
+    def __init__(self, record: SinkRecord, batch: int, partition: int, rows):
+        self.record, self.batch, self.partition, self.rows = record, batch, partition, rows
+        self.state = PartitionState()
+        self.digest = RowDigest()
+        self.sending = ""
+
+    def use(self, namespace: str) -> None:
+        """Give the rows sent from now on the identities of ``namespace``."""
+        self.rows.write_id = namespace
+
+    def skipped(self, end: int, digest: str) -> None:
+        """Rows up to ``end`` (a segment of digest ``digest``) were handled by an earlier attempt."""
+        self.state.segments.append((end, digest))
+
+    def save(self) -> None:
+        self.record.save(self.batch, self.partition, self.state)
+
+    def see(self, row) -> None:
+        self.digest.add(row)
+
+    def begin(self, start: int, end: int) -> None:
+        self.sending, self.digest = self.digest.hexdigest(), RowDigest()
+        self.state.pending = (end, self.sending, self.rows.write_id)
+        self.save()
+
+    def done(self, end: int) -> None:
+        self.state.segments.append((end, self.sending))
+        self.state.pending = None
+        self.save()
