@@ -33,11 +33,14 @@ import pickle
 import shutil
 import tempfile
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 # The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
 from .analyze import analyze
+from .settings import PASSWORD_ENV
 from .workers import check_python_workers
 from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource
 
@@ -124,6 +127,7 @@ def enqueue(
             # every host of a URL of several (the sentinels of master_name, a cluster's seed nodes)
             url = ";".join(conn.alt) if conn.alt else conn.as_uri(include_password=True)
         base = dict(app.conf.broker_transport_options or {})
+    url, password = _without_password(url)
     base.update(transport_options or {})
     given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}
     if base:
@@ -137,14 +141,14 @@ def enqueue(
         given["queue"] = queue
     if job is not None:
         given["job"] = job
-    register(df.sparkSession)
     out = tempfile.mkdtemp(prefix="celery-pq-rejects-")
     try:
         given["rejects"] = out
         writer = df.write.format("celery_pq").mode("append")
         for k, v in given.items():
             writer = writer.option(k, v)
-        writer.save()
+        with _registered_with_password(df.sparkSession, password):
+            writer.save()
         summary, rejects = read_rejects(df.sparkSession, out)
         rejects = rejects.cache()  # read from the driver's memory; the directory goes
         rejects.count()
@@ -159,3 +163,44 @@ def enqueue(
         already_stored=summary["already_stored"],
         write_id=summary["write_id"],
     )
+
+
+def _without_password(url: str) -> tuple[str, str | None]:
+    """``url`` (each ``;``-separated host of it) without its password, and the password."""
+    password = None
+    hosts = []
+    for part in url.split(";"):
+        parts = urlsplit(part)
+        if parts.password is not None:
+            password = unquote(parts.password)
+            host = parts.netloc.rsplit("@", 1)[1]
+            part = urlunsplit(parts._replace(netloc=f"{parts.username}@{host}" if parts.username else host))
+        hosts.append(part)
+    return ";".join(hosts), password
+
+
+@contextmanager
+def _registered_with_password(spark, password: str | None):
+    """The data sources registered, their Python workers (the driver's and the executors')
+    given the broker's password in ``PASSWORD_ENV``, for the ``with`` block: Spark hands a data
+    source's function the SparkContext's ``environment`` as it is when the source is registered,
+    and shows it in no plan and no UI page. Afterwards the sources are registered again as
+    before, and the context's ``environment`` is left as it was."""
+    if password is None:
+        register(spark)
+        yield
+        return
+    env = spark.sparkContext.environment
+    before = env.get(PASSWORD_ENV)
+    env[PASSWORD_ENV] = password
+    try:
+        register(spark)
+    finally:
+        if before is None:
+            env.pop(PASSWORD_ENV, None)
+        else:
+            env[PASSWORD_ENV] = before
+    try:
+        yield
+    finally:
+        register(spark, check_workers=False)

@@ -12,6 +12,7 @@ This module does not import pyspark: the settings are plain data, pickled to the
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass, fields
 
@@ -41,6 +42,11 @@ FULL_WAIT_SECONDS = 300.0
 #: What a write does when the queue is full (``on_full``): wait for room (the streaming sink's
 #: default) or fail (the batch writer's default, as before the option existed).
 ON_FULL = ("wait", "reject")
+
+#: The environment variable holding the broker's password when the ``broker`` URL has none: a
+#: password in an option shows in Spark's plans and UI, one here does not. ``enqueue()`` sets it
+#: for the Python workers of the data source (``spark.executorEnv`` does it for a cluster's).
+PASSWORD_ENV = "CELERY_PQ_BROKER_PASSWORD"
 
 #: The namespace of task ids derived from a ``key`` column (uuid5), fixed for good: changing it
 #: would give every derived id a new value, so a rerun would enqueue its rows again.
@@ -275,13 +281,14 @@ class WriterSettings:
 
     def conninfo(self):
         """The broker URL as kombu reads it for the transport (``;``-separated hosts: the
-        sentinels of ``master_name``, the seed nodes of ``cluster``). TLS for pqs:// and
-        rediss:// with redis-py's defaults (the server's certificate checked)."""
+        sentinels of ``master_name``, the seed nodes of ``cluster``), with the password of
+        ``PASSWORD_ENV`` when the URL has none. TLS for pqs:// and rediss:// with redis-py's
+        defaults (the server's certificate checked)."""
         from kombu import Connection
 
         from .. import transport  # noqa: F401  registers pq:// and pqs://
 
-        return Connection(self.broker, ssl=self.tls or False)
+        return Connection(self.broker, ssl=self.tls or False, password=os.environ.get(PASSWORD_ENV) or None)
 
     @property
     def tls(self) -> bool:
