@@ -65,3 +65,27 @@ def test_a_task_rate_holds_across_three_workers_and_other_tasks_pass_it(harness)
     # delivered while limited tasks still waited
     assert max(free) < max(limited)
     assert sum(ms <= max(free) for ms in limited) < LIMITED
+
+
+def test_a_rolling_deploy_with_an_optionless_producer_keeps_the_limit_and_takes_the_new_one(harness):
+    # Given an old worker limiting the task to 1/s, and a producer whose options name no task_rate
+    old = harness({"task_rate": {"e2e.rate_limited": 1}, "event_log": 100_000})
+    producer = harness({"event_log": 100_000})
+    old.worker("old")
+    for i in range(40):
+        producer.send("e2e.rate_limited", i)
+    # When only the old worker runs, the producer's messages are under the queue's limit
+    wait_for(lambda: len(old.records("limited")) >= 2, 30, "the old worker took the limited task")
+    first = [e["ms"] for e in old.queue().events() if e["e"] == "deliver"]
+    assert most_in_window(first, 2.0) <= 1 + 1 * 2.0
+    # And when a new worker with a limit of 200/s starts beside it (a rolling deploy)
+    new = harness({"task_rate": {"e2e.rate_limited": 200}, "event_log": 100_000})
+    new.worker("new")
+    # Then the new limit is the queue's, for the old worker too, and every task runs once
+    wait_for(lambda: len(old.records("limited")) == 40, 30, "the backlog drained at the new limit")
+    assert sorted(n for n, _ in old.records("limited")) == list(range(40))
+    tenants = old.redis.hgetall(old.queue().keys.tenant_settings)
+    assert float(tenants[b"r:task:e2e.rate_limited"]) == 200
+    # And the new worker said in its log what it changed, naming both values
+    told = (new.tmp / "new.log").read_text()
+    assert "rate['task:e2e.rate_limited'] is 1 in Redis, 200 in this process's options" in told
