@@ -14,7 +14,6 @@ import pytest
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
 from celery_pq.spark import read_rejects
-from celery_pq.spark.record import Fenced, PartitionState, SinkRecord
 
 pytestmark = pytest.mark.spark
 
@@ -147,6 +146,8 @@ def test_two_applications_on_one_checkpoint_do_not_skip_each_others_rows(
 
 
 def test_a_run_fenced_off_by_a_later_one_sends_no_more(redis_client, key_prefix):
+    from celery_pq.spark.record import Fenced, PartitionState, SinkRecord
+
     # Given run "a" of a query writing its record, and run "b" started on the same checkpoint
     a = SinkRecord(redis_client, "q1", key_prefix, run="a")
     b = SinkRecord(redis_client, "q1", key_prefix, run="b")
