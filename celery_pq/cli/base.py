@@ -54,5 +54,25 @@ def queue_named(channel, name):
     return queue_and_view(channel, name)
 
 
+#: ``--yes``, of every command that asks before it changes a queue in a way that cannot be undone.
+yes_option = click.option(
+    "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
+)
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Go on when ``yes`` (the command's ``--yes``) or when the person at the terminal answers
+    yes to ``question``; else stop (exit 1), having changed nothing. Standard input that is not a
+    terminal (a script, a pipe, cron) is never read as an answer: refused, naming ``--yes``."""
+    if yes:
+        return
+    if not click.get_text_stream("stdin").isatty():
+        raise click.ClickException(
+            f"{question} Not done: this asks for confirmation and stdin is not a terminal; "
+            "add --yes to go ahead without asking"
+        )
+    click.confirm(question, abort=True)
+
+
 def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))

@@ -5,16 +5,19 @@ from __future__ import annotations
 import click
 
 from ..broker import queue_and_view, queue_names
-from .base import broker_of, command, queue_named
+from .base import broker_of, command, confirm, queue_named, yes_option
 
 
 @command()
 @click.argument("queue")
 @click.argument("task_ids", nargs=-1, required=True)
-def remove(ctx, queue, task_ids):
-    """Remove the waiting messages of TASK_IDs from QUEUE (REMOVE BY ID); prints how many."""
+@yes_option
+def remove(ctx, queue, task_ids, yes):
+    """Remove the waiting messages of TASK_IDs from QUEUE (REMOVE BY ID); prints how many.
+    Asks first unless --yes."""
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
+        confirm(f"Remove the waiting messages of {len(task_ids)} task id(s) from {queue!r}?", yes)
         counts = {t: q.remove(t) for t in task_ids}
     if len(counts) == 1:
         click.echo(sum(counts.values()))
@@ -41,8 +44,9 @@ def reprioritize(ctx, queue, task_id, priority):
 @command()
 @click.argument("queue")
 @click.argument("task_ids", nargs=-1)
-@click.option("--all", "everything", is_flag=True, help="Replay every dead letter of QUEUE.")
-def replay(ctx, queue, task_ids, everything):
+@click.option("--all", "everything", is_flag=True, help="Replay every dead letter of QUEUE (asks first unless --yes).")
+@yes_option
+def replay(ctx, queue, task_ids, everything, yes):
     """Dead letters of QUEUE back to QUEUE (each atomically), keeping priority and tenant, with
     the delivery count reset. Give TASK_IDs (as ``pq dead`` shows them) or --all."""
     if everything == bool(task_ids):
@@ -52,6 +56,7 @@ def replay(ctx, queue, task_ids, everything):
         if task_ids:
             result = q.replay(task_ids)
         else:
+            confirm(f"Replay the {q.dead.size()} dead letter(s) of {queue!r} to it?", yes)
             result = {"replayed": {}, "missing": [], "leased": [], "refused": []}
             while True:  # a chunk at a time, in the dead-letter queue's order
                 ids = [e.id for e in q.dead.peek(500)]
@@ -79,17 +84,21 @@ def replay(ctx, queue, task_ids, everything):
 @command()
 @click.option("--consumer", required=True, help="The consumer id (host:pid:random, as `pq leases` shows).")
 @click.argument("queues", nargs=-1)
-def recover(ctx, consumer, queues):
+@yes_option
+def recover(ctx, consumer, queues, yes):
     """Return every lease CONSUMER holds (a crashed worker's) at once, without waiting for the
-    leases to expire; in QUEUES, or in every declared queue."""
+    leases to expire; in QUEUES, or in every declared queue. Asks first unless --yes: a consumer
+    still running would run its tasks while they are delivered again."""
     if not consumer.strip():
         raise click.BadParameter("must name a consumer", param_hint="--consumer")
     total = {"returned": 0, "dead": 0}
     with broker_of(ctx).channel() as channel:
         names = queue_names(channel, queues)
+        for name in queues:
+            queue_named(channel, name)
+        where = f"queue(s) {', '.join(names)}" if queues else f"every declared queue ({len(names)})"
+        confirm(f"Return every lease consumer {consumer} holds in {where} (only for a consumer that is gone)?", yes)
         for name in names:
-            if queues:
-                queue_named(channel, name)
             r = queue_and_view(channel, name)[0].reclaim(consumer=consumer)
             total["returned"] += int(r["returned"])
             total["dead"] += int(r["dead"])
@@ -103,16 +112,15 @@ def recover(ctx, consumer, queues):
 
 @command()
 @click.argument("queue")
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@yes_option
 def purge(ctx, queue, yes):
-    """Delete every waiting and delayed message of QUEUE (leased ones stay leased)."""
+    """Delete every waiting and delayed message of QUEUE (leased ones stay leased). Asks first
+    unless --yes."""
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
         if not yes:
             s = q.stats()
-            click.confirm(
-                f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?", abort=True
-            )
+            confirm(f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?", yes)
         click.echo(f"purged {q.purge()} message(s) from {queue}")
 
 

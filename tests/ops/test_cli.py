@@ -128,9 +128,9 @@ def test_unknown_queue_is_one_line_and_exit_1(world):
 def test_remove(world):
     t = world.send("ops.work", 1)
     keep = world.send("ops.work", 2)
-    assert world.run("remove", "q", t).output.strip() == "1"
+    assert world.run("remove", "q", t, "--yes").output.strip() == "1"
     assert [e.id for e in world.queue().peek(10)] == [keep]
-    r = world.run("remove", "q", t, ok=False)
+    r = world.run("remove", "q", t, "--yes", ok=False)
     assert r.exit_code == 1 and "no waiting message" in r.output
 
 
@@ -182,7 +182,7 @@ def test_replay_by_id_and_all(world):
     assert "replayed 1" in r.output
     [back] = world.queue().peek(10)
     assert (back.id, back.priority, back.deliveries) == (ids[1], 240, 0)
-    world.run("replay", "q", "--all")
+    world.run("replay", "q", "--all", "--yes")
     assert world.queue().dead.size() == 0
     assert sorted((e.id, e.priority) for e in world.queue().peek(10)) == sorted(zip(ids, [10, 240, 30]))
     r = world.run("replay", "q", "missing-id", ok=False)
@@ -217,13 +217,13 @@ def test_recover_returns_one_consumers_leases_at_once(world):
     q = world.queue()
     q.pop(2, consumer="crashed:1:dead", lease_seconds=600)
     q.pop(1, consumer="alive:2:beef", lease_seconds=600)
-    r = world.run("recover", "--consumer", "crashed:1:dead")
+    r = world.run("recover", "--consumer", "crashed:1:dead", "--yes")
     assert "2 lease(s) returned" in r.output
     assert q.stats()["leased"] == 1 and q.size() == 2
     assert [x["consumer"] for x in q.leases()] == ["alive:2:beef"]
-    r = world.run("recover", "--consumer", " ", ok=False)
+    r = world.run("recover", "--consumer", " ", "--yes", ok=False)
     assert r.exit_code == 2
-    r = world.run("recover", "--consumer", "alive:2:beef", "nope", ok=False)
+    r = world.run("recover", "--consumer", "alive:2:beef", "nope", "--yes", ok=False)
     assert r.exit_code == 1 and "unknown queue 'nope'" in r.output
     assert q.stats()["leased"] == 1
 
@@ -239,10 +239,61 @@ def test_explain_uses_the_queue_technique(world):
 def test_purge_asks_unless_yes(world):
     for i in range(3):
         world.send("ops.work", i)
-    r = world.run("purge", "q", input="n\n", ok=False)
-    assert r.exit_code == 1 and world.queue().size() == 3
+    r = world.run("purge", "q", input="y\n", ok=False)  # (not a terminal: not read as an answer)
+    assert r.exit_code == 1 and "add --yes" in r.output and world.queue().size() == 3
     assert "purged 3" in world.run("purge", "q", "--yes").output
     assert world.queue().size() == 0
+
+
+def _on_a_terminal(world, *args, answer: str) -> tuple[int, str]:
+    """``python -m celery_pq ... ARGS`` with a terminal as stdin, answering ``answer`` to what it
+    asks; (exit code, what it printed)."""
+    import pty
+
+    parent, child = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            world.command(*args), stdin=child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=celery_env(ROOT)
+        )
+        os.write(parent, answer.encode() + b"\n")
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(parent)
+        os.close(child)
+    return proc.returncode, out.decode()
+
+
+CONFIRMED = {
+    "remove": ("remove", "q", "{id}"),
+    "replay --all": ("replay", "q", "--all"),
+    "recover": ("recover", "--consumer", "gone:1:dead"),
+    "purge": ("purge", "q"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIRMED))
+def test_commands_that_cannot_be_undone_ask_first_and_refuse_a_stdin_that_is_no_terminal(world, name):
+    # Given a queue with a waiting message, a leased one and a dead letter
+    for i in range(3):
+        world.send("ops.work", i)
+    q = world.queue()
+    first, second = q.pop(2, consumer="gone:1:dead", lease_seconds=600)
+    q.dead_letter(first, "boom")
+    waiting = [e.id for e in q.peek(5)]
+    args = [a.format(id=waiting[0]) for a in CONFIRMED[name]]
+
+    def unchanged():
+        return [e.id for e in q.peek(5)] == waiting and q.dead.size() == 1 and q.stats()["leased"] == 1
+
+    # When stdin is not a terminal (a script, a pipe) and there is no --yes: refused, even with
+    # a "y" waiting on stdin, naming --yes; nothing changes
+    r = world.run(*args, input="y\n", ok=False)
+    assert r.exit_code == 1 and "stdin is not a terminal; add --yes" in r.output and unchanged()
+    # On a terminal, it asks: "n" changes nothing, "y" goes ahead
+    code, out = _on_a_terminal(world, *args, answer="n")
+    assert code == 1 and "? [y/N]" in out and "Aborted" in out and unchanged(), out
+    code, out = _on_a_terminal(world, *args, answer="y")
+    assert code == 0 and "? [y/N]" in out and not unchanged(), out
 
 
 def test_backlog_counts_due_entries_in_the_view(world):
