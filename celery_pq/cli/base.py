@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 import click
 import redis
@@ -66,7 +67,7 @@ def confirm(question: str, yes: bool) -> None:
     terminal (a script, a pipe, cron) is never read as an answer: refused, naming ``--yes``."""
     if yes:
         return
-    if not click.get_text_stream("stdin").isatty():
+    if not sys.stdin.isatty():
         raise click.ClickException(
             f"{question} Not done: this asks for confirmation and stdin is not a terminal; "
             "add --yes to go ahead without asking"
