@@ -49,6 +49,7 @@ from hashlib import blake2b
 
 import redis
 
+from . import checks
 from . import constants as C
 from .errors import PQError
 from .messages import stored_item
@@ -57,7 +58,7 @@ from .messages import stored_item
 KOMBU_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 KOMBU_MAX_PRIORITY = 9  # kombu clamps a message's priority into 0..9
-KOMBU_VISIBILITY_TIMEOUT = 3600.0  # seconds
+KOMBU_VISIBILITY_TIMEOUT = 3600.0  # seconds, when broker_transport_options does not say (never assumed)
 #: The suffix (after kombu's separator) of a queue's staging list on the source Redis.
 STAGING_SUFFIX = "pq-import"
 #: Messages claimed, inserted and released per round trip (a crash leaves at most this many staged).
@@ -209,7 +210,9 @@ class KombuImport:
     into celery-pq (``channel``, a celery-pq channel: its queues, options and ``decode_body``).
 
     ``unacked``: ``"stale"`` (the default) moves the unacked messages older than
-    ``visibility_timeout`` (those kombu itself would restore: their worker is gone or late),
+    ``visibility_timeout`` (those kombu itself would restore: their worker is gone or late; the
+    old workers' own value, in seconds, must be given: a guess too short moves messages that a
+    live worker still runs, and they run twice),
     ``"all"`` every unacked message of the queues (only safe when no worker of kombu's
     transport runs any more: one still running would run its messages as well), ``"none"``
     none.
@@ -227,12 +230,18 @@ class KombuImport:
         layout: KombuLayout | None = None,
         priorities: dict[int, int] | None = None,
         unacked: str = "stale",
-        visibility_timeout: float = KOMBU_VISIBILITY_TIMEOUT,
+        visibility_timeout: float | None = None,
         batch: int = BATCH,
         staged: str = "refuse",
     ):
         if unacked not in ("stale", "all", "none"):
             raise ValueError(f"unacked must be 'stale', 'all' or 'none', got {unacked!r}")
+        if unacked == "stale" and visibility_timeout is None:
+            raise ValueError(
+                "unacked='stale' moves the unacked messages delivered longer ago than the old workers' "
+                "visibility_timeout: give it (visibility_timeout, seconds)"
+            )
+        visibility_timeout = checks.seconds("visibility_timeout", visibility_timeout, none=True)
         if staged not in ("refuse", "insert", "drop"):
             raise ValueError(f"staged must be 'refuse', 'insert' or 'drop', got {staged!r}")
         self.staged_policy = staged
@@ -244,7 +253,8 @@ class KombuImport:
         self.layout = layout or KombuLayout()
         self.given_priorities = dict(priorities or {})
         self.unacked_mode = unacked
-        self.visibility_timeout = visibility_timeout
+        #: the old workers' visibility_timeout, seconds ("stale" only)
+        self.visibility_timeout = visibility_timeout if unacked == "stale" else None
         self.batch = batch
         self.reports = {q: QueueReport(q) for q in self.queues}
 
@@ -396,7 +406,7 @@ class KombuImport:
             if len(routes[key]) > 1:  # bound to several queues: kombu's restore would copy it
                 report.held += 1
                 continue
-            if self.unacked_mode != "all":
+            if self.visibility_timeout is not None:  # "stale": only those older than it
                 since = src.zscore(layout.unacked_index, tag)
                 if since is not None and since > now - self.visibility_timeout:
                     report.held += 1

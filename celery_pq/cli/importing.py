@@ -45,7 +45,7 @@ def _steps(text: str) -> tuple[int, ...]:
     default="stale",
     show_default=True,
     help="Unacked messages to move (ETA tasks are among them): 'stale' those delivered longer than "
-    "--visibility-timeout ago (their worker is gone or late; kombu would restore them), 'all' "
+    "--visibility-timeout ago, which it then needs (their worker is gone or late; kombu would restore them), 'all' "
     "every one (only once no worker of kombu's transport runs: one still running runs its "
     "messages too), 'none' none.",
 )
@@ -53,9 +53,10 @@ def _steps(text: str) -> tuple[int, ...]:
 @click.option(
     "--visibility-timeout",
     type=float,
-    default=KOMBU_VISIBILITY_TIMEOUT,
-    show_default=True,
-    help="kombu's visibility_timeout (seconds) of the old workers.",
+    default=None,
+    metavar="SECONDS",
+    help="The visibility_timeout (seconds) of the old workers' transport: required with --unacked stale "
+    f"(kombu's default, when their broker_transport_options do not set it, is {KOMBU_VISIBILITY_TIMEOUT:g}).",
 )
 @click.option(
     "--priority-map",
@@ -102,6 +103,15 @@ def import_kombu(
     """Move the messages kombu's Redis transport holds for QUEUES (every priority list, and the
     unacked ones as --unacked says) into the celery-pq queues of the same names, each exactly
     once: rerun it after a crash, it finishes the job without storing a message twice."""
+    if include_unacked:
+        unacked = "all"
+    if unacked == "stale" and visibility_timeout is None:
+        raise click.UsageError(
+            "--unacked stale (the default) moves the unacked messages delivered longer ago than the old "
+            "workers' visibility_timeout: give it with --visibility-timeout SECONDS (kombu's default, when "
+            f"their broker_transport_options do not set it, is {KOMBU_VISIBILITY_TIMEOUT:g}), or choose "
+            "--unacked all or none"
+        )
     layout = KombuLayout(global_keyprefix=global_keyprefix, priority_steps=_steps(priority_steps))
     client = redis.Redis.from_url(source)
     try:
@@ -112,7 +122,7 @@ def import_kombu(
                 queues,
                 layout=layout,
                 priorities=parse_priority_map(priority_map),
-                unacked="all" if include_unacked else unacked,
+                unacked=unacked,
                 visibility_timeout=visibility_timeout,
                 batch=batch,
                 staged=staged,

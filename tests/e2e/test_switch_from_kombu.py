@@ -97,7 +97,7 @@ def test_switch_over_under_a_producer_that_never_stops(tmp_path):
         worker("new1", new_url, 0)
         worker("new2", new_url, 0)
         producer.app = app_on(new_url)
-        first = import_kombu()
+        first = import_kombu("--visibility-timeout", "3600")  # the old worker's (kombu's default)
         # the old worker retired (warm shutdown: kombu restores what it held, ETA tasks among
         # them), and what it gave back imported; nothing of kombu's transport runs any more
         old.stop()

@@ -92,7 +92,16 @@ def test_dry_run_counts_and_changes_nothing(world, kombu):
     before = kombu.waiting()
     # When: a dry run
     r = world.run(
-        "import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--dry-run", "--json"
+        "import-kombu",
+        "q",
+        "--from",
+        kombu.url,
+        "--global-keyprefix",
+        kombu.keyprefix,
+        "--visibility-timeout",
+        "3600",
+        "--dry-run",
+        "--json",
     )
     out = json.loads(r.output)
     # Then: counts per kombu priority, mapped (higher_first: 9 - p), and nothing moved
@@ -101,7 +110,17 @@ def test_dry_run_counts_and_changes_nothing(world, kombu):
     assert out["dry_run"] is True and out["queues"][0]["moved"] == 6
     assert kombu.waiting() == before == 6
     assert entries(world) == []
-    text = world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--dry-run")
+    text = world.run(
+        "import-kombu",
+        "q",
+        "--from",
+        kombu.url,
+        "--global-keyprefix",
+        kombu.keyprefix,
+        "--visibility-timeout",
+        "3600",
+        "--dry-run",
+    )
     assert "dry run: nothing changed" in text.output
 
 
@@ -115,7 +134,17 @@ def test_import_moves_each_message_once_in_kombu_order(redis_server, key_prefix,
             for i in range(2):
                 sent[kombu.send(p, i, priority=p)] = p
         # When: imported
-        r = world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json")
+        r = world.run(
+            "import-kombu",
+            "q",
+            "--from",
+            kombu.url,
+            "--global-keyprefix",
+            kombu.keyprefix,
+            "--visibility-timeout",
+            "3600",
+            "--json",
+        )
         assert json.loads(r.output)["queues"][0]["moved"] == 6
         # Then: kombu's lists are empty, nothing is left staged
         assert kombu.waiting() == 0 and kombu.staged() == 0
@@ -128,7 +157,16 @@ def test_import_moves_each_message_once_in_kombu_order(redis_server, key_prefix,
         msg = decode(got[0].payload)
         assert msg["headers"]["task"] == "ops.work" and "delivery_tag" not in msg["properties"]
         # When: run again, nothing more is stored
-        world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix)
+        world.run(
+            "import-kombu",
+            "q",
+            "--from",
+            kombu.url,
+            "--global-keyprefix",
+            kombu.keyprefix,
+            "--visibility-timeout",
+            "3600",
+        )
         assert len(q.peek(100)) == 6
     finally:
         world.close()
@@ -140,7 +178,9 @@ def test_tenant_from_fair_key_and_eta_delayed(fair_world, kombu):
     kombu.send(2, headers={"tenant": "globex"})
     later = datetime.now(UTC) + timedelta(hours=1)
     eta_id = kombu.send(3, eta=later)
-    world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix)
+    world.run(
+        "import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--visibility-timeout", "3600"
+    )
     q = world.queue("q")  # (opened with the mode the import recorded: fair)
     waiting = q.peek(10)
     assert {e.tenant for e in waiting} == {"acme", "globex"}
@@ -154,7 +194,17 @@ def test_unacked_stale_moves_held_stays_include_moves_all(world, kombu):
     a, b, c = kombu.send(1), kombu.send(2), kombu.send(3)
     old = kombu.hold_unacked(age=7200)
     fresh = kombu.hold_unacked(age=1)
-    base = ["import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json"]
+    base = [
+        "import-kombu",
+        "q",
+        "--from",
+        kombu.url,
+        "--global-keyprefix",
+        kombu.keyprefix,
+        "--visibility-timeout",
+        "3600",
+        "--json",
+    ]
     # When: the default import (stale unacked only)
     out = json.loads(world.run(*base).output)["queues"][0]
     # Then: the waiting one and the stale one moved, the fresh one is left to its worker
@@ -170,6 +220,34 @@ def test_unacked_stale_moves_held_stays_include_moves_all(world, kombu):
     assert sorted(e.id for e in entries(world)) == sorted([a, b, c])
 
 
+def test_unacked_stale_needs_the_old_workers_visibility_timeout(world, kombu):
+    # Given: a waiting message and one delivered 1000 s ago
+    kombu.send(1)
+    kombu.send(2)
+    kombu.hold_unacked(age=1000)
+    args = ["import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json"]
+    # When: --unacked stale (the default) without --visibility-timeout, a dry run or not
+    for extra in ([], ["--unacked", "stale"], ["--dry-run"]):
+        r = world.run(*args, *extra, ok=False)
+        # Then: a usage error naming the option, and nothing moved (no 3600 s assumed)
+        assert r.exit_code == 2 and "give it with --visibility-timeout SECONDS" in r.output, r.output
+    assert kombu.waiting() == 1 and kombu.client.hlen(kombu.layout.unacked) == 1 and entries(world) == []
+    # and the API refuses the same
+    from celery_pq.broker import Broker
+    from celery_pq.kombu_import import KombuImport
+
+    with Broker.of(world.url, world.options).channel() as channel:
+        with pytest.raises(ValueError, match="give it \\(visibility_timeout, seconds\\)"):
+            KombuImport(kombu.client, channel, ["q"], layout=kombu.layout)
+        with pytest.raises(ValueError, match="visibility_timeout must be a finite number > 0"):
+            KombuImport(kombu.client, channel, ["q"], layout=kombu.layout, visibility_timeout=-1)
+    # When: the real value is given (600 s): the message delivered 1000 s ago is stale, and moves
+    out = json.loads(world.run(*args, "--visibility-timeout", "600").output)["queues"][0]
+    assert out["moved"] == 2 and out["unacked_held"] == 0 and len(entries(world)) == 2
+    # and --unacked none needs no timeout
+    assert json.loads(world.run(*args, "--unacked", "none").output)["queues"][0]["moved"] == 0
+
+
 def test_staged_and_stored_by_a_crashed_run_is_not_stored_twice(world, kombu):
     # Given: a run that crashed just now, after inserting a staged message and before releasing it
     tid, raw = _stage(kombu, 0)
@@ -178,7 +256,7 @@ def test_staged_and_stored_by_a_crashed_run_is_not_stored_twice(world, kombu):
     from celery_pq.kombu_import import KombuImport
 
     with Broker.of(world.url, world.options).channel() as channel:
-        job = KombuImport(kombu.client, channel, ["q"], layout=layout)
+        job = KombuImport(kombu.client, channel, ["q"], layout=layout, visibility_timeout=3600)
         item, _, _ = job.item("q", raw, {k: k for k in range(10)})
         channel.queue("q").insert_many([item])
     assert [e.id for e in entries(world)] == [tid]
@@ -186,7 +264,17 @@ def test_staged_and_stored_by_a_crashed_run_is_not_stored_twice(world, kombu):
     assert world.queue("q").remove(tid) == 1
     # When: the import runs again
     out = json.loads(
-        world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json").output
+        world.run(
+            "import-kombu",
+            "q",
+            "--from",
+            kombu.url,
+            "--global-keyprefix",
+            kombu.keyprefix,
+            "--visibility-timeout",
+            "3600",
+            "--json",
+        ).output
     )["queues"][0]
     # Then: it found it staged, its insert was a repeat (the publish id, within the window):
     # not stored again, and released
@@ -204,7 +292,16 @@ def test_import_killed_midway_and_rerun_loses_nothing_and_doubles_nothing(world,
             sent[tid] += 1
     assert kombu.waiting() == 3000
     cmd = [
-        *world.command("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix),
+        *world.command(
+            "import-kombu",
+            "q",
+            "--from",
+            kombu.url,
+            "--global-keyprefix",
+            kombu.keyprefix,
+            "--visibility-timeout",
+            "3600",
+        ),
         "--batch",
         "5",
     ]
@@ -248,6 +345,8 @@ def test_python_m_and_celery_entry_point(world, kombu, tmp_path):
             kombu.url,
             "--global-keyprefix",
             kombu.keyprefix,
+            "--visibility-timeout",
+            "3600",
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -276,7 +375,16 @@ def _stage(kombu, claimed_ms_ago: int | None) -> tuple[str, bytes]:
 def test_staged_beyond_the_dedupe_window_is_refused_then_inserted_or_dropped_as_told(world, kombu):
     # Given: a message staged by a run killed an hour ago (beyond the 300 s window), not in the queue
     tid, _ = _stage(kombu, 3_600_000)
-    args = ["import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix]
+    args = [
+        "import-kombu",
+        "q",
+        "--from",
+        kombu.url,
+        "--global-keyprefix",
+        kombu.keyprefix,
+        "--visibility-timeout",
+        "3600",
+    ]
     # When: rerun, Then: it stops and names the task, nothing changed
     r = world.run(*args, ok=False)
     assert r.exit_code == 1 and tid in r.output and "--staged insert" in r.output
@@ -297,7 +405,17 @@ def test_staged_beyond_the_window_and_found_in_the_queue_is_released(world, komb
     world.queue("q").insert(b"stored before the kill", 0, id=tid)
     # When: rerun without --staged
     out = json.loads(
-        world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--json").output
+        world.run(
+            "import-kombu",
+            "q",
+            "--from",
+            kombu.url,
+            "--global-keyprefix",
+            kombu.keyprefix,
+            "--visibility-timeout",
+            "3600",
+            "--json",
+        ).output
     )["queues"][0]
     # Then: released, not stored again
     assert out["repeats"] == 1 and kombu.staged() == 0
