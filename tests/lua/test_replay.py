@@ -154,3 +154,18 @@ def test_a_dead_letter_whose_key_is_held_again_is_merged_into_the_holder_not_rep
     assert [e.id for e in q.peek(5)] == ["k2"] and q.dead.peek(5) == []
     assert redis_client.hlen(q.dead.keys.unique_holders) == 0
     assert q.counters()["unique_merged"] == 1
+
+
+def test_a_dead_letter_dropped_for_room_takes_its_kept_key_and_no_live_one(redis_client, key_prefix):
+    # Given a dead-letter queue of one, holding x (key a), then y (key b) and again x (key c) live
+    q = PriorityQueue(redis_client, "room", key_prefix=key_prefix, max_dead_length=1)
+    q.insert_unique(b"x", 1, id="x", unique=UniqueKey("a"))
+    kill(q)
+    q.insert_unique(b"y", 1, id="y", unique=UniqueKey("b"))
+    q.insert_unique(b"x", 1, id="x", unique=UniqueKey("c"))
+    # When y is dead-lettered, the dead x making room for it
+    kill(q)
+    # Then the dead-letter queue keeps y's key only, and the live x still holds c
+    assert {k.decode(): v.decode() for k, v in redis_client.hgetall(q.dead.keys.unique_holders).items()} == {"y": "b"}
+    assert [e.id for e in q.dead.peek(5)] == ["y"]
+    assert q.insert_unique(b"z", 1, id="z", unique=UniqueKey("c")).task_id == "x"

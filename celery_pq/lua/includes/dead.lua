@@ -31,7 +31,7 @@ local function dead_make_room(dii, dpi)
     local _, key = pi_head(dpi, best_rank)
     pi_pop_head(dpi, best_rank, key)
     redis.call('HDEL', dii, best_eid)
-    unique_release(best_eid) -- (the key a dead letter kept for replay)
+    redis.call('HDEL', string.sub(dii, 1, -3) .. 'ue', best_eid) -- (the key it kept for replay)
     emit('remove', best_eid, best_rank * SEQ_SPAN, nil, nil, nil, 'dead_dropped')
     counter_add('dead_dropped')
     CTX.dropped = (CTX.dropped or 0) + 1
