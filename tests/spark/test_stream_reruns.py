@@ -109,11 +109,11 @@ def test_a_retry_after_a_shuffle_skips_only_the_rows_it_reads_as_they_were(
     assert sorted(p.name for p in markers.iterdir()) == ["failed-0", "failed-1"]
     # Then every row is queued; once, unless the retry read other rows where the failed attempt
     # had stored some without a key (those 20 are sent again, under new identities)
-    summary, _ = read_rejects(spark, str(tmp_path / "summary" / "batch-0"))
     got = queued(redis_client, key_prefix)
     assert set(got) == set(range(30))
     assert sum(got.values()) == 30 + counts[3]
     # and the summary says which rows were sent, found stored, skipped as recorded, resent
+    summary, _ = read_rejects(spark, str(tmp_path / "summary" / "batch-0"))
     assert (summary["sent"], summary["already_stored"], summary["skipped"], summary["resent"]) == counts
     assert summary["rows"] == 30 and summary["rejected"] == 0
 
