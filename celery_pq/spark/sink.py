@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from ..constants import TASK_TENANT_PREFIX
 from ..errors import PQError, QueueFull
 from ..keys import sink_rate_key
 from ..queue import open_queue
@@ -141,7 +142,8 @@ class Sink:
     def queue(self, name):
         q = self.queues.get(name)
         if q is None:
-            q = self.queues[name] = open_queue(self.client, name, self.settings.transport.queue_settings(name))
+            settings = self.settings.transport.queue_settings(name)
+            q = self.queues[name] = open_queue(self.client, name, settings, declare=False)  # a producer
             self.routing.add_queue(name)  # declared, as a Celery producer's queue is (pq stats lists it)
         return q
 
@@ -155,6 +157,9 @@ class Sink:
         those the queue had already (their publish ids seen)."""
         by_queue: dict = {}
         for name, item in batch:
+            limits = self.queue(name).task_limits  # a task the queue limits: under its limit
+            if limits and item.task and TASK_TENANT_PREFIX + item.task in limits:
+                item = item._replace(tenant=TASK_TENANT_PREFIX + item.task)
             by_queue.setdefault(name, []).append(item.as_tuple())
         for name, items in by_queue.items():
             self._insert(self.queue(name), items, report)

@@ -394,3 +394,23 @@ def test_a_sharded_queue_tells_rows_stored_already_too(spark, url, redis_client,
     assert (first.sent, first.already_stored) == (40, 0) and (second.sent, second.already_stored) == (0, 40)
     sizes = [PriorityQueue.open(redis_client, name, key_prefix=key_prefix).size() for name in shard_names("celery", 4)]
     assert sum(sizes) == 40 and sum(1 for s in sizes if s) > 1
+
+
+def test_rows_of_a_task_the_queue_limits_go_under_its_limit_and_lift_nothing(spark, url, redis_client, key_prefix):
+    # Given a queue whose consumers declared a task_rate limit on proj.resize (the write's options
+    # name none) and a weight for tenant "acme"
+    from celery_pq.options import Options
+    from celery_pq.queue import open_queue
+
+    worker = Options(
+        key_prefix=key_prefix, task_rate={"proj.resize": 0.01}, fair_key="tenant", fair_weights={"acme": 3}
+    )
+    open_queue(redis_client, "limited", worker.queue_settings("limited"))
+    # When rows are written to it by a Spark job without those options
+    df = spark.createDataFrame([(i,) for i in range(3)], "image_id int")
+    write(df, url, key_prefix, task="proj.resize", args="image_id", queue="limited")
+    # Then the rows wait under the task's limit, and the queue's tables are as declared
+    q = PriorityQueue.open(redis_client, "limited", key_prefix=key_prefix)
+    assert {t: s["waiting"] for t, s in q.tenant_stats().items()} == {"task:proj.resize": 3}
+    tables = redis_client.hgetall(q.keys.tenant_settings)
+    assert float(tables[b"r:task:proj.resize"]) == 0.01 and float(tables[b"w:acme"]) == 3
