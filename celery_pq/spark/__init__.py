@@ -29,7 +29,6 @@ columns and the analysis.
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from .analyze import analyze
 from .settings import PASSWORD_ENV
 from .workers import check_python_workers
-from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource
+from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource, read_rejected_rows
 
 __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 
@@ -92,9 +91,7 @@ def read_rejects(spark, path: str):
     summary = json.loads((out / SUMMARY_FILE).read_text())
     schema = StructType.fromJson(summary.pop("schema"))
     schema = StructType([*schema.fields, StructField("reason", StringType(), False)])
-    with open(out / REJECTS_FILE, "rb") as f:
-        rows = pickle.load(f)
-    return summary, spark.createDataFrame(rows, schema)
+    return summary, spark.createDataFrame(read_rejected_rows(str(out / REJECTS_FILE), schema), schema)
 
 
 def enqueue(
