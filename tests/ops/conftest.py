@@ -13,6 +13,8 @@ from click.testing import CliRunner
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
 from celery_pq.__main__ import main
+from celery_pq.options import Options
+from celery_pq.queue import open_queue
 
 
 class World:
@@ -28,6 +30,11 @@ class World:
 
     def send(self, name="ops.work", *args, queue="q", **kw):
         return self.app.send_task(name, args=args, queue=queue, **kw).id
+
+    def declare(self, name="q") -> None:
+        """The queue's settings declared as this world's workers would when they start consuming
+        (the tenants' caps are the queue's: a producer does not write them; docs/settings.md)."""
+        open_queue(self.client, name, Options.from_transport_options(self.options).queue_settings(name))
 
     def queue(self, name="q", **kw) -> PriorityQueue:
         return PriorityQueue.open(self.client, name, key_prefix=self.prefix, **kw)
@@ -66,5 +73,6 @@ def world(redis_server, key_prefix):
 @pytest.fixture
 def fair_world(redis_server, key_prefix):
     w = World(redis_server, key_prefix, {"fair_key": "tenant", "tenant_concurrency": {"slow": 1, "*": 100}})
+    w.declare()
     yield w
     w.close()
