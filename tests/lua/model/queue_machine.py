@@ -1,0 +1,580 @@
+"""One queue through the queue API beside the reference model: the rules of QueueMachine (a
+plain queue, both priority orders, techniques T and S, priority views). Its checks are in
+queue_checks.py, its fair and corrupting variants in fair_machine.py."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from celery_pq import EntryNotFound, NotWaiting, PriorityQueue
+from celery_pq.ids import encode_id
+from celery_pq.queue import escape_tenant
+
+from .common import (
+    EVENT_CAP,
+    GARBAGE,
+    IDS,
+    LEASE_SECONDS,
+    LONG_MS,
+    PRIORITIES,
+    SHORT_MS,
+    SKIP,
+    TENANTS,
+    VIEWS,
+    MEntry,
+    Session,
+    redis_now_ms,
+)
+from .fair import Fair
+from .queue_checks import QueueChecks
+
+
+class QueueMachine(QueueChecks, RuleBasedStateMachine):
+    """A plain queue (both priority orders, techniques T and S) and its priority views."""
+
+    fair = False
+    corrupting = False
+
+    def __init__(self):
+        super().__init__()
+        self.client = Session.server.client(decode_responses=False)
+        self.prefix = "pqm" + uuid.uuid4().hex[:12]
+        self.name = "m"
+        self.entries: dict[str, MEntry] = {}  # eid -> entry, live ones (waiting/delayed/leased/corrupt)
+        self.done: list[MEntry] = []  # gone or dead
+        self.dead: list[tuple] = []  # (rank, arrival, payload, reason) in arrival order
+        self.levels: dict[int, list[str]] = {}  # plain order: rank -> eids in list order
+        self.stale: list[tuple[str, str]] = []  # (eid, token) pairs no longer current
+        self.views: set[tuple[int, int]] = set()
+        self.seq = 0
+        self.arrivals = 0
+        self.payloads = 0
+        self.q: PriorityQueue | None = None
+        self.fq: Fair | None = None
+        self.corrupt: dict[str, bool] = {}  # eid -> True when a remove or purge may have taken it
+        self.retired: list[bool] = []  # corrupt entries that left the queue, their flags (see retire)
+        self.mode_kwargs: dict = {}
+
+    # -- set-up ---------------------------------------------------------------------------------
+    @initialize(
+        order=st.sampled_from(["higher_first", "lower_first"]),
+        technique=st.sampled_from(["T", "S"]),
+        max_deliveries=st.sampled_from([0, 2, 3]),
+    )
+    def make_queue(self, order, technique, max_deliveries):
+        self.mode_kwargs = dict(priority_order=order, technique=technique)
+        self.q = PriorityQueue(
+            self.client,
+            self.name,
+            key_prefix=self.prefix,
+            lease_seconds=LEASE_SECONDS,
+            max_deliveries=max_deliveries,
+            event_log=EVENT_CAP,
+            **self.mode_kwargs,
+        )
+
+    def teardown(self):
+        try:
+            if self.q is not None:
+                self.drain_and_check()
+                self.events_agree_with_counters()
+        finally:
+            keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
+            if keys:
+                self.client.delete(*keys)
+            self.client.close()
+
+    def events_agree_with_counters(self):
+        """The event log and the counters are written by the same scripts, independently: after
+        the whole run, each kind of event was logged as often as its counter counted."""
+        events = self.q.events()
+        assert len(events) < EVENT_CAP  # nothing trimmed: every event of the run is there
+        kinds = Counter(e["e"] for e in events)
+        c = self.q.counters()
+        assert (kinds["enqueue"], kinds["deliver"], kinds["ack"], kinds["requeue"], kinds["dead"]) == (
+            c["enqueued"],
+            c["delivered"],
+            c["acked"],
+            c["requeued"],
+            c["dead_lettered"],
+        ), (kinds, c)
+        assert sum(1 for e in events if e["e"] == "deliver" and e["n"] > 1) == c["redelivered"]
+        assert sum(1 for e in events if e["e"] == "remove" and e["r"] != "dead_dropped") == c["removed"]
+        assert kinds["expire"] <= c["lease_expired"]
+
+    # -- the model ------------------------------------------------------------------------------
+    def rank(self, priority: int) -> int:
+        return self.q.rank(priority)
+
+    def state_of(self, state: str) -> list[MEntry]:
+        return [e for e in self.entries.values() if e.state == state]
+
+    def live_eids(self) -> set[str]:
+        return set(self.entries)
+
+    def order(self, view=None) -> list[str]:
+        """Plain queues: waiting entries in delivery order (ranks lo..hi of a view)."""
+        lo, hi = view or (0, 255)
+        return [eid for r in sorted(self.levels) if lo <= r <= hi for eid in self.levels[r]]
+
+    def join_back(self, e: MEntry) -> None:
+        """Waiting at the back of its rank (insert, promotion, new priority)."""
+        e.state = "waiting"
+        self.levels.setdefault(e.rank, []).append(e.eid)
+        if self.fq:
+            self.fq.refresh(e.tenant, False)
+
+    def join_place(self, e: MEntry) -> None:
+        """Waiting again at its place (requeue, expiry): before the first of the first 32 of its
+        rank that came later (index.lua pi_return)."""
+        e.state = "waiting"
+        row = self.levels.setdefault(e.rank, [])
+        for i, eid in enumerate(row[:32]):
+            if self.entries[eid].seq > e.seq:
+                row.insert(i, e.eid)
+                break
+        else:
+            row.insert(min(len(row), 32), e.eid)
+        if self.fq:
+            self.fq.refresh(e.tenant, False)
+
+    def leave_level(self, e: MEntry) -> None:
+        row = self.levels.get(e.rank, [])
+        if e.eid in row:
+            row.remove(e.eid)
+            if not row:
+                del self.levels[e.rank]
+
+    def finish(self, e: MEntry, state: str) -> None:
+        was = e.state
+        if was == "waiting":
+            self.leave_level(e)
+        e.state = state
+        del self.entries[e.eid]
+        self.done.append(e)
+        if self.fq and was == "waiting":
+            self.fq.left(self.fq.level(e.rank))
+            self.fq.refresh(e.tenant, False)
+
+    def to_dead(self, e: MEntry, reason: str) -> None:
+        self.arrivals += 1
+        self.dead.append((e.rank, self.arrivals, e.payload, reason))
+        self.finish(e, "dead")
+
+    def end_lease(self, e: MEntry) -> None:
+        self.stale.append((e.eid, e.token))
+        e.token = None
+        if self.fq:
+            self.fq.release(e.tenant)
+
+    def next_payload(self) -> bytes:
+        self.payloads += 1
+        return b"p%d|,%d" % (self.payloads, self.payloads)
+
+    def retire_corrupt(self) -> None:
+        """Corrupt entries no longer in the queue (a script set them aside, or a remove or purge
+        took them) free their ids: a new entry may have one of them."""
+        ii = set(self.client.hkeys(self.q.keys.entries))
+        for eid in [x for x in self.corrupt if encode_id(x) not in ii]:
+            self.retired.append(self.corrupt.pop(eid))
+            del self.entries[eid]
+
+    def corrupt_counts(self) -> tuple[int, int]:
+        """(corrupt entries, those a remove or purge may have taken), retired ones included."""
+        return len(self.corrupt) + len(self.retired), sum(self.corrupt.values()) + sum(self.retired)
+
+    def add(self, eid, given, payload, priority, tenant, due, short) -> MEntry:
+        if self.corrupt:
+            self.retire_corrupt()
+        live = self.live_eids()
+        assert eid not in live, f"insert returned {eid!r}, the id of an entry already in the queue"
+        if given is not None:
+            if given in live:
+                assert eid.startswith(given + "~"), f"insert of taken id {given!r} returned {eid!r}"
+            else:
+                assert eid == given, f"insert of free id {given!r} returned {eid!r}"
+        self.seq += 1
+        e = MEntry(
+            eid,
+            given,
+            payload,
+            self.rank(priority),
+            self.seq,
+            escape_tenant(tenant or ""),
+            "delayed",
+            due=due,
+            short=short,
+        )
+        self.entries[eid] = e
+        if not due:
+            self.join_back(e)
+        return e
+
+    def due_for(self, when: str) -> tuple[int | None, bool]:
+        """due_ms for an insert: None (now), a past time (now too), soon, or in an hour."""
+        if when == "now":
+            return None, False
+        now = redis_now_ms(self.client)
+        return {"past": (now - 1000, False), "short": (now + SHORT_MS, True), "long": (now + LONG_MS, False)}[when]
+
+    # -- inserts --------------------------------------------------------------------------------
+    @rule(
+        given=st.sampled_from(IDS),
+        priority=st.sampled_from(PRIORITIES),
+        tenant=st.sampled_from(TENANTS),
+        when=st.sampled_from(["now", "now", "now", "past", "short", "long", "delay"]),
+    )
+    def insert(self, given, priority, tenant, when):
+        payload = self.next_payload()
+        if when == "delay":
+            eid = self.q.insert(payload, priority, id=given, tenant=tenant or None, delay=SHORT_MS / 1000)
+            due = self.client.zscore(self.q.keys.delayed, encode_id(eid))
+            assert due is not None, f"an entry inserted with delay={SHORT_MS / 1000} is not delayed"
+            self.add(eid, given, payload, priority, tenant, int(due), True)
+            return
+        due_ms, short = self.due_for(when)
+        eid = self.q.insert(payload, priority, id=given, tenant=tenant or None, due_ms=due_ms)
+        self.add(eid, given, payload, priority, tenant, due_ms if (due_ms and when != "past") else 0, short)
+
+    @rule(
+        items=st.lists(
+            st.tuples(
+                st.sampled_from(IDS),
+                st.sampled_from(PRIORITIES),
+                st.sampled_from(TENANTS),
+                st.sampled_from(["now", "now", "short", "long"]),
+            ),
+            min_size=0,
+            max_size=12,
+        )
+    )
+    def insert_many(self, items):
+        rows, meta = [], []
+        for given, priority, tenant, when in items:
+            payload = self.next_payload()
+            due_ms, short = self.due_for(when)
+            rows.append((payload, priority, given, tenant or None, due_ms))
+            meta.append((given, payload, priority, tenant, due_ms or 0, short))
+        eids = self.q.insert_many(rows)
+        assert len(eids) == len(rows)
+        for eid, (given, payload, priority, tenant, due, short) in zip(eids, meta):
+            self.add(eid, given, payload, priority, tenant, due, short)
+
+    @precondition(lambda self: "publish_id" not in SKIP)
+    @rule(given=st.sampled_from(IDS), priority=st.sampled_from(PRIORITIES), tenant=st.sampled_from(TENANTS))
+    def insert_retried(self, given, priority, tenant):
+        """A publish retried after a lost reply (same publish id) stores nothing new."""
+        payload = self.next_payload()
+        publish_id = os.urandom(16)
+        eid = self.q.insert(payload, priority, id=given, tenant=tenant or None, publish_id=publish_id)
+        self.add(eid, given, payload, priority, tenant, 0, False)
+        again = self.q.insert(payload, priority, id=given, tenant=tenant or None, publish_id=publish_id)
+        assert again == eid, f"a retried publish returned {again!r}, the first one {eid!r}"
+
+    # -- pops -----------------------------------------------------------------------------------
+    def expect_pop(self, count: int, view) -> list[MEntry]:
+        """The entries a pop of count (in ranks view) leases, in order; the model moves on."""
+        want = [self.entries[eid] for eid in self.order(view)[:count]]
+        for e in want:
+            self.leave_level(e)
+            e.state = "leased"
+        return want
+
+    def check_leases(self, got, want: list[MEntry], what: str) -> None:
+        assert [x.id for x in got] == [e.eid for e in want], (
+            f"{what}: delivered {[x.id for x in got]}, the model expects {[e.eid for e in want]}"
+        )
+        for x, e in zip(got, want):
+            assert (x.payload, x.priority, x.tenant or "") == (
+                e.payload,
+                self.q.priority_of_rank(e.rank),
+                e.tenant.replace("%2C", ","),
+            ), what
+            assert x.deliveries == e.d + 1, f"{what}: {x.id} delivered with count {x.deliveries}, expected {e.d + 1}"
+            e.token = x.token
+
+    def pop_and_ack(self, count: int, what: str) -> None:
+        want = self.expect_pop(count, None)
+        self.check_leases(self.q.pop(count), want, what)
+        for e in want:
+            assert self.q.ack((e.eid, e.token))
+            self.end_lease(e)
+            self.finish(e, "gone")
+
+    @rule(count=st.sampled_from([1, 1, 2, 3, 7, 20]))
+    def pop(self, count):
+        want = self.expect_pop(count, None)
+        self.check_leases(self.q.pop(count), want, f"pop({count})")
+
+    @precondition(lambda self: not self.fair or self.fq.P)
+    @rule(count=st.sampled_from([1, 3]), view=st.sampled_from(VIEWS), register=st.booleans())
+    def pop_view(self, count, view, register):
+        if register:
+            self.q.register_view(*view)
+            self.views.add(view)
+        want = self.expect_pop(count, view)
+        self.check_leases(self.q.pop(count, view=view), want, f"pop({count}, view={view})")
+
+    @precondition(lambda self: not self.fair)
+    @rule()
+    def remove_highest_priority(self):
+        want = self.order()[:1]
+        got = self.q.remove_highest_priority()
+        assert (got.id if got else None) == (want[0] if want else None)
+        if want:
+            self.finish(self.entries[want[0]], "gone")
+
+    # -- ends of a lease ------------------------------------------------------------------------
+    def leased(self) -> list[MEntry]:
+        return sorted(self.state_of("leased"), key=lambda e: e.seq)
+
+    def pick(self, i: int) -> MEntry:
+        mine = self.leased()
+        return mine[i % len(mine)]
+
+    @precondition(lambda self: self.state_of("leased"))
+    @rule(i=st.integers(0, 100), many=st.booleans())
+    def ack(self, i, many):
+        e = self.pick(i)
+        lease = (e.eid, e.token)
+        assert (self.q.ack_many([lease]) if many else [self.q.ack(lease)]) == [True]
+        self.end_lease(e)
+        self.finish(e, "gone")
+
+    @precondition(lambda self: self.state_of("leased"))
+    @rule(i=st.integers(0, 100), count_delivery=st.booleans())
+    def requeue(self, i, count_delivery):
+        e = self.pick(i)
+        got = self.q.requeue((e.eid, e.token), count_delivery=count_delivery)
+        d = e.d + 1 if count_delivery else e.d
+        self.end_lease(e)
+        self.come_back(e, d, "max_deliveries", got, "requeue")
+
+    def come_back(self, e: MEntry, d: int, reason: str, got, what: str) -> None:
+        e.d = d
+        limit = self.q.max_deliveries
+        expected = "dead" if limit and d >= limit else "waiting"
+        if got is not None:
+            assert got == expected, f"{what} of {e.eid} (deliveries {d}, limit {limit}) gave {got!r}"
+        if expected == "dead":
+            self.to_dead(e, reason)
+        else:
+            self.join_place(e)
+
+    @precondition(lambda self: self.state_of("leased"))
+    @rule(i=st.integers(0, 100), reason=st.sampled_from(["rejected", "bad input"]))
+    def dead_letter(self, i, reason):
+        e = self.pick(i)
+        assert self.q.dead_letter((e.eid, e.token), reason) == "dead"
+        self.end_lease(e)
+        self.to_dead(e, reason)
+
+    @precondition(lambda self: self.state_of("leased"))
+    @rule(i=st.integers(0, 100))
+    def extend(self, i):
+        e = self.pick(i)
+        assert self.q.extend([(e.eid, e.token)], LEASE_SECONDS) == [True]
+
+    @precondition(lambda self: self.stale)
+    @rule(i=st.integers(0, 100), op=st.sampled_from(["ack", "extend", "requeue", "dead_letter"]))
+    def stale_token_is_refused(self, i, op):
+        eid, token = self.stale[i % len(self.stale)]
+        lease = (eid, token)
+        got = {
+            "ack": lambda: self.q.ack(lease),
+            "extend": lambda: self.q.extend([lease])[0],
+            "requeue": lambda: self.q.requeue(lease),
+            "dead_letter": lambda: self.q.dead_letter(lease),
+        }[op]()
+        assert got in (False, None), f"{op} with the stale token of {eid!r} was accepted: {got!r}"
+
+    # -- the sweep --------------------------------------------------------------------------------
+    def reclaim(self) -> dict:
+        """Wait until every short delay is due, then sweep; the model follows."""
+        short = [e.due for e in self.state_of("delayed") if e.short]
+        if short:
+            while redis_now_ms(self.client) <= max(short):
+                time.sleep(0.005)
+        expired = [
+            e
+            for e in self.leased()
+            if e.token
+            and self.client.zscore(self.q.keys.lease_deadlines, encode_id(e.eid)) <= redis_now_ms(self.client)
+        ]
+        cor = [e for e in self.state_of("corrupt") if e.was == "leased" and e.token]
+        got = self.q.reclaim()
+        for e in cor:  # a corrupted entry's expired lease ends too
+            if not self.client.hexists(self.q.keys.leases, encode_id(e.eid)):
+                e.token = None
+                if self.fq:
+                    self.fq.release(e.tenant)
+        expired.sort(key=lambda e: encode_id(e.eid))
+        dead = 0
+        for e in expired:
+            self.end_lease(e)
+            self.come_back(e, e.d + 1, "max_deliveries", None, "reclaim")
+            dead += e.state == "dead"
+        due = [e for e in self.state_of("delayed") if e.short]
+        for e in sorted(due, key=lambda e: (e.due, encode_id(e.eid))):
+            self.join_back(e)
+        extra = len(self.corrupt)  # corrupt entries the sweep reached go to the dead-letter queue
+        assert (
+            got["returned"] == len(expired) - dead
+            and dead <= got["dead"] <= dead + extra
+            and len(due) <= got["promoted"] <= len(due) + extra
+        ), (
+            f"reclaim gave {got}; the model expects {len(expired) - dead} returned, {dead} dead, "
+            f"{len(due)} promoted (corrupt entries: {extra})"
+        )
+        return got
+
+    @precondition(lambda self: self.state_of("leased"))
+    @rule(i=st.integers(0, 100), n=st.sampled_from([1, 1, 2, 5]))
+    def expire(self, i, n):
+        mine = self.leased()
+        chosen = [mine[(i + k) % len(mine)] for k in range(min(n, len(mine)))]
+        assert self.q.extend([(e.eid, e.token) for e in chosen], 0.001) == [True] * len(chosen)
+        time.sleep(0.005)
+        self.reclaim()
+
+    @precondition(lambda self: any(e.short for e in self.state_of("delayed")))
+    @rule()
+    def promote(self):
+        self.reclaim()
+
+    # -- by id ------------------------------------------------------------------------------------
+    @rule(x=st.sampled_from([x for x in IDS if x] + ["nope"]), by_eid=st.integers(0, 100))
+    def remove(self, x, by_eid):
+        live = sorted(self.entries)
+        if by_eid % 3 == 0 and live:
+            x = live[by_eid % len(live)]
+        hit = [e for e in self.entries.values() if e.state in ("waiting", "delayed") and (e.eid == x or e.given == x)]
+        cor = [e for e in self.state_of("corrupt") if e.was != "leased" and (e.eid == x or e.given == x)]
+        n = self.q.remove(x)
+        assert len(hit) <= n <= len(hit) + len(cor), f"remove({x!r}) removed {n}, the model: {[e.eid for e in hit]}"
+        for e in cor:
+            self.corrupt[e.eid] = True
+        for e in hit:
+            self.finish(e, "gone")
+
+    @precondition(lambda self: self.entries)
+    @rule(i=st.integers(0, 100), priority=st.sampled_from(PRIORITIES))
+    def change_priority(self, i, priority):
+        live = sorted(self.entries)
+        e = self.entries[live[i % len(live)]]
+        if e.state == "leased":
+            with pytest.raises(NotWaiting):
+                self.q.change_priority(e.eid, priority)
+            return
+        if e.state == "corrupt":
+            return
+        self.q.change_priority(e.eid, priority)
+        self.seq += 1
+        if e.state == "waiting":
+            self.leave_level(e)
+            if self.fq:  # the tenant's order loses the entry, then gets it back at the new priority
+                e.state = "moving"
+                if self.fq.level(e.rank) != self.fq.level(self.rank(priority)):
+                    self.fq.left(self.fq.level(e.rank))  # (the new level counts it first)
+                self.fq.refresh(e.tenant, False)
+            e.rank, e.seq = self.rank(priority), self.seq
+            self.join_back(e)
+        else:
+            e.rank, e.seq = self.rank(priority), self.seq
+
+    @rule()
+    def change_priority_of_a_missing_entry(self):
+        with pytest.raises(EntryNotFound):
+            self.q.change_priority("no-such-entry", 5)
+
+    @rule()
+    def purge(self):
+        hit = [e for e in self.entries.values() if e.state in ("waiting", "delayed")]
+        cor = [e for e in self.state_of("corrupt") if e.was != "leased"]
+        n = self.q.purge()
+        assert len(hit) <= n <= len(hit) + len(cor), f"purge deleted {n}; the model has {len(hit)} waiting or delayed"
+        for e in cor:
+            self.corrupt[e.eid] = True
+        for e in hit:
+            self.finish(e, "gone")
+
+    @precondition(lambda self: not self.fair)
+    @rule()
+    def cleanup(self):
+        self.q.cleanup()
+
+    # -- the dead-letter queue ----------------------------------------------------------------------
+    def dead_order(self) -> list[tuple]:
+        return sorted(self.dead)
+
+    @precondition(lambda self: self.dead)
+    @rule(count=st.sampled_from([1, 3]))
+    def consume_dead(self, count):
+        """Take entries from <name>.dead and ack them: by priority, then in arrival order."""
+        if self.corrupt or self.retired:
+            return  # malformed dead letters (at ranks the model does not know) are in the way
+        want = self.dead_order()[:count]
+        got = self.q.dead.pop(count)
+        assert [(x.payload, x.dead_reason) for x in got] == [(p, r) for _, _, p, r in want], "dead-letter order"
+        assert self.q.dead.ack_many(got) == [True] * len(got)
+        for row in want:
+            self.dead.remove(row)
+
+    @precondition(lambda self: self.dead and "dead_of_dead" not in SKIP)
+    @rule()
+    def dead_letter_queue_has_no_dead_letter_queue(self):
+        """dead_letter() of a lease taken from <name>.dead is refused; requeue puts it back."""
+        dq = self.q.dead
+        [lease] = dq.pop(1)
+        with pytest.raises(ValueError):
+            dq.dead_letter(lease)
+        assert dq.requeue(lease, count_delivery=False) == "waiting"
+
+    # -- mode record ------------------------------------------------------------------------------
+    @precondition(lambda self: "mode" not in SKIP)
+    @rule(change=st.sampled_from(["fair", "order", "technique", "scope"]), op=st.sampled_from(["pop", "insert"]))
+    def other_mode_is_refused(self, change, op):
+        """A PriorityQueue whose mode differs from the recorded one changes nothing."""
+        from celery_pq import ModeMismatch
+
+        kw = dict(self.mode_kwargs, fair=self.fair)
+        if change == "fair":
+            kw["fair"] = not self.fair
+            kw.pop("fair_scope", None)
+        elif change == "order":
+            kw["priority_order"] = {"higher_first": "lower_first", "lower_first": "higher_first"}[kw["priority_order"]]
+        elif change == "technique" and not self.fair:
+            kw["technique"] = {"T": "S", "S": "T"}[kw["technique"]]
+        elif change == "scope" and self.fair:
+            kw["fair_scope"] = {"within_priority": "tenant_first", "tenant_first": "within_priority"}[kw["fair_scope"]]
+        else:
+            return
+        if not self.client.hlen(self.q.keys.entries):
+            return  # a queue that holds nothing takes the mode of its next insert (nothing to strand)
+        other = PriorityQueue(self.client, self.name, key_prefix=self.prefix, **kw)
+        with pytest.raises(ModeMismatch):
+            other.pop(5) if op == "pop" else other.insert(b"other", 5)
+
+    # -- corrupt data -------------------------------------------------------------------------------
+    @precondition(lambda self: self.corrupting and self.entries and "corrupt" not in SKIP)
+    @rule(i=st.integers(0, 100), garbage=st.sampled_from(GARBAGE))
+    def corrupt_an_entry(self, i, garbage):
+        """Garbage in an entry of the identifier-indexed table: the scripts that reach it move it
+        to <name>.dead (reason "malformed") and go on with the rest."""
+        states = ("delayed", "leased") if self.fair else ("waiting", "delayed", "leased")
+        live = sorted(eid for eid, e in self.entries.items() if e.state in states)
+        if not live:
+            return
+        e = self.entries[live[i % len(live)]]
+        self.client.hset(self.q.keys.entries, encode_id(e.eid), garbage)
+        if e.state == "waiting":
+            self.leave_level(e)
+        e.was, e.state = e.state, "corrupt"
+        self.corrupt[e.eid] = False
