@@ -45,10 +45,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .model.common import SOAK_MINUTES, Session
 from .model.fair_machine import CorruptMachine, FairCorruptMachine, FairMachine
+from .model.publish_machine import PublishMachine
 from .model.queue_machine import QueueMachine
+from .model.rate_machine import RateMachine
 from .model.unique_machine import UniqueMachine
 
-MACHINES = [QueueMachine, FairMachine, CorruptMachine, FairCorruptMachine, UniqueMachine]
+MACHINES = [QueueMachine, FairMachine, CorruptMachine, FairCorruptMachine, UniqueMachine, RateMachine, PublishMachine]
 
 
 def run(machine, profile: str) -> None:
@@ -56,9 +58,13 @@ def run(machine, profile: str) -> None:
     examples = getattr(machine, "examples", {}).get(profile)
     if examples:
         chosen = settings(chosen, max_examples=examples)
+    steps = getattr(machine, "steps", {}).get(profile)
+    if steps:
+        chosen = settings(chosen, stateful_step_count=steps)
     run_state_machine_as_test(machine, settings=chosen)
 
 
+@pytest.mark.timeout(900)  # (a failure shrinks for up to 5 minutes)
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.__name__)
 def test_model(redis_server, machine):
     Session.server = redis_server
