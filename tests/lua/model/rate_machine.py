@@ -160,9 +160,12 @@ class RateMachine(RuleBasedStateMachine):
         home = self.q.shard_for(tenant=LIMITED) if len(self.shards) > 1 else self.q
         self.pop(10, home)  # (the first pop after the step parks it again, for what its bucket lacks)
         time.sleep(1 / self.rates[LIMITED] + 0.03)
-        had = sum(1 for t in self.waiting.values() if t == LIMITED)
-        self.pop(10, home)
-        left = sum(1 for t in self.waiting.values() if t == LIMITED)
+        had = left = sum(1 for t in self.waiting.values() if t == LIMITED)
+        for _ in range(5):  # (other tenants of its shard may fill a pop before its turn)
+            self.pop(10, home)
+            left = sum(1 for t in self.waiting.values() if t == LIMITED)
+            if left < had:
+                break
         assert not had or left < had, f"a clock step back of {back} ms held {LIMITED} for more than one period"
 
     @precondition(lambda self: "second_process" not in SKIP)
