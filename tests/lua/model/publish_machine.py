@@ -2,10 +2,13 @@
 after a lost reply (docs/publishing.md), with message expiry (docs/expiry.md), beside a model
 of the three queues.
 
-kombu's ``Producer.publish(retry=True)`` retries a failed attempt by calling ``_publish``
-again with the same ``properties`` dict; a reply lost after the inserts ran is such an attempt
-that stored everything. The machine makes that resend itself (``_publish`` again, the same
-dict): whichever queues the routing key reaches, each holds the message once.
+kombu's ``Producer.publish(retry=True)`` retries a failed attempt through ``connection.ensure``:
+the producer revived on a new channel, ``_publish`` called again with the same ``properties``
+dict. A reply lost after the inserts ran makes such a retry of an attempt that stored
+everything. The machine makes that resend itself (a new channel, ``_publish`` again with the
+same dict): whichever queues the routing key reaches, each holds the message once. (A resend
+on the same channel is not one kombu makes: that channel's queues have heard the replies and
+may have had the queue forget the publish ids.)
 
 The model: per queue, the waiting entries in FIFO order (one priority), the leased ones, the
 dead letters. An entry published with a short expiry (1 ms) is past it at the next pop, which
@@ -55,6 +58,7 @@ class PublishMachine(RuleBasedStateMachine):
 
     @initialize(technique=st.sampled_from(["T", "S"]))
     def make(self, technique):
+        self.technique = technique
         opts = dict(key_prefix=self.prefix, technique=technique, event_log=EVENT_CAP)
         self.conn = Connection(f"pq://127.0.0.1:{Session.server.port}/0", transport_options=opts)
         channel = self.conn.default_channel
@@ -99,7 +103,9 @@ class PublishMachine(RuleBasedStateMachine):
         if EXPIRIES[expiry] is not None:
             properties["expiration"] = str(EXPIRIES[expiry])
         headers = {"n": self.n}
-        for _ in range(1 + resends):  # (the same properties dict each time: one publish call)
+        for attempt in range(1 + resends):  # (the same properties dict each time: one publish call)
+            if attempt:  # kombu's retry revives the producer on a new channel of the connection
+                self.producer.revive(self.conn.channel())
             self.producer._publish(
                 json.dumps({"n": self.n}),
                 0,
@@ -125,6 +131,33 @@ class PublishMachine(RuleBasedStateMachine):
             self.ledger[name].published(f"publish {self.n}", "stored", eid)
         if expiry == "short":
             time.sleep(0.003)  # (past its expiry at the next pop)
+
+    def recorded(self) -> bool:
+        return all(self.client.exists(q.keys.mode) for q in self.qs.values())
+
+    @precondition(lambda self: "second_process" not in SKIP and self.recorded())
+    @rule(key=st.sampled_from(list(ROUTES)), other=st.sampled_from(["fewer", "technique"]))
+    def second_process_publishes(self, key, other):
+        """Once the queues have their owner's mode (their first publishes recorded it), a
+        producer with fewer options (or another technique) publishes: stored once in each queue,
+        and the queues' recorded modes (technique, the event log on) are as they were."""
+        opts = {"key_prefix": self.prefix}
+        if other == "technique":
+            opts["technique"] = "S" if self.technique == "T" else "T"
+        modes = [self.client.get(q.keys.mode) for q in self.qs.values()]
+        before = {n: self.ids(n) for n in NAMES}
+        self.n += 1
+        with Connection(f"pq://127.0.0.1:{Session.server.port}/0", transport_options=opts) as conn:
+            Producer(conn.default_channel).publish({"n": self.n}, exchange=self.ex, routing_key=key)
+        for name, mode in zip(NAMES, modes):
+            new = self.ids(name) - before[name]
+            assert len(new) == (name in ROUTES[key]), f"a second process's publish stored {sorted(new)} in {name}"
+            for eid in new:
+                self.waiting[name].append((eid, False))
+                self.seq[name][eid] = self.n
+                self.ledger[name].published(f"publish {self.n}", "stored", eid)
+            now = self.client.get(self.qs[name].keys.mode)
+            assert mode is None or now == mode, f"{name}: a second process's publish changed the mode {mode} to {now}"
 
     # -- the consumer's side ----------------------------------------------------------------------
     @rule(name=st.sampled_from(NAMES), count=st.sampled_from([1, 2, 5]))
