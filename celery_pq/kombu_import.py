@@ -271,7 +271,12 @@ class KombuImport:
         message = {**message, "properties": props}
         channel = self.channel
         item = stored_item(
-            queue, message, channel.options, channel.decode_body, publish_id_=publish_id(raw, message).encode()
+            queue,
+            message,
+            channel.options,
+            channel.decode_body,
+            publish_id_=publish_id(raw, message).encode(),
+            task_limits=channel.queue(queue).task_limits,
         )
         return item.as_tuple(), k, mapping[k]
 

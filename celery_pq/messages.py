@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from hashlib import blake2b
+from types import MappingProxyType
 from typing import NamedTuple
 
 from .codec import VERSION, CodecError, decode, encode
@@ -78,6 +79,8 @@ class StoredItem(NamedTuple):
 #: properties dict kombu's ``Producer.publish`` hands to every attempt of one call). Private:
 #: never stored, never delivered.
 STAMP = "x-pq-publish"
+#: No task limits (``stored_item``'s default).
+EMPTY_LIMITS: Mapping[str, float] = MappingProxyType({})
 
 
 class PublishStamp:
@@ -173,7 +176,7 @@ def stored_item(
     *,
     publish_id_: bytes | None = None,
     queue_ttl_ms: int | None = None,
-    task_limits: Mapping[str, float] | None = None,
+    task_limits: Mapping[str, float] = EMPTY_LIMITS,
 ) -> StoredItem:
     """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
 
@@ -182,7 +185,8 @@ def stored_item(
     Spark writer's row identity), or None for one the queue makes per insert call. Nothing of
     the message's content makes a publish id. ValueError or MessageTooLarge, with nothing
     written, for a message that cannot be stored. ``queue_ttl_ms``: the queue's ``message_ttl``
-    (``x-message-ttl``), when it has one. ``task_limits``: the open queue's (``tenants.tenant_of``).
+    (``x-message-ttl``), when it has one. ``task_limits``: the open queue's (``tenants.tenant_of``);
+    none where the caller tags limited tasks itself (the Spark sink, per queue).
     """
     props = message["properties"]
     priority = props.get("priority")
@@ -196,7 +200,7 @@ def stored_item(
         payload=serialized(queue, message, options),
         priority=priority,
         id=str(task_id) if task_id else None,
-        tenant=tenant_of(message, options, decode_body, queue, task_limits),
+        tenant=tenant_of(message, options, decode_body, task_limits),
         due_ms=eta_ms(headers.get("eta")),
         publish_id=publish_id_,
         task=task if isinstance(task, str) else None,

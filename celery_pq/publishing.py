@@ -68,19 +68,19 @@ class Publisher:
         if batch is not None:
             publish_id = publish_id or unique_bytes()
         q = self.channel.queue(queue)
-        item = stored_item(
-            queue,
-            message,
-            self.options,
-            self.channel.decode_body,
-            publish_id_=publish_id,
-            queue_ttl_ms=self.channel.routing.message_ttl(queue),
-            task_limits=q.task_limits,
-        )
-        if batch is not None:
-            batch.add(queue, item)
-            return
         for again in (True, False):
+            item = stored_item(
+                queue,
+                message,
+                self.options,
+                self.channel.decode_body,
+                publish_id_=publish_id,
+                queue_ttl_ms=self.channel.routing.message_ttl(queue),
+                task_limits=q.task_limits,  # (the reopened queue's on the second turn)
+            )
+            if batch is not None:
+                batch.add(queue, item)
+                return
             insert = q.insert if unique is None else partial(q.insert_unique, unique=unique)
             try:
                 stored = insert(

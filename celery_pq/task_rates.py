@@ -21,7 +21,8 @@ tenant's, whose bucket holds the task's whole rate (docs/rate-limits.md, "Rate l
 shards").
 
 Who uses it: ``Options`` checks the option (``check``) and gives each queue's tenants their
-rates (``on_queue``); ``tenants.tenant_of`` asks ``limited_tenant`` for each published message.
+rates (``on_queue``), which ``open_queue`` makes the queue's ``task_limits``; ``tenants.tenant_of``
+looks each published message's task up there.
 """
 
 from __future__ import annotations
@@ -95,18 +96,3 @@ def on_queue(value: dict | None, queue: str) -> dict[str, float]:
     if not value:
         return {}
     return {task_tenant(task): rate for task, rate in _rates(value, queue).items()}
-
-
-def limited_tenant(value: dict, queue: str, headers: dict) -> str | None:
-    """The tenant of a message published to ``queue`` when its task (Celery's ``task`` header)
-    is limited there, else None. A dict lookup or two: it runs for every publish."""
-    task = headers.get("task")
-    if not isinstance(task, str):
-        return None
-    own = value.get(queue)
-    if isinstance(own, dict) and task in own:
-        return task_tenant(task)
-    rate = value.get(task)
-    if rate is None or isinstance(rate, dict) or celery_own_queue(queue):
-        return None
-    return task_tenant(task)

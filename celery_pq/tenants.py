@@ -1,6 +1,6 @@
-"""The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the
-``task_rate`` option limits on the queue (``task_rates.py``), else the header named by the
-``fair_key`` option, or what the function it names returns (``Options.tenant_fn``)."""
+"""The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the queue
+limits (its ``task_limits``, ``queue/opening.py``), else the header named by the ``fair_key``
+option, or what the function it names returns (``Options.tenant_fn``)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,18 @@ from collections.abc import Callable, Mapping
 
 from .constants import TASK_TENANT_PREFIX
 from .options import Options
-from .task_rates import limited_tenant
 
 
-def tenant_of(
-    message: dict, options: Options, decode_body: Callable, queue: str, limits: Mapping[str, float] | None = None
-) -> str | None:
-    """The tenant of a message going to ``queue`` (None: the shared default tenant).
-    ``decode_body`` is the channel's (kombu's ``Channel.decode_body``). ``limits``: the queue's
-    ``task_limits`` (``open_queue``: those stored with the queue and the options'), which a
-    limited task's message follows; None where no queue is open (the options' alone). ValueError,
-    with nothing written, when the function raises or the tenant is not a string."""
-    if limits is not None:  # a limited task's messages form a tenant of their own
-        task = (message.get("headers") or {}).get("task") if limits else None
+def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float]) -> str | None:
+    """The tenant of a message (None: the shared default tenant). ``decode_body`` is the
+    channel's (kombu's ``Channel.decode_body``). ``limits``: the queue's ``task_limits``
+    (``open_queue``: those stored with the queue and the options'), which a limited task's
+    message follows. ValueError, with nothing written, when the function raises or the tenant
+    is not a string."""
+    if limits:  # a limited task's messages form a tenant of their own
+        task = (message.get("headers") or {}).get("task")
         if isinstance(task, str) and TASK_TENANT_PREFIX + task in limits:
             return TASK_TENANT_PREFIX + task
-    elif options.task_rate:
-        tenant = limited_tenant(options.task_rate, queue, message.get("headers") or {})
-        if tenant is not None:
-            return tenant
     fair_key = options.fair_key
     if fair_key is None:
         return None

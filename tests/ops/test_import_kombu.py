@@ -18,6 +18,8 @@ from celery import Celery
 
 from celery_pq.codec import decode
 from celery_pq.kombu_import import KombuLayout, priority_map
+from celery_pq.options import Options
+from celery_pq.queue import open_queue
 from celery_pq.testing import wait_for
 
 from .conftest import World
@@ -187,6 +189,22 @@ def test_tenant_from_fair_key_and_eta_delayed(fair_world, kombu):
     stats = q.stats()
     assert stats["delayed"] == 1
     assert eta_id not in {e.id for e in waiting}
+
+
+def test_a_limited_task_goes_under_the_limit_the_workers_declared(world, kombu):
+    # Given workers that limit ops.work on queue q (declared, stored with the queue) and an import
+    # run with options that name no limit
+    open_queue(
+        world.client,
+        "q",
+        Options.from_transport_options({**world.options, "task_rate": {"ops.work": 0.01}}).queue_settings("q"),
+    )
+    kombu.send(1)
+    kombu.app.send_task("ops.other", queue="q")
+    # When the import moves the messages
+    world.run("import-kombu", "q", "--from", kombu.url, "--global-keyprefix", kombu.keyprefix, "--unacked", "none")
+    # Then the limited task's message is the limit's tenant's, the other the default tenant's
+    assert sorted((e.tenant or "") for e in world.queue("q").peek(10)) == ["", "task:ops.work"]
 
 
 def test_unacked_stale_moves_held_stays_include_moves_all(world, kombu):

@@ -42,6 +42,28 @@ def test_a_producer_without_task_rate_lifts_no_limit_and_its_messages_go_under_i
     assert q.held_tenants() == {"task:" + SLOW: "rate"} and q.size() == 4
 
 
+def test_a_producer_that_opened_the_queue_before_the_worker_declared_it_publishes_under_the_limit(
+    url, key_prefix, redis_client
+):
+    with Connection(url, transport_options={"key_prefix": key_prefix}) as producer:
+        # Given a producer that declared the queue before any worker consumed it (its options:
+        # a plain queue, no limit)
+        make_queue()(producer.default_channel).declare()
+        assert producer.default_channel.queue("kq").task_limits == {}
+        # When a worker limiting SLOW declares the queue (fair, its limit stored) and the same
+        # producer publishes SLOW (its open queue is stale: the insert is refused, it reopens)
+        worker_options = {"key_prefix": key_prefix, "task_rate": {SLOW: 0.01}}
+        with Connection(url, transport_options=worker_options) as worker:
+            drain(worker, make_queue(), 1, timeout=0.3)
+            publish(producer, make_queue(), [SLOW] * 3 + [OTHER])
+            got = [b["task"] for b, _ in drain(worker, make_queue(), 4, timeout=1.5)]
+            assert producer.default_channel.queue("kq").task_limits == {"task:" + SLOW: 0.01}
+    # Then the reopened queue's limit held the SLOW messages: they are the limit's tenant's
+    assert got == [OTHER]
+    q = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
+    assert q.held_tenants() == {"task:" + SLOW: "rate"} and q.size() == 3
+
+
 def test_a_producer_without_task_rate_does_not_turn_a_drained_fair_queue_plain(url, key_prefix, redis_client):
     worker_options = {"key_prefix": key_prefix, "task_rate": {SLOW: 100}}
     with Connection(url, transport_options=worker_options) as worker:

@@ -5,7 +5,8 @@ import pytest
 
 from celery_pq.errors import ConfigError
 from celery_pq.options import Options
-from celery_pq.task_rates import limited_tenant, on_queue
+from celery_pq.task_rates import on_queue
+from celery_pq.tenants import tenant_of
 
 
 def options(**given):
@@ -71,11 +72,15 @@ def test_a_bad_task_rate_is_refused_naming_the_entry(value, named):
 
 
 def test_the_tenant_of_a_published_message():
-    table = options(task_rate={"emails": {"a": 1}, "b": 2}).task_rate
-    assert limited_tenant(table, "emails", {"task": "a"}) == "task:a"
-    assert limited_tenant(table, "emails", {"task": "b"}) == "task:b"
-    assert limited_tenant(table, "other", {"task": "a"}) is None
-    assert limited_tenant(table, "other", {"task": "b"}) == "task:b"
-    assert limited_tenant(table, "other", {"task": "emails"}) is None  # a queue's name, not a task
-    assert limited_tenant(table, "other", {}) is None
-    assert limited_tenant(table, "celeryev.x", {"task": "b"}) is None
+    o = options(task_rate={"emails": {"a": 1}, "b": 2})
+
+    def tenant(queue, headers):
+        return tenant_of({"headers": headers}, o, None, on_queue(o.task_rate, queue))
+
+    assert tenant("emails", {"task": "a"}) == "task:a"
+    assert tenant("emails", {"task": "b"}) == "task:b"
+    assert tenant("other", {"task": "a"}) is None
+    assert tenant("other", {"task": "b"}) == "task:b"
+    assert tenant("other", {"task": "emails"}) is None  # a queue's name, not a task
+    assert tenant("other", {}) is None
+    assert tenant("celeryev.x", {"task": "b"}) is None
