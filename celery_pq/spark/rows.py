@@ -17,6 +17,7 @@ import os
 import socket
 import uuid
 from datetime import UTC, date, datetime
+from hashlib import blake2b
 
 from celery import Celery
 from celery.utils.saferepr import saferepr
@@ -56,8 +57,10 @@ def plain(value):
 
 class TaskRows:
     """Builds the task message of each row of one partition, ``partition`` (its index), in the
-    order of the partition: each ``build`` call is the next row (rejected ones too), and a row
-    without a ``task_id`` or ``key`` is identified by that position (``_task_id``).
+    order of the partition: each ``build`` call is the next row (rejected ones too). A row
+    without a ``task_id`` or ``key`` is identified by its values and how many rows of the same
+    values came before it in the partition (``_task_id``): the same ids whatever order an attempt
+    reads the partition's rows in (a retry after a shuffle), and identical rows still apart.
 
     ``eta_is_local``: the ``eta`` column is Spark's TimestampType, whose values reach Python as
     naive datetimes in local time (a naive ISO string, or a TimestampNTZ value, is UTC).
@@ -67,6 +70,8 @@ class TaskRows:
         self.s = settings
         self.partition = partition
         self.position = -1  # of the row being built, in its partition
+        #: {digest of a row's values: how many rows of those values the partition had so far}
+        self.seen: dict[int, int] = {}
         #: With the partition and the position, the identity of a row without a task_id or key
         #: (the write's id; the streaming sink names the attempt that first sends the rows)
         self.write_id = settings.write_id
@@ -96,10 +101,18 @@ class TaskRows:
         i = self.role.get(name)
         return None if i is None else row[i]
 
-    def skip(self) -> None:
+    def skip(self, row) -> None:
         """Pass over the partition's next row (handled by an earlier attempt), keeping the
-        positions of the rows after it."""
+        positions and identities of the rows after it."""
         self.position += 1
+        self._occurrence(row)
+
+    def _occurrence(self, row) -> tuple[int, int]:
+        """(the digest of ``row``'s values, how many rows of the partition had them before)."""
+        values = int.from_bytes(blake2b(repr(tuple(row)).encode(), digest_size=8).digest(), "big")
+        n = self.seen.get(values, 0)
+        self.seen[values] = n + 1
+        return values, n
 
     def build(self, row, now: float) -> tuple[str, object]:
         """``(queue, StoredItem)`` of the partition's next row; ``now`` (Unix seconds) is what
@@ -203,9 +216,10 @@ class TaskRows:
 
     def _task_id(self, row) -> str:
         """The row's task id: its ``task_id``, else one derived from its ``key`` columns and the
-        job (the same in every write), else one derived from the write, the partition and the
-        row's position in it (the same in every attempt of the write's Spark task, and
-        different for every row: identical rows are different rows)."""
+        job (the same in every write), else one derived from the write, the partition, the row's
+        values and how many rows of the partition had them before it (the same in every attempt
+        of the write's Spark task, whatever order it reads the rows in, and different for every
+        row: identical rows are different rows)."""
         if "task_id" in self.role:
             task_id = row[self.role["task_id"]]
             try:
@@ -222,4 +236,5 @@ class TaskRows:
             else:
                 name = json.dumps([self.s.job, [plain(v) for v in values]], default=str, sort_keys=True)
             return str(uuid.uuid5(KEY_NAMESPACE, name))
-        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.write_id}:{self.partition}:{self.position}"))
+        values, n = self._occurrence(row)
+        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.write_id}:{self.partition}:{values:x}:{n}"))

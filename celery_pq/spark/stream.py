@@ -8,8 +8,8 @@ How a row is not sent twice, and never lost, when its micro-batch runs again:
 - a row with a ``task_id`` column or the ``key`` option: it is sent again, and its publish id
   (made from its task id) is stored once within the queue's ``dedupe_seconds`` window: counted
   as found already stored. Nothing is skipped by position;
-- a row identified by its position (query id, micro-batch, the attempt that first sent it, the
-  partition and its position in it): the sink's record (``record.py``) holds a digest of each
+- a row identified by the attempt that first sent it (query id, micro-batch, that attempt, the
+  partition, the row's values and how many rows of those values came before it): the sink's record (``record.py``) holds a digest of each
   segment of rows an earlier attempt handled. A run of the micro-batch that reads the same rows
   at the same positions skips them (counted as skipped); the segment being sent when the
   earlier attempt stopped is sent again under its identities (stored once within
@@ -111,8 +111,8 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
             segment = list(islice(rows_in, end - position))
             if len(segment) < end - position or digest_of(segment) != digest:
                 return self._unmatched(earlier, position, segment, rows_in, report)
-            for _ in segment:
-                rows.skip()
+            for row in segment:
+                rows.skip(row)
             report.rows += len(segment)
             report.skipped += len(segment)
             progress.skipped(end, digest)

@@ -7,8 +7,9 @@ messages (``rows.TaskRows``) and inserts them ``batch_rows`` at a time with
 ``PriorityQueue.insert_many``: pipelined insert scripts of ``chunk`` entries each.
 
 Every row has an identity, its task id: the ``task_id`` column, else one derived from the ``key``
-columns, else one derived from the write (an id made once on the driver), the partition and the
-row's position in it. Every row is inserted with a publish id made from its task id, so a Spark
+columns, else one derived from the write (an id made once on the driver), the partition, the
+row's values and how many rows of the partition had the same values before it (the same ids in
+any order a retry reads the rows in). Every row is inserted with a publish id made from its task id, so a Spark
 task that runs again (a retry after a failure, a speculative copy) stores nothing new for a row
 whose id the queue has seen within its ``dedupe_seconds`` window, and the insert says so
 (``insert_many(repeats=True)``): the partition counts it as already stored, not as sent. Rejected

@@ -112,14 +112,30 @@ def summary_of(directory) -> dict:
     return json.loads((directory / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("ids", ["task_id", "key", "none"])
+def reversed_on_retry(batches):
+    """A mapInPandas function passing a partition's rows on, in reverse on a retried attempt (as
+    a shuffle's blocks may reach a retry in another order)."""
+    import pandas as pd
+    from pyspark import TaskContext
+
+    frames = list(batches)
+    if frames:
+        df = pd.concat(frames)
+        yield df.iloc[::-1] if TaskContext.get().attemptNumber() > 0 else df
+
+
+@pytest.mark.parametrize("ids", ["task_id", "key", "none", "none, read in reverse by the retry"])
 def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_client, key_prefix, tmp_path, ids):
-    # Given 4 partitions of 500 rows whose first attempt fails after storing 300 of them
+    # Given 4 partitions of 500 rows whose first attempt fails after storing 300 of them (the
+    # retry reading them in reverse, for the last case)
     n = 2000
     df = spark.range(n).selectExpr("id as n", "concat('job-', id) as task_id", "cast(id % 10 as int) as priority")
     if ids != "task_id":
         df = df.drop("task_id")
     df = df.repartition(4)
+    if ids.endswith("reverse by the retry"):
+        df = df.mapInPandas(reversed_on_retry, df.schema)
+        ids = "none"
     markers, first, again = tmp_path / "markers", tmp_path / "first", tmp_path / "again"
     markers.mkdir()
     key = {"key": "n"} if ids == "key" else {}
