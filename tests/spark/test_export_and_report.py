@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
+from celery_pq.__main__ import main
 from celery_pq.errors import ConfigError
 from celery_pq.spark import analyze
 from celery_pq.spark.eventlog import EventLogGap
@@ -163,19 +165,22 @@ def celery_pq_cli(redis_server, prefix, *args):
 
 
 @pytest.mark.e2e
-@pytest.mark.slow  # a second JVM for the report command: about a minute on two cores
-def test_cli_export_events_then_report(redis_server, redis_client, key_prefix, tmp_path):
+def test_cli_export_events_then_report(spark, redis_server, redis_client, key_prefix, tmp_path):
     q = real_run(redis_client, key_prefix, entries=100)
     out = tmp_path / "events.parquet"
     n = len(q.events())
+    # export-events through Celery's command line (``celery -A app pq``), in a process of its own
     first = celery_pq_cli(redis_server, key_prefix, "export-events", q.name, "--out", str(out))
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith(f"{q.name}: {n} new events")
     again = celery_pq_cli(redis_server, key_prefix, "export-events", q.name, "--out", str(out), "--json")
     assert json.loads(again.stdout)["exported"] == {q.name: 0}
+    # the report command in this process (its local Spark session is the tests' one: a second JVM
+    # would add about half a minute)
     html_path = tmp_path / "r.html"
-    rep = celery_pq_cli(redis_server, key_prefix, "report", str(out), "--html", str(html_path))
-    assert rep.returncode == 0, rep.stderr
+    broker = ["--broker", f"pq://127.0.0.1:{redis_server.port}/0"]
+    rep = CliRunner().invoke(main, [*broker, "report", str(out), "--html", str(html_path)], catch_exceptions=False)
+    assert rep.exit_code == 0, rep.output
     assert figures_of(html_path.read_text())[f"{q.name}||events"] == str(n)
-    bad = celery_pq_cli(redis_server, key_prefix, "report", str(out), "--html", str(html_path), "--window", "0")
-    assert bad.returncode != 0 and "--window" in bad.stderr
+    bad = CliRunner().invoke(main, [*broker, "report", str(out), "--html", str(html_path), "--window", "0"])
+    assert bad.exit_code != 0 and "--window" in bad.output
