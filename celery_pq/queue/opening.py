@@ -11,8 +11,9 @@ Redis and have one owner each:
 - its tenants' tables (``fair_weights``, the named ``tenant_concurrency`` and ``tenant_rate``
   entries, the ``task_rate`` limits): written by the processes that declare them (a consumer, at
   ``basic_consume``; ``open_queue`` with ``declare=True``), read by the scripts at every pop, so
-  every worker follows the last declaration. A producer never writes them: it follows them (a
-  limited task's messages go under its limit whatever the producer's own ``task_rate``).
+  every worker follows the last declaration. A consumer whose options limit no task on the
+  queue declares no limits (the stored ones stand). A producer never writes them: it follows
+  them (a limited task's messages go under its limit whatever the producer's own ``task_rate``).
 
 A process whose options disagree with what the queue stores is told once, in the log, naming
 the setting and both values, and what happens (it follows, or its declaration now stands).
@@ -93,12 +94,17 @@ def declare_tables(queue: Queue, settings: QueueSettings) -> None:
         queue.task_limits = {}
         return
     stored = _stored_tables(queue.shards[0], settings)
-    _tell(queue.shards[0], _table_differences(settings, stored, "this process's now stands (it declares it)"))
+    own = _own_limits(settings)
+    # A consumer whose options limit no task on the queue declares no limits: the stored ones
+    # stand (an old worker restarted during a rolling deploy lifts nothing); one that limits any
+    # declares the whole set, and the limits it no longer names are lifted.
+    declared = "this process's now stands (it declares it)"
+    _tell(queue.shards[0], _table_differences(settings, stored, declared, declared if own else "the queue's stands"))
     for q in queue.shards:
         q.configure_tenants(**settings.tenant_tables())
-        if settings.rate is not None:  # the options' whole table: limits taken out of task_rate go
-            q.drop_task_rates(settings.rate)
-    queue.task_limits = _own_limits(settings)
+        if own:
+            q.drop_task_rates(settings.rate or {})
+    queue.task_limits = {**own, **({} if own else stored["limits"])}
 
 
 def open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> PriorityQueue:
@@ -152,9 +158,12 @@ def _mode_differences(q: PriorityQueue, wanted: dict) -> list[str]:
     return said
 
 
-def _table_differences(settings: QueueSettings, stored: dict, outcome: str) -> list[str]:
+def _table_differences(
+    settings: QueueSettings, stored: dict, outcome: str, limits_outcome: str | None = None
+) -> list[str]:
     """What of the tenants' tables of ``settings`` the ``stored`` ones say otherwise, and the
-    stored ``task_rate`` limits the settings do not name; ``outcome``: which one stands."""
+    stored ``task_rate`` limits the settings do not name; ``outcome``: which one stands
+    (``limits_outcome`` for those limits, when it differs)."""
     if not stored:
         return []
     said = []
@@ -169,7 +178,10 @@ def _table_differences(settings: QueueSettings, stored: dict, outcome: str) -> l
                 )
     for tenant in sorted(set(stored["limits"]) - set(_own_limits(settings))):
         rate = stored["limits"][tenant]
-        said.append(f"task_rate limits {tenant!r} to {rate:g}/s in Redis, not in this process's options: {outcome}")
+        said.append(
+            f"task_rate limits {tenant!r} to {rate:g}/s in Redis, not in this process's options: "
+            f"{limits_outcome or outcome}"
+        )
     return said
 
 

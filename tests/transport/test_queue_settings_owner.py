@@ -90,6 +90,21 @@ def test_a_process_whose_options_disagree_is_told_at_open_with_both_values(url, 
     assert any("priority_order is 'higher_first' in Redis, 'lower_first'" in t for t in told), told
 
 
+def test_a_worker_whose_options_limit_no_task_lifts_no_limit_when_it_starts(url, key_prefix, redis_client):
+    # Given a worker that limits SLOW to 0.01/s on the queue (declared)
+    with Connection(url, transport_options={"key_prefix": key_prefix, "task_rate": {SLOW: 0.01}}) as new:
+        drain(new, make_queue(), 1, timeout=0.3)
+        # When an old worker whose options name no task_rate (but a fair_key) starts beside it
+        old_options = {"key_prefix": key_prefix, "fair_key": "tenant"}
+        with Connection(url, transport_options=old_options) as old:
+            drain(old, make_queue(), 1, timeout=0.3)
+            publish(old, make_queue(), [SLOW] * 3 + [OTHER])
+            got = [b["task"] for b, _ in drain(old, make_queue(), 4, timeout=1.5)]
+    # Then the limit stands, and the old worker's pops follow it
+    assert _rates(redis_client, key_prefix) == {b"r:task:" + SLOW.encode(): 0.01}
+    assert got == [OTHER]
+
+
 @pytest.mark.parametrize("new_rate", [0.01, 200])
 def test_a_rolling_deploy_changes_the_limit_for_old_and_new_workers_alike(url, key_prefix, redis_client, new_rate):
     # Given an old worker with one limit on SLOW and 40 SLOW tasks waiting
