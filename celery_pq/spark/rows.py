@@ -236,5 +236,5 @@ class TaskRows:
             else:
                 name = json.dumps([self.s.job, [plain(v) for v in values]], default=str, sort_keys=True)
             return str(uuid.uuid5(KEY_NAMESPACE, name))
-        values, n = self._occurrence(row)
-        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.write_id}:{self.partition}:{values:x}:{n}"))
+        digest, n = self._occurrence(row)
+        return str(uuid.uuid5(KEY_NAMESPACE, f"{self.write_id}:{self.partition}:{digest:x}:{n}"))
