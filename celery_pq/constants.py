@@ -102,6 +102,8 @@ MIGRATE_STEP = 64
 #: done meanwhile) before it raises QueueMigrating: a migration of 1,000,000 entries runs for
 #: about 30 s of steps here (120,000: 3 s).
 MIGRATION_WAIT = 60.0
+#: Broadcast ids a receiving channel remembers, to drop one sent again after a lost reply.
+BROADCASTS_REMEMBERED = 1024
 
 #: Entries per script call for bulk inserts (keeps each script short, as Redis runs one script
 #: at a time).

@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from . import constants as C
 from .codec import decode
 from .leasebook import PopInFlight
+from .messages import BROADCAST_ID
 from .poller import Wait
 from .queue import Delivery
 
@@ -113,6 +114,8 @@ class Deliveries:
         #: Whether the last message handed over was not given to a pool that runs it elsewhere
         #: (``_handed_to_pool``): None before the first delivery.
         self._inline: bool | None = None
+        #: The broadcast ids received lately, oldest first (a broadcast sent again is dropped).
+        self._broadcasts: dict[str, None] = {}
 
     # -- popping and delivering -----------------------------------------------------------------
     def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
@@ -323,6 +326,14 @@ class Deliveries:
         except Exception:
             logger.warning("celery-pq: unreadable fanout message on %r dropped", channel_name)
             return 0
+        props = message.get("properties")
+        sent = props.pop(BROADCAST_ID, None) if isinstance(props, dict) else None
+        if sent is not None:  # one publish call, sent again by kombu's retry after a lost reply
+            if sent in self._broadcasts:
+                return 0
+            self._broadcasts[sent] = None
+            if len(self._broadcasts) > C.BROADCASTS_REMEMBERED:
+                del self._broadcasts[next(iter(self._broadcasts))]
         self.channel.connection._deliver(message, queue)
         return 1
 

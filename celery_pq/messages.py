@@ -79,6 +79,8 @@ class StoredItem(NamedTuple):
 #: properties dict kombu's ``Producer.publish`` hands to every attempt of one call). Private:
 #: never stored, never delivered.
 STAMP = "x-pq-publish"
+#: The property a fanout broadcast carries its publish call's id in (receivers drop a repeat).
+BROADCAST_ID = "x-pq-broadcast"
 #: No task limits (``stored_item``'s default).
 EMPTY_LIMITS: Mapping[str, float] = MappingProxyType({})
 

@@ -25,7 +25,7 @@ from .codec import Base64Body
 from .errors import ModeMismatch
 from .ids import unique_bytes
 from .keys import fanout_channel
-from .messages import NOT_SENT, PublishStamp, serialized, stored_item, without_properties
+from .messages import BROADCAST_ID, NOT_SENT, PublishStamp, serialized, stored_item, without_properties
 from .unique import OUTCOMES, PublishOutcome, unique_of
 
 if TYPE_CHECKING:
@@ -110,8 +110,11 @@ class Publisher:
         channel = self.channel
         client = channel.client
         publish = client.spublish if connections.is_cluster(client) else client.publish
+        sent, _ = PublishStamp.take(message, f"fanout {exchange}")  # the call's, for its retries
         props = dict(without_properties(message, NOT_SENT)["properties"])
         props.setdefault("delivery_tag", channel._next_delivery_tag())  # each receiver's own
+        if sent is not None:  # a receiver drops the same broadcast sent again (kombu's retry)
+            props[BROADCAST_ID] = sent.hex()
         publish(self.fanout_channel(exchange), serialized(exchange, {**message, "properties": props}, self.options))
 
     def fanout_channel(self, exchange: str) -> str:

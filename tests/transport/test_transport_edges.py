@@ -435,6 +435,49 @@ def test_a_publish_to_several_queues_retried_after_a_lost_reply_is_stored_once_i
         assert sorted(describe(e.payload)["args"] for e in entries) == ['{"n": 0}', '{"n": 1}'], q.name
 
 
+def test_a_broadcast_retried_after_a_lost_reply_reaches_each_receiver_once(redis_server, key_prefix):
+    from kombu import Exchange, Queue
+
+    # Given a receiver of a fanout exchange, and a producer that reaches Redis through a proxy
+    exchange = Exchange("bcast", type="fanout")
+    proxy = ReplyLosingProxy(redis_server.port)
+    got = []
+    try:
+        with (
+            Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as rconn,
+            Connection(
+                f"pq://127.0.0.1:{proxy.port}/0", transport_options={"key_prefix": key_prefix, "socket_timeout": 0.5}
+            ) as pconn,
+        ):
+            queue = Queue("bcast-receiver", exchange, exclusive=True, auto_delete=True)
+            with Consumer(rconn, [queue], callbacks=[lambda body, m: got.append(body["n"])], no_ack=True):
+                drain_for(rconn, 0.3)  # (subscribed: pub/sub keeps nothing for a late receiver)
+                producer = Producer(pconn.default_channel, exchange=exchange)
+                producer.publish({"n": 0})
+                # When the next broadcast's reply is lost and kombu sends it again
+                proxy.lose_replies(1, 1)
+                producer.publish(
+                    {"n": 1}, retry=True, retry_policy={"max_retries": 5, "interval_start": 0.1, "interval_step": 0.1}
+                )
+                producer.publish({"n": 2})
+                drain_for(rconn, 1.5)
+    finally:
+        proxy.close()
+    # Then one reply was lost, and the receiver got each broadcast once
+    assert proxy.lost == 1
+    assert got == [0, 1, 2]
+
+
+def drain_for(conn, seconds: float) -> None:
+    """Deliver what comes to ``conn`` for ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            conn.drain_events(timeout=0.1)
+        except TimeoutError:
+            pass
+
+
 # -- a popped batch ----------------------------------------------------------------------------
 def consume_batch(conn, q, n, on_message=None):
     """Consume with a prefetch window of 10 (one pop leases the whole batch), acking each."""
