@@ -103,8 +103,8 @@ def declare_tables(queue: Queue, settings: QueueSettings) -> None:
     for q in queue.shards:
         q.configure_tenants(**settings.tenant_tables())
         if own:
-            q.drop_task_rates(settings.rate or {})
-    queue.task_limits = {**own, **({} if own else stored["limits"])}
+            q.drop_task_rates(own)
+    queue.task_limits = own or stored["limits"]
 
 
 def open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> PriorityQueue:
