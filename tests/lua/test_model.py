@@ -42,6 +42,8 @@ Running it:
 - ``pytest tests/lua/test_model.py``: the bounded CI run (profile ``ci``: 80 examples of up to 40
   steps for the queue machines, fewer for the others, the ``examples``/``steps`` of each machine;
   about two minutes here once it passes; a failure adds up to 5 minutes of shrinking).
+- ``test_model_case`` replays the steps of each failure a soak found (model/cases/*.txt, cut
+  down by hand, first line saying what it found and what fixed it).
 - ``PQ_SOAK_MINUTES=30 pytest tests/lua/test_model.py -m slow`` (``make soak``): every machine in
   turn with many more and longer examples until that many minutes have passed.
 - ``PQ_MODEL_SKIP=name,name`` leaves out rules or checks by name (those in model/common.py's
@@ -53,6 +55,7 @@ Running it:
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -65,6 +68,7 @@ from .model.queue_machine import QueueMachine
 from .model.rate_machine import RateMachine
 from .model.unique_machine import UniqueMachine
 
+CASES = sorted((Path(__file__).parent / "model" / "cases").glob("*.txt"))
 MACHINES = [QueueMachine, FairMachine, CorruptMachine, FairCorruptMachine, UniqueMachine, RateMachine, PublishMachine]
 
 
@@ -84,6 +88,15 @@ def run(machine, profile: str) -> None:
 def test_model(redis_server, machine):
     Session.server = redis_server
     run(machine, "ci")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
+def test_model_case(redis_server, case):
+    """The steps of a failure a soak found, cut down and kept (model/cases/*.txt), replayed."""
+    Session.server = redis_server
+    names = {m.__name__: m for m in MACHINES}
+    exec(case.read_text(), names)  # noqa: S102 (our own files of machine steps)
+    names["state"].teardown()
 
 
 @pytest.mark.slow

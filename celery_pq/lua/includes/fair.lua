@@ -233,7 +233,10 @@ end
 local function fair_served(t, rank, start, weight)
   local level = lvl(rank)
   local finish = start + math.floor(VT_UNIT / weight + 0.5)
-  redis.call('HSET', FK.fv, 'V:' .. level, fmt(start), 'F:' .. level .. ':' .. t, fmt(finish))
+  -- V never moves down: a capped tenant served late with an older start leaves it where it is,
+  -- so a finish tag the clean-up dropped as <= V can never matter again.
+  local v = math.max(tonumber(redis.call('HGET', FK.fv, 'V:' .. level)) or 0, start)
+  redis.call('HSET', FK.fv, 'V:' .. level, fmt(v), 'F:' .. level .. ':' .. t, fmt(finish))
   if finish > (tonumber(redis.call('HGET', FK.fv, 'M:' .. level)) or 0) then
     redis.call('HSET', FK.fv, 'M:' .. level, fmt(finish))
   end

@@ -91,7 +91,7 @@ class Fair:
                 continue
             got.append(e)
             e.state = "leased"  # the head moves on; the machine records the lease itself
-            self.V[level] = start
+            self.V[level] = max(self.V.get(level, 0), start)  # never down
             self.F[(level, t)] = start + math.floor(self.VT_UNIT / self.weights.get(t, 1) + 0.5)
             self.M[level] = max(self.M.get(level, 0), self.F[(level, t)])
             self.c[t] += 1
