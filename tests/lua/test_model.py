@@ -95,7 +95,7 @@ def test_model_case(redis_server, case):
     """The steps of a failure a soak found, cut down and kept (model/cases/*.txt), replayed."""
     Session.server = redis_server
     names = {m.__name__: m for m in MACHINES}
-    exec(case.read_text(), names)  # noqa: S102 (our own files of machine steps)
+    exec(case.read_text(), names)  # our own files of machine steps
     names["state"].teardown()
 
 
