@@ -69,6 +69,10 @@ class NotWaiting(PQError):
         super().__init__(f"entry {entry_id!r} of queue {queue!r} is leased, not waiting")
 
 
+#: The one line a command or module of the ``[ops]`` extra says when the extra is not installed.
+OPS_EXTRA = "{what} needs the [ops] extra (prometheus_client): pip install 'celery-pq[ops]'"
+
+
 class ConfigError(PQError, ValueError):
     """A transport option or queue setting that cannot work."""
 

@@ -35,12 +35,16 @@ from socketserver import ThreadingMixIn
 from typing import TypeAlias
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
-
 from .broker import Broker, queue_and_view, queue_names
+from .errors import OPS_EXTRA
 from .http_deadline import DeadlineHandler
 from .queue.unique import UNIQUE_COUNTS
+
+try:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # the [ops] extra
+    raise ImportError(OPS_EXTRA.format(what="celery_pq.metrics")) from exc
 
 logger = logging.getLogger("celery_pq.metrics")
 

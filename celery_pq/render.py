@@ -1,22 +1,25 @@
-"""How the command line shows rows: rich tables on a terminal, plain aligned text otherwise
-(pipes, logs, tests), so that ``grep`` and ``awk`` keep working on the output."""
+"""How the command line shows rows: rich tables on a terminal when rich is installed (the
+``[ops]`` extra), plain aligned text otherwise (pipes, logs, tests), so that ``grep`` and
+``awk`` keep working on the output."""
 
 from __future__ import annotations
 
 import sys
 import time
 from datetime import UTC, datetime
+from importlib.util import find_spec
 
 import click
 
 
-def is_terminal() -> bool:
-    return sys.stdout.isatty()
+def rich_terminal() -> bool:
+    """Draw with rich: a terminal, and rich installed."""
+    return sys.stdout.isatty() and find_spec("rich") is not None
 
 
 def table(title: str | None, columns: list[str], rows: list[list], *, empty: str = "(none)"):
     """A rich Table on a terminal, else the plain text of one (see ``plain``)."""
-    if is_terminal():
+    if rich_terminal():
         from rich.table import Table
 
         t = Table(title=title, title_justify="left")
@@ -43,7 +46,7 @@ def plain(title: str | None, columns: list[str], rows: list[list], *, empty: str
 
 def show(*parts) -> None:
     """Print tables or text: through rich on a terminal, plainly otherwise."""
-    if is_terminal():
+    if rich_terminal():
         from rich.console import Console
 
         console = Console()
@@ -57,7 +60,7 @@ def watch(make, seconds: float) -> None:
     """Show ``make()`` (a list of tables) every ``seconds``: in place on a terminal (rich Live),
     as successive blocks with a time line otherwise. Ends on Ctrl-C."""
     try:
-        if is_terminal():
+        if rich_terminal():
             from rich.console import Group
             from rich.live import Live
 

@@ -9,7 +9,9 @@
 # they carry (every file of the package in the wheel: Lua, py.typed, the dashboard's page), then a
 # fresh virtualenv (not .venv) gets the WHEEL with its dependencies, and the demo runs from it
 # (python -m celery_pq.demo) in an empty directory with no PYTHONPATH: nothing of the source tree
-# is importable. The demo starts its own redis-server ($PQ_REDIS_SERVER, or PATH).
+# is importable; the install holds none of the extras' packages (prometheus_client, rich, pyspark)
+# and `pq metrics` says which extra it needs. The demo starts its own redis-server
+# ($PQ_REDIS_SERVER, or PATH).
 set -euo pipefail
 py="${1:?usage: $0 PYTHON (a python with build and twine)}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,5 +40,19 @@ if not where.startswith(sys.prefix):
     sys.exit(f"error: celery_pq was imported from {where}, not from the virtualenv {sys.prefix}")
 print(f"celery-pq {celery_pq.__version__} imported from the virtualenv'"'"'s site-packages")
 '
+# the core installs celery, kombu, redis and zstandard (and theirs), none of the extras' packages
+for extra in prometheus_client rich pyspark; do
+    if "$work/venv/bin/python" -m pip show -q "$extra" >/dev/null 2>&1; then
+        echo "error: pip install of the wheel brought $extra (an extra's package) into the core install" >&2
+        exit 1
+    fi
+done
+echo "the core install has no prometheus_client, rich or pyspark"
+# a command of an extra says in one line which extra it needs
+said="$(env -u PYTHONPATH "$work/venv/bin/python" -m celery_pq --broker pq://127.0.0.1:1/0 metrics 2>&1 || true)"
+case "$said" in
+    "Error: celery_pq.metrics needs the [ops] extra"*) echo "pq metrics without [ops]: $said" ;;
+    *) echo "error: pq metrics without the [ops] extra said: $said" >&2; exit 1 ;;
+esac
 env -u PYTHONPATH -u PQ_DEMO_REDIS_URL "$work/venv/bin/python" -m celery_pq.demo
 echo "release check passed in ${SECONDS} s: $(basename "$wheel") and $(basename "$sdist") built, checked, installed, demo run"

@@ -34,8 +34,10 @@ from .base import broker_of, command
 )
 def metrics(ctx, port, address, queues, bands, max_tenants):
     """Serve Prometheus metrics (celery_pq_*) over HTTP at /metrics until Ctrl-C."""
-    from ..metrics import parse_bands, serve
-
+    try:
+        from ..metrics import parse_bands, serve
+    except ImportError as exc:  # the [ops] extra is not installed
+        raise click.ClickException(str(exc)) from None
     serve(
         broker_of(ctx),
         port=port,
