@@ -18,6 +18,12 @@ class ErrorCode(IntEnum):
     STALE_VIEWS = -6  # the caller's list of priority views is out of date: refresh and retry
     TENANT_FULL = -7  # max_length_per_tenant reached
     MODE_MISMATCH = -8  # the queue was made with other settings (fair, scope, order, technique)
+    MIGRATING = -9  # the queue's mode is being migrated: nothing was done, retry
+
+
+#: The first word of a script's error reply that carries one of these codes (MODE_MISMATCH and
+#: MIGRATING, which any script may meet): ``PQ <code> <key> <stored mode> [<caller's mode>]``.
+ERROR_REPLY = "PQ"
 
 
 class PQError(Exception):
@@ -171,6 +177,8 @@ def error_for(code: int, queue: str, **context) -> PQError | None:
         return QueueFull(queue, context["size"], context["limit"], tenant=context.get("tenant"))
     if c is ErrorCode.MODE_MISMATCH:
         return ModeMismatch(queue, context["stored"], context["wanted"])
+    if c is ErrorCode.MIGRATING:
+        return QueueMigrating(queue, context["stored"])
     return PQError(f"queue {queue!r}: the script answered {c.name}")  # STALE_VIEWS: its caller retries
 
 

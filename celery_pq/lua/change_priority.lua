@@ -16,6 +16,7 @@
 -- ERR -1 NOT_FOUND
 -- ERR -4 NOT_WAITING
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include events.lua
 --!include fair.lua
 --!include index.lua

@@ -14,6 +14,7 @@
 --          the next call goes on from there; 0 when the pass is over)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include index.lua
 --!include queue.lua
 --!keys

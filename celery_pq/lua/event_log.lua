@@ -9,6 +9,7 @@
 -- Returns: the cap in force before; the error reply MODE_MISMATCH (nothing done) when the
 --          caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include queue.lua
 --!keys
 

@@ -74,6 +74,7 @@
 -- ERR -6 STALE_VIEWS
 -- ERR -7 TENANT_FULL
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include counters.lua
 --!include duplicates.lua
 --!include events.lua

@@ -27,6 +27,7 @@
 -- Returns: {waiting entries indexed, leased entries kept, malformed entries set aside (all three
 --          by this call), done (1 when the migration is over)}; the error reply MIGRATING when a
 --          migration to another mode is under way.
+-- ERR -9 MIGRATING
 --!include dead.lua
 --!include fair.lua
 --!include index.lua
@@ -47,7 +48,7 @@ local record = redis.call('GET', md) or new
 read_switches(string.sub(record, 5)) -- paused and the event log stay as they were
 local state = redis.call('HGET', gc, 'migrate') -- "<flip>|s<cursor>" scanning, "<flip>|d<rank>" moving
 if CTX.migrating and string.sub(record, 1, 4) ~= new then
-  return redis.error_reply('MIGRATING ' .. KEYS[1] .. ' ' .. string.sub(record, 1, 4))
+  return redis.error_reply('PQ -9 ' .. KEYS[1] .. ' ' .. string.sub(record, 1, 4)) -- ErrorCode.MIGRATING
 end
 if not (CTX.migrating and state) then -- the first call: the old index goes
   local turn = string.sub(record, 3, 3) ~= string.sub(new, 3, 3)

@@ -15,6 +15,7 @@
 -- Returns: 1 when the state changed, 0 when it was so already; the error reply MODE_MISMATCH
 --          (nothing done) when the caller's mode is not the queue's. Logs pause or resume.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include events.lua
 --!include fair.lua
 --!include queue.lua

@@ -10,6 +10,7 @@
 -- Returns: {eid1, score1, value1, eid2, ...}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include index.lua
 --!include queue.lua
 --!keys

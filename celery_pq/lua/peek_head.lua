@@ -15,6 +15,7 @@
 --          has no pointer there, or is paused (a pop would deliver nothing).
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include index.lua
 --!include queue.lua
 --!keys

@@ -14,6 +14,7 @@
 -- Returns: {entries_deleted, pointers_or_delayed_taken}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include counters.lua
 --!include duplicates.lua
 --!include events.lua

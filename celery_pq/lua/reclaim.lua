@@ -44,6 +44,7 @@
 -- and requeued (leases of a named consumer returned); logs expire, requeue (r "recovered"),
 -- dead and due.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 
 --!include counters.lua
 --!include dead.lua

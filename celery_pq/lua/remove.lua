@@ -24,6 +24,7 @@
 -- Returns: {removed, leased_left_alone, cursor ("" when the id is done)}
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include counters.lua
 --!include duplicates.lua
 --!include events.lua

@@ -12,6 +12,7 @@
 -- Returns: {eid, score, value}, or {} when no entry is waiting.
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include counters.lua
 --!include dead.lua
 --!include duplicates.lua

@@ -34,6 +34,7 @@
 -- ERR -4 NOT_WAITING
 -- ERR -5 QUEUE_FULL
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include counters.lua
 --!include duplicates.lua
 --!include events.lua

@@ -29,6 +29,7 @@
 -- ERR -2 NOT_LEASED
 -- ERR -3 TOKEN_MISMATCH
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include counters.lua
 --!include dead.lua
 --!include events.lua

@@ -11,6 +11,7 @@
 -- Returns: {eid, score, value}, or {} when that rank has no waiting entry.
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
+-- ERR -9 MIGRATING
 --!include dead.lua
 --!include index.lua
 --!include queue.lua

@@ -7,15 +7,15 @@ migration. Also the calls that cross queues: one pop with the acks of several qu
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
+from urllib.parse import unquote
 
 import redis
 
 from .. import constants as C
 from .. import scripts as _scripts
-from ..errors import ErrorCode, QueueMigrating, error_for
+from ..errors import ERROR_REPLY, QueueMigrating, error_for
 from ..records import mode_dict
 from ..retrying import again_while_refused
 from .values import Popped
@@ -26,41 +26,25 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_pq.queue")
 
-#: The error reply of a script whose caller's mode is not the queue's (see common.lua).
-_MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
-#: The error reply of a script called while the queue's mode is being migrated (migrate.lua).
-_MIGRATING = re.compile(r"MIGRATING (?P<key>\S+) (?P<mode>\S+)")
-
 
 def _queue_of_key(key: str) -> str:
     """The queue name in a key ``<prefix>:{<tag>}:[dead:]<suffix>``."""
-    from urllib.parse import unquote
-
     tag = key[key.index("{") + 1 : key.index("}:")]
     dead = key[key.index("}:") + 2 :].startswith("dead:")
     return unquote(tag) + (".dead" if dead else "")
 
 
 def translate_error(exc: Exception) -> Exception:
-    """A script's error reply as the project's exception (ModeMismatch, QueueMigrating), else
-    ``exc``."""
+    """A script's error reply with a code (``errors.ERROR_REPLY``: ModeMismatch,
+    QueueMigrating) as the project's exception, else ``exc``."""
     if not isinstance(exc, redis.ResponseError):
         return exc
-    m = _MIGRATING.search(str(exc))
-    if m is not None:
-        return QueueMigrating(_queue_of_key(m.group("key")), readable_mode(m.group("mode")))
-    m = _MODE_MISMATCH.search(str(exc))
-    if m is None:
+    parts = str(exc).split(" ")
+    if len(parts) < 4 or parts[0] != ERROR_REPLY:
         return exc
-    return (
-        error_for(
-            ErrorCode.MODE_MISMATCH,
-            _queue_of_key(m.group("key")),
-            stored=readable_mode(m.group("stored")),
-            wanted=readable_mode(m.group("wanted")),
-        )
-        or exc
-    )
+    _, code, key, stored, *wanted = parts
+    mode, theirs = readable_mode(stored), readable_mode(wanted[0]) if wanted else None
+    return error_for(int(code), _queue_of_key(key), stored=mode, wanted=theirs) or exc
 
 
 def readable_mode(mode: str) -> dict:

@@ -46,8 +46,8 @@ def test_the_errors_of_a_moving_slot_are_unsettled(exc):
     "exc",
     [
         rex.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
-        rex.ResponseError("MODE_MISMATCH pq:{q}:ii 0-hT 1PhT"),
-        rex.ResponseError("MODE_MISMATCH pq:{TRYAGAIN non local key}:ii 0-hT 1PhT"),  # (a queue's name is no cause)
+        rex.ResponseError("PQ -8 pq:{q}:ii 0-hT 1PhT"),
+        rex.ResponseError("PQ -8 pq:{TRYAGAIN non local key}:ii 0-hT 1PhT"),  # (a queue's name is no cause)
         rex.ConnectionError("Connection refused"),
         ValueError("x"),
     ],

@@ -139,7 +139,7 @@ local function mode_error(adopt, record)
   local stored = record and string.sub(record, 1, 4)
   read_switches(record and string.sub(record, 5) or '')
   if CTX.migrating then -- nothing is done while a migration runs; the caller waits and retries
-    return redis.error_reply('MIGRATING ' .. KEYS[1] .. ' ' .. stored)
+    return redis.error_reply('PQ -9 ' .. KEYS[1] .. ' ' .. stored) -- ErrorCode.MIGRATING
   end
   local recorded = CTX.ev
   if CTX.ev_mine > 0 then
@@ -157,7 +157,7 @@ local function mode_error(adopt, record)
     end
     return nil
   end
-  return redis.error_reply('MODE_MISMATCH ' .. KEYS[1] .. ' ' .. stored .. ' ' .. CTX.mode)
+  return redis.error_reply('PQ -8 ' .. KEYS[1] .. ' ' .. stored .. ' ' .. CTX.mode) -- ErrorCode.MODE_MISMATCH
 end
 
 local function now_ms()
