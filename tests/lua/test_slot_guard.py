@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis
 
 from celery_pq import PriorityQueue
@@ -62,3 +63,15 @@ def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the
     assert guards == calls >= 5
     assert q.counters()["enqueued"] == 3 and q.counters()["acked"] == 3
     assert q.stored_mode() == PriorityQueue(redis_client, "g1", key_prefix=key_prefix).mode
+
+
+def test_a_context_of_another_form_is_refused_before_any_write(redis_client, key_prefix):
+    """One form of the queue context (take_context): a caller's context of another form (fewer
+    fields, as an older caller sent) is an error naming it, and nothing is written."""
+    fields = PriorityQueue(redis_client, "g3", key_prefix=key_prefix).context.split("|")
+    for wrong in ("|".join(fields[:4]), "|".join(fields[:5]), fields[0]):
+        q = PriorityQueue(redis_client, "g3", key_prefix=key_prefix)
+        q.context = wrong  # (before the first call: its scripts' arguments are laid out then)
+        with pytest.raises(redis.ResponseError, match="the queue context is not mode"):
+            q.insert(b"a", 1)
+    assert not list(redis_client.scan_iter(match=f"{key_prefix}:*"))

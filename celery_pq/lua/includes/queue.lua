@@ -7,8 +7,7 @@
 -- numbers them): "mode|max_dead|dedupe_ms|rate|event_log|expired", where mode is four letters:
 -- fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l", technique "T"/"S", event_log
 -- is the caller's event-log cap (0: the caller has none), and expired what a pop does with an
--- entry past its expiry deadline: "d" dead-letter it (also when the field is left out), "x"
--- drop it (CTX.expired_drop). On a Redis Cluster the context starts
+-- entry past its expiry deadline: "d" dead-letter it, "x" drop it (CTX.expired_drop). On a Redis Cluster the context starts
 -- with "~": the slot guard (take_context) runs first. The letters a script acts on are read
 -- from the mode once, into CTX.fair (true when fair), CTX.scope ("P" within_priority, "T"
 -- tenant_first, "-" when not fair) and CTX.technique ("T" or "S"): no script takes them as
@@ -61,14 +60,10 @@ local function take_context()
   if not p then
     local guard = string.byte(c, 1) == 126 -- "~"
     local t = guard and string.sub(c, 2) or c
-    local mode, max_dead, dedupe, rate, ev, xd = string.match(t, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%a)$')
-    if not mode then
-      mode, max_dead, dedupe, rate, ev = string.match(t, '^([^|]*)|(%d*)|(%d*)|([^|]*)|(%d*)$')
+    local mode, max_dead, dedupe, rate, ev, xd = string.match(t, '^(%S%S%S%S)|(%d*)|(%d*)|([^|]*)|(%d*)|(%a)$')
+    if not mode then -- (a caller's mistake, before any write)
+      error('the queue context is not mode|max_dead|dedupe_ms|rate|event_log|expired: ' .. t)
     end
-    if not mode then
-      mode, max_dead, dedupe, rate = string.match(t, '^([^|]*)|(%d*)|(%d*)|([^|]*)$')
-    end
-    mode = mode or t
     p = remember('contexts', c, { mode = mode, fair = string.sub(mode, 1, 1) == '1', scope = string.sub(mode, 2, 2),
       technique = string.sub(mode, 4, 4), max_dead = tonumber(max_dead) or 0, dedupe_ms = tonumber(dedupe) or 0,
       rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0, guard = guard, expired_drop = xd == 'x' })
