@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_pq.queue")
 
-#: The error reply of a script whose caller's mode is not the queue's (see lua/includes/queue.lua).
+#: The error reply of a script whose caller's mode is not the queue's (see common.lua).
 _MODE_MISMATCH = re.compile(r"MODE_MISMATCH (?P<key>\S+) (?P<stored>\S+) (?P<wanted>\S+)")
 #: The error reply of a script called while the queue's mode is being migrated (migrate.lua).
 _MIGRATING = re.compile(r"MIGRATING (?P<key>\S+) (?P<mode>\S+)")
