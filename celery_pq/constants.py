@@ -69,8 +69,9 @@ IDLE_WAKE_SECONDS = 1.0
 #: (the transport option spin_wait_us; scripts.wire._spin_recv). On a machine where the Redis server
 #: is near (loopback, the same rack) most replies come within it, and a thread that sleeps and is
 #: woken costs more than the polling: a publish took 40-60% less time and no more client CPU
-#: with it (docs/performance.md). A connection whose replies do not come in time (a far Redis, a
-#: busy machine) stops polling at once and tries again after 2, 4, .. SPIN_BACKOFF_MAX calls.
+#: with it (benchmarks/results/notes.md, "Polling for the reply instead of sleeping"). A connection
+#: whose replies do not come in time (a far Redis, a busy machine) stops polling at once and tries
+#: again after 2, 4, .. SPIN_BACKOFF_MAX calls.
 SPIN_WAIT_US = 100
 SPIN_BACKOFF_MAX = 1024
 

@@ -2,7 +2,7 @@
 
 The patent's cost explanation, on the steady path: one entry, a new id, a wake token already
 waiting, no dead-lettering, and (technique S) ``stale`` priority-index members whose entry was
-removed by id lying in front of the one retrieved. tests/test_explain.py checks these counts
+removed by id lying in front of the one retrieved. tests/lua/test_explain.py checks these counts
 against Redis's own INFO commandstats; docs/priorities.md shows them.
 """
 

@@ -2,7 +2,7 @@
 
 The Lua codec is its twin: ``lua/includes/records.lua`` (entry, lease, pointer, dead-letter
 note, publish-id value, mode) and ``lua/includes/fair.lua`` (tenant-order member).
-tests/test_records.py writes each record with one language and reads it with the other on a
+tests/lua/test_records.py writes each record with one language and reads it with the other on a
 real redis-server. Which key holds which record: ``keys.py``.
 
 =================  ==========  ====================================================================

@@ -31,7 +31,7 @@ Where the rest lives
 loop). ``delivery.py``: what a channel receives (pop, deliver, ack, reject, give back).
 ``publishing.py``: what it publishes (a stored message, a fanout broadcast); ``batches.py``:
 kombu's ``Producer.batch()``. ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
-``leases.py``: the thread that renews them and sweeps expired ones. ``queue.py``: the queue
+``leases.py``: the thread that renews them and sweeps expired ones. ``queue/``: the queue
 itself (pop with acks in one round trip, ack, requeue, ...). ``shards.py``: a queue split into
 ``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
 

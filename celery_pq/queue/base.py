@@ -68,7 +68,7 @@ class QueueBase:
         #: its mode gives the scripts fairness, scope and technique;
         #: "~" first on a cluster: the script then checks that its keys' slot is served here
         #: (the slot guard), so that a call that reaches a master just as the queue's hash
-        #: slot migrates stops before it writes anything, and is made again (scripts.py).
+        #: slot migrates stops before it writes anything, and is made again (scripts/runner.py).
         self.context = ("~" if is_cluster(client) else "") + (
             f"{self._mode}|{max_dead}|{int(self.dedupe_seconds * 1000)}|{self.tenant_rate:g}|{self.event_log}"
             f"|{C.EXPIRED_POLICIES[s.expired]}"

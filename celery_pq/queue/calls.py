@@ -217,7 +217,7 @@ class Inserted(NamedTuple):
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
 def pop_layout(q: QueueBase, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
     """The ARGV layout of a consumer's pops with these arguments (made once per set of them:
-    ``QueueCore.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
+    ``PriorityQueue.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
     the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX in
     one call (bounded work per call)."""
     lo, hi, take_hi = ranks

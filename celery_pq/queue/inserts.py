@@ -310,7 +310,7 @@ class QueueInserts(QueueViews):
     def batch_reply(self, reply, state: list) -> calls.Inserted | None:
         """What a ``batch_call``'s reply says was stored (``calls.Inserted``); None when nothing was
         stored and the call is to be made again (the registry of priority views changed, or the
-        script was missing on the server); QueueFull, TenantFull or the script's error raised
+        script was missing on the server); QueueFull (the queue's or a tenant's) or the script's error raised
         when refused (nothing stored); ``reply`` a connection error: raised (maybe stored)."""
         norm, forget = state
         if isinstance(reply, Exception):

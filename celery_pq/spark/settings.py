@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..options import Options
 from ..redact import redact
 
-#: Columns with a meaning of their own when present (CONTRACT.md).
+#: Columns with a meaning of their own when present (docs/spark.md, Columns).
 ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
 
 #: The queue of a row without a ``queue`` column (or with a null in it): Celery's default.
