@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 from celery_pq.scripts import get_scripts, library
 
 from .common import cli, median, redis_server, table
@@ -26,7 +26,7 @@ PAYLOAD = b"x" * 256
 def ours(client, entries, batch) -> float:
     q = PriorityQueue(client, "bulk-ours", key_prefix="bulk")
     q.delete()
-    items = [(PAYLOAD, i % 256) for i in range(entries)]
+    items = [Item(PAYLOAD, i % 256) for i in range(entries)]
     start = time.perf_counter()
     for i in range(0, entries, 50 * batch):  # 50 script calls per round trip
         q.insert_many(items[i : i + 50 * batch], chunk=batch)
@@ -50,7 +50,7 @@ def ceiling(port, client, entries, batch) -> float | None:
         call = ["EVALSHA", get_scripts(client).insert.sha]
     # "0": due now, "": no expiry; no publish ids (every call sends the same arguments, and a publish id would
     # make each repeat store nothing), so the ceiling does less work per entry than insert_many
-    _, keys, args = q.insert_call([(PAYLOAD.decode(), 5, None, None, "0", None, None, "")] * batch)
+    _, keys, args = q.insert_call([(Item(PAYLOAD.decode(), 5), None)] * batch)
     calls = max(1, entries // batch)
     out = subprocess.run(
         [

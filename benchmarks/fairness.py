@@ -19,7 +19,7 @@ import time
 
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 
 from .common import RedisTime, cli, median, now_ns, percentile, redis_server, table
 
@@ -49,7 +49,7 @@ def dwell(port, flood: bool, quiet_sends: int, flood_size: int, consumers: int, 
     client = redis.Redis(port=port)
     q = PriorityQueue(client, name, key_prefix=PREFIX, fair=True)
     if flood:
-        q.insert_many([(b"0", 5, None, "F") for _ in range(flood_size)])
+        q.insert_many([Item(b"0", 5, None, tenant="F") for _ in range(flood_size)])
     ctx = mp.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_consumer, args=(port, name, service_ms, stop, out)) for _ in range(consumers)]
@@ -80,7 +80,7 @@ def tenant_cost(port, tenants: tuple[int, int], entries: int, ops: int, reps: in
         queues[n] = PriorityQueue(client, f"cost-{n}-{time.monotonic_ns()}", key_prefix=PREFIX, fair=True)
         for start in range(0, entries, 100_000):
             queues[n].insert_many(
-                [(b"x" * 64, 5, None, f"t{i % n}") for i in range(start, min(entries, start + 100_000))]
+                [Item(b"x" * 64, 5, None, tenant=f"t{i % n}") for i in range(start, min(entries, start + 100_000))]
             )
     runs = {str(n): [] for n in tenants}
     redis_time = RedisTime(client)

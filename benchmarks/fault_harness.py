@@ -34,7 +34,7 @@ import redis
 from celery import Celery
 
 import celery_pq  # noqa: F401  (pq://)
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import WorkerProcess, celery_env, start_worker, stop_workers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -275,7 +275,7 @@ class FaultRun:
         r = self.server.client()
         try:
             if self.transport == "celery-pq":
-                q = PriorityQueue.open(r, QUEUE, key_prefix=self.prefix)
+                q = open_queue(r, QUEUE, QueueSettings(key_prefix=self.prefix), declare=False)
                 stats = q.stats()
                 return {"waiting": q.size(), "leased": stats["leased"]}
             waiting = sum(r.llen(k) for k in r.scan_iter(match=f"{QUEUE}*") if r.type(k) == b"list")

@@ -29,6 +29,7 @@ import redis
 from celery import Celery
 
 import celery_pq  # noqa: F401  (pq://)
+from celery_pq import Item
 from celery_pq.testing import celery_env, start_worker
 from celery_pq.testing.server import RedisServer
 
@@ -167,7 +168,7 @@ def run_pattern(tasks: int, take: int, callgrind: bool = False, pop: bool = True
         client = redis.Redis(port=server.port)
         q = PriorityQueue(client, "work", key_prefix="bench")
         for start in range(0, tasks, 500):
-            q.insert_many([(b"x" * 200, 0) for _ in range(min(500, tasks - start))])
+            q.insert_many([Item(b"x" * 200, 0) for _ in range(min(500, tasks - start))])
         q.pop(1, acks=[])  # (the functions loaded, the queue's first leases made)
         acks: list = []
         stats0, rcpu0, cpu0 = commandstats(client), cpu_seconds(server.process.pid), time.process_time()

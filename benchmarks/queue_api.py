@@ -27,6 +27,7 @@ from kombu import Connection, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401
 from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.scripts import compose
 
 from .common import RedisTime, cli, data_memory, median, redis_server, table
@@ -143,7 +144,7 @@ def memory(port, url, options, n) -> float:
             producer.publish("x" * 256, exchange=q.exchange, routing_key="memq", headers=headers)
         after = data_memory(client)
         if url.startswith("pq"):
-            pq = PriorityQueue.open(client, "memq", key_prefix=options["key_prefix"])
+            pq = open_queue(client, "memq", QueueSettings(key_prefix=options["key_prefix"]), declare=False)
             stored = len(pq.peek(1)[0].payload)
         else:
             stored = len(client.lindex("memq", 0))

@@ -33,7 +33,7 @@ import redis
 from celery import Celery
 
 import celery_pq  # noqa: F401  (pq://)
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.task_rates import task_tenant
 from celery_pq.testing import celery_env, start_worker, stop_workers
 
@@ -122,14 +122,14 @@ def one_run(port: int, case: str, rate: float, seconds: int, workers: int, prefe
     ran = [int(x) for x in rec.lrange("bench:ran", 0, -1)]
     out = {"backlog": backlog, "executions": figures(ran, first, seconds)}
     if case == "task_rate":
-        q = PriorityQueue.open(rec, "bench", key_prefix=prefix)
+        q = open_queue(rec, "bench", QueueSettings(key_prefix=prefix), declare=False)
         tenant = task_tenant(LIMITED)
         delivered = [e["ms"] * 1000 for e in q.events() if e["e"] == "deliver" and e["t"] == tenant]
         out["deliveries"] = figures(delivered, min(delivered), seconds) if delivered else None
         out["bound_1s"] = max(rate, 1) + rate
         q.purge()
     else:
-        PriorityQueue.open(rec, "bench", key_prefix=prefix).purge()
+        open_queue(rec, "bench", QueueSettings(key_prefix=prefix), declare=False).purge()
     rec.close()
     return out
 

@@ -43,9 +43,10 @@ from contextlib import contextmanager
 
 import redis
 
+from celery_pq import Item
 from celery_pq.options import Options
 from celery_pq.queue import open_queue
-from celery_pq.shards import ShardedQueue
+from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.sim import predict
 from celery_pq.testing import RedisCluster
 
@@ -57,17 +58,17 @@ PEEKS = (1, 2, 4)
 CONSUMERS = (1, 4, 16)
 
 
-def _open(client, name, shards, peek, seed, check_beaten=True):
+def _open(client, name, shards, peek, seed):
     q = open_queue(client, name, Options(key_prefix=PREFIX, shards=shards, peek=peek).queue_settings(name))
     if shards > 1:  # a stream of its own: drawn from the priorities' seed, shards would follow priorities
-        q = ShardedQueue(q.shards, name, peek=peek, rng=random.Random(f"shards-{seed}"), check_beaten=check_beaten)
+        q = ShardedQueue(q.shards, name, peek=peek, rng=random.Random(f"shards-{seed}"))
     return q
 
 
-def _consume(connect, name, shards, peek, seed, budget, out, check_beaten):
+def _consume(connect, name, shards, peek, seed, budget, out):
     """One consumer thread: pop one, publish one, ack, until the shared budget runs out."""
     client = connect()
-    q = _open(client, name, shards, peek, seed, check_beaten)
+    q = _open(client, name, shards, peek, seed)
     rng = random.Random(seed)
     pops, pubs = [], []
     while budget.take():
@@ -83,7 +84,7 @@ def _consume(connect, name, shards, peek, seed, budget, out, check_beaten):
         pubs.append((now_ns(), priority, stamp))
         q.ack(lease)
     client.close()
-    out.append((pops, pubs, getattr(q, "stats_second_best", 0), getattr(q, "stats_wider_peek", 0)))
+    out.append((pops, pubs))
 
 
 class Budget:
@@ -136,7 +137,7 @@ def pei_values(prefill, pops, pubs) -> list[int]:
     return out
 
 
-def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=True) -> dict:
+def one_case(connect, shards, peek, consumers, size, ops, seed) -> dict:
     client = connect()
     name = f"r{shards}-{peek}-{consumers}-{time.monotonic_ns()}"
     q = _open(client, name, shards, peek, seed)
@@ -144,10 +145,10 @@ def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=Tru
     base = now_ns() - 10**12  # prefill stamps come before every publish of the run
     prefill = [(rng.randrange(256), f"{base + i}:p".encode()) for i in range(size)]
     for start in range(0, size, 500):
-        q.insert_many([(payload, priority) for priority, payload in prefill[start : start + 500]])
+        q.insert_many([Item(payload, priority) for priority, payload in prefill[start : start + 500]])
     budget, out = Budget(ops), []
     threads = [
-        threading.Thread(target=_consume, args=(connect, name, shards, peek, seed * 100 + c, budget, out, check_beaten))
+        threading.Thread(target=_consume, args=(connect, name, shards, peek, seed * 100 + c, budget, out))
         for c in range(consumers)
     ]
     t0 = time.perf_counter()
@@ -164,12 +165,11 @@ def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=Tru
     client.close()
     hist = Counter(values)
     n = len(values)
-    predicted = predict(shards, peek, consumers, size, second_best=check_beaten, seed=seed)
+    predicted = predict(shards, peek, consumers, size, second_best=True, seed=seed)
     return {
         "shards": shards,
         "peek": peek,
         "consumers": consumers,
-        "second_best_check": check_beaten,
         "size": size,
         "deliveries": n,
         "mean": sum(values) / n,
@@ -178,8 +178,6 @@ def one_case(connect, shards, peek, consumers, size, ops, seed, check_beaten=Tru
         "p99": percentile(values, 99),
         "max": max(values),
         "p_zero": hist[0] / n,
-        "second_best_share": sum(o[2] for o in out) / n,
-        "wider_peek_share": sum(o[3] for o in out) / n,
         "pops_per_second": n / elapsed,
         "multiqueue_closed_form": (5 / 6) * shards - 1 + 1 / (6 * shards) if peek == 2 and shards > 1 else None,
         "predicted": {k: predicted[k] for k in ("mean", "p50", "p90", "p99", "p_zero")},
@@ -217,8 +215,6 @@ def run(size: int, ops: int, consumers: str, seed: int = 14, cluster: bool = Fal
                     continue  # k is capped at N; one shard has nothing to peek
                 for c in counts:
                     cases.append(one_case(connect, shards, peek, c, size, ops, seed))
-                if shards > 1 and max(counts) > 1:  # the same, most consumers, without the check
-                    cases.append(one_case(connect, shards, peek, max(counts), size, ops, seed, check_beaten=False))
         tput = {}
         for shards in SHARDS:
             row = one_case(connect, shards, min(2, shards), 4, size, ops, seed)
@@ -267,12 +263,11 @@ def markdown(data) -> list[str]:
     rows = []
     for c in data["cases"]:
         closed = f"{c['multiqueue_closed_form']:.2f}" if c["multiqueue_closed_form"] is not None else ""
-        check = "" if c["second_best_check"] else " (no check)"
         rows.append(
             [
                 str(c["shards"]),
                 str(c["peek"]),
-                f"{c['consumers']}{check}",
+                str(c["consumers"]),
                 f"{c['mean']:.2f}",
                 closed,
                 f"{c['p50']:.0f}",
@@ -283,8 +278,6 @@ def markdown(data) -> list[str]:
                 _predicted(c, "mean", "{:.2f}"),
                 _predicted(c, "p90", "{:.0f}"),
                 _predicted(c, "p_zero", "{:.0%}"),
-                f"{100 * c['second_best_share']:.1f}%",
-                f"{100 * c['wider_peek_share']:.1f}%",
             ]
         )
     lines += table(
@@ -302,19 +295,13 @@ def markdown(data) -> list[str]:
             "predicted mean",
             "predicted p90",
             "predicted P(PEI=0)",
-            "past the best",
-            "wider peek",
         ],
         rows,
         left=3,
     )
     lines += [
         "",
-        '"past the best": pops served by a shard after the best peeked one turned out empty or '
-        'beaten (the second-best check); "(no check)": the same case with the check off (a pop takes '
-        'whatever the best peeked shard holds by then); "wider peek": pops whose k peeked shards were '
-        'all empty, served by looking at the others. "predicted": the simulator '
-        "(celery_pq.sim.predict) for the same N, k, consumers and lag = the queue's size.",
+        '"predicted": the simulator (celery_pq.sim.predict) for the same N, k, consumers and lag = the queue\'s size.',
     ]
     lines += ["", "## Throughput against the number of shards (4 consumers, k = 2)", ""]
     t = data["throughput_pops_per_second_by_shards"]

@@ -48,7 +48,7 @@ import time
 
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 from celery_pq import constants as C
 from celery_pq.queue.calls import migrate_args
 from celery_pq.queue.unique import UniqueKey
@@ -128,7 +128,7 @@ def _fill(
     items = []
     for i in range(n):
         t = f"t{i % tenants}" if tenants else None
-        items.append((b"x" * 32, priority, f"{prefix}{i}", t) if t else (b"x" * 32, priority, f"{prefix}{i}"))
+        items.append(Item(b"x" * 32, priority, f"{prefix}{i}", tenant=t or None))
         if len(items) == 10_000:
             q.insert_many(items, chunk=chunk)
             items = []

@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 from celery_pq.messages import digest
 
 from .common import cli, data_memory, redis_server, table
@@ -60,7 +60,7 @@ def bulk(client, rows, payload) -> float:
         items = []
         for i in range(start, min(rows, start + BATCH_ROWS)):
             tid = f"{i:036d}"
-            items.append((payload, i % 256, tid, None, None, digest("celery_pq.spark", tid)))
+            items.append(Item(payload, i % 256, tid, publish_id=digest("celery_pq.spark", tid)))
         t0 = time.perf_counter()
         q.insert_many(items, chunk=CHUNK)
         spent += time.perf_counter() - t0

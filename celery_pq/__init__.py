@@ -21,8 +21,7 @@ from .errors import (
     QueueFull,
     QueueMigrating,
 )
-from .queue import Entry, Lease, PriorityQueue
-from .shards import ShardedQueue
+from .queue import Entry, Item, Lease, PriorityQueue, ShardedQueue
 from .unique import PublishOutcome, UniqueKey, publish_outcome
 
 __version__ = "0.1.0"
@@ -53,6 +52,7 @@ __all__ = [
     "Entry",
     "EntryNotFound",
     "ErrorCode",
+    "Item",
     "Lease",
     "LeaseLost",
     "MessageTooLarge",

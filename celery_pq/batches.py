@@ -9,7 +9,7 @@ What a batched publish does, and what it keeps:
 - Each ``publish`` goes through the channel exactly as a single publish does
   (``Channel.prepare_message``, ``basic_publish``, the exchange's routing, ``Publisher.put``):
   the same checks raise at the call (a bad priority, a message too large), with nothing
-  buffered. Instead of an insert, ``Publisher.put`` hands the stored item (``StoredItem``) to
+  buffered. Instead of an insert, ``Publisher.put`` hands the stored item (an ``Item``) to
   the batch, under the queue it was routed to. A message sent to a fanout exchange is
   broadcast at once, as outside a batch (pub/sub keeps nothing to batch).
 - Each message keeps its own publish identity: the publish id of its publish call for its
@@ -62,8 +62,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from . import constants as C
 from .connections import is_cluster
-from .messages import StoredItem
-from .queue import PriorityQueue
+from .queue import Item, PriorityQueue
 from .queue.values import mark_stored
 from .scripts.stream import LOST, CallStream
 
@@ -79,7 +78,7 @@ class _Sent(NamedTuple):
     """A sub-chunk written to the stream, its reply not read yet."""
 
     queue: str
-    items: list  # the ``insert_many`` tuples (kept again unless the reply says they are stored)
+    items: list  # its Items (kept again unless the reply says they are stored)
     state: list  # what ``PriorityQueue.batch_reply`` takes with the reply
 
 
@@ -90,7 +89,7 @@ class PublishBatch:
         self.channel = channel
         self.max_size = max_size
         #: queue name -> the ``insert_many`` tuples of its items not yet sent, in publish order
-        self._pending: dict[str, list[tuple]] = {}
+        self._pending: dict[str, list[Item]] = {}
         #: sub-chunks sent whose replies wait for the flush, in the order sent
         self._sent: list[_Sent] = []
         self._stream: CallStream | None = None
@@ -179,14 +178,13 @@ class PublishBatch:
         self._count = 0
 
     # -- what Publisher.put calls ---------------------------------------------------------------
-    def add(self, queue: str, item: StoredItem) -> None:
+    def add(self, queue: str, item: Item) -> None:
         """One message routed to ``queue``, stored at the next flush (sent with the queue's
         next ``batch_send``)."""
         items = self._pending.get(queue)
         if items is None:
             items = self._pending[queue] = []
-        # the tuple insert_many takes: a StoredItem without expiry is one (its last two fields None)
-        items.append(item if item.ttl_ms is None and item.expires_ms is None else item.as_tuple())
+        items.append(item)
         self._count += 1
         if self._send_at and len(items) >= self._send_at and self._streamed(queue):
             self._send(queue)
@@ -201,7 +199,7 @@ class PublishBatch:
         if known is None:
             q = self.channel.queue(name)
             known = self._streams[name] = (
-                isinstance(q, PriorityQueue) and not q.wait_replicas and not is_cluster(q.client)
+                isinstance(q, PriorityQueue) and not q.settings.wait_replicas and not is_cluster(q.client)
             )
         return known
 
@@ -320,7 +318,7 @@ class PublishBatch:
         )
         return exc
 
-    def _keep(self, queue: str, items: list[tuple]) -> None:
+    def _keep(self, queue: str, items: list[Item]) -> None:
         self._count -= len(self._pending.pop(queue))
         if items:
             self._pending[queue] = items

@@ -53,6 +53,7 @@ from . import checks
 from . import constants as C
 from .errors import PQError
 from .messages import stored_item
+from .queue import Item
 
 #: kombu's Redis transport defaults (kombu/transport/redis.py).
 KOMBU_SEP = "\x06\x16"
@@ -260,10 +261,10 @@ class KombuImport:
 
     # -- what a message becomes ---------------------------------------------------------------
     def _map(self, queue: str) -> dict[int, int]:
-        return priority_map(self.channel.queue(queue).priority_order, self.given_priorities)
+        return priority_map(self.channel.queue(queue).settings.priority_order, self.given_priorities)
 
-    def item(self, queue: str, raw: bytes, mapping: dict[int, int]) -> tuple[tuple, int, int]:
-        """(the insert tuple of ``raw``, kombu priority, celery-pq priority)."""
+    def item(self, queue: str, raw: bytes, mapping: dict[int, int]) -> tuple[Item, int, int]:
+        """(the ``Item`` of ``raw``, kombu priority, celery-pq priority)."""
         message = json.loads(raw)
         k = kombu_priority(message)
         props = dict(message.get("properties") or {})
@@ -278,7 +279,7 @@ class KombuImport:
             publish_id_=publish_id(raw, message).encode(),
             task_limits=channel.queue(queue).task_limits,
         )
-        return item.as_tuple(), k, mapping[k]
+        return item, k, mapping[k]
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, dry_run: bool = False) -> list[QueueReport]:
@@ -343,7 +344,7 @@ class KombuImport:
         at = src.get(self.layout.claimed_at_key(queue))
         window = getattr(q, "dedupe_seconds", None)
         if window is None:  # a sharded queue: its shards' (a publish id always goes to one shard)
-            window = min(shard.dedupe_seconds for shard in q.shards)
+            window = q.settings.dedupe_seconds
         if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= window:
             found: list[bytes] = []
             unknown: list[bytes] = []
@@ -376,7 +377,7 @@ class KombuImport:
             item, k, pq_priority = self.item(queue, raw, mapping)
             items.append(item)
             counter[(k, pq_priority)] += 1
-            report.eta += item[4] is not None
+            report.eta += item.due_ms is not None
         _, repeated = self.channel.queue(queue).insert_many(items, repeats=True)
         report.repeats += sum(repeated)
         self._release(staging, raws)

@@ -111,9 +111,10 @@ class LeaseBook:
         finally:
             with self._lock:
                 self._sending.pop(id(pending), None)
+        deliveries, codes = q.landed(reply)
         if pending:
-            self._check(pending, {q: q.ack_codes(reply)})
-        leases: Popped = Popped(q.parse_deliveries(reply), q)
+            self._check(pending, {q: codes})
+        leases: Popped = Popped(deliveries, q)
         if leases and monotonic() - pop.sent > self.options.renew_interval:
             # its reply lay unread longer than a renewal (a long stall of the loop): renewed
             # before any is delivered, and one whose lease ran out meanwhile is not delivered

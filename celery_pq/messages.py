@@ -29,50 +29,15 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from hashlib import blake2b
 from types import MappingProxyType
-from typing import NamedTuple
 
 from .codec import VERSION, CodecError, decode, encode
 from .errors import MessageTooLarge
 from .ids import unique_bytes
 from .options import Options
-from .queue import validate_priority
+from .queue import Item, validate_priority
 from .tenants import tenant_of
 
 logger = logging.getLogger(__name__)
-
-
-class StoredItem(NamedTuple):
-    """One insert of a message: ``PriorityQueue.insert(payload, priority, id=..., tenant=...,
-    due_ms=..., publish_id=..., task=..., ttl=..., expires_ms=...)``, or the tuple ``insert_many``
-    takes (``as_tuple``).
-    ``ttl_ms``: the earlier of kombu's ``expiration`` and the queue's ``message_ttl`` (ms from
-    the insert, Redis clock); ``expires_ms``: Celery's ``expires`` header (Unix ms, the
-    publisher's clock).
-    ``task`` (the task name) is kept only when the event log is on: its ``enqueue`` event names it.
-    (A named tuple: one is made for every publish.)"""
-
-    payload: bytes
-    priority: int
-    id: str | None
-    tenant: str | None
-    due_ms: int | None
-    publish_id: bytes | None
-    task: str | None = None
-    ttl_ms: int | None = None
-    expires_ms: int | None = None
-
-    def as_tuple(self) -> tuple:
-        return (
-            self.payload,
-            self.priority,
-            self.id,
-            self.tenant,
-            self.due_ms,
-            self.publish_id,
-            self.task,
-            self.expires_ms,
-            None if self.ttl_ms is None else self.ttl_ms / 1000,
-        )
 
 
 #: The property under which ``prepare_message`` keeps a publish call's ``PublishStamp`` (in the
@@ -179,7 +144,7 @@ def stored_item(
     publish_id_: bytes | None = None,
     queue_ttl_ms: int | None = None,
     task_limits: Mapping[str, float] = EMPTY_LIMITS,
-) -> StoredItem:
+) -> Item:
     """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
 
     ``decode_body`` is kombu's ``Channel.decode_body`` (a ``fair_key`` function sees the decoded
@@ -198,15 +163,16 @@ def stored_item(
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
     message = without_properties(message, NOT_STORED)
-    return StoredItem(
-        payload=serialized(queue, message, options),
-        priority=priority,
-        id=str(task_id) if task_id else None,
+    ttl_ms = _earliest(expiration_ms(props.get("expiration")), queue_ttl_ms)
+    return Item(
+        serialized(queue, message, options),
+        priority,
+        str(task_id) if task_id else None,
         tenant=tenant_of(message, options, decode_body, task_limits),
         due_ms=eta_ms(headers.get("eta")),
         publish_id=publish_id_,
         task=task if isinstance(task, str) else None,
-        ttl_ms=_earliest(expiration_ms(props.get("expiration")), queue_ttl_ms),
+        ttl=None if ttl_ms is None else ttl_ms / 1000,
         expires_ms=expires_ms(headers.get("expires")),
     )
 

@@ -226,7 +226,7 @@ class PQCollector(Collector):
         fams["unique_keys"].add_metric([name], unique.get("keys", 0))
         for outcome in UNIQUE_COUNTS:
             fams["unique"].add_metric([name, outcome], counters.get(f"unique_{outcome}", 0))
-        if q.fair:
+        if q.settings.fair:
             for tenant, n in top_tenants(q.tenant_deliveries(), self.max_tenants).items():
                 fams["tenant_deliveries"].add_metric([name, tenant], n)
 

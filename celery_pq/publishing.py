@@ -17,7 +17,6 @@ insert), not at the flush.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
 from . import connections
@@ -81,21 +80,8 @@ class Publisher:
             if batch is not None:
                 batch.add(queue, item)
                 return
-            insert = q.insert if unique is None else partial(q.insert_unique, unique=unique)
             try:
-                stored = insert(
-                    item.payload,
-                    item.priority,
-                    id=item.id,
-                    tenant=item.tenant,
-                    due_ms=item.due_ms,
-                    publish_id=item.publish_id,
-                    first_send=first_send,
-                    remember=False,
-                    task=item.task,
-                    ttl=None if item.ttl_ms is None else item.ttl_ms / 1000,
-                    expires_ms=item.expires_ms,
-                )
+                stored = q.put(item, unique=unique, first_send=first_send, remember=False)
                 break
             except ModeMismatch:  # recorded (a consumer declared it) or migrated since it was opened
                 if not again:

@@ -44,7 +44,7 @@ class View:
         ranks = [q.rank(p) for p in range(C.MIN_PRIORITY, C.MAX_PRIORITY + 1) if test(p, self.value)]
         if not ranks:
             raise ConfigError(f"queue view {self.name!r}: no priority 0..255 satisfies it")
-        if q.fair and q.scope != "P":
+        if q.settings.fair and q.settings.scope != "P":
             raise ConfigError(f"queue view {self.name!r}: views need fair_scope='within_priority' on a fair queue")
         return min(ranks), max(ranks)
 

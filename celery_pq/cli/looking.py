@@ -293,31 +293,31 @@ def explain(ctx, queue, as_json):
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
         s = q.stats()
-    stale = max(0, s["index_members"] - s["waiting"]) if not q.fair else 0
+    stale = max(0, s["index_members"] - s["waiting"]) if not q.settings.fair else 0
     costs = q.explain(stale=min(stale, 64))
     data = {
         "queue": queue,
-        "technique": q.technique,
-        "fair": q.fair,
-        "priority_order": q.priority_order,
+        "technique": q.mode["technique"],
+        "fair": q.settings.fair,
+        "priority_order": q.settings.priority_order,
         "waiting": s["waiting"],
         "leased": s["leased"],
         "delayed": s["delayed"],
         "index_members": s["index_members"],
         "stale_pointers": stale,
-        "costs": {op: by_t[q.technique] for op, by_t in costs.items() if q.technique in by_t},
+        "costs": {op: by_t[q.mode["technique"]] for op, by_t in costs.items() if q.mode["technique"] in by_t},
     }
     if as_json:
         return print_json(data)
     head = (
-        f"{queue}: technique {q.technique}, {'fair' if q.fair else 'not fair'}, {q.priority_order}; "
+        f"{queue}: technique {q.mode['technique']}, {'fair' if q.settings.fair else 'not fair'}, {q.settings.priority_order}; "
         f"waiting {s['waiting']}, leased {s['leased']}, delayed {s['delayed']}; "
         f"priority index {s['index_members']} pointer(s), {stale} stale"
     )
     render.show(
         head,
         render.table(
-            f"Redis commands per operation (technique {q.technique}, {min(stale, 64)} stale pointer(s) ahead)",
+            f"Redis commands per operation (technique {q.mode['technique']}, {min(stale, 64)} stale pointer(s) ahead)",
             ["operation", "reads", "writes", "commands"],
             [
                 [op, c["reads"], c["writes"], " ".join(f"{k}x{n}" for k, n in c["commands"].items())]

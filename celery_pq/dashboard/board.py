@@ -139,8 +139,8 @@ class Board:
         return {
             "queue": name,
             "stats": stats,
-            "fair": q.fair,
-            "priority_order": q.priority_order,
+            "fair": q.settings.fair,
+            "priority_order": q.settings.priority_order,
             "leases": leases,
             "dead_letters": dead,
             "deliveries": history.summary() if history else DeliveryHistory(self.window).summary(),
@@ -179,7 +179,7 @@ class Board:
             if name not in self._queue_names():
                 raise BoardError(404, f"no queue named {name!r} on this dashboard")
             q = self._open(name)
-            if tenant is not None and not q.fair:
+            if tenant is not None and not q.settings.fair:
                 raise BoardError(400, f"queue {name!r} is not fair (no tenants): pause or resume the whole queue")
             try:
                 if action == "replay":

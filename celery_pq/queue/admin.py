@@ -1,7 +1,6 @@
-"""The admin surface of a queue: what operators do on purpose (migrate its mode, purge, delete,
-replay dead letters, pause and resume, the event log's switch) and the patent's operations by id
-and priority (remove by id, remove highest priority, change priority, the lazy deletion's
-clean-up sweep)."""
+"""What operators do on purpose (migrate the mode, purge, delete, replay dead letters, pause and
+resume, the event log's switch) and the patent's operations by id and priority (remove by id,
+remove highest priority, change priority, the lazy deletion's clean-up sweep)."""
 
 from __future__ import annotations
 
@@ -12,122 +11,130 @@ from ..checks import count as _count
 from ..checks import text as _text
 from ..errors import ConfigError, raise_for
 from . import calls
-from .reads import QueueReads
+from .scripts import Scripts
 from .values import Entry
 
 
-class QueueAdmin(QueueReads):
-    """Operators' changes to a queue, and the patent's REMOVE and CHANGE PRIORITY."""
+def migrate_mode(s: Scripts, *, step: int = C.MIGRATE_STEP) -> dict:
+    """Change the queue's mode to this object's, on purpose: the priority index and the
+    fairness state are rebuilt from the stored entries (leases are kept). An admin operation,
+    in script calls of ``step`` entries each (a few ms of Redis's time each, whatever the
+    queue's size). Meanwhile the queue does nothing else: other calls answer
+    ``QueueMigrating`` (the queue API waits them out, up to ``C.MIGRATION_WAIT`` s); lease
+    renewals go on. A migration that stopped half way is finished by calling this again with
+    the same mode. Returns {"waiting": n, "leased": n, "malformed": n}."""
+    _count("step", step, low=1, none=False)
+    total = [0, 0, 0]
+    while True:
+        waiting, leased, bad, done = s.run("migrate", calls.migrate_args(s, step))
+        for i, n in enumerate((waiting, leased, bad)):
+            total[i] += int(n)
+        if int(done):
+            return {"waiting": total[0], "leased": total[1], "malformed": total[2]}
 
-    def migrate_mode(self, *, step: int = C.MIGRATE_STEP) -> dict:
-        """Change the queue's mode to this object's, on purpose: the priority index and the
-        fairness state are rebuilt from the stored entries (leases are kept). An admin operation,
-        in script calls of ``step`` entries each (a few ms of Redis's time each, whatever the
-        queue's size). Meanwhile the queue does nothing else: other calls answer
-        ``QueueMigrating`` (the queue API waits them out, up to ``C.MIGRATION_WAIT`` s); lease
-        renewals go on. A migration that stopped half way is finished by calling this again with
-        the same mode. Returns {"waiting": n, "leased": n, "malformed": n}."""
-        _count("step", step, low=1, none=False)
-        total = [0, 0, 0]
-        while True:
-            waiting, leased, bad, done = self.run("migrate", calls.migrate_args(self, step))
-            for i, n in enumerate((waiting, leased, bad)):
-                total[i] += int(n)
-            if int(done):
-                return {"waiting": total[0], "leased": total[1], "malformed": total[2]}
 
-    def purge(self) -> int:
-        """Delete every waiting entry (leased ones stay leased); returns how many."""
-        total = 0
-        while True:
-            deleted, taken = self.run("purge", calls.purge_args(self))
-            total += int(deleted)
-            if not taken:
-                return total
+def purge(s: Scripts) -> int:
+    """Delete every waiting entry (leased ones stay leased); returns how many."""
+    total = 0
+    while True:
+        deleted, taken = s.run("purge", calls.purge_args(s))
+        total += int(deleted)
+        if not taken:
+            return total
 
-    def delete(self) -> None:
-        """Drop every key of this queue (waiting and leased entries alike)."""
-        self.client.delete(*self.keys.all())
 
-    def replay(self, ids: Sequence[str]) -> dict:
-        """Dead letters of ``<queue>.dead`` back to this queue, each atomically, keeping priority,
-        tenant and payload, with the delivery count reset (``replay.lua``). ``ids`` are the ids
-        the dead-letter queue shows. Returns ``{"replayed": {dead id: live id}, "missing": [...],
-        "leased": [...], "refused": [...]}``; refused ones stay dead (``max_length`` reached)."""
-        if self.is_dead:
-            raise ValueError(f"{self.name!r} is a dead-letter queue: replay its live queue")
-        ids = list(ids)
-        for i in ids:
-            _text("id", i)
-        out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-        for start in range(0, len(ids), C.STEP_CHUNK):
-            part = ids[start : start + C.STEP_CHUNK]
-            calls.add_replayed(out, part, self.run("replay", calls.replay_args(self, part)))
-        return out
+def delete(s: Scripts) -> None:
+    """Drop every key of this queue (waiting and leased entries alike)."""
+    s.client.delete(*s.keys.all())
 
-    def pause(self, tenant: str | None = None) -> bool:
-        """Stop delivering the queue (or, on a fair queue, one tenant's entries) to every
-        consumer; inserts go on. True when it was not paused yet."""
-        return self._set_paused(True, tenant)
 
-    def resume(self, tenant: str | None = None) -> bool:
-        """Deliver again what ``pause`` held back; idle consumers are woken at once. True when
-        it was paused."""
-        return self._set_paused(False, tenant)
+def replay(s: Scripts, ids: Sequence[str]) -> dict:
+    """Dead letters of ``<queue>.dead`` back to this queue, each atomically, keeping priority,
+    tenant and payload, with the delivery count reset (``replay.lua``). ``ids`` are the ids
+    the dead-letter queue shows. Returns ``{"replayed": {dead id: live id}, "missing": [...],
+    "leased": [...], "refused": [...]}``; refused ones stay dead (``max_length`` reached)."""
+    if s.is_dead:
+        raise ValueError(f"{s.name!r} is a dead-letter queue: replay its live queue")
+    ids = list(ids)
+    for i in ids:
+        _text("id", i)
+    out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
+    for start in range(0, len(ids), C.STEP_CHUNK):
+        part = ids[start : start + C.STEP_CHUNK]
+        calls.add_replayed(out, part, s.run("replay", calls.replay_args(s, part)))
+    return out
 
-    def _set_paused(self, paused: bool, tenant: str | None) -> bool:
-        if tenant is not None:
-            _text("tenant", tenant)
-            if not self.fair:
-                raise ConfigError(
-                    f"queue {self.name!r} is not fair: only a fair queue pauses one tenant "
-                    f"(pause the whole queue with tenant=None)"
-                )
-        return bool(self.run("pause", calls.pause_args(self, paused, tenant)))
 
-    def set_event_log(self, cap: int | None) -> int:
-        """Switch the queue's event log on with this cap, or off with None/0, for every process
-        (the stream is kept); returns the cap in force before. A process whose own
-        ``event_log`` is set switches it on again at its next call."""
-        _count("event_log", cap, low=0)
-        return int(self.run("event_log", calls.event_log_args(self, cap)))
+def pause(s: Scripts, tenant: str | None = None) -> bool:
+    """Stop delivering the queue (or, on a fair queue, one tenant's entries) to every
+    consumer; inserts go on. True when it was not paused yet."""
+    return _set_paused(s, True, tenant)
 
-    def remove(self, id: str) -> int:
-        """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
-        An id sent many times is done in script calls of ``C.STEP_CHUNK`` duplicates each."""
-        _text("id", id)
-        total, cursor = 0, ""
-        while True:
-            removed, _leased, cursor = self.run("remove", calls.remove_args(self, id, cursor, C.STEP_CHUNK))
-            total += int(removed)
-            if not cursor:
-                return total
 
-    def remove_highest_priority(self) -> Entry | None:
-        """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
-        if self.fair:
-            raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
-        return calls.removed_entry(self, self.run("remove_highest", calls.remove_highest_args(self)))
+def resume(s: Scripts, tenant: str | None = None) -> bool:
+    """Deliver again what ``pause`` held back; idle consumers are woken at once. True when
+    it was paused."""
+    return _set_paused(s, False, tenant)
 
-    def cleanup(self, count: int = 1000) -> int:
-        """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
-        from where the last sweep of it stopped, and drop the stale ones (in steps of
-        ``C.COMPACT_STEP`` pointers, one script call each); returns how many were dropped."""
-        k = self.keys
-        removed = 0
-        for rank in self.client.zrange(k.priority_index, 0, -1):
-            seen = 0
-            while seen < count:
-                n = min(C.COMPACT_STEP, count - seen)
-                gone, looked, more = self.run("cleanup", calls.cleanup_args(self, int(rank), n))
-                removed += int(gone)
-                seen += int(looked)
-                if not more or not looked:
-                    break
-        return removed
 
-    def change_priority(self, id: str, priority: int) -> None:
-        """Move a waiting entry to ``priority``, behind the entries already waiting there."""
-        _text("id", id)
-        code = self.run("change_priority", calls.change_priority_args(self, id, priority))
-        raise_for(code, self.name, entry_id=id)
+def _set_paused(s: Scripts, paused: bool, tenant: str | None) -> bool:
+    if tenant is not None:
+        _text("tenant", tenant)
+        if not s.settings.fair:
+            raise ConfigError(
+                f"queue {s.name!r} is not fair: only a fair queue pauses one tenant "
+                f"(pause the whole queue with tenant=None)"
+            )
+    return bool(s.run("pause", calls.pause_args(s, paused, tenant)))
+
+
+def set_event_log(s: Scripts, cap: int | None) -> int:
+    """Switch the queue's event log on with this cap, or off with None/0, for every process
+    (the stream is kept); returns the cap in force before. A process whose own
+    ``event_log`` is set switches it on again at its next call."""
+    _count("event_log", cap, low=0)
+    return int(s.run("event_log", calls.event_log_args(s, cap)))
+
+
+def remove(s: Scripts, id: str) -> int:
+    """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
+    An id sent many times is done in script calls of ``C.STEP_CHUNK`` duplicates each."""
+    _text("id", id)
+    total, cursor = 0, ""
+    while True:
+        removed, _leased, cursor = s.run("remove", calls.remove_args(s, id, cursor, C.STEP_CHUNK))
+        total += int(removed)
+        if not cursor:
+            return total
+
+
+def remove_highest_priority(s: Scripts) -> Entry | None:
+    """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
+    if s.settings.fair:
+        raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
+    return calls.removed_entry(s, s.run("remove_highest", calls.remove_highest_args(s)))
+
+
+def cleanup(s: Scripts, count: int = 1000) -> int:
+    """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
+    from where the last sweep of it stopped, and drop the stale ones (in steps of
+    ``C.COMPACT_STEP`` pointers, one script call each); returns how many were dropped."""
+    k = s.keys
+    removed = 0
+    for rank in s.client.zrange(k.priority_index, 0, -1):
+        seen = 0
+        while seen < count:
+            n = min(C.COMPACT_STEP, count - seen)
+            gone, looked, more = s.run("cleanup", calls.cleanup_args(s, int(rank), n))
+            removed += int(gone)
+            seen += int(looked)
+            if not more or not looked:
+                break
+    return removed
+
+
+def change_priority(s: Scripts, id: str, priority: int) -> None:
+    """Move a waiting entry to ``priority``, behind the entries already waiting there."""
+    _text("id", id)
+    code = s.run("change_priority", calls.change_priority_args(s, id, priority))
+    raise_for(code, s.name, entry_id=id)

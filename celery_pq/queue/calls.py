@@ -1,16 +1,16 @@
 """The script calls of a queue: for each Lua script, the function that lays out its ARGV and the
 one that reads its reply, beside each other, one pair per script (KEYS come from each script's
-header: ``QueueBase.keys_of``).
+header: ``Scripts.keys_of``).
 
 Every ARGV is laid out by the names in its script's header (``Signature.bind``): the queue's
-own values (its context and settings: ``queue_values``) once per queue (``QueueBase.layout``),
+own values (its context and settings: ``queue_values``) once per queue (``Scripts.layout``),
 a consumer's pop arguments once per set of them, the rest by name at each call. So an argument
 a header adds, drops or moves is a TypeError naming it, not a shifted ARGV
 (tests/unit/test_script_calls.py holds every builder here to its header).
 
-Pure functions of a queue's context (its settings, keys and ranks: ``QueueBase``) and their
+Pure functions of a queue's context (its settings, keys and ranks: ``Scripts``) and their
 inputs: nothing here talks to Redis. The queue layers build a ``ScriptCall`` with these and
-run it (``QueueBase.run``, or several at once with ``running.run_calls``).
+run it (``Scripts.run``, or several at once with ``running.run_calls``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from ..errors import ErrorCode, raise_for
 from ..ids import decode_id, encode_id
 from ..records import entry_payload, split_dead_note, split_entry
 from ..scripts import FIRST_SEND, Layout, resent, signature
-from .values import Delivery, Entry, Lease, as_bytes, as_text, escape_tenant, unescape_tenant
+from .item import lua_group
+from .values import Delivery, Entry, Lease, as_text, escape_tenant, unescape_tenant
 
 if TYPE_CHECKING:
-    from .base import QueueBase
+    from .scripts import Scripts
 
 
 class ScriptCall(NamedTuple):
@@ -57,24 +58,25 @@ def flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-def queue_values(q: QueueBase) -> dict[str, Any]:
+def queue_values(q: Scripts) -> dict[str, Any]:
     """The arguments a queue gives every call of its scripts, by their names in the headers:
     its context and settings."""
+    s = q.settings
     return {
         "context": q.context,
-        "max_length": q.max_length or 0,
-        "max_per_tenant": q.max_length_per_tenant,
-        "max_deliveries": q.max_deliveries,
-        "conc": q.tenant_concurrency,
-        "rate": q.tenant_rate,
+        "max_length": s.max_length or 0,
+        "max_per_tenant": s.max_length_per_tenant or 0,
+        "max_deliveries": s.max_deliveries,
+        "conc": s.tenant_concurrency or 0,
+        "rate": float(s.tenant_rate or 0),
         "stale_budget": C.POP_STALE_BUDGET,
     }
 
 
-def layout(q: QueueBase, name: str, **fixed) -> Layout:
+def layout(q: Scripts, name: str, **fixed) -> Layout:
     """The ARGV of script ``name`` for queue ``q``, with the queue's own values (those of
     ``queue_values`` its header names) and ``fixed`` laid out once; a call gives the others by
-    name (``QueueBase.layout`` keeps one per script)."""
+    name (``Scripts.layout`` keeps one per script)."""
     sig = signature(name)
     return sig.bind(**{n: v for n, v in queue_values(q).items() if n in sig.wanted}, **fixed)
 
@@ -85,7 +87,7 @@ def lease_pairs(pairs: Sequence[tuple[str, str]]) -> list:
 
 
 # -- reading entries --------------------------------------------------------------------------
-def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra) -> Entry:
+def entry_of(q: Scripts, eid, score, value, cls: type[Entry] = Entry, **extra) -> Entry:
     """An entry (or lease) of a script's reply: its id, score and stored value."""
     parsed = split_entry(value)
     if parsed is None:  # the scripts return only entries they parsed
@@ -110,7 +112,7 @@ def entry_of(q: QueueBase, eid, score, value, cls: type[Entry] = Entry, **extra)
 
 
 # -- insert.lua -------------------------------------------------------------------------------
-def insert_head(q: QueueBase) -> tuple[list, Layout]:
+def insert_head(q: Scripts) -> tuple[list, Layout]:
     """(KEYS, ARGV layout) of an insert: the same for every insert until the registry of
     priority views changes (a call gives the publish ids to forget, ``made`` and the items)."""
     keys = [*q.keys_of("insert"), *(q.keys.view_wake(*v) for v in q.views)]
@@ -118,27 +120,17 @@ def insert_head(q: QueueBase) -> tuple[list, Layout]:
     return keys, layout(q, "insert", views_version=q.views_version, views=views)
 
 
-def insert_args(q: QueueBase, head: Layout, items, forget=(), made="0", unique=None) -> list:
-    """``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or
-    none; "R" the same, the reply marking repeats), "1" (the first item's publish id was made
-    here and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send).
+def insert_args(q: Scripts, head: Layout, sent, forget=(), made="0", unique=None) -> list:
+    """The ARGV of an insert of ``sent``, ``(Item, publish id)`` pairs (``item.lua_group``).
+    ``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or none;
+    "R" the same, the reply marking repeats), "1" (the first item's publish id was made here
+    and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send).
     ``unique``: item index -> (mode letter, ms, retries, key) of the items with a unique key
-    (queue/unique.py), None or empty for none (the ARGV of a call without keys is as it was but
-    for one "0", the count)."""
+    (queue/unique.py), None or empty for none."""
     entries: list = []
-    for n, (payload, priority, id, tenant, due, pid, task, expires) in enumerate(items):
-        if made not in ("0", "R") and n:
-            pid = None  # a made publish id stands for the whole call: the first group's
-        entries += [
-            encode_id(id) if id else "",
-            q.rank(priority),
-            escape_tenant(tenant) if tenant else "",
-            as_bytes(payload),
-            due,
-            pid or "",
-            task or "",
-            expires,
-        ]
+    alone = made in ("0", "R")  # else a made publish id stands for the whole call: the first group's
+    for n, (item, pid) in enumerate(sent):
+        entries += lua_group(item, q.rank(item.priority), pid if alone or not n else None)
     specs = [f"{i},{m},{ms},{r},{key}" for i, (m, ms, r, key) in sorted(unique.items())] if unique else []
     return head(*entries, forget=forget, made=made, unique=specs)
 
@@ -157,14 +149,18 @@ def insert_many_made(all_made: bool, repeats: bool) -> str:
     return "1" if all_made else "R" if repeats else "0"
 
 
-def check_insert(q: QueueBase, reply, items) -> bool:
+def check_insert(q: Scripts, reply, sent) -> bool:
     """Raise for a full queue; False when the view registry changed (refresh and retry)."""
     if len(reply) >= 2 and isinstance(reply[0], int):
         if reply[0] == ErrorCode.QUEUE_FULL:
-            raise_for(reply[0], q.name, size=int(reply[1]), limit=q.max_length)
+            raise_for(reply[0], q.name, size=int(reply[1]), limit=q.settings.max_length)
         if reply[0] == ErrorCode.TENANT_FULL:
             raise_for(
-                reply[0], q.name, size=int(reply[1]), limit=q.max_length_per_tenant, tenant=items[int(reply[2])][3]
+                reply[0],
+                q.name,
+                size=int(reply[1]),
+                limit=q.settings.max_length_per_tenant,
+                tenant=sent[int(reply[2])][0].tenant,
             )
         if reply[0] == ErrorCode.STALE_VIEWS:
             return False
@@ -215,13 +211,13 @@ class Inserted(NamedTuple):
 
 
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
-def pop_layout(q: QueueBase, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
+def pop_layout(q: Scripts, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
     """The ARGV layout of a consumer's pops with these arguments (made once per set of them:
-    ``PriorityQueue.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
+    ``Scripts.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
     the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX in
     one call (bounded work per call)."""
     lo, hi, take_hi = ranks
-    name, count = ("pop_fair", min(count, C.FAIR_POP_MAX)) if q.fair else ("pop", count)
+    name, count = ("pop_fair", min(count, C.FAIR_POP_MAX)) if q.settings.fair else ("pop", count)
     return layout(q, name, lease_ms=lease_ms, consumer=consumer or "", count=count, lo=lo, hi=hi, take_hi=take_hi)
 
 
@@ -235,7 +231,7 @@ def ack_codes(reply) -> list[int]:
     return [int(c) for c in reply[2 : 2 + int(reply[1])]]
 
 
-def popped_leases(q: QueueBase, reply) -> list[Lease]:
+def popped_leases(q: Scripts, reply) -> list[Lease]:
     """The leases of a pop's reply."""
     leases = []
     for i in range(2 + int(reply[1]), len(reply), 5):
@@ -257,15 +253,15 @@ def popped_deliveries(reply) -> list[Delivery]:
 
 
 # -- ack.lua, extend.lua ----------------------------------------------------------------------
-def ack_args(q: QueueBase, pairs: Sequence[tuple[str, str]]) -> list:
+def ack_args(q: Scripts, pairs: Sequence[tuple[str, str]]) -> list:
     return q.layout("ack")(*lease_pairs(pairs))
 
 
-def extend_args(q: QueueBase, lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
+def extend_args(q: Scripts, lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
     return q.layout("extend")(*lease_pairs(pairs), lease_ms=lease_ms)
 
 
-def lease_codes(q: QueueBase, pairs, codes, strict: bool) -> list[bool]:
+def lease_codes(q: Scripts, pairs, codes, strict: bool) -> list[bool]:
     """True for each pair acked (renewed); False, or with ``strict`` the error, for the others."""
     out = []
     for (eid, _), code in zip(pairs, codes):
@@ -279,7 +275,7 @@ def lease_codes(q: QueueBase, pairs, codes, strict: bool) -> list[bool]:
 
 
 # -- requeue.lua ------------------------------------------------------------------------------
-def requeue_args(q: QueueBase, eid: str, token: str, count_delivery: bool, reason: str) -> list:
+def requeue_args(q: Scripts, eid: str, token: str, count_delivery: bool, reason: str) -> list:
     return q.layout("requeue")(
         eid=encode_id(eid), token=token, count_delivery=1 if count_delivery else 0, dead_reason=reason
     )
@@ -297,7 +293,7 @@ def requeued(code) -> tuple[str | None, bool]:
 
 # -- reclaim.lua ------------------------------------------------------------------------------
 def reclaim_args(
-    q: QueueBase,
+    q: Scripts,
     limit: int,
     guard_seconds: float,
     consumer: str,
@@ -334,32 +330,32 @@ def reclaimed(reply) -> dict:
 
 
 # -- remove.lua, change_priority.lua, purge.lua, cleanup.lua ----------------------------------
-def remove_args(q: QueueBase, id: str, cursor, step: int) -> list:
+def remove_args(q: Scripts, id: str, cursor, step: int) -> list:
     return q.layout("remove")(id=encode_id(id), cursor=cursor, step=step)
 
 
-def change_priority_args(q: QueueBase, id: str, priority: int) -> list:
+def change_priority_args(q: Scripts, id: str, priority: int) -> list:
     return q.layout("change_priority")(eid=encode_id(id), rank=q.rank(priority))
 
 
-def purge_args(q: QueueBase) -> list:
+def purge_args(q: Scripts) -> list:
     return q.layout("purge")(count=C.STEP_CHUNK)
 
 
-def cleanup_args(q: QueueBase, rank: int, step: int) -> list:
+def cleanup_args(q: Scripts, rank: int, step: int) -> list:
     return q.layout("cleanup")(rank=rank, count=step)
 
 
 # -- peek.lua, peek_head.lua, retrieve_by_priority.lua, remove_highest.lua --------------------
-def peek_args(q: QueueBase, count: int) -> list:
+def peek_args(q: Scripts, count: int) -> list:
     return q.layout("peek")(count=count)
 
 
-def peeked(q: QueueBase, reply) -> list[Entry]:
+def peeked(q: Scripts, reply) -> list[Entry]:
     return [entry_of(q, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
 
-def peek_head_args(q: QueueBase, lo: int, hi: int) -> list:
+def peek_head_args(q: Scripts, lo: int, hi: int) -> list:
     return q.layout("peek_head")(lo=lo, hi=hi)
 
 
@@ -368,7 +364,7 @@ def parse_head(reply) -> tuple[int, int] | None:
     return (int(reply[0]), int(reply[1])) if reply else None
 
 
-def retrieve_by_priority_args(q: QueueBase, priority: int) -> list:
+def retrieve_by_priority_args(q: Scripts, priority: int) -> list:
     return q.layout("retrieve_by_priority")(rank=q.rank(priority))
 
 
@@ -376,11 +372,11 @@ def retrieved_id(reply) -> str | None:
     return decode_id(reply[0]) if reply else None
 
 
-def remove_highest_args(q: QueueBase) -> list:
+def remove_highest_args(q: Scripts) -> list:
     return q.layout("remove_highest")()
 
 
-def removed_entry(q: QueueBase, reply) -> Entry | None:
+def removed_entry(q: Scripts, reply) -> Entry | None:
     return entry_of(q, *reply) if reply else None
 
 
@@ -389,7 +385,7 @@ def removed_entry(q: QueueBase, reply) -> Entry | None:
 _REPLAY_REFUSED: dict[int, str] = {ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}
 
 
-def replay_args(q: QueueBase, ids: Sequence[str]) -> list:
+def replay_args(q: Scripts, ids: Sequence[str]) -> list:
     return q.layout("replay")(*(encode_id(i) for i in ids))
 
 
@@ -403,13 +399,13 @@ def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
 
 
 # -- migrate.lua, pause.lua, event_log.lua ----------------------------------------------------
-def migrate_args(q: QueueBase, step: int) -> list:
+def migrate_args(q: Scripts, step: int) -> list:
     return q.layout("migrate")(step=step)
 
 
-def pause_args(q: QueueBase, paused: bool, tenant: str | None) -> list:
+def pause_args(q: Scripts, paused: bool, tenant: str | None) -> list:
     return q.layout("pause")(paused=flag(paused), tenant=escape_tenant(tenant or ""))
 
 
-def event_log_args(q: QueueBase, cap: int | None) -> list:
+def event_log_args(q: Scripts, cap: int | None) -> list:
     return q.layout("event_log")(cap=int(cap or 0))

@@ -29,10 +29,11 @@ import redis
 
 from .. import constants as C
 from ..keys import shard_names
-from ..records import join_mode, mode_dict
+from ..records import mode_dict
 from .core import PriorityQueue
 from .protocol import Queue
 from .settings import QueueSettings
+from .sharded import ShardedQueue
 from .values import as_text, escape_tenant, unescape_tenant
 
 logger = logging.getLogger("celery_pq")
@@ -69,16 +70,15 @@ def open_queue(
     opened = [_open_shard(client, shard, settings.one_shard()) for shard in shards]
     queue: Any = opened[0][0]
     if len(opened) > 1:
-        from ..shards import ShardedQueue
-
         queue = ShardedQueue([q for q, _ in opened], name, peek=settings.peek, rng=rng)
     _tell(queue.shards[0], _mode_differences(queue.shards[0], opened[0][1]))
     if declare:
         declare_tables(queue, settings)
     else:
-        stored = _stored_tables(queue.shards[0], settings) if queue.fair else {}
+        fair = queue.settings.fair
+        stored = _stored_tables(queue.shards[0], settings) if fair else {}
         _tell(queue.shards[0], _table_differences(settings, stored, "the queue's stands"))
-        queue.task_limits = {**_own_limits(settings), **stored.get("limits", {})} if queue.fair else {}
+        queue.task_limits = {**_own_limits(settings), **stored.get("limits", {})} if fair else {}
     return queue
 
 
@@ -89,8 +89,8 @@ def declare_tables(queue: Queue, settings: QueueSettings) -> None:
     longer name removed), a difference from what was stored logged once. The queue's
     ``task_limits`` are then the declared ones."""
     for q in queue.shards:
-        q.client.set(q.keys.mode, join_mode(q.fair, q.fair_scope, q.priority_order, q.technique), nx=True)
-    if not queue.fair:
+        q.client.set(q.keys.mode, q._scripts.mode, nx=True)
+    if not queue.settings.fair:
         queue.task_limits = {}
         return
     stored = _stored_tables(queue.shards[0], settings)
@@ -101,9 +101,7 @@ def declare_tables(queue: Queue, settings: QueueSettings) -> None:
     declared = "this process's now stands (it declares it)"
     _tell(queue.shards[0], _table_differences(settings, stored, declared, declared if own else "the queue's stands"))
     for q in queue.shards:
-        q.configure_tenants(**settings.tenant_tables())
-        if own:
-            q.drop_task_rates(own)
+        q.configure_tenants(**settings.tenant_tables(), keep_task_rates=own or None)
     queue.task_limits = own or stored["limits"]
 
 

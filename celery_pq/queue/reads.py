@@ -1,6 +1,6 @@
 """Read-only questions about a queue (what ``pq stats``, the metrics, the autoscaler and the
-dashboard ask): sizes, stats, peeks, leases held, backlog, counters, pause state, the event log.
-None of them changes anything."""
+dashboard ask): sizes, stats, peeks, leases held, backlog, counters, the event log. None of them
+changes anything."""
 
 from __future__ import annotations
 
@@ -11,256 +11,253 @@ from ..checks import count as _count
 from ..ids import decode_id, encode_id
 from ..records import split_entry, split_lease, split_switches
 from . import calls
-from .calls import ScriptCall
 from .running import readable_mode
-from .tenants import QueueTenants
+from .scripts import Scripts
+from .tenants import held_tenants, paused, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
 
-class QueueReads(QueueTenants):
-    """The read-only questions of a queue."""
+def exists(s: Scripts, id: str) -> bool:
+    """Whether an entry with this id is stored (waiting, delayed or leased)."""
+    return bool(s.client.hexists(s.keys.entries, encode_id(id)))
 
-    def exists(self, id: str) -> bool:
-        """Whether an entry with this id is stored (waiting, delayed or leased)."""
-        return bool(self.client.hexists(self.keys.entries, encode_id(id)))
 
-    def size(self) -> int:
-        """Waiting entries (delayed ones not counted)."""
-        with self._pipeline(transaction=False) as p:
-            p.hlen(self.keys.entries)
-            p.hlen(self.keys.leases)
-            p.zcard(self.keys.delayed)
-            entries, leased, delayed = p.execute()
-        return entries - leased - delayed
+def size(s: Scripts) -> int:
+    """Waiting entries (delayed ones not counted)."""
+    with s.pipeline() as p:
+        p.hlen(s.keys.entries)
+        p.hlen(s.keys.leases)
+        p.zcard(s.keys.delayed)
+        entries, leased, delayed = p.execute()
+    return entries - leased - delayed
 
-    def stats(self) -> dict:
-        """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds), and
-        ``unique``: the unique keys held and the counts of what became of publishes with one."""
-        k = self.keys
-        with self._pipeline(transaction=False) as p:
-            p.hlen(k.entries)
-            p.hlen(k.leases)
-            p.zcard(k.delayed)
-            p.hlen(k.unique_keys)
-            p.hmget(k.counters, [f"unique_{kind}" for kind in UNIQUE_COUNTS])
-            if self._dead_keys:
-                p.hlen(self._dead_keys.entries)
-            p.time()
-            res = p.execute()
-        entries, leased, delayed = res[0], res[1], res[2]
-        paused = self.paused()
-        dead = res[5] if self._dead_keys else 0
-        unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
-        now_s, now_us = res[-1]
-        per_priority: Counter = Counter()
-        oldest_ms = None
-        ranks = [int(r) for r in self.client.zrange(k.priority_index, 0, -1)]
-        with self._pipeline(transaction=False) as p:  # pointers per priority (stale ones too)
+
+def stats(s: Scripts) -> dict:
+    """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds), and
+    ``unique``: the unique keys held and the counts of what became of publishes with one."""
+    k = s.keys
+    with s.pipeline() as p:
+        p.hlen(k.entries)
+        p.hlen(k.leases)
+        p.zcard(k.delayed)
+        p.hlen(k.unique_keys)
+        p.hmget(k.counters, [f"unique_{kind}" for kind in UNIQUE_COUNTS])
+        if s.dead_keys:
+            p.hlen(s.dead_keys.entries)
+        p.time()
+        res = p.execute()
+    entries, leased, delayed = res[0], res[1], res[2]
+    held = paused(s)
+    dead = res[5] if s.dead_keys else 0
+    unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
+    now_s, now_us = res[-1]
+    per_priority: Counter = Counter()
+    oldest_ms = None
+    ranks = [int(r) for r in s.client.zrange(k.priority_index, 0, -1)]
+    with s.pipeline() as p:  # pointers per priority (stale ones too)
+        for rank in ranks:
+            p.llen(k.level(rank))
+            p.llen(k.front(rank))
+        lengths = p.execute()
+        for rank, n, f in zip(ranks, lengths[::2], lengths[1::2]):
+            per_priority[s.priority_of_rank(rank)] += n + f
+    indexed = sum(per_priority.values())
+    head = peek(s, 1)
+    if head:
+        oldest_ms = head[0].enqueued_ms
+    now_ms = int(now_s) * 1000 + int(now_us) // 1000
+    return {
+        "queue": s.name,
+        "waiting": entries - leased - delayed,
+        "delayed": delayed,
+        "leased": leased,
+        "dead": dead,
+        "index_members": indexed,
+        "per_priority": dict(sorted(per_priority.items(), reverse=s.settings.priority_order == C.HIGHER_FIRST)),
+        "head_age_seconds": (now_ms - oldest_ms) / 1000 if oldest_ms else None,
+        "per_tenant": tenant_stats(s, ages=True) if s.settings.fair else {},
+        "paused": held["queue"],
+        "paused_tenants": held["tenants"],
+        "unique": unique,
+    }
+
+
+def peek(s: Scripts, count: int = 1) -> list[Entry]:
+    """The next ``count`` entries in delivery order, not leased."""
+    reply = s.run("peek", calls.peek_args(s, count))
+    return calls.peeked(s, reply)
+
+
+def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
+    """The first ``count`` delayed entries (sent with ``countdown``/``eta``), soonest due
+    first, each with its due time (Unix ms): what Celery's ``inspect scheduled`` shows of a
+    broker that hands ETA tasks to the worker early. Here they wait in Redis until due."""
+    _count("count", count, none=False)
+    due = s.client.zrange(s.keys.delayed, 0, count - 1, withscores=True)
+    if not due:
+        return []
+    values = s.client.hmget(s.keys.entries, [eid for eid, _ in due])
+    out = []
+    for (eid, due_ms), value in zip(due, values):
+        parsed = split_entry(value) if value else None
+        if parsed is not None:  # gone (due and delivered) between the two reads: left out
+            out.append((calls.entry_of(s, eid, parsed[0].score, value), int(due_ms)))
+    return out
+
+
+def leases(s: Scripts, limit: int = 1000) -> list[dict]:
+    """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
+    ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
+    ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
+    Redis's clock. Never the tokens: a token is what acks."""
+    _count("limit", limit, none=False)
+    with s.pipeline() as p:
+        p.zrange(s.keys.lease_deadlines, 0, limit - 1, withscores=True)
+        p.time()
+        held, (sec, usec) = p.execute()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    if not held:
+        return []
+    eids = [eid for eid, _ in held]
+    with s.pipeline() as p:
+        p.hmget(s.keys.leases, eids)
+        p.hmget(s.keys.entries, eids)
+        records, values = p.execute()
+    out = []
+    for (eid, deadline), info, value in zip(held, records, values):
+        lease = None if info is None else split_lease(info)
+        if lease is None:
+            continue
+        entry = split_entry(value) if value else None
+        out.append(
+            {
+                "id": decode_id(eid),
+                "consumer": lease.consumer,
+                "deliveries": lease.deliveries,
+                "priority": s.priority_of_score(lease.score),
+                "tenant": unescape_tenant(as_text(lease.tenant)) if lease.tenant else None,
+                "deadline_ms": int(deadline),
+                "seconds_left": (deadline - now_ms) / 1000,
+                "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None,
+            }
+        )
+    return out
+
+
+def lease_of(s: Scripts, id: str) -> dict | None:
+    """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
+    ``deliveries``, ``deadline_ms`` and ``seconds_left`` (both on Redis's clock). Read in one
+    MULTI; the lease token is not shown (it is what acks)."""
+    eid = encode_id(id)
+    with s.pipeline(transaction=True) as p:
+        p.hget(s.keys.leases, eid)
+        p.zscore(s.keys.lease_deadlines, eid)
+        p.time()
+        info, deadline, (sec, usec) = p.execute()
+    lease = None if info is None else split_lease(info)
+    if lease is None or deadline is None:
+        return None
+    now_ms = sec * 1000 + usec // 1000
+    return {
+        "consumer": lease.consumer,
+        "deliveries": lease.deliveries,
+        "deadline_ms": int(deadline),
+        "seconds_left": (deadline - now_ms) / 1000,
+    }
+
+
+def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
+    """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
+    rank range) could take now: 0 while the queue is paused; delayed entries are not
+    counted, nor the entries of tenants held back by their concurrency cap, rate limit or
+    a pause.
+
+    Whole queue: exact. A view of a plain queue counts the pointers of its ranks (technique
+    S leaves a removed entry's pointer behind until a pop passes it), capped at the waiting
+    total; a view of a fair queue counts each schedulable tenant's entries in its ranks."""
+    lo, hi = s.check_view(view)
+    whole = (lo, hi) == (0, C.MAX_PRIORITY)
+    k = s.keys
+    held_now = paused(s)
+    if held_now["queue"]:
+        return 0
+    with s.pipeline() as p:
+        p.hlen(k.entries)
+        p.hlen(k.leases)
+        p.zcard(k.delayed)
+        if not whole and not s.settings.fair:
+            p.zrangebyscore(
+                k.priority_index, lo, f"({hi + 1}"
+            )  # (a rank's score is rank + 0.5 during a compaction pass)
+        res = p.execute()
+    waiting = max(0, res[0] - res[1] - res[2])
+    if not s.settings.fair:
+        if whole:
+            return waiting
+        ranks = [int(r) for r in res[3]]
+        with s.pipeline() as p:
             for rank in ranks:
                 p.llen(k.level(rank))
                 p.llen(k.front(rank))
-            lengths = p.execute()
-            for rank, n, f in zip(ranks, lengths[::2], lengths[1::2]):
-                per_priority[self.priority_of_rank(rank)] += n + f
-        indexed = sum(per_priority.values())
-        head = self.peek(1)
-        if head:
-            oldest_ms = head[0].enqueued_ms
-        now_ms = int(now_s) * 1000 + int(now_us) // 1000
-        return {
-            "queue": self.name,
-            "waiting": entries - leased - delayed,
-            "delayed": delayed,
-            "leased": leased,
-            "dead": dead,
-            "index_members": indexed,
-            "per_priority": dict(sorted(per_priority.items(), reverse=self.priority_order == C.HIGHER_FIRST)),
-            "head_age_seconds": (now_ms - oldest_ms) / 1000 if oldest_ms else None,
-            "per_tenant": self.tenant_stats(ages=True) if self.fair else {},
-            "paused": paused["queue"],
-            "paused_tenants": paused["tenants"],
-            "unique": unique,
-        }
+            return min(waiting, sum(p.execute()))
+    counts = {}
+    for field, value in s.client.hgetall(k.tenant_counts).items():
+        kind, _, t = as_text(field).partition(":")
+        if kind == "n":
+            counts[t] = int(value)
+    held = {escape_tenant(t) for t in held_tenants(s, held_now)}
+    takeable = [t for t in counts if t not in held]
+    if whole:
+        return min(waiting, sum(counts[t] for t in takeable))
+    with s.pipeline() as p:
+        for t in takeable:
+            p.zlexcount(k.tenant_entries, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
+        return sum(p.execute())
 
-    def peek(self, count: int = 1) -> list[Entry]:
-        """The next ``count`` entries in delivery order, not leased."""
-        reply = self.run("peek", calls.peek_args(self, count))
-        return calls.peeked(self, reply)
 
-    def delayed(self, count: int = 10) -> list[tuple[Entry, int]]:
-        """The first ``count`` delayed entries (sent with ``countdown``/``eta``), soonest due
-        first, each with its due time (Unix ms): what Celery's ``inspect scheduled`` shows of a
-        broker that hands ETA tasks to the worker early. Here they wait in Redis until due."""
-        _count("count", count, none=False)
-        due = self.client.zrange(self.keys.delayed, 0, count - 1, withscores=True)
-        if not due:
-            return []
-        values = self.client.hmget(self.keys.entries, [eid for eid, _ in due])
-        out = []
-        for (eid, due_ms), value in zip(due, values):
-            parsed = split_entry(value) if value else None
-            if parsed is not None:  # gone (due and delivered) between the two reads: left out
-                out.append((calls.entry_of(self, eid, parsed[0].score, value), int(due_ms)))
-        return out
+def counters(s: Scripts) -> dict[str, int]:
+    """The counters the scripts keep (hash ct): every name of ``COUNTERS`` (0 until it
+    happens) and any other field there (``malformed``, ``dead_dropped``)."""
+    out = dict.fromkeys(COUNTERS, 0)
+    out.update({as_text(k): int(v) for k, v in s.client.hgetall(s.keys.counters).items()})
+    return out
 
-    def leases(self, limit: int = 1000) -> list[dict]:
-        """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
-        ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
-        ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
-        Redis's clock. Never the tokens: a token is what acks."""
-        _count("limit", limit, none=False)
-        with self._pipeline(transaction=False) as p:
-            p.zrange(self.keys.lease_deadlines, 0, limit - 1, withscores=True)
-            p.time()
-            held, (sec, usec) = p.execute()
-        now_ms = int(sec) * 1000 + int(usec) // 1000
-        if not held:
-            return []
-        eids = [eid for eid, _ in held]
-        with self._pipeline(transaction=False) as p:
-            p.hmget(self.keys.leases, eids)
-            p.hmget(self.keys.entries, eids)
-            records, values = p.execute()
-        out = []
-        for (eid, deadline), info, value in zip(held, records, values):
-            lease = None if info is None else split_lease(info)
-            if lease is None:
-                continue
-            entry = split_entry(value) if value else None
-            out.append(
-                {
-                    "id": decode_id(eid),
-                    "consumer": lease.consumer,
-                    "deliveries": lease.deliveries,
-                    "priority": self.priority_of_score(lease.score),
-                    "tenant": unescape_tenant(as_text(lease.tenant)) if lease.tenant else None,
-                    "deadline_ms": int(deadline),
-                    "seconds_left": (deadline - now_ms) / 1000,
-                    "age_seconds": (now_ms - entry[0].enqueued_ms) / 1000 if entry and entry[0].enqueued_ms else None,
-                }
-            )
-        return out
 
-    def lease_of(self, id: str) -> dict | None:
-        """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
-        ``deliveries``, ``deadline_ms`` and ``seconds_left`` (both on Redis's clock). Read in one
-        MULTI; the lease token is not shown (it is what acks)."""
-        eid = encode_id(id)
-        with self._pipeline(transaction=True) as p:
-            p.hget(self.keys.leases, eid)
-            p.zscore(self.keys.lease_deadlines, eid)
-            p.time()
-            info, deadline, (sec, usec) = p.execute()
-        lease = None if info is None else split_lease(info)
-        if lease is None or deadline is None:
-            return None
-        now_ms = sec * 1000 + usec // 1000
-        return {
-            "consumer": lease.consumer,
-            "deliveries": lease.deliveries,
-            "deadline_ms": int(deadline),
-            "seconds_left": (deadline - now_ms) / 1000,
-        }
+def event_log_cap(s: Scripts) -> int:
+    """The event-log cap the queue recorded (0: the log is off)."""
+    record = s.client.get(s.keys.mode)
+    return 0 if record is None else split_switches(as_text(record))[1]
 
-    def backlog(self, view: tuple[int, int] | None = None) -> int:
-        """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
-        rank range) could take now: 0 while the queue is paused; delayed entries are not
-        counted, nor the entries of tenants held back by their concurrency cap, rate limit or
-        a pause.
 
-        Whole queue: exact. A view of a plain queue counts the pointers of its ranks (technique
-        S leaves a removed entry's pointer behind until a pop passes it), capped at the waiting
-        total; a view of a fair queue counts each schedulable tenant's entries in its ranks."""
-        lo, hi = self.check_view(view)
-        whole = (lo, hi) == (0, C.MAX_PRIORITY)
-        k = self.keys
-        paused = self.paused()
-        if paused["queue"]:
-            return 0
-        with self._pipeline(transaction=False) as p:
-            p.hlen(k.entries)
-            p.hlen(k.leases)
-            p.zcard(k.delayed)
-            if not whole and not self.fair:
-                p.zrangebyscore(
-                    k.priority_index, lo, f"({hi + 1}"
-                )  # (a rank's score is rank + 0.5 during a compaction pass)
-            res = p.execute()
-        waiting = max(0, res[0] - res[1] - res[2])
-        if not self.fair:
-            if whole:
-                return waiting
-            ranks = [int(r) for r in res[3]]
-            with self._pipeline(transaction=False) as p:
-                for rank in ranks:
-                    p.llen(k.level(rank))
-                    p.llen(k.front(rank))
-                return min(waiting, sum(p.execute()))
-        counts = {}
-        for field, value in self.client.hgetall(k.tenant_counts).items():
-            kind, _, t = as_text(field).partition(":")
-            if kind == "n":
-                counts[t] = int(value)
-        held = {escape_tenant(t) for t in self.held_tenants(paused)}
-        takeable = [t for t in counts if t not in held]
-        if whole:
-            return min(waiting, sum(counts[t] for t in takeable))
-        with self._pipeline(transaction=False) as p:
-            for t in takeable:
-                p.zlexcount(k.tenant_entries, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
-            return sum(p.execute())
+def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
+    """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
+    before an id excludes it), at most ``count``: dicts of the fields of docs/events.md,
+    strings but ``p``, ``k``, ``n`` and ``ms`` (int, None when empty), with ``sid``, the
+    stream id."""
+    _count("count", count)
+    out = []
+    for sid, fields in s.client.xrange(s.keys.events, start, end, count):
+        row: dict = {"sid": as_text(sid)}
+        for k, v in fields.items():
+            k, v = as_text(k), v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+            row[k] = (int(v) if v else None) if k in EVENT_INTS else v
+        out.append(row)
+    return out
 
-    def counters(self) -> dict[str, int]:
-        """The counters the scripts keep (hash ct): every name of ``COUNTERS`` (0 until it
-        happens) and any other field there (``malformed``, ``dead_dropped``)."""
-        out = dict.fromkeys(COUNTERS, 0)
-        out.update({as_text(k): int(v) for k, v in self.client.hgetall(self.keys.counters).items()})
-        return out
 
-    @property
-    def events_key(self) -> str:
-        """The Redis stream of this queue's event log (docs/events.md)."""
-        return self.keys.events
+def stored_mode(s: Scripts) -> dict | None:
+    """The mode the queue recorded in Redis (None before its first insert)."""
+    raw = s.client.get(s.keys.mode)
+    return None if raw is None else readable_mode(as_text(raw))
 
-    def event_log_cap(self) -> int:
-        """The event-log cap the queue recorded (0: the log is off)."""
-        record = self.client.get(self.keys.mode)
-        return 0 if record is None else split_switches(as_text(record))[1]
 
-    def events(self, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
-        """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
-        before an id excludes it), at most ``count``: dicts of the fields of docs/events.md,
-        strings but ``p``, ``k``, ``n`` and ``ms`` (int, None when empty), with ``sid``, the
-        stream id."""
-        _count("count", count)
-        out = []
-        for sid, fields in self.client.xrange(self.keys.events, start, end, count):
-            row: dict = {"sid": as_text(sid)}
-            for k, v in fields.items():
-                k, v = as_text(k), v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-                row[k] = (int(v) if v else None) if k in EVENT_INTS else v
-            out.append(row)
-        return out
+def retrieve_highest_priority(s: Scripts) -> str | None:
+    """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
+    head = peek(s, 1)
+    return head[0].id if head else None
 
-    def stored_mode(self) -> dict | None:
-        """The mode the queue recorded in Redis (None before its first insert)."""
-        raw = self.client.get(self.keys.mode)
-        return None if raw is None else readable_mode(as_text(raw))
 
-    def retrieve_highest_priority(self) -> str | None:
-        """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
-        head = self.peek(1)
-        return head[0].id if head else None
-
-    def retrieve_by_priority(self, priority: int) -> str | None:
-        """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
-        return calls.retrieved_id(self.run("retrieve_by_priority", calls.retrieve_by_priority_args(self, priority)))
-
-    def head_call(self, view: tuple[int, int] | None = None) -> ScriptCall:
-        """``(script, keys, args)`` reading the rank and enqueue time (ms) of the entry a pop
-        (of ``view``) would take first, to run with others (``run_calls``); ``parse_head``
-        reads its reply."""
-        return self.call("peek_head", self.keys_of("peek_head"), calls.peek_head_args(self, *self.check_view(view)))
-
-    parse_head = staticmethod(calls.parse_head)
+def retrieve_by_priority(s: Scripts, priority: int) -> str | None:
+    """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
+    return calls.retrieved_id(s.run("retrieve_by_priority", calls.retrieve_by_priority_args(s, priority)))

@@ -1,14 +1,13 @@
 """Running a queue's script calls: one or several in one round trip, script error replies turned
 into the project's exceptions, WAIT for replicas after acks, and the waits out of a mode
-migration. Also the calls that cross queues: one pop with the acks of several queues
-(``pop_with_acks``), the acks of several queues (``ack_all``).
+migration.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 from urllib.parse import unquote
 
 import redis
@@ -18,11 +17,6 @@ from .. import scripts as _scripts
 from ..errors import ERROR_REPLY, QueueMigrating, error_for
 from ..records import mode_dict
 from ..retrying import again_while_refused
-from .values import Popped
-
-if TYPE_CHECKING:
-    from .base import QueueBase
-    from .core import PriorityQueue
 
 logger = logging.getLogger("celery_pq.queue")
 
@@ -90,14 +84,14 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
         raise translate_error(exc) from None
 
 
-def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence[QueueBase]) -> list:
+def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence) -> list:
     """``run_calls`` of calls that carry acks: with ``wait_replicas`` set (on any of
     ``queues``), the round trip ends with WAIT, and acks that fewer replicas acknowledged are
     logged (a failover now may deliver those tasks again: at least once still holds)."""
-    wanted = max((q.wait_replicas for q in queues), default=0)
+    wanted = max((q.settings.wait_replicas for q in queues), default=0)
     if not wanted:
         return run_calls(client, calls)
-    timeout = max(q.wait_timeout for q in queues)
+    timeout = max(q.settings.wait_timeout for q in queues)
     replies, acked = run_replicated(client, calls, wanted, timeout)
     if acked < wanted:
         logger.warning(
@@ -109,51 +103,3 @@ def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence[QueueBase
             timeout,
         )
     return replies
-
-
-def pop_with_acks(
-    queue: PriorityQueue,
-    count: int = 1,
-    *,
-    acks: dict | None = None,
-    lean: bool = False,
-    lease_seconds: float | None = None,
-    consumer: str | None = None,
-    view: tuple[int, int] | None = None,
-    bound: int | None = None,
-) -> tuple[Popped, dict]:
-    """One pop of ``queue`` and the acks of several queues, in one round trip.
-
-    ``acks`` maps queues to ``(entry id, token)`` pairs; the other arguments are
-    ``PriorityQueue.pop_call``'s. The popping queue's own acks ride in its pop script, the
-    others' in ack scripts pipelined before it. Returns the leases and ``{queue: [code, ...]}``
-    (1 acked, or an ErrorCode value, one per pair, in order). ``lean``: ``Delivery`` tuples
-    instead of leases.
-    """
-    acks = acks or {}
-    others = [(q, pairs) for q, pairs in acks.items() if q is not queue and pairs]
-    own = acks.get(queue, ())
-    calls = [q.ack_call(pairs) for q, pairs in others]
-    calls.append(
-        queue.pop_call(count, acks=own, lease_seconds=lease_seconds, consumer=consumer, view=view, bound=bound)
-    )
-    if own or others:
-        replies = run_acks(queue.client, calls, [queue, *(q for q, _ in others)])
-    else:
-        replies = run_calls(queue.client, calls)
-    reply = replies.pop()
-    codes = {q: list(r) for (q, _), r in zip(others, replies)}
-    if own:
-        codes[queue] = queue.ack_codes(reply)
-    popped: Popped = Popped(queue.parse_deliveries(reply) if lean else queue.parse_pop(reply), queue)
-    return popped, codes
-
-
-def ack_all(acks: dict) -> dict:
-    """The acks of several queues, ``{queue: [(entry id, token), ...]}``, in one round trip;
-    ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value, one per pair, in order)."""
-    batches = [(q, pairs) for q, pairs in acks.items() if pairs]
-    if not batches:
-        return {}
-    replies = run_acks(batches[0][0].client, [q.ack_call(pairs) for q, pairs in batches], [q for q, _ in batches])
-    return {q: list(r) for (q, _), r in zip(batches, replies)}

@@ -1,6 +1,6 @@
-"""A fair queue's tenants: their own weights, caps and rates (``configure_tenants``), and what
-they look like: each one's waiting and leased entries, its next entries, its deliveries so far,
-and which ones cannot be served now (and why)."""
+"""A fair queue's tenants (docs/fairness.md): their own weights, caps and rates
+(``configure_tenants``), each one's waiting and leased entries, next entries and deliveries, and
+which ones cannot be served now (and why); and the queue's pause state."""
 
 from __future__ import annotations
 
@@ -8,117 +8,118 @@ from .. import constants as C
 from ..checks import count as _count
 from ..records import split_entry, split_switches, split_tenant_member
 from . import calls
-from .base import QueueBase
+from .scripts import Scripts
 from .settings import tenant_setting
 from .values import Entry, as_text, escape_tenant, unescape_tenant
 
 
-class QueueTenants(QueueBase):
-    """The tenants of a fair queue: their tables, and the questions about them."""
+def peek_tenant(s: Scripts, tenant: str, count: int = 10) -> list[Entry]:
+    """The next ``count`` waiting entries of one tenant, in the order the tenant gives them
+    (a fair queue's tenant order)."""
+    if not s.settings.fair:
+        raise ValueError(f"queue {s.name!r} is not fair: its entries carry no tenant")
+    _count("count", count, none=False)
+    t = escape_tenant(tenant)
+    members = s.client.zrangebylex(s.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=count)
+    parsed = [m for m in (split_tenant_member(x) for x in members) if m]
+    values = s.client.hmget(s.keys.entries, [m[3] for m in parsed]) if parsed else []
+    out = []
+    for (_, _, _, eid), value in zip(parsed, values):
+        entry = split_entry(value) if value else None
+        if entry:
+            out.append(calls.entry_of(s, eid, entry[0].score, value))
+    return out
 
-    def peek_tenant(self, tenant: str, count: int = 10) -> list[Entry]:
-        """The next ``count`` waiting entries of one tenant, in the order the tenant gives them
-        (a fair queue's tenant order)."""
-        if not self.fair:
-            raise ValueError(f"queue {self.name!r} is not fair: its entries carry no tenant")
-        _count("count", count, none=False)
-        t = escape_tenant(tenant)
-        members = self.client.zrangebylex(self.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=count)
-        parsed = [m for m in (split_tenant_member(x) for x in members) if m]
-        values = self.client.hmget(self.keys.entries, [m[3] for m in parsed]) if parsed else []
-        out = []
-        for (_, _, _, eid), value in zip(parsed, values):
+
+def tenant_deliveries(s: Scripts) -> dict[str, int]:
+    """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
+    return {unescape_tenant(as_text(k)): int(v) for k, v in s.client.hgetall(s.keys.tenant_deliveries).items()}
+
+
+def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
+    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries.
+
+    Counts are one HGETALL. With ``ages``, also "next_age_seconds": the age of the entry
+    the tenant gives next (two pipelined round trips for all tenants).
+    """
+    out: dict = {}
+    raw: dict = {}
+    for field, value in s.client.hgetall(s.keys.tenant_counts).items():
+        kind, _, tenant = as_text(field).partition(":")
+        row = out.setdefault(unescape_tenant(tenant), {"waiting": 0, "leased": 0})
+        raw[unescape_tenant(tenant)] = tenant
+        row["waiting" if kind == "n" else "leased"] = int(value)
+    if ages and out:
+        names = list(out)
+        with s.pipeline() as p:
+            for name in names:
+                t = raw[name]
+                p.zrangebylex(s.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=1)
+            p.time()
+            *heads, (now_s, now_us) = p.execute()
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
+        members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
+        eids = [(name, m[3]) for name, m in members if m]
+        values = s.client.hmget(s.keys.entries, [e for _, e in eids]) if eids else []
+        for name in names:
+            out[name]["next_age_seconds"] = None
+        for (name, _), value in zip(eids, values):
             entry = split_entry(value) if value else None
             if entry:
-                out.append(calls.entry_of(self, eid, entry[0].score, value))
-        return out
+                out[name]["next_age_seconds"] = (now_ms - entry[0].enqueued_ms) / 1000
+    return out
 
-    def tenant_deliveries(self) -> dict[str, int]:
-        """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
-        return {
-            unescape_tenant(as_text(k)): int(v) for k, v in self.client.hgetall(self.keys.tenant_deliveries).items()
-        }
 
-    def tenant_stats(self, *, ages: bool = False) -> dict:
-        """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries.
+def held_tenants(s: Scripts, held: dict | None = None) -> dict[str, str]:
+    """{tenant: why} of the tenants of a fair queue that cannot be served now: ``"cap"``
+    (at its concurrency cap), ``"rate"`` (waiting for its rate limit's next token) or
+    ``"paused"``. ``held`` is ``paused(s)`` when the caller has it."""
+    if not s.settings.fair:
+        return {}
+    why = {"C": "cap", "R": "rate", "P": "paused"}
+    out = {
+        unescape_tenant(as_text(t)): why[as_text(state)[:1]]
+        for t, state in s.client.hgetall(s.keys.tenant_states).items()
+        if as_text(state)[:1] in why
+    }
+    for t in (held or paused(s))["tenants"]:
+        out[t] = "paused"
+    return out
 
-        Counts are one HGETALL. With ``ages``, also "next_age_seconds": the age of the entry
-        the tenant gives next (two pipelined round trips for all tenants).
-        """
-        out: dict = {}
-        raw: dict = {}
-        for field, value in self.client.hgetall(self.keys.tenant_counts).items():
-            kind, _, tenant = as_text(field).partition(":")
-            row = out.setdefault(unescape_tenant(tenant), {"waiting": 0, "leased": 0})
-            raw[unescape_tenant(tenant)] = tenant
-            row["waiting" if kind == "n" else "leased"] = int(value)
-        if ages and out:
-            names = list(out)
-            with self._pipeline(transaction=False) as p:
-                for name in names:
-                    t = raw[name]
-                    p.zrangebylex(self.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=1)
-                p.time()
-                *heads, (now_s, now_us) = p.execute()
-            now_ms = int(now_s) * 1000 + int(now_us) // 1000
-            members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
-            eids = [(name, m[3]) for name, m in members if m]
-            values = self.client.hmget(self.keys.entries, [e for _, e in eids]) if eids else []
-            for name in names:
-                out[name]["next_age_seconds"] = None
-            for (name, _), value in zip(eids, values):
-                entry = split_entry(value) if value else None
-                if entry:
-                    out[name]["next_age_seconds"] = (now_ms - entry[0].enqueued_ms) / 1000
-        return out
 
-    def held_tenants(self, paused: dict | None = None) -> dict[str, str]:
-        """{tenant: why} of the tenants of a fair queue that cannot be served now: ``"cap"``
-        (at its concurrency cap), ``"rate"`` (waiting for its rate limit's next token) or
-        ``"paused"``. ``paused`` is ``self.paused()`` when the caller has it."""
-        if not self.fair:
-            return {}
-        why = {"C": "cap", "R": "rate", "P": "paused"}
-        out = {
-            unescape_tenant(as_text(t)): why[as_text(state)[:1]]
-            for t, state in self.client.hgetall(self.keys.tenant_states).items()
-            if as_text(state)[:1] in why
-        }
-        for t in (paused or self.paused())["tenants"]:
-            out[t] = "paused"
-        return out
+def configure_tenants(
+    s: Scripts, *, weights: dict | None = None, concurrency: dict | None = None, rate: dict | None = None
+) -> None:
+    """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
+    fields: dict[str | bytes, bytes | float | int | str] = {}
+    for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):
+        if table is not None and not isinstance(table, dict):
+            raise ValueError(f"{label} must be a dict {{tenant: value}}, got {table!r}")
+        for tenant, value in (table or {}).items():
+            if not isinstance(tenant, str):
+                raise ValueError(f"{label}: tenant names are strings, got {tenant!r}")
+            fields[f"{label[0]}:{escape_tenant(tenant)}"] = tenant_setting(label, tenant, value)
+    if fields:
+        s.client.hset(s.keys.tenant_settings, mapping=fields)
 
-    def configure_tenants(
-        self, *, weights: dict | None = None, concurrency: dict | None = None, rate: dict | None = None
-    ) -> None:
-        """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
-        fields: dict[str | bytes, bytes | float | int | str] = {}
-        for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):
-            if table is not None and not isinstance(table, dict):
-                raise ValueError(f"{label} must be a dict {{tenant: value}}, got {table!r}")
-            for tenant, value in (table or {}).items():
-                if not isinstance(tenant, str):
-                    raise ValueError(f"{label}: tenant names are strings, got {tenant!r}")
-                fields[f"{label[0]}:{escape_tenant(tenant)}"] = tenant_setting(label, tenant, value)
-        if fields:
-            self.client.hset(self.keys.tenant_settings, mapping=fields)
 
-    def drop_task_rates(self, keep: dict) -> None:
-        """Remove the rates of ``task:<name>`` tenants (the ``task_rate`` option's) that ``keep``,
-        the queue's whole rate table, does not name: a limit taken out of the option is lifted
-        when a process with the new options opens the queue. One HKEYS, at open only."""
-        ours = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
-        kept = {f"r:{escape_tenant(t)}" for t in keep}
-        fields = map(as_text, self.client.hkeys(self.keys.tenant_settings))
-        gone = [f for f in fields if f.startswith(ours) and f not in kept]
-        if gone:
-            self.client.hdel(self.keys.tenant_settings, *gone)
+def drop_task_rates(s: Scripts, keep: dict) -> None:
+    """Remove the rates of ``task:<name>`` tenants (the ``task_rate`` option's) that ``keep``,
+    the queue's whole rate table, does not name: a limit taken out of the option is lifted
+    when a process with the new options opens the queue. One HKEYS, at open only."""
+    ours = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
+    kept = {f"r:{escape_tenant(t)}" for t in keep}
+    fields = map(as_text, s.client.hkeys(s.keys.tenant_settings))
+    gone = [f for f in fields if f.startswith(ours) and f not in kept]
+    if gone:
+        s.client.hdel(s.keys.tenant_settings, *gone)
 
-    def paused(self) -> dict:
-        """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
-        with self._pipeline(transaction=False) as p:
-            p.get(self.keys.mode)
-            p.hkeys(self.keys.tenant_settings)
-            record, fields = p.execute()
-        tenants = sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:"))
-        return {"queue": split_switches(as_text(record))[0] if record is not None else False, "tenants": tenants}
+
+def paused(s: Scripts) -> dict:
+    """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
+    with s.pipeline() as p:
+        p.get(s.keys.mode)
+        p.hkeys(s.keys.tenant_settings)
+        record, fields = p.execute()
+    tenants = sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:"))
+    return {"queue": split_switches(as_text(record))[0] if record is not None else False, "tenants": tenants}

@@ -4,18 +4,13 @@ The insert script decides, atomically per entry, what a key's standing entry mak
 one (lua/includes/unique.lua): ``while_waiting`` and ``while_active`` merge it into the one
 standing (nothing stored), ``replace`` and ``debounce`` take the waiting one's place,
 ``throttle`` stores at most one per period. Here: the checked key (``UniqueKey``), what the
-insert answers (``PublishOutcome``), and the insert with a key (``QueueUnique.insert_unique``).
-An insert without a key never comes here: its ARGV and work are as they were.
+insert answers (``PublishOutcome``); ``PriorityQueue.put`` inserts with a key.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Unpack
-
-from .inserts import QueueInserts
-from .values import InsertOptions, insert_options
 
 #: The modes, and the letter insert.lua takes for each.
 MODES = {"while_waiting": "w", "while_active": "a", "replace": "r", "debounce": "d", "throttle": "t"}
@@ -79,22 +74,3 @@ class PublishOutcome:
     task_id: str
     requested: str | None
     key: str
-
-
-class QueueUnique(QueueInserts):
-    """The insert of one entry with a unique key."""
-
-    def insert_unique(
-        self, payload: bytes | str, priority: int = 0, *, unique: UniqueKey, **options: Unpack[InsertOptions]
-    ) -> PublishOutcome:
-        """``insert`` with a unique key (the same arguments): the outcome, whose ``task_id`` is
-        the entry id standing for the key (this one's when stored). A debounce is due at now +
-        its delay whatever ``delay``/``due_ms`` say. A repeat of a publish id already answered
-        is told ``"stored"`` (or ``"merged"`` when the id standing is another one)."""
-        if not isinstance(unique, UniqueKey):
-            raise TypeError(f"unique must be a UniqueKey, got {type(unique).__name__}")
-        id = options.get("id")
-        eid, kind = self._insert_one(payload, priority, insert_options(options, "insert_unique"), unique.spec)
-        if kind is None:  # a repeat of a publish id seen before: what it stored then
-            kind = "stored" if id is None or eid == id else "merged"
-        return PublishOutcome(kind, eid, id if id is not None else eid if kind == "stored" else None, unique.key)

@@ -10,9 +10,9 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from .. import constants as C
 
@@ -60,35 +60,6 @@ MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
 #: The rates a tenant may be given, deliveries per second: one per 1,000 s at the least; beyond a
 #: million a rate limits nothing.
 MIN_RATE, MAX_RATE = 0.001, 1_000_000
-
-
-class InsertOptions(TypedDict, total=False):
-    """The keyword options of one insert (``QueueInserts.insert`` says what each does), taken
-    alike by ``insert`` and ``insert_unique`` of a queue, plain or sharded."""
-
-    id: str | None
-    tenant: str | None
-    delay: float | None
-    due_ms: int | None
-    publish_id: bytes | str | None
-    first_send: bool
-    remember: bool | None
-    task: str | None
-    ttl: float | None
-    expires_ms: int | None
-
-
-#: Each insert option by name with its default, in the order ``insert_options`` gives them.
-INSERT_DEFAULTS = tuple((name, False if name == "first_send" else None) for name in InsertOptions.__annotations__)
-
-
-def insert_options(options: Mapping[str, Any], caller: str) -> tuple:
-    """The values of ``InsertOptions`` in their order, each one not given at its default;
-    TypeError naming ``caller`` for an option it does not take."""
-    unexpected = options.keys() - InsertOptions.__annotations__.keys()
-    if unexpected:
-        raise TypeError(f"{caller}() got unexpected keyword arguments {sorted(unexpected)}")
-    return tuple(options.get(name, default) for name, default in INSERT_DEFAULTS)
 
 
 @dataclass

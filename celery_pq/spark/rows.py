@@ -1,6 +1,6 @@
 """A DataFrame row as a Celery task message (protocol 2), stored as the transport stores one.
 
-``TaskRows.build(row)`` gives ``(queue, StoredItem)`` or raises ``Rejected`` with the reason.
+``TaskRows.build(row)`` gives ``(queue, Item)`` or raises ``Rejected`` with the reason.
 The message is made by Celery's own ``app.amqp.as_task_v2`` (headers, properties, body
 ``[args, kwargs, embed]``) and kombu's serializer, then dressed as kombu's ``Producer.publish``
 and virtual ``basic_publish`` dress it (delivery mode, body base64, delivery info); the stored
@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import uuid
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from hashlib import blake2b
 
@@ -115,7 +116,7 @@ class TaskRows:
         return values, n
 
     def build(self, row, now: float) -> tuple[str, object]:
-        """``(queue, StoredItem)`` of the partition's next row; ``now`` (Unix seconds) is what
+        """``(queue, Item)`` of the partition's next row; ``now`` (Unix seconds) is what
         countdowns count from."""
         self.position += 1
         queue = self._role(row, "queue")
@@ -171,7 +172,7 @@ class TaskRows:
         # The task name always goes with a row (the queue's event log may be on whatever this
         # write's options say: its enqueue events then name the task); a tenant column wins over
         # a fair_key function.
-        item = item._replace(tenant=item.tenant if tenant is None else tenant, task=self.s.task)
+        item = replace(item, tenant=item.tenant if tenant is None else tenant, task=self.s.task)
         return queue, item
 
     def _repr(self, value, maxsize: int) -> str:

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -153,14 +153,14 @@ class Sink:
             self.rate.take(len(batch), report)
 
     def send(self, batch, report: PartitionReport) -> None:
-        """Insert a batch of ``(queue, StoredItem)``, counting in ``report`` the rows stored and
+        """Insert a batch of ``(queue, Item)``, counting in ``report`` the rows stored and
         those the queue had already (their publish ids seen)."""
         by_queue: dict = {}
         for name, item in batch:
             limits = self.queue(name).task_limits  # a task the queue limits: under its limit
             if limits and item.task and TASK_TENANT_PREFIX + item.task in limits:
-                item = item._replace(tenant=TASK_TENANT_PREFIX + item.task)
-            by_queue.setdefault(name, []).append(item.as_tuple())
+                item = replace(item, tenant=TASK_TENANT_PREFIX + item.task)
+            by_queue.setdefault(name, []).append(item)
         for name, items in by_queue.items():
             self._insert(self.queue(name), items, report)
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import wait_for
 from tests.e2e.test_celery_e2e import ROOT, Harness
 
@@ -40,7 +40,7 @@ class ClusterHarness(Harness):
         self.client = cluster.client()
 
     def queue(self, name="q"):
-        return PriorityQueue.open(self.client, name, key_prefix=self.prefix)
+        return open_queue(self.client, name, QueueSettings(key_prefix=self.prefix), declare=False)
 
     def to(self, queue, name, *args, **kw):
         return self.app.send_task(name, args=args, queue=queue, **kw)

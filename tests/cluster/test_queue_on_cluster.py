@@ -12,7 +12,7 @@ import time
 import pytest
 from kombu import Connection
 
-from celery_pq import ConfigError, PriorityQueue
+from celery_pq import ConfigError, Item, PriorityQueue
 from celery_pq.connections import node_client
 from celery_pq.queue import ack_all, pop_with_acks
 from celery_pq.scripts import library
@@ -50,7 +50,7 @@ def test_queues_on_three_masters_insert_pop_ack_requeue_remove(cluster, cluster_
 def test_batches_that_span_masters_run_as_one_pipeline_per_master(cluster_client, spread):
     queues = [PriorityQueue(cluster_client, name) for name in spread]
     for q in queues:
-        q.insert_many([(b"a", 5), (b"b", 6)])
+        q.insert_many([Item(b"a", 5), Item(b"b", 6)])
     held = {q: [(x.id, x.token) for x in q.pop(2)] for q in queues}
     # an ack of three queues on three masters in one call
     assert ack_all(held) == {q: [1, 1] for q in queues}

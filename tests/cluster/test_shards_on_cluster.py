@@ -12,6 +12,7 @@ import uuid
 import pytest
 from kombu import Connection, Consumer, Producer
 
+from celery_pq import Item
 from celery_pq.options import Options
 from celery_pq.queue import open_queue
 from tests.support.consume import drain, make_queue
@@ -106,7 +107,7 @@ def test_every_operation_of_a_sharded_queue_runs_on_the_cluster(cluster_client, 
     # Given 16 shards over three masters, an entry in each of many shards: no call of the
     # sharded queue may name keys of two shards (a cluster would refuse it: CROSSSLOT)
     queue = sharded(cluster_client, prefix, 16)
-    ids = queue.insert_many([(f"m{i}".encode(), i % 4, None, None, None, f"pid{i}") for i in range(64)])
+    ids = queue.insert_many([Item(f"m{i}".encode(), i % 4, None, publish_id=f"pid{i}") for i in range(64)])
     assert queue.size() == 64 and len([s for s in queue.shards if s.size()]) > 8
     assert [e.priority for e in queue.peek(4)] == [3, 3, 3, 3]
     queue.change_priority(ids[0], 200)

@@ -22,8 +22,8 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-import celery_pq
 from celery_pq.ids import decode_id
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import RedisServer, WorkerProcess, celery_env, start_worker, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
 
@@ -217,10 +217,10 @@ def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
             # When it publishes (each publish waits for the replica)
             publish_numbers(conn, queue, range(5))
             # Then the replica has them the moment the publishes returned
-            assert celery_pq.PriorityQueue.open(replica.client(), "wq", key_prefix="pq").size() == 5
+            assert open_queue(replica.client(), "wq", QueueSettings(key_prefix="pq"), declare=False).size() == 5
             # and a leased message's lease reads in one MULTI as the same user
             confined = redis.Redis(host="127.0.0.1", port=master.port, username=user, password=PASSWORD)
-            q = celery_pq.PriorityQueue.open(confined, "wq", key_prefix="pq")
+            q = open_queue(confined, "wq", QueueSettings(key_prefix="pq"), declare=False)
             held = drain(conn, queue, 1, ack=False)
             [(body, message)] = held
             [leased] = confined.zrange(q.keys.lease_deadlines, 0, -1)  # the one lease deadline

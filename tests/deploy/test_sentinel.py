@@ -24,6 +24,7 @@ from kombu.mixins import ConsumerMixin
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import RedisServer, celery_env, make_certificates, start_worker, wait_for
 from tests.deploy.conftest import REPLICA_LAG, SentinelGroup
 from tests.support.consume import drain, make_queue
@@ -181,7 +182,7 @@ def test_what_a_failover_loses_with_and_without_wait(lagging_sentinel_group, key
     returned = [n for p in publishers for n, _ in p.returned]
     last_second = [n for p in publishers for n, t in p.returned if t > killed_at - 1.0]
     client = new_master.client()
-    q = PriorityQueue.open(client, "w", key_prefix=key_prefix)
+    q = open_queue(client, "w", QueueSettings(key_prefix=key_prefix), declare=False)
     stored = {body_number(e.payload) for e in q.peek(len(returned) + 100)}
     lost = set(returned) - stored
     print(

@@ -16,7 +16,8 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 
 import celery_pq  # noqa: F401  registers pq://
-from celery_pq import NotReplicated, PriorityQueue
+from celery_pq import Item, NotReplicated, PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import RedisServer, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
 
@@ -53,11 +54,11 @@ def test_with_one_replica_a_publish_returns_when_the_replica_has_it(pair, key_pr
     with Connection(url(master), transport_options={"key_prefix": key_prefix, "wait_replicas": 1}) as conn:
         publish_numbers(conn, queue, range(50))
         # the replica has all 50 the moment the publishes returned (no wait here)
-        assert PriorityQueue.open(replica.client(), "wq", key_prefix=key_prefix).size() == 50
+        assert open_queue(replica.client(), "wq", QueueSettings(key_prefix=key_prefix), declare=False).size() == 50
         got = drain(conn, queue, 50)
     assert sorted(body["i"] for body, _ in got) == list(range(50))
     time.sleep(0.2)
-    assert PriorityQueue.open(replica.client(), "wq", key_prefix=key_prefix).size() == 0
+    assert open_queue(replica.client(), "wq", QueueSettings(key_prefix=key_prefix), declare=False).size() == 0
 
 
 def test_too_few_replicas_a_publish_raises_not_replicated_and_is_stored_once(pair, key_prefix):
@@ -77,7 +78,7 @@ def test_too_few_replicas_a_publish_raises_not_replicated_and_is_stored_once(pai
         assert "only 1 of 2 replicas" in message and "may still be stored" in message and "'nr'" in message
         cause = err.value.__cause__
         assert isinstance(cause, NotReplicated) and (cause.acknowledged, cause.wanted) == (1, 2)
-        q = PriorityQueue.open(master.client(), "nr", key_prefix=key_prefix)
+        q = open_queue(master.client(), "nr", QueueSettings(key_prefix=key_prefix), declare=False)
         assert q.size() == 1  # the master has it
         # one publish call retried by kombu's and Celery's publish retry (each attempt raises
         # NotReplicated after the master stored it): the call is stored once
@@ -121,7 +122,7 @@ def test_too_few_replicas_an_ack_logs_and_still_acks(pair, key_prefix, caplog):
     assert any(
         "only 1 of 2 replicas acknowledged" in r.getMessage() and "'na'" in r.getMessage() for r in caplog.records
     )
-    assert PriorityQueue.open(master.client(), "na", key_prefix=key_prefix).size() == 0
+    assert open_queue(master.client(), "na", QueueSettings(key_prefix=key_prefix), declare=False).size() == 0
     assert not master.client().hlen(f"{key_prefix}:{{na}}:lt")  # acked, not just logged
 
 
@@ -131,7 +132,7 @@ def test_without_replicas_the_queue_api_says_what_it_did(key_prefix):
         with pytest.raises(NotReplicated, match="only 0 of 1 replicas"):
             q.insert(b"x", 5, id="a")
         with pytest.raises(NotReplicated) as err:
-            q.insert_many([(b"y", 5, "b"), (b"z", 5, "c")])
+            q.insert_many([Item(b"y", 5, "b"), Item(b"z", 5, "c")])
         assert err.value.stored == ["b", "c"] and len(err.value.items) == 2
         assert q.size() == 3
         [lease] = q.pop()

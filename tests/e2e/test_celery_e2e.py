@@ -14,8 +14,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_pq import PriorityQueue
 from celery_pq.codec import decode
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,7 @@ class Harness:
         self.workers = []
 
     def queue(self, name="q"):
-        return PriorityQueue.open(self.redis, name, key_prefix=self.prefix)
+        return open_queue(self.redis, name, QueueSettings(key_prefix=self.prefix), declare=False)
 
     def send(self, name, *args, **kw):
         return self.app.send_task(name, args=args, queue="q", **kw)

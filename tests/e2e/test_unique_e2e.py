@@ -27,6 +27,7 @@ from celery import Celery
 
 import celery_pq
 from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
 
 from .unique_app import publish_all
@@ -149,7 +150,7 @@ class Fleet:
             self.redis.set(f"{self.prefix}:go:{key}", 1)
 
     def queue(self, name: str) -> PriorityQueue:
-        return PriorityQueue.open(self.redis, name, key_prefix=self.prefix)
+        return open_queue(self.redis, name, QueueSettings(key_prefix=self.prefix), declare=False)
 
     def idle(self, name: str) -> None:
         """Until ``name`` has nothing waiting, delayed or leased: nothing more of it can run."""

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import PriorityQueue, QueueMigrating
+from celery_pq import Item, PriorityQueue, QueueMigrating
 from celery_pq import constants as C
 from celery_pq.ids import encode_id
 
@@ -42,10 +42,7 @@ def counted(client, fn) -> Counter:
 
 
 def fill(q, n, *, prefix="e", priority=5, tenants=0, chunk=1000):
-    items = [
-        (b"x", priority, f"{prefix}{i}", f"t{i % tenants}") if tenants else (b"x", priority, f"{prefix}{i}")
-        for i in range(n)
-    ]
+    items = [Item(b"x", priority, f"{prefix}{i}", tenant=f"t{i % tenants}" if tenants else None) for i in range(n)]
     q.insert_many(items, chunk=chunk)
 
 
@@ -100,7 +97,7 @@ def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, ke
     # When a few cleanup steps have run, so a compaction pass is under way (the front list holds
     # the current pointers looked at, the list the rest)
     for _ in range(3):
-        gone, looked, more = q.run("cleanup", cleanup_args(q, rank, C.COMPACT_STEP))
+        gone, looked, more = q._scripts.run("cleanup", cleanup_args(q._scripts, rank, C.COMPACT_STEP))
         assert looked == C.COMPACT_STEP and more == 1  # the cursor moved by one step, no more
     assert redis_client.llen(q.keys.front(rank)) == len(range(0, 3 * C.COMPACT_STEP, 10))
     assert redis_client.zscore(q.keys.priority_index, rank) == rank + 0.5
@@ -137,23 +134,26 @@ def test_cleanup_takes_bounded_steps_from_where_it_stopped(redis_client, key_pre
 def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, key_prefix):
     # Given a plain queue of N entries (some leased) over several priorities
     q = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix)
-    items = [(b"x", i % 3, f"e{i}", f"t{i % 7}") for i in range(N)]
+    items = [Item(b"x", i % 3, f"e{i}", tenant=f"t{i % 7}") for i in range(N)]
     q.insert_many(items)
     held = q.pop(10)
     fair = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     # When one step of the migration has run
-    waiting, leased, bad, done = fair.run("migrate", migrate_args(fair, C.MIGRATE_STEP))
+    waiting, leased, bad, done = fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))
     assert done == 0 and waiting + leased <= 2 * C.MIGRATE_STEP
     # Then every other call does nothing and says why: a pipeline raises, the queue API waits
     with pytest.raises(QueueMigrating):
-        run_calls(redis_client, [fair.pop_call(1)])
+        run_calls(redis_client, [fair._scripts.pop_call(1)])
     assert q.extend(held) == [True] * 10  # leases are renewed meanwhile
     # And each later step looks at a bounded number of entries (HSCAN's COUNT is a hint: a
     # little more), and moves at most a step of pointers
     calls = 1
     while not done:
         reply = []
-        seen = counted(redis_client, lambda: reply.extend(fair.run("migrate", migrate_args(fair, C.MIGRATE_STEP))))
+        seen = counted(
+            redis_client,
+            lambda: reply.extend(fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))),
+        )
         assert seen["sadd"] <= 2 * C.MIGRATE_STEP and seen["rpush"] <= C.MIGRATE_STEP
         done = reply[3]
         calls += 1
@@ -177,7 +177,7 @@ def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "wait", key_prefix=key_prefix)
     fill(q, 3000)
     fair = PriorityQueue(redis_client, "wait", key_prefix=key_prefix, fair=True)
-    fair.run("migrate", migrate_args(fair, 100))  # the migration's first step
+    fair._scripts.run("migrate", migrate_args(fair._scripts, 100))  # the migration's first step
     # While it is under way, a pop waits (retrying: each try does nothing) ...
     got = []
     t = threading.Thread(target=lambda: got.extend(fair.pop(1)))
@@ -226,7 +226,7 @@ def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(r
     # Given one task id sent 2,000 times (each a message of its own, under a duplicate id)
     q = PriorityQueue(redis_client, "same", key_prefix=key_prefix)
     sends = 2000
-    ids = q.insert_many([(b"x", 1, "same")] * sends, chunk=100)
+    ids = q.insert_many([Item(b"x", 1, "same")] * sends, chunk=100)
     assert len(set(ids)) == sends and redis_client.zcard(q.keys.duplicate_index) == sends - 1
     # When one is popped and acked: its duplicate id is forgotten with one ZREM, nothing rewritten
     first, lease = q.pop(2)  # the id itself, then its first duplicate
@@ -244,7 +244,7 @@ def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(r
 
 def test_duplicates_recorded_before_dq_are_still_found(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "legacy", key_prefix=key_prefix)
-    first, second, third = q.insert_many([(b"x", 1, "old")] * 3)
+    first, second, third = q.insert_many([Item(b"x", 1, "old")] * 3)
     seqs = [s.rsplit("~", 1)[1] for s in (second, third)]
     # as an older version stored them: "seq,seq" in the hash dp, nothing in dq
     redis_client.delete(q.keys.duplicate_index)
@@ -261,7 +261,7 @@ def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_
     q = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix)
     fill(q, 1000)
     fair = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix, fair=True)
-    fair.run("migrate", migrate_args(fair, 10))
+    fair._scripts.run("migrate", migrate_args(fair._scripts, 10))
     start = time.monotonic()
     assert fair.reclaim()["skipped"] is True  # the keeper's thread renews leases too: it goes on
     assert time.monotonic() - start < 1
@@ -277,7 +277,7 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
         if i % 3:
             q.remove(f"e{i}")
     rank = q.rank(7)
-    q.run("cleanup", cleanup_args(q, rank, C.COMPACT_STEP))  # a pass: 171 in front, the rest behind
+    q._scripts.run("cleanup", cleanup_args(q._scripts, rank, C.COMPACT_STEP))  # a pass: 171 in front, the rest behind
     assert redis_client.zscore(q.keys.priority_index, rank) == rank + 0.5
     assert [e.id for e in q.peek(3)] == ["e0", "e3", "e6"]
     assert q.stats()["waiting"] == 1010
@@ -291,7 +291,7 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
 
 def test_a_duplicate_removed_by_its_own_id_is_forgotten(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "forget", key_prefix=key_prefix)
-    _, dup = q.insert_many([(b"x", 1, "a"), (b"x", 1, "a")])
+    _, dup = q.insert_many([Item(b"x", 1, "a"), Item(b"x", 1, "a")])
     assert q.remove(dup) == 1  # by the duplicate's own id "a~<seq>"
     assert redis_client.zcard(q.keys.duplicate_index) == 0
     q.insert(b"mine", 1, id=dup)  # an entry of its own that has that id now

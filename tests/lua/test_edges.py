@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from celery_pq import ModeMismatch, PriorityQueue, QueueFull
+from celery_pq import Item, ModeMismatch, PriorityQueue, QueueFull
 from celery_pq import constants as C
 from celery_pq.ids import encode_id
 from celery_pq.testing import RedisServer
@@ -38,7 +38,7 @@ def _all_ids(q: PriorityQueue) -> dict:
 def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, key_prefix):
     # Given a plain queue with ten waiting entries
     plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
-    plain.insert_many([(b"x", 1)] * 10)
+    plain.insert_many([Item(b"x", 1)] * 10)
     before = {k: redis_client.dump(k) for k in redis_client.keys(f"{key_prefix}*")}
     # When a process that thinks the queue is fair pops from it
     fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
@@ -76,7 +76,7 @@ def test_every_call_that_changes_a_queue_checks_its_mode(redis_client, key_prefi
         lambda: wrong.change_priority("b", 9),
         lambda: wrong.purge(),
         lambda: wrong.reclaim(),
-        lambda: wrong.insert_many([(b"d", 1)]),
+        lambda: wrong.insert_many([Item(b"d", 1)]),
     ):
         with pytest.raises(ModeMismatch):
             call()
@@ -110,7 +110,7 @@ def test_an_empty_queue_keeps_its_mode_until_a_migration_changes_it(redis_client
 
 def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):
     plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
-    plain.insert_many([(b"x", p) for p in (1, 9, 5)])
+    plain.insert_many([Item(b"x", p) for p in (1, 9, 5)])
     [held] = plain.pop()  # priority 9, leased through the migration
     fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     fair.migrate_mode()
@@ -130,7 +130,7 @@ def _corrupt(q: PriorityQueue, id: str, value: bytes = b"nobar") -> None:
 @pytest.mark.parametrize("fair", [False, True])
 def test_a_corrupt_entry_goes_to_the_dead_letter_queue_and_the_batch_is_delivered(redis_client, key_prefix, fair):
     q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix, fair=fair)
-    q.insert_many([(b"p%d" % i, 3, f"e{i}", "A") for i in range(5)])
+    q.insert_many([Item(b"p%d" % i, 3, f"e{i}", tenant="A") for i in range(5)])
     _corrupt(q, "e0")
     got = q.pop(5)
     assert [e.id for e in got] == ["e1", "e2", "e3", "e4"]
@@ -152,7 +152,7 @@ def test_corrupt_entries_of_every_shape_are_set_aside(redis_client, key_prefix, 
 
 def test_a_corrupt_leased_entry_is_set_aside_by_requeue_and_by_the_sweep(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
-    q.insert_many([(b"x", 3, "a"), (b"y", 3, "b")])
+    q.insert_many([Item(b"x", 3, "a"), Item(b"y", 3, "b")])
     la, lb = q.pop(2)
     _corrupt(q, "a")
     _corrupt(q, "b")
@@ -215,8 +215,8 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     from celery_pq.scripts import FIRST_SEND, run_calls
 
     q = PriorityQueue(redis_client, "m3f", key_prefix=key_prefix)
-    item = q._item(b"x", 1, "t1")
-    call = q.insert_call([item], (), insert_made(True, False))
+    item = (Item(b"x", 1, "t1"), b"made-1")
+    call = q._scripts.insert_call([item], (), insert_made(True, False))
     script, keys, args = call
     assert call.first_send and FIRST_SEND in args and FIRST_SEND == "F"
     [first] = run_calls(redis_client, [(script, keys, args)])
@@ -229,8 +229,8 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     assert run_calls(redis_client, [(script, keys, args), (script, keys, args)]) == [first, first]
     assert [e.id for e in q.peek(10)] == ["t1"]
     # a call of several entries under one made publish id gives all of them back
-    items = [q._item(b"y", 1, "m1"), q._item(b"y", 1)]
-    call = q.insert_call(items, (), insert_made(True, False))
+    items = [(Item(b"y", 1, "m1"), b"made-2"), (Item(b"y", 1), b"made-3")]
+    call = q._scripts.insert_call(items, (), insert_made(True, False))
     [ids] = run_calls(redis_client, [call])
     assert run_calls(redis_client, [call.resent()]) == [ids] and len(ids) == 2
     assert q.size() == 3
@@ -322,7 +322,7 @@ def test_dedupe_off_stores_every_publish(redis_client, key_prefix):
 
 def test_insert_many_retried_chunks_are_stored_once(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
-    items = [(b"x", 1, f"t{i}", None, None, f"pub{i}") for i in range(25)]
+    items = [Item(b"x", 1, f"t{i}", publish_id=f"pub{i}") for i in range(25)]
     first = q.insert_many(items, chunk=10)
     assert q.insert_many(items, chunk=7) == first
     assert q.size() == 25
@@ -331,8 +331,8 @@ def test_insert_many_retried_chunks_are_stored_once(redis_client, key_prefix):
 def test_insert_many_tells_repeats_apart_from_new_entries_when_asked(redis_client, key_prefix):
     # Given 5 items with publish ids of their own, 2 of them stored before, one publish id twice
     q = PriorityQueue(redis_client, "m3t", key_prefix=key_prefix, max_length=100)
-    first = q.insert_many([(b"x", 1, "t1", None, None, "pub1"), (b"x", 1, "t3", None, None, "pub3")])
-    items = [(b"x", 1, f"t{i}", None, None, f"pub{i}") for i in range(5)] + [(b"y", 1, "t9", None, None, "pub4")]
+    first = q.insert_many([Item(b"x", 1, "t1", publish_id="pub1"), Item(b"x", 1, "t3", publish_id="pub3")])
+    items = [Item(b"x", 1, f"t{i}", publish_id=f"pub{i}") for i in range(5)] + [Item(b"y", 1, "t9", publish_id="pub4")]
     # When they are inserted asking for repeats
     ids, repeated = q.insert_many(items, chunk=4, repeats=True)
     # Then the ids are as without asking, and exactly the items that stored nothing are repeats
@@ -340,20 +340,20 @@ def test_insert_many_tells_repeats_apart_from_new_entries_when_asked(redis_clien
     assert repeated == [False, True, False, True, False, True]
     assert q.size() == 5
     # And items without a publish id of the caller's are new entries, never repeats
-    ids, repeated = q.insert_many([(b"z", 1), (b"z", 2, "t0")], repeats=True)
+    ids, repeated = q.insert_many([Item(b"z", 1), Item(b"z", 2, "t0")], repeats=True)
     assert repeated == [False, False] and ids[1] != "t0" and q.size() == 7
 
 
 def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, max_length=15)
     with pytest.raises(QueueFull) as err:
-        q.insert_many([(b"x", 1, f"t{i}") for i in range(25)], chunk=10)
+        q.insert_many([Item(b"x", 1, f"t{i}") for i in range(25)], chunk=10)
     # chunks of 10, 10, 5: the second would pass max_length, the third still fits
     assert err.value.stored == [f"t{i}" for i in range(10)] + [None] * 10 + [f"t{i}" for i in range(20, 25)]
     assert "stored 15 of 25" in " ".join(getattr(err.value, "__notes__", []))
     assert q.size() == 15
     # the items to send again are the ones not stored: sending them stores the rest
-    assert [x[2] for x in err.value.items] == [f"t{i}" for i in range(10, 20)]
+    assert [x.id for x in err.value.items] == [f"t{i}" for i in range(10, 20)]
     q.purge()
     q.insert_many(err.value.items)
     assert q.size() == 10
@@ -445,7 +445,7 @@ def test_a_dead_letter_queue_does_not_dead_letter_into_itself(redis_client, key_
 
 def test_the_dead_letter_queue_keeps_at_most_max_dead_length(redis_client, key_prefix, caplog):
     q = PriorityQueue(redis_client, "m9", key_prefix=key_prefix, max_dead_length=3)
-    q.insert_many([(b"%d" % i, 1, f"t{i}") for i in range(5)])
+    q.insert_many([Item(b"%d" % i, 1, f"t{i}") for i in range(5)])
     with caplog.at_level(logging.WARNING, logger="celery_pq"):
         for lease in q.pop(5):
             q.dead_letter(lease)
@@ -485,7 +485,7 @@ def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_en
     q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
     for i in range(50):
         q.insert(b"x", 1, id=f"t{i}")
-    q.insert_many([(b"y", 1)] * 30)
+    q.insert_many([Item(b"y", 1)] * 30)
     q.insert(b"z", 1)
     # answered publish ids are forgotten in batches: at most a batch and the last call's remain
     assert redis_client.hlen(q.keys.publish_ids) + redis_client.hlen(q.keys.publish_ids_before) <= C.FORGET_BATCH + 1
@@ -508,7 +508,7 @@ def test_technique_s_remove_of_a_delayed_entry_takes_it_out_of_the_delayed_index
 
 def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True)
-    q.insert_many([(b"x", 5, "b1", "B"), (b"x", 5, "b2", "B"), (b"x", 5, "a1", "A")])
+    q.insert_many([Item(b"x", 5, "b1", tenant="B"), Item(b"x", 5, "b2", tenant="B"), Item(b"x", 5, "a1", tenant="A")])
     leases = q.pop(3)
     q.requeue(leases[-1])
     for lease in leases[:-1]:
@@ -519,7 +519,7 @@ def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
 @pytest.mark.parametrize("view", [None, (0, 255), (200, 255)])
 def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_last(redis_client, key_prefix, view):
     q = PriorityQueue(redis_client, "mw", key_prefix=key_prefix)
-    q.insert_many([(b"x", 50, "a"), (b"x", 50, "b"), (b"x", 40, "c")])  # ranks 205 and 215
+    q.insert_many([Item(b"x", 50, "a"), Item(b"x", 50, "b"), Item(b"x", 40, "c")])  # ranks 205 and 215
     wk = q.keys.wake if view is None else q.keys.view_wake(*view)
     redis_client.delete(wk)
     assert [e.id for e in q.pop(1, view=view)] == ["a"]  # b is behind it in its rank
@@ -533,7 +533,7 @@ def test_a_pop_leaves_a_wake_token_while_entries_wait_and_none_once_it_took_the_
 
 def test_dead_lettering_a_capped_tenants_lease_wakes_a_consumer(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
-    q.insert_many([(b"x", 5, "a1", "A"), (b"x", 5, "a2", "A")])
+    q.insert_many([Item(b"x", 5, "a1", tenant="A"), Item(b"x", 5, "a2", tenant="A")])
     [lease] = q.pop(1)
     assert q.pop(1) == [] and not redis_client.llen(q.keys.wake)
     q.dead_letter(lease)

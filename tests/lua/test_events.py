@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from celery_pq import ConfigError
+from celery_pq import ConfigError, Item
 from celery_pq.keys import queue_keys
 from celery_pq.options import Options
-from celery_pq.queue import COUNTERS, EVENT_FIELDS, PriorityQueue
+from celery_pq.queue import COUNTERS, EVENT_FIELDS, PriorityQueue, QueueSettings, open_queue
 
 
 def q_of(client, prefix, name="ev", **kw):
@@ -31,7 +31,7 @@ def test_stream_entries_have_every_field_in_order(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix)
     tid = str(uuid.uuid4())
     q.insert(b"x", 200, id=tid, tenant="a|b", task="proj.tasks.resize")
-    [(sid, fields)] = redis_client.xrange(q.events_key)
+    [(sid, fields)] = redis_client.xrange(q.keys.events)
     assert [k.decode() for k in fields] == list(EVENT_FIELDS)
     row = q.events()[0]
     assert row["sid"] == sid.decode()
@@ -49,7 +49,7 @@ def test_stream_entries_have_every_field_in_order(redis_client, key_prefix):
     )
     # the entry id's ms part and the ms field are both Redis time
     assert abs(int(row["sid"].split("-")[0]) - row["ms"]) < 1000
-    assert q.events_key == queue_keys("ev", key_prefix).events == f"{key_prefix}:{{ev}}:ev"
+    assert q.keys.events == queue_keys("ev", key_prefix).events == f"{key_prefix}:{{ev}}:ev"
 
 
 def test_lower_first_priority_and_rank(redis_client, key_prefix):
@@ -107,7 +107,7 @@ def test_expire_recover_and_dead(redis_client, key_prefix):
     assert q.reclaim()["dead"] == 1  # the second delivery used max_deliveries up
     dead = last(q, "dead")
     assert (dead["id"], dead["q"], dead["r"], dead["n"]) == ("a", "ev", "max_deliveries", 2)
-    assert not redis_client.exists(q.dead.events_key)  # dead-lettering is logged in the live queue
+    assert not redis_client.exists(q.dead.keys.events)  # dead-lettering is logged in the live queue
     # all leases of a named consumer come back at once: requeue, reason "recovered"
     q.insert(b"y", 9, id="b")
     q.pop(consumer="gone")
@@ -173,15 +173,15 @@ def test_log_off_writes_no_stream_and_no_switch(redis_client, key_prefix):
     q.remove("b")
     q.pause()
     q.resume()
-    assert not redis_client.exists(q.events_key)
+    assert not redis_client.exists(q.keys.events)
     assert redis_client.get(q.keys.mode) == b"0-hT"
     assert q.events() == []
 
 
 def test_the_cap_holds(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix, event_log=100, dedupe_seconds=0)
-    q.insert_many([(b"x", 1)] * 3000, chunk=50)
-    n = redis_client.xlen(q.events_key)
+    q.insert_many([Item(b"x", 1)] * 3000, chunk=50)
+    n = redis_client.xlen(q.keys.events)
     # MAXLEN ~ trims whole stream nodes (100 entries each by default), at the first event of a
     # call: the stream holds at most one call's events (50) more
     assert 100 <= n <= 100 + 100 + 50, n
@@ -216,7 +216,7 @@ def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
 def test_insert_many_carries_task_names(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix)
     q.insert_many(
-        [(b"a", 1, "i1", None, None, None, "proj.a"), (b"b", 2, "i2"), (b"c", 3, "i3", "t", None, None, "proj.c")]
+        [Item(b"a", 1, "i1", task="proj.a"), Item(b"b", 2, "i2"), Item(b"c", 3, "i3", tenant="t", task="proj.c")]
     )
     assert [(r["id"], r["task"], r["t"]) for r in q.events()] == [
         ("i1", "proj.a", ""),
@@ -276,7 +276,7 @@ def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
 def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "ct", key_prefix=key_prefix, max_deliveries=3, max_length=10)
     assert q.counters() == dict.fromkeys(COUNTERS, 0)
-    q.insert_many([(b"x", 1, f"i{i}") for i in range(6)])  # enqueued 6
+    q.insert_many([Item(b"x", 1, f"i{i}") for i in range(6)])  # enqueued 6
     leases = q.pop(3, consumer="w")  # delivered 3
     q.ack_many(leases[:2])  # acked 2
     q.requeue(leases[2])  # requeued 1 (i2 back, 1 delivery so far)
@@ -288,7 +288,7 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
     assert q.requeue(again) == "dead"  # dead_lettered 1 (max_deliveries used up)
     assert q.remove("i3") == 1  # removed 1
     with pytest.raises(Exception):
-        q.insert_many([(b"y", 1)] * 9)  # 3 waiting + 9 > 10: refused_full 9, nothing stored
+        q.insert_many([Item(b"y", 1)] * 9)  # 3 waiting + 9 > 10: refused_full 9, nothing stored
     assert q.size() == 2
     assert q.counters() == {
         "enqueued": 6,
@@ -321,7 +321,7 @@ def test_a_refused_insert_writes_only_its_counter(redis_client, key_prefix):
 
 def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "fq", key_prefix=key_prefix, fair=True)
-    q.insert_many([(b"x", 1, None, t) for t in ["a", "a", "a", "b", "c,d"]])
+    q.insert_many([Item(b"x", 1, None, tenant=t) for t in ["a", "a", "a", "b", "c,d"]])
     leases = q.pop(4, consumer="w")
     q.ack_many(leases)
     q.pop(1)
@@ -352,7 +352,7 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
 def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "pv", key_prefix=key_prefix)
     wake = q.register_view(0, 55)  # priorities 200..255
-    q.refresh_views()
+    q._scripts.refresh_views()
     q.insert(b"x", 250, id="hi")
     [lease] = q.pop(view=(0, 55))
     q.insert(b"y", 250, id="hi2")
@@ -369,7 +369,9 @@ def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
 
 def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "ft", key_prefix=key_prefix, fair=True)
-    q.insert_many([(b"x", 1, f"a{i}", "a") for i in range(3)] + [(b"x", 1, f"b{i}", "b") for i in range(3)])
+    q.insert_many(
+        [Item(b"x", 1, f"a{i}", tenant="a") for i in range(3)] + [Item(b"x", 1, f"b{i}", tenant="b") for i in range(3)]
+    )
     assert q.pause(tenant="a")
     assert q.paused() == {"queue": False, "tenants": ["a"]}
     got = q.pop(10)
@@ -437,7 +439,7 @@ def test_switches_survive_migrations(redis_client, key_prefix):
     c.migrate_mode()
     assert c.paused()["queue"] and c.event_log_cap() == 10
     assert c.stored_mode()["fair"] is True
-    assert PriorityQueue.open(redis_client, "mq", key_prefix=key_prefix).fair is True
+    assert open_queue(redis_client, "mq", QueueSettings(key_prefix=key_prefix), declare=False).settings.fair is True
     c.resume()
     assert len(c.pop()) == 1
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from celery_pq import ConfigError, PriorityQueue
+from celery_pq import ConfigError, Item, PriorityQueue
 from celery_pq.records import split_entry
 
 try:
@@ -127,7 +127,7 @@ def test_bound_per_call(redis_client, key_prefix):
     # Given more expired entries than one pop may clear, then a live one
     n = EXPIRE_BUDGET + 50
     before = now_ms(redis_client)
-    q.insert_many([(b"x", 3, f"e{i}", None, None, None, None, before - 1) for i in range(n)], chunk=1000)
+    q.insert_many([Item(b"x", 3, f"e{i}", expires_ms=before - 1) for i in range(n)], chunk=1000)
     q.insert(b"y", 3, id="live")
     # When one pop asks for one entry
     first = q.pop(1)
@@ -164,7 +164,7 @@ def test_fair_bound_per_call(redis_client, key_prefix):
     n = EXPIRE_BUDGET + 30
     # (an expired entry costs its tenant no turn: the tenant stays first in the schedule, so
     # one tenant's backlog of them is what one call meets)
-    q.insert_many([(b"x", 0, f"e{i}", "A", None, None, None, before - 1) for i in range(n)], chunk=1000)
+    q.insert_many([Item(b"x", 0, f"e{i}", tenant="A", expires_ms=before - 1) for i in range(n)], chunk=1000)
     q.insert(b"y", 0, id="live", tenant="A")
     assert list(q.pop(1)) == []
     assert q.counters()["expired"] == EXPIRE_BUDGET

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 from celery_pq.costs import READ_COMMANDS, WRITE_COMMANDS
 
 COUNTED = READ_COMMANDS | WRITE_COMMANDS | {"time"}
@@ -38,15 +38,18 @@ SCENARIOS = {
     # op: (setup(q, k) -> state, action(q, state))
     "insert": (lambda q, k: q.insert(b"x", 1, id="first"), lambda q, s: q.insert(b"y", 1, id="second")),
     "pop": (
-        lambda q, k: (stale_in_front(q, k, 9), q.insert_many([(b"x", 1, f"e{i}") for i in range(3)])),
+        lambda q, k: (stale_in_front(q, k, 9), q.insert_many([Item(b"x", 1, f"e{i}") for i in range(3)])),
         lambda q, s: q.pop(1),
     ),
-    "ack": (lambda q, k: (q.insert_many([(b"x", 1), (b"y", 1)]), q.pop(1)[0])[1], lambda q, s: q.ack(s)),
+    "ack": (lambda q, k: (q.insert_many([Item(b"x", 1), Item(b"y", 1)]), q.pop(1)[0])[1], lambda q, s: q.ack(s)),
     "extend": (lambda q, k: (q.insert(b"x", 1), q.pop(1)[0])[1], lambda q, s: q.extend([s])),
-    "requeue": (lambda q, k: (q.insert_many([(b"x", 1), (b"y", 1)]), q.pop(1)[0])[1], lambda q, s: q.requeue(s)),
-    "remove_by_id": (lambda q, k: q.insert_many([(b"x", 1, "a"), (b"y", 1, "b")]), lambda q, s: q.remove("a")),
+    "requeue": (
+        lambda q, k: (q.insert_many([Item(b"x", 1), Item(b"y", 1)]), q.pop(1)[0])[1],
+        lambda q, s: q.requeue(s),
+    ),
+    "remove_by_id": (lambda q, k: q.insert_many([Item(b"x", 1, "a"), Item(b"y", 1, "b")]), lambda q, s: q.remove("a")),
     "change_priority": (
-        lambda q, k: q.insert_many([(b"x", 1, "a"), (b"y", 1, "b")]),
+        lambda q, k: q.insert_many([Item(b"x", 1, "a"), Item(b"y", 1, "b")]),
         lambda q, s: q.change_priority("a", 200),
     ),
     "retrieve_highest_priority": (
@@ -58,7 +61,7 @@ SCENARIOS = {
         lambda q, s: q.retrieve_by_priority(1),
     ),
     "remove_highest_priority": (
-        lambda q, k: (stale_in_front(q, k, 9), q.insert_many([(b"x", 1), (b"y", 1)])),
+        lambda q, k: (stale_in_front(q, k, 9), q.insert_many([Item(b"x", 1), Item(b"y", 1)])),
         lambda q, s: q.remove_highest_priority(),
     ),
 }

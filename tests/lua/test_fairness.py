@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import PriorityQueue, QueueFull
+from celery_pq import Item, PriorityQueue, QueueFull
 
 
 def fq(client, prefix, **kw):
@@ -29,7 +29,7 @@ def drain(q, n=None, ack=True):
 
 
 def fill(q, tenant, n, priority=5):
-    q.insert_many([(b"x", priority, None, tenant) for _ in range(n)])
+    q.insert_many([Item(b"x", priority, None, tenant=tenant) for _ in range(n)])
 
 
 def fairness_state_is_empty(client, q):
@@ -234,7 +234,7 @@ def test_max_length_per_tenant(redis_client, key_prefix):
     assert err.value.tenant == "A" and err.value.size == 3
     q.insert(b"x", 1, tenant="B")  # other tenants are not affected
     with pytest.raises(QueueFull):
-        q.insert_many([(b"x", 1, None, "B")] * 3)
+        q.insert_many([Item(b"x", 1, None, tenant="B")] * 3)
     assert q.tenant_stats()["B"]["waiting"] == 1  # nothing of the refused chunk was written
 
 
@@ -262,7 +262,7 @@ def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefi
 
 def test_thousands_of_tenants(redis_client, key_prefix):
     q = fq(redis_client, key_prefix)
-    q.insert_many([(b"x", 5, None, f"t{i % 3000}") for i in range(6000)])
+    q.insert_many([Item(b"x", 5, None, tenant=f"t{i % 3000}") for i in range(6000)])
     first_round = drain(q, 3000)
     assert len(set(first_round)) == 3000  # every tenant once before anyone twice
     assert len(drain(q)) == 3000
@@ -301,7 +301,7 @@ def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client,
     lo, hi = 0, q.rank(200)  # priorities 200..255
     wake_key = q.register_view(lo, hi)
     publisher = PriorityQueue(redis_client, "views", key_prefix=key_prefix)  # knows no views yet
-    publisher.insert_many([(b"low", 5)] * 100)
+    publisher.insert_many([Item(b"low", 5)] * 100)
     assert redis_client.llen(wake_key) == 0  # low-priority inserts do not wake the view
     assert q.pop(5, view=(lo, hi)) == []
     publisher.insert(b"urgent", 220)

@@ -3,14 +3,16 @@ queue.pop_with_acks (several queues' acks, one pop, one round trip) and queue.ac
 
 import pytest
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
+from celery_pq import queue as queue_module
 from celery_pq.errors import ErrorCode
-from celery_pq.queue import running as queue_module
+from celery_pq.queue import core as queue_core
+from celery_pq.queue import running as queue_running
 
 
 def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(3)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(3)])
     first = q.pop(2)
     popped = q.pop(1, acks=[(first[0].id, first[0].token), (first[1].id, "stale-token")])
     assert [lease.id for lease in popped] == ["e2"]
@@ -21,7 +23,7 @@ def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
 def test_a_pops_acks_answer_as_acks_one_after_the_other(redis_client, key_prefix):
     # Given three leases, one of a duplicate id (its duplicate record goes with its ack)
     q = PriorityQueue(redis_client, "pb", key_prefix=key_prefix)
-    q.insert_many([(b"x", 1, "a"), (b"x", 1, "b"), (b"x", 1, "a")])
+    q.insert_many([Item(b"x", 1, "a"), Item(b"x", 1, "b"), Item(b"x", 1, "a")])
     a, b, dup = q.pop(3)
     assert dup.id.startswith("a~")
     # When one pop acks them with a repeat, a wrong token before the right one, and a stranger
@@ -42,13 +44,13 @@ def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(redis_client
     a = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)
     b = PriorityQueue(redis_client, "pb", key_prefix=key_prefix)
     a.insert(b"x", 1, id="a1")
-    b.insert_many([(b"x", 1, "b1"), (b"x", 1, "b2")])
+    b.insert_many([Item(b"x", 1, "b1"), Item(b"x", 1, "b2")])
     [held_a], [held_b] = a.pop(1), b.pop(1)
     trips = []
-    run_calls = queue_module.run_calls
-    monkeypatch.setattr(
-        queue_module, "run_calls", lambda client, calls: trips.append(len(calls)) or run_calls(client, calls)
-    )
+    run_calls = queue_core.run_calls
+    spy = lambda client, calls: trips.append(len(calls)) or run_calls(client, calls)  # noqa: E731
+    monkeypatch.setattr(queue_core, "run_calls", spy)  # (a pop alone)
+    monkeypatch.setattr(queue_running, "run_calls", spy)  # (a pop with acks: run_acks)
     # When the second queue pops with both leases acked
     leases, codes = queue_module.pop_with_acks(
         b, 1, acks={a: [(held_a.id, held_a.token)], b: [(held_b.id, held_b.token)]}
@@ -75,7 +77,7 @@ def _leased(q, n):
 def test_a_pop_carries_20000_acks(redis_client, key_prefix, fair):
     # Given 20,000 leases held and one more entry waiting
     q = PriorityQueue(redis_client, "many", key_prefix=key_prefix, fair=fair)
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(20_001)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(20_001)])
     held = _leased(q, 20_000)
     # When one pop carries all their acks (a consumer's acks kept through a long outage)
     popped = q.pop(1, acks=[(lease.id, lease.token) for lease in held])
@@ -92,7 +94,7 @@ def test_pop_with_acks_carries_20000_acks_of_two_queues(redis_client, key_prefix
     a = PriorityQueue(redis_client, "many-a", key_prefix=key_prefix)
     b = PriorityQueue(redis_client, "many-b", key_prefix=key_prefix)
     for q in (a, b):
-        q.insert_many([(b"x", 1, f"e{i}") for i in range(10_000)])
+        q.insert_many([Item(b"x", 1, f"e{i}") for i in range(10_000)])
     held = {q: [(lease.id, lease.token) for lease in _leased(q, 10_000)] for q in (a, b)}
     # When one pop of the second queue carries them all
     leases, codes = queue_module.pop_with_acks(b, 1, acks=held)
@@ -105,7 +107,7 @@ def test_pop_with_acks_carries_20000_acks_of_two_queues(redis_client, key_prefix
 def test_one_pop_leases_9000_entries(redis_client, key_prefix):
     # Given 9,000 entries waiting
     q = PriorityQueue(redis_client, "wide", key_prefix=key_prefix)
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(9_000)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(9_000)])
     # When one pop takes them all: more leases than one unpack writes
     popped = q.pop(9_000)
     # Then each is leased, with its deadline, and none waits

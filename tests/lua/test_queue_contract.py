@@ -6,9 +6,10 @@ import time
 import pytest
 import redis
 
-from celery_pq import EntryNotFound, LeaseLost, NotWaiting, PriorityQueue, QueueFull
+from celery_pq import EntryNotFound, Item, LeaseLost, NotWaiting, PriorityQueue, QueueFull
 from celery_pq.constants import SEQ_SPAN
 from celery_pq.ids import decode_id
+from celery_pq.queue import calls
 from celery_pq.records import split_entry, split_lease, split_pointer
 
 
@@ -44,7 +45,7 @@ def test_all_keys_share_one_hash_tag(q, redis_client):
     lease = q.pop()[0]
     q.dead_letter(lease, "rejected")
     q.pop()
-    keys = [k.decode() for k in redis_client.keys(q.key_prefix + ":*")]
+    keys = [k.decode() for k in redis_client.keys(q.settings.key_prefix + ":*")]
     # Then every key of the queue and its dead-letter queue carries the tag {jobs}
     assert keys and all("{jobs}" in k for k in keys), keys
 
@@ -70,7 +71,7 @@ def test_order_is_strict_priority_fifo_within_level(q):
 
     rng = random.Random(7)
     sent = [(f"t{i}", rng.randint(0, 255)) for i in range(300)]
-    q.insert_many([(b"x", p, i) for i, p in sent])
+    q.insert_many([Item(b"x", p, i) for i, p in sent])
     got = []
     while True:
         leases = q.pop(7)
@@ -188,7 +189,7 @@ def test_requeue_returns_to_original_place(q):
 
 def test_requeued_batch_keeps_its_order(q, redis_client):
     # Given a consumer that took three entries at once and gives them back (a shutdown)
-    q.insert_many([(b"x", 10, f"e{i}") for i in range(5)])
+    q.insert_many([Item(b"x", 10, f"e{i}") for i in range(5)])
     batch = q.pop(3)
     q.insert(b"x", 10, id="late")
     # When they are requeued in any order
@@ -201,7 +202,7 @@ def test_requeued_batch_keeps_its_order(q, redis_client):
 
 def test_priority_changed_away_and_back_is_delivered_once(q, redis_client, technique):
     # Given an entry moved to another priority and back (its old pointers go stale)
-    q.insert_many([(b"x", 10, "a"), (b"x", 10, "b")])
+    q.insert_many([Item(b"x", 10, "a"), Item(b"x", 10, "b")])
     q.change_priority("a", 200)
     q.change_priority("a", 10)
     # Then it waits once, behind b, and is delivered once
@@ -341,7 +342,7 @@ def test_remove_leaves_leased_entries_alone(q):
 
 def test_lazy_deletion_then_cleanup_sweep(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "lazy", key_prefix=key_prefix, technique="S")
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(10)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(10)])
     for i in range(0, 10, 2):
         q.remove(f"e{i}")
     assert len(pointers(redis_client, q)) == 10
@@ -399,7 +400,7 @@ def test_max_length_is_exact_and_atomic(redis_client, key_prefix):
 
 
 def test_purge_keeps_leases(q):
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(2500)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(2500)])
     lease = q.pop()[0]
     assert q.purge() == 2499
     assert q.size() == 0
@@ -451,29 +452,31 @@ def test_pipelined_calls_survive_a_script_cache_flush(fresh_redis):
     q.insert(b"x", 1, id="a")
     forget_scripts(redis_client)
     # When an insert batch and a pop+ack pair run as pipelined EVALSHA calls
-    q.insert_many([(b"y", 1, "b"), (b"z", 1, "c")])
+    q.insert_many([Item(b"y", 1, "b"), Item(b"z", 1, "c")])
     from celery_pq.scripts import run_calls
 
     [lease] = q.pop(1)
     forget_scripts(redis_client)
-    ack_reply, pop_reply = run_calls(redis_client, [q.ack_call([(lease.id, lease.token)]), q.pop_call(1)])
+    ack_reply, pop_reply = run_calls(
+        redis_client, [q._scripts.ack_call([(lease.id, lease.token)]), q._scripts.pop_call(1)]
+    )
     # Then each call ran exactly once
     assert ack_reply == [1]
-    assert [x.id for x in q.parse_pop(pop_reply)] == ["b"]
+    assert [x.id for x in calls.popped_leases(q._scripts, pop_reply)] == ["b"]
     assert q.size() == 1
 
 
 @pytest.mark.parametrize("fair", [False, True])
 def test_acks_ride_in_the_next_pop(redis_client, key_prefix, fair):
     q = PriorityQueue(redis_client, "ride", key_prefix=key_prefix, fair=fair)
-    q.insert_many([(b"x", 1, f"e{i}", "A") for i in range(3)])
+    q.insert_many([Item(b"x", 1, f"e{i}", tenant="A") for i in range(3)])
     first = q.pop(2)
     # When a pop call carries the acks of the last deliveries, one of them with a wrong token
-    script, keys, args = q.pop_call(1, acks=[(first[0].id, first[0].token), (first[1].id, "stale-token")])
+    script, keys, args = q._scripts.pop_call(1, acks=[(first[0].id, first[0].token), (first[1].id, "stale-token")])
     reply = script(keys=keys, args=args, client=redis_client)
     # Then the good ack is done, the bad one is refused by code, and the next entry is leased
-    assert q.ack_codes(reply) == [1, -3]
-    assert [lease.id for lease in q.parse_pop(reply)] == ["e2"]
+    assert calls.ack_codes(reply) == [1, -3]
+    assert [lease.id for lease in calls.popped_leases(q._scripts, reply)] == ["e2"]
     assert q.stats()["leased"] == 2 and redis_client.hexists(q.keys.entries, "e0") == 0
     if fair:
         assert q.tenant_stats()["A"]["leased"] == 2
@@ -504,7 +507,7 @@ def test_a_forked_child_does_not_share_the_parents_connection(redis_client, key_
     import os
 
     q = PriorityQueue(redis_client, "fork", key_prefix=key_prefix)
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(40)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(40)])
     q.pop(1)  # the parent now holds its own connection
     pid = os.fork()
     if pid == 0:  # the child pops on its own connection, interleaved with the parent
@@ -530,7 +533,7 @@ def test_scripts_run_as_functions_of_one_library_loaded_once(fresh_redis):
     q = PriorityQueue(client, "lib")
     client.config_resetstat()
     # When a queue is used on a Redis with functions
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(3)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(3)])
     for lease in q.pop(3):
         q.ack(lease)
     # Then every script call is an FCALL of this version's library, loaded once
@@ -564,7 +567,7 @@ def test_the_library_starts_every_call_with_fresh_module_state(fresh_redis):
     # script's fresh run does (CTX.dropped counts the dead letters dropped by one call only)
     client = fresh_redis.client()
     q = PriorityQueue(client, "state", max_dead_length=1)
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(2)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(2)])
     first, second = q.pop(2)
     # Given a call that dropped a dead letter to make room
     assert q.dead_letter(first) == "dead" and q.dead_letter(second) == "dead"
@@ -590,7 +593,7 @@ def test_peek_gives_exactly_the_count_asked_in_delivery_order(redis_client, key_
 
 def test_the_sweep_record_starts_with_a_queues_first_leases_and_the_pops_after_keep_it(q, redis_client):
     # Given a queue whose first pop leased an entry: the sweep record holds that pop's time
-    q.insert_many([(b"x", 1) for _ in range(3)])
+    q.insert_many([Item(b"x", 1) for _ in range(3)])
     [a] = q.pop(1)
     first = redis_client.get(q.keys.last_sweep)
     assert first is not None

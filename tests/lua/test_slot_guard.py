@@ -11,7 +11,7 @@ import uuid
 import pytest
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 
 
 def _guard_reads(server, ops) -> tuple[int, int]:
@@ -36,7 +36,7 @@ def _guard_reads(server, ops) -> tuple[int, int]:
 def _work(q):
     def ops():
         q.insert(b"a", 3, id="a")
-        q.insert_many([(b"b", 1), (b"c", 2)])
+        q.insert_many([Item(b"b", 1), Item(b"c", 2)])
         got = q.pop(3)
         assert next(x.id for x in got) == "a"
         assert q.ack_many(got) == [True, True, True]
@@ -48,7 +48,7 @@ def _work(q):
 
 def test_a_queue_on_one_redis_runs_no_guard(redis_server, redis_client, key_prefix):
     q = PriorityQueue(redis_client, "g1", key_prefix=key_prefix)
-    assert not q.context.startswith("~")
+    assert not q._scripts.context.startswith("~")
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == 0 and calls >= 5
 
@@ -57,7 +57,9 @@ def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the
     redis_server, redis_client, key_prefix
 ):
     q = PriorityQueue(redis_client, "g2", key_prefix=key_prefix)
-    q.context = "~" + q.context  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
+    q._scripts.context = (
+        "~" + q._scripts.context
+    )  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
     # insert, insert_many, pop, ack_many, reclaim, ...: one guard read per script call
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == calls >= 5
@@ -68,10 +70,10 @@ def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the
 def test_a_context_of_another_form_is_refused_before_any_write(redis_client, key_prefix):
     """One form of the queue context (take_context): a caller's context of another form (fewer
     fields, as an older caller sent) is an error naming it, and nothing is written."""
-    fields = PriorityQueue(redis_client, "g3", key_prefix=key_prefix).context.split("|")
+    fields = PriorityQueue(redis_client, "g3", key_prefix=key_prefix)._scripts.context.split("|")
     for wrong in ("|".join(fields[:4]), "|".join(fields[:5]), fields[0]):
         q = PriorityQueue(redis_client, "g3", key_prefix=key_prefix)
-        q.context = wrong  # (before the first call: its scripts' arguments are laid out then)
+        q._scripts.context = wrong  # (before the first call: its scripts' arguments are laid out then)
         with pytest.raises(redis.ResponseError, match="the queue context is not mode"):
             q.insert(b"a", 1)
     assert not list(redis_client.scan_iter(match=f"{key_prefix}:*"))

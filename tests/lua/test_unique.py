@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from celery_pq import PriorityQueue, QueueFull
+from celery_pq import Item, PriorityQueue, QueueFull
 from celery_pq.ids import encode_id
 from celery_pq.queue import QueueSettings, calls, open_queue
+from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.records import split_entry, split_pointer
-from celery_pq.shards import ShardedQueue
 
 
 def q_of(client, prefix, name="uq", **kw):
@@ -196,9 +196,9 @@ def test_a_repeated_publish_id_is_still_stored_once(redis_client, key_prefix):
     assert q.size() == 1 and q.counters()["enqueued"] == 1
 
 
-def test_insert_unique_takes_insert_s_options_and_names_itself_for_an_unknown_one(redis_client, key_prefix):
+def test_insert_unique_takes_insert_s_options_and_names_an_unknown_one(redis_client, key_prefix):
     q = q_of(redis_client, key_prefix)
-    with pytest.raises(TypeError, match=r"insert_unique\(\) got unexpected keyword arguments \['tennant'\]"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'tennant'"):
         put(q, "t1", "k", tennant="acme")
     assert q.size() == 0
     out = put(q, "t1", "k", tenant="acme", delay=30, task="proj.add", remember=True)
@@ -254,14 +254,14 @@ def test_bad_keys_are_refused_before_anything_is_sent():
 def test_a_keyless_insert_sends_what_it_sent_before(redis_client, key_prefix):
     """The ARGV of an insert without a key: the layout it always had, with the one count "0" of
     the (empty) list of unique keys before the entries; the reply: the entry id alone."""
-    q = q_of(redis_client, key_prefix, event_log=0)
+    q = q_of(redis_client, key_prefix, event_log=0)._scripts
     _, head = calls.insert_head(q)
-    item = (b"p", 1, "id1", None, "0", None, None, "")
+    item = (Item(b"p", 1, "id1"), None)
     args = calls.insert_args(q, head, [item], (), "0")
     rank = q.rank(1)
     assert args == [0, 0, "", 0, 0, "0", 0, encode_id("id1"), rank, "", b"p", "0", "", "", "", q.context]
     assert calls.insert_args(q, head, [item], (), "0", {}) == args
-    [reply] = q.run_replicated([q.insert_call([item])])[0]
+    [reply] = q.run_many([q.insert_call([item])])[0]
     assert reply == [b"id1"]
     assert redis_client.exists(q.keys.unique_keys, q.keys.unique_holders) == 0
     assert split_entry(redis_client.hget(q.keys.entries, "id1"))[0].flags == b""
@@ -375,11 +375,11 @@ def test_replace_looks_for_the_old_place_near_the_ends_only(redis_client, key_pr
     entry keeps the old one's place; deep in the backlog it goes to the back of its priority."""
     q = q_of(redis_client, key_prefix, event_log=0)
     put(q, "head", "h", "replace")
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(20_000)], chunk=1000)
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(20_000)], chunk=1000)
     put(q, "deep", "d", "replace")
-    q.insert_many([(b"x", 1, f"f{i}") for i in range(20_000)], chunk=1000)
+    q.insert_many([Item(b"x", 1, f"f{i}") for i in range(20_000)], chunk=1000)
     put(q, "tail", "t", "replace")
-    q.insert_many([(b"x", 1, f"g{i}") for i in range(10)])
+    q.insert_many([Item(b"x", 1, f"g{i}") for i in range(10)])
     # When each is replaced, SLOWLOG recording every command the script runs
     before = redis_client.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
     redis_client.config_set("slowlog-log-slower-than", 0)

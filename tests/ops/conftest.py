@@ -14,7 +14,7 @@ import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
 from celery_pq.__main__ import main
 from celery_pq.options import Options
-from celery_pq.queue import open_queue
+from celery_pq.queue import QueueSettings, open_queue
 
 
 class World:
@@ -37,7 +37,7 @@ class World:
         open_queue(self.client, name, Options.from_transport_options(self.options).queue_settings(name))
 
     def queue(self, name="q", **kw) -> PriorityQueue:
-        return PriorityQueue.open(self.client, name, key_prefix=self.prefix, **kw)
+        return open_queue(self.client, name, QueueSettings(key_prefix=self.prefix, **kw), declare=False)
 
     def broker_args(self) -> list[str]:
         """The command line's way to this world's broker (``--broker``, ``--transport-options``)."""

@@ -8,6 +8,7 @@ import time
 import pytest
 from kombu import Connection, Producer
 
+from celery_pq import Item
 from celery_pq.options import Options
 from celery_pq.queue import open_queue
 
@@ -83,7 +84,7 @@ def test_a_tenant_rate_is_the_rate_over_the_whole_queue_for_named_and_default_te
         "event_log": 10_000,
     }
     queue = opened(redis_client, options)
-    queue.insert_many([(b"x", 5, None, "acme") for _ in range(60)] + [(b"y", 5, None, None) for _ in range(80)])
+    queue.insert_many([Item(b"x", 5, None, tenant="acme") for _ in range(60)] + [Item(b"y", 5) for _ in range(80)])
     # When consumers pop for a second
     pop_for(queue, 1.0)
     # Then each went at its rate over the whole queue, whichever shards took its entries

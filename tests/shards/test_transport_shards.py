@@ -14,7 +14,7 @@ from kombu import Connection, Consumer, Producer
 from celery_pq.broker import Broker, queue_and_view
 from celery_pq.options import Options
 from celery_pq.queue import open_queue
-from celery_pq.shards import ShardedQueue
+from celery_pq.queue.sharded import ShardedQueue
 
 try:
     from support.consume import drain, make_queue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import enqueue
 from celery_pq.testing import RedisServer
 
@@ -35,7 +35,7 @@ def test_enqueue_keeps_the_broker_password_out_of_spark(spark, key_prefix):
         client = server.client(decode_responses=False)
         try:
             assert (result.sent, result.rejected) == (3, 0)
-            assert PriorityQueue.open(client, "celery", key_prefix=key_prefix).size() == 3
+            assert open_queue(client, "celery", QueueSettings(key_prefix=key_prefix), declare=False).size() == 3
         finally:
             client.close()
         # and no plan Spark recorded holds it, while the write's own plan is there

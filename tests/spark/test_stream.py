@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from celery_pq import PriorityQueue
 from celery_pq.codec import decode
 from celery_pq.keys import sink_rate_key, sink_record_key
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import register
 from celery_pq.spark.record import PartitionState
 from celery_pq.spark.sink import PartitionReport, RateCap
@@ -56,7 +56,7 @@ def stream(spark, folder, url, prefix, checkpoint, files_per_batch=1, **options)
 
 def numbers_in_queue(client, prefix, queue="celery") -> list[int]:
     """The ``n`` (first arg) of every task message stored in the queue, one per entry."""
-    q = PriorityQueue.open(client, queue, key_prefix=prefix)
+    q = open_queue(client, queue, QueueSettings(key_prefix=prefix), declare=False)
     out = []
     for value in client.hvals(q.keys.entries):
         message = decode(value.split(b"|", 1)[1])
@@ -144,7 +144,7 @@ def test_a_full_queue_makes_the_sink_wait_and_every_row_arrives(registered, url,
     q = stream(spark, folder, url, key_prefix, tmp_path / "ck", max_length=8, batch_rows=20)
     # When a consumer drains the queue while the query runs
     client = redis_server.client(decode_responses=False)
-    queue = PriorityQueue.open(client, "celery", key_prefix=key_prefix, max_length=8)
+    queue = open_queue(client, "celery", QueueSettings(key_prefix=key_prefix, max_length=8), declare=False)
     got: list[int] = []
     most = 0
     deadline = time.monotonic() + 90

@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import PriorityQueue
 from celery_pq.codec import decode
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import read_rejects
 
 pytestmark = pytest.mark.spark
@@ -26,7 +26,7 @@ def add_file(folder, name, numbers):
 
 def queued(client, prefix) -> Counter:
     """How many entries of the queue "celery" carry each ``n`` (the task's first arg)."""
-    q = PriorityQueue.open(client, "celery", key_prefix=prefix)
+    q = open_queue(client, "celery", QueueSettings(key_prefix=prefix), declare=False)
     return Counter(
         json.loads(base64.b64decode(decode(v.split(b"|", 1)[1])["body"]))[0][0] for v in client.hvals(q.keys.entries)
     )

@@ -13,6 +13,7 @@ from celery import Celery
 from celery_pq import PriorityQueue
 from celery_pq.codec import decode
 from celery_pq.keys import shard_names
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import enqueue
 
 pytestmark = pytest.mark.spark
@@ -27,7 +28,7 @@ def write(df, url, prefix, **options):
 
 def stored(client, prefix, queue="celery", **kw):
     """{task id: (priority, tenant, message)} of every entry of a queue (waiting or delayed)."""
-    q = PriorityQueue.open(client, queue, key_prefix=prefix, **kw)
+    q = open_queue(client, queue, QueueSettings(key_prefix=prefix, **kw), declare=False)
     out = {}
     for eid, value in client.hgetall(q.keys.entries).items():
         header, payload = value.split(b"|", 1)
@@ -333,7 +334,7 @@ def test_enqueue_takes_a_celery_app(spark, redis_server, redis_client, key_prefi
     df = spark.createDataFrame([(i, i) for i in range(5)], "n int, priority int")
     result = enqueue(df, app, "proj.t", args="n", queue="work", key="n")
     assert (result.sent, result.rejected) == (5, 0)
-    q = PriorityQueue.open(redis_client, "work", key_prefix=key_prefix)
+    q = open_queue(redis_client, "work", QueueSettings(key_prefix=key_prefix), declare=False)
     assert q.mode["priority_order"] == "lower_first"
     assert [lease.priority for lease in q.pop(5)] == [0, 1, 2, 3, 4]
     assert b"work" in redis_client.smembers(f"{key_prefix}:queues")
@@ -368,7 +369,7 @@ def test_the_writer_writes_to_a_redis_cluster_with_the_cluster_option(spark, key
         client = cluster.client()
         try:
             for name in names:
-                q = PriorityQueue.open(client, name, key_prefix=key_prefix)
+                q = open_queue(client, name, QueueSettings(key_prefix=key_prefix), declare=False)
                 assert q.size() == 10
                 assert sorted(json.loads(base64.b64decode(decode(e.payload)["body"]))[0][0] for e in q.peek(10)) == [
                     n for n, qn in rows if qn == name
@@ -393,7 +394,7 @@ def test_the_writer_writes_to_the_master_sentinel_names(spark, key_prefix):
         result = enqueue(df, app, "proj.t", args=["n"])
         # Then the rows are on the master the sentinels name
         assert (result.sent, result.rejected) == (12, 0)
-        q = PriorityQueue.open(group.master.client(), "celery", key_prefix=key_prefix)
+        q = open_queue(group.master.client(), "celery", QueueSettings(key_prefix=key_prefix), declare=False)
         assert q.size() == 12
     finally:
         group.close()
@@ -408,7 +409,10 @@ def test_a_sharded_queue_tells_rows_stored_already_too(spark, url, redis_client,
     second = enqueue(df, url, "proj.t", **opts)
     # Then each row is in one shard once, and the second run says so
     assert (first.sent, first.already_stored) == (40, 0) and (second.sent, second.already_stored) == (0, 40)
-    sizes = [PriorityQueue.open(redis_client, name, key_prefix=key_prefix).size() for name in shard_names("celery", 4)]
+    sizes = [
+        open_queue(redis_client, name, QueueSettings(key_prefix=key_prefix), declare=False).size()
+        for name in shard_names("celery", 4)
+    ]
     assert sum(sizes) == 40 and sum(1 for s in sizes if s) > 1
 
 
@@ -426,7 +430,7 @@ def test_rows_of_a_task_the_queue_limits_go_under_its_limit_and_lift_nothing(spa
     df = spark.createDataFrame([(i,) for i in range(3)], "image_id int")
     write(df, url, key_prefix, task="proj.resize", args="image_id", queue="limited")
     # Then the rows wait under the task's limit, and the queue's tables are as declared
-    q = PriorityQueue.open(redis_client, "limited", key_prefix=key_prefix)
+    q = open_queue(redis_client, "limited", QueueSettings(key_prefix=key_prefix), declare=False)
     assert {t: s["waiting"] for t, s in q.tenant_stats().items()} == {"task:proj.resize": 3}
     tables = redis_client.hgetall(q.keys.tenant_settings)
     assert float(tables[b"r:task:proj.resize"]) == 0.01 and float(tables[b"w:acme"]) == 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 from celery_pq.spark.eventlog import events_key
 
 FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
@@ -60,7 +60,7 @@ def real_run(client, prefix: str, queue: str = "work", *, entries: int = 300, se
     for i in range(entries):
         tenant = rnd.choices("abc", weights=(6, 3, 1))[0]
         priority = rnd.choice((9, 5, 1)) if tenant == "a" else rnd.randrange(0, 10)
-        items.append((f"payload{i}".encode(), priority, f"{queue}-{i}", tenant))
+        items.append(Item(f"payload{i}".encode(), priority, f"{queue}-{i}", tenant=tenant))
     for i in range(0, entries, 50):
         q.insert_many(items[i : i + 50])
         # consume part of the backlog between the bursts of inserts

@@ -3,7 +3,7 @@ lease worth a warning, unless the lease book no longer keeps it (acked meanwhile
 
 import logging
 
-from celery_pq import PriorityQueue
+from celery_pq import Item, PriorityQueue
 from celery_pq.leasebook import LeaseBook
 from celery_pq.leases import LeaseKeeper
 from celery_pq.options import Options
@@ -11,7 +11,7 @@ from celery_pq.options import Options
 
 def held_book(redis_client, key_prefix, n=2):
     q = PriorityQueue(redis_client, "keep", key_prefix=key_prefix)
-    q.insert_many([(b"x", 1, f"e{i}") for i in range(n)])
+    q.insert_many([Item(b"x", 1, f"e{i}") for i in range(n)])
     book = LeaseBook(Options())
     leases = q.pop(n)
     book.hold(q, leases)

@@ -113,7 +113,7 @@ def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_firs
     assert flight is not None and not flight.done
     assert q.stats()["leased"] == 1  # (this call's reply is its own)
     assert flight.done
-    [delivery] = q.parse_deliveries(flight.result())
+    [delivery], _ = q.landed(flight.result())
     assert delivery.payload == b"a"
 
 

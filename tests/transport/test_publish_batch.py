@@ -14,7 +14,7 @@ import celery_pq  # noqa: F401  (registers pq://)
 from celery_pq import MessageTooLarge, PriorityQueue, QueueFull
 from celery_pq import constants as C
 from celery_pq.messages import describe
-from celery_pq.queue.base import QueueBase
+from celery_pq.queue.scripts import Scripts
 from celery_pq.scripts.stream import CallStream
 
 try:
@@ -27,13 +27,13 @@ except ImportError:  # collected with the repository root on sys.path instead of
 def round_trips(monkeypatch):
     """The insert round trips of this process: one list of script calls per round trip."""
     seen: list[int] = []
-    real = QueueBase.run_replicated
+    real = Scripts.run_many
 
     def spy(self, calls):
         seen.append(len(calls))
         return real(self, calls)
 
-    monkeypatch.setattr(QueueBase, "run_replicated", spy)
+    monkeypatch.setattr(Scripts, "run_many", spy)
     return seen
 
 
@@ -108,7 +108,7 @@ def _bodies(conn, name, key_prefix, n):
 def _lose_replies(monkeypatch, times=1):
     """The next ``times`` insert round trips run in Redis and then lose their replies (a
     connection cut after the script ran)."""
-    real = QueueBase.run_replicated
+    real = Scripts.run_many
     left = [times]
 
     def lost(self, calls):
@@ -118,7 +118,7 @@ def _lose_replies(monkeypatch, times=1):
             raise redis.ConnectionError("connection lost before the reply")
         return replies
 
-    monkeypatch.setattr(QueueBase, "run_replicated", lost)
+    monkeypatch.setattr(Scripts, "run_many", lost)
 
 
 def test_a_batch_of_1000_sends_no_call_per_message_reads_the_replies_at_the_flush_and_keeps_the_order(

@@ -9,7 +9,7 @@ import time
 import pytest
 from kombu import Connection
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 
 try:
     from support.consume import drain, make_queue
@@ -22,7 +22,7 @@ OTHER = "proj.tasks.other"
 
 
 def _rates(redis_client, key_prefix):
-    q = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
+    q = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
     return {k: float(v) for k, v in redis_client.hgetall(q.keys.tenant_settings).items() if k.startswith(b"r:")}
 
 
@@ -38,7 +38,7 @@ def test_a_producer_without_task_rate_lifts_no_limit_and_its_messages_go_under_i
         assert _rates(redis_client, key_prefix) == {b"r:task:" + SLOW.encode(): 0.01}
         got = [b["task"] for b, _ in drain(worker, make_queue(), 7, timeout=1.5)]
     assert got == [OTHER] * 3
-    q = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
+    q = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
     assert q.held_tenants() == {"task:" + SLOW: "rate"} and q.size() == 4
 
 
@@ -60,7 +60,7 @@ def test_a_producer_that_opened_the_queue_before_the_worker_declared_it_publishe
             assert producer.default_channel.queue("kq").task_limits == {"task:" + SLOW: 0.01}
     # Then the reopened queue's limit held the SLOW messages: they are the limit's tenant's
     assert got == [OTHER]
-    q = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
+    q = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
     assert q.held_tenants() == {"task:" + SLOW: "rate"} and q.size() == 3
 
 
@@ -74,7 +74,10 @@ def test_a_producer_without_task_rate_does_not_turn_a_drained_fair_queue_plain(u
         # The worker's pops still work (no ModeMismatch) and take both
         got = sorted(b["task"] for b, _ in drain(worker, make_queue(), 2, timeout=2))
     assert got == sorted([OTHER, SLOW])
-    assert PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix).stored_mode()["fair"] is True
+    assert (
+        open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False).stored_mode()["fair"]
+        is True
+    )
 
 
 def test_a_process_whose_options_disagree_is_told_at_open_with_both_values(url, key_prefix, caplog):

@@ -4,7 +4,7 @@ other queues as they were; a limit taken out of the option is lifted."""
 
 from kombu import Connection, Producer
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 
 try:
     from support.consume import drain, make_queue
@@ -32,7 +32,7 @@ def test_a_limited_task_is_held_by_its_bucket_and_the_rest_of_the_queue_flows(ur
     with Connection(url, transport_options=options) as conn:
         q = make_queue()
         publish(conn, q, [SLOW] * 4 + ["proj.tasks.other"] * 5)
-        queue = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
+        queue = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
         assert {t: s["waiting"] for t, s in queue.tenant_stats().items()} == {"task:" + SLOW: 4, "": 5}
         got = [b["task"] for b, _ in drain(conn, q, 9, timeout=2)]
     assert got == ["proj.tasks.other"] * 5
@@ -45,10 +45,10 @@ def test_the_per_queue_form_leaves_other_queues_plain(url, key_prefix, redis_cli
     with Connection(url, transport_options=options) as conn:
         publish(conn, make_queue("kq"), [SLOW])
         publish(conn, make_queue("other"), [SLOW])
-    limited = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
-    other = PriorityQueue.open(redis_client, "other", key_prefix=key_prefix)
-    assert limited.fair and limited.peek()[0].tenant == "task:" + SLOW
-    assert not other.fair and other.peek()[0].tenant is None
+    limited = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
+    other = open_queue(redis_client, "other", QueueSettings(key_prefix=key_prefix), declare=False)
+    assert limited.settings.fair and limited.peek()[0].tenant == "task:" + SLOW
+    assert not other.settings.fair and other.peek()[0].tenant is None
 
 
 def test_a_limit_taken_out_of_a_consumer_s_options_is_lifted_when_it_consumes_again(url, key_prefix, redis_client):
@@ -56,7 +56,7 @@ def test_a_limit_taken_out_of_a_consumer_s_options_is_lifted_when_it_consumes_ag
     with Connection(url, transport_options=before) as conn:
         publish(conn, make_queue(), [SLOW])
         drain(conn, make_queue(), 1, timeout=0.3)  # a consumer declares the queue's limits
-    queue = PriorityQueue.open(redis_client, "kq", key_prefix=key_prefix)
+    queue = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
     rates = {f for f in redis_client.hkeys(queue.keys.tenant_settings) if f.startswith(b"r:")}
     assert rates == {b"r:task:" + SLOW.encode(), b"r:task:proj.tasks.resize"}
     after = {"key_prefix": key_prefix, "task_rate": {"proj.tasks.resize": 3}}

@@ -12,8 +12,7 @@ from kombu import Connection, Producer
 import celery_pq
 from celery_pq import ConfigError, PriorityQueue, PublishOutcome, publish_outcome
 from celery_pq.options import Options
-from celery_pq.queue.inserts import QueueInserts
-from celery_pq.queue.unique import QueueUnique
+from celery_pq.queue.scripts import Scripts
 
 try:
     from support.consume import drain, make_queue
@@ -130,14 +129,13 @@ def test_bad_options_are_refused_once():
 
 def test_a_message_without_a_key_is_published_as_ever(url, opts, redis_client, key_prefix, monkeypatch):
     seen = []
-    real = QueueInserts.insert_call
+    real = Scripts.insert_call
 
     def spy(self, items, forget=(), made="0", unique=None):
         seen.append(unique)
         return real(self, items, forget, made, unique)
 
-    monkeypatch.setattr(QueueInserts, "insert_call", spy)
-    monkeypatch.setattr(QueueUnique, "insert_unique", lambda *a, **k: pytest.fail("a keyless publish came here"))
+    monkeypatch.setattr(Scripts, "insert_call", spy)
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
         publish(conn, q, "n1")

@@ -7,7 +7,7 @@ import redis
 from celery_pq import ConfigError, PriorityQueue
 from celery_pq.options import Options
 from celery_pq.queue import QueueSettings
-from celery_pq.shards import ShardedQueue
+from celery_pq.queue.sharded import ShardedQueue
 
 
 @pytest.mark.parametrize(
@@ -56,20 +56,6 @@ def test_the_options_produce_each_queues_settings():
 
 def test_a_plain_queue_is_its_own_single_shard():
     q = PriorityQueue(redis.Redis(), "q", QueueSettings(fair=True))
-    assert q.shards == [q] and q.fair and q.technique == "T"
+    assert q.shards == [q] and q.settings.fair and q.mode["technique"] == "T"
     sharded = ShardedQueue([q, PriorityQueue(redis.Redis(), "q#1", q.settings)], "q")
-    assert sharded.shards[0] is q and sharded.fair
-
-
-def test_insert_takes_its_options_in_the_order_insert_options_gives_them():
-    # insert packs its options into a tuple in this order and _insert_one unpacks it so;
-    # insert_unique's are put in order by insert_options (values.INSERT_DEFAULTS)
-    import inspect
-
-    from celery_pq.queue.inserts import QueueInserts
-    from celery_pq.queue.values import INSERT_DEFAULTS, InsertOptions
-
-    params = inspect.signature(QueueInserts.insert).parameters.values()
-    named = [(p.name, p.default) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert named == list(INSERT_DEFAULTS)
-    assert [name for name, _ in INSERT_DEFAULTS] == list(InsertOptions.__annotations__)
+    assert sharded.shards[0] is q and sharded.settings.fair

@@ -9,26 +9,31 @@ import redis
 
 from celery_pq import constants as C
 from celery_pq.ids import encode_id
-from celery_pq.queue import PriorityQueue, calls
+from celery_pq.queue import Item, QueueSettings, calls
+from celery_pq.queue.scripts import Scripts
 from celery_pq.scripts import SCRIPT_NAMES, signature
 
 
-def queue(fair: bool) -> PriorityQueue:
+def queue(fair: bool) -> Scripts:
+    """The script calls of a queue (``PriorityQueue``'s private member, what ``calls`` builds for)."""
     caps = {"tenant_concurrency": 3, "tenant_rate": 2.5, "max_length_per_tenant": 7} if fair else {}
-    q = PriorityQueue(redis.Redis(), "orders", fair=fair, max_length=100, max_deliveries=4, **caps)
+    q = Scripts(redis.Redis(), "orders", QueueSettings(fair=fair, max_length=100, max_deliveries=4, **caps))
     q.views, q.views_version = [(0, 9), (10, 255)], "4"
     return q
 
 
 def _insert(q):
     _, head = calls.insert_head(q)
-    items = [(b"p", 5, "a", "t,1", "0", b"pid", "task", "+2000"), ("s", 200, None, None, "+10", None, None, "")]
+    items = [
+        (Item(b"p", 5, "a", tenant="t,1", publish_id=b"pid", task="task", ttl=2), b"pid"),
+        (Item("s", 200, delay=0.01), None),
+    ]
     built = calls.insert_args(q, head, items, [b"f"], "0")
     rest = [encode_id("a"), q.rank(5), "t%2C1", b"p", "0", b"pid", "task", "+2000"]
     rest += ["", q.rank(200), "", b"s", "+10", "", "", ""]
     named = {
         "max_length": 100,
-        "max_per_tenant": q.max_length_per_tenant,
+        "max_per_tenant": q.settings.max_length_per_tenant or 0,
         "views_version": "4",
         "views": ["0,9", "10,255"],
         "forget": [b"f"],
@@ -50,7 +55,7 @@ def _pop(q):
         "hi": 200,
         "take_hi": 9,
     }
-    if q.fair:
+    if q.settings.fair:
         named.update(conc=3, rate=2.5)
     return built, [encode_id("e1"), "t1", encode_id("e2"), "t2"], named
 

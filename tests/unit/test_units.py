@@ -72,7 +72,7 @@ def test_rank_follows_priority_order():
     lo = PriorityQueue(None, "q", priority_order="lower_first")
     assert hi.rank(255) == 0 and hi.rank(0) == 255
     assert lo.rank(0) == 0 and lo.rank(255) == 255
-    assert hi.priority_of_score(3 * C.SEQ_SPAN + 17) == 252
+    assert hi._scripts.priority_of_score(3 * C.SEQ_SPAN + 17) == 252
 
 
 @pytest.mark.parametrize("kw", [{"technique": "Q"}, {"priority_order": "up"}, {"lease_seconds": 0}, {"max_length": 0}])

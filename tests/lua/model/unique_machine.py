@@ -325,7 +325,7 @@ class UniqueMachine(RuleBasedStateMachine):
 
     def come_back(self, e: UEntry, got) -> None:
         e.d += 1
-        limit = self.q.max_deliveries
+        limit = self.q.settings.max_deliveries
         expected = "dead" if limit and e.d >= limit else "waiting"
         assert got in (None, expected), f"{e.eid} came back {got!r}, the model: {expected}"
         if expected == "dead":
@@ -393,7 +393,7 @@ class UniqueMachine(RuleBasedStateMachine):
             return
         x = self.entries[live[x % len(live)]].tid if x % 2 else live[x % len(live)]
         hit = [e for e in self.entries.values() if e.state != "leased" and (e.eid == x or e.tid == x)]
-        if "unique_remove_s" in SKIP and self.q.technique == "S" and any(e.holds for e in hit):
+        if "unique_remove_s" in SKIP and self.q.mode["technique"] == "S" and any(e.holds for e in hit):
             return
         n = self.q.remove(x)
         assert n == len(hit), f"remove({x!r}) removed {n}, the model {[e.eid for e in hit]}"

@@ -1,0 +1,105 @@
+"""One entry to insert, the one shape every insert takes (``insert``, ``insert_many``, a
+producer's batch, the Spark writer, a sharded queue), checked when made, and the one function
+that lays it out as the insert script's arguments (``lua_group``)."""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+
+from ..checks import seconds
+from ..ids import encode_id
+from .values import MAX_DUE_MS, as_bytes, escape_tenant, validate_priority
+
+
+def _unix_ms(label: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DUE_MS:
+        raise ValueError(f"{label} must be a Unix time in milliseconds, 0..{MAX_DUE_MS}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """An entry to insert: ``payload`` at ``priority`` (0..255) with entry id ``id`` (None: the
+    queue numbers it), and by keyword: ``tenant`` (a fair queue's), ``due_ms`` (Unix ms) or
+    ``delay`` (seconds from now, Redis clock) to keep it delayed until then, ``publish_id`` (the
+    insert is idempotent under it: stored once however often it is sent within
+    ``dedupe_seconds``), ``task`` (the task name the event log's ``enqueue`` names), and
+    ``expires_ms`` (Unix ms) or ``ttl`` (seconds from the insert), the earlier of the two the
+    deadline past which no pop delivers it. ValueError names a bad value."""
+
+    payload: bytes | str  # (kept as bytes)
+    priority: int = 0
+    id: str | None = None
+    _: KW_ONLY
+    tenant: str | None = None
+    due_ms: int | None = None
+    delay: float | None = None
+    publish_id: bytes | None = None
+    task: str | None = None
+    expires_ms: int | None = None
+    ttl: float | None = None
+
+    def __post_init__(self):
+        keep = object.__setattr__  # frozen: a str payload or publish id is kept as bytes, once
+        if type(self.payload) is not bytes:
+            if not isinstance(self.payload, (bytes, str)):
+                raise ValueError(f"payload must be bytes or str, got {type(self.payload).__name__}")
+            keep(self, "payload", as_bytes(self.payload))
+        validate_priority(self.priority)
+        if self.id is not None and (type(self.id) is not str or not self.id):
+            raise ValueError(f"entry id must be a non-empty string or None, got {self.id!r}")
+        if self.tenant is not None and type(self.tenant) is not str:
+            raise ValueError(f"tenant must be a string or None, got {self.tenant!r}")
+        pid = self.publish_id
+        if pid is not None and type(pid) is not bytes:
+            if not isinstance(pid, (bytes, str)) or not pid:
+                raise ValueError(f"publish_id must be non-empty bytes or str, got {pid!r}")
+            keep(self, "publish_id", as_bytes(pid))
+        elif pid is not None and not pid:
+            raise ValueError(f"publish_id must be non-empty bytes or str, got {pid!r}")
+        if self.task is not None and type(self.task) is not str:
+            raise ValueError(f"task must be a task name (str) or None, got {self.task!r}")
+        if self.due_ms is not None or self.delay is not None:
+            if self.due_ms is not None and self.delay is not None:
+                raise ValueError("give delay or due_ms, not both")
+            if self.due_ms is not None:
+                _unix_ms("due_ms", self.due_ms)
+            else:
+                seconds("delay", self.delay, zero=True)
+        if self.expires_ms is not None:
+            _unix_ms("expires_ms", self.expires_ms)
+        if self.ttl is not None:
+            seconds("ttl", self.ttl, zero=True)
+
+
+def due_field(item: Item) -> str:
+    """The insert script's due field: "0" now, "+<ms>" from Redis's now, or absolute Unix ms."""
+    if item.due_ms is not None:
+        return str(item.due_ms)
+    if item.delay is not None:
+        return f"+{int(float(item.delay) * 1000)}"
+    return "0"
+
+
+def expires_field(item: Item) -> str:
+    """The insert script's expires field: "" none, absolute Unix ms, "+<ms>" from Redis's now,
+    or "<abs>+<ms>" (the earlier of the two)."""
+    out = "" if item.expires_ms is None else str(item.expires_ms)
+    if item.ttl is not None:
+        out += f"+{max(0, int(float(item.ttl) * 1000))}"
+    return out
+
+
+def lua_group(item: Item, rank: int, publish_id: bytes | None) -> list:
+    """The item's group of the insert script's ARGV (its header: id, rank, tenant, payload, due,
+    publish id, task, expires), at ``rank``, under ``publish_id`` (the item's, or one made for
+    the call)."""
+    return [
+        encode_id(item.id) if item.id else "",
+        rank,
+        escape_tenant(item.tenant) if item.tenant else "",
+        item.payload,
+        due_field(item),
+        publish_id or "",
+        item.task or "",
+        expires_field(item),
+    ]

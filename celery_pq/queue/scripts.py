@@ -1,0 +1,247 @@
+"""A queue's script calls: its keys and script context, each script's ARGV laid out once
+(``calls`` builds and reads them), running one call or several, and what an insert call
+carries (the priority views it wakes, the publish ids answered). ``PriorityQueue`` holds one as
+its private ``_scripts``; docs/architecture.md draws the layers."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import redis
+
+from .. import constants as C
+from ..checks import count as _count
+from ..checks import seconds as _seconds
+from ..checks import text as _text
+from ..connections import NodePipeline, is_cluster
+from ..errors import NotReplicated
+from ..ids import unique_bytes
+from ..keys import dead_queue_name, queue_keys, script_keys, split_dead
+from ..records import join_mode
+from ..scripts import Layout, get_scripts, signature
+from . import calls
+from .calls import ScriptCall
+from .running import readable_mode, run_calls, run_replicated, translate_error, wait_out_migration
+from .settings import QueueSettings
+from .values import as_text, validate_priority
+
+
+class AnsweredIds:
+    """Publish ids whose inserts have replied (none of them can be retried now): the next insert
+    calls have the script forget them, so the window of publish ids holds only unanswered ones
+    and at most a batch more. Beyond FORGET_PENDING the oldest are not worth a command: the
+    window's rotation drops them. (A deque: adding and taking are each atomic, no lock.)"""
+
+    def __init__(self) -> None:
+        self._ids: deque[bytes] = deque(maxlen=C.FORGET_PENDING)
+
+    def take(self, most: int = C.FORGET_MAX) -> list:
+        """Up to ``most`` of them, once FORGET_BATCH are waiting (else none)."""
+        ids = self._ids
+        if len(ids) < C.FORGET_BATCH:
+            return []
+        out = []
+        try:
+            for _ in range(most):
+                out.append(ids.popleft())
+        except IndexError:  # (fewer than ``most``, or another thread took them)
+            pass
+        return out
+
+    def add(self, pids) -> None:
+        self._ids.extend(pids)
+
+
+class Scripts:
+    """One queue's (or shard's) script calls: ``client``, ``name``, ``settings``, ``keys``."""
+
+    def __init__(self, client: redis.Redis, name: str, settings: QueueSettings):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"queue name must be a non-empty string, got {name!r}")
+        s = self.settings = settings
+        self.client, self.name = client, name
+        self.keys = queue_keys(name, s.key_prefix)
+        self.is_dead = split_dead(name)[1]
+        self.dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), s.key_prefix)
+        #: A fair queue reports technique T: its remove is lazy either way.
+        self.technique = C.TECHNIQUE_T if s.fair else s.technique
+        self.mode = join_mode(s.fair, s.fair_scope, s.priority_order, self.technique)
+        max_dead = s.max_dead_length or s.max_length or 0
+        #: The queue context every script but extend takes last (lua/includes/queue.lua); "~"
+        #: first on a cluster: the script's slot guard (scripts/runner.py).
+        self.context = ("~" if is_cluster(client) else "") + (
+            f"{self.mode}|{max_dead}|{int(s.dedupe_seconds * 1000)}|{float(s.tenant_rate or 0):g}"
+            f"|{s.event_log}|{C.EXPIRED_POLICIES[s.expired]}"
+        )
+        self._script_keys: dict[str, tuple[tuple[str, ...], list[str]]] = {}
+        self._layouts: dict[str, Layout] = {}
+        self._script_of: dict[str, Any] = {}
+        self._ranks: dict[int, int] = {}
+        self._pop_calls: dict[tuple, tuple] = {}  # pop arguments -> (script, keys, layout), checked
+        #: The registry of priority views (rank ranges) inserts wake, and its version.
+        self.views: list[tuple[int, int]] = []
+        self.views_version = ""
+        self.head: tuple[list, Layout] | None = None  # calls.insert_head, made when first needed
+        self.answered = AnsweredIds()
+        #: The publish id of the last insert (to retry it by hand after an error).
+        self.last_publish_id: bytes | None = None
+
+    @property
+    def readable_mode(self) -> dict:
+        return readable_mode(self.mode)
+
+    # -- one call -------------------------------------------------------------------------------
+    def keys_of(self, script: str, **given: str) -> list[str]:
+        """The KEYS of ``script`` by the names in its header (built once per script); ``given``
+        puts other keys in by name (a priority view's wake list)."""
+        known = self._script_keys.get(script)
+        if known is None:
+            sig = signature(script)
+            names = sig.keys if self.settings.fair else sig.keys[: len(sig.keys) - len(sig.fair_only)]
+            known = self._script_keys[script] = (names, script_keys(names, self.keys, self.dead_keys or self.keys))
+        if given:
+            return [given.get(n, key) for n, key in zip(*known)]
+        return known[1]
+
+    def layout(self, name: str) -> Layout:
+        """The ARGV layout of script ``name``, the queue's own values laid out once."""
+        got = self._layouts.get(name)
+        if got is None:
+            got = self._layouts[name] = calls.layout(self, name)
+        return got
+
+    def call(self, name: str, keys: list, args: list) -> ScriptCall:
+        """One call of script ``name``, to run now (``run``) or with others (``run_calls``)."""
+        script = self._script_of.get(name)
+        if script is None:  # (the process's scripts never change: looked up once per name)
+            script = self._script_of[name] = getattr(get_scripts(self.client), name)
+        return ScriptCall(script, keys, args)
+
+    def run(self, name: str, args: list, *, keys: list | None = None, wait: bool = True):
+        """Run script ``name`` now; while the queue's mode is being migrated:
+        ``wait_out_migration``, or with ``wait=False`` QueueMigrating at once."""
+        script, keys, args = self.call(name, self.keys_of(name) if keys is None else keys, args)
+
+        def once():
+            try:
+                return script(keys=keys, args=args, client=self.client)
+            except redis.ResponseError as exc:
+                raise translate_error(exc) from None
+
+        return wait_out_migration(once) if wait else once()
+
+    def run_many(self, many: list) -> tuple[list, int | None]:
+        """``run_calls``, then WAIT when ``wait_replicas`` is set: (replies, replicas that
+        acknowledged them, None when off)."""
+        s = self.settings
+        if not s.wait_replicas:
+            return run_calls(self.client, many), None
+        return run_replicated(self.client, many, s.wait_replicas, s.wait_timeout)
+
+    def check_replicated(self, acked: int | None) -> None:
+        s = self.settings
+        if acked is not None and acked < s.wait_replicas:
+            raise NotReplicated(self.name, acked, s.wait_replicas, s.wait_timeout)
+
+    def pipeline(self, transaction: bool = False):
+        """A pipeline of reads on the server that holds the queue's keys."""
+        return NodePipeline(self.client, self.keys.entries, transaction)
+
+    # -- priorities and views -------------------------------------------------------------------
+    def rank(self, priority: int) -> int:
+        """Rank 0 is served first."""
+        r = self._ranks.get(priority) if type(priority) is int else None
+        if r is None:
+            p = validate_priority(priority)
+            r = self._ranks[p] = C.MAX_PRIORITY - p if self.settings.priority_order == C.HIGHER_FIRST else p
+        return r
+
+    def priority_of_rank(self, rank: int) -> int:
+        return C.MAX_PRIORITY - rank if self.settings.priority_order == C.HIGHER_FIRST else rank
+
+    def priority_of_score(self, score) -> int:
+        return self.priority_of_rank(int(float(score)) >> C.SEQ_BITS)
+
+    def check_view(self, view) -> tuple[int, int]:
+        """The rank range of a priority view (None: the whole queue), checked."""
+        if view is None:
+            return 0, C.MAX_PRIORITY
+        if (
+            not isinstance(view, (tuple, list))
+            or len(view) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in view)
+            or not 0 <= view[0] <= view[1] <= C.MAX_PRIORITY
+        ):
+            raise ValueError(f"view must be a rank range (lo, hi) with 0 <= lo <= hi <= 255, got {view!r}")
+        s = self.settings
+        if s.fair and s.scope != "P" and tuple(view) != (0, C.MAX_PRIORITY):
+            raise ValueError(
+                f"view {tuple(view)!r}: priority views need fair_scope='within_priority' on a fair "
+                f"queue, and {self.name!r} is fair_scope={s.fair_scope!r}"
+            )
+        return view[0], view[1]
+
+    def refresh_views(self) -> None:
+        """Re-read the registry of priority views (inserts wake the views an entry satisfies)."""
+        with self.pipeline() as p:
+            p.hkeys(self.keys.views)
+            p.get(self.keys.views_version)
+            names, version = p.execute()
+        self.views = sorted((int(lo), int(hi)) for lo, hi in (as_text(n).split("-") for n in names))
+        self.views_version = as_text(version) if version is not None else ""
+        self.head = None
+
+    # -- the calls others run together ----------------------------------------------------------
+    def insert_call(self, sent: list, forget=(), made="0", unique=None) -> ScriptCall:
+        """The insert call of ``(Item, publish id)`` pairs (``calls.insert_args``)."""
+        if self.head is None:
+            self.head = calls.insert_head(self)
+        keys, head = self.head
+        return self.call("insert", keys, calls.insert_args(self, head, sent, forget, made, unique))
+
+    def ack_call(self, pairs) -> ScriptCall:
+        """The call acking ``(entry id, token)`` pairs."""
+        return self.call("ack", self.keys_of("ack"), calls.ack_args(self, pairs))
+
+    def head_call(self, view=None) -> ScriptCall:
+        """The call reading the rank and enqueue time of the entry a pop of ``view`` takes first."""
+        return self.call("peek_head", self.keys_of("peek_head"), calls.peek_head_args(self, *self.check_view(view)))
+
+    def lease_ms(self, lease_seconds) -> int:
+        if lease_seconds is None:
+            return int(1000 * self.settings.lease_seconds)
+        return int(1000 * float(_seconds("lease_seconds", lease_seconds) or 0))
+
+    def pop_call(self, count=1, *, lease_seconds=None, consumer=None, view=None, acks=(), bound=None) -> ScriptCall:
+        """The call of a pop. ``acks``: ``(entry id, token)`` pairs acked in the same call, before
+        the pop. ``bound``: the worst rank to take (a sharded queue's pop of one shard takes only
+        what beats the next shard it peeked)."""
+        # a consumer pops with the same arguments call after call: checked, and laid out, once
+        key: tuple | None = (type(count), count, type(lease_seconds), lease_seconds, consumer, view, type(bound), bound)
+        try:
+            known = self._pop_calls.get(key)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable argument: the checks below name it
+            known = key = None
+        if known is None:
+            _count("count", count, none=False)
+            lo, hi = self.check_view(view)
+            take_hi = hi if bound is None else bound
+            if isinstance(take_hi, bool) or not isinstance(take_hi, int) or not 0 <= take_hi <= C.MAX_PRIORITY:
+                raise ValueError(f"bound must be a rank 0..255 or None, got {bound!r}")
+            wake = {} if view is None else {"wk": self.keys.view_wake(lo, hi)}
+            lease_ms = self.lease_ms(lease_seconds)
+            if consumer is not None:
+                _text("consumer", consumer, forbidden=",")
+            name = "pop_fair" if self.settings.fair else "pop"
+            known = (
+                name,
+                self.keys_of(name, **wake),
+                calls.pop_layout(self, count, lease_ms, consumer, (lo, hi, take_hi)),
+            )
+            if key is not None:
+                if len(self._pop_calls) >= 64:
+                    self._pop_calls.clear()
+                self._pop_calls[key] = known
+        name, keys, layout = known
+        return self.call(name, keys, calls.pop_args(layout, unique_bytes().hex(), acks))
