@@ -55,7 +55,11 @@ if n == 0 then
 end
 local tenants = {}
 for _, f in ipairs(found) do
-  local eid, e = f[1], split_entry(f[2]) or { x = '', s = '0', t = '' }
+  local eid, e = f[1], split_entry(f[2])
+  if not e then -- malformed (a delayed one): deleted as asked; its flags unread, it is forgotten
+    e = { x = '', s = '0', t = '' } -- as a duplicate id in any case (as a waiting one is above)
+    dup_forget(eid)
+  end
   redis.call('HDEL', ii, eid)
   emit('remove', eid, e.s, e.t, nil, nil, 'purge')
   entry_gone(eid, e.x)
