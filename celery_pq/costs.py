@@ -97,10 +97,10 @@ def _commands(stale: int) -> dict:
             [*md, "hget", "hdel", "zrem", "hget", "hset", *passing, "lrange", "linsert", "llen", "hkeys", *ct]
         ),
         "remove_by_id": {
-            # the id's duplicates looked for in dq (one range read), and in dp (written before dq)
-            "T": [*md, "hget", "zrangebylex", "hexists", "hget", "hdel", "zrem", *passing, "lrem", "exists", *ct],
+            # the id's duplicates looked for in dq (one range read)
+            "T": [*md, "zrangebylex", "hexists", "hget", "hdel", "zrem", *passing, "lrem", "exists", *ct],
             # S: and the unique key's holder looked up (ue), to free a key the entry held
-            "S": [*md, "hget", "zrangebylex", "hexists", "zscore", "hdel", "hget", *ct],
+            "S": [*md, "zrangebylex", "hexists", "zscore", "hdel", "hget", *ct],
         },
         "change_priority": {
             "T": [

@@ -18,7 +18,6 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
     pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
     pq:{orders}:sq    string  insertion sequence (INCR)
-    pq:{orders}:dp    hash    task id -> "seq,seq": its duplicates "<task id>~<seq>" (recorded before dq)
     pq:{orders}:dq    zset    the duplicates of every task id: len(id) (2 bytes) id seq (6 bytes), all
                               scores 0, so an id's duplicates are one lex range
     pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
@@ -83,7 +82,6 @@ FIELDS = {
     "lt": "leases",
     "wk": "wake",
     "sq": "sequence",
-    "dp": "duplicates",
     "gd": "sweep_guard",
     "dz": "delayed",
     "vw": "views",
@@ -142,7 +140,6 @@ class QueueKeys:
     leases: str  # lt
     wake: str  # wk
     sequence: str  # sq
-    duplicates: str  # dp
     sweep_guard: str  # gd
     delayed: str  # dz
     views: str  # vw

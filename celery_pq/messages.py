@@ -337,11 +337,10 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
 
 
 def _stored_form(payload: bytes | str) -> bool:
-    """Whether a payload the codec refused is a message it would read: the stored form (its first
-    byte is the format's version) or kombu's JSON (refused for its size, not text that merely
-    fails to parse: that is a ValueError of the JSON reader)."""
+    """Whether a payload the codec refused is in the stored form (its first byte is the
+    format's version)."""
     head = payload[:1] if isinstance(payload, bytes) else payload[:1].encode()
-    return head in (bytes((VERSION,)), b"{")
+    return head == bytes((VERSION,))
 
 
 def _body_preview(message: dict) -> str:

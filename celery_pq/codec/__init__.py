@@ -49,8 +49,7 @@ table code (8 on)       the field's value (``body``: a body form byte, then its 
 A value is a tag byte (``T_*``) then its data: varints are unsigned LEB128, integers zigzag,
 floats 8 bytes big-endian, strings and bytes a varint length then the bytes (strings UTF-8).
 The sections are the message itself, its ``headers``, its ``properties`` and their
-``delivery_info``. Entries written before this format (kombu's JSON, first byte ``{``) are read
-as JSON, as before.
+``delivery_info``.
 
 The package, one module a job: ``layout`` (the format's bytes and its table of fields),
 ``writer`` (``encode``), ``reader`` (``decode``), ``reprs`` (argsrepr/kwargsrepr derived from

@@ -1,6 +1,5 @@
-"""The codec's reader: ``decode(bytes) -> message``, the kombu message dict of a stored record
-(this format, or the JSON of kombu's own transports written before it), within the bounds of
-``bounds``."""
+"""The codec's reader: ``decode(bytes) -> message``, the kombu message dict of a stored record,
+within the bounds of ``bounds``."""
 
 from __future__ import annotations
 
@@ -60,26 +59,17 @@ assert not any(
 
 
 def decode(data: bytes | str, raw_body: bool = False) -> dict:
-    """The kombu message dict of a stored record (this format, or the JSON written before it).
-    CodecError (a ValueError) naming the problem for a record that is neither.
+    """The kombu message dict of a stored record. CodecError (a ValueError) naming the problem
+    for a record that is not one.
 
     ``raw_body``: a body stored as the bytes of its base64 text is given as those bytes, a
     ``Base64Body``, not as the text (a delivery: kombu would decode the text at once)."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    if data[:1] == b"{":
-        if len(data) > MAX_VALUES and json_items(data) > MAX_VALUES:
-            raise CodecError(f"stored message (JSON) holds more than {MAX_VALUES} list and dict items")
-        try:
-            return kombu_loads(data)
-        except RecursionError:
-            raise CodecError("stored message (JSON) is nested too deep") from None
     if len(data) < 2:
         raise CodecError(f"stored message of {len(data)} byte(s) is too short")
     if data[0] != VERSION:
-        raise CodecError(
-            f"stored message has format version {data[0]}; this celery-pq reads version {VERSION} and JSON"
-        )
+        raise CodecError(f"stored message has format version {data[0]}; this celery-pq reads version {VERSION}")
     flags = data[1]
     if flags & ~KNOWN_FLAGS:
         raise CodecError(f"stored message has unknown flags {flags:#04x}")

@@ -7,9 +7,8 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] lz  zset    lease deadlines
 -- KEYS[3] lt  hash    leases
--- KEYS[4] dp  hash    task id -> its duplicates' seqs
--- KEYS[5] wk  list    wake tokens of plain consumers
--- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
+-- KEYS[4] wk  list    wake tokens of plain consumers
+-- KEYS[5..12] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1..] eid token...  the leases to ack, a pair each: entry id, lease token
 -- Returns: one code per pair: 1 acked, or an error code; the error reply MODE_MISMATCH
@@ -28,7 +27,7 @@
 --!queue
 local out = {}
 for i = 1, #ARGV, 2 do
-  local code, t = ack_one(ii, lz, lt, dp, ARGV[i], ARGV[i + 1])
+  local code, t = ack_one(ii, lz, lt, ARGV[i], ARGV[i + 1])
   if code == 1 and CTX.fair then
     fair_release(t)
     wake(wk)

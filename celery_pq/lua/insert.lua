@@ -11,12 +11,11 @@
 -- KEYS[3]  lt    hash    leases (only its size is read, for max_length)
 -- KEYS[4]  wk    list    wake tokens of plain consumers
 -- KEYS[5]  sq    string  insertion sequence
--- KEYS[6]  dp    hash    task id -> seqs of its duplicates (before dq; no longer written)
--- KEYS[7]  dz    zset    delayed entries, score = due time (ms)
--- KEYS[8]  vr    string  version of the registry of priority views
--- KEYS[9..16]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
--- KEYS[17..] views  list  wake lists of the priority views named in ARGV, one per view: the
---              last nviews keys (from KEYS[9] when the fairness keys are left out)
+-- KEYS[6]  dz    zset    delayed entries, score = due time (ms)
+-- KEYS[7]  vr    string  version of the registry of priority views
+-- KEYS[8..15]  te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
+-- KEYS[16..] views  list  wake lists of the priority views named in ARGV, one per view: the
+--              last nviews keys (from KEYS[8] when the fairness keys are left out)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length      entries waiting or delayed allowed, 0 for no limit
 -- ARGV[2] max_per_tenant  waiting entries allowed per tenant, 0 for no limit (fairness only)
@@ -314,7 +313,7 @@ for i = 0, n - 1 do
             keep[3], score = oseq, s.e.s
           end
         end
-        unique_drop(ii, dz, dp, s, kind, u.key)
+        unique_drop(ii, dz, s, kind, u.key)
         tally('unique_' .. kind)
       end
       local base = id

@@ -13,7 +13,6 @@
 -- KEYS[3] lz  zset    lease deadlines (ms)
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer (its priority view's, or the plain one)
--- KEYS[6] dp  hash    task id -> its duplicates' seqs (for the acks)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ","), for recovery by consumer
@@ -56,7 +55,7 @@ local nacks = tonumber(ARGV[9])
 
 local out = { 0, nacks }
 -- (acked: a lease of this queue was acked here, so its sweep record exists: write_leases)
-local acked = ack_pairs(out, ii, lz, lt, dp, 10, nacks)
+local acked = ack_pairs(out, ii, lz, lt, 10, nacks)
 if CTX.paused then
   redis.call('DEL', wk)
   flush_counts()
@@ -82,7 +81,7 @@ while got < want do
       stale = stale + 1
     elseif eid and expired(e, now) then
       if redis.call('HEXISTS', lt, eid) == 0 then
-        expire(ii, dp, eid, v, e, bar, score, now)
+        expire(ii, eid, v, e, bar, score, now)
         expiring = expiring + 1
       else
         stale = stale + 1

@@ -11,7 +11,6 @@
 -- KEYS[4] lt  hash    leases
 -- KEYS[5] wk  list    wake tokens of this consumer
 -- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
--- KEYS[14] dp  hash    task id -> its duplicates' seqs (for the acks)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] lease_ms     lease length, milliseconds
 -- ARGV[2] consumer     consumer id (no ",")
@@ -65,7 +64,7 @@ end
 local nacks = tonumber(ARGV[11])
 local out = { 0, nacks }
 for i = 1, nacks do
-  local code, t = ack_one(ii, lz, lt, dp, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
+  local code, t = ack_one(ii, lz, lt, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
   if code == 1 then
     fair_release(t)
   end
@@ -132,7 +131,7 @@ while got < want and stale < stale_budget and looked < stale_budget + expiring a
         fair_left(t, rank)
         fair_refresh(t, false)
       elseif expired(e, now) then
-        expire(ii, dp, eid, v, e, bar, score, now)
+        expire(ii, eid, v, e, bar, score, now)
         expiring = expiring + 1
         served[rank] = true -- its pointer is stale now: trimmed below with the served ranks'
         fair_left(t, rank)

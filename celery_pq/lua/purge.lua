@@ -5,10 +5,9 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] wk  list    wake tokens
--- KEYS[4] dp  hash    task id -> its duplicates' seqs
--- KEYS[5] dz  zset    delayed entries
--- KEYS[6] lt  hash    leases
--- KEYS[7..14] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[4] dz  zset    delayed entries
+-- KEYS[5] lt  hash    leases
+-- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] count  members to take in this call
 -- Returns: {entries_deleted, pointers_or_delayed_taken}
@@ -35,7 +34,7 @@ for i = 1, #taken, 2 do
   local eid, score, v = pi_entry(ii, lt, taken[i], taken[i + 1])
   if eid == false then -- malformed: deleted as asked
     redis.call('HDEL', ii, score)
-    dup_forget(dp, score)
+    dup_forget(score)
     tally('removed')
     emit('remove', score, nil, nil, nil, nil, 'purge')
   elseif eid and not seen[eid] then
@@ -56,10 +55,14 @@ if n == 0 then
 end
 local tenants = {}
 for _, f in ipairs(found) do
-  local eid, e = f[1], split_entry(f[2]) or { x = '', s = '0', t = '' }
+  local eid, e = f[1], split_entry(f[2])
+  if not e then -- malformed (a delayed one): deleted as asked; its flags unread, it is forgotten
+    e = { x = '', s = '0', t = '' } -- as a duplicate id in any case (as a waiting one is above)
+    dup_forget(eid)
+  end
   redis.call('HDEL', ii, eid)
   emit('remove', eid, e.s, e.t, nil, nil, 'purge')
-  entry_gone(dp, eid, e.x)
+  entry_gone(eid, e.x)
   if fair then
     local rank, seq = split_score(e.s)
     if redis.call('ZREM', FK.te, te_member(e.t, rank, seq, eid)) == 1 then

@@ -8,14 +8,13 @@
 -- KEYS[3]  lz   zset    lease deadlines
 -- KEYS[4]  lt   hash    leases
 -- KEYS[5]  wk   list    wake tokens
--- KEYS[6]  dp   hash    task id -> its duplicates' seqs
--- KEYS[7]  gd   string  sweep guard
--- KEYS[8]  dii  hash    dead-letter queue: identifier-indexed table
--- KEYS[9]  dpi  zset    dead-letter queue: priority-indexed table
--- KEYS[10] dwk  list    dead-letter queue: wake tokens
--- KEYS[11] dsq  string  dead-letter queue: sequence
--- KEYS[12] dz   zset    delayed entries, score = due time (ms)
--- KEYS[13..20] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[6]  gd   string  sweep guard
+-- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
+-- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
+-- KEYS[9]  dwk  list    dead-letter queue: wake tokens
+-- KEYS[10] dsq  string  dead-letter queue: sequence
+-- KEYS[11] dz   zset    delayed entries, score = due time (ms)
+-- KEYS[12..19] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] limit           expired leases handled at most in this call
 -- ARGV[2] max_deliveries  0 for no limit
@@ -130,7 +129,7 @@ for _, eid in ipairs(expired) do
     elseif v then
       e.d = d
       if max_deliveries > 0 and d >= max_deliveries and not CTX.is_dead then
-        to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now)
+        to_dead(ii, dii, dpi, dwk, dsq, eid, v, e, bar, score, 'max_deliveries', now)
         dead = dead + 1
       else
         to_waiting(ii, pi, eid, v, e, bar, score)

@@ -14,9 +14,8 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] lt  hash    leases
--- KEYS[4] dp  hash    task id -> its duplicates' seqs (the layout before dq: read and emptied)
--- KEYS[5] dz  zset    delayed entries
--- KEYS[6..13] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[4] dz  zset    delayed entries
+-- KEYS[5..12] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] id          the caller's id (a task id): its entry and every duplicate of it
 -- ARGV[2] cursor      "" on the first call; then the cursor the last call answered
@@ -40,17 +39,9 @@ local id = ARGV[1]
 local fair = CTX.fair
 
 local cursor, step = ARGV[2], tonumber(ARGV[3])
-local ids, members, legacy = {}, {}, {} -- entry ids; their dq member (nil: none); from dp
-local list = false
+local ids, members = {}, {} -- entry ids; their dq member (nil: none)
 if cursor == '' then
   ids[1] = id
-  list = redis.call('HGET', dp, id)
-  if list then -- (duplicates recorded before dq)
-    for seq in string.gmatch(list, '%d+') do
-      ids[#ids + 1] = id .. '~' .. seq
-      legacy[#ids] = seq
-    end
-  end
 end
 local next_cursor = ''
 if #id <= 65535 then
@@ -65,13 +56,9 @@ if #id <= 65535 then
   end
 end
 local removed, leased = 0, 0
-local kept = {}
 for i, eid in ipairs(ids) do
   if redis.call('HEXISTS', lt, eid) == 1 then
     leased = leased + 1
-    if legacy[i] then
-      kept[#kept + 1] = legacy[i]
-    end
   elseif CTX.technique == 'S' and not fair then
     if members[i] then
       redis.call('ZREM', key_of('dq'), members[i])
@@ -86,7 +73,7 @@ for i, eid in ipairs(ids) do
       local e = v and split_entry(v)
       emit('remove', eid, e and e.s, e and e.t)
       if not members[i] then -- (the id itself may be "<task id>~<seq>")
-        dup_forget(dp, eid)
+        dup_forget(eid)
       end
     end
   else
@@ -97,7 +84,7 @@ for i, eid in ipairs(ids) do
     if v then
       redis.call('HDEL', ii, eid)
       if not members[i] then -- (the id itself may be "<task id>~<seq>")
-        dup_forget(dp, eid)
+        dup_forget(eid)
       end
       removed = removed + 1
       local e = split_entry(v) -- a malformed one is removed as asked; its pointer goes lazily
@@ -115,9 +102,6 @@ for i, eid in ipairs(ids) do
       end
     end
   end
-end
-if list then
-  dup_store(dp, id, kept)
 end
 tally('removed', removed)
 flush_counts()

@@ -5,8 +5,7 @@
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
 -- KEYS[3] wk  list    wake tokens
--- KEYS[4] dp  hash    task id -> its duplicates' seqs
--- KEYS[5] lt  hash    leases
+-- KEYS[4] lt  hash    leases
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] stale_budget  stale pointers to discard at most
 -- Returns: {eid, score, value}, or {} when no entry is waiting.
@@ -36,7 +35,7 @@ while stale < stale_budget do
     set_aside(ii, score, v, popped[2], now_ms())
   elseif eid then
     redis.call('HDEL', ii, eid)
-    entry_gone(dp, eid, e.x)
+    entry_gone(eid, e.x)
     tally('removed')
     emit('remove', eid, score, e.t, nil, nil, 'highest')
     flush_counts()

@@ -17,10 +17,9 @@
 -- KEYS[3]  lt   hash    leases (only its size is read, for max_length)
 -- KEYS[4]  wk   list    wake tokens of plain consumers
 -- KEYS[5]  sq   string  insertion sequence
--- KEYS[6]  dp   hash    task id -> seqs of its duplicates (before dq; no longer written)
--- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
--- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
--- KEYS[9..16] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
+-- KEYS[6]  dii  hash    dead-letter queue: identifier-indexed table
+-- KEYS[7]  dpi  zset    dead-letter queue: priority-indexed table
+-- KEYS[8..15] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua), fair only
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] max_length  entries waiting allowed in the live queue, 0 for no limit
 -- ARGV[2..] id...  stored ids of dead letters to replay

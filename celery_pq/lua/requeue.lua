@@ -8,12 +8,11 @@
 -- KEYS[3]  lz   zset    lease deadlines
 -- KEYS[4]  lt   hash    leases
 -- KEYS[5]  wk   list    wake tokens
--- KEYS[6]  dp   hash    task id -> its duplicates' seqs
--- KEYS[7]  dii  hash    dead-letter queue: identifier-indexed table
--- KEYS[8]  dpi  zset    dead-letter queue: priority-indexed table
--- KEYS[9]  dwk  list    dead-letter queue: wake tokens
--- KEYS[10] dsq  string  dead-letter queue: sequence
--- KEYS[11..18] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
+-- KEYS[6]  dii  hash    dead-letter queue: identifier-indexed table
+-- KEYS[7]  dpi  zset    dead-letter queue: priority-indexed table
+-- KEYS[8]  dwk  list    dead-letter queue: wake tokens
+-- KEYS[9]  dsq  string  dead-letter queue: sequence
+-- KEYS[10..17] te ts tb fv fc fn tw fr: fairness state (see includes/fair.lua)
 -- ARGV[0] context  the queue context (see includes/queue.lua): sent last, taken off ARGV first
 -- ARGV[1] eid             entry id
 -- ARGV[2] token           lease token
@@ -75,7 +74,7 @@ elseif dead_reason == '' and max_deliveries > 0 and e.d >= max_deliveries then
   dead_reason = 'max_deliveries'
 end
 if dead_reason ~= '' then
-  to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, dead_reason, now_ms())
+  to_dead(ii, dii, dpi, dwk, dsq, eid, v, e, bar, score, dead_reason, now_ms())
   flush_counts()
   if CTX.dropped then
     return 3

@@ -17,7 +17,6 @@ import pytest
 
 from celery_pq import Item, PriorityQueue, QueueMigrating
 from celery_pq import constants as C
-from celery_pq.ids import encode_id
 
 try:
     from support.consume import pop_all
@@ -240,21 +239,6 @@ def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(r
     assert seen["zrangebylex"] == seen["fcall"] + seen["evalsha"]
     assert q.size() == 0 and redis_client.zcard(q.keys.duplicate_index) == 0
     assert q.ack(first)
-
-
-def test_duplicates_recorded_before_dq_are_still_found(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "legacy", key_prefix=key_prefix)
-    first, second, third = q.insert_many([Item(b"x", 1, "old")] * 3)
-    seqs = [s.rsplit("~", 1)[1] for s in (second, third)]
-    # as an older version stored them: "seq,seq" in the hash dp, nothing in dq
-    redis_client.delete(q.keys.duplicate_index)
-    redis_client.hset(q.keys.duplicates, encode_id("old"), ",".join(seqs))
-    back, lease = q.pop(2)  # the first duplicate, acked: it leaves dp's list
-    assert lease.id == second and q.ack(lease)
-    q.requeue(back)
-    assert redis_client.hget(q.keys.duplicates, encode_id("old")) == seqs[1].encode()
-    assert q.remove("old") == 2  # the entry and the other duplicate
-    assert not redis_client.hexists(q.keys.duplicates, encode_id("old")) and q.size() == 0
 
 
 def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_prefix):

@@ -43,7 +43,7 @@ end
 -- A dead letter has no expiry deadline: it waits in the dead-letter queue until taken. The
 -- unique key it held is free in its queue; the dead letter keeps it (flag "u", the dead-letter
 -- queue's ue) for a replay to restore (replay.lua).
-local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
+local function to_dead(ii, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason, now)
   dead_make_room(dii, dpi)
   local seq = redis.call('INCR', dsq)
   local rank = split_score(score)
@@ -64,7 +64,7 @@ local function to_dead(ii, dp, dii, dpi, dwk, dsq, eid, v, e, bar, score, reason
   pi_push(dpi, rank, seq, deid)
   wake(dwk)
   redis.call('HDEL', ii, eid)
-  dup_forget(dp, eid)
+  dup_forget(eid)
   counter_add('dead_lettered')
   return deid
 end
@@ -86,8 +86,7 @@ local function set_aside(ii, eid, v, rank, now)
     return
   end
   local ds = CTX.stem .. 'dead:'
-  to_dead(ii, key_of('dp'), ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s,
-    'malformed', now)
+  to_dead(ii, ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, wrapped, e, 1, e.s, 'malformed', now)
   counter_add('malformed')
 end
 
@@ -102,17 +101,17 @@ local EXPIRE_BUDGET = 100
 -- the dead-letter queue with reason "expired" (CTX.expired_drop false) or is deleted. Counts
 -- expired (and dead_lettered); logs dead (or remove), reason "expired". The caller has taken
 -- its pointer.
-local function expire(ii, dp, eid, v, e, bar, score, now)
+local function expire(ii, eid, v, e, bar, score, now)
   tally('expired')
   if CTX.expired_drop then
     emit('remove', eid, score, e.t, nil, e.d, 'expired')
     redis.call('HDEL', ii, eid)
-    dup_forget(dp, eid)
+    dup_forget(eid)
     if holds_key(e.x) then
       unique_release(eid)
     end
     return
   end
   local ds = CTX.stem .. 'dead:'
-  to_dead(ii, dp, ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, v, e, bar, score, 'expired', now)
+  to_dead(ii, ds .. 'ii', ds .. 'pi', ds .. 'wk', ds .. 'sq', eid, v, e, bar, score, 'expired', now)
 end

@@ -1,12 +1,11 @@
 -- Duplicate entry ids: an id sent while an entry holds it gets "<id>~<seq>" (free_id), and the
--- duplicates of a task id are recorded (dq, dp) so a remove by id finds them all.
+-- duplicates of a task id are recorded (dq) so a remove by id finds them all.
 --!include queue.lua
 
 -- The duplicates of a task id (entry ids "<task id>~<seq>") are members of the sorted set dq
 -- (derived key; all scores 0, so in byte order): the id's length in 2 bytes, the id, the seq in
 -- 6 bytes. One id's duplicates are one range (dup_range), so each is added, found and dropped in
--- O(log n), however often the id was sent. Duplicates recorded before dq are in the hash dp
--- (task id -> "seq1,seq2"), still read and emptied.
+-- O(log n), however often the id was sent.
 local function dup_member(tid, seq)
   return struct.pack('>I2', #tid) .. tid .. struct.pack('>I6', seq)
 end
@@ -21,38 +20,15 @@ local function dup_add(tid, seq)
   redis.call('ZADD', key_of('dq'), 0, dup_member(tid, seq))
 end
 
--- Store the sequence numbers of one task id's duplicates in the hash dp, "seq1,seq2" (none left:
--- the field goes): the layout before dq.
-local function dup_store(dp, tid, seqs)
-  if #seqs == 0 then
-    redis.call('HDEL', dp, tid)
-  else
-    redis.call('HSET', dp, tid, table.concat(seqs, ','))
-  end
-end
-
--- Forget a duplicate entry id "<task id>~<seq>" (in dq; one recorded before dq in dp). An entry
--- whose id has that form and that leaves the table for any reason is forgotten (its flags may
--- be unreadable), so no record of a task id's duplicates names an id a later entry takes.
-local function dup_forget(dp, eid)
+-- Forget a duplicate entry id "<task id>~<seq>" (its member of dq). An entry whose id has that
+-- form and that leaves the table for any reason is forgotten (its flags may be unreadable), so
+-- no record of a task id's duplicates names an id a later entry takes.
+local function dup_forget(eid)
   local tid, seq = string.match(eid, '^(.*)~(%d+)$')
   if not tid or #tid > 65535 then
     return
   end
-  if redis.call('ZREM', key_of('dq'), dup_member(tid, tonumber(seq))) == 1 then
-    return
-  end
-  local list = redis.call('HGET', dp, tid)
-  if not list then
-    return
-  end
-  local rest = {}
-  for s in string.gmatch(list, '%d+') do
-    if s ~= seq then
-      rest[#rest + 1] = s
-    end
-  end
-  dup_store(dp, tid, rest)
+  redis.call('ZREM', key_of('dq'), dup_member(tid, tonumber(seq)))
 end
 
 -- An id for eid in hash h that no entry there has: eid itself, else eid "~" seq, with a new

@@ -115,13 +115,13 @@ end
 
 -- Ack one lease (BQF MarkAsDone): the entry is deleted when the token matches. Returns the
 -- code (1 acked, or the error code of end_lease) and the lease's tenant.
-local function ack_one(ii, lz, lt, dp, eid, token)
+local function ack_one(ii, lz, lt, eid, token)
   local lease, err = end_lease(lt, lz, eid, token)
   if not lease then
     return err
   end
   redis.call('HDEL', ii, eid)
-  entry_gone(dp, eid, lease.x)
+  entry_gone(eid, lease.x)
   tally('acked')
   emit('ack', eid, lease.s, lease.t, lease.c)
   return 1, lease.t
@@ -134,7 +134,7 @@ end
 -- values, so that any number of acks can ride with a pop. A pair that repeats an entry acked
 -- before it in the call finds it NOT_LEASED, as it would one after the other. Returns whether
 -- any was acked.
-local function ack_pairs(out, ii, lz, lt, dp, first, n)
+local function ack_pairs(out, ii, lz, lt, first, n)
   if n == 0 then
     return false
   end
@@ -160,7 +160,7 @@ local function ack_pairs(out, ii, lz, lt, dp, first, n)
           ended[eid] = true
         end
         done[#done + 1] = eid
-        entry_gone(dp, eid, x)
+        entry_gone(eid, x)
         tally('acked')
         emit('ack', eid, s, t, c)
         out[#out + 1] = 1

@@ -195,7 +195,7 @@ end
 -- Take entry s (standing for key, waiting or delayed: unique_standing) out of queue ii, for a
 -- replace or a debounce (logged as what); its pointer, if waiting, is left to lazy deletion
 -- (or taken over by the new entry: insert.lua).
-local function unique_drop(ii, dz, dp, s, what, key)
+local function unique_drop(ii, dz, s, what, key)
   redis.call('HDEL', ii, s.eid)
   redis.call('HDEL', key_of('ue'), s.eid)
   if s.state == 'delayed' then
@@ -204,7 +204,7 @@ local function unique_drop(ii, dz, dp, s, what, key)
   elseif CTX.fair then
     fair_drop(s.e.t, s.e.s, s.eid)
   end
-  dup_forget(dp, s.eid)
+  dup_forget(s.eid)
   emit(what, s.eid, s.e.s, s.e.t, nil, nil, key)
 end
 
@@ -232,12 +232,12 @@ end
 
 -- Entry eid (flags x) has left the queue for good (acked, removed, purged): its duplicate id
 -- is forgotten ("d") and its unique key freed ("u"); an entry without flags costs one comparison.
-local function entry_gone(dp, eid, x)
+local function entry_gone(eid, x)
   if x == '' then
     return
   end
   if string.find(x, 'd', 1, true) then
-    dup_forget(dp, eid)
+    dup_forget(eid)
   end
   if holds_key(x) then
     unique_release(eid)
