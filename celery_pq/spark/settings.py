@@ -72,9 +72,6 @@ _OWN = {
     "rows_per_second",
     # a streaming query's own option, which Spark hands to the sink too
     "checkpointlocation",
-    # used only by the tests: fail each partition's first attempt once after this many rows
-    "test_fail_once_after",
-    "test_fail_once_marker",
 }
 ON_REJECT = ("keep", "fail")
 
@@ -156,8 +153,6 @@ class WriterSettings:
     #: ``fair_key`` header names when it is a column (a ``tenant`` column wins over it).
     roles: tuple[str, ...] = ()
     fair_column: str | None = None
-    test_fail_once_after: int | None = None
-    test_fail_once_marker: str | None = None
     #: Made once per write, on the driver (``parse``): with the partition and the position in
     #: it, the identity of a row without a ``task_id`` or ``key`` (rows.TaskRows).
     write_id: str = ""
@@ -233,7 +228,6 @@ class WriterSettings:
         rate = _positive_option("rows_per_second", given.get("rows_per_second"), None)
         if rate is not None and rate < 1:
             raise ConfigError(f"option 'rows_per_second' must be a number >= 1, got {given['rows_per_second']!r}")
-        fail_after = given.get("test_fail_once_after")
         return cls(
             broker=broker,
             task=given["task"].strip(),
@@ -255,8 +249,6 @@ class WriterSettings:
             columns=tuple(names),
             roles=roles,
             fair_column=fair_column,
-            test_fail_once_after=None if fail_after is None else int(fail_after),
-            test_fail_once_marker=given.get("test_fail_once_marker"),
             write_id=uuid.uuid4().hex,
         )._checked_broker()
 

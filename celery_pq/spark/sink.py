@@ -22,7 +22,6 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -228,7 +227,6 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
         if hooks is not None:
             hooks.done(position)
         batch, start, now = [], position, time.time()
-        test_failure(s, report)
 
     for row in iterator:
         report.rows += 1
@@ -254,18 +252,3 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
     if batch or position > start:
         flush()
     return report
-
-
-def test_failure(s: WriterSettings, report: PartitionReport) -> None:
-    """Tests only (options test_fail_once_after and test_fail_once_marker): the first attempt
-    of each partition fails once after sending that many rows, as an executor lost mid-write;
-    every attempt fails so while the marker directory holds a file ``hold`` (Spark then gives
-    up: the write, or the streaming query, fails)."""
-    done = report.sent + report.already_stored + report.skipped
-    if s.test_fail_once_after is None or done < s.test_fail_once_after:
-        return
-    markers = Path(s.test_fail_once_marker or ".")
-    marker = markers / f"failed-{report.partition}"
-    if not marker.exists() or (markers / "hold").exists():
-        marker.touch()
-        raise RuntimeError(f"test failure of partition {report.partition} after {done} rows")
