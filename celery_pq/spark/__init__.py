@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-# The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
-from .analyze import analyze
+from .events.analysis import analyze
 from .settings import PASSWORD_ENV
 from .workers import check_python_workers
 from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource, read_rejected_rows
@@ -58,7 +57,7 @@ def register(spark, *, check_workers: bool = True) -> None:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
     try:
-        from .events import EventsDataSource
+        from .events.source import EventsDataSource
     except ImportError:
         return
     spark.dataSource.register(EventsDataSource)

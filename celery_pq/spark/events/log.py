@@ -1,5 +1,5 @@
 """The event log's format on the reading side, without Spark: stream key, columns, rows, pages,
-and the check for events trimmed by the stream's cap. ``events.py`` (the Spark data source) and
+and the check for events trimmed by the stream's cap. ``source.py`` (the Spark data source) and
 ``export.py`` (Parquet files, no Spark) both read through it.
 
 One event is one entry of the capped stream ``<key_prefix>:{<queue>}:ev``, fields (all strings,
@@ -16,10 +16,10 @@ from datetime import UTC
 from typing import TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
-from ..constants import KEY_PREFIX
-from ..errors import ConfigError
-from ..keys import MAX_SHARDS, queue_keys, shard_names
-from ..redact import redact
+from ...constants import KEY_PREFIX
+from ...errors import ConfigError
+from ...keys import MAX_SHARDS, queue_keys, shard_names
+from ...redact import redact
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 

@@ -16,7 +16,7 @@ A queue split into shards has one stream per shard: with ``shards``, each shard'
 (its own files and offset, under the shard's name).
 
 Events the stream's cap trimmed before they were exported are gone; the export detects it
-(``eventlog.check_gap``) and says so, or stops with ``on_gap="fail"``.
+(``log.check_gap``) and says so, or stops with ``on_gap="fail"``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from ..constants import KEY_PREFIX
-from .eventlog import (
+from ...constants import KEY_PREFIX
+from .log import (
     COLUMNS,
     PAGE,
     check_gap,

@@ -78,7 +78,7 @@ class Report:
 
 def local_spark(app_name: str = "celery-pq-report"):
     """A local SparkSession for the command line (``session.local_spark``)."""
-    from .session import local_spark as make
+    from ..session import local_spark as make
 
     return make(app_name, shuffle_partitions=4)
 
@@ -190,7 +190,7 @@ def build_report(
     title: str = "celery-pq event log report",
 ) -> Report:
     """The report of an event-log DataFrame (see the module docstring)."""
-    from .analyze import analyze
+    from .analysis import analyze
 
     dfs = analyze(events, window_seconds=window_seconds, weights=weights)
     # pd.DataFrame: pyspark's own name for it (PandasDataFrameLike) does not resolve for mypy

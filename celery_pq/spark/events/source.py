@@ -29,7 +29,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from .eventlog import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
+from .log import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
 NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
@@ -115,7 +115,7 @@ except ImportError:  # pragma: no cover - older PySpark 4
 class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets are ``{queue: {"sid": id of the last event read, "n": its position}}`` ("0-0" and 0
     before the first event; the position, counted from the first event ever added to the stream,
-    is what shows events trimmed before they were read: see ``eventlog.trimmed``)."""
+    is what shows events trimmed before they were read: see ``log.trimmed``)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
