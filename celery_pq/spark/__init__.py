@@ -14,7 +14,7 @@ From DataFrames to tasks::
 
     (stream.writeStream.format("celery_pq").option("broker", "pq://redis:6379/0")
        .option("task", "proj.tasks.resize").option("args", "image_id")
-       .option("checkpointLocation", "checkpoints/resize").start())   # each row once (stream.py)
+       .option("checkpointLocation", "checkpoints/resize").start())   # each row once (sink/stream.py)
 
 From the event log to analytics::
 
@@ -38,9 +38,10 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .events.analysis import analyze
-from .settings import PASSWORD_ENV
+from .sink.rejects import REJECTS_FILE, SUMMARY_FILE, read_rejected_rows
+from .sink.settings import PASSWORD_ENV
+from .sink.source import CeleryPQDataSource
 from .workers import check_python_workers
-from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource, read_rejected_rows
 
 __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
 
-from celery_pq.spark.writer import CeleryPQDataSource
+from celery_pq.spark.sink.source import CeleryPQDataSource
 
 
 @dataclass(frozen=True)

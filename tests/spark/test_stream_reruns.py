@@ -146,7 +146,7 @@ def test_two_applications_on_one_checkpoint_do_not_skip_each_others_rows(
 
 
 def test_a_run_fenced_off_by_a_later_one_sends_no_more(redis_client, key_prefix):
-    from celery_pq.spark.record import Fenced, PartitionState, SinkRecord
+    from celery_pq.spark.sink.record import Fenced, PartitionState, SinkRecord
 
     # Given run "a" of a query writing its record, and run "b" started on the same checkpoint
     a = SinkRecord(redis_client, "q1", key_prefix, run="a")

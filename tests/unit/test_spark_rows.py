@@ -13,8 +13,8 @@ from celery import Celery
 from celery_pq.codec import decode
 from celery_pq.errors import ConfigError
 from celery_pq.spark.events.log import redis_url
-from celery_pq.spark.rows import Rejected, TaskRows
-from celery_pq.spark.settings import WriterSettings
+from celery_pq.spark.sink.rows import Rejected, TaskRows
+from celery_pq.spark.sink.settings import WriterSettings
 
 COLUMNS = ["a", "b", "task_id", "priority"]
 SAMPLES = [

@@ -1,6 +1,6 @@
 """The streaming sink of the ``celery_pq`` data source: ``df.writeStream.format("celery_pq")``
 with the batch writer's options and a checkpoint location. Every micro-batch is written as a
-batch write is (``sink.write_partition``); Spark runs a micro-batch's Spark task again after a
+batch write is (``partition.write_partition``); Spark runs a micro-batch's Spark task again after a
 failure, and the whole micro-batch again after a restart when it was not committed.
 
 How a row is not sent twice, and never lost, when its micro-batch runs again:
@@ -38,12 +38,12 @@ from itertools import chain, islice
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from .partition import PartitionReport, Sink, eta_is_local, prune_rate, summarize, write_partition
 from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
+from .rejects import write_rejects
 from .rows import TaskRows
 from .settings import WriterSettings, close_client
-from .sink import PartitionReport, Sink, prune_rate, write_partition
-from .writer import eta_is_local, summarize, write_rejects
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -63,7 +63,7 @@ class StreamReport(PartitionReport):
 
 
 class CeleryPQStreamWriter(DataSourceStreamWriter):
-    """``df.writeStream.format("celery_pq")``: options in ``celery_pq.spark.settings``."""
+    """``df.writeStream.format("celery_pq")``: options in ``settings.py``."""
 
     def __init__(self, settings: WriterSettings, schema: StructType):
         self.settings = settings

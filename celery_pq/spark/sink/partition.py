@@ -1,4 +1,4 @@
-"""One Spark task's way into the queues, shared by the batch writer (``writer.py``) and the
+"""One Spark task's way into the queues, shared by the batch writer (``batch.py``) and the
 streaming sink (``stream.py``): its partition's rows built into messages (``rows.TaskRows``),
 batch by batch, and inserted with ``PriorityQueue.insert_many``, under two rules of the write:
 
@@ -24,12 +24,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.types import StructType, TimestampType
 
-from ..constants import TASK_TENANT_PREFIX
-from ..errors import PQError, QueueFull
-from ..keys import sink_rate_key
-from ..queue import open_queue
-from ..routing import RoutingTables
+from ...constants import TASK_TENANT_PREFIX
+from ...errors import PQError, QueueFull
+from ...keys import sink_rate_key
+from ...queue import open_queue
+from ...routing import RoutingTables
 from .record import redis_ms
 from .rows import Rejected, TaskRows
 from .settings import WriterSettings
@@ -75,6 +76,31 @@ class PartitionReport(WriterCommitMessage):
     rejects: list = field(default_factory=list)
     waited_full: float = 0.0
     waited_rate: float = 0.0
+
+
+def eta_is_local(schema: StructType) -> bool:
+    """Whether the rows' ``eta`` column is Spark's TimestampType, whose values reach Python as naive
+    local times (``TaskRows``' ``eta_is_local``)."""
+    eta = next((f for f in schema.fields if f.name == "eta"), None)
+    return eta is not None and isinstance(eta.dataType, TimestampType)
+
+
+def summarize(reports) -> dict:
+    """The counts of a write (or a micro-batch): its partitions' reports summed."""
+    reasons: Counter = Counter()
+    for m in reports:
+        reasons.update(m.reasons)
+    return {
+        "rows": sum(m.rows for m in reports),
+        "sent": sum(m.sent for m in reports),
+        "already_stored": sum(m.already_stored for m in reports),
+        "skipped": sum(m.skipped for m in reports),
+        "rejected": sum(m.rejected for m in reports),
+        "resent": sum(m.resent for m in reports),
+        "rejects_kept": sum(len(m.rejects) for m in reports),
+        "partitions": len(reports),
+        "reasons": dict(reasons.most_common()),
+    }
 
 
 class RateCap:

@@ -16,11 +16,11 @@ import os
 import uuid
 from dataclasses import dataclass, fields
 
-from .. import constants as C
-from ..checks import count
-from ..errors import ConfigError
-from ..options import Options
-from ..redact import redact
+from ... import constants as C
+from ...checks import count
+from ...errors import ConfigError
+from ...options import Options
+from ...redact import redact
 
 #: Columns with a meaning of their own when present (CONTRACT.md).
 ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
@@ -254,7 +254,7 @@ class WriterSettings:
 
     def _checked_broker(self) -> WriterSettings:
         """The broker URL read as the transport reads it (its hosts and database), on the driver."""
-        from .. import connections
+        from ... import connections
 
         if self.transport.cluster and self.transport.master_name is not None:
             raise ConfigError(
@@ -278,7 +278,7 @@ class WriterSettings:
         defaults (the server's certificate checked)."""
         from kombu import Connection
 
-        from .. import transport  # noqa: F401  registers pq:// and pqs://
+        from ... import transport  # noqa: F401  registers pq:// and pqs://
 
         return Connection(self.broker, ssl=self.tls or False, password=os.environ.get(PASSWORD_ENV) or None)
 
@@ -292,7 +292,7 @@ class WriterSettings:
         (``cluster``)."""
         import redis
 
-        from .. import connections
+        from ... import connections
 
         conninfo = self.conninfo()
         if self.transport.cluster:
@@ -309,7 +309,7 @@ class WriterSettings:
 def close_client(client) -> None:
     """Close a client of ``WriterSettings.client`` and its pool's connections (a pool handed to
     redis-py's client is not closed with it; an executor's Python worker lives on)."""
-    from .. import connections
+    from ... import connections
 
     try:
         connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)
