@@ -1,29 +1,7 @@
-"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark).
-
-From DataFrames to tasks::
-
-    from celery_pq.spark import register, enqueue
-
-    register(spark)
-    (df.write.format("celery_pq").mode("append")
-       .option("broker", "pq://redis:6379/0").option("task", "proj.tasks.resize")
-       .option("args", "image_id").save())
-
-    result = enqueue(df, app, "proj.tasks.resize", args=["image_id"])
-    result.sent, result.already_stored, result.rejected, result.rejects.show()
-
-    (stream.writeStream.format("celery_pq").option("broker", "pq://redis:6379/0")
-       .option("task", "proj.tasks.resize").option("args", "image_id")
-       .option("checkpointLocation", "checkpoints/resize").start())   # each row once (sink/stream.py)
-
-From the event log to analytics::
-
-    events = (spark.read.format("celery_pq_events").option("broker", "pq://redis:6379/0")
-              .option("queue", "default").load())          # or spark.read.parquet(exported)
-    frames = analyze(events)                               # {"waits": DataFrame, "fairness": ...}
-
-See docs/spark.md for the options, the columns, exactly once and rejects, streaming, the event log's
-columns and the analysis.
+"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark):
+``register(spark)`` adds the data sources ``celery_pq`` (into a queue, ``sink/``) and
+``celery_pq_events`` (out of its event log, ``events/``); ``enqueue`` writes a DataFrame's rows as
+tasks, ``analyze`` reads the event log. docs/spark.md has the options, the columns and the design.
 """
 
 from __future__ import annotations

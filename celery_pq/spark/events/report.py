@@ -1,10 +1,7 @@
-"""``celery -A proj pq report events.parquet --html report.html``: one self-contained HTML page.
-
-The page states, per queue, the figures of ``analyze()`` (counts, throughput, waits, rank error,
-Jain's index; per tenant: share of deliveries, wait percentiles, redeliveries and dead letters) and
-draws them with matplotlib (Agg backend) as inline base64 PNGs, so the file is the whole report.
-Every stated figure sits in a cell ``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for
-a queue's own figures), which a test or a script can read back.
+"""``celery -A proj pq report events.parquet --html report.html``: the figures of ``analyze()``
+and their plots (matplotlib, inline PNGs) as one self-contained HTML page, each figure in a
+``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for a queue's own) that a script can
+read back. docs/spark.md ("The report").
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""One Spark task's way into the queues, shared by the batch writer (``batch.py``) and the
-streaming sink (``stream.py``): its partition's rows built into messages (``rows.TaskRows``),
-batch by batch, and inserted with ``PriorityQueue.insert_many``, under two rules of the write:
-
-- a full queue (``max_length``, ``max_length_per_tenant``: the insert is refused with
-  ``QueueFull``) is waited for with ``on_full="wait"``: the rows not stored are sent again after
-  a backoff, until they find room, or fail the Spark task with ``QueueStillFull`` when no row has
-  found room for ``full_wait_seconds``; with ``on_full="reject"`` the first refusal fails it. No
-  row is dropped: a row is stored, or its Spark task fails;
-- ``rows_per_second`` caps the rows all Spark tasks of the write (one sink) send per second,
-  counted in Redis per second of the Redis server's clock (``keys.sink_rate_key``, a hash), so the
-  cap holds however many tasks run at once, however Spark spreads the rows over them and however
-  the executors' clocks differ.
-
-Everything here runs on the executors, one ``Sink`` per Spark task, touched by its thread only.
+"""One Spark task's way into the queues, shared by the batch writer and the streaming sink: its
+partition's rows built into messages and inserted batch by batch, waiting for room in a full
+queue (``on_full``) and under the write's ``rows_per_second`` cap, counted in Redis on the Redis
+server's clock. Runs on the executors, one ``Sink`` per Spark task. docs/spark.md ("A full
+queue, and a rate cap").
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The writer's options (``df.write.format("celery_pq").option(NAME, VALUE)``), each once, checked.
-
-Spark hands every option over as a string, with its name in lower case. ``WriterSettings.parse``
-checks them all on the driver, before any row is read: a missing, unknown or bad option raises
-``ConfigError`` naming it. The broker's transport options (``key_prefix``, ``priority_order``,
-``fair_key``, ``dedupe_seconds``, ... every field of ``celery_pq.options.Options``) are accepted
-one by one or together as JSON in ``transport_options``; one given by itself wins.
-
-This module does not import pyspark: the settings are plain data, pickled to the executors.
+"""The writer's options (``.option(NAME, VALUE)``), each once, checked on the driver before any
+row is read: ``WriterSettings.parse`` raises ``ConfigError`` naming a missing, unknown or bad one.
+No pyspark here: the settings are plain data, pickled to the executors. docs/spark.md
+("Options").
 """
 
 from __future__ import annotations
