@@ -50,7 +50,7 @@ shard 0 is the queue itself, with the keys above (so a queue of one shard is the
 always was), shard i > 0 is the queue ``orders#<i>`` (``orders#<i>.<j>`` when the plain name
 hashes badly), with its own tag ``{orders#<i>}`` and its own dead-letter queue
 ``orders#<i>.dead``. ``shard_names`` places the tags' hash slots apart (see ``shard_name``).
-    pq:sink:{<id>}:done  hash  a Spark sink's progress (celery_pq/spark/stream.py): "<batch>:<partition>"
+    pq:sink:{<id>}:done  hash  a Spark sink's progress (celery_pq/spark/sink/record.py): "<batch>:<partition>"
                               -> the partition's rows handled; the id is the streaming query's
     pq:sink:{<id>}:rate  hash  Unix second -> rows a Spark sink took in it (its rows_per_second cap)
     pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"

@@ -78,7 +78,7 @@ def run(
 
     from celery_pq import PriorityQueue
     from celery_pq.spark import enqueue
-    from celery_pq.spark.report import write_report
+    from celery_pq.spark.events.report import write_report
 
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)

@@ -1,5 +1,5 @@
 """``pq`` commands that serve or export: the Prometheus exporter, the dashboard, the event log to
-Parquet and its HTML report (``celery_pq/spark/``)."""
+Parquet and its HTML report (``celery_pq/spark/events/``)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
     )
 
 
-# -- the event log to Spark (celery_pq/spark/: export.py, report.py) --------------------------------
+# -- the event log to Spark (celery_pq/spark/events/: export.py, report.py) -------------------------
 
 
 @command(name="export-events")
@@ -104,9 +104,9 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
 def export_events(ctx, queues, out, on_gap, as_json):
     """Append the event log of QUEUES logged since the last export to --out (Parquet); every
     shard's of a queue split into shards (the transport option shards)."""
-    from ..spark.eventlog import EventLogGap
-    from ..spark.export import ExportBusy
-    from ..spark.export import export_events as export
+    from ..spark.events.export import ExportBusy
+    from ..spark.events.export import export_events as export
+    from ..spark.events.log import EventLogGap
 
     with broker_of(ctx).channel() as channel:
         try:
@@ -147,7 +147,7 @@ def export_events(ctx, queues, out, on_gap, as_json):
 @click.option("--window", "window_seconds", type=float, help="Time window in seconds (default: about 60 windows).")
 def report(ctx, events, html_path, png_path, window_seconds):
     """Render an exported event log (EVENTS, Parquet) as one self-contained HTML page."""
-    from ..spark.report import write_report
+    from ..spark.events.report import write_report
 
     if window_seconds is not None and window_seconds <= 0:
         raise click.BadParameter(f"must be a positive number of seconds, got {window_seconds}", param_hint="--window")

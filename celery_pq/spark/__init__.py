@@ -1,29 +1,7 @@
-"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark).
-
-From DataFrames to tasks::
-
-    from celery_pq.spark import register, enqueue
-
-    register(spark)
-    (df.write.format("celery_pq").mode("append")
-       .option("broker", "pq://redis:6379/0").option("task", "proj.tasks.resize")
-       .option("args", "image_id").save())
-
-    result = enqueue(df, app, "proj.tasks.resize", args=["image_id"])
-    result.sent, result.already_stored, result.rejected, result.rejects.show()
-
-    (stream.writeStream.format("celery_pq").option("broker", "pq://redis:6379/0")
-       .option("task", "proj.tasks.resize").option("args", "image_id")
-       .option("checkpointLocation", "checkpoints/resize").start())   # each row once (stream.py)
-
-From the event log to analytics::
-
-    events = (spark.read.format("celery_pq_events").option("broker", "pq://redis:6379/0")
-              .option("queue", "default").load())          # or spark.read.parquet(exported)
-    frames = analyze(events)                               # {"waits": DataFrame, "fairness": ...}
-
-See docs/spark.md for the options, the columns, exactly once and rejects, streaming, the event log's
-columns and the analysis.
+"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark):
+``register(spark)`` adds the data sources ``celery_pq`` (into a queue, ``sink/``) and
+``celery_pq_events`` (out of its event log, ``events/``); ``enqueue`` writes a DataFrame's rows as
+tasks, ``analyze`` reads the event log. docs/spark.md has the options, the columns and the design.
 """
 
 from __future__ import annotations
@@ -37,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-# The function shadows its module on purpose: ``celery_pq.spark.analyze(events)`` is the API.
-from .analyze import analyze
-from .settings import PASSWORD_ENV
+from .events.analysis import analyze
+from .sink.rejects import REJECTS_FILE, SUMMARY_FILE, read_rejected_rows
+from .sink.settings import PASSWORD_ENV
+from .sink.source import CeleryPQDataSource
 from .workers import check_python_workers
-from .writer import REJECTS_FILE, SUMMARY_FILE, CeleryPQDataSource, read_rejected_rows
 
 __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 
@@ -58,7 +36,7 @@ def register(spark, *, check_workers: bool = True) -> None:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
     try:
-        from .events import EventsDataSource
+        from .events.source import EventsDataSource
     except ImportError:
         return
     spark.dataSource.register(EventsDataSource)

@@ -13,8 +13,8 @@ from celery_pq.errors import ConfigError
 from celery_pq.keys import shard_names
 from celery_pq.options import Options
 from celery_pq.queue import open_queue
-from celery_pq.spark.eventlog import Settings
-from celery_pq.spark.export import export_events
+from celery_pq.spark.events.export import export_events
+from celery_pq.spark.events.log import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

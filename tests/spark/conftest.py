@@ -1,8 +1,9 @@
 """One local SparkSession for every Spark test (``local[2,4]``: two threads, and a failed task is
 tried up to four times, which the retry tests rely on), with the UI off and few shuffle partitions.
 
-Every test here is marked ``spark``. Without Java they are skipped, saying so (``make test`` finds
-or installs Java first: scripts/ensure-java.sh).
+``failing_writes`` is that session with the ``celery_pq`` format failing a partition's first
+attempt on demand (``faults.py``). Every test here is marked ``spark``. Without Java they are
+skipped, saying so (``make test`` finds or installs Java first: scripts/ensure-java.sh).
 """
 
 from __future__ import annotations
@@ -38,3 +39,16 @@ def spark():
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def failing_writes(spark):
+    """``spark`` with ``faults.FailingDataSource`` as the ``celery_pq`` format (the options
+    ``fail_after`` and ``fail_markers``), the data sources registered again after the test."""
+    from celery_pq.spark import register
+    from tests.spark.faults import FailingDataSource
+
+    register(spark)
+    spark.dataSource.register(FailingDataSource)
+    yield spark
+    register(spark, check_workers=False)

@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import Row
 
 from celery_pq.spark import analyze
-from celery_pq.spark.analyze import choose_window_ms, rank_errors
+from celery_pq.spark.events.analysis import choose_window_ms, rank_errors
 from tests.support.events import real_run
 
 
@@ -216,8 +216,8 @@ def test_real_run_figures(spark, redis_server, redis_client, key_prefix):
 
 
 def test_an_empty_log_gives_empty_frames_and_an_empty_report(spark):
-    from celery_pq.spark.events import SCHEMA
-    from celery_pq.spark.report import build_report
+    from celery_pq.spark.events.report import build_report
+    from celery_pq.spark.events.source import SCHEMA
 
     empty = spark.createDataFrame([], SCHEMA)
     out = analyze(empty)

@@ -7,7 +7,7 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 
-from celery_pq.spark.events import SCHEMA
+from celery_pq.spark.events.source import SCHEMA
 from tests.support.events import xadd_event
 
 

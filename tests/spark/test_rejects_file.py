@@ -15,7 +15,7 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 
 from celery_pq.spark import read_rejects
-from celery_pq.spark.writer import REJECTS_FILE, write_rejects
+from celery_pq.spark.sink.rejects import REJECTS_FILE, write_rejects
 
 SCHEMA = T.StructType(
     [

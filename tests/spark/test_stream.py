@@ -14,8 +14,9 @@ from celery_pq.codec import decode
 from celery_pq.keys import sink_rate_key, sink_record_key
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import register
-from celery_pq.spark.record import PartitionState
-from celery_pq.spark.sink import PartitionReport, RateCap
+from celery_pq.spark.sink.partition import PartitionReport, RateCap
+from celery_pq.spark.sink.record import PartitionState
+from tests.spark.faults import failed_attempts
 
 pytestmark = pytest.mark.spark
 
@@ -65,23 +66,24 @@ def numbers_in_queue(client, prefix, queue="celery") -> list[int]:
 
 
 def test_a_query_failed_mid_batch_and_restarted_later_enqueues_each_row_once(
-    registered, url, redis_client, key_prefix, tmp_path
+    failing_writes, url, redis_client, key_prefix, tmp_path
 ):
     # Given files of 30, 30 and 20 rows without task_id or key, one micro-batch per file, and a
     # publish id window of 1 s (so only the sink's own record can tell a rerun what was stored)
-    spark, folder, checkpoint, markers = registered, tmp_path / "in", tmp_path / "ck", tmp_path / "markers"
+    spark, folder, checkpoint, markers = failing_writes, tmp_path / "in", tmp_path / "ck", tmp_path / "markers"
     folder.mkdir()
     markers.mkdir()
     add_file(folder, "a.json", range(0, 30))
     add_file(folder, "b.json", range(30, 60))
-    options = dict(batch_rows=5, dedupe_seconds=1, test_fail_once_after=10, test_fail_once_marker=markers)
-    # When every attempt of the first micro-batch fails after storing rows (each attempt goes
-    # on from the rows the record says the earlier ones stored), so that Spark gives up and the
-    # query stops with the micro-batch not committed
+    options = dict(batch_rows=5, dedupe_seconds=1, fail_after=10, fail_markers=markers)
+    # When every attempt of the first micro-batch fails after reading 10 rows (the first one
+    # stores them, the others skip them as the record says and fail again), so that Spark gives
+    # up and the query stops with the micro-batch not committed
     (markers / "hold").touch()
     q = stream(spark, folder, url, key_prefix, checkpoint, **options)
-    with pytest.raises(Exception, match=r"test failure of partition 0 after \d+ rows"):
+    with pytest.raises(Exception, match=r"injected failure of partition 0 after 10 rows"):
         q.awaitTermination(60)
+    assert failed_attempts(markers) == {0: [0, 1, 2, 3]}
     stored = numbers_in_queue(redis_client, key_prefix)
     assert 10 <= len(stored) < 30 and stored == list(range(len(stored)))
     # and the query is restarted from its checkpoint after the window has passed
@@ -107,11 +109,11 @@ def test_a_query_failed_mid_batch_and_restarted_later_enqueues_each_row_once(
 
 
 def test_a_spark_task_killed_mid_partition_and_retried_enqueues_each_row_once(
-    registered, url, redis_client, key_prefix, tmp_path
+    failing_writes, url, redis_client, key_prefix, tmp_path
 ):
     # Given two files of 25 rows read in one micro-batch (two partitions), each partition's
     # first attempt failing after storing 10 rows
-    spark, folder, markers = registered, tmp_path / "in", tmp_path / "markers"
+    spark, folder, markers = failing_writes, tmp_path / "in", tmp_path / "markers"
     folder.mkdir()
     markers.mkdir()
     add_file(folder, "a.json", range(0, 25))
@@ -125,13 +127,13 @@ def test_a_spark_task_killed_mid_partition_and_retried_enqueues_each_row_once(
         tmp_path / "ck",
         files_per_batch=2,
         batch_rows=5,
-        test_fail_once_after=10,
-        test_fail_once_marker=markers,
+        fail_after=10,
+        fail_markers=markers,
     )
     q.awaitTermination(60)
     assert q.exception() is None
     # Then both partitions failed once, and each row is in the queue once
-    assert sorted(p.name for p in markers.iterdir()) == ["failed-0", "failed-1"]
+    assert failed_attempts(markers) == {0: [0], 1: [0]}
     assert numbers_in_queue(redis_client, key_prefix) == list(range(50))
     assert q.lastProgress["numInputRows"] == 50
 
@@ -215,7 +217,7 @@ def test_the_rate_cap_counts_rows_per_second_on_the_redis_clock(redis_client, ke
 )
 def test_bad_stream_options_are_named(option, value, message):
     from celery_pq.errors import ConfigError
-    from celery_pq.spark.settings import WriterSettings
+    from celery_pq.spark.sink.settings import WriterSettings
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         WriterSettings.parse({"broker": "pq://localhost:6379/0", "task": "t", option: value}, ["n"])

@@ -14,6 +14,7 @@ import pytest
 from celery_pq.codec import decode
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import read_rejects
+from tests.spark.faults import failed_attempts
 
 pytestmark = pytest.mark.spark
 
@@ -75,7 +76,7 @@ def start(spark, folder, url, prefix, checkpoint, shape=None, **options):
     ],
 )
 def test_a_retry_after_a_shuffle_skips_only_the_rows_it_reads_as_they_were(
-    spark, redis_server, redis_client, key_prefix, tmp_path, identity, reorder, counts
+    failing_writes, redis_server, redis_client, key_prefix, tmp_path, identity, reorder, counts
 ):
     # Given 30 rows shuffled into two partitions by a column (repartition(col)), each
     # partition's first attempt failing after storing 10 of its 15 rows, and its retry reading
@@ -92,7 +93,7 @@ def test_a_retry_after_a_shuffle_skips_only_the_rows_it_reads_as_they_were(
     options = {"key": "n"} if identity == "key" else {}
     # When the query runs and Spark retries the failed tasks
     q = start(
-        spark,
+        failing_writes,
         folder,
         f"pq://127.0.0.1:{redis_server.port}/0",
         key_prefix,
@@ -100,39 +101,38 @@ def test_a_retry_after_a_shuffle_skips_only_the_rows_it_reads_as_they_were(
         shape,
         batch_rows=5,
         rejects=tmp_path / "summary",
-        test_fail_once_after=10,
-        test_fail_once_marker=markers,
+        fail_after=10,
+        fail_markers=markers,
         **options,
     )
     q.awaitTermination(120)
     assert q.exception() is None
-    assert sorted(p.name for p in markers.iterdir()) == ["failed-0", "failed-1"]
+    assert failed_attempts(markers) == {0: [0], 1: [0]}
     # Then every row is queued; once, unless the retry read other rows where the failed attempt
     # had stored some without a key (those 20 are sent again, under new identities)
     got = queued(redis_client, key_prefix)
     assert set(got) == set(range(30))
     assert sum(got.values()) == 30 + counts[3]
     # and the summary says which rows were sent, found stored, skipped as recorded, resent
-    summary, _ = read_rejects(spark, str(tmp_path / "summary" / "batch-0"))
+    summary, _ = read_rejects(failing_writes, str(tmp_path / "summary" / "batch-0"))
     assert (summary["sent"], summary["already_stored"], summary["skipped"], summary["resent"]) == counts
     assert summary["rows"] == 30 and summary["rejected"] == 0
 
 
 def test_two_applications_on_one_checkpoint_do_not_skip_each_others_rows(
-    spark, redis_server, redis_client, key_prefix, tmp_path
+    failing_writes, redis_server, redis_client, key_prefix, tmp_path
 ):
     # Given an application whose query stopped in micro-batch 0 after storing part of its rows
-    # (every attempt fails after 10 more), recorded as handled
+    # (every attempt fails after reading 10 rows of a partition), recorded as handled
+    spark = failing_writes
     folder, markers, checkpoint = tmp_path / "in", tmp_path / "markers", tmp_path / "ck"
     folder.mkdir()
     markers.mkdir()
     add_file(folder, "a.json", range(30))
     url = f"pq://127.0.0.1:{redis_server.port}/0"
     (markers / "hold").touch()
-    q = start(
-        spark, folder, url, key_prefix, checkpoint, batch_rows=5, test_fail_once_after=10, test_fail_once_marker=markers
-    )
-    with pytest.raises(Exception, match=r"test failure of partition 0"):
+    q = start(spark, folder, url, key_prefix, checkpoint, batch_rows=5, fail_after=10, fail_markers=markers)
+    with pytest.raises(Exception, match=r"injected failure of partition 0 after 10 rows"):
         q.awaitTermination(120)
     first = queued(redis_client, key_prefix)
     assert 10 <= sum(first.values()) < 30
@@ -146,7 +146,7 @@ def test_two_applications_on_one_checkpoint_do_not_skip_each_others_rows(
 
 
 def test_a_run_fenced_off_by_a_later_one_sends_no_more(redis_client, key_prefix):
-    from celery_pq.spark.record import Fenced, PartitionState, SinkRecord
+    from celery_pq.spark.sink.record import Fenced, PartitionState, SinkRecord
 
     # Given run "a" of a query writing its record, and run "b" started on the same checkpoint
     a = SinkRecord(redis_client, "q1", key_prefix, run="a")

@@ -15,6 +15,7 @@ from celery_pq.codec import decode
 from celery_pq.keys import shard_names
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import enqueue
+from tests.spark.faults import failed_attempts
 
 pytestmark = pytest.mark.spark
 
@@ -126,9 +127,10 @@ def reversed_on_retry(batches):
 
 
 @pytest.mark.parametrize("ids", ["task_id", "key", "none", "none, read in reverse by the retry"])
-def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_client, key_prefix, tmp_path, ids):
+def test_spark_task_retries_enqueue_each_row_exactly_once(failing_writes, url, redis_client, key_prefix, tmp_path, ids):
     # Given 4 partitions of 500 rows whose first attempt fails after storing 300 of them (the
     # retry reading them in reverse, for the last case)
+    spark = failing_writes
     n = 2000
     df = spark.range(n).selectExpr("id as n", "concat('job-', id) as task_id", "cast(id % 10 as int) as priority")
     if ids != "task_id":
@@ -148,13 +150,13 @@ def test_spark_task_retries_enqueue_each_row_exactly_once(spark, url, redis_clie
         task="proj.t",
         args="n",
         batch_rows="100",
-        test_fail_once_after="300",
-        test_fail_once_marker=str(markers),
+        fail_after="300",
+        fail_markers=str(markers),
         rejects=str(first),
         **key,
     )
     # Then every partition failed once, and each row is in the queue once
-    assert sorted(p.name for p in markers.iterdir()) == [f"failed-{i}" for i in range(4)]
+    assert failed_attempts(markers) == {i: [0] for i in range(4)}
     q, msgs = stored(redis_client, key_prefix)
     assert q.size() == n == len(msgs)
     body_ns = sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in msgs.values())

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
+import celery_pq.spark
 from celery_pq.spark import enqueue
 from celery_pq.testing import wait_for
 from tests.e2e.test_celery_e2e import Harness
+from tests.spark.faults import FailingDataSource, failed_attempts
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
@@ -43,9 +45,14 @@ def test_a_celery_worker_runs_every_row_of_a_dataframe_in_priority_order(spark, 
         h.close()
 
 
-def test_identical_rows_run_once_each_even_when_spark_retries_the_write(spark, redis_server, key_prefix, tmp_path):
+def test_identical_rows_run_once_each_even_when_spark_retries_the_write(
+    failing_writes, redis_server, key_prefix, tmp_path, monkeypatch
+):
     # Given 12 identical rows without task_id or key, 4 in each of 3 partitions, whose first
     # write attempt fails after storing 2 rows of each partition (Spark then retries it)
+    spark = failing_writes
+    # (enqueue registers the data sources itself: the failing one here)
+    monkeypatch.setattr(celery_pq.spark, "register", lambda s, **_: s.dataSource.register(FailingDataSource))
     h = Harness(redis_server, key_prefix, tmp_path, {}, acks_late=False)
     try:
         df = spark.sparkContext.parallelize([(5, 9)] * 12, 3).toDF("n int, priority int")
@@ -60,10 +67,10 @@ def test_identical_rows_run_once_each_even_when_spark_retries_the_write(spark, r
             queue="q",
             transport_options={"key_prefix": key_prefix},
             batch_rows=2,
-            test_fail_once_after=2,
-            test_fail_once_marker=str(markers),
+            fail_after=2,
+            fail_markers=str(markers),
         )
-        assert len(list(markers.iterdir())) == 3
+        assert failed_attempts(markers) == {0: [0], 1: [0], 2: [0]}
         assert (result.rows, result.sent, result.already_stored, result.rejected) == (12, 6, 6, 0)
         # When an unchanged Celery worker consumes q
         h.worker("w1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from celery_pq import Item, PriorityQueue
-from celery_pq.spark.eventlog import events_key
+from celery_pq.spark.events.log import events_key
 
 FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
 

@@ -63,7 +63,7 @@ def test_connection_arguments_are_shown_without_their_password():
 
 
 def test_the_reprs_of_options_and_event_reader_settings_show_no_password():
-    from celery_pq.spark.eventlog import Settings
+    from celery_pq.spark.events.log import Settings
 
     options = Options(master_name="m", sentinel_kwargs={"password": SECRET})
     assert "sentinel_kwargs={'password': '***'}" in repr(options) and SECRET not in repr(options)

@@ -12,9 +12,9 @@ from celery import Celery
 
 from celery_pq.codec import decode
 from celery_pq.errors import ConfigError
-from celery_pq.spark import eventlog
-from celery_pq.spark.rows import Rejected, TaskRows
-from celery_pq.spark.settings import WriterSettings
+from celery_pq.spark.events.log import redis_url
+from celery_pq.spark.sink.rows import Rejected, TaskRows
+from celery_pq.spark.sink.settings import WriterSettings
 
 COLUMNS = ["a", "b", "task_id", "priority"]
 SAMPLES = [
@@ -152,7 +152,7 @@ def test_a_broker_url_of_another_scheme_is_refused_without_its_password(broker):
         WriterSettings.parse({"broker": broker, "task": "t"}, ["a"])
     assert "s3cr3t" not in str(info.value) and "***@h" in str(info.value)
     with pytest.raises(ConfigError, match="option 'broker' must be a pq://") as info:  # the event-log reader
-        eventlog.redis_url(broker)
+        redis_url(broker)
     assert "s3cr3t" not in str(info.value) and "***@h" in str(info.value)
 
 

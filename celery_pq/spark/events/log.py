@@ -1,11 +1,6 @@
-"""The event log's format on the reading side, without Spark: stream key, columns, rows, pages,
-and the check for events trimmed by the stream's cap. ``events.py`` (the Spark data source) and
-``export.py`` (Parquet files, no Spark) both read through it.
-
-One event is one entry of the capped stream ``<key_prefix>:{<queue>}:ev``, fields (all strings,
-empty when not applicable) ``e q id p k t c task n r ms``; see docs/spark.md. A queue split into
-shards (the transport option ``shards``) has one stream per shard, each under the shard's tag
-(``stream_queues`` names them); its events carry the shard's name in ``q``.
+"""The event log on the reading side, without Spark: the streams' keys (one per shard), the
+columns, rows, pages, and the check for events trimmed by a stream's cap; ``source.py`` and
+``export.py`` read through it. docs/spark.md ("Reading the log"), docs/events.md.
 """
 
 from __future__ import annotations
@@ -16,10 +11,10 @@ from datetime import UTC
 from typing import TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
-from ..constants import KEY_PREFIX
-from ..errors import ConfigError
-from ..keys import MAX_SHARDS, queue_keys, shard_names
-from ..redact import redact
+from ...constants import KEY_PREFIX
+from ...errors import ConfigError
+from ...keys import MAX_SHARDS, queue_keys, shard_names
+from ...redact import redact
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 

@@ -1,27 +1,7 @@
-"""Spark reads the event log: the ``celery_pq_events`` data source, batch and streaming.
-
-Each queue with the event log on appends one entry per state change to a capped Redis stream,
-``<key_prefix>:{<queue>}:ev`` (see ``keys.py``; docs/spark.md lists the events). This module
-reads those streams as a DataFrame with one typed column per field::
-
-    df = (spark.read.format("celery_pq_events")
-          .option("broker", "pq://localhost:6379/0").option("queue", "orders,emails").load())
-
-    stream = (spark.readStream.format("celery_pq_events")
-              .option("broker", url).option("queue", "orders").load())
-
-Options: ``broker`` (``pq://``, ``pqs://``, ``redis://`` or ``rediss://`` URL; required),
-``queue`` (one name or a comma-separated list; required), ``key_prefix`` (default ``pq``),
-``on_gap`` (``warn``, the default, or ``fail``: what to do when events the reader has not read
-yet were trimmed by the stream's cap), ``maxEventsPerTrigger`` (streaming: most events per
-micro-batch, over all queues), ``startingPosition`` (streaming: ``earliest``, the default, or
-``latest``: where a new query starts; a restarted one goes on from its checkpoint).
-
-The stream reader's offset is the last stream id read per queue (``{"orders": "1700000000000-3"}``),
-so a query restarted from its checkpoint goes on after the last event it committed: no gap and no
-repeat. The stream is capped (``XADD ... MAXLEN ~``): a reader that falls further behind than the
-cap finds the events it had not read yet trimmed. They are gone; the reader detects it from the
-stream's ``max-deleted-entry-id`` and warns (or fails with ``on_gap=fail``).
+"""The ``celery_pq_events`` data source: a queue's event log (its capped Redis streams) read by
+Spark as a DataFrame, batch or streaming, one typed column per field; a streaming query goes on
+from its checkpoint's offsets and says when events it had not read were trimmed. docs/spark.md
+("Reading the log") has the options and the columns.
 """
 
 from __future__ import annotations
@@ -29,7 +9,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from .eventlog import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
+from .log import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
 NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
@@ -115,7 +95,7 @@ except ImportError:  # pragma: no cover - older PySpark 4
 class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets are ``{queue: {"sid": id of the last event read, "n": its position}}`` ("0-0" and 0
     before the first event; the position, counted from the first event ever added to the stream,
-    is what shows events trimmed before they were read: see ``eventlog.trimmed``)."""
+    is what shows events trimmed before they were read: see ``log.trimmed``)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings

@@ -1,10 +1,7 @@
-"""``celery -A proj pq report events.parquet --html report.html``: one self-contained HTML page.
-
-The page states, per queue, the figures of ``analyze()`` (counts, throughput, waits, rank error,
-Jain's index; per tenant: share of deliveries, wait percentiles, redeliveries and dead letters) and
-draws them with matplotlib (Agg backend) as inline base64 PNGs, so the file is the whole report.
-Every stated figure sits in a cell ``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for
-a queue's own figures), which a test or a script can read back.
+"""``celery -A proj pq report events.parquet --html report.html``: the figures of ``analyze()``
+and their plots (matplotlib, inline PNGs) as one self-contained HTML page, each figure in a
+``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for a queue's own) that a script can
+read back. docs/spark.md ("The report").
 """
 
 from __future__ import annotations
@@ -78,7 +75,7 @@ class Report:
 
 def local_spark(app_name: str = "celery-pq-report"):
     """A local SparkSession for the command line (``session.local_spark``)."""
-    from .session import local_spark as make
+    from ..session import local_spark as make
 
     return make(app_name, shuffle_partitions=4)
 
@@ -190,7 +187,7 @@ def build_report(
     title: str = "celery-pq event log report",
 ) -> Report:
     """The report of an event-log DataFrame (see the module docstring)."""
-    from .analyze import analyze
+    from .analysis import analyze
 
     dfs = analyze(events, window_seconds=window_seconds, weights=weights)
     # pd.DataFrame: pyspark's own name for it (PandasDataFrameLike) does not resolve for mypy

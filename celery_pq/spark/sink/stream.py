@@ -1,31 +1,8 @@
-"""The streaming sink of the ``celery_pq`` data source: ``df.writeStream.format("celery_pq")``
-with the batch writer's options and a checkpoint location. Every micro-batch is written as a
-batch write is (``sink.write_partition``); Spark runs a micro-batch's Spark task again after a
-failure, and the whole micro-batch again after a restart when it was not committed.
-
-How a row is not sent twice, and never lost, when its micro-batch runs again:
-
-- a row with a ``task_id`` column or the ``key`` option: it is sent again, and its publish id
-  (made from its task id) is stored once within the queue's ``dedupe_seconds`` window: counted
-  as found already stored. Nothing is skipped by position;
-- a row identified by the attempt that first sent it (query id, micro-batch, that attempt, the
-  partition, the row's values and how many rows of those values came before it): the sink's record (``record.py``) holds a digest of each
-  segment of rows an earlier attempt handled. A run of the micro-batch that reads the same rows
-  at the same positions skips them (counted as skipped); the segment being sent when the
-  earlier attempt stopped is sent again under its identities (stored once within
-  ``dedupe_seconds``); from the first segment whose rows differ (a shuffle before the sink, other
-  file splits after a restart), every row is sent again under new identities, and the run logs
-  a warning and counts them as resent: those of them the earlier attempt had stored are then in
-  the queue twice, but no row is taken for another;
-- the record is fenced by run: each run of the query writes its own fields, and a run fenced
-  off by a later one started on the same checkpoint stops (``record.Fenced``);
-- the record of a micro-batch is dropped when the next one commits (Spark then never runs it
-  again).
-
-The executors learn the query, the run and the micro-batch from the Spark task's local
-properties (``sql.streaming.queryId``, ``spark.jobGroup.id``: Spark's streaming execution sets
-the job group of a micro-batch's jobs to the run id, ``streaming.sql.batchId``); the driver's
-``commit`` is told the batch id by Spark and the query's id by the commit messages.
+"""The streaming sink of the ``celery_pq`` data source, ``df.writeStream.format("celery_pq")``:
+each micro-batch written as a batch write is, and a rerun of it sending each row once: rows with
+a ``task_id`` or ``key`` by their publish ids, the others by skipping what the sink's record
+(``record.py``) says an earlier attempt handled, the same rows at the same positions only.
+docs/spark.md ("Each row once, across retries and restarts") has the design.
 """
 
 from __future__ import annotations
@@ -38,12 +15,12 @@ from itertools import chain, islice
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from ..errors import ConfigError
+from ...errors import ConfigError
+from .partition import PartitionReport, Sink, eta_is_local, prune_rate, summarize, write_partition
 from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
+from .rejects import write_rejects
 from .rows import TaskRows
 from .settings import WriterSettings, close_client
-from .sink import PartitionReport, Sink, prune_rate, write_partition
-from .writer import eta_is_local, summarize, write_rejects
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -63,7 +40,7 @@ class StreamReport(PartitionReport):
 
 
 class CeleryPQStreamWriter(DataSourceStreamWriter):
-    """``df.writeStream.format("celery_pq")``: options in ``celery_pq.spark.settings``."""
+    """``df.writeStream.format("celery_pq")``: options in ``settings.py``."""
 
     def __init__(self, settings: WriterSettings, schema: StructType):
         self.settings = settings

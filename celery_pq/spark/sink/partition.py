@@ -1,18 +1,8 @@
-"""One Spark task's way into the queues, shared by the batch writer (``writer.py``) and the
-streaming sink (``stream.py``): its partition's rows built into messages (``rows.TaskRows``),
-batch by batch, and inserted with ``PriorityQueue.insert_many``, under two rules of the write:
-
-- a full queue (``max_length``, ``max_length_per_tenant``: the insert is refused with
-  ``QueueFull``) is waited for with ``on_full="wait"``: the rows not stored are sent again after
-  a backoff, until they find room, or fail the Spark task with ``QueueStillFull`` when no row has
-  found room for ``full_wait_seconds``; with ``on_full="reject"`` the first refusal fails it. No
-  row is dropped: a row is stored, or its Spark task fails;
-- ``rows_per_second`` caps the rows all Spark tasks of the write (one sink) send per second,
-  counted in Redis per second of the Redis server's clock (``keys.sink_rate_key``, a hash), so the
-  cap holds however many tasks run at once, however Spark spreads the rows over them and however
-  the executors' clocks differ.
-
-Everything here runs on the executors, one ``Sink`` per Spark task, touched by its thread only.
+"""One Spark task's way into the queues, shared by the batch writer and the streaming sink: its
+partition's rows built into messages and inserted batch by batch, waiting for room in a full
+queue (``on_full``) and under the write's ``rows_per_second`` cap, counted in Redis on the Redis
+server's clock. Runs on the executors, one ``Sink`` per Spark task. docs/spark.md ("A full
+queue, and a rate cap").
 """
 
 from __future__ import annotations
@@ -22,15 +12,15 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.types import StructType, TimestampType
 
-from ..constants import TASK_TENANT_PREFIX
-from ..errors import PQError, QueueFull
-from ..keys import sink_rate_key
-from ..queue import open_queue
-from ..routing import RoutingTables
+from ...constants import TASK_TENANT_PREFIX
+from ...errors import PQError, QueueFull
+from ...keys import sink_rate_key
+from ...queue import open_queue
+from ...routing import RoutingTables
 from .record import redis_ms
 from .rows import Rejected, TaskRows
 from .settings import WriterSettings
@@ -76,6 +66,31 @@ class PartitionReport(WriterCommitMessage):
     rejects: list = field(default_factory=list)
     waited_full: float = 0.0
     waited_rate: float = 0.0
+
+
+def eta_is_local(schema: StructType) -> bool:
+    """Whether the rows' ``eta`` column is Spark's TimestampType, whose values reach Python as naive
+    local times (``TaskRows``' ``eta_is_local``)."""
+    eta = next((f for f in schema.fields if f.name == "eta"), None)
+    return eta is not None and isinstance(eta.dataType, TimestampType)
+
+
+def summarize(reports) -> dict:
+    """The counts of a write (or a micro-batch): its partitions' reports summed."""
+    reasons: Counter = Counter()
+    for m in reports:
+        reasons.update(m.reasons)
+    return {
+        "rows": sum(m.rows for m in reports),
+        "sent": sum(m.sent for m in reports),
+        "already_stored": sum(m.already_stored for m in reports),
+        "skipped": sum(m.skipped for m in reports),
+        "rejected": sum(m.rejected for m in reports),
+        "resent": sum(m.resent for m in reports),
+        "rejects_kept": sum(len(m.rejects) for m in reports),
+        "partitions": len(reports),
+        "reasons": dict(reasons.most_common()),
+    }
 
 
 class RateCap:
@@ -228,7 +243,6 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
         if hooks is not None:
             hooks.done(position)
         batch, start, now = [], position, time.time()
-        test_failure(s, report)
 
     for row in iterator:
         report.rows += 1
@@ -254,18 +268,3 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
     if batch or position > start:
         flush()
     return report
-
-
-def test_failure(s: WriterSettings, report: PartitionReport) -> None:
-    """Tests only (options test_fail_once_after and test_fail_once_marker): the first attempt
-    of each partition fails once after sending that many rows, as an executor lost mid-write;
-    every attempt fails so while the marker directory holds a file ``hold`` (Spark then gives
-    up: the write, or the streaming query, fails)."""
-    done = report.sent + report.already_stored + report.skipped
-    if s.test_fail_once_after is None or done < s.test_fail_once_after:
-        return
-    markers = Path(s.test_fail_once_marker or ".")
-    marker = markers / f"failed-{report.partition}"
-    if not marker.exists() or (markers / "hold").exists():
-        marker.touch()
-        raise RuntimeError(f"test failure of partition {report.partition} after {done} rows")

@@ -1,23 +1,7 @@
-"""The streaming sink's record in Redis of what each partition of each micro-batch has handled,
-for the rows identified by their position (no ``task_id`` column, no ``key`` option): which rows
-(a digest of each segment of them, in order), which segment was being sent and under which
-identities, and which run of the query owns the record. ``stream.py`` reads it to skip rows an
-earlier attempt handled, and only those: a row is skipped when the rows of its segment, read
-again, have the digest the record holds (the same rows at the same positions); anything else is
-sent again. docs/spark.md ("Each row once, across retries and restarts") has the design.
-
-One hash per query (``keys.sink_record_key``), touched by the executors (one ``SinkRecord`` per
-Spark task, its thread only) and pruned by the driver's commit:
-
-- ``"<batch>:<partition>:<run>"`` -> ``PartitionState.encode()``: the state written by the
-  latest attempt of run ``<run>`` (Spark's run id of the query: a start of it) at that
-  partition. Each run writes its own fields only, so two runs never overwrite each other;
-- ``"owner"`` -> the run that owns the query (the last one started on the checkpoint);
-  ``"run:<run>"`` -> Redis milliseconds when run ``<run>`` first wrote. A run that finds another
-  run owning the query after it had written itself is fenced off (``Fenced``): two applications
-  started on one checkpoint do not both go on.
-
-Times are the Redis server's (``TIME``), never an executor's clock.
+"""The streaming sink's record in Redis (one hash per query, fenced by run) of what each
+partition of each micro-batch handled: a digest of each segment of rows, in order, and the
+segment being sent. Times are the Redis server's. docs/spark.md ("Each row once, across retries
+and restarts") has the design, docs/key-layout.md the fields.
 """
 
 from __future__ import annotations
@@ -25,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ..errors import PQError
-from ..keys import sink_record_key
+from ...errors import PQError
+from ...keys import sink_record_key
 
 #: Fields of the record that name no micro-batch.
 OWNER_FIELD = "owner"

@@ -1,12 +1,7 @@
-"""The writer's options (``df.write.format("celery_pq").option(NAME, VALUE)``), each once, checked.
-
-Spark hands every option over as a string, with its name in lower case. ``WriterSettings.parse``
-checks them all on the driver, before any row is read: a missing, unknown or bad option raises
-``ConfigError`` naming it. The broker's transport options (``key_prefix``, ``priority_order``,
-``fair_key``, ``dedupe_seconds``, ... every field of ``celery_pq.options.Options``) are accepted
-one by one or together as JSON in ``transport_options``; one given by itself wins.
-
-This module does not import pyspark: the settings are plain data, pickled to the executors.
+"""The writer's options (``.option(NAME, VALUE)``), each once, checked on the driver before any
+row is read: ``WriterSettings.parse`` raises ``ConfigError`` naming a missing, unknown or bad one.
+No pyspark here: the settings are plain data, pickled to the executors. docs/spark.md
+("Options").
 """
 
 from __future__ import annotations
@@ -16,11 +11,11 @@ import os
 import uuid
 from dataclasses import dataclass, fields
 
-from .. import constants as C
-from ..checks import count
-from ..errors import ConfigError
-from ..options import Options
-from ..redact import redact
+from ... import constants as C
+from ...checks import count
+from ...errors import ConfigError
+from ...options import Options
+from ...redact import redact
 
 #: Columns with a meaning of their own when present (docs/spark.md, Columns).
 ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
@@ -72,9 +67,6 @@ _OWN = {
     "rows_per_second",
     # a streaming query's own option, which Spark hands to the sink too
     "checkpointlocation",
-    # used only by the tests: fail each partition's first attempt once after this many rows
-    "test_fail_once_after",
-    "test_fail_once_marker",
 }
 ON_REJECT = ("keep", "fail")
 
@@ -156,8 +148,6 @@ class WriterSettings:
     #: ``fair_key`` header names when it is a column (a ``tenant`` column wins over it).
     roles: tuple[str, ...] = ()
     fair_column: str | None = None
-    test_fail_once_after: int | None = None
-    test_fail_once_marker: str | None = None
     #: Made once per write, on the driver (``parse``): with the partition and the position in
     #: it, the identity of a row without a ``task_id`` or ``key`` (rows.TaskRows).
     write_id: str = ""
@@ -233,7 +223,6 @@ class WriterSettings:
         rate = _positive_option("rows_per_second", given.get("rows_per_second"), None)
         if rate is not None and rate < 1:
             raise ConfigError(f"option 'rows_per_second' must be a number >= 1, got {given['rows_per_second']!r}")
-        fail_after = given.get("test_fail_once_after")
         return cls(
             broker=broker,
             task=given["task"].strip(),
@@ -255,14 +244,12 @@ class WriterSettings:
             columns=tuple(names),
             roles=roles,
             fair_column=fair_column,
-            test_fail_once_after=None if fail_after is None else int(fail_after),
-            test_fail_once_marker=given.get("test_fail_once_marker"),
             write_id=uuid.uuid4().hex,
         )._checked_broker()
 
     def _checked_broker(self) -> WriterSettings:
         """The broker URL read as the transport reads it (its hosts and database), on the driver."""
-        from .. import connections
+        from ... import connections
 
         if self.transport.cluster and self.transport.master_name is not None:
             raise ConfigError(
@@ -286,7 +273,7 @@ class WriterSettings:
         defaults (the server's certificate checked)."""
         from kombu import Connection
 
-        from .. import transport  # noqa: F401  registers pq:// and pqs://
+        from ... import transport  # noqa: F401  registers pq:// and pqs://
 
         return Connection(self.broker, ssl=self.tls or False, password=os.environ.get(PASSWORD_ENV) or None)
 
@@ -300,7 +287,7 @@ class WriterSettings:
         (``cluster``)."""
         import redis
 
-        from .. import connections
+        from ... import connections
 
         conninfo = self.conninfo()
         if self.transport.cluster:
@@ -317,7 +304,7 @@ class WriterSettings:
 def close_client(client) -> None:
     """Close a client of ``WriterSettings.client`` and its pool's connections (a pool handed to
     redis-py's client is not closed with it; an executor's Python worker lives on)."""
-    from .. import connections
+    from ... import connections
 
     try:
         connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)

@@ -1,11 +1,7 @@
-"""A DataFrame row as a Celery task message (protocol 2), stored as the transport stores one.
-
-``TaskRows.build(row)`` gives ``(queue, Item)`` or raises ``Rejected`` with the reason.
-The message is made by Celery's own ``app.amqp.as_task_v2`` (headers, properties, body
-``[args, kwargs, embed]``) and kombu's serializer, then dressed as kombu's ``Producer.publish``
-and virtual ``basic_publish`` dress it (delivery mode, body base64, delivery info); the stored
-item comes from ``celery_pq.messages``, the transport's own path. This module does not import
-pyspark: a row is any sequence of values in the DataFrame's column order.
+"""A DataFrame row as a Celery task message (protocol 2, made by Celery's own ``as_task_v2``),
+stored as the transport stores one: ``TaskRows.build(row)`` gives ``(queue, Item)`` or
+raises ``Rejected`` with the reason. No pyspark here: a row is a sequence of values in column
+order. docs/spark.md ("Columns", "Every row is a task").
 """
 
 from __future__ import annotations
@@ -24,10 +20,10 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from kombu import serialization
 
-from ..checks import text
-from ..errors import MessageTooLarge
-from ..messages import digest, prepare_message, stored_item
-from ..queue import validate_priority
+from ...checks import text
+from ...errors import MessageTooLarge
+from ...messages import digest, prepare_message, stored_item
+from ...queue import validate_priority
 from .settings import KEY_NAMESPACE, WriterSettings
 
 #: Types whose repr is what Celery's saferepr writes for them.

@@ -1,22 +1,7 @@
-"""``celery -A proj pq export-events QUEUE --out events.parquet``: the event log to Parquet files.
-
-Needs pyarrow, not Spark. ``out`` is a directory of Parquet files, one per export step and
-queue, that ``spark.read.parquet(out)``, pandas or pyarrow read as one table with the columns
-of the ``celery_pq_events`` source.
-
-Incremental and resumable: the last exported stream id of each queue is kept next to the
-data, in ``<out>/_offsets.json`` (Spark and pyarrow skip files starting with ``_``), and a
-second run appends only the events after it. Each file is written under a hidden name and
-renamed when complete, and its name ends with the id and position of its last event
-(``part-<queue>-<ms>-<seq>-<position>.parquet``), so a run cut short between writing a file and updating
-the offsets is resumed from the files themselves: no event is exported twice or skipped. One run
-at a time writes to a directory (a lock file, ``.lock``); a second one stops with ExportBusy.
-
-A queue split into shards has one stream per shard: with ``shards``, each shard's is exported
-(its own files and offset, under the shard's name).
-
-Events the stream's cap trimmed before they were exported are gone; the export detects it
-(``eventlog.check_gap``) and says so, or stops with ``on_gap="fail"``.
+"""``celery -A proj pq export-events QUEUE --out DIR``: the event log appended to Parquet files
+(pyarrow, no Spark), resumable without a repeat (``_offsets.json``, files named after their last
+event, ``part-<queue>-<ms>-<seq>-<position>.parquet``, renamed into place) and one run at a time
+(``.lock``). docs/spark.md ("Exporting to Parquet without Spark").
 """
 
 from __future__ import annotations
@@ -28,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from ..constants import KEY_PREFIX
-from .eventlog import (
+from ...constants import KEY_PREFIX
+from .log import (
     COLUMNS,
     PAGE,
     check_gap,

@@ -1,28 +1,7 @@
-"""What the queue did, from its event log: ``analyze(events) -> {name: DataFrame}``.
-
-``events`` is a DataFrame with the columns of the ``celery_pq_events`` source (``event``,
-``queue``, ``id``, ``priority``, ``rank``, ``tenant``, ``consumer``, ``task``, ``deliveries``,
-``reason``, ``ts``, ``ms``, ``sid``), read from Redis or from an ``export-events`` Parquet file.
-The DataFrames returned:
-
-- ``summary``       one row per queue: event counts, span, throughput, waits, rank error, fairness
-- ``entries``       one row per entry: tenant, priority, when it became waiting, its first
-                    delivery, its wait, deliveries, how it ended
-- ``waits``         per queue and tenant: share of all deliveries and wait percentiles (ms)
-                    from waiting (enqueue, or ``due`` for a delayed entry) to first delivery
-- ``share``         per queue, time window and tenant: deliveries and share of the window's
-- ``fairness``      per queue and window: Jain's fairness index over the tenants that were
-                    backlogged or served in the window (1 = equal service, 1/n = one tenant got all),
-                    and the same within each rank (strict priority serves a better rank first)
-- ``rank_error``    one row per delivery: how many waiting entries outranked it when it was
-                    popped (entries waiting at that moment with a strictly smaller rank), the
-                    relaxed priority queue's "priority error inversion" count
-- ``redeliveries``  per queue and tenant: deliveries, redeliveries, requeues, expiries, dead letters
-- ``dead``          one row per dead-lettered entry, with its reason
-- ``throughput``    per queue and window: enqueued, delivered, acked, dead; acks per second
-
-Time windows are ``window_seconds`` long (default: a round length giving about 60 windows over
-the log's span), aligned to multiples of their length since the epoch.
+"""What the queue did, from its event log: ``analyze(events) -> {name: DataFrame}`` (summary,
+entries, waits, share, fairness, rank_error, redeliveries, dead, throughput), for a DataFrame of
+the ``celery_pq_events`` columns, read from Redis or an export. docs/spark.md ("Analysis") says
+what each frame holds and how it is computed.
 """
 
 from __future__ import annotations
@@ -88,7 +67,9 @@ def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
 def analyze(
     events: DataFrame, *, window_seconds: float | None = None, weights: dict[str, float] | None = None
 ) -> dict[str, DataFrame]:
-    """The analysis DataFrames of an event log (see the module docstring).
+    """The analysis DataFrames of an event log, by name (docs/spark.md lists them). Time windows
+    are ``window_seconds`` long (default: a round length giving about 60 windows over the log's
+    span), aligned to multiples of their length since the epoch.
 
     ``weights`` (``{tenant: weight}``, others 1) makes Jain's index compare each tenant's
     deliveries divided by its weight, so a weighted fair share scores 1.
