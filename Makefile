@@ -105,13 +105,15 @@ redis:
 	@$(ENSURE_REDIS)
 
 # What is linted and formatted: the package, its tests, the benchmarks and the examples; mypy
-# checks the files pyproject.toml names ([tool.mypy] files).
+# checks the files pyproject.toml names ([tool.mypy] files); lint-imports holds the layers
+# ([tool.importlinter]: the layers, no cycles, the core never importing the tools or Spark).
 LINTED      := celery_pq tests benchmarks examples
 
 lint: install
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: install
 	@$(WITH_REDIS) $(WITH_JAVA) \

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from kombu.utils.json import dumps, loads
 
-from celery_pq import codec
+from celery_pq.storage import codec
 
 from .common import cli, table
 

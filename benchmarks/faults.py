@@ -215,7 +215,7 @@ def aof_kill_rounds(
     thread writes and fsyncs 8 MB chunks beside the AOF meanwhile (a disk shared with other
     writers), which is what makes an fsync slow."""
     from celery_pq import PriorityQueue
-    from celery_pq.ids import encode_id
+    from celery_pq.storage.ids import encode_id
 
     rng = random.Random(seed)
     out = {

@@ -35,9 +35,9 @@ from kombu.utils.json import dumps
 from kombu.utils.json import loads as kombu_loads
 
 import celery_pq  # noqa: F401  registers pq://
-from celery_pq import codec
-from celery_pq.messages import stored_item
-from celery_pq.options import Options
+from celery_pq.storage import codec
+from celery_pq.transport.messages import stored_item
+from celery_pq.transport.options import Options
 
 from .common import cli, data_memory, redis_server, table
 

@@ -3,7 +3,7 @@
 One redis-server for the run; in each repetition, on the same server and in turn: kombu's Redis
 transport's own batches (a pipeline of LPUSH per flush), celery-pq's batches (an insert script
 call per 200 messages of a queue, sent as the batch fills, every reply read at the flush,
-``celery_pq/batches.py``), and celery-pq publishing one by one (one round trip per message). Messages of 256 bytes at priority 5, ``--batch`` per batch (1,000),
+``celery_pq/transport/batches.py``), and celery-pq publishing one by one (one round trip per message). Messages of 256 bytes at priority 5, ``--batch`` per batch (1,000),
 ``--batches`` batches per measurement; medians of ``--repeat`` runs.
 
 Two ways to publish:

@@ -34,8 +34,8 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  (pq://)
 from celery_pq.queue import QueueSettings, open_queue
-from celery_pq.task_rates import task_tenant
 from celery_pq.testing import celery_env, start_worker, stop_workers
+from celery_pq.transport.task_rates import task_tenant
 
 from .common import cli, redis_server, table
 

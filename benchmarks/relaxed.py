@@ -44,11 +44,11 @@ from contextlib import contextmanager
 import redis
 
 from celery_pq import Item
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
 from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.sim import predict
 from celery_pq.testing import RedisCluster
+from celery_pq.transport.options import Options
 
 from .common import cli, now_ns, percentile, redis_server, table
 

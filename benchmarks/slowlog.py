@@ -49,10 +49,10 @@ import time
 import redis
 
 from celery_pq import Item, PriorityQueue
-from celery_pq import constants as C
 from celery_pq.queue.calls import migrate_args
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.scripts import SCRIPT_NAMES, library, source
+from celery_pq.storage import constants as C
 from celery_pq.testing import RedisServer
 
 from .common import cli, table

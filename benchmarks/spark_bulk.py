@@ -16,7 +16,7 @@ import time
 import redis
 
 from celery_pq import Item, PriorityQueue
-from celery_pq.messages import digest
+from celery_pq.transport.messages import digest
 
 from .common import cli, data_memory, redis_server, table
 

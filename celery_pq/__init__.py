@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from .errors import (
+from .queue import Entry, Item, Lease, PriorityQueue, ShardedQueue
+from .storage.errors import (
     ClusterUnsettled,
     ConfigError,
     EntryNotFound,
@@ -21,8 +22,8 @@ from .errors import (
     QueueFull,
     QueueMigrating,
 )
-from .queue import Entry, Item, Lease, PriorityQueue, ShardedQueue
-from .unique import PublishOutcome, UniqueKey, publish_outcome
+from .transport.channel import Channel
+from .transport.unique import PublishOutcome, UniqueKey, publish_outcome
 
 __version__ = "0.1.0"
 
@@ -32,8 +33,6 @@ TRANSPORT_ALIASES.setdefault("pqs", "celery_pq.transport:TLSTransport")
 
 def broker_channel(conn):
     """The celery-pq channel of a kombu connection, or ConfigError if it is another broker."""
-    from .transport import Channel
-
     channel = conn.default_channel
     if not isinstance(channel, Channel):
         raise ConfigError(f"the broker is not celery-pq (transport {type(conn.transport).__name__})")

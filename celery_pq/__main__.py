@@ -7,8 +7,8 @@ import json
 
 import click
 
-from .broker import Broker
-from .cli import pq
+from .ops.cli import pq
+from .transport.broker import Broker
 
 
 @click.group(name="celery_pq")

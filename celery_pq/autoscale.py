@@ -39,8 +39,8 @@ from time import monotonic
 from celery.worker import state
 from celery.worker.autoscale import Autoscaler
 
-from .broker import Broker, queue_and_view
-from .checks import count, number
+from .storage.checks import count, number
+from .transport.broker import Broker, queue_and_view
 
 logger = logging.getLogger("celery_pq.autoscale")
 

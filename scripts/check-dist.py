@@ -50,7 +50,7 @@ def main(wheel: str, sdist: str) -> int:
     problems += [f"sdist: {name} is missing" for name in sorted(wanted - in_sdist)]
     kinds = {
         "Lua scripts": sum(name.endswith(".lua") for name in in_wheel),
-        "dashboard files": sum(name.startswith("celery_pq/dashboard/static/") for name in in_wheel),
+        "dashboard files": sum(name.startswith("celery_pq/ops/dashboard/static/") for name in in_wheel),
         "py.typed": int("celery_pq/py.typed" in in_wheel),
     }
     for line in problems:

@@ -3,7 +3,7 @@ its script calls as a private member (scripts.py, calls.py), and ``ShardedQueue`
 ``open_queue`` (opening.py) is the one way to open either. ``Item`` is what every insert takes.
 """
 
-from ..records import FAIR_SCOPES
+from ..storage.records import FAIR_SCOPES
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .opening import declare_tables, open_queue

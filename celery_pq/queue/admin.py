@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import constants as C
-from ..checks import count as _count
-from ..checks import text as _text
-from ..errors import ConfigError, raise_for
+from ..storage import constants as C
+from ..storage.checks import count as _count
+from ..storage.checks import text as _text
+from ..storage.errors import ConfigError, raise_for
 from . import calls
 from .scripts import Scripts
 from .values import Entry

@@ -16,18 +16,34 @@ run it (``Scripts.run``, or several at once with ``running.run_calls``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from .. import constants as C
-from ..errors import ErrorCode, raise_for
-from ..ids import decode_id, encode_id
-from ..records import entry_payload, split_dead_note, split_entry
 from ..scripts import FIRST_SEND, Layout, resent, signature
+from ..storage import constants as C
+from ..storage.errors import ErrorCode, raise_for
+from ..storage.ids import decode_id, encode_id
+from ..storage.records import entry_payload, split_dead_note, split_entry
 from .item import lua_group
 from .values import Delivery, Entry, Lease, as_text, escape_tenant, unescape_tenant
 
-if TYPE_CHECKING:
-    from .scripts import Scripts
+
+class Scripts(Protocol):
+    """What the builders and readers here take of a queue: its ``scripts.Scripts``."""
+
+    name: str
+    settings: Any  # QueueSettings
+    keys: Any  # keys.QueueKeys
+    context: str
+    views: list[tuple[int, int]]
+    views_version: str
+
+    def rank(self, priority: int) -> int: ...
+
+    def priority_of_score(self, score) -> int: ...
+
+    def layout(self, name: str) -> Layout: ...
+
+    def keys_of(self, script: str, **given: str) -> list[str]: ...
 
 
 class ScriptCall(NamedTuple):

@@ -16,10 +16,10 @@ from typing import Any, overload
 
 import redis
 
-from .. import constants as C
-from ..costs import explain
-from ..keys import dead_queue_name
 from ..scripts import Flight
+from ..storage import constants as C
+from ..storage.costs import explain
+from ..storage.keys import dead_queue_name
 from . import admin, calls, inserts, leasing, reads, tenants
 from .item import Item
 from .running import run_acks, run_calls, wait_out_migration

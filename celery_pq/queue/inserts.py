@@ -8,10 +8,10 @@ from collections.abc import Iterable
 
 from redis.exceptions import NoScriptError
 
-from .. import constants as C
-from ..errors import NotReplicated, QueueFull
-from ..ids import unique_bytes
 from ..scripts.wire import function_missing
+from ..storage import constants as C
+from ..storage.errors import NotReplicated, QueueFull
+from ..storage.ids import unique_bytes
 from . import calls
 from .calls import ScriptCall
 from .item import Item

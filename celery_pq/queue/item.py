@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass
 
-from ..checks import seconds
-from ..ids import encode_id
+from ..storage.checks import seconds
+from ..storage.ids import encode_id
 from .values import MAX_DUE_MS, as_bytes, escape_tenant, validate_priority
 
 

@@ -7,7 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from ..errors import QueueMigrating, raise_for
+from ..storage.errors import QueueMigrating, raise_for
 from . import calls
 from .running import run_acks, wait_out_migration
 from .scripts import Scripts

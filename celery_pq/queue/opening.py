@@ -27,9 +27,9 @@ from typing import Any
 
 import redis
 
-from .. import constants as C
-from ..keys import shard_names
-from ..records import mode_dict
+from ..storage import constants as C
+from ..storage.keys import shard_names
+from ..storage.records import mode_dict
 from .core import PriorityQueue
 from .protocol import Queue
 from .settings import QueueSettings

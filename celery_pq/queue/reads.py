@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .. import constants as C
-from ..checks import count as _count
-from ..ids import decode_id, encode_id
-from ..records import split_entry, split_lease, split_switches
+from ..storage import constants as C
+from ..storage.checks import count as _count
+from ..storage.ids import decode_id, encode_id
+from ..storage.records import split_entry, split_lease, split_switches
 from . import calls
 from .running import readable_mode
 from .scripts import Scripts

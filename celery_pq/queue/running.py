@@ -12,11 +12,11 @@ from urllib.parse import unquote
 
 import redis
 
-from .. import constants as C
 from .. import scripts as _scripts
-from ..errors import ERROR_REPLY, QueueMigrating, error_for
-from ..records import mode_dict
-from ..retrying import again_while_refused
+from ..storage import constants as C
+from ..storage.errors import ERROR_REPLY, QueueMigrating, error_for
+from ..storage.records import mode_dict
+from ..storage.retrying import again_while_refused
 
 logger = logging.getLogger("celery_pq.queue")
 

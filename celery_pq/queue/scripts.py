@@ -10,16 +10,16 @@ from typing import Any
 
 import redis
 
-from .. import constants as C
-from ..checks import count as _count
-from ..checks import seconds as _seconds
-from ..checks import text as _text
-from ..connections import NodePipeline, is_cluster
-from ..errors import NotReplicated
-from ..ids import unique_bytes
-from ..keys import dead_queue_name, queue_keys, script_keys, split_dead
-from ..records import join_mode
 from ..scripts import Layout, get_scripts, signature
+from ..storage import constants as C
+from ..storage.checks import count as _count
+from ..storage.checks import seconds as _seconds
+from ..storage.checks import text as _text
+from ..storage.connections import NodePipeline, is_cluster
+from ..storage.errors import NotReplicated
+from ..storage.ids import unique_bytes
+from ..storage.keys import dead_queue_name, queue_keys, script_keys, split_dead
+from ..storage.records import join_mode
 from . import calls
 from .calls import ScriptCall
 from .running import readable_mode, run_calls, run_replicated, translate_error, wait_out_migration

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .. import constants as C
-from ..checks import count, number, seconds, text
-from ..errors import ConfigError
-from ..keys import MAX_SHARDS
-from ..records import FAIR_SCOPES
+from ..storage import constants as C
+from ..storage.checks import count, number, seconds, text
+from ..storage.errors import ConfigError
+from ..storage.keys import MAX_SHARDS
+from ..storage.records import FAIR_SCOPES
 from .values import MAX_RATE, MAX_WEIGHT, MIN_RATE, MIN_WEIGHT
 
 #: The peek count (the transport option ``peek``) at most.

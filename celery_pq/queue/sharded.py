@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .. import constants as C
-from ..costs import explain
-from ..errors import ConfigError, EntryNotFound
-from ..keys import split_dead
+from ..storage import constants as C
+from ..storage.costs import explain
+from ..storage.errors import ConfigError, EntryNotFound
+from ..storage.keys import split_dead
 from . import calls
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item

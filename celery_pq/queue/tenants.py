@@ -4,9 +4,9 @@ which ones cannot be served now (and why); and the queue's pause state."""
 
 from __future__ import annotations
 
-from .. import constants as C
-from ..checks import count as _count
-from ..records import split_entry, split_switches, split_tenant_member
+from ..storage import constants as C
+from ..storage.checks import count as _count
+from ..storage.records import split_entry, split_switches, split_tenant_member
 from . import calls
 from .scripts import Scripts
 from .settings import tenant_setting

@@ -12,12 +12,9 @@ import socket
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
-from .. import constants as C
-
-if TYPE_CHECKING:
-    from .core import PriorityQueue
+from ..storage import constants as C
 
 #: The counters the scripts keep in a queue's hash ct (``PriorityQueue.counters``): entries
 #: stored, deliveries, deliveries of an entry delivered before, acks, leases given back by a
@@ -109,10 +106,10 @@ class Popped(list[Held], Generic[Held]):
     ``PriorityQueue.pop``), and ``queue``: the queue they came from (a shard, for a sharded
     queue: see ``shards.py``)."""
 
-    def __init__(self, items: Iterable[Held] = (), queue: PriorityQueue | None = None):
+    def __init__(self, items: Iterable[Held] = (), queue: Any = None):
         super().__init__(items)
         self.acked: list[int] = []
-        self.queue: PriorityQueue | None = queue
+        self.queue: Any = queue  # the PriorityQueue (a shard) they came from
 
 
 def validate_priority(priority) -> int:

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
-from ..errors import ErrorCode
-from ..keys import FAIR_SUFFIXES
+from ..storage.errors import ErrorCode
+from ..storage.keys import FAIR_SUFFIXES
 from .headers import LUA, Signature, signature
 
 SCRIPT_NAMES = (

@@ -10,10 +10,7 @@ pop arguments), and fill in only what changes. ``Signature.args`` is a layout wi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
-
-if TYPE_CHECKING:
-    from .headers import Signature
+from typing import Any, NoReturn
 
 # The kinds of piece a layout is made of.
 _FIXED = 0  # values laid out once (a tuple)
@@ -30,7 +27,7 @@ class Layout:
 
     __slots__ = ("_build", "_group", "fixed", "free", "signature")
 
-    def __init__(self, signature: Signature, fixed: dict):
+    def __init__(self, signature: Any, fixed: dict):  # a headers.Signature
         counted = {count: (lst, size) for count, lst, size in signature.counts}
         wanted = signature.wanted
         unexpected = [n for n in fixed if n not in wanted]

@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
+from ..storage.connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
 from .wire import (
     Flight,

@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..connections import is_cluster
+from ..storage.connections import is_cluster
 from .wire import _demoted, _functions, _load_library, _packed, _plain_client, _readonly
 
 #: What a lost connection raises while sending or reading.

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from sortedcontainers import SortedList
 
-from ..checks import count
+from ..storage.checks import count
 from .policies import policy as policy_named
 
 RANK_SHIFT = 40  # ranks:R keys are rank << 40 | sequence: FIFO within a rank, 2^40 adds

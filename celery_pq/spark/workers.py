@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import sys
 
-from ..errors import ConfigError
+from ..storage.errors import ConfigError
 
 # applicationId of each SparkContext whose workers imported celery_pq: one job per context
 _checked: set[str] = set()

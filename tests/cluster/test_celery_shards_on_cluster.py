@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
 from celery_pq.testing import wait_for
+from celery_pq.transport.options import Options
 from tests.cluster.test_celery_on_cluster import live_producer, on_cluster  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]

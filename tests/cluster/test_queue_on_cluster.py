@@ -13,9 +13,9 @@ import pytest
 from kombu import Connection
 
 from celery_pq import ConfigError, Item, PriorityQueue
-from celery_pq.connections import node_client
 from celery_pq.queue import ack_all, pop_with_acks
 from celery_pq.scripts import library
+from celery_pq.storage.connections import node_client
 
 pytestmark = pytest.mark.cluster
 
@@ -171,7 +171,7 @@ def test_stats_command_on_the_cluster(cluster, cluster_client, spread):
 
 
 def test_metrics_collector_on_the_cluster(cluster, cluster_client, spread):
-    from celery_pq.metrics import PQCollector
+    from celery_pq.ops.metrics import PQCollector
 
     for n, name in enumerate(spread):
         q = PriorityQueue(cluster_client, name)

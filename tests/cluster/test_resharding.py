@@ -13,9 +13,10 @@ import uuid
 import pytest
 import redis
 
-from celery_pq import PriorityQueue, connections
-from celery_pq.connections import set_cluster_retry
-from celery_pq.errors import ClusterUnsettled
+from celery_pq import PriorityQueue
+from celery_pq.storage import connections
+from celery_pq.storage.connections import set_cluster_retry
+from celery_pq.storage.errors import ClusterUnsettled
 
 pytestmark = pytest.mark.cluster
 

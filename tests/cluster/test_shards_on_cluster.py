@@ -13,8 +13,8 @@ import pytest
 from kombu import Connection, Consumer, Producer
 
 from celery_pq import Item
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
+from celery_pq.transport.options import Options
 from tests.support.consume import drain, make_queue
 
 pytestmark = pytest.mark.cluster

@@ -22,8 +22,8 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-from celery_pq.ids import decode_id
 from celery_pq.queue import QueueSettings, open_queue
+from celery_pq.storage.ids import decode_id
 from celery_pq.testing import RedisServer, WorkerProcess, celery_env, start_worker, wait_for
 from tests.support.consume import drain, make_queue, publish_numbers
 

@@ -23,8 +23,8 @@ from kombu.mixins import ConsumerMixin
 
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
-from celery_pq.codec import decode
 from celery_pq.queue import QueueSettings, open_queue
+from celery_pq.storage.codec import decode
 from celery_pq.testing import RedisServer, celery_env, make_certificates, start_worker, wait_for
 from tests.deploy.conftest import REPLICA_LAG, SentinelGroup
 from tests.support.consume import drain, make_queue

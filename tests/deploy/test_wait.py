@@ -104,7 +104,7 @@ def test_too_few_replicas_a_publish_raises_not_replicated_and_is_stored_once(pai
 
 
 def test_not_replicated_is_retried_by_kombu_as_a_connection_error():
-    from celery_pq.transport import Transport
+    from celery_pq.transport.channel import Transport
 
     assert NotReplicated in Transport.connection_errors
 

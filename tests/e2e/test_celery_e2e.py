@@ -13,8 +13,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_pq.codec import decode
 from celery_pq.queue import QueueSettings, open_queue
+from celery_pq.storage.codec import decode
 from celery_pq.testing import celery_env, start_worker, stop_workers, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -325,7 +325,7 @@ def test_a_decompression_bomb_in_the_queue_is_dead_lettered_and_the_worker_goes_
         from support.bombs import zstd_bomb
     except ImportError:  # collected with the repository root on sys.path instead of tests/
         from tests.support.bombs import zstd_bomb
-    from celery_pq.ids import encode_id
+    from celery_pq.storage.ids import encode_id
 
     h = harness()
     w = h.worker("w1")

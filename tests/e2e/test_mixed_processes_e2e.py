@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
-from celery_pq.task_rates import task_tenant
 from celery_pq.testing import wait_for
+from celery_pq.transport.options import Options
+from celery_pq.transport.task_rates import task_tenant
 
 from .test_celery_e2e import Harness
 from .test_task_rate_e2e import most_in_window

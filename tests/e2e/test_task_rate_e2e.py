@@ -7,8 +7,8 @@ from bisect import bisect_right
 
 import pytest
 
-from celery_pq.task_rates import task_tenant
 from celery_pq.testing import wait_for
+from celery_pq.transport.task_rates import task_tenant
 
 from .test_celery_e2e import Harness
 

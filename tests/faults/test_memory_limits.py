@@ -10,7 +10,7 @@ from kombu import Connection
 
 from celery_pq.testing import RedisServer
 
-LOGGER = "celery_pq.connections"
+LOGGER = "celery_pq.storage.connections"
 
 
 def _warnings(caplog, policy):

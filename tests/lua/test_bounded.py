@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from celery_pq import Item, PriorityQueue, QueueMigrating
-from celery_pq import constants as C
+from celery_pq.storage import constants as C
 
 try:
     from support.consume import pop_all

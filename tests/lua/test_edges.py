@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from celery_pq import Item, ModeMismatch, PriorityQueue, QueueFull
-from celery_pq import constants as C
-from celery_pq.ids import encode_id
+from celery_pq.storage import constants as C
+from celery_pq.storage.ids import encode_id
 from celery_pq.testing import RedisServer
 
 

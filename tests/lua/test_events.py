@@ -10,9 +10,9 @@ import uuid
 import pytest
 
 from celery_pq import ConfigError, Item
-from celery_pq.keys import queue_keys
-from celery_pq.options import Options
 from celery_pq.queue import COUNTERS, EVENT_FIELDS, PriorityQueue, QueueSettings, open_queue
+from celery_pq.storage.keys import queue_keys
+from celery_pq.transport.options import Options
 
 
 def q_of(client, prefix, name="ev", **kw):

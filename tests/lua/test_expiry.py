@@ -12,7 +12,7 @@ import time
 import pytest
 
 from celery_pq import ConfigError, Item, PriorityQueue
-from celery_pq.records import split_entry
+from celery_pq.storage.records import split_entry
 
 try:
     from support.consume import pop_all

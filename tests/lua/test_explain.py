@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from celery_pq import Item, PriorityQueue
-from celery_pq.costs import READ_COMMANDS, WRITE_COMMANDS
+from celery_pq.storage.costs import READ_COMMANDS, WRITE_COMMANDS
 
 COUNTED = READ_COMMANDS | WRITE_COMMANDS | {"time"}
 

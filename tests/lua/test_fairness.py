@@ -357,9 +357,9 @@ def test_returned_work_wakes_the_views_it_belongs_to(redis_client, key_prefix):
 def _stale_member(client, q, tenant, priority, seq, entry_id):
     """A tenant-order member for ``entry_id`` that is not current, counted as a waiting entry
     (what fair_add writes): what a script stopped half way could leave behind."""
-    from celery_pq import records as R
-    from celery_pq.ids import encode_id
     from celery_pq.queue import escape_tenant
+    from celery_pq.storage import records as R
+    from celery_pq.storage.ids import encode_id
 
     k, rank, t = q.keys, q.rank(priority), escape_tenant(tenant)
     client.zadd(k.tenant_entries, {R.join_tenant_member(t.encode(), rank, seq, encode_id(entry_id)): 0})

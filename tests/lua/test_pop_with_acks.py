@@ -5,9 +5,9 @@ import pytest
 
 from celery_pq import Item, PriorityQueue
 from celery_pq import queue as queue_module
-from celery_pq.errors import ErrorCode
 from celery_pq.queue import core as queue_core
 from celery_pq.queue import running as queue_running
+from celery_pq.storage.errors import ErrorCode
 
 
 def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):

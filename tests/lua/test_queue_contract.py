@@ -7,10 +7,10 @@ import pytest
 import redis
 
 from celery_pq import EntryNotFound, Item, LeaseLost, NotWaiting, PriorityQueue, QueueFull
-from celery_pq.constants import SEQ_SPAN
-from celery_pq.ids import decode_id
 from celery_pq.queue import calls
-from celery_pq.records import split_entry, split_lease, split_pointer
+from celery_pq.storage.constants import SEQ_SPAN
+from celery_pq.storage.ids import decode_id
+from celery_pq.storage.records import split_entry, split_lease, split_pointer
 
 
 @pytest.fixture(params=["T", "S"])

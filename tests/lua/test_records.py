@@ -1,16 +1,16 @@
 """The stored records read the same in both languages: written by the scripts and read by
-celery_pq.records, written by celery_pq.records and read by the scripts (on a real redis-server)."""
+celery_pq.storage.records, written by celery_pq.storage.records and read by the scripts (on a real redis-server)."""
 
 from __future__ import annotations
 
 import pytest
 
 from celery_pq import PriorityQueue
-from celery_pq import constants as C
-from celery_pq import records as R
-from celery_pq.ids import encode_id
 from celery_pq.queue import escape_tenant
 from celery_pq.scripts import compose
+from celery_pq.storage import constants as C
+from celery_pq.storage import records as R
+from celery_pq.storage.ids import encode_id
 
 PAYLOAD = b"p|q,r\x00\xff"  # the separators of the header may appear in a payload
 

@@ -3,9 +3,9 @@
 import pytest
 
 from celery_pq import ModeMismatch, PriorityQueue
-from celery_pq.ids import decode_id
 from celery_pq.queue.unique import UniqueKey
-from celery_pq.records import split_entry, split_pointer
+from celery_pq.storage.ids import decode_id
+from celery_pq.storage.records import split_entry, split_pointer
 
 
 @pytest.fixture(params=["T", "S"])

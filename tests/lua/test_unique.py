@@ -9,11 +9,11 @@ import time
 import pytest
 
 from celery_pq import Item, PriorityQueue, QueueFull
-from celery_pq.ids import encode_id
 from celery_pq.queue import QueueSettings, calls, open_queue
 from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.queue.unique import UniqueKey
-from celery_pq.records import split_entry, split_pointer
+from celery_pq.storage.ids import encode_id
+from celery_pq.storage.records import split_entry, split_pointer
 
 
 def q_of(client, prefix, name="uq", **kw):

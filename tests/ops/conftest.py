@@ -13,8 +13,8 @@ from click.testing import CliRunner
 import celery_pq  # noqa: F401  registers pq://
 from celery_pq import PriorityQueue
 from celery_pq.__main__ import main
-from celery_pq.options import Options
 from celery_pq.queue import QueueSettings, open_queue
+from celery_pq.transport.options import Options
 
 
 class World:

@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from celery import Celery
 
-from celery_pq.codec import decode
-from celery_pq.kombu_import import KombuLayout, priority_map
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
+from celery_pq.storage.codec import decode
 from celery_pq.testing import wait_for
+from celery_pq.transport.kombu_import import KombuLayout, priority_map
+from celery_pq.transport.options import Options
 
 from .conftest import World
 
@@ -251,8 +251,8 @@ def test_unacked_stale_needs_the_old_workers_visibility_timeout(world, kombu):
         assert r.exit_code == 2 and "give it with --visibility-timeout SECONDS" in r.output, r.output
     assert kombu.waiting() == 1 and kombu.client.hlen(kombu.layout.unacked) == 1 and entries(world) == []
     # and the API refuses the same
-    from celery_pq.broker import Broker
-    from celery_pq.kombu_import import KombuImport
+    from celery_pq.transport.broker import Broker
+    from celery_pq.transport.kombu_import import KombuImport
 
     with Broker.of(world.url, world.options).channel() as channel:
         with pytest.raises(ValueError, match="give it \\(visibility_timeout, seconds\\)"):
@@ -270,8 +270,8 @@ def test_staged_and_stored_by_a_crashed_run_is_not_stored_twice(world, kombu):
     # Given: a run that crashed just now, after inserting a staged message and before releasing it
     tid, raw = _stage(kombu, 0)
     layout = kombu.layout
-    from celery_pq.broker import Broker
-    from celery_pq.kombu_import import KombuImport
+    from celery_pq.transport.broker import Broker
+    from celery_pq.transport.kombu_import import KombuImport
 
     with Broker.of(world.url, world.options).channel() as channel:
         job = KombuImport(kombu.client, channel, ["q"], layout=layout, visibility_timeout=3600)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_pq.metrics import PQCollector, serve
+from celery_pq.ops.metrics import PQCollector, serve
 from celery_pq.testing import celery_env
 
 try:

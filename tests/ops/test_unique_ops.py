@@ -9,7 +9,7 @@ import json
 import pytest
 
 from celery_pq import publish_outcome
-from celery_pq.metrics import PQCollector
+from celery_pq.ops.metrics import PQCollector
 
 try:
     from ops.conftest import World

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_pq.broker import Broker, queue_and_view
-from celery_pq.dashboard import Board
+from celery_pq.ops.dashboard import Board
 from celery_pq.testing import celery_env, start_worker, wait_for
+from celery_pq.transport.broker import Broker, queue_and_view
 
 try:
     from support.bombs import varint_bomb

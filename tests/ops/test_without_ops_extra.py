@@ -28,7 +28,7 @@ def run_without_ops(code: str) -> subprocess.CompletedProcess:
 def test_transport_and_cli_import_without_the_extra():
     done = run_without_ops(
         """
-        import celery_pq, celery_pq.transport, celery_pq.autoscale, celery_pq.cli, celery_pq.dashboard
+        import celery_pq, celery_pq.transport.channel, celery_pq.autoscale, celery_pq.ops.cli, celery_pq.ops.dashboard
         print("imported")
         """
     )
@@ -45,7 +45,7 @@ def test_metrics_command_names_the_extra(redis_url):
     )
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "Error: celery_pq.metrics needs the [ops] extra (prometheus_client): pip install 'celery-pq[ops]'"
+        "Error: celery_pq.ops.metrics needs the [ops] extra (prometheus_client): pip install 'celery-pq[ops]'"
     )
 
 

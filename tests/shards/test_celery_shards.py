@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
 from celery_pq.testing import wait_for
+from celery_pq.transport.options import Options
 
 try:
     from e2e.test_celery_e2e import harness

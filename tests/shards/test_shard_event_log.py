@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from celery_pq.errors import ConfigError
-from celery_pq.keys import shard_names
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
 from celery_pq.spark.events.export import export_events
 from celery_pq.spark.events.log import Settings
+from celery_pq.storage.errors import ConfigError
+from celery_pq.storage.keys import shard_names
+from celery_pq.transport.options import Options
 
 ROOT = Path(__file__).resolve().parents[2]
 

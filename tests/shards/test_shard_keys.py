@@ -3,7 +3,7 @@
 import pytest
 from redis.crc import key_slot
 
-from celery_pq.keys import MAX_SHARDS, queue_keys, shard_name, shard_names
+from celery_pq.storage.keys import MAX_SHARDS, queue_keys, shard_name, shard_names
 
 
 def test_shard_zero_is_the_queue_itself_with_todays_keys():

@@ -9,8 +9,8 @@ import pytest
 from kombu import Connection, Producer
 
 from celery_pq import Item
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
+from celery_pq.transport.options import Options
 
 try:
     from support.consume import make_queue

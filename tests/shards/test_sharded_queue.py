@@ -8,10 +8,10 @@ import pytest
 
 from celery_pq import ConfigError, Item, PriorityQueue
 from celery_pq import queue as queues
-from celery_pq.errors import EntryNotFound
-from celery_pq.keys import shard_names
-from celery_pq.options import Options
 from celery_pq.queue.sharded import ShardedQueue
+from celery_pq.storage.errors import EntryNotFound
+from celery_pq.storage.keys import shard_names
+from celery_pq.transport.options import Options
 
 
 def open_queue(client, prefix, n, *, peek=2, seed=1, name="orders", **options):
@@ -349,7 +349,7 @@ def test_celerys_own_queues_are_never_sharded(redis_client, key_prefix):
 
 
 def test_the_dashboard_shows_a_sharded_queue_as_one(redis_client, key_prefix):
-    from celery_pq.dashboard.board import Board
+    from celery_pq.ops.dashboard.board import Board
 
     q = open_queue(redis_client, key_prefix, 4, max_deliveries=1)
     for i in range(12):

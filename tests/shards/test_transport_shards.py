@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from kombu import Connection, Consumer, Producer
 
-from celery_pq.broker import Broker, queue_and_view
-from celery_pq.options import Options
 from celery_pq.queue import open_queue
 from celery_pq.queue.sharded import ShardedQueue
+from celery_pq.transport.broker import Broker, queue_and_view
+from celery_pq.transport.options import Options
 
 try:
     from support.consume import drain, make_queue
@@ -149,7 +149,7 @@ def test_operator_stats_sum_the_shards(redis_server, url, key_prefix, redis_clie
     [row] = json.loads(out.stdout)
     assert row["waiting"] == 20 and row["per_priority"] == {"200": 5, "1": 15}
     assert len(row["shards"]) == 4 and sum(r["waiting"] for r in row["shards"]) == 20
-    from celery_pq.metrics import PQCollector
+    from celery_pq.ops.metrics import PQCollector
 
     fams = {f.name: f for f in PQCollector(url, ["kq"], transport_options=opts).collect()}
     assert [s.value for s in fams["celery_pq_waiting_messages"].samples] == [20]

@@ -246,7 +246,7 @@ def test_stream_from_the_latest_event_skips_the_past(spark, redis_server, redis_
 
 
 def test_batch_read_of_a_sharded_queue_reads_every_shard(spark, redis_server, redis_client, key_prefix):
-    from celery_pq.keys import shard_names
+    from celery_pq.storage.keys import shard_names
 
     # Given: a queue of 4 shards, each shard's own stream holding its events
     shards = shard_names("orders", 4)

@@ -16,11 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from celery_pq.__main__ import main
-from celery_pq.errors import ConfigError
 from celery_pq.spark import analyze
 from celery_pq.spark.events.export import LOCK, OFFSETS, ExportBusy, export_events, read_offsets
 from celery_pq.spark.events.log import EventLogGap
 from celery_pq.spark.events.report import QUEUE_FIGURES, TENANT_FIGURES, fmt, write_report
+from celery_pq.storage.errors import ConfigError
 from celery_pq.testing import celery_env
 from tests.support.events import real_run, xadd_event
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from celery_pq.codec import decode
-from celery_pq.keys import sink_rate_key, sink_record_key
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import register
 from celery_pq.spark.sink.partition import PartitionReport, RateCap
 from celery_pq.spark.sink.record import PartitionState
+from celery_pq.storage.codec import decode
+from celery_pq.storage.keys import sink_rate_key, sink_record_key
 from tests.spark.faults import failed_attempts
 
 pytestmark = pytest.mark.spark
@@ -216,8 +216,8 @@ def test_the_rate_cap_counts_rows_per_second_on_the_redis_clock(redis_client, ke
     ],
 )
 def test_bad_stream_options_are_named(option, value, message):
-    from celery_pq.errors import ConfigError
     from celery_pq.spark.sink.settings import WriterSettings
+    from celery_pq.storage.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         WriterSettings.parse({"broker": "pq://localhost:6379/0", "task": "t", option: value}, ["n"])

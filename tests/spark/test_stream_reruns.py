@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from celery_pq.codec import decode
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import read_rejects
+from celery_pq.storage.codec import decode
 from tests.spark.faults import failed_attempts
 
 pytestmark = pytest.mark.spark

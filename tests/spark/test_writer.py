@@ -11,10 +11,10 @@ import pytest
 from celery import Celery
 
 from celery_pq import PriorityQueue
-from celery_pq.codec import decode
-from celery_pq.keys import shard_names
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import enqueue
+from celery_pq.storage.codec import decode
+from celery_pq.storage.keys import shard_names
 from tests.spark.faults import failed_attempts
 
 pytestmark = pytest.mark.spark
@@ -421,8 +421,8 @@ def test_a_sharded_queue_tells_rows_stored_already_too(spark, url, redis_client,
 def test_rows_of_a_task_the_queue_limits_go_under_its_limit_and_lift_nothing(spark, url, redis_client, key_prefix):
     # Given a queue whose consumers declared a task_rate limit on proj.resize (the write's options
     # name none) and a weight for tenant "acme"
-    from celery_pq.options import Options
     from celery_pq.queue import open_queue
+    from celery_pq.transport.options import Options
 
     worker = Options(
         key_prefix=key_prefix, task_rate={"proj.resize": 0.01}, fair_key="tenant", fair_weights={"acme": 3}

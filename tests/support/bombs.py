@@ -7,7 +7,7 @@ import functools
 
 import zstandard
 
-from celery_pq import codec
+from celery_pq.storage import codec
 
 #: A zstd frame of this many zeros compresses to some 9.6 KB.
 BOMB_BYTES = 300 * 1024 * 1024

@@ -10,9 +10,9 @@ import urllib.request
 import pytest
 from kombu import Connection, Producer
 
-from celery_pq.broker import queue_and_view
-from celery_pq.dashboard import Board, DashboardServer
+from celery_pq.ops.dashboard import Board, DashboardServer
 from celery_pq.testing import wait_for
+from celery_pq.transport.broker import queue_and_view
 
 try:
     from support.consume import make_queue

@@ -4,9 +4,9 @@ lease worth a warning, unless the lease book no longer keeps it (acked meanwhile
 import logging
 
 from celery_pq import Item, PriorityQueue
-from celery_pq.leasebook import LeaseBook
-from celery_pq.leases import LeaseKeeper
-from celery_pq.options import Options
+from celery_pq.transport.leasebook import LeaseBook
+from celery_pq.transport.leases import LeaseKeeper
+from celery_pq.transport.options import Options
 
 
 def held_book(redis_client, key_prefix, n=2):
@@ -23,7 +23,7 @@ def test_a_lease_lost_while_held_is_reported(redis_client, key_prefix, caplog):
     # Given a lease the book still holds, taken away in Redis (another consumer's sweep)
     q.requeue(a)
     # When the keeper renews
-    with caplog.at_level(logging.WARNING, logger="celery_pq.leases"):
+    with caplog.at_level(logging.WARNING, logger="celery_pq.transport.leases"):
         LeaseKeeper(transport=None).renew([book])
     # Then that loss is reported, and only that one
     lost = [r.getMessage() for r in caplog.records if "lost before renewal" in r.getMessage()]
@@ -40,7 +40,7 @@ def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(
     assert q.ack(a)
     monkeypatch.setattr(book, "held", lambda: snapshot)
     # When the keeper renews with that snapshot
-    with caplog.at_level(logging.WARNING, logger="celery_pq.leases"):
+    with caplog.at_level(logging.WARNING, logger="celery_pq.transport.leases"):
         LeaseKeeper(transport=None).renew([book])
     # Then the refused renewal of the acked lease is no warning, and the other lease was renewed
     assert [r for r in caplog.records if "lost before renewal" in r.getMessage()] == []

@@ -14,7 +14,7 @@ from kombu import Connection, Consumer
 from kombu.asynchronous import Hub
 
 from celery_pq import PriorityQueue
-from celery_pq.leasebook import LeaseBook
+from celery_pq.transport.leasebook import LeaseBook
 
 from ..support.consume import make_queue, publish_numbers
 from ..support.proxy import FaultProxy
@@ -68,7 +68,7 @@ def _run(hub, until, timeout=10.0) -> None:
 def _first_delivery(conn, name, hub, monkeypatch, before_ack=lambda: None) -> None:
     """One pass of the loop's tick that delivers the first of three messages and stops there
     (no time to go on: ``TICK_DRAIN_SECONDS`` 0); then its ack, which sends the next pop."""
-    from celery_pq import constants
+    from celery_pq.storage import constants
 
     monkeypatch.setattr(constants, "TICK_DRAIN_SECONDS", 0.0)
     got = _pool_like(conn, name, 3, hub, prefetch=1)

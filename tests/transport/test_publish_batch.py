@@ -1,4 +1,4 @@
-"""kombu's ``Producer.batch()`` on celery-pq (celery_pq/batches.py), against a real redis-server:
+"""kombu's ``Producer.batch()`` on celery-pq (celery_pq/transport/batches.py), against a real redis-server:
 no round trip per message (sub-chunks of C.BATCH_SEND written as the batch fills, every reply
 read at the flush), the same preparation and errors as a single publish, and a flush sent again
 that stores each message once."""
@@ -12,10 +12,10 @@ from kombu import Connection, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401  (registers pq://)
 from celery_pq import MessageTooLarge, PriorityQueue, QueueFull
-from celery_pq import constants as C
-from celery_pq.messages import describe
 from celery_pq.queue.scripts import Scripts
 from celery_pq.scripts.stream import CallStream
+from celery_pq.storage import constants as C
+from celery_pq.transport.messages import describe
 
 try:
     from support.consume import drain

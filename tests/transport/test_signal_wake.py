@@ -14,8 +14,8 @@ import pytest
 from kombu import Connection
 from kombu.asynchronous import Hub
 
-from celery_pq import constants as C
-from celery_pq import signal_wake
+from celery_pq.storage import constants as C
+from celery_pq.transport import signal_wake
 
 
 @pytest.fixture

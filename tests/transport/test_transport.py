@@ -8,9 +8,9 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 import celery_pq
-import celery_pq.transport
+import celery_pq.transport.channel
 from celery_pq import ConfigError, PriorityQueue, QueueFull
-from celery_pq import constants as C
+from celery_pq.storage import constants as C
 
 try:
     from support.consume import drain, make_queue, publish_numbers
@@ -40,7 +40,7 @@ def test_redis_url_with_transport_class(redis_server, opts):
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
         [(body, _)] = drain(conn, q, 1)
         assert body == {"n": 1}
-        assert type(conn.transport).__module__ == "celery_pq.transport"
+        assert type(conn.transport).__module__ == "celery_pq.transport.channel"
 
 
 @pytest.mark.parametrize(
@@ -382,14 +382,14 @@ def test_password_and_db_number_from_the_url(key_prefix):
 
 
 def test_tls_scheme_selects_tls_connections(redis_server):
-    from celery_pq.transport import TLSTransport
+    from celery_pq.transport.channel import TLSTransport
 
     conn = Connection(f"pqs://127.0.0.1:{redis_server.port}/0", ssl={"ssl_cert_reqs": "none"})
     assert isinstance(conn.transport, TLSTransport)
     import redis as redis_py
 
-    from celery_pq.connections import make_pool
-    from celery_pq.options import Options
+    from celery_pq.storage.connections import make_pool
+    from celery_pq.transport.options import Options
 
     pool = make_pool(conn, Options(), conn.transport.tls)
     assert pool.connection_class is redis_py.SSLConnection and pool.connection_kwargs["ssl_cert_reqs"] == "none"
@@ -521,7 +521,7 @@ def test_a_view_is_not_a_routing_destination_and_cannot_delete_its_queue(url, op
 
 
 def test_a_published_message_is_stored_without_a_delivery_tag_and_delivered_with_its_lease(url, opts):
-    from celery_pq.codec import decode
+    from celery_pq.storage.codec import decode
 
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("notag")
@@ -571,7 +571,7 @@ def _tick(hub):
 def wide_tick_budget(monkeypatch):
     """The tick's time budget is its own test (below); a test of what one tick serves widens it,
     so that a loaded machine's slow round trips do not end the tick early."""
-    from celery_pq import constants
+    from celery_pq.storage import constants
 
     monkeypatch.setattr(constants, "TICK_DRAIN_SECONDS", 60.0)
 
@@ -612,7 +612,7 @@ def test_a_tick_that_fills_the_prefetch_window_still_wakes_the_loop(url, opts, w
 def test_the_tick_stops_at_its_time_budget_and_wakes_the_loop(url, opts, monkeypatch):
     from kombu.asynchronous import Hub
 
-    from celery_pq import constants
+    from celery_pq.storage import constants
 
     monkeypatch.setattr(constants, "TICK_DRAIN_SECONDS", 0.0)
     hub = Hub()

@@ -12,9 +12,9 @@ import redis
 from kombu import Connection, Consumer, Producer
 
 from celery_pq import PriorityQueue
-from celery_pq.codec import encode
-from celery_pq.messages import describe
+from celery_pq.storage.codec import encode
 from celery_pq.testing import wait_for
+from celery_pq.transport.messages import describe
 
 try:
     from support.bombs import BOMB_BYTES, fields_bomb, zstd_bomb
@@ -206,7 +206,7 @@ def test_a_redis_user_without_the_client_command_can_consume(fresh_redis):
 
 # -- max_message_bytes -------------------------------------------------------------------------
 def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redis_server, key_prefix, redis_client):
-    from celery_pq.errors import MessageTooLarge
+    from celery_pq.storage.errors import MessageTooLarge
 
     options = {"key_prefix": key_prefix, "max_message_bytes": 1000}
     with Connection(url_of(redis_server), transport_options=options) as conn:
@@ -226,8 +226,8 @@ def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redi
 
 # -- publish ids -------------------------------------------------------------------------------
 def test_one_publish_call_keeps_one_publish_id_across_its_attempts():
-    from celery_pq.messages import STAMP, PublishStamp, prepare_message
-    from celery_pq.options import Options
+    from celery_pq.transport.messages import STAMP, PublishStamp, prepare_message
+    from celery_pq.transport.options import Options
 
     options = Options.from_transport_options({})
     # Given one publish call: kombu hands the same properties dict to each of its attempts
@@ -248,8 +248,8 @@ def test_one_publish_call_keeps_one_publish_id_across_its_attempts():
 
 
 def test_one_publish_call_routed_to_several_queues_keeps_one_publish_id_per_queue():
-    from celery_pq.messages import PublishStamp, prepare_message
-    from celery_pq.options import Options
+    from celery_pq.transport.messages import PublishStamp, prepare_message
+    from celery_pq.transport.options import Options
 
     options = Options.from_transport_options({})
     properties: dict = {}
@@ -268,9 +268,9 @@ def test_one_publish_call_routed_to_several_queues_keeps_one_publish_id_per_queu
 
 
 def test_the_publish_stamp_is_never_stored():
-    from celery_pq.codec import decode
-    from celery_pq.messages import STAMP, prepare_message, stored_item
-    from celery_pq.options import Options
+    from celery_pq.storage.codec import decode
+    from celery_pq.transport.messages import STAMP, prepare_message, stored_item
+    from celery_pq.transport.options import Options
 
     options = Options.from_transport_options({})
     message = prepare_message(options, "e30=", headers={}, properties={})
@@ -628,12 +628,12 @@ def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redi
                 busy.join()
             assert channel.leases.held()  # kept, not dropped
             # Then sending it again finds it done, and says so only at debug level
-            with caplog.at_level(logging.DEBUG, logger="celery_pq.leasebook"):
+            with caplog.at_level(logging.DEBUG, logger="celery_pq.transport.leasebook"):
                 channel.leases.flush()
         assert channel.leases.held() == {}
         with debug_redis.client() as r:
             assert PriorityQueue(r, "kq").stats()["leased"] == 0
-    late = [r for r in caplog.records if r.name == "celery_pq.leasebook" and r.levelno >= logging.WARNING]
+    late = [r for r in caplog.records if r.name == "celery_pq.transport.leasebook" and r.levelno >= logging.WARNING]
     assert late == []
     assert any("already done" in r.getMessage() for r in caplog.records)
 
@@ -724,7 +724,7 @@ def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_deli
 def test_misconf_and_other_refusals_are_recognised():
     from redis import exceptions as rex
 
-    from celery_pq.leases import write_refusal
+    from celery_pq.transport.leases import write_refusal
 
     assert "MISCONF" in write_refusal(rex.ResponseError("MISCONF Redis is configured to save RDB snapshots"))
     assert "NOREPLICAS" in write_refusal(rex.ResponseError("NOREPLICAS Not enough good replicas to write."))
@@ -761,7 +761,7 @@ def test_a_property_without_a_stored_form_is_left_out_with_a_warning(redis_serve
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
         q(conn.default_channel).declare()
-        with caplog.at_level("WARNING", logger="celery_pq.messages"):
+        with caplog.at_level("WARNING", logger="celery_pq.transport.messages"):
             Producer(conn.default_channel).publish(
                 {"n": 1}, exchange=q.exchange, routing_key="kq", signal=_Unwritable(), keep="me"
             )

@@ -11,8 +11,8 @@ from kombu import Connection, Producer
 
 import celery_pq
 from celery_pq import ConfigError, PriorityQueue, PublishOutcome, publish_outcome
-from celery_pq.options import Options
 from celery_pq.queue.scripts import Scripts
+from celery_pq.transport.options import Options
 
 try:
     from support.consume import drain, make_queue

@@ -1,4 +1,4 @@
-"""The stored form of a message (celery_pq/codec/): decode(encode(m)) == m for arbitrary kombu
+"""The stored form of a message (celery_pq/storage/codec/): decode(encode(m)) == m for arbitrary kombu
 message dicts, Celery protocol-2 messages with every field (defaults and not) and non-Celery
 messages; bad records named."""
 
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu.utils.json import dumps as kombu_dumps
 
-from celery_pq import codec
-from celery_pq.codec import CELERY_EMBED_TAIL, CodecError, decode, encode
+from celery_pq.storage import codec
+from celery_pq.storage.codec import CELERY_EMBED_TAIL, CodecError, decode, encode
 
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from celery_pq.dashboard import Board, BoardError, DeliveryHistory, Sample
-from celery_pq.dashboard.server import MIN_TOKEN_LENGTH, check_token, listens_on_loopback
+from celery_pq.ops.dashboard import Board, BoardError, DeliveryHistory, Sample
+from celery_pq.ops.dashboard.server import MIN_TOKEN_LENGTH, check_token, listens_on_loopback
 
 
 def test_shares_are_the_differences_over_the_window():

@@ -8,8 +8,8 @@ from redis.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
 
 import celery_pq  # noqa: F401  registers pq:// and pqs://
 from celery_pq import ConfigError
-from celery_pq.connections import make_pool, sentinel_addresses, tls_arguments
-from celery_pq.options import Options
+from celery_pq.storage.connections import make_pool, sentinel_addresses, tls_arguments
+from celery_pq.transport.options import Options
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_a_sentinel_pool_goes_to_the_named_master_with_the_first_urls_password_a
 
 
 def test_the_database_of_a_url_of_several_hosts():
-    from celery_pq.connections import broker_db
+    from celery_pq.storage.connections import broker_db
 
     assert broker_db(Connection("pq://s1;pq://s2/3")) == 3
     assert broker_db(Connection("pq://s1/3;pq://s2/3")) == 3
@@ -96,7 +96,7 @@ def test_cluster_option_is_a_flag():
 
 
 def test_the_hosts_of_a_cluster_url_are_seed_nodes_and_slots_group_blocking_keys():
-    from celery_pq.connections import make_cluster, slot_groups, url_addresses
+    from celery_pq.storage.connections import make_cluster, slot_groups, url_addresses
 
     conn = Connection("pq://:pw@n1:7000;pq://n2;pq://10.0.0.3:7001")
     assert url_addresses(conn, 6379) == [("n1", 7000), ("n2", 6379), ("10.0.0.3", 7001)]

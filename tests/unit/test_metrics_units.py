@@ -1,8 +1,8 @@
-"""The pure parts of celery_pq.metrics: priority bands and the tenant cardinality cap."""
+"""The pure parts of celery_pq.ops.metrics: priority bands and the tenant cardinality cap."""
 
 import pytest
 
-from celery_pq.metrics import band_counts, parse_bands, top_tenants
+from celery_pq.ops.metrics import band_counts, parse_bands, top_tenants
 
 
 def test_bands_parse_and_sort():

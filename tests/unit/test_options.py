@@ -1,4 +1,4 @@
-"""The transport options: README.md's table and ``celery_pq.options.Options`` agree (no Redis)."""
+"""The transport options: README.md's table and ``celery_pq.transport.options.Options`` agree (no Redis)."""
 
 import ast
 import logging
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from celery_pq import ConfigError
-from celery_pq.options import Options
+from celery_pq.transport.options import Options
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

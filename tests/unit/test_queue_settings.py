@@ -5,9 +5,9 @@ import pytest
 import redis
 
 from celery_pq import ConfigError, PriorityQueue
-from celery_pq.options import Options
 from celery_pq.queue import QueueSettings
 from celery_pq.queue.sharded import ShardedQueue
+from celery_pq.transport.options import Options
 
 
 @pytest.mark.parametrize(

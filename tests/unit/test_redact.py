@@ -1,4 +1,4 @@
-"""No password in an error or log line: ``celery_pq.redact`` and the errors that show a broker URL
+"""No password in an error or log line: ``celery_pq.storage.redact`` and the errors that show a broker URL
 or connection arguments (no Redis: each is refused before a connection is made)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from kombu import Connection
 
 import celery_pq  # noqa: F401  (pq://)
 from celery_pq import ConfigError
-from celery_pq.options import Options
-from celery_pq.redact import redact
+from celery_pq.storage.redact import redact
+from celery_pq.transport.options import Options
 
 SECRET = "s3cr@t-pw"
 # two hosts, the second with a port that is not a number: kombu splits the URL at ";"

@@ -7,11 +7,11 @@ here: a script with no builder held to its header fails, named."""
 import pytest
 import redis
 
-from celery_pq import constants as C
-from celery_pq.ids import encode_id
 from celery_pq.queue import Item, QueueSettings, calls
 from celery_pq.queue.scripts import Scripts
 from celery_pq.scripts import SCRIPT_NAMES, signature
+from celery_pq.storage import constants as C
+from celery_pq.storage.ids import encode_id
 
 
 def queue(fair: bool) -> Scripts:

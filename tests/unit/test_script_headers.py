@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from celery_pq.errors import ErrorCode
-from celery_pq.keys import queue_keys, script_keys
 from celery_pq.scripts import SCRIPT_NAMES, header, header_errors, signature, source
 from celery_pq.scripts.assembly import _bindings
+from celery_pq.storage.errors import ErrorCode
+from celery_pq.storage.keys import queue_keys, script_keys
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

@@ -12,9 +12,9 @@ import redis
 from redis import exceptions as rex
 
 from celery_pq import ClusterUnsettled
-from celery_pq import connections as cn
 from celery_pq.scripts import FIRST_SEND, LuaScript
-from celery_pq.transport import Transport
+from celery_pq.storage import connections as cn
+from celery_pq.transport.channel import Transport
 
 
 class Cluster:

@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 import pytest
 from celery import Celery
 
-from celery_pq.codec import decode
-from celery_pq.errors import ConfigError
 from celery_pq.spark.events.log import redis_url
 from celery_pq.spark.sink.rows import Rejected, TaskRows
 from celery_pq.spark.sink.settings import WriterSettings
+from celery_pq.storage.codec import decode
+from celery_pq.storage.errors import ConfigError
 
 COLUMNS = ["a", "b", "task_id", "priority"]
 SAMPLES = [

@@ -3,10 +3,10 @@ published message gets."""
 
 import pytest
 
-from celery_pq.errors import ConfigError
-from celery_pq.options import Options
-from celery_pq.task_rates import on_queue
-from celery_pq.tenants import tenant_of
+from celery_pq.storage.errors import ConfigError
+from celery_pq.transport.options import Options
+from celery_pq.transport.task_rates import on_queue
+from celery_pq.transport.tenants import tenant_of
 
 
 def options(**given):

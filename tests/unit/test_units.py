@@ -2,9 +2,9 @@
 
 import pytest
 
-from celery_pq import constants as C
-from celery_pq.keys import dead_queue_name, queue_keys, split_dead
 from celery_pq.queue import PriorityQueue, escape_tenant, unescape_tenant, validate_priority
+from celery_pq.storage import constants as C
+from celery_pq.storage.keys import dead_queue_name, queue_keys, split_dead
 
 
 @pytest.mark.parametrize("p", [0, 1, 128, 255])
@@ -84,7 +84,7 @@ def test_queue_settings_are_checked(kw):
 def test_entry_ids_round_trip_and_uuids_take_17_bytes():
     import uuid
 
-    from celery_pq.ids import decode_id, encode_id
+    from celery_pq.storage.ids import decode_id, encode_id
 
     tid = str(uuid.uuid4())
     assert len(encode_id(tid)) == 17 and len(encode_id(tid + "~12")) == 20
@@ -143,7 +143,7 @@ def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way
 
 
 def test_an_id_decoded_lately_encodes_to_its_stored_form_from_memory(monkeypatch):
-    from celery_pq import ids
+    from celery_pq.storage import ids
 
     monkeypatch.setattr(ids, "RECENT_MAX", 3)
     ids._RECENT.clear()
@@ -161,7 +161,7 @@ def test_made_ids_are_unique_across_threads_forks_and_the_counter_going_round(mo
     import os
     import threading
 
-    from celery_pq import ids
+    from celery_pq.storage import ids
 
     made = []
     threads = [threading.Thread(target=lambda: made.extend(ids.unique_bytes() for _ in range(2000))) for _ in range(4)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from ...constants import KEY_PREFIX
+from ...storage.constants import KEY_PREFIX
 from .log import (
     COLUMNS,
     PAGE,

@@ -11,10 +11,10 @@ from datetime import UTC
 from typing import TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
-from ...constants import KEY_PREFIX
-from ...errors import ConfigError
-from ...keys import MAX_SHARDS, queue_keys, shard_names
-from ...redact import redact
+from ...storage.constants import KEY_PREFIX
+from ...storage.errors import ConfigError
+from ...storage.keys import MAX_SHARDS, queue_keys, shard_names
+from ...storage.redact import redact
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 

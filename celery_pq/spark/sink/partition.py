@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType, TimestampType
 
-from ...constants import TASK_TENANT_PREFIX
-from ...errors import PQError, QueueFull
-from ...keys import sink_rate_key
 from ...queue import open_queue
-from ...routing import RoutingTables
+from ...storage.constants import TASK_TENANT_PREFIX
+from ...storage.errors import PQError, QueueFull
+from ...storage.keys import sink_rate_key
+from ...transport.routing import RoutingTables
 from .record import redis_ms
 from .rows import Rejected, TaskRows
 from .settings import WriterSettings

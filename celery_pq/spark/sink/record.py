@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ...errors import PQError
-from ...keys import sink_record_key
+from ...storage.errors import PQError
+from ...storage.keys import sink_record_key
 
 #: Fields of the record that name no micro-batch.
 OWNER_FIELD = "owner"

@@ -20,10 +20,10 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from kombu import serialization
 
-from ...checks import text
-from ...errors import MessageTooLarge
-from ...messages import digest, prepare_message, stored_item
 from ...queue import validate_priority
+from ...storage.checks import text
+from ...storage.errors import MessageTooLarge
+from ...transport.messages import digest, prepare_message, stored_item
 from .settings import KEY_NAMESPACE, WriterSettings
 
 #: Types whose repr is what Celery's saferepr writes for them.

@@ -11,11 +11,11 @@ import os
 import uuid
 from dataclasses import dataclass, fields
 
-from ... import constants as C
-from ...checks import count
-from ...errors import ConfigError
-from ...options import Options
-from ...redact import redact
+from ...storage import constants as C
+from ...storage.checks import count
+from ...storage.errors import ConfigError
+from ...storage.redact import redact
+from ...transport.options import Options
 
 #: Columns with a meaning of their own when present (docs/spark.md, Columns).
 ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
@@ -249,7 +249,7 @@ class WriterSettings:
 
     def _checked_broker(self) -> WriterSettings:
         """The broker URL read as the transport reads it (its hosts and database), on the driver."""
-        from ... import connections
+        from ...storage import connections
 
         if self.transport.cluster and self.transport.master_name is not None:
             raise ConfigError(
@@ -273,7 +273,7 @@ class WriterSettings:
         defaults (the server's certificate checked)."""
         from kombu import Connection
 
-        from ... import transport  # noqa: F401  registers pq:// and pqs://
+        from ...transport import channel as transport  # noqa: F401  registers pq:// and pqs://
 
         return Connection(self.broker, ssl=self.tls or False, password=os.environ.get(PASSWORD_ENV) or None)
 
@@ -282,12 +282,12 @@ class WriterSettings:
         return self.broker.split("://", 1)[0].lower() in ("pqs", "rediss")
 
     def client(self):
-        """A client of the broker, made as the transport makes its own (``celery_pq.connections``):
+        """A client of the broker, made as the transport makes its own (``celery_pq.storage.connections``):
         one server, the master the sentinels name (``master_name``), or a Redis Cluster
         (``cluster``)."""
         import redis
 
-        from ... import connections
+        from ...storage import connections
 
         conninfo = self.conninfo()
         if self.transport.cluster:
@@ -304,7 +304,7 @@ class WriterSettings:
 def close_client(client) -> None:
     """Close a client of ``WriterSettings.client`` and its pool's connections (a pool handed to
     redis-py's client is not closed with it; an executor's Python worker lives on)."""
-    from ... import connections
+    from ...storage import connections
 
     try:
         connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)

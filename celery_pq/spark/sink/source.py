@@ -8,7 +8,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from ...errors import ConfigError
+from ...storage.errors import ConfigError
 from .batch import CeleryPQWriter
 from .settings import WriterSettings
 from .stream import CeleryPQStreamWriter

@@ -15,7 +15,7 @@ from itertools import chain, islice
 from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
-from ...errors import ConfigError
+from ...storage.errors import ConfigError
 from .partition import PartitionReport, Sink, eta_is_local, prune_rate, summarize, write_partition
 from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
 from .rejects import write_rejects

@@ -41,7 +41,7 @@ class FairMachine(QueueMachine):
         self.fq = Fair(self, scope == "within_priority", conc)
 
     def expect_pop(self, count, view):
-        from celery_pq.constants import FAIR_POP_MAX
+        from celery_pq.storage.constants import FAIR_POP_MAX
 
         got = self.fq.pop(min(count, FAIR_POP_MAX), view)  # (a fair pop leases at most this many a call)
         for e in got:

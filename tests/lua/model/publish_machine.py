@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kombu import Connection, Exchange, Producer, Queue
 
 from celery_pq import PriorityQueue
-from celery_pq.ids import decode_id
+from celery_pq.storage.ids import decode_id
 
 from .common import EVENT_CAP, SKIP, Session
 from .ledger import Ledger, events_account

@@ -7,8 +7,8 @@ import time
 
 from hypothesis.stateful import invariant, precondition
 
-from celery_pq.ids import decode_id, encode_id
-from celery_pq.records import split_tenant_member
+from celery_pq.storage.ids import decode_id, encode_id
+from celery_pq.storage.records import split_tenant_member
 
 from .common import SKIP, STALE_SLACK
 

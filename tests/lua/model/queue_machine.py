@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from celery_pq import EntryNotFound, Item, NotWaiting, PriorityQueue
-from celery_pq.ids import encode_id
 from celery_pq.queue import escape_tenant
+from celery_pq.storage.ids import encode_id
 
 from .common import (
     EVENT_CAP,

@@ -30,8 +30,8 @@ import uuid
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from celery_pq.ids import decode_id
 from celery_pq.queue import QueueSettings, open_queue
+from celery_pq.storage.ids import decode_id
 
 from . import clock
 from .common import EVENT_CAP, SKIP, Session

@@ -38,7 +38,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kombu import Connection, Exchange, Producer, Queue
 
 from celery_pq import PriorityQueue, publish_outcome
-from celery_pq.ids import encode_id
+from celery_pq.storage.ids import encode_id
 
 from . import clock
 from .common import EVENT_CAP, LEASE_SECONDS, SKIP, Session, redis_now_ms

@@ -1,0 +1,79 @@
+"""The ``pq`` command group and what its commands share: the broker of an invocation, a
+subcommand whose errors are one line, a queue named on the command line. Each command is a thin click wrapper: the queue does the work
+(``queue/``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
+describes a stored message, ``metrics.py`` serves Prometheus. Errors are one line and exit 1
+(``click.ClickException``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+import redis
+from celery.bin.base import CeleryCommand
+
+from ...storage.errors import PQError
+from ...transport.broker import Broker, known, queue_and_view, queue_names
+
+
+@click.group(name="pq")
+def pq():
+    """celery-pq: inspect and administer the prioritized queues."""
+
+
+def broker_of(ctx) -> Broker:
+    """The broker of this invocation: ``python -m celery_pq``'s (``--broker``) or the Celery app's."""
+    obj = ctx.find_object(Broker)
+    if obj is not None:
+        return obj
+    return Broker.of(ctx.find_root().obj.app)
+
+
+def command(*args, **kwargs):
+    """A pq subcommand whose project errors, bad values and Redis errors are one line, exit 1."""
+
+    def wrap(f):
+        @functools.wraps(f)
+        def run(*a, **kw):
+            try:
+                return f(*a, **kw)
+            except (PQError, ValueError, redis.RedisError) as exc:
+                raise click.ClickException(str(exc)) from None
+
+        return pq.command(*args, cls=CeleryCommand, **kwargs)(click.pass_context(run))
+
+    return wrap
+
+
+def queue_named(channel, name):
+    """(queue, view rank range or None) of a name given on the command line, or an error."""
+    if not known(channel, name):
+        declared = ", ".join(queue_names(channel)) or "none"
+        raise click.ClickException(f"unknown queue {name!r} (declared: {declared})")
+    return queue_and_view(channel, name)
+
+
+#: ``--yes``, of every command that asks before it changes a queue in a way that cannot be undone.
+yes_option = click.option(
+    "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
+)
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Go on when ``yes`` (the command's ``--yes``) or when the person at the terminal answers
+    yes to ``question``; else stop (exit 1), having changed nothing. Standard input that is not a
+    terminal (a script, a pipe, cron) is never read as an answer: refused, naming ``--yes``."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.ClickException(
+            f"{question} Not done: this asks for confirmation and stdin is not a terminal; "
+            "add --yes to go ahead without asking"
+        )
+    click.confirm(question, abort=True)
+
+
+def print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))

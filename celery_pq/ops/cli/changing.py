@@ -1,0 +1,155 @@
+"""``pq`` commands that change a queue: remove, reprioritize, replay, recover, purge, pause, resume."""
+
+from __future__ import annotations
+
+import click
+
+from ...transport.broker import queue_and_view, queue_names
+from .base import broker_of, command, confirm, queue_named, yes_option
+
+
+@command()
+@click.argument("queue")
+@click.argument("task_ids", nargs=-1, required=True)
+@yes_option
+def remove(ctx, queue, task_ids, yes):
+    """Remove the waiting messages of TASK_IDs from QUEUE (REMOVE BY ID); prints how many.
+    Asks first unless --yes."""
+    with broker_of(ctx).channel() as channel:
+        q, _ = queue_named(channel, queue)
+        confirm(f"Remove the waiting messages of {len(task_ids)} task id(s) from {queue!r}?", yes)
+        counts = {t: q.remove(t) for t in task_ids}
+    if len(counts) == 1:
+        click.echo(sum(counts.values()))
+    else:
+        for t, n in counts.items():
+            click.echo(f"{t}\t{n}")
+    if not any(counts.values()):
+        raise click.ClickException(f"no waiting message of {', '.join(task_ids)} in queue {queue!r}")
+
+
+@command()
+@click.argument("queue")
+@click.argument("task_id")
+@click.argument("priority", type=int)
+def reprioritize(ctx, queue, task_id, priority):
+    """Move the waiting message TASK_ID of QUEUE to PRIORITY (0..255), behind the messages
+    already waiting there."""
+    with broker_of(ctx).channel() as channel:
+        q, _ = queue_named(channel, queue)
+        q.change_priority(task_id, priority)
+    click.echo(f"{task_id}: priority {priority}")
+
+
+@command()
+@click.argument("queue")
+@click.argument("task_ids", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Replay every dead letter of QUEUE (asks first unless --yes).")
+@yes_option
+def replay(ctx, queue, task_ids, everything, yes):
+    """Dead letters of QUEUE back to QUEUE (each atomically), keeping priority and tenant, with
+    the delivery count reset. Give TASK_IDs (as ``pq dead`` shows them) or --all."""
+    if everything == bool(task_ids):
+        raise click.UsageError("give TASK_IDs or --all (not both)")
+    with broker_of(ctx).channel() as channel:
+        q, _ = queue_named(channel, queue)
+        if task_ids:
+            result = q.replay(task_ids)
+        else:
+            confirm(f"Replay the {q.dead.size()} dead letter(s) of {queue!r} to it?", yes)
+            result = {"replayed": {}, "missing": [], "leased": [], "refused": []}
+            while True:  # a chunk at a time, in the dead-letter queue's order
+                ids = [e.id for e in q.dead.peek(500)]
+                got = q.replay(ids) if ids else None
+                if got is None:
+                    break
+                for k in ("missing", "leased", "refused"):
+                    result[k] += got[k]
+                result["replayed"].update(got["replayed"])
+                if not got["replayed"]:
+                    break
+    n = len(result["replayed"])
+    click.echo(f"replayed {n} dead letter(s) to {queue}")
+    for why, label in (
+        ("missing", "not in the dead-letter queue"),
+        ("leased", f"leased by a consumer of {queue}.dead"),
+        ("refused", f"left dead: {queue} is full (max_length)"),
+    ):
+        if result[why]:
+            click.echo(f"{label}: {', '.join(result[why])}", err=True)
+    if task_ids and n == 0:
+        raise click.ClickException(f"nothing replayed to {queue!r}")
+
+
+@command()
+@click.option("--consumer", required=True, help="The consumer id (host:pid:random, as `pq leases` shows).")
+@click.argument("queues", nargs=-1)
+@yes_option
+def recover(ctx, consumer, queues, yes):
+    """Return every lease CONSUMER holds (a crashed worker's) at once, without waiting for the
+    leases to expire; in QUEUES, or in every declared queue. Asks first unless --yes: a consumer
+    still running would run its tasks while they are delivered again."""
+    if not consumer.strip():
+        raise click.BadParameter("must name a consumer", param_hint="--consumer")
+    total = {"returned": 0, "dead": 0}
+    with broker_of(ctx).channel() as channel:
+        names = queue_names(channel, queues)
+        for name in queues:
+            queue_named(channel, name)
+        where = f"queue(s) {', '.join(names)}" if queues else f"every declared queue ({len(names)})"
+        confirm(f"Return every lease consumer {consumer} holds in {where} (only for a consumer that is gone)?", yes)
+        for name in names:
+            r = queue_and_view(channel, name)[0].reclaim(consumer=consumer)
+            total["returned"] += int(r["returned"])
+            total["dead"] += int(r["dead"])
+            if r["returned"] or r["dead"]:
+                click.echo(f"{name}: {r['returned']} returned to waiting, {r['dead']} dead-lettered")
+    click.echo(
+        f"consumer {consumer}: {total['returned']} lease(s) returned, {total['dead']} dead-lettered "
+        f"(in {len(names)} queue(s))"
+    )
+
+
+@command()
+@click.argument("queue")
+@yes_option
+def purge(ctx, queue, yes):
+    """Delete every waiting and delayed message of QUEUE (leased ones stay leased). Asks first
+    unless --yes."""
+    with broker_of(ctx).channel() as channel:
+        q, _ = queue_named(channel, queue)
+        if not yes:
+            s = q.stats()
+            confirm(f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?", yes)
+        click.echo(f"purged {q.purge()} message(s) from {queue}")
+
+
+def _pause_or_resume(ctx, queue, tenant, pause: bool) -> tuple[dict, str]:
+    """Pause or resume QUEUE (or one tenant of it); the paused tenants after it, as text."""
+    with broker_of(ctx).channel() as channel:
+        q, _ = queue_named(channel, queue)
+        (q.pause if pause else q.resume)(tenant=tenant)
+        state = q.paused()
+    return state, f" (paused tenants: {', '.join(state['tenants']) or 'none'})"
+
+
+@command(name="pause")
+@click.argument("queue")
+@click.option("--tenant", default=None, help="Pause only this tenant (a fair queue).")
+def pause_(ctx, queue, tenant):
+    """Consumers stop receiving QUEUE (or one tenant of it); publishing goes on."""
+    _, tenants = _pause_or_resume(ctx, queue, tenant, True)
+    click.echo(f"{queue}: paused" + ("" if tenant is None else f" for tenant {tenant}") + tenants)
+
+
+@command(name="resume")
+@click.argument("queue")
+@click.option("--tenant", default=None, help="Resume only this tenant (a fair queue).")
+def resume_(ctx, queue, tenant):
+    """Consumers receive QUEUE (or the tenant) again."""
+    state, tenants = _pause_or_resume(ctx, queue, tenant, False)
+    click.echo(
+        f"{queue}: {'still paused' if state['queue'] else 'running'}"
+        + ("" if tenant is None else f"; tenant {tenant} resumed")
+        + tenants
+    )

@@ -1,0 +1,196 @@
+"""What the dashboard shows and does, read through the queues' own methods (no key is read here).
+
+``Board`` answers one question: the state of every queue, as one JSON-ready dict. Per queue it
+holds exactly the ``stats()`` dict that ``celery -A proj pq stats --json`` prints (the same call,
+never a second way of counting), and beside it: the leases in flight, the newest dead letters
+with their reasons, and the deliveries of the last minutes per tenant (sampled into
+``history.DeliveryHistory``). Its actions (pause, resume) are the queues' own methods too.
+
+A Board is shared by the HTTP server's threads and its sampler thread: one lock serialises
+its use of the broker channel (a kombu channel is not meant for several threads at once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TypedDict
+
+from ...storage.checks import text as _text
+from ...storage.errors import PQError
+from .history import DeliveryHistory, Sample, Summary
+
+#: Leases listed per queue (soonest deadline first); the count beside them is the full one.
+LEASES_SHOWN = 20
+#: Dead letters listed per queue, newest first, picked among the next DEAD_SCANNED of the
+#: dead-letter queue in delivery order (a dead-letter queue may be long; its count is exact).
+DEAD_SHOWN = 5
+DEAD_SCANNED = 200
+#: Seconds of deliveries the tenants' shares cover, and how often the totals are sampled.
+WINDOW_SECONDS = 300.0
+SAMPLE_SECONDS = 2.0
+
+
+class BoardError(Exception):
+    """An action the dashboard refuses, with the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class DeadLetter(TypedDict):
+    """One dead letter as the page lists it."""
+
+    id: str
+    priority: int
+    tenant: str | None
+    reason: str | None
+    dead_ms: int | None
+    age_seconds: float | None
+
+
+class QueueState(TypedDict):
+    """One queue's figures (``stats`` is the dict ``pq stats --json`` prints)."""
+
+    queue: str
+    stats: dict
+    fair: bool
+    priority_order: str
+    leases: list[dict]
+    dead_letters: list[DeadLetter]
+    deliveries: Summary
+
+
+class BoardState(TypedDict):
+    window_seconds: float
+    queues: list[QueueState]
+
+
+def _dead_letter(entry, now_ms: int) -> DeadLetter:
+    return {
+        "id": entry.id,
+        "priority": entry.priority,
+        "tenant": entry.tenant,
+        "reason": entry.dead_reason,
+        "dead_ms": entry.dead_ms,
+        "age_seconds": (now_ms - entry.dead_ms) / 1000 if entry.dead_ms else None,
+    }
+
+
+class Board:
+    """The queues' state and the actions on them.
+
+    Arguments:
+        queue_names: () -> the names to show (read again on every refresh, so new queues appear).
+        open_queue: name -> its ``PriorityQueue`` (with the application's options).
+        window: seconds of deliveries the tenants' shares cover.
+        clock: a monotonic clock (seconds), for the samples.
+    """
+
+    def __init__(
+        self,
+        queue_names: Callable[[], list[str]],
+        open_queue: Callable,
+        *,
+        window: float = WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not isinstance(window, (int, float)) or isinstance(window, bool) or window <= 0:
+            raise ValueError(f"window must be a number of seconds > 0, got {window!r}")
+        self._queue_names = queue_names
+        self._open = open_queue
+        self.window = float(window)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._histories: dict[str, DeliveryHistory] = {}
+
+    # -- reading ------------------------------------------------------------------------------
+    def sample(self) -> None:
+        """Add one sample of every queue's delivery totals to its history."""
+        with self._lock:
+            names = self._queue_names()
+            for gone in set(self._histories) - set(names):  # a deleted queue's samples go too
+                del self._histories[gone]
+            for name in names:
+                q = self._open(name)
+                counters = q.counters()
+                sample = Sample(self._clock(), counters.get("delivered"), q.tenant_deliveries())
+                self._histories.setdefault(name, DeliveryHistory(self.window)).add(sample)
+
+    def state(self) -> BoardState:
+        """Every queue's figures; ``queues`` in the order of ``queue_names``."""
+        with self._lock:
+            return {"window_seconds": self.window, "queues": [self._queue_state(n) for n in self._queue_names()]}
+
+    def _queue_state(self, name: str) -> QueueState:
+        q = self._open(name)
+        stats = q.stats()  # the very dict `pq stats --json` prints for this queue
+        leases = q.leases(LEASES_SHOWN) if stats["leased"] else []
+        dead: list[DeadLetter] = []
+        if stats["dead"]:
+            sec, usec = q.client.time()  # dead_ms is on Redis's clock
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+            entries = q.dead.peek(DEAD_SCANNED)
+            entries.sort(key=lambda e: e.dead_ms or 0, reverse=True)
+            dead = [_dead_letter(e, now_ms) for e in entries[:DEAD_SHOWN]]
+        history = self._histories.get(name)
+        return {
+            "queue": name,
+            "stats": stats,
+            "fair": q.settings.fair,
+            "priority_order": q.settings.priority_order,
+            "leases": leases,
+            "dead_letters": dead,
+            "deliveries": history.summary() if history else DeliveryHistory(self.window).summary(),
+        }
+
+    # -- actions ------------------------------------------------------------------------------
+    def act(self, action: str, request: dict) -> dict:
+        """Run ``action`` as ``request`` asks: ``pause`` and ``resume`` take ``{"queue": name,
+        "tenant": name or None}``; ``replay`` takes ``{"queue": name, "ids": [dead letter ids]}``
+        (at most REPLAY_IDS). BoardError (400 or 404) names what is wrong; nothing changes then."""
+        if action not in ACTIONS:
+            raise BoardError(404, f"no action {action!r}; there are {', '.join(ACTIONS)}")
+        if not isinstance(request, dict):
+            raise BoardError(400, f"the request must be a JSON object, got {type(request).__name__}")
+        fields = ACTIONS[action]
+        unknown = set(request) - set(fields)
+        if unknown:
+            raise BoardError(
+                400,
+                f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}; "
+                f"{action} takes {', '.join(map(repr, fields))}",
+            )
+        name, tenant, ids = request.get("queue"), request.get("tenant"), request.get("ids")
+        try:
+            _text("queue", name)
+            if tenant is not None:
+                _text("tenant", tenant)
+            if action == "replay":
+                if not isinstance(ids, list) or not 1 <= len(ids) <= REPLAY_IDS:
+                    raise ValueError(f"ids must be a list of 1 to {REPLAY_IDS} dead letter ids, got {ids!r}")
+                for i in ids:
+                    _text("id", i)
+        except ValueError as exc:
+            raise BoardError(400, str(exc)) from None
+        with self._lock:
+            if name not in self._queue_names():
+                raise BoardError(404, f"no queue named {name!r} on this dashboard")
+            q = self._open(name)
+            if tenant is not None and not q.settings.fair:
+                raise BoardError(400, f"queue {name!r} is not fair (no tenants): pause or resume the whole queue")
+            try:
+                if action == "replay":
+                    return {"queue": name, "done": action, **q.replay(ids)}
+                getattr(q, action)(tenant=tenant)
+            except (PQError, ValueError) as exc:
+                raise BoardError(400, str(exc)) from None
+            return {"queue": name, "tenant": tenant, "done": action, "paused": q.paused()}
+
+
+#: The actions and the fields each takes.
+ACTIONS = {"pause": ("queue", "tenant"), "resume": ("queue", "tenant"), "replay": ("queue", "ids")}
+#: Most dead letters one replay request names (the page sends one, or the few it shows).
+REPLAY_IDS = 100

@@ -1,0 +1,320 @@
+"""The dashboard's HTTP server: the standard library's ThreadingHTTPServer, no web framework.
+
+    GET  /                 the page (static/index.html, with dashboard.js and dashboard.css)
+    GET  /api/state        every queue's state as JSON (``Board.state``)
+    POST /api/pause        {"queue": NAME, "tenant": NAME or null}: stop deliveries
+    POST /api/resume       the same fields: deliver again
+    POST /api/replay       {"queue": NAME, "ids": [ID, ...]}: dead letters back to the queue
+
+The POST endpoints answer 403 unless the server was started with actions allowed, and then
+only to a request carrying the token in the ``X-PQ-Token`` header (compared in constant time).
+Served beyond loopback (``--host 0.0.0.0``, a LAN address), the server always has a token (given,
+or made and printed), and ``/api/state`` answers 401 to a request without it: the state names
+every queue, tenant and consumer, for whoever reaches the port.
+A custom header cannot be sent cross-site without a CORS preflight, which this server never
+grants, so another site open in the same browser cannot press the buttons either.
+Served on a loopback address (the default), it answers only requests whose Host header names a
+loopback address, so a foreign site that points its own name at 127.0.0.1 (DNS rebinding) cannot
+read the state through a visitor's browser.
+The page learns the token from the address's fragment (``/#token=...``), which browsers never
+send to the server, so it stays out of logs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+
+import redis
+
+from ...storage.errors import ConfigError
+from ...transport.broker import Broker, queue_and_view, queue_names
+from ..http_deadline import DeadlineHandler
+from .board import ACTIONS, SAMPLE_SECONDS, WINDOW_SECONDS, Board, BoardError
+
+logger = logging.getLogger("celery_pq.ops.dashboard")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8808
+#: Shortest token accepted from --token (a generated one is 32 URL-safe characters).
+MIN_TOKEN_LENGTH = 16
+#: Largest request body an action reads (an action is a few short fields).
+MAX_BODY_BYTES = 4096
+#: Seconds a client has to send its whole request (line, headers, body), and for each write of
+#: the reply: a client that sends nothing, or a byte at a time, holds a thread no longer.
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+#: Host header names a loopback server answers to (besides loopback addresses).
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+}
+
+
+def _is_loopback(host: object) -> bool:
+    """Is ``host`` the text of a loopback address? (A socket address may hold other things.)"""
+    if not isinstance(host, str):
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listens_on_loopback(host: str) -> bool:
+    """Whether a server bound to ``host`` (an address or a name) is reachable from this machine
+    only: every address the name stands for is a loopback one."""
+    if _is_loopback(host) or host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(_is_loopback(info[4][0]) for info in infos)
+
+
+def _static(name: str) -> bytes:
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -> str | None:
+    """The token actions need, and the state beyond loopback: the one given, or a new random
+    one; None when neither needs one. ValueError names what is wrong with a given token."""
+    if not allow_actions and loopback:
+        if token is not None:
+            raise ValueError(
+                "a token is only used with actions allowed (--allow-actions) or with a --host beyond loopback"
+            )
+        return None
+    if token is None:
+        return secrets.token_urlsafe(24)
+    if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH or not token.isascii() or not token.isprintable():
+        raise ValueError(f"the token must be at least {MIN_TOKEN_LENGTH} printable ASCII characters")
+    return token
+
+
+class DashboardServer(ThreadingHTTPServer):
+    """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread. A
+    client's request must arrive within ``request_timeout`` seconds (``http_deadline``)."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        board: Board,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        allow_actions: bool = False,
+        token: str | None = None,
+        sample_seconds: float = SAMPLE_SECONDS,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+    ):
+        self.board = board
+        self.allow_actions = bool(allow_actions)
+        self.sample_seconds = float(sample_seconds)
+        self.request_timeout = float(request_timeout)
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
+        super().__init__((host, port), _Handler)
+        #: Bound to a loopback address: else the state, too, needs the token.
+        self.loopback = _is_loopback(self.host)
+        try:
+            self.token = check_token(token, self.allow_actions, self.loopback)
+        except ValueError:
+            self.server_close()
+            raise
+
+    @property
+    def host(self) -> str:
+        """The address bound (a name given is resolved; text, as for any AF_INET/AF_INET6 server)."""
+        host = self.server_address[0]
+        assert isinstance(host, str)
+        return host
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server_port}/"
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        if not self._sampler.is_alive():
+            self._sampler.start()
+        super().serve_forever(poll_interval)
+
+    def server_close(self) -> None:
+        self._stop.set()
+        super().server_close()
+
+    def _sample_loop(self) -> None:
+        while True:
+            try:
+                self.board.sample()
+            except redis.RedisError as exc:  # Redis away for a while: the page says so; keep trying
+                logger.warning("dashboard: could not sample the delivery counters: %s", exc)
+            except Exception:  # anything else, once per interval: the shares stop, the page goes on
+                logger.exception("dashboard: sampling the delivery counters failed")
+            if self._stop.wait(self.sample_seconds):
+                return
+
+    def host_allowed(self, header: str | None) -> bool:
+        """Does a request's Host header name this server? Always, unless it listens on loopback."""
+        if not self.loopback:
+            return True
+        if not header:
+            return False
+        host = header.rsplit(":", 1)[0] if not header.endswith("]") else header
+        return host.strip("[]").lower() in LOOPBACK_NAMES or _is_loopback(host.strip("[]"))
+
+    def token_matches(self, given: str | None) -> bool:
+        if self.token is None or given is None:
+            return False
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def authorised(self, given: str | None) -> bool:
+        """May a request carrying ``given`` (its X-PQ-Token) act?"""
+        return self.allow_actions and self.token_matches(given)
+
+    def may_read(self, given: str | None) -> bool:
+        """May a request carrying ``given`` read the state? On loopback anyone here may."""
+        return self.loopback or self.token_matches(given)
+
+
+class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
+    server: DashboardServer
+    server_version = "celery-pq-dashboard"
+
+    def log_message(self, format, *args):  # requests at debug level, not on stderr
+        logger.debug("dashboard: %s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", "default-src 'self'; img-src 'self' data:")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, value) -> None:
+        self._send(status, json.dumps(value).encode(), "application/json")
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": message})
+
+    def _foreign_host(self) -> bool:
+        if self.server.host_allowed(self.headers.get("Host")):
+            return False
+        self._error(HTTPStatus.MISDIRECTED_REQUEST, "this dashboard answers only to a loopback Host header")
+        return True
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if self._foreign_host():
+            return
+        if path in _STATIC:
+            name, content_type = _STATIC[path]
+            self._send(HTTPStatus.OK, _static(name), content_type)
+        elif path == "/api/state":
+            if not self.server.may_read(self.headers.get("X-PQ-Token")):
+                self._error(
+                    HTTPStatus.UNAUTHORIZED,
+                    "this dashboard listens beyond loopback: its state needs the token (header X-PQ-Token)",
+                )
+                return
+            try:
+                state = self.server.board.state()
+            except redis.RedisError as exc:
+                self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot read the queues: {exc}")
+                return
+            self._json(HTTPStatus.OK, {**state, "actions": list(ACTIONS) if self.server.allow_actions else []})
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
+
+    def do_POST(self):
+        path = self.path.split("?", 1)[0]
+        if self._foreign_host():
+            return
+        action = path.removeprefix("/api/")
+        if not path.startswith("/api/") or action not in ACTIONS:
+            self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
+            return
+        if not self.server.allow_actions:
+            self._error(HTTPStatus.FORBIDDEN, "this dashboard is read-only (start it with --allow-actions)")
+            return
+        if not self.server.authorised(self.headers.get("X-PQ-Token")):
+            self._error(HTTPStatus.FORBIDDEN, "missing or wrong token (header X-PQ-Token)")
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:  # (read(-1) would read until the client closes)
+            self._error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number of bytes >= 0")
+            return
+        if length > MAX_BODY_BYTES:
+            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a request body holds at most {MAX_BODY_BYTES} bytes")
+            return
+        try:
+            request = json.loads(self.rfile.read(length) or b"null")
+        except ValueError as exc:
+            self._error(HTTPStatus.BAD_REQUEST, f"the request body is not JSON: {exc}")
+            return
+        try:
+            self._json(HTTPStatus.OK, self.server.board.act(action, request))
+        except BoardError as exc:
+            self._error(exc.status, str(exc))
+        except redis.RedisError as exc:
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot reach the queues: {exc}")
+
+
+def run(
+    broker,
+    queues=(),
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    allow_actions: bool = False,
+    token: str | None = None,
+    window: float | None = None,
+    echo=print,
+) -> None:
+    """Serve the dashboard of ``broker`` (a ``broker.Broker``, a Celery app or a URL) until
+    interrupted: ``celery -A proj pq dashboard``. Its queues are ``queues``, else every declared
+    one, opened as ``pq stats`` opens them (``broker.queue_names``, ``broker.queue_and_view``)."""
+    with Broker.of(broker).channel() as channel:
+        board = Board(
+            lambda: queue_names(channel, queues),
+            lambda name: queue_and_view(channel, name)[0],
+            window=WINDOW_SECONDS if window is None else window,
+        )
+        try:
+            server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
+        except OSError as exc:  # the port is taken, the address is not this machine's, ...
+            raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a token given where none is used, or too short
+            raise ConfigError(str(exc)) from None
+        try:
+            mode = "with actions allowed" if server.allow_actions else "(read-only)"
+            if server.token is not None:
+                needs = "" if server.loopback else " (the page's state needs it too: this address is beyond loopback)"
+                echo(f"celery-pq dashboard on {server.url} {mode}; token: {server.token}{needs}")
+                echo(f"open {server.url}#token={server.token}")
+            else:
+                echo(f"celery-pq dashboard on {server.url} {mode}")
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()

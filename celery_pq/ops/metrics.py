@@ -1,0 +1,298 @@
+"""Prometheus metrics of celery-pq queues: a custom collector (``PQCollector``) to mount in an
+existing app, and the exporter ``celery -A proj pq metrics --port 9808`` runs (``serve``).
+
+    from prometheus_client import REGISTRY
+    from celery_pq.ops.metrics import PQCollector
+
+    REGISTRY.register(PQCollector(app))            # or PQCollector("pq://host:6379/0")
+
+Every scrape reads Redis afresh (one channel, a few round trips per queue); nothing is cached
+between scrapes, so every exporter and every process agree: the counters are the ones the Lua
+scripts keep in each queue's hash ``ct`` (``PriorityQueue.counters``).
+
+Gauges, per queue (label ``queue``):
+``celery_pq_waiting_messages`` (only that label), ``celery_pq_delayed_messages``,
+``celery_pq_leased_messages``, ``celery_pq_dead_messages``, ``celery_pq_paused`` (1 or 0),
+``celery_pq_paused_tenants``, ``celery_pq_backlog_messages`` (due entries a consumer of the
+whole queue could take now), ``celery_pq_oldest_waiting_age_seconds`` (the entry that goes next),
+``celery_pq_waiting_messages_by_priority`` (``band``), ``celery_pq_waiting_messages_by_tenant``
+and ``celery_pq_leased_messages_by_tenant`` (``tenant``: the ``max_tenants`` largest by name,
+the rest summed as ``other``), and ``celery_pq_up`` (0 when the last scrape could not read Redis).
+
+Counters (``_total``): enqueued, deliveries, redeliveries, acks, requeues, lease expiries,
+dead letters, removed, refusals (queue full), malformed, dead dropped, expired; and
+``celery_pq_tenant_deliveries_total`` per tenant of a fair queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from itertools import pairwise
+from socketserver import ThreadingMixIn
+from typing import TypeAlias
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from ..queue.unique import UNIQUE_COUNTS
+from ..storage.errors import OPS_EXTRA
+from ..transport.broker import Broker, queue_and_view, queue_names
+from .http_deadline import DeadlineHandler
+
+try:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # the [ops] extra
+    raise ImportError(OPS_EXTRA.format(what="celery_pq.ops.metrics")) from exc
+
+logger = logging.getLogger("celery_pq.ops.metrics")
+
+#: Counter name (without ``celery_pq_`` and ``_total``) -> the scripts' counter, and its help.
+COUNTERS = {
+    "enqueued": ("enqueued", "Entries stored by publishes (and replays)."),
+    "deliveries": ("delivered", "Deliveries to consumers (leases granted)."),
+    "redeliveries": ("redelivered", "Deliveries of an entry delivered before."),
+    "acks": ("acked", "Entries acknowledged (done)."),
+    "requeues": ("requeued", "Leases given back by consumers."),
+    "lease_expiries": ("lease_expired", "Leases that expired and were reclaimed by the sweep."),
+    "dead_letters": ("dead_lettered", "Entries moved to the dead-letter queue."),
+    "removed": ("removed", "Waiting entries removed (by id, purge)."),
+    "refusals": ("refused_full", "Entries refused because the queue (or tenant) was full."),
+    "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
+    "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
+    "expired": ("expired", "Entries past their expiry deadline, never delivered (dead-lettered or dropped)."),
+}
+
+#: A metric family this collector fills (``add_metric`` on either).
+Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily
+
+#: Tenants exported by name per queue by default; the rest are summed as "other".
+MAX_TENANTS = 20
+
+
+def parse_bands(text: str | None) -> list[tuple[int, int]] | None:
+    """``"0-99,100-199,200-255"`` as [(0, 99), (100, 199), (200, 255)]; None for None or "".
+    ValueError naming the band when one is not LO-HI within 0..255 or two overlap."""
+    if not text:
+        return None
+    bands: list[tuple[int, int]] = []
+    for part in text.split(","):
+        lo_text, sep, hi_text = part.strip().partition("-")
+        if not sep or not lo_text.strip().isdigit() or not hi_text.strip().isdigit():
+            raise ValueError(f"priority band {part.strip()!r} is not LO-HI (e.g. 200-255)")
+        lo, hi = int(lo_text), int(hi_text)
+        if not 0 <= lo <= hi <= 255:
+            raise ValueError(f"priority band {part.strip()!r} must have 0 <= LO <= HI <= 255")
+        bands.append((lo, hi))
+    bands.sort()
+    for (a, b), (c, d) in pairwise(bands):
+        if c <= b:
+            raise ValueError(f"priority bands {a}-{b} and {c}-{d} overlap")
+    return bands
+
+
+def band_counts(per_priority: dict, bands: list[tuple[int, int]] | None) -> dict[str, int]:
+    """Waiting entries per band label (``"lo-hi"``; every band, 0 included), or per priority
+    (``"200"``) without bands."""
+    if bands is None:
+        return {str(p): n for p, n in per_priority.items()}
+    out = {f"{lo}-{hi}": 0 for lo, hi in bands}
+    for p, n in per_priority.items():
+        for lo, hi in bands:
+            if lo <= int(p) <= hi:
+                out[f"{lo}-{hi}"] += n
+                break
+    return out
+
+
+def top_tenants(values: dict[str, int], limit: int) -> dict[str, int]:
+    """The ``limit`` largest by name, the rest summed as ``other`` (cardinality stays bounded)."""
+    ranked = sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = {t or "(default)": n for t, n in ranked[:limit]}
+    rest = sum(n for _, n in ranked[limit:])
+    if rest or len(ranked) > limit:
+        out["other"] = out.get("other", 0) + rest
+    return out
+
+
+class PQCollector(Collector):
+    """A prometheus_client collector of celery-pq queues.
+
+    Arguments:
+        app_or_url: a Celery app (its broker settings) or a broker URL.
+        queues: the queues to export; None: every declared queue (Celery's own left out).
+        transport_options: with a URL, its ``broker_transport_options`` (``key_prefix``...).
+        bands: priority bands ``[(lo, hi), ...]`` or ``"0-99,100-255"`` for
+            ``..._by_priority``; None: one series per priority that has waiting entries.
+        max_tenants: tenants exported by name per queue and metric; the rest are ``other``.
+    """
+
+    def __init__(
+        self,
+        app_or_url,
+        queues=None,
+        *,
+        transport_options: dict | None = None,
+        bands=None,
+        max_tenants: int = MAX_TENANTS,
+    ):
+        self.broker = Broker.of(app_or_url, transport_options)
+        self.queues = list(queues) if queues else None
+        self.bands = parse_bands(bands) if isinstance(bands, str) else bands
+        if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 0:
+            raise ValueError(f"max_tenants must be an integer >= 0, got {max_tenants!r}")
+        self.max_tenants = max_tenants
+
+    def describe(self):
+        """The metric names without reading Redis (``registry.register`` calls this)."""
+        return list(self._families().values())
+
+    def collect(self):
+        fams = self._families()
+        try:
+            with self.broker.channel() as channel:
+                for name in queue_names(channel, self.queues):
+                    self._add_queue(fams, queue_and_view(channel, name)[0])
+            fams["up"].add_metric([], 1)
+        except Exception as exc:  # a scrape must answer: say the broker is down, not 500
+            logger.warning("celery-pq metrics: cannot read the queues: %s", exc)
+            fams = self._families()
+            fams["up"].add_metric([], 0)
+        return list(fams.values())
+
+    def _families(self) -> dict[str, Family]:
+        g = lambda name, doc, labels=("queue",): GaugeMetricFamily(f"celery_pq_{name}", doc, labels=labels)  # noqa: E731
+        fams: dict[str, Family] = {
+            "waiting": g("waiting_messages", "Entries waiting for delivery (due, not leased)."),
+            "delayed": g("delayed_messages", "Entries waiting for their due time (countdown/eta)."),
+            "leased": g("leased_messages", "Entries delivered and not yet acked."),
+            "dead": g("dead_messages", "Entries in the dead-letter queue <queue>.dead."),
+            "paused": g("paused", "1 while the queue is paused."),
+            "paused_tenants": g("paused_tenants", "Tenants paused in the queue."),
+            "backlog": g(
+                "backlog_messages",
+                "Due entries a consumer of the whole queue could take now "
+                "(tenants held back by caps or pause left out).",
+            ),
+            "age": g("oldest_waiting_age_seconds", "Age of the entry that goes next (0 when none waits)."),
+            "by_priority": g("waiting_messages_by_priority", "Waiting entries per priority band.", ("queue", "band")),
+            "by_tenant": g(
+                "waiting_messages_by_tenant",
+                "Waiting entries per tenant (the largest by name, the rest as 'other').",
+                ("queue", "tenant"),
+            ),
+            "leased_by_tenant": g("leased_messages_by_tenant", "Leased entries per tenant.", ("queue", "tenant")),
+            "unique_keys": g("unique_keys", "Unique keys held (records of keys; docs/unique.md)."),
+            "up": GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis."),
+        }
+        for key, (_, doc) in COUNTERS.items():
+            fams[key] = CounterMetricFamily(f"celery_pq_{key}", doc, labels=("queue",))
+        fams["unique"] = CounterMetricFamily(
+            "celery_pq_unique",
+            "Publishes with a unique key not stored as they came: merged into the entry standing, "
+            "replacing it, debouncing it, or throttled.",
+            labels=("queue", "outcome"),
+        )
+        fams["tenant_deliveries"] = CounterMetricFamily(
+            "celery_pq_tenant_deliveries",
+            "Deliveries per tenant (the largest by name, the rest as 'other').",
+            labels=("queue", "tenant"),
+        )
+        return fams
+
+    def _add_queue(self, fams: dict[str, Family], q) -> None:
+        s = q.stats()
+        name = q.name
+        fams["waiting"].add_metric([name], s["waiting"])
+        fams["delayed"].add_metric([name], s["delayed"])
+        fams["leased"].add_metric([name], s["leased"])
+        fams["dead"].add_metric([name], s["dead"])
+        fams["paused"].add_metric([name], 1 if s.get("paused") else 0)
+        fams["paused_tenants"].add_metric([name], len(s.get("paused_tenants") or ()))
+        fams["backlog"].add_metric([name], q.backlog())
+        fams["age"].add_metric([name], s["head_age_seconds"] or 0.0)
+        for band, n in band_counts(s["per_priority"], self.bands).items():
+            fams["by_priority"].add_metric([name, band], n)
+        if s["per_tenant"]:
+            for key, field in (("by_tenant", "waiting"), ("leased_by_tenant", "leased")):
+                values = {t: c[field] for t, c in s["per_tenant"].items()}
+                for tenant, n in top_tenants(values, self.max_tenants).items():
+                    fams[key].add_metric([name, tenant], n)
+        counters = q.counters()
+        for key, (field, _) in COUNTERS.items():
+            fams[key].add_metric([name], counters.get(field, 0))
+        unique = s.get("unique") or {}
+        fams["unique_keys"].add_metric([name], unique.get("keys", 0))
+        for outcome in UNIQUE_COUNTS:
+            fams["unique"].add_metric([name, outcome], counters.get(f"unique_{outcome}", 0))
+        if q.settings.fair:
+            for tenant, n in top_tenants(q.tenant_deliveries(), self.max_tenants).items():
+                fams["tenant_deliveries"].add_metric([name, tenant], n)
+
+
+#: Where the exporter listens unless told otherwise: this machine only. Its page names every
+#: queue and tenant; serving it to the network is a choice (``--address 0.0.0.0``).
+DEFAULT_ADDRESS = "127.0.0.1"
+DEFAULT_PORT = 9808
+#: Seconds a scraper has to send its whole request, and for each write of the reply: a client
+#: that connects and sends nothing, or a byte at a time, holds a thread no longer.
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+
+class _ScrapeServer(ThreadingMixIn, WSGIServer):
+    """The exporter's HTTP server: a thread per connection, each request within
+    ``request_timeout`` seconds (``http_deadline``); the address family of the address given."""
+
+    daemon_threads = True
+
+    def __init__(self, address: str, port: int, request_timeout: float):
+        info = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        self.address_family = info[0]
+        self.request_timeout = float(request_timeout)
+        super().__init__((str(info[4][0]), port), _ScrapeHandler)
+
+
+class _ScrapeHandler(DeadlineHandler, WSGIRequestHandler):
+    def log_message(self, format, *args):  # scrapes are not logged
+        pass
+
+
+def serve(
+    app_or_url,
+    *,
+    port: int = DEFAULT_PORT,
+    address: str = DEFAULT_ADDRESS,
+    queues=None,
+    bands=None,
+    max_tenants: int = MAX_TENANTS,
+    transport_options: dict | None = None,
+    block: bool = True,
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+):
+    """Serve ``/metrics`` on ``address:port`` (by default on 127.0.0.1 only) from a registry of
+    its own (the exporter's process metrics are not mixed in), prometheus_client's WSGI app in
+    a server whose clients send their request within ``request_timeout`` seconds. With
+    ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    registry = CollectorRegistry()
+    registry.register(
+        PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands, max_tenants=max_tenants)
+    )
+    server = _ScrapeServer(address, port, request_timeout)
+    server.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
+    thread.start()
+    if not block:
+        return server, thread
+    host = server.server_address[0]
+    assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
+    print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()

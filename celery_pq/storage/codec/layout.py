@@ -1,0 +1,114 @@
+"""The codec's wire format: the version and flags bytes, the value tags, the body forms, the
+sections and the table of field names (``FIELDS``) with their defaults, the errors. The package's
+docstring (``celery_pq.storage.codec``) draws the layout; the writer and the reader follow it."""
+
+from __future__ import annotations
+
+import struct
+
+#: The format's version, the first byte of every record (kombu's JSON starts with ``{``).
+VERSION = 1
+
+# flags byte
+F_CELERY = 0x01  # headers default to Celery's protocol-2 defaults
+F_ARGSREPR = 0x02  # headers["argsrepr"] is repr(tuple(args)) of the JSON body
+F_KWARGSREPR = 0x04  # headers["kwargsrepr"] is repr(kwargs) of the JSON body
+F_ZSTD = 0x08  # the records after the two first bytes are one zstd frame
+KNOWN_FLAGS = F_CELERY | F_ARGSREPR | F_KWARGSREPR | F_ZSTD
+
+# value tags
+T_NONE, T_TRUE, T_FALSE, T_INT, T_FLOAT, T_STR, T_BYTES, T_UUID, T_REF, T_LIST, T_DICT, T_JSON = range(12)
+
+# body forms (the byte after the body's code)
+B_VALUE = 0  # then a value (a body that is not text or bytes)
+B_BYTES = 1  # raw bytes
+B_TEXT = 2  # UTF-8 text
+B_BASE64 = 3  # raw bytes whose base64 text is the body
+B_BASE64_EMBED = 4  # as B_BASE64, the bytes without CELERY_EMBED_TAIL at their end
+
+#: The end of Celery's JSON body for a task with no callbacks, errbacks, chain or chord.
+CELERY_EMBED_TAIL = b', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+
+# sections
+S_MESSAGE, S_HEADERS, S_PROPERTIES, S_DELIVERY_INFO = range(4)
+C_ABSENT = 4
+_TABLE_START = 8
+
+NO_DEFAULT = object()
+
+#: (section, field name, default or NO_DEFAULT). The code of a field is _TABLE_START + its index:
+#: append only, never reorder (stored records name fields by these codes).
+FIELDS: tuple[tuple[int, str, object], ...] = (
+    (S_MESSAGE, "body", NO_DEFAULT),
+    (S_MESSAGE, "content-type", "application/json"),
+    (S_MESSAGE, "content-encoding", "utf-8"),
+    (S_MESSAGE, "headers", NO_DEFAULT),  # a dict unless a record says otherwise
+    (S_MESSAGE, "properties", NO_DEFAULT),  # the same
+    (S_PROPERTIES, "correlation_id", NO_DEFAULT),
+    (S_PROPERTIES, "reply_to", NO_DEFAULT),
+    (S_PROPERTIES, "delivery_mode", 2),
+    (S_PROPERTIES, "delivery_info", NO_DEFAULT),  # a dict unless a record says otherwise
+    (S_PROPERTIES, "priority", 0),
+    (S_PROPERTIES, "body_encoding", "base64"),
+    (S_PROPERTIES, "delivery_tag", NO_DEFAULT),
+    (S_PROPERTIES, "expiration", NO_DEFAULT),
+    (S_DELIVERY_INFO, "exchange", ""),
+    (S_DELIVERY_INFO, "routing_key", NO_DEFAULT),
+    # Celery protocol 2 headers; their defaults hold only for a Celery message (F_CELERY)
+    (S_HEADERS, "lang", "py"),
+    (S_HEADERS, "task", NO_DEFAULT),
+    (S_HEADERS, "id", NO_DEFAULT),
+    (S_HEADERS, "shadow", None),
+    (S_HEADERS, "eta", None),
+    (S_HEADERS, "expires", None),
+    (S_HEADERS, "group", None),
+    (S_HEADERS, "group_index", None),
+    (S_HEADERS, "retries", 0),
+    (S_HEADERS, "timelimit", [None, None]),
+    (S_HEADERS, "root_id", NO_DEFAULT),
+    (S_HEADERS, "parent_id", None),
+    (S_HEADERS, "argsrepr", NO_DEFAULT),
+    (S_HEADERS, "kwargsrepr", NO_DEFAULT),
+    (S_HEADERS, "origin", NO_DEFAULT),
+    (S_HEADERS, "ignore_result", False),
+    (S_HEADERS, "replaced_task_nesting", 0),
+    (S_HEADERS, "stamped_headers", None),
+    (S_HEADERS, "stamps", {}),
+)
+
+CODE = {(s, name): _TABLE_START + i for i, (s, name, _) in enumerate(FIELDS)}
+FIELD = {_TABLE_START + i: (s, name) for i, (s, name, _) in enumerate(FIELDS)}
+C_BODY = CODE[S_MESSAGE, "body"]
+SUBSECTIONS = {
+    (S_MESSAGE, "headers"): S_HEADERS,
+    (S_MESSAGE, "properties"): S_PROPERTIES,
+    (S_PROPERTIES, "delivery_info"): S_DELIVERY_INFO,
+}
+assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
+
+
+def _defaults(section: int, celery: bool) -> dict:
+    """The fields a section has by default."""
+    if section == S_HEADERS and not celery:
+        return {}
+    return {name: d for s, name, d in FIELDS if s == section and d is not NO_DEFAULT}
+
+
+#: (section, celery) -> the fields the section has by default
+DEFAULTS = {(s, c): _defaults(s, c) for s in range(4) for c in (False, True)}
+#: floats: 8 bytes big-endian
+DOUBLE = struct.Struct(">d")
+
+
+class CodecError(ValueError):
+    """A stored record this codec cannot read (or a message it cannot write)."""
+
+
+class Base64Body(bytes):
+    """A message body whose ``body_encoding`` is base64, held as its bytes instead of the base64
+    text: the transport publishes a body so (the codec stores such a body as its bytes anyway),
+    and ``decode(data, raw_body=True)`` gives one back for a delivery (kombu would decode the text
+    at once). Whoever holds one knows that the base64 step is done (the transport's
+    ``decode_body``)."""
+
+    __slots__ = ()

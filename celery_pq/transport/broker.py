@@ -1,0 +1,122 @@
+"""Where the command line, the metrics collector and the autoscaler reach the queues: a broker
+named by a Celery app or by a URL with transport options, opened as a celery-pq channel.
+
+A Celery app's connection carries its ``broker_transport_options`` and TLS settings; a URL
+(``pq://[:PASSWORD@]HOST[:PORT][/DB]``) takes its options as given. The channel is opened
+without kombu's connection retries: an operator's command must answer at once. A Redis that
+does not answer becomes ``BrokerUnreachable``, named by host:port and never by the URL, which
+may hold a password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from ..queue import open_queue
+from ..storage.errors import BrokerUnreachable, ConfigError
+from ..storage.keys import queue_keys, queues_key
+from ..storage.redact import redact
+from .channel import Channel
+from .views import View
+
+#: Errors that mean the broker's Redis is not there (refused, timed out, lost mid-command).
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+
+
+class Broker:
+    """A broker to open celery-pq channels on (``channel()``), one connection per use."""
+
+    def __init__(self, connect: Callable[[], Any]):  # a kombu Connection
+        self._connect = connect
+
+    @classmethod
+    def of(cls, app_or_url, transport_options: dict | None = None) -> Broker:
+        """From a Celery app (its broker settings) or a broker URL (with ``transport_options``)."""
+        if isinstance(app_or_url, Broker):
+            return app_or_url
+        if isinstance(app_or_url, str):
+            from kombu import Connection
+
+            from . import channel as transport  # noqa: F401  registers pq:// and pqs:// (as importing celery_pq does)
+
+            url, options = app_or_url, dict(transport_options or {})
+            return cls(lambda: Connection(url, transport_options=options))
+        if hasattr(app_or_url, "connection_for_write"):
+            return cls(app_or_url.connection_for_write)
+        raise ConfigError(f"a broker is a Celery app or a broker URL, got {redact(app_or_url)}")
+
+    @contextmanager
+    def channel(self) -> Iterator:
+        """A celery-pq channel (``transport.Channel``), closed after use; BrokerUnreachable when
+        Redis does not answer, ConfigError when the broker is not celery-pq."""
+        conn = self._connect()
+        try:
+            try:
+                channel = conn.channel()  # not default_channel: that one retries for seconds
+            except UNREACHABLE as exc:
+                raise unreachable(conn, exc) from None
+            if not isinstance(channel, Channel):
+                raise ConfigError(
+                    f"the broker is not celery-pq (transport {type(conn.transport).__name__}); "
+                    "use a pq:// URL or broker_transport='celery_pq.transport:Transport'"
+                )
+            try:
+                yield channel
+            except UNREACHABLE as exc:
+                raise unreachable(conn, exc) from None
+        finally:
+            try:
+                conn.release()
+            except Exception:  # closing a connection that never opened
+                pass
+
+
+def address(conn) -> str:
+    """host:port of a kombu connection (never its URL: that may hold a password)."""
+    return f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}"
+
+
+def unreachable(conn, exc: BaseException) -> BrokerUnreachable:
+    reason = str(exc) or type(exc).__name__
+    for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
+        if secret:
+            reason = reason.replace(secret, "***")
+    return BrokerUnreachable(address(conn), reason)
+
+
+def queue_names(channel, names=()) -> list[str]:
+    """The names given, else the declared queues (without Celery's pidbox and reply queues when
+    any other is declared, and without dead-letter queues: each shows under its live queue)."""
+    if names:
+        return list(names)
+    raw = channel.client.smembers(queues_key(channel.options.key_prefix))
+    known = sorted(m.decode() if isinstance(m, bytes) else m for m in raw)
+    mine = [n for n in known if not n.endswith(".pidbox") and ".reply." not in n and not n.startswith("celeryev.")]
+    return [n for n in (mine or known) if not n.endswith(".dead")]
+
+
+def queue_and_view(channel, name: str):
+    """(the queue, the rank range of the view) that ``name`` names (a view's name gives its
+    queue; the range is None for a queue's own name), opened by ``queue.open_queue`` with the
+    mode each queue (each shard) recorded in Redis (fairness, scope, order, technique) and the
+    channel's options for the rest: an operator's command works on a queue made by workers
+    with other options (``python -m celery_pq`` without the workers' ``fair_key``). A queue
+    with no record takes the channel's options."""
+    view = View.parse(name)
+    base = view.base if view else name
+    q = open_queue(channel.client, base, channel.options.queue_settings(base), declare=False)
+    return q, None if view is None else view.rank_range(q)
+
+
+def known(channel, name: str) -> bool:
+    """Is ``name`` (or the queue a view names) a declared queue or one with stored keys?"""
+    view = View.parse(name)
+    base = view.base if view else name
+    if channel.client.sismember(queues_key(channel.options.key_prefix), base):
+        return True
+    k = queue_keys(base, channel.options.key_prefix)
+    return bool(channel.client.exists(k.mode, k.entries, k.leases, k.delayed))

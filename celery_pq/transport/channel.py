@@ -1,0 +1,489 @@
+"""kombu transport for celery-pq: a thin adapter over ``queue.PriorityQueue``.
+
+Features
+========
+* Exact priorities 0..255, FIFO within a priority (``priority_order`` picks which end wins).
+* Leases: a delivered message is leased to this process in the same script that pops it; the
+  process renews its leases while it lives; expired leases return within ``lease_seconds``
+  plus about one second; after ``max_deliveries`` a message goes to ``<queue>.dead``.
+* Prompt delivery without polling: an insert leaves a wake token that an idle consumer is
+  blocked on (BLPOP), inside Celery's event loop or in ``drain_events``.
+* Fanout (``celery inspect``, ``celery control``, events) over Redis pub/sub, like kombu's
+  Redis transport (sharded pub/sub on a Redis Cluster).
+* Redis Cluster with the option ``cluster`` (``connections.py``, docs/cluster.md).
+
+Connection string
+=================
+``pq://[USER:PASSWORD@]HOST[:PORT][/DB]`` (``pqs://`` for TLS; TLS settings come from
+Celery's ``broker_use_ssl`` / kombu's ``ssl=``), or ``redis://...`` with
+``broker_transport = "celery_pq.transport:Transport"``. With the option ``master_name``, the
+hosts of ``pq://s1:26379;pq://s2:26379`` are Redis Sentinels (see ``connections.py``).
+
+Transport options
+=================
+``broker_transport_options``: every option, with its type, unit, default and check, is a field
+of ``celery_pq.transport.options.Options`` (README.md's table shows the same). Each is checked once, when a
+channel is made: a bad one raises ``celery_pq.ConfigError`` naming the option and the value.
+
+Where the rest lives
+====================
+``poller.py``: how a consumer waits and is woken (the blocking read, pub/sub, the one wait
+loop). ``delivery.py``: what a channel receives (pop, deliver, ack, reject, give back).
+``publishing.py``: what it publishes (a stored message, a fanout broadcast); ``batches.py``:
+kombu's ``Producer.batch()``. ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
+``leases.py``: the thread that renews them and sweeps expired ones. ``queue/``: the queue
+itself (pop with acks in one round trip, ack, requeue, ...). ``shards.py``: a queue split into
+``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
+
+After a connection error (Celery reconnecting), messages whose tasks run now keep their
+leases, renewed until the tasks end and ack; the others are given back uncounted. Acks whose
+round trip fails are kept and sent again.
+
+A task sent with ``countdown``/``eta`` waits in Redis (not in a worker) until due, then joins
+the queue at its priority. A consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only
+entries of ``NAME`` whose priority satisfies the predicate, and is woken only by those.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import redis
+from kombu import Connection
+from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
+from redis import exceptions as rex
+
+from ..queue import Queue, declare_tables, default_consumer_id, open_queue
+from ..scripts import set_spin_wait
+from ..storage import connections
+from ..storage import constants as C
+from ..storage.codec import Base64Body
+from ..storage.errors import ConfigError, NotReplicated
+from .batches import PublishBatch
+from .delivery import Deliveries, Message, QoS
+from .leasebook import LeaseBook
+from .leases import LeaseKeeper
+from .messages import message_ttl_ms, prepare_message
+from .options import Options
+from .poller import Poller, Waits
+from .publishing import Publisher
+from .routing import RoutingTables
+from .views import View, Views, is_view
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = C.REDIS_PORT
+
+
+class Channel(virtual.Channel):
+    """kombu's hooks over ``PriorityQueue``: the queues and views it opens, the declarations,
+    what it consumes. ``leases`` (a LeaseBook) holds what this channel delivered, ``waits``
+    (poller.Waits) its blocking read and pub/sub, ``deliveries`` (delivery.Deliveries) pops,
+    delivers and acks, ``publisher`` (publishing.Publisher) stores and broadcasts."""
+
+    QoS = QoS
+    Message = Message
+    supports_fanout = True
+    do_restore = True
+    min_priority = C.MIN_PRIORITY
+    max_priority = C.MAX_PRIORITY
+    #: The options every channel starts from (a channel reads its own at creation).
+    options = Options()
+    #: ``active_queues``, made when first asked after a change of the consumed queues.
+    _consumed: list[str] | None = None
+
+    def __init__(self, connection, **kwargs):
+        super().__init__(connection, **kwargs)
+        self.options = Options.from_transport_options(connection.client.transport_options)
+        self.transport = connection
+        self.client = connection.redis_client(self)
+        self.consumer_id = connection.consumer_id
+        self.leases = LeaseBook(self.options)
+        self.waits = Waits(self)
+        self.counters = self.waits.counters
+        self.deliveries = Deliveries(self)  # pops, delivers, acks (delivery.py)
+        self.publisher = Publisher(self)  # stores and broadcasts (publishing.py)
+        self._queues: dict[str, Queue] = {}
+        self._consumed_queues: set[str] = set()  # queues whose settings this channel declared
+        self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
+        self.routing = RoutingTables(self.client, self.options)  # declared queues, bindings
+        self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
+        self._active_fanout: dict[str, str] = {}  # pub/sub channel name -> queue
+        try:
+            self.client.ping()  # fail at channel creation, not at the first publish
+        except rex.ConnectionError as exc:
+            raise connections.explained(exc, connection.tls) from exc
+        if not connection.eviction_checked:  # once per connection: at start, not per channel
+            if not self.options.cluster:
+                connections.check_not_a_cluster_node(self.client)
+            connection.eviction_checked = True
+            connections.warn_if_evicting(self.client)
+        connection.cycle_channels.append(self)
+
+    # -- queues and views -----------------------------------------------------------------------
+    def queue(self, name: str) -> Queue:
+        """The queue of a name (a view's name gives the queue it views)."""
+        q = self._queues.get(name)
+        if q is None:
+            _check_queue_name(name)
+            view = View.parse(name)
+            if view is not None:
+                q = self.queue(view.base)
+            else:  # declared by a consumer (basic_consume), else its stored settings followed
+                declare = name in self._consumed_queues
+                q = open_queue(self.client, name, self.options.queue_settings(name), declare=declare)
+            self._queues[name] = q
+        return q
+
+    def reopen(self, name: str) -> Queue:
+        """The queue ``name`` opened again (with its views): its mode was recorded or migrated
+        since this channel opened it (a ``ModeMismatch``), and the record is followed now."""
+        for cached in [n for n in self._queues if n == name or getattr(View.parse(n), "base", None) == name]:
+            del self._queues[cached]
+        return self.queue(name)
+
+    def decode_body(self, body, encoding=None):
+        """kombu's body decoding; a delivered body the codec gave as bytes (``Base64Body``) is
+        decoded already."""
+        if type(body) is Base64Body:
+            return bytes(body)
+        return super().decode_body(body, encoding)
+
+    # -- publishing ---------------------------------------------------------------------------
+    def prepare_message(
+        self, body, priority=None, content_type=None, content_encoding=None, headers=None, properties=None
+    ):
+        return prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
+
+    def _inplace_augment_message(self, message, exchange, routing_key):
+        self.publisher.augment(message, exchange, routing_key)
+
+    def _put(self, queue, message, _publish_batch=None, **kwargs):
+        self.publisher.put(queue, message, _publish_batch)
+
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        """kombu's ``Producer.batch()``: insert calls sent as it fills, one wait at each flush (batches.py)."""
+        return PublishBatch(self, max_size)
+
+    def _put_fanout(self, exchange, message, routing_key, _publish_batch=None, **kwargs):
+        self.publisher.put_fanout(exchange, message)  # in a batch too: pub/sub keeps nothing to batch
+
+    # -- declarations (routing.py: shared in Redis, cached here) ----------------------------------
+    def prepare_queue_arguments(self, arguments, **kwargs):
+        """A queue's declaration arguments as AMQP names them (``message_ttl`` -> ``x-message-ttl``
+        in ms, as kombu's own Redis transport does): a declared message TTL is kept for every
+        publisher of the queue (routing.py) and honoured by the pops (docs/expiry.md)."""
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
+
+    def _new_queue(self, queue, **kwargs):
+        _check_queue_name(queue)
+        if is_view(queue):
+            return  # a view consumes its queue; it holds nothing of its own
+        self.routing.add_queue(queue, message_ttl_ms(kwargs.get("arguments")))
+
+    def _has_queue(self, queue, **kwargs):
+        return self.routing.has_queue(queue)
+
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        if is_view(queue):
+            return  # never a routing destination: publishing goes to the queue it views
+        if self.typeof(exchange).type == "fanout":
+            self._fanout_queues[queue] = exchange
+        self.routing.bind(exchange, routing_key, pattern, queue)
+
+    def get_table(self, exchange):
+        return self.routing.table(exchange)
+
+    def _lookup(self, exchange, routing_key, default=None):
+        found = super()._lookup(exchange, routing_key, default)
+        if not found and self.routing.forget(exchange):  # a binding made elsewhere since we cached
+            found = super()._lookup(exchange, routing_key, default)
+        return found
+
+    def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
+        """Drop one binding of a deleted queue (kombu calls this per binding)."""
+        self.routing.unbind(exchange, routing_key, pattern, queue)
+
+    def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
+        if is_view(queue):
+            return  # deleting a view must not delete the queue it views
+        if if_empty and self._size(queue):
+            return
+        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
+        self.queue(queue).delete()
+        self.routing.remove_queue(queue)
+
+    def _size(self, queue):
+        return self.queue(queue).size()
+
+    def _purge(self, queue):
+        if is_view(queue):
+            raise ValueError(f"{queue!r} is a view of a queue; purge the queue itself")
+        return self.queue(queue).purge()
+
+    # -- consuming ----------------------------------------------------------------------------
+    def basic_consume(self, queue, no_ack, *args, **kwargs):
+        view_of = View.parse(queue)
+        base = queue if view_of is None else view_of.base
+        if base not in self._consumed_queues:  # a consumer declares its queue's settings (opening.py)
+            self._consumed_queues.add(base)
+            if base in self._queues:  # opened to publish before: declared now
+                declare_tables(self._queues[base], self.options.queue_settings(base))
+        view = self.views.range_of(queue)
+        if view is not None:
+            self.queue(queue).register_view(*view)
+        if queue in self._fanout_queues:
+            self._active_fanout[self.publisher.fanout_channel(self._fanout_queues[queue])] = queue
+        if no_ack:
+            self.deliveries.no_ack.add(queue)
+        ret = super().basic_consume(queue, no_ack, *args, **kwargs)
+        self.transport.ensure_keeper()
+        self._consumed_changed()
+        self.waits.need_pop = True
+        return ret
+
+    def basic_cancel(self, consumer_tag):
+        queue = self._tag_to_queue.get(consumer_tag)
+        ret = super().basic_cancel(consumer_tag)
+        self.deliveries.no_ack.discard(queue)
+        if queue is not None and queue in self._fanout_queues:
+            self._active_fanout.pop(self.publisher.fanout_channel(self._fanout_queues[queue]), None)
+        self._consumed_changed()
+        return ret
+
+    def _consumed_changed(self):
+        """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
+        self._consumed = None  # active_queues is made again
+        self.leases.watch([s for name in self.active_queues for s in self.queue(name).shards])
+        self.waits.unblock()
+
+    def basic_get(self, queue, no_ack=False, **kwargs):
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:  # nobody acks it: done once handed over
+            self.deliveries.ack(message.delivery_tag)
+        return message
+
+    @property
+    def active_queues(self) -> list[str]:
+        """The consumed queues, fanout queues left out (those come by pub/sub); made again after
+        each change of them (``_consumed_changed``)."""
+        queues = self._consumed
+        if queues is None:
+            fan = set(self._active_fanout.values())
+            queues = self._consumed = [q for q in dict.fromkeys(self._active_queues) if q not in fan]
+        return queues
+
+    def _get(self, queue, timeout=None):
+        """basic_get: lease one message now, or raise Empty."""
+        return self.deliveries.get(queue)
+
+    def pop_and_deliver(self) -> int:
+        """Lease and deliver what the prefetch window allows (``Deliveries.pop_and_deliver``)."""
+        return self.deliveries.pop_and_deliver()
+
+    # -- what the poller asks ----------------------------------------------------------------
+    def wake_keys(self) -> list[str]:
+        """The wake lists of the consumed queues (a view's own list for a view), of every shard
+        of a sharded queue: an insert into any shard wakes its consumers."""
+        keys = []
+        for name in self.active_queues:
+            view = self.views.range_of(name)
+            for s in self.queue(name).shards:
+                keys.append(s.keys.wake if view is None else s.keys.view_wake(*view))
+        return keys
+
+    def fanout_channels(self) -> dict[str, str]:
+        """{pub/sub channel: queue} of the consumed fanout queues."""
+        return self._active_fanout
+
+    def deliver_fanout(self, channel: str, queue: str, data) -> int:
+        return self.deliveries.fanout(channel, queue, data)
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            try:
+                self.deliveries.settle()
+                self.leases.flush()
+            except Transport.connection_errors:
+                pass  # still leased in Redis: the leases expire and the messages come back
+            self.leases.closed = True  # acks from now on wait for the keeper
+            super().close()
+        finally:
+            self.waits.close()
+            if self in self.transport.cycle_channels:
+                self.transport.cycle_channels.remove(self)
+            if self.transport.connection_lost and self.leases.holds_work():
+                self.transport.retire(self.leases)
+
+
+class Transport(virtual.Transport):
+    Channel = Channel
+
+    driver_type = "redis"
+    driver_name = "redis"
+    use_tls = False
+    eviction_checked = False  # set by the first channel (connections.warn_if_evicting)
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=True,
+        batch_publish=True,  # Producer.batch(): Channel.create_publish_batch
+        exchange_type=frozenset(["direct", "topic", "fanout"]),
+    )
+
+    # (kombu's own defaults are one-element tuples, which its annotations take for their type)
+    connection_errors = (  # type: ignore[assignment]
+        *virtual.Transport.connection_errors,
+        rex.ConnectionError,
+        rex.TimeoutError,
+        rex.BusyLoadingError,
+        rex.AuthenticationError,
+        NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
+        # A Redis Cluster whose slot is moving or whose layout changes (a resharding, a failover):
+        # the calls of this transport wait that out first (cluster_retry_seconds, ClusterUnsettled,
+        # itself a ConnectionError); any of these that still reach kombu is one too, never fatal.
+        rex.ClusterError,
+        rex.TryAgainError,
+        rex.AskError,
+        rex.SlotNotCoveredError,
+        rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
+        ConnectionError,
+        socket.error,
+        OSError,
+    )
+    channel_errors = (  # type: ignore[assignment]
+        *virtual.Transport.channel_errors,
+        rex.DataError,
+        rex.InvalidResponse,
+        rex.ResponseError,
+    )
+
+    #: The kombu connection of this transport.
+    client: Connection
+
+    def __init__(self, client: Connection, **kwargs):
+        super().__init__(client, **kwargs)
+        self.consumer_id = default_consumer_id()
+        self.cycle_channels: list[Channel] = []
+        self.fanout_queues: dict[str, str] = {}
+        self.poller = Poller(self)
+        self._pool: redis.ConnectionPool | redis.RedisCluster | None = None
+        self._pool_lock = threading.Lock()
+        self._keeper: LeaseKeeper | None = None
+        self.db = 0
+        #: Set by kombu's teardown after a connection error (``_collect``).
+        self.connection_lost = False
+        self._closed = False
+        #: Lease books of channels closed by a lost connection that still hold leases of
+        #: running tasks or acks not yet sent; the lease keeper serves them until they hold nothing.
+        self.retired: list[LeaseBook] = []
+        self._retired_lock = threading.Lock()
+
+    def driver_version(self):
+        return redis.__version__
+
+    @property
+    def default_connection_params(self) -> dict:
+        """kombu's defaults for what the URL leaves out: Redis's port on this host."""
+        return {"port": DEFAULT_PORT, "hostname": "localhost"}
+
+    # -- connections (connections.py: one server, TLS, or the master Sentinel names) -----------
+    @property
+    def tls(self) -> bool:
+        return self.use_tls or bool(self.client.ssl)
+
+    def redis_client(self, channel) -> redis.Redis | redis.RedisCluster:
+        """A client of this connection's pool; with ``cluster``, the connection's one
+        ``RedisCluster`` (shared by its channels: it holds the pools of every node)."""
+        with self._pool_lock:
+            pool = self._pool
+            if pool is None:
+                self.db = connections.broker_db(self.client)
+                options = channel.options
+                if options.cluster:
+                    pool = connections.make_cluster(self.client, options, self.tls)
+                    connections.set_cluster_retry(pool, options.cluster_retry_seconds)
+                else:
+                    pool = connections.make_pool(self.client, options, self.tls)
+                    set_spin_wait(pool, options.spin_wait_us)
+                self._pool = pool
+        if isinstance(pool, redis.RedisCluster):
+            return pool
+        return redis.Redis(connection_pool=pool)
+
+    def new_connection(self, key: str) -> redis.connection.AbstractConnection:
+        """A connection of our own (not from the pool) for a blocking read of ``key`` (on a
+        cluster, to the master serving the key now)."""
+        pool = self._pool
+        assert pool is not None  # (made with the first channel, before anything blocks)
+        if isinstance(pool, redis.RedisCluster):
+            return connections.new_connection(connections.node_client(pool, key).connection_pool)
+        return connections.new_connection(pool)
+
+    def ensure_keeper(self):
+        if self._keeper is None or not self._keeper.is_alive():
+            self._keeper = LeaseKeeper(self)
+            self._keeper.start()
+
+    def close_connection(self, connection):
+        self.poller.close()
+        try:
+            super().close_connection(connection)  # (a channel closed by a lost connection retires)
+        finally:
+            self._closed = True  # only now: the keeper stops when nothing retired
+            self.release_pool()  # (a retired channel reconnects when it needs to)
+            if self.keeper_books() is None and self._keeper is not None:
+                self._keeper.stop()
+                self._keeper = None
+
+    def _collect(self, connection):
+        """kombu's teardown after a connection error (Celery's consumer reconnecting, kombu's
+        ``Connection.ensure``), in place of a close: messages whose tasks are running keep
+        their leases (``QoS.restore_unacked``), and the lease books of the channels holding
+        them, or holding acks not yet sent, retire: this transport's lease keeper goes on
+        renewing those leases and sending those acks, on connections of this transport's pool,
+        until nothing is left. The new connection consumes meanwhile."""
+        self.connection_lost = True
+        self.close_connection(connection)
+
+    def keeper_books(self) -> list[LeaseBook] | None:
+        """The lease books the keeper serves now; None when it has nothing left (the
+        connection is closed and no retired book holds anything)."""
+        with self._retired_lock:
+            self.retired = [book for book in self.retired if book.holds_work()]
+            if self._closed and not self.retired:
+                return None
+            retired = list(self.retired)
+        return [c.leases for c in self.cycle_channels if not c.closed] + retired
+
+    def retire(self, book: LeaseBook):
+        """Keep serving the lease book of a channel closed by a lost connection: its running
+        tasks' leases, its acks not yet sent."""
+        with self._retired_lock:
+            self.retired.append(book)
+
+    def release_pool(self):
+        if self._pool is not None:
+            connections.close_pool(self._pool)
+
+    # -- waiting: kombu's drain_events, Celery's event loop (poller.py) --------------------------
+    def drain_events(self, connection, timeout=None, **kwargs):
+        return self.poller.drain(timeout)
+
+    def register_with_event_loop(self, connection, loop):
+        self.poller.register_with_event_loop(loop)
+
+
+def _check_queue_name(name) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a queue name must be a non-empty string, got {name!r}")
+
+
+class TLSTransport(Transport):
+    """``pqs://``: the same transport over TLS."""
+
+    use_tls = True

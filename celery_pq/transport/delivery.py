@@ -1,0 +1,448 @@
+"""What a channel receives, and how each delivery ends.
+
+``Deliveries`` (one per channel) pops the consumed queues within kombu's prefetch window, makes
+each popped lease a kombu message and hands it to kombu; then it ends each delivery: acked
+(with the next pop, through the lease book), rejected (requeued or dead-lettered), given back
+uncounted (at shutdown, or the rest of a batch a shutdown interrupted), or dead-lettered as
+``malformed`` when the stored entry is not a kombu message. ``QoS`` is kombu's prefetch
+accounting with its acks and rejects sent here; ``Message`` is kombu's message, ``Unreadable``
+when its body does not decode.
+
+A delivery's tag is its lease token; the lease book (``leasebook.py``) holds every lease from
+the pop that took it until the delivery ends, and the lease keeper renews it meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from kombu.transport import virtual
+from redis.exceptions import ResponseError
+
+from ..queue import Delivery
+from ..storage import constants as C
+from ..storage.codec import decode
+from .leasebook import PopInFlight
+from .messages import BROADCAST_ID
+from .poller import Wait
+
+
+class ReceivingChannel(Protocol):
+    """What the receiving side uses of its channel (channel.py's ``Channel``)."""
+
+    @property
+    def transport(self) -> Any: ...  # (connection_errors, connection_lost, poller, ensure_keeper)
+
+    @property
+    def connection(self) -> Any: ...  # (kombu's ``_deliver``)
+
+    @property
+    def qos(self) -> Any: ...
+
+    @property
+    def active_queues(self) -> list: ...
+
+    leases: Any
+    deliveries: Any
+    waits: Any
+    views: Any
+    counters: Any
+    consumer_id: str
+    closed: bool
+
+    def queue(self, name: str) -> Any: ...
+
+
+logger = logging.getLogger(__name__)
+
+
+class Unreadable(Exception):
+    """kombu could not build a delivered message (its body does not decode)."""
+
+
+class Message(virtual.Message):
+    def __init__(self, payload, channel=None, **kwargs):
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception as exc:
+            raise Unreadable(f"{exc!r}") from exc
+
+
+class QoS(virtual.QoS):
+    """Prefetch accounting of kombu, with acks and rejects going to the lease scripts."""
+
+    channel: ReceivingChannel
+
+    def ack(self, delivery_tag):
+        deliveries = self.channel.deliveries
+        deliveries.ack(delivery_tag)
+        super().ack(delivery_tag)
+        deliveries.pop_ahead()
+
+    def reject(self, delivery_tag, requeue=False):
+        self.channel.deliveries.reject(delivery_tag, requeue)
+        self._quick_ack(delivery_tag)
+
+    def restore_unacked(self):
+        """Give back every delivered, unacked message (the delivery is undone), at shutdown or
+        when kombu tears the connection down.
+
+        After a lost connection (kombu's ``collect``: Celery reconnecting, kombu's ``ensure``),
+        a message whose task a Celery worker in this process is running now keeps its lease:
+        the lease keeper renews it and its ack goes to Redis when the task ends (see
+        ``Transport._collect``). Given back, it would start again while it still runs.
+        """
+        self._flush()
+        channel = self.channel
+        keep = running_tags() if channel.transport.connection_lost else set()
+        errors = []
+        lost_link = 0
+        while self._delivered:
+            tag, message = self._delivered.popitem()
+            if tag in keep:
+                continue
+            try:
+                channel.deliveries.give_back(tag)
+            except channel.transport.connection_errors:
+                lost_link += 1  # still leased in Redis: the lease expires and it comes back
+                # (unless its task did start, and its ack reaches Redis first: give_back)
+            except Exception as exc:
+                errors.append((exc, message))
+        if lost_link:
+            logger.warning(
+                "celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
+                "their leases expire and they are delivered again",
+                lost_link,
+            )
+        kept = channel.leases.holding(keep)
+        if kept:
+            logger.info("celery-pq: %d running task(s) keep their leases across the lost connection", kept)
+        self._delivered.clear()
+        return errors
+
+
+class Deliveries:
+    """A channel's receiving side: pop, deliver, and end each delivery (ack, reject, give back)."""
+
+    def __init__(self, channel: ReceivingChannel):
+        self.channel = channel
+        self.leases = channel.leases
+        #: Queues consumed with no_ack: a delivery of them is acked as it is handed over.
+        self.no_ack: set[str] = set()
+        self._rotation = 0
+        #: The pop on the wire and the queue name it pops (in Celery's event loop), or None.
+        self._pop: tuple[PopInFlight, str] | None = None
+        #: Whether the last message handed over was not given to a pool that runs it elsewhere
+        #: (``_handed_to_pool``): None before the first delivery.
+        self._inline: bool | None = None
+        #: The broadcast ids received lately, oldest first (a broadcast sent again is dropped).
+        self._broadcasts: dict[str, None] = {}
+
+    # -- popping and delivering -----------------------------------------------------------------
+    def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
+        """Lease and deliver what the prefetch window allows; the number delivered. Acks
+        waiting to be sent go in the same round trip as the pop (the lease book's ``pop``).
+
+        In Celery's event loop a pop is sent without waiting for its reply (``_sends``): the loop
+        goes on with the pool's messages meanwhile, and the reply, once read, delivers (``land``).
+        ``send_only``: send such a pop, or nothing; ``wait``: a pop that waits for its reply."""
+        if self._pop is not None:  # a pop on the wire: its reply delivers
+            pop = self._pop[0]
+            if send_only:
+                return 0
+            if pop.overdue():  # a silent connection: dropped, the error raised by land
+                pop.flight.give_up()
+            return self.land() if pop.flight.ready() else 0
+        channel = self.channel
+        queues = channel.active_queues
+        if not queues or not channel.waits.should_pop() or not channel.qos.can_consume():
+            if not send_only:
+                self.leases.flush()
+            return 0
+        want = channel.qos.can_consume_max_estimate() or C.MAX_POP_BATCH
+        want = max(1, min(want, C.MAX_POP_BATCH))
+        n = len(queues)
+        start = self._rotation % n
+        delivered = 0
+        sends = not wait and self._sends()
+        if send_only and not sends:
+            return 0
+        for i in range(n):
+            name = queues[(start + i) % n]
+            q = channel.queue(name)
+            channel.counters["pops"] += 1
+            view = channel.views.range_of(name)
+            if sends:
+                sent = self.leases.send_pop(q, want, consumer=channel.consumer_id, view=view)
+                if sent is not None:
+                    self._pop = (sent, name)
+                    return 0
+                if send_only:
+                    return 0
+            leases = self.leases.pop(q, want, consumer=channel.consumer_id, view=view)
+            if not leases:
+                continue
+            self._rotation = start + i + 1  # the next call starts after the queue served
+            delivered = self._deliver_batch(q, name, leases)
+            break
+        if not delivered:
+            channel.waits.need_pop = False
+        return delivered
+
+    def _sends(self) -> bool:
+        """Whether a pop is sent without waiting for its reply: in the thread of Celery's event
+        loop, one queue consumed, and the last message's task not run in this thread (a prefork
+        pool's child takes it). Where it ran before kombu returned (the solo pool, a plain kombu
+        consumer: ``_inline``) nothing would run meanwhile, and the pop waits for its reply, as
+        outside the event loop; so until the first delivery."""
+        channel = self.channel
+        return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
+
+    def pop_ahead(self) -> None:
+        """After an ack, where pops go without waiting (``_sends``: Celery's event loop, a
+        prefork pool): the next pop, carrying the ack, sent now (the main process goes on with
+        its children's messages while Redis answers)."""
+        if self._pop is None and self._sends():
+            self.pop_and_deliver(send_only=True)
+
+    def popping(self) -> Wait | None:
+        """The wait for the reply of the pop on the wire (its connection readable), or None."""
+        if self._pop is None:
+            return None
+        return Wait(self._pop[0].flight.conn, self.land_when_ready, True)
+
+    def land_when_ready(self) -> int:
+        """``land`` once the reply of the pop on the wire is whole; 0 before."""
+        if self._pop is None or not self._pop[0].flight.ready():
+            return 0
+        return self.land()
+
+    def land(self) -> int:
+        """Deliver what the pop on the wire took (its reply read now, waiting if need be); the
+        number delivered. A script's error reply (the library gone after a restart, a queue
+        whose mode is migrating) is met again by a waiting pop, which handles it; a connection
+        error is raised (its acks wait again; its leases, if it took any, expire)."""
+        assert self._pop is not None
+        (pop, name), self._pop = self._pop, None
+        channel = self.channel
+        try:
+            leases = self.leases.land(pop)
+        except ResponseError:
+            return self.pop_and_deliver(wait=True)
+        if not leases:
+            channel.waits.need_pop = False
+            return 0
+        if channel.closed or name not in channel.active_queues:  # stopped consuming meanwhile
+            self.give_back_all([lease.token for lease in leases])
+            return 0
+        return self._deliver_batch(leases.queue, name, leases)
+
+    def settle(self) -> None:
+        """At the channel's close: the pop on the wire read, and what it took given back."""
+        if self._pop is None:
+            return
+        (pop, _), self._pop = self._pop, None
+        try:
+            leases = self.leases.land(pop)
+        except Exception:  # its leases, if it took any, expire and the entries come back
+            return
+        self.give_back_all([lease.token for lease in leases])
+
+    def get(self, queue: str) -> dict:
+        """kombu's basic_get: lease one message now, or raise Empty."""
+        channel = self.channel
+        channel.transport.ensure_keeper()
+        q = channel.queue(queue)
+        leases = self.leases.pop(q, 1, consumer=channel.consumer_id, view=channel.views.range_of(queue))
+        msg = self._to_message(q, leases[0]) if leases else None
+        if msg is None:
+            raise virtual.Empty()
+        return msg
+
+    def _deliver_batch(self, q, name: str, leases: Sequence[Delivery]) -> int:
+        """Deliver a popped batch; the number delivered. Every lease of it ends delivered,
+        given back (not counted) or dead-lettered as malformed: none is left leased to nobody.
+
+        Every lease is in the lease book (renewed) before any message is delivered: a solo
+        pool runs each task inside ``_deliver``, while the rest of the batch waits.
+        """
+        channel = self.channel
+        rest = [lease.token for lease in reversed(leases)]  # not yet delivered, last first
+        delivered = 0
+        try:
+            for lease in leases:
+                if channel.closed or worker_stopping():  # a task of this batch began a shutdown
+                    break
+                rest.pop()
+                message = self._to_message(q, lease)
+                if message is None:
+                    continue
+                try:
+                    if name in self.no_ack:  # nobody acks these: done once handed over
+                        self.ack(lease.token)
+                    before = celery_counts()
+                    channel.connection._deliver(message, name)
+                    self._inline = not _handed_to_pool(before, celery_counts())
+                except Unreadable as exc:  # kombu could not build the message (its body)
+                    self._dead_letter_malformed(q, lease.token, exc.__cause__)
+                    continue
+                delivered += 1
+        finally:
+            if rest:  # a shutdown began, or the callback raised: the others wait again
+                self.give_back_all(rest)
+        return delivered
+
+    def _to_message(self, q, lease: Delivery) -> dict | None:
+        """The kombu message of a lease, or None when it is not one (then moved to the
+        dead-letter queue with reason ``malformed``)."""
+        try:
+            message = decode(lease.payload, raw_body=True)
+            props = message["properties"]
+            info = props.setdefault("delivery_info", {})
+            headers = message.get("headers")
+            if not isinstance(info, dict) or not isinstance(headers, (dict, type(None))):
+                raise TypeError("its delivery_info or headers are not mappings")
+        except Exception as exc:
+            self._dead_letter_malformed(q, lease.token, exc)
+            return None
+        # The headers are the published headers. The delivery count (1 on the first delivery)
+        # is kombu's delivery_info["delivery_count"]; a redelivery also carries the deliveries
+        # before it as the header x-delivery-count, as RabbitMQ's quorum queues do (a Celery
+        # task reads self.request.get("x-delivery-count"): its request keeps no delivery count).
+        props["delivery_tag"] = lease.token
+        info["delivery_count"] = lease.deliveries
+        info["redelivered"] = lease.deliveries > 1
+        if lease.deliveries > 1:
+            message["redelivered"] = True
+            if headers is not None:
+                headers["x-delivery-count"] = lease.deliveries - 1
+        return message
+
+    def _dead_letter_malformed(self, q, tag: str, exc: BaseException | None) -> None:
+        held = self.leases.drop(tag)
+        if held is None:
+            return
+        shard, eid = held  # the shard it came from, for a sharded queue
+        if shard.is_dead:  # a dead-letter queue has none of its own: the lease expires, it stays
+            logger.error(
+                "celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
+                eid,
+                shard.name,
+                exc,
+            )
+            return
+        logger.error(
+            "celery-pq: entry %r of queue %r is not a kombu message (%r); moved to %s.dead",
+            eid,
+            shard.name,
+            exc,
+            shard.name,
+        )
+        shard.dead_letter((eid, tag), "malformed")
+
+    def fanout(self, channel_name: str, queue: str, data: Any) -> int:
+        """Deliver a message received on a fanout exchange's pub/sub channel (it holds no lease)."""
+        try:
+            message = decode(data)
+        except Exception:
+            logger.warning("celery-pq: unreadable fanout message on %r dropped", channel_name)
+            return 0
+        props = message.get("properties")
+        sent = props.pop(BROADCAST_ID, None) if isinstance(props, dict) else None
+        if sent is not None:  # one publish call, sent again by kombu's retry after a lost reply
+            if sent in self._broadcasts:
+                return 0
+            self._broadcasts[sent] = None
+            if len(self._broadcasts) > C.BROADCASTS_REMEMBERED:
+                del self._broadcasts[next(iter(self._broadcasts))]
+        self.channel.connection._deliver(message, queue)
+        return 1
+
+    # -- acks, rejects, give-backs ----------------------------------------------------------------
+    def ack(self, tag: str) -> None:
+        """Ack now, or (while this connection is draining, or in Celery's event loop) with the
+        next pop: one round trip for both. A deferred ack that never reaches Redis (the
+        process dies first) only means a redelivery: at least once holds."""
+        self.leases.ack(tag, defer=self.channel.transport.poller.defers_acks())
+
+    def reject(self, tag: str, requeue: bool) -> None:
+        held = self.leases.drop(tag)
+        if held is None:
+            return
+        q, eid = held
+        result = q.requeue((eid, tag)) if requeue else q.dead_letter((eid, tag), "rejected")
+        if result is None:
+            logger.warning("celery-pq: reject of %s in %r came after its lease expired", eid, q.name)
+        self.channel.waits.need_pop = True
+
+    def give_back(self, tag: str) -> None:
+        held = self.leases.drop(tag)
+        if held is not None:
+            q, eid = held
+            try:
+                q.requeue((eid, tag), count_delivery=False)
+            except self.channel.transport.connection_errors:
+                # Still leased in Redis, renewed by nobody: it comes back when the lease expires.
+                # But its task may have started after all (given back at a lost connection
+                # before its pool child reported the start): the ack that comes when it ends
+                # is still sent, so that it does not run again (LeaseBook.unreturned).
+                self.leases.unreturned(tag, held)
+                raise
+
+    def give_back_all(self, tags: Sequence[str]) -> None:
+        try:
+            for tag in tags:
+                self.give_back(tag)
+        except self.channel.transport.connection_errors:
+            logger.warning(
+                "celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
+                "their leases expire and they are delivered again",
+                len(tags),
+            )
+
+
+def _celery_state():
+    """celery.worker.state when a Celery worker runs in this process, else None."""
+    return sys.modules.get("celery.worker.state")
+
+
+def running_tags() -> set:
+    """Delivery tags of the messages whose tasks a Celery worker in this process runs now and
+    has not acked (``task_acks_late``)."""
+    state = _celery_state()
+    if state is None:
+        return set()
+    tags = set()
+    for request in list(state.active_requests):
+        message = getattr(request, "message", None)
+        if message is not None and not getattr(request, "acknowledged", True):
+            tags.add(message.delivery_tag)
+    return tags
+
+
+def celery_counts() -> tuple[int, int] | None:
+    """``(tasks started, requests reserved)`` of a Celery worker in this process (Celery's own
+    counts), or None outside one."""
+    state = _celery_state()
+    started = getattr(state, "all_total_count", None)
+    reserved = getattr(state, "reserved_requests", None)
+    if started is None or reserved is None:
+        return None
+    return started[0], len(reserved)
+
+
+def _handed_to_pool(before: tuple[int, int] | None, after: tuple[int, int] | None) -> bool:
+    """Whether a message handed to kombu became a Celery request reserved for a pool that runs
+    it elsewhere (a prefork child): one more request reserved, none started meanwhile. (The solo
+    pool starts and ends the task before kombu returns; a plain kombu consumer reserves none.)"""
+    return before is not None and after is not None and after[0] == before[0] and after[1] > before[1]
+
+
+def worker_stopping() -> bool:
+    """True while a Celery worker in this process is shutting down (the rest of a popped batch
+    is then given back, not run)."""
+    state = _celery_state()
+    return bool(state is not None and (state.should_stop is not None or state.should_terminate is not None))

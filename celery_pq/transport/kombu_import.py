@@ -1,0 +1,472 @@
+"""Moving what kombu's Redis transport holds for some queues into celery-pq queues, each
+message exactly once (``celery -A proj pq import-kombu``; docs/migrating.md).
+
+kombu's Redis transport (``redis://``) keeps, per queue, one list per priority step
+(``<queue>`` for step 0, ``<queue>\\x06\\x16<step>`` for the others, ``priority_steps``
+``[0, 3, 6, 9]`` by default; LPUSH to publish, RPOP to consume, so the oldest message is at the
+right end), and for the messages delivered and not yet acked a hash ``unacked`` (delivery tag ->
+JSON ``[message, exchange, routing_key]``) with its index ``unacked_index`` (delivery tag ->
+Unix time of the delivery). A Celery task with an ETA or countdown is such an unacked message:
+the worker that received it holds it in memory until it is due. kombu restores an unacked
+message to its list when its worker shuts down warmly, or when it is older than
+``visibility_timeout`` (3600 s by default) and a live consumer sweeps; a worker killed hard
+leaves it in the hash until then.
+
+One message moves in three steps, so that a crash anywhere loses nothing and stores nothing
+twice:
+
+1. **claim**: it moves atomically from kombu's key into this queue's staging list on the
+   source Redis (``<queue>\\x06\\x16pq-import``; LMOVE for a list, a WATCHed transaction for the
+   unacked hash). A consumer of kombu's transport can no longer take it; nothing of kombu reads
+   the staging list.
+2. **insert** into the celery-pq queue under a publish id named by the message's delivery tag
+   (``kombu-import:<tag>``): the queue stores a publish id once within its ``dedupe_seconds``
+   window (300 s by default).
+3. **release**: it leaves the staging list.
+
+A run first inserts and releases what an earlier run left staged: a crash between 1 and 2 left
+it only there; a crash between 2 and 3 left it in both, and the insert of the rerun is then a
+repeat that stores nothing. That holds while the queue remembers the publish id: within its
+``dedupe_seconds`` of the latest claim (kept in ``<queue>\x06\x16pq-import-at``). A rerun later
+than that releases the staged messages it finds in the queue, and stops at the others
+(``StagedUnknown``): each was either never inserted or inserted and delivered already, which
+only the operator can tell (``staged="insert"`` or ``"drop"`` then decides).
+
+The message keeps its body, headers and properties; its priority is mapped into 0..255 so
+that the queue serves it in kombu's order (``priority_map``), its tenant comes from the
+``fair_key`` as for any publish, and a Celery ``eta`` makes it a delayed entry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from bisect import bisect
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from hashlib import blake2b
+
+import redis
+
+from ..queue import Item
+from ..storage import checks
+from ..storage import constants as C
+from ..storage.errors import PQError
+from .messages import stored_item
+
+#: kombu's Redis transport defaults (kombu/transport/redis.py).
+KOMBU_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+KOMBU_MAX_PRIORITY = 9  # kombu clamps a message's priority into 0..9
+KOMBU_VISIBILITY_TIMEOUT = 3600.0  # seconds, when broker_transport_options does not say (never assumed)
+#: The suffix (after kombu's separator) of a queue's staging list on the source Redis.
+STAGING_SUFFIX = "pq-import"
+#: Messages claimed, inserted and released per round trip (a crash leaves at most this many staged).
+BATCH = 100
+#: Messages read per LRANGE of a dry run.
+READ_CHUNK = 1000
+#: Seconds of a claim's age held back from the dedupe window, for the clocks of two servers.
+CLOCK_MARGIN = 5.0
+
+
+class StagedUnknown(PQError, ValueError):
+    """Messages an interrupted import left staged longer ago than the queue's dedupe window
+    (or with the window off), none of them in the queue now: each was either never inserted, or
+    inserted and already delivered. ``queue``, ``task_ids``."""
+
+    def __init__(self, queue: str, task_ids: list[str]):
+        self.queue, self.task_ids = queue, task_ids
+        shown = ", ".join(task_ids[:10]) + (", ..." if len(task_ids) > 10 else "")
+        super().__init__(
+            f"queue {queue!r}: {len(task_ids)} message(s) left staged by an interrupted import longer ago than "
+            f"the queue's dedupe window, not in the queue now: inserted and run already, or never inserted "
+            f"(task ids {shown}); check them (the result backend, the workers' logs) and rerun with "
+            "--staged insert (to run them) or --staged drop (they ran)"
+        )
+
+
+@dataclass(frozen=True)
+class KombuLayout:
+    """Where kombu's Redis transport keeps a queue (its transport options of those names)."""
+
+    global_keyprefix: str = ""
+    sep: str = KOMBU_SEP
+    priority_steps: tuple[int, ...] = KOMBU_PRIORITY_STEPS
+    unacked_key: str = "unacked"
+    unacked_index_key: str = "unacked_index"
+
+    def list_key(self, queue: str, step: int) -> str:
+        """The list of ``queue``'s priority step (kombu's ``_q_for_pri``)."""
+        return self.global_keyprefix + (f"{queue}{self.sep}{step}" if step else queue)
+
+    def staging_key(self, queue: str) -> str:
+        return f"{self.global_keyprefix}{queue}{self.sep}{STAGING_SUFFIX}"
+
+    def claimed_at_key(self, queue: str) -> str:
+        """A string: Unix ms (the source Redis's clock) of the queue's latest claim."""
+        return f"{self.global_keyprefix}{queue}{self.sep}{STAGING_SUFFIX}-at"
+
+    @property
+    def unacked(self) -> str:
+        return self.global_keyprefix + self.unacked_key
+
+    @property
+    def unacked_index(self) -> str:
+        return self.global_keyprefix + self.unacked_index_key
+
+    def binding_key(self, exchange: str) -> str:
+        return f"{self.global_keyprefix}_kombu.binding.{exchange}"
+
+    def step_of(self, priority: int) -> int:
+        """kombu's ``Channel.priority``: the step whose list holds a message of ``priority``."""
+        return self.priority_steps[bisect(self.priority_steps, priority) - 1]
+
+
+def kombu_priority(message: dict) -> int:
+    """A kombu message's priority as kombu's Redis transport serves it (0 first), clamped into
+    0..9; 0 when it has none (kombu's ``_get_message_priority``)."""
+    try:
+        return max(0, min(int(message["properties"]["priority"]), KOMBU_MAX_PRIORITY))
+    except (TypeError, ValueError, KeyError):
+        return 0
+
+
+def priority_map(priority_order: str, given: dict[int, int] | None = None) -> dict[int, int]:
+    """kombu priority (0..9, 0 served first) -> celery-pq priority, keeping kombu's order under
+    the queue's ``priority_order``: ``lower_first`` keeps the number, ``higher_first`` turns
+    it around within 0..9 (kombu's 0 becomes 9). ``given`` overrides single values."""
+    flip = priority_order == C.HIGHER_FIRST
+    out = {k: (KOMBU_MAX_PRIORITY - k if flip else k) for k in range(KOMBU_MAX_PRIORITY + 1)}
+    for k, p in (given or {}).items():
+        if not 0 <= k <= KOMBU_MAX_PRIORITY or not 0 <= p <= C.MAX_PRIORITY:
+            raise ValueError(f"a priority map takes kombu 0..9 to 0..255, got {k}={p}")
+        out[k] = p
+    return out
+
+
+def parse_priority_map(text: str | None) -> dict[int, int]:
+    """``"0=255,3=200"`` -> ``{0: 255, 3: 200}``."""
+    out: dict[int, int] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        k, sep, p = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(k)] = int(p)
+        except ValueError:
+            raise ValueError(f"priority map entries are KOMBU=PQ integers, got {part!r}") from None
+    return out
+
+
+def publish_id(raw: bytes, message: dict) -> str:
+    """The publish identity of a kombu message: its delivery tag (kept by kombu's restores),
+    else a digest of its stored bytes."""
+    tag = (message.get("properties") or {}).get("delivery_tag")
+    if isinstance(tag, str) and tag:
+        return f"kombu-import:{tag}"
+    return "kombu-import:" + blake2b(raw, digest_size=16).hexdigest()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class QueueReport:
+    """What an import found (dry run) or moved, for one queue. Counters are keyed by
+    ``(kombu priority, celery-pq priority)``."""
+
+    queue: str
+    waiting: Counter = field(default_factory=Counter)  # kombu's lists (and staged by a crashed run)
+    unacked: Counter = field(default_factory=Counter)  # unacked, moved (or to move)
+    held: int = 0  # unacked left alone: a worker may still hold them
+    staged: int = 0  # found staged by an earlier run
+    repeats: int = 0  # stored by an earlier, interrupted run (a repeated insert, or found in the queue)
+    dropped: int = 0  # left staged by an earlier run, released without an insert (``staged="drop"``)
+    eta: int = 0  # messages with an ETA (delayed entries in celery-pq)
+
+    def as_dict(self) -> dict:
+        rows = [
+            {"source": src, "kombu_priority": k, "priority": p, "messages": n}
+            for src, counter in (("waiting", self.waiting), ("unacked", self.unacked))
+            for (k, p), n in sorted(counter.items())
+        ]
+        return {
+            "queue": self.queue,
+            "rows": rows,
+            "moved": sum(self.waiting.values()) + sum(self.unacked.values()),
+            "unacked_held": self.held,
+            "staged": self.staged,
+            "repeats": self.repeats,
+            "dropped": self.dropped,
+            "eta": self.eta,
+        }
+
+
+class KombuImport:
+    """The import of some queues from kombu's Redis transport (``source``, a redis-py client)
+    into celery-pq (``channel``, a celery-pq channel: its queues, options and ``decode_body``).
+
+    ``unacked``: ``"stale"`` (the default) moves the unacked messages older than
+    ``visibility_timeout`` (those kombu itself would restore: their worker is gone or late; the
+    old workers' own value, in seconds, must be given: a guess too short moves messages that a
+    live worker still runs, and they run twice),
+    ``"all"`` every unacked message of the queues (only safe when no worker of kombu's
+    transport runs any more: one still running would run its messages as well), ``"none"``
+    none.
+
+    ``staged``: what to do with messages an interrupted run left staged longer ago than the
+    queue's ``dedupe_seconds`` (the window that makes their repeated insert store nothing) and
+    not found in the queue: ``"refuse"`` (StagedUnknown, the default), ``"insert"``, ``"drop"``."""
+
+    def __init__(
+        self,
+        source: redis.Redis,
+        channel,
+        queues: Iterable[str],
+        *,
+        layout: KombuLayout | None = None,
+        priorities: dict[int, int] | None = None,
+        unacked: str = "stale",
+        visibility_timeout: float | None = None,
+        batch: int = BATCH,
+        staged: str = "refuse",
+    ):
+        if unacked not in ("stale", "all", "none"):
+            raise ValueError(f"unacked must be 'stale', 'all' or 'none', got {unacked!r}")
+        if unacked == "stale" and visibility_timeout is None:
+            raise ValueError(
+                "unacked='stale' moves the unacked messages delivered longer ago than the old workers' "
+                "visibility_timeout: give it (visibility_timeout, seconds)"
+            )
+        visibility_timeout = checks.seconds("visibility_timeout", visibility_timeout, none=True)
+        if staged not in ("refuse", "insert", "drop"):
+            raise ValueError(f"staged must be 'refuse', 'insert' or 'drop', got {staged!r}")
+        self.staged_policy = staged
+        self.source = source
+        self.channel = channel
+        self.queues = list(dict.fromkeys(queues))
+        if not self.queues:
+            raise ValueError("name the queues to import")
+        self.layout = layout or KombuLayout()
+        self.given_priorities = dict(priorities or {})
+        self.unacked_mode = unacked
+        #: the old workers' visibility_timeout, seconds ("stale" only)
+        self.visibility_timeout = visibility_timeout if unacked == "stale" else None
+        self.batch = batch
+        self.reports = {q: QueueReport(q) for q in self.queues}
+
+    # -- what a message becomes ---------------------------------------------------------------
+    def _map(self, queue: str) -> dict[int, int]:
+        return priority_map(self.channel.queue(queue).settings.priority_order, self.given_priorities)
+
+    def item(self, queue: str, raw: bytes, mapping: dict[int, int]) -> tuple[Item, int, int]:
+        """(the ``Item`` of ``raw``, kombu priority, celery-pq priority)."""
+        message = json.loads(raw)
+        k = kombu_priority(message)
+        props = dict(message.get("properties") or {})
+        props["priority"] = mapping[k]
+        message = {**message, "properties": props}
+        channel = self.channel
+        item = stored_item(
+            queue,
+            message,
+            channel.options,
+            channel.decode_body,
+            publish_id_=publish_id(raw, message).encode(),
+            task_limits=channel.queue(queue).task_limits,
+        )
+        return item, k, mapping[k]
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self, dry_run: bool = False) -> list[QueueReport]:
+        now = self._now()
+        for queue in self.queues:
+            if dry_run:
+                self._count(queue, now)
+            else:
+                self.channel.queue_declare(queue=queue)
+                self._move(queue, now)
+        return [self.reports[q] for q in self.queues]
+
+    def _now(self) -> float:
+        """The source Redis's time (Unix seconds), from its TIME at the start of the run on."""
+        if not hasattr(self, "_clock"):
+            sec, usec = self.source.time()
+            self._clock = (int(sec) + int(usec) / 1e6, time.monotonic())
+        start, mono = self._clock
+        return start + (time.monotonic() - mono)
+
+    def _move(self, queue: str, now: float) -> None:
+        report, layout, src = self.reports[queue], self.layout, self.source
+        mapping = self._map(queue)
+        staging = layout.staging_key(queue)
+        self._finish_staged(queue, staging, now, mapping)
+        claimed_at = layout.claimed_at_key(queue)
+        for step in layout.priority_steps:
+            key = layout.list_key(queue, step)
+            while True:
+                with src.pipeline(transaction=False) as p:
+                    p.set(claimed_at, int(self._now() * 1000))
+                    for _ in range(self.batch):
+                        p.lmove(key, staging, "RIGHT", "LEFT")
+                    raws = [r for r in p.execute()[1:] if r is not None]
+                if not raws:
+                    break
+                self._store(queue, staging, raws, mapping, report.waiting)
+        if self.unacked_mode == "none":
+            report.held += sum(1 for _ in self._unacked_all(queue))
+        else:
+            claimed = []
+            for tag, raw, message in self._unacked_of(queue, now, report):
+                if self._claim_unacked(tag, raw, message, staging, claimed_at):
+                    claimed.append(message)
+                if len(claimed) >= self.batch:
+                    self._store(queue, staging, claimed, mapping, report.unacked)
+                    claimed = []
+            if claimed:
+                self._store(queue, staging, claimed, mapping, report.unacked)
+
+    def _finish_staged(self, queue: str, staging: str, now: float, mapping: dict) -> None:
+        """Insert and release what an earlier run claimed and may or may not have inserted.
+        Within the queue's dedupe window of the latest claim, a repeated insert stores
+        nothing; later, a message found in the queue is released, and the others are
+        ambiguous (``staged``)."""
+        report, src = self.reports[queue], self.source
+        left = list(reversed(src.lrange(staging, 0, -1)))  # oldest first
+        report.staged = len(left)
+        if not left:
+            return
+        q = self.channel.queue(queue)
+        at = src.get(self.layout.claimed_at_key(queue))
+        window = getattr(q, "dedupe_seconds", None)
+        if window is None:  # a sharded queue: its shards' (a publish id always goes to one shard)
+            window = q.settings.dedupe_seconds
+        if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= window:
+            found: list[bytes] = []
+            unknown: list[bytes] = []
+            for raw in left:
+                tid = (json.loads(raw).get("headers") or {}).get("id")
+                (found if tid and q.exists(str(tid)) else unknown).append(raw)
+            self._release(staging, found)
+            report.repeats += len(found)
+            if unknown and self.staged_policy == "refuse":
+                raise StagedUnknown(queue, [str((json.loads(r).get("headers") or {}).get("id")) for r in unknown])
+            if self.staged_policy == "drop":
+                self._release(staging, unknown)
+                report.dropped += len(unknown)
+                return
+            left = unknown
+        for i in range(0, len(left), self.batch):
+            self._store(queue, staging, left[i : i + self.batch], mapping, report.waiting)
+
+    def _release(self, staging: str, raws: list) -> None:
+        with self.source.pipeline(transaction=False) as pipe:
+            for raw in raws:
+                pipe.lrem(staging, 1, raw)
+            pipe.execute()
+
+    def _store(self, queue: str, staging: str, raws: list, mapping: dict, counter: Counter) -> None:
+        """Insert ``raws`` (oldest first), then release them from the staging list."""
+        report = self.reports[queue]
+        items = []
+        for raw in raws:
+            item, k, pq_priority = self.item(queue, raw, mapping)
+            items.append(item)
+            counter[(k, pq_priority)] += 1
+            report.eta += item.due_ms is not None
+        _, repeated = self.channel.queue(queue).insert_many(items, repeats=True)
+        report.repeats += sum(repeated)
+        self._release(staging, raws)
+
+    # -- the unacked hash ---------------------------------------------------------------------
+    def _routes(self, exchange: str, routing_key: str) -> list[str]:
+        """The queues kombu's restore would push a message of (exchange, routing key) to."""
+        out = []
+        for member in self.source.smembers(self.layout.binding_key(exchange)):
+            rk, _, q = _text(member).split(self.layout.sep, 2)
+            if rk == routing_key or not rk:
+                out.append(q)
+        if not out and not exchange:
+            out.append(routing_key)
+        return sorted(set(out))
+
+    def _unacked_of(self, queue: str, now: float, report: QueueReport):
+        """(tag, raw hash value, message JSON) of the unacked messages of ``queue`` to move;
+        counts the others as held."""
+        layout, src = self.layout, self.source
+        routes: dict[tuple[str, str], list[str]] = {}
+        for tag, value in src.hscan_iter(layout.unacked):
+            try:
+                message, exchange, routing_key = json.loads(value)
+            except (ValueError, TypeError):
+                continue
+            key = (exchange or "", routing_key or "")
+            if key not in routes:
+                routes[key] = self._routes(*key)
+            if queue not in routes[key]:
+                continue
+            if len(routes[key]) > 1:  # bound to several queues: kombu's restore would copy it
+                report.held += 1
+                continue
+            if self.visibility_timeout is not None:  # "stale": only those older than it
+                since = src.zscore(layout.unacked_index, tag)
+                if since is not None and since > now - self.visibility_timeout:
+                    report.held += 1
+                    continue
+            yield tag, value, json.dumps(message).encode()
+
+    def _claim_unacked(self, tag, value, message: bytes, staging: str, claimed_at: str) -> bool:
+        """Move one unacked message into the staging list, if it is still there unchanged."""
+        layout = self.layout
+        done = []
+
+        def claim(pipe):
+            if pipe.hget(layout.unacked, tag) != value:
+                return
+            pipe.multi()
+            pipe.hdel(layout.unacked, tag)
+            pipe.zrem(layout.unacked_index, tag)
+            pipe.lpush(staging, message)
+            pipe.set(claimed_at, int(self._now() * 1000))
+            done.append(True)
+
+        self.source.transaction(claim, layout.unacked)
+        return bool(done)
+
+    # -- a dry run ----------------------------------------------------------------------------
+    def _count(self, queue: str, now: float) -> None:
+        report, layout, src = self.reports[queue], self.layout, self.source
+        mapping = self._map(queue)
+        staging = layout.staging_key(queue)
+        report.staged = src.llen(staging)
+        for key in [staging] + [layout.list_key(queue, s) for s in layout.priority_steps]:
+            start = 0
+            while True:
+                raws = src.lrange(key, start, start + READ_CHUNK - 1)
+                for raw in raws:
+                    self._tally(raw, mapping, report, report.waiting)
+                if len(raws) < READ_CHUNK:
+                    break
+                start += READ_CHUNK
+        if self.unacked_mode != "none":
+            for _, _, message in self._unacked_of(queue, now, report):
+                self._tally(message, mapping, report, report.unacked)
+        else:
+            report.held += sum(1 for _ in self._unacked_all(queue))
+
+    def _tally(self, raw: bytes, mapping: dict, report: QueueReport, counter: Counter) -> None:
+        message = json.loads(raw)
+        k = kombu_priority(message)
+        counter[(k, mapping[k])] += 1
+        report.eta += bool((message.get("headers") or {}).get("eta"))
+
+    def _unacked_all(self, queue: str):
+        saved, self.unacked_mode = self.unacked_mode, "all"
+        try:
+            yield from self._unacked_of(queue, 0.0, self.reports[queue])
+        finally:
+            self.unacked_mode = saved

@@ -1,0 +1,202 @@
+"""The lease keeper: one thread per connection that renews this process's leases and sweeps
+expired ones back to their queues.
+
+It runs beside whatever the process is doing (a solo-pool task can block the main thread for
+longer than a lease), so a live process never loses a lease, and dies with the process, so a
+killed process's leases expire. Sweeping is throttled in Redis (a guard key per queue), so
+however many consumers run, each queue is swept about once per ``sweep_interval``.
+
+A failed renewal is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX, not after
+a whole ``renew_interval``. On a Redis Cluster, a call of the keeper that meets its queue's slot
+moving (a resharding) fails at once instead of waiting for it (``connections.impatient``), so
+that the renewals of every queue go on meanwhile; it is tried again on this timer. A Redis that refuses writes (OOM under ``noeviction``, a read-only
+replica, MISCONF) is logged as an error naming the cause, at most every REPORT_EVERY seconds;
+other failures as warnings, as often. It touches nothing but lease books (``leasebook.py``):
+those of its connection's channels, and those retired after a connection error
+(``Transport._collect``) until they hold nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from time import monotonic
+
+from redis import exceptions as rex
+
+from ..storage.connections import impatient
+
+logger = logging.getLogger(__name__)
+
+#: Seconds before the first retry of a failed renewal; each further failure doubles it, up to
+#: RETRY_MAX (and never past renew_interval).
+RETRY_FIRST = 0.1
+RETRY_MAX = 2.0
+
+#: Seconds between two reports of the same trouble: a Redis that refuses writes is logged as an
+#: error, any other failure as a warning, each at most this often.
+REPORT_EVERY = 10.0
+
+#: Redis errors that mean "this Redis takes no writes now", by the code that starts the reply.
+_REFUSALS = {
+    "OOM": "OOM: used memory is over maxmemory and the eviction policy is noeviction",
+    "READONLY": "READONLY: this Redis is a read-only replica",
+    "MISCONF": "MISCONF: Redis cannot persist to disk (stop-writes-on-bgsave-error)",
+    "NOREPLICAS": "NOREPLICAS: not enough replicas for min-replicas-to-write",
+}
+
+
+def gap_seconds(options) -> float:
+    """How long without any sweep of a queue means nobody could reach Redis (it was paused,
+    down or unreachable) rather than a slow sweeper: two sweep intervals, at least 1 s, and at
+    most half a lease, so that a pause long enough to let leases expire (over a lease, the
+    last renewal having been at most a third of a lease earlier) is always seen as a gap."""
+    return min(options.lease_seconds / 2, max(2 * options.sweep_interval, 1.0))
+
+
+def write_refusal(exc: BaseException) -> str | None:
+    """Why Redis refuses writes, when ``exc`` says it does; else None."""
+    if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
+        code = "OOM"
+    elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
+        code = "READONLY"  # (a script's READONLY reply is a connection error: scripts.wire._demoted)
+    elif isinstance(exc, rex.ResponseError):
+        code = str(exc).split(" ", 1)[0]
+    else:
+        return None
+    return _REFUSALS.get(code)
+
+
+class LeaseKeeper(threading.Thread):
+    def __init__(self, transport):
+        super().__init__(name="celery-pq-lease-keeper", daemon=True)
+        self.transport = transport
+        self._stopped = threading.Event()
+        self._reported: dict[str, float] = {}  # trouble -> when it was last logged
+        self.renewals = 0  # extend calls made (for tests and metrics)
+        self.sweeps = 0  # reclaim calls that did sweep
+
+    def stop(self):
+        self._stopped.set()
+
+    def run(self):
+        next_renew = next_sweep = 0.0
+        failures = 0  # renewals failed in a row
+        while not self._stopped.is_set():
+            books = self.transport.keeper_books()
+            if books is None:  # closed, and the retired lease books hold nothing more
+                self.transport.release_pool()
+                return
+            wait = 0.25
+            if books:
+                renew_every = min(b.options.renew_interval for b in books)
+                sweep_every = min(b.options.sweep_interval for b in books)
+                now = monotonic()
+                if now >= next_renew:
+                    if self._attempt("renewing leases", self.renew, books):
+                        failures = 0
+                        next_renew = now + renew_every
+                    else:  # try again soon: a lease lasts only lease_seconds
+                        failures += 1
+                        next_renew = now + min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX, renew_every)
+                if not failures:
+                    # acks deferred to a pop that is not coming soon. While renewals fail (Redis
+                    # unreachable) they wait for a renewal that goes through: the lease of one
+                    # that ran out meanwhile is then named by that renewal's refusal, before the
+                    # ack is sent again (see LeaseBook.refused).
+                    self._attempt("sending acks", self.flush, books)
+                if now >= next_sweep:
+                    next_sweep = now + sweep_every
+                    self._attempt("sweeping expired leases", self.sweep, books)
+                tick = max(0.02, min(renew_every, sweep_every) / 4)
+                wait = max(0.01, min(tick, next_renew - monotonic()))
+            self._stopped.wait(wait)
+
+    def _attempt(self, what, fn, *args) -> bool:
+        """Run one task of the keeper; report a failure (keep going through Redis restarts). A
+        call that meets its queue's Redis Cluster slot moving fails at once (``impatient``) and
+        is tried again on the keeper's own timer (acks stay waiting in their book, their leases
+        renewed)."""
+        try:
+            with impatient():
+                fn(*args)
+            return True
+        except Exception as exc:
+            self._report(what, exc)
+            return False
+
+    def _report(self, what, exc):
+        refusal = write_refusal(exc)
+        now = monotonic()
+        key = refusal or "other"
+        if now - self._reported.get(key, -REPORT_EVERY) < REPORT_EVERY:
+            return
+        self._reported[key] = now
+        if refusal:
+            logger.error(
+                "celery-pq lease keeper: Redis refuses writes (%s) while %s: leases are not renewed and "
+                "expire, and their tasks may run twice. Redis said: %s",
+                refusal,
+                what,
+                exc,
+            )
+        else:
+            logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
+
+    @staticmethod
+    def flush(books) -> None:
+        """Send the acks each book defers to a pop that is not coming soon."""
+        for book in books:
+            book.flush()
+
+    def renew(self, books):
+        """Renew every held lease, one extend per queue; the first error is raised after the
+        other queues were renewed."""
+        error = None
+        for book in books:
+            for q, pairs in book.held().items():
+                try:
+                    results = q.extend(pairs, book.options.lease_seconds)
+                except Exception as exc:
+                    error = error or exc
+                    continue
+                self.renewals += 1
+                for (eid, tag), ok in zip(pairs, results):
+                    # (a tag acked between the book's snapshot and the extend is no loss)
+                    if not ok and book.refused(tag):
+                        logger.warning(
+                            "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
+                        )
+        if error is not None:
+            raise error
+
+    def sweep(self, books):
+        seen = set()
+        for book in books:
+            for q in book.queues():  # a priority view sweeps the queue it views
+                if q.name in seen:
+                    continue
+                seen.add(q.name)
+                gap = gap_seconds(book.options)
+                # a lease that expired in a gap gets a whole lease length from now: its holder's keeper
+                # comes out of the same gap, maybe slowly (every process wakes at once)
+                result = q.reclaim(
+                    guard_seconds=book.options.sweep_interval * 0.9,
+                    gap_seconds=gap,
+                    restore_seconds=book.options.lease_seconds,
+                )
+                if not result["skipped"]:
+                    self.sweeps += 1
+                if result["restored"]:
+                    logger.warning(
+                        "celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
+                        "unreachable): %d lease(s) that expired meanwhile get a whole lease length from now, "
+                        "for their holders to renew",
+                        q.name,
+                        gap,
+                        result["restored"],
+                    )
+                while result["more"]:
+                    result = q.reclaim(gap_seconds=gap)
+                if result["returned"] or result["dead"] or result["promoted"]:
+                    book.returned = True

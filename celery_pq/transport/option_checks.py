@@ -1,0 +1,220 @@
+"""The checks of one transport option's value (``options.Options``): each takes the option's
+name and the value given and returns the value to keep, or raises ``ConfigError`` naming both."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from kombu.utils.imports import symbol_by_name
+
+from ..queue import MAX_WEIGHT, MIN_WEIGHT, UNIQUE_MODES, VT_PER_DELIVERY, validate_priority
+from ..queue.unique import MAX_SECONDS as UNIQUE_MAX_SECONDS
+from ..storage import constants as C
+from ..storage.checks import count, seconds, text
+from ..storage.errors import ConfigError
+from ..storage.redact import redact
+
+
+# -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
+def check_priority(name, value):
+    try:
+        return validate_priority(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def check_seconds(name, value):
+    return seconds(name, value, error=ConfigError)
+
+
+def check_seconds_or_zero(name, value):
+    return seconds(name, value, zero=True, error=ConfigError)
+
+
+def check_seconds_or_none(name, value):
+    return seconds(name, value, none=True, error=ConfigError)
+
+
+def check_count_from_zero(name, value):
+    return count(name, value, low=0, none=False, error=ConfigError)
+
+
+def check_count_or_none(name, value):
+    return count(name, value, error=ConfigError)
+
+
+def check_flag_or_none(name, value):
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
+def check_flag(name, value):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_client_name(name, value):
+    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
+
+
+def check_master_name_or_none(name, value):
+    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
+
+
+def check_mapping_or_none(name, value):
+    if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
+        raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {redact(value)}")
+    return None if value is None else dict(value)
+
+
+def check_queue_setting(name, value):
+    """A queue's setting: checked where every queue's settings are, by ``QueueSettings``
+    (``Options._check_queue_settings``)."""
+    return value
+
+
+def check_queue_techniques(name, value):
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a dict {{queue: technique}}, got {value!r}")
+    for queue, technique in value.items():
+        if technique not in C.TECHNIQUES:
+            raise ConfigError(f"technique for {queue!r} must be 'T' or 'S', got {technique!r}")
+    return dict(value)
+
+
+def check_count_up_to(high, low=1):
+    def check(name, value):
+        count(name, value, low=low, none=False, error=ConfigError)
+        if value > high:
+            raise ConfigError(f"{name} must be an integer {low}..{high}, got {value!r}")
+        return value
+
+    return check
+
+
+def check_fair_key(name, value):
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
+    return value
+
+
+def check_per_tenant(kind):
+    """An option given as one number for every tenant or as {tenant: number, "*": default}."""
+
+    def check(name, value):
+        if value is None:
+            return None
+        if name == "fair_weights" and not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a dict {{tenant: weight}}, got {value!r}")
+        table = dict(value) if isinstance(value, dict) else {"*": value}
+        for tenant, v in table.items():
+            if not isinstance(tenant, str):
+                raise ConfigError(f"{name}: tenant names are strings, got {tenant!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
+                raise ConfigError(f"{name} for {tenant!r} must be a positive number, got {v!r}")
+        return value
+
+    return check
+
+
+def check_weights(name, value):
+    """fair_weights: positive numbers, each in the range the fair schedule's integer steps hold."""
+    check_per_tenant((int, float))(name, value)
+    for tenant, weight in (value or {}).items():
+        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+            step = round(VT_PER_DELIVERY / weight)
+            why = (
+                "too few: weights above them are not told apart, and at 0 the tenant would be served without end"
+                if weight > MAX_WEIGHT
+                else "the schedule's 17 digits would run out"
+            )
+            raise ConfigError(
+                f"{name} for tenant {tenant!r} must be a number from {MIN_WEIGHT:g} to "
+                f"{MAX_WEIGHT:g}, got {weight!r}: each delivery moves the tenant on by "
+                f"{VT_PER_DELIVERY:,} / weight whole units of virtual time, here {step:,}: {why}"
+            )
+    return value
+
+
+def check_unique_key(name, value):
+    """unique_key: the header that holds a message's unique key, or "module:function"."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
+    return value
+
+
+def check_per_queue(check_one, what):
+    """An option given as one value for every queue or as {queue: value, "*": default}."""
+
+    def check(name, value):
+        table = value if isinstance(value, dict) else {"*": value}
+        for queue, v in table.items():
+            if not isinstance(queue, str):
+                raise ConfigError(f"{name}: queue names are strings, got {queue!r}")
+            if not check_one(v):
+                raise ConfigError(f"{name} for {queue!r} must be {what}, got {v!r}")
+        return dict(value) if isinstance(value, dict) else value
+
+    return check
+
+
+check_unique_mode = check_per_queue(
+    lambda v: isinstance(v, str) and v in UNIQUE_MODES, f"one of {', '.join(UNIQUE_MODES)}"
+)
+check_unique_seconds = check_per_queue(
+    lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= UNIQUE_MAX_SECONDS,
+    f"a number of seconds > 0 and <= {UNIQUE_MAX_SECONDS}",
+)
+
+
+def fit_renewals(lease, renew_interval, socket_timeout, default_timeout: bool) -> tuple[float, float | None]:
+    """renew_interval (a third of the lease when not given), then the checks that leases
+    outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
+    take at most lease_seconds - renew_interval (a renewal stuck on a silent connection for
+    longer would let its leases expire); the default socket_timeout is lowered to fit. Returns
+    (renew_interval, socket_timeout) to keep."""
+    margin = C.RENEW_MARGIN
+    given = renew_interval is not None
+    renew = renew_interval if renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
+    if lease - renew < margin:
+        if given:
+            raise ConfigError(
+                f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
+                f"({renew + margin:g}), got renew_interval {renew!r}: leases would expire "
+                "before a renewal got through"
+            )
+        raise ConfigError(
+            f"lease_seconds must be at least {1.5 * margin:g} s, got {lease!r}: leases are "
+            f"renewed every renew_interval (a third of the lease by default) and a renewal "
+            f"needs {margin:g} s more to get through"
+        )
+    room = lease - renew
+    if default_timeout:
+        return renew, min(socket_timeout, room)
+    if socket_timeout is None or socket_timeout > room:
+        forever = " (wait forever)" if socket_timeout is None else ""
+        raise ConfigError(
+            f"socket_timeout must be at most lease_seconds - renew_interval ({lease:g} - {renew:g} "
+            f"= {room:g} s), got {socket_timeout!r}{forever}: a renewal waiting longer on a "
+            "silent connection would let the leases expire"
+        )
+    return renew, socket_timeout
+
+
+def key_function(name: str, value: str | None) -> Callable | None:
+    """The function a key option (``fair_key``, ``unique_key``) names as ``"module:function"``;
+    None for a header name (or None)."""
+    if value is None or ":" not in value:
+        return None
+    try:
+        fn = symbol_by_name(value)
+    except Exception as exc:
+        raise ConfigError(f"{name} {value!r} cannot be imported: {exc!r}") from None
+    if not callable(fn):
+        raise ConfigError(f"{name} {value!r} is not callable")
+    return fn

@@ -1,0 +1,53 @@
+"""The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the queue
+limits (its ``task_limits``, ``queue/opening.py``), else the header named by the ``fair_key``
+option, or what the function it names returns (``Options.tenant_fn``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from ..storage.constants import TASK_TENANT_PREFIX
+from .options import Options
+
+
+def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float]) -> str | None:
+    """The tenant of a message (None: the shared default tenant). ``decode_body`` is the
+    channel's (kombu's ``Channel.decode_body``). ``limits``: the queue's ``task_limits``
+    (``open_queue``: those stored with the queue and the options'), which a limited task's
+    message follows. ValueError, with nothing written, when the function raises or the tenant
+    is not a string."""
+    if limits:  # a limited task's messages form a tenant of their own
+        task = (message.get("headers") or {}).get("task")
+        if isinstance(task, str) and TASK_TENANT_PREFIX + task in limits:
+            return TASK_TENANT_PREFIX + task
+    fair_key = options.fair_key
+    if fair_key is None:
+        return None
+    tenant = message_key(message, "fair_key", fair_key, options.tenant_fn, decode_body)
+    if tenant is not None and not isinstance(tenant, str):
+        raise ValueError(
+            f"fair_key {fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
+            "not a string; the message was not published"
+        )
+    return tenant
+
+
+def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable):
+    """What a key option (``fair_key``, ``unique_key``) gives an outgoing message: the header
+    named ``value`` as it is (None when absent; the caller checks it), or, for a
+    ``"module:function"`` (``fn``), what the function returns when called with the message, its
+    body decoded (the serialized payload). ValueError, with nothing written, when the function
+    raises or gives something other than a str or None."""
+    if fn is None:
+        return (message.get("headers") or {}).get(value)
+    try:
+        props = message.get("properties") or {}
+        key = fn({**message, "body": decode_body(message.get("body"), props.get("body_encoding"))})
+    except Exception as exc:
+        raise ValueError(f"{option} function {value!r} raised {exc!r}; the message was not published") from exc
+    if key is not None and not isinstance(key, str):
+        raise ValueError(
+            f"{option} function {value!r} gave {key!r} ({type(key).__name__}), "
+            "not a string; the message was not published"
+        )
+    return key

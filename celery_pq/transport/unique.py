@@ -1,0 +1,113 @@
+"""Unique tasks by key, on the transport's side (docs/unique.md): the key, mode and seconds of an
+outgoing message (``unique_of``: its headers ``pq_unique``, ``pq_unique_mode``,
+``pq_unique_seconds``, or the options ``unique_key``, ``unique_mode``, ``unique_seconds``), and
+what became of each publish with a key (``publish_outcome``).
+
+A publish returns nothing to its caller (kombu and Celery have no return value there), so the
+outcome of each publish with a key is remembered in this process, for the last
+``OUTCOMES_KEPT`` of them, by the id published (a Celery task id). The queue layer decides the
+outcome (``queue/unique.py``, lua/includes/unique.lua); nothing here talks to Redis.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..queue.unique import MAX_KEY_BYTES, MODES, PublishOutcome, UniqueKey
+from .tenants import message_key
+
+if TYPE_CHECKING:
+    from .options import Options
+
+#: The headers a message names its key, mode and seconds in (the key's header is the option
+#: ``unique_key``, this by default).
+KEY_HEADER, MODE_HEADER, SECONDS_HEADER = "pq_unique", "pq_unique_mode", "pq_unique_seconds"
+#: Celery's header of a task message's retry count (``Task.retry`` sends the task's id again,
+#: this one up): what tells a retry of the task standing for a key from a publish of its id.
+RETRIES_HEADER = "retries"
+#: Publishes with a key whose outcome this process remembers (the latest ones).
+OUTCOMES_KEPT = 10_000
+
+__all__ = ["MODES", "PublishOutcome", "UniqueKey", "publish_outcome", "unique_of"]
+
+
+def unique_of(message: dict, options: Options, queue: str, decode_body: Callable) -> UniqueKey | None:
+    """The unique key of an outgoing message (None: it has none, and is published as ever).
+    ValueError, with nothing written, naming the header (or the ``unique_key`` function) whose
+    value is wrong."""
+    headers = message.get("headers") or {}
+    key = message_key(message, "unique_key", options.unique_key, options.unique_fn, decode_body)
+    if key is None:
+        if MODE_HEADER in headers or SECONDS_HEADER in headers:
+            raise ValueError(
+                f"header {MODE_HEADER!r} or {SECONDS_HEADER!r} given without a unique key ({_source(options)}); "
+                "the message was not published"
+            )
+        return None
+    if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
+        raise ValueError(
+            f"{_source(options)}: a unique key is a non-empty str of at most {MAX_KEY_BYTES} bytes, got {key!r:.80}; "
+            "the message was not published"
+        )
+    mode, seconds = options.unique_defaults(queue)
+    mode = headers.get(MODE_HEADER, mode)
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(
+            f"header {MODE_HEADER!r} must be one of {', '.join(MODES)}, got {mode!r}; the message was not published"
+        )
+    retries = headers.get(RETRIES_HEADER) or 0
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(
+            f"header {RETRIES_HEADER!r} of a message with a unique key must be an int >= 0 (a retry count), "
+            f"got {retries!r:.80}; the message was not published"
+        )
+    try:
+        seconds = headers.get(SECONDS_HEADER, seconds)
+        return UniqueKey(key, mode, seconds, source=f"header {SECONDS_HEADER!r}", retries=retries)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; the message was not published") from None
+
+
+def _source(options: Options) -> str:
+    """Where a message's unique key comes from, for an error message (only then: not per publish)."""
+    return f"{'header' if options.unique_fn is None else 'unique_key function'} {options.unique_key!r}"
+
+
+class _Outcomes:
+    """The outcomes of this process's latest publishes with a key, by the id published."""
+
+    def __init__(self, most: int = OUTCOMES_KEPT):
+        self.most = most
+        self._by_id: OrderedDict[str, PublishOutcome] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, outcome: PublishOutcome) -> None:
+        if outcome.requested is None:
+            return
+        with self._lock:
+            self._by_id[outcome.requested] = outcome
+            self._by_id.move_to_end(outcome.requested)
+            while len(self._by_id) > self.most:
+                self._by_id.popitem(last=False)
+
+    def get(self, task_id: str) -> PublishOutcome | None:
+        with self._lock:
+            return self._by_id.get(task_id)
+
+
+OUTCOMES = _Outcomes()
+
+
+def publish_outcome(result: Any) -> PublishOutcome | None:
+    """What became of the publish of ``result`` (a Celery ``AsyncResult``, or a task id str)
+    in this process: a ``PublishOutcome`` (``kind``: ``"stored"``, ``"merged"``,
+    ``"replaced"``, ``"debounced"`` or ``"throttled"``; ``task_id``: the task that stands for
+    the key, whose result to wait on), or None for a publish without a key, or one this process
+    did not make or no longer remembers (it keeps the last ``OUTCOMES_KEPT``)."""
+    task_id = result if isinstance(result, str) else getattr(result, "id", None)
+    if not isinstance(task_id, str):
+        raise TypeError(f"publish_outcome takes an AsyncResult or a task id str, got {type(result).__name__}")
+    return OUTCOMES.get(task_id)

@@ -1,0 +1,76 @@
+"""Views of a queue: a consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only the
+entries of ``NAME`` whose priority satisfies the predicate, and is woken only by those.
+
+``View.parse`` reads such a name; ``Views`` is a channel's registry of the rank ranges of the
+views it consumes (each name parsed once). A view holds nothing of its own: it is never a
+routing destination, and deleting or purging it must not touch the queue it views.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..storage import constants as C
+from ..storage.errors import ConfigError
+
+_PREDICATE = re.compile(r"^(?P<base>.+)\[\s*(?P<op><=|>=|=|<|>)\s*(?P<value>-?\d+)\s*\]$")
+_OPS = {"=": operator.eq, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
+
+
+@dataclass(frozen=True)
+class View:
+    """A consumed name ``NAME[OP VALUE]``: the queue it views and its predicate."""
+
+    name: str
+    base: str
+    op: str
+    value: int
+
+    @classmethod
+    def parse(cls, name: str) -> View | None:
+        """The view a name denotes, or None when it names a queue."""
+        m = _PREDICATE.match(name)
+        if not m:
+            return None
+        return cls(name, m.group("base"), m.group("op"), int(m.group("value")))
+
+    def rank_range(self, q) -> tuple[int, int]:
+        """The (lowest, highest) rank in ``q`` (the queue viewed) of the priorities it admits;
+        ConfigError when none does or ``q`` cannot have views."""
+        test = _OPS[self.op]
+        ranks = [q.rank(p) for p in range(C.MIN_PRIORITY, C.MAX_PRIORITY + 1) if test(p, self.value)]
+        if not ranks:
+            raise ConfigError(f"queue view {self.name!r}: no priority 0..255 satisfies it")
+        if q.settings.fair and q.settings.scope != "P":
+            raise ConfigError(f"queue view {self.name!r}: views need fair_scope='within_priority' on a fair queue")
+        return min(ranks), max(ranks)
+
+
+def is_view(name: str) -> bool:
+    """True when ``name`` is a view (``NAME[OP VALUE]``), not a queue."""
+    return _PREDICATE.match(name) is not None
+
+
+class Views:
+    """The rank ranges of the view names a channel consumes, parsed once per name.
+
+    ``queue`` gives the queue of a name (a view's name gives the queue it views).
+    """
+
+    def __init__(self, queue: Callable[[str], object]):
+        self._queue = queue
+        self._ranges: dict[str, tuple[int, int] | None] = {}  # consumed name -> its view's rank range
+
+    def range_of(self, name: str) -> tuple[int, int] | None:
+        """The rank range of a consumed view name like ``default[>=200]``, or None."""
+        if name in self._ranges:
+            return self._ranges[name]
+        view = View.parse(name)
+        if view is None:
+            self._ranges[name] = None  # a plain queue (asked on every pop): not parsed again
+            return None
+        self._ranges[name] = view.rank_range(self._queue(name))
+        return self._ranges[name]
