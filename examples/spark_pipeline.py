@@ -178,7 +178,7 @@ def run(
             # the stream catches up with the end of the log, then stops
             stream.processAllAvailable()
             stream.stop()
-            logged = q.client.xlen(q.events_key)
+            logged = q.client.xlen(q.keys.events)
             events = spark.read.parquet(str(events_dir))
             streamed = events.count()
             say(f"3. the event log streamed back into Spark: {streamed:,} events (the stream holds {logged:,})")

@@ -104,7 +104,7 @@ class Popped(list[Held], Generic[Held]):
     """The leases one pop took, in delivery order (a list of ``Lease``, or of ``Delivery`` for a
     lean pop), with ``acked``: the codes of the acks that call carried (see
     ``PriorityQueue.pop``), and ``queue``: the queue they came from (a shard, for a sharded
-    queue: see ``shards.py``)."""
+    queue: see ``sharded.py``)."""
 
     def __init__(self, items: Iterable[Held] = (), queue: Any = None):
         super().__init__(items)

@@ -45,7 +45,7 @@ Layout for queue ``orders`` with the default prefix ``pq``::
     pq:queues         set     names of declared queues
     pq:ttl            hash    queue name -> its message_ttl (ms), for queues declared with one
 
-A queue split into shards (the transport option ``shards``, ``shards.py``) is N such queues:
+A queue split into shards (the transport option ``shards``, ``queue/sharded.py``) is N such queues:
 shard 0 is the queue itself, with the keys above (so a queue of one shard is the queue as it
 always was), shard i > 0 is the queue ``orders#<i>`` (``orders#<i>.<j>`` when the plain name
 hashes badly), with its own tag ``{orders#<i>}`` and its own dead-letter queue

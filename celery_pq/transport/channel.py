@@ -32,7 +32,7 @@ loop). ``delivery.py``: what a channel receives (pop, deliver, ack, reject, give
 ``publishing.py``: what it publishes (a stored message, a fanout broadcast); ``batches.py``:
 kombu's ``Producer.batch()``. ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
 ``leases.py``: the thread that renews them and sweeps expired ones. ``queue/``: the queue
-itself (pop with acks in one round trip, ack, requeue, ...). ``shards.py``: a queue split into
+itself (pop with acks in one round trip, ack, requeue, ...). ``queue/sharded.py``: a queue split into
 ``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
 
 After a connection error (Celery reconnecting), messages whose tasks run now keep their
