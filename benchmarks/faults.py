@@ -343,11 +343,11 @@ def worker_partition(
     task_seconds: float = 1.0,
     drain: float = 60.0,
 ) -> dict:
-    """Two workers, one reaching Redis through a proxy (tests/support/proxy.py) that partitions
+    """Two workers, one reaching Redis through a proxy (celery_pq/testing/proxy.py) that partitions
     it for ``partition`` seconds (longer than its lease) with tasks under way, then heals: its
     tasks run on the other worker, its late acks and renewals are refused by their token, and
     it takes work again once the network is back."""
-    from tests.support.proxy import FaultProxy
+    from celery_pq.testing.proxy import FaultProxy
 
     with RedisServer() as server:
         proxy = FaultProxy(server.port)
@@ -410,7 +410,7 @@ def connection_cuts(
 ) -> dict:
     """Producers and workers reach Redis through a proxy that cuts every connection, mid-command
     or not, every 0.5-1.5 s while publishing (Celery's publish retry) and consuming go on."""
-    from tests.support.proxy import FaultProxy
+    from celery_pq.testing.proxy import FaultProxy
 
     rng = random.Random(seed)
     with RedisServer() as server:
@@ -449,7 +449,7 @@ def network_latency(
     ``low``..``high`` seconds in each direction (order kept): every command's round trip, the
     renewals' and acks' included, takes two such waits. No fault kills anything, so nothing may
     be lost and nothing may run twice."""
-    from tests.support.proxy import FaultProxy
+    from celery_pq.testing.proxy import FaultProxy
 
     with RedisServer() as server:
         proxy = FaultProxy(server.port)
@@ -482,7 +482,7 @@ def half_open(
     reply ever comes, nothing is closed), while new connections go through. With
     ``socket_timeout`` the clients give up on the silent connections and reconnect; then more
     work is published, which the same workers must run."""
-    from tests.support.proxy import FaultProxy
+    from celery_pq.testing.proxy import FaultProxy
 
     with RedisServer() as server:
         proxy = FaultProxy(server.port)

@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from celery_pq.testing import RedisServer, SentinelServer, TLSRedisServer, wait_for
-from tests.support.proxy import DelayProxy
+from celery_pq.testing.proxy import DelayProxy
 
 #: Seconds a failover may take here: down-after 1 s, the vote, the promotion, with room for a
 #: loaded machine.
@@ -17,7 +17,7 @@ FAILOVER_SECONDS = 30
 class SentinelGroup:
     """A master, one replica and three sentinels (quorum 2) monitoring the master as ``m``.
     With ``replica_lag`` (seconds), the replica replicates through a proxy that delays the
-    master's writes by that much (``tests/support/proxy.py``). With ``certs``
+    master's writes by that much (``celery_pq/testing/proxy.py``). With ``certs``
     (``make_certificates``), the master, the replica and the sentinels speak only TLS
     (replication and the sentinels' links too)."""
 

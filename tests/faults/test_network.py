@@ -1,5 +1,5 @@
 """Network faults between clients and Redis, through a TCP proxy the test controls
-(tests/support/proxy.py FaultProxy; benchmarks/faults.py::worker_partition, ::connection_cuts)."""
+(celery_pq/testing/proxy.py FaultProxy; benchmarks/faults.py::worker_partition, ::connection_cuts)."""
 
 import pytest
 

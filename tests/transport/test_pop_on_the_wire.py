@@ -14,10 +14,10 @@ from kombu import Connection, Consumer
 from kombu.asynchronous import Hub
 
 from celery_pq import PriorityQueue
+from celery_pq.testing.proxy import FaultProxy
 from celery_pq.transport.leasebook import LeaseBook
 
 from ..support.consume import make_queue, publish_numbers
-from ..support.proxy import FaultProxy
 
 
 @pytest.fixture

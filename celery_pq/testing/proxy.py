@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from celery_pq.testing import HOST
+from .server import HOST
 
 
 class DelayProxy:
