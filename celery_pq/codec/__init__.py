@@ -1,7 +1,7 @@
-"""The stored form of a kombu message: ``encode(message) -> bytes``, ``decode(bytes) -> message``,
-``decode(encode(m)) == m`` for every kombu message dict; compact (UUIDs as bytes, defaults left
-out, zstd) and bounded against untrusted records. docs/storage.md explains the format: ``layout``
-the bytes, ``writer``, ``reader``, ``reprs`` (argsrepr/kwargsrepr) and ``bounds``.
+"""The stored form of a kombu message: ``encode(message) -> bytes`` and ``decode(bytes) -> message``,
+with ``decode(encode(m)) == m`` for every kombu message dict; compact (UUIDs as bytes, defaults
+left out, zstd) and bounded against untrusted records. docs/storage.md explains the format:
+``layout`` the bytes, ``writer``, ``reader``, ``reprs`` (argsrepr/kwargsrepr) and ``bounds``.
 """
 
 from .bounds import COMPRESS_MIN, MAX_INFLATED, MAX_INT_BYTES, MAX_VALUES, MAX_VARINT_BYTES, ZSTD_LEVEL

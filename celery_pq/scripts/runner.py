@@ -212,8 +212,8 @@ def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
 def _per_node(cluster, calls: list[tuple], run_group) -> list:
     """``calls`` on a cluster, each master's share by ``run_group(node, calls)``: replies in order,
     errors in place. A call that met a moved slot or a failed node runs again alone through the
-    cluster client; one of a pipeline cut off midway may have run already, which at least once
-    allows (an insert is stored once by its publish id, an ack finds its lease gone)."""
+    cluster client. It may have run already (a pipeline cut off midway): at least once holds (an
+    insert is stored once by its publish id, an ack finds its lease gone, a lease runs out)."""
     replies: list = [None] * len(calls)
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
