@@ -1,9 +1,6 @@
 """The Lua scripts: what each takes (``headers``), their text and library (``assembly``), the
-wire a call goes over (``wire``) and the runner that calls them (``runner``).
-
-What a script takes and returns is its header (the leading comment block of its file): its
-KEYS and ARGV by name, its error codes. The names below are those the rest of the package
-imports from here.
+wire a call goes over (``wire``) and the runner that calls them (``runner``). A script's header
+(the leading comment block of its file) is its contract; docs/architecture.md places the layer.
 """
 
 from .assembly import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library, source

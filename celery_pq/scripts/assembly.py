@@ -1,19 +1,7 @@
-"""The text of each Lua script, and the Redis Functions library of them all.
-
-One file per atomic operation under ``lua/``; a line ``--!include name.lua`` is replaced by
-``lua/includes/name.lua``. The line ``--!keys`` in a script becomes the bindings of the key
-names its header lists (``local ii, pi = KEYS[1], KEYS[2]``; the fairness keys go in the table
-``FK`` of includes/fair.lua), and ``--!queue`` the queue prologue (the context taken off ARGV,
-the caller's mode checked). The error codes a script's code names (``NOT_LEASED``, ...) are
-pasted in as constants from ``errors.ErrorCode``, the one source of their values.
-
-Where the server has Redis Functions (Redis 7 and later), every script runs as a function of
-one library (``library()``): its shared helpers are defined once, when the library is loaded,
-instead of on every call as a script's text is (Redis runs a script's whole text, each
-``local function`` definition a new closure, on every EVALSHA: about a third of an empty pop's
-time). The two forms differ in one way: a function that is not allowed to run when Redis is
-full (``maxmemory``, ``noeviction``) is refused before it starts (``WRITES_WHEN_FULL``), where a
-script would fail at its first write, perhaps half done.
+"""Each Lua script's text (``source``, for EVALSHA) and the Redis Functions library of them all
+(``library``), from ``lua/``: ``--!include name.lua`` pastes an include, ``--!keys`` binds the
+header's key names, ``--!queue`` the queue prologue; error codes come from ``errors.ErrorCode``.
+docs/architecture.md lists the scripts; docs/deployments.md ("An ACL user") the two forms.
 """
 
 from __future__ import annotations
@@ -60,23 +48,21 @@ _STRING = re.compile(r"'[^']*'")
 
 @cache
 def source(name: str) -> str:
-    """The full text of one script: its key bindings, includes and error constants pasted in,
-    minus the included helper functions it never calls (Redis runs a script's whole text on
-    every call, definitions too)."""
+    """One script's full text: key bindings, includes and error constants pasted in, minus the
+    helpers it never calls (Redis runs a script's whole text, definitions too, on every call)."""
     text = (LUA / f"{name}.lua").read_text(encoding="utf-8")
     text = text.replace("--!keys\n", _bindings(signature(name)), 1)
     return compose(text.replace("--!queue\n", _QUEUE_PROLOGUE, 1))
 
 
-#: What a ``--!queue`` line stands for: the queue context taken off ARGV, and nothing done when
-#: the caller's mode is not the one the queue recorded (see includes/queue.lua).
+#: ``--!queue``: the context taken off ARGV; nothing done when the caller's mode is not the
+#: queue's recorded one (includes/queue.lua).
 _QUEUE_PROLOGUE = "take_context()\nlocal bad = mode_error(false)\nif bad then\n  return bad\nend\n"
 
 
 def compose(text: str) -> str:
-    """Lua ``text`` with its ``--!include`` lines replaced by the includes (each once, after
-    the includes it names itself), minus the helper functions it never calls, the error codes
-    it names defined first (tests run the shared helpers alone through this)."""
+    """Lua ``text`` with its includes pasted (each once, after those it names), minus unused
+    helpers, the error codes it names defined first (tests run the helpers alone through this)."""
     shared = "".join(_include_text(inc) for inc in _includes([text]))
     text = _without_unused_functions(_INCLUDE.sub(lambda m: shared, text, count=1))
     text = _INCLUDE.sub("", text)
@@ -90,9 +76,8 @@ def _include_text(name: str) -> str:
 
 
 def _includes(texts: list[str]) -> list[str]:
-    """The includes the ``texts`` name, with those they name in turn, each once and after the
-    includes it names (Lua defines a ``local function`` where it stands: a helper comes before
-    its callers)."""
+    """The includes ``texts`` name, transitively, each once and after those it names (a Lua
+    ``local function`` must come before its callers); ValueError for a cycle."""
     order: list[str] = []
     started: set[str] = set()
 
@@ -112,24 +97,21 @@ def _includes(texts: list[str]) -> list[str]:
     return order
 
 
-#: Scripts Redis runs even when it is full (``maxmemory`` reached, ``noeviction``): they deliver,
-#: renew, end or give back leases, move or delete entries: what frees memory or adds little
-#: beside it. An insert (and a mode migration) is refused whole, before it starts, with Redis's
-#: OOM error, so a full Redis refuses new work and still drains what it holds.
+#: Scripts a full Redis (``maxmemory``, ``noeviction``) still runs: they free memory or add little.
+#: An insert or a migration is refused whole before it starts (OOM), where a script by EVALSHA
+#: would fail at its first write, perhaps half done: a full Redis still drains what it holds.
 WRITES_WHEN_FULL = frozenset(SCRIPT_NAMES) - {"insert", "migrate"}
 
-# Module state of the includes (a table made at the top level, ``local CTX = { n = 0 }``, on one
-# line): a library keeps it between calls, so each function starts by making it anew with the
-# same constructor, as a script's fresh run does; a table whose line ends "-- kept between
-# calls" (a cache) is left as it is.
+# The includes' module state (``local CTX = { n = 0 }`` on one line at the top level): a library
+# keeps it between calls, so each function makes it anew, as a script's fresh run does; a table
+# whose line ends "-- kept between calls" (a cache) is left as it is.
 _STATE = re.compile(r"^local (\w+) = (\{[^\n]*\})[ \t]*(--[^\n]*)?$", re.M)
 _KEPT = "-- kept between calls"
 
 
 @dataclass(frozen=True)
 class Library:
-    """The Redis Functions library of every script: ``name``, ``text`` (for FUNCTION LOAD) and
-    the function name of each script (``functions[script]``)."""
+    """The library: ``name``, ``text`` (for FUNCTION LOAD), ``functions[script]`` (its name)."""
 
     name: str
     text: str
@@ -138,10 +120,8 @@ class Library:
 
 @cache
 def library() -> Library:
-    """Every script as a function of one library. The includes (helpers, constants, error codes)
-    are defined once at its top level; each script's own text, with its key bindings and queue
-    prologue, is the body of its function. The names carry a hash of the text, so processes of
-    two versions of celery-pq can share a Redis, each calling its own functions."""
+    """Every script as a function of one library, the includes defined once at its top level.
+    The names carry a hash of the text, so two versions of celery-pq can share a Redis."""
     root = LUA
     texts = {name: (root / f"{name}.lua").read_text(encoding="utf-8") for name in SCRIPT_NAMES}
     bodies = {}
@@ -188,8 +168,8 @@ def _bindings(sig: Signature) -> str:
 
 
 def _without_unused_functions(text: str) -> str:
-    """Drop each top-level ``local function`` (from its line to the first line ``end``) that
-    neither the script's own code nor a kept function names."""
+    """Drop each top-level ``local function`` (to its first line ``end``) that neither the
+    script's own code nor a kept function names."""
     pieces: list[tuple[str | None, list[str]]] = [(None, [])]  # (function name or None, lines)
     for line in text.splitlines(keepends=True):
         m = _FUNCTION.match(line)

@@ -1,11 +1,7 @@
-"""What a script takes, read from its header (the leading comment block of its file).
-
-A script's header names its KEYS (``-- KEYS[1] ii  hash ...``), its ARGV (``-- ARGV[1] lease_ms
-...``) and the error codes it returns (``-- ERR -2 NOT_LEASED``), one line each, in the forms
-docs/key-layout.md describes. ``signature`` parses the KEYS and ARGV lines, so that a caller
-builds its key list (``keys.script_keys``) and its argument list (``Signature.args``, or
-``Signature.bind`` with the values that never change fixed once) from the header's names, and
-the script binds its keys from the same names (``assembly.source``).
+"""What a script takes, read from its header (the leading comment block of its file): its KEYS,
+ARGV and error codes by name, in the forms docs/key-layout.md ("Which script takes which keys")
+describes. Callers build keys (``keys.script_keys``) and ARGV (``Signature.bind``) from the
+names the script binds (``assembly.source``).
 """
 
 from __future__ import annotations
@@ -17,48 +13,46 @@ from importlib import resources
 
 from .layout import Layout
 
-#: The directory of the scripts; the includes are in its ``includes``.
+#: The scripts' directory (the includes in ``includes/``).
 LUA = resources.files("celery_pq") / "lua"
 
 
 @dataclass(frozen=True)
 class Signature:
-    """What a script takes, by the names in its header: its KEYS in order, and its ARGV."""
+    """What a script takes, by its header's names: KEYS in order, and ARGV."""
 
     keys: tuple[str, ...]
-    #: The last of ``keys``, sent only when the queue is fair (marked "fair only").
+    #: The last of ``keys``, sent to a fair queue only ("fair only").
     fair_only: tuple[str, ...] = ()
     #: The name of an open list of keys after them (``KEYS[n..] name``), or None.
     tail: str | None = None
-    #: The names of ARGV[1..] in order, but the repeated group at the end (``rest``): single
-    #: arguments, counted lists (``ARGV[7..6+nviews] views...``) and their counts.
+    #: ARGV[1..] in order, but the repeated group (``rest``): single arguments, counted lists
+    #: (``ARGV[7..6+nviews] views...``) and their counts.
     argv: tuple[str, ...] = ()
-    #: The names of one group of the repeated arguments that end ARGV (``ARGV[2..] eid
-    #: token...``, or a counted list last), or empty.
+    #: One group of the repeated arguments ending ARGV (``ARGV[2..] eid token...``), or empty.
     rest: tuple[str, ...] = ()
-    #: Does the script take the queue context (``ARGV[0] context``: sent last, taken off first)?
+    #: Takes the queue context (``ARGV[0] context``: sent last, taken off first)?
     context: bool = False
-    #: ``(count, list, group size)`` of each counted list: the argument ``count`` is the number
-    #: of groups in the list ``list`` ("" for ``rest``), worked out from the values given.
+    #: ``(count, list, group size)`` per counted list: ``count`` is worked out from the groups
+    #: of ``list`` ("" for ``rest``).
     counts: tuple[tuple[str, str, int], ...] = ()
-    #: The script's name (for the errors of ``args``).
+    #: The script's name (for errors).
     script: str = ""
 
     @cached_property
     def wanted(self) -> tuple[str, ...]:
-        """The names a call gives values for, in header order: the arguments but the counts
-        (worked out from their lists), then ``context`` when the script takes it."""
+        """The names a call gives, in header order: ``argv`` less the counts, then ``context``
+        when taken."""
         counts = {count for count, _, _ in self.counts}
         return tuple(n for n in self.argv if n not in counts) + (("context",) if self.context else ())
 
     @cached_property
     def lists(self) -> frozenset[str]:
-        """The names of the counted lists among ``argv`` (each given as a sequence)."""
+        """The counted lists among ``argv`` (each given as a sequence)."""
         return frozenset(lst for _, lst, _ in self.counts if lst)
 
     def bind(self, **fixed) -> Layout:
-        """This script's ARGV laid out with the values ``fixed`` once: the ``Layout`` is called
-        with the others by name (and the repeated group) at each call (see ``layout.py``)."""
+        """A ``Layout`` with ``fixed`` laid out once, called with the rest by name per call."""
         return Layout(self, fixed)
 
     @cached_property
@@ -66,10 +60,9 @@ class Signature:
         return Layout(self, {})
 
     def args(self, *rest, **named) -> list:
-        """The ARGV list of a call, in the order the script reads it, from the values of its
-        names (a counted list as a flat sequence of its values; ``rest`` flat, group after
-        group; the context, when the script takes one, as ``context=`` and sent last). The
-        counts are worked out, not given. TypeError names any value missing or unexpected."""
+        """A call's ARGV from its values by name (a counted list as a flat sequence, ``rest``
+        flat group after group, ``context=`` sent last; counts worked out). TypeError names
+        any value missing or unexpected."""
         return self._unbound(*rest, **named)
 
 
@@ -84,8 +77,8 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 @cache
 def signature(name: str) -> Signature:
-    """What a script takes, read from its header (ValueError when a line is out of order or
-    not of the forms docs/key-layout.md describes)."""
+    """What a script takes, read from its header; ValueError for a line out of order or of
+    another form."""
     keys: list[str] = []
     fair_only: list[str] = []
     tail = None
@@ -110,8 +103,7 @@ def signature(name: str) -> Signature:
 
 
 def _position(name: str, text: str) -> tuple[int, dict[str, int]]:
-    """A position of an ARGV line, "9+nviews+nforget" or "10+2*nacks": the number and the
-    multiple of each count added to it."""
+    """An ARGV position ("9+nviews+nforget", "10+2*nacks"): the number, and each count's multiple."""
     m = _POSITION.match(text)
     if not m:
         raise ValueError(f"{name}.lua: ARGV[{text}] is not a position")
@@ -123,8 +115,8 @@ def _position(name: str, text: str) -> tuple[int, dict[str, int]]:
 
 
 def _argv(name: str) -> tuple[tuple[str, ...], tuple[str, ...], bool, tuple[tuple[str, str, int], ...]]:
-    """``(argv, rest, context, counts)`` of a script (see ``Signature``), from its ARGV lines:
-    each starts where the one before ended, and a count is an argument before its list."""
+    """``(argv, rest, context, counts)`` (see ``Signature``) from the ARGV lines: each starts
+    where the one before ended; a count is an argument before its list."""
     argv: list[str] = []
     counts: list[tuple[str, str, int]] = []
     context = False

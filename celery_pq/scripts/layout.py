@@ -1,10 +1,6 @@
-"""A script's ARGV laid out by name, with the values that never change for a caller fixed once.
-
-``Signature.bind(**fixed)`` makes a ``Layout``: the header's arguments in order, the fixed ones
-already laid out (a queue's context and settings, a consumer's lease length and view), the
-others named at each call. A call then costs one pass over a few pieces, not a look-up of every
-name: the pop and insert paths lay out their ARGV this way, once per queue (or per consumer's
-pop arguments), and fill in only what changes. ``Signature.args`` is a layout with nothing fixed.
+"""A script's ARGV laid out by its header's names, the values that never change for a caller (a
+queue's context, a consumer's lease length) fixed once: ``Signature.bind(**fixed)``.
+docs/key-layout.md ("Which script takes which keys") describes the names.
 """
 
 from __future__ import annotations
@@ -12,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-# The kinds of piece a layout is made of.
 _FIXED = 0  # values laid out once (a tuple)
 _ONE = 1  # one named value
 _LIST = 2  # a counted list, given by its name as a sequence
@@ -21,9 +16,8 @@ _REST = 4  # the repeated group that ends ARGV
 
 
 class Layout:
-    """A script's ARGV with the values ``fixed`` laid out (``Signature.bind``); called with the
-    others by name (``free``) and the repeated group, it gives the call's ARGV. TypeError names
-    any value missing or unexpected."""
+    """Called with the values not fixed, by name (``free``), and the repeated group: the call's
+    ARGV. TypeError names any value missing or unexpected."""
 
     __slots__ = ("_build", "_group", "fixed", "free", "signature")
 
@@ -76,9 +70,8 @@ class Layout:
 
 
 def _compiled(pieces: tuple) -> Callable[[tuple, dict], list]:
-    """A function ``(rest, named) -> ARGV`` of ``pieces``: one list display, no loop over the
-    pieces at each call (the pop and insert paths lay out an ARGV per round trip). KeyError for
-    a name not given."""
+    """A function ``(rest, named) -> ARGV`` of ``pieces``, compiled to one list display: no loop
+    per call on the pop and insert paths. KeyError for a name not given."""
     consts: dict[str, Any] = {}
     parts = []
     for i, (kind, value) in enumerate(pieces):

@@ -1,33 +1,8 @@
-"""The runner: the scripts as callables, one call or a batch, on a plain server or a cluster.
-
-``get_scripts(client)`` gives the process's ``Scripts``, one ``LuaScript`` per script; a call
-``scripts.pop(keys=..., args=..., client=...)`` goes on the thread's own connection (wire.py).
-A connection error hands the call to redis-py's ``Script`` (with the client's own retry policy)
-on a fresh pooled connection. ``run_calls`` sends several calls in one round trip (a pipeline
-of plain FCALL or EVALSHA).
-
-``run_replicated`` (and ``LuaScript.replicated``) end a call with ``WAIT`` on the connection that
-made the writes, for the transport option ``wait_replicas``: the reply says how many replicas
-have them.
-
-On a Redis Cluster (``connections.is_cluster``) every call goes to the master of its first key's
-slot (all keys of a call share one hash tag): on that node's own client and pool, so the
-library is loaded on each master the process calls (FUNCTION LOAD is replicated, so a promoted
-replica has it; were it gone, "Function not found" loads it there again), and a batch
-(``run_calls``, ``run_replicated``) is one pipeline per node, each with its own WAIT. A call
-that meets a moved slot or a node that went away (``connections.REROUTE``: a failover) runs
-again through redis-py's ``RedisCluster``, which learns the new layout and retries; such a
-call's WAIT is not confirmed (0 replicas): a publish is then retried, stored once by its
-publish id.
-
-While a queue's slot migrates (a resharding: CLUSTER SETSLOT ... MIGRATING/IMPORTING, its keys
-moved one by one, SETSLOT ... NODE) every call on it is refused: the script's slot guard
-(lua/includes/queue.lua) stops it before its first write, or Redis or redis-py answers TRYAGAIN,
-ASK, CLUSTERDOWN, "TTL exhausted" (``connections.unsettled``). Such a call wrote nothing; it
-is made again, after a pause that doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX
-seconds, until the slot settles or ``cluster_retry_seconds`` have passed
-(``connections.until_settled``): then it fails with ``ClusterUnsettled``, a connection error to
-kombu.
+"""The runner: the scripts as callables (``get_scripts``), one call on the thread's own connection
+(``wire.py``, redis-py's ``Script`` after a connection error) or a batch in one round trip
+(``run_calls``), with WAIT for replicas (``run_replicated``, docs/deployments.md). On a Redis
+Cluster each call goes to its slot's master, is rerouted after a failover and waits out a moving
+slot: docs/cluster.md ("How it works", "Resharding").
 """
 
 from __future__ import annotations
@@ -58,10 +33,9 @@ class _FirstSend(str):
     """The type of ``FIRST_SEND``."""
 
 
-#: An argument a call carries on its first send only: a script may then skip what only a repeat
-#: needs (the insert skips the look-up of a publish id the client just made). Every path that
-#: may send a call again (a retry after a connection error, redis-py's own retries of a pipeline
-#: or a script, a cluster's reroute) sends ``resent(args)`` instead, where it reads "1".
+#: An argument a call carries on its first send only, so a script may skip what only a repeat
+#: needs (the insert's look-up of a publish id just made). Every path that may send a call again
+#: (a retry, redis-py's retries, a cluster's reroute) sends ``resent(args)``, where it reads "1".
 FIRST_SEND = _FirstSend("F")
 
 
@@ -71,9 +45,8 @@ def resent(args) -> list:
 
 
 class LuaScript:
-    """One script: ``script(keys=..., args=..., client=...)`` runs it, as a function of the
-    library where the server has functions, else by EVALSHA; ``words(client, keys, args)`` is
-    the same call as a command, for pipelines."""
+    """One script: ``script(keys=..., args=..., client=...)`` runs it (FCALL, else EVALSHA);
+    ``words(client, keys, args)`` is the call as a command, for pipelines."""
 
     def __init__(self, client: redis.Redis, name: str):
         self.name = name
@@ -105,10 +78,9 @@ class LuaScript:
             raise
 
     def send_nowait(self, keys, args, client) -> Flight | None:
-        """The call sent without waiting for its reply (``wire.Flight``), on the thread's own
-        connection of a plain server; None, nothing sent, where only a waiting call can be made
-        (a cluster, a pipeline client, no lean connection, a send that failed: its connection
-        is dropped)."""
+        """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
+        nothing sent, on a cluster or pipeline client, without the lean path, or when the send
+        failed (its connection dropped)."""
         if is_cluster(client):
             return None
         conn = own_connection(client)
@@ -121,8 +93,7 @@ class LuaScript:
             return None
 
     def _by_redis_py(self, keys, args, client):
-        """The call through redis-py's ``Script`` (the client's retry policy, a fresh pooled
-        connection, a cluster's routing), which may send it more than once: ``resent``."""
+        """The call through redis-py's ``Script`` (its retries and routing): ``resent`` args."""
         try:
             return self._script(keys=keys, args=resent(args), client=client)
         except ResponseError as exc:
@@ -130,9 +101,8 @@ class LuaScript:
             raise
 
     def _on_cluster(self, keys, args, cluster):
-        """The call on its slot's master (``_once_on_cluster``), made again while the slot
-        moves (nothing of it was written) for up to ``cluster_retry_seconds``, with ``resent``
-        arguments (it is the same call), then ``ClusterUnsettled`` (``until_settled``)."""
+        """The call on its slot's master, made again (``resent``) while the slot moves, for up to
+        ``cluster_retry_seconds``; then ``ClusterUnsettled`` (``until_settled``)."""
         again = None
 
         def attempt(n):
@@ -144,8 +114,8 @@ class LuaScript:
         return until_settled(cluster, keys[0], attempt)
 
     def _once_on_cluster(self, keys, args, cluster):
-        """The call on the master of its keys' slot, on this thread's connection to it; after a
-        moved slot or a failed node, through ``RedisCluster`` (refreshed layout, retries)."""
+        """The call on this thread's connection to its slot's master; after a moved slot or a
+        failed node, through ``RedisCluster``."""
         node = node_client(cluster, keys[0])
         conn = own_connection(node)
         try:
@@ -157,14 +127,12 @@ class LuaScript:
             return self._by_redis_py(keys, args, cluster)
 
     def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
-        """Run the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
-        counts the replicas that have every write that connection made): ``(reply, number of
-        replicas that acknowledged)``. A connection error is tried once more on a new
-        connection (the calls that take this path are idempotent: a publish id, an ack)."""
+        """The script, then ``WAIT replicas timeout_ms`` on the same connection: ``(reply,
+        replicas that acknowledged)``. A connection error is tried once more on a new connection
+        (the calls that take this path are idempotent)."""
         for attempt in (1, 2):
             conn = own_connection(client)
-            if conn is None:  # a pipeline or cluster client: the script and WAIT in one pipeline
-                # (per node, on a cluster: see run_replicated)
+            if conn is None:  # a pipeline or cluster client
                 replies, acked = run_replicated(client, [(self, keys, args)], replicas, timeout_ms)
                 return replies[0], acked
             try:
@@ -204,12 +172,9 @@ def get_scripts(client: redis.Redis) -> Scripts:
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
-    """Run several script calls ``(Script, keys, args)`` in one round trip.
-
-    A pipeline of plain FCALL (or EVALSHA, ``LuaScript.words``): redis-py's own script
-    pipelining asks SCRIPT EXISTS first, a second round trip. A call that finds its function or
-    script missing (Redis restarted) did not run; it is run again on its own, which loads it.
-    """
+    """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
+    reply raised. A call whose function or script was missing (a restart) runs again alone,
+    which loads it."""
     if not calls:
         return []
     if is_cluster(client):
@@ -224,7 +189,7 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
 
 def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
     """``calls`` on one server in one round trip: their replies, errors in place."""
-    if len(calls) == 1:  # one call needs no pipeline (Script reloads itself on NOSCRIPT)
+    if len(calls) == 1:  # no pipeline; the call loads its script itself when missing
         script, keys, args = calls[0]
         try:
             return [script(keys=keys, args=args, client=client)]
@@ -245,12 +210,10 @@ def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
 
 
 def _per_node(cluster, calls: list[tuple], run_group) -> list:
-    """``calls`` on a cluster: each master's share with ``run_group(node client, calls)`` (one
-    round trip per node), replies in the order of ``calls``, errors in place. A call that met a
-    moved slot or a failed node runs again alone, through the cluster client. (A pipeline cut
-    off midway may have run some of its calls already: run again, an insert is stored once by
-    its publish id, an ack finds its lease gone, a pop leases other entries, whose leases run
-    out: at least once holds, as for a pipeline redis-py retries on one server.)"""
+    """``calls`` on a cluster, each master's share by ``run_group(node, calls)``: replies in order,
+    errors in place. A call that met a moved slot or a failed node runs again alone through the
+    cluster client. It may have run already (a pipeline cut off midway): at least once holds (an
+    insert is stored once by its publish id, an ack finds its lease gone, a lease runs out)."""
     replies: list = [None] * len(calls)
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
@@ -271,29 +234,23 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
 
 
 def _rerun(reply) -> bool:
-    """Is a call's reply on a cluster node one to run again alone through the cluster client
-    (a moved slot, a lost node, a slot that is moving: nothing of it was written)?"""
+    """Run again through the cluster client (a moved, lost or moving slot: nothing written)?"""
     return isinstance(reply, Exception) and (isinstance(reply, REROUTE) or unsettled(reply))
 
 
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_calls``, then ``WAIT replicas timeout_ms`` on the same connection, in the same
-    round trip: ``(replies, number of replicas that acknowledged every write of the calls)``.
-
-    Redis replicates asynchronously: a write the master answered can be lost when a replica is
-    promoted before it arrived. WAIT returns when ``replicas`` replicas have the connection's
-    writes, or after the timeout with how many have them (it cannot undo a write).
-    """
+    """``run_calls``, then ``WAIT replicas timeout_ms`` in the same round trip: ``(replies,
+    replicas that acknowledged every write)``; on a cluster the fewest of any node, 0 when a
+    call was rerouted. WAIT cannot undo a write."""
     if is_cluster(client):
-        least = [replicas]  # (the fewest replicas any node's WAIT confirmed)
+        least = [replicas]
 
         def on_node(node, group):
-            # (replies in place: only the calls that met a moved or moving slot run again)
             try:
                 replies, n = _replicated_in_place(node, group, replicas, timeout_ms)
             except Exception as exc:
                 if _rerun(exc):
-                    least[0] = 0  # run again through the cluster client, without a WAIT: not confirmed
+                    least[0] = 0  # rerun without a WAIT: not confirmed
                 raise
             least[0] = 0 if any(_rerun(r) for r in replies) else min(least[0], n)
             return replies
@@ -309,7 +266,7 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
 
 
 def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_replicated`` on one server, the calls' error replies in place."""
+    """``run_replicated`` on one server, error replies in place."""
     if len(calls) == 1 and own_connection(client) is not None:
         script, keys, args = calls[0]
         try:
@@ -328,8 +285,8 @@ def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int,
     acked = int(acked)
     for i, reply in enumerate(replies):
         if isinstance(reply, NoScriptError) or function_missing(reply):
-            script, keys, args = calls[i]  # it did not run: run it on its own, which loads it
-            if own_connection(client) is None:  # no connection of our own to WAIT on: not confirmed
+            script, keys, args = calls[i]  # it did not run: alone, it loads itself
+            if own_connection(client) is None:  # no own connection to WAIT on: not confirmed
                 replies[i], acked = script(keys=keys, args=resent(args), client=client), 0
             else:
                 try:

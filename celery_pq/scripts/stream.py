@@ -1,17 +1,7 @@
-"""A call stream: script calls written to one connection now, their replies read later.
-
-A producer's publish batch (batches.py) sends each sub-chunk of its inserts as soon as it is
-full and reads the replies at its flush: Redis runs the calls while the client prepares the
-next messages. ``CallStream.open(client)`` takes a connection of ``client``'s pool for that
-(not the thread's own connection of wire.py: a call made meanwhile on the same thread, a
-declare or a fanout publish, must not read a reply of the stream as its own), ``send`` writes
-a call without reading, ``read`` reads the oldest reply not yet read, ``close`` hands the
-connection back to the pool, the replies still outstanding read (dropped) first, or closed
-when it broke (a lost connection, a reply that could not be read).
-
-Only a plain redis-py client (not a pipeline, not a cluster client) streams; ``open`` returns
-None otherwise, and the caller takes its round-trip path. No health check runs while replies
-are outstanding (its PING would read a reply of the stream as its own).
+"""A call stream: script calls written to one connection now, their replies read later, so
+Redis runs a publish batch's inserts (``batches.py``) while the client prepares the next ones
+(docs/publishing.md). It takes a pooled connection, not the thread's own (``wire.py``): another
+call on the thread must not read the stream's replies as its own.
 """
 
 from __future__ import annotations
@@ -28,7 +18,8 @@ LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class CallStream:
-    """One connection with calls sent and replies not yet read (``outstanding``)."""
+    """One connection with calls sent and replies not yet read (``outstanding``). No health
+    check runs while replies are outstanding (its PING would read one as its own)."""
 
     def __init__(self, client, conn):
         self.client = client
@@ -38,8 +29,8 @@ class CallStream:
 
     @classmethod
     def open(cls, client) -> CallStream | None:
-        """A stream on a connection of ``client``'s pool, or None where calls cannot stream (a
-        cluster client, a pipeline); the library is loaded there first when needed."""
+        """A stream on a connection of ``client``'s pool (the library loaded there if needed), or
+        None for a cluster client or a pipeline: the caller then makes round trips."""
         pool = getattr(client, "connection_pool", None)
         if pool is None or is_cluster(client) or not _plain_client(client.__class__):
             return None
@@ -54,9 +45,8 @@ class CallStream:
         return cls(client, conn)
 
     def send(self, script, keys, args) -> None:
-        """Write one script call (FCALL where the library is loaded, else EVALSHA); its reply
-        waits. A lost connection raises (LOST): the stream is broken, the replies of the calls
-        sent before are lost with it (some of those calls may have run)."""
+        """Write one script call without reading its reply. A lost connection raises (LOST) and
+        breaks the stream; the calls sent before may have run, their replies lost."""
         words = script.words(self.client, keys, args)
         packed = _packed(words)
         conn = self.conn
@@ -71,10 +61,9 @@ class CallStream:
         self.outstanding += 1
 
     def read(self):
-        """The reply of the oldest call not yet read: its value, or its error reply as an
-        exception object (not raised: the calls after it have replies of their own). A lost
-        connection raises (LOST) and breaks the stream; a READONLY reply (the server was
-        demoted) breaks it too and comes as the connection error it is."""
+        """The oldest unread reply: its value, or its error reply returned (not raised) as an
+        exception. A lost connection raises (LOST) and breaks the stream; READONLY (a demoted
+        server) breaks it too and is returned as a connection error."""
         if not self.outstanding:
             raise RuntimeError("no reply is outstanding on this call stream")
         self.outstanding -= 1
@@ -91,8 +80,8 @@ class CallStream:
         return reply
 
     def close(self) -> None:
-        """Hand the connection back: the outstanding replies read first (dropped), or the
-        connection closed when it is broken or a read fails."""
+        """Hand the connection back, the outstanding replies read and dropped first; closed
+        instead when broken or a read fails."""
         conn, pool = self.conn, self.client.connection_pool
         try:
             while self.outstanding and not self.broken:

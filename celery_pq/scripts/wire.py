@@ -1,21 +1,8 @@
-"""The wire: one script call sent and its reply read, on a connection the calling thread keeps.
-
-A single call runs as one FCALL (or EVALSHA) on a connection the calling thread keeps for
-itself (taken from the client's pool once, handed back when the thread ends): redis-py's
-command path around it (pool checkout and return, retry wrapper, response hooks) costs several
-times the work of sending the command. The call is packed by hiredis and its reply read by
-hiredis's reader straight from the socket (``_roundtrip``), polling for it a few microseconds
-before sleeping in recv (``set_spin_wait``).
-
-The library of functions (``assembly.library``) is loaded once per server and process
-(``FUNCTION LOAD``), and again when FCALL finds it gone (a restart without persistence,
-``FUNCTION FLUSH``). A server without functions, or a user not allowed to load them, gets the
-same scripts by EVALSHA; NOSCRIPT loads the script and runs it again.
-
-A server that answers READONLY (a master demoted by REPLICAOF: a failover behind a virtual IP
-or a DNS name, or a sentinel's) gets its connection closed and the call fails with a connection
-error, so the next call connects again (to the new master), as redis-py's sentinel connections
-do for its own commands: a script's reply is read below them here.
+"""The wire: one script call as FCALL (EVALSHA where functions are refused) on a connection the
+calling thread keeps, packed and read by hiredis straight on the socket, polling briefly for the
+reply (``set_spin_wait``); the library loaded once per server and again when it is gone. Why:
+docs/performance.md ("Where the speed comes from"); functions or EVALSHA: docs/deployments.md
+("An ACL user"); a READONLY reply closes the connection: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -41,10 +28,9 @@ from .assembly import library
 
 
 class _Held:
-    """One thread's own connections, ``{pool: (pid, connection)}``. When the thread ends, its
-    thread-local storage goes and with it this object: each connection is closed and handed
-    back to its pool, so a finished thread holds no socket and no slot of ``max_connections``.
-    A connection whose pool went first is closed by redis-py (``Connection.__del__``)."""
+    """One thread's own connections, ``{pool: (pid, connection)}``, closed and handed back when
+    the thread ends (its thread-local storage goes, and this with it): a finished thread holds
+    no slot of ``max_connections``."""
 
     def __init__(self):
         self.conns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -67,28 +53,26 @@ _pinned = threading.local()
 
 @cache
 def _plain_client(cls: type) -> bool:
-    """A redis-py client class whose calls may go on a connection of its pool (not a pipeline,
-    not a cluster client). Cached per class: ``isinstance`` against ``Pipeline`` is slow."""
+    """A plain redis-py client class (not a pipeline, not a cluster client); cached per class,
+    as ``issubclass`` against ``Pipeline`` is slow."""
     return issubclass(cls, redis.Redis) and not issubclass(cls, redis.client.Pipeline)
 
 
-#: Bumped in a child process after a fork: a connection found in the thread's last-used slot
-#: is this process's own only while the number it was kept with is the current one.
+#: Bumped in a child after a fork: a connection kept under an older number is the parent's.
 _forks = [0]
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 def own_connection(client):
-    """This thread's own connection of ``client``'s pool (a new one after a fork), or None when
-    the client is not a plain redis-py client (a pipeline, a cluster client). The last one used
-    is kept in the thread's slot ``last`` as ``(pool, client class, fork number, connection)``,
-    checked first: the calls of one consumer or producer go to one pool, call after call."""
+    """This thread's own connection of ``client``'s pool (a new one after a fork), a reply still
+    in flight on it read first; None for a pipeline or a cluster client. The last one used is
+    checked first (``_pinned.last``): one consumer's calls go to one pool."""
     pool = getattr(client, "connection_pool", None)
     last = getattr(_pinned, "last", None)
     if last is not None and last[0] is pool and last[1] is type(client) and last[2] == _forks[0]:
         conn = last[3]
         if conn.__dict__.get("_pq_flight") is not None:
-            conn._pq_flight.finish()  # a call sent without waiting: its reply first
+            conn._pq_flight.finish()
         return conn
     if pool is None or not _plain_client(client.__class__):
         return None
@@ -97,7 +81,7 @@ def own_connection(client):
         held = _pinned.held = _Held()
     mine = held.conns.get(pool)
     if mine is None or mine[0] != os.getpid():
-        mine = held.conns[pool] = (os.getpid(), pool.get_connection())  # kept until the thread ends, or it fails
+        mine = held.conns[pool] = (os.getpid(), pool.get_connection())
     _pinned.last = (pool, type(client), _forks[0], mine[1])
     if mine[1].__dict__.get("_pq_flight") is not None:
         mine[1]._pq_flight.finish()
@@ -113,19 +97,19 @@ def drop_connection(client, conn):
     _give_back(client.connection_pool, os.getpid(), conn)
 
 
-#: Per connection pool (one server): True once this process loaded the library there, False
-#: when the server cannot run functions (no FUNCTION command, or the user may not load one).
+#: Per pool: True once this process loaded the library there, False when the server cannot run
+#: functions (no FUNCTION command, or the user may not load one).
 _functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _load_library(conn, pool) -> bool:
-    """Load the library on ``conn``'s server; whether its functions can be called there."""
+    """Load the library on ``conn``'s server; whether its functions can be called there. Any
+    other refusal raises: the library itself is wrong."""
     try:
         conn.send_command("FUNCTION", "LOAD", library().text)
         conn.read_response()
     except redis.exceptions.OutOfMemoryError:  # type: ignore[attr-defined]  # (not in the type stubs)
-        # a full Redis loads nothing: this call goes by EVALSHA, a later one loads
-        return False
+        return False  # a full Redis: EVALSHA now, a later call loads
     except ResponseError as exc:
         text = str(exc)
         if "already exists" not in text:
@@ -135,7 +119,7 @@ def _load_library(conn, pool) -> bool:
                 or text.startswith("NOPERM")
                 or "no permissions" in text
             ):
-                raise  # the library itself is wrong: a bug to see, not to run around
+                raise
             _functions[pool] = False
             return False
     _functions[pool] = True
@@ -143,17 +127,15 @@ def _load_library(conn, pool) -> bool:
 
 
 _pack: Callable[[tuple], bytes] | None
-try:  # the protocol packer redis-py itself uses when hiredis is installed
+try:
     from hiredis import pack_command as _pack
 except ImportError:  # pragma: no cover - hiredis is optional
     _pack = None
 
 
 def _packed(words: tuple) -> bytes | None:
-    """The call packed by hiredis, or None (no hiredis, or an argument it will not pack: such a
-    call takes redis-py's path, and its error). redis-py's own packer looks at every argument
-    for bytearray and memoryview first, a third of the client's cost of a call of thirty
-    arguments."""
+    """The call packed by hiredis, or None (no hiredis, or an argument it will not pack: then
+    redis-py's path, and its error)."""
     if _pack is None:
         return None
     try:
@@ -163,7 +145,7 @@ def _packed(words: tuple) -> bytes | None:
 
 
 def _send(conn, words: tuple) -> None:
-    """Send one script call on ``conn`` (packed by hiredis where it can be)."""
+    """Send one call on ``conn`` (packed by hiredis where it can be)."""
     packed = _packed(words)
     if packed is None:
         conn.send_command(*words)
@@ -172,7 +154,7 @@ def _send(conn, words: tuple) -> None:
 
 
 _HiredisParser: Any
-try:  # redis-py's hiredis parser: a reply read here goes through the same hiredis reader
+try:  # redis-py's hiredis parser: replies read here go through its reader
     from redis._parsers import hiredis as _hiredis_parsers
 
     _HiredisParser = _hiredis_parsers._HiredisParser
@@ -185,8 +167,7 @@ _LINUX = sys.platform.startswith("linux")
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _clock = time.perf_counter_ns
 
-#: Per connection pool: nanoseconds a call polls for its reply (``set_spin_wait``); the pools
-#: not named here (a cluster's nodes, a client given to the queue API) take C.SPIN_WAIT_US.
+#: Per pool: nanoseconds a call polls for its reply (``set_spin_wait``); else C.SPIN_WAIT_US.
 _spin: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SPIN_DEFAULT = C.SPIN_WAIT_US * 1000
 
@@ -198,11 +179,9 @@ def set_spin_wait(pool, microseconds: float) -> None:
 
 
 def _spin_recv(conn, sock, buf, spin_ns: int) -> int:
-    """Read what the socket holds, polling for up to ``spin_ns`` (the reply of a call just
-    sent): the bytes read, or 0 when none came in time (the caller then sleeps in recv, and this
-    connection polls no more for the next 2, 4, .. C.SPIN_BACKOFF_MAX calls: a far or busy
-    server costs one wasted poll in that many). A polled socket that the server closed reads 0
-    as well; the blocking read then sees the close."""
+    """The bytes the socket holds after polling up to ``spin_ns``, or 0 when none came in time
+    (the caller then sleeps in recv; ``_backed_off``) or the server closed it (the blocking
+    read then sees the close)."""
     skip = getattr(conn, "_pq_spin_skip", 0)
     if skip:
         conn._pq_spin_skip = skip - 1
@@ -227,13 +206,10 @@ def _backed_off(conn) -> None:
 
 
 def _lean_io(conn):
-    """``(socket, parser, buffer)`` for a call sent and read by ``_roundtrip``, or None where
-    redis-py's own path is taken: no hiredis, not connected, TLS, not Linux.
-
-    The socket is put in blocking mode with the connection's timeout kept by the kernel
-    (SO_RCVTIMEO, SO_SNDTIMEO): Python's timeout mode polls before every send and every read,
-    two more system calls per call. redis-py sets its timeout mode again wherever it reads
-    with a timeout of its own (then this puts it back on the next call)."""
+    """``(socket, parser, buffer)`` for ``_roundtrip``, or None where redis-py's path is taken (no
+    hiredis, not connected, TLS, not Linux). The socket blocks, its timeout kept by the kernel
+    (SO_RCVTIMEO): Python's timeout mode polls before every send and read. redis-py may set its
+    mode again; the next call puts it back."""
     parser = conn._parser
     sock = conn._sock
     if type(parser) is not _HiredisParser or _pack is None or type(sock) is not socket.socket or not _LINUX:
@@ -251,10 +227,9 @@ def _lean_io(conn):
 
 
 def _read_reply(conn, sock, parser, buf, flags: int):
-    """The next reply on ``conn``, read from ``sock`` through hiredis's reader (a push message
-    before it goes to redis-py's handlers). ``flags`` _DONTWAIT: _NOT_ENOUGH when the socket
-    holds no more yet; 0: wait (the kernel's timeout bounds it). A closed connection raises
-    redis-py's ConnectionError, a socket's failure what the socket raised (``_failure``)."""
+    """The next reply on ``conn`` (push messages before it to redis-py's handlers). ``flags``
+    _DONTWAIT: _NOT_ENOUGH when nothing more is there yet; 0: wait (the kernel's timeout). A
+    closed connection raises redis-py's ConnectionError, a socket failure what it raised."""
     reader = parser._reader
     push = getattr(parser, "_hiredis_PushNotificationType", None)  # (RESP3; None with older hiredis)
     while True:
@@ -276,9 +251,8 @@ def _read_reply(conn, sock, parser, buf, flags: int):
 
 
 def _failure(conn, exc: BaseException) -> BaseException:
-    """What a failed send or read on ``conn`` raises: redis-py's TimeoutError for the kernel's
-    timeout, its ConnectionError for a socket error, else ``exc`` itself (a protocol error, an
-    interrupt mid-reply, a closed connection); the stream is unusable after any of them."""
+    """What a failed send or read on ``conn`` raises: redis-py's TimeoutError or ConnectionError
+    for a timeout or socket error, else ``exc``; the connection is unusable after any."""
     if isinstance(exc, (TimeoutError, BlockingIOError)):
         return RedisTimeoutError(f"Timeout waiting for {conn.host}:{conn.port}")
     if isinstance(exc, OSError):
@@ -287,11 +261,9 @@ def _failure(conn, exc: BaseException) -> BaseException:
 
 
 def _roundtrip(conn, words: tuple, spin_ns: int = 0):
-    """Send one call on ``conn`` and read its reply: redis-py's send and read (health check,
-    socket, hiredis reader, errors) without the layers around them, which cost as much as the
-    system calls themselves. ``spin_ns``: poll for the reply that long before sleeping in recv
-    (``_spin_recv``). A failure disconnects ``conn`` and raises redis-py's ConnectionError or
-    TimeoutError, as its own path would."""
+    """Send one call on ``conn`` and read its reply, as redis-py would (health check, hiredis,
+    its errors) without its layers; poll ``spin_ns`` first. A failure disconnects ``conn`` and
+    raises redis-py's ConnectionError or TimeoutError."""
     io = _lean_io(conn)
     packed = None if io is None else _packed(words)
     if packed is None:
@@ -299,7 +271,7 @@ def _roundtrip(conn, words: tuple, spin_ns: int = 0):
         return conn.read_response()
     sock, parser, buf = io
     if conn.health_check_interval:
-        conn.check_health()  # (a PING after a long silence, as redis-py's send would)
+        conn.check_health()
     try:
         sock.sendall(packed)
         if spin_ns:
@@ -325,7 +297,7 @@ def function_missing(exc: Exception) -> bool:
 
 
 def _readonly(exc: Exception) -> bool:
-    """Is ``exc`` a READONLY reply (the server is a replica now)?"""
+    """A READONLY reply (the server is a replica now)?"""
     return isinstance(exc, ReadOnlyError) or str(exc).startswith("READONLY")
 
 
@@ -339,16 +311,15 @@ def _demoted(conn, exc: Exception) -> RedisConnectionError:
 
 
 def raise_if_demoted(client, conn, exc: Exception) -> None:
-    """For a READONLY reply on ``conn`` (of ``client``'s pool): the connection dropped and the
-    connection error it becomes raised; nothing for any other error."""
+    """For a READONLY reply on ``conn``: drop it and raise the connection error; else nothing."""
     if _readonly(exc):
         drop_connection(client, conn)
         raise _demoted(conn, exc) from exc
 
 
 def raise_if_pool_demoted(client, exc: Exception) -> None:
-    """For a READONLY reply to a call redis-py made on ``client``'s pool: the pool's idle
-    connections (to the demoted server) closed and the connection error it becomes raised."""
+    """For a READONLY reply on ``client``'s pool: close its idle connections and raise the
+    connection error; else nothing."""
     pool = getattr(client, "connection_pool", None)
     if _readonly(exc) and pool is not None:
         pool.disconnect(inuse_connections=False)
@@ -356,13 +327,13 @@ def raise_if_pool_demoted(client, exc: Exception) -> None:
 
 
 def uses_functions(client) -> bool:
-    """Does this process call the library's functions on ``client``'s server (loaded there)?"""
+    """Has this process loaded the library on ``client``'s server?"""
     return bool(_functions.get(getattr(client, "connection_pool", None)))
 
 
 def run_on(conn, pool, script, keys, args):
-    """``script`` (a ``runner.LuaScript``: its ``function``, ``sha`` and text ``script``) on ``conn``:
-    FCALL (the library loaded first when needed), else EVALSHA."""
+    """``script`` (a ``runner.LuaScript``) on ``conn``: FCALL (the library loaded when needed,
+    and again when gone), else EVALSHA (the script loaded on NOSCRIPT)."""
     use = _functions.get(pool)
     if use is None:
         use = _load_library(conn, pool)
@@ -370,14 +341,14 @@ def run_on(conn, pool, script, keys, args):
         spin = _spin.get(pool, _SPIN_DEFAULT)
         try:
             return _roundtrip(conn, ("FCALL", script.function, len(keys), *keys, *args), spin)
-        except ResponseError as exc:  # the library is gone (restart, FUNCTION FLUSH): load it
+        except ResponseError as exc:  # the library gone (a restart, FUNCTION FLUSH)?
             if not function_missing(exc) or not _load_library(conn, pool):
                 raise
             return _roundtrip(conn, ("FCALL", script.function, len(keys), *keys, *args), spin)
     try:
         _send(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
         return conn.read_response()
-    except NoScriptError:  # Redis restarted or flushed its scripts: load, run again
+    except NoScriptError:
         conn.send_command("SCRIPT", "LOAD", script.script)
         conn.read_response()
         _send(conn, ("EVALSHA", script.sha, len(keys), *keys, *args))
@@ -385,12 +356,9 @@ def run_on(conn, pool, script, keys, args):
 
 
 class Flight:
-    """A script call sent on a connection without waiting for its reply (``send_nowait``).
-
-    Until its reply is read the connection carries it (``_pq_flight``): the thread's next call
-    on that connection (``own_connection``) reads it first (``finish``), so replies never cross.
-    ``ready()`` reads what the socket holds without blocking; ``result()`` gives the reply, or
-    raises what reading it raised (the connection then dropped, as ``_roundtrip`` does)."""
+    """A script call sent without waiting for its reply (``send_nowait``). The connection carries
+    it (``_pq_flight``) until read: the thread's next call on it reads it first, so replies
+    never cross. A failed read drops the connection and ``result()`` raises it."""
 
     __slots__ = ("_buf", "_error", "_parser", "_reply", "_sock", "conn", "done")
 
@@ -410,8 +378,7 @@ class Flight:
             self.conn.next_health_check = time.monotonic() + self.conn.health_check_interval
 
     def _read(self, flags: int) -> bool:
-        """Read what the socket gives (``flags``: _DONTWAIT, or 0 to wait); whether the reply
-        (or a failure) is in."""
+        """Read (``flags``: _DONTWAIT, or 0 to wait); whether the reply or a failure is in."""
         try:
             reply = _read_reply(self.conn, self._sock, self._parser, self._buf, flags)
         except BaseException as exc:
@@ -426,8 +393,8 @@ class Flight:
         return True
 
     def give_up(self) -> None:
-        """No reply came in the connection's timeout (a silent, half-open connection): the
-        connection dropped, and ``result`` raises the timeout, as a waiting call's read would."""
+        """No reply in the connection's timeout (a half-open connection): drop it; ``result``
+        raises the timeout."""
         if not self.done:
             self._land(error=RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
 
@@ -441,7 +408,7 @@ class Flight:
             self._read(0)
 
     def result(self):
-        """The reply (read first if need be); a script's error reply or a failure raised."""
+        """The reply (read first if need be); an error reply or a failure raised."""
         self.finish()
         if self._error is not None:
             raise self._error
@@ -451,9 +418,8 @@ class Flight:
 
 
 def send_nowait(conn, pool, script, keys, args) -> Flight | None:
-    """Send ``script`` as FCALL on ``conn`` and return at once: its ``Flight``. None (nothing
-    sent) where only a waiting call can be made: the library not known to be loaded there, or
-    not ``_roundtrip``'s lean path (no hiredis, TLS, not Linux, not connected)."""
+    """Send ``script`` as FCALL on ``conn`` and return its ``Flight`` at once; None, nothing sent,
+    when the library is not known loaded there or without ``_lean_io``'s path."""
     if _functions.get(pool) is not True:
         return None
     io = _lean_io(conn)

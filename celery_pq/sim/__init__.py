@@ -1,19 +1,7 @@
-"""A simulator of the relaxed priority queue: one queue split into N subqueues, inserts spread
-over them, and each pop peeking k subqueues and popping the best (docs/relaxed.md).
-
-    from celery_pq.sim import Params, simulate, predict
-
-    simulate(Params(nodes=20, peeks=2, lag=10_000)).stats   # {'mean': ..., 'p50': ..., ...}
-    predict(16, 2, consumers=4, lag=1_000)                  # what a sharded queue should show
-
-``python -m celery_pq.sim --help`` runs single simulations, the check against the MultiQueue's
-closed form, and the parameter sweep (locally or as a Spark job) that writes the tables and
-figures of docs/relaxed.md. Needs numpy and sortedcontainers (the ``[sim]`` extra); the sweep's
-Spark mode and figures need the ``[spark]`` extra. ``import celery_pq`` never imports this.
-
-Modules: ``policies`` (the strategies by name), ``model`` (the simulation), ``theory`` (closed
-forms it is checked against), ``sweep`` (the grid, run locally or on Spark, and its outputs),
-``plots`` (the figures), ``cli``.
+"""A simulator of the relaxed priority queue (N subqueues, each pop peeking k and popping the
+best): ``simulate(Params(...)).stats``, ``predict(...)`` for a sharded queue, and ``python -m
+celery_pq.sim``. Needs the ``[sim]`` extra (the sweep's Spark mode and figures ``[spark]``);
+``import celery_pq`` never imports it. docs/relaxed.md ("The simulator") explains the model.
 """
 
 from __future__ import annotations
@@ -37,17 +25,11 @@ def predict(
     pops: int = 20_000,
     seed: int = 0,
 ) -> dict:
-    """The rank error a sharded queue should show: ``nodes`` shards, ``peeks`` shards peeked per
-    pop, ``consumers`` clients popping at once, ``lag`` entries waiting before each publish.
-
-    Returns ``{"mean", "p50", "p90", "p99", "max", "p_zero"}`` from one peek-before-pop
-    simulation of ``pops`` deliveries. ``peeks`` above ``nodes`` peek every shard. Priorities
-    default to celery-pq's 256 ranks drawn uniformly, publish order breaking ties, and the error
-    counts every waiting entry ahead in that order, as benchmarks/relaxed.py does
-    (``rank_only=True``: only strictly better ranks, as the event log's analysis counts;
-    ``priorities="uniform"``: distinct priorities, as in the paper). The consumers are taken to
-    be desynchronised, a peek ``consumers - 1`` pops old when its pop lands (docs/relaxed.md says
-    what the model leaves out).
+    """The rank error a sharded queue of ``nodes`` shards should show, ``peeks`` peeked per pop
+    (all when more than ``nodes``), ``consumers`` popping at once, ``lag`` entries waiting:
+    ``{"mean", "p50", "p90", "p99", "max", "p_zero"}`` of one seeded peek-before-pop simulation
+    of ``pops`` deliveries. The defaults and what the model leaves out: docs/relaxed.md
+    ("Predicting a sharded queue").
     """
     return simulate(
         Params(

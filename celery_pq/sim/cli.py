@@ -1,7 +1,5 @@
-"""``python -m celery_pq.sim COMMAND``: one simulation (``run``), the check against the
-MultiQueue's closed form (``check``), what a sharded queue should show (``predict``), and the
-parameter sweep (``sweep``, ``--spark`` to run it as a Spark job). Bad values are one line,
-exit 2 (click's usage errors)."""
+"""``python -m celery_pq.sim COMMAND``: ``run``, ``check``, ``predict``, ``sweep`` (docs/relaxed.md,
+"How to rerun"). Bad values are one line, exit 2 (click's usage errors)."""
 
 from __future__ import annotations
 
@@ -96,8 +94,8 @@ def check(nodes, pops, seed):
 
 
 def multiqueue_params(n: int, pops: int = CHECK_POPS, seed: int = 0) -> Params:
-    """The MultiQueue as its theorem has it: random inserts that never overtake (a deep queue:
-    100 entries a subqueue), pops from the better of two subqueues drawn independently."""
+    """The MultiQueue as its theorem has it: 100 entries a subqueue, inserts that never overtake,
+    pops from the better of two subqueues drawn independently."""
     return _params(
         nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo", pops=pops, warmup=2_000, seed=seed
     )

@@ -1,33 +1,7 @@
-"""The peek-k-pop-one queue, simulated: ``simulate(Params(...)) -> Result``.
-
-One queue of ``nodes`` subqueues (binary heaps). It starts with ``lag`` waiting entries, then
-each tick one entry is added and one popped, so ``lag`` entries wait before every add (the
-paper's consumer lag). The measure is the rank error of each pop (the paper's PEI, popped
-element index): how many waiting entries had a strictly better priority than the one delivered,
-counted against one sorted list of every waiting key.
-
-Concurrency. ``consumers`` = c clients in a tight loop, desynchronised: each tick one client
-peeks (starting its pop) and the client that peeked c - 1 ticks earlier pops, acting on what it
-saw then; meanwhile c - 1 adds and pops by the others have happened. With c = 1 every pop acts
-on a fresh peek. The popping client takes the top of the subqueue that looked best. With the
-second-best check on, it keeps that entry only when it is no worse than the second-best top it
-peeked; otherwise it puts it back (an abort) and pops the second-best subqueue instead (the
-paper's section 4.3). A chosen subqueue found empty, or a peek that found all k empty, makes the
-client peek again at once (counted in ``retries``).
-
-Priorities (``priorities``):
-- ``uniform``  a uniform random real per entry (the paper's simulation); no ties
-- ``fifo``     each entry worse than every earlier one (insertions never overtake: the setting of
-               the MultiQueue theorem, where a deep enough queue behaves as an infinite one)
-- ``ranks:R``  a uniform random rank 0..R-1, then publish order, as celery-pq orders entries: an
-               entry of the same rank published earlier outranks it (as benchmarks/relaxed.py
-               counts). With ``rank_only`` only entries of a strictly better *rank* count, as the
-               event log's analysis (``celery_pq.spark.analyze``) counts, so a tie is no error.
-
-Speed: pure Python heaps for the subqueues and a ``sortedcontainers.SortedList`` of every waiting
-key (O(log n) adds, removals and rank counts); numpy draws the random numbers in blocks and
-computes the percentiles. About 5-8 microseconds of CPU a tick (an add and a pop) at lags up to
-10,000 (measured on a shared 2-core machine); the loop is sequential, so numpy cannot run it.
+"""The peek-k-pop-one queue, simulated: ``simulate(Params(...)) -> Result``, the rank error (PEI)
+of each pop counted exactly against a sorted list of every waiting key. docs/relaxed.md ("The
+simulator") describes the model: the lag, desynchronised consumers acting on peeks c - 1 ticks
+old, the second-best check, the ``uniform`` / ``fifo`` / ``ranks:R`` priorities.
 """
 
 from __future__ import annotations
@@ -49,7 +23,9 @@ PERCENTILES = (50, 90, 99)
 
 @dataclass(frozen=True)
 class Params:
-    """One simulation. ``pops`` deliveries are measured after ``warmup`` unmeasured ones."""
+    """One simulation. ``pops`` deliveries are measured after ``warmup`` unmeasured ones.
+    ``priorities``: ``uniform`` (distinct reals), ``fifo`` (each entry worse than every earlier
+    one) or ``ranks:R`` (a random rank, then publish order; ``rank_only``: a tie is no error)."""
 
     nodes: int = 20
     peeks: int = 2
@@ -58,9 +34,9 @@ class Params:
     policy: str = "peek-before-pop"
     second_best: bool = False
     priorities: str = "uniform"
-    rank_only: bool = False  # ranks:R only: count strictly better ranks, not earlier ties
+    rank_only: bool = False
     pops: int = 50_000
-    warmup: int | None = None  # None: max(lag, 1,000), enough for the waiting keys to settle
+    warmup: int | None = None  # None: max(lag, 1,000), for the waiting keys to settle
     seed: int = 0
 
     def __post_init__(self):
@@ -115,8 +91,7 @@ class Result:
 
 
 def summarize(pei: np.ndarray) -> dict:
-    """mean, p50/p90/p99 (the smallest value with at least that share at or below it), max and
-    the share of pops with no error."""
+    """mean, p50/p90/p99 (inverted CDF), max and the share of pops with no error."""
     out = {"mean": float(pei.mean()), "p_zero": float(np.mean(pei == 0)), "max": int(pei.max())}
     for p, v in zip(PERCENTILES, np.percentile(pei, PERCENTILES, method="inverted_cdf")):
         out[f"p{p}"] = int(v)
@@ -142,7 +117,7 @@ def _peek_rows(rng, n: int, k: int, distinct: bool):
 
 
 def simulate(params: Params) -> Result:
-    """Run one simulation (deterministic for a given ``params``, seed included)."""
+    """Run one simulation (deterministic for given ``params``, seed included)."""
     p = params
     pol = policy_named(p.policy)
     n, k, c = p.nodes, p.peeks, p.consumers
@@ -171,7 +146,7 @@ def simulate(params: Params) -> Result:
         if pol.insert == "random":
             q = next(rand_queue)
         else:
-            # the worst top (an empty subqueue counts as +inf) or the best (empty counts as worst)
+            # an empty subqueue's top is +inf: first for worst-top, last for best-top
             tops = [(heaps[i][0] if heaps[i] else inf, i) for i in next(peek_rows)]
             if pol.insert == "worst-top":
                 q = max(tops)[1]
@@ -224,7 +199,7 @@ def simulate(params: Params) -> Result:
 
     for _ in range(p.lag):
         add()
-    # peeks not yet acted on: each one is popped on c - 1 ticks after it was made (see Concurrency)
+    # peeks not yet acted on: each one is popped on c - 1 ticks after it was made
     pending = deque(peek() for _ in range(c - 1)) if pol.pop_peeks else deque()
     warmup = p.warmup_pops
     pei = np.empty(p.pops, dtype=np.int64)

@@ -1,22 +1,6 @@
-"""The client strategies the simulator compares, by name, and how each one places an entry and
-chooses a subqueue to pop.
-
-- ``peek-before-pop``  insert into a random subqueue; pop peeks ``k`` distinct random subqueues
-                       and pops the one whose top is best (the relaxed queue's strategy)
-- ``peek-before-add``  insert into the subqueue whose top is *worst* among ``k`` distinct random
-                       ones (an empty one first); pop a random non-empty subqueue
-- ``peek-before-add-best``  the same, into the subqueue whose top is *best* (an empty one last)
-
-The paper describes peek-before-add as "adding new element to the peeked queue with the highest
-top priority"; with lower numbers meaning higher priority that phrase reads both ways. The
-worst-top reading is the one whose results keep the paper's order (it beats no peek), so it
-carries the name; the best-top reading is kept to show that it does not (docs/relaxed.md).
-- ``no-peek``          insert into a random subqueue; pop a random non-empty subqueue
-- ``multiqueue``       insert into a random subqueue; pop the better of ``k`` (2 in the
-                       theory) subqueues drawn independently, so possibly the same one twice
-
-Only a peek before the pop can be stale (``consumers`` > 1): inserts and random pops read no
-state that another consumer could change in between.
+"""The client strategies the simulator compares, by name (``POLICIES``): how each places an entry
+and chooses a subqueue to pop. docs/relaxed.md ("The simulator", "Where ours differ, and why")
+has the table and why peek-before-add means the worst-topped subqueue.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The parameter sweep: a grid of simulations, run in this process or as a Spark job (the grid a
-DataFrame, each row simulated by ``mapInPandas``), written as a table and figures.
-
-Each grid row belongs to a *panel*, the question it answers (and the paper's figure it sits
-beside):
-
-- ``distribution``  20 nodes, 2 peeks, lag 10,000: the rank error's distribution (figure 2)
-- ``lag``           the lag from 10 to 10,000 under each strategy (figure 3)
-- ``nodes``         5 to 100 nodes at 2 and 4 peeks (figure 4: linear in the nodes)
-- ``peeks``         100 nodes, 1 to 20 peeks (figure 5)
-- ``concurrency``   100 nodes, 10 peeks, 1 to 64 consumers, second-best off and on (figures 6, 7)
-- ``multiqueue``    the MultiQueue at 4, 16, 64 nodes against its closed form
-
-Outputs: ``sim.csv`` and ``sim.md`` (one row per grid row), ``sim-histogram.csv`` (the
-distribution panel's counts) and ``relaxed-*.png`` figures.
+"""The parameter sweep: a grid of simulations, each row in a *panel* beside one of the paper's
+figures (``distribution``, ``lag``, ``nodes``, ``peeks``, ``concurrency``, ``multiqueue``), run
+here or as a Spark job, written as ``sim.csv``, ``sim.md``, ``sim-histogram.csv`` and figures.
+docs/relaxed.md ("The paper's claims beside the simulator", "How to rerun") shows the results.
 """
 
 from __future__ import annotations
@@ -34,8 +23,7 @@ FIGURE_COLUMNS = ("mean", "p50", "p90", "p99", "max", "p_zero", "extra_pops", "r
 
 
 def grid(quick: bool = False, seed: int = 1) -> list[dict]:
-    """The sweep's rows (dicts of ``GRID_COLUMNS``); ``quick``: a small grid that runs in seconds
-    (the same panels at small sizes), for tests."""
+    """The sweep's rows (dicts of ``GRID_COLUMNS``); ``quick``: the same panels small (seconds)."""
     rows: list[dict] = []
     big, pops = (200, 2_000) if quick else (10_000, 50_000)
 
@@ -103,9 +91,8 @@ def run_local(rows: list[dict]) -> list[dict]:
 
 
 def run_spark(rows: list[dict], spark=None) -> list[dict]:
-    """The sweep as a Spark job: the grid a DataFrame spread over a few partitions per core, each
-    row simulated in ``mapInPandas``; the results collected in grid order. ``spark``: the session
-    to use (default: the active one, else a local one made here and stopped at the end)."""
+    """The sweep as a Spark job (each row simulated in ``mapInPandas``), results in grid order.
+    ``spark``: default the active session, else a local one made here and stopped at the end."""
     from pyspark.sql import SparkSession
     from pyspark.sql import types as T
 
@@ -140,7 +127,7 @@ def run_spark(rows: list[dict], spark=None) -> list[dict]:
 
         partitions = min(len(rows), 4 * spark.sparkContext.defaultParallelism)
         results = frame.repartition(partitions).mapInPandas(simulate_frames, out_schema).orderBy("row").collect()
-        # (Arrow hands a NaN back as null: the closed-form columns say NaN where none applies)
+        # Arrow hands a NaN back as null: the closed-form columns say NaN where none applies
         return [
             {
                 k: math.nan if v is None and k in FIGURE_COLUMNS else _plain(v)
@@ -178,8 +165,7 @@ def _plain(value):
 
 
 def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path]:
-    """``sim.csv``, ``sim.md``, ``sim-histogram.csv`` into ``out_dir`` and the figures into
-    ``img_dir`` (none when it is None); the paths written."""
+    """The tables into ``out_dir``, the figures into ``img_dir`` (unless None); the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = [c for c in results[0] if c != "histogram"]
     paths = [out_dir / "sim.csv", out_dir / "sim.md", out_dir / "sim-histogram.csv"]

@@ -1,5 +1,6 @@
 """``RedisCluster``: a local Redis Cluster of ``ClusterNode`` redis-servers, whose masters can be
-SIGKILLed (waiting for their replicas' promotion) and whose slots can be moved."""
+SIGKILLed (waiting for their replicas' promotion) and whose slots can be moved (docs/cluster.md,
+"Tests", shows it in use)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class ClusterNode(RedisServer):
         raise RedisServerError(f"could not find a free port pair for a cluster node: {last}")
 
     def command(self, port: int) -> list[str]:
-        # nodes.conf lives in the node's own directory: a restart() rejoins with the same identity
+        # nodes.conf in the node's own directory: a restart() rejoins with the same identity
         return [
             *super().command(port),
             "--cluster-enabled",
@@ -74,19 +75,10 @@ def _free_cluster_port() -> int:
 
 
 class RedisCluster:
-    """A local Redis Cluster: ``masters`` masters with ``replicas`` replicas each, made with
-    ``redis-cli --cluster create`` and ready (``cluster_state:ok``, every slot served, every
-    node agreeing) when the constructor returns::
-
-        with RedisCluster() as cluster:              # 3 masters + 3 replicas
-            client = cluster.client()               # a redis.RedisCluster
-            url = cluster.pq_url                    # pq://127.0.0.1:PORT, with {"cluster": True}
-            node = cluster.master_of(b"pq:{orders}:ii")
-            promoted = cluster.kill_master(node)    # SIGKILL; returns its replica, now a master
-            cluster.restart(node)                   # back, as a replica of the promoted one
-
-    ``node_timeout_ms`` is the cluster's failure detection (``cluster-node-timeout``): a killed
-    master's replica takes over about two of it later.
+    """``masters`` masters with ``replicas`` replicas each (``redis-cli --cluster create``), ready
+    (``wait_ready``) when the constructor returns; ``client()`` is a ``redis.RedisCluster``.
+    ``node_timeout_ms`` is ``cluster-node-timeout``: a killed master's replica takes over about
+    two of it later.
     """
 
     def __init__(
@@ -136,8 +128,8 @@ class RedisCluster:
 
     @property
     def pq_url(self) -> str:
-        """``pq://127.0.0.1:P1;pq://127.0.0.1:P2;...``: every running node as a seed (with the
-        transport option ``cluster``), so that a reconnection finds one while a node is down."""
+        """``pq://127.0.0.1:P1;pq://127.0.0.1:P2;...`` (with the transport option ``cluster``):
+        every running node a seed, so a reconnection finds one while a node is down."""
         return ";".join(f"pq://{HOST}:{n.port}" for n in self.nodes if n.running)
 
     def client(self, **kwargs) -> redis.RedisCluster:
@@ -175,8 +167,7 @@ class RedisCluster:
         return out
 
     def tags_on_distinct_masters(self, prefix: str = "q") -> list[str]:
-        """One name per master whose ``{name}`` hash tag lands on that master (``prefix0``,
-        ``prefix7``, ...): queues spread over every master."""
+        """One name per master (``prefix0``, ``prefix7``, ...) whose ``{name}`` tag lands there."""
         found: dict[int, str] = {}
         with self.seed.client(decode_responses=True) as c:
             slots = c.execute_command("CLUSTER", "SLOTS")
@@ -195,12 +186,10 @@ class RedisCluster:
             return int(c.execute_command("CLUSTER", "KEYSLOT", key))
 
     def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0, on_key=None) -> int:
-        """Move hash ``slot`` to master ``to`` the way ``redis-cli --cluster reshard`` does:
-        ``CLUSTER SETSLOT slot IMPORTING`` at ``to``, ``MIGRATING`` at the master serving it now,
-        every key of the slot moved by its own ``MIGRATE`` (``pause`` seconds after each, so that
-        calls meet the slot half moved; ``on_key(n)`` called after the n-th), then ``SETSLOT slot
-        NODE`` on every master, and until every node says ``to`` serves it. Returns how many
-        keys were moved (0, nothing done, when ``to`` serves the slot already)."""
+        """Move hash ``slot`` to master ``to`` as ``redis-cli --cluster reshard`` does (IMPORTING,
+        MIGRATING, one MIGRATE per key, SETSLOT NODE everywhere) and wait until every node agrees.
+        ``pause`` seconds after each key, so calls meet the slot half moved; ``on_key(n)`` after
+        the n-th. The number of keys moved (0, nothing done, if ``to`` serves it already)."""
         source = self._owner_of_slot(slot)
         if source.port == to.port:
             return 0
@@ -223,7 +212,7 @@ class RedisCluster:
                 t.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
                 try:
                     s.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
-                except redis.ResponseError as exc:  # a key written at the source meanwhile: move it too
+                except redis.ResponseError as exc:  # a key written at the source meanwhile
                     if "still hold keys" not in str(exc):
                         raise
                     continue
@@ -247,8 +236,8 @@ class RedisCluster:
         raise RedisServerError(f"no node serves slot {slot}")
 
     def kill_master(self, master: ClusterNode, timeout: float | None = None) -> ClusterNode:
-        """SIGKILL ``master`` (a crash) and wait until one of its replicas is a master serving
-        its slots and the cluster is ok again; that replica."""
+        """SIGKILL ``master`` and wait until one of its replicas serves its slots and the cluster
+        is ok; that replica."""
         replicas = self.replicas_of(master)
         if not replicas:
             raise RedisServerError(f"{master!r} has no replica to take over")
@@ -269,8 +258,8 @@ class RedisCluster:
         raise RedisServerError(f"no replica of the killed master took over within {timeout or self.ready_timeout}s")
 
     def restart(self, node: ClusterNode) -> None:
-        """Start a killed node again (same port and nodes.conf): it rejoins, a replica of the
-        node that took its slots; wait until the cluster sees it."""
+        """Start a killed node again (same port and nodes.conf) and wait until it has rejoined, a
+        replica of the node that took its slots."""
         node.start()
         self.wait_ready()
 
@@ -287,9 +276,8 @@ class RedisCluster:
         return role[0] == "slave" and role[3] == "connected"
 
     def wait_ready(self, masters: int | None = None, replicas: int | None = None) -> None:
-        """Until every running node says the cluster is ok, all 16384 slots served, every
-        replica is synced with its master, and the nodes agree on the roles (``masters`` /
-        ``replicas`` of them, when given)."""
+        """Until every running node says the cluster is ok with all 16384 slots served, every
+        replica is synced, and the nodes agree on the roles (``masters`` / ``replicas``, if given)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
             try:

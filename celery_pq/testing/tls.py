@@ -10,9 +10,8 @@ from .server import HOST, RedisServer
 
 
 def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
-    """A self-signed CA and a server certificate it signed for 127.0.0.1 and localhost, made
-    with the ``openssl`` command line in ``directory``: ``{"ca": ..., "cert": ..., "key": ...}``.
-    Call it twice (two directories) for a second, unrelated CA."""
+    """A self-signed CA and a server certificate for 127.0.0.1 and localhost, made by ``openssl``
+    in ``directory``: ``{"ca", "cert", "key"}`` paths. Another directory gives an unrelated CA."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     openssl = shutil.which("openssl")
@@ -74,8 +73,7 @@ class TLSRedisServer(RedisServer):
 
 
 def tls_files(certs: dict) -> list[str]:
-    """redis-server's arguments for the certificate, key and CA of ``certs``, clients needing no
-    certificate of their own."""
+    """redis-server's TLS arguments for ``certs`` (clients need no certificate of their own)."""
     return [
         "--tls-cert-file",
         str(certs["cert"]),
@@ -89,6 +87,5 @@ def tls_files(certs: dict) -> list[str]:
 
 
 def tls_client(certs: dict) -> dict:
-    """redis-py's arguments for a client that checks the server's certificate against the CA of
-    ``certs``."""
+    """redis-py's arguments for a client checking the server against the CA of ``certs``."""
     return {"ssl": True, "ssl_ca_certs": str(certs["ca"]), "ssl_cert_reqs": "required"}

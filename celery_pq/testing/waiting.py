@@ -21,10 +21,8 @@ def wait_for(
     *,
     interval: float = 0.05,
 ) -> T:
-    """Call ``predicate`` every ``interval`` seconds until it returns something true, and return
-    that; WaitTimeout naming ``what`` once ``timeout`` seconds have passed (``what`` may be a
-    function, called then: a log's last lines, say). An exception the predicate raises goes
-    through (a check inside it fails at once)."""
+    """``predicate()``'s first true value, called every ``interval`` seconds; WaitTimeout naming
+    ``what`` (or what ``what()`` returns then) after ``timeout`` seconds. Its exceptions go through."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

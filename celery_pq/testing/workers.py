@@ -1,19 +1,6 @@
-"""A real ``celery worker`` subprocess, started one way by the tests, the benchmarks and the demo::
-
-    from celery_pq.testing import celery_env, start_worker
-
-    env = celery_env(ROOT, PQ_TEST_BROKER=url)          # ROOT first on PYTHONPATH
-    worker = start_worker("tests.e2e.app", cwd=ROOT, env=env, name="w1", queues="q",
-                          log=tmp_path / "w1.log")
-    try:
-        worker.wait_ready(30)                           # its log says " ready." (or WorkerExited)
-        ...
-    finally:
-        worker.stop()                                   # SIGTERM to its process group, then SIGKILL
-
-The worker runs in a process group of its own (``start_new_session``): a signal to it
-(``signal_group``) reaches its pool's processes too, and a Ctrl-C at the terminal reaches only
-the caller, which then stops it.
+"""A real ``celery worker`` subprocess, started one way by the tests, the benchmarks and the demo
+(README.md, "Development", shows one). It runs in a process group of its own: a signal to it
+(``signal_group``) reaches its pool's processes, and a Ctrl-C reaches only the caller.
 """
 
 from __future__ import annotations
@@ -35,11 +22,10 @@ class WorkerExited(RuntimeError):
 
 
 def worker_app_settings(env: str, queue: str, *, broker: str = "pq://127.0.0.1:6379/0", **settings) -> dict:
-    """The Celery settings of a test's or a benchmark's worker app (its module imported by the
-    worker that ``start_worker`` starts), its broker from that worker's environment:
-    ``<env>_BROKER`` (else ``broker``) and ``<env>_OPTIONS`` (JSON of the transport options);
-    one task prefetched, ``queue`` the default queue, the root logger left alone, a broker not
-    up yet retried at start; then ``settings``."""
+    """The Celery settings of a ``start_worker`` app: broker from ``<env>_BROKER`` (else
+    ``broker``) and ``<env>_OPTIONS`` (JSON transport options) in the worker's environment, one
+    task prefetched, ``queue`` the default, the root logger left alone, the broker retried at
+    start; then ``settings``."""
     return {
         "broker_url": os.environ.get(f"{env}_BROKER", broker),
         "broker_transport_options": json.loads(os.environ.get(f"{env}_OPTIONS", "{}")),
@@ -52,15 +38,14 @@ def worker_app_settings(env: str, queue: str, *, broker: str = "pq://127.0.0.1:6
 
 
 def celery_env(root: str | os.PathLike[str], **variables: str) -> dict[str, str]:
-    """This process's environment with ``variables`` set and ``root`` (where the Celery app's
-    module is imported from) first on PYTHONPATH: for a worker and for any ``celery`` command."""
+    """This process's environment with ``variables`` set and ``root`` (where the app's module is
+    imported from) first on PYTHONPATH."""
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     return {**os.environ, **variables, "PYTHONPATH": path}
 
 
 class WorkerProcess(subprocess.Popen):
-    """A ``celery worker`` subprocess (``start_worker`` makes one): a Popen with the worker's
-    ``name`` and ``log_path`` (None when its output goes elsewhere)."""
+    """A Popen of ``celery worker`` (``start_worker``) with its ``name`` and ``log_path`` (or None)."""
 
     name: str
     log_path: Path | None
@@ -81,9 +66,8 @@ class WorkerProcess(subprocess.Popen):
     def wait_ready(
         self, timeout: float = 60.0, ready: Callable[[], object] | None = None, *, may_exit: bool = False
     ) -> WorkerProcess:
-        """Until the worker is ready (``ready()`` is true, by default ``said_ready``) or has
-        exited; WorkerExited with its log's end when it exited, unless ``may_exit``. WaitTimeout
-        after ``timeout`` seconds."""
+        """Until ``ready()`` (default ``said_ready``) or the worker exited: WorkerExited with its
+        log's end, unless ``may_exit``; WaitTimeout after ``timeout`` seconds."""
         check = ready or self.said_ready
         wait_for(lambda: check() or self.poll() is not None, timeout, f"worker {self.name} to be ready")
         if not may_exit and self.poll() is not None:
@@ -104,9 +88,8 @@ class WorkerProcess(subprocess.Popen):
 
 
 def stop_workers(workers: Iterable[WorkerProcess], sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
-    """``sig`` to the process group of each worker still running, all at once (SIGCONT first: a
-    stopped one wakes to hear it), then wait for each up to ``timeout`` seconds, and SIGKILL the
-    group of one still running after that."""
+    """``sig`` to each running worker's process group at once (after SIGCONT: a stopped one wakes
+    to hear it), then wait up to ``timeout`` seconds for each, SIGKILL for one still running."""
     running = [w for w in workers if w.poll() is None]
     for worker in running:
         worker.signal_group(signal.SIGCONT)
@@ -136,14 +119,12 @@ def start_worker(
     args: Sequence[str] = (),
     log: Path | IO[bytes] | None = None,
 ) -> WorkerProcess:
-    """Start ``celery -A app worker`` in ``cwd`` with ``env`` (``celery_env(cwd)`` if not given),
-    and return at once (``wait_ready`` waits for it).
-
-    ``name``: its node name (``name@%h``; Celery's default when None). ``queues``, ``pool``,
+    """Start ``celery -A app worker`` in ``cwd`` with ``env`` (default ``celery_env(cwd)``) and
+    return at once (``wait_ready`` waits). ``name``: node ``name@%h``. ``queues``, ``pool``,
     ``concurrency``, ``prefetch_multiplier``: ``-Q``, ``-P``, ``-c``, ``--prefetch-multiplier``,
-    each left out when None. ``gossip``, ``mingle``, ``heartbeat``: False adds ``--without-...``.
-    ``args``: more of the worker's arguments, after those. ``log``: a file path (truncated) or an
-    open binary file for its stdout and stderr; None discards them."""
+    left out when None. ``gossip``, ``mingle``, ``heartbeat`` False: ``--without-...``. ``args``
+    come after those. ``log``: a path (truncated) or open binary file for stdout and stderr;
+    None discards them."""
     command = [sys.executable, "-m", "celery", "-A", app, "worker", "-l", loglevel]
     for option, value in (
         ("-Q", queues),

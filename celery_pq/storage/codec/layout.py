@@ -1,6 +1,6 @@
-"""The codec's wire format: the version and flags bytes, the value tags, the body forms, the
-sections and the table of field names (``FIELDS``) with their defaults, the errors. The package's
-docstring (``celery_pq.storage.codec``) draws the layout; the writer and the reader follow it."""
+"""The codec's format: version and flags bytes, value tags, body forms, sections and the table of
+fields (``FIELDS``) with their defaults, drawn in docs/storage.md ("Layout"). Varints are unsigned
+LEB128, integers zigzag, floats 8 bytes big-endian, strings UTF-8."""
 
 from __future__ import annotations
 
@@ -105,10 +105,8 @@ class CodecError(ValueError):
 
 
 class Base64Body(bytes):
-    """A message body whose ``body_encoding`` is base64, held as its bytes instead of the base64
-    text: the transport publishes a body so (the codec stores such a body as its bytes anyway),
-    and ``decode(data, raw_body=True)`` gives one back for a delivery (kombu would decode the text
-    at once). Whoever holds one knows that the base64 step is done (the transport's
-    ``decode_body``)."""
+    """A body whose ``body_encoding`` is base64, held as its bytes, not the text: the transport
+    publishes one and ``decode(data, raw_body=True)`` gives one back, so the base64 step is
+    skipped both ways (the transport's ``decode_body`` knows it is done)."""
 
     __slots__ = ()

@@ -1,5 +1,5 @@
-"""The codec's reader: ``decode(bytes) -> message``, the kombu message dict of a stored record,
-within the bounds of ``bounds``."""
+"""The codec's reader: ``decode(bytes) -> message`` within the bounds of ``bounds``
+(docs/storage.md, "Untrusted stored bytes")."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ from .layout import (
 )
 from .reprs import derived_reprs
 
-#: celery -> the four sections' defaults, copied per message by the reader (the lists and dicts
-#: among them, in _MUTABLE as (section, name, default), copied again: a shallow copy suffices)
+#: celery -> the four sections' defaults, copied per message; the lists and dicts among them
+#: (_MUTABLE: (section, name, default), holding none themselves) copied again
 _TEMPLATES = {c: tuple(dict(DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
 _MUTABLE = {
     c: [(s, n, v) for s in range(4) for n, v in DEFAULTS[s, c].items() if type(v) in (list, dict)]
@@ -59,11 +59,8 @@ assert not any(
 
 
 def decode(data: bytes | str, raw_body: bool = False) -> dict:
-    """The kombu message dict of a stored record. CodecError (a ValueError) naming the problem
-    for a record that is not one.
-
-    ``raw_body``: a body stored as the bytes of its base64 text is given as those bytes, a
-    ``Base64Body``, not as the text (a delivery: kombu would decode the text at once)."""
+    """The kombu message dict of a stored record; CodecError (a ValueError) naming the problem.
+    ``raw_body``: a base64 body is given as its bytes, a ``Base64Body``, not the text."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     if len(data) < 2:
@@ -89,8 +86,8 @@ def decode(data: bytes | str, raw_body: bool = False) -> dict:
 
 
 class _Seen(list):
-    """The UUIDs one record's reader has read (a reference names one by its index), and how many
-    list and dict items the record may still make (``left``)."""
+    """The UUIDs read so far (a reference is an index), and the list and dict items the record
+    may still make (``left``)."""
 
     __slots__ = ("left",)
 
@@ -114,7 +111,7 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
     message["headers"] = headers
     message["properties"] = props
     uuids = _Seen()
-    raw = None  # the body's bytes, when it was base64
+    raw = None  # the body's bytes, when base64
     n = len(data)
     field = FIELD
     fields = 0
@@ -143,7 +140,7 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
             name = data[pos:end].decode("utf-8", "surrogatepass")
             pos = end
             target = sections[code]
-        tag = data[pos]  # the common values inline, the others in _read_value
+        tag = data[pos]  # the common values inline, others in _read_value
         if tag == T_STR and data[pos + 1] < 0x80:
             end = pos + 2 + data[pos + 1]
             if end > n:
@@ -178,8 +175,7 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """(the length, count or reference at ``pos``, the position after it): a varint of at most
-    MAX_VARINT_BYTES bytes."""
+    """(the length, count or reference at ``pos``, the position after): at most MAX_VARINT_BYTES."""
     start = pos
     n = shift = 0
     while True:
@@ -200,9 +196,8 @@ _SEPTETS = tuple(format(b & 0x7F, "07b") for b in range(256))
 
 
 def _read_int(data: bytes, pos: int) -> tuple[int, int]:
-    """(the integer at ``pos``, the position after it): a zigzag varint of at most MAX_INT_BYTES
-    bytes, read in time linear in its length (one of over 9 bytes has its bits joined into one
-    text for ``int``, not shifted in a byte at a time: that copies a growing number per byte)."""
+    """(the integer at ``pos``, the position after): a zigzag varint of at most MAX_INT_BYTES, in
+    linear time (over 9 bytes its bits are joined as text for ``int``, not shifted in)."""
     start = pos
     z = shift = 0
     while shift < 63:
@@ -231,8 +226,7 @@ def _read_blob(data: bytes, pos: int) -> tuple[bytes, int]:
 
 
 def _read_body(data: bytes, pos: int, uuids: _Seen, raw_body: bool = False) -> tuple[object, bytes | None, int]:
-    """(body, its bytes when it was base64 or None, position after it); with ``raw_body`` a
-    base64 body is its bytes (a Base64Body)."""
+    """(body, its bytes if it was base64 else None, position after); ``raw_body``: see ``decode``."""
     form = data[pos]
     pos += 1
     if form in (B_BASE64, B_BASE64_EMBED):

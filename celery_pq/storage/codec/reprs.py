@@ -1,6 +1,6 @@
-"""argsrepr and kwargsrepr from a Celery JSON body: the writer leaves them out of a record when
-they are exactly what ``repr`` of the body's args and kwargs gives (``derivable_reprs``), and the
-reader derives them again (``derived_reprs``, with a small cache)."""
+"""argsrepr and kwargsrepr from a Celery JSON body: the writer leaves them out when ``repr`` of
+the body's args and kwargs gives them exactly (``derivable_reprs``); the reader derives them again
+(``derived_reprs``). docs/storage.md ("What makes it small") says when."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import json
 from .bounds import remember
 from .layout import CELERY_EMBED_TAIL, F_ARGSREPR, F_KWARGSREPR
 
-#: kwargsrepr (and argsrepr of a body not shaped as Celery writes it) is derived from bodies of at
-#: most this many bytes: beyond it Celery has usually cut it (argsrepr_maxsize, 1 KB) and parsing
-#: the kwargs on every read costs more. A Celery body's args are read alone, at any size.
+#: kwargsrepr (and argsrepr of a body not as Celery writes it) is derived from bodies of at most
+#: this many bytes: beyond it Celery has usually cut it (argsrepr_maxsize, 1 KB).
 REPR_BODY_MAX = 1024
 
 
 def derivable_reprs(headers: dict, raw: bytes) -> int:
-    """F_ARGSREPR / F_KWARGSREPR for the reprs in ``headers`` that are what a reader derives from
-    the body (``_reprs_of``). Only reprs Celery did not cut ("...") can be: the others are not
-    computed. kwargs of a body over REPR_BODY_MAX are not parsed (unless they are ``{}``)."""
+    """F_ARGSREPR / F_KWARGSREPR for the reprs in ``headers`` a reader derives from the body alike
+    (``_reprs_of``); a repr Celery cut ("...") never is."""
     argsrepr, kwargsrepr = headers.get("argsrepr"), headers.get("kwargsrepr")
     want = (F_ARGSREPR if type(argsrepr) is str and "..." not in argsrepr else 0) | (
         F_KWARGSREPR if type(kwargsrepr) is str and "..." not in kwargsrepr else 0
@@ -33,20 +31,16 @@ def derivable_reprs(headers: dict, raw: bytes) -> int:
     )
 
 
-#: (value, end) of the JSON at a position; StopIteration if none (set by JSONDecoder, untyped)
+#: (value, end) of the JSON at a position; StopIteration if none (untyped)
 _JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _TAIL_TEXT = CELERY_EMBED_TAIL.decode("ascii")
 
 
 def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict | None:
-    """{F_ARGSREPR: argsrepr, F_KWARGSREPR: kwargsrepr} (those ``flags`` ask for) as ``repr``
-    makes them from a Celery JSON body ``[args, kwargs, embed]``, or None when ``raw`` is not
-    one. A reader derives them again only when the writer found them equal to the headers'.
-
-    A body as Celery writes it (``[[`` ... CELERY_EMBED_TAIL, kombu's ", " separators) has its
-    args read alone and its kwargs only when asked (``{}`` without parsing); any other body is
-    parsed whole, up to REPR_BODY_MAX bytes for the writer. ``kwargs_limit`` (the writer's):
-    kwargs of a longer body are not parsed, and left out of the answer."""
+    """``{F_ARGSREPR: ..., F_KWARGSREPR: ...}`` (as ``flags`` ask) as ``repr`` makes them from a
+    Celery JSON body ``[args, kwargs, embed]``, or None when ``raw`` is not one. A body as Celery
+    writes it has its args read alone, kwargs only when asked; any other is parsed whole.
+    ``kwargs_limit`` (the writer's): a longer body's kwargs are left out (any other body: None)."""
     text = None
     if raw.startswith(b"[[") and raw.endswith(CELERY_EMBED_TAIL):
         try:
@@ -92,14 +86,14 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
     return out
 
 
-#: argsrepr/kwargsrepr a reader derived lately, by (body, flags), for bodies of at most
-#: REPRS_CACHED_BODY bytes: tasks sent with the same small args (none, an id) are common.
+#: Reprs derived lately, by (body, flags), for bodies of at most REPRS_CACHED_BODY bytes: tasks
+#: sent with the same small args (none, an id) are common.
 _REPRS: dict[tuple[bytes, int], dict] = {}
 REPRS_CACHED_BODY = 256
 
 
 def derived_reprs(raw: bytes, flags: int) -> dict | None:
-    """``_reprs_of(raw, flags)``, from _REPRS when the body is small and was read lately."""
+    """``_reprs_of(raw, flags)``, cached for small bodies."""
     if len(raw) > REPRS_CACHED_BODY:
         return _reprs_of(raw, flags)
     key = (raw, flags)

@@ -1,9 +1,6 @@
-"""The codec's writer: ``encode(message) -> bytes``, a kombu message dict in the stored form.
-
-The writer and the reader are plain functions over a bytearray (or bytes) and a position, with
-the common values (short strings, UUIDs, references, None) handled inline: per message they run
-some thirty times, and a method call per value cost more than the JSON layout's whole dumps
-(benchmarks/codec_cpu.py measures both)."""
+"""The codec's writer: ``encode(message) -> bytes``. Plain functions over a bytearray, the common
+values inline and a Celery task or plain kombu message written without a loop over its fields:
+docs/storage.md ("CPU") says why and what it costs."""
 
 from __future__ import annotations
 
@@ -56,10 +53,9 @@ from .layout import (
 from .reader import read_message
 from .reprs import derivable_reprs
 
-#: headers whose value the reader derives from the body when the flag says so
+#: headers the reader derives from the body when the flag says so
 _DERIVED = {(S_HEADERS, "argsrepr"): F_ARGSREPR, (S_HEADERS, "kwargsrepr"): F_KWARGSREPR}
-#: (section, celery) -> {field name: (code, default or NO_DEFAULT, subsection or None, its F_* flag
-#: when derivable or 0)}: the writer's table
+#: (section, celery) -> {name: (code, default or NO_DEFAULT, subsection or None, F_* flag or 0)}
 _NAMES = {
     (sec, c): {
         name: (
@@ -74,20 +70,20 @@ _NAMES = {
     for sec in range(4)
     for c in (False, True)
 }
-#: (section, celery) -> names of the defaults and subsections a section has unless a record says not
+#: (section, celery) -> the defaults and subsections a section has unless a record says not
 _EXPECTED = {
     (sec, c): (*DEFAULTS[sec, c], *(name for (s, name) in SUBSECTIONS if s == sec))
     for sec in range(4)
     for c in (False, True)
 }
 
-#: Celery's protocol-2 headers in table order (as_task_v2 makes them in this order): the fields
-#: with a default, as one tuple to compare at once, and those without, each (name, code, F_* flag)
+#: Celery's protocol-2 headers in table order (as_task_v2's): those with a default as one tuple
+#: to compare at once, those without as (name, code, F_* flag, repeating)
 _CELERY_DEFAULTED = tuple((name, d) for s, name, d in FIELDS if s == S_HEADERS and d is not NO_DEFAULT)
 _CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
 _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
-#: fields whose values repeat from message to message: their records come from _RECORDS
+#: fields whose values repeat between messages: their records come from _RECORDS
 _REPEATING = frozenset(
     {(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key"), (S_DELIVERY_INFO, "exchange")}
 )
@@ -132,7 +128,7 @@ def encode(message: dict) -> bytes:
             _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
     elif not _write_plain(out, message, raw):
         _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
-    if len(out) > MAX_VALUES:  # each value takes a byte at least: a shorter record holds fewer
+    if len(out) > MAX_VALUES:  # a value takes a byte at least: a shorter record holds fewer
         _check_readable(out, flags)
     packed = compress(out)
     if packed is not None:
@@ -141,8 +137,7 @@ def encode(message: dict) -> bytes:
 
 
 def _check_readable(out: bytearray, flags: int) -> None:
-    """CodecError (nothing is written) for a record the reader would refuse: more than
-    MAX_VALUES fields, or list and dict items."""
+    """CodecError (nothing written) for a record over MAX_VALUES, which the reader would refuse."""
     try:
         read_message(bytes(out), 0, flags & ~(F_ARGSREPR | F_KWARGSREPR), raw_body=True)
     except CodecError as exc:
@@ -161,9 +156,8 @@ _SEPTET = re.compile("[01]{7}")
 
 
 def _write_int(out: bytearray, v: int) -> None:
-    """An integer as its zigzag varint, in time linear in its size (a long one is made from its
-    binary text, not shifted out seven bits at a time: each shift copies the number). CodecError
-    for one over MAX_INT_BYTES, which no reader takes."""
+    """An integer as its zigzag varint, in linear time (a long one from its binary text: each
+    shift would copy the number). CodecError for one over MAX_INT_BYTES."""
     z = v << 1 if v >= 0 else ((-v) << 1) - 1
     bits = z.bit_length()
     if bits <= 64:
@@ -189,9 +183,8 @@ def _blob(out: bytearray, data: bytes) -> None:
 def _write_section(
     out: bytearray, uuids: dict, section: int, d: dict, celery: bool, flags: int, raw: bytes | None
 ) -> None:
-    """The records of one section's fields (a subsection's inline, each code naming its section).
-    ``uuids``: {UUID text: its index} of those written so far; ``raw``: the body's bytes when it
-    is base64 text."""
+    """The records of one section's fields, subsections inline. ``uuids``: {UUID text: index}
+    written so far; ``raw``: the body's bytes when it is base64 text."""
     names = _NAMES[section, celery]
     expected = 0  # fields of _EXPECTED present in d
     for name, value in d.items():
@@ -199,7 +192,7 @@ def _write_section(
         if info is None:  # a field the table does not name
             if type(name) is not str:
                 raise CodecError(f"message field name {name!r} is not a string")
-            out.append(section)  # a section is below 0x80: its varint is one byte
+            out.append(section)  # below 0x80: its varint is one byte
             _blob(out, name.encode("utf-8", "surrogatepass"))
             _write_value(out, uuids, value)
             continue
@@ -214,11 +207,11 @@ def _write_section(
                 continue
         elif sub is not None:
             expected += 1
-            if isinstance(value, dict):  # a dict, or a subclass of one (read back as a dict)
+            if isinstance(value, dict):  # a subclass is read back as a dict
                 if sub != S_HEADERS or not celery or not _write_celery_headers(out, uuids, value, flags):
                     _write_section(out, uuids, sub, value, celery, flags, raw)
                 continue
-        if flags & derived_flag:  # argsrepr / kwargsrepr the reader derives from the body
+        if flags & derived_flag:
             continue
         out.append(code)
         if code == C_BODY:
@@ -233,10 +226,9 @@ def _write_section(
 
 
 def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool:
-    """The records of a Celery task message as kombu's virtual channel hands it over (its five
-    fields, content type JSON in UTF-8, the properties Celery and the channel set, ``delivery_mode``
-    2, exchange ""), the same ``_write_section`` writes for it in the same order, without a loop
-    over its fields; False (nothing written) for any other message. ``raw``: its body's bytes."""
+    """What ``_write_section`` writes for a Celery task message as kombu's virtual channel hands
+    it over (five fields, JSON in UTF-8, its properties, ``delivery_mode`` 2, exchange ""),
+    without a loop; False (nothing written) for any other message. ``raw``: the body's bytes."""
     headers, props = message["headers"], message.get("properties")
     if (
         message.keys() != _CELERY_MESSAGE
@@ -277,14 +269,13 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
     return True
 
 
-#: a plain kombu message (a producer's publish outside Celery) as kombu's virtual channel hands
-#: it over: its fields, its properties and its delivery info in this order, its headers empty
+#: a plain kombu message (published outside Celery) as kombu's virtual channel hands it over:
+#: its fields, properties and delivery info in this order, its headers empty
 _PLAIN_MESSAGE = ("body", "content-encoding", "content-type", "headers", "properties")
 _PLAIN_PROPERTIES = ("delivery_mode", "delivery_info", "priority", "body_encoding")
 _PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
-#: (code, default) of the fields of a plain message that have a default, in the order written:
-#: those before the delivery info (the exchange, a repeating text, then the routing key), and
-#: those after it
+#: (code, default) of a plain message's defaulted fields in the order written: those before the
+#: delivery info (exchange, then routing key) and those after it
 _PLAIN_DEFAULTED = tuple(
     (CODE[s, name], DEFAULTS[s, False][name])
     for s, name in ((S_MESSAGE, "content-encoding"), (S_MESSAGE, "content-type"), (S_PROPERTIES, "delivery_mode"))
@@ -297,9 +288,8 @@ _PLAIN_DEFAULTED_LAST = tuple(
 
 
 def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
-    """The records of a plain kombu message (``_PLAIN_MESSAGE``: no headers), the same
-    ``_write_section`` writes for it in the same order, without a loop over its sections;
-    False (nothing written) for any other message. ``raw``: its body's bytes when base64."""
+    """What ``_write_section`` writes for a plain kombu message (``_PLAIN_MESSAGE``, no headers),
+    without a loop; False (nothing written) for any other. ``raw``: the body's bytes if base64."""
     if tuple(message) != _PLAIN_MESSAGE:
         return False
     headers, props = message["headers"], message["properties"]
@@ -314,7 +304,6 @@ def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
     for (code, default), value in zip(
         _PLAIN_DEFAULTED, (message["content-encoding"], message["content-type"], props["delivery_mode"])
     ):
-        # (a text or number default: nothing when the field holds it)
         if value is not default and (type(value) is not type(default) or value != default):
             out.append(code)
             _write_value(out, uuids, value)
@@ -330,9 +319,8 @@ def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
 
 
 def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int) -> bool:
-    """The records of Celery's protocol-2 headers when they are exactly its fields and every
-    field that has a default holds it (a plain task: one tuple comparison for the thirteen), as
-    ``_write_section`` writes them; False (nothing written) for any other headers."""
+    """What ``_write_section`` writes for Celery's protocol-2 headers when they are exactly its
+    fields, every default held (one tuple comparison); False (nothing written) otherwise."""
     if len(headers) != len(_CELERY_HEADERS) or headers.keys() != _CELERY_HEADERS:
         return False
     values = _CELERY_DEFAULTED_GET(headers)
@@ -349,15 +337,14 @@ def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int
     return True
 
 
-#: field code -> {text: the field's record}: the records of texts that repeat (a task name, a
-#: worker's origin, a routing key), each made once; a cache over CACHE_MAX texts starts again
+#: field code -> {text: its record}: records of repeating texts (task name, origin, routing key)
 _RECORDS: dict[int, dict[str, bytes]] = {CODE[key]: {} for key in _REPEATING}
-#: {UUID text: its 16 bytes} of UUIDs written lately (a client's reply_to is in every message)
+#: {UUID text: its 16 bytes} written lately (a client's reply_to is in every message)
 _PACKED: dict[str, bytes] = {}
 
 
 def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
-    """A field of _REPEATING: its code and value, as a record made once for a short text."""
+    """A field of _REPEATING: code and value, a short text's record made once."""
     if type(value) is str:
         cache = _RECORDS[code]
         record = cache.get(value)
@@ -393,7 +380,7 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
     t = type(v)
     if t is str:
         n = len(v)
-        if n < 0x80 and n != 36 and v.isascii():  # most values: a short text that is no UUID
+        if n < 0x80 and n != 36 and v.isascii():  # most values: a short text, no UUID
             out.append(T_STR)
             out.append(n)
             out += v.encode("ascii")
@@ -439,14 +426,14 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
         for k, item in v.items():
             _blob(out, k.encode("utf-8", "surrogatepass"))
             _write_value(out, uuids, item)
-    else:  # a tuple, a datetime, ...: what kombu's JSON makes of it, as the JSON layout did
+    else:  # a tuple, a datetime, ...: kombu's JSON of it
         out.append(T_JSON)
         _blob(out, kombu_dumps(v).encode("utf-8", "surrogatepass"))
 
 
 def _uuid_bytes(text: str) -> bytes | None:
-    """The 16 bytes of a UUID in its canonical text (lowercase hex, dashes at 8-4-4-4-12), else
-    None: only that text is what the reader makes of the bytes again."""
+    """The 16 bytes of a UUID in canonical text (lowercase, 8-4-4-4-12), the only text the reader
+    makes again; else None."""
     if text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
         return None
     digits = text.replace("-", "")
@@ -458,7 +445,7 @@ def _uuid_bytes(text: str) -> bytes | None:
 
 
 def _same(a, b) -> bool:
-    """``a == b`` with the types equal too (``0 == False`` is not the default ``False``)."""
+    """``a == b`` with equal types too (``0`` is not the default ``False``)."""
     if type(a) is not type(b):
         return False
     if type(a) is list:
@@ -469,11 +456,10 @@ def _same(a, b) -> bool:
 
 
 def _base64_body(message: dict) -> bytes | None:
-    """The bytes of a message's body when it is exactly their base64 text (``body_encoding``
-    base64), else None."""
+    """The bytes of a base64 body that is exactly their base64 text, else None."""
     props = message.get("properties")
     body = message.get("body")
-    if type(body) is Base64Body:  # the bytes themselves (the transport's publish)
+    if type(body) is Base64Body:
         return bytes(body) if type(props) is dict and props.get("body_encoding") == "base64" else None
     if type(body) is not str or type(props) is not dict or props.get("body_encoding") != "base64":
         return None
@@ -481,8 +467,7 @@ def _base64_body(message: dict) -> bytes | None:
         raw = binascii.a2b_base64(body, strict_mode=True)
     except (binascii.Error, ValueError):
         return None
-    # Four characters of a full group are three bytes and back: only a padded last group can be
-    # another spelling of its bytes (low bits set that decoding drops), so only it is compared.
+    # Only a padded last group can spell its bytes another way (low bits decoding drops).
     tail = len(raw) % 3
     if tail and binascii.b2a_base64(raw[-tail:], newline=False) != body[-4:].encode("ascii"):
         return None
