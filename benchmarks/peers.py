@@ -43,8 +43,7 @@ def _consumer(port, name, start, out):
     t = time.perf_counter()
     done, held = 0, None
     while True:
-        script, keys, args = q.pop_call(1, acks=[(held.id, held.token)] if held else ())
-        got = q.parse_pop(script(keys=keys, args=args, client=client))
+        got = q.pop(1, acks=[(held.id, held.token)] if held else ())  # the last one acked in the same call
         if not got:
             break
         held = got[0]

@@ -229,7 +229,7 @@ def case_migrate(client, log, n) -> dict:
     fair = PriorityQueue(client, "migrate", fair=True)
     waiting = done = 0
     while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
-        step = fair.run("migrate", migrate_args(fair, C.MIGRATE_STEP))
+        step = fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))
         waiting, done = waiting + step[0], step[3]
         log.tick()
     assert waiting == n - n // 100, waiting

@@ -1,4 +1,4 @@
-"""celery-pq: a prioritized, fair, lease-based Celery broker on Redis.
+"""celery-pq: a prioritized, fair, lease-based Celery broker on Redis (docs/index.md).
 
 Importing this package registers the ``pq://`` and ``pqs://`` URL schemes with kombu.
 """

@@ -1,5 +1,5 @@
 """``python -m celery_pq --broker URL COMMAND ...``: the ``celery pq`` commands without a Celery
-app (``python -m celery_pq --help`` lists them)."""
+app (``--help`` lists them; docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,7 @@
-"""A Celery autoscaler that sizes the pool by the backlog in Redis, not only by what the worker
-has already reserved:
-
-    app.conf.worker_autoscaler = "celery_pq.autoscale:BacklogAutoscaler"
-    celery -A proj worker --autoscale=8,1
-
-Celery's own ``Autoscaler`` grows the pool to the number of tasks the worker has reserved,
-which the prefetch window caps: it cannot see the work still waiting in the broker. This one
-adds the backlog this worker could take (``PriorityQueue.backlog``): the queues and priority
-views it consumes only, due entries only (delayed ones wait), without the tenants held back
-by a concurrency cap, a rate limit or a pause, and nothing while a queue is paused.
-
-Every ``pq_autoscale_interval`` seconds it wants ``ceil((reserved + backlog) /
-pq_autoscale_backlog_per_process)`` processes, one more than it has when the entry that goes
-next in one of its queues has waited longer than ``pq_autoscale_max_age`` seconds, within
-``--autoscale=MAX,MIN``. It grows at once; it shrinks only after it has wanted fewer processes
-for ``pq_autoscale_idle_seconds`` without a break (hysteresis: a short lull does not cost a
-pool restart), and never below MIN. When Redis cannot be read it falls back to the reserved
-count alone, as Celery's autoscaler does. The settings are read from ``app.conf``:
-
-=====================================  =======  ===============================================
-setting                                default  meaning
-=====================================  =======  ===============================================
-``pq_autoscale_interval``              ``1.0``  seconds between decisions (and Redis reads)
-``pq_autoscale_backlog_per_process``   ``1``    entries (reserved or waiting) per process
-``pq_autoscale_max_age``               ``30.0`` seconds the next entry may wait before the pool
-                                                grows by one more; ``0`` turns this off
-``pq_autoscale_idle_seconds``          ``30.0`` seconds of lower demand before the pool shrinks
-=====================================  =======  ===============================================
+"""A Celery autoscaler that sizes the pool by reserved tasks plus this worker's backlog in Redis
+(``worker_autoscaler = "celery_pq.autoscale:BacklogAutoscaler"``, ``--autoscale=MAX,MIN``): it
+grows at once and shrinks after ``pq_autoscale_idle_seconds`` of lower demand. The
+``pq_autoscale_*`` settings and what it counts: docs/operations.md ("Autoscaling a worker's pool").
 """
 
 from __future__ import annotations
@@ -47,7 +22,7 @@ logger = logging.getLogger("celery_pq.autoscale")
 
 @dataclass(frozen=True)
 class AutoscaleSettings:
-    """The ``pq_autoscale_*`` settings (see the module docstring), checked."""
+    """The ``pq_autoscale_*`` settings of ``app.conf``, checked (ValueError)."""
 
     interval: float = 1.0
     backlog_per_process: int = 1
@@ -75,8 +50,7 @@ class BacklogAutoscaler(Autoscaler):
 
             app = current_app
         self.settings = AutoscaleSettings.from_conf(app.conf)
-        # keepalive is how often Celery's event loop asks us (and the thread's pace is 1 s):
-        # the decision interval. Shrinking waits for idle_seconds of its own (see _maybe_scale).
+        # keepalive: how often Celery's loop asks us, our decision interval
         super().__init__(
             pool,
             max_concurrency,
@@ -88,7 +62,7 @@ class BacklogAutoscaler(Autoscaler):
         self.app = app
         self.broker = Broker.of(app)
         self._read_at = None
-        self._seen = (0, None)  # (backlog, age of the oldest next entry in seconds)
+        self._seen = (0, None)  # (backlog, seconds the oldest next entry waited)
         self._lower_since = None
         self._warned_at = None
 
@@ -102,8 +76,8 @@ class BacklogAutoscaler(Autoscaler):
         return sorted(self.app.amqp.queues.consume_from or self.app.amqp.queues)
 
     def backlog(self) -> tuple[int, float | None]:
-        """(due entries this worker could take, seconds the oldest next one has waited), read
-        at most once per interval; (0, None) when Redis cannot be read."""
+        """(due entries this worker could take, seconds the oldest next one waited), read at most
+        once per interval; (0, None) when Redis cannot be read (warned once a minute)."""
         now = monotonic()
         if self._read_at is not None and now - self._read_at < self.settings.interval:
             return self._seen
@@ -123,7 +97,7 @@ class BacklogAutoscaler(Autoscaler):
                             age = (now_ms - head[0].enqueued_ms) / 1000
                             oldest = age if oldest is None else max(oldest, age)
             self._seen = (total, oldest)
-        except Exception as exc:  # the pool is still sized by what the worker reserved
+        except Exception as exc:  # sized by the reserved tasks alone, as Celery's autoscaler
             if self._warned_at is None or now - self._warned_at > 60:
                 self._warned_at = now
                 logger.warning("celery-pq autoscaler: cannot read the backlog (%s); sizing by reserved tasks", exc)
@@ -132,7 +106,8 @@ class BacklogAutoscaler(Autoscaler):
 
     # -- the decision -------------------------------------------------------------------------
     def wanted(self) -> int:
-        """Processes wanted now, before MIN and MAX."""
+        """Processes wanted before MIN and MAX: ``ceil((reserved + backlog) / backlog_per_process)``,
+        and one more than now when the next entry waited over ``max_age``."""
         reserved = len(state.reserved_requests)
         backlog, age = self.backlog()
         want = math.ceil((reserved + backlog) / self.settings.backlog_per_process)

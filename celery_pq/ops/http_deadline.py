@@ -1,11 +1,7 @@
-"""A deadline on a client's request, for the two HTTP servers of celery-pq (the dashboard,
-``dashboard/server.py``, and the metrics exporter, ``metrics.py``): both serve each connection in a
-thread of its own, and without a deadline a client that connects and sends nothing, or sends a
-byte every few seconds, holds its thread for as long as it likes.
-
-``DeadlineHandler`` goes first among a request handler's bases: the request (its line, its headers and its body) must arrive within the
-server's ``request_timeout`` seconds of the connection, however it trickles in; the reply is
-written with that timeout on each send. A client too late is dropped (its connection closed)."""
+"""A deadline on a client's whole request for the two HTTP servers (``dashboard/server.py``,
+``metrics.py``), which serve each connection in a thread: ``DeadlineHandler``, first among a
+handler's bases, drops a client whose request (line, headers, body) has not arrived within the
+server's ``request_timeout`` seconds however it trickles in; each write waits as long at most."""
 
 from __future__ import annotations
 
@@ -19,13 +15,12 @@ logger = logging.getLogger("celery_pq.http")
 
 
 class _DeadlineReader(io.RawIOBase):
-    """A connection's bytes, each read waiting only for what is left until ``deadline`` (a
-    ``time.monotonic()``); TimeoutError after it."""
+    """A connection's bytes, each read waiting only until ``deadline`` (monotonic); then TimeoutError."""
 
     def __init__(self, connection: socket.socket, deadline: float, timeout: float):
         self._connection = connection
         self._deadline = deadline
-        self._timeout = timeout  # the socket's timeout again after each read (the reply's writes)
+        self._timeout = timeout  # restored after each read (for the reply's writes)
 
     def readable(self) -> bool:
         return True
@@ -42,9 +37,8 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class DeadlineHandler(socketserver.StreamRequestHandler):
-    """A request handler whose server has ``request_timeout`` (seconds): the request must arrive
-    within it; each write of the reply waits at most as long. A handler of http.server or wsgiref
-    takes it as its first base (``class Handler(DeadlineHandler, BaseHTTPRequestHandler)``)."""
+    """A request handler whose server has ``request_timeout`` (seconds), taken as the first base:
+    ``class Handler(DeadlineHandler, BaseHTTPRequestHandler)``."""
 
     def setup(self) -> None:
         timeout = float(self.server.request_timeout)  # type: ignore[attr-defined]
@@ -53,7 +47,7 @@ class DeadlineHandler(socketserver.StreamRequestHandler):
         self.connection.settimeout(timeout)
         made = self.rfile
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline, timeout))
-        made.close()  # (it holds a reference to the connection's socket until closed)
+        made.close()  # (it holds the socket until closed)
 
     def handle(self) -> None:
         try:

@@ -1,27 +1,7 @@
-"""Prometheus metrics of celery-pq queues: a custom collector (``PQCollector``) to mount in an
-existing app, and the exporter ``celery -A proj pq metrics --port 9808`` runs (``serve``).
-
-    from prometheus_client import REGISTRY
-    from celery_pq.ops.metrics import PQCollector
-
-    REGISTRY.register(PQCollector(app))            # or PQCollector("pq://host:6379/0")
-
-Every scrape reads Redis afresh (one channel, a few round trips per queue); nothing is cached
-between scrapes, so every exporter and every process agree: the counters are the ones the Lua
-scripts keep in each queue's hash ``ct`` (``PriorityQueue.counters``).
-
-Gauges, per queue (label ``queue``):
-``celery_pq_waiting_messages`` (only that label), ``celery_pq_delayed_messages``,
-``celery_pq_leased_messages``, ``celery_pq_dead_messages``, ``celery_pq_paused`` (1 or 0),
-``celery_pq_paused_tenants``, ``celery_pq_backlog_messages`` (due entries a consumer of the
-whole queue could take now), ``celery_pq_oldest_waiting_age_seconds`` (the entry that goes next),
-``celery_pq_waiting_messages_by_priority`` (``band``), ``celery_pq_waiting_messages_by_tenant``
-and ``celery_pq_leased_messages_by_tenant`` (``tenant``: the ``max_tenants`` largest by name,
-the rest summed as ``other``), and ``celery_pq_up`` (0 when the last scrape could not read Redis).
-
-Counters (``_total``): enqueued, deliveries, redeliveries, acks, requeues, lease expiries,
-dead letters, removed, refusals (queue full), malformed, dead dropped, expired; and
-``celery_pq_tenant_deliveries_total`` per tenant of a fair queue.
+"""Prometheus metrics of celery-pq queues: ``PQCollector`` to register in an app's own registry
+(``REGISTRY.register(PQCollector(app))``), and ``serve``, the exporter of ``pq metrics``. Every
+scrape reads Redis afresh; the counters are the ones the Lua scripts keep. docs/operations.md
+("Prometheus metrics") lists the gauges and counters. Needs the ``[ops]`` extra.
 """
 
 from __future__ import annotations
@@ -64,7 +44,6 @@ COUNTERS = {
     "expired": ("expired", "Entries past their expiry deadline, never delivered (dead-lettered or dropped)."),
 }
 
-#: A metric family this collector fills (``add_metric`` on either).
 Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily
 
 #: Tenants exported by name per queue by default; the rest are summed as "other".
@@ -93,8 +72,7 @@ def parse_bands(text: str | None) -> list[tuple[int, int]] | None:
 
 
 def band_counts(per_priority: dict, bands: list[tuple[int, int]] | None) -> dict[str, int]:
-    """Waiting entries per band label (``"lo-hi"``; every band, 0 included), or per priority
-    (``"200"``) without bands."""
+    """Waiting entries per band (``"lo-hi"``, every band) or, without bands, per priority (``"200"``)."""
     if bands is None:
         return {str(p): n for p, n in per_priority.items()}
     out = {f"{lo}-{hi}": 0 for lo, hi in bands}
@@ -117,16 +95,10 @@ def top_tenants(values: dict[str, int], limit: int) -> dict[str, int]:
 
 
 class PQCollector(Collector):
-    """A prometheus_client collector of celery-pq queues.
-
-    Arguments:
-        app_or_url: a Celery app (its broker settings) or a broker URL.
-        queues: the queues to export; None: every declared queue (Celery's own left out).
-        transport_options: with a URL, its ``broker_transport_options`` (``key_prefix``...).
-        bands: priority bands ``[(lo, hi), ...]`` or ``"0-99,100-255"`` for
-            ``..._by_priority``; None: one series per priority that has waiting entries.
-        max_tenants: tenants exported by name per queue and metric; the rest are ``other``.
-    """
+    """A prometheus_client collector of celery-pq queues. ``app_or_url``: a Celery app or a broker
+    URL (with its ``transport_options``); ``queues``: None for every declared queue but Celery's;
+    ``bands``: ``[(lo, hi), ...]`` or ``"0-99,100-255"`` for ``..._by_priority`` (None: one series
+    per priority); ``max_tenants``: tenants by name per queue and metric, the rest ``other``."""
 
     def __init__(
         self,
@@ -145,7 +117,7 @@ class PQCollector(Collector):
         self.max_tenants = max_tenants
 
     def describe(self):
-        """The metric names without reading Redis (``registry.register`` calls this)."""
+        """The metric names, without reading Redis (for ``registry.register``)."""
         return list(self._families().values())
 
     def collect(self):
@@ -231,18 +203,15 @@ class PQCollector(Collector):
                 fams["tenant_deliveries"].add_metric([name, tenant], n)
 
 
-#: Where the exporter listens unless told otherwise: this machine only. Its page names every
-#: queue and tenant; serving it to the network is a choice (``--address 0.0.0.0``).
+#: This machine only by default: the page names every queue and tenant (``--address 0.0.0.0``).
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
-#: Seconds a scraper has to send its whole request, and for each write of the reply: a client
-#: that connects and sends nothing, or a byte at a time, holds a thread no longer.
+#: Seconds a scraper has to send its whole request, and for each write of the reply.
 REQUEST_TIMEOUT_SECONDS = 10.0
 
 
 class _ScrapeServer(ThreadingMixIn, WSGIServer):
-    """The exporter's HTTP server: a thread per connection, each request within
-    ``request_timeout`` seconds (``http_deadline``); the address family of the address given."""
+    """A thread per connection, each request within ``request_timeout`` (``http_deadline``)."""
 
     daemon_threads = True
 
@@ -270,10 +239,9 @@ def serve(
     block: bool = True,
     request_timeout: float = REQUEST_TIMEOUT_SECONDS,
 ):
-    """Serve ``/metrics`` on ``address:port`` (by default on 127.0.0.1 only) from a registry of
-    its own (the exporter's process metrics are not mixed in), prometheus_client's WSGI app in
-    a server whose clients send their request within ``request_timeout`` seconds. With
-    ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
+    """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics),
+    each request within ``request_timeout`` seconds. With ``block``, until Ctrl-C; otherwise
+    returns the (server, thread) serving."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry()

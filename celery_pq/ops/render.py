@@ -1,6 +1,5 @@
-"""How the command line shows rows: rich tables on a terminal when rich is installed (the
-``[ops]`` extra), plain aligned text otherwise (pipes, logs, tests), so that ``grep`` and
-``awk`` keep working on the output."""
+"""How the commands show rows: rich tables on a terminal when rich (the ``[ops]`` extra) is
+installed, plain aligned text otherwise, so ``grep`` and ``awk`` work on it (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
-"""The checks every argument and option goes through: numbers, durations, counts and text.
-
-One set for the queue's arguments (``ValueError``) and the transport's options
-(``error=ConfigError``); each message names the argument and the value it got.
-"""
+"""The checks every argument and option goes through (numbers, durations, counts, text): one
+set for the queue's arguments (``ValueError``) and the transport's options (``error=ConfigError``),
+each message naming the argument and the value it got."""
 
 from __future__ import annotations
 
 import math
 from typing import Literal, overload
 
-#: The longest duration any argument or option takes (lease, delay, dedupe window, timeouts):
-#: ten years, in seconds.
+#: The longest duration any argument or option takes: ten years, in seconds.
 MAX_SECONDS = 10 * 365 * 24 * 3600
 
 
@@ -78,8 +75,7 @@ def count(
 
 
 def text(label: str, value, *, forbidden: str = "", error: type[Exception] = ValueError) -> str:
-    """A non-empty str without the characters a stored record uses as separators (or, with
-    ``forbidden=" "`` and the like, that a name may not hold)."""
+    """A non-empty str without the ``forbidden`` characters (separators, spaces)."""
     if not isinstance(value, str) or not value or any(c in value for c in forbidden):
         extra = f" without {', '.join(repr(c) for c in forbidden)}" if forbidden else ""
         raise error(f"{label} must be a non-empty string{extra}, got {value!r}")

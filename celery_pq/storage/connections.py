@@ -1,28 +1,8 @@
-"""How the transport reaches Redis: the one connection pool of a kombu connection.
-
-The broker URL names one server (``pq://HOST:PORT/DB``, ``pqs://`` for TLS), or, with the
-transport option ``master_name``, the Redis Sentinels that know which server is the master now
-(``pq://s1:26379;pq://s2:26379;pq://s3:26379/0``: kombu splits the URL at ``;``, and every host
-is then a sentinel). In the second form the pool is redis-py's ``SentinelConnectionPool``: each
-new connection asks the sentinels for the master, and a connection that meets a demoted master
-(its reply is READONLY) is closed and raises a connection error, so that the next attempt goes
-to the new master. Every connection the transport opens comes from this pool or is made like
-its connections (``new_connection``: the blocking reads of ``poller.py``), so after a failover
-the shared client, the blocking reads, pub/sub and the lease keeper all find the new master.
-
-With the transport option ``cluster``, the broker URL names any seed node of a Redis Cluster
-(``pq://HOST:PORT``; several, ``pq://n1:7000;pq://n2:7000``, so that a reconnection finds one
-alive when a seed is down): the client is then redis-py's ``RedisCluster`` (``make_cluster``), which
-learns the nodes and their slots from it. Every key of one queue shares one hash tag, so each
-script call, pipeline or blocking read about one queue goes to one node: ``node_client`` gives
-the plain client of the master serving a key now (its own pool, so scripts are loaded per node
-and run on a connection of that node), ``new_connection`` a blocking connection to it. A call
-that meets a moved slot or a dead node goes through ``RedisCluster`` itself (``REROUTE``), which
-learns the new layout and retries.
-
-TLS settings come the kombu way: Celery's ``broker_use_ssl`` (kombu's ``ssl=``), a dict of
-redis-py's ``ssl_*`` arguments (``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``, ...),
-checked here when the pool is made.
+"""How the transport reaches Redis: the one pool (or ``RedisCluster`` client) of a kombu
+connection, for one server, TLS (``broker_use_ssl``), the master that Redis Sentinels name
+(``master_name``) or a Redis Cluster (``cluster``); which node holds a key, and waiting out a
+moving slot. Every connection is from that pool or made like its own, so after a failover all
+of them find the new master. docs/deployments.md, docs/cluster.md ("How it works").
 """
 
 from __future__ import annotations
@@ -47,11 +27,10 @@ from .retrying import again_while_refused
 
 logger = logging.getLogger(__name__)
 
-#: Eviction policies that may drop any key, a queue's included. (The volatile-* policies evict
-#: only keys with a time to live: of ours, only the sweep guard, whose loss costs one extra sweep.)
+#: Eviction policies that may drop any key (volatile-* ones touch only our sweep guard).
 EVICTING_POLICIES = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random"})
 
-#: The port of a sentinel named without one (Redis Sentinel's own default).
+#: The port of a sentinel named without one.
 SENTINEL_PORT = 26379
 
 #: The TLS arguments redis-py's SSL connection takes (``broker_use_ssl`` may name only these).
@@ -59,8 +38,7 @@ SSL_ARGUMENTS = frozenset(n for n in inspect.signature(redis.SSLConnection.__ini
 
 
 def broker_db(conninfo) -> int:
-    """The database number of the broker URL (``/0`` when none). A URL of several hosts
-    (``pq://s1;pq://s2/2``) may name it on any of them, the same on each."""
+    """The broker URL's database (0 when none; several hosts may name it, alike; else ConfigError)."""
     named = [
         _db(conninfo.virtual_host),
         *(_db(urlsplit(url).path) for url in conninfo.alt or [] if isinstance(url, str)),
@@ -99,8 +77,7 @@ def tls_arguments(ssl) -> dict:
 
 
 def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
-    """The pool of a kombu connection (``conninfo``: kombu's ``Connection``) with the channel's
-    ``options``: a plain pool, or a sentinel-managed one when ``options.master_name`` is set."""
+    """The pool of a kombu ``Connection``: plain, or sentinel-managed with ``master_name``."""
     tls = tls or bool(conninfo.ssl)
     params = {
         "db": broker_db(conninfo),
@@ -141,13 +118,12 @@ def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
                 "the transport option cluster is set, but the broker URL names a Redis that is not "
                 "a cluster node (cluster-enabled no): drop the option for a single Redis"
             ) from None
-        raise rex.ConnectionError(str(exc)) from exc  # no seed answered: retried like any lost connection
+        raise rex.ConnectionError(str(exc)) from exc  # no seed answered: retried as a lost connection
 
 
 def check_not_a_cluster_node(client) -> None:
-    """ConfigError when a client made for one Redis reached a node of a Redis Cluster: its
-    queues' scripts would meet MOVED replies (the option ``cluster`` is missing). Nothing when
-    this user may not run INFO."""
+    """ConfigError when a client made for one Redis reached a cluster node (the option
+    ``cluster`` is missing); nothing when this user may not run INFO."""
     try:
         enabled = client.info("cluster").get("cluster_enabled")
     except rex.ResponseError:
@@ -160,7 +136,7 @@ def check_not_a_cluster_node(client) -> None:
 
 
 def is_cluster(client: object) -> bool:
-    """Is ``client`` a Redis Cluster client? (Asked on every script call: known per class.)"""
+    """Is ``client`` a Redis Cluster client? (Cached per class: asked on every call.)"""
     cls = type(client)
     known = _CLUSTER_CLASSES.get(cls)
     if known is None:
@@ -168,25 +144,19 @@ def is_cluster(client: object) -> bool:
     return known
 
 
-#: Client class -> is it a cluster client (a handful of classes in a process).
 _CLUSTER_CLASSES: dict[type, bool] = {}
 
 
-#: Replies and failures after which a key's node, as the cluster client knows it, may be wrong:
-#: the call goes again through ``RedisCluster``, which refreshes the layout and retries.
+#: Failures after which a key's node may have changed: the call goes again through
+#: ``RedisCluster``, which relearns the layout.
 REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.ConnectionError, rex.TimeoutError, OSError)
 
 
-#: Errors of a Redis Cluster whose slot is moving or whose layout is changing, raised by
-#: redis-py (``TryAgainError``, an ``AskError``/``MovedError`` redirect it did not follow,
-#: ``ClusterDownError``, ``ClusterError("TTL exhausted.")`` after its own retries,
-#: ``SlotNotCoveredError``), and the error a script's slot guard gets while its queue's slot
-#: migrates (lua/includes/queue.lua): the call wrote nothing, and may be made again once the
-#: slot settles (``unsettled``).
+#: redis-py's errors of a cluster whose slot is moving or layout changing (with the slot guard's
+#: error replies, lua/includes/queue.lua): the call wrote nothing and may be made again.
 UNSETTLED = (rex.TryAgainError, rex.AskError, rex.ClusterError, rex.SlotNotCoveredError)
 
-#: How those errors begin when they come back as a script's error reply (a plain ResponseError):
-#: Redis's refusal of a command a script ran (an ASK or TRYAGAIN inside it), and the replies.
+#: How those begin as a script's error reply (a plain ResponseError).
 _UNSETTLED_TEXT = (
     "Script attempted to access a non local key",
     "Script attempted to execute a command while the cluster is down",
@@ -207,21 +177,16 @@ def unsettled(exc: BaseException) -> bool:
     return text.removeprefix("ERR ").startswith(_UNSETTLED_TEXT)
 
 
-#: Counts of this process, for tests and metrics: "rerouted", script calls on a cluster that met
-#: a moved or moving slot or a lost node on the node they went to, and went through redis-py's
-#: cluster client (which follows ASK and MOVED, and tries TRYAGAIN again for a moment);
-#: "refused", tries of a call refused because its slot was moving, after which it was made again.
+#: This process's counts: "rerouted", cluster calls sent again through ``RedisCluster``;
+#: "refused", tries refused by a moving slot and made again.
 settling = {"rerouted": 0, "refused": 0}
 
-#: Per Redis Cluster client: seconds a call waits for a moving slot (``set_cluster_retry``); a
-#: client not named here, C.CLUSTER_RETRY_SECONDS.
+#: Cluster client -> seconds a call waits for a moving slot (else C.CLUSTER_RETRY_SECONDS).
 _cluster_retry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def set_cluster_retry(cluster, seconds: float) -> None:
-    """How long a call through ``cluster`` (a ``RedisCluster``) is made again while its queue's
-    slot migrates, before it fails with ``ClusterUnsettled`` (the transport option
-    ``cluster_retry_seconds``)."""
+    """Seconds a call through ``cluster`` retries a moving slot before ``ClusterUnsettled``."""
     _cluster_retry[cluster] = float(seconds)
 
 
@@ -230,10 +195,8 @@ _patience = threading.local()
 
 @contextmanager
 def impatient():
-    """Calls of this thread within the block do not wait for a moving slot: the first refusal
-    raises ``ClusterUnsettled``. For the lease keeper, which tries again on its own timer: one
-    queue's moving slot then holds up neither the renewals of the other queues nor its own
-    renewals behind a sweep or an ack that cannot run until the slot settles."""
+    """Within the block this thread's calls do not wait for a moving slot: the first refusal
+    raises ``ClusterUnsettled`` (the lease keeper retries on its own timer instead)."""
     _patience.bound = 0.0
     try:
         yield
@@ -242,10 +205,9 @@ def impatient():
 
 
 def until_settled(cluster, key, attempt):
-    """``attempt(n)`` (n: the tries before it), made again while it fails with an ``unsettled``
-    error (it wrote nothing: the slot guard, or Redis refused the call whole), after a pause that
-    doubles from C.SETTLE_PAUSE_FIRST to C.SETTLE_PAUSE_MAX seconds, for at most
-    ``cluster_retry_seconds``; then ``ClusterUnsettled`` naming ``key``. Its reply otherwise."""
+    """``attempt(n)``'s reply, made again while it fails ``unsettled`` (nothing written), pausing
+    SETTLE_PAUSE_FIRST doubling to SETTLE_PAUSE_MAX, for at most ``cluster_retry_seconds``;
+    then ``ClusterUnsettled`` naming ``key``."""
 
     def refused(exc: Exception) -> bool:
         if not unsettled(exc):
@@ -267,16 +229,14 @@ def until_settled(cluster, key, attempt):
 
 
 def node_client(client, key) -> redis.Redis:
-    """The plain client of the server that holds ``key``: ``client`` itself on one server, the
-    master serving the key's slot (as the cluster client knows it now) on a cluster."""
+    """The plain client of the server holding ``key`` (on a cluster, its slot's master now)."""
     if not is_cluster(client):
         return client
     return client.get_redis_connection(client.get_node_from_key(key))
 
 
 def relearn(client) -> None:
-    """Have a cluster client read the layout of the cluster again (after a failover or a moved
-    slot); nothing on one server, nor when no node answers now (the next call tries again)."""
+    """Have a cluster client read the layout again (nothing when no node answers now)."""
     if is_cluster(client):
         try:
             client.nodes_manager.initialize()
@@ -285,12 +245,10 @@ def relearn(client) -> None:
 
 
 class NodePipeline:
-    """A pipeline of commands on the keys of one hash tag, sent to the server that holds
-    ``key`` (with TIME, or in MULTI, which a cluster client's own pipeline refuses). On a
-    cluster, a pipeline that met a moved slot or a failed node is sent once more after the
-    layout is read again, so a long-lived reader (the metrics exporter, ``stats --watch``)
-    follows a failover; one that meets its slot moving waits for it (``until_settled``). Used
-    as redis-py's: ``with NodePipeline(c, key) as p: p.get(k); p.execute()``."""
+    """redis-py's pipeline on the keys of one hash tag, sent to the server holding ``key`` (TIME
+    and MULTI allowed, unlike a cluster pipeline). On a cluster it is sent once more after a
+    moved slot or failed node, and waits out a moving slot: ``with NodePipeline(c, key) as p:
+    p.get(k); p.execute()``."""
 
     def __init__(self, client, key: str, transaction: bool = False):
         self.client, self.key, self.transaction = client, key, transaction
@@ -329,7 +287,7 @@ class NodePipeline:
 
 
 def by_node(client, items, key_of) -> dict:
-    """``{node client: [item, ...]}`` of ``items``, each by the node of ``key_of(item)``, in order."""
+    """``{node client: [item, ...]}``, each item by the node of ``key_of(item)``, in order."""
     out: dict = {}
     for item in items:
         out.setdefault(node_client(client, key_of(item)), []).append(item)
@@ -337,8 +295,7 @@ def by_node(client, items, key_of) -> dict:
 
 
 def slot_groups(client, keys) -> dict:
-    """``{group: [key, ...]}``: keys one multi-key command (a BLPOP) may name together, in
-    order. One group on a single server; one per hash slot on a cluster."""
+    """``{group: [key, ...]}`` of keys one multi-key command may name (one per slot on a cluster)."""
     if not is_cluster(client):
         return {None: list(keys)} if keys else {}
     out: dict = {}
@@ -360,8 +317,7 @@ def sentinel_addresses(conninfo) -> list[tuple[str, int]]:
 
 
 def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
-    """(host, port) of every host the broker URL names (its ``;``-separated hosts): the
-    sentinels of ``master_name``, the seed nodes of ``cluster``."""
+    """(host, port) of the URL's ``;``-separated hosts (sentinels, or a cluster's seeds)."""
     urls = [u for u in (conninfo.alt or []) if isinstance(u, str)]
     if not urls:
         return [(conninfo.hostname or "127.0.0.1", conninfo.port or default_port)]
@@ -382,8 +338,6 @@ def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnec
     """A pool whose connections go to the master that the sentinels at ``addresses`` name."""
     sentinel_kwargs = options.sentinel_kwargs
     if sentinel_kwargs is None:
-        # A sentinel that does not answer must not hold up the discovery of the master: the
-        # next sentinel is asked after this long (or the shorter socket_timeout).
         sentinel_kwargs = {
             "socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT, C.SENTINEL_SOCKET_TIMEOUT),
             "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT,
@@ -394,15 +348,13 @@ def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnec
 
 
 def new_connection(pool: redis.ConnectionPool):
-    """A connection made like the pool's own, but not taken from it (a blocking read holds
-    its connection for as long as it waits). A sentinel-managed one finds the master itself."""
+    """A connection made like the pool's, not from it (a blocking read holds it as it waits)."""
     return pool.connection_class(**pool.connection_kwargs)
 
 
 def close_pool(pool) -> None:
-    """Close the pool's connections (and, for a sentinel pool, those to the sentinels; for a
-    cluster client, those to every node)."""
-    if is_cluster(pool):  # its nodes' pools; the client stays usable (they reconnect on use)
+    """Close the pool's connections (those to the sentinels, or to every cluster node, too)."""
+    if is_cluster(pool):  # the client stays usable (they reconnect on use)
         for node in pool.get_nodes():
             if node.redis_connection is not None:
                 node.redis_connection.connection_pool.disconnect()
@@ -425,9 +377,7 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
 
 
 def eviction_policy(client: redis.Redis) -> str | None:
-    """The server's ``maxmemory-policy`` (from ``INFO memory``; on a cluster, the first master's
-    that evicts, else any master's), or None when this user may not ask (an ACL user without
-    INFO) or the server does not say."""
+    """The server's ``maxmemory-policy`` (a cluster's evicting master's first); None without INFO rights."""
     policy = None
     for node in primaries(client):
         try:
@@ -441,8 +391,7 @@ def eviction_policy(client: redis.Redis) -> str | None:
 
 
 def warn_if_evicting(client: redis.Redis) -> str | None:
-    """Warn (loudly: an evicted key is a lost message, or a queue whose tables disagree) when
-    the server may evict any key. Returns the policy found."""
+    """Warn when the server may evict any key (a lost message); the policy found."""
     policy = eviction_policy(client)
     if policy in EVICTING_POLICIES:
         logger.warning(

@@ -1,9 +1,6 @@
-"""The cost table: Redis reads and writes each queue operation runs, per technique.
-
-The patent's cost explanation, on the steady path: one entry, a new id, a wake token already
-waiting, no dead-lettering, and (technique S) ``stale`` priority-index members whose entry was
-removed by id lying in front of the one retrieved. tests/lua/test_explain.py checks these counts
-against Redis's own INFO commandstats; docs/priorities.md shows them.
+"""The cost table: the Redis reads, writes and commands each queue operation runs on its steady
+path, per technique (``PriorityQueue.explain``). tests/lua/test_explain.py checks it against
+Redis's INFO commandstats; docs/priorities.md shows and explains it.
 """
 
 from __future__ import annotations
@@ -12,7 +9,9 @@ from collections import Counter
 
 
 def explain(stale: int = 0) -> dict:
-    """{operation: {technique: {"reads": n, "writes": n, "commands": {command: n}}}} (see above)."""
+    """{operation: {technique: {"reads": n, "writes": n, "commands": {command: n}}}}: one entry,
+    a new id, a wake token waiting, no dead-lettering, and (technique S) ``stale`` pointers of
+    removed entries in front of the one retrieved."""
     return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
@@ -69,21 +68,16 @@ def _commands(stale: int) -> dict:
     k = stale
     both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
-    # the pointer is current; the lease is written if the entry has none (HSETNX: the lease
-    # check and the write in one), and the sweep record started (SET NX: a pop that acked a
-    # lease first skips it)
+    # HSETNX: the lease check and write in one; SET NX: the sweep record (skipped by a pop that acked)
     grant = ["time", "hsetnx", "zadd", "set"]
     md = ["get"]  # every script but extend first reads the queue's mode record
-    # A rank's score in pi says whether a compaction pass of it is under way (its front list
-    # comes first): read with the rank by a pop, else with one ZSCORE.
+    # is a compaction pass of the rank under way (a pop reads it with the rank)
     passing = ["zscore"]
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
-    # An insert whose publish id the client made, on its first send: one MGET reads the mode
-    # record, the views registry's version and the publish-id window's start; the publish id
-    # is only recorded (answered ones are forgotten in batches of FORGET_BATCH: two more
-    # commands every 32 inserts). Sent again, it is first looked for in both windows (two
-    # HGETs); one with a publish id of the caller's and no length limit looks in the last
-    # window and records it in this one with one HSETNX ("hget", "hsetnx" for "hset").
+    # An insert's first send with a client-made publish id: one MGET (mode, views version, window
+    # start), the id only recorded (answered ones forgotten every FORGET_BATCH: two commands).
+    # Sent again: two HGETs first; a caller's publish id without a length limit: "hget",
+    # "hsetnx" for "hset".
     return {
         # the entry stored with HSETNX (an id in use takes free_id's way)
         "insert": both(["mget", "time", "incr", "hsetnx", "rpush", "hset", "llen", *ct]),

@@ -21,8 +21,8 @@ class ErrorCode(IntEnum):
     MIGRATING = -9  # the queue's mode is being migrated: nothing was done, retry
 
 
-#: The first word of a script's error reply that carries one of these codes (MODE_MISMATCH and
-#: MIGRATING, which any script may meet): ``PQ <code> <key> <stored mode> [<caller's mode>]``.
+#: First word of an error reply carrying a code any script may meet (MODE_MISMATCH, MIGRATING):
+#: ``PQ <code> <key> <stored mode> [<caller's mode>]``.
 ERROR_REPLY = "PQ"
 
 
@@ -84,12 +84,8 @@ class ConfigError(PQError, ValueError):
 
 
 class ModeMismatch(ConfigError):
-    """A process uses a queue with settings other than those recorded when it was made.
-
-    A queue records its mode (fairness, fair scope, priority order, technique) in Redis on
-    first use; a process that disagrees touches nothing. ``PriorityQueue.migrate_mode()``
-    changes a queue's mode on purpose.
-    """
+    """A process uses a queue with another mode (fairness, scope, order, technique) than the one
+    recorded on first use; nothing was changed (``PriorityQueue.migrate_mode`` changes it)."""
 
     def __init__(self, queue: str, stored: dict, wanted: dict):
         self.queue = queue
@@ -105,9 +101,8 @@ class ModeMismatch(ConfigError):
 
 
 class QueueMigrating(PQError, ConnectionError):
-    """A call to a queue whose mode is being changed (``PriorityQueue.migrate_mode``, in steps):
-    nothing was done. The queue API waits and retries for up to ``C.MIGRATION_WAIT`` seconds; a
-    pipeline raises it at once, and kombu takes it as a connection error (retried)."""
+    """A call to a queue whose mode is being migrated: nothing done. The queue API retries for up
+    to ``C.MIGRATION_WAIT``; a pipeline raises it at once (a connection error to kombu)."""
 
     def __init__(self, queue: str, mode: dict):
         self.queue = queue
@@ -131,8 +126,7 @@ class MessageTooLarge(PQError, ValueError):
 
 
 class BrokerUnreachable(PQError, ConnectionError):
-    """The broker's Redis did not answer. The message names it by host:port only: a broker URL
-    may carry a password, and this text ends up in terminals and logs."""
+    """The broker's Redis did not answer; named by host:port only (a URL may hold a password)."""
 
     def __init__(self, address: str, reason: str):
         self.address = address
@@ -141,10 +135,8 @@ class BrokerUnreachable(PQError, ConnectionError):
 
 
 class NotReplicated(PQError):
-    """A publish the master stored, that fewer than ``wait_replicas`` replicas acknowledged
-    within ``wait_timeout`` (Redis WAIT). The master may still hold it, and a failover before
-    the replicas catch up may lose it: publishing it again with the same publish id stores it
-    once (kombu's and Celery's publish retry do that)."""
+    """A publish fewer than ``wait_replicas`` replicas acknowledged within ``wait_timeout``: the
+    master may hold it and a failover lose it; a retry (same publish id) stores it once."""
 
     def __init__(self, queue: str, acknowledged: int, wanted: int, timeout: float):
         self.queue = queue
@@ -160,10 +152,8 @@ class NotReplicated(PQError):
 
 
 def error_for(code: int, queue: str, **context) -> PQError | None:
-    """The exception of a script's error code: the one place where codes become exceptions
-    (None for a code >= 0, no error). ``context`` carries what the exception names: ``entry_id``
-    (lease, lookup and state errors), ``size``, ``limit`` and ``tenant`` (full queues),
-    ``stored`` and ``wanted`` (mode records)."""
+    """The exception of a script's error code (None for a code >= 0): the one place codes become
+    exceptions. ``context``: ``entry_id``, ``size``/``limit``/``tenant``, ``stored``/``wanted``."""
     if code >= 0:
         return None
     c = ErrorCode(code)
@@ -190,11 +180,8 @@ def raise_for(code: int, queue: str, **context) -> None:
 
 
 class ClusterUnsettled(PQError, RedisConnectionError):
-    """A call on a Redis Cluster still refused after ``cluster_retry_seconds`` because its
-    queue's hash slot is moving (a resharding, TRYAGAIN/ASK) or the cluster is down
-    (CLUSTERDOWN). Nothing of the call was written (the scripts' slot guard). A connection error
-    to kombu and Celery: a worker reconnects and carries on, a publish is retried by its retry
-    policy (with its publish id: stored once)."""
+    """A Redis Cluster call still refused after ``cluster_retry_seconds`` (its slot moving, or
+    the cluster down); nothing written. A connection error to kombu and Celery (docs/cluster.md)."""
 
     def __init__(self, key: str, waited: float, last: BaseException):
         self.key = key

@@ -1,14 +1,7 @@
-"""Entry ids as stored in Redis: a Celery task id (a lowercase UUID) takes 17 bytes, not 36.
-
-An id is a key of the identifier-indexed table and part of its pointer in the priority index,
-so its length is paid twice per waiting entry. Stored forms:
-
-* ``\\x01`` + the UUID's 16 bytes [+ ``~<seq>``]: a canonical lowercase UUID, as Celery makes,
-  optionally with the duplicate suffix the insert script adds;
-* ``\\x02`` + the UTF-8 text: any other id that starts with ``\\x01`` or ``\\x02``;
-* the UTF-8 text: every other id (including the plain numbers the insert script generates).
-
-The three forms cannot be confused, so ``decode_id(encode_id(x)) == x`` for every string.
+"""Entry ids as stored: a Celery task id (a lowercase UUID) in 17 bytes (``\\x01`` + its 16 bytes
+[+ ``~<seq>``]), any other as its text (``\\x02`` in front if it starts with ``\\x01`` or
+``\\x02``): ``decode_id(encode_id(x)) == x``. And ``unique_bytes`` for publish ids and lease
+tokens. docs/key-layout.md ("Per queue", stored ids).
 """
 
 from __future__ import annotations
@@ -21,8 +14,7 @@ _UUID = re.compile(r"([0-9a-f]{8})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{4})-([0
 _PACKED, _ESCAPED = 1, 2
 
 
-#: Stored forms of ids decoded lately, by their text: a delivered entry's id comes back in its
-#: ack, and is then found here instead of being parsed again. Cleared when full.
+#: Stored forms of ids decoded lately (a delivered id comes back in its ack); cleared when full.
 _RECENT: dict[str, bytes] = {}
 RECENT_MAX = 4096
 
@@ -57,9 +49,7 @@ def decode_id(raw: bytes | str) -> str:
     return raw.decode()
 
 
-# -- ids made here: publish ids and lease-token bases -----------------------------------------
-# Unique, not secret: a process's random prefix and a counter (one getrandom per process, not
-# one per publish or pop). A child after fork takes a prefix of its own.
+# -- ids made here: unique, not secret (a child after fork takes a prefix of its own) ---------
 _COUNTER_SPAN = 1 << 32
 _made: list = []
 
@@ -73,8 +63,7 @@ os.register_at_fork(after_in_child=_reseed)
 
 
 def unique_bytes() -> bytes:
-    """12 bytes no other call makes: 8 random per process, then a 4-byte counter (a new prefix
-    when the counter has gone round)."""
+    """12 bytes no other call makes: 8 random per process (renewed when the counter wraps), a 4-byte counter."""
     prefix, counter = _made
     n = next(counter)
     if n >= _COUNTER_SPAN:

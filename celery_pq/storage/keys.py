@@ -1,59 +1,7 @@
-"""The only place Redis key names are built.
-
-Every key of one queue shares one Redis Cluster hash tag, ``{<base queue name>}``, so every
-script touches one slot. The dead-letter queue ``<name>.dead`` lives under the tag of
-``<name>``, so moving an entry to it stays inside one script and one slot.
-
-Layout for queue ``orders`` with the default prefix ``pq``::
-
-    pq:{orders}:ii    hash    entry id -> entry (header "|" payload)   identifier-indexed table
-    pq:{orders}:pi    zset    ranks that have waiting entries (member and score = rank; rank + 0.5
-                              while a compaction pass of the rank is under way)
-    pq:{orders}:pi:<rank>  list  pointers seq(6 bytes) + entry id, FIFO   priority-indexed table
-    pq:{orders}:pi:<rank>:f  list  the front of pi:<rank> during a compaction pass (current pointers
-                              already looked at; lua/includes/index.lua)
-    pq:{orders}:pi:<rank>:m, pi:mv   zset, set  while migrate_mode runs: the pointers gathered per
-                              rank (score seq), the ids seen (lua/migrate.lua)
-    pq:{orders}:lz    zset    entry id, score = lease deadline (ms, Redis clock)
-    pq:{orders}:lt    hash    entry id -> "token,consumer,score,deliveries,flags,tenant"
-    pq:{orders}:wk    list    wake tokens: a blocked consumer BLPOPs them
-    pq:{orders}:sq    string  insertion sequence (INCR)
-    pq:{orders}:dq    zset    the duplicates of every task id: len(id) (2 bytes) id seq (6 bytes), all
-                              scores 0, so an id's duplicates are one lex range
-    pq:{orders}:gd    string  sweep guard (SET NX PX), throttles lease reclaim
-    pq:{orders}:dz    zset    delayed entries, score = due time (ms, Redis clock)
-    pq:{orders}:vw    hash    registered priority views "lo-hi" -> 1
-    pq:{orders}:vr    string  version of the view registry (INCR on each new view)
-    pq:{orders}:wk:<lo>-<hi>  list  wake tokens of the consumers of one priority view
-    pq:{orders}:te ts tb fv fc fn tw fr   fairness state (see lua/includes/fair.lua)
-    pq:{orders}:md    string  the queue's mode, recorded on first use (fair, scope, order, technique),
-                              then its switches: paused, event log cap (records.py)
-    pq:{orders}:pd pe hash    publish ids seen in this and the last dedupe window -> entry id
-    pq:{orders}:pt    string  start of the current dedupe window (ms, Redis clock)
-    pq:{orders}:ct    hash    counters kept by the scripts (enqueued, delivered, acked, ...: see
-                              queue.COUNTERS)
-    pq:{orders}:td    hash    tenant -> deliveries (fair queues), kept by pop_fair
-    pq:{orders}:ev    stream  the event log, when on (docs/events.md), capped MAXLEN ~ event_log
-    pq:{orders}:gc    hash    cursors of the fairness clean-up in the sweep
-    pq:{orders}:sw    string  time of the last sweep (ms, Redis clock; of the first leases until
-                              a sweep runs): a longer gap than the sweep's ``gap_ms`` gives
-                              leases back the time they had left
-    pq:{orders}:uq    hash    unique key -> "<kind>|<until ms>|<entry id>": the entry standing for
-                              the key, or a throttle record (lua/includes/unique.lua)
-    pq:{orders}:ue    hash    entry id -> its unique key, for entries holding one (flag "u")
-    pq:{orders}:dead:<same suffixes>   the dead-letter queue orders.dead
-    pq:queues         set     names of declared queues
-    pq:ttl            hash    queue name -> its message_ttl (ms), for queues declared with one
-
-A queue split into shards (the transport option ``shards``, ``queue/sharded.py``) is N such queues:
-shard 0 is the queue itself, with the keys above (so a queue of one shard is the queue as it
-always was), shard i > 0 is the queue ``orders#<i>`` (``orders#<i>.<j>`` when the plain name
-hashes badly), with its own tag ``{orders#<i>}`` and its own dead-letter queue
-``orders#<i>.dead``. ``shard_names`` places the tags' hash slots apart (see ``shard_name``).
-    pq:sink:{<id>}:done  hash  a Spark sink's progress (celery_pq/spark/sink/record.py): "<batch>:<partition>"
-                              -> the partition's rows handled; the id is the streaming query's
-    pq:sink:{<id>}:rate  hash  Unix second -> rows a Spark sink took in it (its rows_per_second cap)
-    pq:bind:<exchange> set    routing table rows "routing_key\\x06\\x16pattern\\x06\\x16queue"
+"""The only place Redis key names are built: one queue's keys (``queue_keys``), all under one
+Redis Cluster hash tag ``{<queue>}`` (its dead-letter queue ``<queue>.dead`` under the same),
+the keys shared by the queues, and the names of a sharded queue's shards (``shard_names``).
+docs/key-layout.md lists every key, what it holds, and how shards are named.
 """
 
 from __future__ import annotations
@@ -72,9 +20,8 @@ SHARD_SEP = "#"
 #: Most shards a queue may have (the transport option ``shards``).
 MAX_SHARDS = 256
 
-#: The stored suffix of each of one queue's keys (the name a script header gives the key) ->
-#: the ``QueueKeys`` field that holds it, named for what it holds; in the order QueueKeys lists
-#: them. The suffixes are what Redis stores: they never change.
+#: Stored suffix of each key of a queue (the name a script header gives it; never changes) ->
+#: the ``QueueKeys`` field, in QueueKeys' order.
 FIELDS = {
     "ii": "entries",
     "pi": "priority_index",
@@ -116,8 +63,7 @@ FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
 
 def _tag(name: str) -> str:
-    # A "{" or "}" inside the tag would end it early (Redis Cluster hashes the first {...});
-    # escape them so every queue name gets its own whole tag.
+    # a "{" or "}" would end the tag early (Redis Cluster hashes the first {...})
     return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
@@ -130,8 +76,7 @@ def split_dead(name: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The keys of one queue, each field named for what it holds (``FIELDS``: the stored
-    suffix of each; the layout above)."""
+    """The keys of one queue, each field named for what it holds (``FIELDS`` maps the suffixes)."""
 
     name: str
     entries: str  # ii
@@ -169,8 +114,7 @@ class QueueKeys:
 
     @property
     def stem(self) -> str:
-        """``<prefix>:{<tag>}:`` (``...:dead:`` for a dead-letter queue): the scripts derive the
-        keys they are not handed from this stem of their first key."""
+        """``<prefix>:{<tag>}:`` (``...:dead:``): the scripts derive the keys they are not handed from it."""
         return self.entries[:-2]
 
     def all(self) -> list[str]:
@@ -181,16 +125,14 @@ class QueueKeys:
         return f"{self.priority_index}:{rank}"
 
     def front(self, rank: int) -> str:
-        """The front list of a compaction pass of one rank (lua/includes/index.lua): while it
-        holds pointers, they come before those of ``level(rank)``."""
+        """The front list of a rank's compaction pass, ahead of ``level(rank)`` (lua/includes/index.lua)."""
         return f"{self.priority_index}:{rank}:f"
 
     def levels(self) -> list[str]:
         return [self.level(r) for r in range(256)] + [self.front(r) for r in range(256)]
 
     def migration(self) -> list[str]:
-        """The keys a ``migrate_mode`` in progress holds (lua/migrate.lua): the pointers gathered
-        per rank, and the ids seen."""
+        """The keys of a ``migrate_mode`` under way (lua/migrate.lua)."""
         return [f"{self.priority_index}:{r}:m" for r in range(256)] + [f"{self.priority_index}:mv"]
 
     def view_wake(self, lo: int, hi: int) -> str:
@@ -198,13 +140,12 @@ class QueueKeys:
         return f"{self.wake}:{lo}-{hi}"
 
 
-#: Key names of a script header that stand for a key of the queue's dead-letter queue (a
-#: dead-letter queue's own keys stand in for its own: it has none).
+#: Script header names of the dead-letter queue's keys (a dead-letter queue's stand for its own).
 DEAD_NAMES = {"dii": "ii", "dpi": "pi", "dwk": "wk", "dsq": "sq"}
 
 
 def script_keys(names, own: QueueKeys, dead: QueueKeys) -> list[str]:
-    """The keys named ``names`` (a script header's, see ``scripts.signature``) of one queue."""
+    """The keys named ``names`` (a script header's: ``scripts.signature``) of one queue."""
     return [getattr(dead, FIELDS[DEAD_NAMES[n]]) if n in DEAD_NAMES else getattr(own, FIELDS[n]) for n in names]
 
 
@@ -253,9 +194,8 @@ def _slot(name: str) -> int:
 
 
 def _spread(i: int) -> float:
-    """Where shard ``i`` goes on the ring of slots, as a fraction of it from shard 0: the
-    van der Corput sequence (0, 1/2, 1/4, 3/4, 1/8, ...), so the first N shards are spread
-    evenly for every N, and a shard's place does not depend on how many shards there are."""
+    """Shard ``i``'s place on the ring of slots from shard 0, as a fraction: the van der Corput
+    sequence (0, 1/2, 1/4, 3/4, ...), even for every N and independent of N."""
     out, scale = 0.0, 0.5
     while i:
         out += scale * (i & 1)
@@ -266,18 +206,16 @@ def _spread(i: int) -> float:
 
 @lru_cache(maxsize=4096)
 def shard_name(base: str, i: int) -> str:
-    """The queue name of shard ``i`` of queue ``base``: ``base`` itself for shard 0, else
-    ``base#i``, or ``base#i.j`` with the smallest j that puts the shard's hash slot within 16
-    slots of its place (``_spread``; a few hundred tries of CRC16, once per process). The places depend on i and the slot of
-    ``base`` only, so growing a queue from 4 shards to 8 keeps the names of shards 0..3, and the
-    shards' slots (hence the cluster masters owning them) are spread out rather than random."""
+    """The queue name of shard ``i`` of ``base``: ``base`` for shard 0, else ``base#i`` or
+    ``base#i.j``, the smallest j putting its slot within 16 of its place (``_spread``): spread
+    over the masters, and growing from 4 shards to 8 keeps the names of 0..3."""
     if i == 0:
         return base
     if not 0 < i < MAX_SHARDS:
         raise ValueError(f"shard number must be 0..{MAX_SHARDS - 1}, got {i!r}")
     ring = REDIS_CLUSTER_HASH_SLOTS
     target = (_slot(base) + _spread(i) * ring) % ring
-    reach = ring / 1024  # 16 slots: under a quarter of the gap between any two of 256 shards
+    reach = ring / 1024  # 16 slots: under a quarter of the gap between two of 256 shards
     for j in range(100_000):
         name = f"{base}{SHARD_SEP}{i}" + (f".{j}" if j else "")
         off = abs(_slot(name) - target)
@@ -287,8 +225,7 @@ def shard_name(base: str, i: int) -> str:
 
 
 def shard_names(base: str, n: int) -> list[str]:
-    """The queue names of the ``n`` shards of queue ``base`` (``orders.dead`` gives the dead-letter
-    queues of the shards of ``orders``)."""
+    """The queue names of the ``n`` shards of ``base`` (of ``orders.dead``: the shards' dead-letter queues)."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SHARDS:
         raise ValueError(f"shards must be an integer 1..{MAX_SHARDS}, got {n!r}")
     live, dead = split_dead(base)

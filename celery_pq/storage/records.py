@@ -1,38 +1,8 @@
-"""How every stored record of a queue is laid out: the one Python codec.
-
-The Lua codec is its twin: ``lua/includes/records.lua`` (entry, lease, pointer, dead-letter
-note, publish-id value, mode) and ``lua/includes/fair.lua`` (tenant-order member).
-tests/lua/test_records.py writes each record with one language and reads it with the other on a
-real redis-server. Which key holds which record: ``keys.py``.
-
-=================  ==========  ====================================================================
-record             key         layout
-=================  ==========  ====================================================================
-entry              ii (hash)   entry id -> header ``"|"`` payload, header = ``d,s,t,x,r,ts``:
-                               d deliveries so far; s score (rank * SEQ_SPAN + seq, the entry's
-                               place in the priority order); t tenant (escaped: no ``,`` ``|``
-                               or control characters); x flags (``d``: the id is a duplicate id
-                               ``<id>~<seq>``); r dead-letter note (dead-letter entries only);
-                               ts enqueue time (ms, Redis clock); then, only for an entry
-                               with an expiry deadline, ``,xp``: the deadline (Unix ms, Redis
-                               clock) past which a pop never delivers it (``d,s,t,x,r,ts,xp``)
-dead-letter note   in entry    ``reason@ms@deliveries``: why, when (ms, Redis clock) and after how
-                               many deliveries it was dead-lettered
-lease              lt (hash)   entry id -> ``token,consumer,score,deliveries,flags,tenant``
-pointer            pi:<rank>   seq in 6 bytes (big-endian) followed by the entry id
-tenant member      te (zset)   tenant ``"\\0"`` rank (3 digits) seq (14 digits) entry id
-publish-id value   pd pe       publish id -> ``""`` (the entry got the id the insert gave) or the
-                   (hash)      entry id it got; for a publish id the client made for a whole call,
-                               ``""`` (one entry, stored under the id given) or the call's entry
-                               ids, each behind its length in 2 bytes (big-endian)
-mode               md          four letters: fair ``0``/``1``, scope ``P``/``T`` (``-`` when not
-                   (string)    fair), order ``h``/``l``, technique ``T``/``S``; then the queue's
-                               switches: ``p`` while it is paused, ``e<cap>`` while its event log
-                               is on (``"0-hTpe100000"``), ``m`` while ``migrate_mode`` runs
-=================  ==========  ====================================================================
-
-A reader never raises on stored data: ``split_*`` return None for a record they cannot parse,
-as the Lua readers return nil (the scripts set such entries aside).
+"""How each stored record of a queue is laid out, the Python twin of ``lua/includes/records.lua``
+and ``fair.lua`` (tests/lua/test_records.py crosses them on a real redis-server). The layouts
+(entry, dead-letter note, lease, pointer, tenant member, mode): docs/key-layout.md ("Per queue",
+"The entry", "The lease"). A reader never raises on stored data: ``split_*`` give None, as the
+Lua readers give nil.
 """
 
 from __future__ import annotations
@@ -56,8 +26,7 @@ def _b(value) -> bytes:
 
 
 class EntryHeader(NamedTuple):
-    """The fields before the ``|`` of an entry (see the table above). (A named tuple: one is
-    made for every entry a pop delivers.)"""
+    """The fields before an entry's ``|``, ``d,s,t,x,r,ts[,xp]`` (a named tuple: one per delivery)."""
 
     deliveries: int = 0
     score: int = 0
@@ -69,7 +38,7 @@ class EntryHeader(NamedTuple):
 
 
 def split_entry(value) -> tuple[EntryHeader, bytes] | None:
-    """An entry's header and payload, or None when ``value`` is not an entry."""
+    """An entry's header and payload, or None."""
     header, bar, payload = _b(value).partition(b"|")
     m = _ENTRY.match(header) if bar else None
     if m is None:
@@ -79,8 +48,7 @@ def split_entry(value) -> tuple[EntryHeader, bytes] | None:
 
 
 def entry_payload(value) -> bytes:
-    """The payload of an entry the scripts parsed (what follows the first ``|``), its header
-    left unread."""
+    """The payload of an entry the scripts parsed, its header left unread."""
     return _b(value).partition(b"|")[2]
 
 
@@ -150,7 +118,10 @@ def split_tenant_member(m) -> tuple[bytes, int, int, bytes] | None:
 
 
 def publish_entry(value, given_id: bytes) -> bytes:
-    """The entry id a publish-id value names (the insert gave ``given_id``, encoded)."""
+    """The entry id a publish-id value (of ``pd``/``pe``) names: ``""`` for ``given_id`` (the id
+    the insert gave, encoded), else the entry id. For a publish id made for a whole call the
+    value is ``""`` (one entry, under the id given) or each entry id behind its length in 2
+    bytes (big-endian)."""
     value = _b(value)
     return value or given_id
 
@@ -170,7 +141,7 @@ def join_mode(fair: bool, fair_scope: str, priority_order: str, technique: str) 
 
 
 def split_switches(mode: str) -> tuple[bool, int]:
-    """(paused, event-log cap or 0) of a mode record's switches (after its four letters)."""
+    """(paused, event-log cap or 0) of a mode record's switches: ``p``, ``e<cap>``, ``m``."""
     rest = mode[4:]
     m = re.search(r"e(\d+)", rest)
     return "p" in rest, int(m.group(1)) if m else 0
@@ -182,7 +153,8 @@ def join_switches(mode: str, paused: bool, event_log: int, migrating: bool = Fal
 
 
 def mode_dict(mode: str) -> dict:
-    """The four letters of a mode record as settings: fair, fair_scope, priority_order, technique."""
+    """A mode record's four letters (fair ``0``/``1``, scope ``P``/``T``/``-``, order ``h``/``l``,
+    technique) as settings."""
     scopes = {v: k for k, v in FAIR_SCOPES.items()}
     return {
         "fair": mode[:1] == "1",

@@ -1,11 +1,6 @@
-"""Passwords out of error and log text: ``redact(value)`` is ``repr(value)`` with every password
-in it replaced by ``***``.
-
-A broker URL may carry one (``pq://:PASSWORD@HOST``, each host of ``pq://:PW@s1;pq://:PW@s2``),
-and so may connection arguments (``sentinel_kwargs={"password": ...}``, ``ssl_password``). Error
-messages and log lines end up in terminals, log collectors and bug reports: wherever one shows a
-value that may be a URL or connection arguments, it shows ``redact(value)`` instead of
-``{value!r}``. (kombu's own ``Connection.as_uri()`` masks the first URL's password the same way.)
+"""Passwords out of error and log text: wherever a value that may be a broker URL or connection
+arguments is shown, show ``redact(value)``, its ``repr`` with every password as ``***`` (as
+kombu's ``Connection.as_uri()`` masks the first URL's).
 """
 
 from __future__ import annotations
@@ -14,8 +9,7 @@ import re
 
 MASK = "***"
 
-#: The user information of a URL (``scheme://USER:PASSWORD@``): up to the last "@" before the
-#: path, so that a password holding an "@" is masked whole.
+#: A URL's ``scheme://USER:PASSWORD@``, up to the last "@" before the path (a password may hold one).
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s;'\"]*)@")
 
 

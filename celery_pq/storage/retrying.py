@@ -1,10 +1,6 @@
-"""Making a call again while Redis says "not now": the one retry loop of the package.
-
-Two kinds of refusal leave nothing done, so the same call may simply be made again after a
-pause: a Redis Cluster slot that is moving (``connections.until_settled``) and a queue whose
-mode is being migrated (``queue.running.wait_out_migration``). The pause doubles from ``first``
-to ``most`` seconds; the bound counts from the first refusal, so a call that is never refused
-costs nothing more than the try.
+"""The one retry loop of the package: a call made again while Redis refuses it with nothing done
+(a Redis Cluster slot moving: ``connections.until_settled``; a queue's mode migrating:
+``queue.running.wait_out_migration``). A call never refused costs nothing more than the try.
 """
 
 from __future__ import annotations
@@ -25,10 +21,10 @@ def again_while_refused(
     most: float,
     give_up: Callable[[Exception, float], NoReturn],
 ) -> T:
-    """``attempt(n)`` (n: the tries before it), made again while it raises an exception that
-    ``refused`` accepts, after a pause doubling from ``first`` to ``most`` seconds, as long as the
-    next try would still start within ``bound()`` seconds of the first refusal; then
-    ``give_up(last refusal, seconds waited)``, which raises. Other exceptions go through at once."""
+    """``attempt(n)`` (n: the tries before), made again while it raises what ``refused`` accepts,
+    pausing ``first`` doubling to ``most`` seconds, while the next try starts within ``bound()``
+    of the first refusal; then ``give_up(last refusal, seconds waited)``, which raises. Other
+    exceptions go through at once."""
     started: float | None = None
     pause = first
     n = 0

@@ -1,59 +1,9 @@
-"""A producer's publish batch: kombu's ``Producer.batch()`` on this transport.
-
-kombu 5.7 asks the channel for ``create_publish_batch(max_size)`` when a producer enters
-``with producer.batch():``, hands each ``publish`` of the block to ``PublishBatch.publish``,
-and calls ``flush`` when the block ends (``discard`` when it raises), then ``close``.
-
-What a batched publish does, and what it keeps:
-
-- Each ``publish`` goes through the channel exactly as a single publish does
-  (``Channel.prepare_message``, ``basic_publish``, the exchange's routing, ``Publisher.put``):
-  the same checks raise at the call (a bad priority, a message too large), with nothing
-  buffered. Instead of an insert, ``Publisher.put`` hands the stored item (an ``Item``) to
-  the batch, under the queue it was routed to. A message sent to a fanout exchange is
-  broadcast at once, as outside a batch (pub/sub keeps nothing to batch).
-- Each message keeps its own publish identity: the publish id of its publish call for its
-  queue (the ``PublishStamp``: one per queue the call was routed to). A flush that is sent
-  again (after a failure: ``flush()`` once more) stores each message once: the insert script
-  finds the publish ids of those stored the first time.
-- While the batch fills, each queue's items go to Redis in sub-chunks: every ``batch_send``
-  (a transport option, C.BATCH_SEND by default) items of a queue are written as one insert
-  script call on a connection the batch takes from the pool (``scripts/stream.py``), and their reply is not read yet: Redis stores a sub-chunk
-  while the client prepares the next messages. ``flush`` writes the rest of each queue as one
-  more call and reads every reply. Each script call is atomic: its entries are all stored or
-  none. Nothing is promised before ``flush`` returns, as with kombu's own batches; but the
-  messages of the sub-chunks sent may be stored (and delivered) before it, and a batch
-  discarded (the block raised) drops only the messages not sent yet. ``batch_send=0`` sends
-  nothing before the flush (then sent as calls of C.BATCH_SEND, all replies read at once).
-- A sharded queue, a queue with ``wait_replicas``, and a Redis Cluster client keep the
-  round-trip path: ``flush`` sends each such queue's items with ``insert_many``, one script
-  call per 1,000 entries (``BULK_CHUNK``) pipelined in one round trip (per shard of a sharded
-  queue, per master on a Redis Cluster).
-- ``max_size``: a batch holding that many items flushes on its own (kombu's automatic flush).
-- A message with a unique key (docs/unique.md) is not held for the flush: ``Publisher.put``
-  stores it at once, on its own (one atomic insert decides its key), so its outcome
-  (``celery_pq.publish_outcome``) is known when its ``publish`` returns.
-- A failing flush raises what a single publish raises (``QueueFull``, ``NotReplicated``,
-  redis-py's ``ConnectionError``, ...) and keeps every item not known to be stored: the queues
-  not reached, a refused chunk's items, and a chunk whose reply was lost (it may be stored:
-  its publish ids say so when it is sent again). A sub-chunk refused while later ones were
-  sent already: the flush reads every reply first, so what it says is stored is all the
-  queue got. A connection lost while sub-chunks were sent (at a send or at the flush): the
-  flush sends what was not known to be stored on the round-trip path (a send lost before the
-  flush) or raises the error (a read lost at the flush). Nothing is claimed stored that was not:
-  ``exc.stored`` and ``exc.items`` (``insert_many``'s) say which items of the failed queue
-  were and were not stored, and a note says how many messages the batch still holds. A
-  ``flush()`` in the same ``with producer.batch() as batch:`` block sends them again; when the
-  flush of the block's end fails, kombu closes the batch and they are dropped (the exception
-  says how many).
-- After a successful flush no message of it can be sent again, so its publish ids are
-  forgotten by the next inserts (``insert_many(remember=False)``): the window holds only the
-  ids of flushes without a reply.
-
-``discard`` and ``close`` read the replies still outstanding (or close the connection when that
-fails) before the connection goes back to the pool.
-
-Threads: kombu keeps one batch per producer and thread; a batch is used by one thread.
+"""kombu's ``Producer.batch()`` on this transport: each publish goes through the channel as a
+single one does (same checks, same publish id) and its item waits here; every ``batch_send``
+items of a plain queue go as one insert call whose reply is read at ``flush``; sharded,
+``wait_replicas`` and cluster queues go by ``insert_many`` at the flush; a message with a unique
+key is stored at once. A failed flush raises and keeps what is not known to be stored.
+docs/publishing.md says what a batch keeps. One batch per producer and thread (kombu's).
 """
 
 from __future__ import annotations
@@ -68,8 +18,7 @@ from ..storage.connections import is_cluster
 
 
 class BatchingChannel(Protocol):
-    """What a publish batch uses of its channel (channel.py's ``Channel``; kombu's own
-    ``basic_publish`` path for a message sent at once)."""
+    """What a publish batch uses of its channel (channel.py's ``Channel``)."""
 
     options: Any
     deadletter_queue: Any
@@ -87,7 +36,7 @@ class BatchingChannel(Protocol):
     def _inplace_augment_message(self, message: dict, exchange, routing_key) -> Any: ...
 
 
-#: Exchange types whose routing of a key a batch keeps until its flush (fanout is sent at once).
+#: Exchange types whose routing a batch caches until its flush (fanout is sent at once).
 _CACHED_TYPES = frozenset(("direct", "topic"))
 
 
@@ -95,8 +44,8 @@ class _Sent(NamedTuple):
     """A sub-chunk written to the stream, its reply not read yet."""
 
     queue: str
-    items: list  # its Items (kept again unless the reply says they are stored)
-    state: list  # what ``PriorityQueue.batch_reply`` takes with the reply
+    items: list  # kept again unless the reply says they are stored
+    state: list  # for ``PriorityQueue.batch_reply``
 
 
 class PublishBatch:
@@ -105,25 +54,18 @@ class PublishBatch:
     def __init__(self, channel: BatchingChannel, max_size: int):
         self.channel = channel
         self.max_size = max_size
-        #: queue name -> the ``insert_many`` tuples of its items not yet sent, in publish order
-        self._pending: dict[str, list[Item]] = {}
-        #: sub-chunks sent whose replies wait for the flush, in the order sent
-        self._sent: list[_Sent] = []
+        self._pending: dict[str, list[Item]] = {}  # queue -> items not yet sent, in publish order
+        self._sent: list[_Sent] = []  # in the order sent
         self._stream: CallStream | None = None
-        self._streams: dict[str, bool] = {}  # queue name -> sends sub-chunks (``_streamed``)
+        self._streams: dict[str, bool] = {}  # queue -> ``_streamed``
         self._round_trips = False  # a send was lost: the rest of this flush takes the round-trip path
-        #: items of a queue sent as one call before the flush (the transport option; 0: none)
         self._send_at = channel.options.batch_send
-        #: (exchange, routing key) -> the queues a direct or topic exchange routed it to, until
-        #: the next flush (the channel's routing tables are cached for binding_cache_seconds
-        #: anyway; a flush starts this cache again)
+        #: (exchange, routing key) -> its queues, until the next flush
         self._routes: dict[tuple[str | None, str | None], list[str]] = {}
-        #: Items waiting for a flush (not sent, or sent without a reply yet).
-        self._count = 0
+        self._count = 0  # items not known to be stored
         self._aborted = False
         self._closed = False
-        #: Messages this batch stored, and those it found stored already (sent again): counts
-        #: for the curious and the tests.
+        #: Messages stored, and those found stored already (sent again).
         self.stored = 0
         self.repeated = 0
 
@@ -133,8 +75,7 @@ class PublishBatch:
 
     # -- kombu's hooks ------------------------------------------------------------------------
     def publish(self, message: dict, **kwargs) -> None:
-        """Route one prepared message as ``basic_publish`` does; its inserts wait for ``flush``
-        (fanout goes at once)."""
+        """Route one prepared message as ``basic_publish`` does; fanout is sent at once."""
         self._check_usable()
         exchange, routing_key = kwargs.get("exchange"), kwargs.get("routing_key")
         queues = self._routes.get((exchange, routing_key)) if exchange else None
@@ -147,7 +88,7 @@ class PublishBatch:
                 queues = [q for q in found if q and q != self.channel.deadletter_queue]
                 if queues:
                     self._routes[(exchange, routing_key)] = queues
-        else:  # basic_publish's work, the exchange's routing taken from this batch's cache
+        else:  # basic_publish's work, the routing from this batch's cache
             self.channel._inplace_augment_message(message, exchange, routing_key)
             for queue in queues:
                 self.channel._put(queue, message, _publish_batch=self)
@@ -155,9 +96,8 @@ class PublishBatch:
             self.flush()
 
     def flush(self) -> None:
-        """Store every waiting item: the rest of each streamed queue sent and every reply read,
-        the other queues each in one ``insert_many``; on a failure, raise and keep the items not
-        known to be stored (``flush`` again sends them, stored once)."""
+        """Store every waiting item. On a failure, raise and keep the items not known to be
+        stored (``flush`` again sends them, each stored once)."""
         self._check_usable()
         self._routes.clear()
         if self._stream is not None or self._sent or any(self._streamed(n) for n in self._pending):
@@ -181,8 +121,7 @@ class PublishBatch:
         self._round_trips = False
 
     def discard(self) -> None:
-        """Drop the items not yet flushed (kombu: the ``with`` block raised); the replies of the
-        sub-chunks sent are read first (those messages are stored)."""
+        """Drop the items not sent (the ``with`` block raised), after reading the replies due."""
         self._aborted = True
         self._drain()
         self._pending.clear()
@@ -196,8 +135,7 @@ class PublishBatch:
 
     # -- what Publisher.put calls ---------------------------------------------------------------
     def add(self, queue: str, item: Item) -> None:
-        """One message routed to ``queue``, stored at the next flush (sent with the queue's
-        next ``batch_send``)."""
+        """One message routed to ``queue``, stored by the next send or flush."""
         items = self._pending.get(queue)
         if items is None:
             items = self._pending[queue] = []
@@ -208,8 +146,7 @@ class PublishBatch:
 
     # -- sub-chunks sent now, replies read at the flush ------------------------------------------
     def _streamed(self, name: str) -> bool:
-        """Does ``name`` send its items in sub-chunks? A plain queue (not sharded) without
-        ``wait_replicas`` on a plain client (not a cluster's), while no send was lost."""
+        """Does ``name`` send sub-chunks? A plain queue, no ``wait_replicas``, no cluster, no send lost."""
         if self._round_trips:
             return False
         known = self._streams.get(name)
@@ -221,17 +158,16 @@ class PublishBatch:
         return known
 
     def _plain(self, name: str) -> PriorityQueue:
-        """The plain queue of a streamed name (``_streamed`` checked it)."""
+        """The plain queue of a streamed name."""
         return cast(PriorityQueue, self.channel.queue(name))
 
     def _send(self, name: str) -> None:
-        """Write ``name``'s waiting items as insert calls (``batch_send`` items each at most),
-        their replies read at the flush. A lost connection breaks the stream: the items of every
-        call sent on it are kept again (maybe stored: their publish ids say so when sent again)
-        and the rest of this flush takes the round-trip path (it raises if the loss lasts)."""
+        """Write ``name``'s waiting items as insert calls, replies read at the flush. A lost
+        connection keeps the items of every call sent (maybe stored: publish ids tell when sent
+        again) and the rest of this flush takes the round-trip path."""
         items = self._pending.pop(name)
         q = self._plain(name)
-        if self._stream is None:  # (then no call is outstanding)
+        if self._stream is None:
             try:
                 self._stream = CallStream.open(q.client)
             except LOST:
@@ -245,7 +181,7 @@ class PublishBatch:
             part = items[i : i + size]
             try:
                 call, state = q.batch_call(part)
-            except ValueError:  # (an item the queue refuses: the flush's insert_many names it)
+            except ValueError:  # the flush's insert_many names the item refused
                 self._pending[name] = items[i:]
                 self._round_trips = True
                 return
@@ -259,8 +195,8 @@ class PublishBatch:
                 return
 
     def _flush_stream(self) -> None:
-        """Send the rest of each streamed queue, read every reply; raise the first failure
-        (a lost connection before a refusal) with what was stored of its queue."""
+        """Send the rest of each streamed queue, read every reply; raise the first failure (a
+        lost connection before a refusal) with what was stored of its queue."""
         for name in [n for n in self._pending if self._streamed(n)]:
             if self._round_trips:
                 break
@@ -279,10 +215,9 @@ class PublishBatch:
         raise self._noted(exc)  # (not in an except clause)
 
     def _settle_all(self, lost: BaseException | None) -> tuple[tuple[str, Exception] | None, dict]:
-        """Read the reply of each call sent (none when ``lost``: those replies are gone), count
-        what was stored, keep the items of the calls refused or without a reply (before the
-        items waiting, in publish order), and close the stream. Returns the first failure as
-        (queue, exception), and per queue the replies of its calls that stored (``Inserted``)."""
+        """Read each reply due (none when ``lost``), count what was stored, keep the items of
+        calls refused or unanswered (ahead of those waiting), close the stream. Returns the first
+        failure as (queue, exception), and per queue its calls' ``Inserted`` replies."""
         sent, self._sent = self._sent, []
         stream, self._stream = self._stream, None
         back: dict[str, list] = {}
@@ -294,7 +229,7 @@ class PublishBatch:
                 if lost is None:
                     try:
                         reply = stream.read()  # type: ignore[union-attr]  # (sent: a stream is open)
-                    except Exception as exc:  # (lost, or a reply that cannot be read: the stream is broken)
+                    except Exception as exc:  # the stream is broken
                         lost = exc
                 try:
                     done = self._plain(s.queue).batch_reply(reply if lost is None else lost, s.state)
@@ -312,7 +247,7 @@ class PublishBatch:
                 self._count -= len(done)
                 stored.setdefault(s.queue, []).append(done)
         finally:
-            for s in sent[settled:]:  # (an interrupt: what was not read is kept, maybe stored)
+            for s in sent[settled:]:  # (an interrupt: kept, maybe stored)
                 back.setdefault(s.queue, []).extend(s.items)
             if stream is not None:
                 stream.close()
@@ -321,11 +256,11 @@ class PublishBatch:
         return error, stored
 
     def _drain(self) -> None:
-        """Read the replies outstanding (counted; errors dropped: these items are dropped too)."""
+        """Read the replies due (counted; errors dropped with the items)."""
         if self._stream is not None or self._sent:
             try:
                 self._settle_all(None)
-            except Exception:  # (the stream is closed whatever happened)
+            except Exception:  # (the stream is closed either way)
                 pass
 
     def _noted(self, exc: Exception) -> Exception:

@@ -1,11 +1,6 @@
-"""Where the command line, the metrics collector and the autoscaler reach the queues: a broker
-named by a Celery app or by a URL with transport options, opened as a celery-pq channel.
-
-A Celery app's connection carries its ``broker_transport_options`` and TLS settings; a URL
-(``pq://[:PASSWORD@]HOST[:PORT][/DB]``) takes its options as given. The channel is opened
-without kombu's connection retries: an operator's command must answer at once. A Redis that
-does not answer becomes ``BrokerUnreachable``, named by host:port and never by the URL, which
-may hold a password.
+"""How the commands, the metrics exporter and the autoscaler reach the queues: a broker named by
+a Celery app or by a URL and transport options, opened as a celery-pq channel without kombu's
+retries (a command answers at once). docs/architecture.md ("How a queue is opened").
 """
 
 from __future__ import annotations
@@ -51,8 +46,8 @@ class Broker:
 
     @contextmanager
     def channel(self) -> Iterator:
-        """A celery-pq channel (``transport.Channel``), closed after use; BrokerUnreachable when
-        Redis does not answer, ConfigError when the broker is not celery-pq."""
+        """A celery-pq channel, closed after use. BrokerUnreachable (named by host:port only: a URL
+        may hold a password) when Redis does not answer, ConfigError when it is not celery-pq."""
         conn = self._connect()
         try:
             try:
@@ -89,8 +84,8 @@ def unreachable(conn, exc: BaseException) -> BrokerUnreachable:
 
 
 def queue_names(channel, names=()) -> list[str]:
-    """The names given, else the declared queues (without Celery's pidbox and reply queues when
-    any other is declared, and without dead-letter queues: each shows under its live queue)."""
+    """The names given, else the declared queues: no dead-letter queues (each shows under its
+    queue), no pidbox, reply or event queues when any other is declared."""
     if names:
         return list(names)
     raw = channel.client.smembers(queues_key(channel.options.key_prefix))
@@ -100,12 +95,9 @@ def queue_names(channel, names=()) -> list[str]:
 
 
 def queue_and_view(channel, name: str):
-    """(the queue, the rank range of the view) that ``name`` names (a view's name gives its
-    queue; the range is None for a queue's own name), opened by ``queue.open_queue`` with the
-    mode each queue (each shard) recorded in Redis (fairness, scope, order, technique) and the
-    channel's options for the rest: an operator's command works on a queue made by workers
-    with other options (``python -m celery_pq`` without the workers' ``fair_key``). A queue
-    with no record takes the channel's options."""
+    """(queue, the view's rank range or None) of ``name``, opened with the mode each shard
+    recorded in Redis, so a command works on a queue made by workers with other options; the
+    channel's options for the rest (and for a queue with no record)."""
     view = View.parse(name)
     base = view.base if view else name
     q = open_queue(channel.client, base, channel.options.queue_settings(base), declare=False)

@@ -1,48 +1,8 @@
-"""kombu transport for celery-pq: a thin adapter over ``queue.PriorityQueue``.
-
-Features
-========
-* Exact priorities 0..255, FIFO within a priority (``priority_order`` picks which end wins).
-* Leases: a delivered message is leased to this process in the same script that pops it; the
-  process renews its leases while it lives; expired leases return within ``lease_seconds``
-  plus about one second; after ``max_deliveries`` a message goes to ``<queue>.dead``.
-* Prompt delivery without polling: an insert leaves a wake token that an idle consumer is
-  blocked on (BLPOP), inside Celery's event loop or in ``drain_events``.
-* Fanout (``celery inspect``, ``celery control``, events) over Redis pub/sub, like kombu's
-  Redis transport (sharded pub/sub on a Redis Cluster).
-* Redis Cluster with the option ``cluster`` (``connections.py``, docs/cluster.md).
-
-Connection string
-=================
-``pq://[USER:PASSWORD@]HOST[:PORT][/DB]`` (``pqs://`` for TLS; TLS settings come from
-Celery's ``broker_use_ssl`` / kombu's ``ssl=``), or ``redis://...`` with
-``broker_transport = "celery_pq.transport:Transport"``. With the option ``master_name``, the
-hosts of ``pq://s1:26379;pq://s2:26379`` are Redis Sentinels (see ``connections.py``).
-
-Transport options
-=================
-``broker_transport_options``: every option, with its type, unit, default and check, is a field
-of ``celery_pq.transport.options.Options`` (README.md's table shows the same). Each is checked once, when a
-channel is made: a bad one raises ``celery_pq.ConfigError`` naming the option and the value.
-
-Where the rest lives
-====================
-``poller.py``: how a consumer waits and is woken (the blocking read, pub/sub, the one wait
-loop). ``delivery.py``: what a channel receives (pop, deliver, ack, reject, give back).
-``publishing.py``: what it publishes (a stored message, a fanout broadcast); ``batches.py``:
-kombu's ``Producer.batch()``. ``leasebook.py``: which leases a channel holds and which acks wait to be sent.
-``leases.py``: the thread that renews them and sweeps expired ones. ``queue/``: the queue
-itself (pop with acks in one round trip, ack, requeue, ...). ``queue/sharded.py``: a queue split into
-``shards`` full queues, popped as the relaxed priority queue (the best of ``peek`` shards).
-
-After a connection error (Celery reconnecting), messages whose tasks run now keep their
-leases, renewed until the tasks end and ack; the others are given back uncounted. Acks whose
-round trip fails are kept and sent again.
-
-A task sent with ``countdown``/``eta`` waits in Redis (not in a worker) until due, then joins
-the queue at its priority. A consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only
-entries of ``NAME`` whose priority satisfies the predicate, and is woken only by those.
-"""
+"""The kombu transport (``pq://``, ``pqs://`` for TLS) and its channel: kombu's hooks over the
+queue (``queue.PriorityQueue``), the work handed to the helpers beside this module (delivery,
+publishing, batches, poller, lease book and keeper, routing, views). Options: ``options.Options``,
+checked when a channel is made. docs/architecture.md places the modules and follows a message;
+docs/leases.md (leases, a lost connection), docs/deployments.md (URLs, TLS, Sentinel)."""
 
 from __future__ import annotations
 
@@ -79,10 +39,9 @@ DEFAULT_PORT = C.REDIS_PORT
 
 
 class Channel(virtual.Channel):
-    """kombu's hooks over ``PriorityQueue``: the queues and views it opens, the declarations,
-    what it consumes. ``leases`` (a LeaseBook) holds what this channel delivered, ``waits``
-    (poller.Waits) its blocking read and pub/sub, ``deliveries`` (delivery.Deliveries) pops,
-    delivers and acks, ``publisher`` (publishing.Publisher) stores and broadcasts."""
+    """kombu's hooks: the queues and views it opens, the declarations, what it consumes.
+    ``leases`` (LeaseBook) holds what it delivered, ``waits`` (Waits) its blocking reads and
+    pub/sub, ``deliveries`` pops, delivers and acks, ``publisher`` stores and broadcasts."""
 
     QoS = QoS
     Message = Message
@@ -90,9 +49,7 @@ class Channel(virtual.Channel):
     do_restore = True
     min_priority = C.MIN_PRIORITY
     max_priority = C.MAX_PRIORITY
-    #: The options every channel starts from (a channel reads its own at creation).
-    options = Options()
-    #: ``active_queues``, made when first asked after a change of the consumed queues.
+    options = Options()  # (each channel reads its own at creation)
     _consumed: list[str] | None = None
 
     def __init__(self, connection, **kwargs):
@@ -104,12 +61,12 @@ class Channel(virtual.Channel):
         self.leases = LeaseBook(self.options)
         self.waits = Waits(self)
         self.counters = self.waits.counters
-        self.deliveries = Deliveries(self)  # pops, delivers, acks (delivery.py)
-        self.publisher = Publisher(self)  # stores and broadcasts (publishing.py)
+        self.deliveries = Deliveries(self)
+        self.publisher = Publisher(self)
         self._queues: dict[str, Queue] = {}
         self._consumed_queues: set[str] = set()  # queues whose settings this channel declared
-        self.views = Views(self.queue)  # consumed view name -> rank range (views.py)
-        self.routing = RoutingTables(self.client, self.options)  # declared queues, bindings
+        self.views = Views(self.queue)
+        self.routing = RoutingTables(self.client, self.options)
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
         self._active_fanout: dict[str, str] = {}  # pub/sub channel name -> queue
         try:
@@ -139,15 +96,14 @@ class Channel(virtual.Channel):
         return q
 
     def reopen(self, name: str) -> Queue:
-        """The queue ``name`` opened again (with its views): its mode was recorded or migrated
-        since this channel opened it (a ``ModeMismatch``), and the record is followed now."""
+        """The queue ``name`` (and its views) opened again, following its mode record: after a
+        ``ModeMismatch`` (recorded or migrated since this channel opened it)."""
         for cached in [n for n in self._queues if n == name or getattr(View.parse(n), "base", None) == name]:
             del self._queues[cached]
         return self.queue(name)
 
     def decode_body(self, body, encoding=None):
-        """kombu's body decoding; a delivered body the codec gave as bytes (``Base64Body``) is
-        decoded already."""
+        """kombu's; a ``Base64Body`` (what the codec gives) is decoded already."""
         if type(body) is Base64Body:
             return bytes(body)
         return super().decode_body(body, encoding)
@@ -165,7 +121,7 @@ class Channel(virtual.Channel):
         self.publisher.put(queue, message, _publish_batch)
 
     def create_publish_batch(self, max_size: int) -> PublishBatch:
-        """kombu's ``Producer.batch()``: insert calls sent as it fills, one wait at each flush (batches.py)."""
+        """kombu's ``Producer.batch()`` (batches.py)."""
         return PublishBatch(self, max_size)
 
     def _put_fanout(self, exchange, message, routing_key, _publish_batch=None, **kwargs):
@@ -173,9 +129,8 @@ class Channel(virtual.Channel):
 
     # -- declarations (routing.py: shared in Redis, cached here) ----------------------------------
     def prepare_queue_arguments(self, arguments, **kwargs):
-        """A queue's declaration arguments as AMQP names them (``message_ttl`` -> ``x-message-ttl``
-        in ms, as kombu's own Redis transport does): a declared message TTL is kept for every
-        publisher of the queue (routing.py) and honoured by the pops (docs/expiry.md)."""
+        """Declaration arguments as AMQP names them (``message_ttl`` -> ``x-message-ttl`` in ms),
+        as kombu's Redis transport does: a declared TTL holds for every publisher (docs/expiry.md)."""
         return to_rabbitmq_queue_arguments(arguments, **kwargs)
 
     def _new_queue(self, queue, **kwargs):
@@ -204,7 +159,7 @@ class Channel(virtual.Channel):
         return found
 
     def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
-        """Drop one binding of a deleted queue (kombu calls this per binding)."""
+        """One binding of a deleted queue (kombu calls this per binding)."""
         self.routing.unbind(exchange, routing_key, pattern, queue)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
@@ -228,7 +183,7 @@ class Channel(virtual.Channel):
     def basic_consume(self, queue, no_ack, *args, **kwargs):
         view_of = View.parse(queue)
         base = queue if view_of is None else view_of.base
-        if base not in self._consumed_queues:  # a consumer declares its queue's settings (opening.py)
+        if base not in self._consumed_queues:  # a consumer declares its queue's settings (queue/opening.py)
             self._consumed_queues.add(base)
             if base in self._queues:  # opened to publish before: declared now
                 declare_tables(self._queues[base], self.options.queue_settings(base))
@@ -256,7 +211,7 @@ class Channel(virtual.Channel):
 
     def _consumed_changed(self):
         """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
-        self._consumed = None  # active_queues is made again
+        self._consumed = None
         self.leases.watch([s for name in self.active_queues for s in self.queue(name).shards])
         self.waits.unblock()
 
@@ -268,8 +223,7 @@ class Channel(virtual.Channel):
 
     @property
     def active_queues(self) -> list[str]:
-        """The consumed queues, fanout queues left out (those come by pub/sub); made again after
-        each change of them (``_consumed_changed``)."""
+        """The consumed queues but the fanout ones (those come by pub/sub)."""
         queues = self._consumed
         if queues is None:
             fan = set(self._active_fanout.values())
@@ -281,13 +235,12 @@ class Channel(virtual.Channel):
         return self.deliveries.get(queue)
 
     def pop_and_deliver(self) -> int:
-        """Lease and deliver what the prefetch window allows (``Deliveries.pop_and_deliver``)."""
+        """``Deliveries.pop_and_deliver``."""
         return self.deliveries.pop_and_deliver()
 
     # -- what the poller asks ----------------------------------------------------------------
     def wake_keys(self) -> list[str]:
-        """The wake lists of the consumed queues (a view's own list for a view), of every shard
-        of a sharded queue: an insert into any shard wakes its consumers."""
+        """The wake lists of the consumed queues (a view's own for a view), of every shard."""
         keys = []
         for name in self.active_queues:
             view = self.views.range_of(name)
@@ -327,7 +280,7 @@ class Transport(virtual.Transport):
     driver_type = "redis"
     driver_name = "redis"
     use_tls = False
-    eviction_checked = False  # set by the first channel (connections.warn_if_evicting)
+    eviction_checked = False  # set by the first channel
 
     implements = virtual.Transport.implements.extend(
         asynchronous=True,
@@ -335,7 +288,7 @@ class Transport(virtual.Transport):
         exchange_type=frozenset(["direct", "topic", "fanout"]),
     )
 
-    # (kombu's own defaults are one-element tuples, which its annotations take for their type)
+    # (kombu's annotations take its one-element tuples for the type)
     connection_errors = (  # type: ignore[assignment]
         *virtual.Transport.connection_errors,
         rex.ConnectionError,
@@ -343,9 +296,8 @@ class Transport(virtual.Transport):
         rex.BusyLoadingError,
         rex.AuthenticationError,
         NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
-        # A Redis Cluster whose slot is moving or whose layout changes (a resharding, a failover):
-        # the calls of this transport wait that out first (cluster_retry_seconds, ClusterUnsettled,
-        # itself a ConnectionError); any of these that still reach kombu is one too, never fatal.
+        # A cluster's moving slot or changing layout: waited out first (cluster_retry_seconds);
+        # one that still reaches kombu is a connection error too, never fatal.
         rex.ClusterError,
         rex.TryAgainError,
         rex.AskError,
@@ -362,7 +314,6 @@ class Transport(virtual.Transport):
         rex.ResponseError,
     )
 
-    #: The kombu connection of this transport.
     client: Connection
 
     def __init__(self, client: Connection, **kwargs):
@@ -375,11 +326,9 @@ class Transport(virtual.Transport):
         self._pool_lock = threading.Lock()
         self._keeper: LeaseKeeper | None = None
         self.db = 0
-        #: Set by kombu's teardown after a connection error (``_collect``).
-        self.connection_lost = False
+        self.connection_lost = False  # set by ``_collect``
         self._closed = False
-        #: Lease books of channels closed by a lost connection that still hold leases of
-        #: running tasks or acks not yet sent; the lease keeper serves them until they hold nothing.
+        #: Lease books of channels closed by a lost connection, served by the keeper until empty.
         self.retired: list[LeaseBook] = []
         self._retired_lock = threading.Lock()
 
@@ -388,17 +337,16 @@ class Transport(virtual.Transport):
 
     @property
     def default_connection_params(self) -> dict:
-        """kombu's defaults for what the URL leaves out: Redis's port on this host."""
+        """kombu's defaults for what the URL leaves out."""
         return {"port": DEFAULT_PORT, "hostname": "localhost"}
 
-    # -- connections (connections.py: one server, TLS, or the master Sentinel names) -----------
+    # -- connections (storage/connections.py) ------------------------------------------------
     @property
     def tls(self) -> bool:
         return self.use_tls or bool(self.client.ssl)
 
     def redis_client(self, channel) -> redis.Redis | redis.RedisCluster:
-        """A client of this connection's pool; with ``cluster``, the connection's one
-        ``RedisCluster`` (shared by its channels: it holds the pools of every node)."""
+        """A client of this connection's pool (with ``cluster``, its one shared ``RedisCluster``)."""
         with self._pool_lock:
             pool = self._pool
             if pool is None:
@@ -416,10 +364,9 @@ class Transport(virtual.Transport):
         return redis.Redis(connection_pool=pool)
 
     def new_connection(self, key: str) -> redis.connection.AbstractConnection:
-        """A connection of our own (not from the pool) for a blocking read of ``key`` (on a
-        cluster, to the master serving the key now)."""
+        """A connection outside the pool for a blocking read of ``key`` (on a cluster, to its master)."""
         pool = self._pool
-        assert pool is not None  # (made with the first channel, before anything blocks)
+        assert pool is not None  # (made with the first channel)
         if isinstance(pool, redis.RedisCluster):
             return connections.new_connection(connections.node_client(pool, key).connection_pool)
         return connections.new_connection(pool)
@@ -432,27 +379,23 @@ class Transport(virtual.Transport):
     def close_connection(self, connection):
         self.poller.close()
         try:
-            super().close_connection(connection)  # (a channel closed by a lost connection retires)
+            super().close_connection(connection)
         finally:
             self._closed = True  # only now: the keeper stops when nothing retired
-            self.release_pool()  # (a retired channel reconnects when it needs to)
+            self.release_pool()  # (a retired book reconnects when it needs to)
             if self.keeper_books() is None and self._keeper is not None:
                 self._keeper.stop()
                 self._keeper = None
 
     def _collect(self, connection):
-        """kombu's teardown after a connection error (Celery's consumer reconnecting, kombu's
-        ``Connection.ensure``), in place of a close: messages whose tasks are running keep
-        their leases (``QoS.restore_unacked``), and the lease books of the channels holding
-        them, or holding acks not yet sent, retire: this transport's lease keeper goes on
-        renewing those leases and sending those acks, on connections of this transport's pool,
-        until nothing is left. The new connection consumes meanwhile."""
+        """kombu's teardown after a connection error, in place of a close: running tasks keep
+        their leases (``QoS.restore_unacked``) and the lease books holding them, or acks not yet
+        sent, retire: the keeper serves them until empty while the new connection consumes."""
         self.connection_lost = True
         self.close_connection(connection)
 
     def keeper_books(self) -> list[LeaseBook] | None:
-        """The lease books the keeper serves now; None when it has nothing left (the
-        connection is closed and no retired book holds anything)."""
+        """The lease books the keeper serves now; None once closed with no retired book left."""
         with self._retired_lock:
             self.retired = [book for book in self.retired if book.holds_work()]
             if self._closed and not self.retired:
@@ -461,8 +404,7 @@ class Transport(virtual.Transport):
         return [c.leases for c in self.cycle_channels if not c.closed] + retired
 
     def retire(self, book: LeaseBook):
-        """Keep serving the lease book of a channel closed by a lost connection: its running
-        tasks' leases, its acks not yet sent."""
+        """Keep serving the lease book of a channel closed by a lost connection."""
         with self._retired_lock:
             self.retired.append(book)
 
@@ -470,7 +412,7 @@ class Transport(virtual.Transport):
         if self._pool is not None:
             connections.close_pool(self._pool)
 
-    # -- waiting: kombu's drain_events, Celery's event loop (poller.py) --------------------------
+    # -- waiting (poller.py) -------------------------------------------------------------------
     def drain_events(self, connection, timeout=None, **kwargs):
         return self.poller.drain(timeout)
 

@@ -1,15 +1,7 @@
-"""What a channel receives, and how each delivery ends.
-
-``Deliveries`` (one per channel) pops the consumed queues within kombu's prefetch window, makes
-each popped lease a kombu message and hands it to kombu; then it ends each delivery: acked
-(with the next pop, through the lease book), rejected (requeued or dead-lettered), given back
-uncounted (at shutdown, or the rest of a batch a shutdown interrupted), or dead-lettered as
-``malformed`` when the stored entry is not a kombu message. ``QoS`` is kombu's prefetch
-accounting with its acks and rejects sent here; ``Message`` is kombu's message, ``Unreadable``
-when its body does not decode.
-
-A delivery's tag is its lease token; the lease book (``leasebook.py``) holds every lease from
-the pop that took it until the delivery ends, and the lease keeper renews it meanwhile.
+"""What a channel receives and how each delivery ends: ``Deliveries`` pops within kombu's
+prefetch window, hands each lease to kombu as a message (its tag is the lease token) and acks,
+rejects, gives back or dead-letters it (``malformed``); ``QoS`` is kombu's accounting with the
+acks and rejects sent here. docs/leases.md ("Acks, rejects, shutdown", "A prefetched batch").
 """
 
 from __future__ import annotations
@@ -34,10 +26,10 @@ class ReceivingChannel(Protocol):
     """What the receiving side uses of its channel (channel.py's ``Channel``)."""
 
     @property
-    def transport(self) -> Any: ...  # (connection_errors, connection_lost, poller, ensure_keeper)
+    def transport(self) -> Any: ...
 
     @property
-    def connection(self) -> Any: ...  # (kombu's ``_deliver``)
+    def connection(self) -> Any: ...
 
     @property
     def qos(self) -> Any: ...
@@ -87,14 +79,9 @@ class QoS(virtual.QoS):
         self._quick_ack(delivery_tag)
 
     def restore_unacked(self):
-        """Give back every delivered, unacked message (the delivery is undone), at shutdown or
-        when kombu tears the connection down.
-
-        After a lost connection (kombu's ``collect``: Celery reconnecting, kombu's ``ensure``),
-        a message whose task a Celery worker in this process is running now keeps its lease:
-        the lease keeper renews it and its ack goes to Redis when the task ends (see
-        ``Transport._collect``). Given back, it would start again while it still runs.
-        """
+        """Give back every delivered, unacked message, at shutdown or when kombu tears the
+        connection down; after a lost connection, a task running in this process keeps its lease
+        (renewed, acked when it ends: ``Transport._collect``), or it would start again."""
         self._flush()
         channel = self.channel
         keep = running_tags() if channel.transport.connection_lost else set()
@@ -107,8 +94,7 @@ class QoS(virtual.QoS):
             try:
                 channel.deliveries.give_back(tag)
             except channel.transport.connection_errors:
-                lost_link += 1  # still leased in Redis: the lease expires and it comes back
-                # (unless its task did start, and its ack reaches Redis first: give_back)
+                lost_link += 1  # still leased in Redis: it comes back when the lease expires
             except Exception as exc:
                 errors.append((exc, message))
         if lost_link:
@@ -130,30 +116,24 @@ class Deliveries:
     def __init__(self, channel: ReceivingChannel):
         self.channel = channel
         self.leases = channel.leases
-        #: Queues consumed with no_ack: a delivery of them is acked as it is handed over.
-        self.no_ack: set[str] = set()
+        self.no_ack: set[str] = set()  # queues consumed with no_ack: acked as handed over
         self._rotation = 0
-        #: The pop on the wire and the queue name it pops (in Celery's event loop), or None.
-        self._pop: tuple[PopInFlight, str] | None = None
-        #: Whether the last message handed over was not given to a pool that runs it elsewhere
-        #: (``_handed_to_pool``): None before the first delivery.
+        self._pop: tuple[PopInFlight, str] | None = None  # the pop on the wire, its queue name
+        #: The last message ran in this thread, not in a pool (None before the first delivery).
         self._inline: bool | None = None
-        #: The broadcast ids received lately, oldest first (a broadcast sent again is dropped).
+        #: Broadcast ids received lately, oldest first (one sent again is dropped).
         self._broadcasts: dict[str, None] = {}
 
     # -- popping and delivering -----------------------------------------------------------------
     def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
-        """Lease and deliver what the prefetch window allows; the number delivered. Acks
-        waiting to be sent go in the same round trip as the pop (the lease book's ``pop``).
-
-        In Celery's event loop a pop is sent without waiting for its reply (``_sends``): the loop
-        goes on with the pool's messages meanwhile, and the reply, once read, delivers (``land``).
+        """Lease and deliver what the prefetch window allows, the acks waiting riding along; the
+        number delivered. Where ``_sends``, the pop is sent and its reply delivers later (``land``).
         ``send_only``: send such a pop, or nothing; ``wait``: a pop that waits for its reply."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
             pop = self._pop[0]
             if send_only:
                 return 0
-            if pop.overdue():  # a silent connection: dropped, the error raised by land
+            if pop.overdue():  # a silent connection: land raises
                 pop.flight.give_up()
             return self.land() if pop.flight.ready() else 0
         channel = self.channel
@@ -185,7 +165,7 @@ class Deliveries:
             leases = self.leases.pop(q, want, consumer=channel.consumer_id, view=view)
             if not leases:
                 continue
-            self._rotation = start + i + 1  # the next call starts after the queue served
+            self._rotation = start + i + 1
             delivered = self._deliver_batch(q, name, leases)
             break
         if not delivered:
@@ -193,18 +173,14 @@ class Deliveries:
         return delivered
 
     def _sends(self) -> bool:
-        """Whether a pop is sent without waiting for its reply: in the thread of Celery's event
-        loop, one queue consumed, and the last message's task not run in this thread (a prefork
-        pool's child takes it). Where it ran before kombu returned (the solo pool, a plain kombu
-        consumer: ``_inline``) nothing would run meanwhile, and the pop waits for its reply, as
-        outside the event loop; so until the first delivery."""
+        """Whether a pop goes without waiting for its reply: in Celery's event loop thread, one
+        queue consumed, and the last task run elsewhere (a prefork child). Where tasks run
+        inline (solo pool, plain kombu; until the first delivery) it waits: nothing runs meanwhile."""
         channel = self.channel
         return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
 
     def pop_ahead(self) -> None:
-        """After an ack, where pops go without waiting (``_sends``: Celery's event loop, a
-        prefork pool): the next pop, carrying the ack, sent now (the main process goes on with
-        its children's messages while Redis answers)."""
+        """After an ack, where ``_sends``: the next pop, carrying the ack, sent now."""
         if self._pop is None and self._sends():
             self.pop_and_deliver(send_only=True)
 
@@ -221,10 +197,9 @@ class Deliveries:
         return self.land()
 
     def land(self) -> int:
-        """Deliver what the pop on the wire took (its reply read now, waiting if need be); the
-        number delivered. A script's error reply (the library gone after a restart, a queue
-        whose mode is migrating) is met again by a waiting pop, which handles it; a connection
-        error is raised (its acks wait again; its leases, if it took any, expire)."""
+        """Deliver what the pop on the wire took (waiting for its reply); the number delivered.
+        A script's error reply is left to a waiting pop, which handles it; a connection error is
+        raised (its acks wait again; its leases, if any, expire)."""
         assert self._pop is not None
         (pop, name), self._pop = self._pop, None
         channel = self.channel
@@ -235,7 +210,7 @@ class Deliveries:
         if not leases:
             channel.waits.need_pop = False
             return 0
-        if channel.closed or name not in channel.active_queues:  # stopped consuming meanwhile
+        if channel.closed or name not in channel.active_queues:
             self.give_back_all([lease.token for lease in leases])
             return 0
         return self._deliver_batch(leases.queue, name, leases)
@@ -247,7 +222,7 @@ class Deliveries:
         (pop, _), self._pop = self._pop, None
         try:
             leases = self.leases.land(pop)
-        except Exception:  # its leases, if it took any, expire and the entries come back
+        except Exception:  # its leases, if any, expire
             return
         self.give_back_all([lease.token for lease in leases])
 
@@ -263,14 +238,11 @@ class Deliveries:
         return msg
 
     def _deliver_batch(self, q, name: str, leases: Sequence[Delivery]) -> int:
-        """Deliver a popped batch; the number delivered. Every lease of it ends delivered,
-        given back (not counted) or dead-lettered as malformed: none is left leased to nobody.
-
-        Every lease is in the lease book (renewed) before any message is delivered: a solo
-        pool runs each task inside ``_deliver``, while the rest of the batch waits.
-        """
+        """Deliver a popped batch, all of it in the lease book first (renewed while a solo pool runs
+        each task inside ``_deliver``); the number delivered. Each lease ends delivered, given back
+        uncounted or dead-lettered as malformed."""
         channel = self.channel
-        rest = [lease.token for lease in reversed(leases)]  # not yet delivered, last first
+        rest = [lease.token for lease in reversed(leases)]  # not delivered yet, last first
         delivered = 0
         try:
             for lease in leases:
@@ -281,12 +253,12 @@ class Deliveries:
                 if message is None:
                     continue
                 try:
-                    if name in self.no_ack:  # nobody acks these: done once handed over
+                    if name in self.no_ack:
                         self.ack(lease.token)
                     before = celery_counts()
                     channel.connection._deliver(message, name)
                     self._inline = not _handed_to_pool(before, celery_counts())
-                except Unreadable as exc:  # kombu could not build the message (its body)
+                except Unreadable as exc:
                     self._dead_letter_malformed(q, lease.token, exc.__cause__)
                     continue
                 delivered += 1
@@ -296,8 +268,7 @@ class Deliveries:
         return delivered
 
     def _to_message(self, q, lease: Delivery) -> dict | None:
-        """The kombu message of a lease, or None when it is not one (then moved to the
-        dead-letter queue with reason ``malformed``)."""
+        """The kombu message of a lease, or None (dead-lettered as ``malformed``)."""
         try:
             message = decode(lease.payload, raw_body=True)
             props = message["properties"]
@@ -308,10 +279,8 @@ class Deliveries:
         except Exception as exc:
             self._dead_letter_malformed(q, lease.token, exc)
             return None
-        # The headers are the published headers. The delivery count (1 on the first delivery)
-        # is kombu's delivery_info["delivery_count"]; a redelivery also carries the deliveries
-        # before it as the header x-delivery-count, as RabbitMQ's quorum queues do (a Celery
-        # task reads self.request.get("x-delivery-count"): its request keeps no delivery count).
+        # A redelivery also carries the deliveries before it as the header x-delivery-count, as
+        # RabbitMQ's quorum queues do: a Celery task reads self.request.get("x-delivery-count").
         props["delivery_tag"] = lease.token
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1
@@ -325,8 +294,8 @@ class Deliveries:
         held = self.leases.drop(tag)
         if held is None:
             return
-        shard, eid = held  # the shard it came from, for a sharded queue
-        if shard.is_dead:  # a dead-letter queue has none of its own: the lease expires, it stays
+        shard, eid = held
+        if shard.is_dead:  # has no dead-letter queue: the lease expires, it stays
             logger.error(
                 "celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
                 eid,
@@ -352,7 +321,7 @@ class Deliveries:
             return 0
         props = message.get("properties")
         sent = props.pop(BROADCAST_ID, None) if isinstance(props, dict) else None
-        if sent is not None:  # one publish call, sent again by kombu's retry after a lost reply
+        if sent is not None:  # kombu's retry of one publish call after a lost reply
             if sent in self._broadcasts:
                 return 0
             self._broadcasts[sent] = None
@@ -363,9 +332,8 @@ class Deliveries:
 
     # -- acks, rejects, give-backs ----------------------------------------------------------------
     def ack(self, tag: str) -> None:
-        """Ack now, or (while this connection is draining, or in Celery's event loop) with the
-        next pop: one round trip for both. A deferred ack that never reaches Redis (the
-        process dies first) only means a redelivery: at least once holds."""
+        """Ack now, or with the next pop while draining or in Celery's event loop (a deferred
+        ack lost with the process only means a redelivery)."""
         self.leases.ack(tag, defer=self.channel.transport.poller.defers_acks())
 
     def reject(self, tag: str, requeue: bool) -> None:
@@ -385,10 +353,8 @@ class Deliveries:
             try:
                 q.requeue((eid, tag), count_delivery=False)
             except self.channel.transport.connection_errors:
-                # Still leased in Redis, renewed by nobody: it comes back when the lease expires.
-                # But its task may have started after all (given back at a lost connection
-                # before its pool child reported the start): the ack that comes when it ends
-                # is still sent, so that it does not run again (LeaseBook.unreturned).
+                # It comes back when the lease expires; but its task may have started unreported
+                # (a pool child), so an ack that comes for it is still sent (LeaseBook.unreturned).
                 self.leases.unreturned(tag, held)
                 raise
 
@@ -410,8 +376,7 @@ def _celery_state():
 
 
 def running_tags() -> set:
-    """Delivery tags of the messages whose tasks a Celery worker in this process runs now and
-    has not acked (``task_acks_late``)."""
+    """Tags of the messages whose tasks a Celery worker in this process runs, not acked yet."""
     state = _celery_state()
     if state is None:
         return set()
@@ -424,8 +389,7 @@ def running_tags() -> set:
 
 
 def celery_counts() -> tuple[int, int] | None:
-    """``(tasks started, requests reserved)`` of a Celery worker in this process (Celery's own
-    counts), or None outside one."""
+    """``(tasks started, requests reserved)`` of a Celery worker in this process, or None."""
     state = _celery_state()
     started = getattr(state, "all_total_count", None)
     reserved = getattr(state, "reserved_requests", None)
@@ -435,14 +399,12 @@ def celery_counts() -> tuple[int, int] | None:
 
 
 def _handed_to_pool(before: tuple[int, int] | None, after: tuple[int, int] | None) -> bool:
-    """Whether a message handed to kombu became a Celery request reserved for a pool that runs
-    it elsewhere (a prefork child): one more request reserved, none started meanwhile. (The solo
-    pool starts and ends the task before kombu returns; a plain kombu consumer reserves none.)"""
+    """Whether a message handed to kombu became a request reserved for a pool that runs it
+    elsewhere: one more reserved, none started meanwhile (the solo pool runs it before returning)."""
     return before is not None and after is not None and after[0] == before[0] and after[1] > before[1]
 
 
 def worker_stopping() -> bool:
-    """True while a Celery worker in this process is shutting down (the rest of a popped batch
-    is then given back, not run)."""
+    """True while a Celery worker in this process is shutting down."""
     state = _celery_state()
     return bool(state is not None and (state.should_stop is not None or state.should_terminate is not None))

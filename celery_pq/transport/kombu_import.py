@@ -1,40 +1,8 @@
-"""Moving what kombu's Redis transport holds for some queues into celery-pq queues, each
-message exactly once (``celery -A proj pq import-kombu``; docs/migrating.md).
-
-kombu's Redis transport (``redis://``) keeps, per queue, one list per priority step
-(``<queue>`` for step 0, ``<queue>\\x06\\x16<step>`` for the others, ``priority_steps``
-``[0, 3, 6, 9]`` by default; LPUSH to publish, RPOP to consume, so the oldest message is at the
-right end), and for the messages delivered and not yet acked a hash ``unacked`` (delivery tag ->
-JSON ``[message, exchange, routing_key]``) with its index ``unacked_index`` (delivery tag ->
-Unix time of the delivery). A Celery task with an ETA or countdown is such an unacked message:
-the worker that received it holds it in memory until it is due. kombu restores an unacked
-message to its list when its worker shuts down warmly, or when it is older than
-``visibility_timeout`` (3600 s by default) and a live consumer sweeps; a worker killed hard
-leaves it in the hash until then.
-
-One message moves in three steps, so that a crash anywhere loses nothing and stores nothing
-twice:
-
-1. **claim**: it moves atomically from kombu's key into this queue's staging list on the
-   source Redis (``<queue>\\x06\\x16pq-import``; LMOVE for a list, a WATCHed transaction for the
-   unacked hash). A consumer of kombu's transport can no longer take it; nothing of kombu reads
-   the staging list.
-2. **insert** into the celery-pq queue under a publish id named by the message's delivery tag
-   (``kombu-import:<tag>``): the queue stores a publish id once within its ``dedupe_seconds``
-   window (300 s by default).
-3. **release**: it leaves the staging list.
-
-A run first inserts and releases what an earlier run left staged: a crash between 1 and 2 left
-it only there; a crash between 2 and 3 left it in both, and the insert of the rerun is then a
-repeat that stores nothing. That holds while the queue remembers the publish id: within its
-``dedupe_seconds`` of the latest claim (kept in ``<queue>\x06\x16pq-import-at``). A rerun later
-than that releases the staged messages it finds in the queue, and stops at the others
-(``StagedUnknown``): each was either never inserted or inserted and delivered already, which
-only the operator can tell (``staged="insert"`` or ``"drop"`` then decides).
-
-The message keeps its body, headers and properties; its priority is mapped into 0..255 so
-that the queue serves it in kombu's order (``priority_map``), its tenant comes from the
-``fair_key`` as for any publish, and a Celery ``eta`` makes it a delayed entry.
+"""Moving what kombu's Redis transport holds for some queues (its priority lists and unacked
+hash) into celery-pq queues, each message exactly once (``pq import-kombu``): claimed into a
+staging list on the source Redis, inserted under a publish id named by its delivery tag, then
+released, so a rerun after a crash finishes the job. docs/migrating.md ("What kombu's Redis
+transport holds", "Each message exactly once") describes the layout and the steps.
 """
 
 from __future__ import annotations
@@ -71,9 +39,8 @@ CLOCK_MARGIN = 5.0
 
 
 class StagedUnknown(PQError, ValueError):
-    """Messages an interrupted import left staged longer ago than the queue's dedupe window
-    (or with the window off), none of them in the queue now: each was either never inserted, or
-    inserted and already delivered. ``queue``, ``task_ids``."""
+    """Messages an interrupted import left staged longer ago than the queue's dedupe window,
+    not in the queue now: never inserted, or inserted and delivered. ``queue``, ``task_ids``."""
 
     def __init__(self, queue: str, task_ids: list[str]):
         self.queue, self.task_ids = queue, task_ids
@@ -162,8 +129,7 @@ def parse_priority_map(text: str | None) -> dict[int, int]:
 
 
 def publish_id(raw: bytes, message: dict) -> str:
-    """The publish identity of a kombu message: its delivery tag (kept by kombu's restores),
-    else a digest of its stored bytes."""
+    """A kombu message's publish id: its delivery tag (kept by kombu's restores), else a digest."""
     tag = (message.get("properties") or {}).get("delivery_tag")
     if isinstance(tag, str) and tag:
         return f"kombu-import:{tag}"
@@ -176,8 +142,7 @@ def _text(value) -> str:
 
 @dataclass
 class QueueReport:
-    """What an import found (dry run) or moved, for one queue. Counters are keyed by
-    ``(kombu priority, celery-pq priority)``."""
+    """What an import found (dry run) or moved for one queue; counters by (kombu, pq) priority."""
 
     queue: str
     waiting: Counter = field(default_factory=Counter)  # kombu's lists (and staged by a crashed run)
@@ -207,20 +172,12 @@ class QueueReport:
 
 
 class KombuImport:
-    """The import of some queues from kombu's Redis transport (``source``, a redis-py client)
-    into celery-pq (``channel``, a celery-pq channel: its queues, options and ``decode_body``).
-
-    ``unacked``: ``"stale"`` (the default) moves the unacked messages older than
-    ``visibility_timeout`` (those kombu itself would restore: their worker is gone or late; the
-    old workers' own value, in seconds, must be given: a guess too short moves messages that a
-    live worker still runs, and they run twice),
-    ``"all"`` every unacked message of the queues (only safe when no worker of kombu's
-    transport runs any more: one still running would run its messages as well), ``"none"``
-    none.
-
-    ``staged``: what to do with messages an interrupted run left staged longer ago than the
-    queue's ``dedupe_seconds`` (the window that makes their repeated insert store nothing) and
-    not found in the queue: ``"refuse"`` (StagedUnknown, the default), ``"insert"``, ``"drop"``."""
+    """The import of ``queues`` from kombu's Redis transport (``source``, a redis-py client) into
+    a celery-pq ``channel``. ``unacked``: ``"stale"`` moves the unacked messages older than
+    ``visibility_timeout`` (the old workers' own, required: too short a guess runs live messages
+    twice); ``"all"`` every one (only when no kombu worker runs); ``"none"``. ``staged``: what
+    an interrupted run left staged past the queue's ``dedupe_seconds`` and not in the queue:
+    ``"refuse"`` (StagedUnknown), ``"insert"`` or ``"drop"``. ValueError for a bad argument."""
 
     def __init__(
         self,
@@ -254,7 +211,6 @@ class KombuImport:
         self.layout = layout or KombuLayout()
         self.given_priorities = dict(priorities or {})
         self.unacked_mode = unacked
-        #: the old workers' visibility_timeout, seconds ("stale" only)
         self.visibility_timeout = visibility_timeout if unacked == "stale" else None
         self.batch = batch
         self.reports = {q: QueueReport(q) for q in self.queues}
@@ -331,10 +287,9 @@ class KombuImport:
                 self._store(queue, staging, claimed, mapping, report.unacked)
 
     def _finish_staged(self, queue: str, staging: str, now: float, mapping: dict) -> None:
-        """Insert and release what an earlier run claimed and may or may not have inserted.
-        Within the queue's dedupe window of the latest claim, a repeated insert stores
-        nothing; later, a message found in the queue is released, and the others are
-        ambiguous (``staged``)."""
+        """Insert and release what an earlier run claimed: within the dedupe window of the latest
+        claim a repeated insert stores nothing; later, one found in the queue is released and
+        the others follow ``staged``."""
         report, src = self.reports[queue], self.source
         left = list(reversed(src.lrange(staging, 0, -1)))  # oldest first
         report.staged = len(left)
@@ -343,7 +298,7 @@ class KombuImport:
         q = self.channel.queue(queue)
         at = src.get(self.layout.claimed_at_key(queue))
         window = getattr(q, "dedupe_seconds", None)
-        if window is None:  # a sharded queue: its shards' (a publish id always goes to one shard)
+        if window is None:  # a sharded queue: its shards'
             window = q.settings.dedupe_seconds
         if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= window:
             found: list[bytes] = []
@@ -395,8 +350,7 @@ class KombuImport:
         return sorted(set(out))
 
     def _unacked_of(self, queue: str, now: float, report: QueueReport):
-        """(tag, raw hash value, message JSON) of the unacked messages of ``queue`` to move;
-        counts the others as held."""
+        """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held."""
         layout, src = self.layout, self.source
         routes: dict[tuple[str, str], list[str]] = {}
         for tag, value in src.hscan_iter(layout.unacked):

@@ -1,14 +1,7 @@
-"""The lease book of one channel: which leases it holds, which acks wait to be sent.
-
-A delivered message's delivery tag is its lease token. The book keeps ``tag -> (queue, entry
-id)`` for every delivered, unacked message (the queue is the shard it came from, for a sharded
-queue: acks, rejects and renewals go to that shard), and the acks deferred to the next round trip
-(``flush``, or the next pop, which carries them: ``pop``). It is the only object the lease
-keeper thread touches (``leases.py``): it renews ``held()``, sends what ``flush`` sends, sweeps
-``queues()``; a sweep that returned entries sets ``returned`` for the channel's next look.
-
-An ack whose round trip fails is kept, in front of the newer ones, and sent again with the next
-round trip; until then its lease is renewed like any other held lease.
+"""A channel's lease book: ``tag -> (shard, entry id)`` of every delivered, unacked message (a
+delivery's tag is its lease token) and the acks deferred to the next round trip (a pop carries
+them). The only object the lease keeper (``leases.py``) touches; thread-safe. An ack whose round
+trip fails is kept, ahead of newer ones, its lease renewed until it is sent. docs/leases.md.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ Pairs = list[tuple[str, str]]  # [(entry id, token), ...]
 
 
 class PopInFlight(NamedTuple):
-    """A pop sent without waiting (``LeaseBook.send_pop``): its queue, the acks it carries, and
-    the call on the wire (``scripts.Flight``)."""
+    """A pop sent without waiting (``LeaseBook.send_pop``): its queue, acks and call on the wire."""
 
     queue: PriorityQueue
     acks: dict[PriorityQueue, Pairs]
@@ -41,42 +33,36 @@ class PopInFlight(NamedTuple):
     sent: float  # (monotonic)
 
     def overdue(self) -> bool:
-        """Whether its reply is later than its connection's timeout allows a waiting call."""
+        """Whether its reply is later than the connection's socket timeout."""
         timeout = self.flight.conn.socket_timeout
         return timeout is not None and monotonic() - self.sent > timeout
 
 
 class LeaseBook:
     def __init__(self, options):
-        #: The channel's options (lease_seconds, renew_interval, sweep_interval).
-        self.options = options
+        self.options = options  # the channel's
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[PriorityQueue, str]] = {}  # delivery tag -> (queue, entry id)
-        self._acks: dict[PriorityQueue, Pairs] = {}  # acks waiting for the next round trip
-        self._waiting = 0  # how many
+        self._held: dict[str, tuple[PriorityQueue, str]] = {}  # tag -> (queue, entry id)
+        self._acks: dict[PriorityQueue, Pairs] = {}  # waiting for the next round trip
+        self._waiting = 0
         # Tags of acks whose round trip failed: sent again, they may find their entry acked by
-        # the first sending (its reply was lost). Any other refused ack is late, and says so.
+        # the first sending (its reply was lost); any other refused ack is late.
         self._resent: set[str] = set()
-        self._queues: tuple[PriorityQueue, ...] = ()  # the consumed queues, swept by the keeper
-        # Leases given back in vain (Redis unreachable): not renewed, but an ack that comes for
-        # one (its task ran after all) is still sent (``unreturned``).
+        self._queues: tuple[PriorityQueue, ...] = ()  # consumed, swept by the keeper
+        # Leases given back in vain (Redis unreachable): not renewed, but an ack for one is sent.
         self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
-        # The acks of each round trip under way (``_send``, and a pop on the wire until its
-        # reply is read: ``send_pop``), by the id of their batch: renewed like the waiting ones,
-        # but a renewal refused meanwhile came after the ack, unless that round trip fails: such
-        # tags are noted in ``_refused`` (``refused``) until their ack is settled (``_check``).
+        # The acks of each round trip under way, by id of their batch: renewed like the waiting
+        # ones; a renewal refused meanwhile is noted in ``_refused`` until ``_check`` settles it.
         self._sending: dict[int, dict[PriorityQueue, Pairs]] = {}
         self._refused: set[str] = set()
-        #: Set at the channel's close: acks then wait for the keeper (a lost connection).
+        #: Set at the channel's close: acks then wait for the keeper.
         self.closed = False
-        #: Set by a sweep that returned entries to the consumed queues: look before blocking.
+        #: Set by a sweep that returned entries: the channel looks before blocking.
         self.returned = False
 
     # -- the channel's side -----------------------------------------------------------------
     def pop(self, q: Queue, count: int, *, consumer: str | None = None, view: tuple[int, int] | None = None) -> Popped:
-        """Pop ``q`` (a queue, or a sharded queue) with every ack waiting, in one round trip;
-        the leases are held from now, each under the queue (the shard) it came from. (Lean
-        ones, ``queue.Delivery``: id, token, deliveries and payload.)"""
+        """Pop ``q`` with every ack waiting, in one round trip; the leases are held from now, by shard."""
         pending = self._take()
         leases = self._send(
             pending, lambda: q.pop_with_acks(count, acks=pending, lean=True, consumer=consumer, view=view)
@@ -85,11 +71,11 @@ class LeaseBook:
         return leases
 
     def send_pop(self, q: Queue, count: int, *, consumer: str | None, view) -> PopInFlight | None:
-        """``pop`` sent without waiting for its reply (``land`` reads it), with the acks waiting
-        for ``q``; None, nothing sent, where only a waiting pop can be made (acks of other queues
-        waiting, replicas to wait for, a sharded queue, a cluster, no lean connection)."""
+        """``pop`` sent without waiting for its reply (``land`` reads it); None, nothing sent,
+        where only a waiting pop can be made (acks of other queues waiting, ``wait_replicas``,
+        a sharded queue, a cluster, ...)."""
         shard = q.shards[0]
-        with self._lock:  # (the acks it carries are those taken: the keeper may flush meanwhile)
+        with self._lock:  # (the keeper may flush meanwhile)
             if any(other is not shard for other in self._acks):
                 return None
             flight = q.send_pop(count, acks=self._acks.get(shard, []), consumer=consumer, view=view)
@@ -100,8 +86,7 @@ class LeaseBook:
         return PopInFlight(shard, pending, flight, monotonic())
 
     def land(self, pop: PopInFlight) -> Popped:
-        """The leases of a pop sent by ``send_pop`` (its reply read now, waiting if need be),
-        held from now; a failure leaves its acks waiting, and is raised."""
+        """The leases of a ``send_pop``, held from now; a failure is raised, its acks waiting again."""
         q, pending = pop.queue, pop.acks
         try:
             reply = pop.flight.result()
@@ -116,8 +101,7 @@ class LeaseBook:
             self._check(pending, {q: codes})
         leases: Popped = Popped(deliveries, q)
         if leases and monotonic() - pop.sent > self.options.renew_interval:
-            # its reply lay unread longer than a renewal (a long stall of the loop): renewed
-            # before any is delivered, and one whose lease ran out meanwhile is not delivered
+            # its reply lay unread past a renewal (a stalled loop): renew first, drop the lapsed
             kept = q.extend([(d.id, d.token) for d in leases], self.options.lease_seconds)
             leases = Popped([d for d, ok in zip(leases, kept) if ok], q)
         self.hold(q, leases)
@@ -129,23 +113,19 @@ class LeaseBook:
                 self._held[lease.token] = (q, lease.id)
 
     def drop(self, tag: str) -> tuple[PriorityQueue, str] | None:
-        """Stop holding a tag's lease (it is given back, rejected or dead-lettered now);
-        ``(queue, entry id)``, or None when the tag holds no lease."""
+        """Stop holding a tag's lease; ``(queue, entry id)``, or None when it holds none."""
         with self._lock:
             return self._held.pop(tag, None)
 
     def unreturned(self, tag: str, held: tuple[PriorityQueue, str]) -> None:
-        """A lease dropped to be given back whose give-back did not reach Redis: it is still
-        leased there, and expires unless an ack for it comes first."""
+        """A dropped lease whose give-back did not reach Redis: it expires unless acked first."""
         with self._lock:
             self._unreturned[tag] = held
 
     def ack(self, tag: str, *, defer: bool) -> None:
-        """Ack now, or with ``defer`` (and always once closed) with the next round trip; a
-        full batch is sent at once. Fanout messages and no_ack deliveries hold no lease. The
-        ack of a lease whose give-back failed is sent now: its task did run (after a lost
-        connection, before its pool child reported its start), and its lease, not renewed,
-        would expire and deliver it again; no lease keeper may serve this book any more."""
+        """Ack now, or with ``defer`` (always once closed) with the next round trip; a full batch
+        goes at once. An unknown tag is ignored (fanout, no_ack). An ``unreturned`` lease is
+        acked now: its task did run, and nothing renews that lease any more."""
         with self._lock:
             held = self._held.pop(tag, None)
             late = held is None
@@ -171,9 +151,8 @@ class LeaseBook:
             return sum(1 for tag in tags if tag in self._held)
 
     def flush(self) -> None:
-        """Send the acks waiting for the next round trip (before blocking, on the keeper's
-        timer, at close); an error leaves them waiting."""
-        if not self._acks:  # (a look without the lock: an ack added meanwhile waits for the next flush)
+        """Send the acks waiting; an error leaves them waiting."""
+        if not self._acks:  # (unlocked: an ack added meanwhile waits for the next flush)
             return
         pending = self._take()
         if pending:
@@ -185,8 +164,8 @@ class LeaseBook:
 
     # -- the keeper's side --------------------------------------------------------------------
     def held(self) -> dict[PriorityQueue, Pairs]:
-        """``{queue: [(entry id, token), ...]}`` of the leases held now, acked ones whose ack
-        waits for the next round trip included (they must not lapse meanwhile)."""
+        """``{queue: [(entry id, token), ...]}`` of the leases held now, those whose ack is not
+        yet sent included (they must not lapse meanwhile)."""
         out: dict[PriorityQueue, Pairs] = {}
         with self._lock:
             for tag, (q, eid) in self._held.items():
@@ -213,8 +192,7 @@ class LeaseBook:
         return pending
 
     def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
-        """Run ``call`` (one round trip carrying ``pending``): its result, after checking the
-        ack codes; on an error the acks wait again and the error is raised."""
+        """``call()``'s result (one round trip with ``pending``), ack codes checked; on an error the acks wait again."""
         if pending:
             with self._lock:
                 self._sending[id(pending)] = pending
@@ -231,10 +209,8 @@ class LeaseBook:
         return result
 
     def refused(self, tag: str) -> bool:
-        """A renewal of ``tag`` was refused (its lease is gone): whether this book keeps it (its
-        lease is lost: the keeper says so). A tag whose ack is under way or was sent before is
-        noted instead: if its ack then finds its entry gone after a failed round trip, the lease
-        was lost before that ack, and ``_check`` says so."""
+        """A renewal of ``tag`` was refused: True when this book holds it (the keeper logs a lost
+        lease). A tag whose ack is under way or was resent is noted for ``_check`` instead."""
         with self._lock:
             resent = tag in self._resent
             if not resent and (tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)):
@@ -256,7 +232,7 @@ class LeaseBook:
         for q, pairs in pending.items():
             got = codes.get(q, ())
             if not self._resent and not self._refused and all(code == 1 for code in got):
-                continue  # (most round trips: every ack done, none of them sent before)
+                continue  # (the common case)
             for (eid, tag), code in zip(pairs, got):
                 with self._lock:
                     resent = tag in self._resent

@@ -1,19 +1,7 @@
-"""The lease keeper: one thread per connection that renews this process's leases and sweeps
-expired ones back to their queues.
-
-It runs beside whatever the process is doing (a solo-pool task can block the main thread for
-longer than a lease), so a live process never loses a lease, and dies with the process, so a
-killed process's leases expire. Sweeping is throttled in Redis (a guard key per queue), so
-however many consumers run, each queue is swept about once per ``sweep_interval``.
-
-A failed renewal is tried again after RETRY_FIRST seconds, doubling up to RETRY_MAX, not after
-a whole ``renew_interval``. On a Redis Cluster, a call of the keeper that meets its queue's slot
-moving (a resharding) fails at once instead of waiting for it (``connections.impatient``), so
-that the renewals of every queue go on meanwhile; it is tried again on this timer. A Redis that refuses writes (OOM under ``noeviction``, a read-only
-replica, MISCONF) is logged as an error naming the cause, at most every REPORT_EVERY seconds;
-other failures as warnings, as often. It touches nothing but lease books (``leasebook.py``):
-those of its connection's channels, and those retired after a connection error
-(``Transport._collect``) until they hold nothing.
+"""The lease keeper: one thread per connection that renews this process's leases, sends the acks
+waiting and sweeps expired leases back to their queues, touching nothing but lease books (its
+channels', and those retired after a connection error). A failed renewal is retried within
+RETRY_MAX; failures are logged at most every REPORT_EVERY. docs/leases.md ("Renewal", "Sweep").
 """
 
 from __future__ import annotations
@@ -28,13 +16,11 @@ from ..storage.connections import impatient
 
 logger = logging.getLogger(__name__)
 
-#: Seconds before the first retry of a failed renewal; each further failure doubles it, up to
-#: RETRY_MAX (and never past renew_interval).
+#: Seconds before the first retry of a failed renewal, doubling up to RETRY_MAX (and renew_interval).
 RETRY_FIRST = 0.1
 RETRY_MAX = 2.0
 
-#: Seconds between two reports of the same trouble: a Redis that refuses writes is logged as an
-#: error, any other failure as a warning, each at most this often.
+#: Seconds between two reports of the same trouble (refused writes an error, the rest a warning).
 REPORT_EVERY = 10.0
 
 #: Redis errors that mean "this Redis takes no writes now", by the code that starts the reply.
@@ -47,10 +33,9 @@ _REFUSALS = {
 
 
 def gap_seconds(options) -> float:
-    """How long without any sweep of a queue means nobody could reach Redis (it was paused,
-    down or unreachable) rather than a slow sweeper: two sweep intervals, at least 1 s, and at
-    most half a lease, so that a pause long enough to let leases expire (over a lease, the
-    last renewal having been at most a third of a lease earlier) is always seen as a gap."""
+    """How long without a sweep of a queue means nobody could reach Redis rather than a slow
+    sweeper: two sweep intervals, at least 1 s, at most half a lease (so any pause that let
+    leases expire counts as a gap)."""
     return min(options.lease_seconds / 2, max(2 * options.sweep_interval, 1.0))
 
 
@@ -59,7 +44,7 @@ def write_refusal(exc: BaseException) -> str | None:
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
         code = "OOM"
     elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
-        code = "READONLY"  # (a script's READONLY reply is a connection error: scripts.wire._demoted)
+        code = "READONLY"  # (a script's READONLY is a connection error: scripts.wire._demoted)
     elif isinstance(exc, rex.ResponseError):
         code = str(exc).split(" ", 1)[0]
     else:
@@ -72,8 +57,8 @@ class LeaseKeeper(threading.Thread):
         super().__init__(name="celery-pq-lease-keeper", daemon=True)
         self.transport = transport
         self._stopped = threading.Event()
-        self._reported: dict[str, float] = {}  # trouble -> when it was last logged
-        self.renewals = 0  # extend calls made (for tests and metrics)
+        self._reported: dict[str, float] = {}  # trouble -> when last logged
+        self.renewals = 0  # extend calls made
         self.sweeps = 0  # reclaim calls that did sweep
 
     def stop(self):
@@ -84,7 +69,7 @@ class LeaseKeeper(threading.Thread):
         failures = 0  # renewals failed in a row
         while not self._stopped.is_set():
             books = self.transport.keeper_books()
-            if books is None:  # closed, and the retired lease books hold nothing more
+            if books is None:
                 self.transport.release_pool()
                 return
             wait = 0.25
@@ -96,14 +81,12 @@ class LeaseKeeper(threading.Thread):
                     if self._attempt("renewing leases", self.renew, books):
                         failures = 0
                         next_renew = now + renew_every
-                    else:  # try again soon: a lease lasts only lease_seconds
+                    else:
                         failures += 1
                         next_renew = now + min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX, renew_every)
                 if not failures:
-                    # acks deferred to a pop that is not coming soon. While renewals fail (Redis
-                    # unreachable) they wait for a renewal that goes through: the lease of one
-                    # that ran out meanwhile is then named by that renewal's refusal, before the
-                    # ack is sent again (see LeaseBook.refused).
+                    # (not while renewals fail: a lease that ran out meanwhile is then named by
+                    # the next renewal's refusal before its ack is resent: LeaseBook.refused)
                     self._attempt("sending acks", self.flush, books)
                 if now >= next_sweep:
                     next_sweep = now + sweep_every
@@ -113,10 +96,8 @@ class LeaseKeeper(threading.Thread):
             self._stopped.wait(wait)
 
     def _attempt(self, what, fn, *args) -> bool:
-        """Run one task of the keeper; report a failure (keep going through Redis restarts). A
-        call that meets its queue's Redis Cluster slot moving fails at once (``impatient``) and
-        is tried again on the keeper's own timer (acks stay waiting in their book, their leases
-        renewed)."""
+        """Run one task of the keeper, reporting a failure. A cluster slot moving fails it at once
+        (``impatient``): retried on the keeper's timer, so other queues' renewals go on."""
         try:
             with impatient():
                 fn(*args)
@@ -145,13 +126,12 @@ class LeaseKeeper(threading.Thread):
 
     @staticmethod
     def flush(books) -> None:
-        """Send the acks each book defers to a pop that is not coming soon."""
+        """Send the acks each book holds back."""
         for book in books:
             book.flush()
 
     def renew(self, books):
-        """Renew every held lease, one extend per queue; the first error is raised after the
-        other queues were renewed."""
+        """Renew every held lease, one extend per queue; the first error is raised after all."""
         error = None
         for book in books:
             for q, pairs in book.held().items():
@@ -162,7 +142,7 @@ class LeaseKeeper(threading.Thread):
                     continue
                 self.renewals += 1
                 for (eid, tag), ok in zip(pairs, results):
-                    # (a tag acked between the book's snapshot and the extend is no loss)
+                    # (a tag acked since the snapshot is no loss: refused() says False)
                     if not ok and book.refused(tag):
                         logger.warning(
                             "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
@@ -178,8 +158,8 @@ class LeaseKeeper(threading.Thread):
                     continue
                 seen.add(q.name)
                 gap = gap_seconds(book.options)
-                # a lease that expired in a gap gets a whole lease length from now: its holder's keeper
-                # comes out of the same gap, maybe slowly (every process wakes at once)
+                # a lease that expired in a gap gets a whole lease from now: its holder's keeper
+                # comes out of the same gap, maybe slowly
                 result = q.reclaim(
                     guard_seconds=book.options.sweep_interval * 0.9,
                     gap_seconds=gap,

@@ -1,23 +1,8 @@
-"""A kombu message as the queue stores it, both ways.
-
-Writing: the one path from a message dict to an insert. The transport's publish
-(``Channel.prepare_message`` and ``Channel._put``) and the Spark writer (``celery_pq.spark``)
-both go through here, so a task enqueued from a DataFrame is stored exactly as the same task
-published by Celery: the same payload bytes, priority default and check, tenant
-(``tenants.tenant_of``), delay (the ``eta`` header), and task name for the event log. A publish
-id names one publish call in one queue (``PublishStamp``), never the content.
-
-The stored payload is ``codec.encode`` of the message (docs/storage.md), without its
-``delivery_tag``: a delivery carries its lease token as tag instead.
-
-Reading, for operators (``describe``): a stored message's task name and a short preview of its
-args. The payload is read with ``codec.decode`` (which also reads the JSON of entries written
-before the compact form): the body is base64 in ``body`` (``properties.body_encoding``), Celery's
-protocol 2 headers in ``headers`` (``task``, ``argsrepr``, ``kwargsrepr``). A payload that is not
-such a message (a queue used without kombu, a malformed entry set aside) is shown as its own
-text; one in the stored form that cannot be read (corrupt, or over the codec's bounds: a
-decompression bomb) as ``unreadable: <why>``, with no task name. Nothing there raises on stored
-data.
+"""A kombu message as the queue stores it, both ways. Writing: the one path from a message dict
+to an ``Item`` (payload, priority, tenant, due time, expiry, publish id), shared by the
+transport's publish and the Spark writer so both store a task alike. Reading: ``describe``, what
+an operator sees of a stored payload, never raising on stored data. docs/storage.md (the stored
+form), docs/leases.md ("Idempotent publish": ``PublishStamp``).
 """
 
 from __future__ import annotations
@@ -40,9 +25,8 @@ from .tenants import tenant_of
 logger = logging.getLogger(__name__)
 
 
-#: The property under which ``prepare_message`` keeps a publish call's ``PublishStamp`` (in the
-#: properties dict kombu's ``Producer.publish`` hands to every attempt of one call). Private:
-#: never stored, never delivered.
+#: The property holding a publish call's ``PublishStamp`` (kombu hands the same properties dict
+#: to every attempt of one call); never stored, never delivered.
 STAMP = "x-pq-publish"
 #: The property a fanout broadcast carries its publish call's id in (receivers drop a repeat).
 BROADCAST_ID = "x-pq-broadcast"
@@ -51,27 +35,11 @@ EMPTY_LIMITS: Mapping[str, float] = MappingProxyType({})
 
 
 class PublishStamp:
-    """The identity of one publish call: a publish id per queue the call reaches, made when the
-    call first puts the message there, and kept for that call's own retries alone.
-
-    kombu's ``Producer.publish(retry=True)`` (Celery's ``task_publish_retry``) retries a failed
-    attempt by calling ``Producer._publish`` again with the same ``properties`` dict, and each
-    attempt prepares the message anew (``Channel.prepare_message``). The stamp rides in that
-    dict, so every attempt of one call carries one publish id per queue, and each queue stores
-    the call once even when an attempt's reply was lost after the insert ran. Two publish calls
-    are two stamps, two sets of publish ids, two messages, whatever their task id, body or
-    timing: nothing here is derived from the content.
-
-    A call routed to several queues (an exchange binding its key to each) puts the message in
-    each, one after the other (kombu's ``_put`` per queue); any of them may be the one whose
-    reply was lost, and a retry puts it in every queue again. The first queue takes
-    ``publish_id``, each other one an id of its own (``ids``, by queue name), so every queue
-    finds the attempts before it.
-
-    ``put``: the queues put since the message was last prepared. A message dict put again in
-    one of them without being prepared again (a caller's own second ``basic_publish`` of one
-    prepared message) is a second publish, and gets a publish id of its own.
-    """
+    """The identity of one publish call: a publish id per queue it reaches (``ids``; the first
+    queue's is ``publish_id``), kept for that call's own retries alone, never derived from the
+    content. It rides in the properties dict that kombu's retries prepare again. ``put``: the
+    queues put since the last prepare; a put again without one is a new publish. docs/leases.md
+    ("Idempotent publish")."""
 
     __slots__ = ("ids", "publish_id", "put")
 
@@ -82,8 +50,7 @@ class PublishStamp:
 
     @classmethod
     def prepared(cls, properties: dict) -> PublishStamp:
-        """The stamp of the call these properties belong to: a new one for a first attempt,
-        the same one, ready to be put again, for a retry of it."""
+        """The stamp of these properties' call: new for a first attempt, the same for a retry."""
         stamp = properties.get(STAMP)
         if type(stamp) is cls:
             stamp.put.clear()
@@ -93,10 +60,8 @@ class PublishStamp:
 
     @classmethod
     def take(cls, message: dict, queue: str) -> tuple[bytes, bool] | tuple[None, bool]:
-        """``(publish id, first send)`` for one ``_put`` of ``message`` in ``queue``: the
-        prepared call's id for that queue, and whether it is sent there for the first time
-        (never stored then, so only recorded, not looked up); or ``(None, True)`` (the queue
-        makes one) for a message that was not prepared for this put."""
+        """``(publish id, first send)`` of one put in ``queue`` (a first send is only recorded,
+        not looked up); ``(None, True)`` for a message not prepared for this put."""
         props = message.get("properties")
         stamp = props.get(STAMP) if isinstance(props, dict) else None
         if type(stamp) is not cls or queue in stamp.put:
@@ -113,11 +78,8 @@ class PublishStamp:
 def prepare_message(
     options: Options, body, priority=None, content_type=None, content_encoding=None, headers=None, properties=None
 ) -> dict:
-    """kombu's ``prepare_message`` hook: the message dict, its priority checked (ValueError
-    naming the value, before anything is written) and defaulted, and the publish call stamped
-    with its identity (``PublishStamp``) in ``properties``."""
-    # kombu's Producer.publish and Celery pass 0 when no priority was given (the kombu
-    # convention, as in kombu's virtual transports): 0 and None take default_priority.
+    """kombu's hook: the message dict, priority defaulted and checked (ValueError), the call stamped."""
+    # kombu and Celery pass 0 for no priority (as kombu's virtual transports take it).
     if priority is None or (type(priority) is int and priority == 0):
         priority = options.default_priority
     validate_priority(priority)
@@ -125,7 +87,7 @@ def prepare_message(
         properties = {}
     properties.setdefault("delivery_info", {})
     properties["priority"] = priority
-    PublishStamp.prepared(properties)  # the same dict comes back on kombu's retry of this call
+    PublishStamp.prepared(properties)
     return {
         "body": body,
         "content-encoding": content_encoding,
@@ -145,20 +107,14 @@ def stored_item(
     queue_ttl_ms: int | None = None,
     task_limits: Mapping[str, float] = EMPTY_LIMITS,
 ) -> Item:
-    """How ``message`` (a prepared kombu message dict) is stored in ``queue``.
-
-    ``decode_body`` is kombu's ``Channel.decode_body`` (a ``fair_key`` function sees the decoded
-    body). ``publish_id_``: the publish id of this publish (the transport's ``PublishStamp``, the
-    Spark writer's row identity), or None for one the queue makes per insert call. Nothing of
-    the message's content makes a publish id. ValueError or MessageTooLarge, with nothing
-    written, for a message that cannot be stored. ``queue_ttl_ms``: the queue's ``message_ttl``
-    (``x-message-ttl``), when it has one. ``task_limits``: the open queue's (``tenants.tenant_of``);
-    none where the caller tags limited tasks itself (the Spark sink, per queue).
-    """
+    """The ``Item`` of a prepared kombu message for ``queue``; ValueError or MessageTooLarge,
+    nothing written, when it cannot be stored. ``decode_body``: kombu's (for a ``fair_key``
+    function). ``publish_id_``: this publish's, or None (the queue makes one per call).
+    ``queue_ttl_ms``: the queue's ``message_ttl``. ``task_limits``: the queue's (``tenant_of``)."""
     props = message["properties"]
     priority = props.get("priority")
     if priority is None:
-        priority = options.default_priority  # a message that did not come through prepare_message
+        priority = options.default_priority  # not prepared by prepare_message
     headers = message.get("headers") or {}
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
@@ -178,13 +134,13 @@ def stored_item(
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:
-    """The earlier of two deadlines, either of them None for none (one runs per publish)."""
+    """The earlier of two deadlines, None for none."""
     return b if a is None else a if b is None else min(a, b)
 
 
 def expiration_ms(expiration) -> int | None:
-    """kombu's ``expiration`` property (AMQP per-message TTL: ms, as text) as ms, or None when
-    absent or not a number (a message is never refused for it: the worker's checks still run)."""
+    """kombu's ``expiration`` property (AMQP per-message TTL, ms as text) as ms; None when
+    absent or not a number (never refused for it: the worker still checks)."""
     if expiration is None or expiration == "":
         return None
     try:
@@ -194,8 +150,7 @@ def expiration_ms(expiration) -> int | None:
 
 
 def message_ttl_ms(arguments) -> int | None:
-    """A queue's message TTL (ms) from its declaration's arguments (kombu's
-    ``Queue(message_ttl=seconds)`` sends ``x-message-ttl`` in ms), or None."""
+    """A queue's ``x-message-ttl`` (ms) from its declaration's arguments, or None."""
     ttl = (arguments or {}).get("x-message-ttl") if isinstance(arguments, dict) else None
     if ttl is None or isinstance(ttl, bool):
         return None
@@ -206,8 +161,8 @@ def message_ttl_ms(arguments) -> int | None:
 
 
 def expires_ms(expires) -> int | None:
-    """Celery's ``expires`` header (ISO 8601; naive times are UTC) as Unix ms, or None when
-    absent or unreadable (then only the worker checks it, as before)."""
+    """Celery's ``expires`` header (ISO 8601; naive is UTC) as Unix ms; None when absent or
+    unreadable (then only the worker checks it)."""
     if not expires or not isinstance(expires, str):
         return None
     try:
@@ -219,16 +174,14 @@ def expires_ms(expires) -> int | None:
     return max(0, int(when.timestamp() * 1000))
 
 
-#: Message properties that are never stored: the publish stamp is the publisher's alone, and
-#: each delivery gets its lease token as its delivery tag.
+#: Properties never stored (a delivery's tag is its lease token).
 NOT_STORED = frozenset(("delivery_tag", STAMP))
 #: Message properties that never leave the publisher (a fanout broadcast keeps its tag).
 NOT_SENT = frozenset((STAMP,))
 
 
 def without_properties(message: dict, names: frozenset) -> dict:
-    """``message`` without the properties ``names`` (the message itself when it has none of them:
-    the common case costs no copy)."""
+    """``message`` without the properties ``names`` (itself, no copy, when it has none)."""
     props = message["properties"]
     if not isinstance(props, dict) or names.isdisjoint(props):
         return message
@@ -236,14 +189,10 @@ def without_properties(message: dict, names: frozenset) -> dict:
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:
-    """The message as stored (``codec.encode``); MessageTooLarge (nothing written) when over
-    max_message_bytes.
-
-    A message property whose value has no stored form (an object neither this codec nor
-    kombu's JSON writes) is left out with a warning naming it, as an AMQP broker keeps only
-    the properties it knows (Celery's ``before_task_publish`` handlers that re-publish with
-    ``**kwargs`` pass the signal itself as one). A header or body value without one is an error
-    (ValueError naming it, nothing written): those are the task's own data."""
+    """The message as stored (``codec.encode``); MessageTooLarge over max_message_bytes. A
+    property with no stored form is left out with a warning, as an AMQP broker keeps only the
+    properties it knows (a ``before_task_publish`` handler re-publishing ``**kwargs`` passes the
+    signal itself); a header or body value without one is a ValueError. Nothing written on error."""
     try:
         data = encode(message)
     except TypeError:
@@ -255,8 +204,7 @@ def serialized(queue: str, message: dict, options: Options) -> bytes:
 
 
 def _storable(queue: str, message: dict) -> dict:
-    """``message`` less the properties that have no stored form; ValueError naming a header
-    that has none."""
+    """``message`` less the properties with no stored form; ValueError for such a header."""
     props = message.get("properties")
     if isinstance(props, dict):
         bad = [k for k, v in props.items() if not _writable(v)]
@@ -288,7 +236,7 @@ def _writable(value) -> bool:
 
 
 def digest(*parts) -> bytes:
-    """16 bytes naming ``parts`` (each length-prefixed, so no two lists of parts collide)."""
+    """16 bytes naming ``parts`` (length-prefixed: no two lists collide)."""
     h = blake2b(digest_size=16)
     for part in parts:
         text = bytes(part) if isinstance(part, bytes) else str(part).encode()
@@ -315,7 +263,9 @@ PREVIEW_CHARS = 60
 
 
 def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
-    """``{"task": name or None, "args": preview}`` of a stored payload."""
+    """``{"task": name or None, "args": preview}`` of a stored payload: a payload that is not a
+    kombu message shows as its text; one in the stored form that cannot be read (corrupt, over
+    the codec's bounds) as ``unreadable: <why>``. Never raises on stored data."""
     try:
         message = decode(payload)
     except CodecError as exc:
@@ -337,15 +287,14 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
 
 
 def _stored_form(payload: bytes | str) -> bool:
-    """Whether a payload the codec refused is in the stored form (its first byte is the
-    format's version)."""
+    """Whether a payload the codec refused starts with the format's version byte."""
     head = payload[:1] if isinstance(payload, bytes) else payload[:1].encode()
     return head == bytes((VERSION,))
 
 
 def _body_preview(message: dict) -> str:
     body = message.get("body")
-    if not isinstance(body, (str, bytes, bytearray)):  # (neither base64 nor JSON text: shown as it is)
+    if not isinstance(body, (str, bytes, bytearray)):
         return _text(body)
     props = message.get("properties") or {}
     try:

@@ -1,5 +1,5 @@
-"""The checks of one transport option's value (``options.Options``): each takes the option's
-name and the value given and returns the value to keep, or raises ``ConfigError`` naming both."""
+"""The checks of one transport option's value (``options.Options``): ``(name, value)`` -> the
+value to keep, or ``ConfigError`` naming both."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from ..storage.errors import ConfigError
 from ..storage.redact import redact
 
 
-# -- checks of one value: (option name, value) -> the value to keep, or ConfigError ----------
 def check_priority(name, value):
     try:
         return validate_priority(value)
@@ -71,8 +70,7 @@ def check_mapping_or_none(name, value):
 
 
 def check_queue_setting(name, value):
-    """A queue's setting: checked where every queue's settings are, by ``QueueSettings``
-    (``Options._check_queue_settings``)."""
+    """A queue's setting: checked by ``QueueSettings`` (``Options._check_queue_settings``)."""
     return value
 
 
@@ -123,7 +121,7 @@ def check_per_tenant(kind):
 
 
 def check_weights(name, value):
-    """fair_weights: positive numbers, each in the range the fair schedule's integer steps hold."""
+    """fair_weights: each in the range the fair schedule's integer steps hold."""
     check_per_tenant((int, float))(name, value)
     for tenant, weight in (value or {}).items():
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
@@ -173,11 +171,9 @@ check_unique_seconds = check_per_queue(
 
 
 def fit_renewals(lease, renew_interval, socket_timeout, default_timeout: bool) -> tuple[float, float | None]:
-    """renew_interval (a third of the lease when not given), then the checks that leases
-    outlive their renewals: a lease must last renew_interval + RENEW_MARGIN, and a reply may
-    take at most lease_seconds - renew_interval (a renewal stuck on a silent connection for
-    longer would let its leases expire); the default socket_timeout is lowered to fit. Returns
-    (renew_interval, socket_timeout) to keep."""
+    """(renew_interval, socket_timeout) to keep: renew_interval defaults to a third of the lease;
+    a lease must last renew_interval + RENEW_MARGIN and socket_timeout be at most lease_seconds -
+    renew_interval (the default is lowered to fit). ConfigError otherwise (docs/leases.md)."""
     margin = C.RENEW_MARGIN
     given = renew_interval is not None
     renew = renew_interval if renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
@@ -207,8 +203,7 @@ def fit_renewals(lease, renew_interval, socket_timeout, default_timeout: bool) -
 
 
 def key_function(name: str, value: str | None) -> Callable | None:
-    """The function a key option (``fair_key``, ``unique_key``) names as ``"module:function"``;
-    None for a header name (or None)."""
+    """The function a key option names as ``"module:function"``; None for a header name."""
     if value is None or ":" not in value:
         return None
     try:

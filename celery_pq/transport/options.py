@@ -1,12 +1,8 @@
-"""The transport's options (``broker_transport_options``): each one once, with its type, unit,
-default and check.
-
-``Options.from_transport_options`` reads them when a channel is made; every value is checked
-there, once: a bad one raises ``ConfigError`` naming the option and the value. The frozen
-``Options`` are pure data below the queue: they produce each queue's ``QueueSettings``
-(``queue_settings``, opened by ``queue.open_queue``) and ``redis_kwargs`` for redis-py's
-connection pool. README.md's option table
-shows the same names and defaults (a test checks that they agree).
+"""The transport's options (``broker_transport_options``), each once with its type, unit, default
+and check, all checked when a channel is made (``ConfigError`` naming option and value). The
+frozen ``Options`` give each queue its ``QueueSettings`` and redis-py its pool's arguments.
+README.md ("Options") shows the same table (a test keeps them in step); docs/settings.md says
+whose each setting is.
 """
 
 from __future__ import annotations
@@ -55,8 +51,7 @@ class _FitsTheLease(float):
 
 
 def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str | None = None):
-    """One option: its default, its check, what it means (and the default as README shows it,
-    when that is not the value itself)."""
+    """One option: default, check, meaning (``shown``: the default as README shows it, if other)."""
     return field(default=default, metadata={"check": check, "doc": doc, "shown": shown})
 
 
@@ -250,7 +245,7 @@ class Options:
         return f"Options({shown})"
 
     def __post_init__(self):
-        keep = object.__setattr__  # frozen: the checked values replace the given ones once, here
+        keep = object.__setattr__  # frozen: the checked values replace the given ones, once
         if self.health_check_interval is None:
             keep(self, "health_check_interval", 0)
         default_timeout = isinstance(self.socket_timeout, _FitsTheLease)
@@ -278,17 +273,15 @@ class Options:
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
 
     def _check_queue_settings(self) -> None:
-        """The queue settings among the options, checked once, by ``QueueSettings`` (the
-        durations kept as the floats it makes of them). Fairness is taken as on here: whether
-        the tenant caps have a tenant to act on is the options' own rule (they need fair_key)."""
+        """The queue settings among the options, checked by ``QueueSettings`` (keeping its floats).
+        Fairness is taken as on: that tenant caps need fair_key is the options' own rule."""
         settings = QueueSettings(fair=True, **{name: getattr(self, name) for name in _QUEUE_SETTINGS})
         for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):
             object.__setattr__(self, name, getattr(settings, name))
 
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
-        """The options among ``broker_transport_options`` (kombu's own names are left to kombu;
-        any other name is logged once: ``tell_unknown``)."""
+        """The options among ``broker_transport_options``; an unknown name is logged once (``tell_unknown``)."""
         names = {f.name for f in fields(cls) if f.init}
         tell_unknown(given.keys() - names - KOMBU_OPTIONS, names)
         values = {k: v for k, v in given.items() if k in names}
@@ -301,9 +294,8 @@ class Options:
 
     # -- what the layers below take ------------------------------------------------------------
     def queue_settings(self, name: str) -> QueueSettings:
-        """The settings of queue ``name`` (``queue.open_queue(client, name, settings)``): a
-        dead-letter queue is never fair and has no delivery limit; Celery's own queues have one
-        shard; each shard of a sharded queue holds its part of ``max_length``."""
+        """The settings of queue ``name``: a dead-letter queue is never fair and has no delivery
+        limit; Celery's own queues have one shard; each shard holds its part of ``max_length``."""
         dead = name.endswith(".dead")
         task_rate = on_queue(self.task_rate, name)  # {tenant: rate}
         fair = (self.fair_key is not None or bool(task_rate)) and not dead
@@ -333,14 +325,12 @@ class Options:
         )
 
     def _max_length(self, name: str) -> int | None:
-        """``max_length`` of a queue, or of one shard of a sharded queue: its part of the
-        queue's limit (rounded up)."""
+        """``max_length`` of a queue, or a shard's part of it (rounded up)."""
         n = self.shards_of(split_dead(name)[0])
         return -(-self.max_length // n) if self.max_length and n > 1 else self.max_length
 
     def shards_of(self, name: str) -> int:
-        """How many shards queue ``name`` has: ``shards``, but 1 for Celery's own queues
-        (remote-control replies, events), which carry little and want their order."""
+        """``shards``, but 1 for Celery's own queues (replies, events: little, and in order)."""
         if celery_own_queue(name):
             return 1
         return self.shards
@@ -355,11 +345,11 @@ class Options:
         return mode, float(secs)
 
     def redis_kwargs(self) -> dict:
-        """The options handed to redis-py's connection pool (``_REDIS_KWARGS``)."""
+        """The options handed to redis-py's connection pool."""
         return {name: getattr(self, name) for name in _REDIS_KWARGS}
 
 
-#: Transport options kombu (or Celery through it) reads itself: left to it, never warned of.
+#: Transport options kombu (or Celery through it) reads: never warned of.
 KOMBU_OPTIONS = frozenset(
     {
         "visibility_timeout",  # (our alias of lease_seconds)
@@ -374,14 +364,12 @@ KOMBU_OPTIONS = frozenset(
     }
 )
 
-#: The unknown option names this process has warned of (each once).
 _TOLD_UNKNOWN: set = set()
 logger = logging.getLogger("celery_pq")
 
 
 def tell_unknown(unknown, names) -> None:
-    """Log each ``unknown`` transport option once per process, with the closest of ``names``
-    (and kombu's): a typo such as ``lease_second`` is not ignored silently."""
+    """Log each ``unknown`` option once per process, with the closest known name (a typo is no silent no-op)."""
     for name in set(unknown) - _TOLD_UNKNOWN:
         _TOLD_UNKNOWN.add(name)
         close = difflib.get_close_matches(str(name), sorted(set(names) | KOMBU_OPTIONS), n=1)
@@ -392,7 +380,7 @@ def tell_unknown(unknown, names) -> None:
         )
 
 
-_REDIS_KWARGS = (  # the options handed to redis-py's connection pool, under its names
+_REDIS_KWARGS = (  # under redis-py's names
     "socket_timeout",
     "socket_connect_timeout",
     "socket_keepalive",

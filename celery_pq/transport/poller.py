@@ -1,21 +1,8 @@
-"""How a consumer waits and is woken: every socket it reads from, and the one wait loop.
-
-Each channel has a ``Waits``: a blocking connection of its own (BLPOP on the wake lists of the
-queues it consumes: an insert leaves a wake token there) and a pub/sub connection for fanout
-exchanges. A channel pops while there may be work (``need_pop``); when a pop finds nothing it
-blocks on its wake lists instead, so an idle consumer costs one call per ``block_seconds``.
-
-On a Redis Cluster one BLPOP cannot name keys of two slots, so a channel blocks once per hash
-tag of the queues it consumes, each on a connection to the master serving that tag, all at once:
-whichever is answered first wakes the channel, which then pops every queue. Fanout goes by
-sharded pub/sub there (SPUBLISH, SSUBSCRIBE on the master serving each channel's slot), one
-pub/sub connection per master.
-
-The ``Poller`` of a connection runs the loop over its channels, in one of two ways:
-``drain`` (kombu's ``drain_events``: select on the sockets) or ``on_tick`` (Celery's event
-loop: the sockets are the loop's readers). Both take the same steps: each channel pops and
-delivers what its prefetch window allows; if nothing came, each arms its waits and the loop
-waits for a socket.
+"""How a consumer waits and is woken: each channel's ``Waits`` (a BLPOP on the wake lists of
+what it consumes, one per hash tag on a cluster; pub/sub for fanout, sharded on a cluster) and
+each connection's ``Poller``, the one wait loop behind kombu's ``drain_events`` and Celery's
+event loop: pop while there may be work, else arm the waits and wait for a socket.
+docs/key-layout.md ("Wake tokens"), docs/architecture.md ("Modules").
 """
 
 from __future__ import annotations
@@ -44,17 +31,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Seconds past block_seconds that a blocking wait may stay unanswered before its connection
-#: counts as dead (the server answers a BLPOP within block_seconds).
+#: Seconds past block_seconds a blocking wait may stay unanswered before its connection counts as dead.
 SILENCE_SECONDS = 15
 
 
 @dataclass
 class Wait:
-    """A connection to read from and what to do when it is readable; ``once``: a blocking read
-    that is sent again (re-armed) after its answer."""
+    """A connection to read and its handler; ``once``: a blocking read, re-armed after its answer."""
 
-    conn: Any  # a redis-py connection (``AbstractConnection``) or a pub/sub's one
+    conn: Any  # a redis-py connection or a pub/sub's
     handler: Callable[[], int]
     once: bool
 
@@ -70,8 +55,7 @@ class Blocking:
 
 
 class PubSub(Protocol):
-    """What a subscription uses of redis-py's ``PubSub`` (its sharded calls included, which
-    the type stubs lack)."""
+    """What a subscription uses of redis-py's ``PubSub`` (the stubs lack the sharded calls)."""
 
     connection: Connection | None
 
@@ -92,23 +76,18 @@ class Subscription:
 
 
 class Waits:
-    """One channel's blocking reads (one per hash tag on a cluster, else one) and pub/sub.
-
-    The channel gives: ``active_queues``, ``qos``, ``wake_keys()``, ``fanout_channels()``
-    ({pub/sub channel: queue}), ``pop_and_deliver()``, ``deliver_fanout(queue, data)``,
-    ``leases`` (its lease book), ``client``, ``options`` and ``transport``.
-    """
+    """One channel's blocking reads and pub/sub. The channel gives ``active_queues``, ``qos``,
+    ``wake_keys()``, ``fanout_channels()``, ``pop_and_deliver()``, ``deliver_fanout()``,
+    ``deliveries``, ``leases``, ``client``, ``options`` and ``transport``."""
 
     def __init__(self, channel):
         self.channel = channel
-        #: Pop when there may be work; otherwise block on the wake lists.
-        self.need_pop = True
-        #: Redis calls made to receive: "pops" (pop scripts), "wakeups" (blocking waits
-        #: answered by a wake token), "timeouts" (blocking waits that ran out).
+        self.need_pop = True  # there may be work: pop, don't block
+        #: pop script calls; blocking waits answered by a wake token; those that ran out
         self.counters = {"pops": 0, "wakeups": 0, "timeouts": 0}
         self._blocks: dict[object, Blocking] = {}  # slot group -> its blocking read
         self._subs: dict[object, Subscription] = {}  # node client -> its pub/sub
-        self._pubsub_waits: tuple | None = None  # (channels, [(subscription, wait)]) of the last _arm_pubsub
+        self._pubsub_waits: tuple | None = None  # the last _arm_pubsub: (channels, [(subscription, wait)])
 
     def should_pop(self) -> bool:
         """Whether there may be work (a wake-up, a change, a sweep that returned entries)."""
@@ -118,7 +97,7 @@ class Waits:
         return self.need_pop
 
     def arm(self) -> list[Wait]:
-        """Make sure the blocking reads are in flight; the waits to watch."""
+        """Put the blocking reads in flight; the waits to watch."""
         channel = self.channel
         popping = channel.deliveries.popping()
         if popping is not None:  # a pop on the wire (Celery's event loop): its reply is the wait
@@ -134,7 +113,7 @@ class Waits:
                 raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
         if channel.active_queues and channel.qos.can_consume() and not self.should_pop():
             groups = slot_groups(channel.client, channel.wake_keys())
-            for group in set(self._blocks) - set(groups):  # queues no longer consumed
+            for group in set(self._blocks) - set(groups):  # no longer consumed
                 if self._blocks[group].keys is None:
                     _quietly(self._blocks.pop(group).conn.disconnect)
             for group, keys in groups.items():
@@ -151,13 +130,10 @@ class Waits:
         return waits
 
     def _blocking_waits(self) -> list[Wait]:
-        """The waits of the blocking reads in flight."""
         return [Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None]
 
     def _arm_pubsub(self, wanted: dict) -> list[Wait]:
-        """Subscribe to the fanout channels wanted (sharded, per master, on a cluster). The waits
-        of the last call are given again while the channels wanted are the same and every
-        subscription still has its connection (most calls: nothing changed)."""
+        """Subscribe to the fanout channels wanted (sharded per master on a cluster); cached while unchanged."""
         if not wanted and not self._subs:
             return []
         known = self._pubsub_waits
@@ -173,7 +149,7 @@ class Waits:
         groups = {node: set(names) for node, names in by_node(client, sorted(wanted), lambda n: n).items()}
         for node in set(self._subs) - set(groups):
             _quietly(self._subs.pop(node).pubsub.close)
-        made = []  # (subscription, its wait)
+        made = []
         for node, names in groups.items():
             sub = self._subs.get(node)
             if sub is None:
@@ -191,7 +167,7 @@ class Waits:
         try:
             reply = block.conn.read_response()
         except (rex.AskError, rex.ClusterDownError, rex.TryAgainError) as exc:
-            # A cluster slot moved (a failover): look at once; the next wait goes to its new master
+            # a slot moved (a failover): look now; the next wait goes to the new master
             self._drop_block(block)
             self.need_pop = True
             logger.info("celery-pq: blocking wait ended by the cluster (%s); waiting again", exc)
@@ -200,8 +176,7 @@ class Waits:
             if not str(exc).startswith("UNBLOCKED"):
                 self.drop()
                 raise
-            # The server stopped being the master (a failover demoted it): its blocked clients
-            # are let go. Connect again (to the master the sentinels name now) and look.
+            # a failover demoted the server and let its blocked clients go: reconnect and look
             self._drop_block(block)
             self.need_pop = True
             return self.channel.pop_and_deliver()
@@ -212,8 +187,7 @@ class Waits:
         self.need_pop = True  # a wake token, or the timeout: look again either way
         self.counters["wakeups" if reply else "timeouts"] += 1
         if reply and not self.channel.qos.can_consume():
-            # The prefetch window filled while we were blocked: leave the token for the next
-            # wait (ours or another consumer's), or the work would sit until block_seconds.
+            # the prefetch window filled meanwhile: the token goes back for the next wait
             key, token = reply
             self.channel.client.lpush(key, token)
             return 0
@@ -235,7 +209,7 @@ class Waits:
                 delivered += self.channel.deliver_fanout(name, queue, msg["data"])
 
     def unblock(self):
-        """Wake our own BLPOPs (the consumed queues changed), so they re-arm at once."""
+        """End our BLPOPs (the consumed queues changed), so they re-arm at once."""
         for block in self._blocks.values():
             if block.keys is not None and block.id is not None:
                 try:
@@ -248,7 +222,7 @@ class Waits:
         self._blocks = {g: b for g, b in self._blocks.items() if b is not block}
 
     def drop(self):
-        """Close the blocking connections (they are made again when needed)."""
+        """Close the blocking connections (made again when needed)."""
         for block in list(self._blocks.values()):
             self._drop_block(block)
         self.need_pop = True
@@ -267,24 +241,22 @@ class Poller:
     def __init__(self, transport):
         self.transport = transport
         self._loop: Hub | None = None
-        self._readers: dict[int, tuple[socket.socket, Wait]] = {}  # fd -> (socket, Wait)
+        self._readers: dict[int, tuple[socket.socket, Wait]] = {}
         self._draining = False
-        self._wake_pipe: tuple[int, int] | None = None  # (read end, write end): the loop wakes itself
-        self._idle_wake: Any = None  # the loop's timer that wakes it where signals cannot
+        self._wake_pipe: tuple[int, int] | None = None  # (read, write): the loop wakes itself
+        self._idle_wake: Any = None  # a timer that wakes it where signals cannot
         self._loop_thread: int | None = None
 
     def in_event_loop(self) -> bool:
-        """Whether this thread runs the Celery event loop this poller is registered with."""
+        """Whether this thread runs the Celery event loop this poller serves."""
         return self._loop is not None and self._loop_thread == threading.get_ident()
 
     def defers_acks(self) -> bool:
-        """Acks can wait for the next pop while something here is sure to pop again soon."""
+        """Acks may wait for the next pop: one is sure to come soon."""
         return self._draining or self._loop is not None
 
     def _step(self, *, until_delivered: bool) -> tuple[int, list[Wait]]:
-        """One pass of the loop: each channel pops and delivers what its prefetch window
-        allows, then arms its waits; ``until_delivered`` ends the pass at the first delivery.
-        (delivered, waits)."""
+        """One pass, (delivered, waits): each channel pops, else arms; ``until_delivered`` stops at one."""
         delivered = 0
         waits: list[Wait] = []
         for channel in list(self.transport.cycle_channels):
@@ -292,7 +264,7 @@ class Poller:
             delivered += got
             if delivered and until_delivered:
                 return delivered, []
-            if not got:  # (a channel that delivered pops again on the next pass: nothing to arm)
+            if not got:  # (one that delivered pops again next pass)
                 waits += channel.waits.arm()
         return delivered, waits
 
@@ -314,7 +286,7 @@ class Poller:
             remaining = None if deadline is None else deadline - monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError()
-            if not waits:  # nothing to block on (prefetch window full): look again shortly
+            if not waits:  # prefetch window full: look again shortly
                 sleep(min(0.05, remaining) if remaining is not None else 0.05)
                 continue
             ready = [w for w in waits if w.conn.can_read(timeout=0)]
@@ -341,9 +313,7 @@ class Poller:
             self._idle_wake.cancel()
             self._idle_wake = None
         if not signal_wake.take(self._wake_pipe[1]):
-            # An idle loop sleeps in its poll until a timer or a socket is due (up to
-            # block_seconds, or ten seconds), and a shutdown asked for meanwhile waits for it:
-            # where signals cannot wake the loop, it wakes itself every IDLE_WAKE_SECONDS.
+            # where signals cannot wake the idle loop, a shutdown would wait out its poll
             self._idle_wake = loop.call_repeatedly(C.IDLE_WAKE_SECONDS, _nothing)
 
     def _on_self_wake(self, fd: int) -> None:
@@ -357,17 +327,14 @@ class Poller:
         try:
             os.write(self._wake_pipe[1], b"x")
         except BlockingIOError:
-            pass  # a wake-up is pending already
+            pass  # one is pending already
 
     def on_tick(self):
-        # Celery's hub runs the acks it deferred (call_soon) at the top of each loop pass, just
-        # before this tick: the prefetch window is up to date, and those acks ride along with
-        # the pop. After a delivery the acks it causes arrive as call_soon callbacks: the tick
-        # runs them itself and pops again (_drain_in_tick), and once its time is up, or where
-        # the hub cannot be asked, the loop wakes itself (a pipe) so the next pass comes at
-        # once, not after a timer. A backlog costs one round trip per pop, never a wait in Redis.
+        # The hub runs its deferred acks (call_soon) just before this tick, so they ride with
+        # the pop. The acks a delivery causes come later: _drain_in_tick runs them and pops
+        # again, and after it the loop wakes itself (a pipe) for the next pass at once.
         loop = self._loop
-        assert loop is not None  # (on_tick is called by the loop it was registered with)
+        assert loop is not None
         delivered, waits = self._step(until_delivered=False)
         if delivered:
             delivered, waits = self._drain_in_tick(delivered, waits)
@@ -381,19 +348,15 @@ class Poller:
                 self._readers[fd] = (sock, wait)
                 loop.add_reader(fd, self._on_readable, fd)
         if delivered:
-            # Even when the tick's last pass found the prefetch window full: what it delivered
-            # may have missed this tick's other callbacks (the prefork pool schedules its writes
-            # to the children in its own on_tick), and must not wait for the next timer.
+            # even with the window full: what it delivered may have missed this tick's other
+            # callbacks (the prefork pool writes to its children in its own on_tick)
             self._self_wake()
 
     def _drain_in_tick(self, delivered: int, waits: list[Wait]) -> tuple[int, list[Wait]]:
-        """Go on popping within this tick while each pass delivers, for up to TICK_DRAIN_SECONDS:
-        the hub's ready callbacks (the acks the deliveries deferred with call_soon) run first, as
-        the hub's next pass would run them, so a backlog costs no self-wake, poll and pipe read
-        per message. What the loop waits for besides (timers, other sockets) waits at most that
-        long, as behind a task of that length in the solo pool. A hub without ``_pop_ready``
-        (older kombu) leaves it to the self-wake. ``delivered``: by the tick's first pass.
-        Returns (delivered in the whole tick, the last pass's waits)."""
+        """Pop on within this tick while each pass delivers, for up to TICK_DRAIN_SECONDS, the
+        hub's ready callbacks (the deferred acks) run first: a backlog costs no self-wake and
+        poll per message. A hub without ``_pop_ready`` (older kombu) leaves it to the self-wake.
+        (delivered in the whole tick, the last pass's waits)."""
         pop_ready = getattr(self._loop, "_pop_ready", None)
         if pop_ready is None:
             return delivered, waits
@@ -413,12 +376,12 @@ class Poller:
             return
         sock, wait = entry
         loop = self._loop
-        assert loop is not None  # (readers are registered with the loop, and cleared without it)
+        assert loop is not None
         if wait.conn._sock is not sock:  # reconnected: the next tick registers the new socket
             self._readers.pop(fd, None)
             loop.remove_reader(fd)
             return
-        if wait.once:  # a blocking read that has been answered is re-armed on the next tick
+        if wait.once:  # re-armed on the next tick
             self._readers.pop(fd, None)
             loop.remove_reader(fd)
         wait.handler()
@@ -434,8 +397,8 @@ class Poller:
             self._idle_wake = None
         self._readers.clear()
         self._loop = None
-        # A pipe that signals still wake (closed from another thread) stays open, for this
-        # poller's next loop or the process's end: a signal would write to a closed or reused fd.
+        # a pipe signals still wake stays open (closed from another thread): a signal would
+        # write to a closed or reused fd
         if self._wake_pipe is not None and (
             not signal_wake.holds(self._wake_pipe[1]) or signal_wake.give_back(self._wake_pipe[1])
         ):
@@ -445,11 +408,11 @@ class Poller:
 
 
 def _nothing() -> None:
-    """A timer's call whose only work is that the loop woke for it."""
+    """A timer's call: the loop woke for it."""
 
 
 def _quietly(call, *args) -> None:
-    """Tear something down; a failure there changes nothing (it is being dropped)."""
+    """Tear something down, ignoring a failure."""
     try:
         call(*args)
     except Exception:
@@ -457,9 +420,8 @@ def _quietly(call, *args) -> None:
 
 
 def _client_id(conn) -> int | None:
-    """The id of a blocking connection, for CLIENT UNBLOCK; None when this Redis user may not
-    run CLIENT (an ACL without it): a change of the consumed queues then takes effect when the
-    blocking read times out (within block_seconds)."""
+    """The id of a blocking connection, for CLIENT UNBLOCK; None when the user may not run
+    CLIENT (then changes take effect within block_seconds)."""
     conn.send_command("CLIENT", "ID")
     try:
         return conn.read_response()

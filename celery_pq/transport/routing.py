@@ -1,9 +1,6 @@
-"""What kombu declares, shared in Redis: the queue names (one set), the queues' message TTLs
-(one hash: kombu's ``Queue(message_ttl=...)``, ``x-message-ttl``) and each exchange's bindings
-(one set per exchange, members ``routing_key|pattern|queue``). A channel's ``RoutingTables``
-caches an exchange's table, and a queue's TTL, for ``binding_cache_seconds``; its own binds,
-unbinds and declarations drop the cached value at once, and a lookup that finds nothing reads
-it again (a binding made elsewhere).
+"""What kombu declares, shared in Redis: the queue names, their message TTLs and each exchange's
+bindings, read through a per-channel cache of ``binding_cache_seconds`` that the channel's own
+changes drop at once. docs/key-layout.md ("Not per queue").
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ class RoutingTables:
 
     # -- queues ------------------------------------------------------------------------------
     def add_queue(self, queue: str, message_ttl_ms: int | None = None) -> None:
-        """Record a declared queue; with ``message_ttl_ms``, its message TTL for every publisher
-        (a queue declared again without one keeps it, as a broker keeps a queue's arguments)."""
+        """Record a declared queue and its message TTL for every publisher (kept if declared again without)."""
         self.client.sadd(queues_key(self.options.key_prefix), queue)
         if message_ttl_ms is not None:
             self.client.hset(message_ttls_key(self.options.key_prefix), queue, message_ttl_ms)

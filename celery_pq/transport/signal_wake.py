@@ -1,13 +1,7 @@
-"""Signals that wake a Celery worker's event loop at once.
-
-An idle worker's loop sleeps in its poll until a timer or a socket is due. A signal breaks into
-that poll, but Python runs the handler and polls again for the time left, so the warm shutdown
-a SIGTERM asks for would wait for the poll to time out. Made the process's signal wake-up fd
-(``signal.set_wakeup_fd``), the write end of the loop's self-wake pipe (poller.Poller) makes
-every signal wake the loop, whose next pass sees the shutdown.
-
-Only the main thread may set it, and it is never taken from another owner. A forked child (a
-prefork pool's worker process) lets it go: its signals are its own.
+"""Signals wake a Celery worker's idle event loop at once: the loop's self-wake pipe
+(``poller.Poller``) made the process's ``signal.set_wakeup_fd``, so a SIGTERM's warm shutdown does
+not wait out the loop's poll. Only from the main thread, never taken from another owner; a forked
+child lets it go. docs/leases.md ("Acks, rejects, shutdown").
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ _ours: int | None = None  # the fd set here, while it is the process's wake-up f
 
 
 def take(fd: int) -> bool:
-    """Make ``fd`` the signal wake-up fd, where this thread may and no other is set: whether it is."""
+    """Make ``fd`` the signal wake-up fd, where this thread may and no other is set; whether done."""
     global _ours
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -38,9 +32,8 @@ def holds(fd: int) -> bool:
 
 
 def give_back(fd: int) -> bool:
-    """Let ``fd`` be the signal wake-up fd no more (unless another has taken its place since):
-    whether done, which only the main thread can do; until then ``fd`` must stay open (a
-    signal would write to a closed or reused fd)."""
+    """Stop ``fd`` being the signal wake-up fd; whether done (only the main thread can). Until
+    then ``fd`` must stay open: a signal would write to a closed or reused fd."""
     global _ours
     if threading.current_thread() is not threading.main_thread():
         return False

@@ -1,28 +1,7 @@
-"""Global rate limits by task name (the transport option ``task_rate``): at most N deliveries
-per second of a named task from a queue, whichever workers consume it.
-
-Celery's own ``Task.rate_limit`` is a token bucket inside each worker process, so three workers
-let three times the rate through. This limit is the fair queue's tenant token bucket, kept in
-Redis and taken inside the pop script (``fair.lua``'s ``fair_token``): a message of a limited task
-is published under a tenant of its own, ``task:<task name>``, whose rate is the task's, and a pop
-that finds that tenant out of tokens parks it and serves the other tenants meanwhile. Nothing
-runs on the pop path beyond what a fair queue runs already; a queue no limit names is opened as
-before (plain, or fair with ``fair_key``), and its publishes only look the task up in a dict.
-
-The option's two forms (mixed freely; a queue's own entry wins over an every-queue one)::
-
-    task_rate = {"proj.tasks.send_email": 20}               # on every queue
-    task_rate = {"emails": {"proj.tasks.send_email": 20}}   # on queue "emails" only
-
-A queue with a limit is a fair queue even without ``fair_key`` (the other messages share the
-default tenant). Celery's own queues (remote control, replies, events) and dead-letter queues
-take no limit. On a queue of shards every message of a limited task goes to one shard, its
-tenant's, whose bucket holds the task's whole rate (docs/rate-limits.md, "Rate limits with
-shards").
-
-Who uses it: ``Options`` checks the option (``check``) and gives each queue's tenants their
-rates (``on_queue``), which ``open_queue`` makes the queue's ``task_limits``; ``tenants.tenant_of``
-looks each published message's task up there.
+"""The transport option ``task_rate``: at most N deliveries per second of a named task from a
+queue, whichever workers consume it. A limited task's messages go under a tenant of their own,
+``task:<name>``, whose token bucket in Redis the fair pop honours; ``Options`` checks the option
+(``check``) and gives each queue its tenants' rates (``on_queue``). docs/rate-limits.md.
 """
 
 from __future__ import annotations
@@ -38,8 +17,7 @@ def task_tenant(task: str) -> str:
 
 
 def celery_own_queue(name: str) -> bool:
-    """A queue Celery makes for itself (remote control, replies, events): it carries little and
-    no task messages, so it keeps one shard and takes no task rate."""
+    """A queue Celery makes for itself (remote control, replies, events): one shard, no task rate."""
     return name.endswith(".pidbox") or ".reply." in name or name.startswith("celeryev.")
 
 
@@ -52,8 +30,8 @@ def _rate(label: str, value) -> float:
 
 
 def check(name: str, value) -> dict | None:
-    """The option checked: None, or {task: rate} (every queue) and {queue: {task: rate}} entries
-    in one dict. ConfigError naming the entry and the value for anything else."""
+    """The option checked: None, or one dict of {task: rate} (every queue) and {queue: {task:
+    rate}} entries (the queue's wins). ConfigError naming the entry and value otherwise."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -90,9 +68,8 @@ def _rates(value: dict, queue: str) -> dict[str, float]:
 
 
 def on_queue(value: dict | None, queue: str) -> dict[str, float]:
-    """{tenant: rate} of the tasks limited on ``queue`` (empty when none is): the rates
-    ``configure_tenants`` writes to the queue (to each of its shards: a task's messages all go
-    to its tenant's shard, whose bucket is then the task's one bucket in the queue)."""
+    """{tenant: rate} of the tasks limited on ``queue``, for ``configure_tenants`` (each shard:
+    a task's messages all go to its tenant's shard, one bucket in the queue)."""
     if not value:
         return {}
     return {task_tenant(task): rate for task, rate in _rates(value, queue).items()}

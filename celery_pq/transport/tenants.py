@@ -1,6 +1,5 @@
 """The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the queue
-limits (its ``task_limits``, ``queue/opening.py``), else the header named by the ``fair_key``
-option, or what the function it names returns (``Options.tenant_fn``)."""
+limits (its ``task_limits``), else what the ``fair_key`` option names (docs/fairness.md)."""
 
 from __future__ import annotations
 
@@ -11,12 +10,9 @@ from .options import Options
 
 
 def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float]) -> str | None:
-    """The tenant of a message (None: the shared default tenant). ``decode_body`` is the
-    channel's (kombu's ``Channel.decode_body``). ``limits``: the queue's ``task_limits``
-    (``open_queue``: those stored with the queue and the options'), which a limited task's
-    message follows. ValueError, with nothing written, when the function raises or the tenant
-    is not a string."""
-    if limits:  # a limited task's messages form a tenant of their own
+    """The tenant of a message (None: the default tenant). ``decode_body``: kombu's; ``limits``:
+    the queue's ``task_limits``. ValueError when the function raises or gives a non-str."""
+    if limits:
         task = (message.get("headers") or {}).get("task")
         if isinstance(task, str) and TASK_TENANT_PREFIX + task in limits:
             return TASK_TENANT_PREFIX + task
@@ -33,11 +29,9 @@ def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Ma
 
 
 def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable):
-    """What a key option (``fair_key``, ``unique_key``) gives an outgoing message: the header
-    named ``value`` as it is (None when absent; the caller checks it), or, for a
-    ``"module:function"`` (``fn``), what the function returns when called with the message, its
-    body decoded (the serialized payload). ValueError, with nothing written, when the function
-    raises or gives something other than a str or None."""
+    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``
+    as it is (the caller checks it), or what ``fn`` returns for the message with its body
+    decoded. ValueError when the function raises or gives neither a str nor None."""
     if fn is None:
         return (message.get("headers") or {}).get(value)
     try:

@@ -1,12 +1,6 @@
-"""Unique tasks by key, on the transport's side (docs/unique.md): the key, mode and seconds of an
-outgoing message (``unique_of``: its headers ``pq_unique``, ``pq_unique_mode``,
-``pq_unique_seconds``, or the options ``unique_key``, ``unique_mode``, ``unique_seconds``), and
-what became of each publish with a key (``publish_outcome``).
-
-A publish returns nothing to its caller (kombu and Celery have no return value there), so the
-outcome of each publish with a key is remembered in this process, for the last
-``OUTCOMES_KEPT`` of them, by the id published (a Celery task id). The queue layer decides the
-outcome (``queue/unique.py``, lua/includes/unique.lua); nothing here talks to Redis.
+"""Unique tasks by key, the transport's side (docs/unique.md): an outgoing message's key, mode
+and seconds (``unique_of``), and what became of each publish with a key (``publish_outcome``,
+remembered in this process: kombu's publish returns nothing). The queue decides the outcome.
 """
 
 from __future__ import annotations
@@ -22,11 +16,10 @@ from .tenants import message_key
 if TYPE_CHECKING:
     from .options import Options
 
-#: The headers a message names its key, mode and seconds in (the key's header is the option
-#: ``unique_key``, this by default).
+#: The headers of a message's key (the option ``unique_key``, this by default), mode and seconds.
 KEY_HEADER, MODE_HEADER, SECONDS_HEADER = "pq_unique", "pq_unique_mode", "pq_unique_seconds"
-#: Celery's header of a task message's retry count (``Task.retry`` sends the task's id again,
-#: this one up): what tells a retry of the task standing for a key from a publish of its id.
+#: Celery's retry count (``Task.retry`` sends the id again, this one up): tells a retry of the
+#: task standing for a key from a publish of its id.
 RETRIES_HEADER = "retries"
 #: Publishes with a key whose outcome this process remembers (the latest ones).
 OUTCOMES_KEPT = 10_000
@@ -35,9 +28,7 @@ __all__ = ["MODES", "PublishOutcome", "UniqueKey", "publish_outcome", "unique_of
 
 
 def unique_of(message: dict, options: Options, queue: str, decode_body: Callable) -> UniqueKey | None:
-    """The unique key of an outgoing message (None: it has none, and is published as ever).
-    ValueError, with nothing written, naming the header (or the ``unique_key`` function) whose
-    value is wrong."""
+    """The unique key of an outgoing message, or None; ValueError naming the header or function at fault."""
     headers = message.get("headers") or {}
     key = message_key(message, "unique_key", options.unique_key, options.unique_fn, decode_body)
     if key is None:
@@ -72,7 +63,7 @@ def unique_of(message: dict, options: Options, queue: str, decode_body: Callable
 
 
 def _source(options: Options) -> str:
-    """Where a message's unique key comes from, for an error message (only then: not per publish)."""
+    """Where a message's unique key comes from, for an error message."""
     return f"{'header' if options.unique_fn is None else 'unique_key function'} {options.unique_key!r}"
 
 
@@ -102,11 +93,10 @@ OUTCOMES = _Outcomes()
 
 
 def publish_outcome(result: Any) -> PublishOutcome | None:
-    """What became of the publish of ``result`` (a Celery ``AsyncResult``, or a task id str)
-    in this process: a ``PublishOutcome`` (``kind``: ``"stored"``, ``"merged"``,
-    ``"replaced"``, ``"debounced"`` or ``"throttled"``; ``task_id``: the task that stands for
-    the key, whose result to wait on), or None for a publish without a key, or one this process
-    did not make or no longer remembers (it keeps the last ``OUTCOMES_KEPT``)."""
+    """What became of the publish of ``result`` (an ``AsyncResult`` or a task id) in this
+    process: a ``PublishOutcome`` (``kind``: stored, merged, replaced, debounced or throttled;
+    ``task_id``: the task standing for the key), or None for a publish without a key or one not
+    among this process's last ``OUTCOMES_KEPT``. TypeError for another argument."""
     task_id = result if isinstance(result, str) else getattr(result, "id", None)
     if not isinstance(task_id, str):
         raise TypeError(f"publish_outcome takes an AsyncResult or a task id str, got {type(result).__name__}")

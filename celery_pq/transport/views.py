@@ -1,9 +1,6 @@
-"""Views of a queue: a consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives only the
-entries of ``NAME`` whose priority satisfies the predicate, and is woken only by those.
-
-``View.parse`` reads such a name; ``Views`` is a channel's registry of the rank ranges of the
-views it consumes (each name parsed once). A view holds nothing of its own: it is never a
-routing destination, and deleting or purging it must not touch the queue it views.
+"""Priority views: a consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives, and is woken
+by, only the entries of ``NAME`` whose priority satisfies it. A view holds nothing of its own:
+never a routing destination, never deleted or purged. docs/views-and-delays.md.
 """
 
 from __future__ import annotations
@@ -55,14 +52,11 @@ def is_view(name: str) -> bool:
 
 
 class Views:
-    """The rank ranges of the view names a channel consumes, parsed once per name.
-
-    ``queue`` gives the queue of a name (a view's name gives the queue it views).
-    """
+    """The rank ranges of the names a channel consumes, each parsed once (``queue``: the queue viewed)."""
 
     def __init__(self, queue: Callable[[str], object]):
         self._queue = queue
-        self._ranges: dict[str, tuple[int, int] | None] = {}  # consumed name -> its view's rank range
+        self._ranges: dict[str, tuple[int, int] | None] = {}
 
     def range_of(self, name: str) -> tuple[int, int] | None:
         """The rank range of a consumed view name like ``default[>=200]``, or None."""
@@ -70,7 +64,7 @@ class Views:
             return self._ranges[name]
         view = View.parse(name)
         if view is None:
-            self._ranges[name] = None  # a plain queue (asked on every pop): not parsed again
+            self._ranges[name] = None  # (asked on every pop)
             return None
         self._ranges[name] = view.rank_range(self._queue(name))
         return self._ranges[name]
