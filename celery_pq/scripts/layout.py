@@ -48,7 +48,7 @@ class Layout:
             pieces.append((_REST, None))
         if signature.context:
             pieces.append((_FIXED, (fixed["context"],)) if "context" in fixed else (_ONE, "context"))
-        self._build = _compiled(tuple(pieces))
+        self._build = _builder(tuple(pieces))
 
     def __call__(self, *rest, **named) -> list:
         if len(named) != len(self.free) or (len(rest) % self._group if self._group else rest):
@@ -69,25 +69,23 @@ class Layout:
         )
 
 
-def _compiled(pieces: tuple) -> Callable[[tuple, dict], list]:
-    """A function ``(rest, named) -> ARGV`` of ``pieces``, compiled to one list display: no loop
-    per call on the pop and insert paths. KeyError for a name not given."""
-    consts: dict[str, Any] = {}
-    parts = []
-    for i, (kind, value) in enumerate(pieces):
-        if kind == _FIXED:
-            consts[f"f{i}"] = value
-            parts.append(f"*f{i}")
-        elif kind == _ONE:
-            parts.append(f"named[{value!r}]")
-        elif kind == _LIST:
-            parts.append(f"*named[{value!r}]")
-        elif kind == _COUNT:
-            lst, size = value
-            of = f"named[{lst!r}]" if lst else "rest"
-            parts.append(f"len({of}) // {size}" if size != 1 else f"len({of})")
-        else:
-            parts.append("*rest")
-    source = f"def build(rest, named):\n    return [{', '.join(parts)}]\n"
-    exec(source, consts)  # (names go in as string literals, values as the constants f<i>)
-    return consts["build"]
+def _builder(pieces: tuple) -> Callable[[tuple, dict], list]:
+    """A function ``(rest, named) -> ARGV`` of ``pieces``; KeyError for a name not given."""
+
+    def build(rest: tuple, named: dict) -> list:
+        out: list = []
+        for kind, value in pieces:
+            if kind == _FIXED:
+                out.extend(value)
+            elif kind == _ONE:
+                out.append(named[value])
+            elif kind == _LIST:
+                out.extend(named[value])
+            elif kind == _COUNT:
+                lst, size = value
+                out.append(len(named[lst] if lst else rest) // size)
+            else:
+                out.extend(rest)
+        return out
+
+    return build
