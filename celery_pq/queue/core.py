@@ -136,6 +136,7 @@ class PriorityQueue:
             raise ValueError(f"a view covers ranks lo..hi with 0 <= lo <= hi <= 255, got {lo}..{hi}")
         if self.client.hsetnx(self.keys.views, f"{lo}-{hi}", 1):
             self.client.incr(self.keys.views_version)
+        self._scripts.refresh_views()  # (this object's inserts wake it from now on)
         return self.keys.view_wake(lo, hi)
 
     # -- RETRIEVE with a lease (docs/leases.md) -------------------------------------------------

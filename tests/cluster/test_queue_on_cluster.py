@@ -86,7 +86,6 @@ def test_fairness_views_and_delays_on_the_cluster(cluster_client, spread):
 
     viewed = PriorityQueue(cluster_client, spread[1])
     viewed.register_view(0, 55)  # ranks 0..55: priorities 200..255
-    viewed.refresh_views()
     viewed.insert(b"bulk", 1)
     viewed.insert(b"urgent", 250)
     assert cluster_client.llen(viewed.keys.view_wake(0, 55)) == 1  # only "urgent" woke the view's consumers

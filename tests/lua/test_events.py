@@ -352,7 +352,6 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
 def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "pv", key_prefix=key_prefix)
     wake = q.register_view(0, 55)  # priorities 200..255
-    q._scripts.refresh_views()
     q.insert(b"x", 250, id="hi")
     [lease] = q.pop(view=(0, 55))
     q.insert(b"y", 250, id="hi2")
