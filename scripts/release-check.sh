@@ -51,7 +51,7 @@ echo "the core install has no prometheus_client, rich or pyspark"
 # a command of an extra says in one line which extra it needs
 said="$(env -u PYTHONPATH "$work/venv/bin/python" -m celery_pq --broker pq://127.0.0.1:1/0 metrics 2>&1 || true)"
 case "$said" in
-    "Error: celery_pq.metrics needs the [ops] extra"*) echo "pq metrics without [ops]: $said" ;;
+    "Error: celery_pq.ops.metrics needs the [ops] extra"*) echo "pq metrics without [ops]: $said" ;;
     *) echo "error: pq metrics without the [ops] extra said: $said" >&2; exit 1 ;;
 esac
 env -u PYTHONPATH -u PQ_DEMO_REDIS_URL "$work/venv/bin/python" -m celery_pq.demo
