@@ -1,4 +1,5 @@
-"""``pq`` commands that change a queue: remove, reprioritize, replay, recover, purge, pause, resume."""
+"""``pq`` commands that change a queue: remove, reprioritize, replay, recover, purge, pause, resume.
+docs/operations.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``pq`` commands that look and change nothing: stats, peek, dead, leases, explain, backlog."""
+"""``pq`` commands that look and change nothing: stats, peek, dead, leases, explain, backlog.
+docs/operations.md."""
 
 from __future__ import annotations
 
