@@ -49,7 +49,7 @@ def reprioritize(ctx, queue, task_id, priority):
 @yes_option
 def replay(ctx, queue, task_ids, everything, yes):
     """Dead letters of QUEUE back to QUEUE (each atomically), keeping priority and tenant, with
-    the delivery count reset. Give TASK_IDs (as ``pq dead`` shows them) or --all."""
+    the delivery count reset. Give TASK_IDs (as 'pq dead' shows them) or --all."""
     if everything == bool(task_ids):
         raise click.UsageError("give TASK_IDs or --all (not both)")
     with broker_of(ctx).channel() as channel:
