@@ -1,13 +1,7 @@
-"""The Celery app of the demo (``python -m celery_pq.demo``), configured from the environment.
-
-PQ_DEMO_BROKER   broker URL, e.g. ``pq://127.0.0.1:PORT/0``
-PQ_DEMO_OPTIONS  JSON of ``broker_transport_options`` (key_prefix, lease_seconds, ...)
-PQ_DEMO_RECORD   Redis URL where the tasks record what they did
-PQ_DEMO_PREFIX   key prefix of the records (the demo deletes everything under it afterwards)
-
-Run a worker of it with::
-
-    celery -A celery_pq.demo.app worker -P solo -c 1 --prefetch-multiplier 1 -Q demo
+"""The demo's Celery app, configured from the environment: PQ_DEMO_BROKER (broker URL),
+PQ_DEMO_OPTIONS (JSON ``broker_transport_options``), PQ_DEMO_RECORD (Redis URL where the tasks
+record what they did) and PQ_DEMO_PREFIX (the records' key prefix, deleted afterwards).
+``run.py`` starts its workers (``celery -A celery_pq.demo.app worker -Q demo``).
 """
 
 import json
@@ -59,9 +53,8 @@ def tenant_job(tenant, n):
 
 @app.task(name="demo.slow", bind=True)
 def slow(self, seconds, tag):
-    # A redelivery carries the deliveries before it as the header "x-delivery-count" (RabbitMQ's
-    # name; a first delivery has none). Celery's task request keeps only exchange, routing_key,
-    # priority and redelivered of delivery_info, not its delivery_count.
+    # A redelivery carries the deliveries before it as the header "x-delivery-count" (a first one
+    # has none): Celery's request keeps no delivery_count of delivery_info.
     record(
         "start",
         {

@@ -6,14 +6,10 @@
 3. a task longer than three leases running exactly once (lease renewal);
 4. fair delivery between tenants.
 
-Run it anywhere celery-pq is installed (nothing of the source tree is needed)::
-
-    python -m celery_pq.demo
-
-Which Redis: ``$PQ_DEMO_REDIS_URL`` if set; else a private ``redis-server`` (``$PQ_REDIS_SERVER``
-or PATH) on a free port, stopped at the end (``celery_pq.testing.RedisServer``, as the tests and
-the benchmarks); else a Redis answering on 127.0.0.1:6379; else it says what to install. On a Redis the demo did not start, every key it writes is
-under a prefix unique to the run (``pqdemo<random>``), deleted at the end.
+It runs wherever celery-pq is installed. Which Redis: ``$PQ_DEMO_REDIS_URL`` if set; else a private
+``redis-server`` (``$PQ_REDIS_SERVER`` or PATH) on a free port, stopped at the end; else one
+answering on 127.0.0.1:6379; else it says what to install. On a Redis it did not start, its keys
+are under a prefix of the run's own (``pqdemo<random>``), deleted at the end.
 Exits 0 only if every check passed.
 """
 
@@ -201,8 +197,7 @@ class Part:
         self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
         self.redis = redis.Redis.from_url(target.url)
         self.queue = PriorityQueue(self.redis, QUEUE, key_prefix=self.prefix)
-        # the workers import celery_pq.demo.app as this process imports celery_pq: from the
-        # installation (or this process's PYTHONPATH), whatever their working directory
+        # the workers import celery_pq.demo.app from where this process imports celery_pq
         self.env = {
             **os.environ,
             "PQ_DEMO_BROKER": target.broker_url,

@@ -25,13 +25,9 @@ __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_re
 
 
 def register(spark, *, check_workers: bool = True) -> None:
-    """Register the data sources with a SparkSession: the writer ``celery_pq`` and, when this
-    installation has it, the event-log reader. Calling it again is harmless.
-
-    First, once per SparkContext, a one-partition job asks Spark's Python workers whether they
-    can import celery_pq (they run ``PYSPARK_PYTHON``, not this interpreter): when they cannot,
-    ``ConfigError`` says so in one line naming the fix, instead of a ``ModuleNotFoundError`` at
-    the first write. ``check_workers=False`` skips the job."""
+    """Register the writer ``celery_pq`` and, when installed, the event-log reader with a
+    SparkSession; calling it again is harmless. Unless ``check_workers=False``, first (once per
+    SparkContext) ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
     if check_workers:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
@@ -45,11 +41,9 @@ def register(spark, *, check_workers: bool = True) -> None:
 @dataclass
 class EnqueueResult:
     """What ``enqueue`` did: ``rows`` seen, of them ``sent`` (stored by this write),
-    ``already_stored`` (the queue had them, within the dedupe window: stored by a failed attempt
-    of one of this write's Spark tasks, or by an earlier write with the same ``task_id`` or
-    ``key``) and ``rejected``; ``rejects`` is a DataFrame of the rejected rows (the DataFrame's
-    columns and ``reason``), ``reasons`` counts them by reason; ``write_id`` names the write
-    (part of the task id of each row without a ``task_id`` or ``key``)."""
+    ``already_stored`` (the queue had their ids within the dedupe window) and ``rejected``;
+    ``rejects``: a DataFrame of the rejected rows with a ``reason`` column, ``reasons`` their
+    counts; ``write_id`` names the write (docs/spark.md, "What the write reports")."""
 
     rows: int
     sent: int
@@ -156,11 +150,9 @@ def _without_password(url: str) -> tuple[str, str | None]:
 
 @contextmanager
 def _registered_with_password(spark, password: str | None):
-    """The data sources registered, their Python workers (the driver's and the executors')
-    given the broker's password in ``PASSWORD_ENV``, for the ``with`` block: Spark hands a data
-    source's function the SparkContext's ``environment`` as it is when the source is registered,
-    and shows it in no plan and no UI page. Afterwards the sources are registered again as
-    before, and the context's ``environment`` is left as it was."""
+    """The data sources registered with the broker's password in their workers' ``PASSWORD_ENV``
+    for the ``with`` block, the context's ``environment`` left as it was. (Spark hands a source's
+    workers the ``environment`` of when it was registered, and shows it in no plan or UI page.)"""
     if password is None:
         register(spark)
         yield

@@ -1,10 +1,6 @@
-"""A local SparkSession as the project's own tools make one: the report command, the pipeline
-example, the Spark benchmark and the tests.
-
-Local mode on this machine's loopback only (driver host and bind address 127.0.0.1: Spark
-otherwise binds the address its host name resolves to, and says so in a warning), no UI, UTC
-session time, Python workers running this very interpreter (so they import the same
-``celery_pq``), and the celery_pq data sources registered.
+"""A local SparkSession as the project's tools make one (``pq report``, the examples, the Spark
+benchmark, the tests): loopback only, no UI, UTC, Python workers on this interpreter, the data
+sources registered. docs/spark.md.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ def local_spark(app_name: str, master: str = "local[*]", *, shuffle_partitions: 
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
-        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")  # else the host name's address, with a warning
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -1,15 +1,7 @@
-"""Whether Spark's Python workers can import celery_pq: asked once per SparkContext by
-``register(spark)``.
-
-Spark runs the data sources' code (the ``celery_pq`` writer, the event-log reader) in Python
-worker processes started with ``PYSPARK_PYTHON`` (``python3`` from PATH when it is not set), not
-with the driver's interpreter. With celery-pq installed in a virtualenv and ``PYSPARK_PYTHON``
-unset, those workers run a Python that lacks it, and the first write fails deep in a Spark stack
-with ``ModuleNotFoundError: No module named 'celery_pq'``. A one-partition job asks the workers
-first, and a ``ConfigError`` says so in one line that names the fix.
-
-Spark Connect sessions have no SparkContext on the client; their server's Python is not ours to
-ask, so they are not checked.
+"""Whether Spark's Python workers (``PYSPARK_PYTHON``, not the driver's interpreter) can import
+celery_pq: a one-row job once per SparkContext, for ``register(spark)``, so that a missing install
+is one ``ConfigError`` naming the fix. Spark Connect sessions are not checked. docs/spark.md
+("From DataFrames to tasks").
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ import sys
 
 from ..storage.errors import ConfigError
 
-# applicationId of each SparkContext whose workers imported celery_pq: one job per context
+# applicationId of each SparkContext whose workers imported celery_pq
 _checked: set[str] = set()
 
 # In Spark's error text: the last line of a Python traceback ("ModuleNotFoundError: ..."), else
@@ -37,9 +29,7 @@ def check_python_workers(spark) -> None:
     if sc.applicationId in _checked:
         return
 
-    # Defined here, not at module level: cloudpickle sends a nested function by value, so the
-    # worker needs nothing of celery_pq to run it (a module-level one is sent by reference and
-    # would need this very module).
+    # Nested: cloudpickle sends it by value, so a worker without celery_pq can run it.
     def probe(_):
         import importlib.util
         import sys

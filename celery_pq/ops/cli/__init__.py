@@ -1,11 +1,7 @@
-"""``celery -A proj pq ...`` and ``python -m celery_pq --broker URL ...``: administration of
-celery-pq queues. Each command is a thin click wrapper: the queue does the work
-(``queue/``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
-describes a stored message, ``metrics.py`` serves Prometheus. Errors are one line and exit 1
-(``click.ClickException``).
-
-``base`` holds the group and what the commands share; the commands live by what they do:
-``looking`` (read only), ``changing`` (admin), ``serving`` (exporter, dashboard, event log), ``importing`` (import-kombu).
+"""The ``pq`` commands (``celery -A proj pq ...``, ``python -m celery_pq --broker URL ...``): thin
+click wrappers over the queue's own methods, errors one line and exit 1. ``base`` holds the group;
+the commands live in ``looking`` (read only), ``changing``, ``serving`` and ``importing``.
+docs/operations.md.
 """
 
 from __future__ import annotations

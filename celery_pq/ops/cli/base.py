@@ -1,8 +1,6 @@
-"""The ``pq`` command group and what its commands share: the broker of an invocation, a
-subcommand whose errors are one line, a queue named on the command line. Each command is a thin click wrapper: the queue does the work
-(``queue/``), ``broker.py`` opens the broker, ``render.py`` shows rows, ``messages.py``
-describes a stored message, ``metrics.py`` serves Prometheus. Errors are one line and exit 1
-(``click.ClickException``)."""
+"""The ``pq`` command group and what its commands share: the invocation's broker, one-line errors,
+a queue named on the command line, ``--yes``. docs/operations.md ("The `pq` commands").
+"""
 
 from __future__ import annotations
 
@@ -55,16 +53,15 @@ def queue_named(channel, name):
     return queue_and_view(channel, name)
 
 
-#: ``--yes``, of every command that asks before it changes a queue in a way that cannot be undone.
+#: Of every command that asks before a change that cannot be undone.
 yes_option = click.option(
     "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
 )
 
 
 def confirm(question: str, yes: bool) -> None:
-    """Go on when ``yes`` (the command's ``--yes``) or when the person at the terminal answers
-    yes to ``question``; else stop (exit 1), having changed nothing. Standard input that is not a
-    terminal (a script, a pipe, cron) is never read as an answer: refused, naming ``--yes``."""
+    """Go on when ``yes`` (``--yes``) or the person at the terminal answers yes to ``question``; else
+    exit 1, having changed nothing. Stdin that is not a terminal is never read as an answer."""
     if yes:
         return
     if not sys.stdin.isatty():

@@ -1,4 +1,5 @@
-"""``pq`` commands that change a queue: remove, reprioritize, replay, recover, purge, pause, resume."""
+"""``pq`` commands that change a queue: remove, reprioritize, replay, recover, purge, pause, resume.
+docs/operations.md."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def reprioritize(ctx, queue, task_id, priority):
 @yes_option
 def replay(ctx, queue, task_ids, everything, yes):
     """Dead letters of QUEUE back to QUEUE (each atomically), keeping priority and tenant, with
-    the delivery count reset. Give TASK_IDs (as ``pq dead`` shows them) or --all."""
+    the delivery count reset. Give TASK_IDs (as 'pq dead' shows them) or --all."""
     if everything == bool(task_ids):
         raise click.UsageError("give TASK_IDs or --all (not both)")
     with broker_of(ctx).channel() as channel:

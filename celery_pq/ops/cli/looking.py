@@ -1,4 +1,5 @@
-"""``pq`` commands that look and change nothing: stats, peek, dead, leases, explain, backlog."""
+"""``pq`` commands that look and change nothing: stats, peek, dead, leases, explain, backlog.
+docs/operations.md."""
 
 from __future__ import annotations
 
@@ -211,7 +212,7 @@ def _entry_row(e, now_ms) -> dict:
 @click.option("-n", "count", type=click.IntRange(min=1), default=20, show_default=True, help="Entries to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def dead(ctx, queue, count, as_json):
-    """The dead letters of QUEUE (``QUEUE.dead``): why, when, after how many deliveries."""
+    """The dead letters of QUEUE (QUEUE.dead): why, when, after how many deliveries."""
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
         entries = q.dead.peek(count)

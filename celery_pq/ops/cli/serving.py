@@ -1,5 +1,5 @@
-"""``pq`` commands that serve or export: the Prometheus exporter, the dashboard, the event log to
-Parquet and its HTML report (``celery_pq/spark/events/``)."""
+"""``pq`` commands that serve or export: the Prometheus exporter (docs/operations.md), the dashboard
+(docs/dashboard.md), the event log to Parquet and its HTML report (docs/spark.md)."""
 
 from __future__ import annotations
 
@@ -86,9 +86,6 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
         window=window,
         echo=click.echo,
     )
-
-
-# -- the event log to Spark (celery_pq/spark/events/: export.py, report.py) -------------------------
 
 
 @command(name="export-events")

@@ -1,13 +1,6 @@
-"""What the dashboard shows and does, read through the queues' own methods (no key is read here).
-
-``Board`` answers one question: the state of every queue, as one JSON-ready dict. Per queue it
-holds exactly the ``stats()`` dict that ``celery -A proj pq stats --json`` prints (the same call,
-never a second way of counting), and beside it: the leases in flight, the newest dead letters
-with their reasons, and the deliveries of the last minutes per tenant (sampled into
-``history.DeliveryHistory``). Its actions (pause, resume) are the queues' own methods too.
-
-A Board is shared by the HTTP server's threads and its sampler thread: one lock serialises
-its use of the broker channel (a kombu channel is not meant for several threads at once).
+"""What the dashboard shows and does, through the queues' own methods (no key is read here): per
+queue the very ``stats()`` dict ``pq stats --json`` prints, the leases, the newest dead letters and
+the recent deliveries per tenant; the actions pause, resume and replay. docs/dashboard.md.
 """
 
 from __future__ import annotations
@@ -80,13 +73,12 @@ def _dead_letter(entry, now_ms: int) -> DeadLetter:
 
 
 class Board:
-    """The queues' state and the actions on them.
+    """The queues' state and the actions on them. ``queue_names()``: the names to show (read on
+    every refresh); ``open_queue(name)``: its ``PriorityQueue``; ``window``: seconds of deliveries
+    the tenants' shares cover; ``clock``: monotonic seconds, for the samples.
 
-    Arguments:
-        queue_names: () -> the names to show (read again on every refresh, so new queues appear).
-        open_queue: name -> its ``PriorityQueue`` (with the application's options).
-        window: seconds of deliveries the tenants' shares cover.
-        clock: a monotonic clock (seconds), for the samples.
+    Shared by the server's threads and its sampler: one lock serialises use of the broker channel
+    (a kombu channel is not meant for several threads at once).
     """
 
     def __init__(
@@ -106,7 +98,6 @@ class Board:
         self._lock = threading.Lock()
         self._histories: dict[str, DeliveryHistory] = {}
 
-    # -- reading ------------------------------------------------------------------------------
     def sample(self) -> None:
         """Add one sample of every queue's delivery totals to its history."""
         with self._lock:
@@ -146,11 +137,9 @@ class Board:
             "deliveries": history.summary() if history else DeliveryHistory(self.window).summary(),
         }
 
-    # -- actions ------------------------------------------------------------------------------
     def act(self, action: str, request: dict) -> dict:
-        """Run ``action`` as ``request`` asks: ``pause`` and ``resume`` take ``{"queue": name,
-        "tenant": name or None}``; ``replay`` takes ``{"queue": name, "ids": [dead letter ids]}``
-        (at most REPLAY_IDS). BoardError (400 or 404) names what is wrong; nothing changes then."""
+        """Run ``action`` on ``{"queue", "tenant": name or None}`` (pause, resume) or ``{"queue",
+        "ids": [at most REPLAY_IDS]}`` (replay). BoardError (400, 404) says what is wrong; no change."""
         if action not in ACTIONS:
             raise BoardError(404, f"no action {action!r}; there are {', '.join(ACTIONS)}")
         if not isinstance(request, dict):
@@ -190,7 +179,6 @@ class Board:
             return {"queue": name, "tenant": tenant, "done": action, "paused": q.paused()}
 
 
-#: The actions and the fields each takes.
 ACTIONS = {"pause": ("queue", "tenant"), "resume": ("queue", "tenant"), "replay": ("queue", "ids")}
 #: Most dead letters one replay request names (the page sends one, or the few it shows).
 REPLAY_IDS = 100

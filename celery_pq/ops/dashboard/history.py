@@ -1,9 +1,6 @@
-"""Deliveries over the last minutes, from counters sampled over time.
-
-The scripts keep running totals in Redis (``PriorityQueue.counters()`` and, per tenant,
-``PriorityQueue.tenant_deliveries()``); a total says nothing about "lately". The dashboard
-samples them every few seconds into a small ring buffer per queue and differences the newest
-sample with the oldest one inside the window. Pure Python: the clock and the totals are given.
+"""Deliveries over the last minutes: the queue's running totals (``counters()``,
+``tenant_deliveries()``) sampled into a ring buffer, the newest sample minus the oldest inside the
+window. Pure Python: the clock and the totals are given. docs/dashboard.md ("What it shows").
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""The dashboard's HTTP server: the standard library's ThreadingHTTPServer, no web framework.
-
-    GET  /                 the page (static/index.html, with dashboard.js and dashboard.css)
-    GET  /api/state        every queue's state as JSON (``Board.state``)
-    POST /api/pause        {"queue": NAME, "tenant": NAME or null}: stop deliveries
-    POST /api/resume       the same fields: deliver again
-    POST /api/replay       {"queue": NAME, "ids": [ID, ...]}: dead letters back to the queue
-
-The POST endpoints answer 403 unless the server was started with actions allowed, and then
-only to a request carrying the token in the ``X-PQ-Token`` header (compared in constant time).
-Served beyond loopback (``--host 0.0.0.0``, a LAN address), the server always has a token (given,
-or made and printed), and ``/api/state`` answers 401 to a request without it: the state names
-every queue, tenant and consumer, for whoever reaches the port.
-A custom header cannot be sent cross-site without a CORS preflight, which this server never
-grants, so another site open in the same browser cannot press the buttons either.
-Served on a loopback address (the default), it answers only requests whose Host header names a
-loopback address, so a foreign site that points its own name at 127.0.0.1 (DNS rebinding) cannot
-read the state through a visitor's browser.
-The page learns the token from the address's fragment (``/#token=...``), which browsers never
-send to the server, so it stays out of logs.
+"""The dashboard's HTTP server (the standard library's ThreadingHTTPServer): ``GET /`` the page,
+``GET /api/state`` every queue's state (``Board.state``), ``POST /api/<action>`` an action of
+``board.ACTIONS``, only with actions allowed and the token in ``X-PQ-Token``. Beyond loopback the
+state needs the token too; on loopback only a loopback Host header is answered (DNS rebinding).
+docs/dashboard.md ("Actions and the token") explains the choices.
 """
 
 from __future__ import annotations
@@ -63,7 +48,7 @@ _STATIC = {
 
 
 def _is_loopback(host: object) -> bool:
-    """Is ``host`` the text of a loopback address? (A socket address may hold other things.)"""
+    """Is ``host`` (from a socket address: maybe not text) a loopback address?"""
     if not isinstance(host, str):
         return False
     try:
@@ -73,8 +58,7 @@ def _is_loopback(host: object) -> bool:
 
 
 def listens_on_loopback(host: str) -> bool:
-    """Whether a server bound to ``host`` (an address or a name) is reachable from this machine
-    only: every address the name stands for is a loopback one."""
+    """Is a server bound to ``host`` (an address or a name) reachable from this machine only?"""
     if _is_loopback(host) or host.lower() in LOOPBACK_NAMES:
         return True
     try:
@@ -138,7 +122,7 @@ class DashboardServer(ThreadingHTTPServer):
 
     @property
     def host(self) -> str:
-        """The address bound (a name given is resolved; text, as for any AF_INET/AF_INET6 server)."""
+        """The address bound (a name given is resolved)."""
         host = self.server_address[0]
         assert isinstance(host, str)
         return host
@@ -290,9 +274,8 @@ def run(
     window: float | None = None,
     echo=print,
 ) -> None:
-    """Serve the dashboard of ``broker`` (a ``broker.Broker``, a Celery app or a URL) until
-    interrupted: ``celery -A proj pq dashboard``. Its queues are ``queues``, else every declared
-    one, opened as ``pq stats`` opens them (``broker.queue_names``, ``broker.queue_and_view``)."""
+    """Serve the dashboard of ``broker`` (a ``Broker``, a Celery app or a URL) until interrupted;
+    its queues are ``queues``, else every declared one, opened as ``pq stats`` opens them."""
     with Broker.of(broker).channel() as channel:
         board = Board(
             lambda: queue_names(channel, queues),

@@ -101,9 +101,7 @@ def analyze(
         return F.timestamp_millis(F.lit(base) + F.col(col) * F.lit(window_ms))
 
     ev = ev.withColumn("bucket", bucket("ms"))
-    # Cached: every other frame is built from these two (the events and the per-entry rows), and
-    # the rank error's pass over the log is the costliest step: a caller collecting several
-    # frames computes each once.
+    # Cached: the other frames are built from ev and entries, and rank_error is the costliest pass.
     entries = _entries(ev).cache()
     waits = _waits(ev, entries)
     share = _share(ev, window_start)
@@ -211,8 +209,7 @@ def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
     waiting for a first delivery)."""
     spark = ev.sparkSession
     keys = [*by, "tenant", "bucket"]
-    # Backlog of each tenant at each window: entries that became waiting before the window's end
-    # and had not had a first delivery before its start.
+    # Backlog per tenant and window: waiting before the window's end, not delivered before its start
     ready = (
         entries.where(F.col("ready_ms").isNotNull())
         .withColumn("bucket", bucket("ready_ms"))
@@ -260,10 +257,8 @@ def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
 
 
 def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
-    """Per queue and window: Jain's index over all tenants (``jain``), and within each rank
-    (``jain_within_rank``: the mean over the window's ranks, weighted by their deliveries), the
-    promise of ``fair_scope="within_priority"``, where a better rank is served first whoever
-    waits at a worse one."""
+    """Per queue and window: Jain's index over all tenants (``jain``) and within each rank
+    (``jain_within_rank``, the window's ranks weighted by their deliveries; docs/spark.md)."""
     overall = _jain(ev, entries, bucket, weights, ["queue"])
     per_rank = _jain(ev, entries, bucket, weights, ["queue", "rank"])
     within = (
@@ -303,11 +298,9 @@ class Fenwick:
 
 def rank_errors(events) -> list[tuple]:
     """One queue's events (dicts or tuples with ``event, id, rank, tenant, ms, sid``), in stream
-    order, as rows ``(id, sid, ms, tenant, rank, rank_error, waiting)`` per delivery.
-
-    One ordered pass: the waiting entries' ranks in a Fenwick tree. An enqueued entry waits from
-    its enqueue, or from its ``due`` event when it has one (it was delayed); it stops waiting when
-    delivered, removed or dead-lettered, and waits again after a requeue or an expired lease."""
+    order, as rows ``(id, sid, ms, tenant, rank, rank_error, waiting)`` per delivery. An entry
+    waits from its enqueue (its ``due`` if delayed) until delivered, removed or dead, and again
+    after a requeue or an expired lease; the waiting ranks are kept in a Fenwick tree."""
     events = list(events)
     delayed = {e[1] for e in events if e[0] == "due"}
     tree = Fenwick()

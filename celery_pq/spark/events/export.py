@@ -1,7 +1,6 @@
-"""``celery -A proj pq export-events QUEUE --out DIR``: the event log appended to Parquet files
-(pyarrow, no Spark), resumable without a repeat (``_offsets.json``, files named after their last
-event, ``part-<queue>-<ms>-<seq>-<position>.parquet``, renamed into place) and one run at a time
-(``.lock``). docs/spark.md ("Exporting to Parquet without Spark").
+"""``pq export-events QUEUE --out DIR``: the event log appended to Parquet files (pyarrow, no
+Spark), resumable without a repeat (``_offsets.json``; each file, renamed into place, named after
+its last event) and one run at a time (``.lock``). docs/spark.md ("Exporting to Parquet without Spark").
 """
 
 from __future__ import annotations
@@ -127,9 +126,8 @@ def export_events(
     shards=1,
 ) -> ExportResult:
     """Append the events of ``queues`` (a name, a comma-separated list or a list) logged since the
-    last export to the Parquet directory ``out``; see the module docstring. ``shards``: of a
-    queue split into shards, the count (or a function of the queue's name giving it): every
-    shard's stream is exported, each with its own files and offset."""
+    last export to the Parquet directory ``out``. ``shards`` (a count, or a function of a name):
+    every shard's stream is exported, with its own files and offset. ``ExportBusy``, ValueError."""
     names = stream_queues(queue_names(",".join(queues) if isinstance(queues, (list, tuple)) else queues), shards)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -174,7 +172,7 @@ def _export(client, names, out, key_prefix, on_gap, rows_per_file, page) -> Expo
             continue
         position = max(last["n"], trimmed(info))  # of the event before the first one read
         rows: list[tuple] = []
-        # Up to the newest event when the export started: a busy queue cannot keep it running.
+        # Up to the newest event at the start: a busy queue cannot keep it running.
         for sid, fields in scan(client, key, last["sid"], info["last"], page):
             rows.append(row(sid, fields))
             if len(rows) >= rows_per_file:

@@ -1,6 +1,6 @@
-"""The event log on the reading side, without Spark: the streams' keys (one per shard), the
-columns, rows, pages, and the check for events trimmed by a stream's cap; ``source.py`` and
-``export.py`` read through it. docs/spark.md ("Reading the log"), docs/events.md.
+"""The event log's reading side, without Spark, for ``source.py`` and ``export.py``: the streams'
+keys (one per shard), the columns, rows, pages, and the check for events trimmed by a stream's
+cap. docs/spark.md ("Reading the log"), docs/events.md.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ COLUMNS = (
     ("ms", "ms", "bigint"),
     ("sid", None, "string"),
 )
-#: The columns as a Spark DDL schema.
 DDL = ", ".join(f"{name} {kind}" for name, _, kind in COLUMNS)
 INT_FIELDS = frozenset({"p", "k", "n", "ms"})
 
-#: Stream entries fetched per XRANGE call: big enough to amortise the round trip, small enough
-#: that a reply stays a few megabytes.
+#: Stream entries per XRANGE call: a round trip amortised, a reply of a few megabytes at most.
 PAGE = 5000
 ON_GAP = ("warn", "fail")
 STARTING = ("earliest", "latest")
@@ -49,9 +47,6 @@ SCHEMES = {"pq": "redis", "pqs": "rediss", "redis": "redis", "rediss": "rediss"}
 
 class EventLogGap(Exception):
     """Events the reader had not read yet were trimmed from the capped stream (``on_gap=fail``)."""
-
-
-# -- options --------------------------------------------------------------------------------------
 
 
 def redis_url(url) -> str:
@@ -76,9 +71,8 @@ def queue_names(value) -> list[str]:
 
 
 def stream_queues(names, shards=1) -> list[str]:
-    """The queues whose streams hold the event log of the queues ``names``: each name itself,
-    or every shard of a queue split into shards (``shards``: the count, or a function of a
-    queue's name giving it, as ``Options.shards_of``), shard 0 first; each once."""
+    """The queues whose streams hold the event log of ``names``: each name, or every shard of it,
+    shard 0 first (``shards``: the count, or a function of a name as ``Options.shards_of``)."""
     count = shards if callable(shards) else (lambda _name: shards)
     out: list[str] = []
     for name in names:
@@ -142,9 +136,6 @@ class Settings:
         return events_key(queue, self.key_prefix)
 
 
-# -- stream ids and rows --------------------------------------------------------------------------
-
-
 def parse_sid(sid: str) -> tuple[int, int]:
     ms, _, seq = sid.partition("-")
     return int(ms), int(seq or 0)
@@ -199,8 +190,7 @@ class StreamInfo(TypedDict):
 
 
 def stream_info(client, key: str) -> StreamInfo:
-    """``last`` (id of the newest entry, None when empty), ``added`` (entries ever added),
-    ``length`` (entries in the stream now) and ``first`` (id of the oldest entry still there)."""
+    """What XINFO STREAM says of ``key`` (nothing yet for a missing key)."""
     try:
         info = client.xinfo_stream(key)
     except Exception as exc:  # a missing key: no events yet
@@ -219,9 +209,8 @@ def stream_info(client, key: str) -> StreamInfo:
 
 
 def trimmed(info: StreamInfo) -> int:
-    """How many of the stream's entries were trimmed so far: the position (1 = the first event
-    ever added) of the entry before the oldest one still there. The log's writers only trim from
-    the head (``XADD ... MAXLEN``), so positions count events."""
+    """Entries trimmed so far: the position (1 = the first ever added) of the entry before the
+    oldest still there. Writers trim only from the head (``XADD ... MAXLEN``)."""
     return max(info["added"] - info["length"], 0)
 
 

@@ -1,7 +1,6 @@
-"""``celery -A proj pq report events.parquet --html report.html``: the figures of ``analyze()``
-and their plots (matplotlib, inline PNGs) as one self-contained HTML page, each figure in a
-``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for a queue's own) that a script can
-read back. docs/spark.md ("The report").
+"""``pq report EVENTS --html PAGE``: the figures of ``analyze()`` and their plots (inline PNGs) as
+one self-contained HTML page, each figure in a ``<td data-figure="<queue>|<tenant>|<name>">``
+(tenant empty for the queue's own) for scripts. docs/spark.md ("The report").
 """
 
 from __future__ import annotations
@@ -186,11 +185,11 @@ def build_report(
     weights: dict | None = None,
     title: str = "celery-pq event log report",
 ) -> Report:
-    """The report of an event-log DataFrame (see the module docstring)."""
+    """The report of an event-log DataFrame."""
     from .analysis import analyze
 
     dfs = analyze(events, window_seconds=window_seconds, weights=weights)
-    # pd.DataFrame: pyspark's own name for it (PandasDataFrameLike) does not resolve for mypy
+    # pd.DataFrame: pyspark's PandasDataFrameLike does not resolve for mypy
     summary: pd.DataFrame = dfs["summary"].toPandas()
     report = Report("")
     parts = [f"<h1>{html.escape(title)}</h1>"]

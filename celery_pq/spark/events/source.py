@@ -1,7 +1,6 @@
-"""The ``celery_pq_events`` data source: a queue's event log (its capped Redis streams) read by
-Spark as a DataFrame, batch or streaming, one typed column per field; a streaming query goes on
-from its checkpoint's offsets and says when events it had not read were trimmed. docs/spark.md
-("Reading the log") has the options and the columns.
+"""The ``celery_pq_events`` data source: queues' event logs (capped Redis streams) as a DataFrame,
+batch or streaming (from the checkpoint's offsets, saying when unread events were trimmed).
+docs/spark.md ("Reading the log").
 """
 
 from __future__ import annotations
@@ -18,9 +17,6 @@ SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in 
 __all__ = ["NAME", "SCHEMA", "EventLogGap", "EventsDataSource"]
 
 
-# -- the data source ------------------------------------------------------------------------------
-
-
 class EventsPartition(InputPartition):
     """One queue's events after ``after`` (exclusive; None: from the start) up to ``upto``."""
 
@@ -30,7 +26,7 @@ class EventsPartition(InputPartition):
 
 
 class EventsDataSource(DataSource):
-    """``celery_pq_events``: the event logs of one or more queues (see the module docstring)."""
+    """``celery_pq_events``: the event logs of one or more queues."""
 
     @classmethod
     def name(cls) -> str:
@@ -93,9 +89,8 @@ except ImportError:  # pragma: no cover - older PySpark 4
 
 
 class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are ``{queue: {"sid": id of the last event read, "n": its position}}`` ("0-0" and 0
-    before the first event; the position, counted from the first event ever added to the stream,
-    is what shows events trimmed before they were read: see ``log.trimmed``)."""
+    """Offsets are ``{queue: {"sid": id of the last event read, "n": its position}}`` ("0-0", 0
+    before the first); the position counts from the first event ever added (``log.trimmed``)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -116,8 +111,7 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _earliest(self) -> dict:
         return {q: {"sid": "0-0", "n": 0} for q in self.settings.queues}
 
-    def _start(self, start: dict | None) -> dict:
-        # a queue added to the option since the checkpoint starts from its beginning
+    def _start(self, start: dict | None) -> dict:  # a queue added since the checkpoint: from its start
         return {**self._earliest(), **(start or {})}
 
     def _latest(self) -> dict:

@@ -1,7 +1,6 @@
-"""The batch writer of the ``celery_pq`` data source: every row of a DataFrame a task in a
-queue, each Spark task writing its partition (``partition.write_partition``) and the driver
-logging the counts and writing the ``rejects`` directory. docs/spark.md ("From DataFrames to
-tasks") has the rows' identities and what exactly once means.
+"""The batch writer of the ``celery_pq`` data source: each Spark task writes its partition
+(``partition.write_partition``); the driver logs the counts and writes the ``rejects`` directory.
+docs/spark.md ("Every row is a task: identity and exactly once").
 """
 
 from __future__ import annotations

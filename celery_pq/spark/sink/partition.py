@@ -1,8 +1,7 @@
-"""One Spark task's way into the queues, shared by the batch writer and the streaming sink: its
-partition's rows built into messages and inserted batch by batch, waiting for room in a full
-queue (``on_full``) and under the write's ``rows_per_second`` cap, counted in Redis on the Redis
-server's clock. Runs on the executors, one ``Sink`` per Spark task. docs/spark.md ("A full
-queue, and a rate cap").
+"""One Spark task's way into the queues, for the batch writer and the streaming sink: its rows
+built into messages and inserted batch by batch, waiting for room in a full queue (``on_full``)
+and under the ``rows_per_second`` cap (counted on the Redis server's clock). On the executors.
+docs/spark.md ("A full queue, and a rate cap").
 """
 
 from __future__ import annotations
@@ -30,29 +29,22 @@ logger = logging.getLogger("celery_pq.spark")
 #: First and longest pause between two tries of rows refused by a full queue (seconds).
 FULL_BACKOFF = (0.05, 2.0)
 
-#: Seconds the rate counter of one second (of the Redis server's clock) is kept: the second
-#: itself and a margin. Each take drops the counters of the seconds before (the driver drops any
-#: left behind at each commit, ``prune_rate``).
+#: Seconds a rate counter of one second is kept (older ones are dropped by each take, and at
+#: each commit by ``prune_rate``).
 RATE_KEY_SECONDS = 10
 
 
 class QueueStillFull(PQError):
-    """Rows that found no room in a full queue: at once with ``on_full="reject"``, else within
-    ``full_wait_seconds``. The rows before them stay stored; none of them is dropped (the
-    Spark task fails, and its retry, or the query's restart, sends them once)."""
+    """Rows found no room in a full queue (at once with ``on_full="reject"``, else within
+    ``full_wait_seconds``). The Spark task fails; the rows before stay stored, none is dropped."""
 
 
 @dataclass
 class PartitionReport(WriterCommitMessage):
-    """What one Spark task did with its rows: sent (stored by it), already stored (the queue had
-    seen the row's publish id: stored by an earlier attempt of this task, or by an earlier write
-    of the same ``task_id`` or ``key``), skipped (streaming: recorded as handled by an earlier
-    attempt, the same rows at the same positions; not sent), rejected (with the first
-    ``rejects_limit`` rows and every reason counted).
-    ``rows == sent + already_stored + skipped + rejected``. ``resent`` (streaming, counted apart):
-    rows an earlier attempt recorded as handled or being sent that this one did not find at their
-    positions; this attempt sent the rows it read there. ``waited_full``: seconds spent waiting for
-    room in a full queue; ``waited_rate``: seconds held back by ``rows_per_second``."""
+    """What one Spark task did with its rows, ``rows == sent + already_stored + skipped +
+    rejected`` (docs/spark.md, "What the write reports"); ``resent`` (streaming) is counted apart;
+    ``rejects`` keeps the first ``rejects_limit`` rejected rows. ``waited_full``/``waited_rate``:
+    seconds spent waiting for room in a full queue / held back by ``rows_per_second``."""
 
     partition: int
     attempt: int
@@ -69,8 +61,7 @@ class PartitionReport(WriterCommitMessage):
 
 
 def eta_is_local(schema: StructType) -> bool:
-    """Whether the rows' ``eta`` column is Spark's TimestampType, whose values reach Python as naive
-    local times (``TaskRows``' ``eta_is_local``)."""
+    """Is the ``eta`` column Spark's TimestampType (naive local times in Python; ``TaskRows``)?"""
     eta = next((f for f in schema.fields if f.name == "eta"), None)
     return eta is not None and isinstance(eta.dataType, TimestampType)
 
@@ -94,10 +85,9 @@ def summarize(reports) -> dict:
 
 
 class RateCap:
-    """``rows_per_second`` over every Spark task of one sink: each takes rows from the counter
-    of the current second of the Redis server's clock (HINCRBY), and what the second has no room
-    for waits for the next. The counters of all seconds together never exceed the cap per
-    second."""
+    """``rows_per_second`` over every Spark task of one sink: each takes rows from the counter of
+    the current second of the Redis server's clock; what the second has no room for waits for the
+    next, so no second's count exceeds the cap."""
 
     def __init__(self, client, sink: str, prefix: str, rows_per_second: float):
         self.client = client
@@ -147,8 +137,7 @@ class Sink:
 
     @property
     def batch_rows(self) -> int:
-        """Rows per batch: ``batch_rows``, at most half a second's worth under a rate cap (so
-        the rows go out evenly, not in bursts a cap's length apart)."""
+        """``batch_rows``, at most half a second's worth under a rate cap (even, not bursts)."""
         s = self.settings
         if s.rows_per_second is None:
             return s.batch_rows
@@ -168,8 +157,7 @@ class Sink:
             self.rate.take(len(batch), report)
 
     def send(self, batch, report: PartitionReport) -> None:
-        """Insert a batch of ``(queue, Item)``, counting in ``report`` the rows stored and
-        those the queue had already (their publish ids seen)."""
+        """Insert a batch of ``(queue, Item)``, counting the rows stored and already stored."""
         by_queue: dict = {}
         for name, item in batch:
             limits = self.queue(name).task_limits  # a task the queue limits: under its limit
@@ -180,9 +168,8 @@ class Sink:
             self._insert(self.queue(name), items, report)
 
     def _insert(self, q, items: list, report: PartitionReport) -> None:
-        """``insert_many`` of ``items`` into ``q``; a refusal of a full queue as ``on_full``
-        says. Rows of a refused call stored nothing; the others of the same pipeline did and are
-        counted as sent (each item carries its own publish id, so a row never goes twice)."""
+        """``insert_many`` of ``items`` into ``q``, a full queue's refusal handled as ``on_full``
+        says. A refused call stored nothing; the pipeline's other calls count as sent."""
         chunk = self.settings.chunk
         pause, longest = FULL_BACKOFF
         since = None
@@ -223,11 +210,9 @@ class Sink:
 
 
 def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionReport, *, hooks=None):
-    """Build and send the rows of ``iterator`` batch by batch, counting in ``report``; they are
-    the partition's next rows (``rows`` counts the positions, from 0, of those built or skipped
-    before). ``hooks`` (the streaming sink's ``record.Progress``), when given, sees every row
-    (``see(row)``), is told ``begin(start, end)`` before the rows from position ``start`` to
-    ``end`` are sent and ``done(end)`` after."""
+    """Build and send the partition's next rows (after ``rows.position``) batch by batch, counting
+    in ``report``. ``hooks`` (``record.Progress``), if given: ``see(row)`` for every row,
+    ``begin(start, end)`` before a batch is sent and ``done(end)`` after."""
     s = sink.settings
     batch: list = []
     start = position = rows.position + 1

@@ -18,8 +18,8 @@ RUN_FIELD_PREFIX = "run:"
 
 
 class Fenced(PQError):
-    """Another run of the streaming query (another application started on the same
-    checkpoint) took the query over: this run's Spark task stops before sending more rows."""
+    """A later run of the streaming query (on the same checkpoint) took it over: this run's Spark
+    task stops before sending more rows."""
 
 
 def redis_ms(client) -> int:
@@ -51,11 +51,9 @@ def digest_of(rows) -> str:
 
 @dataclass
 class PartitionState:
-    """What one attempt did with one partition: ``segments``, the ``(end, digest)`` of each
-    segment of rows handled (stored, found stored or rejected), from position 0 on, in order;
-    ``pending``, ``(end, digest, namespace)`` of the segment after them being sent under the
-    identities of ``namespace`` (``TaskRows.write_id``), or None; ``ms``, when it was written
-    (Redis milliseconds; with a ``pending``, when its sending began)."""
+    """What one attempt did with one partition: ``segments``, ``(end, digest)`` of each run of
+    rows handled, from position 0 in order; ``pending``, ``(end, digest, namespace)`` of the one
+    being sent under ``namespace`` (``TaskRows.write_id``) or None; ``ms``, when written (Redis)."""
 
     segments: list = field(default_factory=list)
     pending: tuple | None = None
@@ -100,8 +98,8 @@ class SinkRecord:
         return f"{batch}:{partition}:{self.run}"
 
     def claim(self) -> None:
-        """Own the query, or raise ``Fenced``: a run that has not written yet takes the query
-        over (it was started last); one that had and finds another owner was fenced off."""
+        """Own the query, or ``Fenced``: a run new to the record takes it over (it started last);
+        a known one that finds another owner was fenced off."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(self.key, OWNER_FIELD)
         pipe.hexists(self.key, RUN_FIELD_PREFIX + self.run)
@@ -150,8 +148,8 @@ class SinkRecord:
 
 
 class Progress:
-    """``write_partition``'s hooks: the digest of the rows read since the last segment, and the
-    partition's state written before each segment is sent (pending) and after (handled)."""
+    """``write_partition``'s hooks: the digest of the rows since the last segment, and the state
+    written before each segment is sent (pending) and after (handled)."""
 
     def __init__(self, record: SinkRecord, batch: int, partition: int, rows):
         self.record, self.batch, self.partition, self.rows = record, batch, partition, rows

@@ -1,7 +1,6 @@
-"""A write's ``rejects`` directory: ``summary.json`` (the counts, the schema) and
-``rejects.jsonl`` (the rejected rows with their reasons, each value in the JSON form of its
-column's type), written by the driver at the commit and read back by ``read_rejects``. Data only:
-reading them runs no code. docs/spark.md ("Rejected rows") says what a write reports.
+"""A write's ``rejects`` directory, written by the driver at the commit and read back by
+``read_rejects``: ``summary.json`` (counts, schema) and ``rejects.jsonl`` (the rejected rows and
+reasons, values as JSON). Data only: reading it runs no code. docs/spark.md ("Rejected rows").
 """
 
 from __future__ import annotations
@@ -16,15 +15,13 @@ from pathlib import Path
 from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
-#: The files of a ``rejects`` directory: the counts (JSON), and the rejected rows (JSON lines:
-#: each a list of the row's values in ``json_value``'s form, then the reason).
 SUMMARY_FILE = "summary.json"
 REJECTS_FILE = "rejects.jsonl"
 
 
 def write_rejects(path: str, summary: dict, rejects: list, schema_json: str) -> None:
-    """The ``rejects`` directory: ``summary.json`` (counts, reasons, the DataFrame's schema) and
-    ``rejects.jsonl`` (the rejected rows with their reasons, one JSON list a line)."""
+    """Write the ``rejects`` directory: ``summary`` and the schema, and ``rejects`` (rows ending in
+    their reason), one JSON list (``json_value``) a line."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     fields = [f.dataType for f in StructType.fromJson(json.loads(schema_json)).fields] + [T.StringType()]

@@ -53,14 +53,9 @@ def plain(value):
 
 
 class TaskRows:
-    """Builds the task message of each row of one partition, ``partition`` (its index), in the
-    order of the partition: each ``build`` call is the next row (rejected ones too). A row
-    without a ``task_id`` or ``key`` is identified by its values and how many rows of the same
-    values came before it in the partition (``_task_id``): the same ids whatever order an attempt
-    reads the partition's rows in (a retry after a shuffle), and identical rows still apart.
-
-    ``eta_is_local``: the ``eta`` column is Spark's TimestampType, whose values reach Python as
-    naive datetimes in local time (a naive ISO string, or a TimestampNTZ value, is UTC).
+    """The task messages of partition ``partition``'s rows: each ``build`` (or ``skip``) call is
+    the next row. ``eta_is_local``: naive ``eta`` datetimes are local time (Spark's TimestampType;
+    a naive ISO string or a TimestampNTZ value is UTC).
     """
 
     def __init__(self, settings: WriterSettings, *, partition: int = 0, eta_is_local: bool = True):
@@ -69,8 +64,7 @@ class TaskRows:
         self.position = -1  # of the row being built, in its partition
         #: {digest of a row's values: how many rows of those values the partition had so far}
         self.seen: dict[int, int] = {}
-        #: With the partition and the position, the identity of a row without a task_id or key
-        #: (the write's id; the streaming sink names the attempt that first sends the rows)
+        #: Part of a row's identity without task_id or key (the streaming sink sets it per attempt)
         self.write_id = settings.write_id
         self.options = settings.transport
         self.app = Celery("celery_pq.spark", set_as_current=False)
@@ -87,8 +81,8 @@ class TaskRows:
             else None
         )
         self.eta_is_local = eta_is_local
-        # Celery's as_task_v2 once for the headers every row shares; per row only what differs
-        # (ids, argsrepr, kwargsrepr, eta) is filled in, as as_task_v2 would (a test compares)
+        # as_task_v2 once for the shared headers; build() fills in what differs as it would (a
+        # test compares; benchmarks/results/notes.md, "celery_pq/spark/sink/rows.py")
         amqp = self.app.amqp
         self.headers = amqp.as_task_v2("", settings.task, origin=self.origin).headers
         self.repr_sizes = amqp.argsrepr_maxsize, amqp.kwargsrepr_maxsize
@@ -99,8 +93,7 @@ class TaskRows:
         return None if i is None else row[i]
 
     def skip(self, row) -> None:
-        """Pass over the partition's next row (handled by an earlier attempt), keeping the
-        positions and identities of the rows after it."""
+        """Pass over the next row (handled by an earlier attempt), keeping the ids of those after."""
         self.position += 1
         self._occurrence(row)
 
@@ -112,8 +105,7 @@ class TaskRows:
         return values, n
 
     def build(self, row, now: float) -> tuple[str, object]:
-        """``(queue, Item)`` of the partition's next row; ``now`` (Unix seconds) is what
-        countdowns count from."""
+        """``(queue, Item)`` of the next row, or ``Rejected``; countdowns count from ``now``."""
         self.position += 1
         queue = self._role(row, "queue")
         if queue is None:
@@ -165,15 +157,13 @@ class TaskRows:
             raise Rejected(f"message is {exc.size} bytes, over max_message_bytes={exc.limit}") from None
         except ValueError as exc:
             raise Rejected(str(exc)) from None
-        # The task name always goes with a row (the queue's event log may be on whatever this
-        # write's options say: its enqueue events then name the task); a tenant column wins over
-        # a fair_key function.
+        # The task name always goes with a row (for the event log's enqueue events); a tenant
+        # column wins over a fair_key function.
         item = replace(item, tenant=item.tenant if tenant is None else tenant, task=self.s.task)
         return queue, item
 
     def _repr(self, value, maxsize: int) -> str:
-        """Celery's argsrepr/kwargsrepr (``saferepr``); plain repr where it gives the same text
-        (numbers, booleans and None, short), which is most rows and much faster."""
+        """Celery's argsrepr/kwargsrepr of ``value`` (``saferepr``'s text)."""
         values = value.values() if isinstance(value, dict) else value
         if all(type(v) in _REPR_SAFE for v in values):
             text = repr(value)
@@ -212,11 +202,9 @@ class TaskRows:
         return when.astimezone(UTC).isoformat()
 
     def _task_id(self, row) -> str:
-        """The row's task id: its ``task_id``, else one derived from its ``key`` columns and the
-        job (the same in every write), else one derived from the write, the partition, the row's
-        values and how many rows of the partition had them before it (the same in every attempt
-        of the write's Spark task, whatever order it reads the rows in, and different for every
-        row: identical rows are different rows)."""
+        """The row's ``task_id``; else derived from its ``key`` columns and the job (the same in
+        every write); else from the write, the partition, the row's values and how many rows had
+        them before (the same in every attempt, in any order; identical rows still apart)."""
         if "task_id" in self.role:
             task_id = row[self.role["task_id"]]
             try:

@@ -1,7 +1,6 @@
-"""The writer's options (``.option(NAME, VALUE)``), each once, checked on the driver before any
-row is read: ``WriterSettings.parse`` raises ``ConfigError`` naming a missing, unknown or bad one.
-No pyspark here: the settings are plain data, pickled to the executors. docs/spark.md
-("Options").
+"""The writer's options, checked on the driver before any row is read (``WriterSettings.parse``:
+``ConfigError`` naming a missing, unknown or bad one); plain data pickled to the executors, no
+pyspark. docs/spark.md ("Options").
 """
 
 from __future__ import annotations
@@ -23,24 +22,23 @@ ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
 #: The queue of a row without a ``queue`` column (or with a null in it): Celery's default.
 DEFAULT_QUEUE = "celery"
 
-#: Rows built into messages before one round trip of pipelined insert calls (``batch_rows``).
+#: Rows per round trip of pipelined insert calls (``batch_rows``).
 BATCH_ROWS = 10_000
 
 #: Rejected rows a partition carries back to the driver with their reasons (``rejects_limit``);
 #: the counts are exact beyond it.
 REJECTS_LIMIT = 10_000
 
-#: How long a write waits for room in a full queue (``max_length``) before it fails
-#: (``full_wait_seconds``): the wait starts again whenever a row finds room.
+#: Seconds a write waits for room in a full queue before it fails (``full_wait_seconds``); the
+#: wait starts again whenever a row finds room.
 FULL_WAIT_SECONDS = 300.0
 
 #: What a write does when the queue is full (``on_full``): wait for room (the streaming sink's
-#: default) or fail (the batch writer's default, as before the option existed).
+#: default) or fail (the batch writer's).
 ON_FULL = ("wait", "reject")
 
-#: The environment variable holding the broker's password when the ``broker`` URL has none: a
-#: password in an option shows in Spark's plans and UI, one here does not. ``enqueue()`` sets it
-#: for the Python workers of the data source (``spark.executorEnv`` does it for a cluster's).
+#: The broker's password when the ``broker`` URL has none (an option shows in Spark's plans and
+#: UI; this does not). ``enqueue()`` sets it; ``spark.executorEnv`` does on a cluster.
 PASSWORD_ENV = "CELERY_PQ_BROKER_PASSWORD"
 
 #: The namespace of task ids derived from a ``key`` column (uuid5), fixed for good: changing it
@@ -144,18 +142,17 @@ class WriterSettings:
     #: Rows per second at most, over all the write's (the query's) Spark tasks; None: no cap.
     rows_per_second: float | None = None
     columns: tuple[str, ...] = ()
-    #: The role columns the DataFrame has (``ROLE_COLUMNS`` present), and the column the
-    #: ``fair_key`` header names when it is a column (a ``tenant`` column wins over it).
+    #: The ``ROLE_COLUMNS`` the DataFrame has, and the column ``fair_key`` names if any (a
+    #: ``tenant`` column wins over it).
     roles: tuple[str, ...] = ()
     fair_column: str | None = None
-    #: Made once per write, on the driver (``parse``): with the partition and the position in
-    #: it, the identity of a row without a ``task_id`` or ``key`` (rows.TaskRows).
+    #: Made once per write by ``parse``: part of the identity of a row without ``task_id`` or ``key``.
     write_id: str = ""
 
     @classmethod
     def parse(cls, options: dict, columns: list[str]) -> WriterSettings:
-        """The settings of ``options`` (Spark's, names in any case) for a DataFrame with
-        ``columns``; ConfigError naming the option for anything missing, unknown or bad."""
+        """The settings of ``options`` (names in any case) for a DataFrame with ``columns``;
+        ConfigError naming the option for anything missing, unknown or bad."""
         given = {str(k).lower(): v for k, v in options.items()}
         if not given.get("path"):
             given.pop("path", None)  # save() without a path
@@ -248,7 +245,7 @@ class WriterSettings:
         )._checked_broker()
 
     def _checked_broker(self) -> WriterSettings:
-        """The broker URL read as the transport reads it (its hosts and database), on the driver."""
+        """Self; ConfigError unless the transport can read the broker URL (hosts, database)."""
         from ...storage import connections
 
         if self.transport.cluster and self.transport.master_name is not None:
@@ -267,10 +264,9 @@ class WriterSettings:
         return self
 
     def conninfo(self):
-        """The broker URL as kombu reads it for the transport (``;``-separated hosts: the
-        sentinels of ``master_name``, the seed nodes of ``cluster``), with the password of
-        ``PASSWORD_ENV`` when the URL has none. TLS for pqs:// and rediss:// with redis-py's
-        defaults (the server's certificate checked)."""
+        """The broker URL as kombu reads it for the transport (``;``-separated hosts allowed), with
+        the password of ``PASSWORD_ENV`` when it has none; TLS (certificate checked) for pqs://
+        and rediss://."""
         from kombu import Connection
 
         from ...transport import channel as transport  # noqa: F401  registers pq:// and pqs://
@@ -282,9 +278,8 @@ class WriterSettings:
         return self.broker.split("://", 1)[0].lower() in ("pqs", "rediss")
 
     def client(self):
-        """A client of the broker, made as the transport makes its own (``celery_pq.storage.connections``):
-        one server, the master the sentinels name (``master_name``), or a Redis Cluster
-        (``cluster``)."""
+        """A client of the broker as the transport makes its own: one server, the sentinels' master
+        (``master_name``) or a Redis Cluster (``cluster``). Close it with ``close_client``."""
         import redis
 
         from ...storage import connections
@@ -302,8 +297,8 @@ class WriterSettings:
 
 
 def close_client(client) -> None:
-    """Close a client of ``WriterSettings.client`` and its pool's connections (a pool handed to
-    redis-py's client is not closed with it; an executor's Python worker lives on)."""
+    """Close a client of ``WriterSettings.client`` and its pool (redis-py leaves a pool it was
+    handed open, and an executor's Python worker lives on)."""
     from ...storage import connections
 
     try:

@@ -1,6 +1,5 @@
-"""The ``celery_pq`` data source: ``df.write.format("celery_pq")`` (``batch.py``) and
-``df.writeStream.format("celery_pq")`` (``stream.py``), their options checked on the driver
-(``settings.py``). docs/spark.md has the options and the design.
+"""The ``celery_pq`` data source: ``df.write`` (``batch.py``) and ``df.writeStream``
+(``stream.py``), options in ``settings.py``. docs/spark.md ("From DataFrames to tasks").
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from .stream import CeleryPQStreamWriter
 
 
 class CeleryPQDataSource(DataSource):
-    """``df.write.format("celery_pq")`` and ``df.writeStream.format("celery_pq")``: options in
-    ``settings.py``."""
+    """``df.write.format("celery_pq")`` and ``df.writeStream.format("celery_pq")``."""
 
     @classmethod
     def name(cls) -> str:

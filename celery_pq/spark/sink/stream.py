@@ -1,8 +1,7 @@
-"""The streaming sink of the ``celery_pq`` data source, ``df.writeStream.format("celery_pq")``:
-each micro-batch written as a batch write is, and a rerun of it sending each row once: rows with
-a ``task_id`` or ``key`` by their publish ids, the others by skipping what the sink's record
-(``record.py``) says an earlier attempt handled, the same rows at the same positions only.
-docs/spark.md ("Each row once, across retries and restarts") has the design.
+"""The streaming sink, ``df.writeStream.format("celery_pq")``: each micro-batch written as a batch
+is; a rerun sends rows with a ``task_id`` or ``key`` once by their ids, and skips the others that
+``record.py`` says an earlier attempt handled. docs/spark.md ("Each row once, across retries and
+restarts").
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from .settings import WriterSettings, close_client
 
 logger = logging.getLogger("celery_pq.spark")
 
-#: The Spark task's local properties naming its streaming query, the query's run (a start of
-#: it: Spark sets the job group of a micro-batch's jobs to the run id) and the micro-batch.
+#: The Spark task's local properties naming its query, run (Spark's job group is the run id) and
+#: micro-batch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -78,9 +77,8 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
             close_client(client)
 
     def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: StreamReport, progress: Progress):
-        """Skip the segments of rows ``earlier`` handled, each only when its rows read again have
-        its digest; send the segment it was sending again under its identities when its rows do;
-        the rows left to send (from the first segment that differs)."""
+        """Skip the segments ``earlier`` handled whose rows have their digest, resend its pending
+        one under its identities if they do; the rows left (from the first that differs)."""
         if earlier is None:
             return rows_in
         rows, position = progress.rows, 0
@@ -166,9 +164,8 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         query = next((m.query for m in reports if m.query), None)
         if query is None:
             return
-        # Spark runs micro-batch batchId only once every earlier one is committed: their
-        # records are no longer needed (this one's is: Spark runs it again when it fails to
-        # log this commit)
+        # Spark runs batchId once every earlier micro-batch is committed: their records go (this
+        # one's stays: Spark runs it again if it fails to log this commit)
         client = self.settings.client()
         try:
             prefix = self.settings.transport.key_prefix
