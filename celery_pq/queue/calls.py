@@ -27,7 +27,7 @@ from .item import lua_group
 from .values import Delivery, Entry, Lease, as_text, escape_tenant, unescape_tenant
 
 
-class Scripts(Protocol):
+class Context(Protocol):
     """What the builders and readers here take of a queue: its ``scripts.Scripts``."""
 
     name: str
@@ -74,7 +74,7 @@ def flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-def queue_values(q: Scripts) -> dict[str, Any]:
+def queue_values(q: Context) -> dict[str, Any]:
     """The arguments a queue gives every call of its scripts, by their names in the headers:
     its context and settings."""
     s = q.settings
@@ -89,7 +89,7 @@ def queue_values(q: Scripts) -> dict[str, Any]:
     }
 
 
-def layout(q: Scripts, name: str, **fixed) -> Layout:
+def layout(q: Context, name: str, **fixed) -> Layout:
     """The ARGV of script ``name`` for queue ``q``, with the queue's own values (those of
     ``queue_values`` its header names) and ``fixed`` laid out once; a call gives the others by
     name (``Scripts.layout`` keeps one per script)."""
@@ -103,7 +103,7 @@ def lease_pairs(pairs: Sequence[tuple[str, str]]) -> list:
 
 
 # -- reading entries --------------------------------------------------------------------------
-def entry_of(q: Scripts, eid, score, value, cls: type[Entry] = Entry, **extra) -> Entry:
+def entry_of(q: Context, eid, score, value, cls: type[Entry] = Entry, **extra) -> Entry:
     """An entry (or lease) of a script's reply: its id, score and stored value."""
     parsed = split_entry(value)
     if parsed is None:  # the scripts return only entries they parsed
@@ -128,7 +128,7 @@ def entry_of(q: Scripts, eid, score, value, cls: type[Entry] = Entry, **extra) -
 
 
 # -- insert.lua -------------------------------------------------------------------------------
-def insert_head(q: Scripts) -> tuple[list, Layout]:
+def insert_head(q: Context) -> tuple[list, Layout]:
     """(KEYS, ARGV layout) of an insert: the same for every insert until the registry of
     priority views changes (a call gives the publish ids to forget, ``made`` and the items)."""
     keys = [*q.keys_of("insert"), *(q.keys.view_wake(*v) for v in q.views)]
@@ -136,7 +136,7 @@ def insert_head(q: Scripts) -> tuple[list, Layout]:
     return keys, layout(q, "insert", views_version=q.views_version, views=views)
 
 
-def insert_args(q: Scripts, head: Layout, sent, forget=(), made="0", unique=None) -> list:
+def insert_args(q: Context, head: Layout, sent, forget=(), made="0", unique=None) -> list:
     """The ARGV of an insert of ``sent``, ``(Item, publish id)`` pairs (``item.lua_group``).
     ``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or none;
     "R" the same, the reply marking repeats), "1" (the first item's publish id was made here
@@ -165,7 +165,7 @@ def insert_many_made(all_made: bool, repeats: bool) -> str:
     return "1" if all_made else "R" if repeats else "0"
 
 
-def check_insert(q: Scripts, reply, sent) -> bool:
+def check_insert(q: Context, reply, sent) -> bool:
     """Raise for a full queue; False when the view registry changed (refresh and retry)."""
     if len(reply) >= 2 and isinstance(reply[0], int):
         if reply[0] == ErrorCode.QUEUE_FULL:
@@ -227,7 +227,7 @@ class Inserted(NamedTuple):
 
 
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
-def pop_layout(q: Scripts, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
+def pop_layout(q: Context, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
     """The ARGV layout of a consumer's pops with these arguments (made once per set of them:
     ``Scripts.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
     the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX in
@@ -247,7 +247,7 @@ def ack_codes(reply) -> list[int]:
     return [int(c) for c in reply[2 : 2 + int(reply[1])]]
 
 
-def popped_leases(q: Scripts, reply) -> list[Lease]:
+def popped_leases(q: Context, reply) -> list[Lease]:
     """The leases of a pop's reply."""
     leases = []
     for i in range(2 + int(reply[1]), len(reply), 5):
@@ -269,15 +269,15 @@ def popped_deliveries(reply) -> list[Delivery]:
 
 
 # -- ack.lua, extend.lua ----------------------------------------------------------------------
-def ack_args(q: Scripts, pairs: Sequence[tuple[str, str]]) -> list:
+def ack_args(q: Context, pairs: Sequence[tuple[str, str]]) -> list:
     return q.layout("ack")(*lease_pairs(pairs))
 
 
-def extend_args(q: Scripts, lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
+def extend_args(q: Context, lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
     return q.layout("extend")(*lease_pairs(pairs), lease_ms=lease_ms)
 
 
-def lease_codes(q: Scripts, pairs, codes, strict: bool) -> list[bool]:
+def lease_codes(q: Context, pairs, codes, strict: bool) -> list[bool]:
     """True for each pair acked (renewed); False, or with ``strict`` the error, for the others."""
     out = []
     for (eid, _), code in zip(pairs, codes):
@@ -291,7 +291,7 @@ def lease_codes(q: Scripts, pairs, codes, strict: bool) -> list[bool]:
 
 
 # -- requeue.lua ------------------------------------------------------------------------------
-def requeue_args(q: Scripts, eid: str, token: str, count_delivery: bool, reason: str) -> list:
+def requeue_args(q: Context, eid: str, token: str, count_delivery: bool, reason: str) -> list:
     return q.layout("requeue")(
         eid=encode_id(eid), token=token, count_delivery=1 if count_delivery else 0, dead_reason=reason
     )
@@ -309,7 +309,7 @@ def requeued(code) -> tuple[str | None, bool]:
 
 # -- reclaim.lua ------------------------------------------------------------------------------
 def reclaim_args(
-    q: Scripts,
+    q: Context,
     limit: int,
     guard_seconds: float,
     consumer: str,
@@ -346,32 +346,32 @@ def reclaimed(reply) -> dict:
 
 
 # -- remove.lua, change_priority.lua, purge.lua, cleanup.lua ----------------------------------
-def remove_args(q: Scripts, id: str, cursor, step: int) -> list:
+def remove_args(q: Context, id: str, cursor, step: int) -> list:
     return q.layout("remove")(id=encode_id(id), cursor=cursor, step=step)
 
 
-def change_priority_args(q: Scripts, id: str, priority: int) -> list:
+def change_priority_args(q: Context, id: str, priority: int) -> list:
     return q.layout("change_priority")(eid=encode_id(id), rank=q.rank(priority))
 
 
-def purge_args(q: Scripts) -> list:
+def purge_args(q: Context) -> list:
     return q.layout("purge")(count=C.STEP_CHUNK)
 
 
-def cleanup_args(q: Scripts, rank: int, step: int) -> list:
+def cleanup_args(q: Context, rank: int, step: int) -> list:
     return q.layout("cleanup")(rank=rank, count=step)
 
 
 # -- peek.lua, peek_head.lua, retrieve_by_priority.lua, remove_highest.lua --------------------
-def peek_args(q: Scripts, count: int) -> list:
+def peek_args(q: Context, count: int) -> list:
     return q.layout("peek")(count=count)
 
 
-def peeked(q: Scripts, reply) -> list[Entry]:
+def peeked(q: Context, reply) -> list[Entry]:
     return [entry_of(q, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
 
-def peek_head_args(q: Scripts, lo: int, hi: int) -> list:
+def peek_head_args(q: Context, lo: int, hi: int) -> list:
     return q.layout("peek_head")(lo=lo, hi=hi)
 
 
@@ -380,7 +380,7 @@ def parse_head(reply) -> tuple[int, int] | None:
     return (int(reply[0]), int(reply[1])) if reply else None
 
 
-def retrieve_by_priority_args(q: Scripts, priority: int) -> list:
+def retrieve_by_priority_args(q: Context, priority: int) -> list:
     return q.layout("retrieve_by_priority")(rank=q.rank(priority))
 
 
@@ -388,11 +388,11 @@ def retrieved_id(reply) -> str | None:
     return decode_id(reply[0]) if reply else None
 
 
-def remove_highest_args(q: Scripts) -> list:
+def remove_highest_args(q: Context) -> list:
     return q.layout("remove_highest")()
 
 
-def removed_entry(q: Scripts, reply) -> Entry | None:
+def removed_entry(q: Context, reply) -> Entry | None:
     return entry_of(q, *reply) if reply else None
 
 
@@ -401,7 +401,7 @@ def removed_entry(q: Scripts, reply) -> Entry | None:
 _REPLAY_REFUSED: dict[int, str] = {ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}
 
 
-def replay_args(q: Scripts, ids: Sequence[str]) -> list:
+def replay_args(q: Context, ids: Sequence[str]) -> list:
     return q.layout("replay")(*(encode_id(i) for i in ids))
 
 
@@ -415,13 +415,13 @@ def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
 
 
 # -- migrate.lua, pause.lua, event_log.lua ----------------------------------------------------
-def migrate_args(q: Scripts, step: int) -> list:
+def migrate_args(q: Context, step: int) -> list:
     return q.layout("migrate")(step=step)
 
 
-def pause_args(q: Scripts, paused: bool, tenant: str | None) -> list:
+def pause_args(q: Context, paused: bool, tenant: str | None) -> list:
     return q.layout("pause")(paused=flag(paused), tenant=escape_tenant(tenant or ""))
 
 
-def event_log_args(q: Scripts, cap: int | None) -> list:
+def event_log_args(q: Context, cap: int | None) -> list:
     return q.layout("event_log")(cap=int(cap or 0))

@@ -32,7 +32,7 @@ from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .running import run_calls
 from .settings import MAX_PEEK
-from .unique import PublishOutcome, UniqueKey
+from .unique import UniqueKey
 from .values import Entry, Lease, Popped, mark_stored
 
 
@@ -118,20 +118,9 @@ class ShardedQueue:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    def insert(self, payload: bytes | str, priority: int = 0, id: str | None = None, *, remember=None, **fields) -> str:
-        return self.put(Item(payload, priority, id, **fields), remember=remember)
-
-    def insert_unique(
-        self,
-        payload: bytes | str,
-        priority: int = 0,
-        id: str | None = None,
-        *,
-        unique: UniqueKey,
-        remember=None,
-        **fields,
-    ) -> PublishOutcome:
-        return self.put(Item(payload, priority, id, **fields), unique=unique, remember=remember)
+    # the same sugar as a plain queue's: put(Item(...)) (this class's put picks the shard)
+    insert = PriorityQueue.insert
+    insert_unique = PriorityQueue.insert_unique
 
     def put(self, item: Item, *, unique: UniqueKey | None = None, **options) -> Any:
         """``PriorityQueue.put`` into the shard ``shard_for`` picks, or a unique key's shard (its
