@@ -139,10 +139,10 @@ contract: install
 	@$(WITH_REDIS) \
 	$(VPY) -m tests.peers.contract $(CONTRACT_ARGS)
 
-# tests/lua/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
+# tests/queue/test_model.py's machines in turn, with many long examples, until SOAK_MINUTES have passed.
 soak: install
 	@$(WITH_REDIS) \
-	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/lua/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS) && \
+	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/queue/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS) && \
 	$(VPY) -m benchmarks.faults --aof-rounds 60 --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
 
 demo: $(BASE_STAMP)

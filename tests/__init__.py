@@ -1,7 +1,7 @@
 """The celery-pq test suite, in layers from the bottom up (each a package of its own):
 
 - ``tests/unit``       pure Python, no Redis: ids, keys, priorities, script headers;
-- ``tests/lua``        PriorityQueue and its Lua scripts on a real redis-server, asserting on the
+- ``tests/queue``        PriorityQueue and its Lua scripts on a real redis-server, asserting on the
                        raw keys: the queue contract, edges, fairness, the cost table, the API fuzz
                        test and the model-based stateful test (``make soak`` runs its long form);
 - ``tests/transport``  the kombu Transport/Channel against a real redis-server;
@@ -32,5 +32,5 @@
 ``tests/conftest.py`` holds the fixtures every layer shares (a session redis-server, a unique key
 prefix per test, a private server per test); the servers come from ``celery_pq.testing``.
 ``tests/support`` holds kombu helpers and tenant functions the transport tests name.
-``pytest tests/lua`` runs one layer; ``make test`` (or ``.ci/run``) runs them all.
+``pytest tests/queue`` runs one layer; ``make test`` (or ``.ci/run``) runs them all.
 """

@@ -1,5 +1,5 @@
 """How each stored record of a queue is laid out, the Python twin of ``lua/includes/records.lua``
-and ``fair.lua`` (tests/lua/test_records.py crosses them on a real redis-server). The layouts
+and ``fair.lua`` (tests/queue/test_records.py crosses them on a real redis-server). The layouts
 (entry, dead-letter note, lease, pointer, tenant member, mode): docs/key-layout.md ("Per queue",
 "The entry", "The lease"). A reader never raises on stored data: ``split_*`` give None, as the
 Lua readers give nil.

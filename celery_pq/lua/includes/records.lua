@@ -2,7 +2,7 @@
 -- dead-letter note, publish-id value (the mode record: queue.lua). They are laid out in
 -- celery_pq/records.py, the Python twin of the readers and writers here (split_entry/
 -- make_entry/join_entry, split_lease/join_lease, make_ptr/parse_ptr, dead_note);
--- tests/lua/test_records.py checks that the two agree.
+-- tests/queue/test_records.py checks that the two agree.
 --!include queue.lua
 
 -- A pointer is the entry's seq in 6 bytes (big-endian) followed by its id.

@@ -1,4 +1,4 @@
-"""The model-based stateful tests (tests/lua/test_model.py runs them): a reference model of a
+"""The model-based stateful tests (tests/queue/test_model.py runs them): a reference model of a
 queue's documented behaviour, the hypothesis state machines that drive a real queue beside it,
 and the checks made after every step.
 

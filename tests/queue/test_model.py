@@ -1,6 +1,6 @@
 """Model-based stateful tests: queues on a real redis-server against reference models of the
 documented behaviour, every feature together. The machines, their models and checks live in
-tests/lua/model/ (its __init__ lists the modules); this file runs them.
+tests/queue/model/ (its __init__ lists the modules); this file runs them.
 
 QueueMachine, FairMachine, CorruptMachine, FairCorruptMachine (queue_machine.py, queue_checks.py,
 fair_machine.py): one queue through the queue API (insert, insert_many, pop, ack, requeue,
@@ -39,12 +39,12 @@ dead letters, leases running out and removes.
 
 Running it:
 
-- ``pytest tests/lua/test_model.py``: the bounded CI run (profile ``ci``: 80 examples of up to 40
+- ``pytest tests/queue/test_model.py``: the bounded CI run (profile ``ci``: 80 examples of up to 40
   steps for the queue machines, fewer for the others, the ``examples``/``steps`` of each machine;
   about two minutes here once it passes; a failure adds up to 5 minutes of shrinking).
 - ``test_model_case`` replays the steps of each failure a soak found (model/cases/*.txt, cut
   down by hand, first line saying what it found and what fixed it).
-- ``PQ_SOAK_MINUTES=30 pytest tests/lua/test_model.py -m slow`` (``make soak``): every machine in
+- ``PQ_SOAK_MINUTES=30 pytest tests/queue/test_model.py -m slow`` (``make soak``): every machine in
   turn with many more and longer examples until that many minutes have passed.
 - ``PQ_MODEL_SKIP=name,name`` leaves out rules or checks by name (those in model/common.py's
   SKIPPABLE, each naming the defect it hides), to look past a known failure. Unset, the names in
