@@ -10,71 +10,55 @@ from kombu.utils.imports import symbol_by_name
 
 from ..queue import MAX_WEIGHT, MIN_WEIGHT, UNIQUE_MODES, VT_PER_DELIVERY, validate_priority
 from ..queue.unique import MAX_SECONDS as UNIQUE_MAX_SECONDS
+from ..storage import checks
 from ..storage import constants as C
-from ..storage.checks import count, seconds, text
 from ..storage.errors import ConfigError
 from ..storage.redact import redact
 
 
-def check_priority(name, value):
+def _storage(check, **kwargs) -> Callable:
+    """A check of ``storage.checks`` raising ConfigError."""
+    return lambda name, value: check(name, value, error=ConfigError, **kwargs)
+
+
+seconds = _storage(checks.seconds)
+seconds_or_zero = _storage(checks.seconds, zero=True)
+seconds_or_none = _storage(checks.seconds, none=True)
+count_from_zero = _storage(checks.count, low=0, none=False)
+count_or_none = _storage(checks.count)
+
+
+def priority(name, value):
     try:
         return validate_priority(value)
     except ValueError as exc:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def check_seconds(name, value):
-    return seconds(name, value, error=ConfigError)
-
-
-def check_seconds_or_zero(name, value):
-    return seconds(name, value, zero=True, error=ConfigError)
-
-
-def check_seconds_or_none(name, value):
-    return seconds(name, value, none=True, error=ConfigError)
-
-
-def check_count_from_zero(name, value):
-    return count(name, value, low=0, none=False, error=ConfigError)
-
-
-def check_count_or_none(name, value):
-    return count(name, value, error=ConfigError)
-
-
-def check_flag_or_none(name, value):
+def flag_or_none(name, value):
     if value is not None and not isinstance(value, bool):
         raise ConfigError(f"{name} must be True, False or None, got {value!r}")
     return value
 
 
-def check_flag(name, value):
+def flag(name, value):
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be True or False, got {value!r}")
     return value
 
 
-def check_client_name(name, value):
-    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
+def name_or_none(name, value):
+    """A name Redis takes (a client's, a Sentinel master's): no spaces."""
+    return None if value is None else checks.text(name, value, forbidden=" \t\r\n", error=ConfigError)
 
 
-def check_master_name_or_none(name, value):
-    return None if value is None else text(name, value, forbidden=" \t\r\n", error=ConfigError)
-
-
-def check_mapping_or_none(name, value):
+def mapping_or_none(name, value):
     if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
         raise ConfigError(f"{name} must be a dict of redis-py connection arguments or None, got {redact(value)}")
     return None if value is None else dict(value)
 
 
-def check_queue_setting(name, value):
-    """A queue's setting: checked by ``QueueSettings`` (``Options._check_queue_settings``)."""
-    return value
-
-
-def check_queue_techniques(name, value):
+def queue_techniques(name, value):
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -85,9 +69,9 @@ def check_queue_techniques(name, value):
     return dict(value)
 
 
-def check_count_up_to(high, low=1):
+def count_up_to(high, low=1):
     def check(name, value):
-        count(name, value, low=low, none=False, error=ConfigError)
+        checks.count(name, value, low=low, none=False, error=ConfigError)
         if value > high:
             raise ConfigError(f"{name} must be an integer {low}..{high}, got {value!r}")
         return value
@@ -95,13 +79,18 @@ def check_count_up_to(high, low=1):
     return check
 
 
-def check_fair_key(name, value):
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
-    return value
+def key(none: bool):
+    """A key option (``fair_key``, ``unique_key``): a header name or "module:function"."""
+
+    def check(name, value):
+        if not (none and value is None) and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
+        return value
+
+    return check
 
 
-def check_per_tenant(kind):
+def per_tenant(kind):
     """An option given as one number for every tenant or as {tenant: number, "*": default}."""
 
     def check(name, value):
@@ -120,9 +109,9 @@ def check_per_tenant(kind):
     return check
 
 
-def check_weights(name, value):
+def weights(name, value):
     """fair_weights: each in the range the fair schedule's integer steps hold."""
-    check_per_tenant((int, float))(name, value)
+    per_tenant((int, float))(name, value)
     for tenant, weight in (value or {}).items():
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             step = round(VT_PER_DELIVERY / weight)
@@ -139,14 +128,7 @@ def check_weights(name, value):
     return value
 
 
-def check_unique_key(name, value):
-    """unique_key: the header that holds a message's unique key, or "module:function"."""
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{name} must be a header name or 'module:function', got {value!r}")
-    return value
-
-
-def check_per_queue(check_one, what):
+def per_queue(check_one, what):
     """An option given as one value for every queue or as {queue: value, "*": default}."""
 
     def check(name, value):
@@ -161,10 +143,8 @@ def check_per_queue(check_one, what):
     return check
 
 
-check_unique_mode = check_per_queue(
-    lambda v: isinstance(v, str) and v in UNIQUE_MODES, f"one of {', '.join(UNIQUE_MODES)}"
-)
-check_unique_seconds = check_per_queue(
+unique_mode = per_queue(lambda v: isinstance(v, str) and v in UNIQUE_MODES, f"one of {', '.join(UNIQUE_MODES)}")
+unique_seconds = per_queue(
     lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= UNIQUE_MAX_SECONDS,
     f"a number of seconds > 0 and <= {UNIQUE_MAX_SECONDS}",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..queue import MAX_WEIGHT, MIN_WEIGHT, QueueSettings
@@ -18,30 +18,7 @@ from ..storage import constants as C
 from ..storage.errors import ConfigError
 from ..storage.keys import split_dead
 from ..storage.redact import redact
-from .option_checks import (
-    check_client_name,
-    check_count_from_zero,
-    check_count_or_none,
-    check_count_up_to,
-    check_fair_key,
-    check_flag,
-    check_flag_or_none,
-    check_mapping_or_none,
-    check_master_name_or_none,
-    check_per_tenant,
-    check_priority,
-    check_queue_setting,
-    check_queue_techniques,
-    check_seconds,
-    check_seconds_or_none,
-    check_seconds_or_zero,
-    check_unique_key,
-    check_unique_mode,
-    check_unique_seconds,
-    check_weights,
-    fit_renewals,
-    key_function,
-)
+from . import option_checks as ck
 from .task_rates import celery_own_queue, on_queue
 from .task_rates import check as _task_rate
 
@@ -50,59 +27,60 @@ class _FitsTheLease(float):
     """A default of seconds that is lowered to fit the lease (socket_timeout's)."""
 
 
-def _option(default, check: Callable[[str, Any], Any], doc: str, *, shown: str | None = None):
+def _option(default, check: Callable[[str, Any], Any] | None, doc: str, *, shown: str | None = None):
     """One option: default, check, meaning (``shown``: the default as README shows it, if other)."""
     return field(default=default, metadata={"check": check, "doc": doc, "shown": shown})
+
+
+def _setting(default, doc: str):
+    """An option that is a queue's setting under the same name, checked by ``QueueSettings``."""
+    return _option(default, None, doc)
 
 
 @dataclass(frozen=True)
 class Options:
     """Every transport option, checked (see each field's ``doc``; README.md's table)."""
 
-    key_prefix: str = _option(C.KEY_PREFIX, check_queue_setting, "prefix of every Redis key and pub/sub channel")
-    priority_order: str = _option(
-        C.HIGHER_FIRST, check_queue_setting, '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)'
+    key_prefix: str = _setting(C.KEY_PREFIX, "prefix of every Redis key and pub/sub channel")
+    priority_order: str = _setting(
+        C.HIGHER_FIRST, '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)'
     )
-    default_priority: int = _option(0, check_priority, "priority 0..255 of a message published without one")
-    lease_seconds: float = _option(
+    default_priority: int = _option(0, ck.priority, "priority 0..255 of a message published without one")
+    lease_seconds: float = _setting(
         C.LEASE_SECONDS,
-        check_queue_setting,
         "seconds a delivered message stays leased without a renewal, at least "
         "renew_interval + 0.5 (0.75 with the default renew_interval); "
         "visibility_timeout is an alias",
     )
-    max_deliveries: int = _option(
-        C.MAX_DELIVERIES, check_queue_setting, "deliveries without an ack before <queue>.dead; 0: no limit"
-    )
+    max_deliveries: int = _setting(C.MAX_DELIVERIES, "deliveries without an ack before <queue>.dead; 0: no limit")
     fair_key: str | None = _option(
         None,
-        check_fair_key,
+        ck.key(none=True),
         'None: fairness off; a header name, or "module:function" '
         "taking the kombu message dict and returning the tenant (str or None)",
     )
     fair_weights: dict | None = _option(
         None,
-        check_weights,
+        ck.weights,
         f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for tenants not named",
         shown="{}",
     )
-    fair_scope: str = _option(
+    fair_scope: str = _setting(
         "within_priority",
-        check_queue_setting,
         '"within_priority" (strict priority, tenants share each level) or '
         '"tenant_first" (tenants share the queue, each one\'s entries by priority)',
     )
-    max_length: int | None = _option(None, check_queue_setting, "waiting entries per queue; beyond it QueueFull")
-    max_length_per_tenant: int | None = _option(
-        None, check_queue_setting, "waiting entries per tenant (needs fair_key); beyond it QueueFull"
+    max_length: int | None = _setting(None, "waiting entries per queue; beyond it QueueFull")
+    max_length_per_tenant: int | None = _setting(
+        None, "waiting entries per tenant (needs fair_key); beyond it QueueFull"
     )
     tenant_concurrency: int | dict | None = _option(
         None,
-        check_per_tenant(int),
+        ck.per_tenant(int),
         'leased messages per tenant at once: an int, or {tenant: int, "*": default} (needs fair_key)',
     )
     tenant_rate: float | dict | None = _option(
-        None, check_per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
+        None, ck.per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
     )
     task_rate: dict | None = _option(
         None,
@@ -111,127 +89,118 @@ class Options:
         "{queue: {task: n}} on one; a queue with a limit is fair (docs/rate-limits.md)",
         shown="{}",
     )
-    technique: str = _option(C.TECHNIQUE_T, check_queue_setting, 'the patent technique of every queue, "T" or "S"')
-    queue_techniques: dict | None = _option(None, check_queue_techniques, "{queue: technique}, per queue")
+    technique: str = _setting(C.TECHNIQUE_T, 'the patent technique of every queue, "T" or "S"')
+    queue_techniques: dict | None = _option(None, ck.queue_techniques, "{queue: technique}, per queue")
     sweep_interval: float = _option(
         C.SWEEP_INTERVAL,
-        check_seconds,
+        ck.seconds,
         "seconds between sweeps of expired leases (one sweeper per queue per interval across all consumers)",
     )
     renew_interval: float | None = _option(
         None,
-        check_seconds_or_none,
+        ck.seconds_or_none,
         "seconds between renewals of held leases, shorter than lease_seconds; None: lease_seconds / 3, at most 20",
         shown="lease_seconds / 3",
     )
-    block_seconds: float = _option(C.BLOCK_SECONDS, check_seconds, "server-side BLPOP timeout of an idle consumer")
-    binding_cache_seconds: float = _option(5.0, check_seconds_or_zero, "seconds a routing table is cached")
+    block_seconds: float = _option(C.BLOCK_SECONDS, ck.seconds, "server-side BLPOP timeout of an idle consumer")
+    binding_cache_seconds: float = _option(5.0, ck.seconds_or_zero, "seconds a routing table is cached")
     batch_send: int = _option(
         C.BATCH_SEND,
-        check_count_up_to(C.BULK_CHUNK, low=0),
+        ck.count_up_to(C.BULK_CHUNK, low=0),
         "messages of a queue a producer batch sends as one call before its flush; 0: none before the flush",
     )
     spin_wait_us: int = _option(
         C.SPIN_WAIT_US,
-        check_count_up_to(100_000, low=0),
+        ck.count_up_to(100_000, low=0),
         "microseconds a script call polls for its reply before sleeping; 0: none",
     )
     socket_timeout: float = _option(
         _FitsTheLease(C.SOCKET_TIMEOUT),
-        check_seconds_or_none,
+        ck.seconds_or_none,
         "redis-py, seconds a reply may take, at most lease_seconds - renew_interval "
         "(the default: 30, or that when less)",
         shown="30",
     )
-    socket_connect_timeout: float | None = _option(None, check_seconds_or_none, "redis-py, seconds")
-    socket_keepalive: bool | None = _option(None, check_flag_or_none, "redis-py")
-    health_check_interval: float = _option(25, check_seconds_or_zero, "redis-py, seconds (None: 0)")
-    max_connections: int | None = _option(50, check_count_or_none, "redis-py pool size, per connection")
-    client_name: str | None = _option(None, check_client_name, "redis-py CLIENT SETNAME, no spaces")
+    socket_connect_timeout: float | None = _option(None, ck.seconds_or_none, "redis-py, seconds")
+    socket_keepalive: bool | None = _option(None, ck.flag_or_none, "redis-py")
+    health_check_interval: float = _option(25, ck.seconds_or_zero, "redis-py, seconds (None: 0)")
+    max_connections: int | None = _option(50, ck.count_or_none, "redis-py pool size, per connection")
+    client_name: str | None = _option(None, ck.name_or_none, "redis-py CLIENT SETNAME, no spaces")
     max_message_bytes: int | None = _option(
-        None, check_count_or_none, "a larger stored message is refused (MessageTooLarge)"
+        None, ck.count_or_none, "a larger stored message is refused (MessageTooLarge)"
     )
-    dedupe_seconds: float = _option(
+    dedupe_seconds: float = _setting(
         C.DEDUPE_SECONDS,
-        check_queue_setting,
         "a retried publish call (same publish id) seen within this window stores nothing; the "
         "queue keeps the longest window its producers ask for; 0: off",
     )
-    max_dead_length: int | None = _option(
-        None, check_queue_setting, "entries of <queue>.dead at most (None: max_length, else none)"
-    )
-    event_log: int | None = _option(
+    max_dead_length: int | None = _setting(None, "entries of <queue>.dead at most (None: max_length, else none)")
+    event_log: int | None = _setting(
         None,
-        check_queue_setting,
         "None/0: no event log; else the approximate most entries of each queue's event-log stream (docs/events.md)",
     )
-    expired: str = _option(
+    expired: str = _setting(
         C.EXPIRED_DEAD_LETTER,
-        check_queue_setting,
         '"dead_letter": a message past its expiry (expiration=, message_ttl, Celery\'s expires) goes '
         'to <queue>.dead with reason "expired" when a pop meets it; "drop": it is deleted (docs/expiry.md)',
     )
     cluster: bool = _option(
         False,
-        check_flag,
+        ck.flag,
         "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
         "each queue lives on the master of its hash tag (docs/cluster.md)",
     )
     cluster_retry_seconds: float = _option(
         C.CLUSTER_RETRY_SECONDS,
-        check_seconds,
+        ck.seconds,
         "Redis Cluster: seconds a call waits, trying again, while its queue's "
         "slot migrates (a resharding) or the cluster is down, before it fails "
         "as a connection error (docs/cluster.md)",
     )
     master_name: str | None = _option(
         None,
-        check_master_name_or_none,
+        ck.name_or_none,
         "Redis Sentinel: the name of the monitored master; when set, every host "
         "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel",
     )
     sentinel_kwargs: dict | None = _option(
         None,
-        check_mapping_or_none,
+        ck.mapping_or_none,
         "redis-py connection arguments for the sentinels themselves (password, "
         "ssl, ...); None: the socket timeouts of the master's",
     )
     min_other_sentinels: int = _option(
-        0, check_count_from_zero, "a sentinel that sees fewer other sentinels is not believed"
+        0, ck.count_from_zero, "a sentinel that sees fewer other sentinels is not believed"
     )
-    wait_replicas: int = _option(
-        0, check_queue_setting, "a publish and an ack return once this many replicas have them (Redis WAIT); 0: off"
+    wait_replicas: int = _setting(
+        0, "a publish and an ack return once this many replicas have them (Redis WAIT); 0: off"
     )
-    wait_timeout: float = _option(
+    wait_timeout: float = _setting(
         C.WAIT_TIMEOUT,
-        check_queue_setting,
         "seconds a publish or ack waits for wait_replicas; then a publish raises NotReplicated, an ack logs",
     )
-    shards: int = _option(
+    shards: int = _setting(
         1,
-        check_queue_setting,
         "shards of each queue (1..256): a queue split into N full queues, each "
         "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
         "1: the plain queue, exact order",
     )
-    peek: int = _option(
-        2, check_queue_setting, "with shards > 1: shards peeked per pop (1..64); the best of them is popped"
-    )
+    peek: int = _setting(2, "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
     unique_key: str = _option(
         "pq_unique",
-        check_unique_key,
+        ck.key(none=False),
         'the header holding a message\'s unique key (docs/unique.md), or "module:function" taking the '
         "kombu message dict and returning the key (str or None)",
     )
     unique_mode: str | dict = _option(
         "while_waiting",
-        check_unique_mode,
+        ck.unique_mode,
         "mode of a key whose message names none (pq_unique_mode): while_waiting, while_active, replace, "
         'debounce or throttle; or {queue: mode, "*": default}',
     )
     unique_seconds: float | dict = _option(
         60,
-        check_unique_seconds,
+        ck.unique_seconds,
         'debounce delay / throttle period of a key whose message names none (pq_unique_seconds); or {queue: n, "*": n}',
     )
 
@@ -239,6 +208,8 @@ class Options:
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
     #: The function of ``unique_key="module:function"`` (None for a header name).
     unique_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
+    #: The queue settings among the options, checked (each queue's: ``queue_settings``).
+    _settings: QueueSettings = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     def __repr__(self) -> str:  # sentinel_kwargs may hold a password
         shown = ", ".join(f"{f.name}={redact(getattr(self, f.name))}" for f in fields(self) if f.repr)
@@ -250,14 +221,18 @@ class Options:
             keep(self, "health_check_interval", 0)
         default_timeout = isinstance(self.socket_timeout, _FitsTheLease)
         for f in fields(self):
-            if f.init:
+            if f.init and f.metadata["check"] is not None:
                 keep(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
-        self._check_queue_settings()
-        renew, timeout = fit_renewals(self.lease_seconds, self.renew_interval, self.socket_timeout, default_timeout)
+        # fairness taken as on: that tenant caps need fair_key is the options' own rule (below)
+        settings = QueueSettings(fair=True, **{name: getattr(self, name) for name in _QUEUE_SETTINGS})
+        keep(self, "_settings", settings)
+        for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):  # (as floats)
+            keep(self, name, getattr(settings, name))
+        renew, timeout = ck.fit_renewals(self.lease_seconds, self.renew_interval, self.socket_timeout, default_timeout)
         keep(self, "renew_interval", renew)
         keep(self, "socket_timeout", timeout)
         for name, fn_field in (("fair_key", "tenant_fn"), ("unique_key", "unique_fn")):
-            keep(self, fn_field, key_function(name, getattr(self, name)))
+            keep(self, fn_field, ck.key_function(name, getattr(self, name)))
         fair_only = {
             "fair_weights": self.fair_weights,
             "tenant_concurrency": self.tenant_concurrency,
@@ -271,13 +246,6 @@ class Options:
         if self.fair_key is None and any(fair_only.values()):
             named = ", ".join(k for k, v in fair_only.items() if v)
             raise ConfigError(f"{named} need fair_key (a tenant for each message)")
-
-    def _check_queue_settings(self) -> None:
-        """The queue settings among the options, checked by ``QueueSettings`` (keeping its floats).
-        Fairness is taken as on: that tenant caps need fair_key is the options' own rule."""
-        settings = QueueSettings(fair=True, **{name: getattr(self, name) for name in _QUEUE_SETTINGS})
-        for name in ("lease_seconds", "dedupe_seconds", "wait_timeout"):
-            object.__setattr__(self, name, getattr(settings, name))
 
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
@@ -299,26 +267,16 @@ class Options:
         dead = name.endswith(".dead")
         task_rate = on_queue(self.task_rate, name)  # {tenant: rate}
         fair = (self.fair_key is not None or bool(task_rate)) and not dead
-        return QueueSettings(
-            key_prefix=self.key_prefix,
+        return replace(
+            self._settings,
             technique=(self.queue_techniques or {}).get(name, self.technique),
-            priority_order=self.priority_order,
-            lease_seconds=self.lease_seconds,
             max_deliveries=0 if dead else self.max_deliveries,
             max_length=self._max_length(name),
             fair=fair,
-            fair_scope=self.fair_scope,
             tenant_concurrency=_default(self.tenant_concurrency) if fair else None,
             tenant_rate=_default(self.tenant_rate) if fair else None,
             max_length_per_tenant=self.max_length_per_tenant if fair else None,
-            dedupe_seconds=self.dedupe_seconds,
-            max_dead_length=self.max_dead_length,
-            event_log=self.event_log,
-            expired=self.expired,
-            wait_replicas=self.wait_replicas,
-            wait_timeout=self.wait_timeout,
             shards=self.shards_of(name),
-            peek=self.peek,
             weights=self.fair_weights,
             concurrency=_named(self.tenant_concurrency),
             rate={**_named(self.tenant_rate), **task_rate},
@@ -391,24 +349,7 @@ _REDIS_KWARGS = (  # under redis-py's names
 
 
 #: The options that are a queue's settings, under the same names (``QueueSettings``).
-_QUEUE_SETTINGS = (
-    "key_prefix",
-    "technique",
-    "priority_order",
-    "lease_seconds",
-    "max_deliveries",
-    "max_length",
-    "fair_scope",
-    "max_length_per_tenant",
-    "dedupe_seconds",
-    "max_dead_length",
-    "event_log",
-    "expired",
-    "wait_replicas",
-    "wait_timeout",
-    "shards",
-    "peek",
-)
+_QUEUE_SETTINGS = tuple(f.name for f in fields(Options) if f.init and f.metadata["check"] is None)
 
 
 def _default(value):
