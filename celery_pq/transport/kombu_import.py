@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from bisect import bisect
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -84,10 +83,6 @@ class KombuLayout:
 
     def binding_key(self, exchange: str) -> str:
         return f"{self.global_keyprefix}_kombu.binding.{exchange}"
-
-    def step_of(self, priority: int) -> int:
-        """kombu's ``Channel.priority``: the step whose list holds a message of ``priority``."""
-        return self.priority_steps[bisect(self.priority_steps, priority) - 1]
 
 
 def kombu_priority(message: dict) -> int:
@@ -273,18 +268,15 @@ class KombuImport:
                 if not raws:
                     break
                 self._store(queue, staging, raws, mapping, report.waiting)
-        if self.unacked_mode == "none":
-            report.held += sum(1 for _ in self._unacked_all(queue))
-        else:
-            claimed = []
-            for tag, raw, message in self._unacked_of(queue, now, report):
-                if self._claim_unacked(tag, raw, message, staging, claimed_at):
-                    claimed.append(message)
-                if len(claimed) >= self.batch:
-                    self._store(queue, staging, claimed, mapping, report.unacked)
-                    claimed = []
-            if claimed:
+        claimed = []
+        for tag, raw, message in self._unacked_of(queue, now, report):
+            if self._claim_unacked(tag, raw, message, staging, claimed_at):
+                claimed.append(message)
+            if len(claimed) >= self.batch:
                 self._store(queue, staging, claimed, mapping, report.unacked)
+                claimed = []
+        if claimed:
+            self._store(queue, staging, claimed, mapping, report.unacked)
 
     def _finish_staged(self, queue: str, staging: str, now: float, mapping: dict) -> None:
         """Insert and release what an earlier run claimed: within the dedupe window of the latest
@@ -297,10 +289,7 @@ class KombuImport:
             return
         q = self.channel.queue(queue)
         at = src.get(self.layout.claimed_at_key(queue))
-        window = getattr(q, "dedupe_seconds", None)
-        if window is None:  # a sharded queue: its shards'
-            window = q.settings.dedupe_seconds
-        if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= window:
+        if at is None or now - int(at) / 1000 + CLOCK_MARGIN >= q.settings.dedupe_seconds:
             found: list[bytes] = []
             unknown: list[bytes] = []
             for raw in left:
@@ -350,7 +339,8 @@ class KombuImport:
         return sorted(set(out))
 
     def _unacked_of(self, queue: str, now: float, report: QueueReport):
-        """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held."""
+        """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held
+        (all with ``unacked="none"``)."""
         layout, src = self.layout, self.source
         routes: dict[tuple[str, str], list[str]] = {}
         for tag, value in src.hscan_iter(layout.unacked):
@@ -363,7 +353,7 @@ class KombuImport:
                 routes[key] = self._routes(*key)
             if queue not in routes[key]:
                 continue
-            if len(routes[key]) > 1:  # bound to several queues: kombu's restore would copy it
+            if self.unacked_mode == "none" or len(routes[key]) > 1:  # (several: kombu's restore copies it)
                 report.held += 1
                 continue
             if self.visibility_timeout is not None:  # "stale": only those older than it
@@ -406,21 +396,11 @@ class KombuImport:
                 if len(raws) < READ_CHUNK:
                     break
                 start += READ_CHUNK
-        if self.unacked_mode != "none":
-            for _, _, message in self._unacked_of(queue, now, report):
-                self._tally(message, mapping, report, report.unacked)
-        else:
-            report.held += sum(1 for _ in self._unacked_all(queue))
+        for _, _, message in self._unacked_of(queue, now, report):
+            self._tally(message, mapping, report, report.unacked)
 
     def _tally(self, raw: bytes, mapping: dict, report: QueueReport, counter: Counter) -> None:
         message = json.loads(raw)
         k = kombu_priority(message)
         counter[(k, mapping[k])] += 1
         report.eta += bool((message.get("headers") or {}).get("eta"))
-
-    def _unacked_all(self, queue: str):
-        saved, self.unacked_mode = self.unacked_mode, "all"
-        try:
-            yield from self._unacked_of(queue, 0.0, self.reports[queue])
-        finally:
-            self.unacked_mode = saved

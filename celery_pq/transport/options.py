@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ..queue import MAX_WEIGHT, MIN_WEIGHT, QueueSettings
+from ..queue import QueueSettings
 from ..storage import constants as C
 from ..storage.errors import ConfigError
 from ..storage.keys import split_dead
@@ -39,170 +39,66 @@ def _setting(default, doc: str):
 
 @dataclass(frozen=True)
 class Options:
-    """Every transport option, checked (see each field's ``doc``; README.md's table)."""
+    """Every transport option, checked (each field's ``doc``; README.md's table says more)."""
 
     key_prefix: str = _setting(C.KEY_PREFIX, "prefix of every Redis key and pub/sub channel")
-    priority_order: str = _setting(
-        C.HIGHER_FIRST, '"higher_first" (255 first, AMQP) or "lower_first" (0 first, kombu Redis)'
-    )
+    priority_order: str = _setting(C.HIGHER_FIRST, '"higher_first" (255 first, AMQP) or "lower_first" (0 first)')
     default_priority: int = _option(0, ck.priority, "priority 0..255 of a message published without one")
-    lease_seconds: float = _setting(
-        C.LEASE_SECONDS,
-        "seconds a delivered message stays leased without a renewal, at least "
-        "renew_interval + 0.5 (0.75 with the default renew_interval); "
-        "visibility_timeout is an alias",
-    )
+    lease_seconds: float = _setting(C.LEASE_SECONDS, "seconds a delivery stays leased unrenewed (visibility_timeout)")
     max_deliveries: int = _setting(C.MAX_DELIVERIES, "deliveries without an ack before <queue>.dead; 0: no limit")
-    fair_key: str | None = _option(
-        None,
-        ck.key(none=True),
-        'None: fairness off; a header name, or "module:function" '
-        "taking the kombu message dict and returning the tenant (str or None)",
-    )
-    fair_weights: dict | None = _option(
-        None,
-        ck.weights,
-        f"{{tenant: weight}}, each {MIN_WEIGHT:g}..{MAX_WEIGHT:g}; weight 1 for tenants not named",
-        shown="{}",
-    )
-    fair_scope: str = _setting(
-        "within_priority",
-        '"within_priority" (strict priority, tenants share each level) or '
-        '"tenant_first" (tenants share the queue, each one\'s entries by priority)',
-    )
+    fair_key: str | None = _option(None, ck.key(none=True), 'None: fairness off; a header, or "module:function"')
+    fair_weights: dict | None = _option(None, ck.weights, "{tenant: weight}; 1 for tenants not named", shown="{}")
+    fair_scope: str = _setting("within_priority", '"within_priority" or "tenant_first"')
     max_length: int | None = _setting(None, "waiting entries per queue; beyond it QueueFull")
-    max_length_per_tenant: int | None = _setting(
-        None, "waiting entries per tenant (needs fair_key); beyond it QueueFull"
-    )
+    max_length_per_tenant: int | None = _setting(None, "waiting entries per tenant; beyond it QueueFull")
     tenant_concurrency: int | dict | None = _option(
-        None,
-        ck.per_tenant(int),
-        'leased messages per tenant at once: an int, or {tenant: int, "*": default} (needs fair_key)',
+        None, ck.per_tenant(int), 'leased per tenant: n or {tenant: n, "*": n}'
     )
-    tenant_rate: float | dict | None = _option(
-        None, ck.per_tenant((int, float)), "deliveries per second per tenant, same forms (needs fair_key)"
-    )
-    task_rate: dict | None = _option(
-        None,
-        _task_rate,
-        "deliveries per second of a task across all workers: {task: n} on every queue, "
-        "{queue: {task: n}} on one; a queue with a limit is fair (docs/rate-limits.md)",
-        shown="{}",
-    )
+    tenant_rate: float | dict | None = _option(None, ck.per_tenant((int, float)), "deliveries per second per tenant")
+    task_rate: dict | None = _option(None, _task_rate, "deliveries per second of a task, all workers", shown="{}")
     technique: str = _setting(C.TECHNIQUE_T, 'the patent technique of every queue, "T" or "S"')
     queue_techniques: dict | None = _option(None, ck.queue_techniques, "{queue: technique}, per queue")
-    sweep_interval: float = _option(
-        C.SWEEP_INTERVAL,
-        ck.seconds,
-        "seconds between sweeps of expired leases (one sweeper per queue per interval across all consumers)",
-    )
+    sweep_interval: float = _option(C.SWEEP_INTERVAL, ck.seconds, "seconds between sweeps of expired leases")
     renew_interval: float | None = _option(
-        None,
-        ck.seconds_or_none,
-        "seconds between renewals of held leases, shorter than lease_seconds; None: lease_seconds / 3, at most 20",
-        shown="lease_seconds / 3",
+        None, ck.seconds_or_none, "seconds between renewals of held leases", shown="lease_seconds / 3"
     )
     block_seconds: float = _option(C.BLOCK_SECONDS, ck.seconds, "server-side BLPOP timeout of an idle consumer")
     binding_cache_seconds: float = _option(5.0, ck.seconds_or_zero, "seconds a routing table is cached")
     batch_send: int = _option(
-        C.BATCH_SEND,
-        ck.count_up_to(C.BULK_CHUNK, low=0),
-        "messages of a queue a producer batch sends as one call before its flush; 0: none before the flush",
+        C.BATCH_SEND, ck.count_up_to(C.BULK_CHUNK, low=0), "messages of a queue a producer batch sends as one call"
     )
     spin_wait_us: int = _option(
-        C.SPIN_WAIT_US,
-        ck.count_up_to(100_000, low=0),
-        "microseconds a script call polls for its reply before sleeping; 0: none",
+        C.SPIN_WAIT_US, ck.count_up_to(100_000, low=0), "microseconds a script call polls for its reply; 0: none"
     )
     socket_timeout: float = _option(
-        _FitsTheLease(C.SOCKET_TIMEOUT),
-        ck.seconds_or_none,
-        "redis-py, seconds a reply may take, at most lease_seconds - renew_interval "
-        "(the default: 30, or that when less)",
-        shown="30",
+        _FitsTheLease(C.SOCKET_TIMEOUT), ck.seconds_or_none, "redis-py, seconds a reply may take", shown="30"
     )
     socket_connect_timeout: float | None = _option(None, ck.seconds_or_none, "redis-py, seconds")
     socket_keepalive: bool | None = _option(None, ck.flag_or_none, "redis-py")
     health_check_interval: float = _option(25, ck.seconds_or_zero, "redis-py, seconds (None: 0)")
     max_connections: int | None = _option(50, ck.count_or_none, "redis-py pool size, per connection")
     client_name: str | None = _option(None, ck.name_or_none, "redis-py CLIENT SETNAME, no spaces")
-    max_message_bytes: int | None = _option(
-        None, ck.count_or_none, "a larger stored message is refused (MessageTooLarge)"
-    )
-    dedupe_seconds: float = _setting(
-        C.DEDUPE_SECONDS,
-        "a retried publish call (same publish id) seen within this window stores nothing; the "
-        "queue keeps the longest window its producers ask for; 0: off",
-    )
-    max_dead_length: int | None = _setting(None, "entries of <queue>.dead at most (None: max_length, else none)")
-    event_log: int | None = _setting(
-        None,
-        "None/0: no event log; else the approximate most entries of each queue's event-log stream (docs/events.md)",
-    )
-    expired: str = _setting(
-        C.EXPIRED_DEAD_LETTER,
-        '"dead_letter": a message past its expiry (expiration=, message_ttl, Celery\'s expires) goes '
-        'to <queue>.dead with reason "expired" when a pop meets it; "drop": it is deleted (docs/expiry.md)',
-    )
-    cluster: bool = _option(
-        False,
-        ck.flag,
-        "Redis Cluster: the broker URL (pq://HOST:PORT) names any seed node; "
-        "each queue lives on the master of its hash tag (docs/cluster.md)",
-    )
+    max_message_bytes: int | None = _option(None, ck.count_or_none, "a larger message is refused (MessageTooLarge)")
+    dedupe_seconds: float = _setting(C.DEDUPE_SECONDS, "a publish retried within this window stores nothing; 0: off")
+    max_dead_length: int | None = _setting(None, "entries of <queue>.dead at most (None: max_length)")
+    event_log: int | None = _setting(None, "None/0: no event log; else each queue's stream's length (docs/events.md)")
+    expired: str = _setting(C.EXPIRED_DEAD_LETTER, 'an expired message: "dead_letter" or "drop" (docs/expiry.md)')
+    cluster: bool = _option(False, ck.flag, "Redis Cluster: the broker URL names a seed node (docs/cluster.md)")
     cluster_retry_seconds: float = _option(
-        C.CLUSTER_RETRY_SECONDS,
-        ck.seconds,
-        "Redis Cluster: seconds a call waits, trying again, while its queue's "
-        "slot migrates (a resharding) or the cluster is down, before it fails "
-        "as a connection error (docs/cluster.md)",
+        C.CLUSTER_RETRY_SECONDS, ck.seconds, "Redis Cluster: seconds a call waits out a moving slot"
     )
-    master_name: str | None = _option(
-        None,
-        ck.name_or_none,
-        "Redis Sentinel: the name of the monitored master; when set, every host "
-        "of the broker URL (pq://s1:26379;pq://s2:26379) is a sentinel",
-    )
-    sentinel_kwargs: dict | None = _option(
-        None,
-        ck.mapping_or_none,
-        "redis-py connection arguments for the sentinels themselves (password, "
-        "ssl, ...); None: the socket timeouts of the master's",
-    )
-    min_other_sentinels: int = _option(
-        0, ck.count_from_zero, "a sentinel that sees fewer other sentinels is not believed"
-    )
-    wait_replicas: int = _setting(
-        0, "a publish and an ack return once this many replicas have them (Redis WAIT); 0: off"
-    )
-    wait_timeout: float = _setting(
-        C.WAIT_TIMEOUT,
-        "seconds a publish or ack waits for wait_replicas; then a publish raises NotReplicated, an ack logs",
-    )
-    shards: int = _setting(
-        1,
-        "shards of each queue (1..256): a queue split into N full queues, each "
-        "under its own hash tag, popped as the relaxed priority queue (docs/relaxed.md); "
-        "1: the plain queue, exact order",
-    )
-    peek: int = _setting(2, "with shards > 1: shards peeked per pop (1..64); the best of them is popped")
-    unique_key: str = _option(
-        "pq_unique",
-        ck.key(none=False),
-        'the header holding a message\'s unique key (docs/unique.md), or "module:function" taking the '
-        "kombu message dict and returning the key (str or None)",
-    )
+    master_name: str | None = _option(None, ck.name_or_none, "Redis Sentinel: the monitored master's name")
+    sentinel_kwargs: dict | None = _option(None, ck.mapping_or_none, "redis-py connection arguments of the sentinels")
+    min_other_sentinels: int = _option(0, ck.count_from_zero, "a sentinel seeing fewer other sentinels is not believed")
+    wait_replicas: int = _setting(0, "a publish and an ack return once this many replicas have them; 0: off")
+    wait_timeout: float = _setting(C.WAIT_TIMEOUT, "seconds a publish or ack waits for wait_replicas")
+    shards: int = _setting(1, "shards of each queue (1..256): the relaxed priority queue (docs/relaxed.md)")
+    peek: int = _setting(2, "with shards > 1: shards peeked per pop (1..64)")
+    unique_key: str = _option("pq_unique", ck.key(none=False), 'the unique key\'s header, or "module:function"')
     unique_mode: str | dict = _option(
-        "while_waiting",
-        ck.unique_mode,
-        "mode of a key whose message names none (pq_unique_mode): while_waiting, while_active, replace, "
-        'debounce or throttle; or {queue: mode, "*": default}',
+        "while_waiting", ck.unique_mode, 'a key\'s default mode; or {queue: mode, "*": ...}'
     )
-    unique_seconds: float | dict = _option(
-        60,
-        ck.unique_seconds,
-        'debounce delay / throttle period of a key whose message names none (pq_unique_seconds); or {queue: n, "*": n}',
-    )
+    unique_seconds: float | dict = _option(60, ck.unique_seconds, "a key's default debounce / throttle seconds")
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)
