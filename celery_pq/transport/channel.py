@@ -1,8 +1,6 @@
 """The kombu transport (``pq://``, ``pqs://`` for TLS) and its channel: kombu's hooks over the
-queue (``queue.PriorityQueue``), the work handed to the helpers beside this module (delivery,
-publishing, batches, poller, lease book and keeper, routing, views). Options: ``options.Options``,
-checked when a channel is made. docs/architecture.md places the modules and follows a message;
-docs/leases.md (leases, a lost connection), docs/deployments.md (URLs, TLS, Sentinel)."""
+queue, the work handed to the helpers beside this module. docs/architecture.md, docs/leases.md,
+docs/deployments.md."""
 
 from __future__ import annotations
 
@@ -39,9 +37,7 @@ DEFAULT_PORT = C.REDIS_PORT
 
 
 class Channel(virtual.Channel):
-    """kombu's hooks: the queues and views it opens, the declarations, what it consumes.
-    ``leases`` (LeaseBook) holds what it delivered, ``waits`` (Waits) its blocking reads and
-    pub/sub, ``deliveries`` pops, delivers and acks, ``publisher`` stores and broadcasts."""
+    """kombu's hooks: the queues and views it opens, the declarations, what it consumes."""
 
     QoS = QoS
     Message = Message
@@ -68,7 +64,7 @@ class Channel(virtual.Channel):
         self.views = Views(self.queue)
         self.routing = RoutingTables(self.client, self.options)
         self._fanout_queues = connection.fanout_queues  # queue -> exchange, per connection
-        self._active_fanout: dict[str, str] = {}  # pub/sub channel name -> queue
+        self.active_fanout: dict[str, str] = {}  # pub/sub channel -> consumed fanout queue
         try:
             self.client.ping()  # fail at channel creation, not at the first publish
         except rex.ConnectionError as exc:
@@ -104,9 +100,7 @@ class Channel(virtual.Channel):
 
     def decode_body(self, body, encoding=None):
         """kombu's; a ``Base64Body`` (what the codec gives) is decoded already."""
-        if type(body) is Base64Body:
-            return bytes(body)
-        return super().decode_body(body, encoding)
+        return bytes(body) if type(body) is Base64Body else super().decode_body(body, encoding)
 
     # -- publishing ---------------------------------------------------------------------------
     def prepare_message(
@@ -121,7 +115,6 @@ class Channel(virtual.Channel):
         self.publisher.put(queue, message, _publish_batch)
 
     def create_publish_batch(self, max_size: int) -> PublishBatch:
-        """kombu's ``Producer.batch()`` (batches.py)."""
         return PublishBatch(self, max_size)
 
     def _put_fanout(self, exchange, message, routing_key, _publish_batch=None, **kwargs):
@@ -191,7 +184,7 @@ class Channel(virtual.Channel):
         if view is not None:
             self.queue(queue).register_view(*view)
         if queue in self._fanout_queues:
-            self._active_fanout[self.publisher.fanout_channel(self._fanout_queues[queue])] = queue
+            self.active_fanout[self.publisher.fanout_channel(self._fanout_queues[queue])] = queue
         if no_ack:
             self.deliveries.no_ack.add(queue)
         ret = super().basic_consume(queue, no_ack, *args, **kwargs)
@@ -205,7 +198,7 @@ class Channel(virtual.Channel):
         ret = super().basic_cancel(consumer_tag)
         self.deliveries.no_ack.discard(queue)
         if queue is not None and queue in self._fanout_queues:
-            self._active_fanout.pop(self.publisher.fanout_channel(self._fanout_queues[queue]), None)
+            self.active_fanout.pop(self.publisher.fanout_channel(self._fanout_queues[queue]), None)
         self._consumed_changed()
         return ret
 
@@ -226,17 +219,12 @@ class Channel(virtual.Channel):
         """The consumed queues but the fanout ones (those come by pub/sub)."""
         queues = self._consumed
         if queues is None:
-            fan = set(self._active_fanout.values())
+            fan = set(self.active_fanout.values())
             queues = self._consumed = [q for q in dict.fromkeys(self._active_queues) if q not in fan]
         return queues
 
     def _get(self, queue, timeout=None):
-        """basic_get: lease one message now, or raise Empty."""
         return self.deliveries.get(queue)
-
-    def pop_and_deliver(self) -> int:
-        """``Deliveries.pop_and_deliver``."""
-        return self.deliveries.pop_and_deliver()
 
     # -- what the poller asks ----------------------------------------------------------------
     def wake_keys(self) -> list[str]:
@@ -247,13 +235,6 @@ class Channel(virtual.Channel):
             for s in self.queue(name).shards:
                 keys.append(s.keys.wake if view is None else s.keys.view_wake(*view))
         return keys
-
-    def fanout_channels(self) -> dict[str, str]:
-        """{pub/sub channel: queue} of the consumed fanout queues."""
-        return self._active_fanout
-
-    def deliver_fanout(self, channel: str, queue: str, data) -> int:
-        return self.deliveries.fanout(channel, queue, data)
 
     def close(self):
         if self.closed:
@@ -337,7 +318,6 @@ class Transport(virtual.Transport):
 
     @property
     def default_connection_params(self) -> dict:
-        """kombu's defaults for what the URL leaves out."""
         return {"port": DEFAULT_PORT, "hostname": "localhost"}
 
     # -- connections (storage/connections.py) ------------------------------------------------

@@ -1,8 +1,6 @@
 """What a channel receives and how each delivery ends: ``Deliveries`` pops within kombu's
-prefetch window, hands each lease to kombu as a message (its tag is the lease token) and acks,
-rejects, gives back or dead-letters it (``malformed``); ``QoS`` is kombu's accounting with the
-acks and rejects sent here. docs/leases.md ("Acks, rejects, shutdown", "A prefetched batch").
-"""
+prefetch window and hands each lease to kombu as a message (its tag is the lease token); ``QoS``
+sends kombu's acks and rejects here. docs/leases.md ("Acks, rejects, shutdown")."""
 
 from __future__ import annotations
 
@@ -26,17 +24,13 @@ class ReceivingChannel(Protocol):
     """What the receiving side uses of its channel (channel.py's ``Channel``)."""
 
     @property
-    def transport(self) -> Any: ...
-
-    @property
     def connection(self) -> Any: ...
-
     @property
     def qos(self) -> Any: ...
-
     @property
     def active_queues(self) -> list: ...
 
+    transport: Any
     leases: Any
     deliveries: Any
     waits: Any
@@ -295,22 +289,10 @@ class Deliveries:
         if held is None:
             return
         shard, eid = held
-        if shard.is_dead:  # has no dead-letter queue: the lease expires, it stays
-            logger.error(
-                "celery-pq: entry %r of dead-letter queue %r is not a kombu message (%r); left there",
-                eid,
-                shard.name,
-                exc,
-            )
-            return
-        logger.error(
-            "celery-pq: entry %r of queue %r is not a kombu message (%r); moved to %s.dead",
-            eid,
-            shard.name,
-            exc,
-            shard.name,
-        )
-        shard.dead_letter((eid, tag), "malformed")
+        where = "left there" if shard.is_dead else f"moved to {shard.name}.dead"
+        logger.error("celery-pq: entry %r of queue %r is not a kombu message (%r); %s", eid, shard.name, exc, where)
+        if not shard.is_dead:  # a dead-letter queue has none: the lease expires, it stays
+            shard.dead_letter((eid, tag), "malformed")
 
     def fanout(self, channel_name: str, queue: str, data: Any) -> int:
         """Deliver a message received on a fanout exchange's pub/sub channel (it holds no lease)."""
@@ -380,12 +362,8 @@ def running_tags() -> set:
     state = _celery_state()
     if state is None:
         return set()
-    tags = set()
-    for request in list(state.active_requests):
-        message = getattr(request, "message", None)
-        if message is not None and not getattr(request, "acknowledged", True):
-            tags.add(message.delivery_tag)
-    return tags
+    running = [r for r in list(state.active_requests) if not getattr(r, "acknowledged", True)]
+    return {r.message.delivery_tag for r in running if getattr(r, "message", None) is not None}
 
 
 def celery_counts() -> tuple[int, int] | None:

@@ -1,9 +1,6 @@
-"""How a consumer waits and is woken: each channel's ``Waits`` (a BLPOP on the wake lists of
-what it consumes, one per hash tag on a cluster; pub/sub for fanout, sharded on a cluster) and
-each connection's ``Poller``, the one wait loop behind kombu's ``drain_events`` and Celery's
-event loop: pop while there may be work, else arm the waits and wait for a socket.
-docs/key-layout.md ("Wake tokens"), docs/architecture.md ("Modules").
-"""
+"""How a consumer waits and is woken: each channel's ``Waits`` (BLPOPs on wake lists, pub/sub
+for fanout) and each connection's ``Poller``, the wait loop behind kombu's ``drain_events`` and
+Celery's event loop. docs/key-layout.md ("Wake tokens"), docs/architecture.md ("Modules")."""
 
 from __future__ import annotations
 
@@ -76,9 +73,7 @@ class Subscription:
 
 
 class Waits:
-    """One channel's blocking reads and pub/sub. The channel gives ``active_queues``, ``qos``,
-    ``wake_keys()``, ``fanout_channels()``, ``pop_and_deliver()``, ``deliver_fanout()``,
-    ``deliveries``, ``leases``, ``client``, ``options`` and ``transport``."""
+    """One channel's blocking reads and pub/sub."""
 
     def __init__(self, channel):
         self.channel = channel
@@ -101,7 +96,7 @@ class Waits:
         channel = self.channel
         popping = channel.deliveries.popping()
         if popping is not None:  # a pop on the wire (Celery's event loop): its reply is the wait
-            return [popping, *self._blocking_waits(), *self._arm_pubsub(channel.fanout_channels())]
+            return [popping, *self._blocking_waits(), *self._arm_pubsub(channel.active_fanout)]
         channel.leases.flush()  # never block with acks unsent
         waits = []
         for pending in self._blocks.values():
@@ -126,7 +121,7 @@ class Waits:
                     block.conn.send_command("BLPOP", *keys, channel.options.block_seconds)
                     block.keys, block.sent = keys, monotonic()
         waits += self._blocking_waits()
-        waits += self._arm_pubsub(channel.fanout_channels())
+        waits += self._arm_pubsub(channel.active_fanout)
         return waits
 
     def _blocking_waits(self) -> list[Wait]:
@@ -166,20 +161,17 @@ class Waits:
     def _on_blpop(self, block: Blocking) -> int:
         try:
             reply = block.conn.read_response()
-        except (rex.AskError, rex.ClusterDownError, rex.TryAgainError) as exc:
-            # a slot moved (a failover): look now; the next wait goes to the new master
-            self._drop_block(block)
-            self.need_pop = True
-            logger.info("celery-pq: blocking wait ended by the cluster (%s); waiting again", exc)
-            return self.channel.pop_and_deliver()
         except rex.ResponseError as exc:
-            if not str(exc).startswith("UNBLOCKED"):
+            moved = isinstance(exc, (rex.AskError, rex.ClusterDownError, rex.TryAgainError))
+            if not moved and not str(exc).startswith("UNBLOCKED"):
                 self.drop()
                 raise
-            # a failover demoted the server and let its blocked clients go: reconnect and look
+            # a slot moved, or a failover demoted the server and let its blocked clients go:
+            # reconnect and look now; the next wait goes to the new master
             self._drop_block(block)
             self.need_pop = True
-            return self.channel.pop_and_deliver()
+            logger.info("celery-pq: blocking wait ended by a failover (%s); waiting again", exc)
+            return self.channel.deliveries.pop_and_deliver()
         except Exception:
             self.drop()
             raise
@@ -191,7 +183,7 @@ class Waits:
             key, token = reply
             self.channel.client.lpush(key, token)
             return 0
-        return self.channel.pop_and_deliver()
+        return self.channel.deliveries.pop_and_deliver()
 
     def _on_pubsub(self, pubsub) -> int:
         delivered = 0
@@ -204,9 +196,9 @@ class Waits:
             if msg.get("type") not in ("message", "smessage"):
                 continue
             name = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
-            queue = self.channel.fanout_channels().get(name)
+            queue = self.channel.active_fanout.get(name)
             if queue is not None:
-                delivered += self.channel.deliver_fanout(name, queue, msg["data"])
+                delivered += self.channel.deliveries.fanout(name, queue, msg["data"])
 
     def unblock(self):
         """End our BLPOPs (the consumed queues changed), so they re-arm at once."""
@@ -260,7 +252,7 @@ class Poller:
         delivered = 0
         waits: list[Wait] = []
         for channel in list(self.transport.cycle_channels):
-            got = channel.pop_and_deliver()
+            got = channel.deliveries.pop_and_deliver()
             delivered += got
             if delivered and until_delivered:
                 return delivered, []
@@ -272,31 +264,28 @@ class Poller:
     def drain(self, timeout=None) -> None:
         """Deliver at least one message, or raise socket.timeout after ``timeout`` seconds."""
         self._draining = True
+        deadline = None if timeout is None else monotonic() + timeout
         try:
-            self._drain(timeout)
+            while True:
+                delivered, waits = self._step(until_delivered=True)
+                if delivered:
+                    return
+                remaining = None if deadline is None else deadline - monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError()
+                if not waits:  # prefetch window full: look again shortly
+                    sleep(min(0.05, remaining) if remaining is not None else 0.05)
+                    continue
+                ready = [w for w in waits if w.conn.can_read(timeout=0)]
+                if not ready:
+                    socks = {w.conn._sock: w for w in waits if w.conn._sock is not None}
+                    wait = 1.0 if remaining is None else min(remaining, 1.0)
+                    readable, _, _ = select.select(list(socks), [], [], wait)
+                    ready = [socks[s] for s in readable]
+                if sum(w.handler() or 0 for w in ready):
+                    return
         finally:
             self._draining = False
-
-    def _drain(self, timeout):
-        deadline = None if timeout is None else monotonic() + timeout
-        while True:
-            delivered, waits = self._step(until_delivered=True)
-            if delivered:
-                return
-            remaining = None if deadline is None else deadline - monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError()
-            if not waits:  # prefetch window full: look again shortly
-                sleep(min(0.05, remaining) if remaining is not None else 0.05)
-                continue
-            ready = [w for w in waits if w.conn.can_read(timeout=0)]
-            if not ready:
-                socks = {w.conn._sock: w for w in waits if w.conn._sock is not None}
-                wait = 1.0 if remaining is None else min(remaining, 1.0)
-                readable, _, _ = select.select(list(socks), [], [], wait)
-                ready = [socks[s] for s in readable]
-            if sum(w.handler() or 0 for w in ready):
-                return
 
     # -- Celery's event loop ----------------------------------------------------------------
     def register_with_event_loop(self, loop: Hub) -> None:
