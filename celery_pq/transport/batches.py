@@ -1,10 +1,7 @@
-"""kombu's ``Producer.batch()`` on this transport: each publish goes through the channel as a
-single one does (same checks, same publish id) and its item waits here; every ``batch_send``
-items of a plain queue go as one insert call whose reply is read at ``flush``; sharded,
-``wait_replicas`` and cluster queues go by ``insert_many`` at the flush; a message with a unique
-key is stored at once. A failed flush raises and keeps what is not known to be stored.
-docs/publishing.md says what a batch keeps. One batch per producer and thread (kombu's).
-"""
+"""kombu's ``Producer.batch()`` on this transport: each publish is checked as a single one and
+its item waits here; every ``batch_send`` items of a plain queue go as one insert call whose reply
+is read at ``flush``, other queues go by ``insert_many`` at the flush. A failed flush raises and
+keeps what is not known to be stored. docs/publishing.md."""
 
 from __future__ import annotations
 
@@ -123,12 +120,13 @@ class PublishBatch:
     def discard(self) -> None:
         """Drop the items not sent (the ``with`` block raised), after reading the replies due."""
         self._aborted = True
-        self._drain()
-        self._pending.clear()
-        self._count = 0
+        self._drop()
 
     def close(self) -> None:
         self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
         self._drain()
         self._pending.clear()
         self._count = 0

@@ -1,7 +1,5 @@
-"""How the commands, the metrics exporter and the autoscaler reach the queues: a broker named by
-a Celery app or by a URL and transport options, opened as a celery-pq channel without kombu's
-retries (a command answers at once). docs/architecture.md ("How a queue is opened").
-"""
+"""How the commands, the metrics exporter and the autoscaler reach the queues: a celery-pq
+channel on a broker named by a Celery app or a URL, without kombu's retries. docs/architecture.md."""
 
 from __future__ import annotations
 

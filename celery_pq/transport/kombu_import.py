@@ -1,9 +1,6 @@
-"""Moving what kombu's Redis transport holds for some queues (its priority lists and unacked
-hash) into celery-pq queues, each message exactly once (``pq import-kombu``): claimed into a
-staging list on the source Redis, inserted under a publish id named by its delivery tag, then
-released, so a rerun after a crash finishes the job. docs/migrating.md ("What kombu's Redis
-transport holds", "Each message exactly once") describes the layout and the steps.
-"""
+"""``pq import-kombu``: move what kombu's Redis transport holds for some queues into celery-pq,
+each message exactly once (claimed into a staging list, inserted under a publish id, released),
+so a rerun after a crash finishes the job. docs/migrating.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A channel's lease book: ``tag -> (shard, entry id)`` of every delivered, unacked message (a
-delivery's tag is its lease token) and the acks deferred to the next round trip (a pop carries
-them). The only object the lease keeper (``leases.py``) touches; thread-safe. An ack whose round
-trip fails is kept, ahead of newer ones, its lease renewed until it is sent. docs/leases.md.
-"""
+"""A channel's lease book: every delivered, unacked message (its tag is its lease token) and the
+acks deferred to the next round trip; the only object the lease keeper touches. docs/leases.md."""
 
 from __future__ import annotations
 

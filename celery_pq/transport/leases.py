@@ -1,8 +1,5 @@
 """The lease keeper: one thread per connection that renews this process's leases, sends the acks
-waiting and sweeps expired leases back to their queues, touching nothing but lease books (its
-channels', and those retired after a connection error). A failed renewal is retried within
-RETRY_MAX; failures are logged at most every REPORT_EVERY. docs/leases.md ("Renewal", "Sweep").
-"""
+waiting and sweeps expired leases back to their queues. docs/leases.md ("Renewal", "Sweep")."""
 
 from __future__ import annotations
 

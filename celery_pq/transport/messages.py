@@ -1,9 +1,6 @@
-"""A kombu message as the queue stores it, both ways. Writing: the one path from a message dict
-to an ``Item`` (payload, priority, tenant, due time, expiry, publish id), shared by the
-transport's publish and the Spark writer so both store a task alike. Reading: ``describe``, what
-an operator sees of a stored payload, never raising on stored data. docs/storage.md (the stored
-form), docs/leases.md ("Idempotent publish": ``PublishStamp``).
-"""
+"""A kombu message as the queue stores it: the one path from a message dict to an ``Item``
+(transport and Spark writer alike), and ``describe``, what an operator sees of a stored payload.
+docs/storage.md, docs/leases.md ("Idempotent publish")."""
 
 from __future__ import annotations
 
@@ -119,23 +116,18 @@ def stored_item(
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
     message = without_properties(message, NOT_STORED)
-    ttl_ms = _earliest(expiration_ms(props.get("expiration")), queue_ttl_ms)
+    ttl_ms = min((t for t in (expiration_ms(props.get("expiration")), queue_ttl_ms) if t is not None), default=None)
     return Item(
         serialized(queue, message, options),
         priority,
         str(task_id) if task_id else None,
         tenant=tenant_of(message, options, decode_body, task_limits),
-        due_ms=eta_ms(headers.get("eta")),
+        due_ms=unix_ms(headers.get("eta"), strict=True),
         publish_id=publish_id_,
         task=task if isinstance(task, str) else None,
         ttl=None if ttl_ms is None else ttl_ms / 1000,
-        expires_ms=expires_ms(headers.get("expires")),
+        expires_ms=unix_ms(headers.get("expires"), strict=False),
     )
-
-
-def _earliest(a: int | None, b: int | None) -> int | None:
-    """The earlier of two deadlines, None for none."""
-    return b if a is None else a if b is None else min(a, b)
 
 
 def expiration_ms(expiration) -> int | None:
@@ -160,24 +152,22 @@ def message_ttl_ms(arguments) -> int | None:
         raise ValueError(f"x-message-ttl must be a number of milliseconds, got {ttl!r}") from None
 
 
-def expires_ms(expires) -> int | None:
-    """Celery's ``expires`` header (ISO 8601; naive is UTC) as Unix ms; None when absent or
-    unreadable (then only the worker checks it)."""
-    if not expires or not isinstance(expires, str):
+def unix_ms(when, *, strict: bool) -> int | None:
+    """Celery's ``eta`` (``strict``: ValueError when unreadable) or ``expires`` header (None when
+    unreadable: only the worker checks it) as Unix ms; ISO 8601, naive is UTC."""
+    if not when or not (strict or isinstance(when, str)):
         return None
     try:
-        when = datetime.fromisoformat(expires)
+        at = datetime.fromisoformat(str(when))
     except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0, int(when.timestamp() * 1000))
+        if not strict:
+            return None
+        raise ValueError(f"message eta {when!r} is not an ISO 8601 time; the message was not published") from None
+    return max(0, int((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() * 1000))
 
 
 #: Properties never stored (a delivery's tag is its lease token).
 NOT_STORED = frozenset(("delivery_tag", STAMP))
-#: Message properties that never leave the publisher (a fanout broadcast keeps its tag).
-NOT_SENT = frozenset((STAMP,))
 
 
 def without_properties(message: dict, names: frozenset) -> dict:
@@ -242,19 +232,6 @@ def digest(*parts) -> bytes:
         text = bytes(part) if isinstance(part, bytes) else str(part).encode()
         h.update(b"%d:" % len(text) + text)
     return h.digest()
-
-
-def eta_ms(eta) -> int | None:
-    """Celery's ``eta`` header (ISO 8601) as Unix ms; naive times are UTC."""
-    if not eta:
-        return None
-    try:
-        when = datetime.fromisoformat(str(eta))
-    except ValueError:
-        raise ValueError(f"message eta {eta!r} is not an ISO 8601 time; the message was not published") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0, int(when.timestamp() * 1000))
 
 
 # -- reading: what an operator sees of a stored message ----------------------------------------

@@ -1,9 +1,6 @@
-"""The transport's options (``broker_transport_options``), each once with its type, unit, default
-and check, all checked when a channel is made (``ConfigError`` naming option and value). The
-frozen ``Options`` give each queue its ``QueueSettings`` and redis-py its pool's arguments.
-README.md ("Options") shows the same table (a test keeps them in step); docs/settings.md says
-whose each setting is.
-"""
+"""The transport's options (``broker_transport_options``), each once with its default and check,
+all checked when a channel is made. README.md ("Options") shows the same table (a test keeps them
+in step); docs/settings.md says whose each setting is."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A channel's publishing side: a message stored in a queue (one insert under its publish call's
-id, so kombu's retries store it once; ``insert_unique`` for one with a unique key), or broadcast
-to a fanout exchange by pub/sub (sharded on a cluster). In a producer's batch a stored message
-waits for the flush (``batches.py``). docs/leases.md ("Idempotent publish"), docs/unique.md.
-"""
+"""A channel's publishing side: a message stored in a queue under its publish call's id (kombu's
+retries store it once), or broadcast to a fanout exchange. docs/leases.md ("Idempotent publish")."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from ..storage.codec import Base64Body
 from ..storage.errors import ModeMismatch
 from ..storage.ids import unique_bytes
 from ..storage.keys import fanout_channel
-from .messages import BROADCAST_ID, NOT_SENT, PublishStamp, serialized, stored_item, without_properties
+from .messages import BROADCAST_ID, STAMP, PublishStamp, serialized, stored_item
 from .unique import OUTCOMES, PublishOutcome, unique_of
 
 if TYPE_CHECKING:
@@ -101,7 +98,7 @@ class Publisher:
         client = channel.client
         publish = client.spublish if connections.is_cluster(client) else client.publish
         sent, _ = PublishStamp.take(message, f"fanout {exchange}")
-        props = dict(without_properties(message, NOT_SENT)["properties"])
+        props = {k: v for k, v in message["properties"].items() if k != STAMP}  # (a broadcast keeps its tag)
         props.setdefault("delivery_tag", channel._next_delivery_tag())
         if sent is not None:  # a receiver drops one sent again (kombu's retry)
             props[BROADCAST_ID] = sent.hex()

@@ -1,7 +1,5 @@
-"""What kombu declares, shared in Redis: the queue names, their message TTLs and each exchange's
-bindings, read through a per-channel cache of ``binding_cache_seconds`` that the channel's own
-changes drop at once. docs/key-layout.md ("Not per queue").
-"""
+"""What kombu declares, shared in Redis (queue names, message TTLs, bindings), read through a
+per-channel cache of ``binding_cache_seconds``. docs/key-layout.md ("Not per queue")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Signals wake a Celery worker's idle event loop at once: the loop's self-wake pipe
-(``poller.Poller``) made the process's ``signal.set_wakeup_fd``, so a SIGTERM's warm shutdown does
-not wait out the loop's poll. Only from the main thread, never taken from another owner; a forked
-child lets it go. docs/leases.md ("Acks, rejects, shutdown").
-"""
+"""Signals wake a Celery worker's idle event loop at once: the poller's self-wake pipe made the
+process's ``signal.set_wakeup_fd`` (main thread only, never another's). docs/leases.md."""
 
 from __future__ import annotations
 

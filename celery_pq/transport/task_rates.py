@@ -1,8 +1,6 @@
 """The transport option ``task_rate``: at most N deliveries per second of a named task from a
-queue, whichever workers consume it. A limited task's messages go under a tenant of their own,
-``task:<name>``, whose token bucket in Redis the fair pop honours; ``Options`` checks the option
-(``check``) and gives each queue its tenants' rates (``on_queue``). docs/rate-limits.md.
-"""
+queue; a limited task's messages go under a tenant of their own, ``task:<name>``, whose token
+bucket the fair pop honours. docs/rate-limits.md."""
 
 from __future__ import annotations
 
@@ -56,20 +54,12 @@ def check(name: str, value) -> dict | None:
     return out
 
 
-def _rates(value: dict, queue: str) -> dict[str, float]:
-    """{task: rate} of the tasks limited on ``queue``: the every-queue entries, then the queue's."""
-    if celery_own_queue(queue) or queue.endswith(".dead"):
+def on_queue(value: dict | None, queue: str) -> dict[str, float]:
+    """{tenant: rate} of the tasks limited on ``queue`` (the every-queue entries, then the queue's),
+    for ``configure_tenants`` (each shard: a task's messages all go to its tenant's shard)."""
+    if not value or celery_own_queue(queue) or queue.endswith(".dead"):
         return {}
     rates = {task: rate for task, rate in value.items() if not isinstance(rate, dict)}
     own = value.get(queue)
-    if isinstance(own, dict):
-        rates.update(own)
-    return rates
-
-
-def on_queue(value: dict | None, queue: str) -> dict[str, float]:
-    """{tenant: rate} of the tasks limited on ``queue``, for ``configure_tenants`` (each shard:
-    a task's messages all go to its tenant's shard, one bucket in the queue)."""
-    if not value:
-        return {}
-    return {task_tenant(task): rate for task, rate in _rates(value, queue).items()}
+    rates.update(own if isinstance(own, dict) else {})
+    return {task_tenant(task): rate for task, rate in rates.items()}

@@ -1,7 +1,5 @@
-"""Unique tasks by key, the transport's side (docs/unique.md): an outgoing message's key, mode
-and seconds (``unique_of``), and what became of each publish with a key (``publish_outcome``,
-remembered in this process: kombu's publish returns nothing). The queue decides the outcome.
-"""
+"""Unique tasks by key, the transport's side: an outgoing message's key, mode and seconds, and
+what became of each publish with a key (``publish_outcome``). docs/unique.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Priority views: a consumer of ``NAME[OP VALUE]`` (``default[>=200]``) receives, and is woken
-by, only the entries of ``NAME`` whose priority satisfies it. A view holds nothing of its own:
-never a routing destination, never deleted or purged. docs/views-and-delays.md.
-"""
+by, only the entries of ``NAME`` whose priority satisfies it. docs/views-and-delays.md."""
 
 from __future__ import annotations
 
@@ -60,11 +58,7 @@ class Views:
 
     def range_of(self, name: str) -> tuple[int, int] | None:
         """The rank range of a consumed view name like ``default[>=200]``, or None."""
-        if name in self._ranges:
-            return self._ranges[name]
-        view = View.parse(name)
-        if view is None:
-            self._ranges[name] = None  # (asked on every pop)
-            return None
-        self._ranges[name] = view.rank_range(self._queue(name))
+        if name not in self._ranges:  # (asked on every pop)
+            view = View.parse(name)
+            self._ranges[name] = None if view is None else view.rank_range(self._queue(name))
         return self._ranges[name]
