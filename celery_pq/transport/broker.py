@@ -14,6 +14,7 @@ from ..storage.errors import BrokerUnreachable, ConfigError
 from ..storage.keys import queue_keys, queues_key
 from ..storage.redact import redact
 from .channel import Channel
+from .task_rates import celery_own_queue
 from .views import View
 
 #: Errors that mean the broker's Redis is not there (refused, timed out, lost mid-command).
@@ -88,7 +89,7 @@ def queue_names(channel, names=()) -> list[str]:
         return list(names)
     raw = channel.client.smembers(queues_key(channel.options.key_prefix))
     known = sorted(m.decode() if isinstance(m, bytes) else m for m in raw)
-    mine = [n for n in known if not n.endswith(".pidbox") and ".reply." not in n and not n.startswith("celeryev.")]
+    mine = [n for n in known if not celery_own_queue(n)]
     return [n for n in (mine or known) if not n.endswith(".dead")]
 
 

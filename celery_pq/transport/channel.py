@@ -5,7 +5,6 @@ docs/deployments.md."""
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 
 import redis
@@ -284,9 +283,7 @@ class Transport(virtual.Transport):
         rex.AskError,
         rex.SlotNotCoveredError,
         rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
-        ConnectionError,
-        socket.error,
-        OSError,
+        OSError,  # (ConnectionError, socket.error)
     )
     channel_errors = (  # type: ignore[assignment]
         *virtual.Transport.channel_errors,

@@ -56,7 +56,6 @@ class LeaseKeeper(threading.Thread):
         self._stopped = threading.Event()
         self._reported: dict[str, float] = {}  # trouble -> when last logged
         self.renewals = 0  # extend calls made
-        self.sweeps = 0  # reclaim calls that did sweep
 
     def stop(self):
         self._stopped.set()
@@ -162,8 +161,6 @@ class LeaseKeeper(threading.Thread):
                     gap_seconds=gap,
                     restore_seconds=book.options.lease_seconds,
                 )
-                if not result["skipped"]:
-                    self.sweeps += 1
                 if result["restored"]:
                     logger.warning(
                         "celery-pq: no sweep of %r reached Redis for over %.1f s (Redis paused, down or "
