@@ -24,9 +24,10 @@ class _FitsTheLease(float):
     """A default of seconds that is lowered to fit the lease (socket_timeout's)."""
 
 
-def _option(default, check: Callable[[str, Any], Any] | None, doc: str, *, shown: str | None = None):
-    """One option: default, check, meaning (``shown``: the default as README shows it, if other)."""
-    return field(default=default, metadata={"check": check, "doc": doc, "shown": shown})
+def _option(default, check: Callable[[str, Any], Any] | None, doc: str, *, shown: str | None = None, redis=False):
+    """One option: default, check, meaning (``shown``: the default as README shows it, if other;
+    ``redis``: an argument of redis-py's connection pool, under its name)."""
+    return field(default=default, metadata={"check": check, "doc": doc, "shown": shown, "redis": redis})
 
 
 def _setting(default, doc: str):
@@ -68,13 +69,17 @@ class Options:
         C.SPIN_WAIT_US, ck.count_up_to(100_000, low=0), "microseconds a script call polls for its reply; 0: none"
     )
     socket_timeout: float = _option(
-        _FitsTheLease(C.SOCKET_TIMEOUT), ck.seconds_or_none, "redis-py, seconds a reply may take", shown="30"
+        _FitsTheLease(C.SOCKET_TIMEOUT),
+        ck.seconds_or_none,
+        "redis-py, seconds a reply may take",
+        shown="30",
+        redis=True,
     )
-    socket_connect_timeout: float | None = _option(None, ck.seconds_or_none, "redis-py, seconds")
-    socket_keepalive: bool | None = _option(None, ck.flag_or_none, "redis-py")
-    health_check_interval: float = _option(25, ck.seconds_or_zero, "redis-py, seconds (None: 0)")
-    max_connections: int | None = _option(50, ck.count_or_none, "redis-py pool size, per connection")
-    client_name: str | None = _option(None, ck.name_or_none, "redis-py CLIENT SETNAME, no spaces")
+    socket_connect_timeout: float | None = _option(None, ck.seconds_or_none, "redis-py, seconds", redis=True)
+    socket_keepalive: bool | None = _option(None, ck.flag_or_none, "redis-py", redis=True)
+    health_check_interval: float = _option(25, ck.seconds_or_zero, "redis-py, seconds (None: 0)", redis=True)
+    max_connections: int | None = _option(50, ck.count_or_none, "redis-py pool size, per connection", redis=True)
+    client_name: str | None = _option(None, ck.name_or_none, "redis-py CLIENT SETNAME, no spaces", redis=True)
     max_message_bytes: int | None = _option(None, ck.count_or_none, "a larger message is refused (MessageTooLarge)")
     dedupe_seconds: float = _setting(C.DEDUPE_SECONDS, "a publish retried within this window stores nothing; 0: off")
     max_dead_length: int | None = _setting(None, "entries of <queue>.dead at most (None: max_length)")
@@ -126,19 +131,13 @@ class Options:
         keep(self, "socket_timeout", timeout)
         for name, fn_field in (("fair_key", "tenant_fn"), ("unique_key", "unique_fn")):
             keep(self, fn_field, ck.key_function(name, getattr(self, name)))
-        fair_only = {
-            "fair_weights": self.fair_weights,
-            "tenant_concurrency": self.tenant_concurrency,
-            "tenant_rate": self.tenant_rate,
-            "max_length_per_tenant": self.max_length_per_tenant,
-        }
+        fair_only = [k for k in _FAIR_ONLY if getattr(self, k)]
         if self.master_name is None and (self.sentinel_kwargs is not None or self.min_other_sentinels):
             raise ConfigError(
                 "sentinel_kwargs and min_other_sentinels need master_name (the broker URL then names the sentinels)"
             )
-        if self.fair_key is None and any(fair_only.values()):
-            named = ", ".join(k for k, v in fair_only.items() if v)
-            raise ConfigError(f"{named} need fair_key (a tenant for each message)")
+        if self.fair_key is None and fair_only:
+            raise ConfigError(f"{', '.join(fair_only)} need fair_key (a tenant for each message)")
 
     @classmethod
     def from_transport_options(cls, given: dict) -> Options:
@@ -147,8 +146,7 @@ class Options:
         tell_unknown(given.keys() - names - KOMBU_OPTIONS, names)
         values = {k: v for k, v in given.items() if k in names}
         lease = values.pop("lease_seconds", None)
-        if lease is None:
-            lease = given.get("visibility_timeout")
+        lease = given.get("visibility_timeout") if lease is None else lease
         if lease is not None:
             values["lease_seconds"] = lease
         return cls(**values)
@@ -182,9 +180,7 @@ class Options:
 
     def shards_of(self, name: str) -> int:
         """``shards``, but 1 for Celery's own queues (replies, events: little, and in order)."""
-        if celery_own_queue(name):
-            return 1
-        return self.shards
+        return 1 if celery_own_queue(name) else self.shards
 
     def unique_defaults(self, queue: str) -> tuple[str, float]:
         """(mode, seconds) of a unique key of queue ``queue`` whose message names neither."""
@@ -231,16 +227,11 @@ def tell_unknown(unknown, names) -> None:
         )
 
 
-_REDIS_KWARGS = (  # under redis-py's names
-    "socket_timeout",
-    "socket_connect_timeout",
-    "socket_keepalive",
-    "health_check_interval",
-    "client_name",
-    "max_connections",
-)
+_REDIS_KWARGS = tuple(f.name for f in fields(Options) if f.metadata.get("redis"))
 
 
+#: The options that need fair_key.
+_FAIR_ONLY = ("fair_weights", "tenant_concurrency", "tenant_rate", "max_length_per_tenant")
 #: The options that are a queue's settings, under the same names (``QueueSettings``).
 _QUEUE_SETTINGS = tuple(f.name for f in fields(Options) if f.init and f.metadata["check"] is None)
 
