@@ -57,6 +57,12 @@ def queue_named(channel, name):
 yes_option = click.option(
     "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
 )
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def count_option(default: int, help: str = "Entries to show."):
+    """``-n COUNT``: how many entries a command shows."""
+    return click.option("-n", "count", type=click.IntRange(min=1), default=default, show_default=True, help=help)
 
 
 def confirm(question: str, yes: bool) -> None:

@@ -11,12 +11,12 @@ import click
 from ...transport.broker import queue_and_view, queue_names
 from ...transport.messages import describe
 from .. import render
-from .base import broker_of, command, print_json, queue_named
+from .base import broker_of, command, count_option, json_option, print_json, queue_named
 
 
 @command()
 @click.argument("queues", nargs=-1)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 @click.option(
     "--watch",
     type=float,
@@ -51,23 +51,9 @@ def stats(ctx, queues, as_json, watch):
 
 def stats_tables(rows: list[dict]) -> list:
     """The queues' table, then one per queue with a breakdown by priority or tenant."""
-    main = render.table(
-        "queues",
-        ["queue", "waiting", "delayed", "leased", "dead", "paused", "oldest waiting"],
-        [
-            [
-                r["queue"],
-                r["waiting"],
-                r["delayed"],
-                r["leased"],
-                r["dead"],
-                _paused_text(r),
-                render.age(r["head_age_seconds"]),
-            ]
-            for r in rows
-        ],
-    )
-    out = [main]
+    age = lambda key: lambda r: render.age(r.get(key))  # noqa: E731
+    states = [("paused", _paused_text), ("oldest waiting", age("head_age_seconds"))]
+    out = [render.table("queues", ["queue", "waiting", "delayed", "leased", "dead", *states], rows)]
     unique = [r for r in rows if any((r.get("unique") or {}).values())]
     if unique:
         kinds = ["keys", "merged", "replaced", "debounced", "throttled"]
@@ -82,22 +68,13 @@ def stats_tables(rows: list[dict]) -> list:
         if r["per_priority"]:
             out.append(
                 render.table(
-                    f"{r['queue']}: waiting per priority",
-                    ["priority", "waiting"],
-                    [[p, n] for p, n in r["per_priority"].items()],
+                    f"{r['queue']}: waiting per priority", ["priority", "waiting"], list(r["per_priority"].items())
                 )
             )
         if r["per_tenant"]:
-            out.append(
-                render.table(
-                    f"{r['queue']}: per tenant",
-                    ["tenant", "waiting", "leased", "next waits"],
-                    [
-                        [t or "(default)", c["waiting"], c["leased"], render.age(c.get("next_age_seconds"))]
-                        for t, c in sorted(r["per_tenant"].items())
-                    ],
-                )
-            )
+            tenants = [{**c, "tenant": t or "(default)"} for t, c in sorted(r["per_tenant"].items())]
+            columns = ["tenant", "waiting", "leased", ("next waits", age("next_age_seconds"))]
+            out.append(render.table(f"{r['queue']}: per tenant", columns, tenants))
     return out
 
 
@@ -110,7 +87,7 @@ def _paused_text(row) -> str:
 
 @command()
 @click.argument("queue")
-@click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True, help="Entries to show.")
+@count_option(10)
 @click.option("--tenant", default=None, help="Only this tenant's entries (a fair queue).")
 @click.option(
     "--delayed",
@@ -118,75 +95,47 @@ def _paused_text(row) -> str:
     help="The delayed entries instead (countdown/eta tasks, soonest due first): what Celery's "
     "'inspect scheduled' shows of other brokers. They wait here in Redis, not in a worker.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def peek(ctx, queue, count, tenant, delayed, as_json):
     """The next entries of QUEUE in delivery order (not leased): priority, tenant, age, task
     name and an args preview. With --delayed, the entries waiting for their due time."""
-    if delayed:
-        return _peek_delayed(ctx, queue, count, tenant, as_json)
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
-        entries = q.peek(count) if tenant is None else q.peek_tenant(tenant, count)
-        held = q.held_tenants()
-        now_ms = _now_ms(channel)
-    rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e in entries]
-    if as_json:
-        return print_json(rows)
-    title = f"{queue}: next {len(rows)}" + (
-        " (priority order; 'held' tenants wait for their cap, rate or pause)" if held else ""
-    )
-    render.show(
-        render.table(
-            title,
-            ["#", "id", "priority", "tenant", "held", "age", "task", "args"],
-            [
-                [
-                    i + 1,
-                    r["id"],
-                    r["priority"],
-                    r["tenant"],
-                    r["held"],
-                    render.age(r["age_seconds"]),
-                    r["task"],
-                    r["args"],
-                ]
-                for i, r in enumerate(rows)
-            ],
-            empty="(no waiting entries)",
-        )
-    )
-
-
-def _peek_delayed(ctx, queue, count, tenant, as_json):
-    if tenant is not None:
+    if delayed and tenant is not None:
         raise click.UsageError("--delayed shows every tenant's delayed entries; leave out --tenant")
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
-        found = q.delayed(count)
+        if delayed:
+            found = q.delayed(count)
+        else:
+            held = q.held_tenants()
+            found = [(e, None) for e in (q.peek(count) if tenant is None else q.peek_tenant(tenant, count))]
         now_ms = _now_ms(channel)
-    rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
+    if delayed:
+        rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
+        title = f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)"
+        when = [
+            ("due (UTC)", lambda r: render.when(r["due_ms"])),
+            ("due in", lambda r: render.age(max(r["due_in_seconds"], 0))),
+        ]
+        columns = ["#", "id", *when, "priority", "tenant", "task", "args"]
+    else:
+        rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e, _ in found]
+        title = f"{queue}: next {len(rows)}" + (
+            " (priority order; 'held' tenants wait for their cap, rate or pause)" if held else ""
+        )
+        columns = [
+            "#",
+            "id",
+            "priority",
+            "tenant",
+            "held",
+            ("age", lambda r: render.age(r["age_seconds"])),
+            "task",
+            "args",
+        ]
     if as_json:
         return print_json(rows)
-    render.show(
-        render.table(
-            f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)",
-            ["#", "id", "due (UTC)", "due in", "priority", "tenant", "task", "args"],
-            [
-                [
-                    i + 1,
-                    r["id"],
-                    render.when(r["due_ms"]),
-                    render.age(max(r["due_in_seconds"], 0)),
-                    r["priority"],
-                    r["tenant"],
-                    r["task"],
-                    r["args"],
-                ]
-                for i, r in enumerate(rows)
-            ],
-            empty="(no delayed entries)",
-        )
-    )
+    numbered = [{"#": i + 1, **r} for i, r in enumerate(rows)]
+    render.show(render.table(title, columns, numbered, empty=f"(no {'delayed' if delayed else 'waiting'} entries)"))
 
 
 def _now_ms(channel) -> int:
@@ -209,8 +158,8 @@ def _entry_row(e, now_ms) -> dict:
 
 @command()
 @click.argument("queue")
-@click.option("-n", "count", type=click.IntRange(min=1), default=20, show_default=True, help="Entries to show.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@count_option(20)
+@json_option
 def dead(ctx, queue, count, as_json):
     """The dead letters of QUEUE (QUEUE.dead): why, when, after how many deliveries."""
     with broker_of(ctx).channel() as channel:
@@ -231,39 +180,19 @@ def dead(ctx, queue, count, as_json):
     ]
     if as_json:
         return print_json(rows)
+    when = ("when (UTC)", lambda r: render.when(r["dead_ms"]))
+    columns = ["id", "priority", "tenant", "reason", when, "deliveries", "task", "args"]
     render.show(
         render.table(
-            f"{queue}.dead: {total} dead letter(s), showing {len(rows)}",
-            ["id", "priority", "tenant", "reason", "when (UTC)", "deliveries", "task", "args"],
-            [
-                [
-                    r["id"],
-                    r["priority"],
-                    r["tenant"],
-                    r["reason"],
-                    render.when(r["dead_ms"]),
-                    r["deliveries"],
-                    r["task"],
-                    r["args"],
-                ]
-                for r in rows
-            ],
-            empty="(no dead letters)",
+            f"{queue}.dead: {total} dead letter(s), showing {len(rows)}", columns, rows, empty="(no dead letters)"
         )
     )
 
 
 @command()
 @click.argument("queue")
-@click.option(
-    "-n",
-    "count",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Leases to show, earliest deadline first.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@count_option(100, "Leases to show, earliest deadline first.")
+@json_option
 def leases(ctx, queue, count, as_json):
     """Who holds which entries of QUEUE, until when, after how many deliveries (never the
     lease tokens)."""
@@ -272,22 +201,14 @@ def leases(ctx, queue, count, as_json):
         rows = q.leases(count)
     if as_json:
         return print_json(rows)
-    render.show(
-        render.table(
-            f"{queue}: {len(rows)} lease(s)",
-            ["id", "consumer", "priority", "tenant", "deliveries", "expires in"],
-            [
-                [r["id"], r["consumer"], r["priority"], r["tenant"], r["deliveries"], f"{r['seconds_left']:.1f}s"]
-                for r in rows
-            ],
-            empty="(no leases)",
-        )
-    )
+    left = ("expires in", lambda r: f"{r['seconds_left']:.1f}s")
+    columns = ["id", "consumer", "priority", "tenant", "deliveries", left]
+    render.show(render.table(f"{queue}: {len(rows)} lease(s)", columns, rows, empty="(no leases)"))
 
 
 @command()
 @click.argument("queue")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def explain(ctx, queue, as_json):
     """The cost table of QUEUE's technique (Redis reads and writes per operation), with the
     queue's live figures: its size and the stale pointers a pop may have to skip."""
