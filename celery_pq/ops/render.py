@@ -18,19 +18,16 @@ def rich_terminal() -> bool:
 
 def table(title: str | None, columns: list, rows: list, *, empty: str = "(none)"):
     """``rows`` (lists, or dicts read by key) under ``columns``, each a header (a dict row's key too)
-    or (header, function of the row): a rich Table on a terminal, else columns padded to their
-    widest cell under a title line."""
+    or (header, key or function of the row): a rich Table on a terminal, else columns padded to
+    their widest cell under a title line."""
+
+    def cell(r, i, c):
+        if isinstance(c, tuple):
+            return c[1](r) if callable(c[1]) else r[c[1]]
+        return r[c] if isinstance(r, dict) else r[i]
+
     heads = [c[0] if isinstance(c, tuple) else c for c in columns]
-    cells = [
-        [
-            "-" if v is None else str(v)
-            for v in (
-                c[1](r) if isinstance(c, tuple) else r[c] if isinstance(r, dict) else r[i]
-                for i, c in enumerate(columns)
-            )
-        ]
-        for r in rows
-    ]
+    cells = [[str(v) if (v := cell(r, i, c)) is not None else "-" for i, c in enumerate(columns)] for r in rows]
     if rich_terminal():
         from rich.table import Table
 

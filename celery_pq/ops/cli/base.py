@@ -60,6 +60,11 @@ yes_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
 
+def choice_option(name: str, choices: list[str], help: str):
+    """An option taking one of ``choices``, the first by default."""
+    return click.option(name, type=click.Choice(choices), default=choices[0], show_default=True, help=help)
+
+
 def count_option(default: int, help: str = "Entries to show."):
     """``-n COUNT``: how many entries a command shows."""
     return click.option("-n", "count", type=click.IntRange(min=1), default=default, show_default=True, help=help)

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from .base import broker_of, command
+from .base import broker_of, choice_option, command, json_option, print_json
 
 
 @command()
@@ -91,13 +89,8 @@ def dashboard(ctx, queues, host, port, allow_actions, token, window):
 @command(name="export-events")
 @click.argument("queues", nargs=-1, required=True)
 @click.option("--out", required=True, type=click.Path(), help="Parquet directory to append to.")
-@click.option(
-    "--on-gap",
-    type=click.Choice(["warn", "fail"]),
-    default="warn",
-    help="Events trimmed by the stream's cap before export: warn (default) or fail.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@choice_option("--on-gap", ["warn", "fail"], "Events trimmed by the stream's cap before export: warn or fail.")
+@json_option
 def export_events(ctx, queues, out, on_gap, as_json):
     """Append the event log of QUEUES logged since the last export to --out (Parquet); every
     shard's of a queue split into shards (the transport option shards)."""
@@ -120,19 +113,8 @@ def export_events(ctx, queues, out, on_gap, as_json):
     for gap in result.gaps:
         click.echo(f"warning: {gap}", err=True)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "out": str(result.out),
-                    "exported": result.exported,
-                    "offsets": result.offsets,
-                    "files": [str(f) for f in result.files],
-                    "gaps": result.gaps,
-                },
-                indent=2,
-            )
-        )
-        return
+        fields = ("out", "exported", "offsets", "files", "gaps")
+        return print_json({f: getattr(result, f) for f in fields})
     for queue, n in result.exported.items():
         click.echo(f"{queue}: {n} new events, last {result.offsets.get(queue, '-')}")
 
