@@ -59,11 +59,8 @@ def replay(ctx, queue, task_ids, everything, yes):
         else:
             confirm(f"Replay the {q.dead.size()} dead letter(s) of {queue!r} to it?", yes)
             result = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-            while True:  # a chunk at a time, in the dead-letter queue's order
-                ids = [e.id for e in q.dead.peek(500)]
-                got = q.replay(ids) if ids else None
-                if got is None:
-                    break
+            while ids := [e.id for e in q.dead.peek(500)]:  # a chunk at a time, in the dead-letter queue's order
+                got = q.replay(ids)
                 for k in ("missing", "leased", "refused"):
                     result[k] += got[k]
                 result["replayed"].update(got["replayed"])

@@ -30,20 +30,13 @@ from .base import broker_of, choice_option, command, json_option, print_json
     show_default=True,
     help="Tenants per queue exported by name; the rest are summed as 'other'.",
 )
-def metrics(ctx, port, address, queues, bands, max_tenants):
+def metrics(ctx, **options):
     """Serve Prometheus metrics (celery_pq_*) over HTTP at /metrics until Ctrl-C."""
     try:
-        from ..metrics import parse_bands, serve
+        from ..metrics import serve
     except ImportError as exc:  # the [ops] extra is not installed
         raise click.ClickException(str(exc)) from None
-    serve(
-        broker_of(ctx),
-        port=port,
-        address=address,
-        queues=list(queues) or None,
-        bands=parse_bands(bands),
-        max_tenants=max_tenants,
-    )
+    serve(broker_of(ctx), **options)
 
 
 @command()
@@ -65,25 +58,16 @@ def metrics(ctx, port, address, queues, bands, max_tenants):
     type=click.FloatRange(min=1),
     help="Seconds of deliveries the tenants' shares cover.",
 )
-def dashboard(ctx, queues, host, port, allow_actions, token, window):
+def dashboard(ctx, queues, **options):
     """A live page of QUEUES (default: every declared one) on http://HOST:PORT/ until Ctrl-C
     (docs/dashboard.md); read-only unless --allow-actions."""
     from ..dashboard.server import check_token, listens_on_loopback, run
 
     try:
-        check_token(token, allow_actions, listens_on_loopback(host))
+        check_token(options["token"], options["allow_actions"], listens_on_loopback(options["host"]))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    run(
-        broker_of(ctx),
-        queues,
-        host=host,
-        port=port,
-        allow_actions=allow_actions,
-        token=token,
-        window=window,
-        echo=click.echo,
-    )
+    run(broker_of(ctx), queues, echo=click.echo, **options)
 
 
 @command(name="export-events")
