@@ -144,15 +144,13 @@ def _now_ms(channel) -> int:
 
 
 def _entry_row(e, now_ms) -> dict:
-    d = describe(e.payload)
     return {
         "id": e.id,
         "priority": e.priority,
         "tenant": e.tenant,
         "age_seconds": (now_ms - e.enqueued_ms) / 1000,
         "deliveries": e.deliveries,
-        "task": d["task"],
-        "args": d["args"],
+        **describe(e.payload),
     }
 
 
@@ -216,37 +214,27 @@ def explain(ctx, queue, as_json):
         q, _ = queue_named(channel, queue)
         s = q.stats()
     stale = max(0, s["index_members"] - s["waiting"]) if not q.settings.fair else 0
-    costs = q.explain(stale=min(stale, 64))
+    technique = q.mode["technique"]
     data = {
         "queue": queue,
-        "technique": q.mode["technique"],
+        "technique": technique,
         "fair": q.settings.fair,
         "priority_order": q.settings.priority_order,
-        "waiting": s["waiting"],
-        "leased": s["leased"],
-        "delayed": s["delayed"],
-        "index_members": s["index_members"],
+        **{k: s[k] for k in ("waiting", "leased", "delayed", "index_members")},
         "stale_pointers": stale,
-        "costs": {op: by_t[q.mode["technique"]] for op, by_t in costs.items() if q.mode["technique"] in by_t},
+        "costs": {op: by_t[technique] for op, by_t in q.explain(stale=min(stale, 64)).items() if technique in by_t},
     }
     if as_json:
         return print_json(data)
     head = (
-        f"{queue}: technique {q.mode['technique']}, {'fair' if q.settings.fair else 'not fair'}, {q.settings.priority_order}; "
+        f"{queue}: technique {technique}, {'fair' if q.settings.fair else 'not fair'}, {q.settings.priority_order}; "
         f"waiting {s['waiting']}, leased {s['leased']}, delayed {s['delayed']}; "
         f"priority index {s['index_members']} pointer(s), {stale} stale"
     )
-    render.show(
-        head,
-        render.table(
-            f"Redis commands per operation (technique {q.mode['technique']}, {min(stale, 64)} stale pointer(s) ahead)",
-            ["operation", "reads", "writes", "commands"],
-            [
-                [op, c["reads"], c["writes"], " ".join(f"{k}x{n}" for k, n in c["commands"].items())]
-                for op, c in data["costs"].items()
-            ],
-        ),
-    )
+    commands = ("commands", lambda c: " ".join(f"{k}x{n}" for k, n in c["commands"].items()))
+    rows = [{"operation": op, **c} for op, c in data["costs"].items()]
+    title = f"Redis commands per operation (technique {technique}, {min(stale, 64)} stale pointer(s) ahead)"
+    render.show(head, render.table(title, ["operation", "reads", "writes", commands], rows))
 
 
 @command()
