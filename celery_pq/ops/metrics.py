@@ -227,22 +227,17 @@ def serve(
     *,
     port: int = DEFAULT_PORT,
     address: str = DEFAULT_ADDRESS,
-    queues=None,
-    bands=None,
-    max_tenants: int = MAX_TENANTS,
-    transport_options: dict | None = None,
     block: bool = True,
     request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+    **collector,
 ):
-    """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics),
-    each request within ``request_timeout`` seconds. With ``block``, until Ctrl-C; otherwise
-    returns the (server, thread) serving."""
+    """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics) with
+    a ``PQCollector(app_or_url, **collector)``, each request within ``request_timeout`` seconds.
+    With ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry()
-    registry.register(
-        PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands, max_tenants=max_tenants)
-    )
+    registry.register(PQCollector(app_or_url, **collector))
     server = _ScrapeServer(address, port, request_timeout)
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
