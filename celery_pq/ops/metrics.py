@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from ..queue.unique import UNIQUE_COUNTS
 from ..storage.errors import OPS_EXTRA
 from ..transport.broker import Broker, queue_and_view, queue_names
-from .http_deadline import DeadlineHandler
+from .http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
 
 try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -201,8 +201,6 @@ class PQCollector(Collector):
 #: This machine only by default: the page names every queue and tenant (``--address 0.0.0.0``).
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
-#: Seconds a scraper has to send its whole request, and for each write of the reply.
-REQUEST_TIMEOUT_SECONDS = 10.0
 
 
 class _ScrapeServer(ThreadingMixIn, WSGIServer):

@@ -175,8 +175,7 @@ class Board:
                 del self._histories[gone]
             for name in names:
                 q = self._open(name)
-                counters = q.counters()
-                sample = Sample(self._clock(), counters.get("delivered"), q.tenant_deliveries())
+                sample = Sample(self._clock(), q.counters().get("delivered"), q.tenant_deliveries())
                 self._histories.setdefault(name, DeliveryHistory(self.window)).add(sample)
 
     def state(self) -> BoardState:
@@ -195,7 +194,6 @@ class Board:
             entries = q.dead.peek(DEAD_SCANNED)
             entries.sort(key=lambda e: e.dead_ms or 0, reverse=True)
             dead = [_dead_letter(e, now_ms) for e in entries[:DEAD_SHOWN]]
-        history = self._histories.get(name)
         return {
             "queue": name,
             "stats": stats,
@@ -203,7 +201,7 @@ class Board:
             "priority_order": q.settings.priority_order,
             "leases": leases,
             "dead_letters": dead,
-            "deliveries": history.summary() if history else DeliveryHistory(self.window).summary(),
+            "deliveries": self._histories.get(name, DeliveryHistory(self.window)).summary(),
         }
 
     def act(self, action: str, request: dict) -> dict:

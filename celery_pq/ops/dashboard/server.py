@@ -22,7 +22,7 @@ import redis
 
 from ...storage.errors import ConfigError
 from ...transport.broker import Broker, queue_and_view, queue_names
-from ..http_deadline import DeadlineHandler
+from ..http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
 from .board import ACTIONS, SAMPLE_SECONDS, WINDOW_SECONDS, Board, BoardError
 
 logger = logging.getLogger("celery_pq.ops.dashboard")
@@ -33,9 +33,6 @@ DEFAULT_PORT = 8808
 MIN_TOKEN_LENGTH = 16
 #: Largest request body an action reads (an action is a few short fields).
 MAX_BODY_BYTES = 4096
-#: Seconds a client has to send its whole request (line, headers, body), and for each write of
-#: the reply: a client that sends nothing, or a byte at a time, holds a thread no longer.
-REQUEST_TIMEOUT_SECONDS = 10.0
 
 #: Host header names a loopback server answers to (besides loopback addresses).
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
