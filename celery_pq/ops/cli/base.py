@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from contextlib import contextmanager
 
 import click
 import redis
@@ -51,6 +52,13 @@ def queue_named(channel, name):
         declared = ", ".join(queue_names(channel)) or "none"
         raise click.ClickException(f"unknown queue {name!r} (declared: {declared})")
     return queue_and_view(channel, name)
+
+
+@contextmanager
+def queue_of(ctx, name):
+    """(queue, view rank range or None) of a name given on the command line, its channel open."""
+    with broker_of(ctx).channel() as channel:
+        yield queue_named(channel, name)
 
 
 #: Of every command that asks before a change that cannot be undone.

@@ -11,7 +11,7 @@ import click
 from ...transport.broker import queue_and_view, queue_names
 from ...transport.messages import describe
 from .. import render
-from .base import broker_of, command, count_option, json_option, print_json, queue_named
+from .base import broker_of, command, count_option, json_option, print_json, queue_of
 
 
 @command()
@@ -101,14 +101,13 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
     name and an args preview. With --delayed, the entries waiting for their due time."""
     if delayed and tenant is not None:
         raise click.UsageError("--delayed shows every tenant's delayed entries; leave out --tenant")
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         if delayed:
             found = q.delayed(count)
         else:
             held = q.held_tenants()
             found = [(e, None) for e in (q.peek(count) if tenant is None else q.peek_tenant(tenant, count))]
-        now_ms = _now_ms(channel)
+        now_ms = _now_ms(q.client)
     if delayed:
         rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
         title = f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)"
@@ -138,8 +137,8 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
     render.show(render.table(title, columns, numbered, empty=f"(no {'delayed' if delayed else 'waiting'} entries)"))
 
 
-def _now_ms(channel) -> int:
-    sec, usec = channel.client.time()
+def _now_ms(client) -> int:
+    sec, usec = client.time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
@@ -160,8 +159,7 @@ def _entry_row(e, now_ms) -> dict:
 @json_option
 def dead(ctx, queue, count, as_json):
     """The dead letters of QUEUE (QUEUE.dead): why, when, after how many deliveries."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         entries = q.dead.peek(count)
         total = q.dead.size()
     rows = [
@@ -194,8 +192,7 @@ def dead(ctx, queue, count, as_json):
 def leases(ctx, queue, count, as_json):
     """Who holds which entries of QUEUE, until when, after how many deliveries (never the
     lease tokens)."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         rows = q.leases(count)
     if as_json:
         return print_json(rows)
@@ -210,8 +207,7 @@ def leases(ctx, queue, count, as_json):
 def explain(ctx, queue, as_json):
     """The cost table of QUEUE's technique (Redis reads and writes per operation), with the
     queue's live figures: its size and the stale pointers a pop may have to skip."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         s = q.stats()
     stale = max(0, s["index_members"] - s["waiting"]) if not q.settings.fair else 0
     technique = q.mode["technique"]
@@ -243,6 +239,5 @@ def backlog(ctx, queue):
     """One number: the due waiting entries a consumer of QUEUE (or of a priority view such as
     'default[>=200]') could take now; delayed entries and tenants held back by a cap, a rate
     or a pause are not counted. For external scalers."""
-    with broker_of(ctx).channel() as channel:
-        q, view = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, view):
         click.echo(q.backlog(view))
