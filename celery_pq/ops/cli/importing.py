@@ -82,26 +82,14 @@ def _steps(text: str) -> tuple[int, ...]:
 )
 @json_option
 def import_kombu(
-    ctx,
-    queues,
-    source,
-    dry_run,
-    unacked,
-    include_unacked,
-    visibility_timeout,
-    priority_map,
-    global_keyprefix,
-    priority_steps,
-    staged,
-    batch,
-    as_json,
+    ctx, queues, source, dry_run, include_unacked, priority_map, global_keyprefix, priority_steps, as_json, **job
 ):
     """Move the messages kombu's Redis transport holds for QUEUES (every priority list, and the
     unacked ones as --unacked says) into the celery-pq queues of the same names, each exactly
     once: rerun it after a crash, it finishes the job without storing a message twice."""
     if include_unacked:
-        unacked = "all"
-    if unacked == "stale" and visibility_timeout is None:
+        job["unacked"] = "all"
+    if job["unacked"] == "stale" and job["visibility_timeout"] is None:
         raise click.UsageError(
             "--unacked stale (the default) moves the unacked messages delivered longer ago than the old "
             "workers' visibility_timeout: give it with --visibility-timeout SECONDS (kombu's default, when "
@@ -112,18 +100,10 @@ def import_kombu(
     client = redis.Redis.from_url(source)
     try:
         with broker_of(ctx).channel() as channel:
-            job = KombuImport(
-                client,
-                channel,
-                queues,
-                layout=layout,
-                priorities=parse_priority_map(priority_map),
-                unacked=unacked,
-                visibility_timeout=visibility_timeout,
-                batch=batch,
-                staged=staged,
+            importer = KombuImport(
+                client, channel, queues, layout=layout, priorities=parse_priority_map(priority_map), **job
             )
-            reports = [r.as_dict() for r in job.run(dry_run=dry_run)]
+            reports = [r.as_dict() for r in importer.run(dry_run=dry_run)]
     finally:
         client.close()
     if as_json:
@@ -134,5 +114,5 @@ def import_kombu(
     moves = ["queue", ("from", "source"), ("kombu priority", "kombu_priority"), "priority", "messages"]
     totals = ["queue", (verb, "moved"), ("with eta", "eta"), ("unacked left (held)", "unacked_held")]
     totals += [("found staged", "staged"), ("repeats (stored before)", "repeats")]
-    totals += ["dropped"] if staged == "drop" else []
+    totals += ["dropped"] if job["staged"] == "drop" else []
     render.show(render.table(title, moves, rows, empty="(nothing to move)"), render.table(None, totals, reports))
