@@ -54,27 +54,22 @@ def stats_tables(rows: list[dict]) -> list:
     age = lambda key: lambda r: render.age(r.get(key))  # noqa: E731
     states = [("paused", _paused_text), ("oldest waiting", age("head_age_seconds"))]
     out = [render.table("queues", ["queue", "waiting", "delayed", "leased", "dead", *states], rows)]
-    unique = [r for r in rows if any((r.get("unique") or {}).values())]
+    kinds = ["keys", "merged", "replaced", "debounced", "throttled"]
+    unique = [
+        [r["queue"], *(r["unique"].get(k, 0) for k in kinds)] for r in rows if any((r.get("unique") or {}).values())
+    ]
     if unique:
-        kinds = ["keys", "merged", "replaced", "debounced", "throttled"]
-        out.append(
-            render.table(
-                "unique keys",
-                ["queue", "keys held", *kinds[1:]],
-                [[r["queue"], *(r["unique"].get(k, 0) for k in kinds)] for r in unique],
-            )
-        )
+        out.append(render.table("unique keys", ["queue", "keys held", *kinds[1:]], unique))
     for r in rows:
+        name = r["queue"]
         if r["per_priority"]:
             out.append(
-                render.table(
-                    f"{r['queue']}: waiting per priority", ["priority", "waiting"], list(r["per_priority"].items())
-                )
+                render.table(f"{name}: waiting per priority", ["priority", "waiting"], list(r["per_priority"].items()))
             )
         if r["per_tenant"]:
             tenants = [{**c, "tenant": t or "(default)"} for t, c in sorted(r["per_tenant"].items())]
             columns = ["tenant", "waiting", "leased", ("next waits", age("next_age_seconds"))]
-            out.append(render.table(f"{r['queue']}: per tenant", columns, tenants))
+            out.append(render.table(f"{name}: per tenant", columns, tenants))
     return out
 
 
@@ -121,16 +116,8 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         title = f"{queue}: next {len(rows)}" + (
             " (priority order; 'held' tenants wait for their cap, rate or pause)" if held else ""
         )
-        columns = [
-            "#",
-            "id",
-            "priority",
-            "tenant",
-            "held",
-            ("age", lambda r: render.age(r["age_seconds"])),
-            "task",
-            "args",
-        ]
+        age = ("age", lambda r: render.age(r["age_seconds"]))
+        columns = ["#", "id", "priority", "tenant", "held", age, "task", "args"]
     if as_json:
         return print_json(rows)
     numbered = [{"#": i + 1, **r} for i, r in enumerate(rows)]
