@@ -24,10 +24,7 @@ def pq():
 
 def broker_of(ctx) -> Broker:
     """The broker of this invocation: ``python -m celery_pq``'s (``--broker``) or the Celery app's."""
-    obj = ctx.find_object(Broker)
-    if obj is not None:
-        return obj
-    return Broker.of(ctx.find_root().obj.app)
+    return ctx.find_object(Broker) or Broker.of(ctx.find_root().obj.app)
 
 
 def command(*args, **kwargs):
