@@ -65,10 +65,6 @@ def listens_on_loopback(host: str) -> bool:
     return bool(infos) and all(_is_loopback(info[4][0]) for info in infos)
 
 
-def _static(name: str) -> bytes:
-    return resources.files(__package__).joinpath("static", name).read_bytes()
-
-
 def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -> str | None:
     """The token actions need, and the state beyond loopback: the one given, or a new random
     one; None when neither needs one. ValueError names what is wrong with a given token."""
@@ -204,7 +200,7 @@ class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
     def _get(self, path: str) -> dict | None:
         if path in _STATIC:
             name, content_type = _STATIC[path]
-            self._send(HTTPStatus.OK, _static(name), content_type)
+            self._send(HTTPStatus.OK, resources.files(__package__).joinpath("static", name).read_bytes(), content_type)
             return None
         if path != "/api/state":
             raise BoardError(HTTPStatus.NOT_FOUND, f"nothing at {path}")
