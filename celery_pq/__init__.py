@@ -31,18 +31,13 @@ TRANSPORT_ALIASES.setdefault("pq", "celery_pq.transport:Transport")
 TRANSPORT_ALIASES.setdefault("pqs", "celery_pq.transport:TLSTransport")
 
 
-def broker_channel(conn):
-    """The celery-pq channel of a kombu connection, or ConfigError if it is another broker."""
-    channel = conn.default_channel
-    if not isinstance(channel, Channel):
-        raise ConfigError(f"the broker is not celery-pq (transport {type(conn.transport).__name__})")
-    return channel
-
-
 def remove(app, queue: str, task_id: str) -> int:
     """Remove waiting messages of ``task_id`` from ``queue`` before delivery; how many."""
     with app.connection_for_write() as conn:
-        return broker_channel(conn).queue(queue).remove(task_id)
+        channel = conn.default_channel
+        if not isinstance(channel, Channel):
+            raise ConfigError(f"the broker is not celery-pq (transport {type(conn.transport).__name__})")
+        return channel.queue(queue).remove(task_id)
 
 
 __all__ = [

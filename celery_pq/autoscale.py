@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from time import monotonic
 
+from celery import current_app
 from celery.worker import state
 from celery.worker.autoscale import Autoscaler
 
@@ -44,11 +45,7 @@ class BacklogAutoscaler(Autoscaler):
     """Celery's Autoscaler, deciding on reserved tasks plus this worker's backlog in Redis."""
 
     def __init__(self, pool, max_concurrency, min_concurrency=0, worker=None, keepalive=None, mutex=None):
-        app = worker.app if worker is not None else None
-        if app is None:
-            from celery import current_app
-
-            app = current_app
+        app = getattr(worker, "app", None) or current_app._get_current_object()
         self.settings = AutoscaleSettings.from_conf(app.conf)
         # keepalive: how often Celery's loop asks us, our decision interval
         super().__init__(

@@ -13,6 +13,10 @@ import time
 
 logger = logging.getLogger("celery_pq.http")
 
+#: Seconds a client has to send its whole request (line, headers, body), and for each write of
+#: the reply: a client that sends nothing, or a byte at a time, holds a thread no longer.
+REQUEST_TIMEOUT_SECONDS = 10.0
+
 
 class _DeadlineReader(io.RawIOBase):
     """A connection's bytes, each read waiting only until ``deadline`` (monotonic); then TimeoutError."""

@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from ..queue.unique import UNIQUE_COUNTS
 from ..storage.errors import OPS_EXTRA
 from ..transport.broker import Broker, queue_and_view, queue_names
-from .http_deadline import DeadlineHandler
+from .http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
 
 try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -42,6 +42,41 @@ COUNTERS = {
     "malformed": ("malformed", "Stored entries that could not be read, set aside as dead letters."),
     "dead_dropped": ("dead_dropped", "Dead letters dropped to keep the dead-letter queue's bound."),
     "expired": ("expired", "Entries past their expiry deadline, never delivered (dead-lettered or dropped)."),
+}
+
+#: Gauge name (without ``celery_pq_``) -> its help, and its value from a queue's stats() and the queue.
+GAUGES = {
+    "waiting_messages": ("Entries waiting for delivery (due, not leased).", lambda s, q: s["waiting"]),
+    "delayed_messages": ("Entries waiting for their due time (countdown/eta).", lambda s, q: s["delayed"]),
+    "leased_messages": ("Entries delivered and not yet acked.", lambda s, q: s["leased"]),
+    "dead_messages": ("Entries in the dead-letter queue <queue>.dead.", lambda s, q: s["dead"]),
+    "paused": ("1 while the queue is paused.", lambda s, q: 1 if s.get("paused") else 0),
+    "paused_tenants": ("Tenants paused in the queue.", lambda s, q: len(s.get("paused_tenants") or ())),
+    "backlog_messages": (
+        "Due entries a consumer of the whole queue could take now (tenants held back by caps or pause left out).",
+        lambda s, q: q.backlog(),
+    ),
+    "oldest_waiting_age_seconds": (
+        "Age of the entry that goes next (0 when none waits).",
+        lambda s, q: s["head_age_seconds"] or 0.0,
+    ),
+    "unique_keys": (
+        "Unique keys held (records of keys; docs/unique.md).",
+        lambda s, q: (s.get("unique") or {}).get("keys", 0),
+    ),
+}
+
+#: Metrics with a second label: name -> (the label, help); ``unique`` and ``tenant_deliveries`` count.
+LABELLED = {
+    "waiting_messages_by_priority": ("band", "Waiting entries per priority band."),
+    "waiting_messages_by_tenant": ("tenant", "Waiting entries per tenant (the largest by name, the rest as 'other')."),
+    "leased_messages_by_tenant": ("tenant", "Leased entries per tenant."),
+    "unique": (
+        "outcome",
+        "Publishes with a unique key not stored as they came: merged into the entry standing, "
+        "replacing it, debouncing it, or throttled.",
+    ),
+    "tenant_deliveries": ("tenant", "Deliveries per tenant (the largest by name, the rest as 'other')."),
 }
 
 Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily
@@ -134,80 +169,38 @@ class PQCollector(Collector):
         return list(fams.values())
 
     def _families(self) -> dict[str, Family]:
-        g = lambda name, doc, labels=("queue",): GaugeMetricFamily(f"celery_pq_{name}", doc, labels=labels)  # noqa: E731
         fams: dict[str, Family] = {
-            "waiting": g("waiting_messages", "Entries waiting for delivery (due, not leased)."),
-            "delayed": g("delayed_messages", "Entries waiting for their due time (countdown/eta)."),
-            "leased": g("leased_messages", "Entries delivered and not yet acked."),
-            "dead": g("dead_messages", "Entries in the dead-letter queue <queue>.dead."),
-            "paused": g("paused", "1 while the queue is paused."),
-            "paused_tenants": g("paused_tenants", "Tenants paused in the queue."),
-            "backlog": g(
-                "backlog_messages",
-                "Due entries a consumer of the whole queue could take now "
-                "(tenants held back by caps or pause left out).",
-            ),
-            "age": g("oldest_waiting_age_seconds", "Age of the entry that goes next (0 when none waits)."),
-            "by_priority": g("waiting_messages_by_priority", "Waiting entries per priority band.", ("queue", "band")),
-            "by_tenant": g(
-                "waiting_messages_by_tenant",
-                "Waiting entries per tenant (the largest by name, the rest as 'other').",
-                ("queue", "tenant"),
-            ),
-            "leased_by_tenant": g("leased_messages_by_tenant", "Leased entries per tenant.", ("queue", "tenant")),
-            "unique_keys": g("unique_keys", "Unique keys held (records of keys; docs/unique.md)."),
-            "up": GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis."),
+            k: GaugeMetricFamily(f"celery_pq_{k}", doc, labels=("queue",)) for k, (doc, _) in GAUGES.items()
         }
-        for key, (_, doc) in COUNTERS.items():
-            fams[key] = CounterMetricFamily(f"celery_pq_{key}", doc, labels=("queue",))
-        fams["unique"] = CounterMetricFamily(
-            "celery_pq_unique",
-            "Publishes with a unique key not stored as they came: merged into the entry standing, "
-            "replacing it, debouncing it, or throttled.",
-            labels=("queue", "outcome"),
-        )
-        fams["tenant_deliveries"] = CounterMetricFamily(
-            "celery_pq_tenant_deliveries",
-            "Deliveries per tenant (the largest by name, the rest as 'other').",
-            labels=("queue", "tenant"),
-        )
+        fams |= {k: CounterMetricFamily(f"celery_pq_{k}", doc, labels=("queue",)) for k, (_, doc) in COUNTERS.items()}
+        for k, (label, doc) in LABELLED.items():
+            kind = CounterMetricFamily if k in ("unique", "tenant_deliveries") else GaugeMetricFamily
+            fams[k] = kind(f"celery_pq_{k}", doc, labels=("queue", label))
+        fams["up"] = GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis.")
         return fams
 
     def _add_queue(self, fams: dict[str, Family], q) -> None:
-        s = q.stats()
-        name = q.name
-        fams["waiting"].add_metric([name], s["waiting"])
-        fams["delayed"].add_metric([name], s["delayed"])
-        fams["leased"].add_metric([name], s["leased"])
-        fams["dead"].add_metric([name], s["dead"])
-        fams["paused"].add_metric([name], 1 if s.get("paused") else 0)
-        fams["paused_tenants"].add_metric([name], len(s.get("paused_tenants") or ()))
-        fams["backlog"].add_metric([name], q.backlog())
-        fams["age"].add_metric([name], s["head_age_seconds"] or 0.0)
-        for band, n in band_counts(s["per_priority"], self.bands).items():
-            fams["by_priority"].add_metric([name, band], n)
-        if s["per_tenant"]:
-            for key, field in (("by_tenant", "waiting"), ("leased_by_tenant", "leased")):
-                values = {t: c[field] for t, c in s["per_tenant"].items()}
-                for tenant, n in top_tenants(values, self.max_tenants).items():
-                    fams[key].add_metric([name, tenant], n)
-        counters = q.counters()
+        s, counters, name = q.stats(), q.counters(), q.name
+        for key, (_, value) in GAUGES.items():
+            fams[key].add_metric([name], value(s, q))
         for key, (field, _) in COUNTERS.items():
             fams[key].add_metric([name], counters.get(field, 0))
-        unique = s.get("unique") or {}
-        fams["unique_keys"].add_metric([name], unique.get("keys", 0))
-        for outcome in UNIQUE_COUNTS:
-            fams["unique"].add_metric([name, outcome], counters.get(f"unique_{outcome}", 0))
+
+        def add(key: str, values: dict) -> None:
+            for label, n in values.items():
+                fams[key].add_metric([name, label], n)
+
+        add("waiting_messages_by_priority", band_counts(s["per_priority"], self.bands))
+        for key, field in (("waiting_messages_by_tenant", "waiting"), ("leased_messages_by_tenant", "leased")):
+            add(key, top_tenants({t: c[field] for t, c in (s["per_tenant"] or {}).items()}, self.max_tenants))
+        add("unique", {outcome: counters.get(f"unique_{outcome}", 0) for outcome in UNIQUE_COUNTS})
         if q.settings.fair:
-            for tenant, n in top_tenants(q.tenant_deliveries(), self.max_tenants).items():
-                fams["tenant_deliveries"].add_metric([name, tenant], n)
+            add("tenant_deliveries", top_tenants(q.tenant_deliveries(), self.max_tenants))
 
 
 #: This machine only by default: the page names every queue and tenant (``--address 0.0.0.0``).
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
-#: Seconds a scraper has to send its whole request, and for each write of the reply.
-REQUEST_TIMEOUT_SECONDS = 10.0
 
 
 class _ScrapeServer(ThreadingMixIn, WSGIServer):
@@ -232,22 +225,17 @@ def serve(
     *,
     port: int = DEFAULT_PORT,
     address: str = DEFAULT_ADDRESS,
-    queues=None,
-    bands=None,
-    max_tenants: int = MAX_TENANTS,
-    transport_options: dict | None = None,
     block: bool = True,
     request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+    **collector,
 ):
-    """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics),
-    each request within ``request_timeout`` seconds. With ``block``, until Ctrl-C; otherwise
-    returns the (server, thread) serving."""
+    """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics) with
+    a ``PQCollector(app_or_url, **collector)``, each request within ``request_timeout`` seconds.
+    With ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry()
-    registry.register(
-        PQCollector(app_or_url, queues, transport_options=transport_options, bands=bands, max_tenants=max_tenants)
-    )
+    registry.register(PQCollector(app_or_url, **collector))
     server = _ScrapeServer(address, port, request_timeout)
     server.set_app(make_wsgi_app(registry))
     thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)

@@ -16,31 +16,30 @@ def rich_terminal() -> bool:
     return sys.stdout.isatty() and find_spec("rich") is not None
 
 
-def table(title: str | None, columns: list[str], rows: list[list], *, empty: str = "(none)"):
-    """A rich Table on a terminal, else the plain text of one (see ``plain``)."""
+def table(title: str | None, columns: list, rows: list, *, empty: str = "(none)"):
+    """``rows`` (lists, or dicts read by key) under ``columns``, each a header (a dict row's key too)
+    or (header, key or function of the row): a rich Table on a terminal, else columns padded to
+    their widest cell under a title line."""
+
+    def cell(r, i, c):
+        if isinstance(c, tuple):
+            return c[1](r) if callable(c[1]) else r[c[1]]
+        return r[c] if isinstance(r, dict) else r[i]
+
+    heads = [c[0] if isinstance(c, tuple) else c for c in columns]
+    cells = [[str(v) if (v := cell(r, i, c)) is not None else "-" for i, c in enumerate(columns)] for r in rows]
     if rich_terminal():
         from rich.table import Table
 
-        t = Table(title=title, title_justify="left")
-        for c in columns:
-            t.add_column(c, overflow="fold")
-        for row in rows:
-            t.add_row(*("" if v is None else str(v) for v in row))
-        if not rows:
-            t.caption = empty
+        t = Table(title=title, title_justify="left", caption=None if rows else empty)
+        for h in heads:
+            t.add_column(h, overflow="fold")
+        for row in cells:
+            t.add_row(*row)
         return t
-    return plain(title, columns, rows, empty=empty)
-
-
-def plain(title: str | None, columns: list[str], rows: list[list], *, empty: str = "(none)") -> str:
-    """Columns padded to their widest cell, a title line above."""
-    cells = [["-" if v is None else str(v) for v in row] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(heads)]
     fmt = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
-    lines = [title] if title else []
-    lines.append(fmt(columns))
-    lines += [fmt(r) for r in cells] or [empty]
-    return "\n".join(lines)
+    return "\n".join(([title] if title else []) + [fmt(heads)] + ([fmt(r) for r in cells] or [empty]))
 
 
 def show(*parts) -> None:
@@ -69,7 +68,7 @@ def watch(make, seconds: float) -> None:
                     live.update(Group(*make()), refresh=True)
         else:
             while True:
-                click.echo(f"-- {datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} UTC")
+                click.echo(f"-- {when(int(time.time() * 1000))} UTC")
                 show(*make())
                 click.echo("", nl=True)
                 sys.stdout.flush()

@@ -7,6 +7,6 @@ docs/operations.md.
 from __future__ import annotations
 
 from . import changing, importing, looking, serving  # noqa: F401  (each registers its commands on pq)
-from .base import broker_of, command, pq
+from .base import pq
 
-__all__ = ["broker_of", "command", "pq"]
+__all__ = ["pq"]

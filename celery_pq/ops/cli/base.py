@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from contextlib import contextmanager
 
 import click
 import redis
@@ -23,10 +24,7 @@ def pq():
 
 def broker_of(ctx) -> Broker:
     """The broker of this invocation: ``python -m celery_pq``'s (``--broker``) or the Celery app's."""
-    obj = ctx.find_object(Broker)
-    if obj is not None:
-        return obj
-    return Broker.of(ctx.find_root().obj.app)
+    return ctx.find_object(Broker) or Broker.of(ctx.find_root().obj.app)
 
 
 def command(*args, **kwargs):
@@ -53,10 +51,28 @@ def queue_named(channel, name):
     return queue_and_view(channel, name)
 
 
+@contextmanager
+def queue_of(ctx, name):
+    """(queue, view rank range or None) of a name given on the command line, its channel open."""
+    with broker_of(ctx).channel() as channel:
+        yield queue_named(channel, name)
+
+
 #: Of every command that asks before a change that cannot be undone.
 yes_option = click.option(
     "--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal)."
 )
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def choice_option(name: str, choices: list[str], help: str):
+    """An option taking one of ``choices``, the first by default."""
+    return click.option(name, type=click.Choice(choices), default=choices[0], show_default=True, help=help)
+
+
+def count_option(default: int, help: str = "Entries to show."):
+    """``-n COUNT``: how many entries a command shows."""
+    return click.option("-n", "count", type=click.IntRange(min=1), default=default, show_default=True, help=help)
 
 
 def confirm(question: str, yes: bool) -> None:

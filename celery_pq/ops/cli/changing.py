@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ...transport.broker import queue_and_view, queue_names
-from .base import broker_of, command, confirm, queue_named, yes_option
+from .base import broker_of, command, confirm, queue_named, queue_of, yes_option
 
 
 @command()
@@ -16,8 +16,7 @@ from .base import broker_of, command, confirm, queue_named, yes_option
 def remove(ctx, queue, task_ids, yes):
     """Remove the waiting messages of TASK_IDs from QUEUE (REMOVE BY ID); prints how many.
     Asks first unless --yes."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         confirm(f"Remove the waiting messages of {len(task_ids)} task id(s) from {queue!r}?", yes)
         counts = {t: q.remove(t) for t in task_ids}
     if len(counts) == 1:
@@ -36,8 +35,7 @@ def remove(ctx, queue, task_ids, yes):
 def reprioritize(ctx, queue, task_id, priority):
     """Move the waiting message TASK_ID of QUEUE to PRIORITY (0..255), behind the messages
     already waiting there."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         q.change_priority(task_id, priority)
     click.echo(f"{task_id}: priority {priority}")
 
@@ -52,18 +50,14 @@ def replay(ctx, queue, task_ids, everything, yes):
     the delivery count reset. Give TASK_IDs (as 'pq dead' shows them) or --all."""
     if everything == bool(task_ids):
         raise click.UsageError("give TASK_IDs or --all (not both)")
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         if task_ids:
             result = q.replay(task_ids)
         else:
             confirm(f"Replay the {q.dead.size()} dead letter(s) of {queue!r} to it?", yes)
             result = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-            while True:  # a chunk at a time, in the dead-letter queue's order
-                ids = [e.id for e in q.dead.peek(500)]
-                got = q.replay(ids) if ids else None
-                if got is None:
-                    break
+            while ids := [e.id for e in q.dead.peek(500)]:  # a chunk at a time, in the dead-letter queue's order
+                got = q.replay(ids)
                 for k in ("missing", "leased", "refused"):
                     result[k] += got[k]
                 result["replayed"].update(got["replayed"])
@@ -117,8 +111,7 @@ def recover(ctx, consumer, queues, yes):
 def purge(ctx, queue, yes):
     """Delete every waiting and delayed message of QUEUE (leased ones stay leased). Asks first
     unless --yes."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         if not yes:
             s = q.stats()
             confirm(f"Delete the {s['waiting']} waiting and {s['delayed']} delayed message(s) of {queue!r}?", yes)
@@ -127,8 +120,7 @@ def purge(ctx, queue, yes):
 
 def _pause_or_resume(ctx, queue, tenant, pause: bool) -> tuple[dict, str]:
     """Pause or resume QUEUE (or one tenant of it); the paused tenants after it, as text."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         (q.pause if pause else q.resume)(tenant=tenant)
         state = q.paused()
     return state, f" (paused tenants: {', '.join(state['tenants']) or 'none'})"

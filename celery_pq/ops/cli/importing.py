@@ -15,7 +15,7 @@ from ...transport.kombu_import import (
     parse_priority_map,
 )
 from .. import render
-from .base import broker_of, command, print_json
+from .base import broker_of, choice_option, command, json_option, print_json
 
 
 def _steps(text: str) -> tuple[int, ...]:
@@ -39,12 +39,10 @@ def _steps(text: str) -> tuple[int, ...]:
     help="The Redis of kombu's transport: redis://[:PASSWORD@]HOST[:PORT][/DB] (or $PQ_IMPORT_FROM).",
 )
 @click.option("--dry-run", is_flag=True, help="Count what would move, per queue and priority; change nothing.")
-@click.option(
+@choice_option(
     "--unacked",
-    type=click.Choice(["stale", "all", "none"]),
-    default="stale",
-    show_default=True,
-    help="Unacked messages to move (ETA tasks are among them): 'stale' those delivered longer than "
+    ["stale", "all", "none"],
+    "Unacked messages to move (ETA tasks are among them): 'stale' those delivered longer than "
     "--visibility-timeout ago, which it then needs (their worker is gone or late; kombu would restore them), 'all' "
     "every one (only once no worker of kombu's transport runs: one still running runs its "
     "messages too), 'none' none.",
@@ -72,40 +70,26 @@ def _steps(text: str) -> tuple[int, ...]:
     show_default=True,
     help="kombu's priority_steps transport option.",
 )
-@click.option(
+@choice_option(
     "--staged",
-    type=click.Choice(["refuse", "insert", "drop"]),
-    default="refuse",
-    show_default=True,
-    help="Messages an interrupted import left staged longer ago than the queue's dedupe_seconds and not "
+    ["refuse", "insert", "drop"],
+    "Messages an interrupted import left staged longer ago than the queue's dedupe_seconds and not "
     "in the queue now (inserted and run, or never inserted): stop and name them, insert them (they may "
     "run twice), or drop them (they may be lost).",
 )
 @click.option(
     "--batch", type=click.IntRange(1, 10_000), default=BATCH, show_default=True, help="Messages per round trip."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def import_kombu(
-    ctx,
-    queues,
-    source,
-    dry_run,
-    unacked,
-    include_unacked,
-    visibility_timeout,
-    priority_map,
-    global_keyprefix,
-    priority_steps,
-    staged,
-    batch,
-    as_json,
+    ctx, queues, source, dry_run, include_unacked, priority_map, global_keyprefix, priority_steps, as_json, **job
 ):
     """Move the messages kombu's Redis transport holds for QUEUES (every priority list, and the
     unacked ones as --unacked says) into the celery-pq queues of the same names, each exactly
     once: rerun it after a crash, it finishes the job without storing a message twice."""
     if include_unacked:
-        unacked = "all"
-    if unacked == "stale" and visibility_timeout is None:
+        job["unacked"] = "all"
+    if job["unacked"] == "stale" and job["visibility_timeout"] is None:
         raise click.UsageError(
             "--unacked stale (the default) moves the unacked messages delivered longer ago than the old "
             "workers' visibility_timeout: give it with --visibility-timeout SECONDS (kombu's default, when "
@@ -116,44 +100,19 @@ def import_kombu(
     client = redis.Redis.from_url(source)
     try:
         with broker_of(ctx).channel() as channel:
-            job = KombuImport(
-                client,
-                channel,
-                queues,
-                layout=layout,
-                priorities=parse_priority_map(priority_map),
-                unacked=unacked,
-                visibility_timeout=visibility_timeout,
-                batch=batch,
-                staged=staged,
+            importer = KombuImport(
+                client, channel, queues, layout=layout, priorities=parse_priority_map(priority_map), **job
             )
-            reports = [r.as_dict() for r in job.run(dry_run=dry_run)]
+            reports = [r.as_dict() for r in importer.run(dry_run=dry_run)]
     finally:
         client.close()
     if as_json:
         return print_json({"dry_run": dry_run, "queues": reports})
     verb = "would move" if dry_run else "moved"
-    rows = [
-        [r["queue"], row["source"], row["kombu_priority"], row["priority"], row["messages"]]
-        for r in reports
-        for row in r["rows"]
-    ]
-    out = [
-        render.table(
-            f"import-kombu{' (dry run: nothing changed)' if dry_run else ''}: {verb}",
-            ["queue", "from", "kombu priority", "priority", "messages"],
-            rows,
-            empty="(nothing to move)",
-        ),
-        render.table(
-            None,
-            ["queue", verb, "with eta", "unacked left (held)", "found staged", "repeats (stored before)"]
-            + (["dropped"] if staged == "drop" else []),
-            [
-                [r["queue"], r["moved"], r["eta"], r["unacked_held"], r["staged"], r["repeats"]]
-                + ([r["dropped"]] if staged == "drop" else [])
-                for r in reports
-            ],
-        ),
-    ]
-    render.show(*out)
+    title = f"import-kombu{' (dry run: nothing changed)' if dry_run else ''}: {verb}"
+    rows = [{"queue": r["queue"], **row} for r in reports for row in r["rows"]]
+    moves = ["queue", ("from", "source"), ("kombu priority", "kombu_priority"), "priority", "messages"]
+    totals = ["queue", (verb, "moved"), ("with eta", "eta"), ("unacked left (held)", "unacked_held")]
+    totals += [("found staged", "staged"), ("repeats (stored before)", "repeats")]
+    totals += ["dropped"] if job["staged"] == "drop" else []
+    render.show(render.table(title, moves, rows, empty="(nothing to move)"), render.table(None, totals, reports))

@@ -11,12 +11,12 @@ import click
 from ...transport.broker import queue_and_view, queue_names
 from ...transport.messages import describe
 from .. import render
-from .base import broker_of, command, print_json, queue_named
+from .base import broker_of, command, count_option, json_option, print_json, queue_of
 
 
 @command()
 @click.argument("queues", nargs=-1)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 @click.option(
     "--watch",
     type=float,
@@ -51,53 +51,25 @@ def stats(ctx, queues, as_json, watch):
 
 def stats_tables(rows: list[dict]) -> list:
     """The queues' table, then one per queue with a breakdown by priority or tenant."""
-    main = render.table(
-        "queues",
-        ["queue", "waiting", "delayed", "leased", "dead", "paused", "oldest waiting"],
-        [
-            [
-                r["queue"],
-                r["waiting"],
-                r["delayed"],
-                r["leased"],
-                r["dead"],
-                _paused_text(r),
-                render.age(r["head_age_seconds"]),
-            ]
-            for r in rows
-        ],
-    )
-    out = [main]
-    unique = [r for r in rows if any((r.get("unique") or {}).values())]
+    age = lambda key: lambda r: render.age(r.get(key))  # noqa: E731
+    states = [("paused", _paused_text), ("oldest waiting", age("head_age_seconds"))]
+    out = [render.table("queues", ["queue", "waiting", "delayed", "leased", "dead", *states], rows)]
+    kinds = ["keys", "merged", "replaced", "debounced", "throttled"]
+    unique = [
+        [r["queue"], *(r["unique"].get(k, 0) for k in kinds)] for r in rows if any((r.get("unique") or {}).values())
+    ]
     if unique:
-        kinds = ["keys", "merged", "replaced", "debounced", "throttled"]
-        out.append(
-            render.table(
-                "unique keys",
-                ["queue", "keys held", *kinds[1:]],
-                [[r["queue"], *(r["unique"].get(k, 0) for k in kinds)] for r in unique],
-            )
-        )
+        out.append(render.table("unique keys", ["queue", "keys held", *kinds[1:]], unique))
     for r in rows:
+        name = r["queue"]
         if r["per_priority"]:
             out.append(
-                render.table(
-                    f"{r['queue']}: waiting per priority",
-                    ["priority", "waiting"],
-                    [[p, n] for p, n in r["per_priority"].items()],
-                )
+                render.table(f"{name}: waiting per priority", ["priority", "waiting"], list(r["per_priority"].items()))
             )
         if r["per_tenant"]:
-            out.append(
-                render.table(
-                    f"{r['queue']}: per tenant",
-                    ["tenant", "waiting", "leased", "next waits"],
-                    [
-                        [t or "(default)", c["waiting"], c["leased"], render.age(c.get("next_age_seconds"))]
-                        for t, c in sorted(r["per_tenant"].items())
-                    ],
-                )
-            )
+            tenants = [{**c, "tenant": t or "(default)"} for t, c in sorted(r["per_tenant"].items())]
+            columns = ["tenant", "waiting", "leased", ("next waits", age("next_age_seconds"))]
+            out.append(render.table(f"{name}: per tenant", columns, tenants))
     return out
 
 
@@ -110,7 +82,7 @@ def _paused_text(row) -> str:
 
 @command()
 @click.argument("queue")
-@click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True, help="Entries to show.")
+@count_option(10)
 @click.option("--tenant", default=None, help="Only this tenant's entries (a fair queue).")
 @click.option(
     "--delayed",
@@ -118,103 +90,63 @@ def _paused_text(row) -> str:
     help="The delayed entries instead (countdown/eta tasks, soonest due first): what Celery's "
     "'inspect scheduled' shows of other brokers. They wait here in Redis, not in a worker.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def peek(ctx, queue, count, tenant, delayed, as_json):
     """The next entries of QUEUE in delivery order (not leased): priority, tenant, age, task
     name and an args preview. With --delayed, the entries waiting for their due time."""
-    if delayed:
-        return _peek_delayed(ctx, queue, count, tenant, as_json)
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
-        entries = q.peek(count) if tenant is None else q.peek_tenant(tenant, count)
-        held = q.held_tenants()
-        now_ms = _now_ms(channel)
-    rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e in entries]
-    if as_json:
-        return print_json(rows)
-    title = f"{queue}: next {len(rows)}" + (
-        " (priority order; 'held' tenants wait for their cap, rate or pause)" if held else ""
-    )
-    render.show(
-        render.table(
-            title,
-            ["#", "id", "priority", "tenant", "held", "age", "task", "args"],
-            [
-                [
-                    i + 1,
-                    r["id"],
-                    r["priority"],
-                    r["tenant"],
-                    r["held"],
-                    render.age(r["age_seconds"]),
-                    r["task"],
-                    r["args"],
-                ]
-                for i, r in enumerate(rows)
-            ],
-            empty="(no waiting entries)",
-        )
-    )
-
-
-def _peek_delayed(ctx, queue, count, tenant, as_json):
-    if tenant is not None:
+    if delayed and tenant is not None:
         raise click.UsageError("--delayed shows every tenant's delayed entries; leave out --tenant")
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
-        found = q.delayed(count)
-        now_ms = _now_ms(channel)
-    rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
+    with queue_of(ctx, queue) as (q, _):
+        if delayed:
+            found = q.delayed(count)
+        else:
+            held = q.held_tenants()
+            found = [(e, None) for e in (q.peek(count) if tenant is None else q.peek_tenant(tenant, count))]
+        now_ms = _now_ms(q.client)
+    if delayed:
+        rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
+        title = f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)"
+        when = [
+            ("due (UTC)", lambda r: render.when(r["due_ms"])),
+            ("due in", lambda r: render.age(max(r["due_in_seconds"], 0))),
+        ]
+        columns = ["#", "id", *when, "priority", "tenant", "task", "args"]
+    else:
+        rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e, _ in found]
+        title = f"{queue}: next {len(rows)}" + (
+            " (priority order; 'held' tenants wait for their cap, rate or pause)" if held else ""
+        )
+        age = ("age", lambda r: render.age(r["age_seconds"]))
+        columns = ["#", "id", "priority", "tenant", "held", age, "task", "args"]
     if as_json:
         return print_json(rows)
-    render.show(
-        render.table(
-            f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)",
-            ["#", "id", "due (UTC)", "due in", "priority", "tenant", "task", "args"],
-            [
-                [
-                    i + 1,
-                    r["id"],
-                    render.when(r["due_ms"]),
-                    render.age(max(r["due_in_seconds"], 0)),
-                    r["priority"],
-                    r["tenant"],
-                    r["task"],
-                    r["args"],
-                ]
-                for i, r in enumerate(rows)
-            ],
-            empty="(no delayed entries)",
-        )
-    )
+    numbered = [{"#": i + 1, **r} for i, r in enumerate(rows)]
+    render.show(render.table(title, columns, numbered, empty=f"(no {'delayed' if delayed else 'waiting'} entries)"))
 
 
-def _now_ms(channel) -> int:
-    sec, usec = channel.client.time()
+def _now_ms(client) -> int:
+    sec, usec = client.time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
 def _entry_row(e, now_ms) -> dict:
-    d = describe(e.payload)
     return {
         "id": e.id,
         "priority": e.priority,
         "tenant": e.tenant,
         "age_seconds": (now_ms - e.enqueued_ms) / 1000,
         "deliveries": e.deliveries,
-        "task": d["task"],
-        "args": d["args"],
+        **describe(e.payload),
     }
 
 
 @command()
 @click.argument("queue")
-@click.option("-n", "count", type=click.IntRange(min=1), default=20, show_default=True, help="Entries to show.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@count_option(20)
+@json_option
 def dead(ctx, queue, count, as_json):
     """The dead letters of QUEUE (QUEUE.dead): why, when, after how many deliveries."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         entries = q.dead.peek(count)
         total = q.dead.size()
     rows = [
@@ -231,101 +163,61 @@ def dead(ctx, queue, count, as_json):
     ]
     if as_json:
         return print_json(rows)
+    when = ("when (UTC)", lambda r: render.when(r["dead_ms"]))
+    columns = ["id", "priority", "tenant", "reason", when, "deliveries", "task", "args"]
     render.show(
         render.table(
-            f"{queue}.dead: {total} dead letter(s), showing {len(rows)}",
-            ["id", "priority", "tenant", "reason", "when (UTC)", "deliveries", "task", "args"],
-            [
-                [
-                    r["id"],
-                    r["priority"],
-                    r["tenant"],
-                    r["reason"],
-                    render.when(r["dead_ms"]),
-                    r["deliveries"],
-                    r["task"],
-                    r["args"],
-                ]
-                for r in rows
-            ],
-            empty="(no dead letters)",
+            f"{queue}.dead: {total} dead letter(s), showing {len(rows)}", columns, rows, empty="(no dead letters)"
         )
     )
 
 
 @command()
 @click.argument("queue")
-@click.option(
-    "-n",
-    "count",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="Leases to show, earliest deadline first.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@count_option(100, "Leases to show, earliest deadline first.")
+@json_option
 def leases(ctx, queue, count, as_json):
     """Who holds which entries of QUEUE, until when, after how many deliveries (never the
     lease tokens)."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         rows = q.leases(count)
     if as_json:
         return print_json(rows)
-    render.show(
-        render.table(
-            f"{queue}: {len(rows)} lease(s)",
-            ["id", "consumer", "priority", "tenant", "deliveries", "expires in"],
-            [
-                [r["id"], r["consumer"], r["priority"], r["tenant"], r["deliveries"], f"{r['seconds_left']:.1f}s"]
-                for r in rows
-            ],
-            empty="(no leases)",
-        )
-    )
+    left = ("expires in", lambda r: f"{r['seconds_left']:.1f}s")
+    columns = ["id", "consumer", "priority", "tenant", "deliveries", left]
+    render.show(render.table(f"{queue}: {len(rows)} lease(s)", columns, rows, empty="(no leases)"))
 
 
 @command()
 @click.argument("queue")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def explain(ctx, queue, as_json):
     """The cost table of QUEUE's technique (Redis reads and writes per operation), with the
     queue's live figures: its size and the stale pointers a pop may have to skip."""
-    with broker_of(ctx).channel() as channel:
-        q, _ = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, _):
         s = q.stats()
     stale = max(0, s["index_members"] - s["waiting"]) if not q.settings.fair else 0
-    costs = q.explain(stale=min(stale, 64))
+    technique = q.mode["technique"]
     data = {
         "queue": queue,
-        "technique": q.mode["technique"],
+        "technique": technique,
         "fair": q.settings.fair,
         "priority_order": q.settings.priority_order,
-        "waiting": s["waiting"],
-        "leased": s["leased"],
-        "delayed": s["delayed"],
-        "index_members": s["index_members"],
+        **{k: s[k] for k in ("waiting", "leased", "delayed", "index_members")},
         "stale_pointers": stale,
-        "costs": {op: by_t[q.mode["technique"]] for op, by_t in costs.items() if q.mode["technique"] in by_t},
+        "costs": {op: by_t[technique] for op, by_t in q.explain(stale=min(stale, 64)).items() if technique in by_t},
     }
     if as_json:
         return print_json(data)
     head = (
-        f"{queue}: technique {q.mode['technique']}, {'fair' if q.settings.fair else 'not fair'}, {q.settings.priority_order}; "
+        f"{queue}: technique {technique}, {'fair' if q.settings.fair else 'not fair'}, {q.settings.priority_order}; "
         f"waiting {s['waiting']}, leased {s['leased']}, delayed {s['delayed']}; "
         f"priority index {s['index_members']} pointer(s), {stale} stale"
     )
-    render.show(
-        head,
-        render.table(
-            f"Redis commands per operation (technique {q.mode['technique']}, {min(stale, 64)} stale pointer(s) ahead)",
-            ["operation", "reads", "writes", "commands"],
-            [
-                [op, c["reads"], c["writes"], " ".join(f"{k}x{n}" for k, n in c["commands"].items())]
-                for op, c in data["costs"].items()
-            ],
-        ),
-    )
+    commands = ("commands", lambda c: " ".join(f"{k}x{n}" for k, n in c["commands"].items()))
+    rows = [{"operation": op, **c} for op, c in data["costs"].items()]
+    title = f"Redis commands per operation (technique {technique}, {min(stale, 64)} stale pointer(s) ahead)"
+    render.show(head, render.table(title, ["operation", "reads", "writes", commands], rows))
 
 
 @command()
@@ -334,6 +226,5 @@ def backlog(ctx, queue):
     """One number: the due waiting entries a consumer of QUEUE (or of a priority view such as
     'default[>=200]') could take now; delayed entries and tenants held back by a cap, a rate
     or a pause are not counted. For external scalers."""
-    with broker_of(ctx).channel() as channel:
-        q, view = queue_named(channel, queue)
+    with queue_of(ctx, queue) as (q, view):
         click.echo(q.backlog(view))

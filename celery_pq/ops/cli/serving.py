@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from .base import broker_of, command
+from .base import broker_of, choice_option, command, json_option, print_json
 
 
 @command()
@@ -32,20 +30,13 @@ from .base import broker_of, command
     show_default=True,
     help="Tenants per queue exported by name; the rest are summed as 'other'.",
 )
-def metrics(ctx, port, address, queues, bands, max_tenants):
+def metrics(ctx, **options):
     """Serve Prometheus metrics (celery_pq_*) over HTTP at /metrics until Ctrl-C."""
     try:
-        from ..metrics import parse_bands, serve
+        from ..metrics import serve
     except ImportError as exc:  # the [ops] extra is not installed
         raise click.ClickException(str(exc)) from None
-    serve(
-        broker_of(ctx),
-        port=port,
-        address=address,
-        queues=list(queues) or None,
-        bands=parse_bands(bands),
-        max_tenants=max_tenants,
-    )
+    serve(broker_of(ctx), **options)
 
 
 @command()
@@ -67,37 +58,23 @@ def metrics(ctx, port, address, queues, bands, max_tenants):
     type=click.FloatRange(min=1),
     help="Seconds of deliveries the tenants' shares cover.",
 )
-def dashboard(ctx, queues, host, port, allow_actions, token, window):
+def dashboard(ctx, queues, **options):
     """A live page of QUEUES (default: every declared one) on http://HOST:PORT/ until Ctrl-C
     (docs/dashboard.md); read-only unless --allow-actions."""
     from ..dashboard.server import check_token, listens_on_loopback, run
 
     try:
-        check_token(token, allow_actions, listens_on_loopback(host))
+        check_token(options["token"], options["allow_actions"], listens_on_loopback(options["host"]))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    run(
-        broker_of(ctx),
-        queues,
-        host=host,
-        port=port,
-        allow_actions=allow_actions,
-        token=token,
-        window=window,
-        echo=click.echo,
-    )
+    run(broker_of(ctx), queues, echo=click.echo, **options)
 
 
 @command(name="export-events")
 @click.argument("queues", nargs=-1, required=True)
 @click.option("--out", required=True, type=click.Path(), help="Parquet directory to append to.")
-@click.option(
-    "--on-gap",
-    type=click.Choice(["warn", "fail"]),
-    default="warn",
-    help="Events trimmed by the stream's cap before export: warn (default) or fail.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@choice_option("--on-gap", ["warn", "fail"], "Events trimmed by the stream's cap before export: warn or fail.")
+@json_option
 def export_events(ctx, queues, out, on_gap, as_json):
     """Append the event log of QUEUES logged since the last export to --out (Parquet); every
     shard's of a queue split into shards (the transport option shards)."""
@@ -120,19 +97,8 @@ def export_events(ctx, queues, out, on_gap, as_json):
     for gap in result.gaps:
         click.echo(f"warning: {gap}", err=True)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "out": str(result.out),
-                    "exported": result.exported,
-                    "offsets": result.offsets,
-                    "files": [str(f) for f in result.files],
-                    "gaps": result.gaps,
-                },
-                indent=2,
-            )
-        )
-        return
+        fields = ("out", "exported", "offsets", "files", "gaps")
+        return print_json({f: getattr(result, f) for f in fields})
     for queue, n in result.exported.items():
         click.echo(f"{queue}: {n} new events, last {result.offsets.get(queue, '-')}")
 

@@ -1,10 +1,9 @@
 """The live dashboard, ``celery -A proj pq dashboard``: ``board`` (what it shows and does, through
-the queues' own methods), ``history`` (recent deliveries from sampled totals), ``server`` (the HTTP
+the queues' own methods, and the recent deliveries from sampled totals), ``server`` (the HTTP
 server, the token, ``run``) and ``static/`` (the page). docs/dashboard.md.
 """
 
-from .board import Board, BoardError
-from .history import DeliveryHistory, Sample
+from .board import Board, BoardError, DeliveryHistory, Sample
 from .server import DashboardServer, run
 
 __all__ = ["Board", "BoardError", "DashboardServer", "DeliveryHistory", "Sample", "run"]

@@ -22,7 +22,7 @@ import redis
 
 from ...storage.errors import ConfigError
 from ...transport.broker import Broker, queue_and_view, queue_names
-from ..http_deadline import DeadlineHandler
+from ..http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
 from .board import ACTIONS, SAMPLE_SECONDS, WINDOW_SECONDS, Board, BoardError
 
 logger = logging.getLogger("celery_pq.ops.dashboard")
@@ -33,9 +33,6 @@ DEFAULT_PORT = 8808
 MIN_TOKEN_LENGTH = 16
 #: Largest request body an action reads (an action is a few short fields).
 MAX_BODY_BYTES = 4096
-#: Seconds a client has to send its whole request (line, headers, body), and for each write of
-#: the reply: a client that sends nothing, or a byte at a time, holds a thread no longer.
-REQUEST_TIMEOUT_SECONDS = 10.0
 
 #: Host header names a loopback server answers to (besides loopback addresses).
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
@@ -66,10 +63,6 @@ def listens_on_loopback(host: str) -> bool:
     except (OSError, UnicodeError):
         return False
     return bool(infos) and all(_is_loopback(info[4][0]) for info in infos)
-
-
-def _static(name: str) -> bytes:
-    return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
 def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -> str | None:
@@ -161,17 +154,8 @@ class DashboardServer(ThreadingHTTPServer):
         return host.strip("[]").lower() in LOOPBACK_NAMES or _is_loopback(host.strip("[]"))
 
     def token_matches(self, given: str | None) -> bool:
-        if self.token is None or given is None:
-            return False
-        return hmac.compare_digest(given.encode(), self.token.encode())
-
-    def authorised(self, given: str | None) -> bool:
-        """May a request carrying ``given`` (its X-PQ-Token) act?"""
-        return self.allow_actions and self.token_matches(given)
-
-    def may_read(self, given: str | None) -> bool:
-        """May a request carrying ``given`` read the state? On loopback anyone here may."""
-        return self.loopback or self.token_matches(given)
+        """Is ``given`` (a request's X-PQ-Token) the token? Compared in constant time."""
+        return self.token is not None and given is not None and hmac.compare_digest(given.encode(), self.token.encode())
 
 
 class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
@@ -191,76 +175,65 @@ class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _json(self, status: int, value) -> None:
-        self._send(status, json.dumps(value).encode(), "application/json")
-
-    def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": message})
-
-    def _foreign_host(self) -> bool:
-        if self.server.host_allowed(self.headers.get("Host")):
-            return False
-        self._error(HTTPStatus.MISDIRECTED_REQUEST, "this dashboard answers only to a loopback Host header")
-        return True
-
     def do_GET(self):
-        path = self.path.split("?", 1)[0]
-        if self._foreign_host():
-            return
-        if path in _STATIC:
-            name, content_type = _STATIC[path]
-            self._send(HTTPStatus.OK, _static(name), content_type)
-        elif path == "/api/state":
-            if not self.server.may_read(self.headers.get("X-PQ-Token")):
-                self._error(
-                    HTTPStatus.UNAUTHORIZED,
-                    "this dashboard listens beyond loopback: its state needs the token (header X-PQ-Token)",
-                )
-                return
-            try:
-                state = self.server.board.state()
-            except redis.RedisError as exc:
-                self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot read the queues: {exc}")
-                return
-            self._json(HTTPStatus.OK, {**state, "actions": list(ACTIONS) if self.server.allow_actions else []})
-        else:
-            self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
+        self._answer(self._get, "read")
 
     def do_POST(self):
+        self._answer(self._post, "reach")
+
+    def _answer(self, handle, verb: str) -> None:
+        """Run ``handle(path)``; its refusal (BoardError) or Redis's (503) as ``{"error": ...}``."""
         path = self.path.split("?", 1)[0]
-        if self._foreign_host():
-            return
+        try:
+            if not self.server.host_allowed(self.headers.get("Host")):
+                raise BoardError(
+                    HTTPStatus.MISDIRECTED_REQUEST, "this dashboard answers only to a loopback Host header"
+                )
+            status, reply = int(HTTPStatus.OK), handle(path)
+        except BoardError as exc:
+            status, reply = exc.status, {"error": str(exc)}
+        except redis.RedisError as exc:
+            status, reply = HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"cannot {verb} the queues: {exc}"}
+        if reply is not None:  # (None: a static file, sent)
+            self._send(status, json.dumps(reply).encode(), "application/json")
+
+    def _get(self, path: str) -> dict | None:
+        if path in _STATIC:
+            name, content_type = _STATIC[path]
+            self._send(HTTPStatus.OK, resources.files(__package__).joinpath("static", name).read_bytes(), content_type)
+            return None
+        if path != "/api/state":
+            raise BoardError(HTTPStatus.NOT_FOUND, f"nothing at {path}")
+        if not (self.server.loopback or self.server.token_matches(self.headers.get("X-PQ-Token"))):
+            raise BoardError(
+                HTTPStatus.UNAUTHORIZED,
+                "this dashboard listens beyond loopback: its state needs the token (header X-PQ-Token)",
+            )
+        return {**self.server.board.state(), "actions": list(ACTIONS) if self.server.allow_actions else []}
+
+    def _post(self, path: str) -> dict:
         action = path.removeprefix("/api/")
         if not path.startswith("/api/") or action not in ACTIONS:
-            self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
-            return
+            raise BoardError(HTTPStatus.NOT_FOUND, f"nothing at {path}")
         if not self.server.allow_actions:
-            self._error(HTTPStatus.FORBIDDEN, "this dashboard is read-only (start it with --allow-actions)")
-            return
-        if not self.server.authorised(self.headers.get("X-PQ-Token")):
-            self._error(HTTPStatus.FORBIDDEN, "missing or wrong token (header X-PQ-Token)")
-            return
+            raise BoardError(HTTPStatus.FORBIDDEN, "this dashboard is read-only (start it with --allow-actions)")
+        if not self.server.token_matches(self.headers.get("X-PQ-Token")):
+            raise BoardError(HTTPStatus.FORBIDDEN, "missing or wrong token (header X-PQ-Token)")
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
         if length < 0:  # (read(-1) would read until the client closes)
-            self._error(HTTPStatus.BAD_REQUEST, "Content-Length is not a number of bytes >= 0")
-            return
+            raise BoardError(HTTPStatus.BAD_REQUEST, "Content-Length is not a number of bytes >= 0")
         if length > MAX_BODY_BYTES:
-            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a request body holds at most {MAX_BODY_BYTES} bytes")
-            return
+            raise BoardError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a request body holds at most {MAX_BODY_BYTES} bytes"
+            )
         try:
             request = json.loads(self.rfile.read(length) or b"null")
         except ValueError as exc:
-            self._error(HTTPStatus.BAD_REQUEST, f"the request body is not JSON: {exc}")
-            return
-        try:
-            self._json(HTTPStatus.OK, self.server.board.act(action, request))
-        except BoardError as exc:
-            self._error(exc.status, str(exc))
-        except redis.RedisError as exc:
-            self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"cannot reach the queues: {exc}")
+            raise BoardError(HTTPStatus.BAD_REQUEST, f"the request body is not JSON: {exc}") from None
+        return self.server.board.act(action, request)
 
 
 def run(
