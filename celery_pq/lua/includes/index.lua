@@ -205,11 +205,10 @@ local function pi_entry_of(ii, p, rank)
   if not seq then
     return nil
   end
-  local v = redis.call('HGET', ii, eid)
+  local v, e, bar = read_entry(ii, eid)
   if not v then
     return nil
   end
-  local e, bar = split_entry(v)
   if not e then
     return false, eid, v, seq
   end
