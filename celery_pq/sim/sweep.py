@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Params, simulate
-from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
+from .model import Params, multiqueue_mean_rank_error, p_zero_fresh_peek, simulate
 
 HIST_MAX = 100  # the histogram counts rank errors 0..99 one by one, then ">= 100"
 STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
@@ -180,16 +179,8 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
         for r in results:
             if r["panel"] == "distribution":
                 for value, count in enumerate(r["histogram"]):
-                    w.writerow(
-                        [
-                            r["panel"],
-                            r["nodes"],
-                            r["peeks"],
-                            r["lag"],
-                            value if value < HIST_MAX else f">={HIST_MAX}",
-                            count,
-                        ]
-                    )
+                    rank_error = value if value < HIST_MAX else f">={HIST_MAX}"
+                    w.writerow([r["panel"], r["nodes"], r["peeks"], r["lag"], rank_error, count])
     if img_dir is not None:
         from .plots import figures
 
@@ -197,27 +188,8 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
     return paths
 
 
-MD_COLUMNS = (
-    "panel",
-    "policy",
-    "nodes",
-    "peeks",
-    "lag",
-    "consumers",
-    "second_best",
-    "priorities",
-    "pops",
-    "mean",
-    "p50",
-    "p90",
-    "p99",
-    "max",
-    "p_zero",
-    "extra_pops",
-    "retries",
-    "theory_mean",
-    "theory_p_zero",
-)
+MD_PARAMS = ("panel", "policy", "nodes", "peeks", "lag", "consumers", "second_best", "priorities", "pops")
+MD_COLUMNS = (*MD_PARAMS, *FIGURE_COLUMNS)
 
 
 def markdown(results: list[dict]) -> str:
