@@ -206,11 +206,8 @@ local function pi_entry_of(ii, p, rank)
     return nil
   end
   local v, e, bar = read_entry(ii, eid)
-  if not v then
-    return nil
-  end
   if not e then
-    return false, eid, v, seq
+    return v and false, eid, v, seq -- nil when eid is gone, false when its entry is malformed
   end
   if not same_score(e.s, rank * SEQ_SPAN + seq) then
     return nil
