@@ -192,13 +192,11 @@ class RedisServer:
 
     _free_port = staticmethod(free_port)
 
-    def stop(self) -> None:
-        """SIGTERM, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """``sig``, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
         proc = self.process
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
             try:
                 proc.wait(timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
@@ -208,10 +206,7 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL without a chance to persist (a crash, not a shutdown)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=STOP_TIMEOUT)
-        self._forget()
+        self.stop(signal.SIGKILL)
 
     def _forget(self) -> None:
         self.process = None
