@@ -245,18 +245,13 @@ class Part:
             return None
         return int(held["consumer"].split(":")[-2]), held["seconds_left"], held["deadline_ms"]  # host:pid:random
 
-    def settled(self, timeout=5.0) -> dict:
-        """The queue's stats once nothing is leased (acks may ride with the worker's next pop)."""
+    def check_empty(self, timeout=5.0):
+        """Check the queue holds nothing, once nothing is leased (acks may ride with the next pop)."""
         deadline = time.monotonic() + timeout
-        while True:
-            stats = self.queue.stats()
-            if stats["leased"] == 0 or time.monotonic() > deadline:
-                return stats
+        while (stats := self.queue.stats())["leased"] and time.monotonic() <= deadline:
             time.sleep(0.1)
-
-
-def empty(stats) -> bool:
-    return stats["waiting"] == 0 and stats["leased"] == 0 and stats["delayed"] == 0 and stats["dead"] == 0
+        left = any(stats[kind] for kind in ("waiting", "leased", "delayed", "dead"))
+        check("afterwards nothing is waiting, leased or dead-lettered", not left)
 
 
 # -- the parts --------------------------------------------------------------------------------
@@ -321,8 +316,7 @@ def part_recovery(target, logdir):
         )
         check(f"recovered within lease_seconds + 5 s ({LEASE + 5} s): {recovery:.1f} s", recovery <= LEASE + 5)
         wait_for(lambda: d.records("done"), 20, "the task to finish on worker B")
-        stats = d.settled()
-        check("afterwards nothing is waiting, leased or dead-lettered", empty(stats))
+        d.check_empty()
         rc = b.stop(timeout=20)
         check(f"worker B stopped cleanly on SIGTERM (exit code {rc})", rc == 0)
 
@@ -351,7 +345,7 @@ def part_long_task(target, logdir):
         )
         check("the lease was renewed while the task ran", len(deadlines) >= 3 and closest is not None and closest > 0)
         check("the task ran exactly once", len(starts) == 1 and len(dones) == 1)
-        check("afterwards nothing is waiting, leased or dead-lettered", empty(d.settled()))
+        d.check_empty()
         w.stop(timeout=20)
         lost = [line for line in w.log_text().splitlines() if "was lost" in line or "ran out" in line]
         check("the worker logged no lost lease", not lost)

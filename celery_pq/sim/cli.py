@@ -132,11 +132,11 @@ def _directory(flag: str, name: str, default: str, what: str):
 @click.option("--seed", default=1, show_default=True)
 def sweep(spark, quick, out_dir, img_dir, no_plots, seed):
     """The parameter sweep (nodes, peeks, lag, consumers, strategy, second-best): table and figures."""
-    from .sweep import grid, run_local, run_spark, write
+    from .sweep import grid, run_row, run_spark, write
 
     rows = grid(quick=quick, seed=seed)
     started = time.perf_counter()
-    results = run_spark(rows) if spark else run_local(rows)
+    results = run_spark(rows) if spark else [run_row(row) for row in rows]
     paths = write(results, out_dir, None if no_plots else img_dir)
     click.echo(
         f"{len(rows)} simulations in {time.perf_counter() - started:.0f} s "

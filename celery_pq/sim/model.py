@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -153,9 +154,7 @@ def _blocks(draw):
 def _peek_rows(rng, n: int, k: int, distinct: bool):
     """Endless lists of k subqueue indexes: distinct ones, or drawn with replacement."""
     if distinct and k >= n:
-        everything = list(range(n))
-        while True:
-            yield everything
+        yield from repeat(list(range(n)))
     if not distinct:
         yield from _blocks(lambda: rng.integers(0, n, (BLOCK, k)).tolist())
     rows = max(64, min(BLOCK, (1 << 20) // n))

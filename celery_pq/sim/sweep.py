@@ -84,11 +84,6 @@ def run_row(row: dict) -> dict:
     }
 
 
-def run_local(rows: list[dict]) -> list[dict]:
-    """The sweep in this process, one row after another."""
-    return [run_row(row) for row in rows]
-
-
 def run_spark(rows: list[dict], spark=None) -> list[dict]:
     """The sweep as a Spark job (each row simulated in ``mapInPandas``), results in grid order.
     ``spark``: default the active session, else a local one made here and stopped at the end."""
