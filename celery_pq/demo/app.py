@@ -12,18 +12,11 @@ import redis
 from celery import Celery
 from celery.signals import worker_ready
 
-import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
+from celery_pq.testing import worker_app_settings  # importing celery_pq registers pq:// with kombu
 
 app = Celery("demo")
-app.conf.update(
-    broker_url=os.environ.get("PQ_DEMO_BROKER", "pq://127.0.0.1:6379/0"),
-    broker_transport_options=json.loads(os.environ.get("PQ_DEMO_OPTIONS", "{}")),
-    task_acks_late=True,  # the lease lasts until the task ends: a killed worker's task comes back
-    worker_prefetch_multiplier=1,  # a worker holds no more than the task it runs
-    task_default_queue="demo",
-    worker_hijack_root_logger=False,
-    broker_connection_retry_on_startup=True,
-)
+# task_acks_late: the lease lasts until the task ends, so a killed worker's task comes back
+app.conf.update(worker_app_settings("PQ_DEMO", "demo", task_acks_late=True))
 
 _rec = None
 

@@ -25,6 +25,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -71,9 +72,12 @@ def check(label, ok):
 @dataclass
 class Target:
     url: str  # redis:// URL: our own client and the tasks' records
-    broker_url: str  # pq:// URL of the same Redis
     prefix: str  # every key of this run starts with it
     where: str  # what was chosen, for the reader
+
+    @property
+    def broker_url(self) -> str:  # pq:// URL of the same Redis
+        return broker_url_of(self.url)
 
 
 def broker_url_of(url: str) -> str:
@@ -105,23 +109,20 @@ def redis_version(client: redis.Redis) -> str:
 
 
 def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    n = 0
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        n += client.delete(key)
-    return n
+    return sum(client.delete(key) for key in client.scan_iter(match=f"{prefix}*", count=1000))
 
 
 @contextmanager
-def shared_redis(client: redis.Redis, target: Target):
+def shared_redis(client: redis.Redis, url: str, prefix: str, where: str):
     """A Redis the demo did not start: only keys under the run's prefix, deleted afterwards."""
     try:
-        yield target
+        yield Target(url, prefix, f"{where}, keys under {prefix}* only")
     finally:
         try:
-            n = delete_prefix(client, target.prefix)
-            say(f"deleted the {n} keys this run left under {target.prefix}*")
+            n = delete_prefix(client, prefix)
+            say(f"deleted the {n} keys this run left under {prefix}*")
         except redis.RedisError as exc:
-            say(f"WARNING: could not delete the keys under {target.prefix}*: {exc}")
+            say(f"WARNING: could not delete the keys under {prefix}*: {exc}")
 
 
 @contextmanager
@@ -132,12 +133,8 @@ def private_redis_server(binary: str, prefix: str):
         raise DemoError(str(exc)) from None
     with server, server.client() as client:
         version = redis_version(client)
-        yield Target(
-            server.url,
-            broker_url_of(server.url),
-            prefix,
-            f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end",
-        )
+        where = f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end"
+        yield Target(server.url, prefix, where)
 
 
 @contextmanager
@@ -145,16 +142,13 @@ def find_or_start_redis():
     prefix = "pqdemo" + uuid.uuid4().hex[:8]
     url = os.environ.get("PQ_DEMO_REDIS_URL")
     if url:
-        broker = broker_url_of(url)
+        broker_url_of(url)  # a DemoError for a URL that names no Redis
         client = redis.Redis.from_url(url, socket_connect_timeout=5)
         try:
             version = redis_version(client)
         except redis.RedisError as exc:
             raise DemoError(f"PQ_DEMO_REDIS_URL={url!r} does not answer: {exc}") from None
-        target = Target(
-            url, broker, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL), keys under {prefix}* only"
-        )
-        with shared_redis(client, target) as t:
+        with shared_redis(client, url, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL)") as t:
             yield t
         return
     try:
@@ -172,14 +166,8 @@ def find_or_start_redis():
     except redis.RedisError:
         local = None
     if local is not None:
-        url = "redis://127.0.0.1:6379/0"
-        target = Target(
-            url,
-            broker_url_of(url),
-            prefix,
-            f"the Redis{local} on 127.0.0.1:6379 (no redis-server binary found), keys under {prefix}* only",
-        )
-        with shared_redis(client, target) as t:
+        where = f"the Redis{local} on 127.0.0.1:6379 (no redis-server binary found)"
+        with shared_redis(client, "redis://127.0.0.1:6379/0", prefix, where) as t:
             yield t
         return
     raise DemoError(
@@ -257,18 +245,13 @@ class Part:
             return None
         return int(held["consumer"].split(":")[-2]), held["seconds_left"], held["deadline_ms"]  # host:pid:random
 
-    def settled(self, timeout=5.0) -> dict:
-        """The queue's stats once nothing is leased (acks may ride with the worker's next pop)."""
+    def check_empty(self, timeout=5.0):
+        """Check the queue holds nothing, once nothing is leased (acks may ride with the next pop)."""
         deadline = time.monotonic() + timeout
-        while True:
-            stats = self.queue.stats()
-            if stats["leased"] == 0 or time.monotonic() > deadline:
-                return stats
+        while (stats := self.queue.stats())["leased"] and time.monotonic() <= deadline:
             time.sleep(0.1)
-
-
-def empty(stats) -> bool:
-    return stats["waiting"] == 0 and stats["leased"] == 0 and stats["delayed"] == 0 and stats["dead"] == 0
+        left = any(stats[kind] for kind in ("waiting", "leased", "delayed", "dead"))
+        check("afterwards nothing is waiting, leased or dead-lettered", not left)
 
 
 # -- the parts --------------------------------------------------------------------------------
@@ -288,14 +271,8 @@ def part_priorities(target, logdir):
         time.sleep(0.3)  # anything that ran twice would show now
         ran = [tuple(x) for x in d.records("order")]
         say("  one worker (solo, prefetch 1) ran them in this order, by priority:")
-        groups: list[tuple[int, list[str]]] = []
-        for label, p in ran:
-            if groups and groups[-1][0] == p:
-                groups[-1][1].append(label)
-            else:
-                groups.append((p, [label]))
-        for p, labels in groups:
-            say(f"    {p:>3}: {' '.join(labels)}")
+        for p, group in groupby(ran, key=lambda t: t[1]):
+            say(f"    {p:>3}: {' '.join(label for label, _ in group)}")
         expected = sorted(sent, key=lambda t: (-t[1], sent.index(t)))
         check(f"all {len(sent)} tasks ran, each once", sorted(ran) == sorted(sent))
         check(
@@ -339,8 +316,7 @@ def part_recovery(target, logdir):
         )
         check(f"recovered within lease_seconds + 5 s ({LEASE + 5} s): {recovery:.1f} s", recovery <= LEASE + 5)
         wait_for(lambda: d.records("done"), 20, "the task to finish on worker B")
-        stats = d.settled()
-        check("afterwards nothing is waiting, leased or dead-lettered", empty(stats))
+        d.check_empty()
         rc = b.stop(timeout=20)
         check(f"worker B stopped cleanly on SIGTERM (exit code {rc})", rc == 0)
 
@@ -369,7 +345,7 @@ def part_long_task(target, logdir):
         )
         check("the lease was renewed while the task ran", len(deadlines) >= 3 and closest is not None and closest > 0)
         check("the task ran exactly once", len(starts) == 1 and len(dones) == 1)
-        check("afterwards nothing is waiting, leased or dead-lettered", empty(d.settled()))
+        d.check_empty()
         w.stop(timeout=20)
         lost = [line for line in w.log_text().splitlines() if "was lost" in line or "ran out" in line]
         check("the worker logged no lost lease", not lost)

@@ -31,11 +31,10 @@ local eid, rank = ARGV[1], tonumber(ARGV[2])
 if redis.call('HEXISTS', lt, eid) == 1 then
   return NOT_WAITING
 end
-local v = redis.call('HGET', ii, eid)
+local v, e, bar = read_entry(ii, eid)
 if not v then
   return NOT_FOUND
 end
-local e, bar = split_entry(v)
 if not e then -- malformed: left for the pop that reaches it (which sets it aside)
   return NOT_FOUND
 end

@@ -106,10 +106,6 @@ while got < want do
 end
 out[1] = stale
 write_leases(P, lt, lz)
-if more or pi_any(pi, lo, hi) then
-  wake(wk)
-else
-  redis.call('DEL', wk)
-end
+wake_if(wk, more or pi_any(pi, lo, hi))
 flush_counts()
 return out

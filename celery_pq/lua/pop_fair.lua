@@ -165,10 +165,6 @@ end
 if redis.call('ZCARD', FK.te) == 0 then -- nothing waits: every pointer left is stale
   pi_unlink_all(pi)
 end
-if #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0 then
-  wake(wk)
-else
-  redis.call('DEL', wk)
-end
+wake_if(wk, #redis.call('ZRANGEBYLEX', FK.ts, lex_lo, lex_hi, 'LIMIT', 0, 1) > 0)
 flush_counts()
 return out

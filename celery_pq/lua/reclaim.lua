@@ -109,10 +109,8 @@ for _, eid in ipairs(expired) do
     taken = taken + 1
     redis.call('ZREM', lz, eid)
     redis.call('HDEL', lt, eid)
-    local v = redis.call('HGET', ii, eid)
-    local e, bar
+    local v, e, bar = read_entry(ii, eid)
     if v then
-      e, bar = split_entry(v)
       if e and not tok then -- an unreadable lease record: the entry's own fields stand in
         score, d, t = e.s, e.d, e.t
       end
@@ -153,8 +151,7 @@ local promoted = 0
 if consumer == '' then
   for _, eid in ipairs(redis.call('ZRANGEBYSCORE', dz, '-inf', fmt(now), 'LIMIT', 0, limit)) do
     redis.call('ZREM', dz, eid)
-    local v = redis.call('HGET', ii, eid)
-    local e = v and split_entry(v)
+    local v, e = read_entry(ii, eid)
     if v and not e then
       set_aside(ii, eid, v, 0, now)
     elseif v then

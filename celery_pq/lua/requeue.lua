@@ -55,11 +55,10 @@ if fair then
   fair_release(tenant)
   wake(wk) -- the tenant may have been held at its concurrency cap
 end
-local v = redis.call('HGET', ii, eid)
+local v, e, bar = read_entry(ii, eid)
 if not v then
   return NOT_LEASED
 end
-local e, bar = split_entry(v)
 if not e then
   set_aside(ii, eid, v, (split_score(score)), now_ms())
   return 2

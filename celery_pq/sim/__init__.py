@@ -6,9 +6,7 @@ celery_pq.sim``. Needs the ``[sim]`` extra (the sweep's Spark mode and figures `
 
 from __future__ import annotations
 
-from .model import Params, Result, simulate
-from .policies import POLICIES
-from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
+from .model import POLICIES, Params, Result, multiqueue_mean_rank_error, p_zero_fresh_peek, simulate
 
 __all__ = ["POLICIES", "Params", "Result", "multiqueue_mean_rank_error", "p_zero_fresh_peek", "predict", "simulate"]
 

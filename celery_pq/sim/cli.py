@@ -9,9 +9,7 @@ from pathlib import Path
 
 import click
 
-from .model import Params, simulate
-from .policies import POLICIES
-from .theory import multiqueue_mean_rank_error
+from .model import POLICIES, Params, multiqueue_mean_rank_error, simulate
 
 CHECK_NODES = (4, 16, 64)
 CHECK_POPS = 400_000
@@ -120,34 +118,25 @@ def predict(nodes, peeks, **kw):
         raise click.UsageError(str(exc)) from None
 
 
+def _directory(flag: str, name: str, default: str, what: str):
+    kind = click.Path(file_okay=False, path_type=Path)
+    return click.option(flag, name, type=kind, default=Path(default), show_default=True, help=f"Where {what} go.")
+
+
 @main.command()
 @click.option("--spark", is_flag=True, help="Run the grid as a Spark job (local mode).")
 @click.option("--quick", is_flag=True, help="A small grid (seconds), for tests and a first look.")
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("benchmarks/results"),
-    show_default=True,
-    help="Where sim.csv, sim.md and sim-histogram.csv go.",
-)
-@click.option(
-    "--img",
-    "img_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("docs/img"),
-    show_default=True,
-    help="Where the relaxed-*.png go.",
-)
+@_directory("--out", "out_dir", "benchmarks/results", "sim.csv, sim.md and sim-histogram.csv")
+@_directory("--img", "img_dir", "docs/img", "the relaxed-*.png")
 @click.option("--no-plots", is_flag=True, help="Write the tables only.")
 @click.option("--seed", default=1, show_default=True)
 def sweep(spark, quick, out_dir, img_dir, no_plots, seed):
     """The parameter sweep (nodes, peeks, lag, consumers, strategy, second-best): table and figures."""
-    from .sweep import grid, run_local, run_spark, write
+    from .sweep import grid, run_row, run_spark, write
 
     rows = grid(quick=quick, seed=seed)
     started = time.perf_counter()
-    results = run_spark(rows) if spark else run_local(rows)
+    results = run_spark(rows) if spark else [run_row(row) for row in rows]
     paths = write(results, out_dir, None if no_plots else img_dir)
     click.echo(
         f"{len(rows)} simulations in {time.perf_counter() - started:.0f} s "

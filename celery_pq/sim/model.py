@@ -1,7 +1,7 @@
 """The peek-k-pop-one queue, simulated: ``simulate(Params(...)) -> Result``, the rank error (PEI)
-of each pop counted exactly against a sorted list of every waiting key. docs/relaxed.md ("The
-simulator") describes the model: the lag, desynchronised consumers acting on peeks c - 1 ticks
-old, the second-best check, the ``uniform`` / ``fifo`` / ``ranks:R`` priorities.
+of each pop counted exactly against a sorted list of every waiting key; the client strategies it
+compares (``POLICIES``) and the closed forms it is checked against. docs/relaxed.md ("The
+simulator", "Where ours differ, and why") describes the model and the strategies.
 """
 
 from __future__ import annotations
@@ -9,16 +9,63 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 
 import numpy as np
 from sortedcontainers import SortedList
 
 from ..storage.checks import count
-from .policies import policy as policy_named
 
 RANK_SHIFT = 40  # ranks:R keys are rank << 40 | sequence: FIFO within a rank, 2^40 adds
 BLOCK = 4096  # random draws made per numpy call (per kind)
 PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a strategy inserts and pops (the simulator's loop reads these fields)."""
+
+    name: str
+    insert: str  # "random", or into the "worst-top" / "best-top" of k peeked subqueues
+    pop_peeks: bool  # pop the best-topped of k peeked subqueues (else a random non-empty one)
+    distinct: bool  # the k peeked subqueues are distinct (else drawn with replacement)
+    summary: str
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy("peek-before-pop", "random", True, True, "insert random; pop the best of k distinct peeks"),
+        Policy("peek-before-add", "worst-top", False, True, "insert into the worst-topped of k peeks; pop random"),
+        Policy("peek-before-add-best", "best-top", False, True, "insert into the best-topped of k peeks; pop random"),
+        Policy("no-peek", "random", False, True, "insert random; pop random"),
+        Policy("multiqueue", "random", True, False, "insert random; pop the best of k peeks with replacement"),
+    )
+}
+
+
+def policy_named(name: str) -> Policy:
+    """The policy called ``name``, or a ValueError listing the known ones."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
+
+
+def multiqueue_mean_rank_error(n: int) -> float:
+    """The MultiQueue's long-run expected rank error on a deep queue of ``n`` subqueues,
+    ``(5/6) n - 1 + 1/(6 n)`` (Walzer and Williams, ESA 2025; arXiv:2410.08714)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, not {n!r}")
+    return 5 * n / 6 - 1 + 1 / (6 * n)
+
+
+def p_zero_fresh_peek(n: int, k: int) -> float:
+    """P(rank error = 0) for k distinct fresh peeks among n non-empty subqueues, with distinct
+    priorities: k / n, whatever the lag."""
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, not k={k!r}, n={n!r}")
+    return k / n
 
 
 @dataclass(frozen=True)
@@ -107,9 +154,7 @@ def _blocks(draw):
 def _peek_rows(rng, n: int, k: int, distinct: bool):
     """Endless lists of k subqueue indexes: distinct ones, or drawn with replacement."""
     if distinct and k >= n:
-        everything = list(range(n))
-        while True:
-            yield everything
+        yield from repeat(list(range(n)))
     if not distinct:
         yield from _blocks(lambda: rng.integers(0, n, (BLOCK, k)).tolist())
     rows = max(64, min(BLOCK, (1 << 20) // n))
@@ -148,10 +193,7 @@ def simulate(params: Params) -> Result:
         else:
             # an empty subqueue's top is +inf: first for worst-top, last for best-top
             tops = [(heaps[i][0] if heaps[i] else inf, i) for i in next(peek_rows)]
-            if pol.insert == "worst-top":
-                q = max(tops)[1]
-            else:
-                q = min(tops)[1]
+            q = (max if pol.insert == "worst-top" else min)(tops)[1]
         push(heaps[q], key)
         waiting.add(key)
 

@@ -76,50 +76,30 @@ def _lag(ax, rows):
     )
 
 
-def _percentiles(ax, rows, x, group, label):
-    for g in dict.fromkeys(r[group] for r in rows):
-        mine = sorted((r for r in rows if r[group] == g), key=lambda r: r[x])
-        color = None
-        for p, ls in STYLE.items():
-            (line,) = ax.plot(
-                [r[x] for r in mine],
-                [r[p] for r in mine],
-                ls=ls,
-                marker="o",
-                ms=3,
-                color=color,
-                label=f"{label(g)} {p}",
-            )
-            color = line.get_color()
+def _percentiles(x, group, label, xlabel, title, yscale="log", base2=False):
+    """A panel: p50, p90 and p99 against ``x``, one colour for each value of ``group``."""
 
+    def draw(ax, rows):
+        for g in dict.fromkeys(r[group] for r in rows):
+            mine = sorted((r for r in rows if r[group] == g), key=lambda r: r[x])
+            color = None
+            for p, ls in STYLE.items():
+                (line,) = ax.plot(
+                    [r[x] for r in mine],
+                    [r[p] for r in mine],
+                    ls=ls,
+                    marker="o",
+                    ms=3,
+                    color=color,
+                    label=f"{label(g)} {p}",
+                )
+                color = line.get_color()
+        if base2:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.set(yscale=yscale, xlabel=xlabel, ylabel="rank error", title=title.format(**rows[0]))
 
-def _nodes(ax, rows):
-    _percentiles(ax, rows, "nodes", "peeks", lambda k: f"k={k}")
-    ax.set(
-        xlabel="nodes (subqueues)", ylabel="rank error", title=f"Rank error against the nodes (lag {rows[0]['lag']:,})"
-    )
-
-
-def _peeks(ax, rows):
-    _percentiles(ax, rows, "peeks", "nodes", lambda n: f"{n} nodes")
-    ax.set(
-        yscale="log",
-        xlabel="peeks before the pop",
-        ylabel="rank error",
-        title=f"Rank error against the peeks (lag {rows[0]['lag']:,})",
-    )
-
-
-def _concurrency(ax, rows):
-    _percentiles(ax, rows, "consumers", "second_best", lambda on: "second-best" if on else "best only")
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set(
-        yscale="log",
-        xlabel="consumers popping at once",
-        ylabel="rank error",
-        title=f"Stale peeks ({rows[0]['nodes']} nodes, {rows[0]['peeks']} peeks, lag {rows[0]['lag']:,})",
-    )
+    return draw
 
 
 def _multiqueue(ax, rows):
@@ -132,8 +112,19 @@ def _multiqueue(ax, rows):
 DRAW = {
     "distribution": _distribution,
     "lag": _lag,
-    "nodes": _nodes,
-    "peeks": _peeks,
-    "concurrency": _concurrency,
+    "nodes": _percentiles(
+        "nodes", "peeks", "k={}".format, "nodes (subqueues)", "Rank error against the nodes (lag {lag:,})", "linear"
+    ),
+    "peeks": _percentiles(
+        "peeks", "nodes", "{} nodes".format, "peeks before the pop", "Rank error against the peeks (lag {lag:,})"
+    ),
+    "concurrency": _percentiles(
+        "consumers",
+        "second_best",
+        lambda on: "second-best" if on else "best only",
+        "consumers popping at once",
+        "Stale peeks ({nodes} nodes, {peeks} peeks, lag {lag:,})",
+        base2=True,
+    ),
     "multiqueue": _multiqueue,
 }

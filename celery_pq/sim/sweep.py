@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Params, simulate
-from .theory import multiqueue_mean_rank_error, p_zero_fresh_peek
+from .model import Params, multiqueue_mean_rank_error, p_zero_fresh_peek, simulate
 
 HIST_MAX = 100  # the histogram counts rank errors 0..99 one by one, then ">= 100"
 STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
@@ -83,11 +82,6 @@ def run_row(row: dict) -> dict:
         "theory_p_zero": theory_p_zero,
         "histogram": [int(v) for v in hist],
     }
-
-
-def run_local(rows: list[dict]) -> list[dict]:
-    """The sweep in this process, one row after another."""
-    return [run_row(row) for row in rows]
 
 
 def run_spark(rows: list[dict], spark=None) -> list[dict]:
@@ -180,16 +174,8 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
         for r in results:
             if r["panel"] == "distribution":
                 for value, count in enumerate(r["histogram"]):
-                    w.writerow(
-                        [
-                            r["panel"],
-                            r["nodes"],
-                            r["peeks"],
-                            r["lag"],
-                            value if value < HIST_MAX else f">={HIST_MAX}",
-                            count,
-                        ]
-                    )
+                    rank_error = value if value < HIST_MAX else f">={HIST_MAX}"
+                    w.writerow([r["panel"], r["nodes"], r["peeks"], r["lag"], rank_error, count])
     if img_dir is not None:
         from .plots import figures
 
@@ -197,27 +183,8 @@ def write(results: list[dict], out_dir: Path, img_dir: Path | None) -> list[Path
     return paths
 
 
-MD_COLUMNS = (
-    "panel",
-    "policy",
-    "nodes",
-    "peeks",
-    "lag",
-    "consumers",
-    "second_best",
-    "priorities",
-    "pops",
-    "mean",
-    "p50",
-    "p90",
-    "p99",
-    "max",
-    "p_zero",
-    "extra_pops",
-    "retries",
-    "theory_mean",
-    "theory_p_zero",
-)
+MD_PARAMS = ("panel", "policy", "nodes", "peeks", "lag", "consumers", "second_best", "priorities", "pops")
+MD_COLUMNS = (*MD_PARAMS, *FIGURE_COLUMNS)
 
 
 def markdown(results: list[dict]) -> str:

@@ -12,52 +12,7 @@ import time
 
 import redis
 
-from .server import HOST, PORT_ATTEMPTS, RESERVED_PORTS, PortTaken, RedisServer, RedisServerError, free_port
-
-
-class ClusterNode(RedisServer):
-    """One node of a ``RedisCluster``: a redis-server with ``--cluster-enabled yes`` on a port
-    whose cluster bus port (port + 10000) was free too, with short failure detection."""
-
-    def __init__(self, *args: str, node_timeout_ms: int = 1000, **kwargs):
-        self.node_timeout_ms = node_timeout_ms
-        super().__init__(*args, start=False, **kwargs)
-        last: Exception | None = None
-        for _ in range(PORT_ATTEMPTS):
-            self.port = _free_cluster_port()
-            try:
-                self._launch(self.port)
-                return
-            except PortTaken as exc:
-                last = exc
-        shutil.rmtree(self.dir, ignore_errors=True)
-        raise RedisServerError(f"could not find a free port pair for a cluster node: {last}")
-
-    def command(self, port: int) -> list[str]:
-        # nodes.conf in the node's own directory: a restart() rejoins with the same identity
-        return [
-            *super().command(port),
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            str(self.node_timeout_ms),
-            # the other masters keep serving while one of them fails over
-            "--cluster-require-full-coverage",
-            "no",
-            # a replica promotes however long its link was down (a test kills at any time)
-            "--cluster-replica-validity-factor",
-            "0",
-        ]
-
-    def node_id(self) -> str:
-        with self.client(decode_responses=True) as c:
-            return c.execute_command("CLUSTER", "MYID")
-
-    def role(self) -> str:
-        with self.client(decode_responses=True, socket_timeout=2) as c:
-            return c.execute_command("ROLE")[0]
+from .server import HOST, RESERVED_PORTS, RedisServer, RedisServerError, flags, free_port
 
 
 def _free_cluster_port() -> int:
@@ -72,6 +27,43 @@ def _free_cluster_port() -> int:
             except OSError:
                 continue
         return port
+
+
+class ClusterNode(RedisServer):
+    """One node of a ``RedisCluster``: a redis-server with ``--cluster-enabled yes`` on a port
+    whose cluster bus port (port + 10000) was free too, with short failure detection."""
+
+    _free_port = staticmethod(_free_cluster_port)
+
+    def __init__(self, *args: str, node_timeout_ms: int = 1000, **kwargs):
+        self.node_timeout_ms = node_timeout_ms
+        super().__init__(*args, **kwargs)
+
+    def command(self, port: int) -> list[str]:
+        settings = {
+            "cluster-enabled": "yes",
+            "cluster-config-file": "nodes.conf",  # in the node's directory: a restart() rejoins as itself
+            "cluster-node-timeout": self.node_timeout_ms,
+            "cluster-require-full-coverage": "no",  # the other masters serve while one fails over
+            "cluster-replica-validity-factor": 0,  # a replica promotes however long its link was down
+        }
+        return [*super().command(port), *flags(settings)]
+
+    def ask(self, *command, timeout: float = 30):
+        """One command's reply (decoded), on a client of its own."""
+        with self.client(decode_responses=True, socket_timeout=timeout) as c:
+            return c.execute_command(*command)
+
+    def node_id(self) -> str:
+        return self.ask("CLUSTER", "MYID")
+
+    def role(self) -> str:
+        return self.ask("ROLE", timeout=2)[0]
+
+
+def _serving(slots: list, slot: int) -> int | None:
+    """The port of the master a ``CLUSTER SLOTS`` reply says serves ``slot``."""
+    return next((master[1] for start, end, master, *_ in slots if start <= slot <= end), None)
 
 
 class RedisCluster:
@@ -100,20 +92,9 @@ class RedisCluster:
             )
             if cli is None:
                 raise RedisServerError("redis-cli not found next to redis-server or on PATH: it creates the cluster")
-            done = subprocess.run(
-                [
-                    cli,
-                    "--cluster",
-                    "create",
-                    *(f"{HOST}:{n.port}" for n in self.nodes),
-                    "--cluster-replicas",
-                    str(replicas),
-                    "--cluster-yes",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            addresses = [f"{HOST}:{n.port}" for n in self.nodes]
+            create = [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"]
+            done = subprocess.run(create, capture_output=True, text=True, timeout=60)
             if done.returncode:
                 raise RedisServerError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr}")
             self.wait_ready(masters=masters, replicas=masters * replicas)
@@ -145,12 +126,7 @@ class RedisCluster:
 
     def master_of(self, key) -> ClusterNode:
         """The node that serves ``key``'s slot now."""
-        with self.seed.client(decode_responses=True) as c:
-            slot = c.execute_command("CLUSTER", "KEYSLOT", key)
-            for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
-                if start <= slot <= end:
-                    return self._by_port(master[1])
-        raise RedisServerError(f"no node serves the slot of {key!r}")
+        return self._owner_of_slot(self.slot_of(key))
 
     def replicas_of(self, master: ClusterNode) -> list[ClusterNode]:
         mid = master.node_id()
@@ -158,9 +134,7 @@ class RedisCluster:
         for n in self.nodes:
             if n is master or not n.running:
                 continue
-            with n.client(decode_responses=True) as c:
-                info = c.execute_command("CLUSTER", "NODES")
-            for line in info.splitlines():
+            for line in n.ask("CLUSTER", "NODES").splitlines():
                 parts = line.split()
                 if "myself" in parts[2] and "slave" in parts[2] and parts[3] == mid:
                     out.append(n)
@@ -169,21 +143,17 @@ class RedisCluster:
     def tags_on_distinct_masters(self, prefix: str = "q") -> list[str]:
         """One name per master (``prefix0``, ``prefix7``, ...) whose ``{name}`` tag lands there."""
         found: dict[int, str] = {}
-        with self.seed.client(decode_responses=True) as c:
-            slots = c.execute_command("CLUSTER", "SLOTS")
-            i = 0
-            while len(found) < len(slots) and i < 10_000:
-                name = f"{prefix}{i}"
-                slot = c.execute_command("CLUSTER", "KEYSLOT", name)
-                for start, end, master, *_ in slots:
-                    if start <= slot <= end:
-                        found.setdefault(master[1], name)
-                i += 1
+        slots = self.seed.ask("CLUSTER", "SLOTS")
+        for name in (f"{prefix}{i}" for i in range(10_000)):
+            if len(found) == len(slots):
+                break
+            port = _serving(slots, self.slot_of(name))
+            if port is not None:
+                found.setdefault(port, name)
         return list(found.values())
 
     def slot_of(self, key) -> int:
-        with self.seed.client() as c:
-            return int(c.execute_command("CLUSTER", "KEYSLOT", key))
+        return int(self.seed.ask("CLUSTER", "KEYSLOT", key))
 
     def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0, on_key=None) -> int:
         """Move hash ``slot`` to master ``to`` as ``redis-cli --cluster reshard`` does (IMPORTING,
@@ -219,8 +189,7 @@ class RedisCluster:
                 break
         for m in self.masters():
             if m.port not in (source.port, to.port):
-                with m.client() as c:
-                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", tid)
+                m.ask("CLUSTER", "SETSLOT", slot, "NODE", tid)
         deadline = time.monotonic() + self.ready_timeout
         while not all(self._owner_of_slot(slot, n).port == to.port for n in self.nodes if n.running):
             if time.monotonic() > deadline:
@@ -229,11 +198,10 @@ class RedisCluster:
         return moved
 
     def _owner_of_slot(self, slot: int, asked: ClusterNode | None = None) -> ClusterNode:
-        with (asked or self.seed).client(decode_responses=True) as c:
-            for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
-                if start <= slot <= end:
-                    return self._by_port(master[1])
-        raise RedisServerError(f"no node serves slot {slot}")
+        port = _serving((asked or self.seed).ask("CLUSTER", "SLOTS"), slot)
+        if port is None:
+            raise RedisServerError(f"no node serves slot {slot}")
+        return self._by_port(port)
 
     def kill_master(self, master: ClusterNode, timeout: float | None = None) -> ClusterNode:
         """SIGKILL ``master`` and wait until one of its replicas serves its slots and the cluster
@@ -264,15 +232,13 @@ class RedisCluster:
         self.wait_ready()
 
     def _ok(self, node: ClusterNode) -> bool:
-        with node.client(decode_responses=True, socket_timeout=2) as c:
-            info = c.execute_command("CLUSTER", "INFO")
+        info = node.ask("CLUSTER", "INFO", timeout=2)
         return "cluster_state:ok" in info and "cluster_slots_ok:16384" in info
 
     @staticmethod
     def _linked(replica: ClusterNode) -> bool:
         """Has the replica synced with its master (its link up)?"""
-        with replica.client(decode_responses=True, socket_timeout=2) as c:
-            role = c.execute_command("ROLE")
+        role = replica.ask("ROLE", timeout=2)
         return role[0] == "slave" and role[3] == "connected"
 
     def wait_ready(self, masters: int | None = None, replicas: int | None = None) -> None:
@@ -288,8 +254,7 @@ class RedisCluster:
                         raise redis.ConnectionError("a replica is still syncing")
                     views = set()
                     for n in running:
-                        with n.client(decode_responses=True) as c:
-                            lines = c.execute_command("CLUSTER", "NODES").splitlines()
+                        lines = n.ask("CLUSTER", "NODES").splitlines()
                         views.add(
                             frozenset(
                                 (p[1].split("@")[0], "master" in p[2], "fail" in p[2])

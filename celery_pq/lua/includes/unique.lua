@@ -67,11 +67,7 @@ local function unique_holder(ii, kind, eid, key)
   if kind ~= 'e' then
     return nil
   end
-  local v = redis.call('HGET', ii, eid)
-  if not v then
-    return nil
-  end
-  local e, bar = split_entry(v)
+  local v, e, bar = read_entry(ii, eid)
   if not e or not holds_key(e.x) or redis.call('HGET', key_of('ue'), eid) ~= key then
     return nil
   end

@@ -8,6 +8,15 @@ local function wake(wk)
   end
 end
 
+-- The end of a pop: a wake token when entries are left for the next consumer, else none.
+local function wake_if(wk, left)
+  if left then
+    wake(wk)
+  else
+    redis.call('DEL', wk)
+  end
+end
+
 -- Wake the consumers of every registered priority view whose range holds rank. The registry
 -- (hash vw, "lo-hi" -> 1) is read here, so views registered by any process are woken; each
 -- view's wake list is "<wk>:lo-hi" under the queue's stem.
