@@ -13,7 +13,7 @@ from ..storage.records import split_entry, split_lease, split_switches
 from . import calls
 from .running import readable_mode
 from .scripts import Scripts
-from .tenants import held_tenants, paused, tenant_stats
+from .tenants import held_tenants, paused, peek_tenant, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
@@ -83,8 +83,11 @@ def stats(s: Scripts) -> dict:
     }
 
 
-def peek(s: Scripts, count: int = 1) -> list[Entry]:
-    """The next ``count`` entries in delivery order, not leased."""
+def peek(s: Scripts, count: int = 1, tenant: str | None = None) -> list[Entry]:
+    """The next ``count`` entries in delivery order, not leased; with ``tenant``, that tenant's
+    next waiting entries of a fair queue, in the order it gives them."""
+    if tenant is not None:
+        return peek_tenant(s, tenant, count)
     reply = s.run("peek", calls.peek_args(s, count))
     return calls.peeked(s, reply)
 
@@ -250,12 +253,6 @@ def stored_mode(s: Scripts) -> dict | None:
     """The mode the queue recorded in Redis (None before its first insert)."""
     raw = s.client.get(s.keys.mode)
     return None if raw is None else readable_mode(as_text(raw))
-
-
-def retrieve_highest_priority(s: Scripts) -> str | None:
-    """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
-    head = peek(s, 1)
-    return head[0].id if head else None
 
 
 def retrieve_by_priority(s: Scripts, priority: int) -> str | None:

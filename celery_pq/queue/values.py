@@ -108,7 +108,7 @@ class Popped(list[Held], Generic[Held]):
 
     def __init__(self, items: Iterable[Held] = (), queue: Any = None):
         super().__init__(items)
-        self.acked: list[int] = []
+        self.acked: Any = []  # ack codes: a list, or by queue for acks of several queues
         self.queue: Any = queue  # the PriorityQueue (a shard) they came from
 
 

@@ -1,5 +1,5 @@
 """A channel's publishing side: a message stored in a queue (one insert under its publish call's
-id, so kombu's retries store it once; ``insert_unique`` for one with a unique key), or broadcast
+id, so kombu's retries store it once; ``put`` with ``unique=`` for one with a unique key), or broadcast
 to a fanout exchange by pub/sub (sharded on a cluster). In a producer's batch a stored message
 waits for the flush (``batches.py``). docs/leases.md ("Idempotent publish"), docs/unique.md.
 """

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from ...storage import costs
 from ...transport.broker import queue_and_view, queue_names
 from ...transport.messages import describe
 from .. import render
@@ -126,7 +127,7 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         return _peek_delayed(ctx, queue, count, tenant, as_json)
     with broker_of(ctx).channel() as channel:
         q, _ = queue_named(channel, queue)
-        entries = q.peek(count) if tenant is None else q.peek_tenant(tenant, count)
+        entries = q.peek(count, tenant)
         held = q.held_tenants()
         now_ms = _now_ms(channel)
     rows = [{**_entry_row(e, now_ms), "held": held.get(e.tenant)} for e in entries]
@@ -295,7 +296,7 @@ def explain(ctx, queue, as_json):
         q, _ = queue_named(channel, queue)
         s = q.stats()
     stale = max(0, s["index_members"] - s["waiting"]) if not q.settings.fair else 0
-    costs = q.explain(stale=min(stale, 64))
+    table = costs.explain(stale=min(stale, 64))
     data = {
         "queue": queue,
         "technique": q.mode["technique"],
@@ -306,7 +307,7 @@ def explain(ctx, queue, as_json):
         "delayed": s["delayed"],
         "index_members": s["index_members"],
         "stale_pointers": stale,
-        "costs": {op: by_t[q.mode["technique"]] for op, by_t in costs.items() if q.mode["technique"] in by_t},
+        "costs": {op: by_t[q.mode["technique"]] for op, by_t in table.items() if q.mode["technique"] in by_t},
     }
     if as_json:
         return print_json(data)
