@@ -49,7 +49,6 @@ import time
 import redis
 
 from celery_pq import Item, PriorityQueue
-from celery_pq.queue.calls import migrate_args
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.scripts import SCRIPT_NAMES, library, source
 from celery_pq.storage import constants as C
@@ -229,7 +228,7 @@ def case_migrate(client, log, n) -> dict:
     fair = PriorityQueue(client, "migrate", fair=True)
     waiting = done = 0
     while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
-        step = fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))
+        step = fair._scripts.run("migrate", step=C.MIGRATE_STEP)
         waiting, done = waiting + step[0], step[3]
         log.tick()
     assert waiting == n - n // 100, waiting

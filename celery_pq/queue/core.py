@@ -1,7 +1,6 @@
 """The prioritized, lease-based queue: ``PriorityQueue``, the verbs over one queue's Lua scripts
-(docs/architecture.md). It has its script calls (``scripts.Scripts``) as a private member; a verb
-is a function of them in ``inserts``, ``leasing``, ``reads``, ``tenants`` or ``admin``. Usable
-without Celery::
+(docs/architecture.md), each a function of its private script calls (``scripts.Scripts``) in
+``inserts``, ``leasing``, ``reads``, ``tenants`` or ``admin``::
 
     q = open_queue(redis.Redis(), "orders")
     q.insert(b"payload", priority=200, id="task-1")

@@ -1,10 +1,5 @@
-"""A queue's settings: one frozen value, checked once, with one error type (``ConfigError``, a
-``ValueError``).
-
-``QueueSettings`` is what every queue is opened with (``open.open_queue``): the transport's
-options produce it (``Options.queue_settings``), tools build it from keyword arguments
-(``PriorityQueue(client, name, **settings)``), and a queue made elsewhere lends it its recorded
-mode (``with_mode``).
+"""A queue's settings (docs/settings.md): one frozen ``QueueSettings``, checked once, with one
+error type (``ConfigError``, a ``ValueError``); ``open_queue`` opens every queue with one.
 """
 
 from __future__ import annotations

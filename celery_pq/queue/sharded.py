@@ -20,7 +20,6 @@ from typing import Any
 from ..storage import constants as C
 from ..storage.errors import ConfigError, EntryNotFound
 from ..storage.keys import split_dead
-from . import calls
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .running import run_calls
@@ -193,7 +192,7 @@ class ShardedQueue:
         """(rank, enqueued_ms) of the entry each shard would deliver first, None for an empty or
         paused one: one pipelined round trip."""
         replies = run_calls(self.client, [s._scripts.head_call(view) for s in shards])
-        return [calls.parse_head(r) for r in replies]
+        return [(int(r[0]), int(r[1])) if r else None for r in replies]
 
     def send_pop(self, count: int = 1, *, acks=(), consumer=None, view=None) -> None:
         return None  # a sharded queue's pop peeks its shards first, and waits for each reply
