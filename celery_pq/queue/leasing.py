@@ -32,8 +32,8 @@ def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, 
     lease_ms = s.lease_ms(lease_seconds)
     if not pairs:
         return []
-    script, keys, args = s.call("extend", s.keys_of("extend"), calls.extend_args(s, lease_ms, pairs))
-    return calls.lease_codes(s, pairs, script(keys=keys, args=args, client=s.client), strict)
+    codes = s.run("extend", calls.extend_args(s, lease_ms, pairs), wait=False)  # (renewals go on in a migration)
+    return calls.lease_codes(s, pairs, codes, strict)
 
 
 def requeue(s: Scripts, lease, *, count_delivery: bool = True, strict: bool = False) -> str | None:
