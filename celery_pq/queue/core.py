@@ -51,6 +51,7 @@ class PriorityQueue:
             raise TypeError("give settings or keyword settings, not both")
         self._scripts = s = Scripts(client, name, (settings or QueueSettings(**given)).one_shard())
         self.client, self.name, self.settings, self.keys = client, name, s.settings, s.keys
+        self.is_dead = s.is_dead
         #: {tenant ``task:<name>``: rate}: the ``task_rate`` limits a publish follows (``open_queue``)
         self.task_limits: dict[str, float] = {}
 
@@ -66,10 +67,6 @@ class PriorityQueue:
     def shards(self) -> list[PriorityQueue]:
         """A plain queue is its own single shard."""
         return [self]
-
-    @property
-    def is_dead(self) -> bool:
-        return self._scripts.is_dead
 
     @property
     def dead(self) -> PriorityQueue:

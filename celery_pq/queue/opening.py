@@ -118,15 +118,12 @@ def _own_limits(settings: QueueSettings) -> dict[str, float]:
 
 def _mode_differences(q: PriorityQueue, wanted: dict) -> list[str]:
     """What of the ``wanted`` mode the queue's recorded one (``q.mode``) says otherwise."""
-    said = []
-    for key, mine in wanted.items():
-        theirs = q.mode.get(key)
-        if theirs is not None and theirs != mine:
-            said.append(
-                f"{key} is {theirs!r} in Redis, {mine!r} in this process's options: the queue's stands "
-                "(PriorityQueue.migrate_mode changes it on purpose; docs/settings.md)"
-            )
-    return said
+    return [
+        f"{key} is {q.mode[key]!r} in Redis, {mine!r} in this process's options: the queue's stands "
+        "(PriorityQueue.migrate_mode changes it on purpose; docs/settings.md)"
+        for key, mine in wanted.items()
+        if q.mode.get(key) not in (None, mine)
+    ]
 
 
 def _table_differences(
