@@ -125,11 +125,11 @@ class PriorityQueue:
         lo..hi. ``acks``: ``(entry id, token)`` pairs acked first, in the same call, their codes
         the result's ``acked``; or ``{queue: pairs}``, the acks of several queues in the same
         round trip, ``acked`` their codes by queue (then a migration is not waited out)."""
-        pop = functools.partial(pop_with_acks, self, count, lean=lean, lease_seconds=lease_seconds)
+        pop = functools.partial(pop_with_acks, self, count, lean=lean, lease_seconds=lease_seconds, consumer=consumer)
         if isinstance(acks, dict):
-            popped, popped.acked = pop(acks=acks, consumer=consumer, view=view)
+            popped, popped.acked = pop(acks=acks, view=view)
             return popped
-        popped, codes = wait_out_migration(lambda: pop(acks={self: acks}, consumer=consumer, view=view))
+        popped, codes = wait_out_migration(lambda: pop(acks={self: acks}, view=view))
         popped.acked = codes.get(self, [])
         return popped
 
