@@ -72,7 +72,7 @@ def _consume(connect, name, shards, peek, seed, budget, out):
     rng = random.Random(seed)
     pops, pubs = [], []
     while budget.take():
-        got, _ = q.pop_with_acks(1)
+        got = q.pop(1)
         t = now_ns()
         if not got:
             continue

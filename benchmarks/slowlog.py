@@ -49,7 +49,6 @@ import time
 import redis
 
 from celery_pq import Item, PriorityQueue
-from celery_pq.queue.calls import migrate_args
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.scripts import SCRIPT_NAMES, library, source
 from celery_pq.storage import constants as C
@@ -229,7 +228,7 @@ def case_migrate(client, log, n) -> dict:
     fair = PriorityQueue(client, "migrate", fair=True)
     waiting = done = 0
     while not done:  # migrate_mode's own loop, one step at a time (the SLOWLOG read in between)
-        step = fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))
+        step = fair._scripts.run("migrate", step=C.MIGRATE_STEP)
         waiting, done = waiting + step[0], step[3]
         log.tick()
     assert waiting == n - n // 100, waiting
@@ -309,17 +308,17 @@ def case_unique(client, log, n, seconds: float = 3.0) -> dict:
     for place, at in places.items():  # one keyed entry at each place, the backlog's entries between
         _fill(q, at - filled, prefix=f"b{filled}-")
         filled = at
-        q.insert_unique(b"v0", 5, id=f"{place}-0", unique=UniqueKey(place, "replace"))
+        q.put(Item(b"v0", 5, id=f"{place}-0"), unique=UniqueKey(place, "replace"))
     log.reset()
     tick, per_tick = 0.05, 10  # 200 new throttle keys a second
     start, i = time.monotonic(), 0
     while time.monotonic() - start < seconds:
         i += 1
         for j in range(per_tick):
-            q.insert_unique(b"t", 5, unique=UniqueKey(f"user-{i}-{j}", "throttle", 1.0))
+            q.put(Item(b"t", 5), unique=UniqueKey(f"user-{i}-{j}", "throttle", 1.0))
             log.tick()
         for place in places:
-            out = q.insert_unique(b"v", 5, id=f"{place}-{i}", unique=UniqueKey(place, "replace"))
+            out = q.put(Item(b"v", 5, id=f"{place}-{i}"), unique=UniqueKey(place, "replace"))
             assert out.kind == "replaced", out
             log.tick()
         time.sleep(max(0.0, start + i * tick - time.monotonic()))

@@ -26,7 +26,7 @@ def migrate_mode(s: Scripts, *, step: int = C.MIGRATE_STEP) -> dict:
     _count("step", step, low=1, none=False)
     total = [0, 0, 0]
     while True:
-        waiting, leased, bad, done = s.run("migrate", calls.migrate_args(s, step))
+        waiting, leased, bad, done = s.run("migrate", step=step)
         for i, n in enumerate((waiting, leased, bad)):
             total[i] += int(n)
         if int(done):
@@ -37,7 +37,7 @@ def purge(s: Scripts) -> int:
     """Delete every waiting entry (leased ones stay leased); returns how many."""
     total = 0
     while True:
-        deleted, taken = s.run("purge", calls.purge_args(s))
+        deleted, taken = s.run("purge", count=C.STEP_CHUNK)
         total += int(deleted)
         if not taken:
             return total
@@ -93,7 +93,7 @@ def set_event_log(s: Scripts, cap: int | None) -> int:
     (the stream is kept); returns the cap in force before. A process whose own
     ``event_log`` is set switches it on again at its next call."""
     _count("event_log", cap, low=0)
-    return int(s.run("event_log", calls.event_log_args(s, cap)))
+    return int(s.run("event_log", cap=int(cap or 0)))
 
 
 def remove(s: Scripts, id: str) -> int:
@@ -112,7 +112,8 @@ def remove_highest_priority(s: Scripts) -> Entry | None:
     """REMOVE HIGHEST PRIORITY: take the next entry and delete it, with no lease."""
     if s.settings.fair:
         raise ValueError("remove_highest_priority takes no tenant turn; use pop and ack on a fair queue")
-    return calls.removed_entry(s, s.run("remove_highest", calls.remove_highest_args(s)))
+    reply = s.run("remove_highest")
+    return calls.entry_of(s, *reply) if reply else None
 
 
 def cleanup(s: Scripts, count: int = 1000) -> int:
@@ -125,7 +126,7 @@ def cleanup(s: Scripts, count: int = 1000) -> int:
         seen = 0
         while seen < count:
             n = min(C.COMPACT_STEP, count - seen)
-            gone, looked, more = s.run("cleanup", calls.cleanup_args(s, int(rank), n))
+            gone, looked, more = s.run("cleanup", rank=int(rank), count=n)
             removed += int(gone)
             seen += int(looked)
             if not more or not looked:

@@ -1,17 +1,8 @@
-"""The script calls of a queue: for each Lua script, the function that lays out its ARGV and the
-one that reads its reply, beside each other, one pair per script (KEYS come from each script's
-header: ``Scripts.keys_of``).
-
-Every ARGV is laid out by the names in its script's header (``Signature.bind``): the queue's
-own values (its context and settings: ``queue_values``) once per queue (``Scripts.layout``),
-a consumer's pop arguments once per set of them, the rest by name at each call. So an argument
-a header adds, drops or moves is a TypeError naming it, not a shifted ARGV
-(tests/unit/test_script_calls.py holds every builder here to its header).
-
-Pure functions of a queue's context (its settings, keys and ranks: ``Scripts``) and their
-inputs: nothing here talks to Redis. The queue layers build a ``ScriptCall`` with these and
-run it (``Scripts.run``, or several at once with ``running.run_calls``).
-"""
+"""The script calls of a queue: for each Lua script, the function that lays out its ARGV (by the
+names in the script's header, ``Signature.bind``: a name a header adds, drops or moves is a
+TypeError naming it) and the one that reads its reply. Pure functions of a queue's context
+(``Scripts``): nothing here talks to Redis. tests/unit/test_script_calls.py holds each to its
+header."""
 
 from __future__ import annotations
 
@@ -27,9 +18,7 @@ from .item import lua_group
 from .values import Delivery, Entry, Lease, as_text, escape_tenant, unescape_tenant
 
 
-class Context(Protocol):
-    """What the builders and readers here take of a queue: its ``scripts.Scripts``."""
-
+class Context(Protocol):  # (a ``scripts.Scripts``)
     name: str
     settings: Any  # QueueSettings
     keys: Any  # keys.QueueKeys
@@ -47,14 +36,9 @@ class Context(Protocol):
 
 
 class ScriptCall(NamedTuple):
-    """One script call: the script, its KEYS, its ARGV (the queue context last, for the scripts
-    that take it: as the builders below lay it out). A tuple, so
-    the runner (``scripts.run_calls``) takes it as it is.
-
-    The first-send rule: a call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id
-    made for it, never sent before: ``insert_made``) may skip what only a repeat needs; sent
-    again (a retry, redis-py's own resend of a pipeline, a cluster's reroute), it is
-    ``resent()``, where that argument reads "1"."""
+    """One script call: the script, its KEYS, its ARGV (a tuple, as ``scripts.run_calls`` takes
+    it). A call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id made for it:
+    ``insert_made``) may skip what only a repeat needs; sent again, it is ``resent()``."""
 
     script: Any
     keys: list
@@ -189,22 +173,14 @@ def inserted(reply) -> list[tuple[str, bool]]:
     return [(decode_id(e[0]), len(e) == 1) if isinstance(e, list) else (decode_id(e), False) for e in reply]
 
 
-def insert_outcomes(reply) -> list[tuple[str, str | None]]:
-    """(entry id, unique outcome) of each item of an insert's reply: the outcome ("stored",
-    "merged", ...) of an item with a unique key, the entry id the one standing for the key;
-    None for an item without one (or a repeat of a publish id)."""
-    return [
-        (decode_id(e[0]), as_text(e[1]) if len(e) > 1 else None) if isinstance(e, list) else (decode_id(e), None)
-        for e in reply
-    ]
-
-
 def insert_outcome(reply) -> tuple[str, str | None]:
-    """``insert_outcomes`` of a one-entry insert."""
+    """(entry id, unique outcome) of a one-item insert's reply: the outcome ("stored", "merged",
+    ...) of an item with a unique key, the entry id the one standing for the key; None for an
+    item without one (or a repeat of a publish id)."""
     e = reply[0]
-    if type(e) is bytes:  # (an entry stored: the usual reply)
+    if not isinstance(e, list):  # (an entry stored: the usual reply)
         return decode_id(e), None
-    return insert_outcomes(reply)[0]
+    return decode_id(e[0]), as_text(e[1]) if len(e) > 1 else None
 
 
 class Inserted(NamedTuple):
@@ -328,14 +304,9 @@ def reclaim_args(
 
 
 #: A sweep that did nothing (the queue's mode is being migrated).
-RECLAIM_SKIPPED = {
-    "returned": 0,
-    "dead": 0,
+RECLAIM_SKIPPED = dict.fromkeys(("returned", "dead", "promoted", "dead_dropped", "restored"), 0) | {
     "skipped": True,
     "more": False,
-    "promoted": 0,
-    "dead_dropped": 0,
-    "restored": 0,
 }
 
 
@@ -345,7 +316,7 @@ def reclaimed(reply) -> dict:
     return {name: int(v) for name, v in zip(names, reply)}
 
 
-# -- remove.lua, change_priority.lua, purge.lua, cleanup.lua ----------------------------------
+# -- remove.lua, change_priority.lua -----------------------------------------------------------
 def remove_args(q: Context, id: str, cursor, step: int) -> list:
     return q.layout("remove")(id=encode_id(id), cursor=cursor, step=step)
 
@@ -354,46 +325,9 @@ def change_priority_args(q: Context, id: str, priority: int) -> list:
     return q.layout("change_priority")(eid=encode_id(id), rank=q.rank(priority))
 
 
-def purge_args(q: Context) -> list:
-    return q.layout("purge")(count=C.STEP_CHUNK)
-
-
-def cleanup_args(q: Context, rank: int, step: int) -> list:
-    return q.layout("cleanup")(rank=rank, count=step)
-
-
-# -- peek.lua, peek_head.lua, retrieve_by_priority.lua, remove_highest.lua --------------------
-def peek_args(q: Context, count: int) -> list:
-    return q.layout("peek")(count=count)
-
-
-def peeked(q: Context, reply) -> list[Entry]:
-    return [entry_of(q, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
-
-
-def peek_head_args(q: Context, lo: int, hi: int) -> list:
-    return q.layout("peek_head")(lo=lo, hi=hi)
-
-
-def parse_head(reply) -> tuple[int, int] | None:
-    """(rank, enqueued_ms) of a ``peek_head`` reply, None when a pop would find nothing."""
-    return (int(reply[0]), int(reply[1])) if reply else None
-
-
+# -- retrieve_by_priority.lua ----------------------------------------------------------------
 def retrieve_by_priority_args(q: Context, priority: int) -> list:
     return q.layout("retrieve_by_priority")(rank=q.rank(priority))
-
-
-def retrieved_id(reply) -> str | None:
-    return decode_id(reply[0]) if reply else None
-
-
-def remove_highest_args(q: Context) -> list:
-    return q.layout("remove_highest")()
-
-
-def removed_entry(q: Context, reply) -> Entry | None:
-    return entry_of(q, *reply) if reply else None
 
 
 # -- replay.lua -------------------------------------------------------------------------------
@@ -414,14 +348,6 @@ def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
             out[_REPLAY_REFUSED.get(r, "refused")].append(i)
 
 
-# -- migrate.lua, pause.lua, event_log.lua ----------------------------------------------------
-def migrate_args(q: Context, step: int) -> list:
-    return q.layout("migrate")(step=step)
-
-
+# -- pause.lua ----------------------------------------------------
 def pause_args(q: Context, paused: bool, tenant: str | None) -> list:
     return q.layout("pause")(paused=flag(paused), tenant=escape_tenant(tenant or ""))
-
-
-def event_log_args(q: Context, cap: int | None) -> list:
-    return q.layout("event_log")(cap=int(cap or 0))

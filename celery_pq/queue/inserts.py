@@ -4,7 +4,8 @@ batch's calls; publish ids make a retried call store its entries once (docs/leas
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from redis.exceptions import NoScriptError
 
@@ -38,7 +39,6 @@ def _check_reply(s: Scripts, reply, sent) -> bool:
 
 
 def put(s: Scripts, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None):
-    """``PriorityQueue.put``: the entry id, or with ``unique`` the ``PublishOutcome``."""
     if unique is not None and not isinstance(unique, UniqueKey):
         raise TypeError(f"unique must be a UniqueKey, got {type(unique).__name__}")
     sent = [_sent(s, item)]
@@ -68,9 +68,12 @@ def put(s: Scripts, item: Item, unique: UniqueKey | None, first_send: bool, reme
 
 
 def insert_many(
-    s: Scripts, items: Iterable[Item], chunk: int, repeats: bool, remember: bool
+    s: Scripts, items: Iterable[Item], *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True
 ) -> list[str] | tuple[list[str], list[bool]]:
-    """``PriorityQueue.insert_many``."""
+    """Bulk INSERT in atomic calls of ``chunk`` items, pipelined. On a failure ``exc.stored``
+    (an entry id or None per item) and ``exc.items`` (those not known to be stored) say what
+    was stored. ``repeats=True``: ``(ids, repeated)``, the items whose publish id the queue
+    had seen. ``remember=False``: their publish ids are forgotten once answered."""
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     items = list(items)
@@ -130,25 +133,25 @@ def insert_many(
     return (ids, repeated) if repeats else ids
 
 
-def batch_call(s: Scripts, items: list[Item]) -> tuple[ScriptCall, list]:
-    """``PriorityQueue.batch_call``."""
+def batch_call(s: Scripts, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], calls.Inserted | None]]:
+    """The insert call of a publish batch's items (each with its publish id), to send on a
+    stream, and what reads its reply (or the exception in its place): what was stored, None
+    to send it again."""
     sent = [(item, item.publish_id) for item in items]
     forget = s.answered.take(max(C.FORGET_MAX, len(sent)))
-    return s.insert_call(sent, forget, "R"), [sent, forget]
 
-
-def batch_reply(s: Scripts, reply, state: list) -> calls.Inserted | None:
-    """``PriorityQueue.batch_reply``."""
-    sent, forget = state
-    if isinstance(reply, Exception):
-        s.answered.add(forget)  # (a call that did not run forgot nothing)
-        if isinstance(reply, NoScriptError) or function_missing(reply):
+    def read(reply) -> calls.Inserted | None:
+        if isinstance(reply, Exception):
+            s.answered.add(forget)  # (a call that did not run forgot nothing)
+            if isinstance(reply, NoScriptError) or function_missing(reply):
+                return None
+            raise translate_error(reply)
+        if not _check_reply(s, reply, sent):
             return None
-        raise translate_error(reply)
-    if not _check_reply(s, reply, sent):
-        return None
-    s.answered.add([pid for _, pid in sent if pid is not None])  # no resend of them can come
-    return calls.Inserted(reply)
+        s.answered.add([pid for _, pid in sent if pid is not None])  # no resend of them can come
+        return calls.Inserted(reply)
+
+    return s.insert_call(sent, forget, "R"), read
 
 
 def _partial(exc: Exception, ids: list, items: list[Item], why: str) -> Exception:

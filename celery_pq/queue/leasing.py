@@ -7,6 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
+from ..storage import constants as C
 from ..storage.errors import QueueMigrating, raise_for
 from . import calls
 from .running import run_acks, wait_out_migration
@@ -16,7 +17,8 @@ from .values import lease_pair, lease_pairs
 logger = logging.getLogger("celery_pq.queue")
 
 
-def ack_many(s: Scripts, leases: Sequence, strict: bool) -> list[bool]:
+def ack_many(s: Scripts, leases: Sequence, *, strict: bool = False) -> list[bool]:
+    """``ack`` of several leases in one call."""
     pairs = lease_pairs(leases)
     if not pairs:
         return []
@@ -24,16 +26,23 @@ def ack_many(s: Scripts, leases: Sequence, strict: bool) -> list[bool]:
     return calls.lease_codes(s, pairs, codes, strict)
 
 
-def extend(s: Scripts, leases: Sequence, lease_seconds: float | None, strict: bool) -> list[bool]:
+def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, strict: bool = False) -> list[bool]:
+    """Renew leases for ``lease_seconds`` (default: the queue's) from now, Redis clock."""
     pairs = lease_pairs(leases)
     lease_ms = s.lease_ms(lease_seconds)
     if not pairs:
         return []
-    script, keys, args = s.call("extend", s.keys_of("extend"), calls.extend_args(s, lease_ms, pairs))
-    return calls.lease_codes(s, pairs, script(keys=keys, args=args, client=s.client), strict)
+    codes = s.run("extend", calls.extend_args(s, lease_ms, pairs), wait=False)  # (renewals go on in a migration)
+    return calls.lease_codes(s, pairs, codes, strict)
 
 
-def requeue(s: Scripts, lease, count_delivery: bool, reason: str, strict: bool) -> str | None:
+def requeue(s: Scripts, lease, *, count_delivery: bool = True, strict: bool = False) -> str | None:
+    """Back to waiting at its place: ``"waiting"``, ``"dead"`` (max_deliveries used up) or
+    None (the lease was lost). ``count_delivery=False`` undoes the delivery."""
+    return _moved(s, lease, count_delivery, "", strict)
+
+
+def _moved(s: Scripts, lease, count_delivery: bool, reason: str, strict: bool) -> str | None:
     """Back to waiting (``reason`` empty) or to the dead-letter queue with ``reason``."""
     eid, token = lease_pair(lease)
     code = s.run("requeue", calls.requeue_args(s, eid, token, count_delivery, reason))
@@ -45,7 +54,8 @@ def requeue(s: Scripts, lease, count_delivery: bool, reason: str, strict: bool) 
     return state
 
 
-def dead_letter(s: Scripts, lease, reason: str, strict: bool) -> str | None:
+def dead_letter(s: Scripts, lease, reason: str = "rejected", *, strict: bool = False) -> str | None:
+    """To ``<name>.dead`` now, with ``reason`` (no "," "@" "|")."""
     if s.is_dead:
         raise ValueError(
             f"{s.name!r} is a dead-letter queue: it has no dead-letter queue of its own "
@@ -53,12 +63,16 @@ def dead_letter(s: Scripts, lease, reason: str, strict: bool) -> str | None:
         )
     if not isinstance(reason, str) or not reason or any(c in reason for c in ",@|"):
         raise ValueError(f"dead-letter reason must be non-empty without ',', '@' or '|': {reason!r}")
-    return requeue(s, lease, True, reason, strict)
+    return _moved(s, lease, True, reason, strict)
 
 
-def reclaim(s: Scripts, limit, guard_seconds, consumer, gap_seconds, restore_seconds) -> dict:
-    """``PriorityQueue.reclaim``: a consumer's leases are looked at ``limit`` at a time, one
-    script call each, until all were; a sweep is skipped while the queue's mode is migrated."""
+def reclaim(
+    s: Scripts, *, limit=C.SWEEP_BATCH, guard_seconds=0.0, consumer="", gap_seconds=0.0, restore_seconds=0.0
+) -> dict:
+    """The sweep: expired leases (or all of ``consumer``'s, ``limit`` at a time) back to
+    waiting or dead, due delayed entries in. ``guard_seconds``: only if nobody swept that
+    recently; ``gap_seconds``: after a longer gap, leases that expired meanwhile get at least
+    ``restore_seconds`` again (docs/leases.md, "Recovery"). Skipped while the mode is migrated."""
     total: Counter = Counter()
     start = 0
     while True:

@@ -1,22 +1,7 @@
-"""The one way a queue is opened: from a client, a name and ``QueueSettings``, a ``PriorityQueue``
-or, with more than one shard, a ``ShardedQueue`` of them. The channel, the broker's tools (the
-command line, metrics, autoscaler, dashboard) and the Spark writer all open queues here.
-
-Which settings are the queue's (docs/settings.md). The queue's own settings are stored with it in
-Redis and have one owner each:
-
-- its mode (fair or plain, ``fair_scope``, ``priority_order``, ``technique``): recorded by the
-  first call that finds none; every process then follows the record, whatever its options say,
-  and only ``migrate_mode`` (on purpose, by an operator) changes it;
-- its tenants' tables (``fair_weights``, the named ``tenant_concurrency`` and ``tenant_rate``
-  entries, the ``task_rate`` limits): written by the processes that declare them (a consumer, at
-  ``basic_consume``; ``open_queue`` with ``declare=True``), read by the scripts at every pop, so
-  every worker follows the last declaration. A consumer whose options limit no task on the
-  queue declares no limits (the stored ones stand). A producer never writes them: it follows
-  them (a limited task's messages go under its limit whatever the producer's own ``task_rate``).
-
-A process whose options disagree with what the queue stores is told once, in the log, naming
-the setting and both values, and what happens (it follows, or its declaration now stands).
+"""The one way a queue is opened (``open_queue``): a ``PriorityQueue``, or a ``ShardedQueue`` of
+more than one shard, with the mode the queue recorded in Redis and its tenants' tables declared
+or followed. Which settings are the queue's, who writes them and what a process whose options
+differ is told: docs/settings.md.
 """
 
 from __future__ import annotations
@@ -54,17 +39,11 @@ def open_queue(
     rng: random.Random | None = None,
 ) -> Queue:
     """The queue ``name`` with ``settings``: a ``ShardedQueue`` of ``settings.shards`` shards
-    (``peek`` of them peeked per pop; ``rng`` picks them) when there is more than one.
-
-    The mode the queue recorded in Redis (fairness, scope, priority order, technique) wins over
-    the one ``settings`` give; a queue with no record takes theirs. ``declare``: the tenants'
-    tables of ``settings`` are written to a fair queue (and the ``task_rate`` limits they no
-    longer name removed), as a consumer declares them; else nothing is written and the stored
-    ones stand. Either way a difference between the two is logged once, naming both values. The
-    queue's ``task_limits`` ({tenant ``task:<name>``: rate}) are the ``task_rate`` limits stored
-    with it and those of ``settings``: a message of a task either names goes under the task's
-    tenant (the scripts apply the stored rate), so a producer with fewer options lifts no limit.
-    """
+    (``peek`` of them peeked per pop; ``rng`` picks them) when there is more than one. The mode
+    recorded in Redis wins over the one ``settings`` give. ``declare``: the tenants' tables of
+    ``settings`` are written (``declare_tables``); else the stored ones stand, and the queue's
+    ``task_limits`` are the stored ``task_rate`` limits and those of ``settings``. A difference
+    is logged once, naming both values."""
     settings = settings or QueueSettings()
     shards = [name] if settings.shards == 1 else shard_names(name, settings.shards)
     opened = [_open_shard(client, shard, settings.one_shard()) for shard in shards]
@@ -105,12 +84,6 @@ def declare_tables(queue: Queue, settings: QueueSettings) -> None:
     queue.task_limits = own or stored["limits"]
 
 
-def open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> PriorityQueue:
-    """One queue, or one shard of a sharded queue, with the mode it recorded (``open_queue``);
-    nothing written, nothing told (tools that read or administer a queue made elsewhere)."""
-    return _open_shard(client, name, settings.one_shard())[0]
-
-
 def _open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> tuple[PriorityQueue, dict]:
     """(the shard, opened with its recorded mode; the mode ``settings`` wanted)."""
     wanted = PriorityQueue(client, name, settings)
@@ -145,15 +118,12 @@ def _own_limits(settings: QueueSettings) -> dict[str, float]:
 
 def _mode_differences(q: PriorityQueue, wanted: dict) -> list[str]:
     """What of the ``wanted`` mode the queue's recorded one (``q.mode``) says otherwise."""
-    said = []
-    for key, mine in wanted.items():
-        theirs = q.mode.get(key)
-        if theirs is not None and theirs != mine:
-            said.append(
-                f"{key} is {theirs!r} in Redis, {mine!r} in this process's options: the queue's stands "
-                "(PriorityQueue.migrate_mode changes it on purpose; docs/settings.md)"
-            )
-    return said
+    return [
+        f"{key} is {q.mode[key]!r} in Redis, {mine!r} in this process's options: the queue's stands "
+        "(PriorityQueue.migrate_mode changes it on purpose; docs/settings.md)"
+        for key, mine in wanted.items()
+        if q.mode.get(key) not in (None, mine)
+    ]
 
 
 def _table_differences(

@@ -13,7 +13,7 @@ from ..storage.records import split_entry, split_lease, split_switches
 from . import calls
 from .running import readable_mode
 from .scripts import Scripts
-from .tenants import held_tenants, paused, tenant_stats
+from .tenants import held_tenants, paused, peek_tenant, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
@@ -23,12 +23,27 @@ def exists(s: Scripts, id: str) -> bool:
     return bool(s.client.hexists(s.keys.entries, encode_id(id)))
 
 
+def _counts(s: Scripts, p) -> None:
+    """Queue the reads of (entries, leased, delayed) on pipeline ``p``."""
+    p.hlen(s.keys.entries)
+    p.hlen(s.keys.leases)
+    p.zcard(s.keys.delayed)
+
+
+def _pointers(s: Scripts, ranks: list[int]) -> list[int]:
+    """The pointers of each rank (stale ones too), in one round trip."""
+    with s.pipeline() as p:
+        for rank in ranks:
+            p.llen(s.keys.level(rank))
+            p.llen(s.keys.front(rank))
+        lengths = p.execute()
+    return [n + f for n, f in zip(lengths[::2], lengths[1::2])]
+
+
 def size(s: Scripts) -> int:
     """Waiting entries (delayed ones not counted)."""
     with s.pipeline() as p:
-        p.hlen(s.keys.entries)
-        p.hlen(s.keys.leases)
-        p.zcard(s.keys.delayed)
+        _counts(s, p)
         entries, leased, delayed = p.execute()
     return entries - leased - delayed
 
@@ -38,9 +53,7 @@ def stats(s: Scripts) -> dict:
     ``unique``: the unique keys held and the counts of what became of publishes with one."""
     k = s.keys
     with s.pipeline() as p:
-        p.hlen(k.entries)
-        p.hlen(k.leases)
-        p.zcard(k.delayed)
+        _counts(s, p)
         p.hlen(k.unique_keys)
         p.hmget(k.counters, [f"unique_{kind}" for kind in UNIQUE_COUNTS])
         if s.dead_keys:
@@ -53,19 +66,12 @@ def stats(s: Scripts) -> dict:
     unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
     now_s, now_us = res[-1]
     per_priority: Counter = Counter()
-    oldest_ms = None
     ranks = [int(r) for r in s.client.zrange(k.priority_index, 0, -1)]
-    with s.pipeline() as p:  # pointers per priority (stale ones too)
-        for rank in ranks:
-            p.llen(k.level(rank))
-            p.llen(k.front(rank))
-        lengths = p.execute()
-        for rank, n, f in zip(ranks, lengths[::2], lengths[1::2]):
-            per_priority[s.priority_of_rank(rank)] += n + f
+    for rank, n in zip(ranks, _pointers(s, ranks)):
+        per_priority[s.priority_of_rank(rank)] += n
     indexed = sum(per_priority.values())
     head = peek(s, 1)
-    if head:
-        oldest_ms = head[0].enqueued_ms
+    oldest_ms = head[0].enqueued_ms if head else None
     now_ms = int(now_s) * 1000 + int(now_us) // 1000
     return {
         "queue": s.name,
@@ -83,10 +89,13 @@ def stats(s: Scripts) -> dict:
     }
 
 
-def peek(s: Scripts, count: int = 1) -> list[Entry]:
-    """The next ``count`` entries in delivery order, not leased."""
-    reply = s.run("peek", calls.peek_args(s, count))
-    return calls.peeked(s, reply)
+def peek(s: Scripts, count: int = 1, tenant: str | None = None) -> list[Entry]:
+    """The next ``count`` entries in delivery order, not leased; with ``tenant``, that tenant's
+    next waiting entries of a fair queue, in the order it gives them."""
+    if tenant is not None:
+        return peek_tenant(s, tenant, count)
+    reply = s.run("peek", count=count)
+    return [calls.entry_of(s, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
 
 
 def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
@@ -168,14 +177,10 @@ def lease_of(s: Scripts, id: str) -> dict | None:
 
 
 def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
-    """Due waiting entries a consumer of this queue (or of the priority view ``view``, a
-    rank range) could take now: 0 while the queue is paused; delayed entries are not
-    counted, nor the entries of tenants held back by their concurrency cap, rate limit or
-    a pause.
-
-    Whole queue: exact. A view of a plain queue counts the pointers of its ranks (technique
-    S leaves a removed entry's pointer behind until a pop passes it), capped at the waiting
-    total; a view of a fair queue counts each schedulable tenant's entries in its ranks."""
+    """Due waiting entries a consumer of this queue (or of the priority view ``view``, a rank
+    range) could take now: 0 while paused; not the delayed ones, nor those of tenants held back
+    (cap, rate, pause). A view of a plain queue counts its ranks' pointers (stale ones too),
+    capped at the waiting total."""
     lo, hi = s.check_view(view)
     whole = (lo, hi) == (0, C.MAX_PRIORITY)
     k = s.keys
@@ -183,9 +188,7 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
     if held_now["queue"]:
         return 0
     with s.pipeline() as p:
-        p.hlen(k.entries)
-        p.hlen(k.leases)
-        p.zcard(k.delayed)
+        _counts(s, p)
         if not whole and not s.settings.fair:
             p.zrangebyscore(
                 k.priority_index, lo, f"({hi + 1}"
@@ -195,12 +198,7 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
     if not s.settings.fair:
         if whole:
             return waiting
-        ranks = [int(r) for r in res[3]]
-        with s.pipeline() as p:
-            for rank in ranks:
-                p.llen(k.level(rank))
-                p.llen(k.front(rank))
-            return min(waiting, sum(p.execute()))
+        return min(waiting, sum(_pointers(s, [int(r) for r in res[3]])))
     counts = {}
     for field, value in s.client.hgetall(k.tenant_counts).items():
         kind, _, t = as_text(field).partition(":")
@@ -252,12 +250,7 @@ def stored_mode(s: Scripts) -> dict | None:
     return None if raw is None else readable_mode(as_text(raw))
 
 
-def retrieve_highest_priority(s: Scripts) -> str | None:
-    """RETRIEVE HIGHEST PRIORITY: the id of the next entry, or None."""
-    head = peek(s, 1)
-    return head[0].id if head else None
-
-
 def retrieve_by_priority(s: Scripts, priority: int) -> str | None:
     """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
-    return calls.retrieved_id(s.run("retrieve_by_priority", calls.retrieve_by_priority_args(s, priority)))
+    reply = s.run("retrieve_by_priority", calls.retrieve_by_priority_args(s, priority))
+    return decode_id(reply[0]) if reply else None

@@ -1,7 +1,6 @@
-"""A queue's script calls: its keys and script context, each script's ARGV laid out once
-(``calls`` builds and reads them), running one call or several, and what an insert call
-carries (the priority views it wakes, the publish ids answered). ``PriorityQueue`` holds one as
-its private ``_scripts``; docs/architecture.md draws the layers."""
+"""A queue's script calls (``PriorityQueue``'s private ``_scripts``): its keys and script
+context, each script's ARGV laid out once (``calls``), running one call or several, and what an
+insert call carries (the priority views it wakes, the publish ids answered)."""
 
 from __future__ import annotations
 
@@ -118,9 +117,11 @@ class Scripts:
             script = self._script_of[name] = getattr(get_scripts(self.client), name)
         return ScriptCall(script, keys, args)
 
-    def run(self, name: str, args: list, *, keys: list | None = None, wait: bool = True):
-        """Run script ``name`` now; while the queue's mode is being migrated:
-        ``wait_out_migration``, or with ``wait=False`` QueueMigrating at once."""
+    def run(self, name: str, args: list | None = None, *, keys: list | None = None, wait: bool = True, **named):
+        """Run script ``name`` now, with ``args`` (a ``calls`` builder's) or the ``named`` ones;
+        while the queue's mode is being migrated: ``wait_out_migration``, or with ``wait=False``
+        QueueMigrating at once."""
+        args = self.layout(name)(**named) if args is None else args
         script, keys, args = self.call(name, self.keys_of(name) if keys is None else keys, args)
 
         def once():
@@ -206,7 +207,8 @@ class Scripts:
 
     def head_call(self, view=None) -> ScriptCall:
         """The call reading the rank and enqueue time of the entry a pop of ``view`` takes first."""
-        return self.call("peek_head", self.keys_of("peek_head"), calls.peek_head_args(self, *self.check_view(view)))
+        lo, hi = self.check_view(view)
+        return self.call("peek_head", self.keys_of("peek_head"), self.layout("peek_head")(lo=lo, hi=hi))
 
     def lease_ms(self, lease_seconds) -> int:
         if lease_seconds is None:

@@ -1,10 +1,5 @@
-"""A queue's settings: one frozen value, checked once, with one error type (``ConfigError``, a
-``ValueError``).
-
-``QueueSettings`` is what every queue is opened with (``open.open_queue``): the transport's
-options produce it (``Options.queue_settings``), tools build it from keyword arguments
-(``PriorityQueue(client, name, **settings)``), and a queue made elsewhere lends it its recorded
-mode (``with_mode``).
+"""A queue's settings (docs/settings.md): one frozen ``QueueSettings``, checked once, with one
+error type (``ConfigError``, a ``ValueError``); ``open_queue`` opens every queue with one.
 """
 
 from __future__ import annotations
@@ -107,16 +102,13 @@ class QueueSettings:
     def dead(self) -> QueueSettings:
         """The settings of this queue's dead-letter queue: technique T, never fair, no delivery
         limit, as long as ``max_dead_length`` (else ``max_length``) allows."""
+        kept = ("key_prefix", "priority_order", "lease_seconds", "dedupe_seconds", "event_log", "expired")
+        dead_length = self.max_dead_length or self.max_length
         return QueueSettings(
-            key_prefix=self.key_prefix,
+            **{k: getattr(self, k) for k in kept},
             technique=C.TECHNIQUE_T,
-            priority_order=self.priority_order,
-            lease_seconds=self.lease_seconds,
             max_deliveries=0,
-            max_dead_length=self.max_dead_length or self.max_length,
-            dedupe_seconds=self.dedupe_seconds,
-            event_log=self.event_log,
-            expired=self.expired,
+            max_dead_length=dead_length,
         )
 
     def with_mode(self, mode: dict) -> QueueSettings:

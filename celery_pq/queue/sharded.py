@@ -1,15 +1,9 @@
 """One queue split into shards: the relaxed distributed priority queue (docs/relaxed.md).
 
-A queue with ``shards=N`` is N full queues (``PriorityQueue``), each under its own hash tag
-(``keys.shard_names``: shard 0 is the queue itself), so that on Redis Cluster the shards spread
-over the masters. Nothing crosses shards inside Redis. An insert goes to one shard: the
-tenant's on a fair queue (one tenant's order and rate bucket in one place; a rated default
-tenant too), a unique key's, else the publish id's (a retried publish lands where the first
-went), else a random one; an entry without an id gets a UUID (``new_id``), so an id names one
-entry of the whole queue. A pop peeks ``peek`` (k) random shards in one round trip and pops
-the best head; a shard emptied or beaten meanwhile gives way to the second-best peeked, and
-when all peeked are empty the others are peeked too. Order is exact within a shard and relaxed
-across shards (``benchmarks/relaxed.py`` measures the rank error).
+``ShardedQueue`` is N full queues (``PriorityQueue``), each under its own hash tag, with the face
+of one: an insert goes to one shard (the tenant's, a unique key's, the publish id's, or a random
+one), a pop peeks ``peek`` random shards in one round trip and pops the best head; the other
+verbs are the shards' answers merged.
 """
 
 from __future__ import annotations
@@ -19,21 +13,19 @@ import random
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ..storage import constants as C
-from ..storage.costs import explain
 from ..storage.errors import ConfigError, EntryNotFound
 from ..storage.keys import split_dead
-from . import calls
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .running import run_calls
 from .settings import MAX_PEEK
 from .unique import UniqueKey
-from .values import Entry, Lease, Popped, mark_stored
+from .values import Entry, Popped, mark_stored
 
 
 def new_id(publish_id: bytes | str | None = None) -> str:
@@ -53,6 +45,41 @@ def _with_id(item: Item) -> Item:
     if not isinstance(item, Item):
         raise TypeError(f"an insert takes Item objects, got {item!r}")
     return item if item.id is not None else replace(item, id=new_id(item.publish_id))
+
+
+def merged_reclaim(parts: list[dict]) -> dict:
+    out: Counter = Counter()
+    for r in parts:
+        out.update({k: int(v) for k, v in r.items() if k != "skipped"})
+    return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
+
+
+def _summed(parts: list[dict]) -> dict:
+    return dict(sum(map(Counter, parts), Counter()))
+
+
+class _Shards:
+    """A verb of a sharded queue that its shards answer: the shard a lease came from
+    (``by_lease``), each lease's shard (``by_leases``, the answers in the leases' order), every
+    shard (their answers merged by ``merge``), or else shard 0."""
+
+    def __init__(self, *, merge: Callable[[list], Any] | None = None, by_lease=False, by_leases=False):
+        self.merge, self.by_lease, self.by_leases = merge, by_lease, by_leases
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, queue: ShardedQueue | None, owner=None) -> Any:
+        if queue is None:
+            return self
+        name, merge = self.name, self.merge
+        if self.by_lease:
+            return lambda lease, *a, **k: getattr(queue.shard_of_lease(lease), name)(lease, *a, **k)
+        if self.by_leases:
+            return lambda leases, *a, **k: queue._each(leases, lambda s, part: getattr(s, name)(part, *a, **k))
+        if merge is None:
+            return getattr(queue.shards[0], name)
+        return lambda *a, **k: merge([getattr(s, name)(*a, **k) for s in queue.shards])
 
 
 class ShardedQueue:
@@ -81,14 +108,6 @@ class ShardedQueue:
         return f"<ShardedQueue {self.name!r} shards={len(self.shards)} peek={self.peek_count}>"
 
     @property
-    def is_dead(self) -> bool:
-        return self.shards[0].is_dead
-
-    @property
-    def mode(self) -> dict:
-        return self.shards[0].mode
-
-    @property
     def dead(self) -> ShardedQueue:
         """The dead-letter queues of the shards, as one sharded queue (``<name>.dead``)."""
         if self.is_dead:
@@ -107,6 +126,14 @@ class ShardedQueue:
             )
         return shard
 
+    def _each(self, leases, do) -> list[bool]:
+        """``do(shard, its leases)`` for each shard the leases came from: the answers in order."""
+        groups: dict[PriorityQueue, list] = {}
+        for lease in leases:
+            groups.setdefault(self.shard_of_lease(lease), []).append(lease)
+        done = {id(lease): ok for shard, group in groups.items() for lease, ok in zip(group, do(shard, group))}
+        return [done[id(lease)] for lease in leases]
+
     # -- insert ---------------------------------------------------------------------------------
     def shard_for(self, *, tenant: str | None = None, publish_id: bytes | str | None = None) -> PriorityQueue:
         """The tenant's shard on a fair queue (the default tenant's when rated), else the
@@ -118,9 +145,7 @@ class ShardedQueue:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    # the same sugar as a plain queue's: put(Item(...)) (this class's put picks the shard)
-    insert = PriorityQueue.insert
-    insert_unique = PriorityQueue.insert_unique
+    insert = PriorityQueue.insert  # put(Item(...)), this class's put picking the shard
 
     def put(self, item: Item, *, unique: UniqueKey | None = None, **options) -> Any:
         """``PriorityQueue.put`` into the shard ``shard_for`` picks, or a unique key's shard (its
@@ -167,14 +192,15 @@ class ShardedQueue:
         """(rank, enqueued_ms) of the entry each shard would deliver first, None for an empty or
         paused one: one pipelined round trip."""
         replies = run_calls(self.client, [s._scripts.head_call(view) for s in shards])
-        return [calls.parse_head(r) for r in replies]
+        return [(int(r[0]), int(r[1])) if r else None for r in replies]
 
     def send_pop(self, count: int = 1, *, acks=(), consumer=None, view=None) -> None:
         return None  # a sharded queue's pop peeks its shards first, and waits for each reply
 
-    def pop_with_acks(self, count: int = 1, *, acks=None, lean=False, lease_seconds=None, consumer=None, view=None):
+    def pop(self, count: int = 1, *, acks=None, lean=False, lease_seconds=None, consumer=None, view=None) -> Popped:
         """Pop from the best of ``peek`` shards, ``acks`` (``{shard: pairs}``) in the same round
-        trip as the first pop: (leases whose ``queue`` is the shard that served, codes by shard)."""
+        trip as the first pop: leases whose ``queue`` is the shard that served, ``acked`` the
+        ack codes by shard."""
         pending = dict(acks or {})
         codes: dict = {}
         peeked = self._rng.sample(self.shards, self.peek_count)
@@ -190,61 +216,37 @@ class ShardedQueue:
             # work); each but the last takes only what still beats the next one's peeked head
             for attempt, (shard, _) in enumerate(best):
                 bound = best[attempt + 1][1][0] if attempt + 1 < len(best) and self._bounded else None
-                popped, got = pop_with_acks(
-                    shard,
-                    count,
-                    acks=pending,
-                    lean=lean,
-                    lease_seconds=lease_seconds,
-                    consumer=consumer,
-                    view=view,
-                    bound=bound,
-                )
+                pop = {"lean": lean, "lease_seconds": lease_seconds, "consumer": consumer, "view": view}
+                popped, got = pop_with_acks(shard, count, acks=pending, bound=bound, **pop)
                 codes.update(got)
                 pending = {}
                 if popped:
-                    return popped, codes
+                    popped.acked = codes
+                    return popped
         if pending:  # nothing anywhere, and acks to send
             codes.update(ack_all(pending))
-        return Popped((), self.shards[0]), codes
-
-    def pop(self, count: int = 1, *, lease_seconds=None, consumer=None, view=None) -> Popped[Lease]:
-        return self.pop_with_acks(count, lease_seconds=lease_seconds, consumer=consumer, view=view)[0]
+        popped = Popped((), self.shards[0])
+        popped.acked = codes
+        return popped
 
     # -- leases, by the shard each lease carries ------------------------------------------------
-    def _each(self, leases, do) -> list[bool]:
-        groups: dict[PriorityQueue, list] = {}
-        for lease in leases:
-            groups.setdefault(self.shard_of_lease(lease), []).append(lease)
-        done = {id(lease): ok for shard, group in groups.items() for lease, ok in zip(group, do(shard, group))}
-        return [done[id(lease)] for lease in leases]
-
-    def ack(self, lease: Lease, *, strict: bool = False) -> bool:
-        return self.shard_of_lease(lease).ack(lease, strict=strict)
-
-    def ack_many(self, leases: Sequence[Lease], *, strict: bool = False) -> list[bool]:
-        return self._each(leases, lambda shard, group: shard.ack_many(group, strict=strict))
-
-    def extend(
-        self, leases: Sequence[Lease], lease_seconds: float | None = None, *, strict: bool = False
-    ) -> list[bool]:
-        return self._each(leases, lambda shard, group: shard.extend(group, lease_seconds, strict=strict))
-
-    def requeue(self, lease: Lease, **kwargs) -> str | None:
-        return self.shard_of_lease(lease).requeue(lease, **kwargs)
-
-    def dead_letter(self, lease: Lease, reason: str = "rejected", **kwargs) -> str | None:
-        return self.shard_of_lease(lease).dead_letter(lease, reason, **kwargs)
-
-    def reclaim(self, **kwargs) -> dict:  # every shard's sweep, summed
-        return merged_reclaim([s.reclaim(**kwargs) for s in self.shards])
+    ack = _Shards(by_lease=True)
+    requeue = _Shards(by_lease=True)
+    dead_letter = _Shards(by_lease=True)
+    ack_many = _Shards(by_leases=True)
+    extend = _Shards(by_leases=True)
 
     # -- by id, and every shard at once ---------------------------------------------------------
-    def exists(self, id: str) -> bool:
-        return any(s.exists(id) for s in self.shards)
-
-    def remove(self, id: str) -> int:
-        return sum(s.remove(id) for s in self.shards)
+    reclaim = _Shards(merge=merged_reclaim)  # every shard's sweep, summed
+    exists = _Shards(merge=any)
+    remove = _Shards(merge=sum)
+    purge = _Shards(merge=sum)
+    delete = _Shards(merge=lambda _: None)
+    pause = _Shards(merge=any)
+    resume = _Shards(merge=any)
+    register_view = _Shards(merge=list)
+    configure_tenants = _Shards(merge=lambda _: None)
+    set_event_log = _Shards(merge=max)
 
     def change_priority(self, id: str, priority: int) -> None:
         for s in self.shards:
@@ -254,94 +256,53 @@ class ShardedQueue:
                 continue
         raise EntryNotFound(self.name, id)
 
-    def replay(self, ids: Sequence[str]) -> dict:  # dead letters back to the shards they died in
-        return merged_replay(self.shards, ids)
-
-    def pause(self, tenant: str | None = None) -> bool:
-        return any([s.pause(tenant) for s in self.shards])  # noqa: C419  (every shard, no short cut)
-
-    def resume(self, tenant: str | None = None) -> bool:
-        return any([s.resume(tenant) for s in self.shards])  # noqa: C419  (every shard, no short cut)
-
-    def purge(self) -> int:
-        return sum(s.purge() for s in self.shards)
-
-    def delete(self) -> None:
+    def replay(self, ids: Sequence[str]) -> dict:
+        """Each shard replays the dead letters the ones before it did not hold."""
+        out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
+        left = list(ids)
         for s in self.shards:
-            s.delete()
-
-    def register_view(self, lo: int, hi: int) -> list[str]:
-        return [s.register_view(lo, hi) for s in self.shards]
-
-    def configure_tenants(self, **tables) -> None:
-        for s in self.shards:
-            s.configure_tenants(**tables)
-
-    def set_event_log(self, cap: int | None) -> int:
-        return max(s.set_event_log(cap) for s in self.shards)
+            if not left:
+                break
+            got = s.replay(left)
+            out["replayed"].update(got["replayed"])
+            out["leased"] += got["leased"]
+            out["refused"] += got["refused"]
+            left = got["missing"]
+        out["missing"] = left
+        return out
 
     # -- reads: each shard's answer, merged -----------------------------------------------------
-    def _merged(self, lists: list[list[Entry]], count: int) -> list[Entry]:
+    size = _Shards(merge=sum)
+    backlog = _Shards(merge=sum)
+    counters = _Shards(merge=_summed)
+    tenant_deliveries = _Shards(merge=_summed)
+    held_tenants = _Shards(merge=lambda parts: {t: why for part in parts for t, why in part.items()})
+    lease_of = _Shards(merge=lambda found: next((f for f in found if f is not None), None))
+    paused = _Shards(
+        merge=lambda states: {
+            "queue": any(st["queue"] for st in states),
+            "tenants": sorted({t for st in states for t in st["tenants"]}),
+        }
+    )
+    is_dead = _Shards()
+    mode = _Shards()
+    rank = _Shards()
+    event_log_cap = _Shards()
+    stored_mode = _Shards()
+
+    def peek(self, count: int = 1, tenant: str | None = None) -> list[Entry]:  # by priority, then by age
         rank = self.shards[0].rank
-        return sorted((e for part in lists for e in part), key=lambda e: (rank(e.priority), e.enqueued_ms))[:count]
-
-    def peek(self, count: int = 1) -> list[Entry]:  # by priority, then by age
-        return self._merged([s.peek(count) for s in self.shards], count)
-
-    def peek_tenant(self, tenant: str, count: int = 10) -> list[Entry]:
-        return self._merged([s.peek_tenant(tenant, count) for s in self.shards], count)
+        parts = [e for s in self.shards for e in s.peek(count, tenant)]
+        return sorted(parts, key=lambda e: (rank(e.priority), e.enqueued_ms))[:count]
 
     def delayed(self, count: int = 10) -> list[tuple[Entry, int]]:
         return sorted((d for s in self.shards for d in s.delayed(count)), key=lambda d: d[1])[:count]
 
-    def retrieve_highest_priority(self) -> str | None:
-        head = self.peek(1)
-        return head[0].id if head else None
-
-    def lease_of(self, id: str) -> dict | None:
-        return next((found for s in self.shards if (found := s.lease_of(id)) is not None), None)
-
     def leases(self, limit: int = 1000) -> list[dict]:
         return sorted((row for s in self.shards for row in s.leases(limit)), key=lambda r: r["deadline_ms"])[:limit]
 
-    def size(self) -> int:
-        return sum(s.size() for s in self.shards)
-
-    def backlog(self, view=None) -> int:
-        return sum(s.backlog(view) for s in self.shards)
-
-    def counters(self) -> dict[str, int]:
-        return dict(sum((Counter(s.counters()) for s in self.shards), Counter()))
-
-    def tenant_deliveries(self) -> dict[str, int]:
-        return dict(sum((Counter(s.tenant_deliveries()) for s in self.shards), Counter()))
-
-    def held_tenants(self, held: dict | None = None) -> dict[str, str]:
-        return {t: why for s in self.shards for t, why in s.held_tenants(held).items()}
-
-    def paused(self) -> dict:
-        states = [s.paused() for s in self.shards]
-        return {
-            "queue": any(st["queue"] for st in states),
-            "tenants": sorted({t for st in states for t in st["tenants"]}),
-        }
-
     def stats(self) -> dict:  # summed over the shards, with ``shards``: each one's part
         return merged_stats(self.name, self.settings.priority_order, [s.stats() for s in self.shards])
-
-    def event_log_cap(self) -> int:
-        return self.shards[0].event_log_cap()
-
-    def stored_mode(self) -> dict | None:
-        return self.shards[0].stored_mode()
-
-    def rank(self, priority: int) -> int:
-        return self.shards[0].rank(priority)
-
-    def priority_of_rank(self, rank: int) -> int:
-        return self.shards[0].priority_of_rank(rank)
-
-    explain = staticmethod(explain)
 
 
 def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
@@ -372,26 +333,3 @@ def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
             for st in parts
         ],
     }
-
-
-def merged_reclaim(parts: list[dict]) -> dict:
-    out: Counter = Counter()
-    for r in parts:
-        out.update({k: int(v) for k, v in r.items() if k != "skipped"})
-    return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
-
-
-def merged_replay(shards: Sequence[PriorityQueue], ids: Sequence[str]) -> dict:
-    """Each shard replays the ids the ones before it did not hold."""
-    out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
-    left = list(ids)
-    for s in shards:
-        if not left:
-            break
-        got = s.replay(left)
-        out["replayed"].update(got["replayed"])
-        out["leased"] += got["leased"]
-        out["refused"] += got["refused"]
-        left = got["missing"]
-    out["missing"] = left
-    return out

@@ -13,9 +13,8 @@ from .settings import tenant_setting
 from .values import Entry, as_text, escape_tenant, unescape_tenant
 
 
-def peek_tenant(s: Scripts, tenant: str, count: int = 10) -> list[Entry]:
-    """The next ``count`` waiting entries of one tenant, in the order the tenant gives them
-    (a fair queue's tenant order)."""
+def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
+    """``peek`` of one tenant's entries."""
     if not s.settings.fair:
         raise ValueError(f"queue {s.name!r} is not fair: its entries carry no tenant")
     _count("count", count, none=False)
@@ -88,9 +87,16 @@ def held_tenants(s: Scripts, held: dict | None = None) -> dict[str, str]:
 
 
 def configure_tenants(
-    s: Scripts, *, weights: dict | None = None, concurrency: dict | None = None, rate: dict | None = None
+    s: Scripts,
+    *,
+    weights: dict | None = None,
+    concurrency: dict | None = None,
+    rate: dict | None = None,
+    keep_task_rates: dict | None = None,
 ) -> None:
-    """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default)."""
+    """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default);
+    ``keep_task_rates``: the queue's whole rate table, the ``task:<name>`` rates (the
+    ``task_rate`` option's) it does not name removed (None: none removed), at open only."""
     fields: dict[str | bytes, bytes | float | int | str] = {}
     for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):
         if table is not None and not isinstance(table, dict):
@@ -101,16 +107,11 @@ def configure_tenants(
             fields[f"{label[0]}:{escape_tenant(tenant)}"] = tenant_setting(label, tenant, value)
     if fields:
         s.client.hset(s.keys.tenant_settings, mapping=fields)
-
-
-def drop_task_rates(s: Scripts, keep: dict) -> None:
-    """Remove the rates of ``task:<name>`` tenants (the ``task_rate`` option's) that ``keep``,
-    the queue's whole rate table, does not name: a limit taken out of the option is lifted
-    when a process with the new options opens the queue. One HKEYS, at open only."""
+    if keep_task_rates is None:
+        return
     ours = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
-    kept = {f"r:{escape_tenant(t)}" for t in keep}
-    fields = map(as_text, s.client.hkeys(s.keys.tenant_settings))
-    gone = [f for f in fields if f.startswith(ours) and f not in kept]
+    kept = {f"r:{escape_tenant(t)}" for t in keep_task_rates}
+    gone = [f for f in map(as_text, s.client.hkeys(s.keys.tenant_settings)) if f.startswith(ours) and f not in kept]
     if gone:
         s.client.hdel(s.keys.tenant_settings, *gone)
 

@@ -1,10 +1,6 @@
-"""Unique tasks, debounce and throttle by key (docs/unique.md): an insert that carries a key.
-
-The insert script decides, atomically per entry, what a key's standing entry makes of a new
-one (lua/includes/unique.lua): ``while_waiting`` and ``while_active`` merge it into the one
-standing (nothing stored), ``replace`` and ``debounce`` take the waiting one's place,
-``throttle`` stores at most one per period. Here: the checked key (``UniqueKey``), what the
-insert answers (``PublishOutcome``); ``PriorityQueue.put`` inserts with a key.
+"""Unique tasks, debounce and throttle by key (docs/unique.md): the checked key (``UniqueKey``)
+and what an insert with one answers (``PublishOutcome``); the insert script decides, atomically
+per entry, what a key's standing entry makes of a new one (lua/includes/unique.lua).
 """
 
 from __future__ import annotations

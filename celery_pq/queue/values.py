@@ -1,7 +1,5 @@
-"""What a queue hands out and takes in: entries, leases, deliveries, a pop's result, and the
-small conversions of ids, tenants and priorities every layer of the queue shares.
-
-No I/O here: these are plain values and pure functions.
+"""What a queue hands out and takes in (entries, leases, deliveries, a pop's result) and the
+small pure conversions of ids, tenants and priorities every layer of the queue shares.
 """
 
 from __future__ import annotations
@@ -16,12 +14,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..storage import constants as C
 
-#: The counters the scripts keep in a queue's hash ct (``PriorityQueue.counters``): entries
-#: stored, deliveries, deliveries of an entry delivered before, acks, leases given back by a
-#: consumer (or returned from a recovered consumer), leases that expired, entries moved to the
-#: dead-letter queue, entries removed (by id, purge, remove_highest), entries of insert calls
-#: refused by max_length or max_length_per_tenant, entries expired; publishes with a unique key
-#: merged into the entry standing for it, replacing it, debouncing it, throttled (queue/unique.py).
+#: The counters the scripts keep in a queue's hash ct (``PriorityQueue.counters``; docs/events.md).
 COUNTERS = (
     "enqueued",
     "delivered",
@@ -108,7 +101,7 @@ class Popped(list[Held], Generic[Held]):
 
     def __init__(self, items: Iterable[Held] = (), queue: Any = None):
         super().__init__(items)
-        self.acked: list[int] = []
+        self.acked: Any = []  # ack codes: a list, or by queue for acks of several queues
         self.queue: Any = queue  # the PriorityQueue (a shard) they came from
 
 

@@ -1,5 +1,5 @@
 """The cost table: the Redis reads, writes and commands each queue operation runs on its steady
-path, per technique (``PriorityQueue.explain``). tests/queue/test_explain.py checks it against
+path, per technique (``explain``). tests/queue/test_explain.py checks it against
 Redis's INFO commandstats; docs/priorities.md shows and explains it.
 """
 

@@ -5,6 +5,7 @@ keeps what is not known to be stored. docs/publishing.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, cast
 
 from ..queue import Item, PriorityQueue
@@ -42,7 +43,7 @@ class _Sent(NamedTuple):
 
     queue: str
     items: list  # kept again unless the reply says they are stored
-    state: list  # for ``PriorityQueue.batch_reply``
+    read: Callable  # reads its reply (``PriorityQueue.batch_call``)
 
 
 class PublishBatch:
@@ -178,12 +179,12 @@ class PublishBatch:
         for i in range(0, len(items), size):
             part = items[i : i + size]
             try:
-                call, state = q.batch_call(part)
+                call, read = q.batch_call(part)
             except ValueError:  # the flush's insert_many names the item refused
                 self._pending[name] = items[i:]
                 self._round_trips = True
                 return
-            self._sent.append(_Sent(name, part, state))
+            self._sent.append(_Sent(name, part, read))
             try:
                 self._stream.send(*call)
             except LOST as exc:
@@ -230,7 +231,7 @@ class PublishBatch:
                     except Exception as exc:  # the stream is broken
                         lost = exc
                 try:
-                    done = self._plain(s.queue).batch_reply(reply if lost is None else lost, s.state)
+                    done = s.read(reply if lost is None else lost)
                 except Exception as exc:
                     done = None
                     if error is None or (exc is lost and error[1] is not lost):

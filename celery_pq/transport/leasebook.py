@@ -62,7 +62,7 @@ class LeaseBook:
         """Pop ``q`` with every ack waiting, in one round trip; the leases are held from now, by shard."""
         pending = self._take()
         leases = self._send(
-            pending, lambda: q.pop_with_acks(count, acks=pending, lean=True, consumer=consumer, view=view)
+            pending, lambda: (p := q.pop(count, acks=pending, lean=True, consumer=consumer, view=view), p.acked)
         )
         self.hold(leases.queue or q.shards[0], leases)
         return leases

@@ -196,7 +196,7 @@ def test_replay_keeps_the_tenant(fair_world):
     t = w.send("ops.fail", 1, headers={"tenant": "acme"}, priority=77)
     dead_letter(w)
     w.run("replay", "q", t)
-    [e] = w.queue().peek_tenant("acme", 5)
+    [e] = w.queue().peek(5, tenant="acme")
     assert (e.id, e.tenant, e.priority, e.deliveries) == (t, "acme", 77, 0)
 
 

@@ -23,7 +23,6 @@ try:
 except ImportError:  # collected with the repository root on sys.path instead of tests/
     from tests.support.consume import pop_all
 from celery_pq.queue import run_calls
-from celery_pq.queue.calls import cleanup_args, migrate_args
 
 N = 20_000
 
@@ -96,7 +95,7 @@ def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, ke
     # When a few cleanup steps have run, so a compaction pass is under way (the front list holds
     # the current pointers looked at, the list the rest)
     for _ in range(3):
-        gone, looked, more = q._scripts.run("cleanup", cleanup_args(q._scripts, rank, C.COMPACT_STEP))
+        gone, looked, more = q._scripts.run("cleanup", rank=rank, count=C.COMPACT_STEP)
         assert looked == C.COMPACT_STEP and more == 1  # the cursor moved by one step, no more
     assert redis_client.llen(q.keys.front(rank)) == len(range(0, 3 * C.COMPACT_STEP, 10))
     assert redis_client.zscore(q.keys.priority_index, rank) == rank + 0.5
@@ -138,7 +137,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
     held = q.pop(10)
     fair = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     # When one step of the migration has run
-    waiting, leased, bad, done = fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))
+    waiting, leased, bad, done = fair._scripts.run("migrate", step=C.MIGRATE_STEP)
     assert done == 0 and waiting + leased <= 2 * C.MIGRATE_STEP
     # Then every other call does nothing and says why: a pipeline raises, the queue API waits
     with pytest.raises(QueueMigrating):
@@ -151,7 +150,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
         reply = []
         seen = counted(
             redis_client,
-            lambda: reply.extend(fair._scripts.run("migrate", migrate_args(fair._scripts, C.MIGRATE_STEP))),
+            lambda: reply.extend(fair._scripts.run("migrate", step=C.MIGRATE_STEP)),
         )
         assert seen["sadd"] <= 2 * C.MIGRATE_STEP and seen["rpush"] <= C.MIGRATE_STEP
         done = reply[3]
@@ -176,7 +175,7 @@ def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "wait", key_prefix=key_prefix)
     fill(q, 3000)
     fair = PriorityQueue(redis_client, "wait", key_prefix=key_prefix, fair=True)
-    fair._scripts.run("migrate", migrate_args(fair._scripts, 100))  # the migration's first step
+    fair._scripts.run("migrate", step=100)  # the migration's first step
     # While it is under way, a pop waits (retrying: each try does nothing) ...
     got = []
     t = threading.Thread(target=lambda: got.extend(fair.pop(1)))
@@ -245,7 +244,7 @@ def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_
     q = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix)
     fill(q, 1000)
     fair = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix, fair=True)
-    fair._scripts.run("migrate", migrate_args(fair._scripts, 10))
+    fair._scripts.run("migrate", step=10)
     start = time.monotonic()
     assert fair.reclaim()["skipped"] is True  # the keeper's thread renews leases too: it goes on
     assert time.monotonic() - start < 1
@@ -261,7 +260,7 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
         if i % 3:
             q.remove(f"e{i}")
     rank = q.rank(7)
-    q._scripts.run("cleanup", cleanup_args(q._scripts, rank, C.COMPACT_STEP))  # a pass: 171 in front, the rest behind
+    q._scripts.run("cleanup", rank=rank, count=C.COMPACT_STEP)  # a pass: 171 in front, the rest behind
     assert redis_client.zscore(q.keys.priority_index, rank) == rank + 0.5
     assert [e.id for e in q.peek(3)] == ["e0", "e3", "e6"]
     assert q.stats()["waiting"] == 1010

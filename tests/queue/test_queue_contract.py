@@ -346,7 +346,7 @@ def test_lazy_deletion_then_cleanup_sweep(redis_client, key_prefix):
         q.remove(f"e{i}")
     assert len(pointers(redis_client, q)) == 10
     assert q.size() == 5
-    assert q.retrieve_highest_priority() == "e1"  # read-only: skips, does not delete
+    assert q.peek(1)[0].id == "e1"  # read-only: skips, does not delete
     assert len(pointers(redis_client, q)) == 10
     assert q.cleanup(count=4) == 2  # looks at e0..e3 only
     assert len(pointers(redis_client, q)) == 8
@@ -359,7 +359,7 @@ def test_patent_operations(q):
     q.insert(b"a", 10, id="a")
     q.insert(b"b", 20, id="b")
     q.insert(b"c", 10, id="c")
-    assert q.retrieve_highest_priority() == "b"
+    assert q.peek(1)[0].id == "b"
     assert q.retrieve_by_priority(10) == "a"
     assert q.retrieve_by_priority(11) is None
     q.remove("a")

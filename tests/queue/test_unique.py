@@ -21,9 +21,9 @@ def q_of(client, prefix, name="uq", **kw):
     return PriorityQueue(client, name, key_prefix=prefix, **kw)
 
 
-def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, retries=0, **kw):
+def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, retries=0, remember=None, **kw):
     unique = UniqueKey(key, mode, seconds, retries=retries) if retries else UniqueKey(key, mode, seconds)
-    return q.insert_unique(payload or id.encode(), priority, id=id, unique=unique, **kw)
+    return q.put(Item(payload or id.encode(), priority, id=id, **kw), unique=unique, remember=remember)
 
 
 def waiting(q):
@@ -72,7 +72,8 @@ def test_acks_carried_by_a_pop_free_their_keys(redis_client, key_prefix):
     [dup] = q.pop(1)
     assert dup.id.startswith("c1~")
     # When the next pop carries all four acks (pop.lua's ack_pairs, not ack.lua)
-    popped, codes = q.pop_with_acks(1, acks={q: [(lease.id, lease.token) for lease in [*held_leases, dup]]})
+    popped = q.pop(1, acks={q: [(lease.id, lease.token) for lease in [*held_leases, dup]]})
+    codes = popped.acked
     # Then every key is free at once and new publishes of them are stored
     assert codes[q] == [1, 1, 1, 1]
     assert held(redis_client, q) == {}
@@ -235,7 +236,7 @@ def test_fair_queue_replace_and_merge(redis_client, key_prefix):
 def test_a_key_always_lands_on_the_same_shard(redis_client, key_prefix):
     q = open_queue(redis_client, "sh", QueueSettings(shards=4, key_prefix=key_prefix))
     assert isinstance(q, ShardedQueue)
-    outs = [q.insert_unique(b"x", 1, unique=UniqueKey(f"key-{i % 5}")) for i in range(20)]
+    outs = [q.put(Item(b"x", 1), unique=UniqueKey(f"key-{i % 5}")) for i in range(20)]
     assert sum(o.kind == "stored" for o in outs) == 5
     assert q.size() == 5
 

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from ...storage import costs
 from ...transport.broker import queue_and_view, queue_names
 from ...transport.messages import describe
 from .. import render
@@ -101,7 +102,7 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
             found = q.delayed(count)
         else:
             held = q.held_tenants()
-            found = [(e, None) for e in (q.peek(count) if tenant is None else q.peek_tenant(tenant, count))]
+            found = [(e, None) for e in q.peek(count, tenant)]
         now_ms = _now_ms(q.client)
     if delayed:
         rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
@@ -205,7 +206,7 @@ def explain(ctx, queue, as_json):
         "priority_order": q.settings.priority_order,
         **{k: s[k] for k in ("waiting", "leased", "delayed", "index_members")},
         "stale_pointers": stale,
-        "costs": {op: by_t[technique] for op, by_t in q.explain(stale=min(stale, 64)).items() if technique in by_t},
+        "costs": {op: by_t[technique] for op, by_t in costs.explain(stale=min(stale, 64)).items() if technique in by_t},
     }
     if as_json:
         return print_json(data)

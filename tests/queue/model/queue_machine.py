@@ -304,7 +304,7 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         for x, e in zip(got, want):
             assert (x.payload, x.priority, x.tenant or "") == (
                 e.payload,
-                self.q.priority_of_rank(e.rank),
+                self.q._scripts.priority_of_rank(e.rank),
                 e.tenant.replace("%2C", ","),
             ), what
             assert x.deliveries == e.d + 1, f"{what}: {x.id} delivered with count {x.deliveries}, expected {e.d + 1}"
