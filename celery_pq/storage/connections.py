@@ -90,7 +90,7 @@ def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
         if tls:
             params["connection_class"] = redis.SSLConnection
         return redis.ConnectionPool(host=conninfo.hostname or "127.0.0.1", port=conninfo.port or C.REDIS_PORT, **params)
-    return sentinel_pool(sentinel_addresses(conninfo), options, params, tls)
+    return sentinel_pool(url_addresses(conninfo, SENTINEL_PORT), options, params, tls)
 
 
 def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
@@ -235,15 +235,6 @@ def node_client(client, key) -> redis.Redis:
     return client.get_redis_connection(client.get_node_from_key(key))
 
 
-def relearn(client) -> None:
-    """Have a cluster client read the layout again (nothing when no node answers now)."""
-    if is_cluster(client):
-        try:
-            client.nodes_manager.initialize()
-        except (rex.RedisError, OSError):
-            pass
-
-
 class NodePipeline:
     """redis-py's pipeline on the keys of one hash tag, sent to the server holding ``key`` (TIME
     and MULTI allowed, unlike a cluster pipeline). On a cluster it is sent once more after a
@@ -282,7 +273,10 @@ class NodePipeline:
                 except REROUTE:
                     if attempt == 2 or not is_cluster(self.client):
                         raise
-            relearn(self.client)
+            try:  # have the cluster client read the layout again (nothing when no node answers now)
+                self.client.nodes_manager.initialize()
+            except (rex.RedisError, OSError):
+                pass
         raise AssertionError("unreachable")
 
 
@@ -309,11 +303,6 @@ def primaries(client) -> list[redis.Redis]:
     if not is_cluster(client):
         return [client]
     return [client.get_redis_connection(node) for node in client.get_primaries()]
-
-
-def sentinel_addresses(conninfo) -> list[tuple[str, int]]:
-    """(host, port) of every sentinel the broker URL names (its ``;``-separated hosts)."""
-    return url_addresses(conninfo, SENTINEL_PORT)
 
 
 def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
@@ -376,28 +365,20 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
     return exc
 
 
-def eviction_policy(client: redis.Redis) -> str | None:
-    """The server's ``maxmemory-policy`` (a cluster's evicting master's first); None without INFO rights."""
-    policy = None
+def warn_if_evicting(client: redis.Redis) -> None:
+    """Warn when the server (a cluster's master) may evict any key, losing messages; nothing
+    without INFO rights."""
     for node in primaries(client):
         try:
             policy = node.info("memory").get("maxmemory_policy")
         except rex.ResponseError:
-            return None
+            return
         policy = policy.decode() if isinstance(policy, bytes) else policy
         if policy in EVICTING_POLICIES:
-            break
-    return policy
-
-
-def warn_if_evicting(client: redis.Redis) -> str | None:
-    """Warn when the server may evict any key (a lost message); the policy found."""
-    policy = eviction_policy(client)
-    if policy in EVICTING_POLICIES:
-        logger.warning(
-            "celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
-            "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
-            "noeviction for the broker: a full Redis then refuses a publish with an error instead",
-            policy,
-        )
-    return policy
+            logger.warning(
+                "celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
+                "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
+                "noeviction for the broker: a full Redis then refuses a publish with an error instead",
+                policy,
+            )
+            return
