@@ -136,10 +136,7 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
         derived = derived_reprs(raw, wanted) if raw is not None else None
         if derived is None or len(derived) != bin(wanted).count("1"):
             raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
-        if wanted & L.F_ARGSREPR:
-            headers["argsrepr"] = derived[L.F_ARGSREPR]
-        if wanted & L.F_KWARGSREPR:
-            headers["kwargsrepr"] = derived[L.F_KWARGSREPR]
+        headers.update(derived)
     return message
 
 
@@ -217,6 +214,10 @@ def _read_body(data: bytes, pos: int, uuids: _Seen, raw_body: bool = False) -> t
     raise CodecError(f"stored message has unknown body form {form}")
 
 
+#: The values of the tags T_NONE, T_TRUE and T_FALSE (0, 1, 2).
+_CONSTANTS = (None, True, False)
+
+
 def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
     """(the value at ``pos``, the position after it)."""
     tag = data[pos]
@@ -224,8 +225,8 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
     if tag == L.T_STR:
         blob, pos = _read_blob(data, pos)
         return blob.decode("utf-8", "surrogatepass"), pos
-    if tag == L.T_NONE:
-        return None, pos
+    if tag <= L.T_FALSE:
+        return _CONSTANTS[tag], pos
     if tag == L.T_UUID:
         end = pos + 16
         if end > len(data):
@@ -239,10 +240,6 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
         return uuids[ref], pos
     if tag == L.T_INT:
         return _read_int(data, pos)
-    if tag == L.T_TRUE:
-        return True, pos
-    if tag == L.T_FALSE:
-        return False, pos
     if tag == L.T_FLOAT:
         return L.DOUBLE.unpack(data[pos : pos + 8])[0], pos + 8
     if tag == L.T_BYTES:

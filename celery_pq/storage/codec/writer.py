@@ -42,37 +42,28 @@ _EXPECTED = {
 
 #: Celery's protocol-2 headers in table order (as_task_v2's): those with a default as one tuple
 #: to compare at once, those without as (name, code, F_* flag, repeating)
-_CELERY_DEFAULTED = tuple((name, d) for s, name, d in L.FIELDS if s == L.S_HEADERS and d is not L.NO_DEFAULT)
+_CELERY_DEFAULTED = tuple((name, d) for name, d in L.CELERY_HEADERS.items() if d is not L.NO_DEFAULT)
 _CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
 _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
 #: fields whose values repeat between messages: their records come from _RECORDS
-_REPEATING = frozenset(
-    {
-        (L.S_HEADERS, "task"),
-        (L.S_HEADERS, "origin"),
-        (L.S_DELIVERY_INFO, "routing_key"),
-        (L.S_DELIVERY_INFO, "exchange"),
-    }
-)
+_REPEATING = frozenset((s, n) for s, n, _ in L.FIELDS if n in ("task", "origin", "routing_key", "exchange"))
 _CELERY_OWN = tuple(
     (name, L.CODE[L.S_HEADERS, name], _DERIVED.get((L.S_HEADERS, name), 0), (L.S_HEADERS, name) in _REPEATING)
-    for s, name, d in L.FIELDS
-    if s == L.S_HEADERS and d is L.NO_DEFAULT
+    for name, d in L.CELERY_HEADERS.items()
+    if d is L.NO_DEFAULT
 )
-_CELERY_HEADERS = frozenset(name for s, name, _ in L.FIELDS if s == L.S_HEADERS)
+_CELERY_HEADERS = frozenset(L.CELERY_HEADERS)
 #: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
 _CELERY_MESSAGE = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
 _CELERY_PROPERTIES = frozenset(
     {"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority", "body_encoding"}
 )
 _DELIVERY_INFO = frozenset({"exchange", "routing_key"})
-_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY, _C_ROUTING_KEY = (
-    L.CODE[L.S_PROPERTIES, "correlation_id"],
-    L.CODE[L.S_PROPERTIES, "reply_to"],
-    L.CODE[L.S_PROPERTIES, "priority"],
-    L.CODE[L.S_DELIVERY_INFO, "routing_key"],
+_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY = (
+    L.CODE[L.S_PROPERTIES, n] for n in ("correlation_id", "reply_to", "priority")
 )
+_C_ROUTING_KEY = L.CODE[L.S_DELIVERY_INFO, "routing_key"]
 
 
 def encode(message: dict) -> bytes:
