@@ -102,12 +102,8 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
             sections[s].pop(name, None)
             continue
         else:
-            length, pos = _read_varint(data, pos)
-            end = pos + length
-            if end > n:
-                raise IndexError("a field name runs past the end")
-            name = data[pos:end].decode("utf-8", "surrogatepass")
-            pos = end
+            blob, pos = _read_blob(data, pos)
+            name = blob.decode("utf-8", "surrogatepass")
             target = sections[code]
         tag = data[pos]  # the common values inline, others in _read_value
         if tag == L.T_STR and data[pos + 1] < 0x80:
@@ -116,19 +112,9 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
                 raise IndexError("a string runs past the end")
             target[name] = data[pos + 2 : end].decode("utf-8", "surrogatepass")
             pos = end
-        elif tag == L.T_UUID:
-            pos += 17
-            if pos > n:
-                raise IndexError("a UUID runs past the end")
-            h = data[pos - 16 : pos].hex()
-            target[name] = text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-            uuids.append(text)
         elif tag == L.T_REF and data[pos + 1] < 0x80:
             target[name] = uuids[data[pos + 1]]
             pos += 2
-        elif tag == L.T_NONE:
-            target[name] = None
-            pos += 1
         else:
             target[name], pos = _read_value(data, pos, uuids)
     wanted = flags & (L.F_ARGSREPR | L.F_KWARGSREPR)
