@@ -77,7 +77,8 @@ def tls_arguments(ssl) -> dict:
 
 
 def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
-    """The pool of a kombu ``Connection``: plain, or sentinel-managed with ``master_name``."""
+    """The pool of a kombu ``Connection``: plain, or with ``master_name`` one whose connections go to
+    the master the sentinels name."""
     tls = tls or bool(conninfo.ssl)
     params = {
         "db": broker_db(conninfo),
@@ -90,7 +91,16 @@ def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
         if tls:
             params["connection_class"] = redis.SSLConnection
         return redis.ConnectionPool(host=conninfo.hostname or "127.0.0.1", port=conninfo.port or C.REDIS_PORT, **params)
-    return sentinel_pool(url_addresses(conninfo, SENTINEL_PORT), options, params, tls)
+    sentinel_kwargs = options.sentinel_kwargs
+    if sentinel_kwargs is None:
+        sentinel_kwargs = {
+            "socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT, C.SENTINEL_SOCKET_TIMEOUT),
+            "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT,
+        }
+    sentinels = url_addresses(conninfo, SENTINEL_PORT)
+    manager = Sentinel(sentinels, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
+    cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+    return SentinelConnectionPool(options.master_name, manager, connection_class=cls, **params)
 
 
 def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
@@ -321,19 +331,6 @@ def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
             raise ConfigError(f"address {redact(url)} in the broker URL names no host")
         out.append((host, port or default_port))
     return out
-
-
-def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnectionPool:
-    """A pool whose connections go to the master that the sentinels at ``addresses`` name."""
-    sentinel_kwargs = options.sentinel_kwargs
-    if sentinel_kwargs is None:
-        sentinel_kwargs = {
-            "socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT, C.SENTINEL_SOCKET_TIMEOUT),
-            "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT,
-        }
-    manager = Sentinel(addresses, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
-    cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection
-    return SentinelConnectionPool(options.master_name, manager, connection_class=cls, **params)
 
 
 def new_connection(pool: redis.ConnectionPool):
