@@ -92,15 +92,12 @@ SUBSECTIONS = {
 assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
 
 
-def _defaults(section: int, celery: bool) -> dict:
-    """The fields a section has by default."""
-    if section == S_HEADERS and not celery:
-        return {}
-    return {name: d for s, name, d in FIELDS if s == section and d is not NO_DEFAULT}
-
-
-#: (section, celery) -> the fields the section has by default
-DEFAULTS = {(s, c): _defaults(s, c) for s in range(4) for c in (False, True)}
+#: (section, celery) -> the fields the section has by default (Celery's headers only for a Celery message)
+DEFAULTS = {
+    (sec, c): {name: d for s, name, d in FIELDS if s == sec and d is not NO_DEFAULT and (c or s != S_HEADERS)}
+    for sec in range(4)
+    for c in (False, True)
+}
 #: floats: 8 bytes big-endian
 DOUBLE = struct.Struct(">d")
 
