@@ -230,8 +230,7 @@ def until_settled(cluster, key, attempt):
         return _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS) if given is None else given
 
     def give_up(exc: Exception, waited: float) -> NoReturn:
-        name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-        raise ClusterUnsettled(name, waited, exc) from exc
+        raise ClusterUnsettled(key, waited, exc) from exc
 
     return again_while_refused(
         attempt, refused, bound=bound, first=C.SETTLE_PAUSE_FIRST, most=C.SETTLE_PAUSE_MAX, give_up=give_up
