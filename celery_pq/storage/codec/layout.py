@@ -93,7 +93,7 @@ assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader c
 
 
 #: (section, celery) -> the fields the section has by default (Celery's headers only for a Celery message)
-DEFAULTS = {
+DEFAULTS: dict[tuple[int, bool], dict] = {
     (sec, c): {name: d for s, name, d in FIELDS if s == sec and d is not NO_DEFAULT and (c or s != S_HEADERS)}
     for sec in range(4)
     for c in (False, True)
