@@ -12,7 +12,7 @@ from kombu.utils.json import loads as kombu_loads
 from . import bounds
 from . import layout as L
 from .bounds import MAX_INT_BYTES, MAX_VALUES, MAX_VARINT_BYTES, inflate, json_items
-from .layout import Base64Body, CodecError
+from .layout import C_ABSENT, C_BODY, T_REF, T_STR, Base64Body, CodecError
 from .reprs import derived_reprs
 
 #: celery -> the four sections' defaults, copied per message; the lists and dicts among them
@@ -90,13 +90,13 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
             raise CodecError(f"stored message has more than {MAX_VALUES} fields")
         code = data[pos]
         pos += 1
-        if code > L.C_ABSENT:
-            if code == L.C_BODY:
+        if code > C_ABSENT:
+            if code == C_BODY:
                 message["body"], raw, pos = _read_body(data, pos, uuids, raw_body)
                 continue
             s, name = field[code]
             target = sections[s]
-        elif code == L.C_ABSENT:
+        elif code == C_ABSENT:
             s, name = field[data[pos]]
             pos += 1
             sections[s].pop(name, None)
@@ -106,13 +106,13 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
             name = blob.decode("utf-8", "surrogatepass")
             target = sections[code]
         tag = data[pos]  # the common values inline, others in _read_value
-        if tag == L.T_STR and data[pos + 1] < 0x80:
+        if tag == T_STR and data[pos + 1] < 0x80:
             end = pos + 2 + data[pos + 1]
             if end > n:
                 raise IndexError("a string runs past the end")
             target[name] = data[pos + 2 : end].decode("utf-8", "surrogatepass")
             pos = end
-        elif tag == L.T_REF and data[pos + 1] < 0x80:
+        elif tag == T_REF and data[pos + 1] < 0x80:
             target[name] = uuids[data[pos + 1]]
             pos += 2
         else:
