@@ -47,12 +47,12 @@ MESSAGES = ("small", "medium", "large", "kombu")
 OPS = ("codec write", "JSON write", "codec read", "JSON read")
 CALLGRIND_CALLS = 50  # calls per operation under callgrind (the count does not vary: few suffice)
 #: what zstd costs: the medium task written and read with other compression settings
-#: (name -> (codec.COMPRESS_MIN, codec.ZSTD_LEVEL))
+#: (name -> (codec.bounds.COMPRESS_MIN, codec.bounds.ZSTD_LEVEL))
 VARIANTS = {
-    "zstd level 3 (as stored)": (codec.COMPRESS_MIN, codec.ZSTD_LEVEL),
-    "zstd level 1": (codec.COMPRESS_MIN, 1),
-    "zstd level -1": (codec.COMPRESS_MIN, -1),
-    "not compressed": (float("inf"), codec.ZSTD_LEVEL),
+    "zstd level 3 (as stored)": (codec.bounds.COMPRESS_MIN, codec.bounds.ZSTD_LEVEL),
+    "zstd level 1": (codec.bounds.COMPRESS_MIN, 1),
+    "zstd level -1": (codec.bounds.COMPRESS_MIN, -1),
+    "not compressed": (float("inf"), codec.bounds.ZSTD_LEVEL),
 }
 
 

@@ -11,7 +11,7 @@ warm-up of ``WARMUP`` tasks and ``tasks`` more:
 
 The kwargs are made of words, SKUs and figures drawn from a seeded generator, so they compress as
 such records do, neither as noise nor as repeated text. celery-pq runs twice for medium and large:
-with its zstd compression of large records, and with it off (``codec.COMPRESS_MIN`` out of reach),
+with its zstd compression of large records, and with it off (``codec.bounds.COMPRESS_MIN`` out of reach),
 which is what compression pays. After the small run, ``MEMORY USAGE`` of each key says where a
 waiting task's bytes go; the stored forms of one task are compared too (kombu's JSON, celery-pq's
 record; zstd, zstd with a trained dictionary and zlib on the medium and large records).
@@ -125,13 +125,13 @@ def process_order(order_id, amount, order=None):
 
 @contextmanager
 def _compression(on: bool):
-    saved = codec.COMPRESS_MIN
+    saved = codec.bounds.COMPRESS_MIN
     if not on:
-        codec.COMPRESS_MIN = float("inf")
+        codec.bounds.COMPRESS_MIN = float("inf")
     try:
         yield
     finally:
-        codec.COMPRESS_MIN = saved
+        codec.bounds.COMPRESS_MIN = saved
 
 
 def _clear(client) -> None:
@@ -229,11 +229,13 @@ def stored_forms(samples: int) -> dict:
         stored = stored_item("orders", sample, options, lambda b, e: b).payload
         try:
             zdict = zstandard.train_dictionary(16_384, training)
-            with_dict = len(zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL, dict_data=zdict).compress(plain)) + 2
+            with_dict = (
+                len(zstandard.ZstdCompressor(level=codec.bounds.ZSTD_LEVEL, dict_data=zdict).compress(plain)) + 2
+            )
         except zstandard.ZstdError:  # too few samples (a smoke run)
             with_dict = None
         t0 = time.perf_counter()
-        compressor = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
+        compressor = zstandard.ZstdCompressor(level=codec.bounds.ZSTD_LEVEL)
         for _ in range(200):
             compressor.compress(plain)
         zstd_us = (time.perf_counter() - t0) / 200 * 1e6
@@ -253,7 +255,7 @@ def stored_forms(samples: int) -> dict:
             "kombu_json": len(stored_json),
             "celery_pq_uncompressed": len(plain) + 2,
             "celery_pq_stored": len(stored),
-            "zstd": len(zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL).compress(plain)) + 2,
+            "zstd": len(zstandard.ZstdCompressor(level=codec.bounds.ZSTD_LEVEL).compress(plain)) + 2,
             "zstd_dictionary": with_dict,
             "zlib": len(zlib.compress(plain, 6)) + 2,
             "zstd_us": zstd_us,
@@ -386,7 +388,7 @@ def markdown(data) -> list[str]:
         ),
         "",
         "celery-pq stored: the record as the transport writes it (no delivery_tag; compressed from "
-        f"{codec.COMPRESS_MIN} bytes when that is smaller).",
+        f"{codec.bounds.COMPRESS_MIN} bytes when that is smaller).",
         "",
         f"## Where a small task's bytes go ({total:,} waiting tasks; MEMORY USAGE of each key)",
         "",

@@ -77,7 +77,8 @@ def tls_arguments(ssl) -> dict:
 
 
 def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
-    """The pool of a kombu ``Connection``: plain, or sentinel-managed with ``master_name``."""
+    """The pool of a kombu ``Connection``: plain, or with ``master_name`` one whose connections go to
+    the master the sentinels name."""
     tls = tls or bool(conninfo.ssl)
     params = {
         "db": broker_db(conninfo),
@@ -90,7 +91,16 @@ def make_pool(conninfo, options, tls: bool) -> redis.ConnectionPool:
         if tls:
             params["connection_class"] = redis.SSLConnection
         return redis.ConnectionPool(host=conninfo.hostname or "127.0.0.1", port=conninfo.port or C.REDIS_PORT, **params)
-    return sentinel_pool(sentinel_addresses(conninfo), options, params, tls)
+    sentinel_kwargs = options.sentinel_kwargs
+    if sentinel_kwargs is None:
+        sentinel_kwargs = {
+            "socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT, C.SENTINEL_SOCKET_TIMEOUT),
+            "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT,
+        }
+    sentinels = url_addresses(conninfo, SENTINEL_PORT)
+    manager = Sentinel(sentinels, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
+    cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+    return SentinelConnectionPool(options.master_name, manager, connection_class=cls, **params)
 
 
 def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
@@ -220,8 +230,7 @@ def until_settled(cluster, key, attempt):
         return _cluster_retry.get(cluster, C.CLUSTER_RETRY_SECONDS) if given is None else given
 
     def give_up(exc: Exception, waited: float) -> NoReturn:
-        name = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-        raise ClusterUnsettled(name, waited, exc) from exc
+        raise ClusterUnsettled(key, waited, exc) from exc
 
     return again_while_refused(
         attempt, refused, bound=bound, first=C.SETTLE_PAUSE_FIRST, most=C.SETTLE_PAUSE_MAX, give_up=give_up
@@ -233,15 +242,6 @@ def node_client(client, key) -> redis.Redis:
     if not is_cluster(client):
         return client
     return client.get_redis_connection(client.get_node_from_key(key))
-
-
-def relearn(client) -> None:
-    """Have a cluster client read the layout again (nothing when no node answers now)."""
-    if is_cluster(client):
-        try:
-            client.nodes_manager.initialize()
-        except (rex.RedisError, OSError):
-            pass
 
 
 class NodePipeline:
@@ -282,7 +282,10 @@ class NodePipeline:
                 except REROUTE:
                     if attempt == 2 or not is_cluster(self.client):
                         raise
-            relearn(self.client)
+            try:  # have the cluster client read the layout again (nothing when no node answers now)
+                self.client.nodes_manager.initialize()
+            except (rex.RedisError, OSError):
+                pass
         raise AssertionError("unreachable")
 
 
@@ -311,11 +314,6 @@ def primaries(client) -> list[redis.Redis]:
     return [client.get_redis_connection(node) for node in client.get_primaries()]
 
 
-def sentinel_addresses(conninfo) -> list[tuple[str, int]]:
-    """(host, port) of every sentinel the broker URL names (its ``;``-separated hosts)."""
-    return url_addresses(conninfo, SENTINEL_PORT)
-
-
 def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
     """(host, port) of the URL's ``;``-separated hosts (sentinels, or a cluster's seeds)."""
     urls = [u for u in (conninfo.alt or []) if isinstance(u, str)]
@@ -332,19 +330,6 @@ def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
             raise ConfigError(f"address {redact(url)} in the broker URL names no host")
         out.append((host, port or default_port))
     return out
-
-
-def sentinel_pool(addresses, options, params: dict, tls: bool) -> SentinelConnectionPool:
-    """A pool whose connections go to the master that the sentinels at ``addresses`` name."""
-    sentinel_kwargs = options.sentinel_kwargs
-    if sentinel_kwargs is None:
-        sentinel_kwargs = {
-            "socket_timeout": min(options.socket_timeout or C.SENTINEL_SOCKET_TIMEOUT, C.SENTINEL_SOCKET_TIMEOUT),
-            "socket_connect_timeout": options.socket_connect_timeout or C.SENTINEL_SOCKET_TIMEOUT,
-        }
-    manager = Sentinel(addresses, min_other_sentinels=options.min_other_sentinels, sentinel_kwargs=sentinel_kwargs)
-    cls = SentinelManagedSSLConnection if tls else SentinelManagedConnection
-    return SentinelConnectionPool(options.master_name, manager, connection_class=cls, **params)
 
 
 def new_connection(pool: redis.ConnectionPool):
@@ -376,28 +361,20 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
     return exc
 
 
-def eviction_policy(client: redis.Redis) -> str | None:
-    """The server's ``maxmemory-policy`` (a cluster's evicting master's first); None without INFO rights."""
-    policy = None
+def warn_if_evicting(client: redis.Redis) -> None:
+    """Warn when the server (a cluster's master) may evict any key, losing messages; nothing
+    without INFO rights."""
     for node in primaries(client):
         try:
             policy = node.info("memory").get("maxmemory_policy")
         except rex.ResponseError:
-            return None
+            return
         policy = policy.decode() if isinstance(policy, bytes) else policy
         if policy in EVICTING_POLICIES:
-            break
-    return policy
-
-
-def warn_if_evicting(client: redis.Redis) -> str | None:
-    """Warn when the server may evict any key (a lost message); the policy found."""
-    policy = eviction_policy(client)
-    if policy in EVICTING_POLICIES:
-        logger.warning(
-            "celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
-            "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
-            "noeviction for the broker: a full Redis then refuses a publish with an error instead",
-            policy,
-        )
-    return policy
+            logger.warning(
+                "celery-pq: Redis evicts keys when full (maxmemory-policy %s): any queue key may be "
+                "dropped, losing messages or leaving a queue's tables out of step. Set maxmemory-policy "
+                "noeviction for the broker: a full Redis then refuses a publish with an error instead",
+                policy,
+            )
+            return

@@ -9,9 +9,8 @@ KEY_PREFIX = "pq"
 MIN_PRIORITY = 0
 MAX_PRIORITY = 255
 
-#: A score is ``rank * SEQ_SPAN + seq`` (rank 0 served first; seq the queue's insertion
-#: sequence): 256 * 2**44 < 2**53, so a double holds every score exactly; 2**44 (~17.6 trillion)
-#: inserts per queue.
+#: A score is ``rank * SEQ_SPAN + seq`` (rank 0 served first, seq the insertion sequence):
+#: 256 * 2**44 < 2**53, so a double holds every score exactly.
 SEQ_BITS = 44
 SEQ_SPAN = 1 << SEQ_BITS
 
@@ -56,15 +55,13 @@ TICK_DRAIN_SECONDS = 0.01
 #: main thread, or another owns the wake-up fd), to see a shutdown; as kombu's BRPOP timeout.
 IDLE_WAKE_SECONDS = 1.0
 
-#: Microseconds a script call polls its socket for the reply before it sleeps in recv (option
-#: spin_wait_us, ``scripts.wire``): a near Redis answers within it, and waking a sleeper costs
-#: more. A reply too late stops the polling for the next 2, 4, .. SPIN_BACKOFF_MAX calls.
+#: Microseconds a script call polls for its reply before it sleeps in recv (option spin_wait_us,
+#: ``scripts.wire``); a late reply stops the polling for the next 2, 4, .. SPIN_BACKOFF_MAX calls.
 SPIN_WAIT_US = 100
 SPIN_BACKOFF_MAX = 1024
 
-#: Seconds a command may wait for its reply (redis-py's socket_timeout, forever by default: a
-#: half-open connection would hold a worker for good). Below lease_seconds - renew_interval, so a
-#: worker leaves a silent connection before its leases expire (docs/leases.md, "Renewal"). A
+#: Seconds a command may wait for its reply (redis-py waits forever: a half-open connection would
+#: hold a worker for good); below lease_seconds - renew_interval (docs/leases.md, "Renewal"). A
 #: blocking wait does not count: the poller reads it only once it is readable.
 SOCKET_TIMEOUT = 30.0
 

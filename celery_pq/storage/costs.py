@@ -74,6 +74,7 @@ def _commands(stale: int) -> dict:
     # is a compaction pass of the rank under way (a pop reads it with the rank)
     passing = ["zscore"]
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
+    moved = [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"]
     # An insert's first send with a client-made publish id: one MGET (mode, views version, window
     # start), the id only recorded (answered ones forgotten every FORGET_BATCH: two commands).
     # Sent again: two HGETs first; a caller's publish id without a length limit: "hget",
@@ -96,23 +97,8 @@ def _commands(stale: int) -> dict:
             # S: and the unique key's holder looked up (ue), to free a key the entry held
             "S": [*md, "zrangebylex", "hexists", "zscore", "hdel", "hget", *ct],
         },
-        "change_priority": {
-            "T": [
-                *md,
-                "hexists",
-                "hget",
-                "incr",
-                "hset",
-                "zscore",
-                "rpush",
-                "zadd",
-                "hkeys",
-                *passing,
-                "lrem",
-                "exists",
-            ],
-            "S": [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"],
-        },
+        # the entry pointed at its new rank (T drops the old pointer too)
+        "change_priority": {"T": [*moved, *passing, "lrem", "exists"], "S": moved},
         "retrieve_highest_priority": {
             "T": [*md, "zrange", *passing, "lrange", "hget", "hexists"],
             "S": [*md, "zrange"]

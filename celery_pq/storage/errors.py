@@ -183,11 +183,11 @@ class ClusterUnsettled(PQError, RedisConnectionError):
     """A Redis Cluster call still refused after ``cluster_retry_seconds`` (its slot moving, or
     the cluster down); nothing written. A connection error to kombu and Celery (docs/cluster.md)."""
 
-    def __init__(self, key: str, waited: float, last: BaseException):
-        self.key = key
+    def __init__(self, key: str | bytes, waited: float, last: BaseException):
+        self.key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
         self.waited = waited
         self.last = last
         super().__init__(
-            f"Redis Cluster: the slot of {key!r} did not settle within {waited:.1f}s "
+            f"Redis Cluster: the slot of {self.key!r} did not settle within {waited:.1f}s "
             f"(a resharding or failover still under way; cluster_retry_seconds): {last}"
         )

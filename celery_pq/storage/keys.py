@@ -6,7 +6,7 @@ docs/key-layout.md lists every key, what it holds, and how shards are named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
@@ -20,44 +20,6 @@ SHARD_SEP = "#"
 #: Most shards a queue may have (the transport option ``shards``).
 MAX_SHARDS = 256
 
-#: Stored suffix of each key of a queue (the name a script header gives it; never changes) ->
-#: the ``QueueKeys`` field, in QueueKeys' order.
-FIELDS = {
-    "ii": "entries",
-    "pi": "priority_index",
-    "lz": "lease_deadlines",
-    "lt": "leases",
-    "wk": "wake",
-    "sq": "sequence",
-    "gd": "sweep_guard",
-    "dz": "delayed",
-    "vw": "views",
-    "vr": "views_version",
-    "te": "tenant_entries",
-    "ts": "tenant_schedule",
-    "tb": "tenant_states",
-    "fv": "virtual_times",
-    "fc": "tenant_settings",
-    "fn": "tenant_counts",
-    "tw": "rate_parked",
-    "fr": "token_buckets",
-    "md": "mode",
-    "pd": "publish_ids",
-    "pe": "publish_ids_before",
-    "pt": "publish_window",
-    "ct": "counters",
-    "gc": "fair_cursors",
-    "td": "tenant_deliveries",
-    "ev": "events",
-    "sw": "last_sweep",
-    "dq": "duplicate_index",
-    "uq": "unique_keys",
-    "ue": "unique_holders",
-    "uz": "throttle_deadlines",
-    "ub": "debounce_publishes",
-}
-#: Suffixes of one queue's keys, in the order QueueKeys lists them.
-SUFFIXES = tuple(FIELDS)
 #: The fairness state (lua/includes/fair.lua); a script binds these keys in its table FK.
 FAIR_SUFFIXES = ("te", "ts", "tb", "fv", "fc", "fn", "tw", "fr")
 
@@ -76,41 +38,42 @@ def split_dead(name: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The keys of one queue, each field named for what it holds (``FIELDS`` maps the suffixes)."""
+    """The keys of one queue, each field named for what it holds and the stored suffix of its
+    key (the name a script header gives it; never changes)."""
 
     name: str
-    entries: str  # ii
-    priority_index: str  # pi
-    lease_deadlines: str  # lz
-    leases: str  # lt
-    wake: str  # wk
-    sequence: str  # sq
-    sweep_guard: str  # gd
-    delayed: str  # dz
-    views: str  # vw
-    views_version: str  # vr
-    tenant_entries: str  # te
-    tenant_schedule: str  # ts
-    tenant_states: str  # tb
-    virtual_times: str  # fv
-    tenant_settings: str  # fc
-    tenant_counts: str  # fn
-    rate_parked: str  # tw
-    token_buckets: str  # fr
-    mode: str  # md
-    publish_ids: str  # pd
-    publish_ids_before: str  # pe
-    publish_window: str  # pt
-    counters: str  # ct
-    fair_cursors: str  # gc
-    tenant_deliveries: str  # td
-    events: str  # ev
-    last_sweep: str  # sw
-    duplicate_index: str  # dq
-    unique_keys: str  # uq
-    unique_holders: str  # ue
-    throttle_deadlines: str  # uz
-    debounce_publishes: str  # ub
+    entries: str = field(metadata={"suffix": "ii"})
+    priority_index: str = field(metadata={"suffix": "pi"})
+    lease_deadlines: str = field(metadata={"suffix": "lz"})
+    leases: str = field(metadata={"suffix": "lt"})
+    wake: str = field(metadata={"suffix": "wk"})
+    sequence: str = field(metadata={"suffix": "sq"})
+    sweep_guard: str = field(metadata={"suffix": "gd"})
+    delayed: str = field(metadata={"suffix": "dz"})
+    views: str = field(metadata={"suffix": "vw"})
+    views_version: str = field(metadata={"suffix": "vr"})
+    tenant_entries: str = field(metadata={"suffix": "te"})
+    tenant_schedule: str = field(metadata={"suffix": "ts"})
+    tenant_states: str = field(metadata={"suffix": "tb"})
+    virtual_times: str = field(metadata={"suffix": "fv"})
+    tenant_settings: str = field(metadata={"suffix": "fc"})
+    tenant_counts: str = field(metadata={"suffix": "fn"})
+    rate_parked: str = field(metadata={"suffix": "tw"})
+    token_buckets: str = field(metadata={"suffix": "fr"})
+    mode: str = field(metadata={"suffix": "md"})
+    publish_ids: str = field(metadata={"suffix": "pd"})
+    publish_ids_before: str = field(metadata={"suffix": "pe"})
+    publish_window: str = field(metadata={"suffix": "pt"})
+    counters: str = field(metadata={"suffix": "ct"})
+    fair_cursors: str = field(metadata={"suffix": "gc"})
+    tenant_deliveries: str = field(metadata={"suffix": "td"})
+    events: str = field(metadata={"suffix": "ev"})
+    last_sweep: str = field(metadata={"suffix": "sw"})
+    duplicate_index: str = field(metadata={"suffix": "dq"})
+    unique_keys: str = field(metadata={"suffix": "uq"})
+    unique_holders: str = field(metadata={"suffix": "ue"})
+    throttle_deadlines: str = field(metadata={"suffix": "uz"})
+    debounce_publishes: str = field(metadata={"suffix": "ub"})
 
     @property
     def stem(self) -> str:
@@ -138,6 +101,11 @@ class QueueKeys:
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""
         return f"{self.wake}:{lo}-{hi}"
+
+
+#: Stored suffix of each key of a queue -> the ``QueueKeys`` field, in QueueKeys' order.
+FIELDS = {f.metadata["suffix"]: f.name for f in fields(QueueKeys)[1:]}
+SUFFIXES = tuple(FIELDS)
 
 
 #: Script header names of the dead-letter queue's keys (a dead-letter queue's stand for its own).

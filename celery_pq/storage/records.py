@@ -147,11 +147,6 @@ def split_switches(mode: str) -> tuple[bool, int]:
     return "p" in rest, int(m.group(1)) if m else 0
 
 
-def join_switches(mode: str, paused: bool, event_log: int, migrating: bool = False) -> str:
-    """A mode record: four letters, then the switches."""
-    return mode[:4] + ("p" if paused else "") + (f"e{event_log}" if event_log else "") + ("m" if migrating else "")
-
-
 def mode_dict(mode: str) -> dict:
     """A mode record's four letters (fair ``0``/``1``, scope ``P``/``T``/``-``, order ``h``/``l``,
     technique) as settings."""

@@ -21,7 +21,7 @@ def zstd_bomb(size: int = BOMB_BYTES) -> bytes:
     chunk = bytes(1 << 20)
     parts = [packer.compress(chunk[: min(len(chunk), size - done)]) for done in range(0, size, len(chunk))]
     parts.append(packer.flush())
-    return bytes((codec.VERSION, codec.F_ZSTD)) + b"".join(parts)
+    return bytes((codec.VERSION, codec.layout.F_ZSTD)) + b"".join(parts)
 
 
 def lying_bomb(declared: int = 1000, size: int = BOMB_BYTES) -> bytes:
@@ -36,7 +36,7 @@ def lying_bomb(declared: int = 1000, size: int = BOMB_BYTES) -> bytes:
 
 def fields_bomb(fields: int) -> bytes:
     """An uncompressed record of ``fields`` unnamed message fields (4 bytes each)."""
-    one = bytes((codec.S_MESSAGE, 1)) + b"a" + bytes((codec.T_NONE,))
+    one = bytes((codec.layout.S_MESSAGE, 1)) + b"a" + bytes((codec.layout.T_NONE,))
     return bytes((codec.VERSION, 0)) + one * fields
 
 
@@ -44,5 +44,5 @@ def varint_bomb(size: int = 16 * 1024 * 1024 - 64) -> bytes:
     """A record in the stored form whose zstd frame (some 550 bytes, declaring ``size`` + 2, within
     MAX_INFLATED) holds one message field whose name's length is a varint of ``size`` 0xFF bytes:
     a reader that shifts in every byte of a varint spends hours on it."""
-    records = bytes((codec.S_MESSAGE,)) + b"\xff" * size + b"\x01"
-    return bytes((codec.VERSION, codec.F_ZSTD)) + zstandard.ZstdCompressor(level=3).compress(records)
+    records = bytes((codec.layout.S_MESSAGE,)) + b"\xff" * size + b"\x01"
+    return bytes((codec.VERSION, codec.layout.F_ZSTD)) + zstandard.ZstdCompressor(level=3).compress(records)

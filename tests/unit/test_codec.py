@@ -37,7 +37,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 values = st.one_of(json_values, st.binary(max_size=30))  # a message dict may hold bytes (never JSON-stored)
-names = st.one_of(st.text(max_size=12), st.sampled_from([n for _, n, _ in codec.FIELDS]))
+names = st.one_of(st.text(max_size=12), st.sampled_from([n for _, n, _ in codec.layout.FIELDS]))
 
 
 def _b64(raw: bytes) -> str:
@@ -189,7 +189,7 @@ def test_a_plain_celery_task_is_stored_in_a_seventh_of_its_json():
     assert data.count(uuid.UUID(task_id).bytes) == 1 and task_id.encode() not in data
     # argsrepr is derived from the body, not stored
     assert b"order-00000001" in data and data.count(b"order-00000001") == 1
-    assert data[1] & codec.F_ARGSREPR and data[1] & codec.F_KWARGSREPR
+    assert data[1] & codec.layout.F_ARGSREPR and data[1] & codec.layout.F_KWARGSREPR
 
 
 def test_a_chained_task_keeps_parent_root_and_group():
@@ -218,16 +218,16 @@ def test_an_argsrepr_celery_shortened_is_kept_as_it_is():
     message = _celery_message(args=("x" * 2000,))
     assert message["headers"]["argsrepr"] != repr(("x" * 2000,))  # saferepr cut it
     data = encode(message)
-    assert decode(data) == message and not data[1] & codec.F_ARGSREPR
+    assert decode(data) == message and not data[1] & codec.layout.F_ARGSREPR
 
 
 def test_large_records_are_compressed_only_when_it_pays():
     text = {"note": "the quick brown fox jumps over the lazy dog " * 100}
     noise = {"noise": uuid.uuid4().hex * 60}
     big, incompressible = _celery_message(kwargs=text), _celery_message(kwargs=noise)
-    assert encode(big)[1] & codec.F_ZSTD and len(encode(big)) < 500
+    assert encode(big)[1] & codec.layout.F_ZSTD and len(encode(big)) < 500
     assert decode(encode(big)) == big and decode(encode(incompressible)) == incompressible
-    assert not encode(_celery_message())[1] & codec.F_ZSTD  # small: never offered
+    assert not encode(_celery_message())[1] & codec.layout.F_ZSTD  # small: never offered
 
 
 @pytest.mark.parametrize("body", ["QQ==", "QR==", "QUI=", "QUJ=", "QUJD", "QQ", "Q===", "QQ==\n", " QQ==", "QQ=a", ""])
@@ -237,7 +237,7 @@ def test_a_body_is_stored_as_bytes_only_when_it_is_their_one_base64_spelling(bod
     data = encode(message)
     assert decode(data) == message
     canonical = body in ("QQ==", "QUI=", "QUJD", "")
-    assert (data[2 + data[2:].index(codec.layout.C_BODY) + 1] == codec.B_BASE64) == canonical
+    assert (data[2 + data[2:].index(codec.layout.C_BODY) + 1] == codec.layout.B_BASE64) == canonical
 
 
 @pytest.mark.parametrize(
@@ -365,10 +365,12 @@ def test_a_record_of_this_format_written_before_reads_and_is_written_the_same():
 def test_argsrepr_of_a_large_body_is_derived_from_its_args_alone():
     # Given a task whose kwargs make its body far longer than REPR_BODY_MAX
     message = _celery_message(args=("order-1", 2.5), kwargs={"lines": [f"sku-{i}" for i in range(400)]})
-    assert len(base64.b64decode(message["body"])) > codec.REPR_BODY_MAX
+    assert len(base64.b64decode(message["body"])) > codec.reprs.REPR_BODY_MAX
     data = encode(message)
     # then argsrepr is not stored (read from the args), kwargsrepr (cut by Celery) is kept as it is
-    assert data[1] & codec.F_ZSTD and data[1] & codec.F_ARGSREPR and not data[1] & codec.F_KWARGSREPR
+    assert (
+        data[1] & codec.layout.F_ZSTD and data[1] & codec.layout.F_ARGSREPR and not data[1] & codec.layout.F_KWARGSREPR
+    )
     assert decode(data) == message
 
 
@@ -453,7 +455,7 @@ def test_a_plain_kombu_message_is_written_as_the_section_writer_writes_it(body, 
     fast, loop = bytearray(), bytearray()
     # Then the fast path writes the same records, byte for byte, as the loop over its sections
     assert codec.writer._write_plain(fast, message, raw)
-    codec.writer._write_section(loop, {}, codec.S_MESSAGE, message, False, 0, raw)
+    codec.writer._write_section(loop, {}, codec.layout.S_MESSAGE, message, False, 0, raw)
     assert bytes(fast) == bytes(loop)
     # and any other shape is left to the loop
     for other in ({**message, "headers": {"a": 1}}, dict(reversed(message.items()))):
@@ -533,63 +535,63 @@ def test_a_zstd_frame_that_does_not_declare_its_size_is_refused():
 
     frame = zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * 1000)
     with pytest.raises(CodecError, match="does not declare its size"):
-        decode(bytes((codec.VERSION, codec.F_ZSTD)) + frame)
+        decode(bytes((codec.VERSION, codec.layout.F_ZSTD)) + frame)
 
 
 def test_a_record_of_too_many_fields_is_refused_with_bounded_memory():
     # 70,000 fields in 280 KB: as a dict of fields it would be several MB of Python objects
     assert decode(fields_bomb(3))["a"] is None  # a well-formed record: the field is read
-    bomb = fields_bomb(codec.MAX_VALUES + 1)
+    bomb = fields_bomb(codec.bounds.MAX_VALUES + 1)
     peak, raised = _peak_while(lambda: decode(bomb))
-    assert isinstance(raised, CodecError) and f"more than {codec.MAX_VALUES} fields" in str(raised)
+    assert isinstance(raised, CodecError) and f"more than {codec.bounds.MAX_VALUES} fields" in str(raised)
     assert peak < 16 << 20, peak
 
 
 @pytest.mark.parametrize(
     "value",
     [
-        bytes((codec.T_LIST,)) + b"\xff\xff\xff\xff\x0f",  # a list declaring 4 billion items in 7 bytes
-        bytes((codec.T_DICT,)) + b"\xff\xff\x7f",
-        bytes((codec.T_LIST, 2, codec.T_LIST)) + b"\x80\x80\x04" + bytes((codec.T_NONE,)) * 10,
-        bytes((codec.T_JSON,)) + _blob(b"[" + b"0," * 65_536 + b"0]"),  # kombu's JSON of a tuple
+        bytes((codec.layout.T_LIST,)) + b"\xff\xff\xff\xff\x0f",  # a list declaring 4 billion items in 7 bytes
+        bytes((codec.layout.T_DICT,)) + b"\xff\xff\x7f",
+        bytes((codec.layout.T_LIST, 2, codec.layout.T_LIST)) + b"\x80\x80\x04" + bytes((codec.layout.T_NONE,)) * 10,
+        bytes((codec.layout.T_JSON,)) + _blob(b"[" + b"0," * 65_536 + b"0]"),  # kombu's JSON of a tuple
     ],
 )
 def test_a_record_of_too_many_list_and_dict_items_is_refused_before_they_are_made(value):
-    record = bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + value
-    with pytest.raises(CodecError, match=f"more than {codec.MAX_VALUES} list and dict items"):
+    record = bytes((codec.VERSION, 0, codec.layout.S_HEADERS, 1)) + b"x" + value
+    with pytest.raises(CodecError, match=f"more than {codec.bounds.MAX_VALUES} list and dict items"):
         decode(record)
 
 
 def test_lists_nested_too_deep_are_refused():
-    record = bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + bytes((codec.T_LIST, 1)) * 5000
+    record = bytes((codec.VERSION, 0, codec.layout.S_HEADERS, 1)) + b"x" + bytes((codec.layout.T_LIST, 1)) * 5000
     with pytest.raises(CodecError, match="nested too deep"):
-        decode(record + bytes((codec.T_NONE,)))
+        decode(record + bytes((codec.layout.T_NONE,)))
 
 
 def test_the_writer_keeps_to_the_readers_bounds(monkeypatch):
     # A message of more list items than a reader takes is refused at write: nothing is stored
-    with pytest.raises(CodecError, match=f"cannot be stored.*more than {codec.MAX_VALUES} list and dict items"):
-        encode({"body": "", "headers": {"ids": list(range(codec.MAX_VALUES + 1))}, "properties": {}})
+    with pytest.raises(CodecError, match=f"cannot be stored.*more than {codec.bounds.MAX_VALUES} list and dict items"):
+        encode({"body": "", "headers": {"ids": list(range(codec.bounds.MAX_VALUES + 1))}, "properties": {}})
     ok = {"body": "", "headers": {"ids": list(range(1000))}, "properties": {}}
     assert decode(encode(ok)) == ok
     # and a record larger than a reader inflates is stored uncompressed, and reads back
     monkeypatch.setattr(codec.bounds, "MAX_INFLATED", 4096)
     big = {"body": "0" * 10_000, "headers": {}, "properties": {}}
     data = encode(big)
-    assert not data[1] & codec.F_ZSTD and decode(data) == big
+    assert not data[1] & codec.layout.F_ZSTD and decode(data) == big
     small = {"body": "0" * 3000, "headers": {}, "properties": {}}
-    assert encode(small)[1] & codec.F_ZSTD and decode(encode(small)) == small
+    assert encode(small)[1] & codec.layout.F_ZSTD and decode(encode(small)) == small
 
 
 # -- varints: each bounded by what a valid record can hold --------------------------------------
 #: The bounds as documented (docs/storage.md): a length, count or reference takes at most 5 bytes
-#: (codec.MAX_VARINT_BYTES), an integer at most 2048 (codec.MAX_INT_BYTES).
+#: (codec.bounds.MAX_VARINT_BYTES), an integer at most 2048 (codec.bounds.MAX_INT_BYTES).
 VARINT_MOST, INT_MOST = 5, 2048
 
 
 def _header(value: bytes) -> bytes:
     """A record of one header ``x`` holding ``value`` (a tag and its data)."""
-    return bytes((codec.VERSION, 0, codec.S_HEADERS, 1)) + b"x" + value
+    return bytes((codec.VERSION, 0, codec.layout.S_HEADERS, 1)) + b"x" + value
 
 
 def _long(n: int) -> bytes:
@@ -599,15 +601,15 @@ def _long(n: int) -> bytes:
 
 #: Where a record holds a length, a count or a reference, as a function of that varint.
 VARINT_PLACES = {
-    "field name": lambda v: bytes((codec.VERSION, 0, codec.S_MESSAGE)) + v,
-    "string": lambda v: _header(bytes((codec.T_STR,)) + v),
-    "bytes": lambda v: _header(bytes((codec.T_BYTES,)) + v),
-    "json": lambda v: _header(bytes((codec.T_JSON,)) + v),
-    "list": lambda v: _header(bytes((codec.T_LIST,)) + v),
-    "dict": lambda v: _header(bytes((codec.T_DICT,)) + v),
-    "dict key": lambda v: _header(bytes((codec.T_DICT, 1)) + v),
-    "reference": lambda v: _header(bytes((codec.T_REF,)) + v),
-    "body": lambda v: bytes((codec.VERSION, 0, codec.writer.C_BODY, codec.B_BYTES)) + v,
+    "field name": lambda v: bytes((codec.VERSION, 0, codec.layout.S_MESSAGE)) + v,
+    "string": lambda v: _header(bytes((codec.layout.T_STR,)) + v),
+    "bytes": lambda v: _header(bytes((codec.layout.T_BYTES,)) + v),
+    "json": lambda v: _header(bytes((codec.layout.T_JSON,)) + v),
+    "list": lambda v: _header(bytes((codec.layout.T_LIST,)) + v),
+    "dict": lambda v: _header(bytes((codec.layout.T_DICT,)) + v),
+    "dict key": lambda v: _header(bytes((codec.layout.T_DICT, 1)) + v),
+    "reference": lambda v: _header(bytes((codec.layout.T_REF,)) + v),
+    "body": lambda v: bytes((codec.VERSION, 0, codec.layout.C_BODY, codec.layout.B_BYTES)) + v,
 }
 
 
@@ -664,11 +666,11 @@ def test_integers_are_bounded_by_what_kombus_json_carries():
     with pytest.raises(CodecError, match="integer of 14337 bits cannot be stored"):
         encode({"body": "", "headers": {"n": 2**14335}})
     # and at read: a varint of MAX_INT_BYTES is an integer, one byte more is refused
-    assert decode(_header(bytes((codec.T_INT,)) + _long(INT_MOST)))["headers"]["x"] < 0
+    assert decode(_header(bytes((codec.layout.T_INT,)) + _long(INT_MOST)))["headers"]["x"] < 0
     for n in (INT_MOST + 1, 10_000_000):
         with pytest.raises(CodecError, match=f"integer at byte 6 runs over {INT_MOST} bytes"):
-            decode(_header(bytes((codec.T_INT,)) + _long(n)))
+            decode(_header(bytes((codec.layout.T_INT,)) + _long(n)))
     # an integer cut short is a truncated record, long or not
     for n in (3, 20, INT_MOST - 1):
         with pytest.raises(CodecError, match="truncated"):
-            decode(_header(bytes((codec.T_INT,)) + b"\xff" * n))
+            decode(_header(bytes((codec.layout.T_INT,)) + b"\xff" * n))

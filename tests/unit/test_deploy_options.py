@@ -8,7 +8,7 @@ from redis.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
 
 import celery_pq  # noqa: F401  registers pq:// and pqs://
 from celery_pq import ConfigError
-from celery_pq.storage.connections import make_pool, sentinel_addresses, tls_arguments
+from celery_pq.storage.connections import SENTINEL_PORT, make_pool, tls_arguments, url_addresses
 from celery_pq.transport.options import Options
 
 
@@ -44,8 +44,8 @@ def test_wait_options_reach_the_queue():
 
 def test_the_hosts_of_a_sentinel_url_are_the_sentinels():
     conn = Connection("pq://:pw@s1:26380;pq://s2;pq://10.0.0.3:26381/2")
-    assert sentinel_addresses(conn) == [("s1", 26380), ("s2", 26379), ("10.0.0.3", 26381)]
-    assert sentinel_addresses(Connection("pq://s9")) == [("s9", 26379)]
+    assert url_addresses(conn, SENTINEL_PORT) == [("s1", 26380), ("s2", 26379), ("10.0.0.3", 26381)]
+    assert url_addresses(Connection("pq://s9"), SENTINEL_PORT) == [("s9", 26379)]
 
 
 def test_a_sentinel_pool_goes_to_the_named_master_with_the_first_urls_password_and_db():

@@ -36,6 +36,29 @@ _TABLE_START = 8
 
 NO_DEFAULT = object()
 
+#: Celery's protocol-2 headers in order (as_task_v2's) -> default or NO_DEFAULT
+CELERY_HEADERS = {
+    "lang": "py",
+    "task": NO_DEFAULT,
+    "id": NO_DEFAULT,
+    "shadow": None,
+    "eta": None,
+    "expires": None,
+    "group": None,
+    "group_index": None,
+    "retries": 0,
+    "timelimit": [None, None],
+    "root_id": NO_DEFAULT,
+    "parent_id": None,
+    "argsrepr": NO_DEFAULT,
+    "kwargsrepr": NO_DEFAULT,
+    "origin": NO_DEFAULT,
+    "ignore_result": False,
+    "replaced_task_nesting": 0,
+    "stamped_headers": None,
+    "stamps": {},
+}
+
 #: (section, field name, default or NO_DEFAULT). The code of a field is _TABLE_START + its index:
 #: append only, never reorder (stored records name fields by these codes).
 FIELDS: tuple[tuple[int, str, object], ...] = (
@@ -55,25 +78,7 @@ FIELDS: tuple[tuple[int, str, object], ...] = (
     (S_DELIVERY_INFO, "exchange", ""),
     (S_DELIVERY_INFO, "routing_key", NO_DEFAULT),
     # Celery protocol 2 headers; their defaults hold only for a Celery message (F_CELERY)
-    (S_HEADERS, "lang", "py"),
-    (S_HEADERS, "task", NO_DEFAULT),
-    (S_HEADERS, "id", NO_DEFAULT),
-    (S_HEADERS, "shadow", None),
-    (S_HEADERS, "eta", None),
-    (S_HEADERS, "expires", None),
-    (S_HEADERS, "group", None),
-    (S_HEADERS, "group_index", None),
-    (S_HEADERS, "retries", 0),
-    (S_HEADERS, "timelimit", [None, None]),
-    (S_HEADERS, "root_id", NO_DEFAULT),
-    (S_HEADERS, "parent_id", None),
-    (S_HEADERS, "argsrepr", NO_DEFAULT),
-    (S_HEADERS, "kwargsrepr", NO_DEFAULT),
-    (S_HEADERS, "origin", NO_DEFAULT),
-    (S_HEADERS, "ignore_result", False),
-    (S_HEADERS, "replaced_task_nesting", 0),
-    (S_HEADERS, "stamped_headers", None),
-    (S_HEADERS, "stamps", {}),
+    *((S_HEADERS, name, default) for name, default in CELERY_HEADERS.items()),
 )
 
 CODE = {(s, name): _TABLE_START + i for i, (s, name, _) in enumerate(FIELDS)}
@@ -87,15 +92,12 @@ SUBSECTIONS = {
 assert _TABLE_START + len(FIELDS) < 0x80  # every code is one byte (the reader counts on it)
 
 
-def _defaults(section: int, celery: bool) -> dict:
-    """The fields a section has by default."""
-    if section == S_HEADERS and not celery:
-        return {}
-    return {name: d for s, name, d in FIELDS if s == section and d is not NO_DEFAULT}
-
-
-#: (section, celery) -> the fields the section has by default
-DEFAULTS = {(s, c): _defaults(s, c) for s in range(4) for c in (False, True)}
+#: (section, celery) -> the fields the section has by default (Celery's headers only for a Celery message)
+DEFAULTS: dict[tuple[int, bool], dict] = {
+    (sec, c): {name: d for s, name, d in FIELDS if s == sec and d is not NO_DEFAULT and (c or s != S_HEADERS)}
+    for sec in range(4)
+    for c in (False, True)
+}
 #: floats: 8 bytes big-endian
 DOUBLE = struct.Struct(">d")
 

@@ -10,47 +10,16 @@ import struct
 from kombu.utils.json import loads as kombu_loads
 
 from . import bounds
+from . import layout as L
 from .bounds import MAX_INT_BYTES, MAX_VALUES, MAX_VARINT_BYTES, inflate, json_items
-from .layout import (
-    B_BASE64,
-    B_BASE64_EMBED,
-    B_BYTES,
-    B_TEXT,
-    B_VALUE,
-    C_ABSENT,
-    C_BODY,
-    CELERY_EMBED_TAIL,
-    DEFAULTS,
-    DOUBLE,
-    F_ARGSREPR,
-    F_CELERY,
-    F_KWARGSREPR,
-    F_ZSTD,
-    FIELD,
-    KNOWN_FLAGS,
-    T_BYTES,
-    T_DICT,
-    T_FALSE,
-    T_FLOAT,
-    T_INT,
-    T_JSON,
-    T_LIST,
-    T_NONE,
-    T_REF,
-    T_STR,
-    T_TRUE,
-    T_UUID,
-    VERSION,
-    Base64Body,
-    CodecError,
-)
+from .layout import C_ABSENT, C_BODY, T_REF, T_STR, Base64Body, CodecError
 from .reprs import derived_reprs
 
 #: celery -> the four sections' defaults, copied per message; the lists and dicts among them
 #: (_MUTABLE: (section, name, default), holding none themselves) copied again
-_TEMPLATES = {c: tuple(dict(DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
+_TEMPLATES = {c: tuple(dict(L.DEFAULTS[s, c]) for s in range(4)) for c in (False, True)}
 _MUTABLE = {
-    c: [(s, n, v) for s in range(4) for n, v in DEFAULTS[s, c].items() if type(v) in (list, dict)]
+    c: [(s, n, v) for s in range(4) for n, v in L.DEFAULTS[s, c].items() if type(v) in (list, dict)]
     for c in (False, True)
 }
 assert not any(
@@ -65,13 +34,13 @@ def decode(data: bytes | str, raw_body: bool = False) -> dict:
         data = data.encode("utf-8", "surrogatepass")
     if len(data) < 2:
         raise CodecError(f"stored message of {len(data)} byte(s) is too short")
-    if data[0] != VERSION:
-        raise CodecError(f"stored message has format version {data[0]}; this celery-pq reads version {VERSION}")
+    if data[0] != L.VERSION:
+        raise CodecError(f"stored message has format version {data[0]}; this celery-pq reads version {L.VERSION}")
     flags = data[1]
-    if flags & ~KNOWN_FLAGS:
+    if flags & ~L.KNOWN_FLAGS:
         raise CodecError(f"stored message has unknown flags {flags:#04x}")
     start = 2
-    if flags & F_ZSTD:
+    if flags & L.F_ZSTD:
         if bounds.zstandard is None:
             raise CodecError("stored message is zstd-compressed and the zstandard package is not installed")
         data, start = inflate(memoryview(data)[2:]), 0
@@ -103,7 +72,7 @@ class _Seen(list):
 
 def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> dict:
     """The message of the records in ``data`` from ``pos`` to its end."""
-    celery = bool(flags & F_CELERY)
+    celery = bool(flags & L.F_CELERY)
     message, headers, props, info = sections = [d.copy() for d in _TEMPLATES[celery]]
     for s, name, v in _MUTABLE[celery]:
         sections[s][name] = v.copy()
@@ -113,7 +82,7 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
     uuids = _Seen()
     raw = None  # the body's bytes, when base64
     n = len(data)
-    field = FIELD
+    field = L.FIELD
     fields = 0
     while pos < n:
         fields += 1
@@ -133,12 +102,8 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
             sections[s].pop(name, None)
             continue
         else:
-            length, pos = _read_varint(data, pos)
-            end = pos + length
-            if end > n:
-                raise IndexError("a field name runs past the end")
-            name = data[pos:end].decode("utf-8", "surrogatepass")
-            pos = end
+            blob, pos = _read_blob(data, pos)
+            name = blob.decode("utf-8", "surrogatepass")
             target = sections[code]
         tag = data[pos]  # the common values inline, others in _read_value
         if tag == T_STR and data[pos + 1] < 0x80:
@@ -147,30 +112,17 @@ def read_message(data: bytes, pos: int, flags: int, raw_body: bool = False) -> d
                 raise IndexError("a string runs past the end")
             target[name] = data[pos + 2 : end].decode("utf-8", "surrogatepass")
             pos = end
-        elif tag == T_UUID:
-            pos += 17
-            if pos > n:
-                raise IndexError("a UUID runs past the end")
-            h = data[pos - 16 : pos].hex()
-            target[name] = text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-            uuids.append(text)
         elif tag == T_REF and data[pos + 1] < 0x80:
             target[name] = uuids[data[pos + 1]]
             pos += 2
-        elif tag == T_NONE:
-            target[name] = None
-            pos += 1
         else:
             target[name], pos = _read_value(data, pos, uuids)
-    wanted = flags & (F_ARGSREPR | F_KWARGSREPR)
+    wanted = flags & (L.F_ARGSREPR | L.F_KWARGSREPR)
     if wanted:
         derived = derived_reprs(raw, wanted) if raw is not None else None
         if derived is None or len(derived) != bin(wanted).count("1"):
             raise CodecError("stored message's argsrepr is derived from a body that is not Celery's")
-        if wanted & F_ARGSREPR:
-            headers["argsrepr"] = derived[F_ARGSREPR]
-        if wanted & F_KWARGSREPR:
-            headers["kwargsrepr"] = derived[F_KWARGSREPR]
+        headers.update(derived)
     return message
 
 
@@ -229,35 +181,39 @@ def _read_body(data: bytes, pos: int, uuids: _Seen, raw_body: bool = False) -> t
     """(body, its bytes if it was base64 else None, position after); ``raw_body``: see ``decode``."""
     form = data[pos]
     pos += 1
-    if form in (B_BASE64, B_BASE64_EMBED):
+    if form in (L.B_BASE64, L.B_BASE64_EMBED):
         raw, pos = _read_blob(data, pos)
-        if form == B_BASE64_EMBED:
-            raw += CELERY_EMBED_TAIL
+        if form == L.B_BASE64_EMBED:
+            raw += L.CELERY_EMBED_TAIL
         if raw_body:
             return Base64Body(raw), raw, pos
         return binascii.b2a_base64(raw, newline=False).decode("ascii"), raw, pos
-    if form == B_BYTES:
+    if form == L.B_BYTES:
         blob, pos = _read_blob(data, pos)
         return blob, None, pos
-    if form == B_TEXT:
+    if form == L.B_TEXT:
         blob, pos = _read_blob(data, pos)
         return blob.decode("utf-8", "surrogatepass"), None, pos
-    if form == B_VALUE:
+    if form == L.B_VALUE:
         value, pos = _read_value(data, pos, uuids)
         return value, None, pos
     raise CodecError(f"stored message has unknown body form {form}")
+
+
+#: The values of the tags T_NONE, T_TRUE and T_FALSE (0, 1, 2).
+_CONSTANTS = (None, True, False)
 
 
 def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
     """(the value at ``pos``, the position after it)."""
     tag = data[pos]
     pos += 1
-    if tag == T_STR:
+    if tag == L.T_STR:
         blob, pos = _read_blob(data, pos)
         return blob.decode("utf-8", "surrogatepass"), pos
-    if tag == T_NONE:
-        return None, pos
-    if tag == T_UUID:
+    if tag <= L.T_FALSE:
+        return _CONSTANTS[tag], pos
+    if tag == L.T_UUID:
         end = pos + 16
         if end > len(data):
             raise IndexError("a UUID runs past the end")
@@ -265,20 +221,16 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
         text = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
         uuids.append(text)
         return text, end
-    if tag == T_REF:
+    if tag == L.T_REF:
         ref, pos = _read_varint(data, pos)
         return uuids[ref], pos
-    if tag == T_INT:
+    if tag == L.T_INT:
         return _read_int(data, pos)
-    if tag == T_TRUE:
-        return True, pos
-    if tag == T_FALSE:
-        return False, pos
-    if tag == T_FLOAT:
-        return DOUBLE.unpack(data[pos : pos + 8])[0], pos + 8
-    if tag == T_BYTES:
+    if tag == L.T_FLOAT:
+        return L.DOUBLE.unpack(data[pos : pos + 8])[0], pos + 8
+    if tag == L.T_BYTES:
         return _read_blob(data, pos)
-    if tag == T_LIST:
+    if tag == L.T_LIST:
         count, pos = _read_varint(data, pos)
         uuids.take(count)
         items = []
@@ -286,7 +238,7 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
             item, pos = _read_value(data, pos, uuids)
             items.append(item)
         return items, pos
-    if tag == T_DICT:
+    if tag == L.T_DICT:
         count, pos = _read_varint(data, pos)
         uuids.take(count)
         d = {}
@@ -294,7 +246,7 @@ def _read_value(data: bytes, pos: int, uuids: _Seen) -> tuple[object, int]:
             key, pos = _read_blob(data, pos)
             d[key.decode("utf-8", "surrogatepass")], pos = _read_value(data, pos, uuids)
         return d, pos
-    if tag == T_JSON:
+    if tag == L.T_JSON:
         blob, pos = _read_blob(data, pos)
         uuids.take(json_items(blob))
         return kombu_loads(blob.decode("utf-8", "surrogatepass")), pos

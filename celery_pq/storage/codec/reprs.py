@@ -21,13 +21,11 @@ def derivable_reprs(headers: dict, raw: bytes) -> int:
     want = (F_ARGSREPR if type(argsrepr) is str and "..." not in argsrepr else 0) | (
         F_KWARGSREPR if type(kwargsrepr) is str and "..." not in kwargsrepr else 0
     )
-    if not want:
-        return 0
-    derived = _reprs_of(raw, want, kwargs_limit=REPR_BODY_MAX)
+    derived = _reprs_of(raw, want, kwargs_limit=REPR_BODY_MAX) if want else None
     if derived is None:
         return 0
-    return (F_ARGSREPR if want & F_ARGSREPR and derived.get(F_ARGSREPR) == argsrepr else 0) | (
-        F_KWARGSREPR if want & F_KWARGSREPR and derived.get(F_KWARGSREPR) == kwargsrepr else 0
+    return (F_ARGSREPR if want & F_ARGSREPR and derived.get("argsrepr") == argsrepr else 0) | (
+        F_KWARGSREPR if want & F_KWARGSREPR and derived.get("kwargsrepr") == kwargsrepr else 0
     )
 
 
@@ -37,7 +35,7 @@ _TAIL_TEXT = CELERY_EMBED_TAIL.decode("ascii")
 
 
 def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict | None:
-    """``{F_ARGSREPR: ..., F_KWARGSREPR: ...}`` (as ``flags`` ask) as ``repr`` makes them from a
+    """``{"argsrepr": ..., "kwargsrepr": ...}`` (as ``flags`` ask) as ``repr`` makes them from a
     Celery JSON body ``[args, kwargs, embed]``, or None when ``raw`` is not one. A body as Celery
     writes it has its args read alone, kwargs only when asked; any other is parsed whole.
     ``kwargs_limit`` (the writer's): a longer body's kwargs are left out (any other body: None)."""
@@ -54,11 +52,11 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
             return None
         stop = len(text) - len(_TAIL_TEXT)  # where kwargs end
         if type(args) is list and text.startswith(", ", end):
-            out = {F_ARGSREPR: repr(tuple(args))} if flags & F_ARGSREPR else {}
+            out = {"argsrepr": repr(tuple(args))} if flags & F_ARGSREPR else {}
             if not flags & F_KWARGSREPR:
                 return out
             if stop == end + 4 and text.startswith("{}", end + 2):
-                out[F_KWARGSREPR] = "{}"
+                out["kwargsrepr"] = "{}"
                 return out
             if kwargs_limit is not None and len(raw) > kwargs_limit:
                 return out
@@ -68,7 +66,7 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
                 return None
             if type(kwargs) is not dict or kwargs_end != stop:
                 return None
-            out[F_KWARGSREPR] = repr(kwargs)
+            out["kwargsrepr"] = repr(kwargs)
             return out
     if kwargs_limit is not None and len(raw) > kwargs_limit:
         return None
@@ -80,9 +78,9 @@ def _reprs_of(raw: bytes, flags: int, kwargs_limit: int | None = None) -> dict |
         return None
     out = {}
     if flags & F_ARGSREPR:
-        out[F_ARGSREPR] = repr(tuple(decoded[0]))
+        out["argsrepr"] = repr(tuple(decoded[0]))
     if flags & F_KWARGSREPR:
-        out[F_KWARGSREPR] = repr(decoded[1])
+        out["kwargsrepr"] = repr(decoded[1])
     return out
 
 

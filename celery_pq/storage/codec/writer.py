@@ -10,61 +10,24 @@ import re
 
 from kombu.utils.json import dumps as kombu_dumps
 
+from . import layout as L
 from .bounds import MAX_INT_BYTES, MAX_VALUES, compress, remember
-from .layout import (
-    B_BASE64,
-    B_BASE64_EMBED,
-    B_BYTES,
-    B_TEXT,
-    B_VALUE,
-    C_ABSENT,
-    C_BODY,
-    CELERY_EMBED_TAIL,
-    CODE,
-    DEFAULTS,
-    DOUBLE,
-    F_ARGSREPR,
-    F_CELERY,
-    F_KWARGSREPR,
-    F_ZSTD,
-    FIELDS,
-    NO_DEFAULT,
-    S_DELIVERY_INFO,
-    S_HEADERS,
-    S_MESSAGE,
-    S_PROPERTIES,
-    SUBSECTIONS,
-    T_BYTES,
-    T_DICT,
-    T_FALSE,
-    T_FLOAT,
-    T_INT,
-    T_JSON,
-    T_LIST,
-    T_NONE,
-    T_REF,
-    T_STR,
-    T_TRUE,
-    T_UUID,
-    VERSION,
-    Base64Body,
-    CodecError,
-)
+from .layout import Base64Body, CodecError
 from .reader import read_message
 from .reprs import derivable_reprs
 
 #: headers the reader derives from the body when the flag says so
-_DERIVED = {(S_HEADERS, "argsrepr"): F_ARGSREPR, (S_HEADERS, "kwargsrepr"): F_KWARGSREPR}
+_DERIVED = {(L.S_HEADERS, "argsrepr"): L.F_ARGSREPR, (L.S_HEADERS, "kwargsrepr"): L.F_KWARGSREPR}
 #: (section, celery) -> {name: (code, default or NO_DEFAULT, subsection or None, F_* flag or 0)}
 _NAMES = {
     (sec, c): {
         name: (
-            CODE[s, name],
-            DEFAULTS[sec, c].get(name, NO_DEFAULT),
-            SUBSECTIONS.get((s, name)),
+            L.CODE[s, name],
+            L.DEFAULTS[sec, c].get(name, L.NO_DEFAULT),
+            L.SUBSECTIONS.get((s, name)),
             _DERIVED.get((s, name), 0),
         )
-        for s, name, _ in FIELDS
+        for s, name, _ in L.FIELDS
         if s == sec
     }
     for sec in range(4)
@@ -72,39 +35,35 @@ _NAMES = {
 }
 #: (section, celery) -> the defaults and subsections a section has unless a record says not
 _EXPECTED = {
-    (sec, c): (*DEFAULTS[sec, c], *(name for (s, name) in SUBSECTIONS if s == sec))
+    (sec, c): (*L.DEFAULTS[sec, c], *(name for (s, name) in L.SUBSECTIONS if s == sec))
     for sec in range(4)
     for c in (False, True)
 }
 
 #: Celery's protocol-2 headers in table order (as_task_v2's): those with a default as one tuple
 #: to compare at once, those without as (name, code, F_* flag, repeating)
-_CELERY_DEFAULTED = tuple((name, d) for s, name, d in FIELDS if s == S_HEADERS and d is not NO_DEFAULT)
+_CELERY_DEFAULTED = tuple((name, d) for name, d in L.CELERY_HEADERS.items() if d is not L.NO_DEFAULT)
 _CELERY_DEFAULTED_GET = operator.itemgetter(*(name for name, _ in _CELERY_DEFAULTED))
 _CELERY_DEFAULT_VALUES = tuple(d for _, d in _CELERY_DEFAULTED)
 _CELERY_DEFAULT_TYPES = tuple(type(d) for _, d in _CELERY_DEFAULTED)
 #: fields whose values repeat between messages: their records come from _RECORDS
-_REPEATING = frozenset(
-    {(S_HEADERS, "task"), (S_HEADERS, "origin"), (S_DELIVERY_INFO, "routing_key"), (S_DELIVERY_INFO, "exchange")}
-)
+_REPEATING = frozenset((s, n) for s, n, _ in L.FIELDS if n in ("task", "origin", "routing_key", "exchange"))
 _CELERY_OWN = tuple(
-    (name, CODE[S_HEADERS, name], _DERIVED.get((S_HEADERS, name), 0), (S_HEADERS, name) in _REPEATING)
-    for s, name, d in FIELDS
-    if s == S_HEADERS and d is NO_DEFAULT
+    (name, L.CODE[L.S_HEADERS, name], _DERIVED.get((L.S_HEADERS, name), 0), (L.S_HEADERS, name) in _REPEATING)
+    for name, d in L.CELERY_HEADERS.items()
+    if d is L.NO_DEFAULT
 )
-_CELERY_HEADERS = frozenset(name for s, name, _ in FIELDS if s == S_HEADERS)
+_CELERY_HEADERS = frozenset(L.CELERY_HEADERS)
 #: a Celery task message's own fields and its properties, as kombu's virtual channel hands them over
 _CELERY_MESSAGE = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
 _CELERY_PROPERTIES = frozenset(
     {"correlation_id", "reply_to", "delivery_mode", "delivery_info", "priority", "body_encoding"}
 )
 _DELIVERY_INFO = frozenset({"exchange", "routing_key"})
-_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY, _C_ROUTING_KEY = (
-    CODE[S_PROPERTIES, "correlation_id"],
-    CODE[S_PROPERTIES, "reply_to"],
-    CODE[S_PROPERTIES, "priority"],
-    CODE[S_DELIVERY_INFO, "routing_key"],
+_C_CORRELATION_ID, _C_REPLY_TO, _C_PRIORITY = (
+    L.CODE[L.S_PROPERTIES, n] for n in ("correlation_id", "reply_to", "priority")
 )
+_C_ROUTING_KEY = L.CODE[L.S_DELIVERY_INFO, "routing_key"]
 
 
 def encode(message: dict) -> bytes:
@@ -113,7 +72,7 @@ def encode(message: dict) -> bytes:
         raise CodecError(f"a message is a dict, not {type(message).__name__}")
     headers = message.get("headers")
     celery = isinstance(headers, dict) and "lang" in headers and "task" in headers
-    flags = F_CELERY if celery else 0
+    flags = L.F_CELERY if celery else 0
     raw = _base64_body(message)
     if (
         raw is not None
@@ -125,21 +84,21 @@ def encode(message: dict) -> bytes:
     out = bytearray()
     if celery:
         if raw is None or not _write_celery(out, message, flags, raw):
-            _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+            _write_section(out, {}, L.S_MESSAGE, message, celery, flags, raw)
     elif not _write_plain(out, message, raw):
-        _write_section(out, {}, S_MESSAGE, message, celery, flags, raw)
+        _write_section(out, {}, L.S_MESSAGE, message, celery, flags, raw)
     if len(out) > MAX_VALUES:  # a value takes a byte at least: a shorter record holds fewer
         _check_readable(out, flags)
     packed = compress(out)
     if packed is not None:
-        return bytes((VERSION, flags | F_ZSTD)) + packed
-    return bytes((VERSION, flags)) + out
+        return bytes((L.VERSION, flags | L.F_ZSTD)) + packed
+    return bytes((L.VERSION, flags)) + out
 
 
 def _check_readable(out: bytearray, flags: int) -> None:
     """CodecError (nothing written) for a record over MAX_VALUES, which the reader would refuse."""
     try:
-        read_message(bytes(out), 0, flags & ~(F_ARGSREPR | F_KWARGSREPR), raw_body=True)
+        read_message(bytes(out), 0, flags & ~(L.F_ARGSREPR | L.F_KWARGSREPR), raw_body=True)
     except CodecError as exc:
         raise CodecError(f"message cannot be stored: {exc}") from None
 
@@ -197,7 +156,7 @@ def _write_section(
             _write_value(out, uuids, value)
             continue
         code, default, sub, derived_flag = info
-        if default is not NO_DEFAULT:
+        if default is not L.NO_DEFAULT:
             expected += 1
             if value is default or (
                 type(value) is type(default)
@@ -208,21 +167,21 @@ def _write_section(
         elif sub is not None:
             expected += 1
             if isinstance(value, dict):  # a subclass is read back as a dict
-                if sub != S_HEADERS or not celery or not _write_celery_headers(out, uuids, value, flags):
+                if sub != L.S_HEADERS or not celery or not _write_celery_headers(out, uuids, value, flags):
                     _write_section(out, uuids, sub, value, celery, flags, raw)
                 continue
         if flags & derived_flag:
             continue
         out.append(code)
-        if code == C_BODY:
+        if code == L.C_BODY:
             _write_body(out, uuids, value, raw)
         else:
             _write_value(out, uuids, value)
     if expected < len(_EXPECTED[section, celery]):
         for name in _EXPECTED[section, celery]:
             if name not in d:
-                out.append(C_ABSENT)
-                out.append(CODE[section, name])
+                out.append(L.C_ABSENT)
+                out.append(L.CODE[section, name])
 
 
 def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool:
@@ -254,10 +213,10 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
     ):
         return False
     uuids: dict[str, int] = {}
-    out.append(C_BODY)
+    out.append(L.C_BODY)
     _write_body(out, uuids, None, raw)
     if not _write_celery_headers(out, uuids, headers, flags):
-        _write_section(out, uuids, S_HEADERS, headers, True, flags, raw)
+        _write_section(out, uuids, L.S_HEADERS, headers, True, flags, raw)
     out.append(_C_CORRELATION_ID)
     _write_value(out, uuids, props["correlation_id"])
     out.append(_C_REPLY_TO)
@@ -277,13 +236,13 @@ _PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
 #: (code, default) of a plain message's defaulted fields in the order written: those before the
 #: delivery info (exchange, then routing key) and those after it
 _PLAIN_DEFAULTED = tuple(
-    (CODE[s, name], DEFAULTS[s, False][name])
-    for s, name in ((S_MESSAGE, "content-encoding"), (S_MESSAGE, "content-type"), (S_PROPERTIES, "delivery_mode"))
+    (L.CODE[s, name], L.DEFAULTS[s, False][name])
+    for s, name in ((L.S_MESSAGE, "content-encoding"), (L.S_MESSAGE, "content-type"), (L.S_PROPERTIES, "delivery_mode"))
 )
-_C_EXCHANGE, _DEFAULT_EXCHANGE = CODE[S_DELIVERY_INFO, "exchange"], DEFAULTS[S_DELIVERY_INFO, False]["exchange"]
+_C_EXCHANGE, _DEFAULT_EXCHANGE = L.CODE[L.S_DELIVERY_INFO, "exchange"], L.DEFAULTS[L.S_DELIVERY_INFO, False]["exchange"]
 _PLAIN_DEFAULTED_LAST = tuple(
-    (CODE[s, name], DEFAULTS[s, False][name])
-    for s, name in ((S_PROPERTIES, "priority"), (S_PROPERTIES, "body_encoding"))
+    (L.CODE[s, name], L.DEFAULTS[s, False][name])
+    for s, name in ((L.S_PROPERTIES, "priority"), (L.S_PROPERTIES, "body_encoding"))
 )
 
 
@@ -299,7 +258,7 @@ def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
     if type(info) is not dict or tuple(info) != _PLAIN_DELIVERY_INFO:
         return False
     uuids: dict[str, int] = {}
-    out.append(C_BODY)
+    out.append(L.C_BODY)
     _write_body(out, uuids, message["body"], raw)
     for (code, default), value in zip(
         _PLAIN_DEFAULTED, (message["content-encoding"], message["content-type"], props["delivery_mode"])
@@ -338,7 +297,7 @@ def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int
 
 
 #: field code -> {text: its record}: records of repeating texts (task name, origin, routing key)
-_RECORDS: dict[int, dict[str, bytes]] = {CODE[key]: {} for key in _REPEATING}
+_RECORDS: dict[int, dict[str, bytes]] = {L.CODE[key]: {} for key in _REPEATING}
 #: {UUID text: its 16 bytes} written lately (a client's reply_to is in every message)
 _PACKED: dict[str, bytes] = {}
 
@@ -349,7 +308,7 @@ def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
         cache = _RECORDS[code]
         record = cache.get(value)
         if record is None and len(value) < 0x80 and len(value) != 36 and value.isascii():
-            record = remember(cache, value, bytes((code, T_STR, len(value))) + value.encode("ascii"))
+            record = remember(cache, value, bytes((code, L.T_STR, len(value))) + value.encode("ascii"))
         if record is not None:
             out += record
             return
@@ -359,20 +318,20 @@ def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
 
 def _write_body(out: bytearray, uuids: dict, body, raw: bytes | None) -> None:
     if raw is not None:
-        if raw.endswith(CELERY_EMBED_TAIL):
-            out.append(B_BASE64_EMBED)
-            _blob(out, raw[: -len(CELERY_EMBED_TAIL)])
+        if raw.endswith(L.CELERY_EMBED_TAIL):
+            out.append(L.B_BASE64_EMBED)
+            _blob(out, raw[: -len(L.CELERY_EMBED_TAIL)])
         else:
-            out.append(B_BASE64)
+            out.append(L.B_BASE64)
             _blob(out, raw)
     elif type(body) is bytes or type(body) is Base64Body:
-        out.append(B_BYTES)
+        out.append(L.B_BYTES)
         _blob(out, body)
     elif type(body) is str:
-        out.append(B_TEXT)
+        out.append(L.B_TEXT)
         _blob(out, body.encode("utf-8", "surrogatepass"))
     else:
-        out.append(B_VALUE)
+        out.append(L.B_VALUE)
         _write_value(out, uuids, body)
 
 
@@ -381,13 +340,13 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
     if t is str:
         n = len(v)
         if n < 0x80 and n != 36 and v.isascii():  # most values: a short text, no UUID
-            out.append(T_STR)
+            out.append(L.T_STR)
             out.append(n)
             out += v.encode("ascii")
             return
         ref = uuids.get(v)
         if ref is not None:  # a UUID written before in this message
-            out.append(T_REF)
+            out.append(L.T_REF)
             _varint(out, ref)
             return
         packed = _PACKED.get(v)
@@ -397,37 +356,37 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
                 remember(_PACKED, v, packed)
         if packed is not None:
             uuids[v] = len(uuids)
-            out.append(T_UUID)
+            out.append(L.T_UUID)
             out += packed
             return
-        out.append(T_STR)
+        out.append(L.T_STR)
         _blob(out, v.encode("utf-8", "surrogatepass"))
     elif v is None:
-        out.append(T_NONE)
+        out.append(L.T_NONE)
     elif t is bool:
-        out.append(T_TRUE if v else T_FALSE)
+        out.append(L.T_TRUE if v else L.T_FALSE)
     elif t is int:
-        out.append(T_INT)
+        out.append(L.T_INT)
         _write_int(out, v)
     elif t is float:
-        out.append(T_FLOAT)
-        out += DOUBLE.pack(v)
+        out.append(L.T_FLOAT)
+        out += L.DOUBLE.pack(v)
     elif t is bytes:
-        out.append(T_BYTES)
+        out.append(L.T_BYTES)
         _blob(out, v)
     elif isinstance(v, list):
-        out.append(T_LIST)
+        out.append(L.T_LIST)
         _varint(out, len(v))
         for item in v:
             _write_value(out, uuids, item)
     elif isinstance(v, dict) and all(type(k) is str for k in v):
-        out.append(T_DICT)
+        out.append(L.T_DICT)
         _varint(out, len(v))
         for k, item in v.items():
             _blob(out, k.encode("utf-8", "surrogatepass"))
             _write_value(out, uuids, item)
     else:  # a tuple, a datetime, ...: kombu's JSON of it
-        out.append(T_JSON)
+        out.append(L.T_JSON)
         _blob(out, kombu_dumps(v).encode("utf-8", "surrogatepass"))
 
 
