@@ -6,6 +6,7 @@ keeps what is not known to be stored. docs/publishing.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, NamedTuple, Protocol, cast
 
 from ..queue import Item, PriorityQueue
@@ -257,10 +258,8 @@ class PublishBatch:
     def _drain(self) -> None:
         """Read the replies due (counted; errors dropped with the items)."""
         if self._stream is not None or self._sent:
-            try:
+            with suppress(Exception):  # (the stream is closed either way)
                 self._settle_all(None)
-            except Exception:  # (the stream is closed either way)
-                pass
 
     def _noted(self, exc: Exception) -> Exception:
         exc.add_note(

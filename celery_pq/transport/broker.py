@@ -4,7 +4,7 @@ channel on a broker named by a Celery app or a URL, without kombu's retries. doc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import redis
@@ -63,10 +63,8 @@ class Broker:
             except UNREACHABLE as exc:
                 raise unreachable(conn, exc) from None
         finally:
-            try:
+            with suppress(Exception):  # closing a connection that never opened
                 conn.release()
-            except Exception:  # closing a connection that never opened
-                pass
 
 
 def address(conn) -> str:

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 STAMP = "x-pq-publish"
 #: The property a fanout broadcast carries its publish call's id in (receivers drop a repeat).
 BROADCAST_ID = "x-pq-broadcast"
+#: Properties never stored (a delivery's tag is its lease token).
+NOT_STORED = frozenset(("delivery_tag", STAMP))
 #: No task limits (``stored_item``'s default).
 EMPTY_LIMITS: Mapping[str, float] = MappingProxyType({})
 
@@ -115,7 +117,8 @@ def stored_item(
     headers = message.get("headers") or {}
     task_id = headers.get("id") or props.get("correlation_id") or None
     task = headers.get("task") if options.event_log else None
-    message = without_properties(message, NOT_STORED)
+    if not NOT_STORED.isdisjoint(props):
+        message = {**message, "properties": {k: v for k, v in props.items() if k not in NOT_STORED}}
     ttl_ms = min((t for t in (expiration_ms(props.get("expiration")), queue_ttl_ms) if t is not None), default=None)
     return Item(
         serialized(queue, message, options),
@@ -164,18 +167,6 @@ def unix_ms(when, *, strict: bool) -> int | None:
             return None
         raise ValueError(f"message eta {when!r} is not an ISO 8601 time; the message was not published") from None
     return max(0, int((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() * 1000))
-
-
-#: Properties never stored (a delivery's tag is its lease token).
-NOT_STORED = frozenset(("delivery_tag", STAMP))
-
-
-def without_properties(message: dict, names: frozenset) -> dict:
-    """``message`` without the properties ``names`` (itself, no copy, when it has none)."""
-    props = message["properties"]
-    if not isinstance(props, dict) or names.isdisjoint(props):
-        return message
-    return {**message, "properties": {k: v for k, v in props.items() if k not in names}}
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:

@@ -10,6 +10,7 @@ import select
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from time import monotonic, sleep
@@ -303,20 +304,16 @@ class Poller:
             self._idle_wake = None
         if not signal_wake.take(self._wake_pipe[1]):
             # where signals cannot wake the idle loop, a shutdown would wait out its poll
-            self._idle_wake = loop.call_repeatedly(C.IDLE_WAKE_SECONDS, _nothing)
+            self._idle_wake = loop.call_repeatedly(C.IDLE_WAKE_SECONDS, lambda: None)  # (the loop wakes for it)
 
     def _on_self_wake(self, fd: int) -> None:
-        try:
+        with suppress(BlockingIOError):
             os.read(fd, 4096)
-        except BlockingIOError:
-            pass
 
     def _self_wake(self) -> None:
         assert self._wake_pipe is not None  # (made with the loop's registration)
-        try:
+        with suppress(BlockingIOError):  # (one is pending already)
             os.write(self._wake_pipe[1], b"x")
-        except BlockingIOError:
-            pass  # one is pending already
 
     def on_tick(self):
         # The hub runs its deferred acks (call_soon) just before this tick, so they ride with
@@ -396,16 +393,10 @@ class Poller:
             self._wake_pipe = None
 
 
-def _nothing() -> None:
-    """A timer's call: the loop woke for it."""
-
-
 def _quietly(call, *args) -> None:
     """Tear something down, ignoring a failure."""
-    try:
+    with suppress(Exception):
         call(*args)
-    except Exception:
-        pass
 
 
 def _client_id(conn) -> int | None:

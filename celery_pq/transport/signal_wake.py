@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from contextlib import suppress
 
 _ours: int | None = None  # the fd set here, while it is the process's wake-up fd
 
@@ -45,10 +46,8 @@ def give_back(fd: int) -> bool:
 def _forget_in_child() -> None:
     global _ours
     if _ours is not None:
-        try:
+        with suppress(ValueError):  # forked from a thread other than the main one: not ours to change
             signal.set_wakeup_fd(-1)
-        except ValueError:  # forked from a thread other than the main one: not ours to change
-            pass
         _ours = None
 
 
