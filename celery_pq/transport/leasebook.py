@@ -41,11 +41,10 @@ class LeaseBook:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[PriorityQueue, str]] = {}  # tag -> (queue, entry id)
         self._acks: dict[PriorityQueue, Pairs] = {}  # waiting for the next round trip
-        self._waiting = 0
         # Tags of acks whose round trip failed: sent again, they may find their entry acked by
         # the first sending (its reply was lost); any other refused ack is late.
         self._resent: set[str] = set()
-        self._queues: tuple[PriorityQueue, ...] = ()  # consumed, swept by the keeper
+        self.queues: tuple[PriorityQueue, ...] = ()  # consumed, swept by the keeper (``watch``)
         # Leases given back in vain (Redis unreachable): not renewed, but an ack for one is sent.
         self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
         # The acks of each round trip under way, by id of their batch: renewed like the waiting
@@ -78,7 +77,7 @@ class LeaseBook:
             flight = q.send_pop(count, acks=self._acks.get(shard, []), consumer=consumer, view=view)
             if flight is None:
                 return None
-            pending, self._acks, self._waiting = self._acks, {}, 0
+            pending, self._acks = self._acks, {}
             self._sending[id(pending)] = pending
         return PopInFlight(shard, pending, flight, monotonic())
 
@@ -134,8 +133,7 @@ class LeaseBook:
             defer = not late and (defer or self.closed)
             if defer:
                 self._acks.setdefault(q, []).append((eid, tag))
-                self._waiting += 1
-                full = not self.closed and self._waiting >= C.MAX_POP_BATCH
+                full = not self.closed and sum(map(len, self._acks.values())) >= C.MAX_POP_BATCH
         if not defer:
             pending = {q: [(eid, tag)]}
             self._send(pending, lambda: (None, ack_all(pending)))
@@ -157,7 +155,7 @@ class LeaseBook:
 
     def watch(self, queues: Sequence[PriorityQueue]) -> None:
         """The queues consumed now (the keeper sweeps their expired leases)."""
-        self._queues = tuple(dict.fromkeys(queues))
+        self.queues = tuple(dict.fromkeys(queues))
 
     # -- the keeper's side --------------------------------------------------------------------
     def held(self) -> dict[PriorityQueue, Pairs]:
@@ -174,9 +172,6 @@ class LeaseBook:
                     out.setdefault(q, []).extend(pairs)
         return out
 
-    def queues(self) -> tuple[PriorityQueue, ...]:
-        return self._queues
-
     def holds_work(self) -> bool:
         """Leases or acks not yet sent that the keeper must serve."""
         with self._lock:
@@ -185,7 +180,7 @@ class LeaseBook:
     # -- sending ------------------------------------------------------------------------------
     def _take(self) -> dict[PriorityQueue, Pairs]:
         with self._lock:
-            pending, self._acks, self._waiting = self._acks, {}, 0
+            pending, self._acks = self._acks, {}
         return pending
 
     def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
@@ -221,7 +216,6 @@ class LeaseBook:
         with self._lock:
             for q, pairs in pending.items():
                 self._acks[q] = pairs + self._acks.get(q, [])
-                self._waiting += len(pairs)
                 self._resent.update(tag for _, tag in pairs)
 
     def _check(self, pending: dict[PriorityQueue, Pairs], codes: dict) -> None:

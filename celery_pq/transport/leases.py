@@ -149,7 +149,7 @@ class LeaseKeeper(threading.Thread):
     def sweep(self, books):
         seen = set()
         for book in books:
-            for q in book.queues():  # a priority view sweeps the queue it views
+            for q in book.queues:  # a priority view sweeps the queue it views
                 if q.name in seen:
                     continue
                 seen.add(q.name)
