@@ -1,14 +1,19 @@
 """How the commands show rows: rich tables on a terminal when rich (the ``[ops]`` extra) is
-installed, plain aligned text otherwise, so ``grep`` and ``awk`` work on it (docs/operations.md)."""
+installed, plain aligned text otherwise, so ``grep`` and ``awk`` work on it (docs/operations.md); what a
+stored message says (``describe``)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import sys
 import time
 from datetime import UTC, datetime
 from importlib.util import find_spec
 
 import click
+
+from ..storage.codec import VERSION, CodecError, decode
 
 
 def rich_terminal() -> bool:
@@ -93,3 +98,78 @@ def when(ms: int | None) -> str:
     if not ms:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# -- what an operator sees of a stored message --------------------------------------------------
+#: Characters of an args preview at most (the rest is cut with "...").
+PREVIEW_CHARS = 60
+
+
+def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
+    """``{"task": name or None, "args": preview}`` of a stored payload: a payload that is not a
+    kombu message shows as its text; one in the stored form that cannot be read (corrupt, over
+    the codec's bounds) as ``unreadable: <why>``. Never raises on stored data."""
+    try:
+        message = decode(payload)
+    except CodecError as exc:
+        if _stored_form(payload):
+            why = str(exc).removeprefix("stored message's ").removeprefix("stored message ")
+            return {"task": None, "args": _cut(f"unreadable: {why}", width)}
+        message = None
+    except Exception:
+        message = None
+    if not isinstance(message, dict) or "body" not in message:
+        return {"task": None, "args": _cut(_text(payload), width)}
+    headers = message.get("headers") or {}
+    task = headers.get("task") if isinstance(headers, dict) else None
+    if isinstance(headers, dict) and ("argsrepr" in headers or "kwargsrepr" in headers):
+        args = _join(headers.get("argsrepr"), headers.get("kwargsrepr"))
+    else:
+        args = _body_preview(message)
+    return {"task": task, "args": _cut(args, width)}
+
+
+def _stored_form(payload: bytes | str) -> bool:
+    """Whether a payload the codec refused starts with the format's version byte."""
+    head = payload[:1] if isinstance(payload, bytes) else payload[:1].encode()
+    return head == bytes((VERSION,))
+
+
+def _body_preview(message: dict) -> str:
+    body = message.get("body")
+    if not isinstance(body, (str, bytes, bytearray)):
+        return _text(body)
+    props = message.get("properties") or {}
+    try:
+        if isinstance(props, dict) and props.get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        if message.get("content-type") == "application/json":
+            decoded = json.loads(body)
+            # Celery protocol 2: [args, kwargs, embed]
+            if (
+                isinstance(decoded, list)
+                and len(decoded) == 3
+                and isinstance(decoded[0], list)
+                and isinstance(decoded[1], dict)
+            ):
+                return _join(repr(tuple(decoded[0])), repr(decoded[1]))
+            return json.dumps(decoded)
+    except (ValueError, TypeError):
+        pass
+    return _text(body)
+
+
+def _join(args, kwargs) -> str:
+    parts = [a for a in (args, kwargs) if a and a not in ("()", "{}")]
+    return " ".join(parts) if parts else "()"
+
+
+def _text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -12,9 +12,9 @@ import redis
 from kombu import Connection, Consumer, Producer
 
 from celery_pq import PriorityQueue
+from celery_pq.ops.render import describe
 from celery_pq.storage.codec import encode
 from celery_pq.testing import wait_for
-from celery_pq.transport.messages import describe
 
 try:
     from support.bombs import BOMB_BYTES, fields_bomb, zstd_bomb

@@ -10,7 +10,6 @@ import click
 
 from ...storage import costs
 from ...transport.broker import queue_and_view, queue_names
-from ...transport.messages import describe
 from .. import render
 from .base import broker_of, command, count_option, json_option, print_json, queue_of
 
@@ -137,7 +136,7 @@ def _entry_row(e, now_ms) -> dict:
         "tenant": e.tenant,
         "age_seconds": (now_ms - e.enqueued_ms) / 1000,
         "deliveries": e.deliveries,
-        **describe(e.payload),
+        **render.describe(e.payload),
     }
 
 
@@ -158,7 +157,7 @@ def dead(ctx, queue, count, as_json):
             "reason": e.dead_reason,
             "dead_ms": e.dead_ms,
             "deliveries": e.dead_deliveries,
-            **describe(e.payload),
+            **render.describe(e.payload),
         }
         for e in entries
     ]
