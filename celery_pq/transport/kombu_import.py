@@ -231,6 +231,8 @@ class KombuImport:
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, dry_run: bool = False) -> list[QueueReport]:
+        sec, usec = self.source.time()
+        self._clock = (int(sec) + int(usec) / 1e6, time.monotonic())
         now = self._now()
         for queue in self.queues:
             if dry_run:
@@ -242,9 +244,6 @@ class KombuImport:
 
     def _now(self) -> float:
         """The source Redis's time (Unix seconds), from its TIME at the start of the run on."""
-        if not hasattr(self, "_clock"):
-            sec, usec = self.source.time()
-            self._clock = (int(sec) + int(usec) / 1e6, time.monotonic())
         start, mono = self._clock
         return start + (time.monotonic() - mono)
 
