@@ -35,16 +35,15 @@ def priority(name, value):
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def flag_or_none(name, value):
-    if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True, False or None, got {value!r}")
-    return value
+def flag(none: bool):
+    """True or False (or None, with ``none``)."""
 
+    def check(name, value):
+        if not isinstance(value, bool) and not (none and value is None):
+            raise ConfigError(f"{name} must be True{', False or None' if none else ' or False'}, got {value!r}")
+        return value
 
-def flag(name, value):
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be True or False, got {value!r}")
-    return value
+    return check
 
 
 def name_or_none(name, value):
@@ -90,28 +89,35 @@ def key(none: bool):
     return check
 
 
-def per_tenant(kind):
-    """An option given as one number for every tenant or as {tenant: number, "*": default}."""
+def per_key(keys: str, valid: Callable[[object], bool], what: str, *, none: bool = False):
+    """An option given as one value for every queue or tenant (``keys``) or as {name: value,
+    "*": default}; None too with ``none``."""
 
     def check(name, value):
-        if value is None:
+        if value is None and none:
             return None
-        if name == "fair_weights" and not isinstance(value, dict):
-            raise ConfigError(f"{name} must be a dict {{tenant: weight}}, got {value!r}")
-        table = dict(value) if isinstance(value, dict) else {"*": value}
-        for tenant, v in table.items():
-            if not isinstance(tenant, str):
-                raise ConfigError(f"{name}: tenant names are strings, got {tenant!r}")
-            if v is not None and (isinstance(v, bool) or not isinstance(v, kind) or not 0 < v < math.inf):
-                raise ConfigError(f"{name} for {tenant!r} must be a positive number, got {v!r}")
-        return value
+        table = value if isinstance(value, dict) else {"*": value}
+        for key, v in table.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{name}: {keys} names are strings, got {key!r}")
+            if not valid(v):
+                raise ConfigError(f"{name} for {key!r} must be {what}, got {v!r}")
+        return dict(value) if isinstance(value, dict) else value
 
     return check
 
 
+def per_tenant(kind):
+    """A positive number of ``kind`` per tenant (None in a table: not limited)."""
+    positive = lambda v: v is None or (not isinstance(v, bool) and isinstance(v, kind) and 0 < v < math.inf)  # noqa: E731
+    return per_key("tenant", positive, "a positive number", none=True)
+
+
 def weights(name, value):
     """fair_weights: each in the range the fair schedule's integer steps hold."""
-    per_tenant((int, float))(name, value)
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a dict {{tenant: weight}}, got {value!r}")
+    value = per_tenant((int, float))(name, value)
     for tenant, weight in (value or {}).items():
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             step = round(VT_PER_DELIVERY / weight)
@@ -128,23 +134,9 @@ def weights(name, value):
     return value
 
 
-def per_queue(check_one, what):
-    """An option given as one value for every queue or as {queue: value, "*": default}."""
-
-    def check(name, value):
-        table = value if isinstance(value, dict) else {"*": value}
-        for queue, v in table.items():
-            if not isinstance(queue, str):
-                raise ConfigError(f"{name}: queue names are strings, got {queue!r}")
-            if not check_one(v):
-                raise ConfigError(f"{name} for {queue!r} must be {what}, got {v!r}")
-        return dict(value) if isinstance(value, dict) else value
-
-    return check
-
-
-unique_mode = per_queue(lambda v: isinstance(v, str) and v in UNIQUE_MODES, f"one of {', '.join(UNIQUE_MODES)}")
-unique_seconds = per_queue(
+unique_mode = per_key("queue", lambda v: isinstance(v, str) and v in UNIQUE_MODES, f"one of {', '.join(UNIQUE_MODES)}")
+unique_seconds = per_key(
+    "queue",
     lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= UNIQUE_MAX_SECONDS,
     f"a number of seconds > 0 and <= {UNIQUE_MAX_SECONDS}",
 )

@@ -76,7 +76,7 @@ class Options:
         redis=True,
     )
     socket_connect_timeout: float | None = _option(None, ck.seconds_or_none, "redis-py, seconds", redis=True)
-    socket_keepalive: bool | None = _option(None, ck.flag_or_none, "redis-py", redis=True)
+    socket_keepalive: bool | None = _option(None, ck.flag(none=True), "redis-py", redis=True)
     health_check_interval: float = _option(25, ck.seconds_or_zero, "redis-py, seconds (None: 0)", redis=True)
     max_connections: int | None = _option(50, ck.count_or_none, "redis-py pool size, per connection", redis=True)
     client_name: str | None = _option(None, ck.name_or_none, "redis-py CLIENT SETNAME, no spaces", redis=True)
@@ -85,7 +85,9 @@ class Options:
     max_dead_length: int | None = _setting(None, "entries of <queue>.dead at most (None: max_length)")
     event_log: int | None = _setting(None, "None/0: no event log; else each queue's stream's length (docs/events.md)")
     expired: str = _setting(C.EXPIRED_DEAD_LETTER, 'an expired message: "dead_letter" or "drop" (docs/expiry.md)')
-    cluster: bool = _option(False, ck.flag, "Redis Cluster: the broker URL names a seed node (docs/cluster.md)")
+    cluster: bool = _option(
+        False, ck.flag(none=False), "Redis Cluster: the broker URL names a seed node (docs/cluster.md)"
+    )
     cluster_retry_seconds: float = _option(
         C.CLUSTER_RETRY_SECONDS, ck.seconds, "Redis Cluster: seconds a call waits out a moving slot"
     )
