@@ -49,35 +49,27 @@ class Broker:
         may hold a password) when Redis does not answer, ConfigError when it is not celery-pq."""
         conn = self._connect()
         try:
-            try:
-                channel = conn.channel()  # not default_channel: that one retries for seconds
-            except UNREACHABLE as exc:
-                raise unreachable(conn, exc) from None
+            channel = conn.channel()  # not default_channel: that one retries for seconds
             if not isinstance(channel, Channel):
                 raise ConfigError(
                     f"the broker is not celery-pq (transport {type(conn.transport).__name__}); "
                     "use a pq:// URL or broker_transport='celery_pq.transport:Transport'"
                 )
-            try:
-                yield channel
-            except UNREACHABLE as exc:
-                raise unreachable(conn, exc) from None
+            yield channel
+        except UNREACHABLE as exc:
+            raise unreachable(conn, exc) from None
         finally:
             with suppress(Exception):  # closing a connection that never opened
                 conn.release()
 
 
-def address(conn) -> str:
-    """host:port of a kombu connection (never its URL: that may hold a password)."""
-    return f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}"
-
-
 def unreachable(conn, exc: BaseException) -> BrokerUnreachable:
+    """The error naming host:port (never the URL: that may hold a password), the password cut from the reason."""
     reason = str(exc) or type(exc).__name__
     for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
         if secret:
             reason = reason.replace(secret, "***")
-    return BrokerUnreachable(address(conn), reason)
+    return BrokerUnreachable(f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}", reason)
 
 
 def queue_names(channel, names=()) -> list[str]:

@@ -99,7 +99,6 @@ class Waits:
         if popping is not None:  # a pop on the wire (Celery's event loop): its reply is the wait
             return [popping, *self._blocking_waits(), *self._arm_pubsub(channel.active_fanout)]
         channel.leases.flush()  # never block with acks unsent
-        waits = []
         for pending in self._blocks.values():
             if (
                 pending.keys is not None
@@ -121,9 +120,7 @@ class Waits:
                 if block.keys is None:
                     block.conn.send_command("BLPOP", *keys, channel.options.block_seconds)
                     block.keys, block.sent = keys, monotonic()
-        waits += self._blocking_waits()
-        waits += self._arm_pubsub(channel.active_fanout)
-        return waits
+        return [*self._blocking_waits(), *self._arm_pubsub(channel.active_fanout)]
 
     def _blocking_waits(self) -> list[Wait]:
         return [Wait(b.conn, partial(self._on_blpop, b), True) for b in self._blocks.values() if b.keys is not None]

@@ -11,7 +11,7 @@ from ..storage.errors import ModeMismatch
 from ..storage.ids import unique_bytes
 from ..storage.keys import fanout_channel
 from .messages import BROADCAST_ID, STAMP, PublishStamp, serialized, stored_item
-from .unique import OUTCOMES, PublishOutcome, unique_of
+from .unique import PublishOutcome, remember, unique_of
 
 if TYPE_CHECKING:
     from .batches import PublishBatch
@@ -90,7 +90,7 @@ class Publisher:
                     raise
                 q = self.channel.reopen(queue)
         if isinstance(stored, PublishOutcome):
-            OUTCOMES.add(stored)
+            remember(stored)
 
     def put_fanout(self, exchange: str, message: dict) -> None:
         """Broadcast ``message`` to a fanout exchange's receivers (sharded pub/sub on a cluster)."""

@@ -65,29 +65,20 @@ def _source(options: Options) -> str:
     return f"{'header' if options.unique_fn is None else 'unique_key function'} {options.unique_key!r}"
 
 
-class _Outcomes:
-    """The outcomes of this process's latest publishes with a key, by the id published."""
-
-    def __init__(self, most: int = OUTCOMES_KEPT):
-        self.most = most
-        self._by_id: OrderedDict[str, PublishOutcome] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, outcome: PublishOutcome) -> None:
-        if outcome.requested is None:
-            return
-        with self._lock:
-            self._by_id[outcome.requested] = outcome
-            self._by_id.move_to_end(outcome.requested)
-            while len(self._by_id) > self.most:
-                self._by_id.popitem(last=False)
-
-    def get(self, task_id: str) -> PublishOutcome | None:
-        with self._lock:
-            return self._by_id.get(task_id)
+#: The outcomes of this process's latest publishes with a key, by the id published.
+_outcomes: OrderedDict[str, PublishOutcome] = OrderedDict()
+_outcomes_lock = threading.Lock()
 
 
-OUTCOMES = _Outcomes()
+def remember(outcome: PublishOutcome) -> None:
+    """Keep ``outcome`` for ``publish_outcome`` (the latest OUTCOMES_KEPT)."""
+    if outcome.requested is None:
+        return
+    with _outcomes_lock:
+        _outcomes[outcome.requested] = outcome
+        _outcomes.move_to_end(outcome.requested)
+        while len(_outcomes) > OUTCOMES_KEPT:
+            _outcomes.popitem(last=False)
 
 
 def publish_outcome(result: Any) -> PublishOutcome | None:
@@ -98,4 +89,5 @@ def publish_outcome(result: Any) -> PublishOutcome | None:
     task_id = result if isinstance(result, str) else getattr(result, "id", None)
     if not isinstance(task_id, str):
         raise TypeError(f"publish_outcome takes an AsyncResult or a task id str, got {type(result).__name__}")
-    return OUTCOMES.get(task_id)
+    with _outcomes_lock:
+        return _outcomes.get(task_id)
