@@ -113,10 +113,7 @@ class PublishBatch:
                 self._noted(exc)
                 raise
             del self._pending[name]
-            self._count -= len(items)
-            n_repeated = sum(repeated)
-            self.repeated += n_repeated
-            self.stored += len(items) - n_repeated
+            self._done(len(items), sum(repeated))
         self._round_trips = False
 
     def discard(self) -> None:
@@ -129,7 +126,10 @@ class PublishBatch:
         self._drop()
 
     def _drop(self) -> None:
-        self._drain()
+        """Read the replies due (counted; errors dropped with the items), then drop what waits."""
+        if self._stream is not None or self._sent:
+            with suppress(Exception):  # (the stream is closed either way)
+                self._settle_all(None)
         self._pending.clear()
         self._count = 0
 
@@ -157,16 +157,12 @@ class PublishBatch:
             )
         return known
 
-    def _plain(self, name: str) -> PriorityQueue:
-        """The plain queue of a streamed name."""
-        return cast(PriorityQueue, self.channel.queue(name))
-
     def _send(self, name: str) -> None:
         """Write ``name``'s waiting items as insert calls, replies read at the flush. A lost
         connection keeps the items of every call sent (maybe stored: publish ids tell when sent
         again) and the rest of this flush takes the round-trip path."""
         items = self._pending.pop(name)
-        q = self._plain(name)
+        q = cast(PriorityQueue, self.channel.queue(name))  # (streamed: a plain queue)
         if self._stream is None:
             try:
                 self._stream = CallStream.open(q.client)
@@ -241,10 +237,7 @@ class PublishBatch:
                 if done is None:
                     back.setdefault(s.queue, []).extend(s.items)
                     continue
-                n_repeated = done.repeated
-                self.repeated += n_repeated
-                self.stored += len(done) - n_repeated
-                self._count -= len(done)
+                self._done(len(done), done.repeated)
                 stored.setdefault(s.queue, []).append(done)
         finally:
             for s in sent[settled:]:  # (an interrupt: kept, maybe stored)
@@ -255,18 +248,18 @@ class PublishBatch:
                 self._pending[name] = items + self._pending.pop(name, [])
         return error, stored
 
-    def _drain(self) -> None:
-        """Read the replies due (counted; errors dropped with the items)."""
-        if self._stream is not None or self._sent:
-            with suppress(Exception):  # (the stream is closed either way)
-                self._settle_all(None)
-
     def _noted(self, exc: Exception) -> Exception:
         exc.add_note(
             f"publish batch: {self._count} message(s) not known to be stored are still in the batch "
             f"(queues {sorted(self._pending)}); flush() again sends them, each stored once"
         )
         return exc
+
+    def _done(self, n: int, repeated: int) -> None:
+        """``n`` items known to be stored now, ``repeated`` of them found stored already."""
+        self._count -= n
+        self.repeated += repeated
+        self.stored += n - repeated
 
     def _keep(self, queue: str, items: list[Item]) -> None:
         self._count -= len(self._pending.pop(queue))

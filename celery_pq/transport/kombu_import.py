@@ -56,8 +56,6 @@ class KombuLayout:
     global_keyprefix: str = ""
     sep: str = KOMBU_SEP
     priority_steps: tuple[int, ...] = KOMBU_PRIORITY_STEPS
-    unacked_key: str = "unacked"
-    unacked_index_key: str = "unacked_index"
 
     def list_key(self, queue: str, step: int) -> str:
         """The list of ``queue``'s priority step (kombu's ``_q_for_pri``)."""
@@ -72,11 +70,11 @@ class KombuLayout:
 
     @property
     def unacked(self) -> str:
-        return self.global_keyprefix + self.unacked_key
+        return self.global_keyprefix + "unacked"
 
     @property
     def unacked_index(self) -> str:
-        return self.global_keyprefix + self.unacked_index_key
+        return self.global_keyprefix + "unacked_index"
 
     def binding_key(self, exchange: str) -> str:
         return f"{self.global_keyprefix}_kombu.binding.{exchange}"
