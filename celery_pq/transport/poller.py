@@ -99,13 +99,10 @@ class Waits:
         if popping is not None:  # a pop on the wire (Celery's event loop): its reply is the wait
             return [popping, *self._blocking_waits(), *self._arm_pubsub(channel.active_fanout)]
         channel.leases.flush()  # never block with acks unsent
-        for pending in self._blocks.values():
-            if (
-                pending.keys is not None
-                and monotonic() - pending.sent > channel.options.block_seconds + SILENCE_SECONDS
-            ):
-                self.drop()
-                raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
+        silent_since = monotonic() - channel.options.block_seconds - SILENCE_SECONDS
+        if any(b.keys is not None and b.sent < silent_since for b in self._blocks.values()):
+            self.drop()
+            raise rex.ConnectionError("celery-pq: no reply to a blocking wait; the connection is dead")
         if channel.active_queues and channel.qos.can_consume() and not self.should_pop():
             groups = slot_groups(channel.client, channel.wake_keys())
             for group in set(self._blocks) - set(groups):  # no longer consumed
@@ -360,14 +357,12 @@ class Poller:
         sock, wait = entry
         loop = self._loop
         assert loop is not None
-        if wait.conn._sock is not sock:  # reconnected: the next tick registers the new socket
+        stale = wait.conn._sock is not sock  # reconnected: the next tick registers the new socket
+        if stale or wait.once:  # (a blocking read is re-armed on the next tick)
             self._readers.pop(fd, None)
             loop.remove_reader(fd)
-            return
-        if wait.once:  # re-armed on the next tick
-            self._readers.pop(fd, None)
-            loop.remove_reader(fd)
-        wait.handler()
+        if not stale:
+            wait.handler()
 
     def close(self):
         if self._loop is not None:
