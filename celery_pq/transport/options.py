@@ -166,8 +166,8 @@ class Options:
             max_deliveries=0 if dead else self.max_deliveries,
             max_length=self._max_length(name),
             fair=fair,
-            tenant_concurrency=_default(self.tenant_concurrency) if fair else None,
-            tenant_rate=_default(self.tenant_rate) if fair else None,
+            tenant_concurrency=_entry(self.tenant_concurrency) if fair else None,
+            tenant_rate=_entry(self.tenant_rate) if fair else None,
             max_length_per_tenant=self.max_length_per_tenant if fair else None,
             shards=self.shards_of(name),
             weights=self.fair_weights,
@@ -186,12 +186,7 @@ class Options:
 
     def unique_defaults(self, queue: str) -> tuple[str, float]:
         """(mode, seconds) of a unique key of queue ``queue`` whose message names neither."""
-        mode, secs = self.unique_mode, self.unique_seconds
-        if isinstance(mode, dict):
-            mode = mode.get(queue, mode.get("*", "while_waiting"))
-        if isinstance(secs, dict):
-            secs = secs.get(queue, secs.get("*", 60))
-        return mode, float(secs)
+        return _entry(self.unique_mode, queue, "while_waiting"), float(_entry(self.unique_seconds, queue, 60))
 
     def redis_kwargs(self) -> dict:
         """The options handed to redis-py's connection pool."""
@@ -238,9 +233,10 @@ _FAIR_ONLY = ("fair_weights", "tenant_concurrency", "tenant_rate", "max_length_p
 _QUEUE_SETTINGS = tuple(f.name for f in fields(Options) if f.init and f.metadata["check"] is None)
 
 
-def _default(value):
-    """The value for tenants not named: the number itself, or the "*" of a table."""
-    return value.get("*") if isinstance(value, dict) else value
+def _entry(value, name: str | None = None, fallback=None):
+    """The value for ``name`` (None: for those not named): the value itself, or a table's entry
+    for it, else the table's "*", else ``fallback``."""
+    return value.get(name, value.get("*", fallback)) if isinstance(value, dict) else value
 
 
 def _named(value) -> dict:
