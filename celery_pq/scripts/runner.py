@@ -10,23 +10,11 @@ from __future__ import annotations
 import threading
 
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..storage.connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
-from .wire import (
-    Flight,
-    drop_connection,
-    function_missing,
-    own_connection,
-    raise_if_demoted,
-    raise_if_pool_demoted,
-    run_on,
-    send_nowait,
-    uses_functions,
-)
+from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, uses_functions
 
 
 class _FirstSend(str):
@@ -65,31 +53,29 @@ class LuaScript:
     def __call__(self, keys=(), args=(), client=None):
         if is_cluster(client):
             return self._on_cluster(keys, args, client)
-        conn = own_connection(client)
-        if conn is None:
+        line = own_line(client)
+        if line is None:
             return self._by_redis_py(keys, args, client)
         try:
-            return run_on(conn, client.connection_pool, self, keys, args)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            drop_connection(client, conn)
+            return line.run(client.connection_pool, self, keys, args)
+        except LOST:
+            drop_line(client, line)
             return self._by_redis_py(keys, args, client)
         except ResponseError as exc:
-            raise_if_demoted(client, conn, exc)
+            raise_if_demoted(client, line, exc)
             raise
 
     def send_nowait(self, keys, args, client) -> Flight | None:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
-        nothing sent, on a cluster or pipeline client, without the lean path, or when the send
-        failed (its connection dropped)."""
-        if is_cluster(client):
-            return None
-        conn = own_connection(client)
-        if conn is None:
+        nothing sent, on a cluster or pipeline client, before the library is loaded, or when the
+        send failed (its connection dropped)."""
+        line = own_line(client)
+        if line is None:
             return None
         try:
-            return send_nowait(conn, client.connection_pool, self, keys, resent(args))
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            drop_connection(client, conn)
+            return line.send(client.connection_pool, self, keys, resent(args))
+        except LOST:
+            drop_line(client, line)
             return None
 
     def _by_redis_py(self, keys, args, client):
@@ -97,7 +83,7 @@ class LuaScript:
         try:
             return self._script(keys=keys, args=resent(args), client=client)
         except ResponseError as exc:
-            raise_if_pool_demoted(client, exc)
+            raise_if_demoted(client, None, exc)
             raise
 
     def _on_cluster(self, keys, args, cluster):
@@ -117,12 +103,13 @@ class LuaScript:
         """The call on this thread's connection to its slot's master; after a moved slot or a
         failed node, through ``RedisCluster``."""
         node = node_client(cluster, keys[0])
-        conn = own_connection(node)
+        line = own_line(node)
+        assert line is not None  # (a node's client is a plain one)
         try:
-            return run_on(conn, node.connection_pool, self, keys, args)
+            return line.run(node.connection_pool, self, keys, args)
         except REROUTE as exc:
             if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
-                drop_connection(node, conn)
+                drop_line(node, line)
             settling["rerouted"] += 1
             return self._by_redis_py(keys, args, cluster)
 
@@ -131,20 +118,19 @@ class LuaScript:
         replicas that acknowledged)``. A connection error is tried once more on a new connection
         (the calls that take this path are idempotent)."""
         for attempt in (1, 2):
-            conn = own_connection(client)
-            if conn is None:  # a pipeline or cluster client
+            line = own_line(client)
+            if line is None:  # a pipeline or cluster client
                 replies, acked = run_replicated(client, [(self, keys, args)], replicas, timeout_ms)
                 return replies[0], acked
             try:
-                reply = run_on(conn, client.connection_pool, self, keys, args if attempt == 1 else resent(args))
-                conn.send_command("WAIT", replicas, timeout_ms)
-                return reply, int(conn.read_response())
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                drop_connection(client, conn)
+                reply = line.run(client.connection_pool, self, keys, args if attempt == 1 else resent(args))
+                return reply, int(line.call("WAIT", replicas, timeout_ms))
+            except LOST:
+                drop_line(client, line)
                 if attempt == 2:
                     raise
             except ResponseError as exc:
-                raise_if_demoted(client, conn, exc)
+                raise_if_demoted(client, line, exc)
                 raise
         raise AssertionError("unreachable")
 
@@ -267,7 +253,7 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
 
 def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
     """``run_replicated`` on one server, error replies in place."""
-    if len(calls) == 1 and own_connection(client) is not None:
+    if len(calls) == 1 and own_line(client) is not None:
         script, keys, args = calls[0]
         try:
             reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
@@ -286,7 +272,7 @@ def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int,
     for i, reply in enumerate(replies):
         if isinstance(reply, NoScriptError) or function_missing(reply):
             script, keys, args = calls[i]  # it did not run: alone, it loads itself
-            if own_connection(client) is None:  # no own connection to WAIT on: not confirmed
+            if own_line(client) is None:  # no own connection to WAIT on: not confirmed
                 replies[i], acked = script(keys=keys, args=resent(args), client=client), 0
             else:
                 try:

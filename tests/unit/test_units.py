@@ -1,6 +1,7 @@
 """Pure-Python units: no Redis needed."""
 
 import pytest
+import redis
 
 from celery_pq.queue import PriorityQueue, escape_tenant, unescape_tenant, validate_priority
 from celery_pq.storage import constants as C
@@ -116,30 +117,14 @@ def test_scripts_carry_only_the_helpers_they_call():
     assert "local function fair_add" not in source("pop") and "local function to_dead" not in source("ack")
 
 
-def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way():
-    from celery_pq.scripts import wire
+def test_a_script_call_is_packed_by_redis_py_and_refused_by_it_for_a_value_it_cannot_send():
+    from celery_pq.scripts import FIRST_SEND
 
-    class Conn:
-        def __init__(self):
-            self.sent = []
-
-        def send_packed_command(self, packed):
-            self.sent.append(("packed", b"".join(packed)))
-
-        def send_command(self, *words):
-            self.sent.append(("words", words))
-
-    conn = Conn()
-    wire._send(conn, ("FCALL", "f", 1, "k", b"v", 7))
-    wire._send(conn, ("FCALL", "f", 0, None))  # hiredis packs no None: redis-py's path says why
-    if wire._pack is not None:
-        assert conn.sent[0] == (
-            "packed",
-            b"*6\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n",
-        )
-        assert conn.sent[1] == ("words", ("FCALL", "f", 0, None))
-    else:
-        assert [kind for kind, _ in conn.sent] == ["words", "words"]
+    conn = redis.Connection()  # (not connected: packing needs no server)
+    packed = b"".join(conn.pack_command("FCALL", "f", 2, "k", b"v", 7, FIRST_SEND))
+    assert packed == b"*7\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n2\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n$1\r\nF\r\n"
+    with pytest.raises(redis.DataError):  # redis-py's error names what it cannot send
+        conn.pack_command("FCALL", "f", 0, None)
 
 
 def test_an_id_decoded_lately_encodes_to_its_stored_form_from_memory(monkeypatch):
