@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -35,11 +36,28 @@ _functions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _spin: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _clock = time.perf_counter_ns
 
+_pack: Callable[[tuple], bytes] | None
+try:
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - hiredis is optional
+    _pack = None
+
 
 def set_spin_wait(pool, microseconds: float) -> None:
     """How long a script call on ``pool``'s connections polls for its reply before it sleeps
     (0: it sleeps at once, as redis-py does)."""
     _spin[pool] = int(microseconds * 1000)
+
+
+def send(conn, words: tuple, check_health: bool = True) -> None:
+    """Send one command on ``conn``, packed by hiredis where it is installed (redis-py's own
+    packer encodes each argument in Python first: 30 us for an insert's), else by redis-py (and
+    for an argument hiredis refuses: redis-py's error then)."""
+    try:
+        packed = [_pack(words)] if _pack is not None else conn.pack_command(*words)
+    except TypeError:
+        packed = conn.pack_command(*words)
+    conn.send_packed_command(packed, check_health=check_health)
 
 
 def take_connection(pool):
@@ -72,7 +90,7 @@ class Line:
     def call(self, *words, spin_ns: int = 0):
         """Send one command and read its reply, polling ``spin_ns`` for it first."""
         conn = self.conn
-        conn.send_command(*words)
+        send(conn, words)
         if spin_ns and not self.skip:
             deadline = _clock() + spin_ns
             while not conn.can_read(0):
@@ -93,27 +111,22 @@ class Line:
         if use is None:
             use = load_library(self.conn, pool)
         spin = _spin.get(pool, C.SPIN_WAIT_US * 1000)
-        if use:
-            words = ("FCALL", script.function, len(keys), *keys, *args)
-            try:
-                return self.call(*words, spin_ns=spin)
-            except ResponseError as exc:  # the library gone (a restart, FUNCTION FLUSH)?
-                if not function_missing(exc) or not load_library(self.conn, pool):
-                    raise
-                return self.call(*words, spin_ns=spin)
-        words = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        words = script.command(use, keys, args)
         try:
             return self.call(*words, spin_ns=spin)
-        except NoScriptError:
+        except NoScriptError:  # (EVALSHA) the script not loaded there
             self.call("SCRIPT", "LOAD", script.script)
-            return self.call(*words, spin_ns=spin)
+        except ResponseError as exc:  # (FCALL) the library gone: a restart, FUNCTION FLUSH?
+            if not function_missing(exc) or not load_library(self.conn, pool):
+                raise
+        return self.call(*words, spin_ns=spin)
 
     def send(self, pool, script, keys, args) -> Flight | None:
         """Send ``script`` as FCALL and return its ``Flight`` at once; None, nothing sent, when
         the library is not known loaded there."""
         if _functions.get(pool) is not True:
             return None
-        self.conn.send_command("FCALL", script.function, len(keys), *keys, *args)
+        send(self.conn, script.command(True, keys, args))
         self.flight = Flight(self)
         return self.flight
 
@@ -169,6 +182,10 @@ def drop_line(client, line: Line) -> None:
     _give_back(client.connection_pool, os.getpid(), line.conn)
 
 
+#: What a server says that cannot or may not load functions.
+_REFUSALS = ("unknown command", "unknown subcommand", "NOPERM", "no permissions")
+
+
 def load_library(conn, pool) -> bool:
     """Load the library on ``conn``'s server; whether its functions can be called there. Any
     other refusal raises: the library itself is wrong."""
@@ -178,14 +195,8 @@ def load_library(conn, pool) -> bool:
     except redis.exceptions.OutOfMemoryError:  # type: ignore[attr-defined]  # (not in the type stubs)
         return False  # a full Redis: EVALSHA now, a later call loads
     except ResponseError as exc:
-        text = str(exc)
-        if "already exists" not in text:
-            if not (
-                "unknown command" in text
-                or "unknown subcommand" in text
-                or text.startswith("NOPERM")
-                or "no permissions" in text
-            ):
+        if "already exists" not in str(exc):
+            if not any(refusal in str(exc) for refusal in _REFUSALS):
                 raise
             _functions[pool] = False
             return False
@@ -235,25 +246,23 @@ class Flight:
     until read: the thread's next call on the line reads it first, so replies never cross. A
     failed read drops the connection and ``result()`` raises it."""
 
-    __slots__ = ("_error", "_reply", "conn", "done", "line")
+    __slots__ = ("_reply", "conn", "done", "line")
 
     def __init__(self, line: Line):
-        self.line, self.conn = line, line.conn
+        self.line, self.conn, self.done = line, line.conn, False
         self._reply: Any = None
-        self._error: BaseException | None = None
-        self.done = False
 
-    def _land(self, reply=None, error: BaseException | None = None) -> None:
-        self._reply, self._error, self.done = reply, error, True
-        self.line.flight = None
-        if error is not None:
+    def _land(self, reply) -> None:
+        """The reply in: a value, an error reply, or a failure (its connection then dropped)."""
+        self._reply, self.done, self.line.flight = reply, True, None
+        if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
             self.conn.disconnect()
 
     def give_up(self) -> None:
         """No reply in the connection's timeout (a half-open connection): drop it; ``result``
         raises the timeout."""
         if not self.done:
-            self._land(error=RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
+            self._land(RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
 
     def ready(self) -> bool:
         """Whether the reply is in (read now if the socket holds some of it; a partial reply is
@@ -263,30 +272,23 @@ class Flight:
                 if not self.conn.can_read(0):
                     return False
             except BaseException as exc:
-                self._land(error=exc)
-                return True
+                self._land(exc)
             self.finish()
         return True
 
     def finish(self) -> None:
         """Read the reply, waiting for it (the connection's timeout bounds the wait)."""
-        if self.done:
-            return
-        try:
-            reply = self.conn.read_response()
-        except ResponseError as exc:  # an error reply: the connection is fine
-            self._land(reply=exc)
-        except BaseException as exc:
-            self._land(error=exc)
-        else:
-            self._land(reply=reply)
+        if not self.done:
+            try:
+                reply = self.conn.read_response()
+            except BaseException as exc:
+                reply = exc
+            self._land(reply)
 
     def result(self):
         """The reply (read first if need be); an error reply or a failure raised."""
         self.finish()
-        if self._error is not None:
-            raise self._error
-        if isinstance(self._reply, ResponseError):
+        if isinstance(self._reply, BaseException):
             raise self._reply
         return self._reply
 
@@ -324,7 +326,7 @@ class CallStream:
         """Write one script call without reading its reply. A lost connection raises (LOST) and
         breaks the stream; the calls sent before may have run, their replies lost."""
         try:
-            self.conn.send_command(*script.words(self.client, keys, args), check_health=not self.outstanding)
+            send(self.conn, script.words(self.client, keys, args), check_health=not self.outstanding)
         except BaseException:
             self.broken = True
             raise

@@ -117,14 +117,19 @@ def test_scripts_carry_only_the_helpers_they_call():
     assert "local function fair_add" not in source("pop") and "local function to_dead" not in source("ack")
 
 
-def test_a_script_call_is_packed_by_redis_py_and_refused_by_it_for_a_value_it_cannot_send():
-    from celery_pq.scripts import FIRST_SEND
+def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way():
+    from celery_pq.scripts import FIRST_SEND, wire
 
-    conn = redis.Connection()  # (not connected: packing needs no server)
-    packed = b"".join(conn.pack_command("FCALL", "f", 2, "k", b"v", 7, FIRST_SEND))
-    assert packed == b"*7\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n2\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n$1\r\nF\r\n"
-    with pytest.raises(redis.DataError):  # redis-py's error names what it cannot send
-        conn.pack_command("FCALL", "f", 0, None)
+    class Conn(redis.Connection):  # (not connected: packing needs no server)
+        def send_packed_command(self, command, check_health=True):
+            sent.append(b"".join(command))
+
+    sent: list = []
+    conn = Conn()
+    wire.send(conn, ("FCALL", "f", 2, "k", b"v", 7, FIRST_SEND))
+    assert sent == [b"*7\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n2\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n$1\r\nF\r\n"]
+    with pytest.raises(redis.DataError):  # hiredis packs no None: redis-py's path says why
+        wire.send(conn, ("FCALL", "f", 0, None))
 
 
 def test_an_id_decoded_lately_encodes_to_its_stored_form_from_memory(monkeypatch):
