@@ -79,7 +79,7 @@ class Line:
     before the next call on it; polling for replies pauses for 2, 4, .. C.SPIN_BACKOFF_MAX calls
     after a reply that came too late for it."""
 
-    __slots__ = ("__weakref__", "conn", "flight", "misses", "pid", "skip")
+    __slots__ = ("conn", "flight", "misses", "pid", "skip")
 
     def __init__(self, pool):
         self.conn = take_connection(pool)
