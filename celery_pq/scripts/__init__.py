@@ -3,19 +3,16 @@ wire a call goes over (``wire``) and the runner that calls them (``runner``). A 
 (the leading comment block of its file) is its contract; docs/architecture.md places the layer.
 """
 
-from .assembly import SCRIPT_NAMES, WRITES_WHEN_FULL, Library, compose, library, source
-from .headers import Signature, header, header_errors, signature
-from .layout import Layout
+from .assembly import SCRIPT_NAMES, compose, library, source
+from .headers import Layout, Signature, header, header_errors, signature
 from .runner import FIRST_SEND, LuaScript, Scripts, get_scripts, resent, run_calls, run_replicated
 from .wire import Flight, set_spin_wait
 
 __all__ = [
     "FIRST_SEND",
     "SCRIPT_NAMES",
-    "WRITES_WHEN_FULL",
     "Flight",
     "Layout",
-    "Library",
     "LuaScript",
     "Scripts",
     "Signature",

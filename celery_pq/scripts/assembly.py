@@ -13,7 +13,7 @@ from functools import cache
 
 from ..storage.errors import ErrorCode
 from ..storage.keys import FAIR_SUFFIXES
-from .headers import LUA, Signature, signature
+from .headers import Signature, read_lua, signature
 
 SCRIPT_NAMES = (
     "insert",
@@ -50,9 +50,12 @@ _STRING = re.compile(r"'[^']*'")
 def source(name: str) -> str:
     """One script's full text: key bindings, includes and error constants pasted in, minus the
     helpers it never calls (Redis runs a script's whole text, definitions too, on every call)."""
-    text = (LUA / f"{name}.lua").read_text(encoding="utf-8")
-    text = text.replace("--!keys\n", _bindings(signature(name)), 1)
-    return compose(text.replace("--!queue\n", _QUEUE_PROLOGUE, 1))
+    return compose(_body(name, read_lua(f"{name}.lua")))
+
+
+def _body(name: str, text: str) -> str:
+    """A script's ``text`` with its key bindings and queue prologue in."""
+    return text.replace("--!keys\n", _bindings(signature(name)), 1).replace("--!queue\n", _QUEUE_PROLOGUE, 1)
 
 
 #: ``--!queue``: the context taken off ARGV; nothing done when the caller's mode is not the
@@ -72,7 +75,7 @@ def compose(text: str) -> str:
 @cache
 def _include_text(name: str) -> str:
     """An include's text, its own ``--!include`` lines taken out (``_includes`` orders them)."""
-    return _INCLUDE.sub("", (LUA / "includes" / name).read_text(encoding="utf-8"))
+    return _INCLUDE.sub("", read_lua(f"includes/{name}"))
 
 
 def _includes(texts: list[str]) -> list[str]:
@@ -87,7 +90,7 @@ def _includes(texts: list[str]) -> list[str]:
         if name in started:
             raise ValueError(f"includes/{name} includes itself (through {', '.join(started - set(order))})")
         started.add(name)
-        for inner in _INCLUDE.findall((LUA / "includes" / name).read_text(encoding="utf-8")):
+        for inner in _INCLUDE.findall(read_lua(f"includes/{name}")):
             visit(inner)
         order.append(name)
 
@@ -122,20 +125,12 @@ class Library:
 def library() -> Library:
     """Every script as a function of one library, the includes defined once at its top level.
     The names carry a hash of the text, so two versions of celery-pq can share a Redis."""
-    root = LUA
-    texts = {name: (root / f"{name}.lua").read_text(encoding="utf-8") for name in SCRIPT_NAMES}
-    bodies = {}
-    for name, text in texts.items():
-        text = _INCLUDE.sub("", text).replace("--!keys\n", _bindings(signature(name)), 1)
-        bodies[name] = text.replace("--!queue\n", _QUEUE_PROLOGUE, 1)
+    texts = {name: read_lua(f"{name}.lua") for name in SCRIPT_NAMES}
+    bodies = {name: _body(name, _INCLUDE.sub("", text)) for name, text in texts.items()}
     shared = "".join(_include_text(inc) for inc in _includes(list(texts.values())))
     state = [(n, t) for n, t, comment in _STATE.findall(shared) if comment.strip() != _KEPT]
     reset = f"{', '.join(n for n, _ in state)} = {', '.join(t for _, t in state)}\n" if state else ""
-    codes = list(ErrorCode)
-    top = (
-        "local KEYS, ARGV\n"
-        f"local {', '.join(c.name for c in codes)} = {', '.join(str(int(c)) for c in codes)}\n" + shared
-    )
+    top = "local KEYS, ARGV\n" + _constants(list(ErrorCode)) + shared
     digest = hashlib.sha1((top + "".join(bodies.values())).encode()).hexdigest()[:12]
     functions = {name: f"pq_{digest}_{name}" for name in SCRIPT_NAMES}
     parts = [f"#!lua name=celery_pq_{digest}\n", top]
@@ -149,9 +144,13 @@ def library() -> Library:
 
 
 def _error_constants(text: str) -> str:
-    """``local NOT_LEASED, TOKEN_MISMATCH = -2, -3`` for the error codes the code of ``text`` names."""
+    """The error constants (``_constants``) the code of ``text`` names."""
     words = set(_WORD.findall(_STRING.sub("", _COMMENT.sub("", text))))
-    codes = [c for c in ErrorCode if c.name in words]
+    return _constants([c for c in ErrorCode if c.name in words])
+
+
+def _constants(codes: list) -> str:
+    """``local NOT_LEASED, TOKEN_MISMATCH = -2, -3`` for ``codes`` ("" for none)."""
     if not codes:
         return ""
     return f"local {', '.join(c.name for c in codes)} = {', '.join(str(int(c)) for c in codes)}\n"

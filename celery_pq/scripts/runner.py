@@ -10,23 +10,11 @@ from __future__ import annotations
 import threading
 
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..storage.connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
-from .wire import (
-    Flight,
-    drop_connection,
-    function_missing,
-    own_connection,
-    raise_if_demoted,
-    raise_if_pool_demoted,
-    run_on,
-    send_nowait,
-    uses_functions,
-)
+from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, uses_functions
 
 
 class _FirstSend(str):
@@ -57,39 +45,40 @@ class LuaScript:
 
     def words(self, client, keys, args) -> tuple:
         """The call as a command for a pipeline (which redis-py may send again: ``resent``)."""
-        args = resent(args)
-        if uses_functions(client):
+        return self.command(uses_functions(client), keys, resent(args))
+
+    def command(self, functions: bool, keys, args) -> tuple:
+        """The call as FCALL (``functions``), else as EVALSHA."""
+        if functions:
             return ("FCALL", self.function, len(keys), *keys, *args)
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def __call__(self, keys=(), args=(), client=None):
         if is_cluster(client):
             return self._on_cluster(keys, args, client)
-        conn = own_connection(client)
-        if conn is None:
+        line = own_line(client)
+        if line is None:
             return self._by_redis_py(keys, args, client)
         try:
-            return run_on(conn, client.connection_pool, self, keys, args)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            drop_connection(client, conn)
+            return line.run(client.connection_pool, self, keys, args)
+        except LOST:
+            drop_line(client, line)
             return self._by_redis_py(keys, args, client)
         except ResponseError as exc:
-            raise_if_demoted(client, conn, exc)
+            raise_if_demoted(client, line, exc)
             raise
 
     def send_nowait(self, keys, args, client) -> Flight | None:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
-        nothing sent, on a cluster or pipeline client, without the lean path, or when the send
-        failed (its connection dropped)."""
-        if is_cluster(client):
-            return None
-        conn = own_connection(client)
-        if conn is None:
+        nothing sent, on a cluster or pipeline client, before the library is loaded, or when the
+        send failed (its connection dropped)."""
+        line = own_line(client)
+        if line is None:
             return None
         try:
-            return send_nowait(conn, client.connection_pool, self, keys, resent(args))
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            drop_connection(client, conn)
+            return line.send(client.connection_pool, self, keys, resent(args))
+        except LOST:
+            drop_line(client, line)
             return None
 
     def _by_redis_py(self, keys, args, client):
@@ -97,56 +86,29 @@ class LuaScript:
         try:
             return self._script(keys=keys, args=resent(args), client=client)
         except ResponseError as exc:
-            raise_if_pool_demoted(client, exc)
+            raise_if_demoted(client, None, exc)
             raise
 
     def _on_cluster(self, keys, args, cluster):
         """The call on its slot's master, made again (``resent``) while the slot moves, for up to
         ``cluster_retry_seconds``; then ``ClusterUnsettled`` (``until_settled``)."""
-        again = None
-
-        def attempt(n):
-            nonlocal again
-            if n and again is None:
-                again = resent(args)
-            return self._once_on_cluster(keys, args if n == 0 else again, cluster)
-
-        return until_settled(cluster, keys[0], attempt)
+        return until_settled(
+            cluster, keys[0], lambda n: self._once_on_cluster(keys, resent(args) if n else args, cluster)
+        )
 
     def _once_on_cluster(self, keys, args, cluster):
         """The call on this thread's connection to its slot's master; after a moved slot or a
         failed node, through ``RedisCluster``."""
         node = node_client(cluster, keys[0])
-        conn = own_connection(node)
+        line = own_line(node)
+        assert line is not None  # (a node's client is a plain one)
         try:
-            return run_on(conn, node.connection_pool, self, keys, args)
+            return line.run(node.connection_pool, self, keys, args)
         except REROUTE as exc:
             if not isinstance(exc, ResponseError):  # a dead connection; a MOVED reply leaves it fine
-                drop_connection(node, conn)
+                drop_line(node, line)
             settling["rerouted"] += 1
             return self._by_redis_py(keys, args, cluster)
-
-    def replicated(self, keys, args, client, replicas: int, timeout_ms: int) -> tuple:
-        """The script, then ``WAIT replicas timeout_ms`` on the same connection: ``(reply,
-        replicas that acknowledged)``. A connection error is tried once more on a new connection
-        (the calls that take this path are idempotent)."""
-        for attempt in (1, 2):
-            conn = own_connection(client)
-            if conn is None:  # a pipeline or cluster client
-                replies, acked = run_replicated(client, [(self, keys, args)], replicas, timeout_ms)
-                return replies[0], acked
-            try:
-                reply = run_on(conn, client.connection_pool, self, keys, args if attempt == 1 else resent(args))
-                conn.send_command("WAIT", replicas, timeout_ms)
-                return reply, int(conn.read_response())
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                drop_connection(client, conn)
-                if attempt == 2:
-                    raise
-            except ResponseError as exc:
-                raise_if_demoted(client, conn, exc)
-                raise
-        raise AssertionError("unreachable")
 
 
 class Scripts:
@@ -175,38 +137,88 @@ def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
     reply raised. A call whose function or script was missing (a restart) runs again alone,
     which loads it."""
-    if not calls:
-        return []
+    return _run(client, calls, None)[0] if calls else []
+
+
+def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
+    """``run_calls``, then ``WAIT replicas timeout_ms`` in the same round trip: ``(replies,
+    replicas that acknowledged every write)``; on a cluster the fewest of any node, 0 when a
+    call was rerouted. WAIT cannot undo a write."""
+    return _run(client, calls, (replicas, timeout_ms))
+
+
+def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
+    """``calls`` (``WAIT *wait`` after them where given): replies, the first error raised, and
+    the replicas that acknowledged (0 without ``wait``)."""
     if is_cluster(client):
-        replies = _per_node(client, calls, _pipelined)
+        least = [wait[0] if wait else 0]
+
+        def on_node(node, group):
+            try:
+                replies, n = _in_place(node, group, wait)
+            except Exception as exc:
+                if _rerun(exc):
+                    least[0] = 0  # rerun without a WAIT: not confirmed
+                raise
+            least[0] = 0 if any(_rerun(r) for r in replies) else min(least[0], n)
+            return replies
+
+        replies, acked = _per_node(client, calls, on_node), least[0]
     else:
-        replies = _pipelined(client, calls)
+        replies, acked = _in_place(client, calls, wait)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
-    return replies
+    return replies, acked
 
 
-def _pipelined(client: redis.Redis, calls: list[tuple]) -> list:
-    """``calls`` on one server in one round trip: their replies, errors in place."""
-    if len(calls) == 1:  # no pipeline; the call loads its script itself when missing
+def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
+    """``_run`` on one server, in one round trip, error replies in place."""
+    if len(calls) == 1 and (wait is None or own_line(client) is not None):  # no pipeline
         script, keys, args = calls[0]
-        try:
-            return [script(keys=keys, args=args, client=client)]
-        except ResponseError as exc:
-            return [exc]
+        return _alone(client, script, keys, args, wait)
     with client.pipeline(transaction=False) as pipe:
         for script, keys, args in calls:
             pipe.execute_command(*script.words(client, keys, args))
+        if wait:
+            pipe.execute_command("WAIT", *wait)
         replies = pipe.execute(raise_on_error=False)
+    acked = replies.pop() if wait else 0
+    if isinstance(acked, Exception):
+        raise acked
+    acked = int(acked)
     for i, reply in enumerate(replies):
         if isinstance(reply, NoScriptError) or function_missing(reply):
-            script, keys, args = calls[i]
+            script, keys, args = calls[i]  # it did not run: alone, it loads itself
+            [replies[i]], again = _alone(client, script, keys, resent(args), wait)
+            acked = min(acked, again)
+    return replies, acked
+
+
+def _alone(client, script, keys, args, wait: tuple | None) -> tuple[list, int]:
+    """One call (``WAIT *wait`` after it on the thread's own connection where given): ``([its
+    reply or error reply], replicas that acknowledged)``; 0 without a connection to WAIT on. A
+    connection error before the WAIT is tried once more on a new connection (the calls that
+    wait are idempotent)."""
+    try:
+        if wait is None or own_line(client) is None:
+            return [script(keys=keys, args=args, client=client)], 0
+        for attempt in (1, 2):
+            line = own_line(client)
+            assert line is not None
             try:
-                replies[i] = script(keys=keys, args=resent(args), client=client)
+                reply = line.run(client.connection_pool, script, keys, args if attempt == 1 else resent(args))
+                return [reply], int(line.call("WAIT", *wait))
+            except LOST:
+                drop_line(client, line)
+                if attempt == 2:
+                    raise
             except ResponseError as exc:
-                replies[i] = exc
-    return replies
+                raise_if_demoted(client, line, exc)
+                raise
+        raise AssertionError("unreachable")
+    except ResponseError as exc:
+        return [exc], 0
 
 
 def _per_node(cluster, calls: list[tuple], run_group) -> list:
@@ -236,62 +248,3 @@ def _per_node(cluster, calls: list[tuple], run_group) -> list:
 def _rerun(reply) -> bool:
     """Run again through the cluster client (a moved, lost or moving slot: nothing written)?"""
     return isinstance(reply, Exception) and (isinstance(reply, REROUTE) or unsettled(reply))
-
-
-def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_calls``, then ``WAIT replicas timeout_ms`` in the same round trip: ``(replies,
-    replicas that acknowledged every write)``; on a cluster the fewest of any node, 0 when a
-    call was rerouted. WAIT cannot undo a write."""
-    if is_cluster(client):
-        least = [replicas]
-
-        def on_node(node, group):
-            try:
-                replies, n = _replicated_in_place(node, group, replicas, timeout_ms)
-            except Exception as exc:
-                if _rerun(exc):
-                    least[0] = 0  # rerun without a WAIT: not confirmed
-                raise
-            least[0] = 0 if any(_rerun(r) for r in replies) else min(least[0], n)
-            return replies
-
-        replies = _per_node(client, calls, on_node)
-        acked = least[0]
-    else:
-        replies, acked = _replicated_in_place(client, calls, replicas, timeout_ms)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies, acked
-
-
-def _replicated_in_place(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_replicated`` on one server, error replies in place."""
-    if len(calls) == 1 and own_connection(client) is not None:
-        script, keys, args = calls[0]
-        try:
-            reply, acked = script.replicated(keys, args, client, replicas, timeout_ms)
-        except ResponseError as exc:
-            return [exc], 0
-        return [reply], acked
-    with client.pipeline(transaction=False) as pipe:
-        for script, keys, args in calls:
-            pipe.execute_command(*script.words(client, keys, args))
-        pipe.execute_command("WAIT", replicas, timeout_ms)
-        replies = pipe.execute(raise_on_error=False)
-    acked = replies.pop()
-    if isinstance(acked, Exception):
-        raise acked
-    acked = int(acked)
-    for i, reply in enumerate(replies):
-        if isinstance(reply, NoScriptError) or function_missing(reply):
-            script, keys, args = calls[i]  # it did not run: alone, it loads itself
-            if own_connection(client) is None:  # no own connection to WAIT on: not confirmed
-                replies[i], acked = script(keys=keys, args=resent(args), client=client), 0
-            else:
-                try:
-                    replies[i], again = script.replicated(keys, resent(args), client, replicas, timeout_ms)
-                except ResponseError as exc:
-                    replies[i], again = exc, 0
-                acked = min(acked, again)
-    return replies, acked

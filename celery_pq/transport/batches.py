@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Protocol, cast
 
 from ..queue import Item, PriorityQueue
 from ..queue.values import mark_stored
-from ..scripts.stream import LOST, CallStream
+from ..scripts.wire import LOST, CallStream
 from ..storage import constants as C
 from ..storage.connections import is_cluster
 

@@ -41,7 +41,7 @@ def write_refusal(exc: BaseException) -> str | None:
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
         code = "OOM"
     elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
-        code = "READONLY"  # (a script's READONLY is a connection error: scripts.wire._demoted)
+        code = "READONLY"  # (a script's READONLY is a connection error: scripts.wire.demoted)
     elif isinstance(exc, rex.ResponseError):
         code = str(exc).split(" ", 1)[0]
     else:

@@ -570,42 +570,30 @@ def test_a_redis_user_without_mget_still_publishes_and_consumes(fresh_redis):
     admin.close()
 
 
-def test_a_call_on_the_lean_path_keeps_the_socket_timeout_in_the_kernel_and_recovers_after_it():
-    import socket
-    import struct
-
+def test_a_call_on_the_threads_own_connection_keeps_the_socket_timeout_and_recovers_after_it():
     from celery_pq.scripts import wire
 
     with RedisServer("--enable-debug-command", "yes") as server:
         client = redis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
         q = PriorityQueue(client, "lean")
         q.insert(b"warm", 1, id="w")
-        conn = wire.own_connection(client)
-        lean = wire._lean_io(conn)
-        if lean is None:
-            pytest.skip("redis-py's own path here (no hiredis parser, or not Linux)")
-        sock = lean[0]
-        # the socket blocks, with the connection's timeout kept by the kernel (no poll per call)
-        assert sock.gettimeout() is None
-        assert struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)) == (0, 500000)
+        line = wire.own_line(client)
+        assert line is not None
         # a reply that does not come in time: redis-py's TimeoutError, the connection dropped
         sleeper = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1.2"))
         sleeper.start()
         time.sleep(0.1)
         started = time.monotonic()
         with pytest.raises(redis.TimeoutError):
-            wire._roundtrip(conn, ("PING",))
-        assert 0.4 < time.monotonic() - started < 1.1 and conn._sock is None
+            line.call("PING", spin_ns=1_000_000)
+        assert 0.4 < time.monotonic() - started < 1.1 and line.conn._sock is None
         sleeper.join()
-        # the next call connects again and goes the lean way; errors come back as redis-py's
-        assert wire._roundtrip(conn, ("PING",)) in (b"PONG", "PONG")
+        # the next call connects again; errors come back as redis-py's
+        assert line.call("PING") in (b"PONG", "PONG")
         with pytest.raises(redis.ResponseError):
-            wire._roundtrip(conn, ("NOSUCHCOMMAND",))
-        assert wire._roundtrip(conn, ("ECHO", "x")) == b"x"
-        # where redis-py reads with a timeout of its own it puts Python's timeout mode back: the
-        # next call here undoes it
-        conn._sock.settimeout(0.5)
-        assert q.insert(b"x", 1, id="t") == "t" and conn._sock.gettimeout() is None
+            line.call("NOSUCHCOMMAND")
+        assert line.call("ECHO", "x") == b"x"
+        assert q.insert(b"x", 1, id="t") == "t"
         client.close()
 
 
@@ -622,39 +610,38 @@ def test_a_call_polls_for_its_reply_and_one_that_misses_the_poll_stops_the_polli
     poll_long, poll_short = 50_000_000, 1_000_000  # 50 ms (a PING answers within it), 1 ms
     with RedisServer() as server:
         client = redis.Redis(host=server.host, port=server.port)
-        conn = wire.own_connection(client)
-        if wire._lean_io(conn) is None:
-            pytest.skip("redis-py's own path here (no hiredis parser, or not Linux)")
-        assert wire._roundtrip(conn, ("PING",), poll_long) in (b"PONG", "PONG")
-        assert getattr(conn, "_pq_spin_misses", 0) == 0 and getattr(conn, "_pq_spin_skip", 0) == 0
-        # a reply later than the poll is read all the same (the thread then sleeps in recv), and
-        # the connection polls for none of the next 2 calls
-        assert wire._roundtrip(conn, slow, poll_short) == 7
-        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (1, 2)
+        line = wire.own_line(client)
+        assert line is not None
+        assert line.call("PING", spin_ns=poll_long) in (b"PONG", "PONG")
+        assert (line.misses, line.skip) == (0, 0)
+        # a reply later than the poll is read all the same (the thread then sleeps in its read), and
+        # the line polls for none of the next 2 calls
+        assert line.call(*slow, spin_ns=poll_short) == 7
+        assert (line.misses, line.skip) == (1, 2)
         for left in (1, 0):
-            assert wire._roundtrip(conn, ("ECHO", "a"), poll_long) == b"a"
-            assert conn._pq_spin_skip == left and conn._pq_spin_misses == 1
+            assert line.call("ECHO", "a", spin_ns=poll_long) == b"a"
+            assert line.skip == left and line.misses == 1
         # missed again: 4 calls without polling; then a reply in time starts the count anew
-        assert wire._roundtrip(conn, slow, poll_short) == 7
-        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (2, 4)
+        assert line.call(*slow, spin_ns=poll_short) == 7
+        assert (line.misses, line.skip) == (2, 4)
         for _ in range(5):
-            assert wire._roundtrip(conn, ("ECHO", "b"), poll_long) == b"b"
-        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (0, 0)
+            assert line.call("ECHO", "b", spin_ns=poll_long) == b"b"
+        assert (line.misses, line.skip) == (0, 0)
         # the wait between polls is bounded, however many misses
-        conn._pq_spin_misses = 40
-        assert wire._roundtrip(conn, slow, poll_short) == 7
-        assert conn._pq_spin_skip == C.SPIN_BACKOFF_MAX
-        conn._pq_spin_skip = conn._pq_spin_misses = 0
+        line.misses = 40
+        assert line.call(*slow, spin_ns=poll_short) == 7
+        assert line.skip == C.SPIN_BACKOFF_MAX
+        line.skip = line.misses = 0
         # a reply that comes while polling is in time, however long it took (a slow script:
         # polling on costs less than a sleep and a wake-up): the count starts anew
-        conn._pq_spin_misses = 3
-        assert wire._roundtrip(conn, slow, poll_long) == 7
-        assert (conn._pq_spin_misses, conn._pq_spin_skip) == (0, 0)
+        line.misses = 3
+        assert line.call(*slow, spin_ns=poll_long) == 7
+        assert (line.misses, line.skip) == (0, 0)
         # a connection the server closed while it is polled: redis-py's ConnectionError at once
-        my_id = wire._roundtrip(conn, ("CLIENT", "ID"), poll_long)
+        my_id = line.call("CLIENT", "ID", spin_ns=poll_long)
         server.client().client_kill_filter(_id=my_id)
         started = time.monotonic()
         with pytest.raises(redis.ConnectionError):
-            wire._roundtrip(conn, ("PING",), poll_long)
+            line.call("PING", spin_ns=poll_long)
         assert time.monotonic() - started < 1.0
         client.close()

@@ -14,7 +14,7 @@ import celery_pq  # noqa: F401  (registers pq://)
 from celery_pq import MessageTooLarge, PriorityQueue, QueueFull
 from celery_pq.ops.render import describe
 from celery_pq.queue.scripts import Scripts
-from celery_pq.scripts.stream import CallStream
+from celery_pq.scripts.wire import CallStream
 from celery_pq.storage import constants as C
 
 try:

@@ -1,6 +1,7 @@
 """Pure-Python units: no Redis needed."""
 
 import pytest
+import redis
 
 from celery_pq.queue import PriorityQueue, escape_tenant, unescape_tenant, validate_priority
 from celery_pq.storage import constants as C
@@ -117,29 +118,18 @@ def test_scripts_carry_only_the_helpers_they_call():
 
 
 def test_a_script_call_is_packed_by_hiredis_and_anything_else_goes_redis_pys_way():
-    from celery_pq.scripts import wire
+    from celery_pq.scripts import FIRST_SEND, wire
 
-    class Conn:
-        def __init__(self):
-            self.sent = []
+    class Conn(redis.Connection):  # (not connected: packing needs no server)
+        def send_packed_command(self, command, check_health=True):
+            sent.append(b"".join(command))
 
-        def send_packed_command(self, packed):
-            self.sent.append(("packed", b"".join(packed)))
-
-        def send_command(self, *words):
-            self.sent.append(("words", words))
-
+    sent: list = []
     conn = Conn()
-    wire._send(conn, ("FCALL", "f", 1, "k", b"v", 7))
-    wire._send(conn, ("FCALL", "f", 0, None))  # hiredis packs no None: redis-py's path says why
-    if wire._pack is not None:
-        assert conn.sent[0] == (
-            "packed",
-            b"*6\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n",
-        )
-        assert conn.sent[1] == ("words", ("FCALL", "f", 0, None))
-    else:
-        assert [kind for kind, _ in conn.sent] == ["words", "words"]
+    wire.send(conn, ("FCALL", "f", 2, "k", b"v", 7, FIRST_SEND))
+    assert sent == [b"*7\r\n$5\r\nFCALL\r\n$1\r\nf\r\n$1\r\n2\r\n$1\r\nk\r\n$1\r\nv\r\n$1\r\n7\r\n$1\r\nF\r\n"]
+    with pytest.raises(redis.DataError):  # hiredis packs no None: redis-py's path says why
+        wire.send(conn, ("FCALL", "f", 0, None))
 
 
 def test_an_id_decoded_lately_encodes_to_its_stored_form_from_memory(monkeypatch):
