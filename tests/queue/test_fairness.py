@@ -438,3 +438,13 @@ def test_a_bucket_refilled_after_now_waits_one_period_at_most(redis_client, key_
     due = redis_client.zscore(q.keys.rate_parked, "A")
     assert due is not None and due <= redis_ms(redis_client) + 100, due
     assert redis_client.hget(q.keys.token_buckets, "A").startswith(b"0.5,")
+
+
+def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
+    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True)
+    q.insert_many([Item(b"x", 5, "b1", tenant="B"), Item(b"x", 5, "b2", tenant="B"), Item(b"x", 5, "a1", tenant="A")])
+    leases = q.pop(3)
+    q.requeue(leases[-1])
+    for lease in leases[:-1]:
+        q.requeue(lease)
+    assert q.purge() == 3
