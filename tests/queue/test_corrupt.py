@@ -31,8 +31,8 @@ def _corrupt(q: PriorityQueue, id: str, value: bytes = b"nobar") -> None:
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_a_corrupt_entry_goes_to_the_dead_letter_queue_and_the_batch_is_delivered(redis_client, key_prefix, fair):
-    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix, fair=fair)
+def test_a_corrupt_entry_goes_to_the_dead_letter_queue_and_the_batch_is_delivered(make_pq, fair):
+    q = make_pq("m2", fair=fair)
     q.insert_many([Item(b"p%d" % i, 3, f"e{i}", tenant="A") for i in range(5)])
     _corrupt(q, "e0")
     got = q.pop(5)
@@ -44,8 +44,8 @@ def test_a_corrupt_entry_goes_to_the_dead_letter_queue_and_the_batch_is_delivere
 
 
 @pytest.mark.parametrize("value", [b"nobar", b"1,2|x", b"a,b,c,d,e,f|x", b"", b"\xff" * 40 + b"|"])
-def test_corrupt_entries_of_every_shape_are_set_aside(redis_client, key_prefix, value):
-    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
+def test_corrupt_entries_of_every_shape_are_set_aside(make_pq, value):
+    q = make_pq("m2")
     q.insert(b"ok", 3, id="a")
     q.insert(b"ok", 3, id="b")
     _corrupt(q, "a", value)
@@ -53,8 +53,8 @@ def test_corrupt_entries_of_every_shape_are_set_aside(redis_client, key_prefix, 
     assert [e.dead_reason for e in q.dead.peek(5)] == ["malformed"]
 
 
-def test_a_corrupt_leased_entry_is_set_aside_by_requeue_and_by_the_sweep(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
+def test_a_corrupt_leased_entry_is_set_aside_by_requeue_and_by_the_sweep(redis_client, make_pq):
+    q = make_pq("m2")
     q.insert_many([Item(b"x", 3, "a"), Item(b"y", 3, "b")])
     la, lb = q.pop(2)
     _corrupt(q, "a")
@@ -67,8 +67,8 @@ def test_a_corrupt_leased_entry_is_set_aside_by_requeue_and_by_the_sweep(redis_c
     assert not redis_client.hlen(q.keys.leases) and not redis_client.hlen(q.keys.entries)
 
 
-def test_a_corrupt_lease_record_does_not_strand_its_entry(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix)
+def test_a_corrupt_lease_record_does_not_strand_its_entry(redis_client, make_pq):
+    q = make_pq("m2")
     q.insert(b"x", 3, id="a")
     q.pop()
     redis_client.hset(q.keys.leases, encode_id("a"), b"garbage")
@@ -77,8 +77,8 @@ def test_a_corrupt_lease_record_does_not_strand_its_entry(redis_client, key_pref
     assert [e.id for e in q.pop()] == ["a"]
 
 
-def test_corrupt_pointers_and_fair_state_are_skipped(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m2", key_prefix=key_prefix, fair=True, tenant_rate=5.0)
+def test_corrupt_pointers_and_fair_state_are_skipped(redis_client, make_pq):
+    q = make_pq("m2", fair=True, tenant_rate=5.0)
     q.insert(b"x", 3, id="a", tenant="A")
     redis_client.rpush(q.keys.level(q.rank(3)), b"\x01")
     redis_client.hset(q.keys.token_buckets, "A", b"junk")

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
 
 
-def test_a_dead_letter_queue_does_not_dead_letter_into_itself(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m9", key_prefix=key_prefix, max_deliveries=1)
+def test_a_dead_letter_queue_does_not_dead_letter_into_itself(make_pq):
+    q = make_pq("m9", max_deliveries=1)
     q.insert(b"x", 1, id="a")
     q.dead_letter(q.pop()[0])
     dead = q.dead
@@ -25,8 +25,8 @@ def test_a_dead_letter_queue_does_not_dead_letter_into_itself(redis_client, key_
     assert [e.id for e in dead.peek(5)] == ["a"]
 
 
-def test_the_dead_letter_queue_keeps_at_most_max_dead_length(redis_client, key_prefix, caplog):
-    q = PriorityQueue(redis_client, "m9", key_prefix=key_prefix, max_dead_length=3)
+def test_the_dead_letter_queue_keeps_at_most_max_dead_length(make_pq, caplog):
+    q = make_pq("m9", max_dead_length=3)
     q.insert_many([Item(b"%d" % i, 1, f"t{i}") for i in range(5)])
     with caplog.at_level(logging.WARNING, logger="celery_pq"):
         for lease in q.pop(5):

@@ -3,11 +3,9 @@ already, and dead letters of one id never overwrite each other."""
 
 from __future__ import annotations
 
-from celery_pq import PriorityQueue
 
-
-def test_dead_letters_never_overwrite_each_other(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m5", key_prefix=key_prefix)
+def test_dead_letters_never_overwrite_each_other(make_pq):
+    q = make_pq("m5")
     assert [q.insert(b"T", 1, id="T"), q.insert(b"U", 1, id="U"), q.insert(b"T2", 1, id="T")] == ["T", "U", "T~3"]
     leases = {x.id: x for x in q.pop(3)}
     q.dead_letter(leases["T"])
@@ -17,8 +15,8 @@ def test_dead_letters_never_overwrite_each_other(redis_client, key_prefix):
     assert sorted(e.payload for e in q.dead.peek(10)) == [b"T", b"T2", b"T3"]
 
 
-def test_generated_ids_never_take_a_stored_id(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m5", key_prefix=key_prefix)
+def test_generated_ids_never_take_a_stored_id(make_pq):
+    q = make_pq("m5")
     q.insert(b"user", 1, id="T~2")
     q.insert(b"user3", 1, id="3")
     q.insert(b"a", 1, id="T")

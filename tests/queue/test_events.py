@@ -164,8 +164,8 @@ def test_pause_and_resume_events(redis_client, key_prefix):
     ]
 
 
-def test_log_off_writes_no_stream_and_no_switch(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "off", key_prefix=key_prefix, max_deliveries=1)
+def test_log_off_writes_no_stream_and_no_switch(redis_client, make_pq):
+    q = make_pq("off", max_deliveries=1)
     q.insert(b"x", 1, id="a", task="t")
     [lease] = q.pop()
     q.requeue(lease)  # -> dead
@@ -188,9 +188,9 @@ def test_the_cap_holds(redis_client, key_prefix):
     assert q.events()[-1]["e"] == "enqueue"
 
 
-def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
+def test_the_recorded_switch_makes_every_process_log(redis_client, make_pq, key_prefix):
     on = q_of(redis_client, key_prefix, name="shared")
-    off = PriorityQueue(redis_client, "shared", key_prefix=key_prefix)  # a process without the option
+    off = make_pq("shared")  # a process without the option
     assert off.event_log_cap() == 0
     on.insert(b"x", 1, id="a", task="t.a")
     assert off.event_log_cap() == 1000
@@ -263,9 +263,9 @@ def test_bad_input_is_named_and_writes_nothing(redis_client, key_prefix, call, m
 
 
 @pytest.mark.parametrize("value", [-1, "100", 1.5, True])
-def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
+def test_bad_event_log_setting_is_named(make_pq, value):
     with pytest.raises(ValueError, match="event_log"):
-        PriorityQueue(redis_client, "q", key_prefix=key_prefix, event_log=value)
+        make_pq("q", event_log=value)
     with pytest.raises(ConfigError, match="event_log"):
         Options(event_log=value)
     assert Options(event_log=100).queue_settings("q").event_log == 100
@@ -273,8 +273,8 @@ def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
 
 
 # -- counters ----------------------------------------------------------------------------------
-def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "ct", key_prefix=key_prefix, max_deliveries=3, max_length=10)
+def test_counters_after_a_scripted_sequence(make_pq):
+    q = make_pq("ct", max_deliveries=3, max_length=10)
     assert q.counters() == dict.fromkeys(COUNTERS, 0)
     q.insert_many([Item(b"x", 1, f"i{i}") for i in range(6)])  # enqueued 6
     leases = q.pop(3, consumer="w")  # delivered 3
@@ -319,8 +319,8 @@ def test_a_refused_insert_writes_only_its_counter(redis_client, key_prefix):
     assert q.counters()["refused_full"] == 2 and q.counters()["enqueued"] == 1
 
 
-def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fq", key_prefix=key_prefix, fair=True)
+def test_tenant_deliveries_on_a_fair_queue(make_pq):
+    q = make_pq("fq", fair=True)
     q.insert_many([Item(b"x", 1, None, tenant=t) for t in ["a", "a", "a", "b", "c,d"]])
     leases = q.pop(4, consumer="w")
     q.ack_many(leases)
@@ -330,8 +330,8 @@ def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
 
 
 # -- pause / resume ----------------------------------------------------------------------------
-def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pz", key_prefix=key_prefix)
+def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, make_pq):
+    q = make_pq("pz")
     q.insert(b"before", 1, id="a")
     assert q.pause()
     assert q.paused() == {"queue": True, "tenants": []}
@@ -349,8 +349,8 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
     assert q.paused() == {"queue": False, "tenants": []} and q.stats()["paused"] is False
 
 
-def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pv", key_prefix=key_prefix)
+def test_pause_holds_acks_and_priority_views(redis_client, make_pq):
+    q = make_pq("pv")
     wake = q.register_view(0, 55)  # priorities 200..255
     q.insert(b"x", 250, id="hi")
     [lease] = q.pop(view=(0, 55))
@@ -366,8 +366,8 @@ def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
     assert [x.id for x in q.pop(2, view=(0, 55))] == ["hi2", "hi3"]
 
 
-def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "ft", key_prefix=key_prefix, fair=True)
+def test_paused_tenant_is_skipped_while_others_are_served(redis_client, make_pq):
+    q = make_pq("ft", fair=True)
     q.insert_many(
         [Item(b"x", 1, f"a{i}", tenant="a") for i in range(3)] + [Item(b"x", 1, f"b{i}", tenant="b") for i in range(3)]
     )
@@ -386,8 +386,8 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_pref
     assert q.paused()["tenants"] == []
 
 
-def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fc", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
+def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(make_pq):
+    q = make_pq("fc", fair=True, tenant_concurrency=1)
     q.pause(tenant="late")
     q.insert(b"x", 1, id="l0", tenant="late")
     q.insert(b"x", 1, id="o0", tenant="other")
@@ -408,8 +408,8 @@ def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(redis_client, key_
     assert sorted(x.id for x in q.pop(5)) == ["l0", "o2"]
 
 
-def test_paused_fair_queue_delivers_nothing(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fp", key_prefix=key_prefix, fair=True)
+def test_paused_fair_queue_delivers_nothing(make_pq):
+    q = make_pq("fp", fair=True)
     q.insert(b"x", 1, tenant="a")
     q.pause()
     assert q.pop(3) == []
@@ -417,8 +417,8 @@ def test_paused_fair_queue_delivers_nothing(redis_client, key_prefix):
     assert len(q.pop(3)) == 1
 
 
-def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pl", key_prefix=key_prefix)
+def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, make_pq, key_prefix):
+    q = make_pq("pl")
     with pytest.raises(ConfigError, match="not fair"):
         q.pause(tenant="acme")
     with pytest.raises(ConfigError, match="not fair"):
@@ -426,9 +426,10 @@ def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, key_prefix):
     assert not redis_client.keys(f"{key_prefix}*")
 
 
-def test_switches_survive_migrations(redis_client, key_prefix):
-    a = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, event_log=10)
+def test_switches_survive_migrations(redis_client, make_pq, key_prefix):
+    a = make_pq("mq", event_log=10)
     a.pause()  # an empty queue with no record yet: the pause records a's mode
+    # b and c made directly: open_queue would take the recorded mode
     b = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, priority_order="lower_first")
     b.migrate_mode()  # the queue is empty: b's mode now, the switches stay
     b.insert(b"x", 1)

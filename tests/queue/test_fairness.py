@@ -269,9 +269,9 @@ def test_thousands_of_tenants(redis_client, key_prefix):
     assert fairness_state_is_empty(redis_client, q)
 
 
-def test_delayed_entries_wait_then_join_at_their_priority(redis_client, key_prefix):
+def test_delayed_entries_wait_then_join_at_their_priority(make_pq):
     for fair in (False, True):
-        q = PriorityQueue(redis_client, f"later-{fair}", key_prefix=key_prefix, fair=fair)
+        q = make_pq(f"later-{fair}", fair=fair)
         q.insert(b"later", 200, id="later", delay=0.3, tenant="A" if fair else None)
         q.insert(b"now", 1, id="now", tenant="A" if fair else None)
         assert q.stats()["delayed"] == 1 and q.size() == 1
@@ -283,8 +283,8 @@ def test_delayed_entries_wait_then_join_at_their_priority(redis_client, key_pref
         assert [x.id for x in q.pop(1)] == ["later"]  # at its own priority, ahead of "low"
 
 
-def test_delayed_entries_can_be_removed_and_reprioritised(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "later", key_prefix=key_prefix)
+def test_delayed_entries_can_be_removed_and_reprioritised(make_pq):
+    q = make_pq("later")
     q.insert(b"x", 1, id="t1", delay=0.2)
     q.insert(b"x", 1, id="t2", delay=0.2)
     assert q.remove("t1") == 1
@@ -296,11 +296,11 @@ def test_delayed_entries_can_be_removed_and_reprioritised(redis_client, key_pref
     assert lease.id == "t2" and lease.priority == 250
 
 
-def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "views", key_prefix=key_prefix)
+def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client, make_pq):
+    q = make_pq("views")
     lo, hi = 0, q.rank(200)  # priorities 200..255
     wake_key = q.register_view(lo, hi)
-    publisher = PriorityQueue(redis_client, "views", key_prefix=key_prefix)  # knows no views yet
+    publisher = make_pq("views")  # knows no views yet
     publisher.insert_many([Item(b"low", 5)] * 100)
     assert redis_client.llen(wake_key) == 0  # low-priority inserts do not wake the view
     assert q.pop(5, view=(lo, hi)) == []
@@ -338,8 +338,8 @@ def test_tenant_stats_counts_and_ages(redis_client, key_prefix):
     assert q.stats()["per_tenant"]["A"]["waiting"] == 2
 
 
-def test_returned_work_wakes_the_views_it_belongs_to(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "views-back", key_prefix=key_prefix)
+def test_returned_work_wakes_the_views_it_belongs_to(redis_client, make_pq):
+    q = make_pq("views-back")
     urgent = (0, q.rank(200))
     wake = q.register_view(*urgent)
     q.insert(b"x", 220, id="u1")
@@ -440,8 +440,8 @@ def test_a_bucket_refilled_after_now_waits_one_period_at_most(redis_client, key_
     assert redis_client.hget(q.keys.token_buckets, "A").startswith(b"0.5,")
 
 
-def test_fair_purge_counts_a_requeued_entry_once(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, fair=True)
+def test_fair_purge_counts_a_requeued_entry_once(make_pq):
+    q = make_pq("mm", fair=True)
     q.insert_many([Item(b"x", 5, "b1", tenant="B"), Item(b"x", 5, "b2", tenant="B"), Item(b"x", 5, "a1", tenant="A")])
     leases = q.pop(3)
     q.requeue(leases[-1])

@@ -1,6 +1,7 @@
 """A queue's mode (fairness, scope, priority order, technique) is recorded with it: a process
 whose settings disagree is refused at every call that changes the queue and touches nothing; only
-``migrate_mode`` (on purpose) changes the record (docs/settings.md)."""
+``migrate_mode`` (on purpose) changes the record (docs/settings.md). A process that disagrees is a
+``PriorityQueue`` made with its own settings: ``open_queue`` would take the recorded mode."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 from celery_pq import Item, ModeMismatch, PriorityQueue
 
 
-def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, key_prefix):
+def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, make_pq, key_prefix):
     # Given a plain queue with ten waiting entries
-    plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+    plain = make_pq("m")
     plain.insert_many([Item(b"x", 1)] * 10)
     before = {k: redis_client.dump(k) for k in redis_client.keys(f"{key_prefix}*")}
     # When a process that thinks the queue is fair pops from it
@@ -35,8 +36,8 @@ def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, 
         {"technique": "S"},
     ],
 )
-def test_every_call_that_changes_a_queue_checks_its_mode(redis_client, key_prefix, other):
-    q = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+def test_every_call_that_changes_a_queue_checks_its_mode(redis_client, make_pq, key_prefix, other):
+    q = make_pq("m")
     q.insert(b"a", 5, id="a")
     [lease] = q.pop()
     q.insert(b"b", 5, id="b")
@@ -57,17 +58,17 @@ def test_every_call_that_changes_a_queue_checks_its_mode(redis_client, key_prefi
     assert q.ack(lease) and [e.id for e in q.pop(5)] == ["b"]
 
 
-def test_plain_pop_on_a_fair_queue_is_refused(redis_client, key_prefix):
-    fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
+def test_plain_pop_on_a_fair_queue_is_refused(redis_client, make_pq, key_prefix):
+    fair = make_pq("m", fair=True)
     fair.insert(b"x", 1, tenant="A")
     with pytest.raises(ModeMismatch):
         PriorityQueue(redis_client, "m", key_prefix=key_prefix).pop()
     assert [e.tenant for e in fair.pop()] == ["A"]
 
 
-def test_an_empty_queue_keeps_its_mode_until_a_migration_changes_it(redis_client, key_prefix):
+def test_an_empty_queue_keeps_its_mode_until_a_migration_changes_it(redis_client, make_pq, key_prefix):
     # Given a fair queue, drained
-    fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True)
+    fair = make_pq("m", fair=True)
     fair.insert(b"x", 1, tenant="A")
     fair.purge()
     # When a process that takes it as plain inserts into it
@@ -82,8 +83,8 @@ def test_an_empty_queue_keeps_its_mode_until_a_migration_changes_it(redis_client
     assert plain.stored_mode() == plain.mode
 
 
-def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):
-    plain = PriorityQueue(redis_client, "m", key_prefix=key_prefix)
+def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, make_pq, key_prefix):
+    plain = make_pq("m")
     plain.insert_many([Item(b"x", p) for p in (1, 9, 5)])
     [held] = plain.pop()  # priority 9, leased through the migration
     fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True, priority_order="lower_first")

@@ -39,11 +39,11 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
         admin.close()
 
 
-def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client, key_prefix):
+def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client, make_pq):
     from celery_pq.queue.calls import insert_made
     from celery_pq.scripts import FIRST_SEND, run_calls
 
-    q = PriorityQueue(redis_client, "m3f", key_prefix=key_prefix)
+    q = make_pq("m3f")
     item = (Item(b"x", 1, "t1"), b"made-1")
     call = q._scripts.insert_call([item], (), insert_made(True, False))
     script, keys, args = call
@@ -65,8 +65,8 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     assert q.size() == 3
 
 
-def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=60)
+def test_a_publish_id_seen_within_the_window_stores_nothing(make_pq):
+    q = make_pq("m3", dedupe_seconds=60)
     assert q.insert(b"x", 1, id="t", publish_id=b"p1") == "t"
     assert q.insert(b"x", 1, id="t", publish_id=b"p1") == "t"
     assert q.insert(b"x", 1, publish_id="p2") == q.insert(b"x", 1, publish_id="p2")
@@ -76,9 +76,9 @@ def test_a_publish_id_seen_within_the_window_stores_nothing(redis_client, key_pr
 
 
 @pytest.mark.parametrize("max_length", [None, 10])
-def test_a_repeated_publish_finds_its_entry_id_in_this_window_and_the_last(redis_client, key_prefix, max_length):
+def test_a_repeated_publish_finds_its_entry_id_in_this_window_and_the_last(make_pq, max_length):
     # (without a length limit an insert looks up and records its publish id in one command)
-    q = PriorityQueue(redis_client, "m3r", key_prefix=key_prefix, dedupe_seconds=1, max_length=max_length)
+    q = make_pq("m3r", dedupe_seconds=1, max_length=max_length)
     first = [
         q.insert(b"x", 1, id="t", publish_id=b"p1"),
         q.insert(b"x", 1, id="t", publish_id=b"p2"),
@@ -100,8 +100,8 @@ def test_a_repeated_publish_finds_its_entry_id_in_this_window_and_the_last(redis
     assert q.size() == 4
 
 
-def test_publish_ids_are_forgotten_after_the_window(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0.05)
+def test_publish_ids_are_forgotten_after_the_window(make_pq):
+    q = make_pq("m3", dedupe_seconds=0.05)
     q.insert(b"x", 1, id="t", publish_id=b"p1")
     time.sleep(0.12)
     q.insert(b"y", 1, publish_id=b"p-other")  # rotates the window
@@ -110,10 +110,10 @@ def test_publish_ids_are_forgotten_after_the_window(redis_client, key_prefix):
     assert q.size() == 3
 
 
-def test_the_longest_window_a_producer_asked_for_holds(redis_client, key_prefix):
+def test_the_longest_window_a_producer_asked_for_holds(redis_client, make_pq):
     # Given a producer that asked for a 3600 s window and one that asked for 0.05 s, on one queue
-    long = PriorityQueue(redis_client, "m3w", key_prefix=key_prefix, dedupe_seconds=3600)
-    short = PriorityQueue(redis_client, "m3w", key_prefix=key_prefix, dedupe_seconds=0.05)
+    long = make_pq("m3w", dedupe_seconds=3600)
+    short = make_pq("m3w", dedupe_seconds=0.05)
     assert long.insert(b"x", 1, id="t", publish_id=b"p-long") == "t"
     # When the short-window producer publishes several of its windows later
     for _ in range(3):
@@ -126,10 +126,10 @@ def test_the_longest_window_a_producer_asked_for_holds(redis_client, key_prefix)
     assert redis_client.get(long.keys.publish_window).split(b"|")[1] == b"3600000"
 
 
-def test_a_long_window_lapses_when_its_producer_has_gone(redis_client, key_prefix):
+def test_a_long_window_lapses_when_its_producer_has_gone(redis_client, make_pq):
     # Given a 0.1 s producer gone quiet, and a 0.02 s one that goes on
-    gone = PriorityQueue(redis_client, "m3x", key_prefix=key_prefix, dedupe_seconds=0.1)
-    short = PriorityQueue(redis_client, "m3x", key_prefix=key_prefix, dedupe_seconds=0.02)
+    gone = make_pq("m3x", dedupe_seconds=0.1)
+    short = make_pq("m3x", dedupe_seconds=0.02)
     gone.insert(b"x", 1, id="t", publish_id=b"p1")
     # When more than twice the long window has passed
     time.sleep(0.25)
@@ -142,24 +142,24 @@ def test_a_long_window_lapses_when_its_producer_has_gone(redis_client, key_prefi
     assert short.size() == 4
 
 
-def test_dedupe_off_stores_every_publish(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, dedupe_seconds=0)
+def test_dedupe_off_stores_every_publish(make_pq):
+    q = make_pq("m3", dedupe_seconds=0)
     q.insert(b"x", 1, publish_id=b"p1")
     q.insert(b"x", 1, publish_id=b"p1")
     assert q.size() == 2
 
 
-def test_insert_many_retried_chunks_are_stored_once(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
+def test_insert_many_retried_chunks_are_stored_once(make_pq):
+    q = make_pq("m3")
     items = [Item(b"x", 1, f"t{i}", publish_id=f"pub{i}") for i in range(25)]
     first = q.insert_many(items, chunk=10)
     assert q.insert_many(items, chunk=7) == first
     assert q.size() == 25
 
 
-def test_insert_many_tells_repeats_apart_from_new_entries_when_asked(redis_client, key_prefix):
+def test_insert_many_tells_repeats_apart_from_new_entries_when_asked(make_pq):
     # Given 5 items with publish ids of their own, 2 of them stored before, one publish id twice
-    q = PriorityQueue(redis_client, "m3t", key_prefix=key_prefix, max_length=100)
+    q = make_pq("m3t", max_length=100)
     first = q.insert_many([Item(b"x", 1, "t1", publish_id="pub1"), Item(b"x", 1, "t3", publish_id="pub3")])
     items = [Item(b"x", 1, f"t{i}", publish_id=f"pub{i}") for i in range(5)] + [Item(b"y", 1, "t9", publish_id="pub4")]
     # When they are inserted asking for repeats
@@ -173,8 +173,8 @@ def test_insert_many_tells_repeats_apart_from_new_entries_when_asked(redis_clien
     assert repeated == [False, False] and ids[1] != "t0" and q.size() == 7
 
 
-def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix, max_length=15)
+def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(make_pq):
+    q = make_pq("m3", max_length=15)
     with pytest.raises(QueueFull) as err:
         q.insert_many([Item(b"x", 1, f"t{i}") for i in range(25)], chunk=10)
     # chunks of 10, 10, 5: the second would pass max_length, the third still fits
@@ -188,8 +188,8 @@ def test_insert_many_says_which_items_were_stored_when_a_chunk_fails(redis_clien
     assert q.size() == 10
 
 
-def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_entry(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m3", key_prefix=key_prefix)
+def test_answered_publish_ids_are_forgotten_so_the_window_costs_no_memory_per_entry(redis_client, make_pq):
+    q = make_pq("m3")
     for i in range(50):
         q.insert(b"x", 1, id=f"t{i}")
     q.insert_many([Item(b"y", 1)] * 30)

@@ -26,8 +26,8 @@ def test_bad_queue_settings_are_refused(redis_client, kwargs, word):
 
 
 @pytest.mark.parametrize("weight", [0, -1, 1e-9, 2e6, float("inf"), float("nan"), True, "2"])
-def test_fair_weights_outside_the_range_the_tags_hold_are_refused(redis_client, key_prefix, weight):
-    q = PriorityQueue(redis_client, "m12", key_prefix=key_prefix, fair=True)
+def test_fair_weights_outside_the_range_the_tags_hold_are_refused(redis_client, make_pq, weight):
+    q = make_pq("m12", fair=True)
     with pytest.raises(ValueError, match="weights"):
         q.configure_tenants(weights={"A": weight})
     assert not redis_client.exists(q.keys.tenant_settings)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import time
 
-from celery_pq import PriorityQueue
 
-
-def test_capped_tenants_do_not_leak_pointers(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
+def test_capped_tenants_do_not_leak_pointers(redis_client, make_pq):
+    q = make_pq("m4", fair=True, tenant_concurrency=1)
     q.insert(b"a1", 1, tenant="A")
     q.insert(b"a2", 1, tenant="A")
     [held] = q.pop()
@@ -23,8 +21,8 @@ def test_capped_tenants_do_not_leak_pointers(redis_client, key_prefix):
     assert pointers <= 2 * q.size() + 128, pointers  # the documented bound
 
 
-def test_technique_s_removals_do_not_pile_up_pointers(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, technique="S")
+def test_technique_s_removals_do_not_pile_up_pointers(redis_client, make_pq):
+    q = make_pq("m4", technique="S")
     q.insert(b"head", 1, id="head")
     for i in range(2000):
         q.insert(b"x", 1, id=f"t{i}")
@@ -33,8 +31,8 @@ def test_technique_s_removals_do_not_pile_up_pointers(redis_client, key_prefix):
     assert pointers <= 2 * q.size() + 128, pointers  # the documented bound
 
 
-def test_fairness_state_of_tenants_that_left_is_cleaned_up(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "m4", key_prefix=key_prefix, fair=True, tenant_rate=1000.0)
+def test_fairness_state_of_tenants_that_left_is_cleaned_up(redis_client, make_pq):
+    q = make_pq("m4", fair=True, tenant_rate=1000.0)
     for i in range(300):
         q.insert(b"x", 1, tenant=f"t{i}")
         q.ack(q.pop()[0])
@@ -45,8 +43,8 @@ def test_fairness_state_of_tenants_that_left_is_cleaned_up(redis_client, key_pre
     assert redis_client.hlen(q.keys.token_buckets) < 50
 
 
-def test_technique_s_remove_of_a_delayed_entry_takes_it_out_of_the_delayed_index(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, technique="S")
+def test_technique_s_remove_of_a_delayed_entry_takes_it_out_of_the_delayed_index(make_pq):
+    q = make_pq("mm", technique="S")
     q.insert(b"x", 5, id="a", delay=3600)
     assert q.remove("a") == 1
     assert q.size() == 0 and q.stats()["delayed"] == 0
