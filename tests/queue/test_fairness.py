@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import Item, PriorityQueue, QueueFull
+from celery_pq import Item, QueueFull
+from celery_pq.queue import QueueSettings, open_queue
 
 
 def fq(make_pq, **kw):
@@ -244,7 +245,7 @@ def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefi
 
     def publish(n):
         client = redis_server.client()
-        q = PriorityQueue(client, "bounded", key_prefix=key_prefix, max_length=100)
+        q = open_queue(client, "bounded", QueueSettings(key_prefix=key_prefix, max_length=100))
         for _ in range(40):
             try:
                 q.insert(b"x", 1)

@@ -9,7 +9,8 @@ import time
 import pytest
 import redis
 
-from celery_pq import Item, PriorityQueue, QueueFull
+from celery_pq import Item, QueueFull
+from celery_pq.queue import open_queue
 from celery_pq.storage import constants as C
 from celery_pq.testing import RedisServer
 
@@ -18,7 +19,7 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
     with RedisServer("--enable-debug-command", "yes") as server:
         admin = server.client()
         client = redis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
-        q = PriorityQueue(client, "m3")
+        q = open_queue(client, "m3")
         q.insert(b"warm", 1, id="w")  # scripts loaded, connection made
         # Given Redis busy for longer than the client's socket timeout
         sleeper = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1.5"))
@@ -32,7 +33,7 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
         sleeper.join()
         time.sleep(0.2)
         # Then t1 is stored once
-        ids = sorted(x.id for x in PriorityQueue(admin, "m3").peek(10))
+        ids = sorted(x.id for x in open_queue(admin, "m3").peek(10))
         assert ids == ["t1", "w"], ids
         assert eid == "t1"
         client.close()

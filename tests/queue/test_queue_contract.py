@@ -6,8 +6,8 @@ import time
 import pytest
 import redis
 
-from celery_pq import EntryNotFound, Item, LeaseLost, NotWaiting, PriorityQueue, QueueFull
-from celery_pq.queue import calls
+from celery_pq import EntryNotFound, Item, LeaseLost, NotWaiting, QueueFull
+from celery_pq.queue import QueueSettings, calls, open_queue
 from celery_pq.storage.constants import SEQ_SPAN
 from celery_pq.storage.ids import decode_id
 from celery_pq.storage.records import split_entry, split_lease, split_pointer
@@ -446,7 +446,7 @@ def forget_scripts(client):
 
 def test_pipelined_calls_survive_a_script_cache_flush(fresh_redis):
     redis_client = fresh_redis.client()
-    q = PriorityQueue(redis_client, "flushed")
+    q = open_queue(redis_client, "flushed")
     # Given scripts known to Redis, then forgotten (as after a Redis restart)
     q.insert(b"x", 1, id="a")
     forget_scripts(redis_client)
@@ -484,7 +484,7 @@ def test_acks_ride_in_the_next_pop(redis_client, make_pq, fair):
 def test_single_calls_survive_a_script_flush_a_killed_connection_and_a_restart(fresh_redis):
     # A single script call runs on the calling thread's own connection
     client = fresh_redis.client()
-    q = PriorityQueue(client, "own", key_prefix="own")
+    q = open_queue(client, "own", QueueSettings(key_prefix="own"))
     q.insert(b"a", 1, id="a")
     # When Redis forgets the scripts, the call loads it and runs once
     forget_scripts(client)
@@ -529,7 +529,7 @@ def test_scripts_run_as_functions_of_one_library_loaded_once(fresh_redis):
     from celery_pq.scripts import library
 
     client = fresh_redis.client()
-    q = PriorityQueue(client, "lib")
+    q = open_queue(client, "lib")
     client.config_resetstat()
     # When a queue is used on a Redis with functions
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(3)])
@@ -550,7 +550,7 @@ def test_a_user_who_may_not_load_functions_gets_the_same_scripts_by_evalsha(fres
             "nofn", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-function"]
         )
     client = redis.Redis(port=fresh_redis.port, username="nofn", password="pw")
-    q = PriorityQueue(client, "nofn")
+    q = open_queue(client, "nofn")
     # When it inserts, pops and acks
     q.insert(b"a", 1, id="a")
     [lease] = q.pop(1)
@@ -565,7 +565,7 @@ def test_the_library_starts_every_call_with_fresh_module_state(fresh_redis):
     # A library keeps its top-level tables between calls; each function makes them new, as a
     # script's fresh run does (CTX.dropped counts the dead letters dropped by one call only)
     client = fresh_redis.client()
-    q = PriorityQueue(client, "state", max_dead_length=1)
+    q = open_queue(client, "state", QueueSettings(max_dead_length=1))
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(2)])
     first, second = q.pop(2)
     # Given a call that dropped a dead letter to make room

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import open_queue
 
 
 def test_a_redis_user_without_mget_still_publishes_and_consumes(fresh_redis):
@@ -13,7 +13,7 @@ def test_a_redis_user_without_mget_still_publishes_and_consumes(fresh_redis):
     admin = fresh_redis.client()
     admin.execute_command("ACL", "SETUSER", "old", "on", ">pw", "~*", "&*", "+@all", "-mget")
     client = redis.Redis(host=fresh_redis.host, port=fresh_redis.port, username="old", password="pw")
-    q = PriorityQueue(client, "nomget")
+    q = open_queue(client, "nomget")
     assert q.insert(b"x", 3, id="a") == "a"
     other = q.insert(b"y", 3)
     assert [e.id for e in q.pop(2)] == ["a", other]

@@ -13,7 +13,6 @@ from celery.worker import state
 from kombu import Connection, Consumer
 from kombu.asynchronous import Hub
 
-from celery_pq import PriorityQueue
 from celery_pq.testing.proxy import FaultProxy
 from celery_pq.transport.leasebook import LeaseBook
 
@@ -105,8 +104,8 @@ def test_a_prefork_pools_pops_go_without_waiting_and_deliver_each_message_once_i
     hub.close()
 
 
-def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_first(redis_client):
-    q = PriorityQueue(redis_client, "flight")
+def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_first(make_pq):
+    q = make_pq("flight")
     q.insert(b"a", 1)
     q.insert(b"b", 1)
     flight = q.send_pop(1)
@@ -183,8 +182,8 @@ def test_a_pop_on_a_connection_gone_silent_fails_after_the_socket_timeout_and_ke
     assert _kept(make_pq, "silent") == 2
 
 
-def test_a_pop_reply_read_late_is_renewed_first_and_one_whose_lease_ran_out_is_not_delivered(redis_client):
-    q = PriorityQueue(redis_client, "late", lease_seconds=1.0)
+def test_a_pop_reply_read_late_is_renewed_first_and_one_whose_lease_ran_out_is_not_delivered(make_pq):
+    q = make_pq("late", lease_seconds=1.0)
     book = LeaseBook(SimpleNamespace(renew_interval=0.2, lease_seconds=1.0))
     # Read after a renewal's interval (a stalled loop), within the lease: renewed, then delivered
     q.insert(b"x", 1)

@@ -11,7 +11,7 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Producer
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.codec import encode
 from celery_pq.testing import wait_for
 from celery_pq.transport.messages import describe
@@ -58,13 +58,13 @@ def test_short_lived_threads_do_not_keep_a_connection_each(fresh_redis):
                 t.join()
         # Then every publish worked and the finished threads' connections were given back
         assert errors == []
-        assert PriorityQueue(conn.default_channel.client, "kq", key_prefix="pq").size() == 300
+        assert open_queue(conn.default_channel.client, "kq", QueueSettings(key_prefix="pq")).size() == 300
         assert normal_clients(fresh_redis) <= 12
 
 
 def test_a_dropped_connection_frees_its_pool_slot(fresh_redis):
     client = redis.Redis(connection_pool=redis.ConnectionPool(port=fresh_redis.port, max_connections=3))
-    q = PriorityQueue(client, "slots")
+    q = open_queue(client, "slots")
     try:
         for _ in range(5):  # each round the thread's own connection is killed under it
             q.insert(b"x", 1)
@@ -332,7 +332,7 @@ def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis)
             busy.join()
     # Then the queue holds the task once
     with fresh_redis.client() as r:
-        assert sorted(e.id for e in PriorityQueue(r, "dd").peek(10)) == ["t0", "t1"]
+        assert sorted(e.id for e in open_queue(r, "dd").peek(10)) == ["t0", "t1"]
     app.close()
 
 
@@ -600,7 +600,7 @@ def test_a_deferred_ack_whose_round_trip_fails_is_sent_again(key_prefix):
                 conn.drain_events(timeout=5)
                 conn.default_channel.leases.flush()
             with server.client() as r:
-                pq = PriorityQueue(r, "kq")
+                pq = open_queue(r, "kq")
                 assert got == [{"i": 0}, {"i": 1}]
                 assert pq.stats()["leased"] == 0 and pq.size() == 0
 
@@ -632,7 +632,7 @@ def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redi
                 channel.leases.flush()
         assert channel.leases.held() == {}
         with debug_redis.client() as r:
-            assert PriorityQueue(r, "kq").stats()["leased"] == 0
+            assert open_queue(r, "kq").stats()["leased"] == 0
     late = [r for r in caplog.records if r.name == "celery_pq.transport.leasebook" and r.levelno >= logging.WARNING]
     assert late == []
     assert any("already done" in r.getMessage() for r in caplog.records)
@@ -679,7 +679,7 @@ def test_a_redis_that_refuses_writes_is_reported_and_renewals_retry_promptly(fre
                 assert len(errors) == 1 and how in errors[0] and "refuses writes" in errors[0], errors
                 # and, once Redis takes writes again, the lease is renewed within a second
                 wait_for(lambda: keeper.renewals > renewals, 1.0, "a renewal once Redis takes writes", interval=0.01)
-            assert PriorityQueue(admin, "kq").lease_of("1")["seconds_left"] > 5
+            assert open_queue(admin, "kq").lease_of("1")["seconds_left"] > 5
 
 
 def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_delivering(fresh_redis, caplog):
@@ -694,7 +694,7 @@ def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_deli
         with Consumer(conn, [q], callbacks=[lambda b, m: got.append(m)], prefetch_count=1):
             conn.drain_events(timeout=5)
             keeper = conn.transport._keeper
-            pq = PriorityQueue(admin, "kq")
+            pq = open_queue(admin, "kq")
             # When Redis is full (maxmemory reached, noeviction)
             with caplog.at_level(logging.WARNING):
                 admin.config_set("maxmemory", 1)
