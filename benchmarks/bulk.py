@@ -15,7 +15,8 @@ import time
 
 import redis
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.scripts import get_scripts, library
 
 from .common import cli, median, redis_server, table
@@ -24,7 +25,7 @@ PAYLOAD = b"x" * 256
 
 
 def ours(client, entries, batch) -> float:
-    q = PriorityQueue(client, "bulk-ours", key_prefix="bulk")
+    q = open_queue(client, "bulk-ours", QueueSettings(key_prefix="bulk"))
     q.delete()
     items = [Item(PAYLOAD, i % 256) for i in range(entries)]
     start = time.perf_counter()
@@ -39,7 +40,7 @@ def ceiling(port, client, entries, batch) -> float | None:
     binary = shutil.which("redis-benchmark")
     if not binary:
         return None
-    q = PriorityQueue(client, "bulk-ceiling", key_prefix="bulk")
+    q = open_queue(client, "bulk-ceiling", QueueSettings(key_prefix="bulk"))
     q.delete()
     # the same form our calls take: a function of the library (Redis 7+), else the script by sha
     try:

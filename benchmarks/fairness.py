@@ -19,7 +19,8 @@ import time
 
 import redis
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
+from celery_pq.queue import QueueSettings, open_queue
 
 from .common import RedisTime, cli, median, now_ns, percentile, redis_server, table
 
@@ -28,7 +29,7 @@ PREFIX = "benchfair"
 
 def _consumer(port, name, service_ms, stop, out):
     client = redis.Redis(port=port)
-    q = PriorityQueue(client, name, key_prefix=PREFIX, fair=True)
+    q = open_queue(client, name, QueueSettings(key_prefix=PREFIX, fair=True))
     waits = []
     while not stop.is_set():
         got = q.pop(1)
@@ -47,7 +48,7 @@ def _consumer(port, name, service_ms, stop, out):
 def dwell(port, flood: bool, quiet_sends: int, flood_size: int, consumers: int, service_ms: float) -> list[float]:
     name = f"dwell-{'flood' if flood else 'calm'}-{time.monotonic_ns()}"
     client = redis.Redis(port=port)
-    q = PriorityQueue(client, name, key_prefix=PREFIX, fair=True)
+    q = open_queue(client, name, QueueSettings(key_prefix=PREFIX, fair=True))
     if flood:
         q.insert_many([Item(b"0", 5, None, tenant="F") for _ in range(flood_size)])
     ctx = mp.get_context("spawn")
@@ -77,7 +78,7 @@ def tenant_cost(port, tenants: tuple[int, int], entries: int, ops: int, reps: in
     client = redis.Redis(port=port)
     queues = {}
     for n in tenants:
-        queues[n] = PriorityQueue(client, f"cost-{n}-{time.monotonic_ns()}", key_prefix=PREFIX, fair=True)
+        queues[n] = open_queue(client, f"cost-{n}-{time.monotonic_ns()}", QueueSettings(key_prefix=PREFIX, fair=True))
         for start in range(0, entries, 100_000):
             queues[n].insert_many(
                 [Item(b"x" * 64, 5, None, tenant=f"t{i % n}") for i in range(start, min(entries, start + 100_000))]

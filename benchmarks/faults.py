@@ -214,7 +214,7 @@ def aof_kill_rounds(
     because a background fsync was slow (replies then go out before the write). ``busy_disk``: a
     thread writes and fsyncs 8 MB chunks beside the AOF meanwhile (a disk shared with other
     writers), which is what makes an fsync slow."""
-    from celery_pq import PriorityQueue
+    from celery_pq.queue import QueueSettings, open_queue
     from celery_pq.storage.ids import encode_id
 
     rng = random.Random(seed)
@@ -235,7 +235,7 @@ def aof_kill_rounds(
             lock = threading.Lock()
 
             def insert(index: int) -> None:
-                q = PriorityQueue(server.client(socket_timeout=5), "aof", key_prefix="pqa")
+                q = open_queue(server.client(socket_timeout=5), "aof", QueueSettings(key_prefix="pqa"))
                 begin = time.monotonic()
                 n = 0
                 while not stop.is_set():
@@ -265,7 +265,7 @@ def aof_kill_rounds(
                 t.join(10)
             server.start()
             r = server.client()
-            ii = PriorityQueue(r, "aof", key_prefix="pqa").keys.entries
+            ii = open_queue(r, "aof", QueueSettings(key_prefix="pqa")).keys.entries
             with r.pipeline(transaction=False) as p:
                 for eid, _ in returned:
                     p.hexists(ii, encode_id(eid))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 
 from .common import cli, median, redis_server, table
 
@@ -28,7 +28,7 @@ BULLMQ = Path(__file__).resolve().parent / "bullmq"
 
 
 def _inserter(port, name, n, start, out):
-    q = PriorityQueue(redis.Redis(port=port), name, key_prefix="peers")
+    q = open_queue(redis.Redis(port=port), name, QueueSettings(key_prefix="peers"))
     start.wait()
     t = time.perf_counter()
     for i in range(n):
@@ -38,7 +38,7 @@ def _inserter(port, name, n, start, out):
 
 def _consumer(port, name, start, out):
     client = redis.Redis(port=port)
-    q = PriorityQueue(client, name, key_prefix="peers")
+    q = open_queue(client, name, QueueSettings(key_prefix="peers"))
     start.wait()
     t = time.perf_counter()
     done, held = 0, None
@@ -72,7 +72,7 @@ def ours(port, jobs, procs) -> dict:
     rows = _spawn(_consumer, lambda i: (port, name), procs)
     done = sum(r[2] for r in rows)
     pop_rate = done / (max(r[1] for r in rows) - min(r[0] for r in rows))
-    PriorityQueue(redis.Redis(port=port), name, key_prefix="peers").delete()
+    open_queue(redis.Redis(port=port), name, QueueSettings(key_prefix="peers")).delete()
     return {"insert_per_second": insert_rate, "pop_ack_per_second": pop_rate}
 
 

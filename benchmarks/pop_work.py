@@ -161,12 +161,12 @@ def run(root: Path, tasks: int, pool: str, callgrind: bool = False, consume: boo
 
 
 def run_pattern(tasks: int, take: int, callgrind: bool = False, pop: bool = True) -> dict:
-    from celery_pq.queue import PriorityQueue
+    from celery_pq.queue import QueueSettings, open_queue
 
     server = callgrind_server() if callgrind else RedisServer()
     with server:
         client = redis.Redis(port=server.port)
-        q = PriorityQueue(client, "work", key_prefix="bench")
+        q = open_queue(client, "work", QueueSettings(key_prefix="bench"))
         for start in range(0, tasks, 500):
             q.insert_many([Item(b"x" * 200, 0) for _ in range(min(500, tasks - start))])
         q.pop(1, acks=[])  # (the functions loaded, the queue's first leases made)

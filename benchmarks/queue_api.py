@@ -26,7 +26,6 @@ import redis
 from kombu import Connection, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401
-from celery_pq import PriorityQueue
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.scripts import compose
 
@@ -96,7 +95,7 @@ def growth(client, small, big, ops, reps) -> dict:
     turn ``reps`` times (medians), with the big one's fill time and Redis memory per entry."""
     queues = {}
     for size in (small, big):
-        queues[size] = PriorityQueue(client, f"growth-{size}", key_prefix="benchq")
+        queues[size] = open_queue(client, f"growth-{size}", QueueSettings(key_prefix="benchq"))
         queues[size].delete()
     client.execute_command("MEMORY", "PURGE")
     before = data_memory(client)

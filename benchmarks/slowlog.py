@@ -49,6 +49,7 @@ import time
 import redis
 
 from celery_pq import Item, PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.scripts import SCRIPT_NAMES, library, source
 from celery_pq.storage import constants as C
@@ -149,7 +150,7 @@ def _drain(q: PriorityQueue, log: Slowlog, *, keep: int = 0) -> int:
 
 
 def case_fair_head(client, log, n, *, capped: bool) -> dict:
-    q = PriorityQueue(client, "fairhead", fair=True, tenant_concurrency=None)
+    q = open_queue(client, "fairhead", QueueSettings(fair=True, tenant_concurrency=None))
     q.insert(b"held", 5, id="held-0", tenant="held")
     if capped:
         q.insert(b"held", 5, id="held-1", tenant="held")
@@ -171,7 +172,7 @@ def case_fair_head(client, log, n, *, capped: bool) -> dict:
 def case_fair_control(client, log, n) -> dict:
     """The same pops, acks and inserts as the head cases on a small queue (1,200 entries at a
     time, no tenant held): what a call of 100 fair deliveries costs whatever the queue's size."""
-    q = PriorityQueue(client, "control", fair=True)
+    q = open_queue(client, "control", QueueSettings(fair=True))
     log.reset()
     served = 0
     for round_ in range((n + 10 * (n // 100)) // 1200):
@@ -181,7 +182,7 @@ def case_fair_control(client, log, n) -> dict:
 
 
 def case_plain_removed(client, log, n) -> dict:
-    q = PriorityQueue(client, "removed", technique="S")
+    q = open_queue(client, "removed", QueueSettings(technique="S"))
     _fill(q, n)
     log.reset()
     for i in range(n):
@@ -196,7 +197,7 @@ def case_plain_removed(client, log, n) -> dict:
 
 
 def case_publish_window(client, log, ids) -> dict:
-    q = PriorityQueue(client, "window", dedupe_seconds=5)
+    q = open_queue(client, "window", QueueSettings(dedupe_seconds=5))
     q.insert(b"first", 1)
     out = {}
     for label, age_windows in (("both windows at once", 2), ("the older window", 1)):
@@ -221,7 +222,7 @@ def case_publish_window(client, log, ids) -> dict:
 
 
 def case_migrate(client, log, n) -> dict:
-    q = PriorityQueue(client, "migrate")
+    q = open_queue(client, "migrate")
     _fill(q, n, tenants=100)
     q.pop(n // 100)
     log.reset()
@@ -236,7 +237,7 @@ def case_migrate(client, log, n) -> dict:
 
 
 def case_purge(client, log, n) -> dict:
-    q = PriorityQueue(client, "purge")
+    q = open_queue(client, "purge")
     _fill(q, n)
     log.reset()
     assert q.purge() == n
@@ -244,7 +245,7 @@ def case_purge(client, log, n) -> dict:
 
 
 def case_remove_tail(client, log, n) -> dict:
-    q = PriorityQueue(client, "tail")
+    q = open_queue(client, "tail")
     _fill(q, n)
     log.reset()
     assert q.remove(f"e{n - 1}") == 1
@@ -253,7 +254,7 @@ def case_remove_tail(client, log, n) -> dict:
 
 
 def case_cleanup(client, log, n) -> dict:
-    q = PriorityQueue(client, "cleanup", technique="S")
+    q = open_queue(client, "cleanup", QueueSettings(technique="S"))
     _fill(q, n)
     for i in range(n // 2, n):
         q.remove(f"e{i}")
@@ -263,7 +264,7 @@ def case_cleanup(client, log, n) -> dict:
 
 
 def case_replay(client, log, n) -> dict:
-    q = PriorityQueue(client, "replay")
+    q = open_queue(client, "replay")
     _fill(q.dead, n)
     log.reset()
     got = q.replay([f"e{i}" for i in range(n - 1000, n)])
@@ -274,7 +275,7 @@ def case_replay(client, log, n) -> dict:
 def case_one_task_id(client, log, n) -> dict:
     """N/6 publishes of one task id (deliberate re-sends: each is a message of its own, stored
     under a duplicate id), then each popped and acked, then a remove by that id."""
-    q = PriorityQueue(client, "sameid")
+    q = open_queue(client, "sameid")
     log.reset()
     for _ in range(n // 6):
         q.insert(b"x", 1, id="same")
@@ -289,7 +290,7 @@ def case_one_task_id(client, log, n) -> dict:
 
 
 def case_recover(client, log, n) -> dict:
-    q = PriorityQueue(client, "recover")
+    q = open_queue(client, "recover")
     _fill(q, n // 10 + 10)
     for _ in range(n // 1000):
         q.pop(100, consumer="others")
@@ -301,7 +302,7 @@ def case_recover(client, log, n) -> dict:
 
 def case_unique(client, log, n, seconds: float = 3.0) -> dict:
     """Replace on a long backlog, and 200 new throttle keys a second (see the module's list)."""
-    q = PriorityQueue(client, "unique")
+    q = open_queue(client, "unique")
     backlog = n * 5 // 2
     places = {"head": 0, "middle": backlog // 2, "tail": backlog}
     filled = 0

@@ -15,7 +15,8 @@ import time
 
 import redis
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.transport.messages import digest
 
 from .common import cli, data_memory, redis_server, table
@@ -54,7 +55,7 @@ def write(spark, port, rows, queue) -> float:
 def bulk(client, rows, payload) -> float:
     """Seconds ``insert_many`` takes for ``rows`` entries like the writer's (same payload size,
     a task id and a publish id each), in the writer's batches and chunks (only the calls timed)."""
-    q = PriorityQueue(client, "bulk", key_prefix=PREFIX)
+    q = open_queue(client, "bulk", QueueSettings(key_prefix=PREFIX))
     spent = 0.0
     for start in range(0, rows, BATCH_ROWS):
         items = []
@@ -75,12 +76,12 @@ def run(rows=1_000_000) -> dict:
         with redis_server() as port:
             client = redis.Redis(port=port)
             write(spark, port, 2_000, "warmup")  # Python workers started, scripts loaded
-            PriorityQueue(client, "warmup", key_prefix=PREFIX).delete()
+            open_queue(client, "warmup", QueueSettings(key_prefix=PREFIX)).delete()
             client.delete(f"{PREFIX}:queues")
             before = data_memory(client)
             seconds = write(spark, port, rows, "spark")
             after = data_memory(client)
-            q = PriorityQueue(client, "spark", key_prefix=PREFIX)
+            q = open_queue(client, "spark", QueueSettings(key_prefix=PREFIX))
             stored = q.size()
             head = q.peek(1)[0]
             payload = head.payload

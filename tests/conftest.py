@@ -6,6 +6,8 @@
 - ``redis_client``  a bytes-replying redis.Redis connected to it
 - ``key_prefix``    a unique key prefix per test: isolation is by prefix, never FLUSHALL
 - ``fresh_redis``   a brand-new RedisServer private to one test (restarts, crashes, config)
+- ``make_pq``       ``make_pq(name, **settings)``: a queue opened the one way
+                    (``open_queue``) on ``redis_client`` under ``key_prefix``
 
 tests/valkey/ overrides ``redis_server`` and ``fresh_redis`` with Valkey servers and reruns
 chosen modules there (its conftest.py says how).
@@ -20,6 +22,7 @@ import uuid
 import pytest
 import redis
 
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import RedisServer, find_redis_server, find_valkey_server
 
 
@@ -87,3 +90,17 @@ def fresh_redis():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def make_pq(redis_client, key_prefix):
+    """``make_pq(name, **settings)``: ``open_queue(redis_client, name, QueueSettings(...))``
+    under this test's key prefix (``key_prefix=`` in the settings overrides it; ``client=``
+    another client). ``declare`` is False unless given: opening writes nothing, as a producer
+    opens a queue (``declare=True``: as a consumer declares it, docs/settings.md)."""
+
+    def make(name: str = "q", *, client=None, declare: bool = False, **settings):
+        settings.setdefault("key_prefix", key_prefix)
+        return open_queue(redis_client if client is None else client, name, QueueSettings(**settings), declare=declare)
+
+    return make

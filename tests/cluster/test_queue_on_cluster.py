@@ -12,8 +12,8 @@ import time
 import pytest
 from kombu import Connection
 
-from celery_pq import ConfigError, Item, PriorityQueue
-from celery_pq.queue import ack_all, pop_with_acks
+from celery_pq import ConfigError, Item
+from celery_pq.queue import QueueSettings, ack_all, open_queue, pop_with_acks
 from celery_pq.scripts import library
 from celery_pq.storage.connections import node_client
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cluster
 
 def test_queues_on_three_masters_insert_pop_ack_requeue_remove(cluster, cluster_client, spread):
     # Given three queues, each on its own master
-    queues = [PriorityQueue(cluster_client, name, lease_seconds=30) for name in spread]
+    queues = [open_queue(cluster_client, name, QueueSettings(lease_seconds=30)) for name in spread]
     assert len({cluster.master_of(q.keys.entries).port for q in queues}) == 3
     for q in queues:
         # When entries of several priorities go in
@@ -48,7 +48,7 @@ def test_queues_on_three_masters_insert_pop_ack_requeue_remove(cluster, cluster_
 
 
 def test_batches_that_span_masters_run_as_one_pipeline_per_master(cluster_client, spread):
-    queues = [PriorityQueue(cluster_client, name) for name in spread]
+    queues = [open_queue(cluster_client, name) for name in spread]
     for q in queues:
         q.insert_many([Item(b"a", 5), Item(b"b", 6)])
     held = {q: [(x.id, x.token) for x in q.pop(2)] for q in queues}
@@ -64,7 +64,7 @@ def test_batches_that_span_masters_run_as_one_pipeline_per_master(cluster_client
 
 
 def test_leases_run_out_and_come_back_on_each_master(cluster_client, spread):
-    queues = [PriorityQueue(cluster_client, name, lease_seconds=0.2) for name in spread]
+    queues = [open_queue(cluster_client, name, QueueSettings(lease_seconds=0.2)) for name in spread]
     for q in queues:
         q.insert(b"x", 3, id="x")
         [lease] = q.pop()
@@ -77,21 +77,21 @@ def test_leases_run_out_and_come_back_on_each_master(cluster_client, spread):
 
 
 def test_fairness_views_and_delays_on_the_cluster(cluster_client, spread):
-    fair = PriorityQueue(cluster_client, spread[0], fair=True)
+    fair = open_queue(cluster_client, spread[0], QueueSettings(fair=True))
     for tenant, n in (("A", 6), ("B", 2), ("C", 2)):
         for i in range(n):
             fair.insert(f"{tenant}{i}".encode(), 5, tenant=tenant)
     order = [x.tenant for x in fair.pop(6)]
     assert order == ["A", "B", "C", "A", "B", "C"]
 
-    viewed = PriorityQueue(cluster_client, spread[1])
+    viewed = open_queue(cluster_client, spread[1])
     viewed.register_view(0, 55)  # ranks 0..55: priorities 200..255
     viewed.insert(b"bulk", 1)
     viewed.insert(b"urgent", 250)
     assert cluster_client.llen(viewed.keys.view_wake(0, 55)) == 1  # only "urgent" woke the view's consumers
     assert [x.payload for x in viewed.pop(5, view=(0, 55))] == [b"urgent"]
 
-    delayed = PriorityQueue(cluster_client, spread[2], dedupe_seconds=0)
+    delayed = open_queue(cluster_client, spread[2], QueueSettings(dedupe_seconds=0))
     delayed.insert(b"later", 9, delay=0.3)
     assert delayed.pop() == [] and delayed.stats()["delayed"] == 1
     time.sleep(0.4)
@@ -100,7 +100,7 @@ def test_fairness_views_and_delays_on_the_cluster(cluster_client, spread):
 
 
 def test_library_is_loaded_on_each_master_and_again_after_a_flush(cluster, cluster_client, spread):
-    queues = [PriorityQueue(cluster_client, name) for name in spread]
+    queues = [open_queue(cluster_client, name) for name in spread]
     for q in queues:
         q.insert(b"x", 1)
     for master in cluster.masters():
@@ -138,7 +138,7 @@ def test_cluster_option_with_a_single_redis_is_a_clear_error(redis_server):
 
 def test_stats_command_on_the_cluster(cluster, cluster_client, spread):
     for n, name in enumerate(spread):
-        q = PriorityQueue(cluster_client, name)
+        q = open_queue(cluster_client, name)
         q.insert(b"x", 7)
         q.insert(b"y", 9 + n)
     with Connection(cluster.pq_url, transport_options={"cluster": True}) as conn:
@@ -173,7 +173,7 @@ def test_metrics_collector_on_the_cluster(cluster, cluster_client, spread):
     from celery_pq.ops.metrics import PQCollector
 
     for n, name in enumerate(spread):
-        q = PriorityQueue(cluster_client, name)
+        q = open_queue(cluster_client, name)
         for i in range(n + 1):
             q.insert(b"x", 3)
     fams = {

@@ -13,7 +13,7 @@ import redis
 from kombu import Connection
 
 import celery_pq  # noqa: F401  registers pq://
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import RedisServer, wait_for
 from tests.deploy.test_sentinel import Collector, Publisher
 from tests.support.consume import make_queue
@@ -65,7 +65,7 @@ def _connection_ids(server, name):
 def test_a_readonly_reply_closes_the_scripts_connection_and_is_a_connection_error(pair, key_prefix):
     a, b = pair
     client = redis.Redis(port=a.port, client_name="pq-ro-test")
-    q = PriorityQueue(client, "ro", key_prefix=key_prefix)
+    q = open_queue(client, "ro", QueueSettings(key_prefix=key_prefix), declare=False)
     q.insert(b"before", 1, id="before")
     held = _connection_ids(a, "pq-ro-test")
     assert held
@@ -117,7 +117,7 @@ def test_kombu_producer_and_consumer_carry_on_through_a_demoted_master(pair, key
     )
     assert consumer.is_alive() is False
     with redis.Redis(port=a.port) as c:
-        assert PriorityQueue(c, "ro", key_prefix=key_prefix).stats()["waiting"] == 0
+        assert open_queue(c, "ro", QueueSettings(key_prefix=key_prefix), declare=False).stats()["waiting"] == 0
 
 
 @pytest.mark.e2e

@@ -22,7 +22,6 @@ from kombu import Connection, Producer
 from kombu.mixins import ConsumerMixin
 
 import celery_pq  # noqa: F401  registers pq://
-from celery_pq import PriorityQueue
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.codec import decode
 from celery_pq.testing import RedisServer, celery_env, make_certificates, start_worker, wait_for
@@ -330,7 +329,7 @@ def test_tls_master_and_replica_behind_sentinels_carry_on_through_a_failover(key
                 )
             # When, once the replica has them all (over TLS), the master is killed and the
             # sentinels promote the replica
-            ii = PriorityQueue(g.replica.client(), "tq", key_prefix=key_prefix).keys.entries
+            ii = open_queue(g.replica.client(), "tq", QueueSettings(key_prefix=key_prefix), declare=False).keys.entries
             wait_for(lambda: g.replica.client().hlen(ii) == 30, 30, "the replica has the 30")
             g.kill_master()
             g.wait_promoted()

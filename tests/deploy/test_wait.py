@@ -128,7 +128,9 @@ def test_too_few_replicas_an_ack_logs_and_still_acks(pair, key_prefix, caplog):
 
 def test_without_replicas_the_queue_api_says_what_it_did(key_prefix):
     with RedisServer() as server:
-        q = PriorityQueue(server.client(), "solo", key_prefix=key_prefix, wait_replicas=1, wait_timeout=0.05)
+        q = open_queue(
+            server.client(), "solo", QueueSettings(key_prefix=key_prefix, wait_replicas=1, wait_timeout=0.05)
+        )
         with pytest.raises(NotReplicated, match="only 0 of 1 replicas"):
             q.insert(b"x", 5, id="a")
         with pytest.raises(NotReplicated) as err:

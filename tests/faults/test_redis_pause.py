@@ -10,7 +10,7 @@ import time
 import pytest
 
 from benchmarks.faults import redis_pause
-from celery_pq import PriorityQueue
+from celery_pq.queue import open_queue
 from celery_pq.testing import RedisServer
 
 
@@ -30,7 +30,7 @@ def server():
 
 def test_a_pause_longer_than_the_lease_gives_leases_their_time_back(server):
     r = server.client()
-    q = PriorityQueue(r, "pz")
+    q = open_queue(r, "pz")
     for i in range(3):
         q.insert(b"x", 5, id=f"e{i}")
     # Given a lease that ran out before any gap: the sweep returns it as always
@@ -66,7 +66,7 @@ def test_a_pause_longer_than_the_lease_gives_leases_their_time_back(server):
 def test_with_restore_seconds_a_lease_that_ran_out_in_the_gap_gets_a_whole_lease_from_now(server):
     # (what the lease keeper passes: its lease length, so that a holder whose keeper is slow to
     # get through after the pause, every process waking at once, still renews in time)
-    q = PriorityQueue(server.client(), "pz")
+    q = open_queue(server.client(), "pz")
     q.insert(b"x", 5, id="e0")
     [lease] = q.pop(lease_seconds=1.0)
     q.reclaim(gap_seconds=0.5)
@@ -88,7 +88,7 @@ def test_leases_taken_before_the_first_sweep_get_their_time_back_after_a_pause(s
     # (the duplicate of the worker test below: the workers popped their first tasks and Redis
     # stopped before any sweep of the queue had recorded its time; the first sweep after the
     # pause, with no record to measure a gap from, took the leases as expired)
-    q = PriorityQueue(server.client(), "pz")
+    q = open_queue(server.client(), "pz")
     for i in range(2):
         q.insert(b"x", 5, id=f"e{i}")
     # Given leases of 1 s taken before any sweep of the queue ran
@@ -121,7 +121,7 @@ def _sweeps(q, live, seconds):
 def test_before_the_first_sweep_the_gap_counts_from_the_first_leases(server):
     # (the queue's first leases start its sweep record: what a lease had left when the gap
     # began is counted from them)
-    q = PriorityQueue(server.client(), "pz")
+    q = open_queue(server.client(), "pz")
     q.insert(b"x", 5, id="e0")
     [lease] = q.pop(lease_seconds=1.0)
     _paused(server, 2.0)
@@ -132,7 +132,7 @@ def test_before_the_first_sweep_the_gap_counts_from_the_first_leases(server):
 
 def test_without_a_gap_every_lease_is_taken_as_expired_after_the_pause(server):
     # (what the gap prevents: the same pause, swept with gap_seconds=0)
-    q = PriorityQueue(server.client(), "pz")
+    q = open_queue(server.client(), "pz")
     for i in range(2):
         q.insert(b"x", 5, id=f"e{i}")
     q.pop(count=2, lease_seconds=1.0)
@@ -142,7 +142,7 @@ def test_without_a_gap_every_lease_is_taken_as_expired_after_the_pause(server):
 
 
 def test_a_sweep_gap_shorter_than_the_threshold_changes_nothing(server):
-    q = PriorityQueue(server.client(), "pz")
+    q = open_queue(server.client(), "pz")
     q.insert(b"x", 5, id="e0")
     [lease] = q.pop(lease_seconds=0.2)
     q.reclaim(gap_seconds=5.0)
@@ -191,7 +191,7 @@ def test_an_ack_after_a_give_back_that_did_not_reach_redis_is_still_sent(server)
         # When its task ends and acks it after all
         message.ack()
         # Then it is done: nothing waits or is leased, and it never comes back
-        q = PriorityQueue(server.client(), "gb")
+        q = open_queue(server.client(), "gb")
         assert q.size() == 0 and q.stats()["leased"] == 0
         time.sleep(2.5)
         q.reclaim()

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_pq.ops.metrics import PQCollector, serve
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.testing import celery_env
 
 try:
@@ -108,9 +109,8 @@ def test_collector_mounted_in_an_app_registry(world):
     time.sleep(0.1)
     q.reclaim()  # the lease ran out: an expiry, and the next pop is a redelivery
     q.pop(1, consumer="c:1:x")
-    from celery_pq import PriorityQueue
 
-    full = PriorityQueue(w.client, "q", key_prefix=w.prefix, max_length=1)  # refuses a second waiting entry
+    full = open_queue(w.client, "q", QueueSettings(key_prefix=w.prefix, max_length=1))  # refuses a second waiting entry
     full.insert(b"x", 1)
     with pytest.raises(Exception, match="full"):
         full.insert(b"y", 1)

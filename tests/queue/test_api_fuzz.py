@@ -61,9 +61,9 @@ bad_table = st.one_of(
 
 
 @pytest.fixture
-def world(redis_client, key_prefix):
+def world(redis_client, make_pq, key_prefix):
     """A queue with waiting entries and one lease, and a snapshot of every key of the prefix."""
-    q = PriorityQueue(redis_client, "fz", key_prefix=key_prefix)
+    q = make_pq("fz")
     q.insert_many([Item(b"x", 5, f"e{i}") for i in range(3)])
     [lease] = q.pop(1)
 

@@ -53,10 +53,10 @@ def drain(q, count=100):
     return pop_all(q, count)
 
 
-def test_a_paused_tenant_at_the_head_costs_each_insert_one_bounded_compaction_step(redis_client, key_prefix):
+def test_a_paused_tenant_at_the_head_costs_each_insert_one_bounded_compaction_step(redis_client, make_pq):
     # Given a fair queue whose paused tenant holds the head of a priority, and N entries of
     # other tenants behind it, all served: N stale pointers wait behind the head
-    q = PriorityQueue(redis_client, "paused-head", key_prefix=key_prefix, fair=True)
+    q = make_pq("paused-head", fair=True)
     q.insert(b"held", 5, id="held", tenant="held")
     q.pause("held")
     fill(q, N, tenants=50)
@@ -84,9 +84,9 @@ def test_a_paused_tenant_at_the_head_costs_each_insert_one_bounded_compaction_st
 COMPACT_PUSHES = 64 * (N // C.COMPACT_STEP + 2)
 
 
-def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, key_prefix):
+def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, make_pq):
     # Given a plain queue (technique S) of N entries, all but every 10th removed by id
-    q = PriorityQueue(redis_client, "pass", key_prefix=key_prefix, technique="S")
+    q = make_pq("pass", technique="S")
     fill(q, N)
     for i in range(N):
         if i % 10:
@@ -115,8 +115,8 @@ def test_a_pass_under_way_keeps_fifo_order_returns_and_removals(redis_client, ke
     assert redis_client.hlen(q.keys.entries) == 0
 
 
-def test_cleanup_takes_bounded_steps_from_where_it_stopped(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "cleanup", key_prefix=key_prefix, technique="S")
+def test_cleanup_takes_bounded_steps_from_where_it_stopped(redis_client, make_pq):
+    q = make_pq("cleanup", technique="S")
     fill(q, N)
     for i in range(N // 2, N):
         q.remove(f"e{i}")
@@ -129,12 +129,13 @@ def test_cleanup_takes_bounded_steps_from_where_it_stopped(redis_client, key_pre
     assert drain(q) == [f"e{i}" for i in range(N // 2)]
 
 
-def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, key_prefix):
+def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, make_pq, key_prefix):
     # Given a plain queue of N entries (some leased) over several priorities
-    q = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix)
+    q = make_pq("migrate")
     items = [Item(b"x", i % 3, f"e{i}", tenant=f"t{i % 7}") for i in range(N)]
     q.insert_many(items)
     held = q.pop(10)
+    # (made directly: open_queue would take the recorded mode)
     fair = PriorityQueue(redis_client, "migrate", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     # When one step of the migration has run
     waiting, leased, bad, done = fair._scripts.run("migrate", step=C.MIGRATE_STEP)
@@ -171,10 +172,10 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, k
         assert mine == sorted(mine)
 
 
-def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "wait", key_prefix=key_prefix)
+def test_the_queue_api_waits_out_a_migration(redis_client, make_pq):
+    q = make_pq("wait")
     fill(q, 3000)
-    fair = PriorityQueue(redis_client, "wait", key_prefix=key_prefix, fair=True)
+    fair = make_pq("wait", fair=True)
     fair._scripts.run("migrate", step=100)  # the migration's first step
     # While it is under way, a pop waits (retrying: each try does nothing) ...
     got = []
@@ -188,8 +189,8 @@ def test_the_queue_api_waits_out_a_migration(redis_client, key_prefix):
     assert [lease.id for lease in got] == ["e0"]
 
 
-def test_an_expired_publish_id_window_is_unlinked_not_deleted(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "window", key_prefix=key_prefix, dedupe_seconds=1)
+def test_an_expired_publish_id_window_is_unlinked_not_deleted(redis_client, make_pq):
+    q = make_pq("window", dedupe_seconds=1)
     q.insert(b"first", 1)
     redis_client.hset(q.keys.publish_ids, mapping={f"p{i}": "" for i in range(N)})
     redis_client.hset(q.keys.publish_ids_before, mapping={f"p{i}": "" for i in range(N)})
@@ -200,8 +201,8 @@ def test_an_expired_publish_id_window_is_unlinked_not_deleted(redis_client, key_
     assert redis_client.hlen(q.keys.publish_ids_before) == 0 and redis_client.hlen(q.keys.publish_ids) == 1
 
 
-def test_a_consumers_leases_are_looked_for_a_window_at_a_time(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "recover", key_prefix=key_prefix)
+def test_a_consumers_leases_are_looked_for_a_window_at_a_time(redis_client, make_pq):
+    q = make_pq("recover")
     fill(q, 2000)
     q.pop(100, consumer="leaving")
     for _ in range(19):
@@ -211,8 +212,8 @@ def test_a_consumers_leases_are_looked_for_a_window_at_a_time(redis_client, key_
     assert q.stats()["leased"] == 1900 and q.size() == 100
 
 
-def test_replay_drops_a_pointer_only_near_the_front(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "replay", key_prefix=key_prefix)
+def test_replay_drops_a_pointer_only_near_the_front(redis_client, make_pq):
+    q = make_pq("replay")
     fill(q.dead, N)
     seen = counted(redis_client, lambda: q.replay([f"e{i}" for i in range(N - 100, N)] + ["e0"]))
     assert seen["lpos"] == 101 and seen["lrem"] == 1  # e0's; the others are left stale
@@ -220,9 +221,9 @@ def test_replay_drops_a_pointer_only_near_the_front(redis_client, key_prefix):
     assert [e.id for e in q.dead.peek(2)] == ["e1", "e2"]
 
 
-def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(redis_client, key_prefix):
+def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(redis_client, make_pq):
     # Given one task id sent 2,000 times (each a message of its own, under a duplicate id)
-    q = PriorityQueue(redis_client, "same", key_prefix=key_prefix)
+    q = make_pq("same")
     sends = 2000
     ids = q.insert_many([Item(b"x", 1, "same")] * sends, chunk=100)
     assert len(set(ids)) == sends and redis_client.zcard(q.keys.duplicate_index) == sends - 1
@@ -240,10 +241,10 @@ def test_an_id_sent_many_times_costs_each_ack_and_remove_step_a_bounded_amount(r
     assert q.ack(first)
 
 
-def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix)
+def test_a_sweep_during_a_migration_is_skipped_not_waited_for(make_pq):
+    q = make_pq("sweep")
     fill(q, 1000)
-    fair = PriorityQueue(redis_client, "sweep", key_prefix=key_prefix, fair=True)
+    fair = make_pq("sweep", fair=True)
     fair._scripts.run("migrate", step=10)
     start = time.monotonic()
     assert fair.reclaim()["skipped"] is True  # the keeper's thread renews leases too: it goes on
@@ -252,8 +253,8 @@ def test_a_sweep_during_a_migration_is_skipped_not_waited_for(redis_client, key_
     assert fair.reclaim()["skipped"] is False
 
 
-def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "views", key_prefix=key_prefix, technique="S")
+def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client, make_pq):
+    q = make_pq("views", technique="S")
     fill(q, 3000, priority=7)
     fill(q, 10, priority=2, prefix="low")
     for i in range(3000):
@@ -272,8 +273,8 @@ def test_views_peeks_and_purges_read_a_rank_whose_pass_is_under_way(redis_client
     assert q.size() == 0 and redis_client.zcard(q.keys.priority_index) == 0
 
 
-def test_a_duplicate_removed_by_its_own_id_is_forgotten(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "forget", key_prefix=key_prefix)
+def test_a_duplicate_removed_by_its_own_id_is_forgotten(redis_client, make_pq):
+    q = make_pq("forget")
     _, dup = q.insert_many([Item(b"x", 1, "a"), Item(b"x", 1, "a")])
     assert q.remove(dup) == 1  # by the duplicate's own id "a~<seq>"
     assert redis_client.zcard(q.keys.duplicate_index) == 0

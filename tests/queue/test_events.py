@@ -15,9 +15,9 @@ from celery_pq.storage.keys import queue_keys
 from celery_pq.transport.options import Options
 
 
-def q_of(client, prefix, name="ev", **kw):
+def q_of(make_pq, name="ev", **kw):
     kw.setdefault("event_log", 1000)
-    return PriorityQueue(client, name, key_prefix=prefix, **kw)
+    return make_pq(name, **kw)
 
 
 def last(q, e):
@@ -27,8 +27,8 @@ def last(q, e):
     return rows[-1]
 
 
-def test_stream_entries_have_every_field_in_order(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_stream_entries_have_every_field_in_order(redis_client, make_pq, key_prefix):
+    q = q_of(make_pq)
     tid = str(uuid.uuid4())
     q.insert(b"x", 200, id=tid, tenant="a|b", task="proj.tasks.resize")
     [(sid, fields)] = redis_client.xrange(q.keys.events)
@@ -52,15 +52,15 @@ def test_stream_entries_have_every_field_in_order(redis_client, key_prefix):
     assert q.keys.events == queue_keys("ev", key_prefix).events == f"{key_prefix}:{{ev}}:ev"
 
 
-def test_lower_first_priority_and_rank(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, priority_order="lower_first")
+def test_lower_first_priority_and_rank(make_pq):
+    q = q_of(make_pq, priority_order="lower_first")
     q.insert(b"x", 7)
     row = last(q, "enqueue")
     assert (row["p"], row["k"]) == (7, 7)
 
 
-def test_deliver_ack_requeue_and_redelivery(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_deliver_ack_requeue_and_redelivery(make_pq):
+    q = q_of(make_pq)
     q.insert(b"x", 5, id="a")
     [lease] = q.pop(consumer="w1")
     d = last(q, "deliver")
@@ -83,8 +83,8 @@ def test_deliver_ack_requeue_and_redelivery(redis_client, key_prefix):
     assert len(q.events()) == before
 
 
-def test_acks_carried_by_a_pop_are_logged(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, fair=True)
+def test_acks_carried_by_a_pop_are_logged(make_pq):
+    q = q_of(make_pq, fair=True)
     q.insert(b"x", 1, id="a", tenant="t1")
     q.insert(b"y", 1, id="b", tenant="t1")
     [lease] = q.pop(consumer="c")
@@ -94,8 +94,8 @@ def test_acks_carried_by_a_pop_are_logged(redis_client, key_prefix):
     assert [r["t"] for r in q.events()] == ["t1"] * 5
 
 
-def test_expire_recover_and_dead(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, max_deliveries=2)
+def test_expire_recover_and_dead(redis_client, make_pq):
+    q = q_of(make_pq, max_deliveries=2)
     q.insert(b"x", 9, id="a")
     q.pop(consumer="w1", lease_seconds=0.05)
     time.sleep(0.1)
@@ -119,8 +119,8 @@ def test_expire_recover_and_dead(redis_client, key_prefix):
     assert (last(q, "dead")["id"], last(q, "dead")["r"]) == ("b", "bad_input")
 
 
-def test_due_remove_purge_reprioritize(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_due_remove_purge_reprioritize(make_pq):
+    q = q_of(make_pq)
     q.insert(b"x", 1, id="later", delay=0.05)
     assert last(q, "enqueue")["id"] == "later"
     time.sleep(0.1)
@@ -142,16 +142,16 @@ def test_due_remove_purge_reprioritize(redis_client, key_prefix):
     assert (last(q, "remove")["id"], last(q, "remove")["r"]) == ("h", "highest")
 
 
-def test_technique_s_remove_is_logged_with_its_priority(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, technique="S")
+def test_technique_s_remove_is_logged_with_its_priority(make_pq):
+    q = q_of(make_pq, technique="S")
     q.insert(b"x", 77, id="s", tenant="t")
     assert q.remove("s") == 1
     r = last(q, "remove")
     assert (r["id"], r["p"], r["t"]) == ("s", 77, "t")
 
 
-def test_pause_and_resume_events(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, fair=True)
+def test_pause_and_resume_events(make_pq):
+    q = q_of(make_pq, fair=True)
     assert q.pause() and not q.pause()  # the second changes nothing and logs nothing
     assert q.resume()
     assert q.pause(tenant="acme") and q.resume(tenant="acme")
@@ -164,8 +164,8 @@ def test_pause_and_resume_events(redis_client, key_prefix):
     ]
 
 
-def test_log_off_writes_no_stream_and_no_switch(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "off", key_prefix=key_prefix, max_deliveries=1)
+def test_log_off_writes_no_stream_and_no_switch(redis_client, make_pq):
+    q = make_pq("off", max_deliveries=1)
     q.insert(b"x", 1, id="a", task="t")
     [lease] = q.pop()
     q.requeue(lease)  # -> dead
@@ -178,8 +178,8 @@ def test_log_off_writes_no_stream_and_no_switch(redis_client, key_prefix):
     assert q.events() == []
 
 
-def test_the_cap_holds(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, event_log=100, dedupe_seconds=0)
+def test_the_cap_holds(redis_client, make_pq):
+    q = q_of(make_pq, event_log=100, dedupe_seconds=0)
     q.insert_many([Item(b"x", 1)] * 3000, chunk=50)
     n = redis_client.xlen(q.keys.events)
     # MAXLEN ~ trims whole stream nodes (100 entries each by default), at the first event of a
@@ -188,9 +188,9 @@ def test_the_cap_holds(redis_client, key_prefix):
     assert q.events()[-1]["e"] == "enqueue"
 
 
-def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
-    on = q_of(redis_client, key_prefix, name="shared")
-    off = PriorityQueue(redis_client, "shared", key_prefix=key_prefix)  # a process without the option
+def test_the_recorded_switch_makes_every_process_log(redis_client, make_pq, key_prefix):
+    on = q_of(make_pq, name="shared")
+    off = make_pq("shared")  # a process without the option
     assert off.event_log_cap() == 0
     on.insert(b"x", 1, id="a", task="t.a")
     assert off.event_log_cap() == 1000
@@ -213,8 +213,8 @@ def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
     assert off.set_event_log(50) == 1000 and on.event_log_cap() == 50
 
 
-def test_insert_many_carries_task_names(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_insert_many_carries_task_names(make_pq):
+    q = q_of(make_pq)
     q.insert_many(
         [Item(b"a", 1, "i1", task="proj.a"), Item(b"b", 2, "i2"), Item(b"c", 3, "i3", tenant="t", task="proj.c")]
     )
@@ -225,16 +225,16 @@ def test_insert_many_carries_task_names(redis_client, key_prefix):
     ]
 
 
-def test_a_repeated_publish_logs_nothing(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_a_repeated_publish_logs_nothing(make_pq):
+    q = q_of(make_pq)
     q.insert(b"x", 1, publish_id=b"p1")
     q.insert(b"x", 1, publish_id=b"p1")
     assert [r["e"] for r in q.events()] == ["enqueue"]
     assert q.counters()["enqueued"] == 1
 
 
-def test_event_reader_range_and_count(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_event_reader_range_and_count(make_pq):
+    q = q_of(make_pq)
     for i in range(5):
         q.insert(b"x", 1, id=f"i{i}")
     rows = q.events()
@@ -255,17 +255,17 @@ def test_event_reader_range_and_count(redis_client, key_prefix):
         (lambda q: q.pause(tenant=""), "tenant"),
     ],
 )
-def test_bad_input_is_named_and_writes_nothing(redis_client, key_prefix, call, match):
-    q = q_of(redis_client, key_prefix, fair=True)
+def test_bad_input_is_named_and_writes_nothing(redis_client, make_pq, key_prefix, call, match):
+    q = q_of(make_pq, fair=True)
     with pytest.raises(ValueError, match=match):
         call(q)
     assert not redis_client.keys(f"{key_prefix}*")
 
 
 @pytest.mark.parametrize("value", [-1, "100", 1.5, True])
-def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
+def test_bad_event_log_setting_is_named(make_pq, value):
     with pytest.raises(ValueError, match="event_log"):
-        PriorityQueue(redis_client, "q", key_prefix=key_prefix, event_log=value)
+        make_pq("q", event_log=value)
     with pytest.raises(ConfigError, match="event_log"):
         Options(event_log=value)
     assert Options(event_log=100).queue_settings("q").event_log == 100
@@ -273,8 +273,8 @@ def test_bad_event_log_setting_is_named(redis_client, key_prefix, value):
 
 
 # -- counters ----------------------------------------------------------------------------------
-def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "ct", key_prefix=key_prefix, max_deliveries=3, max_length=10)
+def test_counters_after_a_scripted_sequence(make_pq):
+    q = make_pq("ct", max_deliveries=3, max_length=10)
     assert q.counters() == dict.fromkeys(COUNTERS, 0)
     q.insert_many([Item(b"x", 1, f"i{i}") for i in range(6)])  # enqueued 6
     leases = q.pop(3, consumer="w")  # delivered 3
@@ -306,8 +306,8 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
     assert q.tenant_deliveries() == {}
 
 
-def test_a_refused_insert_writes_only_its_counter(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, max_length=1, fair=True, max_length_per_tenant=1)
+def test_a_refused_insert_writes_only_its_counter(redis_client, make_pq, key_prefix):
+    q = q_of(make_pq, max_length=1, fair=True, max_length_per_tenant=1)
     q.insert(b"x", 1, tenant="a")
     keys_before = {k: redis_client.dump(k) for k in redis_client.keys(f"{key_prefix}*") if not k.endswith(b":ct")}
     with pytest.raises(Exception, match="full"):
@@ -319,8 +319,8 @@ def test_a_refused_insert_writes_only_its_counter(redis_client, key_prefix):
     assert q.counters()["refused_full"] == 2 and q.counters()["enqueued"] == 1
 
 
-def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fq", key_prefix=key_prefix, fair=True)
+def test_tenant_deliveries_on_a_fair_queue(make_pq):
+    q = make_pq("fq", fair=True)
     q.insert_many([Item(b"x", 1, None, tenant=t) for t in ["a", "a", "a", "b", "c,d"]])
     leases = q.pop(4, consumer="w")
     q.ack_many(leases)
@@ -330,8 +330,8 @@ def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
 
 
 # -- pause / resume ----------------------------------------------------------------------------
-def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pz", key_prefix=key_prefix)
+def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, make_pq):
+    q = make_pq("pz")
     q.insert(b"before", 1, id="a")
     assert q.pause()
     assert q.paused() == {"queue": True, "tenants": []}
@@ -349,8 +349,8 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
     assert q.paused() == {"queue": False, "tenants": []} and q.stats()["paused"] is False
 
 
-def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pv", key_prefix=key_prefix)
+def test_pause_holds_acks_and_priority_views(redis_client, make_pq):
+    q = make_pq("pv")
     wake = q.register_view(0, 55)  # priorities 200..255
     q.insert(b"x", 250, id="hi")
     [lease] = q.pop(view=(0, 55))
@@ -366,8 +366,8 @@ def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
     assert [x.id for x in q.pop(2, view=(0, 55))] == ["hi2", "hi3"]
 
 
-def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "ft", key_prefix=key_prefix, fair=True)
+def test_paused_tenant_is_skipped_while_others_are_served(redis_client, make_pq):
+    q = make_pq("ft", fair=True)
     q.insert_many(
         [Item(b"x", 1, f"a{i}", tenant="a") for i in range(3)] + [Item(b"x", 1, f"b{i}", tenant="b") for i in range(3)]
     )
@@ -386,8 +386,8 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_pref
     assert q.paused()["tenants"] == []
 
 
-def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fc", key_prefix=key_prefix, fair=True, tenant_concurrency=1)
+def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(make_pq):
+    q = make_pq("fc", fair=True, tenant_concurrency=1)
     q.pause(tenant="late")
     q.insert(b"x", 1, id="l0", tenant="late")
     q.insert(b"x", 1, id="o0", tenant="other")
@@ -408,8 +408,8 @@ def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(redis_client, key_
     assert sorted(x.id for x in q.pop(5)) == ["l0", "o2"]
 
 
-def test_paused_fair_queue_delivers_nothing(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fp", key_prefix=key_prefix, fair=True)
+def test_paused_fair_queue_delivers_nothing(make_pq):
+    q = make_pq("fp", fair=True)
     q.insert(b"x", 1, tenant="a")
     q.pause()
     assert q.pop(3) == []
@@ -417,8 +417,8 @@ def test_paused_fair_queue_delivers_nothing(redis_client, key_prefix):
     assert len(q.pop(3)) == 1
 
 
-def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pl", key_prefix=key_prefix)
+def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, make_pq, key_prefix):
+    q = make_pq("pl")
     with pytest.raises(ConfigError, match="not fair"):
         q.pause(tenant="acme")
     with pytest.raises(ConfigError, match="not fair"):
@@ -426,9 +426,10 @@ def test_pausing_a_tenant_of_a_plain_queue_is_refused(redis_client, key_prefix):
     assert not redis_client.keys(f"{key_prefix}*")
 
 
-def test_switches_survive_migrations(redis_client, key_prefix):
-    a = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, event_log=10)
+def test_switches_survive_migrations(redis_client, make_pq, key_prefix):
+    a = make_pq("mq", event_log=10)
     a.pause()  # an empty queue with no record yet: the pause records a's mode
+    # b and c made directly: open_queue would take the recorded mode
     b = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, priority_order="lower_first")
     b.migrate_mode()  # the queue is empty: b's mode now, the switches stay
     b.insert(b"x", 1)
@@ -443,8 +444,8 @@ def test_switches_survive_migrations(redis_client, key_prefix):
     assert len(c.pop()) == 1
 
 
-def test_uuid_ids_are_logged_as_their_text(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_uuid_ids_are_logged_as_their_text(make_pq):
+    q = q_of(make_pq)
     ids = [
         "ffffffff-ffff-ffff-ffff-ffffffffffff",
         "80000000-8000-8000-8000-800000000000",

@@ -22,9 +22,9 @@ except ImportError:  # collected with the repository root on sys.path instead of
 EXPIRE_BUDGET = 100  # includes/dead.lua
 
 
-def q_of(client, prefix, name="xq", **kw):
+def q_of(make_pq, name="xq", **kw):
     kw.setdefault("event_log", 1000)
-    return PriorityQueue(client, name, key_prefix=prefix, **kw)
+    return make_pq(name, **kw)
 
 
 def stored(client, q, eid):
@@ -40,8 +40,8 @@ def drain(q, count=10):
     return pop_all(q, count)
 
 
-def test_deadline_is_stored_in_the_entry_header(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_deadline_is_stored_in_the_entry_header(redis_client, make_pq):
+    q = q_of(make_pq)
     before = now_ms(redis_client)
     q.insert(b"a", 1, id="rel", ttl=30)
     q.insert(b"b", 1, id="abs", expires_ms=before + 5_000)
@@ -64,8 +64,8 @@ def test_deadline_is_stored_in_the_entry_header(redis_client, key_prefix):
     assert redis_client.hget(q.keys.entries, "none").split(b"|")[0].count(b",") == 5
 
 
-def test_expired_entry_is_dead_lettered_never_delivered(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_expired_entry_is_dead_lettered_never_delivered(make_pq):
+    q = q_of(make_pq)
     # Given an entry that expires, one behind it that does not, and one at a lower priority
     q.insert(b"old", 9, id="gone", ttl=0.05)
     q.insert(b"new", 9, id="live")
@@ -85,8 +85,8 @@ def test_expired_entry_is_dead_lettered_never_delivered(redis_client, key_prefix
     assert [lease.id for lease in q.dead.pop(5)] == ["gone"]
 
 
-def test_expired_drop_deletes_it(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, expired="drop")
+def test_expired_drop_deletes_it(redis_client, make_pq):
+    q = q_of(make_pq, expired="drop")
     q.insert(b"old", 0, id="gone", ttl=0.05)
     q.insert(b"new", 0, id="live")
     time.sleep(0.1)
@@ -105,8 +105,8 @@ def test_expired_setting_is_checked():
         PriorityQueue(None, "x", expired="keep")
 
 
-def test_not_yet_expired_is_delivered_and_a_delay_does_not_move_the_deadline(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_not_yet_expired_is_delivered_and_a_delay_does_not_move_the_deadline(make_pq):
+    q = q_of(make_pq)
     q.insert(b"a", 0, id="soon", ttl=60)
     assert drain(q) == ["soon"]
     # due after its deadline: it waits its delay, then is expired when due
@@ -122,8 +122,8 @@ def test_not_yet_expired_is_delivered_and_a_delay_does_not_move_the_deadline(red
     assert [d.id for d in q.dead.peek(5)] == ["late"]
 
 
-def test_bound_per_call(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, event_log=0)
+def test_bound_per_call(redis_client, make_pq):
+    q = q_of(make_pq, event_log=0)
     # Given more expired entries than one pop may clear, then a live one
     n = EXPIRE_BUDGET + 50
     before = now_ms(redis_client)
@@ -142,8 +142,8 @@ def test_bound_per_call(redis_client, key_prefix):
 
 
 @pytest.mark.parametrize("scope", ["within_priority", "tenant_first"])
-def test_fair_queue_skips_expired(redis_client, key_prefix, scope):
-    q = q_of(redis_client, key_prefix, fair=True, fair_scope=scope)
+def test_fair_queue_skips_expired(make_pq, scope):
+    q = q_of(make_pq, fair=True, fair_scope=scope)
     q.insert(b"a", 0, id="a1", tenant="A", ttl=0.05)
     q.insert(b"a", 0, id="a2", tenant="A")
     q.insert(b"b", 0, id="b1", tenant="B", ttl=0.05)
@@ -158,8 +158,8 @@ def test_fair_queue_skips_expired(redis_client, key_prefix, scope):
     assert drain(q) == ["a3"]
 
 
-def test_fair_bound_per_call(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, fair=True, event_log=0)
+def test_fair_bound_per_call(redis_client, make_pq):
+    q = q_of(make_pq, fair=True, event_log=0)
     before = now_ms(redis_client)
     n = EXPIRE_BUDGET + 30
     # (an expired entry costs its tenant no turn: the tenant stays first in the schedule, so

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
 from celery_pq.storage.costs import READ_COMMANDS, WRITE_COMMANDS, explain
 
 COUNTED = READ_COMMANDS | WRITE_COMMANDS | {"time"}
@@ -73,8 +73,8 @@ def test_every_operation_has_a_scenario():
 
 @pytest.mark.parametrize("op", sorted(SCENARIOS))
 @pytest.mark.parametrize("technique,stale", [("T", 0), ("S", 0), ("S", 3)])
-def test_explain_matches_commandstats(redis_client, key_prefix, op, technique, stale):
-    q = PriorityQueue(redis_client, f"x-{op}", key_prefix=key_prefix, technique=technique)
+def test_explain_matches_commandstats(redis_client, make_pq, op, technique, stale):
+    q = make_pq(f"x-{op}", technique=technique)
     setup, action = SCENARIOS[op]
     state = setup(q, stale)
     seen = measured(redis_client, lambda: action(q, state))

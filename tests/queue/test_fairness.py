@@ -7,12 +7,13 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import Item, PriorityQueue, QueueFull
+from celery_pq import Item, QueueFull
+from celery_pq.queue import QueueSettings, open_queue
 
 
-def fq(client, prefix, **kw):
+def fq(make_pq, **kw):
     kw.setdefault("fair", True)
-    return PriorityQueue(client, kw.pop("name", "fair"), key_prefix=prefix, **kw)
+    return make_pq(kw.pop("name", "fair"), **kw)
 
 
 def drain(q, n=None, ack=True):
@@ -50,8 +51,8 @@ def fairness_state_is_empty(client, q):
     )
 
 
-def test_equal_weights_round_robin(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_equal_weights_round_robin(redis_client, make_pq):
+    q = fq(make_pq)
     fill(q, "A", 5)
     fill(q, "B", 2)
     fill(q, "C", 2)
@@ -59,9 +60,9 @@ def test_equal_weights_round_robin(redis_client, key_prefix):
     assert fairness_state_is_empty(redis_client, q)
 
 
-def test_a_large_backlog_delays_others_by_at_most_one_round(redis_client, key_prefix):
+def test_a_large_backlog_delays_others_by_at_most_one_round(make_pq):
     # Acceptance 1 at the queue level: A queues 2,000, then B and C 20 each
-    q = fq(redis_client, key_prefix)
+    q = fq(make_pq)
     fill(q, "A", 2000)
     fill(q, "B", 20)
     fill(q, "C", 20)
@@ -71,8 +72,8 @@ def test_a_large_backlog_delays_others_by_at_most_one_round(redis_client, key_pr
     assert last_b < 66 and last_c < 66, (last_b, last_c)
 
 
-def test_weights_three_to_one(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_weights_three_to_one(make_pq):
+    q = fq(make_pq)
     q.configure_tenants(weights={"A": 3})
     fill(q, "A", 4000)
     fill(q, "B", 4000)
@@ -84,8 +85,8 @@ def jain(xs):
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
 
 
-def test_weights_three_two_one_shares_and_jain_index(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_weights_three_two_one_shares_and_jain_index(make_pq):
+    q = fq(make_pq)
     weights = {"A": 3, "B": 2, "C": 1}
     q.configure_tenants(weights=weights)
     for t in weights:
@@ -99,9 +100,9 @@ def test_weights_three_two_one_shares_and_jain_index(redis_client, key_prefix):
         assert jain([window[t] / w for t, w in weights.items()]) >= 0.99
 
 
-def test_idle_tenant_gets_no_saved_up_credit(redis_client, key_prefix):
+def test_idle_tenant_gets_no_saved_up_credit(make_pq):
     # Acceptance 5: C is idle while A and B run 1,000 tasks, then queues 50
-    q = fq(redis_client, key_prefix)
+    q = fq(make_pq)
     fill(q, "C", 1)
     drain(q, 1)
     fill(q, "A", 1500)
@@ -113,9 +114,9 @@ def test_idle_tenant_gets_no_saved_up_credit(redis_client, key_prefix):
     assert max(len(run) for run in "".join(order).split("A")) <= 2
 
 
-def test_within_priority_and_tenant_first_order_differently(redis_client, key_prefix):
+def test_within_priority_and_tenant_first_order_differently(make_pq):
     def run(scope):
-        q = fq(redis_client, key_prefix, name=f"scope-{scope}", fair_scope=scope)
+        q = fq(make_pq, name=f"scope-{scope}", fair_scope=scope)
         fill(q, "A", 3, priority=200)
         fill(q, "B", 3, priority=5)
         return drain(q)
@@ -126,16 +127,16 @@ def test_within_priority_and_tenant_first_order_differently(redis_client, key_pr
     assert run("tenant_first") == ["A", "B", "A", "B", "A", "B"]
 
 
-def test_each_tenants_entries_by_priority_then_fifo(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix, fair_scope="tenant_first")
+def test_each_tenants_entries_by_priority_then_fifo(make_pq):
+    q = fq(make_pq, fair_scope="tenant_first")
     for i, p in enumerate([1, 9, 1, 9]):
         q.insert(f"a{i}".encode(), p, tenant="A")
     got = [q.pop()[0] for _ in range(4)]
     assert [x.payload for x in got] == [b"a1", b"a3", b"a0", b"a2"]
 
 
-def test_requeue_keeps_place_in_tenant_order_and_leases_work(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_requeue_keeps_place_in_tenant_order_and_leases_work(make_pq):
+    q = fq(make_pq)
     for i in range(3):
         q.insert(f"a{i}".encode(), 5, id=f"a{i}", tenant="A")
     [first] = q.pop()
@@ -144,8 +145,8 @@ def test_requeue_keeps_place_in_tenant_order_and_leases_work(redis_client, key_p
     assert [x.id for x in [q.pop()[0] for _ in range(3)]] == ["a0", "a1", "a2"]
 
 
-def test_expired_lease_returns_to_tenant_order(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_expired_lease_returns_to_tenant_order(redis_client, make_pq):
+    q = fq(make_pq)
     fill(q, "A", 1)
     fill(q, "B", 1)
     [lease] = q.pop(lease_seconds=0.05)
@@ -156,8 +157,8 @@ def test_expired_lease_returns_to_tenant_order(redis_client, key_prefix):
     assert fairness_state_is_empty(redis_client, q)
 
 
-def test_remove_and_change_priority_with_fairness(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_remove_and_change_priority_with_fairness(redis_client, make_pq):
+    q = fq(make_pq)
     q.insert(b"x", 5, id="a1", tenant="A")
     q.insert(b"x", 5, id="a2", tenant="A")
     q.insert(b"x", 5, id="b1", tenant="B")
@@ -171,8 +172,8 @@ def test_remove_and_change_priority_with_fairness(redis_client, key_prefix):
     assert q.tenant_stats() == {}
 
 
-def test_dead_lettering_releases_the_tenant(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix, tenant_concurrency=1, max_deliveries=1)
+def test_dead_lettering_releases_the_tenant(make_pq):
+    q = fq(make_pq, tenant_concurrency=1, max_deliveries=1)
     fill(q, "A", 2)
     [lease] = q.pop()
     assert q.pop() == []  # A is at its cap
@@ -180,9 +181,9 @@ def test_dead_lettering_releases_the_tenant(redis_client, key_prefix):
     assert len(q.pop()) == 1  # the cap is free again
 
 
-def test_tenant_concurrency_cap_parks_without_blocking_others(redis_client, key_prefix):
+def test_tenant_concurrency_cap_parks_without_blocking_others(make_pq):
     # Acceptance 11 at the queue level: several consumers, one noisy tenant
-    q = fq(redis_client, key_prefix, tenant_concurrency=2)
+    q = fq(make_pq, tenant_concurrency=2)
     fill(q, "A", 50)
     fill(q, "B", 50)
     held = []
@@ -202,8 +203,8 @@ def test_tenant_concurrency_cap_parks_without_blocking_others(redis_client, key_
     assert delivered["B"] > 0 and delivered["A"] > 0
 
 
-def test_per_tenant_caps_override_the_default(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix, tenant_concurrency=1)
+def test_per_tenant_caps_override_the_default(make_pq):
+    q = fq(make_pq, tenant_concurrency=1)
     q.configure_tenants(concurrency={"big": 3})
     fill(q, "big", 5)
     fill(q, "small", 5)
@@ -211,8 +212,8 @@ def test_per_tenant_caps_override_the_default(redis_client, key_prefix):
     assert Counter(x.tenant for x in got) == {"big": 3, "small": 1}
 
 
-def test_tenant_rate_limit(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix, tenant_rate=5)
+def test_tenant_rate_limit(make_pq):
+    q = fq(make_pq, tenant_rate=5)
     fill(q, "A", 50)
     fill(q, "B", 3)
     start = time.monotonic()
@@ -226,8 +227,8 @@ def test_tenant_rate_limit(redis_client, key_prefix):
     assert 5 <= got["A"] <= 11, got  # a burst of 5, then 5 per second
 
 
-def test_max_length_per_tenant(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix, max_length_per_tenant=3)
+def test_max_length_per_tenant(make_pq):
+    q = fq(make_pq, max_length_per_tenant=3)
     fill(q, "A", 3)
     with pytest.raises(QueueFull) as err:
         q.insert(b"x", 1, tenant="A")
@@ -244,7 +245,7 @@ def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefi
 
     def publish(n):
         client = redis_server.client()
-        q = PriorityQueue(client, "bounded", key_prefix=key_prefix, max_length=100)
+        q = open_queue(client, "bounded", QueueSettings(key_prefix=key_prefix, max_length=100))
         for _ in range(40):
             try:
                 q.insert(b"x", 1)
@@ -260,8 +261,8 @@ def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefi
     assert len(accepted) == 100 and len(refused) == 220
 
 
-def test_thousands_of_tenants(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_thousands_of_tenants(redis_client, make_pq):
+    q = fq(make_pq)
     q.insert_many([Item(b"x", 5, None, tenant=f"t{i % 3000}") for i in range(6000)])
     first_round = drain(q, 3000)
     assert len(set(first_round)) == 3000  # every tenant once before anyone twice
@@ -269,9 +270,9 @@ def test_thousands_of_tenants(redis_client, key_prefix):
     assert fairness_state_is_empty(redis_client, q)
 
 
-def test_delayed_entries_wait_then_join_at_their_priority(redis_client, key_prefix):
+def test_delayed_entries_wait_then_join_at_their_priority(make_pq):
     for fair in (False, True):
-        q = PriorityQueue(redis_client, f"later-{fair}", key_prefix=key_prefix, fair=fair)
+        q = make_pq(f"later-{fair}", fair=fair)
         q.insert(b"later", 200, id="later", delay=0.3, tenant="A" if fair else None)
         q.insert(b"now", 1, id="now", tenant="A" if fair else None)
         assert q.stats()["delayed"] == 1 and q.size() == 1
@@ -283,8 +284,8 @@ def test_delayed_entries_wait_then_join_at_their_priority(redis_client, key_pref
         assert [x.id for x in q.pop(1)] == ["later"]  # at its own priority, ahead of "low"
 
 
-def test_delayed_entries_can_be_removed_and_reprioritised(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "later", key_prefix=key_prefix)
+def test_delayed_entries_can_be_removed_and_reprioritised(make_pq):
+    q = make_pq("later")
     q.insert(b"x", 1, id="t1", delay=0.2)
     q.insert(b"x", 1, id="t2", delay=0.2)
     assert q.remove("t1") == 1
@@ -296,11 +297,11 @@ def test_delayed_entries_can_be_removed_and_reprioritised(redis_client, key_pref
     assert lease.id == "t2" and lease.priority == 250
 
 
-def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "views", key_prefix=key_prefix)
+def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client, make_pq):
+    q = make_pq("views")
     lo, hi = 0, q.rank(200)  # priorities 200..255
     wake_key = q.register_view(lo, hi)
-    publisher = PriorityQueue(redis_client, "views", key_prefix=key_prefix)  # knows no views yet
+    publisher = make_pq("views")  # knows no views yet
     publisher.insert_many([Item(b"low", 5)] * 100)
     assert redis_client.llen(wake_key) == 0  # low-priority inserts do not wake the view
     assert q.pop(5, view=(lo, hi)) == []
@@ -312,8 +313,8 @@ def test_priority_view_pops_only_its_range_and_is_woken_only_by_it(redis_client,
     assert q.size() == 100
 
 
-def test_priority_view_on_a_fair_queue(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix, name="fair-views")
+def test_priority_view_on_a_fair_queue(make_pq):
+    q = fq(make_pq, name="fair-views")
     view = (0, q.rank(200))
     q.register_view(*view)
     fill(q, "A", 10, priority=5)
@@ -325,8 +326,8 @@ def test_priority_view_on_a_fair_queue(redis_client, key_prefix):
     assert len(q.pop(20)) == 10
 
 
-def test_tenant_stats_counts_and_ages(redis_client, key_prefix):
-    q = fq(redis_client, key_prefix)
+def test_tenant_stats_counts_and_ages(make_pq):
+    q = fq(make_pq)
     fill(q, "A", 3)
     time.sleep(0.05)
     fill(q, "B,|odd", 1)
@@ -338,8 +339,8 @@ def test_tenant_stats_counts_and_ages(redis_client, key_prefix):
     assert q.stats()["per_tenant"]["A"]["waiting"] == 2
 
 
-def test_returned_work_wakes_the_views_it_belongs_to(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "views-back", key_prefix=key_prefix)
+def test_returned_work_wakes_the_views_it_belongs_to(redis_client, make_pq):
+    q = make_pq("views-back")
     urgent = (0, q.rank(200))
     wake = q.register_view(*urgent)
     q.insert(b"x", 220, id="u1")
@@ -367,11 +368,11 @@ def _stale_member(client, q, tenant, priority, seq, entry_id):
     client.hincrby(k.virtual_times, f"L:{rank}", 1)
 
 
-def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, key_prefix):
+def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, make_pq):
     # Given a fair queue where tenant A's entry "a1" is leased and "a2" waits at priority 5, and
     # members that are not current: one for the leased "a1", one for "a2" at priority 9 (a score
     # a2 does not have), both served before a2's own member
-    q = fq(redis_client, key_prefix, name="stale-members")
+    q = fq(make_pq, name="stale-members")
     q.insert(b"one", 5, id="a1", tenant="A")
     [first] = q.pop(1, consumer="c:1:first")
     assert first.id == "a1"
@@ -408,9 +409,9 @@ def step_the_clock_back(client, q, ms):
         client.hset(k.virtual_times, "T", int(parked) + ms)
 
 
-def test_a_step_back_of_redis_s_clock_costs_a_rate_parked_tenant_one_period_at_most(redis_client, key_prefix):
+def test_a_step_back_of_redis_s_clock_costs_a_rate_parked_tenant_one_period_at_most(redis_client, make_pq):
     # Given tenant A at 5/s, its burst taken and parked for its next token
-    q = fq(redis_client, key_prefix, tenant_rate=5)
+    q = fq(make_pq, tenant_rate=5)
     fill(q, "A", 20)
     assert len(q.pop(20)) == 5 and q.held_tenants() == {"A": "rate"}
     # When Redis's clock steps back an hour
@@ -426,10 +427,10 @@ def test_a_step_back_of_redis_s_clock_costs_a_rate_parked_tenant_one_period_at_m
     assert q.size() == 14
 
 
-def test_a_bucket_refilled_after_now_waits_one_period_at_most(redis_client, key_prefix):
+def test_a_bucket_refilled_after_now_waits_one_period_at_most(redis_client, make_pq):
     # Given tenant A at 5/s, whose bucket holds half a token and was last refilled an hour
     # ahead of Redis's clock (the clock stepped back since)
-    q = fq(redis_client, key_prefix, tenant_rate=5)
+    q = fq(make_pq, tenant_rate=5)
     fill(q, "A", 3)
     redis_client.hset(q.keys.token_buckets, "A", f"0.5,{redis_ms(redis_client) + 3_600_000}")
     # When a pop meets A
@@ -438,3 +439,13 @@ def test_a_bucket_refilled_after_now_waits_one_period_at_most(redis_client, key_
     due = redis_client.zscore(q.keys.rate_parked, "A")
     assert due is not None and due <= redis_ms(redis_client) + 100, due
     assert redis_client.hget(q.keys.token_buckets, "A").startswith(b"0.5,")
+
+
+def test_fair_purge_counts_a_requeued_entry_once(make_pq):
+    q = make_pq("mm", fair=True)
+    q.insert_many([Item(b"x", 5, "b1", tenant="B"), Item(b"x", 5, "b2", tenant="B"), Item(b"x", 5, "a1", tenant="A")])
+    leases = q.pop(3)
+    q.requeue(leases[-1])
+    for lease in leases[:-1]:
+        q.requeue(lease)
+    assert q.purge() == 3

@@ -3,15 +3,15 @@ queue.pop_with_acks (several queues' acks, one pop, one round trip) and queue.ac
 
 import pytest
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
 from celery_pq import queue as queue_module
 from celery_pq.queue import core as queue_core
 from celery_pq.queue import running as queue_running
 from celery_pq.storage.errors import ErrorCode
 
 
-def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)
+def test_pop_carries_its_own_queues_acks(make_pq):
+    q = make_pq("pa")
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(3)])
     first = q.pop(2)
     popped = q.pop(1, acks=[(first[0].id, first[0].token), (first[1].id, "stale-token")])
@@ -20,9 +20,9 @@ def test_pop_carries_its_own_queues_acks(redis_client, key_prefix):
     assert q.pop(1).acked == []
 
 
-def test_a_pops_acks_answer_as_acks_one_after_the_other(redis_client, key_prefix):
+def test_a_pops_acks_answer_as_acks_one_after_the_other(redis_client, make_pq):
     # Given three leases, one of a duplicate id (its duplicate record goes with its ack)
-    q = PriorityQueue(redis_client, "pb", key_prefix=key_prefix)
+    q = make_pq("pb")
     q.insert_many([Item(b"x", 1, "a"), Item(b"x", 1, "b"), Item(b"x", 1, "a")])
     a, b, dup = q.pop(3)
     assert dup.id.startswith("a~")
@@ -39,10 +39,10 @@ def test_a_pops_acks_answer_as_acks_one_after_the_other(redis_client, key_prefix
     assert q.counters()["acked"] == 3
 
 
-def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(redis_client, key_prefix, monkeypatch):
+def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(make_pq, monkeypatch):
     # Given two queues, each with a lease held, and one more entry waiting in the second
-    a = PriorityQueue(redis_client, "pa", key_prefix=key_prefix)
-    b = PriorityQueue(redis_client, "pb", key_prefix=key_prefix)
+    a = make_pq("pa")
+    b = make_pq("pb")
     a.insert(b"x", 1, id="a1")
     b.insert_many([Item(b"x", 1, "b1"), Item(b"x", 1, "b2")])
     [held_a], [held_b] = a.pop(1), b.pop(1)
@@ -74,9 +74,9 @@ def _leased(q, n):
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_a_pop_carries_20000_acks(redis_client, key_prefix, fair):
+def test_a_pop_carries_20000_acks(redis_client, make_pq, fair):
     # Given 20,000 leases held and one more entry waiting
-    q = PriorityQueue(redis_client, "many", key_prefix=key_prefix, fair=fair)
+    q = make_pq("many", fair=fair)
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(20_001)])
     held = _leased(q, 20_000)
     # When one pop carries all their acks (a consumer's acks kept through a long outage)
@@ -89,10 +89,10 @@ def test_a_pop_carries_20000_acks(redis_client, key_prefix, fair):
     assert redis_client.hlen(q.keys.entries) == 1 and redis_client.zcard(q.keys.lease_deadlines) == 1
 
 
-def test_pop_with_acks_carries_20000_acks_of_two_queues(redis_client, key_prefix):
+def test_pop_with_acks_carries_20000_acks_of_two_queues(make_pq):
     # Given 10,000 leases held in each of two queues
-    a = PriorityQueue(redis_client, "many-a", key_prefix=key_prefix)
-    b = PriorityQueue(redis_client, "many-b", key_prefix=key_prefix)
+    a = make_pq("many-a")
+    b = make_pq("many-b")
     for q in (a, b):
         q.insert_many([Item(b"x", 1, f"e{i}") for i in range(10_000)])
     held = {q: [(lease.id, lease.token) for lease in _leased(q, 10_000)] for q in (a, b)}
@@ -104,9 +104,9 @@ def test_pop_with_acks_carries_20000_acks_of_two_queues(redis_client, key_prefix
     assert a.stats()["leased"] == 0 and b.stats()["leased"] == 0
 
 
-def test_one_pop_leases_9000_entries(redis_client, key_prefix):
+def test_one_pop_leases_9000_entries(redis_client, make_pq):
     # Given 9,000 entries waiting
-    q = PriorityQueue(redis_client, "wide", key_prefix=key_prefix)
+    q = make_pq("wide")
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(9_000)])
     # When one pop takes them all: more leases than one unpack writes
     popped = q.pop(9_000)

@@ -6,8 +6,8 @@ import time
 import pytest
 import redis
 
-from celery_pq import EntryNotFound, Item, LeaseLost, NotWaiting, PriorityQueue, QueueFull
-from celery_pq.queue import calls
+from celery_pq import EntryNotFound, Item, LeaseLost, NotWaiting, QueueFull
+from celery_pq.queue import QueueSettings, calls, open_queue
 from celery_pq.storage.constants import SEQ_SPAN
 from celery_pq.storage.ids import decode_id
 from celery_pq.storage.records import split_entry, split_lease, split_pointer
@@ -19,8 +19,8 @@ def technique(request):
 
 
 @pytest.fixture
-def q(redis_client, key_prefix, technique):
-    return PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, technique=technique, lease_seconds=30)
+def q(make_pq, technique):
+    return make_pq("jobs", technique=technique, lease_seconds=30)
 
 
 def pointers(client, q):
@@ -83,8 +83,8 @@ def test_order_is_strict_priority_fifo_within_level(q):
     assert got == expected
 
 
-def test_lower_first_order(redis_client, key_prefix, technique):
-    q = PriorityQueue(redis_client, "lf", key_prefix=key_prefix, technique=technique, priority_order="lower_first")
+def test_lower_first_order(make_pq, technique):
+    q = make_pq("lf", technique=technique, priority_order="lower_first")
     for i, p in enumerate([5, 0, 255, 0]):
         q.insert(b"x", p, id=f"e{i}")
     assert [(e.id, e.priority) for e in q.peek(10)] == [("e1", 0), ("e3", 0), ("e0", 5), ("e2", 255)]
@@ -125,8 +125,8 @@ def test_lease_of_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
     assert q.lease_of(task_id) is None and q.lease_of("no-such-id") is None
 
 
-def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, fair=True)
+def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens(make_pq):
+    q = make_pq("jobs", fair=True)
     task_id = "0b8f5c9e-3a1d-4f6e-9c2b-7d4e5f6a8b9c"  # stored in its compact form
     q.insert(b"p", 200, id=task_id, tenant="acme")
     q.insert(b"p", 7, id="b", tenant="zed")
@@ -231,8 +231,8 @@ def test_extend_moves_deadline_and_checks_token(q, redis_client):
     assert q.extend([("a", "wrong")]) == [False]
 
 
-def test_reclaim_returns_expired_and_dead_letters_after_max_deliveries(redis_client, key_prefix, technique):
-    q = PriorityQueue(redis_client, "rc", key_prefix=key_prefix, technique=technique, max_deliveries=2)
+def test_reclaim_returns_expired_and_dead_letters_after_max_deliveries(make_pq, technique):
+    q = make_pq("rc", technique=technique, max_deliveries=2)
     q.insert(b"x", 9, id="a")
     for expected in (1, 2):
         [lease] = q.pop(lease_seconds=0.02)
@@ -270,8 +270,8 @@ def test_reclaim_by_consumer_returns_only_that_consumers_leases(q):
     assert q.stats()["leased"] == 1 and q.size() == 3
 
 
-def test_requeue_dead_letters_at_max_deliveries(redis_client, key_prefix, technique):
-    q = PriorityQueue(redis_client, "rq", key_prefix=key_prefix, technique=technique, max_deliveries=1)
+def test_requeue_dead_letters_at_max_deliveries(make_pq, technique):
+    q = make_pq("rq", technique=technique, max_deliveries=1)
     q.insert(b"x", 1, id="a")
     assert q.requeue(q.pop()[0]) == "dead"
     assert q.dead.size() == 1
@@ -339,8 +339,8 @@ def test_remove_leaves_leased_entries_alone(q):
     assert q.stats()["leased"] == 1
 
 
-def test_lazy_deletion_then_cleanup_sweep(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "lazy", key_prefix=key_prefix, technique="S")
+def test_lazy_deletion_then_cleanup_sweep(redis_client, make_pq):
+    q = make_pq("lazy", technique="S")
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(10)])
     for i in range(0, 10, 2):
         q.remove(f"e{i}")
@@ -386,8 +386,8 @@ def test_change_priority(q):
         q.change_priority("e1", 999)
 
 
-def test_max_length_is_exact_and_atomic(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "bounded", key_prefix=key_prefix, max_length=3)
+def test_max_length_is_exact_and_atomic(make_pq):
+    q = make_pq("bounded", max_length=3)
     for i in range(3):
         q.insert(b"x", 1)
     with pytest.raises(QueueFull) as err:
@@ -446,7 +446,7 @@ def forget_scripts(client):
 
 def test_pipelined_calls_survive_a_script_cache_flush(fresh_redis):
     redis_client = fresh_redis.client()
-    q = PriorityQueue(redis_client, "flushed")
+    q = open_queue(redis_client, "flushed")
     # Given scripts known to Redis, then forgotten (as after a Redis restart)
     q.insert(b"x", 1, id="a")
     forget_scripts(redis_client)
@@ -466,8 +466,8 @@ def test_pipelined_calls_survive_a_script_cache_flush(fresh_redis):
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_acks_ride_in_the_next_pop(redis_client, key_prefix, fair):
-    q = PriorityQueue(redis_client, "ride", key_prefix=key_prefix, fair=fair)
+def test_acks_ride_in_the_next_pop(redis_client, make_pq, fair):
+    q = make_pq("ride", fair=fair)
     q.insert_many([Item(b"x", 1, f"e{i}", tenant="A") for i in range(3)])
     first = q.pop(2)
     # When a pop call carries the acks of the last deliveries, one of them with a wrong token
@@ -484,7 +484,7 @@ def test_acks_ride_in_the_next_pop(redis_client, key_prefix, fair):
 def test_single_calls_survive_a_script_flush_a_killed_connection_and_a_restart(fresh_redis):
     # A single script call runs on the calling thread's own connection
     client = fresh_redis.client()
-    q = PriorityQueue(client, "own", key_prefix="own")
+    q = open_queue(client, "own", QueueSettings(key_prefix="own"))
     q.insert(b"a", 1, id="a")
     # When Redis forgets the scripts, the call loads it and runs once
     forget_scripts(client)
@@ -502,10 +502,10 @@ def test_single_calls_survive_a_script_flush_a_killed_connection_and_a_restart(f
     assert [lease.id for lease in q.pop(5)] == ["d"]
 
 
-def test_a_forked_child_does_not_share_the_parents_connection(redis_client, key_prefix):
+def test_a_forked_child_does_not_share_the_parents_connection(make_pq):
     import os
 
-    q = PriorityQueue(redis_client, "fork", key_prefix=key_prefix)
+    q = make_pq("fork")
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(40)])
     q.pop(1)  # the parent now holds its own connection
     pid = os.fork()
@@ -529,7 +529,7 @@ def test_scripts_run_as_functions_of_one_library_loaded_once(fresh_redis):
     from celery_pq.scripts import library
 
     client = fresh_redis.client()
-    q = PriorityQueue(client, "lib")
+    q = open_queue(client, "lib")
     client.config_resetstat()
     # When a queue is used on a Redis with functions
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(3)])
@@ -550,7 +550,7 @@ def test_a_user_who_may_not_load_functions_gets_the_same_scripts_by_evalsha(fres
             "nofn", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-function"]
         )
     client = redis.Redis(port=fresh_redis.port, username="nofn", password="pw")
-    q = PriorityQueue(client, "nofn")
+    q = open_queue(client, "nofn")
     # When it inserts, pops and acks
     q.insert(b"a", 1, id="a")
     [lease] = q.pop(1)
@@ -565,7 +565,7 @@ def test_the_library_starts_every_call_with_fresh_module_state(fresh_redis):
     # A library keeps its top-level tables between calls; each function makes them new, as a
     # script's fresh run does (CTX.dropped counts the dead letters dropped by one call only)
     client = fresh_redis.client()
-    q = PriorityQueue(client, "state", max_dead_length=1)
+    q = open_queue(client, "state", QueueSettings(max_dead_length=1))
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(2)])
     first, second = q.pop(2)
     # Given a call that dropped a dead letter to make room
@@ -576,9 +576,9 @@ def test_the_library_starts_every_call_with_fresh_module_state(fresh_redis):
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_peek_gives_exactly_the_count_asked_in_delivery_order(redis_client, key_prefix, fair):
+def test_peek_gives_exactly_the_count_asked_in_delivery_order(make_pq, fair):
     # Given 12 entries over three priorities (two tenants when fair)
-    q = PriorityQueue(redis_client, "peekn", key_prefix=key_prefix, fair=fair)
+    q = make_pq("peekn", fair=fair)
     for i in range(12):
         q.insert(b"x", [0, 100, 255][i % 3], id=f"e{i}", tenant=("a", "b")[i % 2] if fair else None)
     # When fewer entries are asked for than a rank holds, or more than there are

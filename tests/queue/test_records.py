@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from celery_pq import PriorityQueue
 from celery_pq.queue import escape_tenant
 from celery_pq.scripts import compose
 from celery_pq.storage import constants as C
@@ -15,9 +14,9 @@ from celery_pq.storage.ids import encode_id
 PAYLOAD = b"p|q,r\x00\xff"  # the separators of the header may appear in a payload
 
 
-def test_records_written_by_the_scripts_read_in_python(redis_client, key_prefix):
+def test_records_written_by_the_scripts_read_in_python(redis_client, make_pq):
     # Given a fair queue with an entry, a duplicate of its id and a publish id
-    q = PriorityQueue(redis_client, "rec", key_prefix=key_prefix, fair=True)
+    q = make_pq("rec", fair=True)
     k = q.keys
     first = q.insert(PAYLOAD, 7, id="x", tenant="a,b", publish_id=b"pid-1")
     dup = q.insert(b"two", 7, id="x", tenant="a,b")
@@ -105,9 +104,9 @@ def test_records_written_in_python_read_by_the_scripts(redis_client, tenant, exp
     ]
 
 
-def test_an_entry_and_lease_written_in_python_are_served_by_the_scripts(redis_client, key_prefix):
+def test_an_entry_and_lease_written_in_python_are_served_by_the_scripts(redis_client, make_pq):
     # Given an entry, its pointer and its rank written by hand with the Python codec
-    q = PriorityQueue(redis_client, "rec2", key_prefix=key_prefix)
+    q = make_pq("rec2")
     k = q.keys
     q.insert(b"first", 1, id="first")  # records the queue's mode
     rank, eid = q.rank(9), encode_id("hand")

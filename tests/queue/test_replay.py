@@ -9,8 +9,8 @@ from celery_pq.storage.records import split_entry, split_pointer
 
 
 @pytest.fixture(params=["T", "S"])
-def q(redis_client, key_prefix, request):
-    return PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, technique=request.param, max_deliveries=2)
+def q(make_pq, request):
+    return make_pq("jobs", technique=request.param, max_deliveries=2)
 
 
 def kill(q, n=1, reason="boom"):
@@ -70,8 +70,8 @@ def test_missing_and_leased_dead_letters_are_left_alone(q, redis_client):
     assert redis_client.hexists(q.dead.keys.entries, b"x")
 
 
-def test_replay_respects_max_length(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "jobs", key_prefix=key_prefix, max_length=2)
+def test_replay_respects_max_length(make_pq):
+    q = make_pq("jobs", max_length=2)
     for i in range(2):
         q.insert(b"p", 1, id=f"d{i}")
     kill(q, 2)
@@ -81,8 +81,8 @@ def test_replay_respects_max_length(redis_client, key_prefix):
     assert q.dead.size() == 1 and q.size() == 2
 
 
-def test_replay_on_a_fair_queue_keeps_the_tenant(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "fj", key_prefix=key_prefix, fair=True)
+def test_replay_on_a_fair_queue_keeps_the_tenant(make_pq):
+    q = make_pq("fj", fair=True)
     q.insert(b"p", 9, id="a", tenant="acme")
     kill(q)
     assert q.tenant_stats() == {}
@@ -92,26 +92,27 @@ def test_replay_on_a_fair_queue_keeps_the_tenant(redis_client, key_prefix):
     assert (lease.id, lease.tenant, lease.priority) == ("a", "acme", 9)
 
 
-def test_replay_with_another_mode_changes_nothing(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "mm", key_prefix=key_prefix)
+def test_replay_with_another_mode_changes_nothing(redis_client, make_pq, key_prefix):
+    q = make_pq("mm")
     q.insert(b"p", 1, id="a")
     kill(q)
+    # (made directly: open_queue would take the recorded mode)
     wrong = PriorityQueue(redis_client, "mm", key_prefix=key_prefix, priority_order="lower_first")
     with pytest.raises(ModeMismatch):
         wrong.replay(["a"])
     assert q.dead.size() == 1
 
 
-def test_replay_refuses_a_dead_letter_queue_and_bad_ids(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "rq", key_prefix=key_prefix)
+def test_replay_refuses_a_dead_letter_queue_and_bad_ids(make_pq):
+    q = make_pq("rq")
     with pytest.raises(ValueError, match="dead-letter queue"):
         q.dead.replay(["a"])
     with pytest.raises(ValueError, match="non-empty string"):
         q.replay([""])
 
 
-def test_replay_is_an_ordinary_enqueue_to_counters_and_the_event_log(redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "ev", key_prefix=key_prefix, event_log=100)
+def test_replay_is_an_ordinary_enqueue_to_counters_and_the_event_log(make_pq):
+    q = make_pq("ev", event_log=100)
     q.insert(b"p", 42, id="a", task="proj.resize")
     kill(q)
     before = q.counters()
@@ -156,9 +157,9 @@ def test_a_dead_letter_whose_key_is_held_again_is_merged_into_the_holder_not_rep
     assert q.counters()["unique_merged"] == 1
 
 
-def test_a_dead_letter_dropped_for_room_takes_its_kept_key_and_no_live_one(redis_client, key_prefix):
+def test_a_dead_letter_dropped_for_room_takes_its_kept_key_and_no_live_one(redis_client, make_pq):
     # Given a dead-letter queue of one, holding x (key a), then y (key b) and again x (key c) live
-    q = PriorityQueue(redis_client, "room", key_prefix=key_prefix, max_dead_length=1)
+    q = make_pq("room", max_dead_length=1)
     q.put(Item(b"x", 1, id="x"), unique=UniqueKey("a"))
     kill(q)
     q.put(Item(b"y", 1, id="y"), unique=UniqueKey("b"))

@@ -11,7 +11,7 @@ import uuid
 import pytest
 import redis
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
 
 
 def _guard_reads(server, ops) -> tuple[int, int]:
@@ -46,17 +46,15 @@ def _work(q):
     return ops
 
 
-def test_a_queue_on_one_redis_runs_no_guard(redis_server, redis_client, key_prefix):
-    q = PriorityQueue(redis_client, "g1", key_prefix=key_prefix)
+def test_a_queue_on_one_redis_runs_no_guard(redis_server, make_pq):
+    q = make_pq("g1")
     assert not q._scripts.context.startswith("~")
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == 0 and calls >= 5
 
 
-def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the_same(
-    redis_server, redis_client, key_prefix
-):
-    q = PriorityQueue(redis_client, "g2", key_prefix=key_prefix)
+def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the_same(redis_server, make_pq):
+    q = make_pq("g2")
     q._scripts.context = (
         "~" + q._scripts.context
     )  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
@@ -64,15 +62,15 @@ def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == calls >= 5
     assert q.counters()["enqueued"] == 3 and q.counters()["acked"] == 3
-    assert q.stored_mode() == PriorityQueue(redis_client, "g1", key_prefix=key_prefix).mode
+    assert q.stored_mode() == make_pq("g1").mode
 
 
-def test_a_context_of_another_form_is_refused_before_any_write(redis_client, key_prefix):
+def test_a_context_of_another_form_is_refused_before_any_write(redis_client, make_pq, key_prefix):
     """One form of the queue context (take_context): a caller's context of another form (fewer
     fields, as an older caller sent) is an error naming it, and nothing is written."""
-    fields = PriorityQueue(redis_client, "g3", key_prefix=key_prefix)._scripts.context.split("|")
+    fields = make_pq("g3")._scripts.context.split("|")
     for wrong in ("|".join(fields[:4]), "|".join(fields[:5]), fields[0]):
-        q = PriorityQueue(redis_client, "g3", key_prefix=key_prefix)
+        q = make_pq("g3")
         q._scripts.context = wrong  # (before the first call: its scripts' arguments are laid out then)
         with pytest.raises(redis.ResponseError, match="the queue context is not mode"):
             q.insert(b"a", 1)

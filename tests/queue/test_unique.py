@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from celery_pq import Item, PriorityQueue, QueueFull
+from celery_pq import Item, QueueFull
 from celery_pq.queue import QueueSettings, calls, open_queue
 from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.queue.unique import UniqueKey
@@ -16,9 +16,9 @@ from celery_pq.storage.ids import encode_id
 from celery_pq.storage.records import split_entry, split_pointer
 
 
-def q_of(client, prefix, name="uq", **kw):
+def q_of(make_pq, name="uq", **kw):
     kw.setdefault("event_log", 1000)
-    return PriorityQueue(client, name, key_prefix=prefix, **kw)
+    return make_pq(name, **kw)
 
 
 def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, retries=0, remember=None, **kw):
@@ -34,8 +34,8 @@ def held(client, q):
     return {k.decode(): v.decode() for k, v in client.hgetall(q.keys.unique_keys).items()}
 
 
-def test_while_waiting_merges_until_the_entry_is_leased(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_while_waiting_merges_until_the_entry_is_leased(make_pq):
+    q = q_of(make_pq)
     assert put(q, "a1", "k").kind == "stored"
     out = put(q, "a2", "k")
     assert (out.kind, out.task_id, out.requested, out.key) == ("merged", "a1", "a2", "k")
@@ -50,8 +50,8 @@ def test_while_waiting_merges_until_the_entry_is_leased(redis_client, key_prefix
     assert q.counters()["unique_merged"] == 2
 
 
-def test_while_active_holds_the_key_while_running_until_the_ack(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_while_active_holds_the_key_while_running_until_the_ack(redis_client, make_pq):
+    q = q_of(make_pq)
     put(q, "b1", "k", "while_active")
     [lease] = q.pop(1)
     assert put(q, "b2", "k", "while_active").task_id == "b1"
@@ -61,9 +61,9 @@ def test_while_active_holds_the_key_while_running_until_the_ack(redis_client, ke
     assert put(q, "b3", "k", "while_active").kind == "stored"
 
 
-def test_acks_carried_by_a_pop_free_their_keys(redis_client, key_prefix):
+def test_acks_carried_by_a_pop_free_their_keys(redis_client, make_pq):
     # Given two running entries holding keys (one a duplicate id: flags "du") and one without
-    q = q_of(redis_client, key_prefix)
+    q = q_of(make_pq)
     put(q, "c1", "k1", "while_active")
     put(q, "c2", "k2", "while_active")
     q.insert(b"plain", 1, id="c3")
@@ -81,8 +81,8 @@ def test_acks_carried_by_a_pop_free_their_keys(redis_client, key_prefix):
         assert put(q, f"n-{key}", key, "while_active").kind == "stored"
 
 
-def test_a_key_is_freed_by_a_dead_letter(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, max_deliveries=1)
+def test_a_key_is_freed_by_a_dead_letter(redis_client, make_pq):
+    q = q_of(make_pq, max_deliveries=1)
     put(q, "c1", "k", "while_active")
     [lease] = q.pop(1)
     assert q.requeue(lease) == "dead"
@@ -90,9 +90,9 @@ def test_a_key_is_freed_by_a_dead_letter(redis_client, key_prefix):
     assert put(q, "c2", "k", "while_active").kind == "stored"
 
 
-def test_a_key_is_freed_by_remove_and_purge(redis_client, key_prefix):
+def test_a_key_is_freed_by_remove_and_purge(redis_client, make_pq):
     for technique in ("T", "S"):
-        q = q_of(redis_client, key_prefix, name=f"rm{technique}", technique=technique)
+        q = q_of(make_pq, name=f"rm{technique}", technique=technique)
         put(q, "d1", "k")
         assert q.remove("d1") == 1
         assert put(q, "d2", "k").kind == "stored"  # (S: the record names an entry gone: free)
@@ -102,8 +102,8 @@ def test_a_key_is_freed_by_remove_and_purge(redis_client, key_prefix):
         assert put(q, "d4", "k").kind == "stored" and put(q, "d5", "j").kind == "stored"
 
 
-def test_a_lost_lease_comes_back_still_holding_its_key(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_a_lost_lease_comes_back_still_holding_its_key(make_pq):
+    q = q_of(make_pq)
     put(q, "e1", "k", "while_active")
     q.pop(1, consumer="gone", lease_seconds=0.05)
     time.sleep(0.1)
@@ -116,8 +116,8 @@ def test_a_lost_lease_comes_back_still_holding_its_key(redis_client, key_prefix)
     assert put(q, "e3", "k").kind == "stored"
 
 
-def test_replace_keeps_the_place_in_line_at_the_same_priority(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_replace_keeps_the_place_in_line_at_the_same_priority(redis_client, make_pq):
+    q = q_of(make_pq)
     q.insert(b"x", 1, id="first")
     put(q, "r1", "k", "replace")
     q.insert(b"y", 1, id="last")
@@ -136,8 +136,8 @@ def test_replace_keeps_the_place_in_line_at_the_same_priority(redis_client, key_
     assert replaced[0] == ("replaced", "r1", "k")
 
 
-def test_replace_of_a_running_entry_stores_the_new_one(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_replace_of_a_running_entry_stores_the_new_one(make_pq):
+    q = q_of(make_pq)
     put(q, "s1", "k", "replace")
     q.pop(1)
     assert put(q, "s2", "k", "replace").kind == "stored"
@@ -145,8 +145,8 @@ def test_replace_of_a_running_entry_stores_the_new_one(redis_client, key_prefix)
     assert waiting(q) == ["s3"]
 
 
-def test_debounce_twice_moves_the_due_time_and_the_last_payload_wins(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_debounce_twice_moves_the_due_time_and_the_last_payload_wins(redis_client, make_pq):
+    q = q_of(make_pq)
     assert put(q, "g1", "k", "debounce", 10, payload=b"one").kind == "stored"
     due1 = redis_client.zscore(q.keys.delayed, "g1")
     time.sleep(0.02)
@@ -164,8 +164,8 @@ def test_debounce_twice_moves_the_due_time_and_the_last_payload_wins(redis_clien
     assert lease.id == "g3" and lease.payload == b"three"
 
 
-def test_throttle_stores_one_per_period(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_throttle_stores_one_per_period(make_pq):
+    q = q_of(make_pq)
     assert put(q, "t1", "k", "throttle", 0.2).kind == "stored"
     out = put(q, "t2", "k", "throttle", 0.2)
     assert (out.kind, out.task_id) == ("throttled", "t1")
@@ -176,8 +176,8 @@ def test_throttle_stores_one_per_period(redis_client, key_prefix):
     assert q.counters()["unique_throttled"] == 2
 
 
-def test_the_sweep_prunes_records_that_stand_no_more(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_the_sweep_prunes_records_that_stand_no_more(redis_client, make_pq):
+    q = q_of(make_pq)
     put(q, "p1", "t", "throttle", 0.05)
     put(q, "p2", "k", "while_active")
     redis_client.hdel(q.keys.entries, "p2")  # gone by a path that frees nothing
@@ -186,8 +186,8 @@ def test_the_sweep_prunes_records_that_stand_no_more(redis_client, key_prefix):
     assert held(redis_client, q) == {} and redis_client.hlen(q.keys.unique_holders) == 0
 
 
-def test_a_repeated_publish_id_is_still_stored_once(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, dedupe_seconds=60)
+def test_a_repeated_publish_id_is_still_stored_once(make_pq):
+    q = q_of(make_pq, dedupe_seconds=60)
     first = put(q, "h1", "k", publish_id=b"pid-1")
     again = put(q, "h1", "k", publish_id=b"pid-1")
     assert first.kind == "stored" and again.task_id == "h1" and q.size() == 1
@@ -197,8 +197,8 @@ def test_a_repeated_publish_id_is_still_stored_once(redis_client, key_prefix):
     assert q.size() == 1 and q.counters()["enqueued"] == 1
 
 
-def test_insert_unique_takes_insert_s_options_and_names_an_unknown_one(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_insert_unique_takes_insert_s_options_and_names_an_unknown_one(make_pq):
+    q = q_of(make_pq)
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'tennant'"):
         put(q, "t1", "k", tennant="acme")
     assert q.size() == 0
@@ -208,8 +208,8 @@ def test_insert_unique_takes_insert_s_options_and_names_an_unknown_one(redis_cli
     assert entry.tenant == "acme" and entry.id == "t1" and q.peek(5) == []
 
 
-def test_merges_do_not_count_against_max_length(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, max_length=2)
+def test_merges_do_not_count_against_max_length(redis_client, make_pq):
+    q = q_of(make_pq, max_length=2)
     put(q, "m1", "a")
     put(q, "m2", "b", "replace")
     assert put(q, "m3", "a").kind == "merged"  # full, but nothing is added
@@ -219,8 +219,8 @@ def test_merges_do_not_count_against_max_length(redis_client, key_prefix):
     assert q.size() == 2 and held(redis_client, q).keys() == {"a", "b"}
 
 
-def test_fair_queue_replace_and_merge(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix, fair=True)
+def test_fair_queue_replace_and_merge(make_pq):
+    q = q_of(make_pq, fair=True)
     put(q, "f1", "k", "replace", tenant="acme")
     q.insert(b"z", 1, id="other", tenant="beta")
     assert put(q, "f2", "k", "replace", tenant="acme").kind == "replaced"
@@ -252,10 +252,10 @@ def test_bad_keys_are_refused_before_anything_is_sent():
             UniqueKey("k", "throttle", bad)  # type: ignore[arg-type]
 
 
-def test_a_keyless_insert_sends_what_it_sent_before(redis_client, key_prefix):
+def test_a_keyless_insert_sends_what_it_sent_before(redis_client, make_pq):
     """The ARGV of an insert without a key: the layout it always had, with the one count "0" of
     the (empty) list of unique keys before the entries; the reply: the entry id alone."""
-    q = q_of(redis_client, key_prefix, event_log=0)._scripts
+    q = q_of(make_pq, event_log=0)._scripts
     _, head = calls.insert_head(q)
     item = (Item(b"p", 1, "id1"), None)
     args = calls.insert_args(q, head, [item], (), "0")
@@ -268,12 +268,12 @@ def test_a_keyless_insert_sends_what_it_sent_before(redis_client, key_prefix):
     assert split_entry(redis_client.hget(q.keys.entries, "id1"))[0].flags == b""
 
 
-def test_a_retry_of_the_running_task_is_stored_not_merged(redis_client, key_prefix):
+def test_a_retry_of_the_running_task_is_stored_not_merged(make_pq):
     """Celery's retry publishes the task's own id again while it runs, its ``retries`` one up:
     with the key held by that very run (while_active) or within its throttle period, the retry
     is stored (under a duplicate id), not merged into the run about to be acked. The same id
     published again without more retries (a task id the caller chose) is merged or throttled."""
-    q = q_of(redis_client, key_prefix)
+    q = q_of(make_pq)
     put(q, "task-1", "k", "while_active")
     [lease] = q.pop(1)
     again = put(q, "task-1", "k", "while_active")  # the same id, no retry: merged into the run
@@ -303,9 +303,9 @@ def orphans(client, q) -> list[str]:
 
 
 @pytest.mark.parametrize("technique", ["S", "T"])
-def test_an_entry_removed_leaves_no_record_to_swallow_a_reused_id(redis_client, key_prefix, technique):
+def test_an_entry_removed_leaves_no_record_to_swallow_a_reused_id(redis_client, make_pq, technique):
     # Given an entry holding key k, removed by id
-    q = q_of(redis_client, key_prefix, name=f"reuse{technique}", technique=technique)
+    q = q_of(make_pq, name=f"reuse{technique}", technique=technique)
     put(q, "d1", "k")
     assert q.remove("d1") == 1
     # Then its key record went with it
@@ -317,10 +317,10 @@ def test_an_entry_removed_leaves_no_record_to_swallow_a_reused_id(redis_client, 
     assert sorted(waiting(q)) == ["d1", "d2"]
 
 
-def test_no_way_out_of_the_queue_leaves_a_key_record_behind(redis_client, key_prefix):
+def test_no_way_out_of_the_queue_leaves_a_key_record_behind(redis_client, make_pq):
     """Every way an entry leaves (ack, dead letter, expiry, purge, replace, debounce, removal)
     takes its key records with it; a requeue keeps them (the entry is still there)."""
-    q = q_of(redis_client, key_prefix, max_deliveries=2, technique="S")
+    q = q_of(make_pq, max_deliveries=2, technique="S")
     put(q, "ack", "a", "while_active")
     put(q, "dead", "b", "while_active")
     put(q, "expired", "c", "while_active", ttl=0.05)
@@ -344,11 +344,11 @@ def test_no_way_out_of_the_queue_leaves_a_key_record_behind(redis_client, key_pr
     assert redis_client.zcard(q.keys.debounce_publishes) == 0
 
 
-def test_throttle_records_are_pruned_as_fast_as_new_keys_come(redis_client, key_prefix):
+def test_throttle_records_are_pruned_as_fast_as_new_keys_come(redis_client, make_pq):
     """An "at most once per period per user" throttle with many new users a second: each
     throttled insert drops a few records whose period is over, so the key table keeps pace with
     any rate of new keys (the sweep alone pruned about 50 a call) and nothing sweeps here."""
-    q = q_of(redis_client, key_prefix, event_log=0)
+    q = q_of(make_pq, event_log=0)
     # Given 1,000 distinct keys throttled for 0.5 s, their periods over
     for i in range(1000):
         put(q, f"a{i}", f"user-a{i}", "throttle", 0.5)
@@ -370,11 +370,11 @@ def test_throttle_records_are_pruned_as_fast_as_new_keys_come(redis_client, key_
     assert q.stats()["unique"]["keys"] <= 1000
 
 
-def test_replace_looks_for_the_old_place_near_the_ends_only(redis_client, key_prefix):
+def test_replace_looks_for_the_old_place_near_the_ends_only(redis_client, make_pq):
     """A replace finds the waiting one's pointer with LPOS bounded by MAXLEN (from the head and
     from the tail of its rank): its work does not grow with the backlog. Near either end the new
     entry keeps the old one's place; deep in the backlog it goes to the back of its priority."""
-    q = q_of(redis_client, key_prefix, event_log=0)
+    q = q_of(make_pq, event_log=0)
     put(q, "head", "h", "replace")
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(20_000)], chunk=1000)
     put(q, "deep", "d", "replace")
@@ -405,8 +405,8 @@ def test_replace_looks_for_the_old_place_near_the_ends_only(redis_client, key_pr
     assert q.size() == 40_013
 
 
-def test_a_backward_step_of_the_clock_stretches_a_throttle_by_one_period_at_most(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_a_backward_step_of_the_clock_stretches_a_throttle_by_one_period_at_most(redis_client, make_pq):
+    q = q_of(make_pq)
     put(q, "t1", "k", "throttle", 0.2)
     # Given the record as a Redis whose clock was an hour ahead wrote it (the state a failover to
     # a replica an hour behind leaves: its deadline an hour and a period away)
@@ -421,8 +421,8 @@ def test_a_backward_step_of_the_clock_stretches_a_throttle_by_one_period_at_most
     assert put(q, "t3", "k", "throttle", 0.2).kind == "stored"
 
 
-def test_a_backward_step_of_the_clock_delays_a_debounce_by_one_delay_at_most(redis_client, key_prefix):
-    q = q_of(redis_client, key_prefix)
+def test_a_backward_step_of_the_clock_delays_a_debounce_by_one_delay_at_most(redis_client, make_pq):
+    q = q_of(make_pq)
     put(q, "d1", "k", "debounce", 0.2)
     # Given the debounced entry as a Redis whose clock was an hour ahead stored it: due an hour
     # and a delay from now, published an hour from now

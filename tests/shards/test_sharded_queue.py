@@ -32,9 +32,9 @@ def drain(q, *, count=1):
         assert all(q.ack_many(got))
 
 
-def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, key_prefix):
+def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, make_pq, key_prefix):
     # Given entries written by a plain queue before shards existed
-    plain = PriorityQueue(redis_client, "orders", key_prefix=key_prefix)
+    plain = make_pq("orders")
     plain.insert(b"a", 5, id="a")
     plain.insert(b"b", 9, id="b")
     # When the options say shards=1
@@ -44,8 +44,8 @@ def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, key_prefix):
     assert [e.id for e in drain(q)] == ["b", "a"]
 
 
-def test_shard_zero_keeps_todays_data_when_the_queue_grows(redis_client, key_prefix):
-    PriorityQueue(redis_client, "orders", key_prefix=key_prefix).insert(b"old", 7, id="old")
+def test_shard_zero_keeps_todays_data_when_the_queue_grows(redis_client, make_pq, key_prefix):
+    make_pq("orders").insert(b"old", 7, id="old")
     q = open_queue(redis_client, key_prefix, 4)
     assert q.shards[0].keys.entries == f"{key_prefix}:{{orders}}:ii"
     assert q.size() == 1 and [e.id for e in drain(q)] == ["old"]
@@ -115,13 +115,13 @@ def test_a_consumer_finds_work_in_a_shard_it_did_not_peek(redis_client, key_pref
         assert q.ack(lease)
 
 
-def test_second_best_is_taken_when_the_best_peeked_shard_was_emptied_meanwhile(redis_client, key_prefix):
+def test_second_best_is_taken_when_the_best_peeked_shard_was_emptied_meanwhile(redis_client, make_pq, key_prefix):
     # Given the best entry sits alone in shard a, the second-best in shard b
     q = open_queue(redis_client, key_prefix, 4, peek=4)
     a, b = q.shards[0], q.shards[1]
     a.insert(b"best", 250, id="best")
     b.insert(b"next", 10, id="next")
-    other = PriorityQueue(redis_client, a.name, key_prefix=key_prefix)  # another consumer of shard a
+    other = make_pq(a.name)  # another consumer of shard a
     peek = q.peek_heads
 
     def raced(shards, view=None):

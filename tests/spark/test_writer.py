@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from celery import Celery
 
-from celery_pq import PriorityQueue
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark import enqueue
 from celery_pq.storage.codec import decode
@@ -342,9 +341,9 @@ def test_enqueue_takes_a_celery_app(spark, redis_server, redis_client, key_prefi
     assert b"work" in redis_client.smembers(f"{key_prefix}:queues")
 
 
-def test_rows_written_to_a_queue_with_its_event_log_on_name_their_task(spark, url, redis_client, key_prefix):
+def test_rows_written_to_a_queue_with_its_event_log_on_name_their_task(spark, url, make_pq, key_prefix):
     # Given a queue whose event log was turned on by another process (the write's options say nothing)
-    q = PriorityQueue(redis_client, "logged", key_prefix=key_prefix)
+    q = make_pq("logged")
     q.set_event_log(1000)
     # When rows are written to it
     df = spark.createDataFrame([(i,) for i in range(3)], "image_id int")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from celery_pq import Item, PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.spark.events.log import events_key
 
 FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
@@ -46,15 +47,17 @@ def real_run(client, prefix: str, queue: str = "work", *, entries: int = 300, se
     tenant: rank errors), popped in batches by two consumers that ack most, give some back, let a
     few leases expire, and dead-letter one; a few entries are removed before delivery."""
     rnd = random.Random(seed)
-    q = PriorityQueue(
+    q = open_queue(
         client,
         queue,
-        key_prefix=prefix,
-        fair=True,
-        fair_scope="tenant_first",
-        event_log=100_000,
-        lease_seconds=0.05,
-        max_deliveries=3,
+        QueueSettings(
+            key_prefix=prefix,
+            fair=True,
+            fair_scope="tenant_first",
+            event_log=100_000,
+            lease_seconds=0.05,
+            max_deliveries=3,
+        ),
     )
     items = []
     for i in range(entries):

@@ -5,7 +5,6 @@ import time
 
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from celery_pq import PriorityQueue
 from celery_pq.testing import wait_for
 
 try:
@@ -18,7 +17,7 @@ def url_of(redis_server):
     return f"pq://127.0.0.1:{redis_server.port}/0"
 
 
-def test_a_kombu_round_trip_is_logged_with_the_task_name(redis_server, redis_client, key_prefix):
+def test_a_kombu_round_trip_is_logged_with_the_task_name(redis_server, make_pq, key_prefix):
     opts = {"key_prefix": key_prefix, "event_log": 1000}
     with Connection(url_of(redis_server), transport_options=opts) as conn:
         q = make_queue()
@@ -32,7 +31,7 @@ def test_a_kombu_round_trip_is_logged_with_the_task_name(redis_server, redis_cli
         )
         [(body, _)] = drain(conn, q, 1)
         assert body == {"n": 1}
-    events = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).events()
+    events = make_pq("kq").events()
     assert [(r["e"], r["id"], r["p"]) for r in events] == [
         ("enqueue", "task-1", 9),
         ("deliver", "task-1", 9),
@@ -40,7 +39,7 @@ def test_a_kombu_round_trip_is_logged_with_the_task_name(redis_server, redis_cli
     ]
     assert events[0]["task"] == "proj.tasks.add"
     assert events[1]["c"] and events[1]["c"] == events[2]["c"]  # the consumer id of this connection
-    counters = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).counters()
+    counters = make_pq("kq").counters()
     assert (counters["enqueued"], counters["delivered"], counters["acked"]) == (1, 1, 1)
 
 
@@ -55,7 +54,7 @@ def test_without_the_option_the_transport_writes_no_log(redis_server, redis_clie
     assert not redis_client.keys(f"{key_prefix}*:ev")
 
 
-def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(redis_server, redis_client, key_prefix):
+def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(redis_server, make_pq, key_prefix):
     # Given a consumer blocked on an empty queue (a long server-side wait: no timeouts in the test)
     opts = {"key_prefix": key_prefix, "block_seconds": 60}
     url = url_of(redis_server)
@@ -80,7 +79,7 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
         t.start()
         try:
             time.sleep(0.5)
-            admin = PriorityQueue(redis_client, "pz", key_prefix=key_prefix)
+            admin = make_pq("pz")
             # When the queue is paused and 200 messages are published
             assert admin.pause()
             channel = worker.default_channel
@@ -106,12 +105,12 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
     assert channel.counters["wakeups"] >= before["wakeups"] + 1
 
 
-def test_paused_tenant_through_kombu(redis_server, redis_client, key_prefix):
+def test_paused_tenant_through_kombu(redis_server, make_pq, key_prefix):
     opts = {"key_prefix": key_prefix, "fair_key": "tenant"}
     with Connection(url_of(redis_server), transport_options=opts) as conn:
         q = make_queue()
         q(conn.default_channel).declare()
-        admin = PriorityQueue(redis_client, "kq", key_prefix=key_prefix, fair=True)
+        admin = make_pq("kq", fair=True)
         admin.pause(tenant="A")
         p = Producer(conn.default_channel)
         for t in ["A", "B", "A", "B"]:
@@ -121,4 +120,4 @@ def test_paused_tenant_through_kombu(redis_server, redis_client, key_prefix):
         admin.resume(tenant="A")
         got = [b["t"] for b, _ in drain(conn, q, 2, timeout=5)]
         assert got == ["A", "A"]
-    assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix, fair=True).tenant_deliveries() == {"A": 2, "B": 2}
+    assert make_pq("kq", fair=True).tenant_deliveries() == {"A": 2, "B": 2}

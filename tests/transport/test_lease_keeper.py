@@ -3,14 +3,14 @@ lease worth a warning, unless the lease book no longer keeps it (acked meanwhile
 
 import logging
 
-from celery_pq import Item, PriorityQueue
+from celery_pq import Item
 from celery_pq.transport.leasebook import LeaseBook
 from celery_pq.transport.leases import LeaseKeeper
 from celery_pq.transport.options import Options
 
 
-def held_book(redis_client, key_prefix, n=2):
-    q = PriorityQueue(redis_client, "keep", key_prefix=key_prefix)
+def held_book(make_pq, n=2):
+    q = make_pq("keep")
     q.insert_many([Item(b"x", 1, f"e{i}") for i in range(n)])
     book = LeaseBook(Options())
     leases = q.pop(n)
@@ -18,8 +18,8 @@ def held_book(redis_client, key_prefix, n=2):
     return q, book, leases
 
 
-def test_a_lease_lost_while_held_is_reported(redis_client, key_prefix, caplog):
-    q, book, (a, b) = held_book(redis_client, key_prefix)
+def test_a_lease_lost_while_held_is_reported(make_pq, caplog):
+    q, book, (a, b) = held_book(make_pq)
     # Given a lease the book still holds, taken away in Redis (another consumer's sweep)
     q.requeue(a)
     # When the keeper renews
@@ -30,10 +30,8 @@ def test_a_lease_lost_while_held_is_reported(redis_client, key_prefix, caplog):
     assert len(lost) == 1 and "e0" in lost[0]
 
 
-def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(
-    redis_client, key_prefix, caplog, monkeypatch
-):
-    q, book, (a, b) = held_book(redis_client, key_prefix)
+def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(make_pq, caplog, monkeypatch):
+    q, book, (a, b) = held_book(make_pq)
     # Given the keeper's snapshot of the book, then an ack of one of its leases (the race)
     snapshot = book.held()
     book.drop(a.token)

@@ -13,7 +13,6 @@ from celery.worker import state
 from kombu import Connection, Consumer
 from kombu.asynchronous import Hub
 
-from celery_pq import PriorityQueue
 from celery_pq.testing.proxy import FaultProxy
 from celery_pq.transport.leasebook import LeaseBook
 
@@ -105,8 +104,8 @@ def test_a_prefork_pools_pops_go_without_waiting_and_deliver_each_message_once_i
     hub.close()
 
 
-def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_first(redis_client):
-    q = PriorityQueue(redis_client, "flight")
+def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_first(make_pq):
+    q = make_pq("flight")
     q.insert(b"a", 1)
     q.insert(b"b", 1)
     flight = q.send_pop(1)
@@ -117,12 +116,12 @@ def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_firs
     assert delivery.payload == b"a"
 
 
-def test_a_pop_on_the_wire_at_the_close_gives_back_what_it_took(url, opts, redis_client, key_prefix, monkeypatch):
+def test_a_pop_on_the_wire_at_the_close_gives_back_what_it_took(url, opts, make_pq, monkeypatch):
     hub = Hub()
     with Connection(url, transport_options=opts) as conn:
         _first_delivery(conn, "closing", hub, monkeypatch)
     hub.close()
-    stats = PriorityQueue(redis_client, "closing", key_prefix=key_prefix).stats()
+    stats = make_pq("closing").stats()
     assert (stats["waiting"], stats["leased"]) == (2, 0)  # 0 acked, 1 given back at once
 
 
@@ -141,15 +140,13 @@ def _first_delivery_through_a_proxy(redis_server, options, name, monkeypatch, fa
         proxy.close()
 
 
-def _kept(redis_client, key_prefix, name) -> int:
+def _kept(make_pq, name) -> int:
     """Entries still in the queue, waiting or leased."""
-    stats = PriorityQueue(redis_client, name, key_prefix=key_prefix).stats()
+    stats = make_pq(name).stats()
     return stats["waiting"] + stats["leased"]
 
 
-def test_a_lost_connection_under_a_pop_on_the_wire_keeps_its_acks(
-    opts, redis_server, redis_client, key_prefix, monkeypatch
-):
+def test_a_lost_connection_under_a_pop_on_the_wire_keeps_its_acks(opts, redis_server, make_pq, monkeypatch):
     # the pop that the ack of 0 sends is still on its way ...
     with _first_delivery_through_a_proxy(
         redis_server, opts, "dropped", monkeypatch, lambda proxy: proxy.latency(0.5)
@@ -162,11 +159,11 @@ def test_a_lost_connection_under_a_pop_on_the_wire_keeps_its_acks(
         channel.leases.flush()  # sent with the next round trip, on a new connection
         assert not channel.leases.holds_work()
     # 0 acked; 1 and 2 kept (1 leased by the lost pop until its lease runs out, if it ran)
-    assert _kept(redis_client, key_prefix, "dropped") == 2
+    assert _kept(make_pq, "dropped") == 2
 
 
 def test_a_pop_on_a_connection_gone_silent_fails_after_the_socket_timeout_and_keeps_its_acks(
-    opts, redis_server, redis_client, key_prefix, monkeypatch
+    opts, redis_server, make_pq, monkeypatch
 ):
     # the pop that the ack of 0 sends goes into a connection that never answers
     options = {**opts, "socket_timeout": 1.0}
@@ -182,11 +179,11 @@ def test_a_pop_on_a_connection_gone_silent_fails_after_the_socket_timeout_and_ke
         assert 1.0 <= time.monotonic() - start < 2.0
         channel.leases.flush()  # the ack of 0 waited; sent on a new connection
         assert not channel.leases.holds_work()
-    assert _kept(redis_client, key_prefix, "silent") == 2
+    assert _kept(make_pq, "silent") == 2
 
 
-def test_a_pop_reply_read_late_is_renewed_first_and_one_whose_lease_ran_out_is_not_delivered(redis_client):
-    q = PriorityQueue(redis_client, "late", lease_seconds=1.0)
+def test_a_pop_reply_read_late_is_renewed_first_and_one_whose_lease_ran_out_is_not_delivered(make_pq):
+    q = make_pq("late", lease_seconds=1.0)
     book = LeaseBook(SimpleNamespace(renew_interval=0.2, lease_seconds=1.0))
     # Read after a renewal's interval (a stalled loop), within the lease: renewed, then delivered
     q.insert(b"x", 1)

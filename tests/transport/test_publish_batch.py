@@ -142,7 +142,7 @@ def test_a_batch_of_1000_sends_no_call_per_message_reads_the_replies_at_the_flus
     assert got == [i for p in (2, 1, 0) for i in range(1000) if i % 3 == p]
 
 
-def test_each_queue_gets_one_call_per_flush_and_max_size_flushes_on_its_own(url, key_prefix, redis_client, wire):
+def test_each_queue_gets_one_call_per_flush_and_max_size_flushes_on_its_own(url, key_prefix, make_pq, wire):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         a, b = _declare(conn, "ba", "bb")
         producer = Producer(conn.default_channel)
@@ -155,11 +155,11 @@ def test_each_queue_gets_one_call_per_flush_and_max_size_flushes_on_its_own(url,
         assert wire.log == ["send", "send", "read", "read"] * 4
         assert wire.round_trips == []
         for name in ("ba", "bb"):
-            assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 500
+            assert make_pq(name).size() == 500
             assert sorted(_bodies(conn, name, key_prefix, 500)) == list(range(500))
 
 
-def test_a_message_routed_to_two_queues_is_stored_once_in_each(url, key_prefix, redis_client):
+def test_a_message_routed_to_two_queues_is_stored_once_in_each(url, key_prefix, make_pq):
     ex = Exchange("both", type="topic")
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         for name in ("t1", "t2"):
@@ -169,12 +169,10 @@ def test_a_message_routed_to_two_queues_is_stored_once_in_each(url, key_prefix, 
             for i in range(10):
                 producer.publish({"i": i}, exchange=ex, routing_key="job.x")
         for name in ("t1", "t2"):
-            assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 10
+            assert make_pq(name).size() == 10
 
 
-def test_a_batch_routes_each_key_as_a_single_publish_and_sees_a_new_binding_after_a_flush(
-    url, key_prefix, redis_client
-):
+def test_a_batch_routes_each_key_as_a_single_publish_and_sees_a_new_binding_after_a_flush(url, key_prefix, make_pq):
     # a batch keeps an exchange's routing of a key until its next flush (batches.py, _routes)
     ex = Exchange("rt", type="topic")
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
@@ -189,7 +187,7 @@ def test_a_batch_routes_each_key_as_a_single_publish_and_sees_a_new_binding_afte
             Queue("rt-c", ex, routing_key="a.x")(conn.default_channel).declare()
             for i in range(6, 8):
                 producer.publish({"i": i}, exchange=ex, routing_key="a.x")
-        sizes = {n: PriorityQueue(redis_client, n, key_prefix=key_prefix).size() for n in ("rt-a", "rt-b", "rt-c")}
+        sizes = {n: make_pq(n).size() for n in ("rt-a", "rt-b", "rt-c")}
         assert sizes == {"rt-a": 6, "rt-b": 2, "rt-c": 2}
 
 
@@ -207,7 +205,7 @@ def test_errors_of_a_single_publish_raise_at_the_call_and_buffer_nothing(url, ke
         assert _bodies(conn, "be", key_prefix, 1) == [0]
 
 
-def test_a_block_that_raises_stores_nothing(url, key_prefix, redis_client):
+def test_a_block_that_raises_stores_nothing(url, key_prefix, make_pq):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bx")
         producer = Producer(conn.default_channel)
@@ -215,11 +213,11 @@ def test_a_block_that_raises_stores_nothing(url, key_prefix, redis_client):
             with producer.batch():
                 producer.publish({"i": 0}, exchange=q.exchange, routing_key="bx")
                 raise KeyError("stop")
-        assert PriorityQueue(redis_client, "bx", key_prefix=key_prefix).size() == 0
+        assert make_pq("bx").size() == 0
 
 
 def test_a_flush_whose_replies_were_lost_keeps_them_and_a_resend_stores_nothing_twice(
-    url, key_prefix, redis_client, monkeypatch
+    url, key_prefix, make_pq, monkeypatch
 ):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         a, b = _declare(conn, "la", "lb")
@@ -237,7 +235,7 @@ def test_a_flush_whose_replies_were_lost_keeps_them_and_a_resend_stores_nothing_
             assert "600 message(s) not known to be stored" in "".join(info.value.__notes__)
             session = batch.state.session
             assert len(session) == 600 and session.stored == 600
-            stored = sum(PriorityQueue(redis_client, n, key_prefix=key_prefix).size() for n in ("la", "lb"))
+            stored = sum(make_pq(n).size() for n in ("la", "lb"))
             assert stored == 1200  # every call ran: only replies were lost
             # When the rest is sent again
             monkeypatch.undo()
@@ -245,12 +243,12 @@ def test_a_flush_whose_replies_were_lost_keeps_them_and_a_resend_stores_nothing_
             assert len(session) == 0 and session.repeated == 600 and session.stored == 600
         # Then every message is stored exactly once
         for name in ("la", "lb"):
-            assert PriorityQueue(redis_client, name, key_prefix=key_prefix).size() == 600
+            assert make_pq(name).size() == 600
             assert sorted(_bodies(conn, name, key_prefix, 600)) == list(range(600))
 
 
 def test_a_connection_cut_with_replies_outstanding_loses_nothing_and_stores_nothing_twice(
-    url, key_prefix, redis_client
+    url, key_prefix, redis_client, make_pq
 ):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "lc")
@@ -276,11 +274,11 @@ def test_a_connection_cut_with_replies_outstanding_loses_nothing_and_stores_noth
             assert len(session) == 0
             assert session.stored + session.repeated == 1500  # each message counted once
         # Then each message is stored exactly once
-        assert PriorityQueue(redis_client, "lc", key_prefix=key_prefix).size() == 1500
+        assert make_pq("lc").size() == 1500
         assert sorted(_bodies(conn, "lc", key_prefix, 1500)) == list(range(1500))
 
 
-def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url, key_prefix, redis_client):
+def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url, key_prefix, make_pq):
     with Connection(url, transport_options={"key_prefix": key_prefix, "max_length": 1500}) as conn:
         (q,) = _declare(conn, "bf")
         producer = Producer(conn.default_channel)
@@ -292,7 +290,7 @@ def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url,
                 batch.flush()
             stored = [eid for eid in info.value.stored if eid is not None]
             session = batch.state.session
-            size = PriorityQueue(redis_client, "bf", key_prefix=key_prefix).size()
+            size = make_pq("bf").size()
             # Then what it says is stored is what the queue holds, and the batch keeps the rest
             assert size == len(stored) == session.stored and 0 < size < 2500
             assert len(session) == 2500 - size
@@ -302,14 +300,14 @@ def test_a_flush_refused_half_way_raises_and_keeps_only_what_was_not_stored(url,
         rest = _bodies(conn, "bf", key_prefix, 2500 - size)
         # Then each message is stored exactly once
         assert sorted(got + rest) == list(range(2500))
-        assert PriorityQueue(redis_client, "bf", key_prefix=key_prefix).size() == 0
+        assert make_pq("bf").size() == 0
 
 
-def test_a_sub_chunk_refused_while_later_ones_were_sent_says_what_the_queue_holds(url, key_prefix, redis_client, wire):
+def test_a_sub_chunk_refused_while_later_ones_were_sent_says_what_the_queue_holds(url, key_prefix, make_pq, wire):
     with Connection(url, transport_options={"key_prefix": key_prefix, "max_length": 1500}) as conn:
         (q,) = _declare(conn, "br")
         producer = Producer(conn.default_channel)
-        pq = PriorityQueue(redis_client, "br", key_prefix=key_prefix)
+        pq = make_pq("br")
         with producer.batch(max_size=5000) as batch:
             # Given 2,500 messages, sent in calls of 200 as the batch fills (the 8th to the
             # 12th refused: 1,400 + 200 > 1,500) and the last 100 at the flush (they fit)
@@ -334,13 +332,11 @@ def test_a_sub_chunk_refused_while_later_ones_were_sent_says_what_the_queue_hold
         assert pq.size() == 0
 
 
-def test_a_discarded_batch_reads_its_outstanding_replies_and_leaves_a_clean_connection(
-    url, key_prefix, redis_client, wire
-):
+def test_a_discarded_batch_reads_its_outstanding_replies_and_leaves_a_clean_connection(url, key_prefix, make_pq, wire):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bd")
         producer = Producer(conn.default_channel)
-        pq = PriorityQueue(redis_client, "bd", key_prefix=key_prefix)
+        pq = make_pq("bd")
         # Given a block that raises after two sub-chunks were sent (their replies outstanding)
         with pytest.raises(KeyError):
             with producer.batch(max_size=5000) as batch:
@@ -365,12 +361,12 @@ def test_a_discarded_batch_reads_its_outstanding_replies_and_leaves_a_clean_conn
 
 
 def test_batch_send_0_sends_nothing_before_the_flush_and_a_block_that_raises_stores_nothing(
-    url, key_prefix, redis_client, wire
+    url, key_prefix, make_pq, wire
 ):
     with Connection(url, transport_options={"key_prefix": key_prefix, "batch_send": 0}) as conn:
         (q,) = _declare(conn, "b0")
         producer = Producer(conn.default_channel)
-        pq = PriorityQueue(redis_client, "b0", key_prefix=key_prefix)
+        pq = make_pq("b0")
         with pytest.raises(KeyError):
             with producer.batch(max_size=5000):
                 for i in range(500):
@@ -414,7 +410,7 @@ def test_a_sub_chunk_the_queue_will_not_lay_out_leaves_the_rest_to_the_flush(
         assert _bodies(conn, "bv", key_prefix, 700) == list(range(700))
 
 
-def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_client):
+def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_client, make_pq):
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bm")
         producer = Producer(conn.default_channel)
@@ -422,7 +418,7 @@ def test_a_flushed_batch_has_its_publish_ids_forgotten(url, key_prefix, redis_cl
             with producer.batch():
                 for i in range(1000):
                     producer.publish({"i": i}, exchange=q.exchange, routing_key="bm")
-        pq = PriorityQueue(redis_client, "bm", key_prefix=key_prefix)
+        pq = make_pq("bm")
         assert pq.size() == 5000
         # each flush forgets the ids of the one before: the window holds the last batch's only
         remembered = redis_client.hlen(pq.keys.publish_ids) + redis_client.hlen(pq.keys.publish_ids_before)
@@ -476,7 +472,7 @@ def test_a_batch_on_a_sharded_queue_stores_each_message_once_after_a_lost_reply(
         assert sorted(got) == list(range(2000))
 
 
-def test_a_celery_group_of_1000_inside_one_producer_batch_sends_no_call_per_task(url, key_prefix, redis_client, wire):
+def test_a_celery_group_of_1000_inside_one_producer_batch_sends_no_call_per_task(url, key_prefix, make_pq, wire):
     from celery import Celery, group
 
     app = Celery("batched", broker=url, set_as_current=False)
@@ -492,7 +488,7 @@ def test_a_celery_group_of_1000_inside_one_producer_batch_sends_no_call_per_task
         with producer.batch(max_size=1000):
             result = group(add.s(i, i) for i in range(1000)).apply_async(producer=producer)
     assert wire.sends == wire.reads == 1000 // C.BATCH_SEND and wire.round_trips == []
-    entries = PriorityQueue(redis_client, "cg", key_prefix=key_prefix).peek(1000)
+    entries = make_pq("cg").peek(1000)
     assert [e.id for e in entries] == [r.id for r in result.results]  # stored in the group's order
     assert {describe(e.payload)["task"] for e in entries} == {"batched.add"}
 

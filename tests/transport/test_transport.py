@@ -9,7 +9,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 import celery_pq
 import celery_pq.transport.channel
-from celery_pq import ConfigError, PriorityQueue, QueueFull
+from celery_pq import ConfigError, QueueFull
 from celery_pq.storage import constants as C
 
 try:
@@ -59,7 +59,7 @@ def test_priority_order(url, opts, order, expected):
         assert sevens == [0, 3]  # FIFO within a priority
 
 
-def test_default_priority_applies_only_without_priority(url, opts, redis_client, key_prefix):
+def test_default_priority_applies_only_without_priority(url, opts, make_pq):
     opts["default_priority"] = 100
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
@@ -68,11 +68,11 @@ def test_default_priority_applies_only_without_priority(url, opts, redis_client,
         p.publish({"i": 0}, exchange=q.exchange, routing_key="kq", declare=[q])
         p.publish({"i": 1}, exchange=q.exchange, routing_key="kq", priority=None)
         p.publish({"i": 2}, exchange=q.exchange, routing_key="kq", priority=1)
-        entries = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).peek(5)
+        entries = make_pq("kq").peek(5)
         assert [e.priority for e in entries] == [100, 100, 1]
 
 
-def test_celery_task_without_priority_gets_default_priority(url, opts, redis_client, key_prefix):
+def test_celery_task_without_priority_gets_default_priority(url, opts, make_pq):
     from celery import Celery
 
     opts["default_priority"] = 42
@@ -86,12 +86,12 @@ def test_celery_task_without_priority_gets_default_priority(url, opts, redis_cli
 
     task.apply_async()
     task.apply_async(priority=7)
-    entries = PriorityQueue(redis_client, "dp", key_prefix=key_prefix).peek(5)
+    entries = make_pq("dp").peek(5)
     assert [e.priority for e in entries] == [42, 7]
 
 
 @pytest.mark.parametrize("bad", [256, -1, 2.5, "high", 0.0, True])
-def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, redis_client, key_prefix, bad):
+def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, make_pq, bad):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
         p = Producer(conn.default_channel)
@@ -99,7 +99,7 @@ def test_bad_priority_raises_value_error_and_writes_nothing(url, opts, redis_cli
         with pytest.raises(ValueError) as err:
             p.publish({"x": 1}, exchange=q.exchange, routing_key="kq", priority=bad)
         assert repr(bad) in str(err.value) or str(bad) in str(err.value)
-        assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).size() == 0
+        assert make_pq("kq").size() == 0
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_headers_come_back_as_published_and_a_redelivery_adds_only_x_delivery_co
     assert (second.delivery_info["delivery_count"], second.delivery_info["redelivered"]) == (2, True)
 
 
-def test_reject_requeue_and_dead_letter(url, opts, redis_client, key_prefix):
+def test_reject_requeue_and_dead_letter(url, opts, make_pq):
     opts["max_deliveries"] = 3
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
@@ -191,7 +191,7 @@ def test_reject_requeue_and_dead_letter(url, opts, redis_client, key_prefix):
             msg.reject(requeue=True)
         assert counts == [1, 2, 3]
         # the third reject used up max_deliveries: the message is in kq.dead, not lost
-        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        pq = make_pq("kq")
         assert pq.size() == 0
         [dead] = pq.dead.peek()
         assert dead.dead_reason == "max_deliveries"
@@ -201,18 +201,18 @@ def test_reject_requeue_and_dead_letter(url, opts, redis_client, key_prefix):
         assert body == {"n": 1}
 
 
-def test_reject_without_requeue_goes_to_dead_letter(url, opts, redis_client, key_prefix):
+def test_reject_without_requeue_goes_to_dead_letter(url, opts, make_pq):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
         [(_, msg)] = drain(conn, q, 1, ack=False)
         msg.reject(requeue=False)
-        [dead] = PriorityQueue(redis_client, "kq", key_prefix=key_prefix).dead.peek()
+        [dead] = make_pq("kq").dead.peek()
         assert dead.dead_reason == "rejected"
 
 
-def test_malformed_entry_goes_to_dead_letter_and_others_flow(url, opts, redis_client, key_prefix):
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+def test_malformed_entry_goes_to_dead_letter_and_others_flow(url, opts, make_pq):
+    pq = make_pq("kq")
     pq.insert(b"this is not json", 200, id="garbage")
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
@@ -223,37 +223,37 @@ def test_malformed_entry_goes_to_dead_letter_and_others_flow(url, opts, redis_cl
     assert dead.id == "garbage" and dead.dead_reason == "malformed" and dead.payload == b"this is not json"
 
 
-def test_unacked_messages_are_given_back_on_close_without_counting(url, opts, redis_client, key_prefix):
+def test_unacked_messages_are_given_back_on_close_without_counting(url, opts, make_pq):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
         drain(conn, q, 1, ack=False)
-        assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).stats()["leased"] == 1
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        assert make_pq("kq").stats()["leased"] == 1
+    pq = make_pq("kq")
     assert pq.size() == 1 and pq.stats()["leased"] == 0
     assert pq.pop()[0].deliveries == 1
 
 
-def test_leases_are_renewed_while_the_consumer_lives(url, opts, redis_client, key_prefix):
+def test_leases_are_renewed_while_the_consumer_lives(url, opts, make_pq):
     opts.update(lease_seconds=0.75, sweep_interval=0.1)
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
         [(_, msg)] = drain(conn, q, 1, ack=False)
         time.sleep(2.5)  # more than three lease lengths without an ack
-        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        pq = make_pq("kq")
         assert pq.stats()["leased"] == 1 and pq.size() == 0
         msg.ack()
         assert pq.stats()["leased"] == 0
 
 
-def test_expired_lease_of_a_vanished_consumer_comes_back(url, opts, redis_client, key_prefix):
+def test_expired_lease_of_a_vanished_consumer_comes_back(url, opts, make_pq):
     # Given a message leased by a consumer that disappears without acking (no renewals)
     opts.update(sweep_interval=0.1)
     with Connection(url, transport_options=opts) as conn:
         q = make_queue()
         Producer(conn.default_channel).publish({"n": 1}, exchange=q.exchange, routing_key="kq", declare=[q])
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    pq = make_pq("kq")
     pq.pop(lease_seconds=0.3)
     # When another consumer is running
     with Connection(url, transport_options=opts) as conn:
@@ -346,7 +346,7 @@ def test_queue_purge_and_size(url, opts):
         assert bound.queue_declare(passive=True).message_count == 0
 
 
-def test_celery_remove_by_task_id(url, opts, redis_client, key_prefix):
+def test_celery_remove_by_task_id(url, opts, make_pq):
     from celery import Celery
 
     app = Celery("t", broker=url)
@@ -358,7 +358,7 @@ def test_celery_remove_by_task_id(url, opts, redis_client, key_prefix):
     sig.apply_async(priority=3)
     app.send_task("some.task", task_id=r1.id)  # a second message with the same task id
     assert celery_pq.remove(app, "rm", r1.id) == 2
-    left = PriorityQueue(redis_client, "rm", key_prefix=key_prefix).peek(10)
+    left = make_pq("rm").peek(10)
     assert len(left) == 1 and left[0].id != r1.id
     assert celery_pq.remove(app, "rm", "no-such-id") == 0
 
@@ -440,18 +440,18 @@ def test_tenant_from_a_function(url, opts):
 
 
 @pytest.mark.parametrize("fn,match", [("explode", "raised RuntimeError"), ("not_a_string", "not a string")])
-def test_tenant_function_errors_are_named_and_nothing_is_written(url, opts, redis_client, key_prefix, fn, match):
+def test_tenant_function_errors_are_named_and_nothing_is_written(url, opts, redis_client, make_pq, fn, match):
     options = fair_opts(opts, fair_key=f"tests.support.tenants:{fn}")
     with Connection(url, transport_options=options) as conn:
         q = make_queue()
         q(conn.default_channel).declare()
         with pytest.raises(ValueError, match=match):
             Producer(conn.default_channel).publish({"x": 1}, exchange=q.exchange, routing_key="kq")
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    pq = make_pq("kq")
     assert pq.size() == 0 and redis_client.exists(pq.keys.entries, pq.keys.tenant_entries) == 0
 
 
-def test_celery_headers_choose_the_tenant(url, opts, redis_client, key_prefix):
+def test_celery_headers_choose_the_tenant(url, opts, make_pq):
     from celery import Celery
 
     app = Celery("t", broker=url)
@@ -459,7 +459,7 @@ def test_celery_headers_choose_the_tenant(url, opts, redis_client, key_prefix):
     app.conf.task_default_queue = "ct"
     app.send_task("x.y", headers={"tenant": "acme"})
     app.send_task("x.y")
-    pq = PriorityQueue(redis_client, "ct", key_prefix=key_prefix, fair=True)
+    pq = make_pq("ct", fair=True)
     assert pq.tenant_stats() == {"acme": {"waiting": 1, "leased": 0}, "": {"waiting": 1, "leased": 0}}
 
 
@@ -504,14 +504,14 @@ def test_urgent_view_is_not_woken_by_low_priority_inserts(url, opts):
     assert channel.counters["wakeups"] == before["wakeups"] + 1
 
 
-def test_a_view_is_not_a_routing_destination_and_cannot_delete_its_queue(url, opts, redis_client, key_prefix):
+def test_a_view_is_not_a_routing_destination_and_cannot_delete_its_queue(url, opts, redis_client, make_pq, key_prefix):
     with Connection(url, transport_options=opts) as conn:
         base = Queue("default", Exchange("default"), routing_key="default")
         view = Queue("default[>=200]", Exchange("default"), routing_key="default")
         base(conn.default_channel).declare()
         view(conn.default_channel).declare()  # same exchange and routing key as the queue it views
         Producer(conn.default_channel).publish({"n": 1}, exchange=base.exchange, routing_key="default", priority=250)
-        pq = PriorityQueue(redis_client, "default", key_prefix=key_prefix)
+        pq = make_pq("default")
         assert pq.size() == 1  # stored once
         view(conn.default_channel).delete()
         assert pq.size() == 1

@@ -11,8 +11,8 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Producer
 
-from celery_pq import PriorityQueue
 from celery_pq.ops.render import describe
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.codec import encode
 from celery_pq.testing import wait_for
 
@@ -58,13 +58,13 @@ def test_short_lived_threads_do_not_keep_a_connection_each(fresh_redis):
                 t.join()
         # Then every publish worked and the finished threads' connections were given back
         assert errors == []
-        assert PriorityQueue(conn.default_channel.client, "kq", key_prefix="pq").size() == 300
+        assert open_queue(conn.default_channel.client, "kq", QueueSettings(key_prefix="pq")).size() == 300
         assert normal_clients(fresh_redis) <= 12
 
 
 def test_a_dropped_connection_frees_its_pool_slot(fresh_redis):
     client = redis.Redis(connection_pool=redis.ConnectionPool(port=fresh_redis.port, max_connections=3))
-    q = PriorityQueue(client, "slots")
+    q = open_queue(client, "slots")
     try:
         for _ in range(5):  # each round the thread's own connection is killed under it
             q.insert(b"x", 1)
@@ -205,7 +205,9 @@ def test_a_redis_user_without_the_client_command_can_consume(fresh_redis):
 
 
 # -- max_message_bytes -------------------------------------------------------------------------
-def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redis_server, key_prefix, redis_client):
+def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(
+    redis_server, key_prefix, redis_client, make_pq
+):
     from celery_pq.storage.errors import MessageTooLarge
 
     options = {"key_prefix": key_prefix, "max_message_bytes": 1000}
@@ -218,7 +220,7 @@ def test_a_message_over_max_message_bytes_is_refused_and_nothing_is_written(redi
             producer.publish({"blob": noise}, exchange=q.exchange, routing_key="kq")
         assert err.value.limit == 1000 and err.value.size > 2000 and err.value.queue == "kq"
         assert "max_message_bytes=1000" in str(err.value)
-        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        pq = make_pq("kq")
         assert pq.size() == 0 and not redis_client.exists(pq.keys.entries)
         producer.publish({"blob": "x" * 100}, exchange=q.exchange, routing_key="kq")
         assert pq.size() == 1
@@ -280,7 +282,7 @@ def test_the_publish_stamp_is_never_stored():
     assert STAMP in message["properties"]  # (still the caller's, for a retry of the call)
 
 
-def test_the_same_task_id_sent_twice_on_purpose_is_stored_twice(redis_server, key_prefix, redis_client):
+def test_the_same_task_id_sent_twice_on_purpose_is_stored_twice(redis_server, key_prefix, make_pq):
     from celery import Celery
 
     # Given a Celery app on the transport
@@ -292,7 +294,7 @@ def test_the_same_task_id_sent_twice_on_purpose_is_stored_twice(redis_server, ke
         for _ in range(3):
             app.send_task("proj.report", args=[42], task_id="report-42", connection=conn)
     # Then three messages wait: a re-send is a publish of its own, never taken for a retry
-    ids = sorted(e.id for e in PriorityQueue(redis_client, "rs", key_prefix=key_prefix).peek(10))
+    ids = sorted(e.id for e in make_pq("rs").peek(10))
     assert len(ids) == 3 and ids[0] == "report-42" and all(i.startswith("report-42~") for i in ids[1:]), ids
     app.close()
 
@@ -330,7 +332,7 @@ def test_a_celery_publish_retried_after_a_lost_reply_is_stored_once(debug_redis)
             busy.join()
     # Then the queue holds the task once
     with fresh_redis.client() as r:
-        assert sorted(e.id for e in PriorityQueue(r, "dd").peek(10)) == ["t0", "t1"]
+        assert sorted(e.id for e in open_queue(r, "dd").peek(10)) == ["t0", "t1"]
     app.close()
 
 
@@ -403,7 +405,7 @@ class ReplyLosingProxy:
     ],
 )
 def test_a_publish_to_several_queues_retried_after_a_lost_reply_is_stored_once_in_each(
-    redis_server, key_prefix, redis_client, kind, bindings, key
+    redis_server, key_prefix, make_pq, kind, bindings, key
 ):
     from kombu import Exchange, Queue
 
@@ -432,7 +434,7 @@ def test_a_publish_to_several_queues_retried_after_a_lost_reply_is_stored_once_i
     # Then two replies were lost, and each queue holds the message once
     assert proxy.lost == 2
     for q in queues:
-        entries = PriorityQueue(redis_client, q.name, key_prefix=key_prefix).peek(10)
+        entries = make_pq(q.name).peek(10)
         assert sorted(describe(e.payload)["args"] for e in entries) == ['{"n": 0}', '{"n": 1}'], q.name
 
 
@@ -493,11 +495,9 @@ def consume_batch(conn, q, n, on_message=None):
         {"properties": {"delivery_info": []}, "headers": {}},
     ],
 )
-def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(
-    redis_server, key_prefix, redis_client, garbage
-):
+def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(redis_server, key_prefix, make_pq, garbage):
     # Given five messages at one priority, the third of them not a kombu message
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    pq = make_pq("kq")
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
         publish_numbers(conn, q, range(2))
@@ -515,12 +515,12 @@ def test_a_batch_with_an_unreadable_message_in_the_middle_strands_nothing(
 
 
 def test_a_decompression_bomb_is_dead_lettered_with_its_reason_and_bounded_memory(
-    redis_server, key_prefix, redis_client, caplog
+    redis_server, key_prefix, make_pq, caplog
 ):
     import tracemalloc
 
     # Given a 9.6 KB entry whose zstd frame declares 300 MB, and one of 70,000 fields, among good ones
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+    pq = make_pq("kq")
     bomb, fields = zstd_bomb(), fields_bomb(70_000)
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
@@ -549,8 +549,8 @@ def test_a_decompression_bomb_is_dead_lettered_with_its_reason_and_bounded_memor
     assert f"declares {BOMB_BYTES} bytes" in caplog.text and "more than 65536 fields" in caplog.text
 
 
-def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, key_prefix, redis_client):
-    pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+def test_a_callback_that_raises_gives_back_the_rest_of_its_batch(redis_server, key_prefix, make_pq):
+    pq = make_pq("kq")
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
         publish_numbers(conn, q, range(5))
@@ -600,7 +600,7 @@ def test_a_deferred_ack_whose_round_trip_fails_is_sent_again(key_prefix):
                 conn.drain_events(timeout=5)
                 conn.default_channel.leases.flush()
             with server.client() as r:
-                pq = PriorityQueue(r, "kq")
+                pq = open_queue(r, "kq")
                 assert got == [{"i": 0}, {"i": 1}]
                 assert pq.stats()["leased"] == 0 and pq.size() == 0
 
@@ -632,7 +632,7 @@ def test_an_ack_sent_again_after_a_lost_reply_is_not_reported_as_late(debug_redi
                 channel.leases.flush()
         assert channel.leases.held() == {}
         with debug_redis.client() as r:
-            assert PriorityQueue(r, "kq").stats()["leased"] == 0
+            assert open_queue(r, "kq").stats()["leased"] == 0
     late = [r for r in caplog.records if r.name == "celery_pq.transport.leasebook" and r.levelno >= logging.WARNING]
     assert late == []
     assert any("already done" in r.getMessage() for r in caplog.records)
@@ -679,7 +679,7 @@ def test_a_redis_that_refuses_writes_is_reported_and_renewals_retry_promptly(fre
                 assert len(errors) == 1 and how in errors[0] and "refuses writes" in errors[0], errors
                 # and, once Redis takes writes again, the lease is renewed within a second
                 wait_for(lambda: keeper.renewals > renewals, 1.0, "a renewal once Redis takes writes", interval=0.01)
-            assert PriorityQueue(admin, "kq").lease_of("1")["seconds_left"] > 5
+            assert open_queue(admin, "kq").lease_of("1")["seconds_left"] > 5
 
 
 def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_delivering(fresh_redis, caplog):
@@ -694,7 +694,7 @@ def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_deli
         with Consumer(conn, [q], callbacks=[lambda b, m: got.append(m)], prefetch_count=1):
             conn.drain_events(timeout=5)
             keeper = conn.transport._keeper
-            pq = PriorityQueue(admin, "kq")
+            pq = open_queue(admin, "kq")
             # When Redis is full (maxmemory reached, noeviction)
             with caplog.at_level(logging.WARNING):
                 admin.config_set("maxmemory", 1)
@@ -732,7 +732,7 @@ def test_misconf_and_other_refusals_are_recognised():
     assert write_refusal(rex.ConnectionError("gone")) is None
 
 
-def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, redis_client):
+def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, make_pq):
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
         producer = Producer(conn.default_channel)
@@ -746,7 +746,7 @@ def test_no_ack_deliveries_hold_no_lease(redis_server, key_prefix, redis_client)
         assert conn.default_channel.basic_get("kq", no_ack=True) is not None
         conn.default_channel.leases.flush()
         assert got == [{"i": 0}, {"i": 1}] and conn.default_channel.leases.held() == {}
-        pq = PriorityQueue(redis_client, "kq", key_prefix=key_prefix)
+        pq = make_pq("kq")
         assert pq.stats()["leased"] == 0 and pq.size() == 0
 
 
@@ -773,7 +773,7 @@ def test_a_property_without_a_stored_form_is_left_out_with_a_warning(redis_serve
         assert body == {"n": 1} and "signal" not in message.properties and message.properties["keep"] == "me"
 
 
-def test_a_header_without_a_stored_form_is_refused_by_name(redis_server, key_prefix, redis_client):
+def test_a_header_without_a_stored_form_is_refused_by_name(redis_server, key_prefix, make_pq):
     with Connection(url_of(redis_server), transport_options={"key_prefix": key_prefix}) as conn:
         q = make_queue()
         q(conn.default_channel).declare()
@@ -781,4 +781,4 @@ def test_a_header_without_a_stored_form_is_refused_by_name(redis_server, key_pre
             Producer(conn.default_channel).publish(
                 {"n": 1}, exchange=q.exchange, routing_key="kq", headers={"bad": _Unwritable()}
             )
-        assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix).size() == 0
+        assert make_pq("kq").size() == 0

@@ -10,7 +10,7 @@ from celery import Celery
 from kombu import Connection, Producer
 
 import celery_pq
-from celery_pq import ConfigError, PriorityQueue, PublishOutcome, publish_outcome
+from celery_pq import ConfigError, PublishOutcome, publish_outcome
 from celery_pq.queue.scripts import Scripts
 from celery_pq.transport.options import Options
 
@@ -41,11 +41,11 @@ def publish(conn, q, tid, body=None, priority=0, **headers):
     )
 
 
-def stored(redis_client, key_prefix, name="uk"):
-    return PriorityQueue(redis_client, name, key_prefix=key_prefix)
+def stored(make_pq, name="uk"):
+    return make_pq(name)
 
 
-def test_a_merged_publish_is_told_which_task_stands(url, opts, redis_client, key_prefix):
+def test_a_merged_publish_is_told_which_task_stands(url, opts, make_pq):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
         publish(conn, q, "t1", pq_unique="report:7")
@@ -53,7 +53,7 @@ def test_a_merged_publish_is_told_which_task_stands(url, opts, redis_client, key
         assert publish_outcome("t1") == PublishOutcome("stored", "t1", "t1", "report:7")
         out = celery_pq.publish_outcome(type("AsyncResult", (), {"id": "t2"})())
         assert (out.kind, out.task_id, out.requested, out.key) == ("merged", "t1", "t2", "report:7")
-        assert [e.id for e in stored(redis_client, key_prefix).peek(5)] == ["t1"]
+        assert [e.id for e in stored(make_pq).peek(5)] == ["t1"]
         [(body, message)] = drain(conn, q, 1)
         assert body == {"t": "t1"} and message.headers["pq_unique"] == "report:7"
         # acked: the key is free again
@@ -62,7 +62,7 @@ def test_a_merged_publish_is_told_which_task_stands(url, opts, redis_client, key
     assert publish_outcome("never-published") is None
 
 
-def test_modes_and_seconds_from_headers_and_options(url, opts, redis_client, key_prefix):
+def test_modes_and_seconds_from_headers_and_options(url, opts, redis_client, make_pq):
     opts.update(unique_mode={"uk": "replace", "*": "while_waiting"}, unique_seconds=30)
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
@@ -72,7 +72,7 @@ def test_modes_and_seconds_from_headers_and_options(url, opts, redis_client, key
         publish(conn, q, "d1", pq_unique="d", pq_unique_mode="debounce", pq_unique_seconds=5)
         publish(conn, q, "d2", pq_unique="d", pq_unique_mode="debounce")  # 30 s: the option's
         assert publish_outcome("d2").kind == "debounced"
-        q2 = stored(redis_client, key_prefix)
+        q2 = stored(make_pq)
         due = redis_client.zscore(q2.keys.delayed, "d2")
         sec, usec = redis_client.time()
         assert 25_000 < due - (sec * 1000 + usec // 1000) <= 30_000
@@ -83,7 +83,7 @@ def test_modes_and_seconds_from_headers_and_options(url, opts, redis_client, key
         assert q2.counters()["unique_throttled"] == 1
 
 
-def test_a_key_function_option(url, opts, redis_client, key_prefix):
+def test_a_key_function_option(url, opts, make_pq):
     opts["unique_key"] = f"{__name__}:unique_of_message"
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
@@ -91,7 +91,7 @@ def test_a_key_function_option(url, opts, redis_client, key_prefix):
         publish(conn, q, "f2", {"user": "ann"})
         publish(conn, q, "f3", {"other": 1})  # None: no key
         assert publish_outcome("f2").task_id == "f1" and publish_outcome("f3") is None
-        assert stored(redis_client, key_prefix).size() == 2
+        assert stored(make_pq).size() == 2
 
 
 @pytest.mark.parametrize(
@@ -105,13 +105,13 @@ def test_a_key_function_option(url, opts, redis_client, key_prefix):
         ({"pq_unique_mode": "replace"}, "pq_unique_mode"),
     ],
 )
-def test_bad_header_values_are_refused_with_nothing_written(url, opts, redis_client, key_prefix, headers, named):
+def test_bad_header_values_are_refused_with_nothing_written(url, opts, redis_client, make_pq, headers, named):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
         with pytest.raises(ValueError, match=named) as err:
             publish(conn, q, "bad", **headers)
         assert "not published" in str(err.value)
-        assert redis_client.hlen(stored(redis_client, key_prefix).keys.entries) == 0
+        assert redis_client.hlen(stored(make_pq).keys.entries) == 0
 
 
 def test_bad_options_are_refused_once():
@@ -127,7 +127,7 @@ def test_bad_options_are_refused_once():
             Options.from_transport_options(options)
 
 
-def test_a_message_without_a_key_is_published_as_ever(url, opts, redis_client, key_prefix, monkeypatch):
+def test_a_message_without_a_key_is_published_as_ever(url, opts, redis_client, make_pq, monkeypatch):
     seen = []
     real = Scripts.insert_call
 
@@ -141,11 +141,11 @@ def test_a_message_without_a_key_is_published_as_ever(url, opts, redis_client, k
         publish(conn, q, "n1")
         publish(conn, q, "n1")  # the same task id twice: two messages, as ever
     assert seen == [None, None]
-    assert redis_client.exists(stored(redis_client, key_prefix).keys.unique_keys) == 0
-    assert stored(redis_client, key_prefix).size() == 2 and publish_outcome("n1") is None
+    assert redis_client.exists(stored(make_pq).keys.unique_keys) == 0
+    assert stored(make_pq).size() == 2 and publish_outcome("n1") is None
 
 
-def test_a_keyed_message_in_a_batch_is_stored_at_once(url, opts, redis_client, key_prefix):
+def test_a_keyed_message_in_a_batch_is_stored_at_once(url, opts, make_pq):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
         producer = Producer(conn.default_channel)
@@ -155,7 +155,7 @@ def test_a_keyed_message_in_a_batch_is_stored_at_once(url, opts, redis_client, k
                 producer.publish({}, exchange=q.exchange, routing_key="uk", headers={"id": tid, "pq_unique": "k"})
             producer.publish({}, exchange=q.exchange, routing_key="uk", headers={"id": "plain"})
             assert publish_outcome("b2").kind == "merged"
-        assert sorted(e.id for e in stored(redis_client, key_prefix).peek(5)) == ["b1", "plain"]
+        assert sorted(e.id for e in stored(make_pq).peek(5)) == ["b1", "plain"]
 
 
 def test_a_sharded_queue_finds_a_key_on_its_shard(url, opts, redis_client, key_prefix):
@@ -168,7 +168,7 @@ def test_a_sharded_queue_finds_a_key_on_its_shard(url, opts, redis_client, key_p
         assert len(drain(conn, q, 3)) == 3
 
 
-def test_a_task_id_of_the_callers_choosing_is_throttled_and_a_retry_is_not(url, opts, redis_client, key_prefix):
+def test_a_task_id_of_the_callers_choosing_is_throttled_and_a_retry_is_not(url, opts, make_pq):
     """``apply_async(task_id=f"report-{n}")`` twice within the period: the second is throttled
     (its id is the standing one's, but it is no retry); Celery's retry of it (the same id, its
     header ``retries`` one up, as ``Task.retry`` sends it) is stored."""
@@ -184,15 +184,15 @@ def test_a_task_id_of_the_callers_choosing_is_throttled_and_a_retry_is_not(url, 
         retry = report.apply_async(task_id="report-7", headers=headers, retries=1)
         out = publish_outcome(retry)
         assert out.kind == "stored" and out.task_id.startswith("report-7~")
-        assert stored(redis_client, key_prefix).size() == 2
+        assert stored(make_pq).size() == 2
     finally:
         app.close()
 
 
-def test_a_bad_retries_header_of_a_keyed_message_is_refused(url, opts, redis_client, key_prefix):
+def test_a_bad_retries_header_of_a_keyed_message_is_refused(url, opts, make_pq):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
         with pytest.raises(ValueError, match="'retries'.*not published"):
             publish(conn, q, "bad", pq_unique="k", retries="two")
         publish(conn, q, "plain", retries="two")  # without a key the header is not read
-        assert [e.id for e in stored(redis_client, key_prefix).peek(5)] == ["plain"]
+        assert [e.id for e in stored(make_pq).peek(5)] == ["plain"]

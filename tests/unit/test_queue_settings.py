@@ -59,3 +59,9 @@ def test_a_plain_queue_is_its_own_single_shard():
     assert q.shards == [q] and q.settings.fair and q.mode["technique"] == "T"
     sharded = ShardedQueue([q, PriorityQueue(redis.Redis(), "q#1", q.settings)], "q")
     assert sharded.shards[0] is q and sharded.settings.fair
+
+
+@pytest.mark.parametrize("kw", [{"technique": "Q"}, {"priority_order": "up"}, {"lease_seconds": 0}, {"max_length": 0}])
+def test_queue_settings_are_checked(kw):
+    with pytest.raises(ValueError):
+        PriorityQueue(None, "q", **kw)

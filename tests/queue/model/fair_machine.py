@@ -6,8 +6,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from celery_pq import PriorityQueue
-from celery_pq.queue import escape_tenant
+from celery_pq.queue import QueueSettings, escape_tenant, open_queue
 
 from .common import EVENT_CAP, LEASE_SECONDS, SKIP, TENANTS
 from .fair import Fair
@@ -27,16 +26,18 @@ class FairMachine(QueueMachine):
     )
     def make_queue(self, scope, order, conc, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, fair_scope=scope)
-        self.q = PriorityQueue(
+        self.q = open_queue(
             self.client,
             self.name,
-            key_prefix=self.prefix,
-            lease_seconds=LEASE_SECONDS,
-            max_deliveries=max_deliveries,
-            fair=True,
-            tenant_concurrency=conc or None,
-            event_log=EVENT_CAP,
-            **self.mode_kwargs,
+            QueueSettings(
+                key_prefix=self.prefix,
+                lease_seconds=LEASE_SECONDS,
+                max_deliveries=max_deliveries,
+                fair=True,
+                tenant_concurrency=conc or None,
+                event_log=EVENT_CAP,
+                **self.mode_kwargs,
+            ),
         )
         self.fq = Fair(self, scope == "within_priority", conc)
 

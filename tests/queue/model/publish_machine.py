@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kombu import Connection, Exchange, Producer, Queue
 
-from celery_pq import PriorityQueue
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.ids import decode_id
 
 from .common import EVENT_CAP, SKIP, Session
@@ -68,8 +68,11 @@ class PublishMachine(RuleBasedStateMachine):
                 Queue(name, self.ex, routing_key=key)(channel).declare()
         self.producer = Producer(channel)
         self.qs = {
-            n: PriorityQueue(
-                self.client, n, key_prefix=self.prefix, technique=technique, event_log=EVENT_CAP, max_deliveries=0
+            n: open_queue(
+                self.client,
+                n,
+                QueueSettings(key_prefix=self.prefix, technique=technique, event_log=EVENT_CAP, max_deliveries=0),
+                declare=False,  # the consumer (the transport) declares them
             )
             for n in NAMES
         }

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from celery_pq import EntryNotFound, Item, NotWaiting, PriorityQueue
-from celery_pq.queue import escape_tenant
+from celery_pq.queue import QueueSettings, escape_tenant, open_queue
 from celery_pq.storage.ids import encode_id
 
 from .common import (
@@ -70,14 +70,16 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
     )
     def make_queue(self, order, technique, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, technique=technique)
-        self.q = PriorityQueue(
+        self.q = open_queue(
             self.client,
             self.name,
-            key_prefix=self.prefix,
-            lease_seconds=LEASE_SECONDS,
-            max_deliveries=max_deliveries,
-            event_log=EVENT_CAP,
-            **self.mode_kwargs,
+            QueueSettings(
+                key_prefix=self.prefix,
+                lease_seconds=LEASE_SECONDS,
+                max_deliveries=max_deliveries,
+                event_log=EVENT_CAP,
+                **self.mode_kwargs,
+            ),
         )
 
     def teardown(self):

@@ -38,6 +38,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kombu import Connection, Exchange, Producer, Queue
 
 from celery_pq import PriorityQueue, publish_outcome
+from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.ids import encode_id
 
 from . import clock
@@ -101,14 +102,16 @@ class UniqueMachine(RuleBasedStateMachine):
         self.kq = Queue(self.name, Exchange(self.name, type="direct"), routing_key=self.name)
         self.producer = Producer(self.conn.default_channel)
         self.kq(self.conn.default_channel).declare()
-        self.q = PriorityQueue(
+        self.q = open_queue(
             self.client,
             self.name,
-            key_prefix=self.prefix,
-            technique=technique,
-            lease_seconds=LEASE_SECONDS,
-            max_deliveries=max_deliveries,
-            event_log=EVENT_CAP,
+            QueueSettings(
+                key_prefix=self.prefix,
+                technique=technique,
+                lease_seconds=LEASE_SECONDS,
+                max_deliveries=max_deliveries,
+                event_log=EVENT_CAP,
+            ),
         )
 
     def teardown(self):
