@@ -8,22 +8,13 @@ from __future__ import annotations
 import logging
 
 from pyspark.sql.datasource import DataSourceWriter
-from pyspark.sql.types import StructType
 
-from .partition import PartitionReport, Sink, eta_is_local, summarize, write_partition
-from .rejects import write_rejects
-from .rows import TaskRows
-from .settings import WriterSettings, close_client
+from .partition import PartitionReport, PartitionWriter, summarize, write_partition
 
 logger = logging.getLogger("celery_pq.spark")
 
 
-class CeleryPQWriter(DataSourceWriter):
-    def __init__(self, settings: WriterSettings, schema: StructType):
-        self.settings = settings
-        self.schema_json = schema.json()
-        self.eta_is_local = eta_is_local(schema)
-
+class CeleryPQWriter(PartitionWriter, DataSourceWriter):
     # -- on the executors ----------------------------------------------------------------------
     def write(self, iterator) -> PartitionReport:
         from pyspark import TaskContext
@@ -31,30 +22,21 @@ class CeleryPQWriter(DataSourceWriter):
         ctx = TaskContext.get()
         report = PartitionReport(ctx.partitionId() if ctx else 0, ctx.attemptNumber() if ctx else 0)
         s = self.settings
-        client = s.client()
-        try:
-            sink = Sink(client, s, sink=s.write_id, on_full="reject")
-            rows = TaskRows(s, partition=report.partition, eta_is_local=self.eta_is_local)
+        with self._sink(s, report, sink=s.write_id, on_full="reject") as (sink, rows):
             return write_partition(rows, iterator, sink, report)
-        finally:
-            close_client(client)
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages) -> None:
         reports = [m for m in messages if isinstance(m, PartitionReport)]
         summary = {**summarize(reports), "write_id": self.settings.write_id}
-        log = logger.warning if summary["rejected"] else logger.info
-        log(
-            "celery_pq writer: write %s: %d rows, %d sent, %d already stored, %d rejected%s",
-            summary["write_id"],
-            summary["rows"],
-            summary["sent"],
-            summary["already_stored"],
-            summary["rejected"],
-            "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]),
+        self._finish(
+            reports,
+            summary,
+            self.settings.rejects,
+            bool(summary["rejected"]),
+            "celery_pq writer: write %s: %d rows, %d sent, %d already stored, %d rejected",
+            *(summary[k] for k in ("write_id", "rows", "sent", "already_stored", "rejected")),
         )
-        if self.settings.rejects:
-            write_rejects(self.settings.rejects, summary, [r for m in reports for r in m.rejects], self.schema_json)
 
     def abort(self, messages) -> None:
         reports = [m for m in messages if isinstance(m, PartitionReport)]

@@ -21,17 +21,14 @@ class CeleryPQDataSource(DataSource):
         return "celery_pq"
 
     def writer(self, schema: StructType, overwrite: bool) -> CeleryPQWriter:
-        if overwrite:
-            raise ConfigError(
-                "format 'celery_pq' only appends tasks to a queue: use .mode(\"append\") "
-                "(a queue cannot be overwritten)"
-            )
-        return CeleryPQWriter(WriterSettings.parse(dict(self.options), schema.fieldNames()), schema)
+        return CeleryPQWriter(self._settings(schema, overwrite, '.mode("append")'), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> CeleryPQStreamWriter:
+        return CeleryPQStreamWriter(self._settings(schema, overwrite, 'outputMode("append")'), schema)
+
+    def _settings(self, schema: StructType, overwrite: bool, append: str) -> WriterSettings:
         if overwrite:
             raise ConfigError(
-                "format 'celery_pq' only appends tasks to a queue: use outputMode(\"append\") "
-                "(a queue cannot be overwritten)"
+                f"format 'celery_pq' only appends tasks to a queue: use {append} (a queue cannot be overwritten)"
             )
-        return CeleryPQStreamWriter(WriterSettings.parse(dict(self.options), schema.fieldNames()), schema)
+        return WriterSettings.parse(dict(self.options), schema.fieldNames())

@@ -12,14 +12,11 @@ from dataclasses import dataclass, replace
 from itertools import chain, islice
 
 from pyspark.sql.datasource import DataSourceStreamWriter
-from pyspark.sql.types import StructType
 
 from ...storage.errors import ConfigError
-from .partition import PartitionReport, Sink, eta_is_local, prune_rate, summarize, write_partition
+from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, summarize, write_partition
 from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
-from .rejects import write_rejects
-from .rows import TaskRows
-from .settings import WriterSettings, close_client
+from .settings import close_client
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -38,13 +35,8 @@ class StreamReport(PartitionReport):
     query: str = ""
 
 
-class CeleryPQStreamWriter(DataSourceStreamWriter):
+class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
     """``df.writeStream.format("celery_pq")``: options in ``settings.py``."""
-
-    def __init__(self, settings: WriterSettings, schema: StructType):
-        self.settings = settings
-        self.schema_json = schema.json()
-        self.eta_is_local = eta_is_local(schema)
 
     # -- on the executors ----------------------------------------------------------------------
     def write(self, iterator) -> StreamReport:
@@ -61,20 +53,15 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         batch = int(batch_id)
         report = StreamReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
         s = replace(self.settings, write_id=f"{query}:{batch}")
-        client = s.client()
-        try:
-            sink = Sink(client, s, sink=query, on_full="wait")
-            rows = TaskRows(s, partition=report.partition, eta_is_local=self.eta_is_local)
+        with self._sink(s, report, sink=query, on_full="wait") as (sink, rows):
             if s.key or "task_id" in s.roles:
                 return write_partition(rows, iterator, sink, report)  # the queue knows them
-            record = SinkRecord(client, query, s.transport.key_prefix, run)
+            record = SinkRecord(sink.client, query, s.transport.key_prefix, run)
             record.claim()
             progress = Progress(record, batch, report.partition, rows)
             rest = self._replay(record.load(batch, report.partition), iter(iterator), sink, report, progress)
             progress.use(f"{query}:{batch}:{run}.{report.attempt}")
             return write_partition(rows, rest, sink, report, hooks=progress)
-        finally:
-            close_client(client)
 
     def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: StreamReport, progress: Progress):
         """Skip the segments ``earlier`` handled whose rows have their digest, resend its pending
@@ -139,28 +126,17 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages, batchId: int) -> None:
         reports = [m for m in messages if isinstance(m, StreamReport)]
-        summary = summarize(reports)
-        log = logger.warning if summary["rejected"] or summary["resent"] else logger.info
-        log(
+        summary = {**summarize(reports), "batch": batchId}
+        self._finish(
+            reports,
+            summary,
+            self.settings.rejects and os.path.join(self.settings.rejects, f"batch-{batchId}"),
+            bool(summary["rejected"] or summary["resent"]),
             "celery_pq stream writer: micro-batch %d: %d rows, %d sent, %d found already stored, "
             "%d skipped (recorded as handled), %d rejected; %d resent (handled by a failed attempt, "
-            "read in another order)%s",
-            batchId,
-            summary["rows"],
-            summary["sent"],
-            summary["already_stored"],
-            summary["skipped"],
-            summary["rejected"],
-            summary["resent"],
-            "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]),
+            "read in another order)",
+            *(summary[k] for k in ("batch", "rows", "sent", "already_stored", "skipped", "rejected", "resent")),
         )
-        if self.settings.rejects:
-            write_rejects(
-                os.path.join(self.settings.rejects, f"batch-{batchId}"),
-                {**summary, "batch": batchId},
-                [r for m in reports for r in m.rejects],
-                self.schema_json,
-            )
         query = next((m.query for m in reports if m.query), None)
         if query is None:
             return
