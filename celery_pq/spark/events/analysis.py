@@ -19,6 +19,8 @@ RANKS = 256  # ranks 0..255; 0 is served first
 TO_WAITING = ("requeue", "expire", "due")
 FROM_WAITING = ("deliver", "remove", "dead")
 
+#: What an entry's enqueue event says of it.
+ENQUEUED = ("priority", "rank", "task")
 REQUIRED = ("event", "queue", "id", "rank", "tenant", "deliveries", "ms", "sid")
 
 RANK_ERROR_SCHEMA = (
@@ -105,9 +107,7 @@ def _entries(ev: DataFrame) -> DataFrame:
 
     per = ev.groupBy("queue", "id").agg(
         F.max(F.when(F.col("tenant") != "", F.col("tenant"))).alias("tenant"),
-        F.first(F.when(F.col("event") == "enqueue", F.col("priority")), ignorenulls=True).alias("priority"),
-        F.first(F.when(F.col("event") == "enqueue", F.col("rank")), ignorenulls=True).alias("rank"),
-        F.first(F.when(F.col("event") == "enqueue", F.col("task")), ignorenulls=True).alias("task"),
+        *(F.first(F.when(F.col("event") == "enqueue", F.col(c)), ignorenulls=True).alias(c) for c in ENQUEUED),
         first_ms("enqueue").alias("enqueue_ms"),
         first_ms("due").alias("due_ms"),
         first_ms("deliver").alias("first_deliver_ms"),

@@ -60,6 +60,9 @@ class PartitionReport(WriterCommitMessage):
     rejects: list = field(default_factory=list)
     waited_full: float = 0.0
     waited_rate: float = 0.0
+    #: The streaming sink's: the query and micro-batch of the partition.
+    batch: int = -1
+    query: str = ""
 
 
 def summarize(reports) -> dict:

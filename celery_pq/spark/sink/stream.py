@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import chain, islice
 
 from pyspark.sql.datasource import DataSourceStreamWriter
@@ -27,19 +27,11 @@ RUN_ID_PROPERTY = "spark.jobGroup.id"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
-@dataclass
-class StreamReport(PartitionReport):
-    """A ``PartitionReport`` of one partition of micro-batch ``batch`` of query ``query``."""
-
-    batch: int = -1
-    query: str = ""
-
-
 class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
     """``df.writeStream.format("celery_pq")``: options in ``settings.py``."""
 
     # -- on the executors ----------------------------------------------------------------------
-    def write(self, iterator) -> StreamReport:
+    def write(self, iterator) -> PartitionReport:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -51,7 +43,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
                 f"micro-batch (local properties {', '.join(names)})"
             )
         batch = int(batch_id)
-        report = StreamReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
+        report = PartitionReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
         s = replace(self.settings, write_id=f"{query}:{batch}")
         with self._sink(s, report, sink=query, on_full="wait") as (sink, rows):
             if s.key or "task_id" in s.roles:
@@ -63,7 +55,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             progress.use(f"{query}:{batch}:{run}.{report.attempt}")
             return write_partition(rows, rest, sink, report, hooks=progress)
 
-    def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: StreamReport, progress: Progress):
+    def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: PartitionReport, progress: Progress):
         """Skip the segments ``earlier`` handled whose rows have their digest, resend its pending
         one under its identities if they do; the rows left (from the first that differs)."""
         if earlier is None:
@@ -92,7 +84,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         write_partition(rows, segment, sink, report, hooks=progress)
         return rows_in
 
-    def _unmatched(self, earlier: PartitionState, position: int, segment: list, rows_in, report: StreamReport):
+    def _unmatched(self, earlier: PartitionState, position: int, segment: list, rows_in, report: PartitionReport):
         report.resent += earlier.end - position
         logger.warning(
             "celery_pq stream writer: micro-batch %d partition %d: an earlier attempt handled or was "
@@ -106,7 +98,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         )
         return chain(segment, rows_in)
 
-    def _warn_if_late(self, report: StreamReport, earlier: PartitionState, start: int, client) -> None:
+    def _warn_if_late(self, report: PartitionReport, earlier: PartitionState, start: int, client) -> None:
         age = (redis_ms(client) - earlier.ms) / 1000
         window = self.settings.transport.dedupe_seconds
         if age > window:
@@ -125,7 +117,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, StreamReport)]
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
         summary = {**summarize(reports), "batch": batchId}
         self._finish(
             reports,
@@ -152,7 +144,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             close_client(client)
 
     def abort(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, StreamReport)]
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
         logger.error(
             "celery_pq stream writer: micro-batch %d failed; %d partitions had finished, %d rows "
             "sent by them (they stay queued; the micro-batch's next run skips the rows it reads "
