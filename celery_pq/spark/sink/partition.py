@@ -24,7 +24,7 @@ from ...transport.routing import RoutingTables
 from .record import redis_ms
 from .rejects import write_rejects
 from .rows import Rejected, TaskRows
-from .settings import WriterSettings, close_client
+from .settings import WriterSettings
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -90,12 +90,9 @@ class PartitionWriter:
     @contextmanager
     def _sink(self, settings: WriterSettings, report: PartitionReport, *, sink: str, on_full: str):
         """``(Sink, TaskRows)`` of one Spark task; the client is closed after."""
-        client = settings.client()
-        try:
+        with settings.client() as client:
             rows = TaskRows(settings, partition=report.partition, eta_is_local=self.eta_is_local)
             yield Sink(client, settings, sink=sink, on_full=on_full), rows
-        finally:
-            close_client(client)
 
     def _finish(self, reports: list, summary: dict, path: str | None, warn: bool, message: str, *args) -> None:
         """Log ``message % args`` with the commonest reasons for rejects, and write the ``rejects``

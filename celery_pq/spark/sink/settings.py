@@ -9,6 +9,7 @@ import json
 import math
 import os
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -254,31 +255,29 @@ class WriterSettings:
     def tls(self) -> bool:
         return self.broker.split("://", 1)[0].lower() in ("pqs", "rediss")
 
+    @contextmanager
     def client(self):
         """A client of the broker as the transport makes its own: one server, the sentinels' master
-        (``master_name``) or a Redis Cluster (``cluster``). Close it with ``close_client``."""
+        (``master_name``) or a Redis Cluster (``cluster``); closed with its pool after the block
+        (redis-py leaves a pool it was handed open, and an executor's Python worker lives on)."""
         import redis
 
         from ...storage import connections
 
         conninfo = self.conninfo()
+        client: redis.Redis | redis.RedisCluster
+        pool: redis.ConnectionPool | redis.RedisCluster
         if self.transport.cluster:
-            return connections.make_cluster(conninfo, self.transport, self.tls)
-        client = redis.Redis(connection_pool=connections.make_pool(conninfo, self.transport, self.tls))
+            client = pool = connections.make_cluster(conninfo, self.transport, self.tls)
+        else:
+            pool = connections.make_pool(conninfo, self.transport, self.tls)
+            client = redis.Redis(connection_pool=pool)
         try:
-            connections.check_not_a_cluster_node(client)
-        except BaseException:
-            close_client(client)
-            raise
-        return client
-
-
-def close_client(client) -> None:
-    """Close a client of ``WriterSettings.client`` and its pool (redis-py leaves a pool it was
-    handed open, and an executor's Python worker lives on)."""
-    from ...storage import connections
-
-    try:
-        connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)
-    finally:
-        client.close()
+            if not self.transport.cluster:
+                connections.check_not_a_cluster_node(client)
+            yield client
+        finally:
+            try:
+                connections.close_pool(pool)
+            finally:
+                client.close()

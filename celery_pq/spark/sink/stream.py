@@ -16,7 +16,6 @@ from pyspark.sql.datasource import DataSourceStreamWriter
 from ...storage.errors import ConfigError
 from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, summarize, write_partition
 from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
-from .settings import close_client
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -134,14 +133,11 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             return
         # Spark runs batchId once every earlier micro-batch is committed: their records go (this
         # one's stays: Spark runs it again if it fails to log this commit)
-        client = self.settings.client()
-        try:
+        with self.settings.client() as client:
             prefix = self.settings.transport.key_prefix
             SinkRecord(client, query, prefix, run="").prune(batchId)
             if self.settings.rows_per_second:
                 prune_rate(client, query, prefix)
-        finally:
-            close_client(client)
 
     def abort(self, messages, batchId: int) -> None:
         reports = [m for m in messages if isinstance(m, PartitionReport)]
