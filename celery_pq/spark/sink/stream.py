@@ -15,7 +15,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter
 
 from ...storage.errors import ConfigError
 from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, summarize, write_partition
-from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
+from .record import PartitionState, Progress, RowDigest, SinkRecord, redis_ms
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -62,7 +62,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         rows, position = progress.rows, 0
         for end, digest in earlier.segments:
             segment = list(islice(rows_in, end - position))
-            if len(segment) < end - position or digest_of(segment) != digest:
+            if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
                 return self._unmatched(earlier, position, segment, rows_in, report)
             for row in segment:
                 rows.skip(row)
@@ -76,7 +76,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             return rows_in
         end, digest, namespace = earlier.pending
         segment = list(islice(rows_in, end - position))
-        if len(segment) < end - position or digest_of(segment) != digest:
+        if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
             return self._unmatched(earlier, position, segment, rows_in, report)
         self._warn_if_late(report, earlier, position, sink.client)
         progress.use(namespace)
