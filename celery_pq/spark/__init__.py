@@ -11,15 +11,15 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .events.analysis import analyze
+from .session import check_python_workers
 from .sink.rejects import REJECTS_FILE, SUMMARY_FILE, read_rejected_rows
 from .sink.settings import PASSWORD_ENV
 from .sink.source import CeleryPQDataSource
-from .workers import check_python_workers
 
 __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
 
@@ -106,31 +106,19 @@ def enqueue(
             cols = [cols]
         if cols:
             given[name] = ",".join(cols)
-    if queue is not None:
-        given["queue"] = queue
-    if job is not None:
-        given["job"] = job
+    given.update((name, value) for name, value in (("queue", queue), ("job", job)) if value is not None)
     out = tempfile.mkdtemp(prefix="celery-pq-rejects-")
     try:
         given["rejects"] = out
-        writer = df.write.format("celery_pq").mode("append")
-        for k, v in given.items():
-            writer = writer.option(k, v)
         with _registered_with_password(df.sparkSession, password):
-            writer.save()
+            df.write.format("celery_pq").mode("append").options(**given).save()
         summary, rejects = read_rejects(df.sparkSession, out)
         rejects = rejects.cache()  # read from the driver's memory; the directory goes
         rejects.count()
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return EnqueueResult(
-        rows=summary["rows"],
-        sent=summary["sent"],
-        rejected=summary["rejected"],
-        reasons=summary["reasons"],
-        rejects=rejects,
-        already_stored=summary["already_stored"],
-        write_id=summary["write_id"],
+        rejects=rejects, **{f.name: summary[f.name] for f in fields(EnqueueResult) if f.name != "rejects"}
     )
 
 

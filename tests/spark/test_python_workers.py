@@ -61,7 +61,7 @@ def test_register_names_the_fix_when_the_workers_python_lacks_celery_pq(tmp_path
 def test_register_passes_when_the_workers_run_this_python(spark):
     # The session fixture's workers run this interpreter (local_spark sets PYSPARK_PYTHON)
     from celery_pq.spark import register
-    from celery_pq.spark.workers import _checked
+    from celery_pq.spark.session import _checked
 
     register(spark)
     assert spark.sparkContext.applicationId in _checked

@@ -8,31 +8,10 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-#: Window lengths auto-selection chooses from (ms): round numbers a reader takes in at a glance.
-NICE_WINDOWS_MS = (
-    100,
-    200,
-    500,
-    1_000,
-    2_000,
-    5_000,
-    10_000,
-    15_000,
-    30_000,
-    60_000,
-    120_000,
-    300_000,
-    600_000,
-    900_000,
-    1_800_000,
-    3_600_000,
-    7_200_000,
-    21_600_000,
-    43_200_000,
-    86_400_000,
-)
+#: Window lengths auto-selection chooses from: round numbers a reader takes in at a glance.
+_NICE_SECONDS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+NICE_WINDOWS_MS = tuple(round(s * 1000) for s in _NICE_SECONDS)
 TARGET_WINDOWS = 60
 RANKS = 256  # ranks 0..255; 0 is served first
 
@@ -40,19 +19,12 @@ RANKS = 256  # ranks 0..255; 0 is served first
 TO_WAITING = ("requeue", "expire", "due")
 FROM_WAITING = ("deliver", "remove", "dead")
 
+#: What an entry's enqueue event says of it.
+ENQUEUED = ("priority", "rank", "task")
 REQUIRED = ("event", "queue", "id", "rank", "tenant", "deliveries", "ms", "sid")
 
-RANK_ERROR_SCHEMA = StructType(
-    [
-        StructField("queue", StringType()),
-        StructField("id", StringType()),
-        StructField("sid", StringType()),
-        StructField("ms", LongType()),
-        StructField("tenant", StringType()),
-        StructField("rank", IntegerType()),
-        StructField("rank_error", IntegerType()),
-        StructField("waiting", IntegerType()),
-    ]
+RANK_ERROR_SCHEMA = (
+    "queue string, id string, sid string, ms bigint, tenant string, rank int, rank_error int, waiting int"
 )
 
 
@@ -97,36 +69,31 @@ def analyze(
     def bucket(col):
         return F.floor((F.col(col) - F.lit(base)) / F.lit(window_ms)).cast("long")
 
-    def window_start(col="bucket"):
-        return F.timestamp_millis(F.lit(base) + F.col(col) * F.lit(window_ms))
+    def window_start():
+        return F.timestamp_millis(F.lit(base) + F.col("bucket") * F.lit(window_ms))
 
     ev = ev.withColumn("bucket", bucket("ms"))
     # Cached: the other frames are built from ev and entries, and rank_error is the costliest pass.
     entries = _entries(ev).cache()
-    waits = _waits(ev, entries)
-    share = _share(ev, window_start)
     fairness = _fairness(ev, entries, bucket, window_start, weights or {})
     rank_error = _rank_error(ev).cache()
-    redeliveries = _redeliveries(ev)
     dead = (
         ev.where(F.col("event") == "dead")
         .drop("task")
         .join(entries.select("queue", "id", "task"), ["queue", "id"], "left")
-        .select("queue", "id", "tenant", "task", "priority", "deliveries", "reason", "ts", "ms")
-        .orderBy("ms")
     )
-    throughput = _throughput(ev, window_start, window_ms)
-    summary = _summary(ev, entries, rank_error, fairness, window_ms)
     return {
-        "summary": summary,
+        "summary": _summary(ev, entries, rank_error, fairness, window_ms),
         "entries": entries,
-        "waits": waits,
-        "share": share,
+        "waits": _waits(ev, entries),
+        "share": _share(ev, window_start),
         "fairness": fairness,
         "rank_error": rank_error,
-        "redeliveries": redeliveries,
-        "dead": dead,
-        "throughput": throughput,
+        "redeliveries": _redeliveries(ev),
+        "dead": dead.select("queue", "id", "tenant", "task", "priority", "deliveries", "reason", "ts", "ms").orderBy(
+            "ms"
+        ),
+        "throughput": _throughput(ev, window_start, window_ms),
     }
 
 
@@ -140,9 +107,7 @@ def _entries(ev: DataFrame) -> DataFrame:
 
     per = ev.groupBy("queue", "id").agg(
         F.max(F.when(F.col("tenant") != "", F.col("tenant"))).alias("tenant"),
-        F.first(F.when(F.col("event") == "enqueue", F.col("priority")), ignorenulls=True).alias("priority"),
-        F.first(F.when(F.col("event") == "enqueue", F.col("rank")), ignorenulls=True).alias("rank"),
-        F.first(F.when(F.col("event") == "enqueue", F.col("task")), ignorenulls=True).alias("task"),
+        *(F.first(F.when(F.col("event") == "enqueue", F.col(c)), ignorenulls=True).alias(c) for c in ENQUEUED),
         first_ms("enqueue").alias("enqueue_ms"),
         first_ms("due").alias("due_ms"),
         first_ms("deliver").alias("first_deliver_ms"),
@@ -160,12 +125,14 @@ def _entries(ev: DataFrame) -> DataFrame:
     )
 
 
+def _shares(ev: DataFrame, *by: str) -> DataFrame:
+    """Deliveries per ``by`` and tenant, and their ``share`` of ``by``'s deliveries."""
+    counts = ev.where(F.col("event") == "deliver").groupBy(*by, "tenant").agg(F.count(F.lit(1)).alias("deliveries"))
+    return counts.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(Window.partitionBy(*by)))
+
+
 def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
-    delivered = (
-        ev.where(F.col("event") == "deliver").groupBy("queue", "tenant").agg(F.count(F.lit(1)).alias("deliveries"))
-    )
-    total = Window.partitionBy("queue")
-    delivered = delivered.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(total))
+    delivered = _shares(ev, "queue")
     w = F.col("wait_ms")
     stats = (
         entries.where(w.isNotNull())
@@ -190,14 +157,8 @@ def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
 
 
 def _share(ev: DataFrame, window_start) -> DataFrame:
-    counts = (
-        ev.where(F.col("event") == "deliver")
-        .groupBy("queue", "bucket", "tenant")
-        .agg(F.count(F.lit(1)).alias("deliveries"))
-    )
-    per_window = Window.partitionBy("queue", "bucket")
     return (
-        counts.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(per_window))
+        _shares(ev, "queue", "bucket")
         .withColumn("window_start", window_start())
         .select("queue", "window_start", "bucket", "tenant", "deliveries", "share")
         .orderBy("queue", "bucket", "tenant")
@@ -209,19 +170,15 @@ def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
     waiting for a first delivery)."""
     spark = ev.sparkSession
     keys = [*by, "tenant", "bucket"]
+
+    def entries_by_window(col: str, name: str) -> DataFrame:
+        """The entries per ``keys`` whose ``col`` falls in the window, as column ``name``."""
+        bucketed = entries.where(F.col(col).isNotNull()).withColumn("bucket", bucket(col))
+        return bucketed.groupBy(*keys).agg(F.count(F.lit(1)).alias(name))
+
     # Backlog per tenant and window: waiting before the window's end, not delivered before its start
-    ready = (
-        entries.where(F.col("ready_ms").isNotNull())
-        .withColumn("bucket", bucket("ready_ms"))
-        .groupBy(*keys)
-        .agg(F.count(F.lit(1)).alias("ready"))
-    )
-    firsts = (
-        entries.where(F.col("first_deliver_ms").isNotNull())
-        .withColumn("bucket", bucket("first_deliver_ms"))
-        .groupBy(*keys)
-        .agg(F.count(F.lit(1)).alias("firsts"))
-    )
+    ready = entries_by_window("ready_ms", "ready")
+    firsts = entries_by_window("first_deliver_ms", "firsts")
     served = ev.where(F.col("event") == "deliver").groupBy(*keys).agg(F.count(F.lit(1)).alias("deliveries"))
     bounds = ev.groupBy("queue").agg(F.min("bucket").alias("b0"), F.max("bucket").alias("b1"))
     members = (

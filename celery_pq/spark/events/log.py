@@ -18,25 +18,29 @@ from ...storage.redact import redact
 
 logger = logging.getLogger("celery_pq.spark.eventlog")
 
+
+def table(text: str) -> tuple[tuple[str, ...], ...]:
+    """The lines ``a | b | c`` of ``text`` as tuples ``(a, b, c)``."""
+    return tuple(tuple(cell.strip() for cell in line.split("|")) for line in text.strip().splitlines())
+
+
 #: The columns, in order: (column, stream field, type). ``ts`` is ``ms`` as a UTC timestamp;
 #: ``sid`` is the stream entry id ("<ms>-<seq>"), the event's place in its queue's log.
-COLUMNS = (
-    ("event", "e", "string"),
-    ("queue", "q", "string"),
-    ("id", "id", "string"),
-    ("priority", "p", "int"),
-    ("rank", "k", "int"),
-    ("tenant", "t", "string"),
-    ("consumer", "c", "string"),
-    ("task", "task", "string"),
-    ("deliveries", "n", "int"),
-    ("reason", "r", "string"),
-    ("ts", "ms", "timestamp"),
-    ("ms", "ms", "bigint"),
-    ("sid", None, "string"),
-)
-DDL = ", ".join(f"{name} {kind}" for name, _, kind in COLUMNS)
-INT_FIELDS = frozenset({"p", "k", "n", "ms"})
+COLUMNS = table("""
+    event      | e    | string
+    queue      | q    | string
+    id         | id   | string
+    priority   | p    | int
+    rank       | k    | int
+    tenant     | t    | string
+    consumer   | c    | string
+    task       | task | string
+    deliveries | n    | int
+    reason     | r    | string
+    ts         | ms   | timestamp
+    ms         | ms   | bigint
+    sid        |      | string
+""")
 
 #: Stream entries per XRANGE call: a round trip amortised, a reply of a few megabytes at most.
 PAGE = 5000
@@ -152,8 +156,8 @@ def row(sid, fields: dict) -> tuple:
 
     f = {as_text(k): as_text(v) for k, v in fields.items()}
     out: list[object] = []
-    for name, source, _ in COLUMNS:
-        if source is None:
+    for name, source, kind in COLUMNS:
+        if not source:
             out.append(as_text(sid))
             continue
         value = f.get(source, "")
@@ -161,7 +165,7 @@ def row(sid, fields: dict) -> tuple:
             out.append(None)
         elif name == "ts":
             out.append(datetime.fromtimestamp(int(value) / 1000, tz=UTC))
-        elif source in INT_FIELDS:
+        elif kind in ("int", "bigint"):
             out.append(int(value))
         else:
             out.append(value)

@@ -13,43 +13,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .log import table
+
 if TYPE_CHECKING:
     import pandas as pd
 
+
 #: Figures of the per-queue table: (column of ``summary``, label, format).
-QUEUE_FIGURES = (
-    ("events", "events", "int"),
-    ("enqueued", "enqueued", "int"),
-    ("delivered", "deliveries", "int"),
-    ("acked", "acked", "int"),
-    ("requeued", "requeued", "int"),
-    ("expired", "leases expired", "int"),
-    ("dead", "dead-lettered", "int"),
-    ("span_s", "span (s)", "f1"),
-    ("acked_per_s", "acked per second", "f1"),
-    ("wait_p50_ms", "wait p50 (ms)", "f1"),
-    ("wait_p99_ms", "wait p99 (ms)", "f1"),
-    ("rank_error_mean", "rank error, mean", "f3"),
-    ("rank_error_max", "rank error, max", "int"),
-    ("rank_exact_share", "deliveries with no rank error", "f3"),
-    ("jain_mean", "Jain's index, mean over windows", "f3"),
-    ("jain_min", "Jain's index, lowest window", "f3"),
-    ("jain_within_rank_mean", "Jain's index within a priority, mean over windows", "f3"),
-    ("jain_within_rank_min", "Jain's index within a priority, lowest window", "f3"),
-)
+QUEUE_FIGURES = table("""
+    events                | events                                            | int
+    enqueued              | enqueued                                          | int
+    delivered             | deliveries                                        | int
+    acked                 | acked                                             | int
+    requeued              | requeued                                          | int
+    expired               | leases expired                                    | int
+    dead                  | dead-lettered                                     | int
+    span_s                | span (s)                                          | f1
+    acked_per_s           | acked per second                                  | f1
+    wait_p50_ms           | wait p50 (ms)                                     | f1
+    wait_p99_ms           | wait p99 (ms)                                     | f1
+    rank_error_mean       | rank error, mean                                  | f3
+    rank_error_max        | rank error, max                                   | int
+    rank_exact_share      | deliveries with no rank error                     | f3
+    jain_mean             | Jain's index, mean over windows                   | f3
+    jain_min              | Jain's index, lowest window                       | f3
+    jain_within_rank_mean | Jain's index within a priority, mean over windows | f3
+    jain_within_rank_min  | Jain's index within a priority, lowest window     | f3
+""")
 #: Figures of the per-tenant table: (column of ``waits`` or ``redeliveries``, label, format).
-TENANT_FIGURES = (
-    ("entries", "entries", "int"),
-    ("deliveries", "deliveries", "int"),
-    ("share", "share of deliveries", "f3"),
-    ("wait_p50_ms", "wait p50 (ms)", "f1"),
-    ("wait_p90_ms", "wait p90 (ms)", "f1"),
-    ("wait_p99_ms", "wait p99 (ms)", "f1"),
-    ("redeliveries", "redeliveries", "int"),
-    ("requeues", "requeues", "int"),
-    ("expired", "leases expired", "int"),
-    ("dead", "dead-lettered", "int"),
-)
+TENANT_FIGURES = table("""
+    entries      | entries             | int
+    deliveries   | deliveries          | int
+    share        | share of deliveries | f3
+    wait_p50_ms  | wait p50 (ms)       | f1
+    wait_p90_ms  | wait p90 (ms)       | f1
+    wait_p99_ms  | wait p99 (ms)       | f1
+    redeliveries | redeliveries        | int
+    requeues     | requeues            | int
+    expired      | leases expired      | int
+    dead         | dead-lettered       | int
+""")
 
 
 def fmt(value, kind: str) -> str:
@@ -72,11 +75,19 @@ class Report:
     images: dict[str, bytes] = field(default_factory=dict)  # queue -> PNG of its plots
 
 
-def local_spark(app_name: str = "celery-pq-report"):
-    """A local SparkSession for the command line (``session.local_spark``)."""
-    from ..session import local_spark as make
+def _note(ax, text: str) -> None:
+    """A plot with nothing to draw: ``text`` in its place."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
 
-    return make(app_name, shuffle_partitions=4)
+
+def _bars(ax, frame, columns, labels, scale: float = 1.0) -> None:
+    """Grouped bars of ``columns`` per tenant of ``frame``."""
+    xs = range(len(frame))
+    for i, (col, label) in enumerate(zip(columns, labels)):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], frame[col] / scale, width=0.27, label=label)
+    ax.set_xticks(list(xs), [tenant_label(t) for t in frame["tenant"]], fontsize=8)
+    ax.legend(fontsize=8)
 
 
 def _plots(queue: str, frames: dict) -> bytes:
@@ -90,6 +101,8 @@ def _plots(queue: str, frames: dict) -> bytes:
     )
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     fig.suptitle(f"queue {queue}", fontsize=14)
+    for ax in (axes[0][0], axes[0][2], axes[1][0]):  # plots over time
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
     ax = axes[0][0]
     if len(share):
@@ -100,16 +113,11 @@ def _plots(queue: str, frames: dict) -> bytes:
         ax.legend(loc="upper left", fontsize=8, ncol=2)
     ax.set_title("share of deliveries per window")
     ax.set_ylim(0, 1)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
     ax = axes[0][1]
     w = waits[waits["wait_p50_ms"].notna()] if len(waits) else waits
     if len(w):
-        xs = range(len(w))
-        for i, (col, label) in enumerate((("wait_p50_ms", "p50"), ("wait_p90_ms", "p90"), ("wait_p99_ms", "p99"))):
-            ax.bar([x + (i - 1) * 0.27 for x in xs], w[col] / 1000.0, width=0.27, label=label)
-        ax.set_xticks(list(xs), [tenant_label(t) for t in w["tenant"]], fontsize=8)
-        ax.legend(fontsize=8)
+        _bars(ax, w, ("wait_p50_ms", "wait_p90_ms", "wait_p99_ms"), ("p50", "p90", "p99"), 1000.0)
     ax.set_title("wait to first delivery (s)")
 
     ax = axes[0][2]
@@ -119,7 +127,6 @@ def _plots(queue: str, frames: dict) -> bytes:
         ax.legend(fontsize=8, loc="lower right")
     ax.set_ylim(0, 1.05)
     ax.set_title("Jain's fairness index per window")
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
     ax = axes[1][0]
     if len(tput):
@@ -129,40 +136,20 @@ def _plots(queue: str, frames: dict) -> bytes:
         ax.plot(tput["window_start"], tput["acked_per_s"], label="acked/s", linewidth=1)
         ax.legend(fontsize=8)
     ax.set_title("throughput")
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
     ax = axes[1][1]
     if len(errs) and int(errs["rank_error"].max()) > 0:
         ax.hist(errs["rank_error"], bins=min(int(errs["rank_error"].max()) + 1, 50), log=True)
     elif len(errs):
-        ax.text(
-            0.5,
-            0.5,
-            f"all {len(errs):,} deliveries: rank error 0\n(strict priority order)",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-        )
-        ax.set_axis_off()
+        _note(ax, f"all {len(errs):,} deliveries: rank error 0\n(strict priority order)")
     ax.set_title("rank error of each delivery (entries that outranked it)")
 
     ax = axes[1][2]
-    if len(redel) and not redel[["redeliveries", "expired", "dead"]].to_numpy().any():
-        ax.text(
-            0.5,
-            0.5,
-            "no redeliveries, expired leases or dead letters",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-        )
-        ax.set_axis_off()
+    columns = ("redeliveries", "expired", "dead")
+    if len(redel) and not redel[list(columns)].to_numpy().any():
+        _note(ax, "no redeliveries, expired leases or dead letters")
     elif len(redel):
-        xs = range(len(redel))
-        for i, col in enumerate(("redeliveries", "expired", "dead")):
-            ax.bar([x + (i - 1) * 0.27 for x in xs], redel[col], width=0.27, label=col)
-        ax.set_xticks(list(xs), [tenant_label(t) for t in redel["tenant"]], fontsize=8)
-        ax.legend(fontsize=8)
+        _bars(ax, redel, columns, columns)
     ax.set_title("redeliveries, expired leases, dead letters")
 
     fig.tight_layout()
@@ -254,7 +241,10 @@ def write_report(
             raise FileNotFoundError(f"no event log at {str(path)!r}: export one with `celery -A proj pq export-events`")
         if path.is_dir() and not any(path.glob("*.parquet")):
             raise ValueError(f"{str(path)!r} holds no Parquet files: no events were exported to it yet")
-        spark = spark or local_spark()
+        if spark is None:
+            from ..session import local_spark
+
+            spark = local_spark("celery-pq-report", shuffle_partitions=4)
         events = spark.read.parquet(str(path))
     else:
         events = source

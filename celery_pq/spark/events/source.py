@@ -42,7 +42,11 @@ class EventsDataSource(DataSource):
         return EventsStreamReader(Settings.parse(self.options))
 
 
-def _read(settings: Settings, partition: EventsPartition):
+def _read(settings: Settings, partition: InputPartition):
+    """The rows of a partition ``partitions()`` made (one without a key, of an empty read: none)."""
+    assert isinstance(partition, EventsPartition)
+    if not partition.key:
+        return
     client = settings.client()
     try:
         for sid, fields in scan(client, partition.key, partition.after, partition.upto):
@@ -71,9 +75,6 @@ class EventsBatchReader(DataSourceReader):
         return parts or [EventsPartition("", "", None, "-")]  # an empty read still needs a partition
 
     def read(self, partition: InputPartition):
-        assert isinstance(partition, EventsPartition)  # one of those partitions() made
-        if not partition.key:
-            return iter(())
         return _read(self.settings, partition)
 
 
@@ -177,7 +178,6 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return parts
 
     def read(self, partition: InputPartition):
-        assert isinstance(partition, EventsPartition)  # one of those partitions() made
         return _read(self.settings, partition)
 
     def commit(self, end: dict) -> None:

@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -21,6 +22,7 @@ from ...storage.errors import PQError, QueueFull
 from ...storage.keys import sink_rate_key
 from ...transport.routing import RoutingTables
 from .record import redis_ms
+from .rejects import write_rejects
 from .rows import Rejected, TaskRows
 from .settings import WriterSettings
 
@@ -58,30 +60,47 @@ class PartitionReport(WriterCommitMessage):
     rejects: list = field(default_factory=list)
     waited_full: float = 0.0
     waited_rate: float = 0.0
-
-
-def eta_is_local(schema: StructType) -> bool:
-    """Is the ``eta`` column Spark's TimestampType (naive local times in Python; ``TaskRows``)?"""
-    eta = next((f for f in schema.fields if f.name == "eta"), None)
-    return eta is not None and isinstance(eta.dataType, TimestampType)
+    #: The streaming sink's: the query and micro-batch of the partition.
+    batch: int = -1
+    query: str = ""
 
 
 def summarize(reports) -> dict:
     """The counts of a write (or a micro-batch): its partitions' reports summed."""
-    reasons: Counter = Counter()
-    for m in reports:
-        reasons.update(m.reasons)
+    counts = ("rows", "sent", "already_stored", "skipped", "rejected", "resent")
     return {
-        "rows": sum(m.rows for m in reports),
-        "sent": sum(m.sent for m in reports),
-        "already_stored": sum(m.already_stored for m in reports),
-        "skipped": sum(m.skipped for m in reports),
-        "rejected": sum(m.rejected for m in reports),
-        "resent": sum(m.resent for m in reports),
+        **{name: sum(getattr(m, name) for m in reports) for name in counts},
         "rejects_kept": sum(len(m.rejects) for m in reports),
         "partitions": len(reports),
-        "reasons": dict(reasons.most_common()),
+        "reasons": dict(sum((m.reasons for m in reports), Counter()).most_common()),
     }
+
+
+class PartitionWriter:
+    """What the batch writer and the streaming sink share: a Spark task's sink, and the commit's
+    log line and ``rejects`` directory."""
+
+    def __init__(self, settings: WriterSettings, schema: StructType):
+        self.settings = settings
+        self.schema_json = schema.json()
+        # Is the eta column Spark's TimestampType (naive local times in Python; TaskRows)?
+        eta = next((f for f in schema.fields if f.name == "eta"), None)
+        self.eta_is_local = eta is not None and isinstance(eta.dataType, TimestampType)
+
+    @contextmanager
+    def _sink(self, settings: WriterSettings, report: PartitionReport, *, sink: str, on_full: str):
+        """``(Sink, TaskRows)`` of one Spark task; the client is closed after."""
+        with settings.client() as client:
+            rows = TaskRows(settings, partition=report.partition, eta_is_local=self.eta_is_local)
+            yield Sink(client, settings, sink=sink, on_full=on_full), rows
+
+    def _finish(self, reports: list, summary: dict, path: str | None, warn: bool, message: str, *args) -> None:
+        """Log ``message % args`` with the commonest reasons for rejects, and write the ``rejects``
+        directory at ``path`` (if the write has one)."""
+        reasons = "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5])
+        (logger.warning if warn else logger.info)(message + "%s", *args, reasons)
+        if path:
+            write_rejects(path, summary, [r for m in reports for r in m.rejects], self.schema_json)
 
 
 class RateCap:
@@ -184,16 +203,15 @@ class Sink:
                 now = time.monotonic()
                 if done or since is None:
                     since = now
-                if self.on_full == "reject":
+                wait = self.settings.full_wait_seconds
+                if self.on_full == "reject" or now - since >= wait:
+                    why = (
+                        ", and on_full='reject'"
+                        if self.on_full == "reject"
+                        else f"; no row found room for full_wait_seconds={wait:g}"
+                    )
                     raise QueueStillFull(
-                        f"celery_pq writer: {exc}, and on_full='reject': partition {report.partition} "
-                        f"stored {report.sent + report.already_stored} rows, not the {len(items)} refused "
-                        f"nor those after them (the Spark task fails; the rows stored stay stored)"
-                    ) from None
-                if now - since >= self.settings.full_wait_seconds:
-                    raise QueueStillFull(
-                        f"celery_pq writer: {exc}; no row found room for full_wait_seconds="
-                        f"{self.settings.full_wait_seconds:g}: partition {report.partition} stored "
+                        f"celery_pq writer: {exc}{why}: partition {report.partition} stored "
                         f"{report.sent + report.already_stored} rows, not the {len(items)} refused nor "
                         f"those after them (the Spark task fails; the rows stored stay stored)"
                     ) from None

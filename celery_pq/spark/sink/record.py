@@ -31,22 +31,16 @@ def redis_ms(client) -> int:
 class RowDigest:
     """The digest of a run of rows, in order (the repr of each row's values)."""
 
-    def __init__(self):
+    def __init__(self, rows=()):
         self._h = hashlib.blake2b(digest_size=12)
+        for row in rows:
+            self.add(row)
 
     def add(self, row) -> None:
-        self._h.update(repr(tuple(row)).encode())
-        self._h.update(b"\x1e")
+        self._h.update(repr(tuple(row)).encode() + b"\x1e")
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()
-
-
-def digest_of(rows) -> str:
-    d = RowDigest()
-    for row in rows:
-        d.add(row)
-    return d.hexdigest()
 
 
 @dataclass

@@ -6,9 +6,12 @@ pyspark. docs/spark.md ("Options").
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from typing import Any
 
 from ...storage import constants as C
 from ...storage.checks import count
@@ -22,21 +25,6 @@ ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
 #: The queue of a row without a ``queue`` column (or with a null in it): Celery's default.
 DEFAULT_QUEUE = "celery"
 
-#: Rows per round trip of pipelined insert calls (``batch_rows``).
-BATCH_ROWS = 10_000
-
-#: Rejected rows a partition carries back to the driver with their reasons (``rejects_limit``);
-#: the counts are exact beyond it.
-REJECTS_LIMIT = 10_000
-
-#: Seconds a write waits for room in a full queue before it fails (``full_wait_seconds``); the
-#: wait starts again whenever a row finds room.
-FULL_WAIT_SECONDS = 300.0
-
-#: What a write does when the queue is full (``on_full``): wait for room (the streaming sink's
-#: default) or fail (the batch writer's).
-ON_FULL = ("wait", "reject")
-
 #: The broker's password when the ``broker`` URL has none (an option shows in Spark's plans and
 #: UI; this does not). ``enqueue()`` sets it; ``spark.executorEnv`` does on a cluster.
 PASSWORD_ENV = "CELERY_PQ_BROKER_PASSWORD"
@@ -46,27 +34,6 @@ PASSWORD_ENV = "CELERY_PQ_BROKER_PASSWORD"
 KEY_NAMESPACE = uuid.UUID("6f1d1c52-3f0b-5b7e-9a57-2f3c6c1b7a10")
 
 _TRANSPORT_FIELDS = {f.name: f for f in fields(Options) if f.init}
-_OWN = {
-    "broker",
-    "task",
-    "args",
-    "kwargs",
-    "queue",
-    "key",
-    "job",
-    "transport_options",
-    "rejects",
-    "on_reject",
-    "batch_rows",
-    "chunk",
-    "rejects_limit",
-    "on_full",
-    "full_wait_seconds",
-    "rows_per_second",
-    # a streaming query's own option, which Spark hands to the sink too
-    "checkpointlocation",
-}
-ON_REJECT = ("keep", "fail")
 
 
 def _columns(name: str, value: str | None, schema_names: list[str]) -> tuple[str, ...]:
@@ -97,21 +64,30 @@ def _transport_value(name: str, text: str):
     return value
 
 
-def _positive_option(name: str, text: str | None, default: float | None) -> float | None:
-    if text is None:
-        return default
+def _transport(given: dict) -> Options:
+    """The transport options: ``transport_options`` (JSON), each one given by name winning."""
+    transport = {}
+    if given.get("transport_options"):
+        try:
+            transport = json.loads(given["transport_options"])
+        except ValueError as exc:
+            raise ConfigError(f"option 'transport_options' must be a JSON object: {exc}") from None
+        if not isinstance(transport, dict):
+            raise ConfigError(f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}")
+    for name in _TRANSPORT_FIELDS:
+        if name in given:
+            transport[name] = _transport_value(name, given[name])
+    if "visibility_timeout" in given:
+        transport["visibility_timeout"] = _transport_value("lease_seconds", given["visibility_timeout"])
     try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ConfigError(f"option {name!r} must be a number > 0, got {text!r}")
-    return value
+        return Options.from_transport_options(transport)
+    except ConfigError as exc:
+        raise ConfigError(f"celery_pq writer: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"celery_pq writer: transport_options: {exc}") from None
 
 
-def _int_option(name: str, text: str | None, default: int) -> int:
-    if text is None:
-        return default
+def _count(name: str, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -119,9 +95,50 @@ def _int_option(name: str, text: str | None, default: int) -> int:
     return count(f"option {name!r}", value, none=False, error=ConfigError)
 
 
+def _positive(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ConfigError(f"option {name!r} must be a number > 0, got {text!r}")
+    return value
+
+
+def _rate(name: str, text: str) -> float:
+    value = _positive(name, text)
+    if value < 1:
+        raise ConfigError(f"option {name!r} must be a number >= 1, got {text!r}")
+    return value
+
+
+def _choice(*allowed: str):
+    def read(name: str, text: str) -> str:
+        if text.lower() not in allowed:
+            raise ConfigError(f"option {name!r} must be one of {allowed}, got {text!r}")
+        return text.lower()
+
+    return read
+
+
+#: The writer's own options read from their text alone: name -> reader (an empty text is as if
+#: the option were not given: the field's default).
+_READERS = {
+    "on_reject": _choice("keep", "fail"),
+    "batch_rows": _count,
+    "chunk": _count,
+    "rejects_limit": _count,
+    "on_full": _choice("wait", "reject"),
+    "full_wait_seconds": _positive,
+    "rows_per_second": _rate,
+}
+#: The writer's own options, as the error for an unknown one lists them.
+_OWN = ("broker", "task", "args", "kwargs", "queue", "key", "job", "rejects", *_READERS, "transport_options")
+
+
 @dataclass(frozen=True)
 class WriterSettings:
-    """Everything one write needs, checked on the driver."""
+    """Everything one write needs, checked on the driver (defaults: docs/spark.md, "Options")."""
 
     broker: str
     task: str
@@ -133,12 +150,15 @@ class WriterSettings:
     job: str = ""
     rejects: str | None = None
     on_reject: str = "keep"
-    batch_rows: int = BATCH_ROWS
+    #: Rows per round trip of pipelined insert calls.
+    batch_rows: int = 10_000
     chunk: int = C.BULK_CHUNK
-    rejects_limit: int = REJECTS_LIMIT
+    #: Rejected rows a partition carries back to the driver; the counts are exact beyond it.
+    rejects_limit: int = 10_000
     #: "wait" or "reject"; None: the writer's default (streaming waits, a batch write fails).
     on_full: str | None = None
-    full_wait_seconds: float = FULL_WAIT_SECONDS
+    #: Seconds a write waits for room in a full queue before it fails (from the last row stored).
+    full_wait_seconds: float = 300.0
     #: Rows per second at most, over all the write's (the query's) Spark tasks; None: no cap.
     rows_per_second: float | None = None
     columns: tuple[str, ...] = ()
@@ -156,52 +176,28 @@ class WriterSettings:
         given = {str(k).lower(): v for k, v in options.items()}
         if not given.get("path"):
             given.pop("path", None)  # save() without a path
-        unknown = sorted(set(given) - _OWN - set(_TRANSPORT_FIELDS) - {"visibility_timeout"})
+        # checkpointLocation: a streaming query's own option, which Spark hands to the sink too
+        known = {*_OWN, *_TRANSPORT_FIELDS, "visibility_timeout", "checkpointlocation"}
+        unknown = sorted(set(given) - known)
         if unknown:
             raise ConfigError(
                 f"unknown option(s) {', '.join(map(repr, unknown))} for format 'celery_pq' "
-                f"(options: broker, task, args, kwargs, queue, key, job, rejects, on_reject, "
-                f"batch_rows, chunk, rejects_limit, on_full, full_wait_seconds, rows_per_second, "
-                f"transport_options and the transport options)"
+                f"(options: {', '.join(_OWN)} and the transport options)"
             )
-        for required in ("broker", "task"):
+        for required, what in (("broker", "the broker URL (pq://HOST:PORT/DB)"), ("task", "the Celery task name")):
             if not (given.get(required) or "").strip():
-                what = "the broker URL (pq://HOST:PORT/DB)" if required == "broker" else "the Celery task name"
                 raise ConfigError(f"option {required!r} is required: {what}")
-        broker = given["broker"].strip()
+        broker, task = given["broker"].strip(), given["task"].strip()
         scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
         if scheme not in ("pq", "pqs", "redis", "rediss"):
             raise ConfigError(
                 f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {redact(broker)}"
             )
-        transport = {}
-        if given.get("transport_options"):
-            try:
-                transport = json.loads(given["transport_options"])
-            except ValueError as exc:
-                raise ConfigError(f"option 'transport_options' must be a JSON object: {exc}") from None
-            if not isinstance(transport, dict):
-                raise ConfigError(
-                    f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}"
-                )
-        for name in _TRANSPORT_FIELDS:
-            if name in given:
-                transport[name] = _transport_value(name, given[name])
-        if "visibility_timeout" in given:
-            transport["visibility_timeout"] = _transport_value("lease_seconds", given["visibility_timeout"])
-        try:
-            opts = Options.from_transport_options(transport)
-        except ConfigError as exc:
-            raise ConfigError(f"celery_pq writer: {exc}") from None
-        except TypeError as exc:
-            raise ConfigError(f"celery_pq writer: transport_options: {exc}") from None
+        opts = _transport(given)
         names = list(columns)
-        args = _columns("args", given.get("args"), names)
-        kwargs = _columns("kwargs", given.get("kwargs"), names)
-        key = _columns("key", given.get("key"), names)
-        if key and "task_id" in names:
+        values: dict[str, Any] = {name: _columns(name, given.get(name), names) for name in ("args", "kwargs", "key")}
+        if values["key"] and "task_id" in names:
             raise ConfigError("option 'key' derives task ids, but the DataFrame has a task_id column: give one of them")
-        queue = given.get("queue") or DEFAULT_QUEUE
         roles = tuple(c for c in ROLE_COLUMNS if c in names)
         fair_column = None
         if opts.fair_key is not None and ":" not in opts.fair_key and opts.fair_key in names:
@@ -211,37 +207,19 @@ class WriterSettings:
                 "the DataFrame has a 'tenant' column, and a tenant needs fairness on: give option "
                 "'fair_key' (the broker's fair_key transport option, e.g. \"tenant\")"
             )
-        on_reject = (given.get("on_reject") or "keep").lower()
-        if on_reject not in ON_REJECT:
-            raise ConfigError(f"option 'on_reject' must be one of {ON_REJECT}, got {given['on_reject']!r}")
-        on_full = given.get("on_full")
-        if on_full is not None and on_full.lower() not in ON_FULL:
-            raise ConfigError(f"option 'on_full' must be one of {ON_FULL}, got {on_full!r}")
-        rate = _positive_option("rows_per_second", given.get("rows_per_second"), None)
-        if rate is not None and rate < 1:
-            raise ConfigError(f"option 'rows_per_second' must be a number >= 1, got {given['rows_per_second']!r}")
+        values.update((name, reader(name, given[name])) for name, reader in _READERS.items() if given.get(name))
         return cls(
             broker=broker,
-            task=given["task"].strip(),
+            task=task,
             transport=opts,
-            args=args,
-            kwargs=kwargs,
-            queue=queue,
-            key=key,
-            job=given.get("job") or given["task"].strip(),
+            queue=given.get("queue") or DEFAULT_QUEUE,
+            job=given.get("job") or task,
             rejects=given.get("rejects") or None,
-            on_reject=on_reject,
-            batch_rows=_int_option("batch_rows", given.get("batch_rows"), BATCH_ROWS),
-            chunk=_int_option("chunk", given.get("chunk"), C.BULK_CHUNK),
-            rejects_limit=_int_option("rejects_limit", given.get("rejects_limit"), REJECTS_LIMIT),
-            on_full=None if on_full is None else on_full.lower(),
-            full_wait_seconds=_positive_option("full_wait_seconds", given.get("full_wait_seconds"), FULL_WAIT_SECONDS)
-            or FULL_WAIT_SECONDS,
-            rows_per_second=rate,
             columns=tuple(names),
             roles=roles,
             fair_column=fair_column,
             write_id=uuid.uuid4().hex,
+            **values,
         )._checked_broker()
 
     def _checked_broker(self) -> WriterSettings:
@@ -277,31 +255,29 @@ class WriterSettings:
     def tls(self) -> bool:
         return self.broker.split("://", 1)[0].lower() in ("pqs", "rediss")
 
+    @contextmanager
     def client(self):
         """A client of the broker as the transport makes its own: one server, the sentinels' master
-        (``master_name``) or a Redis Cluster (``cluster``). Close it with ``close_client``."""
+        (``master_name``) or a Redis Cluster (``cluster``); closed with its pool after the block
+        (redis-py leaves a pool it was handed open, and an executor's Python worker lives on)."""
         import redis
 
         from ...storage import connections
 
         conninfo = self.conninfo()
+        client: redis.Redis | redis.RedisCluster
+        pool: redis.ConnectionPool | redis.RedisCluster
         if self.transport.cluster:
-            return connections.make_cluster(conninfo, self.transport, self.tls)
-        client = redis.Redis(connection_pool=connections.make_pool(conninfo, self.transport, self.tls))
+            client = pool = connections.make_cluster(conninfo, self.transport, self.tls)
+        else:
+            pool = connections.make_pool(conninfo, self.transport, self.tls)
+            client = redis.Redis(connection_pool=pool)
         try:
-            connections.check_not_a_cluster_node(client)
-        except BaseException:
-            close_client(client)
-            raise
-        return client
-
-
-def close_client(client) -> None:
-    """Close a client of ``WriterSettings.client`` and its pool (redis-py leaves a pool it was
-    handed open, and an executor's Python worker lives on)."""
-    from ...storage import connections
-
-    try:
-        connections.close_pool(client if connections.is_cluster(client) else client.connection_pool)
-    finally:
-        client.close()
+            if not self.transport.cluster:
+                connections.check_not_a_cluster_node(client)
+            yield client
+        finally:
+            try:
+                connections.close_pool(pool)
+            finally:
+                client.close()

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import chain, islice
 
 from pyspark.sql.datasource import DataSourceStreamWriter
-from pyspark.sql.types import StructType
 
 from ...storage.errors import ConfigError
-from .partition import PartitionReport, Sink, eta_is_local, prune_rate, summarize, write_partition
-from .record import PartitionState, Progress, SinkRecord, digest_of, redis_ms
-from .rejects import write_rejects
-from .rows import TaskRows
-from .settings import WriterSettings, close_client
+from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, summarize, write_partition
+from .record import PartitionState, Progress, RowDigest, SinkRecord, redis_ms
 
 logger = logging.getLogger("celery_pq.spark")
 
@@ -30,24 +26,11 @@ RUN_ID_PROPERTY = "spark.jobGroup.id"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
-@dataclass
-class StreamReport(PartitionReport):
-    """A ``PartitionReport`` of one partition of micro-batch ``batch`` of query ``query``."""
-
-    batch: int = -1
-    query: str = ""
-
-
-class CeleryPQStreamWriter(DataSourceStreamWriter):
+class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
     """``df.writeStream.format("celery_pq")``: options in ``settings.py``."""
 
-    def __init__(self, settings: WriterSettings, schema: StructType):
-        self.settings = settings
-        self.schema_json = schema.json()
-        self.eta_is_local = eta_is_local(schema)
-
     # -- on the executors ----------------------------------------------------------------------
-    def write(self, iterator) -> StreamReport:
+    def write(self, iterator) -> PartitionReport:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -59,24 +42,19 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
                 f"micro-batch (local properties {', '.join(names)})"
             )
         batch = int(batch_id)
-        report = StreamReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
+        report = PartitionReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
         s = replace(self.settings, write_id=f"{query}:{batch}")
-        client = s.client()
-        try:
-            sink = Sink(client, s, sink=query, on_full="wait")
-            rows = TaskRows(s, partition=report.partition, eta_is_local=self.eta_is_local)
+        with self._sink(s, report, sink=query, on_full="wait") as (sink, rows):
             if s.key or "task_id" in s.roles:
                 return write_partition(rows, iterator, sink, report)  # the queue knows them
-            record = SinkRecord(client, query, s.transport.key_prefix, run)
+            record = SinkRecord(sink.client, query, s.transport.key_prefix, run)
             record.claim()
             progress = Progress(record, batch, report.partition, rows)
             rest = self._replay(record.load(batch, report.partition), iter(iterator), sink, report, progress)
             progress.use(f"{query}:{batch}:{run}.{report.attempt}")
             return write_partition(rows, rest, sink, report, hooks=progress)
-        finally:
-            close_client(client)
 
-    def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: StreamReport, progress: Progress):
+    def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: PartitionReport, progress: Progress):
         """Skip the segments ``earlier`` handled whose rows have their digest, resend its pending
         one under its identities if they do; the rows left (from the first that differs)."""
         if earlier is None:
@@ -84,7 +62,7 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         rows, position = progress.rows, 0
         for end, digest in earlier.segments:
             segment = list(islice(rows_in, end - position))
-            if len(segment) < end - position or digest_of(segment) != digest:
+            if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
                 return self._unmatched(earlier, position, segment, rows_in, report)
             for row in segment:
                 rows.skip(row)
@@ -98,14 +76,14 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
             return rows_in
         end, digest, namespace = earlier.pending
         segment = list(islice(rows_in, end - position))
-        if len(segment) < end - position or digest_of(segment) != digest:
+        if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
             return self._unmatched(earlier, position, segment, rows_in, report)
         self._warn_if_late(report, earlier, position, sink.client)
         progress.use(namespace)
         write_partition(rows, segment, sink, report, hooks=progress)
         return rows_in
 
-    def _unmatched(self, earlier: PartitionState, position: int, segment: list, rows_in, report: StreamReport):
+    def _unmatched(self, earlier: PartitionState, position: int, segment: list, rows_in, report: PartitionReport):
         report.resent += earlier.end - position
         logger.warning(
             "celery_pq stream writer: micro-batch %d partition %d: an earlier attempt handled or was "
@@ -119,7 +97,7 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
         )
         return chain(segment, rows_in)
 
-    def _warn_if_late(self, report: StreamReport, earlier: PartitionState, start: int, client) -> None:
+    def _warn_if_late(self, report: PartitionReport, earlier: PartitionState, start: int, client) -> None:
         age = (redis_ms(client) - earlier.ms) / 1000
         window = self.settings.transport.dedupe_seconds
         if age > window:
@@ -138,45 +116,31 @@ class CeleryPQStreamWriter(DataSourceStreamWriter):
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, StreamReport)]
-        summary = summarize(reports)
-        log = logger.warning if summary["rejected"] or summary["resent"] else logger.info
-        log(
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
+        summary = {**summarize(reports), "batch": batchId}
+        self._finish(
+            reports,
+            summary,
+            self.settings.rejects and os.path.join(self.settings.rejects, f"batch-{batchId}"),
+            bool(summary["rejected"] or summary["resent"]),
             "celery_pq stream writer: micro-batch %d: %d rows, %d sent, %d found already stored, "
             "%d skipped (recorded as handled), %d rejected; %d resent (handled by a failed attempt, "
-            "read in another order)%s",
-            batchId,
-            summary["rows"],
-            summary["sent"],
-            summary["already_stored"],
-            summary["skipped"],
-            summary["rejected"],
-            summary["resent"],
-            "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5]),
+            "read in another order)",
+            *(summary[k] for k in ("batch", "rows", "sent", "already_stored", "skipped", "rejected", "resent")),
         )
-        if self.settings.rejects:
-            write_rejects(
-                os.path.join(self.settings.rejects, f"batch-{batchId}"),
-                {**summary, "batch": batchId},
-                [r for m in reports for r in m.rejects],
-                self.schema_json,
-            )
         query = next((m.query for m in reports if m.query), None)
         if query is None:
             return
         # Spark runs batchId once every earlier micro-batch is committed: their records go (this
         # one's stays: Spark runs it again if it fails to log this commit)
-        client = self.settings.client()
-        try:
+        with self.settings.client() as client:
             prefix = self.settings.transport.key_prefix
             SinkRecord(client, query, prefix, run="").prune(batchId)
             if self.settings.rows_per_second:
                 prune_rate(client, query, prefix)
-        finally:
-            close_client(client)
 
     def abort(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, StreamReport)]
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
         logger.error(
             "celery_pq stream writer: micro-batch %d failed; %d partitions had finished, %d rows "
             "sent by them (they stay queued; the micro-batch's next run skips the rows it reads "
