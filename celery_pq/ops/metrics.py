@@ -9,11 +9,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
+from http.server import ThreadingHTTPServer
 from itertools import pairwise
-from socketserver import ThreadingMixIn
 from typing import TypeAlias
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from ..queue.unique import UNIQUE_COUNTS
 from ..storage.errors import OPS_EXTRA
@@ -21,7 +19,9 @@ from ..transport.broker import Broker, queue_and_view, queue_names
 from .http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
 
 try:
+    from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.exposition import MetricsHandler
     from prometheus_client.registry import Collector
 except ImportError as exc:  # the [ops] extra
     raise ImportError(OPS_EXTRA.format(what="celery_pq.ops.metrics")) from exc
@@ -203,21 +203,15 @@ DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
 
 
-class _ScrapeServer(ThreadingMixIn, WSGIServer):
+class _ScrapeServer(ThreadingHTTPServer):
     """A thread per connection, each request within ``request_timeout`` (``http_deadline``)."""
 
-    daemon_threads = True
-
-    def __init__(self, address: str, port: int, request_timeout: float):
+    def __init__(self, address: str, port: int, request_timeout: float, registry: CollectorRegistry):
         info = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         self.address_family = info[0]
         self.request_timeout = float(request_timeout)
-        super().__init__((str(info[4][0]), port), _ScrapeHandler)
-
-
-class _ScrapeHandler(DeadlineHandler, WSGIRequestHandler):
-    def log_message(self, format, *args):  # scrapes are not logged
-        pass
+        handler = type("_ScrapeHandler", (DeadlineHandler, MetricsHandler), {"registry": registry})
+        super().__init__((str(info[4][0]), port), handler)
 
 
 def serve(
@@ -232,23 +226,19 @@ def serve(
     """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics) with
     a ``PQCollector(app_or_url, **collector)``, each request within ``request_timeout`` seconds.
     With ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
-    from prometheus_client import CollectorRegistry, make_wsgi_app
-
     registry = CollectorRegistry()
     registry.register(PQCollector(app_or_url, **collector))
-    server = _ScrapeServer(address, port, request_timeout)
-    server.set_app(make_wsgi_app(registry))
-    thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
-    thread.start()
+    server = _ScrapeServer(address, port, request_timeout, registry)
     if not block:
+        thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
+        thread.start()
         return server, thread
     host = server.server_address[0]
     assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
     print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server.shutdown()
+        server.server_close()
