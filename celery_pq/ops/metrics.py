@@ -14,6 +14,7 @@ from itertools import pairwise
 from typing import TypeAlias
 
 from ..queue.unique import UNIQUE_COUNTS
+from ..storage.checks import count
 from ..storage.errors import OPS_EXTRA
 from ..transport.broker import Broker, queue_and_view, queue_names
 from .http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
@@ -147,9 +148,7 @@ class PQCollector(Collector):
         self.broker = Broker.of(app_or_url, transport_options)
         self.queues = list(queues) if queues else None
         self.bands = parse_bands(bands) if isinstance(bands, str) else bands
-        if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 0:
-            raise ValueError(f"max_tenants must be an integer >= 0, got {max_tenants!r}")
-        self.max_tenants = max_tenants
+        self.max_tenants = count("max_tenants", max_tenants, low=0, none=False)
 
     def describe(self):
         """The metric names, without reading Redis (for ``registry.register``)."""
