@@ -105,6 +105,7 @@ class DashboardServer(ThreadingHTTPServer):
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
         super().__init__((host, port), _Handler)
+        self.host = str(self.server_address[0])  # the address bound (a name given is resolved)
         #: Bound to a loopback address: else the state, too, needs the token.
         self.loopback = _is_loopback(self.host)
         try:
@@ -112,13 +113,6 @@ class DashboardServer(ThreadingHTTPServer):
         except ValueError:
             self.server_close()
             raise
-
-    @property
-    def host(self) -> str:
-        """The address bound (a name given is resolved)."""
-        host = self.server_address[0]
-        assert isinstance(host, str)
-        return host
 
     @property
     def url(self) -> str:
