@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from contextlib import suppress
 from http.server import ThreadingHTTPServer
 from itertools import pairwise
 from typing import TypeAlias
@@ -235,9 +236,5 @@ def serve(
     host = server.server_address[0]
     assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
     print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
-    try:
+    with server, suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()

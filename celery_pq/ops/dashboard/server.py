@@ -14,6 +14,7 @@ import logging
 import secrets
 import socket
 import threading
+from contextlib import suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -255,7 +256,7 @@ def run(
             raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a token given where none is used, or too short
             raise ConfigError(str(exc)) from None
-        try:
+        with server, suppress(KeyboardInterrupt):
             mode = "with actions allowed" if server.allow_actions else "(read-only)"
             if server.token is not None:
                 needs = "" if server.loopback else " (the page's state needs it too: this address is beyond loopback)"
@@ -264,7 +265,3 @@ def run(
             else:
                 echo(f"celery-pq dashboard on {server.url} {mode}")
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
