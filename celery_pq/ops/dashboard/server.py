@@ -231,29 +231,19 @@ class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
         return self.server.board.act(action, request)
 
 
-def run(
-    broker,
-    queues=(),
-    *,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    allow_actions: bool = False,
-    token: str | None = None,
-    window: float | None = None,
-    echo=print,
-) -> None:
+def run(broker, queues=(), *, window: float = WINDOW_SECONDS, echo=print, **options) -> None:
     """Serve the dashboard of ``broker`` (a ``Broker``, a Celery app or a URL) until interrupted;
-    its queues are ``queues``, else every declared one, opened as ``pq stats`` opens them."""
+    its queues are ``queues``, else every declared one, opened as ``pq stats`` opens them;
+    ``options``: DashboardServer's (host, port, allow_actions, token)."""
     with Broker.of(broker).channel() as channel:
         board = Board(
-            lambda: queue_names(channel, queues),
-            lambda name: queue_and_view(channel, name)[0],
-            window=WINDOW_SECONDS if window is None else window,
+            lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0], window=window
         )
         try:
-            server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
+            server = DashboardServer(board, **options)
         except OSError as exc:  # the port is taken, the address is not this machine's, ...
-            raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            where = f"{options.get('host', DEFAULT_HOST)}:{options.get('port', DEFAULT_PORT)}"
+            raise ConfigError(f"the dashboard cannot listen on {where}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a token given where none is used, or too short
             raise ConfigError(str(exc)) from None
         with server, suppress(KeyboardInterrupt):
