@@ -100,7 +100,8 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         else:
             held = q.held_tenants()
             found = [(e, None) for e in q.peek(count, tenant)]
-        now_ms = _now_ms(q.client)
+        sec, usec = q.client.time()  # ages on Redis's clock
+        now_ms = int(sec) * 1000 + int(usec) // 1000
     if delayed:
         rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
         title = f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)"
@@ -119,11 +120,6 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
     numbered = [{"#": i + 1, **r} for i, r in enumerate(rows)]
     empty = f"(no {'delayed' if delayed else 'waiting'} entries)"
     output(as_json, rows, render.table(title, columns, numbered, empty=empty))
-
-
-def _now_ms(client) -> int:
-    sec, usec = client.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 def _entry_row(e, now_ms) -> dict:
