@@ -86,8 +86,6 @@ class DashboardServer(ThreadingHTTPServer):
     """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread. A
     client's request must arrive within ``request_timeout`` seconds (``http_deadline``)."""
 
-    daemon_threads = True
-
     def __init__(
         self,
         board: Board,
