@@ -80,20 +80,16 @@ class BacklogAutoscaler(Autoscaler):
             return self._seen
         self._read_at = now
         try:
-            total, oldest = 0, None
+            counts, ages = [], []
             with self.broker.channel() as channel:
                 sec, usec = channel.client.time()
                 now_ms = int(sec) * 1000 + int(usec) // 1000
                 for name in self.queue_names():
                     q, view = queue_and_view(channel, name)
-                    n = q.backlog(view)
-                    total += n
+                    counts.append(n := q.backlog(view))
                     if n and view is None:
-                        head = q.peek(1)
-                        if head:
-                            age = (now_ms - head[0].enqueued_ms) / 1000
-                            oldest = age if oldest is None else max(oldest, age)
-            self._seen = (total, oldest)
+                        ages += [(now_ms - e.enqueued_ms) / 1000 for e in q.peek(1)]
+            self._seen = (sum(counts), max(ages, default=None))
         except Exception as exc:  # sized by the reserved tasks alone, as Celery's autoscaler
             if self._warned_at is None or now - self._warned_at > 60:
                 self._warned_at = now
@@ -115,21 +111,16 @@ class BacklogAutoscaler(Autoscaler):
     def _maybe_scale(self, req=None):
         procs = self.processes
         target = min(max(self.wanted(), self.min_concurrency), self.max_concurrency)
-        if target > procs:
-            self._lower_since = None
-            self.scale_up(target - procs)
-            return True
+        if target < procs:  # shrink only after idle_seconds of lower demand
+            if self._lower_since is None:
+                self._lower_since = monotonic()
+            if monotonic() - self._lower_since < self.settings.idle_seconds:
+                return False
+        self._lower_since = None
         if target == procs:
-            self._lower_since = None
             return False
-        now = monotonic()
-        if self._lower_since is None:
-            self._lower_since = now
-        if now - self._lower_since >= self.settings.idle_seconds:
-            self._lower_since = None
-            self._shrink(procs - target)
-            return True
-        return False
+        (self.scale_up if target > procs else self._shrink)(abs(target - procs))
+        return True
 
     def info(self):
         backlog, age = self._seen

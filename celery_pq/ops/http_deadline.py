@@ -6,12 +6,9 @@ server's ``request_timeout`` seconds however it trickles in; each write waits as
 from __future__ import annotations
 
 import io
-import logging
 import socket
 import socketserver
 import time
-
-logger = logging.getLogger("celery_pq.http")
 
 #: Seconds a client has to send its whole request (line, headers, body), and for each write of
 #: the reply: a client that sends nothing, or a byte at a time, holds a thread no longer.
@@ -52,9 +49,3 @@ class DeadlineHandler(socketserver.StreamRequestHandler):
         made = self.rfile
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline, timeout))
         made.close()  # (it holds the socket until closed)
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except TimeoutError as exc:  # (http.server's own handler catches it itself; wsgiref's not)
-            logger.debug("http: a client was too slow (%s); its connection is closed", exc)

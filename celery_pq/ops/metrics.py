@@ -9,19 +9,21 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
+from contextlib import suppress
+from http.server import ThreadingHTTPServer
 from itertools import pairwise
-from socketserver import ThreadingMixIn
 from typing import TypeAlias
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from ..queue.unique import UNIQUE_COUNTS
+from ..storage.checks import count
 from ..storage.errors import OPS_EXTRA
 from ..transport.broker import Broker, queue_and_view, queue_names
 from .http_deadline import REQUEST_TIMEOUT_SECONDS, DeadlineHandler
 
 try:
+    from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.exposition import MetricsHandler
     from prometheus_client.registry import Collector
 except ImportError as exc:  # the [ops] extra
     raise ImportError(OPS_EXTRA.format(what="celery_pq.ops.metrics")) from exc
@@ -147,9 +149,7 @@ class PQCollector(Collector):
         self.broker = Broker.of(app_or_url, transport_options)
         self.queues = list(queues) if queues else None
         self.bands = parse_bands(bands) if isinstance(bands, str) else bands
-        if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 0:
-            raise ValueError(f"max_tenants must be an integer >= 0, got {max_tenants!r}")
-        self.max_tenants = max_tenants
+        self.max_tenants = count("max_tenants", max_tenants, low=0, none=False)
 
     def describe(self):
         """The metric names, without reading Redis (for ``registry.register``)."""
@@ -203,21 +203,15 @@ DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
 
 
-class _ScrapeServer(ThreadingMixIn, WSGIServer):
+class _ScrapeServer(ThreadingHTTPServer):
     """A thread per connection, each request within ``request_timeout`` (``http_deadline``)."""
 
-    daemon_threads = True
-
-    def __init__(self, address: str, port: int, request_timeout: float):
+    def __init__(self, address: str, port: int, request_timeout: float, registry: CollectorRegistry):
         info = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         self.address_family = info[0]
         self.request_timeout = float(request_timeout)
-        super().__init__((str(info[4][0]), port), _ScrapeHandler)
-
-
-class _ScrapeHandler(DeadlineHandler, WSGIRequestHandler):
-    def log_message(self, format, *args):  # scrapes are not logged
-        pass
+        handler = type("_ScrapeHandler", (DeadlineHandler, MetricsHandler), {"registry": registry})
+        super().__init__((str(info[4][0]), port), handler)
 
 
 def serve(
@@ -232,23 +226,15 @@ def serve(
     """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics) with
     a ``PQCollector(app_or_url, **collector)``, each request within ``request_timeout`` seconds.
     With ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
-    from prometheus_client import CollectorRegistry, make_wsgi_app
-
     registry = CollectorRegistry()
     registry.register(PQCollector(app_or_url, **collector))
-    server = _ScrapeServer(address, port, request_timeout)
-    server.set_app(make_wsgi_app(registry))
-    thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
-    thread.start()
+    server = _ScrapeServer(address, port, request_timeout, registry)
     if not block:
+        thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
+        thread.start()
         return server, thread
     host = server.server_address[0]
     assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
     print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.shutdown()
+    with server, suppress(KeyboardInterrupt):
+        server.serve_forever()

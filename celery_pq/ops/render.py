@@ -8,6 +8,7 @@ import base64
 import json
 import sys
 import time
+from contextlib import suppress
 from datetime import UTC, datetime
 from importlib.util import find_spec
 
@@ -62,7 +63,7 @@ def show(*parts) -> None:
 def watch(make, seconds: float) -> None:
     """Show ``make()`` (a list of tables) every ``seconds``: in place on a terminal (rich Live),
     as successive blocks with a time line otherwise. Ends on Ctrl-C."""
-    try:
+    with suppress(KeyboardInterrupt):
         if rich_terminal():
             from rich.console import Group
             from rich.live import Live
@@ -78,8 +79,6 @@ def watch(make, seconds: float) -> None:
                 click.echo("", nl=True)
                 sys.stdout.flush()
                 time.sleep(seconds)
-    except KeyboardInterrupt:
-        pass
 
 
 def age(seconds: float | None) -> str:

@@ -15,6 +15,7 @@ from celery.bin.base import CeleryCommand
 
 from ...storage.errors import PQError
 from ...transport.broker import Broker, known, queue_and_view, queue_names
+from .. import render
 
 
 @click.group(name="pq")
@@ -90,3 +91,11 @@ def confirm(question: str, yes: bool) -> None:
 
 def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def output(as_json: bool, data, *shown) -> None:
+    """``data`` as JSON with --json, else ``shown``: tables or text (``render.show``)."""
+    if as_json:
+        print_json(data)
+    else:
+        render.show(*shown)

@@ -88,15 +88,15 @@ def recover(ctx, consumer, queues, yes):
         raise click.BadParameter("must name a consumer", param_hint="--consumer")
     total = {"returned": 0, "dead": 0}
     with broker_of(ctx).channel() as channel:
-        names = queue_names(channel, queues)
-        for name in queues:
-            queue_named(channel, name)
+        opened = {n: queue_named(channel, n)[0] for n in queues}
+        opened = opened or {n: queue_and_view(channel, n)[0] for n in queue_names(channel)}
+        names = list(opened)
         where = f"queue(s) {', '.join(names)}" if queues else f"every declared queue ({len(names)})"
         confirm(f"Return every lease consumer {consumer} holds in {where} (only for a consumer that is gone)?", yes)
-        for name in names:
-            r = queue_and_view(channel, name)[0].reclaim(consumer=consumer)
-            total["returned"] += int(r["returned"])
-            total["dead"] += int(r["dead"])
+        for name, q in opened.items():
+            r = q.reclaim(consumer=consumer)
+            for k in total:
+                total[k] += int(r[k])
             if r["returned"] or r["dead"]:
                 click.echo(f"{name}: {r['returned']} returned to waiting, {r['dead']} dead-lettered")
     click.echo(
@@ -118,31 +118,23 @@ def purge(ctx, queue, yes):
         click.echo(f"purged {q.purge()} message(s) from {queue}")
 
 
-def _pause_or_resume(ctx, queue, tenant, pause: bool) -> tuple[dict, str]:
-    """Pause or resume QUEUE (or one tenant of it); the paused tenants after it, as text."""
-    with queue_of(ctx, queue) as (q, _):
-        (q.pause if pause else q.resume)(tenant=tenant)
-        state = q.paused()
-    return state, f" (paused tenants: {', '.join(state['tenants']) or 'none'})"
+def _pause_or_resume(verb: str, doc: str) -> None:
+    """Register ``pq pause`` or ``pq resume``: of QUEUE, or of one tenant of it with --tenant."""
+
+    @command(name=verb, help=doc)
+    @click.argument("queue")
+    @click.option("--tenant", default=None, help=f"{verb.capitalize()} only this tenant (a fair queue).")
+    def run(ctx, queue, tenant):
+        with queue_of(ctx, queue) as (q, _):
+            getattr(q, verb)(tenant=tenant)
+            state = q.paused()
+        if verb == "pause":
+            said = "paused" + ("" if tenant is None else f" for tenant {tenant}")
+        else:
+            said = "still paused" if state["queue"] else "running"
+            said += "" if tenant is None else f"; tenant {tenant} resumed"
+        click.echo(f"{queue}: {said} (paused tenants: {', '.join(state['tenants']) or 'none'})")
 
 
-@command(name="pause")
-@click.argument("queue")
-@click.option("--tenant", default=None, help="Pause only this tenant (a fair queue).")
-def pause_(ctx, queue, tenant):
-    """Consumers stop receiving QUEUE (or one tenant of it); publishing goes on."""
-    _, tenants = _pause_or_resume(ctx, queue, tenant, True)
-    click.echo(f"{queue}: paused" + ("" if tenant is None else f" for tenant {tenant}") + tenants)
-
-
-@command(name="resume")
-@click.argument("queue")
-@click.option("--tenant", default=None, help="Resume only this tenant (a fair queue).")
-def resume_(ctx, queue, tenant):
-    """Consumers receive QUEUE (or the tenant) again."""
-    state, tenants = _pause_or_resume(ctx, queue, tenant, False)
-    click.echo(
-        f"{queue}: {'still paused' if state['queue'] else 'running'}"
-        + ("" if tenant is None else f"; tenant {tenant} resumed")
-        + tenants
-    )
+_pause_or_resume("pause", "Consumers stop receiving QUEUE (or one tenant of it); publishing goes on.")
+_pause_or_resume("resume", "Consumers receive QUEUE (or the tenant) again.")

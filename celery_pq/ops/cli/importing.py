@@ -15,7 +15,7 @@ from ...transport.kombu_import import (
     parse_priority_map,
 )
 from .. import render
-from .base import broker_of, choice_option, command, json_option, print_json
+from .base import broker_of, choice_option, command, json_option, output
 
 
 def _steps(text: str) -> tuple[int, ...]:
@@ -106,8 +106,6 @@ def import_kombu(
             reports = [r.as_dict() for r in importer.run(dry_run=dry_run)]
     finally:
         client.close()
-    if as_json:
-        return print_json({"dry_run": dry_run, "queues": reports})
     verb = "would move" if dry_run else "moved"
     title = f"import-kombu{' (dry run: nothing changed)' if dry_run else ''}: {verb}"
     rows = [{"queue": r["queue"], **row} for r in reports for row in r["rows"]]
@@ -115,4 +113,5 @@ def import_kombu(
     totals = ["queue", (verb, "moved"), ("with eta", "eta"), ("unacked left (held)", "unacked_held")]
     totals += [("found staged", "staged"), ("repeats (stored before)", "repeats")]
     totals += ["dropped"] if job["staged"] == "drop" else []
-    render.show(render.table(title, moves, rows, empty="(nothing to move)"), render.table(None, totals, reports))
+    moved = render.table(title, moves, rows, empty="(nothing to move)")
+    output(as_json, {"dry_run": dry_run, "queues": reports}, moved, render.table(None, totals, reports))

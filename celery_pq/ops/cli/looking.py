@@ -11,7 +11,7 @@ import click
 from ...storage import costs
 from ...transport.broker import queue_and_view, queue_names
 from .. import render
-from .base import broker_of, command, count_option, json_option, print_json, queue_of
+from .base import broker_of, command, count_option, json_option, output, queue_of
 
 
 @command()
@@ -38,15 +38,13 @@ def stats(ctx, queues, as_json, watch):
 
     if watch is not None and watch <= 0:
         raise click.BadParameter(f"must be a number of seconds > 0, got {watch}", param_hint="--watch")
-    if as_json:
-        if watch is None:
-            return print_json(rows())
-        while True:  # one JSON document per line and refresh
-            click.echo(json.dumps(rows(), default=str))
-            time.sleep(watch)
-    if watch is not None:
-        return render.watch(lambda: stats_tables(rows()), watch)
-    render.show(*stats_tables(rows()))
+    if watch is None:
+        data = rows()
+        return output(as_json, data, *stats_tables(data))
+    while as_json:  # one JSON document per line and refresh
+        click.echo(json.dumps(rows(), default=str))
+        time.sleep(watch)
+    render.watch(lambda: stats_tables(rows()), watch)
 
 
 def stats_tables(rows: list[dict]) -> list:
@@ -102,7 +100,8 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         else:
             held = q.held_tenants()
             found = [(e, None) for e in q.peek(count, tenant)]
-        now_ms = _now_ms(q.client)
+        sec, usec = q.client.time()  # ages on Redis's clock
+        now_ms = int(sec) * 1000 + int(usec) // 1000
     if delayed:
         rows = [{**_entry_row(e, now_ms), "due_ms": due, "due_in_seconds": (due - now_ms) / 1000} for e, due in found]
         title = f"{queue}: {len(rows)} delayed, soonest due first (they join the queue when due)"
@@ -118,15 +117,9 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         )
         age = ("age", lambda r: render.age(r["age_seconds"]))
         columns = ["#", "id", "priority", "tenant", "held", age, "task", "args"]
-    if as_json:
-        return print_json(rows)
     numbered = [{"#": i + 1, **r} for i, r in enumerate(rows)]
-    render.show(render.table(title, columns, numbered, empty=f"(no {'delayed' if delayed else 'waiting'} entries)"))
-
-
-def _now_ms(client) -> int:
-    sec, usec = client.time()
-    return int(sec) * 1000 + int(usec) // 1000
+    empty = f"(no {'delayed' if delayed else 'waiting'} entries)"
+    output(as_json, rows, render.table(title, columns, numbered, empty=empty))
 
 
 def _entry_row(e, now_ms) -> dict:
@@ -161,15 +154,10 @@ def dead(ctx, queue, count, as_json):
         }
         for e in entries
     ]
-    if as_json:
-        return print_json(rows)
     when = ("when (UTC)", lambda r: render.when(r["dead_ms"]))
     columns = ["id", "priority", "tenant", "reason", when, "deliveries", "task", "args"]
-    render.show(
-        render.table(
-            f"{queue}.dead: {total} dead letter(s), showing {len(rows)}", columns, rows, empty="(no dead letters)"
-        )
-    )
+    title = f"{queue}.dead: {total} dead letter(s), showing {len(rows)}"
+    output(as_json, rows, render.table(title, columns, rows, empty="(no dead letters)"))
 
 
 @command()
@@ -181,11 +169,9 @@ def leases(ctx, queue, count, as_json):
     lease tokens)."""
     with queue_of(ctx, queue) as (q, _):
         rows = q.leases(count)
-    if as_json:
-        return print_json(rows)
     left = ("expires in", lambda r: f"{r['seconds_left']:.1f}s")
     columns = ["id", "consumer", "priority", "tenant", "deliveries", left]
-    render.show(render.table(f"{queue}: {len(rows)} lease(s)", columns, rows, empty="(no leases)"))
+    output(as_json, rows, render.table(f"{queue}: {len(rows)} lease(s)", columns, rows, empty="(no leases)"))
 
 
 @command()
@@ -207,8 +193,6 @@ def explain(ctx, queue, as_json):
         "stale_pointers": stale,
         "costs": {op: by_t[technique] for op, by_t in costs.explain(stale=min(stale, 64)).items() if technique in by_t},
     }
-    if as_json:
-        return print_json(data)
     head = (
         f"{queue}: technique {technique}, {'fair' if q.settings.fair else 'not fair'}, {q.settings.priority_order}; "
         f"waiting {s['waiting']}, leased {s['leased']}, delayed {s['delayed']}; "
@@ -217,7 +201,7 @@ def explain(ctx, queue, as_json):
     commands = ("commands", lambda c: " ".join(f"{k}x{n}" for k, n in c["commands"].items()))
     rows = [{"operation": op, **c} for op, c in data["costs"].items()]
     title = f"Redis commands per operation (technique {technique}, {min(stale, 64)} stale pointer(s) ahead)"
-    render.show(head, render.table(title, ["operation", "reads", "writes", commands], rows))
+    output(as_json, data, head, render.table(title, ["operation", "reads", "writes", commands], rows))
 
 
 @command()

@@ -191,9 +191,8 @@ class Board:
         if stats["dead"]:
             sec, usec = q.client.time()  # dead_ms is on Redis's clock
             now_ms = int(sec) * 1000 + int(usec) // 1000
-            entries = q.dead.peek(DEAD_SCANNED)
-            entries.sort(key=lambda e: e.dead_ms or 0, reverse=True)
-            dead = [_dead_letter(e, now_ms) for e in entries[:DEAD_SHOWN]]
+            newest = sorted(q.dead.peek(DEAD_SCANNED), key=lambda e: e.dead_ms or 0, reverse=True)
+            dead = [_dead_letter(e, now_ms) for e in newest[:DEAD_SHOWN]]
         return {
             "queue": name,
             "stats": stats,

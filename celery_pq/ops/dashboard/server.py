@@ -14,6 +14,7 @@ import logging
 import secrets
 import socket
 import threading
+from contextlib import suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -85,8 +86,6 @@ class DashboardServer(ThreadingHTTPServer):
     """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread. A
     client's request must arrive within ``request_timeout`` seconds (``http_deadline``)."""
 
-    daemon_threads = True
-
     def __init__(
         self,
         board: Board,
@@ -105,6 +104,7 @@ class DashboardServer(ThreadingHTTPServer):
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
         super().__init__((host, port), _Handler)
+        self.host = str(self.server_address[0])  # the address bound (a name given is resolved)
         #: Bound to a loopback address: else the state, too, needs the token.
         self.loopback = _is_loopback(self.host)
         try:
@@ -112,13 +112,6 @@ class DashboardServer(ThreadingHTTPServer):
         except ValueError:
             self.server_close()
             raise
-
-    @property
-    def host(self) -> str:
-        """The address bound (a name given is resolved)."""
-        host = self.server_address[0]
-        assert isinstance(host, str)
-        return host
 
     @property
     def url(self) -> str:
@@ -236,32 +229,22 @@ class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
         return self.server.board.act(action, request)
 
 
-def run(
-    broker,
-    queues=(),
-    *,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    allow_actions: bool = False,
-    token: str | None = None,
-    window: float | None = None,
-    echo=print,
-) -> None:
+def run(broker, queues=(), *, window: float = WINDOW_SECONDS, echo=print, **options) -> None:
     """Serve the dashboard of ``broker`` (a ``Broker``, a Celery app or a URL) until interrupted;
-    its queues are ``queues``, else every declared one, opened as ``pq stats`` opens them."""
+    its queues are ``queues``, else every declared one, opened as ``pq stats`` opens them;
+    ``options``: DashboardServer's (host, port, allow_actions, token)."""
     with Broker.of(broker).channel() as channel:
         board = Board(
-            lambda: queue_names(channel, queues),
-            lambda name: queue_and_view(channel, name)[0],
-            window=WINDOW_SECONDS if window is None else window,
+            lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0], window=window
         )
         try:
-            server = DashboardServer(board, host=host, port=port, allow_actions=allow_actions, token=token)
+            server = DashboardServer(board, **options)
         except OSError as exc:  # the port is taken, the address is not this machine's, ...
-            raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            where = f"{options.get('host', DEFAULT_HOST)}:{options.get('port', DEFAULT_PORT)}"
+            raise ConfigError(f"the dashboard cannot listen on {where}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a token given where none is used, or too short
             raise ConfigError(str(exc)) from None
-        try:
+        with server, suppress(KeyboardInterrupt):
             mode = "with actions allowed" if server.allow_actions else "(read-only)"
             if server.token is not None:
                 needs = "" if server.loopback else " (the page's state needs it too: this address is beyond loopback)"
@@ -270,7 +253,3 @@ def run(
             else:
                 echo(f"celery-pq dashboard on {server.url} {mode}")
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
