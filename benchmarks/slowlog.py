@@ -143,7 +143,7 @@ def _drain(q: PriorityQueue, log: Slowlog, *, keep: int = 0) -> int:
         log.tick()
         if not leases:
             return got
-        q.ack_many(leases)
+        q.ack(leases)
         log.tick()
         got += len(leases)
 

@@ -147,11 +147,16 @@ class PriorityQueue:
         return calls.popped_deliveries(reply), calls.ack_codes(reply)
 
     # -- what becomes of a lease ----------------------------------------------------------------
-    def ack(self, lease: Lease | tuple[str, str], *, strict: bool = False) -> bool:
-        """Done: the entry is deleted. False (LeaseLost with ``strict``) if the lease was lost."""
-        return leasing.ack_many(self._scripts, [lease], strict=strict)[0]
+    @overload
+    def ack(self, lease: Lease | tuple[str, str], *, strict: bool = ...) -> bool: ...
+    @overload
+    def ack(self, lease: list, *, strict: bool = ...) -> list[bool]: ...
+    def ack(self, lease: Any, *, strict: bool = False) -> Any:
+        """Done: the entry is deleted. False (LeaseLost with ``strict``) if the lease was lost.
+        ``lease``: a ``Lease`` or an (entry id, token) pair, or a list of them, acked in one
+        call (then a bool each)."""
+        return leasing.ack(self._scripts, lease, strict=strict)
 
-    ack_many = _verb(leasing.ack_many)
     extend = _verb(leasing.extend)
     requeue = _verb(leasing.requeue)
     dead_letter = _verb(leasing.dead_letter)
@@ -181,7 +186,6 @@ class PriorityQueue:
     peek = _verb(reads.peek)
     delayed = _verb(reads.delayed)
     leases = _verb(reads.leases)
-    lease_of = _verb(reads.lease_of)
     backlog = _verb(reads.backlog)
     counters = _verb(reads.counters)
     tenant_stats = _verb(tenants.tenant_stats)

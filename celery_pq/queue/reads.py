@@ -115,24 +115,34 @@ def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
     return out
 
 
-def leases(s: Scripts, limit: int = 1000) -> list[dict]:
-    """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
+def leases(s: Scripts, limit: int = 1000, *, id: str | None = None) -> list[dict]:
+    """The leases held now, earliest deadline first (at most ``limit``); with ``id``, that
+    entry's alone, read in one MULTI (none when it is not leased): ``id``, ``consumer``,
     ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
     ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
     Redis's clock. Never the tokens: a token is what acks."""
-    _count("limit", limit, none=False)
-    with s.pipeline() as p:
-        p.zrange(s.keys.lease_deadlines, 0, limit - 1, withscores=True)
-        p.time()
-        held, (sec, usec) = p.execute()
+    if id is None:
+        _count("limit", limit, none=False)
+        with s.pipeline() as p:
+            p.zrange(s.keys.lease_deadlines, 0, limit - 1, withscores=True)
+            p.time()
+            held, (sec, usec) = p.execute()
+        if not held:
+            return []
+        with s.pipeline() as p:
+            p.hmget(s.keys.leases, [eid for eid, _ in held])
+            p.hmget(s.keys.entries, [eid for eid, _ in held])
+            records, values = p.execute()
+    else:
+        eid = encode_id(id)
+        with s.pipeline(transaction=True) as p:
+            p.zscore(s.keys.lease_deadlines, eid)
+            p.time()
+            p.hmget(s.keys.leases, [eid])
+            p.hmget(s.keys.entries, [eid])
+            deadline, (sec, usec), records, values = p.execute()
+        held = [] if deadline is None else [(eid, deadline)]
     now_ms = int(sec) * 1000 + int(usec) // 1000
-    if not held:
-        return []
-    eids = [eid for eid, _ in held]
-    with s.pipeline() as p:
-        p.hmget(s.keys.leases, eids)
-        p.hmget(s.keys.entries, eids)
-        records, values = p.execute()
     out = []
     for (eid, deadline), info, value in zip(held, records, values):
         lease = None if info is None else split_lease(info)
@@ -152,28 +162,6 @@ def leases(s: Scripts, limit: int = 1000) -> list[dict]:
             }
         )
     return out
-
-
-def lease_of(s: Scripts, id: str) -> dict | None:
-    """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
-    ``deliveries``, ``deadline_ms`` and ``seconds_left`` (both on Redis's clock). Read in one
-    MULTI; the lease token is not shown (it is what acks)."""
-    eid = encode_id(id)
-    with s.pipeline(transaction=True) as p:
-        p.hget(s.keys.leases, eid)
-        p.zscore(s.keys.lease_deadlines, eid)
-        p.time()
-        info, deadline, (sec, usec) = p.execute()
-    lease = None if info is None else split_lease(info)
-    if lease is None or deadline is None:
-        return None
-    now_ms = sec * 1000 + usec // 1000
-    return {
-        "consumer": lease.consumer,
-        "deliveries": lease.deliveries,
-        "deadline_ms": int(deadline),
-        "seconds_left": (deadline - now_ms) / 1000,
-    }
 
 
 def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:

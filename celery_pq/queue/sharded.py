@@ -230,10 +230,13 @@ class ShardedQueue:
         return popped
 
     # -- leases, by the shard each lease carries ------------------------------------------------
-    ack = _Shards(by_lease=True)
+    def ack(self, lease, *, strict: bool = False) -> Any:
+        if isinstance(lease, list):
+            return self._each(lease, lambda s, part: s.ack(part, strict=strict))
+        return self.shard_of_lease(lease).ack(lease, strict=strict)
+
     requeue = _Shards(by_lease=True)
     dead_letter = _Shards(by_lease=True)
-    ack_many = _Shards(by_leases=True)
     extend = _Shards(by_leases=True)
 
     # -- by id, and every shard at once ---------------------------------------------------------
@@ -277,7 +280,6 @@ class ShardedQueue:
     counters = _Shards(merge=_summed)
     tenant_deliveries = _Shards(merge=_summed)
     held_tenants = _Shards(merge=lambda parts: {t: why for part in parts for t, why in part.items()})
-    lease_of = _Shards(merge=lambda found: next((f for f in found if f is not None), None))
     paused = _Shards(
         merge=lambda states: {
             "queue": any(st["queue"] for st in states),
@@ -298,8 +300,9 @@ class ShardedQueue:
     def delayed(self, count: int = 10) -> list[tuple[Entry, int]]:
         return sorted((d for s in self.shards for d in s.delayed(count)), key=lambda d: d[1])[:count]
 
-    def leases(self, limit: int = 1000) -> list[dict]:
-        return sorted((row for s in self.shards for row in s.leases(limit)), key=lambda r: r["deadline_ms"])[:limit]
+    def leases(self, limit: int = 1000, *, id: str | None = None) -> list[dict]:
+        rows = (row for s in self.shards for row in s.leases(limit, id=id))
+        return sorted(rows, key=lambda r: r["deadline_ms"])[:limit]
 
     def stats(self) -> dict:  # summed over the shards, with ``shards``: each one's part
         return merged_stats(self.name, self.settings.priority_order, [s.stats() for s in self.shards])

@@ -278,7 +278,7 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
     assert q.counters() == dict.fromkeys(COUNTERS, 0)
     q.insert_many([Item(b"x", 1, f"i{i}") for i in range(6)])  # enqueued 6
     leases = q.pop(3, consumer="w")  # delivered 3
-    q.ack_many(leases[:2])  # acked 2
+    q.ack(leases[:2])  # acked 2
     q.requeue(leases[2])  # requeued 1 (i2 back, 1 delivery so far)
     q.pop(1, consumer="w", lease_seconds=0.05)  # delivered 1 (i2 again: redelivered 1)
     time.sleep(0.1)
@@ -323,7 +323,7 @@ def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
     q = PriorityQueue(redis_client, "fq", key_prefix=key_prefix, fair=True)
     q.insert_many([Item(b"x", 1, None, tenant=t) for t in ["a", "a", "a", "b", "c,d"]])
     leases = q.pop(4, consumer="w")
-    q.ack_many(leases)
+    q.ack(leases)
     q.pop(1)
     assert q.tenant_deliveries() == {"a": 3, "b": 1, "c,d": 1}
     assert q.counters()["delivered"] == 5 and q.counters()["acked"] == 4

@@ -166,7 +166,7 @@ def test_remove_and_change_priority_with_fairness(redis_client, key_prefix):
     got = [q.pop()[0] for _ in range(2)]
     assert [g.id for g in got] == ["b1", "a2"]
     assert q.pop() == []
-    q.ack_many(got)
+    q.ack(got)
     assert fairness_state_is_empty(redis_client, q)
     assert q.tenant_stats() == {}
 
@@ -383,7 +383,7 @@ def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, 
     # Then a1 is not leased a second time, a2 comes once with its own priority, and a1's lease
     # is still the first consumer's
     assert [(lease.id, lease.priority) for lease in got] == [("a2", 5)]
-    assert q.lease_of("a1")["consumer"] == "c:1:first"
+    assert q.leases(id="a1")[0]["consumer"] == "c:1:first"
     assert q.ack(first) and q.ack(got[0])
     assert q.pop(5) == [] and fairness_state_is_empty(redis_client, q)
 

@@ -78,7 +78,7 @@ def test_order_is_strict_priority_fifo_within_level(q):
         if not leases:
             break
         got += [(x.id, x.priority) for x in leases]
-        q.ack_many(leases)
+        q.ack(leases)
     expected = sorted(sent, key=lambda t: (-t[1], int(t[0][1:])))
     assert got == expected
 
@@ -111,18 +111,18 @@ def test_pop_leases_in_the_same_script(q, redis_client):
     assert 29_000 < deadline - (now_s * 1000 + now_us // 1000) <= 30_000
 
 
-def test_lease_of_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
+def test_a_lease_by_id_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
     task_id = "0b8f5c9e-3a1d-4f6e-9c2b-7d4e5f6a8b9c"  # stored in its compact form
     q.insert(b"p", 3, id=task_id)
-    assert q.lease_of(task_id) is None  # waiting, not leased
+    assert not q.leases(id=task_id)  # waiting, not leased
     [lease] = q.pop(consumer="host:123:ab", lease_seconds=20)
-    held = q.lease_of(task_id)
+    [held] = q.leases(id=task_id)
     assert held["consumer"] == "host:123:ab" and held["deliveries"] == 1
     assert 19 < held["seconds_left"] <= 20 and "token" not in held
     q.extend([lease], lease_seconds=60)
-    assert q.lease_of(task_id)["deadline_ms"] > held["deadline_ms"]
+    assert q.leases(id=task_id)[0]["deadline_ms"] > held["deadline_ms"]
     q.ack(lease)
-    assert q.lease_of(task_id) is None and q.lease_of("no-such-id") is None
+    assert not q.leases(id=task_id) and not q.leases(id="no-such-id")
 
 
 def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens(redis_client, key_prefix):
@@ -140,7 +140,7 @@ def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens
     assert (b["consumer"], b["priority"], b["tenant"], b["deliveries"]) == ("host:2:bb", 7, "zed", 1)
     assert (t["consumer"], t["priority"], t["tenant"]) == ("host:1:aa", 200, "acme")
     assert 19 < b["seconds_left"] <= 20 and 49 < t["seconds_left"] <= 50
-    assert t["deadline_ms"] == q.lease_of(task_id)["deadline_ms"]
+    assert t["deadline_ms"] == q.leases(id=task_id)[0]["deadline_ms"]
     assert 0 <= t["age_seconds"] < 5
     assert all(first.token not in repr(x) and second.token not in repr(x) for x in listed)
     assert [x["id"] for x in q.leases(1)] == ["b"]
@@ -211,7 +211,7 @@ def test_priority_changed_away_and_back_is_delivered_once(q, redis_client, techn
     assert got == ["b", "a"]
     assert q.pop() == [] and pointers(redis_client, q) == []
     # And a new entry with the same id after the ack is not served from an old pointer
-    q.ack_many([("a", "nope")])
+    q.ack([("a", "nope")])
     q.insert(b"y", 10, id="c")
 
 

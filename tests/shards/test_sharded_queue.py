@@ -29,7 +29,7 @@ def drain(q, *, count=1):
         if not got:
             return out
         out += got
-        assert all(q.ack_many(got))
+        assert all(q.ack(got))
 
 
 def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, key_prefix):
@@ -66,7 +66,7 @@ def test_nothing_lost_or_doubled_with_interleaved_consumers(redis_client, key_pr
         held += got
         rng.shuffle(held)
         done, held = held[: len(held) // 2 + 1], held[len(held) // 2 + 1 :]
-        assert all(q.ack_many(done))
+        assert all(q.ack(done))
     assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
     s = q.stats()
     assert (s["waiting"], s["leased"], s["delayed"]) == (0, 0, 0)
@@ -193,8 +193,8 @@ def test_leases_acks_and_requeues_go_to_the_shard_of_the_lease(redis_client, key
     leases = q.pop(1) + q.pop(1) + q.pop(1)
     for lease in leases:
         shard = next(s for s in q.shards if s.name == lease.queue)
-        assert shard.lease_of(lease.id)["deliveries"] == 1
-        assert q.lease_of(lease.id)["consumer"] == shard.lease_of(lease.id)["consumer"]
+        assert shard.leases(id=lease.id)[0]["deliveries"] == 1
+        assert q.leases(id=lease.id)[0]["consumer"] == shard.leases(id=lease.id)[0]["consumer"]
     assert q.extend(leases, 30) == [True, True, True]
     assert q.ack(leases[0]) and not q.ack(leases[0])  # acked once, in its own shard
     assert q.requeue(leases[1]) == "waiting"
