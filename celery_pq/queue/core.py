@@ -19,7 +19,8 @@ import redis
 from ..scripts import Flight
 from ..storage import constants as C
 from ..storage.keys import dead_queue_name
-from . import admin, calls, inserts, leasing, reads, tenants
+from . import admin, calls, inserts, leasing, reads
+from . import tenants as fair
 from .item import Item
 from .running import run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
@@ -178,7 +179,7 @@ class PriorityQueue:
     migrate_mode = _verb(admin.migrate_mode)
     cleanup = _verb(admin.cleanup)
     set_event_log = _verb(admin.set_event_log)
-    configure_tenants = _verb(tenants.configure_tenants)
+    configure_tenants = _verb(fair.configure_tenants)
 
     # -- reads -----------------------------------------------------------------------------------
     size = _verb(reads.size)
@@ -188,10 +189,8 @@ class PriorityQueue:
     leases = _verb(reads.leases)
     backlog = _verb(reads.backlog)
     counters = _verb(reads.counters)
-    tenant_stats = _verb(tenants.tenant_stats)
-    tenant_deliveries = _verb(tenants.tenant_deliveries)
-    held_tenants = _verb(tenants.held_tenants)
-    paused = _verb(tenants.paused)
+    tenants = _verb(fair.tenants)
+    paused = _verb(fair.paused)
     events = _verb(reads.events)
     event_log_cap = _verb(reads.event_log_cap)
     stored_mode = _verb(reads.stored_mode)

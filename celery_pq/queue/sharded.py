@@ -54,6 +54,18 @@ def merged_reclaim(parts: list[dict]) -> dict:
     return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
 
 
+def merged_tenants(parts: list[dict]) -> dict:
+    """The shards' ``tenants``: the counts summed, a tenant held when a shard holds it."""
+    out: dict[str, dict] = {}
+    for part in parts:
+        for t, row in part.items():
+            mine = out.setdefault(t, {"waiting": 0, "leased": 0, "deliveries": 0, "held": None})
+            for k in ("waiting", "leased", "deliveries"):
+                mine[k] += row[k]
+            mine["held"] = row["held"] or mine["held"]
+    return out
+
+
 def _summed(parts: list[dict]) -> dict:
     return dict(sum(map(Counter, parts), Counter()))
 
@@ -278,8 +290,7 @@ class ShardedQueue:
     size = _Shards(merge=sum)
     backlog = _Shards(merge=sum)
     counters = _Shards(merge=_summed)
-    tenant_deliveries = _Shards(merge=_summed)
-    held_tenants = _Shards(merge=lambda parts: {t: why for part in parts for t, why in part.items()})
+    tenants = _Shards(merge=merged_tenants)
     paused = _Shards(
         merge=lambda states: {
             "queue": any(st["queue"] for st in states),

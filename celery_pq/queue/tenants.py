@@ -30,17 +30,23 @@ def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
     return out
 
 
-def tenant_deliveries(s: Scripts) -> dict[str, int]:
-    """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
-    return {unescape_tenant(as_text(k)): int(v) for k, v in s.client.hgetall(s.keys.tenant_deliveries).items()}
+def tenants(s: Scripts) -> dict[str, dict]:
+    """{tenant: {"waiting": n, "leased": n, "deliveries": n, "held": why}} of a fair queue's
+    tenants with waiting or leased entries, deliveries so far (hash td, kept by its pops) or
+    held back: ``held`` is None, or why the tenant cannot be served now (``held_tenants``)."""
+    out = {t: {**row, "deliveries": 0, "held": None} for t, row in tenant_stats(s).items()}
+    blank = {"waiting": 0, "leased": 0, "deliveries": 0, "held": None}
+    for t, n in s.client.hgetall(s.keys.tenant_deliveries).items():
+        out.setdefault(unescape_tenant(as_text(t)), dict(blank))["deliveries"] = int(n)
+    for t, why in held_tenants(s).items():
+        out.setdefault(t, dict(blank))["held"] = why
+    return out
 
 
 def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
-    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries.
-
-    Counts are one HGETALL. With ``ages``, also "next_age_seconds": the age of the entry
-    the tenant gives next (two pipelined round trips for all tenants).
-    """
+    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries (one
+    HGETALL); with ``ages``, also "next_age_seconds": the age of the entry the tenant gives
+    next (two pipelined round trips for all tenants): ``stats``'s ``per_tenant``."""
     out: dict = {}
     raw: dict = {}
     for field, value in s.client.hgetall(s.keys.tenant_counts).items():

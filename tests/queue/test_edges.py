@@ -16,6 +16,7 @@ from celery_pq import Item, ModeMismatch, PriorityQueue, QueueFull
 from celery_pq.storage import constants as C
 from celery_pq.storage.ids import encode_id
 from celery_pq.testing import RedisServer
+from tests.support.tenants import tenant_counts
 
 
 def _all_ids(q: PriorityQueue) -> dict:
@@ -117,7 +118,7 @@ def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, key_prefix):
     assert fair.stored_mode() == fair.mode
     assert [e.priority for e in fair.pop(5)] == [1, 5]
     assert fair.ack(held)
-    assert fair.tenant_stats() == {"": {"waiting": 0, "leased": 2}}
+    assert tenant_counts(fair) == {"": {"waiting": 0, "leased": 2}}
 
 
 # -- 2. one corrupt entry does not strand its batch ---------------------------------------------

@@ -13,6 +13,7 @@ from celery_pq import ConfigError, Item
 from celery_pq.queue import COUNTERS, EVENT_FIELDS, PriorityQueue, QueueSettings, open_queue
 from celery_pq.storage.keys import queue_keys
 from celery_pq.transport.options import Options
+from tests.support.tenants import tenant_counts, tenant_deliveries
 
 
 def q_of(client, prefix, name="ev", **kw):
@@ -303,7 +304,7 @@ def test_counters_after_a_scripted_sequence(redis_client, key_prefix):
         "expired": 0,
         **{f"unique_{k}": 0 for k in ("merged", "replaced", "debounced", "throttled")},
     }
-    assert q.tenant_deliveries() == {}
+    assert tenant_deliveries(q) == {}
 
 
 def test_a_refused_insert_writes_only_its_counter(redis_client, key_prefix):
@@ -325,7 +326,7 @@ def test_tenant_deliveries_on_a_fair_queue(redis_client, key_prefix):
     leases = q.pop(4, consumer="w")
     q.ack(leases)
     q.pop(1)
-    assert q.tenant_deliveries() == {"a": 3, "b": 1, "c,d": 1}
+    assert tenant_deliveries(q) == {"a": 3, "b": 1, "c,d": 1}
     assert q.counters()["delivered"] == 5 and q.counters()["acked"] == 4
 
 
@@ -375,7 +376,7 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_pref
     assert q.paused() == {"queue": False, "tenants": ["a"]}
     got = q.pop(10)
     assert [x.id for x in got] == ["b0", "b1", "b2"]
-    assert q.tenant_stats()["a"]["waiting"] == 3
+    assert tenant_counts(q)["a"]["waiting"] == 3
     q.insert(b"x", 1, id="a3", tenant="a")  # publishing goes on
     assert q.pop(10) == []
     assert q.stats()["paused_tenants"] == ["a"]

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from celery_pq import Item, PriorityQueue, QueueFull
+from tests.support.tenants import held_tenants, tenant_counts
 
 
 def fq(client, prefix, **kw):
@@ -168,7 +169,7 @@ def test_remove_and_change_priority_with_fairness(redis_client, key_prefix):
     assert q.pop() == []
     q.ack(got)
     assert fairness_state_is_empty(redis_client, q)
-    assert q.tenant_stats() == {}
+    assert tenant_counts(q) == {}
 
 
 def test_dead_lettering_releases_the_tenant(redis_client, key_prefix):
@@ -197,7 +198,7 @@ def test_tenant_concurrency_cap_parks_without_blocking_others(redis_client, key_
             held += got
             delivered.update(x.tenant for x in got)
         most_a = max(most_a, sum(1 for x in held if x.tenant == "A"))
-        assert q.tenant_stats().get("A", {}).get("leased", 0) == sum(1 for x in held if x.tenant == "A")
+        assert tenant_counts(q).get("A", {}).get("leased", 0) == sum(1 for x in held if x.tenant == "A")
     assert most_a == 2
     assert delivered["B"] > 0 and delivered["A"] > 0
 
@@ -235,7 +236,7 @@ def test_max_length_per_tenant(redis_client, key_prefix):
     q.insert(b"x", 1, tenant="B")  # other tenants are not affected
     with pytest.raises(QueueFull):
         q.insert_many([Item(b"x", 1, None, tenant="B")] * 3)
-    assert q.tenant_stats()["B"]["waiting"] == 1  # nothing of the refused chunk was written
+    assert tenant_counts(q)["B"]["waiting"] == 1  # nothing of the refused chunk was written
 
 
 def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefix):
@@ -325,13 +326,13 @@ def test_priority_view_on_a_fair_queue(redis_client, key_prefix):
     assert len(q.pop(20)) == 10
 
 
-def test_tenant_stats_counts_and_ages(redis_client, key_prefix):
+def test_per_tenant_stats_count_and_age(redis_client, key_prefix):
     q = fq(redis_client, key_prefix)
     fill(q, "A", 3)
     time.sleep(0.05)
     fill(q, "B,|odd", 1)
     q.pop(1)
-    stats = q.tenant_stats(ages=True)
+    stats = q.stats()["per_tenant"]
     assert stats["A"]["waiting"] == 2 and stats["A"]["leased"] == 1
     assert stats["B,|odd"]["waiting"] == 1
     assert stats["A"]["next_age_seconds"] >= stats["B,|odd"]["next_age_seconds"] >= 0
@@ -412,7 +413,7 @@ def test_a_step_back_of_redis_s_clock_costs_a_rate_parked_tenant_one_period_at_m
     # Given tenant A at 5/s, its burst taken and parked for its next token
     q = fq(redis_client, key_prefix, tenant_rate=5)
     fill(q, "A", 20)
-    assert len(q.pop(20)) == 5 and q.held_tenants() == {"A": "rate"}
+    assert len(q.pop(20)) == 5 and held_tenants(q) == {"A": "rate"}
     # When Redis's clock steps back an hour
     step_the_clock_back(redis_client, q, 3_600_000)
     # Then the next pop parks A again for one period (200 ms) at most, not for the hour

@@ -12,6 +12,7 @@ from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.storage.errors import EntryNotFound
 from celery_pq.storage.keys import shard_names
 from celery_pq.transport.options import Options
+from tests.support.tenants import tenant_deliveries
 
 
 def open_queue(client, prefix, n, *, peek=2, seed=1, name="orders", **options):
@@ -265,7 +266,7 @@ def test_a_tenant_stays_on_one_shard_and_keeps_its_order(redis_client, key_prefi
         mine = [lease for lease in got if lease.tenant == t]
         assert len({lease.queue for lease in mine}) == 1  # one shard per tenant
         assert [int(lease.id[1:]) for lease in mine] == sorted(int(lease.id[1:]) for lease in mine)  # FIFO
-    assert q.tenant_deliveries() == {"a": 15, "b": 15}
+    assert tenant_deliveries(q) == {"a": 15, "b": 15}
 
 
 def test_a_retried_publish_id_is_stored_once(redis_client, key_prefix):

@@ -7,6 +7,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from celery_pq import PriorityQueue
 from celery_pq.testing import wait_for
+from tests.support.tenants import tenant_deliveries
 
 try:
     from support.consume import drain, make_queue
@@ -121,4 +122,4 @@ def test_paused_tenant_through_kombu(redis_server, redis_client, key_prefix):
         admin.resume(tenant="A")
         got = [b["t"] for b, _ in drain(conn, q, 2, timeout=5)]
         assert got == ["A", "A"]
-    assert PriorityQueue(redis_client, "kq", key_prefix=key_prefix, fair=True).tenant_deliveries() == {"A": 2, "B": 2}
+    assert tenant_deliveries(PriorityQueue(redis_client, "kq", key_prefix=key_prefix, fair=True)) == {"A": 2, "B": 2}

@@ -101,7 +101,7 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         if delayed:
             found = q.delayed(count)
         else:
-            held = q.held_tenants()
+            held = {t: r["held"] for t, r in q.tenants().items() if r["held"]}
             found = [(e, None) for e in q.peek(count, tenant)]
         now_ms = _now_ms(q.client)
     if delayed:
