@@ -190,10 +190,8 @@ class PriorityQueue:
     backlog = _verb(reads.backlog)
     counters = _verb(reads.counters)
     tenants = _verb(fair.tenants)
-    paused = _verb(fair.paused)
+    recorded = _verb(fair.recorded)
     events = _verb(reads.events)
-    event_log_cap = _verb(reads.event_log_cap)
-    stored_mode = _verb(reads.stored_mode)
 
 
 def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks=None, lean=False, bound=None, **pop) -> tuple:

@@ -9,11 +9,10 @@ from collections import Counter
 from ..storage import constants as C
 from ..storage.checks import count as _count
 from ..storage.ids import decode_id, encode_id
-from ..storage.records import split_entry, split_lease, split_switches
+from ..storage.records import split_entry, split_lease
 from . import calls
-from .running import readable_mode
 from .scripts import Scripts
-from .tenants import held_tenants, paused, peek_tenant, tenant_stats
+from .tenants import held_tenants, peek_tenant, recorded, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
@@ -61,7 +60,7 @@ def stats(s: Scripts) -> dict:
         p.time()
         res = p.execute()
     entries, leased, delayed = res[0], res[1], res[2]
-    held = paused(s)
+    held = recorded(s)
     dead = res[5] if s.dead_keys else 0
     unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
     now_s, now_us = res[-1]
@@ -83,8 +82,8 @@ def stats(s: Scripts) -> dict:
         "per_priority": dict(sorted(per_priority.items(), reverse=s.settings.priority_order == C.HIGHER_FIRST)),
         "head_age_seconds": (now_ms - oldest_ms) / 1000 if oldest_ms else None,
         "per_tenant": tenant_stats(s, ages=True) if s.settings.fair else {},
-        "paused": held["queue"],
-        "paused_tenants": held["tenants"],
+        "paused": held["paused"],
+        "paused_tenants": held["paused_tenants"],
         "unique": unique,
     }
 
@@ -172,8 +171,8 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
     lo, hi = s.check_view(view)
     whole = (lo, hi) == (0, C.MAX_PRIORITY)
     k = s.keys
-    held_now = paused(s)
-    if held_now["queue"]:
+    held_now = recorded(s)
+    if held_now["paused"]:
         return 0
     with s.pipeline() as p:
         _counts(s, p)
@@ -210,12 +209,6 @@ def counters(s: Scripts) -> dict[str, int]:
     return out
 
 
-def event_log_cap(s: Scripts) -> int:
-    """The event-log cap the queue recorded (0: the log is off)."""
-    record = s.client.get(s.keys.mode)
-    return 0 if record is None else split_switches(as_text(record))[1]
-
-
 def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
     """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
     before an id excludes it), at most ``count``: dicts of the fields of docs/events.md,
@@ -230,12 +223,6 @@ def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = Non
             row[k] = (int(v) if v else None) if k in EVENT_INTS else v
         out.append(row)
     return out
-
-
-def stored_mode(s: Scripts) -> dict | None:
-    """The mode the queue recorded in Redis (None before its first insert)."""
-    raw = s.client.get(s.keys.mode)
-    return None if raw is None else readable_mode(as_text(raw))
 
 
 def retrieve_by_priority(s: Scripts, priority: int) -> str | None:

@@ -291,17 +291,16 @@ class ShardedQueue:
     backlog = _Shards(merge=sum)
     counters = _Shards(merge=_summed)
     tenants = _Shards(merge=merged_tenants)
-    paused = _Shards(
-        merge=lambda states: {
-            "queue": any(st["queue"] for st in states),
-            "tenants": sorted({t for st in states for t in st["tenants"]}),
+    recorded = _Shards(  # shard 0's mode and event log; paused where any shard is
+        merge=lambda parts: {
+            **parts[0],
+            "paused": any(r["paused"] for r in parts),
+            "paused_tenants": sorted({t for r in parts for t in r["paused_tenants"]}),
         }
     )
     is_dead = _Shards()
     mode = _Shards()
     rank = _Shards()
-    event_log_cap = _Shards()
-    stored_mode = _Shards()
 
     def peek(self, count: int = 1, tenant: str | None = None) -> list[Entry]:  # by priority, then by age
         rank = self.shards[0].rank

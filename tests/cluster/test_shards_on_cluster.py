@@ -124,7 +124,7 @@ def test_every_operation_of_a_sharded_queue_runs_on_the_cluster(cluster_client, 
     dead = queue.dead.peek(5)
     assert [e.id for e in dead] and queue.replay([e.id for e in dead])["replayed"]
     queue.pause()
-    assert queue.paused()["queue"] and not queue.pop(1)
+    assert queue.recorded()["paused"] and not queue.pop(1)
     queue.resume()
     s = queue.stats()
     # 64 in, 1 removed, the leased ones out but the requeued and the replayed one

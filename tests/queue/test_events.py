@@ -13,7 +13,7 @@ from celery_pq import ConfigError, Item
 from celery_pq.queue import COUNTERS, EVENT_FIELDS, PriorityQueue, QueueSettings, open_queue
 from celery_pq.storage.keys import queue_keys
 from celery_pq.transport.options import Options
-from tests.support.tenants import tenant_counts, tenant_deliveries
+from tests.support.tenants import pauses, tenant_counts, tenant_deliveries
 
 
 def q_of(client, prefix, name="ev", **kw):
@@ -192,9 +192,9 @@ def test_the_cap_holds(redis_client, key_prefix):
 def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
     on = q_of(redis_client, key_prefix, name="shared")
     off = PriorityQueue(redis_client, "shared", key_prefix=key_prefix)  # a process without the option
-    assert off.event_log_cap() == 0
+    assert off.recorded()["event_log"] == 0
     on.insert(b"x", 1, id="a", task="t.a")
-    assert off.event_log_cap() == 1000
+    assert off.recorded()["event_log"] == 1000
     off.insert(b"y", 1, id="b")
     [lease] = off.pop(consumer="other")
     off.ack(lease)
@@ -208,10 +208,10 @@ def test_the_recorded_switch_makes_every_process_log(redis_client, key_prefix):
     assert off.set_event_log(None) == 1000
     off.insert(b"z", 1, id="c")
     assert len(on.events()) == 4
-    assert on.event_log_cap() == 0
+    assert on.recorded()["event_log"] == 0
     on.insert(b"w", 1, id="d")
-    assert on.event_log_cap() == 1000 and last(on, "enqueue")["id"] == "d"
-    assert off.set_event_log(50) == 1000 and on.event_log_cap() == 50
+    assert on.recorded()["event_log"] == 1000 and last(on, "enqueue")["id"] == "d"
+    assert off.set_event_log(50) == 1000 and on.recorded()["event_log"] == 50
 
 
 def test_insert_many_carries_task_names(redis_client, key_prefix):
@@ -335,7 +335,7 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
     q = PriorityQueue(redis_client, "pz", key_prefix=key_prefix)
     q.insert(b"before", 1, id="a")
     assert q.pause()
-    assert q.paused() == {"queue": True, "tenants": []}
+    assert pauses(q) == (True, [])
     assert q.pop(5) == []
     assert redis_client.llen(q.keys.wake) == 0  # a pop of a paused queue drops its wake list
     q.insert(b"during", 1, id="b")
@@ -347,7 +347,7 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, key_prefi
     assert q.resume()
     assert redis_client.llen(q.keys.wake) == 1  # a blocked consumer wakes at once
     assert [x.id for x in q.pop(5)] == ["a", "b"]
-    assert q.paused() == {"queue": False, "tenants": []} and q.stats()["paused"] is False
+    assert pauses(q) == (False, []) and q.stats()["paused"] is False
 
 
 def test_pause_holds_acks_and_priority_views(redis_client, key_prefix):
@@ -373,7 +373,7 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_pref
         [Item(b"x", 1, f"a{i}", tenant="a") for i in range(3)] + [Item(b"x", 1, f"b{i}", tenant="b") for i in range(3)]
     )
     assert q.pause(tenant="a")
-    assert q.paused() == {"queue": False, "tenants": ["a"]}
+    assert pauses(q) == (False, ["a"])
     got = q.pop(10)
     assert [x.id for x in got] == ["b0", "b1", "b2"]
     assert tenant_counts(q)["a"]["waiting"] == 3
@@ -384,7 +384,7 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, key_pref
     assert q.resume(tenant="a")
     assert redis_client.llen(q.keys.wake) == 1
     assert [x.id for x in q.pop(10)] == ["a0", "a1", "a2", "a3"]
-    assert q.paused()["tenants"] == []
+    assert q.recorded()["paused_tenants"] == []
 
 
 def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(redis_client, key_prefix):
@@ -433,12 +433,12 @@ def test_switches_survive_migrations(redis_client, key_prefix):
     b = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, priority_order="lower_first")
     b.migrate_mode()  # the queue is empty: b's mode now, the switches stay
     b.insert(b"x", 1)
-    assert b.paused()["queue"] and b.event_log_cap() == 10
+    assert b.recorded()["paused"] and b.recorded()["event_log"] == 10
     assert b.pop() == []
     c = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, fair=True)
     c.migrate_mode()
-    assert c.paused()["queue"] and c.event_log_cap() == 10
-    assert c.stored_mode()["fair"] is True
+    assert c.recorded()["paused"] and c.recorded()["event_log"] == 10
+    assert c.recorded()["mode"]["fair"] is True
     assert open_queue(redis_client, "mq", QueueSettings(key_prefix=key_prefix), declare=False).settings.fair is True
     c.resume()
     assert len(c.pop()) == 1

@@ -64,7 +64,7 @@ def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == calls >= 5
     assert q.counters()["enqueued"] == 3 and q.counters()["acked"] == 3
-    assert q.stored_mode() == PriorityQueue(redis_client, "g1", key_prefix=key_prefix).mode
+    assert q.recorded()["mode"] == PriorityQueue(redis_client, "g1", key_prefix=key_prefix).mode
 
 
 def test_a_context_of_another_form_is_refused_before_any_write(redis_client, key_prefix):

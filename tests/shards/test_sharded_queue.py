@@ -321,7 +321,7 @@ def test_remove_change_priority_pause_and_purge_reach_every_shard(redis_client, 
     assert q.peek(1)[0].id == "t7"
     with pytest.raises(EntryNotFound, match="'orders' has no entry 'nope'"):
         q.change_priority("nope", 1)
-    assert q.pause() and q.paused()["queue"] and q.pop() == []
+    assert q.pause() and q.recorded()["paused"] and q.pop() == []
     assert q.resume() and len(q.pop(1)) == 1
     assert q.purge() == 18 and q.size() == 0
 

@@ -36,3 +36,9 @@ def tenant_deliveries(q) -> dict:
 def held_tenants(q) -> dict:
     """{tenant: why it cannot be served now} of the tenants held back."""
     return {t: r["held"] for t, r in q.tenants().items() if r["held"]}
+
+
+def pauses(q) -> tuple:
+    """(whether the queue is paused, its paused tenants) as the queue recorded them."""
+    state = q.recorded()
+    return state["paused"], state["paused_tenants"]

@@ -76,7 +76,7 @@ def test_a_producer_without_task_rate_does_not_turn_a_drained_fair_queue_plain(u
         got = sorted(b["task"] for b, _ in drain(worker, make_queue(), 2, timeout=2))
     assert got == sorted([OTHER, SLOW])
     assert (
-        open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False).stored_mode()["fair"]
+        open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False).recorded()["mode"]["fair"]
         is True
     )
 

@@ -122,8 +122,8 @@ def _pause_or_resume(ctx, queue, tenant, pause: bool) -> tuple[dict, str]:
     """Pause or resume QUEUE (or one tenant of it); the paused tenants after it, as text."""
     with queue_of(ctx, queue) as (q, _):
         (q.pause if pause else q.resume)(tenant=tenant)
-        state = q.paused()
-    return state, f" (paused tenants: {', '.join(state['tenants']) or 'none'})"
+        state = q.recorded()
+    return state, f" (paused tenants: {', '.join(state['paused_tenants']) or 'none'})"
 
 
 @command(name="pause")
@@ -142,7 +142,7 @@ def resume_(ctx, queue, tenant):
     """Consumers receive QUEUE (or the tenant) again."""
     state, tenants = _pause_or_resume(ctx, queue, tenant, False)
     click.echo(
-        f"{queue}: {'still paused' if state['queue'] else 'running'}"
+        f"{queue}: {'still paused' if state['paused'] else 'running'}"
         + ("" if tenant is None else f"; tenant {tenant} resumed")
         + tenants
     )

@@ -244,7 +244,9 @@ class Board:
                 getattr(q, action)(tenant=tenant)
             except (PQError, ValueError) as exc:
                 raise BoardError(400, str(exc)) from None
-            return {"queue": name, "tenant": tenant, "done": action, "paused": q.paused()}
+            state = q.recorded()
+            paused = {"queue": state["paused"], "tenants": state["paused_tenants"]}
+            return {"queue": name, "tenant": tenant, "done": action, "paused": paused}
 
 
 ACTIONS = {"pause": ("queue", "tenant"), "resume": ("queue", "tenant"), "replay": ("queue", "ids")}
