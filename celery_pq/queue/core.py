@@ -106,7 +106,6 @@ class PriorityQueue:
         return inserts.put(self._scripts, item, unique, first_send, remember)
 
     insert_many = _verb(inserts.insert_many)
-    batch_call = _verb(inserts.batch_call)
 
     def register_view(self, lo: int, hi: int) -> str:
         """Register the view of ranks lo..hi (inserts wake it); its wake list key."""
@@ -227,3 +226,8 @@ def ack_all(acks: dict) -> dict:
     many = [q._scripts.ack_call(pairs) for q, pairs in batches]
     replies = run_acks(batches[0][0].client, many, [q for q, _ in batches])
     return {q: list(r) for (q, _), r in zip(batches, replies)}
+
+
+def batch_call(queue: PriorityQueue, items: list[Item]) -> tuple:
+    """``inserts.batch_call`` of ``queue``: a publish batch's insert call and its reply's reader."""
+    return inserts.batch_call(queue._scripts, items)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, cast
 
-from ..queue import Item, PriorityQueue
+from ..queue import Item, PriorityQueue, batch_call
 from ..queue.values import mark_stored
 from ..scripts.stream import LOST, CallStream
 from ..storage import constants as C
@@ -43,7 +43,7 @@ class _Sent(NamedTuple):
 
     queue: str
     items: list  # kept again unless the reply says they are stored
-    read: Callable  # reads its reply (``PriorityQueue.batch_call``)
+    read: Callable  # reads its reply (``queue.batch_call``)
 
 
 class PublishBatch:
@@ -179,7 +179,7 @@ class PublishBatch:
         for i in range(0, len(items), size):
             part = items[i : i + size]
             try:
-                call, read = q.batch_call(part)
+                call, read = batch_call(q, part)
             except ValueError:  # the flush's insert_many names the item refused
                 self._pending[name] = items[i:]
                 self._round_trips = True
