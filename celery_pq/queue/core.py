@@ -21,7 +21,7 @@ from ..storage import constants as C
 from ..storage.keys import dead_queue_name
 from . import admin, calls, inserts, leasing, reads
 from . import tenants as fair
-from .item import Item
+from .item import Item, as_item
 from .running import run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
@@ -86,23 +86,22 @@ class PriorityQueue:
         return self._scripts.rank(priority)
 
     # -- INSERT (docs/publishing.md) ------------------------------------------------------------
-    def insert(self, payload: bytes | str, priority: int = 0, id: str | None = None, *, remember=None, **fields) -> str:
-        """``put(Item(payload, priority, id, **fields))``: the entry id."""
-        return self.put(Item(payload, priority, id, **fields), remember=remember)
-
     @overload
-    def put(self, item: Item, *, unique: None = None, first_send: bool = ..., remember: bool | None = ...) -> str: ...
-    @overload
-    def put(
+    def insert(
         self, item: Item, *, unique: UniqueKey, first_send: bool = ..., remember: bool | None = ...
     ) -> PublishOutcome: ...
-    def put(self, item: Item, *, unique: UniqueKey | None = None, first_send: bool = False, remember=None) -> Any:
-        """INSERT one item: its entry id (``item.id``, or ``"<id>~<seq>"`` when taken); with a
-        ``unique`` key (docs/unique.md), the ``PublishOutcome``. The item's publish id (or one
-        made for it) makes the insert idempotent for ``dedupe_seconds``; ``first_send``: the
-        caller made it for this publish and never sent it before (recorded, not looked up);
-        ``remember`` keeps it for the whole window after the reply (default: only a publish id
-        the item brought)."""
+    @overload
+    def insert(
+        self, item: Item | bytes | str, priority: int = ..., id: str | None = ..., *, unique: None = None, **options
+    ) -> str: ...
+    def insert(self, item, priority=0, id=None, *, unique=None, first_send=False, remember=None, **fields) -> Any:
+        """INSERT one ``Item`` (or the payload, priority, id and fields of one): its entry id
+        (``item.id``, or ``"<id>~<seq>"`` when taken); with a ``unique`` key (docs/unique.md),
+        the ``PublishOutcome``. The item's publish id (or one made for it) makes the insert
+        idempotent for ``dedupe_seconds``; ``first_send``: the caller made it for this publish
+        and never sent it before (recorded, not looked up); ``remember`` keeps it for the whole
+        window after the reply (default: only a publish id the item brought)."""
+        item = as_item(item, priority, id, **fields)
         return inserts.put(self._scripts, item, unique, first_send, remember)
 
     insert_many = _verb(inserts.insert_many)

@@ -33,11 +33,15 @@ class Opened(Protocol):
 
 
 class Producer(Opened, Protocol):
-    def put(
-        self, item: Item, *, unique: UniqueKey | None = None, first_send: bool = ..., remember: Any = ...
+    def insert(
+        self,
+        item: Item | bytes | str,
+        priority: int = 0,
+        id: str | None = None,
+        *,
+        unique: UniqueKey | None = None,
+        **options,
     ) -> Any: ...
-
-    def insert(self, payload: bytes | str, priority: int = 0, id: str | None = None, **fields) -> str: ...
 
     def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False, remember: bool = True) -> Any: ...
 

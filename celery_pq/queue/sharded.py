@@ -21,7 +21,7 @@ from ..storage import constants as C
 from ..storage.errors import ConfigError, EntryNotFound
 from ..storage.keys import split_dead
 from .core import PriorityQueue, ack_all, pop_with_acks
-from .item import Item
+from .item import Item, as_item
 from .running import run_calls
 from .settings import MAX_PEEK
 from .unique import UniqueKey
@@ -157,16 +157,17 @@ class ShardedQueue:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    insert = PriorityQueue.insert  # put(Item(...)), this class's put picking the shard
-
-    def put(self, item: Item, *, unique: UniqueKey | None = None, **options) -> Any:
-        """``PriorityQueue.put`` into the shard ``shard_for`` picks, or a unique key's shard (its
-        standing entry is found there; a fair queue's tenant does not choose)."""
+    def insert(
+        self, item, priority=0, id=None, *, unique: UniqueKey | None = None, first_send=False, remember=None, **fields
+    ) -> Any:
+        """``PriorityQueue.insert`` into the shard ``shard_for`` picks, or a unique key's shard
+        (its standing entry is found there; a fair queue's tenant does not choose)."""
+        item = _with_id(as_item(item, priority, id, **fields))
         if unique is not None:
             shard = self.shards[_hash(unique.key) % len(self.shards)]
         else:
             shard = self.shard_for(tenant=item.tenant, publish_id=item.publish_id)
-        return shard.put(_with_id(item), unique=unique, **options)
+        return shard.insert(item, unique=unique, first_send=first_send, remember=remember)
 
     def insert_many(self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True) -> Any:
         """``PriorityQueue.insert_many``, one call per shard; on a failure ``exc.stored`` and
