@@ -227,5 +227,5 @@ def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = Non
 
 def retrieve_by_priority(s: Scripts, priority: int) -> str | None:
     """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
-    reply = s.run("retrieve_by_priority", calls.retrieve_by_priority_args(s, priority))
+    reply = s.run("retrieve_by_priority", rank=s.rank(priority))
     return decode_id(reply[0]) if reply else None
