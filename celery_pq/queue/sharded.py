@@ -71,12 +71,12 @@ def _summed(parts: list[dict]) -> dict:
 
 
 class _Shards:
-    """A verb of a sharded queue that its shards answer: the shard a lease came from
-    (``by_lease``), each lease's shard (``by_leases``, the answers in the leases' order), every
-    shard (their answers merged by ``merge``), or else shard 0."""
+    """A verb of a sharded queue that its shards answer: the shard a lease came from (``by_lease``;
+    a list of leases: each lease's shard, the answers in the leases' order), every shard (their
+    answers merged by ``merge``), or else shard 0."""
 
-    def __init__(self, *, merge: Callable[[list], Any] | None = None, by_lease=False, by_leases=False):
-        self.merge, self.by_lease, self.by_leases = merge, by_lease, by_leases
+    def __init__(self, *, merge: Callable[[list], Any] | None = None, by_lease=False):
+        self.merge, self.by_lease = merge, by_lease
 
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
@@ -86,9 +86,11 @@ class _Shards:
             return self
         name, merge = self.name, self.merge
         if self.by_lease:
-            return lambda lease, *a, **k: getattr(queue.shard_of_lease(lease), name)(lease, *a, **k)
-        if self.by_leases:
-            return lambda leases, *a, **k: queue._each(leases, lambda s, part: getattr(s, name)(part, *a, **k))
+            return lambda lease, *a, **k: (
+                queue._each(lease, lambda s, part: getattr(s, name)(part, *a, **k))
+                if isinstance(lease, list)
+                else getattr(queue.shard_of_lease(lease), name)(lease, *a, **k)
+            )
         if merge is None:
             return getattr(queue.shards[0], name)
         return lambda *a, **k: merge([getattr(s, name)(*a, **k) for s in queue.shards])
@@ -243,14 +245,10 @@ class ShardedQueue:
         return popped
 
     # -- leases, by the shard each lease carries ------------------------------------------------
-    def ack(self, lease, *, strict: bool = False) -> Any:
-        if isinstance(lease, list):
-            return self._each(lease, lambda s, part: s.ack(part, strict=strict))
-        return self.shard_of_lease(lease).ack(lease, strict=strict)
-
+    ack = _Shards(by_lease=True)
     requeue = _Shards(by_lease=True)
     dead_letter = _Shards(by_lease=True)
-    extend = _Shards(by_leases=True)
+    extend = _Shards(by_lease=True)
 
     # -- by id, and every shard at once ---------------------------------------------------------
     reclaim = _Shards(merge=merged_reclaim)  # every shard's sweep, summed
