@@ -88,13 +88,23 @@ class PriorityQueue:
     # -- INSERT (docs/publishing.md) ------------------------------------------------------------
     @overload
     def insert(
-        self, item: Item, *, unique: UniqueKey, first_send: bool = ..., remember: bool | None = ...
+        self, item: Item | bytes | str, priority: int = ..., id: str | None = ..., *, unique: UniqueKey, **options
     ) -> PublishOutcome: ...
     @overload
     def insert(
         self, item: Item | bytes | str, priority: int = ..., id: str | None = ..., *, unique: None = None, **options
     ) -> str: ...
-    def insert(self, item, priority=0, id=None, *, unique=None, first_send=False, remember=None, **fields) -> Any:
+    def insert(
+        self,
+        item: Item | bytes | str,
+        priority: int = 0,
+        id: str | None = None,
+        *,
+        unique: UniqueKey | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        **fields,
+    ) -> Any:
         """INSERT one ``Item`` (or the payload, priority, id and fields of one): its entry id
         (``item.id``, or ``"<id>~<seq>"`` when taken); with a ``unique`` key (docs/unique.md),
         the ``PublishOutcome``. The item's publish id (or one made for it) makes the insert

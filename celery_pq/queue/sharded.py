@@ -160,7 +160,15 @@ class ShardedQueue:
         return self.shards[self._rng.randrange(n)]
 
     def insert(
-        self, item, priority=0, id=None, *, unique: UniqueKey | None = None, first_send=False, remember=None, **fields
+        self,
+        item: Item | bytes | str,
+        priority: int = 0,
+        id: str | None = None,
+        *,
+        unique: UniqueKey | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        **fields,
     ) -> Any:
         """``PriorityQueue.insert`` into the shard ``shard_for`` picks, or a unique key's shard
         (its standing entry is found there; a fair queue's tenant does not choose)."""
