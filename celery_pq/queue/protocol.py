@@ -33,15 +33,7 @@ class Opened(Protocol):
 
 
 class Producer(Opened, Protocol):
-    def insert(
-        self,
-        item: Item | bytes | str,
-        priority: int = 0,
-        id: str | None = None,
-        *,
-        unique: UniqueKey | None = None,
-        **options,
-    ) -> Any: ...
+    def insert(self, item: Item | bytes | str, *fields: Any, unique: UniqueKey | None = None, **options) -> Any: ...
 
     def insert_many(self, items: Any, *, chunk: int = ..., repeats: bool = False, remember: bool = True) -> Any: ...
 
