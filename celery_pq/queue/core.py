@@ -111,7 +111,9 @@ class PriorityQueue:
         idempotent for ``dedupe_seconds``; ``first_send``: the caller made it for this publish
         and never sent it before (recorded, not looked up); ``remember`` keeps it for the whole
         window after the reply (default: only a publish id the item brought)."""
-        item = as_item(item, priority, id, **fields)
+        return self._put(as_item(item, priority, id, **fields), unique, first_send, remember)
+
+    def _put(self, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None) -> Any:
         return inserts.put(self._scripts, item, unique, first_send, remember)
 
     insert_many = _verb(inserts.insert_many)

@@ -21,7 +21,7 @@ from ..storage import constants as C
 from ..storage.errors import ConfigError, EntryNotFound
 from ..storage.keys import split_dead
 from .core import PriorityQueue, ack_all, pop_with_acks
-from .item import Item, as_item
+from .item import Item
 from .running import run_calls
 from .settings import MAX_PEEK
 from .unique import UniqueKey
@@ -159,25 +159,17 @@ class ShardedQueue:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    def insert(
-        self,
-        item: Item | bytes | str,
-        priority: int = 0,
-        id: str | None = None,
-        *,
-        unique: UniqueKey | None = None,
-        first_send: bool = False,
-        remember: bool | None = None,
-        **fields,
-    ) -> Any:
-        """``PriorityQueue.insert`` into the shard ``shard_for`` picks, or a unique key's shard
-        (its standing entry is found there; a fair queue's tenant does not choose)."""
-        item = _with_id(as_item(item, priority, id, **fields))
+    insert = PriorityQueue.insert  # (this class's _put picks the shard)
+
+    def _put(self, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None) -> Any:
+        """Into the shard ``shard_for`` picks, or a unique key's shard (its standing entry is
+        found there; a fair queue's tenant does not choose)."""
+        item = _with_id(item)
         if unique is not None:
             shard = self.shards[_hash(unique.key) % len(self.shards)]
         else:
             shard = self.shard_for(tenant=item.tenant, publish_id=item.publish_id)
-        return shard.insert(item, unique=unique, first_send=first_send, remember=remember)
+        return shard._put(item, unique, first_send, remember)
 
     def insert_many(self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True) -> Any:
         """``PriorityQueue.insert_many``, one call per shard; on a failure ``exc.stored`` and
