@@ -144,7 +144,7 @@ def _drain(q: PriorityQueue, log: Slowlog, *, keep: int = 0) -> int:
         log.tick()
         if not leases:
             return got
-        q.ack_many(leases)
+        q.ack(leases)
         log.tick()
         got += len(leases)
 
@@ -309,17 +309,17 @@ def case_unique(client, log, n, seconds: float = 3.0) -> dict:
     for place, at in places.items():  # one keyed entry at each place, the backlog's entries between
         _fill(q, at - filled, prefix=f"b{filled}-")
         filled = at
-        q.put(Item(b"v0", 5, id=f"{place}-0"), unique=UniqueKey(place, "replace"))
+        q.insert(Item(b"v0", 5, id=f"{place}-0"), unique=UniqueKey(place, "replace"))
     log.reset()
     tick, per_tick = 0.05, 10  # 200 new throttle keys a second
     start, i = time.monotonic(), 0
     while time.monotonic() - start < seconds:
         i += 1
         for j in range(per_tick):
-            q.put(Item(b"t", 5), unique=UniqueKey(f"user-{i}-{j}", "throttle", 1.0))
+            q.insert(Item(b"t", 5), unique=UniqueKey(f"user-{i}-{j}", "throttle", 1.0))
             log.tick()
         for place in places:
-            out = q.put(Item(b"v", 5, id=f"{place}-{i}"), unique=UniqueKey(place, "replace"))
+            out = q.insert(Item(b"v", 5, id=f"{place}-{i}"), unique=UniqueKey(place, "replace"))
             assert out.kind == "replaced", out
             log.tick()
         time.sleep(max(0.0, start + i * tick - time.monotonic()))

@@ -240,10 +240,9 @@ class Part:
     def lease(self, entry_id):
         """(pid of the consumer holding the lease, seconds until it runs out, deadline in ms on the
         Redis clock), or None."""
-        held = self.queue.lease_of(entry_id)
-        if held is None:
-            return None
-        return int(held["consumer"].split(":")[-2]), held["seconds_left"], held["deadline_ms"]  # host:pid:random
+        for held in self.queue.leases(id=entry_id):
+            return int(held["consumer"].split(":")[-2]), held["seconds_left"], held["deadline_ms"]  # host:pid:random
+        return None
 
     def check_empty(self, timeout=5.0):
         """Check the queue holds nothing, once nothing is leased (acks may ride with the next pop)."""

@@ -195,7 +195,10 @@ class PQCollector(Collector):
             add(key, top_tenants({t: c[field] for t, c in (s["per_tenant"] or {}).items()}, self.max_tenants))
         add("unique", {outcome: counters.get(f"unique_{outcome}", 0) for outcome in UNIQUE_COUNTS})
         if q.settings.fair:
-            add("tenant_deliveries", top_tenants(q.tenant_deliveries(), self.max_tenants))
+            add(
+                "tenant_deliveries",
+                top_tenants({t: r["deliveries"] for t, r in q.tenants().items() if r["deliveries"]}, self.max_tenants),
+            )
 
 
 #: This machine only by default: the page names every queue and tenant (``--address 0.0.0.0``).

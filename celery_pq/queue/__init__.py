@@ -3,7 +3,7 @@ its script calls as a private member (scripts.py, calls.py), and ``ShardedQueue`
 ``open_queue`` (opening.py) is the one way to open either. ``Item`` is what every insert takes.
 """
 
-from .core import PriorityQueue, ack_all, pop_with_acks
+from .core import PriorityQueue, ack_all, batch_call, pop_with_acks
 from .item import Item
 from .opening import declare_tables, open_queue
 from .protocol import Queue
@@ -47,6 +47,7 @@ __all__ = [
     "ShardedQueue",
     "UniqueKey",
     "ack_all",
+    "batch_call",
     "declare_tables",
     "default_consumer_id",
     "escape_tenant",

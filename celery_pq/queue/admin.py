@@ -10,9 +10,10 @@ from ..storage import constants as C
 from ..storage.checks import count as _count
 from ..storage.checks import text as _text
 from ..storage.errors import ConfigError, raise_for
+from ..storage.ids import encode_id
 from . import calls
 from .scripts import Scripts
-from .values import Entry
+from .values import Entry, escape_tenant
 
 
 def migrate_mode(s: Scripts, *, step: int = C.MIGRATE_STEP) -> dict:
@@ -61,7 +62,7 @@ def replay(s: Scripts, ids: Sequence[str]) -> dict:
     out: dict = {"replayed": {}, "missing": [], "leased": [], "refused": []}
     for start in range(0, len(ids), C.STEP_CHUNK):
         part = ids[start : start + C.STEP_CHUNK]
-        calls.add_replayed(out, part, s.run("replay", calls.replay_args(s, part)))
+        calls.add_replayed(out, part, s.run("replay", s.layout("replay")(*map(encode_id, part))))
     return out
 
 
@@ -85,7 +86,7 @@ def _set_paused(s: Scripts, paused: bool, tenant: str | None) -> bool:
                 f"queue {s.name!r} is not fair: only a fair queue pauses one tenant "
                 f"(pause the whole queue with tenant=None)"
             )
-    return bool(s.run("pause", calls.pause_args(s, paused, tenant)))
+    return bool(s.run("pause", paused=calls.flag(paused), tenant=escape_tenant(tenant or "")))
 
 
 def set_event_log(s: Scripts, cap: int | None) -> int:
@@ -102,7 +103,7 @@ def remove(s: Scripts, id: str) -> int:
     _text("id", id)
     total, cursor = 0, ""
     while True:
-        removed, _leased, cursor = s.run("remove", calls.remove_args(s, id, cursor, C.STEP_CHUNK))
+        removed, _leased, cursor = s.run("remove", id=encode_id(id), cursor=cursor, step=C.STEP_CHUNK)
         total += int(removed)
         if not cursor:
             return total
@@ -137,5 +138,5 @@ def cleanup(s: Scripts, count: int = 1000) -> int:
 def change_priority(s: Scripts, id: str, priority: int) -> None:
     """Move a waiting entry to ``priority``, behind the entries already waiting there."""
     _text("id", id)
-    code = s.run("change_priority", calls.change_priority_args(s, id, priority))
+    code = s.run("change_priority", eid=encode_id(id), rank=s.rank(priority))
     raise_for(code, s.name, entry_id=id)

@@ -15,7 +15,7 @@ from ..storage.errors import ErrorCode, raise_for
 from ..storage.ids import decode_id, encode_id
 from ..storage.records import entry_payload, split_dead_note, split_entry
 from .item import lua_group
-from .values import Delivery, Entry, Lease, as_text, escape_tenant, unescape_tenant
+from .values import Delivery, Entry, Lease, as_text, unescape_tenant
 
 
 class Context(Protocol):  # (a ``scripts.Scripts``)
@@ -316,27 +316,9 @@ def reclaimed(reply) -> dict:
     return {name: int(v) for name, v in zip(names, reply)}
 
 
-# -- remove.lua, change_priority.lua -----------------------------------------------------------
-def remove_args(q: Context, id: str, cursor, step: int) -> list:
-    return q.layout("remove")(id=encode_id(id), cursor=cursor, step=step)
-
-
-def change_priority_args(q: Context, id: str, priority: int) -> list:
-    return q.layout("change_priority")(eid=encode_id(id), rank=q.rank(priority))
-
-
-# -- retrieve_by_priority.lua ----------------------------------------------------------------
-def retrieve_by_priority_args(q: Context, priority: int) -> list:
-    return q.layout("retrieve_by_priority")(rank=q.rank(priority))
-
-
 # -- replay.lua -------------------------------------------------------------------------------
 #: Why replay left a dead letter where it is, by the code of its reply.
 _REPLAY_REFUSED: dict[int, str] = {ErrorCode.NOT_FOUND: "missing", ErrorCode.NOT_WAITING: "leased"}
-
-
-def replay_args(q: Context, ids: Sequence[str]) -> list:
-    return q.layout("replay")(*(encode_id(i) for i in ids))
 
 
 def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
@@ -346,8 +328,3 @@ def add_replayed(out: dict, ids: Sequence[str], reply) -> None:
             out["replayed"][i] = decode_id(r)
         else:
             out[_REPLAY_REFUSED.get(r, "refused")].append(i)
-
-
-# -- pause.lua ----------------------------------------------------
-def pause_args(q: Context, paused: bool, tenant: str | None) -> list:
-    return q.layout("pause")(paused=flag(paused), tenant=escape_tenant(tenant or ""))

@@ -19,8 +19,9 @@ import redis
 from ..scripts import Flight
 from ..storage import constants as C
 from ..storage.keys import dead_queue_name
-from . import admin, calls, inserts, leasing, reads, tenants
-from .item import Item
+from . import admin, calls, inserts, leasing, reads
+from . import tenants as fair
+from .item import Item, as_item
 from .running import run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
@@ -85,27 +86,37 @@ class PriorityQueue:
         return self._scripts.rank(priority)
 
     # -- INSERT (docs/publishing.md) ------------------------------------------------------------
-    def insert(self, payload: bytes | str, priority: int = 0, id: str | None = None, *, remember=None, **fields) -> str:
-        """``put(Item(payload, priority, id, **fields))``: the entry id."""
-        return self.put(Item(payload, priority, id, **fields), remember=remember)
-
     @overload
-    def put(self, item: Item, *, unique: None = None, first_send: bool = ..., remember: bool | None = ...) -> str: ...
-    @overload
-    def put(
-        self, item: Item, *, unique: UniqueKey, first_send: bool = ..., remember: bool | None = ...
+    def insert(
+        self, item: Item | bytes | str, priority: int = ..., id: str | None = ..., *, unique: UniqueKey, **options
     ) -> PublishOutcome: ...
-    def put(self, item: Item, *, unique: UniqueKey | None = None, first_send: bool = False, remember=None) -> Any:
-        """INSERT one item: its entry id (``item.id``, or ``"<id>~<seq>"`` when taken); with a
-        ``unique`` key (docs/unique.md), the ``PublishOutcome``. The item's publish id (or one
-        made for it) makes the insert idempotent for ``dedupe_seconds``; ``first_send``: the
-        caller made it for this publish and never sent it before (recorded, not looked up);
-        ``remember`` keeps it for the whole window after the reply (default: only a publish id
-        the item brought)."""
+    @overload
+    def insert(
+        self, item: Item | bytes | str, priority: int = ..., id: str | None = ..., *, unique: None = None, **options
+    ) -> str: ...
+    def insert(
+        self,
+        item: Item | bytes | str,
+        priority: int = 0,
+        id: str | None = None,
+        *,
+        unique: UniqueKey | None = None,
+        first_send: bool = False,
+        remember: bool | None = None,
+        **fields,
+    ) -> Any:
+        """INSERT one ``Item`` (or the payload, priority, id and fields of one): its entry id
+        (``item.id``, or ``"<id>~<seq>"`` when taken); with a ``unique`` key (docs/unique.md),
+        the ``PublishOutcome``. The item's publish id (or one made for it) makes the insert
+        idempotent for ``dedupe_seconds``; ``first_send``: the caller made it for this publish
+        and never sent it before (recorded, not looked up); ``remember`` keeps it for the whole
+        window after the reply (default: only a publish id the item brought)."""
+        return self._put(as_item(item, priority, id, **fields), unique, first_send, remember)
+
+    def _put(self, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None) -> Any:
         return inserts.put(self._scripts, item, unique, first_send, remember)
 
     insert_many = _verb(inserts.insert_many)
-    batch_call = _verb(inserts.batch_call)
 
     def register_view(self, lo: int, hi: int) -> str:
         """Register the view of ranks lo..hi (inserts wake it); its wake list key."""
@@ -147,11 +158,16 @@ class PriorityQueue:
         return calls.popped_deliveries(reply), calls.ack_codes(reply)
 
     # -- what becomes of a lease ----------------------------------------------------------------
-    def ack(self, lease: Lease | tuple[str, str], *, strict: bool = False) -> bool:
-        """Done: the entry is deleted. False (LeaseLost with ``strict``) if the lease was lost."""
-        return leasing.ack_many(self._scripts, [lease], strict=strict)[0]
+    @overload
+    def ack(self, lease: Lease | tuple[str, str], *, strict: bool = ...) -> bool: ...
+    @overload
+    def ack(self, lease: list, *, strict: bool = ...) -> list[bool]: ...
+    def ack(self, lease: Any, *, strict: bool = False) -> Any:
+        """Done: the entry is deleted. False (LeaseLost with ``strict``) if the lease was lost.
+        ``lease``: a ``Lease`` or an (entry id, token) pair, or a list of them, acked in one
+        call (then a bool each)."""
+        return leasing.ack(self._scripts, lease, strict=strict)
 
-    ack_many = _verb(leasing.ack_many)
     extend = _verb(leasing.extend)
     requeue = _verb(leasing.requeue)
     dead_letter = _verb(leasing.dead_letter)
@@ -173,7 +189,7 @@ class PriorityQueue:
     migrate_mode = _verb(admin.migrate_mode)
     cleanup = _verb(admin.cleanup)
     set_event_log = _verb(admin.set_event_log)
-    configure_tenants = _verb(tenants.configure_tenants)
+    configure_tenants = _verb(fair.configure_tenants)
 
     # -- reads -----------------------------------------------------------------------------------
     size = _verb(reads.size)
@@ -181,16 +197,11 @@ class PriorityQueue:
     peek = _verb(reads.peek)
     delayed = _verb(reads.delayed)
     leases = _verb(reads.leases)
-    lease_of = _verb(reads.lease_of)
     backlog = _verb(reads.backlog)
     counters = _verb(reads.counters)
-    tenant_stats = _verb(tenants.tenant_stats)
-    tenant_deliveries = _verb(tenants.tenant_deliveries)
-    held_tenants = _verb(tenants.held_tenants)
-    paused = _verb(tenants.paused)
+    tenants = _verb(fair.tenants)
+    recorded = _verb(fair.recorded)
     events = _verb(reads.events)
-    event_log_cap = _verb(reads.event_log_cap)
-    stored_mode = _verb(reads.stored_mode)
 
 
 def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks=None, lean=False, bound=None, **pop) -> tuple:
@@ -226,3 +237,8 @@ def ack_all(acks: dict) -> dict:
     many = [q._scripts.ack_call(pairs) for q, pairs in batches]
     replies = run_acks(batches[0][0].client, many, [q for q, _ in batches])
     return {q: list(r) for (q, _), r in zip(batches, replies)}
+
+
+def batch_call(queue: PriorityQueue, items: list[Item]) -> tuple:
+    """``inserts.batch_call`` of ``queue``: a publish batch's insert call and its reply's reader."""
+    return inserts.batch_call(queue._scripts, items)

@@ -1,4 +1,4 @@
-"""INSERT: one ``Item`` (``put``) or many, pipelined in chunks (``insert_many``), and a publish
+"""INSERT: one ``Item`` (``insert``) or many, pipelined in chunks (``insert_many``), and a publish
 batch's calls; publish ids make a retried call store its entries once (docs/leases.md,
 "Publishing exactly once")."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from ..storage import constants as C
 from ..storage.errors import QueueMigrating, raise_for
@@ -17,13 +18,14 @@ from .values import lease_pair, lease_pairs
 logger = logging.getLogger("celery_pq.queue")
 
 
-def ack_many(s: Scripts, leases: Sequence, *, strict: bool = False) -> list[bool]:
-    """``ack`` of several leases in one call."""
-    pairs = lease_pairs(leases)
+def ack(s: Scripts, lease, *, strict: bool = False) -> Any:
+    """``PriorityQueue.ack``: one lease, or a list of them in one call."""
+    pairs = lease_pairs(lease) if isinstance(lease, list) else [lease_pair(lease)]
     if not pairs:
         return []
     (codes,) = wait_out_migration(lambda: run_acks(s.client, [s.ack_call(pairs)], [s]))
-    return calls.lease_codes(s, pairs, codes, strict)
+    done = calls.lease_codes(s, pairs, codes, strict)
+    return done if isinstance(lease, list) else done[0]
 
 
 def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, strict: bool = False) -> list[bool]:

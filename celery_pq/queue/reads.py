@@ -9,11 +9,10 @@ from collections import Counter
 from ..storage import constants as C
 from ..storage.checks import count as _count
 from ..storage.ids import decode_id, encode_id
-from ..storage.records import split_entry, split_lease, split_switches
+from ..storage.records import split_entry, split_lease
 from . import calls
-from .running import readable_mode
 from .scripts import Scripts
-from .tenants import held_tenants, paused, peek_tenant, tenant_stats
+from .tenants import held_tenants, peek_tenant, recorded, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
@@ -61,7 +60,7 @@ def stats(s: Scripts) -> dict:
         p.time()
         res = p.execute()
     entries, leased, delayed = res[0], res[1], res[2]
-    held = paused(s)
+    held = recorded(s)
     dead = res[5] if s.dead_keys else 0
     unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
     now_s, now_us = res[-1]
@@ -83,8 +82,8 @@ def stats(s: Scripts) -> dict:
         "per_priority": dict(sorted(per_priority.items(), reverse=s.settings.priority_order == C.HIGHER_FIRST)),
         "head_age_seconds": (now_ms - oldest_ms) / 1000 if oldest_ms else None,
         "per_tenant": tenant_stats(s, ages=True) if s.settings.fair else {},
-        "paused": held["queue"],
-        "paused_tenants": held["tenants"],
+        "paused": held["paused"],
+        "paused_tenants": held["paused_tenants"],
         "unique": unique,
     }
 
@@ -115,24 +114,34 @@ def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
     return out
 
 
-def leases(s: Scripts, limit: int = 1000) -> list[dict]:
-    """The leases held now, earliest deadline first (at most ``limit``): ``id``, ``consumer``,
+def leases(s: Scripts, limit: int = 1000, *, id: str | None = None) -> list[dict]:
+    """The leases held now, earliest deadline first (at most ``limit``); with ``id``, that
+    entry's alone, read in one MULTI (none when it is not leased): ``id``, ``consumer``,
     ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
     ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
     Redis's clock. Never the tokens: a token is what acks."""
-    _count("limit", limit, none=False)
-    with s.pipeline() as p:
-        p.zrange(s.keys.lease_deadlines, 0, limit - 1, withscores=True)
-        p.time()
-        held, (sec, usec) = p.execute()
+    if id is None:
+        _count("limit", limit, none=False)
+        with s.pipeline() as p:
+            p.zrange(s.keys.lease_deadlines, 0, limit - 1, withscores=True)
+            p.time()
+            held, (sec, usec) = p.execute()
+        if not held:
+            return []
+        with s.pipeline() as p:
+            p.hmget(s.keys.leases, [eid for eid, _ in held])
+            p.hmget(s.keys.entries, [eid for eid, _ in held])
+            records, values = p.execute()
+    else:
+        eid = encode_id(id)
+        with s.pipeline(transaction=True) as p:
+            p.zscore(s.keys.lease_deadlines, eid)
+            p.time()
+            p.hmget(s.keys.leases, [eid])
+            p.hmget(s.keys.entries, [eid])
+            deadline, (sec, usec), records, values = p.execute()
+        held = [] if deadline is None else [(eid, deadline)]
     now_ms = int(sec) * 1000 + int(usec) // 1000
-    if not held:
-        return []
-    eids = [eid for eid, _ in held]
-    with s.pipeline() as p:
-        p.hmget(s.keys.leases, eids)
-        p.hmget(s.keys.entries, eids)
-        records, values = p.execute()
     out = []
     for (eid, deadline), info, value in zip(held, records, values):
         lease = None if info is None else split_lease(info)
@@ -154,28 +163,6 @@ def leases(s: Scripts, limit: int = 1000) -> list[dict]:
     return out
 
 
-def lease_of(s: Scripts, id: str) -> dict | None:
-    """Who holds ``id``'s lease and for how long, or None when it is not leased: ``consumer``,
-    ``deliveries``, ``deadline_ms`` and ``seconds_left`` (both on Redis's clock). Read in one
-    MULTI; the lease token is not shown (it is what acks)."""
-    eid = encode_id(id)
-    with s.pipeline(transaction=True) as p:
-        p.hget(s.keys.leases, eid)
-        p.zscore(s.keys.lease_deadlines, eid)
-        p.time()
-        info, deadline, (sec, usec) = p.execute()
-    lease = None if info is None else split_lease(info)
-    if lease is None or deadline is None:
-        return None
-    now_ms = sec * 1000 + usec // 1000
-    return {
-        "consumer": lease.consumer,
-        "deliveries": lease.deliveries,
-        "deadline_ms": int(deadline),
-        "seconds_left": (deadline - now_ms) / 1000,
-    }
-
-
 def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
     """Due waiting entries a consumer of this queue (or of the priority view ``view``, a rank
     range) could take now: 0 while paused; not the delayed ones, nor those of tenants held back
@@ -184,8 +171,8 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
     lo, hi = s.check_view(view)
     whole = (lo, hi) == (0, C.MAX_PRIORITY)
     k = s.keys
-    held_now = paused(s)
-    if held_now["queue"]:
+    held_now = recorded(s)
+    if held_now["paused"]:
         return 0
     with s.pipeline() as p:
         _counts(s, p)
@@ -222,12 +209,6 @@ def counters(s: Scripts) -> dict[str, int]:
     return out
 
 
-def event_log_cap(s: Scripts) -> int:
-    """The event-log cap the queue recorded (0: the log is off)."""
-    record = s.client.get(s.keys.mode)
-    return 0 if record is None else split_switches(as_text(record))[1]
-
-
 def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
     """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
     before an id excludes it), at most ``count``: dicts of the fields of docs/events.md,
@@ -244,13 +225,7 @@ def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = Non
     return out
 
 
-def stored_mode(s: Scripts) -> dict | None:
-    """The mode the queue recorded in Redis (None before its first insert)."""
-    raw = s.client.get(s.keys.mode)
-    return None if raw is None else readable_mode(as_text(raw))
-
-
 def retrieve_by_priority(s: Scripts, priority: int) -> str | None:
     """RETRIEVE BY PRIORITY: the id of the first waiting entry of that priority, or None."""
-    reply = s.run("retrieve_by_priority", calls.retrieve_by_priority_args(s, priority))
+    reply = s.run("retrieve_by_priority", rank=s.rank(priority))
     return decode_id(reply[0]) if reply else None

@@ -54,17 +54,29 @@ def merged_reclaim(parts: list[dict]) -> dict:
     return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
 
 
+def merged_tenants(parts: list[dict]) -> dict:
+    """The shards' ``tenants``: the counts summed, a tenant held when a shard holds it."""
+    out: dict[str, dict] = {}
+    for part in parts:
+        for t, row in part.items():
+            mine = out.setdefault(t, {"waiting": 0, "leased": 0, "deliveries": 0, "held": None})
+            for k in ("waiting", "leased", "deliveries"):
+                mine[k] += row[k]
+            mine["held"] = row["held"] or mine["held"]
+    return out
+
+
 def _summed(parts: list[dict]) -> dict:
     return dict(sum(map(Counter, parts), Counter()))
 
 
 class _Shards:
-    """A verb of a sharded queue that its shards answer: the shard a lease came from
-    (``by_lease``), each lease's shard (``by_leases``, the answers in the leases' order), every
-    shard (their answers merged by ``merge``), or else shard 0."""
+    """A verb of a sharded queue that its shards answer: the shard a lease came from (``by_lease``;
+    a list of leases: each lease's shard, the answers in the leases' order), every shard (their
+    answers merged by ``merge``), or else shard 0."""
 
-    def __init__(self, *, merge: Callable[[list], Any] | None = None, by_lease=False, by_leases=False):
-        self.merge, self.by_lease, self.by_leases = merge, by_lease, by_leases
+    def __init__(self, *, merge: Callable[[list], Any] | None = None, by_lease=False):
+        self.merge, self.by_lease = merge, by_lease
 
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
@@ -74,9 +86,11 @@ class _Shards:
             return self
         name, merge = self.name, self.merge
         if self.by_lease:
-            return lambda lease, *a, **k: getattr(queue.shard_of_lease(lease), name)(lease, *a, **k)
-        if self.by_leases:
-            return lambda leases, *a, **k: queue._each(leases, lambda s, part: getattr(s, name)(part, *a, **k))
+            return lambda lease, *a, **k: (
+                queue._each(lease, lambda s, part: getattr(s, name)(part, *a, **k))
+                if isinstance(lease, list)
+                else getattr(queue.shard_of_lease(lease), name)(lease, *a, **k)
+            )
         if merge is None:
             return getattr(queue.shards[0], name)
         return lambda *a, **k: merge([getattr(s, name)(*a, **k) for s in queue.shards])
@@ -145,16 +159,17 @@ class ShardedQueue:
             return self.shards[_hash(publish_id) % n]
         return self.shards[self._rng.randrange(n)]
 
-    insert = PriorityQueue.insert  # put(Item(...)), this class's put picking the shard
+    insert = PriorityQueue.insert  # (this class's _put picks the shard)
 
-    def put(self, item: Item, *, unique: UniqueKey | None = None, **options) -> Any:
-        """``PriorityQueue.put`` into the shard ``shard_for`` picks, or a unique key's shard (its
-        standing entry is found there; a fair queue's tenant does not choose)."""
+    def _put(self, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None) -> Any:
+        """Into the shard ``shard_for`` picks, or a unique key's shard (its standing entry is
+        found there; a fair queue's tenant does not choose)."""
+        item = _with_id(item)
         if unique is not None:
             shard = self.shards[_hash(unique.key) % len(self.shards)]
         else:
             shard = self.shard_for(tenant=item.tenant, publish_id=item.publish_id)
-        return shard.put(_with_id(item), unique=unique, **options)
+        return shard._put(item, unique, first_send, remember)
 
     def insert_many(self, items, *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True) -> Any:
         """``PriorityQueue.insert_many``, one call per shard; on a failure ``exc.stored`` and
@@ -233,8 +248,7 @@ class ShardedQueue:
     ack = _Shards(by_lease=True)
     requeue = _Shards(by_lease=True)
     dead_letter = _Shards(by_lease=True)
-    ack_many = _Shards(by_leases=True)
-    extend = _Shards(by_leases=True)
+    extend = _Shards(by_lease=True)
 
     # -- by id, and every shard at once ---------------------------------------------------------
     reclaim = _Shards(merge=merged_reclaim)  # every shard's sweep, summed
@@ -275,20 +289,17 @@ class ShardedQueue:
     size = _Shards(merge=sum)
     backlog = _Shards(merge=sum)
     counters = _Shards(merge=_summed)
-    tenant_deliveries = _Shards(merge=_summed)
-    held_tenants = _Shards(merge=lambda parts: {t: why for part in parts for t, why in part.items()})
-    lease_of = _Shards(merge=lambda found: next((f for f in found if f is not None), None))
-    paused = _Shards(
-        merge=lambda states: {
-            "queue": any(st["queue"] for st in states),
-            "tenants": sorted({t for st in states for t in st["tenants"]}),
+    tenants = _Shards(merge=merged_tenants)
+    recorded = _Shards(  # shard 0's mode and event log; paused where any shard is
+        merge=lambda parts: {
+            **parts[0],
+            "paused": any(r["paused"] for r in parts),
+            "paused_tenants": sorted({t for r in parts for t in r["paused_tenants"]}),
         }
     )
     is_dead = _Shards()
     mode = _Shards()
     rank = _Shards()
-    event_log_cap = _Shards()
-    stored_mode = _Shards()
 
     def peek(self, count: int = 1, tenant: str | None = None) -> list[Entry]:  # by priority, then by age
         rank = self.shards[0].rank
@@ -298,8 +309,9 @@ class ShardedQueue:
     def delayed(self, count: int = 10) -> list[tuple[Entry, int]]:
         return sorted((d for s in self.shards for d in s.delayed(count)), key=lambda d: d[1])[:count]
 
-    def leases(self, limit: int = 1000) -> list[dict]:
-        return sorted((row for s in self.shards for row in s.leases(limit)), key=lambda r: r["deadline_ms"])[:limit]
+    def leases(self, limit: int = 1000, *, id: str | None = None) -> list[dict]:
+        rows = (row for s in self.shards for row in s.leases(limit, id=id))
+        return sorted(rows, key=lambda r: r["deadline_ms"])[:limit]
 
     def stats(self) -> dict:  # summed over the shards, with ``shards``: each one's part
         return merged_stats(self.name, self.settings.priority_order, [s.stats() for s in self.shards])

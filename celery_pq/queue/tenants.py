@@ -1,6 +1,6 @@
 """A fair queue's tenants (docs/fairness.md): their own weights, caps and rates
 (``configure_tenants``), each one's waiting and leased entries, next entries and deliveries, and
-which ones cannot be served now (and why); and the queue's pause state."""
+which ones cannot be served now (and why); and what the queue recorded (its mode, pauses and event-log cap)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from ..storage import constants as C
 from ..storage.checks import count as _count
 from ..storage.records import split_entry, split_switches, split_tenant_member
 from . import calls
+from .running import readable_mode
 from .scripts import Scripts
 from .settings import tenant_setting
 from .values import Entry, as_text, escape_tenant, unescape_tenant
@@ -30,17 +31,23 @@ def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
     return out
 
 
-def tenant_deliveries(s: Scripts) -> dict[str, int]:
-    """{tenant: deliveries so far} of a fair queue (hash td, kept by its pops)."""
-    return {unescape_tenant(as_text(k)): int(v) for k, v in s.client.hgetall(s.keys.tenant_deliveries).items()}
+def tenants(s: Scripts) -> dict[str, dict]:
+    """{tenant: {"waiting": n, "leased": n, "deliveries": n, "held": why}} of a fair queue's
+    tenants with waiting or leased entries, deliveries so far (hash td, kept by its pops) or
+    held back: ``held`` is None, or why the tenant cannot be served now (``held_tenants``)."""
+    out = {t: {**row, "deliveries": 0, "held": None} for t, row in tenant_stats(s).items()}
+    blank = {"waiting": 0, "leased": 0, "deliveries": 0, "held": None}
+    for t, n in s.client.hgetall(s.keys.tenant_deliveries).items():
+        out.setdefault(unescape_tenant(as_text(t)), dict(blank))["deliveries"] = int(n)
+    for t, why in held_tenants(s).items():
+        out.setdefault(t, dict(blank))["held"] = why
+    return out
 
 
 def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
-    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries.
-
-    Counts are one HGETALL. With ``ages``, also "next_age_seconds": the age of the entry
-    the tenant gives next (two pipelined round trips for all tenants).
-    """
+    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries (one
+    HGETALL); with ``ages``, also "next_age_seconds": the age of the entry the tenant gives
+    next (two pipelined round trips for all tenants): ``stats``'s ``per_tenant``."""
     out: dict = {}
     raw: dict = {}
     for field, value in s.client.hgetall(s.keys.tenant_counts).items():
@@ -72,7 +79,7 @@ def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
 def held_tenants(s: Scripts, held: dict | None = None) -> dict[str, str]:
     """{tenant: why} of the tenants of a fair queue that cannot be served now: ``"cap"``
     (at its concurrency cap), ``"rate"`` (waiting for its rate limit's next token) or
-    ``"paused"``. ``held`` is ``paused(s)`` when the caller has it."""
+    ``"paused"``. ``held`` is ``recorded(s)`` when the caller has it."""
     if not s.settings.fair:
         return {}
     why = {"C": "cap", "R": "rate", "P": "paused"}
@@ -81,7 +88,7 @@ def held_tenants(s: Scripts, held: dict | None = None) -> dict[str, str]:
         for t, state in s.client.hgetall(s.keys.tenant_states).items()
         if as_text(state)[:1] in why
     }
-    for t in (held or paused(s))["tenants"]:
+    for t in (held or recorded(s))["paused_tenants"]:
         out[t] = "paused"
     return out
 
@@ -116,11 +123,19 @@ def configure_tenants(
         s.client.hdel(s.keys.tenant_settings, *gone)
 
 
-def paused(s: Scripts) -> dict:
-    """{"queue": whether the queue is paused, "tenants": the paused tenants, sorted}."""
+def recorded(s: Scripts) -> dict:
+    """What the queue recorded in Redis: ``mode`` (its settings, None before its first use),
+    ``paused`` (the whole queue), ``paused_tenants`` (sorted) and ``event_log`` (the event
+    log's cap, 0 when it is off)."""
     with s.pipeline() as p:
         p.get(s.keys.mode)
         p.hkeys(s.keys.tenant_settings)
-        record, fields = p.execute()
-    tenants = sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:"))
-    return {"queue": split_switches(as_text(record))[0] if record is not None else False, "tenants": tenants}
+        raw, fields = p.execute()
+    record = None if raw is None else as_text(raw)
+    paused, cap = (False, 0) if record is None else split_switches(record)
+    return {
+        "mode": None if record is None else readable_mode(record),
+        "paused": paused,
+        "paused_tenants": sorted(unescape_tenant(as_text(f)[2:]) for f in fields if as_text(f).startswith("p:")),
+        "event_log": cap,
+    }

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, NamedTuple, Protocol, cast
 
-from ..queue import Item, PriorityQueue
+from ..queue import Item, PriorityQueue, batch_call
 from ..queue.values import mark_stored
 from ..scripts.wire import LOST, CallStream
 from ..storage import constants as C
@@ -44,7 +44,7 @@ class _Sent(NamedTuple):
 
     queue: str
     items: list  # kept again unless the reply says they are stored
-    read: Callable  # reads its reply (``PriorityQueue.batch_call``)
+    read: Callable  # reads its reply (``queue.batch_call``)
 
 
 class PublishBatch:
@@ -176,7 +176,7 @@ class PublishBatch:
         for i in range(0, len(items), size):
             part = items[i : i + size]
             try:
-                call, read = q.batch_call(part)
+                call, read = batch_call(q, part)
             except ValueError:  # the flush's insert_many names the item refused
                 self._pending[name] = items[i:]
                 self._round_trips = True

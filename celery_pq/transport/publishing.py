@@ -83,7 +83,7 @@ class Publisher:
                 batch.add(queue, item)
                 return
             try:
-                stored = q.put(item, unique=unique, first_send=first_send, remember=False)
+                stored = q.insert(item, unique=unique, first_send=first_send, remember=False)
                 break
             except ModeMismatch:  # recorded or migrated since it was opened; nothing written
                 if not again:

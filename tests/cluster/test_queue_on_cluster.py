@@ -34,13 +34,13 @@ def test_queues_on_three_masters_insert_pop_ack_requeue_remove(cluster, cluster_
         # Then they come out by priority, under lease
         first = q.pop()
         assert [x.payload for x in first] == [b"high"]
-        assert q.lease_of("high")["seconds_left"] > 20
+        assert q.leases(id="high")[0]["seconds_left"] > 20
         assert q.requeue(first[0]) == "waiting"
         again = q.pop(3)
         assert [x.payload for x in again] == [b"high", b"mid", b"low"]
         assert again[0].deliveries == 2
         assert q.extend(again, 60) == [True, True, True]
-        assert q.ack_many(again) == [True, True, True]
+        assert q.ack(again) == [True, True, True]
         assert q.stats()["waiting"] == 0 and q.stats()["leased"] == 0
         # and every key of the queue is on its own master (all keys share its hash tag)
         owner = node_client(cluster_client, q.keys.entries)

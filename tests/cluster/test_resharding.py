@@ -159,7 +159,7 @@ def test_insert_pop_ack_through_a_slot_moved_away_and_back(cluster, cluster_clie
             try:
                 got = q.pop(5)
                 popped.extend(x.id for x in got)
-                assert all(q.ack_many(got))
+                assert all(q.ack(got))
             except Exception as exc:
                 errors.append(("pop/ack", exc))
             if not got:

@@ -116,15 +116,15 @@ def test_every_operation_of_a_sharded_queue_runs_on_the_cluster(cluster_client, 
     # pops (peek rounds over several masters), renewals, acks, a requeue and a dead letter
     leases = [lease for _ in range(6) for lease in queue.pop(2, lease_seconds=30)]
     assert leases and all(queue.extend(leases, 30))
-    assert queue.lease_of(leases[0].id) is not None and len(queue.leases()) == len(leases)
+    assert queue.leases(id=leases[0].id) and len(queue.leases()) == len(leases)
     assert queue.requeue(leases[0]) == "waiting"
     assert queue.dead_letter(leases[1], "bad") is not None
-    assert all(queue.ack_many(leases[2:]))
+    assert all(queue.ack(leases[2:]))
     assert queue.reclaim()["returned"] == 0
     dead = queue.dead.peek(5)
     assert [e.id for e in dead] and queue.replay([e.id for e in dead])["replayed"]
     queue.pause()
-    assert queue.paused()["queue"] and not queue.pop(1)
+    assert queue.recorded()["paused"] and not queue.pop(1)
     queue.resume()
     s = queue.stats()
     # 64 in, 1 removed, the leased ones out but the requeued and the replayed one

@@ -199,9 +199,9 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
 
 
 @pytest.mark.parametrize("form", ["functions", "evalsha"])
-def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
+def test_wait_replicas_and_a_lease_by_id_as_the_documented_acl_user(form, tmp_path):
     # Given a master with one replica, and the documented user on the master: its +wait (publishes
-    # and acks end with WAIT under wait_replicas) and +multi +exec (PriorityQueue.lease_of)
+    # and acks end with WAIT under wait_replicas) and +multi +exec (PriorityQueue.leases with an id)
     master = RedisServer("--repl-diskless-sync-delay", "0")
     replica = RedisServer("--replicaof", "127.0.0.1", str(master.port))
     try:
@@ -224,8 +224,8 @@ def test_wait_replicas_and_lease_of_as_the_documented_acl_user(form, tmp_path):
             held = drain(conn, queue, 1, ack=False)
             [(body, message)] = held
             [leased] = confined.zrange(q.keys.lease_deadlines, 0, -1)  # the one lease deadline
-            lease = q.lease_of(decode_id(leased))
-            assert lease is not None and lease["deliveries"] == 1 and lease["seconds_left"] > 0
+            [lease] = q.leases(id=decode_id(leased))
+            assert lease["deliveries"] == 1 and lease["seconds_left"] > 0
             message.ack()  # the ack waits for the replica too
             got = drain(conn, queue, 4)
             assert sorted(b["i"] for b, _ in got + held) == list(range(5))

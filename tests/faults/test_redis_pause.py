@@ -45,8 +45,8 @@ def test_a_pause_longer_than_the_lease_gives_leases_their_time_back(server):
     # Then the first sweep after it returns neither: each gets the time it had left
     res = q.reclaim(gap_seconds=0.5)
     assert (res["returned"], res["restored"]) == (0, 2)
-    left = q.lease_of(live.id)
-    assert left is not None and 0.5 < left["seconds_left"] <= 1.0
+    [left] = q.leases(id=live.id)
+    assert 0.5 < left["seconds_left"] <= 1.0
     # the live holder renews its lease in that time,
     assert q.extend([(live.id, live.token)], 1.0) == [True]
     # and the dead holder's lease runs out within one more lease and comes back, once
@@ -59,7 +59,7 @@ def test_a_pause_longer_than_the_lease_gives_leases_their_time_back(server):
         res = q.reclaim(gap_seconds=0.5)
         returned, restored = returned + res["returned"], restored + res["restored"]
     assert (returned, restored) == (1, 0)
-    assert q.lease_of(dead.id) is None and q.lease_of(live.id) is not None
+    assert not q.leases(id=dead.id) and q.leases(id=live.id)
     assert q.ack(live)
 
 
@@ -74,14 +74,14 @@ def test_with_restore_seconds_a_lease_that_ran_out_in_the_gap_gets_a_whole_lease
     _paused(server, 2.0)
     res = q.reclaim(gap_seconds=0.5, restore_seconds=3.0)
     assert (res["returned"], res["restored"]) == (0, 1)
-    assert 2.5 < q.lease_of(lease.id)["seconds_left"] <= 3.0
+    assert 2.5 < q.leases(id=lease.id)[0]["seconds_left"] <= 3.0
     # a lease that had more time left than restore_seconds keeps its own
     q.insert(b"y", 5, id="e1")
     [long] = q.pop(lease_seconds=3.0)
     q.reclaim(gap_seconds=0.5)
     _paused(server, 3.5)
     res = q.reclaim(gap_seconds=0.5, restore_seconds=0.2)
-    assert res["restored"] == 2 and q.lease_of(long.id)["seconds_left"] > 2.0
+    assert res["restored"] == 2 and q.leases(id=long.id)[0]["seconds_left"] > 2.0
 
 
 def test_leases_taken_before_the_first_sweep_get_their_time_back_after_a_pause(server):
@@ -98,11 +98,11 @@ def test_leases_taken_before_the_first_sweep_get_their_time_back_after_a_pause(s
     # Then the first sweep after it returns neither: each gets restore_seconds from now
     res = q.reclaim(gap_seconds=0.5, restore_seconds=1.5)
     assert (res["returned"], res["restored"]) == (0, 2)
-    assert 1.0 < q.lease_of(live.id)["seconds_left"] <= 1.5
+    assert 1.0 < q.leases(id=live.id)[0]["seconds_left"] <= 1.5
     # the live holder renews it, and the dead one's comes back once, within that time and a sweep
     assert q.extend([(live.id, live.token)], 1.0) == [True]
     assert _sweeps(q, live, 1.8) == (1, 0)
-    assert q.lease_of(dead.id) is None and q.ack(live)
+    assert not q.leases(id=dead.id) and q.ack(live)
 
 
 def _sweeps(q, live, seconds):
@@ -127,7 +127,7 @@ def test_before_the_first_sweep_the_gap_counts_from_the_first_leases(server):
     _paused(server, 2.0)
     res = q.reclaim(gap_seconds=0.5)
     assert (res["returned"], res["restored"]) == (0, 1)
-    assert 0.8 < q.lease_of(lease.id)["seconds_left"] <= 1.0
+    assert 0.8 < q.leases(id=lease.id)[0]["seconds_left"] <= 1.0
 
 
 def test_without_a_gap_every_lease_is_taken_as_expired_after_the_pause(server):

@@ -196,7 +196,7 @@ def test_pop_refuses_bad_values(world, argument):
     check()
 
 
-@pytest.mark.parametrize("op", ["ack", "ack_many", "extend", "requeue", "dead_letter"])
+@pytest.mark.parametrize("op", ["ack", "ack_list", "extend", "requeue", "dead_letter"])
 def test_lease_calls_refuse_malformed_leases(world, op):
     q, _, _ = world
 
@@ -205,7 +205,7 @@ def test_lease_calls_refuse_malformed_leases(world, op):
     def check(value):
         call = {
             "ack": lambda: q.ack(value),
-            "ack_many": lambda: q.ack_many([value]),
+            "ack_list": lambda: q.ack([value]),
             "extend": lambda: q.extend([value]),
             "requeue": lambda: q.requeue(value),
             "dead_letter": lambda: q.dead_letter(value),

@@ -159,7 +159,7 @@ def test_migrate_mode_runs_in_bounded_steps_and_fences_the_queue(redis_client, m
     assert calls >= N // (2 * C.MIGRATE_STEP)
     # and the queue is fair, lower-first, with every entry once: priority 0 first, FIFO within
     # a tenant, the leases kept
-    assert fair.stored_mode() == fair.mode
+    assert fair.recorded()["mode"] == fair.mode
     for lease in held:
         assert fair.ack(lease)
     got = drain(fair)

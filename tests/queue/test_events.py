@@ -13,6 +13,7 @@ from celery_pq import ConfigError, Item
 from celery_pq.queue import COUNTERS, EVENT_FIELDS, PriorityQueue, QueueSettings, open_queue
 from celery_pq.storage.keys import queue_keys
 from celery_pq.transport.options import Options
+from tests.support.tenants import pauses, tenant_counts, tenant_deliveries
 
 
 def q_of(make_pq, name="ev", **kw):
@@ -191,9 +192,9 @@ def test_the_cap_holds(redis_client, make_pq):
 def test_the_recorded_switch_makes_every_process_log(redis_client, make_pq, key_prefix):
     on = q_of(make_pq, name="shared")
     off = make_pq("shared")  # a process without the option
-    assert off.event_log_cap() == 0
+    assert off.recorded()["event_log"] == 0
     on.insert(b"x", 1, id="a", task="t.a")
-    assert off.event_log_cap() == 1000
+    assert off.recorded()["event_log"] == 1000
     off.insert(b"y", 1, id="b")
     [lease] = off.pop(consumer="other")
     off.ack(lease)
@@ -207,10 +208,10 @@ def test_the_recorded_switch_makes_every_process_log(redis_client, make_pq, key_
     assert off.set_event_log(None) == 1000
     off.insert(b"z", 1, id="c")
     assert len(on.events()) == 4
-    assert on.event_log_cap() == 0
+    assert on.recorded()["event_log"] == 0
     on.insert(b"w", 1, id="d")
-    assert on.event_log_cap() == 1000 and last(on, "enqueue")["id"] == "d"
-    assert off.set_event_log(50) == 1000 and on.event_log_cap() == 50
+    assert on.recorded()["event_log"] == 1000 and last(on, "enqueue")["id"] == "d"
+    assert off.set_event_log(50) == 1000 and on.recorded()["event_log"] == 50
 
 
 def test_insert_many_carries_task_names(make_pq):
@@ -278,7 +279,7 @@ def test_counters_after_a_scripted_sequence(make_pq):
     assert q.counters() == dict.fromkeys(COUNTERS, 0)
     q.insert_many([Item(b"x", 1, f"i{i}") for i in range(6)])  # enqueued 6
     leases = q.pop(3, consumer="w")  # delivered 3
-    q.ack_many(leases[:2])  # acked 2
+    q.ack(leases[:2])  # acked 2
     q.requeue(leases[2])  # requeued 1 (i2 back, 1 delivery so far)
     q.pop(1, consumer="w", lease_seconds=0.05)  # delivered 1 (i2 again: redelivered 1)
     time.sleep(0.1)
@@ -303,7 +304,7 @@ def test_counters_after_a_scripted_sequence(make_pq):
         "expired": 0,
         **{f"unique_{k}": 0 for k in ("merged", "replaced", "debounced", "throttled")},
     }
-    assert q.tenant_deliveries() == {}
+    assert tenant_deliveries(q) == {}
 
 
 def test_a_refused_insert_writes_only_its_counter(redis_client, make_pq, key_prefix):
@@ -323,9 +324,9 @@ def test_tenant_deliveries_on_a_fair_queue(make_pq):
     q = make_pq("fq", fair=True)
     q.insert_many([Item(b"x", 1, None, tenant=t) for t in ["a", "a", "a", "b", "c,d"]])
     leases = q.pop(4, consumer="w")
-    q.ack_many(leases)
+    q.ack(leases)
     q.pop(1)
-    assert q.tenant_deliveries() == {"a": 3, "b": 1, "c,d": 1}
+    assert tenant_deliveries(q) == {"a": 3, "b": 1, "c,d": 1}
     assert q.counters()["delivered"] == 5 and q.counters()["acked"] == 4
 
 
@@ -334,7 +335,7 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, make_pq):
     q = make_pq("pz")
     q.insert(b"before", 1, id="a")
     assert q.pause()
-    assert q.paused() == {"queue": True, "tenants": []}
+    assert pauses(q) == (True, [])
     assert q.pop(5) == []
     assert redis_client.llen(q.keys.wake) == 0  # a pop of a paused queue drops its wake list
     q.insert(b"during", 1, id="b")
@@ -346,7 +347,7 @@ def test_paused_queue_delivers_nothing_and_inserts_go_on(redis_client, make_pq):
     assert q.resume()
     assert redis_client.llen(q.keys.wake) == 1  # a blocked consumer wakes at once
     assert [x.id for x in q.pop(5)] == ["a", "b"]
-    assert q.paused() == {"queue": False, "tenants": []} and q.stats()["paused"] is False
+    assert pauses(q) == (False, []) and q.stats()["paused"] is False
 
 
 def test_pause_holds_acks_and_priority_views(redis_client, make_pq):
@@ -372,10 +373,10 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, make_pq)
         [Item(b"x", 1, f"a{i}", tenant="a") for i in range(3)] + [Item(b"x", 1, f"b{i}", tenant="b") for i in range(3)]
     )
     assert q.pause(tenant="a")
-    assert q.paused() == {"queue": False, "tenants": ["a"]}
+    assert pauses(q) == (False, ["a"])
     got = q.pop(10)
     assert [x.id for x in got] == ["b0", "b1", "b2"]
-    assert q.tenant_stats()["a"]["waiting"] == 3
+    assert tenant_counts(q)["a"]["waiting"] == 3
     q.insert(b"x", 1, id="a3", tenant="a")  # publishing goes on
     assert q.pop(10) == []
     assert q.stats()["paused_tenants"] == ["a"]
@@ -383,7 +384,7 @@ def test_paused_tenant_is_skipped_while_others_are_served(redis_client, make_pq)
     assert q.resume(tenant="a")
     assert redis_client.llen(q.keys.wake) == 1
     assert [x.id for x in q.pop(10)] == ["a0", "a1", "a2", "a3"]
-    assert q.paused()["tenants"] == []
+    assert q.recorded()["paused_tenants"] == []
 
 
 def test_a_tenant_paused_before_it_has_entries_and_at_its_cap(make_pq):
@@ -433,12 +434,12 @@ def test_switches_survive_migrations(redis_client, make_pq, key_prefix):
     b = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, priority_order="lower_first")
     b.migrate_mode()  # the queue is empty: b's mode now, the switches stay
     b.insert(b"x", 1)
-    assert b.paused()["queue"] and b.event_log_cap() == 10
+    assert b.recorded()["paused"] and b.recorded()["event_log"] == 10
     assert b.pop() == []
     c = PriorityQueue(redis_client, "mq", key_prefix=key_prefix, fair=True)
     c.migrate_mode()
-    assert c.paused()["queue"] and c.event_log_cap() == 10
-    assert c.stored_mode()["fair"] is True
+    assert c.recorded()["paused"] and c.recorded()["event_log"] == 10
+    assert c.recorded()["mode"]["fair"] is True
     assert open_queue(redis_client, "mq", QueueSettings(key_prefix=key_prefix), declare=False).settings.fair is True
     c.resume()
     assert len(c.pop()) == 1

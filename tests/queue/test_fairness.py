@@ -9,6 +9,7 @@ import pytest
 
 from celery_pq import Item, QueueFull
 from celery_pq.queue import QueueSettings, open_queue
+from tests.support.tenants import held_tenants, tenant_counts
 
 
 def fq(make_pq, **kw):
@@ -167,9 +168,9 @@ def test_remove_and_change_priority_with_fairness(redis_client, make_pq):
     got = [q.pop()[0] for _ in range(2)]
     assert [g.id for g in got] == ["b1", "a2"]
     assert q.pop() == []
-    q.ack_many(got)
+    q.ack(got)
     assert fairness_state_is_empty(redis_client, q)
-    assert q.tenant_stats() == {}
+    assert tenant_counts(q) == {}
 
 
 def test_dead_lettering_releases_the_tenant(make_pq):
@@ -198,7 +199,7 @@ def test_tenant_concurrency_cap_parks_without_blocking_others(make_pq):
             held += got
             delivered.update(x.tenant for x in got)
         most_a = max(most_a, sum(1 for x in held if x.tenant == "A"))
-        assert q.tenant_stats().get("A", {}).get("leased", 0) == sum(1 for x in held if x.tenant == "A")
+        assert tenant_counts(q).get("A", {}).get("leased", 0) == sum(1 for x in held if x.tenant == "A")
     assert most_a == 2
     assert delivered["B"] > 0 and delivered["A"] > 0
 
@@ -236,7 +237,7 @@ def test_max_length_per_tenant(make_pq):
     q.insert(b"x", 1, tenant="B")  # other tenants are not affected
     with pytest.raises(QueueFull):
         q.insert_many([Item(b"x", 1, None, tenant="B")] * 3)
-    assert q.tenant_stats()["B"]["waiting"] == 1  # nothing of the refused chunk was written
+    assert tenant_counts(q)["B"]["waiting"] == 1  # nothing of the refused chunk was written
 
 
 def test_max_length_is_exact_under_concurrent_publishers(redis_server, key_prefix):
@@ -326,13 +327,13 @@ def test_priority_view_on_a_fair_queue(make_pq):
     assert len(q.pop(20)) == 10
 
 
-def test_tenant_stats_counts_and_ages(make_pq):
+def test_per_tenant_stats_count_and_age(make_pq):
     q = fq(make_pq)
     fill(q, "A", 3)
     time.sleep(0.05)
     fill(q, "B,|odd", 1)
     q.pop(1)
-    stats = q.tenant_stats(ages=True)
+    stats = q.stats()["per_tenant"]
     assert stats["A"]["waiting"] == 2 and stats["A"]["leased"] == 1
     assert stats["B,|odd"]["waiting"] == 1
     assert stats["A"]["next_age_seconds"] >= stats["B,|odd"]["next_age_seconds"] >= 0
@@ -384,7 +385,7 @@ def test_the_fair_pop_makes_the_plain_pops_lease_and_score_checks(redis_client, 
     # Then a1 is not leased a second time, a2 comes once with its own priority, and a1's lease
     # is still the first consumer's
     assert [(lease.id, lease.priority) for lease in got] == [("a2", 5)]
-    assert q.lease_of("a1")["consumer"] == "c:1:first"
+    assert q.leases(id="a1")[0]["consumer"] == "c:1:first"
     assert q.ack(first) and q.ack(got[0])
     assert q.pop(5) == [] and fairness_state_is_empty(redis_client, q)
 
@@ -413,7 +414,7 @@ def test_a_step_back_of_redis_s_clock_costs_a_rate_parked_tenant_one_period_at_m
     # Given tenant A at 5/s, its burst taken and parked for its next token
     q = fq(make_pq, tenant_rate=5)
     fill(q, "A", 20)
-    assert len(q.pop(20)) == 5 and q.held_tenants() == {"A": "rate"}
+    assert len(q.pop(20)) == 5 and held_tenants(q) == {"A": "rate"}
     # When Redis's clock steps back an hour
     step_the_clock_back(redis_client, q, 3_600_000)
     # Then the next pop parks A again for one period (200 ms) at most, not for the hour

@@ -9,7 +9,7 @@ purge, priority views, corrupt entries, retried publish ids, the mode record), p
 orders, techniques T and S) and fair (both scopes, weights, caps), against docs/leases.md,
 docs/fairness.md, docs/priorities.md, docs/views-and-delays.md. After every step: each entry in
 exactly one state (``ii``, ``lt``, ``dz``, ``te``, the dead-letter queue); the counts
-(``size``, ``stats``, ``tenant_stats``); the delivery order of every pop, exact (strict priority,
+(``size``, ``stats``, ``tenants``); the delivery order of every pop, exact (strict priority,
 FIFO, a returned entry back at its place; start-time fair queueing as lua/includes/fair.lua);
 stale tokens refused; every key under the queue's hash tag; stale pointers bounded
 (``2 * peak + STALE_SLACK`` per rank list); a wake token for work that can be taken. At the end

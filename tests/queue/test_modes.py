@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from celery_pq import Item, ModeMismatch, PriorityQueue
+from tests.support.tenants import tenant_counts
 
 
 def test_fair_pop_on_a_plain_queue_is_refused_and_strands_nothing(redis_client, make_pq, key_prefix):
@@ -76,11 +77,11 @@ def test_an_empty_queue_keeps_its_mode_until_a_migration_changes_it(redis_client
     with pytest.raises(ModeMismatch):
         plain.insert(b"y", 1)
     # Then it is still fair: its consumers go on, and only a migration (on purpose) changes it
-    assert fair.stored_mode() == fair.mode
+    assert fair.recorded()["mode"] == fair.mode
     fair.insert(b"z", 1, tenant="B")
     assert [e.tenant for e in fair.pop()] == ["B"]
     plain.migrate_mode()
-    assert plain.stored_mode() == plain.mode
+    assert plain.recorded()["mode"] == plain.mode
 
 
 def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, make_pq, key_prefix):
@@ -89,7 +90,7 @@ def test_migrate_mode_moves_a_plain_backlog_to_fair(redis_client, make_pq, key_p
     [held] = plain.pop()  # priority 9, leased through the migration
     fair = PriorityQueue(redis_client, "m", key_prefix=key_prefix, fair=True, priority_order="lower_first")
     fair.migrate_mode()
-    assert fair.stored_mode() == fair.mode
+    assert fair.recorded()["mode"] == fair.mode
     assert [e.priority for e in fair.pop(5)] == [1, 5]
     assert fair.ack(held)
-    assert fair.tenant_stats() == {"": {"waiting": 0, "leased": 2}}
+    assert tenant_counts(fair) == {"": {"waiting": 0, "leased": 2}}

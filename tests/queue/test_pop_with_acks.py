@@ -114,4 +114,4 @@ def test_one_pop_leases_9000_entries(redis_client, make_pq):
     assert len(popped) == 9_000
     assert redis_client.hlen(q.keys.leases) == 9_000 and redis_client.zcard(q.keys.lease_deadlines) == 9_000
     assert q.stats()["waiting"] == 0
-    assert q.ack_many(popped) == [True] * 9_000
+    assert q.ack(popped) == [True] * 9_000

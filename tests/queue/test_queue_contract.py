@@ -11,6 +11,7 @@ from celery_pq.queue import QueueSettings, calls, open_queue
 from celery_pq.storage.constants import SEQ_SPAN
 from celery_pq.storage.ids import decode_id
 from celery_pq.storage.records import split_entry, split_lease, split_pointer
+from tests.support.tenants import tenant_counts
 
 
 @pytest.fixture(params=["T", "S"])
@@ -78,7 +79,7 @@ def test_order_is_strict_priority_fifo_within_level(q):
         if not leases:
             break
         got += [(x.id, x.priority) for x in leases]
-        q.ack_many(leases)
+        q.ack(leases)
     expected = sorted(sent, key=lambda t: (-t[1], int(t[0][1:])))
     assert got == expected
 
@@ -111,18 +112,18 @@ def test_pop_leases_in_the_same_script(q, redis_client):
     assert 29_000 < deadline - (now_s * 1000 + now_us // 1000) <= 30_000
 
 
-def test_lease_of_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
+def test_a_lease_by_id_shows_the_holder_and_the_time_left_on_the_redis_clock(q):
     task_id = "0b8f5c9e-3a1d-4f6e-9c2b-7d4e5f6a8b9c"  # stored in its compact form
     q.insert(b"p", 3, id=task_id)
-    assert q.lease_of(task_id) is None  # waiting, not leased
+    assert not q.leases(id=task_id)  # waiting, not leased
     [lease] = q.pop(consumer="host:123:ab", lease_seconds=20)
-    held = q.lease_of(task_id)
+    [held] = q.leases(id=task_id)
     assert held["consumer"] == "host:123:ab" and held["deliveries"] == 1
     assert 19 < held["seconds_left"] <= 20 and "token" not in held
     q.extend([lease], lease_seconds=60)
-    assert q.lease_of(task_id)["deadline_ms"] > held["deadline_ms"]
+    assert q.leases(id=task_id)[0]["deadline_ms"] > held["deadline_ms"]
     q.ack(lease)
-    assert q.lease_of(task_id) is None and q.lease_of("no-such-id") is None
+    assert not q.leases(id=task_id) and not q.leases(id="no-such-id")
 
 
 def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens(make_pq):
@@ -140,7 +141,7 @@ def test_leases_lists_the_leases_in_flight_soonest_deadline_first_without_tokens
     assert (b["consumer"], b["priority"], b["tenant"], b["deliveries"]) == ("host:2:bb", 7, "zed", 1)
     assert (t["consumer"], t["priority"], t["tenant"]) == ("host:1:aa", 200, "acme")
     assert 19 < b["seconds_left"] <= 20 and 49 < t["seconds_left"] <= 50
-    assert t["deadline_ms"] == q.lease_of(task_id)["deadline_ms"]
+    assert t["deadline_ms"] == q.leases(id=task_id)[0]["deadline_ms"]
     assert 0 <= t["age_seconds"] < 5
     assert all(first.token not in repr(x) and second.token not in repr(x) for x in listed)
     assert [x["id"] for x in q.leases(1)] == ["b"]
@@ -211,7 +212,7 @@ def test_priority_changed_away_and_back_is_delivered_once(q, redis_client, techn
     assert got == ["b", "a"]
     assert q.pop() == [] and pointers(redis_client, q) == []
     # And a new entry with the same id after the ack is not served from an old pointer
-    q.ack_many([("a", "nope")])
+    q.ack([("a", "nope")])
     q.insert(b"y", 10, id="c")
 
 
@@ -478,7 +479,7 @@ def test_acks_ride_in_the_next_pop(redis_client, make_pq, fair):
     assert [lease.id for lease in calls.popped_leases(q._scripts, reply)] == ["e2"]
     assert q.stats()["leased"] == 2 and redis_client.hexists(q.keys.entries, "e0") == 0
     if fair:
-        assert q.tenant_stats()["A"]["leased"] == 2
+        assert tenant_counts(q)["A"]["leased"] == 2
 
 
 def test_single_calls_survive_a_script_flush_a_killed_connection_and_a_restart(fresh_redis):

@@ -6,6 +6,7 @@ from celery_pq import Item, ModeMismatch, PriorityQueue
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.storage.ids import decode_id
 from celery_pq.storage.records import split_entry, split_pointer
+from tests.support.tenants import tenant_counts
 
 
 @pytest.fixture(params=["T", "S"])
@@ -85,9 +86,9 @@ def test_replay_on_a_fair_queue_keeps_the_tenant(make_pq):
     q = make_pq("fj", fair=True)
     q.insert(b"p", 9, id="a", tenant="acme")
     kill(q)
-    assert q.tenant_stats() == {}
+    assert tenant_counts(q) == {}
     q.replay(["a"])
-    assert q.tenant_stats() == {"acme": {"waiting": 1, "leased": 0}}
+    assert tenant_counts(q) == {"acme": {"waiting": 1, "leased": 0}}
     [lease] = q.pop(1)
     assert (lease.id, lease.tenant, lease.priority) == ("a", "acme", 9)
 
@@ -126,27 +127,27 @@ def test_replay_is_an_ordinary_enqueue_to_counters_and_the_event_log(make_pq):
 
 def test_a_replayed_dead_letter_holds_its_unique_key_again(q, redis_client):
     # Given an entry holding a unique key (while_active), dead-lettered: its key is free meanwhile
-    q.put(Item(b"x", 1, id="u1"), unique=UniqueKey("report:7", "while_active"))
+    q.insert(Item(b"x", 1, id="u1"), unique=UniqueKey("report:7", "while_active"))
     kill(q)
-    assert q.put(Item(b"x", 1, id="u2"), unique=UniqueKey("report:7", "while_active")).kind == "stored"
+    assert q.insert(Item(b"x", 1, id="u2"), unique=UniqueKey("report:7", "while_active")).kind == "stored"
     q.ack(q.pop(1)[0])
     # When it is replayed, the key free again
     assert q.replay(["u1"])["replayed"] == {"u1": "u1"}
     # Then it holds its key: a publish of the key merges into it, while it waits and while it runs
-    out = q.put(Item(b"x", 1, id="u3"), unique=UniqueKey("report:7", "while_active"))
+    out = q.insert(Item(b"x", 1, id="u3"), unique=UniqueKey("report:7", "while_active"))
     assert (out.kind, out.task_id) == ("merged", "u1")
     [lease] = q.pop(1)
-    assert q.put(Item(b"x", 1, id="u4"), unique=UniqueKey("report:7", "while_active")).task_id == "u1"
+    assert q.insert(Item(b"x", 1, id="u4"), unique=UniqueKey("report:7", "while_active")).task_id == "u1"
     q.ack(lease)  # and its ack frees the key
-    assert q.put(Item(b"x", 1, id="u5"), unique=UniqueKey("report:7", "while_active")).kind == "stored"
+    assert q.insert(Item(b"x", 1, id="u5"), unique=UniqueKey("report:7", "while_active")).kind == "stored"
     assert redis_client.hlen(q.dead.keys.unique_holders) == 0
 
 
 def test_a_dead_letter_whose_key_is_held_again_is_merged_into_the_holder_not_replayed_beside_it(q, redis_client):
     # Given a dead letter that held key k, and a new entry holding k now
-    q.put(Item(b"old", 1, id="k1"), unique=UniqueKey("k"))
+    q.insert(Item(b"old", 1, id="k1"), unique=UniqueKey("k"))
     kill(q)
-    assert q.put(Item(b"new", 1, id="k2"), unique=UniqueKey("k")).kind == "stored"
+    assert q.insert(Item(b"new", 1, id="k2"), unique=UniqueKey("k")).kind == "stored"
     # When the dead letter is replayed
     got = q.replay(["k1"])
     # Then it is merged into the entry holding k (as a publish of k would be): no second entry of
@@ -160,13 +161,13 @@ def test_a_dead_letter_whose_key_is_held_again_is_merged_into_the_holder_not_rep
 def test_a_dead_letter_dropped_for_room_takes_its_kept_key_and_no_live_one(redis_client, make_pq):
     # Given a dead-letter queue of one, holding x (key a), then y (key b) and again x (key c) live
     q = make_pq("room", max_dead_length=1)
-    q.put(Item(b"x", 1, id="x"), unique=UniqueKey("a"))
+    q.insert(Item(b"x", 1, id="x"), unique=UniqueKey("a"))
     kill(q)
-    q.put(Item(b"y", 1, id="y"), unique=UniqueKey("b"))
-    q.put(Item(b"x", 1, id="x"), unique=UniqueKey("c"))
+    q.insert(Item(b"y", 1, id="y"), unique=UniqueKey("b"))
+    q.insert(Item(b"x", 1, id="x"), unique=UniqueKey("c"))
     # When y is dead-lettered, the dead x making room for it
     kill(q)
     # Then the dead-letter queue keeps y's key only, and the live x still holds c
     assert {k.decode(): v.decode() for k, v in redis_client.hgetall(q.dead.keys.unique_holders).items()} == {"y": "b"}
     assert [e.id for e in q.dead.peek(5)] == ["y"]
-    assert q.put(Item(b"z", 1, id="z"), unique=UniqueKey("c")).task_id == "x"
+    assert q.insert(Item(b"z", 1, id="z"), unique=UniqueKey("c")).task_id == "x"

@@ -39,7 +39,7 @@ def _work(q):
         q.insert_many([Item(b"b", 1), Item(b"c", 2)])
         got = q.pop(3)
         assert next(x.id for x in got) == "a"
-        assert q.ack_many(got) == [True, True, True]
+        assert q.ack(got) == [True, True, True]
         q.reclaim()
         assert q.stats()["waiting"] == 0
 
@@ -58,11 +58,11 @@ def test_a_cluster_context_runs_the_guard_once_per_call_and_the_scripts_work_the
     q._scripts.context = (
         "~" + q._scripts.context
     )  # as on a cluster (queue/base.py marks the context of a RedisCluster client)
-    # insert, insert_many, pop, ack_many, reclaim, ...: one guard read per script call
+    # insert, insert_many, pop, ack, reclaim, ...: one guard read per script call
     guards, calls = _guard_reads(redis_server, _work(q))
     assert guards == calls >= 5
     assert q.counters()["enqueued"] == 3 and q.counters()["acked"] == 3
-    assert q.stored_mode() == make_pq("g1").mode
+    assert q.recorded()["mode"] == make_pq("g1").mode
 
 
 def test_a_context_of_another_form_is_refused_before_any_write(redis_client, make_pq, key_prefix):

@@ -23,7 +23,7 @@ def q_of(make_pq, name="uq", **kw):
 
 def put(q, id, key, mode="while_waiting", seconds=60.0, priority=1, payload=None, retries=0, remember=None, **kw):
     unique = UniqueKey(key, mode, seconds, retries=retries) if retries else UniqueKey(key, mode, seconds)
-    return q.put(Item(payload or id.encode(), priority, id=id, **kw), unique=unique, remember=remember)
+    return q.insert(Item(payload or id.encode(), priority, id=id, **kw), unique=unique, remember=remember)
 
 
 def waiting(q):
@@ -236,7 +236,7 @@ def test_fair_queue_replace_and_merge(make_pq):
 def test_a_key_always_lands_on_the_same_shard(redis_client, key_prefix):
     q = open_queue(redis_client, "sh", QueueSettings(shards=4, key_prefix=key_prefix))
     assert isinstance(q, ShardedQueue)
-    outs = [q.put(Item(b"x", 1), unique=UniqueKey(f"key-{i % 5}")) for i in range(20)]
+    outs = [q.insert(Item(b"x", 1), unique=UniqueKey(f"key-{i % 5}")) for i in range(20)]
     assert sum(o.kind == "stored" for o in outs) == 5
     assert q.size() == 5
 

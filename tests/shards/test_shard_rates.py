@@ -35,7 +35,7 @@ def pop_for(q, seconds):
     while time.monotonic() < end:
         got = q.pop(100)
         if got:
-            q.ack_many(got)
+            q.ack(got)
         time.sleep(0.005)
 
 

@@ -12,6 +12,7 @@ from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.storage.errors import EntryNotFound
 from celery_pq.storage.keys import shard_names
 from celery_pq.transport.options import Options
+from tests.support.tenants import tenant_deliveries
 
 
 def open_queue(client, prefix, n, *, peek=2, seed=1, name="orders", **options):
@@ -29,7 +30,7 @@ def drain(q, *, count=1):
         if not got:
             return out
         out += got
-        assert all(q.ack_many(got))
+        assert all(q.ack(got))
 
 
 def test_one_shard_is_todays_queue_and_reads_its_data(redis_client, make_pq, key_prefix):
@@ -66,7 +67,7 @@ def test_nothing_lost_or_doubled_with_interleaved_consumers(redis_client, key_pr
         held += got
         rng.shuffle(held)
         done, held = held[: len(held) // 2 + 1], held[len(held) // 2 + 1 :]
-        assert all(q.ack_many(done))
+        assert all(q.ack(done))
     assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
     s = q.stats()
     assert (s["waiting"], s["leased"], s["delayed"]) == (0, 0, 0)
@@ -193,8 +194,8 @@ def test_leases_acks_and_requeues_go_to_the_shard_of_the_lease(redis_client, key
     leases = q.pop(1) + q.pop(1) + q.pop(1)
     for lease in leases:
         shard = next(s for s in q.shards if s.name == lease.queue)
-        assert shard.lease_of(lease.id)["deliveries"] == 1
-        assert q.lease_of(lease.id)["consumer"] == shard.lease_of(lease.id)["consumer"]
+        assert shard.leases(id=lease.id)[0]["deliveries"] == 1
+        assert q.leases(id=lease.id)[0]["consumer"] == shard.leases(id=lease.id)[0]["consumer"]
     assert q.extend(leases, 30) == [True, True, True]
     assert q.ack(leases[0]) and not q.ack(leases[0])  # acked once, in its own shard
     assert q.requeue(leases[1]) == "waiting"
@@ -265,7 +266,7 @@ def test_a_tenant_stays_on_one_shard_and_keeps_its_order(redis_client, key_prefi
         mine = [lease for lease in got if lease.tenant == t]
         assert len({lease.queue for lease in mine}) == 1  # one shard per tenant
         assert [int(lease.id[1:]) for lease in mine] == sorted(int(lease.id[1:]) for lease in mine)  # FIFO
-    assert q.tenant_deliveries() == {"a": 15, "b": 15}
+    assert tenant_deliveries(q) == {"a": 15, "b": 15}
 
 
 def test_a_retried_publish_id_is_stored_once(redis_client, key_prefix):
@@ -320,7 +321,7 @@ def test_remove_change_priority_pause_and_purge_reach_every_shard(redis_client, 
     assert q.peek(1)[0].id == "t7"
     with pytest.raises(EntryNotFound, match="'orders' has no entry 'nope'"):
         q.change_priority("nope", 1)
-    assert q.pause() and q.paused()["queue"] and q.pop() == []
+    assert q.pause() and q.recorded()["paused"] and q.pop() == []
     assert q.resume() and len(q.pop(1)) == 1
     assert q.purge() == 18 and q.size() == 0
 

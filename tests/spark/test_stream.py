@@ -156,7 +156,7 @@ def test_a_full_queue_makes_the_sink_wait_and_every_row_arrives(registered, url,
         for lease in leases:
             got.append(json.loads(base64.b64decode(decode(lease.payload)["body"]))[0][0])
         if leases:
-            queue.ack_many(leases)
+            queue.ack(leases)
         time.sleep(0.05)
     q.awaitTermination(10)
     counters = queue.counters()

@@ -15,6 +15,7 @@ from celery_pq.spark import enqueue
 from celery_pq.storage.codec import decode
 from celery_pq.storage.keys import shard_names
 from tests.spark.faults import failed_attempts
+from tests.support.tenants import tenant_counts
 
 pytestmark = pytest.mark.spark
 
@@ -99,7 +100,7 @@ def test_priorities_tenants_queues_and_delays_land_where_the_columns_say(spark, 
             assert timedelta(seconds=3500) < eta - now < timedelta(seconds=3700)
     st = q.stats()
     assert st["delayed"] == 8 and st["waiting"] == 31
-    assert q.tenant_stats() == {"acme": {"waiting": 16, "leased": 0}, "beta": {"waiting": 15, "leased": 0}}
+    assert tenant_counts(q) == {"acme": {"waiting": 16, "leased": 0}, "beta": {"waiting": 15, "leased": 0}}
     # delivery order: strict priority (higher first), as for any publish
     leases = q.pop(31)
     assert [lease.priority for lease in leases] == sorted(
@@ -432,6 +433,6 @@ def test_rows_of_a_task_the_queue_limits_go_under_its_limit_and_lift_nothing(spa
     write(df, url, key_prefix, task="proj.resize", args="image_id", queue="limited")
     # Then the rows wait under the task's limit, and the queue's tables are as declared
     q = open_queue(redis_client, "limited", QueueSettings(key_prefix=key_prefix), declare=False)
-    assert {t: s["waiting"] for t, s in q.tenant_stats().items()} == {"task:proj.resize": 3}
+    assert {t: s["waiting"] for t, s in tenant_counts(q).items()} == {"task:proj.resize": 3}
     tables = redis_client.hgetall(q.keys.tenant_settings)
     assert float(tables[b"r:task:proj.resize"]) == 0.01 and float(tables[b"w:acme"]) == 3

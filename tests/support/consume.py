@@ -49,4 +49,4 @@ def pop_all(q, count=10):
         if not leases:
             return got
         got += [lease.id for lease in leases]
-        q.ack_many(leases)
+        q.ack(leases)

@@ -13,6 +13,7 @@ from kombu import Connection, Producer
 from celery_pq.ops.dashboard import Board, DashboardServer
 from celery_pq.testing import wait_for
 from celery_pq.transport.broker import queue_and_view
+from tests.support.tenants import pauses
 
 try:
     from support.consume import make_queue
@@ -129,7 +130,7 @@ def test_read_only_refuses_every_action(conn, serve):
     server = serve()
     status, body = post(server, "/api/pause", {"queue": "dq"}, token=TOKEN)
     assert status == 403 and "read-only" in body["error"]
-    assert pq.paused() == {"queue": False, "tenants": []}
+    assert pauses(pq) == (False, [])
 
 
 @pytest.mark.parametrize("token", [None, "", "wrong-token-of-enough-length", TOKEN + "x"])
@@ -138,7 +139,7 @@ def test_actions_need_the_right_token(conn, serve, token):
     server = serve(allow_actions=True, token=TOKEN)
     status, body = post(server, "/api/pause", {"queue": "dq"}, token=token)
     assert status == 403 and "token" in body["error"]
-    assert pq.paused()["queue"] is False
+    assert pq.recorded()["paused"] is False
 
 
 def test_pause_and_resume_a_queue_and_a_tenant_with_the_token(conn, serve):
@@ -152,10 +153,10 @@ def test_pause_and_resume_a_queue_and_a_tenant_with_the_token(conn, serve):
     assert state["queues"][0]["stats"]["paused"] is True
     assert post(server, "/api/resume", {"queue": "dq"}, token=TOKEN)[0] == 200
     assert post(server, "/api/pause", {"queue": "dq", "tenant": "a"}, token=TOKEN)[0] == 200
-    assert pq.paused() == {"queue": False, "tenants": ["a"]}
+    assert pauses(pq) == (False, ["a"])
     assert json.loads(get(server, "/api/state")[2])["queues"][0]["stats"]["paused_tenants"] == ["a"]
     assert post(server, "/api/resume", {"queue": "dq", "tenant": "a"}, token=TOKEN)[0] == 200
-    assert pq.paused() == {"queue": False, "tenants": []}
+    assert pauses(pq) == (False, [])
 
 
 @pytest.mark.parametrize(
@@ -174,7 +175,7 @@ def test_bad_requests_name_the_problem_and_change_nothing(conn, serve, path, bod
     server = serve(allow_actions=True, token=TOKEN)
     got, reply = post(server, path, body, token=TOKEN, raw=raw)
     assert got == status and message in reply["error"]
-    assert pq.paused() == {"queue": False, "tenants": []}
+    assert pauses(pq) == (False, [])
 
 
 def test_a_tenant_of_a_plain_queue_is_refused(redis_server, key_prefix, serve):
@@ -188,7 +189,7 @@ def test_a_tenant_of_a_plain_queue_is_refused(redis_server, key_prefix, serve):
         try:
             status, body = post(server, "/api/pause", {"queue": "plain", "tenant": "a"}, token=TOKEN)
             assert status == 400 and "not fair" in body["error"]
-            assert channel.queue("plain").paused() == {"queue": False, "tenants": []}
+            assert pauses(channel.queue("plain")) == (False, [])
         finally:
             server.shutdown()
             server.server_close()
@@ -285,7 +286,7 @@ def test_a_loopback_dashboard_answers_only_to_a_loopback_host_header(conn, serve
             assert status == 200, (method, status)
         else:
             assert status == 421 and "loopback Host" in body["error"], (method, status)
-    assert conn.default_channel.queue("dq").paused()["queue"] is answered
+    assert conn.default_channel.queue("dq").recorded()["paused"] is answered
 
 
 def test_a_request_without_a_host_header_is_refused(conn, serve):
@@ -348,7 +349,7 @@ def test_a_negative_content_length_is_a_400_not_a_read_to_the_end(conn, serve):
     # Then it is refused at once, naming the header, and nothing changes
     status, _, rest = reply.partition(b"\r\n")
     assert status.split()[1] == b"400" and b"Content-Length is not a number of bytes >= 0" in rest
-    assert pq.paused() == {"queue": False, "tenants": []}
+    assert pauses(pq) == (False, [])
 
 
 def test_a_client_that_sends_nothing_or_a_byte_at_a_time_is_dropped(conn, serve):

@@ -6,6 +6,7 @@ import time
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from celery_pq.testing import wait_for
+from tests.support.tenants import tenant_deliveries
 
 try:
     from support.consume import drain, make_queue
@@ -120,4 +121,4 @@ def test_paused_tenant_through_kombu(redis_server, make_pq, key_prefix):
         admin.resume(tenant="A")
         got = [b["t"] for b, _ in drain(conn, q, 2, timeout=5)]
         assert got == ["A", "A"]
-    assert make_pq("kq", fair=True).tenant_deliveries() == {"A": 2, "B": 2}
+    assert tenant_deliveries(make_pq("kq", fair=True)) == {"A": 2, "B": 2}

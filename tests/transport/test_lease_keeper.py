@@ -42,4 +42,4 @@ def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(make
         LeaseKeeper(transport=None).renew([book])
     # Then the refused renewal of the acked lease is no warning, and the other lease was renewed
     assert [r for r in caplog.records if "lost before renewal" in r.getMessage()] == []
-    assert q.lease_of("e1")["seconds_left"] > 50
+    assert q.leases(id="e1")[0]["seconds_left"] > 50

@@ -11,11 +11,12 @@ import redis
 from kombu import Connection, Exchange, Producer, Queue
 
 import celery_pq  # noqa: F401  (registers pq://)
-from celery_pq import MessageTooLarge, PriorityQueue, QueueFull
+from celery_pq import MessageTooLarge, QueueFull
 from celery_pq.ops.render import describe
 from celery_pq.queue.scripts import Scripts
 from celery_pq.scripts.wire import CallStream
 from celery_pq.storage import constants as C
+from celery_pq.transport import batches
 
 try:
     from support.consume import drain
@@ -386,16 +387,16 @@ def test_batch_send_0_sends_nothing_before_the_flush_and_a_block_that_raises_sto
 def test_a_sub_chunk_the_queue_will_not_lay_out_leaves_the_rest_to_the_flush(
     url, key_prefix, redis_client, wire, monkeypatch
 ):
-    real = PriorityQueue.batch_call
+    real = batches.batch_call
     calls = [0]
 
-    def second_refused(self, items):
+    def second_refused(queue, items):
         calls[0] += 1
         if calls[0] == 2:
             raise ValueError("an item this queue refuses")
-        return real(self, items)
+        return real(queue, items)
 
-    monkeypatch.setattr(PriorityQueue, "batch_call", second_refused)
+    monkeypatch.setattr(batches, "batch_call", second_refused)
     with Connection(url, transport_options={"key_prefix": key_prefix}) as conn:
         (q,) = _declare(conn, "bv")
         producer = Producer(conn.default_channel)

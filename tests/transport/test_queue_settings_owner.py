@@ -10,6 +10,7 @@ import pytest
 from kombu import Connection
 
 from celery_pq.queue import QueueSettings, open_queue
+from tests.support.tenants import held_tenants
 
 try:
     from support.consume import drain, make_queue
@@ -39,7 +40,7 @@ def test_a_producer_without_task_rate_lifts_no_limit_and_its_messages_go_under_i
         got = [b["task"] for b, _ in drain(worker, make_queue(), 7, timeout=1.5)]
     assert got == [OTHER] * 3
     q = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
-    assert q.held_tenants() == {"task:" + SLOW: "rate"} and q.size() == 4
+    assert held_tenants(q) == {"task:" + SLOW: "rate"} and q.size() == 4
 
 
 def test_a_producer_that_opened_the_queue_before_the_worker_declared_it_publishes_under_the_limit(
@@ -61,7 +62,7 @@ def test_a_producer_that_opened_the_queue_before_the_worker_declared_it_publishe
     # Then the reopened queue's limit held the SLOW messages: they are the limit's tenant's
     assert got == [OTHER]
     q = open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False)
-    assert q.held_tenants() == {"task:" + SLOW: "rate"} and q.size() == 3
+    assert held_tenants(q) == {"task:" + SLOW: "rate"} and q.size() == 3
 
 
 def test_a_producer_without_task_rate_does_not_turn_a_drained_fair_queue_plain(url, key_prefix, redis_client):
@@ -75,7 +76,7 @@ def test_a_producer_without_task_rate_does_not_turn_a_drained_fair_queue_plain(u
         got = sorted(b["task"] for b, _ in drain(worker, make_queue(), 2, timeout=2))
     assert got == sorted([OTHER, SLOW])
     assert (
-        open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False).stored_mode()["fair"]
+        open_queue(redis_client, "kq", QueueSettings(key_prefix=key_prefix), declare=False).recorded()["mode"]["fair"]
         is True
     )
 

@@ -679,7 +679,7 @@ def test_a_redis_that_refuses_writes_is_reported_and_renewals_retry_promptly(fre
                 assert len(errors) == 1 and how in errors[0] and "refuses writes" in errors[0], errors
                 # and, once Redis takes writes again, the lease is renewed within a second
                 wait_for(lambda: keeper.renewals > renewals, 1.0, "a renewal once Redis takes writes", interval=0.01)
-            assert open_queue(admin, "kq").lease_of("1")["seconds_left"] > 5
+            assert open_queue(admin, "kq").leases(id="1")[0]["seconds_left"] > 5
 
 
 def test_a_full_redis_refuses_a_publish_whole_and_keeps_renewing_acking_and_delivering(fresh_redis, caplog):

@@ -108,23 +108,23 @@ def test_a_window_must_be_positive():
 
 
 class _Totals:
-    """A queue's delivery totals as the scripts keep them (counters, tenant_deliveries)."""
+    """A queue's delivery totals as the scripts keep them (counters, and the deliveries of tenants)."""
 
     def __init__(self):
-        self.delivered, self.tenants = 0, {}
+        self.delivered, self.by_tenant = 0, {}
 
     def counters(self):
         return {"delivered": self.delivered}
 
-    def tenant_deliveries(self):
-        return dict(self.tenants)
+    def tenants(self):
+        return {t: {"deliveries": n} for t, n in self.by_tenant.items()}
 
 
 def test_board_samples_each_queue_and_forgets_a_queue_that_went():
     now, names, queues = [0.0], ["a", "b"], {"a": _Totals(), "b": _Totals()}
     board = Board(lambda: list(names), queues.__getitem__, window=60, clock=lambda: now[0])
     board.sample()
-    now[0], queues["a"].delivered, queues["a"].tenants = 10.0, 4, {"x": 3, "y": 1}
+    now[0], queues["a"].delivered, queues["a"].by_tenant = 10.0, 4, {"x": 3, "y": 1}
     board.sample()
     assert board._histories["a"].summary()["tenants"] == {
         "x": {"deliveries": 3, "share": 0.75},

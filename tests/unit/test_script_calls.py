@@ -7,7 +7,7 @@ here: a script with no builder held to its header fails, named."""
 import pytest
 import redis
 
-from celery_pq.queue import Item, QueueSettings, calls
+from celery_pq.queue import Item, QueueSettings, calls, escape_tenant
 from celery_pq.queue.scripts import Scripts
 from celery_pq.scripts import SCRIPT_NAMES, signature
 from celery_pq.storage import constants as C
@@ -85,14 +85,18 @@ SAMPLES = {
             "start": 7,
         },
     ),
-    "remove": lambda q: (calls.remove_args(q, "a", "cur", 10), [], {"id": encode_id("a"), "cursor": "cur", "step": 10}),
+    "remove": lambda q: (
+        q.layout("remove")(id=encode_id("a"), cursor="cur", step=10),
+        [],
+        {"id": encode_id("a"), "cursor": "cur", "step": 10},
+    ),
     "change_priority": lambda q: (
-        calls.change_priority_args(q, "a", 9),
+        q.layout("change_priority")(eid=encode_id("a"), rank=q.rank(9)),
         [],
         {"eid": encode_id("a"), "rank": q.rank(9)},
     ),
     "retrieve_by_priority": lambda q: (
-        calls.retrieve_by_priority_args(q, 9),
+        q.layout("retrieve_by_priority")(rank=q.rank(9)),
         [],
         {"rank": q.rank(9), "stale_budget": C.POP_STALE_BUDGET},
     ),
@@ -106,9 +110,17 @@ SAMPLES = {
     "cleanup": lambda q: (q.layout("cleanup")(rank=3, count=20), [], {"rank": 3, "count": 20}),
     "purge": lambda q: (q.layout("purge")(count=C.STEP_CHUNK), [], {"count": C.STEP_CHUNK}),
     "migrate": lambda q: (q.layout("migrate")(step=5), [], {"step": 5}),
-    "pause": lambda q: (calls.pause_args(q, True, "t|1"), [], {"paused": "1", "tenant": "t%7C1"}),
+    "pause": lambda q: (
+        q.layout("pause")(paused=calls.flag(True), tenant=escape_tenant("t|1")),
+        [],
+        {"paused": "1", "tenant": "t%7C1"},
+    ),
     "event_log": lambda q: (q.layout("event_log")(cap=0), [], {"cap": 0}),
-    "replay": lambda q: (calls.replay_args(q, ["a", "b"]), [encode_id("a"), encode_id("b")], {"max_length": 100}),
+    "replay": lambda q: (
+        q.layout("replay")(encode_id("a"), encode_id("b")),
+        [encode_id("a"), encode_id("b")],
+        {"max_length": 100},
+    ),
 }
 
 

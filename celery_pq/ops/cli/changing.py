@@ -127,13 +127,13 @@ def _pause_or_resume(verb: str, doc: str) -> None:
     def run(ctx, queue, tenant):
         with queue_of(ctx, queue) as (q, _):
             getattr(q, verb)(tenant=tenant)
-            state = q.paused()
+            state = q.recorded()
         if verb == "pause":
             said = "paused" + ("" if tenant is None else f" for tenant {tenant}")
         else:
-            said = "still paused" if state["queue"] else "running"
+            said = "still paused" if state["paused"] else "running"
             said += "" if tenant is None else f"; tenant {tenant} resumed"
-        click.echo(f"{queue}: {said} (paused tenants: {', '.join(state['tenants']) or 'none'})")
+        click.echo(f"{queue}: {said} (paused tenants: {', '.join(state['paused_tenants']) or 'none'})")
 
 
 _pause_or_resume("pause", "Consumers stop receiving QUEUE (or one tenant of it); publishing goes on.")

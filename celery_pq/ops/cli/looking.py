@@ -98,7 +98,7 @@ def peek(ctx, queue, count, tenant, delayed, as_json):
         if delayed:
             found = q.delayed(count)
         else:
-            held = q.held_tenants()
+            held = {t: r["held"] for t, r in q.tenants().items() if r["held"]}
             found = [(e, None) for e in q.peek(count, tenant)]
         sec, usec = q.client.time()  # ages on Redis's clock
         now_ms = int(sec) * 1000 + int(usec) // 1000

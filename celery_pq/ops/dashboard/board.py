@@ -35,7 +35,7 @@ class Summary(TypedDict):
 class Sample:
     at: float  # seconds, a monotonic clock
     delivered: int | None  # counters()["delivered"], None when the queue keeps no counters
-    tenants: dict[str, int]  # tenant_deliveries()
+    tenants: dict[str, int]  # {tenant: deliveries} of tenants()
 
 
 def _grown(new: int, old: int) -> int:
@@ -175,7 +175,8 @@ class Board:
                 del self._histories[gone]
             for name in names:
                 q = self._open(name)
-                sample = Sample(self._clock(), q.counters().get("delivered"), q.tenant_deliveries())
+                delivered = {t: r["deliveries"] for t, r in q.tenants().items() if r["deliveries"]}
+                sample = Sample(self._clock(), q.counters().get("delivered"), delivered)
                 self._histories.setdefault(name, DeliveryHistory(self.window)).add(sample)
 
     def state(self) -> BoardState:
@@ -242,7 +243,9 @@ class Board:
                 getattr(q, action)(tenant=tenant)
             except (PQError, ValueError) as exc:
                 raise BoardError(400, str(exc)) from None
-            return {"queue": name, "tenant": tenant, "done": action, "paused": q.paused()}
+            state = q.recorded()
+            paused = {"queue": state["paused"], "tenants": state["paused_tenants"]}
+            return {"queue": name, "tenant": tenant, "done": action, "paused": paused}
 
 
 ACTIONS = {"pause": ("queue", "tenant"), "resume": ("queue", "tenant"), "replay": ("queue", "ids")}

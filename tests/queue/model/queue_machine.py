@@ -356,7 +356,7 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
     def ack(self, i, many):
         e = self.pick(i)
         lease = (e.eid, e.token)
-        assert (self.q.ack_many([lease]) if many else [self.q.ack(lease)]) == [True]
+        assert (self.q.ack([lease]) if many else [self.q.ack(lease)]) == [True]
         self.end_lease(e)
         self.finish(e, "gone")
 
@@ -535,7 +535,7 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         want = self.dead_order()[:count]
         got = self.q.dead.pop(count)
         assert [(x.payload, x.dead_reason) for x in got] == [(p, r) for _, _, p, r in want], "dead-letter order"
-        assert self.q.dead.ack_many(got) == [True] * len(got)
+        assert self.q.dead.ack(got) == [True] * len(got)
         for row in want:
             self.dead.remove(row)
 
