@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import suppress
+from time import monotonic
 from typing import Any, Protocol
 
 from kombu.transport import virtual
@@ -124,12 +126,7 @@ class Deliveries:
         number delivered. Where ``_sends``, the pop is sent and its reply delivers later (``land``).
         ``send_only``: send such a pop, or nothing; ``wait``: a pop that waits for its reply."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
-            pop = self._pop[0]
-            if send_only:
-                return 0
-            if pop.overdue():  # a silent connection: land raises
-                pop.flight.give_up()
-            return self.land() if pop.flight.ready() else 0
+            return 0 if send_only or not self._landing() else self.land()
         channel = self.channel
         queues = channel.active_queues
         if not queues or not channel.waits.should_pop() or not channel.qos.can_consume():
@@ -173,6 +170,17 @@ class Deliveries:
         channel = self.channel
         return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
 
+    def _landing(self) -> bool:
+        """Whether the reply of the pop on the wire is whole; one later than its connection's
+        socket timeout (a silent connection) counts too, and ``land`` raises it."""
+        if self._pop is None:
+            return False
+        pop = self._pop[0]
+        timeout = pop.flight.conn.socket_timeout
+        if timeout is not None and monotonic() - pop.sent > timeout:
+            pop.flight.give_up()
+        return pop.flight.ready()
+
     def pop_ahead(self) -> None:
         """After an ack, where ``_sends``: the next pop, carrying the ack, sent now."""
         if self._pop is None and self._sends():
@@ -182,43 +190,33 @@ class Deliveries:
         """The wait for the reply of the pop on the wire (its connection readable), or None."""
         if self._pop is None:
             return None
-        return Wait(self._pop[0].flight.conn, self.land_when_ready, True)
+        return Wait(self._pop[0].flight.conn, lambda: self.land() if self._landing() else 0, True)
 
-    def land_when_ready(self) -> int:
-        """``land`` once the reply of the pop on the wire is whole; 0 before."""
-        if self._pop is None or not self._pop[0].flight.ready():
-            return 0
-        return self.land()
-
-    def land(self) -> int:
-        """Deliver what the pop on the wire took (waiting for its reply); the number delivered.
-        A script's error reply is left to a waiting pop, which handles it; a connection error is
-        raised (its acks wait again; its leases, if any, expire)."""
+    def land(self, *, deliver: bool = True) -> int:
+        """Deliver what the pop on the wire took (waiting for its reply), or with ``deliver``
+        false give it back; the number delivered. A script's error reply is left to a waiting
+        pop, which handles it; a connection error is raised (its acks wait again; its leases,
+        if any, expire)."""
         assert self._pop is not None
         (pop, name), self._pop = self._pop, None
         channel = self.channel
         try:
             leases = self.leases.land(pop)
         except ResponseError:
-            return self.pop_and_deliver(wait=True)
+            return self.pop_and_deliver(wait=True) if deliver else 0
         if not leases:
             channel.waits.need_pop = False
             return 0
-        if channel.closed or name not in channel.active_queues:
+        if not deliver or channel.closed or name not in channel.active_queues:
             self.give_back_all([lease.token for lease in leases])
             return 0
         return self._deliver_batch(leases.queue, name, leases)
 
     def settle(self) -> None:
         """At the channel's close: the pop on the wire read, and what it took given back."""
-        if self._pop is None:
-            return
-        (pop, _), self._pop = self._pop, None
-        try:
-            leases = self.leases.land(pop)
-        except Exception:  # its leases, if any, expire
-            return
-        self.give_back_all([lease.token for lease in leases])
+        if self._pop is not None:
+            with suppress(Exception):  # its leases, if any, expire
+                self.land(deliver=False)
 
     def get(self, queue: str) -> dict:
         """kombu's basic_get: lease one message now, or raise Empty."""

@@ -29,11 +29,6 @@ class PopInFlight(NamedTuple):
     flight: Flight
     sent: float  # (monotonic)
 
-    def overdue(self) -> bool:
-        """Whether its reply is later than the connection's socket timeout."""
-        timeout = self.flight.conn.socket_timeout
-        return timeout is not None and monotonic() - self.sent > timeout
-
 
 class LeaseBook:
     def __init__(self, options):
@@ -83,19 +78,13 @@ class LeaseBook:
 
     def land(self, pop: PopInFlight) -> Popped:
         """The leases of a ``send_pop``, held from now; a failure is raised, its acks waiting again."""
-        q, pending = pop.queue, pop.acks
-        try:
-            reply = pop.flight.result()
-        except BaseException:
-            self._again(pending)
-            raise
-        finally:
-            with self._lock:
-                self._sending.pop(id(pending), None)
-        deliveries, codes = q.landed(reply)
-        if pending:
-            self._check(pending, {q: codes})
-        leases: Popped = Popped(deliveries, q)
+        q = pop.queue
+
+        def landed():
+            deliveries, codes = q.landed(pop.flight.result())
+            return Popped(deliveries, q), {q: codes}
+
+        leases = self._send(pop.acks, landed)
         if leases and monotonic() - pop.sent > self.options.renew_interval:
             # its reply lay unread past a renewal (a stalled loop): renew first, drop the lapsed
             kept = q.extend([(d.id, d.token) for d in leases], self.options.lease_seconds)
@@ -184,32 +173,32 @@ class LeaseBook:
         return pending
 
     def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
-        """``call()``'s result (one round trip with ``pending``), ack codes checked; on an error the acks wait again."""
-        if pending:
-            with self._lock:
-                self._sending[id(pending)] = pending
+        """``call()``'s result (the round trip carrying ``pending``, perhaps sent already: see
+        ``send_pop``), ack codes checked; on an error the acks wait again. The one place acks
+        in flight are settled."""
+        with self._lock:
+            self._sending[id(pending)] = pending
         try:
             result, codes = call()
         except BaseException:
             self._again(pending)
             raise
         finally:
-            if pending:
-                with self._lock:
-                    self._sending.pop(id(pending), None)
+            with self._lock:
+                self._sending.pop(id(pending), None)
         self._check(pending, codes)
         return result
 
-    def refused(self, tag: str) -> bool:
-        """A renewal of ``tag`` was refused: True when this book holds it (the keeper logs a lost
-        lease). A tag whose ack is under way or was resent is noted for ``_check`` instead."""
+    def refused(self, q: PriorityQueue, eid: str, tag: str) -> None:
+        """A renewal of ``tag`` was refused: the lease is lost when this book holds it. A tag
+        whose ack is under way or was resent is noted for ``_check`` instead; one acked since
+        the renewal's snapshot is no loss."""
         with self._lock:
             resent = tag in self._resent
             if not resent and (tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)):
-                return True
+                return _lost(q, eid)
             if resent or any(t == tag for batch in self._sending.values() for p in batch.values() for _, t in p):
                 self._refused.add(tag)
-        return False
 
     def _again(self, pending: dict[PriorityQueue, Pairs]) -> None:
         """Acks whose round trip failed wait again, in front of the newer ones."""
@@ -233,16 +222,17 @@ class LeaseBook:
                 if code == 1:
                     continue
                 if code == ErrorCode.NOT_LEASED and resent and refused:
-                    # its renewal was refused while its ack was unconfirmed: the lease was lost
-                    logger.warning(
-                        "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
-                    )
+                    _lost(q, eid)  # its renewal was refused while its ack was unconfirmed
                     continue
                 if code == ErrorCode.NOT_LEASED and resent and _gone(q, eid):
                     # an ack sent again after the reply to its first sending was lost
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue
                 logger.warning("celery-pq: ack of %s in %r came after its lease expired; it may run again", eid, q.name)
+
+
+def _lost(q: PriorityQueue, eid: str) -> None:
+    logger.warning("celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name)
 
 
 def _gone(q: PriorityQueue, eid: str) -> bool:

@@ -138,11 +138,8 @@ class LeaseKeeper(threading.Thread):
                     continue
                 self.renewals += 1
                 for (eid, tag), ok in zip(pairs, results):
-                    # (a tag acked since the snapshot is no loss: refused() says False)
-                    if not ok and book.refused(tag):
-                        logger.warning(
-                            "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
-                        )
+                    if not ok:
+                        book.refused(q, eid, tag)
         if error is not None:
             raise error
 
