@@ -204,7 +204,7 @@ class Channel(virtual.Channel):
     def _consumed_changed(self):
         """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
         self._consumed = None
-        self.leases.watch([s for name in self.active_queues for s in self.queue(name).shards])
+        self.leases.queues = tuple(dict.fromkeys(s for name in self.active_queues for s in self.queue(name).shards))
         self.waits.unblock()
 
     def basic_get(self, queue, no_ack=False, **kwargs):

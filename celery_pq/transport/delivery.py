@@ -82,10 +82,11 @@ class QoS(virtual.QoS):
         channel = self.channel
         keep = running_tags() if channel.transport.connection_lost else set()
         errors = []
-        lost_link = 0
+        lost_link = kept = 0
         while self._delivered:
             tag, message = self._delivered.popitem()
             if tag in keep:
+                kept += 1
                 continue
             try:
                 channel.deliveries.give_back(tag)
@@ -99,7 +100,6 @@ class QoS(virtual.QoS):
                 "their leases expire and they are delivered again",
                 lost_link,
             )
-        kept = channel.leases.holding(keep)
         if kept:
             logger.info("celery-pq: %d running task(s) keep their leases across the lost connection", kept)
         self._delivered.clear()
@@ -124,9 +124,10 @@ class Deliveries:
     def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
         """Lease and deliver what the prefetch window allows, the acks waiting riding along; the
         number delivered. Where ``_sends``, the pop is sent and its reply delivers later (``land``).
-        ``send_only``: send such a pop, or nothing; ``wait``: a pop that waits for its reply."""
+        ``send_only`` (where ``_sends``, none on the wire): send such a pop, or nothing; ``wait``:
+        a pop that waits for its reply."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
-            return 0 if send_only or not self._landing() else self.land()
+            return self.land() if self._landing() else 0
         channel = self.channel
         queues = channel.active_queues
         if not queues or not channel.waits.should_pop() or not channel.qos.can_consume():
@@ -139,8 +140,6 @@ class Deliveries:
         start = self._rotation % n
         delivered = 0
         sends = not wait and self._sends()
-        if send_only and not sends:
-            return 0
         for i in range(n):
             name = queues[(start + i) % n]
             q = channel.queue(name)

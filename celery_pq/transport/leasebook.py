@@ -39,7 +39,7 @@ class LeaseBook:
         # Tags of acks whose round trip failed: sent again, they may find their entry acked by
         # the first sending (its reply was lost); any other refused ack is late.
         self._resent: set[str] = set()
-        self.queues: tuple[PriorityQueue, ...] = ()  # consumed, swept by the keeper (``watch``)
+        self.queues: tuple[PriorityQueue, ...] = ()  # consumed (the channel's), swept by the keeper
         # Leases given back in vain (Redis unreachable): not renewed, but an ack for one is sent.
         self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
         # The acks of each round trip under way, by id of their batch: renewed like the waiting
@@ -124,27 +124,14 @@ class LeaseBook:
                 self._acks.setdefault(q, []).append((eid, tag))
                 full = not self.closed and sum(map(len, self._acks.values())) >= C.MAX_POP_BATCH
         if not defer:
-            pending = {q: [(eid, tag)]}
-            self._send(pending, lambda: (None, ack_all(pending)))
+            self._ack_all({q: [(eid, tag)]})
         elif full:
             self.flush()
 
-    def holding(self, tags) -> int:
-        """How many of ``tags`` hold a lease here."""
-        with self._lock:
-            return sum(1 for tag in tags if tag in self._held)
-
     def flush(self) -> None:
         """Send the acks waiting; an error leaves them waiting."""
-        if not self._acks:  # (unlocked: an ack added meanwhile waits for the next flush)
-            return
-        pending = self._take()
-        if pending:
-            self._send(pending, lambda: (None, ack_all(pending)))
-
-    def watch(self, queues: Sequence[PriorityQueue]) -> None:
-        """The queues consumed now (the keeper sweeps their expired leases)."""
-        self.queues = tuple(dict.fromkeys(queues))
+        if self._acks:  # (unlocked: an ack added meanwhile waits for the next flush)
+            self._ack_all(self._take())
 
     # -- the keeper's side --------------------------------------------------------------------
     def held(self) -> dict[PriorityQueue, Pairs]:
@@ -167,6 +154,10 @@ class LeaseBook:
             return bool(self._held or self._acks)
 
     # -- sending ------------------------------------------------------------------------------
+    def _ack_all(self, pending: dict[PriorityQueue, Pairs]) -> None:
+        if pending:
+            self._send(pending, lambda: (None, ack_all(pending)))
+
     def _take(self) -> dict[PriorityQueue, Pairs]:
         with self._lock:
             pending, self._acks = self._acks, {}

@@ -83,7 +83,8 @@ class LeaseKeeper(threading.Thread):
                 if not failures:
                     # (not while renewals fail: a lease that ran out meanwhile is then named by
                     # the next renewal's refusal before its ack is resent: LeaseBook.refused)
-                    self._attempt("sending acks", self.flush, books)
+                    for book in books:
+                        self._attempt("sending acks", book.flush)
                 if now >= next_sweep:
                     next_sweep = now + sweep_every
                     self._attempt("sweeping expired leases", self.sweep, books)
@@ -119,12 +120,6 @@ class LeaseKeeper(threading.Thread):
             )
         else:
             logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
-
-    @staticmethod
-    def flush(books) -> None:
-        """Send the acks each book holds back."""
-        for book in books:
-            book.flush()
 
     def renew(self, books):
         """Renew every held lease, one extend per queue; the first error is raised after all."""
