@@ -55,7 +55,6 @@ class Channel(virtual.Channel):
         self.consumer_id = connection.consumer_id
         self.leases = LeaseBook(self.options)
         self.waits = Waits(self)
-        self.counters = self.waits.counters
         self.deliveries = Deliveries(self)
         self.publisher = Publisher(self)
         self._queues: dict[str, Queue] = {}

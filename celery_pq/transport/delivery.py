@@ -37,7 +37,6 @@ class ReceivingChannel(Protocol):
     deliveries: Any
     waits: Any
     views: Any
-    counters: Any
     consumer_id: str
     closed: bool
 
@@ -143,7 +142,7 @@ class Deliveries:
         for i in range(n):
             name = queues[(start + i) % n]
             q = channel.queue(name)
-            channel.counters["pops"] += 1
+            channel.waits.counters["pops"] += 1
             view = channel.views.range_of(name)
             if sends:
                 sent = self.leases.send_pop(q, want, consumer=channel.consumer_id, view=view)

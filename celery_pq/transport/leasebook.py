@@ -141,10 +141,8 @@ class LeaseBook:
         with self._lock:
             for tag, (q, eid) in self._held.items():
                 out.setdefault(q, []).append((eid, tag))
-            for q, pairs in self._acks.items():
-                out.setdefault(q, []).extend(pairs)
-            for sending in self._sending.values():
-                for q, pairs in sending.items():
+            for batch in (self._acks, *self._sending.values()):
+                for q, pairs in batch.items():
                     out.setdefault(q, []).extend(pairs)
         return out
 

@@ -29,13 +29,6 @@ _REFUSALS = {
 }
 
 
-def gap_seconds(options) -> float:
-    """How long without a sweep of a queue means nobody could reach Redis rather than a slow
-    sweeper: two sweep intervals, at least 1 s, at most half a lease (so any pause that let
-    leases expire counts as a gap)."""
-    return min(options.lease_seconds / 2, max(2 * options.sweep_interval, 1.0))
-
-
 def write_refusal(exc: BaseException) -> str | None:
     """Why Redis refuses writes, when ``exc`` says it does; else None."""
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
@@ -145,7 +138,9 @@ class LeaseKeeper(threading.Thread):
                 if q.name in seen:
                     continue
                 seen.add(q.name)
-                gap = gap_seconds(book.options)
+                # longer without a sweep means nobody could reach Redis, not a slow sweeper (at
+                # most half a lease: any pause that let leases expire counts)
+                gap = min(book.options.lease_seconds / 2, max(2 * book.options.sweep_interval, 1.0))
                 # a lease that expired in a gap gets a whole lease from now: its holder's keeper
                 # comes out of the same gap, maybe slowly
                 result = q.reclaim(
