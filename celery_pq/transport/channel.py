@@ -28,7 +28,7 @@ from .options import Options
 from .poller import Poller, Waits
 from .publishing import Publisher
 from .routing import RoutingTables
-from .views import View, Views, is_view
+from .views import View, Views
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Channel(virtual.Channel):
 
     def _new_queue(self, queue, **kwargs):
         _check_queue_name(queue)
-        if is_view(queue):
+        if View.parse(queue):
             return  # a view consumes its queue; it holds nothing of its own
         self.routing.add_queue(queue, message_ttl_ms(kwargs.get("arguments")))
 
@@ -134,7 +134,7 @@ class Channel(virtual.Channel):
         return self.routing.has_queue(queue)
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
-        if is_view(queue):
+        if View.parse(queue):
             return  # never a routing destination: publishing goes to the queue it views
         if self.typeof(exchange).type == "fanout":
             self._fanout_queues[queue] = exchange
@@ -154,7 +154,7 @@ class Channel(virtual.Channel):
         self.routing.unbind(exchange, routing_key, pattern, queue)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
-        if is_view(queue):
+        if View.parse(queue):
             return  # deleting a view must not delete the queue it views
         if if_empty and self._size(queue):
             return
@@ -166,7 +166,7 @@ class Channel(virtual.Channel):
         return self.queue(queue).size()
 
     def _purge(self, queue):
-        if is_view(queue):
+        if View.parse(queue):
             raise ValueError(f"{queue!r} is a view of a queue; purge the queue itself")
         return self.queue(queue).purge()
 

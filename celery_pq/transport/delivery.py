@@ -155,7 +155,7 @@ class Deliveries:
             if not leases:
                 continue
             self._rotation = start + i + 1
-            delivered = self._deliver_batch(q, name, leases)
+            delivered = self._deliver_batch(name, leases)
             break
         if not delivered:
             channel.waits.need_pop = False
@@ -208,7 +208,7 @@ class Deliveries:
         if not deliver or channel.closed or name not in channel.active_queues:
             self.give_back_all([lease.token for lease in leases])
             return 0
-        return self._deliver_batch(leases.queue, name, leases)
+        return self._deliver_batch(name, leases)
 
     def settle(self) -> None:
         """At the channel's close: the pop on the wire read, and what it took given back."""
@@ -220,14 +220,14 @@ class Deliveries:
         """kombu's basic_get: lease one message now, or raise Empty."""
         channel = self.channel
         channel.transport.ensure_keeper()
-        q = channel.queue(queue)
-        leases = self.leases.pop(q, 1, consumer=channel.consumer_id, view=channel.views.range_of(queue))
-        msg = self._to_message(q, leases[0]) if leases else None
+        view = channel.views.range_of(queue)
+        leases = self.leases.pop(channel.queue(queue), 1, consumer=channel.consumer_id, view=view)
+        msg = self._to_message(leases[0]) if leases else None
         if msg is None:
             raise virtual.Empty()
         return msg
 
-    def _deliver_batch(self, q, name: str, leases: Sequence[Delivery]) -> int:
+    def _deliver_batch(self, name: str, leases: Sequence[Delivery]) -> int:
         """Deliver a popped batch, all of it in the lease book first (renewed while a solo pool runs
         each task inside ``_deliver``); the number delivered. Each lease ends delivered, given back
         uncounted or dead-lettered as malformed."""
@@ -239,7 +239,7 @@ class Deliveries:
                 if channel.closed or worker_stopping():  # a task of this batch began a shutdown
                     break
                 rest.pop()
-                message = self._to_message(q, lease)
+                message = self._to_message(lease)
                 if message is None:
                     continue
                 try:
@@ -249,7 +249,7 @@ class Deliveries:
                     channel.connection._deliver(message, name)
                     self._inline = not _handed_to_pool(before, celery_counts())
                 except Unreadable as exc:
-                    self._dead_letter_malformed(q, lease.token, exc.__cause__)
+                    self._dead_letter_malformed(lease.token, exc.__cause__)
                     continue
                 delivered += 1
         finally:
@@ -257,7 +257,7 @@ class Deliveries:
                 self.give_back_all(rest)
         return delivered
 
-    def _to_message(self, q, lease: Delivery) -> dict | None:
+    def _to_message(self, lease: Delivery) -> dict | None:
         """The kombu message of a lease, or None (dead-lettered as ``malformed``)."""
         try:
             message = decode(lease.payload, raw_body=True)
@@ -267,7 +267,7 @@ class Deliveries:
             if not isinstance(info, dict) or not isinstance(headers, (dict, type(None))):
                 raise TypeError("its delivery_info or headers are not mappings")
         except Exception as exc:
-            self._dead_letter_malformed(q, lease.token, exc)
+            self._dead_letter_malformed(lease.token, exc)
             return None
         # A redelivery also carries the deliveries before it as the header x-delivery-count, as
         # RabbitMQ's quorum queues do: a Celery task reads self.request.get("x-delivery-count").
@@ -280,7 +280,7 @@ class Deliveries:
                 headers["x-delivery-count"] = lease.deliveries - 1
         return message
 
-    def _dead_letter_malformed(self, q, tag: str, exc: BaseException | None) -> None:
+    def _dead_letter_malformed(self, tag: str, exc: BaseException | None) -> None:
         held = self.leases.drop(tag)
         if held is None:
             return
