@@ -126,7 +126,11 @@ class Deliveries:
         ``send_only`` (where ``_sends``, none on the wire): send such a pop, or nothing; ``wait``:
         a pop that waits for its reply."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
-            return self.land() if self._landing() else 0
+            pop = self._pop[0]
+            timeout = pop.flight.conn.socket_timeout
+            if timeout is not None and monotonic() - pop.sent > timeout:  # a silent connection: land raises
+                pop.flight.give_up()
+            return self.land() if pop.flight.ready() else 0
         channel = self.channel
         queues = channel.active_queues
         if not queues or not channel.waits.should_pop() or not channel.qos.can_consume():
@@ -168,17 +172,6 @@ class Deliveries:
         channel = self.channel
         return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
 
-    def _landing(self) -> bool:
-        """Whether the reply of the pop on the wire is whole; one later than its connection's
-        socket timeout (a silent connection) counts too, and ``land`` raises it."""
-        if self._pop is None:
-            return False
-        pop = self._pop[0]
-        timeout = pop.flight.conn.socket_timeout
-        if timeout is not None and monotonic() - pop.sent > timeout:
-            pop.flight.give_up()
-        return pop.flight.ready()
-
     def pop_ahead(self) -> None:
         """After an ack, where ``_sends``: the next pop, carrying the ack, sent now."""
         if self._pop is None and self._sends():
@@ -188,7 +181,7 @@ class Deliveries:
         """The wait for the reply of the pop on the wire (its connection readable), or None."""
         if self._pop is None:
             return None
-        return Wait(self._pop[0].flight.conn, lambda: self.land() if self._landing() else 0, True)
+        return Wait(self._pop[0].flight.conn, self.pop_and_deliver, True)
 
     def land(self, *, deliver: bool = True) -> int:
         """Deliver what the pop on the wire took (waiting for its reply), or with ``deliver``
