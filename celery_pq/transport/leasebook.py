@@ -184,10 +184,13 @@ class LeaseBook:
         the renewal's snapshot is no loss."""
         with self._lock:
             resent = tag in self._resent
-            if not resent and (tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)):
-                return _lost(q, eid)
-            if resent or any(t == tag for batch in self._sending.values() for p in batch.values() for _, t in p):
+            lost = not resent and (
+                tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)
+            )
+            if not lost and (resent or any(t == tag for b in self._sending.values() for p in b.values() for _, t in p)):
                 self._refused.add(tag)
+        if lost:
+            _lost(q, eid)
 
     def _again(self, pending: dict[PriorityQueue, Pairs]) -> None:
         """Acks whose round trip failed wait again, in front of the newer ones."""
