@@ -94,11 +94,7 @@ class QoS(virtual.QoS):
             except Exception as exc:
                 errors.append((exc, message))
         if lost_link:
-            logger.warning(
-                "celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
-                "their leases expire and they are delivered again",
-                lost_link,
-            )
+            _not_given_back(lost_link, "unacked")
         if kept:
             logger.info("celery-pq: %d running task(s) keep their leases across the lost connection", kept)
         self._delivered.clear()
@@ -334,11 +330,16 @@ class Deliveries:
             for tag in tags:
                 self.give_back(tag)
         except self.channel.transport.connection_errors:
-            logger.warning(
-                "celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
-                "their leases expire and they are delivered again",
-                len(tags),
-            )
+            _not_given_back(len(tags), "undelivered")
+
+
+def _not_given_back(n: int, what: str) -> None:
+    logger.warning(
+        "celery-pq: could not give back %d %s message(s) (Redis unreachable); "
+        "their leases expire and they are delivered again",
+        n,
+        what,
+    )
 
 
 def _celery_state():
