@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from ..queue import open_queue
+from ..queue.values import as_text
 from ..storage.errors import BrokerUnreachable, ConfigError
 from ..storage.keys import queue_keys, queues_key
 from ..storage.redact import redact
@@ -78,7 +79,7 @@ def queue_names(channel, names=()) -> list[str]:
     if names:
         return list(names)
     raw = channel.client.smembers(queues_key(channel.options.key_prefix))
-    known = sorted(m.decode() if isinstance(m, bytes) else m for m in raw)
+    known = sorted(map(as_text, raw))
     mine = [n for n in known if not celery_own_queue(n)]
     return [n for n in (mine or known) if not n.endswith(".dead")]
 

@@ -28,7 +28,7 @@ from .options import Options
 from .poller import Poller, Waits
 from .publishing import Publisher
 from .routing import RoutingTables
-from .views import View, Views, is_view
+from .views import View, Views
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ class Channel(virtual.Channel):
         self.consumer_id = connection.consumer_id
         self.leases = LeaseBook(self.options)
         self.waits = Waits(self)
-        self.counters = self.waits.counters
         self.deliveries = Deliveries(self)
         self.publisher = Publisher(self)
         self._queues: dict[str, Queue] = {}
@@ -127,7 +126,7 @@ class Channel(virtual.Channel):
 
     def _new_queue(self, queue, **kwargs):
         _check_queue_name(queue)
-        if is_view(queue):
+        if View.parse(queue):
             return  # a view consumes its queue; it holds nothing of its own
         self.routing.add_queue(queue, message_ttl_ms(kwargs.get("arguments")))
 
@@ -135,7 +134,7 @@ class Channel(virtual.Channel):
         return self.routing.has_queue(queue)
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
-        if is_view(queue):
+        if View.parse(queue):
             return  # never a routing destination: publishing goes to the queue it views
         if self.typeof(exchange).type == "fanout":
             self._fanout_queues[queue] = exchange
@@ -155,7 +154,7 @@ class Channel(virtual.Channel):
         self.routing.unbind(exchange, routing_key, pattern, queue)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
-        if is_view(queue):
+        if View.parse(queue):
             return  # deleting a view must not delete the queue it views
         if if_empty and self._size(queue):
             return
@@ -167,7 +166,7 @@ class Channel(virtual.Channel):
         return self.queue(queue).size()
 
     def _purge(self, queue):
-        if is_view(queue):
+        if View.parse(queue):
             raise ValueError(f"{queue!r} is a view of a queue; purge the queue itself")
         return self.queue(queue).purge()
 
@@ -204,7 +203,7 @@ class Channel(virtual.Channel):
     def _consumed_changed(self):
         """The lease keeper sweeps the consumed queues (each shard); our blocking read waits on them."""
         self._consumed = None
-        self.leases.watch([s for name in self.active_queues for s in self.queue(name).shards])
+        self.leases.queues = tuple(dict.fromkeys(s for name in self.active_queues for s in self.queue(name).shards))
         self.waits.unblock()
 
     def basic_get(self, queue, no_ack=False, **kwargs):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import suppress
+from time import monotonic
 from typing import Any, Protocol
 
 from kombu.transport import virtual
@@ -35,7 +37,6 @@ class ReceivingChannel(Protocol):
     deliveries: Any
     waits: Any
     views: Any
-    counters: Any
     consumer_id: str
     closed: bool
 
@@ -80,10 +81,11 @@ class QoS(virtual.QoS):
         channel = self.channel
         keep = running_tags() if channel.transport.connection_lost else set()
         errors = []
-        lost_link = 0
+        lost_link = kept = 0
         while self._delivered:
             tag, message = self._delivered.popitem()
             if tag in keep:
+                kept += 1
                 continue
             try:
                 channel.deliveries.give_back(tag)
@@ -92,12 +94,7 @@ class QoS(virtual.QoS):
             except Exception as exc:
                 errors.append((exc, message))
         if lost_link:
-            logger.warning(
-                "celery-pq: could not give back %d unacked message(s) (Redis unreachable); "
-                "their leases expire and they are delivered again",
-                lost_link,
-            )
-        kept = channel.leases.holding(keep)
+            _not_given_back(lost_link, "unacked")
         if kept:
             logger.info("celery-pq: %d running task(s) keep their leases across the lost connection", kept)
         self._delivered.clear()
@@ -122,12 +119,12 @@ class Deliveries:
     def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
         """Lease and deliver what the prefetch window allows, the acks waiting riding along; the
         number delivered. Where ``_sends``, the pop is sent and its reply delivers later (``land``).
-        ``send_only``: send such a pop, or nothing; ``wait``: a pop that waits for its reply."""
+        ``send_only`` (where ``_sends``, none on the wire): send such a pop, or nothing; ``wait``:
+        a pop that waits for its reply."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
             pop = self._pop[0]
-            if send_only:
-                return 0
-            if pop.overdue():  # a silent connection: land raises
+            timeout = pop.flight.conn.socket_timeout
+            if timeout is not None and monotonic() - pop.sent > timeout:  # a silent connection: land raises
                 pop.flight.give_up()
             return self.land() if pop.flight.ready() else 0
         channel = self.channel
@@ -142,12 +139,10 @@ class Deliveries:
         start = self._rotation % n
         delivered = 0
         sends = not wait and self._sends()
-        if send_only and not sends:
-            return 0
         for i in range(n):
             name = queues[(start + i) % n]
             q = channel.queue(name)
-            channel.counters["pops"] += 1
+            channel.waits.counters["pops"] += 1
             view = channel.views.range_of(name)
             if sends:
                 sent = self.leases.send_pop(q, want, consumer=channel.consumer_id, view=view)
@@ -160,7 +155,7 @@ class Deliveries:
             if not leases:
                 continue
             self._rotation = start + i + 1
-            delivered = self._deliver_batch(q, name, leases)
+            delivered = self._deliver_batch(name, leases)
             break
         if not delivered:
             channel.waits.need_pop = False
@@ -182,56 +177,46 @@ class Deliveries:
         """The wait for the reply of the pop on the wire (its connection readable), or None."""
         if self._pop is None:
             return None
-        return Wait(self._pop[0].flight.conn, self.land_when_ready, True)
+        return Wait(self._pop[0].flight.conn, self.pop_and_deliver, True)
 
-    def land_when_ready(self) -> int:
-        """``land`` once the reply of the pop on the wire is whole; 0 before."""
-        if self._pop is None or not self._pop[0].flight.ready():
-            return 0
-        return self.land()
-
-    def land(self) -> int:
-        """Deliver what the pop on the wire took (waiting for its reply); the number delivered.
-        A script's error reply is left to a waiting pop, which handles it; a connection error is
-        raised (its acks wait again; its leases, if any, expire)."""
+    def land(self, *, deliver: bool = True) -> int:
+        """Deliver what the pop on the wire took (waiting for its reply), or with ``deliver``
+        false give it back; the number delivered. A script's error reply is left to a waiting
+        pop, which handles it; a connection error is raised (its acks wait again; its leases,
+        if any, expire)."""
         assert self._pop is not None
         (pop, name), self._pop = self._pop, None
         channel = self.channel
         try:
             leases = self.leases.land(pop)
         except ResponseError:
-            return self.pop_and_deliver(wait=True)
+            return self.pop_and_deliver(wait=True) if deliver else 0
         if not leases:
             channel.waits.need_pop = False
             return 0
-        if channel.closed or name not in channel.active_queues:
+        if not deliver or channel.closed or name not in channel.active_queues:
             self.give_back_all([lease.token for lease in leases])
             return 0
-        return self._deliver_batch(leases.queue, name, leases)
+        return self._deliver_batch(name, leases)
 
     def settle(self) -> None:
         """At the channel's close: the pop on the wire read, and what it took given back."""
-        if self._pop is None:
-            return
-        (pop, _), self._pop = self._pop, None
-        try:
-            leases = self.leases.land(pop)
-        except Exception:  # its leases, if any, expire
-            return
-        self.give_back_all([lease.token for lease in leases])
+        if self._pop is not None:
+            with suppress(Exception):  # its leases, if any, expire
+                self.land(deliver=False)
 
     def get(self, queue: str) -> dict:
         """kombu's basic_get: lease one message now, or raise Empty."""
         channel = self.channel
         channel.transport.ensure_keeper()
-        q = channel.queue(queue)
-        leases = self.leases.pop(q, 1, consumer=channel.consumer_id, view=channel.views.range_of(queue))
-        msg = self._to_message(q, leases[0]) if leases else None
+        view = channel.views.range_of(queue)
+        leases = self.leases.pop(channel.queue(queue), 1, consumer=channel.consumer_id, view=view)
+        msg = self._to_message(leases[0]) if leases else None
         if msg is None:
             raise virtual.Empty()
         return msg
 
-    def _deliver_batch(self, q, name: str, leases: Sequence[Delivery]) -> int:
+    def _deliver_batch(self, name: str, leases: Sequence[Delivery]) -> int:
         """Deliver a popped batch, all of it in the lease book first (renewed while a solo pool runs
         each task inside ``_deliver``); the number delivered. Each lease ends delivered, given back
         uncounted or dead-lettered as malformed."""
@@ -243,7 +228,7 @@ class Deliveries:
                 if channel.closed or worker_stopping():  # a task of this batch began a shutdown
                     break
                 rest.pop()
-                message = self._to_message(q, lease)
+                message = self._to_message(lease)
                 if message is None:
                     continue
                 try:
@@ -253,7 +238,7 @@ class Deliveries:
                     channel.connection._deliver(message, name)
                     self._inline = not _handed_to_pool(before, celery_counts())
                 except Unreadable as exc:
-                    self._dead_letter_malformed(q, lease.token, exc.__cause__)
+                    self._dead_letter_malformed(lease.token, exc.__cause__)
                     continue
                 delivered += 1
         finally:
@@ -261,7 +246,7 @@ class Deliveries:
                 self.give_back_all(rest)
         return delivered
 
-    def _to_message(self, q, lease: Delivery) -> dict | None:
+    def _to_message(self, lease: Delivery) -> dict | None:
         """The kombu message of a lease, or None (dead-lettered as ``malformed``)."""
         try:
             message = decode(lease.payload, raw_body=True)
@@ -271,7 +256,7 @@ class Deliveries:
             if not isinstance(info, dict) or not isinstance(headers, (dict, type(None))):
                 raise TypeError("its delivery_info or headers are not mappings")
         except Exception as exc:
-            self._dead_letter_malformed(q, lease.token, exc)
+            self._dead_letter_malformed(lease.token, exc)
             return None
         # A redelivery also carries the deliveries before it as the header x-delivery-count, as
         # RabbitMQ's quorum queues do: a Celery task reads self.request.get("x-delivery-count").
@@ -284,7 +269,7 @@ class Deliveries:
                 headers["x-delivery-count"] = lease.deliveries - 1
         return message
 
-    def _dead_letter_malformed(self, q, tag: str, exc: BaseException | None) -> None:
+    def _dead_letter_malformed(self, tag: str, exc: BaseException | None) -> None:
         held = self.leases.drop(tag)
         if held is None:
             return
@@ -345,11 +330,16 @@ class Deliveries:
             for tag in tags:
                 self.give_back(tag)
         except self.channel.transport.connection_errors:
-            logger.warning(
-                "celery-pq: could not give back %d undelivered message(s) (Redis unreachable); "
-                "their leases expire and they are delivered again",
-                len(tags),
-            )
+            _not_given_back(len(tags), "undelivered")
+
+
+def _not_given_back(n: int, what: str) -> None:
+    logger.warning(
+        "celery-pq: could not give back %d %s message(s) (Redis unreachable); "
+        "their leases expire and they are delivered again",
+        n,
+        what,
+    )
 
 
 def _celery_state():

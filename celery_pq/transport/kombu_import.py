@@ -14,6 +14,7 @@ from hashlib import blake2b
 import redis
 
 from ..queue import Item
+from ..queue.values import as_text
 from ..storage import checks
 from ..storage import constants as C
 from ..storage.errors import PQError
@@ -124,10 +125,6 @@ def publish_id(raw: bytes, message: dict) -> str:
     if isinstance(tag, str) and tag:
         return f"kombu-import:{tag}"
     return "kombu-import:" + blake2b(raw, digest_size=16).hexdigest()
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass
@@ -325,7 +322,7 @@ class KombuImport:
         """The queues kombu's restore would push a message of (exchange, routing key) to."""
         out = []
         for member in self.source.smembers(self.layout.binding_key(exchange)):
-            rk, _, q = _text(member).split(self.layout.sep, 2)
+            rk, _, q = as_text(member).split(self.layout.sep, 2)
             if rk == routing_key or not rk:
                 out.append(q)
         if not out and not exchange:

@@ -29,11 +29,6 @@ class PopInFlight(NamedTuple):
     flight: Flight
     sent: float  # (monotonic)
 
-    def overdue(self) -> bool:
-        """Whether its reply is later than the connection's socket timeout."""
-        timeout = self.flight.conn.socket_timeout
-        return timeout is not None and monotonic() - self.sent > timeout
-
 
 class LeaseBook:
     def __init__(self, options):
@@ -44,7 +39,7 @@ class LeaseBook:
         # Tags of acks whose round trip failed: sent again, they may find their entry acked by
         # the first sending (its reply was lost); any other refused ack is late.
         self._resent: set[str] = set()
-        self.queues: tuple[PriorityQueue, ...] = ()  # consumed, swept by the keeper (``watch``)
+        self.queues: tuple[PriorityQueue, ...] = ()  # consumed (the channel's), swept by the keeper
         # Leases given back in vain (Redis unreachable): not renewed, but an ack for one is sent.
         self._unreturned: dict[str, tuple[PriorityQueue, str]] = {}
         # The acks of each round trip under way, by id of their batch: renewed like the waiting
@@ -83,19 +78,13 @@ class LeaseBook:
 
     def land(self, pop: PopInFlight) -> Popped:
         """The leases of a ``send_pop``, held from now; a failure is raised, its acks waiting again."""
-        q, pending = pop.queue, pop.acks
-        try:
-            reply = pop.flight.result()
-        except BaseException:
-            self._again(pending)
-            raise
-        finally:
-            with self._lock:
-                self._sending.pop(id(pending), None)
-        deliveries, codes = q.landed(reply)
-        if pending:
-            self._check(pending, {q: codes})
-        leases: Popped = Popped(deliveries, q)
+        q = pop.queue
+
+        def landed():
+            deliveries, codes = q.landed(pop.flight.result())
+            return Popped(deliveries, q), {q: codes}
+
+        leases = self._send(pop.acks, landed)
         if leases and monotonic() - pop.sent > self.options.renew_interval:
             # its reply lay unread past a renewal (a stalled loop): renew first, drop the lapsed
             kept = q.extend([(d.id, d.token) for d in leases], self.options.lease_seconds)
@@ -135,27 +124,14 @@ class LeaseBook:
                 self._acks.setdefault(q, []).append((eid, tag))
                 full = not self.closed and sum(map(len, self._acks.values())) >= C.MAX_POP_BATCH
         if not defer:
-            pending = {q: [(eid, tag)]}
-            self._send(pending, lambda: (None, ack_all(pending)))
+            self._ack_all({q: [(eid, tag)]})
         elif full:
             self.flush()
 
-    def holding(self, tags) -> int:
-        """How many of ``tags`` hold a lease here."""
-        with self._lock:
-            return sum(1 for tag in tags if tag in self._held)
-
     def flush(self) -> None:
         """Send the acks waiting; an error leaves them waiting."""
-        if not self._acks:  # (unlocked: an ack added meanwhile waits for the next flush)
-            return
-        pending = self._take()
-        if pending:
-            self._send(pending, lambda: (None, ack_all(pending)))
-
-    def watch(self, queues: Sequence[PriorityQueue]) -> None:
-        """The queues consumed now (the keeper sweeps their expired leases)."""
-        self.queues = tuple(dict.fromkeys(queues))
+        if self._acks:  # (unlocked: an ack added meanwhile waits for the next flush)
+            self._ack_all(self._take())
 
     # -- the keeper's side --------------------------------------------------------------------
     def held(self) -> dict[PriorityQueue, Pairs]:
@@ -165,10 +141,8 @@ class LeaseBook:
         with self._lock:
             for tag, (q, eid) in self._held.items():
                 out.setdefault(q, []).append((eid, tag))
-            for q, pairs in self._acks.items():
-                out.setdefault(q, []).extend(pairs)
-            for sending in self._sending.values():
-                for q, pairs in sending.items():
+            for batch in (self._acks, *self._sending.values()):
+                for q, pairs in batch.items():
                     out.setdefault(q, []).extend(pairs)
         return out
 
@@ -178,38 +152,45 @@ class LeaseBook:
             return bool(self._held or self._acks)
 
     # -- sending ------------------------------------------------------------------------------
+    def _ack_all(self, pending: dict[PriorityQueue, Pairs]) -> None:
+        if pending:
+            self._send(pending, lambda: (None, ack_all(pending)))
+
     def _take(self) -> dict[PriorityQueue, Pairs]:
         with self._lock:
             pending, self._acks = self._acks, {}
         return pending
 
     def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
-        """``call()``'s result (one round trip with ``pending``), ack codes checked; on an error the acks wait again."""
-        if pending:
-            with self._lock:
-                self._sending[id(pending)] = pending
+        """``call()``'s result (the round trip carrying ``pending``, perhaps sent already: see
+        ``send_pop``), ack codes checked; on an error the acks wait again. The one place acks
+        in flight are settled."""
+        with self._lock:
+            self._sending[id(pending)] = pending
         try:
             result, codes = call()
         except BaseException:
             self._again(pending)
             raise
         finally:
-            if pending:
-                with self._lock:
-                    self._sending.pop(id(pending), None)
+            with self._lock:
+                self._sending.pop(id(pending), None)
         self._check(pending, codes)
         return result
 
-    def refused(self, tag: str) -> bool:
-        """A renewal of ``tag`` was refused: True when this book holds it (the keeper logs a lost
-        lease). A tag whose ack is under way or was resent is noted for ``_check`` instead."""
+    def refused(self, q: PriorityQueue, eid: str, tag: str) -> None:
+        """A renewal of ``tag`` was refused: the lease is lost when this book holds it. A tag
+        whose ack is under way or was resent is noted for ``_check`` instead; one acked since
+        the renewal's snapshot is no loss."""
         with self._lock:
             resent = tag in self._resent
-            if not resent and (tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)):
-                return True
-            if resent or any(t == tag for batch in self._sending.values() for p in batch.values() for _, t in p):
+            lost = not resent and (
+                tag in self._held or any(t == tag for pairs in self._acks.values() for _, t in pairs)
+            )
+            if not lost and (resent or any(t == tag for b in self._sending.values() for p in b.values() for _, t in p)):
                 self._refused.add(tag)
-        return False
+        if lost:
+            _lost(q, eid)
 
     def _again(self, pending: dict[PriorityQueue, Pairs]) -> None:
         """Acks whose round trip failed wait again, in front of the newer ones."""
@@ -233,16 +214,17 @@ class LeaseBook:
                 if code == 1:
                     continue
                 if code == ErrorCode.NOT_LEASED and resent and refused:
-                    # its renewal was refused while its ack was unconfirmed: the lease was lost
-                    logger.warning(
-                        "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
-                    )
+                    _lost(q, eid)  # its renewal was refused while its ack was unconfirmed
                     continue
                 if code == ErrorCode.NOT_LEASED and resent and _gone(q, eid):
                     # an ack sent again after the reply to its first sending was lost
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue
                 logger.warning("celery-pq: ack of %s in %r came after its lease expired; it may run again", eid, q.name)
+
+
+def _lost(q: PriorityQueue, eid: str) -> None:
+    logger.warning("celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name)
 
 
 def _gone(q: PriorityQueue, eid: str) -> bool:

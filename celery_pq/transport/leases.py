@@ -29,13 +29,6 @@ _REFUSALS = {
 }
 
 
-def gap_seconds(options) -> float:
-    """How long without a sweep of a queue means nobody could reach Redis rather than a slow
-    sweeper: two sweep intervals, at least 1 s, at most half a lease (so any pause that let
-    leases expire counts as a gap)."""
-    return min(options.lease_seconds / 2, max(2 * options.sweep_interval, 1.0))
-
-
 def write_refusal(exc: BaseException) -> str | None:
     """Why Redis refuses writes, when ``exc`` says it does; else None."""
     if isinstance(exc, getattr(rex, "OutOfMemoryError", ())):
@@ -83,7 +76,8 @@ class LeaseKeeper(threading.Thread):
                 if not failures:
                     # (not while renewals fail: a lease that ran out meanwhile is then named by
                     # the next renewal's refusal before its ack is resent: LeaseBook.refused)
-                    self._attempt("sending acks", self.flush, books)
+                    for book in books:
+                        self._attempt("sending acks", book.flush)
                 if now >= next_sweep:
                     next_sweep = now + sweep_every
                     self._attempt("sweeping expired leases", self.sweep, books)
@@ -120,12 +114,6 @@ class LeaseKeeper(threading.Thread):
         else:
             logger.warning("celery-pq lease keeper: %s failed: %r (will retry)", what, exc)
 
-    @staticmethod
-    def flush(books) -> None:
-        """Send the acks each book holds back."""
-        for book in books:
-            book.flush()
-
     def renew(self, books):
         """Renew every held lease, one extend per queue; the first error is raised after all."""
         error = None
@@ -138,11 +126,8 @@ class LeaseKeeper(threading.Thread):
                     continue
                 self.renewals += 1
                 for (eid, tag), ok in zip(pairs, results):
-                    # (a tag acked since the snapshot is no loss: refused() says False)
-                    if not ok and book.refused(tag):
-                        logger.warning(
-                            "celery-pq: lease of %s in %r was lost before renewal; it may run again", eid, q.name
-                        )
+                    if not ok:
+                        book.refused(q, eid, tag)
         if error is not None:
             raise error
 
@@ -153,7 +138,9 @@ class LeaseKeeper(threading.Thread):
                 if q.name in seen:
                     continue
                 seen.add(q.name)
-                gap = gap_seconds(book.options)
+                # longer without a sweep means nobody could reach Redis, not a slow sweeper (at
+                # most half a lease: any pause that let leases expire counts)
+                gap = min(book.options.lease_seconds / 2, max(2 * book.options.sweep_interval, 1.0))
                 # a lease that expired in a gap gets a whole lease from now: its holder's keeper
                 # comes out of the same gap, maybe slowly
                 result = q.reclaim(

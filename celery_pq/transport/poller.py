@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from redis import exceptions as rex
 from redis.connection import AbstractConnection
 
+from ..queue.values import as_text
 from ..storage import constants as C
 from ..storage.connections import by_node, is_cluster, node_client, slot_groups
 from . import signal_wake
@@ -190,7 +191,7 @@ class Waits:
                 continue
             if msg.get("type") not in ("message", "smessage"):
                 continue
-            name = msg["channel"].decode() if isinstance(msg["channel"], bytes) else msg["channel"]
+            name = as_text(msg["channel"])
             queue = self.channel.active_fanout.get(name)
             if queue is not None:
                 delivered += self.channel.deliveries.fanout(name, queue, msg["data"])

@@ -44,11 +44,6 @@ class View:
         return min(ranks), max(ranks)
 
 
-def is_view(name: str) -> bool:
-    """True when ``name`` is a view (``NAME[OP VALUE]``), not a queue."""
-    return _PREDICATE.match(name) is not None
-
-
 class Views:
     """The rank ranges of the names a channel consumes, each parsed once (``queue``: the queue viewed)."""
 

@@ -84,13 +84,13 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
             # When the queue is paused and 200 messages are published
             assert admin.pause()
             channel = worker.default_channel
-            before = dict(channel.counters)
+            before = dict(channel.waits.counters)
             p = Producer(pub.default_channel)
             for i in range(200):
                 p.publish({"i": i}, exchange=q.exchange, routing_key="pz")
             time.sleep(1.0)
             # Then the consumer was not woken and did not pop (no busy loop), and got nothing
-            assert dict(channel.counters) == before
+            assert dict(channel.waits.counters) == before
             assert got == []
             assert admin.size() == 200
             # When the queue is resumed, the blocked consumer wakes at once and drains it
@@ -103,7 +103,7 @@ def test_a_blocked_consumer_of_a_paused_queue_stays_blocked_and_wakes_on_resume(
             consumer.cancel()
     assert [b["i"] for _, b in got] == list(range(200))
     assert got[0][0] - resumed < 2.0  # woken by the resume, not by the 60 s wait running out
-    assert channel.counters["wakeups"] >= before["wakeups"] + 1
+    assert channel.waits.counters["wakeups"] >= before["wakeups"] + 1
 
 
 def test_paused_tenant_through_kombu(redis_server, make_pq, key_prefix):

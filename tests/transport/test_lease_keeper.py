@@ -23,7 +23,7 @@ def test_a_lease_lost_while_held_is_reported(make_pq, caplog):
     # Given a lease the book still holds, taken away in Redis (another consumer's sweep)
     q.requeue(a)
     # When the keeper renews
-    with caplog.at_level(logging.WARNING, logger="celery_pq.transport.leases"):
+    with caplog.at_level(logging.WARNING, logger="celery_pq.transport.leasebook"):
         LeaseKeeper(transport=None).renew([book])
     # Then that loss is reported, and only that one
     lost = [r.getMessage() for r in caplog.records if "lost before renewal" in r.getMessage()]
@@ -38,7 +38,7 @@ def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(make
     assert q.ack(a)
     monkeypatch.setattr(book, "held", lambda: snapshot)
     # When the keeper renews with that snapshot
-    with caplog.at_level(logging.WARNING, logger="celery_pq.transport.leases"):
+    with caplog.at_level(logging.WARNING, logger="celery_pq.transport.leasebook"):
         LeaseKeeper(transport=None).renew([book])
     # Then the refused renewal of the acked lease is no warning, and the other lease was renewed
     assert [r for r in caplog.records if "lost before renewal" in r.getMessage()] == []

@@ -487,12 +487,12 @@ def test_urgent_view_is_not_woken_by_low_priority_inserts(url, opts):
         t.start()
         time.sleep(0.5)  # the urgent consumer found nothing and blocks
         channel = urgent.default_channel
-        before = dict(channel.counters)
+        before = dict(channel.waits.counters)
         p = Producer(pub.default_channel)
         for i in range(5000):
             p.publish({"i": i}, exchange=q.exchange, routing_key="default", priority=5)
         time.sleep(0.5)
-        after_flood = dict(channel.counters)
+        after_flood = dict(channel.waits.counters)
         p.publish({"urgent": True}, exchange=q.exchange, routing_key="default", priority=220)
         deadline = time.monotonic() + 5
         while not got and time.monotonic() < deadline:
@@ -502,7 +502,7 @@ def test_urgent_view_is_not_woken_by_low_priority_inserts(url, opts):
         consumer.cancel()
     assert after_flood == before  # 5,000 low-priority inserts: not one wake-up, not one pop
     assert got == [{"urgent": True}]
-    assert channel.counters["wakeups"] == before["wakeups"] + 1
+    assert channel.waits.counters["wakeups"] == before["wakeups"] + 1
 
 
 def test_a_view_is_not_a_routing_destination_and_cannot_delete_its_queue(url, opts, redis_client, make_pq, key_prefix):
