@@ -34,6 +34,7 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
+from celery_pq.storage.redact import redact
 from celery_pq.testing import (
     RedisServer,
     RedisServerError,
@@ -48,6 +49,7 @@ QUEUE = "demo"
 LEASE = 3  # lease_seconds: short, so that recovery shows within the demo
 SWEEP = 0.5  # sweep_interval: expired leases are looked for this often
 CHECKS: list[tuple[str, bool]] = []
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"  # the last resort: a Redis the machine runs
 
 
 class DemoError(Exception):
@@ -58,14 +60,13 @@ class Interrupted(BaseException):
     """SIGTERM/SIGHUP: unwind through every ``finally`` so that subprocesses are stopped."""
 
 
-def say(text=""):
+def say(text):
     print(text, flush=True)
 
 
 def check(label, ok):
     CHECKS.append((label, bool(ok)))
     say(f"  {'PASS' if ok else 'FAIL'}: {label}")
-    return ok
 
 
 # -- finding a Redis ----------------------------------------------------------------------------
@@ -85,17 +86,8 @@ def broker_url_of(url: str) -> str:
     parts = urlsplit(url)
     scheme = {"redis": "pq", "rediss": "pqs"}.get(parts.scheme)
     if scheme is None:
-        raise DemoError(f"PQ_DEMO_REDIS_URL must be a redis:// or rediss:// URL, got {url!r}")
+        raise DemoError(f"PQ_DEMO_REDIS_URL must be a redis:// or rediss:// URL, got {redact(url)}")
     return urlunsplit((scheme, parts.netloc, parts.path, "", ""))
-
-
-def masked(url: str) -> str:
-    """The URL with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def redis_version(client: redis.Redis) -> str:
@@ -108,73 +100,47 @@ def redis_version(client: redis.Redis) -> str:
         return ""
 
 
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    return sum(client.delete(key) for key in client.scan_iter(match=f"{prefix}*", count=1000))
-
-
-@contextmanager
-def shared_redis(client: redis.Redis, url: str, prefix: str, where: str):
-    """A Redis the demo did not start: only keys under the run's prefix, deleted afterwards."""
-    try:
-        yield Target(url, prefix, f"{where}, keys under {prefix}* only")
-    finally:
-        try:
-            n = delete_prefix(client, prefix)
-            say(f"deleted the {n} keys this run left under {prefix}*")
-        except redis.RedisError as exc:
-            say(f"WARNING: could not delete the keys under {prefix}*: {exc}")
-
-
-@contextmanager
-def private_redis_server(binary: str, prefix: str):
-    try:
-        server = RedisServer(binary=binary)
-    except RedisServerError as exc:
-        raise DemoError(str(exc)) from None
-    with server, server.client() as client:
-        version = redis_version(client)
-        where = f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end"
-        yield Target(server.url, prefix, where)
-
-
 @contextmanager
 def find_or_start_redis():
+    """The Redis of this run (the module's docstring says which), as a ``Target``."""
     prefix = "pqdemo" + uuid.uuid4().hex[:8]
     url = os.environ.get("PQ_DEMO_REDIS_URL")
     if url:
         broker_url_of(url)  # a DemoError for a URL that names no Redis
-        client = redis.Redis.from_url(url, socket_connect_timeout=5)
+    else:
         try:
-            version = redis_version(client)
+            binary = find_redis_server(required=False)
+        except RuntimeError as exc:  # PQ_REDIS_SERVER names no executable
+            raise DemoError(str(exc)) from None
+        if binary:
+            try:
+                server = RedisServer(binary=binary)
+            except RedisServerError as exc:
+                raise DemoError(str(exc)) from None
+            with server, server.client() as client:
+                where = f"a private redis-server{redis_version(client)} ({binary}) on 127.0.0.1:{server.port}"
+                yield Target(server.url, prefix, where + ", stopped at the end")
+            return
+    client = redis.Redis.from_url(url or LOCAL_REDIS, socket_connect_timeout=5 if url else 1)
+    try:
+        version = redis_version(client)
+    except redis.RedisError as exc:
+        if url:
+            raise DemoError(f"PQ_DEMO_REDIS_URL={redact(url)} does not answer: {exc}") from None
+        raise DemoError(
+            "no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
+            "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
+            "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL."
+        ) from None
+    where = f"at {redact(url)} (PQ_DEMO_REDIS_URL)" if url else "on 127.0.0.1:6379 (no redis-server binary found)"
+    try:  # a Redis the demo did not start: only keys under the run's prefix, deleted afterwards
+        yield Target(url or LOCAL_REDIS, prefix, f"the Redis{version} {where}, keys under {prefix}* only")
+    finally:
+        try:
+            n = sum(client.delete(key) for key in client.scan_iter(match=f"{prefix}*", count=1000))
+            say(f"deleted the {n} keys this run left under {prefix}*")
         except redis.RedisError as exc:
-            raise DemoError(f"PQ_DEMO_REDIS_URL={url!r} does not answer: {exc}") from None
-        with shared_redis(client, url, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL)") as t:
-            yield t
-        return
-    try:
-        binary = find_redis_server(required=False)
-    except RuntimeError as exc:  # PQ_REDIS_SERVER names no executable
-        raise DemoError(str(exc)) from None
-    if binary:
-        with private_redis_server(binary, prefix) as t:
-            yield t
-        return
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
-    local: str | None  # the version of a Redis on 6379, None when nothing answers there
-    try:
-        local = redis_version(client)
-    except redis.RedisError:
-        local = None
-    if local is not None:
-        where = f"the Redis{local} on 127.0.0.1:6379 (no redis-server binary found)"
-        with shared_redis(client, "redis://127.0.0.1:6379/0", prefix, where) as t:
-            yield t
-        return
-    raise DemoError(
-        "no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
-        "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
-        "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL."
-    )
+            say(f"WARNING: could not delete the keys under {prefix}*: {exc}")
 
 
 # -- one part of the demo: its own key prefix, a producer, workers --------------------------------
