@@ -282,18 +282,9 @@ class RedisServer:
                         f"{Path(self.binary).name} exited while starting on port {port}; log tail:\n{self.log_tail()}"
                     )
                 try:
-                    if probe.ping():
-                        # Is it ours? Another redis may hold the port while ours fails to bind.
-                        if probe.info("server").get("process_id") == self.process.pid:
-                            return
-                        try:
-                            self.process.wait(timeout=START_TIMEOUT)  # ours will exit: bind failed
-                        except subprocess.TimeoutExpired:
-                            self.kill()
-                            raise RedisServerError(
-                                f"port {port} answers as another redis-server; ours did not exit"
-                            ) from None
-                        continue
+                    # Is it ours? Another redis may hold the port while ours fails to bind (and exits).
+                    if probe.ping() and probe.info("server").get("process_id") == self.process.pid:
+                        return
                 except redis.ResponseError as exc:
                     # LOADING while an AOF is replayed after restart(): keep waiting
                     if "LOADING" not in str(exc):
@@ -303,8 +294,8 @@ class RedisServer:
                 if time.monotonic() > deadline:
                     self.kill()
                     raise RedisServerError(
-                        f"{Path(self.binary).name} on port {port} did not answer PING within {START_TIMEOUT:g}s; "
-                        f"log tail:\n{self.log_tail()}"
+                        f"{Path(self.binary).name} on port {port} did not answer PING as itself within "
+                        f"{START_TIMEOUT:g}s; log tail:\n{self.log_tail()}"
                     )
                 time.sleep(0.02)
         finally:
