@@ -125,6 +125,9 @@ class RedisServer:
     only the caller), dies with its parent on Linux, and is stopped at interpreter exit.
     """
 
+    #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
+    bus_offset = 0
+
     def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
         self.binary = binary or find_redis_server()
         self.extra_args = [*args, *flags(config or {})]
@@ -156,14 +159,11 @@ class RedisServer:
 
     def client(self, **kwargs) -> redis.Redis:
         """A new redis-py client for this server (db 0, bytes replies, unless told otherwise)."""
-        kwargs = {**self.client_tls(), **kwargs}
-        kwargs.setdefault("socket_timeout", 30)
-        kwargs.setdefault("db", 0)
-        if self.password:
-            kwargs.setdefault("password", self.password)
-        if self.port is None:
+        given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password, **self.client_tls()}
+        kwargs = given | kwargs
+        if kwargs["port"] is None:
             raise RedisServerError(f"{self!r} has not started: it has no port yet")
-        return redis.Redis(host=HOST, port=self.port, **kwargs)
+        return redis.Redis(host=HOST, **kwargs)
 
     @property
     def pid(self) -> int | None:
@@ -195,9 +195,6 @@ class RedisServer:
         raise RedisServerError(
             f"could not find a free port for {Path(self.binary).name} after {PORT_ATTEMPTS} tries: {last}"
         )
-
-    #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
-    bus_offset = 0
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """``sig``, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
@@ -269,15 +266,7 @@ class RedisServer:
         _running.add(self)
         deadline = time.monotonic() + START_TIMEOUT
         # No retries: redis-py >= 6's default backoff would hide a process that exited (port taken).
-        probe = redis.Redis(
-            host=HOST,
-            port=port,
-            socket_connect_timeout=0.5,
-            socket_timeout=0.5,
-            password=self.password,
-            retry=Retry(NoBackoff(), 0),
-            **self.client_tls(),
-        )
+        probe = self.client(port=port, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self.process.poll() is not None:
