@@ -76,10 +76,6 @@ class Target:
     prefix: str  # every key of this run starts with it
     where: str  # what was chosen, for the reader
 
-    @property
-    def broker_url(self) -> str:  # pq:// URL of the same Redis
-        return broker_url_of(self.url)
-
 
 def broker_url_of(url: str) -> str:
     """``redis://...`` -> ``pq://...`` (``rediss://`` -> ``pqs://``), same host, port, db, password."""
@@ -147,6 +143,7 @@ def find_or_start_redis():
 class Part:
     def __init__(self, target: Target, suffix: str, logdir: Path, **options):
         self.prefix = target.prefix + suffix
+        broker = broker_url_of(target.url)  # pq:// URL of the same Redis
         self.logdir = logdir
         self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
         self.redis = redis.Redis.from_url(target.url)
@@ -154,12 +151,12 @@ class Part:
         # the workers import celery_pq.demo.app from where this process imports celery_pq
         self.env = {
             **os.environ,
-            "PQ_DEMO_BROKER": target.broker_url,
+            "PQ_DEMO_BROKER": broker,
             "PQ_DEMO_OPTIONS": json.dumps(self.options),
             "PQ_DEMO_RECORD": target.url,
             "PQ_DEMO_PREFIX": self.prefix,
         }
-        self.app = Celery("demo-producer", broker=target.broker_url, set_as_current=False)
+        self.app = Celery("demo-producer", broker=broker, set_as_current=False)
         self.app.conf.broker_transport_options = self.options
         self.workers: list[WorkerProcess] = []
         self._checks_before = len(CHECKS)
@@ -253,8 +250,7 @@ def part_recovery(target, logdir):
     with Part(target, "r", logdir) as d:
         task_id = d.send("demo.slow", 2.0, "report")
         a = d.worker("worker-a")
-        wait_for(lambda: d.records("start"), 20, "the task to start on worker A")
-        first = d.records("start")[0]
+        first = wait_for(lambda: d.records("start"), 20, "the task to start on worker A")[0]
         held = d.lease(task_id)
         a.signal_group(signal.SIGKILL)
         a.wait(10)
@@ -268,8 +264,7 @@ def part_recovery(target, logdir):
         check("the task started on worker A and A held its lease", first["pid"] == a.pid and held and held[0] == a.pid)
         b = d.worker("worker-b")
         say(f"  worker B (pid {b.pid}) was up {time.time() - killed:.1f} s after the kill")
-        wait_for(lambda: len(d.records("start")) >= 2, LEASE + 15, "the task to start again on worker B")
-        second = d.records("start")[1]
+        second = wait_for(lambda: d.records("start")[1:], LEASE + 15, "the task to start again on worker B")[0]
         recovery = second["time"] - killed
         say(
             f"  worker B ran the task {recovery:.1f} s after the kill: delivery count "
