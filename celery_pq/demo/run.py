@@ -34,6 +34,7 @@ from celery import Celery
 
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
+from celery_pq.storage.redact import redact
 from celery_pq.testing import (
     RedisServer,
     RedisServerError,
@@ -48,6 +49,7 @@ QUEUE = "demo"
 LEASE = 3  # lease_seconds: short, so that recovery shows within the demo
 SWEEP = 0.5  # sweep_interval: expired leases are looked for this often
 CHECKS: list[tuple[str, bool]] = []
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"  # the last resort: a Redis the machine runs
 
 
 class DemoError(Exception):
@@ -58,14 +60,13 @@ class Interrupted(BaseException):
     """SIGTERM/SIGHUP: unwind through every ``finally`` so that subprocesses are stopped."""
 
 
-def say(text=""):
+def say(text):
     print(text, flush=True)
 
 
 def check(label, ok):
     CHECKS.append((label, bool(ok)))
     say(f"  {'PASS' if ok else 'FAIL'}: {label}")
-    return ok
 
 
 # -- finding a Redis ----------------------------------------------------------------------------
@@ -75,27 +76,14 @@ class Target:
     prefix: str  # every key of this run starts with it
     where: str  # what was chosen, for the reader
 
-    @property
-    def broker_url(self) -> str:  # pq:// URL of the same Redis
-        return broker_url_of(self.url)
-
 
 def broker_url_of(url: str) -> str:
     """``redis://...`` -> ``pq://...`` (``rediss://`` -> ``pqs://``), same host, port, db, password."""
     parts = urlsplit(url)
     scheme = {"redis": "pq", "rediss": "pqs"}.get(parts.scheme)
     if scheme is None:
-        raise DemoError(f"PQ_DEMO_REDIS_URL must be a redis:// or rediss:// URL, got {url!r}")
+        raise DemoError(f"PQ_DEMO_REDIS_URL must be a redis:// or rediss:// URL, got {redact(url)}")
     return urlunsplit((scheme, parts.netloc, parts.path, "", ""))
-
-
-def masked(url: str) -> str:
-    """The URL with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def redis_version(client: redis.Redis) -> str:
@@ -108,79 +96,54 @@ def redis_version(client: redis.Redis) -> str:
         return ""
 
 
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    return sum(client.delete(key) for key in client.scan_iter(match=f"{prefix}*", count=1000))
-
-
-@contextmanager
-def shared_redis(client: redis.Redis, url: str, prefix: str, where: str):
-    """A Redis the demo did not start: only keys under the run's prefix, deleted afterwards."""
-    try:
-        yield Target(url, prefix, f"{where}, keys under {prefix}* only")
-    finally:
-        try:
-            n = delete_prefix(client, prefix)
-            say(f"deleted the {n} keys this run left under {prefix}*")
-        except redis.RedisError as exc:
-            say(f"WARNING: could not delete the keys under {prefix}*: {exc}")
-
-
-@contextmanager
-def private_redis_server(binary: str, prefix: str):
-    try:
-        server = RedisServer(binary=binary)
-    except RedisServerError as exc:
-        raise DemoError(str(exc)) from None
-    with server, server.client() as client:
-        version = redis_version(client)
-        where = f"a private redis-server{version} ({binary}) on 127.0.0.1:{server.port}, stopped at the end"
-        yield Target(server.url, prefix, where)
-
-
 @contextmanager
 def find_or_start_redis():
+    """The Redis of this run (the module's docstring says which), as a ``Target``."""
     prefix = "pqdemo" + uuid.uuid4().hex[:8]
     url = os.environ.get("PQ_DEMO_REDIS_URL")
     if url:
         broker_url_of(url)  # a DemoError for a URL that names no Redis
-        client = redis.Redis.from_url(url, socket_connect_timeout=5)
+    else:
         try:
-            version = redis_version(client)
+            binary = find_redis_server(required=False)
+        except RuntimeError as exc:  # PQ_REDIS_SERVER names no executable
+            raise DemoError(str(exc)) from None
+        if binary:
+            try:
+                server = RedisServer(binary=binary)
+            except RedisServerError as exc:
+                raise DemoError(str(exc)) from None
+            with server, server.client() as client:
+                where = f"a private redis-server{redis_version(client)} ({binary}) on 127.0.0.1:{server.port}"
+                yield Target(server.url, prefix, where + ", stopped at the end")
+            return
+    client = redis.Redis.from_url(url or LOCAL_REDIS, socket_connect_timeout=5 if url else 1)
+    try:
+        version = redis_version(client)
+    except redis.RedisError as exc:
+        if url:
+            raise DemoError(f"PQ_DEMO_REDIS_URL={redact(url)} does not answer: {exc}") from None
+        raise DemoError(
+            "no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
+            "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
+            "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL."
+        ) from None
+    where = f"at {redact(url)} (PQ_DEMO_REDIS_URL)" if url else "on 127.0.0.1:6379 (no redis-server binary found)"
+    try:  # a Redis the demo did not start: only keys under the run's prefix, deleted afterwards
+        yield Target(url or LOCAL_REDIS, prefix, f"the Redis{version} {where}, keys under {prefix}* only")
+    finally:
+        try:
+            n = sum(client.delete(key) for key in client.scan_iter(match=f"{prefix}*", count=1000))
+            say(f"deleted the {n} keys this run left under {prefix}*")
         except redis.RedisError as exc:
-            raise DemoError(f"PQ_DEMO_REDIS_URL={url!r} does not answer: {exc}") from None
-        with shared_redis(client, url, prefix, f"the Redis{version} at {masked(url)} (PQ_DEMO_REDIS_URL)") as t:
-            yield t
-        return
-    try:
-        binary = find_redis_server(required=False)
-    except RuntimeError as exc:  # PQ_REDIS_SERVER names no executable
-        raise DemoError(str(exc)) from None
-    if binary:
-        with private_redis_server(binary, prefix) as t:
-            yield t
-        return
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
-    local: str | None  # the version of a Redis on 6379, None when nothing answers there
-    try:
-        local = redis_version(client)
-    except redis.RedisError:
-        local = None
-    if local is not None:
-        where = f"the Redis{local} on 127.0.0.1:6379 (no redis-server binary found)"
-        with shared_redis(client, "redis://127.0.0.1:6379/0", prefix, where) as t:
-            yield t
-        return
-    raise DemoError(
-        "no Redis found: no PQ_DEMO_REDIS_URL, no redis-server binary (PQ_REDIS_SERVER or PATH) and "
-        "nothing on 127.0.0.1:6379. Install redis-server (apt-get install redis-server, brew install "
-        "redis; 'make demo' does it as root on Debian/Ubuntu) or set PQ_DEMO_REDIS_URL."
-    )
+            say(f"WARNING: could not delete the keys under {prefix}*: {exc}")
 
 
 # -- one part of the demo: its own key prefix, a producer, workers --------------------------------
 class Part:
     def __init__(self, target: Target, suffix: str, logdir: Path, **options):
         self.prefix = target.prefix + suffix
+        broker = broker_url_of(target.url)  # pq:// URL of the same Redis
         self.logdir = logdir
         self.options = {"key_prefix": self.prefix, "lease_seconds": LEASE, "sweep_interval": SWEEP, **options}
         self.redis = redis.Redis.from_url(target.url)
@@ -188,12 +151,12 @@ class Part:
         # the workers import celery_pq.demo.app from where this process imports celery_pq
         self.env = {
             **os.environ,
-            "PQ_DEMO_BROKER": target.broker_url,
+            "PQ_DEMO_BROKER": broker,
             "PQ_DEMO_OPTIONS": json.dumps(self.options),
             "PQ_DEMO_RECORD": target.url,
             "PQ_DEMO_PREFIX": self.prefix,
         }
-        self.app = Celery("demo-producer", broker=target.broker_url, set_as_current=False)
+        self.app = Celery("demo-producer", broker=broker, set_as_current=False)
         self.app.conf.broker_transport_options = self.options
         self.workers: list[WorkerProcess] = []
         self._checks_before = len(CHECKS)
@@ -286,8 +249,7 @@ def part_recovery(target, logdir):
     with Part(target, "r", logdir) as d:
         task_id = d.send("demo.slow", 2.0, "report")
         a = d.worker("worker-a")
-        wait_for(lambda: d.records("start"), 20, "the task to start on worker A")
-        first = d.records("start")[0]
+        first = wait_for(lambda: d.records("start"), 20, "the task to start on worker A")[0]
         held = d.lease(task_id)
         a.signal_group(signal.SIGKILL)
         a.wait(10)
@@ -301,8 +263,7 @@ def part_recovery(target, logdir):
         check("the task started on worker A and A held its lease", first["pid"] == a.pid and held and held[0] == a.pid)
         b = d.worker("worker-b")
         say(f"  worker B (pid {b.pid}) was up {time.time() - killed:.1f} s after the kill")
-        wait_for(lambda: len(d.records("start")) >= 2, LEASE + 15, "the task to start again on worker B")
-        second = d.records("start")[1]
+        second = wait_for(lambda: d.records("start")[1:], LEASE + 15, "the task to start again on worker B")[0]
         recovery = second["time"] - killed
         say(
             f"  worker B ran the task {recovery:.1f} s after the kill: delivery count "

@@ -81,7 +81,9 @@ class QueueKeys:
         return self.entries[:-2]
 
     def all(self) -> list[str]:
-        return [getattr(self, f) for f in FIELDS.values()] + self.levels() + self.migration()
+        """Every key of the queue, with those of a ``migrate_mode`` under way (lua/migrate.lua)."""
+        moving = [f"{self.priority_index}:{r}:m" for r in range(256)] + [f"{self.priority_index}:mv"]
+        return [getattr(self, f) for f in FIELDS.values()] + self.levels() + moving
 
     def level(self, rank: int) -> str:
         """The list of pointers of one rank (0 is served first) in the priority index."""
@@ -93,10 +95,6 @@ class QueueKeys:
 
     def levels(self) -> list[str]:
         return [self.level(r) for r in range(256)] + [self.front(r) for r in range(256)]
-
-    def migration(self) -> list[str]:
-        """The keys of a ``migrate_mode`` under way (lua/migrate.lua)."""
-        return [f"{self.priority_index}:{r}:m" for r in range(256)] + [f"{self.priority_index}:mv"]
 
     def view_wake(self, lo: int, hi: int) -> str:
         """Wake list of the consumers of the priority view covering ranks lo..hi."""

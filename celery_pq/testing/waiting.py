@@ -15,7 +15,7 @@ class WaitTimeout(AssertionError):
 
 
 def wait_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float,
     what: str | Callable[[], str] = "condition",
     *,
