@@ -8,6 +8,7 @@ slot: docs/cluster.md ("How it works", "Resharding").
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
@@ -54,19 +55,31 @@ class LuaScript:
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def __call__(self, keys=(), args=(), client=None):
+        return self.run(client, keys, args)[0]
+
+    def run(self, client, keys, args, wait: tuple | None = None) -> tuple[Any, int]:
+        """The call on the thread's own connection (``wire.Line``), ``WAIT *wait`` after it there
+        where given: ``(its reply, replicas that acknowledged)``, 0 without ``wait`` or a
+        connection of its own (a pipeline; a cluster: ``_on_cluster``). After a lost connection
+        it goes through redis-py's ``Script`` (its retries), or with ``wait`` once more on a new
+        connection (the calls that wait are idempotent)."""
         if is_cluster(client):
-            return self._on_cluster(keys, args, client)
-        line = own_line(client)
-        if line is None:
-            return self._by_redis_py(keys, args, client)
-        try:
-            return line.run(client.connection_pool, self, keys, args)
-        except LOST:
-            drop_line(client, line)
-            return self._by_redis_py(keys, args, client)
-        except ResponseError as exc:
-            raise_if_demoted(client, line, exc)
-            raise
+            return self._on_cluster(keys, args, client), 0
+        for again in (False, True):
+            line = None if again and wait is None else own_line(client)
+            if line is None:
+                return self._by_redis_py(keys, args, client), 0
+            try:
+                reply = line.run(client.connection_pool, self, keys, resent(args) if again else args)
+                return reply, int(line.call("WAIT", *wait)) if wait else 0
+            except LOST:
+                drop_line(client, line)
+                if again:
+                    raise
+            except ResponseError as exc:
+                raise_if_demoted(client, line, exc)
+                raise
+        raise AssertionError("unreachable")
 
     def send_nowait(self, keys, args, client) -> Flight | None:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
@@ -150,22 +163,7 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
 def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
     """``calls`` (``WAIT *wait`` after them where given): replies, the first error raised, and
     the replicas that acknowledged (0 without ``wait``)."""
-    if is_cluster(client):
-        least = [wait[0] if wait else 0]
-
-        def on_node(node, group):
-            try:
-                replies, n = _in_place(node, group, wait)
-            except Exception as exc:
-                if _rerun(exc):
-                    least[0] = 0  # rerun without a WAIT: not confirmed
-                raise
-            least[0] = 0 if any(_rerun(r) for r in replies) else min(least[0], n)
-            return replies
-
-        replies, acked = _per_node(client, calls, on_node), least[0]
-    else:
-        replies, acked = _in_place(client, calls, wait)
+    replies, acked = (_per_node if is_cluster(client) else _in_place)(client, calls, wait)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
@@ -196,53 +194,36 @@ def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tu
 
 
 def _alone(client, script, keys, args, wait: tuple | None) -> tuple[list, int]:
-    """One call (``WAIT *wait`` after it on the thread's own connection where given): ``([its
-    reply or error reply], replicas that acknowledged)``; 0 without a connection to WAIT on. A
-    connection error before the WAIT is tried once more on a new connection (the calls that
-    wait are idempotent)."""
+    """``LuaScript.run``, its error reply in place: ``([reply], replicas that acknowledged)``."""
     try:
-        if wait is None or own_line(client) is None:
-            return [script(keys=keys, args=args, client=client)], 0
-        for attempt in (1, 2):
-            line = own_line(client)
-            assert line is not None
-            try:
-                reply = line.run(client.connection_pool, script, keys, args if attempt == 1 else resent(args))
-                return [reply], int(line.call("WAIT", *wait))
-            except LOST:
-                drop_line(client, line)
-                if attempt == 2:
-                    raise
-            except ResponseError as exc:
-                raise_if_demoted(client, line, exc)
-                raise
-        raise AssertionError("unreachable")
+        reply, acked = script.run(client, keys, args, wait)
+        return [reply], acked
     except ResponseError as exc:
         return [exc], 0
 
 
-def _per_node(cluster, calls: list[tuple], run_group) -> list:
-    """``calls`` on a cluster, each master's share by ``run_group(node, calls)``: replies in order,
-    errors in place. A call that met a moved slot or a failed node runs again alone through the
-    cluster client. It may have run already (a pipeline cut off midway): at least once holds (an
+def _per_node(cluster, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
+    """``_run`` on a cluster, each master's share ``_in_place``: replies in order, errors in
+    place, the fewest replicas any node's WAIT counted. A call that met a moved slot or a
+    failed node runs again alone through the cluster client, without a WAIT (then 0: not
+    confirmed). It may have run already (a pipeline cut off midway): at least once holds (an
     insert is stored once by its publish id, an ack finds its lease gone, a lease runs out)."""
     replies: list = [None] * len(calls)
+    acked = wait[0] if wait else 0
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
-            got = run_group(node, [calls[i] for i in idx])
+            got, n = _in_place(node, [calls[i] for i in idx], wait)
         except Exception as exc:
             if not _rerun(exc):
                 raise
-            got = [exc] * len(idx)
+            got, n = [exc] * len(idx), 0
+        acked = min(acked, n)
         for i, reply in zip(idx, got):
             if _rerun(reply):
                 script, keys, args = calls[i]
-                try:
-                    reply = script(keys=keys, args=resent(args), client=cluster)
-                except ResponseError as exc:
-                    reply = exc
+                [reply], acked = _alone(cluster, script, keys, resent(args), None)
             replies[i] = reply
-    return replies
+    return replies, acked
 
 
 def _rerun(reply) -> bool:
