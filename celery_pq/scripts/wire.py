@@ -1,10 +1,8 @@
-"""The wire, on redis-py's public connection methods: a script call as FCALL (EVALSHA where
-functions are refused) on a connection the calling thread keeps (``Line``), its reply polled for
-briefly (``set_spin_wait``) before the thread sleeps; a call sent now and read later (``Flight``);
-calls streamed on a pooled connection (``CallStream``). The library is loaded once per server and
-again when it is gone. Why: docs/performance.md ("Where the speed comes from"); functions or
-EVALSHA: docs/deployments.md ("An ACL user"); a READONLY reply closes the connection:
-docs/cluster.md.
+"""The wire, on redis-py's public connection methods: a script call on the calling thread's own
+connection (``Line``), its reply polled for briefly before the thread sleeps; a call read later
+(``Flight``); calls streamed on a pooled connection (``CallStream``). Why: docs/performance.md
+("Where the speed comes from"); FCALL or EVALSHA: docs/deployments.md ("An ACL user"); a
+READONLY reply closes the connection: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..storage import constants as C
-from ..storage.connections import is_cluster
 from .assembly import library
 
 #: What a lost connection raises while sending or reading.
@@ -50,9 +47,8 @@ def set_spin_wait(pool, microseconds: float) -> None:
 
 
 def send(conn, words: tuple, check_health: bool = True) -> None:
-    """Send one command on ``conn``, packed by hiredis where it is installed (redis-py's own
-    packer encodes each argument in Python first: 30 us for an insert's), else by redis-py (and
-    for an argument hiredis refuses: redis-py's error then)."""
+    """Send one command on ``conn``, packed by hiredis where installed, else (and for an
+    argument hiredis refuses) by redis-py."""
     try:
         packed = [_pack(words)] if _pack is not None else conn.pack_command(*words)
     except TypeError:
@@ -311,7 +307,7 @@ class CallStream:
         """A stream on a connection of ``client``'s pool (the library loaded there if needed), or
         None for a cluster client or a pipeline: the caller then makes round trips."""
         pool = getattr(client, "connection_pool", None)
-        if pool is None or is_cluster(client) or not plain_client(client.__class__):
+        if pool is None or not plain_client(client.__class__):
             return None
         conn = take_connection(pool)
         try:
