@@ -47,11 +47,6 @@ class Signature:
         counts = {count for count, _, _ in self.counts}
         return tuple(n for n in self.argv if n not in counts) + (("context",) if self.context else ())
 
-    @cached_property
-    def lists(self) -> frozenset[str]:
-        """The counted lists among ``argv`` (each given as a sequence)."""
-        return frozenset(lst for _, lst, _ in self.counts if lst)
-
     def bind(self, **fixed) -> Layout:
         """A ``Layout`` with ``fixed`` laid out once, called with the rest by name per call."""
         return Layout(self, fixed)
@@ -177,15 +172,16 @@ class Layout:
     ``context`` sent last, counts worked out), and the repeated group flat: the call's ARGV.
     TypeError names any value missing or unexpected."""
 
-    __slots__ = ("_group", "_pieces", "fixed", "free", "signature")
+    __slots__ = ("_group", "_pieces", "free", "signature")
 
     def __init__(self, signature: Signature, fixed: dict):
         counted = {count: (lst, size) for count, lst, size in signature.counts}
+        lists = {lst for _, lst, _ in signature.counts if lst}  # (each given as a sequence)
         wanted = signature.wanted
         unexpected = [n for n in fixed if n not in wanted]
         if unexpected:
             raise TypeError(f"{signature.script}.lua takes no {unexpected} (it takes {wanted})")
-        self.signature, self.fixed = signature, dict(fixed)
+        self.signature = signature
         #: The names a call gives, in header order.
         self.free = tuple(n for n in wanted if n not in fixed)
         self._group = len(signature.rest)
@@ -196,9 +192,9 @@ class Layout:
                 lst, size = counted[name]
                 piece = (_FIXED, (len(fixed[lst]) // size,)) if lst in fixed else (_COUNT, (lst, size))
             elif name in fixed:
-                piece = (_FIXED, tuple(fixed[name]) if name in signature.lists else (fixed[name],))
+                piece = (_FIXED, tuple(fixed[name]) if name in lists else (fixed[name],))
             else:
-                piece = (_LIST if name in signature.lists else _ONE, name)
+                piece = (_LIST if name in lists else _ONE, name)
             if piece[0] == _FIXED and pieces and pieces[-1][0] == _FIXED:  # one piece for a run of them
                 piece = (_FIXED, pieces.pop()[1] + piece[1])
             pieces.append(piece)
@@ -211,26 +207,22 @@ class Layout:
     def __call__(self, *rest, **named) -> list:
         if len(named) != len(self.free) or (len(rest) % self._group if self._group else rest):
             self._refuse(rest, named)
-        try:
-            return self._build(rest, named)
-        except KeyError:
-            self._refuse(rest, named)
-
-    def _build(self, rest: tuple, named: dict) -> list:
-        """The ARGV of the pieces; KeyError for a name not given."""
         out: list = []
-        for kind, value in self._pieces:
-            if kind == _FIXED:
-                out.extend(value)
-            elif kind == _ONE:
-                out.append(named[value])
-            elif kind == _LIST:
-                out.extend(named[value])
-            elif kind == _COUNT:
-                lst, size = value
-                out.append(len(named[lst] if lst else rest) // size)
-            else:
-                out.extend(rest)
+        try:
+            for kind, value in self._pieces:
+                if kind == _FIXED:
+                    out.extend(value)
+                elif kind == _ONE:
+                    out.append(named[value])
+                elif kind == _LIST:
+                    out.extend(named[value])
+                elif kind == _COUNT:
+                    lst, size = value
+                    out.append(len(named[lst] if lst else rest) // size)
+                else:
+                    out.extend(rest)
+        except KeyError:  # a name not given
+            self._refuse(rest, named)
         return out
 
     def _refuse(self, rest: tuple, named: dict) -> NoReturn:

@@ -1,8 +1,7 @@
-"""The runner: the scripts as callables (``get_scripts``), one call on the thread's own connection
-(``wire.py``, redis-py's ``Script`` after a connection error) or a batch in one round trip
-(``run_calls``), with WAIT for replicas (``run_replicated``, docs/deployments.md). On a Redis
-Cluster each call goes to its slot's master, is rerouted after a failover and waits out a moving
-slot: docs/cluster.md ("How it works", "Resharding").
+"""The runner: the scripts as callables (``get_scripts``) that run a call (``LuaScript.run``,
+with WAIT for replicas: docs/deployments.md) or send it without waiting (``send_nowait``), and
+a batch in one round trip (``run_calls``, ``run_replicated``). On a Redis Cluster each call goes
+to its slot's master: docs/cluster.md ("How it works", "Resharding").
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_
 
 
 class _FirstSend(str):
-    """The type of ``FIRST_SEND``."""
+    pass
 
 
 #: An argument a call carries on its first send only, so a script may skip what only a repeat
@@ -34,8 +33,7 @@ def resent(args) -> list:
 
 
 class LuaScript:
-    """One script: ``script(keys=..., args=..., client=...)`` runs it (FCALL, else EVALSHA);
-    ``words(client, keys, args)`` is the call as a command, for pipelines."""
+    """One script: ``script(keys=..., args=..., client=...)`` runs it (FCALL, else EVALSHA)."""
 
     def __init__(self, client: redis.Redis, name: str):
         self.name = name
@@ -49,7 +47,6 @@ class LuaScript:
         return self.command(uses_functions(client), keys, resent(args))
 
     def command(self, functions: bool, keys, args) -> tuple:
-        """The call as FCALL (``functions``), else as EVALSHA."""
         if functions:
             return ("FCALL", self.function, len(keys), *keys, *args)
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
@@ -58,11 +55,10 @@ class LuaScript:
         return self.run(client, keys, args)[0]
 
     def run(self, client, keys, args, wait: tuple | None = None) -> tuple[Any, int]:
-        """The call on the thread's own connection (``wire.Line``), ``WAIT *wait`` after it there
-        where given: ``(its reply, replicas that acknowledged)``, 0 without ``wait`` or a
-        connection of its own (a pipeline; a cluster: ``_on_cluster``). After a lost connection
-        it goes through redis-py's ``Script`` (its retries), or with ``wait`` once more on a new
-        connection (the calls that wait are idempotent)."""
+        """The call on the thread's own connection (``wire.Line``), ``WAIT *wait`` after it there:
+        ``(its reply, replicas that acknowledged)`` (0 without ``wait`` or a ``Line``). After a
+        lost connection it goes through redis-py's ``Script`` (its retries), or with ``wait``
+        once more on a new connection (the calls that wait are idempotent)."""
         if is_cluster(client):
             return self._on_cluster(keys, args, client), 0
         for again in (False, True):
@@ -83,8 +79,7 @@ class LuaScript:
 
     def send_nowait(self, keys, args, client) -> Flight | None:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
-        nothing sent, on a cluster or pipeline client, before the library is loaded, or when the
-        send failed (its connection dropped)."""
+        nothing sent, without a ``Line``, before the library is loaded, or when the send failed."""
         line = own_line(client)
         if line is None:
             return None
@@ -95,7 +90,7 @@ class LuaScript:
             return None
 
     def _by_redis_py(self, keys, args, client):
-        """The call through redis-py's ``Script`` (its retries and routing): ``resent`` args."""
+        """The call through redis-py's ``Script`` (its retries and routing)."""
         try:
             return self._script(keys=keys, args=resent(args), client=client)
         except ResponseError as exc:
@@ -110,8 +105,8 @@ class LuaScript:
         )
 
     def _once_on_cluster(self, keys, args, cluster):
-        """The call on this thread's connection to its slot's master; after a moved slot or a
-        failed node, through ``RedisCluster``."""
+        """The call on the thread's ``Line`` to its slot's master; after a moved slot or a failed
+        node, through ``RedisCluster``."""
         node = node_client(cluster, keys[0])
         line = own_line(node)
         assert line is not None  # (a node's client is a plain one)
@@ -148,8 +143,7 @@ def get_scripts(client: redis.Redis) -> Scripts:
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
-    reply raised. A call whose function or script was missing (a restart) runs again alone,
-    which loads it."""
+    reply raised."""
     return _run(client, calls, None)[0] if calls else []
 
 
@@ -171,7 +165,8 @@ def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
 
 
 def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``_run`` on one server, in one round trip, error replies in place."""
+    """``_run`` on one server, in one round trip, error replies in place. A call whose function
+    or script was missing (a restart) runs again alone, which loads it."""
     if len(calls) == 1 and (wait is None or own_line(client) is not None):  # no pipeline
         script, keys, args = calls[0]
         return _alone(client, script, keys, args, wait)
