@@ -14,7 +14,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ..storage.connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
-from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, uses_functions
+from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, send, uses_functions
 
 
 class _FirstSend(str):
@@ -81,13 +81,14 @@ class LuaScript:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
         nothing sent, without a ``Line``, before the library is loaded, or when the send failed."""
         line = own_line(client)
-        if line is None:
+        if line is None or not uses_functions(client):
             return None
         try:
-            return line.send(client.connection_pool, self, keys, resent(args))
+            send(line.conn, self.command(True, keys, resent(args)))
         except LOST:
             drop_line(client, line)
             return None
+        return Flight(line)
 
     def _by_redis_py(self, keys, args, client):
         """The call through redis-py's ``Script`` (its retries and routing)."""

@@ -116,15 +116,6 @@ class Line:
                 raise
         return self.call(*words, spin_ns=spin)
 
-    def send(self, pool, script, keys, args) -> Flight | None:
-        """Send ``script`` as FCALL: its ``Flight``; None, nothing sent, before the library is
-        known loaded there."""
-        if _functions.get(pool) is not True:
-            return None
-        send(self.conn, script.command(True, keys, args))
-        self.flight = Flight(self)
-        return self.flight
-
 
 class _Held:
     """One thread's ``Line`` per pool, closed and handed back when the thread ends (with its
@@ -235,14 +226,16 @@ def raise_if_demoted(client, line: Line | None, exc: Exception) -> None:
 
 
 class Flight:
-    """A script call sent without waiting for its reply (``Line.send``). Its line carries it
-    until read: the thread's next call on the line reads it first, so replies never cross."""
+    """A script call sent without waiting for its reply (``LuaScript.send_nowait``). Its line
+    carries it until read: the thread's next call on the line reads it first, so replies never
+    cross."""
 
     __slots__ = ("_reply", "conn", "done", "line")
 
     def __init__(self, line: Line):
         self.line, self.conn, self.done = line, line.conn, False
         self._reply: Any = None
+        line.flight = self
 
     def _land(self, reply) -> None:
         """The reply in: a value, an error reply, or a failure (the connection then dropped)."""
