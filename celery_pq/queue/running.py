@@ -71,13 +71,12 @@ def run_waiting(client: redis.Redis, calls: list[tuple], queues: Sequence = ()) 
     for the most ``wait_replicas`` any of ``queues`` (a queue or its ``Scripts``) sets, for the
     longest ``wait_timeout``: (replies, replicas that acknowledged them; None without WAIT)."""
     wanted = max((q.settings.wait_replicas for q in queues), default=0)
+    timeout = max((q.settings.wait_timeout for q in queues), default=0)
     try:
-        if not wanted:
-            return _scripts.run_calls(client, calls), None
-        timeout = max(q.settings.wait_timeout for q in queues)
-        return _scripts.run_replicated(client, calls, wanted, int(timeout * 1000))
+        replies, acked = _scripts.run_replicated(client, calls, wanted, int(timeout * 1000))
     except redis.ResponseError as exc:
         raise translate_error(exc) from None
+    return replies, acked if wanted else None
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:

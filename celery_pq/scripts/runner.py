@@ -145,19 +145,14 @@ def get_scripts(client: redis.Redis) -> Scripts:
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
     reply raised."""
-    return _run(client, calls, None)[0] if calls else []
+    return run_replicated(client, calls, 0, 0)[0] if calls else []
 
 
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_calls``, then ``WAIT replicas timeout_ms`` in the same round trip: ``(replies,
-    replicas that acknowledged every write)``; on a cluster the fewest of any node, 0 when a
-    call was rerouted. WAIT cannot undo a write."""
-    return _run(client, calls, (replicas, timeout_ms))
-
-
-def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``calls`` (``WAIT *wait`` after them where given): replies, the first error raised, and
-    the replicas that acknowledged (0 without ``wait``)."""
+    """``run_calls``, then (``replicas`` > 0) ``WAIT replicas timeout_ms`` in the same round trip:
+    ``(replies, replicas that acknowledged every write)``, 0 without WAIT; on a cluster the
+    fewest of any node, 0 when a call was rerouted. WAIT cannot undo a write."""
+    wait = (replicas, timeout_ms) if replicas else None
     replies, acked = (_per_node if is_cluster(client) else _in_place)(client, calls, wait)
     for reply in replies:
         if isinstance(reply, Exception):
@@ -166,7 +161,7 @@ def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
 
 
 def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``_run`` on one server, in one round trip, error replies in place. A call whose function
+    """``run_replicated`` on one server, in one round trip, error replies in place. A call whose function
     or script was missing (a restart) runs again alone, which loads it."""
     if len(calls) == 1 and (wait is None or own_line(client) is not None):  # no pipeline
         script, keys, args = calls[0]
@@ -199,7 +194,7 @@ def _alone(client, script, keys, args, wait: tuple | None) -> tuple[list, int]:
 
 
 def _per_node(cluster, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``_run`` on a cluster, each master's share ``_in_place``: replies in order, errors in
+    """``run_replicated`` on a cluster, each master's share ``_in_place``: replies in order, errors in
     place, the fewest replicas any node's WAIT counted. A call that met a moved slot or a
     failed node runs again alone through the cluster client, without a WAIT (then 0: not
     confirmed). It may have run already (a pipeline cut off midway): at least once holds (an
