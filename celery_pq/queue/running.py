@@ -1,5 +1,5 @@
-"""Running a queue's script calls: one or several in one round trip, script error replies as the
-project's exceptions, WAIT for replicas after acks, and the waits out of a mode migration.
+"""Running a queue's script calls (``scripts.run_replicated``): error replies as the project's
+exceptions, WAIT for the queues' replicas, and the waits out of a mode migration.
 """
 
 from __future__ import annotations

@@ -13,33 +13,12 @@ from functools import cache
 
 from ..storage.errors import ErrorCode
 from ..storage.keys import FAIR_SUFFIXES
-from .headers import Signature, read_lua, signature
+from .headers import LUA, Signature, read_lua, signature
 
-SCRIPT_NAMES = (
-    "insert",
-    "pop",
-    "pop_fair",
-    "ack",
-    "extend",
-    "requeue",
-    "reclaim",
-    "remove",
-    "peek",
-    "peek_head",
-    "retrieve_by_priority",
-    "remove_highest",
-    "change_priority",
-    "cleanup",
-    "purge",
-    "migrate",
-    "pause",
-    "event_log",
-    "replay",
-)
+#: Every script: a file ``lua/<name>.lua`` (its includes in ``lua/includes/``).
+SCRIPT_NAMES = tuple(sorted(f.name.removesuffix(".lua") for f in LUA.iterdir() if f.name.endswith(".lua")))
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)
-
-
 _FUNCTION = re.compile(r"local function (\w+)\(")
 _WORD = re.compile(r"\w+")
 _COMMENT = re.compile(r"--.*")

@@ -121,7 +121,7 @@ class LuaScript:
 
 
 class Scripts:
-    """The registered scripts, as attributes: ``scripts.pop(keys=..., args=..., client=...)``."""
+    """The scripts by name: ``scripts.pop(keys=..., args=..., client=...)``."""
 
     def __init__(self, client: redis.Redis):
         for name in SCRIPT_NAMES:
@@ -161,8 +161,8 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
 
 
 def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``run_replicated`` on one server, in one round trip, error replies in place. A call whose function
-    or script was missing (a restart) runs again alone, which loads it."""
+    """``run_replicated`` on one server, in one round trip, error replies in place. A call whose
+    function or script was missing (a restart) runs again alone, which loads it."""
     if len(calls) == 1 and (wait is None or own_line(client) is not None):  # no pipeline
         script, keys, args = calls[0]
         return _alone(client, script, keys, args, wait)
@@ -194,10 +194,9 @@ def _alone(client, script, keys, args, wait: tuple | None) -> tuple[list, int]:
 
 
 def _per_node(cluster, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``run_replicated`` on a cluster, each master's share ``_in_place``: replies in order, errors in
-    place, the fewest replicas any node's WAIT counted. A call that met a moved slot or a
-    failed node runs again alone through the cluster client, without a WAIT (then 0: not
-    confirmed). It may have run already (a pipeline cut off midway): at least once holds (an
+    """``run_replicated`` on a cluster, each master's share ``_in_place``. A call that met a moved
+    slot or a failed node runs again alone through the cluster client, without a WAIT (then 0:
+    not confirmed). It may have run already (a pipeline cut off midway): at least once holds (an
     insert is stored once by its publish id, an ack finds its lease gone, a lease runs out)."""
     replies: list = [None] * len(calls)
     acked = wait[0] if wait else 0
