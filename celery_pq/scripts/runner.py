@@ -7,6 +7,7 @@ to its slot's master: docs/cluster.md ("How it works", "Resharding").
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import redis
@@ -120,25 +121,18 @@ class LuaScript:
             return self._by_redis_py(keys, args, cluster)
 
 
-class Scripts:
-    """The scripts by name: ``scripts.pop(keys=..., args=..., client=...)``."""
-
-    def __init__(self, client: redis.Redis):
-        for name in SCRIPT_NAMES:
-            setattr(self, name, LuaScript(client, name))
-
-
 _lock = threading.Lock()
-_scripts: Scripts | None = None
+_scripts: SimpleNamespace | None = None
 
 
-def get_scripts(client: redis.Redis) -> Scripts:
-    """Process-wide ``Scripts``; each call site passes its own client (``client=``)."""
+def get_scripts(client: redis.Redis) -> SimpleNamespace:
+    """The process's ``LuaScript`` of each script, by name (``scripts.pop(keys=..., args=...,
+    client=...)``); each call site passes its own client."""
     global _scripts
     if _scripts is None:
         with _lock:
             if _scripts is None:
-                _scripts = Scripts(client)
+                _scripts = SimpleNamespace(**{name: LuaScript(client, name) for name in SCRIPT_NAMES})
     return _scripts
 
 
