@@ -1,5 +1,5 @@
-"""Running a queue's script calls: one or several in one round trip, script error replies as the
-project's exceptions, WAIT for replicas after acks, and the waits out of a mode migration.
+"""Running a queue's script calls (``scripts.run_replicated``): error replies as the project's
+exceptions, WAIT for the queues' replicas, and the waits out of a mode migration.
 """
 
 from __future__ import annotations
@@ -66,39 +66,36 @@ def wait_out_migration(call):
     )
 
 
+def run_waiting(client: redis.Redis, calls: list[tuple], queues: Sequence = ()) -> tuple[list, int | None]:
+    """``scripts.run_calls``, script error replies as the project's exceptions, ending with WAIT
+    for the most ``wait_replicas`` any of ``queues`` (a queue or its ``Scripts``) sets, for the
+    longest ``wait_timeout``: (replies, replicas that acknowledged them; None without WAIT)."""
+    wanted = max((q.settings.wait_replicas for q in queues), default=0)
+    timeout = max((q.settings.wait_timeout for q in queues), default=0)
+    try:
+        replies, acked = _scripts.run_replicated(client, calls, wanted, int(timeout * 1000))
+    except redis.ResponseError as exc:
+        raise translate_error(exc) from None
+    return replies, acked if wanted else None
+
+
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
-    """``scripts.run_calls`` with script error replies turned into the project's exceptions."""
-    try:
-        return _scripts.run_calls(client, calls)
-    except redis.ResponseError as exc:
-        raise translate_error(exc) from None
-
-
-def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout: float) -> tuple[list, int]:
-    """``run_calls`` ending with WAIT for ``replicas`` (at most ``timeout`` seconds): (replies,
-    replicas that acknowledged them)."""
-    try:
-        return _scripts.run_replicated(client, calls, replicas, int(timeout * 1000))
-    except redis.ResponseError as exc:
-        raise translate_error(exc) from None
+    """``run_waiting`` without WAIT: the replies."""
+    return run_waiting(client, calls)[0]
 
 
 def run_acks(client: redis.Redis, calls: list[tuple], queues: Sequence) -> list:
-    """``run_calls`` of calls that carry acks: with ``wait_replicas`` set (on any of
-    ``queues``), the round trip ends with WAIT, and acks that fewer replicas acknowledged are
-    logged (a failover now may deliver those tasks again: at least once still holds)."""
-    wanted = max((q.settings.wait_replicas for q in queues), default=0)
-    if not wanted:
-        return run_calls(client, calls)
-    timeout = max(q.settings.wait_timeout for q in queues)
-    replies, acked = run_replicated(client, calls, wanted, timeout)
-    if acked < wanted:
+    """``run_waiting`` of calls that carry acks: acks that fewer replicas acknowledged are logged
+    (a failover now may deliver those tasks again: at least once still holds)."""
+    replies, acked = run_waiting(client, calls, queues)
+    wanted = max(q.settings.wait_replicas for q in queues)
+    if acked is not None and acked < wanted:
         logger.warning(
             "celery-pq: acks in %s: only %d of %d replicas acknowledged them within %gs; a failover "
             "now may deliver those tasks again",
             ", ".join(repr(q.name) for q in queues),
             acked,
             wanted,
-            timeout,
+            max(q.settings.wait_timeout for q in queues),
         )
     return replies

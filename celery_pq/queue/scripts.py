@@ -21,7 +21,7 @@ from ..storage.keys import dead_queue_name, queue_keys, script_keys, split_dead
 from ..storage.records import join_mode
 from . import calls
 from .calls import ScriptCall
-from .running import readable_mode, run_calls, run_replicated, translate_error, wait_out_migration
+from .running import readable_mode, run_waiting, translate_error, wait_out_migration
 from .settings import QueueSettings
 from .values import as_text, validate_priority
 
@@ -133,12 +133,8 @@ class Scripts:
         return wait_out_migration(once) if wait else once()
 
     def run_many(self, many: list) -> tuple[list, int | None]:
-        """``run_calls``, then WAIT when ``wait_replicas`` is set: (replies, replicas that
-        acknowledged them, None when off)."""
-        s = self.settings
-        if not s.wait_replicas:
-            return run_calls(self.client, many), None
-        return run_replicated(self.client, many, s.wait_replicas, s.wait_timeout)
+        """``running.run_waiting`` for this queue's ``wait_replicas``."""
+        return run_waiting(self.client, many, [self])
 
     def check_replicated(self, acked: int | None) -> None:
         s = self.settings

@@ -4,8 +4,8 @@ wire a call goes over (``wire``) and the runner that calls them (``runner``). A 
 """
 
 from .assembly import SCRIPT_NAMES, compose, library, source
-from .headers import Layout, Signature, header, header_errors, signature
-from .runner import FIRST_SEND, LuaScript, Scripts, get_scripts, resent, run_calls, run_replicated
+from .headers import Layout, header, header_errors, signature
+from .runner import FIRST_SEND, LuaScript, get_scripts, resent, run_calls, run_replicated
 from .wire import Flight, set_spin_wait
 
 __all__ = [
@@ -14,8 +14,6 @@ __all__ = [
     "Flight",
     "Layout",
     "LuaScript",
-    "Scripts",
-    "Signature",
     "compose",
     "get_scripts",
     "header",

@@ -13,33 +13,12 @@ from functools import cache
 
 from ..storage.errors import ErrorCode
 from ..storage.keys import FAIR_SUFFIXES
-from .headers import Signature, read_lua, signature
+from .headers import LUA, Signature, read_lua, signature
 
-SCRIPT_NAMES = (
-    "insert",
-    "pop",
-    "pop_fair",
-    "ack",
-    "extend",
-    "requeue",
-    "reclaim",
-    "remove",
-    "peek",
-    "peek_head",
-    "retrieve_by_priority",
-    "remove_highest",
-    "change_priority",
-    "cleanup",
-    "purge",
-    "migrate",
-    "pause",
-    "event_log",
-    "replay",
-)
+#: Every script: a file ``lua/<name>.lua`` (its includes in ``lua/includes/``).
+SCRIPT_NAMES = tuple(sorted(f.name.removesuffix(".lua") for f in LUA.iterdir() if f.name.endswith(".lua")))
 
 _INCLUDE = re.compile(r"^--!include\s+(\S+)\s*$", re.M)
-
-
 _FUNCTION = re.compile(r"local function (\w+)\(")
 _WORD = re.compile(r"\w+")
 _COMMENT = re.compile(r"--.*")
@@ -66,38 +45,34 @@ _QUEUE_PROLOGUE = "take_context()\nlocal bad = mode_error(false)\nif bad then\n 
 def compose(text: str) -> str:
     """Lua ``text`` with its includes pasted (each once, after those it names), minus unused
     helpers, the error codes it names defined first (tests run the helpers alone through this)."""
-    shared = "".join(_include_text(inc) for inc in _includes([text]))
+    shared = _includes([text])
     text = _without_unused_functions(_INCLUDE.sub(lambda m: shared, text, count=1))
     text = _INCLUDE.sub("", text)
     return _error_constants(text) + text
 
 
-@cache
-def _include_text(name: str) -> str:
-    """An include's text, its own ``--!include`` lines taken out (``_includes`` orders them)."""
-    return _INCLUDE.sub("", read_lua(f"includes/{name}"))
-
-
-def _includes(texts: list[str]) -> list[str]:
-    """The includes ``texts`` name, transitively, each once and after those it names (a Lua
-    ``local function`` must come before its callers); ValueError for a cycle."""
-    order: list[str] = []
+def _includes(texts: list[str]) -> str:
+    """The text of the includes ``texts`` name, transitively, each once and after those it names
+    (a Lua ``local function`` must come before its callers), their own ``--!include`` lines
+    taken out; ValueError for a cycle."""
+    done: dict[str, str] = {}  # (in the order they are done)
     started: set[str] = set()
 
     def visit(name: str) -> None:
-        if name in order:
+        if name in done:
             return
         if name in started:
-            raise ValueError(f"includes/{name} includes itself (through {', '.join(started - set(order))})")
+            raise ValueError(f"includes/{name} includes itself (through {', '.join(started - set(done))})")
         started.add(name)
-        for inner in _INCLUDE.findall(read_lua(f"includes/{name}")):
+        text = read_lua(f"includes/{name}")
+        for inner in _INCLUDE.findall(text):
             visit(inner)
-        order.append(name)
+        done[name] = _INCLUDE.sub("", text)
 
     for text in texts:
         for name in _INCLUDE.findall(text):
             visit(name)
-    return order
+    return "".join(done.values())
 
 
 #: Scripts a full Redis (``maxmemory``, ``noeviction``) still runs: they free memory or add little.
@@ -127,7 +102,7 @@ def library() -> Library:
     The names carry a hash of the text, so two versions of celery-pq can share a Redis."""
     texts = {name: read_lua(f"{name}.lua") for name in SCRIPT_NAMES}
     bodies = {name: _body(name, _INCLUDE.sub("", text)) for name, text in texts.items()}
-    shared = "".join(_include_text(inc) for inc in _includes(list(texts.values())))
+    shared = _includes(list(texts.values()))
     state = [(n, t) for n, t, comment in _STATE.findall(shared) if comment.strip() != _KEPT]
     reset = f"{', '.join(n for n, _ in state)} = {', '.join(t for _, t in state)}\n" if state else ""
     top = "local KEYS, ARGV\n" + _constants(list(ErrorCode)) + shared

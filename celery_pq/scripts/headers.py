@@ -1,8 +1,6 @@
 """What a script takes, read from its header (the leading comment block of its file): its KEYS,
-ARGV and error codes by name, in the forms docs/key-layout.md ("Which script takes which keys")
-describes. Callers build keys (``keys.script_keys``) and ARGV (``Signature.bind``) from the
-names the script binds (``assembly.source``): the values that never change for a caller (a
-queue's context, a consumer's lease length) laid out once (``Layout``).
+ARGV and error codes by name (docs/key-layout.md, "Which script takes which keys"), and its ARGV
+laid out from values by name (``Layout``), those fixed for a caller laid out once.
 """
 
 from __future__ import annotations
@@ -29,8 +27,6 @@ class Signature:
     keys: tuple[str, ...]
     #: The last of ``keys``, sent to a fair queue only ("fair only").
     fair_only: tuple[str, ...] = ()
-    #: The name of an open list of keys after them (``KEYS[n..] name``), or None.
-    tail: str | None = None
     #: ARGV[1..] in order, but the repeated group (``rest``): single arguments, counted lists
     #: (``ARGV[7..6+nviews] views...``) and their counts.
     argv: tuple[str, ...] = ()
@@ -51,24 +47,13 @@ class Signature:
         counts = {count for count, _, _ in self.counts}
         return tuple(n for n in self.argv if n not in counts) + (("context",) if self.context else ())
 
-    @cached_property
-    def lists(self) -> frozenset[str]:
-        """The counted lists among ``argv`` (each given as a sequence)."""
-        return frozenset(lst for _, lst, _ in self.counts if lst)
-
     def bind(self, **fixed) -> Layout:
         """A ``Layout`` with ``fixed`` laid out once, called with the rest by name per call."""
         return Layout(self, fixed)
 
-    @cached_property
-    def _unbound(self) -> Layout:
-        return Layout(self, {})
-
     def args(self, *rest, **named) -> list:
-        """A call's ARGV from its values by name (a counted list as a flat sequence, ``rest``
-        flat group after group, ``context=`` sent last; counts worked out). TypeError names
-        any value missing or unexpected."""
-        return self._unbound(*rest, **named)
+        """A call's ARGV from all its values by name (``Layout``)."""
+        return Layout(self, {})(*rest, **named)
 
 
 # "-- KEYS[i] name type ...", "-- KEYS[i..j] name name ...: ...", "-- KEYS[i..] name ..."
@@ -83,18 +68,18 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 @cache
 def signature(name: str) -> Signature:
     """What a script takes, read from its header; ValueError for a line out of order or of
-    another form."""
+    another form (an open list of keys, ``KEYS[n..] name``, comes last)."""
     keys: list[str] = []
     fair_only: list[str] = []
-    tail = None
+    open_list = False
     for m in _KEY_LINE.finditer(header(name)):
         first, dots, last, text = int(m.group(1)), m.group(2), m.group(3), m.group(4)
-        if first != len(keys) + 1 or tail is not None:
+        if first != len(keys) + 1 or open_list:
             raise ValueError(f"{name}.lua: KEYS[{first}] is out of order in the header")
         if not dots:
             names = text.split()[:1]
         elif not last:
-            tail = text.split()[0]
+            open_list = True
             continue
         else:
             names = text.split(":")[0].split()
@@ -104,7 +89,7 @@ def signature(name: str) -> Signature:
             raise ValueError(f"{name}.lua: keys sent only when fair must come last (before an open list)")
         keys += names
         fair_only += names if "fair only" in text else []
-    return Signature(tuple(keys), tuple(fair_only), tail, *_argv(name), script=name)
+    return Signature(tuple(keys), tuple(fair_only), *_argv(name), script=name)
 
 
 def _position(name: str, text: str) -> tuple[int, dict[str, int]]:
@@ -120,7 +105,7 @@ def _position(name: str, text: str) -> tuple[int, dict[str, int]]:
 
 
 def _argv(name: str) -> tuple[tuple[str, ...], tuple[str, ...], bool, tuple[tuple[str, str, int], ...]]:
-    """``(argv, rest, context, counts)`` (see ``Signature``) from the ARGV lines: each starts
+    """``(argv, rest, context, counts)`` of ``Signature`` from the ARGV lines: each starts
     where the one before ended; a count is an argument before its list."""
     argv: list[str] = []
     counts: list[tuple[str, str, int]] = []
@@ -183,18 +168,20 @@ _REST = 4  # the repeated group that ends ARGV
 
 
 class Layout:
-    """Called with the values not fixed, by name (``free``), and the repeated group: the call's
-    ARGV. TypeError names any value missing or unexpected."""
+    """Called with the values not fixed, by name (``free``: a counted list as a flat sequence,
+    ``context`` sent last, counts worked out), and the repeated group flat: the call's ARGV.
+    TypeError names any value missing or unexpected."""
 
-    __slots__ = ("_group", "_pieces", "fixed", "free", "signature")
+    __slots__ = ("_group", "_pieces", "free", "signature")
 
     def __init__(self, signature: Signature, fixed: dict):
         counted = {count: (lst, size) for count, lst, size in signature.counts}
+        lists = {lst for _, lst, _ in signature.counts if lst}  # (each given as a sequence)
         wanted = signature.wanted
         unexpected = [n for n in fixed if n not in wanted]
         if unexpected:
             raise TypeError(f"{signature.script}.lua takes no {unexpected} (it takes {wanted})")
-        self.signature, self.fixed = signature, dict(fixed)
+        self.signature = signature
         #: The names a call gives, in header order.
         self.free = tuple(n for n in wanted if n not in fixed)
         self._group = len(signature.rest)
@@ -205,9 +192,9 @@ class Layout:
                 lst, size = counted[name]
                 piece = (_FIXED, (len(fixed[lst]) // size,)) if lst in fixed else (_COUNT, (lst, size))
             elif name in fixed:
-                piece = (_FIXED, tuple(fixed[name]) if name in signature.lists else (fixed[name],))
+                piece = (_FIXED, tuple(fixed[name]) if name in lists else (fixed[name],))
             else:
-                piece = (_LIST if name in signature.lists else _ONE, name)
+                piece = (_LIST if name in lists else _ONE, name)
             if piece[0] == _FIXED and pieces and pieces[-1][0] == _FIXED:  # one piece for a run of them
                 piece = (_FIXED, pieces.pop()[1] + piece[1])
             pieces.append(piece)
@@ -220,26 +207,22 @@ class Layout:
     def __call__(self, *rest, **named) -> list:
         if len(named) != len(self.free) or (len(rest) % self._group if self._group else rest):
             self._refuse(rest, named)
-        try:
-            return self._build(rest, named)
-        except KeyError:
-            self._refuse(rest, named)
-
-    def _build(self, rest: tuple, named: dict) -> list:
-        """The ARGV of the pieces; KeyError for a name not given."""
         out: list = []
-        for kind, value in self._pieces:
-            if kind == _FIXED:
-                out.extend(value)
-            elif kind == _ONE:
-                out.append(named[value])
-            elif kind == _LIST:
-                out.extend(named[value])
-            elif kind == _COUNT:
-                lst, size = value
-                out.append(len(named[lst] if lst else rest) // size)
-            else:
-                out.extend(rest)
+        try:
+            for kind, value in self._pieces:
+                if kind == _FIXED:
+                    out.extend(value)
+                elif kind == _ONE:
+                    out.append(named[value])
+                elif kind == _LIST:
+                    out.extend(named[value])
+                elif kind == _COUNT:
+                    lst, size = value
+                    out.append(len(named[lst] if lst else rest) // size)
+                else:
+                    out.extend(rest)
+        except KeyError:  # a name not given
+            self._refuse(rest, named)
         return out
 
     def _refuse(self, rest: tuple, named: dict) -> NoReturn:

@@ -1,24 +1,25 @@
-"""The runner: the scripts as callables (``get_scripts``), one call on the thread's own connection
-(``wire.py``, redis-py's ``Script`` after a connection error) or a batch in one round trip
-(``run_calls``), with WAIT for replicas (``run_replicated``, docs/deployments.md). On a Redis
-Cluster each call goes to its slot's master, is rerouted after a failover and waits out a moving
-slot: docs/cluster.md ("How it works", "Resharding").
+"""The runner: the scripts as callables (``get_scripts``) that run a call (``LuaScript.run``,
+with WAIT for replicas: docs/deployments.md) or send it without waiting (``send_nowait``), and
+a batch in one round trip (``run_calls``, ``run_replicated``). On a Redis Cluster each call goes
+to its slot's master: docs/cluster.md ("How it works", "Resharding").
 """
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
+from typing import Any
 
 import redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..storage.connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
-from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, uses_functions
+from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, send, uses_functions
 
 
 class _FirstSend(str):
-    """The type of ``FIRST_SEND``."""
+    pass
 
 
 #: An argument a call carries on its first send only, so a script may skip what only a repeat
@@ -33,8 +34,7 @@ def resent(args) -> list:
 
 
 class LuaScript:
-    """One script: ``script(keys=..., args=..., client=...)`` runs it (FCALL, else EVALSHA);
-    ``words(client, keys, args)`` is the call as a command, for pipelines."""
+    """One script: ``script(keys=..., args=..., client=...)`` runs it (FCALL, else EVALSHA)."""
 
     def __init__(self, client: redis.Redis, name: str):
         self.name = name
@@ -48,41 +48,51 @@ class LuaScript:
         return self.command(uses_functions(client), keys, resent(args))
 
     def command(self, functions: bool, keys, args) -> tuple:
-        """The call as FCALL (``functions``), else as EVALSHA."""
         if functions:
             return ("FCALL", self.function, len(keys), *keys, *args)
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def __call__(self, keys=(), args=(), client=None):
+        return self.run(client, keys, args)[0]
+
+    def run(self, client, keys, args, wait: tuple | None = None) -> tuple[Any, int]:
+        """The call on the thread's own connection (``wire.Line``), ``WAIT *wait`` after it there:
+        ``(its reply, replicas that acknowledged)`` (0 without ``wait`` or a ``Line``). After a
+        lost connection it goes through redis-py's ``Script`` (its retries), or with ``wait``
+        once more on a new connection (the calls that wait are idempotent)."""
         if is_cluster(client):
-            return self._on_cluster(keys, args, client)
-        line = own_line(client)
-        if line is None:
-            return self._by_redis_py(keys, args, client)
-        try:
-            return line.run(client.connection_pool, self, keys, args)
-        except LOST:
-            drop_line(client, line)
-            return self._by_redis_py(keys, args, client)
-        except ResponseError as exc:
-            raise_if_demoted(client, line, exc)
-            raise
+            return self._on_cluster(keys, args, client), 0
+        for again in (False, True):
+            line = None if again and wait is None else own_line(client)
+            if line is None:
+                return self._by_redis_py(keys, args, client), 0
+            try:
+                reply = line.run(client.connection_pool, self, keys, resent(args) if again else args)
+                return reply, int(line.call("WAIT", *wait)) if wait else 0
+            except LOST:
+                drop_line(client, line)
+                if again:
+                    raise
+            except ResponseError as exc:
+                raise_if_demoted(client, line, exc)
+                raise
+        raise AssertionError("unreachable")
 
     def send_nowait(self, keys, args, client) -> Flight | None:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
-        nothing sent, on a cluster or pipeline client, before the library is loaded, or when the
-        send failed (its connection dropped)."""
+        nothing sent, without a ``Line``, before the library is loaded, or when the send failed."""
         line = own_line(client)
-        if line is None:
+        if line is None or not uses_functions(client):
             return None
         try:
-            return line.send(client.connection_pool, self, keys, resent(args))
+            send(line.conn, self.command(True, keys, resent(args)))
         except LOST:
             drop_line(client, line)
             return None
+        return Flight(line)
 
     def _by_redis_py(self, keys, args, client):
-        """The call through redis-py's ``Script`` (its retries and routing): ``resent`` args."""
+        """The call through redis-py's ``Script`` (its retries and routing)."""
         try:
             return self._script(keys=keys, args=resent(args), client=client)
         except ResponseError as exc:
@@ -97,8 +107,8 @@ class LuaScript:
         )
 
     def _once_on_cluster(self, keys, args, cluster):
-        """The call on this thread's connection to its slot's master; after a moved slot or a
-        failed node, through ``RedisCluster``."""
+        """The call on the thread's ``Line`` to its slot's master; after a moved slot or a failed
+        node, through ``RedisCluster``."""
         node = node_client(cluster, keys[0])
         line = own_line(node)
         assert line is not None  # (a node's client is a plain one)
@@ -111,61 +121,33 @@ class LuaScript:
             return self._by_redis_py(keys, args, cluster)
 
 
-class Scripts:
-    """The registered scripts, as attributes: ``scripts.pop(keys=..., args=..., client=...)``."""
-
-    def __init__(self, client: redis.Redis):
-        for name in SCRIPT_NAMES:
-            setattr(self, name, LuaScript(client, name))
-
-
 _lock = threading.Lock()
-_scripts: Scripts | None = None
+_scripts: SimpleNamespace | None = None
 
 
-def get_scripts(client: redis.Redis) -> Scripts:
-    """Process-wide ``Scripts``; each call site passes its own client (``client=``)."""
+def get_scripts(client: redis.Redis) -> SimpleNamespace:
+    """The process's ``LuaScript`` of each script, by name (``scripts.pop(keys=..., args=...,
+    client=...)``); each call site passes its own client."""
     global _scripts
     if _scripts is None:
         with _lock:
             if _scripts is None:
-                _scripts = Scripts(client)
+                _scripts = SimpleNamespace(**{name: LuaScript(client, name) for name in SCRIPT_NAMES})
     return _scripts
 
 
 def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
     """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
-    reply raised. A call whose function or script was missing (a restart) runs again alone,
-    which loads it."""
-    return _run(client, calls, None)[0] if calls else []
+    reply raised."""
+    return run_replicated(client, calls, 0, 0)[0] if calls else []
 
 
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_calls``, then ``WAIT replicas timeout_ms`` in the same round trip: ``(replies,
-    replicas that acknowledged every write)``; on a cluster the fewest of any node, 0 when a
-    call was rerouted. WAIT cannot undo a write."""
-    return _run(client, calls, (replicas, timeout_ms))
-
-
-def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``calls`` (``WAIT *wait`` after them where given): replies, the first error raised, and
-    the replicas that acknowledged (0 without ``wait``)."""
-    if is_cluster(client):
-        least = [wait[0] if wait else 0]
-
-        def on_node(node, group):
-            try:
-                replies, n = _in_place(node, group, wait)
-            except Exception as exc:
-                if _rerun(exc):
-                    least[0] = 0  # rerun without a WAIT: not confirmed
-                raise
-            least[0] = 0 if any(_rerun(r) for r in replies) else min(least[0], n)
-            return replies
-
-        replies, acked = _per_node(client, calls, on_node), least[0]
-    else:
-        replies, acked = _in_place(client, calls, wait)
+    """``run_calls``, then (``replicas`` > 0) ``WAIT replicas timeout_ms`` in the same round trip:
+    ``(replies, replicas that acknowledged every write)``, 0 without WAIT; on a cluster the
+    fewest of any node, 0 when a call was rerouted. WAIT cannot undo a write."""
+    wait = (replicas, timeout_ms) if replicas else None
+    replies, acked = (_per_node if is_cluster(client) else _in_place)(client, calls, wait)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
@@ -173,7 +155,8 @@ def _run(client, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
 
 
 def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``_run`` on one server, in one round trip, error replies in place."""
+    """``run_replicated`` on one server, in one round trip, error replies in place. A call whose
+    function or script was missing (a restart) runs again alone, which loads it."""
     if len(calls) == 1 and (wait is None or own_line(client) is not None):  # no pipeline
         script, keys, args = calls[0]
         return _alone(client, script, keys, args, wait)
@@ -196,53 +179,35 @@ def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tu
 
 
 def _alone(client, script, keys, args, wait: tuple | None) -> tuple[list, int]:
-    """One call (``WAIT *wait`` after it on the thread's own connection where given): ``([its
-    reply or error reply], replicas that acknowledged)``; 0 without a connection to WAIT on. A
-    connection error before the WAIT is tried once more on a new connection (the calls that
-    wait are idempotent)."""
+    """``LuaScript.run``, its error reply in place: ``([reply], replicas that acknowledged)``."""
     try:
-        if wait is None or own_line(client) is None:
-            return [script(keys=keys, args=args, client=client)], 0
-        for attempt in (1, 2):
-            line = own_line(client)
-            assert line is not None
-            try:
-                reply = line.run(client.connection_pool, script, keys, args if attempt == 1 else resent(args))
-                return [reply], int(line.call("WAIT", *wait))
-            except LOST:
-                drop_line(client, line)
-                if attempt == 2:
-                    raise
-            except ResponseError as exc:
-                raise_if_demoted(client, line, exc)
-                raise
-        raise AssertionError("unreachable")
+        reply, acked = script.run(client, keys, args, wait)
+        return [reply], acked
     except ResponseError as exc:
         return [exc], 0
 
 
-def _per_node(cluster, calls: list[tuple], run_group) -> list:
-    """``calls`` on a cluster, each master's share by ``run_group(node, calls)``: replies in order,
-    errors in place. A call that met a moved slot or a failed node runs again alone through the
-    cluster client. It may have run already (a pipeline cut off midway): at least once holds (an
+def _per_node(cluster, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
+    """``run_replicated`` on a cluster, each master's share ``_in_place``. A call that met a moved
+    slot or a failed node runs again alone through the cluster client, without a WAIT (then 0:
+    not confirmed). It may have run already (a pipeline cut off midway): at least once holds (an
     insert is stored once by its publish id, an ack finds its lease gone, a lease runs out)."""
     replies: list = [None] * len(calls)
+    acked = wait[0] if wait else 0
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():
         try:
-            got = run_group(node, [calls[i] for i in idx])
+            got, n = _in_place(node, [calls[i] for i in idx], wait)
         except Exception as exc:
             if not _rerun(exc):
                 raise
-            got = [exc] * len(idx)
+            got, n = [exc] * len(idx), 0
+        acked = min(acked, n)
         for i, reply in zip(idx, got):
             if _rerun(reply):
                 script, keys, args = calls[i]
-                try:
-                    reply = script(keys=keys, args=resent(args), client=cluster)
-                except ResponseError as exc:
-                    reply = exc
+                [reply], acked = _alone(cluster, script, keys, resent(args), None)
             replies[i] = reply
-    return replies
+    return replies, acked
 
 
 def _rerun(reply) -> bool:

@@ -1,10 +1,8 @@
-"""The wire, on redis-py's public connection methods: a script call as FCALL (EVALSHA where
-functions are refused) on a connection the calling thread keeps (``Line``), its reply polled for
-briefly (``set_spin_wait``) before the thread sleeps; a call sent now and read later (``Flight``);
-calls streamed on a pooled connection (``CallStream``). The library is loaded once per server and
-again when it is gone. Why: docs/performance.md ("Where the speed comes from"); functions or
-EVALSHA: docs/deployments.md ("An ACL user"); a READONLY reply closes the connection:
-docs/cluster.md.
+"""The wire, on redis-py's public connection methods: a script call on the calling thread's own
+connection (``Line``), its reply polled for briefly before the thread sleeps; a call read later
+(``Flight``); calls streamed on a pooled connection (``CallStream``). Why: docs/performance.md
+("Where the speed comes from"); FCALL or EVALSHA: docs/deployments.md ("An ACL user"); a
+READONLY reply closes the connection: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..storage import constants as C
-from ..storage.connections import is_cluster
 from .assembly import library
 
 #: What a lost connection raises while sending or reading.
@@ -44,15 +41,13 @@ except ImportError:  # pragma: no cover - hiredis is optional
 
 
 def set_spin_wait(pool, microseconds: float) -> None:
-    """How long a script call on ``pool``'s connections polls for its reply before it sleeps
-    (0: it sleeps at once, as redis-py does)."""
+    """How long a script call on ``pool`` polls for its reply before it sleeps (0: not at all)."""
     _spin[pool] = int(microseconds * 1000)
 
 
 def send(conn, words: tuple, check_health: bool = True) -> None:
-    """Send one command on ``conn``, packed by hiredis where it is installed (redis-py's own
-    packer encodes each argument in Python first: 30 us for an insert's), else by redis-py (and
-    for an argument hiredis refuses: redis-py's error then)."""
+    """Send one command on ``conn``, packed by hiredis where installed, else (and for an
+    argument hiredis refuses) by redis-py."""
     try:
         packed = [_pack(words)] if _pack is not None else conn.pack_command(*words)
     except TypeError:
@@ -105,8 +100,8 @@ class Line:
         return conn.read_response()
 
     def run(self, pool, script, keys, args):
-        """``script`` (a ``runner.LuaScript``): FCALL (the library loaded when needed, and again
-        when gone), else EVALSHA (the script loaded on NOSCRIPT)."""
+        """``script`` (a ``runner.LuaScript``) as FCALL (the library loaded when needed, and again
+        when gone), else EVALSHA (loaded on NOSCRIPT)."""
         use = _functions.get(pool)
         if use is None:
             use = load_library(self.conn, pool)
@@ -121,20 +116,10 @@ class Line:
                 raise
         return self.call(*words, spin_ns=spin)
 
-    def send(self, pool, script, keys, args) -> Flight | None:
-        """Send ``script`` as FCALL and return its ``Flight`` at once; None, nothing sent, when
-        the library is not known loaded there."""
-        if _functions.get(pool) is not True:
-            return None
-        send(self.conn, script.command(True, keys, args))
-        self.flight = Flight(self)
-        return self.flight
-
 
 class _Held:
-    """One thread's ``Line`` per pool, closed and handed back when the thread ends (its
-    thread-local storage goes, and this with it): a finished thread holds no slot of
-    ``max_connections``."""
+    """One thread's ``Line`` per pool, closed and handed back when the thread ends (with its
+    thread-local storage): a finished thread holds no slot of ``max_connections``."""
 
     def __init__(self):
         self.lines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -151,8 +136,8 @@ _pinned = threading.local()
 
 @cache
 def plain_client(cls: type) -> bool:
-    """A plain redis-py client class (not a pipeline, not a cluster client); cached per class,
-    as ``issubclass`` against ``Pipeline`` is slow."""
+    """A plain redis-py client class (not a pipeline, not a cluster client)? Cached: ``issubclass``
+    against ``Pipeline`` is slow."""
     return issubclass(cls, redis.Redis) and not issubclass(cls, redis.client.Pipeline)
 
 
@@ -174,8 +159,7 @@ def own_line(client) -> Line | None:
 
 
 def drop_line(client, line: Line) -> None:
-    """A line that failed: its connection closed and handed back to its pool (it reconnects
-    when used)."""
+    """A line that failed: its connection closed and handed back to its pool."""
     held = getattr(_pinned, "held", None)
     if held is not None:
         held.lines.pop(client.connection_pool, None)
@@ -187,8 +171,8 @@ _REFUSALS = ("unknown command", "unknown subcommand", "NOPERM", "no permissions"
 
 
 def load_library(conn, pool) -> bool:
-    """Load the library on ``conn``'s server; whether its functions can be called there. Any
-    other refusal raises: the library itself is wrong."""
+    """Load the library on ``conn``'s server: whether its functions can be called there. Another
+    refusal than ``_REFUSALS`` raises: the library itself is wrong."""
     try:
         conn.send_command("FUNCTION", "LOAD", library().text)
         conn.read_response()
@@ -229,7 +213,7 @@ def demoted(conn, exc: Exception) -> RedisConnectionError:
 
 def raise_if_demoted(client, line: Line | None, exc: Exception) -> None:
     """For a READONLY reply on ``line`` (None: on ``client``'s pool): drop the line (close the
-    pool's idle connections) and raise the connection error; else nothing."""
+    pool's idle connections) and raise ``demoted``."""
     if not readonly(exc):
         return
     if line is not None:
@@ -242,18 +226,19 @@ def raise_if_demoted(client, line: Line | None, exc: Exception) -> None:
 
 
 class Flight:
-    """A script call sent without waiting for its reply (``Line.send``). Its line carries it
-    until read: the thread's next call on the line reads it first, so replies never cross. A
-    failed read drops the connection and ``result()`` raises it."""
+    """A script call sent without waiting for its reply (``LuaScript.send_nowait``). Its line
+    carries it until read: the thread's next call on the line reads it first, so replies never
+    cross."""
 
     __slots__ = ("_reply", "conn", "done", "line")
 
     def __init__(self, line: Line):
         self.line, self.conn, self.done = line, line.conn, False
         self._reply: Any = None
+        line.flight = self
 
     def _land(self, reply) -> None:
-        """The reply in: a value, an error reply, or a failure (its connection then dropped)."""
+        """The reply in: a value, an error reply, or a failure (the connection then dropped)."""
         self._reply, self.done, self.line.flight = reply, True, None
         if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
             self.conn.disconnect()
@@ -265,8 +250,7 @@ class Flight:
             self._land(RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
 
     def ready(self) -> bool:
-        """Whether the reply is in (read now if the socket holds some of it; a partial reply is
-        read to its end, which the connection's timeout bounds)."""
+        """Whether the reply is in (read now if the socket holds some of it, to its end)."""
         if not self.done:
             try:
                 if not self.conn.can_read(0):
@@ -277,7 +261,7 @@ class Flight:
         return True
 
     def finish(self) -> None:
-        """Read the reply, waiting for it (the connection's timeout bounds the wait)."""
+        """Read the reply, waiting for it up to the connection's timeout."""
         if not self.done:
             try:
                 reply = self.conn.read_response()
@@ -294,11 +278,10 @@ class Flight:
 
 
 class CallStream:
-    """Script calls written to one pooled connection now, their replies read later, so Redis
-    runs a publish batch's inserts (``transport/batches.py``) while the client prepares the next
-    ones (docs/publishing.md). Not the thread's own ``Line``: another call on the thread must
-    not read the stream's replies as its own. No health check runs while replies are
-    outstanding (its PING would read one as its own)."""
+    """Script calls written to one pooled connection now, their replies read later: Redis runs a
+    publish batch's inserts while the client prepares the next ones (docs/publishing.md). Not
+    the thread's ``Line``: another call on the thread must not read the stream's replies. No
+    health check runs while replies are outstanding (its PING would read one as its own)."""
 
     def __init__(self, client, conn):
         self.client = client
@@ -308,10 +291,10 @@ class CallStream:
 
     @classmethod
     def open(cls, client) -> CallStream | None:
-        """A stream on a connection of ``client``'s pool (the library loaded there if needed), or
-        None for a cluster client or a pipeline: the caller then makes round trips."""
+        """A stream on a connection of ``client``'s pool (the library loaded there if needed);
+        None for a cluster client or a pipeline."""
         pool = getattr(client, "connection_pool", None)
-        if pool is None or is_cluster(client) or not plain_client(client.__class__):
+        if pool is None or not plain_client(client.__class__):
             return None
         conn = take_connection(pool)
         try:
@@ -323,8 +306,8 @@ class CallStream:
         return cls(client, conn)
 
     def send(self, script, keys, args) -> None:
-        """Write one script call without reading its reply. A lost connection raises (LOST) and
-        breaks the stream; the calls sent before may have run, their replies lost."""
+        """Write one script call. A lost connection raises (LOST) and breaks the stream; the
+        calls sent before may have run, their replies lost."""
         try:
             send(self.conn, script.words(self.client, keys, args), check_health=not self.outstanding)
         except BaseException:
@@ -333,9 +316,8 @@ class CallStream:
         self.outstanding += 1
 
     def read(self):
-        """The oldest unread reply: its value, or its error reply returned (not raised) as an
-        exception. A lost connection raises (LOST) and breaks the stream; READONLY (a demoted
-        server) breaks it too and is returned as a connection error."""
+        """The oldest unread reply: its value, or its error reply returned (not raised). A lost
+        connection raises (LOST) and breaks the stream; READONLY breaks it, returned ``demoted``."""
         if not self.outstanding:
             raise RuntimeError("no reply is outstanding on this call stream")
         self.outstanding -= 1
@@ -352,8 +334,7 @@ class CallStream:
         return reply
 
     def close(self) -> None:
-        """Hand the connection back, the outstanding replies read and dropped first; closed
-        instead when broken or a read fails."""
+        """Hand the connection back, the outstanding replies read first; closed when broken."""
         conn, pool = self.conn, self.client.connection_pool
         try:
             while self.outstanding and not self.broken:

@@ -5,7 +5,6 @@ import pytest
 
 from celery_pq import Item
 from celery_pq import queue as queue_module
-from celery_pq.queue import core as queue_core
 from celery_pq.queue import running as queue_running
 from celery_pq.storage.errors import ErrorCode
 
@@ -47,10 +46,9 @@ def test_acks_of_several_queues_ride_with_one_pop_in_one_round_trip(make_pq, mon
     b.insert_many([Item(b"x", 1, "b1"), Item(b"x", 1, "b2")])
     [held_a], [held_b] = a.pop(1), b.pop(1)
     trips = []
-    run_calls = queue_core.run_calls
-    spy = lambda client, calls: trips.append(len(calls)) or run_calls(client, calls)  # noqa: E731
-    monkeypatch.setattr(queue_core, "run_calls", spy)  # (a pop alone)
-    monkeypatch.setattr(queue_running, "run_calls", spy)  # (a pop with acks: run_acks)
+    run_waiting = queue_running.run_waiting
+    spy = lambda client, calls, *queues: trips.append(len(calls)) or run_waiting(client, calls, *queues)  # noqa: E731
+    monkeypatch.setattr(queue_running, "run_waiting", spy)  # (a pop, alone or with acks: run_acks)
     # When the second queue pops with both leases acked
     leases, codes = queue_module.pop_with_acks(
         b, 1, acks={a: [(held_a.id, held_a.token)], b: [(held_b.id, held_b.token)]}
