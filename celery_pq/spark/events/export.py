@@ -101,19 +101,6 @@ def _write_offsets(out: Path, offsets: dict[str, dict]) -> None:
     os.replace(tmp, out / OFFSETS)
 
 
-def _write_part(out: Path, queue: str, rows: list[tuple], position: int, schema) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = list(zip(*rows))
-    table = pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, schema)], schema=schema)
-    final = out / _part_name(queue, rows[-1][-1], position)
-    tmp = out / ("." + final.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, final)
-    return final
-
-
 def export_events(
     client,
     queues,
@@ -184,8 +171,18 @@ def _export(client, names, out, key_prefix, on_gap, rows_per_file, page) -> Expo
 
 
 def _flush(out, queue, rows, position, schema, result) -> int:
+    """Write ``rows`` (after ``position``) as the queue's next Parquet file, renamed into place,
+    then the offsets; the position of the last row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     position += len(rows)
-    result.files.append(_write_part(out, queue, rows, position, schema))
+    table = pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)], schema=schema)
+    final = out / _part_name(queue, rows[-1][-1], position)
+    tmp = out / ("." + final.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    result.files.append(final)
     result.exported[queue] += len(rows)
     result.offsets[queue] = {"sid": rows[-1][-1], "n": position}
     _write_offsets(out, result.offsets)
