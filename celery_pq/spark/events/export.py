@@ -125,7 +125,30 @@ def export_events(
         raise ValueError(f"rows_per_file must be a positive integer, got {rows_per_file!r}")
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
-        return _export(client, names, out, key_prefix, on_gap, rows_per_file, page)
+        offsets = read_offsets(out)
+        result = ExportResult(out, offsets=dict(offsets))
+        schema = arrow_schema()
+        for queue in names:
+            key = events_key(queue, key_prefix)
+            info = stream_info(client, key)
+            last = offsets.get(queue, {"sid": None, "n": 0})
+            gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
+            if gap:
+                result.gaps.append(gap)
+            result.exported[queue] = 0
+            if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):
+                continue
+            position = max(last["n"], trimmed(info))  # of the event before the first one read
+            rows: list[tuple] = []
+            # Up to the newest event at the start: a busy queue cannot keep it running.
+            for sid, fields in scan(client, key, last["sid"], info["last"], page):
+                rows.append(row(sid, fields))
+                if len(rows) >= rows_per_file:
+                    position = _flush(out, queue, rows, position, schema, result)
+                    rows = []
+            if rows:
+                _flush(out, queue, rows, position, schema, result)
+        return result
 
 
 @contextmanager
@@ -141,33 +164,6 @@ def _locked(out: Path):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _export(client, names, out, key_prefix, on_gap, rows_per_file, page) -> ExportResult:
-    offsets = read_offsets(out)
-    result = ExportResult(out, offsets=dict(offsets))
-    schema = arrow_schema()
-    for queue in names:
-        key = events_key(queue, key_prefix)
-        info = stream_info(client, key)
-        last = offsets.get(queue, {"sid": None, "n": 0})
-        gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
-        if gap:
-            result.gaps.append(gap)
-        result.exported[queue] = 0
-        if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):
-            continue
-        position = max(last["n"], trimmed(info))  # of the event before the first one read
-        rows: list[tuple] = []
-        # Up to the newest event at the start: a busy queue cannot keep it running.
-        for sid, fields in scan(client, key, last["sid"], info["last"], page):
-            rows.append(row(sid, fields))
-            if len(rows) >= rows_per_file:
-                position = _flush(out, queue, rows, position, schema, result)
-                rows = []
-        if rows:
-            _flush(out, queue, rows, position, schema, result)
-    return result
 
 
 def _flush(out, queue, rows, position, schema, result) -> int:
