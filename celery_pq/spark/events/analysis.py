@@ -69,13 +69,16 @@ def analyze(
     def bucket(col):
         return F.floor((F.col(col) - F.lit(base)) / F.lit(window_ms)).cast("long")
 
-    def window_start():
-        return F.timestamp_millis(F.lit(base) + F.col("bucket") * F.lit(window_ms))
+    def windowed(frame: DataFrame, *columns: str, order=()) -> DataFrame:
+        """``frame`` with its windows' ``window_start``, as ``queue, window_start, bucket, *columns``."""
+        start = F.timestamp_millis(F.lit(base) + F.col("bucket") * F.lit(window_ms))
+        frame = frame.withColumn("window_start", start).select("queue", "window_start", "bucket", *columns)
+        return frame.orderBy("queue", "bucket", *order)
 
     ev = ev.withColumn("bucket", bucket("ms"))
     # Cached: the other frames are built from ev and entries, and rank_error is the costliest pass.
     entries = _entries(ev).cache()
-    fairness = _fairness(ev, entries, bucket, window_start, weights or {})
+    fairness = _fairness(ev, entries, bucket, windowed, weights or {})
     rank_error = _rank_error(ev).cache()
     dead = (
         ev.where(F.col("event") == "dead")
@@ -86,19 +89,39 @@ def analyze(
         "summary": _summary(ev, entries, rank_error, fairness, window_ms),
         "entries": entries,
         "waits": _waits(ev, entries),
-        "share": _share(ev, window_start),
+        "share": windowed(_shares(ev, "queue", "bucket"), "tenant", "deliveries", "share", order=["tenant"]),
         "fairness": fairness,
         "rank_error": rank_error,
         "redeliveries": _redeliveries(ev),
         "dead": dead.select("queue", "id", "tenant", "task", "priority", "deliveries", "reason", "ts", "ms").orderBy(
             "ms"
         ),
-        "throughput": _throughput(ev, window_start, window_ms),
+        "throughput": _throughput(ev, windowed, window_ms),
     }
 
 
 def _count(event: str):
     return F.sum(F.when(F.col("event") == event, 1).otherwise(0)).cast("long")
+
+
+#: The count of each event in the frames: column -> event.
+_COUNTED = {
+    "enqueued": "enqueue",
+    "delivered": "deliver",
+    "acked": "ack",
+    "requeued": "requeue",
+    "expired": "expire",
+    "dead": "dead",
+    "removed": "remove",
+}
+
+
+def _counts(*columns: str) -> list:
+    return [_count(_COUNTED[c]).alias(c) for c in columns]
+
+
+def _wait_percentiles(*percents: int) -> list:
+    return [F.percentile("wait_ms", p / 100).alias(f"wait_p{p}_ms") for p in percents]
 
 
 def _entries(ev: DataFrame) -> DataFrame:
@@ -139,9 +162,7 @@ def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
         .groupBy("queue", "tenant")
         .agg(
             F.count(F.lit(1)).alias("waited"),
-            F.percentile(w, 0.5).alias("wait_p50_ms"),
-            F.percentile(w, 0.9).alias("wait_p90_ms"),
-            F.percentile(w, 0.99).alias("wait_p99_ms"),
+            *_wait_percentiles(50, 90, 99),
             F.avg(w).alias("wait_mean_ms"),
             F.max(w).alias("wait_max_ms"),
         )
@@ -153,15 +174,6 @@ def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
         .fillna(0, ["entries", "deliveries", "waited"])
         .fillna(0.0, ["share"])
         .orderBy("queue", "tenant")
-    )
-
-
-def _share(ev: DataFrame, window_start) -> DataFrame:
-    return (
-        _shares(ev, "queue", "bucket")
-        .withColumn("window_start", window_start())
-        .select("queue", "window_start", "bucket", "tenant", "deliveries", "share")
-        .orderBy("queue", "bucket", "tenant")
     )
 
 
@@ -213,7 +225,7 @@ def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
     return out.withColumn("jain", jain).drop("sx", "sxx")
 
 
-def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
+def _fairness(ev, entries, bucket, windowed, weights) -> DataFrame:
     """Per queue and window: Jain's index over all tenants (``jain``) and within each rank
     (``jain_within_rank``, the window's ranks weighted by their deliveries; docs/spark.md)."""
     overall = _jain(ev, entries, bucket, weights, ["queue"])
@@ -223,12 +235,8 @@ def _fairness(ev, entries, bucket, window_start, weights) -> DataFrame:
         .groupBy("queue", "bucket")
         .agg((F.sum(F.col("jain") * F.col("deliveries")) / F.sum("deliveries")).alias("jain_within_rank"))
     )
-    return (
-        overall.join(within, ["queue", "bucket"], "left")
-        .withColumn("window_start", window_start())
-        .select("queue", "window_start", "bucket", "tenants", "deliveries", "jain", "jain_within_rank")
-        .orderBy("queue", "bucket")
-    )
+    fair = overall.join(within, ["queue", "bucket"], "left")
+    return windowed(fair, "tenants", "deliveries", "jain", "jain_within_rank")
 
 
 class Fenwick:
@@ -326,27 +334,16 @@ def _redeliveries(ev: DataFrame) -> DataFrame:
             .cast("long")
             .alias("redeliveries"),
             _count("requeue").alias("requeues"),
-            _count("expire").alias("expired"),
-            _count("dead").alias("dead"),
+            *_counts("expired", "dead"),
         )
         .orderBy("queue", "tenant")
     )
 
 
-def _throughput(ev: DataFrame, window_start, window_ms: int) -> DataFrame:
-    return (
-        ev.groupBy("queue", "bucket")
-        .agg(
-            _count("enqueue").alias("enqueued"),
-            _count("deliver").alias("delivered"),
-            _count("ack").alias("acked"),
-            _count("dead").alias("dead"),
-        )
-        .withColumn("acked_per_s", F.col("acked") / F.lit(window_ms / 1000.0))
-        .withColumn("window_start", window_start())
-        .select("queue", "window_start", "bucket", "enqueued", "delivered", "acked", "dead", "acked_per_s")
-        .orderBy("queue", "bucket")
-    )
+def _throughput(ev: DataFrame, windowed, window_ms: int) -> DataFrame:
+    counts = ev.groupBy("queue", "bucket").agg(*_counts("enqueued", "delivered", "acked", "dead"))
+    tput = counts.withColumn("acked_per_s", F.col("acked") / F.lit(window_ms / 1000.0))
+    return windowed(tput, "enqueued", "delivered", "acked", "dead", "acked_per_s")
 
 
 def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
@@ -354,32 +351,14 @@ def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
         ev.groupBy("queue")
         .agg(
             F.count(F.lit(1)).alias("events"),
-            *[
-                _count(e).alias(n)
-                for e, n in (
-                    ("enqueue", "enqueued"),
-                    ("deliver", "delivered"),
-                    ("ack", "acked"),
-                    ("requeue", "requeued"),
-                    ("expire", "expired"),
-                    ("dead", "dead"),
-                    ("remove", "removed"),
-                )
-            ],
+            *_counts("enqueued", "delivered", "acked", "requeued", "expired", "dead", "removed"),
             F.min("ms").alias("first_ms"),
             F.max("ms").alias("last_ms"),
         )
         .withColumn("span_s", (F.col("last_ms") - F.col("first_ms")) / 1000.0)
     )
     counts = counts.withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
-    waits = (
-        entries.where(F.col("wait_ms").isNotNull())
-        .groupBy("queue")
-        .agg(
-            F.percentile("wait_ms", 0.5).alias("wait_p50_ms"),
-            F.percentile("wait_ms", 0.99).alias("wait_p99_ms"),
-        )
-    )
+    waits = entries.where(F.col("wait_ms").isNotNull()).groupBy("queue").agg(*_wait_percentiles(50, 99))
     errors = rank_error.groupBy("queue").agg(
         F.avg("rank_error").alias("rank_error_mean"),
         F.max("rank_error").alias("rank_error_max"),

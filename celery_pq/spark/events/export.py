@@ -101,19 +101,6 @@ def _write_offsets(out: Path, offsets: dict[str, dict]) -> None:
     os.replace(tmp, out / OFFSETS)
 
 
-def _write_part(out: Path, queue: str, rows: list[tuple], position: int, schema) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = list(zip(*rows))
-    table = pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, schema)], schema=schema)
-    final = out / _part_name(queue, rows[-1][-1], position)
-    tmp = out / ("." + final.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, final)
-    return final
-
-
 def export_events(
     client,
     queues,
@@ -138,7 +125,30 @@ def export_events(
         raise ValueError(f"rows_per_file must be a positive integer, got {rows_per_file!r}")
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
-        return _export(client, names, out, key_prefix, on_gap, rows_per_file, page)
+        offsets = read_offsets(out)
+        result = ExportResult(out, offsets=dict(offsets))
+        schema = arrow_schema()
+        for queue in names:
+            key = events_key(queue, key_prefix)
+            info = stream_info(client, key)
+            last = offsets.get(queue, {"sid": None, "n": 0})
+            gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
+            if gap:
+                result.gaps.append(gap)
+            result.exported[queue] = 0
+            if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):
+                continue
+            position = max(last["n"], trimmed(info))  # of the event before the first one read
+            rows: list[tuple] = []
+            # Up to the newest event at the start: a busy queue cannot keep it running.
+            for sid, fields in scan(client, key, last["sid"], info["last"], page):
+                rows.append(row(sid, fields))
+                if len(rows) >= rows_per_file:
+                    position = _flush(out, queue, rows, position, schema, result)
+                    rows = []
+            if rows:
+                _flush(out, queue, rows, position, schema, result)
+        return result
 
 
 @contextmanager
@@ -156,36 +166,19 @@ def _locked(out: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _export(client, names, out, key_prefix, on_gap, rows_per_file, page) -> ExportResult:
-    offsets = read_offsets(out)
-    result = ExportResult(out, offsets=dict(offsets))
-    schema = arrow_schema()
-    for queue in names:
-        key = events_key(queue, key_prefix)
-        info = stream_info(client, key)
-        last = offsets.get(queue, {"sid": None, "n": 0})
-        gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
-        if gap:
-            result.gaps.append(gap)
-        result.exported[queue] = 0
-        if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):
-            continue
-        position = max(last["n"], trimmed(info))  # of the event before the first one read
-        rows: list[tuple] = []
-        # Up to the newest event at the start: a busy queue cannot keep it running.
-        for sid, fields in scan(client, key, last["sid"], info["last"], page):
-            rows.append(row(sid, fields))
-            if len(rows) >= rows_per_file:
-                position = _flush(out, queue, rows, position, schema, result)
-                rows = []
-        if rows:
-            _flush(out, queue, rows, position, schema, result)
-    return result
-
-
 def _flush(out, queue, rows, position, schema, result) -> int:
+    """Write ``rows`` (after ``position``) as the queue's next Parquet file, renamed into place,
+    then the offsets; the position of the last row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     position += len(rows)
-    result.files.append(_write_part(out, queue, rows, position, schema))
+    table = pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)], schema=schema)
+    final = out / _part_name(queue, rows[-1][-1], position)
+    tmp = out / ("." + final.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, final)
+    result.files.append(final)
     result.exported[queue] += len(rows)
     result.offsets[queue] = {"sid": rows[-1][-1], "n": position}
     _write_offsets(out, result.offsets)

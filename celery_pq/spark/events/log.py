@@ -1,6 +1,6 @@
 """The event log's reading side, without Spark, for ``source.py`` and ``export.py``: the streams'
 keys (one per shard), the columns, rows, pages, and the check for events trimmed by a stream's
-cap. docs/spark.md ("Reading the log"), docs/events.md.
+cap; and the broker URL check the writer shares. docs/spark.md ("Reading the log"), docs/events.md.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TypedDict
-from urllib.parse import urlsplit, urlunsplit
 
 from ...storage.constants import KEY_PREFIX
 from ...storage.errors import ConfigError
@@ -53,15 +52,20 @@ class EventLogGap(Exception):
     """Events the reader had not read yet were trimmed from the capped stream (``on_gap=fail``)."""
 
 
-def redis_url(url) -> str:
-    """A ``pq://``/``pqs://``/``redis://``/``rediss://`` broker URL as the redis-py URL of the same
-    Redis; ConfigError naming the value otherwise."""
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError(f"option 'broker' is required: a pq:// or redis:// URL, got {url!r}")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in SCHEMES:
+def broker_url(value) -> str:
+    """Option ``broker`` stripped; ConfigError unless it is a pq://, pqs://, redis:// or rediss:// URL."""
+    url = value.strip() if isinstance(value, str) else ""
+    if not url:
+        raise ConfigError("option 'broker' is required: the broker URL (pq://HOST:PORT/DB)")
+    if "://" not in url or url.split("://", 1)[0].lower() not in SCHEMES:
         raise ConfigError(f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {redact(url)}")
-    return urlunsplit((SCHEMES[parts.scheme], *parts[1:]))
+    return url
+
+
+def redis_url(url) -> str:
+    """Broker URL ``url`` (``broker_url``) as the redis-py URL of the same Redis."""
+    scheme, rest = broker_url(url).split("://", 1)
+    return f"{SCHEMES[scheme.lower()]}://{rest}"
 
 
 def queue_names(value) -> list[str]:

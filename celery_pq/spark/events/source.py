@@ -144,25 +144,20 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out = {}
         for queue in self.settings.queues:
             a, b = start[queue], latest[queue]
+            out[queue] = a
             if parse_sid(b["sid"]) <= parse_sid(a["sid"]):
-                out[queue] = a
                 continue
             if budget is None:
                 out[queue] = b
-                continue
-            if budget <= 0:
-                out[queue] = a
-                continue
-            lo = "-" if a["sid"] == "0-0" else "(" + a["sid"]
-            batch = self.client.xrange(self.settings.key(queue), lo, b["sid"], count=budget)
-            if not batch:
-                out[queue] = a
-                continue
-            # Positions continue from the start's, or from the oldest entry left if the events
-            # after the start were trimmed meanwhile (partitions() reports that gap).
-            info = stream_info(self.client, self.settings.key(queue))
-            out[queue] = {"sid": as_text(batch[-1][0]), "n": max(a["n"], trimmed(info)) + len(batch)}
-            budget -= len(batch)
+            elif budget > 0:
+                lo = "-" if a["sid"] == "0-0" else "(" + a["sid"]
+                batch = self.client.xrange(self.settings.key(queue), lo, b["sid"], count=budget)
+                if batch:
+                    # Positions continue from the start's, or from the oldest entry left if the
+                    # events after the start were trimmed meanwhile (partitions() reports that gap).
+                    info = stream_info(self.client, self.settings.key(queue))
+                    out[queue] = {"sid": as_text(batch[-1][0]), "n": max(a["n"], trimmed(info)) + len(batch)}
+                    budget -= len(batch)
         return out
 
     def partitions(self, start: dict, end: dict) -> list[EventsPartition]:

@@ -102,6 +102,11 @@ class PartitionWriter:
         if path:
             write_rejects(path, summary, [r for m in reports for r in m.rejects], self.schema_json)
 
+    def _aborted(self, messages, message: str, *args) -> None:
+        """Log ``message % (*args, partitions finished, rows they sent)`` as an error."""
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
+        logger.error(message, *args, len(reports), sum(m.sent for m in reports))
+
 
 class RateCap:
     """``rows_per_second`` over every Spark task of one sink: each takes rows from the counter of
@@ -170,11 +175,6 @@ class Sink:
             self.routing.add_queue(name)  # declared, as a Celery producer's queue is (pq stats lists it)
         return q
 
-    def pace(self, batch, report: PartitionReport) -> None:
-        """Return when ``rows_per_second`` lets ``batch`` go."""
-        if self.rate is not None and batch:
-            self.rate.take(len(batch), report)
-
     def send(self, batch, report: PartitionReport) -> None:
         """Insert a batch of ``(queue, Item)``, counting the rows stored and already stored."""
         by_queue: dict = {}
@@ -239,7 +239,8 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
 
     def flush():
         nonlocal batch, start, now
-        sink.pace(batch, report)
+        if sink.rate is not None and batch:
+            sink.rate.take(len(batch), report)
         if hooks is not None:
             hooks.begin(start, position)
         sink.send(batch, report)

@@ -16,8 +16,8 @@ from typing import Any
 from ...storage import constants as C
 from ...storage.checks import count
 from ...storage.errors import ConfigError
-from ...storage.redact import redact
 from ...transport.options import Options
+from ..events.log import broker_url
 
 #: Columns with a meaning of their own when present (docs/spark.md, Columns).
 ROLE_COLUMNS = ("priority", "tenant", "task_id", "countdown", "eta", "queue")
@@ -184,15 +184,10 @@ class WriterSettings:
                 f"unknown option(s) {', '.join(map(repr, unknown))} for format 'celery_pq' "
                 f"(options: {', '.join(_OWN)} and the transport options)"
             )
-        for required, what in (("broker", "the broker URL (pq://HOST:PORT/DB)"), ("task", "the Celery task name")):
-            if not (given.get(required) or "").strip():
-                raise ConfigError(f"option {required!r} is required: {what}")
-        broker, task = given["broker"].strip(), given["task"].strip()
-        scheme = broker.split("://", 1)[0].lower() if "://" in broker else ""
-        if scheme not in ("pq", "pqs", "redis", "rediss"):
-            raise ConfigError(
-                f"option 'broker' must be a pq://, pqs://, redis:// or rediss:// URL, got {redact(broker)}"
-            )
+        broker = broker_url(given.get("broker"))
+        task = (given.get("task") or "").strip()
+        if not task:
+            raise ConfigError("option 'task' is required: the Celery task name")
         opts = _transport(given)
         names = list(columns)
         values: dict[str, Any] = {name: _columns(name, given.get(name), names) for name in ("args", "kwargs", "key")}

@@ -6,8 +6,6 @@ DataFrames to tasks", "Every row is a task: identity and exactly once").
 
 from __future__ import annotations
 
-import logging
-
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
@@ -15,8 +13,6 @@ from ...storage.errors import ConfigError
 from .partition import PartitionReport, PartitionWriter, summarize, write_partition
 from .settings import WriterSettings
 from .stream import CeleryPQStreamWriter
-
-logger = logging.getLogger("celery_pq.spark")
 
 
 class CeleryPQWriter(PartitionWriter, DataSourceWriter):
@@ -44,14 +40,12 @@ class CeleryPQWriter(PartitionWriter, DataSourceWriter):
         )
 
     def abort(self, messages) -> None:
-        reports = [m for m in messages if isinstance(m, PartitionReport)]
-        logger.error(
+        self._aborted(
+            messages,
             "celery_pq writer: write %s failed; %d partitions had finished, %d rows sent by them "
             "(stored rows stay queued; running the write again sends its rows with a task_id or key "
             "once, and every row without one again: it is a new write)",
             self.settings.write_id,
-            len(reports),
-            sum(m.sent for m in reports),
         )
 
 

@@ -140,12 +140,10 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
                 prune_rate(client, query, prefix)
 
     def abort(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, PartitionReport)]
-        logger.error(
+        self._aborted(
+            messages,
             "celery_pq stream writer: micro-batch %d failed; %d partitions had finished, %d rows "
             "sent by them (they stay queued; the micro-batch's next run skips the rows it reads "
             "as they were, and sends the others)",
             batchId,
-            len(reports),
-            sum(m.sent for m in reports),
         )
