@@ -81,9 +81,7 @@ class PriorityQueue:
         """The publish id of the last insert (to retry it by hand after an error)."""
         return self._scripts.last_publish_id
 
-    def rank(self, priority: int) -> int:
-        """The rank of a priority: rank 0 is served first."""
-        return self._scripts.rank(priority)
+    rank = _verb(Scripts.rank)
 
     # -- INSERT (docs/publishing.md) ------------------------------------------------------------
     @overload
@@ -237,8 +235,3 @@ def ack_all(acks: dict) -> dict:
     many = [q._scripts.ack_call(pairs) for q, pairs in batches]
     replies = run_acks(batches[0][0].client, many, [q for q, _ in batches])
     return {q: list(r) for (q, _), r in zip(batches, replies)}
-
-
-def batch_call(queue: PriorityQueue, items: list[Item]) -> tuple:
-    """``inserts.batch_call`` of ``queue``: a publish batch's insert call and its reply's reader."""
-    return inserts.batch_call(queue._scripts, items)

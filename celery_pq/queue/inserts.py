@@ -133,10 +133,11 @@ def insert_many(
     return (ids, repeated) if repeats else ids
 
 
-def batch_call(s: Scripts, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], calls.Inserted | None]]:
-    """The insert call of a publish batch's items (each with its publish id), to send on a
-    stream, and what reads its reply (or the exception in its place): what was stored, None
-    to send it again."""
+def batch_call(queue, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], calls.Inserted | None]]:
+    """The insert call of a publish batch's items (each with its publish id) to ``queue`` (a
+    ``PriorityQueue``), to send on a stream, and what reads its reply (or the exception in its
+    place): what was stored, None to send it again."""
+    s: Scripts = queue._scripts
     sent = [(item, item.publish_id) for item in items]
     forget = s.answered.take(max(C.FORGET_MAX, len(sent)))
 
