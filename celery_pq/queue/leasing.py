@@ -13,14 +13,14 @@ from ..storage.errors import QueueMigrating, raise_for
 from . import calls
 from .running import run_acks, wait_out_migration
 from .scripts import Scripts
-from .values import lease_pair, lease_pairs
+from .values import lease_pair
 
 logger = logging.getLogger("celery_pq.queue")
 
 
 def ack(s: Scripts, lease, *, strict: bool = False) -> Any:
     """``PriorityQueue.ack``: one lease, or a list of them in one call."""
-    pairs = lease_pairs(lease) if isinstance(lease, list) else [lease_pair(lease)]
+    pairs = [lease_pair(x) for x in lease] if isinstance(lease, list) else [lease_pair(lease)]
     if not pairs:
         return []
     (codes,) = wait_out_migration(lambda: run_acks(s.client, [s.ack_call(pairs)], [s]))
@@ -30,7 +30,7 @@ def ack(s: Scripts, lease, *, strict: bool = False) -> Any:
 
 def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, strict: bool = False) -> list[bool]:
     """Renew leases for ``lease_seconds`` (default: the queue's) from now, Redis clock."""
-    pairs = lease_pairs(leases)
+    pairs = [lease_pair(x) for x in leases]
     lease_ms = s.lease_ms(lease_seconds)
     if not pairs:
         return []
