@@ -25,7 +25,7 @@ from .item import Item
 from .running import run_calls
 from .settings import MAX_PEEK
 from .unique import UniqueKey
-from .values import Entry, Popped, mark_stored
+from .values import Entry, Popped, as_bytes, mark_stored
 
 
 def new_id(publish_id: bytes | str | None = None) -> str:
@@ -33,12 +33,11 @@ def new_id(publish_id: bytes | str | None = None) -> str:
     publish id."""
     if not publish_id:
         return str(uuid.uuid4())
-    raw = publish_id if isinstance(publish_id, bytes) else publish_id.encode()
-    return str(uuid.UUID(bytes=hashlib.blake2b(raw, digest_size=16).digest(), version=4))
+    return str(uuid.UUID(bytes=hashlib.blake2b(as_bytes(publish_id), digest_size=16).digest(), version=4))
 
 
 def _hash(text: str | bytes) -> int:
-    return zlib.crc32(text if isinstance(text, bytes) else text.encode())
+    return zlib.crc32(as_bytes(text))
 
 
 def _with_id(item: Item) -> Item:
@@ -68,6 +67,14 @@ def merged_tenants(parts: list[dict]) -> dict:
 
 def _summed(parts: list[dict]) -> dict:
     return dict(sum(map(Counter, parts), Counter()))
+
+
+def _paused(parts: list[dict]) -> dict:
+    """The shards' ``paused`` and ``paused_tenants``: paused where any shard is."""
+    return {
+        "paused": any(r["paused"] for r in parts),
+        "paused_tenants": sorted({t for r in parts for t in r["paused_tenants"]}),
+    }
 
 
 class _Shards:
@@ -290,13 +297,7 @@ class ShardedQueue:
     backlog = _Shards(merge=sum)
     counters = _Shards(merge=_summed)
     tenants = _Shards(merge=merged_tenants)
-    recorded = _Shards(  # shard 0's mode and event log; paused where any shard is
-        merge=lambda parts: {
-            **parts[0],
-            "paused": any(r["paused"] for r in parts),
-            "paused_tenants": sorted({t for r in parts for t in r["paused_tenants"]}),
-        }
-    )
+    recorded = _Shards(merge=lambda parts: {**parts[0], **_paused(parts)})  # shard 0's mode and event log
     is_dead = _Shards()
     mode = _Shards()
     rank = _Shards()
@@ -337,8 +338,7 @@ def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
         "per_priority": dict(sorted(per_priority.items(), reverse=priority_order == C.HIGHER_FIRST)),
         "head_age_seconds": max(ages) if ages else None,
         "per_tenant": per_tenant,
-        "paused": any(st["paused"] for st in parts),
-        "paused_tenants": sorted({t for st in parts for t in st["paused_tenants"]}),
+        **_paused(parts),
         "unique": {k: sum(st["unique"][k] for st in parts) for k in parts[0]["unique"]},
         "shards": [
             {"queue": st["queue"], "waiting": st["waiting"], "delayed": st["delayed"], "leased": st["leased"]}
