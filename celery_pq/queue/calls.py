@@ -223,11 +223,15 @@ def ack_codes(reply) -> list[int]:
     return [int(c) for c in reply[2 : 2 + int(reply[1])]]
 
 
+def _popped(reply) -> list:
+    """(entry id, token, deliveries, score, value) of each lease of a pop's reply."""
+    return [reply[i : i + 5] for i in range(2 + int(reply[1]), len(reply), 5)]
+
+
 def popped_leases(q: Context, reply) -> list[Lease]:
     """The leases of a pop's reply."""
     leases = []
-    for i in range(2 + int(reply[1]), len(reply), 5):
-        eid, token, d, score, value = reply[i : i + 5]
+    for eid, token, d, score, value in _popped(reply):
         lease = entry_of(q, eid, score, value, Lease, token=as_text(token))
         lease.deliveries = int(d)
         leases.append(lease)
@@ -237,11 +241,7 @@ def popped_leases(q: Context, reply) -> list[Lease]:
 def popped_deliveries(reply) -> list[Delivery]:
     """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
     header; the scripts return only entries they parsed)."""
-    out = []
-    for i in range(2 + int(reply[1]), len(reply), 5):
-        eid, token, d, _, value = reply[i : i + 5]
-        out.append(Delivery(decode_id(eid), as_text(token), int(d), entry_payload(value)))
-    return out
+    return [Delivery(decode_id(e), as_text(t), int(d), entry_payload(v)) for e, t, d, _, v in _popped(reply)]
 
 
 # -- ack.lua, extend.lua ----------------------------------------------------------------------

@@ -151,7 +151,7 @@ class Scripts:
         r = self._ranks.get(priority) if type(priority) is int else None
         if r is None:
             p = validate_priority(priority)
-            r = self._ranks[p] = C.MAX_PRIORITY - p if self.settings.priority_order == C.HIGHER_FIRST else p
+            r = self._ranks[p] = self.priority_of_rank(p)  # (the mapping is its own inverse)
         return r
 
     def priority_of_rank(self, rank: int) -> int:
