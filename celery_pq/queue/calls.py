@@ -142,13 +142,6 @@ def insert_made(made_here: bool, first_send: bool) -> str:
     return FIRST_SEND if made_here or first_send else "0"
 
 
-def insert_many_made(all_made: bool, repeats: bool) -> str:
-    """The ``made`` field of one chunk of a bulk insert: "1" when every item's publish id was
-    made here (the first stands for the chunk; the pipeline may be sent again), else "R" (the
-    reply marks repeats) or "0"."""
-    return "1" if all_made else "R" if repeats else "0"
-
-
 def check_insert(q: Context, reply, sent) -> bool:
     """Raise for a full queue; False when the view registry changed (refresh and retry)."""
     if len(reply) >= 2 and isinstance(reply[0], int):
@@ -303,17 +296,14 @@ def reclaim_args(
     )
 
 
-#: A sweep that did nothing (the queue's mode is being migrated).
-RECLAIM_SKIPPED = dict.fromkeys(("returned", "dead", "promoted", "dead_dropped", "restored"), 0) | {
-    "skipped": True,
-    "more": False,
-}
+#: A reclaim reply's fields, in order: a sweep's result but ``kept`` (leases of the consumer
+#: looked at and kept).
+RECLAIMED = ("returned", "dead", "skipped", "more", "promoted", "dead_dropped", "restored", "kept")
 
 
 def reclaimed(reply) -> dict:
-    """A reclaim reply by name (``kept``: leases of the consumer looked at and kept)."""
-    names = ("returned", "dead", "skipped", "more", "promoted", "dropped", "restored", "kept")
-    return {name: int(v) for name, v in zip(names, reply)}
+    """A reclaim reply by name."""
+    return {name: int(v) for name, v in zip(RECLAIMED, reply)}
 
 
 # -- replay.lua -------------------------------------------------------------------------------

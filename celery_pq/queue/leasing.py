@@ -81,23 +81,16 @@ def reclaim(
         args = calls.reclaim_args(s, limit, guard_seconds, consumer, gap_seconds, restore_seconds, start)
         try:
             r = calls.reclaimed(s.run("reclaim", args, wait=bool(consumer)))
-        except QueueMigrating:
-            return dict(calls.RECLAIM_SKIPPED)
-        total.update({k: r[k] for k in ("returned", "dead", "promoted", "dropped", "restored")})
+        except QueueMigrating:  # a sweep that did nothing
+            return {**dict.fromkeys(calls.RECLAIMED[:-1], 0), "skipped": True, "more": False}
+        total.update(r)
         if not consumer or not r["more"]:
             break
         start += r["kept"]
-    if total["dropped"]:
-        _warn_dropped(s, total["dropped"])
-    return {
-        "returned": total["returned"],
-        "dead": total["dead"],
-        "skipped": bool(r["skipped"]),
-        "more": bool(r["more"]) and not consumer,
-        "promoted": total["promoted"],
-        "dead_dropped": total["dropped"],
-        "restored": total["restored"],
-    }
+    if total["dead_dropped"]:
+        _warn_dropped(s, total["dead_dropped"])
+    sums = {k: total[k] for k in calls.RECLAIMED[:-1]}
+    return {**sums, "skipped": bool(r["skipped"]), "more": bool(r["more"]) and not consumer}
 
 
 def _warn_dropped(s: Scripts, n: int) -> None:
