@@ -87,14 +87,15 @@ def insert_many(
         # worth when the caller forgets its own (a batch answers a chunk at a time)
         most = max(C.FORGET_MAX, chunk) if not remember else C.FORGET_MAX
         forgets = [s.answered.take(most) if n == 0 or not remember else [] for n in range(len(pending))]
+        # a chunk whose publish ids were all made here: the first stands for it ("1"; the
+        # pipeline may be sent again); else "R" (the reply marks repeats) or "0"
+        kinds = [
+            "1" if all(start + j in made for j in range(len(part))) else "R" if repeats else "0"
+            for start, part in pending
+        ]
         try:
             replies, acked = s.run_many(
-                [
-                    s.insert_call(
-                        part, forget, calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats)
-                    )
-                    for (start, part), forget in zip(pending, forgets)
-                ]
+                [s.insert_call(part, forget, kind) for (_, part), forget, kind in zip(pending, forgets, kinds)]
             )
         except Exception as exc:
             s.answered.add([pid for forget in forgets for pid in forget])
