@@ -179,15 +179,10 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
         if whole:
             return waiting
         return min(waiting, sum(_pointers(s, [int(r) for r in res[3]])))
-    counts = {}
-    for field, value in s.client.hgetall(k.tenant_counts).items():
-        kind, _, t = as_text(field).partition(":")
-        if kind == "n":
-            counts[t] = int(value)
-    held = {escape_tenant(t) for t in held_tenants(s, held_now)}
-    takeable = [t for t in counts if t not in held]
+    held = held_tenants(s, held_now)
+    takeable = {escape_tenant(t): row["waiting"] for t, row in tenant_stats(s).items() if t not in held}
     if whole:
-        return min(waiting, sum(counts[t] for t in takeable))
+        return min(waiting, sum(takeable.values()))
     with s.pipeline() as p:
         for t in takeable:
             p.zlexcount(k.tenant_entries, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")
