@@ -13,6 +13,9 @@ from .scripts import Scripts
 from .settings import tenant_setting
 from .values import Entry, as_text, escape_tenant, unescape_tenant
 
+#: The start of the fields of the tenants' settings that hold ``task_rate`` limits.
+TASK_RATES = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
+
 
 def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
     """``peek`` of one tenant's entries."""
@@ -118,9 +121,10 @@ def configure_tenants(
         s.client.hset(s.keys.tenant_settings, mapping=fields)
     if keep_task_rates is None:
         return
-    ours = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
     kept = {f"r:{escape_tenant(t)}" for t in keep_task_rates}
-    gone = [f for f in map(as_text, s.client.hkeys(s.keys.tenant_settings)) if f.startswith(ours) and f not in kept]
+    gone = [
+        f for f in map(as_text, s.client.hkeys(s.keys.tenant_settings)) if f.startswith(TASK_RATES) and f not in kept
+    ]
     if gone:
         s.client.hdel(s.keys.tenant_settings, *gone)
 
