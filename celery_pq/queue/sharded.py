@@ -18,12 +18,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..storage import constants as C
-from ..storage.errors import ConfigError, EntryNotFound
+from ..storage.errors import EntryNotFound
 from ..storage.keys import split_dead
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .running import run_calls
-from .settings import MAX_PEEK
+from .settings import check_peek
 from .unique import UniqueKey
 from .values import Entry, Popped, as_bytes, mark_stored
 
@@ -111,10 +111,8 @@ class ShardedQueue:
         self.task_limits: dict[str, float] = {}  # (open_queue: the task_rate limits a publish follows)
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
-        if isinstance(peek, bool) or not isinstance(peek, int) or not 1 <= peek <= MAX_PEEK:
-            raise ConfigError(f"peek must be an integer 1..{MAX_PEEK}, got {peek!r}")
         self.shards, self.name = list(shards), name
-        self.peek_count = min(peek, len(self.shards))
+        self.peek_count = min(check_peek(peek), len(self.shards))
         self._by_name = {s.name: s for s in self.shards}
         self._rng = rng or random.Random()
         self.client, self.settings = self.shards[0].client, self.shards[0].settings
