@@ -53,15 +53,20 @@ def merged_reclaim(parts: list[dict]) -> dict:
     return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
 
 
-def merged_tenants(parts: list[dict]) -> dict:
-    """The shards' ``tenants``: the counts summed, a tenant held when a shard holds it."""
+def merged_tenants(parts: list[dict]) -> dict[str, dict]:
+    """The shards' rows by tenant (``tenants``, or ``stats``'s ``per_tenant``) as one: the counts
+    summed, the ages (``*_seconds``) the oldest, a tenant ``held`` when a shard holds it."""
     out: dict[str, dict] = {}
     for part in parts:
         for t, row in part.items():
-            mine = out.setdefault(t, {"waiting": 0, "leased": 0, "deliveries": 0, "held": None})
-            for k in ("waiting", "leased", "deliveries"):
-                mine[k] += row[k]
-            mine["held"] = row["held"] or mine["held"]
+            mine = out.setdefault(t, {})
+            for k, v in row.items():
+                if k.endswith("_seconds"):
+                    mine[k] = max((x for x in (mine.get(k), v) if x is not None), default=None)
+                elif k == "held":
+                    mine[k] = v or mine.get(k)
+                else:
+                    mine[k] = mine.get(k, 0) + v
     return out
 
 
@@ -319,23 +324,15 @@ class ShardedQueue:
 def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
     """The shards' ``stats``, as one queue's (the oldest head's age), with each shard's part."""
     per_priority: Counter = Counter()
-    per_tenant: dict[str, dict] = {}
     for st in parts:
         per_priority.update(st["per_priority"])
-        for t, row in st["per_tenant"].items():
-            mine = per_tenant.setdefault(t, {})
-            for k, v in row.items():
-                if k.endswith("_seconds"):
-                    mine[k] = max((x for x in (mine.get(k), v) if x is not None), default=None)
-                else:
-                    mine[k] = mine.get(k, 0) + v
     ages = [st["head_age_seconds"] for st in parts if st["head_age_seconds"] is not None]
     return {
         "queue": name,
         **{k: sum(st[k] for st in parts) for k in ("waiting", "delayed", "leased", "dead", "index_members")},
         "per_priority": dict(sorted(per_priority.items(), reverse=priority_order == C.HIGHER_FIRST)),
         "head_age_seconds": max(ages) if ages else None,
-        "per_tenant": per_tenant,
+        "per_tenant": merged_tenants([st["per_tenant"] for st in parts]),
         **_paused(parts),
         "unique": {k: sum(st["unique"][k] for st in parts) for k in parts[0]["unique"]},
         "shards": [
