@@ -22,7 +22,7 @@ from ..storage.keys import dead_queue_name
 from . import admin, calls, inserts, leasing, reads
 from . import tenants as fair
 from .item import Item, as_item
-from .running import run_acks, run_calls, wait_out_migration
+from .running import readable_mode, run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
 from .unique import PublishOutcome, UniqueKey
@@ -62,7 +62,7 @@ class PriorityQueue:
     @property
     def mode(self) -> dict:
         """This object's mode: the settings a queue records in Redis on first use."""
-        return self._scripts.readable_mode
+        return readable_mode(self._scripts.mode)
 
     @property
     def shards(self) -> list[PriorityQueue]:

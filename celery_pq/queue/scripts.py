@@ -21,7 +21,7 @@ from ..storage.keys import dead_queue_name, queue_keys, script_keys, split_dead
 from ..storage.records import join_mode
 from . import calls
 from .calls import ScriptCall
-from .running import readable_mode, run_waiting, translate_error, wait_out_migration
+from .running import run_waiting, translate_error, wait_out_migration
 from .settings import QueueSettings
 from .values import as_text, validate_priority
 
@@ -85,10 +85,6 @@ class Scripts:
         self.answered = AnsweredIds()
         #: The publish id of the last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
-
-    @property
-    def readable_mode(self) -> dict:
-        return readable_mode(self.mode)
 
     # -- one call -------------------------------------------------------------------------------
     def keys_of(self, script: str, **given: str) -> list[str]:
