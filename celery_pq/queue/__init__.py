@@ -3,7 +3,8 @@ its script calls as a private member (scripts.py, calls.py), and ``ShardedQueue`
 ``open_queue`` (opening.py) is the one way to open either. ``Item`` is what every insert takes.
 """
 
-from .core import PriorityQueue, ack_all, batch_call, pop_with_acks
+from .core import PriorityQueue, ack_all, pop_with_acks
+from .inserts import batch_call
 from .item import Item
 from .opening import declare_tables, open_queue
 from .protocol import Queue

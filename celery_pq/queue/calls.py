@@ -142,13 +142,6 @@ def insert_made(made_here: bool, first_send: bool) -> str:
     return FIRST_SEND if made_here or first_send else "0"
 
 
-def insert_many_made(all_made: bool, repeats: bool) -> str:
-    """The ``made`` field of one chunk of a bulk insert: "1" when every item's publish id was
-    made here (the first stands for the chunk; the pipeline may be sent again), else "R" (the
-    reply marks repeats) or "0"."""
-    return "1" if all_made else "R" if repeats else "0"
-
-
 def check_insert(q: Context, reply, sent) -> bool:
     """Raise for a full queue; False when the view registry changed (refresh and retry)."""
     if len(reply) >= 2 and isinstance(reply[0], int):
@@ -223,11 +216,15 @@ def ack_codes(reply) -> list[int]:
     return [int(c) for c in reply[2 : 2 + int(reply[1])]]
 
 
+def _popped(reply) -> list:
+    """(entry id, token, deliveries, score, value) of each lease of a pop's reply."""
+    return [reply[i : i + 5] for i in range(2 + int(reply[1]), len(reply), 5)]
+
+
 def popped_leases(q: Context, reply) -> list[Lease]:
     """The leases of a pop's reply."""
     leases = []
-    for i in range(2 + int(reply[1]), len(reply), 5):
-        eid, token, d, score, value = reply[i : i + 5]
+    for eid, token, d, score, value in _popped(reply):
         lease = entry_of(q, eid, score, value, Lease, token=as_text(token))
         lease.deliveries = int(d)
         leases.append(lease)
@@ -237,11 +234,7 @@ def popped_leases(q: Context, reply) -> list[Lease]:
 def popped_deliveries(reply) -> list[Delivery]:
     """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
     header; the scripts return only entries they parsed)."""
-    out = []
-    for i in range(2 + int(reply[1]), len(reply), 5):
-        eid, token, d, _, value = reply[i : i + 5]
-        out.append(Delivery(decode_id(eid), as_text(token), int(d), entry_payload(value)))
-    return out
+    return [Delivery(decode_id(e), as_text(t), int(d), entry_payload(v)) for e, t, d, _, v in _popped(reply)]
 
 
 # -- ack.lua, extend.lua ----------------------------------------------------------------------
@@ -303,17 +296,14 @@ def reclaim_args(
     )
 
 
-#: A sweep that did nothing (the queue's mode is being migrated).
-RECLAIM_SKIPPED = dict.fromkeys(("returned", "dead", "promoted", "dead_dropped", "restored"), 0) | {
-    "skipped": True,
-    "more": False,
-}
+#: A reclaim reply's fields, in order: a sweep's result but ``kept`` (leases of the consumer
+#: looked at and kept).
+RECLAIMED = ("returned", "dead", "skipped", "more", "promoted", "dead_dropped", "restored", "kept")
 
 
 def reclaimed(reply) -> dict:
-    """A reclaim reply by name (``kept``: leases of the consumer looked at and kept)."""
-    names = ("returned", "dead", "skipped", "more", "promoted", "dropped", "restored", "kept")
-    return {name: int(v) for name, v in zip(names, reply)}
+    """A reclaim reply by name."""
+    return {name: int(v) for name, v in zip(RECLAIMED, reply)}
 
 
 # -- replay.lua -------------------------------------------------------------------------------

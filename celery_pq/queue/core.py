@@ -22,7 +22,7 @@ from ..storage.keys import dead_queue_name
 from . import admin, calls, inserts, leasing, reads
 from . import tenants as fair
 from .item import Item, as_item
-from .running import run_acks, run_calls, wait_out_migration
+from .running import readable_mode, run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
 from .unique import PublishOutcome, UniqueKey
@@ -62,7 +62,7 @@ class PriorityQueue:
     @property
     def mode(self) -> dict:
         """This object's mode: the settings a queue records in Redis on first use."""
-        return self._scripts.readable_mode
+        return readable_mode(self._scripts.mode)
 
     @property
     def shards(self) -> list[PriorityQueue]:
@@ -81,9 +81,7 @@ class PriorityQueue:
         """The publish id of the last insert (to retry it by hand after an error)."""
         return self._scripts.last_publish_id
 
-    def rank(self, priority: int) -> int:
-        """The rank of a priority: rank 0 is served first."""
-        return self._scripts.rank(priority)
+    rank = _verb(Scripts.rank)
 
     # -- INSERT (docs/publishing.md) ------------------------------------------------------------
     @overload
@@ -237,8 +235,3 @@ def ack_all(acks: dict) -> dict:
     many = [q._scripts.ack_call(pairs) for q, pairs in batches]
     replies = run_acks(batches[0][0].client, many, [q for q, _ in batches])
     return {q: list(r) for (q, _), r in zip(batches, replies)}
-
-
-def batch_call(queue: PriorityQueue, items: list[Item]) -> tuple:
-    """``inserts.batch_call`` of ``queue``: a publish batch's insert call and its reply's reader."""
-    return inserts.batch_call(queue._scripts, items)

@@ -87,14 +87,15 @@ def insert_many(
         # worth when the caller forgets its own (a batch answers a chunk at a time)
         most = max(C.FORGET_MAX, chunk) if not remember else C.FORGET_MAX
         forgets = [s.answered.take(most) if n == 0 or not remember else [] for n in range(len(pending))]
+        # a chunk whose publish ids were all made here: the first stands for it ("1"; the
+        # pipeline may be sent again); else "R" (the reply marks repeats) or "0"
+        kinds = [
+            "1" if all(start + j in made for j in range(len(part))) else "R" if repeats else "0"
+            for start, part in pending
+        ]
         try:
             replies, acked = s.run_many(
-                [
-                    s.insert_call(
-                        part, forget, calls.insert_many_made(all(start + j in made for j in range(len(part))), repeats)
-                    )
-                    for (start, part), forget in zip(pending, forgets)
-                ]
+                [s.insert_call(part, forget, kind) for (_, part), forget, kind in zip(pending, forgets, kinds)]
             )
         except Exception as exc:
             s.answered.add([pid for forget in forgets for pid in forget])
@@ -133,10 +134,11 @@ def insert_many(
     return (ids, repeated) if repeats else ids
 
 
-def batch_call(s: Scripts, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], calls.Inserted | None]]:
-    """The insert call of a publish batch's items (each with its publish id), to send on a
-    stream, and what reads its reply (or the exception in its place): what was stored, None
-    to send it again."""
+def batch_call(queue, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], calls.Inserted | None]]:
+    """The insert call of a publish batch's items (each with its publish id) to ``queue`` (a
+    ``PriorityQueue``), to send on a stream, and what reads its reply (or the exception in its
+    place): what was stored, None to send it again."""
+    s: Scripts = queue._scripts
     sent = [(item, item.publish_id) for item in items]
     forget = s.answered.take(max(C.FORGET_MAX, len(sent)))
 

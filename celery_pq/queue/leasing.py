@@ -13,14 +13,14 @@ from ..storage.errors import QueueMigrating, raise_for
 from . import calls
 from .running import run_acks, wait_out_migration
 from .scripts import Scripts
-from .values import lease_pair, lease_pairs
+from .values import lease_pair
 
 logger = logging.getLogger("celery_pq.queue")
 
 
 def ack(s: Scripts, lease, *, strict: bool = False) -> Any:
     """``PriorityQueue.ack``: one lease, or a list of them in one call."""
-    pairs = lease_pairs(lease) if isinstance(lease, list) else [lease_pair(lease)]
+    pairs = [lease_pair(x) for x in lease] if isinstance(lease, list) else [lease_pair(lease)]
     if not pairs:
         return []
     (codes,) = wait_out_migration(lambda: run_acks(s.client, [s.ack_call(pairs)], [s]))
@@ -30,7 +30,7 @@ def ack(s: Scripts, lease, *, strict: bool = False) -> Any:
 
 def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, strict: bool = False) -> list[bool]:
     """Renew leases for ``lease_seconds`` (default: the queue's) from now, Redis clock."""
-    pairs = lease_pairs(leases)
+    pairs = [lease_pair(x) for x in leases]
     lease_ms = s.lease_ms(lease_seconds)
     if not pairs:
         return []
@@ -81,23 +81,16 @@ def reclaim(
         args = calls.reclaim_args(s, limit, guard_seconds, consumer, gap_seconds, restore_seconds, start)
         try:
             r = calls.reclaimed(s.run("reclaim", args, wait=bool(consumer)))
-        except QueueMigrating:
-            return dict(calls.RECLAIM_SKIPPED)
-        total.update({k: r[k] for k in ("returned", "dead", "promoted", "dropped", "restored")})
+        except QueueMigrating:  # a sweep that did nothing
+            return {**dict.fromkeys(calls.RECLAIMED[:-1], 0), "skipped": True, "more": False}
+        total.update(r)
         if not consumer or not r["more"]:
             break
         start += r["kept"]
-    if total["dropped"]:
-        _warn_dropped(s, total["dropped"])
-    return {
-        "returned": total["returned"],
-        "dead": total["dead"],
-        "skipped": bool(r["skipped"]),
-        "more": bool(r["more"]) and not consumer,
-        "promoted": total["promoted"],
-        "dead_dropped": total["dropped"],
-        "restored": total["restored"],
-    }
+    if total["dead_dropped"]:
+        _warn_dropped(s, total["dead_dropped"])
+    sums = {k: total[k] for k in calls.RECLAIMED[:-1]}
+    return {**sums, "skipped": bool(r["skipped"]), "more": bool(r["more"]) and not consumer}
 
 
 def _warn_dropped(s: Scripts, n: int) -> None:

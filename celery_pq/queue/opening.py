@@ -19,15 +19,13 @@ from .core import PriorityQueue
 from .protocol import Queue
 from .settings import QueueSettings
 from .sharded import ShardedQueue
+from .tenants import TASK_RATES
 from .values import as_text, escape_tenant, unescape_tenant
 
 logger = logging.getLogger("celery_pq")
 
 #: What this process was told already: each difference is logged once per process.
 _TOLD: set[tuple[str, str]] = set()
-
-#: The stored tenants' table entries a differing value is told for: table -> field letter.
-_TABLES = {"weights": "w", "concurrency": "c", "rate": "r"}
 
 
 def open_queue(
@@ -96,16 +94,16 @@ def _open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> tupl
 def _stored_tables(q: PriorityQueue, settings: QueueSettings) -> dict:
     """What a fair queue stores of the tenants' tables that ``settings`` name, and every stored
     ``task_rate`` limit: {"weights": {tenant: value}, ..., "limits": {tenant: rate}}."""
-    named = [(label, t) for label in _TABLES for t in (getattr(settings, label) or {})]
-    out: dict = {label: {} for label in _TABLES}
+    tables = settings.tenant_tables()
+    named = [(label, t) for label, table in tables.items() for t in (table or {})]
+    out: dict = {label: {} for label in tables}
     if named:
-        fields = [f"{_TABLES[label]}:{escape_tenant(t)}" for label, t in named]
+        fields = [f"{label[0]}:{escape_tenant(t)}" for label, t in named]
         for (label, t), value in zip(named, q.client.hmget(q.keys.tenant_settings, fields)):
             if value is not None:
                 out[label][t] = float(value)
-    prefix = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
     limits = {}
-    for field, value in q.client.hscan_iter(q.keys.tenant_settings, match=f"{prefix}*", count=1000):
+    for field, value in q.client.hscan_iter(q.keys.tenant_settings, match=f"{TASK_RATES}*", count=1000):
         limits[unescape_tenant(as_text(field)[2:])] = float(value)
     out["limits"] = limits
     return out
@@ -135,8 +133,8 @@ def _table_differences(
     if not stored:
         return []
     said = []
-    for label in _TABLES:
-        for tenant, mine in (getattr(settings, label) or {}).items():
+    for label, table in settings.tenant_tables().items():
+        for tenant, mine in (table or {}).items():
             theirs = stored[label].get(tenant)
             if label == "rate" and tenant.startswith(C.TASK_TENANT_PREFIX):
                 theirs = stored["limits"].get(tenant)

@@ -12,7 +12,7 @@ from ..storage.ids import decode_id, encode_id
 from ..storage.records import split_entry, split_lease
 from . import calls
 from .scripts import Scripts
-from .tenants import held_tenants, peek_tenant, recorded, tenant_stats
+from .tenants import held_tenants, peek_tenant, recorded, stored_entries, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
@@ -103,15 +103,8 @@ def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
     broker that hands ETA tasks to the worker early. Here they wait in Redis until due."""
     _count("count", count, none=False)
     due = s.client.zrange(s.keys.delayed, 0, count - 1, withscores=True)
-    if not due:
-        return []
-    values = s.client.hmget(s.keys.entries, [eid for eid, _ in due])
-    out = []
-    for (eid, due_ms), value in zip(due, values):
-        parsed = split_entry(value) if value else None
-        if parsed is not None:  # gone (due and delivered) between the two reads: left out
-            out.append((calls.entry_of(s, eid, parsed[0].score, value), int(due_ms)))
-    return out
+    entries = stored_entries(s, [eid for eid, _ in due])  # (one due and delivered meanwhile: left out)
+    return [(entry, int(due_ms)) for entry, (_, due_ms) in zip(entries, due) if entry]
 
 
 def leases(s: Scripts, limit: int = 1000, *, id: str | None = None) -> list[dict]:
@@ -186,15 +179,10 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
         if whole:
             return waiting
         return min(waiting, sum(_pointers(s, [int(r) for r in res[3]])))
-    counts = {}
-    for field, value in s.client.hgetall(k.tenant_counts).items():
-        kind, _, t = as_text(field).partition(":")
-        if kind == "n":
-            counts[t] = int(value)
-    held = {escape_tenant(t) for t in held_tenants(s, held_now)}
-    takeable = [t for t in counts if t not in held]
+    held = held_tenants(s, held_now)
+    takeable = {escape_tenant(t): row["waiting"] for t, row in tenant_stats(s).items() if t not in held}
     if whole:
-        return min(waiting, sum(counts[t] for t in takeable))
+        return min(waiting, sum(takeable.values()))
     with s.pipeline() as p:
         for t in takeable:
             p.zlexcount(k.tenant_entries, f"[{t}\0{lo:03d}", f"({t}\0{hi + 1:03d}")

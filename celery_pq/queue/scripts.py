@@ -21,7 +21,7 @@ from ..storage.keys import dead_queue_name, queue_keys, script_keys, split_dead
 from ..storage.records import join_mode
 from . import calls
 from .calls import ScriptCall
-from .running import readable_mode, run_waiting, translate_error, wait_out_migration
+from .running import run_waiting, translate_error, wait_out_migration
 from .settings import QueueSettings
 from .values import as_text, validate_priority
 
@@ -86,10 +86,6 @@ class Scripts:
         #: The publish id of the last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
 
-    @property
-    def readable_mode(self) -> dict:
-        return readable_mode(self.mode)
-
     # -- one call -------------------------------------------------------------------------------
     def keys_of(self, script: str, **given: str) -> list[str]:
         """The KEYS of ``script`` by the names in its header (built once per script); ``given``
@@ -151,7 +147,7 @@ class Scripts:
         r = self._ranks.get(priority) if type(priority) is int else None
         if r is None:
             p = validate_priority(priority)
-            r = self._ranks[p] = C.MAX_PRIORITY - p if self.settings.priority_order == C.HIGHER_FIRST else p
+            r = self._ranks[p] = self.priority_of_rank(p)  # (the mapping is its own inverse)
         return r
 
     def priority_of_rank(self, rank: int) -> int:

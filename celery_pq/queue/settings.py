@@ -84,9 +84,8 @@ class QueueSettings:
         count("shards", self.shards, low=1, none=False, error=ConfigError)
         if self.shards > MAX_SHARDS:
             raise ConfigError(f"shards must be an integer 1..{MAX_SHARDS}, got {self.shards!r}")
-        if isinstance(self.peek, bool) or not isinstance(self.peek, int) or not 1 <= self.peek <= MAX_PEEK:
-            raise ConfigError(f"peek must be an integer 1..{MAX_PEEK}, got {self.peek!r}")
-        for label, table in (("weights", self.weights), ("concurrency", self.concurrency), ("rate", self.rate)):
+        check_peek(self.peek)
+        for label, table in self.tenant_tables().items():
             if table is not None and not isinstance(table, dict):
                 raise ConfigError(f"{label} must be a dict {{tenant: value}}, got {table!r}")
 
@@ -123,6 +122,13 @@ class QueueSettings:
     def one_shard(self) -> QueueSettings:
         """These settings for one shard (or a queue of one)."""
         return self if self.shards == 1 else replace(self, shards=1)
+
+
+def check_peek(peek) -> int:
+    """The peek count (shards peeked per pop), checked."""
+    if isinstance(peek, bool) or not isinstance(peek, int) or not 1 <= peek <= MAX_PEEK:
+        raise ConfigError(f"peek must be an integer 1..{MAX_PEEK}, got {peek!r}")
+    return peek
 
 
 def tenant_setting(label: str, tenant: str, value):

@@ -18,14 +18,14 @@ from dataclasses import replace
 from typing import Any
 
 from ..storage import constants as C
-from ..storage.errors import ConfigError, EntryNotFound
+from ..storage.errors import EntryNotFound
 from ..storage.keys import split_dead
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .running import run_calls
-from .settings import MAX_PEEK
+from .settings import check_peek
 from .unique import UniqueKey
-from .values import Entry, Popped, mark_stored
+from .values import Entry, Popped, as_bytes, mark_stored
 
 
 def new_id(publish_id: bytes | str | None = None) -> str:
@@ -33,12 +33,11 @@ def new_id(publish_id: bytes | str | None = None) -> str:
     publish id."""
     if not publish_id:
         return str(uuid.uuid4())
-    raw = publish_id if isinstance(publish_id, bytes) else publish_id.encode()
-    return str(uuid.UUID(bytes=hashlib.blake2b(raw, digest_size=16).digest(), version=4))
+    return str(uuid.UUID(bytes=hashlib.blake2b(as_bytes(publish_id), digest_size=16).digest(), version=4))
 
 
 def _hash(text: str | bytes) -> int:
-    return zlib.crc32(text if isinstance(text, bytes) else text.encode())
+    return zlib.crc32(as_bytes(text))
 
 
 def _with_id(item: Item) -> Item:
@@ -54,20 +53,33 @@ def merged_reclaim(parts: list[dict]) -> dict:
     return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
 
 
-def merged_tenants(parts: list[dict]) -> dict:
-    """The shards' ``tenants``: the counts summed, a tenant held when a shard holds it."""
+def merged_tenants(parts: list[dict]) -> dict[str, dict]:
+    """The shards' rows by tenant (``tenants``, or ``stats``'s ``per_tenant``) as one: the counts
+    summed, the ages (``*_seconds``) the oldest, a tenant ``held`` when a shard holds it."""
     out: dict[str, dict] = {}
     for part in parts:
         for t, row in part.items():
-            mine = out.setdefault(t, {"waiting": 0, "leased": 0, "deliveries": 0, "held": None})
-            for k in ("waiting", "leased", "deliveries"):
-                mine[k] += row[k]
-            mine["held"] = row["held"] or mine["held"]
+            mine = out.setdefault(t, {})
+            for k, v in row.items():
+                if k.endswith("_seconds"):
+                    mine[k] = max((x for x in (mine.get(k), v) if x is not None), default=None)
+                elif k == "held":
+                    mine[k] = v or mine.get(k)
+                else:
+                    mine[k] = mine.get(k, 0) + v
     return out
 
 
 def _summed(parts: list[dict]) -> dict:
     return dict(sum(map(Counter, parts), Counter()))
+
+
+def _paused(parts: list[dict]) -> dict:
+    """The shards' ``paused`` and ``paused_tenants``: paused where any shard is."""
+    return {
+        "paused": any(r["paused"] for r in parts),
+        "paused_tenants": sorted({t for r in parts for t in r["paused_tenants"]}),
+    }
 
 
 class _Shards:
@@ -104,10 +116,8 @@ class ShardedQueue:
         self.task_limits: dict[str, float] = {}  # (open_queue: the task_rate limits a publish follows)
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
-        if isinstance(peek, bool) or not isinstance(peek, int) or not 1 <= peek <= MAX_PEEK:
-            raise ConfigError(f"peek must be an integer 1..{MAX_PEEK}, got {peek!r}")
         self.shards, self.name = list(shards), name
-        self.peek_count = min(peek, len(self.shards))
+        self.peek_count = min(check_peek(peek), len(self.shards))
         self._by_name = {s.name: s for s in self.shards}
         self._rng = rng or random.Random()
         self.client, self.settings = self.shards[0].client, self.shards[0].settings
@@ -290,13 +300,7 @@ class ShardedQueue:
     backlog = _Shards(merge=sum)
     counters = _Shards(merge=_summed)
     tenants = _Shards(merge=merged_tenants)
-    recorded = _Shards(  # shard 0's mode and event log; paused where any shard is
-        merge=lambda parts: {
-            **parts[0],
-            "paused": any(r["paused"] for r in parts),
-            "paused_tenants": sorted({t for r in parts for t in r["paused_tenants"]}),
-        }
-    )
+    recorded = _Shards(merge=lambda parts: {**parts[0], **_paused(parts)})  # shard 0's mode and event log
     is_dead = _Shards()
     mode = _Shards()
     rank = _Shards()
@@ -320,25 +324,16 @@ class ShardedQueue:
 def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
     """The shards' ``stats``, as one queue's (the oldest head's age), with each shard's part."""
     per_priority: Counter = Counter()
-    per_tenant: dict[str, dict] = {}
     for st in parts:
         per_priority.update(st["per_priority"])
-        for t, row in st["per_tenant"].items():
-            mine = per_tenant.setdefault(t, {})
-            for k, v in row.items():
-                if k.endswith("_seconds"):
-                    mine[k] = max((x for x in (mine.get(k), v) if x is not None), default=None)
-                else:
-                    mine[k] = mine.get(k, 0) + v
     ages = [st["head_age_seconds"] for st in parts if st["head_age_seconds"] is not None]
     return {
         "queue": name,
         **{k: sum(st[k] for st in parts) for k in ("waiting", "delayed", "leased", "dead", "index_members")},
         "per_priority": dict(sorted(per_priority.items(), reverse=priority_order == C.HIGHER_FIRST)),
         "head_age_seconds": max(ages) if ages else None,
-        "per_tenant": per_tenant,
-        "paused": any(st["paused"] for st in parts),
-        "paused_tenants": sorted({t for st in parts for t in st["paused_tenants"]}),
+        "per_tenant": merged_tenants([st["per_tenant"] for st in parts]),
+        **_paused(parts),
         "unique": {k: sum(st["unique"][k] for st in parts) for k in parts[0]["unique"]},
         "shards": [
             {"queue": st["queue"], "waiting": st["waiting"], "delayed": st["delayed"], "leased": st["leased"]}

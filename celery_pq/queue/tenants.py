@@ -13,6 +13,9 @@ from .scripts import Scripts
 from .settings import tenant_setting
 from .values import Entry, as_text, escape_tenant, unescape_tenant
 
+#: The start of the fields of the tenants' settings that hold ``task_rate`` limits.
+TASK_RATES = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
+
 
 def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
     """``peek`` of one tenant's entries."""
@@ -22,12 +25,16 @@ def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
     t = escape_tenant(tenant)
     members = s.client.zrangebylex(s.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=count)
     parsed = [m for m in (split_tenant_member(x) for x in members) if m]
-    values = s.client.hmget(s.keys.entries, [m[3] for m in parsed]) if parsed else []
-    out = []
-    for (_, _, _, eid), value in zip(parsed, values):
-        entry = split_entry(value) if value else None
-        if entry:
-            out.append(calls.entry_of(s, eid, entry[0].score, value))
+    return [e for e in stored_entries(s, [m[3] for m in parsed]) if e]
+
+
+def stored_entries(s: Scripts, eids: list) -> list[Entry | None]:
+    """The entries stored under ``eids`` (one HMGET), None for one gone since they were read."""
+    values = s.client.hmget(s.keys.entries, eids) if eids else []
+    out: list[Entry | None] = []
+    for eid, value in zip(eids, values):
+        parsed = split_entry(value) if value else None
+        out.append(None if parsed is None else calls.entry_of(s, eid, parsed[0].score, value))
     return out
 
 
@@ -66,13 +73,11 @@ def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
         now_ms = int(now_s) * 1000 + int(now_us) // 1000
         members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
         eids = [(name, m[3]) for name, m in members if m]
-        values = s.client.hmget(s.keys.entries, [e for _, e in eids]) if eids else []
         for name in names:
             out[name]["next_age_seconds"] = None
-        for (name, _), value in zip(eids, values):
-            entry = split_entry(value) if value else None
+        for (name, _), entry in zip(eids, stored_entries(s, [e for _, e in eids])):
             if entry:
-                out[name]["next_age_seconds"] = (now_ms - entry[0].enqueued_ms) / 1000
+                out[name]["next_age_seconds"] = (now_ms - entry.enqueued_ms) / 1000
     return out
 
 
@@ -116,9 +121,10 @@ def configure_tenants(
         s.client.hset(s.keys.tenant_settings, mapping=fields)
     if keep_task_rates is None:
         return
-    ours = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
     kept = {f"r:{escape_tenant(t)}" for t in keep_task_rates}
-    gone = [f for f in map(as_text, s.client.hkeys(s.keys.tenant_settings)) if f.startswith(ours) and f not in kept]
+    gone = [
+        f for f in map(as_text, s.client.hkeys(s.keys.tenant_settings)) if f.startswith(TASK_RATES) and f not in kept
+    ]
     if gone:
         s.client.hdel(s.keys.tenant_settings, *gone)
 

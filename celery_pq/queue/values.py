@@ -8,7 +8,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -159,8 +159,3 @@ def lease_pair(x) -> tuple[str, str]:
     if not isinstance(x, (tuple, list)) or len(x) != 2 or not all(isinstance(v, str) and v for v in x):
         raise ValueError(f"a lease is a Lease or an (entry id, token) pair of non-empty strings, got {x!r}")
     return x[0], x[1]
-
-
-def lease_pairs(leases: Sequence) -> list[tuple[str, str]]:
-    """``lease_pair`` of each."""
-    return [lease_pair(x) for x in leases]
