@@ -9,15 +9,16 @@ from pathlib import Path
 
 import click
 
-from .model import POLICIES, Params, multiqueue_mean_rank_error, simulate
+from .model import POLICIES, Params, multiqueue_mean_rank_error, multiqueue_params, simulate
 
 CHECK_NODES = (4, 16, 64)
 CHECK_POPS = 400_000
 
 
-def _params(**kw) -> Params:
+def _usage(make, *args, **kw):
+    """``make(*args, **kw)``, its ValueError a usage error."""
     try:
-        return Params(**kw)
+        return make(*args, **kw)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -60,7 +61,7 @@ def main():
 def run(as_json, **kw):
     """One simulation: the rank error's mean, percentiles, max and share of zeros."""
     started = time.perf_counter()
-    result = simulate(_params(**kw))
+    result = simulate(_usage(Params, **kw))
     row = result.row() | {"seconds": round(time.perf_counter() - started, 2)}
     if as_json:
         click.echo(json.dumps(row))
@@ -86,17 +87,9 @@ def check(nodes, pops, seed):
     """The MultiQueue's mean rank error against (5/6)n - 1 + 1/(6n) (a markdown table)."""
     click.echo("| n | simulated mean | closed form | difference |\n|---|---|---|---|")
     for n in nodes:
-        mean = simulate(multiqueue_params(n, pops, seed)).stats["mean"]
+        mean = simulate(_usage(multiqueue_params, n, pops, seed)).stats["mean"]
         exact = multiqueue_mean_rank_error(n)
         click.echo(f"| {n} | {mean:.3f} | {exact:.3f} | {100 * (mean / exact - 1):+.2f}% |")
-
-
-def multiqueue_params(n: int, pops: int = CHECK_POPS, seed: int = 0) -> Params:
-    """The MultiQueue as its theorem has it: 100 entries a subqueue, inserts that never overtake,
-    pops from the better of two subqueues drawn independently."""
-    return _params(
-        nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo", pops=pops, warmup=2_000, seed=seed
-    )
 
 
 @main.command()
@@ -112,10 +105,7 @@ def predict(nodes, peeks, **kw):
     """What a sharded queue of NODES shards peeking PEEKS should show (JSON)."""
     from . import predict as predicted
 
-    try:
-        click.echo(json.dumps(predicted(nodes, peeks, **kw)))
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    click.echo(json.dumps(_usage(predicted, nodes, peeks, **kw)))
 
 
 def _directory(flag: str, name: str, default: str, what: str):

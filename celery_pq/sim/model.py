@@ -103,6 +103,14 @@ class Params:
         return max(self.lag, 1_000) if self.warmup is None else self.warmup
 
 
+def multiqueue_params(n: int, pops: int = 400_000, seed: int = 0, warmup: int = 2_000) -> Params:
+    """The MultiQueue as its theorem has it: 100 entries a subqueue, inserts that never overtake,
+    pops from the better of two subqueues drawn independently."""
+    return Params(
+        nodes=n, peeks=2, lag=100 * n, policy="multiqueue", priorities="fifo", pops=pops, warmup=warmup, seed=seed
+    )
+
+
 def parse_priorities(text: str) -> int | None:
     """``uniform`` -> None, ``fifo`` -> 0, ``ranks:R`` -> R (R >= 1); else a ValueError."""
     if text == "uniform":

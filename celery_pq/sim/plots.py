@@ -9,7 +9,9 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 
-STYLE = {"p50": "-", "p90": "--", "p99": ":"}
+#: {(column, legend): plot style} of the panels of percentiles, and of the lag panel
+PERCENTILES = {(p, p): {"ls": ls, "marker": "o", "ms": 3} for p, ls in (("p50", "-"), ("p90", "--"), ("p99", ":"))}
+MEAN_MEDIAN = {("mean", "mean"): {"marker": "o"}, ("p50", "median"): {"marker": ".", "ls": "--"}}
 
 
 def figures(results: list[dict], img_dir: Path) -> list[Path]:
@@ -55,49 +57,23 @@ def _distribution(ax, rows):
     )
 
 
-def _lag(ax, rows):
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["lag"])
-        (line,) = ax.plot([r["lag"] for r in mine], [r["mean"] for r in mine], marker="o", label=f"{policy} mean")
-        ax.plot(
-            [r["lag"] for r in mine],
-            [r["p50"] for r in mine],
-            marker=".",
-            ls="--",
-            color=line.get_color(),
-            label=f"{policy} median",
-        )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="consumer lag (entries waiting)",
-        ylabel="rank error",
-        title=f"Strategies against the lag ({rows[0]['nodes']} nodes, {rows[0]['peeks']} peeks)",
-    )
-
-
-def _percentiles(x, group, label, xlabel, title, yscale="log", base2=False):
-    """A panel: p50, p90 and p99 against ``x``, one colour for each value of ``group``."""
+def _series(x, group, label, xlabel, title, yscale="log", xscale="linear", base2=False, lines=PERCENTILES):
+    """A panel: ``lines`` ({(column, legend): plot style}) against ``x``, one colour for each value
+    of ``group``."""
 
     def draw(ax, rows):
         for g in dict.fromkeys(r[group] for r in rows):
             mine = sorted((r for r in rows if r[group] == g), key=lambda r: r[x])
             color = None
-            for p, ls in STYLE.items():
+            for (column, legend), style in lines.items():
                 (line,) = ax.plot(
-                    [r[x] for r in mine],
-                    [r[p] for r in mine],
-                    ls=ls,
-                    marker="o",
-                    ms=3,
-                    color=color,
-                    label=f"{label(g)} {p}",
+                    [r[x] for r in mine], [r[column] for r in mine], color=color, label=f"{label(g)} {legend}", **style
                 )
                 color = line.get_color()
+        ax.set(xscale=xscale, yscale=yscale, xlabel=xlabel, ylabel="rank error", title=title.format(**rows[0]))
         if base2:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.set(yscale=yscale, xlabel=xlabel, ylabel="rank error", title=title.format(**rows[0]))
 
     return draw
 
@@ -111,14 +87,22 @@ def _multiqueue(ax, rows):
 
 DRAW = {
     "distribution": _distribution,
-    "lag": _lag,
-    "nodes": _percentiles(
+    "lag": _series(
+        "lag",
+        "policy",
+        str,
+        "consumer lag (entries waiting)",
+        "Strategies against the lag ({nodes} nodes, {peeks} peeks)",
+        xscale="log",
+        lines=MEAN_MEDIAN,
+    ),
+    "nodes": _series(
         "nodes", "peeks", "k={}".format, "nodes (subqueues)", "Rank error against the nodes (lag {lag:,})", "linear"
     ),
-    "peeks": _percentiles(
+    "peeks": _series(
         "peeks", "nodes", "{} nodes".format, "peeks before the pop", "Rank error against the peeks (lag {lag:,})"
     ),
-    "concurrency": _percentiles(
+    "concurrency": _series(
         "consumers",
         "second_best",
         lambda on: "second-best" if on else "best only",

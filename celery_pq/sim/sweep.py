@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Params, multiqueue_mean_rank_error, p_zero_fresh_peek, simulate
+from .model import Params, multiqueue_mean_rank_error, multiqueue_params, p_zero_fresh_peek, simulate
 
 HIST_MAX = 100  # the histogram counts rank errors 0..99 one by one, then ">= 100"
 STRATEGIES = ("peek-before-pop", "peek-before-add", "peek-before-add-best", "no-peek")
@@ -26,10 +26,10 @@ def grid(quick: bool = False, seed: int = 1) -> list[dict]:
     rows: list[dict] = []
     big, pops = (200, 2_000) if quick else (10_000, 50_000)
 
-    def add(panel, **kw):
+    def add(panel, params=None, **kw):
         kw.setdefault("pops", pops)
         kw.setdefault("warmup", 500 if quick else None)
-        params = Params(seed=seed + len(rows), **kw)
+        params = params or Params(seed=seed + len(rows), **kw)
         rows.append({"panel": panel, **{f.name: getattr(params, f.name) for f in fields(Params)}})
 
     add("distribution", nodes=20, peeks=2, lag=big, pops=pops * 4)
@@ -46,16 +46,7 @@ def grid(quick: bool = False, seed: int = 1) -> list[dict]:
         for second_best in (False, True):
             add("concurrency", nodes=nodes, peeks=5 if quick else 10, lag=big, consumers=c, second_best=second_best)
     for n in (4, 16, 64):
-        add(
-            "multiqueue",
-            nodes=n,
-            peeks=2,
-            lag=100 * n,
-            policy="multiqueue",
-            priorities="fifo",
-            pops=5_000 if quick else 400_000,
-            warmup=500 if quick else 2_000,
-        )
+        add("multiqueue", multiqueue_params(n, 5_000 if quick else 400_000, seed + len(rows), 500 if quick else 2_000))
     return rows
 
 

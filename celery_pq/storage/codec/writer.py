@@ -233,16 +233,18 @@ def _write_celery(out: bytearray, message: dict, flags: int, raw: bytes) -> bool
 _PLAIN_MESSAGE = ("body", "content-encoding", "content-type", "headers", "properties")
 _PLAIN_PROPERTIES = ("delivery_mode", "delivery_info", "priority", "body_encoding")
 _PLAIN_DELIVERY_INFO = ("exchange", "routing_key")
-#: (code, default) of a plain message's defaulted fields in the order written: those before the
-#: delivery info (exchange, then routing key) and those after it
-_PLAIN_DEFAULTED = tuple(
-    (L.CODE[s, name], L.DEFAULTS[s, False][name])
-    for s, name in ((L.S_MESSAGE, "content-encoding"), (L.S_MESSAGE, "content-type"), (L.S_PROPERTIES, "delivery_mode"))
-)
-_C_EXCHANGE, _DEFAULT_EXCHANGE = L.CODE[L.S_DELIVERY_INFO, "exchange"], L.DEFAULTS[L.S_DELIVERY_INFO, False]["exchange"]
-_PLAIN_DEFAULTED_LAST = tuple(
-    (L.CODE[s, name], L.DEFAULTS[s, False][name])
-    for s, name in ((L.S_PROPERTIES, "priority"), (L.S_PROPERTIES, "body_encoding"))
+#: (code, default or NO_DEFAULT, repeating) of the fields _write_plain writes after the body, in order
+_PLAIN_FIELDS = tuple(
+    (L.CODE[f], L.DEFAULTS[f[0], False].get(f[1], L.NO_DEFAULT), f in _REPEATING)
+    for f in (
+        (L.S_MESSAGE, "content-encoding"),
+        (L.S_MESSAGE, "content-type"),
+        (L.S_PROPERTIES, "delivery_mode"),
+        (L.S_DELIVERY_INFO, "exchange"),
+        (L.S_DELIVERY_INFO, "routing_key"),
+        (L.S_PROPERTIES, "priority"),
+        (L.S_PROPERTIES, "body_encoding"),
+    )
 )
 
 
@@ -260,18 +262,15 @@ def _write_plain(out: bytearray, message: dict, raw: bytes | None) -> bool:
     uuids: dict[str, int] = {}
     out.append(L.C_BODY)
     _write_body(out, uuids, message["body"], raw)
-    for (code, default), value in zip(
-        _PLAIN_DEFAULTED, (message["content-encoding"], message["content-type"], props["delivery_mode"])
+    values = (message["content-encoding"], message["content-type"], props["delivery_mode"], info["exchange"])
+    for (code, default, repeating), value in zip(
+        _PLAIN_FIELDS, (*values, info["routing_key"], props["priority"], props["body_encoding"])
     ):
-        if value is not default and (type(value) is not type(default) or value != default):
-            out.append(code)
-            _write_value(out, uuids, value)
-    exchange = info["exchange"]
-    if exchange is not _DEFAULT_EXCHANGE and (type(exchange) is not str or exchange != _DEFAULT_EXCHANGE):
-        _write_repeating(out, uuids, _C_EXCHANGE, exchange)
-    _write_repeating(out, uuids, _C_ROUTING_KEY, info["routing_key"])
-    for (code, default), value in zip(_PLAIN_DEFAULTED_LAST, (props["priority"], props["body_encoding"])):
-        if value is not default and (type(value) is not type(default) or value != default):
+        if value is default or (type(value) is type(default) and value == default):
+            continue  # a field without a default (NO_DEFAULT) is always written
+        if repeating:
+            _write_repeating(out, uuids, code, value)
+        else:
             out.append(code)
             _write_value(out, uuids, value)
     return True
