@@ -100,7 +100,7 @@ def test_a_consumer_blocks_once_per_shard_tag_and_is_woken_from_each_master(clus
             timer.join()
             # Then it is delivered at once, woken by that shard's wake list
             assert got[-1] == {"to": port}
-        assert channel.counters["timeouts"] == 0 and channel.counters["wakeups"] >= 3
+        assert channel.waits.counters["timeouts"] == 0 and channel.waits.counters["wakeups"] >= 3
 
 
 def test_every_operation_of_a_sharded_queue_runs_on_the_cluster(cluster_client, prefix):

@@ -37,7 +37,7 @@ def test_a_consumer_of_three_masters_is_woken_by_each(cluster, spread):
             timer.join()
             # Then it is delivered at once, woken by that master's wake list
             assert got[-1] == {"to": name}
-        assert channel.counters["wakeups"] >= 3 and channel.counters["timeouts"] == 0
+        assert channel.waits.counters["wakeups"] >= 3 and channel.waits.counters["timeouts"] == 0
         producer.publish({"fan": 1}, exchange=fanout, declare=[fanout])
         deadline = time.monotonic() + 20
         while got[-1] != {"fan": 1} and time.monotonic() < deadline:
