@@ -66,5 +66,5 @@ def test_profile_runs_and_writes_its_files(tmp_path):
 
     data = profile.main(["--smoke", "--out", str(tmp_path)])
     assert set(data["profiles"]) == {f"{t} {p}" for t in ("celery-pq", "kombu-redis") for p in ("publish", "consume")}
-    assert "PriorityQueue.put" in (tmp_path / "profile-celery-pq-publish.txt").read_text()
+    assert "PriorityQueue.insert" in (tmp_path / "profile-celery-pq-publish.txt").read_text()
     assert "celery-pq consume" in (tmp_path / "profile.md").read_text()
