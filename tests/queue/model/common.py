@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
 
+from celery_pq.queue import QueueSettings, open_queue
+
 SOAK_MINUTES = float(os.environ.get("PQ_SOAK_MINUTES") or 0)
 #: Rules and checks PQ_MODEL_SKIP may leave out, to look past a known failure. Each new name
 #: says which defect it hides (see the report of the run that added it).
@@ -89,3 +91,18 @@ class MEntry:
     due: int = 0  # ms on the Redis clock, delayed entries only
     short: bool = False
     was: str = ""  # a corrupt entry's state when it was corrupted
+
+
+def open_model_queue(client, name: str, prefix: str, **settings):
+    """A machine's queue: under its key prefix, with the machines' lease and event-log cap."""
+    return open_queue(
+        client, name, QueueSettings(key_prefix=prefix, lease_seconds=LEASE_SECONDS, event_log=EVENT_CAP, **settings)
+    )
+
+
+def forget_keys(client, prefix: str) -> None:
+    """A machine's teardown: its keys deleted (its own prefix only), its client closed."""
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()

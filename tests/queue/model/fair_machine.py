@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from celery_pq.queue import QueueSettings, escape_tenant, open_queue
+from celery_pq.queue import escape_tenant
 
-from .common import EVENT_CAP, LEASE_SECONDS, SKIP, TENANTS
+from .common import SKIP, TENANTS, open_model_queue
 from .fair import Fair
 from .queue_machine import QueueMachine
 
@@ -26,18 +26,14 @@ class FairMachine(QueueMachine):
     )
     def make_queue(self, scope, order, conc, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, fair_scope=scope)
-        self.q = open_queue(
+        self.q = open_model_queue(
             self.client,
             self.name,
-            QueueSettings(
-                key_prefix=self.prefix,
-                lease_seconds=LEASE_SECONDS,
-                max_deliveries=max_deliveries,
-                fair=True,
-                tenant_concurrency=conc or None,
-                event_log=EVENT_CAP,
-                **self.mode_kwargs,
-            ),
+            self.prefix,
+            max_deliveries=max_deliveries,
+            fair=True,
+            tenant_concurrency=conc or None,
+            **self.mode_kwargs,
         )
         self.fq = Fair(self, scope == "within_priority", conc)
 

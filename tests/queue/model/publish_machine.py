@@ -31,7 +31,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.ids import decode_id
 
-from .common import EVENT_CAP, SKIP, Session
+from .common import EVENT_CAP, SKIP, Session, forget_keys
 from .ledger import Ledger, events_account
 
 NAMES = ["p0", "p1", "p2"]
@@ -86,10 +86,7 @@ class PublishMachine(RuleBasedStateMachine):
         finally:
             if self.conn is not None:
                 self.conn.close()
-            keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
-            if keys:
-                self.client.delete(*keys)
-            self.client.close()
+            forget_keys(self.client, self.prefix)
 
     def ids(self, name: str) -> set[str]:
         return {decode_id(x) for x in self.client.hkeys(self.qs[name].keys.entries)}

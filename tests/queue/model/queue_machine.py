@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from celery_pq import EntryNotFound, Item, NotWaiting, PriorityQueue
-from celery_pq.queue import QueueSettings, escape_tenant, open_queue
+from celery_pq.queue import escape_tenant
 from celery_pq.storage.ids import encode_id
 
 from .common import (
@@ -30,6 +30,8 @@ from .common import (
     VIEWS,
     MEntry,
     Session,
+    forget_keys,
+    open_model_queue,
     redis_now_ms,
 )
 from .fair import Fair
@@ -70,16 +72,8 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
     )
     def make_queue(self, order, technique, max_deliveries):
         self.mode_kwargs = dict(priority_order=order, technique=technique)
-        self.q = open_queue(
-            self.client,
-            self.name,
-            QueueSettings(
-                key_prefix=self.prefix,
-                lease_seconds=LEASE_SECONDS,
-                max_deliveries=max_deliveries,
-                event_log=EVENT_CAP,
-                **self.mode_kwargs,
-            ),
+        self.q = open_model_queue(
+            self.client, self.name, self.prefix, max_deliveries=max_deliveries, **self.mode_kwargs
         )
 
     def teardown(self):
@@ -88,10 +82,7 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
                 self.drain_and_check()
                 self.events_agree_with_counters()
         finally:
-            keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
-            if keys:
-                self.client.delete(*keys)
-            self.client.close()
+            forget_keys(self.client, self.prefix)
 
     def events_agree_with_counters(self):
         """The event log and the counters are written by the same scripts, independently: after

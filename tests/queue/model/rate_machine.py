@@ -34,7 +34,7 @@ from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.ids import decode_id
 
 from . import clock
-from .common import EVENT_CAP, SKIP, Session
+from .common import EVENT_CAP, SKIP, Session, forget_keys
 from .ledger import Ledger
 
 LIMITED = "task:t.limited"
@@ -105,10 +105,7 @@ class RateMachine(RuleBasedStateMachine):
             if self.q is not None:
                 self.drain()
         finally:
-            keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
-            if keys:
-                self.client.delete(*keys)
-            self.client.close()
+            forget_keys(self.client, self.prefix)
 
     def rate_of(self, tenant: str) -> float | None:
         return self.rates.get(tenant, self.default_rate if tenant in ("", "b") else None)

@@ -38,11 +38,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kombu import Connection, Exchange, Producer, Queue
 
 from celery_pq import PriorityQueue, publish_outcome
-from celery_pq.queue import QueueSettings, open_queue
 from celery_pq.storage.ids import encode_id
 
 from . import clock
-from .common import EVENT_CAP, LEASE_SECONDS, SKIP, Session, redis_now_ms
+from .common import EVENT_CAP, SKIP, Session, forget_keys, open_model_queue, redis_now_ms
 from .ledger import Ledger, events_account
 
 MODES = ["while_waiting", "while_active", "replace", "debounce", "throttle"]
@@ -102,16 +101,8 @@ class UniqueMachine(RuleBasedStateMachine):
         self.kq = Queue(self.name, Exchange(self.name, type="direct"), routing_key=self.name)
         self.producer = Producer(self.conn.default_channel)
         self.kq(self.conn.default_channel).declare()
-        self.q = open_queue(
-            self.client,
-            self.name,
-            QueueSettings(
-                key_prefix=self.prefix,
-                technique=technique,
-                lease_seconds=LEASE_SECONDS,
-                max_deliveries=max_deliveries,
-                event_log=EVENT_CAP,
-            ),
+        self.q = open_model_queue(
+            self.client, self.name, self.prefix, technique=technique, max_deliveries=max_deliveries
         )
 
     def teardown(self):
@@ -122,10 +113,7 @@ class UniqueMachine(RuleBasedStateMachine):
         finally:
             if self.conn is not None:
                 self.conn.close()
-            keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=1000))
-            if keys:
-                self.client.delete(*keys)
-            self.client.close()
+            forget_keys(self.client, self.prefix)
 
     # -- the model's order (one list per rank, as QueueMachine) -----------------------------------
     def order(self) -> list[str]:
