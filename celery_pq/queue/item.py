@@ -71,37 +71,24 @@ class Item:
             seconds("ttl", self.ttl, zero=True)
 
 
-def due_field(item: Item) -> str:
-    """The insert script's due field: "0" now, "+<ms>" from Redis's now, or absolute Unix ms."""
-    if item.due_ms is not None:
-        return str(item.due_ms)
-    if item.delay is not None:
-        return f"+{int(float(item.delay) * 1000)}"
-    return "0"
-
-
-def expires_field(item: Item) -> str:
-    """The insert script's expires field: "" none, absolute Unix ms, "+<ms>" from Redis's now,
-    or "<abs>+<ms>" (the earlier of the two)."""
-    out = "" if item.expires_ms is None else str(item.expires_ms)
-    if item.ttl is not None:
-        out += f"+{max(0, int(float(item.ttl) * 1000))}"
-    return out
-
-
 def lua_group(item: Item, rank: int, publish_id: bytes | None) -> list:
     """The item's group of the insert script's ARGV (its header: id, rank, tenant, payload, due,
     publish id, task, expires), at ``rank``, under ``publish_id`` (the item's, or one made for
-    the call)."""
+    the call). Due: "0" now, "+<ms>" from Redis's now, or absolute Unix ms; expires: "" none,
+    absolute Unix ms, "+<ms>" from Redis's now, or "<abs>+<ms>" (the earlier of the two)."""
+    due = "0" if item.delay is None else f"+{int(float(item.delay) * 1000)}"
+    expires = "" if item.expires_ms is None else str(item.expires_ms)
+    if item.ttl is not None:
+        expires += f"+{max(0, int(float(item.ttl) * 1000))}"
     return [
         encode_id(item.id) if item.id else "",
         rank,
         escape_tenant(item.tenant) if item.tenant else "",
         item.payload,
-        due_field(item),
+        due if item.due_ms is None else str(item.due_ms),
         publish_id or "",
         item.task or "",
-        expires_field(item),
+        expires,
     ]
 
 

@@ -70,8 +70,9 @@ def run_waiting(client: redis.Redis, calls: list[tuple], queues: Sequence = ()) 
     """``scripts.run_calls``, script error replies as the project's exceptions, ending with WAIT
     for the most ``wait_replicas`` any of ``queues`` (a queue or its ``Scripts``) sets, for the
     longest ``wait_timeout``: (replies, replicas that acknowledged them; None without WAIT)."""
-    wanted = max((q.settings.wait_replicas for q in queues), default=0)
-    timeout = max((q.settings.wait_timeout for q in queues), default=0)
+    wanted = timeout = 0
+    for q in queues:
+        wanted, timeout = max(wanted, q.settings.wait_replicas), max(timeout, q.settings.wait_timeout)
     try:
         replies, acked = _scripts.run_replicated(client, calls, wanted, int(timeout * 1000))
     except redis.ResponseError as exc:
