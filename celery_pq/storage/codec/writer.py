@@ -88,19 +88,14 @@ def encode(message: dict) -> bytes:
     elif not _write_plain(out, message, raw):
         _write_section(out, {}, L.S_MESSAGE, message, celery, flags, raw)
     if len(out) > MAX_VALUES:  # a value takes a byte at least: a shorter record holds fewer
-        _check_readable(out, flags)
+        try:  # nothing written of a record the reader would refuse
+            read_message(bytes(out), 0, flags & ~(L.F_ARGSREPR | L.F_KWARGSREPR), raw_body=True)
+        except CodecError as exc:
+            raise CodecError(f"message cannot be stored: {exc}") from None
     packed = compress(out)
     if packed is not None:
         return bytes((L.VERSION, flags | L.F_ZSTD)) + packed
     return bytes((L.VERSION, flags)) + out
-
-
-def _check_readable(out: bytearray, flags: int) -> None:
-    """CodecError (nothing written) for a record over MAX_VALUES, which the reader would refuse."""
-    try:
-        read_message(bytes(out), 0, flags & ~(L.F_ARGSREPR | L.F_KWARGSREPR), raw_body=True)
-    except CodecError as exc:
-        raise CodecError(f"message cannot be stored: {exc}") from None
 
 
 def _varint(out: bytearray, n: int) -> None:
