@@ -75,11 +75,6 @@ class QueueKeys:
     throttle_deadlines: str = field(metadata={"suffix": "uz"})
     debounce_publishes: str = field(metadata={"suffix": "ub"})
 
-    @property
-    def stem(self) -> str:
-        """``<prefix>:{<tag>}:`` (``...:dead:``): the scripts derive the keys they are not handed from it."""
-        return self.entries[:-2]
-
     def all(self) -> list[str]:
         """Every key of the queue, with those of a ``migrate_mode`` under way (lua/migrate.lua)."""
         moving = [f"{self.priority_index}:{r}:m" for r in range(256)] + [f"{self.priority_index}:mv"]
