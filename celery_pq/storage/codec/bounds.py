@@ -46,16 +46,13 @@ def inflate(frame) -> bytes:
     allocating; one holding more than it declares fails there). CodecError otherwise."""
     try:
         size = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError as exc:
-        raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
-    if size < 0:
-        raise CodecError("stored message's zstd frame does not declare its size; not inflated")
-    if size > MAX_INFLATED:
-        raise CodecError(
-            f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
-            "a record may inflate to; not inflated"
-        )
-    try:
+        if size < 0:
+            raise CodecError("stored message's zstd frame does not declare its size; not inflated")
+        if size > MAX_INFLATED:
+            raise CodecError(
+                f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
+                "a record may inflate to; not inflated"
+            )
         return _zstd().decompressor.decompress(frame)
     except zstandard.ZstdError as exc:
         raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
