@@ -11,7 +11,7 @@ import inspect
 import logging
 import threading
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -278,10 +278,8 @@ class NodePipeline:
                 except REROUTE:
                     if attempt == 2 or not is_cluster(self.client):
                         raise
-            try:  # have the cluster client read the layout again (nothing when no node answers now)
+            with suppress(rex.RedisError, OSError):  # the cluster client reads its layout again, if a node answers
                 self.client.nodes_manager.initialize()
-            except (rex.RedisError, OSError):
-                pass
         raise AssertionError("unreachable")
 
 
