@@ -11,7 +11,7 @@ import inspect
 import logging
 import threading
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -179,19 +179,15 @@ _UNSETTLED_TEXT = (
 
 def unsettled(exc: BaseException) -> bool:
     """Is ``exc`` a cluster's "not now, the slot is moving" (see UNSETTLED)?"""
-    if isinstance(exc, UNSETTLED):
-        return True
-    if not isinstance(exc, rex.ResponseError):
-        return False
-    text = str(exc)
-    return text.removeprefix("ERR ").startswith(_UNSETTLED_TEXT)
+    return isinstance(exc, UNSETTLED) or (
+        isinstance(exc, rex.ResponseError) and str(exc).removeprefix("ERR ").startswith(_UNSETTLED_TEXT)
+    )
 
 
 #: This process's counts: "rerouted", cluster calls sent again through ``RedisCluster``;
 #: "refused", tries refused by a moving slot and made again.
 settling = {"rerouted": 0, "refused": 0}
 
-#: Cluster client -> seconds a call waits for a moving slot (else C.CLUSTER_RETRY_SECONDS).
 _cluster_retry: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -282,10 +278,8 @@ class NodePipeline:
                 except REROUTE:
                     if attempt == 2 or not is_cluster(self.client):
                         raise
-            try:  # have the cluster client read the layout again (nothing when no node answers now)
+            with suppress(rex.RedisError, OSError):  # the cluster client reads its layout again, if a node answers
                 self.client.nodes_manager.initialize()
-            except (rex.RedisError, OSError):
-                pass
         raise AssertionError("unreachable")
 
 
@@ -305,13 +299,6 @@ def slot_groups(client, keys) -> dict:
     for key in keys:
         out.setdefault(client.keyslot(key), []).append(key)
     return out
-
-
-def primaries(client) -> list[redis.Redis]:
-    """The plain client of every master (one, for a single server)."""
-    if not is_cluster(client):
-        return [client]
-    return [client.get_redis_connection(node) for node in client.get_primaries()]
 
 
 def url_addresses(conninfo, default_port: int) -> list[tuple[str, int]]:
@@ -361,10 +348,11 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
     return exc
 
 
-def warn_if_evicting(client: redis.Redis) -> None:
+def warn_if_evicting(client) -> None:
     """Warn when the server (a cluster's master) may evict any key, losing messages; nothing
     without INFO rights."""
-    for node in primaries(client):
+    nodes = [client.get_redis_connection(n) for n in client.get_primaries()] if is_cluster(client) else [client]
+    for node in nodes:
         try:
             policy = node.info("memory").get("maxmemory_policy")
         except rex.ResponseError:

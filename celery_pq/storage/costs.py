@@ -15,42 +15,19 @@ def explain(stale: int = 0) -> dict:
     return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
+#: The commands of the cost table that read, and those that write: of hashes, lists, sorted sets,
+#: strings and any key.
 READ_COMMANDS = frozenset(
-    {
-        "hget",
-        "hexists",
-        "hkeys",
-        "hlen",
-        "llen",
-        "lrange",
-        "lindex",
-        "zcard",
-        "zrange",
-        "zrangebyscore",
-        "zrangebylex",
-        "zscore",
-        "get",
-        "exists",
-        "mget",
-    }
+    {"hget", "hexists", "hkeys", "hlen"}
+    | {"llen", "lrange", "lindex"}
+    | {"zcard", "zrange", "zrangebyscore", "zrangebylex", "zscore"}
+    | {"get", "exists", "mget"}
 )
 WRITE_COMMANDS = frozenset(
-    {
-        "hset",
-        "hsetnx",
-        "hdel",
-        "zadd",
-        "zrem",
-        "zpopmin",
-        "incr",
-        "rpush",
-        "lpop",
-        "linsert",
-        "lrem",
-        "del",
-        "set",
-        "hincrby",
-    }
+    {"hset", "hsetnx", "hdel", "hincrby"}
+    | {"rpush", "lpop", "linsert", "lrem"}
+    | {"zadd", "zrem", "zpopmin"}
+    | {"incr", "set", "del"}
 )
 
 

@@ -34,26 +34,16 @@ class QueueFull(PQError):
     """Publishing to a queue that holds ``max_length`` waiting entries."""
 
     def __init__(self, queue: str, size: int, limit: int, tenant: str | None = None):
-        self.queue = queue
-        self.size = size
-        self.limit = limit
-        self.tenant = tenant
-        if tenant is None:
-            msg = f"queue {queue!r} is full: {size} waiting entries, max_length={limit}"
-        else:
-            msg = (
-                f"queue {queue!r} is full for tenant {tenant!r}: {size} waiting entries, max_length_per_tenant={limit}"
-            )
-        super().__init__(msg)
+        self.queue, self.size, self.limit, self.tenant = queue, size, limit, tenant
+        who, option = ("", "max_length") if tenant is None else (f" for tenant {tenant!r}", "max_length_per_tenant")
+        super().__init__(f"queue {queue!r} is full{who}: {size} waiting entries, {option}={limit}")
 
 
 class LeaseLost(PQError):
     """An ack, requeue or renewal presented a lease that is no longer held."""
 
     def __init__(self, queue: str, entry_id: str, code: ErrorCode):
-        self.queue = queue
-        self.entry_id = entry_id
-        self.code = code
+        self.queue, self.entry_id, self.code = queue, entry_id, code
         why = {
             ErrorCode.NOT_LEASED: "is not leased any more (its lease expired and it was reclaimed)",
             ErrorCode.TOKEN_MISMATCH: "is leased to another delivery now",
@@ -63,15 +53,13 @@ class LeaseLost(PQError):
 
 class EntryNotFound(PQError):
     def __init__(self, queue: str, entry_id: str):
-        self.queue = queue
-        self.entry_id = entry_id
+        self.queue, self.entry_id = queue, entry_id
         super().__init__(f"queue {queue!r} has no entry {entry_id!r}")
 
 
 class NotWaiting(PQError):
     def __init__(self, queue: str, entry_id: str):
-        self.queue = queue
-        self.entry_id = entry_id
+        self.queue, self.entry_id = queue, entry_id
         super().__init__(f"entry {entry_id!r} of queue {queue!r} is leased, not waiting")
 
 
@@ -88,9 +76,7 @@ class ModeMismatch(ConfigError):
     recorded on first use; nothing was changed (``PriorityQueue.migrate_mode`` changes it)."""
 
     def __init__(self, queue: str, stored: dict, wanted: dict):
-        self.queue = queue
-        self.stored = stored
-        self.wanted = wanted
+        self.queue, self.stored, self.wanted = queue, stored, wanted
         diff = ", ".join(
             f"{k}={stored.get(k)!r} (this process: {wanted.get(k)!r})" for k in wanted if stored.get(k) != wanted.get(k)
         )
@@ -105,8 +91,7 @@ class QueueMigrating(PQError, ConnectionError):
     to ``C.MIGRATION_WAIT``; a pipeline raises it at once (a connection error to kombu)."""
 
     def __init__(self, queue: str, mode: dict):
-        self.queue = queue
-        self.mode = mode
+        self.queue, self.mode = queue, mode
         super().__init__(
             f"queue {queue!r} is being migrated to {mode}; nothing was done: retry when the "
             "migration is over (PriorityQueue.migrate_mode finishes it)"
@@ -117,9 +102,7 @@ class MessageTooLarge(PQError, ValueError):
     """A message whose stored size passes ``max_message_bytes``; nothing was written."""
 
     def __init__(self, queue: str, size: int, limit: int):
-        self.queue = queue
-        self.size = size
-        self.limit = limit
+        self.queue, self.size, self.limit = queue, size, limit
         super().__init__(
             f"message for queue {queue!r} is {size} bytes, over max_message_bytes={limit}; it was not published"
         )
@@ -129,8 +112,7 @@ class BrokerUnreachable(PQError, ConnectionError):
     """The broker's Redis did not answer; named by host:port only (a URL may hold a password)."""
 
     def __init__(self, address: str, reason: str):
-        self.address = address
-        self.reason = reason
+        self.address, self.reason = address, reason
         super().__init__(f"cannot reach Redis at {address}: {reason}")
 
 
@@ -139,10 +121,7 @@ class NotReplicated(PQError):
     master may hold it and a failover lose it; a retry (same publish id) stores it once."""
 
     def __init__(self, queue: str, acknowledged: int, wanted: int, timeout: float):
-        self.queue = queue
-        self.acknowledged = acknowledged
-        self.wanted = wanted
-        self.timeout = timeout
+        self.queue, self.acknowledged, self.wanted, self.timeout = queue, acknowledged, wanted, timeout
         super().__init__(
             f"publish to queue {queue!r}: only {acknowledged} of {wanted} replicas acknowledged it "
             f"within {timeout:g}s (wait_replicas={wanted}, wait_timeout={timeout:g}). It may still "
@@ -185,8 +164,7 @@ class ClusterUnsettled(PQError, RedisConnectionError):
 
     def __init__(self, key: str | bytes, waited: float, last: BaseException):
         self.key = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
-        self.waited = waited
-        self.last = last
+        self.waited, self.last = waited, last
         super().__init__(
             f"Redis Cluster: the slot of {self.key!r} did not settle within {waited:.1f}s "
             f"(a resharding or failover still under way; cluster_retry_seconds): {last}"

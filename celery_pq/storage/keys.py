@@ -75,11 +75,6 @@ class QueueKeys:
     throttle_deadlines: str = field(metadata={"suffix": "uz"})
     debounce_publishes: str = field(metadata={"suffix": "ub"})
 
-    @property
-    def stem(self) -> str:
-        """``<prefix>:{<tag>}:`` (``...:dead:``): the scripts derive the keys they are not handed from it."""
-        return self.entries[:-2]
-
     def all(self) -> list[str]:
         """Every key of the queue, with those of a ``migrate_mode`` under way (lua/migrate.lua)."""
         moving = [f"{self.priority_index}:{r}:m" for r in range(256)] + [f"{self.priority_index}:mv"]
@@ -103,7 +98,6 @@ class QueueKeys:
 
 #: Stored suffix of each key of a queue -> the ``QueueKeys`` field, in QueueKeys' order.
 FIELDS = {f.metadata["suffix"]: f.name for f in fields(QueueKeys)[1:]}
-SUFFIXES = tuple(FIELDS)
 
 
 #: Script header names of the dead-letter queue's keys (a dead-letter queue's stand for its own).
@@ -118,7 +112,7 @@ def script_keys(names, own: QueueKeys, dead: QueueKeys) -> list[str]:
 def queue_keys(name: str, prefix: str = KEY_PREFIX) -> QueueKeys:
     base, dead = split_dead(name)
     stem = f"{prefix}:{{{_tag(base)}}}:" + ("dead:" if dead else "")
-    return QueueKeys(name, *(stem + s for s in SUFFIXES))
+    return QueueKeys(name, *(stem + s for s in FIELDS))
 
 
 def dead_queue_name(name: str) -> str:

@@ -414,7 +414,7 @@ def test_a_backward_step_of_the_clock_stretches_a_throttle_by_one_period_at_most
     sec, usec = redis_client.time()
     ahead = sec * 1000 + usec // 1000 + 3_600_000 + 200
     redis_client.hset(q.keys.unique_keys, "k", f"{kind}|{ahead}|{rest}")
-    redis_client.zadd(q.keys.stem + "uz", {"k": ahead})  # (q.keys.throttle_deadlines)
+    redis_client.zadd(q.keys.throttle_deadlines, {"k": ahead})
     # Then a publish within the period is throttled, and the period ends a period later, not in an hour
     assert put(q, "t2", "k", "throttle", 0.2).kind == "throttled"
     time.sleep(0.25)
@@ -429,7 +429,7 @@ def test_a_backward_step_of_the_clock_delays_a_debounce_by_one_delay_at_most(red
     sec, usec = redis_client.time()
     now = sec * 1000 + usec // 1000
     redis_client.zadd(q.keys.delayed, {"d1": now + 3_600_000 + 200})
-    redis_client.zadd(q.keys.stem + "ub", {"d1": now + 3_600_000})  # (q.keys.debounce_publishes)
+    redis_client.zadd(q.keys.debounce_publishes, {"d1": now + 3_600_000})
     # When the sweep runs, and again once the delay has passed
     q.reclaim()
     assert redis_client.zscore(q.keys.delayed, "d1") <= now + 1000

@@ -7,12 +7,9 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from .layout import CodecError
+import zstandard
 
-try:  # a reader without it still reads everything uncompressed
-    import zstandard
-except ImportError:  # pragma: no cover - zstandard is a dependency of celery-pq
-    zstandard = None  # type: ignore[assignment]
+from .layout import CodecError
 
 #: A record of at least this many bytes is offered to zstd, kept compressed only if smaller.
 COMPRESS_MIN = 512
@@ -37,7 +34,7 @@ CACHE_MAX = 4096
 def compress(record: bytearray) -> bytes | None:
     """The zstd frame of a record of COMPRESS_MIN to MAX_INFLATED bytes when it is smaller; else
     None (stored as it is)."""
-    if zstandard is not None and COMPRESS_MIN <= len(record) <= MAX_INFLATED:
+    if COMPRESS_MIN <= len(record) <= MAX_INFLATED:
         packed = _zstd().compressor.compress(record)
         if len(packed) < len(record):
             return packed
@@ -49,24 +46,16 @@ def inflate(frame) -> bytes:
     allocating; one holding more than it declares fails there). CodecError otherwise."""
     try:
         size = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError as exc:
-        raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
-    if size < 0:
-        raise CodecError("stored message's zstd frame does not declare its size; not inflated")
-    if size > MAX_INFLATED:
-        raise CodecError(
-            f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
-            "a record may inflate to; not inflated"
-        )
-    try:
+        if size < 0:
+            raise CodecError("stored message's zstd frame does not declare its size; not inflated")
+        if size > MAX_INFLATED:
+            raise CodecError(
+                f"stored message's zstd frame declares {size} bytes, over the {MAX_INFLATED} "
+                "a record may inflate to; not inflated"
+            )
         return _zstd().decompressor.decompress(frame)
     except zstandard.ZstdError as exc:
         raise CodecError(f"stored message's zstd frame is corrupt: {exc}") from None
-
-
-def json_items(text: bytes) -> int:
-    """An upper bound on the list and dict items of the JSON ``text``."""
-    return text.count(b",") + text.count(b"[") + text.count(b"{")
 
 
 def remember(cache: dict, key, value):

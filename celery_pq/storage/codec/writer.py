@@ -88,19 +88,14 @@ def encode(message: dict) -> bytes:
     elif not _write_plain(out, message, raw):
         _write_section(out, {}, L.S_MESSAGE, message, celery, flags, raw)
     if len(out) > MAX_VALUES:  # a value takes a byte at least: a shorter record holds fewer
-        _check_readable(out, flags)
+        try:  # nothing written of a record the reader would refuse
+            read_message(bytes(out), 0, flags & ~(L.F_ARGSREPR | L.F_KWARGSREPR), raw_body=True)
+        except CodecError as exc:
+            raise CodecError(f"message cannot be stored: {exc}") from None
     packed = compress(out)
     if packed is not None:
         return bytes((L.VERSION, flags | L.F_ZSTD)) + packed
     return bytes((L.VERSION, flags)) + out
-
-
-def _check_readable(out: bytearray, flags: int) -> None:
-    """CodecError (nothing written) for a record over MAX_VALUES, which the reader would refuse."""
-    try:
-        read_message(bytes(out), 0, flags & ~(L.F_ARGSREPR | L.F_KWARGSREPR), raw_body=True)
-    except CodecError as exc:
-        raise CodecError(f"message cannot be stored: {exc}") from None
 
 
 def _varint(out: bytearray, n: int) -> None:
@@ -299,6 +294,8 @@ def _write_celery_headers(out: bytearray, uuids: dict, headers: dict, flags: int
 _RECORDS: dict[int, dict[str, bytes]] = {L.CODE[key]: {} for key in _REPEATING}
 #: {UUID text: its 16 bytes} written lately (a client's reply_to is in every message)
 _PACKED: dict[str, bytes] = {}
+#: A UUID in canonical text (lowercase, 8-4-4-4-12), the only text the reader makes again
+_UUID_TEXT = re.compile("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _write_repeating(out: bytearray, uuids: dict, code: int, value) -> None:
@@ -349,10 +346,8 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
             _varint(out, ref)
             return
         packed = _PACKED.get(v)
-        if packed is None and n == 36:
-            packed = _uuid_bytes(v)
-            if packed is not None:
-                remember(_PACKED, v, packed)
+        if packed is None and n == 36 and _UUID_TEXT.match(v):
+            packed = remember(_PACKED, v, bytes.fromhex(v.replace("-", "")))
         if packed is not None:
             uuids[v] = len(uuids)
             out.append(L.T_UUID)
@@ -387,19 +382,6 @@ def _write_value(out: bytearray, uuids: dict, v) -> None:
     else:  # a tuple, a datetime, ...: kombu's JSON of it
         out.append(L.T_JSON)
         _blob(out, kombu_dumps(v).encode("utf-8", "surrogatepass"))
-
-
-def _uuid_bytes(text: str) -> bytes | None:
-    """The 16 bytes of a UUID in canonical text (lowercase, 8-4-4-4-12), the only text the reader
-    makes again; else None."""
-    if text[8] != "-" or text[13] != "-" or text[18] != "-" or text[23] != "-":
-        return None
-    digits = text.replace("-", "")
-    try:
-        packed = bytes.fromhex(digits)
-    except ValueError:
-        return None
-    return packed if len(packed) == 16 and packed.hex() == digits else None
 
 
 def _same(a, b) -> bool:
