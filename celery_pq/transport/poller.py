@@ -14,9 +14,10 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from time import monotonic, sleep
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from redis import exceptions as rex
+from redis.client import PubSub
 from redis.connection import AbstractConnection
 
 from ..queue.values import as_text
@@ -26,7 +27,6 @@ from . import signal_wake
 
 if TYPE_CHECKING:
     from kombu.asynchronous import Hub
-    from redis.connection import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -51,19 +51,6 @@ class Blocking:
     id: int | None
     keys: list | None = None
     sent: float = 0.0
-
-
-class PubSub(Protocol):
-    """What a subscription uses of redis-py's ``PubSub`` (the stubs lack the sharded calls)."""
-
-    connection: Connection | None
-
-    def subscribe(self, *channels: str) -> None: ...
-    def unsubscribe(self, *channels: str) -> None: ...
-    def ssubscribe(self, *channels: str) -> None: ...
-    def sunsubscribe(self, *channels: str) -> None: ...
-    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float = 0.0) -> dict | None: ...
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -145,10 +132,10 @@ class Waits:
             sub = self._subs.get(node)
             if sub is None:
                 sub = self._subs[node] = Subscription(node.pubsub(ignore_subscribe_messages=True))
-            if names - sub.channels:
-                (sub.pubsub.ssubscribe if sharded else sub.pubsub.subscribe)(*sorted(names - sub.channels))
+            if names - sub.channels:  # (the stubs lack the sharded calls)
+                (sub.pubsub.ssubscribe if sharded else sub.pubsub.subscribe)(*sorted(names - sub.channels))  # type: ignore[attr-defined]
             if sub.channels - names:
-                (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))
+                (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))  # type: ignore[attr-defined]
             sub.channels = names
             made.append((sub, Wait(sub.pubsub.connection, partial(self._on_pubsub, sub.pubsub), False)))
         self._pubsub_waits = (set(wanted), made)
@@ -200,10 +187,9 @@ class Waits:
         """End our BLPOPs (the consumed queues changed), so they re-arm at once."""
         for block in self._blocks.values():
             if block.keys is not None and block.id is not None:
-                try:
+                # (refused to an ACL-confined user: the wait ends within block_seconds)
+                with suppress(rex.RedisError):
                     node_client(self.channel.client, block.keys[0]).execute_command("CLIENT", "UNBLOCK", block.id)
-                except rex.RedisError:
-                    pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
 
     def _drop_block(self, block: Blocking):
         _quietly(block.conn.disconnect)
