@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import suppress
 
 import redis
 from kombu import Connection
@@ -41,7 +42,6 @@ class Channel(virtual.Channel):
     QoS = QoS
     Message = Message
     supports_fanout = True
-    do_restore = True
     min_priority = C.MIN_PRIORITY
     max_priority = C.MAX_PRIORITY
     options = Options()  # (each channel reads its own at creation)
@@ -238,11 +238,9 @@ class Channel(virtual.Channel):
         if self.closed:
             return
         try:
-            try:
+            with suppress(*Transport.connection_errors):  # still leased in Redis: they expire and come back
                 self.deliveries.settle()
                 self.leases.flush()
-            except Transport.connection_errors:
-                pass  # still leased in Redis: the leases expire and the messages come back
             self.leases.closed = True  # acks from now on wait for the keeper
             super().close()
         finally:
