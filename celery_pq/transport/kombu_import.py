@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from itertools import count
 
 import redis
 
@@ -106,14 +107,10 @@ def priority_map(priority_order: str, given: dict[int, int] | None = None) -> di
 def parse_priority_map(text: str | None) -> dict[int, int]:
     """``"0=255,3=200"`` -> ``{0: 255, 3: 200}``."""
     out: dict[int, int] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        k, sep, p = part.partition("=")
+    for part in filter(str.strip, (text or "").split(",")):
+        k, _, p = part.partition("=")
         try:
-            if not sep:
-                raise ValueError
-            out[int(k)] = int(p)
+            out[int(k)] = int(p)  # (no "=": p is "")
         except ValueError:
             raise ValueError(f"priority map entries are KOMBU=PQ integers, got {part!r}") from None
     return out
@@ -379,14 +376,12 @@ class KombuImport:
         staging = layout.staging_key(queue)
         report.staged = src.llen(staging)
         for key in [staging] + [layout.list_key(queue, s) for s in layout.priority_steps]:
-            start = 0
-            while True:
+            for start in count(0, READ_CHUNK):
                 raws = src.lrange(key, start, start + READ_CHUNK - 1)
                 for raw in raws:
                     self._tally(raw, mapping, report, report.waiting)
                 if len(raws) < READ_CHUNK:
                     break
-                start += READ_CHUNK
         for _, _, message in self._unacked_of(queue, now, report):
             self._tally(message, mapping, report, report.unacked)
 

@@ -134,8 +134,6 @@ def stored_item(
 def expiration_ms(expiration) -> int | None:
     """kombu's ``expiration`` property (AMQP per-message TTL, ms as text) as ms; None when
     absent or not a number (never refused for it: the worker still checks)."""
-    if expiration is None or expiration == "":
-        return None
     try:
         return max(0, int(float(expiration)))
     except (TypeError, ValueError):
@@ -144,7 +142,7 @@ def expiration_ms(expiration) -> int | None:
 
 def message_ttl_ms(arguments) -> int | None:
     """A queue's ``x-message-ttl`` (ms) from its declaration's arguments, or None."""
-    ttl = (arguments or {}).get("x-message-ttl") if isinstance(arguments, dict) else None
+    ttl = arguments.get("x-message-ttl") if isinstance(arguments, dict) else None
     if ttl is None or isinstance(ttl, bool):
         return None
     try:
