@@ -36,7 +36,7 @@ def unique_of(message: dict, options: Options, queue: str, decode_body: Callable
                 "the message was not published"
             )
         return None
-    if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise ValueError(
             f"{_source(options)}: a unique key is a non-empty str of at most {MAX_KEY_BYTES} bytes, got {key!r:.80}; "
             "the message was not published"
