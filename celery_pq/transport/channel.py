@@ -4,7 +4,6 @@ docs/deployments.md."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from contextlib import suppress
 
@@ -30,10 +29,6 @@ from .poller import Poller, Waits
 from .publishing import Publisher
 from .routing import RoutingTables
 from .views import View, Views
-
-logger = logging.getLogger(__name__)
-
-DEFAULT_PORT = C.REDIS_PORT
 
 
 class Channel(virtual.Channel):
@@ -312,7 +307,7 @@ class Transport(virtual.Transport):
 
     @property
     def default_connection_params(self) -> dict:
-        return {"port": DEFAULT_PORT, "hostname": "localhost"}
+        return {"port": C.REDIS_PORT, "hostname": "localhost"}
 
     # -- connections (storage/connections.py) ------------------------------------------------
     @property

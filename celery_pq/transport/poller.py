@@ -373,7 +373,6 @@ class Poller:
 
 
 def _quietly(call, *args) -> None:
-    """Tear something down, ignoring a failure."""
     with suppress(Exception):
         call(*args)
 
