@@ -107,9 +107,12 @@ class PublishBatch:
                 _, repeated = self.channel.queue(name).insert_many(items, repeats=True, remember=False)
             except Exception as exc:
                 left = getattr(exc, "items", None)
-                if left is not None:
+                if left is not None:  # the rest of this queue's items stay
                     self.stored += sum(1 for eid in getattr(exc, "stored", ()) if eid is not None)
-                    self._keep(name, list(left))
+                    del self._pending[name]
+                    self._count -= len(items) - len(left)
+                    if left:
+                        self._pending[name] = list(left)
                 self._noted(exc)
                 raise
             del self._pending[name]
@@ -136,9 +139,7 @@ class PublishBatch:
     # -- what Publisher.put calls ---------------------------------------------------------------
     def add(self, queue: str, item: Item) -> None:
         """One message routed to ``queue``, stored by the next send or flush."""
-        items = self._pending.get(queue)
-        if items is None:
-            items = self._pending[queue] = []
+        items = self._pending.setdefault(queue, [])
         items.append(item)
         self._count += 1
         if self._send_at and len(items) >= self._send_at and self._streamed(queue):
@@ -164,10 +165,8 @@ class PublishBatch:
         items = self._pending.pop(name)
         q = cast(PriorityQueue, self.channel.queue(name))  # (streamed: a plain queue)
         if self._stream is None:
-            try:
+            with suppress(*LOST):
                 self._stream = CallStream.open(q.client)
-            except LOST:
-                self._stream = None
             if self._stream is None:
                 self._pending[name] = items
                 self._round_trips = True
@@ -260,12 +259,6 @@ class PublishBatch:
         self._count -= n
         self.repeated += repeated
         self.stored += n - repeated
-
-    def _keep(self, queue: str, items: list[Item]) -> None:
-        self._count -= len(self._pending.pop(queue))
-        if items:
-            self._pending[queue] = items
-            self._count += len(items)
 
     def _check_usable(self) -> None:
         if self._closed:
