@@ -5,6 +5,7 @@ Celery's event loop. docs/key-layout.md ("Wake tokens"), docs/architecture.md ("
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import socket
@@ -246,23 +247,22 @@ class Poller:
     def drain(self, timeout=None) -> None:
         """Deliver at least one message, or raise socket.timeout after ``timeout`` seconds."""
         self._draining = True
-        deadline = None if timeout is None else monotonic() + timeout
+        deadline = monotonic() + (math.inf if timeout is None else timeout)
         try:
             while True:
                 delivered, waits = self._step(until_delivered=True)
                 if delivered:
                     return
-                remaining = None if deadline is None else deadline - monotonic()
-                if remaining is not None and remaining <= 0:
+                remaining = deadline - monotonic()
+                if remaining <= 0:
                     raise TimeoutError()
                 if not waits:  # prefetch window full: look again shortly
-                    sleep(min(0.05, remaining) if remaining is not None else 0.05)
+                    sleep(min(0.05, remaining))
                     continue
                 ready = [w for w in waits if w.conn.can_read(timeout=0)]
                 if not ready:
                     socks = {w.conn._sock: w for w in waits if w.conn._sock is not None}
-                    wait = 1.0 if remaining is None else min(remaining, 1.0)
-                    readable, _, _ = select.select(list(socks), [], [], wait)
+                    readable, _, _ = select.select(list(socks), [], [], min(remaining, 1.0))
                     ready = [socks[s] for s in readable]
                 if sum(w.handler() or 0 for w in ready):
                     return
