@@ -270,10 +270,7 @@ class Transport(virtual.Transport):
         NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
         # A cluster's moving slot or changing layout: waited out first (cluster_retry_seconds);
         # one that still reaches kombu is a connection error too, never fatal.
-        rex.ClusterError,
-        rex.TryAgainError,
-        rex.AskError,
-        rex.SlotNotCoveredError,
+        *connections.UNSETTLED,
         rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
         OSError,  # (ConnectionError, socket.error)
     )
