@@ -9,9 +9,9 @@ from ..storage.constants import TASK_TENANT_PREFIX
 from .options import Options
 
 
-def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float]) -> str | None:
+def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float] | None) -> str | None:
     """The tenant of a message (None: the default tenant). ``decode_body``: kombu's; ``limits``:
-    the queue's ``task_limits``. ValueError when the function raises or gives a non-str."""
+    the queue's ``task_limits``. ValueError when ``fair_key`` gives a non-str or its function raises."""
     if limits:
         task = (message.get("headers") or {}).get("task")
         if isinstance(task, str) and TASK_TENANT_PREFIX + task in limits:
