@@ -35,10 +35,6 @@ class BatchingChannel(Protocol):
     def _inplace_augment_message(self, message: dict, exchange, routing_key) -> Any: ...
 
 
-#: Exchange types whose routing a batch caches until its flush (fanout is sent at once).
-_CACHED_TYPES = frozenset(("direct", "topic"))
-
-
 class _Sent(NamedTuple):
     """A sub-chunk written to the stream, its reply not read yet."""
 
@@ -81,7 +77,7 @@ class PublishBatch:
         if queues is None:
             self.channel.basic_publish(message, _publish_batch=self, **kwargs)
             kind = self.channel.typeof(exchange) if exchange else None
-            if kind is not None and kind.type in _CACHED_TYPES:
+            if kind is not None and kind.type in ("direct", "topic"):  # (a fanout one went at once)
                 # the exchange's own lookup: no default queue, no warning (basic_publish gave those)
                 found = kind.lookup(self.channel.get_table(exchange), exchange, routing_key, None)
                 queues = [q for q in found if q and q != self.channel.deadletter_queue]

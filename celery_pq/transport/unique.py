@@ -14,8 +14,8 @@ from .tenants import message_key
 if TYPE_CHECKING:
     from .options import Options
 
-#: The headers of a message's key (the option ``unique_key``, this by default), mode and seconds.
-KEY_HEADER, MODE_HEADER, SECONDS_HEADER = "pq_unique", "pq_unique_mode", "pq_unique_seconds"
+#: The headers of a key's mode and seconds (the key's own is the option ``unique_key``).
+MODE_HEADER, SECONDS_HEADER = "pq_unique_mode", "pq_unique_seconds"
 #: Celery's retry count (``Task.retry`` sends the id again, this one up): tells a retry of the
 #: task standing for a key from a publish of its id.
 RETRIES_HEADER = "retries"
