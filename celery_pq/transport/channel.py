@@ -222,11 +222,10 @@ class Channel(virtual.Channel):
     # -- what the poller asks ----------------------------------------------------------------
     def wake_keys(self) -> list[str]:
         """The wake lists of the consumed queues (a view's own for a view), of every shard."""
-        keys = []
+        keys: list[str] = []
         for name in self.active_queues:
             view = self.views.range_of(name)
-            for s in self.queue(name).shards:
-                keys.append(s.keys.wake if view is None else s.keys.view_wake(*view))
+            keys.extend(s.keys.wake if view is None else s.keys.view_wake(*view) for s in self.queue(name).shards)
         return keys
 
     def close(self):

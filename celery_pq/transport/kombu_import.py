@@ -317,14 +317,11 @@ class KombuImport:
     # -- the unacked hash ---------------------------------------------------------------------
     def _routes(self, exchange: str, routing_key: str) -> list[str]:
         """The queues kombu's restore would push a message of (exchange, routing key) to."""
-        out = []
-        for member in self.source.smembers(self.layout.binding_key(exchange)):
-            rk, _, q = as_text(member).split(self.layout.sep, 2)
-            if rk == routing_key or not rk:
-                out.append(q)
-        if not out and not exchange:
-            out.append(routing_key)
-        return sorted(set(out))
+        rows = [as_text(m).split(self.layout.sep, 2) for m in self.source.smembers(self.layout.binding_key(exchange))]
+        out = {q for rk, _, q in rows if rk == routing_key or not rk}
+        if not out and not exchange:  # (kombu's default exchange: the queue the key names)
+            out.add(routing_key)
+        return sorted(out)
 
     def _unacked_of(self, queue: str, now: float, report: QueueReport):
         """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held
