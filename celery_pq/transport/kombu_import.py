@@ -351,20 +351,18 @@ class KombuImport:
     def _claim_unacked(self, tag, value, message: bytes, staging: str, claimed_at: str) -> bool:
         """Move one unacked message into the staging list, if it is still there unchanged."""
         layout = self.layout
-        done = []
 
-        def claim(pipe):
+        def claim(pipe) -> bool:  # (run again after a WatchError: its last answer counts)
             if pipe.hget(layout.unacked, tag) != value:
-                return
+                return False
             pipe.multi()
             pipe.hdel(layout.unacked, tag)
             pipe.zrem(layout.unacked_index, tag)
             pipe.lpush(staging, message)
             pipe.set(claimed_at, int(self._now() * 1000))
-            done.append(True)
+            return True
 
-        self.source.transaction(claim, layout.unacked)
-        return bool(done)
+        return bool(self.source.transaction(claim, layout.unacked, value_from_callable=True))
 
     # -- a dry run ----------------------------------------------------------------------------
     def _count(self, queue: str, now: float) -> None:
