@@ -35,10 +35,6 @@ class BatchingChannel(Protocol):
     def _inplace_augment_message(self, message: dict, exchange, routing_key) -> Any: ...
 
 
-#: Exchange types whose routing a batch caches until its flush (fanout is sent at once).
-_CACHED_TYPES = frozenset(("direct", "topic"))
-
-
 class _Sent(NamedTuple):
     """A sub-chunk written to the stream, its reply not read yet."""
 
@@ -81,7 +77,7 @@ class PublishBatch:
         if queues is None:
             self.channel.basic_publish(message, _publish_batch=self, **kwargs)
             kind = self.channel.typeof(exchange) if exchange else None
-            if kind is not None and kind.type in _CACHED_TYPES:
+            if kind is not None and kind.type in ("direct", "topic"):  # (a fanout one went at once)
                 # the exchange's own lookup: no default queue, no warning (basic_publish gave those)
                 found = kind.lookup(self.channel.get_table(exchange), exchange, routing_key, None)
                 queues = [q for q in found if q and q != self.channel.deadletter_queue]
@@ -107,9 +103,12 @@ class PublishBatch:
                 _, repeated = self.channel.queue(name).insert_many(items, repeats=True, remember=False)
             except Exception as exc:
                 left = getattr(exc, "items", None)
-                if left is not None:
+                if left is not None:  # the rest of this queue's items stay
                     self.stored += sum(1 for eid in getattr(exc, "stored", ()) if eid is not None)
-                    self._keep(name, list(left))
+                    del self._pending[name]
+                    self._count -= len(items) - len(left)
+                    if left:
+                        self._pending[name] = list(left)
                 self._noted(exc)
                 raise
             del self._pending[name]
@@ -136,9 +135,7 @@ class PublishBatch:
     # -- what Publisher.put calls ---------------------------------------------------------------
     def add(self, queue: str, item: Item) -> None:
         """One message routed to ``queue``, stored by the next send or flush."""
-        items = self._pending.get(queue)
-        if items is None:
-            items = self._pending[queue] = []
+        items = self._pending.setdefault(queue, [])
         items.append(item)
         self._count += 1
         if self._send_at and len(items) >= self._send_at and self._streamed(queue):
@@ -164,10 +161,8 @@ class PublishBatch:
         items = self._pending.pop(name)
         q = cast(PriorityQueue, self.channel.queue(name))  # (streamed: a plain queue)
         if self._stream is None:
-            try:
+            with suppress(*LOST):
                 self._stream = CallStream.open(q.client)
-            except LOST:
-                self._stream = None
             if self._stream is None:
                 self._pending[name] = items
                 self._round_trips = True
@@ -260,12 +255,6 @@ class PublishBatch:
         self._count -= n
         self.repeated += repeated
         self.stored += n - repeated
-
-    def _keep(self, queue: str, items: list[Item]) -> None:
-        self._count -= len(self._pending.pop(queue))
-        if items:
-            self._pending[queue] = items
-            self._count += len(items)
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -8,6 +8,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import redis
+from kombu import Connection
 
 from ..queue import open_queue
 from ..queue.values import as_text
@@ -34,10 +35,6 @@ class Broker:
         if isinstance(app_or_url, Broker):
             return app_or_url
         if isinstance(app_or_url, str):
-            from kombu import Connection
-
-            from . import channel as transport  # noqa: F401  registers pq:// and pqs:// (as importing celery_pq does)
-
             url, options = app_or_url, dict(transport_options or {})
             return cls(lambda: Connection(url, transport_options=options))
         if hasattr(app_or_url, "connection_for_write"):

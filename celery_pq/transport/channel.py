@@ -4,8 +4,8 @@ docs/deployments.md."""
 
 from __future__ import annotations
 
-import logging
 import threading
+from contextlib import suppress
 
 import redis
 from kombu import Connection
@@ -30,10 +30,6 @@ from .publishing import Publisher
 from .routing import RoutingTables
 from .views import View, Views
 
-logger = logging.getLogger(__name__)
-
-DEFAULT_PORT = C.REDIS_PORT
-
 
 class Channel(virtual.Channel):
     """kombu's hooks: the queues and views it opens, the declarations, what it consumes."""
@@ -41,7 +37,6 @@ class Channel(virtual.Channel):
     QoS = QoS
     Message = Message
     supports_fanout = True
-    do_restore = True
     min_priority = C.MIN_PRIORITY
     max_priority = C.MAX_PRIORITY
     options = Options()  # (each channel reads its own at creation)
@@ -227,22 +222,19 @@ class Channel(virtual.Channel):
     # -- what the poller asks ----------------------------------------------------------------
     def wake_keys(self) -> list[str]:
         """The wake lists of the consumed queues (a view's own for a view), of every shard."""
-        keys = []
+        keys: list[str] = []
         for name in self.active_queues:
             view = self.views.range_of(name)
-            for s in self.queue(name).shards:
-                keys.append(s.keys.wake if view is None else s.keys.view_wake(*view))
+            keys.extend(s.keys.wake if view is None else s.keys.view_wake(*view) for s in self.queue(name).shards)
         return keys
 
     def close(self):
         if self.closed:
             return
         try:
-            try:
+            with suppress(*Transport.connection_errors):  # still leased in Redis: they expire and come back
                 self.deliveries.settle()
                 self.leases.flush()
-            except Transport.connection_errors:
-                pass  # still leased in Redis: the leases expire and the messages come back
             self.leases.closed = True  # acks from now on wait for the keeper
             super().close()
         finally:
@@ -277,10 +269,7 @@ class Transport(virtual.Transport):
         NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
         # A cluster's moving slot or changing layout: waited out first (cluster_retry_seconds);
         # one that still reaches kombu is a connection error too, never fatal.
-        rex.ClusterError,
-        rex.TryAgainError,
-        rex.AskError,
-        rex.SlotNotCoveredError,
+        *connections.UNSETTLED,
         rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
         OSError,  # (ConnectionError, socket.error)
     )
@@ -314,7 +303,7 @@ class Transport(virtual.Transport):
 
     @property
     def default_connection_params(self) -> dict:
-        return {"port": DEFAULT_PORT, "hostname": "localhost"}
+        return {"port": C.REDIS_PORT, "hostname": "localhost"}
 
     # -- connections (storage/connections.py) ------------------------------------------------
     @property

@@ -97,7 +97,6 @@ class QoS(virtual.QoS):
             _not_given_back(lost_link, "unacked")
         if kept:
             logger.info("celery-pq: %d running task(s) keep their leases across the lost connection", kept)
-        self._delivered.clear()
         return errors
 
 

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from hashlib import blake2b
+from itertools import count
 
 import redis
 
@@ -106,14 +107,10 @@ def priority_map(priority_order: str, given: dict[int, int] | None = None) -> di
 def parse_priority_map(text: str | None) -> dict[int, int]:
     """``"0=255,3=200"`` -> ``{0: 255, 3: 200}``."""
     out: dict[int, int] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        k, sep, p = part.partition("=")
+    for part in filter(str.strip, (text or "").split(",")):
+        k, _, p = part.partition("=")
         try:
-            if not sep:
-                raise ValueError
-            out[int(k)] = int(p)
+            out[int(k)] = int(p)  # (no "=": p is "")
         except ValueError:
             raise ValueError(f"priority map entries are KOMBU=PQ integers, got {part!r}") from None
     return out
@@ -320,14 +317,11 @@ class KombuImport:
     # -- the unacked hash ---------------------------------------------------------------------
     def _routes(self, exchange: str, routing_key: str) -> list[str]:
         """The queues kombu's restore would push a message of (exchange, routing key) to."""
-        out = []
-        for member in self.source.smembers(self.layout.binding_key(exchange)):
-            rk, _, q = as_text(member).split(self.layout.sep, 2)
-            if rk == routing_key or not rk:
-                out.append(q)
-        if not out and not exchange:
-            out.append(routing_key)
-        return sorted(set(out))
+        rows = [as_text(m).split(self.layout.sep, 2) for m in self.source.smembers(self.layout.binding_key(exchange))]
+        out = {q for rk, _, q in rows if rk == routing_key or not rk}
+        if not out and not exchange:  # (kombu's default exchange: the queue the key names)
+            out.add(routing_key)
+        return sorted(out)
 
     def _unacked_of(self, queue: str, now: float, report: QueueReport):
         """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held
@@ -357,20 +351,18 @@ class KombuImport:
     def _claim_unacked(self, tag, value, message: bytes, staging: str, claimed_at: str) -> bool:
         """Move one unacked message into the staging list, if it is still there unchanged."""
         layout = self.layout
-        done = []
 
-        def claim(pipe):
+        def claim(pipe) -> bool:  # (run again after a WatchError: its last answer counts)
             if pipe.hget(layout.unacked, tag) != value:
-                return
+                return False
             pipe.multi()
             pipe.hdel(layout.unacked, tag)
             pipe.zrem(layout.unacked_index, tag)
             pipe.lpush(staging, message)
             pipe.set(claimed_at, int(self._now() * 1000))
-            done.append(True)
+            return True
 
-        self.source.transaction(claim, layout.unacked)
-        return bool(done)
+        return bool(self.source.transaction(claim, layout.unacked, value_from_callable=True))
 
     # -- a dry run ----------------------------------------------------------------------------
     def _count(self, queue: str, now: float) -> None:
@@ -379,14 +371,12 @@ class KombuImport:
         staging = layout.staging_key(queue)
         report.staged = src.llen(staging)
         for key in [staging] + [layout.list_key(queue, s) for s in layout.priority_steps]:
-            start = 0
-            while True:
+            for start in count(0, READ_CHUNK):
                 raws = src.lrange(key, start, start + READ_CHUNK - 1)
                 for raw in raws:
                     self._tally(raw, mapping, report, report.waiting)
                 if len(raws) < READ_CHUNK:
                     break
-                start += READ_CHUNK
         for _, _, message in self._unacked_of(queue, now, report):
             self._tally(message, mapping, report, report.unacked)
 

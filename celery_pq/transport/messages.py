@@ -8,7 +8,6 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from hashlib import blake2b
-from types import MappingProxyType
 
 from ..queue import Item, validate_priority
 from ..storage.codec import encode
@@ -27,8 +26,6 @@ STAMP = "x-pq-publish"
 BROADCAST_ID = "x-pq-broadcast"
 #: Properties never stored (a delivery's tag is its lease token).
 NOT_STORED = frozenset(("delivery_tag", STAMP))
-#: No task limits (``stored_item``'s default).
-EMPTY_LIMITS: Mapping[str, float] = MappingProxyType({})
 
 
 class PublishStamp:
@@ -102,12 +99,12 @@ def stored_item(
     *,
     publish_id_: bytes | None = None,
     queue_ttl_ms: int | None = None,
-    task_limits: Mapping[str, float] = EMPTY_LIMITS,
+    task_limits: Mapping[str, float] | None = None,
 ) -> Item:
     """The ``Item`` of a prepared kombu message for ``queue``; ValueError or MessageTooLarge,
     nothing written, when it cannot be stored. ``decode_body``: kombu's (for a ``fair_key``
     function). ``publish_id_``: this publish's, or None (the queue makes one per call).
-    ``queue_ttl_ms``: the queue's ``message_ttl``. ``task_limits``: the queue's (``tenant_of``)."""
+    ``queue_ttl_ms``: the queue's ``message_ttl``. ``task_limits``: the queue's, or None (``tenant_of``)."""
     props = message["properties"]
     priority = props.get("priority")
     if priority is None:
@@ -134,8 +131,6 @@ def stored_item(
 def expiration_ms(expiration) -> int | None:
     """kombu's ``expiration`` property (AMQP per-message TTL, ms as text) as ms; None when
     absent or not a number (never refused for it: the worker still checks)."""
-    if expiration is None or expiration == "":
-        return None
     try:
         return max(0, int(float(expiration)))
     except (TypeError, ValueError):
@@ -144,7 +139,7 @@ def expiration_ms(expiration) -> int | None:
 
 def message_ttl_ms(arguments) -> int | None:
     """A queue's ``x-message-ttl`` (ms) from its declaration's arguments, or None."""
-    ttl = (arguments or {}).get("x-message-ttl") if isinstance(arguments, dict) else None
+    ttl = arguments.get("x-message-ttl") if isinstance(arguments, dict) else None
     if ttl is None or isinstance(ttl, bool):
         return None
     try:

@@ -189,7 +189,6 @@ class Options:
         return _entry(self.unique_mode, queue, "while_waiting"), float(_entry(self.unique_seconds, queue, 60))
 
     def redis_kwargs(self) -> dict:
-        """The options handed to redis-py's connection pool."""
         return {name: getattr(self, name) for name in _REDIS_KWARGS}
 
 

@@ -5,6 +5,7 @@ Celery's event loop. docs/key-layout.md ("Wake tokens"), docs/architecture.md ("
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import socket
@@ -14,9 +15,10 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from time import monotonic, sleep
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from redis import exceptions as rex
+from redis.client import PubSub
 from redis.connection import AbstractConnection
 
 from ..queue.values import as_text
@@ -26,7 +28,6 @@ from . import signal_wake
 
 if TYPE_CHECKING:
     from kombu.asynchronous import Hub
-    from redis.connection import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -51,19 +52,6 @@ class Blocking:
     id: int | None
     keys: list | None = None
     sent: float = 0.0
-
-
-class PubSub(Protocol):
-    """What a subscription uses of redis-py's ``PubSub`` (the stubs lack the sharded calls)."""
-
-    connection: Connection | None
-
-    def subscribe(self, *channels: str) -> None: ...
-    def unsubscribe(self, *channels: str) -> None: ...
-    def ssubscribe(self, *channels: str) -> None: ...
-    def sunsubscribe(self, *channels: str) -> None: ...
-    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float = 0.0) -> dict | None: ...
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -145,10 +133,10 @@ class Waits:
             sub = self._subs.get(node)
             if sub is None:
                 sub = self._subs[node] = Subscription(node.pubsub(ignore_subscribe_messages=True))
-            if names - sub.channels:
-                (sub.pubsub.ssubscribe if sharded else sub.pubsub.subscribe)(*sorted(names - sub.channels))
+            if names - sub.channels:  # (the stubs lack the sharded calls)
+                (sub.pubsub.ssubscribe if sharded else sub.pubsub.subscribe)(*sorted(names - sub.channels))  # type: ignore[attr-defined]
             if sub.channels - names:
-                (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))
+                (sub.pubsub.sunsubscribe if sharded else sub.pubsub.unsubscribe)(*sorted(sub.channels - names))  # type: ignore[attr-defined]
             sub.channels = names
             made.append((sub, Wait(sub.pubsub.connection, partial(self._on_pubsub, sub.pubsub), False)))
         self._pubsub_waits = (set(wanted), made)
@@ -200,10 +188,9 @@ class Waits:
         """End our BLPOPs (the consumed queues changed), so they re-arm at once."""
         for block in self._blocks.values():
             if block.keys is not None and block.id is not None:
-                try:
+                # (refused to an ACL-confined user: the wait ends within block_seconds)
+                with suppress(rex.RedisError):
                     node_client(self.channel.client, block.keys[0]).execute_command("CLIENT", "UNBLOCK", block.id)
-                except rex.RedisError:
-                    pass  # not allowed (an ACL-confined user): the wait ends within block_seconds
 
     def _drop_block(self, block: Blocking):
         _quietly(block.conn.disconnect)
@@ -260,23 +247,22 @@ class Poller:
     def drain(self, timeout=None) -> None:
         """Deliver at least one message, or raise socket.timeout after ``timeout`` seconds."""
         self._draining = True
-        deadline = None if timeout is None else monotonic() + timeout
+        deadline = monotonic() + (math.inf if timeout is None else timeout)
         try:
             while True:
                 delivered, waits = self._step(until_delivered=True)
                 if delivered:
                     return
-                remaining = None if deadline is None else deadline - monotonic()
-                if remaining is not None and remaining <= 0:
+                remaining = deadline - monotonic()
+                if remaining <= 0:
                     raise TimeoutError()
                 if not waits:  # prefetch window full: look again shortly
-                    sleep(min(0.05, remaining) if remaining is not None else 0.05)
+                    sleep(min(0.05, remaining))
                     continue
                 ready = [w for w in waits if w.conn.can_read(timeout=0)]
                 if not ready:
                     socks = {w.conn._sock: w for w in waits if w.conn._sock is not None}
-                    wait = 1.0 if remaining is None else min(remaining, 1.0)
-                    readable, _, _ = select.select(list(socks), [], [], wait)
+                    readable, _, _ = select.select(list(socks), [], [], min(remaining, 1.0))
                     ready = [socks[s] for s in readable]
                 if sum(w.handler() or 0 for w in ready):
                     return
@@ -387,7 +373,6 @@ class Poller:
 
 
 def _quietly(call, *args) -> None:
-    """Tear something down, ignoring a failure."""
     with suppress(Exception):
         call(*args)
 

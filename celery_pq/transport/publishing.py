@@ -105,5 +105,4 @@ class Publisher:
         publish(self.fanout_channel(exchange), serialized(exchange, {**message, "properties": props}, self.options))
 
     def fanout_channel(self, exchange: str) -> str:
-        """The pub/sub channel of a fanout exchange."""
         return fanout_channel(exchange, self.channel.transport.db, self.options.key_prefix)

@@ -10,7 +10,6 @@ from ..storage.errors import ConfigError
 
 
 def task_tenant(task: str) -> str:
-    """The tenant that carries the messages of a limited task."""
     return TASK_TENANT_PREFIX + task
 
 

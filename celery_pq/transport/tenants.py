@@ -9,39 +9,33 @@ from ..storage.constants import TASK_TENANT_PREFIX
 from .options import Options
 
 
-def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float]) -> str | None:
+def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float] | None) -> str | None:
     """The tenant of a message (None: the default tenant). ``decode_body``: kombu's; ``limits``:
-    the queue's ``task_limits``. ValueError when the function raises or gives a non-str."""
+    the queue's ``task_limits``. ValueError when ``fair_key`` gives a non-str or its function raises."""
     if limits:
         task = (message.get("headers") or {}).get("task")
         if isinstance(task, str) and TASK_TENANT_PREFIX + task in limits:
             return TASK_TENANT_PREFIX + task
-    fair_key = options.fair_key
-    if fair_key is None:
+    if options.fair_key is None:
         return None
-    tenant = message_key(message, "fair_key", fair_key, options.tenant_fn, decode_body)
-    if tenant is not None and not isinstance(tenant, str):
-        raise ValueError(
-            f"fair_key {fair_key!r} gave {tenant!r} ({type(tenant).__name__}), "
-            "not a string; the message was not published"
-        )
-    return tenant
+    return message_key(message, "fair_key", options.fair_key, options.tenant_fn, decode_body)
 
 
-def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable):
-    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``
-    as it is (the caller checks it), or what ``fn`` returns for the message with its body
-    decoded. ValueError when the function raises or gives neither a str nor None."""
+def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable) -> str | None:
+    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``, or
+    what ``fn`` returns for the message with its body decoded. ValueError when the function
+    raises, or when the header or function gives neither a str nor None."""
     if fn is None:
-        return (message.get("headers") or {}).get(value)
-    try:
-        props = message.get("properties") or {}
-        key = fn({**message, "body": decode_body(message.get("body"), props.get("body_encoding"))})
-    except Exception as exc:
-        raise ValueError(f"{option} function {value!r} raised {exc!r}; the message was not published") from exc
+        key = (message.get("headers") or {}).get(value)
+    else:
+        try:
+            props = message.get("properties") or {}
+            key = fn({**message, "body": decode_body(message.get("body"), props.get("body_encoding"))})
+        except Exception as exc:
+            raise ValueError(f"{option} function {value!r} raised {exc!r}; the message was not published") from exc
     if key is not None and not isinstance(key, str):
         raise ValueError(
-            f"{option} function {value!r} gave {key!r} ({type(key).__name__}), "
+            f"{option} {'' if fn is None else 'function '}{value!r} gave {key!r} ({type(key).__name__}), "
             "not a string; the message was not published"
         )
     return key

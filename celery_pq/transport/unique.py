@@ -14,8 +14,8 @@ from .tenants import message_key
 if TYPE_CHECKING:
     from .options import Options
 
-#: The headers of a message's key (the option ``unique_key``, this by default), mode and seconds.
-KEY_HEADER, MODE_HEADER, SECONDS_HEADER = "pq_unique", "pq_unique_mode", "pq_unique_seconds"
+#: The headers of a key's mode and seconds (the key's own is the option ``unique_key``).
+MODE_HEADER, SECONDS_HEADER = "pq_unique_mode", "pq_unique_seconds"
 #: Celery's retry count (``Task.retry`` sends the id again, this one up): tells a retry of the
 #: task standing for a key from a publish of its id.
 RETRIES_HEADER = "retries"
@@ -36,7 +36,7 @@ def unique_of(message: dict, options: Options, queue: str, decode_body: Callable
                 "the message was not published"
             )
         return None
-    if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_BYTES:
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise ValueError(
             f"{_source(options)}: a unique key is a non-empty str of at most {MAX_KEY_BYTES} bytes, got {key!r:.80}; "
             "the message was not published"
