@@ -133,7 +133,7 @@ def expiration_ms(expiration) -> int | None:
     absent or not a number (never refused for it: the worker still checks)."""
     try:
         return max(0, int(float(expiration)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (OverflowError: "inf")
         return None
 
 
@@ -144,7 +144,7 @@ def message_ttl_ms(arguments) -> int | None:
         return None
     try:
         return max(0, int(ttl))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"x-message-ttl must be a number of milliseconds, got {ttl!r}") from None
 
 

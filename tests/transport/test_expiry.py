@@ -7,6 +7,8 @@ import time
 import pytest
 from kombu import Connection, Exchange, Producer, Queue
 
+from celery_pq.transport.messages import expiration_ms
+
 try:
     from support.consume import drain
 except ImportError:  # collected with the repository root on sys.path instead of tests/
@@ -106,3 +108,17 @@ def test_expiry_in_a_publish_batch(url, opts):
         time.sleep(0.3)
         assert bodies(drain(conn, q, 3, timeout=1.5)) == [{"n": 2}]
         assert pq.counters()["expired"] == 2
+
+
+def test_an_infinite_expiration_never_expires_and_an_infinite_queue_ttl_is_refused_by_name(url, opts):
+    # An "inf" expiration property (kombu's publish cannot make one; another client can) is no
+    # deadline, as any other unreadable one: the worker still checks
+    assert expiration_ms("inf") is None and expiration_ms("1.5") == 1
+    with Connection(url, transport_options=opts) as conn:
+        p = Producer(conn.default_channel)
+        # A queue declared with an infinite x-message-ttl is refused, naming the argument
+        bad = Queue(
+            "xinf", Exchange("xinf", type="direct"), routing_key="xinf", queue_arguments={"x-message-ttl": float("inf")}
+        )
+        with pytest.raises(ValueError, match="x-message-ttl must be a number of milliseconds"):
+            p.publish({"n": 2}, exchange=bad.exchange, routing_key="xinf", declare=[bad])
