@@ -128,7 +128,7 @@ class RedisServer:
     #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
     bus_offset = 0
 
-    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
+    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None):
         self.binary = binary or find_redis_server()
         self.extra_args = [*args, *flags(config or {})]
         self.password = (config or {}).get("requirepass")
@@ -136,12 +136,11 @@ class RedisServer:
         self.log_path = self.dir / "redis.log"
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
-        if start:
-            try:
-                self.start()
-            except BaseException:
-                shutil.rmtree(self.dir, ignore_errors=True)
-                raise
+        try:
+            self.start()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     # -- addresses -------------------------------------------------------------------------
 

@@ -22,26 +22,11 @@ def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str,
     ext = directory / "server.ext"
     ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    by_ca = ["-CA", ca, "-CAkey", ca_key, "-CAcreateserial"]
     for args in (
         ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name}"],
         ["req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-        [
-            "x509",
-            "-req",
-            "-in",
-            csr,
-            "-CA",
-            ca,
-            "-CAkey",
-            ca_key,
-            "-CAcreateserial",
-            "-out",
-            cert,
-            "-days",
-            "2",
-            "-extfile",
-            ext,
-        ],
+        ["x509", "-req", "-in", csr, *by_ca, "-out", cert, "-days", "2", "-extfile", ext],
     ):
         done = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
         if done.returncode:
