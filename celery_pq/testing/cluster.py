@@ -93,11 +93,9 @@ class RedisCluster:
         return redis.RedisCluster(host=HOST, port=self.seed.port, **kwargs)
 
     def masters(self) -> list[ClusterNode]:
-        """The running nodes that are masters now."""
         return [n for n in self.nodes if n.running and n.role() == "master"]
 
     def master_of(self, key) -> ClusterNode:
-        """The node that serves ``key``'s slot now."""
         return self._owner_of_slot(self.slot_of(key))
 
     def replicas_of(self, master: ClusterNode) -> list[ClusterNode]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .server import HOST, RedisServer, flags
-from .tls import tls_client, tls_files
+from .tls import tls_files
 
 
 class SentinelServer(RedisServer):
@@ -45,9 +45,6 @@ class SentinelServer(RedisServer):
             ports = {"port": 0, "tls-port": port, "tls-replication": "yes"}
         own = flags({**ports, "bind": HOST, "dir": self.dir, "daemonize": "no", "logfile": ""})
         return [self.binary, str(conf), "--sentinel", *own, *(tls_files(self.certs) if self.certs is not None else [])]
-
-    def client_tls(self) -> dict:
-        return {} if self.certs is None else tls_client(self.certs)
 
     def master(self) -> dict:
         """What this sentinel says of its master (``SENTINEL MASTER``), as text."""

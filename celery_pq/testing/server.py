@@ -127,6 +127,8 @@ class RedisServer:
 
     #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
     bus_offset = 0
+    #: The certificates (``make_certificates``) of a server that speaks only TLS; None: plain TCP.
+    certs: dict | None = None
 
     def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None):
         self.binary = binary or find_redis_server()
@@ -142,8 +144,6 @@ class RedisServer:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
 
-    # -- addresses -------------------------------------------------------------------------
-
     @property
     def host(self) -> str:
         return HOST
@@ -152,13 +152,12 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
 
-    def client_tls(self) -> dict:
-        """redis-py's TLS arguments for a client of this server (none: plain TCP)."""
-        return {}
-
     def client(self, **kwargs) -> redis.Redis:
-        """A new redis-py client for this server (db 0, bytes replies, unless told otherwise)."""
-        given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password, **self.client_tls()}
+        """A new redis-py client for this server (db 0, bytes replies, unless told otherwise); over
+        TLS, checking the server against the CA of ``certs``."""
+        given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password}
+        if self.certs is not None:
+            given |= {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
         kwargs = given | kwargs
         if kwargs["port"] is None:
             raise RedisServerError(f"{self!r} has not started: it has no port yet")
@@ -171,8 +170,6 @@ class RedisServer:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
-
-    # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> RedisServer:
         """Start the process; a first start picks a free port, later starts reuse it."""
@@ -234,8 +231,6 @@ class RedisServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"<RedisServer {HOST}:{self.port} {state} dir={self.dir}>"
-
-    # -- internals -------------------------------------------------------------------------
 
     def command(self, port: int) -> list[str]:
         # later arguments win, so callers may override these

@@ -39,6 +39,8 @@ class TLSRedisServer(RedisServer):
     certificate and CA of ``certs`` (``make_certificates``); clients need no certificate of
     their own (``--tls-auth-clients no``)."""
 
+    certs: dict
+
     def __init__(self, certs: dict, *args: str, **kwargs):
         self.certs = certs
         super().__init__(*args, **kwargs)
@@ -47,22 +49,12 @@ class TLSRedisServer(RedisServer):
     def url(self) -> str:
         return f"rediss://{HOST}:{self.port}/0"
 
-    def client_tls(self) -> dict:
-        return tls_client(self.certs)
-
     def command(self, port: int) -> list[str]:
-        plain = super().command(port)
-        at = plain.index("--port")
-        plain[at + 1] = "0"
-        return [*plain, "--tls-port", str(port), *tls_files(self.certs)]
+        # the later --port wins: no plain TCP port
+        return [*super().command(port), "--port", "0", "--tls-port", str(port), *tls_files(self.certs)]
 
 
 def tls_files(certs: dict) -> list[str]:
     """redis-server's TLS arguments for ``certs`` (clients need no certificate of their own)."""
     files = {"tls-cert-file": certs["cert"], "tls-key-file": certs["key"], "tls-ca-cert-file": certs["ca"]}
     return flags(files | {"tls-auth-clients": "no"})
-
-
-def tls_client(certs: dict) -> dict:
-    """redis-py's arguments for a client checking the server against the CA of ``certs``."""
-    return {"ssl": True, "ssl_ca_certs": str(certs["ca"]), "ssl_cert_reqs": "required"}
