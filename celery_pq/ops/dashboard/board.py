@@ -114,7 +114,6 @@ class Board:
         self._histories: dict[str, DeliveryHistory] = {}
 
     def sample(self) -> None:
-        """Add one sample of every queue's delivery totals to its history."""
         with self._lock:
             names = self._queue_names()
             for gone in set(self._histories) - set(names):  # a deleted queue's samples go too
