@@ -150,7 +150,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        return f"{'redis' if self.certs is None else 'rediss'}://{HOST}:{self.port}/0"
 
     def client(self, **kwargs) -> redis.Redis:
         """A new redis-py client for this server (db 0, bytes replies, unless told otherwise); over
@@ -158,10 +158,7 @@ class RedisServer:
         given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password}
         if self.certs is not None:
             given |= {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
-        kwargs = given | kwargs
-        if kwargs["port"] is None:
-            raise RedisServerError(f"{self!r} has not started: it has no port yet")
-        return redis.Redis(host=HOST, **kwargs)
+        return redis.Redis(host=HOST, **(given | kwargs))
 
     @property
     def pid(self) -> int | None:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .server import HOST, RedisServer, flags
+from .server import RedisServer, flags
 
 
 def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
@@ -44,10 +44,6 @@ class TLSRedisServer(RedisServer):
     def __init__(self, certs: dict, *args: str, **kwargs):
         self.certs = certs
         super().__init__(*args, **kwargs)
-
-    @property
-    def url(self) -> str:
-        return f"rediss://{HOST}:{self.port}/0"
 
     def command(self, port: int) -> list[str]:
         # the later --port wins: no plain TCP port
