@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .server import HOST, RedisServer, flags
-from .tls import tls_files
+from .server import HOST, RedisServer
 
 
 class SentinelServer(RedisServer):
@@ -40,11 +39,8 @@ class SentinelServer(RedisServer):
                 f"sentinel failover-timeout {name} 5000\n"
                 f"sentinel parallel-syncs {name} 1\n"
             )
-        ports: dict[str, object] = {"port": port}
-        if self.certs is not None:
-            ports = {"port": 0, "tls-port": port, "tls-replication": "yes"}
-        own = flags({**ports, "bind": HOST, "dir": self.dir, "daemonize": "no", "logfile": ""})
-        return [self.binary, str(conf), "--sentinel", *own, *(tls_files(self.certs) if self.certs is not None else [])]
+        tls = [] if self.certs is None else ["--tls-replication", "yes"]
+        return [self.binary, str(conf), "--sentinel", *super().command(port)[1:], *tls]
 
     def master(self) -> dict:
         """What this sentinel says of its master (``SENTINEL MASTER``), as text."""

@@ -230,8 +230,13 @@ class RedisServer:
         return f"<RedisServer {HOST}:{self.port} {state} dir={self.dir}>"
 
     def command(self, port: int) -> list[str]:
+        own: dict[str, object] = {"port": port, "dir": self.dir, **SETTINGS}
+        if self.certs is not None:  # TLS only (no plain port); clients need no certificate of their own
+            c = self.certs
+            tls = {"tls-cert-file": c["cert"], "tls-key-file": c["key"], "tls-ca-cert-file": c["ca"]}
+            own |= {"port": 0, "tls-port": port, **tls, "tls-auth-clients": "no"}
         # later arguments win, so callers may override these
-        return [self.binary, *flags({"port": port, "dir": self.dir, **SETTINGS}), *self.extra_args]
+        return [self.binary, *flags(own), *self.extra_args]
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .server import RedisServer, flags
+from .server import RedisServer
 
 
 def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
@@ -44,13 +44,3 @@ class TLSRedisServer(RedisServer):
     def __init__(self, certs: dict, *args: str, **kwargs):
         self.certs = certs
         super().__init__(*args, **kwargs)
-
-    def command(self, port: int) -> list[str]:
-        # the later --port wins: no plain TCP port
-        return [*super().command(port), "--port", "0", "--tls-port", str(port), *tls_files(self.certs)]
-
-
-def tls_files(certs: dict) -> list[str]:
-    """redis-server's TLS arguments for ``certs`` (clients need no certificate of their own)."""
-    files = {"tls-cert-file": certs["cert"], "tls-key-file": certs["key"], "tls-ca-cert-file": certs["ca"]}
-    return flags(files | {"tls-auth-clients": "no"})
