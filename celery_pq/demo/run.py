@@ -15,6 +15,7 @@ Exits 0 only if every check passed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -37,7 +38,6 @@ from celery_pq import PriorityQueue
 from celery_pq.storage.redact import redact
 from celery_pq.testing import (
     RedisServer,
-    RedisServerError,
     WaitTimeout,
     WorkerProcess,
     find_redis_server,
@@ -60,8 +60,7 @@ class Interrupted(BaseException):
     """SIGTERM/SIGHUP: unwind through every ``finally`` so that subprocesses are stopped."""
 
 
-def say(text):
-    print(text, flush=True)
+say = functools.partial(print, flush=True)
 
 
 def check(label, ok):
@@ -69,7 +68,6 @@ def check(label, ok):
     say(f"  {'PASS' if ok else 'FAIL'}: {label}")
 
 
-# -- finding a Redis ----------------------------------------------------------------------------
 @dataclass
 class Target:
     url: str  # redis:// URL: our own client and the tasks' records
@@ -104,15 +102,12 @@ def find_or_start_redis():
     if url:
         broker_url_of(url)  # a DemoError for a URL that names no Redis
     else:
-        try:
+        try:  # a RuntimeError: PQ_REDIS_SERVER names no executable, or the server did not start
             binary = find_redis_server(required=False)
-        except RuntimeError as exc:  # PQ_REDIS_SERVER names no executable
+            server = RedisServer(binary=binary) if binary else None
+        except RuntimeError as exc:
             raise DemoError(str(exc)) from None
-        if binary:
-            try:
-                server = RedisServer(binary=binary)
-            except RedisServerError as exc:
-                raise DemoError(str(exc)) from None
+        if server is not None:
             with server, server.client() as client:
                 where = f"a private redis-server{redis_version(client)} ({binary}) on 127.0.0.1:{server.port}"
                 yield Target(server.url, prefix, where + ", stopped at the end")
@@ -139,8 +134,9 @@ def find_or_start_redis():
             say(f"WARNING: could not delete the keys under {prefix}*: {exc}")
 
 
-# -- one part of the demo: its own key prefix, a producer, workers --------------------------------
 class Part:
+    """One part of the demo: its own key prefix, a producer, workers."""
+
     def __init__(self, target: Target, suffix: str, logdir: Path, **options):
         self.prefix = target.prefix + suffix
         broker = broker_url_of(target.url)  # pq:// URL of the same Redis
@@ -216,7 +212,6 @@ class Part:
         check("afterwards nothing is waiting, leased or dead-lettered", not left)
 
 
-# -- the parts --------------------------------------------------------------------------------
 def part_priorities(target, logdir):
     say("\n1. Priorities overtake a backlog")
     with Part(target, "p", logdir) as d:

@@ -236,8 +236,6 @@ def serve(
         thread = threading.Thread(target=server.serve_forever, name="pq-metrics", daemon=True)
         thread.start()
         return server, thread
-    host = server.server_address[0]
-    assert isinstance(host, str)  # an AF_INET/AF_INET6 server's address is text
-    print(f"celery-pq metrics on http://{host}:{server.server_port}/metrics", flush=True)
+    print(f"celery-pq metrics on http://{server.server_address[0]!s}:{server.server_port}/metrics", flush=True)
     with server, suppress(KeyboardInterrupt):
         server.serve_forever()

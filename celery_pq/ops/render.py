@@ -18,7 +18,6 @@ from ..storage.codec import VERSION, CodecError, decode
 
 
 def rich_terminal() -> bool:
-    """Draw with rich: a terminal, and rich installed."""
     return sys.stdout.isatty() and find_spec("rich") is not None
 
 
@@ -99,7 +98,6 @@ def when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-# -- what an operator sees of a stored message --------------------------------------------------
 #: Characters of an args preview at most (the rest is cut with "...").
 PREVIEW_CHARS = 60
 
@@ -111,7 +109,8 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
     try:
         message = decode(payload)
     except CodecError as exc:
-        if _stored_form(payload):
+        head = payload[:1] if isinstance(payload, bytes) else payload[:1].encode()
+        if head == bytes((VERSION,)):  # the stored form, not readable
             why = str(exc).removeprefix("stored message's ").removeprefix("stored message ")
             return {"task": None, "args": _cut(f"unreadable: {why}", width)}
         message = None
@@ -126,12 +125,6 @@ def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
     else:
         args = _body_preview(message)
     return {"task": task, "args": _cut(args, width)}
-
-
-def _stored_form(payload: bytes | str) -> bool:
-    """Whether a payload the codec refused starts with the format's version byte."""
-    head = payload[:1] if isinstance(payload, bytes) else payload[:1].encode()
-    return head == bytes((VERSION,))
 
 
 def _body_preview(message: dict) -> str:

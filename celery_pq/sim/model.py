@@ -44,14 +44,6 @@ POLICIES = {
 }
 
 
-def policy_named(name: str) -> Policy:
-    """The policy called ``name``, or a ValueError listing the known ones."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
-
-
 def multiqueue_mean_rank_error(n: int) -> float:
     """The MultiQueue's long-run expected rank error on a deep queue of ``n`` subqueues,
     ``(5/6) n - 1 + 1/(6 n)`` (Walzer and Williams, ESA 2025; arXiv:2410.08714)."""
@@ -90,7 +82,9 @@ class Params:
         for name in ("nodes", "peeks", "lag", "consumers", "pops"):
             count(name, getattr(self, name), none=False)
         count("warmup", self.warmup, low=0)
-        pol = policy_named(self.policy)
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
+        pol = POLICIES[self.policy]
         if pol.distinct and self.peeks > self.nodes and (pol.pop_peeks or pol.insert != "random"):
             raise ValueError(
                 f"peeks ({self.peeks}) must not exceed nodes ({self.nodes}): {self.policy} peeks distinct subqueues"
@@ -129,10 +123,13 @@ class Result:
     pei: np.ndarray  # one rank error per measured pop, in order
     extra_pops: int = 0  # second-best aborts (each one an extra pop and a put-back)
     retries: int = 0  # peeks repeated because the chosen subqueue(s) were empty
-    stats: dict = field(init=False)
+    stats: dict = field(init=False)  # mean, p50/p90/p99 (inverted CDF), max, share of pops with no error
 
     def __post_init__(self):
-        self.stats = summarize(self.pei)
+        pei = self.pei
+        self.stats = {"mean": float(pei.mean()), "p_zero": float(np.mean(pei == 0)), "max": int(pei.max())}
+        for p, v in zip(PERCENTILES, np.percentile(pei, PERCENTILES, method="inverted_cdf")):
+            self.stats[f"p{p}"] = int(v)
 
     def row(self) -> dict:
         """Parameters and figures as one flat dict (a table row)."""
@@ -143,14 +140,6 @@ class Result:
             "extra_pops": self.extra_pops,
             "retries": self.retries,
         }
-
-
-def summarize(pei: np.ndarray) -> dict:
-    """mean, p50/p90/p99 (inverted CDF), max and the share of pops with no error."""
-    out = {"mean": float(pei.mean()), "p_zero": float(np.mean(pei == 0)), "max": int(pei.max())}
-    for p, v in zip(PERCENTILES, np.percentile(pei, PERCENTILES, method="inverted_cdf")):
-        out[f"p{p}"] = int(v)
-    return out
 
 
 def _blocks(draw):
@@ -172,7 +161,7 @@ def _peek_rows(rng, n: int, k: int, distinct: bool):
 def simulate(params: Params) -> Result:
     """Run one simulation (deterministic for given ``params``, seed included)."""
     p = params
-    pol = policy_named(p.policy)
+    pol = POLICIES[p.policy]
     n, k, c = p.nodes, p.peeks, p.consumers
     ranks = parse_priorities(p.priorities)
     rng = np.random.default_rng(p.seed)

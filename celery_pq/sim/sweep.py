@@ -138,12 +138,8 @@ def _plain(value):
     """numpy and pandas scalars and arrays as plain Python values (ints stay ints)."""
     if isinstance(value, (list, tuple, np.ndarray)):
         return [int(v) for v in value]
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        value = float(value)
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and value.is_integer() and not math.isnan(value):
         return int(value)
     return value

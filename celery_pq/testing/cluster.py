@@ -14,6 +14,11 @@ import redis
 from .server import HOST, RedisServer, RedisServerError, flags
 from .waiting import wait_for
 
+#: ``cluster-node-timeout``: a killed master's replica takes over about two of it later.
+NODE_TIMEOUT_MS = 1000
+#: Seconds to wait for the cluster to be ready, a replica's promotion, a slot's move.
+READY_TIMEOUT = 30.0
+
 
 class ClusterNode(RedisServer):
     """One node of a ``RedisCluster``: a redis-server with ``--cluster-enabled yes`` on a port
@@ -21,15 +26,11 @@ class ClusterNode(RedisServer):
 
     bus_offset = 10000
 
-    def __init__(self, *args: str, node_timeout_ms: int = 1000, **kwargs):
-        self.node_timeout_ms = node_timeout_ms
-        super().__init__(*args, **kwargs)
-
     def command(self, port: int) -> list[str]:
         settings = {
             "cluster-enabled": "yes",
             "cluster-config-file": "nodes.conf",  # in the node's directory: a restart() rejoins as itself
-            "cluster-node-timeout": self.node_timeout_ms,
+            "cluster-node-timeout": NODE_TIMEOUT_MS,
             "cluster-require-full-coverage": "no",  # the other masters serve while one fails over
             "cluster-replica-validity-factor": 0,  # a replica promotes however long its link was down
         }
@@ -54,25 +55,13 @@ def _serving(slots: list, slot: int) -> int | None:
 
 class RedisCluster:
     """``masters`` masters with ``replicas`` replicas each (``redis-cli --cluster create``), ready
-    (``wait_ready``) when the constructor returns; ``client()`` is a ``redis.RedisCluster``.
-    ``node_timeout_ms`` is ``cluster-node-timeout``: a killed master's replica takes over about
-    two of it later.
-    """
+    (``wait_ready``) when the constructor returns; ``client()`` is a ``redis.RedisCluster``."""
 
-    def __init__(
-        self,
-        masters: int = 3,
-        replicas: int = 1,
-        *,
-        node_timeout_ms: int = 1000,
-        binary: str | None = None,
-        ready_timeout: float = 30.0,
-    ):
+    def __init__(self, masters: int = 3, replicas: int = 1):
         self.nodes: list[ClusterNode] = []
-        self.ready_timeout = ready_timeout
         try:
             for _ in range(masters * (1 + replicas)):
-                self.nodes.append(ClusterNode(binary=binary, node_timeout_ms=node_timeout_ms))
+                self.nodes.append(ClusterNode())
             cli = shutil.which(
                 "redis-cli", path=os.path.dirname(self.nodes[0].binary) + os.pathsep + os.environ.get("PATH", "")
             )
@@ -103,15 +92,10 @@ class RedisCluster:
         kwargs.setdefault("socket_timeout", 10)
         return redis.RedisCluster(host=HOST, port=self.seed.port, **kwargs)
 
-    def _by_port(self, port: int) -> ClusterNode:
-        return next(n for n in self.nodes if n.port == int(port))
-
     def masters(self) -> list[ClusterNode]:
-        """The running nodes that are masters now."""
         return [n for n in self.nodes if n.running and n.role() == "master"]
 
     def master_of(self, key) -> ClusterNode:
-        """The node that serves ``key``'s slot now."""
         return self._owner_of_slot(self.slot_of(key))
 
     def replicas_of(self, master: ClusterNode) -> list[ClusterNode]:
@@ -133,11 +117,11 @@ class RedisCluster:
     def slot_of(self, key) -> int:
         return int(self.seed.ask("CLUSTER", "KEYSLOT", key))
 
-    def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0, on_key=None) -> int:
+    def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0) -> int:
         """Move hash ``slot`` to master ``to`` as ``redis-cli --cluster reshard`` does (IMPORTING,
         MIGRATING, one MIGRATE per key, SETSLOT NODE everywhere) and wait until every node agrees.
-        ``pause`` seconds after each key, so calls meet the slot half moved; ``on_key(n)`` after
-        the n-th. The number of keys moved (0, nothing done, if ``to`` serves it already)."""
+        ``pause`` seconds after each key, so calls meet the slot half moved. The number of keys
+        moved (0, nothing done, if ``to`` serves it already)."""
         source = self._owner_of_slot(slot)
         if source.port == to.port:
             return 0
@@ -151,8 +135,6 @@ class RedisCluster:
                 for key in keys:
                     s.execute_command("MIGRATE", HOST, to.port, "", 0, 10_000, "KEYS", key)
                     moved += 1
-                    if on_key is not None:
-                        on_key(moved)
                     if pause:
                         time.sleep(pause)
                 if keys:
@@ -170,7 +152,7 @@ class RedisCluster:
                 m.ask("CLUSTER", "SETSLOT", slot, "NODE", tid)
         wait_for(
             lambda: all(self._owner_of_slot(slot, n).port == to.port for n in self.nodes if n.running),
-            self.ready_timeout,
+            READY_TIMEOUT,
             f"the nodes to agree that {to!r} serves slot {slot}",
         )
         return moved
@@ -179,18 +161,18 @@ class RedisCluster:
         port = _serving((asked or self.seed).ask("CLUSTER", "SLOTS"), slot)
         if port is None:
             raise RedisServerError(f"no node serves slot {slot}")
-        return self._by_port(port)
+        return next(n for n in self.nodes if n.port == int(port))
 
-    def kill_master(self, master: ClusterNode, timeout: float | None = None) -> ClusterNode:
+    def kill_master(self, master: ClusterNode) -> ClusterNode:
         """SIGKILL ``master`` and wait until one of its replicas serves its slots and the cluster
         is ok; that replica."""
         replicas = self.replicas_of(master)
         if not replicas:
             raise RedisServerError(f"{master!r} has no replica to take over")
         master.kill()
-        return self.wait_promotion(replicas, timeout)
+        return self.wait_promotion(replicas)
 
-    def wait_promotion(self, replicas: list[ClusterNode], timeout: float | None = None) -> ClusterNode:
+    def wait_promotion(self, replicas: list[ClusterNode]) -> ClusterNode:
         """Until one of ``replicas`` (of a master that is gone) is a master and the cluster is ok."""
 
         def promoted() -> ClusterNode | None:
@@ -202,13 +184,11 @@ class RedisCluster:
                     pass
             return None
 
-        return wait_for(
-            promoted, timeout or self.ready_timeout, "a replica of the killed master to take over", interval=0.1
-        )
+        return wait_for(promoted, READY_TIMEOUT, "a replica of the killed master to take over", interval=0.1)
 
     def restart(self, node: ClusterNode) -> None:
-        """Start a killed node again (same port and nodes.conf) and wait until it has rejoined, a
-        replica of the node that took its slots."""
+        """Start a killed node again (same port and nodes.conf); it rejoins as a replica of the node
+        that took its slots."""
         node.start()
         self.wait_ready()
 
@@ -244,7 +224,7 @@ class RedisCluster:
 
         wait_for(
             ready,
-            self.ready_timeout,
+            READY_TIMEOUT,
             lambda: "the cluster to become ready:\n" + "\n".join(f"{n!r}: {n.log_tail(5)}" for n in self.nodes),
             interval=0.1,
         )

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from .server import HOST, RedisServer, flags
-from .tls import tls_client, tls_files
+from .server import HOST, RedisServer
 
 
 class SentinelServer(RedisServer):
     """A Redis Sentinel on a free port monitoring the master at ``master_port`` as ``master_name``
-    (quorum ``quorum``), with short timings so a test's failover takes seconds; its config file,
-    which Sentinel rewrites, in its own directory::
+    (quorum 2), with short timings (down after 1 s, failover timeout 5 s) so a test's failover
+    takes seconds; its config file, which Sentinel rewrites, in its own directory::
 
         sentinels = [SentinelServer(master.port) for _ in range(3)]
         url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
@@ -19,22 +18,12 @@ class SentinelServer(RedisServer):
     """
 
     def __init__(
-        self,
-        master_port: int,
-        *,
-        master_name: str = "m",
-        quorum: int = 2,
-        down_after_ms: int = 1000,
-        failover_timeout_ms: int = 5000,
-        binary: str | None = None,
-        start: bool = True,
-        certs: dict | None = None,
+        self, master_port: int, *, master_name: str = "m", binary: str | None = None, certs: dict | None = None
     ):
         self.master_port = master_port
         self.certs = certs
         self.master_name = master_name
-        self.settings = {"quorum": quorum, "down_after_ms": down_after_ms, "failover_timeout_ms": failover_timeout_ms}
-        super().__init__(binary=binary, start=start)
+        super().__init__(binary=binary)
 
     @property
     def pq_url(self) -> str:
@@ -43,21 +32,15 @@ class SentinelServer(RedisServer):
     def command(self, port: int) -> list[str]:
         conf = self.dir / "sentinel.conf"
         if not conf.exists():  # later starts keep what sentinel learnt and wrote there
-            name, s = self.master_name, self.settings
+            name = self.master_name
             conf.write_text(
-                f"sentinel monitor {name} {HOST} {self.master_port} {s['quorum']}\n"
-                f"sentinel down-after-milliseconds {name} {s['down_after_ms']}\n"
-                f"sentinel failover-timeout {name} {s['failover_timeout_ms']}\n"
+                f"sentinel monitor {name} {HOST} {self.master_port} 2\n"
+                f"sentinel down-after-milliseconds {name} 1000\n"
+                f"sentinel failover-timeout {name} 5000\n"
                 f"sentinel parallel-syncs {name} 1\n"
             )
-        ports: dict[str, object] = {"port": port}
-        if self.certs is not None:
-            ports = {"port": 0, "tls-port": port, "tls-replication": "yes"}
-        own = flags({**ports, "bind": HOST, "dir": self.dir, "daemonize": "no", "logfile": ""})
-        return [self.binary, str(conf), "--sentinel", *own, *(tls_files(self.certs) if self.certs is not None else [])]
-
-    def client_tls(self) -> dict:
-        return {} if self.certs is None else tls_client(self.certs)
+        tls = [] if self.certs is None else ["--tls-replication", "yes"]
+        return [self.binary, str(conf), "--sentinel", *super().command(port)[1:], *tls]
 
     def master(self) -> dict:
         """What this sentinel says of its master (``SENTINEL MASTER``), as text."""

@@ -127,8 +127,10 @@ class RedisServer:
 
     #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
     bus_offset = 0
+    #: The certificates (``make_certificates``) of a server that speaks only TLS; None: plain TCP.
+    certs: dict | None = None
 
-    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None, start: bool = True):
+    def __init__(self, *args: str, config: dict[str, str] | None = None, binary: str | None = None):
         self.binary = binary or find_redis_server()
         self.extra_args = [*args, *flags(config or {})]
         self.password = (config or {}).get("requirepass")
@@ -136,14 +138,11 @@ class RedisServer:
         self.log_path = self.dir / "redis.log"
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
-        if start:
-            try:
-                self.start()
-            except BaseException:
-                shutil.rmtree(self.dir, ignore_errors=True)
-                raise
-
-    # -- addresses -------------------------------------------------------------------------
+        try:
+            self.start()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     @property
     def host(self) -> str:
@@ -151,19 +150,15 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    def client_tls(self) -> dict:
-        """redis-py's TLS arguments for a client of this server (none: plain TCP)."""
-        return {}
+        return f"{'redis' if self.certs is None else 'rediss'}://{HOST}:{self.port}/0"
 
     def client(self, **kwargs) -> redis.Redis:
-        """A new redis-py client for this server (db 0, bytes replies, unless told otherwise)."""
-        given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password, **self.client_tls()}
-        kwargs = given | kwargs
-        if kwargs["port"] is None:
-            raise RedisServerError(f"{self!r} has not started: it has no port yet")
-        return redis.Redis(host=HOST, **kwargs)
+        """A new redis-py client for this server (db 0, bytes replies, unless told otherwise); over
+        TLS, checking the server against the CA of ``certs``."""
+        given = {"port": self.port, "db": 0, "socket_timeout": 30, "password": self.password}
+        if self.certs is not None:
+            given |= {"ssl": True, "ssl_ca_certs": str(self.certs["ca"]), "ssl_cert_reqs": "required"}
+        return redis.Redis(host=HOST, **(given | kwargs))
 
     @property
     def pid(self) -> int | None:
@@ -172,8 +167,6 @@ class RedisServer:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
-
-    # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> RedisServer:
         """Start the process; a first start picks a free port, later starts reuse it."""
@@ -236,11 +229,14 @@ class RedisServer:
         state = "running" if self.running else "stopped"
         return f"<RedisServer {HOST}:{self.port} {state} dir={self.dir}>"
 
-    # -- internals -------------------------------------------------------------------------
-
     def command(self, port: int) -> list[str]:
+        own: dict[str, object] = {"port": port, "dir": self.dir, **SETTINGS}
+        if self.certs is not None:  # TLS only (no plain port); clients need no certificate of their own
+            c = self.certs
+            tls = {"tls-cert-file": c["cert"], "tls-key-file": c["key"], "tls-ca-cert-file": c["ca"]}
+            own |= {"port": 0, "tls-port": port, **tls, "tls-auth-clients": "no"}
         # later arguments win, so callers may override these
-        return [self.binary, *flags({"port": port, "dir": self.dir, **SETTINGS}), *self.extra_args]
+        return [self.binary, *flags(own), *self.extra_args]
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .server import HOST, RedisServer, flags
+from .server import RedisServer
 
 
 def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str, Path]:
@@ -22,26 +22,11 @@ def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str,
     ext = directory / "server.ext"
     ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    by_ca = ["-CA", ca, "-CAkey", ca_key, "-CAcreateserial"]
     for args in (
         ["req", "-x509", *curve, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", f"/CN={name}"],
         ["req", "-new", *curve, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"],
-        [
-            "x509",
-            "-req",
-            "-in",
-            csr,
-            "-CA",
-            ca,
-            "-CAkey",
-            ca_key,
-            "-CAcreateserial",
-            "-out",
-            cert,
-            "-days",
-            "2",
-            "-extfile",
-            ext,
-        ],
+        ["x509", "-req", "-in", csr, *by_ca, "-out", cert, "-days", "2", "-extfile", ext],
     ):
         done = subprocess.run([openssl, *map(str, args)], capture_output=True, text=True)
         if done.returncode:
@@ -54,30 +39,8 @@ class TLSRedisServer(RedisServer):
     certificate and CA of ``certs`` (``make_certificates``); clients need no certificate of
     their own (``--tls-auth-clients no``)."""
 
+    certs: dict
+
     def __init__(self, certs: dict, *args: str, **kwargs):
         self.certs = certs
         super().__init__(*args, **kwargs)
-
-    @property
-    def url(self) -> str:
-        return f"rediss://{HOST}:{self.port}/0"
-
-    def client_tls(self) -> dict:
-        return tls_client(self.certs)
-
-    def command(self, port: int) -> list[str]:
-        plain = super().command(port)
-        at = plain.index("--port")
-        plain[at + 1] = "0"
-        return [*plain, "--tls-port", str(port), *tls_files(self.certs)]
-
-
-def tls_files(certs: dict) -> list[str]:
-    """redis-server's TLS arguments for ``certs`` (clients need no certificate of their own)."""
-    files = {"tls-cert-file": certs["cert"], "tls-key-file": certs["key"], "tls-ca-cert-file": certs["ca"]}
-    return flags(files | {"tls-auth-clients": "no"})
-
-
-def tls_client(certs: dict) -> dict:
-    """redis-py's arguments for a client checking the server against the CA of ``certs``."""
-    return {"ssl": True, "ssl_ca_certs": str(certs["ca"]), "ssl_cert_reqs": "required"}

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import IO
 
@@ -59,16 +60,13 @@ class WorkerProcess(subprocess.Popen):
         except OSError:
             return ""
 
-    def said_ready(self) -> bool:
-        """Whether its log says Celery's `` ready.`` (logged at level info)."""
-        return self.log_path is not None and self.log_path.exists() and b" ready." in self.log_path.read_bytes()
-
     def wait_ready(
         self, timeout: float = 60.0, ready: Callable[[], object] | None = None, *, may_exit: bool = False
     ) -> WorkerProcess:
-        """Until ``ready()`` (default ``said_ready``) or the worker exited: WorkerExited with its
-        log's end, unless ``may_exit``; WaitTimeout after ``timeout`` seconds."""
-        check = ready or self.said_ready
+        """Until ``ready()`` (default: its log says Celery's `` ready.``, logged at level info) or the
+        worker exited: WorkerExited with its log's end, unless ``may_exit``; WaitTimeout after
+        ``timeout`` seconds."""
+        check = ready or (lambda: " ready." in self.log_text())
         wait_for(lambda: check() or self.poll() is not None, timeout, f"worker {self.name} to be ready")
         if not may_exit and self.poll() is not None:
             raise WorkerExited(f"worker {self.name} exited with code {self.returncode}:\n{self.log_text()[-3000:]}")
@@ -126,31 +124,18 @@ def start_worker(
     come after those. ``log``: a path (truncated) or open binary file for stdout and stderr;
     None discards them."""
     command = [sys.executable, "-m", "celery", "-A", app, "worker", "-l", loglevel]
-    for option, value in (
-        ("-Q", queues),
-        ("-P", pool),
-        ("-c", concurrency),
-        ("--prefetch-multiplier", prefetch_multiplier),
-    ):
-        if value is not None:
-            command += [option, str(value)]
-    if name is not None:
-        command += ["-n", f"{name}@%h"]
-    command += [
-        f"--without-{feature}"
-        for feature, on in (("mingle", mingle), ("gossip", gossip), ("heartbeat", heartbeat))
-        if not on
-    ]
+    options = {"-Q": queues, "-P": pool, "-c": concurrency, "--prefetch-multiplier": prefetch_multiplier}
+    options["-n"] = None if name is None else f"{name}@%h"
+    command += [arg for option, value in options.items() if value is not None for arg in (option, str(value))]
+    without = {"mingle": mingle, "gossip": gossip, "heartbeat": heartbeat}
+    command += [f"--without-{feature}" for feature, on in without.items() if not on]
     command += args
-    log_path: Path | None = None
-    opened: IO[bytes] | None = None
-    out: IO[bytes] | int
+    log_path = None
+    output: AbstractContextManager = nullcontext(subprocess.DEVNULL if log is None else log)
     if isinstance(log, (str, os.PathLike)):
         log_path = Path(log)
-        out = opened = open(log_path, "wb")  # noqa: SIM115 - the child holds it; closed here once started
-    else:
-        out = subprocess.DEVNULL if log is None else log
-    try:
+        output = open(log_path, "wb")  # noqa: SIM115 - closed here once the child holds it
+    with output as out:
         proc = WorkerProcess(
             command,
             cwd=cwd,
@@ -160,9 +145,6 @@ def start_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    finally:
-        if opened is not None:
-            opened.close()
     proc.name = name or app
     proc.log_path = log_path
     return proc

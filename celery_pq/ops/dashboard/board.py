@@ -11,24 +11,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 from ...storage.checks import text as _text
 from ...storage.errors import PQError
-
-
-class TenantShare(TypedDict):
-    deliveries: int
-    share: float  # of the span's deliveries
-
-
-class Summary(TypedDict):
-    """The deliveries of the window (see ``DeliveryHistory.summary``)."""
-
-    span_seconds: float
-    delivered: int | None
-    per_second: float | None
-    tenants: dict[str, TenantShare]
 
 
 @dataclass(frozen=True)
@@ -58,7 +43,7 @@ class DeliveryHistory:
         while len(self.samples) > 2 and self.samples[1].at <= sample.at - self.window:
             self.samples.popleft()
 
-    def summary(self) -> Summary:
+    def summary(self) -> dict:
         """``span_seconds`` (what the figures cover, at most ``window``), ``delivered`` and
         ``per_second`` in that span, and ``tenants``: {tenant: {"deliveries", "share"}} with
         shares of the span's deliveries summing to 1 (empty when nothing was delivered)."""
@@ -72,7 +57,7 @@ class DeliveryHistory:
         grown = {t: _grown(n, old.tenants.get(t, 0)) for t, n in new.tenants.items()}
         grown = {t: n for t, n in grown.items() if n > 0}
         total = sum(grown.values())
-        tenants: dict[str, TenantShare] = {
+        tenants = {
             t: {"deliveries": n, "share": n / total} for t, n in sorted(grown.items(), key=lambda x: (-x[1], x[0]))
         }
         return {
@@ -102,45 +87,6 @@ class BoardError(Exception):
         self.status = status
 
 
-class DeadLetter(TypedDict):
-    """One dead letter as the page lists it."""
-
-    id: str
-    priority: int
-    tenant: str | None
-    reason: str | None
-    dead_ms: int | None
-    age_seconds: float | None
-
-
-class QueueState(TypedDict):
-    """One queue's figures (``stats`` is the dict ``pq stats --json`` prints)."""
-
-    queue: str
-    stats: dict
-    fair: bool
-    priority_order: str
-    leases: list[dict]
-    dead_letters: list[DeadLetter]
-    deliveries: Summary
-
-
-class BoardState(TypedDict):
-    window_seconds: float
-    queues: list[QueueState]
-
-
-def _dead_letter(entry, now_ms: int) -> DeadLetter:
-    return {
-        "id": entry.id,
-        "priority": entry.priority,
-        "tenant": entry.tenant,
-        "reason": entry.dead_reason,
-        "dead_ms": entry.dead_ms,
-        "age_seconds": (now_ms - entry.dead_ms) / 1000 if entry.dead_ms else None,
-    }
-
-
 class Board:
     """The queues' state and the actions on them. ``queue_names()``: the names to show (read on
     every refresh); ``open_queue(name)``: its ``PriorityQueue``; ``window``: seconds of deliveries
@@ -168,7 +114,6 @@ class Board:
         self._histories: dict[str, DeliveryHistory] = {}
 
     def sample(self) -> None:
-        """Add one sample of every queue's delivery totals to its history."""
         with self._lock:
             names = self._queue_names()
             for gone in set(self._histories) - set(names):  # a deleted queue's samples go too
@@ -179,21 +124,32 @@ class Board:
                 sample = Sample(self._clock(), q.counters().get("delivered"), delivered)
                 self._histories.setdefault(name, DeliveryHistory(self.window)).add(sample)
 
-    def state(self) -> BoardState:
-        """Every queue's figures; ``queues`` in the order of ``queue_names``."""
+    def state(self) -> dict:
+        """Every queue's figures (docs/dashboard.md gives the shape); ``queues`` in the order of
+        ``queue_names``."""
         with self._lock:
             return {"window_seconds": self.window, "queues": [self._queue_state(n) for n in self._queue_names()]}
 
-    def _queue_state(self, name: str) -> QueueState:
+    def _queue_state(self, name: str) -> dict:
         q = self._open(name)
         stats = q.stats()  # the very dict `pq stats --json` prints for this queue
         leases = q.leases(LEASES_SHOWN) if stats["leased"] else []
-        dead: list[DeadLetter] = []
+        dead = []
         if stats["dead"]:
             sec, usec = q.client.time()  # dead_ms is on Redis's clock
             now_ms = int(sec) * 1000 + int(usec) // 1000
             newest = sorted(q.dead.peek(DEAD_SCANNED), key=lambda e: e.dead_ms or 0, reverse=True)
-            dead = [_dead_letter(e, now_ms) for e in newest[:DEAD_SHOWN]]
+            dead = [
+                {
+                    "id": e.id,
+                    "priority": e.priority,
+                    "tenant": e.tenant,
+                    "reason": e.dead_reason,
+                    "dead_ms": e.dead_ms,
+                    "age_seconds": (now_ms - e.dead_ms) / 1000 if e.dead_ms else None,
+                }
+                for e in newest[:DEAD_SHOWN]
+            ]
         return {
             "queue": name,
             "stats": stats,
