@@ -363,3 +363,17 @@ def test_a_client_that_sends_nothing_or_a_byte_at_a_time_is_dropped(conn, serve)
     # and a request that arrives in time is answered
     status, _, body = get(server, "/api/state")
     assert status == 200 and "queues" in json.loads(body)
+
+
+def test_an_ipv6_loopback_address_is_served_and_needs_no_token(serve):
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"this machine cannot listen on ::1: {exc}")
+    server = serve(host="::1")
+    assert server.url.startswith("http://[::1]:") and server.loopback and server.token is None
+    status, _, body = get(server, "/api/state")
+    assert status == 200 and json.loads(body)["queues"][0]["stats"]["waiting"] == 0

@@ -103,7 +103,9 @@ class DashboardServer(ThreadingHTTPServer):
         self.request_timeout = float(request_timeout)
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, name="pq-dashboard-sampler", daemon=True)
-        super().__init__((host, port), _Handler)
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        self.address_family = info[0]  # (an IPv6 address is served too)
+        super().__init__((str(info[4][0]), port), _Handler)
         self.host = str(self.server_address[0])  # the address bound (a name given is resolved)
         #: Bound to a loopback address: else the state, too, needs the token.
         self.loopback = _is_loopback(self.host)
@@ -115,7 +117,8 @@ class DashboardServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.server_port}/"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.server_port}/"
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         if not self._sampler.is_alive():
