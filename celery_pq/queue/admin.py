@@ -86,7 +86,7 @@ def _set_paused(s: Scripts, paused: bool, tenant: str | None) -> bool:
                 f"queue {s.name!r} is not fair: only a fair queue pauses one tenant "
                 f"(pause the whole queue with tenant=None)"
             )
-    return bool(s.run("pause", paused=calls.flag(paused), tenant=escape_tenant(tenant or "")))
+    return bool(s.run("pause", paused="1" if paused else "0", tenant=escape_tenant(tenant or "")))
 
 
 def set_event_log(s: Scripts, cap: int | None) -> int:

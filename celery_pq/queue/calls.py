@@ -38,7 +38,7 @@ class Context(Protocol):  # (a ``scripts.Scripts``)
 class ScriptCall(NamedTuple):
     """One script call: the script, its KEYS, its ARGV (a tuple, as ``scripts.run_calls`` takes
     it). A call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id made for it:
-    ``insert_made``) may skip what only a repeat needs; sent again, it is ``resent()``."""
+    ``inserts.put``) may skip what only a repeat needs; sent again, it is ``resent()``."""
 
     script: Any
     keys: list
@@ -52,10 +52,6 @@ class ScriptCall(NamedTuple):
     def resent(self) -> ScriptCall:
         """The call as a send that may come after another one carries it."""
         return self._replace(args=resent(self.args))
-
-
-def flag(value: bool) -> str:
-    return "1" if value else "0"
 
 
 def queue_values(q: Context) -> dict[str, Any]:
@@ -133,13 +129,6 @@ def insert_args(q: Context, head: Layout, sent, forget=(), made="0", unique=None
         entries += lua_group(item, q.rank(item.priority), pid if alone or not n else None)
     specs = [f"{i},{m},{ms},{r},{key}" for i, (m, ms, r, key) in sorted(unique.items())] if unique else []
     return head(*entries, forget=forget, made=made, unique=specs)
-
-
-def insert_made(made_here: bool, first_send: bool) -> str:
-    """The ``made`` field of one insert: ``FIRST_SEND`` when its publish id was made here or the
-    caller made it for this send and never sent it before (nothing can be stored under it yet:
-    no look-up), else "0" (a publish id of the caller's, maybe seen: looked up)."""
-    return FIRST_SEND if made_here or first_send else "0"
 
 
 def check_insert(q: Context, reply, sent) -> bool:
@@ -237,15 +226,7 @@ def popped_deliveries(reply) -> list[Delivery]:
     return [Delivery(decode_id(e), as_text(t), int(d), entry_payload(v)) for e, t, d, _, v in _popped(reply)]
 
 
-# -- ack.lua, extend.lua ----------------------------------------------------------------------
-def ack_args(q: Context, pairs: Sequence[tuple[str, str]]) -> list:
-    return q.layout("ack")(*lease_pairs(pairs))
-
-
-def extend_args(q: Context, lease_ms: int, pairs: Sequence[tuple[str, str]]) -> list:
-    return q.layout("extend")(*lease_pairs(pairs), lease_ms=lease_ms)
-
-
+# -- ack.lua, extend.lua (their ARGV: lease_pairs) ----------------------------------------------
 def lease_codes(q: Context, pairs, codes, strict: bool) -> list[bool]:
     """True for each pair acked (renewed); False, or with ``strict`` the error, for the others."""
     out = []

@@ -9,6 +9,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from ..scripts import FIRST_SEND
 from ..scripts.wire import function_missing
 from ..storage import constants as C
 from ..storage.errors import NotReplicated, QueueFull
@@ -16,7 +17,7 @@ from ..storage.ids import unique_bytes
 from . import calls
 from .calls import ScriptCall
 from .item import Item
-from .running import translate_error
+from .running import run_waiting, translate_error
 from .scripts import Scripts
 from .unique import PublishOutcome, UniqueKey
 from .values import mark_stored
@@ -44,12 +45,13 @@ def put(s: Scripts, item: Item, unique: UniqueKey | None, first_send: bool, reme
     sent = [_sent(s, item)]
     pid = s.last_publish_id = sent[0][1]
     forget_it = pid is not None and not (item.publish_id is not None if remember is None else remember)
-    made = calls.insert_made(item.publish_id is None, first_send)
+    # a publish id made here, or by the caller for this send: nothing can be stored under it yet
+    made = FIRST_SEND if item.publish_id is None or first_send else "0"
     specs = None if unique is None else {0: unique.spec}
     for _ in range(5):
         forget = s.answered.take()
         try:
-            [reply], acked = s.run_many([s.insert_call(sent, forget, made, specs)])
+            [reply], acked = run_waiting(s.client, [s.insert_call(sent, forget, made, specs)], [s])
         except BaseException:
             s.answered.add(forget)
             raise
@@ -94,8 +96,10 @@ def insert_many(
             for start, part in pending
         ]
         try:
-            replies, acked = s.run_many(
-                [s.insert_call(part, forget, kind) for (_, part), forget, kind in zip(pending, forgets, kinds)]
+            replies, acked = run_waiting(
+                s.client,
+                [s.insert_call(part, forget, kind) for (_, part), forget, kind in zip(pending, forgets, kinds)],
+                [s],
             )
         except Exception as exc:
             s.answered.add([pid for forget in forgets for pid in forget])

@@ -34,7 +34,9 @@ def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, 
     lease_ms = s.lease_ms(lease_seconds)
     if not pairs:
         return []
-    codes = s.run("extend", calls.extend_args(s, lease_ms, pairs), wait=False)  # (renewals go on in a migration)
+    codes = s.run(
+        "extend", s.layout("extend")(*calls.lease_pairs(pairs), lease_ms=lease_ms), wait=False
+    )  # (renewals go on in a migration)
     return calls.lease_codes(s, pairs, codes, strict)
 
 

@@ -21,7 +21,7 @@ from ..storage.keys import dead_queue_name, queue_keys, script_keys, split_dead
 from ..storage.records import join_mode
 from . import calls
 from .calls import ScriptCall
-from .running import run_waiting, translate_error, wait_out_migration
+from .running import translate_error, wait_out_migration
 from .settings import QueueSettings
 from .values import as_text, validate_priority
 
@@ -128,10 +128,6 @@ class Scripts:
 
         return wait_out_migration(once) if wait else once()
 
-    def run_many(self, many: list) -> tuple[list, int | None]:
-        """``running.run_waiting`` for this queue's ``wait_replicas``."""
-        return run_waiting(self.client, many, [self])
-
     def check_replicated(self, acked: int | None) -> None:
         s = self.settings
         if acked is not None and acked < s.wait_replicas:
@@ -195,7 +191,7 @@ class Scripts:
 
     def ack_call(self, pairs) -> ScriptCall:
         """The call acking ``(entry id, token)`` pairs."""
-        return self.call("ack", self.keys_of("ack"), calls.ack_args(self, pairs))
+        return self.call("ack", self.keys_of("ack"), self.layout("ack")(*calls.lease_pairs(pairs)))
 
     def head_call(self, view=None) -> ScriptCall:
         """The call reading the rank and enqueue time of the entry a pop of ``view`` takes first."""

@@ -41,12 +41,11 @@ def test_a_publish_retried_after_a_lost_reply_is_stored_once():
 
 
 def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client, make_pq):
-    from celery_pq.queue.calls import insert_made
     from celery_pq.scripts import FIRST_SEND, run_calls
 
     q = make_pq("m3f")
     item = (Item(b"x", 1, "t1"), b"made-1")
-    call = q._scripts.insert_call([item], (), insert_made(True, False))
+    call = q._scripts.insert_call([item], (), FIRST_SEND)
     script, keys, args = call
     assert call.first_send and FIRST_SEND in args and FIRST_SEND == "F"
     [first] = run_calls(redis_client, [(script, keys, args)])
@@ -60,7 +59,7 @@ def test_a_first_send_skips_the_window_and_any_send_again_finds_it(redis_client,
     assert [e.id for e in q.peek(10)] == ["t1"]
     # a call of several entries under one made publish id gives all of them back
     items = [(Item(b"y", 1, "m1"), b"made-2"), (Item(b"y", 1), b"made-3")]
-    call = q._scripts.insert_call(items, (), insert_made(True, False))
+    call = q._scripts.insert_call(items, (), FIRST_SEND)
     [ids] = run_calls(redis_client, [call])
     assert run_calls(redis_client, [call.resent()]) == [ids] and len(ids) == 2
     assert q.size() == 3

@@ -10,6 +10,7 @@ import pytest
 
 from celery_pq import Item, QueueFull
 from celery_pq.queue import QueueSettings, calls, open_queue
+from celery_pq.queue.running import run_waiting
 from celery_pq.queue.sharded import ShardedQueue
 from celery_pq.queue.unique import UniqueKey
 from celery_pq.storage.ids import encode_id
@@ -262,7 +263,7 @@ def test_a_keyless_insert_sends_what_it_sent_before(redis_client, make_pq):
     rank = q.rank(1)
     assert args == [0, 0, "", 0, 0, "0", 0, encode_id("id1"), rank, "", b"p", "0", "", "", "", q.context]
     assert calls.insert_args(q, head, [item], (), "0", {}) == args
-    [reply] = q.run_many([q.insert_call([item])])[0]
+    [reply] = run_waiting(q.client, [q.insert_call([item])], [q])[0]
     assert reply == [b"id1"]
     assert redis_client.exists(q.keys.unique_keys, q.keys.unique_holders) == 0
     assert split_entry(redis_client.hget(q.keys.entries, "id1"))[0].flags == b""

@@ -13,7 +13,7 @@ from kombu import Connection, Exchange, Producer, Queue
 import celery_pq  # noqa: F401  (registers pq://)
 from celery_pq import MessageTooLarge, QueueFull
 from celery_pq.ops.render import describe
-from celery_pq.queue.scripts import Scripts
+from celery_pq.queue import inserts
 from celery_pq.scripts.wire import CallStream
 from celery_pq.storage import constants as C
 from celery_pq.transport import batches
@@ -28,13 +28,13 @@ except ImportError:  # collected with the repository root on sys.path instead of
 def round_trips(monkeypatch):
     """The insert round trips of this process: one list of script calls per round trip."""
     seen: list[int] = []
-    real = Scripts.run_many
+    real = inserts.run_waiting
 
-    def spy(self, calls):
+    def spy(client, calls, queues):
         seen.append(len(calls))
-        return real(self, calls)
+        return real(client, calls, queues)
 
-    monkeypatch.setattr(Scripts, "run_many", spy)
+    monkeypatch.setattr(inserts, "run_waiting", spy)
     return seen
 
 
@@ -109,17 +109,17 @@ def _bodies(conn, name, key_prefix, n):
 def _lose_replies(monkeypatch, times=1):
     """The next ``times`` insert round trips run in Redis and then lose their replies (a
     connection cut after the script ran)."""
-    real = Scripts.run_many
+    real = inserts.run_waiting
     left = [times]
 
-    def lost(self, calls):
-        replies = real(self, calls)
+    def lost(client, calls, queues):
+        replies = real(client, calls, queues)
         if left[0] > 0:
             left[0] -= 1
             raise redis.ConnectionError("connection lost before the reply")
         return replies
 
-    monkeypatch.setattr(Scripts, "run_many", lost)
+    monkeypatch.setattr(inserts, "run_waiting", lost)
 
 
 def test_a_batch_of_1000_sends_no_call_per_message_reads_the_replies_at_the_flush_and_keeps_the_order(

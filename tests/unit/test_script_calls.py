@@ -65,8 +65,12 @@ SAMPLES = {
     "insert": _insert,
     "pop": _pop,
     "pop_fair": _pop,
-    "ack": lambda q: (calls.ack_args(q, [("e1", "t1")]), [encode_id("e1"), "t1"], {}),
-    "extend": lambda q: (calls.extend_args(q, 900, [("e1", "t1")]), [encode_id("e1"), "t1"], {"lease_ms": 900}),
+    "ack": lambda q: (q.ack_call([("e1", "t1")]).args, [encode_id("e1"), "t1"], {}),
+    "extend": lambda q: (
+        q.layout("extend")(*calls.lease_pairs([("e1", "t1")]), lease_ms=900),
+        [encode_id("e1"), "t1"],
+        {"lease_ms": 900},
+    ),
     "requeue": lambda q: (
         calls.requeue_args(q, "e1", "t1", False, "why"),
         [],
@@ -111,7 +115,7 @@ SAMPLES = {
     "purge": lambda q: (q.layout("purge")(count=C.STEP_CHUNK), [], {"count": C.STEP_CHUNK}),
     "migrate": lambda q: (q.layout("migrate")(step=5), [], {"step": 5}),
     "pause": lambda q: (
-        q.layout("pause")(paused=calls.flag(True), tenant=escape_tenant("t|1")),
+        q.layout("pause")(paused="1", tenant=escape_tenant("t|1")),
         [],
         {"paused": "1", "tenant": "t%7C1"},
     ),
