@@ -54,11 +54,12 @@ class ScriptCall(NamedTuple):
         return self._replace(args=resent(self.args))
 
 
-def queue_values(q: Context) -> dict[str, Any]:
-    """The arguments a queue gives every call of its scripts, by their names in the headers:
-    its context and settings."""
-    s = q.settings
-    return {
+def layout(q: Context, name: str, **fixed) -> Layout:
+    """The ARGV of script ``name`` for queue ``q``, with the queue's own values (its context and
+    settings, those its header names) and ``fixed`` laid out once; a call gives the others by
+    name (``Scripts.layout`` keeps one per script)."""
+    s, sig = q.settings, signature(name)
+    own = {
         "context": q.context,
         "max_length": s.max_length or 0,
         "max_per_tenant": s.max_length_per_tenant or 0,
@@ -67,14 +68,7 @@ def queue_values(q: Context) -> dict[str, Any]:
         "rate": float(s.tenant_rate or 0),
         "stale_budget": C.POP_STALE_BUDGET,
     }
-
-
-def layout(q: Context, name: str, **fixed) -> Layout:
-    """The ARGV of script ``name`` for queue ``q``, with the queue's own values (those of
-    ``queue_values`` its header names) and ``fixed`` laid out once; a call gives the others by
-    name (``Scripts.layout`` keeps one per script)."""
-    sig = signature(name)
-    return sig.bind(**{n: v for n, v in queue_values(q).items() if n in sig.wanted}, **fixed)
+    return sig.bind(**{n: v for n, v in own.items() if n in sig.wanted}, **fixed)
 
 
 def lease_pairs(pairs: Sequence[tuple[str, str]]) -> list:
@@ -131,24 +125,6 @@ def insert_args(q: Context, head: Layout, sent, forget=(), made="0", unique=None
     return head(*entries, forget=forget, made=made, unique=specs)
 
 
-def check_insert(q: Context, reply, sent) -> bool:
-    """Raise for a full queue; False when the view registry changed (refresh and retry)."""
-    if len(reply) >= 2 and isinstance(reply[0], int):
-        if reply[0] == ErrorCode.QUEUE_FULL:
-            raise_for(reply[0], q.name, size=int(reply[1]), limit=q.settings.max_length)
-        if reply[0] == ErrorCode.TENANT_FULL:
-            raise_for(
-                reply[0],
-                q.name,
-                size=int(reply[1]),
-                limit=q.settings.max_length_per_tenant,
-                tenant=sent[int(reply[2])][0].tenant,
-            )
-        if reply[0] == ErrorCode.STALE_VIEWS:
-            return False
-    return True
-
-
 def inserted(reply) -> list[tuple[str, bool]]:
     """(entry id, repeated) of each item of an insert's reply (a repeat comes as [entry id], an
     item with a unique key as [entry id, outcome])."""
@@ -187,17 +163,12 @@ class Inserted(NamedTuple):
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
 def pop_layout(q: Context, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
     """The ARGV layout of a consumer's pops with these arguments (made once per set of them:
-    ``Scripts.pop_call``); a call gives its token base and its acks (``pop_args``). ``ranks``:
+    ``Scripts.pop_call``); a call gives its token base and the (lease_pairs of the) leases it acks first. ``ranks``:
     the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX in
     one call (bounded work per call)."""
     lo, hi, take_hi = ranks
     name, count = ("pop_fair", min(count, C.FAIR_POP_MAX)) if q.settings.fair else ("pop", count)
     return layout(q, name, lease_ms=lease_ms, consumer=consumer or "", count=count, lo=lo, hi=hi, take_hi=take_hi)
-
-
-def pop_args(pop: Layout, token: str, acks: Sequence[tuple[str, str]]) -> list:
-    """The ARGV of one pop: its lease token base and the leases it acks first."""
-    return pop(*lease_pairs(acks), token_base=token)
 
 
 def ack_codes(reply) -> list[int]:

@@ -21,7 +21,7 @@ from ..storage import constants as C
 from ..storage.keys import dead_queue_name
 from . import admin, calls, inserts, leasing, reads
 from . import tenants as fair
-from .item import Item, as_item
+from .item import Item
 from .running import readable_mode, run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
@@ -109,7 +109,11 @@ class PriorityQueue:
         idempotent for ``dedupe_seconds``; ``first_send``: the caller made it for this publish
         and never sent it before (recorded, not looked up); ``remember`` keeps it for the whole
         window after the reply (default: only a publish id the item brought)."""
-        return self._put(as_item(item, priority, id, **fields), unique, first_send, remember)
+        if not isinstance(item, Item):
+            item = Item(item, priority, id, **fields)
+        elif priority or id is not None or fields:
+            raise TypeError("an insert takes an Item or the fields of one, not both")
+        return self._put(item, unique, first_send, remember)
 
     def _put(self, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None) -> Any:
         return inserts.put(self._scripts, item, unique, first_send, remember)

@@ -12,7 +12,7 @@ from redis.exceptions import NoScriptError
 from ..scripts import FIRST_SEND
 from ..scripts.wire import function_missing
 from ..storage import constants as C
-from ..storage.errors import NotReplicated, QueueFull
+from ..storage.errors import ErrorCode, NotReplicated, QueueFull, raise_for
 from ..storage.ids import unique_bytes
 from . import calls
 from .calls import ScriptCall
@@ -32,11 +32,22 @@ def _sent(s: Scripts, item: Item) -> tuple[Item, bytes | None]:
 
 
 def _check_reply(s: Scripts, reply, sent) -> bool:
-    """``calls.check_insert``, refreshing the views when they changed (then False: retry)."""
-    if calls.check_insert(s, reply, sent):
-        return True
-    s.refresh_views()
-    return False
+    """Raise for a full queue; False when the view registry changed (refreshed: retry)."""
+    if len(reply) >= 2 and isinstance(reply[0], int):
+        if reply[0] == ErrorCode.QUEUE_FULL:
+            raise_for(reply[0], s.name, size=int(reply[1]), limit=s.settings.max_length)
+        if reply[0] == ErrorCode.TENANT_FULL:
+            raise_for(
+                reply[0],
+                s.name,
+                size=int(reply[1]),
+                limit=s.settings.max_length_per_tenant,
+                tenant=sent[int(reply[2])][0].tenant,
+            )
+        if reply[0] == ErrorCode.STALE_VIEWS:
+            s.refresh_views()
+            return False
+    return True
 
 
 def put(s: Scripts, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None):

@@ -90,12 +90,3 @@ def lua_group(item: Item, rank: int, publish_id: bytes | None) -> list:
         item.task or "",
         expires,
     ]
-
-
-def as_item(item, priority: int = 0, id: str | None = None, **fields) -> Item:
-    """``item`` if it is an ``Item``, else the Item of a payload and these fields."""
-    if not isinstance(item, Item):
-        return Item(item, priority, id, **fields)
-    if priority or id is not None or fields:
-        raise TypeError("an insert takes an Item or the fields of one, not both")
-    return item

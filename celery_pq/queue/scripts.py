@@ -234,4 +234,4 @@ class Scripts:
                     self._pop_calls.clear()
                 self._pop_calls[key] = known
         name, keys, layout = known
-        return self.call(name, keys, calls.pop_args(layout, unique_bytes().hex(), acks))
+        return self.call(name, keys, layout(*calls.lease_pairs(acks), token_base=unique_bytes().hex()))

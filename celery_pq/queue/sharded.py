@@ -28,22 +28,19 @@ from .unique import UniqueKey
 from .values import Entry, Popped, as_bytes, mark_stored
 
 
-def new_id(publish_id: bytes | str | None = None) -> str:
-    """The id of an entry inserted without one: a lowercase UUID, the same for the same
-    publish id."""
-    if not publish_id:
-        return str(uuid.uuid4())
-    return str(uuid.UUID(bytes=hashlib.blake2b(as_bytes(publish_id), digest_size=16).digest(), version=4))
-
-
 def _hash(text: str | bytes) -> int:
     return zlib.crc32(as_bytes(text))
 
 
 def _with_id(item: Item) -> Item:
+    """``item`` with an entry id: a lowercase UUID, the same for the same publish id."""
     if not isinstance(item, Item):
         raise TypeError(f"an insert takes Item objects, got {item!r}")
-    return item if item.id is not None else replace(item, id=new_id(item.publish_id))
+    if item.id is not None:
+        return item
+    pid = item.publish_id  # (bytes: Item keeps it so)
+    eid = uuid.UUID(bytes=hashlib.blake2b(pid, digest_size=16).digest(), version=4) if pid else uuid.uuid4()
+    return replace(item, id=str(eid))
 
 
 def merged_reclaim(parts: list[dict]) -> dict:

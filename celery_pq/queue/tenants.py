@@ -56,28 +56,25 @@ def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
     HGETALL); with ``ages``, also "next_age_seconds": the age of the entry the tenant gives
     next (two pipelined round trips for all tenants): ``stats``'s ``per_tenant``."""
     out: dict = {}
-    raw: dict = {}
+    raw: dict = {}  # tenant: its escaped name
     for field, value in s.client.hgetall(s.keys.tenant_counts).items():
         kind, _, tenant = as_text(field).partition(":")
         row = out.setdefault(unescape_tenant(tenant), {"waiting": 0, "leased": 0})
         raw[unescape_tenant(tenant)] = tenant
         row["waiting" if kind == "n" else "leased"] = int(value)
     if ages and out:
-        names = list(out)
         with s.pipeline() as p:
-            for name in names:
-                t = raw[name]
+            for t in raw.values():
                 p.zrangebylex(s.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=1)
             p.time()
             *heads, (now_s, now_us) = p.execute()
         now_ms = int(now_s) * 1000 + int(now_us) // 1000
-        members = [(name, split_tenant_member(h[0]) if h else None) for name, h in zip(names, heads)]
-        eids = [(name, m[3]) for name, m in members if m]
-        for name in names:
-            out[name]["next_age_seconds"] = None
-        for (name, _), entry in zip(eids, stored_entries(s, [e for _, e in eids])):
-            if entry:
-                out[name]["next_age_seconds"] = (now_ms - entry.enqueued_ms) / 1000
+        members = {name: split_tenant_member(h[0]) if h else None for name, h in zip(raw, heads)}
+        eids = {name: m[3] for name, m in members.items() if m}
+        entries = dict(zip(eids, stored_entries(s, list(eids.values()))))
+        for name, row in out.items():
+            entry = entries.get(name)
+            row["next_age_seconds"] = (now_ms - entry.enqueued_ms) / 1000 if entry else None
     return out
 
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
+from urllib.parse import unquote
 
 from ..storage import constants as C
 
@@ -126,8 +127,6 @@ def escape_tenant(tenant: str) -> str:
 
 
 def unescape_tenant(text: str) -> str:
-    from urllib.parse import unquote
-
     return unquote(text)
 
 

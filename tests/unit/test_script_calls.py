@@ -44,7 +44,8 @@ def _insert(q):
 
 
 def _pop(q):
-    built = calls.pop_args(calls.pop_layout(q, 3, 1500, "c1", (2, 200, 9)), "tok", [("e1", "t1"), ("e2", "t2")])
+    pop = calls.pop_layout(q, 3, 1500, "c1", (2, 200, 9))
+    built = pop(*calls.lease_pairs([("e1", "t1"), ("e2", "t2")]), token_base="tok")
     named = {
         "lease_ms": 1500,
         "consumer": "c1",
