@@ -9,10 +9,10 @@ from collections import Counter
 from ..storage import constants as C
 from ..storage.checks import count as _count
 from ..storage.ids import decode_id, encode_id
-from ..storage.records import split_entry, split_lease
+from ..storage.records import split_entry, split_lease, split_tenant_member
 from . import calls
 from .scripts import Scripts
-from .tenants import held_tenants, peek_tenant, recorded, stored_entries, tenant_stats
+from .tenants import held_tenants, recorded, stored_entries, tenant_stats
 from .unique import UNIQUE_COUNTS
 from .values import COUNTERS, EVENT_INTS, Entry, as_text, escape_tenant, unescape_tenant
 
@@ -91,10 +91,16 @@ def stats(s: Scripts) -> dict:
 def peek(s: Scripts, count: int = 1, tenant: str | None = None) -> list[Entry]:
     """The next ``count`` entries in delivery order, not leased; with ``tenant``, that tenant's
     next waiting entries of a fair queue, in the order it gives them."""
-    if tenant is not None:
-        return peek_tenant(s, tenant, count)
-    reply = s.run("peek", count=count)
-    return [calls.entry_of(s, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
+    if tenant is None:
+        reply = s.run("peek", count=count)
+        return [calls.entry_of(s, *reply[i : i + 3]) for i in range(0, len(reply), 3)]
+    if not s.settings.fair:
+        raise ValueError(f"queue {s.name!r} is not fair: its entries carry no tenant")
+    _count("count", count, none=False)
+    t = escape_tenant(tenant)
+    members = s.client.zrangebylex(s.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=count)
+    parsed = [m for m in (split_tenant_member(x) for x in members) if m]
+    return [e for e in stored_entries(s, [m[3] for m in parsed]) if e]
 
 
 def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:

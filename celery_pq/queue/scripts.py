@@ -63,9 +63,8 @@ class Scripts:
         self.keys = queue_keys(name, s.key_prefix)
         self.is_dead = split_dead(name)[1]
         self.dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), s.key_prefix)
-        #: A fair queue reports technique T: its remove is lazy either way.
-        self.technique = C.TECHNIQUE_T if s.fair else s.technique
-        self.mode = join_mode(s.fair, s.fair_scope, s.priority_order, self.technique)
+        technique = C.TECHNIQUE_T if s.fair else s.technique  # (a fair queue's remove is lazy either way)
+        self.mode = join_mode(s.fair, s.fair_scope, s.priority_order, technique)
         max_dead = s.max_dead_length or s.max_length or 0
         #: The queue context every script but extend takes last (lua/includes/queue.lua); "~"
         #: first on a cluster: the script's slot guard (scripts/runner.py).

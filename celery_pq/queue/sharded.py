@@ -67,10 +67,6 @@ def merged_tenants(parts: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _summed(parts: list[dict]) -> dict:
-    return dict(sum(map(Counter, parts), Counter()))
-
-
 def _paused(parts: list[dict]) -> dict:
     """The shards' ``paused`` and ``paused_tenants``: paused where any shard is."""
     return {
@@ -295,7 +291,7 @@ class ShardedQueue:
     # -- reads: each shard's answer, merged -----------------------------------------------------
     size = _Shards(merge=sum)
     backlog = _Shards(merge=sum)
-    counters = _Shards(merge=_summed)
+    counters = _Shards(merge=lambda parts: dict(sum(map(Counter, parts), Counter())))
     tenants = _Shards(merge=merged_tenants)
     recorded = _Shards(merge=lambda parts: {**parts[0], **_paused(parts)})  # shard 0's mode and event log
     is_dead = _Shards()

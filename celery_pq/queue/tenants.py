@@ -5,7 +5,6 @@ which ones cannot be served now (and why); and what the queue recorded (its mode
 from __future__ import annotations
 
 from ..storage import constants as C
-from ..storage.checks import count as _count
 from ..storage.records import split_entry, split_switches, split_tenant_member
 from . import calls
 from .running import readable_mode
@@ -15,17 +14,6 @@ from .values import Entry, as_text, escape_tenant, unescape_tenant
 
 #: The start of the fields of the tenants' settings that hold ``task_rate`` limits.
 TASK_RATES = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
-
-
-def peek_tenant(s: Scripts, tenant: str, count: int) -> list[Entry]:
-    """``peek`` of one tenant's entries."""
-    if not s.settings.fair:
-        raise ValueError(f"queue {s.name!r} is not fair: its entries carry no tenant")
-    _count("count", count, none=False)
-    t = escape_tenant(tenant)
-    members = s.client.zrangebylex(s.keys.tenant_entries, f"[{t}\0", f"({t}\1", start=0, num=count)
-    parsed = [m for m in (split_tenant_member(x) for x in members) if m]
-    return [e for e in stored_entries(s, [m[3] for m in parsed]) if e]
 
 
 def stored_entries(s: Scripts, eids: list) -> list[Entry | None]:

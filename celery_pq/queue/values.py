@@ -96,9 +96,7 @@ Held = TypeVar("Held", bound=Lease | Delivery)
 
 class Popped(list[Held], Generic[Held]):
     """The leases one pop took, in delivery order (a list of ``Lease``, or of ``Delivery`` for a
-    lean pop), with ``acked``: the codes of the acks that call carried (see
-    ``PriorityQueue.pop``), and ``queue``: the queue they came from (a shard, for a sharded
-    queue: see ``sharded.py``)."""
+    lean pop; ``PriorityQueue.pop``)."""
 
     def __init__(self, items: Iterable[Held] = (), queue: Any = None):
         super().__init__(items)
