@@ -7,7 +7,7 @@ from .core import PriorityQueue, ack_all, pop_with_acks
 from .inserts import batch_call
 from .item import Item
 from .opening import declare_tables, open_queue
-from .protocol import Queue
+from .protocol import Consumer, Inspector, Operator, Producer, Queue
 from .running import run_calls
 from .settings import QueueSettings
 from .sharded import ShardedQueue
@@ -36,12 +36,16 @@ __all__ = [
     "MIN_WEIGHT",
     "UNIQUE_MODES",
     "VT_PER_DELIVERY",
+    "Consumer",
     "Delivery",
     "Entry",
+    "Inspector",
     "Item",
     "Lease",
+    "Operator",
     "Popped",
     "PriorityQueue",
+    "Producer",
     "PublishOutcome",
     "Queue",
     "QueueSettings",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, NamedTuple, Protocol, cast
 
-from ..queue import Item, PriorityQueue, batch_call
+from ..queue import Item, PriorityQueue, Producer, batch_call
 from ..queue.values import mark_stored
 from ..scripts.wire import LOST, CallStream
 from ..storage import constants as C
@@ -22,7 +22,7 @@ class BatchingChannel(Protocol):
     options: Any
     deadletter_queue: Any
 
-    def queue(self, name: str) -> Any: ...
+    def queue(self, name: str) -> Producer: ...
 
     def typeof(self, exchange) -> Any: ...
 

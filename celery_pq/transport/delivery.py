@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from kombu.transport import virtual
 from redis.exceptions import ResponseError
 
-from ..queue import Delivery
+from ..queue import Consumer, Delivery
 from ..storage import constants as C
 from ..storage.codec import decode
 from .leasebook import PopInFlight
@@ -40,7 +40,7 @@ class ReceivingChannel(Protocol):
     consumer_id: str
     closed: bool
 
-    def queue(self, name: str) -> Any: ...
+    def queue(self, name: str) -> Consumer: ...
 
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from redis import exceptions as rex
 
-from ..queue import Lease, Popped, PriorityQueue, Queue, ack_all
+from ..queue import Consumer, Lease, Popped, PriorityQueue, ack_all
 from ..scripts import Flight
 from ..storage import constants as C
 from ..storage.errors import ErrorCode
@@ -52,7 +52,9 @@ class LeaseBook:
         self.returned = False
 
     # -- the channel's side -----------------------------------------------------------------
-    def pop(self, q: Queue, count: int, *, consumer: str | None = None, view: tuple[int, int] | None = None) -> Popped:
+    def pop(
+        self, q: Consumer, count: int, *, consumer: str | None = None, view: tuple[int, int] | None = None
+    ) -> Popped:
         """Pop ``q`` with every ack waiting, in one round trip; the leases are held from now, by shard."""
         pending = self._take()
         leases = self._send(
@@ -61,7 +63,7 @@ class LeaseBook:
         self.hold(leases.queue or q.shards[0], leases)
         return leases
 
-    def send_pop(self, q: Queue, count: int, *, consumer: str | None, view) -> PopInFlight | None:
+    def send_pop(self, q: Consumer, count: int, *, consumer: str | None, view) -> PopInFlight | None:
         """``pop`` sent without waiting for its reply (``land`` reads it); None, nothing sent,
         where only a waiting pop can be made (acks of other queues waiting, ``wait_replicas``,
         a sharded queue, a cluster, ...)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..queue import Producer
 from ..storage import connections
 from ..storage.codec import Base64Body
 from ..storage.errors import ModeMismatch
@@ -30,9 +31,9 @@ class PublishingChannel(Protocol):
 
     def encode_body(self, body, encoding=None) -> Any: ...
 
-    def queue(self, name: str) -> Any: ...
+    def queue(self, name: str) -> Producer: ...
 
-    def reopen(self, name: str) -> Any: ...
+    def reopen(self, name: str) -> Producer: ...
 
     def _next_delivery_tag(self) -> str: ...
 
