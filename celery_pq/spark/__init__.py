@@ -57,12 +57,11 @@ class EnqueueResult:
 def read_rejects(spark, path: str):
     """``(summary, DataFrame)`` of a write's ``rejects`` directory: the counts as a dict, and the
     rejected rows (at most ``rejects_limit`` per partition) with their ``reason``."""
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import StringType, StructType
 
     out = Path(path)
     summary = json.loads((out / SUMMARY_FILE).read_text())
-    schema = StructType.fromJson(summary.pop("schema"))
-    schema = StructType([*schema.fields, StructField("reason", StringType(), False)])
+    schema = StructType.fromJson(summary.pop("schema")).add("reason", StringType(), False)
     return summary, spark.createDataFrame(read_rejected_rows(str(out / REJECTS_FILE), schema), schema)
 
 

@@ -42,12 +42,13 @@ class EventsDataSource(DataSource):
         return EventsStreamReader(Settings.parse(self.options))
 
 
-def _read(settings: Settings, partition: InputPartition):
-    """The rows of a partition ``partitions()`` made (one without a key, of an empty read: none)."""
+def _read(reader, partition: InputPartition):
+    """Both readers' ``read``: the rows of a partition ``partitions()`` made (one without a key,
+    of an empty read: none)."""
     assert isinstance(partition, EventsPartition)
     if not partition.key:
         return
-    client = settings.client()
+    client = reader.settings.client()
     try:
         for sid, fields in scan(client, partition.key, partition.after, partition.upto):
             yield row(sid, fields)
@@ -74,8 +75,7 @@ class EventsBatchReader(DataSourceReader):
             client.close()
         return parts or [EventsPartition("", "", None, "-")]  # an empty read still needs a partition
 
-    def read(self, partition: InputPartition):
-        return _read(self.settings, partition)
+    read = _read
 
 
 try:  # Trigger.AvailableNow support (PySpark >= 4.2)
@@ -172,11 +172,7 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts.append(EventsPartition(queue, self.settings.key(queue), after, b["sid"]))
         return parts
 
-    def read(self, partition: InputPartition):
-        return _read(self.settings, partition)
-
-    def commit(self, end: dict) -> None:
-        pass  # the stream is capped by its writers; a reader removes nothing
+    read = _read
 
     def stop(self) -> None:
         if self._client is not None:

@@ -65,17 +65,6 @@ class PartitionReport(WriterCommitMessage):
     query: str = ""
 
 
-def summarize(reports) -> dict:
-    """The counts of a write (or a micro-batch): its partitions' reports summed."""
-    counts = ("rows", "sent", "already_stored", "skipped", "rejected", "resent")
-    return {
-        **{name: sum(getattr(m, name) for m in reports) for name in counts},
-        "rejects_kept": sum(len(m.rejects) for m in reports),
-        "partitions": len(reports),
-        "reasons": dict(sum((m.reasons for m in reports), Counter()).most_common()),
-    }
-
-
 class PartitionWriter:
     """What the batch writer and the streaming sink share: a Spark task's sink, and the commit's
     log line and ``rejects`` directory."""
@@ -94,13 +83,25 @@ class PartitionWriter:
             rows = TaskRows(settings, partition=report.partition, eta_is_local=self.eta_is_local)
             yield Sink(client, settings, sink=sink, on_full=on_full), rows
 
-    def _finish(self, reports: list, summary: dict, path: str | None, warn: bool, message: str, *args) -> None:
-        """Log ``message % args`` with the commonest reasons for rejects, and write the ``rejects``
-        directory at ``path`` (if the write has one)."""
+    def _finish(self, messages, path: str | None, message: str, warn_if: tuple, **extra) -> list:
+        """Log ``message % summary`` (the partitions' counts summed, and ``extra``) with the
+        commonest reasons for rejects, a warning when a count of ``warn_if`` is not 0; write the
+        ``rejects`` directory at ``path`` (if the write has one); the partitions' reports."""
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
+        counts = ("rows", "sent", "already_stored", "skipped", "rejected", "resent")
+        summary = {
+            **{name: sum(getattr(m, name) for m in reports) for name in counts},
+            "rejects_kept": sum(len(m.rejects) for m in reports),
+            "partitions": len(reports),
+            "reasons": dict(sum((m.reasons for m in reports), Counter()).most_common()),
+            **extra,
+        }
         reasons = "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5])
-        (logger.warning if warn else logger.info)(message + "%s", *args, reasons)
+        log = logger.warning if any(summary[k] for k in warn_if) else logger.info
+        log(message + "%(top_reasons)s", {**summary, "top_reasons": reasons})
         if path:
             write_rejects(path, summary, [r for m in reports for r in m.rejects], self.schema_json)
+        return reports
 
     def _aborted(self, messages, message: str, *args) -> None:
         """Log ``message % (*args, partitions finished, rows they sent)`` as an error."""

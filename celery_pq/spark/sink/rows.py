@@ -176,12 +176,7 @@ class TaskRows:
         if countdown is not None and eta is not None:
             raise Rejected("countdown and eta are both given; give one")
         if countdown is not None:
-            if (
-                isinstance(countdown, bool)
-                or not isinstance(countdown, (int, float))
-                or not math.isfinite(countdown)
-                or countdown < 0
-            ):
+            if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or not 0 <= countdown < math.inf:
                 raise Rejected(f"countdown must be a number of seconds >= 0, got {countdown!r}")
             return datetime.fromtimestamp(now + countdown, UTC).isoformat()
         if eta is None:

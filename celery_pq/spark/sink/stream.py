@@ -14,7 +14,7 @@ from itertools import chain, islice
 from pyspark.sql.datasource import DataSourceStreamWriter
 
 from ...storage.errors import ConfigError
-from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, summarize, write_partition
+from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, write_partition
 from .record import PartitionState, Progress, RowDigest, SinkRecord, redis_ms
 
 logger = logging.getLogger("celery_pq.spark")
@@ -116,17 +116,14 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, PartitionReport)]
-        summary = {**summarize(reports), "batch": batchId}
-        self._finish(
-            reports,
-            summary,
+        reports = self._finish(
+            messages,
             self.settings.rejects and os.path.join(self.settings.rejects, f"batch-{batchId}"),
-            bool(summary["rejected"] or summary["resent"]),
-            "celery_pq stream writer: micro-batch %d: %d rows, %d sent, %d found already stored, "
-            "%d skipped (recorded as handled), %d rejected; %d resent (handled by a failed attempt, "
-            "read in another order)",
-            *(summary[k] for k in ("batch", "rows", "sent", "already_stored", "skipped", "rejected", "resent")),
+            "celery_pq stream writer: micro-batch %(batch)d: %(rows)d rows, %(sent)d sent, %(already_stored)d "
+            "found already stored, %(skipped)d skipped (recorded as handled), %(rejected)d rejected; %(resent)d "
+            "resent (handled by a failed attempt, read in another order)",
+            ("rejected", "resent"),
+            batch=batchId,
         )
         query = next((m.query for m in reports if m.query), None)
         if query is None:
