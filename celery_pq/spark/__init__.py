@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .events.analysis import analyze
+from .events.source import EventsDataSource
 from .session import check_python_workers
 from .sink.rejects import REJECTS_FILE, SUMMARY_FILE, read_rejected_rows
 from .sink.settings import PASSWORD_ENV
@@ -25,16 +26,12 @@ __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_re
 
 
 def register(spark, *, check_workers: bool = True) -> None:
-    """Register the writer ``celery_pq`` and, when installed, the event-log reader with a
+    """Register the writer ``celery_pq`` and the event-log reader ``celery_pq_events`` with a
     SparkSession; calling it again is harmless. Unless ``check_workers=False``, first (once per
     SparkContext) ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
     if check_workers:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
-    try:
-        from .events.source import EventsDataSource
-    except ImportError:
-        return
     spark.dataSource.register(EventsDataSource)
 
 
@@ -90,11 +87,10 @@ def enqueue(
     if isinstance(app_or_url, str):
         url, base = app_or_url, {}
     else:
-        app = app_or_url
-        with app.connection_for_write() as conn:
+        with app_or_url.connection_for_write() as conn:
             # every host of a URL of several (the sentinels of master_name, a cluster's seed nodes)
             url = ";".join(conn.alt) if conn.alt else conn.as_uri(include_password=True)
-        base = dict(app.conf.broker_transport_options or {})
+        base = dict(app_or_url.conf.broker_transport_options or {})
     url, password = _without_password(url)
     base.update(transport_options or {})
     given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}

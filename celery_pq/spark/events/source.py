@@ -105,9 +105,8 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def initialOffset(self) -> dict:
-        if self.settings.starting == "latest":  # a new query reads only what is logged from now on
-            return self._latest()
-        return self._earliest()
+        # "latest": a new query reads only what is logged from now on
+        return self._latest() if self.settings.starting == "latest" else self._earliest()
 
     def _earliest(self) -> dict:
         return {q: {"sid": "0-0", "n": 0} for q in self.settings.queues}

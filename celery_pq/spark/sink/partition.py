@@ -45,8 +45,7 @@ class QueueStillFull(PQError):
 class PartitionReport(WriterCommitMessage):
     """What one Spark task did with its rows, ``rows == sent + already_stored + skipped +
     rejected`` (docs/spark.md, "What the write reports"); ``resent`` (streaming) is counted apart;
-    ``rejects`` keeps the first ``rejects_limit`` rejected rows. ``waited_full``/``waited_rate``:
-    seconds spent waiting for room in a full queue / held back by ``rows_per_second``."""
+    ``rejects`` keeps the first ``rejects_limit`` rejected rows."""
 
     partition: int
     attempt: int
@@ -58,8 +57,6 @@ class PartitionReport(WriterCommitMessage):
     resent: int = 0
     reasons: Counter = field(default_factory=Counter)
     rejects: list = field(default_factory=list)
-    waited_full: float = 0.0
-    waited_rate: float = 0.0
     #: The streaming sink's: the query and micro-batch of the partition.
     batch: int = -1
     query: str = ""
@@ -119,7 +116,7 @@ class RateCap:
         self.key = sink_rate_key(sink, prefix)
         self.cap = max(1, int(rows_per_second))
 
-    def take(self, n: int, report: PartitionReport) -> None:
+    def take(self, n: int) -> None:
         """Return when ``n`` rows may go (in as many seconds as the cap needs)."""
         while n > 0:
             now = redis_ms(self.client) / 1000
@@ -131,9 +128,7 @@ class RateCap:
             granted = max(0, min(n, self.cap - (total - n)))
             n -= granted
             if n:
-                pause = second + 1 - now
-                report.waited_rate += pause
-                time.sleep(pause)
+                time.sleep(second + 1 - now)
 
 
 def prune_rate(client, sink: str, prefix: str) -> None:
@@ -219,7 +214,6 @@ class Sink:
                 # room for this many entries, as the refusal counted it: smaller calls fit in
                 chunk = max(1, min(self.settings.chunk, exc.limit - exc.size))
                 time.sleep(pause)
-                report.waited_full += pause
                 pause = min(pause * 2, longest) if not done else FULL_BACKOFF[0]
                 continue
             again = sum(repeated)
@@ -241,7 +235,7 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
     def flush():
         nonlocal batch, start, now
         if sink.rate is not None and batch:
-            sink.rate.take(len(batch), report)
+            sink.rate.take(len(batch))
         if hooks is not None:
             hooks.begin(start, position)
         sink.send(batch, report)

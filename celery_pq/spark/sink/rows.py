@@ -75,11 +75,7 @@ class TaskRows:
         self.key = [index[c] for c in settings.key]
         self.role = {c: index[c] for c in settings.roles}
         self.fair_column = index.get(settings.fair_column) if settings.fair_column else None
-        self.fair_header = (
-            settings.transport.fair_key
-            if settings.transport.fair_key and ":" not in settings.transport.fair_key
-            else None
-        )
+        self.fair_header = settings.transport.fair_key if settings.transport.tenant_fn is None else None
         self.eta_is_local = eta_is_local
         # as_task_v2 once for the shared headers; build() fills in what differs as it would (a
         # test compares; benchmarks/results/notes.md, "celery_pq/spark/sink/rows.py")

@@ -21,9 +21,7 @@ logger = logging.getLogger("celery_pq.spark")
 
 #: The Spark task's local properties naming its query, run (Spark's job group is the run id) and
 #: micro-batch.
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-RUN_ID_PROPERTY = "spark.jobGroup.id"
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
+LOCAL_PROPERTIES = ("sql.streaming.queryId", "spark.jobGroup.id", "streaming.sql.batchId")
 
 
 class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
@@ -34,12 +32,11 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        names = (QUERY_ID_PROPERTY, RUN_ID_PROPERTY, BATCH_ID_PROPERTY)
-        query, run, batch_id = (ctx.getLocalProperty(n) for n in names) if ctx else (None, None, None)
+        query, run, batch_id = (ctx.getLocalProperty(n) for n in LOCAL_PROPERTIES) if ctx else (None, None, None)
         if ctx is None or not query or not run or batch_id is None:
             raise ConfigError(
                 "celery_pq stream writer: the Spark task does not name its streaming query, run and "
-                f"micro-batch (local properties {', '.join(names)})"
+                f"micro-batch (local properties {', '.join(LOCAL_PROPERTIES)})"
             )
         batch = int(batch_id)
         report = PartitionReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
