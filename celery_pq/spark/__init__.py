@@ -7,7 +7,6 @@ tasks, ``analyze`` reads the event log. docs/spark.md has the options, the colum
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -102,16 +101,13 @@ def enqueue(
         if cols:
             given[name] = ",".join(cols)
     given.update((name, value) for name, value in (("queue", queue), ("job", job)) if value is not None)
-    out = tempfile.mkdtemp(prefix="celery-pq-rejects-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="celery-pq-rejects-", ignore_cleanup_errors=True) as out:
         given["rejects"] = out
         with _registered_with_password(df.sparkSession, password):
             df.write.format("celery_pq").mode("append").options(**given).save()
         summary, rejects = read_rejects(df.sparkSession, out)
         rejects = rejects.cache()  # read from the driver's memory; the directory goes
         rejects.count()
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
     return EnqueueResult(
         rejects=rejects, **{f.name: summary[f.name] for f in fields(EnqueueResult) if f.name != "rejects"}
     )

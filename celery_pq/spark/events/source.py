@@ -5,6 +5,8 @@ docs/spark.md ("Reading the log").
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
@@ -48,12 +50,9 @@ def _read(reader, partition: InputPartition):
     assert isinstance(partition, EventsPartition)
     if not partition.key:
         return
-    client = reader.settings.client()
-    try:
+    with reader.settings.client() as client:
         for sid, fields in scan(client, partition.key, partition.after, partition.upto):
             yield row(sid, fields)
-    finally:
-        client.close()
 
 
 class EventsBatchReader(DataSourceReader):
@@ -63,16 +62,13 @@ class EventsBatchReader(DataSourceReader):
         self.settings = settings
 
     def partitions(self) -> list[EventsPartition]:
-        client = self.settings.client()
-        try:
-            parts = []
+        parts = []
+        with self.settings.client() as client:
             for queue in self.settings.queues:
                 info = stream_info(client, self.settings.key(queue))
                 check_gap(queue, None, 0, info, self.settings.on_gap)
                 if info["last"] is not None:
                     parts.append(EventsPartition(queue, self.settings.key(queue), None, info["last"]))
-        finally:
-            client.close()
         return parts or [EventsPartition("", "", None, "-")]  # an empty read still needs a partition
 
     read = _read
@@ -96,13 +92,10 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.target: dict | None = None  # Trigger.AvailableNow: the offset to stop at
-        self._client = None
 
-    @property
+    @cached_property
     def client(self):
-        if self._client is None:
-            self._client = self.settings.client()
-        return self._client
+        return self.settings.client()
 
     def initialOffset(self) -> dict:
         # "latest": a new query reads only what is logged from now on
@@ -174,6 +167,6 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     read = _read
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        client = self.__dict__.pop("client", None)  # (cached_property's value, if made)
+        if client is not None:
+            client.close()

@@ -197,11 +197,7 @@ class TaskRows:
         every write); else from the write, the partition, the row's values and how many rows had
         them before (the same in every attempt, in any order; identical rows still apart)."""
         if "task_id" in self.role:
-            task_id = row[self.role["task_id"]]
-            try:
-                return text("task_id", task_id)
-            except ValueError as exc:
-                raise Rejected(str(exc)) from None
+            return text("task_id", row[self.role["task_id"]], error=Rejected)
         if self.key:
             values = [row[i] for i in self.key]
             for c, v in zip(self.s.key, values):

@@ -74,9 +74,7 @@ def _transport(given: dict) -> Options:
             raise ConfigError(f"option 'transport_options' must be a JSON object: {exc}") from None
         if not isinstance(transport, dict):
             raise ConfigError(f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}")
-    for name in _TRANSPORT_FIELDS:
-        if name in given:
-            transport[name] = _transport_value(name, given[name])
+    transport.update((name, _transport_value(name, given[name])) for name in _TRANSPORT_FIELDS if name in given)
     if "visibility_timeout" in given:
         transport["visibility_timeout"] = _transport_value("lease_seconds", given["visibility_timeout"])
     try:
