@@ -93,7 +93,6 @@ def stream_queues(names, shards=1) -> list[str]:
 
 
 def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
-    """The stream key of ``queue``'s event log."""
     return queue_keys(queue, key_prefix).events
 
 

@@ -10,13 +10,10 @@ from functools import cached_property
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from .log import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
+from .log import COLUMNS, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
-NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
 SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in COLUMNS])
-
-__all__ = ["NAME", "SCHEMA", "EventLogGap", "EventsDataSource"]
 
 
 class EventsPartition(InputPartition):
@@ -32,7 +29,7 @@ class EventsDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        return NAME
+        return "celery_pq_events"
 
     def schema(self) -> StructType:
         return SCHEMA
