@@ -7,7 +7,6 @@ tasks, ``analyze`` reads the event log. docs/spark.md has the options, the colum
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .events.analysis import analyze
+from .events.source import EventsDataSource
 from .session import check_python_workers
 from .sink.rejects import REJECTS_FILE, SUMMARY_FILE, read_rejected_rows
 from .sink.settings import PASSWORD_ENV
@@ -25,16 +25,12 @@ __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_re
 
 
 def register(spark, *, check_workers: bool = True) -> None:
-    """Register the writer ``celery_pq`` and, when installed, the event-log reader with a
+    """Register the writer ``celery_pq`` and the event-log reader ``celery_pq_events`` with a
     SparkSession; calling it again is harmless. Unless ``check_workers=False``, first (once per
     SparkContext) ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
     if check_workers:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
-    try:
-        from .events.source import EventsDataSource
-    except ImportError:
-        return
     spark.dataSource.register(EventsDataSource)
 
 
@@ -57,12 +53,11 @@ class EnqueueResult:
 def read_rejects(spark, path: str):
     """``(summary, DataFrame)`` of a write's ``rejects`` directory: the counts as a dict, and the
     rejected rows (at most ``rejects_limit`` per partition) with their ``reason``."""
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import StringType, StructType
 
     out = Path(path)
     summary = json.loads((out / SUMMARY_FILE).read_text())
-    schema = StructType.fromJson(summary.pop("schema"))
-    schema = StructType([*schema.fields, StructField("reason", StringType(), False)])
+    schema = StructType.fromJson(summary.pop("schema")).add("reason", StringType(), False)
     return summary, spark.createDataFrame(read_rejected_rows(str(out / REJECTS_FILE), schema), schema)
 
 
@@ -91,11 +86,10 @@ def enqueue(
     if isinstance(app_or_url, str):
         url, base = app_or_url, {}
     else:
-        app = app_or_url
-        with app.connection_for_write() as conn:
+        with app_or_url.connection_for_write() as conn:
             # every host of a URL of several (the sentinels of master_name, a cluster's seed nodes)
             url = ";".join(conn.alt) if conn.alt else conn.as_uri(include_password=True)
-        base = dict(app.conf.broker_transport_options or {})
+        base = dict(app_or_url.conf.broker_transport_options or {})
     url, password = _without_password(url)
     base.update(transport_options or {})
     given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}
@@ -107,16 +101,13 @@ def enqueue(
         if cols:
             given[name] = ",".join(cols)
     given.update((name, value) for name, value in (("queue", queue), ("job", job)) if value is not None)
-    out = tempfile.mkdtemp(prefix="celery-pq-rejects-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="celery-pq-rejects-", ignore_cleanup_errors=True) as out:
         given["rejects"] = out
         with _registered_with_password(df.sparkSession, password):
             df.write.format("celery_pq").mode("append").options(**given).save()
         summary, rejects = read_rejects(df.sparkSession, out)
         rejects = rejects.cache()  # read from the driver's memory; the directory goes
         rejects.count()
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
     return EnqueueResult(
         rejects=rejects, **{f.name: summary[f.name] for f in fields(EnqueueResult) if f.name != "rejects"}
     )

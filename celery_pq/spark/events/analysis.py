@@ -30,10 +30,7 @@ RANK_ERROR_SCHEMA = (
 
 def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
     """The smallest round window length giving at most ``target`` windows over ``span_ms``."""
-    for w in NICE_WINDOWS_MS:
-        if span_ms / w <= target:
-            return w
-    return NICE_WINDOWS_MS[-1]
+    return next((w for w in NICE_WINDOWS_MS if span_ms / w <= target), NICE_WINDOWS_MS[-1])
 
 
 def analyze(
@@ -239,36 +236,14 @@ def _fairness(ev, entries, bucket, windowed, weights) -> DataFrame:
     return windowed(fair, "tenants", "deliveries", "jain", "jain_within_rank")
 
 
-class Fenwick:
-    """Counts per rank with prefix sums in O(log n): how many waiting entries rank below k."""
-
-    def __init__(self, n: int = RANKS):
-        self.n = n
-        self.tree = [0] * (n + 1)
-
-    def add(self, rank: int, delta: int) -> None:
-        i = rank + 1
-        while i <= self.n:
-            self.tree[i] += delta
-            i += i & -i
-
-    def below(self, rank: int) -> int:
-        """Sum of the counts of ranks 0..rank-1."""
-        i, total = rank, 0
-        while i > 0:
-            total += self.tree[i]
-            i -= i & -i
-        return total
-
-
 def rank_errors(events) -> list[tuple]:
-    """One queue's events (dicts or tuples with ``event, id, rank, tenant, ms, sid``), in stream
+    """One queue's events (tuples of ``event, id, rank, tenant, ms, sid``), in stream
     order, as rows ``(id, sid, ms, tenant, rank, rank_error, waiting)`` per delivery. An entry
     waits from its enqueue (its ``due`` if delayed) until delivered, removed or dead, and again
-    after a requeue or an expired lease; the waiting ranks are kept in a Fenwick tree."""
+    after a requeue or an expired lease."""
     events = list(events)
     delayed = {e[1] for e in events if e[0] == "due"}
-    tree = Fenwick()
+    per_rank = [0] * RANKS  # waiting entries of each rank
     waiting: dict[str, int] = {}  # entry id -> rank, of the entries waiting now
     known: dict[str, int] = {}  # entry id -> its last rank seen (a requeue may not repeat it)
     out = []
@@ -277,12 +252,12 @@ def rank_errors(events) -> list[tuple]:
         if rank is None or eid in waiting:
             return
         waiting[eid] = rank
-        tree.add(rank, 1)
+        per_rank[rank] += 1
 
     def stop(eid):
         rank = waiting.pop(eid, None)
         if rank is not None:
-            tree.add(rank, -1)
+            per_rank[rank] -= 1
 
     for event, eid, rank, tenant, ms, sid in events:
         rank = None if rank is None or rank != rank else int(rank)  # NaN from pandas: none
@@ -298,7 +273,7 @@ def rank_errors(events) -> list[tuple]:
         elif event == "deliver":
             stop(eid)
             if rank is not None:
-                out.append((eid, sid, ms, tenant, rank, tree.below(rank), len(waiting)))
+                out.append((eid, sid, ms, tenant, rank, sum(per_rank[:rank]), len(waiting)))
         elif event in FROM_WAITING:
             stop(eid)
         elif event == "reprioritize" and eid in waiting and rank is not None:

@@ -9,23 +9,12 @@ import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from ...storage.constants import KEY_PREFIX
-from .log import (
-    COLUMNS,
-    PAGE,
-    check_gap,
-    events_key,
-    parse_sid,
-    queue_names,
-    row,
-    scan,
-    stream_info,
-    stream_queues,
-    trimmed,
-)
+from .log import COLUMNS, check_gap, events_key, parse_sid, queue_names, row, scan, stream_info, stream_queues, trimmed
 
 OFFSETS = "_offsets.json"
 LOCK = ".lock"  # held (flock) while a run writes: one export at a time per directory
@@ -44,18 +33,6 @@ class ExportResult:
     offsets: dict[str, dict] = field(default_factory=dict)  # queue -> {"sid": last exported id, "n": its position}
     files: list[Path] = field(default_factory=list)  # files written this run
     gaps: list[str] = field(default_factory=list)  # warnings: events trimmed before export
-
-
-def arrow_schema():
-    import pyarrow as pa
-
-    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "timestamp": pa.timestamp("ms", tz="UTC")}
-    return pa.schema([pa.field(name, types[kind]) for name, _, kind in COLUMNS])
-
-
-def _part_name(queue: str, last: str, position: int) -> str:
-    ms, seq = parse_sid(last)
-    return f"part-{quote(queue, safe='')}-{ms}-{seq}-{position}.parquet"
 
 
 def _parse_part(name: str) -> tuple[str, dict] | None:
@@ -95,12 +72,6 @@ def read_offsets(out: Path) -> dict[str, dict]:
     return offsets
 
 
-def _write_offsets(out: Path, offsets: dict[str, dict]) -> None:
-    tmp = out / (".tmp" + OFFSETS)
-    tmp.write_text(json.dumps({"offsets": offsets}, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out / OFFSETS)
-
-
 def export_events(
     client,
     queues,
@@ -109,7 +80,6 @@ def export_events(
     key_prefix: str = KEY_PREFIX,
     on_gap: str = "warn",
     rows_per_file: int = ROWS_PER_FILE,
-    page: int = PAGE,
     shards=1,
 ) -> ExportResult:
     """Append the events of ``queues`` (a name, a comma-separated list or a list) logged since the
@@ -127,7 +97,6 @@ def export_events(
     with _locked(out):
         offsets = read_offsets(out)
         result = ExportResult(out, offsets=dict(offsets))
-        schema = arrow_schema()
         for queue in names:
             key = events_key(queue, key_prefix)
             info = stream_info(client, key)
@@ -139,15 +108,10 @@ def export_events(
             if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):
                 continue
             position = max(last["n"], trimmed(info))  # of the event before the first one read
-            rows: list[tuple] = []
             # Up to the newest event at the start: a busy queue cannot keep it running.
-            for sid, fields in scan(client, key, last["sid"], info["last"], page):
-                rows.append(row(sid, fields))
-                if len(rows) >= rows_per_file:
-                    position = _flush(out, queue, rows, position, schema, result)
-                    rows = []
-            if rows:
-                _flush(out, queue, rows, position, schema, result)
+            entries = (row(sid, fields) for sid, fields in scan(client, key, last["sid"], info["last"]))
+            while rows := list(islice(entries, rows_per_file)):
+                position = _flush(out, queue, rows, position, result)
         return result
 
 
@@ -160,26 +124,28 @@ def _locked(out: Path):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ExportBusy(f"another export-events is writing to {str(out)!r}; run one at a time") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield  # the lock goes with the file's closing
 
 
-def _flush(out, queue, rows, position, schema, result) -> int:
+def _flush(out, queue, rows, position, result) -> int:
     """Write ``rows`` (after ``position``) as the queue's next Parquet file, renamed into place,
     then the offsets; the position of the last row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    position += len(rows)
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "timestamp": pa.timestamp("ms", tz="UTC")}
+    schema = pa.schema([pa.field(name, types[kind]) for name, _, kind in COLUMNS])
     table = pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(zip(*rows), schema)], schema=schema)
-    final = out / _part_name(queue, rows[-1][-1], position)
+    position += len(rows)
+    ms, seq = parse_sid(rows[-1][-1])
+    final = out / f"part-{quote(queue, safe='')}-{ms}-{seq}-{position}.parquet"
     tmp = out / ("." + final.name + ".tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, final)
     result.files.append(final)
     result.exported[queue] += len(rows)
     result.offsets[queue] = {"sid": rows[-1][-1], "n": position}
-    _write_offsets(out, result.offsets)
+    tmp = out / (".tmp" + OFFSETS)
+    tmp.write_text(json.dumps({"offsets": result.offsets}, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out / OFFSETS)
     return position

@@ -6,8 +6,9 @@ cap; and the broker URL check the writer shares. docs/spark.md ("Reading the log
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import TypedDict
 
 from ...storage.constants import KEY_PREFIX
@@ -92,7 +93,6 @@ def stream_queues(names, shards=1) -> list[str]:
 
 
 def events_key(queue: str, key_prefix: str = KEY_PREFIX) -> str:
-    """The stream key of ``queue``'s event log."""
     return queue_keys(queue, key_prefix).events
 
 
@@ -153,37 +153,31 @@ def as_text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: A column's value of its field's text, by the column's type.
+_VALUE_OF: dict[str, Callable[[str], object]] = {
+    "string": str,
+    "int": int,
+    "bigint": int,
+    "timestamp": lambda ms: datetime.fromtimestamp(int(ms) / 1000, UTC),
+}
+
+
 def row(sid, fields: dict) -> tuple:
     """One stream entry (id, {field: value}) as a tuple in ``COLUMNS`` order; empty fields are
     null, numbers are ints, ``ts`` is a UTC datetime."""
-    from datetime import datetime
-
     f = {as_text(k): as_text(v) for k, v in fields.items()}
-    out: list[object] = []
-    for name, source, kind in COLUMNS:
-        if not source:
-            out.append(as_text(sid))
-            continue
-        value = f.get(source, "")
-        if value == "":
-            out.append(None)
-        elif name == "ts":
-            out.append(datetime.fromtimestamp(int(value) / 1000, tz=UTC))
-        elif kind in ("int", "bigint"):
-            out.append(int(value))
-        else:
-            out.append(value)
-    return tuple(out)
+    f[""] = as_text(sid)  # the column without a field
+    return tuple(_VALUE_OF[kind](f[source]) if f.get(source) else None for _, source, kind in COLUMNS)
 
 
-def scan(client, key: str, after: str | None, upto: str, page: int = PAGE):
+def scan(client, key: str, after: str | None, upto: str):
     """Entries of stream ``key`` with ids after ``after`` (exclusive; None: from the start) up to
-    ``upto`` (inclusive), in id order, fetched ``page`` at a time."""
+    ``upto`` (inclusive), in id order, fetched ``PAGE`` at a time."""
     lo = "-" if after is None else "(" + after
     while True:
-        batch = client.xrange(key, lo, upto, count=page)
+        batch = client.xrange(key, lo, upto, count=PAGE)
         yield from batch
-        if len(batch) < page:
+        if len(batch) < PAGE:
             return
         lo = "(" + as_text(batch[-1][0])
 

@@ -172,7 +172,6 @@ def build_report(
     weights: dict | None = None,
     title: str = "celery-pq event log report",
 ) -> Report:
-    """The report of an event-log DataFrame."""
     from .analysis import analyze
 
     dfs = analyze(events, window_seconds=window_seconds, weights=weights)

@@ -5,16 +5,15 @@ docs/spark.md ("Reading the log").
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from .log import COLUMNS, EventLogGap, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
+from .log import COLUMNS, Settings, as_text, check_gap, parse_sid, row, scan, stream_info, trimmed
 
-NAME = "celery_pq_events"
 _TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(), "timestamp": TimestampType()}
 SCHEMA = StructType([StructField(name, _TYPES[kind], True) for name, _, kind in COLUMNS])
-
-__all__ = ["NAME", "SCHEMA", "EventLogGap", "EventsDataSource"]
 
 
 class EventsPartition(InputPartition):
@@ -30,7 +29,7 @@ class EventsDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        return NAME
+        return "celery_pq_events"
 
     def schema(self) -> StructType:
         return SCHEMA
@@ -42,17 +41,15 @@ class EventsDataSource(DataSource):
         return EventsStreamReader(Settings.parse(self.options))
 
 
-def _read(settings: Settings, partition: InputPartition):
-    """The rows of a partition ``partitions()`` made (one without a key, of an empty read: none)."""
+def _read(reader, partition: InputPartition):
+    """Both readers' ``read``: the rows of a partition ``partitions()`` made (one without a key,
+    of an empty read: none)."""
     assert isinstance(partition, EventsPartition)
     if not partition.key:
         return
-    client = settings.client()
-    try:
+    with reader.settings.client() as client:
         for sid, fields in scan(client, partition.key, partition.after, partition.upto):
             yield row(sid, fields)
-    finally:
-        client.close()
 
 
 class EventsBatchReader(DataSourceReader):
@@ -62,20 +59,16 @@ class EventsBatchReader(DataSourceReader):
         self.settings = settings
 
     def partitions(self) -> list[EventsPartition]:
-        client = self.settings.client()
-        try:
-            parts = []
+        parts = []
+        with self.settings.client() as client:
             for queue in self.settings.queues:
                 info = stream_info(client, self.settings.key(queue))
                 check_gap(queue, None, 0, info, self.settings.on_gap)
                 if info["last"] is not None:
                     parts.append(EventsPartition(queue, self.settings.key(queue), None, info["last"]))
-        finally:
-            client.close()
         return parts or [EventsPartition("", "", None, "-")]  # an empty read still needs a partition
 
-    def read(self, partition: InputPartition):
-        return _read(self.settings, partition)
+    read = _read
 
 
 try:  # Trigger.AvailableNow support (PySpark >= 4.2)
@@ -96,18 +89,14 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.target: dict | None = None  # Trigger.AvailableNow: the offset to stop at
-        self._client = None
 
-    @property
+    @cached_property
     def client(self):
-        if self._client is None:
-            self._client = self.settings.client()
-        return self._client
+        return self.settings.client()
 
     def initialOffset(self) -> dict:
-        if self.settings.starting == "latest":  # a new query reads only what is logged from now on
-            return self._latest()
-        return self._earliest()
+        # "latest": a new query reads only what is logged from now on
+        return self._latest() if self.settings.starting == "latest" else self._earliest()
 
     def _earliest(self) -> dict:
         return {q: {"sid": "0-0", "n": 0} for q in self.settings.queues}
@@ -172,13 +161,9 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts.append(EventsPartition(queue, self.settings.key(queue), after, b["sid"]))
         return parts
 
-    def read(self, partition: InputPartition):
-        return _read(self.settings, partition)
-
-    def commit(self, end: dict) -> None:
-        pass  # the stream is capped by its writers; a reader removes nothing
+    read = _read
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        client = self.__dict__.pop("client", None)  # (cached_property's value, if made)
+        if client is not None:
+            client.close()

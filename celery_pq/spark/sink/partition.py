@@ -45,8 +45,7 @@ class QueueStillFull(PQError):
 class PartitionReport(WriterCommitMessage):
     """What one Spark task did with its rows, ``rows == sent + already_stored + skipped +
     rejected`` (docs/spark.md, "What the write reports"); ``resent`` (streaming) is counted apart;
-    ``rejects`` keeps the first ``rejects_limit`` rejected rows. ``waited_full``/``waited_rate``:
-    seconds spent waiting for room in a full queue / held back by ``rows_per_second``."""
+    ``rejects`` keeps the first ``rejects_limit`` rejected rows."""
 
     partition: int
     attempt: int
@@ -58,22 +57,9 @@ class PartitionReport(WriterCommitMessage):
     resent: int = 0
     reasons: Counter = field(default_factory=Counter)
     rejects: list = field(default_factory=list)
-    waited_full: float = 0.0
-    waited_rate: float = 0.0
     #: The streaming sink's: the query and micro-batch of the partition.
     batch: int = -1
     query: str = ""
-
-
-def summarize(reports) -> dict:
-    """The counts of a write (or a micro-batch): its partitions' reports summed."""
-    counts = ("rows", "sent", "already_stored", "skipped", "rejected", "resent")
-    return {
-        **{name: sum(getattr(m, name) for m in reports) for name in counts},
-        "rejects_kept": sum(len(m.rejects) for m in reports),
-        "partitions": len(reports),
-        "reasons": dict(sum((m.reasons for m in reports), Counter()).most_common()),
-    }
 
 
 class PartitionWriter:
@@ -94,13 +80,25 @@ class PartitionWriter:
             rows = TaskRows(settings, partition=report.partition, eta_is_local=self.eta_is_local)
             yield Sink(client, settings, sink=sink, on_full=on_full), rows
 
-    def _finish(self, reports: list, summary: dict, path: str | None, warn: bool, message: str, *args) -> None:
-        """Log ``message % args`` with the commonest reasons for rejects, and write the ``rejects``
-        directory at ``path`` (if the write has one)."""
+    def _finish(self, messages, path: str | None, message: str, warn_if: tuple, **extra) -> list:
+        """Log ``message % summary`` (the partitions' counts summed, and ``extra``) with the
+        commonest reasons for rejects, a warning when a count of ``warn_if`` is not 0; write the
+        ``rejects`` directory at ``path`` (if the write has one); the partitions' reports."""
+        reports = [m for m in messages if isinstance(m, PartitionReport)]
+        counts = ("rows", "sent", "already_stored", "skipped", "rejected", "resent")
+        summary = {
+            **{name: sum(getattr(m, name) for m in reports) for name in counts},
+            "rejects_kept": sum(len(m.rejects) for m in reports),
+            "partitions": len(reports),
+            "reasons": dict(sum((m.reasons for m in reports), Counter()).most_common()),
+            **extra,
+        }
         reasons = "".join(f"; {n} x {r}" for r, n in list(summary["reasons"].items())[:5])
-        (logger.warning if warn else logger.info)(message + "%s", *args, reasons)
+        log = logger.warning if any(summary[k] for k in warn_if) else logger.info
+        log(message + "%(top_reasons)s", {**summary, "top_reasons": reasons})
         if path:
             write_rejects(path, summary, [r for m in reports for r in m.rejects], self.schema_json)
+        return reports
 
     def _aborted(self, messages, message: str, *args) -> None:
         """Log ``message % (*args, partitions finished, rows they sent)`` as an error."""
@@ -118,7 +116,7 @@ class RateCap:
         self.key = sink_rate_key(sink, prefix)
         self.cap = max(1, int(rows_per_second))
 
-    def take(self, n: int, report: PartitionReport) -> None:
+    def take(self, n: int) -> None:
         """Return when ``n`` rows may go (in as many seconds as the cap needs)."""
         while n > 0:
             now = redis_ms(self.client) / 1000
@@ -130,9 +128,7 @@ class RateCap:
             granted = max(0, min(n, self.cap - (total - n)))
             n -= granted
             if n:
-                pause = second + 1 - now
-                report.waited_rate += pause
-                time.sleep(pause)
+                time.sleep(second + 1 - now)
 
 
 def prune_rate(client, sink: str, prefix: str) -> None:
@@ -218,7 +214,6 @@ class Sink:
                 # room for this many entries, as the refusal counted it: smaller calls fit in
                 chunk = max(1, min(self.settings.chunk, exc.limit - exc.size))
                 time.sleep(pause)
-                report.waited_full += pause
                 pause = min(pause * 2, longest) if not done else FULL_BACKOFF[0]
                 continue
             again = sum(repeated)
@@ -240,7 +235,7 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
     def flush():
         nonlocal batch, start, now
         if sink.rate is not None and batch:
-            sink.rate.take(len(batch), report)
+            sink.rate.take(len(batch))
         if hooks is not None:
             hooks.begin(start, position)
         sink.send(batch, report)

@@ -81,8 +81,6 @@ class PartitionState:
 
 
 class SinkRecord:
-    """The record of query ``query``, as run ``run`` of it reads and writes it."""
-
     def __init__(self, client, query: str, prefix: str, run: str):
         self.client = client
         self.key = sink_record_key(query, prefix)

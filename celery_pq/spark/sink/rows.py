@@ -75,11 +75,7 @@ class TaskRows:
         self.key = [index[c] for c in settings.key]
         self.role = {c: index[c] for c in settings.roles}
         self.fair_column = index.get(settings.fair_column) if settings.fair_column else None
-        self.fair_header = (
-            settings.transport.fair_key
-            if settings.transport.fair_key and ":" not in settings.transport.fair_key
-            else None
-        )
+        self.fair_header = settings.transport.fair_key if settings.transport.tenant_fn is None else None
         self.eta_is_local = eta_is_local
         # as_task_v2 once for the shared headers; build() fills in what differs as it would (a
         # test compares; benchmarks/results/notes.md, "celery_pq/spark/sink/rows.py")
@@ -176,12 +172,7 @@ class TaskRows:
         if countdown is not None and eta is not None:
             raise Rejected("countdown and eta are both given; give one")
         if countdown is not None:
-            if (
-                isinstance(countdown, bool)
-                or not isinstance(countdown, (int, float))
-                or not math.isfinite(countdown)
-                or countdown < 0
-            ):
+            if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or not 0 <= countdown < math.inf:
                 raise Rejected(f"countdown must be a number of seconds >= 0, got {countdown!r}")
             return datetime.fromtimestamp(now + countdown, UTC).isoformat()
         if eta is None:
@@ -206,11 +197,7 @@ class TaskRows:
         every write); else from the write, the partition, the row's values and how many rows had
         them before (the same in every attempt, in any order; identical rows still apart)."""
         if "task_id" in self.role:
-            task_id = row[self.role["task_id"]]
-            try:
-                return text("task_id", task_id)
-            except ValueError as exc:
-                raise Rejected(str(exc)) from None
+            return text("task_id", row[self.role["task_id"]], error=Rejected)
         if self.key:
             values = [row[i] for i in self.key]
             for c, v in zip(self.s.key, values):

@@ -74,9 +74,7 @@ def _transport(given: dict) -> Options:
             raise ConfigError(f"option 'transport_options' must be a JSON object: {exc}") from None
         if not isinstance(transport, dict):
             raise ConfigError(f"option 'transport_options' must be a JSON object, got {given['transport_options']!r}")
-    for name in _TRANSPORT_FIELDS:
-        if name in given:
-            transport[name] = _transport_value(name, given[name])
+    transport.update((name, _transport_value(name, given[name])) for name in _TRANSPORT_FIELDS if name in given)
     if "visibility_timeout" in given:
         transport["visibility_timeout"] = _transport_value("lease_seconds", given["visibility_timeout"])
     try:
@@ -194,9 +192,7 @@ class WriterSettings:
         if values["key"] and "task_id" in names:
             raise ConfigError("option 'key' derives task ids, but the DataFrame has a task_id column: give one of them")
         roles = tuple(c for c in ROLE_COLUMNS if c in names)
-        fair_column = None
-        if opts.fair_key is not None and ":" not in opts.fair_key and opts.fair_key in names:
-            fair_column = opts.fair_key
+        fair_column = opts.fair_key if opts.tenant_fn is None and opts.fair_key in names else None
         if "tenant" in roles and opts.fair_key is None:
             raise ConfigError(
                 "the DataFrame has a 'tenant' column, and a tenant needs fairness on: give option "

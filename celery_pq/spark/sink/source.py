@@ -10,7 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ...storage.errors import ConfigError
-from .partition import PartitionReport, PartitionWriter, summarize, write_partition
+from .partition import PartitionReport, PartitionWriter, write_partition
 from .settings import WriterSettings
 from .stream import CeleryPQStreamWriter
 
@@ -28,15 +28,13 @@ class CeleryPQWriter(PartitionWriter, DataSourceWriter):
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages) -> None:
-        reports = [m for m in messages if isinstance(m, PartitionReport)]
-        summary = {**summarize(reports), "write_id": self.settings.write_id}
         self._finish(
-            reports,
-            summary,
+            messages,
             self.settings.rejects,
-            bool(summary["rejected"]),
-            "celery_pq writer: write %s: %d rows, %d sent, %d already stored, %d rejected",
-            *(summary[k] for k in ("write_id", "rows", "sent", "already_stored", "rejected")),
+            "celery_pq writer: write %(write_id)s: %(rows)d rows, %(sent)d sent, %(already_stored)d already "
+            "stored, %(rejected)d rejected",
+            ("rejected",),
+            write_id=self.settings.write_id,
         )
 
     def abort(self, messages) -> None:

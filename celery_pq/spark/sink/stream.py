@@ -14,16 +14,14 @@ from itertools import chain, islice
 from pyspark.sql.datasource import DataSourceStreamWriter
 
 from ...storage.errors import ConfigError
-from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, summarize, write_partition
+from .partition import PartitionReport, PartitionWriter, Sink, prune_rate, write_partition
 from .record import PartitionState, Progress, RowDigest, SinkRecord, redis_ms
 
 logger = logging.getLogger("celery_pq.spark")
 
 #: The Spark task's local properties naming its query, run (Spark's job group is the run id) and
 #: micro-batch.
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-RUN_ID_PROPERTY = "spark.jobGroup.id"
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
+LOCAL_PROPERTIES = ("sql.streaming.queryId", "spark.jobGroup.id", "streaming.sql.batchId")
 
 
 class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
@@ -34,12 +32,11 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        names = (QUERY_ID_PROPERTY, RUN_ID_PROPERTY, BATCH_ID_PROPERTY)
-        query, run, batch_id = (ctx.getLocalProperty(n) for n in names) if ctx else (None, None, None)
+        query, run, batch_id = (ctx.getLocalProperty(n) for n in LOCAL_PROPERTIES) if ctx else (None, None, None)
         if ctx is None or not query or not run or batch_id is None:
             raise ConfigError(
                 "celery_pq stream writer: the Spark task does not name its streaming query, run and "
-                f"micro-batch (local properties {', '.join(names)})"
+                f"micro-batch (local properties {', '.join(LOCAL_PROPERTIES)})"
             )
         batch = int(batch_id)
         report = PartitionReport(ctx.partitionId(), ctx.attemptNumber(), batch=batch, query=query)
@@ -116,17 +113,14 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
 
     # -- on the driver -------------------------------------------------------------------------
     def commit(self, messages, batchId: int) -> None:
-        reports = [m for m in messages if isinstance(m, PartitionReport)]
-        summary = {**summarize(reports), "batch": batchId}
-        self._finish(
-            reports,
-            summary,
+        reports = self._finish(
+            messages,
             self.settings.rejects and os.path.join(self.settings.rejects, f"batch-{batchId}"),
-            bool(summary["rejected"] or summary["resent"]),
-            "celery_pq stream writer: micro-batch %d: %d rows, %d sent, %d found already stored, "
-            "%d skipped (recorded as handled), %d rejected; %d resent (handled by a failed attempt, "
-            "read in another order)",
-            *(summary[k] for k in ("batch", "rows", "sent", "already_stored", "skipped", "rejected", "resent")),
+            "celery_pq stream writer: micro-batch %(batch)d: %(rows)d rows, %(sent)d sent, %(already_stored)d "
+            "found already stored, %(skipped)d skipped (recorded as handled), %(rejected)d rejected; %(resent)d "
+            "resent (handled by a failed attempt, read in another order)",
+            ("rejected", "resent"),
+            batch=batchId,
         )
         query = next((m.query for m in reports if m.query), None)
         if query is None:
