@@ -43,6 +43,14 @@ def _with_id(item: Item) -> Item:
     return replace(item, id=str(eid))
 
 
+def _summed(parts: list[dict]) -> dict:
+    """The shards' counters summed, every name kept (``Counter``'s ``+`` drops the zeros)."""
+    out: Counter = Counter()
+    for part in parts:
+        out.update(part)
+    return dict(out)
+
+
 def merged_reclaim(parts: list[dict]) -> dict:
     out: Counter = Counter()
     for r in parts:
@@ -291,7 +299,7 @@ class ShardedQueue:
     # -- reads: each shard's answer, merged -----------------------------------------------------
     size = _Shards(merge=sum)
     backlog = _Shards(merge=sum)
-    counters = _Shards(merge=lambda parts: dict(sum(map(Counter, parts), Counter())))
+    counters = _Shards(merge=_summed)
     tenants = _Shards(merge=merged_tenants)
     recorded = _Shards(merge=lambda parts: {**parts[0], **_paused(parts)})  # shard 0's mode and event log
     is_dead = _Shards()

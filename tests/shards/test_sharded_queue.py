@@ -72,6 +72,8 @@ def test_nothing_lost_or_doubled_with_interleaved_consumers(redis_client, key_pr
     s = q.stats()
     assert (s["waiting"], s["leased"], s["delayed"]) == (0, 0, 0)
     assert q.counters()["acked"] == 300 == q.counters()["delivered"]
+    # every counter is named, as a plain queue names them, with 0 where nothing happened
+    assert set(q.counters()) == set(q.shards[0].counters()) and q.counters()["dead_lettered"] == 0
 
 
 @pytest.mark.parametrize("n", [1, 4])
