@@ -6,6 +6,7 @@ master failover under a running worker and live producers."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -140,13 +141,14 @@ def test_celery_workers_on_three_masters(on_cluster, spread):
     assert h.records("stamp")[1][0] == "countdown" and h.records("stamp")[1][2] - sent >= 1.9
 
     # Remote control: inspect ping (pidbox fanout, a reply queue) and a control broadcast
-    out = h.celery("inspect", "ping", "--timeout", "5")
+    w1 = f"w1@{os.uname().nodename}"  # (named: the command returns once it answered)
+    out = h.celery("inspect", "ping", "--timeout", "5", "-d", w1)
     assert "pong" in out and "w1@" in out
     out = h.celery("control", "add_consumer", late, "--timeout", "5")
     assert "add consumer" in out.lower() or "ok" in out.lower(), out
     h.to(late, "e2e.stamp", "late")
     wait_for(lambda: len(h.records("stamp")) == 3, 15, "a task of the queue added by control")
-    queues = json.loads(h.celery("inspect", "active_queues", "--json", "--timeout", "5"))
+    queues = json.loads(h.celery("inspect", "active_queues", "--json", "--timeout", "5", "-d", w1))
     assert late in {q["name"] for qs in queues.values() for q in qs}
 
 

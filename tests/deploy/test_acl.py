@@ -125,9 +125,11 @@ def test_the_whole_transport_as_the_documented_acl_user(form, tmp_path):
         assert order == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]  # the tenants took turns
         assert [tuple(r) for r in recorded("start")] and len(recorded("start")) == 1  # renewed: ran once
 
-        # remote control through pub/sub and the reply queue: inspect ping, add_consumer
+        # remote control through pub/sub and the reply queue: inspect ping, add_consumer (each
+        # named, so the command returns once they answered instead of waiting out its timeout)
+        both = ",".join(f"{w}@{os.uname().nodename}" for w in ("w1", "w2"))
         ping = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "-t", "10"],
+            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "-t", "10", "-d", both],
             cwd=ROOT,
             env=env,
             capture_output=True,

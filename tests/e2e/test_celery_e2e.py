@@ -1,6 +1,7 @@
 """End to end: real Celery workers as subprocesses on a real redis-server."""
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -185,7 +186,19 @@ def test_inspect_ping_and_control_answer_through_the_transport(harness):
     h = harness()
     h.worker("pingme", gossip=True)
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "ping", "--timeout", "5"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.e2e.app",
+            "inspect",
+            "ping",
+            "--timeout",
+            "5",
+            "-d",
+            f"pingme@{os.uname().nodename}",
+        ],
         cwd=ROOT,
         env=h.env,
         capture_output=True,
@@ -195,7 +208,19 @@ def test_inspect_ping_and_control_answer_through_the_transport(harness):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "pong" in out.stdout and "pingme@" in out.stdout
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", "active_queues", "--timeout", "5"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.e2e.app",
+            "inspect",
+            "active_queues",
+            "--timeout",
+            "5",
+            "-d",
+            f"pingme@{os.uname().nodename}",
+        ],
         cwd=ROOT,
         env=h.env,
         capture_output=True,
@@ -366,7 +391,20 @@ def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
 
     def inspect(what):
         out = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.e2e.app", "inspect", what, "--json", "--timeout", "5"],
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.e2e.app",
+                "inspect",
+                what,
+                "--json",
+                "--timeout",
+                "5",
+                "-d",
+                f"w1@{os.uname().nodename}",
+            ],
             cwd=ROOT,
             env=h.env,
             capture_output=True,
