@@ -182,51 +182,27 @@ def test_a_task_sent_again_on_purpose_runs_every_time(harness):
     wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "queue to drain")
 
 
+def celery_inspect(env, worker, *args):
+    """``celery inspect *args`` of one named worker: it returns once that worker answered,
+    instead of waiting out the timeout for workers it does not know of."""
+    command = ["inspect", *args, "--timeout", "5", "-d", f"{worker}@{os.uname().nodename}"]
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.app", *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_inspect_ping_and_control_answer_through_the_transport(harness):
     h = harness()
     h.worker("pingme", gossip=True)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.e2e.app",
-            "inspect",
-            "ping",
-            "--timeout",
-            "5",
-            "-d",
-            f"pingme@{os.uname().nodename}",
-        ],
-        cwd=ROOT,
-        env=h.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = celery_inspect(h.env, "pingme", "ping")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "pong" in out.stdout and "pingme@" in out.stdout
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.e2e.app",
-            "inspect",
-            "active_queues",
-            "--timeout",
-            "5",
-            "-d",
-            f"pingme@{os.uname().nodename}",
-        ],
-        cwd=ROOT,
-        env=h.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = celery_inspect(h.env, "pingme", "active_queues")
     assert out.returncode == 0 and "'name': 'q'" in out.stdout, out.stdout + out.stderr
 
 
@@ -390,27 +366,7 @@ def test_countdown_tasks_wait_in_the_broker_not_in_the_worker(harness):
     w = h.worker("w1")
 
     def inspect(what):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.e2e.app",
-                "inspect",
-                what,
-                "--json",
-                "--timeout",
-                "5",
-                "-d",
-                f"w1@{os.uname().nodename}",
-            ],
-            cwd=ROOT,
-            env=h.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = celery_inspect(h.env, "w1", what, "--json")
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
 
