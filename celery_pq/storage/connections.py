@@ -1,9 +1,7 @@
-"""How the transport reaches Redis: the one pool (or ``RedisCluster`` client) of a kombu
-connection, for one server, TLS (``broker_use_ssl``), the master that Redis Sentinels name
-(``master_name``) or a Redis Cluster (``cluster``); which node holds a key, and waiting out a
-moving slot. Every connection is from that pool or made like its own, so after a failover all
-of them find the new master. docs/deployments.md, docs/cluster.md ("How it works").
-"""
+"""How the transport reaches Redis: the one pool (or ``RedisCluster`` client) of a kombu connection
+(one server, TLS, the master Sentinels name, or a Redis Cluster); which node holds a key; waiting out
+a moving slot. Every connection is from that pool or made like its own, so after a failover all of
+them find the new master. docs/deployments.md, docs/cluster.md ("How it works")."""
 
 from __future__ import annotations
 
@@ -132,8 +130,7 @@ def make_cluster(conninfo, options, tls: bool) -> redis.RedisCluster:
 
 
 def check_not_a_cluster_node(client) -> None:
-    """ConfigError when a client made for one Redis reached a cluster node (the option
-    ``cluster`` is missing); nothing when this user may not run INFO."""
+    """ConfigError when a client made for one Redis reached a cluster node; nothing without INFO rights."""
     try:
         enabled = client.info("cluster").get("cluster_enabled")
     except rex.ResponseError:
@@ -157,8 +154,7 @@ def is_cluster(client: object) -> bool:
 _CLUSTER_CLASSES: dict[type, bool] = {}
 
 
-#: Failures after which a key's node may have changed: the call goes again through
-#: ``RedisCluster``, which relearns the layout.
+#: Failures after which a key's node may have changed: the call goes again through ``RedisCluster``.
 REROUTE = (rex.AskError, rex.TryAgainError, rex.ClusterDownError, rex.ConnectionError, rex.TimeoutError, OSError)
 
 
@@ -211,9 +207,8 @@ def impatient():
 
 
 def until_settled(cluster, key, attempt):
-    """``attempt(n)``'s reply, made again while it fails ``unsettled`` (nothing written), pausing
-    SETTLE_PAUSE_FIRST doubling to SETTLE_PAUSE_MAX, for at most ``cluster_retry_seconds``;
-    then ``ClusterUnsettled`` naming ``key``."""
+    """``attempt(n)``'s reply, made again while it fails ``unsettled`` (nothing written) for at most
+    ``cluster_retry_seconds``; then ``ClusterUnsettled`` naming ``key``."""
 
     def refused(exc: Exception) -> bool:
         if not unsettled(exc):
@@ -349,8 +344,7 @@ def explained(exc: rex.ConnectionError, tls: bool) -> rex.ConnectionError:
 
 
 def warn_if_evicting(client) -> None:
-    """Warn when the server (a cluster's master) may evict any key, losing messages; nothing
-    without INFO rights."""
+    """Warn when the server (a cluster's master) may evict any key, losing messages; nothing without INFO rights."""
     nodes = [client.get_redis_connection(n) for n in client.get_primaries()] if is_cluster(client) else [client]
     for node in nodes:
         try:

@@ -1,6 +1,5 @@
-"""Every default and fixed number the transport and the queue share, each with its unit and
-reason, so that the Lua scripts, the Python side and the docs agree (the measurements behind
-them: benchmarks/results/notes.md)."""
+"""Every default and fixed number the transport and the queue share, each with its unit, so that
+the Lua scripts, the Python side and the docs agree (figures: benchmarks/results/notes.md)."""
 
 #: Prefix of every Redis key and pub/sub channel the project writes (one ACL rule ``~pq:*``).
 KEY_PREFIX = "pq"
@@ -9,8 +8,7 @@ KEY_PREFIX = "pq"
 MIN_PRIORITY = 0
 MAX_PRIORITY = 255
 
-#: A score is ``rank * SEQ_SPAN + seq`` (rank 0 served first, seq the insertion sequence):
-#: 256 * 2**44 < 2**53, so a double holds every score exactly.
+#: A score is ``rank * SEQ_SPAN + seq`` (rank 0 served first): 256 * 2**44 < 2**53, exact in a double.
 SEQ_BITS = 44
 SEQ_SPAN = 1 << SEQ_BITS
 
@@ -19,8 +17,7 @@ HIGHER_FIRST = "higher_first"
 LOWER_FIRST = "lower_first"
 PRIORITY_ORDERS = (HIGHER_FIRST, LOWER_FIRST)
 
-#: Option ``expired`` (an entry past its expiry deadline is dead-lettered or deleted) -> the
-#: letter the queue context carries.
+#: Option ``expired`` (an entry past its expiry deadline) -> the letter the queue context carries.
 EXPIRED_DEAD_LETTER = "dead_letter"
 EXPIRED_DROP = "drop"
 EXPIRED_POLICIES = {EXPIRED_DEAD_LETTER: "d", EXPIRED_DROP: "x"}
@@ -37,8 +34,8 @@ LEASE_SECONDS = 60.0
 #: Deliveries without an ack before a message goes to ``<queue>.dead``.
 MAX_DELIVERIES = 10
 
-#: Seconds between sweeps of expired leases (one consumer per interval, by a guard key):
-#: recovery takes at most lease_seconds + this.
+#: Seconds between sweeps of expired leases, by one consumer (a guard key): recovery takes at most
+#: lease_seconds + this.
 SWEEP_INTERVAL = 1.0
 
 #: Expired leases returned per sweep call (the sweep repeats).
@@ -47,37 +44,32 @@ SWEEP_BATCH = 500
 #: Stale pointers one pop may discard (the rest: later pops, the clean-up sweep).
 POP_STALE_BUDGET = 1000
 
-#: Seconds a Celery worker's event-loop tick goes on popping while each pass delivers
-#: (``poller.Poller._drain_in_tick``): the loop's timers and other sockets wait at most this long.
+#: Seconds a worker's event-loop tick goes on popping while each pass delivers (its timers wait).
 TICK_DRAIN_SECONDS = 0.01
 
-#: Seconds at most an idle Celery event loop sleeps where signals cannot wake it (outside the
-#: main thread, or another owns the wake-up fd), to see a shutdown; as kombu's BRPOP timeout.
+#: Seconds at most an idle Celery event loop sleeps where signals cannot wake it, to see a shutdown.
 IDLE_WAKE_SECONDS = 1.0
 
-#: Microseconds a script call polls for its reply before it sleeps in recv (option spin_wait_us,
-#: ``scripts.wire``); a late reply stops the polling for the next 2, 4, .. SPIN_BACKOFF_MAX calls.
+#: Microseconds a script call polls for its reply before it sleeps in recv (option spin_wait_us);
+#: a late reply stops the polling for the next 2, 4, .. SPIN_BACKOFF_MAX calls.
 SPIN_WAIT_US = 100
 SPIN_BACKOFF_MAX = 1024
 
-#: Seconds a command may wait for its reply (redis-py waits forever: a half-open connection would
-#: hold a worker for good); below lease_seconds - renew_interval (docs/leases.md, "Renewal"). A
-#: blocking wait does not count: the poller reads it only once it is readable.
+#: Seconds a command may wait for its reply, not counting a blocking wait (redis-py waits forever: a
+#: half-open connection would hold a worker); below lease_seconds - renew_interval (docs/leases.md).
 SOCKET_TIMEOUT = 30.0
 
-#: Seconds a lease must outlast its renewal interval: the keeper may wake a quarter interval
-#: late, and two retries of a failed renewal fit (docs/leases.md, "Renewal").
+#: Seconds a lease must outlast its renewal interval: the keeper may wake a quarter interval late,
+#: and two retries of a failed renewal fit (docs/leases.md, "Renewal").
 RENEW_MARGIN = 0.5
 
-#: Pointers one compaction step looks at (lua/includes/index.lua's COMPACT_STEP; ``cleanup``'s
-#: per call), well under the 10 ms no script call may take.
+#: Pointers one compaction step looks at (lua/includes/index.lua's COMPACT_STEP).
 COMPACT_STEP = 512
 
 #: Entries one step of ``migrate_mode`` looks at (and pointers it moves), at most.
 MIGRATE_STEP = 64
 
-#: Seconds a queue-API call waits out a migration of the queue's mode before QueueMigrating
-#: (a million entries migrate in about 30 s: docs/leases.md).
+#: Seconds a queue-API call waits out a migration of the queue's mode before QueueMigrating.
 MIGRATION_WAIT = 60.0
 
 #: Broadcast ids a receiving channel remembers, to drop one sent again after a lost reply.
@@ -86,40 +78,34 @@ BROADCASTS_REMEMBERED = 1024
 #: Entries per script call of a bulk insert (Redis runs one script at a time).
 BULK_CHUNK = 1000
 
-#: Messages of one queue a publish batch sends as one insert call before its flush (option
-#: batch_send, batches.py; docs/publishing.md).
+#: Messages of one queue a publish batch sends as one insert call (option batch_send).
 BATCH_SEND = 200
 
-#: Entries per script call of a purge or a replay (the heaviest work per entry), under the 10 ms
-#: no script call may take (benchmarks/slowlog.py).
+#: Entries per script call of a purge or a replay, under the 10 ms no script call may take.
 STEP_CHUNK = 200
 
 #: Seconds a consumer blocks on its wake lists before it re-arms (an insert wakes it sooner).
 BLOCK_SECONDS = 5.0
 
-#: The tenant of a task ``task_rate`` limits: this prefix and the task name (the rates of such
-#: tenants belong to the option).
+#: The tenant of a task ``task_rate`` limits: this prefix and the task name.
 TASK_TENANT_PREFIX = "task:"
 
 #: Seconds a publish id is remembered (at most twice as long): a retry within stores nothing.
 DEDUPE_SECONDS = 300.0
 
-#: Answered publish ids a producer collects before an insert call forgets them (one command).
+#: Answered publish ids a producer collects before an insert call forgets them; at most
+#: FORGET_MAX go in one call and FORGET_PENDING wait (the rest: the window's rotation).
 FORGET_BATCH = 32
-#: At most this many go in one insert call, and at most FORGET_PENDING wait (the rest are left
-#: to the window's rotation).
 FORGET_MAX = 256
 FORGET_PENDING = 4096
 
 #: Most messages one pop script call leases.
 MAX_POP_BATCH = 100
 
-#: Most messages one fair pop leases (several commands per entry): under the 10 ms no script
-#: call may take (benchmarks/results/notes.md, "Bounded work per script call").
+#: Most messages one fair pop leases, under the 10 ms no script call may take.
 FAIR_POP_MAX = 50
 
-#: Seconds a publish or an ack waits for ``wait_replicas`` (Redis WAIT) before NotReplicated (an
-#: ack logs): a near replica answers, a lost one stalls producers briefly.
+#: Seconds a publish or an ack waits for ``wait_replicas`` (Redis WAIT) before NotReplicated.
 WAIT_TIMEOUT = 1.0
 
 #: Port of a Redis server named without one.
@@ -128,9 +114,8 @@ REDIS_PORT = 6379
 #: Seconds for a sentinel's answer before the next is asked (unless sentinel_kwargs says).
 SENTINEL_SOCKET_TIMEOUT = 1.0
 
-#: Seconds a call on a Redis Cluster retries while its slot moves or the cluster is down, before
-#: a connection error (option cluster_retry_seconds): above a resharding's moves and a failover
-#: (docs/cluster.md, "Resharding").
+#: Seconds a Redis Cluster call retries while its slot moves or the cluster is down
+#: (option cluster_retry_seconds; docs/cluster.md, "Resharding").
 CLUSTER_RETRY_SECONDS = 60.0
 #: Seconds before the first retry, doubled on each refusal up to SETTLE_PAUSE_MAX.
 SETTLE_PAUSE_FIRST = 0.01

@@ -1,7 +1,5 @@
-"""The cost table: the Redis reads, writes and commands each queue operation runs on its steady
-path, per technique (``explain``). tests/queue/test_explain.py checks it against
-Redis's INFO commandstats; docs/priorities.md shows and explains it.
-"""
+"""The cost table (``explain``): the Redis commands each queue operation runs on its steady path, per
+technique; checked against INFO commandstats by tests/queue/test_explain.py; docs/priorities.md."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ def explain(stale: int = 0) -> dict:
     return {op: {t: _cost(cmds) for t, cmds in by_t.items()} for op, by_t in _commands(stale).items()}
 
 
-#: The commands of the cost table that read, and those that write: of hashes, lists, sorted sets,
-#: strings and any key.
+#: The commands of the cost table that read, and those that write.
 READ_COMMANDS = frozenset(
     {"hget", "hexists", "hkeys", "hlen"}
     | {"llen", "lrange", "lindex"}
@@ -40,16 +37,14 @@ def _cost(cmds: list[str]) -> dict:
     }
 
 
-def _commands(stale: int) -> dict:
-    """The Redis commands each script runs on the steady path (see ``explain``)."""
-    k = stale
+def _commands(k: int) -> dict:
+    """The Redis commands each script runs on the steady path, ``k`` stale pointers ahead (``explain``)."""
     both = lambda cmds: {"T": cmds, "S": cmds}  # noqa: E731
     lead = ["zrem"] if k else []  # the stale pointers' own priority list runs empty
     # HSETNX: the lease check and write in one; SET NX: the sweep record (skipped by a pop that acked)
     grant = ["time", "hsetnx", "zadd", "set"]
     md = ["get"]  # every script but extend first reads the queue's mode record
-    # is a compaction pass of the rank under way (a pop reads it with the rank)
-    passing = ["zscore"]
+    passing = ["zscore"]  # is a compaction pass of the rank under way (a pop reads it with the rank)
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
     moved = [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"]
     # An insert's first send with a client-made publish id: one MGET (mode, views version, window

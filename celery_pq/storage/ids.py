@@ -1,8 +1,6 @@
-"""Entry ids as stored: a Celery task id (a lowercase UUID) in 17 bytes (``\\x01`` + its 16 bytes
-[+ ``~<seq>``]), any other as its text (``\\x02`` in front if it starts with ``\\x01`` or
-``\\x02``): ``decode_id(encode_id(x)) == x``. And ``unique_bytes`` for publish ids and lease
-tokens. docs/key-layout.md ("Per queue", stored ids).
-"""
+"""Entry ids as stored (``decode_id(encode_id(x)) == x``): a lowercase UUID as ``\\x01`` + its 16
+bytes [+ ``~<seq>``], any other as its text (``\\x02`` in front if it starts with ``\\x01`` or
+``\\x02``); ``unique_bytes`` for publish ids and lease tokens. docs/key-layout.md ("Per queue")."""
 
 from __future__ import annotations
 
@@ -45,7 +43,7 @@ def decode_id(raw: bytes | str) -> str:
         _RECENT[text] = raw  # (only the plain form: encode_id gives it back for this text)
         return text
     if raw[:1] == b"\x02":
-        return raw[2 - 1 :].decode()
+        return raw[1:].decode()
     return raw.decode()
 
 

@@ -1,8 +1,6 @@
-"""The only place Redis key names are built: one queue's keys (``queue_keys``), all under one
-Redis Cluster hash tag ``{<queue>}`` (its dead-letter queue ``<queue>.dead`` under the same),
-the keys shared by the queues, and the names of a sharded queue's shards (``shard_names``).
-docs/key-layout.md lists every key, what it holds, and how shards are named.
-"""
+"""The only place Redis key names are built: one queue's keys (``queue_keys``), all under one Redis
+Cluster hash tag ``{<queue>}`` (its dead-letter queue's too), the keys shared by the queues, and
+the names of a sharded queue's shards (``shard_names``). docs/key-layout.md lists them."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def split_dead(name: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The keys of one queue, each field named for what it holds and the stored suffix of its
-    key (the name a script header gives it; never changes)."""
+    """The keys of one queue, each field with its key's stored suffix (a script header's name; fixed)."""
 
     name: str
     entries: str = field(metadata={"suffix": "ii"})

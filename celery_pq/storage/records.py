@@ -1,9 +1,7 @@
-"""How each stored record of a queue is laid out, the Python twin of ``lua/includes/records.lua``
-and ``fair.lua`` (tests/queue/test_records.py crosses them on a real redis-server). The layouts
-(entry, dead-letter note, lease, pointer, tenant member, mode): docs/key-layout.md ("Per queue",
-"The entry", "The lease"). A reader never raises on stored data: ``split_*`` give None, as the
-Lua readers give nil.
-"""
+"""How each stored record of a queue is laid out (entry, dead-letter note, lease, pointer, tenant
+member, mode): the Python twin of ``lua/includes/records.lua`` and ``fair.lua``, crossed by
+tests/queue/test_records.py; docs/key-layout.md. A reader never raises on stored data:
+``split_*`` give None, as the Lua readers give nil."""
 
 from __future__ import annotations
 
@@ -118,12 +116,9 @@ def split_tenant_member(m) -> tuple[bytes, int, int, bytes] | None:
 
 
 def publish_entry(value, given_id: bytes) -> bytes:
-    """The entry id a publish-id value (of ``pd``/``pe``) names: ``""`` for ``given_id`` (the id
-    the insert gave, encoded), else the entry id. For a publish id made for a whole call the
-    value is ``""`` (one entry, under the id given) or each entry id behind its length in 2
-    bytes (big-endian)."""
-    value = _b(value)
-    return value or given_id
+    """A publish id's stored value (of ``pd``/``pe``) as bytes, or ``given_id`` (the encoded id the
+    insert gave) when it is ``""``; a whole call's packed ids (each behind a 2-byte length) as they are."""
+    return _b(value) or given_id
 
 
 def score(rank: int, seq: int) -> int:
@@ -148,8 +143,7 @@ def split_switches(mode: str) -> tuple[bool, int]:
 
 
 def mode_dict(mode: str) -> dict:
-    """A mode record's four letters (fair ``0``/``1``, scope ``P``/``T``/``-``, order ``h``/``l``,
-    technique) as settings."""
+    """A mode record's four letters (fair, scope ``P``/``T``/``-``, order ``h``/``l``, technique) as settings."""
     scopes = {v: k for k, v in FAIR_SCOPES.items()}
     return {
         "fair": mode[:1] == "1",

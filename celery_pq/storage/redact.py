@@ -1,7 +1,5 @@
-"""Passwords out of error and log text: wherever a value that may be a broker URL or connection
-arguments is shown, show ``redact(value)``, its ``repr`` with every password as ``***`` (as
-kombu's ``Connection.as_uri()`` masks the first URL's).
-"""
+"""Passwords out of error and log text: show a value that may be a broker URL or connection arguments
+as ``redact(value)``, its ``repr`` with every password ``***`` (as kombu's ``Connection.as_uri()``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The one retry loop of the package: a call made again while Redis refuses it with nothing done
-(a Redis Cluster slot moving: ``connections.until_settled``; a queue's mode migrating:
-``queue.running.wait_out_migration``). A call never refused costs nothing more than the try.
-"""
+"""The one retry loop of the package: a call made again while Redis refuses it with nothing done (a
+moving cluster slot: ``connections.until_settled``; a mode migrating: ``queue.running``)."""
 
 from __future__ import annotations
 
@@ -21,10 +19,9 @@ def again_while_refused(
     most: float,
     give_up: Callable[[Exception, float], NoReturn],
 ) -> T:
-    """``attempt(n)`` (n: the tries before), made again while it raises what ``refused`` accepts,
-    pausing ``first`` doubling to ``most`` seconds, while the next try starts within ``bound()``
-    of the first refusal; then ``give_up(last refusal, seconds waited)``, which raises. Other
-    exceptions go through at once."""
+    """``attempt(n)`` (n: the tries before), made again while it raises what ``refused`` accepts (others
+    go through), pausing ``first`` doubling to ``most`` seconds, while the next try starts within
+    ``bound()`` of the first refusal; then ``give_up(last refusal, seconds waited)``, which raises."""
     started: float | None = None
     pause = first
     n = 0
