@@ -1,8 +1,6 @@
-"""A simulator of the relaxed priority queue (N subqueues, each pop peeking k and popping the
-best): ``simulate(Params(...)).stats``, ``predict(...)`` for a sharded queue, and ``python -m
-celery_pq.sim``. Needs the ``[sim]`` extra (the sweep's Spark mode and figures ``[spark]``);
-``import celery_pq`` never imports it. docs/relaxed.md ("The simulator") explains the model.
-"""
+"""A simulator of the relaxed priority queue (N subqueues, each pop peeking k and popping the best):
+``simulate(Params(...)).stats``, ``predict(...)`` for a sharded queue, ``python -m celery_pq.sim``.
+Needs the ``[sim]`` extra (the sweep's Spark mode and figures ``[spark]``); docs/relaxed.md."""
 
 from __future__ import annotations
 
@@ -23,23 +21,9 @@ def predict(
     pops: int = 20_000,
     seed: int = 0,
 ) -> dict:
-    """The rank error a sharded queue of ``nodes`` shards should show, ``peeks`` peeked per pop
-    (all when more than ``nodes``), ``consumers`` popping at once, ``lag`` entries waiting:
-    ``{"mean", "p50", "p90", "p99", "max", "p_zero"}`` of one seeded peek-before-pop simulation
-    of ``pops`` deliveries. The defaults and what the model leaves out: docs/relaxed.md
-    ("Predicting a sharded queue").
-    """
-    return simulate(
-        Params(
-            nodes=nodes,
-            peeks=min(peeks, nodes),
-            lag=lag,
-            consumers=consumers,
-            policy="peek-before-pop",
-            second_best=second_best,
-            priorities=priorities,
-            rank_only=rank_only,
-            pops=pops,
-            seed=seed,
-        )
-    ).stats
+    """The rank error a sharded queue of ``nodes`` shards should show, ``peeks`` peeked per pop (all
+    when more than ``nodes``), ``consumers`` popping at once, ``lag`` entries waiting: ``{"mean", "p50",
+    "p90", "p99", "max", "p_zero"}`` of one seeded peek-before-pop simulation of ``pops`` deliveries
+    (docs/relaxed.md, "Predicting a sharded queue")."""
+    every_argument = dict(locals(), peeks=min(peeks, nodes))  # each is a field of Params
+    return simulate(Params(policy="peek-before-pop", **every_argument)).stats

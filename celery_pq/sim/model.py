@@ -1,8 +1,6 @@
 """The peek-k-pop-one queue, simulated: ``simulate(Params(...)) -> Result``, the rank error (PEI)
-of each pop counted exactly against a sorted list of every waiting key; the client strategies it
-compares (``POLICIES``) and the closed forms it is checked against. docs/relaxed.md ("The
-simulator", "Where ours differ, and why") describes the model and the strategies.
-"""
+of each pop counted exactly against a sorted list of every waiting key; the client strategies
+(``POLICIES``) and the closed forms it is checked against. docs/relaxed.md ("The simulator")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The parameter sweep: a grid of simulations, each row in a *panel* beside one of the paper's
-figures (``distribution``, ``lag``, ``nodes``, ``peeks``, ``concurrency``, ``multiqueue``), run
-here or as a Spark job, written as ``sim.csv``, ``sim.md``, ``sim-histogram.csv`` and figures.
-docs/relaxed.md ("The paper's claims beside the simulator", "How to rerun") shows the results.
-"""
+figures, run here or as a Spark job, written as ``sim.csv``, ``sim.md``, ``sim-histogram.csv`` and
+figures (docs/relaxed.md, "How to rerun")."""
 
 from __future__ import annotations
 
@@ -52,22 +50,17 @@ def grid(quick: bool = False, seed: int = 1) -> list[dict]:
 
 def run_row(row: dict) -> dict:
     """Simulate one grid row: the row, its figures, the closed forms that apply, its histogram."""
-    params = Params(**{name: row[name] for name in GRID_COLUMNS if name != "panel"})
-    result = simulate(params)
+    p = Params(**{name: row[name] for name in GRID_COLUMNS if name != "panel"})
+    result = simulate(p)
     theory_mean = theory_p_zero = math.nan
-    if params.policy == "multiqueue" and params.peeks == 2 and params.priorities == "fifo":
-        theory_mean = multiqueue_mean_rank_error(params.nodes)
-    if (
-        params.policy == "peek-before-pop"
-        and params.consumers == 1
-        and params.priorities == "uniform"
-        and params.lag >= 10 * params.nodes
-    ):
-        theory_p_zero = p_zero_fresh_peek(params.nodes, params.peeks)
+    if p.policy == "multiqueue" and p.peeks == 2 and p.priorities == "fifo":
+        theory_mean = multiqueue_mean_rank_error(p.nodes)
+    if p.policy == "peek-before-pop" and p.consumers == 1 and p.priorities == "uniform" and p.lag >= 10 * p.nodes:
+        theory_p_zero = p_zero_fresh_peek(p.nodes, p.peeks)
     hist = np.bincount(np.minimum(result.pei, HIST_MAX), minlength=HIST_MAX + 1)
     return {
         **row,
-        "warmup": params.warmup_pops,
+        "warmup": p.warmup_pops,
         **{name: result.row()[name] for name in FIGURE_COLUMNS[:-2]},
         "theory_mean": theory_mean,
         "theory_p_zero": theory_p_zero,
@@ -177,8 +170,7 @@ MD_COLUMNS = (*MD_PARAMS, *FIGURE_COLUMNS)
 def markdown(results: list[dict]) -> str:
     """The results as one markdown table (``-`` where a closed form does not apply)."""
     lines = ["| " + " | ".join(MD_COLUMNS) + " |", "|" + "---|" * len(MD_COLUMNS)]
-    for r in results:
-        lines.append("| " + " | ".join(_cell(r[c]) for c in MD_COLUMNS) + " |")
+    lines += ["| " + " | ".join(_cell(r[c]) for c in MD_COLUMNS) + " |" for r in results]
     return "\n".join(lines) + "\n"
 
 
