@@ -1,7 +1,6 @@
-"""A deadline on a client's whole request for the two HTTP servers (``dashboard/server.py``,
-``metrics.py``), which serve each connection in a thread: ``DeadlineHandler``, first among a
-handler's bases, drops a client whose request (line, headers, body) has not arrived within the
-server's ``request_timeout`` seconds however it trickles in; each write waits as long at most."""
+"""A deadline on a client's whole request for the two HTTP servers (a thread per connection):
+``DeadlineHandler`` drops a client whose request has not arrived within the server's
+``request_timeout`` seconds however it trickles in; each write waits as long at most."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class DeadlineHandler(socketserver.StreamRequestHandler):
-    """A request handler whose server has ``request_timeout`` (seconds), taken as the first base:
-    ``class Handler(DeadlineHandler, BaseHTTPRequestHandler)``."""
+    """The first base of a handler whose server has ``request_timeout`` (seconds)."""
 
     def setup(self) -> None:
         timeout = float(self.server.request_timeout)  # type: ignore[attr-defined]

@@ -1,8 +1,6 @@
-"""Prometheus metrics of celery-pq queues: ``PQCollector`` to register in an app's own registry
-(``REGISTRY.register(PQCollector(app))``), and ``serve``, the exporter of ``pq metrics``. Every
-scrape reads Redis afresh; the counters are the ones the Lua scripts keep. docs/operations.md
-("Prometheus metrics") lists the gauges and counters. Needs the ``[ops]`` extra.
-"""
+"""Prometheus metrics of celery-pq queues (the ``[ops]`` extra): ``PQCollector`` for an app's own
+registry, and ``serve``, the exporter of ``pq metrics``. Every scrape reads Redis afresh; the
+counters are the Lua scripts'. docs/operations.md ("Prometheus metrics") lists them."""
 
 from __future__ import annotations
 
@@ -88,8 +86,7 @@ MAX_TENANTS = 20
 
 
 def parse_bands(text: str | None) -> list[tuple[int, int]] | None:
-    """``"0-99,100-199,200-255"`` as [(0, 99), (100, 199), (200, 255)]; None for None or "".
-    ValueError naming the band when one is not LO-HI within 0..255 or two overlap."""
+    """``"0-99,200-255"`` as [(0, 99), (200, 255)]; None for None or "". ValueError naming the band."""
     if not text:
         return None
     bands: list[tuple[int, int]] = []
@@ -132,10 +129,9 @@ def top_tenants(values: dict[str, int], limit: int) -> dict[str, int]:
 
 
 class PQCollector(Collector):
-    """A prometheus_client collector of celery-pq queues. ``app_or_url``: a Celery app or a broker
-    URL (with its ``transport_options``); ``queues``: None for every declared queue but Celery's;
-    ``bands``: ``[(lo, hi), ...]`` or ``"0-99,100-255"`` for ``..._by_priority`` (None: one series
-    per priority); ``max_tenants``: tenants by name per queue and metric, the rest ``other``."""
+    """A collector of celery-pq queues. ``app_or_url``: a Celery app or a broker URL; ``queues``: None
+    for every declared queue but Celery's; ``bands``: ``[(lo, hi), ...]`` or ``"0-99,100-255"`` for
+    ``..._by_priority`` (None: one series per priority); ``max_tenants``: the rest are ``other``."""
 
     def __init__(
         self,
@@ -226,9 +222,8 @@ def serve(
     request_timeout: float = REQUEST_TIMEOUT_SECONDS,
     **collector,
 ):
-    """Serve ``/metrics`` on ``address:port`` from a registry of its own (no process metrics) with
-    a ``PQCollector(app_or_url, **collector)``, each request within ``request_timeout`` seconds.
-    With ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
+    """Serve ``/metrics`` on ``address:port`` from a registry of its own with a ``PQCollector(app_or_url,
+    **collector)``: with ``block``, until Ctrl-C; otherwise returns the (server, thread) serving."""
     registry = CollectorRegistry()
     registry.register(PQCollector(app_or_url, **collector))
     server = _ScrapeServer(address, port, request_timeout, registry)

@@ -1,6 +1,5 @@
-"""How the commands show rows: rich tables on a terminal when rich (the ``[ops]`` extra) is
-installed, plain aligned text otherwise, so ``grep`` and ``awk`` work on it (docs/operations.md); what a
-stored message says (``describe``)."""
+"""How the commands show rows: rich tables on a terminal when rich (``[ops]``) is installed, else
+plain aligned text for ``grep`` and ``awk``; what a stored message says (``describe``)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def rich_terminal() -> bool:
 
 def table(title: str | None, columns: list, rows: list, *, empty: str = "(none)"):
     """``rows`` (lists, or dicts read by key) under ``columns``, each a header (a dict row's key too)
-    or (header, key or function of the row): a rich Table on a terminal, else columns padded to
-    their widest cell under a title line."""
+    or (header, key or function of the row): a rich Table on a terminal, else padded text."""
 
     def cell(r, i, c):
         if isinstance(c, tuple):
@@ -60,8 +58,7 @@ def show(*parts) -> None:
 
 
 def watch(make, seconds: float) -> None:
-    """Show ``make()`` (a list of tables) every ``seconds``: in place on a terminal (rich Live),
-    as successive blocks with a time line otherwise. Ends on Ctrl-C."""
+    """Show ``make()`` (a list of tables) every ``seconds`` until Ctrl-C: in place on a terminal."""
     with suppress(KeyboardInterrupt):
         if rich_terminal():
             from rich.console import Group
@@ -103,9 +100,8 @@ PREVIEW_CHARS = 60
 
 
 def describe(payload: bytes | str, width: int = PREVIEW_CHARS) -> dict:
-    """``{"task": name or None, "args": preview}`` of a stored payload: a payload that is not a
-    kombu message shows as its text; one in the stored form that cannot be read (corrupt, over
-    the codec's bounds) as ``unreadable: <why>``. Never raises on stored data."""
+    """``{"task": name or None, "args": preview}`` of a stored payload, never raising: not a kombu
+    message, its text; a stored form that cannot be read, ``unreadable: <why>``."""
     try:
         message = decode(payload)
     except CodecError as exc:

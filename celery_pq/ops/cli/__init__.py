@@ -1,8 +1,6 @@
-"""The ``pq`` commands (``celery -A proj pq ...``, ``python -m celery_pq --broker URL ...``): thin
-click wrappers over the queue's own methods, errors one line and exit 1. ``base`` holds the group;
-the commands live in ``looking`` (read only), ``changing``, ``serving`` and ``importing``.
-docs/operations.md.
-"""
+"""The ``pq`` commands (``celery -A proj pq ...``, ``python -m celery_pq --broker URL ...``): click
+wrappers over the queue's own methods. ``base`` holds the group; the commands live in ``looking``
+(read only), ``changing``, ``serving`` and ``importing``. docs/operations.md."""
 
 from __future__ import annotations
 

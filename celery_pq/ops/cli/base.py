@@ -1,6 +1,5 @@
 """The ``pq`` command group and what its commands share: the invocation's broker, one-line errors,
-a queue named on the command line, ``--yes``. docs/operations.md ("The `pq` commands").
-"""
+a queue named on the command line, ``--yes``."""
 
 from __future__ import annotations
 

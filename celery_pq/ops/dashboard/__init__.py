@@ -1,7 +1,5 @@
-"""The live dashboard, ``celery -A proj pq dashboard``: ``board`` (what it shows and does, through
-the queues' own methods, and the recent deliveries from sampled totals), ``server`` (the HTTP
-server, the token, ``run``) and ``static/`` (the page). docs/dashboard.md.
-"""
+"""The live dashboard, ``celery -A proj pq dashboard``: ``board`` (what it shows and does),
+``server`` (the HTTP server, the token, ``run``) and ``static/`` (the page). docs/dashboard.md."""
 
 from .board import Board, BoardError, DeliveryHistory, Sample
 from .server import DashboardServer, run

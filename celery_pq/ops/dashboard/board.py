@@ -1,8 +1,6 @@
-"""What the dashboard shows and does, through the queues' own methods (no key is read here): per
-queue the very ``stats()`` dict ``pq stats --json`` prints, the leases, the newest dead letters and
-the recent deliveries per tenant (the running totals sampled into a ring buffer: the newest sample
-minus the oldest inside the window); the actions pause, resume and replay. docs/dashboard.md.
-"""
+"""What the dashboard shows and does, through the queues' own methods: per queue ``stats()``, the
+leases, the newest dead letters and the recent deliveries per tenant (sampled running totals: the
+newest sample minus the oldest inside the window); the actions pause, resume and replay."""
 
 from __future__ import annotations
 
@@ -90,11 +88,7 @@ class BoardError(Exception):
 class Board:
     """The queues' state and the actions on them. ``queue_names()``: the names to show (read on
     every refresh); ``open_queue(name)``: its ``PriorityQueue``; ``window``: seconds of deliveries
-    the tenants' shares cover; ``clock``: monotonic seconds, for the samples.
-
-    Shared by the server's threads and its sampler: one lock serialises use of the broker channel
-    (a kombu channel is not meant for several threads at once).
-    """
+    the tenants' shares cover. One lock serialises the threads' use of the kombu channel."""
 
     def __init__(
         self,
@@ -125,8 +119,7 @@ class Board:
                 self._histories.setdefault(name, DeliveryHistory(self.window)).add(sample)
 
     def state(self) -> dict:
-        """Every queue's figures (docs/dashboard.md gives the shape); ``queues`` in the order of
-        ``queue_names``."""
+        """Every queue's figures, in the order of ``queue_names`` (docs/dashboard.md gives the shape)."""
         with self._lock:
             return {"window_seconds": self.window, "queues": [self._queue_state(n) for n in self._queue_names()]}
 

@@ -1,9 +1,6 @@
-"""The dashboard's HTTP server (the standard library's ThreadingHTTPServer): ``GET /`` the page,
-``GET /api/state`` every queue's state (``Board.state``), ``POST /api/<action>`` an action of
-``board.ACTIONS``, only with actions allowed and the token in ``X-PQ-Token``. Beyond loopback the
-state needs the token too; on loopback only a loopback Host header is answered (DNS rebinding).
-docs/dashboard.md ("Actions and the token") explains the choices.
-"""
+"""The dashboard's HTTP server: ``GET /`` the page, ``GET /api/state`` (``Board.state``), ``POST
+/api/<action>`` only with actions allowed and the token in ``X-PQ-Token``. Beyond loopback the state
+needs the token too; on loopback only a loopback Host header is answered (DNS rebinding)."""
 
 from __future__ import annotations
 
@@ -83,8 +80,7 @@ def check_token(token: str | None, allow_actions: bool, loopback: bool = True) -
 
 
 class DashboardServer(ThreadingHTTPServer):
-    """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread. A
-    client's request must arrive within ``request_timeout`` seconds (``http_deadline``)."""
+    """Serves one Board; samples its delivery totals every ``sample_seconds`` in a thread."""
 
     def __init__(
         self,
@@ -233,9 +229,8 @@ class _Handler(DeadlineHandler, BaseHTTPRequestHandler):
 
 
 def run(broker, queues=(), *, window: float = WINDOW_SECONDS, echo=print, **options) -> None:
-    """Serve the dashboard of ``broker`` (a ``Broker``, a Celery app or a URL) until interrupted;
-    its queues are ``queues``, else every declared one, opened as ``pq stats`` opens them;
-    ``options``: DashboardServer's (host, port, allow_actions, token)."""
+    """Serve the dashboard of ``broker`` (a ``Broker``, a Celery app or a URL) until interrupted, of
+    ``queues`` or every declared one; ``options``: DashboardServer's (host, port, allow_actions, token)."""
     with Broker.of(broker).channel() as channel:
         board = Board(
             lambda: queue_names(channel, queues), lambda name: queue_and_view(channel, name)[0], window=window
