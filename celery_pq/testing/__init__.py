@@ -1,8 +1,6 @@
 """Private redis-servers (plain, TLS, Sentinel, Cluster, Valkey) and real Celery worker
-subprocesses, with one ``wait_for``: how the tests, the benchmarks and the demo (and, if it
-likes, an application's tests) start them. The transport never imports it. README.md
-("Development") shows it in use; docs/architecture.md lists its modules.
-"""
+subprocesses, with one ``wait_for``: how the tests, the benchmarks and the demo (and an
+application's tests) start them. The transport never imports it. README.md ("Development")."""
 
 from .cluster import ClusterNode, RedisCluster
 from .sentinel import SentinelServer

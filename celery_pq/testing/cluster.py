@@ -1,6 +1,5 @@
 """``RedisCluster``: a local Redis Cluster of ``ClusterNode`` redis-servers, whose masters can be
-SIGKILLed (waiting for their replicas' promotion) and whose slots can be moved (docs/cluster.md,
-"Tests", shows it in use)."""
+SIGKILLed (waiting for their replicas' promotion) and whose slots can be moved (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -118,10 +117,9 @@ class RedisCluster:
         return int(self.seed.ask("CLUSTER", "KEYSLOT", key))
 
     def move_slot(self, slot: int, to: ClusterNode, *, pause: float = 0.0) -> int:
-        """Move hash ``slot`` to master ``to`` as ``redis-cli --cluster reshard`` does (IMPORTING,
-        MIGRATING, one MIGRATE per key, SETSLOT NODE everywhere) and wait until every node agrees.
-        ``pause`` seconds after each key, so calls meet the slot half moved. The number of keys
-        moved (0, nothing done, if ``to`` serves it already)."""
+        """Move hash ``slot`` to master ``to`` as ``redis-cli --cluster reshard`` does, pausing ``pause``
+        seconds after each key (calls meet the slot half moved), and wait until every node agrees;
+        the number of keys moved (0 if ``to`` serves it already)."""
         source = self._owner_of_slot(slot)
         if source.port == to.port:
             return 0

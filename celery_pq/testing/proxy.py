@@ -9,36 +9,28 @@ import random
 import socket
 import threading
 import time
+from contextlib import suppress
 
 from .server import HOST
 
 
 def _close(*socks):
     for s in socks:
-        try:
+        with suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        try:
+        with suppress(OSError):
             s.close()
-        except OSError:
-            pass
 
 
 class FaultProxy:
     """A TCP proxy on loopback that forwards both ways until told to fail.
 
-    ``partition()``: from now on nothing goes through either way and new connections are
-    accepted but never reach the target (a network partition, or a half-open connection:
-    the client's writes succeed and no reply ever comes); ``heal()`` ends it, closing the
-    connections that lived through it (as their peers' timeouts would) so that clients
-    reconnect; ``cut()`` closes every connection now, mid-command or not.
-
-    ``latency(low, high)``: from now on every chunk waits a random ``low``..``high`` seconds in
-    each direction (order kept), so every command's round trip takes two such waits;
-    ``latency(0)`` ends it. ``silence()``: the connections open now go half-open for good
-    (what the client writes is taken and dropped, no reply ever comes, nothing is closed: a
-    peer that vanished, a NAT entry that expired), while new connections go through.
+    ``partition()``: nothing goes through either way and new connections never reach the target
+    (the client's writes succeed, no reply ever comes); ``heal()`` ends it, closing the connections
+    that lived through it so that clients reconnect; ``cut()`` closes every connection now.
+    ``latency(low, high)``: every chunk waits a random ``low``..``high`` seconds in each direction
+    (order kept); ``latency(0)`` ends it. ``silence()``: the connections open now go half-open for
+    good (writes dropped, no reply, nothing closed), while new connections go through.
     """
 
     #: bytes still held from the target when it closes are dropped, not delivered

@@ -6,16 +6,9 @@ from .server import HOST, RedisServer
 
 
 class SentinelServer(RedisServer):
-    """A Redis Sentinel on a free port monitoring the master at ``master_port`` as ``master_name``
-    (quorum 2), with short timings (down after 1 s, failover timeout 5 s) so a test's failover
-    takes seconds; its config file, which Sentinel rewrites, in its own directory::
-
-        sentinels = [SentinelServer(master.port) for _ in range(3)]
-        url = ";".join(s.pq_url for s in sentinels)     # with master_name="m"
-
-    With ``certs`` (``make_certificates``) it speaks only TLS, to its clients, the other
-    sentinels and the ``TLSRedisServer`` master and replicas.
-    """
+    """A Redis Sentinel monitoring the master at ``master_port`` as ``master_name`` (quorum 2), with
+    short timings (down after 1 s, failover timeout 5 s); with ``certs`` (``make_certificates``) it
+    speaks only TLS. Three make a broker URL: ``";".join(s.pq_url for s in sentinels)``."""
 
     def __init__(
         self, master_port: int, *, master_name: str = "m", binary: str | None = None, certs: dict | None = None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Literal, overload
 
@@ -100,13 +101,11 @@ def flags(settings: dict) -> list[str]:
 
 def _die_with_parent() -> None:
     """In the child before exec: get SIGKILL when the process that started it dies (Linux only)."""
-    try:
+    with suppress(Exception):  # best effort
         import ctypes
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except Exception:  # pragma: no cover - best effort, not available off Linux
-        pass
 
 
 class RedisServerError(RuntimeError):
@@ -118,12 +117,9 @@ class PortTaken(RedisServerError):
 
 
 class RedisServer:
-    """One redis-server process owned by the code that made it, persistence off unless ``args``
-    (``"--appendonly", "yes"``) or ``config`` (``{"appendonly": "yes"}``) say otherwise;
-    ``binary`` defaults to ``find_redis_server()``. A replica: ``RedisServer("--replicaof",
-    master.host, str(master.port))``. Its process runs in a session of its own (a Ctrl-C reaches
-    only the caller), dies with its parent on Linux, and is stopped at interpreter exit.
-    """
+    """One redis-server process, persistence off unless ``args`` (``"--appendonly", "yes"``) or
+    ``config`` (``{"appendonly": "yes"}``) say otherwise. Its process runs in a session of its own
+    (a Ctrl-C reaches only the caller), dies with its parent on Linux, and is stopped at exit."""
 
     #: A node of a Redis Cluster needs port + this free too (its bus port); 0 for none.
     bus_offset = 0
@@ -297,7 +293,5 @@ class RedisServer:
 @atexit.register
 def _stop_leftovers() -> None:
     for server in list(_running):
-        try:
+        with suppress(Exception):
             server.close()
-        except Exception:
-            pass

@@ -35,9 +35,7 @@ def make_certificates(directory: Path, *, name: str = "pq test CA") -> dict[str,
 
 
 class TLSRedisServer(RedisServer):
-    """A redis-server that speaks only TLS (``--port 0 --tls-port PORT``), with the server
-    certificate and CA of ``certs`` (``make_certificates``); clients need no certificate of
-    their own (``--tls-auth-clients no``)."""
+    """A redis-server that speaks only TLS, with the certificates of ``certs`` (``make_certificates``)."""
 
     certs: dict
 

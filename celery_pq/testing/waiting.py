@@ -10,8 +10,7 @@ T = TypeVar("T")
 
 
 class WaitTimeout(AssertionError):
-    """What was waited for did not happen in time. An AssertionError: in a test it is a failed
-    check like any other."""
+    """What was waited for did not happen in time. An AssertionError: in a test it is a failed check like any other."""
 
 
 def wait_for(

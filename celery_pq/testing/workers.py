@@ -1,7 +1,5 @@
-"""A real ``celery worker`` subprocess, started one way by the tests, the benchmarks and the demo
-(README.md, "Development", shows one). It runs in a process group of its own: a signal to it
-(``signal_group``) reaches its pool's processes, and a Ctrl-C reaches only the caller.
-"""
+"""A real ``celery worker`` subprocess for the tests, the benchmarks and the demo, in a process
+group of its own: ``signal_group`` reaches its pool's processes, and a Ctrl-C only the caller."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import IO
 
@@ -23,10 +21,9 @@ class WorkerExited(RuntimeError):
 
 
 def worker_app_settings(env: str, queue: str, *, broker: str = "pq://127.0.0.1:6379/0", **settings) -> dict:
-    """The Celery settings of a ``start_worker`` app: broker from ``<env>_BROKER`` (else
-    ``broker``) and ``<env>_OPTIONS`` (JSON transport options) in the worker's environment, one
-    task prefetched, ``queue`` the default, the root logger left alone, the broker retried at
-    start; then ``settings``."""
+    """The Celery settings of a ``start_worker`` app: broker from ``<env>_BROKER`` (else ``broker``)
+    and ``<env>_OPTIONS`` (JSON transport options) in the environment, ``queue`` the default; then
+    ``settings``."""
     return {
         "broker_url": os.environ.get(f"{env}_BROKER", broker),
         "broker_transport_options": json.loads(os.environ.get(f"{env}_OPTIONS", "{}")),
@@ -74,10 +71,8 @@ class WorkerProcess(subprocess.Popen):
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's process group (its pool's processes too)."""
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         """``stop_workers`` of this one worker; its exit code."""
@@ -117,12 +112,10 @@ def start_worker(
     args: Sequence[str] = (),
     log: Path | IO[bytes] | None = None,
 ) -> WorkerProcess:
-    """Start ``celery -A app worker`` in ``cwd`` with ``env`` (default ``celery_env(cwd)``) and
-    return at once (``wait_ready`` waits). ``name``: node ``name@%h``. ``queues``, ``pool``,
-    ``concurrency``, ``prefetch_multiplier``: ``-Q``, ``-P``, ``-c``, ``--prefetch-multiplier``,
-    left out when None. ``gossip``, ``mingle``, ``heartbeat`` False: ``--without-...``. ``args``
-    come after those. ``log``: a path (truncated) or open binary file for stdout and stderr;
-    None discards them."""
+    """Start ``celery -A app worker`` in ``cwd`` with ``env`` (default ``celery_env(cwd)``) and return
+    at once (``wait_ready`` waits). ``name``: node ``name@%h``; None leaves an option out; ``gossip``,
+    ``mingle``, ``heartbeat`` False: ``--without-...``; ``args`` last. ``log``: a path (truncated) or
+    an open binary file for stdout and stderr; None discards them."""
     command = [sys.executable, "-m", "celery", "-A", app, "worker", "-l", loglevel]
     options = {"-Q": queues, "-P": pool, "-c": concurrency, "--prefetch-multiplier": prefetch_multiplier}
     options["-n"] = None if name is None else f"{name}@%h"
