@@ -58,8 +58,7 @@ def _distribution(ax, rows):
 
 
 def _series(x, group, label, xlabel, title, yscale="log", xscale="linear", base2=False, lines=PERCENTILES):
-    """A panel: ``lines`` ({(column, legend): plot style}) against ``x``, one colour for each value
-    of ``group``."""
+    """A panel: ``lines`` ({(column, legend): plot style}) against ``x``, one colour for each value of ``group``."""
 
     def draw(ax, rows):
         for g in dict.fromkeys(r[group] for r in rows):

@@ -14,8 +14,7 @@ from .base import broker_of, command, confirm, queue_named, queue_of, yes_option
 @click.argument("task_ids", nargs=-1, required=True)
 @yes_option
 def remove(ctx, queue, task_ids, yes):
-    """Remove the waiting messages of TASK_IDs from QUEUE (REMOVE BY ID); prints how many.
-    Asks first unless --yes."""
+    """Remove the waiting messages of TASK_IDs from QUEUE (REMOVE BY ID); prints how many. Asks first unless --yes."""
     with queue_of(ctx, queue) as (q, _):
         confirm(f"Remove the waiting messages of {len(task_ids)} task id(s) from {queue!r}?", yes)
         counts = {t: q.remove(t) for t in task_ids}
@@ -33,8 +32,7 @@ def remove(ctx, queue, task_ids, yes):
 @click.argument("task_id")
 @click.argument("priority", type=int)
 def reprioritize(ctx, queue, task_id, priority):
-    """Move the waiting message TASK_ID of QUEUE to PRIORITY (0..255), behind the messages
-    already waiting there."""
+    """Move the waiting message TASK_ID of QUEUE to PRIORITY (0..255), behind the messages already waiting there."""
     with queue_of(ctx, queue) as (q, _):
         q.change_priority(task_id, priority)
     click.echo(f"{task_id}: priority {priority}")
@@ -109,8 +107,7 @@ def recover(ctx, consumer, queues, yes):
 @click.argument("queue")
 @yes_option
 def purge(ctx, queue, yes):
-    """Delete every waiting and delayed message of QUEUE (leased ones stay leased). Asks first
-    unless --yes."""
+    """Delete every waiting and delayed message of QUEUE (leased ones stay leased). Asks first unless --yes."""
     with queue_of(ctx, queue) as (q, _):
         if not yes:
             s = q.stats()

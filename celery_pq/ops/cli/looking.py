@@ -1,5 +1,4 @@
-"""``pq`` commands that look and change nothing: stats, peek, dead, leases, explain, backlog.
-docs/operations.md."""
+"""``pq`` commands that look and change nothing: stats, peek, dead, leases, explain, backlog. docs/operations.md."""
 
 from __future__ import annotations
 
@@ -165,8 +164,7 @@ def dead(ctx, queue, count, as_json):
 @count_option(100, "Leases to show, earliest deadline first.")
 @json_option
 def leases(ctx, queue, count, as_json):
-    """Who holds which entries of QUEUE, until when, after how many deliveries (never the
-    lease tokens)."""
+    """Who holds which entries of QUEUE, until when, after how many deliveries (never the lease tokens)."""
     with queue_of(ctx, queue) as (q, _):
         rows = q.leases(count)
     left = ("expires in", lambda r: f"{r['seconds_left']:.1f}s")
