@@ -1,8 +1,6 @@
 """A Celery autoscaler that sizes the pool by reserved tasks plus this worker's backlog in Redis
-(``worker_autoscaler = "celery_pq.autoscale:BacklogAutoscaler"``, ``--autoscale=MAX,MIN``): it
-grows at once and shrinks after ``pq_autoscale_idle_seconds`` of lower demand. The
-``pq_autoscale_*`` settings and what it counts: docs/operations.md ("Autoscaling a worker's pool").
-"""
+(``worker_autoscaler = "celery_pq.autoscale:BacklogAutoscaler"``): it grows at once and shrinks
+after ``pq_autoscale_idle_seconds`` of lower demand (docs/operations.md, "Autoscaling")."""
 
 from __future__ import annotations
 
@@ -63,7 +61,6 @@ class BacklogAutoscaler(Autoscaler):
         self._lower_since = None
         self._warned_at = None
 
-    # -- what this worker consumes ------------------------------------------------------------
     def queue_names(self) -> list[str]:
         """The queues and views this worker consumes (``-Q``, ``add_consumer``)."""
         consumer = getattr(self.worker, "consumer", None)
@@ -97,7 +94,6 @@ class BacklogAutoscaler(Autoscaler):
             self._seen = (0, None)
         return self._seen
 
-    # -- the decision -------------------------------------------------------------------------
     def wanted(self) -> int:
         """Processes wanted before MIN and MAX: ``ceil((reserved + backlog) / backlog_per_process)``,
         and one more than now when the next entry waited over ``max_age``."""

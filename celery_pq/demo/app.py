@@ -1,8 +1,6 @@
-"""The demo's Celery app, configured from the environment: PQ_DEMO_BROKER (broker URL),
-PQ_DEMO_OPTIONS (JSON ``broker_transport_options``), PQ_DEMO_RECORD (Redis URL where the tasks
-record what they did) and PQ_DEMO_PREFIX (the records' key prefix, deleted afterwards).
-``run.py`` starts its workers (``celery -A celery_pq.demo.app worker -Q demo``).
-"""
+"""The demo's Celery app (``run.py`` starts its workers), configured from the environment:
+PQ_DEMO_BROKER, PQ_DEMO_OPTIONS (JSON transport options), PQ_DEMO_RECORD (Redis URL where the tasks
+record what they did) and PQ_DEMO_PREFIX (the records' key prefix, deleted afterwards)."""
 
 import json
 import os

@@ -36,14 +36,7 @@ from celery import Celery
 import celery_pq  # noqa: F401  registers the pq:// scheme with kombu
 from celery_pq import PriorityQueue
 from celery_pq.storage.redact import redact
-from celery_pq.testing import (
-    RedisServer,
-    WaitTimeout,
-    WorkerProcess,
-    find_redis_server,
-    start_worker,
-    wait_for,
-)
+from celery_pq.testing import RedisServer, WaitTimeout, WorkerProcess, find_redis_server, start_worker, wait_for
 
 QUEUE = "demo"
 LEASE = 3  # lease_seconds: short, so that recovery shows within the demo
@@ -85,8 +78,7 @@ def broker_url_of(url: str) -> str:
 
 
 def redis_version(client: redis.Redis) -> str:
-    """ " 7.2.4" (with a leading space), or "" when INFO is not allowed (an ACL user); raises
-    if Redis does not answer at all."""
+    """ " 7.2.4" (a leading space), or "" when INFO is not allowed; raises if Redis does not answer."""
     client.ping()
     try:
         return " " + client.info("server")["redis_version"]
@@ -197,8 +189,7 @@ class Part:
         return proc
 
     def lease(self, entry_id):
-        """(pid of the consumer holding the lease, seconds until it runs out, deadline in ms on the
-        Redis clock), or None."""
+        """(pid of the lease's consumer, seconds left, deadline in ms on the Redis clock), or None."""
         for held in self.queue.leases(id=entry_id):
             return int(held["consumer"].split(":")[-2]), held["seconds_left"], held["deadline_ms"]  # host:pid:random
         return None
