@@ -53,8 +53,9 @@ def flower_row(stats: Mapping[str, Any], consumers: int | None = None) -> dict[s
     """A queue's ``stats()`` as a row of Flower's broker table (RabbitMQ's names), then the
     stats' own figures: ready = waiting (stored, not delayed, not leased), unacknowledged =
     leased (delivered, not acked yet), messages = all stored (ready + delayed + leased; the dead
-    letters are kept apart, in ``dead``). ``consumers``: the workers Flower saw consuming the
-    queue (Flower's last inspect), None when it knows of no worker; ``idle_since``: None (celery-pq records no such time)."""
+    letters are kept apart, in ``dead``). ``consumers``: the workers Flower's last inspect saw
+    consuming the queue, None when it knows of no worker; ``idle_since``: None (celery-pq
+    records no such time)."""
     waiting, delayed, leased = stats["waiting"], stats["delayed"], stats["leased"]
     row: dict[str, Any] = {
         "name": stats["queue"],
