@@ -81,6 +81,13 @@ def queue_names(channel, names=()) -> list[str]:
     return [n for n in (mine or known) if not n.endswith(".dead")]
 
 
+def queue_stats(broker: Broker, names=()) -> list[dict]:
+    """Each queue's ``stats()`` (the ``names`` given, else the declared queues), read on one
+    channel: what ``pq stats`` prints and Flower's broker page shows (celery_pq.ops.flower)."""
+    with broker.channel() as channel:
+        return [queue_and_view(channel, name)[0].stats() for name in queue_names(channel, names)]
+
+
 def queue_and_view(channel, name: str):
     """(queue, the view's rank range or None) of ``name``, opened with the mode each shard
     recorded in Redis, so a command works on a queue made by workers with other options; the

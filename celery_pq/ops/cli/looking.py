@@ -8,7 +8,7 @@ import time
 import click
 
 from ...storage import costs
-from ...transport.broker import queue_and_view, queue_names
+from ...transport.broker import queue_stats
 from .. import render
 from .base import broker_of, command, count_option, json_option, output, queue_of
 
@@ -32,8 +32,7 @@ def stats(ctx, queues, as_json, watch):
     broker = broker_of(ctx)
 
     def rows():
-        with broker.channel() as channel:
-            return [queue_and_view(channel, name)[0].stats() for name in queue_names(channel, queues)]
+        return queue_stats(broker, queues)
 
     if watch is not None and watch <= 0:
         raise click.BadParameter(f"must be a number of seconds > 0, got {watch}", param_hint="--watch")
