@@ -8,6 +8,7 @@ import pytest
 from kombu import Connection, Exchange, Producer, Queue
 
 from celery_pq.transport.messages import expiration_ms
+from tests.support import needs_producer_batch
 
 try:
     from support.consume import drain
@@ -90,6 +91,7 @@ def test_expired_drop_option(url, opts):
         assert [e["r"] for e in pq.events() if e["e"] == "remove"] == ["expired"]
 
 
+@needs_producer_batch
 def test_expiry_in_a_publish_batch(url, opts):
     # a batch (kombu's Producer.batch(), one insert call per queue at the flush) keeps each
     # message's expiration and its queue's message_ttl, and Celery's expires header

@@ -17,6 +17,9 @@ from celery_pq.queue import inserts
 from celery_pq.scripts.wire import CallStream
 from celery_pq.storage import constants as C
 from celery_pq.transport import batches
+from tests.support import needs_producer_batch
+
+pytestmark = needs_producer_batch
 
 try:
     from support.consume import drain

@@ -13,6 +13,7 @@ import celery_pq
 from celery_pq import ConfigError, PublishOutcome, publish_outcome
 from celery_pq.queue.scripts import Scripts
 from celery_pq.transport.options import Options
+from tests.support import needs_producer_batch
 
 try:
     from support.consume import drain, make_queue
@@ -145,6 +146,7 @@ def test_a_message_without_a_key_is_published_as_ever(url, opts, redis_client, m
     assert stored(make_pq).size() == 2 and publish_outcome("n1") is None
 
 
+@needs_producer_batch
 def test_a_keyed_message_in_a_batch_is_stored_at_once(url, opts, make_pq):
     with Connection(url, transport_options=opts) as conn:
         q = make_queue("uk")
