@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-from ..scripts import FIRST_SEND, Layout, resent, signature
+from ..scripts import Layout, signature
 from ..storage import constants as C
 from ..storage.errors import ErrorCode, raise_for
 from ..storage.ids import decode_id, encode_id
@@ -36,22 +36,11 @@ class Context(Protocol):  # (a ``scripts.Scripts``)
 
 
 class ScriptCall(NamedTuple):
-    """One script call: the script, its KEYS, its ARGV (a tuple, as ``scripts.run_calls`` takes
-    it). A call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id made for it:
-    ``inserts.put``) may skip what only a repeat needs; sent again, it is ``resent()``."""
+    """One script call: the script, its KEYS, its ARGV (as ``scripts.run_replicated`` takes it)."""
 
     script: Any
     keys: list
     args: list
-
-    @property
-    def first_send(self) -> bool:
-        """Is this the call as first sent (it carries ``FIRST_SEND``)?"""
-        return any(a is FIRST_SEND for a in self.args)
-
-    def resent(self) -> ScriptCall:
-        """The call as a send that may come after another one carries it."""
-        return self._replace(args=resent(self.args))
 
 
 def layout(q: Context, name: str, **fixed) -> Layout:

@@ -51,10 +51,6 @@ class Signature:
         """A ``Layout`` with ``fixed`` laid out once, called with the rest by name per call."""
         return Layout(self, fixed)
 
-    def args(self, *rest, **named) -> list:
-        """A call's ARGV from all its values by name (``Layout``)."""
-        return Layout(self, {})(*rest, **named)
-
 
 # "-- KEYS[i] name type ...", "-- KEYS[i..j] name name ...: ...", "-- KEYS[i..] name ..."
 _KEY_LINE = re.compile(r"^-- KEYS\[(\d+)(?:(\.\.)(\d*))?\]\s+(.*)$", re.M)

@@ -1,6 +1,6 @@
 """The runner: the scripts as callables (``get_scripts``) that run a call (``LuaScript.run``,
 with WAIT for replicas: docs/deployments.md) or send it without waiting (``send_nowait``), and
-a batch in one round trip (``run_calls``, ``run_replicated``). On a Redis Cluster each call goes
+a batch in one round trip (``run_replicated``). On a Redis Cluster each call goes
 to its slot's master: docs/cluster.md ("How it works", "Resharding").
 """
 
@@ -136,16 +136,10 @@ def get_scripts(client: redis.Redis) -> SimpleNamespace:
     return _scripts
 
 
-def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
-    """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
-    reply raised."""
-    return run_replicated(client, calls, 0, 0)[0] if calls else []
-
-
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_calls``, then (``replicas`` > 0) ``WAIT replicas timeout_ms`` in the same round trip:
-    ``(replies, replicas that acknowledged every write)``, 0 without WAIT; on a cluster the
-    fewest of any node, 0 when a call was rerouted. WAIT cannot undo a write."""
+    """Several ``(script, keys, args)`` calls in one round trip, then (``replicas`` > 0) ``WAIT
+    replicas timeout_ms``: ``(replies, replicas that acknowledged every write)``, 0 without WAIT;
+    on a cluster the fewest of any node, 0 when a call was rerouted. The first error reply raised."""
     wait = (replicas, timeout_ms) if replicas else None
     replies, acked = (_per_node if is_cluster(client) else _in_place)(client, calls, wait)
     for reply in replies:
