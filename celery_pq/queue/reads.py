@@ -3,8 +3,6 @@ dashboard ask): sizes, stats, peeks, leases held, backlog, counters, the event l
 
 from __future__ import annotations
 
-from collections import Counter
-
 from ..storage import constants as C
 from ..storage.checks import count as _count
 from ..storage.ids import decode_id, encode_id
@@ -63,10 +61,8 @@ def stats(s: Scripts) -> dict:
     dead = res[5] if s.dead_keys else 0
     unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
     now_s, now_us = res[-1]
-    per_priority: Counter = Counter()
     ranks = [int(r) for r in s.client.zrange(k.priority_index, 0, -1)]
-    for rank, n in zip(ranks, _pointers(s, ranks)):
-        per_priority[s.priority_of_rank(rank)] += n
+    per_priority = {s.priority_of_rank(rank): n for rank, n in zip(ranks, _pointers(s, ranks))}
     indexed = sum(per_priority.values())
     head = peek(s, 1)
     oldest_ms = head[0].enqueued_ms if head else None

@@ -316,9 +316,7 @@ class ShardedQueue:
 
 def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
     """The shards' ``stats``, as one queue's (the oldest head's age), with each shard's part."""
-    per_priority: Counter = Counter()
-    for st in parts:
-        per_priority.update(st["per_priority"])
+    per_priority = _summed([st["per_priority"] for st in parts])
     ages = [st["head_age_seconds"] for st in parts if st["head_age_seconds"] is not None]
     return {
         "queue": name,
