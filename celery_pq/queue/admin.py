@@ -17,13 +17,11 @@ from .values import Entry, escape_tenant
 
 
 def migrate_mode(s: Scripts, *, step: int = C.MIGRATE_STEP) -> dict:
-    """Change the queue's mode to this object's, on purpose: the priority index and the
-    fairness state are rebuilt from the stored entries (leases are kept). An admin operation,
-    in script calls of ``step`` entries each (a few ms of Redis's time each, whatever the
-    queue's size). Meanwhile the queue does nothing else: other calls answer
-    ``QueueMigrating`` (the queue API waits them out, up to ``C.MIGRATION_WAIT`` s); lease
-    renewals go on. A migration that stopped half way is finished by calling this again with
-    the same mode. Returns {"waiting": n, "leased": n, "malformed": n}."""
+    """Change the queue's mode to this object's: the priority index and the fairness state are
+    rebuilt from the stored entries (leases kept), in script calls of ``step`` entries. Meanwhile
+    other calls answer ``QueueMigrating`` (the queue API waits them out, up to
+    ``C.MIGRATION_WAIT`` s) but lease renewals go on; calling it again with the same mode finishes
+    a migration that stopped half way. Returns {"waiting": n, "leased": n, "malformed": n}."""
     _count("step", step, low=1, none=False)
     total = [0, 0, 0]
     while True:
@@ -50,10 +48,9 @@ def delete(s: Scripts) -> None:
 
 
 def replay(s: Scripts, ids: Sequence[str]) -> dict:
-    """Dead letters of ``<queue>.dead`` back to this queue, each atomically, keeping priority,
-    tenant and payload, with the delivery count reset (``replay.lua``). ``ids`` are the ids
-    the dead-letter queue shows. Returns ``{"replayed": {dead id: live id}, "missing": [...],
-    "leased": [...], "refused": [...]}``; refused ones stay dead (``max_length`` reached)."""
+    """Dead letters (by the ids ``<queue>.dead`` shows) back to this queue, each atomically, the
+    delivery count reset: ``{"replayed": {dead id: live id}, "missing": [...], "leased": [...],
+    "refused": [...]}``; refused ones stay dead (``max_length`` reached)."""
     if s.is_dead:
         raise ValueError(f"{s.name!r} is a dead-letter queue: replay its live queue")
     ids = list(ids)
@@ -67,14 +64,12 @@ def replay(s: Scripts, ids: Sequence[str]) -> dict:
 
 
 def pause(s: Scripts, tenant: str | None = None) -> bool:
-    """Stop delivering the queue (or, on a fair queue, one tenant's entries) to every
-    consumer; inserts go on. True when it was not paused yet."""
+    """Stop delivering the queue (or a fair queue's tenant); inserts go on. True if not paused yet."""
     return _set_paused(s, True, tenant)
 
 
 def resume(s: Scripts, tenant: str | None = None) -> bool:
-    """Deliver again what ``pause`` held back; idle consumers are woken at once. True when
-    it was paused."""
+    """Deliver again what ``pause`` held back, idle consumers woken at once. True if it was paused."""
     return _set_paused(s, False, tenant)
 
 
@@ -90,16 +85,14 @@ def _set_paused(s: Scripts, paused: bool, tenant: str | None) -> bool:
 
 
 def set_event_log(s: Scripts, cap: int | None) -> int:
-    """Switch the queue's event log on with this cap, or off with None/0, for every process
-    (the stream is kept); returns the cap in force before. A process whose own
-    ``event_log`` is set switches it on again at its next call."""
+    """Switch the queue's event log on with this cap, or off with None/0 (the stream is kept), for
+    every process (one whose own ``event_log`` is set turns it on again); returns the old cap."""
     _count("event_log", cap, low=0)
     return int(s.run("event_log", cap=int(cap or 0)))
 
 
 def remove(s: Scripts, id: str) -> int:
-    """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many.
-    An id sent many times is done in script calls of ``C.STEP_CHUNK`` duplicates each."""
+    """REMOVE BY ID of waiting entries with this id or duplicates of it; returns how many."""
     _text("id", id)
     total, cursor = 0, ""
     while True:
@@ -118,12 +111,10 @@ def remove_highest_priority(s: Scripts) -> Entry | None:
 
 
 def cleanup(s: Scripts, count: int = 1000) -> int:
-    """Lazy deletion's clean-up sweep: look at up to ``count`` pointers of each priority,
-    from where the last sweep of it stopped, and drop the stale ones (in steps of
-    ``C.COMPACT_STEP`` pointers, one script call each); returns how many were dropped."""
-    k = s.keys
+    """Lazy deletion's clean-up sweep: up to ``count`` pointers of each priority, from where the
+    last sweep stopped, the stale ones dropped; returns how many."""
     removed = 0
-    for rank in s.client.zrange(k.priority_index, 0, -1):
+    for rank in s.client.zrange(s.keys.priority_index, 0, -1):
         seen = 0
         while seen < count:
             n = min(C.COMPACT_STEP, count - seen)

@@ -1,15 +1,14 @@
-"""The script calls of a queue: for each Lua script, the function that lays out its ARGV (by the
-names in the script's header, ``Signature.bind``: a name a header adds, drops or moves is a
-TypeError naming it) and the one that reads its reply. Pure functions of a queue's context
-(``Scripts``): nothing here talks to Redis. tests/unit/test_script_calls.py holds each to its
-header."""
+"""The script calls of a queue: for each Lua script, the function that lays out its ARGV by the
+names in its header (``Signature.bind``: a name a header adds, drops or moves is a TypeError
+naming it) and the one that reads its reply. Pure functions of a queue's ``Scripts``: nothing
+here talks to Redis. tests/unit/test_script_calls.py holds each to its header."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-from ..scripts import FIRST_SEND, Layout, resent, signature
+from ..scripts import Layout, signature
 from ..storage import constants as C
 from ..storage.errors import ErrorCode, raise_for
 from ..storage.ids import decode_id, encode_id
@@ -36,28 +35,16 @@ class Context(Protocol):  # (a ``scripts.Scripts``)
 
 
 class ScriptCall(NamedTuple):
-    """One script call: the script, its KEYS, its ARGV (a tuple, as ``scripts.run_calls`` takes
-    it). A call whose ARGV holds ``FIRST_SEND`` (an insert under a publish id made for it:
-    ``inserts.put``) may skip what only a repeat needs; sent again, it is ``resent()``."""
+    """One script call: the script, its KEYS, its ARGV (as ``scripts.run_replicated`` takes it)."""
 
     script: Any
     keys: list
     args: list
 
-    @property
-    def first_send(self) -> bool:
-        """Is this the call as first sent (it carries ``FIRST_SEND``)?"""
-        return any(a is FIRST_SEND for a in self.args)
-
-    def resent(self) -> ScriptCall:
-        """The call as a send that may come after another one carries it."""
-        return self._replace(args=resent(self.args))
-
 
 def layout(q: Context, name: str, **fixed) -> Layout:
-    """The ARGV of script ``name`` for queue ``q``, with the queue's own values (its context and
-    settings, those its header names) and ``fixed`` laid out once; a call gives the others by
-    name (``Scripts.layout`` keeps one per script)."""
+    """The ARGV layout of script ``name`` for queue ``q``, the queue's own values its header names
+    (context, settings) and ``fixed`` laid out once (``Scripts.layout`` keeps one per script)."""
     s, sig = q.settings, signature(name)
     own = {
         "context": q.context,
@@ -103,8 +90,7 @@ def entry_of(q: Context, eid, score, value, cls: type[Entry] = Entry, **extra) -
 
 # -- insert.lua -------------------------------------------------------------------------------
 def insert_head(q: Context) -> tuple[list, Layout]:
-    """(KEYS, ARGV layout) of an insert: the same for every insert until the registry of
-    priority views changes (a call gives the publish ids to forget, ``made`` and the items)."""
+    """(KEYS, ARGV layout) of an insert: the same until the registry of priority views changes."""
     keys = [*q.keys_of("insert"), *(q.keys.view_wake(*v) for v in q.views)]
     views = [f"{lo},{hi}" for lo, hi in q.views]
     return keys, layout(q, "insert", views_version=q.views_version, views=views)
@@ -112,11 +98,10 @@ def insert_head(q: Context) -> tuple[list, Layout]:
 
 def insert_args(q: Context, head: Layout, sent, forget=(), made="0", unique=None) -> list:
     """The ARGV of an insert of ``sent``, ``(Item, publish id)`` pairs (``item.lua_group``).
-    ``made``, as insert.lua takes it: "0" (the items carry publish ids of their own, or none;
-    "R" the same, the reply marking repeats), "1" (the first item's publish id was made here
-    and stands for the call), or ``FIRST_SEND`` (the same, on the call's first send).
-    ``unique``: item index -> (mode letter, ms, retries, key) of the items with a unique key
-    (queue/unique.py), None or empty for none."""
+    ``made``: "0" (the items carry publish ids of their own, or none; "R" the same, the reply
+    marking repeats), "1" (the first item's publish id was made here and stands for the call), or
+    ``FIRST_SEND`` (the same, on the call's first send). ``unique``: {item index:
+    ``UniqueKey.spec``} of the items with a unique key, or None."""
     entries: list = []
     alone = made in ("0", "R")  # else a made publish id stands for the whole call: the first group's
     for n, (item, pid) in enumerate(sent):
@@ -132,9 +117,8 @@ def inserted(reply) -> list[tuple[str, bool]]:
 
 
 def insert_outcome(reply) -> tuple[str, str | None]:
-    """(entry id, unique outcome) of a one-item insert's reply: the outcome ("stored", "merged",
-    ...) of an item with a unique key, the entry id the one standing for the key; None for an
-    item without one (or a repeat of a publish id)."""
+    """(entry id, unique outcome) of a one-item insert's reply: the entry id standing for the
+    item's unique key and its outcome ("stored", ...), or None without a key (or for a repeat)."""
     e = reply[0]
     if not isinstance(e, list):  # (an entry stored: the usual reply)
         return decode_id(e), None
@@ -162,10 +146,8 @@ class Inserted(NamedTuple):
 
 # -- pop.lua, pop_fair.lua --------------------------------------------------------------------
 def pop_layout(q: Context, count: int, lease_ms: int, consumer: str | None, ranks: tuple[int, int, int]) -> Layout:
-    """The ARGV layout of a consumer's pops with these arguments (made once per set of them:
-    ``Scripts.pop_call``); a call gives its token base and the (lease_pairs of the) leases it acks first. ``ranks``:
-    the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX in
-    one call (bounded work per call)."""
+    """The ARGV layout of a consumer's pops with these arguments (``Scripts.pop_call``); ``ranks``:
+    the view's (lo, hi) and the worst rank to take. A fair pop leases at most FAIR_POP_MAX."""
     lo, hi, take_hi = ranks
     name, count = ("pop_fair", min(count, C.FAIR_POP_MAX)) if q.settings.fair else ("pop", count)
     return layout(q, name, lease_ms=lease_ms, consumer=consumer or "", count=count, lo=lo, hi=hi, take_hi=take_hi)
@@ -192,23 +174,18 @@ def popped_leases(q: Context, reply) -> list[Lease]:
 
 
 def popped_deliveries(reply) -> list[Delivery]:
-    """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
-    header; the scripts return only entries they parsed)."""
+    """``popped_leases``, lean: ``Delivery`` tuples (the scripts return only entries they parsed)."""
     return [Delivery(decode_id(e), as_text(t), int(d), entry_payload(v)) for e, t, d, _, v in _popped(reply)]
 
 
 # -- ack.lua, extend.lua (their ARGV: lease_pairs) ----------------------------------------------
 def lease_codes(q: Context, pairs, codes, strict: bool) -> list[bool]:
     """True for each pair acked (renewed); False, or with ``strict`` the error, for the others."""
-    out = []
-    for (eid, _), code in zip(pairs, codes):
-        if code == 1:
-            out.append(True)
-        elif strict:
-            raise_for(code, q.name, entry_id=eid)
-        else:
-            out.append(False)
-    return out
+    if strict:
+        for (eid, _), code in zip(pairs, codes):
+            if code != 1:
+                raise_for(code, q.name, entry_id=eid)
+    return [code == 1 for code in codes]
 
 
 # -- requeue.lua ------------------------------------------------------------------------------

@@ -43,9 +43,8 @@ def _verb(f: Callable[Concatenate[Scripts, P], R]) -> Callable[Concatenate[Prior
 
 
 class PriorityQueue:
-    """One queue (or one shard of a sharded queue) with ``settings`` (``QueueSettings``,
-    docs/settings.md). Open it with ``open_queue``, which gives it the mode it recorded in
-    Redis. Settings that cannot work raise ``ConfigError`` (a ``ValueError``)."""
+    """One queue (or shard) with ``settings`` (docs/settings.md); ``open_queue`` opens it with the
+    mode recorded in Redis. Settings that cannot work raise ``ConfigError`` (a ``ValueError``)."""
 
     def __init__(self, client: redis.Redis, name: str, settings: QueueSettings | None = None, **given):
         if settings is not None and given:
@@ -103,12 +102,10 @@ class PriorityQueue:
         remember: bool | None = None,
         **fields,
     ) -> Any:
-        """INSERT one ``Item`` (or the payload, priority, id and fields of one): its entry id
-        (``item.id``, or ``"<id>~<seq>"`` when taken); with a ``unique`` key (docs/unique.md),
-        the ``PublishOutcome``. The item's publish id (or one made for it) makes the insert
-        idempotent for ``dedupe_seconds``; ``first_send``: the caller made it for this publish
-        and never sent it before (recorded, not looked up); ``remember`` keeps it for the whole
-        window after the reply (default: only a publish id the item brought)."""
+        """INSERT one ``Item`` (or its payload, priority, id and fields): its entry id (``item.id``,
+        or ``"<id>~<seq>"`` when taken); with a ``unique`` key, the ``PublishOutcome`` (docs/unique.md).
+        ``first_send``: the caller made the publish id for this publish (recorded, not looked up);
+        ``remember`` keeps it for the dedupe window after the reply (default: one the item brought)."""
         if not isinstance(item, Item):
             item = Item(item, priority, id, **fields)
         elif priority or id is not None or fields:
@@ -133,11 +130,10 @@ class PriorityQueue:
     def pop(
         self, count: int = 1, *, acks: Any = (), lean=False, lease_seconds=None, consumer=None, view=None
     ) -> Popped:
-        """Lease up to ``count`` entries in delivery order (a fair queue: at most 50 per call),
-        ``Lease`` objects (``Delivery`` tuples with ``lean``). ``view=(lo, hi)``: only ranks
-        lo..hi. ``acks``: ``(entry id, token)`` pairs acked first, in the same call, their codes
-        the result's ``acked``; or ``{queue: pairs}``, the acks of several queues in the same
-        round trip, ``acked`` their codes by queue (then a migration is not waited out)."""
+        """Lease up to ``count`` entries in delivery order (a fair queue: at most 50 per call) as
+        ``Lease`` objects (``Delivery`` tuples with ``lean``); ``view=(lo, hi)``: only ranks lo..hi.
+        ``acks``: ``(entry id, token)`` pairs acked first in the same call, their codes ``acked``;
+        or ``{queue: pairs}``, ``acked`` then by queue (and a migration is not waited out)."""
         pop = functools.partial(pop_with_acks, self, count, lean=lean, lease_seconds=lease_seconds, consumer=consumer)
         if isinstance(acks, dict):
             popped, popped.acked = pop(acks=acks, view=view)
@@ -166,8 +162,7 @@ class PriorityQueue:
     def ack(self, lease: list, *, strict: bool = ...) -> list[bool]: ...
     def ack(self, lease: Any, *, strict: bool = False) -> Any:
         """Done: the entry is deleted. False (LeaseLost with ``strict``) if the lease was lost.
-        ``lease``: a ``Lease`` or an (entry id, token) pair, or a list of them, acked in one
-        call (then a bool each)."""
+        ``lease``: a ``Lease`` or (entry id, token) pair, or a list of them (then a bool each)."""
         return leasing.ack(self._scripts, lease, strict=strict)
 
     extend = _verb(leasing.extend)
@@ -207,11 +202,9 @@ class PriorityQueue:
 
 
 def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks=None, lean=False, bound=None, **pop) -> tuple:
-    """One pop of ``queue`` and the acks of several queues (``{queue: [(entry id, token),
-    ...]}``) in one round trip: the popping queue's own acks ride in its pop script, the others'
-    in ack scripts pipelined before it. Returns the leases (``Delivery`` tuples with ``lean``)
-    and ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value, one per pair). ``bound``: the
-    worst rank to take (``Scripts.pop_call``)."""
+    """One pop of ``queue`` and the acks of several queues (``{queue: [(entry id, token), ...]}``)
+    in one round trip (the popping queue's in its pop script): the leases (``Delivery`` tuples with
+    ``lean``) and ``{queue: [code, ...]}`` (1 acked, or an ErrorCode value, one per pair)."""
     acks = acks or {}
     others = [(q, pairs) for q, pairs in acks.items() if q is not queue and pairs]
     own = acks.get(queue, ())

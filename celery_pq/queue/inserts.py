@@ -1,6 +1,5 @@
-"""INSERT: one ``Item`` (``insert``) or many, pipelined in chunks (``insert_many``), and a publish
-batch's calls; publish ids make a retried call store its entries once (docs/leases.md,
-"Publishing exactly once")."""
+"""INSERT: one ``Item`` (``put``), many in pipelined chunks (``insert_many``), a publish batch's
+call (``batch_call``); publish ids store a retried call once (docs/leases.md, "Publishing exactly once")."""
 
 from __future__ import annotations
 
@@ -83,10 +82,10 @@ def put(s: Scripts, item: Item, unique: UniqueKey | None, first_send: bool, reme
 def insert_many(
     s: Scripts, items: Iterable[Item], *, chunk: int = C.BULK_CHUNK, repeats: bool = False, remember: bool = True
 ) -> list[str] | tuple[list[str], list[bool]]:
-    """Bulk INSERT in atomic calls of ``chunk`` items, pipelined. On a failure ``exc.stored``
-    (an entry id or None per item) and ``exc.items`` (those not known to be stored) say what
-    was stored. ``repeats=True``: ``(ids, repeated)``, the items whose publish id the queue
-    had seen. ``remember=False``: their publish ids are forgotten once answered."""
+    """Bulk INSERT in pipelined atomic calls of ``chunk`` items. On a failure ``exc.stored`` (an
+    entry id or None per item) and ``exc.items`` (those not known to be stored) say what was
+    stored. ``repeats=True``: ``(ids, repeated)``, the items whose publish id the queue had seen.
+    ``remember=False``: their publish ids are forgotten once answered."""
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     items = list(items)
@@ -150,9 +149,8 @@ def insert_many(
 
 
 def batch_call(queue, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], calls.Inserted | None]]:
-    """The insert call of a publish batch's items (each with its publish id) to ``queue`` (a
-    ``PriorityQueue``), to send on a stream, and what reads its reply (or the exception in its
-    place): what was stored, None to send it again."""
+    """The insert call of a publish batch's items (each with its publish id) to ``queue``, and what
+    reads its reply (or the exception in its place): what was stored, None to send it again."""
     s: Scripts = queue._scripts
     sent = [(item, item.publish_id) for item in items]
     forget = s.answered.take(max(C.FORGET_MAX, len(sent)))
@@ -172,11 +170,9 @@ def batch_call(queue, items: list[Item]) -> tuple[ScriptCall, Callable[[Any], ca
 
 
 def _partial(exc: Exception, ids: list, items: list[Item], why: str) -> Exception:
-    """``exc`` of a failed ``insert_many``, saying which items were stored."""
     mark_stored(exc, list(ids), [item for item, eid in zip(items, ids) if eid is None])
-    done = sum(1 for x in ids if x is not None)
     exc.add_note(
-        f"insert_many stored {done} of {len(ids)} items before this (exc.stored); {why}; "
+        f"insert_many stored {sum(x is not None for x in ids)} of {len(ids)} items before this (exc.stored); {why}; "
         "exc.items are the items not known to be stored"
     )
     return exc

@@ -20,11 +20,10 @@ def _unix_ms(label: str, value) -> None:
 class Item:
     """An entry to insert: ``payload`` at ``priority`` (0..255) with entry id ``id`` (None: the
     queue numbers it), and by keyword: ``tenant`` (a fair queue's), ``due_ms`` (Unix ms) or
-    ``delay`` (seconds from now, Redis clock) to keep it delayed until then, ``publish_id`` (the
-    insert is idempotent under it: stored once however often it is sent within
-    ``dedupe_seconds``), ``task`` (the task name the event log's ``enqueue`` names), and
-    ``expires_ms`` (Unix ms) or ``ttl`` (seconds from the insert), the earlier of the two the
-    deadline past which no pop delivers it. ValueError names a bad value."""
+    ``delay`` (seconds from now, Redis clock) to keep it delayed, ``publish_id`` (stored once
+    however often it is sent within ``dedupe_seconds``), ``task`` (the name the event log gives),
+    ``expires_ms`` (Unix ms) or ``ttl`` (seconds), the earlier one the deadline past which no pop
+    delivers it. ValueError names a bad value."""
 
     payload: bytes | str  # (kept as bytes)
     priority: int = 0
@@ -50,21 +49,18 @@ class Item:
         if self.tenant is not None and type(self.tenant) is not str:
             raise ValueError(f"tenant must be a string or None, got {self.tenant!r}")
         pid = self.publish_id
-        if pid is not None and type(pid) is not bytes:
+        if pid is not None and (type(pid) is not bytes or not pid):
             if not isinstance(pid, (bytes, str)) or not pid:
                 raise ValueError(f"publish_id must be non-empty bytes or str, got {pid!r}")
             keep(self, "publish_id", as_bytes(pid))
-        elif pid is not None and not pid:
-            raise ValueError(f"publish_id must be non-empty bytes or str, got {pid!r}")
         if self.task is not None and type(self.task) is not str:
             raise ValueError(f"task must be a task name (str) or None, got {self.task!r}")
-        if self.due_ms is not None or self.delay is not None:
-            if self.due_ms is not None and self.delay is not None:
+        if self.due_ms is not None:
+            if self.delay is not None:
                 raise ValueError("give delay or due_ms, not both")
-            if self.due_ms is not None:
-                _unix_ms("due_ms", self.due_ms)
-            else:
-                seconds("delay", self.delay, zero=True)
+            _unix_ms("due_ms", self.due_ms)
+        elif self.delay is not None:
+            seconds("delay", self.delay, zero=True)
         if self.expires_ms is not None:
             _unix_ms("expires_ms", self.expires_ms)
         if self.ttl is not None:

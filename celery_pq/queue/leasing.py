@@ -19,7 +19,6 @@ logger = logging.getLogger("celery_pq.queue")
 
 
 def ack(s: Scripts, lease, *, strict: bool = False) -> Any:
-    """``PriorityQueue.ack``: one lease, or a list of them in one call."""
     pairs = [lease_pair(x) for x in lease] if isinstance(lease, list) else [lease_pair(lease)]
     if not pairs:
         return []
@@ -34,9 +33,8 @@ def extend(s: Scripts, leases: Sequence, lease_seconds: float | None = None, *, 
     lease_ms = s.lease_ms(lease_seconds)
     if not pairs:
         return []
-    codes = s.run(
-        "extend", s.layout("extend")(*calls.lease_pairs(pairs), lease_ms=lease_ms), wait=False
-    )  # (renewals go on in a migration)
+    args = s.layout("extend")(*calls.lease_pairs(pairs), lease_ms=lease_ms)
+    codes = s.run("extend", args, wait=False)  # (renewals go on in a migration)
     return calls.lease_codes(s, pairs, codes, strict)
 
 
@@ -47,7 +45,7 @@ def requeue(s: Scripts, lease, *, count_delivery: bool = True, strict: bool = Fa
 
 
 def _moved(s: Scripts, lease, count_delivery: bool, reason: str, strict: bool) -> str | None:
-    """Back to waiting (``reason`` empty) or to the dead-letter queue with ``reason``."""
+    """Back to waiting (``reason`` empty) or dead-lettered with ``reason``."""
     eid, token = lease_pair(lease)
     code = s.run("requeue", calls.requeue_args(s, eid, token, count_delivery, reason))
     state, dropped = calls.requeued(code)
@@ -73,10 +71,10 @@ def dead_letter(s: Scripts, lease, reason: str = "rejected", *, strict: bool = F
 def reclaim(
     s: Scripts, *, limit=C.SWEEP_BATCH, guard_seconds=0.0, consumer="", gap_seconds=0.0, restore_seconds=0.0
 ) -> dict:
-    """The sweep: expired leases (or all of ``consumer``'s, ``limit`` at a time) back to
-    waiting or dead, due delayed entries in. ``guard_seconds``: only if nobody swept that
-    recently; ``gap_seconds``: after a longer gap, leases that expired meanwhile get at least
-    ``restore_seconds`` again (docs/leases.md, "Recovery"). Skipped while the mode is migrated."""
+    """The sweep: expired leases (or all of ``consumer``'s, ``limit`` at a time) back to waiting or
+    dead, due delayed entries in; skipped while the mode is migrated. ``guard_seconds``: only if
+    nobody swept that recently; ``gap_seconds``: after a longer gap, leases that expired meanwhile
+    get at least ``restore_seconds`` again (docs/leases.md, "Recovery")."""
     total: Counter = Counter()
     start = 0
     while True:

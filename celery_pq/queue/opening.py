@@ -1,7 +1,6 @@
-"""The one way a queue is opened (``open_queue``): a ``PriorityQueue``, or a ``ShardedQueue`` of
-more than one shard, with the mode the queue recorded in Redis and its tenants' tables declared
-or followed. Which settings are the queue's, who writes them and what a process whose options
-differ is told: docs/settings.md.
+"""The one way a queue is opened (``open_queue``): a ``PriorityQueue`` or ``ShardedQueue`` with the
+mode recorded in Redis and its tenants' tables declared or followed. Which settings are the
+queue's, who writes them and what a process whose options differ is told: docs/settings.md.
 """
 
 from __future__ import annotations
@@ -36,12 +35,11 @@ def open_queue(
     declare: bool = True,
     rng: random.Random | None = None,
 ) -> Queue:
-    """The queue ``name`` with ``settings``: a ``ShardedQueue`` of ``settings.shards`` shards
-    (``peek`` of them peeked per pop; ``rng`` picks them) when there is more than one. The mode
-    recorded in Redis wins over the one ``settings`` give. ``declare``: the tenants' tables of
-    ``settings`` are written (``declare_tables``); else the stored ones stand, and the queue's
-    ``task_limits`` are the stored ``task_rate`` limits and those of ``settings``. A difference
-    is logged once, naming both values."""
+    """The queue ``name`` with ``settings`` (a ``ShardedQueue`` for more than one shard, ``rng``
+    picks those peeked); the mode recorded in Redis wins over the one of ``settings``.
+    ``declare``: the tenants' tables of ``settings`` are written (``declare_tables``); else the
+    stored ones stand, and ``task_limits`` are the stored ``task_rate`` limits and those of
+    ``settings``. A difference is logged once, naming both values."""
     settings = settings or QueueSettings()
     shards = [name] if settings.shards == 1 else shard_names(name, settings.shards)
     opened = [_open_shard(client, shard, settings.one_shard()) for shard in shards]
@@ -62,8 +60,7 @@ def open_queue(
 def declare_tables(queue: Queue, settings: QueueSettings) -> None:
     """A consumer's declaration: the queue's mode recorded where it has none yet (so a producer
     with fewer options that comes first follows the consumer's), and the tenants' tables of
-    ``settings`` written to every shard of a fair ``queue`` (the ``task_rate`` limits they no
-    longer name removed), a difference from what was stored logged once. The queue's
+    ``settings`` written to every shard of a fair ``queue`` (differences logged once); its
     ``task_limits`` are then the declared ones."""
     for q in queue.shards:
         q.client.set(q.keys.mode, q._scripts.mode, nx=True)
@@ -83,7 +80,7 @@ def declare_tables(queue: Queue, settings: QueueSettings) -> None:
 
 
 def _open_shard(client: redis.Redis, name: str, settings: QueueSettings) -> tuple[PriorityQueue, dict]:
-    """(the shard, opened with its recorded mode; the mode ``settings`` wanted)."""
+    """(the shard with its recorded mode, the mode ``settings`` wanted)."""
     wanted = PriorityQueue(client, name, settings)
     raw = client.get(wanted.keys.mode)
     if raw is None:
@@ -102,10 +99,10 @@ def _stored_tables(q: PriorityQueue, settings: QueueSettings) -> dict:
         for (label, t), value in zip(named, q.client.hmget(q.keys.tenant_settings, fields)):
             if value is not None:
                 out[label][t] = float(value)
-    limits = {}
-    for field, value in q.client.hscan_iter(q.keys.tenant_settings, match=f"{TASK_RATES}*", count=1000):
-        limits[unescape_tenant(as_text(field)[2:])] = float(value)
-    out["limits"] = limits
+    out["limits"] = {
+        unescape_tenant(as_text(field)[2:]): float(value)
+        for field, value in q.client.hscan_iter(q.keys.tenant_settings, match=f"{TASK_RATES}*", count=1000)
+    }
     return out
 
 
@@ -115,7 +112,6 @@ def _own_limits(settings: QueueSettings) -> dict[str, float]:
 
 
 def _mode_differences(q: PriorityQueue, wanted: dict) -> list[str]:
-    """What of the ``wanted`` mode the queue's recorded one (``q.mode``) says otherwise."""
     return [
         f"{key} is {q.mode[key]!r} in Redis, {mine!r} in this process's options: the queue's stands "
         "(PriorityQueue.migrate_mode changes it on purpose; docs/settings.md)"
@@ -127,9 +123,8 @@ def _mode_differences(q: PriorityQueue, wanted: dict) -> list[str]:
 def _table_differences(
     settings: QueueSettings, stored: dict, outcome: str, limits_outcome: str | None = None
 ) -> list[str]:
-    """What of the tenants' tables of ``settings`` the ``stored`` ones say otherwise, and the
-    stored ``task_rate`` limits the settings do not name; ``outcome``: which one stands
-    (``limits_outcome`` for those limits, when it differs)."""
+    """What the ``stored`` tenants' tables say otherwise than ``settings``, and the stored
+    ``task_rate`` limits they do not name; ``outcome`` (``limits_outcome`` for those limits): which stands."""
     if not stored:
         return []
     said = []
@@ -143,16 +138,15 @@ def _table_differences(
                     f"{label}[{tenant!r}] is {theirs:g} in Redis, {mine:g} in this process's options: {outcome}"
                 )
     for tenant in sorted(set(stored["limits"]) - set(_own_limits(settings))):
-        rate = stored["limits"][tenant]
         said.append(
-            f"task_rate limits {tenant!r} to {rate:g}/s in Redis, not in this process's options: "
-            f"{limits_outcome or outcome}"
+            f"task_rate limits {tenant!r} to {stored['limits'][tenant]:g}/s in Redis, not in this "
+            f"process's options: {limits_outcome or outcome}"
         )
     return said
 
 
 def _tell(q: PriorityQueue, said: list[str]) -> None:
-    """Log each difference between queue ``q`` and this process's options, once per process."""
+    """Log each difference, once per process."""
     for text in said:
         line = f"queue {q.name!r}: {text}"
         if (q.keys.mode, line) not in _TOLD:

@@ -1,10 +1,7 @@
 """Read-only questions about a queue (what ``pq stats``, the metrics, the autoscaler and the
-dashboard ask): sizes, stats, peeks, leases held, backlog, counters, the event log. None of them
-changes anything."""
+dashboard ask): sizes, stats, peeks, leases held, backlog, counters, the event log."""
 
 from __future__ import annotations
-
-from collections import Counter
 
 from ..storage import constants as C
 from ..storage.checks import count as _count
@@ -49,7 +46,7 @@ def size(s: Scripts) -> int:
 
 def stats(s: Scripts) -> dict:
     """waiting, leased, dead, per-priority counts, oldest waiting entry's age (seconds), and
-    ``unique``: the unique keys held and the counts of what became of publishes with one."""
+    ``unique``: the unique keys held and the counts of their publishes' outcomes."""
     k = s.keys
     with s.pipeline() as p:
         _counts(s, p)
@@ -64,10 +61,8 @@ def stats(s: Scripts) -> dict:
     dead = res[5] if s.dead_keys else 0
     unique = {"keys": res[3], **{kind: int(n or 0) for kind, n in zip(UNIQUE_COUNTS, res[4])}}
     now_s, now_us = res[-1]
-    per_priority: Counter = Counter()
     ranks = [int(r) for r in s.client.zrange(k.priority_index, 0, -1)]
-    for rank, n in zip(ranks, _pointers(s, ranks)):
-        per_priority[s.priority_of_rank(rank)] += n
+    per_priority = {s.priority_of_rank(rank): n for rank, n in zip(ranks, _pointers(s, ranks))}
     indexed = sum(per_priority.values())
     head = peek(s, 1)
     oldest_ms = head[0].enqueued_ms if head else None
@@ -104,9 +99,8 @@ def peek(s: Scripts, count: int = 1, tenant: str | None = None) -> list[Entry]:
 
 
 def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
-    """The first ``count`` delayed entries (sent with ``countdown``/``eta``), soonest due
-    first, each with its due time (Unix ms): what Celery's ``inspect scheduled`` shows of a
-    broker that hands ETA tasks to the worker early. Here they wait in Redis until due."""
+    """The first ``count`` delayed entries (``countdown``/``eta``), soonest due first, each with its
+    due time (Unix ms)."""
     _count("count", count, none=False)
     due = s.client.zrange(s.keys.delayed, 0, count - 1, withscores=True)
     entries = stored_entries(s, [eid for eid, _ in due])  # (one due and delivered meanwhile: left out)
@@ -114,11 +108,10 @@ def delayed(s: Scripts, count: int = 10) -> list[tuple[Entry, int]]:
 
 
 def leases(s: Scripts, limit: int = 1000, *, id: str | None = None) -> list[dict]:
-    """The leases held now, earliest deadline first (at most ``limit``); with ``id``, that
-    entry's alone, read in one MULTI (none when it is not leased): ``id``, ``consumer``,
-    ``deliveries``, ``priority``, ``tenant``, ``deadline_ms``, ``seconds_left`` and
-    ``age_seconds`` (since the entry was enqueued: a lease records no delivery time), on
-    Redis's clock. Never the tokens: a token is what acks."""
+    """The leases held now, earliest deadline first (at most ``limit``; with ``id``, that entry's
+    alone, read in one MULTI): ``id``, ``consumer``, ``deliveries``, ``priority``, ``tenant``,
+    ``deadline_ms``, ``seconds_left`` and ``age_seconds`` (since it was enqueued), on Redis's
+    clock. Never the tokens: a token is what acks."""
     if id is None:
         _count("limit", limit, none=False)
         with s.pipeline() as p:
@@ -163,10 +156,9 @@ def leases(s: Scripts, limit: int = 1000, *, id: str | None = None) -> list[dict
 
 
 def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
-    """Due waiting entries a consumer of this queue (or of the priority view ``view``, a rank
-    range) could take now: 0 while paused; not the delayed ones, nor those of tenants held back
-    (cap, rate, pause). A view of a plain queue counts its ranks' pointers (stale ones too),
-    capped at the waiting total."""
+    """Due waiting entries a consumer of this queue (or of the priority view ``view``) could take
+    now: 0 while paused, not those of tenants held back (cap, rate, pause). A view of a plain queue
+    counts its ranks' pointers (stale ones too), capped at the waiting total."""
     lo, hi = s.check_view(view)
     whole = (lo, hi) == (0, C.MAX_PRIORITY)
     k = s.keys
@@ -175,10 +167,8 @@ def backlog(s: Scripts, view: tuple[int, int] | None = None) -> int:
         return 0
     with s.pipeline() as p:
         _counts(s, p)
-        if not whole and not s.settings.fair:
-            p.zrangebyscore(
-                k.priority_index, lo, f"({hi + 1}"
-            )  # (a rank's score is rank + 0.5 during a compaction pass)
+        if not whole and not s.settings.fair:  # (a rank's score is rank + 0.5 during a compaction)
+            p.zrangebyscore(k.priority_index, lo, f"({hi + 1}")
         res = p.execute()
     waiting = max(0, res[0] - res[1] - res[2])
     if not s.settings.fair:
@@ -204,10 +194,9 @@ def counters(s: Scripts) -> dict[str, int]:
 
 
 def events(s: Scripts, start: str = "-", end: str = "+", count: int | None = None) -> list[dict]:
-    """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("``
-    before an id excludes it), at most ``count``: dicts of the fields of docs/events.md,
-    strings but ``p``, ``k``, ``n`` and ``ms`` (int, None when empty), with ``sid``, the
-    stream id."""
+    """Entries of the event log from stream id ``start`` to ``end`` (inclusive; ``"("`` before an
+    id excludes it), at most ``count``: dicts of the fields of docs/events.md (strings but
+    ``EVENT_INTS``: int, None when empty) and ``sid``, the stream id."""
     _count("count", count)
     out = []
     for sid, fields in s.client.xrange(s.keys.events, start, end, count):

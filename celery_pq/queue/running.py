@@ -20,13 +20,6 @@ from ..storage.retrying import again_while_refused
 logger = logging.getLogger("celery_pq.queue")
 
 
-def _queue_of_key(key: str) -> str:
-    """The queue name in a key ``<prefix>:{<tag>}:[dead:]<suffix>``."""
-    tag = key[key.index("{") + 1 : key.index("}:")]
-    dead = key[key.index("}:") + 2 :].startswith("dead:")
-    return unquote(tag) + (".dead" if dead else "")
-
-
 def translate_error(exc: Exception) -> Exception:
     """A script's error reply with a code (``errors.ERROR_REPLY``: ModeMismatch,
     QueueMigrating) as the project's exception, else ``exc``."""
@@ -35,9 +28,12 @@ def translate_error(exc: Exception) -> Exception:
     parts = str(exc).split(" ")
     if len(parts) < 4 or parts[0] != ERROR_REPLY:
         return exc
-    _, code, key, stored, *wanted = parts
+    _, code, key, stored, *wanted = parts  # key: <prefix>:{<tag>}:[dead:]<suffix>
+    queue = unquote(key[key.index("{") + 1 : key.index("}:")])
+    if key[key.index("}:") + 2 :].startswith("dead:"):
+        queue += ".dead"
     mode, theirs = readable_mode(stored), readable_mode(wanted[0]) if wanted else None
-    return error_for(int(code), _queue_of_key(key), stored=mode, wanted=theirs) or exc
+    return error_for(int(code), queue, stored=mode, wanted=theirs) or exc
 
 
 def readable_mode(mode: str) -> dict:
@@ -49,9 +45,9 @@ def readable_mode(mode: str) -> dict:
 
 
 def wait_out_migration(call):
-    """``call()``, again while it raises QueueMigrating (the queue's mode is being migrated and
-    the script did nothing), for up to ``C.MIGRATION_WAIT`` seconds. Only for a call that is one
-    script call of one queue: of several, those of other queues would have run."""
+    """``call()``, again while it raises QueueMigrating (nothing done), for up to
+    ``C.MIGRATION_WAIT`` seconds. Only for one script call of one queue: of several, those of
+    other queues would have run."""
 
     def give_up(exc: Exception, waited: float) -> NoReturn:
         raise exc
@@ -67,9 +63,9 @@ def wait_out_migration(call):
 
 
 def run_waiting(client: redis.Redis, calls: list[tuple], queues: Sequence = ()) -> tuple[list, int | None]:
-    """``scripts.run_calls``, script error replies as the project's exceptions, ending with WAIT
-    for the most ``wait_replicas`` any of ``queues`` (a queue or its ``Scripts``) sets, for the
-    longest ``wait_timeout``: (replies, replicas that acknowledged them; None without WAIT)."""
+    """``scripts.run_replicated`` with the most ``wait_replicas`` and longest ``wait_timeout`` of
+    ``queues`` (queues or their ``Scripts``), script error replies as the project's exceptions:
+    (replies, replicas that acknowledged them; None without WAIT)."""
     wanted = timeout = 0
     for q in queues:
         wanted, timeout = max(wanted, q.settings.wait_replicas), max(timeout, q.settings.wait_timeout)

@@ -27,10 +27,9 @@ from .values import as_text, validate_priority
 
 
 class AnsweredIds:
-    """Publish ids whose inserts have replied (none of them can be retried now): the next insert
-    calls have the script forget them, so the window of publish ids holds only unanswered ones
-    and at most a batch more. Beyond FORGET_PENDING the oldest are not worth a command: the
-    window's rotation drops them. (A deque: adding and taking are each atomic, no lock.)"""
+    """Publish ids whose inserts have replied (no retry of them can come): the next insert calls
+    have the script forget them. Beyond FORGET_PENDING the oldest are left to the window's
+    rotation. (A deque: adding and taking are each atomic, no lock.)"""
 
     def __init__(self) -> None:
         self._ids: deque[bytes] = deque(maxlen=C.FORGET_PENDING)
@@ -82,13 +81,11 @@ class Scripts:
         self.views_version = ""
         self.head: tuple[list, Layout] | None = None  # calls.insert_head, made when first needed
         self.answered = AnsweredIds()
-        #: The publish id of the last insert (to retry it by hand after an error).
         self.last_publish_id: bytes | None = None
 
     # -- one call -------------------------------------------------------------------------------
     def keys_of(self, script: str, **given: str) -> list[str]:
-        """The KEYS of ``script`` by the names in its header (built once per script); ``given``
-        puts other keys in by name (a priority view's wake list)."""
+        """The KEYS of ``script`` (built once per script), ``given`` ones by name in their place."""
         known = self._script_keys.get(script)
         if known is None:
             sig = signature(script)
@@ -99,7 +96,6 @@ class Scripts:
         return known[1]
 
     def layout(self, name: str) -> Layout:
-        """The ARGV layout of script ``name``, the queue's own values laid out once."""
         got = self._layouts.get(name)
         if got is None:
             got = self._layouts[name] = calls.layout(self, name)
@@ -113,9 +109,8 @@ class Scripts:
         return ScriptCall(script, keys, args)
 
     def run(self, name: str, args: list | None = None, *, keys: list | None = None, wait: bool = True, **named):
-        """Run script ``name`` now, with ``args`` (a ``calls`` builder's) or the ``named`` ones;
-        while the queue's mode is being migrated: ``wait_out_migration``, or with ``wait=False``
-        QueueMigrating at once."""
+        """Run script ``name`` now, with ``args`` or the ``named`` ones; during a mode migration
+        ``wait_out_migration``, or with ``wait=False`` QueueMigrating at once."""
         args = self.layout(name)(**named) if args is None else args
         script, keys, args = self.call(name, self.keys_of(name) if keys is None else keys, args)
 
@@ -133,7 +128,7 @@ class Scripts:
             raise NotReplicated(self.name, acked, s.wait_replicas, s.wait_timeout)
 
     def pipeline(self, transaction: bool = False):
-        """A pipeline of reads on the server that holds the queue's keys."""
+        """A pipeline on the server that holds the queue's keys."""
         return NodePipeline(self.client, self.keys.entries, transaction)
 
     # -- priorities and views -------------------------------------------------------------------
@@ -182,14 +177,12 @@ class Scripts:
 
     # -- the calls others run together ----------------------------------------------------------
     def insert_call(self, sent: list, forget=(), made="0", unique=None) -> ScriptCall:
-        """The insert call of ``(Item, publish id)`` pairs (``calls.insert_args``)."""
         if self.head is None:
             self.head = calls.insert_head(self)
         keys, head = self.head
         return self.call("insert", keys, calls.insert_args(self, head, sent, forget, made, unique))
 
     def ack_call(self, pairs) -> ScriptCall:
-        """The call acking ``(entry id, token)`` pairs."""
         return self.call("ack", self.keys_of("ack"), self.layout("ack")(*calls.lease_pairs(pairs)))
 
     def head_call(self, view=None) -> ScriptCall:
@@ -203,9 +196,8 @@ class Scripts:
         return int(1000 * float(_seconds("lease_seconds", lease_seconds) or 0))
 
     def pop_call(self, count=1, *, lease_seconds=None, consumer=None, view=None, acks=(), bound=None) -> ScriptCall:
-        """The call of a pop. ``acks``: ``(entry id, token)`` pairs acked in the same call, before
-        the pop. ``bound``: the worst rank to take (a sharded queue's pop of one shard takes only
-        what beats the next shard it peeked)."""
+        """A pop, ``acks`` (``(entry id, token)`` pairs) acked first in the same call. ``bound``: the
+        worst rank to take (a sharded queue's pop takes only what beats the next shard's head)."""
         # a consumer pops with the same arguments call after call: checked, and laid out, once
         key: tuple | None = (type(count), count, type(lease_seconds), lease_seconds, consumer, view, type(bound), bound)
         try:

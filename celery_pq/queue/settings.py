@@ -22,12 +22,8 @@ TENANT_CAPS = ("tenant_concurrency", "tenant_rate", "max_length_per_tenant")
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """Every setting of one queue (see ``PriorityQueue``'s arguments), checked when made.
-
-    ``shards``/``peek``: a queue of more than one shard opens as a ``ShardedQueue``;
-    ``weights``, ``concurrency`` and ``rate``: the tenants' own tables, written to a fair queue
-    when it is opened (``PriorityQueue.configure_tenants``).
-    """
+    """Every setting of one queue, checked when made (docs/settings.md). ``weights``,
+    ``concurrency`` and ``rate``: the tenants' own tables, written to a fair queue when opened."""
 
     key_prefix: str = C.KEY_PREFIX
     technique: str = C.TECHNIQUE_T
@@ -99,21 +95,19 @@ class QueueSettings:
         return {"weights": self.weights, "concurrency": self.concurrency, "rate": self.rate}
 
     def dead(self) -> QueueSettings:
-        """The settings of this queue's dead-letter queue: technique T, never fair, no delivery
-        limit, as long as ``max_dead_length`` (else ``max_length``) allows."""
+        """The dead-letter queue's: technique T, never fair, no delivery limit, as long as
+        ``max_dead_length`` (else ``max_length``) allows."""
         kept = ("key_prefix", "priority_order", "lease_seconds", "dedupe_seconds", "event_log", "expired")
-        dead_length = self.max_dead_length or self.max_length
         return QueueSettings(
             **{k: getattr(self, k) for k in kept},
             technique=C.TECHNIQUE_T,
             max_deliveries=0,
-            max_dead_length=dead_length,
+            max_dead_length=self.max_dead_length or self.max_length,
         )
 
     def with_mode(self, mode: dict) -> QueueSettings:
-        """These settings with a recorded mode (fairness, scope, priority order, technique): a
-        queue made elsewhere keeps its own. The tenant caps need fairness: a queue recorded plain
-        takes none."""
+        """These settings with a recorded mode (fairness, scope, priority order, technique); a queue
+        recorded plain takes no tenant caps."""
         given = {k: v for k, v in mode.items() if v is not None}
         if not given.get("fair", self.fair):
             given.update(dict.fromkeys(TENANT_CAPS))

@@ -1,9 +1,7 @@
 """One queue split into shards: the relaxed distributed priority queue (docs/relaxed.md).
-
-``ShardedQueue`` is N full queues (``PriorityQueue``), each under its own hash tag, with the face
-of one: an insert goes to one shard (the tenant's, a unique key's, the publish id's, or a random
-one), a pop peeks ``peek`` random shards in one round trip and pops the best head; the other
-verbs are the shards' answers merged.
+``ShardedQueue`` is N ``PriorityQueue``s, each under its own hash tag, with the face of one: an
+insert goes to one shard, a pop peeks ``peek`` random shards in one round trip and pops the best
+head; the other verbs are the shards' answers merged.
 """
 
 from __future__ import annotations
@@ -47,14 +45,12 @@ def _summed(parts: list[dict]) -> dict:
     """The shards' counters summed, every name kept (``Counter``'s ``+`` drops the zeros)."""
     out: Counter = Counter()
     for part in parts:
-        out.update(part)
+        out.update({k: int(v) for k, v in part.items()})
     return dict(out)
 
 
 def merged_reclaim(parts: list[dict]) -> dict:
-    out: Counter = Counter()
-    for r in parts:
-        out.update({k: int(v) for k, v in r.items() if k != "skipped"})
+    out = _summed([{k: v for k, v in r.items() if k != "skipped"} for r in parts])
     return {**out, "skipped": all(r["skipped"] for r in parts), "more": bool(out["more"])}
 
 
@@ -84,9 +80,8 @@ def _paused(parts: list[dict]) -> dict:
 
 
 class _Shards:
-    """A verb of a sharded queue that its shards answer: the shard a lease came from (``by_lease``;
-    a list of leases: each lease's shard, the answers in the leases' order), every shard (their
-    answers merged by ``merge``), or else shard 0."""
+    """A verb its shards answer: the shard a lease came from (``by_lease``; for a list of leases,
+    each one's, answers in order), every shard (answers merged by ``merge``), or else shard 0."""
 
     def __init__(self, *, merge: Callable[[list], Any] | None = None, by_lease=False):
         self.merge, self.by_lease = merge, by_lease
@@ -161,8 +156,8 @@ class ShardedQueue:
 
     # -- insert ---------------------------------------------------------------------------------
     def shard_for(self, *, tenant: str | None = None, publish_id: bytes | str | None = None) -> PriorityQueue:
-        """The tenant's shard on a fair queue (the default tenant's when rated), else the
-        publish id's, else a random one."""
+        """The tenant's shard on a fair queue (the default tenant's when rated), else the publish
+        id's, else a random one."""
         n = len(self.shards)
         if self.settings.fair and (tenant or self._rated_default):
             return self.shards[_hash(tenant or "") % n]
@@ -173,8 +168,7 @@ class ShardedQueue:
     insert = PriorityQueue.insert  # (this class's _put picks the shard)
 
     def _put(self, item: Item, unique: UniqueKey | None, first_send: bool, remember: bool | None) -> Any:
-        """Into the shard ``shard_for`` picks, or a unique key's shard (its standing entry is
-        found there; a fair queue's tenant does not choose)."""
+        """Into the shard ``shard_for`` picks, or the unique key's (where its standing entry is)."""
         item = _with_id(item)
         if unique is not None:
             shard = self.shards[_hash(unique.key) % len(self.shards)]
@@ -215,8 +209,7 @@ class ShardedQueue:
 
     # -- pop: peek k, pop the best, second-best under concurrency -------------------------------
     def peek_heads(self, shards: Sequence[PriorityQueue], view=None) -> list[tuple[int, int] | None]:
-        """(rank, enqueued_ms) of the entry each shard would deliver first, None for an empty or
-        paused one: one pipelined round trip."""
+        """(rank, enqueued_ms) of the entry each shard would deliver first (None: empty or paused)."""
         replies = run_calls(self.client, [s._scripts.head_call(view) for s in shards])
         return [(int(r[0]), int(r[1])) if r else None for r in replies]
 
@@ -224,9 +217,8 @@ class ShardedQueue:
         return None  # a sharded queue's pop peeks its shards first, and waits for each reply
 
     def pop(self, count: int = 1, *, acks=None, lean=False, lease_seconds=None, consumer=None, view=None) -> Popped:
-        """Pop from the best of ``peek`` shards, ``acks`` (``{shard: pairs}``) in the same round
-        trip as the first pop: leases whose ``queue`` is the shard that served, ``acked`` the
-        ack codes by shard."""
+        """Pop from the best of ``peek`` shards, ``acks`` (``{shard: pairs}``) in the first pop's
+        round trip: leases whose ``queue`` is the shard that served, ``acked`` the codes by shard."""
         pending = dict(acks or {})
         codes: dict = {}
         peeked = self._rng.sample(self.shards, self.peek_count)
@@ -324,9 +316,7 @@ class ShardedQueue:
 
 def merged_stats(name: str, priority_order: str, parts: list[dict]) -> dict:
     """The shards' ``stats``, as one queue's (the oldest head's age), with each shard's part."""
-    per_priority: Counter = Counter()
-    for st in parts:
-        per_priority.update(st["per_priority"])
+    per_priority = _summed([st["per_priority"] for st in parts])
     ages = [st["head_age_seconds"] for st in parts if st["head_age_seconds"] is not None]
     return {
         "queue": name,

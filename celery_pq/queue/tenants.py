@@ -1,6 +1,6 @@
-"""A fair queue's tenants (docs/fairness.md): their own weights, caps and rates
-(``configure_tenants``), each one's waiting and leased entries, next entries and deliveries, and
-which ones cannot be served now (and why); and what the queue recorded (its mode, pauses and event-log cap)."""
+"""A fair queue's tenants (docs/fairness.md): their weights, caps and rates (``configure_tenants``),
+their entries and deliveries, which cannot be served now and why; and what the queue recorded
+(its mode, pauses and event-log cap)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ def stored_entries(s: Scripts, eids: list) -> list[Entry | None]:
 
 def tenants(s: Scripts) -> dict[str, dict]:
     """{tenant: {"waiting": n, "leased": n, "deliveries": n, "held": why}} of a fair queue's
-    tenants with waiting or leased entries, deliveries so far (hash td, kept by its pops) or
-    held back: ``held`` is None, or why the tenant cannot be served now (``held_tenants``)."""
+    tenants with entries, deliveries so far or held back (``held``: None, or ``held_tenants``'s why)."""
     out = {t: {**row, "deliveries": 0, "held": None} for t, row in tenant_stats(s).items()}
     blank = {"waiting": 0, "leased": 0, "deliveries": 0, "held": None}
     for t, n in s.client.hgetall(s.keys.tenant_deliveries).items():
@@ -40,9 +39,8 @@ def tenants(s: Scripts) -> dict[str, dict]:
 
 
 def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
-    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries (one
-    HGETALL); with ``ages``, also "next_age_seconds": the age of the entry the tenant gives
-    next (two pipelined round trips for all tenants): ``stats``'s ``per_tenant``."""
+    """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries; with
+    ``ages``, also "next_age_seconds": the age of the entry the tenant gives next."""
     out: dict = {}
     raw: dict = {}  # tenant: its escaped name
     for field, value in s.client.hgetall(s.keys.tenant_counts).items():
@@ -67,9 +65,8 @@ def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
 
 
 def held_tenants(s: Scripts, held: dict | None = None) -> dict[str, str]:
-    """{tenant: why} of the tenants of a fair queue that cannot be served now: ``"cap"``
-    (at its concurrency cap), ``"rate"`` (waiting for its rate limit's next token) or
-    ``"paused"``. ``held`` is ``recorded(s)`` when the caller has it."""
+    """{tenant: why} of a fair queue's tenants that cannot be served now: ``"cap"`` (concurrency),
+    ``"rate"`` (waiting for a token) or ``"paused"``. ``held``: ``recorded(s)``, if the caller has it."""
     if not s.settings.fair:
         return {}
     why = {"C": "cap", "R": "rate", "P": "paused"}
@@ -92,8 +89,7 @@ def configure_tenants(
     keep_task_rates: dict | None = None,
 ) -> None:
     """Per-tenant weight, concurrency cap and rate (a tenant not named gets the default);
-    ``keep_task_rates``: the queue's whole rate table, the ``task:<name>`` rates (the
-    ``task_rate`` option's) it does not name removed (None: none removed), at open only."""
+    ``keep_task_rates``: the ``task:<name>`` rates to keep, the others removed (None: none removed)."""
     fields: dict[str | bytes, bytes | float | int | str] = {}
     for label, table in (("weights", weights), ("concurrency", concurrency), ("rate", rate)):
         if table is not None and not isinstance(table, dict):
@@ -115,9 +111,8 @@ def configure_tenants(
 
 
 def recorded(s: Scripts) -> dict:
-    """What the queue recorded in Redis: ``mode`` (its settings, None before its first use),
-    ``paused`` (the whole queue), ``paused_tenants`` (sorted) and ``event_log`` (the event
-    log's cap, 0 when it is off)."""
+    """What the queue recorded in Redis: ``mode`` (None before its first use), ``paused`` (the whole
+    queue), ``paused_tenants`` (sorted) and ``event_log`` (the event log's cap, 0 when off)."""
     with s.pipeline() as p:
         p.get(s.keys.mode)
         p.hkeys(s.keys.tenant_settings)

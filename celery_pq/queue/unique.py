@@ -8,34 +8,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..storage.checks import MAX_SECONDS  # (the longest delay or period: ten years)
+
 #: The modes, and the letter insert.lua takes for each.
 MODES = {"while_waiting": "w", "while_active": "a", "replace": "r", "debounce": "d", "throttle": "t"}
-#: What a publish with a key came to (``PublishOutcome.kind``).
-OUTCOMES = ("stored", "merged", "replaced", "debounced", "throttled")
-#: The outcomes a queue counts (its counters ``unique_<outcome>``: queue/values.py COUNTERS).
-UNIQUE_COUNTS = OUTCOMES[1:]
-#: The mode of a key given without one.
-DEFAULT_MODE = "while_waiting"
-#: The debounce delay and throttle period of a key given without one, in seconds.
-DEFAULT_SECONDS = 60.0
+#: The outcomes (``PublishOutcome.kind``) a queue counts, as ``unique_<outcome>`` (values.COUNTERS).
+UNIQUE_COUNTS = ("merged", "replaced", "debounced", "throttled")
 #: The longest key (bytes of UTF-8): a key is a hash field of every insert that carries it.
 MAX_KEY_BYTES = 1024
-#: The longest delay or period: ten years, in seconds.
-MAX_SECONDS = 10 * 365 * 86400
 
 
 @dataclass(frozen=True)
 class UniqueKey:
-    """A checked unique key: the key, its mode (``MODES``) and its seconds (the debounce delay
-    or the throttle period; the other modes do not use them), and the retry count of the
-    publish (Celery's header ``retries``): a publish of the standing task's own id with more
-    retries than it is that task's retry, stored (not merged or throttled); a publish of the same
-    id without more retries is judged as any other. ValueError names a bad value, with
-    ``source`` (say, the header it came from) in front."""
+    """A checked unique key: the key, its mode (``MODES``), its seconds (the debounce delay or
+    the throttle period) and the publish's retry count (Celery's header ``retries``): a publish of
+    the standing task's own id with more retries is that task's retry, stored (not merged or
+    throttled). ValueError names a bad value, with ``source`` (say, its header) in front."""
 
     key: str
-    mode: str = DEFAULT_MODE
-    seconds: float = DEFAULT_SECONDS
+    mode: str = "while_waiting"
+    seconds: float = 60.0
     source: str = "unique key"
     retries: int = 0
 

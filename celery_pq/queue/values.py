@@ -1,6 +1,5 @@
-"""What a queue hands out and takes in (entries, leases, deliveries, a pop's result) and the
-small pure conversions of ids, tenants and priorities every layer of the queue shares.
-"""
+"""What a queue hands out (entries, leases, deliveries, a pop's result) and the small pure
+conversions of ids, tenants and priorities every layer of the queue shares."""
 
 from __future__ import annotations
 
@@ -40,13 +39,11 @@ EVENT_INTS = frozenset(("p", "k", "n", "ms"))
 #: The latest due time an insert takes: the end of year 9999 (Unix ms, below 2**53).
 MAX_DUE_MS = 253_402_300_799_999
 
-#: Units of virtual time a delivery costs a tenant of weight 1 (fair.lua's VT_UNIT); a tenant of
+#: Units of virtual time a delivery costs a tenant of weight 1 (fair.lua's VT_UNIT); one of
 #: weight w moves on by round(VT_PER_DELIVERY / w) units per delivery.
 VT_PER_DELIVERY = 1_000_000
-#: Fair weights the start tags can carry: a delivery costs 1,000,000 / weight units of virtual
-#: time, kept in 17 digits; a weight above 10,000 would round the cost toward nothing (to 0
-#: above 2,000,000: such a tenant would be served without end), one below 0.01 would run the
-#: tags out of digits after 1e9 deliveries.
+#: Fair weights the 17-digit start tags can carry: above 10,000 the cost of a delivery rounds
+#: toward nothing, below 0.01 the tags run out of digits after 1e9 deliveries.
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 10_000
 #: The rates a tenant may be given, deliveries per second: one per 1,000 s at the least; beyond a
 #: million a rate limits nothing.
@@ -80,9 +77,8 @@ class Lease(Entry):
 
 
 class Delivery(NamedTuple):
-    """A leased entry as a consumer that hands it on needs it (the transport: ``pop`` with
-    ``lean``): a ``Lease`` without the fields read from the entry's header (priority, tenant,
-    times), which are not parsed for it."""
+    """A leased entry as a lean ``pop`` gives it (the transport's): a ``Lease`` without the fields
+    of the entry's header (priority, tenant, times), which are not parsed for it."""
 
     id: str
     token: str
@@ -95,8 +91,7 @@ Held = TypeVar("Held", bound=Lease | Delivery)
 
 
 class Popped(list[Held], Generic[Held]):
-    """The leases one pop took, in delivery order (a list of ``Lease``, or of ``Delivery`` for a
-    lean pop; ``PriorityQueue.pop``)."""
+    """The leases one pop took, in delivery order."""
 
     def __init__(self, items: Iterable[Held] = (), queue: Any = None):
         super().__init__(items)
@@ -144,8 +139,8 @@ def as_bytes(value) -> bytes:
 
 
 def mark_stored(exc: BaseException, stored: list, items: list) -> None:
-    """Tell on ``exc`` of a failed bulk insert which items were stored (``exc.stored``: one
-    entry id or None per item) and which are not known to be (``exc.items``)."""
+    """Tell on ``exc`` of a failed bulk insert what was stored (``exc.stored``: an entry id or None
+    per item) and which items are not known to be (``exc.items``)."""
     vars(exc).update(stored=stored, items=items)
 
 

@@ -5,7 +5,7 @@ wire a call goes over (``wire``) and the runner that calls them (``runner``). A 
 
 from .assembly import SCRIPT_NAMES, compose, library, source
 from .headers import Layout, header, header_errors, signature
-from .runner import FIRST_SEND, LuaScript, get_scripts, resent, run_calls, run_replicated
+from .runner import FIRST_SEND, LuaScript, get_scripts, resent, run_replicated
 from .wire import Flight, set_spin_wait
 
 __all__ = [
@@ -20,7 +20,6 @@ __all__ = [
     "header_errors",
     "library",
     "resent",
-    "run_calls",
     "run_replicated",
     "set_spin_wait",
     "signature",

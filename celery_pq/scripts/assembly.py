@@ -33,7 +33,6 @@ def source(name: str) -> str:
 
 
 def _body(name: str, text: str) -> str:
-    """A script's ``text`` with its key bindings and queue prologue in."""
     return text.replace("--!keys\n", _bindings(signature(name)), 1).replace("--!queue\n", _QUEUE_PROLOGUE, 1)
 
 
@@ -46,9 +45,9 @@ def compose(text: str) -> str:
     """Lua ``text`` with its includes pasted (each once, after those it names), minus unused
     helpers, the error codes it names defined first (tests run the helpers alone through this)."""
     shared = _includes([text])
-    text = _without_unused_functions(_INCLUDE.sub(lambda m: shared, text, count=1))
-    text = _INCLUDE.sub("", text)
-    return _error_constants(text) + text
+    text = _INCLUDE.sub("", _without_unused_functions(_INCLUDE.sub(lambda m: shared, text, count=1)))
+    words = set(_WORD.findall(_STRING.sub("", _COMMENT.sub("", text))))
+    return _constants([c for c in ErrorCode if c.name in words]) + text
 
 
 def _includes(texts: list[str]) -> str:
@@ -76,8 +75,7 @@ def _includes(texts: list[str]) -> str:
 
 
 #: Scripts a full Redis (``maxmemory``, ``noeviction``) still runs: they free memory or add little.
-#: An insert or a migration is refused whole before it starts (OOM), where a script by EVALSHA
-#: would fail at its first write, perhaps half done: a full Redis still drains what it holds.
+#: An insert or a migration is refused whole before it starts (OOM), not half done.
 WRITES_WHEN_FULL = frozenset(SCRIPT_NAMES) - {"insert", "migrate"}
 
 # The includes' module state (``local CTX = { n = 0 }`` on one line at the top level): a library
@@ -116,12 +114,6 @@ def library() -> Library:
             f"callback=function(keys, args)\nKEYS, ARGV = keys, args\n{reset}{body}\nend}}\n"
         )
     return Library(f"celery_pq_{digest}", "".join(parts), functions)
-
-
-def _error_constants(text: str) -> str:
-    """The error constants (``_constants``) the code of ``text`` names."""
-    words = set(_WORD.findall(_STRING.sub("", _COMMENT.sub("", text))))
-    return _constants([c for c in ErrorCode if c.name in words])
 
 
 def _constants(codes: list) -> str:

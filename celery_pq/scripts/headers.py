@@ -1,6 +1,6 @@
 """What a script takes, read from its header (the leading comment block of its file): its KEYS,
-ARGV and error codes by name (docs/key-layout.md, "Which script takes which keys"), and its ARGV
-laid out from values by name (``Layout``), those fixed for a caller laid out once.
+ARGV and error codes by name (docs/key-layout.md), and its ARGV laid out from values by name
+(``Layout``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from functools import cache, cached_property
 from importlib import resources
 from typing import Any, NoReturn
 
-#: The scripts' directory (the includes in ``includes/``).
 LUA = resources.files("celery_pq") / "lua"
 
 
 def read_lua(path: str) -> str:
-    """A file under ``lua/``."""
     return (LUA / path).read_text(encoding="utf-8")
 
 
@@ -27,33 +25,25 @@ class Signature:
     keys: tuple[str, ...]
     #: The last of ``keys``, sent to a fair queue only ("fair only").
     fair_only: tuple[str, ...] = ()
-    #: ARGV[1..] in order, but the repeated group (``rest``): single arguments, counted lists
-    #: (``ARGV[7..6+nviews] views...``) and their counts.
+    #: ARGV[1..] in order but the repeated group: single arguments, counted lists and their counts.
     argv: tuple[str, ...] = ()
     #: One group of the repeated arguments ending ARGV (``ARGV[2..] eid token...``), or empty.
     rest: tuple[str, ...] = ()
     #: Takes the queue context (``ARGV[0] context``: sent last, taken off first)?
     context: bool = False
-    #: ``(count, list, group size)`` per counted list: ``count`` is worked out from the groups
-    #: of ``list`` ("" for ``rest``).
+    #: ``(count, list, group size)`` per counted list ("" for ``rest``).
     counts: tuple[tuple[str, str, int], ...] = ()
-    #: The script's name (for errors).
     script: str = ""
 
     @cached_property
     def wanted(self) -> tuple[str, ...]:
-        """The names a call gives, in header order: ``argv`` less the counts, then ``context``
-        when taken."""
+        """The names a call gives, in header order: ``argv`` less the counts, then ``context``."""
         counts = {count for count, _, _ in self.counts}
         return tuple(n for n in self.argv if n not in counts) + (("context",) if self.context else ())
 
     def bind(self, **fixed) -> Layout:
-        """A ``Layout`` with ``fixed`` laid out once, called with the rest by name per call."""
+        """A ``Layout`` with ``fixed`` laid out once."""
         return Layout(self, fixed)
-
-    def args(self, *rest, **named) -> list:
-        """A call's ARGV from all its values by name (``Layout``)."""
-        return Layout(self, {})(*rest, **named)
 
 
 # "-- KEYS[i] name type ...", "-- KEYS[i..j] name name ...: ...", "-- KEYS[i..] name ..."
@@ -105,8 +95,8 @@ def _position(name: str, text: str) -> tuple[int, dict[str, int]]:
 
 
 def _argv(name: str) -> tuple[tuple[str, ...], tuple[str, ...], bool, tuple[tuple[str, str, int], ...]]:
-    """``(argv, rest, context, counts)`` of ``Signature`` from the ARGV lines: each starts
-    where the one before ended; a count is an argument before its list."""
+    """``(argv, rest, context, counts)`` of ``Signature`` from the ARGV lines, each starting where
+    the one before ended (a count is an argument before its list)."""
     argv: list[str] = []
     counts: list[tuple[str, str, int]] = []
     context = False
@@ -168,9 +158,8 @@ _REST = 4  # the repeated group that ends ARGV
 
 
 class Layout:
-    """Called with the values not fixed, by name (``free``: a counted list as a flat sequence,
-    ``context`` sent last, counts worked out), and the repeated group flat: the call's ARGV.
-    TypeError names any value missing or unexpected."""
+    """Called with the values not fixed (``free``) by name and the repeated group flat: the call's
+    ARGV, counts worked out. TypeError names any value missing or unexpected."""
 
     __slots__ = ("_group", "_pieces", "free", "signature")
 
@@ -182,7 +171,6 @@ class Layout:
         if unexpected:
             raise TypeError(f"{signature.script}.lua takes no {unexpected} (it takes {wanted})")
         self.signature = signature
-        #: The names a call gives, in header order.
         self.free = tuple(n for n in wanted if n not in fixed)
         self._group = len(signature.rest)
         pieces: list[tuple[int, Any]] = []

@@ -1,6 +1,6 @@
 """The runner: the scripts as callables (``get_scripts``) that run a call (``LuaScript.run``,
 with WAIT for replicas: docs/deployments.md) or send it without waiting (``send_nowait``), and
-a batch in one round trip (``run_calls``, ``run_replicated``). On a Redis Cluster each call goes
+a batch in one round trip (``run_replicated``). On a Redis Cluster each call goes
 to its slot's master: docs/cluster.md ("How it works", "Resharding").
 """
 
@@ -24,7 +24,7 @@ class _FirstSend(str):
 
 #: An argument a call carries on its first send only, so a script may skip what only a repeat
 #: needs (the insert's look-up of a publish id just made). Every path that may send a call again
-#: (a retry, redis-py's retries, a cluster's reroute) sends ``resent(args)``, where it reads "1".
+#: sends ``resent(args)``, where it reads "1".
 FIRST_SEND = _FirstSend("F")
 
 
@@ -44,7 +44,7 @@ class LuaScript:
         self.function = library().functions[name]
 
     def words(self, client, keys, args) -> tuple:
-        """The call as a command for a pipeline (which redis-py may send again: ``resent``)."""
+        """The call as a command for a pipeline (``resent``: redis-py may send it again)."""
         return self.command(uses_functions(client), keys, resent(args))
 
     def command(self, functions: bool, keys, args) -> tuple:
@@ -57,9 +57,8 @@ class LuaScript:
 
     def run(self, client, keys, args, wait: tuple | None = None) -> tuple[Any, int]:
         """The call on the thread's own connection (``wire.Line``), ``WAIT *wait`` after it there:
-        ``(its reply, replicas that acknowledged)`` (0 without ``wait`` or a ``Line``). After a
-        lost connection it goes through redis-py's ``Script`` (its retries), or with ``wait``
-        once more on a new connection (the calls that wait are idempotent)."""
+        ``(its reply, replicas that acknowledged)`` (0 without ``wait`` or a ``Line``). After a lost
+        connection: through redis-py's ``Script``, or with ``wait`` once more on a new connection."""
         if is_cluster(client):
             return self._on_cluster(keys, args, client), 0
         for again in (False, True):
@@ -80,7 +79,7 @@ class LuaScript:
 
     def send_nowait(self, keys, args, client) -> Flight | None:
         """The call sent on the thread's own connection without waiting (``wire.Flight``); None,
-        nothing sent, without a ``Line``, before the library is loaded, or when the send failed."""
+        nothing sent, without a ``Line`` or the library, or when the send failed."""
         line = own_line(client)
         if line is None or not uses_functions(client):
             return None
@@ -92,7 +91,6 @@ class LuaScript:
         return Flight(line)
 
     def _by_redis_py(self, keys, args, client):
-        """The call through redis-py's ``Script`` (its retries and routing)."""
         try:
             return self._script(keys=keys, args=resent(args), client=client)
         except ResponseError as exc:
@@ -100,15 +98,13 @@ class LuaScript:
             raise
 
     def _on_cluster(self, keys, args, cluster):
-        """The call on its slot's master, made again (``resent``) while the slot moves, for up to
-        ``cluster_retry_seconds``; then ``ClusterUnsettled`` (``until_settled``)."""
+        """The call on its slot's master, again while the slot moves (``until_settled``)."""
         return until_settled(
             cluster, keys[0], lambda n: self._once_on_cluster(keys, resent(args) if n else args, cluster)
         )
 
     def _once_on_cluster(self, keys, args, cluster):
-        """The call on the thread's ``Line`` to its slot's master; after a moved slot or a failed
-        node, through ``RedisCluster``."""
+        """On the ``Line`` to the slot's master; after a moved slot or a failed node, by ``RedisCluster``."""
         node = node_client(cluster, keys[0])
         line = own_line(node)
         assert line is not None  # (a node's client is a plain one)
@@ -126,8 +122,7 @@ _scripts: SimpleNamespace | None = None
 
 
 def get_scripts(client: redis.Redis) -> SimpleNamespace:
-    """The process's ``LuaScript`` of each script, by name (``scripts.pop(keys=..., args=...,
-    client=...)``); each call site passes its own client."""
+    """The process's ``LuaScript`` of each script, by name; each call passes its own client."""
     global _scripts
     if _scripts is None:
         with _lock:
@@ -136,16 +131,10 @@ def get_scripts(client: redis.Redis) -> SimpleNamespace:
     return _scripts
 
 
-def run_calls(client: redis.Redis, calls: list[tuple]) -> list:
-    """Several ``(script, keys, args)`` calls in one round trip: their replies; the first error
-    reply raised."""
-    return run_replicated(client, calls, 0, 0)[0] if calls else []
-
-
 def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeout_ms: int) -> tuple[list, int]:
-    """``run_calls``, then (``replicas`` > 0) ``WAIT replicas timeout_ms`` in the same round trip:
-    ``(replies, replicas that acknowledged every write)``, 0 without WAIT; on a cluster the
-    fewest of any node, 0 when a call was rerouted. WAIT cannot undo a write."""
+    """Several ``(script, keys, args)`` calls in one round trip, then (``replicas`` > 0) ``WAIT
+    replicas timeout_ms``: ``(replies, replicas that acknowledged every write)``, 0 without WAIT;
+    on a cluster the fewest of any node, 0 when a call was rerouted. The first error reply raised."""
     wait = (replicas, timeout_ms) if replicas else None
     replies, acked = (_per_node if is_cluster(client) else _in_place)(client, calls, wait)
     for reply in replies:
@@ -155,8 +144,8 @@ def run_replicated(client: redis.Redis, calls: list[tuple], replicas: int, timeo
 
 
 def _in_place(client: redis.Redis, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
-    """``run_replicated`` on one server, in one round trip, error replies in place. A call whose
-    function or script was missing (a restart) runs again alone, which loads it."""
+    """``run_replicated`` on one server, error replies in place; a call whose function or script
+    was missing (a restart) runs again alone, which loads it."""
     if len(calls) == 1 and (wait is None or own_line(client) is not None):  # no pipeline
         script, keys, args = calls[0]
         return _alone(client, script, keys, args, wait)
@@ -189,9 +178,8 @@ def _alone(client, script, keys, args, wait: tuple | None) -> tuple[list, int]:
 
 def _per_node(cluster, calls: list[tuple], wait: tuple | None) -> tuple[list, int]:
     """``run_replicated`` on a cluster, each master's share ``_in_place``. A call that met a moved
-    slot or a failed node runs again alone through the cluster client, without a WAIT (then 0:
-    not confirmed). It may have run already (a pipeline cut off midway): at least once holds (an
-    insert is stored once by its publish id, an ack finds its lease gone, a lease runs out)."""
+    slot or a failed node runs again alone through the cluster client, without a WAIT (then 0). It
+    may have run already: at least once holds (publish ids, token-checked acks, leases running out)."""
     replies: list = [None] * len(calls)
     acked = wait[0] if wait else 0
     for node, idx in by_node(cluster, range(len(calls)), lambda i: calls[i][1][0]).items():

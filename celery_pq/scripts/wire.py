@@ -46,8 +46,7 @@ def set_spin_wait(pool, microseconds: float) -> None:
 
 
 def send(conn, words: tuple, check_health: bool = True) -> None:
-    """Send one command on ``conn``, packed by hiredis where installed, else (and for an
-    argument hiredis refuses) by redis-py."""
+    """Send one command on ``conn``, packed by hiredis where it can, else by redis-py."""
     try:
         packed = [_pack(words)] if _pack is not None else conn.pack_command(*words)
     except TypeError:
@@ -70,9 +69,8 @@ def _give_back(pool, pid, conn):
 
 
 class Line:
-    """One thread's own connection of one pool: a call sent without waiting (``flight``) is read
-    before the next call on it; polling for replies pauses for 2, 4, .. C.SPIN_BACKOFF_MAX calls
-    after a reply that came too late for it."""
+    """One thread's own connection of one pool; its ``flight`` is read before the next call on it.
+    Polling pauses for 2, 4, .. C.SPIN_BACKOFF_MAX calls after a reply that came too late for it."""
 
     __slots__ = ("conn", "flight", "misses", "pid", "skip")
 
@@ -100,8 +98,8 @@ class Line:
         return conn.read_response()
 
     def run(self, pool, script, keys, args):
-        """``script`` (a ``runner.LuaScript``) as FCALL (the library loaded when needed, and again
-        when gone), else EVALSHA (loaded on NOSCRIPT)."""
+        """``script`` (a ``runner.LuaScript``) as FCALL (the library loaded when needed or gone),
+        else EVALSHA (loaded on NOSCRIPT)."""
         use = _functions.get(pool)
         if use is None:
             use = load_library(self.conn, pool)
@@ -118,8 +116,8 @@ class Line:
 
 
 class _Held:
-    """One thread's ``Line`` per pool, closed and handed back when the thread ends (with its
-    thread-local storage): a finished thread holds no slot of ``max_connections``."""
+    """One thread's ``Line`` per pool, handed back when the thread ends (with its thread-local
+    storage): a finished thread holds no slot of ``max_connections``."""
 
     def __init__(self):
         self.lines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -136,8 +134,7 @@ _pinned = threading.local()
 
 @cache
 def plain_client(cls: type) -> bool:
-    """A plain redis-py client class (not a pipeline, not a cluster client)? Cached: ``issubclass``
-    against ``Pipeline`` is slow."""
+    """A plain redis-py client class (not a pipeline or cluster client)? Cached: ``issubclass`` is slow."""
     return issubclass(cls, redis.Redis) and not issubclass(cls, redis.client.Pipeline)
 
 
@@ -159,7 +156,7 @@ def own_line(client) -> Line | None:
 
 
 def drop_line(client, line: Line) -> None:
-    """A line that failed: its connection closed and handed back to its pool."""
+    """A failed line's connection closed and handed back to its pool."""
     held = getattr(_pinned, "held", None)
     if held is not None:
         held.lines.pop(client.connection_pool, None)
@@ -172,7 +169,7 @@ _REFUSALS = ("unknown command", "unknown subcommand", "NOPERM", "no permissions"
 
 def load_library(conn, pool) -> bool:
     """Load the library on ``conn``'s server: whether its functions can be called there. Another
-    refusal than ``_REFUSALS`` raises: the library itself is wrong."""
+    refusal than ``_REFUSALS`` raises (the library itself is wrong)."""
     try:
         conn.send_command("FUNCTION", "LOAD", library().text)
         conn.read_response()
@@ -189,7 +186,6 @@ def load_library(conn, pool) -> bool:
 
 
 def uses_functions(client) -> bool:
-    """Has this process loaded the library on ``client``'s server?"""
     return bool(_functions.get(getattr(client, "connection_pool", None)))
 
 
@@ -198,7 +194,6 @@ def function_missing(exc: Exception) -> bool:
 
 
 def readonly(exc: Exception) -> bool:
-    """A READONLY reply (the server is a replica now)?"""
     return isinstance(exc, ReadOnlyError) or str(exc).startswith("READONLY")
 
 
@@ -226,9 +221,8 @@ def raise_if_demoted(client, line: Line | None, exc: Exception) -> None:
 
 
 class Flight:
-    """A script call sent without waiting for its reply (``LuaScript.send_nowait``). Its line
-    carries it until read: the thread's next call on the line reads it first, so replies never
-    cross."""
+    """A script call sent without waiting for its reply (``LuaScript.send_nowait``); the thread's
+    next call on its line reads it first, so replies never cross."""
 
     __slots__ = ("_reply", "conn", "done", "line")
 
@@ -238,19 +232,18 @@ class Flight:
         line.flight = self
 
     def _land(self, reply) -> None:
-        """The reply in: a value, an error reply, or a failure (the connection then dropped)."""
+        """The reply in: a value, an error reply, or a failure (then the connection dropped)."""
         self._reply, self.done, self.line.flight = reply, True, None
         if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
             self.conn.disconnect()
 
     def give_up(self) -> None:
-        """No reply in the connection's timeout (a half-open connection): drop it; ``result``
-        raises the timeout."""
+        """No reply in the connection's timeout (half-open): drop it; ``result`` raises the timeout."""
         if not self.done:
             self._land(RedisTimeoutError(f"Timeout waiting for {self.conn.host}:{self.conn.port}"))
 
     def ready(self) -> bool:
-        """Whether the reply is in (read now if the socket holds some of it, to its end)."""
+        """Whether the reply is in (read now, to its end, if the socket holds some of it)."""
         if not self.done:
             try:
                 if not self.conn.can_read(0):
@@ -270,7 +263,7 @@ class Flight:
             self._land(reply)
 
     def result(self):
-        """The reply (read first if need be); an error reply or a failure raised."""
+        """The reply (read first if need be), an error reply or failure raised."""
         self.finish()
         if isinstance(self._reply, BaseException):
             raise self._reply
@@ -278,14 +271,13 @@ class Flight:
 
 
 class CallStream:
-    """Script calls written to one pooled connection now, their replies read later: Redis runs a
-    publish batch's inserts while the client prepares the next ones (docs/publishing.md). Not
-    the thread's ``Line``: another call on the thread must not read the stream's replies. No
-    health check runs while replies are outstanding (its PING would read one as its own)."""
+    """Script calls written to one pooled connection now, their replies read later (a publish
+    batch's inserts: docs/publishing.md). Not the thread's ``Line``: another call on the thread
+    must not read its replies. No health check while replies are outstanding (its PING would
+    read one as its own)."""
 
     def __init__(self, client, conn):
-        self.client = client
-        self.conn = conn
+        self.client, self.conn = client, conn
         self.outstanding = 0
         self.broken = False
 
@@ -306,8 +298,7 @@ class CallStream:
         return cls(client, conn)
 
     def send(self, script, keys, args) -> None:
-        """Write one script call. A lost connection raises (LOST) and breaks the stream; the
-        calls sent before may have run, their replies lost."""
+        """Write one script call. A lost connection raises (LOST) and breaks the stream."""
         try:
             send(self.conn, script.words(self.client, keys, args), check_health=not self.outstanding)
         except BaseException:
@@ -316,8 +307,8 @@ class CallStream:
         self.outstanding += 1
 
     def read(self):
-        """The oldest unread reply: its value, or its error reply returned (not raised). A lost
-        connection raises (LOST) and breaks the stream; READONLY breaks it, returned ``demoted``."""
+        """The oldest unread reply, an error reply returned (not raised). A lost connection raises
+        (LOST) and breaks the stream; READONLY breaks it, returned ``demoted``."""
         if not self.outstanding:
             raise RuntimeError("no reply is outstanding on this call stream")
         self.outstanding -= 1

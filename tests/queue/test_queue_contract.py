@@ -453,7 +453,7 @@ def test_pipelined_calls_survive_a_script_cache_flush(fresh_redis):
     forget_scripts(redis_client)
     # When an insert batch and a pop+ack pair run as pipelined EVALSHA calls
     q.insert_many([Item(b"y", 1, "b"), Item(b"z", 1, "c")])
-    from celery_pq.scripts import run_calls
+    from celery_pq.queue import run_calls
 
     [lease] = q.pop(1)
     forget_scripts(redis_client)

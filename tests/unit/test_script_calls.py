@@ -1,6 +1,6 @@
 """Every argument builder of the queue's script calls (``queue/calls.py``) held to its script's
 header: called with sample inputs (a distinct value each), it lays out the ARGV that
-``signature(name).args`` lays out from the header's names, each value under its own name, the
+``signature(name).bind()`` lays out from the header's names, each value under its own name, the
 queue context last, for a plain and a fair queue. Every script of ``SCRIPT_NAMES`` has a sample
 here: a script with no builder held to its header fails, named."""
 
@@ -140,7 +140,7 @@ def test_every_builder_lays_out_its_scripts_header(name, fair):
     q = queue(fair)
     built, rest, named = SAMPLES[name](q)
     sig = signature(name)
-    expected = sig.args(*rest, **named, **({"context": q.context} if sig.context else {}))
+    expected = sig.bind()(*rest, **named, **({"context": q.context} if sig.context else {}))
     assert len(built) == len(expected) and built == expected
 
 

@@ -123,7 +123,7 @@ def test_signature_args_lays_out_argv_from_names():
         "hi": 255,
         "take_hi": 9,
     }
-    assert pop.args("e1", "t1", "e2", "t2", **given, context="x") == [
+    assert pop.bind()("e1", "t1", "e2", "t2", **given, context="x") == [
         1,
         "c",
         "b",
@@ -141,7 +141,7 @@ def test_signature_args_lays_out_argv_from_names():
     ]
     insert = signature("insert")
     head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
-    assert insert.args(*"abcdefgh", **head, views=["0,3", "4,9"], forget=["p"], unique=["0,w,1,k"]) == [
+    assert insert.bind()(*"abcdefgh", **head, views=["0,3", "4,9"], forget=["p"], unique=["0,w,1,k"]) == [
         0,
         0,
         "v",
@@ -157,12 +157,12 @@ def test_signature_args_lays_out_argv_from_names():
         "x",
     ]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget', 'unique'\], unexpected \['nviews'\]"):
-        insert.args(**head, nviews=0)
+        insert.bind()(**head, nviews=0)
     with pytest.raises(TypeError, match="3 repeated values"):
-        pop.args("e1", "t1", "e2", **given, context="x")
+        pop.bind()("e1", "t1", "e2", **given, context="x")
     with pytest.raises(TypeError, match=r"unexpected \['context'\]"):
-        signature("extend").args(lease_ms=1, context="x")
-    assert signature("extend").args("e", "t", lease_ms=5) == [5, "e", "t"]
+        signature("extend").bind()(lease_ms=1, context="x")
+    assert signature("extend").bind()("e", "t", lease_ms=5) == [5, "e", "t"]
 
 
 def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
@@ -170,7 +170,7 @@ def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
     fixed = {"lease_ms": 1, "consumer": "c", "count": 3, "stale_budget": 4, "lo": 0, "hi": 255, "take_hi": 9}
     layout = pop.bind(**fixed, context="x")
     assert layout.free == ("token_base",)
-    assert layout("e1", "t1", token_base="b") == pop.args("e1", "t1", **fixed, token_base="b", context="x")
+    assert layout("e1", "t1", token_base="b") == pop.bind()("e1", "t1", **fixed, token_base="b", context="x")
     assert layout(token_base="b2") == [1, "c", "b2", 3, 4, 0, 255, 9, 0, "x"]
     insert = signature("insert").bind(max_length=0, max_per_tenant=0, views_version="v", views=["0,3"], context="x")
     assert insert(*"abcdefgh", forget=["p", "q"], made="0", unique=[]) == [
