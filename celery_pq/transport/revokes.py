@@ -83,8 +83,10 @@ def remove_revoked(channel, ids: list[str]) -> dict[str, int]:
 def mark_revoked(connection, ids: list[str]) -> None:
     """Mark ``ids`` REVOKED in the result backend of Celery's current app, as a worker does when
     it meets a revoked message, when that app's broker is this ``connection`` (a kombu
-    Connection) and it keeps results; otherwise nothing (the state stays PENDING)."""
+    Connection) and it keeps results by task id (not ``rpc://``); otherwise nothing (the state
+    stays PENDING)."""
     from celery import current_app  # (public API; imported here: kombu alone never gets here)
+    from celery.backends.rpc import RPCBackend
 
     app: Any = current_app._get_current_object()
     conf = app.conf
@@ -94,6 +96,8 @@ def mark_revoked(connection, ids: list[str]) -> None:
         logger.debug("revoke: Celery's current app %r uses another broker; results not marked", app.main)
         return
     backend = app.backend
+    if isinstance(backend, RPCBackend):  # replies to the publisher's reply queue, which only the task's message names
+        return
     for task_id in ids:
         backend.mark_as_revoked(task_id, reason="revoked")
 

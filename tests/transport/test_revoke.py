@@ -219,3 +219,14 @@ def test_a_current_app_on_another_broker_marks_nothing(url, key_prefix, redis_cl
     app.control.revoke(r.id)
     assert stats(redis_client, key_prefix) == (0, 0, 0)
     assert app.AsyncResult(r.id).state == "PENDING"
+
+
+def test_an_rpc_result_backend_is_not_written_to(url, key_prefix, redis_client, caplog):
+    # rpc:// replies to the queue the task's message names: a revoke cannot reach it (nor warn)
+    app = make_app(url, key_prefix)
+    app.conf.result_backend = "rpc://"
+    r = app.send_task("t.x", queue="q")
+    with caplog.at_level(logging.WARNING, logger="celery_pq"):
+        app.control.revoke(r.id)
+    assert stats(redis_client, key_prefix) == (0, 0, 0)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
