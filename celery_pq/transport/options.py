@@ -103,6 +103,9 @@ class Options:
         "while_waiting", ck.unique_mode, 'a key\'s default mode; or {queue: mode, "*": ...}'
     )
     unique_seconds: float | dict = _option(60, ck.unique_seconds, "a key's default debounce / throttle seconds")
+    revoke_removes: bool = _option(
+        True, ck.flag(none=False), "a revoke broadcast removes its tasks' waiting and delayed messages"
+    )
 
     #: The function of ``fair_key="module:function"`` (None for a header name).
     tenant_fn: Callable | None = field(default=None, init=False, repr=False, compare=False)

@@ -12,6 +12,7 @@ from ..storage.errors import ModeMismatch
 from ..storage.ids import unique_bytes
 from ..storage.keys import fanout_channel
 from .messages import BROADCAST_ID, STAMP, PublishStamp, serialized, stored_item
+from .revokes import PIDBOX_SUFFIX, on_broadcast
 from .unique import PublishOutcome, remember, unique_of
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class Publisher:
     def put_fanout(self, exchange: str, message: dict) -> None:
         """Broadcast ``message`` to a fanout exchange's receivers (sharded pub/sub on a cluster)."""
         channel = self.channel
+        if self.options.revoke_removes and exchange.endswith(PIDBOX_SUFFIX):
+            on_broadcast(channel, exchange, message)  # (Celery's revoke: the waiting tasks removed first)
         client = channel.client
         publish = client.spublish if connections.is_cluster(client) else client.publish
         sent, _ = PublishStamp.take(message, f"fanout {exchange}")
