@@ -21,7 +21,8 @@
 #                measures the flat costs at 10,000,000 entries and 100,000 tenants (about 3 GB of
 #                Redis memory, several minutes more: not part of the plain run)
 #   make soak    the model-based stateful test for SOAK_MINUTES (default 30) minutes, then the
-#                fault suite's long runs (benchmarks/faults.py, about 7 minutes; results in SOAK_OUT)
+#                fault suite's long runs (benchmarks/faults.py, about 7 minutes, and about 2 more for
+#                each pool of SOAK_POOLS past prefork; results in SOAK_OUT)
 #   make bench-rate  a global rate limit (task_rate, 20/s over 3 workers for 30 s) beside Celery's
 #                per-worker rate_limit (benchmarks/rate_limits.py); RATE_ARGS="--seconds 10"
 #   make profile where a client's time goes, ours and kombu's Redis transport (pyinstrument)
@@ -66,6 +67,8 @@ SPARK_DEMO_ARGS ?=
 BENCH_ARGS  ?=
 SOAK_MINUTES ?= 30
 SOAK_OUT    ?= $${TMPDIR:-/tmp}/celery-pq-soak
+# The worker pools the soak's worker_kills runs with, each in turn (benchmarks/faults.py --pools)
+SOAK_POOLS  ?= prefork threads gevent eventlet
 
 .PHONY: all venv install redis lint test peers contract soak demo spark-demo bench profile clean release-check
 
@@ -146,7 +149,7 @@ contract: install
 soak: install
 	@$(WITH_REDIS) \
 	PQ_SOAK_MINUTES=$(SOAK_MINUTES) $(VPY) -m pytest tests/queue/test_model.py -m slow -p no:cacheprovider $(PYTEST_ARGS) && \
-	$(VPY) -m benchmarks.faults --aof-rounds 60 --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
+	$(VPY) -m benchmarks.faults --aof-rounds 60 --pools $(SOAK_POOLS) --out "$(SOAK_OUT)" && echo "fault suite results: $(SOAK_OUT)/faults.md"
 
 demo: $(BASE_STAMP)
 	@$(WITH_REDIS) \

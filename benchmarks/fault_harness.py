@@ -8,7 +8,7 @@ One ``FaultRun`` is one broker (a redis-server of ``celery_pq.testing``) and one
   (``p<thread>-<n>``) with random priorities (0-9, the range both transports order by) and
   tenants (a ``tenant`` header; celery-pq's ``fair_key``), through Celery's ``send_task`` with
   its publish retry; each id is written down before the call and as returned or raised after it;
-- workers are ``celery worker`` subprocesses (prefork, ``acks_late``, prefetch 1) of
+- workers are ``celery worker`` subprocesses (prefork unless ``pool`` names another, ``acks_late``, prefetch 1) of
   ``benchmarks/fault_app.py``, each in a process group of its own so that a fault reaches the
   main process and its pool children together; each run of a task is appended to a file of
   its process (``start``/``done`` lines), which no fault touches;
@@ -60,6 +60,7 @@ class FaultRun:
         options: dict | None = None,
         seed: int = 13,
         via_port: int | None = None,
+        pool: str = "prefork",
     ):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -83,6 +84,7 @@ class FaultRun:
             self.url = f"redis://127.0.0.1:{port}/0"
             self.options = {"visibility_timeout": lease, **(options or {})}
         self.concurrency = concurrency
+        self.pool = pool  # prefork, solo, threads, gevent, eventlet (with ``concurrency``)
         self.task_seconds = task_seconds
         self.rng = random.Random(seed)
         self.env = celery_env(
@@ -120,7 +122,7 @@ class FaultRun:
             env=env,
             name=f"{name}.{self._serial}",
             queues=QUEUE,
-            pool="prefork",
+            pool=self.pool,
             concurrency=self.concurrency,
             heartbeat=False,
             log=self.dir / f"{name}.{self._serial}.log",

@@ -1,6 +1,6 @@
 """The fault suite, long: each scenario on celery-pq and on kombu's Redis transport, side by side.
 
-    python -m benchmarks.faults [--smoke] [--out DIR] [--only NAME ...]
+    python -m benchmarks.faults [--smoke] [--out DIR] [--only NAME ...] [--pools POOL ...]
 
 A full run takes about 8 minutes on a 2-core machine; ``make soak`` runs it too, with more rounds of
 ``aof_kill_rounds`` (``--aof-rounds``).
@@ -40,12 +40,16 @@ def worker_kills(
     task_seconds: float = 0.1,
     drain: float = 60.0,
     seed: int = 1,
+    pool: str = "prefork",
+    concurrency: int = 2,
 ) -> dict:
     """Producers publish ``tasks`` at ``rate`` per second while a random worker's process group
-    is SIGKILLed and restarted every 1-2 s."""
+    is SIGKILLed and restarted every 1-2 s; the workers run ``pool`` with ``concurrency``."""
     rng = random.Random(seed)
     with RedisServer() as server:
-        run = FaultRun(transport, server, workdir, lease=lease, task_seconds=task_seconds)
+        run = FaultRun(
+            transport, server, workdir, lease=lease, task_seconds=task_seconds, pool=pool, concurrency=concurrency
+        )
         try:
             run.start_workers(workers)
             run.start_producers(tasks, rate=rate)
@@ -547,6 +551,15 @@ SCENARIOS = {  # name -> (function, long arguments, --smoke arguments)
     "aof_loss_always": (aof_loss_window, {"fsync": "always"}, {"fsync": "always", "rate": 50.0, "seconds": 1.0}),
     "aof_loss_everysec": (aof_loss_window, {"fsync": "everysec"}, {"rate": 50.0, "seconds": 1.0}),
 }
+#: The worker pools ``worker_kills`` takes (``--pools``): each one's arguments, its concurrency
+#: as the tests give it (docs/reliability.md, "Worker pools").
+POOL_ARGS = {
+    "prefork": {"pool": "prefork", "concurrency": 2},
+    "solo": {"pool": "solo", "concurrency": 1},
+    "threads": {"pool": "threads", "concurrency": 4},
+    "gevent": {"pool": "gevent", "concurrency": 20},
+    "eventlet": {"pool": "eventlet", "concurrency": 20},
+}
 #: What ``--smoke`` runs when no ``--only`` is given: one scenario, to show the report is written
 #: (CI runs every scenario in tests/faults/).
 SMOKE = ("redis_kills",)
@@ -608,6 +621,14 @@ def main(argv=None):
         default=None,
         help="rounds of aof_kill_rounds per appendfsync policy (default 10, --smoke 1)",
     )
+    ap.add_argument(
+        "--pools",
+        nargs="+",
+        default=["prefork"],
+        choices=sorted(POOL_ARGS),
+        help="the worker pools worker_kills runs with, each in turn (default prefork; "
+        "worker_kills_<pool> in the results for the others)",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
@@ -617,13 +638,21 @@ def main(argv=None):
         kept = json.loads(previous.read_text())
         if kept.get("smoke") == args.smoke:
             results.update(kept["results"])
+    runs = []  # (result name, function, arguments)
     for name, (fn, long_kw, smoke_kw) in SCENARIOS.items():
         if (args.only and name not in args.only) or (args.smoke and not args.only and name not in SMOKE):
             continue
+        kw = smoke_kw if args.smoke else long_kw
+        if name != "worker_kills":
+            runs.append((name, fn, kw))
+            continue
+        for pool in args.pools:
+            runs.append((name if pool == "prefork" else f"{name}_{pool}", fn, {**kw, **POOL_ARGS[pool]}))
+    for name, fn, kw in runs:
         results[name] = {}
         for transport in TRANSPORTS:
             with tempfile.TemporaryDirectory(prefix="pq-faults-") as tmp:
-                result = fn(transport, Path(tmp), **(smoke_kw if args.smoke else long_kw))
+                result = fn(transport, Path(tmp), **kw)
             results[name][transport] = summary(result)
             print(name, transport, json.dumps(results[name][transport]), flush=True)
     if not args.only or "aof_kill_rounds" in args.only:

@@ -136,17 +136,17 @@ class LeaseBook:
             self._ack_all(self._take())
 
     # -- the keeper's side --------------------------------------------------------------------
-    def held(self) -> dict[PriorityQueue, Pairs]:
+    def held(self, *, locked: bool = True) -> dict[PriorityQueue, Pairs]:
         """``{queue: [(entry id, token), ...]}`` of the leases held now, those whose ack is not
-        yet sent included (they must not lapse meanwhile)."""
-        out: dict[PriorityQueue, Pairs] = {}
-        with self._lock:
-            for tag, (q, eid) in self._held.items():
-                out.setdefault(q, []).append((eid, tag))
-            for batch in (self._acks, *self._sending.values()):
-                for q, pairs in batch.items():
-                    out.setdefault(q, []).extend(pairs)
-        return out
+        yet sent included (they must not lapse meanwhile). ``locked=False``, for a reader in
+        another OS thread that cannot wait on a green lock (``green.NativeWatch`` under eventlet):
+        each table copied in one step (a dict copy, atomic under the GIL), the held ones first as
+        a lease moves from them to the acks; a lease moving meanwhile may be missed by this look."""
+        if locked:
+            with self._lock:
+                return _pairs(self._held, self._acks, self._sending)
+        held, acks, sending = self._held.copy(), self._acks.copy(), self._sending.copy()
+        return _pairs(held, acks, sending)
 
     def holds_work(self) -> bool:
         """Leases or acks not yet sent that the keeper must serve."""
@@ -223,6 +223,16 @@ class LeaseBook:
                     logger.debug("celery-pq: ack of %s in %r: already done", eid, q.name)
                     continue
                 logger.warning("celery-pq: ack of %s in %r came after its lease expired; it may run again", eid, q.name)
+
+
+def _pairs(held: dict, acks: dict, sending: dict) -> dict[PriorityQueue, Pairs]:
+    out: dict[PriorityQueue, Pairs] = {}
+    for tag, (q, eid) in held.items():
+        out.setdefault(q, []).append((eid, tag))
+    for batch in (acks, *sending.values()):
+        for q, pairs in batch.items():
+            out.setdefault(q, []).extend(pairs)
+    return out
 
 
 def _lost(q: PriorityQueue, eid: str) -> None:

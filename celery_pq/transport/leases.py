@@ -1,5 +1,6 @@
 """The lease keeper: one thread per connection that renews this process's leases, sends the acks
-waiting and sweeps expired leases back to their queues. docs/leases.md ("Renewal", "Sweep")."""
+waiting and sweeps expired leases back to their queues; under gevent or eventlet a native watch beside it
+(green.py). docs/leases.md ("Renewal", "Sweep", "Green pools")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from time import monotonic
 from redis import exceptions as rex
 
 from ..storage.connections import impatient
+from .green import NativeWatch, green_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +51,25 @@ class LeaseKeeper(threading.Thread):
         self._stopped = threading.Event()
         self._reported: dict[str, float] = {}  # trouble -> when last logged
         self.renewals = 0  # extend calls made
+        #: (books, monotonic time the next renewal is due, renew interval) as of the last look:
+        #: what a ``NativeWatch`` reads, from another OS thread (one assignment, read at once).
+        self.seen: tuple[list, float, float | None] = ([], 0.0, None)
+        self.watch: NativeWatch | None = None
+        self._watch_passes = 0  # the watch's passes when last reported
 
     def stop(self):
         self._stopped.set()
 
     def run(self):
+        runtime = green_runtime()  # (gevent or eventlet: this thread is a greenlet)
+        self.watch = NativeWatch(self, runtime) if runtime else None
+        try:
+            self._loop()
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
+
+    def _loop(self):
         next_renew = next_sweep = 0.0
         failures = 0  # renewals failed in a row
         while not self._stopped.is_set():
@@ -83,7 +99,29 @@ class LeaseKeeper(threading.Thread):
                     self._attempt("sweeping expired leases", self.sweep, books)
                 tick = max(0.02, min(renew_every, sweep_every) / 4)
                 wait = max(0.01, min(tick, next_renew - monotonic()))
+                self.seen = (books, next_renew, renew_every)
+            else:
+                self.seen = ([], 0.0, None)
+            self._watched()
             self._stopped.wait(wait)
+
+    def _watched(self):
+        """Say so when the native watch renewed for us (the hub was held), at most every REPORT_EVERY."""
+        watch = self.watch
+        if watch is None or watch.passes == self._watch_passes:
+            return
+        now = monotonic()
+        if now - self._reported.get("held", -REPORT_EVERY) < REPORT_EVERY:
+            return
+        self._reported["held"] = now
+        logger.warning(
+            "celery-pq lease keeper: the %s hub was held past a lease renewal (a task that does not "
+            "yield?); the native watch renewed the leases instead (%d pass(es), %d lease(s) so far)",
+            watch.runtime,
+            watch.passes,
+            watch.renewed,
+        )
+        self._watch_passes = watch.passes
 
     def _attempt(self, what, fn, *args) -> bool:
         """Run one task of the keeper, reporting a failure. A cluster slot moving fails it at once

@@ -45,6 +45,17 @@ def sleeper(self, seconds, tag):
     log("done", [tag, os.getpid()])
 
 
+@app.task(name="e2e.spin", bind=True)
+def spin(self, seconds, tag):
+    """Holds the CPU for ``seconds`` without yielding (no I/O, no sleep): under gevent or eventlet
+    the hub waits, and every greenlet with it."""
+    log("start", [tag, os.getpid(), delivery_number(self.request)])
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    log("done", [tag, os.getpid()])
+
+
 @app.task(name="e2e.crash", bind=True)
 def crash(self, tag):
     log("crash", [tag, os.getpid(), delivery_number(self.request)])
