@@ -13,7 +13,7 @@ from ..scripts import FIRST_SEND, Layout, resent, signature
 from ..storage import constants as C
 from ..storage.errors import ErrorCode, raise_for
 from ..storage.ids import decode_id, encode_id
-from ..storage.records import entry_payload, split_dead_note, split_entry
+from ..storage.records import entry_parts, split_dead_note, split_entry
 from .item import lua_group
 from .values import Delivery, Entry, Lease, as_text, unescape_tenant
 
@@ -193,8 +193,12 @@ def popped_leases(q: Context, reply) -> list[Lease]:
 
 def popped_deliveries(reply) -> list[Delivery]:
     """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
-    header; the scripts return only entries they parsed)."""
-    return [Delivery(decode_id(e), as_text(t), int(d), entry_payload(v)) for e, t, d, _, v in _popped(reply)]
+    header, which is kept unparsed; the scripts return only entries they parsed)."""
+    out = []
+    for e, t, d, _, v in _popped(reply):
+        head, _, payload = entry_parts(v)
+        out.append(Delivery(decode_id(e), as_text(t), int(d), payload, head))
+    return out
 
 
 # -- ack.lua, extend.lua (their ARGV: lease_pairs) ----------------------------------------------

@@ -82,12 +82,14 @@ class Lease(Entry):
 class Delivery(NamedTuple):
     """A leased entry as a consumer that hands it on needs it (the transport: ``pop`` with
     ``lean``): a ``Lease`` without the fields read from the entry's header (priority, tenant,
-    times), which are not parsed for it."""
+    times), which are not parsed for it: ``head`` is the entry's header as stored
+    (``d,s,t,x,r,ts[,xp]``, docs/key-layout.md; ``storage.records.split_entry`` reads it)."""
 
     id: str
     token: str
     deliveries: int
     payload: bytes
+    head: bytes = b""
 
 
 #: What one pop holds: ``Lease`` objects, or ``Delivery`` tuples for a lean pop.
