@@ -79,8 +79,10 @@ class Delivered:
     def of_request(cls, request: Any) -> Delivered | None:
         """The delivery of a Celery task's ``request``, or None (not delivered by celery-pq)."""
         props = getattr(request, "properties", None)
-        info = props.get("delivery_info") if isinstance(props, dict) else None
-        entry = info.get(DELIVERED_ENTRY) if isinstance(info, dict) else None
+        if not isinstance(props, dict) or not isinstance(props.get("delivery_info"), dict):
+            return None
+        info = props["delivery_info"]
+        entry = info.get(DELIVERED_ENTRY)
         if not isinstance(entry, (tuple, list)) or len(entry) != 3:
             return None
         queue, head, delivered_ms = entry

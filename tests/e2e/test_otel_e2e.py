@@ -26,7 +26,11 @@ from .test_celery_e2e import ROOT, Harness
 pytestmark = pytest.mark.e2e
 
 PRIORITY, TENANT, WAIT_MS = "messaging.celery_pq.priority", "messaging.celery_pq.tenant", "messaging.celery_pq.wait_ms"
-COUNT, REDELIVERED, QUEUE = "messaging.celery_pq.delivery_count", "messaging.celery_pq.redelivered", "messaging.destination.name"
+COUNT, REDELIVERED, QUEUE = (
+    "messaging.celery_pq.delivery_count",
+    "messaging.celery_pq.redelivered",
+    "messaging.destination.name",
+)
 
 
 class Client:
@@ -50,7 +54,9 @@ class Client:
         return result
 
     def producer_traces(self) -> set[str]:
-        return {format(s.context.trace_id, "032x") for s in self.spans.get_finished_spans() if s.kind.name == "PRODUCER"}
+        return {
+            format(s.context.trace_id, "032x") for s in self.spans.get_finished_spans() if s.kind.name == "PRODUCER"
+        }
 
 
 @pytest.fixture
@@ -86,7 +92,9 @@ class OtelHarness(Harness):
                 return None
             lines = self.spans_path.read_text().splitlines()
             spans = [json.loads(line) for line in lines]
-            mine = [s for s in spans if s["kind"] == "CONSUMER" and s["attributes"].get("messaging.message.id") == task_id]
+            mine = [
+                s for s in spans if s["kind"] == "CONSUMER" and s["attributes"].get("messaging.message.id") == task_id
+            ]
             return mine if len(mine) >= n else None
 
         return wait_for(found, 30, f"{n} run span(s) of {task_id}")
@@ -164,7 +172,9 @@ def test_one_trace_from_publish_to_run_on_every_path(otel_harness, client):
     assert TENANT not in p["attributes"]  # a plain queue has no tenants
     # a countdown's wait counts from its due time, not from its publish (3 s before)
     (d,) = runs["delayed"]
-    due_after_publish = d["attributes"]["messaging.celery_pq.due_ms"] - d["attributes"]["messaging.celery_pq.enqueued_ms"]
+    due_after_publish = (
+        d["attributes"]["messaging.celery_pq.due_ms"] - d["attributes"]["messaging.celery_pq.enqueued_ms"]
+    )
     assert 2500 <= due_after_publish <= 3500, due_after_publish
     assert 0 <= d["attributes"][WAIT_MS] < 1500, d["attributes"][WAIT_MS]
     assert time.time() - delayed_at >= 3
