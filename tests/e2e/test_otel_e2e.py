@@ -8,6 +8,9 @@ worker's metrics have the attributes docs/operations.md lists, the tenant only w
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -19,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_pq.__main__ import main
-from celery_pq.testing import start_worker, wait_for
+from celery_pq.testing import celery_env, start_worker, wait_for
 
 from .test_celery_e2e import ROOT, Harness
 
@@ -218,3 +221,22 @@ def test_redelivery_after_sigkill_stays_in_the_trace(otel_harness, client):
     assert expiries["attributes"] == {QUEUE: "q"} and expiries["value"] == 1
     (dead,) = metrics["celery_pq.dead_letters"]
     assert dead["value"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_console_example_prints_the_run_spans_in_the_publish_trace_and_the_metrics(redis_server):
+    env = celery_env(ROOT, PQ_EXAMPLE_BROKER=f"pq://127.0.0.1:{redis_server.port}/0")
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.otel_console", "--with-worker"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    trace_id = re.search(r"published 3 tasks in trace ([0-9a-f]{32})", run.stdout).group(1)
+    runs = [s for s in re.findall(r"^\{\n.*?^\}$", run.stdout, re.S | re.M) if '"name": "run/otel_demo.work"' in s]
+    assert len(runs) == 3 and all(f'"trace_id": "0x{trace_id}"' in s and WAIT_MS in s for s in runs), run.stdout
+    for name in ("celery_pq.queue.wait", "celery_pq.deliveries", "celery_pq.lease_expiries", "celery_pq.dead_letters"):
+        assert f'"name": "{name}"' in run.stdout, name
