@@ -194,11 +194,11 @@ def popped_leases(q: Context, reply) -> list[Lease]:
 def popped_deliveries(reply) -> list[Delivery]:
     """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
     header, which is kept unparsed; the scripts return only entries they parsed)."""
-    out = []
-    for e, t, d, _, v in _popped(reply):
-        head, _, payload = entry_parts(v)
-        out.append(Delivery(decode_id(e), as_text(t), int(d), payload, head))
-    return out
+    return [
+        Delivery(decode_id(e), as_text(t), int(d), p[2], p[0])
+        for e, t, d, _, v in _popped(reply)
+        for p in (entry_parts(v),)  # (one assignment: Python compiles this as one)
+    ]
 
 
 # -- ack.lua, extend.lua (their ARGV: lease_pairs) ----------------------------------------------
