@@ -12,7 +12,7 @@ from ..scripts import Layout, signature
 from ..storage import constants as C
 from ..storage.errors import ErrorCode, raise_for
 from ..storage.ids import decode_id, encode_id
-from ..storage.records import entry_payload, split_dead_note, split_entry
+from ..storage.records import entry_parts, split_dead_note, split_entry
 from .item import lua_group
 from .values import Delivery, Entry, Lease, as_text, unescape_tenant
 
@@ -174,8 +174,13 @@ def popped_leases(q: Context, reply) -> list[Lease]:
 
 
 def popped_deliveries(reply) -> list[Delivery]:
-    """``popped_leases``, lean: ``Delivery`` tuples (the scripts return only entries they parsed)."""
-    return [Delivery(decode_id(e), as_text(t), int(d), entry_payload(v)) for e, t, d, _, v in _popped(reply)]
+    """``popped_leases``, lean: ``Delivery`` tuples (the payload is what follows the entry's
+    header, which is kept unparsed; the scripts return only entries they parsed)."""
+    return [
+        Delivery(decode_id(e), as_text(t), int(d), p[2], p[0])
+        for e, t, d, _, v in _popped(reply)
+        for p in (entry_parts(v),)  # (one assignment: Python compiles this as one)
+    ]
 
 
 # -- ack.lua, extend.lua (their ARGV: lease_pairs) ----------------------------------------------

@@ -78,12 +78,14 @@ class Lease(Entry):
 
 class Delivery(NamedTuple):
     """A leased entry as a lean ``pop`` gives it (the transport's): a ``Lease`` without the fields
-    of the entry's header (priority, tenant, times), which are not parsed for it."""
+    of the entry's header (priority, tenant, times), not parsed for it; ``head`` is the header as
+    stored (docs/key-layout.md; ``storage.records.split_entry`` reads it)."""
 
     id: str
     token: str
     deliveries: int
     payload: bytes
+    head: bytes = b""
 
 
 #: What one pop holds: ``Lease`` objects, or ``Delivery`` tuples for a lean pop.

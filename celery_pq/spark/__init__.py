@@ -18,10 +18,10 @@ from .events.analysis import analyze
 from .events.source import EventsDataSource
 from .session import check_python_workers
 from .sink.rejects import REJECTS_FILE, SUMMARY_FILE, read_rejected_rows
-from .sink.settings import PASSWORD_ENV
+from .sink.settings import PASSWORD_ENV, trace_context
 from .sink.source import CeleryPQDataSource
 
-__all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register"]
+__all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_rejects", "register", "trace_context"]
 
 
 def register(spark, *, check_workers: bool = True) -> None:
@@ -81,7 +81,8 @@ def enqueue(
     ``args`` and ``kwargs`` name columns; ``key`` names columns whose values (with ``job``, default
     the task name) derive each row's task id; ``transport_options`` override the app's; other
     keyword arguments are writer options (``batch_rows=...``). The rejects come back as a
-    DataFrame (``EnqueueResult.rejects``).
+    DataFrame (``EnqueueResult.rejects``). The messages carry the trace context current here
+    (``trace_context``, when opentelemetry is installed and a span is current).
     """
     if isinstance(app_or_url, str):
         url, base = app_or_url, {}
@@ -93,6 +94,7 @@ def enqueue(
     url, password = _without_password(url)
     base.update(transport_options or {})
     given = {"broker": url, "task": task, "on_reject": on_reject, **{k: str(v) for k, v in options.items()}}
+    given.setdefault("trace_context", trace_context())
     if base:
         given["transport_options"] = json.dumps(base)
     for name, cols in (("args", args), ("kwargs", kwargs), ("key", key)):

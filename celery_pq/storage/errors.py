@@ -65,6 +65,10 @@ class NotWaiting(PQError):
 
 #: The one line a command or module of the ``[ops]`` extra says when the extra is not installed.
 OPS_EXTRA = "{what} needs the [ops] extra (prometheus_client): pip install 'celery-pq[ops]'"
+OTEL_EXTRA = (
+    "{what} needs the [otel] extra (opentelemetry-api, opentelemetry-instrumentation-celery): "
+    "pip install 'celery-pq[otel]'"
+)
 
 
 class ConfigError(PQError, ValueError):

@@ -45,9 +45,9 @@ def split_entry(value) -> tuple[EntryHeader, bytes] | None:
     return EntryHeader(int(d or 0), int(s), t, x, r, int(ts or 0), int(xp or 0)), payload
 
 
-def entry_payload(value) -> bytes:
-    """The payload of an entry the scripts parsed, its header left unread."""
-    return _b(value).partition(b"|")[2]
+def entry_parts(value) -> tuple[bytes, bytes, bytes]:
+    """``(header, b"|", payload)`` of an entry the scripts parsed, the header left unparsed."""
+    return _b(value).partition(b"|")
 
 
 def join_entry(header: EntryHeader, payload) -> bytes:

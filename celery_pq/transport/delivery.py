@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from contextlib import suppress
-from time import monotonic
+from time import monotonic, time
 from typing import Any, Protocol
 
 from kombu.transport import virtual
@@ -18,7 +18,7 @@ from ..queue import Consumer, Delivery
 from ..storage import constants as C
 from ..storage.codec import decode
 from .leasebook import PopInFlight
-from .messages import BROADCAST_ID
+from .messages import BROADCAST_ID, DELIVERED_ENTRY
 from .poller import Wait
 
 
@@ -210,7 +210,7 @@ class Deliveries:
         channel.transport.ensure_keeper()
         view = channel.views.range_of(queue)
         leases = self.leases.pop(channel.queue(queue), 1, consumer=channel.consumer_id, view=view)
-        msg = self._to_message(leases[0]) if leases else None
+        msg = self._to_message(leases[0], queue, int(time() * 1000)) if leases else None
         if msg is None:
             raise virtual.Empty()
         return msg
@@ -222,12 +222,13 @@ class Deliveries:
         channel = self.channel
         rest = [lease.token for lease in reversed(leases)]  # not delivered yet, last first
         delivered = 0
+        now_ms = int(time() * 1000)
         try:
             for lease in leases:
                 if channel.closed or worker_stopping():  # a task of this batch began a shutdown
                     break
                 rest.pop()
-                message = self._to_message(lease)
+                message = self._to_message(lease, name, now_ms)
                 if message is None:
                     continue
                 try:
@@ -245,8 +246,10 @@ class Deliveries:
                 self.give_back_all(rest)
         return delivered
 
-    def _to_message(self, lease: Delivery) -> dict | None:
-        """The kombu message of a lease, or None (dead-lettered as ``malformed``)."""
+    def _to_message(self, lease: Delivery, queue: str, now_ms: int) -> dict | None:
+        """The kombu message of a lease, or None (dead-lettered as ``malformed``). Its
+        delivery_info also carries ``DELIVERED_ENTRY``: ``(queue, the entry's stored header,
+        Unix ms of the delivery)``, which ``celery_pq.ops.otel`` reads (docs/operations.md)."""
         try:
             message = decode(lease.payload, raw_body=True)
             props = message["properties"]
@@ -262,6 +265,7 @@ class Deliveries:
         props["delivery_tag"] = lease.token
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1
+        info[DELIVERED_ENTRY] = (queue, lease.head, now_ms)
         if lease.deliveries > 1:
             message["redelivered"] = True
             if headers is not None:

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 STAMP = "x-pq-publish"
 #: The property a fanout broadcast carries its publish call's id in (receivers drop a repeat).
 BROADCAST_ID = "x-pq-broadcast"
+#: The delivery_info key of what a delivery knows of its entry: ``(queue, the entry's header as
+#: stored, Unix ms of the delivery)`` (never stored; ``celery_pq.ops.otel`` reads it).
+DELIVERED_ENTRY = "x-pq-entry"
 #: Properties never stored (a delivery's tag is its lease token).
 NOT_STORED = frozenset(("delivery_tag", STAMP))
 

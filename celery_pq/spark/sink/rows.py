@@ -81,6 +81,7 @@ class TaskRows:
         # test compares; benchmarks/results/notes.md, "celery_pq/spark/sink/rows.py")
         amqp = self.app.amqp
         self.headers = amqp.as_task_v2("", settings.task, origin=self.origin).headers
+        self.headers.update(settings.trace_context)  # the driver's trace context (docs/spark.md)
         self.repr_sizes = amqp.argsrepr_maxsize, amqp.kwargsrepr_maxsize
         self.repr_levels = self.app.conf.task_repr_maxlevels
 

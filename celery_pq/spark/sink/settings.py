@@ -119,6 +119,30 @@ def _choice(*allowed: str):
     return read
 
 
+def trace_context() -> str:
+    """The option ``trace_context`` for a write started in this process (the driver): the current
+    trace context as message headers (``{"traceparent": ...}``, OpenTelemetry's propagators, as
+    opentelemetry-instrumentation-celery injects at a publish) in JSON; "" without opentelemetry
+    or without a current span. (A Spark Python worker, not the driver, reads the options.)"""
+    try:
+        from opentelemetry.propagate import inject
+    except ImportError:
+        return ""
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return json.dumps(carrier) if carrier else ""
+
+
+def _trace_headers(name: str, text: str) -> tuple[tuple[str, str], ...]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(f"option {name!r} must be a JSON object of header names and strings, got {text!r}")
+    return tuple(sorted(value.items()))
+
+
 #: The writer's own options read from their text alone: name -> reader (an empty text is as if
 #: the option were not given: the field's default).
 _READERS = {
@@ -129,6 +153,7 @@ _READERS = {
     "on_full": _choice("wait", "reject"),
     "full_wait_seconds": _positive,
     "rows_per_second": _rate,
+    "trace_context": _trace_headers,
 }
 #: The writer's own options, as the error for an unknown one lists them.
 _OWN = ("broker", "task", "args", "kwargs", "queue", "key", "job", "rejects", *_READERS, "transport_options")
@@ -166,6 +191,8 @@ class WriterSettings:
     fair_column: str | None = None
     #: Made once per write by ``parse``: part of the identity of a row without ``task_id`` or ``key``.
     write_id: str = ""
+    #: The option ``trace_context`` (``enqueue`` gives the driver's): headers every message carries.
+    trace_context: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, options: dict, columns: list[str]) -> WriterSettings:
