@@ -225,7 +225,7 @@ class Sink:
 def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionReport, *, hooks=None):
     """Build and send the partition's next rows (after ``rows.position``) batch by batch, counting
     in ``report``. ``hooks`` (``record.Progress``), if given: ``see(row)`` for every row,
-    ``begin(start, end)`` before a batch is sent and ``done(end)`` after."""
+    ``begin(end)`` before a batch is sent and ``done(end)`` after."""
     s = sink.settings
     batch: list = []
     start = position = rows.position + 1
@@ -237,7 +237,7 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
         if sink.rate is not None and batch:
             sink.rate.take(len(batch))
         if hooks is not None:
-            hooks.begin(start, position)
+            hooks.begin(position)
         sink.send(batch, report)
         if hooks is not None:
             hooks.done(position)

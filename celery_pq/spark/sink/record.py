@@ -70,10 +70,8 @@ class PartitionState:
     @classmethod
     def decode(cls, value: bytes) -> PartitionState:
         ms, segments, pending = value.decode().split("|", 2)
-        state = cls(ms=int(ms))
-        for part in filter(None, segments.split(",")):
-            end, digest = part.split(":")
-            state.segments.append((int(end), digest))
+        parts = [part.split(":") for part in filter(None, segments.split(","))]
+        state = cls([(int(end), digest) for end, digest in parts], ms=int(ms))
         if pending:
             end, digest, namespace = pending.split(":", 2)
             state.pending = (int(end), digest, namespace)
@@ -133,10 +131,11 @@ class SinkRecord:
         if owner is not None and owner.decode() != self.run:
             self._fenced(owner)
 
-    def prune(self, below: int) -> int:
-        """Drop the fields of micro-batches before ``below``; how many."""
+    def prune(self, below: int) -> None:
+        """Drop the fields of micro-batches before ``below``."""
         old = [f for f in self.client.hkeys(self.key) if f[:1].isdigit() and int(f.split(b":", 1)[0]) < below]
-        return self.client.hdel(self.key, *old) if old else 0
+        if old:
+            self.client.hdel(self.key, *old)
 
 
 class Progress:
@@ -149,21 +148,13 @@ class Progress:
         self.digest = RowDigest()
         self.sending = ""
 
-    def use(self, namespace: str) -> None:
-        """Give the rows sent from now on the identities of ``namespace``."""
-        self.rows.write_id = namespace
-
-    def skipped(self, end: int, digest: str) -> None:
-        """Rows up to ``end`` (a segment of digest ``digest``) were handled by an earlier attempt."""
-        self.state.segments.append((end, digest))
-
     def save(self) -> None:
         self.record.save(self.batch, self.partition, self.state)
 
     def see(self, row) -> None:
         self.digest.add(row)
 
-    def begin(self, start: int, end: int) -> None:
+    def begin(self, end: int) -> None:
         self.sending, self.digest = self.digest.hexdigest(), RowDigest()
         self.state.pending = (end, self.sending, self.rows.write_id)
         self.save()

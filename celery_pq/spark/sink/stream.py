@@ -48,7 +48,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             record.claim()
             progress = Progress(record, batch, report.partition, rows)
             rest = self._replay(record.load(batch, report.partition), iter(iterator), sink, report, progress)
-            progress.use(f"{query}:{batch}:{run}.{report.attempt}")
+            rows.write_id = f"{query}:{batch}:{run}.{report.attempt}"
             return write_partition(rows, rest, sink, report, hooks=progress)
 
     def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: PartitionReport, progress: Progress):
@@ -65,7 +65,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
                 rows.skip(row)
             report.rows += len(segment)
             report.skipped += len(segment)
-            progress.skipped(end, digest)
+            progress.state.segments.append((end, digest))
             position = end
         if position:
             progress.save()
@@ -76,7 +76,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
             return self._unmatched(earlier, position, segment, rows_in, report)
         self._warn_if_late(report, earlier, position, sink.client)
-        progress.use(namespace)
+        rows.write_id = namespace
         write_partition(rows, segment, sink, report, hooks=progress)
         return rows_in
 
