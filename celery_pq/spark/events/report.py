@@ -53,6 +53,9 @@ TENANT_FIGURES = table("""
     expired      | leases expired      | int
     dead         | dead-lettered       | int
 """)
+#: The frames of ``analyze()``, besides ``summary``, that a queue's plots and tables are drawn from.
+FRAMES = ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
+TITLE = "celery-pq event log report"
 
 
 def fmt(value, kind: str) -> str:
@@ -96,9 +99,7 @@ def _plots(queue: str, frames: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    share, waits, fair, tput, errs, redel = (
-        frames[k] for k in ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
-    )
+    share, waits, fair, tput, errs, redel = (frames[k] for k in FRAMES)
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     fig.suptitle(f"queue {queue}", fontsize=14)
     for ax in (axes[0][0], axes[0][2], axes[1][0]):  # plots over time
@@ -165,25 +166,17 @@ def _cell(figures, key, value, kind) -> str:
     return f'<td data-figure="{html.escape(key)}">{html.escape(text)}</td>'
 
 
-def build_report(
-    events,
-    *,
-    window_seconds: float | None = None,
-    weights: dict | None = None,
-    title: str = "celery-pq event log report",
-) -> Report:
+def build_report(events, *, window_seconds: float | None = None) -> Report:
     from .analysis import analyze
 
-    dfs = analyze(events, window_seconds=window_seconds, weights=weights)
+    dfs = analyze(events, window_seconds=window_seconds)
     # pd.DataFrame: pyspark's PandasDataFrameLike does not resolve for mypy
     summary: pd.DataFrame = dfs["summary"].toPandas()
     report = Report("")
-    parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts = [f"<h1>{html.escape(TITLE)}</h1>"]
     if not len(summary):
         parts.append("<p>The event log is empty.</p>")
-    all_frames: dict[str, pd.DataFrame] = {
-        k: dfs[k].toPandas() for k in ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
-    }
+    all_frames: dict[str, pd.DataFrame] = {k: dfs[k].toPandas() for k in FRAMES}
     for _, q in summary.iterrows():
         queue = q["queue"]
         frames = {k: v[v["queue"] == queue].reset_index(drop=True) for k, v in all_frames.items()}
@@ -219,7 +212,7 @@ def build_report(
         )
     report.html = (
         '<!DOCTYPE html><html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>"
+        f"<title>{html.escape(TITLE)}</title><style>"
         "body{font-family:sans-serif;margin:2em;max-width:1300px}"
         "table{border-collapse:collapse;margin:.5em 0 1.5em}"
         "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
@@ -229,9 +222,7 @@ def build_report(
     return report
 
 
-def write_report(
-    source, html_path, *, png_path=None, spark=None, window_seconds: float | None = None, weights: dict | None = None
-) -> Report:
+def write_report(source, html_path, *, png_path=None, spark=None, window_seconds: float | None = None) -> Report:
     """Read ``source`` (a Parquet path written by export-events, or an events DataFrame), write
     the HTML page to ``html_path`` and, if asked, the first queue's plots to ``png_path``."""
     if isinstance(source, (str, Path)):
@@ -247,7 +238,7 @@ def write_report(
         events = spark.read.parquet(str(path))
     else:
         events = source
-    report = build_report(events, window_seconds=window_seconds, weights=weights)
+    report = build_report(events, window_seconds=window_seconds)
     Path(html_path).write_text(report.html)
     if png_path is not None and report.images:
         Path(png_path).write_bytes(next(iter(report.images.values())))
