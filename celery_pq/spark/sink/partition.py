@@ -149,11 +149,8 @@ class Sink:
         self.on_full = settings.on_full or on_full
         self.queues: dict = {}
         self.routing = RoutingTables(client, settings.transport)
-        self.rate = (
-            RateCap(client, sink, settings.transport.key_prefix, settings.rows_per_second)
-            if settings.rows_per_second
-            else None
-        )
+        rate = settings.rows_per_second
+        self.rate = RateCap(client, sink, settings.transport.key_prefix, rate) if rate else None
 
     @property
     def batch_rows(self) -> int:
@@ -199,13 +196,9 @@ class Sink:
                 now = time.monotonic()
                 if done or since is None:
                     since = now
-                wait = self.settings.full_wait_seconds
-                if self.on_full == "reject" or now - since >= wait:
-                    why = (
-                        ", and on_full='reject'"
-                        if self.on_full == "reject"
-                        else f"; no row found room for full_wait_seconds={wait:g}"
-                    )
+                wait, reject = self.settings.full_wait_seconds, self.on_full == "reject"
+                if reject or now - since >= wait:
+                    why = ", and on_full='reject'" if reject else f"; no row found room for full_wait_seconds={wait:g}"
                     raise QueueStillFull(
                         f"celery_pq writer: {exc}{why}: partition {report.partition} stored "
                         f"{report.sent + report.already_stored} rows, not the {len(items)} refused nor "
