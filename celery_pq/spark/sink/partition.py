@@ -1,8 +1,5 @@
-"""One Spark task's way into the queues, for the batch writer and the streaming sink: its rows
-built into messages and inserted batch by batch, waiting for room in a full queue (``on_full``)
-and under the ``rows_per_second`` cap (counted on the Redis server's clock). On the executors.
-docs/spark.md ("A full queue, and a rate cap").
-"""
+"""One Spark task's rows into the queues (batch writer and streaming sink), waiting for room in a
+full queue (``on_full``) and under ``rows_per_second``. docs/spark.md ("A full queue, and a rate cap")."""
 
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ class PartitionReport(WriterCommitMessage):
 
 
 class PartitionWriter:
-    """What the batch writer and the streaming sink share: a Spark task's sink, and the commit's
-    log line and ``rejects`` directory."""
+    """The batch writer's and the streaming sink's: a Spark task's sink, the commit's log and rejects."""
 
     def __init__(self, settings: WriterSettings, schema: StructType):
         self.settings = settings
@@ -107,9 +103,8 @@ class PartitionWriter:
 
 
 class RateCap:
-    """``rows_per_second`` over every Spark task of one sink: each takes rows from the counter of
-    the current second of the Redis server's clock; what the second has no room for waits for the
-    next, so no second's count exceeds the cap."""
+    """``rows_per_second`` over every Spark task of one sink, counted per second of the Redis
+    server's clock: what a second has no room for waits for the next."""
 
     def __init__(self, client, sink: str, prefix: str, rows_per_second: float):
         self.client = client
@@ -117,7 +112,7 @@ class RateCap:
         self.cap = max(1, int(rows_per_second))
 
     def take(self, n: int) -> None:
-        """Return when ``n`` rows may go (in as many seconds as the cap needs)."""
+        """Return when ``n`` rows may go."""
         while n > 0:
             now = redis_ms(self.client) / 1000
             second = int(now)

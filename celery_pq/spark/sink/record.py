@@ -1,8 +1,6 @@
-"""The streaming sink's record in Redis (one hash per query, fenced by run) of what each
-partition of each micro-batch handled: a digest of each segment of rows, in order, and the
-segment being sent. Times are the Redis server's. docs/spark.md ("Each row once, across retries
-and restarts") has the design, docs/key-layout.md the fields.
-"""
+"""The streaming sink's record in Redis (a hash per query, fenced by run): per partition of each
+micro-batch, the digests of the segments of rows handled and of the one being sent (Redis times).
+docs/spark.md ("Each row once, across retries and restarts"), docs/key-layout.md."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ RUN_FIELD_PREFIX = "run:"
 
 
 class Fenced(PQError):
-    """A later run of the streaming query (on the same checkpoint) took it over: this run's Spark
-    task stops before sending more rows."""
+    """A later run of the streaming query (same checkpoint) took it over: this run sends no more rows."""
 
 
 def redis_ms(client) -> int:

@@ -1,8 +1,6 @@
-"""The streaming sink, ``df.writeStream.format("celery_pq")``: each micro-batch written as a batch
-is; a rerun sends rows with a ``task_id`` or ``key`` once by their ids, and skips the others that
-``record.py`` says an earlier attempt handled. docs/spark.md ("Each row once, across retries and
-restarts").
-"""
+"""``df.writeStream.format("celery_pq")``: a rerun sends rows with a ``task_id`` or ``key`` once by
+their ids, and skips the others ``record.py`` says an earlier attempt handled. docs/spark.md
+("Each row once, across retries and restarts")."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from .record import PartitionState, Progress, RowDigest, SinkRecord, redis_ms
 
 logger = logging.getLogger("celery_pq.spark")
 
-#: The Spark task's local properties naming its query, run (Spark's job group is the run id) and
-#: micro-batch.
+#: The Spark task's local properties naming its query, run (Spark's job group) and micro-batch.
 LOCAL_PROPERTIES = ("sql.streaming.queryId", "spark.jobGroup.id", "streaming.sql.batchId")
 
 
