@@ -1,7 +1,5 @@
-"""The writer's options, checked on the driver before any row is read (``WriterSettings.parse``:
-``ConfigError`` naming a missing, unknown or bad one); plain data pickled to the executors, no
-pyspark. docs/spark.md ("Options").
-"""
+"""The writer's options, checked on the driver before any row is read; plain data pickled to the
+executors, no pyspark. docs/spark.md ("Options")."""
 
 from __future__ import annotations
 
@@ -170,7 +168,7 @@ class WriterSettings:
     @classmethod
     def parse(cls, options: dict, columns: list[str]) -> WriterSettings:
         """The settings of ``options`` (names in any case) for a DataFrame with ``columns``;
-        ConfigError naming the option for anything missing, unknown or bad."""
+        ConfigError naming a missing, unknown or bad one."""
         given = {str(k).lower(): v for k, v in options.items()}
         if not given.get("path"):
             given.pop("path", None)  # save() without a path
