@@ -1,8 +1,5 @@
-"""What the queue did, from its event log: ``analyze(events) -> {name: DataFrame}`` (summary,
-entries, waits, share, fairness, rank_error, redeliveries, dead, throughput), for a DataFrame of
-the ``celery_pq_events`` columns, read from Redis or an export. docs/spark.md ("Analysis") says
-what each frame holds and how it is computed.
-"""
+"""What the queue did, from its event log (a DataFrame of the ``celery_pq_events`` columns, read
+from Redis or an export): ``analyze``. docs/spark.md ("Analysis") says what each frame holds."""
 
 from __future__ import annotations
 
@@ -36,13 +33,9 @@ def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
 def analyze(
     events: DataFrame, *, window_seconds: float | None = None, weights: dict[str, float] | None = None
 ) -> dict[str, DataFrame]:
-    """The analysis DataFrames of an event log, by name (docs/spark.md lists them). Time windows
-    are ``window_seconds`` long (default: a round length giving about 60 windows over the log's
-    span), aligned to multiples of their length since the epoch.
-
-    ``weights`` (``{tenant: weight}``, others 1) makes Jain's index compare each tenant's
-    deliveries divided by its weight, so a weighted fair share scores 1.
-    """
+    """The analysis DataFrames of an event log, by name. Time windows are ``window_seconds`` long
+    (default: a round length giving about 60 windows over the log's span), aligned to the epoch.
+    ``weights`` (``{tenant: weight}``, others 1): Jain's index of deliveries / weight (fair scores 1)."""
     missing = [c for c in REQUIRED if c not in events.columns]
     if missing:
         raise ValueError(

@@ -1,7 +1,5 @@
-"""``pq export-events QUEUE --out DIR``: the event log appended to Parquet files (pyarrow, no
-Spark), resumable without a repeat (``_offsets.json``; each file, renamed into place, named after
-its last event) and one run at a time (``.lock``). docs/spark.md ("Exporting to Parquet without Spark").
-"""
+"""``pq export-events QUEUE --out DIR``: the event log appended to Parquet files (pyarrow, no Spark),
+resumable without a repeat, one run at a time. docs/spark.md ("Exporting to Parquet without Spark")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``pq report EVENTS --html PAGE``: the figures of ``analyze()`` and their plots (inline PNGs) as
-one self-contained HTML page, each figure in a ``<td data-figure="<queue>|<tenant>|<name>">``
-(tenant empty for the queue's own) for scripts. docs/spark.md ("The report").
-"""
+"""``pq report EVENTS --html PAGE``: ``analyze()``'s figures and plots as one self-contained HTML page,
+each figure in a ``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for the queue's own)."""
 
 from __future__ import annotations
 

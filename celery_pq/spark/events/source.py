@@ -1,7 +1,5 @@
 """The ``celery_pq_events`` data source: queues' event logs (capped Redis streams) as a DataFrame,
-batch or streaming (from the checkpoint's offsets, saying when unread events were trimmed).
-docs/spark.md ("Reading the log").
-"""
+batch or streaming. docs/spark.md ("Reading the log")."""
 
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ class EventsDataSource(DataSource):
 
 
 def _read(reader, partition: InputPartition):
-    """Both readers' ``read``: the rows of a partition ``partitions()`` made (one without a key,
-    of an empty read: none)."""
+    """Both readers' ``read``: the rows of a partition (none for the keyless one of an empty read)."""
     assert isinstance(partition, EventsPartition)
     if not partition.key:
         return
