@@ -23,9 +23,8 @@ __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_re
 
 
 def register(spark, *, check_workers: bool = True) -> None:
-    """Register the writer ``celery_pq`` and the event-log reader ``celery_pq_events`` with a
-    SparkSession; calling it again is harmless. Unless ``check_workers=False``, first (once per
-    SparkContext) ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
+    """Register ``celery_pq`` and ``celery_pq_events`` with ``spark`` (again is harmless); first, unless
+    ``check_workers=False``, ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
     if check_workers:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)

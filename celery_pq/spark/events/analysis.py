@@ -168,8 +168,7 @@ def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
 
 
 def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
-    """Jain's index per ``by`` + window over the tenants active there (served, or with entries
-    waiting for a first delivery)."""
+    """Jain's index per ``by`` and window over the tenants served or waiting for a first delivery."""
     spark = ev.sparkSession
     keys = [*by, "tenant", "bucket"]
 
@@ -282,8 +281,7 @@ def _rank_error_group(pdf):
     pdf = pdf.assign(_ms=sid[0].astype("int64"), _seq=sid[1].astype("int64")).sort_values(["_ms", "_seq"])
     queue = pdf["queue"].iloc[0] if len(pdf) else ""
     rows = rank_errors(zip(pdf["event"], pdf["id"], pdf["rank"], pdf["tenant"], pdf["ms"], pdf["sid"]))
-    cols = ["id", "sid", "ms", "tenant", "rank", "rank_error", "waiting"]
-    out = pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=["id", "sid", "ms", "tenant", "rank", "rank_error", "waiting"])
     out.insert(0, "queue", queue)
     return out.astype({"ms": "int64", "rank": "int32", "rank_error": "int32", "waiting": "int32"})
 

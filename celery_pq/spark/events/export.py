@@ -45,9 +45,8 @@ def _parse_part(name: str) -> tuple[str, dict] | None:
 
 
 def read_offsets(out: Path) -> dict[str, dict]:
-    """The last exported event of each queue, ``{"sid": stream id, "n": position}``: from the
-    offsets file, or from a later file's name when a run stopped between writing the file and
-    updating the offsets."""
+    """The last exported event of each queue, ``{"sid": stream id, "n": position}``: from the offsets
+    file, or from a later file's name (a run stopped between writing the file and the offsets)."""
     offsets: dict[str, dict] = {}
     path = out / OFFSETS
     if path.exists():

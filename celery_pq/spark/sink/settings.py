@@ -231,9 +231,8 @@ class WriterSettings:
         return self
 
     def conninfo(self):
-        """The broker URL as kombu reads it for the transport (``;``-separated hosts allowed), with
-        the password of ``PASSWORD_ENV`` when it has none; TLS (certificate checked) for pqs://
-        and rediss://."""
+        """The broker URL as kombu reads it (``;``-separated hosts allowed), with the password of
+        ``PASSWORD_ENV`` when it has none; TLS (certificate checked) for pqs:// and rediss://."""
         from kombu import Connection
 
         from ...transport import channel as transport  # noqa: F401  registers pq:// and pqs://
