@@ -52,8 +52,7 @@ def analyze(
     span = ev.agg(F.min("ms").alias("lo"), F.max("ms").alias("hi")).first()
     assert span is not None  # an aggregate without grouping has one row
     lo, hi = (span["lo"] or 0), (span["hi"] or 0)
-    window_ms = int(window_seconds * 1000) if window_seconds else choose_window_ms(hi - lo)
-    window_ms = max(window_ms, 1)
+    window_ms = max(int(window_seconds * 1000) if window_seconds else choose_window_ms(hi - lo), 1)
     base = lo - lo % window_ms
 
     def bucket(col):
@@ -322,8 +321,8 @@ def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
             F.max("ms").alias("last_ms"),
         )
         .withColumn("span_s", (F.col("last_ms") - F.col("first_ms")) / 1000.0)
+        .withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
     )
-    counts = counts.withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
     waits = entries.where(F.col("wait_ms").isNotNull()).groupBy("queue").agg(*_wait_percentiles(50, 99))
     errors = rank_error.groupBy("queue").agg(
         F.avg("rank_error").alias("rank_error_mean"),

@@ -59,13 +59,10 @@ def read_offsets(out: Path) -> dict[str, dict]:
             raise ValueError(
                 f"{path} is not an offsets file of export-events ({exc!r}); move it away to export from the start"
             ) from None
-    if out.is_dir():
-        for entry in out.iterdir():
-            parsed = _parse_part(entry.name)
-            if parsed:
-                queue, o = parsed
-                if queue not in offsets or parse_sid(o["sid"]) > parse_sid(offsets[queue]["sid"]):
-                    offsets[queue] = o
+    parts = (_parse_part(entry.name) for entry in out.iterdir()) if out.is_dir() else ()
+    for queue, o in filter(None, parts):
+        if queue not in offsets or parse_sid(o["sid"]) > parse_sid(offsets[queue]["sid"]):
+            offsets[queue] = o
     return offsets
 
 

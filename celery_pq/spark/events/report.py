@@ -178,8 +178,7 @@ def build_report(events, *, window_seconds: float | None = None) -> Report:
     for _, q in summary.iterrows():
         queue = q["queue"]
         frames = {k: v[v["queue"] == queue].reset_index(drop=True) for k, v in all_frames.items()}
-        png = _plots(queue, frames)
-        report.images[queue] = png
+        png = report.images[queue] = _plots(queue, frames)
         rows = "".join(
             f"<tr><th>{html.escape(label)}</th>{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
             for name, label, kind in QUEUE_FIGURES
@@ -197,12 +196,11 @@ def build_report(events, *, window_seconds: float | None = None) -> Report:
             + "</tr>"
             for _, t in tenants.sort_values("tenant").iterrows()
         )
-        window_s = int(q["window_ms"]) / 1000
         parts.append(
             f"<h2>queue {html.escape(queue)}</h2>"
-            f"<p>Time windows of {window_s:g} s. Waits run from an entry becoming waiting (enqueue, or due "
-            f"for a delayed entry) to its first delivery. The rank error of a delivery counts the entries "
-            f"waiting at that moment with a strictly better rank.</p>"
+            f"<p>Time windows of {int(q['window_ms']) / 1000:g} s. Waits run from an entry becoming waiting "
+            "(enqueue, or due for a delayed entry) to its first delivery. The rank error of a delivery counts the "
+            "entries waiting at that moment with a strictly better rank.</p>"
             f'<img alt="plots of queue {html.escape(queue)}" src="data:image/png;base64,'
             f'{base64.b64encode(png).decode()}">'
             f"<h3>the queue</h3><table>{rows}</table>"

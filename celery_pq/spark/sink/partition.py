@@ -28,8 +28,7 @@ logger = logging.getLogger("celery_pq.spark")
 #: First and longest pause between two tries of rows refused by a full queue (seconds).
 FULL_BACKOFF = (0.05, 2.0)
 
-#: Seconds a rate counter of one second is kept (older ones are dropped by each take, and at
-#: each commit by ``prune_rate``).
+#: Seconds a one-second rate counter is kept (``RateCap.take`` and ``prune_rate`` drop older ones).
 RATE_KEY_SECONDS = 10
 
 
@@ -66,8 +65,7 @@ class PartitionWriter:
         self.settings = settings
         self.schema_json = schema.json()
         # Is the eta column Spark's TimestampType (naive local times in Python; TaskRows)?
-        eta = next((f for f in schema.fields if f.name == "eta"), None)
-        self.eta_is_local = eta is not None and isinstance(eta.dataType, TimestampType)
+        self.eta_is_local = any(f.name == "eta" and isinstance(f.dataType, TimestampType) for f in schema.fields)
 
     @contextmanager
     def _sink(self, settings: WriterSettings, report: PartitionReport, *, sink: str, on_full: str):

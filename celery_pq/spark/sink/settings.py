@@ -117,8 +117,7 @@ def _choice(*allowed: str):
     return read
 
 
-#: The writer's own options read from their text alone: name -> reader (an empty text is as if
-#: the option were not given: the field's default).
+#: The writer's own options read from their text alone: name -> reader (an empty text: the default).
 _READERS = {
     "on_reject": _choice("keep", "fail"),
     "batch_rows": _count,
@@ -158,8 +157,7 @@ class WriterSettings:
     #: Rows per second at most, over all the write's (the query's) Spark tasks; None: no cap.
     rows_per_second: float | None = None
     columns: tuple[str, ...] = ()
-    #: The ``ROLE_COLUMNS`` the DataFrame has, and the column ``fair_key`` names if any (a
-    #: ``tenant`` column wins over it).
+    #: The ``ROLE_COLUMNS`` the DataFrame has; the column ``fair_key`` names, if any (``tenant`` wins).
     roles: tuple[str, ...] = ()
     fair_column: str | None = None
     #: Made once per write by ``parse``: part of the identity of a row without ``task_id`` or ``key``.
