@@ -18,7 +18,7 @@ def local_spark(app_name: str, master: str = "local[*]", *, shuffle_partitions: 
 
     from . import register
 
-    builder = (
+    spark = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.driver.host", "127.0.0.1")  # else the host name's address, with a warning
@@ -27,10 +27,9 @@ def local_spark(app_name: str, master: str = "local[*]", *, shuffle_partitions: 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
+        .config(map=conf)
+        .getOrCreate()
     )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

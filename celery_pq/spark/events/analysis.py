@@ -128,11 +128,10 @@ def _entries(ev: DataFrame) -> DataFrame:
         (_count("dead") > 0).alias("dead"),
         (_count("remove") > 0).alias("removed"),
     )
-    ready = F.coalesce(F.col("due_ms"), F.col("enqueue_ms"))
     return (
         per.where(F.col("id").isNotNull())
         .withColumn("tenant", F.coalesce(F.col("tenant"), F.lit("")))
-        .withColumn("ready_ms", ready)
+        .withColumn("ready_ms", F.coalesce(F.col("due_ms"), F.col("enqueue_ms")))
         .withColumn("wait_ms", F.col("first_deliver_ms") - F.col("ready_ms"))
     )
 

@@ -95,8 +95,7 @@ def export_events(
             key = events_key(queue, key_prefix)
             info = stream_info(client, key)
             last = offsets.get(queue, {"sid": None, "n": 0})
-            gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
-            if gap:
+            if gap := check_gap(queue, last["sid"], last["n"], info, on_gap):
                 result.gaps.append(gap)
             result.exported[queue] = 0
             if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):

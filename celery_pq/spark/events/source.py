@@ -102,11 +102,8 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**self._earliest(), **(start or {})}
 
     def _latest(self) -> dict:
-        out = {}
-        for queue in self.settings.queues:
-            info = stream_info(self.client, self.settings.key(queue))
-            out[queue] = {"sid": info["last"] or "0-0", "n": info["added"]}
-        return out
+        infos = {q: stream_info(self.client, self.settings.key(q)) for q in self.settings.queues}
+        return {q: {"sid": info["last"] or "0-0", "n": info["added"]} for q, info in infos.items()}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._latest()

@@ -116,7 +116,7 @@ class SinkRecord:
             PartitionState.decode(value)
             for _, value in self.client.hscan_iter(self.key, match=f"{batch}:{partition}:*", count=1000)
         ]
-        return max(states, key=lambda s: s.ms) if states else None
+        return max(states, key=lambda s: s.ms, default=None)
 
     def save(self, batch: int, partition: int, state: PartitionState) -> None:
         """Write this run's state of the partition; ``Fenced`` when another run owns the query."""
