@@ -115,8 +115,7 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.settings.max_events)
         return ReadAllAvailable()
 
-    def reportLatestOffset(self):
-        return self._latest()
+    reportLatestOffset = _latest
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         start = self._start(start)
