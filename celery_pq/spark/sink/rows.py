@@ -50,8 +50,8 @@ def plain(value):
 
 
 class TaskRows:
-    """The task messages of partition ``partition``'s rows: each ``build`` (or ``skip``) call is
-    the next row. ``eta_is_local``: naive ``eta`` datetimes are local (TimestampType), else UTC as ISO strings."""
+    """The task messages of partition ``partition``'s rows, each ``build`` (or ``skip``) the next row.
+    ``eta_is_local``: naive ``eta`` datetimes are local time (TimestampType), not UTC as naive ISO text is."""
 
     def __init__(self, settings: WriterSettings, *, partition: int = 0, eta_is_local: bool = True):
         self.s = settings
