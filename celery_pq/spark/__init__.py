@@ -1,7 +1,5 @@
-"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark):
-``register(spark)`` adds the data sources ``celery_pq`` (into a queue, ``sink/``) and
-``celery_pq_events`` (out of its event log, ``events/``); ``enqueue`` writes a DataFrame's rows as
-tasks, ``analyze`` reads the event log. docs/spark.md has the options, the columns and the design.
+"""celery-pq and Spark (the ``[spark]`` extra; ``import celery_pq`` never imports pyspark): the data
+sources ``celery_pq`` (into a queue, ``sink/``) and ``celery_pq_events`` (its event log, ``events/``).
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ __all__ = ["CeleryPQDataSource", "EnqueueResult", "analyze", "enqueue", "read_re
 
 
 def register(spark, *, check_workers: bool = True) -> None:
-    """Register the writer ``celery_pq`` and the event-log reader ``celery_pq_events`` with a
-    SparkSession; calling it again is harmless. Unless ``check_workers=False``, first (once per
-    SparkContext) ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
+    """Register ``celery_pq`` and ``celery_pq_events`` with ``spark`` (again is harmless); first, unless
+    ``check_workers=False``, ``ConfigError`` when Spark's Python workers cannot import celery_pq."""
     if check_workers:
         check_python_workers(spark)
     spark.dataSource.register(CeleryPQDataSource)
@@ -75,15 +72,11 @@ def enqueue(
     on_reject: str = "keep",
     **options,
 ) -> EnqueueResult:
-    """Every row of ``df`` as one task ``task`` in the queue, as the ``celery_pq`` writer does it.
-
-    ``app_or_url``: a Celery app (its broker URL and ``broker_transport_options``) or a broker URL.
-    ``args`` and ``kwargs`` name columns; ``key`` names columns whose values (with ``job``, default
-    the task name) derive each row's task id; ``transport_options`` override the app's; other
-    keyword arguments are writer options (``batch_rows=...``). The rejects come back as a
-    DataFrame (``EnqueueResult.rejects``). The messages carry the trace context current here
-    (``trace_context``, when opentelemetry is installed and a span is current).
-    """
+    """Every row of ``df`` as one task ``task``, as the ``celery_pq`` writer does it. ``app_or_url``:
+    a Celery app (its broker URL and ``broker_transport_options``) or a broker URL; ``key`` names
+    columns whose values (with ``job``, default the task name) derive each row's task id;
+    ``transport_options`` override the app's; other keyword arguments are writer options. The
+    messages carry the trace context current here (``trace_context``, with opentelemetry)."""
     if isinstance(app_or_url, str):
         url, base = app_or_url, {}
     else:
@@ -98,10 +91,8 @@ def enqueue(
     if base:
         given["transport_options"] = json.dumps(base)
     for name, cols in (("args", args), ("kwargs", kwargs), ("key", key)):
-        if isinstance(cols, str):
-            cols = [cols]
         if cols:
-            given[name] = ",".join(cols)
+            given[name] = cols if isinstance(cols, str) else ",".join(cols)
     given.update((name, value) for name, value in (("queue", queue), ("job", job)) if value is not None)
     with tempfile.TemporaryDirectory(prefix="celery-pq-rejects-", ignore_cleanup_errors=True) as out:
         given["rejects"] = out

@@ -1,8 +1,5 @@
-"""Spark sessions: ``local_spark``, a local one as the project's tools make it (loopback only, no
-UI, UTC, Python workers on this interpreter, the data sources registered), and
-``check_python_workers``, once per SparkContext for ``register(spark)``: one ``ConfigError`` naming
-the fix when Spark's Python workers cannot import celery_pq. docs/spark.md ("From DataFrames to tasks").
-"""
+"""Spark sessions: ``local_spark`` as the project's tools make one, and ``check_python_workers``
+for ``register(spark)``. docs/spark.md ("From DataFrames to tasks")."""
 
 from __future__ import annotations
 
@@ -14,14 +11,14 @@ from ..storage.errors import ConfigError
 
 
 def local_spark(app_name: str, master: str = "local[*]", *, shuffle_partitions: int = 2, **conf):
-    """A local SparkSession; ``conf`` adds settings (dots as in Spark's names, given as a dict
-    by ``**{"spark.driver.memory": "1g"}``)."""
+    """A local SparkSession (loopback only, no UI, UTC, Python workers on this interpreter, the data
+    sources registered); ``conf`` adds settings: ``**{"spark.driver.memory": "1g"}``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from . import register
 
-    builder = (
+    spark = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.driver.host", "127.0.0.1")  # else the host name's address, with a warning
@@ -30,10 +27,9 @@ def local_spark(app_name: str, master: str = "local[*]", *, shuffle_partitions: 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
+        .config(map=conf)
+        .getOrCreate()
     )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

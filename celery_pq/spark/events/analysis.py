@@ -1,8 +1,5 @@
-"""What the queue did, from its event log: ``analyze(events) -> {name: DataFrame}`` (summary,
-entries, waits, share, fairness, rank_error, redeliveries, dead, throughput), for a DataFrame of
-the ``celery_pq_events`` columns, read from Redis or an export. docs/spark.md ("Analysis") says
-what each frame holds and how it is computed.
-"""
+"""What the queue did, from its event log (a DataFrame of the ``celery_pq_events`` columns, read
+from Redis or an export): ``analyze``. docs/spark.md ("Analysis") says what each frame holds."""
 
 from __future__ import annotations
 
@@ -36,13 +33,9 @@ def choose_window_ms(span_ms: int, target: int = TARGET_WINDOWS) -> int:
 def analyze(
     events: DataFrame, *, window_seconds: float | None = None, weights: dict[str, float] | None = None
 ) -> dict[str, DataFrame]:
-    """The analysis DataFrames of an event log, by name (docs/spark.md lists them). Time windows
-    are ``window_seconds`` long (default: a round length giving about 60 windows over the log's
-    span), aligned to multiples of their length since the epoch.
-
-    ``weights`` (``{tenant: weight}``, others 1) makes Jain's index compare each tenant's
-    deliveries divided by its weight, so a weighted fair share scores 1.
-    """
+    """The analysis DataFrames of an event log, by name. Time windows are ``window_seconds`` long
+    (default: a round length giving about 60 windows over the log's span), aligned to the epoch.
+    ``weights`` (``{tenant: weight}``, others 1): Jain's index of deliveries / weight (fair scores 1)."""
     missing = [c for c in REQUIRED if c not in events.columns]
     if missing:
         raise ValueError(
@@ -59,8 +52,7 @@ def analyze(
     span = ev.agg(F.min("ms").alias("lo"), F.max("ms").alias("hi")).first()
     assert span is not None  # an aggregate without grouping has one row
     lo, hi = (span["lo"] or 0), (span["hi"] or 0)
-    window_ms = int(window_seconds * 1000) if window_seconds else choose_window_ms(hi - lo)
-    window_ms = max(window_ms, 1)
+    window_ms = max(int(window_seconds * 1000) if window_seconds else choose_window_ms(hi - lo), 1)
     base = lo - lo % window_ms
 
     def bucket(col):
@@ -136,11 +128,10 @@ def _entries(ev: DataFrame) -> DataFrame:
         (_count("dead") > 0).alias("dead"),
         (_count("remove") > 0).alias("removed"),
     )
-    ready = F.coalesce(F.col("due_ms"), F.col("enqueue_ms"))
     return (
         per.where(F.col("id").isNotNull())
         .withColumn("tenant", F.coalesce(F.col("tenant"), F.lit("")))
-        .withColumn("ready_ms", ready)
+        .withColumn("ready_ms", F.coalesce(F.col("due_ms"), F.col("enqueue_ms")))
         .withColumn("wait_ms", F.col("first_deliver_ms") - F.col("ready_ms"))
     )
 
@@ -175,8 +166,7 @@ def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:
 
 
 def _jain(ev, entries, bucket, weights, by: list[str]) -> DataFrame:
-    """Jain's index per ``by`` + window over the tenants active there (served, or with entries
-    waiting for a first delivery)."""
+    """Jain's index per ``by`` and window over the tenants served or waiting for a first delivery."""
     spark = ev.sparkSession
     keys = [*by, "tenant", "bucket"]
 
@@ -289,8 +279,7 @@ def _rank_error_group(pdf):
     pdf = pdf.assign(_ms=sid[0].astype("int64"), _seq=sid[1].astype("int64")).sort_values(["_ms", "_seq"])
     queue = pdf["queue"].iloc[0] if len(pdf) else ""
     rows = rank_errors(zip(pdf["event"], pdf["id"], pdf["rank"], pdf["tenant"], pdf["ms"], pdf["sid"]))
-    cols = ["id", "sid", "ms", "tenant", "rank", "rank_error", "waiting"]
-    out = pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=["id", "sid", "ms", "tenant", "rank", "rank_error", "waiting"])
     out.insert(0, "queue", queue)
     return out.astype({"ms": "int64", "rank": "int32", "rank_error": "int32", "waiting": "int32"})
 
@@ -331,8 +320,8 @@ def _summary(ev, entries, rank_error, fairness, window_ms) -> DataFrame:
             F.max("ms").alias("last_ms"),
         )
         .withColumn("span_s", (F.col("last_ms") - F.col("first_ms")) / 1000.0)
+        .withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
     )
-    counts = counts.withColumn("acked_per_s", F.when(F.col("span_s") > 0, F.col("acked") / F.col("span_s")))
     waits = entries.where(F.col("wait_ms").isNotNull()).groupBy("queue").agg(*_wait_percentiles(50, 99))
     errors = rank_error.groupBy("queue").agg(
         F.avg("rank_error").alias("rank_error_mean"),

@@ -1,7 +1,5 @@
-"""``pq export-events QUEUE --out DIR``: the event log appended to Parquet files (pyarrow, no
-Spark), resumable without a repeat (``_offsets.json``; each file, renamed into place, named after
-its last event) and one run at a time (``.lock``). docs/spark.md ("Exporting to Parquet without Spark").
-"""
+"""``pq export-events QUEUE --out DIR``: the event log appended to Parquet files (pyarrow, no Spark),
+resumable without a repeat, one run at a time. docs/spark.md ("Exporting to Parquet without Spark")."""
 
 from __future__ import annotations
 
@@ -47,9 +45,8 @@ def _parse_part(name: str) -> tuple[str, dict] | None:
 
 
 def read_offsets(out: Path) -> dict[str, dict]:
-    """The last exported event of each queue, ``{"sid": stream id, "n": position}``: from the
-    offsets file, or from a later file's name when a run stopped between writing the file and
-    updating the offsets."""
+    """The last exported event of each queue, ``{"sid": stream id, "n": position}``: from the offsets
+    file, or from a later file's name (a run stopped between writing the file and the offsets)."""
     offsets: dict[str, dict] = {}
     path = out / OFFSETS
     if path.exists():
@@ -62,13 +59,10 @@ def read_offsets(out: Path) -> dict[str, dict]:
             raise ValueError(
                 f"{path} is not an offsets file of export-events ({exc!r}); move it away to export from the start"
             ) from None
-    if out.is_dir():
-        for entry in out.iterdir():
-            parsed = _parse_part(entry.name)
-            if parsed:
-                queue, o = parsed
-                if queue not in offsets or parse_sid(o["sid"]) > parse_sid(offsets[queue]["sid"]):
-                    offsets[queue] = o
+    parts = (_parse_part(entry.name) for entry in out.iterdir()) if out.is_dir() else ()
+    for queue, o in filter(None, parts):
+        if queue not in offsets or parse_sid(o["sid"]) > parse_sid(offsets[queue]["sid"]):
+            offsets[queue] = o
     return offsets
 
 
@@ -101,8 +95,7 @@ def export_events(
             key = events_key(queue, key_prefix)
             info = stream_info(client, key)
             last = offsets.get(queue, {"sid": None, "n": 0})
-            gap = check_gap(queue, last["sid"], last["n"], info, on_gap)
-            if gap:
+            if gap := check_gap(queue, last["sid"], last["n"], info, on_gap):
                 result.gaps.append(gap)
             result.exported[queue] = 0
             if info["last"] is None or (last["sid"] is not None and parse_sid(info["last"]) <= parse_sid(last["sid"])):

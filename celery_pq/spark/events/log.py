@@ -1,7 +1,5 @@
-"""The event log's reading side, without Spark, for ``source.py`` and ``export.py``: the streams'
-keys (one per shard), the columns, rows, pages, and the check for events trimmed by a stream's
-cap; and the broker URL check the writer shares. docs/spark.md ("Reading the log"), docs/events.md.
-"""
+"""The event log's reading side without Spark, for ``source.py`` and ``export.py`` (and the broker
+URL check the writer shares). docs/spark.md ("Reading the log"), docs/events.md."""
 
 from __future__ import annotations
 
@@ -183,8 +181,6 @@ def scan(client, key: str, after: str | None, upto: str):
 
 
 class StreamInfo(TypedDict):
-    """What ``stream_info`` reads of one queue's event log."""
-
     last: str | None  # id of the newest entry, None when empty
     first: str | None  # id of the oldest entry still there
     added: int  # entries ever added

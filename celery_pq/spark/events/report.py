@@ -1,7 +1,5 @@
-"""``pq report EVENTS --html PAGE``: the figures of ``analyze()`` and their plots (inline PNGs) as
-one self-contained HTML page, each figure in a ``<td data-figure="<queue>|<tenant>|<name>">``
-(tenant empty for the queue's own) for scripts. docs/spark.md ("The report").
-"""
+"""``pq report EVENTS --html PAGE``: ``analyze()``'s figures and plots as one self-contained HTML page,
+each figure in a ``<td data-figure="<queue>|<tenant>|<name>">`` (tenant empty for the queue's own)."""
 
 from __future__ import annotations
 
@@ -53,6 +51,9 @@ TENANT_FIGURES = table("""
     expired      | leases expired      | int
     dead         | dead-lettered       | int
 """)
+#: The frames of ``analyze()``, besides ``summary``, that a queue's plots and tables are drawn from.
+FRAMES = ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
+TITLE = "celery-pq event log report"
 
 
 def fmt(value, kind: str) -> str:
@@ -96,9 +97,7 @@ def _plots(queue: str, frames: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    share, waits, fair, tput, errs, redel = (
-        frames[k] for k in ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
-    )
+    share, waits, fair, tput, errs, redel = (frames[k] for k in FRAMES)
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     fig.suptitle(f"queue {queue}", fontsize=14)
     for ax in (axes[0][0], axes[0][2], axes[1][0]):  # plots over time
@@ -165,30 +164,21 @@ def _cell(figures, key, value, kind) -> str:
     return f'<td data-figure="{html.escape(key)}">{html.escape(text)}</td>'
 
 
-def build_report(
-    events,
-    *,
-    window_seconds: float | None = None,
-    weights: dict | None = None,
-    title: str = "celery-pq event log report",
-) -> Report:
+def build_report(events, *, window_seconds: float | None = None) -> Report:
     from .analysis import analyze
 
-    dfs = analyze(events, window_seconds=window_seconds, weights=weights)
+    dfs = analyze(events, window_seconds=window_seconds)
     # pd.DataFrame: pyspark's PandasDataFrameLike does not resolve for mypy
     summary: pd.DataFrame = dfs["summary"].toPandas()
     report = Report("")
-    parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts = [f"<h1>{html.escape(TITLE)}</h1>"]
     if not len(summary):
         parts.append("<p>The event log is empty.</p>")
-    all_frames: dict[str, pd.DataFrame] = {
-        k: dfs[k].toPandas() for k in ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
-    }
+    all_frames: dict[str, pd.DataFrame] = {k: dfs[k].toPandas() for k in FRAMES}
     for _, q in summary.iterrows():
         queue = q["queue"]
         frames = {k: v[v["queue"] == queue].reset_index(drop=True) for k, v in all_frames.items()}
-        png = _plots(queue, frames)
-        report.images[queue] = png
+        png = report.images[queue] = _plots(queue, frames)
         rows = "".join(
             f"<tr><th>{html.escape(label)}</th>{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
             for name, label, kind in QUEUE_FIGURES
@@ -206,12 +196,11 @@ def build_report(
             + "</tr>"
             for _, t in tenants.sort_values("tenant").iterrows()
         )
-        window_s = int(q["window_ms"]) / 1000
         parts.append(
             f"<h2>queue {html.escape(queue)}</h2>"
-            f"<p>Time windows of {window_s:g} s. Waits run from an entry becoming waiting (enqueue, or due "
-            f"for a delayed entry) to its first delivery. The rank error of a delivery counts the entries "
-            f"waiting at that moment with a strictly better rank.</p>"
+            f"<p>Time windows of {int(q['window_ms']) / 1000:g} s. Waits run from an entry becoming waiting "
+            "(enqueue, or due for a delayed entry) to its first delivery. The rank error of a delivery counts the "
+            "entries waiting at that moment with a strictly better rank.</p>"
             f'<img alt="plots of queue {html.escape(queue)}" src="data:image/png;base64,'
             f'{base64.b64encode(png).decode()}">'
             f"<h3>the queue</h3><table>{rows}</table>"
@@ -219,7 +208,7 @@ def build_report(
         )
     report.html = (
         '<!DOCTYPE html><html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>"
+        f"<title>{html.escape(TITLE)}</title><style>"
         "body{font-family:sans-serif;margin:2em;max-width:1300px}"
         "table{border-collapse:collapse;margin:.5em 0 1.5em}"
         "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
@@ -229,9 +218,7 @@ def build_report(
     return report
 
 
-def write_report(
-    source, html_path, *, png_path=None, spark=None, window_seconds: float | None = None, weights: dict | None = None
-) -> Report:
+def write_report(source, html_path, *, png_path=None, spark=None, window_seconds: float | None = None) -> Report:
     """Read ``source`` (a Parquet path written by export-events, or an events DataFrame), write
     the HTML page to ``html_path`` and, if asked, the first queue's plots to ``png_path``."""
     if isinstance(source, (str, Path)):
@@ -247,7 +234,7 @@ def write_report(
         events = spark.read.parquet(str(path))
     else:
         events = source
-    report = build_report(events, window_seconds=window_seconds, weights=weights)
+    report = build_report(events, window_seconds=window_seconds)
     Path(html_path).write_text(report.html)
     if png_path is not None and report.images:
         Path(png_path).write_bytes(next(iter(report.images.values())))

@@ -1,7 +1,5 @@
 """The ``celery_pq_events`` data source: queues' event logs (capped Redis streams) as a DataFrame,
-batch or streaming (from the checkpoint's offsets, saying when unread events were trimmed).
-docs/spark.md ("Reading the log").
-"""
+batch or streaming. docs/spark.md ("Reading the log")."""
 
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ class EventsDataSource(DataSource):
 
 
 def _read(reader, partition: InputPartition):
-    """Both readers' ``read``: the rows of a partition ``partitions()`` made (one without a key,
-    of an empty read: none)."""
+    """Both readers' ``read``: the rows of a partition (none for the keyless one of an empty read)."""
     assert isinstance(partition, EventsPartition)
     if not partition.key:
         return
@@ -105,11 +102,8 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**self._earliest(), **(start or {})}
 
     def _latest(self) -> dict:
-        out = {}
-        for queue in self.settings.queues:
-            info = stream_info(self.client, self.settings.key(queue))
-            out[queue] = {"sid": info["last"] or "0-0", "n": info["added"]}
-        return out
+        infos = {q: stream_info(self.client, self.settings.key(q)) for q in self.settings.queues}
+        return {q: {"sid": info["last"] or "0-0", "n": info["added"]} for q, info in infos.items()}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._latest()
@@ -121,8 +115,7 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.settings.max_events)
         return ReadAllAvailable()
 
-    def reportLatestOffset(self):
-        return self._latest()
+    reportLatestOffset = _latest
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
         start = self._start(start)

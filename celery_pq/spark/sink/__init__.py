@@ -1,4 +1,2 @@
-"""Into the queue: the ``celery_pq`` data source, a DataFrame's rows (batch or streaming) as
-Celery tasks in a celery-pq queue, each row once across Spark's retries. docs/spark.md
-("From DataFrames to tasks", "Streaming into a queue") explains the design.
-"""
+"""Into the queue: the ``celery_pq`` data source, a DataFrame's rows (batch or streaming) as Celery
+tasks, each row once across Spark's retries. docs/spark.md ("From DataFrames to tasks")."""

@@ -1,8 +1,5 @@
-"""One Spark task's way into the queues, for the batch writer and the streaming sink: its rows
-built into messages and inserted batch by batch, waiting for room in a full queue (``on_full``)
-and under the ``rows_per_second`` cap (counted on the Redis server's clock). On the executors.
-docs/spark.md ("A full queue, and a rate cap").
-"""
+"""One Spark task's rows into the queues (batch writer and streaming sink), waiting for room in a
+full queue (``on_full``) and under ``rows_per_second``. docs/spark.md ("A full queue, and a rate cap")."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ logger = logging.getLogger("celery_pq.spark")
 #: First and longest pause between two tries of rows refused by a full queue (seconds).
 FULL_BACKOFF = (0.05, 2.0)
 
-#: Seconds a rate counter of one second is kept (older ones are dropped by each take, and at
-#: each commit by ``prune_rate``).
+#: Seconds a one-second rate counter is kept (``RateCap.take`` and ``prune_rate`` drop older ones).
 RATE_KEY_SECONDS = 10
 
 
@@ -63,15 +59,13 @@ class PartitionReport(WriterCommitMessage):
 
 
 class PartitionWriter:
-    """What the batch writer and the streaming sink share: a Spark task's sink, and the commit's
-    log line and ``rejects`` directory."""
+    """The batch writer's and the streaming sink's: a Spark task's sink, the commit's log and rejects."""
 
     def __init__(self, settings: WriterSettings, schema: StructType):
         self.settings = settings
         self.schema_json = schema.json()
         # Is the eta column Spark's TimestampType (naive local times in Python; TaskRows)?
-        eta = next((f for f in schema.fields if f.name == "eta"), None)
-        self.eta_is_local = eta is not None and isinstance(eta.dataType, TimestampType)
+        self.eta_is_local = any(f.name == "eta" and isinstance(f.dataType, TimestampType) for f in schema.fields)
 
     @contextmanager
     def _sink(self, settings: WriterSettings, report: PartitionReport, *, sink: str, on_full: str):
@@ -107,9 +101,8 @@ class PartitionWriter:
 
 
 class RateCap:
-    """``rows_per_second`` over every Spark task of one sink: each takes rows from the counter of
-    the current second of the Redis server's clock; what the second has no room for waits for the
-    next, so no second's count exceeds the cap."""
+    """``rows_per_second`` over every Spark task of one sink, counted per second of the Redis
+    server's clock: what a second has no room for waits for the next."""
 
     def __init__(self, client, sink: str, prefix: str, rows_per_second: float):
         self.client = client
@@ -117,7 +110,7 @@ class RateCap:
         self.cap = max(1, int(rows_per_second))
 
     def take(self, n: int) -> None:
-        """Return when ``n`` rows may go (in as many seconds as the cap needs)."""
+        """Return when ``n`` rows may go."""
         while n > 0:
             now = redis_ms(self.client) / 1000
             second = int(now)
@@ -149,11 +142,8 @@ class Sink:
         self.on_full = settings.on_full or on_full
         self.queues: dict = {}
         self.routing = RoutingTables(client, settings.transport)
-        self.rate = (
-            RateCap(client, sink, settings.transport.key_prefix, settings.rows_per_second)
-            if settings.rows_per_second
-            else None
-        )
+        rate = settings.rows_per_second
+        self.rate = RateCap(client, sink, settings.transport.key_prefix, rate) if rate else None
 
     @property
     def batch_rows(self) -> int:
@@ -199,13 +189,9 @@ class Sink:
                 now = time.monotonic()
                 if done or since is None:
                     since = now
-                wait = self.settings.full_wait_seconds
-                if self.on_full == "reject" or now - since >= wait:
-                    why = (
-                        ", and on_full='reject'"
-                        if self.on_full == "reject"
-                        else f"; no row found room for full_wait_seconds={wait:g}"
-                    )
+                wait, reject = self.settings.full_wait_seconds, self.on_full == "reject"
+                if reject or now - since >= wait:
+                    why = ", and on_full='reject'" if reject else f"; no row found room for full_wait_seconds={wait:g}"
                     raise QueueStillFull(
                         f"celery_pq writer: {exc}{why}: partition {report.partition} stored "
                         f"{report.sent + report.already_stored} rows, not the {len(items)} refused nor "
@@ -225,7 +211,7 @@ class Sink:
 def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionReport, *, hooks=None):
     """Build and send the partition's next rows (after ``rows.position``) batch by batch, counting
     in ``report``. ``hooks`` (``record.Progress``), if given: ``see(row)`` for every row,
-    ``begin(start, end)`` before a batch is sent and ``done(end)`` after."""
+    ``begin(end)`` before a batch is sent and ``done(end)`` after."""
     s = sink.settings
     batch: list = []
     start = position = rows.position + 1
@@ -237,7 +223,7 @@ def write_partition(rows: TaskRows, iterator, sink: Sink, report: PartitionRepor
         if sink.rate is not None and batch:
             sink.rate.take(len(batch))
         if hooks is not None:
-            hooks.begin(start, position)
+            hooks.begin(position)
         sink.send(batch, report)
         if hooks is not None:
             hooks.done(position)

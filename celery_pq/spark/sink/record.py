@@ -1,8 +1,6 @@
-"""The streaming sink's record in Redis (one hash per query, fenced by run) of what each
-partition of each micro-batch handled: a digest of each segment of rows, in order, and the
-segment being sent. Times are the Redis server's. docs/spark.md ("Each row once, across retries
-and restarts") has the design, docs/key-layout.md the fields.
-"""
+"""The streaming sink's record in Redis (a hash per query, fenced by run): per partition of each
+micro-batch, the digests of the segments of rows handled and of the one being sent (Redis times).
+docs/spark.md ("Each row once, across retries and restarts"), docs/key-layout.md."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ RUN_FIELD_PREFIX = "run:"
 
 
 class Fenced(PQError):
-    """A later run of the streaming query (on the same checkpoint) took it over: this run's Spark
-    task stops before sending more rows."""
+    """A later run of the streaming query (same checkpoint) took it over: this run sends no more rows."""
 
 
 def redis_ms(client) -> int:
@@ -70,10 +67,8 @@ class PartitionState:
     @classmethod
     def decode(cls, value: bytes) -> PartitionState:
         ms, segments, pending = value.decode().split("|", 2)
-        state = cls(ms=int(ms))
-        for part in filter(None, segments.split(",")):
-            end, digest = part.split(":")
-            state.segments.append((int(end), digest))
+        parts = [part.split(":") for part in filter(None, segments.split(","))]
+        state = cls([(int(end), digest) for end, digest in parts], ms=int(ms))
         if pending:
             end, digest, namespace = pending.split(":", 2)
             state.pending = (int(end), digest, namespace)
@@ -121,7 +116,7 @@ class SinkRecord:
             PartitionState.decode(value)
             for _, value in self.client.hscan_iter(self.key, match=f"{batch}:{partition}:*", count=1000)
         ]
-        return max(states, key=lambda s: s.ms) if states else None
+        return max(states, key=lambda s: s.ms, default=None)
 
     def save(self, batch: int, partition: int, state: PartitionState) -> None:
         """Write this run's state of the partition; ``Fenced`` when another run owns the query."""
@@ -133,10 +128,11 @@ class SinkRecord:
         if owner is not None and owner.decode() != self.run:
             self._fenced(owner)
 
-    def prune(self, below: int) -> int:
-        """Drop the fields of micro-batches before ``below``; how many."""
+    def prune(self, below: int) -> None:
+        """Drop the fields of micro-batches before ``below``."""
         old = [f for f in self.client.hkeys(self.key) if f[:1].isdigit() and int(f.split(b":", 1)[0]) < below]
-        return self.client.hdel(self.key, *old) if old else 0
+        if old:
+            self.client.hdel(self.key, *old)
 
 
 class Progress:
@@ -149,21 +145,13 @@ class Progress:
         self.digest = RowDigest()
         self.sending = ""
 
-    def use(self, namespace: str) -> None:
-        """Give the rows sent from now on the identities of ``namespace``."""
-        self.rows.write_id = namespace
-
-    def skipped(self, end: int, digest: str) -> None:
-        """Rows up to ``end`` (a segment of digest ``digest``) were handled by an earlier attempt."""
-        self.state.segments.append((end, digest))
-
     def save(self) -> None:
         self.record.save(self.batch, self.partition, self.state)
 
     def see(self, row) -> None:
         self.digest.add(row)
 
-    def begin(self, start: int, end: int) -> None:
+    def begin(self, end: int) -> None:
         self.sending, self.digest = self.digest.hexdigest(), RowDigest()
         self.state.pending = (end, self.sending, self.rows.write_id)
         self.save()

@@ -1,7 +1,5 @@
-"""A write's ``rejects`` directory, written by the driver at the commit and read back by
-``read_rejects``: ``summary.json`` (counts, schema) and ``rejects.jsonl`` (the rejected rows and
-reasons, values as JSON). Data only: reading it runs no code. docs/spark.md ("Rejected rows").
-"""
+"""A write's ``rejects`` directory: ``summary.json`` (counts, schema) and ``rejects.jsonl`` (rows
+and reasons, values as JSON). Data only: reading it runs no code. docs/spark.md ("Rejected rows")."""
 
 from __future__ import annotations
 

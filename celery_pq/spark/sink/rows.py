@@ -1,8 +1,5 @@
-"""A DataFrame row as a Celery task message (protocol 2, made by Celery's own ``as_task_v2``),
-stored as the transport stores one: ``TaskRows.build(row)`` gives ``(queue, Item)`` or
-raises ``Rejected`` with the reason. No pyspark here: a row is a sequence of values in column
-order. docs/spark.md ("Columns", "Every row is a task").
-"""
+"""A DataFrame row (a sequence of values in column order; no pyspark here) as a Celery task message
+made by Celery's own ``as_task_v2``, stored as the transport stores one. docs/spark.md ("Columns")."""
 
 from __future__ import annotations
 
@@ -53,10 +50,8 @@ def plain(value):
 
 
 class TaskRows:
-    """The task messages of partition ``partition``'s rows: each ``build`` (or ``skip``) call is
-    the next row. ``eta_is_local``: naive ``eta`` datetimes are local time (Spark's TimestampType;
-    a naive ISO string or a TimestampNTZ value is UTC).
-    """
+    """The task messages of partition ``partition``'s rows, each ``build`` (or ``skip``) the next row.
+    ``eta_is_local``: naive ``eta`` datetimes are local time (TimestampType), not UTC as naive ISO text is."""
 
     def __init__(self, settings: WriterSettings, *, partition: int = 0, eta_is_local: bool = True):
         self.s = settings
@@ -77,8 +72,7 @@ class TaskRows:
         self.fair_column = index.get(settings.fair_column) if settings.fair_column else None
         self.fair_header = settings.transport.fair_key if settings.transport.tenant_fn is None else None
         self.eta_is_local = eta_is_local
-        # as_task_v2 once for the shared headers; build() fills in what differs as it would (a
-        # test compares; benchmarks/results/notes.md, "celery_pq/spark/sink/rows.py")
+        # as_task_v2 once for the headers rows share; build() fills in the rest as it would (a test compares)
         amqp = self.app.amqp
         self.headers = amqp.as_task_v2("", settings.task, origin=self.origin).headers
         self.headers.update(settings.trace_context)  # the driver's trace context (docs/spark.md)

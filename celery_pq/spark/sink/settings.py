@@ -1,7 +1,5 @@
-"""The writer's options, checked on the driver before any row is read (``WriterSettings.parse``:
-``ConfigError`` naming a missing, unknown or bad one); plain data pickled to the executors, no
-pyspark. docs/spark.md ("Options").
-"""
+"""The writer's options, checked on the driver before any row is read; plain data pickled to the
+executors, no pyspark. docs/spark.md ("Options")."""
 
 from __future__ import annotations
 
@@ -143,8 +141,7 @@ def _trace_headers(name: str, text: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(value.items()))
 
 
-#: The writer's own options read from their text alone: name -> reader (an empty text is as if
-#: the option were not given: the field's default).
+#: The writer's own options read from their text alone: name -> reader (an empty text: the default).
 _READERS = {
     "on_reject": _choice("keep", "fail"),
     "batch_rows": _count,
@@ -185,8 +182,7 @@ class WriterSettings:
     #: Rows per second at most, over all the write's (the query's) Spark tasks; None: no cap.
     rows_per_second: float | None = None
     columns: tuple[str, ...] = ()
-    #: The ``ROLE_COLUMNS`` the DataFrame has, and the column ``fair_key`` names if any (a
-    #: ``tenant`` column wins over it).
+    #: The ``ROLE_COLUMNS`` the DataFrame has; the column ``fair_key`` names, if any (``tenant`` wins).
     roles: tuple[str, ...] = ()
     fair_column: str | None = None
     #: Made once per write by ``parse``: part of the identity of a row without ``task_id`` or ``key``.
@@ -197,7 +193,7 @@ class WriterSettings:
     @classmethod
     def parse(cls, options: dict, columns: list[str]) -> WriterSettings:
         """The settings of ``options`` (names in any case) for a DataFrame with ``columns``;
-        ConfigError naming the option for anything missing, unknown or bad."""
+        ConfigError naming a missing, unknown or bad one."""
         given = {str(k).lower(): v for k, v in options.items()}
         if not given.get("path"):
             given.pop("path", None)  # save() without a path
@@ -260,9 +256,8 @@ class WriterSettings:
         return self
 
     def conninfo(self):
-        """The broker URL as kombu reads it for the transport (``;``-separated hosts allowed), with
-        the password of ``PASSWORD_ENV`` when it has none; TLS (certificate checked) for pqs://
-        and rediss://."""
+        """The broker URL as kombu reads it (``;``-separated hosts allowed), with the password of
+        ``PASSWORD_ENV`` when it has none; TLS (certificate checked) for pqs:// and rediss://."""
         from kombu import Connection
 
         from ...transport import channel as transport  # noqa: F401  registers pq:// and pqs://

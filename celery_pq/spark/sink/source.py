@@ -1,8 +1,5 @@
-"""The ``celery_pq`` data source and its batch writer (``df.write``): each Spark task writes its
-partition (``partition.write_partition``); the driver logs the counts and writes the ``rejects``
-directory. ``df.writeStream`` is ``stream.py``, the options ``settings.py``. docs/spark.md ("From
-DataFrames to tasks", "Every row is a task: identity and exactly once").
-"""
+"""The ``celery_pq`` data source and its batch writer, ``df.write`` (``df.writeStream`` is
+``stream.py``). docs/spark.md ("From DataFrames to tasks")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The streaming sink, ``df.writeStream.format("celery_pq")``: each micro-batch written as a batch
-is; a rerun sends rows with a ``task_id`` or ``key`` once by their ids, and skips the others that
-``record.py`` says an earlier attempt handled. docs/spark.md ("Each row once, across retries and
-restarts").
-"""
+"""``df.writeStream.format("celery_pq")``: a rerun sends rows with a ``task_id`` or ``key`` once by
+their ids, and skips the others ``record.py`` says an earlier attempt handled. docs/spark.md
+("Each row once, across retries and restarts")."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from .record import PartitionState, Progress, RowDigest, SinkRecord, redis_ms
 
 logger = logging.getLogger("celery_pq.spark")
 
-#: The Spark task's local properties naming its query, run (Spark's job group is the run id) and
-#: micro-batch.
+#: The Spark task's local properties naming its query, run (Spark's job group) and micro-batch.
 LOCAL_PROPERTIES = ("sql.streaming.queryId", "spark.jobGroup.id", "streaming.sql.batchId")
 
 
@@ -48,7 +45,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             record.claim()
             progress = Progress(record, batch, report.partition, rows)
             rest = self._replay(record.load(batch, report.partition), iter(iterator), sink, report, progress)
-            progress.use(f"{query}:{batch}:{run}.{report.attempt}")
+            rows.write_id = f"{query}:{batch}:{run}.{report.attempt}"
             return write_partition(rows, rest, sink, report, hooks=progress)
 
     def _replay(self, earlier: PartitionState | None, rows_in, sink: Sink, report: PartitionReport, progress: Progress):
@@ -65,7 +62,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
                 rows.skip(row)
             report.rows += len(segment)
             report.skipped += len(segment)
-            progress.skipped(end, digest)
+            progress.state.segments.append((end, digest))
             position = end
         if position:
             progress.save()
@@ -76,7 +73,7 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
         if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
             return self._unmatched(earlier, position, segment, rows_in, report)
         self._warn_if_late(report, earlier, position, sink.client)
-        progress.use(namespace)
+        rows.write_id = namespace
         write_partition(rows, segment, sink, report, hooks=progress)
         return rows_in
 
