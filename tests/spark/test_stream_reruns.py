@@ -164,3 +164,40 @@ def test_a_run_fenced_off_by_a_later_one_sends_no_more(redis_client, key_prefix)
     assert b.load(0, 0).segments in ([(5, "d1")], [(10, "d2")])
     b.save(0, 0, PartitionState(segments=[(7, "d3")]))
     assert b.load(0, 0).segments == [(7, "d3")]
+
+
+def test_a_retry_failing_while_it_reads_the_rows_being_sent_keeps_them_pending(
+    failing_writes, redis_server, redis_client, key_prefix, tmp_path
+):
+    # Given 10 rows in one partition, sent 5 a time in calls of 2 into a queue of at most 7,
+    # on_full="reject": the first attempt stores rows 0-4, then 5 and 6 of the batch 5-9 it was
+    # sending, and fails (the record: 0-4 handled, 5-9 being sent under its identities)
+    folder, markers = tmp_path / "in", tmp_path / "markers"
+    folder.mkdir()
+    markers.mkdir()
+    add_file(folder, "a.json", range(10))
+    # When the retry (the queue drained: its entries leased) skips rows 0-4 and fails while it
+    # reads rows 5-9 (the source's read fails after 7 rows), and the next attempt finishes
+    q = start(
+        failing_writes,
+        folder,
+        f"pq://127.0.0.1:{redis_server.port}/0",
+        key_prefix,
+        tmp_path / "ck",
+        batch_rows=5,
+        chunk=2,
+        max_length=7,
+        on_full="reject",
+        fail_plan="1:7",
+        fail_markers=markers,
+        make_room="celery",
+        rejects=tmp_path / "summary",
+    )
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert failed_attempts(markers) == {0: [1]}
+    # Then every row is stored once: the last attempt sent rows 5-9 again under the first
+    # attempt's identities, and the queue had 5 and 6 already
+    assert queued(redis_client, key_prefix) == Counter(range(10))
+    summary, _ = read_rejects(failing_writes, str(tmp_path / "summary" / "batch-0"))
+    assert (summary["skipped"], summary["already_stored"], summary["sent"], summary["resent"]) == (5, 2, 3, 0)

@@ -64,10 +64,12 @@ class CeleryPQStreamWriter(PartitionWriter, DataSourceStreamWriter):
             report.skipped += len(segment)
             progress.state.segments.append((end, digest))
             position = end
-        if position:
-            progress.save()
         if earlier.pending is None:
+            if position:
+                progress.save()
             return rows_in
+        # (saved only when its rows are sent again, still pending (``Progress.begin``): a read
+        # failing here leaves it pending, else the next attempt would send it under new identities)
         end, digest, namespace = earlier.pending
         segment = list(islice(rows_in, end - position))
         if len(segment) < end - position or RowDigest(segment).hexdigest() != digest:
