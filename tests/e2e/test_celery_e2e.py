@@ -10,6 +10,7 @@ import time
 from datetime import UTC
 from pathlib import Path
 
+import celery
 import pytest
 import redis
 from celery import Celery
@@ -467,7 +468,13 @@ def test_a_running_acks_late_task_keeps_its_lease_when_the_connection_is_lost(ke
             # Then the running task is not given back: it runs once, and its ack goes through
             wait_for(lambda: h.records("done"), 20, "task done")
             time.sleep(3.5)  # a second start, if any, would come now
-            assert [(r[0], r[2]) for r in h.records("start")] == [("running", 1)]
+            starts = [(r[0], r[2]) for r in h.records("start")]
+            if celery.VERSION[:3] < (5, 6, 3):
+                # (Celery before 5.6.3 forgets the prefork pool's running jobs at a lost connection:
+                # no ack would ever come, so the task is given back and runs again, as with kombu)
+                assert starts == [("running", 1), ("running", 1)]
+            else:
+                assert starts == [("running", 1)]
             wait_for(lambda: h.queue().size() + h.queue().stats()["leased"] == 0, 10, "its ack")
             # and the worker goes on with new work on its new connection
             h.send("e2e.stamp", "after")
