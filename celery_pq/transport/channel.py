@@ -20,7 +20,7 @@ from ..storage import constants as C
 from ..storage.codec import Base64Body
 from ..storage.errors import ConfigError, NotReplicated
 from .batches import PublishBatch
-from .delivery import Deliveries, Message, QoS
+from .delivery import Deliveries, Message, QoS, running_tags
 from .leasebook import LeaseBook
 from .leases import LeaseKeeper
 from .messages import message_ttl_ms, prepare_message
@@ -360,12 +360,18 @@ class Transport(virtual.Transport):
         self.close_connection(connection)
 
     def keeper_books(self) -> list[LeaseBook] | None:
-        """The lease books the keeper serves now; None once closed with no retired book left."""
+        """The lease books the keeper serves now; None once closed with no retired book left. A
+        retired book renews only the leases of tasks still running (``LeaseBook.release_ended``)."""
         with self._retired_lock:
             self.retired = [book for book in self.retired if book.holds_work()]
             if self._closed and not self.retired:
                 return None
             retired = list(self.retired)
+        if retired:
+            with suppress(RuntimeError):  # (Celery's set of requests changed as it was read)
+                running = running_tags()
+                for book in retired:
+                    book.release_ended(running)
         return [c.leases for c in self.cycle_channels if not c.closed] + retired
 
     def retire(self, book: LeaseBook):

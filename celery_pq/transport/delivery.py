@@ -5,6 +5,7 @@ sends kombu's acks and rejects here. docs/leases.md ("Acks, rejects, shutdown").
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import suppress
@@ -80,6 +81,13 @@ class QoS(virtual.QoS):
         self._flush()
         channel = self.channel
         keep = running_tags() if channel.transport.connection_lost else set()
+        forgotten = running_tags(forgotten_too=True) - keep if channel.transport.connection_lost else set()
+        if forgotten & self._delivered.keys():
+            logger.warning(
+                "celery-pq: %d running task(s) given back at the lost connection: Celery before 5.6.3 "
+                "forgets the tasks its prefork pool runs then (never acked), so they run again",
+                len(forgotten & self._delivered.keys()),
+            )
         errors = []
         lost_link = kept = 0
         while self._delivered:
@@ -350,13 +358,24 @@ def _celery_state():
     return sys.modules.get("celery.worker.state")
 
 
-def running_tags() -> set:
-    """Tags of the messages whose tasks a Celery worker in this process runs, not acked yet."""
+def running_tags(*, forgotten_too: bool = False) -> set:
+    """Tags of the messages whose tasks a Celery worker in this process runs, not acked yet, and
+    whose end this process will hear of. Before Celery 5.6.3 a lost connection makes the prefork
+    pool forget the jobs it runs (``Consumer.on_close`` -> ``AsynPool.flush``: ``self._cache.clear()``):
+    their results find no job, so neither their acks nor their ends come; those are left out
+    (unless ``forgotten_too``)."""
     state = _celery_state()
     if state is None:
         return set()
     running = [r for r in list(state.active_requests) if not getattr(r, "acknowledged", True)]
+    if not forgotten_too and _pool_forgets_running_jobs():
+        running = [r for r in running if getattr(r, "worker_pid", None) in (None, os.getpid())]
     return {r.message.delivery_tag for r in running if getattr(r, "message", None) is not None}
+
+
+def _pool_forgets_running_jobs() -> bool:
+    celery = sys.modules.get("celery")
+    return tuple(getattr(celery, "VERSION", (5, 6, 3))[:3]) < (5, 6, 3)
 
 
 def celery_counts() -> tuple[int, int] | None:

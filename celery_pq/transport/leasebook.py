@@ -148,6 +148,16 @@ class LeaseBook:
         held, acks, sending = self._held.copy(), self._acks.copy(), self._sending.copy()
         return _pairs(held, acks, sending)
 
+    def release_ended(self, running: set) -> None:
+        """A retired book's held leases whose tasks no longer run (``running``: their tags) are
+        renewed no more: their deliveries ended unacked (Celery cancels its running tasks at a
+        lost connection with ``worker_cancel_long_running_tasks_on_connection_loss``), so each
+        expires and is delivered again; an ack that still comes for one is sent (``unreturned``)."""
+        with self._lock:
+            for tag in [t for t in self._held if t not in running]:
+                self._unreturned[tag] = self._held.pop(tag)
+                logger.debug("celery-pq: lease %s kept across a lost connection: its task ended; not renewed", tag)
+
     def holds_work(self) -> bool:
         """Leases or acks not yet sent that the keeper must serve."""
         with self._lock:

@@ -6,6 +6,7 @@ PQ_TEST_RECORD     Redis URL where tasks record what they did (list keys under P
 PQ_TEST_PREFIX     key prefix of this test (also used for the records)
 PQ_TEST_ACKS_LATE  "1" for task_acks_late
 PQ_TEST_SSL        JSON of broker_use_ssl (pqs://), when set
+PQ_TEST_CANCEL_ON_LOSS  "1" for worker_cancel_long_running_tasks_on_connection_loss
 """
 
 import json
@@ -24,6 +25,7 @@ configure(
     app,
     task_acks_late=os.environ.get("PQ_TEST_ACKS_LATE") == "1",
     broker_use_ssl=json.loads(os.environ.get("PQ_TEST_SSL") or "false"),
+    worker_cancel_long_running_tasks_on_connection_loss=os.environ.get("PQ_TEST_CANCEL_ON_LOSS") == "1",
 )
 
 

@@ -14,7 +14,9 @@ def configure(app, **settings) -> None:
     """The settings every test app takes (its broker from ``PQ_TEST_BROKER`` and
     ``PQ_TEST_OPTIONS``: ``worker_app_settings``), then ``settings``."""
     app.conf.update(
-        worker_app_settings("PQ_TEST", "q", worker_cancel_long_running_tasks_on_connection_loss=False, **settings)
+        worker_app_settings(
+            "PQ_TEST", "q", **{"worker_cancel_long_running_tasks_on_connection_loss": False, **settings}
+        )
     )
 
 

@@ -1,5 +1,6 @@
 """The lease keeper's renewals, on a real redis-server: a renewal the scripts refuse is a lost
-lease worth a warning, unless the lease book no longer keeps it (acked meanwhile)."""
+lease worth a warning, unless the lease book no longer keeps it (acked meanwhile); a lease
+released (its task ended) is not renewed, its ack still sent."""
 
 import logging
 
@@ -43,3 +44,14 @@ def test_a_lease_acked_between_the_snapshot_and_the_renewal_is_not_reported(make
     # Then the refused renewal of the acked lease is no warning, and the other lease was renewed
     assert [r for r in caplog.records if "lost before renewal" in r.getMessage()] == []
     assert q.leases(id="e1")[0]["seconds_left"] > 50
+
+
+def test_a_released_lease_is_not_renewed_but_its_late_ack_is_sent(make_pq):
+    q, book, (a, b) = held_book(make_pq)
+    # Given a retired book whose first lease's task no longer runs
+    book.release_ended({b.token})
+    # Then the keeper renews only the other one
+    assert book.held() == {q: [("e1", b.token)]}
+    # and an ack that still comes for the released lease goes to Redis at once
+    book.ack(a.token, defer=True)
+    assert not q.exists("e0") and q.exists("e1")
