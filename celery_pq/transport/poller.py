@@ -116,11 +116,7 @@ class Waits:
         if not wanted and not self._subs:
             return []
         known = self._pubsub_waits
-        if (
-            known is not None
-            and known[0] == wanted.keys()
-            and all(w.conn is sub.pubsub.connection for sub, w in known[1])
-        ):
+        if known and known[0] == wanted.keys() and all(w.conn is sub.pubsub.connection for sub, w in known[1]):
             return [w for _, w in known[1]]
         self._pubsub_waits = None
         client = self.channel.client
@@ -291,11 +287,6 @@ class Poller:
         with suppress(BlockingIOError):
             os.read(fd, 4096)
 
-    def _self_wake(self) -> None:
-        assert self._wake_pipe is not None  # (made with the loop's registration)
-        with suppress(BlockingIOError):  # (one is pending already)
-            os.write(self._wake_pipe[1], b"x")
-
     def on_tick(self):
         # The hub runs its deferred acks (call_soon) just before this tick, so they ride with
         # the pop. The acks a delivery causes come later: _drain_in_tick runs them and pops
@@ -317,13 +308,13 @@ class Poller:
         if delivered:
             # even with the window full: what it delivered may have missed this tick's other
             # callbacks (the prefork pool writes to its children in its own on_tick)
-            self._self_wake()
+            assert self._wake_pipe is not None  # (made with the loop's registration)
+            with suppress(BlockingIOError):  # (one is pending already)
+                os.write(self._wake_pipe[1], b"x")
 
     def _drain_in_tick(self, delivered: int, waits: list[Wait]) -> tuple[int, list[Wait]]:
-        """Pop on within this tick while each pass delivers, for up to TICK_DRAIN_SECONDS, the
-        hub's ready callbacks (the deferred acks) run first: a backlog costs no self-wake and
-        poll per message. A hub without ``_pop_ready`` (older kombu) leaves it to the self-wake.
-        (delivered in the whole tick, the last pass's waits)."""
+        """Pop on in this tick while each pass delivers (up to TICK_DRAIN_SECONDS, the hub's deferred
+        acks run first): a backlog costs no self-wake per message. (delivered in the tick, last waits)."""
         pop_ready = getattr(self._loop, "_pop_ready", None)
         if pop_ready is None:
             return delivered, waits
@@ -362,8 +353,7 @@ class Poller:
             self._idle_wake = None
         self._readers.clear()
         self._loop = None
-        # a pipe signals still wake stays open (closed from another thread): a signal would
-        # write to a closed or reused fd
+        # a pipe signals still wake stays open: a signal would write to a closed or reused fd
         if self._wake_pipe is not None and (
             not signal_wake.holds(self._wake_pipe[1]) or signal_wake.give_back(self._wake_pipe[1])
         ):
@@ -378,8 +368,7 @@ def _quietly(call, *args) -> None:
 
 
 def _client_id(conn) -> int | None:
-    """The id of a blocking connection, for CLIENT UNBLOCK; None when the user may not run
-    CLIENT (then changes take effect within block_seconds)."""
+    """The id of a blocking connection, for CLIENT UNBLOCK; None when the user may not run CLIENT."""
     conn.send_command("CLIENT", "ID")
     try:
         return conn.read_response()
