@@ -85,8 +85,7 @@ class Channel(virtual.Channel):
         return q
 
     def reopen(self, name: str) -> Queue:
-        """The queue ``name`` (and its views) opened again, following its mode record: after a
-        ``ModeMismatch`` (recorded or migrated since this channel opened it)."""
+        """The queue ``name`` (and its views) opened again, following its mode record (a ``ModeMismatch``)."""
         for cached in [n for n in self._queues if n == name or getattr(View.parse(n), "base", None) == name]:
             del self._queues[cached]
         return self.queue(name)
@@ -102,7 +101,17 @@ class Channel(virtual.Channel):
         return prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
 
     def _inplace_augment_message(self, message, exchange, routing_key):
-        self.publisher.augment(message, exchange, routing_key)
+        """kombu's, but a base64 body stays bytes (``Base64Body``: the codec stores it so) and no
+        delivery tag is made (a delivery's is its lease token)."""
+        body = message["body"]
+        if self.body_encoding == "base64" and isinstance(body, (bytes, str)):
+            message["body"] = Base64Body(body.encode() if isinstance(body, str) else body)
+            encoding = "base64"
+        else:
+            message["body"], encoding = self.encode_body(body, self.body_encoding)
+        props = message["properties"]
+        props["body_encoding"] = encoding
+        props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
 
     def _put(self, queue, message, _publish_batch=None, **kwargs):
         self.publisher.put(queue, message, _publish_batch)
@@ -353,9 +362,8 @@ class Transport(virtual.Transport):
                 self._keeper = None
 
     def _collect(self, connection):
-        """kombu's teardown after a connection error, in place of a close: running tasks keep
-        their leases (``QoS.restore_unacked``) and the lease books holding them, or acks not yet
-        sent, retire: the keeper serves them until empty while the new connection consumes."""
+        """kombu's teardown after a connection error: running tasks keep their leases, and the lease
+        books holding them (or unsent acks) retire: the keeper serves them while the new connection consumes."""
         self.connection_lost = True
         self.close_connection(connection)
 

@@ -159,12 +159,13 @@ class Options:
         limit; Celery's own queues have one shard; each shard holds its part of ``max_length``."""
         dead = name.endswith(".dead")
         task_rate = on_queue(self.task_rate, name)  # {tenant: rate}
+        n = self.shards_of(split_dead(name)[0])
         fair = (self.fair_key is not None or bool(task_rate)) and not dead
         return replace(
             self._settings,
             technique=(self.queue_techniques or {}).get(name, self.technique),
             max_deliveries=0 if dead else self.max_deliveries,
-            max_length=self._max_length(name),
+            max_length=-(-self.max_length // n) if self.max_length and n > 1 else self.max_length,  # (rounded up)
             fair=fair,
             tenant_concurrency=_entry(self.tenant_concurrency) if fair else None,
             tenant_rate=_entry(self.tenant_rate) if fair else None,
@@ -174,11 +175,6 @@ class Options:
             concurrency=_named(self.tenant_concurrency),
             rate={**_named(self.tenant_rate), **task_rate},
         )
-
-    def _max_length(self, name: str) -> int | None:
-        """``max_length`` of a queue, or a shard's part of it (rounded up)."""
-        n = self.shards_of(split_dead(name)[0])
-        return -(-self.max_length // n) if self.max_length and n > 1 else self.max_length
 
     def shards_of(self, name: str) -> int:
         """``shards``, but 1 for Celery's own queues (replies, events: little, and in order)."""
