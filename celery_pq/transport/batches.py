@@ -91,8 +91,7 @@ class PublishBatch:
             self.flush()
 
     def flush(self) -> None:
-        """Store every waiting item. On a failure, raise and keep the items not known to be
-        stored (``flush`` again sends them, each stored once)."""
+        """Store every waiting item; a failure raises, keeping those not known to be stored (flush again)."""
         self._check_usable()
         self._routes.clear()
         if self._stream is not None or self._sent or any(self._streamed(n) for n in self._pending):
@@ -155,9 +154,8 @@ class PublishBatch:
         return known
 
     def _send(self, name: str) -> None:
-        """Write ``name``'s waiting items as insert calls, replies read at the flush. A lost
-        connection keeps the items of every call sent (maybe stored: publish ids tell when sent
-        again) and the rest of this flush takes the round-trip path."""
+        """Write ``name``'s waiting items as insert calls, replies read at the flush. A lost connection
+        keeps every sent call's items (publish ids tell the stored) and the flush goes on by round trips."""
         items = self._pending.pop(name)
         q = cast(PriorityQueue, self.channel.queue(name))  # (streamed: a plain queue)
         if self._stream is None:
@@ -206,9 +204,9 @@ class PublishBatch:
         raise self._noted(exc)  # (not in an except clause)
 
     def _settle_all(self, lost: BaseException | None) -> tuple[tuple[str, Exception] | None, dict]:
-        """Read each reply due (none when ``lost``), count what was stored, keep the items of
-        calls refused or unanswered (ahead of those waiting), close the stream. Returns the first
-        failure as (queue, exception), and per queue its calls' ``Inserted`` replies."""
+        """Read each reply due (none when ``lost``), count the stored, keep the items of calls refused or
+        unanswered (ahead of those waiting), close the stream; the first failure (queue, exception) or
+        None, and per queue its calls' ``Inserted`` replies."""
         sent, self._sent = self._sent, []
         stream, self._stream = self._stream, None
         back: dict[str, list] = {}
