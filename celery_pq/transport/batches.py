@@ -1,7 +1,5 @@
-"""kombu's ``Producer.batch()`` on this transport: each publish is checked as a single one and
-its item waits here; every ``batch_send`` items of a plain queue go as one insert call whose reply
-is read at ``flush``, other queues go by ``insert_many`` at the flush. A failed flush raises and
-keeps what is not known to be stored. docs/publishing.md."""
+"""kombu's ``Producer.batch()``: each publish is checked as a single one; every ``batch_send`` items of a
+plain queue go as one insert call read at ``flush``, other queues by ``insert_many`` there. docs/publishing.md."""
 
 from __future__ import annotations
 
@@ -204,9 +202,8 @@ class PublishBatch:
         raise self._noted(exc)  # (not in an except clause)
 
     def _settle_all(self, lost: BaseException | None) -> tuple[tuple[str, Exception] | None, dict]:
-        """Read each reply due (none when ``lost``), count the stored, keep the items of calls refused or
-        unanswered (ahead of those waiting), close the stream; the first failure (queue, exception) or
-        None, and per queue its calls' ``Inserted`` replies."""
+        """Read the replies due (none when ``lost``), count the stored, keep the items not stored (ahead of
+        those waiting), close the stream; (the first failure (queue, exc) or None, {queue: ``Inserted``s})."""
         sent, self._sent = self._sent, []
         stream, self._stream = self._stream, None
         back: dict[str, list] = {}

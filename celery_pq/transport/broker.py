@@ -82,9 +82,8 @@ def queue_names(channel, names=()) -> list[str]:
 
 
 def queue_and_view(channel, name: str):
-    """(queue, the view's rank range or None) of ``name``, opened with the mode each shard
-    recorded in Redis, so a command works on a queue made by workers with other options; the
-    channel's options for the rest (and for a queue with no record)."""
+    """(queue, the view's rank range or None) of ``name``, opened with the mode each shard recorded (a
+    command works on a queue made by workers with other options), the channel's options for the rest."""
     view = View.parse(name)
     base = view.base if view else name
     q = open_queue(channel.client, base, channel.options.queue_settings(base), declare=False)

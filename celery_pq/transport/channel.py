@@ -1,6 +1,5 @@
-"""The kombu transport (``pq://``, ``pqs://`` for TLS) and its channel: kombu's hooks over the
-queue, the work handed to the helpers beside this module. docs/architecture.md, docs/leases.md,
-docs/deployments.md."""
+"""The kombu transport (``pq://``, ``pqs://`` for TLS) and its channel: kombu's hooks over the queue, the
+work handed to the helpers beside this module. docs/architecture.md, docs/leases.md, docs/deployments.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What a channel receives and how each delivery ends: ``Deliveries`` pops within kombu's
-prefetch window and hands each lease to kombu as a message (its tag is the lease token); ``QoS``
-sends kombu's acks and rejects here. docs/leases.md ("Acks, rejects, shutdown")."""
+"""What a channel receives and how each delivery ends: ``Deliveries`` pops within kombu's prefetch window and
+hands each lease to kombu (its tag: the lease token); ``QoS`` sends acks and rejects here. docs/leases.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A kombu message as the queue stores it: the one path from a message dict to an ``Item``
-(transport and Spark writer alike).
-docs/storage.md, docs/leases.md ("Idempotent publish")."""
+"""A kombu message as the queue stores it: the one path from a message dict to an ``Item`` (transport and
+Spark writer alike). docs/storage.md, docs/leases.md ("Idempotent publish")."""
 
 from __future__ import annotations
 
@@ -157,10 +156,9 @@ def unix_ms(when, *, strict: bool) -> int | None:
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:
-    """The message as stored (``codec.encode``); MessageTooLarge over max_message_bytes. A
-    property with no stored form is left out with a warning, as an AMQP broker keeps only the
-    properties it knows (a ``before_task_publish`` handler re-publishing ``**kwargs`` passes the
-    signal itself); a header or body value without one is a ValueError. Nothing written on error."""
+    """The message as stored (``codec.encode``); MessageTooLarge over max_message_bytes. A property with no
+    stored form is left out with a warning, as an AMQP broker keeps only those it knows (a handler re-publishing
+    ``**kwargs`` passes the signal itself); a header or body value without one is a ValueError."""
     try:
         data = encode(message)
     except TypeError:

@@ -143,9 +143,8 @@ unique_seconds = per_key(
 
 
 def fit_renewals(lease, renew_interval, socket_timeout, default_timeout: bool) -> tuple[float, float | None]:
-    """(renew_interval, socket_timeout) to keep: renew_interval defaults to a third of the lease;
-    a lease must last renew_interval + RENEW_MARGIN and socket_timeout be at most lease_seconds -
-    renew_interval (the default is lowered to fit). ConfigError otherwise (docs/leases.md)."""
+    """(renew_interval, socket_timeout) to keep: a lease must last renew_interval + RENEW_MARGIN and socket_timeout
+    be at most lease_seconds - renew_interval (the default is lowered to fit); ConfigError otherwise."""
     margin = C.RENEW_MARGIN
     given = renew_interval is not None
     renew = renew_interval if renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)

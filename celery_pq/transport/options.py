@@ -1,6 +1,5 @@
-"""The transport's options (``broker_transport_options``), each once with its default and check,
-all checked when a channel is made. README.md ("Options") shows the same table (a test keeps them
-in step); docs/settings.md says whose each setting is."""
+"""The transport's options (``broker_transport_options``), each once with its default and check, all checked
+when a channel is made. README.md ("Options") shows the same table (a test keeps them in step)."""
 
 from __future__ import annotations
 
@@ -229,8 +228,7 @@ _QUEUE_SETTINGS = tuple(f.name for f in fields(Options) if f.init and f.metadata
 
 
 def _entry(value, name: str | None = None, fallback=None):
-    """The value for ``name`` (None: for those not named): the value itself, or a table's entry
-    for it, else the table's "*", else ``fallback``."""
+    """The value for ``name`` (None: those not named): the value, or a table's entry, its "*", else ``fallback``."""
     return value.get(name, value.get("*", fallback)) if isinstance(value, dict) else value
 
 

@@ -1,6 +1,5 @@
-"""How a consumer waits and is woken: each channel's ``Waits`` (BLPOPs on wake lists, pub/sub
-for fanout) and each connection's ``Poller``, the wait loop behind kombu's ``drain_events`` and
-Celery's event loop. docs/key-layout.md ("Wake tokens"), docs/architecture.md ("Modules")."""
+"""How a consumer waits and is woken: each channel's ``Waits`` (BLPOPs on wake lists, pub/sub for fanout) and
+each connection's ``Poller``, behind kombu's ``drain_events`` and Celery's event loop. docs/key-layout.md."""
 
 from __future__ import annotations
 

@@ -42,9 +42,8 @@ class Publisher:
         self.options = channel.options
 
     def put(self, queue: str, message: dict, batch: PublishBatch | None = None) -> None:
-        """Store ``message`` in ``queue`` under its publish call's id (``PublishStamp``), or add it
-        to ``batch`` for the flush; a message with a unique key is stored at once, its outcome
-        remembered for ``publish_outcome``."""
+        """Store ``message`` in ``queue`` under its publish call's id (``PublishStamp``), or add it to ``batch``;
+        one with a unique key is stored at once, its outcome remembered for ``publish_outcome``."""
         publish_id, first_send = PublishStamp.take(message, queue)
         unique = unique_of(message, self.options, queue, self.channel.decode_body)
         if unique is not None:

@@ -22,9 +22,8 @@ def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Ma
 
 
 def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable) -> str | None:
-    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``, or
-    what ``fn`` returns for the message with its body decoded. ValueError when the function
-    raises, or when the header or function gives neither a str nor None."""
+    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``, or ``fn`` of the
+    message, body decoded. ValueError when the function raises or either gives neither a str nor None."""
     if fn is None:
         key = (message.get("headers") or {}).get(value)
     else:
