@@ -353,9 +353,7 @@ class Poller:
         self._readers.clear()
         self._loop = None
         # a pipe signals still wake stays open: a signal would write to a closed or reused fd
-        if self._wake_pipe is not None and (
-            not signal_wake.holds(self._wake_pipe[1]) or signal_wake.give_back(self._wake_pipe[1])
-        ):
+        if self._wake_pipe is not None and signal_wake.give_back(self._wake_pipe[1]):
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
