@@ -157,10 +157,8 @@ class Channel(virtual.Channel):
         self.routing.unbind(exchange, routing_key, pattern, queue)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
-        if View.parse(queue):
-            return  # deleting a view must not delete the queue it views
-        if if_empty and self._size(queue):
-            return
+        if View.parse(queue) or (if_empty and self._size(queue)):
+            return  # (deleting a view must not delete the queue it views)
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
         self.queue(queue).delete()
         self.routing.remove_queue(queue)

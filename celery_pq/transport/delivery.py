@@ -25,12 +25,10 @@ class ReceivingChannel(Protocol):
     """What the receiving side uses of its channel (channel.py's ``Channel``)."""
 
     @property
-    def connection(self) -> Any: ...
-    @property
-    def qos(self) -> Any: ...
-    @property
     def active_queues(self) -> list: ...
 
+    connection: Any
+    qos: Any
     transport: Any
     leases: Any
     deliveries: Any
