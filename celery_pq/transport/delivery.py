@@ -156,8 +156,7 @@ class Deliveries:
         return delivered
 
     def _sends(self) -> bool:
-        """Whether a pop goes without waiting for its reply: in Celery's event loop thread, one queue
-        consumed, the last task run elsewhere (not inline: then nothing would run meanwhile)."""
+        """Whether a pop goes without waiting for its reply: in Celery's event loop, one queue, last task not inline."""
         channel = self.channel
         return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
 

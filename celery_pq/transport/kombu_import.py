@@ -205,9 +205,7 @@ class KombuImport:
         """(the ``Item`` of ``raw``, kombu priority, celery-pq priority)."""
         message = json.loads(raw)
         k = kombu_priority(message)
-        props = dict(message.get("properties") or {})
-        props["priority"] = mapping[k]
-        message = {**message, "properties": props}
+        message = {**message, "properties": {**(message.get("properties") or {}), "priority": mapping[k]}}
         channel = self.channel
         item = stored_item(
             queue,

@@ -269,10 +269,9 @@ class Poller:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         if self._wake_pipe is None:
-            r, w = os.pipe()
-            os.set_blocking(r, False)
-            os.set_blocking(w, False)
-            self._wake_pipe = (r, w)
+            self._wake_pipe = os.pipe()
+            for fd in self._wake_pipe:
+                os.set_blocking(fd, False)
         loop.add_reader(self._wake_pipe[0], self._on_self_wake, self._wake_pipe[0])
         loop.on_tick.add(self.on_tick)
         if self._idle_wake is not None:
@@ -343,8 +342,7 @@ class Poller:
 
     def close(self):
         if self._loop is not None:
-            fds = list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else [])
-            for fd in fds:
+            for fd in list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else []):
                 _quietly(self._loop.remove_reader, fd)
             _quietly(self._loop.on_tick.discard, self.on_tick)
         if self._idle_wake is not None:
