@@ -75,8 +75,7 @@ def queue_names(channel, names=()) -> list[str]:
     queue), no pidbox, reply or event queues when any other is declared."""
     if names:
         return list(names)
-    raw = channel.client.smembers(queues_key(channel.options.key_prefix))
-    known = sorted(map(as_text, raw))
+    known = sorted(map(as_text, channel.client.smembers(queues_key(channel.options.key_prefix))))
     mine = [n for n in known if not celery_own_queue(n)]
     return [n for n in (mine or known) if not n.endswith(".dead")]
 

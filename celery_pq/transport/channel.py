@@ -273,8 +273,7 @@ class Transport(virtual.Transport):
         rex.BusyLoadingError,
         rex.AuthenticationError,
         NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
-        # A cluster's moving slot or changing layout: waited out first (cluster_retry_seconds);
-        # one that still reaches kombu is a connection error too, never fatal.
+        # a cluster's moving slot or changing layout, waited out first: a connection error too, never fatal
         *connections.UNSETTLED,
         rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
         OSError,  # (ConnectionError, socket.error)
@@ -330,9 +329,7 @@ class Transport(virtual.Transport):
                     pool = connections.make_pool(self.client, options, self.tls)
                     set_spin_wait(pool, options.spin_wait_us)
                 self._pool = pool
-        if isinstance(pool, redis.RedisCluster):
-            return pool
-        return redis.Redis(connection_pool=pool)
+        return pool if isinstance(pool, redis.RedisCluster) else redis.Redis(connection_pool=pool)
 
     def new_connection(self, key: str) -> redis.connection.AbstractConnection:
         """A connection outside the pool for a blocking read of ``key`` (on a cluster, to its master)."""

@@ -167,9 +167,7 @@ class Deliveries:
 
     def popping(self) -> Wait | None:
         """The wait for the reply of the pop on the wire (its connection readable), or None."""
-        if self._pop is None:
-            return None
-        return Wait(self._pop[0].flight.conn, self.pop_and_deliver, True)
+        return None if self._pop is None else Wait(self._pop[0].flight.conn, self.pop_and_deliver, True)
 
     def land(self, *, deliver: bool = True) -> int:
         """Deliver (or with ``deliver`` false give back) what the pop on the wire took; the number
@@ -249,8 +247,7 @@ class Deliveries:
         except Exception as exc:
             self._dead_letter_malformed(lease.token, exc)
             return None
-        # A redelivery also carries the deliveries before it as the header x-delivery-count, as
-        # RabbitMQ's quorum queues do: a Celery task reads self.request.get("x-delivery-count").
+        # a redelivery carries the deliveries before it as the header x-delivery-count (as RabbitMQ's quorum queues)
         props["delivery_tag"] = lease.token
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1

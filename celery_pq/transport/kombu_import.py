@@ -154,12 +154,11 @@ class QueueReport:
 
 
 class KombuImport:
-    """The import of ``queues`` from kombu's Redis transport (``source``, a redis-py client) into
-    a celery-pq ``channel``. ``unacked``: ``"stale"`` moves the unacked messages older than
-    ``visibility_timeout`` (the old workers' own, required: too short a guess runs live messages
-    twice); ``"all"`` every one (only when no kombu worker runs); ``"none"``. ``staged``: what
-    an interrupted run left staged past the queue's ``dedupe_seconds`` and not in the queue:
-    ``"refuse"`` (StagedUnknown), ``"insert"`` or ``"drop"``. ValueError for a bad argument."""
+    """The import of ``queues`` from kombu's Redis transport (``source``, a redis-py client) into a celery-pq
+    ``channel``. ``unacked``: ``"stale"`` moves the unacked messages older than ``visibility_timeout`` (the old workers'
+    own, required: too short a guess runs live messages twice); ``"all"`` every one (only when no kombu worker runs);
+    ``"none"``. ``staged``: what an interrupted run left staged past the queue's ``dedupe_seconds`` and not in the
+    queue: ``"refuse"`` (StagedUnknown), ``"insert"`` or ``"drop"``. ValueError for a bad argument."""
 
     def __init__(
         self,

@@ -286,9 +286,8 @@ class Poller:
             os.read(fd, 4096)
 
     def on_tick(self):
-        # The hub runs its deferred acks (call_soon) just before this tick, so they ride with
-        # the pop. The acks a delivery causes come later: _drain_in_tick runs them and pops
-        # again, and after it the loop wakes itself (a pipe) for the next pass at once.
+        # The hub runs its deferred acks just before this tick: they ride with the pop. Those a delivery
+        # causes come later: _drain_in_tick runs them and pops again, then the loop wakes itself (a pipe).
         loop = self._loop
         assert loop is not None
         delivered, waits = self._step(until_delivered=False)

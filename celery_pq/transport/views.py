@@ -28,9 +28,7 @@ class View:
     def parse(cls, name: str) -> View | None:
         """The view a name denotes, or None when it names a queue."""
         m = _PREDICATE.match(name)
-        if not m:
-            return None
-        return cls(name, m.group("base"), m.group("op"), int(m.group("value")))
+        return cls(name, m["base"], m["op"], int(m["value"])) if m else None
 
     def rank_range(self, q) -> tuple[int, int]:
         """The (lowest, highest) rank in ``q`` (the queue viewed) of the priorities it admits;
