@@ -55,19 +55,14 @@ class Broker:
                 )
             yield channel
         except UNREACHABLE as exc:
-            raise unreachable(conn, exc) from None
+            reason = str(exc) or type(exc).__name__  # the password cut from it
+            for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
+                if secret:
+                    reason = reason.replace(secret, "***")
+            raise BrokerUnreachable(f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}", reason) from None
         finally:
             with suppress(Exception):  # closing a connection that never opened
                 conn.release()
-
-
-def unreachable(conn, exc: BaseException) -> BrokerUnreachable:
-    """The error naming host:port (never the URL: that may hold a password), the password cut from the reason."""
-    reason = str(exc) or type(exc).__name__
-    for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
-        if secret:
-            reason = reason.replace(secret, "***")
-    return BrokerUnreachable(f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}", reason)
 
 
 def queue_names(channel, names=()) -> list[str]:

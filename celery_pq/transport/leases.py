@@ -138,11 +138,9 @@ class LeaseKeeper(threading.Thread):
                 if q.name in seen:
                     continue
                 seen.add(q.name)
-                # longer without a sweep means nobody could reach Redis, not a slow sweeper (at
-                # most half a lease: any pause that let leases expire counts)
+                # longer unswept means Redis was out of reach (at most half a lease: any pause that let leases expire)
                 gap = min(book.options.lease_seconds / 2, max(2 * book.options.sweep_interval, 1.0))
-                # a lease that expired in a gap gets a whole lease from now: its holder's keeper
-                # comes out of the same gap, maybe slowly
+                # a lease expired in the gap gets a whole lease from now: its keeper comes out of it too, maybe slowly
                 result = q.reclaim(
                     guard_seconds=book.options.sweep_interval * 0.9,
                     gap_seconds=gap,
