@@ -182,8 +182,7 @@ class PublishBatch:
                 return
 
     def _flush_stream(self) -> None:
-        """Send the rest of each streamed queue, read every reply; raise the first failure (a
-        lost connection before a refusal) with what was stored of its queue."""
+        """Send the rest, read each reply; raise the first failure (a lost link first) with what its queue stored."""
         for name in [n for n in self._pending if self._streamed(n)]:
             if self._round_trips:
                 break

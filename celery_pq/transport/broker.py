@@ -66,8 +66,7 @@ class Broker:
 
 
 def queue_names(channel, names=()) -> list[str]:
-    """The names given, else the declared queues: no dead-letter queues (each shows under its
-    queue), no pidbox, reply or event queues when any other is declared."""
+    """The names given, else the declared queues but dead-letter ones and, when others are declared, Celery's own."""
     if names:
         return list(names)
     known = sorted(map(as_text, channel.client.smembers(queues_key(channel.options.key_prefix))))

@@ -100,8 +100,7 @@ class Channel(virtual.Channel):
         return prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
 
     def _inplace_augment_message(self, message, exchange, routing_key):
-        """kombu's, but a base64 body stays bytes (``Base64Body``: the codec stores it so) and no
-        delivery tag is made (a delivery's is its lease token)."""
+        """kombu's, but a base64 body stays ``Base64Body`` bytes and no delivery tag is made (the lease token is it)."""
         body = message["body"]
         if self.body_encoding == "base64" and isinstance(body, (bytes, str)):
             message["body"] = Base64Body(body.encode() if isinstance(body, str) else body)

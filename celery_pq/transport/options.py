@@ -24,8 +24,7 @@ class _FitsTheLease(float):
 
 
 def _option(default, check: Callable[[str, Any], Any] | None, doc: str, *, shown: str | None = None, redis=False):
-    """One option: default, check, meaning (``shown``: the default as README shows it, if other;
-    ``redis``: an argument of redis-py's connection pool, under its name)."""
+    """One option: default, check, meaning (``shown``: README's default if other; ``redis``: a redis-py argument)."""
     return field(default=default, metadata={"check": check, "doc": doc, "shown": shown, "redis": redis})
 
 

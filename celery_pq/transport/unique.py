@@ -1,5 +1,4 @@
-"""Unique tasks by key, the transport's side: an outgoing message's key, mode and seconds, and
-what became of each publish with a key (``publish_outcome``). docs/unique.md."""
+"""Unique tasks by key, the transport's side: a message's key, mode and seconds; ``publish_outcome``. docs/unique.md."""
 
 from __future__ import annotations
 
