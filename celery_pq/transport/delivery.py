@@ -127,8 +127,7 @@ class Deliveries:
             if not send_only:
                 self.leases.flush()
             return 0
-        want = channel.qos.can_consume_max_estimate() or C.MAX_POP_BATCH
-        want = max(1, min(want, C.MAX_POP_BATCH))
+        want = max(1, min(channel.qos.can_consume_max_estimate() or C.MAX_POP_BATCH, C.MAX_POP_BATCH))
         n = len(queues)
         start = self._rotation % n
         delivered = 0
@@ -343,9 +342,7 @@ def celery_counts() -> tuple[int, int] | None:
     state = sys.modules.get("celery.worker.state")
     started = getattr(state, "all_total_count", None)
     reserved = getattr(state, "reserved_requests", None)
-    if started is None or reserved is None:
-        return None
-    return started[0], len(reserved)
+    return None if started is None or reserved is None else (started[0], len(reserved))
 
 
 def worker_stopping() -> bool:

@@ -86,8 +86,7 @@ class LeaseKeeper(threading.Thread):
             self._stopped.wait(wait)
 
     def _attempt(self, what, fn, *args) -> bool:
-        """Run one task of the keeper, reporting a failure. A cluster slot moving fails it at once
-        (``impatient``): retried on the keeper's timer, so other queues' renewals go on."""
+        """Run one keeper task, reporting a failure; a moving slot fails it at once (``impatient``) so others go on."""
         try:
             with impatient():
                 fn(*args)

@@ -26,8 +26,7 @@ def _rate(label: str, value) -> float:
 
 
 def check(name: str, value) -> dict | None:
-    """The option checked: None, or one dict of {task: rate} (every queue) and {queue: {task:
-    rate}} entries (the queue's wins). ConfigError naming the entry and value otherwise."""
+    """None, or one dict of {task: rate} (all queues) and {queue: {task: rate}} (the queue's wins); else ConfigError."""
     if value is None:
         return None
     if not isinstance(value, dict):

@@ -1,5 +1,4 @@
-"""The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the queue
-limits (its ``task_limits``), else what the ``fair_key`` option names (docs/fairness.md)."""
+"""A message's tenant on a fair queue: ``task:<name>`` for a task it limits, else ``fair_key``'s. docs/fairness.md."""
 
 from __future__ import annotations
 
