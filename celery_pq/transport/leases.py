@@ -35,10 +35,8 @@ def write_refusal(exc: BaseException) -> str | None:
         code = "OOM"
     elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
         code = "READONLY"  # (a script's READONLY is a connection error: scripts.wire.demoted)
-    elif isinstance(exc, rex.ResponseError):
-        code = str(exc).split(" ", 1)[0]
-    else:
-        return None
+    else:  # (a refusal's reply starts with its code)
+        code = str(exc).split(" ", 1)[0] if isinstance(exc, rex.ResponseError) else ""
     return _REFUSALS.get(code)
 
 

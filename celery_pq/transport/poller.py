@@ -145,8 +145,7 @@ class Waits:
             if not moved and not str(exc).startswith("UNBLOCKED"):
                 self.drop()
                 raise
-            # a slot moved, or a failover demoted the server and let its blocked clients go:
-            # reconnect and look now; the next wait goes to the new master
+            # a slot moved, or a failover let the blocked clients go: reconnect, look now (the new master next)
             self._drop_block(block)
             self.need_pop = True
             logger.info("celery-pq: blocking wait ended by a failover (%s); waiting again", exc)
