@@ -25,10 +25,11 @@ class ReceivingChannel(Protocol):
     """What the receiving side uses of its channel (channel.py's ``Channel``)."""
 
     @property
+    def qos(self) -> Any: ...
+    @property
     def active_queues(self) -> list: ...
 
     connection: Any
-    qos: Any
     transport: Any
     leases: Any
     deliveries: Any
@@ -112,9 +113,8 @@ class Deliveries:
 
     # -- popping and delivering -----------------------------------------------------------------
     def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
-        """Lease and deliver what the prefetch window allows, the waiting acks riding along; the number
-        delivered. Where ``_sends``, the pop is sent and its reply delivers later (``land``);
-        ``send_only``: such a pop or nothing; ``wait``: a pop that waits for its reply."""
+        """Lease and deliver what the prefetch window allows (waiting acks ride along); the number delivered.
+        Unless ``wait``, where ``_sends`` the pop is sent (``land`` delivers its reply); ``send_only``: only that."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
             pop = self._pop[0]
             timeout = pop.flight.conn.socket_timeout
