@@ -1,7 +1,5 @@
-"""kombu's ``Producer.batch()`` on this transport: each publish is checked as a single one and
-its item waits here; every ``batch_send`` items of a plain queue go as one insert call whose reply
-is read at ``flush``, other queues go by ``insert_many`` at the flush. A failed flush raises and
-keeps what is not known to be stored. docs/publishing.md."""
+"""kombu's ``Producer.batch()``: each publish is checked as a single one; every ``batch_send`` items of a
+plain queue go as one insert call read at ``flush``, other queues by ``insert_many`` there. docs/publishing.md."""
 
 from __future__ import annotations
 
@@ -91,8 +89,7 @@ class PublishBatch:
             self.flush()
 
     def flush(self) -> None:
-        """Store every waiting item. On a failure, raise and keep the items not known to be
-        stored (``flush`` again sends them, each stored once)."""
+        """Store every waiting item; a failure raises, keeping those not known to be stored (flush again)."""
         self._check_usable()
         self._routes.clear()
         if self._stream is not None or self._sent or any(self._streamed(n) for n in self._pending):
@@ -155,9 +152,8 @@ class PublishBatch:
         return known
 
     def _send(self, name: str) -> None:
-        """Write ``name``'s waiting items as insert calls, replies read at the flush. A lost
-        connection keeps the items of every call sent (maybe stored: publish ids tell when sent
-        again) and the rest of this flush takes the round-trip path."""
+        """Write ``name``'s waiting items as insert calls, replies read at the flush. A lost connection
+        keeps every sent call's items (publish ids tell the stored) and the flush goes on by round trips."""
         items = self._pending.pop(name)
         q = cast(PriorityQueue, self.channel.queue(name))  # (streamed: a plain queue)
         if self._stream is None:
@@ -186,8 +182,7 @@ class PublishBatch:
                 return
 
     def _flush_stream(self) -> None:
-        """Send the rest of each streamed queue, read every reply; raise the first failure (a
-        lost connection before a refusal) with what was stored of its queue."""
+        """Send the rest, read each reply; raise the first failure (a lost link first) with what its queue stored."""
         for name in [n for n in self._pending if self._streamed(n)]:
             if self._round_trips:
                 break
@@ -206,9 +201,8 @@ class PublishBatch:
         raise self._noted(exc)  # (not in an except clause)
 
     def _settle_all(self, lost: BaseException | None) -> tuple[tuple[str, Exception] | None, dict]:
-        """Read each reply due (none when ``lost``), count what was stored, keep the items of
-        calls refused or unanswered (ahead of those waiting), close the stream. Returns the first
-        failure as (queue, exception), and per queue its calls' ``Inserted`` replies."""
+        """Read the replies due (none when ``lost``), count the stored, keep the items not stored (ahead of
+        those waiting), close the stream; (the first failure (queue, exc) or None, {queue: ``Inserted``s})."""
         sent, self._sent = self._sent, []
         stream, self._stream = self._stream, None
         back: dict[str, list] = {}

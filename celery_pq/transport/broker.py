@@ -55,28 +55,21 @@ class Broker:
                 )
             yield channel
         except UNREACHABLE as exc:
-            raise unreachable(conn, exc) from None
+            reason = str(exc) or type(exc).__name__  # the password cut from it
+            for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
+                if secret:
+                    reason = reason.replace(secret, "***")
+            raise BrokerUnreachable(f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}", reason) from None
         finally:
             with suppress(Exception):  # closing a connection that never opened
                 conn.release()
 
 
-def unreachable(conn, exc: BaseException) -> BrokerUnreachable:
-    """The error naming host:port (never the URL: that may hold a password), the password cut from the reason."""
-    reason = str(exc) or type(exc).__name__
-    for secret in (conn.password, conn.userid and conn.password and f"{conn.userid}:{conn.password}"):
-        if secret:
-            reason = reason.replace(secret, "***")
-    return BrokerUnreachable(f"{conn.hostname or '127.0.0.1'}:{conn.port or 6379}", reason)
-
-
 def queue_names(channel, names=()) -> list[str]:
-    """The names given, else the declared queues: no dead-letter queues (each shows under its
-    queue), no pidbox, reply or event queues when any other is declared."""
+    """The names given, else the declared queues but dead-letter ones and, when others are declared, Celery's own."""
     if names:
         return list(names)
-    raw = channel.client.smembers(queues_key(channel.options.key_prefix))
-    known = sorted(map(as_text, raw))
+    known = sorted(map(as_text, channel.client.smembers(queues_key(channel.options.key_prefix))))
     mine = [n for n in known if not celery_own_queue(n)]
     return [n for n in (mine or known) if not n.endswith(".dead")]
 
@@ -89,9 +82,8 @@ def queue_stats(broker: Broker, names=()) -> list[dict]:
 
 
 def queue_and_view(channel, name: str):
-    """(queue, the view's rank range or None) of ``name``, opened with the mode each shard
-    recorded in Redis, so a command works on a queue made by workers with other options; the
-    channel's options for the rest (and for a queue with no record)."""
+    """(queue, the view's rank range or None) of ``name``, opened with the mode each shard recorded (a
+    command works on a queue made by workers with other options), the channel's options for the rest."""
     view = View.parse(name)
     base = view.base if view else name
     q = open_queue(channel.client, base, channel.options.queue_settings(base), declare=False)

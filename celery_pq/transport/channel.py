@@ -1,6 +1,5 @@
-"""The kombu transport (``pq://``, ``pqs://`` for TLS) and its channel: kombu's hooks over the
-queue, the work handed to the helpers beside this module. docs/architecture.md, docs/leases.md,
-docs/deployments.md."""
+"""The kombu transport (``pq://``, ``pqs://`` for TLS) and its channel: kombu's hooks over the queue, the
+work handed to the helpers beside this module. docs/architecture.md, docs/leases.md, docs/deployments.md."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ class Channel(virtual.Channel):
         return q
 
     def reopen(self, name: str) -> Queue:
-        """The queue ``name`` (and its views) opened again, following its mode record: after a
-        ``ModeMismatch`` (recorded or migrated since this channel opened it)."""
+        """The queue ``name`` (and its views) opened again, following its mode record (a ``ModeMismatch``)."""
         for cached in [n for n in self._queues if n == name or getattr(View.parse(n), "base", None) == name]:
             del self._queues[cached]
         return self.queue(name)
@@ -102,7 +100,16 @@ class Channel(virtual.Channel):
         return prepare_message(self.options, body, priority, content_type, content_encoding, headers, properties)
 
     def _inplace_augment_message(self, message, exchange, routing_key):
-        self.publisher.augment(message, exchange, routing_key)
+        """kombu's, but a base64 body stays ``Base64Body`` bytes and no delivery tag is made (the lease token is it)."""
+        body = message["body"]
+        if self.body_encoding == "base64" and isinstance(body, (bytes, str)):
+            message["body"] = Base64Body(body.encode() if isinstance(body, str) else body)
+            encoding = "base64"
+        else:
+            message["body"], encoding = self.encode_body(body, self.body_encoding)
+        props = message["properties"]
+        props["body_encoding"] = encoding
+        props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
 
     def _put(self, queue, message, _publish_batch=None, **kwargs):
         self.publisher.put(queue, message, _publish_batch)
@@ -149,10 +156,8 @@ class Channel(virtual.Channel):
         self.routing.unbind(exchange, routing_key, pattern, queue)
 
     def queue_delete(self, queue, if_unused=False, if_empty=False, **kwargs):
-        if View.parse(queue):
-            return  # deleting a view must not delete the queue it views
-        if if_empty and self._size(queue):
-            return
+        if View.parse(queue) or (if_empty and self._size(queue)):
+            return  # (deleting a view must not delete the queue it views)
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
         self.queue(queue).delete()
         self.routing.remove_queue(queue)
@@ -267,8 +272,7 @@ class Transport(virtual.Transport):
         rex.BusyLoadingError,
         rex.AuthenticationError,
         NotReplicated,  # a publish retried (same publish id: stored once) until the replicas have it
-        # A cluster's moving slot or changing layout: waited out first (cluster_retry_seconds);
-        # one that still reaches kombu is a connection error too, never fatal.
+        # a cluster's moving slot or changing layout, waited out first: a connection error too, never fatal
         *connections.UNSETTLED,
         rex.ReadOnlyError,  # a master demoted under us: reconnect (to the new master)
         OSError,  # (ConnectionError, socket.error)
@@ -324,9 +328,7 @@ class Transport(virtual.Transport):
                     pool = connections.make_pool(self.client, options, self.tls)
                     set_spin_wait(pool, options.spin_wait_us)
                 self._pool = pool
-        if isinstance(pool, redis.RedisCluster):
-            return pool
-        return redis.Redis(connection_pool=pool)
+        return pool if isinstance(pool, redis.RedisCluster) else redis.Redis(connection_pool=pool)
 
     def new_connection(self, key: str) -> redis.connection.AbstractConnection:
         """A connection outside the pool for a blocking read of ``key`` (on a cluster, to its master)."""
@@ -353,9 +355,8 @@ class Transport(virtual.Transport):
                 self._keeper = None
 
     def _collect(self, connection):
-        """kombu's teardown after a connection error, in place of a close: running tasks keep
-        their leases (``QoS.restore_unacked``) and the lease books holding them, or acks not yet
-        sent, retire: the keeper serves them until empty while the new connection consumes."""
+        """kombu's teardown after a connection error: running tasks keep their leases, and the lease
+        books holding them (or unsent acks) retire: the keeper serves them while the new connection consumes."""
         self.connection_lost = True
         self.close_connection(connection)
 

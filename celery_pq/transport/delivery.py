@@ -1,6 +1,5 @@
-"""What a channel receives and how each delivery ends: ``Deliveries`` pops within kombu's
-prefetch window and hands each lease to kombu as a message (its tag is the lease token); ``QoS``
-sends kombu's acks and rejects here. docs/leases.md ("Acks, rejects, shutdown")."""
+"""What a channel receives and how each delivery ends: ``Deliveries`` pops within kombu's prefetch window and
+hands each lease to kombu (its tag: the lease token); ``QoS`` sends acks and rejects here. docs/leases.md."""
 
 from __future__ import annotations
 
@@ -27,12 +26,11 @@ class ReceivingChannel(Protocol):
     """What the receiving side uses of its channel (channel.py's ``Channel``)."""
 
     @property
-    def connection(self) -> Any: ...
-    @property
     def qos(self) -> Any: ...
     @property
     def active_queues(self) -> list: ...
 
+    connection: Any
     transport: Any
     leases: Any
     deliveries: Any
@@ -75,9 +73,8 @@ class QoS(virtual.QoS):
         self._quick_ack(delivery_tag)
 
     def restore_unacked(self):
-        """Give back every delivered, unacked message, at shutdown or when kombu tears the
-        connection down; after a lost connection, a task running in this process keeps its lease
-        (renewed, acked when it ends: ``Transport._collect``), or it would start again."""
+        """Give back every delivered, unacked message; after a lost connection, a task running here
+        keeps its lease (renewed, acked when it ends: ``Transport._collect``), or it would start again."""
         self._flush()
         channel = self.channel
         keep = running_tags() if channel.transport.connection_lost else set()
@@ -124,10 +121,8 @@ class Deliveries:
 
     # -- popping and delivering -----------------------------------------------------------------
     def pop_and_deliver(self, *, send_only: bool = False, wait: bool = False) -> int:
-        """Lease and deliver what the prefetch window allows, the acks waiting riding along; the
-        number delivered. Where ``_sends``, the pop is sent and its reply delivers later (``land``).
-        ``send_only`` (where ``_sends``, none on the wire): send such a pop, or nothing; ``wait``:
-        a pop that waits for its reply."""
+        """Lease and deliver what the prefetch window allows (waiting acks ride along); the number delivered.
+        Unless ``wait``, where ``_sends`` the pop is sent (``land`` delivers its reply); ``send_only``: only that."""
         if self._pop is not None:  # a pop on the wire: its reply delivers
             pop = self._pop[0]
             timeout = pop.flight.conn.socket_timeout
@@ -140,8 +135,7 @@ class Deliveries:
             if not send_only:
                 self.leases.flush()
             return 0
-        want = channel.qos.can_consume_max_estimate() or C.MAX_POP_BATCH
-        want = max(1, min(want, C.MAX_POP_BATCH))
+        want = max(1, min(channel.qos.can_consume_max_estimate() or C.MAX_POP_BATCH, C.MAX_POP_BATCH))
         n = len(queues)
         start = self._rotation % n
         delivered = 0
@@ -169,9 +163,7 @@ class Deliveries:
         return delivered
 
     def _sends(self) -> bool:
-        """Whether a pop goes without waiting for its reply: in Celery's event loop thread, one
-        queue consumed, and the last task run elsewhere (a prefork child). Where tasks run
-        inline (solo pool, plain kombu; until the first delivery) it waits: nothing runs meanwhile."""
+        """Whether a pop goes without waiting for its reply: in Celery's event loop, one queue, last task not inline."""
         channel = self.channel
         return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
 
@@ -182,15 +174,11 @@ class Deliveries:
 
     def popping(self) -> Wait | None:
         """The wait for the reply of the pop on the wire (its connection readable), or None."""
-        if self._pop is None:
-            return None
-        return Wait(self._pop[0].flight.conn, self.pop_and_deliver, True)
+        return None if self._pop is None else Wait(self._pop[0].flight.conn, self.pop_and_deliver, True)
 
     def land(self, *, deliver: bool = True) -> int:
-        """Deliver what the pop on the wire took (waiting for its reply), or with ``deliver``
-        false give it back; the number delivered. A script's error reply is left to a waiting
-        pop, which handles it; a connection error is raised (its acks wait again; its leases,
-        if any, expire)."""
+        """Deliver (or with ``deliver`` false give back) what the pop on the wire took; the number
+        delivered. A script's error falls to a waiting pop; a connection error is raised (its acks wait again)."""
         assert self._pop is not None
         (pop, name), self._pop = self._pop, None
         channel = self.channel
@@ -224,9 +212,8 @@ class Deliveries:
         return msg
 
     def _deliver_batch(self, name: str, leases: Sequence[Delivery]) -> int:
-        """Deliver a popped batch, all of it in the lease book first (renewed while a solo pool runs
-        each task inside ``_deliver``); the number delivered. Each lease ends delivered, given back
-        uncounted or dead-lettered as malformed."""
+        """Deliver a popped batch (all held in the lease book first: renewed while a solo pool runs
+        each task); the number delivered. The rest is given back uncounted or dead-lettered."""
         channel = self.channel
         rest = [lease.token for lease in reversed(leases)]  # not delivered yet, last first
         delivered = 0
@@ -244,7 +231,9 @@ class Deliveries:
                         self.ack(lease.token)
                     before = celery_counts()
                     channel.connection._deliver(message, name)
-                    self._inline = not _handed_to_pool(before, celery_counts())
+                    after = celery_counts()
+                    # handed to a pool that runs it elsewhere: one more reserved, none started (solo runs it inline)
+                    self._inline = not (before and after and after[0] == before[0] and after[1] > before[1])
                 except Unreadable as exc:
                     self._dead_letter_malformed(lease.token, exc.__cause__)
                     continue
@@ -268,8 +257,7 @@ class Deliveries:
         except Exception as exc:
             self._dead_letter_malformed(lease.token, exc)
             return None
-        # A redelivery also carries the deliveries before it as the header x-delivery-count, as
-        # RabbitMQ's quorum queues do: a Celery task reads self.request.get("x-delivery-count").
+        # a redelivery carries the deliveries before it as the header x-delivery-count (as RabbitMQ's quorum queues)
         props["delivery_tag"] = lease.token
         info["delivery_count"] = lease.deliveries
         info["redelivered"] = lease.deliveries > 1
@@ -310,8 +298,7 @@ class Deliveries:
 
     # -- acks, rejects, give-backs ----------------------------------------------------------------
     def ack(self, tag: str) -> None:
-        """Ack now, or with the next pop while draining or in Celery's event loop (a deferred
-        ack lost with the process only means a redelivery)."""
+        """Ack now, or with the next pop while draining or in Celery's event loop (lost: a redelivery)."""
         self.leases.ack(tag, defer=self.channel.transport.poller.defers_acks())
 
     def reject(self, tag: str, requeue: bool) -> None:
@@ -380,21 +367,13 @@ def _pool_forgets_running_jobs() -> bool:
 
 def celery_counts() -> tuple[int, int] | None:
     """``(tasks started, requests reserved)`` of a Celery worker in this process, or None."""
-    state = _celery_state()
+    state = sys.modules.get("celery.worker.state")
     started = getattr(state, "all_total_count", None)
     reserved = getattr(state, "reserved_requests", None)
-    if started is None or reserved is None:
-        return None
-    return started[0], len(reserved)
-
-
-def _handed_to_pool(before: tuple[int, int] | None, after: tuple[int, int] | None) -> bool:
-    """Whether a message handed to kombu became a request reserved for a pool that runs it
-    elsewhere: one more reserved, none started meanwhile (the solo pool runs it before returning)."""
-    return before is not None and after is not None and after[0] == before[0] and after[1] > before[1]
+    return None if started is None or reserved is None else (started[0], len(reserved))
 
 
 def worker_stopping() -> bool:
     """True while a Celery worker in this process is shutting down."""
-    state = _celery_state()
+    state = sys.modules.get("celery.worker.state")
     return bool(state is not None and (state.should_stop is not None or state.should_terminate is not None))

@@ -83,8 +83,7 @@ class KombuLayout:
 
 
 def kombu_priority(message: dict) -> int:
-    """A kombu message's priority as kombu's Redis transport serves it (0 first), clamped into
-    0..9; 0 when it has none (kombu's ``_get_message_priority``)."""
+    """A kombu message's priority (0 served first) clamped into 0..9, 0 if none (kombu's ``_get_message_priority``)."""
     try:
         return max(0, min(int(message["properties"]["priority"]), KOMBU_MAX_PRIORITY))
     except (TypeError, ValueError, KeyError):
@@ -92,9 +91,8 @@ def kombu_priority(message: dict) -> int:
 
 
 def priority_map(priority_order: str, given: dict[int, int] | None = None) -> dict[int, int]:
-    """kombu priority (0..9, 0 served first) -> celery-pq priority, keeping kombu's order under
-    the queue's ``priority_order``: ``lower_first`` keeps the number, ``higher_first`` turns
-    it around within 0..9 (kombu's 0 becomes 9). ``given`` overrides single values."""
+    """kombu priority (0..9, 0 served first) -> celery-pq priority in kombu's order under ``priority_order``
+    (``higher_first``: kombu's 0 becomes 9); ``given`` overrides single values."""
     flip = priority_order == C.HIGHER_FIRST
     out = {k: (KOMBU_MAX_PRIORITY - k if flip else k) for k in range(KOMBU_MAX_PRIORITY + 1)}
     for k, p in (given or {}).items():
@@ -156,12 +154,11 @@ class QueueReport:
 
 
 class KombuImport:
-    """The import of ``queues`` from kombu's Redis transport (``source``, a redis-py client) into
-    a celery-pq ``channel``. ``unacked``: ``"stale"`` moves the unacked messages older than
-    ``visibility_timeout`` (the old workers' own, required: too short a guess runs live messages
-    twice); ``"all"`` every one (only when no kombu worker runs); ``"none"``. ``staged``: what
-    an interrupted run left staged past the queue's ``dedupe_seconds`` and not in the queue:
-    ``"refuse"`` (StagedUnknown), ``"insert"`` or ``"drop"``. ValueError for a bad argument."""
+    """The import of ``queues`` from kombu's Redis transport (``source``, a redis-py client) into a celery-pq
+    ``channel``. ``unacked``: ``"stale"`` moves the unacked messages older than ``visibility_timeout`` (the old workers'
+    own, required: too short a guess runs live messages twice); ``"all"`` every one (only when no kombu worker runs);
+    ``"none"``. ``staged``: what an interrupted run left staged past the queue's ``dedupe_seconds`` and not in the
+    queue: ``"refuse"`` (StagedUnknown), ``"insert"`` or ``"drop"``. ValueError for a bad argument."""
 
     def __init__(
         self,
@@ -207,9 +204,7 @@ class KombuImport:
         """(the ``Item`` of ``raw``, kombu priority, celery-pq priority)."""
         message = json.loads(raw)
         k = kombu_priority(message)
-        props = dict(message.get("properties") or {})
-        props["priority"] = mapping[k]
-        message = {**message, "properties": props}
+        message = {**message, "properties": {**(message.get("properties") or {}), "priority": mapping[k]}}
         channel = self.channel
         item = stored_item(
             queue,
@@ -267,9 +262,8 @@ class KombuImport:
             self._store(queue, staging, claimed, mapping, report.unacked)
 
     def _finish_staged(self, queue: str, staging: str, now: float, mapping: dict) -> None:
-        """Insert and release what an earlier run claimed: within the dedupe window of the latest
-        claim a repeated insert stores nothing; later, one found in the queue is released and
-        the others follow ``staged``."""
+        """Insert and release what an earlier run claimed (a repeat stores nothing within the dedupe
+        window of the latest claim; later, one found in the queue is released, the rest follow ``staged``)."""
         report, src = self.reports[queue], self.source
         left = list(reversed(src.lrange(staging, 0, -1)))  # oldest first
         report.staged = len(left)
@@ -324,8 +318,7 @@ class KombuImport:
         return sorted(out)
 
     def _unacked_of(self, queue: str, now: float, report: QueueReport):
-        """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held
-        (all with ``unacked="none"``)."""
+        """(tag, raw value, message JSON) of ``queue``'s unacked messages to move; the rest held."""
         layout, src = self.layout, self.source
         routes: dict[tuple[str, str], list[str]] = {}
         for tag, value in src.hscan_iter(layout.unacked):

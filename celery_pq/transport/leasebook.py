@@ -36,8 +36,7 @@ class LeaseBook:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[PriorityQueue, str]] = {}  # tag -> (queue, entry id)
         self._acks: dict[PriorityQueue, Pairs] = {}  # waiting for the next round trip
-        # Tags of acks whose round trip failed: sent again, they may find their entry acked by
-        # the first sending (its reply was lost); any other refused ack is late.
+        # Tags of acks whose round trip failed: sent again, they may find their entry acked already.
         self._resent: set[str] = set()
         self.queues: tuple[PriorityQueue, ...] = ()  # consumed (the channel's), swept by the keeper
         # Leases given back in vain (Redis unreachable): not renewed, but an ack for one is sent.
@@ -64,9 +63,8 @@ class LeaseBook:
         return leases
 
     def send_pop(self, q: Consumer, count: int, *, consumer: str | None, view) -> PopInFlight | None:
-        """``pop`` sent without waiting for its reply (``land`` reads it); None, nothing sent,
-        where only a waiting pop can be made (acks of other queues waiting, ``wait_replicas``,
-        a sharded queue, a cluster, ...)."""
+        """``pop`` sent without waiting for its reply (``land`` reads it); None, nothing sent, where
+        only a waiting pop can be made (acks of other queues waiting, ``wait_replicas``, a cluster, ...)."""
         shard = q.shards[0]
         with self._lock:  # (the keeper may flush meanwhile)
             if any(other is not shard for other in self._acks):
@@ -110,9 +108,8 @@ class LeaseBook:
             self._unreturned[tag] = held
 
     def ack(self, tag: str, *, defer: bool) -> None:
-        """Ack now, or with ``defer`` (always once closed) with the next round trip; a full batch
-        goes at once. An unknown tag is ignored (fanout, no_ack). An ``unreturned`` lease is
-        acked now: its task did run, and nothing renews that lease any more."""
+        """Ack now, or with ``defer`` (always once closed) with the next round trip; a full batch goes
+        at once. An unknown tag is ignored; an ``unreturned`` lease is acked now (nothing renews it)."""
         with self._lock:
             held = self._held.pop(tag, None)
             late = held is None
@@ -174,9 +171,8 @@ class LeaseBook:
         return pending
 
     def _send(self, pending: dict[PriorityQueue, Pairs], call: Callable[[], tuple]):
-        """``call()``'s result (the round trip carrying ``pending``, perhaps sent already: see
-        ``send_pop``), ack codes checked; on an error the acks wait again. The one place acks
-        in flight are settled."""
+        """``call()``'s result (the round trip carrying ``pending``, perhaps sent already: ``send_pop``),
+        ack codes checked; on an error the acks wait again. The one place acks in flight are settled."""
         with self._lock:
             self._sending[id(pending)] = pending
         try:
@@ -191,9 +187,8 @@ class LeaseBook:
         return result
 
     def refused(self, q: PriorityQueue, eid: str, tag: str) -> None:
-        """A renewal of ``tag`` was refused: the lease is lost when this book holds it. A tag
-        whose ack is under way or was resent is noted for ``_check`` instead; one acked since
-        the renewal's snapshot is no loss."""
+        """A renewal of ``tag`` was refused: the lease is lost when this book holds it; a tag whose ack
+        is under way or was resent is noted for ``_check``; one acked since the renewal is no loss."""
         with self._lock:
             resent = tag in self._resent
             lost = not resent and (

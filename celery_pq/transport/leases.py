@@ -37,10 +37,8 @@ def write_refusal(exc: BaseException) -> str | None:
         code = "OOM"
     elif isinstance(exc, rex.ReadOnlyError) or isinstance(exc.__cause__, rex.ReadOnlyError):
         code = "READONLY"  # (a script's READONLY is a connection error: scripts.wire.demoted)
-    elif isinstance(exc, rex.ResponseError):
-        code = str(exc).split(" ", 1)[0]
-    else:
-        return None
+    else:  # (a refusal's reply starts with its code)
+        code = str(exc).split(" ", 1)[0] if isinstance(exc, rex.ResponseError) else ""
     return _REFUSALS.get(code)
 
 
@@ -124,8 +122,7 @@ class LeaseKeeper(threading.Thread):
         self._watch_passes = watch.passes
 
     def _attempt(self, what, fn, *args) -> bool:
-        """Run one task of the keeper, reporting a failure. A cluster slot moving fails it at once
-        (``impatient``): retried on the keeper's timer, so other queues' renewals go on."""
+        """Run one keeper task, reporting a failure; a moving slot fails it at once (``impatient``) so others go on."""
         try:
             with impatient():
                 fn(*args)
@@ -176,11 +173,9 @@ class LeaseKeeper(threading.Thread):
                 if q.name in seen:
                     continue
                 seen.add(q.name)
-                # longer without a sweep means nobody could reach Redis, not a slow sweeper (at
-                # most half a lease: any pause that let leases expire counts)
+                # longer unswept means Redis was out of reach (at most half a lease: any pause that let leases expire)
                 gap = min(book.options.lease_seconds / 2, max(2 * book.options.sweep_interval, 1.0))
-                # a lease that expired in a gap gets a whole lease from now: its holder's keeper
-                # comes out of the same gap, maybe slowly
+                # a lease expired in the gap gets a whole lease from now: its keeper comes out of it too, maybe slowly
                 result = q.reclaim(
                     guard_seconds=book.options.sweep_interval * 0.9,
                     gap_seconds=gap,

@@ -1,6 +1,5 @@
-"""A kombu message as the queue stores it: the one path from a message dict to an ``Item``
-(transport and Spark writer alike).
-docs/storage.md, docs/leases.md ("Idempotent publish")."""
+"""A kombu message as the queue stores it: the one path from a message dict to an ``Item`` (transport and
+Spark writer alike). docs/storage.md, docs/leases.md ("Idempotent publish")."""
 
 from __future__ import annotations
 
@@ -32,11 +31,9 @@ NOT_STORED = frozenset(("delivery_tag", STAMP))
 
 
 class PublishStamp:
-    """The identity of one publish call: a publish id per queue it reaches (``ids``; the first
-    queue's is ``publish_id``), kept for that call's own retries alone, never derived from the
-    content. It rides in the properties dict that kombu's retries prepare again. ``put``: the
-    queues put since the last prepare; a put again without one is a new publish. docs/leases.md
-    ("Idempotent publish")."""
+    """One publish call's identity, riding in the properties dict kombu's retries prepare again: a
+    publish id per queue it reaches (``ids``; the first queue's is ``publish_id``), never from the
+    content. ``put``: the queues put since the last prepare (a put again without one is a new publish)."""
 
     __slots__ = ("ids", "publish_id", "put")
 
@@ -57,8 +54,7 @@ class PublishStamp:
 
     @classmethod
     def take(cls, message: dict, queue: str) -> tuple[bytes, bool] | tuple[None, bool]:
-        """``(publish id, first send)`` of one put in ``queue`` (a first send is only recorded,
-        not looked up); ``(None, True)`` for a message not prepared for this put."""
+        """``(publish id, first send)`` of one put in ``queue``; ``(None, True)`` for a message not prepared for it."""
         props = message.get("properties")
         stamp = props.get(STAMP) if isinstance(props, dict) else None
         if type(stamp) is not cls or queue in stamp.put:
@@ -104,10 +100,8 @@ def stored_item(
     queue_ttl_ms: int | None = None,
     task_limits: Mapping[str, float] | None = None,
 ) -> Item:
-    """The ``Item`` of a prepared kombu message for ``queue``; ValueError or MessageTooLarge,
-    nothing written, when it cannot be stored. ``decode_body``: kombu's (for a ``fair_key``
-    function). ``publish_id_``: this publish's, or None (the queue makes one per call).
-    ``queue_ttl_ms``: the queue's ``message_ttl``. ``task_limits``: the queue's, or None (``tenant_of``)."""
+    """The ``Item`` of a prepared kombu message for ``queue``; ValueError or MessageTooLarge, nothing
+    written, when it cannot be stored. ``publish_id_`` None: the queue makes one per call."""
     props = message["properties"]
     priority = props.get("priority")
     if priority is None:
@@ -132,8 +126,7 @@ def stored_item(
 
 
 def expiration_ms(expiration) -> int | None:
-    """kombu's ``expiration`` property (AMQP per-message TTL, ms as text) as ms; None when
-    absent or not a number (never refused for it: the worker still checks)."""
+    """kombu's ``expiration`` property (AMQP TTL, ms as text) as ms; None when not a number (the worker checks)."""
     try:
         return max(0, int(float(expiration)))
     except (TypeError, ValueError, OverflowError):  # (OverflowError: "inf")
@@ -166,10 +159,9 @@ def unix_ms(when, *, strict: bool) -> int | None:
 
 
 def serialized(queue: str, message: dict, options: Options) -> bytes:
-    """The message as stored (``codec.encode``); MessageTooLarge over max_message_bytes. A
-    property with no stored form is left out with a warning, as an AMQP broker keeps only the
-    properties it knows (a ``before_task_publish`` handler re-publishing ``**kwargs`` passes the
-    signal itself); a header or body value without one is a ValueError. Nothing written on error."""
+    """The message as stored (``codec.encode``); MessageTooLarge over max_message_bytes. A property with no
+    stored form is left out with a warning, as an AMQP broker keeps only those it knows (a handler re-publishing
+    ``**kwargs`` passes the signal itself); a header or body value without one is a ValueError."""
     try:
         data = encode(message)
     except TypeError:

@@ -1,5 +1,4 @@
-"""The checks of one transport option's value (``options.Options``): ``(name, value)`` -> the
-value to keep, or ``ConfigError`` naming both."""
+"""Checks of one transport option's value: ``(name, value)`` -> the value to keep, or ``ConfigError`` naming both."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ def key(none: bool):
 
 
 def per_key(keys: str, valid: Callable[[object], bool], what: str, *, none: bool = False):
-    """An option given as one value for every queue or tenant (``keys``) or as {name: value,
-    "*": default}; None too with ``none``."""
+    """One value for every queue or tenant (``keys``), or {name: value, "*": default}; None too with ``none``."""
 
     def check(name, value):
         if value is None and none:
@@ -143,14 +141,12 @@ unique_seconds = per_key(
 
 
 def fit_renewals(lease, renew_interval, socket_timeout, default_timeout: bool) -> tuple[float, float | None]:
-    """(renew_interval, socket_timeout) to keep: renew_interval defaults to a third of the lease;
-    a lease must last renew_interval + RENEW_MARGIN and socket_timeout be at most lease_seconds -
-    renew_interval (the default is lowered to fit). ConfigError otherwise (docs/leases.md)."""
+    """(renew_interval, socket_timeout) to keep: a lease must last renew_interval + RENEW_MARGIN and socket_timeout
+    be at most lease_seconds - renew_interval (the default is lowered to fit); ConfigError otherwise."""
     margin = C.RENEW_MARGIN
-    given = renew_interval is not None
     renew = renew_interval if renew_interval is not None else min(max(0.1, lease / 3.0), 20.0, lease / 2.0)
     if lease - renew < margin:
-        if given:
+        if renew_interval is not None:
             raise ConfigError(
                 f"lease_seconds ({lease:g}) must be at least renew_interval + {margin:g} s "
                 f"({renew + margin:g}), got renew_interval {renew!r}: leases would expire "

@@ -1,6 +1,5 @@
-"""The transport's options (``broker_transport_options``), each once with its default and check,
-all checked when a channel is made. README.md ("Options") shows the same table (a test keeps them
-in step); docs/settings.md says whose each setting is."""
+"""The transport's options (``broker_transport_options``), each once with its default and check, all checked
+when a channel is made. README.md ("Options") shows the same table (a test keeps them in step)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class _FitsTheLease(float):
 
 
 def _option(default, check: Callable[[str, Any], Any] | None, doc: str, *, shown: str | None = None, redis=False):
-    """One option: default, check, meaning (``shown``: the default as README shows it, if other;
-    ``redis``: an argument of redis-py's connection pool, under its name)."""
+    """One option: default, check, meaning (``shown``: README's default if other; ``redis``: a redis-py argument)."""
     return field(default=default, metadata={"check": check, "doc": doc, "shown": shown, "redis": redis})
 
 
@@ -162,12 +160,13 @@ class Options:
         limit; Celery's own queues have one shard; each shard holds its part of ``max_length``."""
         dead = name.endswith(".dead")
         task_rate = on_queue(self.task_rate, name)  # {tenant: rate}
+        n = self.shards_of(split_dead(name)[0])
         fair = (self.fair_key is not None or bool(task_rate)) and not dead
         return replace(
             self._settings,
             technique=(self.queue_techniques or {}).get(name, self.technique),
             max_deliveries=0 if dead else self.max_deliveries,
-            max_length=self._max_length(name),
+            max_length=-(-self.max_length // n) if self.max_length and n > 1 else self.max_length,  # (rounded up)
             fair=fair,
             tenant_concurrency=_entry(self.tenant_concurrency) if fair else None,
             tenant_rate=_entry(self.tenant_rate) if fair else None,
@@ -177,11 +176,6 @@ class Options:
             concurrency=_named(self.tenant_concurrency),
             rate={**_named(self.tenant_rate), **task_rate},
         )
-
-    def _max_length(self, name: str) -> int | None:
-        """``max_length`` of a queue, or a shard's part of it (rounded up)."""
-        n = self.shards_of(split_dead(name)[0])
-        return -(-self.max_length // n) if self.max_length and n > 1 else self.max_length
 
     def shards_of(self, name: str) -> int:
         """``shards``, but 1 for Celery's own queues (replies, events: little, and in order)."""
@@ -236,8 +230,7 @@ _QUEUE_SETTINGS = tuple(f.name for f in fields(Options) if f.init and f.metadata
 
 
 def _entry(value, name: str | None = None, fallback=None):
-    """The value for ``name`` (None: for those not named): the value itself, or a table's entry
-    for it, else the table's "*", else ``fallback``."""
+    """The value for ``name`` (None: those not named): the value, or a table's entry, its "*", else ``fallback``."""
     return value.get(name, value.get("*", fallback)) if isinstance(value, dict) else value
 
 

@@ -1,6 +1,5 @@
-"""How a consumer waits and is woken: each channel's ``Waits`` (BLPOPs on wake lists, pub/sub
-for fanout) and each connection's ``Poller``, the wait loop behind kombu's ``drain_events`` and
-Celery's event loop. docs/key-layout.md ("Wake tokens"), docs/architecture.md ("Modules")."""
+"""How a consumer waits and is woken: each channel's ``Waits`` (BLPOPs on wake lists, pub/sub for fanout) and
+each connection's ``Poller``, behind kombu's ``drain_events`` and Celery's event loop. docs/key-layout.md."""
 
 from __future__ import annotations
 
@@ -116,11 +115,7 @@ class Waits:
         if not wanted and not self._subs:
             return []
         known = self._pubsub_waits
-        if (
-            known is not None
-            and known[0] == wanted.keys()
-            and all(w.conn is sub.pubsub.connection for sub, w in known[1])
-        ):
+        if known and known[0] == wanted.keys() and all(w.conn is sub.pubsub.connection for sub, w in known[1]):
             return [w for _, w in known[1]]
         self._pubsub_waits = None
         client = self.channel.client
@@ -150,8 +145,7 @@ class Waits:
             if not moved and not str(exc).startswith("UNBLOCKED"):
                 self.drop()
                 raise
-            # a slot moved, or a failover demoted the server and let its blocked clients go:
-            # reconnect and look now; the next wait goes to the new master
+            # a slot moved, or a failover let the blocked clients go: reconnect, look now (the new master next)
             self._drop_block(block)
             self.need_pop = True
             logger.info("celery-pq: blocking wait ended by a failover (%s); waiting again", exc)
@@ -274,10 +268,9 @@ class Poller:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         if self._wake_pipe is None:
-            r, w = os.pipe()
-            os.set_blocking(r, False)
-            os.set_blocking(w, False)
-            self._wake_pipe = (r, w)
+            self._wake_pipe = os.pipe()
+            for fd in self._wake_pipe:
+                os.set_blocking(fd, False)
         loop.add_reader(self._wake_pipe[0], self._on_self_wake, self._wake_pipe[0])
         loop.on_tick.add(self.on_tick)
         if self._idle_wake is not None:
@@ -291,15 +284,9 @@ class Poller:
         with suppress(BlockingIOError):
             os.read(fd, 4096)
 
-    def _self_wake(self) -> None:
-        assert self._wake_pipe is not None  # (made with the loop's registration)
-        with suppress(BlockingIOError):  # (one is pending already)
-            os.write(self._wake_pipe[1], b"x")
-
     def on_tick(self):
-        # The hub runs its deferred acks (call_soon) just before this tick, so they ride with
-        # the pop. The acks a delivery causes come later: _drain_in_tick runs them and pops
-        # again, and after it the loop wakes itself (a pipe) for the next pass at once.
+        # The hub runs its deferred acks just before this tick: they ride with the pop. Those a delivery
+        # causes come later: _drain_in_tick runs them and pops again, then the loop wakes itself (a pipe).
         loop = self._loop
         assert loop is not None
         delivered, waits = self._step(until_delivered=False)
@@ -317,13 +304,13 @@ class Poller:
         if delivered:
             # even with the window full: what it delivered may have missed this tick's other
             # callbacks (the prefork pool writes to its children in its own on_tick)
-            self._self_wake()
+            assert self._wake_pipe is not None  # (made with the loop's registration)
+            with suppress(BlockingIOError):  # (one is pending already)
+                os.write(self._wake_pipe[1], b"x")
 
     def _drain_in_tick(self, delivered: int, waits: list[Wait]) -> tuple[int, list[Wait]]:
-        """Pop on within this tick while each pass delivers, for up to TICK_DRAIN_SECONDS, the
-        hub's ready callbacks (the deferred acks) run first: a backlog costs no self-wake and
-        poll per message. A hub without ``_pop_ready`` (older kombu) leaves it to the self-wake.
-        (delivered in the whole tick, the last pass's waits)."""
+        """Pop on in this tick while each pass delivers (up to TICK_DRAIN_SECONDS, the hub's deferred
+        acks run first): a backlog costs no self-wake per message. (delivered in the tick, last waits)."""
         pop_ready = getattr(self._loop, "_pop_ready", None)
         if pop_ready is None:
             return delivered, waits
@@ -353,8 +340,7 @@ class Poller:
 
     def close(self):
         if self._loop is not None:
-            fds = list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else [])
-            for fd in fds:
+            for fd in list(self._readers) + ([self._wake_pipe[0]] if self._wake_pipe else []):
                 _quietly(self._loop.remove_reader, fd)
             _quietly(self._loop.on_tick.discard, self.on_tick)
         if self._idle_wake is not None:
@@ -362,11 +348,8 @@ class Poller:
             self._idle_wake = None
         self._readers.clear()
         self._loop = None
-        # a pipe signals still wake stays open (closed from another thread): a signal would
-        # write to a closed or reused fd
-        if self._wake_pipe is not None and (
-            not signal_wake.holds(self._wake_pipe[1]) or signal_wake.give_back(self._wake_pipe[1])
-        ):
+        # a pipe signals still wake stays open: a signal would write to a closed or reused fd
+        if self._wake_pipe is not None and signal_wake.give_back(self._wake_pipe[1]):
             for fd in self._wake_pipe:
                 os.close(fd)
             self._wake_pipe = None
@@ -378,8 +361,7 @@ def _quietly(call, *args) -> None:
 
 
 def _client_id(conn) -> int | None:
-    """The id of a blocking connection, for CLIENT UNBLOCK; None when the user may not run
-    CLIENT (then changes take effect within block_seconds)."""
+    """The id of a blocking connection, for CLIENT UNBLOCK; None when the user may not run CLIENT."""
     conn.send_command("CLIENT", "ID")
     try:
         return conn.read_response()

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..queue import Producer
 from ..storage import connections
-from ..storage.codec import Base64Body
 from ..storage.errors import ModeMismatch
 from ..storage.ids import unique_bytes
 from ..storage.keys import fanout_channel
@@ -22,15 +21,12 @@ if TYPE_CHECKING:
 class PublishingChannel(Protocol):
     """What the publishing side uses of its channel (channel.py's ``Channel``)."""
 
-    body_encoding: str
     options: Any
     client: Any
     transport: Any
     routing: Any
 
     def decode_body(self, body, encoding=None) -> Any: ...
-
-    def encode_body(self, body, encoding=None) -> Any: ...
 
     def queue(self, name: str) -> Producer: ...
 
@@ -46,24 +42,9 @@ class Publisher:
         self.channel = channel
         self.options = channel.options
 
-    def augment(self, message: dict, exchange: str, routing_key: str) -> None:
-        """kombu's ``_inplace_augment_message``, but a base64 body stays bytes (``Base64Body``:
-        the codec stores it so) and no delivery tag is made (a delivery's is its lease token)."""
-        channel = self.channel
-        body = message["body"]
-        if channel.body_encoding == "base64" and isinstance(body, (bytes, str)):
-            message["body"] = Base64Body(body.encode() if isinstance(body, str) else body)
-            encoding = "base64"
-        else:
-            message["body"], encoding = channel.encode_body(body, channel.body_encoding)
-        props = message["properties"]
-        props["body_encoding"] = encoding
-        props["delivery_info"].update(exchange=exchange, routing_key=routing_key)
-
     def put(self, queue: str, message: dict, batch: PublishBatch | None = None) -> None:
-        """Store ``message`` in ``queue`` under its publish call's id (``PublishStamp``), or add it
-        to ``batch`` for the flush; a message with a unique key is stored at once, its outcome
-        remembered for ``publish_outcome``."""
+        """Store ``message`` in ``queue`` under its publish call's id (``PublishStamp``), or add it to ``batch``;
+        one with a unique key is stored at once, its outcome remembered for ``publish_outcome``."""
         publish_id, first_send = PublishStamp.take(message, queue)
         unique = unique_of(message, self.options, queue, self.channel.decode_body)
         if unique is not None:

@@ -18,7 +18,6 @@ class RoutingTables:
         self._tables: dict[str, tuple[float, list]] = {}  # exchange -> (read at, rows)
         self._ttls: dict[str, tuple[float, int | None]] = {}  # queue -> (read at, ms or None)
 
-    # -- queues ------------------------------------------------------------------------------
     def add_queue(self, queue: str, message_ttl_ms: int | None = None) -> None:
         """Record a declared queue and its message TTL for every publisher (kept if declared again without)."""
         self.client.sadd(queues_key(self.options.key_prefix), queue)
@@ -45,7 +44,6 @@ class RoutingTables:
         self.client.hdel(message_ttls_key(self.options.key_prefix), queue)
         self._ttls.pop(queue, None)
 
-    # -- bindings ----------------------------------------------------------------------------
     def bind(self, exchange, routing_key, pattern, queue) -> None:
         self.client.sadd(self._key(exchange), self._member(routing_key, pattern, queue))
         self._tables.pop(exchange, None)

@@ -24,22 +24,18 @@ def take(fd: int) -> bool:
     return True
 
 
-def holds(fd: int) -> bool:
-    """Whether ``fd`` was made the signal wake-up fd here and not given back since."""
-    return _ours == fd
-
-
 def give_back(fd: int) -> bool:
-    """Stop ``fd`` being the signal wake-up fd; whether done (only the main thread can). Until
-    then ``fd`` must stay open: a signal would write to a closed or reused fd."""
+    """Stop ``fd`` being the signal wake-up fd, where ``take`` made it so; whether done (only the main thread
+    can). Until then ``fd`` must stay open: a signal would write to a closed or reused fd."""
     global _ours
+    if _ours != fd:
+        return True
     if threading.current_thread() is not threading.main_thread():
         return False
     previous = signal.set_wakeup_fd(-1)
     if previous not in (-1, fd):
         signal.set_wakeup_fd(previous)  # another's since: left as it was
-    if _ours == fd:
-        _ours = None
+    _ours = None
     return True
 
 

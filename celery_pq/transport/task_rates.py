@@ -1,6 +1,5 @@
-"""The transport option ``task_rate``: at most N deliveries per second of a named task from a
-queue; a limited task's messages go under a tenant of their own, ``task:<name>``, whose token
-bucket the fair pop honours. docs/rate-limits.md."""
+"""The transport option ``task_rate``: at most N deliveries per second of a named task from a queue, its
+messages under a tenant of their own, ``task:<name>``, whose token bucket the fair pop honours. docs/rate-limits.md."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def _rate(label: str, value) -> float:
 
 
 def check(name: str, value) -> dict | None:
-    """The option checked: None, or one dict of {task: rate} (every queue) and {queue: {task:
-    rate}} entries (the queue's wins). ConfigError naming the entry and value otherwise."""
+    """None, or one dict of {task: rate} (all queues) and {queue: {task: rate}} (the queue's wins); else ConfigError."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -54,8 +52,7 @@ def check(name: str, value) -> dict | None:
 
 
 def on_queue(value: dict | None, queue: str) -> dict[str, float]:
-    """{tenant: rate} of the tasks limited on ``queue`` (the every-queue entries, then the queue's),
-    for ``configure_tenants`` (each shard: a task's messages all go to its tenant's shard)."""
+    """{tenant: rate} of the tasks limited on ``queue`` (the every-queue entries, then the queue's)."""
     if not value or celery_own_queue(queue) or queue.endswith(".dead"):
         return {}
     rates = {task: rate for task, rate in value.items() if not isinstance(rate, dict)}

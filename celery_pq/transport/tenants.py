@@ -1,5 +1,4 @@
-"""The tenant of an outgoing message, for fair queues: ``task:<name>`` for a task the queue
-limits (its ``task_limits``), else what the ``fair_key`` option names (docs/fairness.md)."""
+"""A message's tenant on a fair queue: ``task:<name>`` for a task it limits, else ``fair_key``'s. docs/fairness.md."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Ma
 
 
 def message_key(message: dict, option: str, value: str, fn: Callable | None, decode_body: Callable) -> str | None:
-    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``, or
-    what ``fn`` returns for the message with its body decoded. ValueError when the function
-    raises, or when the header or function gives neither a str nor None."""
+    """What a key option (``fair_key``, ``unique_key``) gives a message: the header ``value``, or ``fn`` of the
+    message, body decoded. ValueError when the function raises or either gives neither a str nor None."""
     if fn is None:
         key = (message.get("headers") or {}).get(value)
     else:

@@ -1,5 +1,4 @@
-"""Unique tasks by key, the transport's side: an outgoing message's key, mode and seconds, and
-what became of each publish with a key (``publish_outcome``). docs/unique.md."""
+"""Unique tasks by key, the transport's side: a message's key, mode and seconds; ``publish_outcome``. docs/unique.md."""
 
 from __future__ import annotations
 
@@ -82,10 +81,9 @@ def remember(outcome: PublishOutcome) -> None:
 
 
 def publish_outcome(result: Any) -> PublishOutcome | None:
-    """What became of the publish of ``result`` (an ``AsyncResult`` or a task id) in this
-    process: a ``PublishOutcome`` (``kind``: stored, merged, replaced, debounced or throttled;
-    ``task_id``: the task standing for the key), or None for a publish without a key or one not
-    among this process's last ``OUTCOMES_KEPT``. TypeError for another argument."""
+    """What became of the publish of ``result`` (an ``AsyncResult`` or a task id; TypeError for another) in this
+    process: a ``PublishOutcome`` (``kind``: stored, merged, replaced, debounced or throttled; ``task_id``: the task
+    standing for the key), or None for a publish without a key or not among this process's last ``OUTCOMES_KEPT``."""
     task_id = result if isinstance(result, str) else getattr(result, "id", None)
     if not isinstance(task_id, str):
         raise TypeError(f"publish_outcome takes an AsyncResult or a task id str, got {type(result).__name__}")

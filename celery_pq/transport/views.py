@@ -28,13 +28,10 @@ class View:
     def parse(cls, name: str) -> View | None:
         """The view a name denotes, or None when it names a queue."""
         m = _PREDICATE.match(name)
-        if not m:
-            return None
-        return cls(name, m.group("base"), m.group("op"), int(m.group("value")))
+        return cls(name, m["base"], m["op"], int(m["value"])) if m else None
 
     def rank_range(self, q) -> tuple[int, int]:
-        """The (lowest, highest) rank in ``q`` (the queue viewed) of the priorities it admits;
-        ConfigError when none does or ``q`` cannot have views."""
+        """(lowest, highest) rank in ``q`` of the admitted priorities; ConfigError: none, or ``q`` can't have views."""
         test = _OPS[self.op]
         ranks = [q.rank(p) for p in range(C.MIN_PRIORITY, C.MAX_PRIORITY + 1) if test(p, self.value)]
         if not ranks:
