@@ -105,7 +105,7 @@ def _declare(conn, *names):
 
 def _bodies(conn, name, key_prefix, n):
     """The ``i`` of ``n`` messages consumed from ``name`` on a connection of their own."""
-    with Connection(conn.as_uri(), transport_options={"key_prefix": key_prefix}) as c:
+    with Connection(conn.as_uri(include_password=True), transport_options={"key_prefix": key_prefix}) as c:
         return [body["i"] for body, _ in drain(c, Queue(name, Exchange(name, type="direct"), routing_key=name), n)]
 
 
