@@ -177,9 +177,11 @@ profile: install
 
 NOX_ARGS ?= -t compat
 .PHONY: compat
+# (pyenv's interpreters made visible to nox, where pyenv is there; a missing one fails the run)
 compat: install
 	@$(WITH_REDIS) \
-	$(VENV)/bin/nox $(NOX_ARGS)
+	if command -v pyenv >/dev/null; then export PYENV_VERSION="$$(pyenv versions --bare | paste -sd:)"; fi; \
+	$(VENV)/bin/nox --error-on-missing-interpreters $(NOX_ARGS)
 
 clean:
 	rm -rf $(VENV) .nox build dist *.egg-info .pytest_cache spark-warehouse metastore_db derby.log spark-demo
