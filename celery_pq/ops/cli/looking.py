@@ -8,6 +8,7 @@ import time
 import click
 
 from ...storage import costs
+from ...queue.tenants import RECENT_MINUTES
 from ...transport.broker import queue_stats
 from .. import render
 from .base import broker_of, command, count_option, json_option, output, queue_of
@@ -65,6 +66,10 @@ def stats_tables(rows: list[dict]) -> list:
         if r["per_tenant"]:
             tenants = [{**c, "tenant": t or "(default)"} for t, c in sorted(r["per_tenant"].items())]
             columns = ["tenant", "waiting", "leased", ("next waits", age("next_age_seconds"))]
+            recent = sum(c.get("recent_worker_ms", 0) for c in tenants)
+            if any("worker_ms" in c for c in tenants):  # a queue with fair_cost="time"
+                share = lambda c: f"{c.get('recent_worker_ms', 0) / recent:.0%}" if recent else "-"  # noqa: E731
+                columns.append((f"worker time ({RECENT_MINUTES} min)", share))
             out.append(render.table(f"{name}: per tenant", columns, tenants))
     return out
 
