@@ -174,7 +174,11 @@ class PQCollector(Collector):
         }
         fams |= {k: CounterMetricFamily(f"celery_pq_{k}", doc, labels=("queue",)) for k, (_, doc) in COUNTERS.items()}
         for k, (label, doc) in LABELLED.items():
-            kind = CounterMetricFamily if k in ("unique", "tenant_deliveries", "tenant_worker_seconds") else GaugeMetricFamily
+            kind = (
+                CounterMetricFamily
+                if k in ("unique", "tenant_deliveries", "tenant_worker_seconds")
+                else GaugeMetricFamily
+            )
             fams[k] = kind(f"celery_pq_{k}", doc, labels=("queue", label))
         fams["up"] = GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis.")
         return fams

@@ -134,7 +134,9 @@ def split_score(s) -> tuple[int, int]:
 
 def join_mode(fair: bool, fair_scope: str, priority_order: str, technique: str, fair_cost: str = "tasks") -> str:
     scope = FAIR_SCOPES[fair_scope] if fair else "-"
-    return f"{FAIR_COSTS[fair_cost] if fair else '0'}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+    return (
+        f"{FAIR_COSTS[fair_cost] if fair else '0'}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+    )
 
 
 def split_switches(mode: str) -> tuple[bool, int]:

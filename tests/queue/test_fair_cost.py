@@ -6,8 +6,7 @@ from collections import Counter
 
 import pytest
 
-from celery_pq import Item
-from celery_pq import ModeMismatch
+from celery_pq import Item, ModeMismatch
 from celery_pq.storage.keys import queue_keys
 from tests.queue.test_fairness import fill, fq
 

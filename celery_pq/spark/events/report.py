@@ -185,9 +185,11 @@ def build_report(events, *, window_seconds: float | None = None) -> Report:
             f"<tr><th>{html.escape(label)}</th>{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
             for name, label, kind in QUEUE_FIGURES
         )
-        tenants = frames["waits"].merge(
-            frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"], how="outer"
-        ).merge(frames["worker_time"], on=["queue", "tenant"], how="left")  # (fair_cost="time": held_ms)
+        tenants = (
+            frames["waits"]
+            .merge(frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"], how="outer")
+            .merge(frames["worker_time"], on=["queue", "tenant"], how="left")
+        )  # (fair_cost="time": held_ms)
         head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in TENANT_FIGURES)
         body = "".join(
             f"<tr><th>{html.escape(tenant_label(t['tenant']))}</th>"
