@@ -154,3 +154,25 @@ def test_the_queue_keeps_its_fair_cost(redis_client, make_pq):
     with pytest.raises(ModeMismatch, match="fair_cost='time'"):
         stray.insert(b"x", tenant="A")
     assert queue_keys("fair", q.settings.key_prefix).mode == q.keys.mode
+
+
+def test_a_missing_or_invalid_declared_cost_counts_1_and_is_logged(caplog):
+    from celery_pq.transport.tenants import cost_of
+
+    assert cost_of({"headers": {"x-pq-cost": 250}}, "q") == 250.0
+    assert cost_of({"headers": {"x-pq-cost": "2.5"}}, "q") == 2.5
+    assert cost_of({"headers": {}}, "q") is None
+    for bad in ("many", -1, 0, float("nan"), True, 1e9):
+        assert cost_of({"headers": {"x-pq-cost": bad}}, "q") is None
+    assert "x-pq-cost='many' is not a number" in caplog.text
+
+
+def test_the_ack_event_carries_the_time_held(redis_client, make_pq):
+    q = fq(make_pq, fair_cost="time", event_log=1000)
+    fill(q, "A", 1)
+    lease = q.pop(1)[0]
+    held_back(redis_client, q, 120)
+    q.ack(lease)
+    ack = [e for e in q.events() if e["e"] == "ack"][0]
+    assert 120 <= ack["h"] < 220
+    assert "h" not in [e for e in q.events() if e["e"] == "deliver"][0]
