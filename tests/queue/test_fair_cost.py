@@ -173,6 +173,6 @@ def test_the_ack_event_carries_the_time_held(redis_client, make_pq):
     lease = q.pop(1)[0]
     held_back(redis_client, q, 120)
     q.ack(lease)
-    ack = [e for e in q.events() if e["e"] == "ack"][0]
+    ack = next(e for e in q.events() if e["e"] == "ack")
     assert 120 <= ack["h"] < 220
-    assert "h" not in [e for e in q.events() if e["e"] == "deliver"][0]
+    assert "h" not in next(e for e in q.events() if e["e"] == "deliver")
