@@ -8,6 +8,12 @@
    spread over 5,000 tenants (10 each) vs over 5 tenants (10,000 each); ``--large``: 200,000
    entries over 100,000 tenants (2 each) vs 5. Both queues on one server, measured in turn
    three times, at the client and in Redis (INFO commandstats). Target: ratio <= 1.5.
+3. Fair by cost (``fair_cost``): tenants A (200 ms tasks) and B (20 ms tasks), both with a
+   backlog, on 4 worker processes (pop 1, work, ack): each tenant's share of the worker time,
+   with equal weights (target 50/50 within 5 points) and weights 3:1 (target 75/25), under
+   "time" and "declared" (A's tasks declare 10, B's 1), with "tasks" beside them; halfway, a
+   tenant C (20 ms tasks) arrives: the time to its first delivery (target: within one task's
+   time, 200 ms).
 
     python -m benchmarks.fairness [--large] [--smoke] [--out DIR]
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections import Counter
 
 import redis
 
@@ -97,6 +104,87 @@ def tenant_cost(port, tenants: tuple[int, int], entries: int, ops: int, reps: in
     return runs
 
 
+#: Seconds of work of a task of each tenant (benchmark 3), and the cost it declares.
+WORK = {"A": 0.2, "B": 0.02, "C": 0.02}
+DECLARED = {"A": 10, "B": 1, "C": 1}
+COST_CASES = [(cost, w) for w in (1, 3) for cost in ("tasks", "time", "declared")]
+
+
+def _cost_worker(port, jobs, out):
+    """A worker process of benchmark 3: for each job (queue, fair_cost, measured from, until),
+    pop one at a time, work (sleep) and ack; its work per tenant inside the measured span and
+    the time of its first delivery of each tenant."""
+    client = redis.Redis(port=port)
+    out.put("ready")
+    while (job := jobs.get()) is not None:
+        name, cost, begin, until = job
+        q = open_queue(client, name, QueueSettings(key_prefix=PREFIX, fair=True, fair_cost=cost))
+        busy, first = Counter(), {}
+        while time.time() < until:
+            got = q.pop(1)
+            if not got:
+                time.sleep(0.002)
+                continue
+            lease, start = got[0], time.time()
+            first.setdefault(lease.tenant, start)
+            time.sleep(WORK[lease.tenant])
+            q.ack(lease)
+            busy[lease.tenant] += max(0.0, min(time.time(), until) - max(start, begin))
+        out.put((dict(busy), first))
+
+
+def cost_shares(port, procs, jobs, out, cost: str, weight_a: int, seconds: float, warm: float) -> dict:
+    """One case of benchmark 3: A's share of the worker time A and B used, and C's wait."""
+    client = redis.Redis(port=port)
+    name = f"cost-{cost}-{weight_a}-{time.monotonic_ns()}"
+    q = open_queue(client, name, QueueSettings(key_prefix=PREFIX, fair=True, fair_cost=cost), declare=True)
+    q.configure_tenants(weights={"A": weight_a})
+    n = {t: int(seconds * len(procs) / WORK[t]) + 10 for t in ("A", "B")}
+    for t in ("A", "B"):
+        q.insert_many([Item(b"x", 5, None, tenant=t, cost=DECLARED[t]) for _ in range(n[t])])
+    t0 = time.time()
+    for _ in procs:
+        jobs.put((name, cost, t0 + warm, t0 + seconds))
+    time.sleep(warm + (seconds - warm) / 2)
+    c_sent = time.time()
+    q.insert_many([Item(b"x", 5, None, tenant="C", cost=DECLARED["C"]) for _ in range(50)])
+    busy, first = Counter(), []
+    for _ in procs:
+        b, f = out.get(timeout=seconds + 60)
+        busy.update(b)
+        first.append(f.get("C"))
+    left = {t: row["waiting"] for t, row in q.tenants().items()}
+    q.purge()
+    c_first = min((x for x in first if x is not None), default=None)
+    return {
+        "fair_cost": cost,
+        "weights": f"{weight_a}:1",
+        "worker_seconds": {t: round(busy[t], 3) for t in ("A", "B", "C")},
+        "share_a": busy["A"] / (busy["A"] + busy["B"]) if busy["A"] + busy["B"] else None,
+        "target_a": weight_a / (weight_a + 1),
+        "c_first_ms": None if c_first is None else (c_first - c_sent) * 1000,
+        "backlog_left": {t: left.get(t, 0) for t in ("A", "B")},
+    }
+
+
+def by_cost(port, smoke: bool) -> list[dict]:
+    seconds, warm = (1.0, 0.2) if smoke else (14.0, 2.0)
+    ctx = mp.get_context("spawn")
+    jobs, out = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_cost_worker, args=(port, jobs, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        assert out.get(timeout=120) == "ready"
+    try:
+        return [cost_shares(port, procs, jobs, out, cost, w, seconds, warm) for cost, w in COST_CASES]
+    finally:
+        for _ in procs:
+            jobs.put(None)
+        for p in procs:
+            p.join(30)
+
+
 def run(smoke=False, large=False) -> dict:
     """``large``: 100,000 tenants (200,000 entries) against 5, instead of 5,000 (50,000 entries)."""
     quiet, flood_size, reps = (10, 500, 1) if smoke else (100, 20_000, 3)
@@ -123,6 +211,7 @@ def run(smoke=False, large=False) -> dict:
                 w = dwell(port, flood, quiet, flood_size, consumers, service_ms)
                 data["dwell"][label].append({"p50_ms": percentile(w, 50), "p99_ms": percentile(w, 99), "n": len(w)})
         data["pop_cost"] = tenant_cost(port, (5, many), entries, ops, reps)
+        data["by_cost"] = by_cost(port, smoke)
     d, c = data["dwell"], data["pop_cost"]
     data["summary"] = {
         "quiet_p99_calm_ms": median([r["p99_ms"] for r in d["calm"]]),
@@ -136,6 +225,9 @@ def run(smoke=False, large=False) -> dict:
     s["dwell_ratio"] = s["quiet_p99_flood_ms"] / s["quiet_p99_calm_ms"]
     s["tenant_cost_ratio"] = s["pop_ack_us_many_tenants"] / s["pop_ack_us_5_tenants"]
     s["tenant_cost_ratio_redis"] = s["pop_ack_redis_us_many_tenants"] / s["pop_ack_redis_us_5_tenants"]
+    for case in data["by_cost"]:
+        key = f"share_a_{case['fair_cost']}_{case['weights'].replace(':', 'to')}"
+        s[key] = case["share_a"]
     return data
 
 
@@ -185,6 +277,25 @@ def markdown(data) -> list[str]:
         + "; ".join(
             f"{int(n):,} tenants " + ", ".join(f"{r['us']:.0f}/{r['redis_us']:.1f}" for r in runs)
             for n, runs in data["pop_cost"].items()
+        ),
+        "",
+        "Fair by cost: A's tasks take 200 ms, B's 20 ms, both backlogged, 4 worker processes (pop 1, work, "
+        "ack); A's share of the worker time A and B used (target: 50% within 5 points at 1:1, 75% at 3:1; "
+        "declared: A's tasks declare 10, B's 1); tenant C (20 ms tasks) arrives halfway: ms to its first delivery "
+        "(target: within one task's time, 200 ms).",
+        "",
+        *table(
+            ["fair_cost", "weights A:B", "A's share of worker time", "target", "C's first delivery"],
+            [
+                [
+                    c["fair_cost"],
+                    c["weights"],
+                    "-" if c["share_a"] is None else f"{100 * c['share_a']:.1f}%",
+                    f"{100 * c['target_a']:.0f}%",
+                    "-" if c["c_first_ms"] is None else f"{c['c_first_ms']:.0f} ms",
+                ]
+                for c in data.get("by_cost", [])
+            ],
         ),
     ]
 

@@ -1,7 +1,8 @@
 -- ack: the leased entries are Done and are deleted (BQF MarkAsDone, with clean-up at once).
 -- Each lease token is checked, so a late ack from a consumer whose lease expired cannot
 -- delete the copy now delivered to another consumer. On a fair queue the tenant's lease
--- count drops, and a tenant parked at its concurrency cap is scheduled again. Counts acked;
+-- count drops, and a tenant parked at its concurrency cap is scheduled again; by fair_cost "time"
+-- the tenant is charged the time the lease was held (includes/fair.lua). Counts acked;
 -- logs ack.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
@@ -27,9 +28,12 @@
 --!queue
 local out = {}
 for i = 1, #ARGV, 2 do
-  local code, t = ack_one(ii, lz, lt, ARGV[i], ARGV[i + 1])
+  local code, t, s, ch = ack_one(ii, lz, lt, ARGV[i], ARGV[i + 1])
   if code == 1 and CTX.fair then
     fair_release(t)
+    if ch then -- fair_cost "time": the time held is charged
+      fair_settle(t, s, ch, false, now_ms())
+    end
     wake(wk)
   end
   out[#out + 1] = code

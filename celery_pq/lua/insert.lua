@@ -41,8 +41,8 @@
 --                   (Celery's header "retries", 0 for none): a publish of the standing entry's own
 --                   task id with more retries than it is its retry, stored; see
 --                   includes/unique.lua and docs/unique.md
--- ARGV[8+nviews+nforget+nunique..] id rank tenant payload due publish_id task expires...  the entries,
---                   eight arguments each: id ("" for a generated one), rank (0..255, 0 served first),
+-- ARGV[8+nviews+nforget+nunique..] id rank tenant payload due publish_id task expires cost...  the
+--                   entries, nine arguments each: id ("" for a generated one), rank (0..255, 0 served first),
 --                   tenant (escaped, may be ""), payload,
 --                   due: "0" now, "+<ms>" that long from now (Redis clock), or absolute Unix ms,
 --                   publish id ("" for none): a publish id seen in the last window (at most
@@ -51,7 +51,9 @@
 --                   task name ("" for none; only the event log keeps it),
 --                   expires: the entry's expiry deadline, "" for none, "+<ms>" that long from
 --                   now (Redis clock), absolute Unix ms, or "<abs ms>+<ms>" (the earlier of the
---                   two); stored in the entry (its xp), a pop never delivers it once passed
+--                   two); stored in the entry (its xp), a pop never delivers it once passed,
+--                   cost: "" or "c<number>", the declared cost (fair_cost "declared"), kept in
+--                   the entry's flags
 -- An entry with a unique key (its mode: docs/unique.md) whose key has an entry standing is
 -- merged into it or throttled (nothing stored), or takes its place (replace: at the same place
 -- in line when its rank is the old one's and that place is among the first or last 1,000 of the
@@ -95,7 +97,7 @@ local tell = sent == 'R' -- the reply marks each repeat
 local made = sent ~= '0' and not tell
 local nunique = tonumber(ARGV[7 + nviews + nforget])
 local first = 8 + nviews + nforget + nunique
-local n = (#ARGV - first + 1) / 8
+local n = (#ARGV - first + 1) / 9
 local U = false -- entry index -> {m = mode, ms, key}, for the entries with a unique key
 if nunique > 0 then
   U = {}
@@ -172,7 +174,7 @@ if CTX.dedupe_ms > 0 then
   claim = look and n == 1 and max_length == 0 and not (fair and max_per_tenant > 0)
   local mine = {}
   for i = 0, n - 1 do
-    local g = first + 8 * i
+    local g = first + 9 * i
     local pid = ARGV[g + 5]
     if pid ~= '' then
       if mine[pid] then -- a later group with the same publish id is the same publish
@@ -208,7 +210,7 @@ if U and fresh > 0 and (max_length > 0 or (fair and max_per_tenant > 0)) then
       if st then
         st = (st == 't') == (u.m == 't') and st or nil
       else
-        local s = unique_standing(ii, lt, dz, u.key, u.m, u.ms, now, ARGV[first + 8 * i], u.retries, false)
+        local s = unique_standing(ii, lt, dz, u.key, u.m, u.ms, now, ARGV[first + 9 * i], u.retries, false)
         st = s and s.state
       end
       if st and (u.m == 'w' or u.m == 'a' or u.m == 't') then
@@ -235,7 +237,7 @@ if fair and max_per_tenant > 0 then
   local adding = {}
   for i = 0, n - 1 do
     if not seen[i] and not skip[i] then
-      local t = ARGV[first + 2 + 8 * i]
+      local t = ARGV[first + 2 + 9 * i]
       adding[t] = (adding[t] or 0) + 1
       local have = tonumber(redis.call('HGET', FK.fn, 'n:' .. t)) or 0
       if have + adding[t] > max_per_tenant then
@@ -254,7 +256,7 @@ local stored = {} -- publish id -> entry id, for a repeat within this call
 local ids = made and {} -- the entry ids alone, for the call's publish id
 
 for i = 0, n - 1 do
-  local g = first + 8 * i
+  local g = first + 9 * i
   local id, rank, tenant, payload, due, pid = ARGV[g], tonumber(ARGV[g + 1]), ARGV[g + 2], ARGV[g + 3], ARGV[g + 4],
     ARGV[g + 5]
   if seen[i] then
@@ -322,6 +324,7 @@ for i = 0, n - 1 do
       end
       -- HSETNX: a free id is stored at once (free_id's HEXISTS and the HSET in one command)
       local eid, dup = base, nil
+      uflag = uflag .. ARGV[g + 8] -- (the declared cost's flag, "" for none)
       if redis.call('HSETNX', ii, base, make_entry(0, score, tenant, uflag, '', stamp, '|', payload)) == 0 then
         eid, dup = free_id(ii, base, sq, seq)
         local flags = uflag

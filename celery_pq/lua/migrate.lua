@@ -56,7 +56,7 @@ if not (CTX.migrating and state) then -- the first call: the old index goes
   for r = 0, 255 do -- (left by a migration whose state was lost: nothing, as a rule)
     redis.call('UNLINK', level_key(pi, r) .. ':m')
   end
-  redis.call('UNLINK', FK.te, FK.ts, FK.tb, FK.fv, FK.fn, FK.tw, FK.fr, seen_ids)
+  redis.call('UNLINK', FK.te, FK.ts, FK.tb, FK.fv, FK.fn, FK.tw, FK.fr, seen_ids, key_of('lc'))
   state = (turn and '1' or '0') .. '|s0'
   CTX.migrating = true
   write_mode(new)

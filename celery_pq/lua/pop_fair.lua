@@ -1,6 +1,7 @@
 -- pop_fair: lease the next entries of a fair queue: the tenant whose start tag is lowest (at
 -- the best priority level, under within_priority) gives its best entry; its finish tag moves
--- on by 1/weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
+-- on by its cost (fair_cost: one delivery, a declared cost, or provisionally the time a lease
+-- is held, settled when the lease ends) / weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
 -- are parked (left out of the schedule) instead of being scanned past. Everything else is as in
 -- pop (a paused queue delivers nothing; the first leases start the sweep record sw). Also counts
 -- deliveries per tenant (hash td).
@@ -64,9 +65,10 @@ end
 local nacks = tonumber(ARGV[11])
 local out = { 0, nacks }
 for i = 1, nacks do
-  local code, t = ack_one(ii, lz, lt, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
+  local code, t, s, ch = ack_one(ii, lz, lt, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
   if code == 1 then
     fair_release(t)
+    fair_settle(t, s, ch, false, now_ms()) -- (fair_cost "time" only: ch is nil otherwise)
   end
   out[#out + 1] = code
 end
@@ -141,7 +143,7 @@ while got < want and stale < stale_budget and looked < stale_budget + expiring a
         got = got + 1
         add_lease(P, eid, token_base .. '.' .. got, consumer, score, e.d + 1, e.x, t, v)
         per_tenant[t] = (per_tenant[t] or 0) + 1
-        fair_served(t, rank, start, weight)
+        fair_served(t, rank, start, weight, fair_cost(t, eid, e, now, weight))
         fair_refresh(t, true)
       end
     end

@@ -105,8 +105,12 @@ for _, eid in ipairs(expired) do
     tok, c, score, d, _, t = split_lease(info)
     take = consumer == '' or c == consumer
   end
+  local ch = nil
   if take then
     taken = taken + 1
+    if CTX.cost == '2' then -- fair_cost "time": an expired lease is charged until its deadline
+      ch = take_charge(eid, consumer == '' and tonumber(redis.call('ZSCORE', lz, eid)) or now)
+    end
     redis.call('ZREM', lz, eid)
     redis.call('HDEL', lt, eid)
     local v, e, bar = read_entry(ii, eid)
@@ -116,6 +120,9 @@ for _, eid in ipairs(expired) do
       end
       if fair then
         fair_release(t or '')
+        if score then
+          fair_settle(t or '', score, ch, false, now)
+        end
       end
     end
     if consumer == '' then
@@ -132,10 +139,10 @@ for _, eid in ipairs(expired) do
       else
         to_waiting(ii, pi, eid, v, e, bar, score)
         if consumer == '' then
-          emit('expire', eid, score, t, c, d)
+          emit('expire', eid, score, t, c, d, nil, nil, ch and ch.held)
         else
           tally('requeued')
-          emit('requeue', eid, score, t, c, d, 'recovered')
+          emit('requeue', eid, score, t, c, d, 'recovered', nil, ch and ch.held)
         end
         if fair then
           fair_add(t, score, eid)
@@ -168,6 +175,9 @@ if consumer == '' then
   if fair then
     fair_unpark(now)
     fair_gc(key_of('gc'), now, 100)
+    if CTX.cost == '2' then
+      fair_gc_charges(key_of('gc'), lt, now, 100)
+    end
   end
   unique_prune(ii, key_of('gc'), now, 50)
 end

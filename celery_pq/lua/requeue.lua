@@ -51,8 +51,11 @@ if not lease then
   return err
 end
 local score, d, tenant = lease.s, lease.d, lease.t
+local ch = take_charge(eid)
 if fair then
   fair_release(tenant)
+  -- fair_cost "time": a reject is charged the time held; a delivery undone (restored) nothing
+  fair_settle(tenant, score, ch, not count_delivery, now_ms())
   wake(wk) -- the tenant may have been held at its concurrency cap
 end
 local v, e, bar = read_entry(ii, eid)
@@ -82,7 +85,7 @@ if dead_reason ~= '' then
 end
 to_waiting(ii, pi, eid, v, e, bar, score)
 tally('requeued')
-emit('requeue', eid, score, tenant, lease.c, e.d, count_delivery and 'rejected' or 'restored')
+emit('requeue', eid, score, tenant, lease.c, e.d, count_delivery and 'rejected' or 'restored', nil, ch and ch.held)
 if fair then
   fair_add(tenant, score, eid)
 end

@@ -77,6 +77,10 @@ LABELLED = {
         "replacing it, debouncing it, or throttled.",
     ),
     "tenant_deliveries": ("tenant", "Deliveries per tenant (the largest by name, the rest as 'other')."),
+    "tenant_worker_seconds": (
+        "tenant",
+        "Seconds of worker time per tenant: its leases held, delivery to ack (queues with fair_cost='time').",
+    ),
 }
 
 Family: TypeAlias = GaugeMetricFamily | CounterMetricFamily
@@ -170,7 +174,11 @@ class PQCollector(Collector):
         }
         fams |= {k: CounterMetricFamily(f"celery_pq_{k}", doc, labels=("queue",)) for k, (_, doc) in COUNTERS.items()}
         for k, (label, doc) in LABELLED.items():
-            kind = CounterMetricFamily if k in ("unique", "tenant_deliveries") else GaugeMetricFamily
+            kind = (
+                CounterMetricFamily
+                if k in ("unique", "tenant_deliveries", "tenant_worker_seconds")
+                else GaugeMetricFamily
+            )
             fams[k] = kind(f"celery_pq_{k}", doc, labels=("queue", label))
         fams["up"] = GaugeMetricFamily("celery_pq_up", "1 when the last scrape read the queues from Redis.")
         return fams
@@ -191,10 +199,13 @@ class PQCollector(Collector):
             add(key, top_tenants({t: c[field] for t, c in (s["per_tenant"] or {}).items()}, self.max_tenants))
         add("unique", {outcome: counters.get(f"unique_{outcome}", 0) for outcome in UNIQUE_COUNTS})
         if q.settings.fair:
+            rows = q.tenants()
             add(
                 "tenant_deliveries",
-                top_tenants({t: r["deliveries"] for t, r in q.tenants().items() if r["deliveries"]}, self.max_tenants),
+                top_tenants({t: r["deliveries"] for t, r in rows.items() if r["deliveries"]}, self.max_tenants),
             )
+            held = top_tenants({t: r["worker_ms"] for t, r in rows.items() if r.get("worker_ms")}, self.max_tenants)
+            add("tenant_worker_seconds", {t: ms / 1000 for t, ms in held.items()})
 
 
 #: This machine only by default: the page names every queue and tenant (``--address 0.0.0.0``).

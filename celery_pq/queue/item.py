@@ -23,7 +23,8 @@ class Item:
     ``delay`` (seconds from now, Redis clock) to keep it delayed, ``publish_id`` (stored once
     however often it is sent within ``dedupe_seconds``), ``task`` (the name the event log gives),
     ``expires_ms`` (Unix ms) or ``ttl`` (seconds), the earlier one the deadline past which no pop
-    delivers it. ValueError names a bad value."""
+    delivers it, ``cost`` (a queue with ``fair_cost="declared"`` charges its tenant this much:
+    ``MIN_COST``..``MAX_COST``, None for 1). ValueError names a bad value."""
 
     payload: bytes | str  # (kept as bytes)
     priority: int = 0
@@ -36,6 +37,7 @@ class Item:
     task: str | None = None
     expires_ms: int | None = None
     ttl: float | None = None
+    cost: float | None = None
 
     def __post_init__(self):
         keep = object.__setattr__  # frozen: a str payload or publish id is kept as bytes, once
@@ -65,11 +67,26 @@ class Item:
             _unix_ms("expires_ms", self.expires_ms)
         if self.ttl is not None:
             seconds("ttl", self.ttl, zero=True)
+        if self.cost is not None:
+            keep(self, "cost", check_cost(self.cost))
+
+
+#: A declared cost (``fair_cost="declared"``) from this ...
+MIN_COST = 0.001
+#: ... to this (one delivery counted by tasks is worth 10; the finish tags must stay below 2^53).
+MAX_COST = 10_000
+
+
+def check_cost(cost) -> float:
+    """A declared cost, checked: a positive number, ``MAX_COST`` at most (ValueError)."""
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not MIN_COST <= cost <= MAX_COST:
+        raise ValueError(f"cost must be a number from {MIN_COST} to {MAX_COST}, got {cost!r}")
+    return float(cost)
 
 
 def lua_group(item: Item, rank: int, publish_id: bytes | None) -> list:
     """The item's group of the insert script's ARGV (its header: id, rank, tenant, payload, due,
-    publish id, task, expires), at ``rank``, under ``publish_id`` (the item's, or one made for
+    publish id, task, expires, cost), at ``rank``, under ``publish_id`` (the item's, or one made for
     the call). Due: "0" now, "+<ms>" from Redis's now, or absolute Unix ms; expires: "" none,
     absolute Unix ms, "+<ms>" from Redis's now, or "<abs>+<ms>" (the earlier of the two)."""
     due = "0" if item.delay is None else f"+{int(float(item.delay) * 1000)}"
@@ -85,4 +102,5 @@ def lua_group(item: Item, rank: int, publish_id: bytes | None) -> list:
         publish_id or "",
         item.task or "",
         expires,
+        "" if item.cost is None else f"c{item.cost:.3f}".rstrip("0").rstrip("."),
     ]

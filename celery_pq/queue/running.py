@@ -37,10 +37,11 @@ def translate_error(exc: Exception) -> Exception:
 
 
 def readable_mode(mode: str) -> dict:
-    """A mode record as settings; a plain queue's has no fair_scope."""
+    """A mode record as settings; a plain queue's has no fair_scope nor fair_cost."""
     d = mode_dict(mode)
     if not d["fair"]:
         d.pop("fair_scope")
+        d.pop("fair_cost")
     return d
 
 

@@ -63,7 +63,7 @@ class Scripts:
         self.is_dead = split_dead(name)[1]
         self.dead_keys = None if self.is_dead else queue_keys(dead_queue_name(name), s.key_prefix)
         technique = C.TECHNIQUE_T if s.fair else s.technique  # (a fair queue's remove is lazy either way)
-        self.mode = join_mode(s.fair, s.fair_scope, s.priority_order, technique)
+        self.mode = join_mode(s.fair, s.fair_scope, s.priority_order, technique, s.fair_cost)
         max_dead = s.max_dead_length or s.max_length or 0
         #: The queue context every script but extend takes last (lua/includes/queue.lua); "~"
         #: first on a cluster: the script's slot guard (scripts/runner.py).

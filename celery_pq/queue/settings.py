@@ -10,7 +10,7 @@ from ..storage import constants as C
 from ..storage.checks import count, number, seconds, text
 from ..storage.errors import ConfigError
 from ..storage.keys import MAX_SHARDS
-from ..storage.records import FAIR_SCOPES
+from ..storage.records import FAIR_COSTS, FAIR_SCOPES
 from .values import MAX_RATE, MAX_WEIGHT, MIN_RATE, MIN_WEIGHT
 
 #: The peek count (the transport option ``peek``) at most.
@@ -33,6 +33,7 @@ class QueueSettings:
     max_length: int | None = None
     fair: bool = False
     fair_scope: str = "within_priority"
+    fair_cost: str = "tasks"
     tenant_concurrency: int | None = None
     tenant_rate: float | None = None
     max_length_per_tenant: int | None = None
@@ -69,6 +70,8 @@ class QueueSettings:
         count("max_length", self.max_length, error=ConfigError)
         if self.fair_scope not in FAIR_SCOPES:
             raise ConfigError(f"fair_scope must be one of {tuple(FAIR_SCOPES)}, got {self.fair_scope!r}")
+        if self.fair_cost not in FAIR_COSTS:
+            raise ConfigError(f"fair_cost must be one of {tuple(FAIR_COSTS)}, got {self.fair_cost!r}")
         count("tenant_concurrency", self.tenant_concurrency, error=ConfigError)  # None: no cap
         count("max_length_per_tenant", self.max_length_per_tenant, error=ConfigError)
         if self.tenant_rate:  # 0 or None: no limit
@@ -106,11 +109,12 @@ class QueueSettings:
         )
 
     def with_mode(self, mode: dict) -> QueueSettings:
-        """These settings with a recorded mode (fairness, scope, priority order, technique); a queue
-        recorded plain takes no tenant caps."""
+        """These settings with a recorded mode (fairness, scope, cost, priority order, technique); a
+        queue recorded plain takes no tenant caps and counts tasks."""
         given = {k: v for k, v in mode.items() if v is not None}
         if not given.get("fair", self.fair):
             given.update(dict.fromkeys(TENANT_CAPS))
+            given["fair_cost"] = "tasks"
         return replace(self, **given)
 
     def one_shard(self) -> QueueSettings:

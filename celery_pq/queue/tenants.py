@@ -14,6 +14,8 @@ from .values import Entry, as_text, escape_tenant, unescape_tenant
 
 #: The start of the fields of the tenants' settings that hold ``task_rate`` limits.
 TASK_RATES = f"r:{escape_tenant(C.TASK_TENANT_PREFIX)}"
+#: Minutes of held time the ``recent_worker_ms`` of a tenant covers (fair_cost="time").
+RECENT_MINUTES = 5
 
 
 def stored_entries(s: Scripts, eids: list) -> list[Entry | None]:
@@ -40,7 +42,9 @@ def tenants(s: Scripts) -> dict[str, dict]:
 
 def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
     """{tenant: {"waiting": n, "leased": n}} for tenants with waiting or leased entries; with
-    ``ages``, also "next_age_seconds": the age of the entry the tenant gives next."""
+    ``ages``, also "next_age_seconds": the age of the entry the tenant gives next. A queue with
+    ``fair_cost="time"`` adds, for tenants that held leases, "worker_ms" (ms of leases held so
+    far) and "recent_worker_ms" (in the last ``RECENT_MINUTES`` minutes: ``worker_time``)."""
     out: dict = {}
     raw: dict = {}  # tenant: its escaped name
     for field, value in s.client.hgetall(s.keys.tenant_counts).items():
@@ -61,6 +65,32 @@ def tenant_stats(s: Scripts, *, ages: bool = False) -> dict:
         for name, row in out.items():
             entry = entries.get(name)
             row["next_age_seconds"] = (now_ms - entry.enqueued_ms) / 1000 if entry else None
+    if s.settings.fair_cost == "time":
+        for t, held in worker_time(s).items():
+            row = out.setdefault(t, {"waiting": 0, "leased": 0, **({"next_age_seconds": None} if ages else {})})
+            row.update(held)
+    return out
+
+
+def worker_time(s: Scripts) -> dict[str, dict[str, int]]:
+    """{tenant: {"worker_ms", "recent_worker_ms"}} of a ``fair_cost="time"`` queue: the ms its
+    leases were held (delivery to ack, or an expired lease's length), all told and in the last
+    ``RECENT_MINUTES`` minutes by the Redis clock (the hash ``th``: docs/key-layout.md)."""
+    with s.pipeline() as p:
+        p.hgetall(s.keys.tenant_held)
+        p.time()
+        fields, (now_s, _) = p.execute()
+    since = int(now_s) // 60 - RECENT_MINUTES + 1
+    out: dict[str, dict[str, int]] = {}
+    for field, value in fields.items():
+        minute, bar, tenant = as_text(field).partition("|")
+        if not bar:
+            tenant, minute = minute, ""
+        row = out.setdefault(unescape_tenant(tenant), {"worker_ms": 0, "recent_worker_ms": 0})
+        if not bar:
+            row["worker_ms"] += int(value)
+        elif minute.isdigit() and int(minute) >= since:
+            row["recent_worker_ms"] += int(value)
     return out
 
 

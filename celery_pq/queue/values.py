@@ -34,7 +34,7 @@ COUNTERS = (
 
 #: The fields of an event-log entry, in order (docs/events.md), and those read as integers.
 EVENT_FIELDS = ("e", "q", "id", "p", "k", "t", "c", "task", "n", "r", "ms")
-EVENT_INTS = frozenset(("p", "k", "n", "ms"))
+EVENT_INTS = frozenset(("p", "k", "n", "ms", "h"))
 
 #: The latest due time an insert takes: the end of year 9999 (Unix ms, below 2**53).
 MAX_DUE_MS = 253_402_300_799_999

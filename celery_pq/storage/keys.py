@@ -64,6 +64,8 @@ class QueueKeys:
     counters: str = field(metadata={"suffix": "ct"})
     fair_cursors: str = field(metadata={"suffix": "gc"})
     tenant_deliveries: str = field(metadata={"suffix": "td"})
+    lease_charges: str = field(metadata={"suffix": "lc"})
+    tenant_held: str = field(metadata={"suffix": "th"})
     events: str = field(metadata={"suffix": "ev"})
     last_sweep: str = field(metadata={"suffix": "sw"})
     duplicate_index: str = field(metadata={"suffix": "dq"})

@@ -14,6 +14,8 @@ from . import constants as C
 
 #: fair_scope -> the letter a mode record and the scripts use.
 FAIR_SCOPES = {"within_priority": "P", "tenant_first": "T"}
+#: fair_cost -> the first letter of a fair queue's mode record ("0" is a plain queue's).
+FAIR_COSTS = {"tasks": "1", "time": "2", "declared": "3"}
 
 _ENTRY = re.compile(rb"(\d*),(\d+),([^,]*),([^,]*),([^,]*),(\d*)(?:,(\d*))?\Z")
 _LEASE = re.compile(rb"([^,]*),([^,]*),(\d+),(\d*),([^,]*),([^,]*)\Z")
@@ -130,9 +132,11 @@ def split_score(s) -> tuple[int, int]:
     return divmod(int(float(s)), C.SEQ_SPAN)
 
 
-def join_mode(fair: bool, fair_scope: str, priority_order: str, technique: str) -> str:
+def join_mode(fair: bool, fair_scope: str, priority_order: str, technique: str, fair_cost: str = "tasks") -> str:
     scope = FAIR_SCOPES[fair_scope] if fair else "-"
-    return f"{int(fair)}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+    return (
+        f"{FAIR_COSTS[fair_cost] if fair else '0'}{scope}{'h' if priority_order == C.HIGHER_FIRST else 'l'}{technique}"
+    )
 
 
 def split_switches(mode: str) -> tuple[bool, int]:
@@ -143,11 +147,14 @@ def split_switches(mode: str) -> tuple[bool, int]:
 
 
 def mode_dict(mode: str) -> dict:
-    """A mode record's four letters (fair, scope ``P``/``T``/``-``, order ``h``/``l``, technique) as settings."""
+    """A mode record's four letters (fair with its cost ``1`` tasks / ``2`` time / ``3`` declared or
+    ``0`` plain, scope ``P``/``T``/``-``, order ``h``/``l``, technique) as settings."""
     scopes = {v: k for k, v in FAIR_SCOPES.items()}
+    costs = {v: k for k, v in FAIR_COSTS.items()}
     return {
-        "fair": mode[:1] == "1",
+        "fair": mode[:1] in costs,
         "fair_scope": scopes.get(mode[1:2]),
+        "fair_cost": costs.get(mode[:1]),
         "priority_order": C.HIGHER_FIRST if mode[2:3] == "h" else C.LOWER_FIRST,
         "technique": mode[3:4],
     }

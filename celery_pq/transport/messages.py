@@ -13,7 +13,7 @@ from ..storage.codec import encode
 from ..storage.errors import MessageTooLarge
 from ..storage.ids import unique_bytes
 from .options import Options
-from .tenants import tenant_of
+from .tenants import cost_of, tenant_of
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ def stored_item(
         task=task if isinstance(task, str) else None,
         ttl=None if ttl_ms is None else ttl_ms / 1000,
         expires_ms=unix_ms(headers.get("expires"), strict=False),
+        cost=cost_of(message, queue),
     )
 
 

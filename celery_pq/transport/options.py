@@ -45,6 +45,7 @@ class Options:
     fair_key: str | None = _option(None, ck.key(none=True), 'None: fairness off; a header, or "module:function"')
     fair_weights: dict | None = _option(None, ck.weights, "{tenant: weight}; 1 for tenants not named", shown="{}")
     fair_scope: str = _setting("within_priority", '"within_priority" or "tenant_first"')
+    fair_cost: str = _setting("tasks", 'what a delivery costs its tenant: "tasks", "time" or "declared"')
     max_length: int | None = _setting(None, "waiting entries per queue; beyond it QueueFull")
     max_length_per_tenant: int | None = _setting(None, "waiting entries per tenant; beyond it QueueFull")
     tenant_concurrency: int | dict | None = _option(

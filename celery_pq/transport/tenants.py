@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
+from ..queue.item import MAX_COST, MIN_COST
 from ..storage.constants import TASK_TENANT_PREFIX
 from .options import Options
+
+logger = logging.getLogger("celery_pq")
+
+#: The header a message declares its cost in (``fair_cost="declared"``; docs/fairness.md).
+COST_HEADER = "x-pq-cost"
 
 
 def tenant_of(message: dict, options: Options, decode_body: Callable, limits: Mapping[str, float] | None) -> str | None:
@@ -37,3 +44,27 @@ def message_key(message: dict, option: str, value: str, fn: Callable | None, dec
             "not a string; the message was not published"
         )
     return key
+
+
+def cost_of(message: dict, queue: str) -> float | None:
+    """The cost a message declares (header ``x-pq-cost``), stored with it whatever this process's
+    ``fair_cost`` (the queue's recorded one decides whether it counts). None when missing (it
+    counts 1) or invalid (logged): never refused."""
+    given = (message.get("headers") or {}).get(COST_HEADER)
+    if given is None:
+        return None
+    try:
+        cost = float(given)
+    except (TypeError, ValueError, OverflowError):
+        cost = float("nan")
+    if isinstance(given, bool) or not MIN_COST <= cost <= MAX_COST:  # (nan fails both)
+        logger.warning(
+            "celery-pq: queue %r: header %s=%r is not a number from %g to %g; the message counts 1",
+            queue,
+            COST_HEADER,
+            given,
+            MIN_COST,
+            MAX_COST,
+        )
+        return None
+    return cost

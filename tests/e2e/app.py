@@ -88,6 +88,13 @@ def tenant_work(tenant, seconds):
     r.decr(f"{prefix}:running:{tenant}")
 
 
+@app.task(name="e2e.tenant_busy")
+def tenant_busy(tenant, seconds):
+    """``seconds`` of worker time for ``tenant`` (a sleep: no CPU taken from the other processes)."""
+    time.sleep(seconds)
+    log("busy", [tenant, seconds, time.time()])
+
+
 @app.task(name="e2e.stamp", bind=True)
 def stamp(self, tag):
     log("stamp", [tag, os.getpid(), time.time()])

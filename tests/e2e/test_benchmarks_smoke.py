@@ -32,6 +32,10 @@ def test_benchmarks_run_and_write_results(tmp_path):
     assert events["stream"]["entries"] > 0  # the "on" runs logged
     fair = json.loads((tmp_path / "fairness.json").read_text())
     assert {"dwell_ratio", "tenant_cost_ratio"} <= set(fair["summary"])
+    cases = {(c["fair_cost"], c["weights"]) for c in fair["by_cost"]}
+    assert cases == {(cost, w) for cost in ("tasks", "time", "declared") for w in ("1:1", "3:1")}
+    assert all(c["share_a"] is not None and 0 <= c["share_a"] <= 1 for c in fair["by_cost"])  # both tenants ran
+    assert {"share_a_time_1to1", "share_a_declared_3to1"} <= set(fair["summary"])
     e2e = json.loads((tmp_path / "celery_e2e.json").read_text())
     assert set(e2e["results"]) == {"solo", "prefork-2"}
     api = json.loads((tmp_path / "queue_api.json").read_text())

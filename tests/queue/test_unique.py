@@ -261,7 +261,7 @@ def test_a_keyless_insert_sends_what_it_sent_before(redis_client, make_pq):
     item = (Item(b"p", 1, "id1"), None)
     args = calls.insert_args(q, head, [item], (), "0")
     rank = q.rank(1)
-    assert args == [0, 0, "", 0, 0, "0", 0, encode_id("id1"), rank, "", b"p", "0", "", "", "", q.context]
+    assert args == [0, 0, "", 0, 0, "0", 0, encode_id("id1"), rank, "", b"p", "0", "", "", "", "", q.context]
     assert calls.insert_args(q, head, [item], (), "0", {}) == args
     [reply] = run_waiting(q.client, [q.insert_call([item])], [q])[0]
     assert reply == [b"id1"]

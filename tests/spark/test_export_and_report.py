@@ -128,10 +128,14 @@ def test_report_states_the_dataframes_figures(spark, redis_client, key_prefix, t
         assert stated[f"{q.name}||{name}"] == fmt(s[name], kind), name
     waits = {r.tenant: r for r in frames["waits"].collect()}
     redel = {r.tenant: r for r in frames["redeliveries"].collect()}
+    held = {r.tenant: r.asDict() for r in frames["worker_time"].collect()}  # (none: the queue counts tasks)
     assert set(waits) == {"a", "b", "c"}
     for tenant in waits:
         for name, _, kind in TENANT_FIGURES:
-            row = waits[tenant] if name in waits[tenant].asDict() else redel[tenant]
+            if name in ("held_ms", "worker_share"):
+                row = held.get(tenant, {name: None})
+            else:
+                row = waits[tenant] if name in waits[tenant].asDict() else redel[tenant]
             assert stated[f"{q.name}|{tenant}|{name}"] == fmt(row[name], kind), (tenant, name)
     assert int(stated[f"{q.name}||delivered"]) > 200
     # and the plots are inline PNGs (the page is self-contained)

@@ -14,7 +14,7 @@ def test_keys_share_one_tag_and_dead_queue_shares_it():
     assert d.entries == "pq:{orders}:dead:ii"
     assert all("{orders}" in key for key in k.all() + d.all())
     # 32 suffixes, 256 priority lists and 256 front lists each, 256 + 1 keys of a migration
-    assert len(set(k.all() + d.all())) == 2 * (32 + 2 * 256 + 257)
+    assert len(set(k.all() + d.all())) == 2 * (34 + 2 * 256 + 257)
     assert k.level(0) == "pq:{orders}:pi:0" and d.level(255) == "pq:{orders}:dead:pi:255"
 
 

@@ -29,8 +29,8 @@ def _insert(q):
         (Item("s", 200, delay=0.01), None),
     ]
     built = calls.insert_args(q, head, items, [b"f"], "0")
-    rest = [encode_id("a"), q.rank(5), "t%2C1", b"p", "0", b"pid", "task", "+2000"]
-    rest += ["", q.rank(200), "", b"s", "+10", "", "", ""]
+    rest = [encode_id("a"), q.rank(5), "t%2C1", b"p", "0", b"pid", "task", "+2000", ""]
+    rest += ["", q.rank(200), "", b"s", "+10", "", "", "", ""]
     named = {
         "max_length": 100,
         "max_per_tenant": q.settings.max_length_per_tenant or 0,

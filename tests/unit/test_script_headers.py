@@ -141,7 +141,7 @@ def test_signature_args_lays_out_argv_from_names():
     ]
     insert = signature("insert")
     head = {"max_length": 0, "max_per_tenant": 0, "views_version": "v", "made": "0", "context": "x"}
-    assert insert.bind()(*"abcdefgh", **head, views=["0,3", "4,9"], forget=["p"], unique=["0,w,1,k"]) == [
+    assert insert.bind()(*"abcdefghi", **head, views=["0,3", "4,9"], forget=["p"], unique=["0,w,1,k"]) == [
         0,
         0,
         "v",
@@ -153,7 +153,7 @@ def test_signature_args_lays_out_argv_from_names():
         "0",
         1,
         "0,w,1,k",
-        *"abcdefgh",
+        *"abcdefghi",
         "x",
     ]
     with pytest.raises(TypeError, match=r"missing \['views', 'forget', 'unique'\], unexpected \['nviews'\]"):
@@ -173,8 +173,8 @@ def test_a_bound_layout_fixes_values_once_and_takes_the_rest_by_name():
     assert layout("e1", "t1", token_base="b") == pop.bind()("e1", "t1", **fixed, token_base="b", context="x")
     assert layout(token_base="b2") == [1, "c", "b2", 3, 4, 0, 255, 9, 0, "x"]
     insert = signature("insert").bind(max_length=0, max_per_tenant=0, views_version="v", views=["0,3"], context="x")
-    assert insert(*"abcdefgh", forget=["p", "q"], made="0", unique=[]) == [
-        *[0, 0, "v", 1, "0,3", 2, "p", "q", "0", 0, *"abcdefgh", "x"]
+    assert insert(*"abcdefghi", forget=["p", "q"], made="0", unique=[]) == [
+        *[0, 0, "v", 1, "0,3", 2, "p", "q", "0", 0, *"abcdefghi", "x"]
     ]
     with pytest.raises(TypeError, match=r"missing \['token_base'\], unexpected \['token'\]"):
         layout(token="b")

@@ -1,6 +1,7 @@
 -- The event log (docs/events.md): when it is on (CTX.ev, the stream's approximate cap), the
 -- script that makes a change appends one entry to the queue's stream ev, so the log is exact.
--- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable).
+-- Fields, all strings, in this order: e q id p k t c task n r ms (empty when not applicable),
+-- then h (ms the lease was held) on the ack, requeue and expire events of a fair_cost="time" queue.
 --!include queue.lua
 
 -- An entry id as text: a packed UUID unpacked, the "\2" escape taken off (celery_pq/ids.py).
@@ -36,8 +37,8 @@ local function queue_name()
 end
 
 -- Log event e of entry eid (stored form; nil for a queue event) whose score is score (nil: no
--- priority), tenant t (escaped), consumer c, delivery count n, reason r, task name task.
-local function emit(e, eid, score, t, c, n, r, task)
+-- priority), tenant t (escaped), consumer c, delivery count n, reason r, task name task, ms held h.
+local function emit(e, eid, score, t, c, n, r, task, h)
   if CTX.ev == 0 then
     return
   end
@@ -48,6 +49,13 @@ local function emit(e, eid, score, t, c, n, r, task)
     p = string.sub(CTX.mode, 3, 3) == 'h' and fmt(255 - rank) or k
   end
   local id, tt, nn = eid and text_id(eid) or '', t and unescape(t) or '', n and fmt(n) or ''
+  if h then
+    CTX.now_s, CTX.ev_key = CTX.now_s or fmt(now_ms()), key_of('ev')
+    queue_name()
+    redis.call('XADD', CTX.ev_key, 'MAXLEN', '~', fmt(CTX.ev), '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p,
+      'k', k, 't', tt, 'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s, 'h', fmt(h))
+    return
+  end
   if CTX.now_s then
     redis.call('XADD', CTX.ev_key, '*', 'e', e, 'q', CTX.qname, 'id', id, 'p', p, 'k', k, 't', tt,
       'c', c or '', 'task', task or '', 'n', nn, 'r', r or '', 'ms', CTX.now_s)

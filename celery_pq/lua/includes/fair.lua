@@ -25,11 +25,29 @@
 -- CTX.scope  "P" within_priority or "T" tenant_first
 -- FA.conc, FA.rate  defaults for tenants without their own setting (0 = none)
 -- Virtual time is in units of 1/1,000,000 of a delivery at weight 1.
+--
+-- What a delivery costs its tenant (CTX.cost, the queue's fair_cost; docs/fairness.md): "1"
+-- tasks, VT_UNIT each; "3" declared, COST_UNIT times the cost flag "c<n>" its entry was stored
+-- with (insert.lua; none: 1); "2" time, TIME_UNIT per ms its lease is held (delivery to its end,
+-- Redis clock). Time is known only when the lease ends, so the pop charges a provisional cost
+-- (the tenant's running average "A:<t>" in fv, else the queue's "A:", else COST_UNIT) and records
+-- it with the delivery's time in lc (eid -> "<ms>,<virtual time charged>": take_charge,
+-- includes/leases.lua); the lease's end (ack, requeue, expiry at its deadline) moves the tenant's
+-- finish tag at the lease's level by actual - provisional (fair_settle, fair_charge): O(1) more
+-- commands, the schedule still O(log n). A charge that comes when its level has no waiting entry
+-- (its busy period is over) moves V up to the corrected tag as well, so every tag there stays
+-- <= V (the invariant fair_gc relies on); a tag fair_gc dropped counts as V. lc records whose
+-- lease is gone are dropped by fair_gc_charges; "A:" fields of tenants that left by fair_gc.
+-- Held ms per tenant are added up in th ("<t>" all time, "<minute>|<t>" per minute; fields of
+-- minutes more than 10 old dropped by fair_gc_charges) for the operators' worker-time share.
 --!include queue.lua
 
 local FK = {}
 local FA = { conc = 0, rate = 0 }
 local VT_UNIT = 1000000
+local COST_UNIT = 100000 -- a declared cost of 1; a second of lease held
+local TIME_UNIT = 100 -- a ms of lease held
+local MAX_HELD_MS = 86400000 -- a lease is charged a day at most
 
 local function lvl(rank)
   if CTX.scope == 'P' then
@@ -229,10 +247,11 @@ local function fair_park(t, m, state, due)
   end
 end
 
--- The tenant served (its entry at rank): advance its finish tag and the level's virtual time.
-local function fair_served(t, rank, start, weight)
+-- The tenant served (its entry at rank): advance its finish tag by cost (at weight 1; nil:
+-- VT_UNIT) / weight and the level's virtual time.
+local function fair_served(t, rank, start, weight, cost)
   local level = lvl(rank)
-  local finish = start + math.floor(VT_UNIT / weight + 0.5)
+  local finish = start + math.floor((cost or VT_UNIT) / weight + 0.5)
   -- V never moves down: a capped tenant served late with an older start leaves it where it is,
   -- so a finish tag the clean-up dropped as <= V can never matter again.
   local v = math.max(tonumber(redis.call('HGET', FK.fv, 'V:' .. level)) or 0, start)
@@ -242,6 +261,96 @@ local function fair_served(t, rank, start, weight)
   end
   redis.call('HINCRBY', FK.fn, 'c:' .. t, 1)
   fair_left(t, rank)
+end
+
+-- What serving entry eid (parsed entry e) of tenant t at weight costs, at weight 1: VT_UNIT by
+-- tasks (no command); by declared cost its cost flag; by time the provisional cost, recorded in lc.
+local function fair_cost(t, eid, e, now, weight)
+  if CTX.cost == '3' then
+    local c = tonumber(string.match(e.x, 'c([%d.]+)'))
+    return math.floor(math.min(math.max(c or 1, 0.001), 10000) * COST_UNIT + 0.5)
+  elseif CTX.cost ~= '2' then
+    return VT_UNIT
+  end
+  local a = redis.call('HMGET', FK.fv, 'A:' .. t, 'A:')
+  local cost = tonumber(a[1]) or tonumber(a[2]) or COST_UNIT
+  redis.call('HSET', key_of('lc'), eid, fmt(now) .. ',' .. fmt(math.floor(cost / weight + 0.5)))
+  return cost
+end
+
+-- Move tenant t's finish tag at level by d (virtual time, after its weight), as if its past
+-- deliveries had been charged that much more; the tenant's start tag follows when it waits at
+-- that level. See the header: an idle level's V follows the tag up.
+local function fair_charge(t, level, d)
+  if d == 0 then
+    return
+  end
+  local f = 'F:' .. level .. ':' .. t
+  local got = redis.call('HMGET', FK.fv, 'V:' .. level, f, 'M:' .. level, 'L:' .. level)
+  local v = tonumber(got[1]) or 0
+  local tag = math.max((tonumber(got[2]) or v) + d, 0)
+  if not got[2] and tag <= v then
+    return -- (no tag, or one dropped as <= V: one <= V changes nothing)
+  end
+  redis.call('HSET', FK.fv, f, fmt(tag))
+  if tag > (tonumber(got[3]) or 0) then
+    redis.call('HSET', FK.fv, 'M:' .. level, fmt(tag))
+  end
+  if not got[4] and tag > v then
+    redis.call('HSET', FK.fv, 'V:' .. level, fmt(tag))
+  end
+  local old = redis.call('HGET', FK.tb, t)
+  if old then
+    local _, oldlevel = ts_tenant(string.sub(old, 2))
+    if oldlevel == level then
+      fair_refresh(t, true)
+    end
+  end
+end
+
+-- Settle the charge ch (take_charge's) of a lease of tenant t at score that has ended: the
+-- finish tag moves by what its time held costs less what the pop charged; with refund, the
+-- delivery is undone and costs nothing. The held time goes into the tenant's running average
+-- and into th.
+local function fair_settle(t, score, ch, refund, now)
+  if not ch then
+    return
+  end
+  local weight = settings(t)
+  local actual = 0
+  if not refund then
+    local held = math.min(ch.held, MAX_HELD_MS)
+    actual = held * TIME_UNIT
+    local a = redis.call('HMGET', FK.fv, 'A:' .. t, 'A:')
+    local mine, all = tonumber(a[1]), tonumber(a[2])
+    redis.call('HSET', FK.fv, 'A:' .. t, fmt(mine and mine + (actual - mine) / 8 or actual),
+      'A:', fmt(all and all + (actual - all) / 16 or actual))
+    local th = key_of('th')
+    redis.call('HINCRBY', th, t, held)
+    redis.call('HINCRBY', th, fmt(math.floor(now / 60000)) .. '|' .. t, held)
+  end
+  fair_charge(t, lvl((split_score(score))), math.floor(actual / weight + 0.5) - ch.charged)
+end
+
+-- The clean-up of a fair_cost="time" queue (run by the sweep, about budget fields per call):
+-- charge records of leases that are gone (lt: the leases), minutes of th older than 10.
+local function fair_gc_charges(gc, lt, now, budget)
+  local cur = redis.call('HMGET', gc, 'lc', 'th')
+  local scan = redis.call('HSCAN', key_of('lc'), cur[1] or '0', 'COUNT', budget)
+  for i = 1, #scan[2], 2 do
+    if redis.call('HEXISTS', lt, scan[2][i]) == 0 then
+      redis.call('HDEL', key_of('lc'), scan[2][i])
+    end
+  end
+  local scan2 = redis.call('HSCAN', key_of('th'), cur[2] or '0', 'COUNT', budget)
+  local old = math.floor(now / 60000) - 10
+  for i = 1, #scan2[2], 2 do
+    local minute = tonumber(string.match(scan2[2][i], '^(%d+)|'))
+    if minute and minute < old then
+      redis.call('HDEL', key_of('th'), scan2[2][i])
+    end
+  end
+  redis.call('HSET', gc, 'lc', scan[1], 'th', scan2[1])
 end
 
 -- The clean-up of tenants that left (run by the sweep, about `budget` fields per call): a
@@ -255,6 +364,10 @@ local function fair_gc(gc, now, budget)
   for i = 1, #scan[2], 2 do
     local field, tag = scan[2][i], tonumber(scan[2][i + 1])
     local level, t = string.match(field, '^F:(%d+):(.*)$')
+    local avg = string.match(field, '^A:(.+)$') -- a running average (fair_settle) of one that left
+    if avg and redis.call('HEXISTS', FK.tb, avg) == 0 and redis.call('HEXISTS', FK.fn, 'c:' .. avg) == 0 then
+      redis.call('HDEL', FK.fv, field)
+    end
     if level and redis.call('HEXISTS', FK.tb, t) == 0 then
       local v = tonumber(redis.call('HGET', FK.fv, 'V:' .. level)) or 0
       if not tag or tag <= v then

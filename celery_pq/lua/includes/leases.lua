@@ -113,8 +113,29 @@ local function end_lease(lt, lz, eid, token)
   return { c = c, s = s, d = d, x = x, t = t }
 end
 
+-- Under fair_cost "time" (CTX.cost "2"): the charge record of entry eid's ended lease, taken
+-- out of lc (includes/fair.lua): {held = ms from its delivery to ended (ms; nil: now),
+-- charged = the virtual time its pop charged}; nil when there is none (no command by tasks).
+local function take_charge(eid, ended)
+  if CTX.cost ~= '2' then
+    return nil
+  end
+  local lc = key_of('lc')
+  local rec = redis.call('HGET', lc, eid)
+  if not rec then
+    return nil
+  end
+  redis.call('HDEL', lc, eid)
+  local at, charged = string.match(rec, '^(%d+),(%d+)$')
+  if not at then
+    return nil
+  end
+  return { held = math.max((ended or now_ms()) - tonumber(at), 0), charged = tonumber(charged) }
+end
+
 -- Ack one lease (BQF MarkAsDone): the entry is deleted when the token matches. Returns the
--- code (1 acked, or the error code of end_lease) and the lease's tenant.
+-- code (1 acked, or the error code of end_lease), the lease's tenant and score, and its charge
+-- record (take_charge: fair_cost "time" only).
 local function ack_one(ii, lz, lt, eid, token)
   local lease, err = end_lease(lt, lz, eid, token)
   if not lease then
@@ -123,8 +144,9 @@ local function ack_one(ii, lz, lt, eid, token)
   redis.call('HDEL', ii, eid)
   entry_gone(eid, lease.x)
   tally('acked')
-  emit('ack', eid, lease.s, lease.t, lease.c)
-  return 1, lease.t
+  local ch = take_charge(eid)
+  emit('ack', eid, lease.s, lease.t, lease.c, nil, nil, nil, ch and ch.held)
+  return 1, lease.t, lease.s, ch
 end
 
 -- Ack the n leases given in ARGV from index first on as pairs (entry id, token): ack_one's

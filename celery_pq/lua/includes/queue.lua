@@ -5,11 +5,12 @@
 -- Every script but extend takes the queue context as its last ARGV (its header's "ARGV[0]
 -- context"; take_context removes it, so a script's own arguments are ARGV[1..] as its header
 -- numbers them): "mode|max_dead|dedupe_ms|rate|event_log|expired", where mode is four letters:
--- fair "0"/"1", scope "P"/"T" ("-" when not fair), order "h"/"l", technique "T"/"S", event_log
+-- fair "0" plain, or fair with its cost "1" tasks / "2" time / "3" declared, scope "P"/"T" ("-" when not fair), order "h"/"l", technique "T"/"S", event_log
 -- is the caller's event-log cap (0: the caller has none), and expired what a pop does with an
 -- entry past its expiry deadline: "d" dead-letter it, "x" drop it (CTX.expired_drop). On a Redis Cluster the context starts
 -- with "~": the slot guard (take_context) runs first. The letters a script acts on are read
--- from the mode once, into CTX.fair (true when fair), CTX.scope ("P" within_priority, "T"
+-- from the mode once, into CTX.fair (true when fair), CTX.cost ("1" tasks, "2" time, "3"
+-- declared: what a delivery costs its tenant, includes/fair.lua), CTX.scope ("P" within_priority, "T"
 -- tenant_first, "-" when not fair) and CTX.technique ("T" or "S"): no script takes them as
 -- arguments of its own (the mode is the queue's, checked by mode_error, so they are too).
 -- The mode record md holds the four letters and then the queue's switches: "p" when the queue
@@ -64,13 +65,14 @@ local function take_context()
     if not mode then -- (a caller's mistake, before any write)
       error('the queue context is not mode|max_dead|dedupe_ms|rate|event_log|expired: ' .. t)
     end
-    p = remember('contexts', c, { mode = mode, fair = string.sub(mode, 1, 1) == '1', scope = string.sub(mode, 2, 2),
+    local f = string.sub(mode, 1, 1)
+    p = remember('contexts', c, { mode = mode, fair = f == '1' or f == '2' or f == '3', cost = f, scope = string.sub(mode, 2, 2),
       technique = string.sub(mode, 4, 4), max_dead = tonumber(max_dead) or 0, dedupe_ms = tonumber(dedupe) or 0,
       rate = tonumber(rate) or 0, ev_mine = tonumber(ev) or 0, guard = guard, expired_drop = xd == 'x' })
   end
   CTX.expired_drop = p.expired_drop
   CTX.mode, CTX.max_dead, CTX.dedupe_ms, CTX.rate, CTX.ev_mine = p.mode, p.max_dead, p.dedupe_ms, p.rate, p.ev_mine
-  CTX.fair, CTX.scope, CTX.technique = p.fair, p.scope, p.technique
+  CTX.fair, CTX.cost, CTX.scope, CTX.technique = p.fair, p.cost, p.scope, p.technique
   local k = PARSED.stems[KEYS[1]]
   if not k then
     local stem = string.sub(KEYS[1], 1, -3)

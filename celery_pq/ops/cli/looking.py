@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ...queue.tenants import RECENT_MINUTES
 from ...storage import costs
 from ...transport.broker import queue_stats
 from .. import render
@@ -65,8 +66,16 @@ def stats_tables(rows: list[dict]) -> list:
         if r["per_tenant"]:
             tenants = [{**c, "tenant": t or "(default)"} for t, c in sorted(r["per_tenant"].items())]
             columns = ["tenant", "waiting", "leased", ("next waits", age("next_age_seconds"))]
+            if any("worker_ms" in c for c in tenants):  # a queue with fair_cost="time"
+                columns.append((f"worker time ({RECENT_MINUTES} min)", _worker_shares(tenants)))
             out.append(render.table(f"{name}: per tenant", columns, tenants))
     return out
+
+
+def _worker_shares(rows: list[dict]):
+    """A tenant row's share of the recent worker time of all ``rows`` (fair_cost="time"), as text."""
+    recent = sum(c.get("recent_worker_ms", 0) for c in rows)
+    return lambda c: f"{c.get('recent_worker_ms', 0) / recent:.0%}" if recent else "-"
 
 
 def _paused_text(row) -> str:

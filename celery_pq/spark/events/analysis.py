@@ -86,6 +86,7 @@ def analyze(
             "ms"
         ),
         "throughput": _throughput(ev, windowed, window_ms),
+        "worker_time": _worker_time(ev, "queue"),
     }
 
 
@@ -140,6 +141,20 @@ def _shares(ev: DataFrame, *by: str) -> DataFrame:
     """Deliveries per ``by`` and tenant, and their ``share`` of ``by``'s deliveries."""
     counts = ev.where(F.col("event") == "deliver").groupBy(*by, "tenant").agg(F.count(F.lit(1)).alias("deliveries"))
     return counts.withColumn("share", F.col("deliveries") / F.sum("deliveries").over(Window.partitionBy(*by)))
+
+
+def _worker_time(ev: DataFrame, *by: str) -> DataFrame:
+    """The ms tenants held leases (``held_ms`` of ack, requeue and expire events: queues with
+    ``fair_cost="time"``; a log without the column has none) per ``by`` and tenant, and their
+    ``worker_share`` of ``by``'s."""
+    if "held_ms" not in ev.columns:
+        ev = ev.withColumn("held_ms", F.lit(None).cast("long"))
+    held = (
+        ev.where(F.col("held_ms").isNotNull())
+        .groupBy(*by, "tenant")
+        .agg(F.sum("held_ms").cast("long").alias("held_ms"))
+    )
+    return held.withColumn("worker_share", F.col("held_ms") / F.sum("held_ms").over(Window.partitionBy(*by)))
 
 
 def _waits(ev: DataFrame, entries: DataFrame) -> DataFrame:

@@ -37,6 +37,7 @@ COLUMNS = table("""
     reason     | r    | string
     ts         | ms   | timestamp
     ms         | ms   | bigint
+    held_ms    | h    | bigint
     sid        |      | string
 """)
 

@@ -50,9 +50,11 @@ TENANT_FIGURES = table("""
     requeues     | requeues            | int
     expired      | leases expired      | int
     dead         | dead-lettered       | int
+    held_ms      | worker time (ms)    | int
+    worker_share | share of worker time | f3
 """)
 #: The frames of ``analyze()``, besides ``summary``, that a queue's plots and tables are drawn from.
-FRAMES = ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries")
+FRAMES = ("share", "waits", "fairness", "throughput", "rank_error", "redeliveries", "worker_time")
 TITLE = "celery-pq event log report"
 
 
@@ -97,7 +99,7 @@ def _plots(queue: str, frames: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    share, waits, fair, tput, errs, redel = (frames[k] for k in FRAMES)
+    share, waits, fair, tput, errs, redel = (frames[k] for k in FRAMES[:6])
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     fig.suptitle(f"queue {queue}", fontsize=14)
     for ax in (axes[0][0], axes[0][2], axes[1][0]):  # plots over time
@@ -183,9 +185,11 @@ def build_report(events, *, window_seconds: float | None = None) -> Report:
             f"<tr><th>{html.escape(label)}</th>{_cell(report.figures, f'{queue}||{name}', q[name], kind)}</tr>"
             for name, label, kind in QUEUE_FIGURES
         )
-        tenants = frames["waits"].merge(
-            frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"], how="outer"
-        )
+        tenants = (
+            frames["waits"]
+            .merge(frames["redeliveries"].drop(columns=["deliveries"]), on=["queue", "tenant"], how="outer")
+            .merge(frames["worker_time"], on=["queue", "tenant"], how="left")
+        )  # (fair_cost="time": held_ms)
         head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in TENANT_FIGURES)
         body = "".join(
             f"<tr><th>{html.escape(tenant_label(t['tenant']))}</th>"

@@ -16,9 +16,11 @@ class Fair:
     ends its busy period: its V moves up to the largest finish tag given there (M)."""
 
     VT_UNIT = 1_000_000
+    COST_UNIT = 100_000  # fair_cost "declared": a cost of 1 (an entry declaring none)
 
-    def __init__(self, machine, within_priority: bool, conc: int):
+    def __init__(self, machine, within_priority: bool, conc: int, unit: int = VT_UNIT):
         self.m = machine
+        self.unit = unit  # what one delivery costs at weight 1 (fair_cost)
         self.P = within_priority
         self.conc = conc
         self.weights: dict[str, float] = {}
@@ -92,7 +94,7 @@ class Fair:
             got.append(e)
             e.state = "leased"  # the head moves on; the machine records the lease itself
             self.V[level] = max(self.V.get(level, 0), start)  # never down
-            self.F[(level, t)] = start + math.floor(self.VT_UNIT / self.weights.get(t, 1) + 0.5)
+            self.F[(level, t)] = start + math.floor(self.unit / self.weights.get(t, 1) + 0.5)
             self.M[level] = max(self.M.get(level, 0), self.F[(level, t)])
             self.c[t] += 1
             self.left(level)

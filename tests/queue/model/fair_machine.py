@@ -23,9 +23,13 @@ class FairMachine(QueueMachine):
         order=st.sampled_from(["higher_first", "lower_first"]),
         conc=st.sampled_from([0, 0, 1, 2]),
         max_deliveries=st.sampled_from([0, 3]),
+        cost=st.sampled_from(["tasks", "declared"]),
     )
-    def make_queue(self, scope, order, conc, max_deliveries):
-        self.mode_kwargs = dict(priority_order=order, fair_scope=scope)
+    def make_queue(self, scope, order, conc, max_deliveries, cost="tasks"):
+        # fair_cost "declared": the model's entries declare none, so each costs 1 (COST_UNIT), the
+        # same order as by tasks on another scale; "time" is checked in tests/queue/test_fair_cost.py
+        # (its charge depends on the Redis clock, which the model does not predict).
+        self.mode_kwargs = dict(priority_order=order, fair_scope=scope, fair_cost=cost)
         self.q = open_model_queue(
             self.client,
             self.name,
@@ -35,7 +39,7 @@ class FairMachine(QueueMachine):
             tenant_concurrency=conc or None,
             **self.mode_kwargs,
         )
-        self.fq = Fair(self, scope == "within_priority", conc)
+        self.fq = Fair(self, scope == "within_priority", conc, Fair.COST_UNIT if cost == "declared" else Fair.VT_UNIT)
 
     def expect_pop(self, count, view):
         from celery_pq.storage.constants import FAIR_POP_MAX

@@ -542,7 +542,9 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
 
     # -- mode record ------------------------------------------------------------------------------
     @precondition(lambda self: "mode" not in SKIP)
-    @rule(change=st.sampled_from(["fair", "order", "technique", "scope"]), op=st.sampled_from(["pop", "insert"]))
+    @rule(
+        change=st.sampled_from(["fair", "order", "technique", "scope", "cost"]), op=st.sampled_from(["pop", "insert"])
+    )
     def other_mode_is_refused(self, change, op):
         """A PriorityQueue whose mode differs from the recorded one changes nothing."""
         from celery_pq import ModeMismatch
@@ -551,12 +553,15 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         if change == "fair":
             kw["fair"] = not self.fair
             kw.pop("fair_scope", None)
+            kw.pop("fair_cost", None)
         elif change == "order":
             kw["priority_order"] = {"higher_first": "lower_first", "lower_first": "higher_first"}[kw["priority_order"]]
         elif change == "technique" and not self.fair:
             kw["technique"] = {"T": "S", "S": "T"}[kw["technique"]]
         elif change == "scope" and self.fair:
             kw["fair_scope"] = {"within_priority": "tenant_first", "tenant_first": "within_priority"}[kw["fair_scope"]]
+        elif change == "cost" and self.fair:  # fair_cost, recorded in the mode as fair_scope is
+            kw["fair_cost"] = {"tasks": "declared", "declared": "tasks", "time": "tasks"}[kw["fair_cost"]]
         else:
             return
         if not self.client.hlen(self.q.keys.entries):

@@ -101,6 +101,10 @@ function tenants(q, actions) {
     .sort((a, b) => load(b) - load(a) || (a < b ? -1 : a > b ? 1 : 0));
   if (!all.length) return el("p", { class: "empty" }, q.fair ? "no tenant has work" : "not a fair queue");
   const names = all.slice(0, TENANTS_SHOWN);  // the busiest ones; the JSON has them all
+  // fair_cost="time": each tenant's share of the worker time (leases held) of the last minutes
+  const timed = Object.values(per).some((r) => r.worker_ms !== undefined);
+  const recent = Object.values(per).reduce((n, r) => n + (r.recent_worker_ms || 0), 0);
+  const worker = (t) => (recent && per[t] ? (per[t].recent_worker_ms || 0) / recent : 0);
   const rows = names.map((t) => {
     const b = per[t] || { waiting: 0, leased: 0 }, s = shares[t] || { deliveries: 0, share: 0 };
     const bar = el("svg:svg", { viewBox: "0 0 100 10", width: 100, height: 10 },
@@ -114,9 +118,12 @@ function tenants(q, actions) {
       el("td", { class: "num", "data-stat": "leased", "data-value": b.leased }, b.leased),
       el("td", { class: "num", "data-stat": "deliveries", "data-value": s.deliveries }, s.deliveries),
       el("td", { "data-stat": "share", "data-value": s.share }, bar, " ", (100 * s.share).toFixed(0) + "%"),
+      timed ? el("td", { class: "num", "data-stat": "worker-share", "data-value": worker(t) },
+        (100 * worker(t)).toFixed(0) + "%") : null,
       act ? el("td", {}, act) : null);
   });
   const headers = [["tenant"], ["waiting", "num"], ["leased", "num"], ["delivered", "num"], ["share"]];
+  if (timed) headers.push(["worker time", "num"]);
   if (actions.length && q.fair) headers.push([""]);
   const more = all.length - names.length;
   return el("div", {}, table(headers, rows),
