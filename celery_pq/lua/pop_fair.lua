@@ -2,8 +2,8 @@
 -- the best priority level, under within_priority) gives its best entry; its finish tag moves
 -- on by 1/weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
 -- are parked (left out of the schedule) instead of being scanned past. Everything else is as in
--- pop (a paused queue delivers nothing; the first leases start the sweep record sw). Also counts
--- deliveries per tenant (hash td).
+-- pop (a paused queue delivers nothing; the first leases start the sweep record sw; due delayed
+-- entries join first, includes/delays.lua). Also counts deliveries per tenant (hash td).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table (its stale front pointers are dropped here)
@@ -25,8 +25,8 @@
 --                      wake-up still looks at lo..hi
 -- ARGV[11] nacks       leases to ack first
 -- ARGV[12..11+2*nacks] eid token...  those leases, a pair each: entry id, lease token
--- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
---           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
+-- Returns: {stale_discarded, nacks, due_in (as pop.lua), ack codes (as ack.lua), eid1, token1,
+--           deliveries1, score1, value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
 -- An entry past its expiry deadline is never delivered: dead-lettered or dropped as in pop, at
 -- most EXPIRE_BUDGET per call. Counts as pop does. A tenant-order member is served only when it is current, as pop serves a pointer: its entry
@@ -37,6 +37,7 @@
 -- ERR -9 MIGRATING
 --!include counters.lua
 --!include dead.lua
+--!include delays.lua
 --!include fair.lua
 --!include index.lua
 --!include leases.lua
@@ -62,7 +63,7 @@ if CTX.scope == 'P' and take_hi < hi then
 end
 
 local nacks = tonumber(ARGV[11])
-local out = { 0, nacks }
+local out = { 0, nacks, -1 }
 for i = 1, nacks do
   local code, t = ack_one(ii, lz, lt, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
   if code == 1 then
@@ -76,6 +77,11 @@ if CTX.paused then
   return out
 end
 local now = now_ms()
+local due_in, _, promoted = promote_at_pop(ii, pi, key_of('dz'), now, fair_add)
+out[3] = due_in
+if promoted > 0 and wk ~= key_of('wk') then
+  wake(key_of('wk'))
+end
 fair_unpark(now)
 local got, stale, looked, expiring = 0, 0, 0, 0
 local P = { lease = {}, deadline = {}, out = out, now = now, until_ms = fmt(now + lease_ms) }
