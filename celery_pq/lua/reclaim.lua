@@ -152,7 +152,7 @@ end
 -- promote them too (includes/delays.lua), so this catches what no pop reached
 local promoted, due_more = 0, false
 if consumer == '' then
-  promoted, due_more = promote_due(ii, pi, dz, now, limit, fair and fair_add or nil)
+  promoted, due_more = promote_due(ii, pi, dz, now, fair and math.min(limit, FAIR_PROMOTE) or limit, fair and fair_add or nil)
   if fair then
     fair_unpark(now)
     fair_gc(key_of('gc'), now, 100)

@@ -26,7 +26,7 @@ from .running import readable_mode, run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
 from .unique import PublishOutcome, UniqueKey
-from .values import Delivery, Lease, Popped
+from .values import Lease, Popped
 
 P = ParamSpec("P")
 R = TypeVar("R")

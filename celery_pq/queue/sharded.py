@@ -18,9 +18,9 @@ from typing import Any
 from ..storage import constants as C
 from ..storage.errors import EntryNotFound
 from ..storage.keys import split_dead
+from . import calls
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
-from . import calls
 from .running import run_calls
 from .settings import check_peek
 from .unique import UniqueKey

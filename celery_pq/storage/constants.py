@@ -42,8 +42,10 @@ SWEEP_INTERVAL = 1.0
 SWEEP_BATCH = 500
 
 #: Due delayed entries one pop promotes before it takes, at most (lua/includes/delays.lua's
-#: POP_PROMOTE; the pop says when more are due now).
+#: POP_PROMOTE; the pop says when more are due now); on a fair queue FAIR_PROMOTE, a pop's or a
+#: sweep's call (each costs a dozen commands there).
 POP_PROMOTE = 100
+FAIR_PROMOTE = 50
 
 #: Stale pointers one pop may discard (the rest: later pops, the clean-up sweep).
 POP_STALE_BUDGET = 1000

@@ -11,9 +11,11 @@
 --!include records.lua
 --!include wake.lua
 
--- Due entries one pop promotes at most (about 3 commands each on a plain queue, a dozen on a fair
--- one: well under the 10 ms no script call may take); the pop says when more are due now (0).
+-- Due entries one pop promotes at most (about 3 commands each on a plain queue: well under the
+-- 10 ms no script call may take); the pop says when more are due now (0). A fair queue's entry
+-- costs a dozen (fair_add): FAIR_PROMOTE a call, a pop's or a sweep's.
 local POP_PROMOTE = 100
+local FAIR_PROMOTE = 50
 
 -- Delayed entries due by now, at most limit, join the back of their priority (their score
 -- kept), in due order (ties by id), each logged 'due'; the priority views of their ranks are
@@ -62,7 +64,7 @@ local function promote_at_pop(ii, pi, dz, now, on_waiting)
   if at > now then
     return at - now, now, 0
   end
-  local n, more = promote_due(ii, pi, dz, now, POP_PROMOTE, on_waiting)
+  local n, more = promote_due(ii, pi, dz, now, on_waiting and FAIR_PROMOTE or POP_PROMOTE, on_waiting)
   if more then
     return 0, now, n
   end
