@@ -52,3 +52,12 @@ def limited():
 def worker_limited():
     """Limited by Celery's own rate_limit (BENCH_RATE_LIMIT, e.g. "20/s"): in each worker."""
     _ran()
+
+
+@app.task(name="bench.late")
+def late(eta):
+    """Record how late (ms) it started after ``eta`` (Unix seconds, this host's clock)."""
+    global _rec
+    if _rec is None:
+        _rec = redis.Redis.from_url(os.environ["BENCH_RECORD"])
+    _rec.rpush("bench:late", (time.time() - eta) * 1000)

@@ -23,6 +23,7 @@ from . import (
     faults,
     latency,
     memory_tasks,
+    on_time,
     peers,
     publish_batch,
     queue_api,
@@ -44,6 +45,7 @@ def main(argv=None):
     flags = (["--smoke"] if args.smoke else []) + out
     for bench in (
         latency,
+        on_time,
         throughput,
         publish_batch,
         events_cost,

@@ -2,9 +2,11 @@
 -- BQF AddQueueItem). An id already present gets a fresh duplicate id "<id>~<seq>", so a
 -- task republished with its own id (Celery retry) never overwrites the copy still leased.
 -- An entry due later (BQF "Date/Time Scheduled") waits in the delayed index instead, with
--- its score kept in the entry, until a sweep promotes it. With fairness on, the entry also
--- joins its tenant's order and the tenant joins the schedule. Wakes the plain consumers and
--- only those priority views (collated keyed queue) the new entries satisfy.
+-- its score kept in the entry, until a pop or the sweep promotes it when due
+-- (includes/delays.lua). With fairness on, the entry also joins its tenant's order and the
+-- tenant joins the schedule. Wakes the plain consumers and only those priority views (collated
+-- keyed queue) the new entries satisfy; a delayed entry due before every other delayed one of
+-- the queue wakes them too, so that a waiting consumer learns the sooner due time from its pop.
 --
 -- KEYS[1]  ii    hash    identifier-indexed table
 -- KEYS[2]  pi    zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -336,7 +338,10 @@ for i = 0, n - 1 do
       end
       tally('enqueued')
       emit('enqueue', eid, score, tenant, nil, nil, nil, ARGV[g + 6])
+      local sooner = false -- a delayed entry due before every other: its consumers' waits shorten
       if due > now then
+        local first = redis.call('ZRANGE', dz, 0, 0, 'WITHSCORES')
+        sooner = not first[1] or due < tonumber(first[2])
         redis.call('ZADD', dz, due, eid)
       else
         if keep then -- the old pointer's place, pointing to the new entry
@@ -347,6 +352,8 @@ for i = 0, n - 1 do
         if fair then
           fair_add(tenant, score, eid)
         end
+      end
+      if sooner or due <= now then
         ready = true
         for v = 1, nviews do
           local lo, hi = string.match(ARGV[4 + v], '^(%d+),(%d+)$')

@@ -7,6 +7,9 @@
 -- recorded in this same script, so a popped entry never exists only in a consumer's memory.
 -- The first leases of a queue no sweep has run on start its sweep record sw
 -- (includes/leases.lua, write_leases); a pop that acked a lease first knows it is there.
+-- Delayed entries that are due (key dz) join the back of their priority first, as the sweep
+-- does, at most POP_PROMOTE a call (includes/delays.lua): a delayed entry is deliverable when
+-- it is due, not at the next sweep; the reply says when the next one is due.
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table: ranks with waiting entries (and their lists)
@@ -26,8 +29,9 @@
 --                      wake-up below still looks at lo..hi)
 -- ARGV[9] nacks        leases to ack first (the consumer's last deliveries: one call for both)
 -- ARGV[10..9+2*nacks] eid token...  those leases, a pair each: entry id, lease token
--- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
---           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
+-- Returns: {stale_discarded, nacks, due_in, ack codes (as ack.lua), eid1, token1, deliveries1,
+--           score1, value1, eid2, ...}, due_in the ms until the queue's next delayed entry is
+--           due (0: more are due now, -1: none is delayed, or the queue is paused); the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
 -- A paused queue delivers nothing (the acks are still applied) and its wake list goes, so its
 -- consumers block until the resume wakes them. Counts acked, delivered, redelivered, expired
@@ -38,6 +42,7 @@
 -- ERR -9 MIGRATING
 --!include counters.lua
 --!include dead.lua
+--!include delays.lua
 --!include index.lua
 --!include leases.lua
 --!include queue.lua
@@ -53,7 +58,7 @@ local lo, hi = tonumber(ARGV[6]), tonumber(ARGV[7])
 local take_hi = math.min(tonumber(ARGV[8]), hi)
 local nacks = tonumber(ARGV[9])
 
-local out = { 0, nacks }
+local out = { 0, nacks, -1 }
 -- (acked: a lease of this queue was acked here, so its sweep record exists: write_leases)
 local acked = ack_pairs(out, ii, lz, lt, 10, nacks)
 if CTX.paused then
@@ -62,7 +67,13 @@ if CTX.paused then
   return out
 end
 local got, stale, more, expiring = 0, 0, false, 0
-local now -- Redis time (ms): read once, when first needed (an empty pop never reads it)
+-- Redis time (ms): read once, when first needed (an empty pop of a queue with nothing delayed
+-- never reads it)
+local due_in, now, promoted = promote_at_pop(ii, pi, key_of('dz'), nil, nil)
+out[3] = due_in
+if promoted > 0 and wk ~= key_of('wk') then -- (a view's consumer: the plain ones may want them)
+  wake(key_of('wk'))
+end
 local P = { lease = {}, deadline = {}, out = out, swept_known = acked }
 while got < want do
   local asked = want - got

@@ -3,8 +3,8 @@
 -- on by its cost (fair_cost: one delivery, a declared cost, or provisionally the time a lease
 -- is held, settled when the lease ends) / weight. Tenants at their concurrency cap or out of rate tokens, and paused tenants,
 -- are parked (left out of the schedule) instead of being scanned past. Everything else is as in
--- pop (a paused queue delivers nothing; the first leases start the sweep record sw). Also counts
--- deliveries per tenant (hash td).
+-- pop (a paused queue delivers nothing; the first leases start the sweep record sw; due delayed
+-- entries join first, includes/delays.lua). Also counts deliveries per tenant (hash td).
 --
 -- KEYS[1] ii  hash    identifier-indexed table
 -- KEYS[2] pi  zset    priority-indexed table (its stale front pointers are dropped here)
@@ -26,8 +26,8 @@
 --                      wake-up still looks at lo..hi
 -- ARGV[11] nacks       leases to ack first
 -- ARGV[12..11+2*nacks] eid token...  those leases, a pair each: entry id, lease token
--- Returns: {stale_discarded, nacks, ack codes (as ack.lua), eid1, token1, deliveries1, score1,
---           value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
+-- Returns: {stale_discarded, nacks, due_in (as pop.lua), ack codes (as ack.lua), eid1, token1,
+--           deliveries1, score1, value1, eid2, ...}; the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
 -- An entry past its expiry deadline is never delivered: dead-lettered or dropped as in pop, at
 -- most EXPIRE_BUDGET per call. Counts as pop does. A tenant-order member is served only when it is current, as pop serves a pointer: its entry
@@ -38,6 +38,7 @@
 -- ERR -9 MIGRATING
 --!include counters.lua
 --!include dead.lua
+--!include delays.lua
 --!include fair.lua
 --!include index.lua
 --!include leases.lua
@@ -63,7 +64,7 @@ if CTX.scope == 'P' and take_hi < hi then
 end
 
 local nacks = tonumber(ARGV[11])
-local out = { 0, nacks }
+local out = { 0, nacks, -1 }
 for i = 1, nacks do
   local code, t, s, ch = ack_one(ii, lz, lt, ARGV[10 + 2 * i], ARGV[11 + 2 * i])
   if code == 1 then
@@ -78,6 +79,11 @@ if CTX.paused then
   return out
 end
 local now = now_ms()
+local due_in, _, promoted = promote_at_pop(ii, pi, key_of('dz'), now, fair_add)
+out[3] = due_in
+if promoted > 0 and wk ~= key_of('wk') then
+  wake(key_of('wk'))
+end
 fair_unpark(now)
 local got, stale, looked, expiring = 0, 0, 0, 0
 local P = { lease = {}, deadline = {}, out = out, now = now, until_ms = fmt(now + lease_ms) }

@@ -32,7 +32,8 @@
 -- ARGV[7] start           a consumer's leases: where in lz (by rank, 0 first) this call looks at
 --                         limit leases (so one call's work is bounded; the caller goes on from
 --                         start + kept)
--- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit),
+-- Returns: {returned, dead_lettered, skipped (1 when the guard held), more (1 if limit hit, by
+--           the expired leases or by the due delayed entries: the caller sweeps again),
 --           promoted delayed entries, dead entries dropped to keep max_dead, leases given
 --           their time back after a gap, kept (leases looked at and left in lz)}; the error reply
 --           MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
@@ -47,6 +48,7 @@
 
 --!include counters.lua
 --!include dead.lua
+--!include delays.lua
 --!include events.lua
 --!include fair.lua
 --!include index.lua
@@ -153,25 +155,11 @@ for _, eid in ipairs(expired) do
     end
   end
 end
--- delayed entries that are due join the back of their priority (keeping their score)
-local promoted = 0
+-- delayed entries that are due join the back of their priority (keeping their score); pops
+-- promote them too (includes/delays.lua), so this catches what no pop reached
+local promoted, due_more = 0, false
 if consumer == '' then
-  for _, eid in ipairs(redis.call('ZRANGEBYSCORE', dz, '-inf', fmt(now), 'LIMIT', 0, limit)) do
-    redis.call('ZREM', dz, eid)
-    local v, e = read_entry(ii, eid)
-    if v and not e then
-      set_aside(ii, eid, v, 0, now)
-    elseif v then
-      local rank, seq = split_score(e.s)
-      pi_push(pi, rank, seq, eid)
-      emit('due', eid, e.s, e.t)
-      wake_registered_views(rank)
-      if fair then
-        fair_add(e.t, e.s, eid)
-      end
-      promoted = promoted + 1
-    end
-  end
+  promoted, due_more = promote_due(ii, pi, dz, now, fair and math.min(limit, FAIR_PROMOTE) or limit, fair and fair_add or nil)
   if fair then
     fair_unpark(now)
     fair_gc(key_of('gc'), now, 100)
@@ -185,7 +173,7 @@ if returned > 0 or promoted > 0 or (fair and redis.call('ZCARD', FK.ts) > 0) the
   wake(wk)
 end
 local more = 0
-if #expired == limit then
+if #expired == limit or due_more then
   more = 1
 end
 flush_counts()

@@ -155,12 +155,19 @@ def pop_layout(q: Context, count: int, lease_ms: int, consumer: str | None, rank
 
 def ack_codes(reply) -> list[int]:
     """The codes of the acks a pop call carried (1 acked, or an ErrorCode value)."""
-    return [int(c) for c in reply[2 : 2 + int(reply[1])]]
+    return [int(c) for c in reply[3 : 3 + int(reply[1])]]
+
+
+def due_in(reply) -> int | None:
+    """A pop's (or a head peek's) ms until the queue's next delayed entry is due (0: due now),
+    None when nothing is delayed (includes/delays.lua)."""
+    ms = int(reply[2])
+    return None if ms < 0 else ms
 
 
 def _popped(reply) -> list:
     """(entry id, token, deliveries, score, value) of each lease of a pop's reply."""
-    return [reply[i : i + 5] for i in range(2 + int(reply[1]), len(reply), 5)]
+    return [reply[i : i + 5] for i in range(3 + int(reply[1]), len(reply), 5)]
 
 
 def popped_leases(q: Context, reply) -> list[Lease]:

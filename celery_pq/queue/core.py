@@ -26,7 +26,7 @@ from .running import readable_mode, run_acks, run_calls, wait_out_migration
 from .scripts import Scripts
 from .settings import QueueSettings
 from .unique import PublishOutcome, UniqueKey
-from .values import Delivery, Lease, Popped
+from .values import Lease, Popped
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -151,9 +151,9 @@ class PriorityQueue:
         return call.script.send_nowait(call.keys, call.args, self.client)
 
     @staticmethod
-    def landed(reply) -> tuple[list[Delivery], list[int]]:
-        """(the deliveries, the codes of the acks it carried) of a sent pop's reply."""
-        return calls.popped_deliveries(reply), calls.ack_codes(reply)
+    def landed(reply) -> tuple[Popped, list[int]]:
+        """(the deliveries, the codes of the acks it carried) of a sent pop's reply (``due_in`` set)."""
+        return Popped(calls.popped_deliveries(reply), due_in=calls.due_in(reply)), calls.ack_codes(reply)
 
     # -- what becomes of a lease ----------------------------------------------------------------
     @overload
@@ -219,7 +219,9 @@ def pop_with_acks(queue: PriorityQueue, count: int = 1, *, acks=None, lean=False
     codes = {q: list(r) for (q, _), r in zip(others, replies)}
     if own:
         codes[queue] = calls.ack_codes(reply)
-    popped: Popped = Popped(calls.popped_deliveries(reply) if lean else calls.popped_leases(s, reply), queue)
+    popped: Popped = Popped(
+        calls.popped_deliveries(reply) if lean else calls.popped_leases(s, reply), queue, calls.due_in(reply)
+    )
     return popped, codes
 
 

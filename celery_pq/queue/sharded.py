@@ -18,6 +18,7 @@ from typing import Any
 from ..storage import constants as C
 from ..storage.errors import EntryNotFound
 from ..storage.keys import split_dead
+from . import calls
 from .core import PriorityQueue, ack_all, pop_with_acks
 from .item import Item
 from .running import run_calls
@@ -110,6 +111,7 @@ class ShardedQueue:
 
     def __init__(self, shards: Sequence[PriorityQueue], name: str, *, peek: int = 2, rng: random.Random | None = None):
         self.task_limits: dict[str, float] = {}  # (open_queue: the task_rate limits a publish follows)
+        self.due_in: int | None = None  # (peek_heads: the shards' next due time, ms from now)
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
         self.shards, self.name = list(shards), name
@@ -209,9 +211,13 @@ class ShardedQueue:
 
     # -- pop: peek k, pop the best, second-best under concurrency -------------------------------
     def peek_heads(self, shards: Sequence[PriorityQueue], view=None) -> list[tuple[int, int] | None]:
-        """(rank, enqueued_ms) of the entry each shard would deliver first (None: empty or paused)."""
+        """(rank, enqueued_ms) of the entry each shard would deliver first (None: empty or paused;
+        a due delayed entry counts: the pop promotes it). ``self.due_in``: the ms until the first
+        delayed entry of these shards is due (None: none delayed)."""
         replies = run_calls(self.client, [s._scripts.head_call(view) for s in shards])
-        return [(int(r[0]), int(r[1])) if r else None for r in replies]
+        dues = [d for d in (calls.due_in(r) for r in replies if r) if d is not None]
+        self.due_in = min(dues) if dues else None
+        return [(int(r[0]), int(r[1])) if r and int(r[0]) >= 0 else None for r in replies]
 
     def send_pop(self, count: int = 1, *, acks=(), consumer=None, view=None) -> None:
         return None  # a sharded queue's pop peeks its shards first, and waits for each reply
@@ -222,12 +228,15 @@ class ShardedQueue:
         pending = dict(acks or {})
         codes: dict = {}
         peeked = self._rng.sample(self.shards, self.peek_count)
+        dues: list[int] = []  # (the next due time of every shard peeked: an empty pop peeked all)
         for wider in (False, True):
             if wider:
                 peeked = [s for s in self.shards if s not in peeked]
                 if not peeked:
                     break
             heads = self.peek_heads(peeked, view)
+            if self.due_in is not None:
+                dues.append(self.due_in)
             found = sorted((h, self._rng.random(), s) for h, s in zip(heads, peeked) if h is not None)
             best = [(s, h) for h, _, s in found]
             # the best, then the second-best (and on: a consumer must not sleep while one has
@@ -243,7 +252,7 @@ class ShardedQueue:
                     return popped
         if pending:  # nothing anywhere, and acks to send
             codes.update(ack_all(pending))
-        popped = Popped((), self.shards[0])
+        popped = Popped((), self.shards[0], min(dues) if dues else None)
         popped.acked = codes
         return popped
 

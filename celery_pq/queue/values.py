@@ -95,10 +95,13 @@ Held = TypeVar("Held", bound=Lease | Delivery)
 class Popped(list[Held], Generic[Held]):
     """The leases one pop took, in delivery order."""
 
-    def __init__(self, items: Iterable[Held] = (), queue: Any = None):
+    def __init__(self, items: Iterable[Held] = (), queue: Any = None, due_in: int | None = None):
         super().__init__(items)
         self.acked: Any = []  # ack codes: a list, or by queue for acks of several queues
         self.queue: Any = queue  # the PriorityQueue (a shard) they came from
+        #: ms until the queue's next delayed entry is due as the pop saw it (0: due now), None
+        #: when nothing is delayed: what bounds an idle consumer's wait (docs/views-and-delays.md)
+        self.due_in = due_in
 
 
 def validate_priority(priority) -> int:

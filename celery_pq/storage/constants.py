@@ -38,8 +38,14 @@ MAX_DELIVERIES = 10
 #: lease_seconds + this.
 SWEEP_INTERVAL = 1.0
 
-#: Expired leases returned per sweep call (the sweep repeats).
+#: Expired leases returned, and due delayed entries promoted, per sweep call (the sweep repeats).
 SWEEP_BATCH = 500
+
+#: Due delayed entries one pop promotes before it takes, at most (lua/includes/delays.lua's
+#: POP_PROMOTE; the pop says when more are due now); on a fair queue FAIR_PROMOTE, a pop's or a
+#: sweep's call (each costs a dozen commands there).
+POP_PROMOTE = 100
+FAIR_PROMOTE = 50
 
 #: Stale pointers one pop may discard (the rest: later pops, the clean-up sweep).
 POP_STALE_BUDGET = 1000

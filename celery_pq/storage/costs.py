@@ -46,6 +46,7 @@ def _commands(k: int) -> dict:
     md = ["get"]  # every script but extend first reads the queue's mode record
     passing = ["zscore"]  # is a compaction pass of the rank under way (a pop reads it with the rank)
     ct = ["hincrby"]  # the counter of what the call did (hash ct), once per call
+    due = ["zrange"]  # a pop's look at its queue's first delayed entry (lua/includes/delays.lua)
     moved = [*md, "hexists", "hget", "incr", "hset", "zscore", "rpush", "zadd", "hkeys"]
     # An insert's first send with a client-made publish id: one MGET (mode, views version, window
     # start), the id only recorded (answered ones forgotten every FORGET_BATCH: two commands).
@@ -54,9 +55,11 @@ def _commands(k: int) -> dict:
     return {
         # the entry stored with HSETNX (an id in use takes free_id's way)
         "insert": both(["mget", "time", "incr", "hsetnx", "rpush", "hset", "llen", *ct]),
-        "pop": {  # more waits behind it (the last rank list taken from is not empty): no ZCARD
-            "T": [*md, "zrange", "lpop", "exists", "hget", *grant, "llen", *ct],
-            "S": md + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "llen", *ct],
+        # more waits behind it (the last rank list taken from is not empty): no ZCARD; the first
+        # delayed entry looked at (ZRANGE of dz, empty here: no clock read for it)
+        "pop": {
+            "T": [*md, *due, "zrange", "lpop", "exists", "hget", *grant, "llen", *ct],
+            "S": md + due + ["zrange", "lpop", "exists", "hget"] * (k + 1) + lead + [*grant, "llen", *ct],
         },
         "ack": both([*md, "hget", "hdel", "hdel", "zrem", *ct]),
         "extend": both(["time", "hget", "zadd"]),

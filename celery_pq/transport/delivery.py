@@ -153,6 +153,7 @@ class Deliveries:
                 if send_only:
                     return 0
             leases = self.leases.pop(q, want, consumer=channel.consumer_id, view=view)
+            channel.waits.note_due(name, leases.due_in)
             if not leases:
                 continue
             self._rotation = start + i + 1
@@ -186,6 +187,7 @@ class Deliveries:
             leases = self.leases.land(pop)
         except ResponseError:
             return self.pop_and_deliver(wait=True) if deliver else 0
+        channel.waits.note_due(name, leases.due_in)
         if not leases:
             channel.waits.need_pop = False
             return 0

@@ -82,13 +82,13 @@ class LeaseBook:
 
         def landed():
             deliveries, codes = q.landed(pop.flight.result())
-            return Popped(deliveries, q), {q: codes}
+            return Popped(deliveries, q, deliveries.due_in), {q: codes}
 
         leases = self._send(pop.acks, landed)
         if leases and monotonic() - pop.sent > self.options.renew_interval:
             # its reply lay unread past a renewal (a stalled loop): renew first, drop the lapsed
             kept = q.extend([(d.id, d.token) for d in leases], self.options.lease_seconds)
-            leases = Popped([d for d, ok in zip(leases, kept) if ok], q)
+            leases = Popped([d for d, ok in zip(leases, kept) if ok], q, leases.due_in)
         self.hold(q, leases)
         return leases
 

@@ -72,13 +72,36 @@ class Waits:
         self._blocks: dict[object, Blocking] = {}  # slot group -> its blocking read
         self._subs: dict[object, Subscription] = {}  # node client -> its pub/sub
         self._pubsub_waits: tuple | None = None  # the last _arm_pubsub: (channels, [(subscription, wait)])
+        #: queue -> monotonic time its next delayed entry is due, as its last pop said: a wait
+        #: ends then (``due_at``), for a pop that promotes it (docs/views-and-delays.md)
+        self._due: dict[str, float] = {}
 
     def should_pop(self) -> bool:
-        """Whether there may be work (a wake-up, a change, a sweep that returned entries)."""
+        """Whether there may be work (a wake-up, a change, a sweep that returned entries, a
+        delayed entry come due)."""
         if self.channel.leases.returned:
             self.channel.leases.returned = False
             self.need_pop = True
+        if self._due and min(self._due.values()) <= monotonic():
+            now = monotonic()
+            self._due = {name: at for name, at in self._due.items() if at > now}
+            self.need_pop = True
         return self.need_pop
+
+    def note_due(self, queue: str, due_in: int | None) -> None:
+        """A pop of ``queue`` said its next delayed entry is due in ``due_in`` ms (None: none)."""
+        if due_in is None:
+            self._due.pop(queue, None)
+        else:
+            self._due[queue] = monotonic() + due_in / 1000
+
+    def due_at(self) -> float | None:
+        """The monotonic time the first delayed entry of the consumed queues is due, or None
+        (one whose time has passed counts no more: ``should_pop`` pops for it)."""
+        if not self._due:
+            return None
+        now = monotonic()
+        return min((at for at in self._due.values() if at > now), default=None)
 
     def arm(self) -> list[Wait]:
         """Put the blocking reads in flight; the waits to watch."""
@@ -215,6 +238,7 @@ class Poller:
         self._wake_pipe: tuple[int, int] | None = None  # (read, write): the loop wakes itself
         self._idle_wake: Any = None  # a timer that wakes it where signals cannot
         self._loop_thread: int | None = None
+        self._due_timer: tuple[float, Any] | None = None  # (when, the hub's timer) for the first due time
 
     def in_event_loop(self) -> bool:
         """Whether this thread runs the Celery event loop this poller serves."""
@@ -256,12 +280,23 @@ class Poller:
                 ready = [w for w in waits if w.conn.can_read(timeout=0)]
                 if not ready:
                     socks = {w.conn._sock: w for w in waits if w.conn._sock is not None}
-                    readable, _, _ = select.select(list(socks), [], [], min(remaining, 1.0))
+                    wait = min(remaining, 1.0, self._until_due())
+                    readable, _, _ = select.select(list(socks), [], [], wait)
                     ready = [socks[s] for s in readable]
                 if sum(w.handler() or 0 for w in ready):
                     return
         finally:
             self._draining = False
+
+    def _due_at(self) -> float | None:
+        """The monotonic time the first delayed entry of this connection's queues is due."""
+        dues = [t for t in (c.waits.due_at() for c in self.transport.cycle_channels) if t is not None]
+        return min(dues) if dues else None
+
+    def _until_due(self) -> float:
+        """Seconds until then (0 when passed, inf when nothing is delayed)."""
+        at = self._due_at()
+        return math.inf if at is None else max(0.0, at - monotonic())
 
     # -- Celery's event loop ----------------------------------------------------------------
     def register_with_event_loop(self, loop: Hub) -> None:
@@ -284,6 +319,11 @@ class Poller:
         with suppress(BlockingIOError):
             os.read(fd, 4096)
 
+    def _self_wake(self) -> None:
+        assert self._wake_pipe is not None  # (made with the loop's registration)
+        with suppress(BlockingIOError):  # (one is pending already)
+            os.write(self._wake_pipe[1], b"x")
+
     def on_tick(self):
         # The hub runs its deferred acks just before this tick: they ride with the pop. Those a delivery
         # causes come later: _drain_in_tick runs them and pops again, then the loop wakes itself (a pipe).
@@ -304,9 +344,23 @@ class Poller:
         if delivered:
             # even with the window full: what it delivered may have missed this tick's other
             # callbacks (the prefork pool writes to its children in its own on_tick)
-            assert self._wake_pipe is not None  # (made with the loop's registration)
-            with suppress(BlockingIOError):  # (one is pending already)
-                os.write(self._wake_pipe[1], b"x")
+            self._self_wake()
+        self._time_the_due(loop)
+
+    def _time_the_due(self, loop: Hub) -> None:
+        """A hub timer at the first due time of a delayed entry (the tick after it pops, and the
+        pop promotes it); the loop woken at once so that its next poll counts with the timer (the
+        hub computed this pass's poll timeout before the tick)."""
+        at = self._due_at()
+        if at is None or (self._due_timer is not None and self._due_timer[0] <= at):
+            return
+        if self._due_timer is not None:
+            self._due_timer[1].cancel()
+        self._due_timer = (at, loop.call_later(max(0.0, at - monotonic()), self._on_due))
+        self._self_wake()
+
+    def _on_due(self) -> None:
+        self._due_timer = None  # (the tick that follows pops: should_pop sees the time passed)
 
     def _drain_in_tick(self, delivered: int, waits: list[Wait]) -> tuple[int, list[Wait]]:
         """Pop on in this tick while each pass delivers (up to TICK_DRAIN_SECONDS, the hub's deferred
@@ -346,6 +400,9 @@ class Poller:
         if self._idle_wake is not None:
             _quietly(self._idle_wake.cancel)
             self._idle_wake = None
+        if self._due_timer is not None:
+            _quietly(self._due_timer[1].cancel)
+            self._due_timer = None
         self._readers.clear()
         self._loop = None
         # a pipe signals still wake stays open: a signal would write to a closed or reused fd

@@ -20,6 +20,12 @@ def test_benchmarks_run_and_write_results(tmp_path):
     }
     assert all(row["received"] == 5 for row in data["results"].values())
     assert "celery-pq" in (tmp_path / "latency.md").read_text()
+    on_time = json.loads((tmp_path / "on_time.json").read_text())
+    assert set(on_time["lateness"]) == {"celery-pq", "kombu-redis"}
+    assert all(row["started"] == 5 and row["p99_ms"] >= row["p50_ms"] for row in on_time["lateness"].values())
+    assert set(on_time["volume"]) == {"plain", "fair", "sharded"}
+    for row in on_time["volume"].values():  # every entry came due, and was delivered, without waiting minutes
+        assert 0 <= row["all_deliverable_s"] <= row["all_delivered_s"] < 60 and row["slowest_script_ms"] >= 0
     tput = json.loads((tmp_path / "throughput.json").read_text())
     assert set(tput["results"]) == {"publish", "consume_prefetch_1", "consume_prefetch_10"}
     assert all(row["ratio"] > 0 for row in tput["results"].values())
