@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from celery_pq import EntryNotFound, Item, NotWaiting, PriorityQueue
 from celery_pq.queue import escape_tenant
+from celery_pq.storage.constants import FAIR_PROMOTE, SWEEP_BATCH
 from celery_pq.storage.ids import encode_id
 
 from .common import (
@@ -310,8 +311,6 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         the FAIR_PROMOTE, or more, a call takes), none due after it. Every short delay is waited out first,
         as the sweep's rule does: which entries a pop promotes must not depend on the machine's
         speed (hypothesis replays a run's choices and must see the same rules open)."""
-        from celery_pq.storage.constants import FAIR_PROMOTE
-
         short = [e.due for e in self.state_of("delayed") if e.short]
         while short and redis_now_ms(self.client) <= max(short):
             time.sleep(0.005)
@@ -453,17 +452,25 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
             self.end_lease(e)
             self.come_back(e, e.d + 1, "max_deliveries", None, "reclaim")
             dead += e.state == "dead"
-        due = [e for e in self.state_of("delayed") if e.short]
-        for e in sorted(due, key=lambda e: (e.due, encode_id(e.eid))):
-            self.join_back(e)
+        # the due ones in due order (ties by id), at most a sweep call's batch: the rest stay for
+        # the next call (``more``) or a pop
+        due = sorted((e for e in self.state_of("delayed") if e.short), key=lambda e: (e.due, encode_id(e.eid)))
+        dz = set(self.client.zrange(self.q.keys.delayed, 0, -1))
+        went = [e for e in due if encode_id(e.eid) not in dz]
         extra = len(self.corrupt)  # corrupt entries the sweep reached go to the dead-letter queue
+        batch = FAIR_PROMOTE if self.fq else SWEEP_BATCH
+        assert went == due[: len(went)] and (len(went) == len(due) or (got["more"] and len(went) + extra >= batch)), (
+            f"reclaim promoted {[e.eid for e in went]} of the due {[e.eid for e in due]} (batch {batch}, {got})"
+        )
+        for e in went:
+            self.join_back(e)
         assert (
             got["returned"] == len(expired) - dead
             and dead <= got["dead"] <= dead + extra
-            and len(due) <= got["promoted"] <= len(due) + extra
+            and len(went) <= got["promoted"] <= len(went) + extra
         ), (
             f"reclaim gave {got}; the model expects {len(expired) - dead} returned, {dead} dead, "
-            f"{len(due)} promoted (corrupt entries: {extra})"
+            f"{len(went)} promoted (corrupt entries: {extra})"
         )
         return got
 
