@@ -2,7 +2,8 @@
 #
 #   make demo    install into .venv, then run the demo (python -m celery_pq.demo: celery_pq/demo/)
 #   make spark-demo  Spark -> tasks -> Celery workers -> event log -> Spark report (examples/spark_pipeline.py)
-#   make test    install into .venv, then run the test suite (PYTEST_ARGS="-k lease -x" to narrow)
+#   make test    install into .venv, then run the test suite in 2 processes (PYTEST_ARGS="-k lease -x"
+#                to narrow, TEST_WORKERS=0 for one process)
 #   make release-check  the wheel and the sdist built (python -m build) and checked (twine check,
 #                scripts/check-dist.py: the Lua, py.typed, the dashboard in the wheel), the wheel
 #                installed into a fresh virtualenv and the demo run from it, with no source tree
@@ -60,6 +61,9 @@ QUIETLY     := bash scripts/quietly.sh
 WITH_REDIS   = PQ_REDIS_SERVER="$$($(ENSURE_REDIS))" || exit 1; export PQ_REDIS_SERVER;
 WITH_JAVA    = JAVA="$$($(ENSURE_JAVA))" || exit 1; export PATH="$$(dirname "$$JAVA"):$$PATH";
 PYTEST_ARGS ?=
+# pytest-xdist processes for `make test` (most of the suite waits on workers and servers; every
+# test starts its own on free ports): TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 PEERS       ?= kombu
 CONTRACT_ARGS ?=
 DEMO_ARGS   ?=
@@ -125,7 +129,7 @@ test: install
 	@$(WITH_REDIS) $(WITH_JAVA) \
 	echo "PQ_REDIS_SERVER=$$PQ_REDIS_SERVER java=$$JAVA"; \
 	$(ENSURE_CHROMIUM) >/dev/null || echo "warning: the dashboard's browser test will fail (see above)" >&2; \
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The release files as a user gets them: built, checked, installed into a clean virtualenv in a
 # temporary directory (never .venv), and the demo run from the installed wheel.
