@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ..storage.connections import REROUTE, by_node, is_cluster, node_client, settling, unsettled, until_settled
 from .assembly import SCRIPT_NAMES, library, source
-from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, send, uses_functions
+from .wire import LOST, Flight, drop_line, function_missing, own_line, raise_if_demoted, send, spin_of, uses_functions
 
 
 class _FirstSend(str):
@@ -88,7 +88,7 @@ class LuaScript:
         except LOST:
             drop_line(client, line)
             return None
-        return Flight(line)
+        return Flight(line, spin_of(client.connection_pool))
 
     def _by_redis_py(self, keys, args, client):
         try:

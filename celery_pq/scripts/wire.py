@@ -40,6 +40,11 @@ except ImportError:  # pragma: no cover - hiredis is optional
     _pack = None
 
 
+def spin_of(pool) -> int:
+    """Nanoseconds a script call on ``pool`` polls for its reply."""
+    return _spin.get(pool, C.SPIN_WAIT_US * 1000)
+
+
 def set_spin_wait(pool, microseconds: float) -> None:
     """How long a script call on ``pool`` polls for its reply before it sleeps (0: not at all)."""
     _spin[pool] = int(microseconds * 1000)
@@ -103,7 +108,7 @@ class Line:
         use = _functions.get(pool)
         if use is None:
             use = load_library(self.conn, pool)
-        spin = _spin.get(pool, C.SPIN_WAIT_US * 1000)
+        spin = spin_of(pool)
         words = script.command(use, keys, args)
         try:
             return self.call(*words, spin_ns=spin)
@@ -224,10 +229,10 @@ class Flight:
     """A script call sent without waiting for its reply (``LuaScript.send_nowait``); the thread's
     next call on its line reads it first, so replies never cross."""
 
-    __slots__ = ("_reply", "conn", "done", "line")
+    __slots__ = ("_reply", "conn", "done", "line", "spin_ns")
 
-    def __init__(self, line: Line):
-        self.line, self.conn, self.done = line, line.conn, False
+    def __init__(self, line: Line, spin_ns: int = 0):
+        self.line, self.conn, self.done, self.spin_ns = line, line.conn, False, spin_ns
         self._reply: Any = None
         line.flight = self
 
@@ -252,6 +257,14 @@ class Flight:
                 self._land(exc)
             self.finish()
         return True
+
+    def wait(self) -> None:
+        """Read the reply, polling for it up to the pool's spin first (as ``Line.call``)."""
+        if self.spin_ns and not self.done:
+            deadline = _clock() + self.spin_ns
+            while not self.ready() and _clock() < deadline:
+                pass
+        self.finish()
 
     def finish(self) -> None:
         """Read the reply, waiting for it up to the connection's timeout."""

@@ -116,6 +116,8 @@ class Deliveries:
         self._pop: tuple[PopInFlight, str] | None = None  # the pop on the wire, its queue name
         #: The last message ran in this thread, not in a pool (None before the first delivery).
         self._inline: bool | None = None
+        #: The tags of the batch being delivered not handed over yet, last first (empty between batches).
+        self._rest: list[str] = []
         #: Broadcast ids received lately, oldest first (one sent again is dropped).
         self._broadcasts: dict[str, None] = {}
 
@@ -128,6 +130,8 @@ class Deliveries:
             timeout = pop.flight.conn.socket_timeout
             if timeout is not None and monotonic() - pop.sent > timeout:  # a silent connection: land raises
                 pop.flight.give_up()
+            if self._inline:  # (sent at a solo pool's late ack) nothing runs meanwhile: wait for it here
+                pop.flight.wait()
             return self.land() if pop.flight.ready() else 0
         channel = self.channel
         queues = channel.active_queues
@@ -139,7 +143,7 @@ class Deliveries:
         n = len(queues)
         start = self._rotation % n
         delivered = 0
-        sends = not wait and self._sends()
+        sends = not wait and (send_only or self._sends())
         for i in range(n):
             name = queues[(start + i) % n]
             q = channel.queue(name)
@@ -163,14 +167,18 @@ class Deliveries:
             channel.waits.need_pop = False
         return delivered
 
-    def _sends(self) -> bool:
-        """Whether a pop goes without waiting for its reply: in Celery's event loop, one queue, last task not inline."""
+    def _sends(self, *, at_ack: bool = False) -> bool:
+        """Whether a pop goes without waiting for its reply: in Celery's event loop, one queue, last task
+        not inline; ``at_ack``, inline too when the ack ended the batch's last task (a solo pool's late
+        ack: the rest of Celery's work on it overlaps the round trip; an early ack comes before the task)."""
         channel = self.channel
-        return self._inline is False and len(channel.active_queues) == 1 and channel.transport.poller.in_event_loop()
+        if len(channel.active_queues) != 1 or not channel.transport.poller.in_event_loop():
+            return False
+        return self._inline is False or (at_ack and self._inline is True and not self._rest and nothing_running())
 
     def pop_ahead(self) -> None:
         """After an ack, where ``_sends``: the next pop, carrying the ack, sent now."""
-        if self._pop is None and self._sends():
+        if self._pop is None and self._sends(at_ack=True):
             self.pop_and_deliver(send_only=True)
 
     def popping(self) -> Wait | None:
@@ -217,7 +225,7 @@ class Deliveries:
         """Deliver a popped batch (all held in the lease book first: renewed while a solo pool runs
         each task); the number delivered. The rest is given back uncounted or dead-lettered."""
         channel = self.channel
-        rest = [lease.token for lease in reversed(leases)]  # not delivered yet, last first
+        rest = self._rest = [lease.token for lease in reversed(leases)]  # not delivered yet, last first
         delivered = 0
         now_ms = int(time() * 1000)
         try:
@@ -241,6 +249,7 @@ class Deliveries:
                     continue
                 delivered += 1
         finally:
+            self._rest = []
             if rest:  # a shutdown began, or the callback raised: the others wait again
                 self.give_back_all(rest)
         return delivered
@@ -373,6 +382,12 @@ def celery_counts() -> tuple[int, int] | None:
     started = getattr(state, "all_total_count", None)
     reserved = getattr(state, "reserved_requests", None)
     return None if started is None or reserved is None else (started[0], len(reserved))
+
+
+def nothing_running() -> bool:
+    """No task of a Celery worker in this process is under way (none without one)."""
+    state = sys.modules.get("celery.worker.state")
+    return not getattr(state, "active_requests", ())
 
 
 def worker_stopping() -> bool:

@@ -43,7 +43,21 @@ def test_benchmarks_run_and_write_results(tmp_path):
     assert all(c["share_a"] is not None and 0 <= c["share_a"] <= 1 for c in fair["by_cost"])  # both tenants ran
     assert {"share_a_time_1to1", "share_a_declared_3to1"} <= set(fair["summary"])
     e2e = json.loads((tmp_path / "celery_e2e.json").read_text())
-    assert set(e2e["results"]) == {"solo", "prefork-2"}
+    assert set(e2e["results"]) == {"solo", "prefork-2", "solo, late acks", "solo, Celery defaults"}
+    for row, r in e2e["results"].items():
+        assert {"celery-pq", "kombu-redis"} <= set(r["tasks_per_second"]) and r["ratio"] > 0
+        if row == "prefork-2":  # (memory:// is polled: no ceiling for a pool of processes)
+            assert "memory" not in r["tasks_per_second"] and r["of_ceiling"] == {}
+        else:  # the ceiling, kombu's in-process memory://, measured beside the two
+            assert r["tasks_per_second"]["memory"] > 0
+            assert set(r["of_ceiling"]) == {"celery-pq", "kombu-redis"} and min(r["of_ceiling"].values()) > 0
+    assert e2e["results"]["solo, late acks"]["settings"] == {
+        "pool": "solo",
+        "concurrency": 1,
+        "prefetch_multiplier": 1,
+        "acks_late": True,
+    }
+    assert "of ceiling" in (tmp_path / "celery_e2e.md").read_text()
     api = json.loads((tmp_path / "queue_api.json").read_text())
     assert set(api["memory_bytes_beyond_payload"]) == {"celery-pq T", "celery-pq S", "kombu-redis"}
     assert json.loads((tmp_path / "bulk.json").read_text())["ours_per_second"] > 0

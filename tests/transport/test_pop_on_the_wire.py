@@ -104,6 +104,51 @@ def test_a_prefork_pools_pops_go_without_waiting_and_deliver_each_message_once_i
     hub.close()
 
 
+def _solo_like(conn, name, n, hub, *, late: bool) -> list:
+    """A queue of the numbers 0..n-1 and a consumer of it in a kombu Hub that runs each task in its
+    callback, as Celery's solo pool: the request accepted (``task_accepted``), then with ``late``
+    the task done (``task_ready``) and acked, as a late ack; else acked first, as an early ack, then
+    done. The numbers it gets."""
+    q = make_queue(name)
+    publish_numbers(conn, q, range(n))
+    got = []
+
+    def cb(body, message):
+        request = _Request(f"{name}-{body['i']}")
+        request.name = "solo-like"
+        state.task_accepted(request)
+        if not late:
+            message.ack()
+        got.append(body["i"])
+        state.task_ready(request)
+        if late:
+            message.ack()
+
+    Consumer(conn, [q], callbacks=[cb], prefetch_count=1).consume()
+    conn.transport.register_with_event_loop(conn.connection, hub)
+    return got
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_a_solo_pools_late_ack_sends_the_next_pop_at_once_its_early_ack_does_not(url, opts, monkeypatch, late):
+    landed = []
+    land = LeaseBook.land
+    monkeypatch.setattr(LeaseBook, "land", lambda self, pop: landed.append((pop, land(self, pop))) or landed[-1][1])
+    hub = Hub()
+    with Connection(url, transport_options=opts) as conn:
+        got = _solo_like(conn, f"solo-{late}", 30, hub, late=late)
+        q = conn.default_channel.queue(f"solo-{late}")
+        _run(hub, lambda: len(got) == 30 and q.stats()["leased"] == 0)
+        assert got == list(range(30)) and q.stats()["waiting"] == 0
+        if late:  # the pop goes at the ack that ends the task, the ack in it (the first two pops wait:
+            # whether the tasks run in the loop's thread is known once the first delivery returned)
+            assert sum(len(leases) for _, leases in landed) >= 28
+            assert sum(len(pairs) for pop, _ in landed for pairs in pop.acks.values()) >= 28
+        else:  # an early ack comes before the task runs: the pop waits for the task, as before
+            assert landed == []
+    hub.close()
+
+
 def test_a_call_on_the_connection_of_a_pop_on_the_wire_reads_the_pops_reply_first(make_pq):
     q = make_pq("flight")
     q.insert(b"a", 1)

@@ -17,7 +17,13 @@ RESULTS = Path(ab.__file__).resolve().parent / "results"
     ("name", "labels"),
     [
         ("throughput", {"publish", "consume_prefetch_1", "consume_prefetch_10"}),
-        ("celery_e2e", {"Celery solo", "Celery prefork-2"}),
+        (
+            "celery_e2e",
+            {
+                *(f"Celery {row}" for row in ("solo", "prefork-2", "solo, late acks", "solo, Celery defaults")),
+                *(f"Celery {row}, of memory://" for row in ("solo", "solo, late acks", "solo, Celery defaults")),
+            },
+        ),
         ("latency", {"p50", "p99", "p50 (Celery worker)", "p99 (Celery worker)"}),
         ("memory_tasks", {"small task", "medium task", "large task"}),
     ],
