@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 from ..queue import Consumer, Delivery
 from ..storage import constants as C
 from ..storage.codec import decode
+from .green import green_runtime
 from .leasebook import PopInFlight
 from .messages import BROADCAST_ID, DELIVERED_ENTRY
 from .poller import Wait
@@ -366,7 +367,8 @@ def running_tags(*, forgotten_too: bool = False) -> set:
     if state is None:
         return set()
     running = [r for r in list(state.active_requests) if not getattr(r, "acknowledged", True)]
-    if not forgotten_too and _pool_forgets_running_jobs():
+    if not forgotten_too and _pool_forgets_running_jobs() and green_runtime() is None:
+        # (a green pool's worker_pid is a greenlet's id: its tasks run in this process)
         running = [r for r in running if getattr(r, "worker_pid", None) in (None, os.getpid())]
     return {r.message.delivery_tag for r in running if getattr(r, "message", None) is not None}
 
