@@ -16,6 +16,7 @@ from ..storage.errors import BrokerUnreachable, ConfigError
 from ..storage.keys import queue_keys, queues_key
 from ..storage.redact import redact
 from .channel import Channel
+from .revokes import task_queues
 from .task_rates import celery_own_queue
 from .views import View
 
@@ -66,12 +67,14 @@ class Broker:
 
 
 def queue_names(channel, names=()) -> list[str]:
-    """The names given, else the declared queues but dead-letter ones and, when others are declared, Celery's own."""
+    """The names given, else the declared task queues (``revokes.task_queues``), or Celery's own
+    when only those are declared."""
     if names:
         return list(names)
     known = sorted(map(as_text, channel.client.smembers(queues_key(channel.options.key_prefix))))
-    mine = [n for n in known if not celery_own_queue(n)]
-    return [n for n in (mine or known) if not n.endswith(".dead")]
+    if any(not celery_own_queue(n) for n in known):
+        return task_queues(known)
+    return [n for n in known if not n.endswith(".dead")]
 
 
 def queue_stats(broker: Broker, names=()) -> list[dict]:

@@ -352,18 +352,13 @@ def _not_given_back(n: int, what: str) -> None:
     )
 
 
-def _celery_state():
-    """celery.worker.state when a Celery worker runs in this process, else None."""
-    return sys.modules.get("celery.worker.state")
-
-
 def running_tags(*, forgotten_too: bool = False) -> set:
     """Tags of the messages whose tasks a Celery worker in this process runs, not acked yet, and
     whose end this process will hear of. Before Celery 5.6.3 a lost connection makes the prefork
     pool forget the jobs it runs (``Consumer.on_close`` -> ``AsynPool.flush``: ``self._cache.clear()``):
     their results find no job, so neither their acks nor their ends come; those are left out
     (unless ``forgotten_too``)."""
-    state = _celery_state()
+    state = sys.modules.get("celery.worker.state")  # (a Celery worker runs in this process)
     if state is None:
         return set()
     running = [r for r in list(state.active_requests) if not getattr(r, "acknowledged", True)]

@@ -12,6 +12,7 @@ from typing import Any
 from kombu.compression import decompress
 from kombu.serialization import loads
 
+from ..queue.values import as_text
 from ..storage.errors import ModeMismatch
 from ..storage.keys import queues_key
 from .task_rates import celery_own_queue
@@ -56,19 +57,18 @@ def revoked_ids(message: dict, decode_body) -> list[str] | None:
     return list(dict.fromkeys(ids))
 
 
-def task_queues(channel) -> list[str]:
-    """The declared queues that hold tasks: not Celery's own (pidbox, replies, events), not the
+def task_queues(declared) -> list[str]:
+    """The ``declared`` queues that hold tasks: not Celery's own (pidbox, replies, events), not the
     dead-letter queues (a dead letter runs only when an operator replays it)."""
-    raw = channel.client.smembers(queues_key(channel.options.key_prefix))
-    names = sorted(n.decode() if isinstance(n, bytes) else n for n in raw)
-    return [n for n in names if not celery_own_queue(n) and not n.endswith(".dead")]
+    return [n for n in declared if not celery_own_queue(n) and not n.endswith(".dead")]
 
 
 def remove_revoked(channel, ids: list[str]) -> dict[str, int]:
     """Remove the waiting and delayed messages of ``ids`` from every task queue (each shard, a
     fair queue's tenants alike; leased ones stay); {id: how many} of the ids found."""
     removed: dict[str, int] = {}
-    for name in task_queues(channel):
+    declared = channel.client.smembers(queues_key(channel.options.key_prefix))
+    for name in task_queues(sorted(map(as_text, declared))):
         for task_id in ids:
             try:
                 n = channel.queue(name).remove(task_id)
