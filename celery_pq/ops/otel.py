@@ -21,6 +21,7 @@ from typing import Any
 from ..queue.values import unescape_tenant
 from ..storage.errors import OTEL_EXTRA
 from ..storage.records import split_entry
+from ..transport.broker import Broker, queue_and_view, queue_names
 from ..transport.messages import DELIVERED_ENTRY, unix_ms
 
 try:
@@ -176,15 +177,11 @@ class _QueueCounters:
     """The scripts' counters of each queue, read at most once per ``COUNTERS_FRESH`` seconds."""
 
     def __init__(self, app, queues: Iterable[str] | None):
-        from ..transport.broker import Broker
-
         self.broker = Broker.of(app)
         self.queues = list(queues) if queues else None
         self._read: tuple[float, dict[str, dict[str, int]]] = (-COUNTERS_FRESH, {})
 
     def counts(self) -> dict[str, dict[str, int]]:
-        from ..transport.broker import queue_and_view, queue_names
-
         at, counts = self._read
         if time.monotonic() - at < COUNTERS_FRESH:
             return counts
