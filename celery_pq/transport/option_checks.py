@@ -117,6 +117,8 @@ def weights(name, value):
         raise ConfigError(f"{name} must be a dict {{tenant: weight}}, got {value!r}")
     value = per_tenant((int, float))(name, value)
     for tenant, weight in (value or {}).items():
+        if weight is None:  # (a cap's or a rate's None is "not limited"; a weight has no such meaning)
+            raise ConfigError(f"{name} for tenant {tenant!r} must be a number, got None")
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             step = round(VT_PER_DELIVERY / weight)
             why = (

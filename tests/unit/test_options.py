@@ -121,3 +121,9 @@ def test_an_unknown_transport_option_is_told_once_with_the_closest_name(caplog):
         "broker_transport_options: 'lease_second' is not an option of celery-pq or kombu and is ignored "
         "(did you mean 'lease_seconds'?)"
     ]
+
+
+def test_a_weight_of_none_is_refused_by_name():
+    # (None means "not limited" in the caps' and rates' tables; a weight has no such meaning)
+    with pytest.raises(ConfigError, match=r"fair_weights for tenant 'a' must be a number, got None"):
+        Options(fair_key="tenant", fair_weights={"a": None})
