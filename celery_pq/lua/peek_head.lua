@@ -15,7 +15,7 @@
 -- Returns: {rank, enqueued_ms, due_in} of the first waiting entry of ranks lo..hi; {rank, 0,
 --          due_in} when only stale pointers came within stale_budget (the pop clears them);
 --          {-1, 0, due_in} when the queue has no pointer there; {} when it is paused (a pop
---          would deliver nothing). due_in: ms until its first delayed entry is due (0: due now,
+--          would deliver nothing). due_in: µs until its first delayed entry is due (0: due now,
 --          -1: none delayed).
 --          The error reply MODE_MISMATCH (nothing done) when the caller's mode is not the queue's.
 -- ERR -8 MODE_MISMATCH
@@ -54,7 +54,7 @@ local rank, ts = head()
 local due_in = -1
 local first = redis.call('ZRANGE', key_of('dz'), 0, 0, 'WITHSCORES')
 if first[1] then
-  due_in = math.max(tonumber(first[2]) - now_ms(), 0)
+  due_in = us_until(tonumber(first[2]))
   if due_in == 0 then -- (its rank, kept within lo..hi: the pop promotes every due one anyway)
     local _, e = read_entry(ii, first[1])
     local r, t = hi, 0

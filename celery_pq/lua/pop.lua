@@ -30,7 +30,7 @@
 -- ARGV[9] nacks        leases to ack first (the consumer's last deliveries: one call for both)
 -- ARGV[10..9+2*nacks] eid token...  those leases, a pair each: entry id, lease token
 -- Returns: {stale_discarded, nacks, due_in, ack codes (as ack.lua), eid1, token1, deliveries1,
---           score1, value1, eid2, ...}, due_in the ms until the queue's next delayed entry is
+--           score1, value1, eid2, ...}, due_in the µs until the queue's next delayed entry is
 --           due (0: more are due now, -1: none is delayed, or the queue is paused); the error reply MODE_MISMATCH (nothing done) when the caller's
 --           mode is not the queue's. A malformed entry it meets goes to the dead-letter queue.
 -- A paused queue delivers nothing (the acks are still applied) and its wake list goes, so its

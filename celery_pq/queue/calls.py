@@ -158,11 +158,11 @@ def ack_codes(reply) -> list[int]:
     return [int(c) for c in reply[3 : 3 + int(reply[1])]]
 
 
-def due_in(reply) -> int | None:
+def due_in(reply) -> float | None:
     """A pop's (or a head peek's) ms until the queue's next delayed entry is due (0: due now),
-    None when nothing is delayed (includes/delays.lua)."""
-    ms = int(reply[2])
-    return None if ms < 0 else ms
+    None when nothing is delayed; to the microsecond (includes/delays.lua)."""
+    us = int(reply[2])
+    return None if us < 0 else us / 1000
 
 
 def _popped(reply) -> list:

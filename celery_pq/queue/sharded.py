@@ -111,7 +111,7 @@ class ShardedQueue:
 
     def __init__(self, shards: Sequence[PriorityQueue], name: str, *, peek: int = 2, rng: random.Random | None = None):
         self.task_limits: dict[str, float] = {}  # (open_queue: the task_rate limits a publish follows)
-        self.due_in: int | None = None  # (peek_heads: the shards' next due time, ms from now)
+        self.due_in: float | None = None  # (peek_heads: the shards' next due time, ms from now)
         if not shards:
             raise ValueError("a sharded queue needs at least one shard")
         self.shards, self.name = list(shards), name

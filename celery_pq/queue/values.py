@@ -95,7 +95,7 @@ Held = TypeVar("Held", bound=Lease | Delivery)
 class Popped(list[Held], Generic[Held]):
     """The leases one pop took, in delivery order."""
 
-    def __init__(self, items: Iterable[Held] = (), queue: Any = None, due_in: int | None = None):
+    def __init__(self, items: Iterable[Held] = (), queue: Any = None, due_in: float | None = None):
         super().__init__(items)
         self.acked: Any = []  # ack codes: a list, or by queue for acks of several queues
         self.queue: Any = queue  # the PriorityQueue (a shard) they came from

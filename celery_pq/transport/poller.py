@@ -88,7 +88,7 @@ class Waits:
             self.need_pop = True
         return self.need_pop
 
-    def note_due(self, queue: str, due_in: int | None) -> None:
+    def note_due(self, queue: str, due_in: float | None) -> None:
         """A pop of ``queue`` said its next delayed entry is due in ``due_in`` ms (None: none)."""
         if due_in is None:
             self._due.pop(queue, None)

@@ -52,7 +52,7 @@ end
 
 -- A pop's promotion: the due delayed entries of the queue (dz: its delayed key) join their
 -- priorities before it takes (at most POP_PROMOTE). now: the Redis time if read already.
--- Returns the ms until the next delayed entry is due (0: more are due now, -1: none delayed),
+-- Returns the microseconds until the next delayed entry is due (0: more are due now, -1: none delayed),
 -- now (read only when something is delayed: an empty dz costs one ZRANGE), and the promoted.
 local function promote_at_pop(ii, pi, dz, now, on_waiting)
   local first = redis.call('ZRANGE', dz, 0, 0, 'WITHSCORES')
@@ -62,7 +62,7 @@ local function promote_at_pop(ii, pi, dz, now, on_waiting)
   now = now or now_ms()
   local at = tonumber(first[2])
   if at > now then
-    return at - now, now, 0
+    return us_until(at), now, 0
   end
   local n, more = promote_due(ii, pi, dz, now, on_waiting and FAIR_PROMOTE or POP_PROMOTE, on_waiting)
   if more then
@@ -72,5 +72,5 @@ local function promote_at_pop(ii, pi, dz, now, on_waiting)
   if not first[1] then
     return -1, now, n
   end
-  return math.max(tonumber(first[2]) - now, 0), now, n
+  return us_until(tonumber(first[2])), now, n
 end

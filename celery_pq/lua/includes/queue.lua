@@ -162,6 +162,13 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The microseconds until Redis time at_ms (ms), at least 0: a consumer's wait for a delayed entry
+-- ends within a microsecond of its due time, not within the millisecond now_ms rounds down to.
+local function us_until(at_ms)
+  local t = redis.call('TIME')
+  return math.max(at_ms * 1000 - (tonumber(t[1]) * 1000000 + tonumber(t[2])), 0)
+end
+
 -- The text of the whole numbers 0..1023, made once: a number's text costs a sprintf (a few
 -- thousand instructions, about as much as a Redis command), and a pop writes several small ones
 -- (counts, delivery counts, token numbers).
