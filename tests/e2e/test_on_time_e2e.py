@@ -41,3 +41,23 @@ def test_countdown_tasks_start_when_due_without_a_sweep(harness):  # noqa: F811
     late = {tag: started - etas[tag] for tag, _, started in h.records("stamp")}
     assert max(late.values()) < LATE_BOUND, sorted(late.items(), key=lambda kv: -kv[1])[:5]
     assert min(late.values()) > -0.05, late  # (none before its time; clocks agree on one host)
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_thousands_of_countdown_tasks_due_at_once_run_without_a_sweep(harness, fair):  # noqa: F811
+    """2,000 tasks due at one moment (a bounded version of the 50,000 of ``make bench``), plain
+    and fair (3 tenants), the sweep an hour apart: the worker's own pops promote every one."""
+    options = {"sweep_interval": 3600, **({"fair_key": "tenant"} if fair else {})}
+    h: Harness = harness(options)
+    h.worker("w1", "-P", "prefork", "-c", "2")
+    time.sleep(1.5)  # (the keeper's first sweep is over: none follows for an hour)
+    n, eta = 2_000, datetime.fromtimestamp(time.time() + 4.0, UTC)
+    with h.app.producer_or_acquire() as producer:
+        for i in range(n):
+            tenant = f"t{i % 3}"
+            h.send("e2e.stamp", f"m{i}", eta=eta, producer=producer, headers={"tenant": tenant})
+    assert h.queue().stats()["delayed"] == n  # (all sent before the eta)
+    wait_for(lambda: len(h.records("stamp")) == n, 60, "every task due at once")
+    started = sorted(at for _, _, at in h.records("stamp"))
+    assert started[0] >= eta.timestamp() - 0.05  # (none before its time)
+    assert len({tag for tag, _, _ in h.records("stamp")}) == n  # each ran once
