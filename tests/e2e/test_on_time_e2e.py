@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from celery_pq.storage.keys import shard_names
 from celery_pq.testing import wait_for
 
 from .test_celery_e2e import Harness, harness  # noqa: F401  (the fixture)
@@ -43,12 +44,15 @@ def test_countdown_tasks_start_when_due_without_a_sweep(harness):  # noqa: F811
     assert min(late.values()) > -0.05, late  # (none before its time; clocks agree on one host)
 
 
-@pytest.mark.parametrize("fair", [False, True])
-def test_thousands_of_countdown_tasks_due_at_once_run_without_a_sweep(harness, fair):  # noqa: F811
-    """2,000 tasks due at one moment (a bounded version of the 50,000 of ``make bench``), plain
-    and fair (3 tenants), the sweep an hour apart: the worker's own pops promote every one."""
-    options = {"sweep_interval": 3600, **({"fair_key": "tenant"} if fair else {})}
-    h: Harness = harness(options)
+KINDS = {"plain": {}, "fair": {"fair_key": "tenant"}, "sharded": {"shards": 4, "peek": 2}}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_thousands_of_countdown_tasks_due_at_once_run_without_a_sweep(harness, kind):  # noqa: F811
+    """2,000 tasks due at one moment (a bounded version of the 50,000 of ``make bench``), on a
+    plain, a fair (3 tenants) and a sharded queue, the sweep an hour apart: the worker's own pops
+    promote every one."""
+    h: Harness = harness({"sweep_interval": 3600, **KINDS[kind]})
     h.worker("w1", "-P", "prefork", "-c", "2")
     time.sleep(1.5)  # (the keeper's first sweep is over: none follows for an hour)
     n, eta = 2_000, datetime.fromtimestamp(time.time() + 4.0, UTC)
@@ -56,7 +60,8 @@ def test_thousands_of_countdown_tasks_due_at_once_run_without_a_sweep(harness, f
         for i in range(n):
             tenant = f"t{i % 3}"
             h.send("e2e.stamp", f"m{i}", eta=eta, producer=producer, headers={"tenant": tenant})
-    assert h.queue().stats()["delayed"] == n  # (all sent before the eta)
+    shards = shard_names("q", KINDS[kind].get("shards", 1))
+    assert sum(h.queue(name).stats()["delayed"] for name in shards) == n  # (all sent before the eta)
     wait_for(lambda: len(h.records("stamp")) == n, 60, "every task due at once")
     started = sorted(at for _, _, at in h.records("stamp"))
     assert started[0] >= eta.timestamp() - 0.05  # (none before its time)
