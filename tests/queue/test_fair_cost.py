@@ -176,3 +176,22 @@ def test_the_ack_event_carries_the_time_held(redis_client, make_pq):
     ack = next(e for e in q.events() if e["e"] == "ack")
     assert 120 <= ack["h"] < 220
     assert "h" not in next(e for e in q.events() if e["e"] == "deliver")
+
+
+def test_a_task_without_tenant_is_charged_its_own_average(redis_client, make_pq):
+    """The tasks without a tenant (tenant "") have a running average of their own, as any
+    tenant: not the queue's (fv "A:" was both, so their provisional charge was every tenant's)."""
+    q = fq(make_pq, fair_cost="time")
+    fill(q, "B", 1)
+    lease = q.pop(1)[0]
+    held_back(redis_client, q, 1000)
+    q.ack(lease)
+    fill(q, None, 2)
+    lease = q.pop(1)[0]
+    assert lease.tenant in ("", None)
+    held_back(redis_client, q, 10)
+    q.ack(lease)
+    held = int(redis_client.hget(q.keys.tenant_held, ""))
+    q.pop(1)
+    [rec] = redis_client.hvals(q.keys.lease_charges)
+    assert int(rec.decode().split(",")[1]) == held * 100  # its own first time held, at weight 1

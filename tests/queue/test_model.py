@@ -6,11 +6,14 @@ QueueMachine, FairMachine, CorruptMachine, FairCorruptMachine (queue_machine.py,
 fair_machine.py): one queue through the queue API (insert, insert_many, pop, ack, requeue,
 dead_letter, extend, remove, change_priority, expiry and reclaim, promotion of delayed entries,
 purge, priority views, corrupt entries, retried publish ids, the mode record), plain (both
-orders, techniques T and S) and fair (both scopes, weights, caps), against docs/leases.md,
+orders, techniques T and S) and fair (both scopes, weights, caps; fair_cost tasks, declared and
+time, each lease made to have been held a chosen time), against docs/leases.md,
 docs/fairness.md, docs/priorities.md, docs/views-and-delays.md. After every step: each entry in
 exactly one state (``ii``, ``lt``, ``dz``, ``te``, the dead-letter queue); the counts
 (``size``, ``stats``, ``tenants``); the delivery order of every pop, exact (strict priority,
 FIFO, a returned entry back at its place; start-time fair queueing as lua/includes/fair.lua);
+a fair queue's virtual times, finish tags and running averages (``fv``), and by time the ms
+charged (``th``);
 stale tokens refused; every key under the queue's hash tag; stale pointers bounded
 (``2 * peak + STALE_SLACK`` per rank list); a wake token for work that can be taken. At the end
 of each example the queue is drained, the event log agrees with the counters.

@@ -16,7 +16,9 @@
 --                    fair queueing's rule at the end of a busy period), so every finish tag there
 --                    is <= V and the tags of tenants that left can go (fair_gc). "T" the Redis
 --                    time (ms) of the latest rate park: a later time below it is Redis's clock
---                    stepped back (fair_unpark)
+--                    stepped back (fair_unpark). "A:<t>" tenant t's running average cost
+--                    (fair_cost "time"), "A" the queue's (no colon: "A:" is the average of the
+--                    tasks without a tenant, tenant "")
 -- FK.fc  hash        tenant settings: "w:<t>" weight, "c:<t>" concurrency cap, "r:<t>" rate/s,
 --                    "p:<t>" present while the tenant is paused
 -- FK.fn  hash        counts: "n:<t>" waiting entries, "c:<t>" leased entries
@@ -30,7 +32,7 @@
 -- tasks, VT_UNIT each; "3" declared, COST_UNIT times the cost flag "c<n>" its entry was stored
 -- with (insert.lua; none: 1); "2" time, TIME_UNIT per ms its lease is held (delivery to its end,
 -- Redis clock). Time is known only when the lease ends, so the pop charges a provisional cost
--- (the tenant's running average "A:<t>" in fv, else the queue's "A:", else COST_UNIT) and records
+-- (the tenant's running average "A:<t>" in fv, else the queue's "A", else COST_UNIT) and records
 -- it with the delivery's time in lc (eid -> "<ms>,<virtual time charged>": take_charge,
 -- includes/leases.lua); the lease's end (ack, requeue, expiry at its deadline) moves the tenant's
 -- finish tag at the lease's level by actual - provisional (fair_settle, fair_charge): O(1) more
@@ -272,7 +274,7 @@ local function fair_cost(t, eid, e, now, weight)
   elseif CTX.cost ~= '2' then
     return VT_UNIT
   end
-  local a = redis.call('HMGET', FK.fv, 'A:' .. t, 'A:')
+  local a = redis.call('HMGET', FK.fv, 'A:' .. t, 'A')
   local cost = tonumber(a[1]) or tonumber(a[2]) or COST_UNIT
   redis.call('HSET', key_of('lc'), eid, fmt(now) .. ',' .. fmt(math.floor(cost / weight + 0.5)))
   return cost
@@ -321,10 +323,10 @@ local function fair_settle(t, score, ch, refund, now)
   if not refund then
     local held = math.min(ch.held, MAX_HELD_MS)
     actual = held * TIME_UNIT
-    local a = redis.call('HMGET', FK.fv, 'A:' .. t, 'A:')
+    local a = redis.call('HMGET', FK.fv, 'A:' .. t, 'A')
     local mine, all = tonumber(a[1]), tonumber(a[2])
     redis.call('HSET', FK.fv, 'A:' .. t, fmt(mine and mine + (actual - mine) / 8 or actual),
-      'A:', fmt(all and all + (actual - all) / 16 or actual))
+      'A', fmt(all and all + (actual - all) / 16 or actual))
     local th = key_of('th')
     redis.call('HINCRBY', th, t, held)
     redis.call('HINCRBY', th, fmt(math.floor(now / 60000)) .. '|' .. t, held)
@@ -364,7 +366,7 @@ local function fair_gc(gc, now, budget)
   for i = 1, #scan[2], 2 do
     local field, tag = scan[2][i], tonumber(scan[2][i + 1])
     local level, t = string.match(field, '^F:(%d+):(.*)$')
-    local avg = string.match(field, '^A:(.+)$') -- a running average (fair_settle) of one that left
+    local avg = string.match(field, '^A:(.*)$') -- a running average (fair_settle) of one that left
     if avg and redis.call('HEXISTS', FK.tb, avg) == 0 and redis.call('HEXISTS', FK.fn, 'c:' .. avg) == 0 then
       redis.call('HDEL', FK.fv, field)
     end

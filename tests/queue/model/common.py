@@ -58,6 +58,9 @@ SHORT_MS, LONG_MS = 30, 3_600_000
 EVENT_CAP = 1_000_000
 #: Lease length of every pop: only the expiry rule makes a lease run out.
 LEASE_SECONDS = 60
+#: ms a lease is made to have been held before it ends (fair_cost "time"): none, a few (the
+#: rounding at weights 2 and 3), seconds, and more than the day a lease is charged at most.
+HELD = [0, 1, 2, 5, 40, 700, 5_000, 86_400_000 + 5_000]
 
 IDS = [None, None, None, "a", "a", "b", "a~3", "a~5", "7", "9", "0b8f5c9e-3a1d-4f6e-9c2b-7d4e5f6a8b9c", "\x01x"]
 PRIORITIES = [0, 1, 5, 128, 254, 255]

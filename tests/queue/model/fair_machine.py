@@ -1,5 +1,5 @@
-"""QueueMachine's variants: a fair queue (both scopes, weights, concurrency caps), and both
-kinds with corrupt entries."""
+"""QueueMachine's variants: a fair queue (both scopes, weights, concurrency caps, each
+fair_cost), and both kinds with corrupt entries."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from celery_pq.queue import escape_tenant
 
-from .common import SKIP, TENANTS, open_model_queue
+from .common import HELD, SKIP, TENANTS, open_model_queue
 from .fair import Fair
 from .queue_machine import QueueMachine
 
 
 class FairMachine(QueueMachine):
-    """A fair queue: both scopes, weights, concurrency caps."""
+    """A fair queue: both scopes, weights, concurrency caps, by tasks, declared cost or time held."""
 
     fair = True
 
@@ -23,12 +23,13 @@ class FairMachine(QueueMachine):
         order=st.sampled_from(["higher_first", "lower_first"]),
         conc=st.sampled_from([0, 0, 1, 2]),
         max_deliveries=st.sampled_from([0, 3]),
-        cost=st.sampled_from(["tasks", "declared"]),
+        cost=st.sampled_from(["tasks", "declared", "time"]),
+        weight=st.sampled_from([1, 1, 3]),
     )
-    def make_queue(self, scope, order, conc, max_deliveries, cost="tasks"):
+    def make_queue(self, scope, order, conc, max_deliveries, cost="tasks", weight=1):
         # fair_cost "declared": the model's entries declare none, so each costs 1 (COST_UNIT), the
-        # same order as by tasks on another scale; "time" is checked in tests/queue/test_fair_cost.py
-        # (its charge depends on the Redis clock, which the model does not predict).
+        # same order as by tasks on another scale. "time": each lease is made to have been held
+        # the ms a rule chose, and the model is told the ms Redis charged (QueueMachine.ending).
         self.mode_kwargs = dict(priority_order=order, fair_scope=scope, fair_cost=cost)
         self.q = open_model_queue(
             self.client,
@@ -39,7 +40,10 @@ class FairMachine(QueueMachine):
             tenant_concurrency=conc or None,
             **self.mode_kwargs,
         )
-        self.fq = Fair(self, scope == "within_priority", conc, Fair.COST_UNIT if cost == "declared" else Fair.VT_UNIT)
+        self.fq = Fair(self, scope == "within_priority", conc, cost)
+        if weight != 1:  # every tenant's, from the start: each charge rounded (configure_tenant changes one)
+            self.q.configure_tenants(weights=dict.fromkeys(TENANTS, weight))
+            self.fq.weights.update((escape_tenant(t), weight) for t in TENANTS)
 
     def expect_pop(self, count, view):
         from celery_pq.storage.constants import FAIR_POP_MAX
@@ -58,12 +62,31 @@ class FairMachine(QueueMachine):
             self.fq.caps[t] = cap
             # a tenant parked at its old cap stays parked until one of its leases ends
 
-    @rule(tenant=st.sampled_from(TENANTS), n=st.integers(1, 40))
-    def churn(self, tenant, n):
+    @rule(tenant=st.sampled_from(TENANTS), n=st.integers(1, 40), held=st.sampled_from(HELD))
+    def churn(self, tenant, n, held=0):
         """Many rounds of insert, pop, ack (a busy tenant beside a capped one)."""
         for _ in range(n):
             self.insert(None, 5, tenant, "now")
-            self.pop_and_ack(1, "churn")
+            self.pop_and_ack(1, "churn", held)
+
+    @invariant()
+    def virtual_times_are_the_models(self):
+        """fv as the model has it: each level's V and M, every finish tag, and by fair_cost "time"
+        the running averages (exact: the charges at pop and at a lease's end, rounding, weights
+        and the day's cap all show here before they change an order)."""
+        if self.q is None:
+            return
+        fv = {k.decode(): int(v) for k, v in self.client.hgetall(self.q.keys.virtual_times).items()}
+        got = {f: v for f, v in fv.items() if f[:2] in ("F:", "A:") or f == "A" or (f[:2] in ("V:", "M:") and v)}
+        fq = self.fq
+        assert fq is not None
+        want = {f"V:{level}": v for level, v in fq.V.items() if v}
+        want.update({f"M:{level}": v for level, v in fq.M.items() if v})
+        want.update({f"F:{level}:{t}": v for (level, t), v in fq.F.items()})
+        want.update({f"A:{t}": v for t, v in fq.avg.items()})
+        if fq.avg_all is not None:
+            want["A"] = fq.avg_all
+        assert got == want, f"fv differs from the model: {sorted(set(got.items()) ^ set(want.items()))}"
 
     @precondition(lambda self: "fair_state_bound" not in SKIP)
     @invariant()

@@ -4,6 +4,7 @@ queue_checks.py, its fair and corrupting variants in fair_machine.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -21,6 +22,7 @@ from celery_pq.storage.ids import encode_id
 from .common import (
     EVENT_CAP,
     GARBAGE,
+    HELD,
     IDS,
     LEASE_SECONDS,
     LONG_MS,
@@ -162,11 +164,56 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         self.dead.append((e.rank, self.arrivals, e.payload, reason))
         self.finish(e, "dead")
 
-    def end_lease(self, e: MEntry) -> None:
+    def end_lease(self, e: MEntry, held: int | None = None) -> None:
+        """e's lease ended; by fair_cost "time" its tenant is charged ``held`` ms (what Redis
+        charged: ``ending``; None: the delivery was undone)."""
         self.stale.append((e.eid, e.token))
         e.token = None
         if self.fq:
             self.fq.release(e.tenant)
+            self.fq.settle(e, held)
+
+    def held_ms(self, tenant: str) -> tuple[int, int]:
+        """fair_cost "time": the ms tenant's leases were held (th), all time and the sum of its
+        minutes."""
+        th = self.client.hgetall(self.q.keys.tenant_held)
+        t = tenant.encode()
+        minutes = sum(int(v) for k, v in th.items() if b"|" in k and k.split(b"|", 1)[1] == t)
+        return int(th.get(t, 0)), minutes
+
+    def ending(self, e: MEntry, held: int, call, charged: bool = True):
+        """``call()``, which ends e's lease alone. By fair_cost "time" its charge record (lc) is
+        moved first as if delivered ``held`` ms before now (no seam: as clock.py moves stored
+        times), so Redis charges ``held`` ms and the few the step takes; what it charged is read
+        back from th (its all-time field, and its minutes' fields alike) and checked. Returns (call's result, the
+        ms charged: None when not by time or not ``charged``, the delivery undone)."""
+        fq = self.fq
+        if fq is None or fq.cost != "time":
+            return call(), None
+        lc, eid = self.q.keys.lease_charges, encode_id(e.eid)
+        rec = self.client.hget(lc, eid)
+        assert rec is not None, f"{e.eid}: a lease of a fair_cost='time' queue without its charge record"
+        pop_charged = rec.partition(b",")[2]
+        assert int(pop_charged) == fq.lc[e.eid], (
+            f"{e.eid}: the pop charged {int(pop_charged)}, the model expects {fq.lc[e.eid]}"
+        )
+        before = self.held_ms(e.tenant)
+        start = time.monotonic()
+        self.client.hset(lc, eid, b"%d,%s" % (redis_now_ms(self.client) - held, pop_charged))
+        got = call()
+        took = time.monotonic() - start
+        after = self.held_ms(e.tenant)
+        spent, minutes = after[0] - before[0], after[1] - before[1]
+        assert minutes == spent, f"{e.eid}: th's minutes rose by {minutes} ms, its all-time field by {spent}"
+        if not charged:
+            assert spent == 0, f"{e.eid}: a delivery undone was charged {spent} ms"
+            return got, None
+        cap = Fair.MAX_HELD_MS
+        most = min(held + math.ceil(took * 1000) + 1, cap)
+        assert min(held, cap) <= spent <= most, (
+            f"{e.eid}: held {held} ms (+ the step's {took * 1000:.1f}), charged {spent}"
+        )
+        return got, spent
 
     def next_payload(self) -> bytes:
         self.payloads += 1
@@ -328,13 +375,14 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
             self.join_back(e)
         return got
 
-    def pop_and_ack(self, count: int, what: str) -> None:
+    def pop_and_ack(self, count: int, what: str, held: int = 0) -> None:
         got = self.popping(lambda: self.q.pop(count))
         want = self.expect_pop(count, None)
         self.check_leases(got, want, what)
-        for e in want:
-            assert self.q.ack((e.eid, e.token))
-            self.end_lease(e)
+        for k, e in enumerate(want):
+            acked, spent = self.ending(e, held + k, lambda: self.q.ack((e.eid, e.token)))
+            assert acked
+            self.end_lease(e, spent)
             self.finish(e, "gone")
 
     @rule(count=st.sampled_from([1, 1, 2, 3, 7, 20]))
@@ -371,21 +419,23 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         return mine[i % len(mine)]
 
     @precondition(lambda self: self.state_of("leased"))
-    @rule(i=st.integers(0, 100), many=st.booleans())
-    def ack(self, i, many):
+    @rule(i=st.integers(0, 100), many=st.booleans(), held=st.sampled_from(HELD))
+    def ack(self, i, many, held=0):
         e = self.pick(i)
         lease = (e.eid, e.token)
-        assert (self.q.ack([lease]) if many else [self.q.ack(lease)]) == [True]
-        self.end_lease(e)
+        got, spent = self.ending(e, held, lambda: self.q.ack([lease]) if many else [self.q.ack(lease)])
+        assert got == [True]
+        self.end_lease(e, spent)
         self.finish(e, "gone")
 
     @precondition(lambda self: self.state_of("leased"))
-    @rule(i=st.integers(0, 100), count_delivery=st.booleans())
-    def requeue(self, i, count_delivery):
+    @rule(i=st.integers(0, 100), count_delivery=st.booleans(), held=st.sampled_from(HELD))
+    def requeue(self, i, count_delivery, held=0):
         e = self.pick(i)
-        got = self.q.requeue((e.eid, e.token), count_delivery=count_delivery)
+        requeue = lambda: self.q.requeue((e.eid, e.token), count_delivery=count_delivery)  # noqa: E731
+        got, spent = self.ending(e, held, requeue, charged=count_delivery)
         d = e.d + 1 if count_delivery else e.d
-        self.end_lease(e)
+        self.end_lease(e, spent)
         self.come_back(e, d, "max_deliveries", got, "requeue")
 
     def come_back(self, e: MEntry, d: int, reason: str, got, what: str) -> None:
@@ -400,11 +450,12 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
             self.join_place(e)
 
     @precondition(lambda self: self.state_of("leased"))
-    @rule(i=st.integers(0, 100), reason=st.sampled_from(["rejected", "bad input"]))
-    def dead_letter(self, i, reason):
+    @rule(i=st.integers(0, 100), reason=st.sampled_from(["rejected", "bad input"]), held=st.sampled_from(HELD))
+    def dead_letter(self, i, reason, held=0):
         e = self.pick(i)
-        assert self.q.dead_letter((e.eid, e.token), reason) == "dead"
-        self.end_lease(e)
+        got, spent = self.ending(e, held, lambda: self.q.dead_letter((e.eid, e.token), reason))
+        assert got == "dead"
+        self.end_lease(e, spent)
         self.to_dead(e, reason)
 
     @precondition(lambda self: self.state_of("leased"))
@@ -427,31 +478,51 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         assert got in (False, None), f"{op} with the stale token of {eid!r} was accepted: {got!r}"
 
     # -- the sweep --------------------------------------------------------------------------------
-    def reclaim(self) -> dict:
-        """Wait until every short delay is due, then sweep; the model follows."""
+    def reclaim(self, held: int = 0) -> dict:
+        """Wait until every short delay is due, then sweep; the model follows, lease by lease in
+        the sweep's order (deadline, then stored id). By fair_cost "time" the k-th lease that
+        runs out is made to have been held ``held + k`` ms up to its deadline (its charge record
+        moved, as ``ending`` does), which the sweep charges exactly."""
         short = [e.due for e in self.state_of("delayed") if e.short]
         if short:
             while redis_now_ms(self.client) <= max(short):
                 time.sleep(0.005)
-        expired = [
-            e
-            for e in self.leased()
-            if e.token
-            and self.client.zscore(self.q.keys.lease_deadlines, encode_id(e.eid)) <= redis_now_ms(self.client)
-        ]
-        cor = [e for e in self.state_of("corrupt") if e.was == "leased" and e.token]
+        k = self.q.keys
+        now = redis_now_ms(self.client)
+        ending = []  # (deadline, stored id, entry): the leases that run out, corrupted entries' too
+        for e in self.leased() + [e for e in self.state_of("corrupt") if e.was == "leased"]:
+            deadline = self.client.zscore(k.lease_deadlines, encode_id(e.eid)) if e.token else None
+            if deadline is not None and deadline <= now:
+                ending.append((int(deadline), encode_id(e.eid), e))
+        ending.sort(key=lambda x: x[:2])
+        charges: dict[str, int] = {}  # eid -> ms held (fair_cost "time")
+        before: dict[str, int] = {}
+        if self.fq is not None and self.fq.cost == "time":
+            for n, (deadline, eid, e) in enumerate(ending):
+                pop_charged = self.client.hget(k.lease_charges, eid).partition(b",")[2]
+                assert int(pop_charged) == self.fq.lc[e.eid], f"{e.eid}: the pop charged {int(pop_charged)}"
+                self.client.hset(k.lease_charges, eid, b"%d,%s" % (deadline - held - n, pop_charged))
+                charges[e.eid] = held + n
+                before[e.tenant] = self.held_ms(e.tenant)[0]
         got = self.q.reclaim()
-        for e in cor:  # a corrupted entry's expired lease ends too
-            if not self.client.hexists(self.q.keys.leases, encode_id(e.eid)):
+        dead = 0
+        expired = [e for _, _, e in ending if e.state == "leased"]
+        for _, eid, e in ending:
+            if e.state == "corrupt":  # a corrupted entry's expired lease ends too
+                assert not self.client.hexists(k.leases, eid), f"the expired lease of corrupt {e.eid} is still there"
                 e.token = None
                 if self.fq:
                     self.fq.release(e.tenant)
-        expired.sort(key=lambda e: encode_id(e.eid))
-        dead = 0
-        for e in expired:
-            self.end_lease(e)
+                    self.fq.settle(e, charges.get(e.eid))
+                continue
+            self.end_lease(e, charges.get(e.eid))
             self.come_back(e, e.d + 1, "max_deliveries", None, "reclaim")
             dead += e.state == "dead"
+        for t, was in before.items():
+            want = sum(min(charges[e.eid], Fair.MAX_HELD_MS) for _, _, e in ending if e.tenant == t)
+            assert self.held_ms(t)[0] - was == want, (
+                f"the sweep charged {t!r} {self.held_ms(t)[0] - was} ms, not {want}"
+            )
         # the due ones in due order (ties by id), at most a sweep call's batch: the rest stay for
         # the next call (``more``) or a pop
         due = sorted((e for e in self.state_of("delayed") if e.short), key=lambda e: (e.due, encode_id(e.eid)))
@@ -464,6 +535,8 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         )
         for e in went:
             self.join_back(e)
+        if self.fq:
+            self.fq.gc()
         assert (
             got["returned"] == len(expired) - dead
             and dead <= got["dead"] <= dead + extra
@@ -475,13 +548,13 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         return got
 
     @precondition(lambda self: self.state_of("leased"))
-    @rule(i=st.integers(0, 100), n=st.sampled_from([1, 1, 2, 5]))
-    def expire(self, i, n):
+    @rule(i=st.integers(0, 100), n=st.sampled_from([1, 1, 2, 5]), held=st.sampled_from(HELD))
+    def expire(self, i, n, held=0):
         mine = self.leased()
         chosen = [mine[(i + k) % len(mine)] for k in range(min(n, len(mine)))]
         assert self.q.extend([(e.eid, e.token) for e in chosen], 0.001) == [True] * len(chosen)
         time.sleep(0.005)
-        self.reclaim()
+        self.reclaim(held)
 
     @precondition(lambda self: any(e.short for e in self.state_of("delayed")))
     @rule()
@@ -579,9 +652,11 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
     # -- mode record ------------------------------------------------------------------------------
     @precondition(lambda self: "mode" not in SKIP)
     @rule(
-        change=st.sampled_from(["fair", "order", "technique", "scope", "cost"]), op=st.sampled_from(["pop", "insert"])
+        change=st.sampled_from(["fair", "order", "technique", "scope", "cost"]),
+        op=st.sampled_from(["pop", "insert"]),
+        cost=st.sampled_from(["tasks", "declared", "time"]),
     )
-    def other_mode_is_refused(self, change, op):
+    def other_mode_is_refused(self, change, op, cost="tasks"):
         """A PriorityQueue whose mode differs from the recorded one changes nothing."""
         from celery_pq import ModeMismatch
 
@@ -597,7 +672,8 @@ class QueueMachine(QueueChecks, RuleBasedStateMachine):
         elif change == "scope" and self.fair:
             kw["fair_scope"] = {"within_priority": "tenant_first", "tenant_first": "within_priority"}[kw["fair_scope"]]
         elif change == "cost" and self.fair:  # fair_cost, recorded in the mode as fair_scope is
-            kw["fair_cost"] = {"tasks": "declared", "declared": "tasks", "time": "tasks"}[kw["fair_cost"]]
+            others = [c for c in ("tasks", "declared", "time") if c != kw["fair_cost"]]
+            kw["fair_cost"] = cost if cost in others else others[0]
         else:
             return
         if not self.client.hlen(self.q.keys.entries):
