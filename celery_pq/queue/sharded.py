@@ -228,7 +228,7 @@ class ShardedQueue:
         pending = dict(acks or {})
         codes: dict = {}
         peeked = self._rng.sample(self.shards, self.peek_count)
-        dues: list[int] = []  # (the next due time of every shard peeked: an empty pop peeked all)
+        dues: list[float] = []  # (the next due time of every shard peeked: an empty pop peeked all)
         for wider in (False, True):
             if wider:
                 peeked = [s for s in self.shards if s not in peeked]
