@@ -72,7 +72,10 @@ end
 -- Set aside entry eid of queue ii whose stored value v cannot be parsed: it moves to the
 -- dead-letter queue (reason "malformed", the whole value kept as its payload) at the given
 -- rank; in a dead-letter queue it is rewritten in place, in the same form. Nothing is lost.
+-- It leaves the delayed zset too: a stale pointer whose id a delayed entry has taken since
+-- leads a pop here as well as the entry's own due time does.
 local function set_aside(ii, eid, v, rank, now)
+  redis.call('ZREM', key_of('dz'), eid)
   local e = { d = 0, s = fmt(rank * SEQ_SPAN), t = '', x = '', r = '', ts = fmt(now) }
   local wrapped = '|' .. v
   if CTX.is_dead then
