@@ -157,16 +157,21 @@ local function mode_error(adopt, record)
   return redis.error_reply('PQ -8 ' .. KEYS[1] .. ' ' .. stored .. ' ' .. CTX.mode) -- ErrorCode.MODE_MISMATCH
 end
 
+-- Redis's clock in ms (the microseconds it read kept in CTX.now_us, for us_until).
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  CTX.now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(CTX.now_us / 1000)
 end
 
--- The microseconds until Redis time at_ms (ms), at least 0: a consumer's wait for a delayed entry
--- ends within a microsecond of its due time, not within the millisecond now_ms rounds down to.
+-- The microseconds until Redis time at_ms (ms), at least 0, from the call's latest reading of
+-- the clock (read now if none): a consumer's wait for a delayed entry ends within microseconds
+-- of its due time, not within the millisecond now_ms rounds down to.
 local function us_until(at_ms)
-  local t = redis.call('TIME')
-  return math.max(at_ms * 1000 - (tonumber(t[1]) * 1000000 + tonumber(t[2])), 0)
+  if not CTX.now_us then
+    now_ms()
+  end
+  return math.max(at_ms * 1000 - CTX.now_us, 0)
 end
 
 -- The text of the whole numbers 0..1023, made once: a number's text costs a sprintf (a few
