@@ -89,18 +89,22 @@ class Line:
         """Send one command and read its reply, polling ``spin_ns`` for it first."""
         conn = self.conn
         send(conn, words)
-        if spin_ns and not self.skip:
+        self.poll(lambda: conn.can_read(0), spin_ns)
+        return conn.read_response()
+
+    def poll(self, ready, spin_ns: int) -> None:
+        """Poll ``ready()`` for a reply up to ``spin_ns`` before a blocking read (the pause after
+        one that came too late: see the class)."""
+        if self.skip:
+            self.skip -= 1
+        elif spin_ns:
             deadline = _clock() + spin_ns
-            while not conn.can_read(0):
+            while not ready():
                 if _clock() > deadline:
                     self.misses += 1
                     self.skip = min(1 << self.misses, C.SPIN_BACKOFF_MAX)
-                    break
-            else:
-                self.misses = 0
-        elif self.skip:
-            self.skip -= 1
-        return conn.read_response()
+                    return
+            self.misses = 0
 
     def run(self, pool, script, keys, args):
         """``script`` (a ``runner.LuaScript``) as FCALL (the library loaded when needed or gone),
@@ -260,10 +264,8 @@ class Flight:
 
     def wait(self) -> None:
         """Read the reply, polling for it up to the pool's spin first (as ``Line.call``)."""
-        if self.spin_ns and not self.done:
-            deadline = _clock() + self.spin_ns
-            while not self.ready() and _clock() < deadline:
-                pass
+        if not self.done:
+            self.line.poll(self.ready, self.spin_ns)
         self.finish()
 
     def finish(self) -> None:
