@@ -11,12 +11,11 @@ import redis
 from kombu import Connection
 
 from ..queue import open_queue
-from ..queue.values import as_text
 from ..storage.errors import BrokerUnreachable, ConfigError
 from ..storage.keys import queue_keys, queues_key
 from ..storage.redact import redact
 from .channel import Channel
-from .revokes import task_queues
+from .revokes import declared_queues, task_queues
 from .task_rates import celery_own_queue
 from .views import View
 
@@ -71,7 +70,7 @@ def queue_names(channel, names=()) -> list[str]:
     when only those are declared."""
     if names:
         return list(names)
-    known = sorted(map(as_text, channel.client.smembers(queues_key(channel.options.key_prefix))))
+    known = declared_queues(channel)
     if any(not celery_own_queue(n) for n in known):
         return task_queues(known)
     return [n for n in known if not n.endswith(".dead")]

@@ -57,6 +57,11 @@ def revoked_ids(message: dict, decode_body) -> list[str] | None:
     return list(dict.fromkeys(ids))
 
 
+def declared_queues(channel) -> list[str]:
+    """The names of the queues declared under the channel's key prefix, sorted."""
+    return sorted(map(as_text, channel.client.smembers(queues_key(channel.options.key_prefix))))
+
+
 def task_queues(declared) -> list[str]:
     """The ``declared`` queues that hold tasks: not Celery's own (pidbox, replies, events), not the
     dead-letter queues (a dead letter runs only when an operator replays it)."""
@@ -67,8 +72,7 @@ def remove_revoked(channel, ids: list[str]) -> dict[str, int]:
     """Remove the waiting and delayed messages of ``ids`` from every task queue (each shard, a
     fair queue's tenants alike; leased ones stay); {id: how many} of the ids found."""
     removed: dict[str, int] = {}
-    declared = channel.client.smembers(queues_key(channel.options.key_prefix))
-    for name in task_queues(sorted(map(as_text, declared))):
+    for name in task_queues(declared_queues(channel)):
         for task_id in ids:
             try:
                 n = channel.queue(name).remove(task_id)
