@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -134,8 +135,25 @@ class _Held:
 
 
 def _give_back_all(lines):
+    """A finished thread's lines closed; their pools take them back at the next ``own_line``: a
+    finalizer may run in a garbage collection inside the pool's own lock (redis-py's
+    ``get_connection`` making a connection), where ``release`` would wait for it forever."""
     for pool, line in list(lines.items()):
-        _give_back(pool, line.pid, line.conn)
+        line.conn.disconnect()
+        _orphans.append((pool, line.pid, line.conn))
+
+
+#: (pool, pid, connection) of finished threads, closed, not yet back in their pools.
+_orphans: deque = deque()
+
+
+def _release_orphans() -> None:
+    while _orphans:
+        try:
+            pool, pid, conn = _orphans.popleft()
+        except IndexError:  # (another thread took the last one)
+            return
+        _give_back(pool, pid, conn)
 
 
 _pinned = threading.local()
@@ -153,6 +171,8 @@ def own_line(client) -> Line | None:
     pool = getattr(client, "connection_pool", None)
     if pool is None or not plain_client(client.__class__):
         return None
+    if _orphans:
+        _release_orphans()
     held = getattr(_pinned, "held", None)
     if held is None:
         held = _pinned.held = _Held()

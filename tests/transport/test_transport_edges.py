@@ -62,6 +62,25 @@ def test_short_lived_threads_do_not_keep_a_connection_each(fresh_redis):
         assert normal_clients(fresh_redis) <= 12
 
 
+def test_a_finished_threads_connection_goes_back_to_its_pool_outside_the_pool_lock(fresh_redis):
+    """A finished thread's lines are handed back by a finalizer, which a garbage collection may run
+    inside redis-py's pool lock (get_connection making a connection): it must not take that lock
+    (before: the test run of the oldest redis-py corner hung there)."""
+    from celery_pq.scripts import wire
+
+    pool = redis.ConnectionPool(port=fresh_redis.port)
+    client = redis.Redis(connection_pool=pool)
+    line = wire.Line(pool)
+    with pool._lock:  # (held as get_connection holds it)
+        finalizer = threading.Thread(target=wire._give_back_all, args=({pool: line},), daemon=True)
+        finalizer.start()
+        finalizer.join(5)
+        assert not finalizer.is_alive(), "the finalizer waited for the pool's lock"
+    mine = wire.own_line(client)  # the next call for a line hands it back first: this one reuses it
+    assert mine.conn is line.conn and mine.call("PING")
+    pool.disconnect()
+
+
 def test_a_dropped_connection_frees_its_pool_slot(fresh_redis):
     client = redis.Redis(connection_pool=redis.ConnectionPool(port=fresh_redis.port, max_connections=3))
     q = open_queue(client, "slots")
